@@ -1,0 +1,72 @@
+"""The one exception family of slurm-coloc.
+
+Library code raises these; only ``slurm_coloc.cli`` turns them into exit codes
+(2 for our own errors, Slurm's own code for ``SlurmError`` raised by sbatch).
+Every message names what failed and the offending value; ``hint`` says what to do next.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class ColocError(Exception):
+    """Base class: a failure we expected and can explain in one line.
+
+    Args:
+        message: what failed, naming the offending value.
+        hint: optional next step for the user or admin.
+    """
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """The message and hint joined on one line (no newlines), for stderr."""
+        text = self.message if not self.hint else f"{self.message} (hint: {self.hint})"
+        return " ".join(text.split())
+
+
+class ConfigError(ColocError):
+    """The YAML config or a COLOC_* variable is missing, malformed or has an unknown key."""
+
+
+class DirectiveError(ColocError):
+    """A job script or its ``#COLOC`` / ``#SBATCH`` lines cannot be used."""
+
+
+class EstimateError(ColocError):
+    """The model named in ``#COLOC`` cannot be found, built or traced."""
+
+
+class StoreError(ColocError):
+    """A slurm-coloc SQLite database cannot be opened, migrated or written."""
+
+
+class SlurmError(ColocError):
+    """A Slurm command failed, timed out or printed something we cannot parse.
+
+    Args:
+        message: what failed.
+        argv: the command line that was run.
+        returncode: its exit status (None if it did not run or timed out).
+        stderr: what it printed on stderr (stripped).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        argv: Sequence[str] = (),
+        returncode: Optional[int] = None,
+        stderr: str = "",
+        hint: Optional[str] = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        if returncode is not None and returncode > 0:
+            self.exit_code = returncode
