@@ -84,26 +84,28 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
 	struct spank_option *o;
+	bool strict;
 	int rc = 0;
 
 	if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR && ctx != S_CTX_REMOTE)
 		return 0;	/* slurmd, prolog/epilog: nothing to do */
 	slurm_debug("coloc: spank plugin %s", COLOC_VERSION);
+	/* A bad plugstack.conf fails new submissions (sbatch, salloc, srun
+	 * outside a job), never steps of jobs that are already running. */
+	strict = ctx == S_CTX_ALLOCATOR
+		 || (ctx == S_CTX_LOCAL && getenv("SLURM_JOB_ID") == NULL);
 	if (_parse_args(ac, av) < 0) {
-		/* Catch a bad plugstack.conf at submission, but never make
-		 * slurmstepd fail a running job's step because of it. */
-		if (ctx == S_CTX_REMOTE)
-			slurm_error("coloc: bad plugstack.conf arguments, "
-				    "using run_dir=%s", run_dir);
-		else
+		if (strict)
 			return -1;
+		slurm_error("coloc: bad plugstack.conf arguments ignored, "
+			    "run_dir=%s", run_dir);
 	}
 	for (o = spank_options_table; o->name; o++) {
 		spank_err_t err = spank_option_register(sp, o);
 		if (err != ESPANK_SUCCESS) {
 			slurm_error("coloc: spank_option_register(--%s): %s",
 				    o->name, spank_strerror(err));
-			if (ctx != S_CTX_REMOTE)
+			if (strict)
 				rc = -1;
 		}
 	}
@@ -276,6 +278,7 @@ static void _warn_without_gres(void)
 		"gpus-per-socket", "tres-per-task"
 	};
 	const char *prog = program_invocation_short_name;
+	char shards[24] = "N";
 	size_t i;
 
 	if (strcmp(prog, "sbatch") && strcmp(prog, "salloc")
@@ -288,15 +291,12 @@ static void _warn_without_gres(void)
 	for (i = 0; i < sizeof(gpu_opts) / sizeof(gpu_opts[0]); i++)
 		if (slurm_option_isset(&opt, gpu_opts[i]))
 			return;
-	if (strcmp(mem_value, "auto") == 0)
-		slurm_info("coloc: warning: --coloc-mem=auto without --gres "
-			   "reserves no GPU; submit with coloc-sbatch (it "
-			   "runs the estimator) or add --gres=shard:N");
-	else
-		slurm_info("coloc: warning: --coloc-mem without --gres "
-			   "reserves no GPU; submit with coloc-sbatch or add "
-			   "--gres=shard:%llu",
-			   (strtoull(mem_value, NULL, 10) + 1023) / 1024);
+	if (strcmp(mem_value, "auto") != 0)	/* shards are GiB */
+		snprintf(shards, sizeof(shards), "%llu",
+			 (strtoull(mem_value, NULL, 10) + 1023) / 1024);
+	slurm_info("coloc: warning: --coloc-mem without --gres reserves no "
+		   "GPU; submit with coloc-sbatch or add --gres=shard:%s",
+		   shards);
 }
 
 /*
@@ -307,6 +307,7 @@ static void _warn_without_gres(void)
 static void _load_env_file(spank_t sp)
 {
 	char path[PATH_MAX], *line = NULL, *eq;
+	const char *why;
 	uint32_t job_id = 0;
 	struct stat st;
 	spank_err_t err;
@@ -339,12 +340,13 @@ static void _load_env_file(spank_t sp)
 		slurm_error("coloc: fstat(%s): %m", path);
 		goto done;
 	}
-	if (!S_ISREG(st.st_mode) || st.st_uid != 0
-	    || (st.st_mode & (S_IWGRP | S_IWOTH))
-	    || st.st_size > COLOC_FILE_MAX) {
-		slurm_error("coloc: %s: not a root-owned regular file of at "
-			    "most %d bytes writable only by root; ignored",
-			    path, COLOC_FILE_MAX);
+	why = !S_ISREG(st.st_mode) ? "not a regular file"
+	      : st.st_uid != 0 ? "not owned by root"
+	      : (st.st_mode & (S_IWGRP | S_IWOTH)) ? "group/other-writable"
+	      : st.st_size > COLOC_FILE_MAX ? "larger than 1 MiB" : NULL;
+	if (why != NULL) {
+		slurm_error("coloc: %s: %s; ignored (job runs unshared)",
+			    path, why);
 		goto done;
 	}
 	fp = fdopen(fd, "r");
