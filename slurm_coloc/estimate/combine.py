@@ -1,0 +1,93 @@
+"""One final figure from history, the analytical trace and the learned ensemble.
+
+Order (issue 3, part 5):
+1. history: measured NVML peaks of earlier runs of the same spec -> ``max * (1 + margin) + pad``;
+2. otherwise the larger of the calibrated analytical bound and the learned ensemble's upper
+   bound. The calibration (``weights/calibration.json``, written by ``estimate.train``) holds
+   a multiplicative and an additive margin chosen on held-out families so that underestimates
+   are rare (see docs/estimator.md for the held-out rates).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, Optional, Sequence
+
+from slurm_coloc.errors import EstimateError
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
+
+WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
+HISTORY_MARGIN = 0.05
+HISTORY_PAD_MIB = 64
+# Used only when no calibration file is shipped: deliberately generous.
+_DEFAULT_CAL = {"analytic_mult": 1.25, "analytic_add_mib": 256.0, "learned_mult": 1.0}
+
+
+def load_calibration() -> Dict[str, Any]:
+    """The shipped calibration (``weights/calibration.json``) or the generous defaults."""
+    path = os.path.join(WEIGHTS_DIR, "calibration.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            cal = dict(_DEFAULT_CAL)
+            cal.update(json.load(fh))
+            return cal
+    return dict(_DEFAULT_CAL)
+
+
+def history_bound(history_mib: Sequence[int]) -> Optional[int]:
+    """``max(history) * 1.05 + 64`` MiB, or None without usable history (non-positive values dropped)."""
+    good = [int(h) for h in history_mib if h is not None and int(h) > 0]
+    if not good:
+        return None
+    return int(math.ceil(max(good) * (1 + HISTORY_MARGIN) + HISTORY_PAD_MIB))
+
+
+def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int] = ()) -> Estimate:
+    """See :func:`slurm_coloc.estimate.estimate_peak` (this is its body).
+
+    Raises:
+        EstimateError: unknown GPU or an untraceable model.
+    """
+    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
+    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.trace import trace_spec
+
+    gpu = gpu_model(gpu_name)
+    hist = history_bound(history_mib)
+    trace = trace_spec(spec)  # also validates the spec when history exists
+    cal = load_calibration()
+    detail: Dict[str, Any] = analytic_detail(trace, gpu)
+    ana = analytic_mib(trace, gpu)
+    ana_bound = ana * float(cal["analytic_mult"]) + float(cal["analytic_add_mib"])
+    detail["analytic_bound_mib"] = round(ana_bound, 1)
+    components = {"analytic": ana_bound}
+    learned = _learned(spec, trace, gpu.name)
+    if learned is not None:
+        detail["learned_mib"] = round(learned["mean_mib"], 1)
+        detail["learned_bound_mib"] = round(learned["bound_mib"], 1)
+        components["learned"] = learned["bound_mib"] * float(cal["learned_mult"])
+    if hist is not None:
+        detail["history_mib"] = max(int(h) for h in history_mib if h and int(h) > 0)
+        return Estimate(mem_mib=hist, method="history", detail=detail, gpu_model=gpu.name)
+    best = max(components, key=lambda k: components[k])
+    mem = int(math.ceil(components[best]))
+    detail["chosen"] = best
+    if mem > gpu.mem_mib:
+        detail["exceeds_gpu"] = True
+    method = "combined" if len(components) > 1 else "analytic"
+    return Estimate(mem_mib=mem, method=method, detail=detail, gpu_model=gpu.name)
+
+
+def _learned(spec: ModelSpec, trace: Any, gpu: str) -> Optional[Dict[str, float]]:
+    """The learned ensemble's mean and upper bound (MiB), or None when no weights are shipped."""
+    try:
+        from slurm_coloc.estimate import learned
+    except ImportError:  # pragma: no cover - learned.py is part of the package
+        return None
+    if not learned.available():
+        return None
+    try:
+        return learned.predict(spec, trace, gpu)
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"model {spec.model}: learned estimator weights unusable: {exc}") from exc

@@ -1,0 +1,59 @@
+"""GPU models the estimator knows: memory size and the per-process CUDA context NVML counts.
+
+``context_mib`` is the NVML per-process figure of a torch process right after its first CUDA
+op; ``libs_mib`` is what loading cuBLAS/cuDNN kernels adds outside the caching allocator during
+training (fitted on the Hopper data set, see docs/estimator.md). Pure data, no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+from slurm_coloc.errors import EstimateError
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One GPU model.
+
+    Attributes:
+        name: canonical name (``H100``).
+        mem_mib: usable memory NVML reports as total, MiB.
+        context_mib: CUDA context of a torch process, MiB.
+        libs_mib: non-allocator memory of cuBLAS/cuDNN etc. during training, MiB.
+        source: where the figures come from.
+    """
+
+    name: str
+    mem_mib: int
+    context_mib: int
+    libs_mib: int
+    source: str
+
+
+GPUS: Dict[str, GpuModel] = {
+    "H100": GpuModel("H100", 81559, 612, 0,
+                     "measured on H100 80GB HBM3, driver 580.159.04, torch 2.11+cu130 (gpu-facts.md)"),
+    "H200": GpuModel("H200", 143771, 612, 0,
+                     "memory from nvidia-smi on H200; context assumed equal to H100 (same Hopper stack)"),
+}
+
+_ALIASES = {
+    "h100": "H100", "h100-80gb": "H100", "h100 80gb": "H100", "h100 80gb hbm3": "H100",
+    "nvidia h100 80gb hbm3": "H100", "h100-sxm": "H100", "h100_80gb": "H100",
+    "h200": "H200", "nvidia h200": "H200", "h200-141gb": "H200",
+}
+
+
+def gpu_model(name: str) -> GpuModel:
+    """Look up a GPU by name (case-insensitive; ``H100``, ``NVIDIA H100 80GB HBM3``, ``h200``).
+
+    Raises:
+        EstimateError: unknown GPU name.
+    """
+    key = _ALIASES.get(" ".join(str(name).lower().replace("_", " ").split()))
+    if key is None:
+        key = _ALIASES.get(str(name).strip().lower())
+    if key is None:
+        raise EstimateError(f"unknown GPU model {name!r}; known: {', '.join(sorted(GPUS))}")
+    return GPUS[key]

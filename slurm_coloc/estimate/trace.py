@@ -1,0 +1,240 @@
+"""Trace training steps without memory and replay them through the allocator model.
+
+The model is built and trained on the ``meta`` device (fp32) or on fake CPU tensors under
+``FakeTensorMode`` with CPU autocast (AMP fp16 / bf16, since autocast needs a real device type).
+A ``TorchDispatchMode`` sees every op; each new tensor storage is "allocated" in a
+:class:`CachingAllocatorModel` and "freed" when its storage object dies (storages keep one
+Python object for their lifetime, so a weakref finalizer marks the real free point).
+
+The training step is the one issue 3 fixes: ``zero_grad(set_to_none=True)``; forward;
+cross-entropy on the logits; backward; optimizer step (``foreach=True``, as PyTorch picks on
+CUDA). Two steps are traced so the optimizer state exists during the second backward.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from slurm_coloc.errors import EstimateError
+from slurm_coloc.estimate.allocator import CachingAllocatorModel
+from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
+from slurm_coloc.estimate.spec import ModelSpec
+
+MIB = 1 << 20
+TRACE_STEPS = 2
+# cuBLAS workspace PyTorch allocates through the caching allocator at the first GEMM on Hopper
+# (CublasHandlePool.cpp: 32 MiB default for sm90+; 8 MiB + 128 KiB before Hopper).
+CUBLAS_WORKSPACE_B = 32 * MIB
+_GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product", "linear")
+
+ACTIVATIONS = (
+    "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Hardswish",
+    "Mish", "ReLU6", "Hardsigmoid", "SELU", "PReLU",
+)
+
+
+@dataclass
+class TraceResult:
+    """What one traced training run of a spec gives (bytes unless named otherwise).
+
+    Attributes:
+        peak_allocated_b: peak of live tensor bytes (rounded to 512 B blocks).
+        peak_reserved_b: peak reserved by the replayed caching allocator (incl. cuBLAS workspace).
+        params: parameter count (trainable and frozen).
+        param_b, buffer_b: bytes of parameters and buffers.
+        activations_per_sample: sum of leaf-module output elements per sample (forward hooks).
+        layer_counts: counts of module kinds (linear, conv, batchnorm, layernorm, dropout,
+            attention, embedding, leaf).
+        activation_fn: dominant activation module's class name ("" if none).
+        ops: number of dispatched ops traced.
+    """
+
+    peak_allocated_b: int
+    peak_reserved_b: int
+    params: int
+    param_b: int
+    buffer_b: int
+    activations_per_sample: float
+    layer_counts: Dict[str, int] = field(default_factory=dict)
+    activation_fn: str = ""
+    ops: int = 0
+
+
+def _make_tracker(torch: Any) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _Tracker(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.alloc = CachingAllocatorModel()
+            self.handles: Dict[int, int] = {}
+            self.ops = 0
+            self.cublas = False
+
+        def _free(self, key: int) -> None:
+            h = self.handles.pop(key, None)
+            if h is not None:
+                self.alloc.free(h)
+
+        def track(self, t: Any) -> None:
+            st = t.untyped_storage()
+            key = st._cdata
+            if key in self.handles:
+                return
+            self.handles[key] = self.alloc.malloc(st.nbytes())
+            weakref.finalize(st, self._free, key)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            self.ops += 1
+            if not self.cublas and any(g in func.__name__ for g in _GEMM_OPS):
+                self.cublas = True
+                self.alloc.malloc(CUBLAS_WORKSPACE_B)  # held for the process lifetime
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
+            return out
+
+    return _Tracker()
+
+
+def _optimizer(torch: Any, name: str, params: Any) -> Any:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+
+
+def _module_features(model: Any) -> Tuple[Dict[str, int], str]:
+    counts = {k: 0 for k in ("linear", "conv", "batchnorm", "layernorm", "dropout", "attention",
+                             "embedding", "leaf")}
+    acts: Dict[str, int] = {}
+    for mod in model.modules():
+        name = type(mod).__name__
+        low = name.lower()
+        if not list(mod.children()):
+            counts["leaf"] += 1
+        if "linear" in low:
+            counts["linear"] += 1
+        elif low.startswith("conv"):
+            counts["conv"] += 1
+        elif "batchnorm" in low:
+            counts["batchnorm"] += 1
+        elif "layernorm" in low or "groupnorm" in low or "rmsnorm" in low:
+            counts["layernorm"] += 1
+        elif "dropout" in low:
+            counts["dropout"] += 1
+        elif "embedding" in low:
+            counts["embedding"] += 1
+        if "attention" in low:
+            counts["attention"] += 1
+        if name in ACTIVATIONS:
+            acts[name] = acts.get(name, 0) + 1
+    dominant = max(sorted(acts), key=lambda k: acts[k]) if acts else ""
+    return counts, dominant
+
+
+def trace_spec(spec: ModelSpec) -> TraceResult:
+    """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
+
+    Returns:
+        TraceResult with the replayed allocator's peaks and the model's features.
+
+    Raises:
+        EstimateError: the model cannot be imported, built, or run on the input shape.
+    """
+    validate_spec(spec)
+    fn = load_callable(spec)
+    import torch
+
+    amp = spec.precision != "fp32"
+    tracker = _make_tracker(torch)
+    if amp:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        outer: Any = FakeTensorMode(allow_non_fake_inputs=True)
+        device = "cpu"
+    else:
+        import contextlib
+
+        outer = contextlib.nullcontext()
+        device = "meta"
+    acts: List[float] = []
+    with outer, tracker:
+        with torch.device(device):
+            model = build_model(spec, fn)
+        try:
+            if any(t.device.type != device for t in list(model.parameters()) + list(model.buffers())):
+                model = model.to(device)
+        except Exception as exc:
+            raise EstimateError(f"model {spec.model}: moving it to {device} failed: {_short(exc)}") from exc
+        model.train()
+        counts, act_fn = _module_features(model)
+        params = sum(p.numel() for p in model.parameters())
+        param_b = sum(p.numel() * p.element_size() for p in model.parameters())
+        buffer_b = sum(b.numel() * b.element_size() for b in model.buffers())
+        hooks = []
+
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            from torch.utils._pytree import tree_flatten
+
+            acts[-1] += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+
+        for mod in model.modules():
+            if not list(mod.children()):
+                hooks.append(mod.register_forward_hook(hook))
+        shape = (spec.batch_size, *spec.input_shape)
+        if spec.input_dtype == "int64":
+            x = torch.zeros(shape, dtype=torch.long, device=device)
+        else:
+            x = torch.empty(shape, dtype=torch.float32, device=device)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise EstimateError(f"model {spec.model}: it has no trainable parameters")
+        opt = _optimizer(torch, spec.optimizer, trainable)
+        ac_dtype = torch.float16 if spec.precision == "amp-fp16" else torch.bfloat16
+        for step in range(TRACE_STEPS):
+            acts.append(0.0)
+            opt.zero_grad(set_to_none=True)
+            try:
+                with torch.autocast("cpu", dtype=ac_dtype, enabled=amp):
+                    out = model(x)
+                    if isinstance(out, (tuple, list)):
+                        out = out[0]
+                    if hasattr(out, "logits"):
+                        out = out.logits
+                    logits = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
+                    y = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
+                    loss = torch.nn.functional.cross_entropy(logits.float() if amp else logits, y)
+            except EstimateError:
+                raise
+            except Exception as exc:
+                raise EstimateError(
+                    f"model {spec.model}: forward on input {tuple(spec.input_shape)} "
+                    f"({spec.input_dtype}) failed: {_short(exc)}"
+                ) from exc
+            try:
+                loss.backward()
+                opt.step()
+            except Exception as exc:
+                raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
+            del out, logits, loss, y
+        for h in hooks:
+            h.remove()
+    return TraceResult(
+        peak_allocated_b=tracker.alloc.peak_allocated_b,
+        peak_reserved_b=tracker.alloc.peak_reserved_b,
+        params=int(params),
+        param_b=int(param_b),
+        buffer_b=int(buffer_b),
+        activations_per_sample=float(acts[-1]) / spec.batch_size if acts else math.nan,
+        layer_counts=counts,
+        activation_fn=act_fn,
+        ops=tracker.ops,
+    )
