@@ -1,0 +1,16 @@
+#!/bin/sh
+# Common runner for the slurm-coloc hook shims: coloc-hook.sh <hook-name>.
+# Runs `coloc-hook <hook-name>` bounded in time; never fails the node or the job (a failing Prolog/Epilog
+# drains the node: shared/reference/slurm-22.05-facts.md §5). Python-side errors are logged by coloc-hook
+# itself to <log_dir>/hooks.log; this shim only notes crashes and timeouts through logger.
+HOOK=${COLOC_HOOK:-/usr/local/bin/coloc-hook}
+LIMIT=${COLOC_HOOK_TIMEOUT_S:-30}
+if [ "$1" = task-prolog ]; then
+  # TaskProlog: stdout carries `export NAME=value` lines to the task; keep it, drop stderr.
+  /usr/bin/timeout -k 2 "$LIMIT" "$HOOK" "$1" </dev/null 2>/dev/null
+else
+  /usr/bin/timeout -k 2 "$LIMIT" "$HOOK" "$1" </dev/null >/dev/null 2>&1
+fi
+rc=$?
+[ $rc = 0 ] || /usr/bin/logger -t "coloc[${SLURM_JOB_ID:-?}]" "$1 hook ended with rc $rc (124: timed out after ${LIMIT}s)" 2>/dev/null
+exit 0

@@ -1,0 +1,3 @@
+#!/bin/sh
+# Slurm prolog_slurmctld shim for slurm-coloc (slurm.conf: see docs/admin.md). Always exits 0.
+exec /bin/sh "$(dirname "$0")/coloc-hook.sh" prolog-slurmctld

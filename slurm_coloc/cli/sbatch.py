@@ -1,0 +1,91 @@
+"""``coloc-sbatch``: sbatch with a GPU memory estimate turned into a shard request."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import List, Optional, Tuple
+
+import click
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.errors import ColocError
+from slurm_coloc.slurm.jobs import sbatch
+from slurm_coloc.submit.argv import split_command_line
+from slurm_coloc.submit.directives import ParsedScript, parse_script
+from slurm_coloc.submit.plan import Plan, build_plan, gpu_request, needs_estimate, script_options
+
+
+def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
+    """Parse, estimate and plan; no side effect. Returns (plan, parsed script, dry_run).
+
+    Raises:
+        ColocError: any bad input (script, directives, options, model).
+    """
+    cfg = config_mod.load()
+    cmd = split_command_line(argv)
+    parsed = parse_script(cmd.script) if cmd.script is not None else None
+    req = gpu_request(script_options(parsed)[0] + list(cmd.options))
+    estimate = None
+    if needs_estimate(cmd, parsed, req):
+        from slurm_coloc.estimate import estimate_peak
+
+        estimate = estimate_peak(parsed.spec)  # type: ignore[union-attr,arg-type]
+    return build_plan(cmd, parsed, estimate, cfg), parsed, cmd.dry_run
+
+
+def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
+    """Run sbatch for ``plan``, echo its stdout/stderr verbatim, return its exit code."""
+    cfg = config_mod.load()
+    tmp_path = None
+    try:
+        script_path = str(parsed.path) if parsed is not None else None
+        if plan.rewritten_script is not None:
+            fd, tmp_path = tempfile.mkstemp(prefix="coloc-sbatch-", suffix=".sh")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(plan.rewritten_script)
+            script_path = tmp_path
+        proc = sbatch(plan.argv(script_path), bin_dir=cfg.slurm_bin_dir)
+    finally:
+        if tmp_path:
+            os.unlink(tmp_path)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    return proc.returncode
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                 "help_option_names": ["--help"]})
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def cli(argv: Tuple[str, ...]) -> None:
+    """Submit a training job like sbatch, asking for only the GPU memory it needs.
+
+    ARGV is `[sbatch options] script [args]`; every sbatch option passes through unchanged. Own options:
+    --dry-run (print the sbatch command, submit nothing), --coloc-mem SIZE (override the estimate, e.g. 6G),
+    --exclusive-gpu (a whole GPU). The model comes from `#COLOC` lines in the script (docs/user.md).
+
+    \b
+    Example:
+      coloc-sbatch --parsable -t 30 examples/train_digits.sh
+      coloc-sbatch --dry-run --coloc-mem 6G train.sh --epochs 3
+    """
+    try:
+        plan, parsed, dry_run = plan_submission(list(argv))
+        if dry_run:
+            click.echo(plan.command_line(str(parsed.path) if parsed else None))
+            if plan.rewritten_script is not None:
+                click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy", err=True)
+            click.echo(f"coloc-sbatch: {plan.mode} ({plan.reason})", err=True)
+            return
+        if "--parsable" not in argv:
+            click.echo(f"coloc-sbatch: {plan.mode} {plan.shards or plan.gpus} ({plan.reason})", err=True)
+        code = submit(plan, parsed)
+    except ColocError as exc:
+        click.echo(f"coloc-sbatch: error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main(prog_name="coloc-sbatch")

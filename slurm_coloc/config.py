@@ -1,0 +1,141 @@
+"""The one typed config of slurm-coloc.
+
+Precedence: defaults < YAML file < ``COLOC_<KEY>`` environment variables (upper-case key).
+The file is ``$COLOC_CONFIG`` if set, else ``/etc/slurm-coloc/coloc.yaml``; a missing default
+file means "all defaults", a missing ``$COLOC_CONFIG`` file is an error. Unknown keys and
+bad values raise ``ConfigError`` naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import yaml
+
+from slurm_coloc.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
+MPS_MODES = ("multi-user", "per-user", "off")
+
+
+@dataclass(frozen=True)
+class Config:
+    """All settings; units are in the names.
+
+    Attributes:
+        state_dir: root-owned directory of the databases: ``ctld.db`` and ``nodes/<node>.db``.
+        run_dir: root-owned runtime directory (MPS pipes/logs, per-job env files).
+        log_dir: where hooks and the sampler log (``hooks.log``).
+        slurm_bin_dir: directory of sbatch/scontrol/squeue (hooks get no PATH).
+        gpu_mem_gib: memory per GPU in GiB = shards per GPU (1 shard = 1 GiB).
+        headroom_mib: added to every estimate before rounding up to shards.
+        min_shards: smallest shard request for a job with an estimate.
+        hook_timeout_s: the bound a hook's own work must keep (the shim kills it later).
+        db_busy_timeout_s: how long a writer waits for a locked database.
+        mps_mode: ``multi-user`` | ``per-user`` | ``off`` (docs/admin.md explains each).
+        sampler_interval_s: NVML sampling period (GPM needs >= 0.1 s).
+        admin_group: Unix group whose members see every job in coloc-report (root always does).
+    """
+
+    state_dir: str = "/var/lib/slurm-coloc"
+    run_dir: str = "/run/slurm-coloc"
+    log_dir: str = "/var/log/slurm-coloc"
+    slurm_bin_dir: str = "/usr/bin"
+    gpu_mem_gib: int = 80
+    headroom_mib: int = 256
+    min_shards: int = 1
+    hook_timeout_s: float = 20.0
+    db_busy_timeout_s: float = 5.0
+    mps_mode: str = "multi-user"
+    sampler_interval_s: float = 1.0
+    admin_group: str = ""
+
+    @property
+    def ctld_db_path(self) -> Path:
+        """Controller-side database (jobs, estimates, OOM events)."""
+        return Path(self.state_dir) / "ctld.db"
+
+    def node_db_path(self, node: str) -> Path:
+        """Per-node database (hook rows, samples) of node ``node``."""
+        return Path(self.state_dir) / "nodes" / f"{node}.db"
+
+    @property
+    def node_db_dir(self) -> Path:
+        """Directory holding every ``<node>.db`` (a shared filesystem in production)."""
+        return Path(self.state_dir) / "nodes"
+
+
+def _coerce(name: str, kind: type, value: Any) -> Any:
+    """Convert ``value`` to the field's type or raise ConfigError naming ``name``."""
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError("not an integer")
+        if isinstance(value, (dict, list)):
+            raise ValueError("expected a scalar")
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config key {name!r}: bad value {value!r} ({exc})") from None
+
+
+def _validate(cfg: Config) -> Config:
+    if cfg.mps_mode not in MPS_MODES:
+        raise ConfigError(f"config key 'mps_mode': {cfg.mps_mode!r} is not one of {', '.join(MPS_MODES)}")
+    if not 1 <= cfg.gpu_mem_gib <= 4096:
+        raise ConfigError(f"config key 'gpu_mem_gib': {cfg.gpu_mem_gib} is outside 1..4096")
+    if cfg.sampler_interval_s < 0.1:
+        raise ConfigError(f"config key 'sampler_interval_s': {cfg.sampler_interval_s} < 0.1 (GPM minimum)")
+    if cfg.hook_timeout_s <= 0 or cfg.db_busy_timeout_s < 0 or cfg.headroom_mib < 0 or cfg.min_shards < 1:
+        raise ConfigError("config: hook_timeout_s must be > 0, db_busy_timeout_s/headroom_mib >= 0, min_shards >= 1")
+    return cfg
+
+
+def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Load the config.
+
+    Args:
+        path: YAML file; default ``$COLOC_CONFIG`` or ``/etc/slurm-coloc/coloc.yaml``.
+        environ: environment to read ``COLOC_*`` overrides from (default ``os.environ``).
+
+    Returns:
+        A validated ``Config``.
+
+    Raises:
+        ConfigError: unreadable or malformed file, unknown key, bad value.
+    """
+    env = os.environ if environ is None else environ
+    explicit = path or env.get("COLOC_CONFIG")
+    file_path = Path(explicit or DEFAULT_CONFIG_PATH)
+    values: Dict[str, Any] = {}
+    if file_path.exists() or explicit:
+        try:
+            text = file_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(file_path)!r} must be a mapping of key: value")
+        values.update(data)
+    known = {f.name: f for f in fields(Config)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"config file {str(file_path)!r}: unknown key {key!r}",
+                              hint=f"known keys: {', '.join(sorted(known))}")
+    for name in known:
+        env_value = env.get(f"COLOC_{name.upper()}")
+        if env_value is not None:
+            values[name] = env_value
+    kinds = {"str": str, "int": int, "float": float, "bool": bool}
+    typed = {k: _coerce(k, kinds[str(known[k].type)], v) for k, v in values.items()}
+    return _validate(dataclasses.replace(Config(), **typed))

@@ -1,0 +1,68 @@
+"""What a Slurm hook knows about its job, read from its environment (facts §5), as one dataclass.
+
+Pure: takes a mapping, never reads files or runs Slurm. Hooks run as root on values users can
+influence (job name, comment): nothing here is executed or imported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from slurm_coloc.slurm.parse import decode_exit_code, parse_index_list
+
+
+def _int(value: Optional[str]) -> Optional[int]:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """The job as a Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog sees it.
+
+    Attributes:
+        context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for TaskProlog.
+        gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
+        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: facts §5).
+    """
+
+    job_id: Optional[int]
+    context: str
+    uid: Optional[int]
+    user_name: str
+    job_name: str
+    partition: str
+    node: str
+    node_list: str
+    gpus: tuple
+    comment: str
+    restart_count: int
+    exit_code: Optional[int]
+    signal: Optional[int]
+    spank_mem: Optional[str]
+    spank_share: Optional[str]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "HookContext":
+        """Build from a hook's environment; missing variables become None/empty."""
+        raw_ec = _int(env.get("SLURM_JOB_EXIT_CODE"))
+        code, sig = decode_exit_code(raw_ec) if raw_ec is not None else (None, None)
+        return cls(
+            job_id=_int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")),
+            context=env.get("SLURM_SCRIPT_CONTEXT", ""),
+            uid=_int(env.get("SLURM_JOB_UID") or env.get("SLURM_UID")),
+            user_name=env.get("SLURM_JOB_USER", "") or env.get("USER", ""),
+            job_name=env.get("SLURM_JOB_NAME", ""),
+            partition=env.get("SLURM_JOB_PARTITION", ""),
+            node=env.get("SLURMD_NODENAME", ""),
+            node_list=env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", ""),
+            gpus=tuple(parse_index_list(env.get("SLURM_JOB_GPUS", ""))),
+            comment=env.get("SLURM_JOB_COMMENT", ""),
+            restart_count=_int(env.get("SLURM_JOB_RESTART_COUNT")) or 0,
+            exit_code=code,
+            signal=sig,
+            spank_mem=env.get("SPANK_COLOC_MEM"),
+            spank_share=env.get("SPANK_COLOC_SHARE"),
+        )

@@ -1,0 +1,91 @@
+"""Node Prolog, Epilog and TaskProlog: record the job on this node (GPUs, shards, start/end).
+
+Prolog and Epilog run as root by slurmd; TaskProlog runs as the job's user and only prints the
+``export`` lines the Prolog prepared (it writes nothing).
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from slurm_coloc.config import Config
+from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.ctld import parse_slurm_time
+from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.parse import parse_tres_per_node
+from slurm_coloc.slurm.run import slurm_env
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store.db import open_node_db
+
+ENV_KEY_RE = re.compile(r"^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+)$")
+MAX_ENV_LINE = 4096
+
+
+def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
+    """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user."""
+    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+    tres = parse_tres_per_node(kv.get("TresPerNode", ""))
+    start = store_jobs.JobStart(
+        job_id=ctx.job_id, node=ctx.node, user_name=kv.get("UserId", "").split("(")[0] or ctx.user_name,
+        uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=tres.get("shard"),
+        gres=kv.get("TresPerNode", ""), start_ts=parse_slurm_time(kv.get("StartTime", "")) or time.time())
+    store_jobs.record_node_start(open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s), start)
+    return {"gpus": start.gpus, "shards": start.shards}
+
+
+def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
+    """Record the job end on this node with its inferred final state (see hooks/state.py)."""
+    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+    code, sig = parse_exit_pair(kv.get("ExitCode", ""))
+    if code is None:
+        code, sig = ctx.exit_code, ctx.signal
+    state = infer_final_state(kv.get("JobState", ""), code, sig, parse_slurm_duration_s(kv.get("RunTime", "")),
+                              parse_slurm_duration_s(kv.get("TimeLimit", "")), kv.get("Reason", ""))
+    end = store_jobs.JobEnd(job_id=ctx.job_id, node=ctx.node, state=state, exit_code=code, signal=sig,
+                            end_ts=parse_slurm_time(kv.get("EndTime", "")) or time.time())
+    store_jobs.record_node_end(open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s), end)
+    return {"state": state, "exit_code": code, "signal": sig}
+
+
+def job_env_path(cfg: Config, job_id: int) -> Path:
+    """Where the Prolog leaves a job's task environment: ``<run_dir>/jobs/<job_id>.env``."""
+    return Path(cfg.run_dir) / "jobs" / f"{int(job_id)}.env"
+
+
+def read_job_env(path: Path) -> List[tuple]:
+    """Read ``KEY=VALUE`` lines of a per-job env file, safely.
+
+    The file must be a regular file owned by root and not writable by group/others, opened without
+    following symlinks; only keys matching ``CUDA_MPS_*``/``COLOC_*`` and lines under 4096 bytes are kept.
+    Returns ``[]`` when the file is absent or unsafe.
+    """
+    try:
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return []
+        data = fh.read(64 * 1024)
+    out = []
+    for raw in data.split(b"\n"):
+        if not raw or len(raw) > MAX_ENV_LINE:
+            continue
+        key, sep, value = raw.decode("utf-8", "replace").partition("=")
+        if sep and ENV_KEY_RE.match(key) and "\n" not in value:
+            out.append((key, value))
+    return out
+
+
+def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
+    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared."""
+    if ctx.job_id is None:
+        return []
+    # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting).
+    return [f"export {k}={v}" for k, v in read_job_env(job_env_path(cfg, ctx.job_id))]

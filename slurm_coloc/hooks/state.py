@@ -1,0 +1,58 @@
+"""Deciding how a job ended from what an epilog can see (pure).
+
+In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
+TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
+(facts §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). ``scontrol show job -o`` does give
+``ExitCode=<code>:<signal>``, ``RunTime`` and ``TimeLimit``: enough to tell them apart.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Tuple
+
+_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+          "BOOT_FAIL", "DEADLINE"}
+
+
+def parse_slurm_duration_s(text: str) -> Optional[int]:
+    """``[D-]HH:MM:SS`` / ``MM:SS`` -> seconds; ``UNLIMITED``/``INFINITE``/bad -> None."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", (text or "").strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def parse_exit_pair(text: str) -> Tuple[Optional[int], Optional[int]]:
+    """``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``; bad -> ``(None, None)``."""
+    code, _, sig = (text or "").partition(":")
+    return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else (None, None)
+
+
+def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional[int],
+                      run_s: Optional[int], time_limit_s: Optional[int], reason: str = "") -> str:
+    """The job's final state.
+
+    Args:
+        job_state: ``JobState`` as scontrol shows it (usually ``COMPLETING`` inside an epilog).
+        exit_code, signal: from scontrol's ``ExitCode=<code>:<signal>``.
+        run_s, time_limit_s: ``RunTime`` and ``TimeLimit`` in seconds (None if unknown/unlimited).
+        reason: scontrol's ``Reason`` (``TimeLimit`` in EpilogSlurmctld of a timed-out job).
+
+    Returns:
+        A Slurm state name; ``COMPLETING`` states are resolved: a signal with the run at its time limit is
+        ``TIMEOUT``, a signal before it is ``CANCELLED``, a non-zero exit ``FAILED``, else ``COMPLETED``.
+    """
+    base = (job_state or "").split()[0].upper() if job_state else ""
+    if base in _FINAL:
+        return base
+    at_limit = reason == "TimeLimit" or (run_s is not None and time_limit_s is not None and run_s >= time_limit_s)
+    if signal:
+        if at_limit:
+            return "TIMEOUT"
+        return "CANCELLED" if signal in (15, 2, 1) else "FAILED"
+    if exit_code:
+        return "FAILED"
+    if at_limit:
+        return "TIMEOUT"
+    return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")

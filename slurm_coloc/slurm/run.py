@@ -1,0 +1,79 @@
+"""Run a Slurm command: the only place slurm-coloc executes Slurm binaries.
+
+Hooks get no PATH, so binaries are resolved against ``Config.slurm_bin_dir``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from slurm_coloc.errors import SlurmError
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def slurm_env(extra: Optional[Mapping[str, str]] = None, base: Optional[Mapping[str, str]] = None) -> dict:
+    """The environment for a Slurm command: ``base`` (default os.environ) plus ``extra``.
+
+    PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (facts §1); callers pass it in ``extra``.
+    """
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PATH", "/usr/bin:/bin")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run(
+    argv: Sequence[str],
+    bin_dir: str = "/usr/bin",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    env: Optional[Mapping[str, str]] = None,
+    check: bool = True,
+    stdin_text: Optional[str] = None,
+) -> subprocess.CompletedProcess:
+    """Run ``argv`` (argv[0] a Slurm program name) and capture text output.
+
+    Args:
+        argv: e.g. ``["scontrol", "show", "job", "-o", "12"]``; argv[0] is resolved in ``bin_dir``.
+        bin_dir: directory holding the Slurm binaries.
+        timeout_s: wall-clock bound; the child is killed when it expires.
+        env: full environment for the child (default: ``slurm_env()``).
+        check: raise on a non-zero exit.
+        stdin_text: text fed on stdin (default: /dev/null).
+
+    Returns:
+        The completed process (``stdout``/``stderr`` as str).
+
+    Raises:
+        SlurmError: the binary is missing, timed out, or (with ``check``) exited non-zero;
+            carries argv, return code and stderr.
+    """
+    if not argv:
+        raise SlurmError("empty Slurm command")
+    exe = argv[0] if os.path.isabs(argv[0]) else str(Path(bin_dir) / argv[0])
+    full = [exe, *argv[1:]]
+    try:
+        proc = subprocess.run(
+            full,
+            input=stdin_text,
+            stdin=None if stdin_text is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(env) if env is not None else slurm_env(),
+            check=False,
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} not found at {exe}", argv=full,
+                         hint="install slurm-client or set slurm_bin_dir in the config") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]} timed out after {timeout_s:g} s", argv=full) from None
+    except OSError as exc:
+        raise SlurmError(f"cannot run {exe}: {exc}", argv=full) from None
+    if check and proc.returncode != 0:
+        err = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
+        raise SlurmError(f"{argv[0]} failed: {err}", argv=full, returncode=proc.returncode, stderr=proc.stderr.strip())
+    return proc

@@ -1,0 +1,206 @@
+"""Writing and reading job rows. Every write is one transaction (``db.atomic()``-style) so a failure
+leaves no half-written row. Callers pass and receive dataclasses; table names stay in this package.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Iterator, List, Optional
+
+from sqlite_utils import Database
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    """What a job asked for and what slurm-coloc estimated, recorded by PrologSlurmctld.
+
+    ``share_mode``: ``shard`` (shared GPU), ``whole-gpu`` (all shards of one GPU), ``gpu`` (whole GPUs by
+    ``--gres=gpu:N``), ``none`` (no GPU). ``estimate_mib`` is None when there was no estimate.
+    """
+
+    job_id: int
+    user_name: str = ""
+    uid: Optional[int] = None
+    job_name: str = ""
+    partition: str = ""
+    cluster: str = ""
+    submit_ts: Optional[float] = None
+    gres_req: str = ""
+    shards_req: Optional[int] = None
+    gpus_req: Optional[int] = None
+    share_mode: str = "none"
+    estimate_mib: Optional[int] = None
+    estimate_method: Optional[str] = None
+    script_sha256: Optional[str] = None
+    spec_json: Optional[str] = None
+    coloc_json: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JobStart:
+    """A job starting on one node, as the node Prolog saw it. ``gpus``: global indices ``"0,1"``."""
+
+    job_id: int
+    node: str
+    user_name: str
+    uid: Optional[int]
+    gpus: str
+    shards: Optional[int]
+    gres: str
+    start_ts: float
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A job ending (node Epilog or EpilogSlurmctld). ``state`` as Slurm names it (COMPLETED, FAILED, ...)."""
+
+    job_id: int
+    end_ts: float
+    state: Optional[str]
+    exit_code: Optional[int]
+    signal: Optional[int]
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class HookRun:
+    """One hook invocation: which, how long (ms), whether our code finished without an internal error."""
+
+    job_id: Optional[int]
+    node: str
+    hook: str
+    ts: float
+    duration_ms: float
+    ok: bool
+    detail: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job as the controller database holds it (all ``jobs`` columns)."""
+
+    job_id: int
+    cluster: Optional[str] = None
+    user_name: Optional[str] = None
+    uid: Optional[int] = None
+    job_name: Optional[str] = None
+    partition: Optional[str] = None
+    submit_ts: Optional[float] = None
+    gres_req: Optional[str] = None
+    shards_req: Optional[int] = None
+    gpus_req: Optional[int] = None
+    share_mode: Optional[str] = None
+    estimate_mib: Optional[int] = None
+    estimate_method: Optional[str] = None
+    script_sha256: Optional[str] = None
+    spec_json: Optional[str] = None
+    coloc_json: Optional[str] = None
+    node_list: Optional[str] = None
+    start_ts: Optional[float] = None
+    end_ts: Optional[float] = None
+    state: Optional[str] = None
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    restart_count: Optional[int] = None
+    updated_ts: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class JobRunRow:
+    """A (job, node) row of a node database."""
+
+    job_id: int
+    node: str
+    user_name: Optional[str] = None
+    uid: Optional[int] = None
+    gpus: Optional[str] = None
+    shards: Optional[int] = None
+    gres: Optional[str] = None
+    start_ts: Optional[float] = None
+    end_ts: Optional[float] = None
+    state: Optional[str] = None
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+
+
+def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
+    with db.atomic():  # one transaction
+        db[table].upsert(row, pk=pk)
+
+
+def record_submission(db: Database, sub: JobSubmission) -> None:
+    """Insert or update the job's submission columns (idempotent: a requeued job overwrites)."""
+    row = {k: v for k, v in asdict(sub).items()}
+    row["updated_ts"] = time.time()
+    _upsert(db, "jobs", row, "job_id")
+
+
+def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Optional[float] = None) -> None:
+    """Record how a job ended, controller side (EpilogSlurmctld)."""
+    row: Dict[str, Any] = {"job_id": end.job_id, "end_ts": end.end_ts, "state": end.state,
+                           "exit_code": end.exit_code, "signal": end.signal, "updated_ts": time.time()}
+    if node_list:
+        row["node_list"] = node_list
+    if start_ts:
+        row["start_ts"] = start_ts
+    _upsert(db, "jobs", row, "job_id")
+
+
+def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
+    """Append an event (``kind`` e.g. ``hook-error``, ``oom``, ``retry-submitted``) with a JSON detail."""
+    with db.atomic():
+        db["events"].insert({"ts": time.time(), "job_id": job_id, "kind": kind,
+                             "detail_json": json.dumps(detail, sort_keys=True, default=str)})
+
+
+def record_node_start(db: Database, start: JobStart) -> None:
+    """The node Prolog's row for (job, node)."""
+    _upsert(db, "job_runs", asdict(start), ("job_id", "node"))
+
+
+def record_node_end(db: Database, end: JobEnd) -> None:
+    """The node Epilog's end columns for (job, node)."""
+    _upsert(db, "job_runs", {"job_id": end.job_id, "node": end.node, "end_ts": end.end_ts, "state": end.state,
+                             "exit_code": end.exit_code, "signal": end.signal}, ("job_id", "node"))
+
+
+def record_hook_run(db: Database, run: HookRun) -> None:
+    """Append one hook invocation row."""
+    with db.atomic():
+        db["hook_runs"].insert({"job_id": run.job_id, "node": run.node, "hook": run.hook, "ts": run.ts,
+                                "duration_ms": run.duration_ms, "ok": int(run.ok),
+                                "detail_json": json.dumps(run.detail, sort_keys=True, default=str)})
+
+
+def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args: Any = None) -> Iterator[Any]:
+    if not db[table].exists():
+        return iter(())
+    names = {f.name for f in fields(cls)}
+    return (cls(**{k: v for k, v in r.items() if k in names}) for r in db[table].rows_where(where, args or []))
+
+
+def load_jobs(db: Database) -> List[JobRow]:
+    """Every job row of a controller database, by job id."""
+    return sorted(_rows(db, "jobs", JobRow), key=lambda r: r.job_id)
+
+
+def load_job_runs(db: Database) -> List[JobRunRow]:
+    """Every (job, node) row of a node database."""
+    return list(_rows(db, "job_runs", JobRunRow))
+
+
+def load_hook_runs(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Hook invocation rows (optionally of one job), oldest first."""
+    if not db["hook_runs"].exists():
+        return []
+    where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
+    return list(db["hook_runs"].rows_where(where, args, order_by="id"))
+
+
+def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Event rows (optionally of one job), oldest first."""
+    if not db["events"].exists():
+        return []
+    where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
+    return list(db["events"].rows_where(where, args, order_by="id"))
