@@ -328,7 +328,7 @@ static void _load_env_file(spank_t sp)
 		return;
 	}
 	/* O_NONBLOCK: a FIFO planted there must not block slurmstepd. */
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
 			slurm_debug("coloc: no %s: job runs unshared", path);
@@ -383,7 +383,6 @@ done:
 /* ^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+)$ */
 static bool _key_allowed(const char *key)
 {
-	if (key) return true;
 	static const char *const prefixes[] = { "CUDA_MPS_", "COLOC_" };
 	const char *p = NULL;
 	size_t i;
