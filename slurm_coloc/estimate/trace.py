@@ -12,6 +12,7 @@ CUDA). Two steps are traced so the optimizer state exists during the second back
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -140,6 +141,22 @@ def _module_features(model: Any) -> Tuple[Dict[str, int], str]:
     return counts, dominant
 
 
+def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
+    """Build the model with meta parameters: directly on ``meta`` when its init allows, else on
+    the CPU for real (inits that read values, e.g. ``.item()``) and then moved to ``meta``."""
+    try:
+        with torch.device("meta"):
+            model = build_model(spec, fn)
+    except EstimateError:
+        model = build_model(spec, fn)  # raises EstimateError naming the model if it fails here too
+    try:
+        if any(t.device.type != "meta" for t in list(model.parameters()) + list(model.buffers())):
+            model = model.to("meta")
+    except Exception as exc:
+        raise EstimateError(f"model {spec.model}: moving it to the meta device failed: {_short(exc)}") from exc
+    return model
+
+
 def trace_spec(spec: ModelSpec) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
@@ -161,19 +178,17 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         outer: Any = FakeTensorMode(allow_non_fake_inputs=True)
         device = "cpu"
     else:
-        import contextlib
-
         outer = contextlib.nullcontext()
         device = "meta"
+    model = _build_meta(spec, fn, torch)
     acts: List[float] = []
-    with outer, tracker:
-        with torch.device(device):
-            model = build_model(spec, fn)
-        try:
-            if any(t.device.type != device for t in list(model.parameters()) + list(model.buffers())):
-                model = model.to(device)
-        except Exception as exc:
-            raise EstimateError(f"model {spec.model}: moving it to {device} failed: {_short(exc)}") from exc
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(outer)
+        if amp:
+            model = model.to_empty(device="cpu")  # fake CPU tensors, so CPU autocast applies
+        stack.enter_context(tracker)
+        for t in list(model.parameters()) + list(model.buffers()):
+            tracker.track(t)
         model.train()
         counts, act_fn = _module_features(model)
         params = sum(p.numel() for p in model.parameters())

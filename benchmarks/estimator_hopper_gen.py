@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Generate the Hopper memory data set: train many small configurations, measure their peaks.
+
+Run ON THE GPU MACHINE (one GPU, nothing else on it), e.g.::
+
+    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py \
+        --out $OUT/hopper_runs.csv --have data/hopper/hopper_runs.csv --budget-s 540
+
+A driver process (imports torch but never touches CUDA) forks one fresh child per *group*
+(model, kwargs, input shape, optimizer, precision). The child, for each of the group's batch
+sizes in ascending order, builds the model on the GPU, trains ``STEPS`` steps of forward,
+cross-entropy, backward, optimizer step (``zero_grad(set_to_none=True)`` first; AMP fp16 =
+autocast + GradScaler; bf16 = autocast bf16), synchronises and reports torch's peak reserved /
+allocated; the driver then reads NVML's per-process used memory for the child. The model, the
+optimizer and the tensors are freed and ``empty_cache()`` called before the next batch size,
+so each row's allocator starts empty; ``seq_in_process`` says whether the row was the child's
+first (0: a pristine process) or a later one. Rows are appended; config ids already in
+``--have`` or ``--out`` are skipped (resumable). The config list is deterministic (``--seed``).
+
+(This is a script, not package code: the package's one NVML gateway is slurm_coloc/nvml.)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import csv
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from typing import Any, Dict, List
+
+STEPS = 3
+FIELDS = [
+    "config_id", "family", "model", "kwargs_json", "input_shape", "input_dtype", "batch_size",
+    "optimizer", "precision", "seq_in_process", "status", "nvml_mib", "torch_max_reserved_mib",
+    "torch_max_allocated_mib", "torch_reserved_end_mib", "params", "step_ms", "nvml_source",
+    "gpu_name", "driver", "torch_version", "error",
+]
+TV = "torchvision.models:"
+OPTS = ["sgd", "sgd-momentum", "adam", "adamw"]
+ACTS = ["relu", "gelu", "silu", "tanh", "leakyrelu", "elu", "softplus", "sigmoid", "mish"]
+TV_FAMILIES = {
+    "resnet": ["resnet18", "resnet34", "resnet50", "resnet101", "wide_resnet50_2", "resnext50_32x4d"],
+    "vgg": ["vgg11", "vgg13", "vgg16", "vgg11_bn", "vgg16_bn"],
+    "mobilenet": ["mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "mnasnet1_0"],
+    "efficientnet": ["efficientnet_b0", "efficientnet_b1", "efficientnet_b2", "efficientnet_v2_s"],
+    "densenet": ["densenet121", "densenet169"],
+    "convnext": ["convnext_tiny", "convnext_small"],
+    "regnet": ["regnet_y_400mf", "regnet_y_800mf", "regnet_x_400mf", "regnet_y_1_6gf"],
+    "shufflenet": ["shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "squeezenet1_0", "squeezenet1_1"],
+    "vit": ["vit_b_16", "vit_b_32"],
+    "swin": ["swin_t", "swin_v2_t"],
+    "alexnet": ["alexnet", "googlenet"],
+}
+
+
+def _bs(rng: random.Random, lo: int, hi: int, k: int) -> List[int]:
+    pool = sorted({int(2 ** rng.uniform(math.log2(lo), math.log2(hi)))
+                   for _ in range(4 * k)})
+    return sorted(rng.sample(pool, min(k, len(pool))))
+
+
+def make_groups(seed: int, n: int) -> List[Dict[str, Any]]:
+    """``n`` deterministic groups (dicts with family, model, kwargs, shape, dtype, batch sizes...)."""
+    rng = random.Random(seed)
+    fams = ["mlp", "cnn", "transformer", "seqenc"] + sorted(TV_FAMILIES)
+    weights = [5, 4, 4, 2] + [1] * len(TV_FAMILIES)
+    groups = []
+    for gid in range(n):
+        fam = rng.choices(fams, weights)[0]
+        k = rng.choice([1, 2, 3, 4])
+        g: Dict[str, Any] = {"group": gid, "family": fam, "optimizer": rng.choice(OPTS),
+                             "precision": rng.choices(["fp32", "amp-fp16", "bf16"], [3, 2, 1])[0],
+                             "input_dtype": "float32"}
+        if fam == "mlp":
+            fin = int(2 ** rng.uniform(5, 12))
+            g.update(model="slurm_coloc.estimate.zoo:mlp", shape=[fin], kwargs=dict(
+                in_features=fin, out_features=int(2 ** rng.uniform(1, 10)), depth=rng.randint(1, 10),
+                width=int(2 ** rng.uniform(5, 12.5)), arch=rng.choice(["uniform", "pyramid"]),
+                activation=rng.choice(ACTS), batchnorm=rng.random() < 0.3,
+                dropout=rng.choice([0.0, 0.0, 0.2, 0.5])), batch_sizes=_bs(rng, 16, 4096, k))
+        elif fam == "cnn":
+            hw = rng.choice([28, 32, 32, 64, 96, 128, 224])
+            c = rng.choice([1, 3])
+            g.update(model="slurm_coloc.estimate.zoo:cnn", shape=[c, hw, hw], kwargs=dict(
+                in_channels=c, num_classes=rng.choice([10, 100, 1000]), stages=rng.randint(2, 5),
+                blocks=rng.randint(1, 3), base_channels=rng.choice([16, 32, 48, 64, 96]),
+                kernel=rng.choice([3, 3, 5]), activation=rng.choice(ACTS[:6]),
+                batchnorm=rng.random() < 0.7, dropout=rng.choice([0.0, 0.3])),
+                batch_sizes=_bs(rng, 8, 1024 if hw <= 32 else (256 if hw <= 96 else 96), k))
+        elif fam == "transformer":
+            d = rng.choice([128, 192, 256, 384, 512, 768])
+            t = rng.choice([64, 128, 256, 512, 1024])
+            g.update(model="slurm_coloc.estimate.zoo:transformer_lm", shape=[t], input_dtype="int64",
+                     kwargs=dict(vocab_size=rng.choice([1000, 5000, 8192, 16384, 32000]), d_model=d,
+                                 n_layers=rng.randint(1, 8), n_heads=rng.choice([2, 4, 8]),
+                                 ff_mult=rng.choice([2, 4]), dropout=rng.choice([0.0, 0.1]),
+                                 activation=rng.choice(["relu", "gelu"]), max_len=t),
+                     batch_sizes=_bs(rng, 2, max(4, 32768 // t), k))
+        elif fam == "seqenc":
+            t = rng.choice([16, 32, 64, 128, 256])
+            dim = rng.choice([16, 64, 128, 512])
+            g.update(model="slurm_coloc.estimate.zoo:seq_classifier", shape=[t, dim], kwargs=dict(
+                in_dim=dim, num_classes=rng.choice([2, 10, 100]), d_model=rng.choice([64, 128, 256, 512]),
+                n_layers=rng.randint(1, 6), n_heads=rng.choice([2, 4, 8]), ff_mult=rng.choice([2, 4]),
+                dropout=0.1, activation=rng.choice(["relu", "gelu"])), batch_sizes=_bs(rng, 8, 512, k))
+        else:
+            name = rng.choice(TV_FAMILIES[fam])
+            hw = 224 if fam in ("vit", "swin") else rng.choice([32, 64, 96, 128, 160, 224])
+            if name in ("alexnet", "googlenet") and hw < 64:
+                hw = 64
+            kw: Dict[str, Any] = {"num_classes": rng.choice([10, 100, 1000])}
+            if name == "googlenet":
+                kw.update(aux_logits=False, init_weights=False)
+            g.update(model=TV + name, shape=[3, hw, hw], kwargs=kw,
+                     batch_sizes=_bs(rng, 2, 128 if hw >= 160 else 256, k))
+        groups.append(g)
+    return groups
+
+
+def _child(g: Dict[str, Any], conn: Any) -> None:
+    """Runs in a forked process: train each batch size, report torch figures, wait for the ack."""
+    import importlib
+
+    import torch
+
+    mod, attr = g["model"].split(":")
+    fn = getattr(importlib.import_module(mod), attr)
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    for seq, bs in enumerate(g["batch_sizes"]):
+        rec: Dict[str, Any] = {"batch_size": bs, "seq_in_process": seq}
+        try:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.device(dev):
+                model = fn(**g["kwargs"])
+            model = model.to(dev).train()
+            params = [p for p in model.parameters() if p.requires_grad]
+            rec["params"] = sum(p.numel() for p in params)
+            o = g["optimizer"]
+            if o == "sgd":
+                opt = torch.optim.SGD(params, lr=0.01)
+            elif o == "sgd-momentum":
+                opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+            elif o == "adam":
+                opt = torch.optim.Adam(params, lr=1e-3)
+            else:
+                opt = torch.optim.AdamW(params, lr=1e-3)
+            shape = (bs, *g["shape"])
+            if g["input_dtype"] == "int64":
+                x = torch.randint(0, g["kwargs"]["vocab_size"], shape, device=dev)
+            else:
+                x = torch.randn(shape, device=dev)
+            amp = g["precision"] != "fp32"
+            dt = torch.float16 if g["precision"] == "amp-fp16" else torch.bfloat16
+            scaler = torch.amp.GradScaler("cuda", enabled=g["precision"] == "amp-fp16")
+            t0 = 0.0
+            for step in range(STEPS):
+                if step == 1:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=dt, enabled=amp):
+                    out = model(x)
+                    if isinstance(out, (tuple, list)):
+                        out = out[0]
+                    logits = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
+                    y = torch.randint(0, logits.shape[-1], (logits.shape[0],), device=dev)
+                    loss = torch.nn.functional.cross_entropy(logits, y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                del out, logits, loss, y
+            torch.cuda.synchronize()
+            rec["step_ms"] = round((time.perf_counter() - t0) * 1000 / (STEPS - 1), 2)
+            rec.update(status="ok", torch_max_reserved_mib=torch.cuda.max_memory_reserved() / 2**20,
+                       torch_max_allocated_mib=torch.cuda.max_memory_allocated() / 2**20,
+                       torch_reserved_end_mib=torch.cuda.memory_reserved() / 2**20)
+            conn.send(rec)
+            conn.recv()  # driver has read NVML
+            del model, opt, params, x
+        except torch.OutOfMemoryError as exc:
+            rec.update(status="oom", error=str(exc).splitlines()[0][:120])
+            conn.send(rec)
+            conn.recv()
+            break
+        except Exception as exc:  # record and stop this group
+            rec.update(status="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            conn.send(rec)
+            conn.recv()
+            break
+    conn.send(None)
+
+
+def _nvml_mib(pynvml: Any, handle: Any, pid: int, baseline_mib: float) -> tuple:
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    for p in procs:
+        if p.pid == pid and p.usedGpuMemory:
+            return p.usedGpuMemory / 2**20, "process"
+    if len(procs) == 1 and procs[0].usedGpuMemory:
+        return procs[0].usedGpuMemory / 2**20, "only-process"
+    return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20 - baseline_mib, "device-minus-idle"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--have", default="data/hopper/hopper_runs.csv")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=6000)
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--child-timeout-s", type=float, default=90)
+    args = ap.parse_args()
+    start = time.time()
+    import pynvml
+    import torch
+    import torchvision.models  # noqa: F401  imported before fork so children start fast
+
+    import slurm_coloc.estimate.zoo  # noqa: F401
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    gpu = pynvml.nvmlDeviceGetName(h)
+    gpu = gpu.decode() if isinstance(gpu, bytes) else gpu
+    drv = pynvml.nvmlSystemGetDriverVersion()
+    drv = drv.decode() if isinstance(drv, bytes) else drv
+    baseline = pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+    done = set()
+    for path in (args.have, args.out):
+        if os.path.isfile(path):
+            with open(path, newline="") as fh:
+                done |= {int(r["config_id"]) // 16 for r in csv.DictReader(fh)}
+    new = not os.path.isfile(args.out)
+    fh = open(args.out, "a", newline="")
+    w = csv.DictWriter(fh, FIELDS)
+    if new:
+        w.writeheader()
+    ctx = mp.get_context("fork")
+    n_rows = n_groups = 0
+    for g in make_groups(args.seed, args.groups):
+        if g["group"] in done:
+            continue
+        if time.time() - start > args.budget_s:
+            break
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_child, args=(g, child))
+        p.start()
+        n_groups += 1
+        while True:
+            if not parent.poll(args.child_timeout_s):
+                p.kill()
+                break
+            rec = parent.recv()
+            if rec is None:
+                break
+            nv, src = (None, "")
+            if rec["status"] == "ok":
+                nv, src = _nvml_mib(pynvml, h, p.pid, baseline)
+            parent.send(True)
+            row = {"config_id": g["group"] * 16 + rec["seq_in_process"], "family": g["family"],
+                   "model": g["model"], "kwargs_json": json.dumps(g["kwargs"], sort_keys=True),
+                   "input_shape": ",".join(map(str, g["shape"])), "input_dtype": g["input_dtype"],
+                   "optimizer": g["optimizer"], "precision": g["precision"], "nvml_mib": nv,
+                   "nvml_source": src, "gpu_name": gpu, "driver": drv, "torch_version": torch.__version__}
+            row.update({k: v for k, v in rec.items() if k in FIELDS})
+            w.writerow(row)
+            n_rows += 1
+        p.join(5)
+        fh.flush()
+    fh.close()
+    print(f"groups {n_groups} rows {n_rows} in {time.time() - start:.0f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
