@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = Path(os.environ.get("COLOC_SPANK_TEST_DIR", "/tmp/coloc-spank-test"))
-PORT_BASE = "19000"
+PORT_BASE = os.environ.get("COLOC_SPANK_TEST_PORT", "19000")
 USER = "colocuser"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 ENV_FILE = """CUDA_MPS_PIPE_DIRECTORY={run}/mps/pipe
@@ -108,6 +108,15 @@ class SpankCluster:
         """The env the test Prolog (or PrologSlurmctld) saw for the job."""
         text = (self.dir / "hookenv" / f"{hook}-{job_id}.env").read_text()
         return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+    def wait_hook_env(self, hook: str, job_id: int, timeout_s: float = 15) -> Dict[str, str]:
+        """Like hook_env, waiting for the hook to have run (PrologSlurmctld runs beside the client)."""
+        path = self.dir / "hookenv" / f"{hook}-{job_id}.env"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.2)  # let the hook finish writing
+        return self.hook_env(hook, job_id)
 
     def all_job_ids(self) -> List[str]:
         """Every job slurmctld knows (MinJobAge keeps finished ones)."""
@@ -256,6 +265,20 @@ def test_mps_job_env_in_batch_and_srun_step_and_hooks(spank_cluster: SpankCluste
         hook_env = spank_cluster.hook_env(hook, job_id)
         assert hook_env["SPANK_COLOC_MEM"] == "6144"
         assert hook_env["SPANK_COLOC_SHARE"] == "mps"
+
+
+def test_srun_and_salloc_allocations_pass_options(spank_cluster: SpankCluster) -> None:
+    out = spank_cluster.run(["srun", "--gres=shard:6", "--coloc-mem=6G", "--coloc-share=mps", "env"])
+    assert out.returncode == 0, out.stderr
+    env = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == f"{spank_cluster.run_dir}/mps/pipe"
+    assert env["COLOC_SHARE"] == "mps"
+    assert spank_cluster.wait_hook_env("prolog", int(env["SLURM_JOB_ID"]))["SPANK_COLOC_MEM"] == "6144"
+    alloc = spank_cluster.run(["salloc", "--gres=shard:2", "--coloc-mem=auto", "--coloc-share=timeslice",
+                               "sh", "-c", "echo JOB=$SLURM_JOB_ID"])
+    assert alloc.returncode == 0, alloc.stderr
+    hook = spank_cluster.wait_hook_env("prolog_slurmctld", int(re.search(r"JOB=(\d+)", alloc.stdout).group(1)))
+    assert (hook["SPANK_COLOC_MEM"], hook["SPANK_COLOC_SHARE"]) == ("auto", "timeslice")
 
 
 def test_whole_gpu_job_gets_no_mps_variables(spank_cluster: SpankCluster) -> None:
