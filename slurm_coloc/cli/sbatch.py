@@ -77,9 +77,10 @@ def cli(argv: Tuple[str, ...]) -> None:
                 click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy", err=True)
             click.echo(f"coloc-sbatch: {plan.mode} ({plan.reason})", err=True)
             return
-        if "--parsable" not in argv:
-            click.echo(f"coloc-sbatch: {plan.mode} {plan.shards or plan.gpus} ({plan.reason})", err=True)
         code = submit(plan, parsed)
+        if code == 0 and "--parsable" not in argv:
+            what = f"--gres=shard:{plan.shards}" if plan.shards else f"--gres=gpu:{plan.gpus} --exclusive"
+            click.echo(f"coloc-sbatch: {what} ({plan.mode}: {plan.reason})", err=True)
     except ColocError as exc:
         click.echo(f"coloc-sbatch: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)

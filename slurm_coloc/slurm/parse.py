@@ -46,9 +46,10 @@ def parse_scontrol_kv(line: str) -> Dict[str, str]:
             continue
         pairs.append((key, value))
     comment_at = next((i for i, (k, _) in enumerate(pairs) if k == "Comment"), len(pairs))
+    before = {k for k, _ in pairs[:comment_at]}
     out: Dict[str, str] = {}
-    for i, (key, value) in enumerate(pairs):
-        if i < comment_at:
+    for key, value in pairs:
+        if key in before:
             out.setdefault(key, value)
         else:
             out[key] = value

@@ -1,0 +1,151 @@
+"""Test helper: a real local Slurm cluster (scripts/cluster.sh) owned by one pytest session.
+
+Each session picks free ports and its own directory, so parallel sessions do not collide.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = REPO / ".venv" / "bin"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+
+
+def _ports_free(base: int) -> bool:
+    for port in (base, base + 1, base + 2):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def pick_port_base() -> int:
+    """A base port (multiple of 10 in 20000..39990) whose 3 ports are free, spread by pid."""
+    start = 20000 + (os.getpid() * 10) % 20000
+    for k in range(2000):
+        base = 20000 + (start - 20000 + 10 * k) % 20000
+        if _ports_free(base):
+            return base
+    raise RuntimeError("no free ports for a test cluster")
+
+
+@dataclass
+class Cluster:
+    """A running local cluster. ``env`` is the environment for client commands (SLURM_CONF, COLOC_CONFIG)."""
+
+    dir: Path
+    port_base: int
+    extra_env: Dict[str, str]
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "etc" / "slurm.conf"
+
+    @property
+    def coloc_config(self) -> Path:
+        return self.dir / "etc" / "coloc.yaml"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.dir / "jobs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / "coloc" / "state"
+
+    @property
+    def ctld_db(self) -> Path:
+        return self.state_dir / "ctld.db"
+
+    def node_db(self, node: str) -> Path:
+        return self.state_dir / "nodes" / f"{node}.db"
+
+    @property
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.update({"SLURM_CONF": str(self.conf), "COLOC_CONFIG": str(self.coloc_config),
+                    "PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "COLOC_EXAMPLES": str(REPO / "examples"),
+                    "COLOC_CLUSTER_DIR": str(self.dir), "COLOC_PORT_BASE": str(self.port_base)})
+        env.update(self.extra_env)
+        return env
+
+    def script(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run scripts/cluster.sh with this cluster's settings."""
+        return subprocess.run([str(REPO / "scripts" / "cluster.sh"), *args], env=self.env, text=True,
+                              capture_output=True, check=check, timeout=120)
+
+    def run(self, argv: Sequence[str], user: Optional[str] = "colocuser", cwd: Optional[Path] = None,
+            env: Optional[Dict[str, str]] = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``argv`` as ``user`` (None: root) in ``cwd`` (default jobs dir) with the cluster env."""
+        full_env = {**self.env, **(env or {})}
+        if user:
+            keep = ["SLURM_CONF", "COLOC_CONFIG", "PATH", "COLOC_EXAMPLES", *(env or {}).keys()]
+            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={full_env[k]}" for k in keep], *argv]
+        return subprocess.run(list(argv), env=full_env, cwd=str(cwd or self.jobs_dir), text=True,
+                              capture_output=True, timeout=timeout)
+
+    def squeue(self) -> List[dict]:
+        """All jobs slurmctld knows (``squeue --json``)."""
+        out = subprocess.run(["squeue", "--json"], env=self.env, text=True, capture_output=True, check=True)
+        return json.loads(out.stdout)["jobs"]
+
+    def job(self, job_id: int) -> Optional[dict]:
+        return next((j for j in self.squeue() if j["job_id"] == job_id), None)
+
+    def job_ids(self) -> List[int]:
+        return sorted(j["job_id"] for j in self.squeue())
+
+    def wait_job(self, job_id: int, timeout: float = 120) -> dict:
+        """Wait until the job is in a final state (and its epilogs ran); return its squeue record."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.job(job_id)
+            if j and j["job_state"] in FINAL_STATES:
+                return j
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} not finished after {timeout} s: {self.job(job_id)}")
+
+    def wait_state(self, job_id: int, states: Sequence[str], timeout: float = 60) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            j = self.job(job_id)
+            if j and j["job_state"] in states:
+                return j
+            time.sleep(0.3)
+        raise TimeoutError(f"job {job_id} never reached {states}: {self.job(job_id)}")
+
+    def node_states(self) -> Dict[str, str]:
+        """``{"n1": "idle", ...}`` from sinfo (drained nodes show ``drain``/``drng``)."""
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, text=True, capture_output=True,
+                             check=True).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def scontrol(self, *args: str) -> str:
+        return subprocess.run(["scontrol", *args], env=self.env, text=True, capture_output=True,
+                              check=True).stdout
+
+
+def start_cluster(extra_env: Optional[Dict[str, str]] = None) -> Cluster:
+    """Start a fresh cluster in a new directory with free ports (caller must ``stop_cluster``)."""
+    base = pick_port_base()
+    cdir = Path(f"/tmp/coloc-test-{base}")
+    shutil.rmtree(cdir, ignore_errors=True)
+    cluster = Cluster(cdir, base, dict(extra_env or {}))
+    cluster.script("start")
+    return cluster
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    cluster.script("stop", check=False)
+    shutil.rmtree(cluster.dir, ignore_errors=True)
