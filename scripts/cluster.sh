@@ -59,7 +59,7 @@ HOOK
 
 write_config() {
   install -d -m 0755 "$BASE" "$BASE/etc" "$BASE/etc/hooks" "$BASE/log" "$BASE/state" "$BASE/spool" "$BASE/run"
-  install -d -m 0700 "$BASE/coloc"
+  install -d -m 0755 "$BASE/coloc"   # root-owned, readable: TaskProlog (as the user) reads run_dir/jobs/*.env
   install -d -m 0777 "$BASE/jobs"; chmod +t "$BASE/jobs"
   local n i
   for n in n1 n2; do

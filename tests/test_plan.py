@@ -53,7 +53,7 @@ def test_too_big_estimate_gets_whole_gpu(tmp_path):
 
 @pytest.mark.parametrize("argv, mode, shards", [
     (["--exclusive-gpu", "SCRIPT"], "whole-gpu", 80),
-    (["--coloc-mem", "6G", "SCRIPT"], "shard", 7),
+    (["--coloc-mem", "6G", "SCRIPT"], "shard", 6),  # an override is exact: no headroom
     (["--coloc-mem=512M", "SCRIPT"], "shard", 1),
     (["--gres=shard:3", "SCRIPT"], "shard", 3),
 ])
@@ -93,3 +93,14 @@ def test_parse_comment_never_raises():
     assert parse_comment("coloc:[1]") is None
     assert parse_comment('x coloc:{"a":1}') == {"a": 1}
     assert parse_comment('coloc:' + '[' * 100000) is None
+
+
+def test_spank_plugin_options_passed_on(tmp_path):
+    p = tmp_path / "job.sh"
+    p.write_text("#!/bin/sh\ntrue\n")
+    cmd = split_command_line(["--coloc-mem", "6G", str(p)])
+    plan = build_plan(cmd, parse_script(str(p)), None, CFG, spank=True)
+    assert "--coloc-mem=6144M" in plan.argv(None) and "--gres=shard:6" in plan.argv(None)
+    cmd = split_command_line(["--exclusive-gpu", str(p)])
+    assert "--coloc-share=exclusive" in build_plan(cmd, parse_script(str(p)), None, CFG, spank=True).argv(None)
+    assert not any(a.startswith("--coloc") for a in build_plan(cmd, parse_script(str(p)), None, CFG).argv(None))

@@ -342,8 +342,6 @@ def test_bad_plugstack_argument_fails_submission_but_not_running_jobs(spank_clus
     assert re.search(rf"\[{job_id}\.batch\] error: coloc: bad plugstack.conf arguments ignored", log)
 
 
-@pytest.mark.xfail(strict=True, reason="coloc-sbatch adds 256 MiB headroom (shard:7 for 6G) and does not pass "
-                                       "--coloc-mem on, so hooks get no SPANK_COLOC_MEM; see docs/spank.md")
 def test_coloc_sbatch_and_plain_sbatch_agree(spank_cluster: SpankCluster) -> None:
     coloc_sbatch = REPO / ".venv" / "bin" / "coloc-sbatch"
     script = spank_cluster.dir / "jobs" / "spank-agree.sh"

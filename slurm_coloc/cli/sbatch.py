@@ -10,7 +10,7 @@ import click
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
-from slurm_coloc.slurm.jobs import sbatch
+from slurm_coloc.slurm.jobs import sbatch, spank_options_available
 from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import Plan, build_plan, gpu_request, needs_estimate, script_options
@@ -31,7 +31,8 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
         from slurm_coloc.estimate import estimate_peak
 
         estimate = estimate_peak(parsed.spec)  # type: ignore[union-attr,arg-type]
-    return build_plan(cmd, parsed, estimate, cfg), parsed, cmd.dry_run
+    spank = spank_options_available(cfg.slurm_bin_dir)
+    return build_plan(cmd, parsed, estimate, cfg, spank=spank), parsed, cmd.dry_run
 
 
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:

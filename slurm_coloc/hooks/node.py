@@ -65,7 +65,7 @@ def read_job_env(path: Path) -> List[tuple]:
     Returns ``[]`` when the file is absent or unsafe.
     """
     try:
-        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return []
     with os.fdopen(fd, "rb") as fh:

@@ -168,8 +168,12 @@ def _rewrite(script: ParsedScript, lines: List[int]) -> str:
 
 
 def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optional[Estimate],
-               cfg: Config) -> Plan:
+               cfg: Config, spank: bool = False) -> Plan:
     """Decide the GPU request and build the sbatch argv (see the module rule).
+
+    With ``spank`` (the SPANK plugin is loaded, so sbatch knows ``--coloc-*``), the user's override and a
+    whole-GPU choice are also passed as ``--coloc-mem=<MiB>M`` / ``--coloc-share=exclusive``, so the job is
+    the same as one submitted with plain ``sbatch --coloc-mem=... --gres=shard:N`` (docs/spank.md).
 
     Raises:
         DirectiveError: bad ``--coloc-mem`` or GPU option values.
@@ -194,10 +198,12 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optio
         mode, shards, gpus = "gpu", None, req.gpus_per_node
         reason = "more than one GPU per node: whole GPUs on an exclusive node"
     elif override is not None or estimate is not None:
+        # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
         mem_mib = override if override is not None else estimate.mem_mib  # type: ignore[union-attr]
         method = "override" if override is not None else estimate.method  # type: ignore[union-attr]
-        shards = max(cfg.min_shards, mib_to_shards(mem_mib + cfg.headroom_mib))
-        mode, reason = "shard", f"{method} {mem_mib} MiB + {cfg.headroom_mib} MiB headroom"
+        headroom = 0 if override is not None else cfg.headroom_mib
+        shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
+        mode, reason = "shard", f"{method} {mem_mib} MiB + {headroom} MiB headroom"
         if shards >= whole:
             mode, shards, reason = "whole-gpu", whole, f"{method} {mem_mib} MiB does not fit a shared GPU"
     else:
@@ -214,6 +220,10 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optio
     else:
         gres.insert(0, f"shard:{req.gres_type}:{shards}" if req.gres_type else f"shard:{shards}")
     args.append("--gres=" + ",".join(gres))
+    if spank and override is not None and mode == "shard":
+        args.append(f"--coloc-mem={override}M")
+    if spank and (cmd.exclusive_gpu or (script is not None and script.share == "exclusive")):
+        args.append("--coloc-share=exclusive")
     comment: Dict[str, Any] = {"v": 1, "mode": mode, "shards": shards, "gpus": gpus, "mem_mib": mem_mib,
                                "method": method, "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
