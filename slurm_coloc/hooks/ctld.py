@@ -8,6 +8,8 @@ import time
 from typing import Any, Dict, Optional
 
 from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.hooks import oom
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
 from slurm_coloc.slurm import jobs as slurm_jobs
@@ -85,4 +87,11 @@ def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)
     store_jobs.record_ctld_end(db, end, node_list=kv.get("NodeList", ""),
                                start_ts=parse_slurm_time(kv.get("StartTime", "")))
-    return {"state": state, "exit_code": code, "signal": sig}
+    detail: Dict[str, Any] = {"state": state, "exit_code": code, "signal": sig}
+    try:  # OOM detection and the one rerun (hooks/oom.py); the end above is recorded whatever happens here
+        share_mode = share_mode_of(parse_tres_per_node(kv.get("TresPerNode", "")), cfg)
+        detail["oom"] = oom.handle_job_end(ctx, cfg, env, kv, rec, state, share_mode, db)
+    except ColocError as exc:
+        detail["oom"] = {"error": exc.one_line()}
+        store_jobs.record_event(db, ctx.job_id, "oom-error", {"error": exc.one_line()})
+    return detail

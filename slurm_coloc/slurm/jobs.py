@@ -80,3 +80,36 @@ def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
                        env: Optional[Mapping[str, str]] = None, timeout_s: float = 15.0) -> None:
     """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``."""
     run(["scontrol", "write", "batch_script", str(int(job_id)), path], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+
+
+def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], script_args: Sequence[str] = (),
+                   bin_dir: str = "/usr/bin", slurm_conf: Optional[str] = None, timeout_s: float = 15.0) -> int:
+    """Submit ``script_path`` as user ``uid``/``gid`` from root; return the new job id.
+
+    Equivalent: ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
+    <script_path> <script_args>``. sbatch runs with a minimal environment so nothing of the caller's (a hook's
+    ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
+    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (facts §6: ``--uid`` is for
+    root only).
+
+    Raises:
+        SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
+    """
+    env = {"PATH": "/usr/bin:/bin"}
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    argv = ["sbatch", "--parsable", f"--uid={int(uid)}", f"--gid={int(gid)}", *args, script_path, *script_args]
+    proc = run(argv, bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+    return parse_sbatch_parsable(proc.stdout)[0]
+
+
+def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether sbatch lists the SPANK plugin's ``--coloc-mem`` option (plugin loaded via plugstack.conf).
+
+    Equivalent: ``sbatch --help | grep -- --coloc-mem``. False when sbatch cannot be run.
+    """
+    try:
+        proc = run(["sbatch", "--help"], bin_dir=bin_dir, env=env, timeout_s=10.0, check=False)
+    except SlurmError:
+        return False
+    return "--coloc-mem" in proc.stdout

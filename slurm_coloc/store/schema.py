@@ -65,3 +65,57 @@ def m002_hook_runs(db: Database) -> None:
         pk="id",
     )
     db["hook_runs"].create_index(["job_id"])
+
+
+@CTLD()
+def m003_oom_events(db: Database) -> None:
+    """One row per job that died of GPU OOM (hooks/oom.py): evidence, the fence it hit, and its one retry.
+
+    ``retry_status``: ``submitting`` (claimed, sbatch running), ``submitted``, ``failed`` (sbatch refused; error in
+    ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on ``job_id`` is what
+    makes the retry happen at most once; ``retry_job_id`` is unique so a retry is recognised as one.
+    """
+    db["oom_events"].create(
+        {
+            "job_id": int, "ts": float, "user_name": str, "uid": int, "script_sha256": str, "share_mode": str,
+            "shards": int, "fence_mib": int, "end_ts": float, "evidence_json": str, "retry_of": int,
+            "retry_status": str, "retry_reason": str, "retry_job_id": int, "retry_submit_ts": float,
+            "retry_error": str, "retry_state": str, "retry_start_ts": float, "retry_end_ts": float,
+        },
+        pk="job_id",
+        not_null={"job_id"},
+    )
+    db["oom_events"].create_index(["retry_job_id"], unique=True)
+    db["oom_events"].create_index(["script_sha256"])
+
+
+@NODE()
+def m003_samples(db: Database) -> None:
+    """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the GPUs
+    seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw samples
+    folded into the row; ``res_s``: its time resolution in seconds."""
+    db["gpu_samples"].create(
+        {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
+         "mem_used_mib": float, "power_w": float, "energy_j": float, "temp_c": float, "sm_clock_mhz": float,
+         "smact_pct": float, "smocc_pct": float, "tensor_pct": float, "dram_bw_pct": float, "n": int,
+         "res_s": float},
+        pk="id",
+    )
+    db["gpu_samples"].create_index(["ts"])
+    db["proc_samples"].create(
+        {"id": int, "ts": float, "gpu_index": int, "pid": int, "job_id": int, "used_mem_mib": float,
+         "sm_util_pct": float, "mem_util_pct": float, "mps_client": int, "n": int, "res_s": float},
+        pk="id",
+    )
+    db["proc_samples"].create_index(["ts"])
+    db["proc_samples"].create_index(["job_id"])
+    db["gpus"].create({"gpu_index": int, "uuid": str, "name": str, "mem_total_mib": float, "updated_ts": float},
+                      pk="gpu_index")
+    db["job_summaries"].create(
+        {"job_id": int, "node": str, "gpus": str, "start_ts": float, "end_ts": float, "peak_mem_mib": float,
+         "smact_mean": float, "smact_p95": float, "smocc_mean": float, "smocc_p95": float, "energy_j": float,
+         "gpu_s": float, "n_samples": int, "ts": float},
+        pk=("job_id", "node"),
+    )
+    db["node_events"].create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str}, pk="id")
+    db["node_events"].create_index(["job_id"])

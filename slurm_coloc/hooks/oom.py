@@ -1,0 +1,319 @@
+"""Recognising a GPU out-of-memory death in EpilogSlurmctld, and rerunning the job once on a whole GPU.
+
+Detection (pure, ``decide_oom``): only a job whose final state is FAILED can be an OOM death; CANCELLED, TIMEOUT,
+NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see COMPLETING: the state comes from
+``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr (else stdout)
+carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its fence.
+
+Recovery (``handle_job_end``): Slurm 22.05 keeps a requeued job's GRES and refuses to change shard to gpu
+(facts §6), so the rerun is a NEW job: ``scontrol write batch_script``, then ``sbatch --uid --gid`` from root with
+the same name, partition, account, time limit, working directory, output paths (``--open-mode=append``), CPUs,
+memory and arguments, ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's leaks),
+and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``): 22.05 takes one job's shards from one GPU, so no
+shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off (facts §4; submit/plan.py rule 1).
+The retry carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from sqlite_utils import Database
+
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.oom_files import append_line_as_user, read_tail_as_user
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.parse import JobRecord, parse_tres_per_node
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.submit.plan import COMMENT_TAG, parse_comment
+
+RETRY_TAG = "oom-retry-of-"
+_RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
+_NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
+
+# (name, regex): the messages frameworks print when a GPU allocation fails. Sources (see tests/data/oom/README.md):
+OOM_PATTERNS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = tuple((n, re.compile(p)) for n, p in (
+    # c10/cuda/CUDACachingAllocator.cpp; Python class torch.OutOfMemoryError (torch.cuda.OutOfMemoryError <= 2.4)
+    ("torch.OutOfMemoryError", r"\btorch\.(?:cuda\.)?OutOfMemoryError\b"),
+    ("CUDA out of memory", r"\bCUDA out of memory\b"),
+    # cudaGetErrorString(cudaErrorMemoryAllocation) through C10_CUDA_CHECK / TF / NCCL / CuPy
+    ("CUDA error: out of memory", r"\bCUDA error: out of memory\b"),
+    ("cudaErrorMemoryAllocation", r"\bcudaErrorMemoryAllocation\b"),
+    ("CUDA_ERROR_OUT_OF_MEMORY", r"\bCUDA_ERROR_OUT_OF_MEMORY\b"),
+    ("CUBLAS_STATUS_ALLOC_FAILED", r"\bCUBLAS_STATUS_ALLOC_FAILED\b"),
+    ("CUDNN_STATUS_ALLOC_FAILED", r"\bCUDNN_STATUS_ALLOC_FAILED\b"),
+    ("CUSOLVER_STATUS_ALLOC_FAILED", r"\bCUSOLVER_STATUS_ALLOC_FAILED\b"),
+    ("CUFFT_ALLOC_FAILED", r"\bCUFFT_ALLOC_FAILED\b"),
+    # NCCL (src/include/checks.h): "NCCL WARN Cuda failure 'out of memory'" / "Cuda failure 2 'out of memory'"
+    ("NCCL Cuda failure 'out of memory'", r"\bCuda failure (?:\d+ )?'out of memory'"),
+    # XLA/JAX and TensorFlow (BFC allocator): RESOURCE_EXHAUSTED only counts with a memory phrase
+    ("RESOURCE_EXHAUSTED: Out of memory", r"\bRESOURCE_EXHAUSTED\b.{0,80}\b(?:[Oo]ut of memory|OOM|hbm)\b"),
+    ("TF OOM when allocating tensor", r"\bOOM when allocating tensor\b"),
+    ("ResourceExhaustedError", r"\bResourceExhaustedError\b.{0,40}\bOOM\b"),
+))
+MAX_MESSAGES = 5
+
+
+def find_oom_messages(text: str) -> List[Tuple[str, str]]:
+    """OOM messages in ``text``: ``[(pattern name, the line, trimmed to 300 chars)]``, at most 5, last first.
+
+    Pure; the text is only matched, never interpreted.
+    """
+    found: List[Tuple[str, str]] = []
+    for line in reversed((text or "").splitlines()):
+        for name, rx in OOM_PATTERNS:
+            if rx.search(line):
+                found.append((name, line.strip()[:300]))
+                break
+        if len(found) >= MAX_MESSAGES:
+            break
+    return found
+
+
+@dataclass(frozen=True)
+class OomDecision:
+    """Whether a job died of GPU OOM, and the one-line reason."""
+
+    oom: bool
+    reason: str
+
+
+def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
+               peak_mib: Optional[int] = None, fence_mib: Optional[int] = None) -> OomDecision:
+    """Decide from all the evidence whether a job died of GPU out-of-memory.
+
+    Args:
+        state: the final state (``hooks/state.py::infer_final_state``): only ``FAILED`` can be OOM.
+        reason: scontrol's ``Reason`` (``NodeDown``, ``launch_failed_requeued_held``... are never OOM).
+        messages: ``find_oom_messages`` of the output tail.
+        peak_mib, fence_mib: the sampler's peak of the job's GPU memory and its fence (MiB), if known; a peak
+            within 2% (at least 64 MiB) of the fence counts as evidence.
+
+    Returns:
+        ``OomDecision``.
+    """
+    if state != "FAILED":
+        return OomDecision(False, f"state {state or 'unknown'}: never treated as OOM")
+    if any(reason.startswith(r) for r in _NOT_OOM_REASONS):
+        return OomDecision(False, f"reason {reason}: never treated as OOM")
+    if messages:
+        return OomDecision(True, f"OOM message in the job's output: {messages[0][0]}")
+    if peak_mib is not None and fence_mib:
+        if peak_mib >= fence_mib - max(64, fence_mib // 50):
+            return OomDecision(True, f"GPU memory at its fence ({peak_mib} of {fence_mib} MiB)")
+    return OomDecision(False, "failed without OOM evidence")
+
+
+def retry_of_comment(comment: str) -> Optional[int]:
+    """The original job id in an ``oom-retry-of-<id>`` comment, or None."""
+    m = _RETRY_RE.search(comment or "")
+    return int(m.group(1)) if m else None
+
+
+def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int, retry_of: Optional[int]) -> OomDecision:
+    """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU holds)."""
+    if retry_of is not None:
+        return OomDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
+    if share_mode == "shard" and shards and shards < gpu_mem_gib:
+        return OomDecision(True, f"shared GPU ({shards} of {gpu_mem_gib} GiB): rerun once on a whole GPU")
+    if share_mode in ("whole-gpu", "gpu") or (shards or 0) >= gpu_mem_gib:
+        return OomDecision(False, "asked for a whole GPU already: not rerun")
+    return OomDecision(False, f"no GPU share (mode {share_mode or 'none'}): not rerun")
+
+
+_GPU_DIRECTIVE = re.compile(r"^#SBATCH\s+(?:.*\s)?(?:--gres|--gpus(?:-per-[a-z]+)?|-G)(?:[=\s]|$)")
+
+
+def neutralise_gpu_directives(script: str) -> str:
+    """Turn ``#SBATCH`` lines asking for GPUs into plain comments, so the rerun's ``--gres`` is the only one."""
+    out = []
+    for line in script.splitlines(keepends=True):
+        out.append("# (coloc oom rerun) " + line[1:] if _GPU_DIRECTIVE.match(line) else line)
+    return "".join(out)
+
+
+def _id_of(field: str) -> Optional[int]:
+    """``colocuser(2001)`` -> 2001."""
+    m = re.search(r"\((\d+)\)\s*$", field or "")
+    return int(m.group(1)) if m else None
+
+
+def script_args(kv: Mapping[str, str], rec: Optional[JobRecord], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
+    """The batch script's arguments and whether they are exact.
+
+    ``argv`` in the coloc comment (list of str) is exact; otherwise squeue's ``command`` (argv joined by single
+    spaces in 22.05) minus ``Command`` (the script path) is split on whitespace: exact unless an argument held a
+    space.
+    """
+    argv = coloc.get("argv")
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+        return list(argv), True
+    command, script = (rec.raw.get("command") or "") if rec else "", kv.get("Command", "")
+    if not command or not script or not command.startswith(script):
+        return [], not command or command == script
+    rest = command[len(script):]
+    return rest.split(), "  " not in rest
+
+
+def retry_sbatch_args(kv: Mapping[str, str], job_id: int, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
+    """sbatch options of the rerun of ``job_id`` (``scontrol show job -o`` fields ``kv``); module docstring."""
+    gib = cfg.gpu_mem_gib
+    args = [f"--job-name={kv.get('JobName', '')}", f"--partition={kv.get('Partition', '')}",
+            f"--chdir={kv.get('WorkDir', '/')}", "--open-mode=append", "--export=NONE", "--no-requeue",
+            f"--gres=shard:{gib}"]
+    if kv.get("Account") not in (None, "", "(null)"):
+        args.append(f"--account={kv['Account']}")
+    if kv.get("TimeLimit") and kv["TimeLimit"] not in ("Partition_Limit", "NONE"):
+        args.append(f"--time={kv['TimeLimit']}")
+    out, err, inp = kv.get("StdOut", ""), kv.get("StdErr", ""), kv.get("StdIn", "")
+    if out:
+        args.append(f"--output={out}")
+    if err and err != out:
+        args.append(f"--error={err}")
+    if inp and inp != "/dev/null":
+        args.append(f"--input={inp}")
+    for key, opt in (("NumNodes", "--nodes"), ("NumTasks", "--ntasks"), ("CPUs/Task", "--cpus-per-task")):
+        if kv.get(key, "").isdigit():
+            args.append(f"{opt}={kv[key]}")
+    if re.fullmatch(r"[1-9]\d*[KMGT]?", kv.get("MinMemoryNode", "")):
+        args.append(f"--mem={kv['MinMemoryNode']}")
+    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
+                            "method": "oom-retry", "retry_of": int(job_id)}
+    for key in ("sha256", "argv"):
+        if key in coloc:
+            info[key] = coloc[key]
+    args.append(f"--comment={RETRY_TAG}{int(job_id)} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
+                                                                                   sort_keys=True))
+    return args
+
+
+def _read_output(kv: Mapping[str, str], uid: int, gid: int) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
+    """OOM messages from the tail of StdErr, then StdOut if different; plus what was read (for the record)."""
+    seen: Dict[str, Any] = {}
+    for key in ("StdErr", "StdOut"):
+        path = kv.get(key, "")
+        if not path or path == "/dev/null" or path in seen:
+            continue
+        tail = read_tail_as_user(path, uid, gid)
+        seen[path] = tail.error or f"read {min(len(tail.text), tail.size_bytes or 0)} of {tail.size_bytes} bytes"
+        messages = find_oom_messages(tail.text)
+        if messages:
+            return messages, seen
+    return [], seen
+
+
+def _tell_user(kv: Mapping[str, str], uid: int, gid: int, line: str) -> Optional[str]:
+    path = kv.get("StdErr") or kv.get("StdOut") or ""
+    if path in ("", "/dev/null"):
+        return "no output file"
+    return append_line_as_user(path, uid, gid, f"slurm-coloc: {line}")
+
+
+def _submit_retry(job_id: int, kv: Mapping[str, str], cfg: Config, env: Mapping[str, str], uid: int, gid: int,
+                  coloc: Mapping[str, Any], rec: Optional[JobRecord]) -> Tuple[int, bool]:
+    """Write the batch script to a root-only directory and submit the rerun; return (new job id, args exact).
+
+    Raises:
+        ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.
+    """
+    work = Path(cfg.run_dir) / "oom"
+    work.mkdir(parents=True, mode=0o700, exist_ok=True)
+    if work.is_symlink() or (work.stat().st_uid != os.geteuid()) or work.stat().st_mode & 0o077:
+        raise ColocError(f"{work} is not a private directory of this hook's user")
+    path = work / f"{int(job_id)}.sh"
+    path.unlink(missing_ok=True)
+    senv = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": env["SLURM_CONF"]} if env.get("SLURM_CONF") else {})}
+    try:
+        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 5)
+        try:
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
+        path.write_text(neutralise_gpu_directives(text), encoding="utf-8", errors="surrogateescape")
+        argv, exact = script_args(kv, rec, coloc)
+        new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(kv, job_id, cfg, coloc), argv,
+                                           cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
+        return new_id, exact
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], kv: Mapping[str, str],
+                   rec: Optional[JobRecord], state: str, share_mode: str, db: Database) -> Dict[str, Any]:
+    """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
+
+    Args:
+        ctx: the hook's job; kv: its ``scontrol show job -o`` fields; rec: its ``squeue --json`` record (or None).
+        state: the inferred final state; share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
+        db: the controller database.
+
+    Returns:
+        A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not raised.
+    """
+    job_id = int(ctx.job_id)
+    end_ts, start_ts = _ts(kv.get("EndTime")), _ts(kv.get("StartTime"))
+    retry_of = store_oom.original_of(db, job_id)
+    if retry_of is not None:
+        store_oom.record_retry_outcome(db, job_id, state, start_ts, end_ts)
+    retry_of = retry_of if retry_of is not None else retry_of_comment(rec.comment if rec else ctx.comment)
+    uid = ctx.uid if ctx.uid is not None else _id_of(kv.get("UserId", ""))
+    gid = _id_of(kv.get("GroupId", ""))
+    if env.get("SLURM_JOB_GID", "").isdigit():
+        gid = int(env["SLURM_JOB_GID"])
+    if state != "FAILED" or uid is None or gid is None:
+        return {"oom": False, "why": decide_oom(state, kv.get("Reason", ""), []).reason}
+    messages, read = _read_output(kv, uid, gid)
+    decision = decide_oom(state, kv.get("Reason", ""), messages)
+    if not decision.oom:
+        return {"oom": False, "why": decision.reason, "read": read}
+    shards = parse_tres_per_node(kv.get("TresPerNode", "")).get("shard")
+    coloc = parse_comment(rec.comment if rec else ctx.comment) or {}
+    sha = store_oom.script_sha256_of(db, job_id) or (coloc.get("sha256") if isinstance(coloc.get("sha256"), str)
+                                                     else None)
+    plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
+    evidence = {"state": state, "reason": kv.get("Reason", ""), "exit": kv.get("ExitCode", ""),
+                "messages": messages, "read": read, "decision": decision.reason, "node_list": kv.get("NodeList")}
+    oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
+                              share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
+                              end_ts=end_ts, evidence=evidence, retry_of=retry_of,
+                              retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
+    if not store_oom.claim_retry(db, oom):
+        return {"oom": True, "why": "already handled (oom_events row exists)"}
+    store_jobs.record_event(db, job_id, "oom", {**evidence, "retry": plan.reason, "fence_mib": oom.fence_mib})
+    what = f"job {job_id} ran out of GPU memory ({messages[0][0] if messages else decision.reason})"
+    if not plan.oom:
+        told = _tell_user(kv, uid, gid, f"{what}; {plan.reason}.")
+        store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
+        return {"oom": True, "retry": False, "why": plan.reason}
+    try:
+        new_id, exact = _submit_retry(job_id, kv, cfg, env, uid, gid, coloc, rec)
+    except ColocError as exc:
+        error = exc.one_line()
+        store_oom.record_retry_failed(db, job_id, error)
+        told = _tell_user(kv, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be submitted: "
+                                        f"{error}. Resubmit it yourself with coloc-sbatch --exclusive-gpu.")
+        store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
+        return {"oom": True, "retry": False, "error": error}
+    store_oom.record_retry_submitted(db, job_id, new_id)
+    told = _tell_user(kv, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
+                                    f"as job {new_id} (its output is appended here).")
+    store_jobs.record_event(db, job_id, "oom-retry-submitted", {
+        "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
+        "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "
+                         "beside it; --gres=gpu:1 would not keep shard tenants off (facts §4)"})
+    return {"oom": True, "retry": True, "retry_job_id": new_id}
+
+
+def _ts(text: Optional[str]) -> Optional[float]:
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None

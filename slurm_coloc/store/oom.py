@@ -1,0 +1,152 @@
+"""OOM deaths and their one retry, controller side (``oom_events`` table of ``ctld.db``).
+
+Written by EpilogSlurmctld through ``slurm_coloc.hooks.oom``; read by coloc-report and by coloc-sbatch (through
+``history_peaks_mib``, the estimator's history). One row per job that died of GPU out-of-memory. The primary key
+on the job id is the "exactly once" guard: ``claim_retry`` inserts the row before sbatch runs, so a second
+EpilogSlurmctld run for the same job (or a race) finds it and does nothing.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Optional
+
+from sqlite_utils import Database
+
+TABLE = "oom_events"
+
+
+@dataclass(frozen=True)
+class OomRecord:
+    """A job that died of GPU OOM, as the hook recorded it.
+
+    Attributes:
+        job_id: the job that died.
+        fence_mib: the memory it was allowed (shards * 1024 MiB), i.e. the fence it hit; None without shards.
+        evidence: what decided it (``messages``, ``state``, ``exit_code``, ``stderr_path``, ...), JSON-able.
+        retry_of: the original job id when this job was itself a retry (never retried again), else None.
+        retry_status: ``submitting`` | ``submitted`` | ``failed`` | ``not-retried``.
+        retry_reason: one line saying why (``shared GPU: rerun on a whole GPU``, ``already a retry of 12``...).
+    """
+
+    job_id: int
+    ts: float
+    user_name: str = ""
+    uid: Optional[int] = None
+    script_sha256: Optional[str] = None
+    share_mode: str = ""
+    shards: Optional[int] = None
+    fence_mib: Optional[int] = None
+    end_ts: Optional[float] = None
+    evidence: Optional[Dict[str, Any]] = None
+    retry_of: Optional[int] = None
+    retry_status: str = "not-retried"
+    retry_reason: str = ""
+    retry_job_id: Optional[int] = None
+    retry_submit_ts: Optional[float] = None
+    retry_error: Optional[str] = None
+    retry_state: Optional[str] = None
+    retry_start_ts: Optional[float] = None
+    retry_end_ts: Optional[float] = None
+
+
+def _row(rec: OomRecord) -> Dict[str, Any]:
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "evidence"}
+    row["evidence_json"] = json.dumps(rec.evidence or {}, sort_keys=True, default=str)
+    return row
+
+
+def _record(row: Dict[str, Any]) -> OomRecord:
+    names = {f.name for f in fields(OomRecord)}
+    data = {k: v for k, v in row.items() if k in names}
+    try:
+        data["evidence"] = json.loads(row.get("evidence_json") or "{}")
+    except ValueError:
+        data["evidence"] = {}
+    return OomRecord(**data)
+
+
+def claim_retry(db: Database, rec: OomRecord) -> bool:
+    """Insert the OOM row; True if this call created it, False if the job already has one (never twice).
+
+    ``rec.retry_status`` should be ``submitting`` when a retry will follow, else the final status.
+    """
+    try:
+        with db.atomic():
+            db[TABLE].insert(_row(rec), pk="job_id")
+    except sqlite3.IntegrityError:
+        return False
+    return True
+
+
+def record_retry_submitted(db: Database, job_id: int, retry_job_id: int, submit_ts: Optional[float] = None) -> None:
+    """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``."""
+    with db.atomic():
+        db[TABLE].update(job_id, {"retry_status": "submitted", "retry_job_id": int(retry_job_id),
+                                  "retry_submit_ts": submit_ts or time.time()})
+
+
+def record_retry_failed(db: Database, job_id: int, error: str) -> None:
+    """sbatch refused (or could not run) the retry of ``job_id``; ``error`` is its one-line reason."""
+    with db.atomic():
+        db[TABLE].update(job_id, {"retry_status": "failed", "retry_error": error[:2000]})
+
+
+def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
+                         end_ts: Optional[float]) -> bool:
+    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry). False if it is not a known retry."""
+    rows = list(db[TABLE].rows_where("retry_job_id = ?", [int(retry_job_id)])) if db[TABLE].exists() else []
+    if not rows:
+        return False
+    with db.atomic():
+        db[TABLE].update(rows[0]["job_id"], {"retry_state": state, "retry_start_ts": start_ts,
+                                             "retry_end_ts": end_ts})
+    return True
+
+
+def original_of(db: Database, job_id: int) -> Optional[int]:
+    """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted."""
+    if not db[TABLE].exists():
+        return None
+    row = db.execute(f"SELECT job_id FROM {TABLE} WHERE retry_job_id = ?", [int(job_id)]).fetchone()
+    return int(row[0]) if row else None
+
+
+def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
+    """The OOM row of ``job_id``, or None."""
+    if not db[TABLE].exists():
+        return None
+    rows = list(db[TABLE].rows_where("job_id = ?", [int(job_id)]))
+    return _record(rows[0]) if rows else None
+
+
+def load_oom_events(db: Database) -> List[OomRecord]:
+    """Every OOM row, oldest first (coloc-report)."""
+    if not db[TABLE].exists():
+        return []
+    return [_record(r) for r in db[TABLE].rows_where(order_by="ts, job_id")]
+
+
+def history_peaks_mib(db: Database, script_sha256: str) -> List[int]:
+    """Memory (MiB) that earlier runs of the script with this SHA-256 were shown to need, oldest first.
+
+    Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): the job needed more than
+    that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05 +
+    64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left out.
+    Measured NVML peaks of completed runs come from the sampler's tables, not from here.
+    """
+    if not script_sha256 or not db[TABLE].exists():
+        return []
+    rows = db.execute(f"SELECT fence_mib FROM {TABLE} WHERE script_sha256 = ? AND fence_mib > 0 ORDER BY ts",
+                      [script_sha256]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
+    """The ``script_sha256`` PrologSlurmctld recorded for ``job_id`` (from its coloc comment), or None."""
+    if not db["jobs"].exists():
+        return None
+    row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
+    return row[0] if row and row[0] else None

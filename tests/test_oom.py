@@ -1,0 +1,242 @@
+"""OOM detection and recovery, the parts that need no cluster: message patterns on recorded messages, the
+decision table, the rerun's sbatch options, the history the estimator reads, and the as-user file access
+(real files, real fork/setuid; needs root)."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from slurm_coloc.config import Config
+from slurm_coloc.hooks import oom
+from slurm_coloc.hooks.oom_files import append_line_as_user, read_tail_as_user
+from slurm_coloc.slurm.parse import parse_scontrol_kv
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.store.db import open_ctld_db
+
+DATA = Path(__file__).parent / "data" / "oom"
+SLURM_DATA = Path(__file__).parent / "data" / "slurm-22.05"
+POSITIVE = sorted(p for p in DATA.glob("*.txt") if p.name != "negatives.txt")
+
+
+@pytest.mark.parametrize("path", POSITIVE, ids=[p.stem for p in POSITIVE])
+def test_every_recorded_oom_message_is_recognised(path: Path) -> None:
+    found = oom.find_oom_messages(path.read_text())
+    assert found, f"no OOM pattern matched {path.name}"
+
+
+NEGATIVES = [line for line in (DATA / "negatives.txt").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("line", NEGATIVES)
+def test_other_failures_are_not_oom_messages(line: str) -> None:
+    assert oom.find_oom_messages(line) == []
+
+
+def test_messages_come_last_first_and_bounded() -> None:
+    text = "\n".join(["CUDA out of memory. Tried to allocate 1 GiB"] * 20 + ["RuntimeError: cuDNN error: "
+                                                                             "CUDNN_STATUS_ALLOC_FAILED"])
+    found = oom.find_oom_messages(text)
+    assert len(found) == oom.MAX_MESSAGES
+    assert found[0][0] == "CUDNN_STATUS_ALLOC_FAILED"
+
+
+MSG = [("torch.OutOfMemoryError", "torch.OutOfMemoryError: CUDA out of memory.")]
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "TIMEOUT", "NODE_FAIL", "COMPLETED", "PREEMPTED", "OUT_OF_MEMORY"])
+def test_only_failed_jobs_can_be_oom_even_with_the_message(state: str) -> None:
+    assert not oom.decide_oom(state, "None", MSG).oom
+
+
+def test_failed_with_message_is_oom_without_is_not() -> None:
+    assert oom.decide_oom("FAILED", "NonZeroExitCode", MSG).oom
+    assert not oom.decide_oom("FAILED", "NonZeroExitCode", []).oom
+    assert not oom.decide_oom("FAILED", "NodeDown", MSG).oom
+
+
+def test_memory_at_the_fence_is_evidence() -> None:
+    assert oom.decide_oom("FAILED", "", [], peak_mib=4090, fence_mib=4096).oom
+    assert not oom.decide_oom("FAILED", "", [], peak_mib=2000, fence_mib=4096).oom
+
+
+def test_retry_decision() -> None:
+    assert oom.retry_decision("shard", 4, 80, None).oom
+    assert not oom.retry_decision("shard", 4, 80, 12).oom          # a retry is never retried
+    assert not oom.retry_decision("whole-gpu", 80, 80, None).oom   # whole GPU: nothing bigger to give
+    assert not oom.retry_decision("gpu", None, 80, None).oom
+    assert not oom.retry_decision("none", None, 80, None).oom
+
+
+def test_retry_marker_in_comment() -> None:
+    assert oom.retry_of_comment('oom-retry-of-12 coloc:{"v":1}') == 12
+    assert oom.retry_of_comment("my run oom-retry-of-7") == 7
+    assert oom.retry_of_comment("xoom-retry-of-7") is None
+    assert oom.retry_of_comment("") is None
+
+
+def test_gpu_directives_are_neutralised_and_others_kept() -> None:
+    script = "#!/bin/bash\n#SBATCH --gres=shard:4\n#SBATCH -J x\n#SBATCH --gpus=1\n#SBATCH -G 1\necho --gres\n"
+    out = oom.neutralise_gpu_directives(script)
+    assert "#SBATCH -J x\n" in out and out.endswith("echo --gres\n")
+    assert "#SBATCH --gres" not in out and "#SBATCH --gpus" not in out and "#SBATCH -G" not in out
+
+
+def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
+    line = (SLURM_DATA / "scontrol_show_job_o_running_shard.txt").read_text().splitlines()[0]
+    kv = parse_scontrol_kv(line)
+    args = oom.retry_sbatch_args(kv, 1, Config(gpu_mem_gib=80), {"sha256": "ab" * 32})
+    assert "--gres=shard:80" in args and "--open-mode=append" in args and "--export=NONE" in args
+    assert "--job-name=small" in args and "--partition=debug" in args and "--time=365-00:00:00" in args
+    assert "--chdir=/tmp/coloc-cluster/jobs" in args and "--output=/tmp/coloc-cluster/jobs/1.out" in args
+    assert not any(a.startswith("--error=") for a in args)  # StdErr == StdOut
+    assert not any(a.startswith("--account=") for a in args)  # Account=(null)
+    comment = next(a for a in args if a.startswith("--comment="))
+    assert comment.startswith("--comment=oom-retry-of-1 coloc:") and '"mode":"whole-gpu"' in comment
+    assert oom.retry_of_comment(comment[len("--comment="):]) == 1
+
+
+def test_script_args_from_squeue_command() -> None:
+    from slurm_coloc.slurm.parse import _job_record
+
+    rec = _job_record({"job_id": 3, "command": "/j/run.sh a1 b2"})
+    assert oom.script_args({"Command": "/j/run.sh"}, rec, {}) == (["a1", "b2"], True)
+    assert oom.script_args({"Command": "/j/run.sh"}, rec, {"argv": ["a 1"]}) == (["a 1"], True)
+    assert oom.script_args({"Command": "/j/run.sh"}, _job_record({"job_id": 3, "command": "/j/run.sh"}), {}) == (
+        [], True)
+
+
+@pytest.fixture()
+def db(tmp_path: Path):
+    return open_ctld_db(tmp_path / "ctld.db")
+
+
+def test_claim_is_once_and_history_returns_fences(db) -> None:
+    rec = store_oom.OomRecord(job_id=5, ts=1.0, script_sha256="s1", shards=4, fence_mib=4096,
+                              retry_status="submitting")
+    assert store_oom.claim_retry(db, rec)
+    assert not store_oom.claim_retry(db, rec)
+    store_oom.record_retry_submitted(db, 5, 6)
+    assert store_oom.original_of(db, 6) == 5 and store_oom.original_of(db, 5) is None
+    assert store_oom.record_retry_outcome(db, 6, "COMPLETED", 10.0, 20.0)
+    assert not store_oom.record_retry_outcome(db, 99, "COMPLETED", 10.0, 20.0)
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=8, ts=2.0, script_sha256="s1", shards=6, fence_mib=6144))
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=9, ts=3.0, script_sha256="other", fence_mib=1024))
+    assert store_oom.history_peaks_mib(db, "s1") == [4096, 6144]
+    assert store_oom.history_peaks_mib(db, "nope") == []
+    got = store_oom.load_oom_event(db, 5)
+    assert got is not None and got.retry_status == "submitted" and got.retry_job_id == 6
+    assert got.retry_state == "COMPLETED"
+
+
+def test_history_makes_the_estimator_ask_for_more_than_the_fence() -> None:
+    from slurm_coloc.estimate.combine import history_bound
+
+    assert history_bound([4096]) > 4096
+
+
+# ---- as-user file access (root only) ----
+
+USER = "colocuser"
+
+
+@pytest.fixture()
+def user_dir() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    try:
+        pw = pwd.getpwnam(USER)
+    except KeyError:
+        pytest.skip(f"no user {USER} (scripts/cluster.sh creates it)")
+    d = Path(tempfile.mkdtemp(prefix="oomio-"))
+    os.chmod(d, 0o755)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _ids() -> tuple:
+    pw = pwd.getpwnam(USER)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _user_file(path: Path, text: str) -> None:
+    path.write_text(text)
+    uid, gid = _ids()
+    os.chown(path, uid, gid)
+
+
+def test_tail_is_bounded_and_read(user_dir: Path) -> None:
+    f = user_dir / "err.txt"
+    _user_file(f, "x" * 200_000 + "\ntorch.OutOfMemoryError: CUDA out of memory.\n")
+    tail = read_tail_as_user(str(f), *_ids(), max_bytes=1000)
+    assert tail.error is None and len(tail.text) == 1000 and tail.size_bytes == f.stat().st_size
+    assert oom.find_oom_messages(tail.text)
+
+
+def test_symlink_as_last_component_is_not_followed(user_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "root-file"
+    secret.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    os.chmod(secret, 0o644)
+    link = user_dir / "err.txt"
+    link.symlink_to(secret)
+    tail = read_tail_as_user(str(link), *_ids())
+    assert tail.text == "" and "symbolic link" in (tail.error or "")
+
+
+def test_symlinked_directory_to_another_owner_is_refused(user_dir: Path) -> None:
+    root_dir = Path(tempfile.mkdtemp(prefix="oomroot-"))  # root-owned, world-readable: only the owner check stops it
+    os.chmod(root_dir, 0o755)
+    request_cleanup = root_dir
+    (root_dir / "err.txt").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    os.chmod(root_dir / "err.txt", 0o644)
+    (user_dir / "d").symlink_to(root_dir)
+    try:
+        tail = read_tail_as_user(str(user_dir / "d" / "err.txt"), *_ids())
+    finally:
+        shutil.rmtree(request_cleanup, ignore_errors=True)
+    assert tail.text == "" and "owned by uid 0" in (tail.error or "")
+
+
+def test_unreadable_for_the_user_is_unreadable_for_us(user_dir: Path, tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)  # root-only directory on the path
+    f = tmp_path / "err.txt"
+    _user_file(f, "torch.OutOfMemoryError: CUDA out of memory.\n")
+    tail = read_tail_as_user(str(f), *_ids())
+    assert tail.text == "" and "permission denied" in (tail.error or "")
+
+
+def test_fifo_does_not_block(user_dir: Path) -> None:
+    fifo = user_dir / "err.fifo"
+    os.mkfifo(fifo)
+    os.chown(fifo, *_ids())
+    tail = read_tail_as_user(str(fifo), *_ids(), timeout_s=3)
+    assert "not a regular file" in (tail.error or "")
+
+
+def test_append_as_user_appends_and_refuses_symlinks(user_dir: Path, tmp_path: Path) -> None:
+    f = user_dir / "out.txt"
+    _user_file(f, "first\n")
+    assert append_line_as_user(str(f), *_ids(), "slurm-coloc: hello") is None
+    assert f.read_text() == "first\nslurm-coloc: hello\n"
+    target = tmp_path / "root-owned"
+    target.write_text("")
+    os.chmod(target, 0o666)
+    (user_dir / "evil").symlink_to(target)
+    assert "symbolic link" in (append_line_as_user(str(user_dir / "evil"), *_ids(), "x") or "")
+    assert target.read_text() == ""
+    assert append_line_as_user(str(user_dir / "missing"), *_ids(), "x") is not None
+    assert not (user_dir / "missing").exists()
+
+
+def test_never_acts_as_root(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_text("CUDA out of memory")
+    assert read_tail_as_user(str(f), 0, 0).error is not None
