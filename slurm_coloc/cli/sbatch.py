@@ -16,6 +16,19 @@ from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import Plan, build_plan, gpu_request, needs_estimate, script_options
 
 
+def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
+    """Memory (MiB) earlier runs of this exact script were shown to need (OOM fences, measured peaks).
+
+    Read-only from the controller database; an unreadable or absent database means no history (never fatal).
+    """
+    from slurm_coloc.store.history import script_history_mib as read_history
+
+    try:
+        return read_history(cfg, script_sha256)
+    except ColocError:
+        return []
+
+
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
     """Parse, estimate and plan; no side effect. Returns (plan, parsed script, dry_run).
 
@@ -30,7 +43,8 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     if needs_estimate(cmd, parsed, req):
         from slurm_coloc.estimate import estimate_peak
 
-        estimate = estimate_peak(parsed.spec)  # type: ignore[union-attr,arg-type]
+        history = script_history_mib(cfg, parsed.sha256)  # type: ignore[union-attr]
+        estimate = estimate_peak(parsed.spec, history_mib=history)  # type: ignore[union-attr,arg-type]
     spank = spank_options_available(cfg.slurm_bin_dir)
     return build_plan(cmd, parsed, estimate, cfg, spank=spank), parsed, cmd.dry_run
 
