@@ -28,11 +28,14 @@ done
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
 if ! "$VENV/bin/python" -c "import torch, torchvision, slurm_coloc, sqlite_utils, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
   echo "install.sh: pip install into $VENV (torch 2.14.1 is large the first time)"
-  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1
-  "$VENV/bin/pip" install -q -e "$REPO[dev,gpu]"
+  log=$(mktemp /tmp/coloc-pip.XXXXXX.log)
+  { "$VENV/bin/pip" install -q --upgrade pip &&
+    "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1 &&
+    "$VENV/bin/pip" install -q -e "$REPO[dev,gpu]"; } >"$log" 2>&1 ||
+    { tail -30 "$log" >&2; echo "install.sh: pip failed (full log: $log)" >&2; exit 1; }
+  rm -f "$log"
 else
-  "$VENV/bin/pip" install -q --no-deps -e "$REPO" >/dev/null   # refresh console scripts
+  "$VENV/bin/pip" install -q --no-deps -e "$REPO" >/dev/null 2>&1   # refresh console scripts
 fi
 chmod -R o+rX "$VENV" "$REPO/examples" 2>/dev/null || true
 echo "install.sh: ready ($("$VENV/bin/python" -c 'import torch, slurm_coloc; print("torch", torch.__version__, "slurm-coloc", slurm_coloc.__version__)'); $(slurmd -V))"
