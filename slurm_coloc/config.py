@@ -38,6 +38,15 @@ class Config:
         mps_mode: ``multi-user`` | ``per-user`` | ``off`` (docs/admin.md explains each).
         sampler_interval_s: NVML sampling period (GPM needs >= 0.1 s).
         admin_group: Unix group whose members see every job in coloc-report (root always does).
+        mps_control_bin: ``nvidia-cuda-mps-control`` (searched in PATH and the NVIDIA/CUDA bin dirs) or a path.
+        mps_keep_warm: keep a GPU's MPS daemon running after its last shared job ends.
+        mps_start_timeout_s: how long the Prolog waits for an MPS daemon to come up or go down.
+        sampler_autostart: the Prolog starts ``coloc-sampler`` when none runs on the node.
+        sampler_batch_s: the sampler writes its buffered rows once per this many seconds (one transaction).
+        sampler_raw_retention_h: raw samples older than this are folded into ``sampler_downsample_s`` rows.
+        sampler_downsample_s: resolution of folded old samples (s).
+        sampler_retention_days: samples older than this are deleted (job summaries stay).
+        sampler_replay_path: CI/demo only: replay this NVML recording instead of reading NVML.
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -52,6 +61,15 @@ class Config:
     mps_mode: str = "multi-user"
     sampler_interval_s: float = 1.0
     admin_group: str = ""
+    mps_control_bin: str = "nvidia-cuda-mps-control"
+    mps_keep_warm: bool = False
+    mps_start_timeout_s: float = 5.0
+    sampler_autostart: bool = True
+    sampler_batch_s: float = 5.0
+    sampler_raw_retention_h: float = 24.0
+    sampler_downsample_s: float = 60.0
+    sampler_retention_days: float = 30.0
+    sampler_replay_path: str = ""
 
     @property
     def ctld_db_path(self) -> Path:
@@ -93,6 +111,12 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(f"config key 'sampler_interval_s': {cfg.sampler_interval_s} < 0.1 (GPM minimum)")
     if cfg.hook_timeout_s <= 0 or cfg.db_busy_timeout_s < 0 or cfg.headroom_mib < 0 or cfg.min_shards < 1:
         raise ConfigError("config: hook_timeout_s must be > 0, db_busy_timeout_s/headroom_mib >= 0, min_shards >= 1")
+    if cfg.mps_start_timeout_s <= 0 or cfg.sampler_batch_s <= 0 or cfg.sampler_downsample_s <= 0:
+        raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
+    if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
+        raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
+    if not cfg.mps_control_bin.strip():
+        raise ConfigError("config key 'mps_control_bin' is empty")
     return cfg
 
 

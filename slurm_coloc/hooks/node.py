@@ -16,13 +16,14 @@ from slurm_coloc.config import Config
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.ctld import parse_slurm_time
 from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
+from slurm_coloc.node import lifecycle
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.parse import parse_tres_per_node
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_node_db
 
-ENV_KEY_RE = re.compile(r"^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+)$")
+ENV_KEY_RE = re.compile(r"^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")  # CVD: MPS remaps to 0
 MAX_ENV_LINE = 4096
 
 
@@ -34,8 +35,10 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
         job_id=ctx.job_id, node=ctx.node, user_name=kv.get("UserId", "").split("(")[0] or ctx.user_name,
         uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=tres.get("shard"),
         gres=kv.get("TresPerNode", ""), start_ts=parse_slurm_time(kv.get("StartTime", "")) or time.time())
-    store_jobs.record_node_start(open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s), start)
-    return {"gpus": start.gpus, "shards": start.shards}
+    db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
+    store_jobs.record_node_start(db, start)
+    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env)
+    return {"gpus": start.gpus, "shards": start.shards, **sharing}
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
@@ -48,8 +51,11 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
                               parse_slurm_duration_s(kv.get("TimeLimit", "")), kv.get("Reason", ""))
     end = store_jobs.JobEnd(job_id=ctx.job_id, node=ctx.node, state=state, exit_code=code, signal=sig,
                             end_ts=parse_slurm_time(kv.get("EndTime", "")) or time.time())
-    store_jobs.record_node_end(open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s), end)
-    return {"state": state, "exit_code": code, "signal": sig}
+    db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
+    store_jobs.record_node_end(db, end)
+    run = next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node), None)
+    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, run.start_ts if run else None, env)
+    return {"state": state, "exit_code": code, "signal": sig, **sharing}
 
 
 def job_env_path(cfg: Config, job_id: int) -> Path:
@@ -61,7 +67,8 @@ def read_job_env(path: Path) -> List[tuple]:
     """Read ``KEY=VALUE`` lines of a per-job env file, safely.
 
     The file must be a regular file owned by root and not writable by group/others, opened without
-    following symlinks; only keys matching ``CUDA_MPS_*``/``COLOC_*`` and lines under 4096 bytes are kept.
+    following symlinks; only keys matching ``CUDA_MPS_*``/``COLOC_*``/``CUDA_VISIBLE_DEVICES`` and lines under
+    4096 bytes are kept.
     Returns ``[]`` when the file is absent or unsafe.
     """
     try:

@@ -1,0 +1,170 @@
+"""``coloc-sampler``: the node NVML sampler daemon (run), an NVML recorder (record) and a status check."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import click
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.errors import ColocError
+
+
+def _cfg() -> config_mod.Config:
+    try:
+        return config_mod.load()
+    except ColocError as exc:
+        raise click.ClickException(exc.one_line()) from None
+
+
+def _logging(cfg: config_mod.Config, node: str, to_file: bool) -> None:
+    handler: logging.Handler = logging.StreamHandler()
+    if to_file:
+        try:
+            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(Path(cfg.log_dir) / f"sampler-{node}.log")
+        except OSError:
+            pass
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-sampler[%(process)d] %(message)s"))
+    root = logging.getLogger("slurm_coloc")
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, os.environ.get("COLOC_LOG_LEVEL", "INFO").upper(), logging.INFO))
+
+
+def _pid_map(text: str) -> Dict[int, int]:
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        a, sep, b = item.partition("=")
+        if not (sep and a.isdigit() and b.isdigit()):
+            raise click.BadParameter(f"{item!r} is not RECORDED_PID=LIVE_PID", param_hint="--pid-map")
+        out[int(a)] = int(b)
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """The slurm-coloc node sampler (NVML + GPM, per GPU and per job).
+
+    \b
+    Examples:
+      coloc-sampler run --node n1                 # the daemon (started by the Prolog or systemd)
+      coloc-sampler status --node n1
+      coloc-sampler record --out h100.jsonl --seconds 30
+    """
+
+
+@cli.command()
+@click.option("--node", default=lambda: socket.gethostname().split(".")[0], show_default="short hostname",
+              help="Slurm node name (selects nodes/<node>.db and the lock file).")
+@click.option("--interval-s", type=float, default=None, help="Override sampler_interval_s (>= 0.1).")
+@click.option("--duration-s", type=float, default=None, help="Stop after this many seconds (default: run forever).")
+@click.option("--replay", type=click.Path(dir_okay=False), default=None,
+              help="Replay this NVML recording instead of live NVML (CI/demo only).")
+@click.option("--pid-map", default="", help="With --replay: RECORDED=LIVE[,...] pid substitutions.")
+@click.option("--foreground-log", is_flag=True, help="Log to stderr instead of <log_dir>/sampler-<node>.log.")
+def run(node: str, interval_s: Optional[float], duration_s: Optional[float], replay: Optional[str], pid_map: str,
+        foreground_log: bool) -> None:
+    """Sample every interval into the node database; exits 0 at once if a sampler already runs.
+
+    \b
+    Example:
+      coloc-sampler run --node n1 --interval-s 1
+    """
+    from slurm_coloc.node import sampler as sm
+    cfg = _cfg()
+    if interval_s is not None and interval_s < 0.1:
+        raise click.BadParameter("must be >= 0.1 (GPM minimum)", param_hint="--interval-s")
+    _logging(cfg, node, not foreground_log)
+    log = logging.getLogger("slurm_coloc.sampler")
+    fd = sm.take_lock(cfg, node)
+    if fd is None:
+        log.info("another sampler holds %s; exiting", sm.lock_path(cfg, node))
+        return
+    try:
+        reader = sm.make_reader(cfg, replay, _pid_map(pid_map))
+    except ColocError as exc:
+        log.error("%s", exc.one_line())
+        raise click.ClickException(exc.one_line()) from None
+    s = sm.Sampler(cfg, node, reader, interval_s=interval_s)
+    sm.install_signal_handlers(s)
+    log.info("sampling node %s every %.2f s into %s", node, s.interval_s, s.db_path)
+    s.run(duration_s=duration_s)
+    log.info("stopped: %d frames, %d read errors, %d flushes, %d rows dropped", s.frames, s.errors, s.flushes,
+             s.dropped)
+
+
+@cli.command()
+@click.option("--node", default=lambda: socket.gethostname().split(".")[0], show_default="short hostname")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(node: str, as_json: bool) -> None:
+    """Whether a sampler runs on NODE and how many samples its database holds.
+
+    \b
+    Example:
+      coloc-sampler status --node n1 --json
+    """
+    from slurm_coloc.node import sampler as sm
+    from slurm_coloc.store import samples as st
+    from slurm_coloc.store.db import open_readonly
+    cfg = _cfg()
+    pid = sm.running_pid(cfg, node)
+    counts: Dict[str, int] = {}
+    try:
+        counts = st.count_samples(open_readonly(cfg.node_db_path(node)))
+    except ColocError:
+        pass
+    data = {"node": node, "running": bool(pid), "pid": pid, **counts}
+    click.echo(json.dumps(data) if as_json else " ".join(f"{k}={v}" for k, v in data.items()))
+    if not pid:
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="JSON-lines file to write.")
+@click.option("--seconds", type=float, default=30.0, show_default=True)
+@click.option("--interval-s", type=float, default=1.0, show_default=True)
+@click.option("--label", default="", help="What ran on the GPU while recording (stored in the header).")
+def record(out_path: str, seconds: float, interval_s: float, label: str) -> None:
+    """Record live NVML frames (the replay format of tests/data/nvml/).
+
+    \b
+    Example:
+      coloc-sampler record --out tests/data/nvml/h100.jsonl --seconds 20 --label "2 torch jobs under MPS"
+    """
+    from slurm_coloc.nvml import NvmlReader
+    if interval_s < 0.1:
+        raise click.BadParameter("must be >= 0.1 (GPM minimum)", param_hint="--interval-s")
+    try:
+        reader = NvmlReader()
+    except ColocError as exc:
+        raise click.ClickException(exc.one_line()) from None
+    t0 = time.time()
+    frames = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        frames.append(reader.read().to_json(t0))
+        time.sleep(interval_s)
+    names = sorted({g["name"] for f in frames for g in f["gpus"] if g.get("name")})
+    header = {"recording": f"NVML readings recorded live on {', '.join(names) or 'unknown GPU'}",
+              "label": label, "host": socket.gethostname(), "start_ts": t0, "interval_s": interval_s,
+              "frames": len(frames)}
+    with open(out_path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for f in frames:
+            fh.write(json.dumps(f) + "\n")
+    click.echo(f"wrote {len(frames)} frames to {out_path}")
+
+
+def main() -> None:
+    """Console-script entry."""
+    cli.main(prog_name="coloc-sampler")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The node sampler: one daemon per node reads NVML every ``sampler_interval_s`` and logs GPUs and processes.
+
+Each process is attributed to its Slurm job through ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, read as root) or,
+failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are listed by NVML like other processes.
+Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database or an NVML
+error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows dropped first).
+Old samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
+``<run_dir>/sampler-<node>.lock`` held for the daemon's life.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol, Tuple
+
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.nvml.readings import Frame, GpuReading
+from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store.db import open_node_db
+
+log = logging.getLogger("slurm_coloc.sampler")
+
+RETENTION_EVERY_S = 600.0
+MAX_BUFFER_ROWS = 200_000
+_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+
+
+class Reader(Protocol):
+    """A source of frames: ``NvmlReader`` or ``ReplayReader``."""
+
+    def read(self) -> Frame: ...
+
+    def close(self) -> None: ...
+
+
+class JobAttributor:
+    """pid -> Slurm job id via /proc, cached per (pid, start time) so a reused pid is looked up again.
+
+    Args:
+        proc_root: the proc filesystem (``/proc``).
+    """
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc = Path(proc_root)
+        self._cache: Dict[int, Tuple[str, Optional[int]]] = {}
+
+    def _start_time(self, pid: int) -> Optional[str]:
+        try:
+            stat = (self.proc / str(pid) / "stat").read_text()
+        except OSError:
+            return None
+        return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else None  # field 22: starttime
+
+    def job_of(self, pid: int) -> Optional[int]:
+        """The job id of ``pid``, or None (not a Slurm job, gone, or unreadable)."""
+        start = self._start_time(pid)
+        if start is None:
+            return None
+        hit = self._cache.get(pid)
+        if hit and hit[0] == start:
+            return hit[1]
+        job = self._from_environ(pid)
+        if job is None:
+            job = self._from_cgroup(pid)
+        self._cache[pid] = (start, job)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        return job
+
+    def _from_environ(self, pid: int) -> Optional[int]:
+        try:
+            with open(self.proc / str(pid) / "environ", "rb") as fh:
+                data = fh.read(1 << 20)
+        except OSError:
+            return None
+        for item in data.split(b"\0"):
+            if item.startswith(b"SLURM_JOB_ID="):
+                value = item[13:]
+                return int(value) if value.isdigit() else None
+        return None
+
+    def _from_cgroup(self, pid: int) -> Optional[int]:
+        try:
+            text = (self.proc / str(pid) / "cgroup").read_text()
+        except OSError:
+            return None
+        m = _CGROUP_JOB.search(text)
+        return int(m.group(1)) if m else None
+
+
+class Sampler:
+    """The sampling loop.
+
+    Args:
+        cfg: config (interval, batch, retention). node: this node's name (selects ``nodes/<node>.db``).
+        reader: frame source. db_path: override of the node database path (tests).
+        attributor: pid -> job mapping (default ``JobAttributor()``).
+    """
+
+    def __init__(self, cfg: Config, node: str, reader: Reader, db_path: Optional[Path] = None,
+                 attributor: Optional[JobAttributor] = None, interval_s: Optional[float] = None) -> None:
+        self.cfg, self.node, self.reader = cfg, node, reader
+        self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
+        self.attr = attributor or JobAttributor()
+        self.interval_s = interval_s or cfg.sampler_interval_s
+        self.gpu_buf: List[Dict[str, Any]] = []
+        self.proc_buf: List[Dict[str, Any]] = []
+        self.static: Dict[int, GpuReading] = {}
+        self._static_dirty = False
+        self._db: Any = None
+        self._logged: set = set()
+        self.frames = self.errors = self.flushes = self.dropped = 0
+        self._last_retention = 0.0
+        self.stopping = False
+
+    def _once(self, kind: str, msg: str, *args: Any) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(msg, *args)
+
+    def step(self) -> bool:
+        """Read one frame and buffer its rows; False when the read failed (logged, sampler carries on)."""
+        try:
+            frame = self.reader.read()
+            if frame.error:
+                raise ColocError(f"recorded NVML error: {frame.error}")
+        except Exception as exc:  # noqa: BLE001 - NVMLError (GPU lost, Xid), replay error: keep sampling
+            self.errors += 1
+            self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on", type(exc).__name__, exc)
+            return False
+        self.frames += 1
+        for g in frame.gpus:
+            old = self.static.get(g.index)
+            if old is None or (old.uuid, old.name, old.mem_total_mib) != (g.uuid, g.name, g.mem_total_mib):
+                self.static[g.index] = g
+                self._static_dirty = True
+        procs = [store_samples.ProcSample(p, self.attr.job_of(p.pid)) for p in frame.procs]
+        self.gpu_buf.extend(store_samples.gpu_rows(frame.ts, frame.gpus, self.interval_s))
+        self.proc_buf.extend(store_samples.proc_rows(frame.ts, procs, self.interval_s))
+        over = len(self.gpu_buf) + len(self.proc_buf) - MAX_BUFFER_ROWS
+        if over > 0:
+            self.dropped += over
+            drop_g = min(over, len(self.gpu_buf))
+            del self.gpu_buf[:drop_g]
+            del self.proc_buf[:over - drop_g]
+        return True
+
+    def _open(self) -> Any:
+        if self._db is None:
+            self._db = open_node_db(self.db_path, self.cfg.db_busy_timeout_s)
+        return self._db
+
+    def flush(self) -> bool:
+        """Write buffered rows in one transaction; on failure keep them for the next try. Returns success."""
+        if not (self.gpu_buf or self.proc_buf or self._static_dirty):
+            return True
+        try:
+            db = self._open()
+            store_samples.write_rows(db, self.gpu_buf, self.proc_buf,
+                                     list(self.static.values()) if self._static_dirty else [])
+        except (sqlite3.Error, ColocError, OSError) as exc:
+            self._once(f"flush:{exc}", "cannot write samples to %s (%s); kept %d rows in memory", self.db_path, exc,
+                       len(self.gpu_buf) + len(self.proc_buf))
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+                self._db = None  # reopen next time (e.g. the file was replaced)
+            return False
+        self.gpu_buf.clear()
+        self.proc_buf.clear()
+        self._static_dirty = False
+        self.flushes += 1
+        return True
+
+    def retention(self, now: Optional[float] = None) -> int:
+        """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond ``sampler_retention_days``."""
+        now = time.time() if now is None else now
+        try:
+            db = self._open()
+            n = store_samples.downsample(db, now - self.cfg.sampler_raw_retention_h * 3600,
+                                         self.cfg.sampler_downsample_s)
+            n += store_samples.purge(db, now - self.cfg.sampler_retention_days * 86400)
+            return n
+        except (sqlite3.Error, ColocError) as exc:
+            self._once(f"retention:{exc}", "retention failed: %s", exc)
+            return 0
+
+    def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
+        """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at exit."""
+        t_start = time.monotonic()
+        next_tick = t_start
+        last_flush = t_start
+        while not self.stopping:
+            self.step()
+            now = time.monotonic()
+            if now - last_flush >= self.cfg.sampler_batch_s:
+                self.flush()
+                last_flush = now
+            if now - self._last_retention >= RETENTION_EVERY_S:
+                self.retention()
+                self._last_retention = now
+            if (duration_s is not None and now - t_start >= duration_s) or \
+                    (max_frames is not None and self.frames + self.errors >= max_frames):
+                break
+            next_tick += self.interval_s
+            if next_tick < now:  # we fell behind (slow NVML or DB): skip, do not burst
+                next_tick = now
+            self._sleep(next_tick - now)
+        self.flush()
+        self.reader.close()
+
+    def _sleep(self, s: float) -> None:
+        end = time.monotonic() + max(0.0, s)
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.2, end - time.monotonic()) if end > time.monotonic() else 0)
+
+
+def lock_path(cfg: Config, node: str) -> Path:
+    """``<run_dir>/sampler-<node>.lock``."""
+    return Path(cfg.run_dir) / f"sampler-{node}.lock"
+
+
+def take_lock(cfg: Config, node: str) -> Optional[int]:
+    """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds it."""
+    path = lock_path(cfg, node)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def running_pid(cfg: Config, node: str) -> Optional[int]:
+    """Pid of the sampler holding the node's lock, or None when none runs."""
+    path = lock_path(cfg, node)
+    try:
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it exclusively
+        except OSError:
+            text = os.read(fd, 64).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+    finally:
+        os.close(fd)
+
+
+def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
+    """Start a detached sampler for ``node`` (new session, no inherited fds) unless one runs.
+
+    Returns:
+        The pid of the running or new sampler (None if the spawn failed, logged).
+    """
+    pid = running_pid(cfg, node)
+    if pid:
+        return pid
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLOC_CONFIG": os.environ.get("COLOC_CONFIG", "")}
+    for k in ("LD_LIBRARY_PATH", "COLOC_LOG_LEVEL"):
+        if os.environ.get(k):
+            env[k] = os.environ[k]
+    if not env["COLOC_CONFIG"]:
+        del env["COLOC_CONFIG"]
+    try:
+        proc = subprocess.Popen([python, "-m", "slurm_coloc.cli.sampler", "run", "--node", node],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
+    except OSError as exc:
+        log.error("cannot start coloc-sampler: %s", exc)
+        return None
+    return proc.pid
+
+
+def install_signal_handlers(sampler: Sampler) -> None:
+    """SIGTERM/SIGINT: finish the current step, flush, exit."""
+    def _stop(signum: int, frame: Any) -> None:
+        sampler.stopping = True
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+
+def make_reader(cfg: Config, replay: Optional[str] = None, pid_map: Optional[Dict[int, int]] = None) -> Reader:
+    """``ReplayReader`` when a recording is given (argument or ``sampler_replay_path``), else ``NvmlReader``.
+
+    Raises:
+        NvmlUnavailable / ColocError: no NVML, or a bad recording.
+    """
+    from slurm_coloc.nvml import NvmlReader, ReplayReader
+    path = replay or cfg.sampler_replay_path
+    if path:
+        log.info("replaying the NVML recording %s (not live readings)", path)
+        return ReplayReader(path, pid_map)
+    return NvmlReader()
+

@@ -1,0 +1,91 @@
+"""Per-job summary from a node's samples (pure), written by the Epilog.
+
+Attribution rule on a shared GPU (docs/node.md): between two consecutive GPU samples of GPU g, the energy used
+(difference of the energy counter, else mean power x dt) and the interval itself are split among the processes
+seen on g at the later sample in proportion to their NVML SM utilization; when none reports SM utilization, in
+proportion to their GPU memory; a job gets the sum of its processes' shares (processes of no job, e.g. the MPS
+server, keep theirs unattributed). ``gpu_s`` is the job's share of the intervals: a job alone and busy on a GPU
+for 10 s gets 10 GPU-seconds. SM activity/occupancy are the GPU's (GPM), over the samples while the job ran.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence
+
+from slurm_coloc.store.samples import JobSummary
+
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None if empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))
+    return float(xs[k])
+
+
+def _mean(xs: List[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[float], end_ts: Optional[float],
+              gpu_rows: Sequence[Dict[str, Any]], proc_rows: Sequence[Dict[str, Any]]) -> JobSummary:
+    """Summarize ``job_id`` from sample rows of its GPUs within [start_ts, end_ts].
+
+    Args:
+        gpu_rows / proc_rows: rows of ``gpu_samples`` / ``proc_samples`` (all jobs' processes on those GPUs).
+
+    Returns:
+        A ``JobSummary``; metrics without samples are None.
+    """
+    procs_at: Dict[tuple, List[Dict[str, Any]]] = defaultdict(list)
+    for p in proc_rows:
+        procs_at[(p["gpu_index"], p["ts"])].append(p)
+    mem_at: Dict[float, float] = defaultdict(float)
+    for p in proc_rows:
+        if p.get("job_id") == job_id and p.get("used_mem_mib") is not None:
+            mem_at[p["ts"]] += float(p["used_mem_mib"])
+    smact = [float(r["smact_pct"]) for r in gpu_rows if r.get("smact_pct") is not None]
+    smocc = [float(r["smocc_pct"]) for r in gpu_rows if r.get("smocc_pct") is not None]
+    energy = gpu_s = 0.0
+    have_energy = False
+    by_gpu: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+    for r in gpu_rows:
+        by_gpu[r["gpu_index"]].append(r)
+    for g, rows in by_gpu.items():
+        rows = sorted(rows, key=lambda r: r["ts"])
+        for prev, cur in zip(rows, rows[1:]):
+            dt = float(cur["ts"]) - float(prev["ts"])
+            if dt <= 0:
+                continue
+            share = _share(job_id, procs_at.get((g, cur["ts"]), []))
+            if share <= 0:
+                continue
+            gpu_s += share * dt
+            de = None
+            if cur.get("energy_j") is not None and prev.get("energy_j") is not None:
+                de = float(cur["energy_j"]) - float(prev["energy_j"])
+                de = de if de >= 0 else None  # counter reset (driver reload)
+            if de is None and cur.get("power_w") is not None and prev.get("power_w") is not None:
+                de = (float(cur["power_w"]) + float(prev["power_w"])) / 2 * dt
+            if de is not None:
+                energy += share * de
+                have_energy = True
+    return JobSummary(job_id=job_id, node=node, gpus=",".join(str(g) for g in gpus), start_ts=start_ts,
+                      end_ts=end_ts, peak_mem_mib=max(mem_at.values()) if mem_at else None,
+                      smact_mean=_mean(smact), smact_p95=percentile(smact, 95), smocc_mean=_mean(smocc),
+                      smocc_p95=percentile(smocc, 95), energy_j=round(energy, 3) if have_energy else None,
+                      gpu_s=round(gpu_s, 3) if gpu_rows else None, n_samples=len(gpu_rows))
+
+
+def _share(job_id: int, procs: List[Dict[str, Any]]) -> float:
+    """The job's fraction of the GPU at one sample instant (module rule)."""
+    if not procs:
+        return 0.0
+    for key in ("sm_util_pct", "used_mem_mib"):
+        weights = [(p.get("job_id"), float(p[key])) for p in procs if p.get(key) is not None and float(p[key]) > 0]
+        total = sum(w for _, w in weights)
+        if total > 0:
+            return sum(w for j, w in weights if j == job_id) / total
+    return 0.0

@@ -1,0 +1,185 @@
+"""Sample tables of a node database: per-GPU and per-process NVML samples, per-job summaries, node events.
+
+Writes are batched: one transaction per ``write_frames`` call. Old raw samples are folded into coarser rows by
+``downsample`` (mean of rates, max of memory and of the energy counter) and dropped after ``purge``. Row
+``n`` = raw samples folded in; ``res_s`` = the row's time resolution (the sampling interval for raw rows).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from sqlite_utils import Database
+
+from slurm_coloc.nvml.readings import GpuReading, ProcReading
+
+GPU_METRICS = ("util_pct", "mem_util_pct", "mem_used_mib", "power_w", "energy_j", "temp_c", "sm_clock_mhz",
+               "smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
+PROC_METRICS = ("used_mem_mib", "sm_util_pct", "mem_util_pct")
+_MAX_OF = {"mem_used_mib", "energy_j", "used_mem_mib"}  # kept as max when downsampling; the rest: mean
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """A process reading attributed to a Slurm job (``job_id`` None: not a Slurm job, e.g. the MPS server)."""
+
+    reading: ProcReading
+    job_id: Optional[int]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """What a job used on one node, written by the Epilog (docs/node.md gives the attribution rule).
+
+    Attributes:
+        peak_mem_mib: max over sample instants of the summed NVML memory of the job's processes (MiB).
+        smact_mean/p95, smocc_mean/p95: GPM SM activity/occupancy of the job's GPUs while it ran (%).
+        energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to the job.
+        n_samples: GPU sample rows the summary used.
+    """
+
+    job_id: int
+    node: str
+    gpus: str
+    start_ts: Optional[float]
+    end_ts: Optional[float]
+    peak_mem_mib: Optional[float]
+    smact_mean: Optional[float]
+    smact_p95: Optional[float]
+    smocc_mean: Optional[float]
+    smocc_p95: Optional[float]
+    energy_j: Optional[float]
+    gpu_s: Optional[float]
+    n_samples: int
+
+
+def _r(v: Optional[float]) -> Optional[float]:
+    return None if v is None else round(float(v), 2)
+
+
+def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[str, Any]]:
+    """Rows of ``gpu_samples`` for one frame."""
+    return [{"ts": round(ts, 3), "gpu_index": g.index, **{m: _r(getattr(g, m)) for m in GPU_METRICS},
+             "n": 1, "res_s": res_s} for g in gpus]
+
+
+def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict[str, Any]]:
+    """Rows of ``proc_samples`` for one frame."""
+    return [{"ts": round(ts, 3), "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
+             **{m: _r(getattr(p.reading, m)) for m in PROC_METRICS}, "mps_client": int(p.reading.mps_client),
+             "n": 1, "res_s": res_s} for p in procs]
+
+
+def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
+               gpus_static: Sequence[GpuReading] = ()) -> None:
+    """Insert prepared rows in ONE transaction (all or nothing). sqlite3 errors propagate (locked, full)."""
+    with db.atomic():
+        if gpu:
+            db["gpu_samples"].insert_all(gpu)
+        if proc:
+            db["proc_samples"].insert_all(proc)
+        for g in gpus_static:
+            db["gpus"].upsert({"gpu_index": g.index, "uuid": g.uuid, "name": g.name,
+                               "mem_total_mib": g.mem_total_mib, "updated_ts": time.time()}, pk="gpu_index")
+
+
+def _fold(db: Database, table: str, keys: Tuple[str, ...], metrics: Tuple[str, ...], cutoff_ts: float,
+          bucket_s: float) -> int:
+    cols = ", ".join(f"{'MAX' if m in _MAX_OF else 'AVG'}({m})" for m in metrics)
+    key_cols = ", ".join(keys)
+    bucket = f"CAST(ts / {float(bucket_s)} AS INTEGER) * {float(bucket_s)}"
+    where = f"ts < ? AND res_s < ?"
+    n_before = db.execute(f"SELECT count(*) FROM {table} WHERE {where}", [cutoff_ts, bucket_s]).fetchone()[0]
+    if not n_before:
+        return 0
+    extra = ", mps_client" if table == "proc_samples" else ""
+    db.execute(f"INSERT INTO {table} (ts, {key_cols}, {', '.join(metrics)}{extra}, n, res_s) "
+               f"SELECT {bucket} AS b, {key_cols}, {cols}{', MAX(mps_client)' if extra else ''}, SUM(n), ? "
+               f"FROM {table} WHERE {where} GROUP BY b, {key_cols}", [bucket_s, cutoff_ts, bucket_s])
+    db.execute(f"DELETE FROM {table} WHERE {where}", [cutoff_ts, bucket_s])
+    return int(n_before)
+
+
+def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
+    """Fold samples older than ``cutoff_ts`` with a finer resolution than ``bucket_s`` into ``bucket_s`` rows.
+
+    Rates are averaged; memory and the energy counter keep their maximum; ``n`` sums. One transaction.
+
+    Returns:
+        Number of raw rows folded.
+    """
+    with db.atomic():
+        a = _fold(db, "gpu_samples", ("gpu_index",), GPU_METRICS, cutoff_ts, bucket_s)
+        b = _fold(db, "proc_samples", ("gpu_index", "pid", "job_id"), PROC_METRICS, cutoff_ts, bucket_s)
+    return a + b
+
+
+def purge(db: Database, before_ts: float) -> int:
+    """Delete samples older than ``before_ts`` (summaries and events stay). Returns rows deleted."""
+    with db.atomic():
+        n = db.execute("DELETE FROM gpu_samples WHERE ts < ?", [before_ts]).rowcount
+        n += db.execute("DELETE FROM proc_samples WHERE ts < ?", [before_ts]).rowcount
+    return int(n)
+
+
+def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
+    """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time."""
+    if not gpu_indices or not db["gpu_samples"].exists():
+        return []
+    marks = ",".join("?" * len(gpu_indices))
+    return list(db.query(f"SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
+                         f"ORDER BY ts", [t0, t1, *gpu_indices]))
+
+
+def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
+    """Process sample rows (every job's) with ``t0 <= ts <= t1`` on the given GPUs, by time."""
+    if not gpu_indices or not db["proc_samples"].exists():
+        return []
+    marks = ",".join("?" * len(gpu_indices))
+    return list(db.query(f"SELECT * FROM proc_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
+                         f"ORDER BY ts", [t0, t1, *gpu_indices]))
+
+
+def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
+    """All process sample rows attributed to ``job_id``, by time."""
+    if not db["proc_samples"].exists():
+        return []
+    return list(db.query("SELECT * FROM proc_samples WHERE job_id = ? ORDER BY ts", [job_id]))
+
+
+def count_samples(db: Database) -> Dict[str, int]:
+    """``{"gpu_samples": n, "proc_samples": n}``."""
+    return {t: (db[t].count if db[t].exists() else 0) for t in ("gpu_samples", "proc_samples")}
+
+
+def record_summary(db: Database, summary: JobSummary) -> None:
+    """Insert or replace the (job, node) summary."""
+    with db.atomic():
+        db["job_summaries"].upsert({**asdict(summary), "ts": time.time()}, pk=("job_id", "node"))
+
+
+def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummary]:
+    """Summaries of a node database (of one job if given)."""
+    if not db["job_summaries"].exists():
+        return []
+    where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
+    names = set(JobSummary.__dataclass_fields__)
+    return [JobSummary(**{k: v for k, v in r.items() if k in names})
+            for r in db["job_summaries"].rows_where(where, args, order_by="job_id")]
+
+
+def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
+    """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...)."""
+    with db.atomic():
+        db["node_events"].insert({"ts": time.time(), "job_id": job_id, "kind": kind,
+                                  "detail_json": json.dumps(detail, sort_keys=True, default=str)})
+
+
+def load_node_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Node events (of one job if given), oldest first."""
+    if not db["node_events"].exists():
+        return []
+    where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
+    return list(db["node_events"].rows_where(where, args, order_by="id"))
