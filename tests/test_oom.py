@@ -104,11 +104,12 @@ def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
 def test_script_args_from_squeue_command() -> None:
     from slurm_coloc.slurm.parse import _job_record
 
-    rec = _job_record({"job_id": 3, "command": "/j/run.sh a1 b2"})
-    assert oom.script_args({"Command": "/j/run.sh"}, rec, {}) == (["a1", "b2"], True)
-    assert oom.script_args({"Command": "/j/run.sh"}, rec, {"argv": ["a 1"]}) == (["a 1"], True)
-    assert oom.script_args({"Command": "/j/run.sh"}, _job_record({"job_id": 3, "command": "/j/run.sh"}), {}) == (
-        [], True)
+    rec = _job_record({"job_id": 3, "command": "./run.sh a1 b2"})
+    assert oom.script_args(rec, {}) == (["a1", "b2"], True)
+    assert oom.script_args(rec, {"argv": ["a 1"]}) == (["a 1"], True)
+    assert oom.script_args(_job_record({"job_id": 3, "command": "/j/run.sh"}), {}) == ([], True)
+    assert oom.script_args(_job_record({"job_id": 3, "command": "/j/run.sh a  b"}), {})[1] is False
+    assert oom.script_args(None, {}) == ([], True)
 
 
 @pytest.fixture()

@@ -146,21 +146,19 @@ def _id_of(field: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def script_args(kv: Mapping[str, str], rec: Optional[JobRecord], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
-    """The batch script's arguments and whether they are exact.
+def script_args(rec: Optional[JobRecord], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
+    """The batch script's arguments and whether they are known exactly.
 
-    ``argv`` in the coloc comment (list of str) is exact; otherwise squeue's ``command`` (argv joined by single
-    spaces in 22.05) minus ``Command`` (the script path) is split on whitespace: exact unless an argument held a
-    space.
+    ``argv`` in the coloc comment (list of str) is exact. Otherwise Slurm 22.05 only keeps ``command``: argv joined
+    by single spaces (squeue ``command``, scontrol ``Command``), so it is split on whitespace and its first word
+    (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which cannot
+    be told apart (reported as inexact only when doubled spaces show it).
     """
     argv = coloc.get("argv")
     if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
         return list(argv), True
-    command, script = (rec.raw.get("command") or "") if rec else "", kv.get("Command", "")
-    if not command or not script or not command.startswith(script):
-        return [], not command or command == script
-    rest = command[len(script):]
-    return rest.split(), "  " not in rest
+    command = str(rec.raw.get("command") or "") if rec else ""
+    return command.split()[1:], "  " not in command.strip()
 
 
 def retry_sbatch_args(kv: Mapping[str, str], job_id: int, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
@@ -238,7 +236,7 @@ def _submit_retry(job_id: int, kv: Mapping[str, str], cfg: Config, env: Mapping[
         except OSError as exc:
             raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
         path.write_text(neutralise_gpu_directives(text), encoding="utf-8", errors="surrogateescape")
-        argv, exact = script_args(kv, rec, coloc)
+        argv, exact = script_args(rec, coloc)
         new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(kv, job_id, cfg, coloc), argv,
                                            cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
         return new_id, exact
