@@ -227,6 +227,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optio
     comment: Dict[str, Any] = {"v": 1, "mode": mode, "shards": shards, "gpus": gpus, "mem_mib": mem_mib,
                                "method": method, "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
+    if cmd.script_args and len(json.dumps(list(cmd.script_args))) <= 2048:
+        comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
     user_comment = cmd.last("comment")
     if user_comment is None:
         user_comment = next((o.value for o in reversed(script_opts) if o.name == "comment"), None)
