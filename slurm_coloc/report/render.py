@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import datetime
-from typing import IO, List, Optional
+from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rich.console import Console
 from rich.table import Table
 
 from slurm_coloc.report.summarize import JobView
 from slurm_coloc.units import format_mib
+
+Fmt = Callable[[object], str]
 
 
 def _duration(seconds: Optional[float]) -> str:
@@ -21,22 +23,141 @@ def _duration(seconds: Optional[float]) -> str:
 
 
 def _when(ts: Optional[float]) -> str:
-    return "-" if ts is None else datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return "-" if ts is None else datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _num(nd: int, unit: str = "") -> Fmt:
+    return lambda v: "-" if v is None else f"{float(v):.{nd}f}{unit}"  # type: ignore[arg-type]
+
+
+def _pair(a: Optional[float], b: Optional[float]) -> str:
+    if a is None and b is None:
+        return "-"
+    return f"{'-' if a is None else f'{a:.0f}'}/{'-' if b is None else f'{b:.0f}'}"
+
+
+def _err(j: JobView) -> str:
+    if j.estimate_error_mib is None:
+        return "-"
+    pct = "" if j.estimate_error_pct is None else f" ({j.estimate_error_pct:+.0f}%)"
+    return f"{j.estimate_error_mib / 1024:+.1f} GiB{pct}"
+
+
+def _oom(j: JobView) -> str:
+    if j.retry_of:
+        return f"retry of {j.retry_of}"
+    if not j.oom:
+        return "-"
+    if j.retry_job_id:
+        return f"OOM, retry {j.retry_job_id} {j.retry_outcome or 'pending'}"
+    return f"OOM ({j.retry_status or 'not retried'})"
+
+
+RICH_MAX_ROWS = 1000  # above this, a plain fixed-width layout (rich measures every cell: seconds for 4000 rows)
+
+
+def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[bool],
+          rows: Sequence[Sequence[str]]) -> None:
+    """A rich table, or for more than ``RICH_MAX_ROWS`` rows the same columns as plain aligned text."""
+    if len(rows) <= RICH_MAX_ROWS:
+        table = Table(title=title)
+        for h, r in zip(headers, right):
+            table.add_column(h, justify="right" if r else "left", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
+
+    out = [f"{title} ({len(rows)} rows, plain layout)", line(headers), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    console.file.write("\n".join(out) + "\n")
 
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
-    """Print the per-job table (and any problems, dimmed, below it)."""
-    console = Console(file=file, width=160)
-    table = Table(title="slurm-coloc jobs", show_lines=False)
-    for col in ("job id", "user", "name", "node", "GPU(s)", "shards", "mode", "estimate", "state", "exit",
-                "start", "runtime"):
-        table.add_column(col, justify="right" if col in ("job id", "shards", "estimate", "exit") else "left")
+    """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
+    console = Console(file=file, width=220)
+    headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
+               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime")
+    left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start"}
+    rows = []
     for j in jobs:
-        exit_text = "-" if j.exit_code is None else (f"{j.exit_code}" + (f":{j.signal}" if j.signal else ""))
-        est = format_mib(j.estimate_mib) + (f" ({j.estimate_method})" if j.estimate_method else "")
-        table.add_row(str(j.job_id), j.user or "-", j.name or "-", j.nodes or "-", j.gpus or "-",
-                      "-" if j.shards is None else str(j.shards), j.share_mode or "-", est, j.state or "-",
-                      exit_text, _when(j.start_ts), _duration(j.runtime_s))
-    console.print(table)
+        exit_text = "" if not j.exit_code and not j.signal else f" {j.exit_code}:{j.signal or 0}"
+        rows.append((
+            str(j.job_id), j.user or "-", j.gpus or j.nodes or "-", j.share_mode or "-", format_mib(j.requested_mib),
+            format_mib(j.estimate_mib), format_mib(j.peak_mem_mib), _err(j), format_mib(j.unused_mib),
+            _num(0)(j.util_mean), _pair(j.smact_mean, j.smact_p95), _pair(j.smocc_mean, j.smocc_p95),
+            _num(3)(j.gpu_hours), _num(4)(j.energy_kwh), (j.state or "-") + exit_text, _oom(j), _when(j.start_ts),
+            _duration(j.runtime_s)))
+    _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %)", headers,
+          [h not in left for h in headers], rows)
+    for j in jobs:
+        for w in j.waste:
+            console.print(f"job {j.job_id} wasteful: {w}", markup=False, highlight=False)
+    for j in jobs:
+        if j.notes:
+            console.print(f"job {j.job_id}: {'; '.join(j.notes)}", markup=False, highlight=False, style="dim")
+    _problems(console, problems)
+
+
+def _problems(console: Console, problems: Sequence[str]) -> None:
     for p in problems:
-        console.print(f"[dim]note: {p}[/dim]")
+        console.print(f"note: {p}", markup=False, highlight=False, style="dim")
+
+
+COLUMNS: Dict[str, List[Tuple[str, str, Fmt]]] = {
+    "users": [("user", "user", str), ("jobs", "jobs", str), ("GPU-h", "gpu_hours", _num(3)),
+              ("kWh", "energy_kwh", _num(4)), ("util. %", "util_mean", _num(0)),
+              ("SM act. %", "smact_mean", _num(0)), ("SM occ. %", "smocc_mean", _num(0)),
+              ("unused GiB-h", "unused_gib_hours", _num(2)), ("|est. err| %", "estimate_abs_error_pct_mean", _num(0)),
+              ("OOMs", "ooms", str), ("wasteful", "wasteful_jobs", str),
+              ("no samples", "jobs_without_samples", str)],
+    "gpus": [("node", "node", str), ("GPU", "gpu", str), ("jobs", "jobs", str), ("busy h", "busy_hours", _num(2)),
+             ("jobs/busy GPU", "collocation_factor", _num(2)), ("util. %", "util_mean", _num(0)),
+             ("SM act. % mean", "smact_mean", _num(0)), ("p95", "smact_p95", _num(0)),
+             ("SM occ. % mean", "smocc_mean", _num(0)), ("p95", "smocc_p95", _num(0)),
+             ("mem used mean", "mem_used_mean_mib", lambda v: format_mib(v)),  # type: ignore[arg-type]
+             ("max", "mem_used_max_mib", lambda v: format_mib(v)),  # type: ignore[arg-type]
+             ("kWh", "energy_kwh", _num(4)), ("sampled h", "sampled_hours", _num(2))],
+    "nodes": [("node", "node", str), ("GPUs", "gpus", str), ("busy GPU-h", "busy_gpu_hours", _num(2)),
+              ("jobs/busy GPU", "collocation_factor", _num(2)), ("util. %", "util_mean", _num(0)),
+              ("SM act. %", "smact_mean", _num(0)), ("SM occ. %", "smocc_mean", _num(0)),
+              ("kWh", "energy_kwh", _num(4))],
+}
+TITLES = {"users": "per user", "gpus": "per GPU (sample figures over the window)", "nodes": "per node"}
+
+
+def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str],
+               file: Optional[IO[str]] = None) -> None:
+    """Print a ``users``/``gpus``/``nodes`` view as a table."""
+    console = Console(file=file, width=220)
+    _emit(console, f"slurm-coloc {TITLES[view]}", [h for h, _, _ in COLUMNS[view]],
+          [key not in ("user", "node") for _, key, _ in COLUMNS[view]],
+          [[fmt(r.get(key)) if r.get(key) is not None else "-" for _, key, fmt in COLUMNS[view]] for r in rows])
+    if not rows:
+        console.print("[dim]nothing recorded in this window[/dim]")
+    _problems(console, problems)
+
+
+def cluster_table(row: Dict[str, object], problems: Sequence[str], file: Optional[IO[str]] = None) -> None:
+    """Print the cluster summary as a two-column table."""
+    console = Console(file=file, width=200)
+    table = Table(title="slurm-coloc cluster summary")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    labels = [("jobs", "jobs"), ("users", "users"), ("GPUs with samples or jobs", "gpus"),
+              ("GPU-hours held by jobs", "gpu_hours"), ("busy GPU-hours", "busy_gpu_hours"),
+              ("collocation factor (jobs per busy GPU)", "collocation_factor"),
+              ("coarse utilization % (mean)", "util_mean"), ("SM activity % (mean)", "smact_mean"),
+              ("SM occupancy % (mean)", "smocc_mean"), ("GPU energy kWh (counters)", "energy_kwh"),
+              ("job energy kWh (attributed)", "job_energy_kwh"), ("OOM deaths", "ooms"),
+              ("OOM retries that completed", "oom_retries_completed"), ("wasteful jobs", "wasteful_jobs"),
+              ("mean |estimate error| %", "estimate_abs_error_pct_mean")]
+    for label, key in labels:
+        v = row.get(key)
+        table.add_row(label, "-" if v is None else str(v))
+    console.print(table)
+    _problems(console, problems)

@@ -2,22 +2,41 @@
 
 The controller DB (``ctld.db``) and every node DB (``nodes/*.db``) are opened read-only and merged;
 a missing, locked or corrupt file is reported in ``Report.problems`` and skipped, never fatal.
+Per-job usage figures (peak memory, SM activity/occupancy, energy) come from the node Epilog's job summaries
+and the sampler's tables (``store/samples.py``); what was not recorded stays None and ``JobView.notes`` says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
+
+from sqlite_utils import Database
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import StoreError
 from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.store import report_queries as rq
+from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_readonly
+
+MIB_PER_GIB = 1024
 
 
 @dataclass(frozen=True)
 class JobView:
-    """One job as coloc-report shows it. Times in Unix seconds, memory in MiB, runtime in seconds."""
+    """One job as coloc-report shows it. Times in Unix seconds, memory in MiB, runtime in seconds.
+
+    Usage attributes (None = not recorded): ``requested_mib`` GPU memory the allocation reserved (shards x 1024,
+    or whole GPUs x ``gpu_mem_gib``); ``peak_mem_mib`` measured peak NVML memory of the job's processes;
+    ``estimate_error_mib`` = estimate - peak (positive: over-estimate); ``estimate_error_pct`` relative to peak;
+    ``unused_mib`` = requested - peak; ``util_mean`` coarse NVML utilization of its GPUs (%);
+    ``smact_*``/``smocc_*`` GPM SM activity/occupancy of its GPUs (%); ``energy_kwh`` energy attributed to it;
+    ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
+    sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes`` what
+    was not recorded.
+    """
 
     job_id: int
     user: Optional[str]
@@ -33,6 +52,26 @@ class JobView:
     signal: Optional[int]
     start_ts: Optional[float]
     end_ts: Optional[float]
+    requested_mib: Optional[float] = None
+    peak_mem_mib: Optional[float] = None
+    estimate_error_mib: Optional[float] = None
+    estimate_error_pct: Optional[float] = None
+    unused_mib: Optional[float] = None
+    util_mean: Optional[float] = None
+    smact_mean: Optional[float] = None
+    smact_p95: Optional[float] = None
+    smocc_mean: Optional[float] = None
+    smocc_p95: Optional[float] = None
+    energy_kwh: Optional[float] = None
+    gpu_hours: Optional[float] = None
+    gpu_hours_used: Optional[float] = None
+    oom: bool = False
+    retry_of: Optional[int] = None
+    retry_status: Optional[str] = None
+    retry_job_id: Optional[int] = None
+    retry_outcome: Optional[str] = None
+    waste: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
 
     @property
     def runtime_s(self) -> Optional[float]:
@@ -41,48 +80,91 @@ class JobView:
             return None
         return max(0.0, self.end_ts - self.start_ts)
 
+    @property
+    def gpu_list(self) -> List[tuple]:
+        """``[(node, gpu_index), ...]`` parsed from ``gpus`` (``n1:0,1;n2:0``)."""
+        out = []
+        for part in self.gpus.split(";") if self.gpus else []:
+            node, _, idx = part.partition(":")
+            out.extend((node, int(i)) for i in idx.split(",") if i.strip().isdigit())
+        return out
+
     def to_json(self) -> Dict[str, object]:
         """JSON-able dict including ``runtime_s``."""
-        d = dict(self.__dict__)
+        d = {f.name: getattr(self, f.name) for f in _FIELDS}
+        d["waste"], d["notes"] = list(self.waste), list(self.notes)
         d["runtime_s"] = self.runtime_s
         return d
 
 
+_FIELDS = fields(JobView)
+
+
 @dataclass
 class Report:
-    """Merged jobs plus the problems met while reading (one line each)."""
+    """Merged jobs plus the problems met while reading (one line each).
+
+    ``node_dbs``: the node databases that could be read, by node name (open, read-only) for the GPU views.
+    ``oom_by_job``: OOM rows by job id; ``retry_of``: retry job id -> original job id.
+    """
 
     jobs: List[JobView] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
+    node_dbs: Dict[str, Database] = field(default_factory=dict)
+    node_paths: Dict[str, str] = field(default_factory=dict)
+    summaries: Dict[int, List[store_samples.JobSummary]] = field(default_factory=dict)
+    oom_by_job: Dict[int, store_oom.OomRecord] = field(default_factory=dict)
+    retry_of: Dict[int, int] = field(default_factory=dict)
 
 
-def _node_rows(cfg: Config, problems: List[str]) -> Dict[int, List[store_jobs.JobRunRow]]:
+def _msg(exc: Exception) -> str:
+    return exc.one_line() if isinstance(exc, StoreError) else " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunRow]]:
     by_job: Dict[int, List[store_jobs.JobRunRow]] = {}
     node_dir = cfg.node_db_dir
     for path in sorted(node_dir.glob("*.db")) if node_dir.is_dir() else []:
         try:
-            for row in store_jobs.load_job_runs(open_readonly(path)):
-                by_job.setdefault(row.job_id, []).append(row)
-        except (StoreError, Exception) as exc:  # noqa: BLE001 - a bad node file is skipped, not fatal
-            msg = exc.one_line() if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-            problems.append(f"skipped node database {path.name}: {msg}")
+            db = open_readonly(path)
+            runs = store_jobs.load_job_runs(db)
+            summaries = store_samples.load_summaries(db)
+            rq.has_samples(db)
+        except Exception as exc:  # noqa: BLE001 - a bad node file is skipped, not fatal
+            report.problems.append(f"skipped node database {path.name}: {_msg(exc)}")
+            continue
+        report.node_dbs[path.stem] = db
+        report.node_paths[path.stem] = str(path)
+        for row in runs:
+            by_job.setdefault(row.job_id, []).append(row)
+        for s in summaries:
+            report.summaries.setdefault(s.job_id, []).append(s)
+    if not node_dir.is_dir():
+        report.problems.append(f"no node databases under {node_dir} (no job has run on a node yet)")
     return by_job
 
 
 def load_report(cfg: Config) -> Report:
-    """Read every database under ``cfg.state_dir`` into job views (controller rows first, then node-only jobs)."""
+    """Read every database under ``cfg.state_dir`` into job views (controller rows first, then node-only jobs).
+
+    Only identity, request and outcome are filled here; ``add_usage`` adds the measured figures.
+    """
     report = Report()
     ctld_rows: Dict[int, store_jobs.JobRow] = {}
     path: Path = cfg.ctld_db_path
     if path.exists():
         try:
-            ctld_rows = {r.job_id: r for r in store_jobs.load_jobs(open_readonly(path))}
-        except (StoreError, Exception) as exc:  # noqa: BLE001
-            msg = exc.one_line() if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-            report.problems.append(f"skipped controller database: {msg}")
+            cdb = open_readonly(path)
+            ctld_rows = {r.job_id: r for r in store_jobs.load_jobs(cdb)}
+            for o in store_oom.load_oom_events(cdb):
+                report.oom_by_job[o.job_id] = o
+                if o.retry_job_id is not None:
+                    report.retry_of[o.retry_job_id] = o.job_id
+        except Exception as exc:  # noqa: BLE001
+            report.problems.append(f"skipped controller database: {_msg(exc)}")
     else:
         report.problems.append(f"no controller database at {path} (no job recorded yet)")
-    node_rows = _node_rows(cfg, report.problems)
+    node_rows = _node_rows(cfg, report)
     for job_id in sorted(set(ctld_rows) | set(node_rows)):
         c = ctld_rows.get(job_id)
         runs = sorted(node_rows.get(job_id, []), key=lambda r: r.node)
@@ -106,3 +188,114 @@ def load_report(cfg: Config) -> Report:
             state=state, exit_code=exit_code, signal=signal,
             start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None))
     return report
+
+
+def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
+    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024."""
+    if job.shards:
+        return float(job.shards * MIB_PER_GIB)
+    n_gpus = len(job.gpu_list)
+    if job.share_mode == "gpu" and n_gpus:
+        return float(n_gpus * cfg.gpu_mem_gib * MIB_PER_GIB)
+    return None
+
+
+def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
+    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs."""
+    if job.shards:
+        return min(1.0, job.shards / cfg.gpu_mem_gib) * max(1, len(job.gpu_list))
+    return float(len(job.gpu_list)) if job.gpu_list else None
+
+
+def _sum(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) if vals else None
+
+
+def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int, Optional[float]]:
+    """Coarse NVML utilization mean (%) of each job's GPUs over its span, batched per node database."""
+    sums: Dict[int, List[float]] = {}
+    for node, db in report.node_dbs.items():
+        spans = [(j.job_id, g, j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
+                 if j.start_ts is not None for n, g in j.gpu_list if n == node]
+        for key, (num, den) in rq.job_util_sums(db, spans).items():
+            acc = sums.setdefault(key, [0.0, 0.0])
+            acc[0] += num
+            acc[1] += den
+    return {k: (num / den if den else None) for k, (num, den) in sums.items()}
+
+
+def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int, Optional[float]]] = None
+              ) -> JobView:
+    """Return ``job`` with measured figures filled in from summaries and samples, plus OOM and notes.
+
+    ``util``: precomputed ``util_by_job`` (else the job's samples are read here, one job at a time).
+    """
+    notes: List[str] = []
+    summaries = report.summaries.get(job.job_id, [])
+    peak = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
+    smact_mean = smact_p95 = smocc_mean = smocc_p95 = util_mean = None
+    energy_j = _sum([s.energy_j for s in summaries])
+    used_s = _sum([s.gpu_s for s in summaries])
+    if summaries:
+        first = max(summaries, key=lambda s: s.n_samples)
+        smact_mean, smact_p95, smocc_mean, smocc_p95 = (first.smact_mean, first.smact_p95, first.smocc_mean,
+                                                        first.smocc_p95)
+    by_node: Dict[str, List[int]] = {}
+    for node, idx in job.gpu_list:
+        by_node.setdefault(node, []).append(idx)
+    if util is not None and summaries:
+        util_mean = util.get(job.job_id)
+        if util_mean is None:
+            notes.append("coarse utilization not recorded")
+    elif job.start_ts is not None and by_node:
+        t1 = job.end_ts if job.end_ts is not None else job.start_ts + 1e9
+        stats = []
+        for node, idxs in by_node.items():
+            db = report.node_dbs.get(node)
+            if db is not None:
+                stats.extend(rq.gpu_window_stats(db, job.start_ts, t1, idxs))
+                if peak is None:
+                    peak = rq.job_peak_mem_mib(db, job.job_id)
+        if stats:
+            w = sum(s.covered_s for s in stats) or 1.0
+            util_mean = _sum([(s.util_mean or 0) * s.covered_s / w for s in stats if s.util_mean is not None])
+            if not summaries:
+                smact_mean = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats if s.smact_mean is not None])
+                smocc_mean = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats if s.smocc_mean is not None])
+                smact_p95 = max((s.smact_p95 for s in stats if s.smact_p95 is not None), default=None)
+                smocc_p95 = max((s.smocc_p95 for s in stats if s.smocc_p95 is not None), default=None)
+                held = gpus_held(job, cfg)
+                share = (held / max(1, len(job.gpu_list))) if held else 1.0
+                e = _sum([s.energy_j for s in stats])
+                energy_j = None if e is None else e * share
+                notes.append("no Epilog summary: usage read from the GPU samples of its span (energy by share)")
+        else:
+            notes.append("no samples recorded for this job")
+    elif not by_node:
+        notes.append("no GPU recorded for this job")
+    if smact_mean is None and (summaries or by_node) and "no samples recorded for this job" not in notes:
+        notes.append("SM activity/occupancy not recorded (NVML GPM needs Hopper or newer)")
+    req = requested_mib(job, cfg)
+    err = err_pct = unused = None
+    if peak is not None and job.estimate_mib is not None:
+        err = float(job.estimate_mib) - peak
+        err_pct = 100.0 * err / peak if peak > 0 else None
+    if peak is not None and req is not None:
+        unused = max(0.0, req - peak)
+    if peak is None and by_node:
+        notes.append("peak memory not recorded")
+    held = gpus_held(job, cfg)
+    gpu_hours = None if held is None or job.runtime_s is None else held * job.runtime_s / 3600.0
+    o = report.oom_by_job.get(job.job_id)
+    retry_outcome = None
+    if o is not None:
+        retry_outcome = o.retry_state or (f"retry {o.retry_status}" if o.retry_status else None)
+    return replace(
+        job, requested_mib=req, peak_mem_mib=peak, estimate_error_mib=err, estimate_error_pct=err_pct,
+        unused_mib=unused, util_mean=util_mean, smact_mean=smact_mean, smact_p95=smact_p95, smocc_mean=smocc_mean,
+        smocc_p95=smocc_p95, energy_kwh=None if energy_j is None else energy_j / 3.6e6, gpu_hours=gpu_hours,
+        gpu_hours_used=None if used_s is None else used_s / 3600.0, oom=o is not None,
+        retry_of=report.retry_of.get(job.job_id) or (o.retry_of if o else None),
+        retry_status=o.retry_status if o else None, retry_job_id=o.retry_job_id if o else None,
+        retry_outcome=retry_outcome, notes=notes)

@@ -1,0 +1,23 @@
+"""Machine output of coloc-report views: JSON and CSV (stdlib only)."""
+from __future__ import annotations
+
+import csv
+import json
+from typing import IO, Dict, List, Sequence
+
+
+def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
+    """Write ``{"<view>": rows, "problems": [...]}`` (indented) to ``file``."""
+    json.dump({view: list(rows), "problems": list(problems)}, file, indent=2, default=str)
+    file.write("\n")
+
+
+def to_csv(rows: Sequence[Dict[str, object]], file: IO[str]) -> None:
+    """Write rows as CSV with a header (columns of the first row, then any new ones); lists joined by ``; ``."""
+    cols: List[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    writer = csv.DictWriter(file, fieldnames=cols, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()})

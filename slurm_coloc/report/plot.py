@@ -1,0 +1,139 @@
+"""``coloc-report plot``: PNG timelines per GPU and an estimate-vs-measured scatter (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from slurm_coloc.errors import ColocError
+from slurm_coloc.report.summarize import JobView, Report
+from slurm_coloc.report.views import Filters, Viewer
+from slurm_coloc.store import report_queries as rq
+
+MAX_POINTS = 1500  # buckets per timeline; the SQL folds samples to this many
+
+
+def _plt():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _dt(ts: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ts)
+
+
+def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
+             viewer: Viewer, t0: float, t1: float, total_mib: object, path: Path) -> Path:
+    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as labelled bars below."""
+    plt = _plt()
+    fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
+                                                 gridspec_kw={"height_ratios": [3, 3, 2]})
+    xs = [_dt(t) for t, _, _ in series]
+    mem = [None if m is None else float(m) / 1024 for _, m, _ in series]  # type: ignore[arg-type]
+    sm = [None if s is None else float(s) for _, _, s in series]  # type: ignore[arg-type]
+    ax_mem.plot(xs, [m if m is not None else float("nan") for m in mem], color="tab:blue", lw=1)
+    if total_mib:
+        ax_mem.axhline(float(total_mib) / 1024, color="grey", ls="--", lw=0.8, label="GPU memory")  # type: ignore
+        ax_mem.legend(loc="upper right", fontsize=8)
+    ax_mem.set_ylabel("memory used (GiB)")
+    ax_sm.plot(xs, [s if s is not None else float("nan") for s in sm], color="tab:green", lw=1)
+    ax_sm.set_ylim(0, 100)
+    ax_sm.set_ylabel("SM activity (%)")
+    if not series:
+        for ax in (ax_mem, ax_sm):
+            ax.text(0.5, 0.5, "no samples recorded in this window", transform=ax.transAxes, ha="center",
+                    va="center", color="grey")
+    elif all(s is None for s in sm):
+        ax_sm.text(0.5, 0.5, "SM activity not recorded (GPM needs Hopper or newer)", transform=ax_sm.transAxes,
+                   ha="center", va="center", color="grey")
+    mine = [j for j in jobs if (node, gpu) in j.gpu_list and j.start_ts is not None]
+    for lane, j in enumerate(sorted(mine, key=lambda j: j.start_ts or 0)):
+        s = max(j.start_ts or t0, t0)
+        e = min(j.end_ts if j.end_ts is not None else t1, t1)
+        if e <= s:
+            continue
+        color = "tab:red" if j.oom else ("tab:orange" if j.waste else "tab:purple")
+        ax_jobs.barh(lane % 6, (_dt(e) - _dt(s)), left=_dt(s), height=0.7, color=color, alpha=0.7)
+        label = str(j.job_id) if viewer.sees_all or j.user == viewer.name else "other"
+        ax_jobs.text(_dt(s), lane % 6, f" {label} {j.user or ''}", va="center", fontsize=7)
+    ax_jobs.set_yticks([])
+    ax_jobs.set_ylabel("jobs")
+    if not mine:
+        ax_jobs.text(0.5, 0.5, "no job on this GPU in this window", transform=ax_jobs.transAxes, ha="center",
+                     va="center", color="grey")
+    ax_jobs.set_xlim(_dt(t0), _dt(t1))
+    fig.suptitle(f"{node} GPU {gpu}: memory and SM activity, {_dt(t0):%Y-%m-%d %H:%M} to {_dt(t1):%Y-%m-%d %H:%M}"
+                 f"  (bars: jobs; red = OOM, orange = wasteful)")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def scatter(jobs: Sequence[JobView], path: Path) -> Path:
+    """Estimate (x) vs measured peak (y) in GiB per job, with the y = x line; OOM deaths in red."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 7))
+    pts = [(j.estimate_mib / 1024, j.peak_mem_mib / 1024, j.oom) for j in jobs
+           if j.estimate_mib is not None and j.peak_mem_mib is not None]
+    if pts:
+        top = max(max(x, y) for x, y, _ in pts) * 1.1 or 1.0
+        ax.plot([0, top], [0, top], color="grey", ls="--", lw=1, label="estimate = peak")
+        ok = [(x, y) for x, y, o in pts if not o]
+        bad = [(x, y) for x, y, o in pts if o]
+        if ok:
+            ax.scatter(*zip(*ok), s=18, color="tab:blue", label="job")
+        if bad:
+            ax.scatter(*zip(*bad), s=30, color="tab:red", marker="x", label="OOM death")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.text(0.03, 0.97, "above the line: under-estimated\nbelow: over-estimated (memory left unused)",
+                transform=ax.transAxes, va="top", fontsize=8, color="dimgrey")
+        ax.legend(loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no job has both an estimate and a measured peak", transform=ax.transAxes, ha="center")
+    ax.set_xlabel("estimated peak GPU memory (GiB)")
+    ax.set_ylabel("measured peak GPU memory (GiB)")
+    ax.set_title(f"estimate vs measured peak ({len(pts)} jobs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer, out_dir: str,
+             now: float) -> List[Path]:
+    """Write ``timeline-<node>-gpu<i>.png`` for every GPU with samples or jobs, and ``estimate-vs-peak.png``.
+
+    Raises:
+        ColocError: the output directory cannot be created or written.
+    """
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise OSError("not writable")
+    except OSError as exc:
+        raise ColocError(f"cannot write plots to {out_dir!r}: {exc}") from None
+    t0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts), default=now - 86400)
+    t1 = flt.until if flt.until is not None else now
+    bucket_s = max((t1 - t0) / MAX_POINTS, 1.0)
+    per_gpu: Dict[Tuple[str, int], List[Tuple[float, object, object]]] = {}
+    totals: Dict[Tuple[str, int], float] = {}
+    for node, db in sorted(report.node_dbs.items()):
+        if flt.nodes and node not in flt.nodes:
+            continue
+        for g, t, m, s in rq.gpu_series(db, t0, t1, bucket_s):
+            per_gpu.setdefault((node, g), []).append((t, m, s))
+        totals.update({(node, g): m for g, m in rq.gpu_totals_mib(db).items()})
+    keys = set(per_gpu) | {k for j in jobs for k in j.gpu_list if not flt.nodes or k[0] in flt.nodes}
+    files = [timeline(n, g, per_gpu.get((n, g), []), jobs, viewer, t0, t1, totals.get((n, g)),
+                      out / f"timeline-{n}-gpu{g}.png") for n, g in sorted(keys)]
+    files.append(scatter(jobs, out / "estimate-vs-peak.png"))
+    return files

@@ -1,0 +1,279 @@
+"""coloc-report's views (pure): filters, who may see what, waste flags, and the user/GPU/node/cluster tables.
+
+Every view is a list of flat dicts (column -> value) so the same rows go to rich tables, JSON and CSV.
+
+Definitions (docs/report.md):
+- GPU-hours: GPUs held x runtime; a shard job holds ``shards / gpu_mem_gib`` of its GPU.
+- Busy time of a GPU: the union of the spans of the jobs that held it (clipped to the window).
+- Collocation factor: job-seconds on a GPU / its busy seconds = average number of jobs on a busy GPU.
+- Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy counter.
+"""
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import time
+from dataclasses import dataclass, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from slurm_coloc.config import Config
+from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
+from slurm_coloc.store import report_queries as rq
+from slurm_coloc.units import format_mib
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Window (Unix s, None = open) and filters; ``users`` None = everyone (after access control)."""
+
+    since: Optional[float] = None
+    until: Optional[float] = None
+    users: Optional[Tuple[str, ...]] = None
+    nodes: Optional[Tuple[str, ...]] = None
+    job_ids: Optional[Tuple[int, ...]] = None
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who runs the report: ``name``; ``sees_all`` for root and members of ``admin_group``."""
+
+    name: str
+    sees_all: bool
+
+
+def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
+    """The calling user and whether they see every job (uid 0, or a member of ``cfg.admin_group``).
+
+    Membership: the group's member list or the user's primary group.
+    """
+    uid = os.geteuid() if uid is None else uid
+    try:
+        pw = pwd.getpwuid(uid)
+        name, gid = pw.pw_name, pw.pw_gid
+    except KeyError:
+        name, gid = str(uid), -1
+    if uid == 0:
+        return Viewer(name, True)
+    if cfg.admin_group:
+        try:
+            g = grp.getgrnam(cfg.admin_group)
+            if name in g.gr_mem or g.gr_gid == gid:
+                return Viewer(name, True)
+        except KeyError:
+            pass
+    return Viewer(name, False)
+
+
+def _overlaps(job: JobView, since: Optional[float], until: Optional[float]) -> bool:
+    start = job.start_ts
+    end = job.end_ts
+    if since is not None and end is not None and end < since:
+        return False
+    if since is not None and end is None and start is not None and start < since and job.state not in (
+            None, "RUNNING"):
+        return False
+    if until is not None and start is not None and start > until:
+        return False
+    if until is not None and start is None:
+        return False
+    return True
+
+
+def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_util: bool = True,
+                now: Optional[float] = None) -> List[JobView]:
+    """Jobs that overlap the window, match the filters and ``viewer`` may see, with usage figures added.
+
+    ``with_util``: also the coarse utilization of every job (one batched scan; the GPU views do not need it).
+    """
+    picked = []
+    for j in report.jobs:
+        if not viewer.sees_all and j.user != viewer.name:
+            continue
+        if flt.job_ids and j.job_id not in flt.job_ids:
+            continue
+        if flt.users and j.user not in flt.users:
+            continue
+        if flt.nodes and not set(j.nodes.split(",")) & set(flt.nodes):
+            continue
+        if not _overlaps(j, flt.since, flt.until):
+            continue
+        picked.append(j)
+    util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
+    return [flag_waste(add_usage(j, report, cfg, util), cfg) for j in picked]
+
+
+def flag_waste(job: JobView, cfg: Config) -> JobView:
+    """Add the reasons (in words) why a job wasted its GPU share; thresholds from the config.
+
+    Rules: SM activity mean below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of the
+    requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` are not judged.
+    """
+    if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
+        return job
+    reasons: List[str] = []
+    if job.smact_mean is not None and job.smact_mean < cfg.report_waste_smact_pct:
+        reasons.append(f"low SM activity: {job.smact_mean:.1f}% mean (< {cfg.report_waste_smact_pct:g}%), "
+                       f"the GPU mostly waited")
+    if job.unused_mib is not None and job.requested_mib:
+        unused_pct = 100.0 * job.unused_mib / job.requested_mib
+        if unused_pct > cfg.report_waste_unused_pct:
+            reasons.append(f"memory far below request: peak {format_mib(job.peak_mem_mib)} of "
+                           f"{format_mib(job.requested_mib)} requested ({unused_pct:.0f}% unused)")
+    return replace(job, waste=reasons) if reasons else job
+
+
+def job_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
+    """The per-job view: one JSON-able dict per job (``JobView.to_json``)."""
+    return [j.to_json() for j in jobs]
+
+
+def _r(x: Optional[float], nd: int = 3) -> Optional[float]:
+    return None if x is None else round(float(x), nd)
+
+
+def _wmean(pairs: Iterable[Tuple[Optional[float], Optional[float]]]) -> Optional[float]:
+    num = den = 0.0
+    for value, weight in pairs:
+        if value is not None and weight:
+            num += value * weight
+            den += weight
+    return num / den if den else None
+
+
+def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
+    """Per user: jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour weighted), OOMs, wasteful jobs."""
+    by: Dict[str, List[JobView]] = {}
+    for j in jobs:
+        by.setdefault(j.user or "?", []).append(j)
+    rows = []
+    for user, js in sorted(by.items()):
+        energies = [j.energy_kwh for j in js if j.energy_kwh is not None]
+        errs = [abs(j.estimate_error_pct) for j in js if j.estimate_error_pct is not None]
+        rows.append({
+            "user": user, "jobs": len(js), "gpu_hours": _r(sum(j.gpu_hours or 0 for j in js)),
+            "energy_kwh": _r(sum(energies), 4) if energies else None,
+            "smact_mean": _r(_wmean((j.smact_mean, j.gpu_hours) for j in js), 1),
+            "smocc_mean": _r(_wmean((j.smocc_mean, j.gpu_hours) for j in js), 1),
+            "util_mean": _r(_wmean((j.util_mean, j.gpu_hours) for j in js), 1),
+            "unused_gib_hours": _r(sum((j.unused_mib or 0) / 1024 * (j.runtime_s or 0) / 3600 for j in js)),
+            "estimate_abs_error_pct_mean": _r(sum(errs) / len(errs), 1) if errs else None,
+            "ooms": sum(1 for j in js if j.oom), "wasteful_jobs": sum(1 for j in js if j.waste),
+            "jobs_without_samples": sum(1 for j in js if "no samples recorded for this job" in j.notes)})
+    return rows
+
+
+def _busy(spans: List[Tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(spans):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer,
+             now: float) -> List[Dict[str, object]]:
+    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory, energy.
+
+    Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job figures
+    use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their own, while
+    the GPU's sample figures (like ``sinfo``) are shown as they are.
+    """
+    spans: Dict[Tuple[str, int], List[Tuple[float, float]]] = {}
+    for j in jobs:
+        if j.start_ts is None:
+            continue
+        s = max(j.start_ts, flt.since) if flt.since is not None else j.start_ts
+        e = j.end_ts if j.end_ts is not None else now
+        e = min(e, flt.until) if flt.until is not None else e
+        for key in j.gpu_list:
+            if e > s:
+                spans.setdefault(key, []).append((s, e))
+    stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
+    totals: Dict[Tuple[str, int], float] = {}
+    for node, db in sorted(report.node_dbs.items()):
+        if flt.nodes and node not in flt.nodes:
+            continue
+        for st in rq.gpu_window_stats(db, flt.since, flt.until, path=report.node_paths.get(node)):
+            stats[(node, st.gpu_index)] = st
+        for g, m in rq.gpu_totals_mib(db).items():
+            totals[(node, g)] = m
+    rows = []
+    for key in sorted(set(stats) | set(spans)):
+        node, gpu = key
+        if flt.nodes and node not in flt.nodes:
+            continue
+        st = stats.get(key)
+        sp = spans.get(key, [])
+        busy_s = _busy(sp)
+        job_s = sum(e - s for s, e in sp)
+        rows.append({
+            "node": node, "gpu": gpu, "jobs": len(sp), "busy_hours": _r(busy_s / 3600),
+            "collocation_factor": _r(job_s / busy_s, 2) if busy_s > 0 else None,
+            "util_mean": _r(st.util_mean, 1) if st else None,
+            "smact_mean": _r(st.smact_mean, 1) if st else None, "smact_p95": _r(st.smact_p95, 1) if st else None,
+            "smocc_mean": _r(st.smocc_mean, 1) if st else None, "smocc_p95": _r(st.smocc_p95, 1) if st else None,
+            "mem_used_mean_mib": _r(st.mem_used_mean_mib, 0) if st else None,
+            "mem_used_max_mib": _r(st.mem_used_max_mib, 0) if st else None,
+            "mem_total_mib": totals.get(key), "energy_kwh": _r(st.energy_j / 3.6e6, 4) if st and st.energy_j
+            is not None else None, "sampled_hours": _r(st.covered_s / 3600) if st else 0.0,
+            "_job_s": job_s, "_busy_s": busy_s})
+    return rows
+
+
+def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
+    """Per node, from the GPU rows: GPUs, busy hours, collocation factor, means weighted by sampled hours."""
+    by: Dict[str, List[Dict[str, object]]] = {}
+    for g in gpus:
+        by.setdefault(str(g["node"]), []).append(g)
+    return [dict(node=node, **_fold(gs)) for node, gs in sorted(by.items())]
+
+
+def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
+    """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate error."""
+    errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None]
+    row = dict(_fold(gpus))
+    row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
+                "gpu_hours": _r(sum(j.gpu_hours or 0 for j in jobs)),
+                "job_energy_kwh": _r(sum(j.energy_kwh or 0 for j in jobs), 4),
+                "ooms": sum(1 for j in jobs if j.oom),
+                "oom_retries_completed": sum(1 for j in jobs if j.oom and j.retry_outcome == "COMPLETED"),
+                "wasteful_jobs": sum(1 for j in jobs if j.waste),
+                "estimate_abs_error_pct_mean": _r(sum(errs) / len(errs), 1) if errs else None})
+    return row
+
+
+def _fold(gs: Sequence[Dict[str, object]]) -> Dict[str, object]:
+    def w(col: str) -> Optional[float]:
+        return _r(_wmean((g[col], g["sampled_hours"]) for g in gs), 1)  # type: ignore[misc]
+
+    busy = sum(float(g["_busy_s"]) for g in gs)  # type: ignore[arg-type]
+    job_s = sum(float(g["_job_s"]) for g in gs)  # type: ignore[arg-type]
+    energies = [float(g["energy_kwh"]) for g in gs if g["energy_kwh"] is not None]  # type: ignore[arg-type]
+    return {"gpus": len(gs), "busy_gpu_hours": _r(busy / 3600),
+            "collocation_factor": _r(job_s / busy, 2) if busy > 0 else None,
+            "util_mean": w("util_mean"), "smact_mean": w("smact_mean"), "smocc_mean": w("smocc_mean"),
+            "energy_kwh": _r(sum(energies), 4) if energies else None}
+
+
+def public(rows: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
+    """Rows without the internal ``_``-prefixed columns."""
+    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+
+
+def sort_rows(rows: List[Dict[str, object]], key: Optional[str], descending: bool = False) -> List[Dict[str, object]]:
+    """Sort by column ``key`` (None last). Raises KeyError naming the column when no row has it."""
+    if not key:
+        return rows
+    if rows and not any(key in r for r in rows):
+        raise KeyError(key)
+    present = [r for r in rows if r.get(key) is not None]
+    missing = [r for r in rows if r.get(key) is None]
+    present.sort(key=lambda r: (str(type(r[key])), r[key]), reverse=descending)  # type: ignore[index]
+    return present + missing
