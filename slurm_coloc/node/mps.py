@@ -120,6 +120,15 @@ class _Lock:
         os.close(self.fd)
 
 
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
     """Pid of the running control daemon of ``d`` (pid file + a live process of that name), else None."""
     try:
@@ -127,7 +136,8 @@ def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Op
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
     except (OSError, ValueError, IndexError):
         return None
-    return pid if os.path.basename(cmd) == os.path.basename(binary_name) else None
+    ok = os.path.basename(cmd) == os.path.basename(binary_name) and pid_alive(pid)
+    return pid if ok else None
 
 
 def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
@@ -177,7 +187,7 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("MPS %s: quit failed: %s", d.key, exc)
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
-        if daemon_pid(d, binary) is None:
+        if daemon_pid(d, binary) is None and not pid_alive(pid):
             return MpsOutcome(True, "mps-stop", d, {"pid": pid, "stop_ms": round((time.monotonic() - t0) * 1000, 1)})
         time.sleep(0.05)
     try:

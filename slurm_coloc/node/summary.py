@@ -2,8 +2,8 @@
 
 Attribution rule on a shared GPU (docs/node.md): between two consecutive GPU samples of GPU g, the energy used
 (difference of the energy counter, else mean power x dt) and the interval itself are split among the processes
-seen on g at the later sample in proportion to their NVML SM utilization; when none reports SM utilization, in
-proportion to their GPU memory; a job gets the sum of its processes' shares (processes of no job, e.g. the MPS
+seen on g at the later sample in proportion to their NVML SM utilization; when not all report it (MPS clients
+never do: NVML gives it to the MPS server, which is left out), in proportion to their GPU memory; a job gets the sum of its processes' shares (processes of no job, e.g. the MPS
 server, keep theirs unattributed). ``gpu_s`` is the job's share of the intervals: a job alone and busy on a GPU
 for 10 s gets 10 GPU-seconds. SM activity/occupancy are the GPU's (GPM), over the samples while the job ran.
 """
@@ -80,10 +80,19 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
 
 
 def _share(job_id: int, procs: List[Dict[str, Any]]) -> float:
-    """The job's fraction of the GPU at one sample instant (module rule)."""
+    """The job's fraction of the GPU at one sample instant (module rule).
+
+    Under MPS, NVML gives SM utilization only for the MPS server, not its clients (measured on H100,
+    docs/benchmarks.md): a process of no job listed beside MPS clients is taken as the server and left out, and
+    SM utilization is used only when every remaining process reports it; otherwise memory decides.
+    """
+    has_clients = any(p.get("mps_client") for p in procs)
+    procs = [p for p in procs if not (has_clients and p.get("job_id") is None and not p.get("mps_client"))]
     if not procs:
         return 0.0
-    for key in ("sm_util_pct", "used_mem_mib"):
+    keys = ("sm_util_pct", "used_mem_mib") if all(p.get("sm_util_pct") is not None for p in procs) \
+        else ("used_mem_mib",)
+    for key in keys:
         weights = [(p.get("job_id"), float(p[key])) for p in procs if p.get(key) is not None and float(p[key]) > 0]
         total = sum(w for _, w in weights)
         if total > 0:
