@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build what the GPU test machine lacks, HERE (Debian 12, root), into <repo>/.carry/ (git-ignored, carried with
+# the device tool's `carry`):
+#   .carry/slurm-bundle.tar.gz  Debian 12's Slurm 22.05.8 + munge: the .deb contents (apt-get download +
+#                               dpkg-deb -x) and every non-glibc shared library that ldd lists for the binaries
+#                               and plugins (glibc itself is never bundled: the machine's own is used).
+#   .carry/whl/                 wheels of the package's pure-Python needs the machine lacks (sqlite-utils & co).
+# Usage: benchmarks/device/build_bundle.sh        (idempotent; prints the carried size)
+# Facts behind it: shared/reference/gpu-facts.md, "Slurm on the GPU test machine".
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CARRY=$REPO/.carry
+WORK=$(mktemp -d /tmp/coloc-bundle.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+PKGS="slurmctld slurmd slurm-client libslurm38 slurm-wlm-basic-plugins munge libmunge2"
+mkdir -p "$CARRY/whl" "$WORK/debs" "$WORK/root"
+(cd "$WORK/debs" && apt-get download $PKGS >/dev/null 2>&1) || { echo "build_bundle: apt-get download failed" >&2; exit 1; }
+for d in "$WORK"/debs/*.deb; do dpkg-deb -x "$d" "$WORK/root"; done
+R=$WORK/root
+# Canonical program names (Slurm decides what it is from its name; the .debs ship slurmctld-wlm etc.).
+for p in slurmctld slurmd slurmstepd; do
+  if [ ! -e "$R/usr/sbin/$p" ] || [ -L "$R/usr/sbin/$p" ]; then
+    src=$(ls "$R"/usr/sbin/$p-wlm 2>/dev/null || true)
+    [ -n "$src" ] || { echo "build_bundle: no $p in the packages" >&2; exit 1; }
+    rm -f "$R/usr/sbin/$p"; cp "$src" "$R/usr/sbin/$p"
+  fi
+done
+# Non-glibc libraries every binary and plugin needs (resolved on this Debian 12 host).
+mkdir -p "$R/bundle-lib"
+GLIBC='^(linux-vdso|libc\.so|ld-linux|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil\.so|libnsl|libanl|libcrypt\.so)'
+find "$R/usr/sbin" "$R/usr/bin" "$R/usr/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
+  xargs -0 ldd 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u |
+  while read -r name path; do
+    echo "$name" | grep -Eq "$GLIBC" && continue
+    case "$path" in "$R"/*) continue ;; esac
+    [ -e "$R/bundle-lib/$name" ] || cp -L "$path" "$R/bundle-lib/$name"
+  done
+# Debian's libslurm lives in slurm-wlm/ (RUNPATH absolute to /usr/lib/...): list the bundle's own dirs too.
+rm -rf "$R/usr/share/doc" "$R/usr/share/man" "$R/usr/share/lintian" "$R/etc/init.d"
+tar -C "$R" -czf "$CARRY/slurm-bundle.tar.gz" .
+# Wheels (pure Python) the machine lacks: KINDS.md's package list has click, rich, pyyaml, tabulate,
+# python-dateutil, pluggy, nvidia-ml-py and torch but not sqlite-utils and its two small needs.
+for w in sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4; do
+  n=${w%%==*}; n=${n//-/_}
+  ls "$CARRY"/whl/${n}-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d "$CARRY/whl" "$w"
+done
+echo "build_bundle: $(du -sh "$CARRY/slurm-bundle.tar.gz" | cut -f1) bundle, $(ls "$CARRY/whl" | wc -l) wheels; .carry total $(du -sh "$CARRY" | cut -f1)"

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Start (idempotently) a one-node real Slurm 22.05.8 cluster over this machine's GPUs from the carried bundle:
+# munged, slurmctld, slurmd "n1" with Gres=gpu:N,shard:N*G (1 shard = 1 GiB; G = GiB of one GPU), the project's
+# Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog (prolog_epilog/*.sh -> coloc-hook), MPS started by the
+# Prolog, coloc-sampler autostarted by the Prolog. The same code paths as production; nothing stubbed.
+#
+# Usage (root):  benchmarks/device/cluster_gpu.sh start|stop|env
+#   COLOC_BENCH_ROOT    install/run folder (default /opt/coloc; must be readable by job users)
+#   COLOC_BENCH_PYTHON  a Python with torch + nvidia-ml-py (default /opt/torch/.venv/bin/python3)
+#   COLOC_BENCH_BUNDLE  the Slurm bundle (default <repo>/.carry/slurm-bundle.tar.gz, from build_bundle.sh)
+#   COLOC_BENCH_FAKE_GPUS=N  CPU-only test here: N fake GPUs (char devices 195,N) of COLOC_BENCH_GPU_GIB GiB
+#   COLOC_BENCH_PORT    slurmctld port, slurmd uses +1 (default 17600)
+# Facts: shared/reference/gpu-facts.md (last section), slurm-22.05-facts.md.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ROOT=${COLOC_BENCH_ROOT:-/opt/coloc}
+PY=${COLOC_BENCH_PYTHON:-/opt/torch/.venv/bin/python3}
+BUNDLE=${COLOC_BENCH_BUNDLE:-$REPO/.carry/slurm-bundle.tar.gz}
+PORT=${COLOC_BENCH_PORT:-17600}
+S=$ROOT/slurm                      # unpacked bundle
+LIBS=$S/bundle-lib:$S/usr/lib/x86_64-linux-gnu/slurm-wlm:$S/usr/lib/x86_64-linux-gnu
+LDSO=/lib64/ld-linux-x86-64.so.2
+CONF=$ROOT/etc/slurm.conf
+HOST=$(hostname -s)
+die() { echo "cluster_gpu.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root"
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+unpack() {
+  [ -f "$BUNDLE" ] || die "no bundle at $BUNDLE (run benchmarks/device/build_bundle.sh here first)"
+  if [ ! -x "$S/usr/sbin/slurmctld" ]; then mkdir -p "$S"; tar -C "$S" -xzf "$BUNDLE"; fi
+  install -d -m 0755 "$ROOT" "$ROOT/bin" "$ROOT/etc" "$ROOT/log" "$ROOT/state" "$ROOT/spool" "$ROOT/run" \
+    "$ROOT/coloc" "$ROOT/munge-run"
+  install -d -m 0700 "$ROOT/munge-key"
+  install -d -m 1777 "$ROOT/jobs"
+  # Client commands through the dynamic loader with the bundle's library path: nothing of the bundle leaks into
+  # the environment that sbatch hands to jobs (torch must load the machine's own libraries).
+  local p
+  for p in sbatch scontrol squeue sinfo scancel srun salloc sacct sstat sprio; do
+    printf '#!/bin/sh\nexec %s --library-path %s --argv0 %s %s "$@"\n' "$LDSO" "$LIBS" "$p" "$S/usr/bin/$p" > "$ROOT/bin/$p"
+  done
+  for p in munge unmunge; do
+    printf '#!/bin/sh\nexec %s --library-path %s --argv0 %s %s --socket=%s "$@"\n' "$LDSO" "$LIBS" "$p" "$S/usr/bin/$p" \
+      "$ROOT/munge-run/munge.socket.2" > "$ROOT/bin/$p"
+  done
+  chmod 0755 "$ROOT"/bin/*
+  # slurmd always runs /usr/sbin/slurmstepd (built-in path). Only where the machine has none (the GPU machine)
+  # put a wrapper there; a host with Debian's Slurm (here) keeps its own.
+  if [ ! -e /usr/sbin/slurmstepd ] || grep -q coloc-bench /usr/sbin/slurmstepd 2>/dev/null; then
+    printf '#!/bin/sh\n# coloc-bench wrapper\nexec %s --library-path %s --argv0 slurmstepd %s "$@"\n' "$LDSO" "$LIBS" \
+      "$S/usr/sbin/slurmstepd" > /usr/sbin/slurmstepd
+    chmod 0755 /usr/sbin/slurmstepd
+  fi
+}
+
+python_env() {  # $ROOT/venv: $PY's packages + carried wheels + the project, readable by job users
+  rm -rf "$ROOT/src"; install -d -m 0755 "$ROOT/src" "$ROOT/src/benchmarks" "$ROOT/site"
+  cp -r "$REPO/slurm_coloc" "$REPO/prolog_epilog" "$REPO/setup.cfg" "$ROOT/src/"
+  cp -r "$REPO/benchmarks/device" "$ROOT/src/benchmarks/"
+  [ -d "$REPO/examples" ] && cp -r "$REPO/examples" "$ROOT/src/"
+  find "$ROOT/src" -name __pycache__ -prune -exec rm -rf {} +
+  local w
+  for w in "$REPO"/.carry/whl/*.whl; do [ -f "$w" ] && "$PY" -m zipfile -e "$w" "$ROOT/site"; done
+  [ -x "$ROOT/venv/bin/python3" ] || "$PY" -m venv --without-pip "$ROOT/venv"
+  local sp base
+  sp=$("$ROOT/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  base=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
+  printf '%s\n%s\n%s\n' "$ROOT/src" "$ROOT/site" "$base" > "$sp/coloc-bench.pth"
+  # Console scripts of setup.cfg (coloc-sbatch, coloc-hook, coloc-sampler, ... , coloc-replay).
+  "$ROOT/venv/bin/python3" - "$ROOT/src/setup.cfg" "$ROOT/venv/bin" <<'PYEOF'
+import configparser, os, sys
+cp = configparser.ConfigParser(); cp.read(sys.argv[1])
+for line in cp["options.entry_points"]["console_scripts"].strip().splitlines():
+    name, target = (x.strip() for x in line.split("=", 1)); mod, func = target.split(":")
+    path = os.path.join(sys.argv[2], name)
+    with open(path, "w") as fh:
+        fh.write(f"#!{sys.argv[2]}/python3\nimport sys\nfrom {mod} import {func}\nsys.exit({func}())\n")
+    os.chmod(path, 0o755)
+PYEOF
+  chmod -R a+rX "$ROOT/src" "$ROOT/site" "$ROOT/venv"
+  "$ROOT/venv/bin/python3" -c 'import slurm_coloc, sqlite_utils, click, rich, yaml' || die "python env broken"
+}
+
+ensure_users() {
+  local u uid
+  for u in colocuser:2001 colocuser2:2002; do
+    uid=${u#*:}; u=${u%%:*}
+    id -u "$u" >/dev/null 2>&1 || useradd -m -u "$uid" -s /bin/bash "$u"
+  done
+}
+
+gpu_files() {  # prints "<count> <GiB per GPU> <file-glob>"
+  if [ -n "${COLOC_BENCH_FAKE_GPUS:-}" ]; then
+    local i; install -d -m 0755 "$ROOT/dev"
+    for i in $(seq 0 $((COLOC_BENCH_FAKE_GPUS - 1))); do [ -c "$ROOT/dev/nvidia$i" ] || mknod "$ROOT/dev/nvidia$i" c 195 "$i"; done
+    echo "$COLOC_BENCH_FAKE_GPUS ${COLOC_BENCH_GPU_GIB:-80} $ROOT/dev/nvidia"
+  else
+    local n mib
+    n=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -d ' ')
+    echo "$n $((mib / 1024)) /dev/nvidia"
+  fi
+}
+
+write_hook() {
+  cat > "$ROOT/etc/hooks/$1" <<HOOK
+#!/bin/sh
+COLOC_CONFIG=$ROOT/etc/coloc.yaml SLURM_CONF=$CONF COLOC_HOOK=$ROOT/venv/bin/coloc-hook
+export COLOC_CONFIG SLURM_CONF COLOC_HOOK
+exec $ROOT/src/prolog_epilog/$1 "\$@"
+HOOK
+  chmod 0755 "$ROOT/etc/hooks/$1"
+}
+
+write_config() {
+  read -r NGPU GIB DEVPFX < <(gpu_files)
+  [ "$NGPU" -ge 1 ] || die "no GPU found"
+  local last=$((NGPU - 1)) i
+  install -d -m 0755 "$ROOT/etc/hooks"
+  for i in prolog.sh epilog.sh prolog_slurmctld.sh epilog_slurmctld.sh task_prolog.sh; do write_hook $i; done
+  cat > "$CONF" <<CONF
+# Generated by benchmarks/device/cluster_gpu.sh (slurm-coloc device harness)
+ClusterName=colocdev
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$ROOT/munge-run/munge.socket.2,cred_expire=10
+PluginDir=$S/usr/lib/x86_64-linux-gnu/slurm-wlm
+StateSaveLocation=$ROOT/state
+SlurmdSpoolDir=$ROOT/spool/%n
+SlurmctldPidFile=$ROOT/run/slurmctld.pid
+SlurmdPidFile=$ROOT/run/slurmd-%n.pid
+SlurmctldLogFile=$ROOT/log/slurmctld.log
+SlurmdLogFile=$ROOT/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+GresTypes=gpu,shard
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$ROOT/log/jobcomp.txt
+JobRequeue=0
+MinJobAge=86400
+MaxJobCount=100000
+ReturnToService=2
+MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1,default_queue_depth=500
+PrologEpilogTimeout=120
+Prolog=$ROOT/etc/hooks/prolog.sh
+Epilog=$ROOT/etc/hooks/epilog.sh
+PrologSlurmctld=$ROOT/etc/hooks/prolog_slurmctld.sh
+EpilogSlurmctld=$ROOT/etc/hooks/epilog_slurmctld.sh
+TaskProlog=$ROOT/etc/hooks/task_prolog.sh
+NodeName=n1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=$(( $(nproc) > 32 ? $(nproc) : 32 )) RealMemory=16000 Gres=gpu:$NGPU,shard:$((NGPU * GIB))
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+  echo "CgroupPlugin=cgroup/v1" > "$ROOT/etc/cgroup.conf"
+  { echo "AutoDetect=off"
+    if [ "$NGPU" = 1 ]; then echo "NodeName=n1 Name=gpu File=${DEVPFX}0"; else echo "NodeName=n1 Name=gpu File=${DEVPFX}[0-$last]"; fi
+    for i in $(seq 0 $last); do echo "NodeName=n1 Name=shard Count=$GIB File=${DEVPFX}$i"; done
+  } > "$ROOT/etc/gres.conf"
+  cat > "$ROOT/etc/coloc.yaml" <<YAML
+# slurm-coloc config of the device harness
+state_dir: $ROOT/coloc/state
+run_dir: $ROOT/coloc/run
+log_dir: $ROOT/log
+slurm_bin_dir: $ROOT/bin
+gpu_mem_gib: $GIB
+sampler_interval_s: 0.5
+sampler_batch_s: 2
+YAML
+  chmod a+r "$ROOT"/etc/*
+}
+
+start() {
+  unpack; python_env; ensure_users; write_config
+  local env="LD_LIBRARY_PATH=$LIBS"
+  if ! pid_alive "$ROOT/run/munged.pid"; then
+    [ -f "$ROOT/munge-key/munge.key" ] || env $env "$S/usr/sbin/mungekey" --create --keyfile="$ROOT/munge-key/munge.key"
+    env $env "$S/usr/sbin/munged" --socket="$ROOT/munge-run/munge.socket.2" --key-file="$ROOT/munge-key/munge.key" \
+      --pid-file="$ROOT/run/munged.pid" --log-file="$ROOT/log/munged.log" --seed-file="$ROOT/munge-key/seed" --force
+  fi
+  "$ROOT/bin/munge" -n | "$ROOT/bin/unmunge" >/dev/null || die "munge does not work (see $ROOT/log/munged.log)"
+  export SLURM_CONF=$CONF
+  pid_alive "$ROOT/run/slurmctld.pid" || env $env "$S/usr/sbin/slurmctld" -f "$CONF"
+  pid_alive "$ROOT/run/slurmd-n1.pid" || env $env "$S/usr/sbin/slurmd" -f "$CONF" -N n1
+  local state=""
+  for _ in $(seq 150); do
+    state=$("$ROOT/bin/sinfo" -h -N -o '%N %t' 2>/dev/null || true)
+    case "$state" in "n1 idle"*|"n1 mix"*) break ;; esac; sleep 0.2
+  done
+  case "$state" in "n1 idle"*|"n1 mix"*) ;; *) tail -20 "$ROOT"/log/slurm*.log >&2; die "node not idle: '$state'" ;; esac
+  echo "cluster_gpu: up: $("$ROOT/bin/sinfo" -h -o '%N %G') ($NGPU GPU(s) x $GIB GiB); SLURM_CONF=$CONF"
+}
+
+stop() {
+  export SLURM_CONF=$CONF
+  pid_alive "$ROOT/run/slurmctld.pid" && { "$ROOT/bin/scancel" --quiet --full $("$ROOT/bin/squeue" -h -o %i 2>/dev/null) 2>/dev/null || true; }
+  local f
+  for f in "$ROOT/run/slurmd-n1.pid" "$ROOT/run/slurmctld.pid" "$ROOT/run/munged.pid"; do
+    if pid_alive "$f"; then kill -TERM "$(cat "$f")"; for _ in $(seq 50); do pid_alive "$f" || break; sleep 0.1; done; fi
+    rm -f "$f"
+  done
+  echo "cluster_gpu: stopped"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env) echo "export SLURM_CONF=$CONF COLOC_CONFIG=$ROOT/etc/coloc.yaml PATH=$ROOT/venv/bin:$ROOT/bin:\$PATH" ;;
+  *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
+esac
