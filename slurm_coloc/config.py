@@ -47,6 +47,9 @@ class Config:
         sampler_downsample_s: resolution of folded old samples (s).
         sampler_retention_days: samples older than this are deleted (job summaries stay).
         sampler_replay_path: CI/demo only: replay this NVML recording instead of reading NVML.
+        report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
+        report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
+        report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -70,6 +73,9 @@ class Config:
     sampler_downsample_s: float = 60.0
     sampler_retention_days: float = 30.0
     sampler_replay_path: str = ""
+    report_waste_smact_pct: float = 10.0
+    report_waste_unused_pct: float = 50.0
+    report_waste_min_runtime_s: float = 300.0
 
     @property
     def ctld_db_path(self) -> Path:

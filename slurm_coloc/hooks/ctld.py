@@ -12,6 +12,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import oom
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
+from slurm_coloc.report import admin_comment
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.parse import decode_exit_code, parse_tres_per_node
 from slurm_coloc.slurm.run import slurm_env
@@ -94,4 +95,5 @@ def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     except ColocError as exc:
         detail["oom"] = {"error": exc.one_line()}
         store_jobs.record_event(db, ctx.job_id, "oom-error", {"error": exc.one_line()})
+    detail["admin_comment"] = admin_comment.write_admin_comment(ctx.job_id, cfg, env)  # never raises
     return detail

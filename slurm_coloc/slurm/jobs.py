@@ -113,3 +113,19 @@ def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     except SlurmError:
         return False
     return "--coloc-mem" in proc.stdout
+
+
+def set_admin_comment(job_id: int, text: str, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
+                      timeout_s: float = 10.0) -> None:
+    """Set a job's AdminComment (root/SlurmUser only); ``scontrol show job`` and sacct then show it.
+
+    Equivalent: ``scontrol update jobid=<job_id> AdminComment=<text>`` (one argv word, no shell, so spaces and
+    quotes in ``text`` are safe). The jobstats convention: a compact machine-readable summary at job end.
+
+    Raises:
+        SlurmError: scontrol refused (not root, unknown job) or timed out.
+    """
+    if "\n" in text:
+        raise SlurmError("AdminComment must be one line")
+    run(["scontrol", "update", f"jobid={int(job_id)}", f"AdminComment={text}"], bin_dir=bin_dir, env=env,
+        timeout_s=timeout_s)

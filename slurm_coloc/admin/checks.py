@@ -1,0 +1,291 @@
+"""The checks of ``coloc-admin check``: each returns ``Check`` results with the problem and its fix.
+
+A check never raises for a broken setup: it reports ``fail`` with one line saying what is wrong and one saying
+how to fix it. ``skip`` is for checks that do not apply (``--no-gpu`` on a controller or CI host, no
+plugstack.conf configured); skips do not fail the run.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from slurm_coloc.admin.slurmconf import (
+    SlurmConf,
+    expand_hostlist,
+    parse_gres_conf,
+    parse_gres_counts,
+    parse_plugstack,
+    parse_slurm_conf,
+)
+from slurm_coloc.config import Config
+
+HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
+SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One result: ``status`` pass|fail|skip, ``what`` the finding, ``fix`` what to do (empty when passing)."""
+
+    name: str
+    status: str
+    what: str
+    fix: str = ""
+
+    def to_json(self) -> Dict[str, str]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def ok(name: str, what: str) -> Check:
+    """A passing check."""
+    return Check(name, "pass", what)
+
+
+def fail(name: str, what: str, fix: str) -> Check:
+    """A failing check with its fix."""
+    return Check(name, "fail", what, fix)
+
+
+def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
+    try:
+        return path.read_text(encoding="utf-8", errors="replace"), None
+    except OSError as exc:
+        return None, fail(name, f"cannot read {path}: {exc.strerror or exc}", f"create {path} or pass its path")
+
+
+def unsafe_path(path: Path) -> Optional[str]:
+    """Why ``path`` (or a directory above it) could be replaced by a non-root user, or None when it is safe.
+
+    Safe: owned by root and not writable by group or others; a directory writable by all is accepted only
+    with the sticky bit and root ownership (``/tmp``), where others cannot replace root's entries.
+    """
+    p = path.resolve()
+    for q in [p, *p.parents]:
+        try:
+            st = q.stat()
+        except OSError as exc:
+            return f"{q}: {exc.strerror or exc}"
+        if st.st_uid != 0:
+            return f"{q} is owned by uid {st.st_uid}, not root"
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX and q != p:
+                continue
+            return f"{q} is writable by {'others' if mode & stat.S_IWOTH else 'its group'} (mode {mode:o})"
+    return None
+
+
+def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
+    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree."""
+    name = "slurm.conf"
+    text, err = _read(conf_path, name)
+    if err:
+        return [err], None
+    conf = parse_slurm_conf(text or "")
+    out: List[Check] = []
+    types = {t.strip() for t in conf.get("GresTypes").split(",") if t.strip()}
+    missing = {"gpu", "shard"} - types
+    out.append(ok(name, f"GresTypes={conf.get('GresTypes')}") if not missing else fail(
+        name, f"GresTypes lacks {', '.join(sorted(missing))} (is {conf.get('GresTypes') or 'unset'!r})",
+        "set GresTypes=gpu,shard in slurm.conf and restart slurmctld and every slurmd"))
+    select = conf.get("SelectType")
+    out.append(ok(name, f"SelectType={select}") if select == "select/cons_tres" else fail(
+        name, f"SelectType is {select or 'unset'!r}; shards need select/cons_tres",
+        "set SelectType=select/cons_tres (with SelectTypeParameters=CR_Core or CR_Core_Memory)"))
+    for key in HOOK_KEYS[:4]:
+        if not conf.get(key):
+            out.append(fail(name, f"{key} is not set: slurm-coloc's hooks would not run",
+                            f"set {key}=/etc/slurm/coloc/{key.lower()}.sh (docs/admin.md)"))
+    for node in conf.nodes:
+        counts = parse_gres_counts(node.get("gres", ""))
+        names = ",".join(expand_hostlist(node.get("nodename", "?")))
+        if node.get("nodename", "").lower() == "default":
+            continue
+        gpus, shards = counts.get("gpu", 0), counts.get("shard", 0)
+        if gpus and shards != gpus * cfg.gpu_mem_gib:
+            out.append(fail(name, f"node {names}: Gres shard:{shards} but gpu:{gpus} x gpu_mem_gib {cfg.gpu_mem_gib}"
+                                  f" = {gpus * cfg.gpu_mem_gib}",
+                            f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names} (1 shard = 1 GiB)"))
+        elif gpus:
+            out.append(ok(name, f"node {names}: gpu:{gpus}, shard:{shards}"))
+    for inc in conf.includes:
+        out.append(Check(name, "skip", f"Include {inc} not followed: check it by hand"))
+    return out, conf
+
+
+def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check]:
+    """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist."""
+    name = "gres.conf"
+    text, err = _read(gres_path, name)
+    if err:
+        return [err]
+    out: List[Check] = []
+    gpu_files: Dict[str, List[str]] = {}
+    shard_files: Dict[str, Dict[str, int]] = {}
+    for line in parse_gres_conf(text or ""):
+        kind = line.get("name")
+        nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
+        files = expand_hostlist(line.get("file", "")) if line.get("file") else []
+        for n in nodes:
+            if kind == "gpu":
+                gpu_files.setdefault(n, []).extend(files)
+            elif kind == "shard":
+                count = int(line.get("count", "0") or 0)
+                for f in files or ["(no File=)"]:
+                    shard_files.setdefault(n, {})[f] = count // max(1, len(files)) if files else count
+    gpu_nodes = {n for node in conf.nodes for n in expand_hostlist(node.get("nodename", ""))
+                 if parse_gres_counts(node.get("gres", "")).get("gpu")}
+    for n in sorted(gpu_nodes | set(gpu_files)):
+        files = gpu_files.get(n, []) + gpu_files.get("(all)", [])
+        shards = {**shard_files.get("(all)", {}), **shard_files.get(n, {})}
+        bad = False
+        for f in files:
+            if not os.path.exists(f):
+                out.append(fail(name, f"node {n}: GPU device file {f} does not exist",
+                                f"fix File= on the Name=gpu line for {n} (ls /dev/nvidia*)"))
+                bad = True
+            count = shards.get(f)
+            if count is None:
+                out.append(fail(name, f"node {n}: no Name=shard line for {f}",
+                                f"add 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
+                bad = True
+            elif count != cfg.gpu_mem_gib:
+                out.append(fail(name, f"node {n}: {f} has {count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
+                                f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
+                bad = True
+        if not files:
+            out.append(fail(name, f"node {n}: no Name=gpu line with File=",
+                            f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
+        elif not bad:
+            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards"))
+    return out
+
+
+def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
+    """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by others."""
+    name = "plugstack.conf"
+    path = Path(conf.get("PlugStackConfig") or conf_dir / "plugstack.conf")
+    if not conf.get("PlugStackConfig") and not path.exists():
+        return [Check(name, "skip", "no PlugStackConfig and no plugstack.conf: the --coloc-* options are off")]
+    text, err = _read(path, name)
+    if err:
+        return [err]
+    out: List[Check] = []
+    for kind, plugin, _args in parse_plugstack(text or ""):
+        if kind == "include":
+            out.append(Check(name, "skip", f"include {plugin} not followed: check it by hand"))
+            continue
+        if kind not in ("required", "optional"):
+            out.append(fail(name, f"line for {plugin}: first word must be required or optional",
+                            "write 'required /usr/lib/slurm/coloc_spank.so' (spank(8))"))
+            continue
+        if not Path(plugin).is_file():
+            out.append(fail(name, f"plugin {plugin} does not exist" + (" (required: every job would fail)"
+                                                                        if kind == "required" else ""),
+                            "install it (make -C spank install) or fix the path"))
+            continue
+        why = unsafe_path(Path(plugin))
+        out.append(fail(name, f"plugin {plugin} is not safe: {why}", f"chown root:root {plugin}; chmod 0755 {plugin}")
+                   if why else ok(name, f"{kind} {plugin}"))
+    return out or [ok(name, f"{path}: no plugin lines")]
+
+
+def check_hooks(conf: SlurmConf) -> List[Check]:
+    """Each configured hook exists, is executable, and neither it nor a directory above it is writable by non-root."""
+    name = "hooks"
+    out: List[Check] = []
+    for key in HOOK_KEYS:
+        value = conf.get(key)
+        if not value:
+            continue
+        paths = [Path(p) for p in expand_hostlist(value)] if "[" in value else [Path(value)]
+        for p in paths:
+            if "*" in str(p):
+                out.append(Check(name, "skip", f"{key}={p}: a glob, check its files by hand"))
+            elif not p.is_file():
+                out.append(fail(name, f"{key}={p} does not exist", f"install the hook at {p} or fix {key}="))
+            elif not os.access(p, os.X_OK):
+                out.append(fail(name, f"{key}={p} is not executable", f"chmod 0755 {p}"))
+            else:
+                why = unsafe_path(p)
+                out.append(fail(name, f"{key}={p} runs as root but {why}",
+                                f"chown root:root {p} and its directories; chmod go-w them")
+                           if why else ok(name, f"{key}={p}"))
+    return out
+
+
+def check_dirs(cfg: Config) -> List[Check]:
+    """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files too."""
+    name = "directories"
+    out: List[Check] = []
+    for label, path in (("state_dir", Path(cfg.state_dir)), ("node databases", cfg.node_db_dir),
+                        ("run_dir", Path(cfg.run_dir))):
+        if not path.exists():
+            out.append(ok(name, f"{label} {path} not created yet (the first hook creates it root-owned 0755)"))
+            continue
+        why = unsafe_path(path)
+        out.append(fail(name, f"{label} {path}: {why}", f"chown root:root {path}; chmod 0755 {path}")
+                   if why else ok(name, f"{label} {path}: root-only writable"))
+    for db in [cfg.ctld_db_path, *sorted(cfg.node_db_dir.glob("*.db"))] if cfg.node_db_dir.is_dir() else []:
+        if db.exists():
+            why = unsafe_path(db)
+            if why:
+                out.append(fail(name, f"database {db}: {why}", f"chown root:root {db}; chmod 0644 {db}"))
+    return out
+
+
+def check_slurm_binaries(cfg: Config) -> List[Check]:
+    """sbatch/scontrol/squeue in ``slurm_bin_dir`` (hooks get no PATH)."""
+    missing = [b for b in SLURM_BINARIES if not os.access(Path(cfg.slurm_bin_dir) / b, os.X_OK)]
+    if missing:
+        return [fail("slurm binaries", f"{', '.join(missing)} not found in slurm_bin_dir {cfg.slurm_bin_dir}",
+                     "install slurm-client or set slurm_bin_dir in coloc.yaml")]
+    return [ok("slurm binaries", f"{', '.join(SLURM_BINARIES)} in {cfg.slurm_bin_dir}")]
+
+
+def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
+    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off)."""
+    if no_gpu:
+        return [Check("NVML", "skip", "--no-gpu: not a GPU node"), Check("MPS", "skip", "--no-gpu: not a GPU node")]
+    from slurm_coloc.errors import ColocError
+    from slurm_coloc.node import mps
+    from slurm_coloc.nvml import reader
+
+    out: List[Check] = []
+    try:
+        uuids = reader.gpu_uuids()
+        out.append(ok("NVML", f"{len(uuids)} GPU(s): {', '.join(uuids.values())}") if uuids else fail(
+            "NVML", "NVML answers but lists no GPU", "check nvidia-smi; is this a GPU node?"))
+    except ColocError as exc:
+        out.append(fail("NVML", f"NVML not available: {exc.message}",
+                        (exc.hint or "install the NVIDIA driver") + "; on a node without GPUs run with --no-gpu"))
+    if cfg.mps_mode == "off":
+        out.append(Check("MPS", "skip", "mps_mode: off"))
+        return out
+    control = mps.resolve_binary(cfg)
+    if not control:
+        out.append(fail("MPS", f"{cfg.mps_control_bin} not found (PATH and {', '.join(mps.EXTRA_BIN_DIRS)})",
+                        "install the CUDA MPS binaries (nvidia-cuda-mps-control/-server), set mps_control_bin, "
+                        "or set mps_mode: off"))
+    else:
+        server = Path(control).with_name("nvidia-cuda-mps-server")
+        out.append(ok("MPS", f"{control} and {server}") if os.access(server, os.X_OK) else fail(
+            "MPS", f"{server} missing next to {control}", "install nvidia-cuda-mps-server with the driver"))
+    return out
+
+
+def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU."""
+    results, conf = check_slurm_conf(slurm_conf, cfg)
+    if conf is not None:
+        results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
+        results += check_plugstack(conf, slurm_conf.parent)
+        results += check_hooks(conf)
+    results += check_dirs(cfg)
+    results += check_slurm_binaries(cfg)
+    results += check_gpu(cfg, no_gpu)
+    return results

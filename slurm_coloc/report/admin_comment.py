@@ -1,0 +1,109 @@
+"""The job-end summary in AdminComment (the jobstats convention), written by EpilogSlurmctld.
+
+Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/report.md): ``est_mib`` estimate,
+``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
+``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
+``smocc``/``smocc_p95`` SM activity/occupancy %, ``kwh``, ``gpu_h``, ``oom``, ``retry`` (retry job id),
+``waste`` (short reasons), ``measured`` (false: the node summary was not there yet or no samples).
+Absent keys were not recorded. Kept under ``MAX_CHARS``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, Mapping, Optional
+
+from slurm_coloc.config import Config
+from slurm_coloc.report.summarize import JobView, Report, add_usage
+from slurm_coloc.report.views import flag_waste
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.store import report_queries as rq
+from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store.db import open_readonly
+
+MAX_CHARS = 1000
+
+
+def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
+    report = Report()
+    ctld = open_readonly(cfg.ctld_db_path)
+    row = rq.load_job_row(ctld, job_id) or {}
+    o = store_oom.load_oom_event(ctld, job_id)
+    if o is not None:
+        report.oom_by_job[job_id] = o
+    runs = []
+    for node in (str(row.get("node_list") or "")).split(","):
+        path = cfg.node_db_path(node) if node else None
+        if path is None or not path.exists():
+            continue
+        db = open_readonly(path)
+        report.node_dbs[node] = db
+        report.node_paths[node] = str(path)
+        runs.extend(rq.load_job_run_rows(db, job_id))
+        report.summaries.setdefault(job_id, []).extend(store_samples.load_summaries(db, job_id))
+    if not row and not runs:
+        return None, report
+    starts = [r["start_ts"] for r in runs if r.get("start_ts")] + ([row["start_ts"]] if row.get("start_ts") else [])
+    ends = [r["end_ts"] for r in runs if r.get("end_ts")] + ([row["end_ts"]] if row.get("end_ts") else [])
+    view = JobView(
+        job_id=job_id, user=row.get("user_name"), name=row.get("job_name"),  # type: ignore[arg-type]
+        nodes=",".join(str(r["node"]) for r in runs), gpus=";".join(f"{r['node']}:{r['gpus']}" for r in runs
+                                                                    if r.get("gpus")),
+        shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
+        estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
+        state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
+        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)  # type: ignore[type-var]
+    return view, report
+
+
+def summary_dict(view: JobView) -> Dict[str, Any]:
+    """The compact AdminComment dict of a job view (None values left out, floats rounded)."""
+    def r(x: Optional[float], nd: int = 1) -> Optional[float]:
+        return None if x is None else round(float(x), nd)
+
+    d: Dict[str, Any] = {
+        "coloc": 1, "est_mib": view.estimate_mib, "method": view.estimate_method, "mode": view.share_mode,
+        "shards": view.shards, "req_mib": r(view.requested_mib, 0), "peak_mib": r(view.peak_mem_mib, 0),
+        "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
+        "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
+        "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 4), "oom": view.oom or None,
+        "retry": view.retry_job_id, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
+        "waste": [w.split(":")[0] for w in view.waste] or None}
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
+    """The AdminComment text of ``job_id``: waits up to ``wait_s`` for the node Epilog's summary (the node
+    Epilog and EpilogSlurmctld run at the same time), then summarises what exists. None: job unknown."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        view, report = _job_view(cfg, job_id)
+        if view is None or report.summaries.get(job_id) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    if view is None:
+        return None
+    full = flag_waste(add_usage(view, report, cfg), cfg)
+    d = summary_dict(full)
+    text = json.dumps(d, separators=(",", ":"))
+    if len(text) > MAX_CHARS:  # long job names cannot get here; only the waste list can grow: drop it
+        d.pop("waste", None)
+        text = json.dumps(d, separators=(",", ":"))
+    return text
+
+
+def write_admin_comment(job_id: int, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
+    """Build and set the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for the
+    hook log, with ``error`` naming what failed."""
+    try:
+        from slurm_coloc.slurm import jobs as slurm_jobs
+        from slurm_coloc.slurm.run import slurm_env
+
+        text = build(cfg, job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
+        if text is None:
+            return {"ok": False, "error": f"job {job_id} not recorded"}
+        slurm_jobs.set_admin_comment(job_id, text, cfg.slurm_bin_dir, slurm_env(base=dict(env)),
+                                     timeout_s=min(10.0, cfg.hook_timeout_s / 4))
+        return {"ok": True, "chars": len(text)}
+    except Exception as exc:  # noqa: BLE001 - a hook must never fail because of this summary
+        return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
