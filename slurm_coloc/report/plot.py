@@ -12,6 +12,8 @@ from slurm_coloc.report.views import Filters, Viewer
 from slurm_coloc.store import report_queries as rq
 
 MAX_POINTS = 1500  # buckets per timeline; the SQL folds samples to this many
+MAX_LABELS = 80  # job bars are labelled (job id, user) up to this many jobs per GPU
+LANES = 6
 
 
 def _plt():  # type: ignore[no-untyped-def]
@@ -52,15 +54,27 @@ def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]]
         ax_sm.text(0.5, 0.5, "SM activity not recorded (GPM needs Hopper or newer)", transform=ax_sm.transAxes,
                    ha="center", va="center", color="grey")
     mine = [j for j in jobs if (node, gpu) in j.gpu_list and j.start_ts is not None]
+    label_jobs = len(mine) <= MAX_LABELS
+    bars: Dict[str, Tuple[List[float], List[object], List[object]]] = {}
     for lane, j in enumerate(sorted(mine, key=lambda j: j.start_ts or 0)):
         s = max(j.start_ts or t0, t0)
         e = min(j.end_ts if j.end_ts is not None else t1, t1)
         if e <= s:
             continue
         color = "tab:red" if j.oom else ("tab:orange" if j.waste else "tab:purple")
-        ax_jobs.barh(lane % 6, (_dt(e) - _dt(s)), left=_dt(s), height=0.7, color=color, alpha=0.7)
-        label = str(j.job_id) if viewer.sees_all or j.user == viewer.name else "other"
-        ax_jobs.text(_dt(s), lane % 6, f" {label} {j.user or ''}", va="center", fontsize=7)
+        ys, widths, lefts = bars.setdefault(color, ([], [], []))
+        ys.append(lane % LANES)
+        widths.append(_dt(e) - _dt(s))
+        lefts.append(_dt(s))
+        if label_jobs:
+            label = str(j.job_id) if viewer.sees_all or j.user == viewer.name else "other"
+            ax_jobs.text(_dt(s), lane % LANES, f" {label} {j.user or ''}" if label != "other" else " other",
+                         va="center", fontsize=7)
+    for color, (ys, widths, lefts) in bars.items():
+        ax_jobs.barh(ys, widths, left=lefts, height=0.7, color=color, alpha=0.7)
+    if mine and not label_jobs:
+        ax_jobs.set_title(f"{len(mine)} jobs (too many to label; narrow the window with --since/--until)",
+                          fontsize=8)
     ax_jobs.set_yticks([])
     ax_jobs.set_ylabel("jobs")
     if not mine:
