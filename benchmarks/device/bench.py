@@ -98,14 +98,17 @@ def wait(job_ids: Sequence[int], timeout_s: float, follow_retries: bool = True) 
 
 
 def bench_line(job_id: int, tag: str) -> Optional[Dict[str, Any]]:
-    path = JOBS / f"{tag}-{job_id}.out"
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("COLOC_BENCH "):
-            return json.loads(line[len("COLOC_BENCH "):])
+    """The job's COLOC_BENCH record, searched in every ``<tag>-*.out`` (an OOM rerun appends to its original's)."""
+    for path in sorted(JOBS.glob(f"{tag}-*.out")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("COLOC_BENCH "):
+                rec = json.loads(line[len("COLOC_BENCH "):])
+                if str(rec.get("job_id")) == str(job_id):
+                    return rec
     return None
 
 
@@ -139,12 +142,13 @@ def job_summary(j: int, r: Any, rec: Optional[Dict[str, Any]]) -> Dict[str, Any]
 
 def collocate(a: argparse.Namespace) -> Dict[str, Any]:
     script = f"job_{a.workload}.sh"
-    margs = ["--warmup-s", str(a.warmup_s), "--measure-s", str(a.measure_s)]
     out: Dict[str, Any] = {"scenario": "collocate", "workload": a.workload, "k": a.k, "measure_s": a.measure_s}
     runs = {}
     for mode in (["exclusive", "coloc"] if not a.coloc_only else ["coloc"]):
         tag = f"{a.workload}-{mode}-k{a.k}"
         opts = ["--exclusive-gpu"] if mode == "exclusive" else list(a.coloc_opts or [])
+        measure = a.measure_s if mode == "exclusive" else (a.coloc_measure_s or a.measure_s)
+        margs = ["--warmup-s", str(a.warmup_s), "--measure-s", str(measure)]
         t_sub = time.time()
         ids = submit_many([("colocuser", script, opts, [*margs, "--tag", tag], tag)] * a.k)
         recs = wait(ids, a.timeout_s)
@@ -228,6 +232,35 @@ def two_users(a: argparse.Namespace) -> Dict[str, Any]:
     return out
 
 
+def summary(path: Path) -> int:
+    """Print a markdown table of every result in ``results.jsonl`` (speedups use the k-job exclusive rate of the
+    same workload when a collocation run had no exclusive part)."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    single: Dict[str, float] = {}
+    for r in rows:
+        ex = r.get("runs", {}).get("exclusive")
+        if ex and ex.get("single_job_samples_per_s"):
+            single[r["workload"]] = ex["single_job_samples_per_s"]
+    print("| scenario | k | one job alone (samples/s) | collocated aggregate (samples/s) | speedup | overlap s | "
+          "MPS jobs | completed | OOM retries | makespan excl / coloc (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["scenario"] != "collocate":
+            continue
+        co, ex = r["runs"].get("coloc", {}), r["runs"].get("exclusive", {})
+        one = single.get(r["workload"])
+        agg = co.get("aggregate_samples_per_s")
+        sp = agg / one if agg and one else None
+        print(f"| {r['workload']} | {r['k']} | {one and round(one)} | {agg and round(agg)} | "
+              f"{sp and round(sp, 2)} | {co.get('overlap_window_s') and round(co['overlap_window_s'], 1)} | "
+              f"{co.get('mps_jobs')} | {co.get('completed')}/{r['k']} | {len(co.get('oom_retries') or [])} | "
+              f"{ex.get('makespan_s')} / {co.get('makespan_s')} |")
+    for r in rows:
+        if r["scenario"] in ("oom", "two-users"):
+            print(f"{r['scenario']}: " + json.dumps({k: v for k, v in r.items() if k not in ("jobs", "t")}))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="slurm-coloc device benchmarks (issue 8)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -237,6 +270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--k", type=int, default=7)
     c.add_argument("--warmup-s", type=float, default=4.0)
     c.add_argument("--measure-s", type=float, default=15.0)
+    c.add_argument("--coloc-measure-s", type=float, help="steady window of the collocated jobs (default --measure-s)")
     c.add_argument("--timeout-s", type=float, default=400.0)
     c.add_argument("--coloc-only", action="store_true")
     c.add_argument("--coloc-opts", nargs="*")
@@ -248,7 +282,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     u = sub.add_parser("two-users")
     u.add_argument("--measure-s", type=float, default=12.0)
     u.add_argument("--timeout-s", type=float, default=120.0)
+    sub.add_parser("summary")
     a = ap.parse_args(argv)
+    if a.cmd == "summary":
+        return summary(Path(a.out) / "results.jsonl")
     fn = {"collocate": collocate, "oom": oom, "two-users": two_users}[a.cmd]
     res = fn(a)
     res["t"] = time.time()

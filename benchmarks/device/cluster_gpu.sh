@@ -21,7 +21,7 @@ S=$ROOT/slurm                      # unpacked bundle
 LIBS=$S/bundle-lib:$S/usr/lib/x86_64-linux-gnu/slurm-wlm:$S/usr/lib/x86_64-linux-gnu
 LDSO=/lib64/ld-linux-x86-64.so.2
 CONF=$ROOT/etc/slurm.conf
-HOST=$(hostname -s)
+HOST=$(hostname -s 2>/dev/null || cut -d. -f1 /proc/sys/kernel/hostname)
 die() { echo "cluster_gpu.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root"
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -44,6 +44,12 @@ unpack() {
       "$ROOT/munge-run/munge.socket.2" > "$ROOT/bin/$p"
   done
   chmod 0755 "$ROOT"/bin/*
+  # Root-side programs (the Prolog's MPS daemon, the sampler's NVML) get no LD_LIBRARY_PATH: where the driver's
+  # libraries are only on the machine's LD_LIBRARY_PATH (/usr/local/nvidia/lib64), tell the loader cache.
+  if ! ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml.so.1' && [ -e /usr/local/nvidia/lib64/libnvidia-ml.so.1 ]; then
+    echo /usr/local/nvidia/lib64 > /etc/ld.so.conf.d/coloc-bench-nvidia.conf; ldconfig
+    echo "cluster_gpu: added /usr/local/nvidia/lib64 to the loader cache (libcuda/libnvidia-ml for root-side programs)"
+  fi
   # slurmd always runs /usr/sbin/slurmstepd (built-in path). Only where the machine has none (the GPU machine)
   # put a wrapper there; a host with Debian's Slurm (here) keeps its own.
   if [ ! -e /usr/sbin/slurmstepd ] || grep -q coloc-bench /usr/sbin/slurmstepd 2>/dev/null; then
