@@ -24,6 +24,8 @@ case "${1:-}" in
     $B collocate --workload small_cnn --k 7 --warmup-s 3 --measure-s 12 --coloc-measure-s 20
     echo "== elapsed $(elapsed) s"
     $B collocate --workload resnet18_32 --k 7 --warmup-s 3 --measure-s 12 --coloc-measure-s 20
+    echo "== elapsed $(elapsed) s"
+    if [ "$(elapsed)" -lt 470 ]; then $B two-users --measure-s 12; else echo "== two-users skipped (time)"; fi
     ;;
   B)
     $B collocate --workload resnet50_224 --k 4 --warmup-s 3 --measure-s 12 --coloc-measure-s 20
