@@ -300,8 +300,8 @@ static void _warn_without_gres(void)
 }
 
 /*
- * Remote context: copy CUDA_MPS_* / COLOC_* pairs from the root-owned env
- * file the node Prolog wrote into the task environment. Absent file: nothing
+ * Remote context: copy CUDA_MPS_*, COLOC_* and CUDA_VISIBLE_DEVICES pairs from the
+ * root-owned env file the node Prolog wrote into the task environment. Absent: nothing
  * (whole-GPU job, or MPS not prepared). Unsafe file: logged and skipped.
  */
 static void _load_env_file(spank_t sp)
@@ -380,12 +380,15 @@ done:
 		close(fd);
 }
 
-/* ^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+)$ */
+/* ^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+|CUDA_VISIBLE_DEVICES)$ */
 static bool _key_allowed(const char *key)
 {
 	static const char *const prefixes[] = { "CUDA_MPS_", "COLOC_" };
 	const char *p = NULL;
 	size_t i;
+
+	if (strcmp(key, "CUDA_VISIBLE_DEVICES") == 0) /* MPS shows its GPU as 0 */
+		return true;
 
 	for (i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]) && !p; i++)
 		if (strncmp(key, prefixes[i], strlen(prefixes[i])) == 0)

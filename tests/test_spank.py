@@ -32,6 +32,7 @@ ENV_FILE = """CUDA_MPS_PIPE_DIRECTORY={run}/mps/pipe
 CUDA_MPS_LOG_DIRECTORY={run}/mps/log
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
 COLOC_MEM_LIMIT_MIB=6144
+CUDA_VISIBLE_DEVICES=7
 # a comment line
 LD_LIBRARY_PATH=/coloc-test-evil
 coloc_lower=1
@@ -258,6 +259,7 @@ def test_mps_job_env_in_batch_and_srun_step_and_hooks(spank_cluster: SpankCluste
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
         assert env["COLOC_MEM_LIMIT_MIB"] == "6144"
         assert env["COLOC_SHARE"] == "mps"
+        assert env["CUDA_VISIBLE_DEVICES"] == "7"  # the env file wins over Slurm's global index (MPS shows 0)
         assert env.get("LD_LIBRARY_PATH") != "/coloc-test-evil"  # key not allowed
         for ignored in ("coloc_lower", "COLOC_DIGIT9", "COLOC_LONG", "NO_EQUALS_SIGN"):
             assert ignored not in env
