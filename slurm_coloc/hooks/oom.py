@@ -269,16 +269,23 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], kv: Ma
     if state != "FAILED" or uid is None or gid is None:
         return {"oom": False, "why": decide_oom(state, kv.get("Reason", ""), []).reason}
     messages, read = _read_output(kv, uid, gid)
-    decision = decide_oom(state, kv.get("Reason", ""), messages)
-    if not decision.oom:
-        return {"oom": False, "why": decision.reason, "read": read}
     shards = parse_tres_per_node(kv.get("TresPerNode", "")).get("shard")
+    peak_mib = None
+    if not messages and shards:  # the sampler's evidence: the job's memory at its fence
+        from slurm_coloc.store.history import job_peak_mem_mib
+
+        peak_mib = job_peak_mem_mib(cfg, job_id, kv.get("NodeList", ""))
+    decision = decide_oom(state, kv.get("Reason", ""), messages, peak_mib=peak_mib,
+                          fence_mib=shards * 1024 if shards else None)
+    if not decision.oom:
+        return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
     coloc = parse_comment(rec.comment if rec else ctx.comment) or {}
     sha = store_oom.script_sha256_of(db, job_id) or (coloc.get("sha256") if isinstance(coloc.get("sha256"), str)
                                                      else None)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
     evidence = {"state": state, "reason": kv.get("Reason", ""), "exit": kv.get("ExitCode", ""),
-                "messages": messages, "read": read, "decision": decision.reason, "node_list": kv.get("NodeList")}
+                "messages": messages, "read": read, "decision": decision.reason, "node_list": kv.get("NodeList"),
+                "sampler_peak_mib": peak_mib}
     oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
                               share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
                               end_ts=end_ts, evidence=evidence, retry_of=retry_of,
