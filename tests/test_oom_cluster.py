@@ -42,7 +42,7 @@ def _retries_of(c: Cluster, job_id: int) -> List[dict]:
     return [j for j in c.squeue() if tag in (j.get("comment") or "").split()]
 
 
-def _wait_retry(c: Cluster, job_id: int, timeout: float = 60) -> dict:
+def _wait_retry(c: Cluster, job_id: int, timeout: float = 180) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = _retries_of(c, job_id)
@@ -105,7 +105,7 @@ def test_oom_on_shards_gets_exactly_one_rerun_on_a_whole_gpu_that_completes(slur
     c, orig = slurm_cluster, campaign["ids"]["oom"]
     assert campaign["final"]["oom"]["job_state"] == "FAILED"
     retry = _wait_retry(c, orig)
-    done = c.wait_job(retry["job_id"])
+    done = c.wait_job(retry["job_id"], timeout=300)
     assert done["job_state"] == "COMPLETED"
     assert len(_retries_of(c, orig)) == 1
     assert done["tres_per_node"] == "gres:shard:80"
