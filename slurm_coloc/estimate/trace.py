@@ -28,6 +28,9 @@ TRACE_STEPS = 2
 # cuBLAS workspace PyTorch allocates through the caching allocator at the first GEMM on Hopper
 # (CublasHandlePool.cpp: 32 MiB default for sm90+; 8 MiB + 128 KiB before Hopper).
 CUBLAS_WORKSPACE_B = 32 * MIB
+# cuBLASLt keeps its own workspace of the same size (seen on H100: small models hold ~64 MiB
+# more allocated than their tensors, data/hopper).
+CUBLASLT_WORKSPACE_B = 32 * MIB
 _GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product", "linear")
 
 ACTIVATIONS = (
@@ -94,12 +97,46 @@ def _make_tracker(torch: Any) -> Any:
             if not self.cublas and any(g in func.__name__ for g in _GEMM_OPS):
                 self.cublas = True
                 self.alloc.malloc(CUBLAS_WORKSPACE_B)  # held for the process lifetime
+                self.alloc.malloc(CUBLASLT_WORKSPACE_B)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.track(t)
             return out
 
     return _Tracker()
+
+
+def _make_sdpa_mode(torch: Any) -> Any:
+    """Route ``F.scaled_dot_product_attention`` to the memory-efficient kernel's op, as CUDA does.
+
+    On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused
+    kernels keep only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention``
+    has meta kernels and a derivative, so the traced allocations match the GPU's.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class _Sdpa(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func is sdpa:
+                q, k, v = args[:3]
+                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+                p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+                causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+                if mask is not None and mask.dtype == torch.bool:
+                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+                if mask is not None and causal:
+                    causal = False  # the additive mask already holds the causal pattern
+                if q.dim() == 4 and k.shape[-1] == v.shape[-1] and kwargs.get("enable_gqa") is not True:
+                    if mask is not None:
+                        mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+                    return torch.ops.aten._scaled_dot_product_efficient_attention(
+                        q, k, v, mask, True, float(p), bool(causal), scale=kwargs.get("scale"))[0]
+            return func(*args, **kwargs)
+
+    return _Sdpa()
 
 
 def _optimizer(torch: Any, name: str, params: Any) -> Any:
@@ -186,6 +223,7 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         stack.enter_context(outer)
         if amp:
             model = model.to_empty(device="cpu")  # fake CPU tensors, so CPU autocast applies
+        stack.enter_context(_make_sdpa_mode(torch))
         stack.enter_context(tracker)
         for t in list(model.parameters()) + list(model.buffers()):
             tracker.track(t)
