@@ -4,7 +4,7 @@ Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/repo
 ``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
 ``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
 ``smocc``/``smocc_p95`` SM activity/occupancy %, ``kwh``, ``gpu_h``, ``oom``, ``retry`` (retry job id),
-``waste`` (short reasons), ``measured`` (false: the node summary was not there yet or no samples).
+``waste`` (codes ``low-smact``, ``unused-mem``), ``measured`` (false: the node summary was not there yet or no samples).
 Absent keys were not recorded. Kept under ``MAX_CHARS``.
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ from slurm_coloc.report.views import flag_waste
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
-from slurm_coloc.store.db import open_readonly
 
 MAX_CHARS = 1000
+WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}  # no spaces: scontrol -o
 
 
 def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
     report = Report()
-    ctld = open_readonly(cfg.ctld_db_path)
+    ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id) or {}
     o = store_oom.load_oom_event(ctld, job_id)
     if o is not None:
@@ -36,7 +36,7 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         path = cfg.node_db_path(node) if node else None
         if path is None or not path.exists():
             continue
-        db = open_readonly(path)
+        db = rq.open_for_report(path)
         report.node_dbs[node] = db
         report.node_paths[node] = str(path)
         runs.extend(rq.load_job_run_rows(db, job_id))
@@ -56,19 +56,24 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
     return view, report
 
 
+def _int(x: Optional[float]) -> Optional[int]:
+    return None if x is None else int(round(x))
+
+
 def summary_dict(view: JobView) -> Dict[str, Any]:
     """The compact AdminComment dict of a job view (None values left out, floats rounded)."""
     def r(x: Optional[float], nd: int = 1) -> Optional[float]:
         return None if x is None else round(float(x), nd)
 
     d: Dict[str, Any] = {
-        "coloc": 1, "est_mib": view.estimate_mib, "method": view.estimate_method, "mode": view.share_mode,
-        "shards": view.shards, "req_mib": r(view.requested_mib, 0), "peak_mib": r(view.peak_mem_mib, 0),
+        "coloc": 1, "est_mib": view.estimate_mib, "method": (view.estimate_method or "").replace(" ", "_") or None,
+        "mode": view.share_mode,
+        "shards": view.shards, "req_mib": _int(view.requested_mib), "peak_mib": _int(view.peak_mem_mib),
         "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
         "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
-        "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 4), "oom": view.oom or None,
+        "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
         "retry": view.retry_job_id, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
-        "waste": [w.split(":")[0] for w in view.waste] or None}
+        "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None}
     return {k: v for k, v in d.items() if v is not None}
 
 
@@ -93,17 +98,39 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
 
 
 def write_admin_comment(job_id: int, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
-    """Build and set the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for the
-    hook log, with ``error`` naming what failed."""
+    """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for
+    the hook log.
+
+    Where it goes: ``scontrol update`` first (works while slurmctld still counts the job as unfinished); when
+    slurmctld answers ``Job has already finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the
+    jobstats way, shown by ``sacct -o AdminComment``). The text is also recorded as an ``admin-comment`` event in
+    the controller database, so it exists even on a cluster with neither.
+    """
     try:
+        from slurm_coloc.errors import SlurmError
         from slurm_coloc.slurm import jobs as slurm_jobs
         from slurm_coloc.slurm.run import slurm_env
+        from slurm_coloc.store import jobs as store_jobs
+        from slurm_coloc.store.db import open_ctld_db
 
         text = build(cfg, job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
         if text is None:
             return {"ok": False, "error": f"job {job_id} not recorded"}
-        slurm_jobs.set_admin_comment(job_id, text, cfg.slurm_bin_dir, slurm_env(base=dict(env)),
-                                     timeout_s=min(10.0, cfg.hook_timeout_s / 4))
-        return {"ok": True, "chars": len(text)}
+        senv = slurm_env(base=dict(env))
+        limit = min(5.0, cfg.hook_timeout_s / 5)
+        result: Dict[str, Any] = {"chars": len(text)}
+        try:
+            slurm_jobs.set_admin_comment(job_id, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+            result.update(ok=True, via="scontrol")
+        except SlurmError as exc:
+            result["scontrol"] = exc.one_line()[:200]
+            try:
+                slurm_jobs.set_admin_comment_accounting(job_id, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+                result.update(ok=True, via="sacctmgr")
+            except SlurmError as exc2:
+                result.update(ok=False, via="ctld.db only", sacctmgr=exc2.one_line()[:200])
+        store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), job_id, "admin-comment",
+                                {"text": text, "via": result["via"] if result.get("ok") else "ctld.db only"})
+        return result
     except Exception as exc:  # noqa: BLE001 - a hook must never fail because of this summary
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}

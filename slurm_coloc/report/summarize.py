@@ -19,7 +19,6 @@ from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
-from slurm_coloc.store.db import open_readonly
 
 MIB_PER_GIB = 1024
 
@@ -126,7 +125,7 @@ def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunR
     node_dir = cfg.node_db_dir
     for path in sorted(node_dir.glob("*.db")) if node_dir.is_dir() else []:
         try:
-            db = open_readonly(path)
+            db = rq.open_for_report(path)
             runs = store_jobs.load_job_runs(db)
             summaries = store_samples.load_summaries(db)
             rq.has_samples(db)
@@ -154,7 +153,7 @@ def load_report(cfg: Config) -> Report:
     path: Path = cfg.ctld_db_path
     if path.exists():
         try:
-            cdb = open_readonly(path)
+            cdb = rq.open_for_report(path)
             ctld_rows = {r.job_id: r for r in store_jobs.load_jobs(cdb)}
             for o in store_oom.load_oom_events(cdb):
                 report.oom_by_job[o.job_id] = o
@@ -232,7 +231,7 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
     ``util``: precomputed ``util_by_job`` (else the job's samples are read here, one job at a time).
     """
     notes: List[str] = []
-    summaries = report.summaries.get(job.job_id, [])
+    summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing
     peak = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
     smact_mean = smact_p95 = smocc_mean = smocc_p95 = util_mean = None
     energy_j = _sum([s.energy_j for s in summaries])

@@ -129,3 +129,20 @@ def set_admin_comment(job_id: int, text: str, bin_dir: str = "/usr/bin", env: Op
         raise SlurmError("AdminComment must be one line")
     run(["scontrol", "update", f"jobid={int(job_id)}", f"AdminComment={text}"], bin_dir=bin_dir, env=env,
         timeout_s=timeout_s)
+
+
+def set_admin_comment_accounting(job_id: int, text: str, bin_dir: str = "/usr/bin",
+                                 env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> None:
+    """Set a finished job's AdminComment in the accounting database (slurmdbd), as jobstats does.
+
+    Equivalent: ``sacctmgr -i update job where jobid=<job_id> set AdminComment=<text>``. slurmctld refuses
+    ``scontrol update`` once a job has finished (22.05: ``Job has already finished``), so at job end this is the
+    only store; ``sacct -o AdminComment`` shows it. Without slurmdbd it fails.
+
+    Raises:
+        SlurmError: sacctmgr failed (no slurmdbd, not an admin) or timed out.
+    """
+    if "\n" in text:
+        raise SlurmError("AdminComment must be one line")
+    run(["sacctmgr", "-i", "update", "job", "where", f"jobid={int(job_id)}", "set", f"AdminComment={text}"],
+        bin_dir=bin_dir, env=env, timeout_s=timeout_s)

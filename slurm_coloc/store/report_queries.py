@@ -13,10 +13,13 @@ import bisect
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+import sqlite3
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from sqlite_utils import Database
 
+from slurm_coloc.errors import StoreError
 from slurm_coloc.store.db import open_readonly
 
 GPU_TABLE = "gpu_samples"
@@ -52,6 +55,31 @@ class GpuWindowStats:
     mem_used_max_mib: Optional[float]
     power_mean_w: Optional[float]
     energy_j: Optional[float]
+
+
+def open_for_report(path: Union[str, Path]) -> Database:
+    """Open a database read-only for coloc-report, also as a user who cannot write its directory.
+
+    A WAL-mode database needs its ``-shm`` file; when the writer has closed cleanly the ``-wal``/``-shm`` files are
+    gone and a non-root reader cannot create them in the root-owned directory (SQLite: "attempt to write a readonly
+    database"). Then the file is opened with ``immutable=1``: all committed data is in the main file, read without
+    locks. (Should a writer be active meanwhile, the read may fail; the caller reports that file and skips it.)
+
+    Raises:
+        StoreError: missing, unreadable or not a SQLite database.
+    """
+    try:
+        return open_readonly(path)
+    except StoreError as exc:
+        if "readonly database" not in exc.message and "unable to open" not in exc.message:
+            raise
+    p = Path(path)
+    try:
+        conn = sqlite3.connect(f"file:{p}?mode=ro&immutable=1", uri=True)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as err:
+        raise StoreError(f"cannot read database {str(p)!r}: {err}") from None
+    return Database(conn)
 
 
 def has_samples(db: Database) -> bool:
@@ -106,7 +134,7 @@ _MEANS = ("util_pct", "smact_pct", "smocc_pct", "mem_used_mib", "power_w")
 
 
 def _means_query(path: str, where: str, args: List[object]) -> List[tuple]:
-    db = open_readonly(path)
+    db = open_for_report(path)
     cols = ", ".join(f"SUM({m} * res_s), COUNT({m})" for m in _MEANS)
     rows = db.execute(f"SELECT gpu_index, SUM(res_s), COUNT(*), {cols}, MAX(mem_used_mib), MIN(energy_j), "
                       f"MAX(energy_j), COUNT(energy_j), MIN(ts), MAX(ts) FROM {GPU_TABLE} WHERE {where} "
@@ -124,7 +152,7 @@ def _means_query(path: str, where: str, args: List[object]) -> List[tuple]:
 
 
 def _hist_query(path: str, where: str, args: List[object]) -> Dict[int, Tuple[Dict[int, float], Dict[int, float]]]:
-    db = open_readonly(path)
+    db = open_for_report(path)
     out: Dict[int, Tuple[Dict[int, float], Dict[int, float]]] = {}
     sql = (f"SELECT gpu_index * 1000000 + COALESCE(CAST(smact_pct AS INTEGER), 999) * 1000 "
            f"+ COALESCE(CAST(smocc_pct AS INTEGER), 999) AS k, SUM(res_s) FROM {GPU_TABLE} WHERE {where} GROUP BY k")
