@@ -7,9 +7,13 @@ from typing import IO, Dict, List, Sequence
 
 
 def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
-    """Write ``{"<view>": rows, "problems": [...]}`` (indented) to ``file``."""
-    json.dump({view: list(rows), "problems": list(problems)}, file, indent=2, default=str)
-    file.write("\n")
+    """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line.
+
+    Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268 jobs took 1 s).
+    """
+    file.write(f"{{{json.dumps(view)}: [\n")
+    file.write(",\n".join(json.dumps(r, default=str) for r in rows))
+    file.write(f"\n], \"problems\": {json.dumps(list(problems))}}}\n")
 
 
 def to_csv(rows: Sequence[Dict[str, object]], file: IO[str]) -> None:
