@@ -113,7 +113,10 @@ def _make_view(view: str) -> click.Command:
         "nodes": "Per node: the GPU figures folded.",
         "cluster": "One summary: GPU-hours, busy GPU-hours, collocation factor, kWh, OOMs, waste, estimate error.",
     }
-    cmd.__doc__ = f"{helps[view]}\n\n\b\nExample:\n  coloc-report {view} --since 7d --sort gpu_hours --desc\n" \
+    sort_by = {"jobs": "gpu_hours", "users": "gpu_hours", "gpus": "busy_hours", "nodes": "busy_gpu_hours",
+               "cluster": None}[view]
+    first = f"coloc-report {view} --since 7d" + (f" --sort {sort_by} --desc" if sort_by else "")
+    cmd.__doc__ = f"{helps[view]}\n\n\b\nExample:\n  {first}\n" \
                   f"  coloc-report {view} --json --user alice\n"
     return click.command(name=view, context_settings={"help_option_names": ["-h", "--help"]})(cmd)
 
