@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from slurm_coloc.cli.sbatch import plan_submission
 from slurm_coloc.store.db import open_ctld_db
@@ -32,3 +33,34 @@ def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
     other.write_text(SCRIPT + "# a different script\n")
     assert plan_submission([str(other)])[0].comment["method"] != "history"
     json.dumps(after.comment)
+
+
+def test_history_readable_by_a_normal_user(tmp_path):
+    """Users run coloc-sbatch: the root-owned WAL database must be readable without write access."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root to create a root-owned state dir and runuser")
+    base = Path(f"/tmp/coloc-hist-{os.getpid()}")
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o755)
+    try:
+        state = base / "state"
+        db = open_ctld_db(state / "ctld.db")
+        claim_retry(db, OomRecord(job_id=1, ts=time.time(), script_sha256="ab" * 32, shards=2, fence_mib=2048))
+        db.conn.close()  # the writer is gone: no -wal/-shm files remain
+        cfg = base / "coloc.yaml"
+        cfg.write_text(f"state_dir: {state}\n")
+        cfg.chmod(0o644)
+        code = ("from slurm_coloc.config import load; from slurm_coloc.store.history import script_history_mib; "
+                f"print(script_history_mib(load({str(cfg)!r}), {'ab' * 32!r}))")
+        out = subprocess.run(["runuser", "-u", "colocuser", "--", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[2048]"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

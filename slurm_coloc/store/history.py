@@ -6,9 +6,9 @@ from typing import List, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import StoreError
-from slurm_coloc.store.db import open_readonly
 from slurm_coloc.store.oom import history_peaks_mib
 from slurm_coloc.store.report_queries import job_peak_mem_mib as _node_peak
+from slurm_coloc.store.report_queries import open_for_report as open_readonly  # users read root's WAL files
 
 log = logging.getLogger(__name__)
 
