@@ -105,3 +105,9 @@ def test_spank_plugin_options_passed_on(tmp_path):
     cmd = split_command_line(["--exclusive-gpu", str(p)])
     assert "--coloc-share=exclusive" in build_plan(cmd, parse_script(str(p)), None, CFG, spank=True).argv(None)
     assert not any(a.startswith("--coloc") for a in build_plan(cmd, parse_script(str(p)), None, CFG).argv(None))
+
+
+def test_wrap_takes_its_command():
+    for argv in (["--wrap", "sleep 3"], ["--wrap=sleep 3"]):
+        cmd = split_command_line(argv)
+        assert cmd.script is None and cmd.script_args == () and cmd.last("wrap") == "sleep 3"

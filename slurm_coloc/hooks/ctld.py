@@ -70,7 +70,19 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     )
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)
     store_jobs.record_submission(db, sub)
-    return {"share_mode": sub.share_mode, "shards": sub.shards_req, "estimate_mib": sub.estimate_mib}
+    detail: Dict[str, Any] = {"share_mode": sub.share_mode, "shards": sub.shards_req,
+                              "estimate_mib": sub.estimate_mib}
+    # A provisional AdminComment while slurmctld still accepts updates (it refuses them once the job has
+    # ended, i.e. in EpilogSlurmctld without slurmdbd): what was asked and estimated.
+    start_note = {"coloc": {"mode": sub.share_mode, "shards": sub.shards_req, "est_mib": sub.estimate_mib,
+                            "method": sub.estimate_method}}
+    try:
+        slurm_jobs.set_admin_comment(ctx.job_id, json.dumps(start_note, separators=(",", ":")),
+                                     cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
+        detail["admin_comment"] = "provisional"
+    except ColocError as exc:
+        detail["admin_comment"] = f"not set: {exc.one_line()}"
+    return detail
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:

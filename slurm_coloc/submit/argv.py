@@ -21,7 +21,7 @@ LONG_WITH_VALUE = {
     "mincpus", "reservation", "tmp", "nodelist", "exclude", "mem-per-cpu", "sockets-per-node",
     "cores-per-socket", "threads-per-core", "ntasks-per-core", "ntasks-per-socket", "cpus-per-gpu", "gpus",
     "gpu-bind", "gpu-freq", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "mem-per-gpu", "container",
-    "extra-node-info", "hint", "batch", "acctg-freq", "open-mode", "kill-on-invalid-dep",
+    "extra-node-info", "hint", "batch", "acctg-freq", "open-mode", "kill-on-invalid-dep", "wrap",
 }
 SHORT_TO_LONG = {"G": "gpus", "J": "job-name", "o": "output", "e": "error", "D": "chdir", "N": "nodes",
                  "n": "ntasks", "p": "partition", "t": "time", "A": "account", "c": "cpus-per-task"}

@@ -70,6 +70,8 @@ def test_digits_example_end_to_end(slurm_cluster: Cluster):
     view = next(j for j in json.loads(report.stdout)["jobs"] if j["job_id"] == job_id)
     assert view["state"] == "COMPLETED" and view["shards"] == shards and view["exit_code"] == 0
     assert view["estimate_mib"] == comment["mem_mib"] and view["runtime_s"] is not None
+    shown = slurm_cluster.scontrol("show", "job", "-o", str(job_id))
+    assert f'AdminComment={{"coloc":{{"mode":"shard","shards":{shards},"est_mib":{comment["mem_mib"]}' in shown
     table = slurm_cluster.run(["coloc-report"], user=None).stdout
     assert str(job_id) in table and "COMPLETED" in table
 
