@@ -64,3 +64,29 @@ def test_history_readable_by_a_normal_user(tmp_path):
         assert out.stdout.strip() == "[2048]"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
+    from slurm_coloc.store.db import open_node_db
+    from slurm_coloc.store.jobs import JobEnd, JobSubmission, record_ctld_end, record_submission
+    from slurm_coloc.store.samples import JobSummary, record_summary
+
+    cfg_file = tmp_path / "coloc.yaml"
+    cfg_file.write_text(f"state_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setenv("COLOC_CONFIG", str(cfg_file))
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    sha = parse_script(str(script)).sha256
+    db = open_ctld_db(tmp_path / "state" / "ctld.db")
+    record_submission(db, JobSubmission(job_id=11, script_sha256=sha, shards_req=2, share_mode="shard"))
+    record_ctld_end(db, JobEnd(job_id=11, end_ts=time.time(), state="COMPLETED", exit_code=0, signal=0),
+                    node_list="n1")
+    record_submission(db, JobSubmission(job_id=12, script_sha256=sha, shards_req=2, share_mode="shard"))
+    record_ctld_end(db, JobEnd(job_id=12, end_ts=time.time(), state="FAILED", exit_code=1, signal=0),
+                    node_list="n1")
+    node = open_node_db(tmp_path / "state" / "nodes" / "n1.db")
+    for job_id, peak in ((11, 3000.0), (12, 9000.0)):  # the failed run's peak must not count
+        record_summary(node, JobSummary(job_id, "n1", "0", 1.0, 2.0, peak, None, None, None, None, None, None, 3))
+    plan, _, _ = plan_submission([str(script)])
+    assert plan.comment["method"] == "history"
+    assert 3000 < plan.comment["mem_mib"] < 3300  # 3000 * 1.05 + 64

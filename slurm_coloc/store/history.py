@@ -13,22 +13,54 @@ from slurm_coloc.store.report_queries import open_for_report as open_readonly  #
 log = logging.getLogger(__name__)
 
 
-def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
-    """MiB values earlier runs of the script with this SHA-256 needed, oldest first.
+MAX_HISTORY_JOBS = 20  # the most recent completed runs whose measured peaks are read
 
-    Today: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``). Returns ``[]`` when the
-    controller database does not exist yet.
+
+def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
+    """MiB values earlier runs of the script with this SHA-256 needed.
+
+    Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
+    and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's per-job
+    summary, ``job_summaries.peak_mem_mib``, read from the node databases named in the job's node list).
+    Returns ``[]`` when the controller database does not exist yet.
 
     Raises:
-        StoreError: the database exists but cannot be read.
+        StoreError: the controller database exists but cannot be read (node files are skipped quietly).
     """
     if not script_sha256 or not cfg.ctld_db_path.exists():
         return []
     db = open_readonly(cfg.ctld_db_path)
     try:
-        return history_peaks_mib(db, script_sha256)
+        values = history_peaks_mib(db, script_sha256)
+        done = db.execute("SELECT job_id, node_list FROM jobs WHERE script_sha256 = ? AND state = 'COMPLETED' "
+                          "ORDER BY job_id DESC LIMIT ?", [script_sha256, MAX_HISTORY_JOBS]).fetchall()
     except Exception as exc:  # sqlite3 errors while reading a damaged file
         raise StoreError(f"cannot read history from {cfg.ctld_db_path}: {exc}") from None
+    for job_id, node_list in done:
+        peak = measured_peak_mib(cfg, int(job_id), node_list or "")
+        if peak:
+            values.append(peak)
+    return values
+
+
+def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
+    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id``; None if none did."""
+    from slurm_coloc.store.samples import load_summaries
+
+    best: Optional[float] = None
+    for node in [n for n in node_list.split(",") if n and "[" not in n]:
+        path = cfg.node_db_path(node)
+        if not path.exists():
+            continue
+        try:
+            rows = load_summaries(open_readonly(path), job_id)
+        except Exception as exc:  # noqa: BLE001 - history is best effort
+            log.warning("cannot read the summary of job %s from %s: %s", job_id, path, exc)
+            continue
+        for row in rows:
+            if row.peak_mem_mib and (best is None or row.peak_mem_mib > best):
+                best = row.peak_mem_mib
+    return None if best is None else int(round(best))
 
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
