@@ -150,7 +150,8 @@ def collocate(a: argparse.Namespace) -> Dict[str, Any]:
         measure = a.measure_s if mode == "exclusive" else (a.coloc_measure_s or a.measure_s)
         margs = ["--warmup-s", str(a.warmup_s), "--measure-s", str(measure)]
         t_sub = time.time()
-        ids = submit_many([("colocuser", script, opts, [*margs, "--tag", tag], tag)] * a.k)
+        n = a.k if mode == "coloc" else (a.exclusive_k or a.k)
+        ids = submit_many([("colocuser", script, opts, [*margs, "--tag", tag], tag)] * n)
         recs = wait(ids, a.timeout_s)
         t_done = time.time()
         benches = {j: bench_line(j, tag) for j in recs}
@@ -273,6 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--coloc-measure-s", type=float, help="steady window of the collocated jobs (default --measure-s)")
     c.add_argument("--timeout-s", type=float, default=400.0)
     c.add_argument("--coloc-only", action="store_true")
+    c.add_argument("--exclusive-k", type=int, help="jobs of the exclusive baseline (default --k; only its rate counts)")
     c.add_argument("--coloc-opts", nargs="*")
     o = sub.add_parser("oom")
     o.add_argument("--measure-s", type=float, default=40.0)

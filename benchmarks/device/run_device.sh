@@ -28,17 +28,22 @@ case "${1:-}" in
     if [ "$(elapsed)" -lt 470 ]; then $B two-users --measure-s 12; else echo "== two-users skipped (time)"; fi
     ;;
   B)
-    $B collocate --workload resnet50_224 --k 4 --warmup-s 3 --measure-s 12 --coloc-measure-s 20
-    $B collocate --workload resnet50_224 --k 2 --warmup-s 3 --measure-s 12 --coloc-measure-s 20 --coloc-only
+    $B two-users --measure-s 12
     echo "== elapsed $(elapsed) s"
     $B oom --measure-s 30 --offset-s 8
     echo "== elapsed $(elapsed) s"
-    $B two-users --measure-s 12
+    $B collocate --workload resnet50_224 --k 4 --exclusive-k 2 --warmup-s 3 --measure-s 12 --coloc-measure-s 20
+    $B collocate --workload resnet50_224 --k 2 --warmup-s 3 --measure-s 12 --coloc-measure-s 20 --coloc-only
     echo "== elapsed $(elapsed) s"
-    if [ "${COLOC_BENCH_REPLAY:-0}" = 1 ]; then "$REPO/benchmarks/device/replay_device.sh"; fi
+    if [ "${COLOC_BENCH_REPLAY:-0}" = 1 ]; then
+      left=$(( ${COLOC_BENCH_BUDGET_S:-555} - $(elapsed) - 25 ))
+      COLOC_REPLAY_DEADLINE_S=$(( left * 3 / 4 )) COLOC_REPLAY_DEADLINE2_S=$(( left / 4 )) \
+        "$REPO/benchmarks/device/replay_device.sh"
+    fi
     ;;
   R)
-    "$REPO/benchmarks/device/replay_device.sh"
+    COLOC_REPLAY_DEADLINE_S=${COLOC_REPLAY_DEADLINE_S:-380} COLOC_REPLAY_DEADLINE2_S=${COLOC_REPLAY_DEADLINE2_S:-150} \
+      "$REPO/benchmarks/device/replay_device.sh"
     ;;
   *) echo "usage: $0 A|B|R" >&2; exit 2 ;;
 esac

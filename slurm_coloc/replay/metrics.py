@@ -1,0 +1,119 @@
+"""Replay outcome from Slurm's job records and the sampler's GPU samples (pure).
+
+Definitions: makespan = last end - first submit (s); job completion time (JCT) of a task = end of its last run
+(an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
+of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of NVML's
+total-energy counter over the window, summed over GPUs (J).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+RETRY_RE = re.compile(r"oom-retry-of-(\d+)")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``, ``retry_of``."""
+
+    job_id: int
+    task: int
+    submit_ts: float
+    start_ts: float
+    end_ts: float
+    state: str
+    retry_of: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ReplayMetrics:
+    """What one replay measured (units in the names)."""
+
+    mode: str
+    tasks: int
+    completed: int
+    lost: int
+    oom_retries: int
+    makespan_s: Optional[float]
+    mean_jct_s: Optional[float]
+    mean_wait_s: Optional[float]
+    mean_smact_pct: Optional[float]
+    energy_j: Optional[float]
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def retry_parent(comment: str) -> Optional[int]:
+    """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None."""
+    m = RETRY_RE.search(comment or "")
+    return int(m.group(1)) if m else None
+
+
+def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
+    """Per task: first submit, last end, whether a run COMPLETED, number of OOM reruns."""
+    out: Dict[int, Dict[str, Any]] = {}
+    for r in runs:
+        t = out.setdefault(r.task, {"submit_ts": r.submit_ts, "end_ts": 0.0, "start_ts": 0.0, "completed": False,
+                                    "retries": 0})
+        t["submit_ts"] = min(t["submit_ts"], r.submit_ts) if r.submit_ts else t["submit_ts"]
+        t["end_ts"] = max(t["end_ts"], r.end_ts or 0.0)
+        if r.retry_of is None and r.start_ts:
+            t["start_ts"] = r.start_ts
+        t["completed"] = t["completed"] or r.state == "COMPLETED"
+        t["retries"] += 1 if r.retry_of is not None else 0
+    return out
+
+
+def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """Mean ``smact_pct`` over samples that have one (None when GPM gave none)."""
+    vals = [float(s["smact_pct"]) for s in samples if s.get("smact_pct") is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def energy_growth_j(start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]) -> Optional[float]:
+    """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading."""
+    if not start or set(start) != set(end) or any(start[g] is None or end[g] is None for g in start):
+        return None
+    return sum(float(end[g]) - float(start[g]) for g in start)  # type: ignore[arg-type]
+
+
+def summarize(mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float],
+              energy_j: Optional[float]) -> ReplayMetrics:
+    """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions)."""
+    tasks = task_outcomes(runs)
+    done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
+    submits = [t["submit_ts"] for t in tasks.values() if t["submit_ts"]]
+    ends = [t["end_ts"] for t in done]
+    waits = [t["start_ts"] - t["submit_ts"] for t in tasks.values() if t["start_ts"] and t["submit_ts"]]
+    return ReplayMetrics(
+        mode=mode, tasks=n_tasks, completed=len(done), lost=n_tasks - len(done),
+        oom_retries=sum(t["retries"] for t in tasks.values()),
+        makespan_s=(max(ends) - min(submits)) if ends and submits else None,
+        mean_jct_s=statistics.fmean(t["end_ts"] - t["submit_ts"] for t in done) if done else None,
+        mean_wait_s=statistics.fmean(waits) if waits else None, mean_smact_pct=smact, energy_j=energy_j)
+
+
+def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+    """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy."""
+    out: Dict[str, Optional[float]] = {}
+    for key in ("makespan_s", "mean_jct_s", "mean_smact_pct", "energy_j"):
+        a, b = exclusive.get(key), coloc.get(key)
+        out[f"{key}_change_pct"] = (100.0 * (b - a) / a) if a and b is not None else None
+    return out
+
+
+def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) -> List[RunRecord]:
+    """Slurm ``JobRecord``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored)."""
+    out: List[RunRecord] = []
+    for r in records:
+        parent = retry_parent(r.comment)
+        task = task_of_job.get(r.job_id, task_of_job.get(parent) if parent is not None else None)
+        if task is None:
+            continue
+        out.append(RunRecord(job_id=r.job_id, task=task, submit_ts=float(r.submit_time), start_ts=float(r.start_time),
+                             end_ts=float(r.end_time), state=r.state, retry_of=parent if r.job_id not in task_of_job else None))
+    return out

@@ -1,0 +1,161 @@
+"""Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
+
+Exclusive mode submits every task with ``--exclusive-gpu`` (one job per GPU at a time); coloc mode with
+``--coloc-mem <catalog peak>M`` (shards + MPS, as a user who knows the peak from an earlier run would). Slurm
+commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity comes from
+the sampler's per-node databases through ``slurm_coloc.store``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.replay.metrics import ReplayMetrics, RunRecord, mean_smact, energy_growth_j, runs_from_records, summarize
+from slurm_coloc.replay.trace import Task
+from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.parse import parse_index_list
+from slurm_coloc.slurm.run import run as slurm_run
+
+log = logging.getLogger("slurm_coloc.replay")
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}
+MODES = ("exclusive", "coloc")
+
+
+@dataclass
+class ReplayRun:
+    """A finished replay: its metrics, every run record, job id -> task index, and problems met."""
+
+    metrics: ReplayMetrics
+    runs: List[RunRecord]
+    job_of_task: Dict[int, int]
+    problems: List[str] = field(default_factory=list)
+
+
+def sbatch_argv(task: Task, mode: str, job_script: str, output: str, extra: Sequence[str] = ()) -> List[str]:
+    """coloc-sbatch arguments (after the program name) for ``task`` in ``mode``.
+
+    Raises:
+        ColocError: unknown mode.
+    """
+    if mode not in MODES:
+        raise ColocError(f"unknown replay mode {mode!r} (use {' or '.join(MODES)})")
+    gpu = ["--exclusive-gpu"] if mode == "exclusive" or not task.mem_mib else [f"--coloc-mem={task.mem_mib}M"]
+    return ["--parsable", f"--job-name=replay-{task.index}", f"--output={output}", *gpu, *extra, job_script,
+            task.workload, "--steps", str(task.steps), "--tag", f"replay-{mode}-{task.index}"]
+
+
+def coloc_sbatch_path() -> str:
+    """The coloc-sbatch next to this Python (same venv), else the one on PATH."""
+    here = Path(sys.executable).parent / "coloc-sbatch"
+    return str(here) if here.exists() else "coloc-sbatch"
+
+
+def _energy(reader: Optional[object]) -> Dict[int, Optional[float]]:
+    if reader is None:
+        return {}
+    frame = reader.read()  # type: ignore[attr-defined]
+    return {g.index: g.energy_j for g in frame.gpus}
+
+
+def open_energy_reader() -> Optional[object]:
+    """An NVML reader for the energy counters, or None where NVML is unavailable (CPU test cluster)."""
+    try:
+        from slurm_coloc.nvml import NvmlReader
+        return NvmlReader(gpm=False)
+    except Exception as exc:  # noqa: BLE001 - no NVML: energy is NULL
+        log.info("no NVML for energy: %s", exc)
+        return None
+
+
+def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
+    """Mean GPM SM activity (%) over [t0, t1] of the GPUs of the replay's nodes, from the sampler databases."""
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
+    samples: List[dict] = []
+    for node in nodes:
+        try:
+            db = open_readonly(cfg.node_db_path(node))
+            samples += load_gpu_samples(db, t0, t1, list(range(64)))
+        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+            log.info("no samples for %s: %s", node, exc)
+    return mean_smact(samples)
+
+
+def parse_index_nodes(nodes: str) -> List[str]:
+    """``n[1-2]`` / ``n1,n2`` -> node names (the replay's clusters use ``<prefix><number>`` names)."""
+    out: List[str] = []
+    for part in filter(None, nodes.replace("],", "]|").split("|")):
+        if "[" in part:
+            prefix, rng = part.split("[", 1)
+            out += [f"{prefix}{i}" for i in parse_index_list(rng.rstrip("]"))]
+        else:
+            out += [p for p in part.split(",") if p]
+    return out
+
+
+def run_replay(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
+               deadline_s: float, extra_sbatch: Sequence[str] = (), poll_s: float = 1.0,
+               clock: Callable[[], float] = time.time) -> ReplayRun:
+    """Submit ``tasks`` at ``submit_s`` offsets, wait for them (and OOM reruns) until ``deadline_s`` after the
+    start, cancel what is left then, and measure.
+
+    Raises:
+        ColocError: a submission failed (the jobs already submitted are cancelled first).
+    """
+    env = dict(os.environ)
+    reader = open_energy_reader()
+    e0 = _energy(reader)
+    t_start = clock()
+    job_of_task: Dict[int, int] = {}
+    problems: List[str] = []
+    for task in sorted(tasks, key=lambda t: t.submit_s):
+        delay = t_start + task.submit_s - clock()
+        if delay > 0:
+            time.sleep(delay)
+        out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
+        proc = subprocess.run([coloc_sbatch_path(), *sbatch_argv(task, mode, job_script, out, extra_sbatch)],
+                              capture_output=True, text=True, env=env, timeout=120)
+        if proc.returncode != 0:
+            cancel(cfg, list(job_of_task.values()), env)
+            raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
+        job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
+        log.info("task %s -> job %s", task.index, job_of_task[task.index])
+    task_of_job = {j: t for t, j in job_of_task.items()}
+    records: List[object] = []
+    while True:
+        records = [r for r in squeue_all(cfg.slurm_bin_dir, env) if r.job_id in task_of_job
+                   or runs_from_records([r], task_of_job)]
+        if records and all(r.state in FINAL for r in records) and len(records) >= len(task_of_job):
+            break
+        if clock() - t_start > deadline_s:
+            left = [r.job_id for r in records if r.state not in FINAL]
+            problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
+            cancel(cfg, left, env)
+            time.sleep(2.0)
+            records = [r for r in squeue_all(cfg.slurm_bin_dir, env) if r.job_id in task_of_job
+                       or runs_from_records([r], task_of_job)]
+            break
+        time.sleep(poll_s)
+    t_end = clock()
+    runs = runs_from_records(records, task_of_job)
+    energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
+    first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
+    last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
+    metrics = summarize(mode, len(tasks), runs, sm_activity(cfg, records, first, last), energy)
+    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
+
+
+def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
+    """``scancel`` the given jobs (ignored when none)."""
+    if job_ids:
+        slurm_run(["scancel", *[str(j) for j in job_ids]], bin_dir=cfg.slurm_bin_dir, env=env, check=False)
