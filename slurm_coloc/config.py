@@ -8,6 +8,7 @@ bad values raise ``ConfigError`` naming the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -109,6 +110,14 @@ def _coerce(name: str, kind: type, value: Any) -> Any:
 
 
 def _validate(cfg: Config) -> Config:
+    for f in fields(Config):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
+        if isinstance(value, str) and "\0" in value:
+            raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
+    if cfg.hook_timeout_s > 3600 or cfg.db_busy_timeout_s > 3600 or cfg.mps_start_timeout_s > 3600:
+        raise ConfigError("config: hook_timeout_s, db_busy_timeout_s and mps_start_timeout_s must be <= 3600")
     if cfg.mps_mode not in MPS_MODES:
         raise ConfigError(f"config key 'mps_mode': {cfg.mps_mode!r} is not one of {', '.join(MPS_MODES)}")
     if not 1 <= cfg.gpu_mem_gib <= 4096:
@@ -143,10 +152,14 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
     explicit = path or env.get("COLOC_CONFIG")
     file_path = Path(explicit or DEFAULT_CONFIG_PATH)
     values: Dict[str, Any] = {}
-    if file_path.exists() or explicit:
+    try:
+        present = file_path.exists()
+    except (OSError, ValueError):
+        present = True  # let the read below report it
+    if present or explicit:
         try:
             text = file_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
         try:
             data = yaml.safe_load(text)
@@ -169,3 +182,46 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
     kinds = {"str": str, "int": int, "float": float, "bool": bool}
     typed = {k: _coerce(k, kinds[str(known[k].type)], v) for k, v in values.items()}
     return _validate(dataclasses.replace(Config(), **typed))
+
+
+def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Best effort, for hooks only, after ``load`` failed: the defaults plus every key of the file and of the
+    ``COLOC_*`` variables that is valid on its own. Never raises.
+
+    A hook uses this config only to find where to log and record the config error (``log_dir``, ``state_dir``,
+    ``run_dir``), never to do its work with a config the admin did not get right.
+    """
+    env = os.environ if environ is None else environ
+    file_path = Path(path or env.get("COLOC_CONFIG") or DEFAULT_CONFIG_PATH)
+    values: Dict[str, Any] = {}
+    try:
+        text = file_path.read_text(encoding="utf-8", errors="replace")[:1_000_000]
+    except Exception:  # noqa: BLE001 - unreadable: defaults
+        text = ""
+    try:
+        data = yaml.safe_load(text)
+        if isinstance(data, dict):
+            values.update(data)
+    except Exception:  # noqa: BLE001 - not YAML as a whole: take the lines that are ``key: value`` on their own
+        for line in text.splitlines():
+            try:
+                item = yaml.safe_load(line)
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(item, dict):
+                values.update(item)
+    known = {f.name: f for f in fields(Config)}
+    for name in known:
+        if env.get(f"COLOC_{name.upper()}") is not None:
+            values[name] = env[f"COLOC_{name.upper()}"]
+    kinds = {"str": str, "int": int, "float": float, "bool": bool}
+    cfg = Config()
+    for key, value in values.items():
+        if not isinstance(key, str) or key not in known:
+            continue
+        try:
+            candidate = dataclasses.replace(cfg, **{key: _coerce(key, kinds[str(known[key].type)], value)})
+            cfg = _validate(candidate)
+        except Exception:  # noqa: BLE001 - keep the default for this key
+            continue
+    return cfg

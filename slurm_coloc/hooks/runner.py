@@ -1,11 +1,24 @@
-"""Running a hook safely: bounded time, every error caught and logged, a row per run, exit 0.
+"""Running a hook safely: bounded time, every error caught and logged, a record per run, exit 0.
 
-A Prolog or Epilog that exits non-zero drains the node (facts §5); ours never does because of our
-own bug. The shim in prolog_epilog/ adds an outer ``timeout``.
+A Prolog or Epilog that exits non-zero drains the node (facts §5); ours never does because of our own bug or a
+broken environment (docs/reliability.md has the fault campaign). The shim in prolog_epilog/ adds an outer
+``timeout``.
+
+Time bound of one hook process: ``hook_timeout_s`` for the hook's own work (SIGALRM), plus at most one SQLite busy
+wait already in progress when the alarm fires (``db_busy_timeout_s``: a C-level wait the alarm cannot cut short),
+plus ``RECORD_BUDGET_S`` for recording the run (busy waits there capped at ``RECORD_BUSY_S``). Defaults: 20 + 5 +
+4 = 29 s, under the shim's 30 s.
+
+What a failed hook would have recorded is never dropped: a minimal row built from the hook's environment (job
+start/end, submission, the hook run with its error) goes to the database at once, or, when the database is
+unusable (locked past the budget, full filesystem, corrupt, missing config), to the root-only spool
+(store/spool.py), replayed by the next hook that can open that database.
 """
 from __future__ import annotations
 
+import json
 import logging
+import logging.handlers
 import os
 import signal
 import time
@@ -16,8 +29,10 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.hooks.state import infer_final_state
+from slurm_coloc.store import spool
 from slurm_coloc.store.db import open_ctld_db, open_node_db
+from slurm_coloc.submit.plan import parse_comment
 
 log = logging.getLogger("slurm_coloc.hooks")
 
@@ -30,6 +45,10 @@ HOOKS: Dict[str, HookFn] = {
     "task-prolog": node.task_prolog,
 }
 NODE_HOOKS = ("prolog", "epilog")
+CTLD_HOOKS = ("prolog-slurmctld", "epilog-slurmctld")
+RECORD_BUSY_S = 1.0  # busy timeout while recording the run (capped by db_busy_timeout_s)
+RECORD_BUDGET_S = 3.0  # SIGALRM bound of the recording phase (record + fallback rows + spool replay)
+REPLAY_BUDGET_S = 1.0
 
 
 class HookTimeout(Exception):
@@ -40,36 +59,149 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise HookTimeout()
 
 
-def _setup_logging(cfg: Optional[config_mod.Config], job_id: Optional[int]) -> None:
+def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bool = True) -> None:
+    """Log to ``<log_dir>/hooks.log``; else syslog (hooks' stderr goes nowhere); else stderr."""
     level = os.environ.get("COLOC_LOG_LEVEL", "INFO").upper()
     fmt = f"%(asctime)s %(levelname)s coloc[{job_id}] %(message)s"
     handler: logging.Handler
     try:
-        if cfg is None:
-            raise OSError("no config")
-        Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+        if create_dir:
+            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(Path(cfg.log_dir) / "hooks.log")
     except OSError:
-        handler = logging.StreamHandler()
+        try:
+            handler = logging.handlers.SysLogHandler(address="/dev/log")
+            fmt = f"coloc[{job_id}]: %(levelname)s %(message)s"
+        except OSError:
+            handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger("slurm_coloc")
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level, logging.INFO))
 
 
-def _record_run(name: str, ctx: HookContext, cfg: config_mod.Config, t0: float, ok: bool,
-                detail: Dict[str, Any]) -> None:
-    """Append the hook_runs row (node hooks) or an event (controller hooks); failures only logged."""
+def spool_dirs(cfg: config_mod.Config) -> List[Path]:
+    """Where pending records wait: ``<run_dir>/spool`` first, ``<state_dir>/spool`` when that cannot be written."""
+    return [Path(cfg.run_dir) / "spool", Path(cfg.state_dir) / "spool"]
+
+
+def _target(name: str, ctx: HookContext) -> Optional[str]:
+    if name in NODE_HOOKS and ctx.node:
+        return f"node:{ctx.node}"
+    if name in CTLD_HOOKS:
+        return "ctld"
+    return None
+
+
+def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
+    if target == "ctld":
+        return open_ctld_db(cfg.ctld_db_path, busy_s)
+    return open_node_db(cfg.node_db_path(target.split(":", 1)[1]), busy_s)
+
+
+def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
+               duration_ms: float) -> List[Dict[str, Any]]:
+    """The rows a hook run must leave (spool op format, store/spool.py), built from its environment only.
+
+    A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
+    leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end in
+    the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
+    """
+    now = started_ts + duration_ms / 1000
+    ops: List[Dict[str, Any]] = []
+    detail_json = json.dumps(detail, sort_keys=True, default=str)
+    if name in NODE_HOOKS:
+        ops.append({"op": "hook_run", "row": {"job_id": ctx.job_id, "node": ctx.node, "hook": name,
+                                              "ts": started_ts, "duration_ms": duration_ms, "ok": int(ok),
+                                              "detail_json": detail_json}})
+        if not ok and name == "prolog":
+            ops.append({"op": "job_start", "row": {"job_id": ctx.job_id, "node": ctx.node,
+                                                   "user_name": ctx.user_name, "uid": ctx.uid,
+                                                   "gpus": ",".join(str(g) for g in ctx.gpus),
+                                                   "start_ts": started_ts}})
+        elif not ok and name == "epilog":
+            ops.append({"op": "job_end", "row": {
+                "job_id": ctx.job_id, "node": ctx.node, "end_ts": now, "exit_code": ctx.exit_code,
+                "signal": ctx.signal, "state": infer_final_state("", ctx.exit_code, ctx.signal, None, None)}})
+    elif name in CTLD_HOOKS and not ok:
+        ops.append({"op": "event", "row": {"ts": now, "job_id": ctx.job_id, "kind": "hook-error",
+                                           "detail_json": json.dumps({"hook": name, **detail}, sort_keys=True,
+                                                                     default=str)}})
+        if name == "prolog-slurmctld":
+            coloc = ctld._clean_coloc(parse_comment(ctx.comment))
+            ops.append({"op": "submission", "row": {
+                "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
+                "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),
+                "shards_req": coloc.get("shards"), "estimate_method": coloc.get("method"),
+                "script_sha256": coloc.get("sha256"), "updated_ts": now,
+                "coloc_json": json.dumps(coloc, sort_keys=True) if coloc else None}})
+        else:
+            ops.append({"op": "ctld_end", "row": {
+                "job_id": ctx.job_id, "end_ts": now, "exit_code": ctx.exit_code, "signal": ctx.signal,
+                "state": infer_final_state("", ctx.exit_code, ctx.signal, None, None), "updated_ts": now}})
+    return ops
+
+
+def _spool(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
+    for d in spool_dirs(cfg):
+        try:
+            path = spool.write_entry(d, target, ops)
+            log.warning("database unusable: %d record(s) spooled to %s, replayed by the next hook", len(ops), path)
+            return
+        except ColocError as exc:
+            log.error("cannot spool to %s: %s", d, exc.one_line())
+    log.error("RECORDS LOST (no database, no spool): %s", json.dumps(ops, default=str))
+
+
+def _record(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
+            started_ts: float, duration_ms: float) -> None:
+    """Write this run's records and replay pending ones; spool them when the database is unusable. Never raises."""
+    target = _target(name, ctx)
+    if target is None:
+        return
+    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
+    busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
     try:
-        run = store_jobs.HookRun(job_id=ctx.job_id, node=ctx.node, hook=name, ts=time.time(),
-                                 duration_ms=(time.monotonic() - t0) * 1000, ok=ok, detail=detail)
-        if name in NODE_HOOKS and ctx.node:
-            store_jobs.record_hook_run(open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s), run)
-        elif not ok:
-            store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), ctx.job_id,
-                                    "hook-error", {"hook": name, **detail})
+        db = _open_target(target, cfg, busy_s)
+        if ops:
+            spool.apply_ops(db, ops)
+        ops = []
+        for d in spool_dirs(cfg):
+            n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
+            if n:
+                log.info("replayed %d spooled record set(s) from %s into %s", n, d, target)
+    except HookTimeout:
+        log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
         log.error("%s: cannot record the hook run: %s", name, exc)
+    if ops:
+        _spool(cfg, target, ops)
+
+
+def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
+    """The config, or None after logging (and recording where possible) why it cannot be loaded."""
+    try:
+        return config_mod.load(environ=env)
+    except ColocError as exc:
+        fallback = config_mod.load_fallback(environ=env)
+        _setup_logging(fallback, ctx.job_id, create_dir=False)
+        log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name, exc.one_line())
+        if fallback.state_dir != config_mod.Config().state_dir or os.path.isdir(fallback.state_dir):
+            _bounded(lambda: _record(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0),
+                     RECORD_BUDGET_S)
+        return None
+
+
+def _bounded(fn: Callable[[], Any], seconds: float) -> None:
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        fn()
+    except HookTimeout:
+        log.error("recording timed out after %g s", seconds)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
@@ -80,14 +212,11 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
         environ: the hook's environment (default ``os.environ``).
     """
     env = dict(os.environ if environ is None else environ)
-    t0 = time.monotonic()
+    t0, started_ts = time.monotonic(), time.time()
     ctx = HookContext.from_env(env)
-    cfg: Optional[config_mod.Config] = None
-    try:
-        cfg = config_mod.load(environ=env)
-    except ColocError as exc:
-        _setup_logging(None, ctx.job_id)
-        log.error("%s: %s", name, exc.one_line())
+    cfg = _load_config(name, ctx, env)
+    if cfg is None:
+        log.info("%s done in %.0f ms (config unusable)", name, (time.monotonic() - t0) * 1000)
         return []
     _setup_logging(cfg, ctx.job_id)
     if name not in HOOKS or ctx.job_id is None:
@@ -98,8 +227,11 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
     result: Any = None
     ok, detail = True, {}
     try:
-        result = HOOKS[name](ctx, cfg, env)
-        detail = result if isinstance(result, dict) else {}
+        try:
+            result = HOOKS[name](ctx, cfg, env)
+            detail = result if isinstance(result, dict) else {}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     except HookTimeout:
         ok, detail = False, {"error": f"timed out after {cfg.hook_timeout_s:g} s"}
     except ColocError as exc:
@@ -108,11 +240,17 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
         ok, detail = False, {"error": f"{type(exc).__name__}: {exc}"}
         log.exception("%s: internal error", name)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    duration_ms = (time.monotonic() - t0) * 1000
     level = logging.INFO if ok else logging.ERROR
-    log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", (time.monotonic() - t0) * 1000, detail)
+    log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
     if name != "task-prolog":
-        _record_run(name, ctx, cfg, t0, ok, detail)
-        return []
+        _bounded(lambda: _record(name, ctx, cfg, ok, detail, started_ts, duration_ms), RECORD_BUDGET_S)
+        result = None
+    log.info("%s done in %.0f ms (bound %.0f ms)", name, (time.monotonic() - t0) * 1000, bound_s(cfg) * 1000)
     return result if ok and isinstance(result, list) else []
+
+
+def bound_s(cfg: config_mod.Config) -> float:
+    """The most seconds one hook process takes (module docstring): own work + one busy wait + recording."""
+    return cfg.hook_timeout_s + cfg.db_busy_timeout_s + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

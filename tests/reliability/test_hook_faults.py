@@ -1,0 +1,206 @@
+"""Faults injected under every hook of a real job on a real cluster (docs/reliability.md, table "Hook faults").
+
+For each fault: the job still runs to COMPLETED, no node is drained, every root hook process ends within its
+bound (hooks/runner.py ``bound_s``: 9 s with this cluster's config), and once the fault is removed the next job's
+hooks leave the first job's records in the databases (written directly, or replayed from the spool).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator
+
+import pytest
+
+from tests.reliability.conftest import HOOK_BOUND_S, FaultCluster
+
+pytestmark = pytest.mark.slurm
+ROOT_HOOKS = {"prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld"}
+
+
+def _fault_bin(fc: FaultCluster, name: str, body: str) -> Path:
+    d = fc.c.dir / "faultbin" / name
+    d.mkdir(parents=True, exist_ok=True)
+    for prog in ("scontrol", "squeue", "sbatch"):
+        (d / prog).write_text("#!/bin/sh\n" + body)
+        os.chmod(d / prog, 0o755)
+    return d
+
+
+@contextlib.contextmanager
+def _locked(paths) -> Iterator[None]:
+    """Hold an EXCLUSIVE transaction on each database (another process keeps the write lock) until exit."""
+    conns = []
+    for p in paths:
+        conn = sqlite3.connect(str(p), timeout=5, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        conns.append(conn)
+    try:
+        yield
+    finally:
+        for conn in conns:
+            conn.execute("ROLLBACK")
+            conn.close()
+
+
+def _dbs(fc: FaultCluster):
+    return [fc.ctld_db, fc.node_db("n1")]
+
+
+def _warm(fc: FaultCluster) -> None:
+    """One job so both databases exist before a fault is injected into them."""
+    if not all(p.exists() for p in _dbs(fc)):
+        rec = fc.run_job(fc.script("warm.sh"))
+        assert rec["job_state"] == "COMPLETED"
+
+
+@contextlib.contextmanager
+def fault_db_locked(fc: FaultCluster) -> Iterator[None]:
+    _warm(fc)
+    with _locked(_dbs(fc)):
+        yield
+
+
+@contextlib.contextmanager
+def fault_db_corrupt(fc: FaultCluster) -> Iterator[None]:
+    _warm(fc)
+    for p in _dbs(fc):
+        conn = sqlite3.connect(str(p))  # fold the WAL in first: otherwise it would shadow the damaged page
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        with open(p, "r+b") as fh:  # the header and first page overwritten: "file is not a database"
+            fh.write(b"\x5a" * 4096)
+    yield
+    for p in _dbs(fc):  # the admin's repair: set the corrupt file aside; the next hook starts a new one
+        for suffix in ("", "-wal", "-shm"):
+            q = Path(str(p) + suffix)
+            if q.exists():
+                q.rename(str(q) + ".corrupt")
+
+
+@contextlib.contextmanager
+def fault_db_full_fs(fc: FaultCluster) -> Iterator[None]:
+    """state_dir on a small tmpfs (databases copied in) filled to the last byte; on exit the filler goes (space
+    again) and the tmpfs stays mounted for the recovery job; ``_unmount_full_fs`` puts state_dir back."""
+    _warm(fc)
+    state = fc.state_dir
+    saved = fc.c.dir / "state-saved"
+    shutil.rmtree(saved, ignore_errors=True)
+    shutil.copytree(state, saved)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(state)], check=True)
+    fc._tmpfs = state  # type: ignore[attr-defined]
+    for item in saved.iterdir():
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, state / item.name)
+    for p in _dbs(fc):  # no WAL space left over to absorb writes: every write must grow a file
+        conn = sqlite3.connect(str(p))
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+    subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=1k"], capture_output=True)
+    assert os.statvfs(state).f_bavail == 0
+    yield
+    os.unlink(state / "filler")
+
+
+def _unmount_full_fs(fc: FaultCluster) -> None:
+    state = getattr(fc, "_tmpfs", None)
+    if state is None:
+        return
+    back = fc.c.dir / "state-back"
+    shutil.rmtree(back, ignore_errors=True)
+    shutil.copytree(state, back)
+    subprocess.run(["umount", str(state)], check=True)
+    shutil.rmtree(state)
+    shutil.copytree(back, state)
+    fc._tmpfs = None  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def fault_config(fc: FaultCluster, text_of: Callable[[str], str]) -> Iterator[None]:
+    base = fc.c.coloc_config.read_text()
+    fc.set_config(text_of(base))
+    yield
+    fc.set_config()
+
+
+@contextlib.contextmanager
+def fault_extra(fc: FaultCluster, **extra: object) -> Iterator[None]:
+    fc.set_config(**extra)
+    yield
+    fc.set_config()
+
+
+FAULTS: Dict[str, Callable[[FaultCluster], "contextlib.AbstractContextManager[None]"]] = {
+    "db-locked": fault_db_locked,
+    "db-full-fs": fault_db_full_fs,
+    "db-corrupt": fault_db_corrupt,
+    "config-bad-value": lambda fc: fault_config(fc, lambda t: t + "mps_mode: sometimes\n"),
+    "config-not-yaml": lambda fc: fault_config(fc, lambda t: t + "gpu_mem_gib: [80,\n"),
+    "config-missing": lambda fc: fault_config(fc, lambda t: ""),
+    "scontrol-fails": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "fail", "echo boom >&2; exit 1\n")),
+    "scontrol-hangs": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "hang", "exec sleep 300\n")),
+    "mps-missing": lambda fc: fault_extra(fc, mps_control_bin="/nonexistent/nvidia-cuda-mps-control"),
+    "mps-fails": lambda fc: fault_extra(fc, mps_control_bin="/bin/false"),
+    "hook-over-budget": lambda fc: fault_extra(  # MPS control hangs; its own timeout (30 s) > the hook's (4 s)
+        fc, mps_control_bin=_fault_bin(fc, "mpshang", "exec sleep 300\n") / "scontrol", mps_start_timeout_s=30),
+}
+# Faults after which the first job's records cannot exist: the hook cannot know where the store is.
+RECORDS_LOST = {"config-missing"}
+
+
+def _records(fc: FaultCluster, job_id: int) -> Dict[str, object]:
+    n1 = fc.node_db("n1")
+    return {
+        "job_run": fc.rows(n1, "SELECT * FROM job_runs WHERE job_id = ?", (job_id,)),
+        "hook_runs": {r["hook"] for r in fc.rows(n1, "SELECT hook FROM hook_runs WHERE job_id = ?", (job_id,))},
+        "job": fc.rows(fc.ctld_db, "SELECT * FROM jobs WHERE job_id = ?", (job_id,)),
+    }
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_hook_fault(fc: FaultCluster, fault: str) -> None:
+    script = fc.script(f"fault-{fault}.sh", "echo ran-$SLURM_JOB_ID share=${COLOC_SHARE:-none}\n")
+    t0 = time.time()
+    try:
+        _run_fault(fc, fault, script, t0)
+    finally:
+        _unmount_full_fs(fc)
+
+
+def _run_fault(fc: FaultCluster, fault: str, script: Path, t0: float) -> None:
+    with FAULTS[fault](fc):
+        job_a = fc.sbatch(script)
+        rec = fc.c.wait_job(job_a, timeout=120)
+        if fault in RECORDS_LOST:
+            time.sleep(2)  # no hook log to wait on: the hooks cannot know where it is
+        else:
+            fc.wait_hooks(job_a)
+        assert rec["job_state"] == "COMPLETED", rec
+        assert f"ran-{job_a}" in (fc.c.jobs_dir / f"{script.stem}-{job_a}.out").read_text()
+        assert not fc.drained(), fc.c.node_states()
+        spooled_during = len(fc.spooled())
+    durations = fc.hook_durations_ms(job_a)
+    if fault not in RECORDS_LOST:
+        assert ROOT_HOOKS <= {h for h, _ in durations}, durations
+    assert all(ms <= HOOK_BOUND_S * 1000 for _, ms in durations), durations
+    # the store is usable again: the next job's hooks write the first job's records (replaying the spool)
+    rec_b = fc.run_job(fc.script("after.sh"))
+    assert rec_b["job_state"] == "COMPLETED" and not fc.drained()
+    got = _records(fc, job_a)
+    if fault in RECORDS_LOST:
+        assert not got["job"] and not got["job_run"]
+        return
+    assert got["job_run"] and got["job_run"][0]["end_ts"], (fault, got, spooled_during)
+    assert {"prolog", "epilog"} <= got["hook_runs"], got
+    assert got["job"] and got["job"][0]["end_ts"] and got["job"][0]["user_name"] == "colocuser", got
+    if fault in ("db-locked", "db-corrupt"):
+        assert spooled_during >= 2, "a database fault must go through the spool"
+    elif fault == "db-full-fs":  # SQLite reuses the existing WAL file's space, so some writes may still fit
+        assert spooled_during >= 1
+    assert not fc.spooled(), "everything pending was replayed"
+    assert time.time() - t0 < 150
