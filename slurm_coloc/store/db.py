@@ -24,6 +24,38 @@ def _ensure_dir(path: Path) -> None:
             os.umask(old)
 
 
+def _unknown_applied(db: Database, migrations: Migrations) -> list:
+    known = {m.name for m in migrations._migrations}
+    return [m.name for m in migrations.applied(db) if m.name not in known]
+
+
+def migrate(db: Database, migrations: Migrations, label: str = "") -> None:
+    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (so concurrent first openers never race to create
+    the same table); refuse a database written by a newer slurm-coloc.
+
+    Raises:
+        StoreError: the database holds migrations of this set that this code does not know (a downgrade).
+        sqlite3.Error: locked past the busy timeout, disk full, not a database.
+    """
+    unknown = _unknown_applied(db, migrations)
+    if not unknown and not migrations.pending(db):
+        return
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        unknown = _unknown_applied(db, migrations)
+        if unknown:
+            raise StoreError(
+                f"database {label!r} was written by a newer slurm-coloc (schema {migrations.name} has "
+                f"{', '.join(unknown)}, unknown to this version): refusing to use it",
+                hint="upgrade slurm-coloc on this host, or restore the database from before the upgrade")
+        migrations.apply(db)
+        db.conn.execute("COMMIT")
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.execute("ROLLBACK")
+        raise
+
+
 def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: float = 5.0) -> Database:
     """Open (creating if needed) a database for writing, in WAL mode, with migrations applied.
 
@@ -44,7 +76,7 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
         if db.journal_mode != "wal":
             db.enable_wal()
         db.execute("PRAGMA synchronous = NORMAL")
-        migrations.apply(db)
+        migrate(db, migrations, str(p))
         if p.exists():
             os.chmod(p, 0o644)
     except sqlite3.Error as exc:

@@ -1,0 +1,127 @@
+"""Upgrades and downgrades of the databases: the first released schema (tests/data/schema_v1, committed as
+written then) migrates to the current one with no row lost; a database from a newer version is refused."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from slurm_coloc.errors import StoreError
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+V1 = Path(__file__).resolve().parents[1] / "data" / "schema_v1"
+VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+
+
+def _dump(path: Path) -> Dict[str, List[dict]]:
+    conn = sqlite3.connect(str(path))
+    conn.row_factory = sqlite3.Row
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                         "AND name NOT LIKE 'sqlite_%' AND name != '_sqlite_migrations'")]
+    out = {t: [dict(r) for r in conn.execute(f"SELECT * FROM [{t}] ORDER BY rowid")] for t in tables}
+    conn.close()
+    return out
+
+
+def _columns(path: Path) -> Dict[str, set]:
+    conn = sqlite3.connect(str(path))
+    out = {t: {r[1] for r in conn.execute(f"PRAGMA table_info([{t}])")}
+           for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")}
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("name,opener", [("ctld.db", open_ctld_db), ("n1.db", open_node_db)])
+def test_v1_database_upgrades_with_no_row_lost(tmp_path: Path, name: str, opener) -> None:
+    src = V1 / name
+    before = _dump(src)
+    assert sum(len(v) for v in before.values()) >= 5, "the fixture holds realistic rows"
+    copy = tmp_path / name
+    shutil.copy(src, copy)
+    db = opener(copy)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.conn.close()
+    after = _dump(copy)
+    for table, rows in before.items():  # every v1 row is still there, every v1 column value unchanged
+        assert len(after[table]) == len(rows), table
+        for old, new in zip(rows, after[table]):
+            assert {k: new[k] for k in old} == old, (table, old, new)
+    fresh = tmp_path / f"fresh-{name}"
+    opener(fresh).conn.close()
+    assert _columns(copy) == _columns(fresh), "the upgraded schema is the current schema"
+    again = opener(copy)  # idempotent: a second open applies nothing
+    assert _dump(copy) == after
+    again.conn.close()
+
+
+def test_upgraded_fixture_keeps_verbatim_strings(tmp_path: Path) -> None:
+    shutil.copy(V1 / "ctld.db", tmp_path / "ctld.db")
+    names = {j.job_id: j.job_name for j in store_jobs.load_jobs(open_ctld_db(tmp_path / "ctld.db"))}
+    assert names[102] == "x'); DROP TABLE jobs;--" and names[103] == "bert-base ünïcode name"
+
+
+def test_upgraded_fixture_is_reported(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    (state / "nodes").mkdir(parents=True)
+    shutil.copy(V1 / "ctld.db", state / "ctld.db")
+    shutil.copy(V1 / "n1.db", state / "nodes" / "n1.db")
+    open_ctld_db(state / "ctld.db").conn.close()
+    open_node_db(state / "nodes" / "n1.db").conn.close()
+    env = {**os.environ, "COLOC_CONFIG": str(tmp_path / "none.yaml"), "COLOC_STATE_DIR": str(state)}
+    (tmp_path / "none.yaml").write_text("{}\n")
+    proc = subprocess.run([str(VENV_BIN / "coloc-report"), "jobs", "--json", "--since", "2026-01-01"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ids = {j["job_id"] for j in json.loads(proc.stdout)["jobs"]}  # root: every user's jobs
+    assert {101, 102, 103} <= ids
+
+
+@pytest.mark.parametrize("name,opener,mset", [("ctld.db", open_ctld_db, "slurm_coloc.ctld"),
+                                              ("n1.db", open_node_db, "slurm_coloc.node")])
+def test_downgrade_is_refused_and_changes_nothing(tmp_path: Path, name: str, opener, mset: str) -> None:
+    copy = tmp_path / name
+    shutil.copy(V1 / name, copy)
+    opener(copy).conn.close()
+    conn = sqlite3.connect(str(copy))
+    conn.execute("INSERT INTO _sqlite_migrations (migration_set, name, applied_at) VALUES (?, 'm900_from_v9', 'x')",
+                 [mset])
+    conn.commit()
+    conn.close()
+    before = copy.read_bytes()
+    with pytest.raises(StoreError) as err:
+        opener(copy)
+    msg = err.value.one_line()
+    assert "newer slurm-coloc" in msg and "m900_from_v9" in msg and "\n" not in msg
+    assert copy.read_bytes() == before
+
+
+def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
+    """16 threads open the same new database at once (50 Prologs on a fresh node): every one succeeds."""
+    path = tmp_path / "nodes" / "new.db"
+    errors: list = []
+    barrier = threading.Barrier(16)
+
+    def go() -> None:
+        barrier.wait()
+        try:
+            open_node_db(path, busy_timeout_s=10).conn.close()
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    conn = sqlite3.connect(str(path))
+    names = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")]
+    assert len(names) == len(set(names)) >= 3
