@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import time
 from typing import Optional
@@ -27,13 +28,18 @@ def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[flo
     if t == "now":
         return now
     m = _REL.match(t)
+    value: Optional[float] = None
     if m:
-        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
-    if t.startswith("@"):
+        value = now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    elif t.startswith("@"):
         try:
-            return float(t[1:])
+            value = float(t[1:])
         except ValueError:
             pass
+    if value is not None:
+        if not math.isfinite(value) or abs(value) > 1e11:  # ~ year 5138: beyond any job; inf/nan broke SQL
+            raise ColocError(f"invalid time {text!r}: out of range", hint="use e.g. 7d, 2026-11-01 or @<unix s>")
+        return value
     for fmt in _FORMATS:
         try:
             return datetime.datetime.strptime(t, fmt).timestamp()
