@@ -1,0 +1,199 @@
+"""Security list of the campaign, on the real cluster (docs/reliability.md, table "Security").
+
+- Hooks never import user code: a job whose ``#COLOC`` model is a module that drops a marker when imported; the
+  marker appears for the user's own coloc-sbatch (proof the module works) and never for uid 0, through the job,
+  its OOM death and its rerun (every root hook ran).
+- Databases, run and spool directories are root-owned and not writable by users; a planted spool symlink or a
+  user-owned spool entry is refused.
+- A job named ``x'); DROP TABLE jobs;--`` is stored and reported verbatim.
+- A user sees only their own jobs in coloc-report; root sees all.
+- MPS pipe directories in per-user mode admit the job's user only (xfail: not implemented, see the reason).
+Planted stderr symlinks (file and directory) are covered by tests/test_oom_cluster.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_coloc.errors import StoreError
+from slurm_coloc.store import spool
+from tests.reliability.conftest import FaultCluster
+
+pytestmark = pytest.mark.slurm
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+MARKER_MOD = """\
+import os
+from pathlib import Path
+Path({markers!r}, f"imported-uid{{os.getuid()}}-pid{{os.getpid()}}").touch()
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+"""
+MARKER_JOB = """\
+#!/bin/bash
+#COLOC model=markermod.py:Net input=3x8x8 batch=2
+# First run: die like a CUDA OOM (the EpilogSlurmctld reruns it on a whole GPU as root); the rerun succeeds.
+if [ -e ran-once ]; then echo rerun-ok; exit 0; fi
+touch ran-once
+echo '{oom}' >&2
+exit 1
+"""
+
+
+def _user_dir(fc: FaultCluster, name: str) -> Path:
+    d = fc.c.jobs_dir / f"{name}-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    shutil.chown(d, "colocuser", "colocuser")
+    return d
+
+
+def test_hooks_never_import_the_users_model(fc: FaultCluster) -> None:
+    markers = fc.c.dir / "markers"
+    markers.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(markers, 0o1777)
+    work = _user_dir(fc, "marker")
+    (work / "markermod.py").write_text(MARKER_MOD.format(markers=str(markers)))
+    (work / "job.sh").write_text(MARKER_JOB.format(oom=OOM_LINE))
+    for p in work.iterdir():
+        shutil.chown(p, "colocuser", "colocuser")
+    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "-e", "err-%j.txt",
+                     "job.sh"], cwd=work, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stdout.strip().split(";")[0])
+    user_marks = sorted(p.name for p in markers.iterdir())
+    assert any(m.startswith("imported-uid2001-") for m in user_marks), user_marks  # the marker works
+    assert fc.c.wait_job(job, timeout=120)["job_state"] == "FAILED"
+    deadline, retry = time.time() + 120, None
+    while time.time() < deadline and retry is None:
+        retry = next((j for j in fc.c.squeue() if f"oom-retry-of-{job}" in (j.get("comment") or "")), None)
+        time.sleep(0.5)
+    assert retry is not None, "the OOM death was rerun (EpilogSlurmctld, as root, read the job)"
+    assert fc.c.wait_job(retry["job_id"], timeout=180)["job_state"] == "COMPLETED"
+    fc.wait_hooks(retry["job_id"])
+    ran = {h for h, _ in fc.hook_durations_ms(job)} | {h for h, _ in fc.hook_durations_ms(retry["job_id"])}
+    assert {"prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld"} <= ran
+    root_marks = [p.name for p in markers.iterdir() if p.name.startswith("imported-uid0-")]
+    assert not root_marks, f"a root process imported the user's model: {root_marks}"
+
+
+def _runuser_ok(fc: FaultCluster, *cmd: str) -> bool:
+    return fc.c.run(list(cmd), user="colocuser").returncode == 0
+
+
+def test_databases_and_dirs_root_owned_not_user_writable(fc: FaultCluster) -> None:
+    rec = fc.run_job(fc.script("perm.sh"))
+    assert rec["job_state"] == "COMPLETED"
+    run_dir = fc.run_dir
+    paths = [fc.c.state_dir, fc.c.state_dir / "nodes", fc.ctld_db, fc.node_db("n1"), run_dir, run_dir / "jobs"]
+    for p in paths:
+        st = os.lstat(p)
+        assert st.st_uid == 0 and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode), (p, oct(st.st_mode))
+    assert not _runuser_ok(fc, "sh", "-c", f"echo x >> {fc.ctld_db}")
+    assert not _runuser_ok(fc, "touch", str(fc.c.state_dir / "nodes" / "planted.db"))
+    py = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+    assert not _runuser_ok(fc, py, "-c", f"import sqlite3; c = sqlite3.connect({str(fc.ctld_db)!r}); "
+                           "c.execute('DELETE FROM jobs'); c.commit()")
+    assert fc.rows(fc.ctld_db, "SELECT count(*) AS n FROM jobs")[0]["n"] >= 1
+
+
+def test_spool_refuses_planted_symlink_and_foreign_entries(tmp_path: Path) -> None:
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    os.chown(user_dir, 2001, 2001)
+    link = tmp_path / "run" / "spool"
+    link.parent.mkdir()
+    link.symlink_to(user_dir)
+    with pytest.raises(StoreError, match="not a directory"):
+        spool.write_entry(link, "ctld", [{"op": "event", "row": {"job_id": 1}}])
+    assert not list(user_dir.iterdir())
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    os.chown(owned, 2001, 2001)
+    with pytest.raises(StoreError, match="owned by uid 2001"):
+        spool.write_entry(owned, "ctld", [])
+    good = tmp_path / "good"
+    spool.write_entry(good, "ctld", [{"op": "event", "row": {"job_id": 1, "kind": "k"}}])
+    assert oct(os.stat(good).st_mode & 0o777) == "0o700"
+    forged = good / "0-1.json"  # an entry not written by us (owner 2001) is never replayed
+    forged.write_text(json.dumps({"target": "ctld", "ops": [{"op": "event", "row": {"job_id": 666}}]}))
+    os.chown(forged, 2001, 2001)
+    (good / "1-1.json").symlink_to(forged)
+    assert [e["ops"][0]["row"]["job_id"] for e in spool.pending(good, "ctld")] == [1]
+
+
+def test_sql_injection_job_name_stored_and_reported_verbatim(fc: FaultCluster) -> None:
+    name = "x'); DROP TABLE jobs;--"
+    rec = fc.run_job(fc.script("inject.sh"), "-J", name)
+    job = rec["job_id"]
+    rows = fc.rows(fc.ctld_db, "SELECT job_name FROM jobs WHERE job_id = ?", (job,))
+    assert rows == [{"job_name": name}]
+    assert fc.rows(fc.ctld_db, "SELECT count(*) AS n FROM jobs")[0]["n"] >= 2  # the table is still there
+    out = fc.c.run(["coloc-report", "jobs", "--json", "--since", "1d", "--job", str(job)])
+    assert out.returncode == 0, out.stderr
+    reported = json.loads(out.stdout)["jobs"]
+    assert [r for r in reported if r["job_id"] == job and name in json.dumps(r, ensure_ascii=False)
+            and (r.get("job_name") == name or r.get("name") == name)], reported
+
+
+def test_user_sees_only_own_jobs(fc: FaultCluster) -> None:
+    mine = fc.run_job(fc.script("mine.sh"))["job_id"]
+    theirs = fc.run_job(fc.script("theirs.sh", mode=0o755), user="colocuser2")["job_id"]
+    for user, own, other in (("colocuser", mine, theirs), ("colocuser2", theirs, mine)):
+        for extra in ([], ["--user", "colocuser"], ["--user", "colocuser2"], ["--job", str(other)]):
+            out = fc.c.run(["coloc-report", "jobs", "--json", "--since", "1d", *extra], user=user)
+            assert out.returncode == 0, out.stderr
+            ids = {j["job_id"] for j in json.loads(out.stdout)["jobs"]}
+            assert other not in ids, (user, extra, ids)
+            if not extra or extra == ["--user", user]:
+                assert own in ids, (user, extra, ids)
+    root = fc.c.run(["coloc-report", "jobs", "--json", "--since", "1d"], user=None)
+    assert {mine, theirs} <= {j["job_id"] for j in json.loads(root.stdout)["jobs"]}
+
+
+FAKE_MPS = """#!/bin/bash
+# TEST DOUBLE of nvidia-cuda-mps-control (CI has no driver): daemonizes a sleeper, writes the pid file.
+P=$CUDA_MPS_PIPE_DIRECTORY
+if [ "$1" = -d ]; then
+  setsid bash -c 'exec -a nvidia-cuda-mps-control sleep 600' </dev/null >/dev/null 2>&1 &
+  echo $! > "$P/nvidia-cuda-mps-control.pid"; exit 0
+fi
+read -r cmd
+[ "$cmd" = quit ] && kill "$(cat "$P/nvidia-cuda-mps-control.pid")" && rm -f "$P/nvidia-cuda-mps-control.pid"
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="DEFECT (node side, slurm_coloc/node/mps.py): in mps_mode per-user the MPS "
+                   "pipe directory is root-owned 0755 for every user; the issue asks that it admit the job's user "
+                   "and not others")
+def test_per_user_mps_pipe_dir_admits_only_the_jobs_user(fc: FaultCluster) -> None:
+    fake = fc.c.dir / "fakebin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(FAKE_MPS)
+    fake.chmod(0o755)
+    fc.set_config(mps_mode="per-user", mps_control_bin=str(fake))
+    job = fc.sbatch(fc.script("mps.sh", "sleep 8\n"))
+    fc.c.wait_state(job, ["RUNNING"], timeout=60)
+    time.sleep(1.5)
+    pipes = list((fc.run_dir / "mps").glob("*/pipe"))
+    assert pipes, "an MPS pipe directory exists while the shard job runs"
+    try:
+        for p in pipes:
+            assert fc.c.run(["test", "-x", str(p)], user="colocuser").returncode == 0
+            assert fc.c.run(["test", "-x", str(p)], user="colocuser2").returncode != 0, oct(p.stat().st_mode)
+    finally:
+        fc.c.wait_job(job, timeout=60)
