@@ -1,6 +1,7 @@
 """Training workloads of the device benchmarks (issue 8): a model, synthetic data, a timed SGD loop.
 
-Run as a job (``python3 workloads.py <name> --measure-s 15``) it trains on synthetic inputs and prints one line
+Run as a job (``python3 workloads.py <name> --measure-s 15``) it trains on synthetic inputs and prints one
+line
 ``COLOC_BENCH {json}`` with samples/s over the steady window and a progress timeline (``[t_unix, samples]``
 every ~0.5 s) from which the collector computes aggregate throughput over the window where all jobs overlap.
 ``--steps N`` runs a fixed amount of work instead (trace replay). ``--ballast-mib`` holds extra device memory
@@ -8,9 +9,10 @@ every ~0.5 s) from which the collector computes aggregate throughput over the wi
 scripts, so coloc-sbatch estimates their memory.
 
 Workloads (gpu-facts.md, "Collocation throughput on one H100"): ``small_cnn`` (28x28x1, batch 64),
-``resnet18_32`` (ResNet-18 on 3x32x32, batch 32), ``resnet50_224`` (ResNet-50 on 3x224x224, batch 32); SGD, fp32.
-Replay adds torchvision models by name (``tv:<model>:<C>x<H>x<W>:<batch>:<classes>``).
+``resnet18_32`` (ResNet-18 on 3x32x32, batch 32), ``resnet50_224`` (ResNet-50 on 3x224x224, batch 32); SGD,
+fp32. Replay adds torchvision models by name (``tv:<model>:<C>x<H>x<W>:<batch>:<classes>``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +32,16 @@ class SmallCNN(nn.Module):
     def __init__(self, channels: int = 32, classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 7 * 7, 128), nn.ReLU(), nn.Linear(128, classes))
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(2 * channels * 7 * 7, 128), nn.ReLU(), nn.Linear(128, classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -46,12 +55,14 @@ def small_cnn(classes: int = 10) -> nn.Module:
 def resnet18(classes: int = 10) -> nn.Module:
     """#COLOC target: torchvision ResNet-18."""
     import torchvision
+
     return torchvision.models.resnet18(num_classes=classes)
 
 
 def resnet50(classes: int = 1000) -> nn.Module:
     """#COLOC target: torchvision ResNet-50."""
     import torchvision
+
     return torchvision.models.resnet50(num_classes=classes)
 
 
@@ -67,12 +78,17 @@ def build(name: str) -> Tuple[nn.Module, Tuple[int, ...], int, int]:
     """Model, input shape, batch and classes of workload ``name`` (or ``tv:model:CxHxW:batch:classes``)."""
     if name.startswith("tv:"):
         import torchvision
+
         _, model, shape, batch, classes = name.split(":")
         kwargs: Dict[str, Any] = {"num_classes": int(classes)}
         if model == "inception_v3":
             kwargs.update(aux_logits=False, init_weights=False)
-        return (getattr(torchvision.models, model)(**kwargs), tuple(int(s) for s in shape.split("x")),
-                int(batch), int(classes))
+        return (
+            getattr(torchvision.models, model)(**kwargs),
+            tuple(int(s) for s in shape.split("x")),
+            int(batch),
+            int(classes),
+        )
     if name not in WORKLOADS:
         raise SystemExit(f"workloads.py: unknown workload {name!r} (known: {', '.join(WORKLOADS)}, tv:...)")
     builder, shape, batch, classes = WORKLOADS[name]
@@ -111,7 +127,8 @@ def main(argv: List[str] | None = None) -> int:
     t_ready = time.time()
     warm_end = t_ready + a.warmup_s if not a.steps else 0.0
     while (a.steps and i < 5) or (not a.steps and time.time() < warm_end):
-        step(i); i += 1
+        step(i)
+        i += 1
     sync()
     t0 = time.time()
     timeline: List[List[float]] = [[t0, 0]]
@@ -119,24 +136,48 @@ def main(argv: List[str] | None = None) -> int:
     last_mark = t0
     end = t0 + a.measure_s
     while (n < a.steps) if a.steps else (time.time() < end):
-        step(i); i += 1; n += 1
+        step(i)
+        i += 1
+        n += 1
         if n % 10 == 0:
             now = time.time()
             if now - last_mark >= 0.5:
-                sync(); now = time.time()
-                timeline.append([now, n * batch]); last_mark = now
+                sync()
+                now = time.time()
+                timeline.append([now, n * batch])
+                last_mark = now
     sync()
     t1 = time.time()
     timeline.append([t1, n * batch])
     peak = torch.cuda.max_memory_reserved() / 2**20 if dev.type == "cuda" else None
-    rec = {"workload": a.workload, "tag": a.tag, "job_id": os.environ.get("SLURM_JOB_ID"),
-           "user": os.environ.get("USER"), "device": str(dev), "batch": batch, "steps": n,
-           "samples_per_s": n * batch / (t1 - t0), "t_launch": t_launch, "t_ready": t_ready, "t0": t0, "t1": t1,
-           "peak_reserved_mib": peak, "ballast_mib": a.ballast_mib,
-           "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY",
-                                                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "COLOC_SHARE",
-                                                  "SLURM_SHARDS_ON_NODE", "LD_LIBRARY_PATH")},
-           "timeline": [[round(t, 3), s] for t, s in timeline]}
+    rec = {
+        "workload": a.workload,
+        "tag": a.tag,
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "user": os.environ.get("USER"),
+        "device": str(dev),
+        "batch": batch,
+        "steps": n,
+        "samples_per_s": n * batch / (t1 - t0),
+        "t_launch": t_launch,
+        "t_ready": t_ready,
+        "t0": t0,
+        "t1": t1,
+        "peak_reserved_mib": peak,
+        "ballast_mib": a.ballast_mib,
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "CUDA_MPS_PIPE_DIRECTORY",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                "COLOC_SHARE",
+                "SLURM_SHARDS_ON_NODE",
+                "LD_LIBRARY_PATH",
+            )
+        },
+        "timeline": [[round(t, 3), s] for t, s in timeline],
+    }
     print("COLOC_BENCH " + json.dumps(rec), flush=True)
     del ballast
     return 0

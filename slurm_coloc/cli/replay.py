@@ -1,4 +1,5 @@
 """coloc-replay: replay a CARMA/Philly trace through coloc-sbatch, exclusive and collocated, and compare."""
+
 from __future__ import annotations
 
 import json
@@ -15,28 +16,52 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
-DATA = "../shared/data/carma"
 
-
-def _tasks(trace: str, catalog: str, runtimes: str, time_scale: float, work_scale: float,
-           max_tasks: Optional[int], first_task: int) -> List[Task]:
-    return build_tasks(Path(trace), Path(catalog), Path(runtimes), time_scale, work_scale, max_tasks, first_task)
+def _tasks(
+    trace: str,
+    catalog: str,
+    runtimes: str,
+    time_scale: float,
+    work_scale: float,
+    max_tasks: Optional[int],
+    first_task: int,
+) -> List[Task]:
+    return build_tasks(
+        Path(trace), Path(catalog), Path(runtimes), time_scale, work_scale, max_tasks, first_task
+    )
 
 
 def _trace_options(f: Any) -> Any:
     opts = [
-        click.option("--trace", required=True, type=click.Path(dir_okay=False),
-                     help="trace CSV (task_index,submit_time_s,gap_from_previous_s,task_rad)"),
-        click.option("--catalog", required=True, type=click.Path(dir_okay=False),
-                     help="workload_catalog_from_rad.csv"),
-        click.option("--runtimes", required=True, type=click.Path(dir_okay=False),
-                     help="exclusive_run_summary.csv (reference exclusive runtimes)"),
-        click.option("--time-scale", type=float, default=0.01, show_default=True,
-                     help="multiply submit times by this"),
-        click.option("--work-scale", type=float, default=0.001, show_default=True,
-                     help="multiply each task's reference exclusive runtime by this"),
+        click.option(
+            "--trace",
+            required=True,
+            type=click.Path(dir_okay=False),
+            help="trace CSV (task_index,submit_time_s,gap_from_previous_s,task_rad)",
+        ),
+        click.option(
+            "--catalog", required=True, type=click.Path(dir_okay=False), help="workload_catalog_from_rad.csv"
+        ),
+        click.option(
+            "--runtimes",
+            required=True,
+            type=click.Path(dir_okay=False),
+            help="exclusive_run_summary.csv (reference exclusive runtimes)",
+        ),
+        click.option(
+            "--time-scale", type=float, default=0.01, show_default=True, help="multiply submit times by this"
+        ),
+        click.option(
+            "--work-scale",
+            type=float,
+            default=0.001,
+            show_default=True,
+            help="multiply each task's reference exclusive runtime by this",
+        ),
         click.option("--max-tasks", type=int, default=None, help="replay only this many tasks"),
-        click.option("--first-task", type=int, default=0, show_default=True, help="skip the tasks before this row"),
+        click.option(
+            "--first-task", type=int, default=0, show_default=True, help="skip the tasks before this row"
+        ),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -55,11 +80,20 @@ def cli() -> None:
 @cli.command()
 @_trace_options
 @click.option("--json", "as_json", is_flag=True, help="print the tasks as JSON")
-def plan(trace: str, catalog: str, runtimes: str, time_scale: float, work_scale: float, max_tasks: Optional[int],
-         first_task: int, as_json: bool) -> None:
+def plan(
+    trace: str,
+    catalog: str,
+    runtimes: str,
+    time_scale: float,
+    work_scale: float,
+    max_tasks: Optional[int],
+    first_task: int,
+    as_json: bool,
+) -> None:
     """Print the scaled tasks (workload, steps, memory request, submit offset); submit nothing.
 
-    Example: coloc-replay plan --trace t.csv --catalog c.csv --runtimes r.csv --time-scale 0.01 --work-scale 0.001
+    Example: coloc-replay plan --trace t.csv --catalog c.csv --runtimes r.csv --time-scale 0.01
+    --work-scale 0.001
     """
     try:
         tasks = _tasks(trace, catalog, runtimes, time_scale, work_scale, max_tasks, first_task)
@@ -68,42 +102,99 @@ def plan(trace: str, catalog: str, runtimes: str, time_scale: float, work_scale:
     if as_json:
         click.echo(json.dumps([asdict(t) for t in tasks], indent=1))
         return
-    click.echo(f"{'task':>4} {'submit s':>9} {'work s':>8} {'steps':>7} {'mem MiB':>8}  workload  (rad; note)")
+    click.echo(
+        f"{'task':>4} {'submit s':>9} {'work s':>8} {'steps':>7} {'mem MiB':>8}  workload  (rad; note)"
+    )
     for t in tasks:
-        click.echo(f"{t.index:>4} {t.submit_s:>9.1f} {t.work_s:>8.1f} {t.steps:>7} {t.mem_mib or '-':>8}  "
-                   f"{t.workload}  ({t.rad}{'; ' + t.note if t.note else ''})")
-    click.echo(f"{len(tasks)} tasks, {sum(t.work_s for t in tasks):.0f} s of scaled exclusive work, "
-               f"last submit at {max(t.submit_s for t in tasks):.0f} s")
+        click.echo(
+            f"{t.index:>4} {t.submit_s:>9.1f} {t.work_s:>8.1f} {t.steps:>7} {t.mem_mib or '-':>8}  "
+            f"{t.workload}  ({t.rad}{'; ' + t.note if t.note else ''})"
+        )
+    click.echo(
+        f"{len(tasks)} tasks, {sum(t.work_s for t in tasks):.0f} s of scaled exclusive work, "
+        f"last submit at {max(t.submit_s for t in tasks):.0f} s"
+    )
 
 
 @cli.command()
 @_trace_options
-@click.option("--job-script", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="batch script run as: <script> <workload> --steps N --tag T (benchmarks/device/job_generic.sh)")
+@click.option(
+    "--job-script",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="batch script run as: <script> <workload> --steps N --tag T (benchmarks/device/job_generic.sh)",
+)
 @click.option("--mode", type=click.Choice(["exclusive", "coloc", "both"]), default="both", show_default=True)
-@click.option("--out-dir", default=".", show_default=True, type=click.Path(file_okay=False),
-              help="where the jobs' output files go")
-@click.option("--deadline-s", type=float, default=600.0, show_default=True,
-              help="per mode: cancel what is still running this long after the first submission")
+@click.option(
+    "--out-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="where the jobs' output files go",
+)
+@click.option(
+    "--deadline-s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="per mode: cancel what is still running this long after the first submission",
+)
+@click.option(
+    "--context-mib",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="coloc mode: added to each task's catalog peak (CUDA context and workspaces)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def run(trace: str, catalog: str, runtimes: str, time_scale: float, work_scale: float, max_tasks: Optional[int],
-        first_task: int, job_script: str, mode: str, out_dir: str, deadline_s: float, as_json: bool) -> None:
-    """Submit the tasks through coloc-sbatch (exclusive, coloc or both, one after the other) and report makespan,
-    mean job completion time, mean SM activity, GPU energy and OOM reruns.
+def run(
+    trace: str,
+    catalog: str,
+    runtimes: str,
+    time_scale: float,
+    work_scale: float,
+    max_tasks: Optional[int],
+    first_task: int,
+    job_script: str,
+    mode: str,
+    out_dir: str,
+    deadline_s: float,
+    context_mib: int,
+    as_json: bool,
+) -> None:
+    """Submit the tasks through coloc-sbatch (exclusive, coloc or both, one after the other) and report
+    makespan, mean job completion time, mean SM activity, GPU energy and OOM reruns.
 
     Example: coloc-replay run --trace t.csv --catalog c.csv --runtimes r.csv --max-tasks 8
     --job-script benchmarks/device/job_generic.sh --mode both --json
     """
     from slurm_coloc.replay.runner import run_replay
+
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
     try:
         cfg = config_mod.load()
         tasks = _tasks(trace, catalog, runtimes, time_scale, work_scale, max_tasks, first_task)
-        result: Dict[str, Any] = {"tasks": len(tasks), "time_scale": time_scale, "work_scale": work_scale}
-        for m in (["exclusive", "coloc"] if mode == "both" else [mode]):
-            rr = run_replay(tasks, m, cfg, str(Path(job_script).resolve()), str(Path(out_dir).resolve()), deadline_s)
-            result[m] = {**rr.metrics.as_dict(), "problems": rr.problems,
-                         "jobs": {str(t): j for t, j in rr.job_of_task.items()}}
+        result: Dict[str, Any] = {
+            "tasks": len(tasks),
+            "time_scale": time_scale,
+            "work_scale": work_scale,
+            "context_mib": context_mib,
+        }
+        for m in ["exclusive", "coloc"] if mode == "both" else [mode]:
+            rr = run_replay(
+                tasks,
+                m,
+                cfg,
+                str(Path(job_script).resolve()),
+                str(Path(out_dir).resolve()),
+                deadline_s,
+                context_mib=context_mib,
+            )
+            result[m] = {
+                **rr.metrics.as_dict(),
+                "problems": rr.problems,
+                "jobs": {str(t): j for t, j in rr.job_of_task.items()},
+            }
     except ColocError as exc:
         raise click.ClickException(str(exc)) from None
     if "exclusive" in result and "coloc" in result:
@@ -111,13 +202,24 @@ def run(trace: str, catalog: str, runtimes: str, time_scale: float, work_scale: 
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
-    keys = ["tasks", "completed", "lost", "oom_retries", "makespan_s", "mean_jct_s", "mean_wait_s", "mean_smact_pct",
-            "energy_j"]
+    keys = [
+        "tasks",
+        "completed",
+        "lost",
+        "oom_retries",
+        "makespan_s",
+        "mean_jct_s",
+        "mean_wait_s",
+        "mean_smact_pct",
+        "energy_j",
+    ]
     modes = [m for m in ("exclusive", "coloc") if m in result]
     click.echo(f"{'':<16}" + "".join(f"{m:>14}" for m in modes))
     for k in keys:
         vals = [result[m].get(k) for m in modes]
-        click.echo(f"{k:<16}" + "".join(f"{v:>14.1f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals))
+        click.echo(
+            f"{k:<16}" + "".join(f"{v:>14.1f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals)
+        )
     for k, v in (result.get("change") or {}).items():
         click.echo(f"{k}: {'-' if v is None else f'{v:+.1f}%'}")
 

@@ -2,9 +2,11 @@
 
 Definitions: makespan = last end - first submit (s); job completion time (JCT) of a task = end of its last run
 (an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
-of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of NVML's
+of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of
+NVML's
 total-energy counter over the window, summed over GPUs (J).
 """
+
 from __future__ import annotations
 
 import re
@@ -17,7 +19,8 @@ RETRY_RE = re.compile(r"oom-retry-of-(\d+)")
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``, ``retry_of``."""
+    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``,
+    ``retry_of``."""
 
     job_id: int
     task: int
@@ -57,8 +60,10 @@ def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
     """Per task: first submit, last end, whether a run COMPLETED, number of OOM reruns."""
     out: Dict[int, Dict[str, Any]] = {}
     for r in runs:
-        t = out.setdefault(r.task, {"submit_ts": r.submit_ts, "end_ts": 0.0, "start_ts": 0.0, "completed": False,
-                                    "retries": 0})
+        t = out.setdefault(
+            r.task,
+            {"submit_ts": r.submit_ts, "end_ts": 0.0, "start_ts": 0.0, "completed": False, "retries": 0},
+        )
         t["submit_ts"] = min(t["submit_ts"], r.submit_ts) if r.submit_ts else t["submit_ts"]
         t["end_ts"] = max(t["end_ts"], r.end_ts or 0.0)
         if r.retry_of is None and r.start_ts:
@@ -74,15 +79,18 @@ def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
     return statistics.fmean(vals) if vals else None
 
 
-def energy_growth_j(start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]) -> Optional[float]:
+def energy_growth_j(
+    start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
+) -> Optional[float]:
     """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading."""
     if not start or set(start) != set(end) or any(start[g] is None or end[g] is None for g in start):
         return None
     return sum(float(end[g]) - float(start[g]) for g in start)  # type: ignore[arg-type]
 
 
-def summarize(mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float],
-              energy_j: Optional[float]) -> ReplayMetrics:
+def summarize(
+    mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float], energy_j: Optional[float]
+) -> ReplayMetrics:
     """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions)."""
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
@@ -90,11 +98,17 @@ def summarize(mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optiona
     ends = [t["end_ts"] for t in done]
     waits = [t["start_ts"] - t["submit_ts"] for t in tasks.values() if t["start_ts"] and t["submit_ts"]]
     return ReplayMetrics(
-        mode=mode, tasks=n_tasks, completed=len(done), lost=n_tasks - len(done),
+        mode=mode,
+        tasks=n_tasks,
+        completed=len(done),
+        lost=n_tasks - len(done),
         oom_retries=sum(t["retries"] for t in tasks.values()),
         makespan_s=(max(ends) - min(submits)) if ends and submits else None,
         mean_jct_s=statistics.fmean(t["end_ts"] - t["submit_ts"] for t in done) if done else None,
-        mean_wait_s=statistics.fmean(waits) if waits else None, mean_smact_pct=smact, energy_j=energy_j)
+        mean_wait_s=statistics.fmean(waits) if waits else None,
+        mean_smact_pct=smact,
+        energy_j=energy_j,
+    )
 
 
 def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
@@ -114,6 +128,15 @@ def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) ->
         task = task_of_job.get(r.job_id, task_of_job.get(parent) if parent is not None else None)
         if task is None:
             continue
-        out.append(RunRecord(job_id=r.job_id, task=task, submit_ts=float(r.submit_time), start_ts=float(r.start_time),
-                             end_ts=float(r.end_time), state=r.state, retry_of=parent if r.job_id not in task_of_job else None))
+        out.append(
+            RunRecord(
+                job_id=r.job_id,
+                task=task,
+                submit_ts=float(r.submit_time),
+                start_ts=float(r.start_time),
+                end_ts=float(r.end_time),
+                state=r.state,
+                retry_of=parent if r.job_id not in task_of_job else None,
+            )
+        )
     return out

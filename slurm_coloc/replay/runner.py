@@ -1,10 +1,15 @@
 """Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
 
 Exclusive mode submits every task with ``--exclusive-gpu`` (one job per GPU at a time); coloc mode with
-``--coloc-mem <catalog peak>M`` (shards + MPS, as a user who knows the peak from an earlier run would). Slurm
-commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity comes from
-the sampler's per-node databases through ``slurm_coloc.store``.
+``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the peak from an earlier run
+would). ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the CUDA
+context of a torch process (612 MiB on the H100, CUDA 13: gpu-facts.md) and library workspaces. Without it, the
+first
+H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm
+commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity
+comes from the sampler's per-node databases through ``slurm_coloc.store``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,15 +23,31 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.replay.metrics import ReplayMetrics, RunRecord, mean_smact, energy_growth_j, runs_from_records, summarize
+from slurm_coloc.replay.metrics import (
+    ReplayMetrics,
+    RunRecord,
+    mean_smact,
+    energy_growth_j,
+    runs_from_records,
+    summarize,
+)
 from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import parse_index_list
 from slurm_coloc.slurm.run import run as slurm_run
 
 log = logging.getLogger("slurm_coloc.replay")
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE"}
+FINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 MODES = ("exclusive", "coloc")
 
 
@@ -40,17 +61,46 @@ class ReplayRun:
     problems: List[str] = field(default_factory=list)
 
 
-def sbatch_argv(task: Task, mode: str, job_script: str, output: str, extra: Sequence[str] = ()) -> List[str]:
+DEFAULT_CONTEXT_MIB = 1024
+
+
+def sbatch_argv(
+    task: Task,
+    mode: str,
+    job_script: str,
+    output: str,
+    extra: Sequence[str] = (),
+    context_mib: int = DEFAULT_CONTEXT_MIB,
+) -> List[str]:
     """coloc-sbatch arguments (after the program name) for ``task`` in ``mode``.
 
+    Coloc mode asks ``--coloc-mem=<mem_mib + context_mib>M``; a task of unknown memory gets a whole GPU.
+
     Raises:
-        ColocError: unknown mode.
+        ColocError: unknown mode or a negative ``context_mib``.
     """
     if mode not in MODES:
         raise ColocError(f"unknown replay mode {mode!r} (use {' or '.join(MODES)})")
-    gpu = ["--exclusive-gpu"] if mode == "exclusive" or not task.mem_mib else [f"--coloc-mem={task.mem_mib}M"]
-    return ["--parsable", f"--job-name=replay-{task.index}", f"--output={output}", *gpu, *extra, job_script,
-            task.workload, "--steps", str(task.steps), "--tag", f"replay-{mode}-{task.index}"]
+    if context_mib < 0:
+        raise ColocError(f"context allowance must be >= 0 MiB (got {context_mib})")
+    gpu = (
+        ["--exclusive-gpu"]
+        if mode == "exclusive" or not task.mem_mib
+        else [f"--coloc-mem={task.mem_mib + context_mib}M"]
+    )
+    return [
+        "--parsable",
+        f"--job-name=replay-{task.index}",
+        f"--output={output}",
+        *gpu,
+        *extra,
+        job_script,
+        task.workload,
+        "--steps",
+        str(task.steps),
+        "--tag",
+        f"replay-{mode}-{task.index}",
+    ]
 
 
 def coloc_sbatch_path() -> str:
@@ -70,6 +120,7 @@ def open_energy_reader() -> Optional[object]:
     """An NVML reader for the energy counters, or None where NVML is unavailable (CPU test cluster)."""
     try:
         from slurm_coloc.nvml import NvmlReader
+
         return NvmlReader(gpm=False)
     except Exception as exc:  # noqa: BLE001 - no NVML: energy is NULL
         log.info("no NVML for energy: %s", exc)
@@ -77,9 +128,11 @@ def open_energy_reader() -> Optional[object]:
 
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] of the GPUs of the replay's nodes, from the sampler databases."""
+    """Mean GPM SM activity (%) over [t0, t1] of the GPUs of the replay's nodes, from the sampler
+    databases."""
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
+
     nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
     samples: List[dict] = []
     for node in nodes:
@@ -103,9 +156,18 @@ def parse_index_nodes(nodes: str) -> List[str]:
     return out
 
 
-def run_replay(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
-               deadline_s: float, extra_sbatch: Sequence[str] = (), poll_s: float = 1.0,
-               clock: Callable[[], float] = time.time) -> ReplayRun:
+def run_replay(
+    tasks: Sequence[Task],
+    mode: str,
+    cfg: Config,
+    job_script: str,
+    out_dir: str,
+    deadline_s: float,
+    extra_sbatch: Sequence[str] = (),
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.time,
+    context_mib: int = DEFAULT_CONTEXT_MIB,
+) -> ReplayRun:
     """Submit ``tasks`` at ``submit_s`` offsets, wait for them (and OOM reruns) until ``deadline_s`` after the
     start, cancel what is left then, and measure.
 
@@ -123,8 +185,13 @@ def run_replay(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, o
         if delay > 0:
             time.sleep(delay)
         out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
-        proc = subprocess.run([coloc_sbatch_path(), *sbatch_argv(task, mode, job_script, out, extra_sbatch)],
-                              capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(
+            [coloc_sbatch_path(), *sbatch_argv(task, mode, job_script, out, extra_sbatch, context_mib)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         if proc.returncode != 0:
             cancel(cfg, list(job_of_task.values()), env)
             raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
@@ -133,8 +200,11 @@ def run_replay(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, o
     task_of_job = {j: t for t, j in job_of_task.items()}
     records: List[object] = []
     while True:
-        records = [r for r in squeue_all(cfg.slurm_bin_dir, env) if r.job_id in task_of_job
-                   or runs_from_records([r], task_of_job)]
+        records = [
+            r
+            for r in squeue_all(cfg.slurm_bin_dir, env)
+            if r.job_id in task_of_job or runs_from_records([r], task_of_job)
+        ]
         if records and all(r.state in FINAL for r in records) and len(records) >= len(task_of_job):
             break
         if clock() - t_start > deadline_s:
@@ -142,8 +212,11 @@ def run_replay(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, o
             problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
             cancel(cfg, left, env)
             time.sleep(2.0)
-            records = [r for r in squeue_all(cfg.slurm_bin_dir, env) if r.job_id in task_of_job
-                       or runs_from_records([r], task_of_job)]
+            records = [
+                r
+                for r in squeue_all(cfg.slurm_bin_dir, env)
+                if r.job_id in task_of_job or runs_from_records([r], task_of_job)
+            ]
             break
         time.sleep(poll_s)
     t_end = clock()

@@ -1,11 +1,13 @@
 """Read a CARMA trace and its workload catalog and turn each task into a runnable, scaled training job (pure).
 
 Inputs (``shared/data/carma``, Apache-2.0): ``traces/*.csv`` (``task_index,submit_time_s,gap_from_previous_s,
-task_rad``), ``workload_catalog_from_rad.csv`` (per ``.rad`` file: script, batch sizes, measured peak memory in
-MB, GPUs) and ``exclusive_run_summary.csv`` (measured exclusive execution time of one epoch per script and batch,
-A100 machine of the CARMA paper).
+task_rad``), ``workload_catalog_from_rad.csv`` (per ``.rad`` file: script, batch sizes, measured peak
+memory in
+MB, GPUs) and ``exclusive_run_summary.csv`` (measured exclusive execution time of one epoch per script and
+batch, A100 machine of the CARMA paper).
 
-Mapping (``FAMILIES``): each script family becomes a torchvision model on synthetic inputs of the data set's size
+Mapping (``FAMILIES``): each script family becomes a torchvision model on synthetic inputs of the data
+set's size
 (CIFAR-100 scripts: 3x32x32, 100 classes; ImageNet scripts: 3x224x224, Inception 3x299x299, 1000 classes);
 Xception (not in torchvision) becomes ResNeXt-50; tasks with no vision counterpart (BERT, GPT-2, XLNet, DLRM,
 U-Net, Mask R-CNN) become ResNet-50/224 at batch 32 as compute stand-ins. The memory request is always the
@@ -13,9 +15,10 @@ catalog's measured peak (MB taken as MiB), so packing decisions follow the real 
 
 Scaling: submit times x ``time_scale``; a task's work is its reference exclusive time (one-epoch time x epochs
 in the .rad name, ``_20e_`` = 20) x ``work_scale`` seconds, turned into training steps with the expected
-samples/s of the stand-in model (``RATES_SAMPLES_PER_S``; the same steps run in both modes, so the comparison is
-fair even where a rate is off).
+samples/s of the stand-in model (``RATES_SAMPLES_PER_S``; the same steps run in both modes, so the
+comparison is fair even where a rate is off).
 """
+
 from __future__ import annotations
 
 import csv
@@ -43,15 +46,25 @@ FAMILIES: Dict[str, Tuple[str, str, int, str]] = {
 }
 STAND_IN = ("resnet50", "3x224x224", 1000)
 STAND_IN_BATCH = 32
-DEFAULT_REF_S = 600.0  # reference runtime of a script the run summary lacks (mnist_train), stated in Task.note
+DEFAULT_REF_S = (
+    600.0  # reference runtime of a script the run summary lacks (mnist_train), stated in Task.note
+)
 
-# Expected single-job samples/s on one H100 (measured there for small_cnn/resnet18/resnet50 in gpu-facts.md and
+# Expected single-job samples/s on one H100 (measured there for small_cnn/resnet18/resnet50 in gpu-facts.md
+# and
 # benchmarks/device results; the rest are rough guesses: they only set how long a step count takes).
 RATES_SAMPLES_PER_S: Dict[Tuple[str, str], float] = {
-    ("small_cnn", ""): 31500, ("resnet18", "3x32x32"): 3900, ("resnet34", "3x32x32"): 2300,
-    ("mobilenet_v2", "3x32x32"): 2500, ("efficientnet_b0", "3x32x32"): 1800, ("resnet50", "3x224x224"): 1500,
-    ("mobilenet_v2", "3x224x224"): 2000, ("efficientnet_b0", "3x224x224"): 1400, ("inception_v3", "3x299x299"): 900,
-    ("resnext50_32x4d", "3x224x224"): 1000, ("vgg16", "3x224x224"): 700,
+    ("small_cnn", ""): 31500,
+    ("resnet18", "3x32x32"): 3900,
+    ("resnet34", "3x32x32"): 2300,
+    ("mobilenet_v2", "3x32x32"): 2500,
+    ("efficientnet_b0", "3x32x32"): 1800,
+    ("resnet50", "3x224x224"): 1500,
+    ("mobilenet_v2", "3x224x224"): 2000,
+    ("efficientnet_b0", "3x224x224"): 1400,
+    ("inception_v3", "3x299x299"): 900,
+    ("resnext50_32x4d", "3x224x224"): 1000,
+    ("vgg16", "3x224x224"): 700,
 }
 
 
@@ -93,7 +106,9 @@ def _read_csv(path: Path) -> List[Dict[str, str]]:
 def _require(rows: List[Dict[str, str]], path: Path, cols: Tuple[str, ...]) -> None:
     missing = [c for c in cols if rows and c not in rows[0]]
     if not rows or missing:
-        raise ColocError(f"{str(path)!r}: {'no rows' if not rows else 'missing column(s) ' + ', '.join(missing)}")
+        raise ColocError(
+            f"{str(path)!r}: {'no rows' if not rows else 'missing column(s) ' + ', '.join(missing)}"
+        )
 
 
 def load_trace(path: Path) -> List[Tuple[int, float, str]]:
@@ -113,8 +128,11 @@ def load_trace(path: Path) -> List[Tuple[int, float, str]]:
 def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
     """``rad_file`` -> its catalog row."""
     rows = _read_csv(path)
-    _require(rows, path, ("rad_file", "script", "cli_batch_size", "rad_batch_size", "num_gpus",
-                          "measured_peak_mem_MB"))
+    _require(
+        rows,
+        path,
+        ("rad_file", "script", "cli_batch_size", "rad_batch_size", "num_gpus", "measured_peak_mem_MB"),
+    )
     return {r["rad_file"].strip(): r for r in rows}
 
 
@@ -145,9 +163,16 @@ def _int(text: str) -> Optional[int]:
         return None
 
 
-def map_task(index: int, submit_s: float, rad: str, catalog: Dict[str, Dict[str, str]],
-             runtimes: Dict[Tuple[str, Optional[int]], float], time_scale: float, work_scale: float,
-             min_steps: int = 20) -> Task:
+def map_task(
+    index: int,
+    submit_s: float,
+    rad: str,
+    catalog: Dict[str, Dict[str, str]],
+    runtimes: Dict[Tuple[str, Optional[int]], float],
+    time_scale: float,
+    work_scale: float,
+    min_steps: int = 20,
+) -> Task:
     """One trace row -> Task (module docstring has the rules).
 
     Raises:
@@ -177,13 +202,30 @@ def map_task(index: int, submit_s: float, rad: str, catalog: Dict[str, Dict[str,
     rate = RATES_SAMPLES_PER_S.get((model, shape), 1000.0)
     work_s = ref * work_scale
     steps = max(min_steps, int(math.ceil(work_s * rate / batch)))
-    return Task(index=index, rad=rad, submit_s=submit_s * time_scale, workload=workload, batch=batch, steps=steps,
-                mem_mib=_int(row["measured_peak_mem_MB"]), ref_s=ref, work_s=work_s,
-                num_gpus=_int(row["num_gpus"]) or 1, note=note)
+    return Task(
+        index=index,
+        rad=rad,
+        submit_s=submit_s * time_scale,
+        workload=workload,
+        batch=batch,
+        steps=steps,
+        mem_mib=_int(row["measured_peak_mem_MB"]),
+        ref_s=ref,
+        work_s=work_s,
+        num_gpus=_int(row["num_gpus"]) or 1,
+        note=note,
+    )
 
 
-def build_tasks(trace: Path, catalog: Path, runtimes: Path, time_scale: float, work_scale: float,
-                max_tasks: Optional[int] = None, first_task: int = 0) -> List[Task]:
+def build_tasks(
+    trace: Path,
+    catalog: Path,
+    runtimes: Path,
+    time_scale: float,
+    work_scale: float,
+    max_tasks: Optional[int] = None,
+    first_task: int = 0,
+) -> List[Task]:
     """All tasks of ``trace`` (or ``max_tasks`` from ``first_task`` on), submit offsets rebased to the first.
 
     Raises:
