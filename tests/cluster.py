@@ -147,5 +147,7 @@ def start_cluster(extra_env: Optional[Dict[str, str]] = None) -> Cluster:
 
 
 def stop_cluster(cluster: Cluster) -> None:
+    """Stop the daemons and remove the directory (kept, with its logs, when COLOC_TEST_KEEP=1)."""
     cluster.script("stop", check=False)
-    shutil.rmtree(cluster.dir, ignore_errors=True)
+    if os.environ.get("COLOC_TEST_KEEP") != "1":
+        shutil.rmtree(cluster.dir, ignore_errors=True)
