@@ -90,7 +90,8 @@ def test_sbatch_argv_per_mode() -> None:
     t = build_tasks(TRACE, CAT, RUN, 1.0, 0.001)[2]
     co = sbatch_argv(t, "coloc", "/j.sh", "/o/%j.out", context_mib=1024)
     assert f"--coloc-mem={t.mem_mib + 1024}M" in co and "--exclusive-gpu" not in co
-    assert co[co.index("/j.sh") + 1:] == [t.workload, "--steps", str(t.steps), "--tag", f"replay-coloc-{t.index}"]
+    tail = [t.workload, "--steps", str(t.steps), "--tag", f"replay-coloc-{t.index}"]
+    assert co[co.index("/j.sh") + 1:] == tail
     ex = sbatch_argv(t, "exclusive", "/j.sh", "/o/%j.out")
     assert "--exclusive-gpu" in ex and not any(a.startswith("--coloc-mem") for a in ex)
     with pytest.raises(ColocError):
@@ -122,7 +123,8 @@ def test_energy_and_comparison() -> None:
     assert ch["mean_jct_s_change_pct"] == pytest.approx(20.0)
     assert ch["mean_smact_pct_change_pct"] is None
     assert M.retry_parent("oom-retry-of-42 coloc:{}") == 42 and M.retry_parent("coloc:{}") is None
-    assert M.mean_smact([{"smact_pct": 10.0}, {"smact_pct": None}, {"smact_pct": 30.0}]) == pytest.approx(20.0)
+    samples = [{"smact_pct": 10.0}, {"smact_pct": None}, {"smact_pct": 30.0}]
+    assert M.mean_smact(samples) == pytest.approx(20.0)
 
 
 def test_node_list_expansion() -> None:

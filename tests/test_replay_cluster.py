@@ -1,6 +1,8 @@
-"""coloc-replay end to end on the real local Slurm cluster (tiny scale, CPU torch): both modes submit through
-coloc-sbatch, exclusive tasks get a whole GPU's shards, coloc tasks the catalog peak + context allowance, every
-task completes and the report's numbers come from Slurm's own records."""
+"""coloc-replay end to end on the real local Slurm cluster (tiny scale, CPU torch).
+
+Both modes submit through coloc-sbatch; exclusive tasks get a whole GPU's shards, coloc tasks the catalog peak +
+the context allowance; every task completes and the makespan comes from Slurm's own records.
+"""
 from __future__ import annotations
 
 import json
@@ -26,7 +28,8 @@ def test_replay_both_modes_on_the_cluster(slurm_cluster: Cluster) -> None:
                  "--catalog", str(DATA / "workload_catalog_from_rad.csv"),
                  "--runtimes", str(DATA / "exclusive_run_summary.csv"),
                  "--time-scale", "0.1", "--work-scale", "1e-6",
-                 "--job-script", str(REPO / "benchmarks" / "device" / "job_generic.sh"), "--out-dir", str(c.jobs_dir),
+                 "--job-script", str(REPO / "benchmarks" / "device" / "job_generic.sh"),
+                 "--out-dir", str(c.jobs_dir),
                  "--deadline-s", "240", "--context-mib", "1024", "--json"], env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
@@ -40,7 +43,7 @@ def test_replay_both_modes_on_the_cluster(slurm_cluster: Cluster) -> None:
     ex = [jobs[j] for j in res["exclusive"]["jobs"].values()]
     co = {int(t): jobs[j] for t, j in res["coloc"]["jobs"].items()}
     assert all(j["tres_per_node"] == "gres:shard:80" for j in ex)
-    # catalog peaks: mnist_train 1776 MB, resnet18_cifar100 858 MB; + 1024 MiB context, rounded up to GiB shards
+    # catalog peaks: mnist_train 1776 MB, resnet18_cifar100 858 MB; + 1024 MiB context, rounded up to shards
     assert co[0]["tres_per_node"] == f"gres:shard:{math.ceil((1776 + 1024) / 1024)}"
     assert co[1]["tres_per_node"] == f"gres:shard:{math.ceil((858 + 1024) / 1024)}"
     # the second task was submitted 10 s x 0.1 after the first
