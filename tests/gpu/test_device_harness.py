@@ -1,0 +1,53 @@
+"""The device harness on a real GPU (run on the device machine as root, after benchmarks/device/build_bundle.sh
+here and with ``.carry`` carried): the carried Slurm 22.05 bundle starts over the real GPU(s), two small-CNN jobs
+submitted through coloc-sbatch run at the same time as MPS clients with their memory fence, and no library of
+the bundle leaks into the jobs' environment.
+
+Run: ``/opt/torch/.venv/bin/python3 -m pytest -m gpu tests/gpu/test_device_harness.py``
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+DEV = REPO / "benchmarks" / "device"
+ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    if os.geteuid() != 0 or shutil.which("nvidia-smi") is None:
+        pytest.skip("needs root on a machine with an NVIDIA GPU")
+    if not (REPO / ".carry" / "slurm-bundle.tar.gz").exists():
+        pytest.skip("no .carry/slurm-bundle.tar.gz (run benchmarks/device/build_bundle.sh and carry .carry)")
+    up = subprocess.run([str(DEV / "cluster_gpu.sh"), "start"], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield
+    subprocess.run([str(DEV / "cluster_gpu.sh"), "stop"], capture_output=True, text=True, timeout=120)
+
+
+def test_two_jobs_share_the_gpu_under_mps(gpu_cluster, tmp_path: Path) -> None:
+    env = {**os.environ, "COLOC_BENCH_ROOT": str(ROOT),
+           "COLOC_BENCH_LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
+    run = subprocess.run([str(ROOT / "venv" / "bin" / "python3"), str(ROOT / "src/benchmarks/device/bench.py"),
+                          "--out", str(tmp_path), "collocate", "--workload", "small_cnn", "--k", "2",
+                          "--coloc-only", "--warmup-s", "2", "--measure-s", "8", "--timeout-s", "240"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    res = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
+    co = res["runs"]["coloc"]
+    assert co["completed"] == 2 and co["not_completed"] == [] and co["oom_retries"] == []
+    assert co["mps_jobs"] == 2
+    assert co["overlap_window_s"] > 3 and co["aggregate_samples_per_s"] > 0
+    for job in co["jobs"]:
+        b = job["bench"]
+        assert b["device"] == "cuda"
+        assert b["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={b['env']['SLURM_SHARDS_ON_NODE']}G"
+        assert str(ROOT / "slurm") not in (b["env"]["LD_LIBRARY_PATH"] or "")
