@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Load: N jobs submitted through ``coloc-sbatch`` by C parallel clients (as a user) on a real local cluster;
+all must be accepted and each recorded exactly once (one ``jobs`` row, one Prolog and one Epilog row).
+
+    .venv/bin/python benchmarks/load_submit.py            # 200 submissions, 8 clients (docs/reliability.md)
+    .venv/bin/python benchmarks/load_submit.py -n 50 -c 4
+
+Starts its own cluster (free ports, own directory) and stops it. Job scripts use ``#COLOC mem=1G`` (an override):
+this measures the submission path, not the estimator (docs/estimator.md has its speed). Needs root.
+Prints a table: submissions/s, p50/p99 coloc-sbatch latency, p99 hook duration, records found.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def pct(values: List[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))]
+
+
+def hook_durations_ms(cluster: Cluster) -> Dict[str, List[float]]:
+    """Whole-process durations of every hook from hooks.log (``<hook> done in N ms``)."""
+    out: Dict[str, List[float]] = {}
+    log = cluster.dir / "log" / "hooks.log"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if " done in " in line and " ms" in line:
+            head, _, tail = line.partition(" done in ")
+            out.setdefault(head.rsplit(" ", 1)[-1], []).append(float(tail.split()[0]))
+    return out
+
+
+def wait_final(cluster: Cluster, ids: List[int], timeout: float) -> Dict[int, str]:
+    deadline = time.time() + timeout
+    states: Dict[int, str] = {}
+    while time.time() < deadline:
+        states = {j["job_id"]: j["job_state"] for j in cluster.squeue() if j["job_id"] in set(ids)}
+        if len(states) == len(ids) and all(s in FINAL for s in states.values()):
+            break
+        time.sleep(1.0)
+    return states
+
+
+def records(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
+    """How many of ``ids`` have exactly one jobs row with an end, exactly one Prolog and one Epilog row."""
+    want = set(ids)
+    conn = sqlite3.connect(str(cluster.ctld_db))
+    jobs = [r[0] for r in conn.execute("SELECT job_id FROM jobs WHERE end_ts IS NOT NULL")]
+    conn.close()
+    hooks: Dict[tuple, int] = {}
+    for n in ("n1", "n2"):
+        if cluster.node_db(n).exists():
+            c = sqlite3.connect(str(cluster.node_db(n)))
+            for job_id, hook in c.execute("SELECT job_id, hook FROM hook_runs"):
+                hooks[(job_id, hook)] = hooks.get((job_id, hook), 0) + 1
+            c.close()
+    return {"jobs_rows": sum(1 for j in jobs if j in want),
+            "prolog_once": sum(1 for j in want if hooks.get((j, "prolog")) == 1),
+            "epilog_once": sum(1 for j in want if hooks.get((j, "epilog")) == 1)}
+
+
+def submit_burst(cluster: Cluster, n: int, clients: int) -> Dict[str, object]:
+    """Submit ``n`` jobs from ``clients`` threads (each a coloc-sbatch process as colocuser); wait; count records."""
+    script = cluster.jobs_dir / "load_submit.sh"
+    script.write_text("#!/bin/bash\n#COLOC mem=1G\ntrue\n")
+    os.chmod(script, 0o644)
+    lat: List[float] = []
+    ids: List[int] = []
+    errors: List[str] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        t = time.monotonic()
+        p = cluster.run(["coloc-sbatch", "--parsable", "-t", "1", "-J", f"load-{i}", "-o", "/dev/null",
+                         str(script)], timeout=300)
+        dt = time.monotonic() - t
+        with lock:
+            lat.append(dt)
+            if p.returncode == 0:
+                ids.append(int(p.stdout.strip().split(";")[0]))
+            else:
+                errors.append(p.stderr.strip()[:200])
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(n)))
+    wall = time.monotonic() - t0
+    states = wait_final(cluster, ids, timeout=60 + 3 * n)
+    time.sleep(3.0)  # EpilogSlurmctld runs after the state flips
+    rec = records(cluster, ids)
+    return {"n": n, "clients": clients, "accepted": len(ids), "errors": errors, "wall_s": wall,
+            "subs_per_s": n / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
+            "completed": sum(1 for s in states.values() if s == "COMPLETED"), "ids": ids, **rec}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("-c", "--clients", type=int, default=8)
+    a = ap.parse_args()
+    cluster = start_cluster()
+    try:
+        r = submit_burst(cluster, a.n, a.clients)
+        hooks = hook_durations_ms(cluster)
+    finally:
+        stop_cluster(cluster)
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"coloc-sbatch load: {a.n} submissions, {a.clients} parallel clients ({os.cpu_count()} CPUs)")
+    for col in ("figure", "value"):
+        t.add_column(col)
+    rows = [("accepted", f"{r['accepted']}/{r['n']}"), ("wall time (s)", f"{r['wall_s']:.1f}"),
+            ("submissions/s", f"{r['subs_per_s']:.2f}"), ("coloc-sbatch p50 (s)", f"{r['p50_s']:.2f}"),
+            ("coloc-sbatch p99 (s)", f"{r['p99_s']:.2f}"), ("jobs COMPLETED", str(r["completed"])),
+            ("jobs rows with an end", str(r["jobs_rows"])), ("exactly one Prolog row", str(r["prolog_once"])),
+            ("exactly one Epilog row", str(r["epilog_once"]))]
+    for hook in sorted(hooks):
+        rows.append((f"{hook} p50 / p99 (ms)", f"{pct(hooks[hook], 50):.0f} / {pct(hooks[hook], 99):.0f}"))
+    for row in rows:
+        t.add_row(*row)
+    Console().print(t)
+    if r["errors"]:
+        print("errors:", *r["errors"][:5], sep="\n  ")
+    ok = r["accepted"] == r["n"] == r["jobs_rows"] == r["prolog_once"] == r["epilog_once"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
