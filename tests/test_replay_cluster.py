@@ -1,7 +1,7 @@
 """coloc-replay end to end on the real local Slurm cluster (tiny scale, CPU torch).
 
-Both modes submit through coloc-sbatch; exclusive tasks get a whole GPU's shards, coloc tasks the catalog peak +
-the context allowance; every task completes and the makespan comes from Slurm's own records.
+Both modes submit through coloc-sbatch; exclusive tasks get a whole GPU's shards, coloc tasks the catalog
+peak + the context allowance; every task completes and the makespan comes from Slurm's own records.
 """
 from __future__ import annotations
 

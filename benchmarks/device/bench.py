@@ -345,8 +345,8 @@ def summary(path: Path) -> int:
         if ex and ex.get("single_job_samples_per_s"):
             single[r["workload"]] = ex["single_job_samples_per_s"]
     print(
-        "| scenario | k | one job alone (samples/s) | collocated aggregate (samples/s) | speedup | overlap s | "
-        "MPS jobs | completed | OOM retries | makespan excl / coloc (s) |"
+        "| scenario | k | one job alone (samples/s) | collocated aggregate (samples/s) | speedup | "
+        "overlap s | MPS jobs | completed | OOM retries | makespan excl / coloc (s) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

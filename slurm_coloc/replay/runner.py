@@ -2,10 +2,10 @@
 
 Exclusive mode submits every task with ``--exclusive-gpu`` (one job per GPU at a time); coloc mode with
 ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the peak from an earlier run
-would). ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the CUDA
-context of a torch process (612 MiB on the H100, CUDA 13: gpu-facts.md) and library workspaces. Without it, the
-first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm
-commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity
+would). ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
+CUDA context of a torch process (612 MiB on the H100, CUDA 13: gpu-facts.md) and library workspaces. Without
+it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
+(docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity
 comes from the sampler's per-node databases through ``slurm_coloc.store``.
 """
 

@@ -1,6 +1,7 @@
-"""The device harness on a real GPU (run on the device machine as root, after benchmarks/device/build_bundle.sh
-here and with ``.carry`` carried): the carried Slurm 22.05 bundle starts over the real GPU(s), two small-CNN jobs
-submitted through coloc-sbatch run at the same time as MPS clients with their memory fence, and no library of
+"""The device harness on a real GPU.
+
+Run on the device machine as root, after benchmarks/device/build_bundle.sh here and with ``.carry`` carried:
+the carried Slurm 22.05 bundle starts over the real GPU(s), two small-CNN jobs submitted through coloc-sbatch run at the same time as MPS clients with their memory fence, and no library of
 the bundle leaks into the jobs' environment.
 
 Run: ``/opt/torch/.venv/bin/python3 -m pytest -m gpu tests/gpu/test_device_harness.py``
@@ -36,7 +37,8 @@ def gpu_cluster():
 def test_two_jobs_share_the_gpu_under_mps(gpu_cluster, tmp_path: Path) -> None:
     env = {**os.environ, "COLOC_BENCH_ROOT": str(ROOT),
            "COLOC_BENCH_LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
-    run = subprocess.run([str(ROOT / "venv" / "bin" / "python3"), str(ROOT / "src/benchmarks/device/bench.py"),
+    bench = str(ROOT / "src" / "benchmarks" / "device" / "bench.py")
+    run = subprocess.run([str(ROOT / "venv" / "bin" / "python3"), bench,
                           "--out", str(tmp_path), "collocate", "--workload", "small_cnn", "--k", "2",
                           "--coloc-only", "--warmup-s", "2", "--measure-s", "8", "--timeout-s", "240"],
                          capture_output=True, text=True, env=env, timeout=300)
