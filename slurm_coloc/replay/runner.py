@@ -5,8 +5,8 @@ Exclusive mode submits every task with ``--exclusive-gpu`` (one job per GPU at a
 would). ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
 CUDA context of a torch process (612 MiB on the H100, CUDA 13: gpu-facts.md) and library workspaces. Without
 it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
-(docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through ``slurm_coloc.nvml``; SM activity
-comes from the sampler's per-node databases through ``slurm_coloc.store``.
+(docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
+``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases through ``slurm_coloc.store``.
 """
 
 from __future__ import annotations
