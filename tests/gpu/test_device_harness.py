@@ -2,7 +2,8 @@
 
 Run on the device machine as root, after benchmarks/device/build_bundle.sh here and with ``.carry`` carried:
 the carried Slurm 22.05 bundle starts over the real GPU(s), two small-CNN jobs submitted through coloc-sbatch
-run at the same time as MPS clients with their memory fence, and no library of the bundle leaks into the jobs' environment.
+run at the same time as MPS clients with their memory fence, and no library of the bundle leaks into the
+jobs' environment.
 
 Run: ``/opt/torch/.venv/bin/python3 -m pytest -m gpu tests/gpu/test_device_harness.py``
 """
