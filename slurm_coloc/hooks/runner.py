@@ -4,10 +4,11 @@ A Prolog or Epilog that exits non-zero drains the node (facts §5); ours never d
 broken environment (docs/reliability.md has the fault campaign). The shim in prolog_epilog/ adds an outer
 ``timeout``.
 
-Time bound of one hook process: ``hook_timeout_s`` for the hook's own work (SIGALRM), plus at most one SQLite busy
-wait already in progress when the alarm fires (``db_busy_timeout_s``: a C-level wait the alarm cannot cut short),
-plus ``RECORD_BUDGET_S`` for recording the run (busy waits there capped at ``RECORD_BUSY_S``). Defaults: 20 + 5 +
-4 = 29 s, under the shim's 30 s.
+Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child with ``hook_timeout_s``
+(SIGALRM inside it, so Python-level waits end cleanly and kill their subprocesses); a child stuck in C code that the
+alarm cannot interrupt (an NVML call that hangs, a long SQLite busy wait) is SIGKILLed, with its process group,
+``KILL_GRACE_S`` later. The parent, which never touches NVML, MPS or Slurm, then records the run within
+``RECORD_BUDGET_S`` (busy waits capped at ``RECORD_BUSY_S``). Defaults: 20 + 1 + 3 + 1 = 25 s, under the shim's 30 s.
 
 What a failed hook would have recorded is never dropped: a minimal row built from the hook's environment (job
 start/end, submission, the hook run with its error) goes to the database at once, or, when the database is
@@ -20,6 +21,7 @@ import json
 import logging
 import logging.handlers
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -49,10 +51,16 @@ CTLD_HOOKS = ("prolog-slurmctld", "epilog-slurmctld")
 RECORD_BUSY_S = 1.0  # busy timeout while recording the run (capped by db_busy_timeout_s)
 RECORD_BUDGET_S = 3.0  # SIGALRM bound of the recording phase (record + fallback rows + spool replay)
 REPLAY_BUDGET_S = 1.0
+KILL_GRACE_S = 1.0  # after hook_timeout_s, a child that did not end by itself is SIGKILLed
+MAX_RESULT_BYTES = 1 << 20
 
 
-class HookTimeout(Exception):
-    """Raised by SIGALRM when a hook's own work exceeds ``hook_timeout_s``."""
+class HookTimeout(BaseException):
+    """Raised by SIGALRM when a hook's own work exceeds ``hook_timeout_s``.
+
+    A BaseException (like KeyboardInterrupt) so that the broad ``except Exception`` of code that must not fail
+    the job (MPS start, OOM handling) does not swallow the timeout and carry on past the budget.
+    """
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -222,25 +230,7 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
     if name not in HOOKS or ctx.job_id is None:
         log.error("%s: unknown hook or no SLURM_JOB_ID", name)
         return []
-    old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, cfg.hook_timeout_s)
-    result: Any = None
-    ok, detail = True, {}
-    try:
-        try:
-            result = HOOKS[name](ctx, cfg, env)
-            detail = result if isinstance(result, dict) else {}
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except HookTimeout:
-        ok, detail = False, {"error": f"timed out after {cfg.hook_timeout_s:g} s"}
-    except ColocError as exc:
-        ok, detail = False, {"error": exc.one_line()}
-    except Exception as exc:  # noqa: BLE001 - our bug must not drain the node
-        ok, detail = False, {"error": f"{type(exc).__name__}: {exc}"}
-        log.exception("%s: internal error", name)
-    finally:
-        signal.signal(signal.SIGALRM, old)
+    ok, detail, result = run_bounded(HOOKS[name], ctx, cfg, env, name)
     duration_ms = (time.monotonic() - t0) * 1000
     level = logging.INFO if ok else logging.ERROR
     log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
@@ -251,6 +241,97 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
     return result if ok and isinstance(result, list) else []
 
 
+def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str], name: str, fd: int) -> None:
+    """In the forked child: run the hook under SIGALRM, write ``{"ok", "detail", "result"}`` JSON to ``fd``, exit."""
+    payload: Dict[str, Any]
+    try:
+        os.setpgid(0, 0)  # its own process group: a hard kill takes its subprocesses too
+    except OSError:
+        pass
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, cfg.hook_timeout_s)
+    try:
+        try:
+            result = fn(ctx, cfg, env)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        payload = {"ok": True, "detail": result if isinstance(result, dict) else {},
+                   "result": result if isinstance(result, list) else None}
+    except HookTimeout:
+        payload = {"ok": False, "detail": {"error": f"timed out after {cfg.hook_timeout_s:g} s"}}
+    except ColocError as exc:
+        payload = {"ok": False, "detail": {"error": exc.one_line()}}
+    except BaseException as exc:  # noqa: BLE001 - our bug must not drain the node
+        payload = {"ok": False, "detail": {"error": f"{type(exc).__name__}: {exc}"}}
+        try:
+            log.exception("%s: internal error", name)
+        except BaseException:  # noqa: BLE001
+            pass
+    try:
+        data = json.dumps(payload, default=str).encode()[:MAX_RESULT_BYTES]
+        while data:
+            data = data[os.write(fd, data):]
+        for h in logging.getLogger("slurm_coloc").handlers:
+            h.flush()
+    finally:
+        os._exit(0)
+
+
+def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
+                name: str = "hook") -> tuple:
+    """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child) and
+    ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
+
+    Returns:
+        ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list (TaskProlog
+        lines) or None. Never raises.
+    """
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError as exc:
+        return False, {"error": f"cannot fork the hook: {exc}"}, None
+    if pid == 0:  # pragma: no cover - the child (measured through the parent)
+        os.close(r)
+        _child(fn, ctx, cfg, env, name, w)
+    os.close(w)
+    deadline = time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S
+    chunks: List[bytes] = []
+    killed = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                killed = True
+                break
+            ready, _, _ = select.select([r], [], [], left)
+            if ready:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    finally:
+        os.close(r)
+    if killed:
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    if killed:
+        return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the alarm "
+                                f"cannot reach: C code such as NVML or a SQLite wait)"}, None
+    try:
+        payload = json.loads(b"".join(chunks).decode())
+        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
+
+
 def bound_s(cfg: config_mod.Config) -> float:
-    """The most seconds one hook process takes (module docstring): own work + one busy wait + recording."""
-    return cfg.hook_timeout_s + cfg.db_busy_timeout_s + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
+    """The most seconds one hook process takes (module docstring): own work + kill grace + recording."""
+    return cfg.hook_timeout_s + KILL_GRACE_S + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

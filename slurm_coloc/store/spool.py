@@ -242,8 +242,8 @@ def replay(spool_dir: Path, target: str, db: Database, max_entries: int = 500, b
             log.error("spool entry %s is malformed (%s): set aside as .bad", base, exc)
             os.rename(claimed, base.with_name(base.name + ".bad"))
             continue
-        except Exception:
-            os.rename(claimed, base)  # still pending: the database failed, not the entry
+        except BaseException:  # a database error, or the hook's timeout: still pending
+            os.rename(claimed, base)
             raise
         os.unlink(claimed)
         done += 1

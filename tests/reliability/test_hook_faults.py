@@ -135,6 +135,44 @@ def fault_extra(fc: FaultCluster, **extra: object) -> Iterator[None]:
     fc.set_config()
 
 
+FAKE_NVML_C = r"""
+/* INJECTED FAULT: a libnvidia-ml.so.1 whose init fails (NVML_ERROR_UNKNOWN) or, with -DHANG, never returns. */
+#include <unistd.h>
+static int fault(void) {
+#ifdef HANG
+    for (;;) sleep(3600);
+#endif
+    return 999;
+}
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return fault(); }
+int nvmlInit_v2(void) { return fault(); }
+int nvmlInit(void) { return fault(); }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int r) { (void)r; return "injected NVML fault"; }
+"""
+
+
+@contextlib.contextmanager
+def fault_nvml(fc: FaultCluster, mode: str) -> Iterator[None]:
+    """Every node hook loads a fake libnvidia-ml.so.1 (LD_LIBRARY_PATH in this cluster's hook wrappers)."""
+    libdir = fc.c.dir / "faultlib" / mode
+    libdir.mkdir(parents=True, exist_ok=True)
+    src = libdir / "fake_nvml.c"
+    src.write_text(FAKE_NVML_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", *(["-DHANG"] if mode == "hang" else []), "-o",
+                    str(libdir / "libnvidia-ml.so.1"), str(src)], check=True)
+    wrappers = [fc.c.dir / "etc" / "hooks" / f"{h}.sh" for h in ("prolog", "epilog")]
+    saved = {w: w.read_text() for w in wrappers}
+    for w, text in saved.items():
+        w.write_text(text.replace("export COLOC_CONFIG", f"LD_LIBRARY_PATH={libdir}\nexport LD_LIBRARY_PATH\n"
+                                  "export COLOC_CONFIG", 1))
+    try:
+        yield
+    finally:
+        for w, text in saved.items():
+            w.write_text(text)
+
+
 FAULTS: Dict[str, Callable[[FaultCluster], "contextlib.AbstractContextManager[None]"]] = {
     "db-locked": fault_db_locked,
     "db-full-fs": fault_db_full_fs,
@@ -144,10 +182,19 @@ FAULTS: Dict[str, Callable[[FaultCluster], "contextlib.AbstractContextManager[No
     "config-missing": lambda fc: fault_config(fc, lambda t: ""),
     "scontrol-fails": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "fail", "echo boom >&2; exit 1\n")),
     "scontrol-hangs": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "hang", "exec sleep 300\n")),
+    "nvml-erroring": lambda fc: fault_nvml(fc, "error"),
+    "nvml-hangs": lambda fc: fault_nvml(fc, "hang"),  # C code: only the hard kill of the hook's child ends it
     "mps-missing": lambda fc: fault_extra(fc, mps_control_bin="/nonexistent/nvidia-cuda-mps-control"),
     "mps-fails": lambda fc: fault_extra(fc, mps_control_bin="/bin/false"),
     "hook-over-budget": lambda fc: fault_extra(  # MPS control hangs; its own timeout (30 s) > the hook's (4 s)
         fc, mps_control_bin=_fault_bin(fc, "mpshang", "exec sleep 300\n") / "scontrol", mps_start_timeout_s=30),
+}
+# The hook that fails under each fault and words of its recorded error (the others succeed, degraded).
+EXPECT_FAILED = {
+    "db-locked": ("prolog", "locked"), "db-corrupt": ("prolog", "not a database"), "db-full-fs": ("prolog", "full"),
+    "config-bad-value": ("prolog", "mps_mode"), "config-not-yaml": ("prolog", "not valid YAML"),
+    "scontrol-fails": ("prolog", "boom"), "scontrol-hangs": ("prolog", "timed out"),
+    "hook-over-budget": ("prolog", "timed out after 4 s"), "nvml-hangs": ("prolog", "killed after 5 s"),
 }
 # Faults after which the first job's records cannot exist: the hook cannot know where the store is.
 RECORDS_LOST = {"config-missing"}
@@ -203,4 +250,13 @@ def _run_fault(fc: FaultCluster, fault: str, script: Path, t0: float) -> None:
     elif fault == "db-full-fs":  # SQLite reuses the existing WAL file's space, so some writes may still fit
         assert spooled_during >= 1
     assert not fc.spooled(), "everything pending was replayed"
+    n1_hooks = fc.rows(fc.node_db("n1"), "SELECT hook, ok, detail_json FROM hook_runs WHERE job_id = ?", (job_a,))
+    if fault in EXPECT_FAILED:  # the fault really hit: the failed hook and its reason are on record
+        hook, words = EXPECT_FAILED[fault]
+        rows = [r for r in n1_hooks if r["hook"] == hook] + [
+            r for r in fc.rows(fc.ctld_db, "SELECT detail_json FROM events WHERE job_id = ? AND kind = 'hook-error'",
+                               (job_a,)) if f'"{hook}"' in r["detail_json"]]
+        assert any(words in r["detail_json"] and not r.get("ok") for r in rows), (fault, rows)
+    if fault == "nvml-erroring":
+        assert "NVML cannot be initialised: Unknown Error" in fc.hooks_log.read_text()  # our fake lib answered
     assert time.time() - t0 < 150
