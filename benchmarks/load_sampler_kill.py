@@ -7,7 +7,8 @@ every kill, and the samples lost per kill (read but not yet committed) must stay
 
 Each round starts ``coloc-sampler run`` (replaying the H100 NVML recording of tests/data/nvml, labelled there,
 every 0.1 s, flushing every ``--batch-s``) on a node database that another process keeps writing to (a hook-like
-writer: one ``hook_runs`` row every 20 ms, each its own transaction), waits a random 0.3..2.0 s, SIGKILLs it, and
+writer: one ``hook_runs`` row every 20 ms, each its own transaction), waits ~1 s of start-up plus one flush interval
+plus a random 0.3..2.0 s, SIGKILLs it, and
 checks the file. Lost samples of a kill = frames whose time lies between the last committed frame and the kill
 (frame times are the sampler's read times, one per interval). No GPU and no Slurm needed.
 """
@@ -67,7 +68,7 @@ def kill_campaign(workdir: Path, kills: int, seed: int, batch_s: float = INTERVA
         for k in range(kills):
             p = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             t_start = time.time()
-            time.sleep(1.0 + rnd.uniform(0.3, 2.0))  # ~1 s of interpreter start-up, then a random moment
+            time.sleep(1.0 + batch_s + rnd.uniform(0.3, 2.0))  # start-up, a first flush, then a random moment
             t_kill = time.time()
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
@@ -108,7 +109,7 @@ def main() -> int:
     t.add_column("value")
     for row in (("integrity_check ok", f"{r['integrity_ok']}/{r['kills']}"),
                 ("rounds with committed frames", f"{r['rounds_with_frames']}/{r['kills']}"),
-                ("frames lost per kill: max / mean", f"{r['lost_max']} / {r['lost_mean']:.2f}"),
+                ("frames lost per kill: max / mean", f"{r['lost_max']} / {r['lost_mean'] or 0:.2f}"),
                 ("allowed (one flush interval + the frame in flight)", str(r["allowed_frames"])),
                 ("concurrent writer rows committed", str(r["writer_rows"]))):
         t.add_row(*row)
