@@ -32,18 +32,9 @@ HERE = ROOT / "src" / "benchmarks" / "device"
 JOBS = ROOT / "jobs"
 sys.path.insert(0, str(ROOT / "src"))
 from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
+from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
 
-FINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
+FINAL = FINAL_STATES
 
 
 def log(msg: str) -> None:

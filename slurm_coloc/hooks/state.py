@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-          "BOOT_FAIL", "DEADLINE"}
+from slurm_coloc.slurm.parse import FINAL_STATES
+
+_FINAL = FINAL_STATES
 
 
 def parse_slurm_duration_s(text: str) -> Optional[int]:

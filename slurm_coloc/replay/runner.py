@@ -34,19 +34,10 @@ from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import parse_index_list
 from slurm_coloc.slurm.run import run as slurm_run
+from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")
-FINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
+FINAL = FINAL_STATES
 MODES = ("exclusive", "coloc")
 
 

@@ -10,6 +10,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
 
+#: Job states after which a job no longer runs (squeue ``job_state`` / scontrol ``JobState``).
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                          "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 _KV_SPLIT = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 _GRES_DETAIL = re.compile(r"^(?P<name>[a-z]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\(IDX:(?P<idx>[^)]*)\)$")
 
