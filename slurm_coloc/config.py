@@ -69,7 +69,7 @@ class Config:
     mps_keep_warm: bool = False
     mps_start_timeout_s: float = 5.0
     sampler_autostart: bool = True
-    sampler_batch_s: float = 5.0
+    sampler_batch_s: float = 1.0  # = sampler_interval_s: a SIGKILL loses at most one interval (issue 9)
     sampler_raw_retention_h: float = 24.0
     sampler_downsample_s: float = 60.0
     sampler_retention_days: float = 30.0

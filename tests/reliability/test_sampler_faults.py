@@ -32,9 +32,6 @@ def test_sigkill_under_write_load_integrity_ok_and_at_most_one_interval_lost(tmp
     assert r["writer_rows"] > 100  # the write load was real
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT (node side, config defaults): sampler_batch_s=5 with "
-                   "sampler_interval_s=1 buffers 5 intervals in memory, so a SIGKILL loses up to 5 intervals of "
-                   "samples, not 'at most one' (issue 9); batch_s = interval_s meets it (test above)")
 def test_sigkill_with_default_batching_loses_at_most_one_interval(tmp_path: Path) -> None:
     ratio = Config().sampler_batch_s / Config().sampler_interval_s
     r = kill_campaign(tmp_path, kills=6, seed=6, batch_s=INTERVAL_S * ratio)
