@@ -15,13 +15,13 @@ import argparse
 import os
 import sqlite3
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.load_submit import hook_durations_ms, pct, records, wait_final  # noqa: E402
+from benchmarks.load_submit import (hook_durations_ms, pct, pending_spool, records, wait_final,  # noqa: E402
+                                    wait_hooks_done)
 from tests.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def start_burst(cluster: Cluster, n: int, node: str = "n1", sleep_s: float = 3.0
         ids.append(int(p.stdout.strip().split(";")[0]))
     cluster.scontrol("release", ",".join(map(str, ids)))
     states = wait_final(cluster, ids, timeout=120 + 2 * n)
-    time.sleep(3.0)
+    ctld_done = wait_hooks_done(cluster, ids)
     rec = records(cluster, ids)
     conn = sqlite3.connect(str(cluster.node_db(node)))
     q = ",".join(map(str, ids))
@@ -62,7 +62,8 @@ def start_burst(cluster: Cluster, n: int, node: str = "n1", sleep_s: float = 3.0
     conn.close()
     return {"n": n, "max_running": max_running, "completed": sum(1 for s in states.values() if s == "COMPLETED"),
             "prolog_spread_s": (max(starts) - min(starts)) if starts else None, "job_runs": runs,
-            "hook_rows_failed": failed, "failed_rows": failed_rows, "own_work_p99_ms": pct(durs, 99) if durs else None, "ids": ids, **rec}
+            "hook_rows_failed": failed, "failed_rows": failed_rows, "own_work_p99_ms": pct(durs, 99) if durs else None, "ids": ids,
+            "epilog_slurmctld_done": ctld_done, "spool_pending": pending_spool(cluster), **rec}
 
 
 def main() -> int:
@@ -85,6 +86,8 @@ def main() -> int:
             ("job_runs rows with an end", str(r["job_runs"])), ("exactly one Prolog row", str(r["prolog_once"])),
             ("exactly one Epilog row", str(r["epilog_once"])), ("jobs rows with an end", str(r["jobs_rows"])),
             ("hook rows with ok=0", str(r["hook_rows_failed"])),
+            ("EpilogSlurmctld finished", str(r["epilog_slurmctld_done"])),
+            ("record sets left in the spool", str(r["spool_pending"])),
             ("node hooks' own work p99 (ms)", f"{r['own_work_p99_ms']:.0f}")]
     for hook in sorted(hooks):
         rows.append((f"{hook} process p50 / p99 (ms)", f"{pct(hooks[hook], 50):.0f} / {pct(hooks[hook], 99):.0f}"))

@@ -57,6 +57,35 @@ def wait_final(cluster: Cluster, ids: List[int], timeout: float) -> Dict[int, st
     return states
 
 
+def wait_hooks_done(cluster: Cluster, ids: List[int], hook: str = "epilog-slurmctld", timeout: float = 180) -> int:
+    """Wait until every job's ``hook`` logged its end (EpilogSlurmctld runs after squeue shows the final state and
+    can take seconds under load); return how many did."""
+    want = set(ids)
+    log = cluster.dir / "log" / "hooks.log"
+    deadline = time.time() + timeout
+    done: set = set()
+    while time.time() < deadline:
+        done = set()
+        for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+            if f" {hook} done in " in line and "coloc[" in line:
+                job = line.split("coloc[", 1)[1].split("]", 1)[0]
+                if job.isdigit() and int(job) in want:
+                    done.add(int(job))
+        if done >= want:
+            break
+        time.sleep(1.0)
+    return len(done & want)
+
+
+def pending_spool(cluster: Cluster) -> int:
+    """Record sets still waiting in the spool (written when a database was unusable; replayed by the next hook)."""
+    n = 0
+    for d in (cluster.dir / "coloc" / "run" / "spool", cluster.state_dir / "spool"):
+        if d.is_dir():
+            n += sum(1 for p in d.iterdir() if p.name.endswith(".json"))
+    return n
+
+
 def records(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
     """How many of ``ids`` have exactly one jobs row with an end, exactly one Prolog and one Epilog row."""
     want = set(ids)
@@ -102,11 +131,12 @@ def submit_burst(cluster: Cluster, n: int, clients: int) -> Dict[str, object]:
         list(pool.map(one, range(n)))
     wall = time.monotonic() - t0
     states = wait_final(cluster, ids, timeout=60 + 3 * n)
-    time.sleep(3.0)  # EpilogSlurmctld runs after the state flips
+    ctld_done = wait_hooks_done(cluster, ids)
     rec = records(cluster, ids)
     return {"n": n, "clients": clients, "accepted": len(ids), "errors": errors, "wall_s": wall,
             "subs_per_s": n / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
-            "completed": sum(1 for s in states.values() if s == "COMPLETED"), "ids": ids, **rec}
+            "completed": sum(1 for s in states.values() if s == "COMPLETED"), "ids": ids,
+            "epilog_slurmctld_done": ctld_done, "spool_pending": pending_spool(cluster), **rec}
 
 
 def main() -> int:
@@ -129,7 +159,9 @@ def main() -> int:
             ("submissions/s", f"{r['subs_per_s']:.2f}"), ("coloc-sbatch p50 (s)", f"{r['p50_s']:.2f}"),
             ("coloc-sbatch p99 (s)", f"{r['p99_s']:.2f}"), ("jobs COMPLETED", str(r["completed"])),
             ("jobs rows with an end", str(r["jobs_rows"])), ("exactly one Prolog row", str(r["prolog_once"])),
-            ("exactly one Epilog row", str(r["epilog_once"]))]
+            ("exactly one Epilog row", str(r["epilog_once"])),
+            ("EpilogSlurmctld finished", str(r["epilog_slurmctld_done"])),
+            ("record sets left in the spool", str(r["spool_pending"]))]
     for hook in sorted(hooks):
         rows.append((f"{hook} p50 / p99 (ms)", f"{pct(hooks[hook], 50):.0f} / {pct(hooks[hook], 99):.0f}"))
     for row in rows:

@@ -129,6 +129,17 @@ def fault_config(fc: FaultCluster, text_of: Callable[[str], str]) -> Iterator[No
 
 
 @contextlib.contextmanager
+def fault_config_missing(fc: FaultCluster) -> Iterator[None]:
+    """``$COLOC_CONFIG`` names a file that is not there (an empty file would be a valid all-defaults config)."""
+    fc.c.coloc_config.unlink()
+    assert not Path("/var/lib/slurm-coloc").exists(), "the defaults' state_dir must not exist on a test host"
+    yield
+    fc.set_config()
+    assert not Path("/var/lib/slurm-coloc").exists() and not Path("/run/slurm-coloc").exists(), \
+        "a hook without its config must not create the default directories"
+
+
+@contextlib.contextmanager
 def fault_extra(fc: FaultCluster, **extra: object) -> Iterator[None]:
     fc.set_config(**extra)
     yield
@@ -179,7 +190,7 @@ FAULTS: Dict[str, Callable[[FaultCluster], "contextlib.AbstractContextManager[No
     "db-corrupt": fault_db_corrupt,
     "config-bad-value": lambda fc: fault_config(fc, lambda t: t + "mps_mode: sometimes\n"),
     "config-not-yaml": lambda fc: fault_config(fc, lambda t: t + "gpu_mem_gib: [80,\n"),
-    "config-missing": lambda fc: fault_config(fc, lambda t: ""),
+    "config-missing": fault_config_missing,
     "scontrol-fails": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "fail", "echo boom >&2; exit 1\n")),
     "scontrol-hangs": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "hang", "exec sleep 300\n")),
     "nvml-erroring": lambda fc: fault_nvml(fc, "error"),

@@ -30,6 +30,7 @@ def test_parallel_submissions_all_accepted_and_recorded_once(load_cluster: Clust
     r = submit_burst(load_cluster, n=24, clients=6)
     assert r["accepted"] == 24, r["errors"]
     assert r["completed"] == r["jobs_rows"] == r["prolog_once"] == r["epilog_once"] == 24, r
+    assert r["epilog_slurmctld_done"] == 24 and r["spool_pending"] == 0, r
 
 
 def test_jobs_starting_together_on_one_node_lose_no_row(load_cluster: Cluster) -> None:
@@ -37,3 +38,4 @@ def test_jobs_starting_together_on_one_node_lose_no_row(load_cluster: Cluster) -
     assert r["max_running"] >= 12, r  # they really overlapped
     assert r["completed"] == r["job_runs"] == r["prolog_once"] == r["epilog_once"] == r["jobs_rows"] == 16, r
     assert r["hook_rows_failed"] == 0, r["failed_rows"]
+    assert r["spool_pending"] == 0, r
