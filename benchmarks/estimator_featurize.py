@@ -20,7 +20,7 @@ from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
 
 FIELDS = ["config_id", "sim_peak_allocated_b", "sim_peak_reserved_b", "params", "param_b",
-          "acts_per_sample", "depth", "activation", "trace_s", "error"] + [f"n_{k}" for k in COUNT_KEYS]
+          "acts_per_sample", "depth", "activation", "trace_s", "error", "depthwise_max_hw"] + [f"n_{k}" for k in COUNT_KEYS]
 
 
 def spec_of(row: dict) -> ModelSpec:
@@ -51,6 +51,7 @@ def main() -> int:
             rec.update(sim_peak_allocated_b=tr.peak_allocated_b, sim_peak_reserved_b=tr.peak_reserved_b,
                        params=tr.params, param_b=tr.param_b, acts_per_sample=tr.activations_per_sample,
                        depth=tr.layer_counts["leaf"], activation=tr.activation_fn,
+                       depthwise_max_hw=tr.depthwise_max_hw,
                        **{f"n_{k}": tr.layer_counts[k] for k in COUNT_KEYS})
         except EstimateError as exc:
             rec["error"] = exc.one_line()

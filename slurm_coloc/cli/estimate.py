@@ -51,17 +51,23 @@ def _fail(exc: ColocError) -> None:
               help="Job script whose #COLOC lines give the spec (instead of the options above).")
 @click.option("--history", "history", type=int, multiple=True,
               help="Measured peak (MiB) of an earlier run of the same spec (repeatable).")
+@click.option("--no-cache", is_flag=True,
+              help="Trace even if this spec was estimated before (cache: ~/.cache/slurm-coloc/estimates.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
          batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
-         script: Optional[str], history: Tuple[int, ...], as_json: bool) -> None:
+         script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool) -> None:
     """Estimate the peak per-process GPU memory (MiB, as NVML reports it) of a training job.
 
     The step assumed: zero_grad, forward, cross-entropy on the logits, backward, optimizer step.
+    A repeated estimate of the same spec and model code is read from a per-user cache
+    ($XDG_CACHE_HOME/slurm-coloc/estimates.json) without importing torch.
     """
     from slurm_coloc.estimate import estimate_peak
     from slurm_coloc.estimate.spec import ModelSpec
 
+    if no_cache:
+        os.environ["COLOC_ESTIMATE_CACHE"] = "off"
     try:
         gpu_name = gpu or os.environ.get("COLOC_GPU_MODEL") or "H100"
         if script:

@@ -2,10 +2,11 @@
 
 Order (issue 3, part 5):
 1. history: measured NVML peaks of earlier runs of the same spec -> ``max * (1 + margin) + pad``;
-2. otherwise the calibrated analytical bound; the learned ensemble's figures go into ``detail``
-   only, because on held-out families its bound over-reserved far more (docs/estimator.md). The calibration (``weights/calibration.json``, written by ``estimate.train``) holds
-   a multiplicative and an additive margin chosen on held-out families so that underestimates
-   are rare (see docs/estimator.md for the held-out rates).
+2. otherwise the calibrated analytical bound (``calibrated_bound``); the learned ensemble's
+   figures go into ``detail`` only, because on held-out families its bound over-reserved far
+   more (docs/estimator.md). The calibration (``weights/calibration.json``, written by
+   ``estimate.train``) holds a multiplicative and an additive margin chosen on validation
+   families so that underestimates are rare (held-out rates in docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -47,6 +48,51 @@ def history_bound(history_mib: Sequence[int]) -> Optional[int]:
 def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int] = ()) -> Estimate:
     """See :func:`slurm_coloc.estimate.estimate_peak` (this is its body).
 
+    The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec,
+    model code, torch and estimator were estimated before (then torch is not imported);
+    otherwise the spec is traced and the result stored. History is applied on top.
+
+    Raises:
+        EstimateError: unknown GPU, a malformed spec or an untraceable model.
+    """
+    from slurm_coloc.estimate import cache
+    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.loader import validate_spec
+
+    gpu = gpu_model(gpu_name)
+    validate_spec(spec)
+    key = cache.cache_key(spec, gpu.name) if cache.enabled() else None
+    base = cache.lookup(key) if key else None
+    if base is None:
+        base = traced_estimate(spec, gpu.name)
+        if key:
+            cache.store(key, base)
+    hist = history_bound(history_mib)
+    if hist is not None:
+        detail = dict(base.detail)
+        detail["history_mib"] = max(int(h) for h in history_mib if h and int(h) > 0)
+        return Estimate(mem_mib=hist, method="history", detail=detail, gpu_model=base.gpu_model)
+    return base
+
+
+def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float) -> float:
+    """The calibrated upper bound (MiB) on NVML's per-process peak from the analytic figure.
+
+    Per-component margin (docs/estimator.md): context + library overhead are near-constant and
+    measured, so they get only an additive pad; the replayed peak reserved memory
+    (``analytic - context - libs``) carries the error and is scaled:
+    ``context + libs + add + reserved * mult``. Old calibration files (no ``form``) scale the
+    whole analytic figure: ``analytic * mult + add``.
+    """
+    mult, add = float(cal["analytic_mult"]), float(cal["analytic_add_mib"])
+    if cal.get("form") == "per-component":
+        return context_mib + libs_mib + add + max(0.0, analytic_mib - context_mib - libs_mib) * mult
+    return analytic_mib * mult + add
+
+
+def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
+    """Trace ``spec`` and give the calibrated analytic bound (no history, no cache).
+
     Raises:
         EstimateError: unknown GPU or an untraceable model.
     """
@@ -55,32 +101,25 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     from slurm_coloc.estimate.trace import trace_spec
 
     gpu = gpu_model(gpu_name)
-    hist = history_bound(history_mib)
-    trace = trace_spec(spec)  # also validates the spec when history exists
+    trace = trace_spec(spec)
     cal = load_calibration()
     if "libs_mib" in cal:  # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
         gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
     detail: Dict[str, Any] = analytic_detail(trace, gpu)
     ana = analytic_mib(trace, gpu)
-    ana_bound = ana * float(cal["analytic_mult"]) + float(cal["analytic_add_mib"])
+    ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib)
     detail["analytic_bound_mib"] = round(ana_bound, 1)
-    components = {"analytic": ana_bound}
     learned = _learned(spec, trace, gpu.name)
     if learned is not None:
         # Reported, not used for the figure: on held-out families the learned bound
         # over-reserved far more than the calibrated analytic bound (docs/estimator.md).
         detail["learned_mib"] = round(learned["mean_mib"], 1)
         detail["learned_bound_mib"] = round(learned["bound_mib"] * float(cal["learned_mult"]), 1)
-    if hist is not None:
-        detail["history_mib"] = max(int(h) for h in history_mib if h and int(h) > 0)
-        return Estimate(mem_mib=hist, method="history", detail=detail, gpu_model=gpu.name)
-    best = max(components, key=lambda k: components[k])
-    mem = int(math.ceil(components[best]))
-    detail["chosen"] = best
+    mem = int(math.ceil(ana_bound))
+    detail["chosen"] = "analytic"
     if mem > gpu.mem_mib:
         detail["exceeds_gpu"] = True
-    method = "analytic"
-    return Estimate(mem_mib=mem, method=method, detail=detail, gpu_model=gpu.name)
+    return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name)
 
 
 def _learned(spec: ModelSpec, trace: Any, gpu: str) -> Optional[Dict[str, float]]:

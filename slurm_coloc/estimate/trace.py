@@ -53,6 +53,8 @@ class TraceResult:
             attention, embedding, leaf).
         activation_fn: dominant activation module's class name ("" if none).
         ops: number of dispatched ops traced.
+        depthwise_max_hw: largest input height x width seen by a depthwise ``Conv2d``
+            (``groups == in_channels > 1``), 0 without one (see ``combine.CUDNN_DW_FP16_MIB``).
     """
 
     peak_allocated_b: int
@@ -64,6 +66,7 @@ class TraceResult:
     layer_counts: Dict[str, int] = field(default_factory=dict)
     activation_fn: str = ""
     ops: int = 0
+    depthwise_max_hw: int = 0
 
 
 def _make_tracker(torch: Any) -> Any:
@@ -233,11 +236,15 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         param_b = sum(p.numel() * p.element_size() for p in model.parameters())
         buffer_b = sum(b.numel() * b.element_size() for b in model.buffers())
         hooks = []
+        dw_hw = [0]
 
-        def hook(_m: Any, _i: Any, out: Any) -> None:
+        def hook(m: Any, inp: Any, out: Any) -> None:
             from torch.utils._pytree import tree_flatten
 
             acts[-1] += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            if (isinstance(m, torch.nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels
+                    and inp and isinstance(inp[0], torch.Tensor) and inp[0].dim() >= 3):
+                dw_hw[0] = max(dw_hw[0], int(inp[0].shape[-1]) * int(inp[0].shape[-2]))
 
         for mod in model.modules():
             if not list(mod.children()):
@@ -290,4 +297,5 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         layer_counts=counts,
         activation_fn=act_fn,
         ops=tracker.ops,
+        depthwise_max_hw=dw_hw[0],
     )
