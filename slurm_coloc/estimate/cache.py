@@ -1,0 +1,199 @@
+"""Per-user cache of estimates, so a repeated ``coloc-estimate``/``coloc-sbatch`` skips torch entirely.
+
+File: ``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (default ``~/.cache/slurm-coloc``); set
+``COLOC_ESTIMATE_CACHE=off`` to bypass it. The key is the sha256 of a JSON object holding:
+
+* the spec (``ModelSpec.to_json()``) and the canonical GPU name;
+* what decides the model's code: for ``path/file.py:callable`` the sha256 of that file; for
+  ``package.module:callable`` the installed distribution's name and version (via
+  ``importlib.metadata``, e.g. ``torchvision 0.26.0``) and, when it is found on disk without being
+  imported, the sha256 of the module's own file (found by walking the package directories, so a
+  package whose ``__init__`` imports torch is never executed);
+* torch's installed version, read with ``importlib.metadata`` (never ``import torch``);
+* slurm-coloc's version, the sha256 of the estimator's own sources and of the shipped weights
+  (``calibration.json``, ``ensemble.npz``).
+
+Only trace-derived estimates are cached (history is applied on top by the caller). When the
+model's code cannot be pinned down (a module found nowhere on disk and in no distribution), no
+key is made and nothing is cached. Limits: a ``file.py`` model's sibling modules it imports are
+not hashed (only the file named in the spec).
+
+Writes are atomic (temporary file in the same directory + ``os.replace``); a missing, unreadable
+or corrupt cache file reads as empty, and a failure to write is ignored: the cache can only ever
+save time, never fail an estimate. At most ``MAX_ENTRIES`` entries are kept (oldest dropped).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.metadata
+import json
+import os
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
+
+MAX_ENTRIES = 512
+FORMAT = 1
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = ("__init__.py", "allocator.py", "analytic.py", "combine.py", "features.py", "gpus.py",
+            "learned.py", "loader.py", "spec.py", "trace.py")
+_WEIGHTS = ("calibration.json", "ensemble.npz")
+
+
+def enabled() -> bool:
+    """False when ``COLOC_ESTIMATE_CACHE`` is ``off``/``0``/``no``/``false``."""
+    return os.environ.get("COLOC_ESTIMATE_CACHE", "on").strip().lower() not in ("off", "0", "no", "false")
+
+
+def cache_path() -> str:
+    """``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (``~/.cache`` when unset or not absolute)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "slurm-coloc", "estimates.json")
+
+
+def _sha256_file(path: str) -> Optional[str]:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _dist_version(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _module_file(dotted: str, base_dir: str) -> Optional[str]:
+    """The file of module ``dotted`` found on ``[base_dir] + sys.path`` without importing anything."""
+    import sys
+
+    parts = dotted.split(".")
+    search: List[str] = ([os.path.abspath(base_dir)] if base_dir else []) + list(sys.path)
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], search)
+    if spec is None:
+        return None
+    if len(parts) == 1:
+        return spec.origin if spec.origin and os.path.isfile(spec.origin) else None
+    dirs = list(spec.submodule_search_locations or [])
+    for i, part in enumerate(parts[1:], start=1):
+        found = None
+        for d in dirs:
+            pkg = os.path.join(d, part)
+            if os.path.isfile(os.path.join(pkg, "__init__.py")):
+                found = ("pkg", pkg)
+                break
+            if i == len(parts) - 1 and os.path.isfile(pkg + ".py"):
+                return pkg + ".py"
+        if found is None:
+            return None
+        if i == len(parts) - 1:
+            return os.path.join(found[1], "__init__.py")
+        dirs = [found[1]]
+    return None
+
+
+def _code_identity(spec: ModelSpec) -> Optional[Dict[str, Any]]:
+    """What pins down the model's code (see module docstring), or None when nothing does."""
+    target = spec.model.rsplit(":", 1)[0]
+    if target.endswith(".py"):
+        path = target if os.path.isabs(target) else os.path.join(spec.base_dir, target)
+        path = os.path.abspath(path)
+        digest = _sha256_file(path)
+        return None if digest is None else {"file": path, "sha256": digest}
+    top = target.split(".")[0]
+    dist_version = _dist_version(top) or _dist_version(top.replace("_", "-"))
+    mod_file = _module_file(target, spec.base_dir)
+    mod_sha = _sha256_file(mod_file) if mod_file else None
+    if dist_version is None and mod_sha is None:
+        return None
+    return {"module": target, "dist": top, "dist_version": dist_version, "file_sha256": mod_sha}
+
+
+def _estimator_identity() -> Dict[str, Any]:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update(name.encode() + b"\0" + (_sha256_file(os.path.join(_PKG_DIR, name)) or "-").encode())
+    return {
+        "slurm_coloc": _dist_version("slurm-coloc"),
+        "torch": _dist_version("torch"),
+        "sources_sha256": h.hexdigest(),
+        "weights": {w: _sha256_file(os.path.join(_PKG_DIR, "weights", w)) for w in _WEIGHTS},
+    }
+
+
+def cache_key(spec: ModelSpec, gpu_name: str) -> Optional[str]:
+    """Hex sha256 key of (spec, GPU, model code, torch, estimator), or None when not cacheable."""
+    code = _code_identity(spec)
+    if code is None:
+        return None
+    blob = {"format": FORMAT, "spec": spec.to_json(), "gpu": gpu_name, "code": code,
+            "estimator": _estimator_identity()}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def _read(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def lookup(key: str) -> Optional[Estimate]:
+    """The cached estimate for ``key``, or None (miss, corrupt file or malformed entry)."""
+    entry = _read(cache_path()).get(key)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        mem = entry["mem_mib"]
+        if not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0:
+            return None
+        detail = entry.get("detail", {})
+        if not isinstance(detail, dict):
+            return None
+        return Estimate(mem_mib=mem, method=str(entry["method"]), detail=dict(detail, cached=True),
+                        gpu_model=entry.get("gpu_model"))
+    except (KeyError, TypeError):
+        return None
+
+
+def store(key: str, est: Estimate) -> None:
+    """Add ``est`` under ``key`` (atomic replace; any OSError is ignored)."""
+    path = cache_path()
+    try:
+        entries = _read(path)
+        entries[key] = {"mem_mib": est.mem_mib, "method": est.method, "detail": est.detail,
+                        "gpu_model": est.gpu_model, "stored_at": time.time()}
+        if len(entries) > MAX_ENTRIES:
+            keep = sorted(entries, key=lambda k: float(entries[k].get("stored_at", 0))
+                          if isinstance(entries[k], dict) else 0.0)[-MAX_ENTRIES:]
+            entries = {k: entries[k] for k in keep}
+        d = os.path.dirname(path)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".estimates-", suffix=".tmp", dir=d)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"format": FORMAT, "entries": entries}, fh, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except (OSError, TypeError, ValueError):
+        return
