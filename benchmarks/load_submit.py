@@ -77,6 +77,28 @@ def wait_hooks_done(cluster: Cluster, ids: List[int], hook: str = "epilog-slurmc
     return len(done & want)
 
 
+def done_lines(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
+    """Per (job, root hook): how many ``done`` lines hooks.log holds. Every hook run must leave exactly one (a run
+    SIGTERMed by the shim's timeout logs ``done ... (TERMINATED ...)``): returns the pairs with exactly one, and
+    how many lines say TERMINATED (of which during start-up)."""
+    hooks = ("prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld")
+    want = set(ids)
+    counts: Dict[tuple, int] = {}
+    terminated = start_up = 0
+    log = cluster.dir / "log" / "hooks.log"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if " done in " not in line or "coloc[" not in line:
+            continue
+        job = line.split("coloc[", 1)[1].split("]", 1)[0]
+        hook = line.split("] ", 1)[1].split(" ", 1)[0] if "] " in line else ""
+        if job.isdigit() and int(job) in want and hook in hooks:
+            counts[(int(job), hook)] = counts.get((int(job), hook), 0) + 1
+            terminated += "TERMINATED" in line
+            start_up += "TERMINATED during start-up" in line
+    return {"hook_runs_one_line": sum(1 for j in want for h in hooks if counts.get((j, h)) == 1),
+            "hook_runs_expected": 4 * len(want), "terminated": terminated, "terminated_in_start_up": start_up}
+
+
 def pending_spool(cluster: Cluster) -> int:
     """Record sets still waiting in the spool (written when a database was unusable; replayed by the next hook)."""
     n = 0
@@ -136,7 +158,8 @@ def submit_burst(cluster: Cluster, n: int, clients: int) -> Dict[str, object]:
     return {"n": n, "clients": clients, "accepted": len(ids), "errors": errors, "wall_s": wall,
             "subs_per_s": n / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
             "completed": sum(1 for s in states.values() if s == "COMPLETED"), "ids": ids,
-            "epilog_slurmctld_done": ctld_done, "spool_pending": pending_spool(cluster), **rec}
+            "epilog_slurmctld_done": ctld_done, "spool_pending": pending_spool(cluster), **rec,
+            **done_lines(cluster, ids)}
 
 
 def main() -> int:
@@ -161,6 +184,8 @@ def main() -> int:
             ("jobs rows with an end", str(r["jobs_rows"])), ("exactly one Prolog row", str(r["prolog_once"])),
             ("exactly one Epilog row", str(r["epilog_once"])),
             ("EpilogSlurmctld finished", str(r["epilog_slurmctld_done"])),
+            ("hook runs with exactly one done line", f"{r['hook_runs_one_line']}/{r['hook_runs_expected']}"),
+            ("... of which TERMINATED (in start-up)", f"{r['terminated']} ({r['terminated_in_start_up']})"),
             ("record sets left in the spool", str(r["spool_pending"]))]
     for hook in sorted(hooks):
         rows.append((f"{hook} p50 / p99 (ms)", f"{pct(hooks[hook], 50):.0f} / {pct(hooks[hook], 99):.0f}"))

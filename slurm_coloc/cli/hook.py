@@ -1,15 +1,66 @@
-"""``coloc-hook``: the entry point the Prolog/Epilog shims in prolog_epilog/ call. Always exits 0."""
+"""``coloc-hook``: the entry point the Prolog/Epilog shims in prolog_epilog/ call. Always exits 0.
+
+Start-up is part of the hook's time: the shim's ``timeout`` counts from exec, and on an overloaded host (hundreds
+of hooks at once) Python's imports alone took 24 s of its 30 s (docs/reliability.md, "Load"). So, before any heavy
+import, SIGTERM is caught (a hook killed during start-up still logs its one ``done ... (TERMINATED ...)`` line)
+and numpy is kept out (sqlite_utils imports it when installed; no hook uses it; it was half the start-up CPU).
+"""
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
-import click
+HOOK_NAMES = ("epilog", "epilog-slurmctld", "prolog", "prolog-slurmctld", "task-prolog")  # = hooks.runner.HOOKS
 
-from slurm_coloc.hooks.runner import HOOKS, run_hook
+
+class StartUpTerminated(BaseException):
+    """SIGTERM before ``run_hook`` took over (the shim's timeout during start-up)."""
+
+
+def _on_term_early(signum: int, frame: object) -> None:
+    raise StartUpTerminated()
+
+
+def _log_start_up_terminated(hook: str) -> None:
+    """Append the run's one line to ``<log_dir>/hooks.log`` without the logging setup. Never raises."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        from slurm_coloc import config as config_mod
+        from slurm_coloc.hooks.startup import process_age_s
+        cfg = config_mod.load_fallback(environ=os.environ)
+        job = os.environ.get("SLURM_JOB_ID", "")
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+        line = (f"{stamp} ERROR coloc[{job if job.isdigit() else None}] {hook} done in 0 ms (TERMINATED during "
+                f"start-up, {process_age_s() * 1000:.0f} ms after exec: the shim's timeout; nothing recorded)\n")
+        fd = os.open(os.path.join(cfg.log_dir, "hooks.log"),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except BaseException:  # noqa: BLE001 - never fail the node
+        pass
+
+
+def _hook_arg() -> str:
+    arg = sys.argv[1] if len(sys.argv) > 1 else ""
+    return arg if arg in HOOK_NAMES else "hook"
+
+
+signal.signal(signal.SIGTERM, _on_term_early)  # before the imports below
+sys.modules.setdefault("numpy", None)
+try:
+    import click
+except StartUpTerminated:
+    _log_start_up_terminated(_hook_arg())
+    sys.exit(0)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("hook", type=click.Choice(sorted(HOOKS)))
+@click.argument("hook", type=click.Choice(sorted(HOOK_NAMES)))
 def cli(hook: str) -> None:
     """Run one slurm-coloc hook for the job in the environment (called by Slurm, as root).
 
@@ -18,7 +69,10 @@ def cli(hook: str) -> None:
       Prolog=/usr/local/share/slurm-coloc/prolog_epilog/prolog.sh
     where prolog.sh runs: coloc-hook prolog
     """
-    for line in run_hook(hook):
+    from slurm_coloc.hooks.runner import run_hook
+    lines = run_hook(hook)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its line is logged: a late SIGTERM must not add another
+    for line in lines:
         click.echo(line)
 
 
@@ -26,6 +80,8 @@ def main() -> None:
     """Console-script entry: run and exit 0 whatever happened (errors are in hooks.log)."""
     try:
         cli.main(standalone_mode=False)
+    except StartUpTerminated:
+        _log_start_up_terminated(_hook_arg())
     except click.ClickException as exc:
         exc.show()
     except Exception as exc:  # noqa: BLE001 - never fail the node

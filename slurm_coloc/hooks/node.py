@@ -37,7 +37,8 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
         gres=kv.get("TresPerNode", ""), start_ts=parse_slurm_time(kv.get("StartTime", "")) or time.time())
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     store_jobs.record_node_start(db, start)
-    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env)
+    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env,
+                                       ctx.uid)
     return {"gpus": start.gpus, "shards": start.shards, **sharing}
 
 

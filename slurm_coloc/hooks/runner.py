@@ -10,6 +10,14 @@ alarm cannot interrupt (an NVML call that hangs, a long SQLite busy wait) is SIG
 ``KILL_GRACE_S`` later. The parent, which never touches NVML, MPS or Slurm, then records the run within
 ``RECORD_BUDGET_S`` (busy waits capped at ``RECORD_BUSY_S``). Defaults: 20 + 1 + 3 + 1 = 25 s, under the shim's 30 s.
 
+The shim's ``timeout`` counts from exec, Python start-up and imports included (seconds on an overloaded host:
+200 PrologSlurmctlds at once on 2 CPUs). So the child's budget is also capped by what is left of the shim's limit
+(``COLOC_SHIM_TIMEOUT_S``, exported by the shim, default 30 s) after start-up (``work_budget_s``). Should the
+shim's SIGTERM still come (or slurmd's, when it stops), the parent catches it (``HookTerminated``), spools the rows
+a failed run leaves (they only fill what the child does not write) and logs its ``<hook> done in N ms
+(TERMINATED ...)`` line; the child, in its own process group, is left to finish its work under its own alarm.
+With cli/hook.py (SIGTERM caught before the imports) every hook process leaves exactly one ``done`` line.
+
 What a failed hook would have recorded is never dropped: a minimal row built from the hook's environment (job
 start/end, submission, the hook run with its error) goes to the database at once, or, when the database is
 unusable (locked past the budget, full filesystem, corrupt, missing config), to the root-only spool
@@ -17,6 +25,7 @@ unusable (locked past the budget, full filesystem, corrupt, missing config), to 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -31,10 +40,9 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import infer_final_state
-from slurm_coloc.store import spool
-from slurm_coloc.store.db import open_ctld_db, open_node_db
-from slurm_coloc.submit.plan import parse_comment
+from slurm_coloc.hooks.record import (RECORD_BUDGET_S, RECORD_BUSY_S, HookTerminated, HookTimeout, record_ops,
+                                      record_run, spool_ops, target_of)
+from slurm_coloc.hooks.startup import process_age_s
 
 log = logging.getLogger("slurm_coloc.hooks")
 
@@ -46,25 +54,32 @@ HOOKS: Dict[str, HookFn] = {
     "epilog": node.epilog,
     "task-prolog": node.task_prolog,
 }
-NODE_HOOKS = ("prolog", "epilog")
-CTLD_HOOKS = ("prolog-slurmctld", "epilog-slurmctld")
-RECORD_BUSY_S = 1.0  # busy timeout while recording the run (capped by db_busy_timeout_s)
-RECORD_BUDGET_S = 3.0  # SIGALRM bound of the recording phase (record + fallback rows + spool replay)
-REPLAY_BUDGET_S = 1.0
 KILL_GRACE_S = 1.0  # after hook_timeout_s, a child that did not end by itself is SIGKILLed
 MAX_RESULT_BYTES = 1 << 20
-
-
-class HookTimeout(BaseException):
-    """Raised by SIGALRM when a hook's own work exceeds ``hook_timeout_s``.
-
-    A BaseException (like KeyboardInterrupt) so that the broad ``except Exception`` of code that must not fail
-    the job (MPS start, OOM handling) does not swallow the timeout and carry on past the budget.
-    """
+OUTER_LIMIT_S = 30.0  # the shim's `timeout` (prolog_epilog/coloc-hook.sh) when COLOC_SHIM_TIMEOUT_S is absent
+OUTER_MARGIN_S = 1.0  # kept free under the shim's limit (logging, exit)
+MIN_WORK_S = 5.0  # below this the shim's limit cannot be kept anyway: the child keeps its full hook_timeout_s
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
     raise HookTimeout()
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    raise HookTerminated(signum)
+
+
+def work_budget_s(cfg: config_mod.Config, env: Mapping[str, str], age_s: float) -> float:
+    """The child's time budget: ``hook_timeout_s``, capped so that the whole process (start-up ``age_s``, kill
+    grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit. When that leaves less than ``MIN_WORK_S``
+    (an overloaded host), the cap is dropped: cutting the work short would only lose it, while the parent's SIGTERM
+    is caught and logged and the child finishes on its own."""
+    try:
+        outer = float(env.get("COLOC_SHIM_TIMEOUT_S") or OUTER_LIMIT_S)
+    except ValueError:
+        outer = OUTER_LIMIT_S
+    left = outer - age_s - OUTER_MARGIN_S - (bound_s(cfg) - cfg.hook_timeout_s)
+    return cfg.hook_timeout_s if left < MIN_WORK_S else min(cfg.hook_timeout_s, left)
 
 
 def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bool = True) -> None:
@@ -88,104 +103,6 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
     root.setLevel(getattr(logging, level, logging.INFO))
 
 
-def spool_dirs(cfg: config_mod.Config) -> List[Path]:
-    """Where pending records wait: ``<run_dir>/spool`` first, ``<state_dir>/spool`` when that cannot be written."""
-    return [Path(cfg.run_dir) / "spool", Path(cfg.state_dir) / "spool"]
-
-
-def _target(name: str, ctx: HookContext) -> Optional[str]:
-    if name in NODE_HOOKS and ctx.node:
-        return f"node:{ctx.node}"
-    if name in CTLD_HOOKS:
-        return "ctld"
-    return None
-
-
-def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
-    if target == "ctld":
-        return open_ctld_db(cfg.ctld_db_path, busy_s)
-    return open_node_db(cfg.node_db_path(target.split(":", 1)[1]), busy_s)
-
-
-def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
-               duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (spool op format, store/spool.py), built from its environment only.
-
-    A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
-    leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end in
-    the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
-    """
-    now = started_ts + duration_ms / 1000
-    ops: List[Dict[str, Any]] = []
-    detail_json = json.dumps(detail, sort_keys=True, default=str)
-    if name in NODE_HOOKS:
-        ops.append({"op": "hook_run", "row": {"job_id": ctx.job_id, "node": ctx.node, "hook": name,
-                                              "ts": started_ts, "duration_ms": duration_ms, "ok": int(ok),
-                                              "detail_json": detail_json}})
-        if not ok and name == "prolog":
-            ops.append({"op": "job_start", "row": {"job_id": ctx.job_id, "node": ctx.node,
-                                                   "user_name": ctx.user_name, "uid": ctx.uid,
-                                                   "gpus": ",".join(str(g) for g in ctx.gpus),
-                                                   "start_ts": started_ts}})
-        elif not ok and name == "epilog":
-            ops.append({"op": "job_end", "row": {
-                "job_id": ctx.job_id, "node": ctx.node, "end_ts": now, "exit_code": ctx.exit_code,
-                "signal": ctx.signal, "state": infer_final_state("", ctx.exit_code, ctx.signal, None, None)}})
-    elif name in CTLD_HOOKS and not ok:
-        ops.append({"op": "event", "row": {"ts": now, "job_id": ctx.job_id, "kind": "hook-error",
-                                           "detail_json": json.dumps({"hook": name, **detail}, sort_keys=True,
-                                                                     default=str)}})
-        if name == "prolog-slurmctld":
-            coloc = ctld._clean_coloc(parse_comment(ctx.comment))
-            ops.append({"op": "submission", "row": {
-                "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
-                "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),
-                "shards_req": coloc.get("shards"), "estimate_method": coloc.get("method"),
-                "script_sha256": coloc.get("sha256"), "updated_ts": now,
-                "coloc_json": json.dumps(coloc, sort_keys=True) if coloc else None}})
-        else:
-            ops.append({"op": "ctld_end", "row": {
-                "job_id": ctx.job_id, "end_ts": now, "exit_code": ctx.exit_code, "signal": ctx.signal,
-                "state": infer_final_state("", ctx.exit_code, ctx.signal, None, None), "updated_ts": now}})
-    return ops
-
-
-def _spool(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
-    for d in spool_dirs(cfg):
-        try:
-            path = spool.write_entry(d, target, ops)
-            log.warning("database unusable: %d record(s) spooled to %s, replayed by the next hook", len(ops), path)
-            return
-        except ColocError as exc:
-            log.error("cannot spool to %s: %s", d, exc.one_line())
-    log.error("RECORDS LOST (no database, no spool): %s", json.dumps(ops, default=str))
-
-
-def _record(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
-            started_ts: float, duration_ms: float) -> None:
-    """Write this run's records and replay pending ones; spool them when the database is unusable. Never raises."""
-    target = _target(name, ctx)
-    if target is None:
-        return
-    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
-    busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
-    try:
-        db = _open_target(target, cfg, busy_s)
-        if ops:
-            spool.apply_ops(db, ops)
-        ops = []
-        for d in spool_dirs(cfg):
-            n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
-            if n:
-                log.info("replayed %d spooled record set(s) from %s into %s", n, d, target)
-    except HookTimeout:
-        log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
-    except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
-        log.error("%s: cannot record the hook run: %s", name, exc)
-    if ops:
-        _spool(cfg, target, ops)
-
-
 def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
     """The config, or None after logging (and recording where possible) why it cannot be loaded."""
     try:
@@ -195,7 +112,7 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
         _setup_logging(fallback, ctx.job_id, create_dir=False)
         log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name, exc.one_line())
         if fallback.state_dir != config_mod.Config().state_dir or os.path.isdir(fallback.state_dir):
-            _bounded(lambda: _record(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0),
+            _bounded(lambda: record_run(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0),
                      RECORD_BUDGET_S)
         return None
 
@@ -221,24 +138,72 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
     """
     env = dict(os.environ if environ is None else environ)
     t0, started_ts = time.monotonic(), time.time()
+    age_ms = process_age_s() * 1000
+    try:
+        old_term = signal.signal(signal.SIGTERM, _on_term)
+    except ValueError:  # not the main thread (tests): no handler
+        old_term = None
+    state: Dict[str, Any] = {"cfg": None, "child": None, "recorded": False}
     ctx = HookContext.from_env(env)
+    try:
+        return _run_hook(name, env, ctx, t0, started_ts, age_ms, state)
+    except HookTerminated:
+        _terminated(name, env, ctx, t0, started_ts, age_ms, state)
+        return []
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
+              state: Dict[str, Any]) -> List[str]:
+    """``run_hook`` proper; ``state`` tells a SIGTERM handler what was reached (config, child pid, recorded)."""
     cfg = _load_config(name, ctx, env)
     if cfg is None:
         log.info("%s done in %.0f ms (config unusable)", name, (time.monotonic() - t0) * 1000)
         return []
     _setup_logging(cfg, ctx.job_id)
+    state["cfg"] = cfg
     if name not in HOOKS or ctx.job_id is None:
         log.error("%s: unknown hook or no SLURM_JOB_ID", name)
         return []
-    ok, detail, result = run_bounded(HOOKS[name], ctx, cfg, env, name)
+    budget = work_budget_s(cfg, env, age_ms / 1000 + time.monotonic() - t0)
+    run_cfg = cfg if budget >= cfg.hook_timeout_s else dataclasses.replace(cfg, hook_timeout_s=budget)
+    ok, detail, result = run_bounded(HOOKS[name], ctx, run_cfg, env, name, state)
     duration_ms = (time.monotonic() - t0) * 1000
     level = logging.INFO if ok else logging.ERROR
     log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
     if name != "task-prolog":
-        _bounded(lambda: _record(name, ctx, cfg, ok, detail, started_ts, duration_ms), RECORD_BUDGET_S)
+        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state), RECORD_BUDGET_S)
         result = None
-    log.info("%s done in %.0f ms (bound %.0f ms)", name, (time.monotonic() - t0) * 1000, bound_s(cfg) * 1000)
+    log.info("%s done in %.0f ms (bound %.0f ms, work budget %.1f s, exec %.0f ms before)", name,
+             (time.monotonic() - t0) * 1000, bound_s(cfg) * 1000, budget, age_ms)
     return result if ok and isinstance(result, list) else []
+
+
+def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
+                state: Dict[str, Any]) -> None:
+    """SIGTERM reached the hook process: spool what a failed run leaves, log the one done line.
+
+    Called with about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process group,
+    untouched by the shim's signals) finishes its work under its own alarm. Never raises.
+    """
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
+        child = state.get("child")
+        cfg = state.get("cfg")
+        if cfg is None:
+            cfg = config_mod.load_fallback(environ=env)
+            _setup_logging(cfg, ctx.job_id, create_dir=False)
+        duration_ms = (time.monotonic() - t0) * 1000
+        error = "terminated by SIGTERM (the shim's timeout, or slurmd/slurmctld stopping)"
+        target = target_of(name, ctx)
+        if target is not None and ctx.job_id is not None and name in HOOKS and not state.get("recorded"):
+            spool_ops(cfg, target, record_ops(name, ctx, False, {"error": error}, started_ts, duration_ms))
+        log.error("%s done in %.0f ms (TERMINATED: %s; exec %.0f ms before; child %s left to finish)", name,
+                  duration_ms, error, age_ms, child)
+    except BaseException:  # noqa: BLE001 - a hook must never fail the node
+        pass
 
 
 def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str], name: str, fd: int) -> None:
@@ -278,22 +243,29 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
 
 
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
-                name: str = "hook") -> tuple:
+                name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
     """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child) and
     ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
 
     Returns:
         ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list (TaskProlog
-        lines) or None. Never raises.
+        lines) or None. Never raises (``HookTerminated`` passes; ``state["child"]`` then names the child to kill).
     """
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child must never see our handler
     try:
         r, w = os.pipe()
         pid = os.fork()
     except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return False, {"error": f"cannot fork the hook: {exc}"}, None
     if pid == 0:  # pragma: no cover - the child (measured through the parent)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(r)
         _child(fn, ctx, cfg, env, name, w)
+    if state is not None:
+        state["child"] = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is delivered here
     os.close(w)
     deadline = time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S
     chunks: List[bytes] = []
@@ -322,6 +294,8 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+    if state is not None:
+        state["child"] = None
     if killed:
         return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the alarm "
                                 f"cannot reach: C code such as NVML or a SQLite wait)"}, None

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 from sqlite_utils import Database
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv, mps
+from slurm_coloc.node import flush, jobenv, mps
 from slurm_coloc.node import sampler as sampler_mod
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as store_samples
@@ -38,8 +38,11 @@ def share_mode(shards: Optional[int], cfg: Config) -> str:
 
 
 def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int], shards: Optional[int],
-                   spank_share: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                   spank_share: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                   uid: Optional[int] = None) -> Dict[str, Any]:
     """Set up a job's GPU sharing on this node; return what was done (for the hook_runs row).
+
+    ``uid`` is the job's user (``SLURM_JOB_UID``): in ``mps_mode: per-user`` the daemon runs as that user.
 
     Shard job on one GPU: MPS daemon for that GPU (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and
     the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice`` without MPS).
@@ -57,7 +60,7 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         out["mps"] = "shards-on-several-gpus"
         store_samples.record_node_event(db, job_id, "mps-skipped", {"gpus": list(gpus), "why": out["mps"]})
     else:
-        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env)
+        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env, uid)
         store_samples.record_node_event(db, job_id, res.event, {"gpu": gpus[0], **res.detail})
         out["mps"] = res.event
         if res.ok and res.daemon is not None:
@@ -73,12 +76,17 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
 
 def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int],
                    start_ts: Optional[float], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Remove the env file, release MPS (stopping an unused daemon), write the job's usage summary."""
+    """Remove the env file, release MPS (stopping an unused daemon), write the job's usage summary.
+
+    Before summarising, the node's sampler is asked to write its buffered samples (node/flush.py, bounded by
+    ``flush.flush_wait_s``); the outcome is in the returned ``sampler_flush``.
+    """
     out: Dict[str, Any] = {"env_file_removed": jobenv.remove_env(cfg, job_id)}
     for res in mps.release(cfg, job_id, env):
         store_samples.record_node_event(db, job_id, res.event, res.detail)
         out.setdefault("mps", []).append(res.event)
     if gpus:
+        out["sampler_flush"] = flush.request_flush(cfg, node, sampler_mod.running_pid(cfg, node))
         end = time.time()
         t0 = start_ts if start_ts else end - 86400
         summary = summarize(job_id, node, list(gpus), start_ts, end,

@@ -1,28 +1,39 @@
-"""One CUDA MPS control daemon per shared GPU, started and stopped by the node Prolog/Epilog (runs as root).
+"""CUDA MPS control daemons for shared GPUs, started and stopped by the node Prolog/Epilog (runs as root).
 
-Layout under the root-owned ``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is
-absent, e.g. the fake-GPU test cluster): ``pipe/`` (CUDA_MPS_PIPE_DIRECTORY; the daemon writes
-``nvidia-cuda-mps-control.pid`` there), ``log/`` (CUDA_MPS_LOG_DIRECTORY), ``members/<job_id>`` (one empty file
-per shared job using the daemon) and ``lock`` (flock serialising concurrent Prologs/Epilogs of that GPU).
+``mps_mode: multi-user``: one daemon per GPU, run by root with ``-M``, under the root-owned
+``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is absent, e.g. the fake-GPU test
+cluster). ``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
+supplementary groups from the passwd/group databases, never from the job), under the root-owned
+``<run_dir>/mps/<key>.uid<uid>/``.
+
+In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (the daemon writes ``nvidia-cuda-mps-control.pid`` there) and
+``log/`` CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one empty file per shared job using the daemon) and
+``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon) stay root-owned. Multi-user: ``pipe/`` and
+``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user: they are
+owned by the uid, mode 0700, so only that user (and root) can reach the daemon; root never writes into them
+(the pid file is read without following symlinks and its pid must be a process of that uid).
 
 The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuid or index>``, so MPS clients see that GPU as device 0
-(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). ``-M`` (multi-user) unless ``mps_mode`` is
-``per-user``. Nothing here changes compute mode, clocks or MIG. Every failure is returned, never raised, so the
-job can run without MPS (time-slicing) and the node is not drained.
+(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or MIG.
+Every failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is not
+drained.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import logging
+import grp
 import os
+import pwd
 import shutil
 import signal
+import stat as stat_mod
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
 
@@ -37,15 +48,17 @@ class MpsDaemon:
     """Where the daemon of one GPU lives.
 
     Attributes:
-        key: directory name (GPU UUID, or ``idx<N>`` when NVML is unavailable).
+        key: GPU key (GPU UUID, or ``idx<N>`` when NVML is unavailable).
         gpu_index: global GPU index on the node; visible: value for the daemon's CUDA_VISIBLE_DEVICES.
-        root: ``<run_dir>/mps/<key>``.
+        root: ``<run_dir>/mps/<key>`` (multi-user) or ``<run_dir>/mps/<key>.uid<uid>`` (per-user).
+        uid: the user the daemon runs as (per-user mode); None: root (multi-user mode).
     """
 
     key: str
     gpu_index: int
     visible: str
     root: Path
+    uid: Optional[int] = None
 
     @property
     def pipe_dir(self) -> Path:
@@ -70,11 +83,23 @@ class MpsOutcome:
     detail: Dict[str, object] = field(default_factory=dict)
 
 
-def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str]) -> MpsDaemon:
-    """The daemon layout for GPU ``gpu_index`` (keyed by ``uuid`` when known, else ``idx<N>``)."""
+def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[int] = None) -> MpsDaemon:
+    """The daemon layout for GPU ``gpu_index`` (keyed by ``uuid`` when known, else ``idx<N>``).
+
+    ``uid`` (the job's user) is used only in ``per-user`` mode: one daemon per (GPU, uid).
+
+    Raises:
+        ValueError: per-user mode without a valid uid.
+    """
     key = uuid if uuid and all(c.isalnum() or c in "-_" for c in uuid) else f"idx{int(gpu_index)}"
+    owner: Optional[int] = None
+    if cfg.mps_mode == "per-user":
+        if uid is None or int(uid) < 0:
+            raise ValueError("mps_mode per-user needs the job's uid (SLURM_JOB_UID missing)")
+        owner = int(uid)
+    name = key if owner is None else f"{key}.uid{owner}"
     return MpsDaemon(key=key, gpu_index=int(gpu_index), visible=uuid if key == uuid else str(int(gpu_index)),
-                     root=Path(cfg.run_dir) / "mps" / key)
+                     root=Path(cfg.run_dir) / "mps" / name, uid=owner)
 
 
 def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optional[str]:
@@ -95,6 +120,41 @@ def _mkdir(path: Path, mode: int = 0o755) -> None:
     st = path.lstat()
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or path.is_symlink():
         raise PermissionError(f"{path} is not owned by us or is group/other-writable")
+
+
+def _user_dir(path: Path, uid: int, gid: int) -> None:
+    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, mode 0700.
+
+    Raises:
+        PermissionError: ``path`` is a symlink or not a directory, or owned by another non-root user.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a directory (symlink?)")
+    if st.st_uid not in (uid, os.geteuid()):
+        raise PermissionError(f"{path} is owned by uid {st.st_uid}, not {uid}")
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(path, uid, gid, follow_symlinks=False)
+    if stat_mod.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)  # the parent is root-owned: the entry cannot be swapped under us
+
+
+def _identity(uid: int) -> Dict[str, Any]:
+    """``subprocess`` keyword arguments running a command as ``uid`` (passwd/group databases, not the job's env).
+
+    Raises:
+        KeyError: ``uid`` has no passwd entry.
+    """
+    pw = pwd.getpwuid(uid)
+    try:
+        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except OSError:
+        groups = [pw.pw_gid]
+    return {"user": uid, "group": pw.pw_gid, "extra_groups": groups}
 
 
 class _Lock:
@@ -129,14 +189,47 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
-    """Pid of the running control daemon of ``d`` (pid file + a live process of that name), else None."""
+def _proc_uid(pid: int) -> Optional[int]:
+    """Real uid of ``pid`` from ``/proc/<pid>/status``, None when gone."""
     try:
-        pid = int((d.pipe_dir / PID_FILE).read_text().split()[0])
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _read_pid_file(path: Path) -> Optional[int]:
+    """The pid in ``path``: a regular file opened without following symlinks (it may sit in a user's directory)."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
-    ok = os.path.basename(cmd) == os.path.basename(binary_name) and pid_alive(pid)
+    try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 64).decode("ascii", errors="replace").split()
+    finally:
+        os.close(fd)
+    return int(text[0]) if text and text[0].isdigit() else None
+
+
+def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
+    """Pid of the running control daemon of ``d``, else None.
+
+    The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own euid):
+    a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
+    """
+    pid = _read_pid_file(d.pipe_dir / PID_FILE)
+    if pid is None:
+        return None
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return None
+    owner = d.uid if d.uid is not None else os.geteuid()
+    ok = os.path.basename(cmd) == os.path.basename(binary_name) and pid_alive(pid) and _proc_uid(pid) == owner
     return pid if ok else None
 
 
@@ -149,18 +242,31 @@ def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
 
 
 def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """Start the daemon of ``d`` unless it runs; wait until its pid file names a live daemon."""
+    """Start the daemon of ``d`` unless it runs; wait until its pid file names a live daemon.
+
+    Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without ``-M``,
+    pipe/log directories owned by ``d.uid``, 0700.
+
+    Raises:
+        KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
+    """
     pid = daemon_pid(d, binary)
     if pid:
         return MpsOutcome(True, "mps-running", d, {"pid": pid})
-    for p in (d.pipe_dir, d.log_dir):
-        _mkdir(p)
-    (d.pipe_dir / PID_FILE).unlink(missing_ok=True)
-    argv = [binary, "-d"] + (["-M"] if cfg.mps_mode == "multi-user" else [])
+    who: Dict[str, Any] = {}
+    if d.uid is None:
+        for p in (d.pipe_dir, d.log_dir):
+            _mkdir(p)
+    else:
+        who = _identity(d.uid)
+        for p in (d.pipe_dir, d.log_dir):
+            _user_dir(p, d.uid, who["group"])
+    (d.pipe_dir / PID_FILE).unlink(missing_ok=True)  # unlink never follows a symlink
+    argv = [binary, "-d"] + (["-M"] if d.uid is None else [])
     t0 = time.monotonic()
     try:
         res = subprocess.run(argv, env=_daemon_env(d), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=cfg.mps_start_timeout_s, start_new_session=True)
+                             timeout=cfg.mps_start_timeout_s, start_new_session=True, cwd="/", **who)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return MpsOutcome(False, "mps-start-failed", d, {"error": f"{type(exc).__name__}: {exc}", "argv": argv})
     if res.returncode != 0:
@@ -169,22 +275,23 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
         pid = daemon_pid(d, binary)
         if pid:
-            return MpsOutcome(True, "mps-start", d, {"pid": pid, "argv": argv, "mode": cfg.mps_mode,
+            return MpsOutcome(True, "mps-start", d, {"pid": pid, "argv": argv, "mode": cfg.mps_mode, "uid": d.uid,
                                                      "start_ms": round((time.monotonic() - t0) * 1000, 1)})
         time.sleep(0.02)
     return MpsOutcome(False, "mps-start-failed", d, {"error": "no daemon pid file after start", "argv": argv})
 
 
 def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """``echo quit | nvidia-cuda-mps-control`` for ``d``; SIGTERM if it is still alive after the timeout."""
+    """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the timeout."""
     pid = daemon_pid(d, binary)
     if not pid:
         return MpsOutcome(True, "mps-not-running", d)
     t0 = time.monotonic()
     try:
+        who = _identity(d.uid) if d.uid is not None else {}
         subprocess.run([binary], input="quit\n", env=_daemon_env(d), capture_output=True, text=True,
-                       timeout=cfg.mps_start_timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+                       timeout=cfg.mps_start_timeout_s, cwd="/", **who)
+    except (OSError, KeyError, subprocess.TimeoutExpired) as exc:
         log.warning("MPS %s: quit failed: %s", d.key, exc)
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
         if daemon_pid(d, binary) is None and not pid_alive(pid):
@@ -198,13 +305,16 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
-            env: Optional[Dict[str, str]] = None) -> MpsOutcome:
-    """Make sure a daemon serves GPU ``gpu_index`` and register ``job_id`` as one of its users.
+            env: Optional[Dict[str, str]] = None, uid: Optional[int] = None) -> MpsOutcome:
+    """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id`` with it.
 
     Returns an outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when the
     job must run without MPS; never raises.
     """
-    d = daemon_for(cfg, gpu_index, uuid)
+    try:
+        d = daemon_for(cfg, gpu_index, uuid, uid)
+    except ValueError as exc:
+        return MpsOutcome(False, "mps-error", None, {"error": str(exc)})
     binary = resolve_binary(cfg, env)
     if binary is None:
         return MpsOutcome(False, "mps-missing", d, {"binary": cfg.mps_control_bin})
@@ -227,9 +337,12 @@ def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
     out = []
     for member in sorted(base.glob(f"*/members/{int(job_id)}")):
         root = member.parent.parent
-        key = root.name
+        key, sep, uid_s = root.name.rpartition(".uid")
+        if not (sep and uid_s.isdigit()):
+            key, uid_s = root.name, ""
         index = int(key[3:]) if key.startswith("idx") and key[3:].isdigit() else -1
-        out.append(MpsDaemon(key=key, gpu_index=index, visible=key if index < 0 else str(index), root=root))
+        out.append(MpsDaemon(key=key, gpu_index=index, visible=key if index < 0 else str(index), root=root,
+                             uid=int(uid_s) if uid_s else None))
     return out
 
 

@@ -5,7 +5,8 @@ failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are lis
 Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database or an NVML
 error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows dropped first).
 Old samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
-``<run_dir>/sampler-<node>.lock`` held for the daemon's life.
+``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
+writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
+from slurm_coloc.node import flush as flush_mod
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_node_db
@@ -33,6 +35,7 @@ log = logging.getLogger("slurm_coloc.sampler")
 RETENTION_EVERY_S = 600.0
 MAX_BUFFER_ROWS = 200_000
 _CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+SLEEP_SLICE_S = 0.1  # longest delay before a SIGUSR1 flush request is served
 
 
 class Reader(Protocol):
@@ -122,6 +125,7 @@ class Sampler:
         self.frames = self.errors = self.flushes = self.dropped = 0
         self._last_retention = 0.0
         self.stopping = False
+        self.flush_requested = False  # set by SIGUSR1 (the Epilog's flush request)
 
     def _once(self, kind: str, msg: str, *args: Any) -> None:
         if kind not in self._logged:
@@ -161,8 +165,13 @@ class Sampler:
         return self._db
 
     def flush(self) -> bool:
-        """Write buffered rows in one transaction; on failure keep them for the next try. Returns success."""
+        """Write buffered rows in one transaction; on failure keep them for the next try. Returns success.
+
+        After a success the marker (node/flush.py) says every frame read before this call is in the database.
+        """
+        upto_ts = time.time()
         if not (self.gpu_buf or self.proc_buf or self._static_dirty):
+            self._mark(upto_ts)
             return True
         try:
             db = self._open()
@@ -178,7 +187,15 @@ class Sampler:
         self.proc_buf.clear()
         self._static_dirty = False
         self.flushes += 1
+        self._mark(upto_ts)
         return True
+
+    def _mark(self, upto_ts: float) -> None:
+        try:
+            flush_mod.write_marker(self.cfg, self.node, upto_ts, self.flushes)
+        except OSError as exc:
+            self._once(f"marker:{type(exc).__name__}", "cannot write the flush marker (%s); Epilogs wait for it "
+                       "in vain", exc)
 
     def retention(self, now: Optional[float] = None) -> int:
         """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond ``sampler_retention_days``."""
@@ -218,9 +235,16 @@ class Sampler:
         self.reader.close()
 
     def _sleep(self, s: float) -> None:
+        """Sleep ``s`` seconds in slices, serving a flush request (SIGUSR1) as soon as it is seen."""
         end = time.monotonic() + max(0.0, s)
-        while not self.stopping and time.monotonic() < end:
-            time.sleep(min(0.2, end - time.monotonic()) if end > time.monotonic() else 0)
+        while not self.stopping:
+            if self.flush_requested:
+                self.flush_requested = False
+                self.flush()
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(SLEEP_SLICE_S, left))
 
 
 def lock_path(cfg: Config, node: str) -> Path:
@@ -240,6 +264,8 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             return None
         raise
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a flush request must not kill a sampler still starting
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -289,11 +315,15 @@ def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Opti
 
 
 def install_signal_handlers(sampler: Sampler) -> None:
-    """SIGTERM/SIGINT: finish the current step, flush, exit."""
+    """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not here)."""
     def _stop(signum: int, frame: Any) -> None:
         sampler.stopping = True
+
+    def _flush(signum: int, frame: Any) -> None:
+        sampler.flush_requested = True
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGUSR1, _flush)
 
 
 def make_reader(cfg: Config, replay: Optional[str] = None, pid_map: Optional[Dict[int, int]] = None) -> Reader:

@@ -173,3 +173,32 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     assert report["gpm_rows"] > 0
     assert sum_b.peak_mem_mib and sum_b.peak_mem_mib > 500, sum_b
     assert rel[-1].event == "mps-stop"
+
+
+def test_per_user_daemon_runs_as_the_user_behind_a_0700_pipe_dir(gpu_cfg: Config) -> None:
+    """mps_mode per-user with the real daemon: started as the job's user, pipe/log 0700 owned by that user, the
+    user's client trains under it (the daemon's control.log: a server started for that uid, the client's pid
+    accepted from that uid), the daemon stops as the user."""
+    from slurm_coloc.nvml import gpu_uuids
+    uuid = gpu_uuids()[0]
+    cfg = dataclasses.replace(gpu_cfg, mps_mode="per-user")
+    uid = pwd.getpwnam(OTHER_USER).pw_uid
+    res = mps.acquire(cfg, 9201, 0, uuid, uid=uid)
+    assert res.ok and res.event == "mps-start", res.detail
+    d = res.daemon
+    pid = mps.daemon_pid(d)
+    assert pid and os.stat(f"/proc/{pid}").st_uid == uid
+    for sub in (d.pipe_dir, d.log_dir):
+        st_ = os.stat(sub)
+        assert st_.st_uid == uid and st_.st_mode & 0o777 == 0o700, (sub, oct(st_.st_mode))
+    assert os.stat(d.root).st_uid == 0
+    client = _client(cfg, jobenv.mps_env(d, 4), 9201, user=OTHER_USER, tag="per-user", seconds=5, alloc_gib=1,
+                     alloc_after_s=1)
+    out = _result(client)
+    rel = mps.release(cfg, 9201)
+    control = (d.log_dir / "control.log").read_text()
+    report = {"acquire": res.detail, "client": out, "release": [o.event for o in rel], "control_log": control[-3000:]}
+    (OUT / "mps_per_user.json").write_text(json.dumps(report, indent=1, default=str))
+    assert "error" not in out and out["steps"] > 0 and out["oom"] is False, out
+    assert f"for user {uid}" in control and f"NEW CLIENT {out['pid']} from user {uid}" in control, control
+    assert [o.event for o in rel] == ["mps-stop"], rel[0].detail

@@ -31,6 +31,7 @@ def test_parallel_submissions_all_accepted_and_recorded_once(load_cluster: Clust
     assert r["accepted"] == 24, r["errors"]
     assert r["completed"] == r["jobs_rows"] == r["prolog_once"] == r["epilog_once"] == 24, r
     assert r["epilog_slurmctld_done"] == 24 and r["spool_pending"] == 0, r
+    assert r["hook_runs_one_line"] == r["hook_runs_expected"] == 4 * 24, r  # one done line per hook run
 
 
 def test_jobs_starting_together_on_one_node_lose_no_row(load_cluster: Cluster) -> None:

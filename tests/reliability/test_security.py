@@ -7,7 +7,7 @@
   user-owned spool entry is refused.
 - A job named ``x'); DROP TABLE jobs;--`` is stored and reported verbatim.
 - A user sees only their own jobs in coloc-report; root sees all.
-- MPS pipe directories in per-user mode admit the job's user only (xfail: not implemented, see the reason).
+- MPS pipe and log directories in per-user mode admit the job's user only; the daemon runs as that user.
 Planted stderr symlinks (file and directory) are covered by tests/test_oom_cluster.py.
 """
 from __future__ import annotations
@@ -177,9 +177,6 @@ read -r cmd
 """
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT (node side, slurm_coloc/node/mps.py): in mps_mode per-user the MPS "
-                   "pipe directory is root-owned 0755 for every user; the issue asks that it admit the job's user "
-                   "and not others")
 def test_per_user_mps_pipe_dir_admits_only_the_jobs_user(fc: FaultCluster) -> None:
     fake = fc.c.dir / "fakebin" / "nvidia-cuda-mps-control"
     fake.parent.mkdir(exist_ok=True)
@@ -189,11 +186,16 @@ def test_per_user_mps_pipe_dir_admits_only_the_jobs_user(fc: FaultCluster) -> No
     job = fc.sbatch(fc.script("mps.sh", "sleep 8\n"))
     fc.c.wait_state(job, ["RUNNING"], timeout=60)
     time.sleep(1.5)
-    pipes = list((fc.run_dir / "mps").glob("*/pipe"))
-    assert pipes, "an MPS pipe directory exists while the shard job runs"
+    pipes = [p for p in (fc.run_dir / "mps").glob("*/pipe") if (p.parent / "members" / str(job)).exists()]
+    assert pipes, "an MPS pipe directory serves the shard job while it runs"
     try:
         for p in pipes:
-            assert fc.c.run(["test", "-x", str(p)], user="colocuser").returncode == 0
-            assert fc.c.run(["test", "-x", str(p)], user="colocuser2").returncode != 0, oct(p.stat().st_mode)
+            for d in (p, p.parent / "log"):
+                assert fc.c.run(["test", "-x", str(d)], user="colocuser").returncode == 0
+                assert fc.c.run(["test", "-x", str(d)], user="colocuser2").returncode != 0, oct(d.stat().st_mode)
+            daemon = int((p / "nvidia-cuda-mps-control.pid").read_text())
+            assert os.stat(f"/proc/{daemon}").st_uid == 2001  # the daemon runs as the job's user, not root
+            parent = os.lstat(p.parent)  # the per-(GPU, uid) directory itself stays root-owned, not user-writable
+            assert parent.st_uid == 0 and not parent.st_mode & 0o022, oct(parent.st_mode)
     finally:
         fc.c.wait_job(job, timeout=60)
