@@ -17,6 +17,14 @@ so each row's allocator starts empty; ``seq_in_process`` says whether the row wa
 first (0: a pristine process) or a later one. Rows are appended; config ids already in
 ``--have`` or ``--out`` are skipped (resumable). The config list is deterministic (``--seed``).
 
+``--set paper18`` runs instead the GPUMemNet paper's 18 real (model, batch size) configs
+(``slurm_coloc.estimate.zoo_paper.paper18``: torchvision CNNs, Xception, Hugging Face BERT /
+XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (all rows
+``seq_in_process`` 0), family ``paper18``, group ids 900000+ (config id = group*16), e.g.::
+
+    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py --set paper18 \
+        --out $OUT/paper18_runs.csv --have data/hopper/paper18_runs.csv --budget-s 500
+
 (This is a script, not package code: the package's one NVML gateway is slurm_coloc/nvml.)
 """
 from __future__ import annotations
@@ -121,6 +129,20 @@ def make_groups(seed: int, n: int) -> List[Dict[str, Any]]:
     return groups
 
 
+PAPER18_GROUP0 = 900000  # paper18 group ids; the random set's are < --groups (6000)
+
+
+def paper18_groups() -> List[Dict[str, Any]]:
+    """The GPUMemNet paper's 18 real (model, batch size) configs (slurm_coloc.estimate.zoo_paper),
+    one group (one fresh child, ``seq_in_process`` 0) each, ids ``PAPER18_GROUP0 + i``."""
+    from slurm_coloc.estimate.zoo_paper import paper18
+
+    return [{"group": PAPER18_GROUP0 + i, "family": "paper18", "model": c["model"], "kwargs": c["kwargs"],
+             "shape": c["shape"], "input_dtype": c["input_dtype"], "optimizer": c["optimizer"],
+             "precision": c["precision"], "batch_sizes": [c["batch_size"]]}
+            for i, c in enumerate(paper18())]
+
+
 def _child(g: Dict[str, Any], conn: Any) -> None:
     """Runs in a forked process: train each batch size, report torch figures, wait for the ack."""
     import importlib
@@ -213,14 +235,22 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--groups", type=int, default=6000)
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--child-timeout-s", type=float, default=90)
+    ap.add_argument("--child-timeout-s", type=float, default=None,
+                    help="seconds a child may take per row (default 90; 240 for --set paper18)")
+    ap.add_argument("--set", choices=["random", "paper18"], default="random",
+                    help="random: the seeded groups; paper18: the GPUMemNet paper's 18 real models")
     args = ap.parse_args()
+    if args.child_timeout_s is None:
+        args.child_timeout_s = 240.0 if args.set == "paper18" else 90.0
     start = time.time()
     import pynvml
     import torch
     import torchvision.models  # noqa: F401  imported before fork so children start fast
 
     import slurm_coloc.estimate.zoo  # noqa: F401
+    if args.set == "paper18":
+        # the BERT/GPT-2/XLNet builders' classes, imported before fork like torchvision's
+        from transformers import BertForMaskedLM, GPT2LMHeadModel, XLNetForSequenceClassification  # noqa: F401
 
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -241,7 +271,8 @@ def main() -> int:
         w.writeheader()
     ctx = mp.get_context("fork")
     n_rows = n_groups = 0
-    for g in make_groups(args.seed, args.groups):
+    todo = paper18_groups() if args.set == "paper18" else make_groups(args.seed, args.groups)
+    for g in todo:
         if g["group"] in done:
             continue
         if time.time() - start > args.budget_s:
