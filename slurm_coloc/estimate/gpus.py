@@ -36,12 +36,23 @@ GPUS: Dict[str, GpuModel] = {
                      "measured on H100 80GB HBM3, driver 580.159.04, torch 2.11+cu130 (gpu-facts.md)"),
     "H200": GpuModel("H200", 143771, 612, 0,
                      "memory from nvidia-smi on H200; context assumed equal to H100 (same Hopper stack)"),
+    # Not measured here: for comparing with GPUMemNet's A100 figures only. 40960 MiB = the
+    # 40 GB part as nvidia-smi reports it. Context: the smallest per-process peak among
+    # GPUMemNet's 6000 MLP runs on A100 40GB (their older CUDA stack) is 1443 MiB
+    # (shared/data/gpumemnet/mlp_data_step{1,2}.csv, CC BY 4.0); minus the 146 MiB of libs the
+    # Hopper calibration adds and the 66 MiB our trace replays for a tiny MLP step (cuBLAS
+    # workspaces), 1231 MiB, so the uncalibrated analytic figure of a tiny MLP is their 1443.
+    "A100": GpuModel("A100", 40960, 1231, 0,
+                     "A100 40GB, not measured here: context from GPUMemNet's MLP data floor (1443 MiB) "
+                     "minus libs and a tiny step; see gpus.py"),
 }
 
 _ALIASES = {
     "h100": "H100", "h100-80gb": "H100", "h100 80gb": "H100", "h100 80gb hbm3": "H100",
     "nvidia h100 80gb hbm3": "H100", "h100-sxm": "H100", "h100_80gb": "H100",
     "h200": "H200", "nvidia h200": "H200", "h200-141gb": "H200",
+    "a100": "A100", "a100-40gb": "A100", "a100 40gb": "A100", "nvidia a100-sxm4-40gb": "A100",
+    "a100-sxm4-40gb": "A100", "nvidia a100-pcie-40gb": "A100", "a100-pcie-40gb": "A100",
 }
 
 
