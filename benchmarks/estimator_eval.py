@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from slurm_coloc.estimate import learned, train
+from slurm_coloc.estimate import learned, margins, train
 
 GDIR = train.GPUMEMNET_DIR
 
@@ -58,13 +58,16 @@ def main() -> int:
 
     act = [r["actual_mib"] for r in test]
     ana = [train.analytic_of(r, libs) for r in test]
-    ana_b = [a * cal["analytic_mult"] + cal["analytic_add_mib"] for a in ana]
+    ana_b = [margins._bound(cal, r, train.H100_CONTEXT_MIB) for r in test]  # combine.calibrated_bound
     lp = [learned.predict_features(r["x"], tmp) for r in test]
     lrn_b = [p["max_mib"] * cal["learned_mult"] for p in lp]
     comb = [max(a, b) for a, b in zip(ana_b, lrn_b)]
     ds = f"Hopper H100, held-out families ({','.join(train.TEST_FAMILIES)})"
     add(ds, "analytic (uncalibrated)", act, ana)
-    add(ds, "analytic bound = shipped estimate", act, ana_b)
+    add(ds, f"analytic bound ({cal['form']}) = shipped estimate", act, ana_b)
+    for c in cal["candidates"]:  # every candidate form with the margins it got on VALIDATION
+        add(ds, f"candidate {c['form']} (val: {100 * c['under']:.1f}% under)", act,
+            [margins._bound(c, r, train.H100_CONTEXT_MIB) for r in test])
     add(ds, "learned mean", act, [p["mean_mib"] for p in lp])
     add(ds, "learned bound", act, lrn_b)
     add(ds, "max(analytic, learned) bounds (rejected)", act, comb)
@@ -99,7 +102,7 @@ def main() -> int:
     for r in res:
         t.add_row(*r)
     Console(width=200).print(t)
-    print("calibration:", cal)
+    print("calibration:", {k: v for k, v in cal.items() if k not in ("candidates", "combine_candidates")})
     return 0
 
 

@@ -111,3 +111,53 @@ def test_cli_json_and_errors() -> None:
     bad = subprocess.run(cmd + ["--model", "nosuch:f", "--input-shape", "3", "--batch-size", "1"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def _cal_rows() -> list:
+    """Small rows in ``train.load_hopper``'s format: 3 families, one with extra cuDNN (jit) memory."""
+    rows = []
+    for fam, n, ratio in (("a", 40, 1.05), ("b", 40, 1.15), ("c", 40, 1.1)):
+        for i in range(n):
+            r = 100.0 + 50.0 * i
+            jit = fam == "c" and i % 10 == 0
+            nonalloc = 760.0 + (390.0 if jit else 0.0)
+            rows.append({"family": fam, "sim_reserved_mib": r, "actual_mib": nonalloc + r * ratio,
+                         "nonalloc_mib": nonalloc, "precision": "amp-fp16" if jit else "fp32",
+                         "depthwise_max_hw": 12544 if jit else 0})
+    return rows
+
+
+def test_calibrate_picks_form_meeting_underestimate_target() -> None:
+    from slurm_coloc.estimate import margins
+
+    rows = _cal_rows()
+    libs = margins.libs_of(rows, 612.0)
+    cal, table = margins.choose_form(rows, libs, 612.0, 0.01)
+    assert {t["cal"]["form"] for t in table} == set(margins.FORMS)
+    assert margins.evaluate(cal, rows, 612.0)["under"] <= 0.01
+    assert all(t["under"] <= 0.01 for t in table)
+    assert cal["form"] == "per-component-jit" and cal["jit_mib"] >= 390  # the jit rows no longer force the pad
+    assert cal == margins.choose_form(rows, libs, 612.0, 0.01)[0]  # deterministic
+    cv = margins.leave_one_family_out(rows, cal["form"], 612.0, 0.01)
+    assert cv["pooled"]["rows"] == len(rows) and set(cv["per_family"]) == {"a", "b", "c"}
+
+
+def test_calibrated_bound_reads_old_and_new_formats() -> None:
+    from slurm_coloc.estimate.combine import calibrated_bound
+
+    old = {"analytic_mult": 1.135, "analytic_add_mib": 230.0, "learned_mult": 1.77, "libs_mib": 146.0}
+    assert calibrated_bound(old, 1758.0, 612.0, 146.0) == pytest.approx(1758.0 * 1.135 + 230.0)
+    new = {"form": "per-component-jit", "analytic_mult": 1.26, "analytic_add_mib": 32.0, "jit_mib": 400.0,
+           "jit_min_hw": 6400, "libs_mib": 146.0}
+    plain = 612.0 + 146.0 + 32.0 + 1000.0 * 1.26
+    assert calibrated_bound(new, 1758.0, 612.0, 146.0) == pytest.approx(plain)
+    assert calibrated_bound(new, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) \
+        == pytest.approx(plain + 400.0)
+    assert calibrated_bound(new, 1758.0, 612.0, 146.0, precision="bf16", depthwise_max_hw=12544) == pytest.approx(plain)
+    pc = dict(new, form="per-component")
+    assert calibrated_bound(pc, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) \
+        == pytest.approx(plain)
+    assert calibrated_bound(dict(pc, form="per-component-sqrt", sqrt_k=4.0), 1758.0, 612.0, 146.0) \
+        == pytest.approx(plain + 4.0 * 1000.0 ** 0.5)
+    with pytest.raises(EstimateError):
+        calibrated_bound(dict(pc, form="nonsense"), 1758.0, 612.0, 146.0)

@@ -5,8 +5,8 @@ Order (issue 3, part 5):
 2. otherwise the calibrated analytical bound (``calibrated_bound``); the learned ensemble's
    figures go into ``detail`` only, because on held-out families its bound over-reserved far
    more (docs/estimator.md). The calibration (``weights/calibration.json``, written by
-   ``estimate.train``) holds a multiplicative and an additive margin chosen on validation
-   families so that underestimates are rare (held-out rates in docs/estimator.md).
+   ``estimate.train``) holds the bound's form (``margins.py``) and its margins, chosen on
+   validation families so that underestimates are rare (held-out rates in docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -75,19 +75,34 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     return base
 
 
-def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float) -> float:
+def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float,
+                     precision: Optional[str] = None, depthwise_max_hw: int = 0) -> float:
     """The calibrated upper bound (MiB) on NVML's per-process peak from the analytic figure.
 
-    Per-component margin (docs/estimator.md): context + library overhead are near-constant and
-    measured, so they get only an additive pad; the replayed peak reserved memory
-    (``analytic - context - libs``) carries the error and is scaled:
-    ``context + libs + add + reserved * mult``. Old calibration files (no ``form``) scale the
-    whole analytic figure: ``analytic * mult + add``.
+    ``cal["form"]`` (written by ``estimate.train``; forms and their rationale in ``margins.py``),
+    with ``R = analytic - context - libs`` the replayed peak reserved memory:
+
+    - absent or ``"scalar"`` (old calibration files): ``analytic * mult + add``;
+    - ``"per-component"``: ``context + libs + add + R * mult``;
+    - ``"per-component-sqrt"``: the same ``+ sqrt_k * sqrt(R)``;
+    - ``"per-component-jit"``: the same ``+ jit_mib`` when ``precision == "amp-fp16"`` and
+      ``depthwise_max_hw > jit_min_hw`` (extra cuDNN kernel memory, docs/estimator.md).
     """
     mult, add = float(cal["analytic_mult"]), float(cal["analytic_add_mib"])
-    if cal.get("form") == "per-component":
-        return context_mib + libs_mib + add + max(0.0, analytic_mib - context_mib - libs_mib) * mult
-    return analytic_mib * mult + add
+    form = cal.get("form", "scalar")
+    if form == "scalar":
+        return analytic_mib * mult + add
+    reserved = max(0.0, analytic_mib - context_mib - libs_mib)
+    out = context_mib + libs_mib + add + reserved * mult
+    if form == "per-component-sqrt":
+        out += float(cal.get("sqrt_k", 0.0)) * math.sqrt(reserved)
+    elif form == "per-component-jit":
+        jit = float(cal.get("jit_mib", 0.0))
+        if jit > 0 and precision == "amp-fp16" and int(depthwise_max_hw) > int(cal.get("jit_min_hw", 0)):
+            out += jit
+    elif form != "per-component":
+        raise EstimateError(f"calibration.json: unknown bound form {form!r}")
+    return out
 
 
 def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
@@ -107,7 +122,9 @@ def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
         gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
     detail: Dict[str, Any] = analytic_detail(trace, gpu)
     ana = analytic_mib(trace, gpu)
-    ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib)
+    ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=spec.precision,
+                                 depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
+    detail["bound_form"] = str(cal.get("form", "scalar"))
     detail["analytic_bound_mib"] = round(ana_bound, 1)
     learned = _learned(spec, trace, gpu.name)
     if learned is not None:

@@ -10,14 +10,16 @@ refitted on all rows with the same hyper-parameters and margins.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import csv
 import json
 import math
 import os
 import random
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_coloc.estimate import margins
 from slurm_coloc.estimate.features import feature_vector
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -50,6 +52,7 @@ def load_hopper(hopper_dir: str = HOPPER_DIR) -> List[Dict[str, Any]]:
                 "sim_allocated_mib": int(t["sim_peak_allocated_b"]) / 2**20,
                 "torch_allocated_mib": float(r["torch_max_allocated_mib"]),
                 "nonalloc_mib": float(r["nvml_mib"]) - float(r["torch_reserved_end_mib"]),
+                "precision": r["precision"], "depthwise_max_hw": int(t.get("depthwise_max_hw") or 0),
                 "x": feature_vector(float(t["params"]), float(t["acts_per_sample"]), bs, int(t["depth"]),
                                     counts, t["activation"], r["optimizer"], r["precision"],
                                     r["input_dtype"] == "int64"),
@@ -143,64 +146,97 @@ def gpumemnet_split(rows: Sequence[Dict[str, Any]], seed: int = 0) -> Tuple[List
 
 
 def calibrate(hopper: List[Dict[str, Any]], gmn_train: List[Dict[str, Any]],
-              exclude: Tuple[str, ...]) -> Tuple[Dict[str, Any], Dict[str, float]]:
-    """Fit on Hopper rows outside ``exclude``+VAL and ``gmn_train``; choose margins on VAL families.
+              exclude: Tuple[str, ...]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Fit on Hopper rows outside ``exclude``+VAL and ``gmn_train``; choose form and margins on VAL.
+
+    The bound's form is chosen among ``margins.FORMS`` on the VAL families (least median
+    over-reservation with <= ``TARGET_UNDER`` underestimated); the learned bound's factor the
+    same way; ``combine`` = ``max``/``min`` of the two bounds only if that wins on VAL too.
 
     Returns:
-        (ensemble arrays fitted without VAL and ``exclude`` families, calibration dict).
+        (ensemble arrays fitted without VAL and ``exclude`` families, calibration dict; its
+        ``candidates`` key lists every form's fitted margins and VAL figures).
     """
-    import statistics
-
+    from slurm_coloc.estimate import learned
     from slurm_coloc.estimate.learned import predict_features
 
     fit_rows, _ = split(hopper, exclude + VAL_FAMILIES)
     _, val = split(hopper, VAL_FAMILIES)
     fit_all, _ = split(hopper, exclude)
-    libs = statistics.median(r["nonalloc_mib"] for r in fit_all) - H100_CONTEXT_MIB
-    libs_p99 = sorted(r["nonalloc_mib"] for r in fit_all)[int(0.99 * (len(fit_all) - 1))] - H100_CONTEXT_MIB
-    add = round(libs_p99 - libs, 1) + 32.0  # spread of non-allocator memory + 32 MiB slack
+    libs = margins.libs_of(fit_all, H100_CONTEXT_MIB)
+    cal, table = margins.choose_form(val, libs, H100_CONTEXT_MIB, TARGET_UNDER)
     arrs = fit_ensemble(fit_rows + gmn_train)
     tmp = os.path.join(WEIGHTS_DIR, ".calib-tmp.npz")
     save_ensemble(arrs, tmp)
-    from slurm_coloc.estimate import learned
-
     learned._CACHE.pop(tmp, None)
     lmax = [predict_features(r["x"], tmp)["max_mib"] for r in val]
+    learned._CACHE.pop(tmp, None)
     os.remove(tmp)
     actual = [r["actual_mib"] for r in val]
-    ana = [analytic_of(r, libs) for r in val]
-    best = None
-    for extra in (0, 32, 64, 96, 128, 192, 256, 384, 512):  # joint margin: least median over-reservation
-        a_add = add + extra
-        mult = smallest_mult(actual, ana, a_add, TARGET_UNDER)
-        med = statistics.median((b * mult + a_add - a) / a for a, b in zip(actual, ana))
-        if best is None or med < best[0]:
-            best = (med, a_add, mult)
-    assert best is not None
-    cal = {
-        "libs_mib": round(libs, 1),
-        "analytic_add_mib": best[1],
-        "analytic_mult": best[2],
-        "learned_mult": smallest_mult(actual, lmax, 0.0, TARGET_UNDER),
+    cal["learned_mult"] = smallest_mult(actual, lmax, 0.0, TARGET_UNDER)
+    ana_b = [margins._bound(cal, r, H100_CONTEXT_MIB) for r in val]
+    lrn_b = [b * cal["learned_mult"] for b in lmax]
+    combos = {"analytic": ana_b, "max": [max(a, b) for a, b in zip(ana_b, lrn_b)],
+              "min": [min(a, b) for a, b in zip(ana_b, lrn_b)], "learned": lrn_b}
+    figs = {k: margins.summary(val, v) for k, v in combos.items()}
+    ok = [k for k in combos if figs[k]["under"] <= TARGET_UNDER + 1e-12]
+    cal["combine"] = min(ok or ["analytic"], key=lambda k: (figs[k]["median_over"], k != "analytic"))
+    cal.update({
+        "candidates": [{**t["cal"], **{k: round(t[k], 4) for k in ("under", "median_over", "p90_over")}}
+                       for t in table],
+        "combine_candidates": {k: {m: round(v, 4) for m, v in f.items() if m != "rows"} for k, f in figs.items()},
         "validation_families": list(VAL_FAMILIES),
         "validation_rows": len(val),
         "target_underestimate_rate": TARGET_UNDER,
-    }
+    })
     return arrs, cal
 
 
-def main() -> int:
-    """Calibrate (holding out TEST and VAL families), then refit on all rows and ship."""
+def cross_validate(hopper: List[Dict[str, Any]], form: str) -> Dict[str, Any]:
+    """Leave-one-family-out CV of ``form`` over the non-TEST families (``margins``)."""
+    rows, _ = split(hopper, TEST_FAMILIES)
+    return margins.leave_one_family_out(rows, form, H100_CONTEXT_MIB, TARGET_UNDER)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Calibrate (holding out TEST and VAL families), cross-validate, refit on all rows and ship."""
+    ap = argparse.ArgumentParser(prog="python -m slurm_coloc.estimate.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-write", action="store_true", help="print the calibration, write no weights")
+    args = ap.parse_args(argv)
     hopper = load_hopper()
     gmn = load_gpumemnet()
     gmn_train, _ = gpumemnet_split(gmn)
     _, cal = calibrate(hopper, gmn_train, TEST_FAMILIES)
     cal["trained_on"] = {"hopper_rows": len(hopper), "gpumemnet_rows": len(gmn)}
+    print("candidate forms on VALIDATION families (under / median over / p90 over):")
+    for c in cal["candidates"]:
+        print(f"  {c['form']:20s} {100 * c['under']:.1f}% {_pct(c['median_over'])} {_pct(c['p90_over'])}  "
+              f"mult={c['analytic_mult']} add={c['analytic_add_mib']}"
+              + "".join(f" {k}={c[k]}" for k in ("sqrt_k", "jit_mib", "jit_min_hw") if k in c))
+    print(f"chosen form: {cal['form']}; combine: {cal['combine']} "
+          f"(validation: {json.dumps(cal['combine_candidates'], sort_keys=True)})")
+    cv = cross_validate(hopper, cal["form"])
+    p = cv["pooled"]
+    print(f"leave-one-family-out CV of {cal['form']} over {len(cv['families'])} non-test families "
+          f"({p['rows']} rows): under {100 * p['under']:.1f}%, median over {_pct(p['median_over'])}, "
+          f"p90 over {_pct(p['p90_over'])}")
+    for fam, f in cv["per_family"].items():
+        print(f"  {fam:12s} {f['rows']:4d} rows  under {100 * f['under']:5.1f}%  median {_pct(f['median_over'])}")
+    cal["lofo_cv"] = {"pooled": {k: round(v, 4) for k, v in p.items()}, "families": cv["families"]}
+    if args.no_write:
+        print(json.dumps(cal, sort_keys=True))
+        return 0
     arrs = fit_ensemble(hopper + gmn)
     save_ensemble(arrs, os.path.join(WEIGHTS_DIR, "ensemble.npz"))
     with open(os.path.join(WEIGHTS_DIR, "calibration.json"), "w", encoding="utf-8") as fh:
         json.dump(cal, fh, indent=1, sort_keys=True)
-    print(json.dumps(cal, sort_keys=True))
+        fh.write("\n")
+    print(json.dumps({k: v for k, v in cal.items() if k not in ("candidates", "combine_candidates")}, sort_keys=True))
     return 0
 
 
