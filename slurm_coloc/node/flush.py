@@ -6,8 +6,8 @@ from the summary the Epilog writes when the job ends. So the Epilog (as root):
 1. finds the sampler's pid in the node's lock file (``<run_dir>/sampler-<node>.lock``, only while its flock is
    held) and checks that ``/proc/<pid>`` really is our sampler: owned by our uid, its command line running
    ``slurm_coloc.cli.sampler`` (or ``coloc-sampler``) ``run``. Anything else is never signalled;
-2. notes the wall time ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once (at most one sleep
-   slice, 0.1 s, later) and, after every successful write, replaces the marker
+2. notes the wall time ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once (the signal ends its
+   wait between ticks) and, after every successful write, replaces the marker
    ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``: every frame read
    before ``upto_ts`` is in the database);
 3. waits until the marker names that pid with ``upto_ts >= t_req``, at most ``flush_wait_s(cfg)``
@@ -47,13 +47,24 @@ def flush_wait_s(cfg: Config) -> float:
 
 
 def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
-    """Atomically replace the marker (sampler side). Raises OSError when the run directory cannot be written."""
-    final = marker_path(cfg, node)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"pid": os.getpid(), "upto_ts": upto_ts, "flushes": flushes}))
+    """Atomically replace the marker (sampler side). Raises OSError when the run directory cannot be written.
+
+    Called after every write of the sampler (once per ``sampler_batch_s``), so it is kept to the syscalls it needs:
+    create the temporary file (removing a stale one only when it exists), one write, close, rename.
+    """
+    final = os.path.join(cfg.run_dir, f"sampler-{node}.flushed")
+    tmp = os.path.join(cfg.run_dir, f".sampler-{node}.flushed.{os.getpid()}")
+    data = json.dumps({"pid": os.getpid(), "upto_ts": upto_ts, "flushes": flushes}).encode("utf-8")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:  # left by a write that failed half-way
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
     os.replace(tmp, final)
 
 

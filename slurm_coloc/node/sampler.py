@@ -7,6 +7,10 @@ error is logged once per kind and the sampler carries on (the buffer is bounded:
 Old samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
 ``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
 writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
+
+Between ticks the loop blocks once in ``select`` on a self-pipe (one wake-up per tick, not one per 0.1 s slice):
+setting ``stopping`` or ``flush_requested`` (the signal handlers do; so may another thread) writes a byte to the
+pipe, which ends the wait at once.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import errno
 import fcntl
 import logging
 import os
-import re
+import select
 import signal
 import sqlite3
 import subprocess
@@ -26,6 +30,7 @@ from typing import Any, Dict, List, Optional, Protocol, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.node import flush as flush_mod
+from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_node_db
@@ -34,8 +39,6 @@ log = logging.getLogger("slurm_coloc.sampler")
 
 RETENTION_EVERY_S = 600.0
 MAX_BUFFER_ROWS = 200_000
-_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
-SLEEP_SLICE_S = 0.1  # longest delay before a SIGUSR1 flush request is served
 
 
 class Reader(Protocol):
@@ -44,61 +47,6 @@ class Reader(Protocol):
     def read(self) -> Frame: ...
 
     def close(self) -> None: ...
-
-
-class JobAttributor:
-    """pid -> Slurm job id via /proc, cached per (pid, start time) so a reused pid is looked up again.
-
-    Args:
-        proc_root: the proc filesystem (``/proc``).
-    """
-
-    def __init__(self, proc_root: str = "/proc") -> None:
-        self.proc = Path(proc_root)
-        self._cache: Dict[int, Tuple[str, Optional[int]]] = {}
-
-    def _start_time(self, pid: int) -> Optional[str]:
-        try:
-            stat = (self.proc / str(pid) / "stat").read_text()
-        except OSError:
-            return None
-        return stat.rsplit(")", 1)[-1].split()[19] if ")" in stat else None  # field 22: starttime
-
-    def job_of(self, pid: int) -> Optional[int]:
-        """The job id of ``pid``, or None (not a Slurm job, gone, or unreadable)."""
-        start = self._start_time(pid)
-        if start is None:
-            return None
-        hit = self._cache.get(pid)
-        if hit and hit[0] == start:
-            return hit[1]
-        job = self._from_environ(pid)
-        if job is None:
-            job = self._from_cgroup(pid)
-        self._cache[pid] = (start, job)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        return job
-
-    def _from_environ(self, pid: int) -> Optional[int]:
-        try:
-            with open(self.proc / str(pid) / "environ", "rb") as fh:
-                data = fh.read(1 << 20)
-        except OSError:
-            return None
-        for item in data.split(b"\0"):
-            if item.startswith(b"SLURM_JOB_ID="):
-                value = item[13:]
-                return int(value) if value.isdigit() else None
-        return None
-
-    def _from_cgroup(self, pid: int) -> Optional[int]:
-        try:
-            text = (self.proc / str(pid) / "cgroup").read_text()
-        except OSError:
-            return None
-        m = _CGROUP_JOB.search(text)
-        return int(m.group(1)) if m else None
 
 
 class Sampler:
@@ -124,8 +72,49 @@ class Sampler:
         self._logged: set = set()
         self.frames = self.errors = self.flushes = self.dropped = 0
         self._last_retention = 0.0
-        self.stopping = False
-        self.flush_requested = False  # set by SIGUSR1 (the Epilog's flush request)
+        self._wake: Optional[Tuple[int, int]] = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # self-pipe (read, write)
+        self._stopping = False
+        self._flush_requested = False
+
+    @property
+    def stopping(self) -> bool:
+        """Set by SIGTERM/SIGINT (or another thread): finish the step, flush, return. Setting it wakes the loop."""
+        return self._stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self._stopping = value
+        if value:
+            self._wakeup()
+
+    @property
+    def flush_requested(self) -> bool:
+        """Set by SIGUSR1 (the Epilog's flush request): the loop writes the buffer at once. Setting it wakes it."""
+        return self._flush_requested
+
+    @flush_requested.setter
+    def flush_requested(self, value: bool) -> None:
+        self._flush_requested = value
+        if value:
+            self._wakeup()
+
+    def _wakeup(self) -> None:
+        """End the current wait (safe in a signal handler: one non-blocking write; a full pipe is awake anyway)."""
+        wake = self._wake
+        if wake is not None:
+            try:
+                os.write(wake[1], b"!")
+            except OSError:  # EAGAIN: already full of wake-ups
+                pass
+
+    def __del__(self) -> None:
+        wake, self._wake = getattr(self, "_wake", None), None
+        if wake is not None:  # nobody can set a flag any more: the fds cannot be written after this close
+            for fd in wake:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _once(self, kind: str, msg: str, *args: Any) -> None:
         if kind not in self._logged:
@@ -212,6 +201,11 @@ class Sampler:
 
     def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
         """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at exit."""
+        self._loop(duration_s, max_frames)
+        self.flush()
+        self.reader.close()
+
+    def _loop(self, duration_s: Optional[float], max_frames: Optional[int]) -> None:
         t_start = time.monotonic()
         next_tick = t_start
         last_flush = t_start
@@ -231,20 +225,28 @@ class Sampler:
             if next_tick < now:  # we fell behind (slow NVML or DB): skip, do not burst
                 next_tick = now
             self._sleep(next_tick - now)
-        self.flush()
-        self.reader.close()
 
     def _sleep(self, s: float) -> None:
-        """Sleep ``s`` seconds in slices, serving a flush request (SIGUSR1) as soon as it is seen."""
+        """Wait ``s`` seconds in one blocking ``select`` on the wake pipe; serve a flush request (SIGUSR1) as soon as
+        it is set, and return early when ``stopping`` is set. A flag set just before the wait has already written
+        its byte, so the wait cannot miss it."""
         end = time.monotonic() + max(0.0, s)
-        while not self.stopping:
-            if self.flush_requested:
-                self.flush_requested = False
+        wake = self._wake
+        while not self._stopping:
+            if self._flush_requested:
+                self._flush_requested = False
                 self.flush()
             left = end - time.monotonic()
             if left <= 0:
                 break
-            time.sleep(min(SLEEP_SLICE_S, left))
+            if wake is None:  # closed (only in ``__del__``): plain sleep
+                time.sleep(left)
+                continue
+            if select.select([wake[0]], [], [], left)[0]:
+                try:
+                    os.read(wake[0], 512)  # drain: the flags say what was asked
+                except OSError:
+                    pass
 
 
 def lock_path(cfg: Config, node: str) -> Path:

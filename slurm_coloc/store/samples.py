@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from operator import attrgetter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
@@ -59,27 +60,42 @@ def _r(v: Optional[float]) -> Optional[float]:
     return None if v is None else round(float(v), 2)
 
 
+_GPU_GET = attrgetter(*GPU_METRICS)
+_PROC_GET = attrgetter(*PROC_METRICS)
+GPU_COLS = ("ts", "gpu_index", *GPU_METRICS, "n", "res_s")
+PROC_COLS = ("ts", "gpu_index", "pid", "job_id", *PROC_METRICS, "mps_client", "n", "res_s")
+# Prepared once: named parameters take the row dicts as they are (no per-row SQL building or type sniffing).
+_INSERT_GPU = (f"INSERT INTO gpu_samples ({', '.join(GPU_COLS)}) "
+               f"VALUES ({', '.join(':' + c for c in GPU_COLS)})")
+_INSERT_PROC = (f"INSERT INTO proc_samples ({', '.join(PROC_COLS)}) "
+                f"VALUES ({', '.join(':' + c for c in PROC_COLS)})")
+
+
 def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[str, Any]]:
     """Rows of ``gpu_samples`` for one frame."""
-    return [{"ts": round(ts, 3), "gpu_index": g.index, **{m: _r(getattr(g, m)) for m in GPU_METRICS},
+    t = round(ts, 3)
+    return [{"ts": t, "gpu_index": g.index,
+             **{m: None if v is None else round(float(v), 2) for m, v in zip(GPU_METRICS, _GPU_GET(g))},
              "n": 1, "res_s": res_s} for g in gpus]
 
 
 def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict[str, Any]]:
     """Rows of ``proc_samples`` for one frame."""
-    return [{"ts": round(ts, 3), "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
-             **{m: _r(getattr(p.reading, m)) for m in PROC_METRICS}, "mps_client": int(p.reading.mps_client),
-             "n": 1, "res_s": res_s} for p in procs]
+    t = round(ts, 3)
+    return [{"ts": t, "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
+             **{m: None if v is None else round(float(v), 2) for m, v in zip(PROC_METRICS, _PROC_GET(p.reading))},
+             "mps_client": int(p.reading.mps_client), "n": 1, "res_s": res_s} for p in procs]
 
 
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
                gpus_static: Sequence[GpuReading] = ()) -> None:
-    """Insert prepared rows in ONE transaction (all or nothing). sqlite3 errors propagate (locked, full)."""
+    """Insert prepared rows (from ``gpu_rows``/``proc_rows``) in ONE transaction (all or nothing), each table with
+    one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked, full)."""
     with db.atomic():
         if gpu:
-            db["gpu_samples"].insert_all(gpu)
+            db.conn.executemany(_INSERT_GPU, gpu)
         if proc:
-            db["proc_samples"].insert_all(proc)
+            db.conn.executemany(_INSERT_PROC, proc)
         for g in gpus_static:
             db["gpus"].upsert({"gpu_index": g.index, "uuid": g.uuid, "name": g.name,
                                "mem_total_mib": g.mem_total_mib, "updated_ts": time.time()}, pk="gpu_index")
