@@ -39,7 +39,7 @@ MAX_ENTRIES = 512
 FORMAT = 1
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = ("__init__.py", "allocator.py", "analytic.py", "combine.py", "features.py", "gpus.py",
-            "learned.py", "loader.py", "spec.py", "trace.py")
+            "lazyimports.py", "learned.py", "loader.py", "spec.py", "trace.py")
 _WEIGHTS = ("calibration.json", "ensemble.npz")
 
 

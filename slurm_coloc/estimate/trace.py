@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.allocator import CachingAllocatorModel
+from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
 from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
 from slurm_coloc.estimate.spec import ModelSpec
 
@@ -207,6 +208,21 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         EstimateError: the model cannot be imported, built, or run on the input shape.
     """
     validate_spec(spec)
+    if spec.precision == "fp32":
+        # The meta-device trace never needs torch._dynamo, which costs ~2 s to import
+        # (lazyimports.py); if the model's code needs the real one in a way the stand-ins cannot
+        # serve, trace again without them (the same trace, only slower).
+        try:
+            with deferred_imports():
+                return _trace(spec)
+        except Exception as exc:  # noqa: BLE001 - unless plainly the model's own error,
+            if not may_need_real_dynamo(exc):  # the plain trace below decides
+                raise
+    return _trace(spec)
+
+
+def _trace(spec: ModelSpec) -> TraceResult:
+    """The body of :func:`trace_spec` (one trace, with whatever ``torch._dynamo`` is in place)."""
     fn = load_callable(spec)
     import torch
 

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""coloc-estimate speed (issue 3): wall time of the CLI in a fresh process, cold and from the cache.
+
+Every case runs ``--repeat`` times (default 7) as a subprocess, interpreter start included, and the
+table gives median / p90 / min wall seconds and the median CPU seconds (user + sys of the child: a
+figure other processes on the machine disturb less than wall time; the load average is printed too).
+
+Cases: ``python -c pass``; ``import torch``; ``import torchvision``; ``coloc-estimate`` for ResNet-50
+(3x224x224, batch 32, SGD, fp32, the issue's example) and for a small model (ResNet-18, 3x32x32,
+batch 128, Adam), each cold (``--no-cache``: import torch, trace, replay) and warm (a cache hit: one
+untimed run fills the cache first; torch is not imported). Every run gets its own empty
+``XDG_CACHE_HOME`` in a temporary directory (the warm cases one shared per case), so the user's cache
+is never read or written. Last, the learned model's inference (``learned.predict`` on ResNet-50's
+traced features from ``data/hopper/hopper_traces.csv``), in process, median of ``--calls`` calls.
+
+Targets (issue 3): ResNet-50 ``coloc-estimate`` median <= 1.5 s wall; learned inference <= 5 ms.
+
+    .venv/bin/python benchmarks/estimator_speed.py            # ~3 min on the 2-core machine
+    .venv/bin/python benchmarks/estimator_speed.py --repeat 3 --calls 1000
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET_CLI_S = 1.5
+TARGET_LEARNED_MS = 5.0
+RESNET50 = ["--model", "torchvision.models:resnet50", "--input-shape", "3,224,224", "--batch-size", "32",
+            "--optimizer", "sgd", "--json"]
+RESNET18 = ["--model", "torchvision.models:resnet18", "--input-shape", "3,32,32", "--batch-size", "128",
+            "--optimizer", "adam", "--json"]
+
+
+def _p90(xs: list) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def _run(cmd: list, env: dict) -> tuple:
+    """(wall s, child CPU s) of one subprocess run; exits on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def time_case(cmd: list, repeat: int, warm: bool) -> dict:
+    """Run ``cmd`` ``repeat`` times, each with an isolated XDG_CACHE_HOME (one shared one when ``warm``,
+    filled by an untimed first run)."""
+    walls, cpus = [], []
+    shared = tempfile.mkdtemp(prefix="coloc-speed-") if warm else None
+    try:
+        if warm:
+            _run(cmd, {**os.environ, "XDG_CACHE_HOME": shared})
+        for _ in range(repeat):
+            home = shared or tempfile.mkdtemp(prefix="coloc-speed-")
+            try:
+                w, c = _run(cmd, {**os.environ, "XDG_CACHE_HOME": home})
+            finally:
+                if not warm:
+                    shutil.rmtree(home, ignore_errors=True)
+            walls.append(w)
+            cpus.append(c)
+    finally:
+        if shared:
+            shutil.rmtree(shared, ignore_errors=True)
+    return {"median": statistics.median(walls), "p90": _p90(walls), "min": min(walls),
+            "cpu": statistics.median(cpus), "n": repeat}
+
+
+def learned_ms(calls: int) -> dict:
+    """Median / p90 / min ms of one ``learned.predict`` call on ResNet-50's traced features (in process)."""
+    from slurm_coloc.estimate import learned
+    from slurm_coloc.estimate.features import COUNT_KEYS
+    from slurm_coloc.estimate.spec import ModelSpec
+    from slurm_coloc.estimate.trace import TraceResult
+
+    with open(REPO / "data/hopper/hopper_runs.csv", newline="") as fh:
+        run = next(r for r in csv.DictReader(fh) if r["model"] == "torchvision.models:resnet50"
+                   and r["status"] == "ok")
+    with open(REPO / "data/hopper/hopper_traces.csv", newline="") as fh:
+        tr = next(t for t in csv.DictReader(fh) if t["config_id"] == run["config_id"])
+    spec = ModelSpec(run["model"], tuple(int(d) for d in run["input_shape"].split(",")), int(run["batch_size"]),
+                     optimizer=run["optimizer"], precision=run["precision"])
+    trace = TraceResult(peak_allocated_b=int(tr["sim_peak_allocated_b"]), peak_reserved_b=int(tr["sim_peak_reserved_b"]),
+                        params=int(tr["params"]), param_b=int(tr["param_b"]), buffer_b=0,
+                        activations_per_sample=float(tr["acts_per_sample"]),
+                        layer_counts={"leaf": int(tr["depth"]), **{k: int(tr[f"n_{k}"]) for k in COUNT_KEYS}},
+                        activation_fn=tr["activation"])
+    t = time.perf_counter()
+    learned.predict(spec, trace, "H100")  # loads the weights (numpy import, npz read): not per call
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        learned.predict(spec, trace, "H100")
+        times.append((time.perf_counter() - t) * 1000)
+    return {"median": statistics.median(times), "p90": _p90(times), "min": min(times), "first_ms": first * 1000,
+            "n": calls}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7, help="runs per case (default 7)")
+    ap.add_argument("--calls", type=int, default=2000, help="learned-model calls (default 2000)")
+    args = ap.parse_args()
+    py = sys.executable
+    est = str(Path(py).parent / "coloc-estimate")
+    cases = [
+        ("python -c pass", [py, "-c", "pass"], False, None),
+        ("python -c 'import torch'", [py, "-c", "import torch"], False, None),
+        ("python -c 'import torchvision'", [py, "-c", "import torchvision"], False, None),
+        ("coloc-estimate ResNet-50 cold (--no-cache)", [est, *RESNET50, "--no-cache"], False, TARGET_CLI_S),
+        ("coloc-estimate ResNet-50 warm (cache hit)", [est, *RESNET50], True, TARGET_CLI_S),
+        ("coloc-estimate ResNet-18/32px cold (--no-cache)", [est, *RESNET18, "--no-cache"], False, None),
+        ("coloc-estimate ResNet-18/32px warm (cache hit)", [est, *RESNET18], True, None),
+    ]
+    load0 = os.getloadavg()
+    rows = []
+    for name, cmd, warm, target in cases:
+        r = time_case(cmd, args.repeat, warm)
+        print(f"{name}: median {r['median']:.2f} s", file=sys.stderr)
+        rows.append((name, r, target, "s"))
+    lr = learned_ms(args.calls)
+    rows.append((f"learned.predict, in process (first call {lr['first_ms']:.0f} ms)", lr, TARGET_LEARNED_MS, "ms"))
+    load1 = os.getloadavg()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"coloc-estimate speed: {os.cpu_count()} CPUs, load average {load0[0]:.1f} -> {load1[0]:.1f} "
+                    f"(1 min), repeat {args.repeat}")
+    for col in ("case", "n", "median", "p90", "min", "CPU median", "target", "verdict"):
+        t.add_column(col, justify="left" if col in ("case", "verdict") else "right")
+    for name, r, target, unit in rows:
+        fmt = (lambda v: f"{v:.2f} s") if unit == "s" else (lambda v: f"{v:.3f} ms")
+        verdict = "" if target is None else ("PASS" if r["median"] <= target else "FAIL")
+        t.add_row(name, str(r["n"]), fmt(r["median"]), fmt(r["p90"]), fmt(r["min"]),
+                  fmt(r["cpu"]) if "cpu" in r else "", "" if target is None else f"<= {fmt(target)}", verdict)
+    Console(width=150).print(t)
+
+
+if __name__ == "__main__":
+    main()
