@@ -5,8 +5,9 @@
 
 Data sets: Hopper rows of the TEST families (never trained on, margins chosen on other
 families), a 20% held-out split of GPUMemNet's MLP rows (A100), the 18 real models of
-GPUMemNet's paper table (published GPUMemNet/FakeTensor/Horus figures, A100) and the FakeTensor
-and Horus related-work CSVs. "under" = estimate < actual; over-reservation = (est - actual)/actual
+GPUMemNet's paper table (published GPUMemNet/FakeTensor/Horus figures and ours, A100), the same
+18 re-measured on our H100 (data/hopper/paper18_runs.csv; estimator_eval_paper18.py) and the
+FakeTensor and Horus related-work CSVs. "under" = estimate < actual; over-reservation = (est - actual)/actual
 over ALL rows (negative when under). Bin accuracy: same
 1 GiB shard bin (ceil(MiB/1024)) as the actual.
 """
@@ -23,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm_coloc.estimate import learned, margins, train
+
+from estimator_eval_paper18 import PAPER_A100, add_paper18  # benchmarks/ (the script's directory)
 
 GDIR = train.GPUMEMNET_DIR
 
@@ -83,7 +86,8 @@ def main() -> int:
     pa = [float(r[2]) for r in prow]
     num = lambda v: float(v) if v.strip() not in ("-", "") else None  # noqa: E731
     for i, name in ((3, "GPUMemNet (published)"), (4, "FakeTensor (published)"), (5, "Horus (published)")):
-        add("18 real models (paper, A100)", name, pa, [num(r[i]) for r in prow])
+        add(PAPER_A100, name, pa, [num(r[i]) for r in prow])
+    add_paper18(add, GDIR, train.HOPPER_DIR)  # ours on the 18 models (A100 actuals; H100 re-measured)
     with open(os.path.join(GDIR, "related_works_fake_tensor.csv"), newline="") as fh:
         fr = [r for r in csv.DictReader(fh) if r["Max GPU Memory (MiB)"] and r["Last Numeric Value"]]
     add("timm runs (FakeTensor CSV)", "FakeTensor (published)", [float(r["Max GPU Memory (MiB)"]) for r in fr],

@@ -26,11 +26,12 @@ while [ "$d" != / ]; do
 done
 
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import torch, torchvision, slurm_coloc, sqlite_utils, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, torchvision, transformers, slurm_coloc, sqlite_utils, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
   echo "install.sh: pip install into $VENV (torch 2.14.1 is large the first time)"
   log=$(mktemp /tmp/coloc-pip.XXXXXX.log)
   { "$VENV/bin/pip" install -q --upgrade pip &&
     "$VENV/bin/pip" install -q torch==2.14.1 torchvision==0.29.1 &&
+    "$VENV/bin/pip" install -q transformers==5.17.0 &&   # paper18 models (zoo_paper.py); as on the GPU machine
     "$VENV/bin/pip" install -q -e "$REPO[dev,gpu]"; } >"$log" 2>&1 ||
     { tail -30 "$log" >&2; echo "install.sh: pip failed (full log: $log)" >&2; exit 1; }
   rm -f "$log"
