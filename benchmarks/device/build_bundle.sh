@@ -14,28 +14,14 @@ WORK=$(mktemp -d /tmp/coloc-bundle.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 PKGS="slurmctld slurmd slurm-client libslurm38 slurm-wlm-basic-plugins munge libmunge2"
 mkdir -p "$CARRY/whl" "$WORK/debs" "$WORK/root"
-(cd "$WORK/debs" && apt-get download $PKGS >/dev/null 2>&1) || { # The CARMA trace data of run 5 (Apache-2.0, shared/data/carma): the trace, catalog and run summary only.
-DATA=${COLOC_CARMA_DIR:-$REPO/../shared/data/carma}
-if [ -d "$DATA" ]; then
-  mkdir -p "$CARRY/carma/traces"
-  cp "$DATA/workload_catalog_from_rad.csv" "$DATA/exclusive_run_summary.csv" "$DATA/LICENSE-Apache-2.0.txt" "$CARRY/carma/"
-  cp "$DATA/traces/philly_mix-90-tasks.csv" "$CARRY/carma/traces/"
-fi
-echo "build_bundle: apt-get download failed" >&2; exit 1; }
+(cd "$WORK/debs" && apt-get download $PKGS >/dev/null 2>&1) || { echo "build_bundle: apt-get download failed" >&2; exit 1; }
 for d in "$WORK"/debs/*.deb; do dpkg-deb -x "$d" "$WORK/root"; done
 R=$WORK/root
 # Canonical program names (Slurm decides what it is from its name; the .debs ship slurmctld-wlm etc.).
 for p in slurmctld slurmd slurmstepd; do
   if [ ! -e "$R/usr/sbin/$p" ] || [ -L "$R/usr/sbin/$p" ]; then
     src=$(ls "$R"/usr/sbin/$p-wlm 2>/dev/null || true)
-    [ -n "$src" ] || { # The CARMA trace data of run 5 (Apache-2.0, shared/data/carma): the trace, catalog and run summary only.
-DATA=${COLOC_CARMA_DIR:-$REPO/../shared/data/carma}
-if [ -d "$DATA" ]; then
-  mkdir -p "$CARRY/carma/traces"
-  cp "$DATA/workload_catalog_from_rad.csv" "$DATA/exclusive_run_summary.csv" "$DATA/LICENSE-Apache-2.0.txt" "$CARRY/carma/"
-  cp "$DATA/traces/philly_mix-90-tasks.csv" "$CARRY/carma/traces/"
-fi
-echo "build_bundle: no $p in the packages" >&2; exit 1; }
+    [ -n "$src" ] || { echo "build_bundle: no $p in the packages" >&2; exit 1; }
     rm -f "$R/usr/sbin/$p"; cp "$src" "$R/usr/sbin/$p"
   fi
 done
