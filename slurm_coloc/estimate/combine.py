@@ -134,6 +134,13 @@ def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
         detail["learned_bound_mib"] = round(learned["bound_mib"] * float(cal["learned_mult"]), 1)
     mem = int(math.ceil(ana_bound))
     detail["chosen"] = "analytic"
+    assumed = dict(getattr(trace, "assumed_values", None) or {})
+    if assumed:  # the trace read values it does not have (datadep.py): say so
+        from slurm_coloc.estimate.datadep import NOTE
+
+        detail["assumed_values"] = sum(assumed.values())
+        detail["assumed_values_by_kind"] = assumed
+        detail["notes"] = NOTE
     if mem > gpu.mem_mib:
         detail["exceeds_gpu"] = True
     return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name)

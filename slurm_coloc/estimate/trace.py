@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.allocator import CachingAllocatorModel
+from slurm_coloc.estimate.datadep import ScalarAssumptions, has_no_data, pick_output
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
 from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
 from slurm_coloc.estimate.spec import ModelSpec
@@ -56,6 +57,8 @@ class TraceResult:
         ops: number of dispatched ops traced.
         depthwise_max_hw: largest input height x width seen by a depthwise ``Conv2d``
             (``groups == in_channels > 1``), 0 without one (see ``combine.CUDNN_DW_FP16_MIB``).
+        assumed_values: value reads (``.item()``, ``bool()``) answered by assumption, by kind
+            (``datadep.py``); empty when the trace needed no values.
     """
 
     peak_allocated_b: int
@@ -68,11 +71,14 @@ class TraceResult:
     activation_fn: str = ""
     ops: int = 0
     depthwise_max_hw: int = 0
+    assumed_values: Dict[str, int] = field(default_factory=dict)
 
 
 def _make_tracker(torch: Any) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
+
+    _scalar_read = torch.ops.aten._local_scalar_dense.default
 
     class _Tracker(TorchDispatchMode):
         def __init__(self) -> None:
@@ -81,8 +87,10 @@ def _make_tracker(torch: Any) -> Any:
             self.handles: Dict[int, int] = {}
             self.ops = 0
             self.cublas = False
+            self.scalars = ScalarAssumptions()
 
         def _free(self, key: int) -> None:
+            self.scalars.forget(key)
             h = self.handles.pop(key, None)
             if h is not None:
                 self.alloc.free(h)
@@ -96,7 +104,15 @@ def _make_tracker(torch: Any) -> Any:
             weakref.finalize(st, self._free, key)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
+            try:
+                out = func(*args, **(kwargs or {}))
+            except Exception:  # .item()/bool() of a tensor without values (a fake tensor
+                # holding a constant, e.g. Adam's step, answers itself above): assume (datadep.py)
+                if func is not _scalar_read or not args or not has_no_data(torch, args[0]):
+                    raise
+                return self.scalars.answer(torch, args[0])
+            if isinstance(out, torch.Tensor) and out.dim() == 0:
+                self.scalars.note_output(func, out, out.untyped_storage()._cdata)
             self.ops += 1
             if not self.cublas and any(g in func.__name__ for g in _GEMM_OPS):
                 self.cublas = True
@@ -180,6 +196,22 @@ def _module_features(model: Any) -> Tuple[Dict[str, int], str]:
             acts[name] = acts.get(name, 0) + 1
     dominant = max(sorted(acts), key=lambda k: acts[k]) if acts else ""
     return counts, dominant
+
+
+def _loss(torch: Any, out: Any, amp: bool, device: str) -> Tuple[Any, Any, Any]:
+    """``(loss, logits, targets)`` of the traced step for the model's output tensor ``out``.
+
+    ``(N, C)`` logits: cross-entropy against class 0; ``(..., C)``: flattened to ``(-1, C)``
+    first (token logits); 1-D (one value per sample): its mean; 0-dim: taken as the loss itself.
+    """
+    if out.dim() == 0:
+        return (out.float() if amp else out), out, None
+    if out.dim() == 1:
+        return (out.float() if amp else out).mean(), out, None
+    logits = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
+    y = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
+    loss = torch.nn.functional.cross_entropy(logits.float() if amp else logits, y)
+    return loss, logits, y
 
 
 def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
@@ -280,14 +312,14 @@ def _trace(spec: ModelSpec) -> TraceResult:
             opt.zero_grad(set_to_none=True)
             try:
                 with torch.autocast("cpu", dtype=ac_dtype, enabled=amp):
-                    out = model(x)
-                    if isinstance(out, (tuple, list)):
-                        out = out[0]
-                    if hasattr(out, "logits"):
-                        out = out.logits
-                    logits = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
-                    y = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
-                    loss = torch.nn.functional.cross_entropy(logits.float() if amp else logits, y)
+                    raw = model(x)
+                    out = pick_output(torch, raw)
+                    if out is None:
+                        raise EstimateError(
+                            f"model {spec.model}: forward returned {type(raw).__name__} without a tensor"
+                            " (expected logits, or a ModelOutput/dict/tuple holding them)")
+                    del raw
+                    loss, logits, y = _loss(torch, out, amp, device)
             except EstimateError:
                 raise
             except Exception as exc:
@@ -314,4 +346,5 @@ def _trace(spec: ModelSpec) -> TraceResult:
         activation_fn=act_fn,
         ops=tracker.ops,
         depthwise_max_hw=dw_hw[0],
+        assumed_values=dict(tracker.scalars.counts),
     )

@@ -91,15 +91,11 @@ def xception(num_classes: int = 1000, in_channels: int = 3) -> Any:
 def _logits_module(inner: Any) -> Any:
     """Wrap a Hugging Face model: ``forward(ids)`` -> ``inner(input_ids=ids).logits``.
 
-    On the meta device (the estimator's trace) transformers' causal-mask code asks whether the
-    position ids are packed sequences with a data-dependent ``.all()``, which meta tensors cannot
-    answer; the wrapper answers "not packed" there, which is what the GPU computes for the
-    ``arange`` position ids the model builds itself (so the trace takes the GPU's path: no mask,
-    ``is_causal=True``). On real devices nothing is patched.
+    On the meta device transformers' causal-mask code asks whether the position ids hold packed
+    sequences (a data-dependent ``.all()``); the estimator's trace answers such reads itself
+    (``datadep.py``: ``all()`` -> True, "not packed"), which is what the GPU computes for the
+    ``arange`` position ids the model builds (no mask, ``is_causal=True``).
     """
-    import contextlib
-    from unittest import mock
-
     import torch
 
     class Logits(torch.nn.Module):
@@ -108,13 +104,7 @@ def _logits_module(inner: Any) -> Any:
             self.hf = inner
 
         def forward(self, ids: Any) -> Any:
-            ctx: Any = contextlib.nullcontext()
-            if ids.device.type == "meta":
-                from transformers import masking_utils
-
-                ctx = mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda *a, **k: None)
-            with ctx:
-                return self.hf(input_ids=ids).logits
+            return self.hf(input_ids=ids).logits
 
     return Logits()
 
