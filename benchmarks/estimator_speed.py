@@ -7,15 +7,21 @@ figure other processes on the machine disturb less than wall time; the load aver
 
 Cases: ``python -c pass``; ``import torch``; ``import torchvision``; ``coloc-estimate`` for ResNet-50
 (3x224x224, batch 32, SGD, fp32, the issue's example) and for a small model (ResNet-18, 3x32x32,
-batch 128, Adam), each cold (``--no-cache``: import torch, trace, replay) and warm (a cache hit: one
-untimed run fills the cache first; torch is not imported). Every run gets its own empty
-``XDG_CACHE_HOME`` in a temporary directory (the warm cases one shared per case), so the user's cache
-is never read or written. Last, the learned model's inference (``learned.predict`` on ResNet-50's
-traced features from ``data/hopper/hopper_traces.csv``), in process, median of ``--calls`` calls.
+batch 128, Adam), each cold (``--no-cache --no-server``: import torch, trace, replay in-process) and
+warm (a cache hit: one untimed run fills the cache first; torch is not imported). Every run gets its
+own empty ``XDG_CACHE_HOME`` and ``XDG_RUNTIME_DIR`` in a temporary directory (the warm cases one
+shared per case), so the user's cache and estimate server are never touched. Then the warm estimate
+server (``slurm_coloc/estimate/server.py``): ResNet-50 "cold, server warm" (``--no-cache``, a server
+already started and warmed up by an untimed call; its CPU column adds the server's forked request
+child, read from the server's ``cutime + cstime``) and "first call (starts server)" (empty cache, no
+server: in-process estimate, then the server is spawned in the background; each run's server is
+waited for and stopped, untimed, before the next run). Last, the learned model's inference
+(``learned.predict`` on ResNet-50's traced features from ``data/hopper/hopper_traces.csv``), in
+process, median of ``--calls`` calls.
 
 Targets (issue 3): ResNet-50 ``coloc-estimate`` median <= 1.5 s wall; learned inference <= 5 ms.
 
-    .venv/bin/python benchmarks/estimator_speed.py            # ~3 min on the 2-core machine
+    .venv/bin/python benchmarks/estimator_speed.py            # ~5 min on the 2-core machine
     .venv/bin/python benchmarks/estimator_speed.py --repeat 3 --calls 1000
 """
 from __future__ import annotations
@@ -24,7 +30,9 @@ import argparse
 import csv
 import os
 import resource
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,24 +68,81 @@ def _run(cmd: list, env: dict) -> tuple:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def time_case(cmd: list, repeat: int, warm: bool) -> dict:
-    """Run ``cmd`` ``repeat`` times, each with an isolated XDG_CACHE_HOME (one shared one when ``warm``,
-    filled by an untimed first run)."""
-    walls, cpus = [], []
-    shared = tempfile.mkdtemp(prefix="coloc-speed-") if warm else None
+def _env(home: str) -> dict:
+    """The environment of one run: its own cache and runtime (server) directories under ``home``."""
+    run_dir = os.path.join(home, "run")
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "COLOC_ESTIMATE_SERVER")}
+    return {**env, "XDG_CACHE_HOME": os.path.join(home, "cache"), "XDG_RUNTIME_DIR": run_dir}
+
+
+def _server_log(home: str) -> str:
+    d = Path(home, "run", "slurm-coloc")
+    return "".join(p.read_text() for p in d.glob("*.log")) if d.is_dir() else ""
+
+
+def _wait_server(home: str, timeout: float = 120) -> int:
+    """Pid of the server of ``home`` once it listens (its log says 'start')."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        m = re.search(r"pid=(\d+) start key=", _server_log(home))
+        if m:
+            return int(m.group(1))
+        time.sleep(0.05)
+    sys.exit(f"no estimate server started under {home}: {_server_log(home)!r}")
+
+
+def _stop_server(pid: int) -> None:
     try:
-        if warm:
-            _run(cmd, {**os.environ, "XDG_CACHE_HOME": shared})
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def _children_cpu(pid: int) -> float:
+    """CPU seconds (user + sys) of the reaped children of ``pid`` (``/proc/pid/stat`` cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_case(cmd: list, repeat: int, mode: str) -> dict:
+    """Run ``cmd`` ``repeat`` times in a fresh process each. ``mode``: ``cold`` (an isolated empty
+    home per run), ``warm`` (one home, filled by an untimed first run), ``server`` (one home whose
+    server an untimed first run started; waits for it to listen) or ``first`` (an isolated home per
+    run; the server that run spawns is waited for and stopped, untimed)."""
+    walls, cpus = [], []
+    shared = tempfile.mkdtemp(prefix="cs-", dir="/tmp") if mode in ("warm", "server") else None
+    server = None
+    try:
+        if shared:
+            _run(cmd, _env(shared))
+            if mode == "server":
+                server = _wait_server(shared)
         for _ in range(repeat):
-            home = shared or tempfile.mkdtemp(prefix="coloc-speed-")
+            home = shared or tempfile.mkdtemp(prefix="cs-", dir="/tmp")
             try:
-                w, c = _run(cmd, {**os.environ, "XDG_CACHE_HOME": home})
+                before = _children_cpu(server) if server else 0.0
+                w, c = _run(cmd, _env(home))
+                if server:
+                    time.sleep(1.2)  # the server reaps its request child within its 1 s accept poll
+                    c += _children_cpu(server) - before
+                if mode == "first":
+                    _stop_server(_wait_server(home))
             finally:
-                if not warm:
+                if not shared:
                     shutil.rmtree(home, ignore_errors=True)
             walls.append(w)
             cpus.append(c)
     finally:
+        if server:
+            _stop_server(server)
         if shared:
             shutil.rmtree(shared, ignore_errors=True)
     return {"median": statistics.median(walls), "p90": _p90(walls), "min": min(walls),
@@ -119,22 +184,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7, help="runs per case (default 7)")
     ap.add_argument("--calls", type=int, default=2000, help="learned-model calls (default 2000)")
+    ap.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these words")
     args = ap.parse_args()
     py = sys.executable
     est = str(Path(py).parent / "coloc-estimate")
     cases = [
-        ("python -c pass", [py, "-c", "pass"], False, None),
-        ("python -c 'import torch'", [py, "-c", "import torch"], False, None),
-        ("python -c 'import torchvision'", [py, "-c", "import torchvision"], False, None),
-        ("coloc-estimate ResNet-50 cold (--no-cache)", [est, *RESNET50, "--no-cache"], False, TARGET_CLI_S),
-        ("coloc-estimate ResNet-50 warm (cache hit)", [est, *RESNET50], True, TARGET_CLI_S),
-        ("coloc-estimate ResNet-18/32px cold (--no-cache)", [est, *RESNET18, "--no-cache"], False, None),
-        ("coloc-estimate ResNet-18/32px warm (cache hit)", [est, *RESNET18], True, None),
+        ("python -c pass", [py, "-c", "pass"], "cold", None),
+        ("python -c 'import torch'", [py, "-c", "import torch"], "cold", None),
+        ("python -c 'import torchvision'", [py, "-c", "import torchvision"], "cold", None),
+        ("coloc-estimate ResNet-50 cold, in-process (--no-cache --no-server)",
+         [est, *RESNET50, "--no-cache", "--no-server"], "cold", TARGET_CLI_S),
+        ("coloc-estimate ResNet-50 warm (cache hit)", [est, *RESNET50, "--no-server"], "warm", TARGET_CLI_S),
+        ("coloc-estimate ResNet-50 cold, server warm (--no-cache)", [est, *RESNET50, "--no-cache"], "server",
+         TARGET_CLI_S),
+        ("coloc-estimate ResNet-50 first call (starts server)", [est, *RESNET50], "first", None),
+        ("coloc-estimate ResNet-18/32px cold, in-process", [est, *RESNET18, "--no-cache", "--no-server"], "cold",
+         None),
+        ("coloc-estimate ResNet-18/32px warm (cache hit)", [est, *RESNET18, "--no-server"], "warm", None),
+        ("coloc-estimate ResNet-18/32px cold, server warm", [est, *RESNET18, "--no-cache"], "server", None),
     ]
+    if args.only:
+        cases = [c for c in cases if any(word in c[0] for word in args.only)]
     load0 = os.getloadavg()
     rows = []
-    for name, cmd, warm, target in cases:
-        r = time_case(cmd, args.repeat, warm)
+    for name, cmd, mode, target in cases:
+        r = time_case(cmd, args.repeat, mode)
         print(f"{name}: median {r['median']:.2f} s", file=sys.stderr)
         rows.append((name, r, target, "s"))
     lr = learned_ms(args.calls)

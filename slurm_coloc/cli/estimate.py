@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import click
 
@@ -54,40 +54,112 @@ def _fail(exc: ColocError) -> None:
 @click.option("--no-cache", is_flag=True,
               help="Trace even if this spec was estimated before (cache: ~/.cache/slurm-coloc/estimates.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--no-server", is_flag=True,
+              help="Never use or start the warm estimate server (same as COLOC_ESTIMATE_SERVER=0).")
 def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
          batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
-         script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool) -> None:
+         script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool, no_server: bool) -> None:
     """Estimate the peak per-process GPU memory (MiB, as NVML reports it) of a training job.
 
     The step assumed: zero_grad, forward, cross-entropy on the logits, backward, optimizer step.
     A repeated estimate of the same spec and model code is read from a per-user cache
-    ($XDG_CACHE_HOME/slurm-coloc/estimates.json) without importing torch.
+    ($XDG_CACHE_HOME/slurm-coloc/estimates.json) without importing torch. Other estimates go to
+    the user's warm estimate server when one runs (torch already imported; started in the
+    background by the first such call; docs/user.md), else run in this process.
     """
-    from slurm_coloc.estimate import estimate_peak
+    params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
+                  batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
+                  history=list(history), no_cache=no_cache, as_json=as_json)
+    from slurm_coloc.estimate import server
+
+    use_server = server.wanted(no_server) and not _cache_hit(params)
+    if use_server:
+        res = server.request(params)
+        if res is not None:
+            code, out, err = res
+            _write(sys.stdout, out)
+            _write(sys.stderr, err)
+            sys.exit(code)
+    try:
+        run(**params)
+    finally:
+        if use_server:
+            server.ensure_started()  # for the next call; this one ran in-process as always
+
+
+def _write(stream: Any, data: bytes) -> None:
+    """Write the server's captured bytes to ``stream`` verbatim (decoded where it has no buffer)."""
+    stream.flush()
+    buf = getattr(stream, "buffer", None)
+    if buf is not None:
+        buf.write(data)
+        buf.flush()
+    elif data:
+        stream.write(data.decode(getattr(stream, "encoding", None) or "utf-8", "replace"))
+        stream.flush()
+
+
+def _cache_hit(params: Dict[str, Any]) -> bool:
+    """Whether this call needs no server: the per-user cache holds its estimate, or the input is
+    bad in a way found without torch (the in-process run reports it). Never raises."""
+    from slurm_coloc.estimate import cache
+
+    if params["no_cache"] or not cache.enabled():
+        return False
+    try:
+        from slurm_coloc.estimate.gpus import gpu_model
+        from slurm_coloc.estimate.loader import validate_spec
+
+        spec = _build_spec(params)
+        gpu = gpu_model(params["gpu"] or os.environ.get("COLOC_GPU_MODEL") or "H100")
+        validate_spec(spec)
+        key = cache.cache_key(spec, gpu.name)
+        return key is not None and cache.lookup(key) is not None
+    except Exception:  # noqa: BLE001 - bad input: the in-process run reports it
+        return True
+
+
+def _build_spec(params: Dict[str, Any]) -> Any:
+    """The ModelSpec the options (or ``--script``) describe. Raises EstimateError on bad input."""
     from slurm_coloc.estimate.spec import ModelSpec
 
+    if params["script"]:
+        return _spec_from_script(params["script"])
+    model, input_shape, batch_size = params["model"], params["input_shape"], params["batch_size"]
+    model_kwargs, amp, bf16 = params["model_kwargs"], params["amp"], params["bf16"]
+    if not model or not input_shape or batch_size is None:
+        raise EstimateError("give --model, --input-shape and --batch-size, or --script")
+    if amp and bf16:
+        raise EstimateError("--amp and --bf16 exclude each other")
+    try:
+        kwargs: Any = json.loads(model_kwargs)
+    except ValueError as exc:
+        raise EstimateError(f"--model-kwargs {model_kwargs!r} is not JSON: {exc}")
+    if not isinstance(kwargs, dict):
+        raise EstimateError(f"--model-kwargs {model_kwargs!r} must be a JSON object")
+    return ModelSpec(model=model, input_shape=_shape(input_shape), batch_size=batch_size,
+                     kwargs=kwargs, input_dtype=params["input_dtype"], optimizer=params["optimizer"],
+                     precision="amp-fp16" if amp else ("bf16" if bf16 else "fp32"),
+                     base_dir=os.getcwd())
+
+
+def run(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
+        batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
+        script: Optional[str], history: Sequence[int], no_cache: bool, as_json: bool) -> None:
+    """The estimate itself (what ``main`` runs in-process and the warm server runs per request).
+
+    Prints the estimate (JSON with ``as_json``); on bad input prints one error line and exits 2.
+    """
+    from slurm_coloc.estimate import estimate_peak
+
+    params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
+                  batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script)
     if no_cache:
         os.environ["COLOC_ESTIMATE_CACHE"] = "off"
     try:
         gpu_name = gpu or os.environ.get("COLOC_GPU_MODEL") or "H100"
-        if script:
-            spec = _spec_from_script(script)
-        else:
-            if not model or not input_shape or batch_size is None:
-                raise EstimateError("give --model, --input-shape and --batch-size, or --script")
-            if amp and bf16:
-                raise EstimateError("--amp and --bf16 exclude each other")
-            try:
-                kwargs: Any = json.loads(model_kwargs)
-            except ValueError as exc:
-                raise EstimateError(f"--model-kwargs {model_kwargs!r} is not JSON: {exc}")
-            if not isinstance(kwargs, dict):
-                raise EstimateError(f"--model-kwargs {model_kwargs!r} must be a JSON object")
-            spec = ModelSpec(model=model, input_shape=_shape(input_shape), batch_size=batch_size,
-                             kwargs=kwargs, input_dtype=input_dtype, optimizer=optimizer,
-                             precision="amp-fp16" if amp else ("bf16" if bf16 else "fp32"),
-                             base_dir=os.getcwd())
-        est = estimate_peak(spec, gpu_name, history)
+        spec = _build_spec(params)
+        est = estimate_peak(spec, gpu_name, tuple(history))
     except ColocError as exc:
         _fail(exc)
         return

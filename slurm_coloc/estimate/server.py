@@ -1,0 +1,423 @@
+"""Warm estimate server for ``coloc-estimate`` (like Gradle's daemon): torch stays imported between calls.
+
+A cold ``coloc-estimate`` spends ~2-2.5 s importing torch and ~0.5 s importing sympy/symbolic shapes
+before it traces anything. The server is a per-user background process that has done all that once:
+
+* **Start.** A cache-miss ``coloc-estimate`` that finds no server runs its estimate in-process as
+  before and, after printing, spawns one (``setsid``, stdio on ``/dev/null``, the user's own process,
+  same Python and ``sys.path``). The server imports torch, ``torchvision.models`` and the estimator and
+  traces a tiny model once (cache off) so the lazy imports and dispatch caches are loaded.
+* **Where.** A unix socket ``est-<key16>.sock`` (with ``.lock`` and ``.log``) in a 0700 directory owned
+  by the user: ``$XDG_RUNTIME_DIR/slurm-coloc`` or, without it, ``$XDG_CACHE_HOME/slurm-coloc``
+  (``~/.cache/slurm-coloc``). ``key`` (:func:`server_key`) hashes the estimator's sources and weights
+  (``cache._estimator_identity``), every ``.py`` of the package, the Python executable and version,
+  ``sys.path``, the host, the files of the pre-imported packages and import-time environment variables
+  (``PYTHON*``, ``TORCH*``, ...), so an upgraded package or another venv never reaches a stale server.
+* **Requests.** The server checks the peer's ``SO_PEERCRED`` uid (must be its own), then **forks** a
+  child per request; the parent never imports user code, so every request imports the user's modules
+  afresh. The child takes the client's cwd, whole environment, ``sys.path`` and umask, captures fds 1
+  and 2, runs the very function the CLI runs (``cli.estimate.run``) and returns exit code, stdout and
+  stderr. The client prints them only once the whole answer arrived.
+* **Fallback.** Any failure (no server, stale socket, wrong key or uid, protocol error, timeout) makes
+  the client run in-process exactly as without a server. Cache hits never use the server.
+* **Exit.** After ``COLOC_ESTIMATE_SERVER_IDLE`` seconds without requests (default 900) or on SIGTERM.
+* **Off.** ``COLOC_ESTIMATE_SERVER=0`` or ``coloc-estimate --no-server``; also off inside a pytest run
+  (``PYTEST_CURRENT_TEST``), in Slurm prolog/epilog context (``SLURM_SCRIPT_CONTEXT``) and in setuid
+  processes (root-run hooks never estimate; this keeps them off the server even if one did).
+
+Stdlib only (``socket``, ``os``, ``fcntl``); the protocol is length-prefixed JSON frames.
+"""
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import hashlib
+import importlib.machinery
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+PROTO = 1
+IDLE_DEFAULT_S = 900.0
+CONNECT_TIMEOUT_S = 1.0
+ACK_TIMEOUT_S = 5.0
+RESULT_TIMEOUT_S = 1800.0
+MAX_CHILDREN = 8
+MAX_FRAME = 64 << 20
+_SUN_PATH_MAX = 107
+_PREIMPORTED = ("torch", "torchvision", "numpy", "sympy", "click")
+_ENV_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL", "KMP_", "OPENBLAS", "NUMPY", "LD_")
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from slurm_coloc.estimate.server import serve_main; serve_main(sys.argv[2], sys.argv[3])")
+
+#: True in a forked request child: the CLI then runs in-process (never recurses into the server).
+IN_SERVER = False
+
+
+# ---------------------------------------------------------------------------------------- shared parts
+
+def wanted(no_server: bool = False) -> bool:
+    """Whether this process may use (and start) a server: see the module docstring's "Off"."""
+    if no_server or IN_SERVER:
+        return False
+    if os.environ.get("COLOC_ESTIMATE_SERVER", "on").strip().lower() in ("0", "off", "no", "false"):
+        return False
+    if "PYTEST_CURRENT_TEST" in os.environ or "SLURM_SCRIPT_CONTEXT" in os.environ:
+        return False
+    return hasattr(socket, "AF_UNIX") and hasattr(os, "fork") and os.getuid() == os.geteuid()
+
+
+def runtime_dir() -> Optional[str]:
+    """The 0700 per-user directory (created if needed), or None when none is safe to use."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(base) and os.path.isdir(base):
+        path = os.path.join(base, "slurm-coloc")
+    else:
+        from slurm_coloc.estimate.cache import cache_path
+
+        path = os.path.dirname(cache_path())
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+        if st.st_uid != os.getuid() or not os.path.isdir(path) or os.path.islink(path):
+            return None
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        return None
+    return path
+
+
+def _sha_file(h: Any, path: str) -> None:
+    try:
+        with open(path, "rb") as fh:
+            h.update(fh.read())
+    except OSError:
+        h.update(b"-")
+
+
+def server_key(environ: Optional[Dict[str, str]] = None) -> str:
+    """Hex sha256 naming the server this process may talk to (see the module docstring).
+
+    ``environ`` (default ``os.environ``): the environment whose import-time variables count.
+    """
+    from slurm_coloc.estimate import cache
+
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(_PKG_ROOT):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            h.update(os.path.relpath(path, _PKG_ROOT).encode() + b"\0")
+            _sha_file(h, path)
+    deps = {}
+    for name in _PREIMPORTED:
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+        origin = spec.origin if spec is not None else None
+        try:
+            st = os.stat(origin) if origin else None
+        except OSError:
+            st = None
+        deps[name] = [origin, st.st_mtime_ns if st else None, st.st_size if st else None]
+    blob = {"proto": PROTO, "exe": sys.executable, "py": sys.version, "host": socket.gethostname(),
+            "uid": os.getuid(), "sys_path": sys.path, "estimator": cache._estimator_identity(),
+            "sources": h.hexdigest(), "deps": deps,
+            "env": sorted((k, v) for k, v in (os.environ if environ is None else environ).items()
+                          if k.startswith(_ENV_PREFIXES))}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def socket_path(key: str) -> Optional[str]:
+    """``<runtime_dir>/est-<key16>.sock``, or None without a usable directory or when too long."""
+    d = runtime_dir()
+    if d is None:
+        return None
+    path = os.path.join(d, f"est-{key[:16]}.sock")
+    return path if len(path.encode()) <= _SUN_PATH_MAX else None
+
+
+def _send(sock: socket.socket, obj: Dict[str, Any]) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise ConnectionError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> Dict[str, Any]:
+    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes")
+    obj = json.loads(_recv_exact(sock, n))
+    if not isinstance(obj, dict):
+        raise ValueError("frame is not a JSON object")
+    return obj
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return int(uid)
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
+    """Run ``cli.estimate.run(**params)`` on the warm server: (exit code, stdout, stderr), or None.
+
+    None means "run in-process instead": no server, stale socket, another uid, wrong key, protocol
+    error or timeout. Nothing is printed here.
+    """
+    try:
+        key = server_key()
+        path = socket_path(key)
+        if path is None:
+            return None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(path)
+            if _peer_uid(sock) != os.getuid():
+                return None
+            umask = os.umask(0o22)
+            os.umask(umask)
+            _send(sock, {"proto": PROTO, "key": key, "params": params, "cwd": os.getcwd(),
+                         "env": dict(os.environ), "sys_path": sys.path, "umask": umask,
+                         "stdout": [getattr(sys.stdout, "encoding", None) or "utf-8",
+                                    getattr(sys.stdout, "errors", None) or "strict"],
+                         "stderr": [getattr(sys.stderr, "encoding", None) or "utf-8",
+                                    getattr(sys.stderr, "errors", None) or "backslashreplace"]})
+            sock.settimeout(ACK_TIMEOUT_S)
+            ack = _recv(sock)
+            if ack.get("ack") != key:
+                return None
+            sock.settimeout(float(os.environ.get("COLOC_ESTIMATE_SERVER_TIMEOUT", RESULT_TIMEOUT_S)))
+            res = _recv(sock)
+            code = res["exit"]
+            if res.get("key") != key or not isinstance(code, int) or isinstance(code, bool):
+                return None
+            return code, base64.b64decode(res["stdout"]), base64.b64decode(res["stderr"])
+    except (OSError, ValueError, KeyError, TypeError, struct.error, ImportError):
+        return None
+
+
+def ensure_started() -> bool:
+    """Spawn a detached server for this process's key unless one is running or starting. True if spawned."""
+    try:
+        key = server_key()
+        path = socket_path(key)
+        if path is None:
+            return False
+        with open(path[:-5] + ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a server holds the lock: running or warming up
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path], cwd="/",
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True, start_new_session=True)
+        return True
+    except (OSError, ValueError, ImportError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+class _Log:
+    """One line per event in ``est-<key16>.log`` (truncated at start when over 1 MB)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            if os.path.getsize(path) > (1 << 20):
+                os.truncate(path, 0)
+        except OSError:
+            pass
+        self._fh = open(path, "a", buffering=1, encoding="utf-8")
+
+    def __call__(self, msg: str) -> None:
+        try:
+            self._fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {msg}\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _prewarm() -> None:
+    """Import torch, torchvision.models and the estimator; trace a tiny CNN once (cache off)."""
+    import torch  # noqa: F401
+    import torchvision.models  # noqa: F401
+
+    import slurm_coloc.cli.estimate  # noqa: F401
+    from slurm_coloc.estimate import estimate_peak, learned
+    from slurm_coloc.estimate.spec import ModelSpec
+
+    saved = os.environ.get("COLOC_ESTIMATE_CACHE")
+    os.environ["COLOC_ESTIMATE_CACHE"] = "off"
+    try:
+        estimate_peak(ModelSpec(model="torchvision.models:resnet18", input_shape=(3, 16, 16), batch_size=2,
+                                kwargs={"num_classes": 10}, optimizer="sgd"), "H100")
+    finally:
+        if saved is None:
+            os.environ.pop("COLOC_ESTIMATE_CACHE", None)
+        else:
+            os.environ["COLOC_ESTIMATE_CACHE"] = saved
+    learned._CACHE.clear()  # children read the shipped weights themselves, as a fresh process does
+
+
+def _child(conn: socket.socket, key: str) -> int:
+    """Serve one request in the forked child; returns the exit status for ``os._exit``."""
+    global IN_SERVER
+    IN_SERVER = True
+    conn.settimeout(ACK_TIMEOUT_S)
+    req = _recv(conn)
+    if req.get("proto") != PROTO or req.get("key") != key:
+        _send(conn, {"ack": None, "error": "key mismatch"})
+        return 1
+    _send(conn, {"ack": key})
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.path[:] = req["sys_path"]
+    os.umask(int(req["umask"]))
+    import importlib
+    import io
+
+    importlib.invalidate_caches()
+    out_fd, err_fd = os.memfd_create("coloc-stdout"), os.memfd_create("coloc-stderr")
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding=req["stdout"][0],
+                                  errors=req["stdout"][1])
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=req["stderr"][0],
+                                  errors=req["stderr"][1], line_buffering=True)
+    code = 0
+    try:
+        from slurm_coloc.cli.estimate import run
+
+        run(**req["params"])
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the interpreter would print it and exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    out, err = os.pread(out_fd, os.fstat(out_fd).st_size, 0), os.pread(err_fd, os.fstat(err_fd).st_size, 0)
+    conn.settimeout(RESULT_TIMEOUT_S)
+    _send(conn, {"key": key, "exit": code, "stdout": base64.b64encode(out).decode(),
+                 "stderr": base64.b64encode(err).decode()})
+    return code
+
+
+def serve_main(key: str, path: str) -> None:
+    """Server entry point (spawned by :func:`ensure_started`): lock, warm up, listen, fork per request."""
+    os.umask(0o077)
+    lock = open(path[:-5] + ".lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another server for this key runs or starts
+    log = _Log(path[:-5] + ".log")
+    if server_key() != key:
+        log(f"exit: key differs from the spawner's ({key[:16]})")
+        return
+    idle = float(os.environ.get("COLOC_ESTIMATE_SERVER_IDLE", IDLE_DEFAULT_S))
+    environ = dict(os.environ)  # the trace may set variables (TORCHINDUCTOR_CACHE_DIR); the key is the spawner's
+    t0 = time.monotonic()
+    log(f"warming key={key[:16]}")
+    try:
+        _prewarm()
+    except Exception as exc:  # noqa: BLE001 - no server then; clients run in-process
+        log(f"exit: prewarm failed: {exc!r}")
+        return
+    if server_key(environ) != key:  # sources edited while warming up: what was imported may not match the key
+        log("exit: sources changed during warm-up")
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(tmp)
+    listener.listen(32)
+    os.rename(tmp, path)  # atomic: replaces a stale socket, never shows a half-ready one
+    ino = os.stat(path).st_ino
+    log(f"start key={key[:16]} warm-up {time.monotonic() - t0:.2f} s idle {idle:g} s python {sys.executable}")
+    stop: List[str] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+    listener.settimeout(max(0.05, min(1.0, idle / 4)))
+    children: Dict[int, float] = {}
+    last = time.monotonic()
+    while not stop:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            started = children.pop(pid, time.monotonic())
+            last = time.monotonic()
+            log(f"served child={pid} exit={os.waitstatus_to_exitcode(status)} {last - started:.2f} s")
+        if not children and time.monotonic() - last > idle:
+            stop.append("idle")
+            break
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        except InterruptedError:
+            continue
+        with conn:
+            uid = _peer_uid(conn)
+            if uid != os.getuid():
+                log(f"refused uid={uid}")
+                continue
+            if len(children) >= MAX_CHILDREN:
+                log("refused: busy")
+                continue
+            last = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    listener.close()
+                    lock.close()
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    code = _child(conn, key)
+                except BaseException:  # noqa: BLE001 - client falls back in-process
+                    pass
+                finally:
+                    os._exit(code & 0xFF)
+            children[pid] = last
+    try:
+        if os.stat(path).st_ino == ino:
+            os.unlink(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+    listener.close()
+    log(f"exit: {stop[0] if stop else 'stop'}")
