@@ -106,24 +106,28 @@ class Cluster:
     def job_ids(self) -> List[int]:
         return sorted(j["job_id"] for j in self.squeue())
 
-    def wait_job(self, job_id: int, timeout: float = 120) -> dict:
-        """Wait until the job is in a final state (and its epilogs ran); return its squeue record."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            j = self.job(job_id)
-            if j and j["job_state"] in FINAL_STATES:
-                return j
-            time.sleep(0.5)
-        raise TimeoutError(f"job {job_id} not finished after {timeout} s: {self.job(job_id)}")
-
-    def wait_state(self, job_id: int, states: Sequence[str], timeout: float = 60) -> dict:
+    def _poll_job(self, job_id: int, states: Sequence[str], timeout: float, poll_s: float) -> Optional[dict]:
+        """Poll squeue until the job is in one of ``states``: its record, or None after ``timeout`` s."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             j = self.job(job_id)
             if j and j["job_state"] in states:
                 return j
-            time.sleep(0.3)
-        raise TimeoutError(f"job {job_id} never reached {states}: {self.job(job_id)}")
+            time.sleep(poll_s)
+        return None
+
+    def wait_job(self, job_id: int, timeout: float = 120) -> dict:
+        """Wait until the job is in a final state (and its epilogs ran); return its squeue record."""
+        j = self._poll_job(job_id, FINAL_STATES, timeout, 0.5)
+        if j is None:
+            raise TimeoutError(f"job {job_id} not finished after {timeout} s: {self.job(job_id)}")
+        return j
+
+    def wait_state(self, job_id: int, states: Sequence[str], timeout: float = 60) -> dict:
+        j = self._poll_job(job_id, states, timeout, 0.3)
+        if j is None:
+            raise TimeoutError(f"job {job_id} never reached {states}: {self.job(job_id)}")
+        return j
 
     def node_states(self) -> Dict[str, str]:
         """``{"n1": "idle", ...}`` from sinfo (drained nodes show ``drain``/``drng``)."""

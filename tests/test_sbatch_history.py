@@ -13,12 +13,18 @@ from slurm_coloc.submit.directives import parse_script
 SCRIPT = "#!/bin/sh\n#COLOC model=torch.nn:Linear kwarg.in_features=64 kwarg.out_features=8 input=64 batch=4\ntrue\n"
 
 
-def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
+def _config_and_script(tmp_path: Path, monkeypatch) -> Path:
+    """COLOC_CONFIG -> a config with its state under tmp_path; SCRIPT written to tmp_path/job.sh (returned)."""
     cfg_file = tmp_path / "coloc.yaml"
     cfg_file.write_text(f"state_dir: {tmp_path / 'state'}\n")
     monkeypatch.setenv("COLOC_CONFIG", str(cfg_file))
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)
+    return script
+
+
+def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
+    script = _config_and_script(tmp_path, monkeypatch)
     before, _, _ = plan_submission([str(script)])
     assert before.mode == "shard" and before.comment["method"] != "history"
     fence = before.shards * 1024
@@ -71,11 +77,7 @@ def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
     from slurm_coloc.store.jobs import JobEnd, JobSubmission, record_ctld_end, record_submission
     from slurm_coloc.store.samples import JobSummary, record_summary
 
-    cfg_file = tmp_path / "coloc.yaml"
-    cfg_file.write_text(f"state_dir: {tmp_path / 'state'}\n")
-    monkeypatch.setenv("COLOC_CONFIG", str(cfg_file))
-    script = tmp_path / "job.sh"
-    script.write_text(SCRIPT)
+    script = _config_and_script(tmp_path, monkeypatch)
     sha = parse_script(str(script)).sha256
     db = open_ctld_db(tmp_path / "state" / "ctld.db")
     record_submission(db, JobSubmission(job_id=11, script_sha256=sha, shards_req=2, share_mode="shard"))

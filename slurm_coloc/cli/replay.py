@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
-from dataclasses import asdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import click
 
@@ -17,37 +19,58 @@ from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
 
-def _tasks(
-    trace: str,
-    catalog: str,
-    runtimes: str,
-    time_scale: float,
-    work_scale: float,
-    max_tasks: Optional[int],
-    first_task: int,
-) -> List[Task]:
-    return build_tasks(
-        Path(trace), Path(catalog), Path(runtimes), time_scale, work_scale, max_tasks, first_task
-    )
+@dataclass(frozen=True)
+class TraceArgs:
+    """The trace options that ``plan`` and ``run`` share (``_trace_options`` collects them into one)."""
+
+    trace: str
+    catalog: str
+    runtimes: str
+    time_scale: float
+    work_scale: float
+    max_tasks: Optional[int]
+    first_task: int
+
+    def tasks(self) -> List[Task]:
+        """The scaled tasks of the trace (``build_tasks``)."""
+        return build_tasks(
+            Path(self.trace),
+            Path(self.catalog),
+            Path(self.runtimes),
+            self.time_scale,
+            self.work_scale,
+            self.max_tasks,
+            self.first_task,
+        )
 
 
-def _trace_options(f: Any) -> Any:
+@contextmanager
+def _click_errors() -> Iterator[None]:
+    """Turn a ColocError raised inside the block into a one-line click error."""
+    try:
+        yield
+    except ColocError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _csv_option(name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A required option naming an input CSV file."""
+    return click.option(name, required=True, type=click.Path(dir_okay=False), help=help_text)
+
+
+def _trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the trace options to a command and hand them to it as one ``trace_args: TraceArgs``."""
+    names = [fl.name for fl in fields(TraceArgs)]
+
+    @functools.wraps(f)
+    def wrapper(**kwargs: Any) -> Any:
+        trace_args = TraceArgs(**{n: kwargs.pop(n) for n in names})
+        return f(trace_args=trace_args, **kwargs)
+
     opts = [
-        click.option(
-            "--trace",
-            required=True,
-            type=click.Path(dir_okay=False),
-            help="trace CSV (task_index,submit_time_s,gap_from_previous_s,task_rad)",
-        ),
-        click.option(
-            "--catalog", required=True, type=click.Path(dir_okay=False), help="workload_catalog_from_rad.csv"
-        ),
-        click.option(
-            "--runtimes",
-            required=True,
-            type=click.Path(dir_okay=False),
-            help="exclusive_run_summary.csv (reference exclusive runtimes)",
-        ),
+        _csv_option("--trace", "trace CSV (task_index,submit_time_s,gap_from_previous_s,task_rad)"),
+        _csv_option("--catalog", "workload_catalog_from_rad.csv"),
+        _csv_option("--runtimes", "exclusive_run_summary.csv (reference exclusive runtimes)"),
         click.option(
             "--time-scale", type=float, default=0.01, show_default=True, help="multiply submit times by this"
         ),
@@ -63,9 +86,10 @@ def _trace_options(f: Any) -> Any:
             "--first-task", type=int, default=0, show_default=True, help="skip the tasks before this row"
         ),
     ]
+    decorated: Callable[..., Any] = wrapper
     for o in reversed(opts):
-        f = o(f)
-    return f
+        decorated = o(decorated)
+    return decorated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,25 +104,14 @@ def cli() -> None:
 @cli.command()
 @_trace_options
 @click.option("--json", "as_json", is_flag=True, help="print the tasks as JSON")
-def plan(
-    trace: str,
-    catalog: str,
-    runtimes: str,
-    time_scale: float,
-    work_scale: float,
-    max_tasks: Optional[int],
-    first_task: int,
-    as_json: bool,
-) -> None:
+def plan(trace_args: TraceArgs, as_json: bool) -> None:
     """Print the scaled tasks (workload, steps, memory request, submit offset); submit nothing.
 
     Example: coloc-replay plan --trace t.csv --catalog c.csv --runtimes r.csv --time-scale 0.01
     --work-scale 0.001
     """
-    try:
-        tasks = _tasks(trace, catalog, runtimes, time_scale, work_scale, max_tasks, first_task)
-    except ColocError as exc:
-        raise click.ClickException(str(exc)) from None
+    with _click_errors():
+        tasks = trace_args.tasks()
     if as_json:
         click.echo(json.dumps([asdict(t) for t in tasks], indent=1))
         return
@@ -148,13 +161,7 @@ def plan(
 )
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 def run(
-    trace: str,
-    catalog: str,
-    runtimes: str,
-    time_scale: float,
-    work_scale: float,
-    max_tasks: Optional[int],
-    first_task: int,
+    trace_args: TraceArgs,
     job_script: str,
     mode: str,
     out_dir: str,
@@ -171,13 +178,13 @@ def run(
     from slurm_coloc.replay.runner import run_replay
 
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
-    try:
+    with _click_errors():
         cfg = config_mod.load()
-        tasks = _tasks(trace, catalog, runtimes, time_scale, work_scale, max_tasks, first_task)
+        tasks = trace_args.tasks()
         result: Dict[str, Any] = {
             "tasks": len(tasks),
-            "time_scale": time_scale,
-            "work_scale": work_scale,
+            "time_scale": trace_args.time_scale,
+            "work_scale": trace_args.work_scale,
             "context_mib": context_mib,
         }
         for m in ["exclusive", "coloc"] if mode == "both" else [mode]:
@@ -195,8 +202,6 @@ def run(
                 "problems": rr.problems,
                 "jobs": {str(t): j for t, j in rr.job_of_task.items()},
             }
-    except ColocError as exc:
-        raise click.ClickException(str(exc)) from None
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
     if as_json:
