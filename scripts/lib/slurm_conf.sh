@@ -13,15 +13,19 @@ ensure_users() {
 
 # slurm_conf_hooks <hooks dir> <coloc.yaml> <slurm.conf> <coloc-hook> <shim dir> [comment]
 # Writes the five wrappers (prolog.sh ... task_prolog.sh) that hand the project's shims <shim dir>/<name> this
-# cluster's config (Slurm runs hooks without PATH/SLURM_CONF); [comment] becomes line 2 when given.
+# cluster's config (Slurm runs hooks without PATH/SLURM_CONF); [comment] becomes line 2 when given. The pending
+# directory of hook runs that could not record (hooks/pending.py) is <dir>/coloc/pending for <dir>/etc/coloc.yaml,
+# next to the state and run directories of slurm_conf_coloc_yaml: one per cluster, never the host-wide default.
 slurm_conf_hooks() {
   local dir=$1 yaml=$2 conf=$3 hook=$4 shims=$5 comment=${6:-} name
+  local pending
+  pending=$(dirname "$(dirname "$yaml")")/coloc/pending
   for name in prolog.sh epilog.sh prolog_slurmctld.sh epilog_slurmctld.sh task_prolog.sh; do
     { echo "#!/bin/sh"
       [ -z "$comment" ] || echo "$comment"
       cat <<HOOK
-COLOC_CONFIG=$yaml SLURM_CONF=$conf COLOC_HOOK=$hook
-export COLOC_CONFIG SLURM_CONF COLOC_HOOK
+COLOC_CONFIG=$yaml SLURM_CONF=$conf COLOC_HOOK=$hook COLOC_PENDING_DIR=$pending
+export COLOC_CONFIG SLURM_CONF COLOC_HOOK COLOC_PENDING_DIR
 exec $shims/$name "\$@"
 HOOK
     } > "$dir/$name"

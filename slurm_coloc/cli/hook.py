@@ -2,8 +2,10 @@
 
 Start-up is part of the hook's time: the shim's ``timeout`` counts from exec, and on an overloaded host (hundreds
 of hooks at once) Python's imports alone took 24 s of its 30 s (docs/reliability.md, "Load"). So, before any heavy
-import, SIGTERM is caught (a hook killed during start-up still logs its one ``done ... (TERMINATED ...)`` line)
-and numpy is kept out (sqlite_utils imports it when installed; no hook uses it; it was half the start-up CPU).
+import, SIGTERM is caught (a hook killed during start-up still logs its one ``done ... (TERMINATED ...)`` line
+and leaves its pending environment, hooks/pending.py, from which the next hook run records its rows; it then
+exits 0, so the shim, run with ``timeout --preserve-status``, adds no second entry) and numpy is kept out
+(sqlite_utils imports it when installed; no hook uses it; it was half the start-up CPU).
 """
 from __future__ import annotations
 
@@ -24,9 +26,16 @@ def _on_term_early(signum: int, frame: object) -> None:
 
 
 def _log_start_up_terminated(hook: str) -> None:
-    """Append the run's one line to ``<log_dir>/hooks.log`` without the logging setup. Never raises."""
+    """Write the run's pending environment (os only: first, while time is short), then append the run's one line
+    to ``<log_dir>/hooks.log`` without the logging setup. Never raises."""
+    entry = None
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        from slurm_coloc.hooks.pending import write_entry
+        entry = write_entry(hook, os.environ, "startup")
+    except BaseException:  # noqa: BLE001 - never fail the node
+        pass
+    try:
         from slurm_coloc import config as config_mod
         from slurm_coloc.hooks.startup import process_age_s
         cfg = config_mod.load_fallback(environ=os.environ)
@@ -34,7 +43,9 @@ def _log_start_up_terminated(hook: str) -> None:
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
         line = (f"{stamp} ERROR coloc[{job if job.isdigit() else None}] {hook} done in 0 ms (TERMINATED during "
-                f"start-up, {process_age_s() * 1000:.0f} ms after exec: the shim's timeout; nothing recorded)\n")
+                f"start-up, {process_age_s() * 1000:.0f} ms after exec: the shim's timeout; "
+                + (f"pending entry {entry}, recorded by the next hook run)\n" if entry else
+                   "no pending entry could be written: nothing recorded)\n"))
         fd = os.open(os.path.join(cfg.log_dir, "hooks.log"),
                      os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:

@@ -2,18 +2,20 @@
 
 Split from hooks/runner.py (which runs the hook): ``record_ops`` builds the rows from the hook's environment only,
 ``record_run`` writes them (and replays pending spool entries) within the recording budget, ``spool_ops`` keeps them
-when the database cannot be used (store/spool.py).
+when the database cannot be used (store/spool.py). ``replay_pending`` records the runs that could not record at
+all (killed during start-up, crashed) from the environments they left (hooks/pending.py), with the same builder.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
-from slurm_coloc.hooks import ctld
+from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state
 from slurm_coloc.store import spool
@@ -114,10 +116,86 @@ def spool_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) ->
     log.error("RECORDS LOST (no database, no spool): %s", json.dumps(ops, default=str))
 
 
+def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> tuple:
+    """``(target, ops)`` of a pending entry's run (hooks/pending.py): the rows of a failed run, built by
+    ``record_ops`` from the captured environment with the captured times, marked as recovered, each append op
+    with its ``once`` window. Raises PendingError when the entry names no job or database."""
+    name = env["COLOC_PENDING_HOOK"]
+    ctx = HookContext.from_env(env)
+    target = target_of(name, ctx)
+    if ctx.job_id is None or target is None:
+        raise pending.PendingError("no SLURM_JOB_ID or SLURMD_NODENAME")
+    reason = env.get("COLOC_PENDING_RC", "")
+    why = ("terminated during start-up" if reason == "startup" else
+           f"terminated by the shim's timeout (rc {reason})" if reason in ("124", "137", "143") else
+           f"ended with rc {reason} before recording")
+    detail = {"error": f"{why}; recorded later from its environment", "recovered": True}
+    ops = record_ops(name, ctx, False, detail, started_ts, (ended_ts - started_ts) * 1000)
+    for op in ops:
+        if op["op"] in ("hook_run", "event"):
+            op["once"] = [started_ts - 1.0, ended_ts + 1.0]
+    return target, ops
+
+
+def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float = REPLAY_BUDGET_S) -> int:
+    """Apply the pending entries of ``target`` (same ``COLOC_CONFIG``) to ``db``, each in one transaction, then
+    delete them; an unusable entry is renamed ``.bad`` and logged. Returns how many were applied. A database
+    error (or the recording alarm) stops it and propagates; the claimed entry is put back."""
+    import time
+
+    d = pending.safe_dir(pending.pending_dir(env), create=False)
+    if d is None:
+        return 0
+    t_end, done = time.monotonic() + budget_s, 0
+    for path in pending.candidates(d):
+        if time.monotonic() > t_end:
+            break
+        base = path[:-len(".replaying")] if path.endswith(".replaying") else path
+        try:
+            entry = pending.read_entry(path)
+            if entry.get("COLOC_CONFIG", "") != env.get("COLOC_CONFIG", ""):
+                continue  # another cluster's entry sharing the directory
+            started, ended = pending.times_of(entry, os.lstat(path).st_mtime)
+            entry_target, ops = recovered_ops(entry, started, ended)
+        except FileNotFoundError:
+            continue  # claimed by another replayer meanwhile
+        except (pending.PendingError, OSError, KeyError, ValueError) as exc:
+            log.error("pending hook entry %s is unusable (%s): set aside as .bad", base, exc)
+            try:
+                os.rename(path, base + ".bad")
+            except OSError:
+                pass
+            continue
+        if entry_target != target:
+            continue
+        claimed = base + ".replaying"
+        try:
+            os.rename(path, claimed)  # atomic claim: a second replayer misses it
+            os.utime(claimed)
+        except OSError:
+            continue
+        try:
+            spool.apply_ops(db, ops)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("pending hook entry %s is malformed (%s): set aside as .bad", base, exc)
+            os.rename(claimed, base + ".bad")
+            continue
+        except BaseException:
+            os.rename(claimed, base)
+            raise
+        os.unlink(claimed)
+        log.warning("%s of job %s (rc %s) recorded from its pending entry %s (%d row(s))", entry["COLOC_PENDING_HOOK"],
+                    entry.get("SLURM_JOB_ID"), entry.get("COLOC_PENDING_RC"), base, len(ops))
+        done += 1
+    return done
+
+
 def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
-            started_ts: float, duration_ms: float, state: Optional[Dict[str, Any]] = None) -> None:
-    """Write this run's records and replay pending ones; spool them when the database is unusable. Never raises
-    (but ``HookTerminated`` passes). ``state["recorded"]`` turns True once this run's rows are in the database."""
+            started_ts: float, duration_ms: float, state: Optional[Dict[str, Any]] = None,
+            env: Optional[Mapping[str, str]] = None) -> None:
+    """Write this run's records and replay pending ones (spool entries and pending environments of runs that
+    could not record, hooks/pending.py); spool them when the database is unusable. Never raises (but
+    ``HookTerminated`` passes). ``state["recorded"]`` turns True once this run's rows are in the database."""
     target = target_of(name, ctx)
     if target is None:
         return
@@ -134,6 +212,11 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
             n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
             if n:
                 log.info("replayed %d spooled record set(s) from %s into %s", n, d, target)
+        # after the spool: a run that spooled its rows and was then killed also left a pending environment,
+        # whose rows (``once`` windows) then find the spooled ones and add nothing
+        n = replay_pending(target, db, os.environ if env is None else env)
+        if n:
+            log.info("recorded %d run(s) from pending environments into %s", n, target)
     except HookTimeout:
         log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node

@@ -112,7 +112,8 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
         _setup_logging(fallback, ctx.job_id, create_dir=False)
         log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name, exc.one_line())
         if fallback.state_dir != config_mod.Config().state_dir or os.path.isdir(fallback.state_dir):
-            _bounded(lambda: record_run(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0),
+            _bounded(lambda: record_run(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0,
+                                        env=env),
                      RECORD_BUDGET_S)
         return None
 
@@ -174,7 +175,8 @@ def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, start
     level = logging.INFO if ok else logging.ERROR
     log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
     if name != "task-prolog":
-        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state), RECORD_BUDGET_S)
+        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env),
+                 RECORD_BUDGET_S)
         result = None
     log.info("%s done in %.0f ms (bound %.0f ms, work budget %.1f s, exec %.0f ms before)", name,
              (time.monotonic() - t0) * 1000, bound_s(cfg) * 1000, budget, age_ms)

@@ -20,6 +20,10 @@ Op kinds and how a replay applies them (never overwriting what a successful hook
 - ``submission``: insert the ``jobs`` row if absent, else fill its NULL columns (ctld DB).
 - ``ctld_end``: set a ``jobs`` row's end columns where ``end_ts`` is NULL; insert it if absent (ctld DB).
 
+An op may carry ``"once": [t0, t1]`` (recovered runs, hooks/pending.py): a ``hook_run`` is then skipped when a
+row of the same job, node and hook has ``ts`` in that window, an ``event`` when one of the same job, kind and
+``hook`` has; so a run recorded by itself and recovered too, or recovered twice, leaves one row.
+
 Exactly-once: a replayer claims a file by renaming it to ``.replaying`` (atomic; a second replayer misses it),
 commits the ops in one transaction, then unlinks it. A claim older than ``STALE_CLAIM_S`` (the replayer died
 before committing) is taken again. A crash between the commit and the unlink (microseconds) would replay the
@@ -162,7 +166,23 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
     return data
 
 
-def _apply_op(db: Database, op: str, row: Dict[str, Any]) -> None:
+def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
+    """Whether an append op with a ``once`` window finds its row already there (module docstring)."""
+    if not (isinstance(once, list) and len(once) == 2 and all(isinstance(t, (int, float)) for t in once)):
+        raise ValueError(f"malformed once window {once!r:.100}")
+    if op == "hook_run" and db["hook_runs"].exists():
+        sql = "SELECT 1 FROM hook_runs WHERE job_id = ? AND node = ? AND hook = ? AND ts BETWEEN ? AND ?"
+        return db.execute(sql, [row["job_id"], row["node"], row["hook"], *once]).fetchone() is not None
+    if op == "event" and db["events"].exists():
+        sql = ("SELECT 1 FROM events WHERE job_id = ? AND kind = ? AND ts BETWEEN ? AND ? "
+               "AND json_extract(detail_json, '$.hook') = json_extract(?, '$.hook')")
+        return db.execute(sql, [row["job_id"], row["kind"], *once, row["detail_json"]]).fetchone() is not None
+    return False
+
+
+def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> None:
+    if once is not None and _already(db, op, row, once):
+        return
     if op == "hook_run":
         db["hook_runs"].insert(row)
     elif op == "node_event":
@@ -206,7 +226,7 @@ def apply_ops(db: Database, ops: Sequence[Dict[str, Any]]) -> None:
         for item in ops:
             if not isinstance(item, dict) or item.get("op") not in OPS or not isinstance(item.get("row"), dict):
                 raise ValueError(f"malformed spool op {item!r:.200}")
-            _apply_op(db, item["op"], item["row"])
+            _apply_op(db, item["op"], item["row"], item.get("once"))
 
 
 def replay(spool_dir: Path, target: str, db: Database, max_entries: int = 500, budget_s: float = 2.0) -> int:

@@ -137,12 +137,13 @@ def _catches_sigterm(pid: int) -> bool:
 
 
 def test_sigterm_during_start_up_still_leaves_one_line(tmp_path: Path) -> None:
-    """SIGTERM as soon as coloc-hook catches it (during its imports, long before its work): one line, exit 0."""
+    """SIGTERM as soon as coloc-hook catches it (during its imports, long before its work): one line, exit 0, and
+    its pending environment."""
     conf = tmp_path / "coloc.yaml"
     conf.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\n")
     (tmp_path / "log").mkdir()
     env = {"PATH": "/usr/bin:/bin", "COLOC_CONFIG": str(conf), "SLURM_JOB_ID": "4242",
-           "SLURM_SCRIPT_CONTEXT": "epilog_slurmctld"}
+           "SLURM_SCRIPT_CONTEXT": "epilog_slurmctld", "COLOC_PENDING_DIR": str(tmp_path / "pending")}
     proc = subprocess.Popen([str(VENV_BIN / "coloc-hook"), "epilog-slurmctld"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 10
@@ -152,3 +153,6 @@ def test_sigterm_during_start_up_still_leaves_one_line(tmp_path: Path) -> None:
     assert proc.wait(timeout=10) == 0
     lines = _done_lines(tmp_path / "log" / "hooks.log", 4242)
     assert len(lines) == 1 and "TERMINATED" in lines[0] and "epilog-slurmctld" in lines[0], lines
+    # it left its environment for the next hook run (tests/reliability/test_pending_env.py replays such entries)
+    entries = list((tmp_path / "pending").glob("epilog-slurmctld-4242-*.env"))
+    assert len(entries) == 1 and "pending entry" in lines[0], (entries, lines)
