@@ -6,12 +6,19 @@ fences the job at that many GiB (``submit/plan.py``, ``node/jobenv.py``). This p
 measured H100 peaks exceed the estimate and how many exceed the fence, and the median over-reservation of both:
 
     .venv/bin/python benchmarks/estimator_fence.py
+    .venv/bin/python benchmarks/estimator_fence.py --pick 24 --out cfgs.json   # for device/fence_check.py
+
+``--pick N`` writes the N Hopper rows whose measured peak is closest to (or above) their fence, as configs
+for ``benchmarks/device/fence_check.py`` (which trains them under that fence on the H100).
 
 Data: ``data/hopper`` (H100, this project) incl. the 18 real models of GPUMemNet's paper table re-measured
 (``paper18_*.csv``; GPUMemNet, CC BY 4.0). Uses the shipped calibration and the default config.
 """
 from __future__ import annotations
 
+import argparse
+import csv
+import json
 import os
 import shutil
 import statistics
@@ -52,9 +59,39 @@ def row(name: str, rows: Sequence[Dict[str, Any]], cal: Dict[str, Any], cfg: Con
     return [name, str(n), under(est), under(fen), med(est), med(fen)]
 
 
+def pick(rows: Sequence[Dict[str, Any]], cal: Dict[str, Any], cfg: Config, n: int) -> List[Dict[str, Any]]:
+    """The ``n`` rows with the highest measured peak / fence ratio, as fence_check.py configs, plus one negative
+    control (the first row again, fenced at 1 GiB: it must OOM, showing the fence is in force)."""
+    scored = sorted(((r["actual_mib"] / fence_mib(margins._bound(cal, r, train.H100_CONTEXT_MIB), cfg), r)
+                     for r in rows), key=lambda t: -t[0])[:n]
+    with open(os.path.join(train.HOPPER_DIR, "hopper_runs.csv"), newline="") as fh:
+        runs = {r["config_id"]: r for r in csv.DictReader(fh)}
+    out = []
+    for _, r in scored:
+        src = runs[r["config_id"]]
+        group = {"family": src["family"], "model": src["model"], "kwargs": json.loads(src["kwargs_json"]),
+                 "shape": [int(d) for d in src["input_shape"].split(",")], "input_dtype": src["input_dtype"],
+                 "optimizer": src["optimizer"], "precision": src["precision"]}
+        out.append({"config_id": r["config_id"], "family": src["family"], "model": src["model"],
+                    "batch_size": int(src["batch_size"]), "precision": src["precision"],
+                    "unfenced_nvml_mib": r["actual_mib"],
+                    "fence_mib": fence_mib(margins._bound(cal, r, train.H100_CONTEXT_MIB), cfg), "group": group})
+    if out:  # negative control: the tightest row fenced at 1 GiB, below its allocated peak + context: must OOM
+        out.append(dict(out[0], fence_mib=1024, control=True))
+    return out
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pick", type=int, default=0, help="write the N tightest-fenced rows to --out and exit")
+    ap.add_argument("--out", default="", help="JSON file for --pick")
+    args = ap.parse_args()
     cal, cfg = load_calibration(), Config()
     hopper = train.load_hopper()
+    if args.pick:
+        with open(args.out, "w") as fh:
+            json.dump(pick(hopper, cal, cfg, args.pick), fh, indent=1)
+        return 0
     _, test = train.split(hopper, train.TEST_FAMILIES)
     tmp = tempfile.mkdtemp()
     try:

@@ -46,7 +46,7 @@ def load_hopper(hopper_dir: str = HOPPER_DIR) -> List[Dict[str, Any]]:
             counts = {k[2:]: int(v) for k, v in t.items() if k.startswith("n_")}
             bs = int(r["batch_size"])
             out.append({
-                "family": r["family"], "actual_mib": float(r["nvml_mib"]),
+                "config_id": r["config_id"], "family": r["family"], "actual_mib": float(r["nvml_mib"]),
                 "torch_reserved_mib": float(r["torch_max_reserved_mib"]),
                 "sim_reserved_mib": int(t["sim_peak_reserved_b"]) / 2**20,
                 "sim_allocated_mib": int(t["sim_peak_allocated_b"]) / 2**20,
