@@ -142,6 +142,10 @@ def records(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
             for job_id, hook in c.execute("SELECT job_id, hook FROM hook_runs"):
                 hooks[(job_id, hook)] = hooks.get((job_id, hook), 0) + 1
             c.close()
+    odd = sorted(f"{j}:{h}x{hooks.get((j, h), 0)}" for j in want for h in ("prolog", "epilog")
+                 if hooks.get((j, h), 0) != 1)
+    if odd:  # which job ids lack a row or have two: the first place to look when a count is short
+        print("hook rows not exactly once: " + " ".join(odd[:40]), file=sys.stderr)
     return {"jobs_rows": sum(1 for j in jobs if j in want),
             "prolog_once": sum(1 for j in want if hooks.get((j, "prolog")) == 1),
             "epilog_once": sum(1 for j in want if hooks.get((j, "epilog")) == 1)}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.ctld import parse_slurm_time
 from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
@@ -43,8 +44,23 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job end on this node with its inferred final state (see hooks/state.py)."""
-    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+    """Release the job's share of its GPUs, then record its end on this node with its inferred final state
+    (hooks/state.py).
+
+    The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend on
+    Slurm answering: under load ``scontrol show job`` can time out (seen with 200 jobs on 2 CPUs), and a failed
+    Epilog must not leave an MPS daemon or an env file behind. Without scontrol's answer the state is inferred
+    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["scontrol"]`` says why.
+    Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
+    """
+    db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
+    run = next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node), None)
+    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, run.start_ts if run else None, env)
+    out: Dict[str, Any] = {}
+    try:
+        kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+    except ColocError as exc:
+        kv, out["scontrol"] = {}, exc.one_line()
     code, sig = parse_exit_pair(kv.get("ExitCode", ""))
     if code is None:
         code, sig = ctx.exit_code, ctx.signal
@@ -52,11 +68,8 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
                               parse_slurm_duration_s(kv.get("TimeLimit", "")), kv.get("Reason", ""))
     end = store_jobs.JobEnd(job_id=ctx.job_id, node=ctx.node, state=state, exit_code=code, signal=sig,
                             end_ts=parse_slurm_time(kv.get("EndTime", "")) or time.time())
-    db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     store_jobs.record_node_end(db, end)
-    run = next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node), None)
-    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, run.start_ts if run else None, env)
-    return {"state": state, "exit_code": code, "signal": sig, **sharing}
+    return {"state": state, "exit_code": code, "signal": sig, **out, **sharing}
 
 
 def job_env_path(cfg: Config, job_id: int) -> Path:

@@ -18,7 +18,7 @@ config; the cluster scripts set it per cluster). Root-only (0700, owned by the h
 with ``O_NOFOLLOW``, must be regular files owned by that uid, not group/other-writable, at most
 ``MAX_ENTRY_BYTES``; values are data (never evaluated). Unusable entries are renamed ``.bad`` and logged.
 
-A light module (os, stat, time only): ``coloc-hook`` writes entries from its start-up path, before its imports.
+A light module (os, stat, time and store/claims.py only): ``coloc-hook`` writes entries from its start-up path, before its imports.
 """
 from __future__ import annotations
 
@@ -27,11 +27,13 @@ import stat
 import time
 from typing import Dict, List, Mapping, Optional
 
+from slurm_coloc.store import claims
+
 DEFAULT_DIR = "/var/lib/slurm-coloc/pending"  # = prolog_epilog/coloc-hook.sh
 SUFFIX = ".env"
 MAX_ENTRY_BYTES = 256 * 1024
 MAX_PENDING = 10_000
-STALE_CLAIM_S = 120.0
+STALE_CLAIM_S = claims.STALE_CLAIM_S
 KEEP_PREFIXES = ("SLURM_", "SLURMD_", "SPANK_COLOC_", "COLOC_PENDING_")
 KEEP_NAMES = ("USER", "COLOC_CONFIG")
 NODE_HOOKS = ("prolog", "epilog")
@@ -137,8 +139,8 @@ def _uptime() -> float:
 
 
 def candidates(d: str) -> List[str]:
-    """Entry paths of ``d`` to replay, oldest first (a Prolog's before its Epilog's): ``*.env`` and claims older
-    than ``STALE_CLAIM_S``."""
+    """Entry paths of ``d`` to replay, oldest first (a Prolog's before its Epilog's): ``*.env`` and stale claims
+    (store/claims.py: the claimer's pid is gone, or older than ``STALE_CLAIM_S``)."""
     try:
         names = os.listdir(d)
     except OSError:
@@ -147,14 +149,14 @@ def candidates(d: str) -> List[str]:
     out = []
     for n in names:
         p = os.path.join(d, n)
-        claim = n.endswith(SUFFIX + ".replaying")
+        claim = claims.is_claim(n, SUFFIX)
         if not claim and (not n.endswith(SUFFIX) or n.startswith(".")):
             continue
         try:
             mtime = os.lstat(p).st_mtime
         except OSError:
             continue
-        if not claim or now - mtime > STALE_CLAIM_S:
+        if not claim or claims.claim_is_stale(p, mtime, now):
             out.append((mtime, n, p))
     return [p for _, _, p in sorted(out)]
 

@@ -18,7 +18,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state
-from slurm_coloc.store import spool
+from slurm_coloc.store import claims, spool
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from slurm_coloc.submit.plan import parse_comment
 
@@ -69,6 +69,11 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
     leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end in
     the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
+
+    Appended rows carry a ``once`` window of their own timestamp (store/spool.py), and the other ops only insert
+    what is absent or fill what is NULL, so applying the same ops twice leaves what applying them once does: a run
+    whose recording was cut off after the commit (the recording alarm) and that spooled its ops anyway, or a spool
+    entry taken again after its replayer died, adds no second row (a duplicate Epilog row seen under load).
     """
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
@@ -76,7 +81,7 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     if name in NODE_HOOKS:
         ops.append({"op": "hook_run", "row": {"job_id": ctx.job_id, "node": ctx.node, "hook": name,
                                               "ts": started_ts, "duration_ms": duration_ms, "ok": int(ok),
-                                              "detail_json": detail_json}})
+                                              "detail_json": detail_json}, "once": [started_ts, started_ts]})
         if not ok and name == "prolog":
             ops.append({"op": "job_start", "row": {"job_id": ctx.job_id, "node": ctx.node,
                                                    "user_name": ctx.user_name, "uid": ctx.uid,
@@ -89,7 +94,7 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     elif name in CTLD_HOOKS and not ok:
         ops.append({"op": "event", "row": {"ts": now, "job_id": ctx.job_id, "kind": "hook-error",
                                            "detail_json": json.dumps({"hook": name, **detail}, sort_keys=True,
-                                                                     default=str)}})
+                                                                     default=str)}, "once": [now, now]})
         if name == "prolog-slurmctld":
             coloc = ctld._clean_coloc(parse_comment(ctx.comment))
             ops.append({"op": "submission", "row": {
@@ -150,7 +155,8 @@ def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float
     for path in pending.candidates(d):
         if time.monotonic() > t_end:
             break
-        base = path[:-len(".replaying")] if path.endswith(".replaying") else path
+        base = (os.path.join(os.path.dirname(path), claims.split_claim(os.path.basename(path))[0])
+                if path.endswith(".replaying") else path)
         try:
             entry = pending.read_entry(path)
             if entry.get("COLOC_CONFIG", "") != env.get("COLOC_CONFIG", ""):
@@ -168,7 +174,7 @@ def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float
             continue
         if entry_target != target:
             continue
-        claimed = base + ".replaying"
+        claimed = claims.claim_name(base)
         try:
             os.rename(path, claimed)  # atomic claim: a second replayer misses it
             os.utime(claimed)

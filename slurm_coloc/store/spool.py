@@ -24,10 +24,12 @@ An op may carry ``"once": [t0, t1]`` (recovered runs, hooks/pending.py): a ``hoo
 row of the same job, node and hook has ``ts`` in that window, an ``event`` when one of the same job, kind and
 ``hook`` has; so a run recorded by itself and recovered too, or recovered twice, leaves one row.
 
-Exactly-once: a replayer claims a file by renaming it to ``.replaying`` (atomic; a second replayer misses it),
-commits the ops in one transaction, then unlinks it. A claim older than ``STALE_CLAIM_S`` (the replayer died
-before committing) is taken again. A crash between the commit and the unlink (microseconds) would replay the
-file twice; that is the only duplicate window.
+Exactly-once: a replayer claims a file by renaming it to ``<name>.<pid>.replaying`` (atomic; a second replayer
+misses it), commits the ops in one transaction, then unlinks it. A claim whose replayer is gone (its pid no
+longer exists: SIGKILLed by the shim's ``timeout -k``, seen under load) or older than ``STALE_CLAIM_S`` is taken
+again. The ops a hook writes are idempotent (appends carry a ``once`` window of their own timestamp,
+hooks/record.py ``record_ops``; the rest insert-if-absent or fill NULLs), so replaying a file whose replayer died
+between its commit and its unlink changes nothing.
 """
 from __future__ import annotations
 
@@ -42,12 +44,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from sqlite_utils import Database
 
 from slurm_coloc.errors import StoreError
+from slurm_coloc.store.claims import STALE_CLAIM_S, claim_is_stale, claim_name, is_claim, split_claim
 
 log = logging.getLogger("slurm_coloc.store")
 
 MAX_PENDING = 10_000  # files; beyond this a new entry is only logged (the spool must not fill /run)
 MAX_ENTRY_BYTES = 256 * 1024
-STALE_CLAIM_S = 120.0
 OPS = ("hook_run", "node_event", "event", "job_start", "job_end", "submission", "ctld_end")
 _JOB_RUN_END = ("end_ts", "state", "exit_code", "signal")
 _JOB_END = ("end_ts", "state", "exit_code", "signal", "node_list", "start_ts", "updated_ts")
@@ -137,9 +139,9 @@ def _candidates(d: Path, claimed_too: bool = False) -> List[Path]:
         p = d / n
         if n.endswith(".json") and not n.startswith("."):
             out.append(p)
-        elif n.endswith(".json.replaying"):
+        elif is_claim(n, ".json"):
             try:
-                if claimed_too or now - os.lstat(p).st_mtime > STALE_CLAIM_S:
+                if claimed_too or claim_is_stale(str(p), os.lstat(p).st_mtime, now):
                     out.append(p)
             except OSError:
                 pass
@@ -249,8 +251,8 @@ def replay(spool_dir: Path, target: str, db: Database, max_entries: int = 500, b
         entry = _read(path)
         if entry is None or entry.get("target") != target:
             continue
-        base = path.with_name(path.name[:-len(".replaying")]) if path.name.endswith(".replaying") else path
-        claimed = base.with_name(base.name + ".replaying")
+        base = path.with_name(split_claim(path.name)[0]) if path.name.endswith(".replaying") else path
+        claimed = base.with_name(claim_name(base.name))
         try:
             os.rename(path, claimed)  # atomic claim (a stale claim is re-claimed, refreshing its mtime)
             os.utime(claimed)
