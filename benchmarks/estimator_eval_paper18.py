@@ -113,3 +113,37 @@ def add_paper18(add: AddFn, gdir: str, hopper_dir: str) -> None:
             oracle.append(float(r["torch_max_reserved_mib"]) + 612)
         _add_all(add, PAPER_H100, act, figs)
         add(PAPER_H100, "torch max reserved + 612 MiB (oracle-ish)", act, oracle)
+
+
+def per_row_markdown(gdir: str, hopper_dir: str) -> str:
+    """The per-row table of docs/estimator.md (MiB): paper A100 actual, our A100 bound, H100 measured, our H100
+    analytic / shipped bound / learned mean, one line per paper18 config."""
+    cfgs = paper18()
+    with open(os.path.join(gdir, "paper_results_actual_vs_estimators.csv"), newline="") as fh:
+        prow = list(csv.reader(fh))[1:]
+    with open(os.path.join(hopper_dir, "paper18_runs.csv"), newline="") as fh:
+        meas = {(r["model"], r["kwargs_json"], int(r["batch_size"])): r for r in csv.DictReader(fh)}
+    lines = ["| model | batch | A100 actual (paper) | ours, A100 | H100 measured | ours H100 analytic "
+             "| ours H100 shipped | learned mean |", "|---|---|---|---|---|---|---|---|"]
+    name = ""
+    with memo_traces():
+        for c, p in zip(cfgs, prow):
+            name = p[0] or name  # the paper's table leaves a repeated model name blank
+            s = spec_of(c)
+            a, h = shipped(s, "A100"), shipped(s, "H100")
+            m = meas.get((c["model"], json.dumps(c["kwargs"], sort_keys=True), c["batch_size"]))
+            cells = [name, str(c["batch_size"]), p[2], f"{a['bound']:.0f}",
+                     f"{float(m['nvml_mib']):.0f}" if m else "-", f"{h['analytic']:.0f}", f"{h['bound']:.0f}",
+                     f"{h['learned']:.0f}" if h["learned"] is not None else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python benchmarks/estimator_eval_paper18.py: the per-row table
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, ".."))
+    from slurm_coloc.estimate import train
+
+    print(per_row_markdown(train.GPUMEMNET_DIR, train.HOPPER_DIR))
