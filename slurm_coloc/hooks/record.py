@@ -7,11 +7,13 @@ all (killed during start-up, crashed) from the environments they left (hooks/pen
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
@@ -197,21 +199,30 @@ def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float
 
 
 def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
-            started_ts: float, duration_ms: float, state: Optional[Dict[str, Any]] = None,
-            env: Optional[Mapping[str, str]] = None) -> None:
+               started_ts: float, duration_ms: float, state: Optional[Dict[str, Any]] = None,
+               env: Optional[Mapping[str, str]] = None, ops: Optional[List[Dict[str, Any]]] = None) -> None:
     """Write this run's records and replay pending ones (spool entries and pending environments of runs that
     could not record, hooks/pending.py); spool them when the database is unusable. Never raises (but
-    ``HookTerminated`` passes). ``state["recorded"]`` turns True once this run's rows are in the database."""
+    ``HookTerminated`` passes, and a ``HookTimeout`` may after this run's rows are committed or spooled).
+    ``state["recorded"]`` turns True once this run's rows are in the database.
+
+    ``ops``: this run's rows (``record_ops``), built by the caller BEFORE it arms the recording alarm: the alarm
+    is wall-clock time and under load (load average 90) it fired before the database was even opened, losing a
+    Prolog row. Until they are committed the rows are spooled whatever interrupts the recording, with SIGALRM
+    held back while the spool file is written; rows both committed and spooled are applied once (``once``).
+    """
     target = target_of(name, ctx)
     if target is None:
         return
-    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
+    if ops is None:
+        ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
+    unsaved = list(ops)
     try:
         db = _open_target(target, cfg, busy_s)
-        if ops:
-            spool.apply_ops(db, ops)
-        ops = []
+        if unsaved:
+            spool.apply_ops(db, unsaved)
+        unsaved = []
         if state is not None:
             state["recorded"] = True
         for d in spool_dirs(cfg):
@@ -227,5 +238,21 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
         log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
         log.error("%s: cannot record the hook run: %s", name, exc)
-    if ops:
-        spool_ops(cfg, target, ops)
+    finally:
+        if unsaved:
+            with _alarm_held():
+                spool_ops(cfg, target, unsaved)
+
+
+@contextlib.contextmanager
+def _alarm_held() -> Iterator[None]:
+    """Hold SIGALRM back inside the block (a pending alarm is delivered at its end)."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    except (OSError, ValueError):  # not the main thread: nothing to hold back
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -175,7 +175,8 @@ def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, start
     level = logging.INFO if ok else logging.ERROR
     log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
     if name != "task-prolog":
-        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env),
+        ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)  # before the alarm (record_run)
+        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env, ops=ops),
                  RECORD_BUDGET_S)
         result = None
     log.info("%s done in %.0f ms (bound %.0f ms, work budget %.1f s, exec %.0f ms before)", name,

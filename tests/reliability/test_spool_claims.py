@@ -94,3 +94,29 @@ def test_a_pending_entry_claimed_by_a_dead_replayer_is_recorded(tmp_path: Path) 
     assert replay_pending("ctld", db, env) == 1
     assert [r["job_id"] for r in db.query("SELECT job_id FROM jobs WHERE end_ts IS NOT NULL")] == [7]
     assert list(pend.iterdir()) == []
+
+
+def test_the_recording_alarm_firing_anywhere_loses_no_row_and_doubles_none(tmp_path: Path) -> None:
+    """The recording phase's alarm is wall-clock time: under load it fired before the database was opened and a
+    Prolog row was lost (load_submit run 8, job 178). Fire it at random moments of 300 real recordings: after one
+    replay of the spool, every run has exactly one row."""
+    import random
+
+    from slurm_coloc.config import Config
+    from slurm_coloc.hooks.record import HookTimeout, record_run
+    from slurm_coloc.hooks.runner import _bounded
+
+    cfg = Config(state_dir=str(tmp_path / "state"), run_dir=str(tmp_path / "run"))
+    rng = random.Random(7)
+    for job in range(1, 301):
+        ctx, ts = _ctx(job, "prolog_slurmd"), 1795468000.0 + job
+        ops = record_ops("prolog", ctx, True, {"n": job}, ts, 5.0)
+        try:
+            _bounded(lambda: record_run("prolog", ctx, cfg, True, {"n": job}, ts, 5.0, env={}, ops=ops),
+                     rng.uniform(0.00002, 0.004))
+        except HookTimeout:  # fired after record_run returned, before _bounded disarmed it
+            pass
+    db = open_node_db(cfg.node_db_path("n1"))
+    spool.replay(tmp_path / "run" / "spool", "node:n1", db, max_entries=1000, budget_s=60)
+    counts = dict(db.execute("SELECT job_id, count(*) FROM hook_runs GROUP BY job_id").fetchall())
+    assert [j for j in range(1, 301) if counts.get(j) != 1] == []
