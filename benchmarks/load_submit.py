@@ -134,6 +134,7 @@ def records(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
     want = set(ids)
     conn = sqlite3.connect(str(cluster.ctld_db))
     jobs = [r[0] for r in conn.execute("SELECT job_id FROM jobs WHERE end_ts IS NOT NULL")]
+    completed = {r[0] for r in conn.execute("SELECT job_id FROM jobs WHERE state = 'COMPLETED'")}
     conn.close()
     hooks: Dict[tuple, int] = {}
     for n in ("n1", "n2"):
@@ -146,7 +147,7 @@ def records(cluster: Cluster, ids: List[int]) -> Dict[str, int]:
                  if hooks.get((j, h), 0) != 1)
     if odd:  # which job ids lack a row or have two: the first place to look when a count is short
         print("hook rows not exactly once: " + " ".join(odd[:40]), file=sys.stderr)
-    return {"jobs_rows": sum(1 for j in jobs if j in want),
+    return {"jobs_rows": sum(1 for j in jobs if j in want), "jobs_completed": len(completed & want),
             "prolog_once": sum(1 for j in want if hooks.get((j, "prolog")) == 1),
             "epilog_once": sum(1 for j in want if hooks.get((j, "epilog")) == 1)}
 
@@ -212,7 +213,9 @@ def main() -> int:
     rows = [("accepted", f"{r['accepted']}/{r['n']}"), ("wall time (s)", f"{r['wall_s']:.1f}"),
             ("submissions/s", f"{r['subs_per_s']:.2f}"), ("coloc-sbatch p50 (s)", f"{r['p50_s']:.2f}"),
             ("coloc-sbatch p99 (s)", f"{r['p99_s']:.2f}"), ("jobs COMPLETED", str(r["completed"])),
-            ("jobs rows with an end", str(r["jobs_rows"])), ("exactly one Prolog row", str(r["prolog_once"])),
+            ("jobs rows with an end", str(r["jobs_rows"])),
+            ("jobs rows with state COMPLETED (every job runs `true`)", str(r["jobs_completed"])),
+            ("exactly one Prolog row", str(r["prolog_once"])),
             ("exactly one Epilog row", str(r["epilog_once"])),
             ("EpilogSlurmctld finished", str(r["epilog_slurmctld_done"])),
             ("hook runs with exactly one done line", f"{r['hook_runs_one_line']}/{r['hook_runs_expected']}"),
