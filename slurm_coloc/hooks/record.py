@@ -209,7 +209,9 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
     ``ops``: this run's rows (``record_ops``), built by the caller BEFORE it arms the recording alarm: the alarm
     is wall-clock time and under load (load average 90) it fired before the database was even opened, losing a
     Prolog row. Until they are committed the rows are spooled whatever interrupts the recording, with SIGALRM
-    held back while the spool file is written; rows both committed and spooled are applied once (``once``).
+    held back while the spool file is written; ``state["saved"]`` turns True once they are committed or spooled,
+    and the caller (``runner.record_bounded``) spools them itself otherwise. Rows both committed and spooled are
+    applied once (``once`` windows).
     """
     target = target_of(name, ctx)
     if target is None:
@@ -224,7 +226,7 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
             spool.apply_ops(db, unsaved)
         unsaved = []
         if state is not None:
-            state["recorded"] = True
+            state["recorded"] = state["saved"] = True
         for d in spool_dirs(cfg):
             n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
             if n:
@@ -242,6 +244,8 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
         if unsaved:
             with _alarm_held():
                 spool_ops(cfg, target, unsaved)
+                if state is not None:
+                    state["saved"] = True
 
 
 @contextlib.contextmanager

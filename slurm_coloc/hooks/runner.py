@@ -118,6 +118,23 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
         return None
 
 
+def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
+                   started_ts: float, duration_ms: float, state: Dict[str, Any], env: Mapping[str, str]) -> None:
+    """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its rows.
+
+    The rows are built before the alarm is armed; if the alarm cut ``record_run`` short before they were committed
+    or spooled (it can fire anywhere: under load it fired before the database was opened), they are spooled here,
+    after the alarm is disarmed. Rows both committed and spooled are applied once (``once`` windows).
+    """
+    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
+    state["saved"] = False
+    _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env, ops=ops),
+             RECORD_BUDGET_S)
+    target = target_of(name, ctx)
+    if ops and target is not None and not state.get("saved"):
+        spool_ops(cfg, target, ops)
+
+
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -126,7 +143,10 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> None:
     except HookTimeout:
         log.error("recording timed out after %g s", seconds)
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        except HookTimeout:  # fired after fn() returned, before it was disarmed: nothing left to cut short
+            pass
         signal.signal(signal.SIGALRM, old)
 
 
@@ -175,9 +195,7 @@ def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, start
     level = logging.INFO if ok else logging.ERROR
     log.log(level, "%s %s in %.0f ms: %s", name, "ok" if ok else "FAILED", duration_ms, detail)
     if name != "task-prolog":
-        ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)  # before the alarm (record_run)
-        _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env, ops=ops),
-                 RECORD_BUDGET_S)
+        record_bounded(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env)
         result = None
     log.info("%s done in %.0f ms (bound %.0f ms, work budget %.1f s, exec %.0f ms before)", name,
              (time.monotonic() - t0) * 1000, bound_s(cfg) * 1000, budget, age_ms)

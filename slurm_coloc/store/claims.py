@@ -49,12 +49,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def claim_is_stale(path: str, mtime: float, now: float) -> bool:
-    """Whether the claim at ``path`` (modified at ``mtime``) may be taken again: its replayer's pid is gone, or
-    the claim is older than ``STALE_CLAIM_S`` seconds (a pid reused meanwhile, or a claim without a pid)."""
+    """Whether the claim at ``path`` (modified at ``mtime``) may be taken again: its replayer's pid is gone or is
+    this process, or the claim is older than ``STALE_CLAIM_S`` seconds (a pid reused meanwhile, or no pid)."""
     try:
         _, pid = split_claim(os.path.basename(path))
     except ValueError:
         return False
     if now - mtime > STALE_CLAIM_S:
         return True
-    return pid is not None and pid != os.getpid() and not _pid_alive(pid)
+    # our own pid: a replay loop holds its claims only while it applies them and never lists them again, so a
+    # claim of ours seen here was left by an earlier replay this process cut short (the recording alarm)
+    return pid is not None and (pid == os.getpid() or not _pid_alive(pid))
