@@ -12,6 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from slurm_coloc.hooks import pending
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.record import record_ops, replay_pending
@@ -96,6 +98,9 @@ def test_a_pending_entry_claimed_by_a_dead_replayer_is_recorded(tmp_path: Path) 
     assert list(pend.iterdir()) == []
 
 
+# an alarm that lands in a gc callback (hypothesis installs one in this process) is reported and dropped by Python:
+# that recording simply runs on unbounded, which the assertion below covers as well
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_recording_alarm_firing_anywhere_loses_no_row_and_doubles_none(tmp_path: Path) -> None:
     """The recording phase's alarm is wall-clock time: under load it fired before the database was opened and a
     Prolog row was lost (load_submit run 8, job 178). Fire it at random moments of 300 real recordings: after one
