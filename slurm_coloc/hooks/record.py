@@ -220,6 +220,7 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
         ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
     unsaved = list(ops)
+    db = None
     try:
         db = _open_target(target, cfg, busy_s)
         if unsaved:
@@ -241,8 +242,13 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
         log.error("%s: cannot record the hook run: %s", name, exc)
     finally:
-        if unsaved:
-            with _alarm_held():
+        with _alarm_held():
+            if db is not None:  # also rolls back a transaction the alarm left open, releasing its write lock
+                try:
+                    db.conn.close()
+                except Exception:  # noqa: BLE001 - closing must not stop the spooling below
+                    pass
+            if unsaved:
                 spool_ops(cfg, target, unsaved)
                 if state is not None:
                     state["saved"] = True

@@ -137,17 +137,17 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
     old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         fn()
     except HookTimeout:
         log.error("recording timed out after %g s", seconds)
     finally:
         try:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        except HookTimeout:  # fired after fn() returned, before it was disarmed: nothing left to cut short
-            pass
-        signal.signal(signal.SIGALRM, old)
+            signal.signal(signal.SIGALRM, old)
+        except HookTimeout:  # the one alarm, delivered after fn() returned (Python runs handlers between
+            signal.signal(signal.SIGALRM, old)  # bytecodes): nothing left to cut short
 
 
 def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
