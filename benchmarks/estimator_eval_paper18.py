@@ -84,6 +84,13 @@ def _add_all(add: AddFn, ds: str, actual: Sequence[float], figs: List[Dict[str, 
         add(ds, name, actual, [f[key] for f in figs])
 
 
+def _measured(hopper_dir: str) -> Dict[tuple, Dict[str, str]]:
+    """The H100 re-measurement (``paper18_runs.csv``), ok rows keyed by (model, kwargs JSON, batch size)."""
+    with open(os.path.join(hopper_dir, "paper18_runs.csv"), newline="") as fh:
+        return {(r["model"], r["kwargs_json"], int(r["batch_size"])): r for r in csv.DictReader(fh)
+                if r["status"] == "ok" and r["family"] == "paper18"}
+
+
 def add_paper18(add: AddFn, gdir: str, hopper_dir: str) -> None:
     """Append the rows of both data sets through ``add(data_set, estimator, actual, estimates)``."""
     cfgs = paper18()
@@ -98,9 +105,7 @@ def add_paper18(add: AddFn, gdir: str, hopper_dir: str) -> None:
             print(f"note: {runs} missing: data set '{PAPER_H100}' skipped "
                   "(benchmarks/estimator_hopper_gen.py --set paper18 on the H100 writes it)")
             return
-        with open(runs, newline="") as fh:
-            meas = {(r["model"], r["kwargs_json"], int(r["batch_size"])): r for r in csv.DictReader(fh)
-                    if r["status"] == "ok" and r["family"] == "paper18"}
+        meas = _measured(hopper_dir)
         act: List[float] = []
         figs: List[Dict[str, Optional[float]]] = []
         oracle: List[Optional[float]] = []
@@ -121,8 +126,7 @@ def per_row_markdown(gdir: str, hopper_dir: str) -> str:
     cfgs = paper18()
     with open(os.path.join(gdir, "paper_results_actual_vs_estimators.csv"), newline="") as fh:
         prow = list(csv.reader(fh))[1:]
-    with open(os.path.join(hopper_dir, "paper18_runs.csv"), newline="") as fh:
-        meas = {(r["model"], r["kwargs_json"], int(r["batch_size"])): r for r in csv.DictReader(fh)}
+    meas = _measured(hopper_dir)
     lines = ["| model | batch | A100 actual (paper) | ours, A100 | H100 measured | ours H100 analytic "
              "| ours H100 shipped | learned mean |", "|---|---|---|---|---|---|---|---|"]
     name = ""

@@ -62,12 +62,12 @@ def row(name: str, rows: Sequence[Dict[str, Any]], cal: Dict[str, Any], cfg: Con
 def pick(rows: Sequence[Dict[str, Any]], cal: Dict[str, Any], cfg: Config, n: int) -> List[Dict[str, Any]]:
     """The ``n`` rows with the highest measured peak / fence ratio, as fence_check.py configs, plus one negative
     control (the first row again, fenced at 1 GiB: it must OOM, showing the fence is in force)."""
-    scored = sorted(((r["actual_mib"] / fence_mib(margins._bound(cal, r, train.H100_CONTEXT_MIB), cfg), r)
-                     for r in rows), key=lambda t: -t[0])[:n]
+    fenced = [(fence_mib(margins._bound(cal, r, train.H100_CONTEXT_MIB), cfg), r) for r in rows]
+    scored = sorted(fenced, key=lambda t: -t[1]["actual_mib"] / t[0])[:n]
     with open(os.path.join(train.HOPPER_DIR, "hopper_runs.csv"), newline="") as fh:
         runs = {r["config_id"]: r for r in csv.DictReader(fh)}
     out = []
-    for _, r in scored:
+    for fence, r in scored:
         src = runs[r["config_id"]]
         group = {"family": src["family"], "model": src["model"], "kwargs": json.loads(src["kwargs_json"]),
                  "shape": [int(d) for d in src["input_shape"].split(",")], "input_dtype": src["input_dtype"],
@@ -75,7 +75,7 @@ def pick(rows: Sequence[Dict[str, Any]], cal: Dict[str, Any], cfg: Config, n: in
         out.append({"config_id": r["config_id"], "family": src["family"], "model": src["model"],
                     "batch_size": int(src["batch_size"]), "precision": src["precision"],
                     "unfenced_nvml_mib": r["actual_mib"],
-                    "fence_mib": fence_mib(margins._bound(cal, r, train.H100_CONTEXT_MIB), cfg), "group": group})
+                    "fence_mib": fence, "group": group})
     if out:  # negative control: the tightest row fenced at 1 GiB, below its allocated peak + context: must OOM
         out.append(dict(out[0], fence_mib=1024, control=True))
     return out
@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--pick", type=int, default=0, help="write the N tightest-fenced rows to --out and exit")
     ap.add_argument("--out", default="", help="JSON file for --pick")
     args = ap.parse_args()
+    if args.pick and not args.out:
+        ap.error("--pick needs --out FILE (the JSON for benchmarks/device/fence_check.py)")
     cal, cfg = load_calibration(), Config()
     hopper = train.load_hopper()
     if args.pick:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
@@ -198,36 +199,23 @@ def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float
     return done
 
 
-def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
-               started_ts: float, duration_ms: float, state: Optional[Dict[str, Any]] = None,
-               env: Optional[Mapping[str, str]] = None, ops: Optional[List[Dict[str, Any]]] = None) -> None:
-    """Write this run's records and replay pending ones (spool entries and pending environments of runs that
-    could not record, hooks/pending.py); spool them when the database is unusable. Never raises (but
-    ``HookTerminated`` passes, and a ``HookTimeout`` may after this run's rows are committed or spooled).
-    ``state["recorded"]`` turns True once this run's rows are in the database.
+def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],
+               state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
+    """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay pending ones (spool
+    entries and pending environments of runs that could not record, hooks/pending.py). Never raises (but
+    ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
 
-    ``ops``: this run's rows (``record_ops``), built by the caller BEFORE it arms the recording alarm: the alarm
-    is wall-clock time and under load (load average 90) it fired before the database was even opened, losing a
-    Prolog row. Until they are committed the rows are spooled whatever interrupts the recording, with SIGALRM
-    held back while the spool file is written; ``state["saved"]`` turns True once they are committed or spooled,
-    and the caller (``runner.record_bounded``) spools them itself otherwise. Rows both committed and spooled are
-    applied once (``once`` windows).
+    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``) spools
+    them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also rolls
+    back a transaction the alarm left open (its write lock would block the next opener).
     """
-    target = target_of(name, ctx)
-    if target is None:
-        return
-    if ops is None:
-        ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
-    unsaved = list(ops)
     db = None
     try:
         db = _open_target(target, cfg, busy_s)
-        if unsaved:
-            spool.apply_ops(db, unsaved)
-        unsaved = []
-        if state is not None:
-            state["recorded"] = state["saved"] = True
+        if ops:
+            spool.apply_ops(db, ops)
+        state["recorded"] = True
         for d in spool_dirs(cfg):
             n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
             if n:
@@ -242,16 +230,9 @@ def record_run(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, de
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
         log.error("%s: cannot record the hook run: %s", name, exc)
     finally:
-        with _alarm_held():
-            if db is not None:  # also rolls back a transaction the alarm left open, releasing its write lock
-                try:
-                    db.conn.close()
-                except Exception:  # noqa: BLE001 - closing must not stop the spooling below
-                    pass
-            if unsaved:
-                spool_ops(cfg, target, unsaved)
-                if state is not None:
-                    state["saved"] = True
+        if db is not None:
+            with _alarm_held(), contextlib.suppress(sqlite3.Error):
+                db.conn.close()
 
 
 @contextlib.contextmanager

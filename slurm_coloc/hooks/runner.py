@@ -112,9 +112,7 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
         _setup_logging(fallback, ctx.job_id, create_dir=False)
         log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name, exc.one_line())
         if fallback.state_dir != config_mod.Config().state_dir or os.path.isdir(fallback.state_dir):
-            _bounded(lambda: record_run(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0,
-                                        env=env),
-                     RECORD_BUDGET_S)
+            record_bounded(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0, {}, env)
         return None
 
 
@@ -122,16 +120,17 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
                    started_ts: float, duration_ms: float, state: Dict[str, Any], env: Mapping[str, str]) -> None:
     """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its rows.
 
-    The rows are built before the alarm is armed; if the alarm cut ``record_run`` short before they were committed
-    or spooled (it can fire anywhere: under load it fired before the database was opened), they are spooled here,
-    after the alarm is disarmed. Rows both committed and spooled are applied once (``once`` windows).
+    The rows are built before the alarm is armed and, unless ``record_run`` committed them (``state["recorded"]``),
+    spooled after it is disarmed: the alarm can fire anywhere (under load it fired before the database was even
+    opened, losing a Prolog row). Rows both committed and spooled are applied once (``once`` windows).
     """
-    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
-    state["saved"] = False
-    _bounded(lambda: record_run(name, ctx, cfg, ok, detail, started_ts, duration_ms, state, env, ops=ops),
-             RECORD_BUDGET_S)
     target = target_of(name, ctx)
-    if ops and target is not None and not state.get("saved"):
+    if target is None:
+        return
+    ops = record_ops(name, ctx, ok, detail, started_ts, duration_ms)
+    state["recorded"] = False
+    _bounded(lambda: record_run(name, target, cfg, ops, state, env), RECORD_BUDGET_S)
+    if ops and not state["recorded"]:
         spool_ops(cfg, target, ops)
 
 
