@@ -50,7 +50,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--child-timeout-s", type=float, default=120.0)
     args = ap.parse_args()
-    cfgs = json.load(open(args.configs))
+    try:
+        with open(args.configs) as fh:
+            cfgs = json.load(fh)
+        if not isinstance(cfgs, list) or not all(isinstance(c, dict) and {"group", "batch_size", "fence_mib"}
+                                                 <= set(c) for c in cfgs):
+            raise ValueError("expected a list of configs with group, batch_size, fence_mib")
+    except (OSError, ValueError) as exc:
+        ap.error(f"{args.configs}: not a config list from estimator_fence.py --pick ({exc})")
     import torch  # noqa: F401  imported before fork so children start fast
     import torchvision.models  # noqa: F401
 
