@@ -25,6 +25,12 @@ XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (
     PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py --set paper18 \
         --out $OUT/paper18_runs.csv --have data/hopper/paper18_runs.csv --budget-s 500
 
+``--set unseen`` runs 30 real models whose architectures no Hopper family and no paper18 config
+holds (``UNSEEN``: torchvision MaxViT, ResNet-152, DenseNet-201, VGG-19-BN, ConvNeXt-Base,
+RegNetY-3.2GF, Inception-v3, Swin-S, ViT-L/16, EfficientNet-B4/V2-M, ... and Hugging Face Llama,
+Mistral, Qwen2, GPT-NeoX, RoBERTa, DistilBERT, ALBERT, T5, ELECTRA, GPT-2, BERT built from config
+by ``examples/hf_models.py``), one fresh child each, family ``unseen``, group ids 910000+.
+
 (This is a script, not package code: the package's one NVML gateway is slurm_coloc/nvml.)
 """
 from __future__ import annotations
@@ -132,6 +138,51 @@ def make_groups(seed: int, n: int) -> List[Dict[str, Any]]:
 PAPER18_GROUP0 = 900000  # paper18 group ids; the random set's are < --groups (6000)
 
 
+UNSEEN_GROUP0 = 910000
+_TV = "torchvision.models:"
+_HF = "examples.hf_models:"
+# (model, kwargs, per-sample shape, input dtype, batch size, optimizer, precision)
+UNSEEN: List[tuple] = [
+    (_TV + "maxvit_t", {}, [3, 224, 224], "float32", 32, "adamw", "fp32"),
+    (_TV + "maxvit_t", {}, [3, 224, 224], "float32", 64, "adamw", "amp-fp16"),
+    (_TV + "resnet152", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "fp32"),
+    (_TV + "resnet152", {}, [3, 224, 224], "float32", 128, "sgd-momentum", "bf16"),
+    (_TV + "densenet201", {}, [3, 224, 224], "float32", 64, "adam", "fp32"),
+    (_TV + "vgg19_bn", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "fp32"),
+    (_TV + "vgg19_bn", {}, [3, 224, 224], "float32", 128, "sgd-momentum", "amp-fp16"),
+    (_TV + "convnext_base", {}, [3, 224, 224], "float32", 32, "adamw", "bf16"),
+    (_TV + "convnext_base", {}, [3, 224, 224], "float32", 64, "adamw", "fp32"),
+    (_TV + "regnet_y_3_2gf", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "fp32"),
+    (_TV + "shufflenet_v2_x2_0", {}, [3, 224, 224], "float32", 256, "sgd", "amp-fp16"),
+    (_TV + "inception_v3", {"aux_logits": False, "init_weights": False}, [3, 299, 299], "float32", 64, "adam", "amp-fp16"),
+    (_TV + "swin_s", {}, [3, 224, 224], "float32", 32, "adamw", "fp32"),
+    (_TV + "vit_l_16", {}, [3, 224, 224], "float32", 16, "adamw", "bf16"),
+    (_TV + "efficientnet_b4", {}, [3, 224, 224], "float32", 64, "adam", "fp32"),
+    (_TV + "efficientnet_v2_m", {}, [3, 224, 224], "float32", 32, "adam", "amp-fp16"),
+    (_TV + "mnasnet1_3", {}, [3, 224, 224], "float32", 128, "sgd-momentum", "fp32"),
+    (_TV + "resnet18", {"num_classes": 10}, [3, 32, 32], "float32", 512, "sgd-momentum", "fp32"),
+    (_TV + "wide_resnet101_2", {}, [3, 224, 224], "float32", 32, "sgd-momentum", "amp-fp16"),
+    (_HF + "llama", {}, [512], "int64", 16, "adamw", "bf16"),
+    (_HF + "mistral", {}, [1024], "int64", 8, "adamw", "fp32"),
+    (_HF + "qwen2", {}, [256], "int64", 16, "adamw", "amp-fp16"),
+    (_HF + "gpt_neox", {}, [512], "int64", 16, "adamw", "fp32"),
+    (_HF + "roberta", {}, [256], "int64", 32, "adamw", "fp32"),
+    (_HF + "distilbert", {}, [512], "int64", 32, "adamw", "amp-fp16"),
+    (_HF + "albert", {}, [512], "int64", 16, "adamw", "fp32"),
+    (_HF + "t5_encoder", {}, [512], "int64", 32, "adamw", "bf16"),
+    (_HF + "electra", {}, [512], "int64", 32, "adamw", "fp32"),
+    (_HF + "gpt2", {}, [1024], "int64", 8, "adamw", "amp-fp16"),
+    (_HF + "bert", {}, [128], "int64", 64, "adamw", "fp32"),
+]
+
+
+def unseen_groups() -> List[Dict[str, Any]]:
+    """``UNSEEN`` as groups (one fresh child each, ids ``UNSEEN_GROUP0 + i``)."""
+    return [{"group": UNSEEN_GROUP0 + i, "family": "unseen", "model": m, "kwargs": kw, "shape": shape,
+             "input_dtype": idt, "optimizer": opt, "precision": prec, "batch_sizes": [bs]}
+            for i, (m, kw, shape, idt, bs, opt, prec) in enumerate(UNSEEN)]
+
+
 def paper18_groups() -> List[Dict[str, Any]]:
     """The GPUMemNet paper's 18 real (model, batch size) configs (slurm_coloc.estimate.zoo_paper),
     one group (one fresh child, ``seq_in_process`` 0) each, ids ``PAPER18_GROUP0 + i``."""
@@ -174,7 +225,8 @@ def _child(g: Dict[str, Any], conn: Any) -> None:
                 opt = torch.optim.AdamW(params, lr=1e-3)
             shape = (bs, *g["shape"])
             if g["input_dtype"] == "int64":
-                x = torch.randint(0, g["kwargs"]["vocab_size"], shape, device=dev)
+                vocab = g["kwargs"].get("vocab_size") or g["kwargs"].get("vocab") or 1000
+                x = torch.randint(0, vocab, shape, device=dev)
             else:
                 x = torch.randn(shape, device=dev)
             amp = g["precision"] != "fp32"
@@ -188,6 +240,8 @@ def _child(g: Dict[str, Any], conn: Any) -> None:
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast("cuda", dtype=dt, enabled=amp):
                     out = model(x)
+                    if hasattr(out, "logits"):  # Hugging Face ModelOutput
+                        out = out.logits
                     if isinstance(out, (tuple, list)):
                         out = out[0]
                     logits = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
@@ -237,18 +291,19 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--child-timeout-s", type=float, default=None,
                     help="seconds a child may take per row (default 90; 240 for --set paper18)")
-    ap.add_argument("--set", choices=["random", "paper18"], default="random",
-                    help="random: the seeded groups; paper18: the GPUMemNet paper's 18 real models")
+    ap.add_argument("--set", choices=["random", "paper18", "unseen"], default="random",
+                    help="random: the seeded groups; paper18: the GPUMemNet paper's 18 real models; "
+                         "unseen: 30 real models of architectures in no other set")
     args = ap.parse_args()
     if args.child_timeout_s is None:
-        args.child_timeout_s = 240.0 if args.set == "paper18" else 90.0
+        args.child_timeout_s = 90.0 if args.set == "random" else 240.0
     start = time.time()
     import pynvml
     import torch
     import torchvision.models  # noqa: F401  imported before fork so children start fast
 
     import slurm_coloc.estimate.zoo  # noqa: F401
-    if args.set == "paper18":
+    if args.set in ("paper18", "unseen"):
         # the BERT/GPT-2/XLNet builders' classes, imported before fork like torchvision's
         from transformers import BertForMaskedLM, GPT2LMHeadModel, XLNetForSequenceClassification  # noqa: F401
 
@@ -271,7 +326,7 @@ def main() -> int:
         w.writeheader()
     ctx = mp.get_context("fork")
     n_rows = n_groups = 0
-    todo = paper18_groups() if args.set == "paper18" else make_groups(args.seed, args.groups)
+    todo = {"paper18": paper18_groups, "unseen": unseen_groups}.get(args.set, lambda: make_groups(args.seed, args.groups))()
     for g in todo:
         if g["group"] in done:
             continue

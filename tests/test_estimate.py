@@ -127,6 +127,27 @@ def _cal_rows() -> list:
     return rows
 
 
+def test_per_precision_form_gives_amp_jobs_their_own_multiplier() -> None:
+    from slurm_coloc.estimate import margins
+    from slurm_coloc.estimate.combine import calibrated_bound
+
+    rows = []
+    for i in range(60):  # fp32 traces need x1.05, AMP traces x1.30
+        r = 200.0 + 40.0 * i
+        for prec, ratio in (("fp32", 1.05), ("bf16", 1.30)):
+            rows.append({"family": "a", "sim_reserved_mib": r, "actual_mib": 760.0 + r * ratio,
+                         "nonalloc_mib": 760.0, "precision": prec, "depthwise_max_hw": 0})
+    libs = margins.libs_of(rows, 612.0)
+    per = margins.fit_form("per-precision-jit", rows, libs, 612.0, 0.01)
+    one = margins.fit_form("per-component-jit", rows, libs, 612.0, 0.01)
+    assert per["analytic_mult"] < 1.1 and per["amp_mult"] >= 1.3 and one["analytic_mult"] >= 1.3
+    assert margins.evaluate(per, rows, 612.0)["under"] <= 0.01
+    assert margins.evaluate(per, rows, 612.0)["median_over"] < margins.evaluate(one, rows, 612.0)["median_over"]
+    fp32 = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="fp32")
+    amp = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="amp-fp16")
+    assert amp - fp32 == pytest.approx(1000 * (per["amp_mult"] - per["analytic_mult"]))
+
+
 def test_calibrate_picks_form_meeting_underestimate_target() -> None:
     from slurm_coloc.estimate import margins
 
@@ -136,7 +157,8 @@ def test_calibrate_picks_form_meeting_underestimate_target() -> None:
     assert {t["cal"]["form"] for t in table} == set(margins.FORMS)
     assert margins.evaluate(cal, rows, 612.0)["under"] <= 0.01
     assert all(t["under"] <= 0.01 for t in table)
-    assert cal["form"] == "per-component-jit" and cal["jit_mib"] >= 390  # the jit rows no longer force the pad
+    # the jit rows no longer force the pad (per-precision-jit may win: the jit rows are AMP)
+    assert cal["form"] in ("per-component-jit", "per-precision-jit") and cal["jit_mib"] >= 390
     assert cal == margins.choose_form(rows, libs, 612.0, 0.01)[0]  # deterministic
     cv = margins.leave_one_family_out(rows, cal["form"], 612.0, 0.01)
     assert cv["pooled"]["rows"] == len(rows) and set(cv["per_family"]) == {"a", "b", "c"}

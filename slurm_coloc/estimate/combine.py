@@ -86,17 +86,21 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
     - ``"per-component"``: ``context + libs + add + R * mult``;
     - ``"per-component-sqrt"``: the same ``+ sqrt_k * sqrt(R)``;
     - ``"per-component-jit"``: the same ``+ jit_mib`` when ``precision == "amp-fp16"`` and
-      ``depthwise_max_hw > jit_min_hw`` (extra cuDNN kernel memory, docs/estimator.md).
+      ``depthwise_max_hw > jit_min_hw`` (extra cuDNN kernel memory, docs/estimator.md);
+    - ``"per-precision-jit"``: ``per-component-jit`` with ``amp_mult`` instead of ``analytic_mult``
+      for ``amp-fp16`` and ``bf16`` jobs.
     """
     mult, add = float(cal["analytic_mult"]), float(cal["analytic_add_mib"])
     form = cal.get("form", "scalar")
     if form == "scalar":
         return analytic_mib * mult + add
+    if form == "per-precision-jit" and precision in ("amp-fp16", "bf16"):
+        mult = float(cal["amp_mult"])
     reserved = max(0.0, analytic_mib - context_mib - libs_mib)
     out = context_mib + libs_mib + add + reserved * mult
     if form == "per-component-sqrt":
         out += float(cal.get("sqrt_k", 0.0)) * math.sqrt(reserved)
-    elif form == "per-component-jit":
+    elif form in ("per-component-jit", "per-precision-jit"):
         jit = float(cal.get("jit_mib", 0.0))
         if jit > 0 and precision == "amp-fp16" and int(depthwise_max_hw) > int(cal.get("jit_min_hw", 0)):
             out += jit
@@ -105,18 +109,26 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
     return out
 
 
-def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
-    """Trace ``spec`` and give the calibrated analytic bound (no history, no cache).
+def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[str] = ()) -> Estimate:
+    """Trace ``spec`` (with each convolution's cuDNN workspace, ``workspace.py``) and give the
+    calibrated analytic bound (no history, no cache).
+
+    Args:
+        spec: the training job.
+        gpu_name: a GPU model ``gpus.gpu_model`` knows.
+        workspace_exclude: table sources to leave out (evaluations of unseen models only).
 
     Raises:
-        EstimateError: unknown GPU or an untraceable model.
+        EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
     """
+    from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
     from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
 
     gpu = gpu_model(gpu_name)
-    trace = trace_spec(spec)
+    ws_model = workspace.load(workspace_exclude)
+    trace = trace_spec(spec, workspace=ws_model.bytes_for if ws_model is not None else None)
     cal = load_calibration()
     if "libs_mib" in cal:  # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
         gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
@@ -125,6 +137,7 @@ def traced_estimate(spec: ModelSpec, gpu_name: str) -> Estimate:
     ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=spec.precision,
                                  depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
     detail["bound_form"] = str(cal.get("form", "scalar"))
+    detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
     detail["analytic_bound_mib"] = round(ana_bound, 1)
     learned = _learned(spec, trace, gpu.name)
     if learned is not None:

@@ -22,6 +22,13 @@ inputs, where cuDNN loads extra kernel code). The candidate forms (``FORMS``) mo
     ``jit`` = largest excess non-allocator memory among such rows of the fitting set;
     ``jit_min_hw`` = the largest such input size seen WITHOUT the excess (sizes beyond what is
     known to be safe are padded). With no such rows in the fitting set, ``jit`` = 0.
+``per-precision-jit``
+    ``per-component-jit`` with one multiplier for fp32 jobs (``analytic_mult``) and one for
+    mixed-precision jobs (``amp_mult``, AMP fp16 and bf16), each the smallest leaving at most
+    ``target`` of its own rows underestimated. The two traces differ: fp32 runs on the meta
+    device, AMP on fake CPU tensors under CPU autocast, whose casts and caches are not CUDA's
+    (validation fp32 rows need x1.16 at their 99th percentile, AMP rows x1.25 and more; with the
+    cuDNN workspaces replayed, 2026-11-24).
 
 Margins are fitted on one row set (validation families in ``train.py``): for each grid value
 of the additive terms the multiplier is the smallest (to 0.005) that leaves at most ``target``
@@ -36,7 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.estimate.combine import calibrated_bound
 
-FORMS = ("scalar", "per-component", "per-component-sqrt", "per-component-jit")
+FORMS = ("scalar", "per-component", "per-component-sqrt", "per-component-jit", "per-precision-jit")
+AMP_PRECISIONS = ("amp-fp16", "bf16")
 ADD_GRID = (0.0, 16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0)
 SQRT_GRID = (0.0, 2.0, 4.0, 8.0, 16.0)
 BASELINE_NONALLOC_Q = 0.5  # "normal" non-allocator memory: the median of the fitting rows
@@ -90,7 +98,7 @@ def fit_form(form: str, rows: Sequence[Dict[str, Any]], libs: float, context: fl
     if form not in FORMS:
         raise ValueError(f"unknown bound form {form!r}")
     base: Dict[str, Any] = {"form": form, "libs_mib": round(libs, 1)}
-    if form == "per-component-jit":
+    if form in ("per-component-jit", "per-precision-jit"):
         nonalloc = statistics.median(r["nonalloc_mib"] for r in rows) if rows else context + libs
         base["jit_mib"], base["jit_min_hw"] = jit_terms(rows, nonalloc)
     best: Optional[Tuple[float, Dict[str, Any]]] = None
@@ -104,6 +112,16 @@ def fit_form(form: str, rows: Sequence[Dict[str, Any]], libs: float, context: fl
                 ratios = sorted((r["actual_mib"] - add) / a for r, a in zip(rows, ana))
                 i = min(len(ratios) - 1, int(math.floor(len(ratios) * (1 - target))))
                 cal["analytic_mult"] = max(1.0, math.ceil(ratios[i] * 200 - 1e-9) / 200)
+            elif form == "per-precision-jit":  # one multiplier per precision class, each fitted alone
+                groups = ([r for r in rows if r.get("precision") not in AMP_PRECISIONS],
+                          [r for r in rows if r.get("precision") in AMP_PRECISIONS])
+                mults = []
+                for g in groups:
+                    fixed = [_bound(dict(cal, analytic_mult=0.0, amp_mult=0.0), r, context) for r in g]
+                    mults.append(_smallest_mult(g, fixed, target) if g else None)
+                known = [m for m in mults if m is not None] or [1.0]
+                cal["analytic_mult"] = mults[0] if mults[0] is not None else max(known)
+                cal["amp_mult"] = mults[1] if mults[1] is not None else max(known)
             else:  # everything but R*mult is fixed for a row: bound with mult 0 minus nothing
                 fixed = [_bound(dict(cal, analytic_mult=0.0), r, context) for r in rows]
                 cal["analytic_mult"] = _smallest_mult(rows, fixed, target)

@@ -16,10 +16,11 @@ import contextlib
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.allocator import CachingAllocatorModel
+from slurm_coloc.estimate.convcall import ConvCall, from_aten, workspace_parts
 from slurm_coloc.estimate.datadep import ScalarAssumptions, has_no_data, pick_output
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
 from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
@@ -59,6 +60,9 @@ class TraceResult:
             (``groups == in_channels > 1``), 0 without one (see ``combine.CUDNN_DW_FP16_MIB``).
         assumed_values: value reads (``.item()``, ``bool()``) answered by assumption, by kind
             (``datadep.py``); empty when the trace needed no values.
+        conv_calls: every convolution call of the traced steps, in order (``convcall.py``).
+        conv_workspace_max_b: the largest cuDNN workspace replayed for one call (0 without a
+            workspace model, ``workspace.py``).
     """
 
     peak_allocated_b: int
@@ -72,13 +76,20 @@ class TraceResult:
     ops: int = 0
     depthwise_max_hw: int = 0
     assumed_values: Dict[str, int] = field(default_factory=dict)
+    conv_calls: List[ConvCall] = field(default_factory=list)
+    conv_workspace_max_b: int = 0
 
 
-def _make_tracker(torch: Any) -> Any:
+WorkspaceFn = Callable[[ConvCall], int]
+
+
+def _make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     _scalar_read = torch.ops.aten._local_scalar_dense.default
+    _conv = torch.ops.aten.convolution.default
+    _conv_bwd = torch.ops.aten.convolution_backward.default
 
     class _Tracker(TorchDispatchMode):
         def __init__(self) -> None:
@@ -88,6 +99,8 @@ def _make_tracker(torch: Any) -> Any:
             self.ops = 0
             self.cublas = False
             self.scalars = ScalarAssumptions()
+            self.conv_calls: List[ConvCall] = []
+            self.ws_max_b = 0
 
         def _free(self, key: int) -> None:
             self.scalars.forget(key)
@@ -121,6 +134,17 @@ def _make_tracker(torch: Any) -> Any:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.track(t)
+            if func is _conv or func is _conv_bwd:
+                # cuDNN takes its workspace from the caching allocator after the outputs exist
+                # and gives it back when the call ends (Conv_v8.cpp): a transient block.
+                call = from_aten(func is _conv_bwd, args)
+                self.conv_calls.append(call)
+                if workspace is not None:
+                    for part in workspace_parts(call):
+                        ws = int(workspace(part))
+                        if ws > 0:
+                            self.ws_max_b = max(self.ws_max_b, ws)
+                            self.alloc.free(self.alloc.malloc(ws))
             return out
 
     return _Tracker()
@@ -230,8 +254,13 @@ def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
     return model
 
 
-def trace_spec(spec: ModelSpec) -> TraceResult:
+def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
+
+    Args:
+        spec: the training job.
+        workspace: bytes of cuDNN workspace a convolution call takes on the target GPU
+            (``workspace.WorkspaceModel.bytes_for``); None replays no workspace.
 
     Returns:
         TraceResult with the replayed allocator's peaks and the model's features.
@@ -246,20 +275,20 @@ def trace_spec(spec: ModelSpec) -> TraceResult:
         # serve, trace again without them (the same trace, only slower).
         try:
             with deferred_imports():
-                return _trace(spec)
+                return _trace(spec, workspace)
         except Exception as exc:  # noqa: BLE001 - unless plainly the model's own error,
             if not may_need_real_dynamo(exc):  # the plain trace below decides
                 raise
-    return _trace(spec)
+    return _trace(spec, workspace)
 
 
-def _trace(spec: ModelSpec) -> TraceResult:
+def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceResult:
     """The body of :func:`trace_spec` (one trace, with whatever ``torch._dynamo`` is in place)."""
     fn = load_callable(spec)
     import torch
 
     amp = spec.precision != "fp32"
-    tracker = _make_tracker(torch)
+    tracker = _make_tracker(torch, workspace)
     if amp:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -347,4 +376,6 @@ def _trace(spec: ModelSpec) -> TraceResult:
         ops=tracker.ops,
         depthwise_max_hw=dw_hw[0],
         assumed_values=dict(tracker.scalars.counts),
+        conv_calls=list(tracker.conv_calls),
+        conv_workspace_max_b=int(tracker.ws_max_b),
     )

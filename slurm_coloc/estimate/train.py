@@ -33,6 +33,14 @@ N_MEMBERS = 5
 TARGET_UNDER = 0.01  # margins chosen so at most 1% of validation rows are underestimated
 
 
+def sim_b(trace_row: Dict[str, str], what: str) -> int:
+    """The replayed peak (``what``: ``reserved`` or ``allocated``, bytes) of a traces-CSV row: with the
+    cuDNN workspaces (``sim_peak_<what>_ws_b``, written by ``benchmarks/estimator_retrace_ws.py``,
+    leave-own-family-out) when the row has them, else without."""
+    ws = trace_row.get(f"sim_peak_{what}_ws_b") or ""
+    return int(ws) if ws else int(trace_row[f"sim_peak_{what}_b"])
+
+
 def load_hopper(hopper_dir: str = HOPPER_DIR) -> List[Dict[str, Any]]:
     """Joined Hopper rows (measured + traced) with features; rows whose trace failed are dropped."""
     with open(os.path.join(hopper_dir, "hopper_traces.csv"), newline="") as fh:
@@ -48,8 +56,9 @@ def load_hopper(hopper_dir: str = HOPPER_DIR) -> List[Dict[str, Any]]:
             out.append({
                 "config_id": r["config_id"], "family": r["family"], "actual_mib": float(r["nvml_mib"]),
                 "torch_reserved_mib": float(r["torch_max_reserved_mib"]),
-                "sim_reserved_mib": int(t["sim_peak_reserved_b"]) / 2**20,
-                "sim_allocated_mib": int(t["sim_peak_allocated_b"]) / 2**20,
+                "sim_reserved_mib": sim_b(t, "reserved") / 2**20,
+                "sim_allocated_mib": sim_b(t, "allocated") / 2**20,
+                "sim_reserved_nows_mib": int(t["sim_peak_reserved_b"]) / 2**20,
                 "torch_allocated_mib": float(r["torch_max_allocated_mib"]),
                 "nonalloc_mib": float(r["nvml_mib"]) - float(r["torch_reserved_end_mib"]),
                 "precision": r["precision"], "depthwise_max_hw": int(t.get("depthwise_max_hw") or 0),

@@ -1,0 +1,148 @@
+"""Convolution calls as the trace sees them, named by one string key (pure, no torch).
+
+A training step's convolutions reach the dispatcher as ``aten.convolution`` (forward) and
+``aten.convolution_backward`` (grad input and/or grad weight). On a GPU each of them may take a
+cuDNN *workspace* through PyTorch's caching allocator for the length of the call (the algorithm
+PyTorch's heuristics pick needs it; ``aten/src/ATen/native/cudnn/Conv_v8.cpp``). Its size depends
+on the call's shapes, dtype and the GPU, so it is measured on the GPU per call
+(``benchmarks/device/conv_workspace.py``) and looked up by this key (``workspace.py``).
+
+Key: ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``
+with ``dir`` ``f`` (forward) or ``b`` (backward), shapes as comma-joined ints, ``mask`` the
+backward's output mask as three 0/1 digits (``-`` for forward). Example (ResNet-50's stem,
+batch 32, fp32): ``f|float32|32,3,224,224|64,3,7,7|2,2|3,3|1,1|0|0,0|1|-``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Sequence, Tuple
+
+from slurm_coloc.errors import EstimateError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _ints(v: Any) -> Tuple[int, ...]:
+    return tuple(int(x) for x in v)
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """One convolution call (shapes in elements, NC... layout as PyTorch passes them).
+
+    Attributes:
+        backward: False for ``aten.convolution``, True for ``aten.convolution_backward``.
+        dtype: ``float32``, ``float16`` or ``bfloat16`` (the input's dtype).
+        input: input shape ``(N, C_in, *spatial)``.
+        weight: weight shape ``(C_out, C_in/groups, *kernel)`` (transposed: ``(C_in, C_out/groups, ...)``).
+        stride, padding, dilation, output_padding: per spatial dim.
+        transposed: a transposed convolution.
+        groups: channel groups (``== C_in`` for depthwise).
+        mask: backward's output mask ``(grad_input, grad_weight, grad_bias)``; ``()`` forward.
+    """
+
+    backward: bool
+    dtype: str
+    input: Tuple[int, ...]
+    weight: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    padding: Tuple[int, ...]
+    dilation: Tuple[int, ...]
+    transposed: bool
+    output_padding: Tuple[int, ...]
+    groups: int
+    mask: Tuple[bool, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The call's table key (module docstring)."""
+        j = lambda t: ",".join(str(int(x)) for x in t)  # noqa: E731
+        mask = "".join("1" if m else "0" for m in self.mask) if self.backward else "-"
+        return "|".join(["b" if self.backward else "f", self.dtype, j(self.input), j(self.weight),
+                         j(self.stride), j(self.padding), j(self.dilation), str(int(self.transposed)),
+                         j(self.output_padding), str(int(self.groups)), mask])
+
+    @property
+    def geometry_key(self) -> str:
+        """The key without the batch size: the same layer at any batch size."""
+        parts = self.key.split("|")
+        parts[2] = ",".join(parts[2].split(",")[1:])
+        return "|".join(parts)
+
+    @property
+    def batch(self) -> int:
+        """N, the batch dimension of the input."""
+        return int(self.input[0]) if self.input else 1
+
+    def with_batch(self, n: int) -> "ConvCall":
+        """The same call at batch size ``n``."""
+        return ConvCall(self.backward, self.dtype, (int(n), *self.input[1:]), self.weight, self.stride,
+                        self.padding, self.dilation, self.transposed, self.output_padding, self.groups,
+                        self.mask)
+
+    def to_json(self) -> Dict[str, Any]:
+        """A JSON-ready dict (the device script's input format)."""
+        return {"key": self.key, "backward": self.backward, "dtype": self.dtype, "input": list(self.input),
+                "weight": list(self.weight), "stride": list(self.stride), "padding": list(self.padding),
+                "dilation": list(self.dilation), "transposed": self.transposed,
+                "output_padding": list(self.output_padding), "groups": self.groups,
+                "mask": [bool(m) for m in self.mask]}
+
+
+def parse_key(key: str) -> ConvCall:
+    """The :class:`ConvCall` a key names.
+
+    Raises:
+        EstimateError: the key is not of the form in the module docstring.
+    """
+    parts = key.split("|")
+    try:
+        if len(parts) != 11 or parts[0] not in ("f", "b") or parts[1] not in DTYPES:
+            raise ValueError("shape of key")
+        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else ()  # noqa: E731
+        backward = parts[0] == "b"
+        mask = tuple(c == "1" for c in parts[10]) if backward else ()
+        if backward and len(mask) != 3:
+            raise ValueError("mask")
+        return ConvCall(backward, parts[1], ints(parts[2]), ints(parts[3]), ints(parts[4]), ints(parts[5]),
+                        ints(parts[6]), parts[7] == "1", ints(parts[8]), int(parts[9]), mask)
+    except ValueError as exc:
+        raise EstimateError(f"convolution key {key!r} is malformed ({exc})") from exc
+
+
+def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
+    """The call of a dispatched ``aten.convolution`` / ``aten.convolution_backward``.
+
+    Args:
+        backward: which of the two ops.
+        args: the op's positional arguments (tensors need ``.shape`` and ``.dtype`` only):
+            forward ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+            groups)``; backward ``(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+            transposed, output_padding, groups, output_mask)``.
+    """
+    if backward:
+        _go, x, w, _bs, stride, padding, dilation, transposed, out_pad, groups, mask = args[:11]
+        mask_t: Tuple[bool, ...] = tuple(bool(m) for m in mask)
+    else:
+        x, w, _b, stride, padding, dilation, transposed, out_pad, groups = args[:9]
+        mask_t = ()
+    dtype = str(x.dtype).replace("torch.", "")
+    return ConvCall(bool(backward), dtype, _ints(x.shape), _ints(w.shape), _ints(stride), _ints(padding),
+                    _ints(dilation), bool(transposed), _ints(out_pad), int(groups), mask_t)
+
+
+def workspace_parts(call: ConvCall) -> Tuple[ConvCall, ...]:
+    """The cuDNN calls, in order, that take a workspace each for ``call``.
+
+    A backward computing both gradients runs cuDNN twice, grad input then grad weight, each with
+    its own transient workspace (``aten/src/ATen/native/cudnn/ConvShared.cpp``,
+    ``cudnn_convolution_backward``): two blocks of nearly equal size that the caching allocator may
+    not fit into one segment (seen on the H100: VGG-16 at batch 128 reserved two 3.1 GiB segments
+    there, ``benchmarks/device/mem_snapshot.py``). So such a call is split into its ``(1, 0, 0)``
+    and ``(0, 1, 0)`` masks; any other call is itself.
+    """
+    if call.backward and len(call.mask) == 3 and call.mask[0] and call.mask[1]:
+        return (dataclasses.replace(call, mask=(True, False, False)),
+                dataclasses.replace(call, mask=(False, True, False)))
+    return (call,)
