@@ -6,7 +6,8 @@
 
 Adds (or refreshes) three columns of the traces file: ``sim_peak_allocated_ws_b``,
 ``sim_peak_reserved_ws_b`` (the replay with each convolution's workspace) and ``ws_max_b`` (the
-largest single workspace). Rows without convolutions get their workspace-free figures.
+largest single workspace). Rows without convolutions get their workspace-free figures (with
+``--amp``: every AMP row is traced again, convolutions or not, the others are kept).
 
 **Leave-own-family-out**: a row is traced with the measured table *minus* the calls measured only
 for its own family (``workspace.load(exclude_srcs={"hopper:<family>"})``, ``paper18`` for the 18
@@ -64,6 +65,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--table", default="")
     ap.add_argument("--limit", type=int, default=0, help="only the first N rows with convolutions (a check)")
+    ap.add_argument("--amp", action="store_true",
+                    help="re-trace only the AMP (amp-fp16, bf16) rows, with or without convolutions "
+                         "(after a change to the AMP trace alone)")
     args = ap.parse_args()
     with open(args.runs, newline="") as fh:
         runs = {r["config_id"]: r for r in csv.DictReader(fh)}
@@ -79,7 +83,10 @@ def main() -> int:
         r = runs.get(t["config_id"])
         if r is None or t.get("error"):
             continue
-        if t.get("n_conv", "1") in ("0", ""):
+        if args.amp:
+            if r["precision"] in ("amp-fp16", "bf16"):
+                jobs.append((r, r["family"]))
+        elif t.get("n_conv", "1") in ("0", ""):
             t.update(sim_peak_allocated_ws_b=t["sim_peak_allocated_b"], sim_peak_reserved_ws_b=t["sim_peak_reserved_b"],
                      ws_max_b=0)
         else:
