@@ -173,6 +173,17 @@ def _make_sdpa_mode(torch: Any) -> Any:
                     mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
                 if mask is not None and causal:
                     causal = False  # the additive mask already holds the causal pattern
+                if (mask is not None and mask.is_floating_point() and mask.dim() > 0 and mask.shape[-1] > 1
+                        and mask.stride(-1) != 1):
+                    # CUDA's fused kernels refuse a bias whose last dim is not contiguous (T5's position
+                    # bias, a permuted embedding): the math backend runs, in float32 for fp16/bf16 inputs,
+                    # and keeps B x H x T x T float32 tensors (benchmarks/device/sdpa_probe.py on the H100:
+                    # 688-720 MiB kept per call at B=32, H=8, T=512 instead of 20 MiB).
+                    with torch.autocast("cpu", enabled=False):
+                        out = torch.ops.aten._scaled_dot_product_attention_math(
+                            q.float(), k.float(), v.float(), mask.float(), float(p), bool(causal),
+                            scale=kwargs.get("scale"))[0]
+                    return out.to(q.dtype)
                 if q.dim() == 4 and k.shape[-1] == v.shape[-1] and kwargs.get("enable_gqa") is not True:
                     if mask is not None:
                         mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
