@@ -104,3 +104,21 @@ def test_trace_records_convolutions_and_replays_their_workspace():
     assert big.conv_workspace_max_b == 512 * MIB
     assert big.peak_allocated_b >= plain.peak_allocated_b + 400 * MIB
     assert big.peak_reserved_b >= plain.peak_reserved_b + 400 * MIB
+
+
+def test_gpu_without_measured_table_gets_the_larger_multiplier():
+    from slurm_coloc.estimate.combine import load_calibration, traced_estimate
+    from slurm_coloc.estimate.gpus import gpu_model
+
+    cal = load_calibration()
+    if cal.get("form") != "per-precision-jit":
+        pytest.skip("shipped calibration has one multiplier")
+    spec = ModelSpec(model="torchvision.models:resnet18", kwargs={"num_classes": 10}, input_shape=(3, 32, 32),
+                     batch_size=64, optimizer="sgd")
+    h100, a100 = traced_estimate(spec, "H100"), traced_estimate(spec, "A100")
+    assert h100.detail["workspace_table"] == "measured"
+    assert a100.detail["workspace_table"].startswith("proxy")
+    reserved = h100.detail["analytic_mib"] - 612 - float(cal["libs_mib"])
+    context_gap = gpu_model("A100").context_mib - gpu_model("H100").context_mib
+    expected_gap = context_gap + reserved * (float(cal["amp_mult"]) - float(cal["analytic_mult"]))
+    assert a100.mem_mib - h100.mem_mib == pytest.approx(expected_gap, abs=2)

@@ -132,12 +132,17 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     cal = load_calibration()
     if "libs_mib" in cal:  # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
         gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
+    if gpu.arch != workspace.TABLE_ARCH and cal.get("form") == "per-precision-jit":
+        # The workspace table is a proxy on this GPU (cuDNN picks per architecture), so the fp32 trace
+        # is no more faithful than the AMP one: every job gets the larger, AMP multiplier.
+        cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
     detail: Dict[str, Any] = analytic_detail(trace, gpu)
     ana = analytic_mib(trace, gpu)
     ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=spec.precision,
                                  depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
     detail["bound_form"] = str(cal.get("form", "scalar"))
     detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
+    detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else f"proxy ({workspace.TABLE_ARCH})"
     detail["analytic_bound_mib"] = round(ana_bound, 1)
     learned = _learned(spec, trace, gpu.name)
     if learned is not None:

@@ -22,6 +22,8 @@ class GpuModel:
         context_mib: CUDA context of a torch process, MiB.
         libs_mib: non-allocator memory of cuBLAS/cuDNN etc. during training, MiB.
         source: where the figures come from.
+        arch: CUDA compute capability family (``sm90`` for Hopper); the cuDNN workspace table is
+            measured on ``workspace.TABLE_ARCH`` and only a proxy for other architectures.
     """
 
     name: str
@@ -29,6 +31,7 @@ class GpuModel:
     context_mib: int
     libs_mib: int
     source: str
+    arch: str = "sm90"
 
 
 GPUS: Dict[str, GpuModel] = {
@@ -44,7 +47,7 @@ GPUS: Dict[str, GpuModel] = {
     # workspaces), 1231 MiB, so the uncalibrated analytic figure of a tiny MLP is their 1443.
     "A100": GpuModel("A100", 40960, 1231, 0,
                      "A100 40GB, not measured here: context from GPUMemNet's MLP data floor (1443 MiB) "
-                     "minus libs and a tiny step; see gpus.py"),
+                     "minus libs and a tiny step; see gpus.py", arch="sm80"),
 }
 
 _ALIASES = {

@@ -36,6 +36,7 @@ from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall, parse_key
 
 TABLE_FILE = os.path.join(os.path.dirname(__file__), "weights", "conv_workspace_h100.npz")
+TABLE_ARCH = "sm90"  # the table was measured on an H100 (Hopper); H200 shares its cuDNN heuristics
 K_NEIGHBOURS = 3
 MAX_SCALE = 4.0  # a neighbour's figure is scaled by at most this factor (either way)
 
