@@ -25,7 +25,7 @@ XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (
     PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py --set paper18 \
         --out $OUT/paper18_runs.csv --have data/hopper/paper18_runs.csv --budget-s 500
 
-``--set unseen`` runs 30 real models whose architectures no Hopper family and no paper18 config
+``--set unseen`` runs 57 real-model configs (30, then 27 more) whose architectures no Hopper family and no paper18 config
 holds (``UNSEEN``: torchvision MaxViT, ResNet-152, DenseNet-201, VGG-19-BN, ConvNeXt-Base,
 RegNetY-3.2GF, Inception-v3, Swin-S, ViT-L/16, EfficientNet-B4/V2-M, ... and Hugging Face Llama,
 Mistral, Qwen2, GPT-NeoX, RoBERTa, DistilBERT, ALBERT, T5, ELECTRA, GPT-2, BERT built from config
@@ -173,6 +173,34 @@ UNSEEN: List[tuple] = [
     (_HF + "electra", {}, [512], "int64", 32, "adamw", "fp32"),
     (_HF + "gpt2", {}, [1024], "int64", 8, "adamw", "amp-fp16"),
     (_HF + "bert", {}, [128], "int64", 64, "adamw", "fp32"),
+    # second batch (2026-11-24, after the first 30 were scored): other batch sizes and precisions, two more archs
+    (_TV + "maxvit_t", {}, [3, 224, 224], "float32", 16, "adamw", "bf16"),
+    (_TV + "resnet152", {}, [3, 224, 224], "float32", 32, "sgd-momentum", "amp-fp16"),
+    (_TV + "densenet201", {}, [3, 224, 224], "float32", 128, "adam", "amp-fp16"),
+    (_TV + "vgg19_bn", {}, [3, 224, 224], "float32", 32, "sgd-momentum", "bf16"),
+    (_TV + "convnext_base", {}, [3, 224, 224], "float32", 16, "adamw", "amp-fp16"),
+    (_TV + "regnet_y_3_2gf", {}, [3, 224, 224], "float32", 128, "sgd-momentum", "amp-fp16"),
+    (_TV + "inception_v3", {"aux_logits": False, "init_weights": False}, [3, 299, 299], "float32", 128, "adam", "fp32"),
+    (_TV + "swin_s", {}, [3, 224, 224], "float32", 64, "adamw", "bf16"),
+    (_TV + "vit_l_16", {}, [3, 224, 224], "float32", 32, "adamw", "fp32"),
+    (_TV + "efficientnet_b4", {}, [3, 224, 224], "float32", 128, "adam", "bf16"),
+    (_TV + "efficientnet_v2_m", {}, [3, 224, 224], "float32", 64, "adam", "fp32"),
+    (_TV + "mnasnet1_3", {}, [3, 224, 224], "float32", 256, "sgd-momentum", "amp-fp16"),
+    (_TV + "wide_resnet101_2", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "fp32"),
+    (_TV + "resnext101_32x8d", {}, [3, 224, 224], "float32", 32, "sgd-momentum", "fp32"),
+    (_TV + "regnet_x_8gf", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "bf16"),
+    (_HF + "llama", {}, [1024], "int64", 8, "adamw", "fp32"),
+    (_HF + "mistral", {}, [512], "int64", 16, "adamw", "bf16"),
+    (_HF + "qwen2", {}, [512], "int64", 8, "adamw", "fp32"),
+    (_HF + "gpt_neox", {}, [1024], "int64", 8, "adamw", "amp-fp16"),
+    (_HF + "roberta", {}, [512], "int64", 16, "adamw", "bf16"),
+    (_HF + "distilbert", {}, [256], "int64", 64, "adamw", "fp32"),
+    (_HF + "albert", {}, [256], "int64", 32, "adamw", "amp-fp16"),
+    (_HF + "t5_encoder", {}, [256], "int64", 64, "adamw", "fp32"),
+    (_HF + "t5_encoder", {}, [512], "int64", 16, "adamw", "amp-fp16"),
+    (_HF + "electra", {}, [256], "int64", 64, "adamw", "bf16"),
+    (_HF + "gpt2", {}, [512], "int64", 16, "adamw", "fp32"),
+    (_HF + "bert", {}, [512], "int64", 16, "adamw", "amp-fp16"),
 ]
 
 
@@ -293,7 +321,7 @@ def main() -> int:
                     help="seconds a child may take per row (default 90; 240 for --set paper18)")
     ap.add_argument("--set", choices=["random", "paper18", "unseen"], default="random",
                     help="random: the seeded groups; paper18: the GPUMemNet paper's 18 real models; "
-                         "unseen: 30 real models of architectures in no other set")
+                         "unseen: 57 real-model configs of architectures in no other set")
     args = ap.parse_args()
     if args.child_timeout_s is None:
         args.child_timeout_s = 90.0 if args.set == "random" else 240.0
