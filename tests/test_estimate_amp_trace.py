@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from slurm_coloc.estimate.spec import ModelSpec
-from slurm_coloc.estimate.trace import _make_cuda_fp32_mode, trace_spec
+from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode
+from slurm_coloc.estimate.trace import trace_spec
 
 
 def test_cuda_fp32_list_functions_run_in_float32_under_cpu_autocast():
@@ -12,7 +13,7 @@ def test_cuda_fp32_list_functions_run_in_float32_under_cpu_autocast():
     w = torch.randn(8, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain = torch.softmax(x @ w, -1)
-        with _make_cuda_fp32_mode(torch):
+        with make_cuda_fp32_mode(torch):
             y = x @ w
             s = torch.nn.functional.softmax(y, dim=-1)
             ln = torch.nn.functional.layer_norm(y, (8,))
@@ -20,7 +21,7 @@ def test_cuda_fp32_list_functions_run_in_float32_under_cpu_autocast():
     assert plain.dtype == torch.bfloat16  # what CPU autocast alone gives
     assert y.dtype == torch.bfloat16  # matmul stays in the low precision, as on CUDA
     assert s.dtype == ln.dtype == e.dtype == torch.float32
-    with _make_cuda_fp32_mode(torch):  # autocast off: nothing is cast
+    with make_cuda_fp32_mode(torch):  # autocast off: nothing is cast
         assert torch.softmax(x.bfloat16(), -1).dtype == torch.bfloat16
 
 

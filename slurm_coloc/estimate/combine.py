@@ -142,7 +142,8 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
                                  depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
     detail["bound_form"] = str(cal.get("form", "scalar"))
     detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
-    detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else f"proxy ({workspace.TABLE_ARCH})"
+    proxy = f"proxy ({workspace.TABLE_ARCH})"
+    detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else proxy
     detail["analytic_bound_mib"] = round(ana_bound, 1)
     learned = _learned(spec, trace, gpu.name)
     if learned is not None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.allocator import CachingAllocatorModel
 from slurm_coloc.estimate.convcall import ConvCall, from_aten, workspace_parts
+from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
 from slurm_coloc.estimate.datadep import ScalarAssumptions, has_no_data, pick_output
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
 from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
@@ -150,102 +151,6 @@ def _make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     return _Tracker()
 
 
-def _make_sdpa_mode(torch: Any) -> Any:
-    """Route ``F.scaled_dot_product_attention`` to the memory-efficient kernel's op, as CUDA does.
-
-    On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused
-    kernels keep only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention``
-    has meta kernels and a derivative, so the traced allocations match the GPU's.
-    """
-    from torch.overrides import TorchFunctionMode
-
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    class _Sdpa(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
-            if func is sdpa:
-                q, k, v = args[:3]
-                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-                p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-                causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
-                if mask is not None and mask.dtype == torch.bool:
-                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-                if mask is not None and causal:
-                    causal = False  # the additive mask already holds the causal pattern
-                if (mask is not None and mask.is_floating_point() and mask.dim() > 0 and mask.shape[-1] > 1
-                        and mask.stride(-1) != 1):
-                    # CUDA's fused kernels refuse a bias whose last dim is not contiguous (T5's position
-                    # bias, a permuted embedding): the math backend runs, in float32 for fp16/bf16 inputs,
-                    # and keeps B x H x T x T float32 tensors (benchmarks/device/sdpa_probe.py on the H100:
-                    # 688-720 MiB kept per call at B=32, H=8, T=512 instead of 20 MiB).
-                    with torch.autocast("cpu", enabled=False):
-                        out = torch.ops.aten._scaled_dot_product_attention_math(
-                            q.float(), k.float(), v.float(), mask.float(), float(p), bool(causal),
-                            scale=kwargs.get("scale"))[0]
-                    return out.to(q.dtype)
-                if q.dim() == 4 and k.shape[-1] == v.shape[-1] and kwargs.get("enable_gqa") is not True:
-                    if mask is not None:
-                        mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-                    return torch.ops.aten._scaled_dot_product_efficient_attention(
-                        q, k, v, mask, True, float(p), bool(causal), scale=kwargs.get("scale"))[0]
-            return func(*args, **kwargs)
-
-    return _Sdpa()
-
-
-# Functions CUDA autocast runs in float32 that CPU autocast (which the AMP trace uses, on fake CPU
-# tensors) leaves in fp16/bf16: "CUDA Ops that can autocast to float32" of the torch.amp docs
-# minus CPU autocast's own fp32 list (aten/src/ATen/autocast_mode.cpp). Without them a traced AMP
-# job held half the bytes the GPU holds for softmax/LayerNorm outputs (T5 encoder, bf16: 4.6 GiB
-# traced vs 8.3 GiB measured on the H100, data/hopper/unseen_runs.csv).
-_CUDA_FP32_NAMES = {
-    "torch.nn.functional": ("softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "softplus",
-                            "normalize", "cosine_similarity"),
-    "torch": ("softmax", "log_softmax", "layer_norm", "group_norm", "exp", "expm1", "log", "log10", "log1p",
-              "log2", "pow", "reciprocal", "rsqrt", "sum", "cumsum", "cumprod", "norm", "renorm", "acos", "asin",
-              "cosh", "sinh", "tan", "erfinv", "dist", "pdist", "cosine_similarity"),
-    "torch.Tensor": ("softmax", "log_softmax", "exp", "expm1", "log", "log10", "log1p", "log2", "pow", "__pow__",
-                     "__rpow__", "__rtruediv__", "reciprocal", "rsqrt", "sum", "cumsum", "cumprod", "norm",
-                     "renorm", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "dist"),
-}
-
-
-def _make_cuda_fp32_mode(torch: Any) -> Any:
-    """Under CPU autocast, run the functions CUDA autocast runs in float32 in float32 too.
-
-    As CUDA autocast does for its fp32 list: floating fp16/bf16 arguments are cast to float32
-    and the function runs with autocast off, so its output is float32.
-    """
-    import importlib
-
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_flatten, tree_map
-
-    funcs = set()
-    for mod, names in _CUDA_FP32_NAMES.items():
-        owner: Any = torch.Tensor if mod == "torch.Tensor" else importlib.import_module(mod)
-        for n in names:
-            f = getattr(owner, n, None)
-            if f is not None:
-                funcs.add(f)
-    low = (torch.float16, torch.bfloat16)
-
-    def up(a: Any) -> Any:
-        return a.float() if isinstance(a, torch.Tensor) and a.dtype in low else a
-
-    class _CudaFp32(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
-            if func in funcs and torch.is_autocast_enabled("cpu") and any(
-                    isinstance(a, torch.Tensor) and a.dtype in low for a in tree_flatten((args, kwargs))[0]):
-                with torch.autocast("cpu", enabled=False):
-                    return func(*tree_map(up, args), **tree_map(up, kwargs))
-            return func(*args, **kwargs)
-
-    return _CudaFp32()
-
-
 def _optimizer(torch: Any, name: str, params: Any) -> Any:
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.01, foreach=True)
@@ -366,7 +271,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
         stack.enter_context(outer)
         if amp:
             model = model.to_empty(device="cpu")  # fake CPU tensors, so CPU autocast applies
-        stack.enter_context(_make_sdpa_mode(torch))
+        stack.enter_context(make_sdpa_mode(torch))
         stack.enter_context(tracker)
         for t in list(model.parameters()) + list(model.buffers()):
             tracker.track(t)
@@ -404,7 +309,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
             opt.zero_grad(set_to_none=True)
             try:
                 with torch.autocast("cpu", dtype=ac_dtype, enabled=amp), (
-                        _make_cuda_fp32_mode(torch) if amp else contextlib.nullcontext()):
+                        make_cuda_fp32_mode(torch) if amp else contextlib.nullcontext()):
                     raw = model(x)
                     out = pick_output(torch, raw)
                     if out is None:

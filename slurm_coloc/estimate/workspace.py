@@ -46,7 +46,8 @@ def _out_elems(c: ConvCall) -> int:
     for i, size in enumerate(c.input[2:]):
         k = c.weight[2 + i]
         if c.transposed:
-            o = (size - 1) * c.stride[i] - 2 * c.padding[i] + c.dilation[i] * (k - 1) + c.output_padding[i] + 1
+            o = ((size - 1) * c.stride[i] - 2 * c.padding[i] + c.dilation[i] * (k - 1)
+                 + c.output_padding[i] + 1)
         else:
             o = (size + 2 * c.padding[i] - c.dilation[i] * (k - 1) - 1) // c.stride[i] + 1
         sp *= max(1, o)
@@ -245,8 +246,10 @@ def write_npz(path: str, rows: Sequence[Tuple[str, int, str]]) -> None:
 
     calls = [parse_key(k) for k, _, _ in rows]
     np.savez_compressed(
-        path, keys=np.array([k for k, _, _ in rows], dtype="S"), ws_b=np.array([w for _, w, _ in rows], dtype=np.int64),
-        srcs=np.array([s for _, _, s in rows], dtype="S"), kinds=np.array([kind_code(c) for c in calls], dtype="S"),
+        path, keys=np.array([k for k, _, _ in rows], dtype="S"),
+        ws_b=np.array([w for _, w, _ in rows], dtype=np.int64),
+        srcs=np.array([s for _, _, s in rows], dtype="S"),
+        kinds=np.array([kind_code(c) for c in calls], dtype="S"),
         feats=np.array([features(c) for c in calls], dtype=np.float32),
         sizes=np.array([size_elems(c) for c in calls], dtype=np.float64))
 
