@@ -204,11 +204,18 @@ UNSEEN: List[tuple] = [
 ]
 
 
+def _one_config_groups(configs: List[Dict[str, Any]], group0: int, family: str) -> List[Dict[str, Any]]:
+    """One group (one fresh child, ``seq_in_process`` 0) per config dict, ids ``group0 + i``."""
+    return [{"group": group0 + i, "family": family, "model": c["model"], "kwargs": c["kwargs"],
+             "shape": c["shape"], "input_dtype": c["input_dtype"], "optimizer": c["optimizer"],
+             "precision": c["precision"], "batch_sizes": [c["batch_size"]]}
+            for i, c in enumerate(configs)]
+
+
 def unseen_groups() -> List[Dict[str, Any]]:
     """``UNSEEN`` as groups (one fresh child each, ids ``UNSEEN_GROUP0 + i``)."""
-    return [{"group": UNSEEN_GROUP0 + i, "family": "unseen", "model": m, "kwargs": kw, "shape": shape,
-             "input_dtype": idt, "optimizer": opt, "precision": prec, "batch_sizes": [bs]}
-            for i, (m, kw, shape, idt, bs, opt, prec) in enumerate(UNSEEN)]
+    keys = ("model", "kwargs", "shape", "input_dtype", "batch_size", "optimizer", "precision")
+    return _one_config_groups([dict(zip(keys, u)) for u in UNSEEN], UNSEEN_GROUP0, "unseen")
 
 
 def paper18_groups() -> List[Dict[str, Any]]:
@@ -216,10 +223,7 @@ def paper18_groups() -> List[Dict[str, Any]]:
     one group (one fresh child, ``seq_in_process`` 0) each, ids ``PAPER18_GROUP0 + i``."""
     from slurm_coloc.estimate.zoo_paper import paper18
 
-    return [{"group": PAPER18_GROUP0 + i, "family": "paper18", "model": c["model"], "kwargs": c["kwargs"],
-             "shape": c["shape"], "input_dtype": c["input_dtype"], "optimizer": c["optimizer"],
-             "precision": c["precision"], "batch_sizes": [c["batch_size"]]}
-            for i, c in enumerate(paper18())]
+    return _one_config_groups(paper18(), PAPER18_GROUP0, "paper18")
 
 
 def _child(g: Dict[str, Any], conn: Any) -> None:

@@ -27,7 +27,6 @@ import time
 from typing import Dict, List, Tuple
 
 WS_FIELDS = ["sim_peak_allocated_ws_b", "sim_peak_reserved_ws_b", "ws_max_b"]
-_MODELS: Dict[str, object] = {}
 
 
 def _init(table: str) -> None:
@@ -42,9 +41,7 @@ def _one(job: Tuple[dict, str]) -> Tuple[str, Dict[str, object], float]:
     from slurm_coloc.errors import EstimateError
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.trace import trace_spec
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from estimator_featurize import spec_of  # noqa: PLC0415 - sibling script
+    from estimator_featurize import spec_of  # noqa: PLC0415 - sibling script (its dir is sys.path[0])
 
     src = "paper18" if family == "paper18" else f"hopper:{family}"
     model = workspace.load({src})

@@ -10,7 +10,7 @@ Arguments: the output, then pairs of (calls JSON lines, measured CSV).
 Joins each measured call (``benchmarks/device/conv_workspace.py``'s CSV, status ``ok``) with the
 sources it was listed for (``benchmarks/estimator_conv_calls.py``) and writes the shipped table
 (``workspace.write_npz``: key, ws_b, srcs and each call's precomputed lookup features; rows sorted
-by key). ``--csv`` writes ``key, ws_b, srcs`` as gzip CSV instead.
+by key). An output path not ending in ``.npz`` gets ``key, ws_b, srcs`` as gzip CSV instead.
 """
 from __future__ import annotations
 

@@ -78,8 +78,7 @@ def test_table_file_excludes_only_calls_measured_for_the_left_out_sources(tmp_pa
 
 
 def test_shipped_table_parses_and_covers_both_directions():
-    if not os.path.isfile(workspace.TABLE_FILE):
-        pytest.skip("no table shipped")
+    assert os.path.isfile(workspace.TABLE_FILE)  # the package ships it (setup.cfg package_data)
     rows = workspace.read_table()
     assert len(rows) > 1000
     calls = [parse_key(k) for k, _, _ in rows]
@@ -111,8 +110,7 @@ def test_gpu_without_measured_table_gets_the_larger_multiplier():
     from slurm_coloc.estimate.gpus import gpu_model
 
     cal = load_calibration()
-    if cal.get("form") != "per-precision-jit":
-        pytest.skip("shipped calibration has one multiplier")
+    assert cal["form"] == "per-precision-jit"  # the shipped form (estimate.train)
     spec = ModelSpec(model="torchvision.models:resnet18", kwargs={"num_classes": 10}, input_shape=(3, 32, 32),
                      batch_size=64, optimizer="sgd")
     h100, a100 = traced_estimate(spec, "H100"), traced_estimate(spec, "A100")
@@ -122,3 +120,22 @@ def test_gpu_without_measured_table_gets_the_larger_multiplier():
     context_gap = gpu_model("A100").context_mib - gpu_model("H100").context_mib
     expected_gap = context_gap + reserved * (float(cal["amp_mult"]) - float(cal["analytic_mult"]))
     assert a100.mem_mib - h100.mem_mib == pytest.approx(expected_gap, abs=2)
+
+
+@pytest.mark.parametrize("content", [b"not a zip", None])
+def test_unusable_shipped_table_is_one_clear_error(tmp_path, monkeypatch, content):
+    import numpy as np
+
+    path = tmp_path / "conv_workspace_h100.npz"
+    if content is None:  # a valid npz without the lookup arrays
+        np.savez(path, keys=np.array([b"x"]), ws_b=np.array([1]))
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    monkeypatch.setattr(workspace, "TABLE_FILE", str(path))
+    monkeypatch.setattr(workspace, "_CACHE", {})
+    with pytest.raises(EstimateError, match="convolution workspace table .*unusable"):
+        workspace.load()
+    with pytest.raises(EstimateError, match="unusable"):
+        workspace.read_table()
+    assert path.read_bytes() == before and workspace._CACHE == {}  # nothing written, nothing cached

@@ -66,9 +66,21 @@ class ConvCall:
     @property
     def geometry_key(self) -> str:
         """The key without the batch size: the same layer at any batch size."""
-        parts = self.key.split("|")
-        parts[2] = ",".join(parts[2].split(",")[1:])
-        return "|".join(parts)
+        return split_batch(self.key)[0]
+
+    @property
+    def output_shape(self) -> Tuple[int, ...]:
+        """The forward output's shape ``(N, C_out, *spatial)`` (PyTorch's convolution arithmetic)."""
+        spatial = []
+        for i, size in enumerate(self.input[2:]):
+            k, s, p, d = self.weight[2 + i], self.stride[i], self.padding[i], self.dilation[i]
+            if self.transposed:
+                o = (size - 1) * s - 2 * p + d * (k - 1) + self.output_padding[i] + 1
+            else:
+                o = (size + 2 * p - d * (k - 1) - 1) // s + 1
+            spatial.append(max(1, o))
+        cout = self.weight[1] * self.groups if self.transposed else self.weight[0]
+        return (int(self.input[0]), int(cout), *spatial)
 
     @property
     def batch(self) -> int:
@@ -88,6 +100,13 @@ class ConvCall:
                 "dilation": list(self.dilation), "transposed": self.transposed,
                 "output_padding": list(self.output_padding), "groups": self.groups,
                 "mask": [bool(m) for m in self.mask]}
+
+
+def split_batch(key: str) -> Tuple[str, int]:
+    """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast)."""
+    d, dtype, inp, rest = key.split("|", 3)
+    n, tail = inp.split(",", 1) if "," in inp else (inp, "")
+    return f"{d}|{dtype}|{tail}|{rest}", int(n)
 
 
 def parse_key(key: str) -> ConvCall:

@@ -33,7 +33,7 @@ import os
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import EstimateError
-from slurm_coloc.estimate.convcall import ConvCall, parse_key
+from slurm_coloc.estimate.convcall import ConvCall, parse_key, split_batch
 
 TABLE_FILE = os.path.join(os.path.dirname(__file__), "weights", "conv_workspace_h100.npz")
 TABLE_ARCH = "sm90"  # the table was measured on an H100 (Hopper); H200 shares its cuDNN heuristics
@@ -41,23 +41,9 @@ K_NEIGHBOURS = 3
 MAX_SCALE = 4.0  # a neighbour's figure is scaled by at most this factor (either way)
 
 
-def _out_elems(c: ConvCall) -> int:
-    sp = 1
-    for i, size in enumerate(c.input[2:]):
-        k = c.weight[2 + i]
-        if c.transposed:
-            o = ((size - 1) * c.stride[i] - 2 * c.padding[i] + c.dilation[i] * (k - 1)
-                 + c.output_padding[i] + 1)
-        else:
-            o = (size + 2 * c.padding[i] - c.dilation[i] * (k - 1) - 1) // c.stride[i] + 1
-        sp *= max(1, o)
-    cout = c.weight[1] * c.groups if c.transposed else c.weight[0]
-    return int(c.input[0]) * int(cout) * sp
-
-
 def size_elems(c: ConvCall) -> int:
     """Input plus output elements of a call (the scale a neighbour's workspace is carried by)."""
-    return int(math.prod(c.input)) + _out_elems(c)
+    return int(math.prod(c.input)) + int(math.prod(c.output_shape))
 
 
 def kind_of(c: ConvCall) -> Tuple:
@@ -80,13 +66,6 @@ def features(c: ConvCall) -> List[float]:
 def kind_code(c: ConvCall) -> str:
     """:func:`kind_of` as a short string (the table file's ``kind`` column)."""
     return "|".join(str(int(v)) if isinstance(v, bool) else str(v) for v in kind_of(c))
-
-
-def _geometry(key: str) -> Tuple[str, int]:
-    """``(geometry key, batch)`` of a key by string surgery (fast; equals ``ConvCall.geometry_key``)."""
-    d, dtype, inp, rest = key.split("|", 3)
-    n, tail = inp.split(",", 1) if "," in inp else (inp, "")
-    return f"{d}|{dtype}|{tail}|{rest}", int(n)
 
 
 class WorkspaceModel:
@@ -119,18 +98,21 @@ class WorkspaceModel:
         self._feats = np.asarray(feats, dtype=np.float64).reshape(len(ws), -1)[order]
         self._kinds = np.asarray(kinds, dtype="S")[order]
         self._sizes = np.asarray(sizes, dtype=np.float64)[order]
+        self._exact_map: Optional[Dict[str, int]] = None
         self._by_geometry: Optional[Dict[str, List[Tuple[int, int]]]] = None
         self._nn: Dict[str, Tuple[Any, Any, Any]] = {}
         self._memo: Dict[str, int] = {}
 
     @property
     def exact(self) -> Dict[str, int]:
-        """Key -> measured workspace bytes (the largest where a key repeats)."""
-        out: Dict[str, int] = {}
-        for k, w in zip(self._keys.tolist(), self._ws.tolist()):
-            ks = k.decode()
-            out[ks] = max(int(w), out.get(ks, 0))
-        return out
+        """Key -> measured workspace bytes (the largest where a key repeats; built on first use)."""
+        if self._exact_map is None:
+            out: Dict[str, int] = {}
+            for k, w in zip(self._keys.tolist(), self._ws.tolist()):
+                ks = k.decode()
+                out[ks] = max(int(w), out.get(ks, 0))
+            self._exact_map = out
+        return self._exact_map
 
     def _exact(self, key: str) -> Optional[int]:
         import numpy as np
@@ -154,7 +136,7 @@ class WorkspaceModel:
         if self._by_geometry is None:
             geo: Dict[str, List[Tuple[int, int]]] = {}
             for k, w in self.exact.items():  # built on the first call no table holds
-                g, n = _geometry(k)
+                g, n = split_batch(k)
                 geo.setdefault(g, []).append((n, w))
             for pts in geo.values():
                 pts.sort()
