@@ -87,6 +87,7 @@ def test_multi_gpu_submits_the_users_own_gpu_options(tmp_path, gpu_opts):
     assert args == ["-n", "2", *gpu_opts, "--exclusive", comment, "/s.sh", "x"]
     assert plan.gpu_args == (*gpu_opts, "--exclusive") and plan.mode == "gpu"
     assert parse_comment(comment)["mode"] == "gpu"
+    assert plan.reason.startswith("more than one GPU per node" if "gres" in gpu_opts[0] else "a per-task/per-socket")
 
 
 def test_multi_gpu_from_script_lines_last_of_each_option_wins(tmp_path):

@@ -247,7 +247,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         mode, shards, reason = "shard", req.shards, "explicit --gres=shard request kept"
     elif req.multi:
         mode, shards, gpus = "gpu", None, req.gpus_per_node
-        reason = "more than one GPU per node: whole GPUs on an exclusive node"
+        why = "more than one GPU per node" if gpus and gpus > 1 else "a per-task/per-socket GPU request"
+        reason = f"{why}: whole GPUs on an exclusive node"
     else:
         estimate: Optional[Estimate] = None
         if override is None and estimate_fn is not None and script is not None and script.spec is not None:
