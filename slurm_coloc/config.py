@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 
@@ -32,6 +32,10 @@ class Config:
         log_dir: where hooks and the sampler log (``hooks.log``).
         slurm_bin_dir: directory of sbatch/scontrol/squeue (hooks get no PATH).
         gpu_mem_gib: memory per GPU in GiB = shards per GPU (1 shard = 1 GiB).
+        gpu_model: the GPU model estimates are made for (a name ``estimate/gpus.py`` knows: ``H100``,
+            ``H200``, ``A100``), for jobs whose partition ``gpu_model_by_partition`` does not name.
+        gpu_model_by_partition: partition name -> GPU model of its nodes. In YAML a mapping
+            (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string) ``part=model,part=model``.
         headroom_mib: added to every estimate before rounding up to shards.
         min_shards: smallest shard request for a job with an estimate.
         hook_timeout_s: the bound a hook's own work must keep (the shim kills it later).
@@ -58,6 +62,8 @@ class Config:
     log_dir: str = "/var/log/slurm-coloc"
     slurm_bin_dir: str = "/usr/bin"
     gpu_mem_gib: int = 80
+    gpu_model: str = "H100"
+    gpu_model_by_partition: Dict[str, str] = field(default_factory=dict, hash=False)
     headroom_mib: int = 256
     min_shards: int = 1
     hook_timeout_s: float = 20.0
@@ -69,7 +75,7 @@ class Config:
     mps_keep_warm: bool = False
     mps_start_timeout_s: float = 5.0
     sampler_autostart: bool = True
-    sampler_batch_s: float = 1.0  # = sampler_interval_s: a SIGKILL loses at most one interval (issue 9)
+    sampler_batch_s: float = 1.0  # = sampler_interval_s: a SIGKILL loses at most one interval
     sampler_raw_retention_h: float = 24.0
     sampler_downsample_s: float = 60.0
     sampler_retention_days: float = 30.0
@@ -77,6 +83,10 @@ class Config:
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
+
+    def gpu_model_for(self, partition: Optional[str]) -> str:
+        """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
+        return self.gpu_model_by_partition.get(partition or "", self.gpu_model)
 
     @property
     def ctld_db_path(self) -> Path:
@@ -109,12 +119,47 @@ def _coerce(name: str, kind: type, value: Any) -> Any:
         raise ConfigError(f"config key {name!r}: bad value {value!r} ({exc})") from None
 
 
+def _mapping(name: str, value: Any) -> Dict[str, str]:
+    """A ``name -> str`` mapping from a YAML mapping or a ``key=value,key=value`` string.
+
+    Raises:
+        ConfigError: another type, an empty key or value, or a string item without ``=``.
+    """
+    items: List[Any]
+    if isinstance(value, str):
+        items = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(item) != 2 for item in items):
+            raise ConfigError(f"config key {name!r}: bad value {value!r} (expected key=value,key=value)")
+    elif isinstance(value, dict):
+        items = list(value.items())
+    else:
+        raise ConfigError(f"config key {name!r}: bad value {value!r} (expected a mapping)")
+    out: Dict[str, str] = {}
+    for key, val in items:
+        if isinstance(key, (dict, list)) or isinstance(val, (dict, list)) or key is None or val is None:
+            raise ConfigError(f"config key {name!r}: bad entry {key!r}: {val!r} (expected text: text)")
+        key, val = str(key).strip(), str(val).strip()
+        if not key or not val:
+            raise ConfigError(f"config key {name!r}: empty name in {key!r}: {val!r}")
+        out[key] = val
+    return out
+
+
+def _coerce_field(f: Field[Any], value: Any) -> Any:
+    """Convert ``value`` to the type of config field ``f`` or raise ConfigError naming it."""
+    if str(f.type).startswith("Dict["):
+        return _mapping(f.name, value)
+    kinds = {"str": str, "int": int, "float": float, "bool": bool}
+    return _coerce(f.name, kinds[str(f.type)], value)
+
+
 def _validate(cfg: Config) -> Config:
     for f in fields(Config):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
-        if isinstance(value, str) and "\0" in value:
+        texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value, dict) else []
+        if any("\0" in text for text in texts):
             raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
     if cfg.hook_timeout_s > 3600 or cfg.db_busy_timeout_s > 3600 or cfg.mps_start_timeout_s > 3600:
         raise ConfigError("config: hook_timeout_s, db_busy_timeout_s and mps_start_timeout_s must be <= 3600")
@@ -130,6 +175,8 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
     if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
         raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
+    if not cfg.gpu_model.strip():
+        raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():
         raise ConfigError("config key 'mps_control_bin' is empty")
     return cfg
@@ -179,8 +226,7 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
         env_value = env.get(f"COLOC_{name.upper()}")
         if env_value is not None:
             values[name] = env_value
-    kinds = {"str": str, "int": int, "float": float, "bool": bool}
-    typed = {k: _coerce(k, kinds[str(known[k].type)], v) for k, v in values.items()}
+    typed = {k: _coerce_field(known[k], v) for k, v in values.items()}
     return _validate(dataclasses.replace(Config(), **typed))
 
 
@@ -214,13 +260,12 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
     for name in known:
         if env.get(f"COLOC_{name.upper()}") is not None:
             values[name] = env[f"COLOC_{name.upper()}"]
-    kinds = {"str": str, "int": int, "float": float, "bool": bool}
     cfg = Config()
     for key, value in values.items():
         if not isinstance(key, str) or key not in known:
             continue
         try:
-            candidate = dataclasses.replace(cfg, **{key: _coerce(key, kinds[str(known[key].type)], value)})
+            candidate = dataclasses.replace(cfg, **{key: _coerce_field(known[key], value)})
             cfg = _validate(candidate)
         except Exception:  # noqa: BLE001 - keep the default for this key
             continue

@@ -92,3 +92,32 @@ def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
     plan, _, _ = plan_submission([str(script)])
     assert plan.comment["method"] == "history"
     assert 3000 < plan.comment["mem_mib"] < 3300  # 3000 * 1.05 + 64
+
+
+def test_gpu_model_comes_from_the_config_in_both_commands(tmp_path, monkeypatch):
+    """coloc-sbatch and coloc-estimate estimate for the GPU model the config names for the job's partition."""
+    from click.testing import CliRunner
+
+    from slurm_coloc.cli.estimate import main as estimate_main
+
+    script = _config_and_script(tmp_path, monkeypatch)
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\ngpu_model_by_partition: {{old: A100}}\n")
+    monkeypatch.setenv("COLOC_ESTIMATE_CACHE", "off")
+    monkeypatch.delenv("COLOC_GPU_MODEL", raising=False)
+    h100, _, _ = plan_submission([str(script)])
+    a100, _, _ = plan_submission(["-p", "old", str(script)])
+    assert (h100.comment["gpu_model"], a100.comment["gpu_model"]) == ("H100", "A100")
+    assert a100.comment["mem_mib"] > h100.comment["mem_mib"]  # the A100's larger CUDA context (estimate/gpus.py)
+    assert "on A100" in a100.reason and "on H100" in h100.reason
+    with_partition = tmp_path / "p.sh"
+    with_partition.write_text(SCRIPT.replace("#COLOC", "#SBATCH -p old\n#COLOC", 1))
+    assert plan_submission([str(with_partition)])[0].comment["gpu_model"] == "A100"  # from the #SBATCH line
+    runner = CliRunner()
+    for extra, gpu, mem_mib in (([], "A100", a100.comment["mem_mib"]),
+                                (["--gpu", "h100"], "H100", h100.comment["mem_mib"])):  # --gpu overrides
+        out = runner.invoke(estimate_main, ["--script", str(with_partition), "--json", "--no-server", *extra])
+        assert out.exit_code == 0, out.output
+        result = json.loads(out.output)
+        assert (result["gpu"], result["estimate_mib"]) == (gpu, mem_mib)
+    out = runner.invoke(estimate_main, ["--script", str(script), "--json", "--no-server"])
+    assert json.loads(out.output)["gpu"] == "H100"  # no partition: gpu_model

@@ -46,7 +46,8 @@ def _fail(exc: ColocError) -> None:
 @click.option("--optimizer", type=click.Choice(["sgd", "sgd-momentum", "adam", "adamw"]), default="adam")
 @click.option("--amp", is_flag=True, help="Autocast fp16 with GradScaler.")
 @click.option("--bf16", is_flag=True, help="Autocast bf16 (no GradScaler).")
-@click.option("--gpu", "gpu", default=None, help="GPU model (default $COLOC_GPU_MODEL or H100).")
+@click.option("--gpu", "gpu", default=None,
+              help="GPU model (default: the config's, for the partition of the --script's #SBATCH -p).")
 @click.option("--script", type=click.Path(dir_okay=False), default=None,
               help="Job script whose #COLOC lines give the spec (instead of the options above).")
 @click.option("--history", "history", type=int, multiple=True,
@@ -67,6 +68,10 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     the user's warm estimate server when one runs (torch already imported; started in the
     background by the first such call; docs/user.md), else run in this process.
     """
+    try:
+        gpu = gpu or _config_gpu(script)
+    except ColocError as exc:
+        _fail(exc)
     params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
                   batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
                   history=list(history), no_cache=no_cache, as_json=as_json)
@@ -85,6 +90,20 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     finally:
         if use_server:
             server.ensure_started()  # for the next call; this one ran in-process as always
+
+
+def _config_gpu(script: Optional[str]) -> str:
+    """The config's GPU model (as coloc-sbatch picks it): that of the partition of ``script``'s ``#SBATCH -p``
+    line, else ``gpu_model``. Raises ConfigError (bad config, unknown model name)."""
+    from slurm_coloc import config
+    from slurm_coloc.submit.directives import parse_script
+    from slurm_coloc.submit.plan import gpu_models, script_options
+
+    try:
+        options = script_options(parse_script(script))[0] if script else []
+    except ColocError:
+        options = []  # a bad script: the estimate below reports it
+    return gpu_models(config.load(), options)[0]
 
 
 def _write(stream: Any, data: bytes) -> None:

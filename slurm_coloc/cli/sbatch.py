@@ -10,10 +10,11 @@ import click
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
 from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import ParsedScript, parse_script
-from slurm_coloc.submit.plan import Plan, build_plan, gpu_request, needs_estimate, script_options
+from slurm_coloc.submit.plan import Plan, build_plan
 
 
 def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
@@ -30,7 +31,9 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 
 
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
-    """Parse, estimate and plan; no side effect. Returns (plan, parsed script, dry_run).
+    """Split the command line, parse the script and plan (``build_plan`` runs the estimator only when the GPU
+    rule needs it, for the GPU model of the job's partition); no side effect. Returns (plan, parsed script,
+    dry_run).
 
     Raises:
         ColocError: any bad input (script, directives, options, model).
@@ -38,15 +41,15 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     cfg = config_mod.load()
     cmd = split_command_line(argv)
     parsed = parse_script(cmd.script) if cmd.script is not None else None
-    req = gpu_request(script_options(parsed)[0] + list(cmd.options))
-    estimate = None
-    if needs_estimate(cmd, parsed, req):
+
+    def estimate_fn(spec: ModelSpec, gpu_model: str) -> Estimate:
         from slurm_coloc.estimate import estimate_peak
 
-        history = script_history_mib(cfg, parsed.sha256)  # type: ignore[union-attr]
-        estimate = estimate_peak(parsed.spec, history_mib=history)  # type: ignore[union-attr,arg-type]
+        history = script_history_mib(cfg, parsed.sha256) if parsed is not None else []
+        return estimate_peak(spec, gpu_model, history_mib=history)
+
     spank = spank_options_available(cfg.slurm_bin_dir)
-    return build_plan(cmd, parsed, estimate, cfg, spank=spank), parsed, cmd.dry_run
+    return build_plan(cmd, parsed, cfg, estimate_fn, spank=spank), parsed, cmd.dry_run
 
 
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
@@ -94,8 +97,7 @@ def cli(argv: Tuple[str, ...]) -> None:
             return
         code = submit(plan, parsed)
         if code == 0 and "--parsable" not in argv:
-            what = f"--gres=shard:{plan.shards}" if plan.shards else f"--gres=gpu:{plan.gpus} --exclusive"
-            click.echo(f"coloc-sbatch: {what} ({plan.mode}: {plan.reason})", err=True)
+            click.echo(f"coloc-sbatch: {' '.join(plan.gpu_args)} ({plan.mode}: {plan.reason})", err=True)
     except ColocError as exc:
         click.echo(f"coloc-sbatch: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)

@@ -18,7 +18,7 @@ from slurm_coloc.slurm.parse import decode_exit_code, parse_tres_per_node
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_ctld_db
-from slurm_coloc.submit.plan import parse_comment
+from slurm_coloc.comment import parse_comment
 
 
 def parse_slurm_time(text: str) -> Optional[float]:

@@ -33,7 +33,7 @@ from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.parse import JobRecord, parse_tres_per_node
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
-from slurm_coloc.submit.plan import COMMENT_TAG, parse_comment
+from slurm_coloc.comment import COMMENT_TAG, parse_comment
 
 RETRY_TAG = "oom-retry-of-"
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")

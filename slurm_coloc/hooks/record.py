@@ -23,7 +23,7 @@ from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state
 from slurm_coloc.store import claims, spool
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from slurm_coloc.submit.plan import parse_comment
+from slurm_coloc.comment import parse_comment
 
 log = logging.getLogger("slurm_coloc.hooks")
 

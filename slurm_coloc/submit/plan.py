@@ -1,4 +1,4 @@
-"""From a coloc-sbatch command line, a parsed script and an estimate to the sbatch argv (pure).
+"""From a coloc-sbatch command line and a parsed script to the sbatch argv: ``build_plan`` (pure).
 
 The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cluster:
 
@@ -7,10 +7,12 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
    fits beside it; ``--gres=gpu:1`` would not keep shard jobs off (facts §4).
 2. An explicit ``--gres=shard:N`` is the user's own choice and is kept as is.
 3. More than one GPU per node (``--gres=gpu:N``, ``--gpus[-per-node]=N`` with N > 1, any ``--gpus-per-task`` /
-   ``--gpus-per-socket``) is kept as a GPU request and gets ``--exclusive`` (the whole node), because shards
-   cannot span GPUs and ``gpu:N`` does not keep shard tenants off.
-4. Otherwise (one GPU or none asked): ``--coloc-mem``/``#COLOC mem=`` if given, else the model's estimate,
-   plus ``headroom_mib``, rounded up to GiB shards; at or above a whole GPU -> rule 1.
+   ``--gpus-per-socket``): the user's GPU options are passed on as given (the last of each option, the
+   command line over ``#SBATCH`` lines) with ``--exclusive`` (the whole node), because shards cannot span
+   GPUs and ``gpu:N`` does not keep shard tenants off.
+4. Otherwise (one GPU or none asked): ``--coloc-mem``/``#COLOC mem=`` if given, else the model's estimate
+   for the GPU model of the job's partition (``gpu_models``), plus ``headroom_mib``, rounded up to GiB
+   shards; at or above a whole GPU -> rule 1.
 5. No model information and no override -> rule 1 (a whole GPU).
 """
 from __future__ import annotations
@@ -19,17 +21,21 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from slurm_coloc.comment import build_comment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError, DirectiveError
-from slurm_coloc.estimate.spec import Estimate
+from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
+from slurm_coloc.estimate.gpus import gpu_model
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.directives import ParsedScript
 from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
-COMMENT_TAG = "coloc:"
+
+EstimateFn = Callable[[ModelSpec, str], Estimate]
+"""``(spec, GPU model name) -> Estimate`` in MiB; may raise ``EstimateError``."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,8 @@ class GpuRequest:
     """The user's own GPU request, from the command line and ``#SBATCH`` lines (command line wins).
 
     ``gpus_per_node``: GPUs asked per node (None: none asked); ``shards``: an explicit shard count;
-    ``multi``: per-task/per-socket GPU requests; ``other_gres``: non-GPU GRES entries to keep.
+    ``multi``: more than one GPU per node or any per-task/per-socket GPU request; ``other_gres``: non-GPU
+    GRES entries to keep; ``options``: the last occurrence of each GPU option, in the order sbatch reads them.
     """
 
     gpus_per_node: Optional[int] = None
@@ -45,6 +52,7 @@ class GpuRequest:
     gres_type: Optional[str] = None
     multi: bool = False
     other_gres: Tuple[str, ...] = ()
+    options: Tuple[Option, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class Plan:
         rewritten_script: script text with GPU ``#SBATCH`` lines commented out, or None to submit as is.
         comment: the JSON that travels in the job's comment (after ``coloc:``).
         reason: one line saying why this GPU request.
+        gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
+            ``--exclusive``).
     """
 
     mode: str
@@ -69,6 +79,7 @@ class Plan:
     rewritten_script: Optional[str]
     comment: Dict[str, Any]
     reason: str
+    gpu_args: Tuple[str, ...] = ()
 
     def argv(self, script_path: Optional[str]) -> List[str]:
         """The sbatch argv with ``script_path`` at the script's place."""
@@ -107,10 +118,12 @@ def gpu_request(options: List[Option]) -> GpuRequest:
     Raises:
         DirectiveError: a malformed GPU count.
     """
-    last: Dict[str, Optional[str]] = {}
+    last_opt: Dict[str, Option] = {}
     for opt in options:
         if opt.name in GPU_OPTIONS:
-            last[opt.name] = opt.value
+            last_opt.pop(opt.name, None)  # re-inserted: dict order = order of each option's last occurrence
+            last_opt[opt.name] = opt
+    last = {name: opt.value for name, opt in last_opt.items()}
     gpus = shards = None
     typ = None
     multi = False
@@ -131,16 +144,7 @@ def gpu_request(options: List[Option]) -> GpuRequest:
         if name in last:
             _count(name, last[name])
             multi = True
-    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other))
-
-
-def needs_estimate(cmd: CommandLine, script: Optional[ParsedScript], req: GpuRequest) -> bool:
-    """Whether the model estimate decides the request (rule 4 without an override)."""
-    if script is None or script.spec is None:
-        return False
-    if cmd.exclusive_gpu or script.share == "exclusive" or req.shards is not None or req.multi:
-        return False
-    return cmd.coloc_mem is None and script.mem_override_mib is None
+    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other), tuple(last_opt.values()))
 
 
 def script_options(script: Optional[ParsedScript]) -> Tuple[List[Option], List[int]]:
@@ -167,73 +171,131 @@ def _rewrite(script: ParsedScript, lines: List[int]) -> str:
     return "".join(out)
 
 
-def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optional[Estimate],
-               cfg: Config, spank: bool = False) -> Plan:
-    """Decide the GPU request and build the sbatch argv (see the module rule).
+def gpu_models(cfg: Config, options: Sequence[Option]) -> Tuple[str, ...]:
+    """The GPU models a job with ``options`` may run on, canonical names (``H100``), distinct, in order.
+
+    The partition is the last ``-p``/``--partition`` value (a comma-separated list, as sbatch takes it); each
+    partition's model is ``cfg.gpu_model_by_partition[partition]``, else ``cfg.gpu_model``, which is also the
+    model of a job that names no partition.
+
+    Raises:
+        ConfigError: a model name ``estimate/gpus.py`` does not know (the message names the config key).
+    """
+    value = next((o.value for o in reversed(options) if o.name == "partition"), None)
+    partitions: List[Optional[str]] = [p.strip() for p in (value or "").split(",") if p.strip()] or [None]
+    out: List[str] = []
+    for part in partitions:
+        name = cfg.gpu_model_for(part)
+        try:
+            canonical = gpu_model(name).name
+        except EstimateError as exc:
+            key = "gpu_model_by_partition" if part in cfg.gpu_model_by_partition else "gpu_model"
+            raise ConfigError(f"config key {key!r}: {exc.message}") from None
+        if canonical not in out:
+            out.append(canonical)
+    return tuple(out)
+
+
+def _override_mib(cmd: CommandLine, script: Optional[ParsedScript]) -> Optional[int]:
+    """The user's memory override in MiB (``--coloc-mem`` wins over ``#COLOC mem=``), or None."""
+    if cmd.coloc_mem is None:
+        return script.mem_override_mib if script else None
+    try:
+        return parse_size_mib(cmd.coloc_mem)
+    except ColocError as exc:
+        raise DirectiveError(f"--coloc-mem: {exc.message}", hint=exc.hint) from None
+
+
+def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
+               estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False) -> Plan:
+    """Decide the GPU request (the module rule) and build the sbatch argv, in one pass.
 
     With ``spank`` (the SPANK plugin is loaded, so sbatch knows ``--coloc-*``), the user's override and a
     whole-GPU choice are also passed as ``--coloc-mem=<MiB>M`` / ``--coloc-share=exclusive``, so the job is
     the same as one submitted with plain ``sbatch --coloc-mem=... --gres=shard:N`` (docs/spank.md).
 
+    Args:
+        cmd: the split ``coloc-sbatch`` command line.
+        script: the parsed job script; None with ``--wrap``.
+        cfg: ``gpu_mem_gib``, ``headroom_mib``, ``min_shards``, ``gpu_model``, ``gpu_model_by_partition``.
+        estimate_fn: ``(spec, GPU model) -> Estimate``, called only under rule 4 without an override and
+            when the script names a model: once per GPU model of the job's partitions (``gpu_models``);
+            the largest estimate decides. None: no estimate (rule 5 applies).
+        spank: whether sbatch accepts the SPANK plugin's ``--coloc-*`` options.
+
+    Returns:
+        The ``Plan``; nothing is run or written.
+
     Raises:
         DirectiveError: bad ``--coloc-mem`` or GPU option values.
+        ConfigError: a partition's GPU model is unknown to the estimator.
+        EstimateError: raised by ``estimate_fn``.
     """
     script_opts, gpu_lines = script_options(script)
-    req = gpu_request(script_opts + list(cmd.options))
+    all_opts = script_opts + list(cmd.options)
+    req = gpu_request(all_opts)
     whole = cfg.gpu_mem_gib
-    override = script.mem_override_mib if script else None
-    if cmd.coloc_mem is not None:
-        try:
-            override = parse_size_mib(cmd.coloc_mem)
-        except ColocError as exc:
-            raise DirectiveError(f"--coloc-mem: {exc.message}", hint=exc.hint) from None
+    exclusive_gpu = cmd.exclusive_gpu or (script is not None and script.share == "exclusive")
+    override = _override_mib(cmd, script)
     mem_mib: Optional[int] = None
     method: Optional[str] = None
+    model_name: Optional[str] = None
     gpus = None
-    if cmd.exclusive_gpu or (script is not None and script.share == "exclusive"):
+    if exclusive_gpu:
         mode, shards, reason = "whole-gpu", whole, "whole GPU asked (--exclusive-gpu / share=exclusive)"
     elif req.shards is not None:
         mode, shards, reason = "shard", req.shards, "explicit --gres=shard request kept"
     elif req.multi:
         mode, shards, gpus = "gpu", None, req.gpus_per_node
-        reason = "more than one GPU per node: whole GPUs on an exclusive node"
-    elif override is not None or estimate is not None:
-        # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
-        mem_mib = override if override is not None else estimate.mem_mib  # type: ignore[union-attr]
-        method = "override" if override is not None else estimate.method  # type: ignore[union-attr]
-        headroom = 0 if override is not None else cfg.headroom_mib
-        shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
-        mode, reason = "shard", f"{method} {mem_mib} MiB + {headroom} MiB headroom"
-        if shards >= whole:
-            mode, shards, reason = "whole-gpu", whole, f"{method} {mem_mib} MiB does not fit a shared GPU"
+        why = "more than one GPU per node" if gpus and gpus > 1 else "a per-task/per-socket GPU request"
+        reason = f"{why}: whole GPUs on an exclusive node"
     else:
-        mode, shards, reason = "whole-gpu", whole, "no model information: a whole GPU"
+        estimate: Optional[Estimate] = None
+        if override is None and estimate_fn is not None and script is not None and script.spec is not None:
+            spec = script.spec
+            estimate, model_name = max(((estimate_fn(spec, name), name) for name in gpu_models(cfg, all_opts)),
+                                       key=lambda pair: pair[0].mem_mib)
+            model_name = estimate.gpu_model or model_name
+        if override is not None or estimate is not None:
+            # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
+            mem_mib = override if override is not None else estimate.mem_mib  # type: ignore[union-attr]
+            method = "override" if override is not None else estimate.method  # type: ignore[union-attr]
+            headroom = 0 if override is not None else cfg.headroom_mib
+            on_gpu = f" on {model_name}" if model_name else ""
+            shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
+            mode, reason = "shard", f"{method} {mem_mib} MiB{on_gpu} + {headroom} MiB headroom"
+            if shards >= whole:
+                mode, shards = "whole-gpu", whole
+                reason = f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU"
+        else:
+            mode, shards, reason = "whole-gpu", whole, "no model information: a whole GPU"
     args: List[str] = []
-    moved = _moved_options(script, gpu_lines)
-    for opt in moved + [o for o in cmd.options if o.name not in GPU_OPTIONS and o.name != "comment"]:
+    for opt in _moved_options(script, gpu_lines) + [o for o in cmd.options
+                                                    if o.name not in GPU_OPTIONS and o.name != "comment"]:
         args.extend(opt.tokens)
-    gres = list(req.other_gres)
     if mode == "gpu":
-        gres.insert(0, f"gpu:{req.gres_type}:{gpus}" if req.gres_type else f"gpu:{gpus}")
-        if not any(o.name == "exclusive" for o in cmd.options):
-            args.append("--exclusive")
+        # the user's own GPU options, as sbatch would read them, on a node of its own
+        gpu_args = [token for opt in req.options for token in opt.tokens]
+        if not any(o.name == "exclusive" for o in all_opts):
+            gpu_args.append("--exclusive")
     else:
-        gres.insert(0, f"shard:{req.gres_type}:{shards}" if req.gres_type else f"shard:{shards}")
-    args.append("--gres=" + ",".join(gres))
+        shard = f"shard:{req.gres_type}:{shards}" if req.gres_type else f"shard:{shards}"
+        gpu_args = ["--gres=" + ",".join([shard, *req.other_gres])]
+    args.extend(gpu_args)
     if spank and override is not None and mode == "shard":
         args.append(f"--coloc-mem={override}M")
-    if spank and (cmd.exclusive_gpu or (script is not None and script.share == "exclusive")):
+    if spank and exclusive_gpu:
         args.append("--coloc-share=exclusive")
     comment: Dict[str, Any] = {"v": 1, "mode": mode, "shards": shards, "gpus": gpus, "mem_mib": mem_mib,
-                               "method": method, "sha256": script.sha256 if script else None,
+                               "method": method, "gpu_model": model_name,
+                               "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
     if cmd.script_args and len(json.dumps(list(cmd.script_args))) <= 2048:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
     user_comment = cmd.last("comment")
     if user_comment is None:
         user_comment = next((o.value for o in reversed(script_opts) if o.name == "comment"), None)
-    text = COMMENT_TAG + json.dumps(comment, separators=(",", ":"), sort_keys=True)
-    args.append("--comment=" + (f"{user_comment} {text}" if user_comment else text))
+    args.append("--comment=" + build_comment(comment, user_comment))
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
     if rewritten is not None and cmd.last("job-name") is None and not any(o.name == "job-name" for o in script_opts):
         args.append("--job-name=" + Path(script.path).name)  # type: ignore[union-attr]
@@ -242,7 +304,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], estimate: Optio
         index = len(args)
         args.append(cmd.script)
     args.extend(cmd.script_args)
-    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason)
+    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args))
 
 
 def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int]) -> List[Option]:
@@ -257,18 +319,3 @@ def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int]) -> List
             if opt.name not in GPU_OPTIONS:
                 out.append(opt)
     return out
-
-
-def parse_comment(comment: str) -> Optional[Dict[str, Any]]:
-    """The coloc JSON in a job comment (after the last ``coloc:``), or None. Never raises.
-
-    Hooks run this as root on user-controlled text: JSON only, bounded size, dict only.
-    """
-    at = (comment or "").rfind(COMMENT_TAG + "{")
-    if at < 0 or len(comment) - at > 16384:
-        return None
-    try:
-        data = json.loads(comment[at + len(COMMENT_TAG):])
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None

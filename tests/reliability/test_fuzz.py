@@ -23,7 +23,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.report.timespec import parse_when
 from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_coloc_pairs, parse_script
-from slurm_coloc.submit.plan import build_plan, gpu_request, script_options
+from slurm_coloc.submit.plan import build_plan
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
@@ -142,8 +142,7 @@ def test_sbatch_options_and_script_args_pass_through_verbatim(tmp_path: Path, op
     try:
         cmd = split_command_line(argv)
         parsed = parse_script(cmd.script)
-        gpu_request(script_options(parsed)[0] + list(cmd.options))
-        plan = build_plan(cmd, parsed, None, cfg, spank=False)
+        plan = build_plan(cmd, parsed, cfg, spank=False)
     except ColocError as exc:
         _one_line(exc)
         return
