@@ -49,9 +49,10 @@ def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
 def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
     """``(target, ops)`` of a queued record set. Raises ValueError (or UnicodeDecodeError) when malformed."""
     entry = json.loads(data.decode())
-    if not isinstance(entry, dict) or not isinstance(entry.get("target"), str) or not isinstance(entry.get("ops"),
-                                                                                                   list):
-        raise ValueError("not a record set (target, ops)")
+    if not isinstance(entry, dict) or not isinstance(entry.get("target"), str):
+        raise ValueError("not a record set (no target)")
+    if not isinstance(entry.get("ops"), list):
+        raise ValueError("not a record set (no ops list)")
     return entry["target"], entry["ops"]
 
 
