@@ -1,11 +1,10 @@
 """``coloc-hook``: the entry point the Prolog/Epilog shims in prolog_epilog/ call. Always exits 0.
 
-Start-up is part of the hook's time: the shim's ``timeout`` counts from exec, and on an overloaded host (hundreds
-of hooks at once) Python's imports alone took 24 s of its 30 s (docs/reliability.md, "Load"). So, before any heavy
-import, SIGTERM is caught (a hook killed during start-up still logs its one ``done ... (TERMINATED ...)`` line
-and leaves its pending environment, hooks/pending.py, from which the next hook run records its rows; it then
-exits 0, so the shim, run with ``timeout --preserve-status``, adds no second entry) and numpy is kept out
-(sqlite_utils imports it when installed; no hook uses it; it was half the start-up CPU).
+``main`` first catches SIGTERM (``StartUpTerminated``), then imports the rest: a run SIGTERMed before
+``run_hook`` took over writes its pending environment (hooks/pending.py), appends its one ``done ... (TERMINATED
+during start-up ...)`` line to ``<log_dir>/hooks.log`` and exits 0. ``main`` also keeps numpy out of the process
+(``_keep_numpy_out``): sqlite_utils imports it when installed, and no hook uses it. Importing this module changes
+neither the signal handlers nor the importable modules of the importing process.
 """
 from __future__ import annotations
 
@@ -61,40 +60,58 @@ def _hook_arg() -> str:
     return arg if arg in HOOK_NAMES else "hook"
 
 
-signal.signal(signal.SIGTERM, _on_term_early)  # before the imports below
-sys.modules.setdefault("numpy", None)
-try:
+def _keep_numpy_out() -> bool:
+    """Make ``import numpy`` raise ImportError in this process, unless numpy is already imported; True if done."""
+    if "numpy" in sys.modules:
+        return False
+    sys.modules["numpy"] = None  # type: ignore[assignment]
+    return True
+
+
+def _let_numpy_in(kept_out: bool) -> None:
+    """Undo ``_keep_numpy_out`` (for callers of ``main`` that go on running, such as tests)."""
+    if kept_out and "numpy" in sys.modules and sys.modules["numpy"] is None:
+        del sys.modules["numpy"]
+
+
+def _command() -> object:
+    """The click command (click is imported here, after SIGTERM is caught)."""
     import click
-except StartUpTerminated:
-    _log_start_up_terminated(_hook_arg())
-    sys.exit(0)
 
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.argument("hook", type=click.Choice(sorted(HOOK_NAMES)))
+    def cli(hook: str) -> None:
+        """Run one slurm-coloc hook for the job in the environment (called by Slurm, as root).
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("hook", type=click.Choice(sorted(HOOK_NAMES)))
-def cli(hook: str) -> None:
-    """Run one slurm-coloc hook for the job in the environment (called by Slurm, as root).
+        \b
+        Example (slurm.conf):
+          Prolog=/usr/local/share/slurm-coloc/prolog_epilog/prolog.sh
+        where prolog.sh runs: coloc-hook prolog
+        """
+        from slurm_coloc.hooks.runner import run_hook
+        lines = run_hook(hook)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its line is logged: a late SIGTERM must not add another
+        for line in lines:
+            click.echo(line)
 
-    \b
-    Example (slurm.conf):
-      Prolog=/usr/local/share/slurm-coloc/prolog_epilog/prolog.sh
-    where prolog.sh runs: coloc-hook prolog
-    """
-    from slurm_coloc.hooks.runner import run_hook
-    lines = run_hook(hook)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its line is logged: a late SIGTERM must not add another
-    for line in lines:
-        click.echo(line)
+    return cli
 
 
 def main() -> None:
-    """Console-script entry: run and exit 0 whatever happened (errors are in hooks.log)."""
+    """Console-script entry: run the hook named by ``argv[1]`` and exit 0 whatever happened (errors are in
+    hooks.log; a usage error is printed to stderr)."""
+    signal.signal(signal.SIGTERM, _on_term_early)  # before any other import
+    kept_out = _keep_numpy_out()
     try:
-        cli.main(standalone_mode=False)
+        import click
+        try:
+            _command().main(standalone_mode=False)  # type: ignore[attr-defined]
+        except click.ClickException as exc:
+            exc.show()
     except StartUpTerminated:
         _log_start_up_terminated(_hook_arg())
-    except click.ClickException as exc:
-        exc.show()
     except Exception as exc:  # noqa: BLE001 - never fail the node
         print(f"coloc-hook: {exc}", file=sys.stderr)
+    finally:
+        _let_numpy_in(kept_out)
     sys.exit(0)

@@ -1,9 +1,9 @@
-"""What a hook run leaves behind: its rows in the database, or in the root-only spool when the database is unusable.
+"""What a hook run leaves behind: its rows in the database, or in the recovery queue when the database is unusable.
 
-Split from hooks/runner.py (which runs the hook): ``record_ops`` builds the rows from the hook's environment only,
-``record_run`` writes them (and replays pending spool entries) within the recording budget, ``spool_ops`` keeps them
-when the database cannot be used (store/spool.py). ``replay_pending`` records the runs that could not record at
-all (killed during start-up, crashed) from the environments they left (hooks/pending.py), with the same builder.
+``record_ops`` builds a run's rows from its environment alone (a record set, store/recordset.py). ``record_run``
+writes them and then replays the recovery queue (store/queue.py) of the same database within the recording
+budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds the rows of a run
+that could not record at all from the environment it left (a pending entry, hooks/pending.py).
 """
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import logging
 import os
 import signal
 import sqlite3
+import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state
-from slurm_coloc.store import claims, spool
+from slurm_coloc.store import queue, recordset
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from slurm_coloc.comment import parse_comment
 
@@ -30,8 +31,9 @@ log = logging.getLogger("slurm_coloc.hooks")
 NODE_HOOKS = ("prolog", "epilog")
 CTLD_HOOKS = ("prolog-slurmctld", "epilog-slurmctld")
 RECORD_BUSY_S = 1.0  # busy timeout while recording the run (capped by db_busy_timeout_s)
-RECORD_BUDGET_S = 3.0  # SIGALRM bound of the recording phase (record + fallback rows + spool replay)
-REPLAY_BUDGET_S = 1.0
+RECORD_BUDGET_S = 3.0  # SIGALRM bound of the recording phase (the run's rows + the queue's replay)
+REPLAY_BUDGET_S = 2.0  # the queue's replay, all directories and kinds together
+REPLAY_MARGIN_S = 0.25  # the replay starts no entry later than this before the recording alarm
 
 
 class HookTimeout(BaseException):
@@ -46,12 +48,19 @@ class HookTerminated(BaseException):
     """Raised by SIGTERM in the hook's main process: the shim's outer ``timeout``, or a Slurm daemon stopping."""
 
 
-def spool_dirs(cfg: config_mod.Config) -> List[Path]:
-    """Where pending records wait: ``<run_dir>/spool`` first, ``<state_dir>/spool`` when that cannot be written."""
-    return [Path(cfg.run_dir) / "spool", Path(cfg.state_dir) / "spool"]
+def spool_dirs(cfg: config_mod.Config) -> List[str]:
+    """Where a run's record set is queued when its database is unusable: ``<run_dir>/spool``, else
+    ``<state_dir>/spool``."""
+    return [str(Path(cfg.run_dir) / "spool"), str(Path(cfg.state_dir) / "spool")]
+
+
+def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
+    """Every directory of the recovery queue a run replays: the spool directories, then the pending directory."""
+    return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 
 def target_of(name: str, ctx: HookContext) -> Optional[str]:
+    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog), ``ctld``, or None (TaskProlog)."""
     if name in NODE_HOOKS and ctx.node:
         return f"node:{ctx.node}"
     if name in CTLD_HOOKS:
@@ -67,16 +76,15 @@ def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
 
 def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
                duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (spool op format, store/spool.py), built from its environment only.
+    """The rows a hook run must leave (a record set's ops, store/recordset.py), built from its environment only.
 
     A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
     leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end in
     the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
 
-    Appended rows carry a ``once`` window of their own timestamp (store/spool.py), and the other ops only insert
-    what is absent or fill what is NULL, so applying the same ops twice leaves what applying them once does: a run
-    whose recording was cut off after the commit (the recording alarm) and that spooled its ops anyway, or a spool
-    entry taken again after its replayer died, adds no second row (a duplicate Epilog row seen under load).
+    Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent or
+    fill what is NULL, so applying the same ops twice leaves what applying them once does (a run whose rows were
+    committed and queued too, or an entry taken again after its replayer died, adds no second row).
     """
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
@@ -113,10 +121,13 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     return ops
 
 
-def spool_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
+def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
+    """Queue a run's record set (``spool_dirs`` in order, the first that takes it); log where, or log the rows
+    themselves when no directory takes them. Never raises ``ColocError``."""
+    data = recordset.encode(target, ops)
     for d in spool_dirs(cfg):
         try:
-            path = spool.write_entry(d, target, ops)
+            path = queue.write(d, recordset.entry_name(), data)
             log.warning("database unusable: %d record(s) spooled to %s, replayed by the next hook", len(ops), path)
             return
         except ColocError as exc:
@@ -124,15 +135,16 @@ def spool_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) ->
     log.error("RECORDS LOST (no database, no spool): %s", json.dumps(ops, default=str))
 
 
-def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> tuple:
+def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> Tuple[str, List[Dict[str, Any]]]:
     """``(target, ops)`` of a pending entry's run (hooks/pending.py): the rows of a failed run, built by
-    ``record_ops`` from the captured environment with the captured times, marked as recovered, each append op
-    with its ``once`` window. Raises PendingError when the entry names no job or database."""
+    ``record_ops`` from the captured environment with the captured times (unix s), marked as recovered, each append
+    op with a ``once`` window of the run's span widened by 1 s. Raises queue.EntryError when the entry names no job
+    or database."""
     name = env["COLOC_PENDING_HOOK"]
     ctx = HookContext.from_env(env)
     target = target_of(name, ctx)
     if ctx.job_id is None or target is None:
-        raise pending.PendingError("no SLURM_JOB_ID or SLURMD_NODENAME")
+        raise queue.EntryError("no SLURM_JOB_ID or SLURMD_NODENAME")
     reason = env.get("COLOC_PENDING_RC", "")
     why = ("terminated during start-up" if reason == "startup" else
            f"terminated by the shim's timeout (rc {reason})" if reason in ("124", "137", "143") else
@@ -145,86 +157,63 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
     return target, ops
 
 
-def replay_pending(target: str, db: Any, env: Mapping[str, str], budget_s: float = REPLAY_BUDGET_S) -> int:
-    """Apply the pending entries of ``target`` (same ``COLOC_CONFIG``) to ``db``, each in one transaction, then
-    delete them; an unusable entry is renamed ``.bad`` and logged. Returns how many were applied. A database
-    error (or the recording alarm) stops it and propagates; the claimed entry is put back."""
-    import time
+def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: str,
+                 budget_s: float = REPLAY_BUDGET_S, max_entries: int = queue.MAX_REPLAY) -> int:
+    """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``): record sets (``.json``) first,
+    then pending environments (``.env``) of the same ``config_path`` (``COLOC_CONFIG``), each in one transaction.
 
-    d = pending.safe_dir(pending.pending_dir(env), create=False)
-    if d is None:
-        return 0
-    t_end, done = time.monotonic() + budget_s, 0
-    for path in pending.candidates(d):
-        if time.monotonic() > t_end:
-            break
-        base = (os.path.join(os.path.dirname(path), claims.split_claim(os.path.basename(path))[0])
-                if path.endswith(".replaying") else path)
-        try:
-            entry = pending.read_entry(path)
-            if entry.get("COLOC_CONFIG", "") != env.get("COLOC_CONFIG", ""):
-                continue  # another cluster's entry sharing the directory
-            started, ended = pending.times_of(entry, os.lstat(path).st_mtime)
-            entry_target, ops = recovered_ops(entry, started, ended)
-        except FileNotFoundError:
-            continue  # claimed by another replayer meanwhile
-        except (pending.PendingError, OSError, KeyError, ValueError) as exc:
-            log.error("pending hook entry %s is unusable (%s): set aside as .bad", base, exc)
-            try:
-                os.rename(path, base + ".bad")
-            except OSError:
-                pass
-            continue
-        if entry_target != target:
-            continue
-        claimed = claims.claim_name(base)
-        try:
-            os.rename(path, claimed)  # atomic claim: a second replayer misses it
-            os.utime(claimed)
-        except OSError:
-            continue
-        try:
-            spool.apply_ops(db, ops)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("pending hook entry %s is malformed (%s): set aside as .bad", base, exc)
-            os.rename(claimed, base + ".bad")
-            continue
-        except BaseException:
-            os.rename(claimed, base)
-            raise
-        os.unlink(claimed)
-        log.warning("%s of job %s (rc %s) recorded from its pending entry %s (%d row(s))", entry["COLOC_PENDING_HOOK"],
-                    entry.get("SLURM_JOB_ID"), entry.get("COLOC_PENDING_RC"), base, len(ops))
-        done += 1
-    return done
+    An entry that cannot be read, decoded or written is set aside (``.bad``, logged); a failure of the database
+    itself (``recordset.store_unusable``) or the recording alarm stops the replay and propagates, the entry put back.
+
+    Returns:
+        How many entries were applied.
+    """
+    def decode(entry: queue.Entry) -> Optional[Tuple[List[Dict[str, Any]], str]]:
+        """``(ops, what to log once applied)``, or None for another database's or cluster's entry."""
+        if entry.kind == recordset.SUFFIX:
+            entry_target, ops = recordset.decode(entry.data)
+            return (ops, "") if entry_target == target else None
+        env = pending.decode(entry.data)
+        if env.get("COLOC_CONFIG", "") != config_path:
+            return None  # another cluster's entry sharing the directory
+        entry_target, ops = recovered_ops(env, *pending.times_of(env, entry.mtime))
+        note = (f"{env['COLOC_PENDING_HOOK']} of job {env.get('SLURM_JOB_ID')} (rc {env.get('COLOC_PENDING_RC')}) "
+                f"recorded from its pending entry {os.path.join(os.path.dirname(entry.path), entry.name)} "
+                f"({len(ops)} row(s))")
+        return (ops, note) if entry_target == target else None
+
+    def apply(entry: queue.Entry, item: Tuple[List[Dict[str, Any]], str]) -> None:
+        recordset.apply_ops(db, item[0])
+        if item[1]:
+            log.warning("%s", item[1])
+
+    return queue.replay(directories, (recordset.SUFFIX, pending.SUFFIX), decode, apply, recordset.store_unusable,
+                        budget_s, max_entries)
 
 
 def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],
                state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
-    """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay pending ones (spool
-    entries and pending environments of runs that could not record, hooks/pending.py). Never raises (but
-    ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
+    """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay the recovery queue
+    (``replay_queue``) until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most. Never
+    raises (but ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
 
-    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``) spools
+    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``) queues
     them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also rolls
     back a transaction the alarm left open (its write lock would block the next opener).
     """
+    t0 = time.monotonic()
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
+    env = os.environ if env is None else env
     db = None
     try:
         db = _open_target(target, cfg, busy_s)
         if ops:
-            spool.apply_ops(db, ops)
+            recordset.apply_ops(db, ops)
         state["recorded"] = True
-        for d in spool_dirs(cfg):
-            n = spool.replay(d, target, db, budget_s=REPLAY_BUDGET_S)
-            if n:
-                log.info("replayed %d spooled record set(s) from %s into %s", n, d, target)
-        # after the spool: a run that spooled its rows and was then killed also left a pending environment,
-        # whose rows (``once`` windows) then find the spooled ones and add nothing
-        n = replay_pending(target, db, os.environ if env is None else env)
+        budget = min(REPLAY_BUDGET_S, RECORD_BUDGET_S - REPLAY_MARGIN_S - (time.monotonic() - t0))
+        n = replay_queue(target, db, queue_dirs(cfg, env), env.get("COLOC_CONFIG", ""), budget)
         if n:
-            log.info("recorded %d run(s) from pending environments into %s", n, target)
+            log.info("replayed %d queued entr%s into %s", n, "y" if n == 1 else "ies", target)
     except HookTimeout:
         log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
     except Exception as exc:  # noqa: BLE001 - a hook must never fail the node

@@ -1,27 +1,19 @@
 """Running a hook safely: bounded time, every error caught and logged, a record per run, exit 0.
 
-A Prolog or Epilog that exits non-zero drains the node (facts §5); ours never does because of our own bug or a
-broken environment (docs/reliability.md has the fault campaign). The shim in prolog_epilog/ adds an outer
-``timeout``.
+Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child, in its own process group,
+under SIGALRM at ``hook_timeout_s`` (``HookTimeout`` ends Python-level waits and the subprocesses they wait on); a
+child that has not ended ``KILL_GRACE_S`` later (stuck in C code the alarm cannot interrupt) is SIGKILLed with its
+process group. The parent, which never touches NVML, MPS or Slurm, then records the run (hooks/record.py) within
+``RECORD_BUDGET_S``, busy waits capped at ``RECORD_BUSY_S``. Defaults: 20 + 1 + 3 + 1 = 25 s.
 
-Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child with ``hook_timeout_s``
-(SIGALRM inside it, so Python-level waits end cleanly and kill their subprocesses); a child stuck in C code that the
-alarm cannot interrupt (an NVML call that hangs, a long SQLite busy wait) is SIGKILLed, with its process group,
-``KILL_GRACE_S`` later. The parent, which never touches NVML, MPS or Slurm, then records the run within
-``RECORD_BUDGET_S`` (busy waits capped at ``RECORD_BUSY_S``). Defaults: 20 + 1 + 3 + 1 = 25 s, under the shim's 30 s.
+The shim's ``timeout`` (prolog_epilog/coloc-hook.sh, ``COLOC_SHIM_TIMEOUT_S``, default ``OUTER_LIMIT_S``) counts
+from exec, so the child's budget is also capped by what start-up left of it (``work_budget_s``). A SIGTERM to the
+parent (``HookTerminated``) queues the rows a failed run leaves (they only fill what the child does not write) and
+logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to finish under its own alarm.
 
-The shim's ``timeout`` counts from exec, Python start-up and imports included (seconds on an overloaded host:
-200 PrologSlurmctlds at once on 2 CPUs). So the child's budget is also capped by what is left of the shim's limit
-(``COLOC_SHIM_TIMEOUT_S``, exported by the shim, default 30 s) after start-up (``work_budget_s``). Should the
-shim's SIGTERM still come (or slurmd's, when it stops), the parent catches it (``HookTerminated``), spools the rows
-a failed run leaves (they only fill what the child does not write) and logs its ``<hook> done in N ms
-(TERMINATED ...)`` line; the child, in its own process group, is left to finish its work under its own alarm.
-With cli/hook.py (SIGTERM caught before the imports) every hook process leaves exactly one ``done`` line.
-
-What a failed hook would have recorded is never dropped: a minimal row built from the hook's environment (job
-start/end, submission, the hook run with its error) goes to the database at once, or, when the database is
-unusable (locked past the budget, full filesystem, corrupt, missing config), to the root-only spool
-(store/spool.py), replayed by the next hook that can open that database.
+The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, at most ``MAX_RESULT_BYTES``; a
+``detail`` over ``MAX_DETAIL_BYTES`` is cut to its small items plus a ``"truncated"`` marker (``encode_result``).
+docs/reliability.md describes the faults this is tested against.
 """
 from __future__ import annotations
 
@@ -40,8 +32,8 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.record import (RECORD_BUDGET_S, RECORD_BUSY_S, HookTerminated, HookTimeout, record_ops,
-                                      record_run, spool_ops, target_of)
+from slurm_coloc.hooks.record import (RECORD_BUDGET_S, RECORD_BUSY_S, HookTerminated, HookTimeout, enqueue_ops,
+                                      record_ops, record_run, target_of)
 from slurm_coloc.hooks.startup import process_age_s
 
 log = logging.getLogger("slurm_coloc.hooks")
@@ -55,7 +47,11 @@ HOOKS: Dict[str, HookFn] = {
     "task-prolog": node.task_prolog,
 }
 KILL_GRACE_S = 1.0  # after hook_timeout_s, a child that did not end by itself is SIGKILLed
-MAX_RESULT_BYTES = 1 << 20
+MAX_RESULT_BYTES = 1 << 20  # the child's whole answer on the pipe
+# a run's detail as recorded (hook_runs.detail_json, events): small enough that the run's record set always fits
+# one queue entry (store/queue.py MAX_ENTRY_BYTES, 256 KiB; the detail appears once per op)
+MAX_DETAIL_BYTES = 64 * 1024
+MAX_ITEM_BYTES = 1024  # a detail item kept whole when a detail is cut
 OUTER_LIMIT_S = 30.0  # the shim's `timeout` (prolog_epilog/coloc-hook.sh) when COLOC_SHIM_TIMEOUT_S is absent
 OUTER_MARGIN_S = 1.0  # kept free under the shim's limit (logging, exit)
 MIN_WORK_S = 5.0  # below this the shim's limit cannot be kept anyway: the child keeps its full hook_timeout_s
@@ -121,8 +117,8 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
     """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its rows.
 
     The rows are built before the alarm is armed and, unless ``record_run`` committed them (``state["recorded"]``),
-    spooled after it is disarmed: the alarm can fire anywhere (under load it fired before the database was even
-    opened, losing a Prolog row). Rows both committed and spooled are applied once (``once`` windows).
+    queued after it is disarmed, so an alarm firing anywhere loses none; rows both committed and queued are applied
+    once (``once`` windows).
     """
     target = target_of(name, ctx)
     if target is None:
@@ -131,7 +127,7 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
     state["recorded"] = False
     _bounded(lambda: record_run(name, target, cfg, ops, state, env), RECORD_BUDGET_S)
     if ops and not state["recorded"]:
-        spool_ops(cfg, target, ops)
+        enqueue_ops(cfg, target, ops)
 
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
@@ -203,7 +199,7 @@ def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, start
 
 def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
                 state: Dict[str, Any]) -> None:
-    """SIGTERM reached the hook process: spool what a failed run leaves, log the one done line.
+    """SIGTERM reached the hook process: queue what a failed run leaves, log the one done line.
 
     Called with about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process group,
     untouched by the shim's signals) finishes its work under its own alarm. Never raises.
@@ -219,7 +215,7 @@ def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, sta
         error = "terminated by SIGTERM (the shim's timeout, or slurmd/slurmctld stopping)"
         target = target_of(name, ctx)
         if target is not None and ctx.job_id is not None and name in HOOKS and not state.get("recorded"):
-            spool_ops(cfg, target, record_ops(name, ctx, False, {"error": error}, started_ts, duration_ms))
+            enqueue_ops(cfg, target, record_ops(name, ctx, False, {"error": error}, started_ts, duration_ms))
         log.error("%s done in %.0f ms (TERMINATED: %s; exec %.0f ms before; child %s left to finish)", name,
                   duration_ms, error, age_ms, child)
     except BaseException:  # noqa: BLE001 - a hook must never fail the node
@@ -253,13 +249,50 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
         except BaseException:  # noqa: BLE001
             pass
     try:
-        data = json.dumps(payload, default=str).encode()[:MAX_RESULT_BYTES]
+        data = encode_result(payload)
         while data:
             data = data[os.write(fd, data):]
         for h in logging.getLogger("slurm_coloc").handlers:
             h.flush()
     finally:
         os._exit(0)
+
+
+def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
+    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items of at most ``MAX_ITEM_BYTES`` as
+    JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES // 2`` characters plus ``" ... [cut]"``, other
+    large items dropped; ``"truncated": {"bytes", "limit", "cut"}`` names the items cut or dropped. Only the marker
+    is left when that is still too large."""
+    kept: Dict[str, Any] = {}
+    cut: List[str] = []
+    for key, value in detail.items():
+        if len(json.dumps(value, default=str)) <= MAX_ITEM_BYTES:
+            kept[str(key)] = value
+            continue
+        if isinstance(value, str):
+            kept[str(key)] = value[:MAX_ITEM_BYTES // 2] + " ... [cut]"
+        cut.append(str(key)[:MAX_ITEM_BYTES])
+    marker = {"bytes": size, "limit": MAX_DETAIL_BYTES, "cut": cut}
+    out = {**kept, "truncated": marker}
+    if len(json.dumps(out, default=str)) > MAX_DETAIL_BYTES:
+        out = {"truncated": {**marker, "cut": "all"}}
+    return out
+
+
+def encode_result(payload: Dict[str, Any]) -> bytes:
+    """The child's answer ``{"ok", "detail", "result"}`` as JSON bytes, always valid and at most
+    ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still over
+    ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped."""
+    detail = payload.get("detail") or {}
+    size = len(json.dumps(detail, default=str))
+    if size > MAX_DETAIL_BYTES:
+        payload = {**payload, "detail": _cut_detail(detail, size)}
+    data = json.dumps(payload, default=str).encode()
+    if len(data) > MAX_RESULT_BYTES:
+        data = json.dumps({"ok": False, "detail": {"error": f"the hook's answer of {len(data)} bytes is over "
+                                                            f"{MAX_RESULT_BYTES}: its result was dropped"},
+                           "result": None}).encode()
+    return data
 
 
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],

@@ -1,6 +1,6 @@
 """Hook runs that end before they can record (killed during start-up, by the shim's timeout, crashed) leave their
 environment in the pending directory; the next hook run of the same database records their rows, once
-(hooks/pending.py, docs/reliability.md "Load"). Real coloc-hook processes, the real shim, real SQLite.
+(hooks/pending.py, store/queue.py). Real coloc-hook processes, the real shim, real SQLite.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Dict, List
 import pytest
 
 from slurm_coloc.hooks import pending
-from slurm_coloc.hooks.record import replay_pending
+from slurm_coloc.hooks.record import replay_queue
+from slurm_coloc.store import queue
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from tests.cluster import REPO, VENV_BIN
 from tests.reliability.conftest import FaultCluster
@@ -69,8 +70,8 @@ def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultC
     assert sorted(p.name.split(f"-{ghost}-")[0] for p in entries) == sorted(
         ["prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld"]), entries
     saved = {p.name: p.read_bytes() for p in entries}
-    captured = {pending.read_entry(str(p))["COLOC_PENDING_HOOK"]: pending.times_of(
-        pending.read_entry(str(p)), p.stat().st_mtime) for p in entries}
+    envs = {p: pending.decode(queue.read(str(p))[0]) for p in entries}
+    captured = {env["COLOC_PENDING_HOOK"]: pending.times_of(env, p.stat().st_mtime) for p, env in envs.items()}
 
     nxt = fc.run_job(fc.script("pend2.sh"), node="n1")["job_id"]  # its hooks replay the entries
     deadline = time.time() + 30
@@ -102,9 +103,8 @@ def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultC
     for name, data in saved.items():
         (pend / name).write_bytes(data)
         os.chmod(pend / name, 0o600)
-    env = {"COLOC_CONFIG": str(conf), "COLOC_PENDING_DIR": str(pend)}
-    assert replay_pending("node:n1", open_node_db(fc.c.node_db("n1")), env) == 2
-    assert replay_pending("ctld", open_ctld_db(fc.c.ctld_db), env) == 2
+    assert replay_queue("node:n1", open_node_db(fc.c.node_db("n1")), [str(pend)], str(conf)) == 2
+    assert replay_queue("ctld", open_ctld_db(fc.c.ctld_db), [str(pend)], str(conf)) == 2
     assert _entries(pend) == []
     check()
 
@@ -133,13 +133,13 @@ def test_unsafe_or_malformed_entries_are_set_aside_never_applied(tmp_path: Path)
     group_writable.chmod(0o620)
     big = _good_entry(pend, "epilog-slurmctld-4-1-1.0.env", 4)
     with open(big, "ab") as fh:
-        fh.write(b"SLURM_JOB_COMMENT=" + b"x" * pending.MAX_ENTRY_BYTES + b"\0")
+        fh.write(b"SLURM_JOB_COMMENT=" + b"x" * queue.MAX_ENTRY_BYTES + b"\0")
     (pend / "epilog-slurmctld-5-1-1.0.env").write_bytes(b"LD_PRELOAD=/tmp/evil.so\0COLOC_PENDING_HOOK=prolog\0")
     (pend / "epilog-slurmctld-5-1-1.0.env").chmod(0o600)
     other = _good_entry(pend, "epilog-slurmctld-6-1-1.0.env", 6)
     other.write_bytes(other.read_bytes().replace(b"/etc/x.yaml", b"/etc/other.yaml"))
     good = _good_entry(pend, "epilog-slurmctld-7-1-1.0.env", 7)
-    assert replay_pending("ctld", db, env) == 1
+    assert replay_queue("ctld", db, [str(pend)], env["COLOC_CONFIG"]) == 1
     assert [r["job_id"] for r in db.query("SELECT job_id FROM jobs")] == [7]
     assert next(db.query("SELECT end_ts FROM jobs"))["end_ts"] == 1700000000.5  # the captured time
     assert not good.exists() and other.exists()  # another cluster's entry is left alone
@@ -150,7 +150,7 @@ def test_unsafe_or_malformed_entries_are_set_aside_never_applied(tmp_path: Path)
     shutil.rmtree(pend)
     os.symlink(tmp_path / "outside", pend)
     _good_entry(tmp_path / "outside", "epilog-slurmctld-8-1-1.0.env", 8)
-    assert replay_pending("ctld", db, env) == 0
+    assert replay_queue("ctld", db, [str(pend)], env["COLOC_CONFIG"]) == 0
     assert pending.write_entry("epilog", {**env, "SLURM_JOB_ID": "9"}, "startup") is None
 
 

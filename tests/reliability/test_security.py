@@ -3,8 +3,8 @@
 - Hooks never import user code: a job whose ``#COLOC`` model is a module that drops a marker when imported; the
   marker appears for the user's own coloc-sbatch (proof the module works) and never for uid 0, through the job,
   its OOM death and its rerun (every root hook ran).
-- Databases, run and spool directories are root-owned and not writable by users; a planted spool symlink or a
-  user-owned spool entry is refused.
+- Databases, run and queue directories are root-owned and not writable by users; a planted queue directory symlink
+  is refused, a user-owned or symlinked queue entry is set aside, never applied.
 - A job named ``x'); DROP TABLE jobs;--`` is stored and reported verbatim.
 - A user sees only their own jobs in coloc-report; root sees all.
 - MPS pipe and log directories in per-user mode admit the job's user only; the daemon runs as that user.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import stat
 import time
 from pathlib import Path
@@ -23,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.errors import StoreError
-from slurm_coloc.store import spool
+from slurm_coloc.hooks.record import replay_queue
+from slurm_coloc.store import queue
+from slurm_coloc.store.db import open_ctld_db
 from tests.reliability.conftest import FaultCluster
 
 pytestmark = pytest.mark.slurm
@@ -118,22 +119,33 @@ def test_spool_refuses_planted_symlink_and_foreign_entries(tmp_path: Path) -> No
     link = tmp_path / "run" / "spool"
     link.parent.mkdir()
     link.symlink_to(user_dir)
+    ops = [{"op": "event", "row": {"job_id": 1, "kind": "k", "ts": 1.0, "detail_json": "{}"}}]
+    entry = json.dumps({"target": "ctld", "ops": ops}).encode()
     with pytest.raises(StoreError, match="not a directory"):
-        spool.write_entry(link, "ctld", [{"op": "event", "row": {"job_id": 1}}])
+        queue.write(str(link), "1-1.json", entry)
     assert not list(user_dir.iterdir())
     owned = tmp_path / "owned"
     owned.mkdir()
     os.chown(owned, 2001, 2001)
     with pytest.raises(StoreError, match="owned by uid 2001"):
-        spool.write_entry(owned, "ctld", [])
+        queue.write(str(owned), "1-1.json", entry)
     good = tmp_path / "good"
-    spool.write_entry(good, "ctld", [{"op": "event", "row": {"job_id": 1, "kind": "k"}}])
+    queue.write(str(good), "1-1.json", entry)
     assert oct(os.stat(good).st_mode & 0o777) == "0o700"
     forged = good / "0-1.json"  # an entry not written by us (owner 2001) is never replayed
     forged.write_text(json.dumps({"target": "ctld", "ops": [{"op": "event", "row": {"job_id": 666}}]}))
     os.chown(forged, 2001, 2001)
-    (good / "1-1.json").symlink_to(forged)
-    assert [e["ops"][0]["row"]["job_id"] for e in spool.pending(good, "ctld")] == [1]
+    (good / "1-2.json").symlink_to(forged)
+    db = open_ctld_db(tmp_path / "ctld.db")
+    assert replay_queue("ctld", db, [str(good)], "") == 1
+    assert [r["job_id"] for r in db.query("SELECT job_id FROM events")] == [1]
+    assert sorted(p.name for p in good.iterdir()) == ["0-1.json.bad", "1-2.json.bad"]
+    assert (good / "1-2.json.bad").is_symlink()
+    planted = user_dir / "2-1.json"  # well-formed and root-owned, but behind a planted directory symlink
+    planted.write_bytes(entry)
+    planted.chmod(0o600)
+    assert replay_queue("ctld", open_ctld_db(tmp_path / "ctld2.db"), [str(link)], "") == 0
+    assert planted.exists()
 
 
 def test_sql_injection_job_name_stored_and_reported_verbatim(fc: FaultCluster) -> None:

@@ -1,5 +1,6 @@
-"""Upgrades and downgrades of the databases: the first released schema (tests/data/schema_v1, committed as
-written then) migrates to the current one with no row lost; a database from a newer version is refused."""
+"""Upgrades and downgrades: the first released schema (tests/data/schema_v1, committed as written then) migrates
+to the current one with no row lost; a database from a newer version is refused; recovery-queue entries written
+before the queue was merged (tests/data/queue_v1) replay to the rows the old code wrote from them."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,15 @@ from typing import Dict, List
 
 import pytest
 
+from slurm_coloc.config import Config
 from slurm_coloc.errors import StoreError
+from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.runner import record_bounded
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 
 V1 = Path(__file__).resolve().parents[1] / "data" / "schema_v1"
+QUEUE_V1 = Path(__file__).resolve().parents[1] / "data" / "queue_v1"
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
 
 
@@ -125,3 +130,34 @@ def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
     conn = sqlite3.connect(str(path))
     names = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")]
     assert len(names) == len(set(names)) >= 3
+
+
+def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) -> None:
+    """Spool record sets (``<run_dir>/spool/*.json``) and pending environments (``*.env``, from coloc-hook and
+    from the shim) as the code before the merged queue wrote them are replayed by a new hook run's recording phase
+    into the rows that code's replay wrote (``expected_rows.json``), each once, and leave nothing queued."""
+    cfg = Config(state_dir=str(tmp_path / "state"), run_dir=str(tmp_path / "run"))
+    pend = tmp_path / "pending"
+    for src, dst in ((QUEUE_V1 / "spool", tmp_path / "run" / "spool"), (QUEUE_V1 / "pending", pend)):
+        shutil.copytree(src, dst)
+        os.chmod(dst, 0o700)
+        for p in dst.iterdir():
+            os.chmod(p, 0o600)
+    env = {"COLOC_CONFIG": "/etc/slurm-coloc/coloc.yaml", "COLOC_PENDING_DIR": str(pend)}
+    for job, hook, context, node in ((600, "prolog-slurmctld", "prolog_slurmctld", ""),
+                                     (601, "prolog", "prolog_slurmd", "n1")):
+        ctx = HookContext.from_env({"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": node,
+                                    "SLURM_SCRIPT_CONTEXT": context, **env})
+        record_bounded(hook, ctx, cfg, True, {}, 1795600000.0, 5.0, {}, env)  # a new run: records, then replays
+    assert sorted(os.listdir(tmp_path / "run" / "spool")) == [] and sorted(os.listdir(pend)) == []
+    expected = json.loads((QUEUE_V1 / "expected_rows.json").read_text())
+    got = {**{t: rows for t, rows in _dump(tmp_path / "state" / "ctld.db").items() if t in ("jobs", "events")},
+           **{t: rows for t, rows in _dump(tmp_path / "state" / "nodes" / "n1.db").items()
+              if t in ("hook_runs", "job_runs")}}
+    got["hook_runs"] = [r for r in got["hook_runs"] if r["job_id"] != 601]  # the new run's own row
+    for table, rows in expected.items():
+        assert _without_ids(got[table]) == _without_ids(rows), table
+
+
+def _without_ids(rows: List[dict]) -> List[dict]:
+    return sorted((json.dumps({k: v for k, v in r.items() if k != "id"}, sort_keys=True) for r in rows))

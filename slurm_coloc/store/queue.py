@@ -1,0 +1,327 @@
+"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed by later runs.
+
+One entry is one file in a queue directory. Its kind is its suffix (``.json``: a record set, store/recordset.py;
+``.env``: the environment of a run that ended before recording, hooks/pending.py); this module handles the files
+of every kind the same way and knows nothing of their content or of the database:
+
+- Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (a looser mode on our own
+  directory is tightened; another owner is refused). Created 0700 with 0755 parents when a writer needs it.
+- Writing: a temp file ``.<name>.<pid>.tmp`` opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600, optionally fsynced, renamed
+  to ``<name>``; at most ``MAX_ENTRIES`` files per directory and ``MAX_ENTRY_BYTES`` per entry.
+- Reading: ``O_NOFOLLOW``; a regular file owned by the effective uid, not group/other-writable, at most
+  ``MAX_ENTRY_BYTES``. Anything else is unusable (``EntryError``).
+- Claims: a replayer renames ``<name>`` to ``<name>.<pid>.replaying`` (atomic: a second replayer's rename fails),
+  applies it, then unlinks the claim. A claim is stale, and taken again, when its pid is gone or is this process,
+  or when it is older than ``STALE_CLAIM_S`` (a reused pid, or a claim name without a pid).
+- Replay (``replay``): entries of all given directories, ordered by kind (the caller's order), then mtime, then
+  name; one time budget for all of them. An entry that cannot be read, decoded or applied is renamed
+  ``<name>.bad`` with a log line and the replay goes on with the next one; only an error the caller says is the
+  store's own (``keep``: the database locked, full, corrupt) or a ``BaseException`` (the recording alarm,
+  SIGTERM) puts the claimed entry back and stops the replay, propagating the error.
+
+Light on purpose (os, re, stat and time; logging only once an entry is set aside): ``coloc-hook`` writes entries
+from its start-up path.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+from slurm_coloc.errors import StoreError
+
+MAX_ENTRIES = 10_000  # files per directory; beyond it a new entry is refused (the queue must not fill /run)
+MAX_ENTRY_BYTES = 256 * 1024
+MAX_REPLAY = 500  # entries applied by one replay call
+STALE_CLAIM_S = 120.0  # > any hook process's bound (the shim's 30 s + its 2 s kill): only for claims without a pid
+CLAIM_SUFFIX = ".replaying"
+BAD_SUFFIX = ".bad"
+
+_CLAIM_RE = re.compile(r"^(?P<base>[^/]+?)(?:\.(?P<pid>[0-9]{1,10}))?\.replaying$")
+
+
+class EntryError(ValueError):
+    """An entry that cannot be used (unsafe file, malformed content); it is set aside, never applied."""
+
+
+class Entry(NamedTuple):
+    """One entry as read for replay.
+
+    Attributes:
+        path: where the file lies now (the entry itself, or a stale claim of it).
+        name: the entry's own name (``<name>`` without a claim suffix).
+        kind: its suffix (``.json``, ``.env``).
+        data: its bytes (at most ``MAX_ENTRY_BYTES``).
+        mtime: its modification time (unix s).
+    """
+
+    path: str
+    name: str
+    kind: str
+    data: bytes
+    mtime: float
+
+
+def safe_dir(path: str, create: bool = False) -> str:
+    """Check (and with ``create``, make) a queue directory: a real directory owned by us, mode 0700.
+
+    Args:
+        path: the directory.
+        create: create it 0700 (parents 0755) when absent.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        StoreError: absent (without ``create``), a symlink or file, owned by another uid, or an OS error.
+    """
+    try:
+        if create and not os.path.lexists(path):
+            old = os.umask(0o022)
+            try:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+                try:
+                    os.mkdir(path, 0o700)
+                except FileExistsError:
+                    pass
+            finally:
+                os.umask(old)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"queue directory {path!r} is not a directory (symlink or file): refused")
+        if st.st_uid != os.geteuid():
+            raise StoreError(f"queue directory {path!r} is owned by uid {st.st_uid}, not {os.geteuid()}: refused")
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        raise StoreError(f"queue directory {path!r} is unusable: {exc.strerror or exc}") from None
+    return path
+
+
+def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
+    """Write entry ``name`` atomically (temp file, optional fsync, rename), 0600, never through a symlink.
+
+    Args:
+        directory: the queue directory (created 0700 if absent).
+        name: the entry's file name (its suffix is its kind).
+        data: its content, at most ``MAX_ENTRY_BYTES``.
+        sync: fsync before the rename.
+
+    Returns:
+        The entry's path.
+
+    Raises:
+        StoreError: unusable directory, ``MAX_ENTRIES`` files already there, entry too large, or an OS error
+        (disk full).
+    """
+    d = safe_dir(directory, create=True)
+    if len(data) > MAX_ENTRY_BYTES:
+        raise StoreError(f"queue entry of {len(data)} bytes is over {MAX_ENTRY_BYTES}")
+    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
+    try:
+        if len(os.listdir(d)) >= MAX_ENTRIES:
+            raise StoreError(f"queue directory {d!r} holds {MAX_ENTRIES} entries: not adding more")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(d, name))
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StoreError(f"cannot write queue entry in {d!r}: {exc.strerror or exc}") from None
+    return os.path.join(d, name)
+
+
+def read(path: str) -> Tuple[bytes, float]:
+    """``(data, mtime)`` of the entry at ``path``, read without following a symlink.
+
+    Raises:
+        FileNotFoundError: it is gone (claimed by another replayer).
+        EntryError: not a regular file, not ours alone (owner, group/other write), too large, or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise EntryError(f"cannot open: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise EntryError("not a regular file")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise EntryError(f"owned by uid {st.st_uid} (mode {st.st_mode & 0o777:o}): not ours alone")
+        if st.st_size > MAX_ENTRY_BYTES:
+            raise EntryError(f"{st.st_size} bytes, over {MAX_ENTRY_BYTES}")
+        return os.read(fd, MAX_ENTRY_BYTES + 1), st.st_mtime
+    except OSError as exc:
+        raise EntryError(f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def claim_name(base: str) -> str:
+    """The name a replayer renames entry ``base`` (a path or name) to: ``<base>.<pid>.replaying``."""
+    return f"{base}.{os.getpid()}{CLAIM_SUFFIX}"
+
+
+def split_claim(name: str) -> Tuple[str, Optional[int]]:
+    """``(entry name, claimer pid)`` of a claim name (``<name>.<pid>.replaying``; the older ``<name>.replaying``
+    has no pid: None). Raises ValueError for a name that is not a claim."""
+    m = _CLAIM_RE.match(name)
+    if m is None:
+        raise ValueError(f"not a claim name: {name!r:.100}")
+    return m.group("base"), int(m.group("pid")) if m.group("pid") else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def claim_is_stale(name: str, mtime: float, now: float) -> bool:
+    """Whether the claim ``name`` (modified at ``mtime``) may be taken again: its replayer's pid is gone or is this
+    process (a replay holds its claims only while applying them, so a claim of ours seen here was left by a replay
+    the recording alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds."""
+    try:
+        _, pid = split_claim(os.path.basename(name))
+    except ValueError:
+        return False
+    if now - mtime > STALE_CLAIM_S:
+        return True
+    return pid is not None and (pid == os.getpid() or not _pid_alive(pid))
+
+
+def _kind(name: str, kinds: Sequence[str]) -> Optional[str]:
+    return next((k for k in kinds if name.endswith(k)), None)
+
+
+def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[str, str, str]]:
+    """``(path, entry name, kind)`` of every entry to replay in ``directories``: entries of ``kinds`` and stale
+    claims of them, ordered by kind (as in ``kinds``), then mtime, then name. Unsafe directories are skipped."""
+    out = []
+    now = time.time()
+    for d in directories:
+        try:
+            safe_dir(d)
+            names = os.listdir(d)
+        except (StoreError, OSError):
+            continue
+        for n in names:
+            if n.startswith("."):
+                continue
+            base = n
+            if n.endswith(CLAIM_SUFFIX):
+                try:
+                    base = split_claim(n)[0]
+                except ValueError:
+                    continue
+            kind = _kind(base, kinds)
+            if kind is None:
+                continue
+            p = os.path.join(d, n)
+            try:
+                mtime = os.lstat(p).st_mtime
+            except OSError:
+                continue
+            if base == n or claim_is_stale(n, mtime, now):
+                out.append((kinds.index(kind), mtime, n, p, base, kind))
+    return [(p, base, kind) for _, _, _, p, base, kind in sorted(out)]
+
+
+def set_aside(path: str, name: str, why: object) -> None:
+    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink is moved, never followed) and log why.
+    Never raises."""
+    import logging
+
+    log = logging.getLogger("slurm_coloc.store.queue")
+    bad = os.path.join(os.path.dirname(path), name + BAD_SUFFIX)
+    try:
+        os.rename(path, bad)
+        log.error("queue entry %s is unusable (%s): set aside as %s", os.path.join(os.path.dirname(path), name),
+                  why, bad)
+    except OSError as exc:
+        log.error("queue entry %s is unusable (%s) and cannot be set aside: %s", path, why, exc)
+
+
+def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Any],
+           apply: Callable[[Entry, Any], None], keep: Callable[[Exception], bool], budget_s: float,
+           max_entries: int = MAX_REPLAY) -> int:
+    """Apply the entries of ``directories`` (``candidates`` order) and delete them; one time budget for all.
+
+    Args:
+        directories: queue directories (absent or unsafe ones are skipped).
+        kinds: entry suffixes to replay, in replay order.
+        decode: ``decode(entry)`` -> the item to apply, or None when the entry is not this replayer's (another
+            database or cluster: left as it is). Raising an ``Exception`` sets the entry aside.
+        apply: ``apply(entry, item)`` writes it (one transaction). Raising an ``Exception`` sets the entry aside,
+            unless ``keep`` says it is the store's own.
+        keep: ``keep(exc)`` is True for an error of the store itself (locked, full, corrupt): the entry is put back
+            and the error propagates.
+        budget_s: no entry is started after this many seconds.
+        max_entries: no more entries are applied after this many.
+
+    Returns:
+        How many entries were applied.
+    """
+    t_end = time.monotonic() + budget_s
+    done = 0
+    for path, name, kind in candidates(directories, kinds):
+        if done >= max_entries or time.monotonic() > t_end:
+            break
+        try:
+            data, mtime = read(path)
+            item = decode(Entry(path, name, kind, data, mtime))
+        except FileNotFoundError:
+            continue  # claimed by another replayer meanwhile
+        except Exception as exc:  # noqa: BLE001 - whatever an entry holds, it must not block the others
+            set_aside(path, name, exc)
+            continue
+        if item is None:
+            continue
+        base = os.path.join(os.path.dirname(path), name)
+        claimed = claim_name(base)
+        try:
+            os.rename(path, claimed)  # atomic: a second replayer misses it (a stale claim is re-claimed)
+            os.utime(claimed)
+        except OSError:
+            continue
+        try:
+            apply(Entry(claimed, name, kind, data, mtime), item)
+        except Exception as exc:  # noqa: BLE001
+            if keep(exc):
+                _put_back(claimed, base)
+                raise
+            set_aside(claimed, name, f"{type(exc).__name__}: {exc}")
+            continue
+        except BaseException:  # the recording alarm or SIGTERM: still pending
+            _put_back(claimed, base)
+            raise
+        try:
+            os.unlink(claimed)
+        except OSError:
+            pass
+        done += 1
+    return done
+
+
+def _put_back(claimed: str, base: str) -> None:
+    try:
+        os.rename(claimed, base)
+    except OSError:
+        pass  # the claim stays: stale as soon as this process is gone (or at once for this pid)
