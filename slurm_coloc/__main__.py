@@ -13,9 +13,9 @@ from typing import Dict, List, Optional, Tuple
 from slurm_coloc import __version__
 
 #: command -> (entry point "module:function", one-line summary); the same entry points as setup.cfg's
-#: console_scripts (``coloc-<command>``), checked by tests/test_main.py.
+#: console_scripts ``coloc-<command>`` (tests/test_main.py checks it).
 COMMANDS: Dict[str, Tuple[str, str]] = {
-    "sbatch": ("slurm_coloc.cli.sbatch:main", "sbatch with a GPU memory estimate turned into a shard request"),
+    "sbatch": ("slurm_coloc.cli.sbatch:main", "sbatch with the GPU memory estimate as a shard request"),
     "estimate": ("slurm_coloc.cli.estimate:main", "print the peak GPU memory a training job will hold"),
     "report": ("slurm_coloc.cli.report:main", "usage per job, user, GPU, node and cluster; plots"),
     "admin": ("slurm_coloc.cli.admin:main", "check a node and the cluster config for slurm-coloc"),
@@ -29,7 +29,7 @@ def usage() -> str:
     """The text ``python -m slurm_coloc --help`` prints."""
     width = max(len(c) for c in COMMANDS)
     lines = ["usage: python -m slurm_coloc COMMAND [ARGS]...", "",
-             f"slurm-coloc {__version__}: pack small deep-learning training jobs onto shared GPUs under Slurm.",
+             f"slurm-coloc {__version__}: pack small deep-learning training jobs onto shared GPUs.",
              "python -m slurm_coloc COMMAND ARGS runs coloc-COMMAND ARGS (see coloc-COMMAND --help).", "",
              "Commands:"]
     lines += [f"  {name:<{width}}  {summary} (coloc-{name})" for name, (_, summary) in COMMANDS.items()]

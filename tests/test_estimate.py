@@ -125,11 +125,11 @@ SHIPPED_LIKE = {"form": "per-precision-jit", "analytic_mult": 1.1, "amp_mult": 1
 def test_calibrated_bound_per_precision_jit() -> None:
     fixed = 612.0 + 146.0 + 16.0
     assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0) == pytest.approx(fixed + 1000.0 * 1.1)
-    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, precision="bf16", depthwise_max_hw=12544) \
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "bf16", 12544) \
         == pytest.approx(fixed + 1000.0 * 1.2)  # AMP multiplier, no jit memory (bf16)
-    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) \
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "amp-fp16", 12544) \
         == pytest.approx(fixed + 1000.0 * 1.2 + 400.0)
-    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=6400) \
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "amp-fp16", 6400) \
         == pytest.approx(fixed + 1000.0 * 1.2)  # at the threshold: no jit memory
     assert calibrated_bound(SHIPPED_LIKE, 500.0, 612.0, 146.0) == pytest.approx(fixed)  # R clipped at 0
 

@@ -45,7 +45,8 @@ def test_per_precision_form_gives_amp_jobs_their_own_multiplier() -> None:
     one = margins.fit_form("per-component-jit", rows, libs, 612.0, 0.01)
     assert per["analytic_mult"] < 1.1 and per["amp_mult"] >= 1.3 and one["analytic_mult"] >= 1.3
     assert margins.evaluate(per, rows, 612.0)["under"] <= 0.01
-    assert margins.evaluate(per, rows, 612.0)["median_over"] < margins.evaluate(one, rows, 612.0)["median_over"]
+    assert margins.evaluate(per, rows, 612.0)["median_over"] \
+        < margins.evaluate(one, rows, 612.0)["median_over"]
     fp32 = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="fp32")
     amp = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="amp-fp16")
     assert amp - fp32 == pytest.approx(1000 * (per["amp_mult"] - per["analytic_mult"]))
@@ -73,10 +74,10 @@ def test_every_candidate_form() -> None:
            "jit_min_hw": 6400, "libs_mib": 146.0}
     plain = 612.0 + 146.0 + 32.0 + 1000.0 * 1.26
     assert bound(new, 1758.0, 612.0, 146.0) == pytest.approx(plain)
-    assert bound(new, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) == pytest.approx(plain + 400)
-    assert bound(new, 1758.0, 612.0, 146.0, precision="bf16", depthwise_max_hw=12544) == pytest.approx(plain)
+    assert bound(new, 1758.0, 612.0, 146.0, "amp-fp16", 12544) == pytest.approx(plain + 400)
+    assert bound(new, 1758.0, 612.0, 146.0, "bf16", 12544) == pytest.approx(plain)
     pc = dict(new, form="per-component")
-    assert bound(pc, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) == pytest.approx(plain)
+    assert bound(pc, 1758.0, 612.0, 146.0, "amp-fp16", 12544) == pytest.approx(plain)
     assert bound(dict(pc, form="per-component-sqrt", sqrt_k=4.0), 1758.0, 612.0, 146.0) \
         == pytest.approx(plain + 4.0 * 1000.0 ** 0.5)
     with pytest.raises(ValueError):
@@ -93,7 +94,8 @@ def test_shipped_form_is_the_packages_code_path() -> None:
 def test_data_names_map_to_the_zoo_file() -> None:
     ref = model_ref("slurm_coloc.estimate.zoo:cnn")
     assert ref == str(REPO / "benchmarks" / "estimator" / "zoo.py") + ":cnn"
-    assert model_ref("slurm_coloc.estimate.zoo_paper:xception").endswith("benchmarks/estimator/zoo_paper.py:xception")
+    paper = model_ref("slurm_coloc.estimate.zoo_paper:xception")
+    assert paper.endswith("benchmarks/estimator/zoo_paper.py:xception")
     assert model_ref("torchvision.models:resnet50") == "torchvision.models:resnet50"
 
 

@@ -27,8 +27,10 @@ def test_dispatches_to_the_command() -> None:
     out = _run("estimate", "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Usage: coloc-estimate [OPTIONS]") and "--input-shape" in out.stdout
-    bad = _run("estimate", "--model", "nosuch_mod_xyz:f", "--input-shape", "3", "--batch-size", "1", "--no-server")
-    assert bad.returncode == 2 and bad.stderr.startswith("coloc-estimate: error:") and bad.stderr.count("\n") == 1
+    bad = _run("estimate", "--model", "nosuch_mod_xyz:f", "--input-shape", "3", "--batch-size", "1",
+               "--no-server")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("coloc-estimate: error:")
 
 
 def test_unknown_command_is_one_error_line() -> None:
@@ -42,5 +44,6 @@ def test_commands_match_the_console_scripts() -> None:
 
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    scripts = dict(line.split(" = ") for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines())
+    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
+    scripts = dict(line.split(" = ") for line in lines)
     assert {f"coloc-{name}": entry for name, (entry, _) in COMMANDS.items()} == scripts

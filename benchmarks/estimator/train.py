@@ -1,7 +1,7 @@
 """Choose the calibrated bound's form and margins, and train the learned ensemble (needs scikit-learn).
 
-    .venv/bin/python -W ignore benchmarks/estimator/train.py   # writes slurm_coloc/estimate/weights/calibration.json
-                                                             # and benchmarks/estimator/weights/ensemble.npz
+    .venv/bin/python -W ignore benchmarks/estimator/train.py
+    # writes slurm_coloc/estimate/weights/calibration.json and benchmarks/estimator/weights/ensemble.npz
 
 Data: ``data/hopper/hopper_runs.csv`` + ``hopper_traces.csv`` (H100, this project, see its README)
 and GPUMemNet's MLP CSVs (A100, CC BY 4.0, ``/work/shared/data/gpumemnet`` or ``$GPUMEMNET_DIR``).

@@ -67,9 +67,10 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     the user's warm estimate server when one runs (torch already imported; started in the
     background by the first such call; docs/user.md), else run in this process.
     """
-    params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
-                  batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
-                  history=list(history), no_cache=no_cache, as_json=as_json)
+    params: Dict[str, Any] = dict(
+        model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
+        batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
+        history=list(history), no_cache=no_cache, as_json=as_json)
     from slurm_coloc.cli import estimate_server as server
 
     use_server = server.wanted(no_server) and not _cache_hit(params)

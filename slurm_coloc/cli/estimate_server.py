@@ -1,14 +1,13 @@
 """Warm estimate server for ``coloc-estimate``: a per-user process that keeps torch imported.
 
-Client side (:func:`wanted`, :func:`request`, :func:`ensure_started`) and server side
-(:func:`serve_main`) of one protocol: length-prefixed JSON frames (4-byte big-endian length, at most
-``MAX_FRAME`` bytes) over a unix socket ``<runtime_dir>/est-<key16>.sock`` in a 0700 per-user
-directory. The server checks the peer's ``SO_PEERCRED`` uid, forks one child per request, and the
-child runs the entry module's request function (``coloc-estimate``'s ``run``) with the client's cwd, environment, ``sys.path``
-and umask, returning exit code, stdout and stderr. Any failure on the client side returns None and
-the CLI runs in-process. The server exits after ``COLOC_ESTIMATE_SERVER_IDLE`` seconds without
-requests (default 900) or on SIGTERM. Design and the failures it guards against:
-docs/reliability.md, "Warm estimate server". Stdlib only.
+Client side (:func:`wanted`, :func:`request`, :func:`ensure_started`) and server side (:func:`serve_main`)
+of one protocol: length-prefixed JSON frames (4-byte big-endian length, at most ``MAX_FRAME`` bytes) over a
+unix socket ``<runtime_dir>/est-<key16>.sock`` in a 0700 per-user directory. The server checks the peer's
+``SO_PEERCRED`` uid and forks one child per request; the child runs the request function it was given
+(``coloc-estimate``'s ``run``) with the client's cwd, environment, ``sys.path`` and umask and returns exit
+code, stdout and stderr. Any failure on the client side returns None and the CLI runs in-process. The
+server exits after ``COLOC_ESTIMATE_SERVER_IDLE`` seconds without requests (default 900) or on SIGTERM.
+Design and the failures it guards against: docs/reliability.md, "Warm estimate server". Stdlib only.
 """
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ _SUN_PATH_MAX = 107
 _PREIMPORTED = ("torch", "torchvision", "numpy", "sympy", "click")
 _ENV_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL", "KMP_", "OPENBLAS", "NUMPY", "LD_")
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the slurm_coloc directory
-# argv: sys.path (JSON), key, socket path, entry module; the entry module's ``serve(key, path)`` runs the server.
+# argv: sys.path (JSON), key, socket path, entry module; that module's ``serve(key, path)`` runs the server.
 _BOOT = ("import sys, json, importlib; sys.path[:] = json.loads(sys.argv[1]); "
          "importlib.import_module(sys.argv[4]).serve(sys.argv[2], sys.argv[3])")
 
@@ -230,7 +229,8 @@ def ensure_started(entry_module: str) -> bool:
             except OSError:
                 return False  # a server holds the lock: running or warming up
             fcntl.flock(lock, fcntl.LOCK_UN)
-        subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path, entry_module], cwd="/",
+        argv = [sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path, entry_module]
+        subprocess.Popen(argv, cwd="/",
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          close_fds=True, start_new_session=True)
         return True
@@ -333,7 +333,7 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
 
 
 def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
-    """Run the server (in the process :func:`ensure_started` spawned): lock, warm up, listen, fork per request.
+    """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
 
     Args:
         key: the spawner's :func:`server_key`; the server exits at once when its own differs.
