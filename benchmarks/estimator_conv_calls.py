@@ -31,7 +31,11 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-from slurm_coloc.errors import EstimateError
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
+
+from zoo import model_ref  # noqa: E402
+
+from slurm_coloc.errors import EstimateError  # noqa: E402
 from slurm_coloc.estimate.convcall import ConvCall
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
@@ -121,7 +125,7 @@ def main() -> int:
     groups = _groups(args.runs)
     for i, ((model, kw, shape, idt, prec), g) in enumerate(sorted(groups.items(), key=lambda kv: kv[1]["family"] != "paper18")):
         src = "paper18" if g["family"] == "paper18" else f"hopper:{g['family']}"
-        spec = ModelSpec(model=model, kwargs=json.loads(kw), input_shape=tuple(int(d) for d in shape.split(",")),
+        spec = ModelSpec(model=model_ref(model), kwargs=json.loads(kw), input_shape=tuple(int(d) for d in shape.split(",")),
                          input_dtype=idt, batch_size=TRACE_BS, optimizer="sgd", precision=prec)
         try:
             calls = trace_spec(spec).conv_calls

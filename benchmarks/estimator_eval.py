@@ -23,7 +23,10 @@ from typing import Dict, List, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from slurm_coloc.estimate import learned, margins, train
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
+import learned  # noqa: E402
+import margins  # noqa: E402
+import train  # noqa: E402
 
 from estimator_eval_paper18 import PAPER_A100, add_paper18  # benchmarks/ (the script's directory)
 

@@ -22,10 +22,14 @@ import contextlib
 import csv
 import json
 import os
+import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from slurm_coloc.estimate.spec import ModelSpec
-from slurm_coloc.estimate.zoo_paper import paper18
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
+
+from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
+from zoo import model_ref  # noqa: E402
+from zoo_paper import paper18  # noqa: E402
 
 PAPER_A100 = "18 real models (paper, A100 actuals)"
 PAPER_H100 = "18 real models re-measured on H100"
@@ -34,7 +38,7 @@ AddFn = Callable[[str, str, Sequence[float], Sequence[Optional[float]]], None]
 
 def spec_of(cfg: Dict[str, Any]) -> ModelSpec:
     """The ModelSpec of one ``zoo_paper.paper18()`` entry."""
-    return ModelSpec(model=cfg["model"], kwargs=dict(cfg["kwargs"]), input_shape=tuple(cfg["shape"]),
+    return ModelSpec(model=model_ref(cfg["model"]), kwargs=dict(cfg["kwargs"]), input_shape=tuple(cfg["shape"]),
                      batch_size=int(cfg["batch_size"]), input_dtype=cfg["input_dtype"],
                      optimizer=cfg["optimizer"], precision=cfg["precision"])
 
@@ -66,15 +70,20 @@ UNSEEN = ("paper18",)
 
 
 def shipped(spec: ModelSpec, gpu: str, exclude: Sequence[str] = UNSEEN) -> Dict[str, Optional[float]]:
-    """Our estimators' figures (MiB) for ``spec`` on ``gpu``, from the shipped estimate's detail
-    (with the workspace table minus the calls measured only for ``exclude``)."""
-    from slurm_coloc.estimate.combine import traced_estimate
+    """Our estimators' figures (MiB) for ``spec`` on ``gpu``: the shipped estimate's detail (with the
+    workspace table minus the calls measured only for ``exclude``) and the learned ensemble's
+    (``learned.py``, on the same trace when inside :func:`memo_traces`)."""
+    import learned
+    from slurm_coloc.estimate import trace, workspace
+    from slurm_coloc.estimate.combine import load_calibration, traced_estimate
 
     est = traced_estimate(spec, gpu, workspace_exclude=exclude)
     d = est.detail
-    lb = d.get("learned_bound_mib")
+    ws = workspace.load(exclude)
+    lrn = learned.predict(spec, trace.trace_spec(spec, workspace=ws.bytes_for if ws else None), gpu)
+    lb = round(lrn["bound_mib"] * float(load_calibration()["learned_mult"]), 1)
     return {"analytic": d.get("analytic_mib"), "bound": float(est.mem_mib),
-            "learned": d.get("learned_mib"), "learned_bound": lb,
+            "learned": round(lrn["mean_mib"], 1), "learned_bound": lb,
             "max_bounds": None if lb is None else max(float(est.mem_mib), float(lb)),
             "faketensor": d.get("peak_allocated_mib")}
 
@@ -150,10 +159,6 @@ def per_row_markdown(gdir: str, hopper_dir: str) -> str:
 
 
 if __name__ == "__main__":  # python benchmarks/estimator_eval_paper18.py: the per-row table
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.join(here, ".."))
-    from slurm_coloc.estimate import train
+    import train
 
     print(per_row_markdown(train.GPUMEMNET_DIR, train.HOPPER_DIR))

@@ -14,10 +14,14 @@ import os
 import sys
 import time
 
-from slurm_coloc.errors import EstimateError
-from slurm_coloc.estimate.features import COUNT_KEYS
-from slurm_coloc.estimate.spec import ModelSpec
-from slurm_coloc.estimate.trace import trace_spec
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
+
+from features import COUNT_KEYS  # noqa: E402
+from zoo import model_ref  # noqa: E402
+
+from slurm_coloc.errors import EstimateError  # noqa: E402
+from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
+from slurm_coloc.estimate.trace import trace_spec  # noqa: E402
 
 FIELDS = ["config_id", "sim_peak_allocated_b", "sim_peak_reserved_b", "params", "param_b",
           "acts_per_sample", "depth", "activation", "trace_s", "error", "depthwise_max_hw"] + [f"n_{k}" for k in COUNT_KEYS]
@@ -25,7 +29,7 @@ FIELDS = ["config_id", "sim_peak_allocated_b", "sim_peak_reserved_b", "params", 
 
 def spec_of(row: dict) -> ModelSpec:
     """The ModelSpec a data-set row describes."""
-    return ModelSpec(model=row["model"], kwargs=json.loads(row["kwargs_json"]),
+    return ModelSpec(model=model_ref(row["model"]), kwargs=json.loads(row["kwargs_json"]),
                      input_shape=tuple(int(d) for d in row["input_shape"].split(",")),
                      input_dtype=row["input_dtype"], batch_size=int(row["batch_size"]),
                      optimizer=row["optimizer"], precision=row["precision"])

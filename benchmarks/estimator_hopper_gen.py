@@ -18,7 +18,7 @@ first (0: a pristine process) or a later one. Rows are appended; config ids alre
 ``--have`` or ``--out`` are skipped (resumable). The config list is deterministic (``--seed``).
 
 ``--set paper18`` runs instead the GPUMemNet paper's 18 real (model, batch size) configs
-(``slurm_coloc.estimate.zoo_paper.paper18``: torchvision CNNs, Xception, Hugging Face BERT /
+(``benchmarks/estimator/zoo_paper.py``, ``paper18``: torchvision CNNs, Xception, Hugging Face BERT /
 XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (all rows
 ``seq_in_process`` 0), family ``paper18``, group ids 900000+ (config id = group*16), e.g.::
 
@@ -45,6 +45,10 @@ import random
 import sys
 import time
 from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
+
+from zoo import builder  # noqa: E402
 
 STEPS = 3
 FIELDS = [
@@ -219,21 +223,18 @@ def unseen_groups() -> List[Dict[str, Any]]:
 
 
 def paper18_groups() -> List[Dict[str, Any]]:
-    """The GPUMemNet paper's 18 real (model, batch size) configs (slurm_coloc.estimate.zoo_paper),
+    """The GPUMemNet paper's 18 real (model, batch size) configs (``estimator/zoo_paper.py``),
     one group (one fresh child, ``seq_in_process`` 0) each, ids ``PAPER18_GROUP0 + i``."""
-    from slurm_coloc.estimate.zoo_paper import paper18
+    from zoo_paper import paper18
 
     return _one_config_groups(paper18(), PAPER18_GROUP0, "paper18")
 
 
 def _child(g: Dict[str, Any], conn: Any) -> None:
     """Runs in a forked process: train each batch size, report torch figures, wait for the ack."""
-    import importlib
-
     import torch
 
-    mod, attr = g["model"].split(":")
-    fn = getattr(importlib.import_module(mod), attr)
+    fn = builder(g["model"])
     dev = torch.device("cuda")
     torch.cuda.init()
     for seq, bs in enumerate(g["batch_sizes"]):
@@ -334,7 +335,8 @@ def main() -> int:
     import torch
     import torchvision.models  # noqa: F401  imported before fork so children start fast
 
-    import slurm_coloc.estimate.zoo  # noqa: F401
+    import zoo  # noqa: F401
+    import zoo_paper  # noqa: F401
     if args.set in ("paper18", "unseen"):
         # the BERT/GPT-2/XLNet builders' classes, imported before fork like torchvision's
         from transformers import BertForMaskedLM, GPT2LMHeadModel, XLNetForSequenceClassification  # noqa: F401

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from estimator_featurize import spec_of  # noqa: E402
 
-from slurm_coloc.estimate.features import COUNT_KEYS  # noqa: E402
+from features import COUNT_KEYS  # noqa: E402  (benchmarks/estimator, on sys.path through estimator_featurize)
 
 
 def select(n: int) -> list:

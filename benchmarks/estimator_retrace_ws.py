@@ -12,7 +12,7 @@ largest single workspace). Rows without convolutions get their workspace-free fi
 **Leave-own-family-out**: a row is traced with the measured table *minus* the calls measured only
 for its own family (``workspace.load(exclude_srcs={"hopper:<family>"})``, ``paper18`` for the 18
 real models), so that its figures show what the estimator does for a model whose layers the table
-has never seen. The calibration and the evaluation (``estimate.train``, ``estimator_eval.py``)
+has never seen. The calibration and the evaluation (``estimator/train.py``, ``estimator_eval.py``)
 use these columns; a user's job is traced with the whole table. ``--table`` points at a table
 other than the shipped one (e.g. freshly measured).
 """

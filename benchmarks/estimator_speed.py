@@ -11,7 +11,7 @@ batch 128, Adam), each cold (``--no-cache --no-server``: import torch, trace, re
 warm (a cache hit: one untimed run fills the cache first; torch is not imported). Every run gets its
 own empty ``XDG_CACHE_HOME`` and ``XDG_RUNTIME_DIR`` in a temporary directory (the warm cases one
 shared per case), so the user's cache and estimate server are never touched. Then the warm estimate
-server (``slurm_coloc/estimate/server.py``): ResNet-50 "cold, server warm" (``--no-cache``, a server
+server (``slurm_coloc/cli/estimate_server.py``): ResNet-50 "cold, server warm" (``--no-cache``, a server
 already started and warmed up by an untimed call; its CPU column adds the server's forked request
 child, read from the server's ``cutime + cstime``) and "first call (starts server)" (empty cache, no
 server: in-process estimate, then the server is spawned in the background; each run's server is
@@ -151,8 +151,10 @@ def time_case(cmd: list, repeat: int, mode: str) -> dict:
 
 def learned_ms(calls: int) -> dict:
     """Median / p90 / min ms of one ``learned.predict`` call on ResNet-50's traced features (in process)."""
-    from slurm_coloc.estimate import learned
-    from slurm_coloc.estimate.features import COUNT_KEYS
+    sys.path.insert(0, str(REPO / "benchmarks" / "estimator"))  # research modules
+    import learned
+    from features import COUNT_KEYS
+
     from slurm_coloc.estimate.spec import ModelSpec
     from slurm_coloc.estimate.trace import TraceResult
 

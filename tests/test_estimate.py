@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,7 +12,11 @@ from hypothesis import given, settings, strategies as st
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate import ModelSpec, estimate_peak
 from slurm_coloc.estimate.allocator import CachingAllocatorModel, round_size, segment_size
-from slurm_coloc.estimate.combine import history_bound
+from slurm_coloc.estimate import combine
+from slurm_coloc.estimate.combine import calibrated_bound, history_bound, load_calibration
+
+# Parameterised test models (research code outside the package), named by file path.
+ZOO = str(Path(__file__).resolve().parents[1] / "benchmarks" / "estimator" / "zoo.py")
 
 
 def test_package_import_does_not_import_torch() -> None:
@@ -67,7 +72,7 @@ def test_estimate_grows_with_batch_and_amp_saves() -> None:
 
 
 def test_history_first() -> None:
-    spec = ModelSpec("slurm_coloc.estimate.zoo:mlp", (784,), 32)
+    spec = ModelSpec(ZOO + ":mlp", (784,), 32)
     est = estimate_peak(spec, "H100", history_mib=[1000, 1200])
     assert est.method == "history" and est.mem_mib == history_bound([1200]) == 1324
 
@@ -78,7 +83,7 @@ def test_history_first() -> None:
     (ModelSpec("torchvision.models:resnet18", (7,), 2), "forward on input"),
     (ModelSpec("torchvision.models:resnet18", (3, 32, 32), 0), "batch size"),
     (ModelSpec("torchvision.models:resnet18", (3, 32, 32), 10**9), "batch size"),
-    (ModelSpec("slurm_coloc.estimate.zoo:mlp", (784,), 2, kwargs={"nope": 1}), "building it raised"),
+    (ModelSpec(ZOO + ":mlp", (784,), 2, kwargs={"nope": 1}), "building it raised"),
 ])
 def test_bad_input_one_line_errors(spec: ModelSpec, needle: str) -> None:
     with pytest.raises(EstimateError) as err:
@@ -89,7 +94,7 @@ def test_bad_input_one_line_errors(spec: ModelSpec, needle: str) -> None:
 
 def test_unknown_gpu() -> None:
     with pytest.raises(EstimateError, match="unknown GPU"):
-        estimate_peak(ModelSpec("slurm_coloc.estimate.zoo:mlp", (784,), 2), "K80")
+        estimate_peak(ModelSpec(ZOO + ":mlp", (784,), 2), "K80")
 
 
 def test_user_file_model(tmp_path) -> None:
@@ -101,7 +106,7 @@ def test_user_file_model(tmp_path) -> None:
 
 def test_cli_json_and_errors() -> None:
     cmd = [sys.executable, "-m", "slurm_coloc.cli.estimate"]
-    ok = subprocess.run(cmd + ["--model", "slurm_coloc.estimate.zoo:transformer_lm", "--model-kwargs",
+    ok = subprocess.run(cmd + ["--model", ZOO + ":transformer_lm", "--model-kwargs",
                                '{"vocab_size": 1000, "d_model": 64, "n_layers": 1, "n_heads": 2}',
                                "--input-shape", "32", "--input-dtype", "int64", "--batch-size", "4",
                                "--optimizer", "adamw", "--amp", "--json"], capture_output=True, text=True)
@@ -113,73 +118,41 @@ def test_cli_json_and_errors() -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
-def _cal_rows() -> list:
-    """Small rows in ``train.load_hopper``'s format: 3 families, one with extra cuDNN (jit) memory."""
-    rows = []
-    for fam, n, ratio in (("a", 40, 1.05), ("b", 40, 1.15), ("c", 40, 1.1)):
-        for i in range(n):
-            r = 100.0 + 50.0 * i
-            jit = fam == "c" and i % 10 == 0
-            nonalloc = 760.0 + (390.0 if jit else 0.0)
-            rows.append({"family": fam, "sim_reserved_mib": r, "actual_mib": nonalloc + r * ratio,
-                         "nonalloc_mib": nonalloc, "precision": "amp-fp16" if jit else "fp32",
-                         "depthwise_max_hw": 12544 if jit else 0})
-    return rows
+SHIPPED_LIKE = {"form": "per-precision-jit", "analytic_mult": 1.1, "amp_mult": 1.2, "analytic_add_mib": 16.0,
+                "jit_mib": 400.0, "jit_min_hw": 6400, "libs_mib": 146.0}
 
 
-def test_per_precision_form_gives_amp_jobs_their_own_multiplier() -> None:
-    from slurm_coloc.estimate import margins
-    from slurm_coloc.estimate.combine import calibrated_bound
-
-    rows = []
-    for i in range(60):  # fp32 traces need x1.05, AMP traces x1.30
-        r = 200.0 + 40.0 * i
-        for prec, ratio in (("fp32", 1.05), ("bf16", 1.30)):
-            rows.append({"family": "a", "sim_reserved_mib": r, "actual_mib": 760.0 + r * ratio,
-                         "nonalloc_mib": 760.0, "precision": prec, "depthwise_max_hw": 0})
-    libs = margins.libs_of(rows, 612.0)
-    per = margins.fit_form("per-precision-jit", rows, libs, 612.0, 0.01)
-    one = margins.fit_form("per-component-jit", rows, libs, 612.0, 0.01)
-    assert per["analytic_mult"] < 1.1 and per["amp_mult"] >= 1.3 and one["analytic_mult"] >= 1.3
-    assert margins.evaluate(per, rows, 612.0)["under"] <= 0.01
-    assert margins.evaluate(per, rows, 612.0)["median_over"] < margins.evaluate(one, rows, 612.0)["median_over"]
-    fp32 = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="fp32")
-    amp = calibrated_bound(per, 612 + libs + 1000, 612, libs, precision="amp-fp16")
-    assert amp - fp32 == pytest.approx(1000 * (per["amp_mult"] - per["analytic_mult"]))
+def test_calibrated_bound_per_precision_jit() -> None:
+    fixed = 612.0 + 146.0 + 16.0
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0) == pytest.approx(fixed + 1000.0 * 1.1)
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "bf16", 12544) \
+        == pytest.approx(fixed + 1000.0 * 1.2)  # AMP multiplier, no jit memory (bf16)
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "amp-fp16", 12544) \
+        == pytest.approx(fixed + 1000.0 * 1.2 + 400.0)
+    assert calibrated_bound(SHIPPED_LIKE, 1758.0, 612.0, 146.0, "amp-fp16", 6400) \
+        == pytest.approx(fixed + 1000.0 * 1.2)  # at the threshold: no jit memory
+    assert calibrated_bound(SHIPPED_LIKE, 500.0, 612.0, 146.0) == pytest.approx(fixed)  # R clipped at 0
 
 
-def test_calibrate_picks_form_meeting_underestimate_target() -> None:
-    from slurm_coloc.estimate import margins
+@pytest.mark.parametrize("content,needle", [
+    (None, "unusable"),
+    ("{not json", "unusable"),
+    (json.dumps(dict(SHIPPED_LIKE, form="per-component-jit")), "bound form 'per-component-jit'"),
+    (json.dumps({k: v for k, v in SHIPPED_LIKE.items() if k != "amp_mult"}), "missing amp_mult"),
+])
+def test_unusable_calibration_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str,
+                                           needle: str) -> None:
+    if content is not None:
+        (tmp_path / "calibration.json").write_text(content)
+    monkeypatch.setattr(combine, "WEIGHTS_DIR", str(tmp_path))
+    with pytest.raises(EstimateError, match=needle) as err:
+        load_calibration()
+    assert "\n" not in err.value.one_line()
 
-    rows = _cal_rows()
-    libs = margins.libs_of(rows, 612.0)
-    cal, table = margins.choose_form(rows, libs, 612.0, 0.01)
-    assert {t["cal"]["form"] for t in table} == set(margins.FORMS)
-    assert margins.evaluate(cal, rows, 612.0)["under"] <= 0.01
-    assert all(t["under"] <= 0.01 for t in table)
-    # the jit rows no longer force the pad (per-precision-jit may win: the jit rows are AMP)
-    assert cal["form"] in ("per-component-jit", "per-precision-jit") and cal["jit_mib"] >= 390
-    assert cal == margins.choose_form(rows, libs, 612.0, 0.01)[0]  # deterministic
-    cv = margins.leave_one_family_out(rows, cal["form"], 612.0, 0.01)
-    assert cv["pooled"]["rows"] == len(rows) and set(cv["per_family"]) == {"a", "b", "c"}
 
-
-def test_calibrated_bound_reads_old_and_new_formats() -> None:
-    from slurm_coloc.estimate.combine import calibrated_bound
-
-    old = {"analytic_mult": 1.135, "analytic_add_mib": 230.0, "learned_mult": 1.77, "libs_mib": 146.0}
-    assert calibrated_bound(old, 1758.0, 612.0, 146.0) == pytest.approx(1758.0 * 1.135 + 230.0)
-    new = {"form": "per-component-jit", "analytic_mult": 1.26, "analytic_add_mib": 32.0, "jit_mib": 400.0,
-           "jit_min_hw": 6400, "libs_mib": 146.0}
-    plain = 612.0 + 146.0 + 32.0 + 1000.0 * 1.26
-    assert calibrated_bound(new, 1758.0, 612.0, 146.0) == pytest.approx(plain)
-    assert calibrated_bound(new, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) \
-        == pytest.approx(plain + 400.0)
-    assert calibrated_bound(new, 1758.0, 612.0, 146.0, precision="bf16", depthwise_max_hw=12544) == pytest.approx(plain)
-    pc = dict(new, form="per-component")
-    assert calibrated_bound(pc, 1758.0, 612.0, 146.0, precision="amp-fp16", depthwise_max_hw=12544) \
-        == pytest.approx(plain)
-    assert calibrated_bound(dict(pc, form="per-component-sqrt", sqrt_k=4.0), 1758.0, 612.0, 146.0) \
-        == pytest.approx(plain + 4.0 * 1000.0 ** 0.5)
-    with pytest.raises(EstimateError):
-        calibrated_bound(dict(pc, form="nonsense"), 1758.0, 612.0, 146.0)
+def test_shipped_calibration_and_detail_without_learned_figures() -> None:
+    assert load_calibration()["form"] == combine.BOUND_FORM
+    est = combine.traced_estimate(ModelSpec(ZOO + ":mlp", (784,), 8), "H100")
+    assert est.detail["bound_form"] == "per-precision-jit"
+    assert not [k for k in est.detail if k.startswith("learned")]
+    assert est.mem_mib >= est.detail["analytic_bound_mib"] > est.detail["analytic_mib"]

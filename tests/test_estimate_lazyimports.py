@@ -19,7 +19,7 @@ CODE = textwrap.dedent("""
     out = {}
     for name, spec in [
         ("resnet18", ModelSpec("torchvision.models:resnet18", (3, 32, 32), 16, optimizer="adam")),
-        ("lm", ModelSpec("slurm_coloc.estimate.zoo:transformer_lm", (64,), 4, input_dtype="int64",
+        ("lm", ModelSpec("benchmarks/estimator/zoo.py:transformer_lm", (64,), 4, input_dtype="int64",
                          optimizer="adamw")),
     ]:
         fast = dataclasses.asdict(trace_spec(spec))
@@ -30,7 +30,7 @@ CODE = textwrap.dedent("""
     out["real_dynamo"] = type(torch._dynamo).__name__ == "module" and hasattr(torch._dynamo, "optimize")
     for name, spec in [
         ("resnet18", ModelSpec("torchvision.models:resnet18", (3, 32, 32), 16, optimizer="adam")),
-        ("lm", ModelSpec("slurm_coloc.estimate.zoo:transformer_lm", (64,), 4, input_dtype="int64",
+        ("lm", ModelSpec("benchmarks/estimator/zoo.py:transformer_lm", (64,), 4, input_dtype="int64",
                          optimizer="adamw")),
     ]:
         out[name + "_plain"] = dataclasses.asdict(_trace(spec))

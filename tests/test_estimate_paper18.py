@@ -1,7 +1,6 @@
-"""GPUMemNet's 18 real models (slurm_coloc.estimate.zoo_paper): builders, configs, coloc-estimate."""
+"""GPUMemNet's 18 real models (benchmarks/estimator/zoo_paper.py): builders, configs, coloc-estimate."""
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -13,9 +12,12 @@ from typing import Any, Dict
 
 import pytest
 
-from slurm_coloc.estimate.zoo_paper import paper18
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "estimator"))  # research modules (not in the package)
+
+from zoo import builder, model_ref  # noqa: E402
+from zoo_paper import paper18  # noqa: E402
+
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 NO_TF = "transformers is not installed (scripts/install.sh installs transformers==5.17.0)"
 
@@ -51,8 +53,7 @@ def test_builder_builds_on_meta(name: str) -> None:
     cfg = UNIQUE[name]
     if cfg["input_dtype"] == "int64" and not HAVE_TRANSFORMERS:
         pytest.skip(NO_TF)
-    mod, attr = cfg["model"].split(":")
-    fn = getattr(importlib.import_module(mod), attr)
+    fn = builder(cfg["model"])
     with torch.device("meta"):
         model = fn(**cfg["kwargs"])
     n = sum(p.numel() for p in model.parameters()) / 1e6
@@ -61,7 +62,7 @@ def test_builder_builds_on_meta(name: str) -> None:
 
 def _estimate(cfg: Dict[str, Any], tmp_path: Path, shape: str, batch: int) -> Dict[str, Any]:
     exe = Path(sys.executable).parent / "coloc-estimate"
-    out = subprocess.run([str(exe), "--model", cfg["model"], "--model-kwargs", json.dumps(cfg["kwargs"]),
+    out = subprocess.run([str(exe), "--model", model_ref(cfg["model"]), "--model-kwargs", json.dumps(cfg["kwargs"]),
                           "--input-shape", shape, "--input-dtype", cfg["input_dtype"], "--batch-size", str(batch),
                           "--optimizer", cfg["optimizer"], "--no-cache", "--json"],
                          capture_output=True, text=True, timeout=120,

@@ -110,7 +110,7 @@ def test_gpu_without_measured_table_gets_the_larger_multiplier():
     from slurm_coloc.estimate.gpus import gpu_model
 
     cal = load_calibration()
-    assert cal["form"] == "per-precision-jit"  # the shipped form (estimate.train)
+    assert cal["form"] == "per-precision-jit"  # the shipped form (benchmarks/estimator/train.py)
     spec = ModelSpec(model="torchvision.models:resnet18", kwargs={"num_classes": 10}, input_shape=(3, 32, 32),
                      batch_size=64, optimizer="sgd")
     h100, a100 = traced_estimate(spec, "H100"), traced_estimate(spec, "A100")

@@ -61,7 +61,7 @@ def main() -> int:
     import torch  # noqa: F401  imported before fork so children start fast
     import torchvision.models  # noqa: F401
 
-    import slurm_coloc.estimate.zoo  # noqa: F401
+    import zoo  # noqa: F401  (benchmarks/estimator, on sys.path through estimator_hopper_gen)
 
     run = tempfile.mkdtemp(prefix="coloc-fence-")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0", CUDA_MPS_PIPE_DIRECTORY=os.path.join(run, "pipe"),

@@ -1,4 +1,4 @@
-"""``coloc-estimate``: print the peak GPU memory a training job will hold (issue 3 interface)."""
+"""``coloc-estimate``: print the peak GPU memory a training job will hold."""
 from __future__ import annotations
 
 import json
@@ -72,10 +72,11 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
         gpu = gpu or _config_gpu(script)
     except ColocError as exc:
         _fail(exc)
-    params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
-                  batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
-                  history=list(history), no_cache=no_cache, as_json=as_json)
-    from slurm_coloc.estimate import server
+    params: Dict[str, Any] = dict(
+        model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
+        batch_size=batch_size, optimizer=optimizer, amp=amp, bf16=bf16, gpu=gpu, script=script,
+        history=list(history), no_cache=no_cache, as_json=as_json)
+    from slurm_coloc.cli import estimate_server as server
 
     use_server = server.wanted(no_server) and not _cache_hit(params)
     if use_server:
@@ -89,7 +90,15 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
         run(**params)
     finally:
         if use_server:
-            server.ensure_started()  # for the next call; this one ran in-process as always
+            server.ensure_started("slurm_coloc.cli.estimate")  # for the next call; this one ran in-process
+
+
+def serve(key: str, path: str) -> None:
+    """Entry point of the warm estimate server process (``estimate_server.ensure_started`` spawns it):
+    serves :func:`run` requests on the socket ``path`` for the server key ``key``."""
+    from slurm_coloc.cli import estimate_server
+
+    estimate_server.serve_main(key, path, run)
 
 
 def _config_gpu(script: Optional[str]) -> str:
@@ -191,10 +200,9 @@ def run(model: Optional[str], model_kwargs: str, input_shape: Optional[str], inp
 
 
 def _spec_from_script(path: str) -> Any:
-    try:
-        from slurm_coloc.submit.directives import parse_script
-    except ImportError as exc:  # pragma: no cover - the lead ships directives.py
-        raise EstimateError(f"--script needs slurm_coloc.submit.directives: {exc}")
+    """The ModelSpec of a job script's ``#COLOC`` lines. Raises EstimateError without them."""
+    from slurm_coloc.submit.directives import parse_script
+
     parsed = parse_script(path)
     if parsed.spec is None:
         raise EstimateError(f"script {path}: no #COLOC model lines (use the options instead)")

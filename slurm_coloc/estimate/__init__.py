@@ -1,4 +1,4 @@
-"""GPU memory estimation (issue 3): peak per-process GPU memory of a PyTorch training job.
+"""GPU memory estimation: peak per-process GPU memory of a PyTorch training job.
 
 ``estimate_peak(spec, gpu_model, history_mib)`` is the entry point. Importing this package is
 cheap (no torch): torch is imported inside the functions that trace a model.

@@ -1,12 +1,10 @@
-"""One final figure from history, the analytical trace and the learned ensemble.
+"""One final figure from history and the calibrated analytical trace.
 
-Order (issue 3, part 5):
+Order:
 1. history: measured NVML peaks of earlier runs of the same spec -> ``max * (1 + margin) + pad``;
-2. otherwise the calibrated analytical bound (``calibrated_bound``); the learned ensemble's
-   figures go into ``detail`` only, because on held-out families its bound over-reserved far
-   more (docs/estimator.md). The calibration (``weights/calibration.json``, written by
-   ``estimate.train``) holds the bound's form (``margins.py``) and its margins, chosen on
-   validation families so that underestimates are rare (held-out rates in docs/estimator.md).
+2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its
+   margins (``weights/calibration.json``) were chosen on validation families so that
+   underestimates are rare (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -22,19 +20,30 @@ from slurm_coloc.estimate.spec import Estimate, ModelSpec
 WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
 HISTORY_MARGIN = 0.05
 HISTORY_PAD_MIB = 64
-# Used only when no calibration file is shipped: deliberately generous.
-_DEFAULT_CAL = {"analytic_mult": 1.25, "analytic_add_mib": 256.0, "learned_mult": 1.0}
+BOUND_FORM = "per-precision-jit"
+_CAL_KEYS = ("analytic_mult", "amp_mult", "analytic_add_mib", "jit_mib", "jit_min_hw", "libs_mib")
 
 
 def load_calibration() -> Dict[str, Any]:
-    """The shipped calibration (``weights/calibration.json``) or the generous defaults."""
+    """The shipped calibration (``weights/calibration.json``) as a dict.
+
+    Raises:
+        EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM``
+            or lacks one of the margins :func:`calibrated_bound` reads.
+    """
     path = os.path.join(WEIGHTS_DIR, "calibration.json")
-    if os.path.isfile(path):
+    try:
         with open(path, encoding="utf-8") as fh:
-            cal = dict(_DEFAULT_CAL)
-            cal.update(json.load(fh))
-            return cal
-    return dict(_DEFAULT_CAL)
+            cal = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"shipped calibration {path} unusable: {exc}") from exc
+    if not isinstance(cal, dict) or cal.get("form") != BOUND_FORM:
+        form = cal.get("form") if isinstance(cal, dict) else None
+        raise EstimateError(f"shipped calibration {path}: bound form {form!r}, expected {BOUND_FORM!r}")
+    missing = [k for k in _CAL_KEYS if k not in cal]
+    if missing:
+        raise EstimateError(f"shipped calibration {path}: missing {', '.join(missing)}")
+    return cal
 
 
 def history_bound(history_mib: Sequence[int]) -> Optional[int]:
@@ -76,36 +85,28 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
 
 
 def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float,
-                     precision: Optional[str] = None, depthwise_max_hw: int = 0) -> float:
+                     precision: str = "fp32", depthwise_max_hw: int = 0) -> float:
     """The calibrated upper bound (MiB) on NVML's per-process peak from the analytic figure.
 
-    ``cal["form"]`` (written by ``estimate.train``; forms and their rationale in ``margins.py``),
-    with ``R = analytic - context - libs`` the replayed peak reserved memory:
+    With ``R = max(0, analytic - context - libs)`` the replayed peak reserved memory (MiB):
+    ``context + libs + analytic_add_mib + R * m`` where ``m`` is ``amp_mult`` for ``amp-fp16`` and
+    ``bf16`` jobs and ``analytic_mult`` otherwise, plus ``jit_mib`` for an ``amp-fp16`` job whose
+    largest depthwise-convolution input exceeds ``jit_min_hw`` pixels (extra cuDNN kernel memory
+    measured on H100, docs/estimator.md). The margins come from ``cal`` (:func:`load_calibration`);
+    the fitting of this form and of the rejected ones is ``benchmarks/estimator/margins.py``.
 
-    - absent or ``"scalar"`` (old calibration files): ``analytic * mult + add``;
-    - ``"per-component"``: ``context + libs + add + R * mult``;
-    - ``"per-component-sqrt"``: the same ``+ sqrt_k * sqrt(R)``;
-    - ``"per-component-jit"``: the same ``+ jit_mib`` when ``precision == "amp-fp16"`` and
-      ``depthwise_max_hw > jit_min_hw`` (extra cuDNN kernel memory, docs/estimator.md);
-    - ``"per-precision-jit"``: ``per-component-jit`` with ``amp_mult`` instead of ``analytic_mult``
-      for ``amp-fp16`` and ``bf16`` jobs.
+    Args:
+        cal: calibration with the keys in ``_CAL_KEYS`` (``libs_mib`` is not read here).
+        analytic_mib, context_mib, libs_mib: the analytic figure and its two fixed parts (MiB).
+        precision: ``fp32``, ``amp-fp16`` or ``bf16``.
+        depthwise_max_hw: H*W of the largest depthwise-convolution input (0 without any).
     """
-    mult, add = float(cal["analytic_mult"]), float(cal["analytic_add_mib"])
-    form = cal.get("form", "scalar")
-    if form == "scalar":
-        return analytic_mib * mult + add
-    if form == "per-precision-jit" and precision in ("amp-fp16", "bf16"):
-        mult = float(cal["amp_mult"])
+    mult = float(cal["amp_mult"] if precision in ("amp-fp16", "bf16") else cal["analytic_mult"])
     reserved = max(0.0, analytic_mib - context_mib - libs_mib)
-    out = context_mib + libs_mib + add + reserved * mult
-    if form == "per-component-sqrt":
-        out += float(cal.get("sqrt_k", 0.0)) * math.sqrt(reserved)
-    elif form in ("per-component-jit", "per-precision-jit"):
-        jit = float(cal.get("jit_mib", 0.0))
-        if jit > 0 and precision == "amp-fp16" and int(depthwise_max_hw) > int(cal.get("jit_min_hw", 0)):
-            out += jit
-    elif form != "per-component":
-        raise EstimateError(f"calibration.json: unknown bound form {form!r}")
+    out = context_mib + libs_mib + float(cal["analytic_add_mib"]) + reserved * mult
+    jit = float(cal["jit_mib"])
+    if jit > 0 and precision == "amp-fp16" and int(depthwise_max_hw) > int(cal["jit_min_hw"]):
+        out += jit
     return out
 
 
@@ -130,9 +131,9 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     ws_model = workspace.load(workspace_exclude)
     trace = trace_spec(spec, workspace=ws_model.bytes_for if ws_model is not None else None)
     cal = load_calibration()
-    if "libs_mib" in cal:  # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
-        gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
-    if gpu.arch != workspace.TABLE_ARCH and cal.get("form") == "per-precision-jit":
+    # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
+    gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
+    if gpu.arch != workspace.TABLE_ARCH:
         # The workspace table is a proxy on this GPU (cuDNN picks per architecture), so the fp32 trace
         # is no more faithful than the AMP one: every job gets the larger, AMP multiplier.
         cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
@@ -140,17 +141,11 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     ana = analytic_mib(trace, gpu)
     ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=spec.precision,
                                  depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
-    detail["bound_form"] = str(cal.get("form", "scalar"))
+    detail["bound_form"] = BOUND_FORM
     detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
     proxy = f"proxy ({workspace.TABLE_ARCH})"
     detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else proxy
     detail["analytic_bound_mib"] = round(ana_bound, 1)
-    learned = _learned(spec, trace, gpu.name)
-    if learned is not None:
-        # Reported, not used for the figure: on held-out families the learned bound
-        # over-reserved far more than the calibrated analytic bound (docs/estimator.md).
-        detail["learned_mib"] = round(learned["mean_mib"], 1)
-        detail["learned_bound_mib"] = round(learned["bound_mib"] * float(cal["learned_mult"]), 1)
     mem = int(math.ceil(ana_bound))
     detail["chosen"] = "analytic"
     assumed = dict(getattr(trace, "assumed_values", None) or {})
@@ -164,16 +159,3 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
         detail["exceeds_gpu"] = True
     return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name)
 
-
-def _learned(spec: ModelSpec, trace: Any, gpu: str) -> Optional[Dict[str, float]]:
-    """The learned ensemble's mean and upper bound (MiB), or None when no weights are shipped."""
-    try:
-        from slurm_coloc.estimate import learned
-    except ImportError:  # pragma: no cover - learned.py is part of the package
-        return None
-    if not learned.available():
-        return None
-    try:
-        return learned.predict(spec, trace, gpu)
-    except (OSError, ValueError) as exc:
-        raise EstimateError(f"model {spec.model}: learned estimator weights unusable: {exc}") from exc

@@ -1,4 +1,4 @@
-"""What the GPU does differently from the CPU/meta trace, imitated in the trace (issue 3).
+"""What the GPU does differently from the CPU/meta trace, imitated in the trace.
 
 The trace (``trace.py``) runs on the meta device or on fake CPU tensors under CPU autocast. Two
 CUDA behaviours change how much memory a training step holds and are imitated here, as

@@ -1,4 +1,4 @@
-"""Keep ``torch._dynamo`` unimported while an fp32 spec is imported and traced (issue 3 speed).
+"""Keep ``torch._dynamo`` unimported while an fp32 spec is imported and traced.
 
 Importing ``torch._dynamo`` costs about as much as importing torch itself (``torch._inductor``
 pieces, triton checks, distributed tensor ops...: ~1.5-2.5 s on the 2-core machine), and the

@@ -56,8 +56,8 @@ class Estimate:
 
     Attributes:
         mem_mib: CUDA context + caching allocator's peak reserved memory, MiB.
-        method: which estimator produced it (``analytic``, ``learned``, ``history``, ``combined``,
-            ``override``, ``whole-gpu``).
+        method: which estimator produced it: ``analytic`` (calibrated trace) or ``history``
+            (earlier measured peaks).
         detail: method-specific figures (e.g. ``{"params_mib": .., "activations_mib": ..}``).
     """
 

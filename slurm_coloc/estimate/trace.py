@@ -6,7 +6,7 @@ A ``TorchDispatchMode`` sees every op; each new tensor storage is "allocated" in
 :class:`CachingAllocatorModel` and "freed" when its storage object dies (storages keep one
 Python object for their lifetime, so a weakref finalizer marks the real free point).
 
-The training step is the one issue 3 fixes: ``zero_grad(set_to_none=True)``; forward;
+The training step assumed: ``zero_grad(set_to_none=True)``; forward;
 cross-entropy on the logits; backward; optimizer step (``foreach=True``, as PyTorch picks on
 CUDA). Two steps are traced so the optimizer state exists during the second backward.
 """

@@ -1,10 +1,10 @@
-"""cuDNN convolution workspace per call, from a table measured on the GPU (issue 3).
+"""cuDNN convolution workspace per call, from a table measured on the GPU.
 
 The trace (``trace.py``) replays, at each convolution call, the transient workspace block cuDNN
 takes from PyTorch's caching allocator. Without it the replay missed up to 4 GiB on VGG-16 at
 batch 128 and 1.2-3.8x the reserved memory of small CNNs (docs/estimator.md). The block's size is
 what PyTorch's heuristically chosen cuDNN algorithm needs; it is measured on the H100 for many
-calls (``benchmarks/device/conv_workspace.py``) and shipped as ``weights/conv_workspace_h100.csv.gz``
+calls (``benchmarks/device/conv_workspace.py``) and shipped as ``weights/conv_workspace_h100.npz``
 (columns ``key, ws_b, srcs``; keys from ``convcall.py``; ``srcs`` says which data set's layers a
 call came from, so evaluations can leave a family's own calls out).
 

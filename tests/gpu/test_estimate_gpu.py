@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +20,15 @@ from slurm_coloc.estimate import ModelSpec, estimate_peak
 pytestmark = pytest.mark.gpu
 
 CHILD = textwrap.dedent("""
-    import json, sys, importlib, torch
+    import json, sys, torch
+    from slurm_coloc.estimate.loader import load_callable
+    from slurm_coloc.estimate.spec import ModelSpec
     spec = json.loads(sys.argv[1])
     idle = torch.cuda.device_memory_used(0)
-    mod, attr = spec["model"].split(":")
+    fn = load_callable(ModelSpec(spec["model"], (1,), 1))
     dev = torch.device("cuda")
     with dev:
-        model = getattr(importlib.import_module(mod), attr)(**spec["kwargs"])
+        model = fn(**spec["kwargs"])
     model = model.to(dev).train()
     ps = [p for p in model.parameters() if p.requires_grad]
     opt = {"sgd": lambda: torch.optim.SGD(ps, lr=0.01),
@@ -52,13 +55,14 @@ CHILD = textwrap.dedent("""
                       "reserved_mib": torch.cuda.max_memory_reserved() / 2**20}))
 """)
 
+ZOO = str(Path(__file__).resolve().parents[2] / "benchmarks" / "estimator" / "zoo.py")
 CASES = [
     ModelSpec("torchvision.models:resnet18", (3, 32, 32), 128, optimizer="sgd-momentum"),
     ModelSpec("torchvision.models:resnet50", (3, 224, 224), 32, optimizer="sgd"),
     ModelSpec("torchvision.models:mobilenet_v3_small", (3, 224, 224), 64, optimizer="adamw", precision="bf16"),
-    ModelSpec("slurm_coloc.estimate.zoo:mlp", (1024,), 512, kwargs={"in_features": 1024, "width": 2048,
+    ModelSpec(ZOO + ":mlp", (1024,), 512, kwargs={"in_features": 1024, "width": 2048,
               "depth": 4}, optimizer="adam"),
-    ModelSpec("slurm_coloc.estimate.zoo:transformer_lm", (256,), 16, kwargs={"vocab_size": 100,
+    ModelSpec(ZOO + ":transformer_lm", (256,), 16, kwargs={"vocab_size": 100,
               "d_model": 512, "n_layers": 6, "n_heads": 8, "max_len": 256}, input_dtype="int64",
               optimizer="adamw", precision="amp-fp16"),
 ]

@@ -1,6 +1,7 @@
-"""Train the learned ensemble and choose the combination's margins (dev-only: needs scikit-learn).
+"""Choose the calibrated bound's form and margins, and train the learned ensemble (needs scikit-learn).
 
-    .venv/bin/python -m slurm_coloc.estimate.train            # writes weights/ensemble.npz + calibration.json
+    .venv/bin/python -W ignore benchmarks/estimator/train.py
+    # writes slurm_coloc/estimate/weights/calibration.json and benchmarks/estimator/weights/ensemble.npz
 
 Data: ``data/hopper/hopper_runs.csv`` + ``hopper_traces.csv`` (H100, this project, see its README)
 and GPUMemNet's MLP CSVs (A100, CC BY 4.0, ``/work/shared/data/gpumemnet`` or ``$GPUMEMNET_DIR``).
@@ -19,13 +20,15 @@ import os
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.estimate import margins
-from slurm_coloc.estimate.features import feature_vector
+import learned
+import margins
+from features import feature_vector
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HOPPER_DIR = os.path.join(ROOT, "data", "hopper")
 GPUMEMNET_DIR = os.environ.get("GPUMEMNET_DIR", "/work/shared/data/gpumemnet")
-WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
+WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")  # ensemble.npz (research)
+CALIBRATION = os.path.join(ROOT, "slurm_coloc", "estimate", "weights", "calibration.json")  # shipped
 TEST_FAMILIES = ("resnet", "vgg", "densenet", "vit", "mobilenet", "seqenc")
 VAL_FAMILIES = ("efficientnet", "regnet", "swin", "alexnet")
 H100_CONTEXT_MIB = 612
@@ -166,9 +169,6 @@ def calibrate(hopper: List[Dict[str, Any]], gmn_train: List[Dict[str, Any]],
         (ensemble arrays fitted without VAL and ``exclude`` families, calibration dict; its
         ``candidates`` key lists every form's fitted margins and VAL figures).
     """
-    from slurm_coloc.estimate import learned
-    from slurm_coloc.estimate.learned import predict_features
-
     fit_rows, _ = split(hopper, exclude + VAL_FAMILIES)
     _, val = split(hopper, VAL_FAMILIES)
     fit_all, _ = split(hopper, exclude)
@@ -178,7 +178,7 @@ def calibrate(hopper: List[Dict[str, Any]], gmn_train: List[Dict[str, Any]],
     tmp = os.path.join(WEIGHTS_DIR, ".calib-tmp.npz")
     save_ensemble(arrs, tmp)
     learned._CACHE.pop(tmp, None)
-    lmax = [predict_features(r["x"], tmp)["max_mib"] for r in val]
+    lmax = [learned.predict_features(r["x"], tmp)["max_mib"] for r in val]
     learned._CACHE.pop(tmp, None)
     os.remove(tmp)
     actual = [r["actual_mib"] for r in val]
@@ -213,7 +213,7 @@ def _pct(x: float) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Calibrate (holding out TEST and VAL families), cross-validate, refit on all rows and ship."""
-    ap = argparse.ArgumentParser(prog="python -m slurm_coloc.estimate.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="benchmarks/estimator/train.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="print the calibration, write no weights")
     args = ap.parse_args(argv)
@@ -242,7 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     arrs = fit_ensemble(hopper + gmn)
     save_ensemble(arrs, os.path.join(WEIGHTS_DIR, "ensemble.npz"))
-    with open(os.path.join(WEIGHTS_DIR, "calibration.json"), "w", encoding="utf-8") as fh:
+    with open(CALIBRATION, "w", encoding="utf-8") as fh:
         json.dump(cal, fh, indent=1, sort_keys=True)
         fh.write("\n")
     print(json.dumps({k: v for k, v in cal.items() if k not in ("candidates", "combine_candidates")}, sort_keys=True))

@@ -1,31 +1,13 @@
-"""Warm estimate server for ``coloc-estimate`` (like Gradle's daemon): torch stays imported between calls.
+"""Warm estimate server for ``coloc-estimate``: a per-user process that keeps torch imported.
 
-A cold ``coloc-estimate`` spends ~2-2.5 s importing torch and ~0.5 s importing sympy/symbolic shapes
-before it traces anything. The server is a per-user background process that has done all that once:
-
-* **Start.** A cache-miss ``coloc-estimate`` that finds no server runs its estimate in-process as
-  before and, after printing, spawns one (``setsid``, stdio on ``/dev/null``, the user's own process,
-  same Python and ``sys.path``). The server imports torch, ``torchvision.models`` and the estimator and
-  traces a tiny model once (cache off) so the lazy imports and dispatch caches are loaded.
-* **Where.** A unix socket ``est-<key16>.sock`` (with ``.lock`` and ``.log``) in a 0700 directory owned
-  by the user: ``$XDG_RUNTIME_DIR/slurm-coloc`` or, without it, ``$XDG_CACHE_HOME/slurm-coloc``
-  (``~/.cache/slurm-coloc``). ``key`` (:func:`server_key`) hashes the estimator's sources and weights
-  (``cache._estimator_identity``), every ``.py`` of the package, the Python executable and version,
-  ``sys.path``, the host, the files of the pre-imported packages and import-time environment variables
-  (``PYTHON*``, ``TORCH*``, ...), so an upgraded package or another venv never reaches a stale server.
-* **Requests.** The server checks the peer's ``SO_PEERCRED`` uid (must be its own), then **forks** a
-  child per request; the parent never imports user code, so every request imports the user's modules
-  afresh. The child takes the client's cwd, whole environment, ``sys.path`` and umask, captures fds 1
-  and 2, runs the very function the CLI runs (``cli.estimate.run``) and returns exit code, stdout and
-  stderr. The client prints them only once the whole answer arrived.
-* **Fallback.** Any failure (no server, stale socket, wrong key or uid, protocol error, timeout) makes
-  the client run in-process exactly as without a server. Cache hits never use the server.
-* **Exit.** After ``COLOC_ESTIMATE_SERVER_IDLE`` seconds without requests (default 900) or on SIGTERM.
-* **Off.** ``COLOC_ESTIMATE_SERVER=0`` or ``coloc-estimate --no-server``; also off inside a pytest run
-  (``PYTEST_CURRENT_TEST``), in Slurm prolog/epilog context (``SLURM_SCRIPT_CONTEXT``) and in setuid
-  processes (root-run hooks never estimate; this keeps them off the server even if one did).
-
-Stdlib only (``socket``, ``os``, ``fcntl``); the protocol is length-prefixed JSON frames.
+Client side (:func:`wanted`, :func:`request`, :func:`ensure_started`) and server side (:func:`serve_main`)
+of one protocol: length-prefixed JSON frames (4-byte big-endian length, at most ``MAX_FRAME`` bytes) over a
+unix socket ``<runtime_dir>/est-<key16>.sock`` in a 0700 per-user directory. The server checks the peer's
+``SO_PEERCRED`` uid and forks one child per request; the child runs the request function it was given
+(``coloc-estimate``'s ``run``) with the client's cwd, environment, ``sys.path`` and umask and returns exit
+code, stdout and stderr. Any failure on the client side returns None and the CLI runs in-process. The
+server exits after ``COLOC_ESTIMATE_SERVER_IDLE`` seconds without requests (default 900) or on SIGTERM.
+Design and the failures it guards against: docs/reliability.md, "Warm estimate server". Stdlib only.
 """
 from __future__ import annotations
 
@@ -42,7 +24,7 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 PROTO = 1
 IDLE_DEFAULT_S = 900.0
@@ -54,9 +36,10 @@ MAX_FRAME = 64 << 20
 _SUN_PATH_MAX = 107
 _PREIMPORTED = ("torch", "torchvision", "numpy", "sympy", "click")
 _ENV_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL", "KMP_", "OPENBLAS", "NUMPY", "LD_")
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from slurm_coloc.estimate.server import serve_main; serve_main(sys.argv[2], sys.argv[3])")
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the slurm_coloc directory
+# argv: sys.path (JSON), key, socket path, entry module; that module's ``serve(key, path)`` runs the server.
+_BOOT = ("import sys, json, importlib; sys.path[:] = json.loads(sys.argv[1]); "
+         "importlib.import_module(sys.argv[4]).serve(sys.argv[2], sys.argv[3])")
 
 #: True in a forked request child: the CLI then runs in-process (never recurses into the server).
 IN_SERVER = False
@@ -65,7 +48,12 @@ IN_SERVER = False
 # ---------------------------------------------------------------------------------------- shared parts
 
 def wanted(no_server: bool = False) -> bool:
-    """Whether this process may use (and start) a server: see the module docstring's "Off"."""
+    """Whether this process may use (and start) a server.
+
+    False with ``no_server``, inside a request child, with ``COLOC_ESTIMATE_SERVER`` off/0/no/false,
+    inside pytest (``PYTEST_CURRENT_TEST``), in Slurm prolog/epilog context (``SLURM_SCRIPT_CONTEXT``),
+    in setuid processes, and without unix sockets or ``fork``.
+    """
     if no_server or IN_SERVER:
         return False
     if os.environ.get("COLOC_ESTIMATE_SERVER", "on").strip().lower() in ("0", "off", "no", "false"):
@@ -105,9 +93,15 @@ def _sha_file(h: Any, path: str) -> None:
 
 
 def server_key(environ: Optional[Dict[str, str]] = None) -> str:
-    """Hex sha256 naming the server this process may talk to (see the module docstring).
+    """Hex sha256 naming the server this process may talk to.
 
-    ``environ`` (default ``os.environ``): the environment whose import-time variables count.
+    Hashes the estimator's identity (``cache._estimator_identity``: sources and weights), every
+    ``.py`` of the package, the Python executable and version, ``sys.path``, the host, uid, the files
+    of the pre-imported packages and the import-time environment variables (``_ENV_PREFIXES``), so a
+    changed package, venv or environment never reaches a stale server.
+
+    Args:
+        environ: the environment whose import-time variables count (default ``os.environ``).
     """
     from slurm_coloc.estimate import cache
 
@@ -178,10 +172,12 @@ def _peer_uid(sock: socket.socket) -> int:
 # ---------------------------------------------------------------------------------------------- client
 
 def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
-    """Run ``cli.estimate.run(**params)`` on the warm server: (exit code, stdout, stderr), or None.
+    """Run the server's request function (``coloc-estimate``'s ``run(**params)``) on the warm server.
 
-    None means "run in-process instead": no server, stale socket, another uid, wrong key, protocol
-    error or timeout. Nothing is printed here.
+    Returns (exit code, stdout bytes, stderr bytes).
+
+    Returns None ("run in-process instead") on no server, a stale socket, another uid, a wrong key,
+    a protocol error or a timeout (``COLOC_ESTIMATE_SERVER_TIMEOUT`` s, default 1800). Prints nothing.
     """
     try:
         key = server_key()
@@ -215,8 +211,13 @@ def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
         return None
 
 
-def ensure_started() -> bool:
-    """Spawn a detached server for this process's key unless one is running or starting. True if spawned."""
+def ensure_started(entry_module: str) -> bool:
+    """Spawn a detached server for this process's key unless one is running or starting. True if spawned.
+
+    Args:
+        entry_module: importable module whose ``serve(key, path)`` runs :func:`serve_main` with its
+            request function (``slurm_coloc.cli.estimate``).
+    """
     try:
         key = server_key()
         path = socket_path(key)
@@ -228,7 +229,8 @@ def ensure_started() -> bool:
             except OSError:
                 return False  # a server holds the lock: running or warming up
             fcntl.flock(lock, fcntl.LOCK_UN)
-        subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path], cwd="/",
+        argv = [sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path, entry_module]
+        subprocess.Popen(argv, cwd="/",
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          close_fds=True, start_new_session=True)
         return True
@@ -261,8 +263,7 @@ def _prewarm() -> None:
     import torch  # noqa: F401
     import torchvision.models  # noqa: F401
 
-    import slurm_coloc.cli.estimate  # noqa: F401
-    from slurm_coloc.estimate import estimate_peak, learned
+    from slurm_coloc.estimate import estimate_peak
     from slurm_coloc.estimate.spec import ModelSpec
 
     saved = os.environ.get("COLOC_ESTIMATE_CACHE")
@@ -275,10 +276,9 @@ def _prewarm() -> None:
             os.environ.pop("COLOC_ESTIMATE_CACHE", None)
         else:
             os.environ["COLOC_ESTIMATE_CACHE"] = saved
-    learned._CACHE.clear()  # children read the shipped weights themselves, as a fresh process does
 
 
-def _child(conn: socket.socket, key: str) -> int:
+def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
     """Serve one request in the forked child; returns the exit status for ``os._exit``."""
     global IN_SERVER
     IN_SERVER = True
@@ -306,8 +306,6 @@ def _child(conn: socket.socket, key: str) -> int:
                                   errors=req["stderr"][1], line_buffering=True)
     code = 0
     try:
-        from slurm_coloc.cli.estimate import run
-
         run(**req["params"])
     except SystemExit as exc:
         if exc.code is None:
@@ -334,8 +332,14 @@ def _child(conn: socket.socket, key: str) -> int:
     return code
 
 
-def serve_main(key: str, path: str) -> None:
-    """Server entry point (spawned by :func:`ensure_started`): lock, warm up, listen, fork per request."""
+def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
+    """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
+
+    Args:
+        key: the spawner's :func:`server_key`; the server exits at once when its own differs.
+        path: the socket path (:func:`socket_path`); ``.lock`` and ``.log`` sit beside it.
+        run: the request function; a forked child calls ``run(**params)`` with the client's params.
+    """
     os.umask(0o077)
     lock = open(path[:-5] + ".lock", "a")
     try:
@@ -407,7 +411,7 @@ def serve_main(key: str, path: str) -> None:
                     listener.close()
                     lock.close()
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    code = _child(conn, key)
+                    code = _child(conn, key, run)
                 except BaseException:  # noqa: BLE001 - client falls back in-process
                     pass
                 finally:

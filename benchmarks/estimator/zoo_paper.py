@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 TV = "torchvision.models:"
-HERE = "slurm_coloc.estimate.zoo_paper:"
+HERE = "slurm_coloc.estimate.zoo_paper:"  # the configs' data-set name; zoo.model_ref gives the file
 BERT_VOCAB = 28996  # bert-large-cased tokenizer (CARMA BERT_*_on_wiki.py: vocab_size=tokenizer.vocab_size)
 GPT2_VOCAB = 50257
 XLNET_VOCAB = 32000

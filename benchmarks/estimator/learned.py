@@ -1,12 +1,13 @@
-"""Learned estimate: an ensemble of small MLPs over GPUMemNet-style features (numpy inference).
+"""Learned estimate (research comparison, not used by the package): an ensemble of small MLPs over
+GPUMemNet-style features (numpy inference).
 
 GPUMemNet (Yousefzadeh-Asl-Miandoab et al., EuroMLSys '26) classifies jobs into memory bins
 with an ensemble of MLPs over structural features. Here each member regresses
 ``log2(peak NVML MiB)`` (finer than bins; bin accuracy is reported in docs/estimator.md), the
 mean of the members is the point estimate and the largest member's prediction, scaled by a
-factor chosen on held-out families (``weights/calibration.json``), the upper bound.
+factor chosen on held-out families (``learned_mult`` in the shipped calibration.json), the upper bound.
 
-Weights: ``weights/ensemble.npz`` written by ``python -m slurm_coloc.estimate.train``; arrays
+Weights: ``weights/ensemble.npz`` written by ``benchmarks/estimator/train.py``; arrays
 ``mean``, ``scale`` (feature standardisation), ``n_members``, and per member ``m{i}_W{j}``,
 ``m{i}_b{j}`` (ReLU hidden layers, linear output). Inference is a few small matmuls (< 1 ms).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from slurm_coloc.estimate.features import feature_vector
+from features import feature_vector
 
 WEIGHTS = os.path.join(os.path.dirname(__file__), "weights", "ensemble.npz")
 _CACHE: Dict[str, Any] = {}

@@ -1,11 +1,43 @@
-"""Parameterised model families for the Hopper data set and tests (``slurm_coloc.estimate.zoo:mlp`` ...).
+"""Parameterised model families for the Hopper data set and tests (``benchmarks/estimator/zoo.py:mlp`` ...).
 
 Each builder takes JSON keyword arguments and returns a ``torch.nn.Module`` whose forward
 returns logits, so a ``ModelSpec`` can name it like any user model. Torch is imported inside.
+
+The data sets (``data/hopper/*.csv``, ``benchmarks/device/fence_cfgs.json``) name these builders
+by the module path they were measured under, ``slurm_coloc.estimate.zoo:<builder>`` (and
+``slurm_coloc.estimate.zoo_paper:<builder>`` for ``zoo_paper.py``); :func:`model_ref` turns such a
+name into this file's path, which ``ModelSpec.model`` accepts from any working directory.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_MODULES = {"slurm_coloc.estimate.zoo": "zoo", "slurm_coloc.estimate.zoo_paper": "zoo_paper"}
+DATA_NAMES = {name: os.path.join(HERE, mod + ".py") for name, mod in DATA_MODULES.items()}
+
+
+def model_ref(name: str) -> str:
+    """``ModelSpec.model`` for a data set's model name: ``slurm_coloc.estimate.zoo:cnn`` becomes
+    ``/abs/path/benchmarks/estimator/zoo.py:cnn``; any other name (``torchvision.models:resnet50``,
+    a user file) is returned unchanged."""
+    module, _, attr = name.rpartition(":")
+    path = DATA_NAMES.get(module)
+    return f"{path}:{attr}" if path else name
+
+
+def builder(name: str) -> Any:
+    """The callable a data set's model name names, imported by module name (``zoo`` and
+    ``zoo_paper`` from this directory, which must be on ``sys.path``; others as named).
+
+    Raises:
+        ImportError / AttributeError: no such module or callable.
+    """
+    import importlib
+
+    module, _, attr = name.rpartition(":")
+    return getattr(importlib.import_module(DATA_MODULES.get(module, module)), attr)
 
 _ACTS = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "Tanh", "sigmoid": "Sigmoid",
          "leakyrelu": "LeakyReLU", "elu": "ELU", "softplus": "Softplus", "mish": "Mish"}

@@ -30,6 +30,9 @@ inputs, where cuDNN loads extra kernel code). The candidate forms (``FORMS``) mo
     (validation fp32 rows need x1.16 at their 99th percentile, AMP rows x1.25 and more; with the
     cuDNN workspaces replayed, 2026-11-24).
 
+The package ships only the chosen form (``per-precision-jit``, ``combine.calibrated_bound``);
+:func:`bound_of_form` here computes every candidate and uses the package's function for that form.
+
 Margins are fitted on one row set (validation families in ``train.py``): for each grid value
 of the additive terms the multiplier is the smallest (to 0.005) that leaves at most ``target``
 of the rows underestimated, and the combination with the least median over-reservation wins.
@@ -41,7 +44,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.estimate.combine import calibrated_bound
+from slurm_coloc.estimate.combine import BOUND_FORM, calibrated_bound
 
 FORMS = ("scalar", "per-component", "per-component-sqrt", "per-component-jit", "per-precision-jit")
 AMP_PRECISIONS = ("amp-fp16", "bf16")
@@ -50,11 +53,42 @@ SQRT_GRID = (0.0, 2.0, 4.0, 8.0, 16.0)
 BASELINE_NONALLOC_Q = 0.5  # "normal" non-allocator memory: the median of the fitting rows
 
 
+def bound_of_form(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float,
+                  precision: Optional[str] = None, depthwise_max_hw: int = 0) -> float:
+    """The upper bound (MiB) of ``cal["form"]`` (see the module docstring) from the analytic figure.
+
+    ``per-precision-jit`` is computed by the package's ``combine.calibrated_bound`` (the shipped
+    code path); the other forms here. ``R = max(0, analytic - context - libs)``.
+
+    Raises:
+        ValueError: unknown form.
+    """
+    form = cal.get("form", "scalar")
+    if form == BOUND_FORM:
+        full = {"jit_mib": 0.0, "jit_min_hw": 0, **cal}
+        return calibrated_bound(full, analytic_mib, context_mib, libs_mib, precision=precision or "fp32",
+                                depthwise_max_hw=depthwise_max_hw)
+    mult, add = float(cal["analytic_mult"]), float(cal["analytic_add_mib"])
+    if form == "scalar":
+        return analytic_mib * mult + add
+    reserved = max(0.0, analytic_mib - context_mib - libs_mib)
+    out = context_mib + libs_mib + add + reserved * mult
+    if form == "per-component-sqrt":
+        out += float(cal.get("sqrt_k", 0.0)) * math.sqrt(reserved)
+    elif form == "per-component-jit":
+        jit = float(cal.get("jit_mib", 0.0))
+        if jit > 0 and precision == "amp-fp16" and int(depthwise_max_hw) > int(cal.get("jit_min_hw", 0)):
+            out += jit
+    elif form != "per-component":
+        raise ValueError(f"unknown bound form {form!r}")
+    return out
+
+
 def _bound(cal: Dict[str, Any], row: Dict[str, Any], context: float) -> float:
-    """Calibrated bound of one data row (``combine.calibrated_bound``, the shipped code path)."""
+    """Bound of one data row under ``cal`` (:func:`bound_of_form`)."""
     libs = float(cal["libs_mib"])
-    return calibrated_bound(cal, context + libs + row["sim_reserved_mib"], context, libs,
-                            precision=row.get("precision"), depthwise_max_hw=row.get("depthwise_max_hw", 0))
+    return bound_of_form(cal, context + libs + row["sim_reserved_mib"], context, libs,
+                         precision=row.get("precision"), depthwise_max_hw=row.get("depthwise_max_hw", 0))
 
 
 def summary(rows: Sequence[Dict[str, Any]], est: Sequence[float]) -> Dict[str, float]:

@@ -1,0 +1,139 @@
+"""The package's import layers, read from the source with ``ast`` (every import, also inside functions).
+
+Rules (DEVELOPERS.md, docs/design.md): data flows down the layers below and nothing imports upwards or
+sideways; there are no import cycles between modules; each outside system has one gateway (click: ``cli/``;
+rich: ``report/render.py``; pynvml: ``nvml/``); research code (scikit-learn) stays out of the package.
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Set
+
+PKG = Path(__file__).resolve().parents[1] / "slurm_coloc"
+
+#: Subpackage (or top-level module) -> layer; a part may import only parts of a lower layer.
+LAYER = {
+    "errors": 0,
+    "units": 1, "config": 1,
+    "slurm": 2, "nvml": 2, "estimate": 2,
+    "store": 3,
+    "node": 4, "report": 4, "replay": 4, "submit": 4,
+    "hooks": 5, "admin": 5,
+    "cli": 6,
+    "__main__": 7,
+}
+GATEWAYS = {"click": ("slurm_coloc.cli",), "rich": ("slurm_coloc.report.render",),
+            "pynvml": ("slurm_coloc.nvml",)}
+NEVER = ("sklearn",)
+
+
+def _modules() -> Dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Set[str]:
+    """Absolute names imported anywhere in ``path``; ``from pkg import sub`` counts as ``pkg.sub``."""
+    names: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            mod = node.module or ""
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in MODULES]
+            names.update(subs if len(subs) == len(node.names) else [mod, *subs])
+    return names
+
+
+def _internal(name: str) -> str:
+    """The package module ``name`` lives in (``slurm_coloc.estimate.spec.ModelSpec`` -> ``...spec``)."""
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+IMPORTS = {mod: _imports(path) for mod, path in MODULES.items()}
+GRAPH = {mod: {_internal(n) for n in names if n.startswith("slurm_coloc.")} - {mod}
+         for mod, names in IMPORTS.items()}
+
+
+def _part(mod: str) -> str:
+    return mod.split(".")[1] if "." in mod else "(root)"
+
+
+def test_every_part_has_a_layer() -> None:
+    assert {_part(m) for m in MODULES} - {"(root)"} <= set(LAYER), "add new subpackages to LAYER"
+
+
+def test_imports_go_down_the_layers() -> None:
+    wrong = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() for b in bs
+                   if _part(a) != _part(b) and _part(a) in LAYER and _part(b) in LAYER
+                   and LAYER[_part(b)] >= LAYER[_part(a)])
+    assert not wrong, "imports up or sideways: " + ", ".join(wrong)
+
+
+def test_estimate_imports_only_errors() -> None:
+    out = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() if _part(a) == "estimate" for b in bs
+                 if _part(b) not in ("estimate", "errors"))
+    assert not out, out
+
+
+def test_no_import_cycles() -> None:
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    cycles: List[List[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_gateways() -> None:
+    users: Dict[str, Set[str]] = defaultdict(set)
+    for mod, names in IMPORTS.items():
+        for name in names:
+            users[name.split(".")[0]].add(mod)
+    for lib, allowed in GATEWAYS.items():
+        outside = sorted(m for m in users[lib] if not any(m == a or m.startswith(a + ".") for a in allowed))
+        assert not outside, f"{lib} imported outside {allowed}: {outside}"
+    for lib in NEVER:
+        assert not users[lib], f"{lib} imported by {sorted(users[lib])}"
+
+
+def test_the_rules_see_a_violation(tmp_path: Path) -> None:
+    """The walker finds an upward import and a cycle in code written like the package's."""
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from slurm_coloc.cli import estimate\n    import click\n")
+    assert {"slurm_coloc.cli.estimate", "click"} <= _imports(src)
