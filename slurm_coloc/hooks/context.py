@@ -1,7 +1,8 @@
 """What a Slurm hook knows about its job, read from its environment (facts §5), as one dataclass.
 
-Pure: takes a mapping, never reads files or runs Slurm. Hooks run as root on values users can
-influence (job name, comment): nothing here is executed or imported.
+Pure: takes a mapping, never reads files or runs Slurm. slurmd/slurmctld set these variables from the job
+record, each value whole (a job name holding ``Key=value`` text or a newline stays one value). Values users
+choose (job name, comment) are kept as opaque text: nothing here is executed, imported or parsed for fields.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class HookContext:
 
     Attributes:
         context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for TaskProlog.
+        uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
+        job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
         gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
         exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: facts §5).
     """
@@ -31,6 +34,7 @@ class HookContext:
     job_id: Optional[int]
     context: str
     uid: Optional[int]
+    gid: Optional[int]
     user_name: str
     job_name: str
     partition: str
@@ -53,6 +57,7 @@ class HookContext:
             job_id=_int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")),
             context=env.get("SLURM_SCRIPT_CONTEXT", ""),
             uid=_int(env.get("SLURM_JOB_UID") or env.get("SLURM_UID")),
+            gid=_int(env.get("SLURM_JOB_GID")),
             user_name=env.get("SLURM_JOB_USER", "") or env.get("USER", ""),
             job_name=env.get("SLURM_JOB_NAME", ""),
             partition=env.get("SLURM_JOB_PARTITION", ""),
