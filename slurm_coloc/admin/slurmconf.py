@@ -82,8 +82,9 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 
 
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
-    """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as ``("include", glob, [])``."""
-    out = []
+    """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as
+    ``("include", glob, [])``."""
+    out: List[Tuple[str, str, List[str]]] = []
     for line in _lines(text):
         words = line.split()
         if words[0] == "include" and len(words) > 1:

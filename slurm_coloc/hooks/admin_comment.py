@@ -59,8 +59,10 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         report.summaries.setdefault(job_id, []).extend(store_samples.load_summaries(db, job_id))
     if not row and not runs:
         return None, report
-    starts = [r["start_ts"] for r in runs if r.get("start_ts")] + ([row["start_ts"]] if row.get("start_ts") else [])
-    ends = [r["end_ts"] for r in runs if r.get("end_ts")] + ([row["end_ts"]] if row.get("end_ts") else [])
+    def times(key: str) -> List[float]:
+        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)] if isinstance(t, (int, float)) and t]
+
+    starts, ends = times("start_ts"), times("end_ts")
     view = JobView(
         job_id=job_id, user=row.get("user_name"), name=row.get("job_name"),  # type: ignore[arg-type]
         nodes=",".join(str(r["node"]) for r in runs), gpus=";".join(f"{r['node']}:{r['gpus']}" for r in runs
@@ -68,7 +70,7 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
         estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
         state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
-        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)  # type: ignore[type-var]
+        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)
     return view, report
 
 

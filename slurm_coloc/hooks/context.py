@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm.parse import decode_exit_code, parse_index_list
 
 
@@ -47,6 +48,17 @@ class HookContext:
     signal: Optional[int]
     spank_mem: Optional[str]
     spank_share: Optional[str]
+
+    @property
+    def job(self) -> int:
+        """``job_id`` for a hook that needs one.
+
+        Raises:
+            ColocError: the environment named no job (``SLURM_JOB_ID`` missing or not a number).
+        """
+        if self.job_id is None:
+            raise ColocError("no SLURM_JOB_ID in the hook's environment")
+        return self.job_id
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "HookContext":

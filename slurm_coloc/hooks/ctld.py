@@ -49,11 +49,11 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
     """
     senv = slurm_env(base=env)
-    job = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 2)
+    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 2)
     coloc = _clean_coloc(parse_comment(ctx.comment))
     spec = coloc.get("spec")
     sub = store_jobs.JobSubmission(
-        job_id=ctx.job_id, user_name=ctx.user_name, uid=ctx.uid, job_name=ctx.job_name,
+        job_id=ctx.job, user_name=ctx.user_name, uid=ctx.uid, job_name=ctx.job_name,
         partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
         submit_ts=job.submit_ts, gres_req=job.tres_per_node,
         shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"), share_mode=share_mode_of(job.gres, cfg),
@@ -85,9 +85,9 @@ def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
     """
     senv = slurm_env(base=env)
-    job = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
+    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
     state = final_state(job)
-    end = store_jobs.JobEnd(job_id=ctx.job_id, end_ts=job.end_ts or time.time(), state=state,
+    end = store_jobs.JobEnd(job_id=ctx.job, end_ts=job.end_ts or time.time(), state=state,
                             exit_code=job.exit_code, signal=job.signal)
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)
     store_jobs.record_ctld_end(db, end, node_list=job.nodes, start_ts=job.start_ts)

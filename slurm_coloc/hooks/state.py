@@ -48,6 +48,6 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
     if reason == "TimeLimit":
         return "TIMEOUT"
     # RunTime >= TimeLimit with a clean 0:0 is a job that finished in time: Slurm counts RunTime from the
-    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm: COMPLETED; seen
-    # with 200 jobs on 2 CPUs, docs/reliability.md "Load"). A real time-out shows signal 15 (facts §5).
+    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records COMPLETED:
+    # docs/reliability.md "Load"). A real time-out shows signal 15 (facts §5).
     return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")

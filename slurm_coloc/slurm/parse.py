@@ -51,7 +51,8 @@ def parse_slurm_duration_s(text: Optional[str]) -> Optional[int]:
 
 
 def parse_exit_pair(text: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
-    """scontrol's ``ExitCode=<code>:<signal>``: ``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``; bad -> ``(None, None)``."""
+    """scontrol's ``ExitCode=<code>:<signal>``: ``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``;
+    bad -> ``(None, None)``."""
     code, _, sig = (text or "").partition(":")
     return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else (None, None)
 
