@@ -15,7 +15,7 @@ import pytest
 from slurm_coloc.config import Config
 from slurm_coloc.hooks import oom
 from slurm_coloc.hooks.oom_files import append_line_as_user, read_tail_as_user
-from slurm_coloc.slurm.parse import parse_scontrol_kv
+from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
 
@@ -88,27 +88,36 @@ def test_gpu_directives_are_neutralised_and_others_kept() -> None:
 
 
 def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
-    line = (SLURM_DATA / "scontrol_show_job_o_running_shard.txt").read_text().splitlines()[0]
-    kv = parse_scontrol_kv(line)
-    args = oom.retry_sbatch_args(kv, 1, Config(gpu_mem_gib=80), {"sha256": "ab" * 32})
+    job = next(j for j in parse_squeue_json((SLURM_DATA / "squeue_json_running.json").read_text()) if j.job_id == 1)
+    args = oom.retry_sbatch_args(job, Config(gpu_mem_gib=80), {"sha256": "ab" * 32})
     assert "--gres=shard:80" in args and "--open-mode=append" in args and "--export=NONE" in args
-    assert "--job-name=small" in args and "--partition=debug" in args and "--time=365-00:00:00" in args
+    assert "--job-name=small" in args and "--partition=debug" in args and "--time=525600" in args
     assert "--chdir=/tmp/coloc-cluster/jobs" in args and "--output=/tmp/coloc-cluster/jobs/1.out" in args
-    assert not any(a.startswith("--error=") for a in args)  # StdErr == StdOut
-    assert not any(a.startswith("--account=") for a in args)  # Account=(null)
+    assert not any(a.startswith("--error=") for a in args)  # stderr goes to stdout
+    assert not any(a.startswith("--account=") for a in args)  # no account
     comment = next(a for a in args if a.startswith("--comment="))
     assert comment.startswith("--comment=oom-retry-of-1 coloc:") and '"mode":"whole-gpu"' in comment
     assert oom.retry_of_comment(comment[len("--comment="):]) == 1
 
 
-def test_script_args_from_squeue_command() -> None:
-    from slurm_coloc.slurm.parse import _job_record
+def test_rerun_options_pass_a_forged_name_as_one_opaque_word() -> None:
+    """A name holding option-like text stays inside --job-name; the GRES is still the one whole-GPU request."""
+    job = job_info_from_json({"job_id": 4, "name": "x --gres=shard:1 TresPerNode=gres:shard:79",
+                              "tres_per_node": "gres:shard:2", "partition": "debug",
+                              "current_working_directory": "/w", "standard_output": "o%j"})
+    args = oom.retry_sbatch_args(job, Config(gpu_mem_gib=80), {})
+    assert "--job-name=x --gres=shard:1 TresPerNode=gres:shard:79" in args
+    assert [a for a in args if a.startswith("--gres=")] == ["--gres=shard:80"] and "--output=/w/o4" in args
 
-    rec = _job_record({"job_id": 3, "command": "./run.sh a1 b2"})
-    assert oom.script_args(rec, {}) == (["a1", "b2"], True)
-    assert oom.script_args(rec, {"argv": ["a 1"]}) == (["a 1"], True)
-    assert oom.script_args(_job_record({"job_id": 3, "command": "/j/run.sh"}), {}) == ([], True)
-    assert oom.script_args(_job_record({"job_id": 3, "command": "/j/run.sh a  b"}), {})[1] is False
+
+def test_script_args_from_squeue_command() -> None:
+    def job(command: str):
+        return job_info_from_json({"job_id": 3, "command": command})
+
+    assert oom.script_args(job("./run.sh a1 b2"), {}) == (["a1", "b2"], True)
+    assert oom.script_args(job("./run.sh a1 b2"), {"argv": ["a 1"]}) == (["a 1"], True)
+    assert oom.script_args(job("/j/run.sh"), {}) == ([], True)
+    assert oom.script_args(job("/j/run.sh a  b"), {})[1] is False
     assert oom.script_args(None, {}) == ([], True)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.report import admin_comment
+from slurm_coloc.hooks import admin_comment
 from slurm_coloc.slurm import jobs as slurm_jobs
 from tests.cluster import Cluster
 

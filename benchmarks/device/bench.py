@@ -161,9 +161,9 @@ def job_summary(j: int, r: Any, rec: Optional[Dict[str, Any]]) -> Dict[str, Any]
         "user": r.user_name if r else None,
         "tres": r.tres_per_node if r else None,
         "comment": (r.comment[:200] if r else None),
-        "submit": r.submit_time if r else None,
-        "start": r.start_time if r else None,
-        "end": r.end_time if r else None,
+        "submit": r.submit_ts if r else None,
+        "start": r.start_ts if r else None,
+        "end": r.end_ts if r else None,
         "bench": {k: v for k, v in (rec or {}).items() if k != "timeline"} or None,
     }
 
@@ -196,7 +196,7 @@ def collocate(a: argparse.Namespace) -> Dict[str, Any]:
             "completed": len(ok),
             "not_completed": lost,
             "oom_retries": retries,
-            "makespan_s": max(r.end_time for r in recs.values()) - min(r.submit_time for r in recs.values())
+            "makespan_s": max(r.end_ts or 0 for r in recs.values()) - min(r.submit_ts or 0 for r in recs.values())
             if recs
             else None,
             "wall_s": t_done - t_sub,

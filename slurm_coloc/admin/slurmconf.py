@@ -1,48 +1,18 @@
 """Reading slurm.conf, gres.conf and plugstack.conf (pure functions on text; by key name, case-insensitive).
 
 Formats: slurm.conf(5), gres.conf(5), spank(8) of Slurm 22.05. ``Include`` lines are reported, not followed.
+Host lists (``NodeName=gpu[01-04]``, ``File=/dev/nvidia[0-1]``) expand with ``slurm.parse.expand_hostlist``.
 """
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
-_BRACKET = re.compile(r"\[([^\]]+)\]")
+from slurm_coloc.slurm.parse import expand_hostlist
 
-
-def expand_hostlist(text: str) -> List[str]:
-    """Expand Slurm bracket ranges: ``n[1-3,5]`` -> n1 n2 n3 n5, ``/dev/nvidia[0-1]`` -> two paths.
-
-    Zero padding is kept (``n[01-02]`` -> n01 n02). Commas outside brackets separate items.
-    """
-    items, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-            continue
-        depth += ch == "["
-        depth -= ch == "]"
-        cur += ch
-    items.append(cur)
-    out: List[str] = []
-    for item in (i.strip() for i in items if i.strip()):
-        m = _BRACKET.search(item)
-        if not m:
-            out.append(item)
-            continue
-        head, tail = item[:m.start()], item[m.end():]
-        for part in m.group(1).split(","):
-            if "-" in part:
-                a, b = part.split("-", 1)
-                width = len(a) if a.startswith("0") else 0
-                for n in range(int(a), int(b) + 1):
-                    out.extend(expand_hostlist(f"{head}{str(n).zfill(width)}{tail}"))
-            else:
-                out.extend(expand_hostlist(f"{head}{part}{tail}"))
-    return out
+__all__ = ["SlurmConf", "expand_hostlist", "parse_gres_conf", "parse_gres_counts", "parse_plugstack",
+           "parse_slurm_conf"]
 
 
 @dataclass
@@ -112,8 +82,9 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 
 
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
-    """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as ``("include", glob, [])``."""
-    out = []
+    """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as
+    ``("include", glob, [])``."""
+    out: List[Tuple[str, str, List[str]]] = []
     for line in _lines(text):
         words = line.split()
         if words[0] == "include" and len(words) > 1:

@@ -1,13 +1,15 @@
 """What a Slurm hook knows about its job, read from its environment (facts §5), as one dataclass.
 
-Pure: takes a mapping, never reads files or runs Slurm. Hooks run as root on values users can
-influence (job name, comment): nothing here is executed or imported.
+Pure: takes a mapping, never reads files or runs Slurm. slurmd/slurmctld set these variables from the job
+record, each value whole (a job name holding ``Key=value`` text or a newline stays one value). Values users
+choose (job name, comment) are kept as opaque text: nothing here is executed, imported or parsed for fields.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm.parse import decode_exit_code, parse_index_list
 
 
@@ -24,6 +26,8 @@ class HookContext:
 
     Attributes:
         context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for TaskProlog.
+        uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
+        job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
         gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
         exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: facts §5).
     """
@@ -31,6 +35,7 @@ class HookContext:
     job_id: Optional[int]
     context: str
     uid: Optional[int]
+    gid: Optional[int]
     user_name: str
     job_name: str
     partition: str
@@ -44,6 +49,17 @@ class HookContext:
     spank_mem: Optional[str]
     spank_share: Optional[str]
 
+    @property
+    def job(self) -> int:
+        """``job_id`` for a hook that needs one.
+
+        Raises:
+            ColocError: the environment named no job (``SLURM_JOB_ID`` missing or not a number).
+        """
+        if self.job_id is None:
+            raise ColocError("no SLURM_JOB_ID in the hook's environment")
+        return self.job_id
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "HookContext":
         """Build from a hook's environment; missing variables become None/empty."""
@@ -53,6 +69,7 @@ class HookContext:
             job_id=_int(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")),
             context=env.get("SLURM_SCRIPT_CONTEXT", ""),
             uid=_int(env.get("SLURM_JOB_UID") or env.get("SLURM_UID")),
+            gid=_int(env.get("SLURM_JOB_GID")),
             user_name=env.get("SLURM_JOB_USER", "") or env.get("USER", ""),
             job_name=env.get("SLURM_JOB_NAME", ""),
             partition=env.get("SLURM_JOB_PARTITION", ""),

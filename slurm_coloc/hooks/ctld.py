@@ -4,29 +4,20 @@ user's files or code).
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Dict, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.hooks import oom
+from slurm_coloc.hooks import admin_comment, oom
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
-from slurm_coloc.report import admin_comment
+from slurm_coloc.hooks.state import final_state
 from slurm_coloc.slurm import jobs as slurm_jobs
-from slurm_coloc.slurm.parse import decode_exit_code, parse_tres_per_node
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_ctld_db
 from slurm_coloc.comment import parse_comment
-
-
-def parse_slurm_time(text: str) -> Optional[float]:
-    """``2026-11-22T07:43:08`` (slurmctld's local time) -> Unix seconds; ``Unknown``/``None`` -> None."""
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (TypeError, ValueError):
-        return None
 
 
 def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
@@ -51,19 +42,21 @@ def _clean_coloc(data: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job's request and estimate (``jobs`` row). Returns a detail dict for the hook log."""
-    import json
+    """Record the job's request and estimate (``jobs`` row). Returns a detail dict for the hook log.
 
+    GRES and submit time come from slurmctld's record (``slurm_jobs.show_job``); name, user, partition and
+    comment from the hook's environment, each one opaque value.
+    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+    """
     senv = slurm_env(base=env)
-    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 2)
-    tres = parse_tres_per_node(kv.get("TresPerNode", ""))
+    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 2)
     coloc = _clean_coloc(parse_comment(ctx.comment))
     spec = coloc.get("spec")
     sub = store_jobs.JobSubmission(
-        job_id=ctx.job_id, user_name=ctx.user_name, uid=ctx.uid, job_name=ctx.job_name,
+        job_id=ctx.job, user_name=ctx.user_name, uid=ctx.uid, job_name=ctx.job_name,
         partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
-        submit_ts=parse_slurm_time(kv.get("SubmitTime", "")), gres_req=kv.get("TresPerNode", ""),
-        shards_req=tres.get("shard"), gpus_req=tres.get("gpu"), share_mode=share_mode_of(tres, cfg),
+        submit_ts=job.submit_ts, gres_req=job.tres_per_node,
+        shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"), share_mode=share_mode_of(job.gres, cfg),
         estimate_mib=coloc.get("mem_mib"), estimate_method=coloc.get("method"),
         script_sha256=coloc.get("sha256"), spec_json=json.dumps(spec, sort_keys=True) if spec else None,
         coloc_json=json.dumps(coloc, sort_keys=True) if coloc else None,
@@ -77,7 +70,7 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     start_note = {"coloc": {"mode": sub.share_mode, "shards": sub.shards_req, "est_mib": sub.estimate_mib,
                             "method": sub.estimate_method}}
     try:
-        slurm_jobs.set_admin_comment(ctx.job_id, json.dumps(start_note, separators=(",", ":")),
+        slurm_jobs.set_admin_comment(job.slurm_ref, json.dumps(start_note, separators=(",", ":")),
                                      cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
         detail["admin_comment"] = "provisional"
     except ColocError as exc:
@@ -86,26 +79,23 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record how the job ended (final state inferred: epilogs see COMPLETING, see hooks/state.py)."""
+    """Record how the job ended (final state inferred: epilogs see COMPLETING, see hooks/state.py), run the OOM
+    step (hooks/oom.py) and write the AdminComment summary (hooks/admin_comment.py).
+
+    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+    """
     senv = slurm_env(base=env)
-    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
-    code, sig = parse_exit_pair(kv.get("ExitCode", ""))
-    rec = slurm_jobs.job_record(ctx.job_id, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
-    if rec is not None:  # squeue keeps the signal of a cancelled job that scontrol shows as 0:0 here
-        code, sig = decode_exit_code(rec.exit_code)
-    state = infer_final_state(kv.get("JobState", ""), code, sig, parse_slurm_duration_s(kv.get("RunTime", "")),
-                              parse_slurm_duration_s(kv.get("TimeLimit", "")), kv.get("Reason", ""))
-    end = store_jobs.JobEnd(job_id=ctx.job_id, end_ts=parse_slurm_time(kv.get("EndTime", "")) or time.time(),
-                            state=state, exit_code=code, signal=sig)
+    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
+    state = final_state(job)
+    end = store_jobs.JobEnd(job_id=ctx.job, end_ts=job.end_ts or time.time(), state=state,
+                            exit_code=job.exit_code, signal=job.signal)
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)
-    store_jobs.record_ctld_end(db, end, node_list=kv.get("NodeList", ""),
-                               start_ts=parse_slurm_time(kv.get("StartTime", "")))
-    detail: Dict[str, Any] = {"state": state, "exit_code": code, "signal": sig}
-    try:  # OOM detection and the one rerun (hooks/oom.py); the end above is recorded whatever happens here
-        share_mode = share_mode_of(parse_tres_per_node(kv.get("TresPerNode", "")), cfg)
-        detail["oom"] = oom.handle_job_end(ctx, cfg, env, kv, rec, state, share_mode, db)
+    store_jobs.record_ctld_end(db, end, node_list=job.nodes, start_ts=job.start_ts)
+    detail: Dict[str, Any] = {"state": state, "exit_code": job.exit_code, "signal": job.signal}
+    try:  # OOM detection and the one rerun; the end above is recorded whatever happens here
+        detail["oom"] = oom.handle_job_end(ctx, cfg, env, job, state, share_mode_of(job.gres, cfg), db)
     except ColocError as exc:
         detail["oom"] = {"error": exc.one_line()}
         store_jobs.record_event(db, ctx.job_id, "oom-error", {"error": exc.one_line()})
-    detail["admin_comment"] = admin_comment.write_admin_comment(ctx.job_id, cfg, env)  # never raises
+    detail["admin_comment"] = admin_comment.write_admin_comment(job, cfg, env)  # never raises
     return detail

@@ -10,16 +10,14 @@ import re
 import stat
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.ctld import parse_slurm_time
-from slurm_coloc.hooks.state import infer_final_state, parse_exit_pair, parse_slurm_duration_s
+from slurm_coloc.hooks.state import final_state, infer_final_state
 from slurm_coloc.node import lifecycle
 from slurm_coloc.slurm import jobs as slurm_jobs
-from slurm_coloc.slurm.parse import parse_tres_per_node
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_node_db
@@ -29,16 +27,19 @@ MAX_ENV_LINE = 4096
 
 
 def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user."""
-    kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
-    tres = parse_tres_per_node(kv.get("TresPerNode", ""))
+    """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user; set up sharing.
+
+    The shard count (which sizes the MPS fence) is slurmctld's ``tres_per_node`` (``slurm_jobs.show_job``).
+    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+    """
+    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
     start = store_jobs.JobStart(
-        job_id=ctx.job_id, node=ctx.node, user_name=kv.get("UserId", "").split("(")[0] or ctx.user_name,
-        uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=tres.get("shard"),
-        gres=kv.get("TresPerNode", ""), start_ts=parse_slurm_time(kv.get("StartTime", "")) or time.time())
+        job_id=ctx.job, node=ctx.node, user_name=job.user_name or ctx.user_name,
+        uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=job.shards,
+        gres=job.tres_per_node, start_ts=job.start_ts or time.time())
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     store_jobs.record_node_start(db, start)
-    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env,
+    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env,
                                        ctx.uid)
     return {"gpus": start.gpus, "shards": start.shards, **sharing}
 
@@ -48,26 +49,28 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     (hooks/state.py).
 
     The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend on
-    Slurm answering: under load ``scontrol show job`` can time out (seen with 200 jobs on 2 CPUs), and a failed
-    Epilog must not leave an MPS daemon or an env file behind. Without scontrol's answer the state is inferred
-    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["scontrol"]`` says why.
+    Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
+    Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is inferred
+    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why.
     Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     run = next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node), None)
-    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job_id, ctx.node, ctx.gpus, run.start_ts if run else None, env)
+    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, run.start_ts if run else None, env)
     out: Dict[str, Any] = {}
     try:
-        kv = slurm_jobs.show_job(ctx.job_id, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+        job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
     except ColocError as exc:
-        kv, out["scontrol"] = {}, exc.one_line()
-    code, sig = parse_exit_pair(kv.get("ExitCode", ""))
-    if code is None:
-        code, sig = ctx.exit_code, ctx.signal
-    state = infer_final_state(kv.get("JobState", ""), code, sig, parse_slurm_duration_s(kv.get("RunTime", "")),
-                              parse_slurm_duration_s(kv.get("TimeLimit", "")), kv.get("Reason", ""))
-    end = store_jobs.JobEnd(job_id=ctx.job_id, node=ctx.node, state=state, exit_code=code, signal=sig,
-                            end_ts=parse_slurm_time(kv.get("EndTime", "")) or time.time())
+        job, out["slurm"] = None, exc.one_line()
+    code: Optional[int]
+    sig: Optional[int]
+    if job is not None and job.exit_code is not None:
+        code, sig, state, end_ts = job.exit_code, job.signal, final_state(job), job.end_ts
+    else:
+        code, sig, end_ts = ctx.exit_code, ctx.signal, None
+        state = infer_final_state("", code, sig, None, None)
+    end = store_jobs.JobEnd(job_id=ctx.job, node=ctx.node, state=state, exit_code=code, signal=sig,
+                            end_ts=end_ts or time.time())
     store_jobs.record_node_end(db, end)
     return {"state": state, "exit_code": code, "signal": sig, **out, **sharing}
 

@@ -30,7 +30,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.oom_files import append_line_as_user, read_tail_as_user
 from slurm_coloc.slurm import jobs as slurm_jobs
-from slurm_coloc.slurm.parse import JobRecord, parse_tres_per_node
+from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.comment import COMMENT_TAG, parse_comment
@@ -92,7 +92,7 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
 
     Args:
         state: the final state (``hooks/state.py::infer_final_state``): only ``FAILED`` can be OOM.
-        reason: scontrol's ``Reason`` (``NodeDown``, ``launch_failed_requeued_held``... are never OOM).
+        reason: the job's state reason (``NodeDown``, ``launch_failed_requeued_held``... are never OOM).
         messages: ``find_oom_messages`` of the output tail.
         peak_mib, fence_mib: the sampler's peak of the job's GPU memory and its fence (MiB), if known; a peak
             within 2% (at least 64 MiB) of the fence counts as evidence.
@@ -140,64 +140,61 @@ def neutralise_gpu_directives(script: str) -> str:
     return "".join(out)
 
 
-def _id_of(field: str) -> Optional[int]:
-    """``colocuser(2001)`` -> 2001."""
-    m = re.search(r"\((\d+)\)\s*$", field or "")
-    return int(m.group(1)) if m else None
-
-
-def script_args(rec: Optional[JobRecord], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
+def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
     ``argv`` in the coloc comment (list of str) is exact. Otherwise Slurm 22.05 only keeps ``command``: argv joined
-    by single spaces (squeue ``command``, scontrol ``Command``), so it is split on whitespace and its first word
+    by single spaces (``JobInfo.command``), so it is split on whitespace and its first word
     (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which cannot
     be told apart (reported as inexact only when doubled spaces show it).
     """
     argv = coloc.get("argv")
     if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
         return list(argv), True
-    command = str(rec.raw.get("command") or "") if rec else ""
+    command = job.command if job else ""
     return command.split()[1:], "  " not in command.strip()
 
 
-def retry_sbatch_args(kv: Mapping[str, str], job_id: int, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
-    """sbatch options of the rerun of ``job_id`` (``scontrol show job -o`` fields ``kv``); module docstring."""
+def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
+    """sbatch options of the rerun of ``job`` (module docstring), each one argv word (no shell).
+
+    Name, paths and account are the job's own values from slurmctld, passed through as opaque text.
+    """
     gib = cfg.gpu_mem_gib
-    args = [f"--job-name={kv.get('JobName', '')}", f"--partition={kv.get('Partition', '')}",
-            f"--chdir={kv.get('WorkDir', '/')}", "--open-mode=append", "--export=NONE", "--no-requeue",
-            f"--gres=shard:{gib}"]
-    if kv.get("Account") not in (None, "", "(null)"):
-        args.append(f"--account={kv['Account']}")
-    if kv.get("TimeLimit") and kv["TimeLimit"] not in ("Partition_Limit", "NONE"):
-        args.append(f"--time={kv['TimeLimit']}")
-    out, err, inp = kv.get("StdOut", ""), kv.get("StdErr", ""), kv.get("StdIn", "")
+    args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
+            "--open-mode=append", "--export=NONE", "--no-requeue", f"--gres=shard:{gib}"]
+    if job.account not in ("", "(null)"):
+        args.append(f"--account={job.account}")
+    if job.time_limit_s:
+        args.append(f"--time={max(1, job.time_limit_s // 60)}")
+    out, err, inp = job.stdout_path, job.stderr_path, job.stdin_path
     if out:
         args.append(f"--output={out}")
     if err and err != out:
         args.append(f"--error={err}")
     if inp and inp != "/dev/null":
         args.append(f"--input={inp}")
-    for key, opt in (("NumNodes", "--nodes"), ("NumTasks", "--ntasks"), ("CPUs/Task", "--cpus-per-task")):
-        if kv.get(key, "").isdigit():
-            args.append(f"{opt}={kv[key]}")
-    if re.fullmatch(r"[1-9]\d*[KMGT]?", kv.get("MinMemoryNode", "")):
-        args.append(f"--mem={kv['MinMemoryNode']}")
+    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"), (job.cpus_per_task, "--cpus-per-task")):
+        if value:
+            args.append(f"{opt}={value}")
+    if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
+        args.append(f"--mincpus={job.min_cpus_per_node}")
+    if job.mem_per_node_mib:
+        args.append(f"--mem={job.mem_per_node_mib}M")
     info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
-                            "method": "oom-retry", "retry_of": int(job_id)}
+                            "method": "oom-retry", "retry_of": job.job_id}
     for key in ("sha256", "argv"):
         if key in coloc:
             info[key] = coloc[key]
-    args.append(f"--comment={RETRY_TAG}{int(job_id)} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
+    args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
                                                                                    sort_keys=True))
     return args
 
 
-def _read_output(kv: Mapping[str, str], uid: int, gid: int) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
-    """OOM messages from the tail of StdErr, then StdOut if different; plus what was read (for the record)."""
+def _read_output(job: JobInfo, uid: int, gid: int) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
+    """OOM messages from the tail of the job's stderr, then stdout if different; plus what was read."""
     seen: Dict[str, Any] = {}
-    for key in ("StdErr", "StdOut"):
-        path = kv.get(key, "")
+    for path in (job.stderr_path, job.stdout_path):
         if not path or path == "/dev/null" or path in seen:
             continue
         tail = read_tail_as_user(path, uid, gid)
@@ -208,15 +205,15 @@ def _read_output(kv: Mapping[str, str], uid: int, gid: int) -> Tuple[List[Tuple[
     return [], seen
 
 
-def _tell_user(kv: Mapping[str, str], uid: int, gid: int, line: str) -> Optional[str]:
-    path = kv.get("StdErr") or kv.get("StdOut") or ""
+def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
+    path = job.stderr_path or job.stdout_path
     if path in ("", "/dev/null"):
         return "no output file"
     return append_line_as_user(path, uid, gid, f"slurm-coloc: {line}")
 
 
-def _submit_retry(job_id: int, kv: Mapping[str, str], cfg: Config, env: Mapping[str, str], uid: int, gid: int,
-                  coloc: Mapping[str, Any], rec: Optional[JobRecord]) -> Tuple[int, bool]:
+def _submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
+                  coloc: Mapping[str, Any]) -> Tuple[int, bool]:
     """Write the batch script to a root-only directory and submit the rerun; return (new job id, args exact).
 
     Raises:
@@ -226,7 +223,8 @@ def _submit_retry(job_id: int, kv: Mapping[str, str], cfg: Config, env: Mapping[
     work.mkdir(parents=True, mode=0o700, exist_ok=True)
     if work.is_symlink() or (work.stat().st_uid != os.geteuid()) or work.stat().st_mode & 0o077:
         raise ColocError(f"{work} is not a private directory of this hook's user")
-    path = work / f"{int(job_id)}.sh"
+    job_id = job.job_id
+    path = work / f"{job_id}.sh"
     path.unlink(missing_ok=True)
     senv = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": env["SLURM_CONF"]} if env.get("SLURM_CONF") else {})}
     try:
@@ -236,79 +234,76 @@ def _submit_retry(job_id: int, kv: Mapping[str, str], cfg: Config, env: Mapping[
         except OSError as exc:
             raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
         path.write_text(neutralise_gpu_directives(text), encoding="utf-8", errors="surrogateescape")
-        argv, exact = script_args(rec, coloc)
-        new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(kv, job_id, cfg, coloc), argv,
+        argv, exact = script_args(job, coloc)
+        new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(job, cfg, coloc), argv,
                                            cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
         return new_id, exact
     finally:
         path.unlink(missing_ok=True)
 
 
-def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], kv: Mapping[str, str],
-                   rec: Optional[JobRecord], state: str, share_mode: str, db: Database) -> Dict[str, Any]:
+def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
+                   share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
 
     Args:
-        ctx: the hook's job; kv: its ``scontrol show job -o`` fields; rec: its ``squeue --json`` record (or None).
+        ctx: the hook's environment; job: slurmctld's record of the job (``slurm_jobs.show_job``).
         state: the inferred final state; share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
         db: the controller database.
 
     Returns:
         A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not raised.
     """
-    job_id = int(ctx.job_id)
-    end_ts, start_ts = _ts(kv.get("EndTime")), _ts(kv.get("StartTime"))
+    job_id = job.job_id
     retry_of = store_oom.original_of(db, job_id)
     if retry_of is not None:
-        store_oom.record_retry_outcome(db, job_id, state, start_ts, end_ts)
-    retry_of = retry_of if retry_of is not None else retry_of_comment(rec.comment if rec else ctx.comment)
-    uid = ctx.uid if ctx.uid is not None else _id_of(kv.get("UserId", ""))
-    gid = _id_of(kv.get("GroupId", ""))
-    if env.get("SLURM_JOB_GID", "").isdigit():
-        gid = int(env["SLURM_JOB_GID"])
+        store_oom.record_retry_outcome(db, job_id, state, job.start_ts, job.end_ts)
+    retry_of = retry_of if retry_of is not None else retry_of_comment(job.comment)
+    uid = ctx.uid if ctx.uid is not None else job.uid
+    gid = ctx.gid if ctx.gid is not None else job.gid
     if state != "FAILED" or uid is None or gid is None:
-        return {"oom": False, "why": decide_oom(state, kv.get("Reason", ""), []).reason}
-    messages, read = _read_output(kv, uid, gid)
-    shards = parse_tres_per_node(kv.get("TresPerNode", "")).get("shard")
+        return {"oom": False, "why": decide_oom(state, job.reason, []).reason}
+    messages, read = _read_output(job, uid, gid)
+    shards = job.shards
     peak_mib = None
     if not messages and shards:  # the sampler's evidence: the job's memory at its fence
         from slurm_coloc.store.history import job_peak_mem_mib
 
-        peak_mib = job_peak_mem_mib(cfg, job_id, kv.get("NodeList", ""))
-    decision = decide_oom(state, kv.get("Reason", ""), messages, peak_mib=peak_mib,
+        peak_mib = job_peak_mem_mib(cfg, job_id, job.nodes)
+    decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
                           fence_mib=shards * 1024 if shards else None)
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
-    coloc = parse_comment(rec.comment if rec else ctx.comment) or {}
+    coloc = parse_comment(job.comment) or {}
     sha = store_oom.script_sha256_of(db, job_id) or (coloc.get("sha256") if isinstance(coloc.get("sha256"), str)
                                                      else None)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
-    evidence = {"state": state, "reason": kv.get("Reason", ""), "exit": kv.get("ExitCode", ""),
-                "messages": messages, "read": read, "decision": decision.reason, "node_list": kv.get("NodeList"),
+    evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
+                "messages": messages, "read": read, "decision": decision.reason, "node_list": job.nodes,
                 "sampler_peak_mib": peak_mib}
     oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
                               share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
-                              end_ts=end_ts, evidence=evidence, retry_of=retry_of,
+                              end_ts=job.end_ts, evidence=evidence, retry_of=retry_of,
                               retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
     if not store_oom.claim_retry(db, oom):
         return {"oom": True, "why": "already handled (oom_events row exists)"}
     store_jobs.record_event(db, job_id, "oom", {**evidence, "retry": plan.reason, "fence_mib": oom.fence_mib})
     what = f"job {job_id} ran out of GPU memory ({messages[0][0] if messages else decision.reason})"
     if not plan.oom:
-        told = _tell_user(kv, uid, gid, f"{what}; {plan.reason}.")
+        told = _tell_user(job, uid, gid, f"{what}; {plan.reason}.")
         store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
     try:
-        new_id, exact = _submit_retry(job_id, kv, cfg, env, uid, gid, coloc, rec)
+        new_id, exact = _submit_retry(job, cfg, env, uid, gid, coloc)
     except ColocError as exc:
         error = exc.one_line()
         store_oom.record_retry_failed(db, job_id, error)
-        told = _tell_user(kv, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be submitted: "
+        told = _tell_user(job, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be submitted: "
                                         f"{error}. Resubmit it yourself with coloc-sbatch --exclusive-gpu.")
         store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "error": error}
     store_oom.record_retry_submitted(db, job_id, new_id)
-    told = _tell_user(kv, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
+    told = _tell_user(job, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
                                     f"as job {new_id} (its output is appended here).")
     store_jobs.record_event(db, job_id, "oom-retry-submitted", {
         "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
@@ -316,9 +311,3 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], kv: Ma
                          "beside it; --gres=gpu:1 would not keep shard tenants off (facts §4)"})
     return {"oom": True, "retry": True, "retry_job_id": new_id}
 
-
-def _ts(text: Optional[str]) -> Optional[float]:
-    try:
-        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None

@@ -2,32 +2,22 @@
 
 In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
 TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
-(facts §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). ``scontrol show job -o`` does give
-``ExitCode=<code>:<signal>``, ``RunTime`` and ``TimeLimit``: enough to tell them apart.
+(facts §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). slurmctld's record of the job
+(``JobInfo``: exit code and signal, run time, time limit, reason) is enough to tell them apart.
 """
 from __future__ import annotations
 
-import re
-from typing import Optional, Tuple
+from typing import Optional
 
+from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 _FINAL = FINAL_STATES
 
 
-def parse_slurm_duration_s(text: str) -> Optional[int]:
-    """``[D-]HH:MM:SS`` / ``MM:SS`` -> seconds; ``UNLIMITED``/``INFINITE``/bad -> None."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", (text or "").strip())
-    if not m:
-        return None
-    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + s
-
-
-def parse_exit_pair(text: str) -> Tuple[Optional[int], Optional[int]]:
-    """``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``; bad -> ``(None, None)``."""
-    code, _, sig = (text or "").partition(":")
-    return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else (None, None)
+def final_state(job: JobInfo) -> str:
+    """``infer_final_state`` of a job as slurmctld shows it (state, exit pair, run time, limit, reason)."""
+    return infer_final_state(job.state, job.exit_code, job.signal, job.run_s, job.time_limit_s, job.reason)
 
 
 def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional[int],
@@ -35,10 +25,10 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
     """The job's final state.
 
     Args:
-        job_state: ``JobState`` as scontrol shows it (usually ``COMPLETING`` inside an epilog).
-        exit_code, signal: from scontrol's ``ExitCode=<code>:<signal>``.
-        run_s, time_limit_s: ``RunTime`` and ``TimeLimit`` in seconds (None if unknown/unlimited).
-        reason: scontrol's ``Reason`` (``TimeLimit`` in EpilogSlurmctld of a timed-out job).
+        job_state: the job's state (usually ``COMPLETING`` inside an epilog).
+        exit_code, signal: the pair scontrol prints as ``ExitCode=<code>:<signal>``.
+        run_s, time_limit_s: run time and time limit in seconds (None if unknown/unlimited).
+        reason: the state reason (``TimeLimit`` in EpilogSlurmctld of a timed-out job).
 
     Returns:
         A Slurm state name; ``COMPLETING`` states are resolved: a signal with the run at its time limit is
@@ -58,6 +48,6 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
     if reason == "TimeLimit":
         return "TIMEOUT"
     # RunTime >= TimeLimit with a clean 0:0 is a job that finished in time: Slurm counts RunTime from the
-    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm: COMPLETED; seen
-    # with 200 jobs on 2 CPUs, docs/reliability.md "Load"). A real time-out shows signal 15 (facts §5).
+    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records COMPLETED:
+    # docs/reliability.md "Load"). A real time-out shows signal 15 (facts §5).
     return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")

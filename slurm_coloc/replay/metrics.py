@@ -121,7 +121,7 @@ def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str,
 
 
 def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) -> List[RunRecord]:
-    """Slurm ``JobRecord``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored)."""
+    """Slurm ``JobInfo``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored)."""
     out: List[RunRecord] = []
     for r in records:
         parent = retry_parent(r.comment)
@@ -132,9 +132,9 @@ def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) ->
             RunRecord(
                 job_id=r.job_id,
                 task=task,
-                submit_ts=float(r.submit_time),
-                start_ts=float(r.start_time),
-                end_ts=float(r.end_time),
+                submit_ts=float(r.submit_ts or 0),
+                start_ts=float(r.start_ts or 0),
+                end_ts=float(r.end_ts or 0),
                 state=r.state,
                 retry_of=parent if r.job_id not in task_of_job else None,
             )

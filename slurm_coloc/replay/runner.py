@@ -32,7 +32,7 @@ from slurm_coloc.replay.metrics import (
 )
 from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm.jobs import squeue_all
-from slurm_coloc.slurm.parse import parse_index_list
+from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.slurm.run import run as slurm_run
 from slurm_coloc.slurm.parse import FINAL_STATES
 
@@ -135,15 +135,8 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
 
 
 def parse_index_nodes(nodes: str) -> List[str]:
-    """``n[1-2]`` / ``n1,n2`` -> node names (the replay's clusters use ``<prefix><number>`` names)."""
-    out: List[str] = []
-    for part in filter(None, nodes.replace("],", "]|").split("|")):
-        if "[" in part:
-            prefix, rng = part.split("[", 1)
-            out += [f"{prefix}{i}" for i in parse_index_list(rng.rstrip("]"))]
-        else:
-            out += [p for p in part.split(",") if p]
-    return out
+    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``)."""
+    return expand_hostlist(nodes)
 
 
 def run_replay(

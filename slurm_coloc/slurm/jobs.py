@@ -1,16 +1,15 @@
 """Job-level Slurm operations built on ``run`` and the pure parsers."""
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence
+import re
+from typing import List, Mapping, Optional, Sequence, Union
 
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.slurm.parse import (
-    JobRecord,
-    parse_sbatch_parsable,
-    parse_scontrol_kv,
-    parse_squeue_json,
-)
+from slurm_coloc.slurm.jobinfo import JobInfo, parse_squeue_json
+from slurm_coloc.slurm.parse import parse_sbatch_parsable
 from slurm_coloc.slurm.run import run
+
+_JOB_REF = re.compile(r"\d+(?:_\d+)?")
 
 
 def sbatch(
@@ -42,7 +41,7 @@ def submit_parsable(args: Sequence[str], bin_dir: str = "/usr/bin", env: Optiona
 
 
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
-               timeout_s: float = 30.0) -> List[JobRecord]:
+               timeout_s: float = 30.0) -> List[JobInfo]:
     """Every job slurmctld still knows. Equivalent: ``squeue --json`` (22.05 ignores filters).
 
     Raises:
@@ -51,29 +50,32 @@ def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = Non
     return parse_squeue_json(run(["squeue", "--json"], bin_dir=bin_dir, env=env, timeout_s=timeout_s).stdout)
 
 
-def job_record(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
-               timeout_s: float = 30.0) -> Optional[JobRecord]:
-    """The ``squeue --json`` record of ``job_id``, or None if slurmctld no longer knows it."""
-    for rec in squeue_all(bin_dir, env, timeout_s):
-        if rec.job_id == job_id:
-            return rec
+def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
+             timeout_s: float = 30.0) -> Optional[JobInfo]:
+    """``job_id`` as slurmctld knows it, or None once slurmctld has forgotten it (``MinJobAge``).
+
+    Equivalent: ``squeue --json`` and pick the job (``slurm/jobinfo.py`` says why not ``scontrol show job``).
+
+    Raises:
+        SlurmError: squeue failed, timed out or printed something unparsable.
+    """
+    for info in squeue_all(bin_dir, env, timeout_s):
+        if info.job_id == int(job_id):
+            return info
     return None
 
 
 def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
-             detail: bool = False, timeout_s: float = 15.0) -> Dict[str, str]:
-    """Key/value view of one job with expanded StdOut/StdErr paths.
-
-    Equivalent: ``scontrol show job -o [-d] <job_id>``.
+             timeout_s: float = 30.0) -> JobInfo:
+    """Like ``job_info`` for a job that must exist.
 
     Raises:
-        SlurmError: unknown job or scontrol failure.
+        SlurmError: squeue failed, or slurmctld does not know ``job_id``.
     """
-    argv = ["scontrol", "show", "job", "-o"] + (["-d"] if detail else []) + [str(int(job_id))]
-    out = run(argv, bin_dir=bin_dir, env=env, timeout_s=timeout_s).stdout.strip()
-    if not out:
-        raise SlurmError(f"scontrol printed nothing for job {job_id}", argv=argv)
-    return parse_scontrol_kv(out.splitlines()[0])
+    info = job_info(job_id, bin_dir, env, timeout_s)
+    if info is None:
+        raise SlurmError(f"slurmctld does not know job {int(job_id)}")
+    return info
 
 
 def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
@@ -115,34 +117,45 @@ def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     return "--coloc-mem" in proc.stdout
 
 
-def set_admin_comment(job_id: int, text: str, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
-                      timeout_s: float = 10.0) -> None:
+def _job_ref(job: Union[int, str]) -> str:
+    """``12`` / ``"12"`` / ``"12_3"`` (an array task) -> the string; anything else raises SlurmError."""
+    ref = str(job)
+    if not _JOB_REF.fullmatch(ref):
+        raise SlurmError(f"not a job id: {ref!r}")
+    return ref
+
+
+def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin",
+                      env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> None:
     """Set a job's AdminComment (root/SlurmUser only); ``scontrol show job`` and sacct then show it.
 
-    Equivalent: ``scontrol update jobid=<job_id> AdminComment=<text>`` (one argv word, no shell, so spaces and
-    quotes in ``text`` are safe). The jobstats convention: a compact machine-readable summary at job end.
+    Equivalent: ``scontrol update jobid=<job> AdminComment=<text>`` (one argv word, no shell, so spaces and
+    quotes in ``text`` are safe). ``job`` is a job id or, for an array task, ``<array_job_id>_<array_task_id>``
+    (``JobInfo.slurm_ref``; a bare array job id names every task of the array, as jobstats notes). The jobstats
+    convention: a compact machine-readable summary at job end.
 
     Raises:
         SlurmError: scontrol refused (not root, unknown job) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
-    run(["scontrol", "update", f"jobid={int(job_id)}", f"AdminComment={text}"], bin_dir=bin_dir, env=env,
+    run(["scontrol", "update", f"jobid={_job_ref(job)}", f"AdminComment={text}"], bin_dir=bin_dir, env=env,
         timeout_s=timeout_s)
 
 
-def set_admin_comment_accounting(job_id: int, text: str, bin_dir: str = "/usr/bin",
+def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str = "/usr/bin",
                                  env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> None:
     """Set a finished job's AdminComment in the accounting database (slurmdbd), as jobstats does.
 
-    Equivalent: ``sacctmgr -i update job where jobid=<job_id> set AdminComment=<text>``. slurmctld refuses
-    ``scontrol update`` once a job has finished (22.05: ``Job has already finished``), so at job end this is the
-    only store; ``sacct -o AdminComment`` shows it. Without slurmdbd it fails.
+    Equivalent: ``sacctmgr -i update job where jobid=<job> set AdminComment=<text>`` (``job`` as for
+    ``set_admin_comment``). slurmctld refuses ``scontrol update`` once a job has finished (22.05: ``Job has
+    already finished``), so at job end this is the only store; ``sacct -o AdminComment`` shows it. Without
+    slurmdbd it fails.
 
     Raises:
         SlurmError: sacctmgr failed (no slurmdbd, not an admin) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
-    run(["sacctmgr", "-i", "update", "job", "where", f"jobid={int(job_id)}", "set", f"AdminComment={text}"],
+    run(["sacctmgr", "-i", "update", "job", "where", f"jobid={_job_ref(job)}", "set", f"AdminComment={text}"],
         bin_dir=bin_dir, env=env, timeout_s=timeout_s)

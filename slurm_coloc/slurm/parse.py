@@ -1,20 +1,23 @@
-"""Pure parsers of Slurm 22.05 machine output, by field name. Tested on verbatim recordings in
-``tests/data/slurm-22.05/``.
+"""Pure parsers of Slurm 22.05 text: times, durations, exit codes, host lists, GRES strings, sbatch output.
+
+Every piece of Slurm text slurm-coloc reads is parsed here (job records themselves: ``slurm/jobinfo.py``).
+Tested on verbatim recordings in ``tests/data/slurm-22.05/``.
 """
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+import time
+from typing import Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
 
 #: Job states after which a job no longer runs (squeue ``job_state`` / scontrol ``JobState``).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
-_KV_SPLIT = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 _GRES_DETAIL = re.compile(r"^(?P<name>[a-z]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\(IDX:(?P<idx>[^)]*)\)$")
+_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+_BRACKET = re.compile(r"\[([^\]]+)\]")
+MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names more nodes than this
 
 
 def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
@@ -30,33 +33,88 @@ def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
     return int(head), (cluster or None)
 
 
-def parse_scontrol_kv(line: str) -> Dict[str, str]:
-    """Split one line of ``scontrol show job -o`` into ``{key: value}``.
+def parse_slurm_time(text: Optional[str]) -> Optional[float]:
+    """``2026-11-22T07:43:08`` (Slurm prints the local time) -> Unix seconds; ``Unknown``/``None``/bad -> None."""
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
-    Values may contain spaces (``Comment``, ``JobName``, paths) and a user can put ``Key=value`` text
-    into them. Keys that appear before ``Comment`` in 22.05's fixed field order keep their FIRST
-    occurrence, keys after it their LAST, so text planted in a user-set field cannot override the
-    real field that follows or precedes it. Free-text fields themselves (``Comment``) should be read
-    from ``squeue --json`` instead.
+
+def parse_slurm_duration_s(text: Optional[str]) -> Optional[int]:
+    """``[D-]HH:MM:SS`` / ``MM:SS`` -> seconds; ``UNLIMITED``/``INFINITE``/``Partition_Limit``/bad -> None."""
+    m = _DURATION.fullmatch((text or "").strip())
+    if not m:
+        return None
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def parse_exit_pair(text: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
+    """scontrol's ``ExitCode=<code>:<signal>``: ``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``;
+    bad -> ``(None, None)``."""
+    code, _, sig = (text or "").partition(":")
+    return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else (None, None)
+
+
+def decode_exit_code(status: int) -> Tuple[int, int]:
+    """Wait status as Slurm keeps it (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit code, signal).
+
+    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (facts §5; scontrol prints the same pair as ``ExitCode=3:0``).
     """
-    tokens = _KV_SPLIT.split(line.strip())
-    pairs: List[Tuple[str, str]] = []
-    for tok in tokens:
-        key, sep, value = tok.partition("=")
-        if not sep:
-            if pairs:
-                pairs[-1] = (pairs[-1][0], pairs[-1][1] + " " + tok)
+    return (status >> 8) & 0xFF, status & 0x7F
+
+
+def expand_hostlist(text: Optional[str]) -> List[str]:
+    """Expand a Slurm host list: ``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c.
+
+    Zero padding is kept (``n[01-02]`` -> n01 n02), several bracket groups multiply (``r[1-2]n[1-2]``), commas
+    outside brackets separate items, and it also expands paths (gres.conf ``File=/dev/nvidia[0-1]``). Order and
+    duplicates are kept as written. At most ``MAX_HOSTS`` names.
+
+    Raises:
+        SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names.
+    """
+    items, depth, cur = [], 0, ""
+    for ch in text or "":
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
             continue
-        pairs.append((key, value))
-    comment_at = next((i for i, (k, _) in enumerate(pairs) if k == "Comment"), len(pairs))
-    before = {k for k, _ in pairs[:comment_at]}
-    out: Dict[str, str] = {}
-    for key, value in pairs:
-        if key in before:
-            out.setdefault(key, value)
-        else:
-            out[key] = value
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth not in (0, 1):
+            raise SlurmError(f"unbalanced brackets in host list {text!r}")
+        cur += ch
+    if depth:
+        raise SlurmError(f"unbalanced brackets in host list {text!r}")
+    items.append(cur)
+    out: List[str] = []
+    for item in (i.strip() for i in items if i.strip()):
+        _expand_item(item, out, text or "")
     return out
+
+
+def _expand_item(item: str, out: List[str], whole: str) -> None:
+    m = _BRACKET.search(item)
+    if not m:
+        out.append(item)
+        if len(out) > MAX_HOSTS:
+            raise SlurmError(f"host list {whole[:80]!r} names more than {MAX_HOSTS} hosts")
+        return
+    head, tail = item[:m.start()], item[m.end():]
+    for part in m.group(1).split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise SlurmError(f"bad range {part!r} in host list {whole[:80]!r}")
+        if not dash:
+            _expand_item(f"{head}{lo}{tail}", out, whole)
+            continue
+        if int(hi) < int(lo) or int(hi) - int(lo) > MAX_HOSTS:
+            raise SlurmError(f"bad range {part!r} in host list {whole[:80]!r}")
+        width = len(lo) if lo.startswith("0") else 0
+        for n in range(int(lo), int(hi) + 1):
+            _expand_item(f"{head}{str(n).zfill(width)}{tail}", out, whole)
 
 
 def parse_gres_detail(entries: List[str]) -> List[Tuple[str, int, List[int]]]:
@@ -69,7 +127,7 @@ def parse_gres_detail(entries: List[str]) -> List[Tuple[str, int, List[int]]]:
     return out
 
 
-def parse_index_list(text: str) -> List[int]:
+def parse_index_list(text: Optional[str]) -> List[int]:
     """``"0-2,5"`` -> ``[0, 1, 2, 5]``; ``""``/``"N/A"`` -> ``[]``. Used for SLURM_JOB_GPUS and IDX."""
     out: List[int] = []
     for part in (text or "").split(","):
@@ -77,12 +135,16 @@ def parse_index_list(text: str) -> List[int]:
         if not part or not part[0].isdigit():
             continue
         lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
     return out
 
 
-def parse_tres_per_node(text: str) -> Dict[str, int]:
-    """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard": 3}``."""
+def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
+    """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard": 3}``.
+
+    A GRES without a count counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
+    """
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
         bits = part.strip().replace("gres/", "gres:").split(":")
@@ -91,72 +153,3 @@ def parse_tres_per_node(text: str) -> Dict[str, int]:
         elif len(bits) == 2 and bits[0] == "gres" and bits[1]:
             out[bits[1]] = out.get(bits[1], 0) + 1
     return out
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """One job as ``squeue --json`` (openapi v0.0.38) shows it. Times are Unix seconds (0 = unset)."""
-
-    job_id: int
-    name: str
-    user_name: str
-    user_id: int
-    state: str
-    exit_code: int
-    partition: str
-    nodes: str
-    comment: str
-    tres_per_node: str
-    gres_detail: Tuple[str, ...]
-    submit_time: int
-    start_time: int
-    end_time: int
-    work_dir: str
-    standard_output: str
-    standard_error: str
-    restart_cnt: int
-    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-
-def parse_squeue_json(text: str) -> List[JobRecord]:
-    """Parse ``squeue --json`` output (which ignores every filter in 22.05: facts §7).
-
-    Raises:
-        SlurmError: not JSON or no ``jobs`` list.
-    """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmError(f"squeue --json printed invalid JSON: {exc}") from None
-    jobs = data.get("jobs") if isinstance(data, dict) else None
-    if not isinstance(jobs, list):
-        raise SlurmError("squeue --json output has no 'jobs' list")
-    return [_job_record(j) for j in jobs if isinstance(j, dict) and "job_id" in j]
-
-
-def _job_record(j: Dict[str, Any]) -> JobRecord:
-    def s(key: str) -> str:
-        v = j.get(key)
-        return "" if v is None else str(v)
-
-    def n(key: str) -> int:
-        v = j.get(key)
-        return int(v) if isinstance(v, (int, float)) else 0
-
-    return JobRecord(
-        job_id=int(j["job_id"]), name=s("name"), user_name=s("user_name"), user_id=n("user_id"),
-        state=s("job_state"), exit_code=n("exit_code"), partition=s("partition"), nodes=s("nodes"),
-        comment=s("comment"), tres_per_node=s("tres_per_node"),
-        gres_detail=tuple(str(x) for x in (j.get("gres_detail") or [])),
-        submit_time=n("submit_time"), start_time=n("start_time"), end_time=n("end_time"),
-        work_dir=s("current_working_directory"), standard_output=s("standard_output"),
-        standard_error=s("standard_error"), restart_cnt=n("restart_cnt"), raw=j,
-    )
-
-
-def decode_exit_code(status: int) -> Tuple[int, int]:
-    """Wait-status as Slurm reports it (``SLURM_JOB_EXIT_CODE``/squeue ``exit_code``) -> (exit code, signal).
-
-    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (facts §5).
-    """
-    return (status >> 8) & 0xFF, status & 0x7F

@@ -5,7 +5,8 @@ import logging
 from typing import List, Optional
 
 from slurm_coloc.config import Config
-from slurm_coloc.errors import StoreError
+from slurm_coloc.errors import SlurmError, StoreError
+from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.store.oom import history_peaks_mib
 from slurm_coloc.store.report_queries import job_peak_mem_mib as _node_peak
 from slurm_coloc.store.report_queries import open_for_report as open_readonly  # users read root's WAL files
@@ -21,7 +22,7 @@ def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
 
     Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
     and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's per-job
-    summary, ``job_summaries.peak_mem_mib``, read from the node databases named in the job's node list).
+    summary, ``job_summaries.peak_mem_mib``, read from the node databases of every node in the job's node list).
     Returns ``[]`` when the controller database does not exist yet.
 
     Raises:
@@ -43,12 +44,23 @@ def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
     return values
 
 
+def node_names(node_list: str) -> List[str]:
+    """The nodes of a Slurm host list as recorded (``gpu[01-02],n5`` -> gpu01 gpu02 n5); [] when unreadable
+    (logged)."""
+    try:
+        return expand_hostlist(node_list)
+    except SlurmError as exc:
+        log.warning("cannot read node list %r: %s", node_list[:80], exc.one_line())
+        return []
+
+
 def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
-    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id``; None if none did."""
+    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id`` on the nodes of
+    ``node_list`` (a Slurm host list, ``gpu[01-02]``); None if none did."""
     from slurm_coloc.store.samples import load_summaries
 
     best: Optional[float] = None
-    for node in [n for n in node_list.split(",") if n and "[" not in n]:
+    for node in node_names(node_list):
         path = cfg.node_db_path(node)
         if not path.exists():
             continue
@@ -65,12 +77,11 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
     """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per sample instant), the
-    largest over the node databases of ``node_list`` (``n1,n2``; bracket ranges are not expanded: nodes missing
-    from the list are read only if named). None when no node recorded samples for it. Never raises: an
-    unreadable node database is logged and skipped.
+    largest over the node databases of the nodes of ``node_list`` (a Slurm host list, ``gpu[01-02]``). None when
+    no node recorded samples for it. Never raises: an unreadable node database is logged and skipped.
     """
     best: Optional[float] = None
-    for node in [n for n in (node_list or "").split(",") if n and "[" not in n]:
+    for node in node_names(node_list or ""):
         path = cfg.node_db_path(node)
         if not path.exists():
             continue

@@ -270,7 +270,7 @@ def _run_fault(fc: FaultCluster, fault: str, script: Path, t0: float) -> None:
         assert any(words in r["detail_json"] and not r.get("ok") for r in rows), (fault, rows)
     if fault in ("scontrol-fails", "scontrol-hangs"):  # the Epilog tears down and records without Slurm's answer
         ep = [r for r in n1_hooks if r["hook"] == "epilog"]
-        assert len(ep) == 1 and ep[0]["ok"] and '"scontrol"' in ep[0]["detail_json"], ep
+        assert len(ep) == 1 and ep[0]["ok"] and '"slurm"' in ep[0]["detail_json"], ep
     if fault == "nvml-erroring":
         assert "NVML cannot be initialised: Unknown Error" in fc.hooks_log.read_text()  # our fake lib answered
     assert time.time() - t0 < 150

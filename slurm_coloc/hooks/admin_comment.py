@@ -11,20 +11,36 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.config import Config
+from slurm_coloc.errors import SlurmError
 from slurm_coloc.report.summarize import JobView, Report, add_usage
 from slurm_coloc.report.views import flag_waste
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.jobinfo import JobInfo
+from slurm_coloc.slurm.parse import expand_hostlist
+from slurm_coloc.slurm.run import slurm_env
+from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store.db import open_ctld_db
 
 MAX_CHARS = 1000
 WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}  # no spaces: scontrol -o
 
 
+def _nodes(node_list: str) -> List[str]:
+    """The node names of a recorded Slurm host list (``gpu[01-02]`` -> gpu01 gpu02); [] when unreadable."""
+    try:
+        return expand_hostlist(node_list)
+    except SlurmError:
+        return []
+
+
 def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
+    """The job's report view from the controller row and every node database of its node list."""
     report = Report()
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id) or {}
@@ -32,9 +48,9 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
     if o is not None:
         report.oom_by_job[job_id] = o
     runs = []
-    for node in (str(row.get("node_list") or "")).split(","):
-        path = cfg.node_db_path(node) if node else None
-        if path is None or not path.exists():
+    for node in _nodes(str(row.get("node_list") or "")):
+        path = cfg.node_db_path(node)
+        if not path.exists():
             continue
         db = rq.open_for_report(path)
         report.node_dbs[node] = db
@@ -43,8 +59,10 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         report.summaries.setdefault(job_id, []).extend(store_samples.load_summaries(db, job_id))
     if not row and not runs:
         return None, report
-    starts = [r["start_ts"] for r in runs if r.get("start_ts")] + ([row["start_ts"]] if row.get("start_ts") else [])
-    ends = [r["end_ts"] for r in runs if r.get("end_ts")] + ([row["end_ts"]] if row.get("end_ts") else [])
+    def times(key: str) -> List[float]:
+        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)] if isinstance(t, (int, float)) and t]
+
+    starts, ends = times("start_ts"), times("end_ts")
     view = JobView(
         job_id=job_id, user=row.get("user_name"), name=row.get("job_name"),  # type: ignore[arg-type]
         nodes=",".join(str(r["node"]) for r in runs), gpus=";".join(f"{r['node']}:{r['gpus']}" for r in runs
@@ -52,7 +70,7 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
         estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
         state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
-        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)  # type: ignore[type-var]
+        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)
     return view, report
 
 
@@ -97,40 +115,37 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
     return text
 
 
-def write_admin_comment(job_id: int, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
+def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
     """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for
     the hook log.
 
     Where it goes: ``scontrol update`` first (works while slurmctld still counts the job as unfinished); when
     slurmctld answers ``Job has already finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the
-    jobstats way, shown by ``sacct -o AdminComment``). The text is also recorded as an ``admin-comment`` event in
-    the controller database, so it exists even on a cluster with neither.
+    jobstats way, shown by ``sacct -o AdminComment``). Both name the job as ``job.slurm_ref``
+    (``<array_job_id>_<array_task_id>`` for an array task, so one task's summary never lands on its siblings).
+    The text is also recorded as an ``admin-comment`` event in the controller database, so it exists even on a
+    cluster with neither.
     """
     try:
-        from slurm_coloc.errors import SlurmError
-        from slurm_coloc.slurm import jobs as slurm_jobs
-        from slurm_coloc.slurm.run import slurm_env
-        from slurm_coloc.store import jobs as store_jobs
-        from slurm_coloc.store.db import open_ctld_db
-
-        text = build(cfg, job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
+        text = build(cfg, job.job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
         if text is None:
-            return {"ok": False, "error": f"job {job_id} not recorded"}
+            return {"ok": False, "error": f"job {job.job_id} not recorded"}
         senv = slurm_env(base=dict(env))
         limit = min(5.0, cfg.hook_timeout_s / 5)
-        result: Dict[str, Any] = {"chars": len(text)}
+        result: Dict[str, Any] = {"chars": len(text), "job": job.slurm_ref}
         try:
-            slurm_jobs.set_admin_comment(job_id, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+            slurm_jobs.set_admin_comment(job.slurm_ref, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
             result.update(ok=True, via="scontrol")
         except SlurmError as exc:
             result["scontrol"] = exc.one_line()[:200]
             try:
-                slurm_jobs.set_admin_comment_accounting(job_id, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+                slurm_jobs.set_admin_comment_accounting(job.slurm_ref, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
                 result.update(ok=True, via="sacctmgr")
             except SlurmError as exc2:
                 result.update(ok=False, via="ctld.db only", sacctmgr=exc2.one_line()[:200])
-        store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), job_id, "admin-comment",
-                                {"text": text, "via": result["via"] if result.get("ok") else "ctld.db only"})
+        store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), job.job_id, "admin-comment",
+                                {"text": text, "job": job.slurm_ref,
+                                 "via": result["via"] if result.get("ok") else "ctld.db only"})
         return result
     except Exception as exc:  # noqa: BLE001 - a hook must never fail because of this summary
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
