@@ -17,7 +17,7 @@ def cmd(text, args=(), sub=SUB):
 def test_plain_python_file_and_args():
     c = cmd("#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 128 --epochs 1\n")
     assert (c.mode, c.target, c.args, c.interpreter, c.launcher) == (
-        "file", f"{SUB}/train.py", ("--batch-size", "128", "--epochs", "1"), None, "python")
+        "file", f"{SUB}/train.py", ("--batch-size", "128", "--epochs", "1"), "python", "python")
 
 
 def test_python3_module_and_flags():
@@ -48,7 +48,7 @@ def test_venv_activation_and_cd():
     assert c.interpreter == f"{SUB}/venv/bin/python"
     assert c.workdir == f"{SUB}/run" and c.target == f"{SUB}/run/train.py"
     c = cmd(". venv/bin/activate && python x.py\n")
-    assert c.interpreter is None or c.interpreter.endswith("python")
+    assert c.interpreter == f"{SUB}/venv/bin/python"
 
 
 def test_interpreter_by_path_and_coloc_override():

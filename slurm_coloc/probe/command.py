@@ -45,8 +45,8 @@ class ProbeCommand:
         mode: ``file`` (a ``.py`` file) or ``module`` (``-m``).
         target: absolute path of the file, or the module name.
         args: the program's own arguments (``sys.argv[1:]``).
-        interpreter: the Python to run it with (absolute or relative path, or a bare name), or
-            None for ``python3`` from PATH.
+        interpreter: the Python to run it with (an absolute path, or a bare name looked up on
+            PATH), or None for a launcher's own Python (``torchrun``'s, ``accelerate``'s).
         workdir: the directory the command runs in (absolute).
         env: variables the launcher or the script set for the program.
         launcher: ``python``, ``srun``, ``torchrun`` or ``accelerate``.
@@ -319,7 +319,7 @@ class _Walk:
                 interp, rest = rest[0], rest[1:]
             pywords = rest
         elif _PY_RE.match(head):
-            interp = words[0] if "/" in words[0] else None
+            interp = words[0]
             pywords = words[1:]
             if pywords[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
                 rest, reason = _launcher_script(pywords[2:], "torchrun", env)
@@ -335,7 +335,8 @@ class _Walk:
             target = self._path(target)
         if interp is not None and "/" in interp:
             interp = self._path(interp)
-        python = self.coloc_python or interp or self.venv_python
+        bare = interp is not None and "/" not in interp
+        python = self.coloc_python or (self.venv_python if bare or interp is None else None) or interp
         return CommandSearch(ProbeCommand(
             mode=mode, target=target, args=tuple(args), interpreter=python, workdir=self.cwd,
             env=tuple(sorted(env.items())), launcher=launcher, line=" ".join(line.split())))
