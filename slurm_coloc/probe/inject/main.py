@@ -159,6 +159,12 @@ class _Probe:
             return model
 
         torch.compile = compile_eager
+
+        def save_nothing(obj: Any, f: Any, *a: Any, **k: Any) -> None:
+            # fake tensors cannot be pickled, and a checkpoint is not the probe's to write
+            st.note(f"torch.save skipped: {os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__}")
+
+        torch.save = save_nothing
         dl = torch.utils.data.DataLoader
         orig_dl_init = dl.__init__
 
