@@ -1,0 +1,342 @@
+"""Find the training command of a batch script (pure: text in, typed command out).
+
+Recognised, on the first line that runs Python (after joining ``\\`` continuations):
+
+* ``python``/``python3``/``python3.X``/``/path/to/python`` ``[opts] file.py args`` or ``-m pkg args``;
+* that line behind ``srun [opts]``, ``exec``, ``time``, ``nohup``, ``env``, ``VAR=value`` prefixes;
+* ``torchrun``/``python -m torch.distributed.run|launch`` with one process (``--nproc_per_node``,
+  ``--nproc-per-node``; more than one: no command, the multi-GPU rule applies);
+* ``accelerate launch`` with one process (``--num_processes``/``--num-processes``; ``--multi_gpu``
+  or more processes: none); its ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
+
+The interpreter: ``#COLOC python=PATH``; else a path the command names; else the venv a
+``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else None (the runner
+takes ``python3`` from PATH). Shell variables set before the command in plain ``X=value`` or
+``export X=value`` form, ``${X:-default}``, ``$1``..``$9``, ``$@``, ``$*`` (the submission's
+script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
+working directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+_PY_RE = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
+_PREFIXES = {"exec", "time", "nohup", "command", "builtin"}
+_PY_FLAGS_WITH_ARG = {"-W", "-X", "-Q"}
+_SRUN_FLAGS_NO_ARG = {"--exclusive", "--overlap", "-l", "--label", "-u", "--unbuffered", "--pty",
+                      "--mpi=none", "-Q", "--quiet", "-v", "--verbose", "-K", "--kill-on-bad-exit"}
+_ACC_FLAGS_NO_ARG = {"--multi_gpu", "--multi-gpu", "--cpu", "--use_deepspeed", "--use_fsdp", "--debug",
+                     "--quiet", "-q", "--no_python", "--use_cpu", "--tpu", "--dynamo_use_fullgraph"}
+_TORCHRUN_NO_ARG = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
+_STOP_TOKENS = {"|", "||", "&&", ";", "&", ">", ">>", "2>", "2>>", "&>", "<", "2>&1", "1>&2"}
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+_ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+@dataclass(frozen=True)
+class ProbeCommand:
+    """The training program a batch script runs.
+
+    Attributes:
+        mode: ``file`` (a ``.py`` file) or ``module`` (``-m``).
+        target: absolute path of the file, or the module name.
+        args: the program's own arguments (``sys.argv[1:]``).
+        interpreter: the Python to run it with (an absolute path, or a bare name looked up on
+            PATH), or None for a launcher's own Python (``torchrun``'s, ``accelerate``'s).
+        workdir: the directory the command runs in (absolute).
+        env: variables the launcher or the script set for the program.
+        launcher: ``python``, ``srun``, ``torchrun`` or ``accelerate``.
+        line: the command line as written (continuations joined).
+    """
+
+    mode: str
+    target: str
+    args: Tuple[str, ...]
+    interpreter: Optional[str]
+    workdir: str
+    env: Tuple[Tuple[str, str], ...] = ()
+    launcher: str = "python"
+    line: str = ""
+
+
+@dataclass(frozen=True)
+class CommandSearch:
+    """:func:`find_command`'s answer: the command, or None and the reason none was found."""
+
+    command: Optional[ProbeCommand]
+    reason: str = ""
+    notes: Tuple[str, ...] = field(default_factory=tuple)
+
+
+def _logical_lines(text: str) -> List[str]:
+    out: List[str] = []
+    buf = ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        out.append(buf + line)
+        buf = ""
+    if buf:
+        out.append(buf)
+    return out
+
+
+def _subst(s: str, vars_: Mapping[str, str], args: Sequence[str]) -> str:
+    def rep(m: "re.Match[str]") -> str:
+        name = m.group(1) or m.group(3)
+        default = m.group(2)
+        if name in ("@", "*"):
+            return " ".join(shlex.quote(a) for a in args)
+        if name == "#":
+            return str(len(args))
+        if name.isdigit():
+            i = int(name)
+            val = args[i - 1] if 0 < i <= len(args) else ""
+        else:
+            val = vars_.get(name, "")
+        return val if val or default is None else default
+
+    return _VAR_RE.sub(rep, s)
+
+
+def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
+    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection."""
+    quoted_all = " ".join(shlex.quote(a) for a in args)
+    line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
+    try:
+        lex = shlex.shlex(_subst(line, vars_, args), posix=True, punctuation_chars="|&;<>")
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        toks = list(lex)
+    except ValueError:
+        return []
+    segs: List[List[str]] = [[]]
+    cut = False
+    for t in toks:
+        if t in ("&&", "||", ";", "&"):
+            segs.append([])
+            cut = False
+        elif cut or t in _STOP_TOKENS or t.startswith((">", "2>", "&>", "|", "<")):
+            cut = True
+        else:
+            segs[-1].append(t)
+    return [seg for seg in segs if seg]
+
+
+def _split(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
+    # "$@" keeps each argument a word: substitute it before splitting
+    quoted_all = " ".join(shlex.quote(a) for a in args)
+    line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
+    try:
+        lex = shlex.shlex(_subst(line, vars_, args), posix=True, punctuation_chars="|&;<>")
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        toks = list(lex)
+    except ValueError:
+        return None
+    out = []
+    for t in toks:
+        if t in _STOP_TOKENS or t.startswith((">", "2>", "&>", "|", ";", "&")):
+            break
+        out.append(t)
+    return out
+
+
+def _strip_prefixes(toks: List[str], env: Dict[str, str]) -> Tuple[List[str], bool]:
+    """Drop ``srun [opts]``, ``exec``, ``env``, ``VAR=value``; return the rest and whether srun was seen."""
+    srun = False
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        m = _ASSIGN_RE.match(t)
+        if m and "=" in t and not t.startswith("-"):
+            env[m.group(1)] = m.group(2)
+            i += 1
+        elif t in _PREFIXES or t == "env":
+            i += 1
+        elif os.path.basename(t) == "srun":
+            srun = True
+            i += 1
+            while i < len(toks) and toks[i].startswith("-"):
+                flag = toks[i]
+                i += 1
+                if "=" not in flag and flag not in _SRUN_FLAGS_NO_ARG and i < len(toks):
+                    i += 1
+        else:
+            break
+    return toks[i:], srun
+
+
+def _python_argv(toks: List[str]) -> Tuple[Optional[str], Optional[str], List[str], str]:
+    """``(mode, target, args, reason)`` from the words after ``python``."""
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t == "-m":
+            if i + 1 >= len(toks):
+                return None, None, [], "python -m without a module"
+            return "module", toks[i + 1], toks[i + 2:], ""
+        if t.startswith("-m") and len(t) > 2:
+            return "module", t[2:], toks[i + 1:], ""
+        if t == "-c" or t.startswith("-c"):
+            return None, None, [], "python -c runs inline code, not a program file"
+        if t == "-":
+            return None, None, [], "python reads its program from stdin"
+        if t in _PY_FLAGS_WITH_ARG:
+            i += 2
+            continue
+        if t.startswith("-"):
+            i += 1
+            continue
+        return "file", t, toks[i + 1:], ""
+    return None, None, [], "python without a program (interactive)"
+
+
+def _nproc(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 2 if value in ("gpu", "auto") else 1
+
+
+def _launcher_script(toks: List[str], kind: str, env: Dict[str, str]) -> Tuple[List[str], str]:
+    """Strip ``torchrun``/``accelerate launch`` options; returns ``(python-like words, reason)``."""
+    i = 0
+    procs = 1
+    module = False
+    no_arg = _TORCHRUN_NO_ARG if kind == "torchrun" else _ACC_FLAGS_NO_ARG
+    while i < len(toks) and toks[i].startswith("-"):
+        flag, _, val = toks[i].partition("=")
+        i += 1
+        if flag in ("-m", "--module"):
+            module = True
+            continue
+        if flag in ("--multi_gpu", "--multi-gpu"):
+            procs = max(procs, 2)
+        if flag in no_arg:
+            continue
+        if not val and i < len(toks):
+            val = toks[i]
+            i += 1
+        if flag in ("--nproc_per_node", "--nproc-per-node", "--num_processes", "--num-processes"):
+            procs = _nproc(val)
+        elif flag in ("--nnodes",) and val not in ("1", "1:1"):
+            return [], f"{kind} on {val} nodes: the multi-GPU rule applies"
+        elif flag in ("--mixed_precision", "--mixed-precision"):
+            env["ACCELERATE_MIXED_PRECISION"] = val
+    if procs > 1:
+        return [], f"{kind} with {procs} processes: the multi-GPU rule applies"
+    rest = toks[i:]
+    if module:
+        rest = ["-m"] + rest
+    if kind == "torchrun":
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", TORCHELASTIC_RUN_ID="probe")
+    return rest, ""
+
+
+def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = ".") -> CommandSearch:
+    """Find the training command in batch script ``text``.
+
+    Args:
+        text: the batch script.
+        script_args: the arguments the script is submitted with (``$1``, ``$@``).
+        submit_dir: the directory of submission (the job's working directory, ``$SLURM_SUBMIT_DIR``).
+
+    Returns:
+        CommandSearch with the command, or None and a one-line reason.
+    """
+    submit_dir = os.path.abspath(submit_dir)
+    walk = _Walk(submit_dir)
+    lines = _logical_lines(text)
+    for line in lines:
+        if line.strip().startswith("#COLOC"):
+            try:
+                words = shlex.split(line.strip()[len("#COLOC"):], comments=True)
+            except ValueError:
+                continue
+            for tok in words:
+                if tok.startswith("python="):
+                    walk.coloc_python = os.path.join(submit_dir, os.path.expanduser(tok.split("=", 1)[1]))
+    for line in lines:
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        m = _ASSIGN_RE.match(s)
+        if m and " " not in m.group(2).strip().strip("\"'") and not s.startswith("export -"):
+            val = _split(m.group(2), walk.vars, script_args) if m.group(2) else [""]
+            walk.vars[m.group(1)] = val[0] if val else ""
+            continue
+        for toks in _segments(s, walk.vars, script_args):
+            found = walk.command(toks, s)
+            if found is not None:
+                return found
+    return CommandSearch(None, "no python/torchrun/accelerate command found in the script")
+
+
+class _Walk:
+    """The state of the script read so far: variables, working directory, activated venv."""
+
+    def __init__(self, submit_dir: str) -> None:
+        self.vars: Dict[str, str] = {"SLURM_SUBMIT_DIR": submit_dir, "PWD": submit_dir}
+        if "HOME" in os.environ:
+            self.vars["HOME"] = os.environ["HOME"]
+        self.cwd = submit_dir
+        self.venv_python: Optional[str] = None
+        self.coloc_python: Optional[str] = None
+
+    def _path(self, p: str) -> str:
+        return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(p)))
+
+    def command(self, toks: List[str], line: str) -> Optional[CommandSearch]:
+        """The search's answer when ``toks`` runs Python; None to read on."""
+        if toks[0] == "cd" and len(toks) > 1:
+            self.cwd = self._path(toks[1])
+            return None
+        if toks[0] in ("source", ".") and len(toks) > 1 and toks[1].endswith("/activate"):
+            self.venv_python = os.path.join(os.path.dirname(self._path(toks[1])), "python")
+            return None
+        env: Dict[str, str] = {}
+        words, srun = _strip_prefixes(toks, env)
+        if not words:
+            return None
+        head = os.path.basename(words[0])
+        launcher = "srun" if srun else "python"
+        interp: Optional[str] = None
+        if head == "torchrun" or (head == "accelerate" and words[1:2] == ["launch"]):
+            kind = "torchrun" if head == "torchrun" else "accelerate"
+            rest, reason = _launcher_script(words[1:] if kind == "torchrun" else words[2:], kind, env)
+            if reason:
+                return CommandSearch(None, reason)
+            launcher = kind
+            if rest and rest[0] != "-m" and _PY_RE.match(os.path.basename(rest[0])):
+                interp, rest = rest[0], rest[1:]
+            pywords = rest
+        elif _PY_RE.match(head):
+            interp = words[0]
+            pywords = words[1:]
+            if pywords[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+                rest, reason = _launcher_script(pywords[2:], "torchrun", env)
+                if reason:
+                    return CommandSearch(None, reason)
+                launcher, pywords = "torchrun", rest
+        else:
+            return None
+        mode, target, args, reason = _python_argv(pywords)
+        if mode is None or target is None:
+            return CommandSearch(None, reason)
+        if mode == "file":
+            target = self._path(target)
+        if interp is not None and "/" in interp:
+            interp = self._path(interp)
+        bare = interp is not None and "/" not in interp
+        python = self.coloc_python or (self.venv_python if bare or interp is None else None) or interp
+        return CommandSearch(ProbeCommand(
+            mode=mode, target=target, args=tuple(args), interpreter=python, workdir=self.cwd,
+            env=tuple(sorted(env.items())), launcher=launcher, line=" ".join(line.split())))

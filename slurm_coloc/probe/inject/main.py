@@ -1,0 +1,327 @@
+"""The probe inside the job's Python: run the training program on fake tensors, stop, report.
+
+Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
+
+    {"mode": "file"|"module", "target": "train.py"|"pkg.mod", "args": [...],
+     "result": "/scratch/result.json", "steps": 2, "scratch": "/scratch", "program_dir": "/home/u/proj"}
+
+The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, under
+``FakeTensorMode`` and the estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS
+workspaces, cuDNN workspace table, ``cudamodes`` SDPA kernel choice and CUDA float32 list), with
+the device imitated by ``fakecuda.py``. It stops when every optimizer it created has run
+``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
+steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps.
+Then the result JSON is written and the process ends with ``os._exit(0)`` (no ``atexit``, no
+``finally`` of the program: nothing the program would save at its end runs).
+
+Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_reserved_b``,
+``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``param_dtypes``,
+``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``,
+``outside_writes`` (paths the program opened for writing outside the scratch directory),
+``user_files`` (source files it imported from outside the Python installation).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import sys
+import sysconfig
+import traceback
+from typing import Any, Dict, List
+
+from slurm_coloc.probe.inject import fakecuda
+
+_WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate")
+
+
+class _Stop(BaseException):
+    """Never raised to the program: the probe ends the process itself."""
+
+
+class _Probe:
+    def __init__(self, req: Dict[str, Any]) -> None:
+        self.req = req
+        self.steps_wanted = int(req.get("steps", 2))
+        self.scratch = os.path.realpath(req["scratch"])
+        self.opt_steps: Dict[int, int] = {}
+        self.opt_names: Dict[int, str] = {}
+        self.forwards = 0
+        self.depth = 0
+        self.outside_writes: List[str] = []
+        self.param_dtypes: Dict[str, int] = {}
+        self.state: Any = None
+
+    # -- what the program writes -----------------------------------------------------------
+    def audit(self, event: str, args: Any) -> None:
+        path = None
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            mode = args[1] if len(args) > 1 else "r"
+            flags = args[2] if len(args) > 2 else 0
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+            if writing:
+                path = args[0]
+        elif event in _WRITE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = args[0]
+        if path is None or len(self.outside_writes) >= 50:
+            return
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return
+        if real.startswith(self.scratch + os.sep) or real.startswith("/dev/") or real.startswith("/proc/"):
+            return
+        if real not in self.outside_writes:
+            self.outside_writes.append(real)
+
+    # -- stopping ------------------------------------------------------------------------------
+    def on_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        key = id(opt)
+        self.opt_steps[key] = self.opt_steps.get(key, 0) + 1
+        self.opt_names.setdefault(key, type(opt).__name__)
+        done = all(n >= self.steps_wanted for n in self.opt_steps.values())
+        if done or max(self.opt_steps.values()) >= self.steps_wanted + 2:
+            self.finish("ok", "")
+
+    def finish(self, status: str, reason: str) -> None:
+        st = self.state
+        alloc = st.tracker.alloc if st is not None else None
+        dw = 0
+        ws_max = 0
+        ops = 0
+        assumed: Dict[str, int] = {}
+        if st is not None:
+            for c in st.tracker.conv_calls:
+                if len(c.input) >= 4 and c.groups > 1 and c.groups == c.input[1]:
+                    dw = max(dw, int(c.input[-1]) * int(c.input[-2]))
+            ws_max = int(st.tracker.ws_max_b)
+            ops = int(st.tracker.ops)
+            assumed = dict(st.tracker.scalars.counts)
+        out = {
+            "status": status, "reason": reason,
+            "peak_reserved_b": int(alloc.peak_reserved_b) if alloc else 0,
+            "peak_allocated_b": int(alloc.peak_allocated_b) if alloc else 0,
+            "optimizers": sorted(set(self.opt_names.values())),
+            "steps": sum(self.opt_steps.values()), "forwards": self.forwards,
+            "autocast": list(st.autocast_dtypes) if st else [],
+            "param_dtypes": self.param_dtypes, "depthwise_max_hw": dw,
+            "conv_workspace_max_b": ws_max, "ops": ops, "assumed_values": assumed,
+            "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
+            "user_files": _user_files(), "torch": _torch_version(),
+        }
+        tmp = self.req["result"] + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(out, fh)
+        os.replace(tmp, self.req["result"])
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                s.flush()
+        os._exit(0)
+
+    # -- patches -------------------------------------------------------------------------------
+    def install(self, torch: Any) -> None:
+        st = self.state
+        probe = self
+        import torch.optim.optimizer as optmod
+
+        optmod.register_optimizer_step_post_hook(self.on_step)
+        orig_opt_init = torch.optim.Optimizer.__init__
+
+        def opt_init(opt: Any, *a: Any, **k: Any) -> None:
+            orig_opt_init(opt, *a, **k)
+            probe.opt_steps.setdefault(id(opt), 0)
+            probe.opt_names.setdefault(id(opt), type(opt).__name__)
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    name = str(p.dtype).replace("torch.", "")
+                    probe.param_dtypes[name] = probe.param_dtypes.get(name, 0) + int(p.numel())
+
+        torch.optim.Optimizer.__init__ = opt_init
+
+        def pre(mod: Any, inp: Any) -> None:
+            if probe.depth == 0:
+                probe.forwards += 1
+            probe.depth += 1
+
+        def post(mod: Any, inp: Any, out: Any) -> None:
+            probe.depth = max(0, probe.depth - 1)
+
+        mm = torch.nn.modules.module
+        mm.register_module_forward_pre_hook(pre)
+        mm.register_module_forward_hook(post)
+
+        def compile_eager(model: Any = None, *a: Any, **k: Any) -> Any:
+            st.note("torch.compile: traced eagerly (compiled code usually holds less memory)")
+            if model is None:
+                return lambda m: m
+            return model
+
+        torch.compile = compile_eager
+
+        def save_nothing(obj: Any, f: Any, *a: Any, **k: Any) -> None:
+            # fake tensors cannot be pickled, and a checkpoint is not the probe's to write
+            st.note(f"torch.save skipped: {os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__}")
+
+        torch.save = save_nothing
+        dl = torch.utils.data.DataLoader
+        orig_dl_init = dl.__init__
+
+        def dl_init(loader: Any, *a: Any, **k: Any) -> None:
+            if int(k.get("num_workers", 0) or 0) > 0:
+                st.note("DataLoader workers: loaded in the probe process (num_workers=0)")
+            k.update(num_workers=0, pin_memory=False, persistent_workers=False)
+            k.pop("prefetch_factor", None)
+            k.pop("multiprocessing_context", None)
+            orig_dl_init(loader, *a, **k)
+
+        dl.__init__ = dl_init
+        _patch_distributed(torch, st)
+
+
+def _patch_distributed(torch: Any, st: Any) -> None:
+    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module."""
+    try:
+        import torch.distributed as dist
+        import torch.nn.parallel as par
+    except ImportError:  # pragma: no cover - builds without distributed
+        return
+    if not dist.is_available():
+        return
+    orig = dist.init_process_group
+
+    def init_process_group(*a: Any, **k: Any) -> None:
+        st.note("torch.distributed: one-process gloo group")
+        if dist.is_initialized():
+            return
+        orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    dist.init_process_group = init_process_group
+
+    class OneProcessDDP(torch.nn.Module):
+        """DistributedDataParallel with one process: its module (gradient buckets not replayed)."""
+
+        def __init__(self, module: Any, *a: Any, **k: Any) -> None:
+            super().__init__()
+            self.module = module
+            st.note("DistributedDataParallel with one process: traced as its module")
+
+        def forward(self, *a: Any, **k: Any) -> Any:
+            return self.module(*a, **k)
+
+        def no_sync(self) -> Any:
+            return contextlib.nullcontext()
+
+    par.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+    with contextlib.suppress(Exception):
+        import torch.nn.parallel.distributed as pd
+
+        pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+
+
+def _torch_version() -> str:
+    t = sys.modules.get("torch")
+    return str(getattr(t, "__version__", ""))
+
+
+def _user_files() -> List[str]:
+    """Source files imported from outside the Python installation and slurm-coloc (realpaths)."""
+    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            skip.add(os.path.realpath(sysconfig.get_paths()[key]))
+    skip.update(os.path.realpath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p)
+    ours = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.endswith(".py") or not os.path.isabs(f) or f.startswith(("/etc/", "/usr/")):
+            continue
+        real = os.path.realpath(f)
+        if real.startswith(ours + os.sep) or any(real.startswith(s + os.sep) for s in skip):
+            continue
+        out.add(real)
+    return sorted(out)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line naming what stopped the program, with the deepest frame of the program's own code."""
+    if isinstance(exc, SystemExit):
+        return f"the program exited (code {exc.code}) before its first optimizer step"
+    msg = " ".join(str(exc).split())[:300]
+    where = ""
+    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
+        if "site-packages" not in fr.filename and "slurm_coloc" not in fr.filename and "<" not in fr.filename:
+            where = f" at {os.path.basename(fr.filename)}:{fr.lineno}"
+            break
+    if isinstance(exc, FileNotFoundError) or "not found" in msg.lower() and "dataset" in msg.lower():
+        return f"data missing{where}: {type(exc).__name__}: {msg}"
+    return f"the program failed{where}: {type(exc).__name__}: {msg}"
+
+
+def main(request_path: str) -> None:
+    """Run the request (module docstring); never returns."""
+    with open(request_path, encoding="utf-8") as fh:
+        req = json.load(fh)
+    probe = _Probe(req)
+    sys.addaudithook(probe.audit)
+    if float(req.get("timeout_s", 0)) > 3:
+        import faulthandler
+
+        # where the program is stuck, in the log, just before the runner's time limit kills it
+        faulthandler.dump_traceback_later(float(req["timeout_s"]) - 1.5, exit=False)
+    try:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from slurm_coloc.estimate import workspace
+        from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
+        from slurm_coloc.estimate.trace import _make_tracker
+
+        try:
+            ws = workspace.load()
+        except Exception:  # noqa: BLE001 - no numpy in the job's Python: no workspaces, said so
+            ws = None
+        tracker = _make_tracker(torch, ws.bytes_for if ws is not None else None)
+        st = fakecuda.ProbeState(tracker)
+        if ws is None:
+            st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
+        probe.state = st
+        fakecuda.patch_cuda_api(torch, st)
+        fakecuda.patch_autocast(torch, st)
+        fakecuda.patch_fake_tensor(torch, st)
+        probe.install(torch)
+    except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
+        probe.finish("error", f"the probe could not start in the job's Python: {type(exc).__name__}: {exc}")
+        return
+    sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
+    if req["mode"] == "file":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(req["target"])))
+    else:
+        sys.path.insert(0, os.getcwd())
+    status, reason = "no-step", "the program ended before its first optimizer step"
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            stack.enter_context(tracker)
+            stack.enter_context(fakecuda.make_gpu_tag_mode(torch, st))
+            # the device mode lowest: calls the other modes make (sdpa's masks) pass through it
+            stack.enter_context(fakecuda.make_device_mode(torch, st))
+            stack.enter_context(make_cuda_fp32_mode(torch))
+            stack.enter_context(make_sdpa_mode(torch))
+            if req["mode"] == "file":
+                runpy.run_path(req["target"], run_name="__main__")
+            else:
+                runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            reason = _reason(exc)
+    except BaseException as exc:  # noqa: BLE001 - reported, the parent falls back
+        reason = _reason(exc)
+        traceback.print_exc()
+    probe.finish(status, reason)
+
+
+if __name__ == "__main__":  # pragma: no cover - run by runner.BOOTSTRAP
+    main(sys.argv[1])

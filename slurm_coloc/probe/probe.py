@@ -1,0 +1,253 @@
+"""``probe_script``: a batch script's GPU memory estimate from its own first training steps.
+
+Steps: find the training command (``command.py``); answer from the per-user probe cache when the
+program, its arguments, interpreter and every user file it imported are unchanged; else run the
+probe (``runner.py``) and turn its replayed peak reserved memory into the estimator's figure with
+the estimator's own calibrated bound (``estimate.combine.calibrated_bound``: context + libs +
+reserved x the fp32 or AMP multiplier, docs/estimator.md).
+
+Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s
+file; off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module
+name), arguments, launcher environment, working directory, interpreter path (and its realpath's
+size and mtime), GPU, steps, the probe's own sources and the estimator's identity
+(``cache._estimator_identity``). An entry also holds the sha256 of every user file the program
+imported; it is used only while all of them are unchanged. Results that ended at the time limit
+are kept ``TIMEOUT_TTL_S`` only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence
+
+from slurm_coloc.estimate.spec import Estimate
+from slurm_coloc.probe.command import ProbeCommand, find_command
+from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, run_probe
+
+FORMAT = 1
+MAX_ENTRIES = 256
+TIMEOUT_TTL_S = 3600.0
+_PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class ProbeResult:
+    """The probe's answer for one batch script.
+
+    Attributes:
+        estimate: the figure (``Estimate``, method ``probe``), or None when the probe fell back.
+        ran: one line saying what the probe ran and saw.
+        reason: why there is no figure ("" with one).
+        command: the training command found, or None.
+        wall_s: seconds this call took.
+        cached: the answer came from the cache.
+        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes).
+        log_path: the program's captured stdout/stderr ("" when cached or not run).
+    """
+
+    estimate: Optional[Estimate]
+    ran: str
+    reason: str = ""
+    command: Optional[ProbeCommand] = None
+    wall_s: float = 0.0
+    cached: bool = False
+    detail: Dict[str, Any] = field(default_factory=dict)
+    log_path: str = ""
+
+
+def precision_of(result: Dict[str, Any]) -> str:
+    """``amp-fp16``/``bf16``/``fp32``: the autocast dtype the program used, else its parameters' dtype."""
+    ac = result.get("autocast") or []
+    if "float16" in ac:
+        return "amp-fp16"
+    if "bfloat16" in ac:
+        return "bf16"
+    dtypes = result.get("param_dtypes") or {}
+    low = sum(int(v) for k, v in dtypes.items() if k in ("bfloat16", "float16"))
+    return "bf16" if dtypes and low * 2 > sum(int(v) for v in dtypes.values()) else "fp32"
+
+
+def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
+    """The calibrated figure for a probe's replayed peaks (as ``combine.traced_estimate`` gives a trace's).
+
+    Raises:
+        EstimateError: unknown GPU.
+    """
+    from slurm_coloc.estimate import workspace
+    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
+    from slurm_coloc.estimate.combine import calibrated_bound, load_calibration
+    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.trace import TraceResult
+
+    precision = precision_of(result)
+    trace = TraceResult(peak_allocated_b=int(result["peak_allocated_b"]),
+                        peak_reserved_b=int(result["peak_reserved_b"]),
+                        params=sum(int(v) for v in (result.get("param_dtypes") or {}).values()),
+                        param_b=0, buffer_b=0, activations_per_sample=math.nan,
+                        depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
+                        conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)))
+    gpu = gpu_model(gpu_name)
+    cal = load_calibration()
+    # The next two rules are traced_estimate's (combine.py), applied to the probe's trace.
+    if "libs_mib" in cal:
+        gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
+    if gpu.arch != workspace.TABLE_ARCH and cal.get("form") == "per-precision-jit":
+        cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
+    ana = analytic_mib(trace, gpu)
+    bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=precision,
+                             depthwise_max_hw=trace.depthwise_max_hw)
+    detail: Dict[str, Any] = analytic_detail(trace, gpu)
+    detail.pop("params_mib", None)
+    detail.update(bound_form=str(cal.get("form", "scalar")), analytic_bound_mib=round(bound, 1),
+                  precision=precision, conv_workspace_max_mib=round(trace.conv_workspace_max_b / 2**20, 1),
+                  chosen="probe")
+    if result.get("assumed_values"):
+        detail["assumed_values_by_kind"] = result["assumed_values"]
+    return Estimate(mem_mib=int(math.ceil(bound)), method="probe", detail=detail, gpu_model=gpu.name)
+
+
+def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:
+    """One line: what the probe ran and what it saw."""
+    prog = os.path.basename(cmd.target) if cmd.mode == "file" else f"-m {cmd.target}"
+    line = f"probe ran `{prog}{' ' if cmd.args else ''}{' '.join(cmd.args)}` with {interpreter or 'python3'}"
+    if not result:
+        return line
+    opts = ", ".join(result.get("optimizers") or []) or "no optimizer"
+    ac = ",".join(result.get("autocast") or []) or "no autocast"
+    return (f"{line}: {result.get('forwards', 0)} forward(s), {result.get('steps', 0)} step(s) of {opts}, "
+            f"{ac}, torch {result.get('torch', '?')}")
+
+
+def _sha(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _cache_file() -> str:
+    from slurm_coloc.estimate import cache
+
+    return os.path.join(os.path.dirname(cache.cache_path()), "probes.json")
+
+
+def _key(cmd: ProbeCommand, gpu: str, steps: int) -> str:
+    from slurm_coloc.estimate import cache
+
+    interp = cmd.interpreter or "python3"
+    real = os.path.realpath(interp) if os.sep in interp else interp
+    try:
+        st = os.stat(real)
+        interp_id = [interp, real, st.st_size, int(st.st_mtime)]
+    except OSError:
+        interp_id = [interp, real]
+    probe_src = hashlib.sha256()
+    for root, _, files in sorted(os.walk(_PROBE_DIR)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                probe_src.update(f.encode() + (_sha(os.path.join(root, f)) or "-").encode())
+    blob = {"format": FORMAT, "mode": cmd.mode, "target": cmd.target,
+            "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None, "args": list(cmd.args),
+            "env": list(cmd.env), "workdir": cmd.workdir, "interpreter": interp_id, "gpu": gpu,
+            "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache._estimator_identity()}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def _read_cache() -> Dict[str, Any]:
+    try:
+        with open(_cache_file(), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("entries"), dict)
+    return data["entries"] if ok else {}
+
+
+def _lookup(key: str) -> Optional[Dict[str, Any]]:
+    entry = _read_cache().get(key)
+    if not isinstance(entry, dict):
+        return None
+    if entry.get("timed_out") and time.time() - float(entry.get("stored_at", 0)) > TIMEOUT_TTL_S:
+        return None
+    for path, digest in (entry.get("user_files") or {}).items():
+        if _sha(path) != digest:
+            return None
+    return entry
+
+
+def _store(key: str, entry: Dict[str, Any]) -> None:
+    path = _cache_file()
+    try:
+        entries = _read_cache()
+        entries[key] = dict(entry, stored_at=time.time())
+        if len(entries) > MAX_ENTRIES:
+            keep = sorted(entries, key=lambda k: float(entries[k].get("stored_at", 0)))[-MAX_ENTRIES:]
+            entries = {k: entries[k] for k in keep}
+        d = os.path.dirname(path)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".probes-", suffix=".tmp", dir=d)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"format": FORMAT, "entries": entries}, fh, sort_keys=True)
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError):
+        return
+
+
+def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: Optional[str] = None,
+                 gpu: str = "H100", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
+                 use_cache: bool = True) -> ProbeResult:
+    """Estimate the GPU memory of the training program a batch script runs, by probing it.
+
+    Args:
+        script_path: the batch script.
+        script_args: the arguments it is submitted with.
+        submit_dir: the job's working directory (default: the current directory).
+        gpu: the GPU model the figure is for (``gpus.gpu_model`` names).
+        timeout_s: the probe's time limit (seconds).
+        mem_limit_mib: the probe's address-space limit (MiB).
+        steps: optimizer steps per optimizer before the program is stopped.
+        use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
+
+    Returns:
+        ProbeResult: with ``estimate`` (method ``probe``), or ``estimate`` None and ``reason``.
+        Never raises for a program that cannot be probed; raises ``EstimateError`` for an unknown GPU
+        and ``OSError`` when the script cannot be read.
+    """
+    from slurm_coloc.estimate import cache
+    from slurm_coloc.estimate.gpus import gpu_model
+
+    t0 = time.monotonic()
+    gpu = gpu_model(gpu).name
+    with open(script_path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read()
+    found = find_command(text, script_args, submit_dir or os.getcwd())
+    if found.command is None:
+        return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
+    cmd = found.command
+    use_cache = use_cache and cache.enabled()
+    key = _key(cmd, gpu, steps) if use_cache else ""
+    entry = _lookup(key) if use_cache else None
+    if entry is not None:
+        est = entry.get("estimate")
+        return ProbeResult(Estimate(**est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
+                           time.monotonic() - t0, True, entry.get("detail", {}))
+    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps)
+    result = out.result or {}
+    estimate = estimate_from_result(result, gpu) if not out.reason and result else None
+    ran = ran_line(cmd, out.result, out.interpreter)
+    res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result, out.log_path)
+    res.detail = dict(result, scratch=out.scratch, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
+    if use_cache and (estimate is not None or out.reason):
+        files = {p: _sha(p) for p in result.get("user_files") or []}
+        _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,
+                     "reason": out.reason, "detail": res.detail, "timed_out": out.timed_out,
+                     "user_files": {p: d for p, d in files.items() if d}})
+    return res

@@ -1,0 +1,240 @@
+"""Run a probe: the job's Python, in a child process, with the ``inject`` package loaded.
+
+Injection: the child is ``<job python> -c BOOTSTRAP <bootdir> <request.json>``. ``bootdir`` is a
+scratch directory holding only a symbolic link ``slurm_coloc`` to this package, so the job's
+interpreter imports our probe and estimator modules (stdlib + numpy + its own torch) and nothing
+else of our environment: not our torch, not our site-packages. The bootstrap puts ``bootdir``
+first on ``sys.path`` only while it imports the probe, then removes it and the ``-c`` entry
+(``''``), so the program's own imports resolve as in the job (its script directory first).
+
+The child runs as the caller (the submitting user), in its own session (killed with its process
+group at the time limit), with ``RLIMIT_AS`` as memory limit, stdin from ``/dev/null`` and
+stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
+directory is ``scratch/work``, which mirrors the job's working directory by one symbolic link per
+entry: the program reads its relative paths (data, configs) as in the job, and files it creates
+at the top level land in the scratch directory. Writes through those links (into existing
+subdirectories) or to absolute paths still reach the real files; the child reports every such
+write (``outside_writes``). Network-facing libraries are put offline by environment variables and
+proxies that refuse connections at once; ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of
+the user's tree; ``TMPDIR`` is the scratch directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from slurm_coloc.probe.command import ProbeCommand
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOOTSTRAP = (
+    "import sys\n"
+    "boot = sys.argv[1]\n"
+    "sys.path[:] = [p for p in sys.path if p != '']\n"
+    "sys.path.insert(0, boot)\n"
+    "from slurm_coloc.probe.inject.main import main\n"
+    "sys.path.remove(boot)\n"
+    "main(sys.argv[2])\n"
+)
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MEM_LIMIT_MIB = 32768
+MAX_MIRROR_ENTRIES = 5000
+# Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
+DEAD_PROXY = "http://127.0.0.1:9"
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1", "WANDB_MODE": "disabled", "WANDB_DISABLED": "true",
+    "WANDB_SILENT": "true", "COMET_OFFLINE_DIRECTORY": "", "NEPTUNE_MODE": "offline",
+    "DISABLE_MLFLOW_INTEGRATION": "TRUE", "CLEARML_OFFLINE_MODE": "1", "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    "http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY, "HTTP_PROXY": DEAD_PROXY,
+    "HTTPS_PROXY": DEAD_PROXY, "ALL_PROXY": DEAD_PROXY, "all_proxy": DEAD_PROXY, "no_proxy": "",
+    "NO_PROXY": "",
+}
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+@dataclass
+class RunOutcome:
+    """What one probe run gave.
+
+    Attributes:
+        result: the child's result JSON (``inject/main.py``), or None when it wrote none.
+        reason: why there is no figure ("" when ``result["status"] == "ok"``).
+        wall_s: seconds from start to the child's end.
+        timed_out: the time limit ended the child.
+        scratch: the scratch directory (kept: the log and what the program wrote are there).
+        log_path: the child's stdout and stderr.
+        interpreter: the Python that ran it.
+    """
+
+    result: Optional[Dict[str, Any]]
+    reason: str
+    wall_s: float
+    timed_out: bool = False
+    scratch: str = ""
+    log_path: str = ""
+    interpreter: str = ""
+    scratch_files: List[str] = field(default_factory=list)
+
+
+def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Optional[str]:
+    """The job's Python as an absolute path: the command's, else ``python3`` on PATH; None if absent."""
+    path = path_env if path_env is not None else os.environ.get("PATH")
+    name = cmd.interpreter
+    if name is None and cmd.launcher in ("torchrun", "accelerate"):
+        name = _shebang_python(shutil.which(cmd.launcher, path=path))
+    name = name or "python3"
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) else None
+    return shutil.which(name, path=path)
+
+
+def _shebang_python(launcher: Optional[str]) -> Optional[str]:
+    """The interpreter a console script (``torchrun``) names in its ``#!`` line."""
+    if not launcher:
+        return None
+    try:
+        with open(launcher, "rb") as fh:
+            first = fh.readline(300).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if first.startswith("#!") and "python" in first:
+        return first[2:].split()[0]
+    return None
+
+
+def _mirror(src: str, dst: str) -> None:
+    os.makedirs(dst, exist_ok=True)
+    try:
+        names = sorted(os.listdir(src))[:MAX_MIRROR_ENTRIES]
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.symlink(os.path.join(src, name), os.path.join(dst, name))
+        except OSError:
+            continue
+
+
+def _limits(mem_limit_mib: int) -> Any:
+    def apply() -> None:
+        b = int(mem_limit_mib) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (b, b))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def hang_site(log_text: str) -> str:
+    """``file:line in func`` of the program's innermost frame in a faulthandler dump, or ""."""
+    for m in _FRAME_RE.finditer(log_text):  # faulthandler prints the innermost frame first
+        path = m.group(1)
+        if "site-packages" in path or "/slurm_coloc/" in path or path.startswith("<"):
+            continue
+        return f"{os.path.basename(path)}:{m.group(2)} in {m.group(3)}"
+    return ""
+
+
+def _files_under(root: str) -> List[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for f in filenames:
+            out.append(os.path.relpath(os.path.join(dirpath, f), root))
+    return sorted(out)
+
+
+def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
+              mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
+              scratch_root: Optional[str] = None) -> RunOutcome:
+    """Run ``cmd`` under the probe (module docstring) and read its result.
+
+    Args:
+        cmd: the training command (``command.find_command``).
+        timeout_s: wall-clock limit for the child (seconds).
+        mem_limit_mib: the child's address-space limit (MiB).
+        steps: optimizer steps per optimizer before the probe stops the program.
+        scratch_root: where the scratch directory is made (default: the system's temp dir).
+
+    Returns:
+        RunOutcome; never raises for a failing program (the reason says what happened).
+    """
+    start = time.monotonic()
+    python = resolve_interpreter(cmd)
+    if python is None:
+        return RunOutcome(None, f"the job's Python {cmd.interpreter or 'python3'} was not found", 0.0)
+    if cmd.mode == "file" and not os.path.isfile(cmd.target):
+        return RunOutcome(None, f"the program {cmd.target} does not exist", 0.0, interpreter=python)
+    scratch = tempfile.mkdtemp(prefix="coloc-probe-", dir=scratch_root)
+    boot, work, tmp = (os.path.join(scratch, d) for d in ("boot", "work", "tmp"))
+    os.makedirs(boot)
+    os.makedirs(tmp)
+    os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
+    _mirror(cmd.workdir, work)
+    before = set(os.listdir(work))
+    result_path = os.path.join(scratch, "result.json")
+    req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
+           "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir,
+           "timeout_s": float(timeout_s)}
+    req_path = os.path.join(scratch, "request.json")
+    with open(req_path, "w", encoding="utf-8") as fh:
+        json.dump(req, fh)
+    env = dict(os.environ)
+    env.pop("PYTHONSTARTUP", None)
+    env.update(OFFLINE_ENV)
+    env.update(dict(cmd.env))
+    env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
+               SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1")
+    log_path = os.path.join(scratch, "probe.log")
+    timed_out = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([python, "-c", BOOTSTRAP, boot, req_path], cwd=work, env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, preexec_fn=_limits(mem_limit_mib))
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    wall = time.monotonic() - start
+    created = sorted(set(os.listdir(work)) - before)
+    out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python,
+                     [f for f in _files_under(work) if f.split(os.sep)[0] in created])
+    try:
+        with open(result_path, encoding="utf-8") as fh:
+            out.result = json.load(fh)
+    except (OSError, ValueError):
+        out.result = None
+    if timed_out and (out.result is None or out.result.get("status") != "ok"):
+        site = hang_site(_tail(log_path))
+        where = f" (stuck at {site})" if site else ""
+        out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
+    elif out.result is None:
+        last = _tail(log_path).strip().splitlines()[-1:] or [""]
+        out.reason = f"the probe ended (exit {proc.returncode}) without a result: {last[0][:200]}"
+    elif out.result.get("status") != "ok":
+        out.reason = str(out.result.get("reason") or "the probe saw no optimizer step")
+    return out
+
+
+def _tail(path: str, n: int = 20000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - n))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

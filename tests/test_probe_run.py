@@ -1,0 +1,124 @@
+"""The script probe on corpus scripts, with the real torch on the CPU (no GPU needed).
+
+Each probe starts the job's Python (this venv's) in a child process; a run takes ~4-15 s here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from slurm_coloc.probe.probe import probe_script
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "benchmarks", "probe_corpus")
+
+
+@pytest.fixture(autouse=True)
+def job_env(monkeypatch, tmp_path):
+    """The job's ``python`` is this venv's (as after ``source venv/bin/activate``); a private cache."""
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def corpus(name, **kw):
+    d = os.path.join(CORPUS, name)
+    return probe_script(os.path.join(d, "job.sh"), submit_dir=d, **kw)
+
+
+def tree(d):
+    return sorted((os.path.relpath(os.path.join(p, f), d), os.path.getmtime(os.path.join(p, f)))
+                  for p, _, fs in os.walk(d) for f in fs)
+
+
+def test_mnist_gets_a_figure_and_cache_repeats_fast():
+    r = corpus("mnist_cnn")
+    assert r.estimate is not None, r.reason
+    assert r.estimate.method == "probe" and r.detail["optimizers"] == ["Adadelta"]
+    # context 612 + libs 146 + replayed reserved x 1.105 + 16: a small CNN needs about 1 GiB
+    assert 900 < r.estimate.mem_mib < 1500
+    assert "train.py --batch-size 128 --epochs 1" in r.ran
+    t0 = time.monotonic()
+    again = corpus("mnist_cnn")
+    assert again.cached and time.monotonic() - t0 <= 0.2
+    assert again.estimate.mem_mib == r.estimate.mem_mib
+
+
+def test_gan_two_optimizers_each_stepped():
+    r = corpus("dcgan")
+    assert r.estimate is not None, r.reason
+    assert r.detail["optimizers"] == ["Adam"] and r.detail["steps"] == 4  # 2 steps of each of 2 Adams
+
+
+def test_gradient_accumulation_bf16(tmp_path):
+    job = tmp_path / "job.sh"
+    job.write_text(f"#!/bin/bash\npython {CORPUS}/nanogpt/train.py --n_layer=2 --n_head=4 --n_embd=128 "
+                   "--block_size=64 --batch_size=4 --gradient_accumulation_steps=3\n")
+    r = probe_script(str(job), submit_dir=str(tmp_path))
+    assert r.estimate is not None, r.reason
+    assert r.detail["forwards"] == 6 and r.detail["autocast"] == ["bfloat16"]
+    assert r.estimate.detail["precision"] == "bf16"
+
+
+def test_stdout_hygiene(tmp_path, capfd):
+    (tmp_path / "train.py").write_text(
+        "import sys, torch\nprint('number of parameters: 10.65M')\nprint('noise', file=sys.stderr)\n"
+        "m = torch.nn.Linear(8, 2).cuda()\no = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(3):\n    m(torch.randn(4, 8, device='cuda')).sum().backward(); o.step()\n")
+    (tmp_path / "job.sh").write_text("#!/bin/bash\npython train.py\n")
+    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    out, err = capfd.readouterr()
+    assert r.estimate is not None, r.reason
+    assert "10.65M" not in out and "noise" not in out and "noise" not in err
+    with open(r.log_path) as fh:
+        assert "number of parameters: 10.65M" in fh.read()
+
+
+def test_hanging_data_loader_falls_back_within_limit():
+    t0 = time.monotonic()
+    r = corpus("hang_loader", timeout_s=10)
+    assert time.monotonic() - t0 < 20
+    assert r.estimate is None
+    assert "time limit of 10 s" in r.reason and "train.py" in r.reason and "__getitem__" in r.reason
+
+
+def test_file_writing_script_writes_only_in_scratch():
+    d = os.path.join(CORPUS, "writes_files")
+    before = tree(d)
+    r = corpus("writes_files")
+    assert r.estimate is not None, r.reason
+    assert tree(d) == before  # nothing created or changed next to the script
+    assert {"runs/exp1/config.json", "runs/exp1/train.log"} <= set(r.detail["scratch_files"])
+    assert r.detail["outside_writes"] == []
+    assert any(n.startswith("torch.save skipped") for n in r.detail["notes"])
+
+
+def test_missing_data_is_the_reason(tmp_path):
+    job = tmp_path / "job.sh"
+    job.write_text(f"python {CORPUS}/mnist_cnn/train.py --data {tmp_path}/no-such-dir\n")
+    r = probe_script(str(job), submit_dir=str(tmp_path))
+    assert r.estimate is None and r.reason.startswith("data missing")
+
+
+def test_changed_user_module_invalidates_cache(tmp_path):
+    (tmp_path / "helper.py").write_text("WIDTH = 64\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom helper import WIDTH\nm = torch.nn.Linear(WIDTH, WIDTH).cuda()\n"
+        "o = torch.optim.Adam(m.parameters())\n"
+        "for _ in range(3):\n    m(torch.randn(2, WIDTH, device='cuda')).sum().backward(); o.step()\n")
+    (tmp_path / "job.sh").write_text("python train.py\n")
+    first = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    assert str(tmp_path / "helper.py") in first.detail["user_files"]
+    assert probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path)).cached
+    (tmp_path / "helper.py").write_text("WIDTH = 4096\n")
+    third = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    assert not third.cached
+    assert third.detail["peak_reserved_b"] > first.detail["peak_reserved_b"]
+
+
+def test_no_command_reason(tmp_path):
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n./simulate --gpu\n")
+    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    assert r.estimate is None and "no python" in r.reason
