@@ -208,3 +208,65 @@ def test_port_in_use_is_one_line_and_the_sampler_samples(tmp_path: Path, caplog:
 
 def test_port_zero_turns_the_endpoint_off(tmp_path: Path) -> None:
     assert exporter.start(_cfg(tmp_path, exporter_port=0), "e1") == (None, None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_scrapes_during_a_sampler_restart_answer_whole_or_are_refused(tmp_path: Path) -> None:
+    """Scrape every 50 ms while the sampler daemon is stopped (SIGTERM) and started again: each scrape is a
+    complete exposition or a refused (or reset) connection, never an error page or a half answer; the new sampler serves."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import urllib.request
+
+    port = _free_port()
+    cfg = _cfg(tmp_path, exporter_port=port, exporter_bind_address="127.0.0.1")
+    conf = tmp_path / "c.yaml"
+    conf.write_text("".join(f"{k}: {json.dumps(getattr(cfg, k))}\n" for k in
+                            ("state_dir", "run_dir", "log_dir", "exporter_port", "exporter_bind_address")))
+    argv = [sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "r1", "--replay", str(REC),
+            "--interval-s", "0.1", "--foreground-log"]
+    env = {**os.environ, "COLOC_CONFIG": str(conf)}
+    outcomes: List[str] = []
+    starts: set = set()
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                fams = {f.name: f for f in text_string_to_metric_families(text)}
+                starts.update(s.value for s in fams["coloc_sampler_start_time_seconds"].samples)
+                outcomes.append("ok" if "coloc_exporter_collect_errors" in fams else "partial")
+            except (ConnectionError, urllib.error.URLError) as exc:
+                text = str(exc).lower()  # refused (nobody listens) or reset (accepted as the server closed)
+                outcomes.append("refused" if "refused" in text or "reset" in text else f"error {exc}")
+            time.sleep(0.05)
+
+    procs = [subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)]
+    t = threading.Thread(target=scrape)
+    t.start()
+    try:
+        time.sleep(2.0)
+        procs[0].send_signal(signal.SIGTERM)
+        procs[0].wait(timeout=20)
+        procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True))
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        t.join()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=20)
+    assert set(outcomes) <= {"ok", "refused"}, sorted(set(outcomes))
+    assert outcomes[-1] == "ok" and len(starts) == 2  # both samplers served; the second after the first stopped
+    assert "Traceback" not in procs[0].stderr.read() + procs[1].stderr.read()  # type: ignore[union-attr]
