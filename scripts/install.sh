@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything slurm-coloc needs on a fresh Debian 12 machine, idempotently (root):
-# Debian's Slurm 22.05 + munge + build tools + the Prometheus server (its integration test scrapes the samplers), and a venv (Debian's python3, so job users can run it)
-# with the package (editable) and its dev/gpu extras. Torch comes pinned: torch==2.14.1 torchvision==0.29.1.
+# Debian's Slurm 22.05 + munge + build tools + the Prometheus server (tests/cluster/test_prometheus.py scrapes the
+# samplers with it), and a venv (Debian's python3, so job users can run it) with the package (editable) and its
+# dev/gpu extras. Torch comes pinned: torch==2.14.1 torchvision==0.29.1.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${COLOC_VENV:-$REPO/.venv}

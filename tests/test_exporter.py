@@ -218,7 +218,8 @@ def _free_port() -> int:
 
 def test_scrapes_during_a_sampler_restart_answer_whole_or_are_refused(tmp_path: Path) -> None:
     """Scrape every 50 ms while the sampler daemon is stopped (SIGTERM) and started again: each scrape is a
-    complete exposition or a refused (or reset) connection, never an error page or a half answer; the new sampler serves."""
+    complete exposition or a refused (or reset) connection, never an error page or a half answer; the new
+    sampler serves."""
     import json
     import os
     import signal
