@@ -124,6 +124,26 @@ def _sampler(c: Cluster, node: str, port: int, pid_map: str, log: Path) -> subpr
                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
 
 
+def _own_sampler(c: Cluster, cfg: config_mod.Config, node: str, port: int, pid_map: str,
+                 tmp_path: Path) -> subprocess.Popen:
+    """Our replaying sampler holding the node's lock. The Prolog may have started one (no NVML here: it takes the
+    lock, fails and exits); while it holds the lock ours would exit at once, so stop it or start ours again."""
+    for _ in range(20):
+        old: Optional[int] = running_pid(cfg, node)
+        if old and old > 0:
+            _stop(old)
+        p = _sampler(c, node, port, pid_map, tmp_path / f"sampler-{node}.log")
+        for _ in range(100):
+            if running_pid(cfg, node) == p.pid:
+                return p
+            if p.poll() is not None:
+                break
+            time.sleep(0.1)
+        p.terminate()
+        p.wait(timeout=20)
+    raise AssertionError(f"our sampler never held the lock of {node}")
+
+
 def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: Cluster, prometheus,
                                                                  tmp_path: Path) -> None:
     c = slurm_cluster
@@ -139,11 +159,8 @@ def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: 
         for node, job in jobs.items():
             c.wait_state(job, ["RUNNING"])
             pid = _job_pid(job)
-            old: Optional[int] = running_pid(cfg, node)  # one the Prolog may have started (no NVML: it exits)
-            if old and old > 0:
-                _stop(old)
             recorded = "2342" if node == "n1" else "2340"
-            samplers.append(_sampler(c, node, ports[node], f"{recorded}={pid}", tmp_path / f"sampler-{node}.log"))
+            samplers.append(_own_sampler(c, cfg, node, ports[node], f"{recorded}={pid}", tmp_path))
         _until(base, "up", lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r))
         j1, j2 = jobs["n1"], jobs["n2"]
         res = _until(base, f'coloc_job_gpu_memory_granted_bytes{{jobid="{j1}"}}', lambda r: len(r) == 1)
