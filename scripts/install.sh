@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Install everything slurm-coloc needs on a fresh Debian 12 machine, idempotently (root):
-# Debian's Slurm 22.05 + munge + build tools, and a venv (Debian's python3, so job users can run it)
-# with the package (editable) and its dev/gpu extras. Torch comes pinned: torch==2.14.1 torchvision==0.29.1.
+# Debian's Slurm 22.05 + munge + build tools + the Prometheus server (tests/cluster/test_prometheus.py scrapes the
+# samplers with it), and a venv (Debian's python3, so job users can run it) with the package (editable) and its
+# dev/gpu extras. Torch comes pinned: torch==2.14.1 torchvision==0.29.1.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${COLOC_VENV:-$REPO/.venv}
 [ "$(id -u)" = 0 ] || { echo "install.sh: run as root (apt-get, users, Slurm daemons)" >&2; exit 1; }
 
-PKGS="slurmctld slurmd slurm-client libslurm-dev munge python3-venv python3-dev gcc make procps bsdutils util-linux"
+PKGS="slurmctld slurmd slurm-client libslurm-dev munge python3-venv python3-dev gcc make procps bsdutils util-linux prometheus"
 missing=""
 for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   echo "install.sh: apt-get install$missing"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends $missing >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null   # waits for another apt process's lock
+  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $missing >/dev/null
 fi
 
 # Job users (colocuser) run the venv's python and the examples: every directory above the repo must be
@@ -26,7 +27,7 @@ while [ "$d" != / ]; do
 done
 
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import torch, torchvision, transformers, slurm_coloc, sqlite_utils, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, torchvision, transformers, slurm_coloc, sqlite_utils, prometheus_client, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
   echo "install.sh: pip install into $VENV (torch 2.14.1 is large the first time)"
   log=$(mktemp /tmp/coloc-pip.XXXXXX.log)
   { "$VENV/bin/pip" install -q --upgrade pip &&

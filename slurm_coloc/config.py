@@ -20,6 +20,7 @@ from slurm_coloc.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
 MPS_MODES = ("multi-user", "per-user", "off")
+EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Config:
         report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
         report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
+        exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
+        exporter_bind_address: address the endpoint binds to (``0.0.0.0``: every IPv4 interface).
+        exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
+            and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -83,6 +88,9 @@ class Config:
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
+    exporter_port: int = 9466
+    exporter_bind_address: str = "0.0.0.0"
+    exporter_names: str = "coloc"
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -179,6 +187,11 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():
         raise ConfigError("config key 'mps_control_bin' is empty")
+    if not 0 <= cfg.exporter_port <= 65535:
+        raise ConfigError(f"config key 'exporter_port': {cfg.exporter_port} is outside 0..65535 (0: off)")
+    if cfg.exporter_names not in EXPORTER_NAMES:
+        raise ConfigError(f"config key 'exporter_names': {cfg.exporter_names!r} is not one of "
+                          f"{', '.join(EXPORTER_NAMES)}")
     return cfg
 
 

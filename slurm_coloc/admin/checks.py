@@ -278,8 +278,46 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     return out
 
 
+def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout_s: float = 3.0) -> List[Check]:
+    """The sampler's Prometheus endpoint answers ``/metrics`` with slurm-coloc's families (docs/metrics.md).
+
+    Skipped on a node without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default: the
+    short hostname; the Prolog starts one with the first GPU job).
+    """
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from slurm_coloc.node.sampler import running_pid
+    name = "metrics endpoint"
+    if no_gpu:
+        return [Check(name, "skip", "--no-gpu: not a GPU node")]
+    if not cfg.exporter_port:
+        return [Check(name, "skip", "exporter_port: 0 (endpoint off)")]
+    node = node or socket.gethostname().split(".")[0]
+    pid = running_pid(cfg, node)
+    if not pid:
+        return [Check(name, "skip", f"no sampler runs on {node} yet (the Prolog starts one with the first GPU job)")]
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(cfg.exporter_bind_address,
+                                                                     cfg.exporter_bind_address)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{cfg.exporter_port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            body = resp.read(8 << 20).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:  # something answers, with an error status
+        body = f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return [fail(name, f"the sampler (pid {pid}) runs but {url} does not answer: {getattr(exc, 'reason', exc)}",
+                     f"see {Path(cfg.log_dir) / f'sampler-{node}.log'} (port in use?); set exporter_port and "
+                     "exporter_bind_address in coloc.yaml, or exporter_port: 0 to turn it off")]
+    if "coloc_exporter_collect_errors" not in body:
+        return [fail(name, f"{url} answers but is not slurm-coloc's sampler endpoint",
+                     "another program holds exporter_port: choose a free port in coloc.yaml")]
+    return [ok(name, f"{url} answers ({len(body.splitlines())} lines, {cfg.exporter_names} names)")]
+
+
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU, metrics."""
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
@@ -288,4 +326,5 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
     results += check_dirs(cfg)
     results += check_slurm_binaries(cfg)
     results += check_gpu(cfg, no_gpu)
+    results += check_metrics(cfg, no_gpu)
     return results

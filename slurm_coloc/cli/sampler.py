@@ -91,10 +91,20 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
     except ColocError as exc:
         log.error("%s", exc.one_line())
         raise click.ClickException(exc.one_line()) from None
-    s = sm.Sampler(cfg, node, reader, interval_s=interval_s)
+    from slurm_coloc.node import exporter
+    try:
+        live, endpoint = exporter.start(cfg, node, interval_s)
+    except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops the sampler
+        log.error("metrics: endpoint not started (%s: %s); sampling goes on", type(exc).__name__, exc)
+        live, endpoint = None, None
+    s = sm.Sampler(cfg, node, reader, interval_s=interval_s, live=live)
     sm.install_signal_handlers(s)
     log.info("sampling node %s every %.2f s into %s", node, s.interval_s, s.db_path)
-    s.run(duration_s=duration_s)
+    try:
+        s.run(duration_s=duration_s)
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
     log.info("stopped: %d frames, %d read errors, %d flushes, %d rows dropped", s.frames, s.errors, s.flushes,
              s.dropped)
 

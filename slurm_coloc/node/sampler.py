@@ -49,6 +49,14 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
+class Live(Protocol):
+    """Where each frame is published for the metrics endpoint (``node.livestate.LiveState``)."""
+
+    def observe(self, frame: Frame, procs: List[store_samples.ProcSample]) -> None: ...
+
+    def read_failed(self) -> None: ...
+
+
 class Sampler:
     """The sampling loop.
 
@@ -56,10 +64,13 @@ class Sampler:
         cfg: config (interval, batch, retention). node: this node's name (selects ``nodes/<node>.db``).
         reader: frame source. db_path: override of the node database path (tests).
         attributor: pid -> job mapping (default ``JobAttributor()``).
+        live: receives every frame for the metrics endpoint (node/exporter.py); its failure is logged once and
+            never stops sampling.
     """
 
     def __init__(self, cfg: Config, node: str, reader: Reader, db_path: Optional[Path] = None,
-                 attributor: Optional[JobAttributor] = None, interval_s: Optional[float] = None) -> None:
+                 attributor: Optional[JobAttributor] = None, interval_s: Optional[float] = None,
+                 live: Optional[Live] = None) -> None:
         self.cfg, self.node, self.reader = cfg, node, reader
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
@@ -75,6 +86,7 @@ class Sampler:
         self._wake: Optional[Tuple[int, int]] = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # self-pipe (read, write)
         self._stopping = False
         self._flush_requested = False
+        self.live = live
 
     @property
     def stopping(self) -> bool:
@@ -130,6 +142,8 @@ class Sampler:
         except Exception as exc:  # noqa: BLE001 - NVMLError (GPU lost, Xid), replay error: keep sampling
             self.errors += 1
             self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on", type(exc).__name__, exc)
+            if self.live is not None:
+                self.live.read_failed()
             return False
         self.frames += 1
         for g in frame.gpus:
@@ -140,6 +154,12 @@ class Sampler:
         procs = [store_samples.ProcSample(p, self.attr.job_of(p.pid)) for p in frame.procs]
         self.gpu_buf.extend(store_samples.gpu_rows(frame.ts, frame.gpus, self.interval_s))
         self.proc_buf.extend(store_samples.proc_rows(frame.ts, procs, self.interval_s))
+        if self.live is not None:
+            try:
+                self.live.observe(frame, procs)
+            except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops sampling
+                self._once(f"live:{type(exc).__name__}", "metrics: cannot publish the frame (%s: %s); sampling "
+                           "goes on", type(exc).__name__, exc)
         over = len(self.gpu_buf) + len(self.proc_buf) - MAX_BUFFER_ROWS
         if over > 0:
             self.dropped += over

@@ -204,3 +204,8 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, An
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
     return list(db["events"].rows_where(where, args, order_by="id"))
+
+
+def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:
+    """(job, ``node``) rows the Prolog opened at or after ``since_ts`` and no Epilog has closed yet (running jobs)."""
+    return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?", [node, since_ts]))
