@@ -57,7 +57,8 @@ class Config:
         report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
         exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
-        exporter_bind_address: address the endpoint binds to (``0.0.0.0``: every IPv4 interface).
+        exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the node's
+            management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
         exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
             and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
     """
@@ -89,7 +90,7 @@ class Config:
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
     exporter_port: int = 9466
-    exporter_bind_address: str = "0.0.0.0"
+    exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
