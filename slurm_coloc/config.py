@@ -20,6 +20,7 @@ from slurm_coloc.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
 MPS_MODES = ("multi-user", "per-user", "off")
+PLACEMENT_MODES = ("spread", "consolidate")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class Config:
         report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
         report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
+        placement_mode: coloc-placer's order among GPUs that qualify: ``spread`` (least loaded first) or
+            ``consolidate`` (most loaded that stays under the gate first, for energy).
+        placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
+            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
+        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
+        placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
+        placement_interval_s: coloc-placer's loop period (s).
+        placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
+        placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -83,6 +93,15 @@ class Config:
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
+    placement_mode: str = "spread"
+    placement_smact_gate: float = 0.8
+    placement_smocc_gate: float = 0.45
+    placement_drama_gate: float = 0.4
+    placement_window_s: float = 30.0
+    placement_state_max_age_s: float = 60.0
+    placement_interval_s: float = 2.0
+    placement_max_wait_s: float = 600.0
+    placement_calibration_path: str = ""
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -175,6 +194,16 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
     if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
         raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
+    if cfg.placement_mode not in PLACEMENT_MODES:
+        raise ConfigError(f"config key 'placement_mode': {cfg.placement_mode!r} is not one of "
+                          f"{', '.join(PLACEMENT_MODES)}")
+    if not all(0 < g <= 1 for g in (cfg.placement_smact_gate, cfg.placement_smocc_gate, cfg.placement_drama_gate)):
+        raise ConfigError("config: placement_smact_gate, placement_smocc_gate and placement_drama_gate must be "
+                          "fractions in (0, 1]")
+    if min(cfg.placement_window_s, cfg.placement_state_max_age_s, cfg.placement_interval_s,
+           cfg.placement_max_wait_s) <= 0:
+        raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
+                          "placement_max_wait_s must be > 0")
     if not cfg.gpu_model.strip():
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():
