@@ -166,3 +166,28 @@ def test_placer_cli_one_round_and_release_all(cl: Cluster) -> None:
     assert out.returncode == 0 and f"job {held}: released with shard:3" in out.stdout, out.stdout + out.stderr
     cl.wait_state(held, ("RUNNING",), 40)
     assert "shard:3" in cl.job(held)["tres_per_node"]
+
+
+def test_coloc_sbatch_plan_submitted_for_the_placer_runs_on_the_chosen_gpu(cl: Cluster, tmp_path: Path) -> None:
+    """The aware replay's path: coloc-sbatch's real plan (``--dry-run``), held without GRES, steered, run."""
+    import subprocess
+
+    script = cl.jobs_dir / "placer_job.sh"
+    script.write_text("#!/bin/bash\nsleep 60\n")
+    script.chmod(0o755)
+    occupy(cl, [("n1", 0), ("n1", 1), ("n2", 0)])
+    argv = ["--parsable", "-o", "/dev/null", "--coloc-mem=3G", str(script)]
+    proc = subprocess.run(["runuser", "-u", "colocuser", "--", "env", f"SLURM_CONF={cl.conf}",
+                           f"COLOC_CONFIG={cl.coloc_config}", f"PATH={cl.env['PATH']}", "python3", "-c",
+                           "import os, sys; from slurm_coloc.config import load; "
+                           "from slurm_coloc.replay.runner import submit_for_placer; "
+                           "p = submit_for_placer(sys.argv[1:], load(), dict(os.environ)); "
+                           "print(p.stdout.strip()); sys.exit(p.returncode)", *argv],
+                          cwd=str(cl.jobs_dir), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stdout.strip().split(";")[0])
+    rec = cl.job(job)
+    assert rec["state_reason"] == "JobHeldUser" and not rec["tres_per_node"]
+    assert '"place":true' in rec["comment"] and '"shards":3' in rec["comment"]
+    assert run_round(cl, PlacerState())["placed"] == 1
+    assert gpu_of(cl, job) == ("n2", 1)
