@@ -112,7 +112,8 @@ gpu_st = st.builds(lambda n, i, used, ten, live, age: GpuState(n, i, 80, used, t
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(gpu_st, max_size=6, unique_by=lambda g: g.key), st.integers(1, 80), act, st.sampled_from(["spread", "consolidate"]))
+@given(st.lists(gpu_st, max_size=6, unique_by=lambda g: g.key), st.integers(1, 80), act,
+       st.sampled_from(["spread", "consolidate"]))
 def test_policy_invariants(gpus: list, shards: int, demand: Activity, mode: str) -> None:
     d = choose_gpu(gpus, shards, demand, GATE, mode, max_age_s=60)
     if not d.placed:

@@ -125,17 +125,17 @@ def read_history(cfg: Config) -> Dict[str, List[Activity]]:
         sig_of = {j["job_id"]: intensity.signature(j["coloc"]) for j in store_placement.finished_jobs(ctld)}
     finally:
         ctld.conn.close()
-    sig_of = {k: v for k, v in sig_of.items() if v}
+    sigs: Dict[int, str] = {k: v for k, v in sig_of.items() if v}
     out: Dict[str, List[Activity]] = {}
     for path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         db = open_readonly(path, busy_timeout_s=1.0)
         try:
-            runs = store_placement.alone_activity(db, sig_of)
+            runs = store_placement.alone_activity(db, sigs)
         finally:
             db.conn.close()
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(sig_of[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+                out.setdefault(sigs[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
     return out
 
 

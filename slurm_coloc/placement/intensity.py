@@ -57,8 +57,9 @@ def features(coloc: Optional[Mapping[str, Any]]) -> Features:
     """Features from a parsed coloc comment: ``flops_per_step``/``bytes_per_step`` when present, the spec's
     batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy
     (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x)."""
-    c = coloc if isinstance(coloc, Mapping) else {}
-    spec = c.get("spec") if isinstance(c.get("spec"), Mapping) else {}
+    c: Mapping[str, Any] = coloc if isinstance(coloc, Mapping) else {}
+    raw = c.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
 
     def num(v: Any) -> Optional[float]:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
