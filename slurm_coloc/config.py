@@ -21,6 +21,7 @@ from slurm_coloc.errors import ConfigError
 DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
 MPS_MODES = ("multi-user", "per-user", "off")
 EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
+PLACEMENT_MODES = ("spread", "consolidate")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ class Config:
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
         exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
             and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
+        placement_mode: coloc-placer's order among GPUs that qualify: ``spread`` (least loaded first) or
+            ``consolidate`` (most loaded that stays under the gate first, for energy).
+        placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
+            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
+        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
+        placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
+        placement_interval_s: coloc-placer's loop period (s).
+        placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
+        placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -92,6 +102,15 @@ class Config:
     exporter_port: int = 9466
     exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
+    placement_mode: str = "spread"
+    placement_smact_gate: float = 0.8
+    placement_smocc_gate: float = 0.45
+    placement_drama_gate: float = 0.4
+    placement_window_s: float = 30.0
+    placement_state_max_age_s: float = 60.0
+    placement_interval_s: float = 2.0
+    placement_max_wait_s: float = 600.0
+    placement_calibration_path: str = ""
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -184,6 +203,16 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
     if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
         raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
+    if cfg.placement_mode not in PLACEMENT_MODES:
+        raise ConfigError(f"config key 'placement_mode': {cfg.placement_mode!r} is not one of "
+                          f"{', '.join(PLACEMENT_MODES)}")
+    if not all(0 < g <= 1 for g in (cfg.placement_smact_gate, cfg.placement_smocc_gate, cfg.placement_drama_gate)):
+        raise ConfigError("config: placement_smact_gate, placement_smocc_gate and placement_drama_gate must be "
+                          "fractions in (0, 1]")
+    if min(cfg.placement_window_s, cfg.placement_state_max_age_s, cfg.placement_interval_s,
+           cfg.placement_max_wait_s) <= 0:
+        raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
+                          "placement_max_wait_s must be > 0")
     if not cfg.gpu_model.strip():
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():

@@ -19,8 +19,8 @@ LAYER = {
     "units": 1, "config": 1, "comment": 1,
     "slurm": 2, "nvml": 2, "estimate": 2, "probe": 3,
     "store": 3,
-    "node": 4, "report": 4, "replay": 4, "submit": 4,
-    "hooks": 5, "admin": 5,
+    "node": 4, "report": 4, "submit": 4, "placement": 4,
+    "hooks": 5, "admin": 5, "replay": 5,
     "cli": 6,
     "__main__": 7,
 }

@@ -83,8 +83,16 @@ CONF
 }
 
 # slurm_conf_node <node> <host> <port> <cpus> <gpus> <shards>: the slurm.conf line of one node on 127.0.0.1.
+# With COLOC_GRES_TYPED=1 the GRES are typed per GPU (gpu:g0:1,...,shard:g0:<shards/gpus>,...), as slurm_conf_gres.
 slurm_conf_node() {
-  echo "NodeName=$1 NodeHostname=$2 NodeAddr=127.0.0.1 Port=$3 CPUs=$4 RealMemory=16000 Gres=gpu:$5,shard:$6"
+  local gres="gpu:$5,shard:$6" i
+  if [ "${COLOC_GRES_TYPED:-0}" = 1 ]; then
+    gres=""
+    for i in $(seq 0 $(($5 - 1))); do gres="$gres,gpu:g$i:1"; done
+    for i in $(seq 0 $(($5 - 1))); do gres="$gres,shard:g$i:$(($6 / $5))"; done
+    gres=${gres#,}
+  fi
+  echo "NodeName=$1 NodeHostname=$2 NodeAddr=127.0.0.1 Port=$3 CPUs=$4 RealMemory=16000 Gres=$gres"
 }
 
 # slurm_conf_partition: the one partition, all nodes.
@@ -93,9 +101,17 @@ slurm_conf_partition() {
 }
 
 # slurm_conf_gres <node> <gpus> <shards per GPU> <device prefix>: the gres.conf lines of one node, GPU i being
-# <device prefix>i (AutoDetect=off is the caller's first line).
+# <device prefix>i (AutoDetect=off is the caller's first line). With COLOC_GRES_TYPED=1 each GPU and its shards get
+# the type g<i> (gpu:g0, shard:g0, ...), so coloc-placer can steer a shard job to one GPU (docs/design.md).
 slurm_conf_gres() {
   local node=$1 n=$2 per=$3 dev=$4 i
+  if [ "${COLOC_GRES_TYPED:-0}" = 1 ]; then
+    for i in $(seq 0 $((n - 1))); do
+      echo "NodeName=$node Name=gpu Type=g$i File=${dev}$i"
+      echo "NodeName=$node Name=shard Type=g$i Count=$per File=${dev}$i"
+    done
+    return 0
+  fi
   if [ "$n" = 1 ]; then echo "NodeName=$node Name=gpu File=${dev}0"; else echo "NodeName=$node Name=gpu File=${dev}[0-$((n - 1))]"; fi
   for i in $(seq 0 $((n - 1))); do echo "NodeName=$node Name=shard Count=$per File=${dev}$i"; done
 }

@@ -19,6 +19,9 @@ from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
 
+MODE_SETS = {"both": ["exclusive", "coloc"], "all": ["exclusive", "blind", "aware"]}
+
+
 @dataclass(frozen=True)
 class TraceArgs:
     """The trace options that ``plan`` and ``run`` share (``_trace_options`` collects them into one)."""
@@ -137,7 +140,14 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="batch script run as: <script> <workload> --steps N --tag T (benchmarks/device/job_generic.sh)",
 )
-@click.option("--mode", type=click.Choice(["exclusive", "coloc", "both"]), default="both", show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["exclusive", "coloc", "blind", "aware", "both", "all"]),
+    default="both",
+    show_default=True,
+    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), aware (held for "
+    "coloc-placer, utilization-aware); both = exclusive + coloc, all = exclusive + blind + aware",
+)
 @click.option(
     "--out-dir",
     default=".",
@@ -169,11 +179,12 @@ def run(
     context_mib: int,
     as_json: bool,
 ) -> None:
-    """Submit the tasks through coloc-sbatch (exclusive, coloc or both, one after the other) and report
-    makespan, mean job completion time, mean SM activity, GPU energy and OOM reruns.
+    """Submit the tasks through coloc-sbatch under each policy asked (one after the other) and report makespan,
+    mean and p95 job completion time, p95 slowdown vs alone, mean SM activity, GPU energy and OOM reruns.
+    ``aware`` needs a running ``coloc-placer`` and typed shards (docs/design.md, "Placement mechanism").
 
     Example: coloc-replay run --trace t.csv --catalog c.csv --runtimes r.csv --max-tasks 8
-    --job-script benchmarks/device/job_generic.sh --mode both --json
+    --job-script benchmarks/device/job_generic.sh --mode all --json
     """
     from slurm_coloc.replay.runner import run_replay
 
@@ -187,7 +198,7 @@ def run(
             "work_scale": trace_args.work_scale,
             "context_mib": context_mib,
         }
-        for m in ["exclusive", "coloc"] if mode == "both" else [mode]:
+        for m in MODE_SETS.get(mode, [mode]):
             rr = run_replay(
                 tasks,
                 m,
@@ -204,6 +215,9 @@ def run(
             }
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
+    for m in ("blind", "aware"):
+        if "exclusive" in result and m in result:
+            result[f"change_{m}"] = compare(result["exclusive"], result[m])
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -215,18 +229,22 @@ def run(
         "makespan_s",
         "mean_jct_s",
         "mean_wait_s",
+        "p95_jct_s",
+        "p95_slowdown",
         "mean_smact_pct",
         "energy_j",
     ]
-    modes = [m for m in ("exclusive", "coloc") if m in result]
+    modes = [m for m in ("exclusive", "coloc", "blind", "aware") if m in result]
     click.echo(f"{'':<16}" + "".join(f"{m:>14}" for m in modes))
     for k in keys:
         vals = [result[m].get(k) for m in modes]
         click.echo(
             f"{k:<16}" + "".join(f"{v:>14.1f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals)
         )
-    for k, v in (result.get("change") or {}).items():
-        click.echo(f"{k}: {'-' if v is None else f'{v:+.1f}%'}")
+    for name in ("change", "change_blind", "change_aware"):
+        for k, v in (result.get(name) or {}).items():
+            label = {"change": "coloc", "change_blind": "blind", "change_aware": "aware"}[name]
+            click.echo(f"{label} {k}: {'-' if v is None else f'{v:+.1f}%'}")
 
 
 def main() -> int:

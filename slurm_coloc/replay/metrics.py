@@ -4,7 +4,8 @@ Definitions: makespan = last end - first submit (s); job completion time (JCT) o
 (an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
 of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of
 NVML's
-total-energy counter over the window, summed over GPUs (J).
+total-energy counter over the window, summed over GPUs (J); p95 = 95th percentile (nearest rank) over completed
+tasks; slowdown of a task = its JCT / its time alone (the trace's scaled exclusive runtime, ``Task.work_s``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class ReplayMetrics:
     mean_wait_s: Optional[float]
     mean_smact_pct: Optional[float]
     energy_j: Optional[float]
+    p95_jct_s: Optional[float] = None
+    p95_slowdown: Optional[float] = None
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -88,10 +91,22 @@ def energy_growth_j(
     return sum(float(end[g]) - float(start[g]) for g in start)  # type: ignore[arg-type]
 
 
+def p95(values: Sequence[float]) -> Optional[float]:
+    """95th percentile by nearest rank (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
+
+
 def summarize(
-    mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float], energy_j: Optional[float]
+    mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float], energy_j: Optional[float],
+    alone_s: Optional[Mapping[int, float]] = None,
 ) -> ReplayMetrics:
-    """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions)."""
+    """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions).
+
+    ``alone_s``: task index -> its time alone (s), for the slowdown; tasks without one are left out of it.
+    """
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
     submits = [t["submit_ts"] for t in tasks.values() if t["submit_ts"]]
@@ -108,13 +123,16 @@ def summarize(
         mean_wait_s=statistics.fmean(waits) if waits else None,
         mean_smact_pct=smact,
         energy_j=energy_j,
+        p95_jct_s=p95([t["end_ts"] - t["submit_ts"] for t in done]),
+        p95_slowdown=p95([(t["end_ts"] - t["submit_ts"]) / alone_s[k] for k, t in tasks.items()
+                          if t["completed"] and t["end_ts"] and alone_s and alone_s.get(k)]),
     )
 
 
 def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
     """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy."""
     out: Dict[str, Optional[float]] = {}
-    for key in ("makespan_s", "mean_jct_s", "mean_smact_pct", "energy_j"):
+    for key in ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "mean_smact_pct", "energy_j"):
         a, b = exclusive.get(key), coloc.get(key)
         out[f"{key}_change_pct"] = (100.0 * (b - a) / a) if a and b is not None else None
     return out

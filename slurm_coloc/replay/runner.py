@@ -1,8 +1,10 @@
 """Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
 
-Exclusive mode submits every task with ``--exclusive-gpu`` (one job per GPU at a time); coloc mode with
-``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the peak from an earlier run
-would). ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
+Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
+(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the
+peak from an earlier run would; Slurm packs by memory only); ``aware`` submits the same plan held and without
+GRES (``placement.submit.placer_argv`` on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``
+to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
 CUDA context of a torch process (612 MiB on the H100, CUDA 13: gpu-facts.md) and library workspaces. Without
 it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
 (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -38,7 +41,7 @@ from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
-MODES = ("exclusive", "coloc")
+MODES = ("exclusive", "coloc", "blind", "aware")
 
 
 @dataclass
@@ -163,18 +166,22 @@ def run_replay(
     t_start = clock()
     job_of_task: Dict[int, int] = {}
     problems: List[str] = []
+    if mode == "aware":
+        from slurm_coloc.placement.daemon import placer_alive
+
+        if not placer_alive(cfg):
+            problems.append("no coloc-placer heartbeat: held jobs start only when a placer runs")
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
         if delay > 0:
             time.sleep(delay)
         out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
-        proc = subprocess.run(
-            [coloc_sbatch_path(), *sbatch_argv(task, mode, job_script, out, extra_sbatch, context_mib)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        argv = sbatch_argv(task, mode, job_script, out, extra_sbatch, context_mib)
+        if mode == "aware":
+            proc = submit_for_placer(argv, cfg, env)
+        else:
+            proc = subprocess.run([coloc_sbatch_path(), *argv], capture_output=True, text=True, env=env,
+                                  timeout=120)
         if proc.returncode != 0:
             cancel(cfg, list(job_of_task.values()), env)
             raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
@@ -207,8 +214,28 @@ def run_replay(
     energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
     first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
     last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
-    metrics = summarize(mode, len(tasks), runs, sm_activity(cfg, records, first, last), energy)
+    metrics = summarize(mode, len(tasks), runs, sm_activity(cfg, records, first, last), energy,
+                        {t.index: t.work_s for t in tasks})
     return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
+
+
+def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a whole-GPU
+    plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with ``--parsable``).
+
+    Raises:
+        ColocError: the dry run failed or printed no sbatch command.
+    """
+    from slurm_coloc.placement.submit import placer_argv
+
+    dry = subprocess.run([coloc_sbatch_path(), "--dry-run", *argv], capture_output=True, text=True, env=env,
+                         timeout=120)
+    line = next((ln for ln in dry.stdout.splitlines() if ln.startswith("sbatch ")), None)
+    if dry.returncode != 0 or line is None:
+        raise ColocError(f"coloc-sbatch --dry-run failed: {dry.stderr.strip() or dry.stdout.strip()}")
+    planned = shlex.split(line)[1:]
+    return slurm_run(["sbatch", *(placer_argv(planned) or planned)], bin_dir=cfg.slurm_bin_dir, env=env,
+                     check=False, timeout_s=120)
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:

@@ -1,0 +1,1 @@
+"""Utilization-aware placement of shared GPU jobs (coloc-placer): policy, intensity prediction, the loop."""

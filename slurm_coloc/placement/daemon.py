@@ -1,0 +1,248 @@
+"""coloc-placer's loop: each round reads Slurm's queue and the node samplers' live state, then steers every held
+shard job to a GPU (or notes why it waits). Bounded, never fatal: a round that fails is logged and the next one
+starts after ``placement_interval_s``; a job held longer than ``placement_max_wait_s`` is released by memory alone.
+
+Live state reaches the placer through the node databases (``<state_dir>/nodes/<node>.db``, opened read-only, the
+same files coloc-report reads); Slurm's view of who holds which GPU comes from ``squeue --json`` ``gres_detail``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from slurm_coloc.comment import parse_comment
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.placement import intensity
+from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
+from slurm_coloc.slurm import placement as sp
+from slurm_coloc.slurm.parse import JobRecord
+from slurm_coloc.store import placement as store_placement
+from slurm_coloc.store.db import open_readonly
+
+log = logging.getLogger("slurm_coloc.placer")
+ACTIVE_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
+HISTORY_REFRESH_S = 60.0
+
+
+@dataclass
+class Steered:
+    """A job this placer sent to a GPU, remembered until Slurm shows it holding the GPU (or it is gone)."""
+
+    node: str
+    index: int
+    shards: int
+    demand: Activity
+    ts: float
+
+
+@dataclass
+class PlacerState:
+    """What the placer keeps between rounds."""
+
+    steered: Dict[int, Steered] = field(default_factory=dict)
+    history: Dict[str, List[Activity]] = field(default_factory=dict)
+    history_ts: float = 0.0
+    notes: Dict[int, str] = field(default_factory=dict)
+
+
+def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
+    """The row's activity, or None when the GPU reports no GPM metrics (no SM activity)."""
+    if row.smact is None:
+        return None
+    return Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
+
+
+def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobRecord],
+               live: Mapping[str, Sequence[store_placement.LiveGpu]], steered: Mapping[int, Steered],
+               now: float, window_s: float) -> List[GpuState]:
+    """Every typed GPU with its shards in use, tenants, live state and recently placed load. Pure.
+
+    Shards in use: running jobs' ``gres_detail`` plus steered jobs Slurm does not yet show on a GPU; a whole
+    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s``.
+    """
+    used: Dict[Tuple[str, int], int] = {}
+    tenants: Dict[Tuple[str, int], int] = {}
+    shown = set()
+    totals = {(n.node, i): s for n in nodes for i, s in n.shards.items()}
+    for job in jobs:
+        if job.state not in ACTIVE_STATES:
+            continue
+        for node, idx, name, count in sp.gpu_holdings(job):
+            key = (node, idx)
+            used[key] = used.get(key, 0) + (totals.get(key, count) if name == "gpu" else count)
+            tenants[key] = tenants.get(key, 0) + 1
+            shown.add(job.job_id)
+    recent: Dict[Tuple[str, int], Activity] = {}
+    for job_id, s in steered.items():
+        key = (s.node, s.index)
+        if job_id not in shown:
+            used[key] = used.get(key, 0) + s.shards
+            tenants[key] = tenants.get(key, 0) + 1
+        if s.ts >= now - window_s:
+            recent[key] = recent.get(key, Activity()) + s.demand
+    out = []
+    for n in nodes:
+        rows = {r.gpu_index: r for r in live.get(n.node, ())}
+        for idx, total in sorted(n.shards.items()):
+            r = rows.get(idx)
+            key = (n.node, idx)
+            out.append(GpuState(n.node, idx, total, used.get(key, 0), tenants.get(key, 0),
+                                live_activity(r) if r else None, (now - r.last_ts) if r else None,
+                                recent.get(key, Activity())))
+    return out
+
+
+def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placement.LiveGpu]]:
+    """Live rows of each node's database; a node whose database is missing or unreadable has none."""
+    out: Dict[str, List[store_placement.LiveGpu]] = {}
+    for node in nodes:
+        path = cfg.node_db_path(node)
+        if not path.exists():
+            continue
+        try:
+            db = open_readonly(path, busy_timeout_s=1.0)
+            try:
+                out[node] = store_placement.live_gpus(db, cfg.placement_window_s)
+            finally:
+                db.conn.close()
+        except Exception as exc:  # noqa: BLE001 - a bad node database means memory-only there, never a stop
+            log.warning("live state of %s unreadable (%s): memory-only there", node, exc)
+    return out
+
+
+def read_history(cfg: Config) -> Dict[str, List[Activity]]:
+    """Signature -> measured activity of earlier runs that had their GPU alone (ctld.db + every node database)."""
+    if not cfg.ctld_db_path.exists():
+        return {}
+    ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
+    try:
+        sig_of = {j["job_id"]: intensity.signature(j["coloc"]) for j in store_placement.finished_jobs(ctld)}
+    finally:
+        ctld.conn.close()
+    sigs: Dict[int, str] = {k: v for k, v in sig_of.items() if v}
+    out: Dict[str, List[Activity]] = {}
+    for path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
+        db = open_readonly(path, busy_timeout_s=1.0)
+        try:
+            runs = store_placement.alone_activity(db, sigs)
+        finally:
+            db.conn.close()
+        for job_id, a in runs.items():
+            if a["smact"] is not None:
+                out.setdefault(sigs[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+    return out
+
+
+def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
+    """``<state_dir>/placer.json``: when the placer last finished a round (coloc-sbatch/admins read its age)."""
+    path = Path(cfg.state_dir) / "placer.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
+    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s)."""
+    limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
+    try:
+        ts = float(json.loads((Path(cfg.state_dir) / "placer.json").read_text())["ts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return 0 <= time.time() - ts <= limit
+
+
+def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
+                now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
+    """One round: steer every held candidate (oldest first). Returns counts (placed, waiting, memory_only, ...).
+
+    Raises:
+        ColocError: Slurm could not be asked (the caller logs it and tries again next round).
+    """
+    now = time.time() if now is None else now
+    cal = cal or intensity.load_calibration(cfg.placement_calibration_path or None)
+    gate = Gate(cfg.placement_smact_gate, cfg.placement_smocc_gate, cfg.placement_drama_gate)
+    bin_dir = cfg.slurm_bin_dir
+    jobs = sp.queue(bin_dir, env)
+    known = {j.job_id: j for j in jobs}
+    for job_id in [k for k, s in state.steered.items()
+                   if k not in known or known[k].state not in ("PENDING", *ACTIVE_STATES) or now - s.ts > 600]:
+        state.steered.pop(job_id, None)
+    candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_time, j.job_id))
+    counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0}
+    if not candidates:
+        return counts
+    nodes = sp.typed_nodes(bin_dir, env)
+    if now - state.history_ts > HISTORY_REFRESH_S:
+        try:
+            state.history = read_history(cfg)
+        except ColocError as exc:
+            log.warning("history unreadable (%s): predictions only", exc)
+        state.history_ts = now
+    live = read_live(cfg, [n.node for n in nodes])
+    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_window_s)
+    sat = saturated_gpus(gpus, gate, cfg.placement_state_max_age_s)
+    if sat:
+        log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
+    for job in candidates:
+        coloc = parse_comment(job.comment) or {}
+        shards = int(coloc["shards"])
+        demand, source = intensity.demand(coloc, state.history, cal)
+        decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
+        waited = now - job.submit_time if job.submit_time else 0.0
+        try:
+            if decision.placed:
+                assert decision.node is not None and decision.index is not None
+                sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
+                state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, now)
+                gpus = _add(gpus, decision, shards, demand)
+                counts["placed"] += 1
+                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
+                         decision.reason)
+            elif not nodes or waited > cfg.placement_max_wait_s:
+                sp.release_memory_only(job.job_id, shards, job.comment, bin_dir, env)
+                counts["memory_only"] += 1
+                log.info("job %d released memory-only after %.0f s (%s)", job.job_id, waited,
+                         "no typed GPUs" if not nodes else decision.reason)
+            else:
+                counts["waiting"] += 1
+                if state.notes.get(job.job_id) != decision.reason:
+                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
+                    state.notes[job.job_id] = decision.reason
+                    log.info("job %d waits: %s", job.job_id, decision.reason)
+        except ColocError as exc:
+            counts["errors"] += 1
+            log.warning("job %d: %s", job.job_id, exc)
+    return counts
+
+
+def _add(gpus: List[GpuState], d: Decision, shards: int, demand: Activity) -> List[GpuState]:
+    return [replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1, recent=g.recent + demand)
+            if (g.node, g.index) == (d.node, d.index) else g for g in gpus]
+
+
+def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+             sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run rounds every ``placement_interval_s`` (forever, or ``rounds`` times); errors are logged, never raised
+    (except a bad calibration file, which is a configuration error: ``ConfigError``)."""
+    cal = intensity.load_calibration(cfg.placement_calibration_path or None)
+    state = PlacerState()
+    done = 0
+    while rounds is None or done < rounds:
+        t0 = time.monotonic()
+        try:
+            counts = place_round(cfg, state, env, cal=cal)
+            write_heartbeat(cfg, counts)
+            if counts["candidates"]:
+                log.info("round: %s", counts)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any one round
+            log.error("round failed: %s", exc)
+        done += 1
+        if rounds is None or done < rounds:
+            sleep(max(0.0, cfg.placement_interval_s - (time.monotonic() - t0)))

@@ -1,0 +1,159 @@
+"""A job's compute intensity before it starts: its signature, its history, and a predictor for unseen programs.
+
+Pure. The signature keys history so that it survives small edits of the script: it is built from what the job
+trains (model name and kwargs, input shape, batch size, precision, optimizer, from the ``spec`` that
+``coloc-sbatch`` puts in the job comment), not from the script's SHA-256, which is the fallback only when the
+comment has no spec. The predictor maps estimate-trace features (FLOPs and bytes moved per step when the
+comment carries them; otherwise batch x input elements as a proxy) to SM activity with a saturating curve
+whose coefficients live in a JSON calibration file (``calibration.json`` beside this module).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from slurm_coloc.errors import ConfigError
+from slurm_coloc.placement.policy import Activity
+
+DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
+
+
+def signature(coloc: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """A 16-hex-digit key of what a job trains, from its parsed coloc comment; None when nothing identifies it.
+
+    ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
+    input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.
+    Untrusted input: only JSON-typed values are read, never executed.
+    """
+    if not isinstance(coloc, Mapping):
+        return None
+    spec = coloc.get("spec")
+    if isinstance(spec, Mapping) and isinstance(spec.get("model"), str):
+        key = {k: spec.get(k) for k in ("model", "kwargs", "input_shape", "batch_size", "precision", "optimizer")}
+        text = json.dumps(key, sort_keys=True, default=str)
+    elif isinstance(coloc.get("sha256"), str) and coloc["sha256"]:
+        text = "sha:" + coloc["sha256"]
+    else:
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Features:
+    """Estimate-trace features of one training step. ``gflop_per_step`` None: not known (see ``features``)."""
+
+    gflop_per_step: Optional[float]
+    gbyte_per_step: Optional[float]
+    batch_size: Optional[int]
+    precision: str
+    model: Optional[str]
+
+
+def features(coloc: Optional[Mapping[str, Any]]) -> Features:
+    """Features from a parsed coloc comment: ``flops_per_step``/``bytes_per_step`` when present, the spec's
+    batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy
+    (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x)."""
+    c: Mapping[str, Any] = coloc if isinstance(coloc, Mapping) else {}
+    raw = c.get("spec")
+    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+
+    def num(v: Any) -> Optional[float]:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
+            else None
+
+    batch = spec.get("batch_size") if isinstance(spec.get("batch_size"), int) else None
+    flops = num(c.get("flops_per_step"))
+    gflop = flops / 1e9 if flops is not None else None
+    if gflop is None and batch and isinstance(spec.get("input_shape"), list):
+        elems = 1.0
+        for d in spec["input_shape"]:
+            elems *= d if isinstance(d, int) and d > 0 else 1
+        gflop = batch * elems * 3e-6
+    nbytes = num(c.get("bytes_per_step"))
+    return Features(gflop, nbytes / 1e9 if nbytes is not None else None, batch,
+                    str(spec.get("precision") or "fp32"), spec.get("model") if isinstance(spec.get("model"), str)
+                    else None)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Predictor coefficients (fractions). SMACT = smact_min + (smact_max - smact_min) * x / (x + x_half_gflop),
+    x = GFLOP per step x precision factor; SMOCC = SMACT x smocc_per_smact; DRAMA = SMACT x drama_per_smact;
+    ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve."""
+
+    smact_min: float
+    smact_max: float
+    x_half_gflop: float
+    precision_factor: Dict[str, float]
+    smocc_per_smact: float
+    drama_per_smact: float
+    unknown: Activity
+    by_model: Dict[str, Activity]
+    source: str = ""
+
+
+def _act(d: Any, where: str) -> Activity:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"calibration {where}: expected an object with smact/smocc/drama")
+    try:
+        return Activity(*(float(d.get(k, 0.0)) for k in ("smact", "smocc", "drama")))
+    except (TypeError, ValueError):
+        raise ConfigError(f"calibration {where}: smact/smocc/drama must be numbers") from None
+
+
+def load_calibration(path: Optional[str] = None) -> Calibration:
+    """Read a calibration JSON (default: the packaged one).
+
+    Raises:
+        ConfigError: unreadable, not JSON, or a coefficient missing or not a number.
+    """
+    p = Path(path) if path else DEFAULT_CALIBRATION
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        cal = Calibration(
+            smact_min=float(d["smact_min"]), smact_max=float(d["smact_max"]),
+            x_half_gflop=float(d["x_half_gflop"]),
+            precision_factor={str(k): float(v) for k, v in d.get("precision_factor", {}).items()},
+            smocc_per_smact=float(d["smocc_per_smact"]), drama_per_smact=float(d["drama_per_smact"]),
+            unknown=_act(d["unknown"], "unknown"),
+            by_model={str(k): _act(v, f"by_model.{k}") for k, v in d.get("by_model", {}).items()},
+            source=str(d.get("source", "")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
+    if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1:
+        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0 and 0 <= smact_min <= "
+                          "smact_max <= 1")
+    return cal
+
+
+def predict(f: Features, cal: Calibration) -> Activity:
+    """Predicted activity of the job alone from its features (no history)."""
+    if f.model and f.model in cal.by_model:
+        return cal.by_model[f.model]
+    if f.gflop_per_step is None:
+        return cal.unknown
+    x = f.gflop_per_step * cal.precision_factor.get(f.precision, 1.0)
+    smact = cal.smact_min + (cal.smact_max - cal.smact_min) * x / (x + cal.x_half_gflop)
+    return Activity(smact, min(1.0, smact * cal.smocc_per_smact), min(1.0, smact * cal.drama_per_smact))
+
+
+def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
+    """Mean activity of earlier alone runs of the same signature, or None without runs."""
+    if not runs:
+        return None
+    n = len(runs)
+    return Activity(sum(r.smact for r in runs) / n, sum(r.smocc for r in runs) / n, sum(r.drama for r in runs) / n)
+
+
+def demand(coloc: Optional[Mapping[str, Any]], history: Mapping[str, Sequence[Activity]],
+           cal: Calibration) -> "tuple[Activity, str]":
+    """The job's predicted activity alone and where it came from (``history`` or ``predicted``)."""
+    sig = signature(coloc)
+    h = from_history(history.get(sig, ())) if sig else None
+    if h is not None:
+        return h, "history"
+    return predict(features(coloc), cal), "predicted"

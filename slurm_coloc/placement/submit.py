@@ -1,0 +1,42 @@
+"""Turning coloc-sbatch's sbatch argv into a submission for coloc-placer. Pure.
+
+The placer can steer only a held job without GRES (docs/design.md, "Placement mechanism"), so a shared job's
+``--gres=shard:N`` is dropped, ``--hold`` added, and ``"place": true`` put into its coloc comment (``shards`` is
+already there). Whole-GPU and multi-GPU submissions are returned unchanged: the placer leaves them to Slurm.
+"""
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence
+
+from slurm_coloc.comment import COMMENT_TAG, build_comment, parse_comment
+
+_SHARD = re.compile(r"^shard:(\d+)$")
+
+
+def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
+    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is not
+    a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no coloc comment of mode ``shard``
+    follows it).
+
+    coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the user's
+    GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are coloc-sbatch's;
+    the script's own arguments after them are never touched.
+    ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}", "job.sh"]`` ->
+    ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
+    """
+    args = list(argv)
+    g = next((i for i, a in enumerate(args) if a.startswith("--gres=")), None)
+    if g is None or not _SHARD.match(args[g].split("=", 1)[1]):
+        return None
+    c = next((i for i in range(g + 1, len(args)) if args[i].startswith("--comment=")), None)
+    if c is None:
+        return None
+    text = args[c].split("=", 1)[1]
+    coloc = parse_comment(text)
+    if not coloc or coloc.get("mode") != "shard":
+        return None
+    user = text[:text.rfind(COMMENT_TAG + "{")].strip() or None
+    args[c] = "--comment=" + build_comment({**coloc, "place": True}, user)
+    del args[g]
+    return ["--hold", *args]

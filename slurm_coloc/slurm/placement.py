@@ -1,0 +1,144 @@
+"""Slurm side of coloc-placer: the GPUs of typed-shard nodes, who holds their shards, the held jobs waiting for
+placement, and the updates that steer one to a GPU (measured on 22.05.8: benchmarks/placement_mechanism.py).
+
+Typed shards: gres.conf gives GPU ``i`` of a node the type ``g<i>`` (``Name=shard Type=g0 Count=80 File=...0``).
+A held job submitted without GRES takes ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n>`` and then
+runs on exactly that GPU after ``scontrol release``. A job that already has a shard GRES cannot be moved: an
+untyped -> typed update is refused and a typed -> other type update ADDS the new type (the job then holds shards
+of both GPUs), so the placer only takes jobs without GRES.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from slurm_coloc.comment import COMMENT_TAG, parse_comment
+from slurm_coloc.slurm.parse import JobRecord, parse_scontrol_kv, parse_squeue_json
+from slurm_coloc.slurm.run import run
+
+WAIT_TAG = "coloc-wait:"
+_TYPED = re.compile(r"^(?P<name>gpu|shard):g(?P<idx>\d+):(?P<count>\d+)")
+_DETAIL = re.compile(r"^(?P<name>gpu|shard)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\(IDX:(?P<idx>[^)]*)\)$")
+HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node's typed GPUs: ``shards`` maps GPU index -> shards configured on it."""
+
+    node: str
+    state: str
+    shards: Dict[int, int]
+
+
+def parse_node_gres(line: str) -> Optional[NodeGpus]:
+    """One ``scontrol show node -o`` line -> its typed GPUs, or None when the node's GRES are not typed g<i>.
+
+    ``Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80`` -> ``{0: 80, 1: 80}``.
+    """
+    kv = parse_scontrol_kv(line)
+    shards: Dict[int, int] = {}
+    for part in (kv.get("Gres") or "").split(","):
+        m = _TYPED.match(part.strip())
+        if m and m.group("name") == "shard":
+            shards[int(m.group("idx"))] = int(m.group("count"))
+    if not kv.get("NodeName") or not shards:
+        return None
+    return NodeGpus(kv["NodeName"], kv.get("State", ""), shards)
+
+
+def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
+    """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``."""
+    out = []
+    for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env, timeout_s=15).stdout.splitlines():
+        n = parse_node_gres(line)
+        if n and not any(s in n.state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
+            out.append(n)
+    return out
+
+
+def gpu_holdings(job: JobRecord) -> List[Tuple[str, int, str, int]]:
+    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` (one node: the job's
+    ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that count)."""
+    out = []
+    for entry in job.gres_detail:
+        for part in re.split(r",(?=[a-z])", entry):
+            m = _DETAIL.match(part.strip())
+            if not m or int(m.group("count")) == 0:
+                continue
+            for idx in re.findall(r"\d+(?:-\d+)?", m.group("idx")):
+                lo, _, hi = idx.partition("-")
+                for i in range(int(lo), int(hi or lo) + 1):
+                    out.append((job.nodes, i, m.group("name"), int(m.group("count"))))
+    return out
+
+
+def is_candidate(job: JobRecord) -> bool:
+    """A job the placer steers: pending, held, no GRES yet, with a coloc comment asking for shards."""
+    c = parse_comment(job.comment)
+    return (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
+            and not (job.tres_per_node or "").replace("gres:", "").strip()
+            and isinstance(c, dict) and c.get("place") is True
+            and isinstance(c.get("shards"), int) and not isinstance(c.get("shards"), bool) and c["shards"] >= 1)
+
+
+def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobRecord]:
+    """Every job slurmctld knows (``squeue --json``)."""
+    return parse_squeue_json(run(["squeue", "--json"], bin_dir=bin_dir, env=env, timeout_s=30).stdout)
+
+
+def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
+          env: Optional[Mapping[str, str]] = None) -> None:
+    """Give held job ``job_id`` ``shards`` shards of GPU ``index`` on ``node`` and release it; clears a wait note.
+
+    Equivalent: ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release N``.
+
+    Raises:
+        SlurmError: an update or the release failed (the job stays held; the next round retries).
+    """
+    argv = ["scontrol", "update", f"jobid={int(job_id)}", f"NodeList={node}", f"Gres=shard:g{int(index)}:{int(shards)}"]
+    if comment.startswith(WAIT_TAG):
+        argv.append("Comment=" + strip_wait(comment))
+    run(argv, bin_dir=bin_dir, env=env, timeout_s=15)
+    run(["scontrol", "release", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
+
+
+def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
+                        env: Optional[Mapping[str, str]] = None) -> None:
+    """Give held job ``job_id`` an untyped ``shard:<n>`` request (Slurm packs by memory alone) and release it.
+
+    Raises:
+        SlurmError: an update or the release failed.
+    """
+    argv = ["scontrol", "update", f"jobid={int(job_id)}", f"Gres=shard:{int(shards)}"]
+    if comment.startswith(WAIT_TAG):
+        argv.append("Comment=" + strip_wait(comment))
+    run(argv, bin_dir=bin_dir, env=env, timeout_s=15)
+    run(["scontrol", "release", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
+
+
+def strip_wait(comment: str) -> str:
+    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
+    if comment.startswith(WAIT_TAG) and "|" in comment:
+        return comment.split("|", 1)[1]
+    return comment
+
+
+def wait_comment(reason: str, comment: str) -> str:
+    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``parse_comment`` still finds it.
+    ``|`` is removed from the reason and it is cut to 200 characters."""
+    return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
+
+
+def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
+              env: Optional[Mapping[str, str]] = None) -> None:
+    """Show why a held job waits: its comment becomes ``coloc-wait:<reason>|...`` (``squeue -o '%i %r %k'``).
+
+    Raises:
+        SlurmError: the update failed.
+    """
+    text = wait_comment(reason, comment)
+    if text != comment and COMMENT_TAG in text:
+        run(["scontrol", "update", f"jobid={int(job_id)}", f"Comment={text}"], bin_dir=bin_dir, env=env,
+            timeout_s=15)

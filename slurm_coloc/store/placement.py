@@ -1,0 +1,94 @@
+"""Queries coloc-placer makes: each GPU's live activity in a node database, and the measured activity of earlier
+runs (per job) that ran alone on their GPU. Read-only; databases opened with ``db.open_readonly``.
+
+Activity comes out as fractions 0..1 (the tables store percent). GPM columns NVML lacks are NULL and come out as
+None.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional
+
+from sqlite_utils import Database
+
+
+@dataclass(frozen=True)
+class LiveGpu:
+    """Mean of one GPU's samples over the window before its last sample.
+
+    Attributes:
+        gpu_index: NVML index on the node.
+        last_ts: Unix time of the newest sample (s).
+        smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None: NULL).
+        mem_used_mib: max memory used in the window (MiB).
+        n: sample rows in the window.
+    """
+
+    gpu_index: int
+    last_ts: float
+    smact: Optional[float]
+    smocc: Optional[float]
+    drama: Optional[float]
+    mem_used_mib: Optional[float]
+    n: int
+
+
+def _frac(v: Any) -> Optional[float]:
+    return None if v is None else max(0.0, min(1.0, float(v) / 100.0))
+
+
+def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
+    """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample ``last_ts``."""
+    if not db["gpu_samples"].exists():
+        return []
+    rows = db.execute(
+        "SELECT s.gpu_index, m.last_ts, AVG(s.smact_pct), AVG(s.smocc_pct), AVG(s.dram_bw_pct), MAX(s.mem_used_mib), "
+        "COUNT(*) FROM gpu_samples s JOIN (SELECT gpu_index, MAX(ts) AS last_ts FROM gpu_samples GROUP BY gpu_index) m "
+        "ON s.gpu_index = m.gpu_index WHERE s.ts >= m.last_ts - ? GROUP BY s.gpu_index ORDER BY s.gpu_index",
+        [float(window_s)]).fetchall()
+    return [LiveGpu(int(r[0]), float(r[1]), _frac(r[2]), _frac(r[3]), _frac(r[4]), r[5], int(r[6])) for r in rows]
+
+
+def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
+    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``coloc`` (parsed ``coloc_json`` or None)."""
+    if not ctld["jobs"].exists():
+        return []
+    out = []
+    for job_id, text in ctld.execute("SELECT job_id, coloc_json FROM jobs WHERE end_ts IS NOT NULL "
+                                     "ORDER BY end_ts DESC LIMIT ?", [int(limit)]).fetchall():
+        try:
+            coloc = json.loads(text) if text else None
+        except (TypeError, ValueError):
+            coloc = None
+        out.append({"job_id": int(job_id), "coloc": coloc if isinstance(coloc, dict) else None})
+    return out
+
+
+def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[str, Optional[float]]]:
+    """Measured activity of the given jobs' runs on this node that had their GPU to themselves.
+
+    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. SMACT/SMOCC come from
+    the Epilog's ``job_summaries`` (GPU-wide means over the run, which equal the job's own when it is alone);
+    DRAMA is the mean ``dram_bw_pct`` of the GPU over the run.
+
+    Returns:
+        ``{job_id: {"smact": f, "smocc": f, "drama": f}}`` (fractions, None when not measured).
+    """
+    ids = sorted({int(j) for j in job_ids})
+    if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
+        return {}
+    out: Dict[int, Dict[str, Optional[float]]] = {}
+    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        marks = ",".join("?" * len(chunk))
+        rows = node_db.execute(
+            "SELECT r.job_id, s.smact_mean, s.smocc_mean, "
+            " (SELECT AVG(g.dram_bw_pct) FROM gpu_samples g WHERE g.gpu_index = CAST(r.gpus AS INTEGER) "
+            "  AND g.ts >= r.start_ts AND g.ts <= r.end_ts) "
+            "FROM job_runs r JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
+            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.gpus NOT LIKE '%,%' AND NOT EXISTS ("
+            " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < r.end_ts "
+            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))", chunk).fetchall()
+        for job_id, smact, smocc, drama in rows:
+            out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": _frac(drama)}
+    return out

@@ -1,0 +1,236 @@
+"""Pure tests of placement: the policy (spread, consolidate, gate, guard, stale state), intensity signatures and
+prediction, the Slurm-text parsers of slurm/placement.py, and the store queries on real SQLite files."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_coloc.errors import ConfigError
+from slurm_coloc.placement import intensity
+from slurm_coloc.placement.daemon import Steered, gpu_states
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.slurm import placement as sp
+from slurm_coloc.slurm.parse import parse_squeue_json
+from slurm_coloc.store import placement as store_placement
+from slurm_coloc.store.db import open_ctld_db, open_node_db, open_readonly
+
+GATE = Gate()
+LIGHT = Activity(0.1, 0.02, 0.05)
+
+
+def gpu(node: str = "n1", index: int = 0, used: int = 0, tenants: int = 0, live: Activity = None,
+        age: float = 1.0, total: int = 80) -> GpuState:
+    return GpuState(node, index, total, used, tenants, live, age if live is not None else None)
+
+
+def four(**over) -> list:
+    return [gpu("n1", 0, **over), gpu("n1", 1, **over), gpu("n2", 0, **over), gpu("n2", 1, **over)]
+
+
+def test_gate_is_carma() -> None:
+    assert GATE.saturated(Activity(0.8, 0.45, 0.0))
+    assert GATE.saturated(Activity(0.85, 0.1, 0.4))
+    assert not GATE.saturated(Activity(0.79, 0.9, 0.9))
+    assert not GATE.saturated(Activity(0.95, 0.44, 0.39))
+
+
+def test_spread_takes_least_loaded_gpu() -> None:
+    gpus = [gpu("n1", 0, 4, 1, Activity(0.5, 0.1, 0.1)), gpu("n1", 1, 4, 1, Activity(0.2, 0.05, 0.05)),
+            gpu("n2", 0, 4, 1, Activity(0.3, 0.05, 0.05))]
+    d = choose_gpu(gpus, 4, LIGHT, GATE, "spread")
+    assert (d.node, d.index, d.basis) == ("n1", 1, "utilization")
+    assert d.predicted is not None and d.predicted.smact == pytest.approx(0.3)
+
+
+def test_consolidate_takes_most_loaded_gpu_under_the_gate() -> None:
+    gpus = [gpu("n1", 0, 4, 1, Activity(0.5, 0.1, 0.1)), gpu("n1", 1, 4, 1, Activity(0.75, 0.5, 0.1)),
+            gpu("n2", 0, 4, 1, Activity(0.2, 0.05, 0.05))]
+    d = choose_gpu(gpus, 4, LIGHT, GATE, "consolidate")
+    assert (d.node, d.index) == ("n1", 0)  # n1/1 would cross the gate (0.85, occupancy 0.52)
+
+
+def test_saturated_gpu_takes_no_new_tenant_even_for_a_tiny_job() -> None:
+    gpus = [gpu("n1", 0, 4, 2, Activity(0.9, 0.6, 0.3))]
+    d = choose_gpu(gpus, 1, Activity(0.0, 0.0, 0.0), GATE)
+    assert not d.placed and "saturated now" in d.reason and "n1/gpu0" in d.reason
+
+
+def test_job_that_would_saturate_waits_with_reason_and_empty_gpu_takes_it() -> None:
+    busy = gpu("n1", 0, 10, 2, Activity(0.6, 0.3, 0.1))
+    heavy = Activity(0.3, 0.2, 0.1)
+    d = choose_gpu([busy], 4, heavy, GATE)
+    assert not d.placed and "would saturate" in d.reason
+    d = choose_gpu([busy, gpu("n2", 1, live=Activity(0.0, 0.0, 0.0))], 4, heavy, GATE)
+    assert (d.node, d.index, d.basis) == ("n2", 1, "empty-gpu")
+
+
+def test_memory_decides_first() -> None:
+    d = choose_gpu([gpu("n1", 0, 78, 3), gpu("n1", 1, 80, 1)], 4, LIGHT, GATE)
+    assert not d.placed and d.reason == "no GPU has 4 free shards (most free: 2)"
+
+
+def test_stale_or_missing_state_packs_by_memory_only() -> None:
+    stale = gpu("n1", 0, 4, 2, Activity(0.95, 0.9, 0.9), age=600)
+    d = choose_gpu([stale], 4, LIGHT, GATE, max_age_s=60)
+    assert d.placed and d.basis == "memory-only"
+    missing = gpu("n1", 0, 4, 2, None)
+    assert choose_gpu([missing], 4, LIGHT, GATE).basis == "memory-only"
+
+
+def test_spread_prefers_measured_gpus_to_memory_only_ones() -> None:
+    d = choose_gpu([gpu("n1", 0, 4, 1, None), gpu("n2", 0, 4, 1, Activity(0.4, 0.1, 0.1))], 4, LIGHT, GATE)
+    assert (d.node, d.basis) == ("n2", "utilization")
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError):
+        choose_gpu(four(), 4, LIGHT, GATE, "pack")
+    with pytest.raises(ValueError):
+        choose_gpu(four(), 0, LIGHT, GATE)
+
+
+def test_four_light_jobs_spread_over_four_gpus() -> None:
+    gpus = four(live=Activity(0.0, 0.0, 0.0))
+    seen = []
+    for _ in range(4):
+        d = choose_gpu(gpus, 4, LIGHT, GATE)
+        seen.append((d.node, d.index))
+        gpus = [GpuState(g.node, g.index, g.shards_total, g.shards_used + 4, g.tenants + 1, g.live, g.live_age_s,
+                         g.recent + LIGHT) if (g.node, g.index) == seen[-1] else g for g in gpus]
+    assert sorted(seen) == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
+
+
+act = st.builds(Activity, st.floats(0, 1), st.floats(0, 1), st.floats(0, 1))
+gpu_st = st.builds(lambda n, i, used, ten, live, age: GpuState(n, i, 80, used, ten, live, age),
+                   st.sampled_from(["n1", "n2"]), st.integers(0, 3), st.integers(0, 80), st.integers(0, 5),
+                   st.none() | act, st.none() | st.floats(0, 300))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(gpu_st, max_size=6, unique_by=lambda g: g.key), st.integers(1, 80), act,
+       st.sampled_from(["spread", "consolidate"]))
+def test_policy_invariants(gpus: list, shards: int, demand: Activity, mode: str) -> None:
+    d = choose_gpu(gpus, shards, demand, GATE, mode, max_age_s=60)
+    if not d.placed:
+        assert d.reason
+        return
+    g = next(x for x in gpus if (x.node, x.index) == (d.node, d.index))
+    assert g.shards_free >= shards
+    if d.basis == "utilization":
+        assert g.live is not None and not GATE.saturated(g.live) and not GATE.saturated(d.predicted)
+    if g.live is not None and g.live_age_s is not None and g.live_age_s <= 60 and GATE.saturated(g.live):
+        assert g.tenants == 0 and g.shards_used == 0  # the guard: only an idle GPU may read saturated
+
+
+SPEC = {"model": "resnet50", "kwargs": {}, "input_shape": [3, 224, 224], "batch_size": 32, "precision": "fp32",
+        "optimizer": "adam", "input_dtype": "float32"}
+
+
+def test_signature_survives_script_edits_and_separates_batches() -> None:
+    a = intensity.signature({"spec": SPEC, "sha256": "aa"})
+    assert a == intensity.signature({"spec": SPEC, "sha256": "bb", "argv": ["--x"]})
+    assert a != intensity.signature({"spec": {**SPEC, "batch_size": 64}, "sha256": "aa"})
+    assert intensity.signature({"sha256": "aa"}) != intensity.signature({"sha256": "bb"})
+    assert intensity.signature({}) is None and intensity.signature(None) is None
+
+
+def test_predictor_orders_jobs_by_work_and_history_wins() -> None:
+    cal = intensity.load_calibration()
+    small = intensity.predict(intensity.features({"spec": {**SPEC, "input_shape": [1, 28, 28]}}), cal)
+    big = intensity.predict(intensity.features({"spec": SPEC}), cal)
+    assert small.smact < 0.1 < 0.2 < big.smact < 0.4  # run 1: 3-5 %, run 2: ResNet-50/224 27 %
+    assert intensity.predict(intensity.features({"flops_per_step": 1e15}), cal).smact > 0.9
+    sig = intensity.signature({"spec": SPEC})
+    measured = Activity(0.6, 0.3, 0.2)
+    got, source = intensity.demand({"spec": SPEC}, {sig: [measured, measured]}, cal)
+    assert (got, source) == (measured, "history")
+    assert intensity.demand({}, {}, cal) == (cal.unknown, "predicted")
+
+
+def test_bad_calibration_is_one_config_error(tmp_path: Path) -> None:
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps({"smact_min": 0.1}))
+    with pytest.raises(ConfigError, match="cal.json"):
+        intensity.load_calibration(str(p))
+
+
+NODE_LINE = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=32 CPULoad=0.5 AvailableFeatures=(null) "
+             "ActiveFeatures=(null) Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80 NodeAddr=127.0.0.1 "
+             "State=IDLE ThreadsPerCore=1")
+
+
+def test_parse_typed_node_gres() -> None:
+    n = sp.parse_node_gres(NODE_LINE)
+    assert n is not None and n.node == "n1" and n.shards == {0: 80, 1: 80} and n.state == "IDLE"
+    assert sp.parse_node_gres(NODE_LINE.replace("gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80", "gpu:2,shard:160")) \
+        is None
+
+
+def _squeue(*jobs: dict) -> str:
+    base = {"name": "j", "user_name": "u", "user_id": 1, "partition": "debug", "comment": "", "tres_per_node": "",
+            "gres_detail": [], "submit_time": 100, "start_time": 0, "end_time": 0, "state_reason": "None"}
+    return json.dumps({"jobs": [{**base, **j} for j in jobs]})
+
+
+def test_candidates_holdings_and_gpu_states() -> None:
+    placed = 'coloc:{"mode":"shard","place":true,"shards":4,"v":1}'
+    jobs = parse_squeue_json(_squeue(
+        {"job_id": 1, "job_state": "PENDING", "state_reason": "JobHeldUser", "comment": placed},
+        {"job_id": 2, "job_state": "PENDING", "state_reason": "JobHeldUser", "comment": placed,
+         "tres_per_node": "gres:shard:4"},
+        {"job_id": 3, "job_state": "PENDING", "state_reason": "Resources", "comment": placed},
+        {"job_id": 4, "job_state": "RUNNING", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0),shard:g1:0(IDX:)"]},
+        {"job_id": 5, "job_state": "RUNNING", "nodes": "n2", "gres_detail": ["gpu:g1:1(IDX:1)"]}))
+    assert [j.job_id for j in jobs if sp.is_candidate(j)] == [1]
+    assert sp.gpu_holdings(jobs[3]) == [("n1", 0, "shard", 4)]
+    nodes = [sp.NodeGpus("n1", "IDLE", {0: 80, 1: 80}), sp.NodeGpus("n2", "IDLE", {0: 80, 1: 80})]
+    live = {"n1": [store_placement.LiveGpu(0, 990.0, 0.5, 0.2, 0.1, 1000.0, 10)]}
+    steered = {9: Steered("n2", 0, 6, Activity(0.2, 0.1, 0.1), 995.0)}
+    states = {g.key: g for g in gpu_states(nodes, jobs, live, steered, 1000.0, 30.0)}
+    assert states[("n1", 0)].shards_used == 4 and states[("n1", 0)].live_age_s == 10.0
+    assert states[("n1", 0)].live == Activity(0.5, 0.2, 0.1)
+    assert states[("n2", 1)].shards_used == 80 and states[("n2", 1)].shards_free == 0
+    assert states[("n2", 0)].shards_used == 6 and states[("n2", 0)].recent.smact == pytest.approx(0.2)
+    assert states[("n1", 1)].live is None
+
+
+def test_wait_comment_keeps_the_coloc_json_last() -> None:
+    c = 'my run coloc:{"place":true,"shards":4}'
+    w = sp.wait_comment("every GPU | saturated", c)
+    assert w.startswith("coloc-wait:every GPU / saturated|") and sp.strip_wait(w) == c
+    assert sp.wait_comment("other", w) == "coloc-wait:other|" + c
+
+
+def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
+    node = open_node_db(tmp_path / "n1.db")
+    now = time.time()
+    rows = [{"ts": now - 100 + k, "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0, "dram_bw_pct": 10.0,
+             "mem_used_mib": 1000.0 + k, "n": 1, "res_s": 1.0} for k in range(100)]
+    rows += [{"ts": now - 500, "gpu_index": 1, "smact_pct": 90.0, "smocc_pct": None, "dram_bw_pct": None,
+              "mem_used_mib": 10.0, "n": 1, "res_s": 1.0}]
+    node["gpu_samples"].insert_all(rows)
+    node["job_runs"].insert_all([
+        {"job_id": 1, "node": "n1", "gpus": "0", "start_ts": now - 100, "end_ts": now - 50},
+        {"job_id": 2, "node": "n1", "gpus": "1", "start_ts": now - 600, "end_ts": now - 400},
+        {"job_id": 3, "node": "n1", "gpus": "1", "start_ts": now - 500, "end_ts": now - 300}])
+    node["job_summaries"].insert_all([{"job_id": j, "node": "n1", "smact_mean": 40.0, "smocc_mean": 10.0}
+                                      for j in (1, 2, 3)])
+    ro = open_readonly(tmp_path / "n1.db")
+    live = {g.gpu_index: g for g in store_placement.live_gpus(ro, 30.0)}
+    assert live[0].smact == pytest.approx(0.5) and live[0].n == 31 and live[0].mem_used_mib == 1099.0
+    assert live[1].smocc is None and live[1].last_ts == pytest.approx(now - 500, abs=0.01)
+    alone = store_placement.alone_activity(ro, [1, 2, 3])
+    assert set(alone) == {1}  # jobs 2 and 3 overlapped on GPU 1
+    assert alone[1]["smact"] == pytest.approx(0.4) and alone[1]["drama"] == pytest.approx(0.1)
+    ctld = open_ctld_db(tmp_path / "ctld.db")
+    ctld["jobs"].insert_all([{"job_id": 1, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
+                             {"job_id": 2, "end_ts": None, "coloc_json": "{}"},
+                             {"job_id": 3, "end_ts": now, "coloc_json": "not json"}])
+    got = store_placement.finished_jobs(open_readonly(tmp_path / "ctld.db"))
+    assert got == [{"job_id": 1, "coloc": {"spec": SPEC}}, {"job_id": 3, "coloc": None}] or \
+        sorted(j["job_id"] for j in got) == [1, 3]
