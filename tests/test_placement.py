@@ -15,7 +15,7 @@ from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import Steered, gpu_states
 from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
 from slurm_coloc.slurm import placement as sp
-from slurm_coloc.slurm.parse import parse_squeue_json
+from slurm_coloc.slurm.jobinfo import parse_squeue_json
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_ctld_db, open_node_db, open_readonly
 

@@ -21,7 +21,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
 from slurm_coloc.slurm import placement as sp
-from slurm_coloc.slurm.parse import JobRecord
+from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_readonly
 
@@ -58,7 +58,7 @@ def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
     return Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
 
 
-def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobRecord],
+def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
                live: Mapping[str, Sequence[store_placement.LiveGpu]], steered: Mapping[int, Steered],
                now: float, window_s: float) -> List[GpuState]:
     """Every typed GPU with its shards in use, tenants, live state and recently placed load. Pure.
@@ -174,7 +174,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     for job_id in [k for k, s in state.steered.items()
                    if k not in known or known[k].state not in ("PENDING", *ACTIVE_STATES) or now - s.ts > 600]:
         state.steered.pop(job_id, None)
-    candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_time, j.job_id))
+    candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0}
     if not candidates:
         return counts
@@ -195,7 +195,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
         shards = int(coloc["shards"])
         demand, source = intensity.demand(coloc, state.history, cal)
         decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
-        waited = now - job.submit_time if job.submit_time else 0.0
+        waited = now - job.submit_ts if job.submit_ts else 0.0
         try:
             if decision.placed:
                 assert decision.node is not None and decision.index is not None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.comment import COMMENT_TAG, parse_comment
-from slurm_coloc.slurm.parse import JobRecord, parse_scontrol_kv, parse_squeue_json
+from slurm_coloc.slurm.jobinfo import JobInfo, parse_squeue_json
 from slurm_coloc.slurm.run import run
 
 WAIT_TAG = "coloc-wait:"
@@ -32,12 +32,31 @@ class NodeGpus:
     shards: Dict[int, int]
 
 
+_NODE_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/]*)=")
+
+
+def parse_node_kv(line: str) -> Dict[str, str]:
+    """One ``scontrol show node -o`` line -> ``{key: value}``; the first occurrence of a key wins.
+
+    Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records are
+    read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
+    ``{"NodeName": "n1", "Gres": "shard:g0:80", "State": "IDLE"}``.
+    """
+    out: Dict[str, str] = {}
+    marks = list(_NODE_KEY.finditer(line.strip()))
+    text = line.strip()
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        out.setdefault(m.group(1), text[m.end():end].strip())
+    return out
+
+
 def parse_node_gres(line: str) -> Optional[NodeGpus]:
     """One ``scontrol show node -o`` line -> its typed GPUs, or None when the node's GRES are not typed g<i>.
 
     ``Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80`` -> ``{0: 80, 1: 80}``.
     """
-    kv = parse_scontrol_kv(line)
+    kv = parse_node_kv(line)
     shards: Dict[int, int] = {}
     for part in (kv.get("Gres") or "").split(","):
         m = _TYPED.match(part.strip())
@@ -58,7 +77,7 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
     return out
 
 
-def gpu_holdings(job: JobRecord) -> List[Tuple[str, int, str, int]]:
+def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
     """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` (one node: the job's
     ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that count)."""
     out = []
@@ -74,7 +93,7 @@ def gpu_holdings(job: JobRecord) -> List[Tuple[str, int, str, int]]:
     return out
 
 
-def is_candidate(job: JobRecord) -> bool:
+def is_candidate(job: JobInfo) -> bool:
     """A job the placer steers: pending, held, no GRES yet, with a coloc comment asking for shards."""
     c = parse_comment(job.comment)
     return (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
@@ -83,7 +102,7 @@ def is_candidate(job: JobRecord) -> bool:
             and isinstance(c.get("shards"), int) and not isinstance(c.get("shards"), bool) and c["shards"] >= 1)
 
 
-def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobRecord]:
+def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
     """Every job slurmctld knows (``squeue --json``)."""
     return parse_squeue_json(run(["squeue", "--json"], bin_dir=bin_dir, env=env, timeout_s=30).stdout)
 
