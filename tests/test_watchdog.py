@@ -232,3 +232,16 @@ def test_frame_lists_round_trip_through_a_recording() -> None:
     f = Frame(ts=100.0, lists=[ProcLists(0, ((1, 2.5), (2, None)), None)])
     back = Frame.from_json(json.loads(json.dumps(f.to_json(t0=90.0))), ts=100.0)
     assert back.lists == f.lists and not back.lists[0].derived
+
+
+def test_stderr_target_from_recorded_scontrol_output() -> None:
+    from slurm_coloc.errors import SlurmError
+    from slurm_coloc.slurm.cancel import parse_stderr_target
+    from slurm_coloc.slurm.parse import parse_scontrol_kv
+    line = (REPO / "tests" / "data" / "slurm-22.05" / "scontrol_show_job_o_running_shard.txt").read_text().strip()
+    kv = parse_scontrol_kv(line.splitlines()[0])
+    t = parse_stderr_target(kv)
+    assert t.path == kv["StdErr"] and t.path.startswith("/")
+    assert (t.uid, t.gid) == (int(kv["UserId"].split("(")[1][:-1]), int(kv["GroupId"].split("(")[1][:-1]))
+    with pytest.raises(SlurmError):
+        parse_stderr_target({"StdErr": "/x", "UserId": "nobody"})
