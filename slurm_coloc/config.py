@@ -22,6 +22,8 @@ DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
 MPS_MODES = ("multi-user", "per-user", "off")
 EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
 PLACEMENT_MODES = ("spread", "consolidate")
+COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
+WATCHDOG_ACTIONS = ("stop", "record", "off")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,20 @@ class Config:
         placement_interval_s: coloc-placer's loop period (s).
         placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
         placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
+        mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among the
+            jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``; docs/node.md
+            "What MPS enforces").
+        mps_compute_mode: ``leave`` (never touch the compute mode) | ``exclusive-process`` (the Prolog sets a GPU
+            to EXCLUSIVE_PROCESS when its first shard job starts and restores the previous mode when its last one
+            ends; multi-user MPS only).
+        watchdog_action: what the sampler's watchdog does to a job over its grant or outside MPS on a shared GPU:
+            ``stop`` (SIGKILL its GPU processes, scancel, tell the user, record), ``record`` (record only), ``off``.
+        watchdog_tolerance_mib: memory a job may use above its grant before the watchdog acts (MiB).
+        watchdog_interval_s: the sampler's period while a shard job runs on the node (s; the lower of this and
+            ``sampler_interval_s``).
+        watchdog_fast_interval_s: the period while a tenant is above ``watchdog_near_pct`` of its grant or a
+            suspicion awaits its confirming read (s).
+        watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate (%).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -111,6 +127,13 @@ class Config:
     placement_interval_s: float = 2.0
     placement_max_wait_s: float = 600.0
     placement_calibration_path: str = ""
+    mps_ceiling: bool = True
+    mps_compute_mode: str = "leave"
+    watchdog_action: str = "stop"
+    watchdog_tolerance_mib: int = 512
+    watchdog_interval_s: float = 0.5
+    watchdog_fast_interval_s: float = 0.1
+    watchdog_near_pct: float = 90.0
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -193,6 +216,19 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config: hook_timeout_s, db_busy_timeout_s and mps_start_timeout_s must be <= 3600")
     if cfg.mps_mode not in MPS_MODES:
         raise ConfigError(f"config key 'mps_mode': {cfg.mps_mode!r} is not one of {', '.join(MPS_MODES)}")
+    if cfg.mps_compute_mode not in COMPUTE_MODE_CHOICES:
+        raise ConfigError(f"config key 'mps_compute_mode': {cfg.mps_compute_mode!r} is not one of "
+                          f"{', '.join(COMPUTE_MODE_CHOICES)}")
+    if cfg.mps_compute_mode == "exclusive-process" and cfg.mps_mode != "multi-user":
+        raise ConfigError("config key 'mps_compute_mode': exclusive-process needs mps_mode multi-user "
+                          "(per-user daemons would each need their own context on the GPU)")
+    if cfg.watchdog_action not in WATCHDOG_ACTIONS:
+        raise ConfigError(f"config key 'watchdog_action': {cfg.watchdog_action!r} is not one of "
+                          f"{', '.join(WATCHDOG_ACTIONS)}")
+    if cfg.watchdog_tolerance_mib < 0 or not 0 < cfg.watchdog_near_pct <= 100:
+        raise ConfigError("config: watchdog_tolerance_mib must be >= 0 and watchdog_near_pct in (0, 100]")
+    if cfg.watchdog_interval_s < 0.1 or cfg.watchdog_fast_interval_s < 0.1:
+        raise ConfigError("config: watchdog_interval_s and watchdog_fast_interval_s must be >= 0.1 (GPM minimum)")
     if not 1 <= cfg.gpu_mem_gib <= 4096:
         raise ConfigError(f"config key 'gpu_mem_gib': {cfg.gpu_mem_gib} is outside 1..4096")
     if cfg.sampler_interval_s < 0.1:

@@ -35,7 +35,11 @@ read -r cmd
 if [ "$cmd" = quit ]; then
   echo "quit" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
   kill "$(cat "$P/nvidia-cuda-mps-control.pid")" && rm -f "$P/nvidia-cuda-mps-control.pid"
+  exit 0
 fi
+echo "cmd $cmd" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+# a test lists fake MPS server pids in fake_servers (no real server: no CUDA client here)
+if [ "$cmd" = get_server_list ] && [ -f "$P/fake_servers" ]; then cat "$P/fake_servers"; fi
 """
 
 
@@ -98,7 +102,9 @@ def test_shard_job_gets_mps_env_and_daemon_stops_after(cluster: Cluster) -> None
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(daemon_dir / "pipe")
     assert env["CUDA_MPS_LOG_DIRECTORY"] == str(daemon_dir / "log")
     control_log = (daemon_dir / "log" / "control.log").read_text().splitlines()
-    assert control_log[-2:] == [f"start -d -M CUDA_VISIBLE_DEVICES={gpu}", "quit"]
+    # the ceiling (the job's grant) goes to the control daemon before any client can start a server
+    assert control_log[-4:] == [f"start -d -M CUDA_VISIBLE_DEVICES={gpu}", "cmd set_default_device_pinned_mem_limit 0 5G",
+                                "cmd get_server_list", "quit"]
     assert not (run_dir(cluster) / "jobs" / f"{jid}.env").exists()
     assert not (daemon_dir / "pipe" / "nvidia-cuda-mps-control.pid").exists()
     assert events(cluster, node, jid) == ["mps-start", "mps-stop"]
@@ -136,6 +142,26 @@ def test_two_shard_jobs_share_one_daemon_stopped_by_the_last(cluster: Cluster) -
     assert job_env(cluster, b)["COLOC_SHARE"] == "mps"
 
 
+def test_ceiling_follows_the_largest_grant_through_real_prologs(cluster: Cluster) -> None:
+    """A small job, then a larger one on its GPU (raise), the larger ends first (lower, for new clients only)."""
+    configure(cluster)
+    a = submit(cluster, "shard:10", "env | grep ^SLURM_JOB_GPUS; sleep 8", "colocuser", "-w", "n2")
+    cluster.wait_state(a, ["RUNNING"])
+    time.sleep(1)
+    b = submit(cluster, "shard:30", "env | grep ^SLURM_JOB_GPUS; sleep 1", "colocuser2", "-w", "n2")
+    jb = cluster.wait_job(b)
+    ja = cluster.wait_job(a)
+    assert ja["job_state"] == jb["job_state"] == "COMPLETED"
+    gpu = job_env(cluster, a)["SLURM_JOB_GPUS"]
+    if job_env(cluster, b)["SLURM_JOB_GPUS"] != gpu:
+        pytest.skip("the scheduler put the second job on the other GPU")
+    log = (run_dir(cluster) / "mps" / f"idx{gpu}" / "log" / "control.log").read_text().splitlines()
+    last_start = max(k for k, ln in enumerate(log) if ln.startswith("start"))
+    sets = [ln.split()[-1] for ln in log[last_start:] if ln.startswith("cmd set_default_device_pinned_mem_limit")]
+    assert sets == ["10G", "30G", "10G"], log
+    assert log[-1] == "quit"
+
+
 def test_whole_gpu_job_gets_no_mps(cluster: Cluster) -> None:
     configure(cluster)
     for gres in ("gpu:1", "shard:80"):
@@ -171,3 +197,5 @@ def test_mps_mode_off_and_per_user(cluster: Cluster) -> None:
     logs = list((run_dir(cluster) / "mps").glob("idx*/log/control.log"))
     starts = [ln for p in logs for ln in p.read_text().splitlines() if ln.startswith("start")]
     assert any(ln.startswith("start -d CUDA_VISIBLE_DEVICES=") for ln in starts), starts  # no -M
+    per_user = [ln for p in logs if ".uid" in str(p) for ln in p.read_text().splitlines()]
+    assert "cmd set_default_device_pinned_mem_limit 0 2G" in per_user, per_user  # that user's grant, sent as the user

@@ -327,4 +327,72 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
     results += check_slurm_binaries(cfg)
     results += check_gpu(cfg, no_gpu)
     results += check_metrics(cfg, no_gpu)
+    results += check_mps_protection(cfg, no_gpu)
     return results
+
+
+def shared_gpus(cfg: Config) -> Dict[str, int]:
+    """``{daemon directory name: members}`` of this node's MPS daemons that serve at least one shard job now
+    (``<run_dir>/mps/<key>[.uid<uid>]/members/*``, written by the Prolog; node/mps.py)."""
+    out: Dict[str, int] = {}
+    base = Path(cfg.run_dir) / "mps"
+    try:
+        roots = sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return out
+    for root in roots:
+        try:
+            n = sum(1 for m in (root / "members").iterdir() if not m.name.startswith("."))
+        except OSError:
+            continue
+        if n:
+            out[root.name] = n
+    return out
+
+
+def evaluate_mps_protection(cfg: Config, shared: Dict[str, int], mode_of: Dict[str, Optional[str]]) -> List[Check]:
+    """One result per shared GPU: pass when its compute mode is ``EXCLUSIVE_PROCESS`` (only the MPS server opens a
+    context), else fail (a job can allocate outside MPS; measured on the H100: 20 GiB in compute mode DEFAULT).
+
+    Args:
+        shared: ``shared_gpus`` output (keys ``GPU-<uuid>``, ``idx<N>``, optionally ``.uid<uid>``).
+        mode_of: GPU key (``GPU-<uuid>`` or ``idx<N>``) -> compute mode name, None when NVML could not say.
+    """
+    name = "MPS protection"
+    if not shared:
+        return [ok(name, "no GPU is shared under MPS now")]
+    out: List[Check] = []
+    fix = ("set mps_compute_mode: exclusive-process (mps_mode multi-user) or `nvidia-smi -i <gpu> -c "
+           "EXCLUSIVE_PROCESS` while the GPU is shared; the watchdog (watchdog_action: stop) stops such a job "
+           "after the fact but cannot prevent its allocation")
+    for key in sorted({k.split(".uid")[0] for k in shared}):
+        mode = mode_of.get(key)
+        members = sum(n for k, n in shared.items() if k.split(".uid")[0] == key)
+        if mode == "EXCLUSIVE_PROCESS":
+            out.append(ok(name, f"{key}: shared by {members} job(s), compute mode EXCLUSIVE_PROCESS"))
+        else:
+            out.append(fail(name, f"{key}: shared by {members} job(s) under MPS in compute mode "
+                                  f"{mode or 'unknown (NVML did not answer)'}: a job can open a context outside "
+                                  f"MPS and take its neighbours' memory", fix))
+    return out
+
+
+def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
+    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (read through NVML; nothing is changed)."""
+    if no_gpu:
+        return [Check("MPS protection", "skip", "--no-gpu: not a GPU node")]
+    shared = shared_gpus(cfg)
+    mode_of: Dict[str, Optional[str]] = {}
+    if shared:
+        try:
+            from slurm_coloc.nvml import control, reader
+            modes = control.NvmlComputeModes()
+            for index, uuid in reader.gpu_uuids().items():
+                try:
+                    mode: Optional[str] = modes.get(index)
+                except Exception:  # noqa: BLE001 - one GPU not answering: unknown
+                    mode = None
+                mode_of[uuid] = mode_of[f"idx{index}"] = mode
+        except Exception:  # noqa: BLE001 - no NVML: every mode unknown
+            pass
+    return evaluate_mps_protection(cfg, shared, mode_of)

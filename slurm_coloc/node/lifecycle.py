@@ -60,7 +60,7 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         out["mps"] = "shards-on-several-gpus"
         store_samples.record_node_event(db, job_id, "mps-skipped", {"gpus": list(gpus), "why": out["mps"]})
     else:
-        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env, uid)
+        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env, uid, int(shards or 0) * 1024 or None)
         store_samples.record_node_event(db, job_id, res.event, {"gpu": gpus[0], **res.detail})
         out["mps"] = res.event
         if res.ok and res.daemon is not None:

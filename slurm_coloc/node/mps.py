@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
+from slurm_coloc.node import mps_guard
 
 log = logging.getLogger("slurm_coloc.node.mps")
 
@@ -304,9 +305,37 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     return MpsOutcome(False, "mps-stop-forced", d, {"pid": pid, "error": "daemon ignored quit; sent SIGTERM"})
 
 
+def _control(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
+    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed run."""
+    who = _identity(d.uid) if d.uid is not None else {}
+
+    def send(cmd: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run([binary], input=cmd + "\n", env=_daemon_env(d), capture_output=True, text=True,
+                              timeout=cfg.mps_start_timeout_s, cwd="/", **who)
+    return send
+
+
+def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> Dict[str, Any]:
+    """Set the daemon's per-client ceiling to what ``mps_guard.plan_ceiling`` says (under the daemon's lock)."""
+    if not cfg.mps_ceiling:
+        return {}
+    grants = mps_guard.member_grants(d.members_dir, cfg.gpu_mem_gib * mps_guard.MIB_PER_GIB)
+    new = mps_guard.plan_ceiling(grants, mps_guard.read_int(d.root / mps_guard.CEILING_FILE), joining)
+    if new is None:
+        return {}
+    res = mps_guard.apply_ceiling(_control(cfg, d, binary), new)
+    if not res["errors"]:
+        (d.root / mps_guard.CEILING_FILE).write_text(f"{new}\n")
+    return {"ceiling": res}
+
+
 def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
-            env: Optional[Dict[str, str]] = None, uid: Optional[int] = None) -> MpsOutcome:
+            env: Optional[Dict[str, str]] = None, uid: Optional[int] = None, grant_mib: Optional[int] = None,
+            modes: Any = None) -> MpsOutcome:
     """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id`` with it.
+
+    ``grant_mib`` (the job's shards in MiB) goes into its member file and the daemon's ceiling (node/mps_guard.py);
+    ``modes`` (tests: recorded compute modes) replaces NVML for ``mps_compute_mode``.
 
     Returns an outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when the
     job must run without MPS; never raises.
@@ -322,10 +351,17 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
         _mkdir(d.root)
         _mkdir(d.members_dir)
         with _Lock(d.root / "lock", cfg.mps_start_timeout_s):
+            first = not any(not p.name.startswith(".") for p in d.members_dir.iterdir())
+            guard = mps_guard.set_exclusive(cfg, d.root, d.gpu_index, modes) if first else {}
             out = start(cfg, d, binary)
             if out.ok:
-                (d.members_dir / str(int(job_id))).touch(mode=0o644)
-            out.detail["key"] = d.key
+                if out.event == "mps-start":  # a new daemon has no limit yet, whatever an old one had
+                    (d.root / mps_guard.CEILING_FILE).unlink(missing_ok=True)
+                mps_guard.write_member(d.members_dir, job_id, grant_mib)
+                guard.update(_ceiling(cfg, d, binary, str(int(job_id))))
+            elif first:
+                guard.update(mps_guard.restore_mode(d.root, modes))  # time-sliced tenants need the old mode
+            out.detail.update(guard, key=d.key)
             return out
     except Exception as exc:  # noqa: BLE001 - MPS trouble must never fail the job or drain the node
         return MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"})
@@ -346,23 +382,27 @@ def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
     return out
 
 
-def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None) -> List[MpsOutcome]:
-    """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``."""
+def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None, modes: Any = None) -> List[MpsOutcome]:
+    """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``; lower
+    the ceiling to the remaining members' largest grant; restore the compute mode after the last member."""
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin
     for d in job_daemons(cfg, job_id):
         try:
             with _Lock(d.root / "lock", cfg.mps_start_timeout_s):
                 (d.members_dir / str(int(job_id))).unlink(missing_ok=True)
-                left = [p.name for p in d.members_dir.iterdir()]
+                left = [p.name for p in d.members_dir.iterdir() if not p.name.startswith(".")]
                 if left:
-                    outcomes.append(MpsOutcome(True, "mps-kept", d, {"members": len(left), "key": d.key}))
-                elif cfg.mps_keep_warm:
-                    outcomes.append(MpsOutcome(True, "mps-kept-warm", d, {"key": d.key}))
+                    outcomes.append(MpsOutcome(True, "mps-kept", d, {"members": len(left), "key": d.key,
+                                                                     **_ceiling(cfg, d, binary, None)}))
+                    continue
+                if cfg.mps_keep_warm:
+                    out = MpsOutcome(True, "mps-kept-warm", d, {"key": d.key})
                 else:
                     out = stop(cfg, d, binary)
                     out.detail["key"] = d.key
-                    outcomes.append(out)
+                out.detail.update(mps_guard.restore_mode(d.root, modes))
+                outcomes.append(out)
         except Exception as exc:  # noqa: BLE001
             outcomes.append(MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"}))
     return outcomes

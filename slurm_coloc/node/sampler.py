@@ -31,6 +31,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.node import flush as flush_mod
 from slurm_coloc.node.attribution import JobAttributor
+from slurm_coloc.node.watchdog import Watchdog
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_node_db
@@ -75,6 +76,8 @@ class Sampler:
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
         self.interval_s = interval_s or cfg.sampler_interval_s
+        self.watchdog = Watchdog(cfg, node, self.db_path, self.attr)  # may shorten the tick: node/watchdog.py
+        self.tick_s = self.interval_s
         self.gpu_buf: List[Dict[str, Any]] = []
         self.proc_buf: List[Dict[str, Any]] = []
         self.static: Dict[int, GpuReading] = {}
@@ -152,8 +155,9 @@ class Sampler:
                 self.static[g.index] = g
                 self._static_dirty = True
         procs = [store_samples.ProcSample(p, self.attr.job_of(p.pid)) for p in frame.procs]
-        self.gpu_buf.extend(store_samples.gpu_rows(frame.ts, frame.gpus, self.interval_s))
-        self.proc_buf.extend(store_samples.proc_rows(frame.ts, procs, self.interval_s))
+        self.tick_s = self.watchdog.tick(frame, {p.reading.pid: p.job_id for p in procs}, self.interval_s)
+        self.gpu_buf.extend(store_samples.gpu_rows(frame.ts, frame.gpus, self.tick_s))
+        self.proc_buf.extend(store_samples.proc_rows(frame.ts, procs, self.tick_s))
         if self.live is not None:
             try:
                 self.live.observe(frame, procs)
@@ -241,7 +245,7 @@ class Sampler:
             if (duration_s is not None and now - t_start >= duration_s) or \
                     (max_frames is not None and self.frames + self.errors >= max_frames):
                 break
-            next_tick += self.interval_s
+            next_tick += self.tick_s
             if next_tick < now:  # we fell behind (slow NVML or DB): skip, do not burst
                 next_tick = now
             self._sleep(next_tick - now)
@@ -321,7 +325,7 @@ def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Opti
     if pid:
         return pid
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLOC_CONFIG": os.environ.get("COLOC_CONFIG", "")}
-    for k in ("LD_LIBRARY_PATH", "COLOC_LOG_LEVEL"):
+    for k in ("LD_LIBRARY_PATH", "COLOC_LOG_LEVEL", "SLURM_CONF"):  # SLURM_CONF: the watchdog's scancel
         if os.environ.get(k):
             env[k] = os.environ[k]
     if not env["COLOC_CONFIG"]:

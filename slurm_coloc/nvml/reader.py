@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from slurm_coloc.errors import ColocError
-from slurm_coloc.nvml.readings import Frame, GpuReading, ProcReading
+from slurm_coloc.nvml.readings import Frame, GpuReading, ProcLists, ProcReading
 
 log = logging.getLogger("slurm_coloc.nvml")
 
@@ -158,16 +158,29 @@ class NvmlReader:
             power_w=_div(power, 1000), energy_j=_div(energy, 1000), temp_c=_f(temp), sm_clock_mhz=_f(clock),
             **self._gpm_read(index))
 
-    def _procs(self, index: int) -> List[ProcReading]:
+    def _lists(self, index: int) -> ProcLists:
+        """NVML's compute and MPS process lists of GPU ``index`` (None for a list whose query failed)."""
+        nv, h = self.nv, self._handles[index]
+        compute = self._q(index, "compute_processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
+        mps = self._q(index, "mps_processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, h)
+
+        def pairs(procs: Any) -> Optional[Tuple[Tuple[int, Optional[float]], ...]]:
+            if procs is None:
+                return None
+            return tuple((int(p.pid), _div(p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None, MIB))
+                         for p in procs)
+        return ProcLists(index, pairs(compute), pairs(mps))
+
+    def _procs(self, index: int, lists: ProcLists) -> List[ProcReading]:
         nv, h = self.nv, self._handles[index]
         mem: Dict[int, Optional[float]] = {}
         mps: Set[int] = set()
-        for p in self._q(index, "compute_processes", nv.nvmlDeviceGetComputeRunningProcesses, h) or []:
-            mem[int(p.pid)] = _div(p.usedGpuMemory, MIB)
-        for p in self._q(index, "mps_processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, h) or []:
-            mps.add(int(p.pid))
-            if mem.get(int(p.pid)) is None:
-                mem[int(p.pid)] = _div(p.usedGpuMemory, MIB)
+        for pid, mib in lists.compute or ():
+            mem[pid] = mib
+        for pid, mib in lists.mps or ():
+            mps.add(pid)
+            if mem.get(pid) is None:
+                mem[pid] = mib
         last = self._util_ts_us.get(index, int((time.time() - 2) * 1e6))
         sm: Dict[int, List[float]] = {}
         mu: Dict[int, List[float]] = {}
@@ -192,7 +205,9 @@ class NvmlReader:
         frame = Frame(ts=ts)
         for index in sorted(self._handles):
             frame.gpus.append(self._gpu(index))
-            frame.procs.extend(self._procs(index))
+            lists = self._lists(index)
+            frame.lists.append(lists)
+            frame.procs.extend(self._procs(index, lists))
         return frame
 
     def close(self) -> None:

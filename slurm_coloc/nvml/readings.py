@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -50,29 +50,87 @@ class ProcReading:
     mps_client: bool = False
 
 
+PidMib = Tuple[int, Optional[float]]
+
+
+@dataclass(frozen=True)
+class ProcLists:
+    """NVML's two process lists of one GPU, as read: ``(pid, used memory MiB or None)`` pairs.
+
+    Attributes:
+        gpu_index: NVML device index.
+        compute: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context on the GPU: MPS clients, the MPS
+            server, and processes outside MPS); None when the query failed.
+        mps: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only); None when the query failed or is not
+            supported. Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside MPS is in
+            ``compute`` and not in ``mps``; an MPS client is in both with its own memory; the MPS server is in
+            ``compute`` only (66 MiB).
+        derived: True when rebuilt from ``ProcReading`` rows of a recording made before the lists were recorded
+            (``compute`` = every process with a memory figure, ``mps`` = the ``mps_client`` ones).
+    """
+
+    gpu_index: int
+    compute: Optional[Tuple[PidMib, ...]] = None
+    mps: Optional[Tuple[PidMib, ...]] = None
+    derived: bool = False
+
+    def to_json(self) -> Dict[str, Any]:
+        """``{"gpu_index", "compute": [[pid, mib], ...] | null, "mps": ...}`` (recording format)."""
+        return {"gpu_index": self.gpu_index,
+                "compute": None if self.compute is None else [list(x) for x in self.compute],
+                "mps": None if self.mps is None else [list(x) for x in self.mps]}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "ProcLists":
+        """Inverse of ``to_json``."""
+        def pairs(v: Any) -> Optional[Tuple[PidMib, ...]]:
+            return None if v is None else tuple((int(x[0]), None if x[1] is None else float(x[1])) for x in v)
+        return cls(gpu_index=int(data["gpu_index"]), compute=pairs(data.get("compute")), mps=pairs(data.get("mps")))
+
+
+def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcLists]:
+    """Process lists rebuilt from per-process readings (recordings made before ``ProcLists`` existed)."""
+    out = []
+    for g in gpus:
+        mine = [p for p in procs if p.gpu_index == g.index]
+        out.append(ProcLists(g.index, tuple((p.pid, p.used_mem_mib) for p in mine if p.used_mem_mib is not None),
+                             tuple((p.pid, p.used_mem_mib) for p in mine if p.mps_client), derived=True))
+    return out
+
+
 @dataclass
 class Frame:
-    """One sampling step: wall time ``ts`` (s since epoch), GPUs, processes; ``error`` when the read failed."""
+    """One sampling step: wall time ``ts`` (s since epoch), GPUs, processes; ``error`` when the read failed.
+
+    ``lists``: NVML's compute and MPS process lists per GPU (the watchdog's input); empty when not read.
+    """
 
     ts: float
     gpus: List[GpuReading] = field(default_factory=list)
     procs: List[ProcReading] = field(default_factory=list)
     error: Optional[str] = None
+    lists: List[ProcLists] = field(default_factory=list)
 
     def to_json(self, t0: float = 0.0) -> Dict[str, Any]:
         """A JSON-able dict with ``t`` = seconds since ``t0`` (the recording format)."""
         out: Dict[str, Any] = {"t": round(self.ts - t0, 4), "gpus": [asdict(g) for g in self.gpus],
                                "procs": [asdict(p) for p in self.procs]}
+        if self.lists:
+            out["lists"] = [x.to_json() for x in self.lists]
         if self.error:
             out["error"] = self.error
         return out
 
     @classmethod
     def from_json(cls, data: Dict[str, Any], ts: float) -> "Frame":
-        """Inverse of ``to_json`` with the frame placed at wall time ``ts``; unknown keys are ignored."""
+        """Inverse of ``to_json`` with the frame placed at wall time ``ts``; unknown keys are ignored.
+
+        A frame recorded without ``lists`` gets lists derived from its processes (``derive_lists``).
+        """
         gnames = {f.name for f in fields(GpuReading)}
         pnames = {f.name for f in fields(ProcReading)}
-        return cls(ts=ts,
-                   gpus=[GpuReading(**{k: v for k, v in g.items() if k in gnames}) for g in data.get("gpus", [])],
-                   procs=[ProcReading(**{k: v for k, v in p.items() if k in pnames}) for p in data.get("procs", [])],
-                   error=data.get("error"))
+        gpus = [GpuReading(**{k: v for k, v in g.items() if k in gnames}) for g in data.get("gpus", [])]
+        procs = [ProcReading(**{k: v for k, v in p.items() if k in pnames}) for p in data.get("procs", [])]
+        lists = ([ProcLists.from_json(x) for x in data["lists"]] if data.get("lists") is not None
+                 else derive_lists(gpus, procs))
+        return cls(ts=ts, gpus=gpus, procs=procs, error=data.get("error"), lists=lists)

@@ -12,10 +12,10 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import ColocError
-from slurm_coloc.nvml.readings import Frame
+from slurm_coloc.nvml.readings import Frame, PidMib
 
 
 class ReplayReader:
@@ -64,8 +64,41 @@ class ReplayReader:
         self._next += 1
         frame = Frame.from_json(data, ts=time.time())
         if self.pid_map:
-            frame.procs = [replace(p, pid=self.pid_map.get(p.pid, p.pid)) for p in frame.procs]
+            m = self.pid_map
+            frame.procs = [replace(p, pid=m.get(p.pid, p.pid)) for p in frame.procs]
+            frame.lists = [replace(x, compute=_mapped(x.compute, m), mps=_mapped(x.mps, m)) for x in frame.lists]
         return frame
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _mapped(pairs: Optional[Tuple[PidMib, ...]], pid_map: Mapping[int, int]) -> Optional[Tuple[PidMib, ...]]:
+    return None if pairs is None else tuple((pid_map.get(pid, pid), mib) for pid, mib in pairs)
+
+
+class RecordedComputeModes:
+    """``ComputeModes`` over recorded GPU states, for CI: starts from the modes a recording holds, keeps what is
+    set in memory and lists every call in ``calls`` (``("set", index, mode)``). Never touches a GPU.
+
+    Args:
+        modes: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in
+            ``benchmarks/device/results/h100-mps-limits/mps_limits.json``).
+        fail_set: raise ``ColocError`` on ``set`` (what NVML answers without permission).
+    """
+
+    def __init__(self, modes: Mapping[int, str], fail_set: bool = False) -> None:
+        self.modes = dict(modes)
+        self.fail_set = fail_set
+        self.calls: List[tuple] = []
+
+    def get(self, index: int) -> str:
+        if index not in self.modes:
+            raise ColocError(f"GPU {index}: not in the recording")
+        return self.modes[index]
+
+    def set(self, index: int, mode: str) -> None:
+        self.calls.append(("set", index, mode))
+        if self.fail_set:
+            raise ColocError(f"GPU {index}: cannot set compute mode {mode}: Insufficient Permissions")
+        self.modes[index] = mode

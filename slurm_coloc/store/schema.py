@@ -119,3 +119,18 @@ def m003_samples(db: Database) -> None:
     )
     db["node_events"].create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str}, pk="id")
     db["node_events"].create_index(["job_id"])
+
+
+@NODE()
+def m004_watchdog_events(db: Database) -> None:
+    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a shared
+    GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what it did
+    (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the stderr line).
+    Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job."""
+    db["watchdog_events"].create(
+        {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
+         "grant_mib": float, "used_mib": float, "tolerance_mib": float, "pids_json": str, "action": str,
+         "message": str, "outcome_json": str},
+        pk="id",
+    )
+    db["watchdog_events"].create_index(["job_id"])

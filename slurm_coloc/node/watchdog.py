@@ -1,0 +1,362 @@
+"""The GPU watchdog: runs in the node sampler's tick and stops a shard job that takes more than its grant.
+
+On every frame the sampler reads (``Frame.lists``: NVML's compute and MPS process lists with per-process memory,
+the pids attributed to jobs by node/attribution.py), for every shard job running on this node (a tenant: a job
+with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its GPU):
+
+- **over-grant**: the summed NVML memory of the job's processes on a GPU exceeds its grant there plus
+  ``watchdog_tolerance_mib``. The grant is the job's MPS fence (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>G`` in its
+  env file), else its shards x 1024 MiB; on a GPU it holds no shard of, 0. NVML's per-process figure counts the
+  CUDA context, as the fence does (an MPS client at its fence: "this process has 1.96 GiB memory in use").
+- **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that is
+  not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured on
+  the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
+  ``nvmlDeviceGetMPSComputeRunningProcesses``). Not checked when the MPS list could not be read.
+
+A finding must hold in two consecutive frames (the second read at ``watchdog_fast_interval_s``): a process that
+exits between NVML's two list calls is in one list and not the other for one frame. Then, with
+``watchdog_action: stop``: every process of the job seen on any GPU is sent SIGKILL (each pid checked again to
+belong to the job, by /proc start time, and never the MPS server binary), the event is written to the node database
+(``watchdog_events``), and a background thread writes one line to the job's stderr file (as the job's user) and
+runs ``scancel``. ``record`` only writes the event. A job is acted on once.
+
+Pacing: while a tenant runs on the node the sampler ticks every ``watchdog_interval_s`` (default 0.5 s), and
+every ``watchdog_fast_interval_s`` (0.1 s) while a tenant is above ``watchdog_near_pct`` of its grant or a finding
+awaits confirmation: a job is stopped at most interval + fast interval + the kill after its memory appears in NVML
+(NVML showed a 20 GiB MPS allocation 18 ms after it on the H100).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from slurm_coloc.config import Config
+from slurm_coloc.node import jobenv
+from slurm_coloc.node.attribution import JobAttributor
+from slurm_coloc.nvml.readings import Frame, ProcLists
+from slurm_coloc.store import watchdog as store_wd
+from slurm_coloc.store.db import open_node_db
+
+log = logging.getLogger("slurm_coloc.watchdog")
+
+MIB_PER_SHARD = 1024
+MPS_SERVER_BIN = "nvidia-cuda-mps-server"
+REFRESH_S = 5.0
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A shard job on this node: the GPU it holds shards of (NVML index), its grant (MiB), ``mps``/``timeslice``."""
+
+    job_id: int
+    gpu_index: int
+    grant_mib: float
+    share: str
+    uid: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A tenant over its grant (``over-grant``) or outside MPS (``outside-mps``) on GPU ``gpu_index`` in one frame.
+
+    ``used_mib``: the job's summed NVML memory on that GPU; ``pids``: its processes there (for outside-mps: the
+    processes outside MPS).
+    """
+
+    job_id: int
+    gpu_index: int
+    reason: str
+    share: str
+    grant_mib: float
+    used_mib: float
+    pids: Tuple[int, ...]
+
+    @property
+    def key(self) -> Tuple[int, int, str]:
+        return (self.job_id, self.gpu_index, self.reason)
+
+
+def grant_from_env(pairs: Mapping[str, str], shards: Optional[int]) -> Optional[float]:
+    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024; None if neither."""
+    fence = pairs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
+    for item in fence.split(","):
+        _, sep, value = item.partition("=")
+        value = value.strip().upper()
+        if sep and value[:-1].isdigit() and value[-1:] in ("G", "M"):
+            return float(int(value[:-1]) * (MIB_PER_SHARD if value[-1] == "G" else 1))
+    return float(shards * MIB_PER_SHARD) if shards else None
+
+
+def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
+                    tolerance_mib: float) -> List[Finding]:
+    """Tenants over grant + ``tolerance_mib`` on a GPU, and MPS tenants with a process outside MPS (pure).
+
+    Args:
+        lists: NVML process lists of every GPU in the frame.
+        job_of: pid -> job id (None: not a Slurm job, e.g. the MPS server).
+        tenants: job id -> ``Tenant`` (shard jobs of this node).
+        tolerance_mib: memory allowed above the grant (MiB).
+    """
+    out: List[Finding] = []
+    for gl in lists:
+        if gl.compute is None and gl.mps is None:
+            continue
+        mem: Dict[int, float] = {}
+        pids: Dict[int, List[int]] = {}
+        for pid, mib in _per_pid(gl).items():
+            job = job_of.get(pid)
+            if job is None or job not in tenants:
+                continue
+            mem[job] = mem.get(job, 0.0) + (mib or 0.0)
+            pids.setdefault(job, []).append(pid)
+        mps_pids = None if gl.mps is None else {pid for pid, _ in gl.mps}
+        for job, used in sorted(mem.items()):
+            t = tenants[job]
+            grant = t.grant_mib if t.gpu_index == gl.gpu_index else 0.0
+            if used > grant + tolerance_mib:
+                out.append(Finding(job, gl.gpu_index, "over-grant", t.share, grant, round(used, 1),
+                                   tuple(sorted(pids[job]))))
+            if t.share == "mps" and t.gpu_index == gl.gpu_index and mps_pids is not None and gl.compute is not None:
+                outside = tuple(sorted(pid for pid, _ in gl.compute if job_of.get(pid) == job and pid not in mps_pids))
+                if outside:
+                    out.append(Finding(job, gl.gpu_index, "outside-mps", t.share, grant, round(used, 1), outside))
+    return out
+
+
+def _per_pid(gl: ProcLists) -> Dict[int, Optional[float]]:
+    """pid -> MiB over both lists of one GPU: the compute list's figure, else the MPS list's (as nvml/reader.py)."""
+    out: Dict[int, Optional[float]] = {pid: mib for pid, mib in gl.compute or ()}
+    for pid, mib in gl.mps or ():
+        if out.get(pid) is None:
+            out[pid] = mib
+    return out
+
+
+def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
+               near_pct: float) -> bool:
+    """True when a tenant's memory on its GPU is above ``near_pct`` % of its grant (pure)."""
+    for gl in lists:
+        used: Dict[int, float] = {}
+        for pid, mib in _per_pid(gl).items():
+            job = job_of.get(pid)
+            if job in tenants and tenants[job].gpu_index == gl.gpu_index:
+                used[job] = used.get(job, 0.0) + (mib or 0.0)
+        if any(u > tenants[j].grant_mib * near_pct / 100.0 for j, u in used.items()):
+            return True
+    return False
+
+
+def user_message(f: Finding, tolerance_mib: float, action: str) -> str:
+    """The one line the job's stderr gets."""
+    did = "stopped" if action == "stop" else "recorded"
+    if f.reason == "outside-mps":
+        what = (f"process(es) {', '.join(map(str, f.pids))} ran on shared GPU {f.gpu_index} outside the job's MPS "
+                f"server (CUDA_MPS_PIPE_DIRECTORY changed or unset)")
+    else:
+        what = (f"its processes used {f.used_mib:,.0f} MiB of shared GPU {f.gpu_index}, over its grant of "
+                f"{f.grant_mib:,.0f} MiB (+{tolerance_mib:,.0f} MiB tolerance)")
+    return (f"slurm-coloc: job {f.job_id} {did} by the GPU watchdog: {what}; a job on a shared GPU must stay within "
+            f"its memory request (#COLOC mem / --gres=shard). It is not rerun.")
+
+
+def is_mps_server(pid: int, control_bin: Optional[str], proc_root: str = "/proc") -> bool:
+    """True when ``pid`` runs the real ``nvidia-cuda-mps-server`` (the file beside the control binary).
+
+    Compared by path of ``/proc/<pid>/exe``, so a user process renamed to look like the server is not exempt.
+    """
+    if not control_bin:
+        return False
+    try:
+        exe = os.readlink(f"{proc_root}/{pid}/exe")
+    except OSError:
+        return False
+    return exe == str(Path(os.path.realpath(control_bin)).parent / MPS_SERVER_BIN)
+
+
+class Watchdog:
+    """Per-node watchdog state, fed one frame per sampler tick (``tick``). Never raises from ``tick``.
+
+    Args:
+        cfg: config (``watchdog_*``, ``run_dir``, ``slurm_bin_dir``). node: this node's name.
+        db_path: the node database (events; ``job_runs`` for the tenants' GPUs).
+        attributor: the sampler's pid -> job mapping (reused to re-check a pid before signalling it).
+        proc_root: the proc filesystem.
+    """
+
+    def __init__(self, cfg: Config, node: str, db_path: Path, attributor: JobAttributor,
+                 proc_root: str = "/proc") -> None:
+        self.cfg, self.node, self.db_path, self.attr, self.proc_root = cfg, node, Path(db_path), attributor, proc_root
+        self._db: Any = None
+        self.tenants: Dict[int, Tenant] = {}
+        self._env_names: Optional[Set[str]] = None
+        self._refreshed = 0.0
+        self._pending: Set[Tuple[int, int, str]] = set()
+        self.acted: Dict[int, float] = {}
+        self.events: List[store_wd.WatchdogEvent] = []
+        self.threads: List[threading.Thread] = []
+        self._logged: Set[str] = set()
+        from slurm_coloc.node.mps import resolve_binary
+        self.control_bin = resolve_binary(cfg)
+
+    def _once(self, kind: str, msg: str, *args: Any) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(msg, *args)
+
+    def _open(self) -> Any:
+        if self._db is None:
+            self._db = open_node_db(self.db_path, self.cfg.db_busy_timeout_s)
+        return self._db
+
+    def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
+        """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, fence) +
+        the open ``job_runs`` row (GPU, shards, uid). A job with several GPUs is not a tenant (no MPS, no fence)."""
+        jobs_dir = Path(self.cfg.run_dir) / "jobs"
+        try:
+            names = {n for n in os.listdir(jobs_dir) if n.endswith(".env") and n[:-4].isdigit()}
+        except OSError:
+            names = set()
+        now = time.monotonic()
+        if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
+            return self.tenants
+        self._env_names, self._refreshed = names, now
+        if not names:
+            self.tenants = {}
+            return self.tenants
+        runs = {r.job_id: r for r in store_wd.running_runs(self._open(), self.node)}
+        tenants: Dict[int, Tenant] = {}
+        for name in names:
+            job = int(name[:-4])
+            run = runs.get(job)
+            pairs = jobenv.read_pairs(jobs_dir / name) or {}
+            if run is None or len(run.gpus) != 1:
+                continue
+            grant = grant_from_env(pairs, run.shards)
+            if grant is None:
+                continue
+            tenants[job] = Tenant(job, run.gpus[0], grant, "mps" if pairs.get("COLOC_SHARE") == "mps" else "timeslice",
+                                  run.uid)
+        self.tenants = tenants
+        self.acted = {j: t for j, t in self.acted.items() if j in tenants}
+        return tenants
+
+    def tick(self, frame: Frame, job_of: Mapping[int, Optional[int]], interval_s: float) -> float:
+        """Check one frame; act on confirmed findings; return the period until the next tick (s)."""
+        if self.cfg.watchdog_action == "off":
+            return interval_s
+        try:
+            return self._tick(frame, job_of, interval_s)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must never stop the sampler
+            self._once(f"tick:{type(exc).__name__}", "watchdog tick failed (%s: %s); sampling goes on",
+                       type(exc).__name__, exc)
+            return interval_s
+
+    def _tick(self, frame: Frame, job_of: Mapping[int, Optional[int]], interval_s: float) -> float:
+        tenants = self.refresh_tenants()
+        if not tenants:
+            self._pending.clear()
+            return interval_s
+        unknown = [pid for gl in frame.lists for pid, _ in (gl.compute or ()) if pid not in job_of]
+        if unknown:
+            job_of = {**job_of, **{pid: self.attr.job_of(pid) for pid in unknown}}
+        live = {j: t for j, t in tenants.items() if j not in self.acted}
+        found = [f for f in find_violations(frame.lists, job_of, live, self.cfg.watchdog_tolerance_mib)
+                 if not self._exempt(f)]
+        confirmed = [f for f in found if f.key in self._pending]
+        self._pending = {f.key for f in found if f.key not in self._pending}
+        for f in confirmed:
+            if f.job_id not in self.acted:
+                self._act(f, frame, job_of)
+        base = min(interval_s, self.cfg.watchdog_interval_s)
+        if self._pending or near_grant(frame.lists, job_of, live, self.cfg.watchdog_near_pct):
+            return min(base, self.cfg.watchdog_fast_interval_s)
+        return base
+
+    def _exempt(self, f: Finding) -> bool:
+        """A finding made only of the real MPS server's process (never a job's, whatever /proc says)."""
+        return all(is_mps_server(pid, self.control_bin, self.proc_root) for pid in f.pids)
+
+    def _act(self, f: Finding, frame: Frame, job_of: Mapping[int, Optional[int]]) -> None:
+        action = self.cfg.watchdog_action
+        msg = user_message(f, self.cfg.watchdog_tolerance_mib, action)
+        outcome: Dict[str, Any] = {"detect_ts": frame.ts}
+        self.acted[f.job_id] = time.time()
+        if action == "stop":
+            pids = sorted({pid for gl in frame.lists for pid, _ in (gl.compute or ()) + (gl.mps or ())
+                           if job_of.get(pid) == f.job_id})
+            outcome["killed"], outcome["not_killed"] = self.kill(f.job_id, pids)
+            outcome["kill_ts"] = time.time()
+        log.warning("%s", msg)
+        ev = store_wd.WatchdogEvent(ts=frame.ts, job_id=f.job_id, node=self.node, gpu_index=f.gpu_index,
+                                    reason=f.reason, share=f.share, grant_mib=f.grant_mib, used_mib=f.used_mib,
+                                    tolerance_mib=float(self.cfg.watchdog_tolerance_mib), pids=f.pids, action=action,
+                                    message=msg, outcome=outcome)
+        try:
+            ev = dataclasses.replace(ev, id=store_wd.record_event(self._open(), ev))
+        except Exception as exc:  # noqa: BLE001 - a locked database must not undo the stop
+            self._once(f"record:{exc}", "cannot record a watchdog event in %s: %s", self.db_path, exc)
+        self.events.append(ev)
+        if action == "stop":
+            th = threading.Thread(target=self._finish, args=(ev, self.tenants.get(f.job_id)), daemon=True,
+                                  name=f"watchdog-{f.job_id}")
+            th.start()
+            self.threads.append(th)
+
+    def kill(self, job_id: int, pids: Sequence[int]) -> Tuple[List[int], Dict[int, str]]:
+        """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS server.
+
+        Returns:
+            (pids signalled, {pid: why not}).
+        """
+        done: List[int] = []
+        skipped: Dict[int, str] = {}
+        for pid in pids:
+            if self.attr.job_of(pid) != job_id:
+                skipped[pid] = "no longer a process of the job"
+            elif is_mps_server(pid, self.control_bin, self.proc_root):
+                skipped[pid] = "the MPS server"
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    done.append(pid)
+                except OSError as exc:
+                    skipped[pid] = os.strerror(exc.errno or 0)
+        return done, skipped
+
+    def _finish(self, ev: store_wd.WatchdogEvent, tenant: Optional[Tenant]) -> None:
+        """Background: the stderr line (as the job's user) and scancel, then the outcome row (own connection)."""
+        from slurm_coloc.hooks.oom_files import append_line_as_user
+        from slurm_coloc.slurm import cancel
+        outcome = dict(ev.outcome)
+        env = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": os.environ["SLURM_CONF"]}
+                                           if os.environ.get("SLURM_CONF") else {})}
+        try:
+            target = cancel.stderr_target(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=10.0)
+            outcome["stderr"] = (append_line_as_user(target.path, target.uid, target.gid, ev.message) or "written")
+        except Exception as exc:  # noqa: BLE001
+            outcome["stderr"] = f"not written: {exc}"
+        try:
+            cancel.scancel(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=15.0)
+            outcome["scancel"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            outcome["scancel"] = f"failed: {exc}"
+        outcome["done_ts"] = time.time()
+        if ev.id is not None:
+            try:
+                store_wd.set_outcome(open_node_db(self.db_path, self.cfg.db_busy_timeout_s), ev.id, outcome)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot record the watchdog outcome of job %s: %s", ev.job_id, exc)
+        log.warning("watchdog: job %s: %s", ev.job_id, outcome)
+
+    def join(self, timeout_s: float = 20.0) -> None:
+        """Wait for background stops to finish (tests, sampler exit)."""
+        end = time.monotonic() + timeout_s
+        for th in self.threads:
+            th.join(max(0.0, end - time.monotonic()))
