@@ -234,14 +234,16 @@ def test_frame_lists_round_trip_through_a_recording() -> None:
     assert back.lists == f.lists and not back.lists[0].derived
 
 
-def test_stderr_target_from_recorded_scontrol_output() -> None:
+def test_stderr_target_from_recorded_squeue_json() -> None:
+    import dataclasses
+
     from slurm_coloc.errors import SlurmError
     from slurm_coloc.slurm.cancel import parse_stderr_target
-    from slurm_coloc.slurm.parse import parse_scontrol_kv
-    line = (REPO / "tests" / "data" / "slurm-22.05" / "scontrol_show_job_o_running_shard.txt").read_text().strip()
-    kv = parse_scontrol_kv(line.splitlines()[0])
-    t = parse_stderr_target(kv)
-    assert t.path == kv["StdErr"] and t.path.startswith("/")
-    assert (t.uid, t.gid) == (int(kv["UserId"].split("(")[1][:-1]), int(kv["GroupId"].split("(")[1][:-1]))
+    from slurm_coloc.slurm.jobinfo import parse_squeue_json
+    jobs = parse_squeue_json((REPO / "tests" / "data" / "slurm-22.05" / "squeue_json_running.json").read_text())
+    job = next(j for j in jobs if j.stderr_path)
+    t = parse_stderr_target(job)
+    assert t.path == job.stderr_path and t.path.startswith("/")
+    assert (t.uid, t.gid) == (job.uid, job.gid)
     with pytest.raises(SlurmError):
-        parse_stderr_target({"StdErr": "/x", "UserId": "nobody"})
+        parse_stderr_target(dataclasses.replace(job, uid=None))
