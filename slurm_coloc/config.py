@@ -55,6 +55,10 @@ class Config:
         report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
         report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
+        report_socket_path: Unix socket of the reader service (``coloc-report serve``) that answers ordinary
+            users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
+        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
+            it kills it and submits as without an estimate (a whole GPU).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -83,6 +87,8 @@ class Config:
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
+    report_socket_path: str = ""
+    estimate_timeout_s: float = 60.0
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -175,6 +181,8 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
     if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
         raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
+    if not 0 < cfg.estimate_timeout_s <= 3600:
+        raise ConfigError(f"config key 'estimate_timeout_s': {cfg.estimate_timeout_s} is outside (0, 3600]")
     if not cfg.gpu_model.strip():
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():
