@@ -1,7 +1,7 @@
 """Opening slurm-coloc databases: WAL, busy timeout, migrations, and who may read them.
 
-A database, its ``-wal``/``-shm`` files and its directory are readable by root and the admin group only
-(files 0640 / directories 0750 with that group; 0600 / 0700 without one): they hold every user's job names,
+A database and its ``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that
+group, 0600 without one; directories we create 0750 / 0700): they hold every user's job names,
 script SHA-256s, model specs and stderr lines. Ordinary users read their own rows through coloc-report's reader
 (``report/reader.py``). A root opener tightens files left looser by an older version (docs/admin.md).
 """
@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
@@ -77,11 +78,18 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
 
 
 def restrict_database(path: Path, gid: Optional[int]) -> None:
-    """``restrict`` the database file and its ``-wal``/``-shm``/``-journal`` files.
+    """``restrict`` the database file, its ``-wal``/``-shm``/``-journal`` files and, when it is ours, its directory.
 
-    Its directory is restricted only when ``_ensure_dir`` creates it: an existing directory may be shared
+    The directory is ours when ``_ensure_dir`` made it: root-owned with mode 0700 or 0750; it then follows
+    ``admin_group`` (set or unset later). Any other directory is left as it is: it may be shared
     (``state_dir: /var/lib``), and the files' own modes already keep other users out.
     """
+    try:
+        st = os.stat(path.parent)
+        if st.st_uid == 0 and stat.S_IMODE(st.st_mode) in (DIR_MODE_ROOT, DIR_MODE_GROUP):
+            restrict(path.parent, gid, directory=True)
+    except FileNotFoundError:
+        pass
     for p in (path, *(Path(f"{path}{suffix}") for suffix in SIDE_SUFFIXES)):
         restrict(p, gid)
 

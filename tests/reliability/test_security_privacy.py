@@ -114,4 +114,11 @@ def test_database_left_0644_is_tightened_at_next_root_open(tmp_path: Path) -> No
         st = os.stat(path)
         assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == 2002
         db.conn.close()
-    assert stat.S_IMODE(os.stat(node.parent).st_mode) == 0o700  # created by the opener: root only
+    st = os.stat(node.parent)  # created by the opener (0700), then it follows admin_group
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_gid == 2002
+    shared = tmp_path / "shared"  # a directory the opener did not make is left as it is
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    open_ctld_db(shared / "ctld.db", admin_group="").conn.close()
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(shared / "ctld.db").st_mode) == 0o600
