@@ -59,11 +59,14 @@ def _direct_read_allowed(cfg: config_mod.Config, viewer: views.Viewer) -> bool:
     if viewer.sees_all:
         return True
     state = Path(cfg.state_dir)
-    if not state.exists():
-        return os.access(state.parent, os.R_OK | os.X_OK) or not state.parent.exists()
-    if not os.access(state, os.R_OK | os.X_OK):
+    try:
+        if not state.exists():
+            return True  # nothing recorded yet: the direct read says so
+        if not os.access(state, os.R_OK | os.X_OK):
+            return False
+        return not cfg.ctld_db_path.exists() or os.access(cfg.ctld_db_path, os.R_OK)
+    except OSError:  # EACCES on a path above or at state_dir
         return False
-    return not cfg.ctld_db_path.exists() or os.access(cfg.ctld_db_path, os.R_OK)
 
 
 def _collect(q: query.Query, config_path: Optional[str]):

@@ -21,13 +21,14 @@ from slurm_coloc.submit.plan import Plan, build_plan
 def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     """Memory (MiB) earlier runs of this exact script were shown to need (OOM fences, measured peaks).
 
-    Read-only from the controller database; an unreadable or absent database means no history (never fatal).
+    Read-only from the controller database; an unreadable or absent database means no history (never fatal):
+    the databases are readable by root and ``admin_group`` only, so an ordinary user gets none here.
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
     try:
         return read_history(cfg, script_sha256)
-    except ColocError:
+    except (ColocError, OSError):  # OSError: Path.exists() raises EACCES inside a directory we may not search
         return []
 
 
