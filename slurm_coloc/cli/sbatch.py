@@ -17,17 +17,30 @@ from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import Plan, build_plan
 
+HISTORY_ASK_TIMEOUT_S = 10.0  # how long coloc-sbatch waits for the reader service's history answer
+
 
 def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     """Memory (MiB) earlier runs of this exact script were shown to need (OOM fences, measured peaks).
 
-    Read-only from the controller database; an unreadable or absent database means no history (never fatal):
-    the databases are readable by root and ``admin_group`` only, so an ordinary user gets none here.
+    Read-only from the controller database, or, where this user may not read it (root and ``admin_group``
+    only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No database,
+    no service or any error means no history (never fatal).
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
     try:
-        return read_history(cfg, script_sha256)
+        if os.access(cfg.ctld_db_path, os.R_OK):
+            return read_history(cfg, script_sha256)
+        state = cfg.ctld_db_path.parent
+        if not state.exists() or (os.access(state, os.X_OK) and not cfg.ctld_db_path.exists()):
+            return []  # nothing recorded yet
+        from slurm_coloc.report import reader
+
+        reply = reader.ask(reader.socket_path(cfg), {"op": "history", "sha256": script_sha256},
+                           timeout_s=HISTORY_ASK_TIMEOUT_S)
+        values = reply.get("history_mib") if reply.get("ok") else None
+        return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
     except (ColocError, OSError):  # OSError: Path.exists() raises EACCES inside a directory we may not search
         return []
 

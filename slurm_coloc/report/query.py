@@ -114,8 +114,22 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
     return report, jobs, rows
 
 
+def _history(cfg: Config, request: Mapping[str, Any]) -> Dict[str, Any]:
+    """``{"ok": true, "history_mib": [...]}``: what ``store.history.script_history_mib`` gives for the script
+    SHA-256 in the request (MiB figures only: no job id, name or user)."""
+    from slurm_coloc.store.history import script_history_mib
+
+    sha = request.get("sha256")
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise ColocError("bad request: sha256 must be 64 lower-case hex digits")
+    return {"ok": True, "history_mib": [int(v) for v in script_history_mib(cfg, sha)]}
+
+
 def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     """The reader service's answer to ``request`` from the process of ``uid`` (from ``SO_PEERCRED``).
+
+    ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose user
+    cannot read the databases); any other request is a report ``Query``.
 
     Returns:
         ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as ``JobView.to_json``,
@@ -123,10 +137,14 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
         ``ColocError``.
     """
     try:
+        if isinstance(request, dict) and request.get("op") == "history":
+            return _history(cfg, request)
         q = query_from_json(request)
         report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:
         return {"ok": False, "error": exc.one_line(), "exit_code": exc.exit_code}
+    except Exception as exc:  # noqa: BLE001 - sqlite errors of a damaged file: one line back, the service goes on
+        return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split()), "exit_code": 1}
     return {"ok": True, "view": q.view, "rows": rows, "problems": report.problems,
             "jobs": [j.to_json() for j in jobs] if q.view == "jobs" else []}
 
