@@ -76,6 +76,14 @@ wait_nodes() {
   die "nodes did not become idle: ${state:-no answer from slurmctld} (see $BASE/log/)"
 }
 
+start_reader() {   # coloc-report serve: answers users' coloc-report (the databases are root/admin-group only)
+  pid_alive "$BASE/run/coloc-report.pid" && return 0
+  setsid "$VENV/bin/coloc-report" serve --config "$BASE/etc/coloc.yaml" --pidfile "$BASE/run/coloc-report.pid" \
+    </dev/null >>"$BASE/log/report-serve.log" 2>&1 &
+  for _ in $(seq 100); do pid_alive "$BASE/run/coloc-report.pid" && return 0; sleep 0.1; done
+  die "coloc-report serve did not start (see $BASE/log/report-serve.log)"
+}
+
 start() {
   command -v slurmctld >/dev/null || die "Slurm is not installed (scripts/install.sh)"
   [ -x "$VENV/bin/coloc-hook" ] || die "no coloc-hook in $VENV (run scripts/install.sh first)"
@@ -84,6 +92,7 @@ start() {
   local n
   for n in n1 n2; do pid_alive "$BASE/run/slurmd-$n.pid" || slurmd -f "$CONF" -N "$n"; done
   wait_nodes
+  start_reader
   echo "cluster up: SLURM_CONF=$CONF ($(sinfo -h -o '%D nodes %G' | head -1))"
 }
 
@@ -92,7 +101,7 @@ stop() {
     scancel --quiet --full $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
   fi
   local f pids=""
-  for f in "$BASE"/run/slurmd-*.pid "$BASE/run/slurmctld.pid"; do
+  for f in "$BASE"/run/slurmd-*.pid "$BASE/run/slurmctld.pid" "$BASE/run/coloc-report.pid"; do
     pid_alive "$f" && { pids="$pids $(cat "$f")"; kill -TERM "$(cat "$f")" 2>/dev/null || true; }
   done
   for _ in $(seq 100); do

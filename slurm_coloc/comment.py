@@ -8,14 +8,22 @@ The JSON object is written by ``build_comment`` with sorted keys and no spaces. 
 ``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``,
 ``sha256``, ``spec`` and, when the script has arguments, ``argv``. Readers treat every key as untrusted
 user input: a user can submit any comment with plain ``sbatch``.
+
+slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fit_comment`` drops the
+bulky keys, in the order the caller gives, until user text + coloc JSON fit: every job plain sbatch accepts is
+accepted.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 COMMENT_TAG = "coloc:"
 MAX_JSON_CHARS = 16384  # parse_comment ignores a coloc JSON longer than this (bounded work in root hooks)
+MAX_COMMENT_CHARS = 1024  # slurmctld 22.05 refuses a longer --comment ("120 arguments" in docs/reliability.md)
+
+Shrink = Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]
+"""``(what is dropped, in words; data -> smaller data)``: one step of ``fit_comment``."""
 
 
 def build_comment(data: Mapping[str, Any], user_comment: Optional[str] = None) -> str:
@@ -47,3 +55,31 @@ def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
     except (json.JSONDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Sequence[Shrink],
+                limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
+    """The job comment for ``data`` within ``limit`` characters, shrinking ``data`` step by step.
+
+    Args:
+        data: the full coloc fields.
+        user_comment: the user's own comment text (kept whole: it is theirs).
+        steps: shrink steps applied in order, each to the result of the previous, until the comment fits.
+        limit: the most characters Slurm takes.
+
+    Returns:
+        (the comment, or the user's comment alone when even the smallest coloc JSON does not fit beside it
+        (None without one); the words of the steps applied, plus ``"the whole coloc JSON"`` in that case).
+    """
+    current: Dict[str, Any] = dict(data)
+    dropped: List[str] = []
+    text = build_comment(current, user_comment)
+    for what, shrink in steps:
+        if len(text) <= limit:
+            break
+        current = shrink(current)
+        dropped.append(what)
+        text = build_comment(current, user_comment)
+    if len(text) <= limit:
+        return text, dropped
+    return (user_comment or None), dropped + ["the whole coloc JSON"]

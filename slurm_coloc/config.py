@@ -87,6 +87,10 @@ class Config:
         watchdog_fast_interval_s: the period while a tenant is above ``watchdog_near_pct`` of its grant or a
             suspicion awaits its confirming read (s).
         watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate (%).
+        report_socket_path: Unix socket of the reader service (``coloc-report serve``) that answers ordinary
+            users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
+        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
+            it kills it and submits as without an estimate (a whole GPU).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -134,6 +138,8 @@ class Config:
     watchdog_interval_s: float = 0.5
     watchdog_fast_interval_s: float = 0.1
     watchdog_near_pct: float = 90.0
+    report_socket_path: str = ""
+    estimate_timeout_s: float = 60.0
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -249,6 +255,8 @@ def _validate(cfg: Config) -> Config:
            cfg.placement_max_wait_s) <= 0:
         raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
                           "placement_max_wait_s must be > 0")
+    if not 0 < cfg.estimate_timeout_s <= 3600:
+        raise ConfigError(f"config key 'estimate_timeout_s': {cfg.estimate_timeout_s} is outside (0, 3600]")
     if not cfg.gpu_model.strip():
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():

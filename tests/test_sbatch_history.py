@@ -41,8 +41,9 @@ def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
     json.dumps(after.comment)
 
 
-def test_history_readable_by_a_normal_user(tmp_path):
-    """Users run coloc-sbatch: the root-owned WAL database must be readable without write access."""
+def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
+    """Users run coloc-sbatch but may not read the databases (root/admin_group only): coloc-sbatch asks the
+    reader service (``coloc-report serve``, run by root) for the script's history."""
     import os
     import shutil
     import subprocess
@@ -54,21 +55,30 @@ def test_history_readable_by_a_normal_user(tmp_path):
     base = Path(f"/tmp/coloc-hist-{os.getpid()}")
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(mode=0o755)
+    server = None
     try:
         state = base / "state"
         db = open_ctld_db(state / "ctld.db")
         claim_retry(db, OomRecord(job_id=1, ts=time.time(), script_sha256="ab" * 32, shards=2, fence_mib=2048))
         db.conn.close()  # the writer is gone: no -wal/-shm files remain
         cfg = base / "coloc.yaml"
-        cfg.write_text(f"state_dir: {state}\n")
+        cfg.write_text(f"state_dir: {state}\nreport_socket_path: {base / 'report.sock'}\n")
         cfg.chmod(0o644)
-        code = ("from slurm_coloc.config import load; from slurm_coloc.store.history import script_history_mib; "
+        code = ("from slurm_coloc.config import load; from slurm_coloc.cli.sbatch import script_history_mib; "
                 f"print(script_history_mib(load({str(cfg)!r}), {'ab' * 32!r}))")
-        out = subprocess.run(["runuser", "-u", "colocuser", "--", sys.executable, "-c", code],
-                             capture_output=True, text=True, timeout=60)
+        user = ["runuser", "-u", "colocuser", "--", sys.executable, "-c", code]
+        out = subprocess.run(user, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out  # no reader: no history, never an error
+        server = subprocess.Popen([str(Path(sys.executable).parent / "coloc-report"), "serve", "--config", str(cfg)],
+                                  stderr=subprocess.PIPE, text=True)
+        assert "listening" in server.stderr.readline()
+        out = subprocess.run(user, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "[2048]"
     finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -1,19 +1,22 @@
 """``coloc-report``: usage per job, user, GPU, node and cluster; ``coloc-report plot`` draws PNGs."""
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import click
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
-from slurm_coloc.report import export, views
+from slurm_coloc.report import export, query, reader, views
 from slurm_coloc.report.summarize import load_report
 from slurm_coloc.report.timespec import parse_when
 
-VIEWS = ("jobs", "users", "gpus", "nodes", "cluster")
+VIEWS = query.VIEWS
 
 
 class DefaultGroup(click.Group):
@@ -50,32 +53,35 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _collect(view: str, config_path: Optional[str], since: Optional[str], until: Optional[str], users: tuple,
-             nodes: tuple, job_ids: tuple, sort_key: Optional[str], desc: bool):
-    now = time.time()
-    cfg = config_mod.load(config_path)
-    flt = views.Filters(since=parse_when(since, now), until=parse_when(until, now), users=users or None,
-                        nodes=nodes or None, job_ids=job_ids or None)
-    viewer = views.current_viewer(cfg)
-    report = load_report(cfg)
-    jobs = views.select_jobs(report, cfg, flt, viewer, with_util=view in ("jobs", "users"), now=now)
-    if not viewer.sees_all:
-        report.problems.append(f"showing only {viewer.name}'s jobs (root and group "
-                               f"{cfg.admin_group or '<admin_group unset>'} see all)")
-    if view == "jobs":
-        rows = views.job_rows(jobs)
-    elif view == "users":
-        rows = views.user_rows(jobs)
-    else:
-        gpus = views.gpu_rows(report, jobs, flt, viewer, now)
-        rows = {"gpus": lambda: views.public(gpus), "nodes": lambda: views.node_rows(gpus),
-                "cluster": lambda: [views.cluster_row(gpus, jobs)]}[view]()
+def _direct_read_allowed(cfg: config_mod.Config, viewer: views.Viewer) -> bool:
+    """Whether this process reads the databases itself: root and the admin group always; anyone else only
+    where the files let them (a readable copy, a fresh install); otherwise the reader service answers."""
+    if viewer.sees_all:
+        return True
+    state = Path(cfg.state_dir)
     try:
-        rows = views.sort_rows(rows, sort_key, desc)
-    except KeyError:
-        cols = ", ".join(rows[0].keys()) if rows else ""
-        raise ColocError(f"--sort: no column {sort_key!r} in the {view} view", hint=f"columns: {cols}") from None
-    return report, jobs, rows
+        if not state.exists():
+            return True  # nothing recorded yet: the direct read says so
+        if not os.access(state, os.R_OK | os.X_OK):
+            return False
+        return not cfg.ctld_db_path.exists() or os.access(cfg.ctld_db_path, os.R_OK)
+    except OSError:  # EACCES on a path above or at state_dir
+        return False
+
+
+def _collect(q: query.Query, config_path: Optional[str]):
+    """(problems, jobs, rows) of ``q``: read directly, or asked of the reader service (``coloc-report serve``)."""
+    cfg = config_mod.load(config_path)
+    viewer = views.current_viewer(cfg)
+    if _direct_read_allowed(cfg, viewer):
+        report, jobs, rows = query.collect(cfg, q, viewer)
+        return report.problems, jobs, rows
+    reply = reader.ask(reader.socket_path(cfg), q.to_json())
+    if not reply.get("ok"):
+        err = ColocError(str(reply.get("error") or "the reader refused the request"))
+        err.exit_code = int(reply.get("exit_code") or 2)
+        raise err
+    return list(reply.get("problems") or []), query.jobs_from_json(reply.get("jobs") or []), list(reply["rows"])
 
 
 def _make_view(view: str) -> click.Command:
@@ -84,13 +90,14 @@ def _make_view(view: str) -> click.Command:
         if as_json and as_csv:
             _fail(ColocError("--json and --csv exclude each other"))
         try:
-            report, jobs, rows = _collect(view, kw["config_path"], kw["since"], kw["until"], kw["users"],
-                                          kw["nodes"], kw["job_ids"], sort_key, desc)
+            q = query.Query(view=view, since=kw["since"], until=kw["until"], users=kw["users"], nodes=kw["nodes"],
+                            job_ids=kw["job_ids"], sort_key=sort_key, desc=desc)
+            problems, jobs, rows = _collect(q, kw["config_path"])
         except ColocError as exc:
             _fail(exc)
             return
         if as_json:
-            export.to_json(view, rows, report.problems, sys.stdout)
+            export.to_json(view, rows, problems, sys.stdout)
         elif as_csv:
             export.to_csv(rows, sys.stdout)
         else:
@@ -98,11 +105,11 @@ def _make_view(view: str) -> click.Command:
 
             if view == "jobs":
                 order = {r["job_id"]: i for i, r in enumerate(rows)}
-                render.jobs_table(sorted(jobs, key=lambda j: order[j.job_id]), report.problems)
+                render.jobs_table(sorted(jobs, key=lambda j: order[j.job_id]), problems)
             elif view == "cluster":
-                render.cluster_table(rows[0], report.problems)
+                render.cluster_table(rows[0], problems)
             else:
-                render.rows_table(view, rows, report.problems)
+                render.rows_table(view, rows, problems)
 
     helps = {
         "jobs": "Per job: request, estimate vs measured peak and error, unused memory, utilization next to SM "
@@ -164,6 +171,10 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
         t0, t1 = parse_when(since, now), parse_when(until, now) or now
         flt = views.Filters(since=t0, until=t1, users=users or None, nodes=nodes or None)
         viewer = views.current_viewer(cfg)
+        if not _direct_read_allowed(cfg, viewer):
+            raise ColocError("plot reads the databases itself: root and the admin group only",
+                             hint="use `coloc-report jobs --json` or `coloc-report gpus --json` (answered by the "
+                                  "reader service)")
         report = load_report(cfg)
         jobs = views.select_jobs(report, cfg, flt, viewer)
         files = plot_mod.draw_all(report, jobs, flt, viewer, out_dir, now)
@@ -174,6 +185,44 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
         click.echo(f)
     for p in report.problems:
         click.echo(f"note: {p}", err=True)
+
+
+@cli.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="YAML config.")
+@click.option("--pidfile", type=click.Path(dir_okay=False), default=None, help="Write the server's pid here.")
+def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
+    """Run the reader service (as root): answer ordinary users' coloc-report with their own rows.
+
+    Listens on report_socket_path (default <run_dir>/report.sock) until SIGTERM. The caller's uid comes from
+    the kernel (SO_PEERCRED); the config is read again for every request. Logs one line per answer to stderr.
+
+    \b
+    Example:
+      coloc-report serve --config /etc/slurm-coloc/coloc.yaml
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s coloc-report serve: %(message)s")
+    try:
+        if os.geteuid() != 0:
+            raise ColocError("coloc-report serve must run as root (it reads every database for its callers)")
+        path = reader.socket_path(config_mod.load(config_path))
+
+        def ready() -> None:
+            if pidfile:
+                Path(pidfile).write_text(f"{os.getpid()}\n")
+            click.echo(f"coloc-report serve: listening at {path}", err=True)
+
+        def handle(request: Any, uid: int) -> dict:
+            try:
+                cfg = config_mod.load(config_path)
+            except ColocError as exc:
+                return {"ok": False, "error": f"the reader's config: {exc.one_line()}", "exit_code": 1}
+            return query.answer(cfg, request, uid)
+
+        reader.serve(path, handle, ready)
+    except ColocError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(ColocError(f"cannot serve: {exc}"))
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from typing import List, Optional, Tuple
 
 import click
@@ -16,24 +17,38 @@ from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import Plan, build_plan
 
+HISTORY_ASK_TIMEOUT_S = 10.0  # how long coloc-sbatch waits for the reader service's history answer
+
 
 def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     """Memory (MiB) earlier runs of this exact script were shown to need (OOM fences, measured peaks).
 
-    Read-only from the controller database; an unreadable or absent database means no history (never fatal).
+    Read-only from the controller database, or, where this user may not read it (root and ``admin_group``
+    only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No database,
+    no service or any error means no history (never fatal).
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
     try:
-        return read_history(cfg, script_sha256)
-    except ColocError:
+        if os.access(cfg.ctld_db_path, os.R_OK):
+            return read_history(cfg, script_sha256)
+        state = cfg.ctld_db_path.parent
+        if not state.exists() or (os.access(state, os.X_OK) and not cfg.ctld_db_path.exists()):
+            return []  # nothing recorded yet
+        from slurm_coloc.report import reader
+
+        reply = reader.ask(reader.socket_path(cfg), {"op": "history", "sha256": script_sha256},
+                           timeout_s=HISTORY_ASK_TIMEOUT_S)
+        values = reply.get("history_mib") if reply.get("ok") else None
+        return [int(v) for v in values if isinstance(v, int)] if isinstance(values, list) else []
+    except (ColocError, OSError):  # OSError: Path.exists() raises EACCES inside a directory we may not search
         return []
 
 
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
     """Split the command line, parse the script and plan (``build_plan`` runs the estimator only when the GPU
-    rule needs it, for the GPU model of the job's partition); no side effect. Returns (plan, parsed script,
-    dry_run).
+    rule needs it, for the GPU model of the job's partition, in a child process bounded by
+    ``estimate_timeout_s``: ``cli/sbatch_estimate.py``); no side effect. Returns (plan, parsed script, dry_run).
 
     Raises:
         ColocError: any bad input (script, directives, options, model).
@@ -42,11 +57,18 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     cmd = split_command_line(argv)
     parsed = parse_script(cmd.script) if cmd.script is not None else None
 
-    def estimate_fn(spec: ModelSpec, gpu_model: str) -> Estimate:
-        from slurm_coloc.estimate import estimate_peak
+    deadline = time.monotonic() + cfg.estimate_timeout_s  # one bound for all GPU models of the job
+
+    def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
+        from slurm_coloc.cli.sbatch_estimate import estimate_isolated
 
         history = script_history_mib(cfg, parsed.sha256) if parsed is not None else []
-        return estimate_peak(spec, gpu_model, history_mib=history)
+        est = estimate_isolated(spec, gpu_model, history, max(0.1, deadline - time.monotonic()))
+        if est is None:
+            click.echo(f"coloc-sbatch: warning: the estimate of {spec.model} did not finish within "
+                       f"estimate_timeout_s ({cfg.estimate_timeout_s:g} s): submitting as without an estimate "
+                       f"(a whole GPU); give #COLOC mem= or --coloc-mem to skip the estimate", err=True)
+        return est
 
     spank = spank_options_available(cfg.slurm_bin_dir)
     return build_plan(cmd, parsed, cfg, estimate_fn, spank=spank), parsed, cmd.dry_run
@@ -95,6 +117,9 @@ def cli(argv: Tuple[str, ...]) -> None:
                 click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy", err=True)
             click.echo(f"coloc-sbatch: {plan.mode} ({plan.reason})", err=True)
             return
+        if plan.comment_dropped:
+            click.echo(f"coloc-sbatch: note: the job comment is kept within Slurm's 1024 characters: left out "
+                       f"{'; '.join(plan.comment_dropped)}", err=True)
         code = submit(plan, parsed)
         if code == 0 and "--parsable" not in argv:
             click.echo(f"coloc-sbatch: {' '.join(plan.gpu_args)} ({plan.mode}: {plan.reason})", err=True)

@@ -1,13 +1,22 @@
-"""Opening slurm-coloc databases: WAL, busy timeout, migrations, root-only directories."""
+"""Opening slurm-coloc databases: WAL, busy timeout, migrations, and who may read them.
+
+A database and its ``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that
+group, 0600 without one; directories we create 0750 / 0700): they hold every user's job names,
+script SHA-256s, model specs and stderr lines. Ordinary users read their own rows through coloc-report's reader
+(``report/reader.py``). A root opener tightens files left looser by an older version (docs/admin.md).
+"""
 from __future__ import annotations
 
 import contextlib
+import grp
+import logging
 import os
 import random
 import sqlite3
+import stat
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Optional, Union
 
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
@@ -16,15 +25,85 @@ from slurm_coloc.errors import StoreError
 from slurm_coloc.store.schema import CTLD, NODE
 
 
-def _ensure_dir(path: Path) -> None:
-    """Create ``path``'s parents root-owned 0755 (readable by coloc-report, writable by root only)."""
+log = logging.getLogger(__name__)
+
+FILE_MODE_GROUP, DIR_MODE_GROUP = 0o640, 0o750  # root rw, admin group r
+FILE_MODE_ROOT, DIR_MODE_ROOT = 0o600, 0o700  # no admin group: root only
+SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def admin_gid(admin_group: Optional[str]) -> Optional[int]:
+    """The gid of ``admin_group`` (a group name or a number), None for "" or an unknown group (logged).
+
+    None: the ``admin_group`` of the loaded config (``config.load()``; a config that does not load: root only),
+    so that every opener of a file (hooks, sampler, report) agrees on its group.
+    """
+    if admin_group is None:
+        from slurm_coloc import config as config_mod
+
+        try:
+            admin_group = config_mod.load().admin_group
+        except Exception as exc:  # noqa: BLE001 - a bad config is reported by its loader's callers
+            log.warning("cannot read admin_group from the config (%s): databases readable by root only", exc)
+            admin_group = ""
+    if not admin_group:
+        return None
+    try:
+        return grp.getgrnam(admin_group).gr_gid
+    except KeyError:
+        if admin_group.isdigit():
+            return int(admin_group)
+        log.warning("admin_group %r is not a group on this host: databases stay readable by root only", admin_group)
+        return None
+
+
+def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
+    """Make ``path`` root(-owner) read-write and readable by group ``gid`` only (None: by the owner only).
+
+    As root the group is set to ``gid`` (root's group 0 without one); as another user only the mode is set.
+    A missing path is ignored. Raises OSError when the mode cannot be set.
+    """
+    if directory:
+        mode = DIR_MODE_GROUP if gid is not None else DIR_MODE_ROOT
+    else:
+        mode = FILE_MODE_GROUP if gid is not None else FILE_MODE_ROOT
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if os.geteuid() == 0 and st.st_gid != (0 if gid is None else gid):
+        os.lchown(path, -1, 0 if gid is None else gid)
+    if st.st_mode & 0o7777 != mode:
+        os.chmod(path, mode)
+
+
+def restrict_database(path: Path, gid: Optional[int]) -> None:
+    """``restrict`` the database file, its ``-wal``/``-shm``/``-journal`` files and, when it is ours, its directory.
+
+    The directory is ours when ``_ensure_dir`` made it: root-owned with mode 0700 or 0750; it then follows
+    ``admin_group`` (set or unset later). Any other directory is left as it is: it may be shared
+    (``state_dir: /var/lib``), and the files' own modes already keep other users out.
+    """
+    try:
+        st = os.stat(path.parent)
+        if st.st_uid == 0 and stat.S_IMODE(st.st_mode) in (DIR_MODE_ROOT, DIR_MODE_GROUP):
+            restrict(path.parent, gid, directory=True)
+    except FileNotFoundError:
+        pass
+    for p in (path, *(Path(f"{path}{suffix}") for suffix in SIDE_SUFFIXES)):
+        restrict(p, gid)
+
+
+def _ensure_dir(path: Path, gid: Optional[int]) -> None:
+    """Create ``path``'s directory (and missing parents) root-owned, readable by root and group ``gid`` only."""
     parent = path.parent
     if not parent.exists():
-        old = os.umask(0o022)
+        old = os.umask(0o077)
         try:
-            parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+            parent.mkdir(parents=True, mode=DIR_MODE_ROOT, exist_ok=True)
         finally:
             os.umask(old)
+        restrict(parent, gid, directory=True)
 
 
 class ColocDatabase(Database):
@@ -117,42 +196,54 @@ def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
             time.sleep(0.01 + 0.04 * random.random())
 
 
-def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: float = 5.0) -> Database:
+def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: float = 5.0,
+            admin_group: Optional[str] = None) -> Database:
     """Open (creating if needed) a database for writing, in WAL mode, with migrations applied.
+
+    The file, its ``-wal``/``-shm`` files and its directory are made readable by root and ``admin_group``
+    only (``restrict_database``), also when an older version left them 0644. The file is created under umask
+    077, so no other user can open it before the modes are set.
 
     Args:
         path: database file.
         migrations: ``schema.CTLD`` or ``schema.NODE``.
         busy_timeout_s: how long to wait for a lock held by another writer.
+        admin_group: group that may read the files ("" = root only; None = the loaded config's).
 
     Raises:
         StoreError: the file cannot be opened, is not a database, or migrating fails.
     """
     p = Path(path)
+    gid = admin_gid(admin_group)
+    old_umask = os.umask(0o077)
     try:
-        _ensure_dir(p)
+        _ensure_dir(p, gid)
+        restrict_database(p, gid)  # an existing file first: tightened before we add -wal/-shm beside it
         conn = sqlite3.connect(str(p), timeout=busy_timeout_s, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         db = ColocDatabase(conn)
         _retry_locked(lambda: _wal_and_migrate(db, migrations, str(p)), busy_timeout_s)
-        if p.exists():
-            os.chmod(p, 0o644)
+        restrict_database(p, gid)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open database {str(p)!r}: {exc}",
                          hint="check the file is a slurm-coloc database and the disk is not full") from None
     except OSError as exc:
         raise StoreError(f"cannot create database {str(p)!r}: {exc}") from None
+    finally:
+        os.umask(old_umask)
     return db
 
 
-def open_ctld_db(path: Union[str, Path], busy_timeout_s: float = 5.0) -> Database:
-    """The controller-side database (jobs, events)."""
-    return open_db(path, CTLD, busy_timeout_s)
+def open_ctld_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
+                 admin_group: Optional[str] = None) -> Database:
+    """The controller-side database (jobs, events); ``admin_group`` as in ``open_db``."""
+    return open_db(path, CTLD, busy_timeout_s, admin_group)
 
 
-def open_node_db(path: Union[str, Path], busy_timeout_s: float = 5.0) -> Database:
-    """A node database (job_runs, hook_runs, samples)."""
-    return open_db(path, NODE, busy_timeout_s)
+def open_node_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
+                 admin_group: Optional[str] = None) -> Database:
+    """A node database (job_runs, hook_runs, samples); ``admin_group`` as in ``open_db``."""
+    return open_db(path, NODE, busy_timeout_s, admin_group)
 
 
 def open_readonly(path: Union[str, Path], busy_timeout_s: float = 2.0) -> Database:

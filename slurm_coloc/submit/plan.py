@@ -13,7 +13,13 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 4. Otherwise (one GPU or none asked): ``--coloc-mem``/``#COLOC mem=`` if given, else the model's estimate
    for the GPU model of the job's partition (``gpu_models``), plus ``headroom_mib``, rounded up to GiB
    shards; at or above a whole GPU -> rule 1.
-5. No model information and no override -> rule 1 (a whole GPU).
+5. No model information and no override -> rule 1 (a whole GPU); so is an estimate that did not finish within
+   ``estimate_timeout_s`` (``estimate_fn`` returned None).
+
+The job comment carries the coloc JSON within Slurm's 1024 characters (``comment.fit_comment``): when user
+text + JSON are longer, the script arguments go first where Slurm's own command line keeps them exactly (no
+argument empty or holding whitespace), then the model's kwargs (they stay in the script's ``#COLOC`` lines,
+which Slurm stores), then the spec, then the arguments anyway; ``Plan.comment_dropped`` says what went.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import build_comment
+from slurm_coloc.comment import Shrink, fit_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
 from slurm_coloc.estimate.gpus import gpu_model
@@ -34,8 +40,9 @@ from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
-EstimateFn = Callable[[ModelSpec, str], Estimate]
-"""``(spec, GPU model name) -> Estimate`` in MiB; may raise ``EstimateError``."""
+EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]
+"""``(spec, GPU model name) -> Estimate`` in MiB, or None when it did not finish in time; may raise
+``EstimateError``."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class Plan:
         reason: one line saying why this GPU request.
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
+        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module docstring).
     """
 
     mode: str
@@ -80,6 +88,7 @@ class Plan:
     comment: Dict[str, Any]
     reason: str
     gpu_args: Tuple[str, ...] = ()
+    comment_dropped: Tuple[str, ...] = ()
 
     def argv(self, script_path: Optional[str]) -> List[str]:
         """The sbatch argv with ``script_path`` at the script's place."""
@@ -251,11 +260,14 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         reason = f"{why}: whole GPUs on an exclusive node"
     else:
         estimate: Optional[Estimate] = None
+        timed_out = False
         if override is None and estimate_fn is not None and script is not None and script.spec is not None:
             spec = script.spec
-            estimate, model_name = max(((estimate_fn(spec, name), name) for name in gpu_models(cfg, all_opts)),
-                                       key=lambda pair: pair[0].mem_mib)
-            model_name = estimate.gpu_model or model_name
+            found = [(estimate_fn(spec, name), name) for name in gpu_models(cfg, all_opts)]
+            timed_out = any(e is None for e, _ in found)
+            if not timed_out:
+                estimate, model_name = max(found, key=lambda pair: pair[0].mem_mib)  # type: ignore[union-attr]
+                model_name = estimate.gpu_model or model_name
         if override is not None or estimate is not None:
             # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
             mem_mib = override if override is not None else estimate.mem_mib  # type: ignore[union-attr]
@@ -267,6 +279,9 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
             if shards >= whole:
                 mode, shards = "whole-gpu", whole
                 reason = f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU"
+        elif timed_out:
+            mode, shards = "whole-gpu", whole
+            reason = f"no estimate within estimate_timeout_s ({cfg.estimate_timeout_s:g} s): a whole GPU"
         else:
             mode, shards, reason = "whole-gpu", whole, "no model information: a whole GPU"
     args: List[str] = []
@@ -290,12 +305,14 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                                "method": method, "gpu_model": model_name,
                                "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
-    if cmd.script_args and len(json.dumps(list(cmd.script_args))) <= 2048:
+    if cmd.script_args:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
     user_comment = cmd.last("comment")
     if user_comment is None:
         user_comment = next((o.value for o in reversed(script_opts) if o.name == "comment"), None)
-    args.append("--comment=" + build_comment(comment, user_comment))
+    text, dropped = fit_comment(comment, user_comment, comment_steps(cmd.script_args))
+    if text is not None:
+        args.append("--comment=" + text)
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
     if rewritten is not None and cmd.last("job-name") is None and not any(o.name == "job-name" for o in script_opts):
         args.append("--job-name=" + Path(script.path).name)  # type: ignore[union-attr]
@@ -304,7 +321,36 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         index = len(args)
         args.append(cmd.script)
     args.extend(cmd.script_args)
-    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args))
+    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args), tuple(dropped))
+
+
+def _without(key: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
+    return lambda data: {k: v for k, v in data.items() if k != key}
+
+
+def _without_kwargs(data: Dict[str, Any]) -> Dict[str, Any]:
+    spec = data.get("spec")
+    if not isinstance(spec, dict) or not spec.get("kwargs"):
+        return data
+    return {**data, "spec": {**spec, "kwargs": {}, "kwargs_chars": len(json.dumps(spec["kwargs"]))}}
+
+
+def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
+    """The order in which the coloc comment is shrunk to fit Slurm's limit (module docstring).
+
+    Script arguments go first only if Slurm's ``command`` (arguments joined by single spaces, read back by the
+    OOM rerun) gives them back exactly: none empty, none holding whitespace.
+    """
+    exact = all(a and not any(c.isspace() for c in a) for a in script_args)
+    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)", _without("argv"))] if exact \
+        else []
+    steps += [("the model's kwargs (they stay in the script's #COLOC lines)", _without_kwargs),
+              ("the model spec", _without("spec"))]
+    if not exact:
+        steps.append(("the script arguments", _without("argv")))
+    steps.append(("the GPU model and method", lambda d: {k: v for k, v in d.items()
+                                                         if k not in ("gpu_model", "method")}))
+    return steps
 
 
 def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int]) -> List[Option]:

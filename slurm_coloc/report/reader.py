@@ -1,0 +1,192 @@
+"""The reader service's socket: a Unix stream socket root serves, answering one JSON request per connection.
+
+Why a service: the databases are readable by root and the admin group only (``store/db.py``); an ordinary
+user's ``coloc-report`` asks this root process instead, which answers with that user's rows only. The
+caller's identity is the kernel's (``SO_PEERCRED`` uid of the connecting process), never a field of the
+request, so no setuid program and no trust in what the client sends. Run by ``coloc-report serve`` on every
+host where users run coloc-report and the databases can be read (docs/admin.md).
+
+Protocol: the client sends one JSON object on one line (at most ``MAX_REQUEST_BYTES``), then half-closes or
+waits; the server writes one JSON object on one line and closes. Stdlib only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import stat
+import struct
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 64 * 1024
+REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing is dropped after this
+MAX_CONCURRENT = 4  # answers computed at once (each reads every database); further clients wait
+SOCKET_NAME = "report.sock"
+
+Handler = Callable[[Any, int], Dict[str, Any]]
+"""``(request JSON, peer uid) -> answer JSON`` (must not raise for bad requests)."""
+
+
+def socket_path(cfg: Config) -> Path:
+    """Where the reader listens: ``report_socket_path``, else ``<run_dir>/report.sock``."""
+    return Path(cfg.report_socket_path) if cfg.report_socket_path else Path(cfg.run_dir) / SOCKET_NAME
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket (Linux ``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def _read_line(sock: socket.socket, limit: int) -> bytes:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > limit:
+            raise ColocError(f"request longer than {limit} bytes")
+    return buf.split(b"\n", 1)[0]
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.answer = handler
+        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        super().__init__(path, _Request)
+
+
+class _Request(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            uid = peer_uid(sock)
+            raw = _read_line(sock, MAX_REQUEST_BYTES)
+            try:
+                request = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                reply: Dict[str, Any] = {"ok": False, "error": "bad request: not one line of JSON", "exit_code": 2}
+            else:
+                with self.server.slots:
+                    reply = self.server.answer(request, uid)
+            sock.settimeout(None)
+            sock.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            log.info("answered uid %d: %s", uid, "ok" if reply.get("ok") else reply.get("error"))
+        except (OSError, ColocError) as exc:
+            log.warning("dropped a client: %s", exc)
+        except Exception:  # noqa: BLE001 - one bad answer must not stop the service
+            log.exception("error while answering a client")
+            try:
+                sock.sendall(b'{"ok": false, "error": "internal error in the reader (see its log)", '
+                             b'"exit_code": 1}\n')
+            except OSError:
+                pass
+
+
+def _prepare(path: Path) -> None:
+    """Create the socket's directory (0755) and remove a stale socket; refuse to replace anything else."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ColocError(f"{path} exists and is not a socket: refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: left by a killed server
+        return
+    finally:
+        probe.close()
+    raise ColocError(f"a reader already listens at {path}")
+
+
+def serve(path: Path, handler: Handler, ready: Optional[Callable[[], None]] = None) -> None:
+    """Listen at ``path`` (mode 0666: any local user may connect; the answer depends on their uid) until
+    SIGTERM/SIGINT, answering each connection with ``handler``; the socket is removed on exit.
+
+    Raises:
+        ColocError: the path holds something else or another reader listens there.
+        OSError: the socket cannot be created.
+    """
+    _prepare(path)
+    old = os.umask(0o111)
+    try:
+        server = _Server(str(path), handler)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o666)
+
+    def stop(_sig: int, _frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if ready:
+        ready()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def ask(path: Path, request: Dict[str, Any], timeout_s: float = 300.0) -> Dict[str, Any]:
+    """Send ``request`` to the reader at ``path`` and return its answer.
+
+    Raises:
+        ColocError: no reader listens there, it did not answer within ``timeout_s``, or the answer is not JSON.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            raise ColocError(f"no coloc-report reader answers at {path}: {exc.strerror or exc}",
+                             hint="the databases are readable by root and the admin group only; ask your admin "
+                                  "to run `coloc-report serve` on this host (docs/admin.md)") from None
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except socket.timeout:
+        raise ColocError(f"the coloc-report reader at {path} did not answer within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise ColocError(f"lost the coloc-report reader at {path}: {exc}") from None
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(b"".join(chunks).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ColocError(f"the coloc-report reader at {path} sent no answer") from None
+    if not isinstance(reply, dict):
+        raise ColocError(f"the coloc-report reader at {path} sent a malformed answer")
+    return reply
