@@ -28,7 +28,7 @@ from sqlite_utils import Database
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.oom_files import append_line_as_user, read_tail_as_user
+from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
