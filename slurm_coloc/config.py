@@ -61,6 +61,11 @@ class Config:
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
         exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
             and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
+        oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
+            (0: none at all).
+        oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
+        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have seen
+            a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -92,6 +97,9 @@ class Config:
     exporter_port: int = 9466
     exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
+    oom_rerun_per_user_max: int = 3
+    oom_rerun_window_s: float = 3600.0
+    oom_rerun_tolerance_pct: float = 10.0
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -193,6 +201,9 @@ def _validate(cfg: Config) -> Config:
     if cfg.exporter_names not in EXPORTER_NAMES:
         raise ConfigError(f"config key 'exporter_names': {cfg.exporter_names!r} is not one of "
                           f"{', '.join(EXPORTER_NAMES)}")
+    if cfg.oom_rerun_per_user_max < 0 or cfg.oom_rerun_window_s <= 0 or not 0 <= cfg.oom_rerun_tolerance_pct <= 100:
+        raise ConfigError("config: need oom_rerun_per_user_max >= 0, oom_rerun_window_s > 0 and "
+                          "0 <= oom_rerun_tolerance_pct <= 100")
     return cfg
 
 
