@@ -179,7 +179,7 @@ def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     store_jobs.record_ctld_end(db, end, node_list=job.nodes, start_ts=job.start_ts)
     detail: Dict[str, Any] = {"state": state, "state_source": source, "exit_code": job.exit_code,
                               "signal": job.signal}
-    detail.update({k: v for k, v in settle(db, [j for j in jobs if j.job_id != ctx.job]).items() if v})
+    detail.update({k: v for k, v in settle(db, jobs).items() if v})  # this job is COMPLETING: left as is
     try:  # OOM detection and the one rerun; the end above is recorded whatever happens here
         detail["oom"] = oom.handle_job_end(ctx, cfg, env, job, state, share_mode_of(job.gres, cfg), db)
     except ColocError as exc:
