@@ -91,6 +91,11 @@ class Config:
             users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
         estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
             it kills it and submits as without an estimate (a whole GPU).
+        oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
+            (0: none at all).
+        oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
+        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have seen
+            a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
@@ -140,6 +145,9 @@ class Config:
     watchdog_near_pct: float = 90.0
     report_socket_path: str = ""
     estimate_timeout_s: float = 60.0
+    oom_rerun_per_user_max: int = 3
+    oom_rerun_window_s: float = 3600.0
+    oom_rerun_tolerance_pct: float = 10.0
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -266,6 +274,9 @@ def _validate(cfg: Config) -> Config:
     if cfg.exporter_names not in EXPORTER_NAMES:
         raise ConfigError(f"config key 'exporter_names': {cfg.exporter_names!r} is not one of "
                           f"{', '.join(EXPORTER_NAMES)}")
+    if cfg.oom_rerun_per_user_max < 0 or cfg.oom_rerun_window_s <= 0 or not 0 <= cfg.oom_rerun_tolerance_pct <= 100:
+        raise ConfigError("config: need oom_rerun_per_user_max >= 0, oom_rerun_window_s > 0 and "
+                          "0 <= oom_rerun_tolerance_pct <= 100")
     return cfg
 
 

@@ -23,7 +23,7 @@ def cfg(tmp_path: Path):
     st = tmp_path / "state"
     ctld = open_ctld_db(st / "ctld.db")
     store_jobs.record_submission(ctld, store_jobs.JobSubmission(
-        job_id=21, user_name="alice", job_name="ddp", shards_req=8, share_mode="shard", estimate_mib=6000,
+        job_id=21, user_name="alice", uid=2001, job_name="ddp", shards_req=8, share_mode="shard", estimate_mib=6000,
         estimate_method="analytic", script_sha256=SHA, submit_ts=T0 - 1))
     store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(21, T0 + 600, "COMPLETED", 0, 0), node_list="gpu[01-02]",
                                start_ts=T0)
@@ -39,7 +39,7 @@ def cfg(tmp_path: Path):
 
 def test_history_reads_every_node_of_a_bracketed_node_list(cfg) -> None:
     assert measured_peak_mib(cfg, 21, "gpu[01-02]") == 3000  # the peak is on the second node
-    assert script_history_mib(cfg, SHA) == [3000]
+    assert script_history_mib(cfg, SHA, uid=2001) == [3000]
 
 
 def test_admin_comment_summarises_every_node_of_a_bracketed_node_list(cfg) -> None:

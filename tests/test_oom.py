@@ -115,7 +115,8 @@ def test_script_args_from_squeue_command() -> None:
         return job_info_from_json({"job_id": 3, "command": command})
 
     assert oom.script_args(job("./run.sh a1 b2"), {}) == (["a1", "b2"], True)
-    assert oom.script_args(job("./run.sh a1 b2"), {"argv": ["a 1"]}) == (["a 1"], True)
+    assert oom.script_args(job("./run.sh a 1"), {"argv": ["a 1"]}) == (["a 1"], True)  # agrees with Slurm's words
+    assert oom.script_args(job("./run.sh a1 b2"), {"argv": ["--evil"]}) == (["a1", "b2"], True)  # the comment lies
     assert oom.script_args(job("/j/run.sh"), {}) == ([], True)
     assert oom.script_args(job("/j/run.sh a  b"), {})[1] is False
     assert oom.script_args(None, {}) == ([], True)
@@ -127,7 +128,7 @@ def db(tmp_path: Path):
 
 
 def test_claim_is_once_and_history_returns_fences(db) -> None:
-    rec = store_oom.OomRecord(job_id=5, ts=1.0, script_sha256="s1", shards=4, fence_mib=4096,
+    rec = store_oom.OomRecord(job_id=5, ts=1.0, uid=2001, script_sha256="s1", shards=4, fence_mib=4096,
                               retry_status="submitting")
     assert store_oom.claim_retry(db, rec)
     assert not store_oom.claim_retry(db, rec)
@@ -135,10 +136,13 @@ def test_claim_is_once_and_history_returns_fences(db) -> None:
     assert store_oom.original_of(db, 6) == 5 and store_oom.original_of(db, 5) is None
     assert store_oom.record_retry_outcome(db, 6, "COMPLETED", 10.0, 20.0)
     assert not store_oom.record_retry_outcome(db, 99, "COMPLETED", 10.0, 20.0)
-    store_oom.claim_retry(db, store_oom.OomRecord(job_id=8, ts=2.0, script_sha256="s1", shards=6, fence_mib=6144))
-    store_oom.claim_retry(db, store_oom.OomRecord(job_id=9, ts=3.0, script_sha256="other", fence_mib=1024))
-    assert store_oom.history_peaks_mib(db, "s1") == [4096, 6144]
-    assert store_oom.history_peaks_mib(db, "nope") == []
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=8, ts=2.0, uid=2001, script_sha256="s1", shards=6,
+                                                  fence_mib=6144))
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=9, ts=3.0, uid=2001, script_sha256="other", fence_mib=1024))
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=10, ts=4.0, uid=2002, script_sha256="s1", fence_mib=81920))
+    assert store_oom.history_peaks_mib(db, "s1", 2001) == [4096, 6144]  # uid 2002's row is not uid 2001's history
+    assert store_oom.history_peaks_mib(db, "s1", 2002) == [81920]
+    assert store_oom.history_peaks_mib(db, "nope", 2001) == []
     got = store_oom.load_oom_event(db, 5)
     assert got is not None and got.retry_status == "submitted" and got.retry_job_id == 6
     assert got.retry_state == "COMPLETED"

@@ -7,7 +7,9 @@ path (file or directory) is not followed.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import pwd
 import shutil
 import statistics
 import time
@@ -118,9 +120,12 @@ def test_oom_on_shards_gets_exactly_one_rerun_on_a_whole_gpu_that_completes(slur
     assert f"rerunning it once on a whole GPU as job {retry['job_id']}" in err      # the user is told
     row = _oom_row(c, orig)
     assert row is not None and row.retry_status == "submitted" and row.retry_job_id == retry["job_id"]
-    assert row.fence_mib == 4096 and row.script_sha256 == SHA and row.retry_state == "COMPLETED"
+    # the history key is root's hash of the script Slurm stored and the job's uid, never the comment's sha256
+    root_sha = hashlib.sha256((work / "oom_job.sh").read_bytes()).hexdigest()
+    assert row.fence_mib == 4096 and row.script_sha256 == root_sha != SHA and row.retry_state == "COMPLETED"
     assert row.evidence["messages"][0][0] == "torch.OutOfMemoryError"
-    assert store_oom.history_peaks_mib(open_readonly(c.ctld_db), SHA) == [4096]
+    assert store_oom.history_peaks_mib(open_readonly(c.ctld_db), root_sha, pwd.getpwnam(USER).pw_uid) == [4096]
+    assert store_oom.history_peaks_mib(open_readonly(c.ctld_db), SHA, pwd.getpwnam(USER).pw_uid) == []
 
 
 def test_rerun_that_ooms_again_is_not_rerun(slurm_cluster: Cluster, campaign) -> None:

@@ -126,5 +126,6 @@ run_dir: $2/coloc/run
 log_dir: $2/log
 slurm_bin_dir: $3
 gpu_mem_gib: $4
+oom_rerun_per_user_max: 1000  # test/demo cluster: its tests rerun many OOM jobs of one user
 YAML
 }

@@ -1,7 +1,10 @@
 """One final figure from history and the calibrated analytical trace.
 
 Order:
-1. history: measured NVML peaks of earlier runs of the same spec -> ``max * (1 + margin) + pad``;
+1. history: measured NVML peaks of earlier runs of the same user's same script -> ``max * (1 + margin) + pad``,
+   which may raise the traced figure and may lower it only down to the trace's floor (``trace_floor_mib``: the
+   uncalibrated analytic figure, ``analytic.analytic_mib``, i.e. the trace's own allocations replayed through the
+   caching allocator plus CUDA context and libraries; the calibrated bound multiplies it up, never down);
 2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its
    margins (``weights/calibration.json``) were chosen on validation families so that
    underestimates are rare (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
@@ -80,7 +83,10 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     if hist is not None:
         detail = dict(base.detail)
         detail["history_mib"] = max(int(h) for h in history_mib if h and int(h) > 0)
-        return Estimate(mem_mib=hist, method="history", detail=detail, gpu_model=base.gpu_model)
+        floor = int(detail.get("trace_floor_mib") or base.mem_mib)  # estimates without a floor: only raise
+        if hist < floor:
+            detail["history_below_trace_floor"] = hist
+        return Estimate(mem_mib=max(hist, floor), method="history", detail=detail, gpu_model=base.gpu_model)
     return base
 
 
@@ -146,6 +152,7 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     proxy = f"proxy ({workspace.TABLE_ARCH})"
     detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else proxy
     detail["analytic_bound_mib"] = round(ana_bound, 1)
+    detail["trace_floor_mib"] = int(math.ceil(min(ana, ana_bound)))  # history never lowers below this
     mem = int(math.ceil(ana_bound))
     detail["chosen"] = "analytic"
     assumed = dict(getattr(trace, "assumed_values", None) or {})

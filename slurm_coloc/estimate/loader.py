@@ -1,15 +1,23 @@
 """Find and build the user's model from a ``ModelSpec`` (imports user code: never call from hooks).
 
-The callable is named ``package.module:callable`` (imported) or ``path/to/file.py:callable``
-(relative to ``spec.base_dir``). Every failure is an ``EstimateError`` naming the model.
+The callable is named ``package.module:callable`` or ``path/to/file.py:callable`` (relative to ``spec.base_dir``).
+Every failure is an ``EstimateError`` naming the model.
+
+Whose code runs: a ``package.module`` model is imported from the interpreter's own path only (``sys.path`` without
+the current directory, ``''`` and the script's directory), so a ``torchvision/__init__.py`` planted beside a
+script in a shared directory is never imported. A ``file.py`` model is imported by path, with its directory first
+on ``sys.path`` while it loads, only when ``trusted_dir`` accepts that directory: owned by the submitting user
+(or root) and writable by nobody else, and so is every directory above it up to the first root-owned one.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import stat
 import sys
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, Optional
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.spec import OPTIMIZERS, PRECISIONS, ModelSpec
@@ -48,6 +56,61 @@ def validate_spec(spec: ModelSpec) -> None:
         raise EstimateError(f"model {spec.model}: precision {spec.precision!r} not one of {PRECISIONS}")
 
 
+def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[str]:
+    """Why another user could put code into ``directory``, or None when only ``uid`` (default: ours) and root can.
+
+    Checks ``directory`` (after ``realpath``, so a symlink is judged by its target) and each parent up to and
+    including the first one owned by root: each must be owned by ``uid`` or root. ``directory`` itself must not be
+    group- or other-writable at all (anyone who can add an entry to it can add ``torch/``); a parent may be, only
+    with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
+
+    Returns:
+        One line naming the directory and what is wrong, or None.
+    """
+    uid = os.getuid() if uid is None else uid
+    own = path = os.path.realpath(directory)
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"cannot check {path}: {exc.strerror}"
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (uid, 0):
+            return f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}) or root"
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and (path == own or not mode & stat.S_ISVTX):
+            return f"{path} is writable by other users (mode {mode:o})"
+        parent = os.path.dirname(path)
+        if st.st_uid == 0 or parent == path:
+            return None
+        path = parent
+
+
+def trusted_dir(directory: str, model: str) -> None:
+    """Raise unless ``directory`` holds only code of this user (``untrusted_dir_reason``).
+
+    Raises:
+        EstimateError: one line naming the directory and the fix.
+    """
+    why = untrusted_dir_reason(directory)
+    if why:
+        raise EstimateError(
+            f"model {model}: not importing code from {directory}: {why}; move the model file into a directory "
+            f"only you can write (e.g. chmod go-w, or a directory under your home) and name it there")
+
+
+@contextmanager
+def _interpreter_path_only(drop: List[str]) -> Iterator[None]:
+    """``sys.path`` without the current directory, ``''``/``.`` and ``drop`` while the block runs."""
+    saved = list(sys.path)
+    cwd = os.path.realpath(os.getcwd())
+    bad = {os.path.realpath(d) for d in drop if d} | {cwd}
+    sys.path[:] = [p for p in saved if p not in ("", ".") and os.path.realpath(p) not in bad]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def load_callable(spec: ModelSpec) -> Callable[..., Any]:
     """Import the model callable named by ``spec.model``.
 
@@ -60,6 +123,7 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
         path = os.path.abspath(path)
         if not os.path.isfile(path):
             raise EstimateError(f"model {spec.model}: file {path} not found")
+        trusted_dir(os.path.dirname(path), spec.model)
         name = "_coloc_user_model_" + str(abs(hash(path)))
         mod_spec = importlib.util.spec_from_file_location(name, path)
         if mod_spec is None or mod_spec.loader is None:
@@ -75,19 +139,14 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
         finally:
             sys.path.remove(os.path.dirname(path))
     else:
-        added = False
-        if spec.base_dir and spec.base_dir not in sys.path:
-            sys.path.insert(0, os.path.abspath(spec.base_dir))
-            added = True
         try:
-            module = importlib.import_module(target)
+            with _interpreter_path_only([spec.base_dir]):
+                module = importlib.import_module(target)
         except ModuleNotFoundError as exc:
-            raise EstimateError(f"model {spec.model}: module {target!r} not found ({exc.name})") from exc
+            raise EstimateError(f"model {spec.model}: module {target!r} not found ({exc.name}) on the "
+                                f"interpreter's path (a local module: name it as path/file.py:callable)") from exc
         except Exception as exc:
             raise EstimateError(f"model {spec.model}: importing {target} failed: {_short(exc)}") from exc
-        finally:
-            if added:
-                sys.path.remove(os.path.abspath(spec.base_dir))
     fn = getattr(module, attr, None)
     if fn is None:
         raise EstimateError(f"model {spec.model}: {target} has no attribute {attr!r}")

@@ -12,6 +12,11 @@ memory and arguments, ``--export=NONE`` (slurmd loads the user's login environme
 and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``): 22.05 takes one job's shards from one GPU, so no
 shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off (facts §4; submit/plan.py rule 1).
 The retry carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself.
+
+Who gets a rerun (``rerun_gate``): a printed OOM line is the user's text, so it alone never earns a whole GPU. Only
+a shard job not stopped by the sampler's watchdog, whose memory the sampler saw at its grant (peak plus the
+allocation its message says failed, within ``oom_rerun_tolerance_pct``), or which no sampler watched while it ran
+(no evidence either way), and at most ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from sqlite_utils import Database
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.state import is_final
 from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -60,6 +66,10 @@ OOM_PATTERNS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = tuple((n, re.compile(p
     ("ResourceExhaustedError", r"\bResourceExhaustedError\b.{0,40}\bOOM\b"),
 ))
 MAX_MESSAGES = 5
+# PyTorch's CUDACachingAllocator message: "Tried to allocate 2.00 GiB" (c10/cuda/CUDACachingAllocator.cpp)
+_TRIED_RE = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(GiB|MiB|KiB|B)\b")
+_UNIT_MIB = {"GiB": 1024.0, "MiB": 1.0, "KiB": 1 / 1024, "B": 1 / 2**20}
+MIN_TOLERANCE_MIB = 256
 
 
 def find_oom_messages(text: str) -> List[Tuple[str, str]]:
@@ -112,6 +122,49 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
     return OomDecision(False, "failed without OOM evidence")
 
 
+def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
+    """The largest ``Tried to allocate X`` (MiB, rounded up) in the OOM lines, 0 without one."""
+    best = 0.0
+    for _, line in messages:
+        for num, unit in _TRIED_RE.findall(line):
+            best = max(best, float(num) * _UNIT_MIB[unit])
+    return int(-(-best // 1))
+
+
+def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,
+               watchdog_stopped: bool, recent_reruns: int, per_user_max: int, window_s: float,
+               tolerance_pct: float) -> OomDecision:
+    """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; module docstring).
+
+    Args:
+        grant_mib: the job's grant (shards * 1024 MiB).
+        peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples.
+        tried_mib: the failed allocation its OOM message names (``tried_to_allocate_mib``), 0 if none.
+        sampler_watched: a sampler recorded GPU samples on its nodes while it ran.
+        watchdog_stopped: the sampler's watchdog stopped it (over its grant or outside MPS).
+        recent_reruns: reruns this user got in the last ``window_s`` seconds.
+        per_user_max, window_s, tolerance_pct: the config's ``oom_rerun_*`` keys.
+
+    Returns:
+        ``OomDecision`` (``oom`` True: rerun).
+    """
+    if watchdog_stopped:
+        return OomDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
+    if recent_reruns >= per_user_max:
+        return OomDecision(False, f"{recent_reruns} OOM reruns for this user in the last {window_s:.0f} s "
+                                  f"(limit {per_user_max}): not rerun")
+    tol = max(MIN_TOLERANCE_MIB, int(grant_mib * tolerance_pct / 100))
+    if peak_mib is not None:
+        if peak_mib + tried_mib >= grant_mib - tol:
+            return OomDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, grant "
+                                     f"{grant_mib} MiB): rerun once on a whole GPU")
+        return OomDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
+                                  f"{grant_mib} MiB grant: an OOM there is not the grant's fault; not rerun")
+    if sampler_watched:
+        return OomDecision(False, "the sampler watched its GPU and saw no memory of this job: not rerun")
+    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): rerun once on a whole GPU")
+
+
 def retry_of_comment(comment: str) -> Optional[int]:
     """The original job id in an ``oom-retry-of-<id>`` comment, or None."""
     m = _RETRY_RE.search(comment or "")
@@ -143,22 +196,25 @@ def neutralise_gpu_directives(script: str) -> str:
 def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
-    ``argv`` in the coloc comment (list of str) is exact. Otherwise Slurm 22.05 only keeps ``command``: argv joined
+    ``argv`` in the coloc comment (list of str) is used only where its words are the words Slurm recorded (the
+    comment is the user's text; it can restore spaces inside arguments, never add or change any). Otherwise Slurm 22.05 only keeps ``command``: argv joined
     by single spaces (``JobInfo.command``), so it is split on whitespace and its first word
     (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which cannot
     be told apart (reported as inexact only when doubled spaces show it).
     """
-    argv = coloc.get("argv")
-    if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
-        return list(argv), True
     command = job.command if job else ""
+    argv = coloc.get("argv")
+    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and \
+            " ".join(argv).split() == command.split()[1:]:
+        return list(argv), True  # the comment's words agree with what Slurm recorded
     return command.split()[1:], "  " not in command.strip()
 
 
 def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
     """sbatch options of the rerun of ``job`` (module docstring), each one argv word (no shell).
 
-    Name, paths and account are the job's own values from slurmctld, passed through as opaque text.
+    Every option is the job's own value in slurmctld's record (``JobInfo`` from ``squeue --json``): name, paths and
+    account passed through as opaque text. Nothing comes from the job's comment.
     """
     gib = cfg.gpu_mem_gib
     args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
@@ -183,9 +239,6 @@ def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> Li
         args.append(f"--mem={job.mem_per_node_mib}M")
     info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
                             "method": "oom-retry", "retry_of": job.job_id}
-    for key in ("sha256", "argv"):
-        if key in coloc:
-            info[key] = coloc[key]
     args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
                                                                                    sort_keys=True))
     return args
@@ -242,13 +295,47 @@ def _submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, g
         path.unlink(missing_ok=True)
 
 
+def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
+          peak_mib: Optional[int]) -> OomDecision:
+    """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the user's
+    reruns in the window (controller database)."""
+    from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
+
+    grant = (job.shards or 0) * 1024
+    return rerun_gate(
+        grant, peak_mib, tried_to_allocate_mib(messages),
+        sampler_watched(cfg, job.nodes, job.start_ts, job.end_ts or time.time()),
+        stopped_by_watchdog(cfg, job.job_id, job.nodes),
+        store_oom.reruns_since(db, uid, time.time() - cfg.oom_rerun_window_s),
+        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct)
+
+
+def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
+    """Record how every submitted rerun without a recorded end ended, from slurmctld's job list ``jobs``
+    (``squeue --json``): a final state is recorded as Slurm gives it (a rerun cancelled while pending never gets
+    an EpilogSlurmctld, so this look-up is what records it); a rerun no longer in the list (gone after
+    ``MinJobAge``) is recorded as ``UNKNOWN``. Returns the rerun job ids recorded."""
+    by_id = {j.job_id: j for j in jobs}
+    done: List[int] = []
+    for rerun_id in store_oom.unsettled_reruns(db):
+        info = by_id.get(rerun_id)
+        if info is None:
+            store_oom.record_retry_outcome(db, rerun_id, "UNKNOWN", None, None)
+        elif is_final(info.state):  # hooks/state.py
+            store_oom.record_retry_outcome(db, rerun_id, info.state.split()[0], info.start_ts, info.end_ts)
+        else:
+            continue
+        done.append(rerun_id)
+    return done
+
+
 def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
 
     Args:
         ctx: the hook's environment; job: slurmctld's record of the job (``slurm_jobs.show_job``).
-        state: the inferred final state; share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
+        state: the final state (``hooks/state.py``); share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
         db: the controller database.
 
     Returns:
@@ -259,14 +346,14 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     if retry_of is not None:
         store_oom.record_retry_outcome(db, job_id, state, job.start_ts, job.end_ts)
     retry_of = retry_of if retry_of is not None else retry_of_comment(job.comment)
-    uid = ctx.uid if ctx.uid is not None else job.uid
-    gid = ctx.gid if ctx.gid is not None else job.gid
+    uid = job.uid if job.uid is not None else ctx.uid
+    gid = job.gid if job.gid is not None else ctx.gid
     if state != "FAILED" or uid is None or gid is None:
         return {"oom": False, "why": decide_oom(state, job.reason, []).reason}
     messages, read = _read_output(job, uid, gid)
     shards = job.shards
     peak_mib = None
-    if not messages and shards:  # the sampler's evidence: the job's memory at its fence
+    if shards:  # the sampler's evidence: the job's memory at its fence
         from slurm_coloc.store.history import job_peak_mem_mib
 
         peak_mib = job_peak_mem_mib(cfg, job_id, job.nodes)
@@ -275,9 +362,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
     coloc = parse_comment(job.comment) or {}
-    sha = store_oom.script_sha256_of(db, job_id) or (coloc.get("sha256") if isinstance(coloc.get("sha256"), str)
-                                                     else None)
+    sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
+    if plan.oom:
+        plan = _gate(cfg, job, db, uid, messages, peak_mib)
     evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
                 "messages": messages, "read": read, "decision": decision.reason, "node_list": job.nodes,
                 "sampler_peak_mib": peak_mib}

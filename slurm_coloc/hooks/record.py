@@ -112,7 +112,7 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
                 "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
                 "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),
                 "shards_req": coloc.get("shards"), "estimate_method": coloc.get("method"),
-                "script_sha256": coloc.get("sha256"), "updated_ts": now,
+                "updated_ts": now,  # script_sha256: only root's hash of Slurm's copy (hooks/ctld.py)
                 "coloc_json": json.dumps(coloc, sort_keys=True) if coloc else None}})
         else:
             ops.append({"op": "ctld_end", "row": {

@@ -1,5 +1,13 @@
 """Deciding how a job ended from what an epilog can see (pure).
 
+Sources, best first (``final_state``): a final state a newer Slurm hands the epilog in its environment
+(``FINAL_STATE_VARS``: the seam for the 24.11/26.05 hook environments, recorded under ``tests/data/slurm-<v>/``);
+a final state in slurmctld's record (``JobInfo.state`` outside ``COMPLETING``); else an inference from the exit
+pair, run time and reason, recorded as ``inferred`` and replaced by Slurm's own final state when a later controller
+hook finds the job ended (``hooks/ctld.py`` ``settle``). The inference cannot tell a cancelled job from one that
+ended by itself: a cancelled batch script that traps SIGTERM exits 0 or 1, and a job cancelled during its Prolog
+shows ``0:0`` (22.05.8, checked on the local cluster).
+
 In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
 TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
 (facts §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). slurmctld's record of the job
@@ -7,17 +15,43 @@ TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for tim
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional, Tuple
 
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 _FINAL = FINAL_STATES
+# Environment variables through which a Slurm version gives its epilogs the job's final state. 22.05 sets none
+# (facts §5, tests/data/slurm-22.05/epilog_states.txt); add a name here once a recording shows it.
+FINAL_STATE_VARS: Tuple[str, ...] = ()
+SLURM = "slurm"  # the state is Slurm's own final answer
+INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace it
 
 
-def final_state(job: JobInfo) -> str:
-    """``infer_final_state`` of a job as slurmctld shows it (state, exit pair, run time, limit, reason)."""
-    return infer_final_state(job.state, job.exit_code, job.signal, job.run_s, job.time_limit_s, job.reason)
+def is_final(state: str) -> bool:
+    """Whether a ``job_state`` is a final state (``COMPLETING``, ``RUNNING``, ``PENDING`` are not)."""
+    return bool(state) and state.split()[0].upper() in _FINAL
+
+
+def state_from_env(env: Mapping[str, str]) -> Optional[str]:
+    """The final state the hook's environment gives (``FINAL_STATE_VARS``), or None (always None on 22.05)."""
+    for name in FINAL_STATE_VARS:
+        value = (env.get(name) or "").strip()
+        if is_final(value):
+            return value.split()[0].upper()
+    return None
+
+
+def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
+    """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else slurmctld's
+    record if final, else ``infer_final_state`` of the record (exit pair, run time, limit, reason)."""
+    given = state_from_env(env or {})
+    if given:
+        return given, SLURM
+    if is_final(job.state):
+        return job.state.split()[0].upper(), SLURM
+    return infer_final_state(job.state, job.exit_code, job.signal, job.run_s, job.time_limit_s,
+                             job.reason), INFERRED
 
 
 def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional[int],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import List, Optional
 
 from slurm_coloc.config import Config
@@ -17,8 +18,12 @@ log = logging.getLogger(__name__)
 MAX_HISTORY_JOBS = 20  # the most recent completed runs whose measured peaks are read
 
 
-def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
-    """MiB values earlier runs of the script with this SHA-256 needed.
+def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = None) -> List[int]:
+    """MiB values earlier runs of user ``uid``'s (default: the calling user's) script with this SHA-256 needed.
+
+    Keyed on what root recorded: ``jobs.script_sha256`` (root's hash of the batch script Slurm stored) and
+    ``jobs.uid`` / ``oom_events.uid`` (the uid Slurm gave the hook), never on the job's comment; so no user's jobs
+    feed another user's estimate, and a forged comment feeds nothing.
 
     Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
     and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's per-job
@@ -28,13 +33,15 @@ def script_history_mib(cfg: Config, script_sha256: str) -> List[int]:
     Raises:
         StoreError: the controller database exists but cannot be read (node files are skipped quietly).
     """
+    uid = os.getuid() if uid is None else int(uid)
     if not script_sha256 or not cfg.ctld_db_path.exists():
         return []
     db = open_readonly(cfg.ctld_db_path)
     try:
-        values = history_peaks_mib(db, script_sha256)
-        done = db.execute("SELECT job_id, node_list FROM jobs WHERE script_sha256 = ? AND state = 'COMPLETED' "
-                          "ORDER BY job_id DESC LIMIT ?", [script_sha256, MAX_HISTORY_JOBS]).fetchall()
+        values = history_peaks_mib(db, script_sha256, uid)
+        done = db.execute("SELECT job_id, node_list FROM jobs WHERE script_sha256 = ? AND uid = ? "
+                          "AND state = 'COMPLETED' ORDER BY job_id DESC LIMIT ?",
+                          [script_sha256, uid, MAX_HISTORY_JOBS]).fetchall()
     except Exception as exc:  # sqlite3 errors while reading a damaged file
         raise StoreError(f"cannot read history from {cfg.ctld_db_path}: {exc}") from None
     for job_id, node_list in done:
@@ -93,3 +100,39 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
         if peak is not None and (best is None or peak > best):
             best = peak
     return None if best is None else int(round(best))
+
+
+def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
+    """Whether a sampler recorded GPU samples on any node of ``node_list`` between ``start_ts`` and ``end_ts``
+    (Unix s): then a job with no process samples of its own held no GPU memory in that time. Never raises."""
+    from slurm_coloc.store.oom import gpu_samples_between
+
+    if not start_ts or not end_ts:
+        return False
+    for node in node_names(node_list or ""):
+        path = cfg.node_db_path(node)
+        if not path.exists():
+            continue
+        try:
+            if gpu_samples_between(open_readonly(path), start_ts, end_ts):
+                return True
+        except Exception as exc:  # noqa: BLE001 - evidence is optional
+            log.warning("cannot read gpu samples from %s: %s", path, exc)
+    return False
+
+
+def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
+    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (a ``watchdog_events`` row
+    for the job in a node database; False where the table does not exist). Never raises."""
+    from slurm_coloc.store.oom import has_watchdog_event
+
+    for node in node_names(node_list or ""):
+        path = cfg.node_db_path(node)
+        if not path.exists():
+            continue
+        try:
+            if has_watchdog_event(open_readonly(path), job_id):
+                return True
+        except Exception as exc:  # noqa: BLE001 - logged; treated as no event
+            log.warning("cannot read watchdog events from %s: %s", path, exc)
+    return False

@@ -61,6 +61,7 @@ class JobEnd:
     exit_code: Optional[int]
     signal: Optional[int]
     node: str = ""
+    state_source: Optional[str] = None  # controller side: ``slurm`` (Slurm's final state) or ``inferred``
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class JobRow:
     signal: Optional[int] = None
     restart_count: Optional[int] = None
     updated_ts: Optional[float] = None
+    state_source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,31 @@ def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Op
         row["node_list"] = node_list
     if start_ts:
         row["start_ts"] = start_ts
+    if end.state_source:
+        row["state_source"] = end.state_source
     _upsert(db, "jobs", row, "job_id")
+
+
+def inferred_job_ids(db: Database) -> List[int]:
+    """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source = 'inferred'``)."""
+    if not db["jobs"].exists() or "state_source" not in db["jobs"].columns_dict:
+        return []
+    return [int(r[0]) for r in db.execute("SELECT job_id FROM jobs WHERE state_source = 'inferred'").fetchall()]
+
+
+def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
+    """Replace an inferred final state: ``state`` is Slurm's own (source ``slurm``), or None when slurmctld no
+    longer knows the job (the inference stays, source ``inferred-kept``, and is not looked up again)."""
+    with db.atomic():
+        if state is None:
+            db.execute("UPDATE jobs SET state_source = 'inferred-kept' WHERE job_id = ?", [int(job_id)])
+            return
+        old = db.execute("SELECT state FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
+        db.execute("UPDATE jobs SET state = ?, state_source = 'slurm', updated_ts = ? WHERE job_id = ?",
+                   [state, time.time(), int(job_id)])
+        if old and old[0] != state:
+            db["events"].insert({"ts": time.time(), "job_id": int(job_id), "kind": "state-settled",
+                                 "detail_json": json.dumps({"inferred": old[0], "slurm": state})})
 
 
 def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:

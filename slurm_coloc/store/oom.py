@@ -129,8 +129,11 @@ def load_oom_events(db: Database) -> List[OomRecord]:
     return [_record(r) for r in db[TABLE].rows_where(order_by="ts, job_id")]
 
 
-def history_peaks_mib(db: Database, script_sha256: str) -> List[int]:
-    """Memory (MiB) that earlier runs of the script with this SHA-256 were shown to need, oldest first.
+def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
+    """Memory (MiB) that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest first.
+
+    ``script_sha256`` is the hash root computed of the batch script Slurm stored (``jobs.script_sha256``,
+    PrologSlurmctld) and ``uid`` the submitting uid Slurm gave the hook: neither comes from the job's comment.
 
     Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): the job needed more than
     that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05 +
@@ -139,14 +142,50 @@ def history_peaks_mib(db: Database, script_sha256: str) -> List[int]:
     """
     if not script_sha256 or not db[TABLE].exists():
         return []
-    rows = db.execute(f"SELECT fence_mib FROM {TABLE} WHERE script_sha256 = ? AND fence_mib > 0 ORDER BY ts",
-                      [script_sha256]).fetchall()
+    rows = db.execute(f"SELECT fence_mib FROM {TABLE} WHERE script_sha256 = ? AND uid = ? AND fence_mib > 0 "
+                      "ORDER BY ts", [script_sha256, int(uid)]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def reruns_since(db: Database, uid: int, since_ts: float) -> int:
+    """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after ``since_ts``."""
+    if not db[TABLE].exists():
+        return 0
+    row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
+                     "('submitting', 'submitted')", [int(uid), float(since_ts)]).fetchone()
+    return int(row[0]) if row else 0
+
+
+def unsettled_reruns(db: Database) -> List[int]:
+    """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL)."""
+    if not db[TABLE].exists():
+        return []
+    rows = db.execute(f"SELECT retry_job_id FROM {TABLE} WHERE retry_status = 'submitted' "
+                      "AND retry_job_id IS NOT NULL AND retry_state IS NULL").fetchall()
     return [int(r[0]) for r in rows]
 
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
-    """The ``script_sha256`` PrologSlurmctld recorded for ``job_id`` (from its coloc comment), or None."""
+    """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or None."""
     if not db["jobs"].exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
     return row[0] if row and row[0] else None
+
+
+def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
+    """Whether a node database holds any GPU sample (``gpu_samples``) with ``t0 <= ts <= t1``."""
+    if not node_db["gpu_samples"].exists():
+        return False
+    return node_db.execute("SELECT 1 FROM gpu_samples WHERE ts >= ? AND ts <= ? LIMIT 1",
+                           [float(t0), float(t1)]).fetchone() is not None
+
+
+def has_watchdog_event(node_db: Database, job_id: int) -> bool:
+    """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events`` row
+    with its ``job_id``). False where the table, or its ``job_id`` column, does not exist (older databases)."""
+    table = node_db["watchdog_events"]
+    if not table.exists() or "job_id" not in table.columns_dict:
+        return False
+    return node_db.execute("SELECT 1 FROM watchdog_events WHERE job_id = ? LIMIT 1",
+                           [int(job_id)]).fetchone() is not None

@@ -134,3 +134,18 @@ def m004_watchdog_events(db: Database) -> None:
         pk="id",
     )
     db["watchdog_events"].create_index(["job_id"])
+@CTLD()
+def m004_root_script_identity(db: Database) -> None:
+    """``script_sha256`` becomes the hash root computes of the batch script Slurm stored (PrologSlurmctld), and
+    ``jobs.state_source`` says whether ``state`` is Slurm's own final state (``slurm``) or the EpilogSlurmctld's
+    inference (``inferred``, settled later by ``store.jobs.settle_states``).
+
+    Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared so
+    that no forged value keys the estimator's history (history starts again, per user, from the next runs).
+    """
+    db["jobs"].add_column("state_source", str)
+    db.execute("UPDATE jobs SET script_sha256 = NULL")
+    if db["oom_events"].exists():
+        db.execute("UPDATE oom_events SET script_sha256 = NULL")
+    db["jobs"].create_index(["uid", "script_sha256"])
+    db["oom_events"].create_index(["uid", "ts"])
