@@ -76,6 +76,9 @@ def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
         out = subprocess.run(user, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "[2048]"
+        other = ["runuser", "-u", "colocuser2", "--", sys.executable, "-c", code]
+        out = subprocess.run(other, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out  # another user's history is not theirs
     finally:
         if server is not None:
             server.terminate()

@@ -114,15 +114,16 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
     return report, jobs, rows
 
 
-def _history(cfg: Config, request: Mapping[str, Any]) -> Dict[str, Any]:
+def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any]:
     """``{"ok": true, "history_mib": [...]}``: what ``store.history.script_history_mib`` gives for the script
-    SHA-256 in the request (MiB figures only: no job id, name or user)."""
+    SHA-256 in the request and the asking process's ``uid`` (the kernel's, never a request field): MiB figures of
+    that user's own runs only, no job id, name or user."""
     from slurm_coloc.store.history import script_history_mib
 
     sha = request.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise ColocError("bad request: sha256 must be 64 lower-case hex digits")
-    return {"ok": True, "history_mib": [int(v) for v in script_history_mib(cfg, sha)]}
+    return {"ok": True, "history_mib": [int(v) for v in script_history_mib(cfg, sha, uid=uid)]}
 
 
 def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
@@ -138,7 +139,7 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     """
     try:
         if isinstance(request, dict) and request.get("op") == "history":
-            return _history(cfg, request)
+            return _history(cfg, request, uid)
         q = query_from_json(request)
         report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:
