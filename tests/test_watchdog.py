@@ -170,10 +170,27 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
         frame.ts = time.time()
         wd.tick(frame, job_of, 1.0)  # acted once: no second event
         assert len(store_wd.load_events(open_node_db(cfg.node_db_path("n1")))) == 1
+        _report_and_admin_comment_name_the_stop(cfg)
     finally:
         for p in (bad, good, server):
             p.kill()
             p.wait()
+
+
+def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
+    """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for 72."""
+    from slurm_coloc.hooks.admin_comment import summary_dict
+    from slurm_coloc.report.summarize import JobView, Report, add_usage
+
+    report = Report()
+    report.node_dbs["n1"] = open_node_db(cfg.node_db_path("n1"))
+    views = {j: add_usage(JobView(job_id=j, user="u", name="x", nodes="n1", gpus="n1:0", shards=2, share_mode="shard",
+                                  estimate_mib=1000, estimate_method="trace", state="CANCELLED", exit_code=0,
+                                  signal=9, start_ts=None, end_ts=None), report, cfg) for j in (71, 72)}
+    assert views[71].watchdog == "stopped: over its grant (20.6 GiB of 2.0 GiB) on n1 GPU 0", views[71].watchdog
+    assert views[72].watchdog is None
+    assert summary_dict(views[71])["watchdog"].startswith("stopped: over its grant")
+    assert "watchdog" not in summary_dict(views[72]) and views[71].to_json()["watchdog"]
 
 
 def test_a_pid_that_no_longer_belongs_to_the_job_is_not_signalled(tmp_path: Path) -> None:

@@ -234,7 +234,8 @@ def check_dirs(cfg: Config) -> List[Check]:
         if db.exists():
             why = unsafe_path(db)
             if why:
-                out.append(fail(name, f"database {db}: {why}", f"chown root:root {db}; chmod 0644 {db}"))
+                group, mode = (cfg.admin_group, "0640") if cfg.admin_group else ("root", "0600")
+                out.append(fail(name, f"database {db}: {why}", f"chown root:{group} {db}; chmod {mode} {db}"))
     return out
 
 

@@ -4,7 +4,8 @@ Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/repo
 ``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
 ``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
 ``smocc``/``smocc_p95`` SM activity/occupancy %, ``kwh``, ``gpu_h``, ``oom``, ``retry`` (retry job id),
-``waste`` (codes ``low-smact``, ``unused-mem``), ``measured`` (false: the node summary was not there yet or no samples).
+``watchdog`` (why the sampler's watchdog stopped the job, in words), ``waste`` (codes ``low-smact``,
+``unused-mem``), ``measured`` (false: the node summary was not there yet or no samples).
 Absent keys were not recorded. Kept under ``MAX_CHARS``.
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
         "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
         "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
-        "retry": view.retry_job_id, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
+        "retry": view.retry_job_id, "watchdog": view.watchdog, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
         "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None}
     return {k: v for k, v in d.items() if v is not None}
 

@@ -95,6 +95,8 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
     _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %)", headers,
           [h not in left for h in headers], rows)
     for j in jobs:
+        if j.watchdog:
+            console.print(f"job {j.job_id} {j.watchdog}", markup=False, highlight=False)
         for w in j.waste:
             console.print(f"job {j.job_id} wasteful: {w}", markup=False, highlight=False)
     for j in jobs:

@@ -19,6 +19,8 @@ from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import watchdog as store_watchdog
+from slurm_coloc.units import format_mib
 
 MIB_PER_GIB = 1024
 
@@ -69,6 +71,7 @@ class JobView:
     retry_status: Optional[str] = None
     retry_job_id: Optional[int] = None
     retry_outcome: Optional[str] = None
+    watchdog: Optional[str] = None
     waste: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
@@ -224,6 +227,22 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
     return {k: (num / den if den else None) for k, (num, den) in sums.items()}
 
 
+def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
+    """Why the sampler's watchdog stopped (or recorded) ``job``, in words, from its nodes' ``watchdog_events``
+    (``store/watchdog.py``): ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no event."""
+    nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
+    for node in sorted(nodes):
+        db = report.node_dbs.get(node)
+        events = store_watchdog.load_events(db, job.job_id) if db is not None else []
+        if events:
+            ev = events[0]
+            verb = "stopped" if ev.action == "stop" else "flagged"
+            what = (f"over its grant ({format_mib(ev.used_mib)} of {format_mib(ev.grant_mib)})"
+                    if ev.reason == "over-grant" else "a CUDA process outside its MPS server")
+            return f"{verb}: {what} on {ev.node} GPU {ev.gpu_index}"
+    return None
+
+
 def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int, Optional[float]]] = None
               ) -> JobView:
     """Return ``job`` with measured figures filled in from summaries and samples, plus OOM and notes.
@@ -286,6 +305,7 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         notes.append("peak memory not recorded")
     held = gpus_held(job, cfg)
     gpu_hours = None if held is None or job.runtime_s is None else held * job.runtime_s / 3600.0
+    watchdog = watchdog_reason(job, report)
     o = report.oom_by_job.get(job.job_id)
     retry_outcome = None
     if o is not None:
@@ -297,4 +317,4 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         gpu_hours_used=None if used_s is None else used_s / 3600.0, oom=o is not None,
         retry_of=report.retry_of.get(job.job_id) or (o.retry_of if o else None),
         retry_status=o.retry_status if o else None, retry_job_id=o.retry_job_id if o else None,
-        retry_outcome=retry_outcome, notes=notes)
+        retry_outcome=retry_outcome, watchdog=watchdog, notes=notes)
