@@ -95,7 +95,7 @@ def _sha_file(h: Any, path: str) -> None:
 def server_key(environ: Optional[Dict[str, str]] = None) -> str:
     """Hex sha256 naming the server this process may talk to.
 
-    Hashes the estimator's identity (``cache._estimator_identity``: sources and weights), every
+    Hashes the estimator's identity (``cache.estimator_identity``: sources and weights), every
     ``.py`` of the package, the Python executable and version, ``sys.path``, the host, uid, the files
     of the pre-imported packages and the import-time environment variables (``_ENV_PREFIXES``), so a
     changed package, venv or environment never reaches a stale server.
@@ -122,7 +122,7 @@ def server_key(environ: Optional[Dict[str, str]] = None) -> str:
             st = None
         deps[name] = [origin, st.st_mtime_ns if st else None, st.st_size if st else None]
     blob = {"proto": PROTO, "exe": sys.executable, "py": sys.version, "host": socket.gethostname(),
-            "uid": os.getuid(), "sys_path": sys.path, "estimator": cache._estimator_identity(),
+            "uid": os.getuid(), "sys_path": sys.path, "estimator": cache.estimator_identity(),
             "sources": h.hexdigest(), "deps": deps,
             "env": sorted((k, v) for k, v in (os.environ if environ is None else environ).items()
                           if k.startswith(_ENV_PREFIXES))}

@@ -35,7 +35,7 @@ class ProbeState:
     """What the probe saw and the switches its modes share.
 
     Attributes:
-        tracker: the allocation tracker of ``estimate.trace._make_tracker`` (its ``alloc`` is the
+        tracker: the allocation tracker of ``estimate.trace.make_tracker`` (its ``alloc`` is the
             caching-allocator model).
         force: None (decide by the op's inputs), True (the op makes GPU tensors), False (host).
         cuda_op: whether the op being dispatched makes GPU tensors.

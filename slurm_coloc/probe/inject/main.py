@@ -277,13 +277,13 @@ def main(request_path: str) -> None:
 
         from slurm_coloc.estimate import workspace
         from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
-        from slurm_coloc.estimate.trace import _make_tracker
+        from slurm_coloc.estimate.trace import make_tracker
 
         try:
             ws = workspace.load()
         except Exception:  # noqa: BLE001 - no numpy in the job's Python: no workspaces, said so
             ws = None
-        tracker = _make_tracker(torch, ws.bytes_for if ws is not None else None)
+        tracker = make_tracker(torch, ws.bytes_for if ws is not None else None)
         st = fakecuda.ProbeState(tracker)
         if ws is None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
