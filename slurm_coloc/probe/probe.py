@@ -47,8 +47,10 @@ class ProbeResult:
         command: the training command found, or None.
         wall_s: seconds this call took.
         cached: the answer came from the cache.
-        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes).
-        log_path: the program's captured stdout/stderr ("" when cached or not run).
+        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes,
+            ``scratch_files``: what the program wrote in its scratch copy of the working directory).
+        log_text: the tail (20,000 characters) of the program's stdout/stderr when asked for
+            (``keep_log``; "" when cached or not run). The scratch directory itself is removed.
     """
 
     estimate: Optional[Estimate]
@@ -58,7 +60,7 @@ class ProbeResult:
     wall_s: float = 0.0
     cached: bool = False
     detail: Dict[str, Any] = field(default_factory=dict)
-    log_path: str = ""
+    log_text: str = ""
 
 
 def precision_of(result: Dict[str, Any]) -> str:
@@ -187,7 +189,7 @@ def _store(key: str, entry: Dict[str, Any]) -> None:
 def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: Optional[str] = None,
                  gpu: str = "H100", timeout_s: float = DEFAULT_TIMEOUT_S,
                  mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
-                 use_cache: bool = True) -> ProbeResult:
+                 use_cache: bool = True, python: Optional[str] = None, keep_log: bool = False) -> ProbeResult:
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
@@ -199,6 +201,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         mem_limit_mib: the probe's address-space limit (MiB).
         steps: optimizer steps per optimizer before the program is stopped.
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
+        python: the job's interpreter (a path or a name on PATH) instead of the one the script's
+            command names or implies.
+        keep_log: return the program's output in ``log_text`` (for ``--explain``).
 
     Returns:
         ProbeResult: with ``estimate`` (method ``probe``), or ``estimate`` None and ``reason``.
@@ -216,6 +221,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
     cmd = found.command
+    if python:
+        cmd = dataclasses.replace(cmd, interpreter=python)
     use_cache = use_cache and cache.enabled()
     key = _key(cmd, gpu, steps) if use_cache else ""
     entry = _lookup(key) if use_cache else None
@@ -227,8 +234,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None
     ran = ran_line(cmd, out.result, out.interpreter)
-    res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result, out.log_path)
-    res.detail = dict(result, scratch=out.scratch, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
+    res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result,
+                      out.log_text if keep_log else "")
+    res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
     if use_cache and (estimate is not None or out.reason):
         files = {p: _sha(p) for p in result.get("user_files") or []}
         _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,

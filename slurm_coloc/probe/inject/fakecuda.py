@@ -183,6 +183,17 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
 
                 state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")
                 return numpy.zeros(tuple(args[0].shape), dtype=str(args[0].dtype).replace("torch.", ""))
+            if func is T.__deepcopy__ and has_no_data(torch, args[0]):
+                # the default copies the fake tensor's __dict__, whose constant (a real tensor) cannot
+                # be cloned under FakeTensorMode; a clone of the same device, dtype and shape is one
+                src, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo")) or {}
+                if id(src) in memo:
+                    return memo[id(src)]
+                with torch.no_grad():
+                    out = src.clone()
+                out.requires_grad_(src.requires_grad)
+                memo[id(src)] = out
+                return out
             if func is T.to:
                 out = tensor_to(args[0], args[1:], kwargs)
                 if out is not None:

@@ -26,12 +26,13 @@ import contextlib
 import json
 import os
 import runpy
+import shutil
 import sys
 import sysconfig
 import traceback
 from typing import Any, Dict, List
 
-from slurm_coloc.probe.inject import fakecuda
+from slurm_coloc.probe.inject import fakecuda, frameworks
 
 _WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate")
 
@@ -45,6 +46,8 @@ class _Probe:
         self.req = req
         self.steps_wanted = int(req.get("steps", 2))
         self.scratch = os.path.realpath(req["scratch"])
+        self.work = os.path.realpath(req["work"]) if req.get("work") else ""
+        self.in_audit = False
         self.opt_steps: Dict[int, int] = {}
         self.opt_names: Dict[int, str] = {}
         self.forwards = 0
@@ -65,11 +68,29 @@ class _Probe:
                 path = args[0]
         elif event in _WRITE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = args[0]
-        if path is None or len(self.outside_writes) >= 50:
+        if path is None or self.in_audit:
             return
+        self.in_audit = True
         try:
-            real = os.path.realpath(os.fsdecode(path))
+            self._check_write(event, path, mode if event == "open" else "")
+        finally:
+            self.in_audit = False
+
+    def _check_write(self, event: str, path: Any, mode: Any) -> None:
+        try:
+            name = os.path.abspath(os.fsdecode(path))
+            real = os.path.realpath(name)
         except (TypeError, ValueError):
+            return
+        if event == "open" and self.work and name.startswith(self.work + os.sep) and os.path.islink(name) \
+                and not real.startswith(self.scratch + os.sep) and os.path.isfile(real):
+            # a mirrored file link opened for writing: write a copy in the scratch directory instead
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+                if not (isinstance(mode, str) and "w" in mode):
+                    shutil.copyfile(real, name)
+                return
+        if len(self.outside_writes) >= 50:
             return
         if real.startswith(self.scratch + os.sep) or real.startswith("/dev/") or real.startswith("/proc/"):
             return
@@ -178,6 +199,7 @@ class _Probe:
 
         dl.__init__ = dl_init
         _patch_distributed(torch, st)
+        frameworks.install(st.note)
 
 
 def _patch_distributed(torch: Any, st: Any) -> None:
