@@ -34,6 +34,8 @@ from typing import Any, Dict, List
 
 from slurm_coloc.probe.inject import fakecuda, frameworks
 
+# FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
+MIN_TORCH = (2, 1)
 _WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate")
 
 
@@ -293,10 +295,18 @@ def main(request_path: str) -> None:
 
         # where the program is stuck, in the log, just before the runner's time limit kills it
         faulthandler.dump_traceback_later(float(req["timeout_s"]) - 1.5, exit=False)
+    step = "import torch"
     try:
         import torch
+
+        version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+        if version < MIN_TORCH:
+            probe.finish("error", f"torch {torch.__version__} in the job's Python: the probe needs torch >= "
+                         f"{'.'.join(map(str, MIN_TORCH))} (FakeTensorMode, optimizer step hooks)")
+        step = "FakeTensorMode"
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
         from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
         from slurm_coloc.estimate.trace import make_tracker
@@ -310,12 +320,16 @@ def main(request_path: str) -> None:
         if ws is None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
-        fakecuda.patch_cuda_api(torch, st)
-        fakecuda.patch_autocast(torch, st)
-        fakecuda.patch_fake_tensor(torch, st)
-        probe.install(torch)
+        st.fail = lambda reason: probe.finish("error", reason)
+        for step, patch in (("torch.cuda imitation", lambda: fakecuda.patch_cuda_api(torch, st)),
+                            ("autocast imitation", lambda: fakecuda.patch_autocast(torch, st)),
+                            ("FakeTensor adaptation", lambda: fakecuda.patch_fake_tensor(torch, st)),
+                            ("optimizer/DataLoader hooks", lambda: probe.install(torch))):
+            patch()
     except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
-        probe.finish("error", f"the probe could not start in the job's Python: {type(exc).__name__}: {exc}")
+        v = _torch_version() or "?"
+        probe.finish("error", f"the probe could not start in the job's Python (torch {v}, {step}): "
+                     f"{type(exc).__name__}: {exc}")
         return
     sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
     if req["mode"] == "file":
