@@ -103,7 +103,7 @@ def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Op
         name = _shebang_python(shutil.which(cmd.launcher, path=path))
     name = name or "python3"
     if os.sep in name:
-        return name if os.access(name, os.X_OK) else None
+        return os.path.abspath(name) if os.access(name, os.X_OK) else None
     return shutil.which(name, path=path)
 
 
