@@ -215,7 +215,7 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
 
 
 def cpu_autocast_dtypes(torch: Any) -> List[str]:
-    """The dtype names CPU autocast accepts in this torch (``float16`` only from about 2.3/2.4).
+    """The dtype names CPU autocast accepts in this torch (older versions lack ``float16``).
 
     An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
     """
@@ -256,7 +256,7 @@ def patch_autocast(torch: Any, state: ProbeState) -> None:
                     state.autocast_dtypes.append(name)
                 if name not in supported and state.fail is not None:
                     state.fail(f"torch {torch.__version__}: CPU autocast has no {name}, so the probe cannot "
-                               f"imitate CUDA autocast {name} (torch >= 2.4 can)")
+                               f"imitate CUDA autocast {name}")
         orig_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     ac.__init__ = __init__
