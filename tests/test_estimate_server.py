@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -270,11 +270,11 @@ def _alive(pid: int) -> bool:
 
 def test_three_directories_share_one_server_and_a_newer_one_replaces_it(user: Env) -> None:
     """``python -m slurm_coloc estimate`` puts the working directory on ``sys.path``: still one server."""
-    def est_in(d: Path, extra: Dict[str, str] = {}) -> subprocess.CompletedProcess:
+    def est_in(d: Path, extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
         d.mkdir(exist_ok=True)
         shutil.copy(user.work / "mymodel.py", d / "mymodel.py")
         return subprocess.run([sys.executable, "-m", "slurm_coloc", "estimate", *SMALL], cwd=d,
-                              env={**user.env, **extra}, capture_output=True, text=True, timeout=120)
+                              env={**user.env, **(extra or {})}, capture_output=True, text=True, timeout=120)
 
     dirs = [user.root / n for n in ("a", "b", "c")]
     assert est_in(dirs[0]).returncode == 0

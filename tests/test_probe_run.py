@@ -165,3 +165,32 @@ def test_frameworks_probed_without_directives(name, optimizer, autocast, note, t
     assert r.detail["steps"] == 2 and r.detail["outside_writes"] == []
     assert not note or any(n.startswith(note) for n in r.detail["notes"]), r.detail["notes"]
     assert r.detail["scratch_files"] == [] and tree(d) == before
+
+
+def test_torch_without_cpu_fp16_autocast_falls_back_with_reason():
+    """Where CPU autocast lacks float16 (older torch), entering CUDA fp16 autocast ends the probe with a reason."""
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "from slurm_coloc.probe.inject import fakecuda\n"
+        "fakecuda.cpu_autocast_dtypes = lambda torch: ['bfloat16']\n"
+        "class T: alloc = None\n"
+        "st = fakecuda.ProbeState(T())\n"
+        "got = []\n"
+        "st.fail = got.append\n"
+        "fakecuda.patch_autocast(torch, st)\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    pass\n"
+        "assert got == [], got\n"
+        "with torch.autocast('cuda', dtype=torch.float16):\n    pass\n"
+        "print(got[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "CPU autocast has no float16" in out.stdout and torch_version() in out.stdout
+
+
+def torch_version():
+    import torch
+
+    return torch.__version__

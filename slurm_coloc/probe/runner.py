@@ -187,7 +187,7 @@ def hang_site(log_text: str) -> str:
 def _files_under(root: str) -> List[str]:
     """Real files (not the mirror's links) under ``root``, relative to it: what the program wrote."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirs, filenames in os.walk(root):
         for f in filenames:
             path = os.path.join(dirpath, f)
             if not os.path.islink(path):

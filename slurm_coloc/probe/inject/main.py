@@ -321,11 +321,14 @@ def main(request_path: str) -> None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
         st.fail = lambda reason: probe.finish("error", reason)
-        for step, patch in (("torch.cuda imitation", lambda: fakecuda.patch_cuda_api(torch, st)),
-                            ("autocast imitation", lambda: fakecuda.patch_autocast(torch, st)),
-                            ("FakeTensor adaptation", lambda: fakecuda.patch_fake_tensor(torch, st)),
-                            ("optimizer/DataLoader hooks", lambda: probe.install(torch))):
-            patch()
+        step = "torch.cuda imitation"
+        fakecuda.patch_cuda_api(torch, st)
+        step = "autocast imitation"
+        fakecuda.patch_autocast(torch, st)
+        step = "FakeTensor adaptation"
+        fakecuda.patch_fake_tensor(torch, st)
+        step = "optimizer/DataLoader hooks"
+        probe.install(torch)
     except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
         v = _torch_version() or "?"
         probe.finish("error", f"the probe could not start in the job's Python (torch {v}, {step}): "
