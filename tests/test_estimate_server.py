@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -258,3 +258,40 @@ def _other_uid_probe(user: Env, sock: Path) -> "Tuple[int, bytes] | None":
                           "-c", probe, str(sock)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return uid, bytes.fromhex(out.stdout.strip())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_three_directories_share_one_server_and_a_newer_one_replaces_it(user: Env) -> None:
+    """``python -m slurm_coloc estimate`` puts the working directory on ``sys.path``: still one server."""
+    def est_in(d: Path, extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+        d.mkdir(exist_ok=True)
+        shutil.copy(user.work / "mymodel.py", d / "mymodel.py")
+        return subprocess.run([sys.executable, "-m", "slurm_coloc", "estimate", *SMALL], cwd=d,
+                              env={**user.env, **(extra or {})}, capture_output=True, text=True, timeout=120)
+
+    dirs = [user.root / n for n in ("a", "b", "c")]
+    assert est_in(dirs[0]).returncode == 0
+    user.socket()
+    for i, d in enumerate(dirs * 2):
+        r = est_in(d)
+        assert r.returncode == 0, r.stderr
+        _wait_served(user, i + 1)
+    time.sleep(1)
+    assert len(user.pids()) == 1, user.log()
+    assert len(list(user.sdir.glob("*.sock"))) == 1
+    (first,) = user.pids()
+    # another import-time environment is another key: its server ends the older one of this interpreter
+    assert est_in(dirs[1], {"TORCH_SHOW_CPP_STACKTRACES": "1"}).returncode == 0
+    pids = _wait_pids(user, 2, timeout=90)
+    end = time.monotonic() + 90
+    while _alive(first) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _alive(first) and f"replaced older server pid={first}" in user.log()
+    assert _alive(pids[-1])

@@ -5,6 +5,7 @@ Each probe starts the job's Python (this venv's) in a child process; a run takes
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 
@@ -68,12 +69,13 @@ def test_stdout_hygiene(tmp_path, capfd):
         "m = torch.nn.Linear(8, 2).cuda()\no = torch.optim.SGD(m.parameters(), 0.1)\n"
         "for _ in range(3):\n    m(torch.randn(4, 8, device='cuda')).sum().backward(); o.step()\n")
     (tmp_path / "job.sh").write_text("#!/bin/bash\npython train.py\n")
-    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    scratch_before = set(os.listdir(tmp_path / "tmp")) if (tmp_path / "tmp").exists() else set()
+    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path), keep_log=True)
     out, err = capfd.readouterr()
     assert r.estimate is not None, r.reason
     assert "10.65M" not in out and "noise" not in out and "noise" not in err
-    with open(r.log_path) as fh:
-        assert "number of parameters: 10.65M" in fh.read()
+    assert "number of parameters: 10.65M" in r.log_text
+    assert scratch_before == (set(os.listdir(tmp_path / "tmp")) if (tmp_path / "tmp").exists() else set())
 
 
 def test_hanging_data_loader_falls_back_within_limit():
@@ -84,8 +86,9 @@ def test_hanging_data_loader_falls_back_within_limit():
     assert "time limit of 10 s" in r.reason and "train.py" in r.reason and "__getitem__" in r.reason
 
 
-def test_file_writing_script_writes_only_in_scratch():
+def test_file_writing_script_writes_only_in_scratch(tmp_path, monkeypatch):
     d = os.path.join(CORPUS, "writes_files")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     before = tree(d)
     r = corpus("writes_files")
     assert r.estimate is not None, r.reason
@@ -93,6 +96,26 @@ def test_file_writing_script_writes_only_in_scratch():
     assert {"runs/exp1/config.json", "runs/exp1/train.log"} <= set(r.detail["scratch_files"])
     assert r.detail["outside_writes"] == []
     assert any(n.startswith("torch.save skipped") for n in r.detail["notes"])
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("coloc-probe-")]  # scratch removed
+
+
+def test_writes_into_existing_subdirectories_stay_in_scratch(tmp_path, monkeypatch):
+    """A run directory left by an earlier run: its files are linked in the mirror, written as copies."""
+    job = tmp_path / "job"
+    shutil.copytree(os.path.join(CORPUS, "writes_files"), job)
+    run = job / "runs" / "exp1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}\n")
+    (run / "train.log").write_text("earlier run\n")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    before = [(p, open(os.path.join(job, p), "rb").read()) for p, _ in tree(job)]
+    listing = tree(job)
+    r = probe_script(str(job / "job.sh"), submit_dir=str(job))
+    assert r.estimate is not None, r.reason
+    assert tree(job) == listing
+    assert [(p, open(os.path.join(job, p), "rb").read()) for p, _ in tree(job)] == before
+    assert r.detail["outside_writes"] == []
+    assert {"runs/exp1/config.json", "runs/exp1/train.log"} <= set(r.detail["scratch_files"])
 
 
 def test_missing_data_is_the_reason(tmp_path):
@@ -122,3 +145,52 @@ def test_no_command_reason(tmp_path):
     (tmp_path / "job.sh").write_text("#!/bin/bash\n./simulate --gpu\n")
     r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
     assert r.estimate is None and "no python" in r.reason
+
+
+@pytest.mark.parametrize("name,optimizer,autocast,note", [
+    ("lightning_mnist", "SGD", ["float16"], "Lightning Trainer: loggers, checkpointing"),
+    ("hf_trainer", "AdamW", ["float16"], "Hugging Face TrainingArguments: save_strategy=no"),
+    ("accelerate_cls", "AdamW", ["bfloat16"], ""),
+    ("convnext_amp", "AdamW", ["float16"], ""),
+])
+def test_frameworks_probed_without_directives(name, optimizer, autocast, note, tmp_path, monkeypatch):
+    pytest.importorskip({"lightning_mnist": "lightning", "hf_trainer": "transformers",
+                         "accelerate_cls": "accelerate", "convnext_amp": "timm"}[name])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    d = os.path.join(CORPUS, name)
+    before = tree(d)
+    r = corpus(name, timeout_s=120)
+    assert r.estimate is not None, r.reason
+    assert r.detail["optimizers"] == [optimizer] and r.detail["autocast"] == autocast
+    assert r.detail["steps"] == 2 and r.detail["outside_writes"] == []
+    assert not note or any(n.startswith(note) for n in r.detail["notes"]), r.detail["notes"]
+    assert r.detail["scratch_files"] == [] and tree(d) == before
+
+
+def test_torch_without_cpu_fp16_autocast_falls_back_with_reason():
+    """Where CPU autocast lacks float16 (older torch), entering CUDA fp16 autocast ends the probe with a reason."""
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "from slurm_coloc.probe.inject import fakecuda\n"
+        "fakecuda.cpu_autocast_dtypes = lambda torch: ['bfloat16']\n"
+        "class T: alloc = None\n"
+        "st = fakecuda.ProbeState(T())\n"
+        "got = []\n"
+        "st.fail = got.append\n"
+        "fakecuda.patch_autocast(torch, st)\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    pass\n"
+        "assert got == [], got\n"
+        "with torch.autocast('cuda', dtype=torch.float16):\n    pass\n"
+        "print(got[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "CPU autocast has no float16" in out.stdout and torch_version() in out.stdout
+
+
+def torch_version():
+    import torch
+
+    return torch.__version__

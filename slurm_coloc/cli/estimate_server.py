@@ -92,13 +92,34 @@ def _sha_file(h: Any, path: str) -> None:
         h.update(b"-")
 
 
-def server_key(environ: Optional[Dict[str, str]] = None) -> str:
-    """Hex sha256 naming the server this process may talk to.
+def server_path(path: Optional[List[str]] = None) -> List[str]:
+    """``sys.path`` without the entries that name the working directory (``''``, relative paths, the cwd).
 
-    Hashes the estimator's identity (``cache._estimator_identity``: sources and weights), every
-    ``.py`` of the package, the Python executable and version, ``sys.path``, the host, uid, the files
-    of the pre-imported packages and the import-time environment variables (``_ENV_PREFIXES``), so a
-    changed package, venv or environment never reaches a stale server.
+    ``python -m`` and ``PYTHONPATH=.`` put the working directory on ``sys.path``; the server imports
+    nothing from it (it is spawned with this list) and each request child gets the client's full
+    ``sys.path``, so one server serves every directory.
+    """
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        cwd = ""
+    out = []
+    for p in sys.path if path is None else path:
+        if not p or not os.path.isabs(p) or os.path.realpath(p) == cwd:
+            continue
+        out.append(p)
+    return out
+
+
+def server_key(environ: Optional[Dict[str, str]] = None) -> str:
+    """Hex sha256 naming the server this process may talk to: one per user, host and interpreter setup.
+
+    Hashes the estimator's identity (``cache.estimator_identity``: sources and weights), every
+    ``.py`` of the package, the Python executable and version, :func:`server_path` (``sys.path``
+    less the working directory), the host, uid, the files the pre-imported packages resolve to on
+    the full ``sys.path`` (so a directory that shadows torch or numpy gets a server of its own) and
+    the import-time environment variables (``_ENV_PREFIXES``), so a changed package, venv or
+    environment never reaches a stale server and a changed working directory reaches the same one.
 
     Args:
         environ: the environment whose import-time variables count (default ``os.environ``).
@@ -122,7 +143,7 @@ def server_key(environ: Optional[Dict[str, str]] = None) -> str:
             st = None
         deps[name] = [origin, st.st_mtime_ns if st else None, st.st_size if st else None]
     blob = {"proto": PROTO, "exe": sys.executable, "py": sys.version, "host": socket.gethostname(),
-            "uid": os.getuid(), "sys_path": sys.path, "estimator": cache._estimator_identity(),
+            "uid": os.getuid(), "sys_path": server_path(), "estimator": cache.estimator_identity(),
             "sources": h.hexdigest(), "deps": deps,
             "env": sorted((k, v) for k, v in (os.environ if environ is None else environ).items()
                           if k.startswith(_ENV_PREFIXES))}
@@ -229,7 +250,7 @@ def ensure_started(entry_module: str) -> bool:
             except OSError:
                 return False  # a server holds the lock: running or warming up
             fcntl.flock(lock, fcntl.LOCK_UN)
-        argv = [sys.executable, "-c", _BOOT, json.dumps(sys.path), key, path, entry_module]
+        argv = [sys.executable, "-c", _BOOT, json.dumps(server_path()), key, path, entry_module]
         subprocess.Popen(argv, cwd="/",
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          close_fds=True, start_new_session=True)
@@ -332,6 +353,44 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
     return code
 
 
+def _is_server(pid: int) -> bool:
+    """True when ``pid`` is a running estimate server of this user (its command line is ``_BOOT``'s)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid() and _BOOT.encode() in argv
+    except OSError:
+        return False
+
+
+def _replace_older(run_dir: str, log: Callable[[str], None]) -> None:
+    """Make this server the only one of this user and interpreter: SIGTERM the one recorded before it.
+
+    ``<run_dir>/py-<sha16 of sys.executable>.pid`` names the newest server of the interpreter; an
+    older one (another key: the package, ``sys.path`` or environment changed since) would
+    otherwise idle for ``COLOC_ESTIMATE_SERVER_IDLE`` seconds holding ~1 GiB.
+    """
+    owner = os.path.join(run_dir, f"py-{hashlib.sha256(sys.executable.encode()).hexdigest()[:16]}.pid")
+    try:
+        with open(owner, encoding="ascii") as fh:
+            old = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        old = 0
+    if old and old != os.getpid() and _is_server(old):
+        try:
+            os.kill(old, signal.SIGTERM)
+            log(f"replaced older server pid={old}")
+        except OSError:
+            pass
+    tmp = f"{owner}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.replace(tmp, owner)
+    except OSError:
+        pass
+
+
 def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
     """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
 
@@ -369,6 +428,7 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
     os.rename(tmp, path)  # atomic: replaces a stale socket, never shows a half-ready one
     ino = os.stat(path).st_ino
     log(f"start key={key[:16]} warm-up {time.monotonic() - t0:.2f} s idle {idle:g} s python {sys.executable}")
+    _replace_older(os.path.dirname(path), log)
     stop: List[str] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
     listener.settimeout(max(0.05, min(1.0, idle / 4)))

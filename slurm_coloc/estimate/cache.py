@@ -120,7 +120,8 @@ def _code_identity(spec: ModelSpec) -> Optional[Dict[str, Any]]:
     return {"module": target, "dist": top, "dist_version": dist_version, "file_sha256": mod_sha}
 
 
-def _estimator_identity() -> Dict[str, Any]:
+def estimator_identity() -> Dict[str, Any]:
+    """The estimator's identity for cache keys: versions, sha256 of its sources and shipped weights."""
     h = hashlib.sha256()
     for name in _SOURCES:
         h.update(name.encode() + b"\0" + (_sha256_file(os.path.join(_PKG_DIR, name)) or "-").encode())
@@ -138,7 +139,7 @@ def cache_key(spec: ModelSpec, gpu_name: str) -> Optional[str]:
     if code is None:
         return None
     blob = {"format": FORMAT, "spec": spec.to_json(), "gpu": gpu_name, "code": code,
-            "estimator": _estimator_identity()}
+            "estimator": estimator_identity()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 

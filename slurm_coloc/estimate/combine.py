@@ -118,7 +118,7 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
 
 def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[str] = ()) -> Estimate:
     """Trace ``spec`` (with each convolution's cuDNN workspace, ``workspace.py``) and give the
-    calibrated analytic bound (no history, no cache).
+    calibrated analytic bound (:func:`bound_from_trace`; no history, no cache).
 
     Args:
         spec: the training job.
@@ -129,13 +129,38 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
         EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
     """
     from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
     from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
 
-    gpu = gpu_model(gpu_name)
+    gpu_model(gpu_name)  # an unknown GPU fails before the trace
     ws_model = workspace.load(workspace_exclude)
     trace = trace_spec(spec, workspace=ws_model.bytes_for if ws_model is not None else None)
+    return bound_from_trace(trace, gpu_name, spec.precision)
+
+
+def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
+    """The calibrated analytic bound (method ``analytic``) of one traced training run.
+
+    The analytic figure (``analytic.analytic_mib``: context + libs + replayed peak reserved) goes
+    through :func:`calibrated_bound` with the shipped calibration; ``libs_mib`` is the
+    calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN
+    workspace table's every precision gets the larger AMP multiplier.
+
+    Args:
+        trace: a ``trace.TraceResult`` (or an object with its ``peak_reserved_b``,
+            ``peak_allocated_b``, ``params``, ``depthwise_max_hw``, ``conv_workspace_max_b`` and
+            ``assumed_values``).
+        gpu_name: a GPU model ``gpus.gpu_model`` knows.
+        precision: ``fp32``, ``amp-fp16`` or ``bf16``.
+
+    Raises:
+        EstimateError: unknown GPU or unusable shipped calibration.
+    """
+    from slurm_coloc.estimate import workspace
+    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
+    from slurm_coloc.estimate.gpus import gpu_model
+
+    gpu = gpu_model(gpu_name)
     cal = load_calibration()
     # measured on Hopper (data/hopper): cuBLAS/cuDNN memory beyond the context
     gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
@@ -145,7 +170,7 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
         cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
     detail: Dict[str, Any] = analytic_detail(trace, gpu)
     ana = analytic_mib(trace, gpu)
-    ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=spec.precision,
+    ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=precision,
                                  depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
     detail["bound_form"] = BOUND_FORM
     detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
@@ -165,4 +190,3 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     if mem > gpu.mem_mib:
         detail["exceeds_gpu"] = True
     return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name)
-

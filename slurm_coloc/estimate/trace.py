@@ -84,7 +84,14 @@ class TraceResult:
 WorkspaceFn = Callable[[ConvCall], int]
 
 
-def _make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
+def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
+    """A ``TorchDispatchMode`` that replays every new tensor storage through the allocator model.
+
+    Its ``alloc`` (``CachingAllocatorModel``) holds the replayed peaks; ``handles`` maps live
+    storages to allocator blocks; ``track(t)`` allocates ``t``'s storage (an instance attribute
+    may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces from ``workspace``),
+    ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -256,7 +263,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
     import torch
 
     amp = spec.precision != "fp32"
-    tracker = _make_tracker(torch, workspace)
+    tracker = make_tracker(torch, workspace)
     if amp:
         from torch._subclasses.fake_tensor import FakeTensorMode
 

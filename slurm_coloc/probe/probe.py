@@ -3,14 +3,14 @@
 Steps: find the training command (``command.py``); answer from the per-user probe cache when the
 program, its arguments, interpreter and every user file it imported are unchanged; else run the
 probe (``runner.py``) and turn its replayed peak reserved memory into the estimator's figure with
-the estimator's own calibrated bound (``estimate.combine.calibrated_bound``: context + libs +
+the estimator's own calibrated bound (``estimate.combine.bound_from_trace``: context + libs +
 reserved x the fp32 or AMP multiplier, docs/estimator.md).
 
 Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s
 file; off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module
 name), arguments, launcher environment, working directory, interpreter path (and its realpath's
 size and mtime), GPU, steps, the probe's own sources and the estimator's identity
-(``cache._estimator_identity``). An entry also holds the sha256 of every user file the program
+(``cache.estimator_identity``). An entry also holds the sha256 of every user file the program
 imported; it is used only while all of them are unchanged. Results that ended at the time limit
 are kept ``TIMEOUT_TTL_S`` only.
 """
@@ -47,8 +47,10 @@ class ProbeResult:
         command: the training command found, or None.
         wall_s: seconds this call took.
         cached: the answer came from the cache.
-        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes).
-        log_path: the program's captured stdout/stderr ("" when cached or not run).
+        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes,
+            ``scratch_files``: what the program wrote in its scratch copy of the working directory).
+        log_text: the tail (20,000 characters) of the program's stdout/stderr when asked for
+            (``keep_log``; "" when cached or not run). The scratch directory itself is removed.
     """
 
     estimate: Optional[Estimate]
@@ -58,7 +60,7 @@ class ProbeResult:
     wall_s: float = 0.0
     cached: bool = False
     detail: Dict[str, Any] = field(default_factory=dict)
-    log_path: str = ""
+    log_text: str = ""
 
 
 def precision_of(result: Dict[str, Any]) -> str:
@@ -74,15 +76,12 @@ def precision_of(result: Dict[str, Any]) -> str:
 
 
 def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
-    """The calibrated figure for a probe's replayed peaks (as ``combine.traced_estimate`` gives a trace's).
+    """The calibrated figure for a probe's replayed peaks (``combine.bound_from_trace``, method ``probe``).
 
     Raises:
         EstimateError: unknown GPU.
     """
-    from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
-    from slurm_coloc.estimate.combine import calibrated_bound, load_calibration
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.combine import bound_from_trace
     from slurm_coloc.estimate.trace import TraceResult
 
     precision = precision_of(result)
@@ -91,25 +90,12 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
                         params=sum(int(v) for v in (result.get("param_dtypes") or {}).values()),
                         param_b=0, buffer_b=0, activations_per_sample=math.nan,
                         depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
+                        assumed_values=dict(result.get("assumed_values") or {}),
                         conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)))
-    gpu = gpu_model(gpu_name)
-    cal = load_calibration()
-    # The next two rules are traced_estimate's (combine.py), applied to the probe's trace.
-    if "libs_mib" in cal:
-        gpu = dataclasses.replace(gpu, libs_mib=int(round(float(cal["libs_mib"]))))
-    if gpu.arch != workspace.TABLE_ARCH and cal.get("form") == "per-precision-jit":
-        cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
-    ana = analytic_mib(trace, gpu)
-    bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=precision,
-                             depthwise_max_hw=trace.depthwise_max_hw)
-    detail: Dict[str, Any] = analytic_detail(trace, gpu)
-    detail.pop("params_mib", None)
-    detail.update(bound_form=str(cal.get("form", "scalar")), analytic_bound_mib=round(bound, 1),
-                  precision=precision, conv_workspace_max_mib=round(trace.conv_workspace_max_b / 2**20, 1),
-                  chosen="probe")
-    if result.get("assumed_values"):
-        detail["assumed_values_by_kind"] = result["assumed_values"]
-    return Estimate(mem_mib=int(math.ceil(bound)), method="probe", detail=detail, gpu_model=gpu.name)
+    est = bound_from_trace(trace, gpu_name, precision)
+    detail = dict(est.detail, precision=precision, chosen="probe")
+    detail.pop("params_mib", None)  # the probe does not see parameter bytes apart
+    return dataclasses.replace(est, method="probe", detail=detail)
 
 
 def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:
@@ -156,7 +142,7 @@ def _key(cmd: ProbeCommand, gpu: str, steps: int) -> str:
     blob = {"format": FORMAT, "mode": cmd.mode, "target": cmd.target,
             "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None, "args": list(cmd.args),
             "env": list(cmd.env), "workdir": cmd.workdir, "interpreter": interp_id, "gpu": gpu,
-            "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache._estimator_identity()}
+            "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache.estimator_identity()}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -203,7 +189,7 @@ def _store(key: str, entry: Dict[str, Any]) -> None:
 def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: Optional[str] = None,
                  gpu: str = "H100", timeout_s: float = DEFAULT_TIMEOUT_S,
                  mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
-                 use_cache: bool = True) -> ProbeResult:
+                 use_cache: bool = True, python: Optional[str] = None, keep_log: bool = False) -> ProbeResult:
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
@@ -215,6 +201,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         mem_limit_mib: the probe's address-space limit (MiB).
         steps: optimizer steps per optimizer before the program is stopped.
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
+        python: the job's interpreter (a path or a name on PATH) instead of the one the script's
+            command names or implies.
+        keep_log: return the program's output in ``log_text`` (for ``--explain``).
 
     Returns:
         ProbeResult: with ``estimate`` (method ``probe``), or ``estimate`` None and ``reason``.
@@ -232,6 +221,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
     cmd = found.command
+    if python:
+        cmd = dataclasses.replace(cmd, interpreter=python)
     use_cache = use_cache and cache.enabled()
     key = _key(cmd, gpu, steps) if use_cache else ""
     entry = _lookup(key) if use_cache else None
@@ -243,8 +234,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None
     ran = ran_line(cmd, out.result, out.interpreter)
-    res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result, out.log_path)
-    res.detail = dict(result, scratch=out.scratch, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
+    res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result,
+                      out.log_text if keep_log else "")
+    res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
     if use_cache and (estimate is not None or out.reason):
         files = {p: _sha(p) for p in result.get("user_files") or []}
         _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,

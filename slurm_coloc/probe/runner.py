@@ -10,16 +10,20 @@ first on ``sys.path`` only while it imports the probe, then removes it and the `
 The child runs as the caller (the submitting user), in its own session (killed with its process
 group at the time limit), with ``RLIMIT_AS`` as memory limit, stdin from ``/dev/null`` and
 stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
-directory is ``scratch/work``, which mirrors the job's working directory by one symbolic link per
-entry: the program reads its relative paths (data, configs) as in the job, and files it creates
-at the top level land in the scratch directory. Writes through those links (into existing
-subdirectories) or to absolute paths still reach the real files; the child reports every such
-write (``outside_writes``). Network-facing libraries are put offline by environment variables and
-proxies that refuse connections at once; ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of
-the user's tree; ``TMPDIR`` is the scratch directory.
+directory is ``scratch/work``, which mirrors the job's working directory (``_mirror``): real
+directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
+directory, and a link to a directory, is linked as a whole). The program reads its relative paths
+(data, configs) as in the job; files it creates land in the scratch directory, and a file link it
+opens for writing is replaced by a copy first (``inject/main.py``). Writes to absolute paths
+outside the scratch directory, and into a directory linked as a whole, still reach the real
+files; the child reports every such write (``outside_writes``). Network-facing libraries are put
+offline by environment variables and proxies that refuse connections at once;
+``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR``, matplotlib's,
+inductor's and triton's caches are in the scratch directory, which is removed after the run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,6 +59,7 @@ OFFLINE_ENV = {
     "WANDB_SILENT": "true", "COMET_OFFLINE_DIRECTORY": "", "NEPTUNE_MODE": "offline",
     "DISABLE_MLFLOW_INTEGRATION": "TRUE", "CLEARML_OFFLINE_MODE": "1", "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
+    "TQDM_DISABLE": "1", "PL_DISABLE_FORK": "1",
     "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "TORCHINDUCTOR_COMPILE_THREADS": "1",
     "http_proxy": DEAD_PROXY, "https_proxy": DEAD_PROXY, "HTTP_PROXY": DEAD_PROXY,
     "HTTPS_PROXY": DEAD_PROXY, "ALL_PROXY": DEAD_PROXY, "all_proxy": DEAD_PROXY, "no_proxy": "",
@@ -72,9 +77,11 @@ class RunOutcome:
         reason: why there is no figure ("" when ``result["status"] == "ok"``).
         wall_s: seconds from start to the child's end.
         timed_out: the time limit ended the child.
-        scratch: the scratch directory (kept: the log and what the program wrote are there).
-        log_path: the child's stdout and stderr.
+        scratch: the scratch directory ("" once removed).
+        log_path: the child's stdout and stderr ("" once removed).
         interpreter: the Python that ran it.
+        scratch_files: files the program wrote in its mirrored working directory (relative paths).
+        log_text: the last 20,000 characters of the child's stdout and stderr.
     """
 
     result: Optional[Dict[str, Any]]
@@ -85,6 +92,7 @@ class RunOutcome:
     log_path: str = ""
     interpreter: str = ""
     scratch_files: List[str] = field(default_factory=list)
+    log_text: str = ""
 
 
 def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Optional[str]:
@@ -95,7 +103,7 @@ def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Op
         name = _shebang_python(shutil.which(cmd.launcher, path=path))
     name = name or "python3"
     if os.sep in name:
-        return name if os.access(name, os.X_OK) else None
+        return os.path.abspath(name) if os.access(name, os.X_OK) else None
     return shutil.which(name, path=path)
 
 
@@ -113,17 +121,48 @@ def _shebang_python(launcher: Optional[str]) -> Optional[str]:
     return None
 
 
-def _mirror(src: str, dst: str) -> None:
+def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
+    """Mirror directory ``src`` at ``dst``: real directories, one symbolic link per file.
+
+    Directories are made as real directories (so files the program creates in them land in the
+    scratch directory) while fewer than ``budget`` entries have been mirrored; a directory beyond
+    that, and a symbolic link to a directory, is linked as a whole. Returns the budget left.
+    """
     os.makedirs(dst, exist_ok=True)
     try:
-        names = sorted(os.listdir(src))[:MAX_MIRROR_ENTRIES]
+        names = sorted(os.listdir(src))
     except OSError:
-        return
+        return budget
+    subdirs = []
     for name in names:
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.isdir(s) and not os.path.islink(s) and budget > len(names):
+            subdirs.append((s, d))
+            continue
         try:
-            os.symlink(os.path.join(src, name), os.path.join(dst, name))
+            os.symlink(s, d)
         except OSError:
             continue
+    budget -= len(names)
+    for s, d in subdirs:
+        if budget <= 0 or not _small_dir(s, budget):
+            with contextlib.suppress(OSError):
+                os.symlink(s, d)
+            continue
+        budget = _mirror(s, d, budget)
+    return budget
+
+
+def _small_dir(path: str, budget: int) -> bool:
+    """True when ``path`` holds at most ``budget`` entries (read lazily: a data set is not listed)."""
+    try:
+        with os.scandir(path) as it:
+            for i, _ in enumerate(it):
+                if i >= budget:
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def _limits(mem_limit_mib: int) -> Any:
@@ -146,16 +185,19 @@ def hang_site(log_text: str) -> str:
 
 
 def _files_under(root: str) -> List[str]:
+    """Real files (not the mirror's links) under ``root``, relative to it: what the program wrote."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirs, filenames in os.walk(root):
         for f in filenames:
-            out.append(os.path.relpath(os.path.join(dirpath, f), root))
+            path = os.path.join(dirpath, f)
+            if not os.path.islink(path):
+                out.append(os.path.relpath(path, root))
     return sorted(out)
 
 
 def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
               mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
-              scratch_root: Optional[str] = None) -> RunOutcome:
+              scratch_root: Optional[str] = None, keep_scratch: bool = False) -> RunOutcome:
     """Run ``cmd`` under the probe (module docstring) and read its result.
 
     Args:
@@ -164,6 +206,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         mem_limit_mib: the child's address-space limit (MiB).
         steps: optimizer steps per optimizer before the probe stops the program.
         scratch_root: where the scratch directory is made (default: the system's temp dir).
+        keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
 
     Returns:
         RunOutcome; never raises for a failing program (the reason says what happened).
@@ -180,10 +223,9 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     os.makedirs(tmp)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
     _mirror(cmd.workdir, work)
-    before = set(os.listdir(work))
     result_path = os.path.join(scratch, "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
-           "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir,
+           "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
            "timeout_s": float(timeout_s)}
     req_path = os.path.join(scratch, "request.json")
     with open(req_path, "w", encoding="utf-8") as fh:
@@ -193,7 +235,9 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     env.update(OFFLINE_ENV)
     env.update(dict(cmd.env))
     env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
-               SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1")
+               SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(tmp, "triton"), WANDB_DIR=tmp)
     log_path = os.path.join(scratch, "probe.log")
     timed_out = False
     with open(log_path, "wb") as log:
@@ -210,23 +254,25 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
                 pass
             proc.wait()
     wall = time.monotonic() - start
-    created = sorted(set(os.listdir(work)) - before)
-    out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python,
-                     [f for f in _files_under(work) if f.split(os.sep)[0] in created])
+    out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
     try:
         with open(result_path, encoding="utf-8") as fh:
             out.result = json.load(fh)
     except (OSError, ValueError):
         out.result = None
+    out.log_text = _tail(log_path)
     if timed_out and (out.result is None or out.result.get("status") != "ok"):
-        site = hang_site(_tail(log_path))
+        site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
         out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
     elif out.result is None:
-        last = _tail(log_path).strip().splitlines()[-1:] or [""]
+        last = out.log_text.strip().splitlines()[-1:] or [""]
         out.reason = f"the probe ended (exit {proc.returncode}) without a result: {last[0][:200]}"
     elif out.result.get("status") != "ok":
         out.reason = str(out.result.get("reason") or "the probe saw no optimizer step")
+    if not keep_scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+        out.scratch = out.log_path = ""
     return out
 
 

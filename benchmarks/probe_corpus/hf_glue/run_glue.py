@@ -3,8 +3,8 @@
 The model is built from a local config (``--config_name``, a BERT-base-sized config when absent),
 so no weights are downloaded; the data are synthetic token ids unless ``--train_file`` (one
 ``label<TAB>text`` per line, tokenised by whitespace hashing) is given. The loop is the one
-``run_glue_no_trainer`` uses (AdamW, linear warm-up schedule, GradScaler), since the ``Trainer``
-class needs ``accelerate``.
+``run_glue_no_trainer`` uses (AdamW, linear warm-up schedule, GradScaler); ``hf_trainer/`` is the
+``Trainer`` kind.
 """
 import argparse
 

@@ -82,7 +82,7 @@ for it in range(max_iters):
     lr = learning_rate * 0.5 * (1 + math.cos(math.pi * it / max_iters))
     for g in optimizer.param_groups:
         g["lr"] = lr
-    for micro_step in range(gradient_accumulation_steps):
+    for _micro_step in range(gradient_accumulation_steps):
         with ctx:
             logits, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps

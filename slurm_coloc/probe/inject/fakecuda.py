@@ -35,12 +35,13 @@ class ProbeState:
     """What the probe saw and the switches its modes share.
 
     Attributes:
-        tracker: the allocation tracker of ``estimate.trace._make_tracker`` (its ``alloc`` is the
+        tracker: the allocation tracker of ``estimate.trace.make_tracker`` (its ``alloc`` is the
             caching-allocator model).
         force: None (decide by the op's inputs), True (the op makes GPU tensors), False (host).
         cuda_op: whether the op being dispatched makes GPU tensors.
         autocast_dtypes: dtype names of the CUDA autocast regions entered.
         notes: things the probe changed or assumed, one short line each.
+        fail: ends the probe with a reason (set by ``main.py``), for what this torch cannot imitate.
     """
 
     def __init__(self, tracker: Any) -> None:
@@ -50,6 +51,7 @@ class ProbeState:
         self.dispatch_depth = 0
         self.autocast_dtypes: List[str] = []
         self.notes: List[str] = []
+        self.fail: Optional[Callable[[str], None]] = None
 
     def note(self, text: str) -> None:
         """Add ``text`` once."""
@@ -183,6 +185,17 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
 
                 state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")
                 return numpy.zeros(tuple(args[0].shape), dtype=str(args[0].dtype).replace("torch.", ""))
+            if func is T.__deepcopy__ and has_no_data(torch, args[0]):
+                # the default copies the fake tensor's __dict__, whose constant (a real tensor) cannot
+                # be cloned under FakeTensorMode; a clone of the same device, dtype and shape is one
+                src, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo")) or {}
+                if id(src) in memo:
+                    return memo[id(src)]
+                with torch.no_grad():
+                    out = src.clone()
+                out.requires_grad_(src.requires_grad)
+                memo[id(src)] = out
+                return out
             if func is T.to:
                 out = tensor_to(args[0], args[1:], kwargs)
                 if out is not None:
@@ -201,10 +214,36 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
     return _Device()
 
 
+def cpu_autocast_dtypes(torch: Any) -> List[str]:
+    """The dtype names CPU autocast accepts in this torch (older versions lack ``float16``).
+
+    An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
+    """
+    import warnings
+
+    out = []
+    for dtype in (torch.bfloat16, torch.float16):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                with torch.autocast("cpu", dtype=dtype):
+                    pass
+            except Exception:  # noqa: BLE001 - refused outright by this version
+                continue
+        if not any("not supported" in str(w.message) or "Disabling" in str(w.message) for w in seen):
+            out.append(str(dtype).replace("torch.", ""))
+    return out
+
+
 def patch_autocast(torch: Any, state: ProbeState) -> None:
-    """``autocast("cuda", dtype)`` becomes CPU autocast with the same dtype (fp16 by default, as CUDA)."""
+    """``autocast("cuda", dtype)`` becomes CPU autocast with the same dtype (fp16 by default, as CUDA).
+
+    Where this torch's CPU autocast lacks the dtype, the probe ends with that reason
+    (``state.fail``) instead of tracing the step in float32.
+    """
     ac = torch.amp.autocast_mode.autocast
     orig_init = ac.__init__
+    supported = cpu_autocast_dtypes(torch)
 
     def __init__(self: Any, device_type: str = "cuda", dtype: Any = None, enabled: bool = True,
                  cache_enabled: Any = None) -> None:
@@ -215,6 +254,9 @@ def patch_autocast(torch: Any, state: ProbeState) -> None:
                 name = str(dtype).replace("torch.", "")
                 if name not in state.autocast_dtypes:
                     state.autocast_dtypes.append(name)
+                if name not in supported and state.fail is not None:
+                    state.fail(f"torch {torch.__version__}: CPU autocast has no {name}, so the probe cannot "
+                               f"imitate CUDA autocast {name}")
         orig_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     ac.__init__ = __init__

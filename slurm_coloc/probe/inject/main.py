@@ -26,13 +26,16 @@ import contextlib
 import json
 import os
 import runpy
+import shutil
 import sys
 import sysconfig
 import traceback
 from typing import Any, Dict, List
 
-from slurm_coloc.probe.inject import fakecuda
+from slurm_coloc.probe.inject import fakecuda, frameworks
 
+# FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
+MIN_TORCH = (2, 1)
 _WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate")
 
 
@@ -45,6 +48,8 @@ class _Probe:
         self.req = req
         self.steps_wanted = int(req.get("steps", 2))
         self.scratch = os.path.realpath(req["scratch"])
+        self.work = os.path.realpath(req["work"]) if req.get("work") else ""
+        self.in_audit = False
         self.opt_steps: Dict[int, int] = {}
         self.opt_names: Dict[int, str] = {}
         self.forwards = 0
@@ -65,11 +70,29 @@ class _Probe:
                 path = args[0]
         elif event in _WRITE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = args[0]
-        if path is None or len(self.outside_writes) >= 50:
+        if path is None or self.in_audit:
             return
+        self.in_audit = True
         try:
-            real = os.path.realpath(os.fsdecode(path))
+            self._check_write(event, path, mode if event == "open" else "")
+        finally:
+            self.in_audit = False
+
+    def _check_write(self, event: str, path: Any, mode: Any) -> None:
+        try:
+            name = os.path.abspath(os.fsdecode(path))
+            real = os.path.realpath(name)
         except (TypeError, ValueError):
+            return
+        if event == "open" and self.work and name.startswith(self.work + os.sep) and os.path.islink(name) \
+                and not real.startswith(self.scratch + os.sep) and os.path.isfile(real):
+            # a mirrored file link opened for writing: write a copy in the scratch directory instead
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+                if not (isinstance(mode, str) and "w" in mode):
+                    shutil.copyfile(real, name)
+                return
+        if len(self.outside_writes) >= 50:
             return
         if real.startswith(self.scratch + os.sep) or real.startswith("/dev/") or real.startswith("/proc/"):
             return
@@ -178,6 +201,7 @@ class _Probe:
 
         dl.__init__ = dl_init
         _patch_distributed(torch, st)
+        frameworks.install(st.note)
 
 
 def _patch_distributed(torch: Any, st: Any) -> None:
@@ -271,29 +295,44 @@ def main(request_path: str) -> None:
 
         # where the program is stuck, in the log, just before the runner's time limit kills it
         faulthandler.dump_traceback_later(float(req["timeout_s"]) - 1.5, exit=False)
+    step = "import torch"
     try:
         import torch
+
+        version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+        if version < MIN_TORCH:
+            probe.finish("error", f"torch {torch.__version__} in the job's Python: the probe needs torch >= "
+                         f"{'.'.join(map(str, MIN_TORCH))} (FakeTensorMode, optimizer step hooks)")
+        step = "FakeTensorMode"
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
         from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
-        from slurm_coloc.estimate.trace import _make_tracker
+        from slurm_coloc.estimate.trace import make_tracker
 
         try:
             ws = workspace.load()
         except Exception:  # noqa: BLE001 - no numpy in the job's Python: no workspaces, said so
             ws = None
-        tracker = _make_tracker(torch, ws.bytes_for if ws is not None else None)
+        tracker = make_tracker(torch, ws.bytes_for if ws is not None else None)
         st = fakecuda.ProbeState(tracker)
         if ws is None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
+        st.fail = lambda reason: probe.finish("error", reason)
+        step = "torch.cuda imitation"
         fakecuda.patch_cuda_api(torch, st)
+        step = "autocast imitation"
         fakecuda.patch_autocast(torch, st)
+        step = "FakeTensor adaptation"
         fakecuda.patch_fake_tensor(torch, st)
+        step = "optimizer/DataLoader hooks"
         probe.install(torch)
     except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
-        probe.finish("error", f"the probe could not start in the job's Python: {type(exc).__name__}: {exc}")
+        v = _torch_version() or "?"
+        probe.finish("error", f"the probe could not start in the job's Python (torch {v}, {step}): "
+                     f"{type(exc).__name__}: {exc}")
         return
     sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
     if req["mode"] == "file":
