@@ -321,12 +321,16 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
         "current_stream": lambda *a: _Dummy(), "default_stream": lambda *a: _Dummy(),
         "stream": lambda *a: contextlib.nullcontext(), "device": lambda *a: contextlib.nullcontext(),
         "device_of": lambda *a: contextlib.nullcontext(),
+        "is_current_stream_capturing": lambda: False, "can_device_access_peer": lambda *a: False,
         "get_rng_state": lambda *a: torch.get_rng_state(), "set_rng_state": noop,
         "get_rng_state_all": lambda: [torch.get_rng_state()], "set_rng_state_all": noop,
     }
     for name, value in table.items():
         # one function object per name: torch._dynamo's rule map refuses one object under two names
         setattr(cuda, name, _fresh(value) if value is noop else value)
+    graphs = getattr(cuda, "graphs", None)
+    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):  # imported by name in older torch
+        graphs.is_current_stream_capturing = cuda.is_current_stream_capturing
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # torch >= 2.6: optimizers ask it whether a CUDA graph is being captured
         for name, value in (("current_stream", lambda *a: _Dummy()), ("current_device_index", lambda: 0),
