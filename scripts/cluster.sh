@@ -79,7 +79,9 @@ write_config() {
   { echo "AutoDetect=off"
     for n in n1 n2; do slurm_conf_gres $n 2 "$GPU_GIB" "$BASE/dev/$n/nvidia"; done
   } > "$BASE/etc/gres.conf"
-  if [ ! -f "$BASE/etc/coloc.yaml" ]; then
+  if [ -f "$BASE/etc/coloc.yaml" ]; then   # kept (tests add keys); its Slurm is the version started now
+    sed -i "s|^slurm_bin_dir: .*|slurm_bin_dir: $SLURM_BIN|" "$BASE/etc/coloc.yaml"
+  else
     slurm_conf_coloc_yaml "slurm-coloc config of the local cluster (all keys: docs/admin.md)" "$BASE" "$SLURM_BIN" "$GPU_GIB" \
       > "$BASE/etc/coloc.yaml"
   fi
@@ -88,7 +90,7 @@ write_config() {
 wait_nodes() {
   local state
   for _ in $(seq 150); do
-    state=$("$SLURM_BIN/sinfo" -h -N -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')
+    state=$("$SLURM_BIN/sinfo" -h -N -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ') || true
     case "$state" in *"n1 idle"*"n2 idle"*|*"n1 mix"*"n2 idle"*|*"n1 idle"*"n2 mix"*|*"n1 mix"*"n2 mix"*) return 0;; esac
     sleep 0.2
   done
@@ -105,6 +107,12 @@ start() {
   select_version fetch
   [ -x "$SLURM_SBIN/slurmctld" ] || die "Slurm $SLURM_VERSION is not installed (scripts/install.sh)"
   ensure_users; ensure_munge; write_config
+  # slurmctld refuses another release's saved state ("Can not recover ... incompatible version"): a directory
+  # last used by another version starts with empty state and spool (its jobs are gone with it).
+  if [ "$(cat "$BASE/state/.slurm_version" 2>/dev/null || echo 22.05)" != "$SLURM_VERSION" ] && ! pid_alive "$BASE/run/slurmctld.pid"; then
+    find "$BASE/state" "$BASE/spool" -mindepth 1 -maxdepth 2 ! -name 'n[12]' -exec rm -rf {} + 2>/dev/null || true
+  fi
+  echo "$SLURM_VERSION" > "$BASE/state/.slurm_version"
   echo "$SLURM_VERSION" > "$BASE/etc/slurm_version"
   pid_alive "$BASE/run/slurmctld.pid" || "$SLURM_SBIN/slurmctld" -f "$CONF"
   local n
