@@ -122,9 +122,11 @@ class Cluster:
                               capture_output=True, timeout=timeout)
 
     def squeue(self) -> List[dict]:
-        """All jobs slurmctld knows (``squeue --json``). ``job_state`` is a string on 22.05 and a list of the
-        base state and its flags from 23.02 on: the records returned carry the base state as a string."""
-        out = subprocess.run(["squeue", "--json"], env=self.env, text=True, capture_output=True, check=True)
+        """All jobs slurmctld knows (``squeue --json --states=all``: 24.11+ apply squeue's default state filter to
+        --json and leave finished jobs out; 22.05 ignores every filter). ``job_state`` is a string on 22.05 and a
+        list of the base state and its flags on 24.11+: the records returned carry the base state as a string."""
+        out = subprocess.run(["squeue", "--json", "--states=all"], env=self.env, text=True, capture_output=True,
+                             check=True)
         jobs = json.loads(out.stdout)["jobs"]
         for j in jobs:
             if isinstance(j.get("job_state"), list):
