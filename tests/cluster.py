@@ -1,6 +1,8 @@
 """Test helper: a real local Slurm cluster (scripts/cluster.sh) owned by one pytest session.
 
-Each session picks free ports and its own directory, so parallel sessions do not collide.
+Each session picks free ports and its own directory, so parallel sessions do not collide. The Slurm version is
+``COLOC_SLURM`` (22.05, 24.11, 26.05; default 22.05);
+``Cluster.bin_dir`` holds that version's client commands and comes first on the cluster's PATH.
 """
 from __future__ import annotations
 
@@ -12,12 +14,29 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from functools import lru_cache
 from typing import Dict, List, Optional, Sequence
 
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
+VERSIONS = REPO / "scripts" / "slurm_versions.sh"
+
+
+@lru_cache(maxsize=None)
+def slurm_version() -> str:
+    """The Slurm version test clusters run: ``COLOC_SLURM``, else 22.05 (Debian 12's, from apt)."""
+    return os.environ.get("COLOC_SLURM") or "22.05"
+
+
+@lru_cache(maxsize=None)
+def slurm_bin_dir(version: str) -> str:
+    """Directory of the client commands (sbatch, scontrol, ...) of ``version`` (fetched if needed)."""
+    out = subprocess.run([str(VERSIONS), "fetch", version], text=True, capture_output=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"Slurm {version} is not available: {out.stderr.strip()}")
+    return out.stdout.strip()
 
 
 def _ports_free(base: int) -> bool:
@@ -47,6 +66,8 @@ class Cluster:
     dir: Path
     port_base: int
     extra_env: Dict[str, str]
+    version: str = "22.05"
+    bin_dir: str = "/usr/bin"
 
     @property
     def conf(self) -> Path:
@@ -75,7 +96,8 @@ class Cluster:
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
         env.update({"SLURM_CONF": str(self.conf), "COLOC_CONFIG": str(self.coloc_config),
-                    "PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "COLOC_EXAMPLES": str(REPO / "examples"),
+                    "PATH": f"{VENV_BIN}:{self.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "COLOC_EXAMPLES": str(REPO / "examples"), "COLOC_SLURM": self.version,
                     "COLOC_CLUSTER_DIR": str(self.dir), "COLOC_PORT_BASE": str(self.port_base)})
         env.update(self.extra_env)
         return env
@@ -96,9 +118,16 @@ class Cluster:
                               capture_output=True, timeout=timeout)
 
     def squeue(self) -> List[dict]:
-        """All jobs slurmctld knows (``squeue --json``)."""
-        out = subprocess.run(["squeue", "--json"], env=self.env, text=True, capture_output=True, check=True)
-        return json.loads(out.stdout)["jobs"]
+        """All jobs slurmctld knows (``squeue --json --states=all``: 24.11+ apply squeue's default state filter to
+        --json and leave finished jobs out; 22.05 ignores every filter). ``job_state`` is a string on 22.05 and a
+        list of the base state and its flags on 24.11+: the records returned carry the base state as a string."""
+        out = subprocess.run(["squeue", "--json", "--states=all"], env=self.env, text=True, capture_output=True,
+                             check=True)
+        jobs = json.loads(out.stdout)["jobs"]
+        for j in jobs:
+            if isinstance(j.get("job_state"), list):
+                j["job_state"] = j["job_state"][0] if j["job_state"] else ""
+        return jobs
 
     def job(self, job_id: int) -> Optional[dict]:
         return next((j for j in self.squeue() if j["job_id"] == job_id), None)
@@ -145,7 +174,8 @@ def start_cluster(extra_env: Optional[Dict[str, str]] = None) -> Cluster:
     base = pick_port_base()
     cdir = Path(f"/tmp/coloc-test-{base}")
     shutil.rmtree(cdir, ignore_errors=True)
-    cluster = Cluster(cdir, base, dict(extra_env or {}))
+    version = slurm_version()
+    cluster = Cluster(cdir, base, dict(extra_env or {}), version, slurm_bin_dir(version))
     cluster.script("start")
     return cluster
 

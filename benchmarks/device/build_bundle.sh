@@ -6,17 +6,31 @@
 #                               and plugins (glibc itself is never bundled: the machine's own is used).
 #   .carry/whl/                 wheels of the package's pure-Python needs the machine lacks (sqlite-utils & co).
 # Usage: benchmarks/device/build_bundle.sh        (idempotent; prints the carried size)
+#   COLOC_SLURM=24.11|26.05  bundle that release instead (scripts/slurm_versions.sh fetch: the suite's own
+#                            glibc, loader and libraries; programs patched to run from COLOC_BENCH_ROOT/slurm,
+#                            default /opt/coloc/slurm, as benchmarks/device/cluster_gpu.sh unpacks it there)
+# The bundle's bundle.env names its version (SLURM_VERSION) and layout (patched: run programs directly).
 # Facts behind it: shared/reference/gpu-facts.md, "Slurm on the GPU test machine".
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CARRY=$REPO/.carry
 WORK=$(mktemp -d /tmp/coloc-bundle.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+VERSION=${COLOC_SLURM:-22.05}
 PKGS="slurmctld slurmd slurm-client libslurm38 slurm-wlm-basic-plugins munge libmunge2"
 mkdir -p "$CARRY/whl" "$WORK/debs" "$WORK/root"
-(cd "$WORK/debs" && apt-get download $PKGS >/dev/null 2>&1) || { echo "build_bundle: apt-get download failed" >&2; exit 1; }
-for d in "$WORK"/debs/*.deb; do dpkg-deb -x "$d" "$WORK/root"; done
 R=$WORK/root
+if [ "$VERSION" = 22.05 ]; then
+  (cd "$WORK/debs" && apt-get download $PKGS >/dev/null 2>&1) || { echo "build_bundle: apt-get download failed" >&2; exit 1; }
+  for d in "$WORK"/debs/*.deb; do dpkg-deb -x "$d" "$WORK/root"; done
+  echo "SLURM_VERSION=22.05 LAYOUT=bundle-lib" > "$R/bundle.env"
+else
+  "$REPO/scripts/slurm_versions.sh" fetch "$VERSION" >/dev/null
+  eval "$("$REPO/scripts/slurm_versions.sh" env "$VERSION")"
+  cp -a "$SLURM_ROOT/." "$R/"
+  "$REPO/scripts/slurm_versions.sh" relocate "$R" "${COLOC_BENCH_ROOT:-/opt/coloc}/slurm"
+  echo "SLURM_VERSION=$VERSION LAYOUT=patched" > "$R/bundle.env"
+fi
 # Canonical program names (Slurm decides what it is from its name; the .debs ship slurmctld-wlm etc.).
 for p in slurmctld slurmd slurmstepd; do
   if [ ! -e "$R/usr/sbin/$p" ] || [ -L "$R/usr/sbin/$p" ]; then
@@ -25,8 +39,11 @@ for p in slurmctld slurmd slurmstepd; do
     rm -f "$R/usr/sbin/$p"; cp "$src" "$R/usr/sbin/$p"
   fi
 done
-# Non-glibc libraries every binary and plugin needs (resolved on this Debian 12 host).
+# Non-glibc libraries every binary and plugin needs (resolved on this Debian 12 host; 22.05 only: newer
+# releases carry their whole library closure and glibc).
 mkdir -p "$R/bundle-lib"
+[ "$VERSION" = 22.05 ] || GLIBC='.'
+
 GLIBC='^(linux-vdso|libc\.so|ld-linux|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil\.so|libnsl|libanl|libcrypt\.so)'
 find "$R/usr/sbin" "$R/usr/bin" "$R/usr/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
   xargs -0 ldd 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u |

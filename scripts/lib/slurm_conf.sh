@@ -33,11 +33,13 @@ HOOK
   done
 }
 
-# slurm_conf_common <cluster> <host> <port> <auth info> <plugin dir or ""> <dir> <sched interval s>
+# slurm_conf_common <cluster> <host> <port> <auth info> <plugin dir or ""> <dir> <sched interval s> [version]
 # Prints slurm.conf from ClusterName to TaskProlog: state, spool, pids and logs under <dir>, the hooks that
 # slurm_conf_hooks wrote under <dir>/etc/hooks. Nodes and partition follow (slurm_conf_node, slurm_conf_partition).
+# [version] (22.05, 24.11, 26.05; default 22.05) picks the keys that differ per Slurm release
+# (docs/slurm-versions.md).
 slurm_conf_common() {
-  local cluster=$1 host=$2 port=$3 auth=$4 plugins=$5 d=$6 sched=$7
+  local cluster=$1 host=$2 port=$3 auth=$4 plugins=$5 d=$6 sched=$7 version=${8:-22.05}
   cat <<CONF
 ClusterName=$cluster
 SlurmctldHost=$host(127.0.0.1)
