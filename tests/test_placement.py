@@ -234,3 +234,23 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     got = store_placement.finished_jobs(open_readonly(tmp_path / "ctld.db"))
     assert got == [{"job_id": 1, "coloc": {"spec": SPEC}}, {"job_id": 3, "coloc": None}] or \
         sorted(j["job_id"] for j in got) == [1, 3]
+
+
+def test_one_gpu_collocates_while_under_the_gate_and_queues_while_saturated() -> None:
+    """A machine of one GPU: the choice is collocate now or wait for the GPU (the job stays held)."""
+    heavy = Activity(0.6, 0.3, 0.3)  # a job that alone keeps the GPU 60 % active
+    empty = [gpu("n1", 0)]
+    d = choose_gpu(empty, 6, heavy, GATE)
+    assert d.placed and d.basis == "empty-gpu"
+    light_tenant = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.15, 0.05, 0.05))]
+    d = choose_gpu(light_tenant, 6, heavy, GATE)
+    assert d.placed and d.basis == "utilization"  # 0.75 SMACT together: collocate now
+    busy = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.6, 0.3, 0.3))]
+    d = choose_gpu(busy, 6, heavy, GATE)
+    assert not d.placed and "would saturate" in d.reason  # 1.0 SMACT, 0.6 SMOCC: wait for the GPU
+    saturated = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.85, 0.5, 0.2))]
+    assert not choose_gpu(saturated, 1, LIGHT, GATE).placed
+    placed_now = [GpuState("n1", 0, 80, 6, 1, Activity(0.15, 0.05, 0.05), 1.0, recent=heavy)]
+    assert not choose_gpu(placed_now, 6, heavy, GATE).placed  # a tenant placed seconds ago counts too
+    stale = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.85, 0.5, 0.2), age=600)]
+    assert choose_gpu(stale, 6, heavy, GATE, max_age_s=60).basis == "memory-only"  # never blocks on old data

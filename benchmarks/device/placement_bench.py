@@ -73,7 +73,12 @@ def stage1(a: argparse.Namespace, rest: List[str]) -> int:
         return 1
     rows: Dict[str, dict] = {}
     if prof is not None:
-        text, _ = prof.communicate(timeout=max(30.0, a.budget_s * 0.3))
+        try:
+            text, _ = prof.communicate(timeout=max(30.0, a.budget_s * 0.3))
+        except subprocess.TimeoutExpired:  # keep what was measured; the rest is sized by defaults
+            prof.kill()
+            text, _ = prof.communicate()
+            print("placement_bench: profile cut at its time limit", file=sys.stderr)
         for line in text.splitlines():
             if line.startswith("PROFILE "):
                 r = json.loads(line[len("PROFILE "):])

@@ -81,6 +81,13 @@ def size_jobs(scenarios: Sequence[str], profile: Dict[str, dict], budget_left_s:
     return out
 
 
+def pass_estimate_s(jobs: Sequence[Job], policy: str, overhead_s: float) -> float:
+    """Expected wall time of one pass (s): the jobs one after another (time alone + overhead each), times the
+    policy's guessed factor (``SPEEDUP_GUESS``), and never before the last arrival. Pure."""
+    serial = sum(j.alone_guess_s + overhead_s for j in jobs)
+    return max(serial * SPEEDUP_GUESS[policy], max((j.offset_s for j in jobs), default=0.0) + overhead_s)
+
+
 def job_script(workload: str, fake: bool) -> Path:
     """Write (once) the job script of ``workload``: one script per workload, so each has its own SHA-256 and
     coloc-placer's history (keyed by script) tells the models apart."""
@@ -313,15 +320,15 @@ def main() -> int:
                                                                         for j in js) for s, js in plans.items()))
     result: Dict[str, Any] = {"fake": fake, "profile": profile, "placer_config": PLACER_CONFIG,
                               "budget_s": a.budget_s, "scenarios": {}, "targets": {}}
+    est = {(sc, pol): pass_estimate_s(plans[sc], pol, overhead) for sc in scenarios for pol in policies}
     for scen in scenarios:
         passes: Dict[str, Dict[str, Any]] = {}
         for pol in policies:
             remaining = a.budget_s - (time.time() - a.started_at) - 20
-            share = remaining * SPEEDUP_GUESS[pol] / sum(SPEEDUP_GUESS[p] for p in policies[policies.index(pol):])
-            if scen != scenarios[-1]:
-                share *= 0.5
-            log(f"{scen}/{pol}: {len(plans[scen])} jobs, deadline {share:.0f} s")
-            passes[pol] = run_pass(scen, pol, plans[scen], max(20.0, share), fake, out)
+            after = sum(v for k, v in est.items() if list(est).index(k) > list(est).index((scen, pol)))
+            deadline = max(20.0, min(2.0 * est[(scen, pol)], remaining - after))
+            log(f"{scen}/{pol}: {len(plans[scen])} jobs, estimate {est[(scen, pol)]:.0f} s, deadline {deadline:.0f} s")
+            passes[pol] = run_pass(scen, pol, plans[scen], deadline, fake, out)
             if pol == "exclusive":
                 try:
                     alone_activity(passes[pol])
