@@ -2,10 +2,13 @@
 
 Usage:
   python3 benchmarks/placement_fit.py placement_bench.json [--out calibration.json] [--by-model]
+                                     [--feature proxy|flops]
 Input: the JSON of ``benchmarks/device/placement_bench.py``: every exclusive-pass job with its workload, its
 measured activity alone (``alone_activity``: SMACT/SMOCC/DRAMA fractions, means over its run from the sampler)
 and the profile's features (``gflop_per_step``: FLOPs of one training step from ``torch.utils.flop_counter``;
-precision fp32). Fit (least squares):
+precision fp32). ``--feature`` picks x: ``proxy`` (default) = batch x input elements x 3e-6, what
+``intensity.features`` computes from a job's spec today (coloc-sbatch's comment carries no FLOPs yet), or
+``flops`` = the measured GFLOP per step, for comments that carry ``flops_per_step``. Fit (least squares):
   SMACT = smact_min + (smact_max - smact_min) * x / (x + x_half_gflop), x = GFLOP per step x precision factor:
           for each x_half on a log grid (0.1 .. 10^5 GFLOP) the model is linear in (smact_min, smact_max -
           smact_min); the x_half of least squared error wins; both ends clamped to 0..1 (smact_min <= smact_max).
@@ -30,14 +33,24 @@ from slurm_coloc.placement import intensity  # noqa: E402
 from slurm_coloc.placement.policy import Activity  # noqa: E402
 
 
-def samples(bench: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """``[{"workload", "gflop", "smact", "smocc", "drama"}]`` of every exclusive job with measured activity."""
+def proxy_gflop(row: Dict[str, Any]) -> Optional[float]:
+    """``intensity.features``' proxy for a profile row: batch x input elements x 3e-6 (None without both)."""
+    shape, batch = row.get("input_shape"), row.get("batch")
+    if not isinstance(shape, list) or not isinstance(batch, int):
+        return None
+    return batch * math.prod(int(d) for d in shape) * 3e-6
+
+
+def samples(bench: Dict[str, Any], feature: str = "flops") -> List[Dict[str, Any]]:
+    """``[{"workload", "gflop", "smact", "smocc", "drama"}]`` of every exclusive job with measured activity;
+    ``gflop`` is x of the fit (``feature``: ``flops`` measured, ``proxy`` as ``proxy_gflop``)."""
     prof = bench.get("profile") or {}
     out = []
     for scen in (bench.get("scenarios") or {}).values():
         for j in (scen.get("exclusive") or {}).get("jobs", []):
             act = j.get("alone_activity") or {}
-            gflop = (prof.get(j["workload"]) or {}).get("gflop_per_step")
+            row = prof.get(j["workload"]) or {}
+            gflop = row.get("gflop_per_step") if feature == "flops" else proxy_gflop(row)
             if act.get("smact") is None or gflop is None:
                 continue
             out.append({"workload": j["workload"], "gflop": float(gflop), "smact": act["smact"],
@@ -76,6 +89,7 @@ def ratio(num: Sequence[float], den: Sequence[float]) -> float:
 
 
 def fit(rows: Sequence[Dict[str, Any]], by_model: bool = False, source: str = "") -> Dict[str, Any]:
+    # x is whichever feature ``samples`` put in ``gflop``; the calibration's x_half is in the same unit
     """The calibration dict (``intensity.load_calibration``'s format) fitted to ``rows`` (``samples``)."""
     lo, hi, xh, _ = fit_curve([r["gflop"] for r in rows], [r["smact"] for r in rows])
     smact = [r["smact"] for r in rows]
@@ -101,7 +115,7 @@ def predict(cal: intensity.Calibration, gflop: float) -> Activity:
 
 def report(rows: Sequence[Dict[str, Any]], fitted: intensity.Calibration, current: intensity.Calibration) -> str:
     """Per job: measured and predicted SMACT/SMOCC/DRAMA (%), fitted and current; then the mean absolute errors."""
-    lines = [f"{'workload':<26}{'GFLOP/step':>11}{'SMACT meas':>11}{'fit':>7}{'current':>8}"
+    lines = [f"{'workload':<26}{'x (GFLOP)':>11}{'SMACT meas':>11}{'fit':>7}{'current':>8}"
              f"{'SMOCC meas':>11}{'fit':>7}{'DRAMA meas':>11}{'fit':>7}"]
     err: Dict[str, List[float]] = {"smact_fit": [], "smact_current": [], "smocc_fit": [], "drama_fit": []}
     for r in rows:
@@ -123,13 +137,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("bench_json")
     ap.add_argument("--out", default="calibration.json")
     ap.add_argument("--by-model", action="store_true", help="also write the measured mean per workload")
+    ap.add_argument("--feature", choices=("proxy", "flops"), default="proxy",
+                    help="x of the curve: the spec proxy coloc-placer uses today, or measured FLOPs")
     a = ap.parse_args(argv)
     try:
         bench = json.loads(Path(a.bench_json).read_text())
-        rows = samples(bench)
+        rows = samples(bench, a.feature)
         if bench.get("fake"):
             print("placement_fit: note: the input comes from a fake-GPU run (no real activity)", file=sys.stderr)
-        cal = fit(rows, a.by_model)
+        cal = fit(rows, a.by_model, f"benchmarks/placement_fit.py over {len(rows)} jobs alone, x = {a.feature}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"placement_fit: error: {exc}", file=sys.stderr)
         return 1

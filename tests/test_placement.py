@@ -254,3 +254,28 @@ def test_one_gpu_collocates_while_under_the_gate_and_queues_while_saturated() ->
     assert not choose_gpu(placed_now, 6, heavy, GATE).placed  # a tenant placed seconds ago counts too
     stale = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.85, 0.5, 0.2), age=600)]
     assert choose_gpu(stale, 6, heavy, GATE, max_age_s=60).basis == "memory-only"  # never blocks on old data
+
+
+def test_coloc_sbatch_placement_form_follows_the_heartbeat(tmp_path: Path) -> None:
+    from slurm_coloc import config as config_mod
+    from slurm_coloc.cli.sbatch import placement_form
+    from slurm_coloc.placement.daemon import heartbeat_paths, write_heartbeat
+
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nrun_dir: {tmp_path / 'run'}\n")
+    cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
+    argv = ["-t", "30", "--gres=shard:4", '--comment=coloc:{"mode":"shard","shards":4,"v":1}', "job.sh", "--hold"]
+    assert placement_form(argv, cfg, 4) == (argv, False)  # no placer
+    write_heartbeat(cfg, {"candidates": 0})
+    held, placed = placement_form(argv, cfg, 4)
+    assert placed and held[0] == "--hold" and not any(a.startswith("--gres") for a in held)
+    assert held[-2:] == ["job.sh", "--hold"]  # the script's own arguments untouched
+    assert placement_form(["-H", *argv], cfg, 5) == (["-H", *argv], False)  # the user holds it: classic
+    whole = ["--gres=shard:80", '--comment=coloc:{"mode":"whole-gpu","shards":80,"v":1}', "job.sh"]
+    assert placement_form(whole, cfg, 2) == (whole, False)
+    heartbeat_paths(cfg)[0].unlink()  # users read the world-readable copy under run_dir
+    assert placement_form(argv, cfg, 4)[1]
+    beat = heartbeat_paths(cfg)[1]
+    old = json.loads(beat.read_text())
+    old["ts"] -= 3600
+    beat.write_text(json.dumps(old))
+    assert placement_form(argv, cfg, 4) == (argv, False)  # stale: classic

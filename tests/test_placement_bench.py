@@ -93,7 +93,8 @@ def _bench_file(tmp_path: Path, fake: bool = False) -> Path:
 def test_fit_recovers_the_curve_and_writes_a_loadable_calibration(tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), str(_bench_file(tmp_path)),
-                           "--out", str(out), "--by-model"], capture_output=True, text=True, timeout=60)
+                           "--out", str(out), "--by-model", "--feature", "flops"],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     cal = intensity.load_calibration(str(out))
     assert cal.smact_min == pytest.approx(0.05, abs=0.02) and cal.smact_max == pytest.approx(0.9, abs=0.03)
@@ -103,6 +104,15 @@ def test_fit_recovers_the_curve_and_writes_a_loadable_calibration(tmp_path: Path
     assert "mean absolute error" in proc.stdout and "m3" in proc.stdout
     pred = intensity.predict(intensity.Features(60.0, None, None, "fp32", None), cal)
     assert pred.smact == pytest.approx(0.05 + 0.85 * 60 / 110, abs=0.02)
+
+
+def test_fit_on_the_spec_proxy_uses_batch_times_input_elements(tmp_path: Path) -> None:
+    bench = json.loads(_bench_file(tmp_path).read_text())
+    for i, row in enumerate(bench["profile"].values()):
+        row.update(batch=8 * (i + 1), input_shape=[3, 32, 32])
+    rows = placement_fit.samples(bench, "proxy")
+    assert [r["gflop"] for r in rows][:2] == pytest.approx([8 * 3072 * 3e-6, 16 * 3072 * 3e-6])
+    assert placement_fit.fit(rows)["smact_max"] <= 1.0
 
 
 def test_fit_refuses_too_little_data_with_one_line(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def profile(name: str, time_s: float = 0.6) -> Dict[str, Any]:
     """Time one workload alone: 3 warm-up steps, then steps for ``time_s``; FLOPs of one step; peak memory.
 
     ``name`` is any ``workloads.py`` name (``pile:...``, ``small_cnn``, ``tv:...``). Returns ``{"workload",
-    "step_s", "batch", "peak_reserved_mib", "gflop_per_step", "params_m"}``.
+    "step_s", "batch", "input_shape", "peak_reserved_mib", "gflop_per_step", "params_m"}``.
     """
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     import workloads
@@ -160,7 +160,7 @@ def profile(name: str, time_s: float = 0.6) -> Dict[str, Any]:
         gflop = fc.get_total_flops() / 1e9
     except Exception as exc:  # noqa: BLE001 - an op the counter does not know: FLOPs unknown
         print(f"profile {name}: no FLOP count ({exc})", file=sys.stderr)
-    out = {"workload": name, "step_s": step_s, "batch": batch,
+    out = {"workload": name, "step_s": step_s, "batch": batch, "input_shape": list(shape),
            "peak_reserved_mib": torch.cuda.max_memory_reserved() / 2**20, "gflop_per_step": gflop,
            "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
     return out

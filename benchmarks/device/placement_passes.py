@@ -314,19 +314,29 @@ def main() -> int:
     with open(f"{ROOT}/etc/coloc.yaml", "a") as fh:
         fh.write("".join(f"{k}: {v}\n" for k, v in PLACER_CONFIG.items()))
     left = a.budget_s - (time.time() - a.started_at) - 25
-    overhead = a.overhead_s if a.overhead_s is not None else (1.5 if fake else 6.0)
+    overhead = a.overhead_s if a.overhead_s is not None else (2.5 if fake else 6.0)
     plans = size_jobs(scenarios, profile, left, overhead, a.target_s, policies)
     log(f"sizing: {left:.0f} s left; " + "; ".join(f"{s}: " + ", ".join(f"{j.workload}x{j.steps}"
                                                                         for j in js) for s, js in plans.items()))
     result: Dict[str, Any] = {"fake": fake, "profile": profile, "placer_config": PLACER_CONFIG,
                               "budget_s": a.budget_s, "scenarios": {}, "targets": {}}
     est = {(sc, pol): pass_estimate_s(plans[sc], pol, overhead) for sc in scenarios for pol in policies}
+    need = sum(est.values())
+    if need > left:
+        log(f"warning: the passes need about {need:.0f} s, {left:.0f} s are left: scenarios run in order and one "
+            "that no longer fits is skipped (run --scenarios pile and --scenarios stream in separate calls)")
+    result["skipped"] = []
     for scen in scenarios:
+        remaining = a.budget_s - (time.time() - a.started_at) - 20
+        if remaining < 0.8 * sum(est[(scen, p)] for p in policies):
+            result["skipped"].append(scen)
+            log(f"{scen}: skipped, {remaining:.0f} s left")
+            continue
         passes: Dict[str, Dict[str, Any]] = {}
         for pol in policies:
             remaining = a.budget_s - (time.time() - a.started_at) - 20
-            after = sum(v for k, v in est.items() if list(est).index(k) > list(est).index((scen, pol)))
-            deadline = max(20.0, min(2.0 * est[(scen, pol)], remaining - after))
+            later = sum(est[(scen, p)] for p in policies[policies.index(pol) + 1:])
+            deadline = max(20.0, min(2.0 * est[(scen, pol)], remaining - 0.8 * later))
             log(f"{scen}/{pol}: {len(plans[scen])} jobs, estimate {est[(scen, pol)]:.0f} s, deadline {deadline:.0f} s")
             passes[pol] = run_pass(scen, pol, plans[scen], deadline, fake, out)
             if pol == "exclusive":

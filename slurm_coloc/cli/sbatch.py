@@ -75,20 +75,23 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
 
 
 # --- placement form (coloc-placer): the only place coloc-sbatch decides between held-for-placer and classic ---
-def placement_form(sbatch_argv: List[str], cfg: config_mod.Config) -> Tuple[List[str], bool]:
+def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
+                   script_index: Optional[int] = None) -> Tuple[List[str], bool]:
     """The sbatch arguments to submit and whether they are the placer's form.
 
     When a coloc-placer finished a round recently (``placement.daemon.placer_alive``: its heartbeat
     ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held and
     without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale or
-    unreadable heartbeat, whole-GPU or multi-GPU plans) the classic untyped ``--gres=shard:N`` request is kept,
-    so a missing placer never leaves a job held.
+    unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H`` before
+    the script at ``script_index``, which the placer would release) the classic untyped ``--gres=shard:N``
+    request is kept, so a missing placer never leaves a job held.
     """
     from slurm_coloc.placement.daemon import placer_alive
     from slurm_coloc.placement.submit import placer_argv
 
     held = placer_argv(sbatch_argv)
-    if held is None or not placer_alive(cfg):
+    options = sbatch_argv[:script_index] if script_index is not None else sbatch_argv
+    if held is None or any(a in ("--hold", "-H") for a in options) or not placer_alive(cfg):
         return list(sbatch_argv), False
     return held, True
 # --- end of placement form ---
@@ -106,7 +109,7 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(plan.rewritten_script)
             script_path = tmp_path
-        args, placed = placement_form(plan.argv(script_path), cfg)
+        args, placed = placement_form(plan.argv(script_path), cfg, plan.script_index)
         proc = sbatch(args, bin_dir=cfg.slurm_bin_dir)
         if placed and proc.returncode == 0:
             proc.stderr += (f"coloc-sbatch: held for coloc-placer, which picks the GPU ({plan.shards} shards); "
