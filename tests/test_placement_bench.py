@@ -138,3 +138,9 @@ def test_pass_estimate_is_serial_time_by_policy_factor_and_after_the_last_arriva
     assert pp.pass_estimate_s(jobs, "blind", 5.0) == pytest.approx(serial * pp.SPEEDUP_GUESS["blind"])
     late = [pp.Job(0, "w", 500.0, 10, 1.0, 1000)]
     assert pp.pass_estimate_s(late, "blind", 5.0) == pytest.approx(505.0)
+
+
+def test_fit_target_drops_to_fewer_scenarios_when_all_would_be_too_short() -> None:
+    both = pp.fit_target_s(["pile", "stream"], 425.0, 6.0, pp.POLICIES)
+    pile = pp.fit_target_s(["pile"], 425.0, 6.0, pp.POLICIES)
+    assert both == pytest.approx(425.0 / (2.4 * 22) - 6.0) and both < 3.0 < pile

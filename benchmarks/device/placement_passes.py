@@ -59,15 +59,20 @@ class Job:
     mem_mib: int
 
 
+def fit_target_s(scenarios: Sequence[str], budget_left_s: float, overhead_s: float,
+                 policies: Sequence[str]) -> float:
+    """Seconds alone per job that fill ``budget_left_s`` with every pass (unclamped; may be negative). Pure."""
+    n = sum(len(PILE14) if s == "pile" else len(STREAM) for s in scenarios)
+    return budget_left_s / max(1.0, sum(SPEEDUP_GUESS[p] for p in policies) * n) - overhead_s
+
+
 def size_jobs(scenarios: Sequence[str], profile: Dict[str, dict], budget_left_s: float, overhead_s: float,
               target_s: Optional[float], policies: Sequence[str]) -> Dict[str, List[Job]]:
     """Steps per job so that every pass fits ``budget_left_s``: each job trains ``target_s`` alone (computed when
     None: budget / (sum of pass factors x jobs) - per-job overhead, clamped to 3..40 s). Pure."""
     plans = {"pile": [(w, 0.0) for w in PILE14], "stream": list(STREAM)}
-    n = sum(len(plans[s]) for s in scenarios)
-    factor = sum(SPEEDUP_GUESS[p] for p in policies)
     if target_s is None:
-        target_s = max(3.0, min(40.0, budget_left_s / max(1.0, factor * n) - overhead_s))
+        target_s = max(3.0, min(40.0, fit_target_s(scenarios, budget_left_s, overhead_s, policies)))
     out: Dict[str, List[Job]] = {}
     for s in scenarios:
         jobs = []
@@ -315,6 +320,12 @@ def main() -> int:
         fh.write("".join(f"{k}: {v}\n" for k, v in PLACER_CONFIG.items()))
     left = a.budget_s - (time.time() - a.started_at) - 25
     overhead = a.overhead_s if a.overhead_s is not None else (2.5 if fake else 6.0)
+    skipped_early = []
+    while a.target_s is None and len(scenarios) > 1 and fit_target_s(scenarios, left, overhead, policies) < 3.0:
+        skipped_early.insert(0, scenarios.pop())  # rather fewer scenarios of real length than all of 3 s jobs
+    if skipped_early:
+        log(f"budget: {', '.join(skipped_early)} left out (run it in its own call: --scenarios "
+            f"{','.join(skipped_early)})")
     plans = size_jobs(scenarios, profile, left, overhead, a.target_s, policies)
     log(f"sizing: {left:.0f} s left; " + "; ".join(f"{s}: " + ", ".join(f"{j.workload}x{j.steps}"
                                                                         for j in js) for s, js in plans.items()))
@@ -325,7 +336,7 @@ def main() -> int:
     if need > left:
         log(f"warning: the passes need about {need:.0f} s, {left:.0f} s are left: scenarios run in order and one "
             "that no longer fits is skipped (run --scenarios pile and --scenarios stream in separate calls)")
-    result["skipped"] = []
+    result["skipped"] = list(skipped_early)
     for scen in scenarios:
         remaining = a.budget_s - (time.time() - a.started_at) - 20
         if remaining < 0.8 * sum(est[(scen, p)] for p in policies):
