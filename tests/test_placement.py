@@ -234,3 +234,48 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     got = store_placement.finished_jobs(open_readonly(tmp_path / "ctld.db"))
     assert got == [{"job_id": 1, "coloc": {"spec": SPEC}}, {"job_id": 3, "coloc": None}] or \
         sorted(j["job_id"] for j in got) == [1, 3]
+
+
+def test_one_gpu_collocates_while_under_the_gate_and_queues_while_saturated() -> None:
+    """A machine of one GPU: the choice is collocate now or wait for the GPU (the job stays held)."""
+    heavy = Activity(0.6, 0.3, 0.3)  # a job that alone keeps the GPU 60 % active
+    empty = [gpu("n1", 0)]
+    d = choose_gpu(empty, 6, heavy, GATE)
+    assert d.placed and d.basis == "empty-gpu"
+    light_tenant = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.15, 0.05, 0.05))]
+    d = choose_gpu(light_tenant, 6, heavy, GATE)
+    assert d.placed and d.basis == "utilization"  # 0.75 SMACT together: collocate now
+    busy = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.6, 0.3, 0.3))]
+    d = choose_gpu(busy, 6, heavy, GATE)
+    assert not d.placed and "would saturate" in d.reason  # 1.0 SMACT, 0.6 SMOCC: wait for the GPU
+    saturated = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.85, 0.5, 0.2))]
+    assert not choose_gpu(saturated, 1, LIGHT, GATE).placed
+    placed_now = [GpuState("n1", 0, 80, 6, 1, Activity(0.15, 0.05, 0.05), 1.0, recent=heavy)]
+    assert not choose_gpu(placed_now, 6, heavy, GATE).placed  # a tenant placed seconds ago counts too
+    stale = [gpu("n1", 0, used=6, tenants=1, live=Activity(0.85, 0.5, 0.2), age=600)]
+    assert choose_gpu(stale, 6, heavy, GATE, max_age_s=60).basis == "memory-only"  # never blocks on old data
+
+
+def test_coloc_sbatch_placement_form_follows_the_heartbeat(tmp_path: Path) -> None:
+    from slurm_coloc import config as config_mod
+    from slurm_coloc.cli.sbatch import placement_form
+    from slurm_coloc.placement.daemon import heartbeat_paths, write_heartbeat
+
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nrun_dir: {tmp_path / 'run'}\n")
+    cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
+    argv = ["-t", "30", "--gres=shard:4", '--comment=coloc:{"mode":"shard","shards":4,"v":1}', "job.sh", "--hold"]
+    assert placement_form(argv, cfg, 4) == (argv, False)  # no placer
+    write_heartbeat(cfg, {"candidates": 0})
+    held, placed = placement_form(argv, cfg, 4)
+    assert placed and held[0] == "--hold" and not any(a.startswith("--gres") for a in held)
+    assert held[-2:] == ["job.sh", "--hold"]  # the script's own arguments untouched
+    assert placement_form(["-H", *argv], cfg, 5) == (["-H", *argv], False)  # the user holds it: classic
+    whole = ["--gres=shard:80", '--comment=coloc:{"mode":"whole-gpu","shards":80,"v":1}', "job.sh"]
+    assert placement_form(whole, cfg, 2) == (whole, False)
+    heartbeat_paths(cfg)[0].unlink()  # users read the world-readable copy under run_dir
+    assert placement_form(argv, cfg, 4)[1]
+    beat = heartbeat_paths(cfg)[1]
+    old = json.loads(beat.read_text())
+    old["ts"] -= 3600
+    beat.write_text(json.dumps(old))
+    assert placement_form(argv, cfg, 4) == (argv, False)  # stale: classic

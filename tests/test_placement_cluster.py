@@ -44,7 +44,14 @@ def typed_cluster() -> Iterator[Cluster]:
 
 @pytest.fixture()
 def cl(typed_cluster: Cluster) -> Iterator[Cluster]:
+    from slurm_coloc.placement.daemon import heartbeat_paths
+
+    beats = heartbeat_paths(_cfg(typed_cluster))
+    for beat in beats:
+        beat.unlink(missing_ok=True)
     yield typed_cluster
+    for beat in beats:
+        beat.unlink(missing_ok=True)
     ids = [str(j) for j in typed_cluster.job_ids()]
     if ids:
         typed_cluster.run(["scancel", *ids], user=None)
@@ -131,7 +138,7 @@ def test_saturated_gpu_takes_no_tenant_job_waits_with_reason_then_starts(cl: Clu
     counts = run_round(cl, state)
     assert counts["waiting"] == 1 and counts["placed"] == 0, counts
     rec = cl.job(job)
-    assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldUser"
+    assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldAdmin"  # the round held it as admin
     shown = cl.run(["squeue", "-h", "-j", str(job), "-o", "%i %r %k"], user=None).stdout
     assert "coloc-wait:every GPU with room is saturated: n1/gpu0 saturated now" in shown, shown
     cl.run(["scancel", str(full[2])], user=None)  # n2/gpu1 frees
@@ -191,3 +198,110 @@ def test_coloc_sbatch_plan_submitted_for_the_placer_runs_on_the_chosen_gpu(cl: C
     assert '"place":true' in rec["comment"] and '"shards":3' in rec["comment"]
     assert run_round(cl, PlacerState())["placed"] == 1
     assert gpu_of(cl, job) == ("n2", 1)
+
+
+def _script(cl: Cluster, name: str, body: str) -> Path:
+    script = cl.jobs_dir / name
+    script.write_text("#!/bin/bash\n" + body + "\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_coloc_sbatch_held_for_a_live_placer_and_classic_without_one(cl: Cluster) -> None:
+    """A plain coloc-sbatch shard job: placed by a running ``coloc-placer run``; classic ``shard:N`` once the
+    placer is gone (no heartbeat)."""
+    import subprocess
+
+    script = _script(cl, "wired.sh", "sleep 60")
+    placer = subprocess.Popen(["coloc-placer", "run"], env=cl.env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        beat = cl.state_dir / "placer.json"
+        for _ in range(100):
+            if beat.exists():
+                break
+            time.sleep(0.2)
+        assert beat.exists(), "no heartbeat from coloc-placer run"
+        out = cl.run(["coloc-sbatch", "--coloc-mem=3G", "-o", "/dev/null", str(script)])
+        assert out.returncode == 0, out.stderr
+        assert "held for coloc-placer" in out.stderr, out.stderr
+        job = int(out.stdout.split()[-1])
+        node, idx = gpu_of(cl, job)  # the placer steered it onto one typed GPU
+        rec = cl.job(job)
+        assert f"shard:g{idx}:3" in rec["tres_per_node"] and '"place":true' in rec["comment"], rec
+    finally:
+        import os
+        import signal
+        os.killpg(placer.pid, signal.SIGTERM)
+        placer.wait(timeout=30)
+    from slurm_coloc.placement.daemon import heartbeat_paths
+
+    for path in heartbeat_paths(_cfg(cl)):
+        path.unlink()
+    out = cl.run(["coloc-sbatch", "--parsable", "--coloc-mem=3G", "-o", "/dev/null", str(script)])
+    assert out.returncode == 0 and "held for coloc-placer" not in out.stderr, out.stderr
+    job2 = int(out.stdout.strip().split(";")[0])
+    cl.wait_state(job2, ("RUNNING",), 40)
+    rec = cl.job(job2)
+    assert rec["tres_per_node"].replace("gres:", "") == "shard:3" and '"place"' not in rec["comment"], rec
+
+
+def test_placer_holds_as_admin_so_the_user_cannot_release_it(cl: Cluster) -> None:
+    full = occupy(cl, [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)])
+    job = submit_held(cl, 4)
+    counts = run_round(cl, PlacerState())
+    assert counts["admin_held"] == 1 and counts["waiting"] == 1, counts
+    assert cl.job(job)["state_reason"] == "JobHeldAdmin"
+    out = cl.run(["scontrol", "release", str(job)])
+    assert out.returncode != 0, out.stdout + out.stderr
+    time.sleep(2)
+    rec = cl.job(job)
+    assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldAdmin", rec
+    cl.run(["scancel", str(full[0])], user=None)
+    cl.wait_state(full[0], ("CANCELLED", "COMPLETED"), 30)
+    time.sleep(1)
+    assert run_round(cl, PlacerState())["placed"] == 1
+    assert gpu_of(cl, job) == ("n1", 0)
+
+
+def test_fallback_releases_held_jobs_memory_only_when_the_placer_is_dead(cl: Cluster) -> None:
+    from slurm_coloc.placement.daemon import write_heartbeat
+
+    job = submit_held(cl, 3)
+    write_heartbeat(_cfg(cl), {"candidates": 0})  # a live placer: the fallback leaves the job alone
+    out = cl.run(["coloc-placer", "fallback"], user=None)
+    assert out.returncode == 0 and "placer alive" in out.stdout, out.stdout + out.stderr
+    assert cl.job(job)["job_state"] == "PENDING"
+    from slurm_coloc.placement.daemon import heartbeat_paths
+
+    for beat in heartbeat_paths(_cfg(cl)):
+        stale = json.loads(beat.read_text())
+        stale["ts"] -= 3600  # the placer stopped an hour ago
+        beat.write_text(json.dumps(stale))
+    t0 = time.monotonic()
+    out = cl.run(["coloc-placer", "fallback"], user=None)
+    took_s = time.monotonic() - t0
+    assert out.returncode == 0 and f"released memory-only ({job})" in out.stdout, out.stdout + out.stderr
+    cl.wait_state(job, ("RUNNING",), 40)
+    assert cl.job(job)["tres_per_node"].replace("gres:", "") == "shard:3"
+    assert took_s < 15, took_s
+
+
+def test_prolog_guard_no_gpu_for_a_placer_job_released_by_its_user(cl: Cluster) -> None:
+    """Released by its user before any placer round: it runs without GRES, so the Prolog leaves it no GPU."""
+    outfile = cl.jobs_dir / "guard.out"
+    outfile.unlink(missing_ok=True)
+    argv = ["sbatch", "--parsable", "--hold", "-o", str(outfile), "--comment=" + PLACE % 2,
+            "--wrap=echo CVD=[${CUDA_VISIBLE_DEVICES-unset}]"]
+    out = cl.run(argv)
+    assert out.returncode == 0, out.stderr
+    job = int(out.stdout.strip())
+    assert cl.run(["scontrol", "release", str(job)]).returncode == 0  # a user hold: its user may release it
+    cl.wait_job(job, 60)
+    text = outfile.read_text()
+    assert "CVD=[]" in text, text
+    assert f"coloc: job {job} was submitted for coloc-placer but started without its GPU" in text, text
+    plain = cl.run(["sbatch", "--parsable", "-o", str(cl.jobs_dir / "plain.out"),
+                    "--wrap=echo CVD=[${CUDA_VISIBLE_DEVICES-unset}]"])
+    cl.wait_job(int(plain.stdout.strip()), 60)
+    assert "CVD=[unset]" in (cl.jobs_dir / "plain.out").read_text()  # a job without place: untouched

@@ -47,6 +47,7 @@ def cli() -> None:
       coloc-placer run --rounds 1       # one round, then exit
       coloc-placer status --json
       coloc-placer release-all          # stop placing: every held job runs, packed by memory only
+      coloc-placer fallback             # (timer) release held jobs memory-only when no placer is alive
     """
 
 
@@ -93,6 +94,33 @@ def release_all_cmd() -> None:
     click.echo(f"{len(jobs)} job(s) released")
 
 
+@cli.command("fallback")
+@click.option("--max-age-s", type=click.FloatRange(min=0), default=None,
+              help="Heartbeat age that counts as dead (default: 5 x placement_interval_s + 30).")
+def fallback_cmd(max_age_s: Optional[float]) -> None:
+    """When no placer is alive, release every held placer job memory-only; otherwise do nothing.
+
+    Meant for a timer on the controller host (deploy/systemd/coloc-placer-fallback.timer), so held jobs never wait
+    on a dead placer.
+
+    \b
+    Example: coloc-placer fallback
+    """
+    from slurm_coloc.placement.daemon import release_if_stale
+
+    cfg = _cfg()
+    _logging(cfg, False)
+    try:
+        released = release_if_stale(cfg, max_age_s=max_age_s)
+    except ColocError as exc:
+        raise click.ClickException(exc.one_line()) from None
+    if released is None:
+        click.echo("coloc-placer fallback: placer alive, nothing to do")
+    else:
+        click.echo(f"coloc-placer fallback: no placer heartbeat: {len(released)} job(s) released memory-only"
+                   + (f" ({', '.join(map(str, released))})" if released else ""))
+
+
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the heartbeat as JSON.")
 def status_cmd(as_json: bool) -> None:
@@ -101,14 +129,16 @@ def status_cmd(as_json: bool) -> None:
     \b
     Example: coloc-placer status
     """
-    from slurm_coloc.placement.daemon import placer_alive
+    from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive
 
     cfg = _cfg()
-    path = Path(cfg.state_dir) / "placer.json"
-    try:
-        beat = json.loads(path.read_text())
-    except (OSError, ValueError):
-        beat = {}
+    beat = {}
+    for path in heartbeat_paths(cfg):
+        try:
+            beat = json.loads(path.read_text())
+            break
+        except (OSError, ValueError):
+            continue
     alive = placer_alive(cfg)
     if as_json:
         click.echo(json.dumps({"alive": alive, **beat}, sort_keys=True))

@@ -74,8 +74,32 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     return build_plan(cmd, parsed, cfg, estimate_fn, spank=spank), parsed, cmd.dry_run
 
 
+# --- placement form (coloc-placer): the only place coloc-sbatch decides between held-for-placer and classic ---
+def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
+                   script_index: Optional[int] = None) -> Tuple[List[str], bool]:
+    """The sbatch arguments to submit and whether they are the placer's form.
+
+    When a coloc-placer finished a round recently (``placement.daemon.placer_alive``: its heartbeat
+    ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held and
+    without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale or
+    unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H`` before
+    the script at ``script_index``, which the placer would release) the classic untyped ``--gres=shard:N``
+    request is kept, so a missing placer never leaves a job held.
+    """
+    from slurm_coloc.placement.daemon import placer_alive
+    from slurm_coloc.placement.submit import placer_argv
+
+    held = placer_argv(sbatch_argv)
+    options = sbatch_argv[:script_index] if script_index is not None else sbatch_argv
+    if held is None or any(a in ("--hold", "-H") for a in options) or not placer_alive(cfg):
+        return list(sbatch_argv), False
+    return held, True
+# --- end of placement form ---
+
+
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
-    """Run sbatch for ``plan``, echo its stdout/stderr verbatim, return its exit code."""
+    """Run sbatch for ``plan`` (in the placer's form when a placer runs: ``placement_form``), echo its
+    stdout/stderr verbatim, return its exit code."""
     cfg = config_mod.load()
     tmp_path = None
     try:
@@ -85,7 +109,11 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(plan.rewritten_script)
             script_path = tmp_path
-        proc = sbatch(plan.argv(script_path), bin_dir=cfg.slurm_bin_dir)
+        args, placed = placement_form(plan.argv(script_path), cfg, plan.script_index)
+        proc = sbatch(args, bin_dir=cfg.slurm_bin_dir)
+        if placed and proc.returncode == 0:
+            proc.stderr += (f"coloc-sbatch: held for coloc-placer, which picks the GPU ({plan.shards} shards); "
+                            "squeue -o '%i %r %k' shows why it waits\n")
     finally:
         if tmp_path:
             os.unlink(tmp_path)

@@ -39,9 +39,37 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
         gres=job.tres_per_node, start_ts=job.start_ts or time.time())
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     store_jobs.record_node_start(db, start)
+    guard = place_guard(cfg, db, job, ctx)
+    if guard:
+        return {"gpus": start.gpus, "shards": start.shards, **guard}
     sharing = lifecycle.prolog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env,
                                        ctx.uid)
     return {"gpus": start.gpus, "shards": start.shards, **sharing}
+
+
+GUARD_KEY = "COLOC_PLACE_GUARD"
+
+
+def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, Any]:
+    """No GPU for a job meant for coloc-placer that starts without GRES (released by hand before the placer
+    steered it); returns the detail, or ``{}`` for any other job.
+
+    Such a job has ``"place": true`` in its coloc comment (slurmctld's record, ``job.comment``), no GRES in
+    ``tres_per_node`` and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise reach
+    every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device)
+    and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
+    """
+    from slurm_coloc.comment import parse_comment
+    from slurm_coloc.node import jobenv
+    from slurm_coloc.store import samples as store_samples
+
+    coloc = parse_comment(job.comment or "")
+    if not (isinstance(coloc, dict) and coloc.get("place") is True) or ctx.gpus \
+            or (job.tres_per_node or "").replace("gres:", "").strip():
+        return {}
+    path = jobenv.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])
+    store_samples.record_node_event(db, ctx.job, "place-guard", {"why": "held for coloc-placer, started without GRES"})
+    return {"share": "none", "place_guard": "no GPU: started without the placer's GRES", "env_file": str(path)}
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
@@ -111,5 +139,12 @@ def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]
     """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared."""
     if ctx.job_id is None:
         return []
-    # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting).
-    return [f"export {k}={v}" for k, v in read_job_env(job_env_path(cfg, ctx.job_id))]
+    # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the task's
+    # standard output.
+    pairs = read_job_env(job_env_path(cfg, ctx.job_id))
+    lines = [f"export {k}={v}" for k, v in pairs]
+    if (GUARD_KEY, "1") in pairs:
+        lines.append(f"print coloc: job {ctx.job_id} was submitted for coloc-placer but started without its GPU "
+                     "(released before the placer steered it): it has no GPU (CUDA_VISIBLE_DEVICES is empty). "
+                     "Resubmit it with coloc-sbatch.")
+    return lines

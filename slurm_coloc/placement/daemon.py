@@ -139,23 +139,74 @@ def read_history(cfg: Config) -> Dict[str, List[Activity]]:
     return out
 
 
+def heartbeat_paths(cfg: Config) -> List[Path]:
+    """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases) and a
+    world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group only), which
+    ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login nodes."""
+    return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
+
+
 def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
-    """``<state_dir>/placer.json``: when the placer last finished a round (coloc-sbatch/admins read its age)."""
-    path = Path(cfg.state_dir) / "placer.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    """Write the heartbeat files (``heartbeat_paths``): when the placer last finished a round, 0644.
+
+    A copy that cannot be written (its directory missing or read-only) is skipped with a warning; the first one
+    failing raises ``OSError`` only when no copy could be written.
+    """
+    text = json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True)
+    errors = []
+    for path in heartbeat_paths(cfg):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except OSError as exc:
+            errors.append(exc)
+            log.warning("heartbeat %s not written: %s", path, exc)
+    if len(errors) == len(heartbeat_paths(cfg)):
+        raise errors[0]
 
 
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
-    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s)."""
+    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s), from
+    the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False."""
     limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
-    try:
-        ts = float(json.loads((Path(cfg.state_dir) / "placer.json").read_text())["ts"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return 0 <= time.time() - ts <= limit
+    for path in heartbeat_paths(cfg):
+        try:
+            ts = float(json.loads(path.read_text())["ts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return 0 <= time.time() - ts <= limit
+    return False
+
+
+def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
+                     max_age_s: Optional[float] = None) -> Optional[List[int]]:
+    """The fallback that needs no placer: when no placer finished a round within ``max_age_s`` (``placer_alive``),
+    release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit). Reads only the heartbeat
+    file while the placer is alive, so a timer may run it often.
+
+    Returns:
+        None when the placer is alive (nothing done), else the job ids released (possibly empty).
+
+    Raises:
+        ColocError: Slurm could not be asked (nothing was released).
+    """
+    if placer_alive(cfg, max_age_s):
+        return None
+    released = []
+    for job in sp.queue(cfg.slurm_bin_dir, env):
+        if not sp.is_candidate(job):
+            continue
+        shards = int((parse_comment(job.comment) or {})["shards"])
+        try:
+            sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir, env)
+            released.append(job.job_id)
+            log.info("job %d released memory-only: no placer heartbeat", job.job_id)
+        except ColocError as exc:
+            log.warning("job %d: memory-only release failed (%s)", job.job_id, exc)
+    return released
 
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
@@ -175,9 +226,17 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                    if k not in known or known[k].state not in ("PENDING", *ACTIVE_STATES) or now - s.ts > 600]:
         state.steered.pop(job_id, None)
     candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
-    counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0}
+    counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
+              "admin_held": 0}
     if not candidates:
         return counts
+    for job in candidates:  # the user may not release it unplaced: hold it as admin at once
+        if job.raw.get("state_reason") == "JobHeldUser":
+            try:
+                sp.admin_hold(job.job_id, bin_dir, env)
+                counts["admin_held"] += 1
+            except ColocError as exc:
+                log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
     nodes = sp.typed_nodes(bin_dir, env)
     if now - state.history_ts > HISTORY_REFRESH_S:
         try:

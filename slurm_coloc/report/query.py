@@ -103,7 +103,7 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
     elif q.view == "users":
         rows = views.user_rows(jobs)
     else:
-        gpus = views.gpu_rows(report, jobs, flt, viewer, now)
+        gpus = views.gpu_rows(report, jobs, flt, viewer, now, cfg)
         rows = {"gpus": lambda: views.public(gpus), "nodes": lambda: views.node_rows(gpus),
                 "cluster": lambda: [views.cluster_row(gpus, jobs)]}[q.view]()
     try:

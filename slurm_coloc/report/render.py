@@ -56,6 +56,13 @@ def _oom(j: JobView) -> str:
 RICH_MAX_ROWS = 1000  # above this, a plain fixed-width layout (rich measures every cell: seconds for 4000 rows)
 
 
+def _alone(j: JobView) -> str:
+    """``0.45x shared`` / ``1.00x alone``: runtime alone (history) over this runtime, and whether it shared."""
+    if j.rate_vs_alone is None:
+        return "-" if j.shared_gpu is None else ("shared" if j.shared_gpu else "alone")
+    return f"{j.rate_vs_alone:.2f}x " + ("shared" if j.shared_gpu else "alone")
+
+
 def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[bool],
           rows: Sequence[Sequence[str]]) -> None:
     """A rich table, or for more than ``RICH_MAX_ROWS`` rows the same columns as plain aligned text."""
@@ -81,7 +88,7 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
     """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
     console = Console(file=file, width=220)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
-               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime")
+               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone")
     left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start"}
     rows = []
     for j in jobs:
@@ -91,8 +98,9 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
             format_mib(j.estimate_mib), format_mib(j.peak_mem_mib), _err(j), format_mib(j.unused_mib),
             _num(0)(j.util_mean), _pair(j.smact_mean, j.smact_p95), _pair(j.smocc_mean, j.smocc_p95),
             _num(3)(j.gpu_hours), _num(4)(j.energy_kwh), (j.state or "-") + exit_text, _oom(j), _when(j.start_ts),
-            _duration(j.runtime_s)))
-    _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %)", headers,
+            _duration(j.runtime_s), _alone(j)))
+    _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %, vs alone = runtime alone "
+                   "from history / runtime)", headers,
           [h not in left for h in headers], rows)
     for j in jobs:
         if j.watchdog:
@@ -123,7 +131,8 @@ COLUMNS: Dict[str, List[Tuple[str, str, Fmt]]] = {
              ("SM occ. % mean", "smocc_mean", _num(0)), ("p95", "smocc_p95", _num(0)),
              ("mem used mean", "mem_used_mean_mib", lambda v: format_mib(v)),  # type: ignore[arg-type]
              ("max", "mem_used_max_mib", lambda v: format_mib(v)),  # type: ignore[arg-type]
-             ("kWh", "energy_kwh", _num(4)), ("sampled h", "sampled_hours", _num(2))],
+             ("kWh", "energy_kwh", _num(4)), ("sampled h", "sampled_hours", _num(2)),
+             ("saturated %", "saturated_pct", _num(0))],
     "nodes": [("node", "node", str), ("GPUs", "gpus", str), ("busy GPU-h", "busy_gpu_hours", _num(2)),
               ("jobs/busy GPU", "collocation_factor", _num(2)), ("util. %", "util_mean", _num(0)),
               ("SM act. %", "smact_mean", _num(0)), ("SM occ. %", "smocc_mean", _num(0)),

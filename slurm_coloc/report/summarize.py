@@ -36,7 +36,8 @@ class JobView:
     ``smact_*``/``smocc_*`` GPM SM activity/occupancy of its GPUs (%); ``energy_kwh`` energy attributed to it;
     ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes`` what
-    was not recorded.
+    was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
+    ``alone_runtime_s``, ``rate_vs_alone``: collocation figures (``report/alone.py``).
     """
 
     job_id: int
@@ -74,6 +75,10 @@ class JobView:
     watchdog: Optional[str] = None
     waste: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    signature: Optional[str] = None
+    shared_gpu: Optional[bool] = None
+    alone_runtime_s: Optional[float] = None
+    rate_vs_alone: Optional[float] = None
 
     @property
     def runtime_s(self) -> Optional[float]:
@@ -188,8 +193,21 @@ def load_report(cfg: Config) -> Report:
             share_mode=c.share_mode if c else None,
             estimate_mib=c.estimate_mib if c else None, estimate_method=c.estimate_method if c else None,
             state=state, exit_code=exit_code, signal=signal,
-            start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None))
+            start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None,
+            signature=_signature(c.coloc_json if c else None)))
     return report
+
+
+def _signature(coloc_json: Optional[str]) -> Optional[str]:
+    """``placement.intensity.signature`` of a recorded coloc comment (JSON text), None when unreadable."""
+    import json
+
+    from slurm_coloc.placement.intensity import signature
+
+    try:
+        return signature(json.loads(coloc_json)) if coloc_json else None
+    except (TypeError, ValueError):
+        return None
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:

@@ -6,6 +6,8 @@ Definitions (docs/report.md):
 - GPU-hours: GPUs held x runtime; a shard job holds ``shards / gpu_mem_gib`` of its GPU.
 - Busy time of a GPU: the union of the spans of the jobs that held it (clipped to the window).
 - Collocation factor: job-seconds on a GPU / its busy seconds = average number of jobs on a busy GPU.
+- Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/alone.py``; a job's
+  rate vs alone: its runtime alone from history over this runtime (``report/alone.py``).
 - Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy counter.
 """
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
+from slurm_coloc.report import alone
 from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
+from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.units import format_mib
 
@@ -100,7 +104,8 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
             continue
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
-    return [flag_waste(add_usage(j, report, cfg, util), cfg) for j in picked]
+    rates = alone.alone_rates(report.jobs)  # history: every recorded job, not only the ones shown
+    return [flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg) for j in picked]
 
 
 def flag_waste(job: JobView, cfg: Config) -> JobView:
@@ -178,8 +183,9 @@ def _busy(spans: List[Tuple[float, float]]) -> float:
 
 
 def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer,
-             now: float) -> List[Dict[str, object]]:
-    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory, energy.
+             now: float, cfg: Optional[Config] = None) -> List[Dict[str, object]]:
+    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory, energy,
+    and time saturated under the placement gate of ``cfg`` (default thresholds without one: ``report/alone.py``).
 
     Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job figures
     use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their own, while
@@ -197,9 +203,13 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
                 spans.setdefault(key, []).append((s, e))
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
+    sat: Dict[Tuple[str, int], Dict[str, float]] = {}
+    gate = alone.gate_pct(cfg or Config())
     for node, db in sorted(report.node_dbs.items()):
         if flt.nodes and node not in flt.nodes:
             continue
+        for g, v in store_placement.saturated_seconds(db, *gate, flt.since, flt.until).items():
+            sat[(node, g)] = v
         for st in rq.gpu_window_stats(db, flt.since, flt.until, path=report.node_paths.get(node)):
             stats[(node, st.gpu_index)] = st
         for g, m in rq.gpu_totals_mib(db).items():
@@ -221,6 +231,9 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
             "smocc_mean": _r(st.smocc_mean, 1) if st else None, "smocc_p95": _r(st.smocc_p95, 1) if st else None,
             "mem_used_mean_mib": _r(st.mem_used_mean_mib, 0) if st else None,
             "mem_used_max_mib": _r(st.mem_used_max_mib, 0) if st else None,
+            "saturated_hours": _r(sat[key]["saturated_s"] / 3600) if key in sat else None,
+            "saturated_pct": alone.saturated_share(sat[key]["saturated_s"], sat[key]["sampled_s"]) if key in sat
+            else None,
             "mem_total_mib": totals.get(key), "energy_kwh": _r(st.energy_j / 3.6e6, 4) if st and st.energy_j
             is not None else None, "sampled_hours": _r(st.covered_s / 3600) if st else 0.0,
             "_job_s": job_s, "_busy_s": busy_s})

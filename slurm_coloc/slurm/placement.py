@@ -123,6 +123,17 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
     run(["scontrol", "release", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
 
 
+def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
+    """Turn a held job's user hold into an admin hold, so its user cannot release it unplaced (run as root or
+    SlurmUser). Equivalent: ``scontrol hold N`` (22.05: reason ``JobHeldUser`` -> ``JobHeldAdmin``; the user's
+    ``scontrol release N`` is then refused with ``Access/permission denied``).
+
+    Raises:
+        SlurmError: the hold failed (the job stays user-held; the next round retries).
+    """
+    run(["scontrol", "hold", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
+
+
 def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
                         env: Optional[Mapping[str, str]] = None) -> None:
     """Give held job ``job_id`` an untyped ``shard:<n>`` request (Slurm packs by memory alone) and release it.

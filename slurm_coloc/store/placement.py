@@ -92,3 +92,30 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
         for job_id, smact, smocc, drama in rows:
             out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": _frac(drama)}
     return out
+
+
+def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pct: float,
+                      t0: Optional[float] = None, t1: Optional[float] = None) -> Dict[int, Dict[str, float]]:
+    """Per GPU: seconds its samples met the saturation gate, and seconds sampled with SM activity, in [t0, t1].
+
+    A sample row counts for its ``res_s`` (the sampling interval; a rolled-up row its bucket, judged by its means).
+    Saturated: ``smact_pct >= smact_pct`` and (``smocc_pct >= smocc_pct`` or ``dram_bw_pct >= drama_pct``)
+    (CARMA's gate, in percent). Rows without SM activity (no GPM) count in neither.
+
+    Returns:
+        ``{gpu_index: {"saturated_s": s, "sampled_s": s}}``; {} without a sample table.
+    """
+    if not db["gpu_samples"].exists():
+        return {}
+    where, args = ["smact_pct IS NOT NULL"], [float(smact_pct), float(smocc_pct), float(drama_pct)]
+    if t0 is not None:
+        where.append("ts >= ?")
+        args.append(float(t0))
+    if t1 is not None:
+        where.append("ts <= ?")
+        args.append(float(t1))
+    rows = db.execute(
+        "SELECT gpu_index, SUM(CASE WHEN smact_pct >= ? AND (COALESCE(smocc_pct, -1) >= ? OR "
+        "COALESCE(dram_bw_pct, -1) >= ?) THEN res_s ELSE 0 END), SUM(res_s) FROM gpu_samples WHERE "
+        + " AND ".join(where) + " GROUP BY gpu_index", args).fetchall()
+    return {int(g): {"saturated_s": float(s or 0.0), "sampled_s": float(n or 0.0)} for g, s, n in rows}
