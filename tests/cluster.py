@@ -42,6 +42,7 @@ def as_v0038(j: Dict[str, Any]) -> Dict[str, Any]:
     the wait status. Strings (``tres_per_node``: ``gres/`` on 24.11+, ``gres_detail``) are left as printed."""
     out = dict(j)
     out["job_state"], out["job_state_flags"] = job_state(j.get("job_state"))
+    out["tres_per_node"] = str(j.get("tres_per_node") or "").replace("gres/", "gres:")
     for key in _NUMBER_KEYS:
         if isinstance(j.get(key), dict):
             v = number(j[key])
