@@ -160,8 +160,10 @@ class Cluster:
         deadline = time.time() + timeout
         while time.time() < deadline:
             j = self.job(job_id)
-            # 24.11+ show the final state while the epilogs still run (COMPLETING flag); 22.05 shows COMPLETING
-            if j and j["job_state"] in states and "COMPLETING" not in j["job_state_flags"]:
+            # 24.11+ show RUNNING while PrologSlurmctld/Prolog still run (CONFIGURING flag) and the final state while
+            # the epilogs run (COMPLETING flag); 22.05 shows CONFIGURING / COMPLETING in place of the state
+            busy = {"CONFIGURING", "COMPLETING"} & set(j["job_state_flags"]) - set(states) if j else set()
+            if j and j["job_state"] in states and not busy:
                 return j
             time.sleep(poll_s)
         return None
