@@ -1,10 +1,44 @@
 #!/usr/bin/env bash
 # The test command (what CI runs through .ci/run): install, build the SPANK plugin, run pytest.
 # The tests start and stop their own real Slurm clusters (free ports, own directories).
+#
+# 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
+# 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default "24.11 26.05"), fetched by
+#    scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine keeps it; about 12 s each
+#    from a clean cache). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
+# Arguments go to every pytest run (e.g. -x). Exit status: non-zero when any run failed.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$REPO/scripts/install.sh"
 make -s -C "$REPO/spank"
 VENV=${COLOC_VENV:-$REPO/.venv}
 cd "$REPO"
-exec "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests
+# The cluster tests run on every version: submission, hooks and final states, OOM rerun, SPANK, report,
+# placement, watchdog, metrics endpoint, admin check.
+VERSION_TESTS=(
+  tests/integration/test_main_job.py
+  tests/test_oom_cluster.py
+  tests/test_spank.py
+  tests/test_mps_lifecycle.py
+  tests/test_report_cluster.py
+  tests/reliability/test_job_facts.py
+  tests/reliability/test_hook_faults.py
+  tests/test_placement_cluster.py
+  tests/test_watchdog_cluster.py
+  tests/cluster/test_prometheus.py
+  tests/test_admin.py
+)
+rc=0
+COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1
+for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
+  echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"
+  if ! "$REPO/scripts/slurm_versions.sh" fetch "$v" >/dev/null; then
+    echo "test.sh: Slurm $v could not be fetched" >&2
+    rc=1
+    continue
+  fi
+  start=$SECONDS
+  COLOC_SLURM=$v "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" "${VERSION_TESTS[@]}" || rc=1
+  echo "== Slurm $v: $((SECONDS - start)) s"
+done
+exit "$rc"

@@ -13,10 +13,11 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from functools import lru_cache
-from typing import Dict, List, Optional, Sequence
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
+from slurm_coloc.slurm.jsonfields import job_state, number
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +29,30 @@ VERSIONS = REPO / "scripts" / "slurm_versions.sh"
 def slurm_version() -> str:
     """The Slurm version test clusters run: ``COLOC_SLURM``, else 22.05 (Debian 12's, from apt)."""
     return os.environ.get("COLOC_SLURM") or "22.05"
+
+
+# data_parser fields (24.11+) that tests read as 22.05's plain numbers (``Cluster.squeue``).
+_NUMBER_KEYS = ("submit_time", "start_time", "end_time", "time_limit", "array_job_id", "array_task_id",
+                "node_count", "tasks", "cpus_per_task", "memory_per_node", "minimum_cpus_per_node", "priority")
+
+
+def as_v0038(j: Dict[str, Any]) -> Dict[str, Any]:
+    """A ``squeue --json`` job record of any release in 22.05's shape, for tests' own reading: ``job_state`` the
+    base state (24.11+'s flags go to ``job_state_flags``), number objects as numbers (0 when unset), exit codes as
+    the wait status. Strings (``tres_per_node``: ``gres/`` on 24.11+, ``gres_detail``) are left as printed."""
+    out = dict(j)
+    out["job_state"], out["job_state_flags"] = job_state(j.get("job_state"))
+    out["tres_per_node"] = str(j.get("tres_per_node") or "").replace("gres/", "gres:")
+    for key in _NUMBER_KEYS:
+        if isinstance(j.get(key), dict):
+            v = number(j[key])
+            out[key] = int(v) if v is not None else (None if key == "array_task_id" else 0)
+    for key in ("exit_code", "derived_exit_code"):
+        v = j.get(key)
+        if isinstance(v, dict):
+            rc, sig = number(v.get("return_code")), number((v.get("signal") or {}).get("id"))
+            out[key] = (int(rc or 0) << 8) | int(sig or 0)
+    return out
 
 
 @lru_cache(maxsize=None)
@@ -119,15 +144,10 @@ class Cluster:
 
     def squeue(self) -> List[dict]:
         """All jobs slurmctld knows (``squeue --json --states=all``: 24.11+ apply squeue's default state filter to
-        --json and leave finished jobs out; 22.05 ignores every filter). ``job_state`` is a string on 22.05 and a
-        list of the base state and its flags on 24.11+: the records returned carry the base state as a string."""
+        --json and leave finished jobs out; 22.05 ignores every filter), in 22.05's shape (``as_v0038``)."""
         out = subprocess.run(["squeue", "--json", "--states=all"], env=self.env, text=True, capture_output=True,
                              check=True)
-        jobs = json.loads(out.stdout)["jobs"]
-        for j in jobs:
-            if isinstance(j.get("job_state"), list):
-                j["job_state"] = j["job_state"][0] if j["job_state"] else ""
-        return jobs
+        return [as_v0038(j) for j in json.loads(out.stdout)["jobs"]]
 
     def job(self, job_id: int) -> Optional[dict]:
         return next((j for j in self.squeue() if j["job_id"] == job_id), None)
@@ -140,7 +160,10 @@ class Cluster:
         deadline = time.time() + timeout
         while time.time() < deadline:
             j = self.job(job_id)
-            if j and j["job_state"] in states:
+            # 24.11+ show RUNNING while PrologSlurmctld/Prolog still run (CONFIGURING flag) and the final state while
+            # the epilogs run (COMPLETING flag); 22.05 shows CONFIGURING / COMPLETING in place of the state
+            busy = {"CONFIGURING", "COMPLETING"} & set(j["job_state_flags"]) - set(states) if j else set()
+            if j and j["job_state"] in states and not busy:
                 return j
             time.sleep(poll_s)
         return None

@@ -62,7 +62,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def configure(c: Cluster, **extra: object) -> None:
     """Rewrite the cluster's coloc.yaml (hooks read it on every run)."""
     base = {"state_dir": str(c.state_dir), "run_dir": str(c.dir / "coloc" / "run"), "log_dir": str(c.dir / "log"),
-            "slurm_bin_dir": "/usr/bin", "gpu_mem_gib": 80, "sampler_autostart": False,
+            "slurm_bin_dir": c.bin_dir, "gpu_mem_gib": 80, "sampler_autostart": False,
             "mps_control_bin": str(c.dir / "fakebin" / "nvidia-cuda-mps-control")}
     base.update(extra)
     c.coloc_config.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in base.items()))

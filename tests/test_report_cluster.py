@@ -69,7 +69,7 @@ def test_admin_comment_and_visibility(slurm_cluster: Cluster):
     slurm_cluster.wait_state(mine, ["RUNNING"], timeout=60)
     cfg = config_mod.load(str(slurm_cluster.coloc_config), environ={})
     running = admin_comment.build(cfg, mine, wait_s=0)
-    slurm_jobs.set_admin_comment(mine, running, env=slurm_cluster.env)
+    slurm_jobs.set_admin_comment(mine, running, slurm_cluster.bin_dir, env=slurm_cluster.env)
     assert _admin_comment(slurm_cluster, mine) == json.loads(running)
     for j in (mine, theirs):
         assert slurm_cluster.wait_job(j, timeout=90)["job_state"] == "COMPLETED"

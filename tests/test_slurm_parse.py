@@ -100,8 +100,8 @@ def test_run_time_and_final_state_from_json():
          "exit_code": 15, "state_reason": "None"}
     job = job_info_from_json(j)
     assert (job.run_s, job.time_limit_s, job.exit_code, job.signal) == (66, 60, 0, 15)
-    assert final_state(job) == "TIMEOUT"
-    assert final_state(job_info_from_json({**j, "exit_code": 768})) == "FAILED"
+    assert final_state(job) == ("TIMEOUT", "inferred")
+    assert final_state(job_info_from_json({**j, "exit_code": 768})) == ("FAILED", "inferred")
     assert job_info_from_json({**j, "job_state": "RUNNING"}, now=130).run_s == 30
     assert job_info_from_json({**j, "time_limit": 4294967295}).time_limit_s is None  # INFINITE
 

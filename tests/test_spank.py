@@ -21,6 +21,8 @@ from typing import Dict, List
 
 import pytest
 
+from tests.cluster import slurm_bin_dir, slurm_version
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +154,8 @@ def spank_cluster(plugin_build: Path):
     """A running cluster with the freshly built plugin enabled and test-only Prolog hooks."""
     run_dir = BASE / "spank-run"
     plugstack = BASE / "plugstack.conf"
-    env = {**os.environ, "COLOC_CLUSTER_DIR": str(BASE), "COLOC_PORT_BASE": PORT_BASE,
+    path = f"{slurm_bin_dir(slurm_version())}:{os.environ.get('PATH', '/usr/bin:/bin')}"  # the version's clients
+    env = {**os.environ, "PATH": path, "COLOC_CLUSTER_DIR": str(BASE), "COLOC_PORT_BASE": PORT_BASE,
            "COLOC_PLUGSTACK": str(plugstack), "SLURM_CONF": str(BASE / "etc" / "slurm.conf")}
     _cluster_sh("stop", env)  # a leftover from an interrupted run would keep its old plugstack
     for d, mode in ((run_dir, 0o755), (run_dir / "jobs", 0o755), (BASE / "hookenv", 0o755)):

@@ -10,7 +10,7 @@ from typing import Dict, Iterator
 
 import pytest
 
-from tests.cluster import REPO, Cluster, start_cluster, stop_cluster
+from tests.cluster import REPO, Cluster, slurm_version, start_cluster, stop_cluster
 from tests.test_mps_lifecycle import FAKE_MPS, configure, run_dir
 
 pytestmark = pytest.mark.slurm
@@ -21,12 +21,14 @@ JOB = "echo '== batch'; env; echo '== step'; srun -n1 env"
 def cluster() -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root")
-    subprocess.run(["make", "-s", "-C", str(REPO / "spank")], check=True)
+    so = REPO / "spank" / f"coloc_spank-{slurm_version()}.so"  # built against this version's headers
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank"), f"SLURM_VERSION={slurm_version()}", f"OUT={so.name}"],
+                   check=True)
     c = start_cluster()
     try:
         c.script("stop")
         plugstack = c.dir / "etc" / "plugstack.conf"
-        plugstack.write_text(f"required {REPO / 'spank' / 'coloc_spank.so'} run_dir={run_dir(c)}\n")
+        plugstack.write_text(f"required {so} run_dir={run_dir(c)}\n")
         c.extra_env["COLOC_PLUGSTACK"] = str(plugstack)
         c.script("start")
         (c.dir / "etc" / "hooks" / "task_prolog.sh").write_text("#!/bin/sh\nexit 0\n")  # SPANK path only

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from slurm_coloc.admin import versioncheck
 from slurm_coloc.admin.slurmconf import (
     SlurmConf,
     expand_hostlist,
@@ -21,6 +22,8 @@ from slurm_coloc.admin.slurmconf import (
     parse_slurm_conf,
 )
 from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.slurm.version import slurm_version
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
 SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
@@ -28,7 +31,8 @@ SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
 
 @dataclass(frozen=True)
 class Check:
-    """One result: ``status`` pass|fail|skip, ``what`` the finding, ``fix`` what to do (empty when passing)."""
+    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what to
+    do (empty when passing)."""
 
     name: str
     status: str
@@ -329,6 +333,7 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
     results += check_gpu(cfg, no_gpu)
     results += check_metrics(cfg, no_gpu)
     results += check_mps_protection(cfg, no_gpu)
+    results += check_slurm_version(cfg, conf, slurm_conf.parent)
     return results
 
 
@@ -397,3 +402,16 @@ def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
         except Exception:  # noqa: BLE001 - no NVML: every mode unknown
             pass
     return evaluate_mps_protection(cfg, shared, mode_of)
+
+
+def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], conf_dir: Path) -> List[Check]:
+    """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py)."""
+    name = "Slurm version"
+    try:
+        version = slurm_version(cfg.slurm_bin_dir)
+    except ColocError as exc:
+        return [fail(name, f"cannot tell the Slurm release: {exc.one_line()}",
+                     "install slurm-client or set slurm_bin_dir in coloc.yaml")]
+    found = versioncheck.evaluate(version, conf, versioncheck.cgroup_plugin(conf_dir),
+                                  versioncheck.CGROUP2_MAGIC_PATH.exists())
+    return [Check(name, status, what, fix) for status, what, fix in found]

@@ -93,7 +93,7 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     code: Optional[int]
     sig: Optional[int]
     if job is not None and job.exit_code is not None:
-        code, sig, state, end_ts = job.exit_code, job.signal, final_state(job), job.end_ts
+        code, sig, state, end_ts = job.exit_code, job.signal, final_state(job, env)[0], job.end_ts
     else:
         code, sig, end_ts = ctx.exit_code, ctx.signal, None
         state = infer_final_state("", code, sig, None, None)

@@ -1,12 +1,14 @@
 """Deciding how a job ended from what an epilog can see (pure).
 
-Sources, best first (``final_state``): a final state a newer Slurm hands the epilog in its environment
-(``FINAL_STATE_VARS``: the seam for the 24.11/26.05 hook environments, recorded under ``tests/data/slurm-<v>/``);
-a final state in slurmctld's record (``JobInfo.state`` outside ``COMPLETING``); else an inference from the exit
-pair, run time and reason, recorded as ``inferred`` and replaced by Slurm's own final state when a later controller
-hook finds the job ended (``hooks/ctld.py`` ``settle``). The inference cannot tell a cancelled job from one that
-ended by itself: a cancelled batch script that traps SIGTERM exits 0 or 1, and a job cancelled during its Prolog
-shows ``0:0`` (22.05.8, checked on the local cluster).
+Sources, best first (``final_state``): a final state a Slurm hands the epilog in its environment
+(``FINAL_STATE_VARS``; none of 22.05, 24.11, 26.05 does: ``tests/data/slurm-<v>/hook_env/``); a final state in
+slurmctld's record (``JobInfo.state``): on 24.11+ the epilogs' JSON query (``scontrol show job --json``,
+``squeue --json``) gives it as ``job_state[0]`` with ``COMPLETING`` as a flag (``["TIMEOUT", "COMPLETING"]``,
+``tests/data/slurm-24.11/epilog_states.txt``), so the epilogs record Slurm's state directly; else (22.05: the record
+says ``COMPLETING``) an inference from the exit pair, run time and reason, recorded as ``inferred`` and replaced by
+Slurm's own final state when a later controller hook finds the job ended (``hooks/ctld.py`` ``settle``). The
+inference cannot tell a cancelled job from one that ended by itself: a cancelled batch script that traps SIGTERM
+exits 0 or 1, and a job cancelled during its Prolog shows ``0:0`` (22.05.8, checked on the local cluster).
 
 In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
 TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
@@ -21,8 +23,9 @@ from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 _FINAL = FINAL_STATES
-# Environment variables through which a Slurm version gives its epilogs the job's final state. 22.05 sets none
-# (facts §5, tests/data/slurm-22.05/epilog_states.txt); add a name here once a recording shows it.
+# Environment variables through which a Slurm version gives its epilogs the job's final state. 22.05, 24.11 and
+# 26.05 set none (SLURM_JOB_STATE is for MailProg/triggers only: tests/data/slurm-<v>/epilog_states.txt); add a
+# name here once a recording shows it.
 FINAL_STATE_VARS: Tuple[str, ...] = ()
 SLURM = "slurm"  # the state is Slurm's own final answer
 INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace it
@@ -44,7 +47,8 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
     """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else slurmctld's
-    record if final, else ``infer_final_state`` of the record (exit pair, run time, limit, reason)."""
+    record if final (24.11+ inside the epilogs: module docstring), else ``infer_final_state`` of the record (exit
+    pair, run time, limit, reason; 22.05)."""
     given = state_from_env(env or {})
     if given:
         return given, SLURM

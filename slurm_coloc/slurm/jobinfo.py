@@ -1,15 +1,20 @@
-"""One Slurm job as a frozen, typed ``JobInfo``, built from ``squeue --json`` (openapi v0.0.38 in 22.05).
+"""One Slurm job as a frozen, typed ``JobInfo``, built from ``squeue --json`` / ``scontrol show job --json``.
 
 Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted (``JobName`` is its second
 field; ``WorkDir``, ``Command``, ``Comment``, ``StdOut``, ``MailUser`` follow), so a job named
 ``x TresPerNode=gres:shard:79`` or holding a newline reads as other fields. In JSON every user-editable string
 is one opaque value and cannot stand for another field. 22.05 has no ``scontrol show job --json``
-(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and ``squeue --json`` ignores filters (facts §7), so the
-caller picks its job from the full list.
+(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters (facts §7), so
+the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
 
-``squeue --json`` gives the output paths unexpanded (``%j``); ``expand_std_path`` applies 22.05's own
+Schemas: 22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same
+code through ``slurm/jsonfields.py`` (number objects, ``job_state`` lists, exit-code objects).
+
+Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05 adds ``stdout_expanded``/
+``stderr_expanded``/``stdin_expanded``, used when present. Otherwise ``expand_std_path`` applies 22.05's own
 substitution (``src/api/job_info.c`` ``_fname_format``: ``%A %a %j %u`` then ``%x``; no ``%%``, no widths), so
-``stdout_path`` equals scontrol's ``StdOut`` (checked against scontrol on the real cluster).
+``stdout_path`` equals scontrol's ``StdOut`` on every version (checked against the recordings); an already
+expanded path is left as it is.
 """
 from __future__ import annotations
 
@@ -19,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.slurm.parse import decode_exit_code, expand_hostlist, parse_tres_per_node
+from slurm_coloc.slurm.jsonfields import exit_pair, integer, job_state, text
+from slurm_coloc.slurm.parse import expand_hostlist, parse_tres_per_node
+from slurm_coloc.slurm.version import SlurmVersion, version_from_meta
 
 NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id outside an array prints as this)
-_BIG = 0xFFFFFFF0  # 32-bit values at or above this are Slurm's NO_VAL/INFINITE markers
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,9 @@ class JobInfo:
         array_job_id / array_task_id: set for an array task (None otherwise, and for the pending array record).
         name, comment, work_dir, command, account: user-editable text, kept as opaque strings.
         uid / gid: numeric ids of the submitting user and group.
-        state: ``job_state`` (``COMPLETING`` inside epilogs); reason: ``state_reason`` (``None`` when none).
+        state: the base ``job_state``. Inside the epilogs 22.05 says ``COMPLETING``; 24.11+ give the final state
+            (``COMPLETED``...) with ``COMPLETING`` among ``state_flags``. reason: ``state_reason`` (``None`` when
+            none).
         exit_code / signal: the pair scontrol prints as ``ExitCode=<code>:<signal>``.
         run_s: elapsed run time as scontrol computes ``RunTime``; time_limit_s: None when unlimited/partition's.
         gres: counts per GRES name from ``tres_per_node`` (``{"shard": 2}``); node_names: expanded ``nodes``.
@@ -42,6 +50,9 @@ class JobInfo:
         cpus_per_task: ``--cpus-per-task`` (22.05's JSON prints null even when given: ``min_cpus_per_node``,
             scontrol's ``MinCPUsNode``, keeps the CPUs per node it implies).
         mem_per_node_mib: ``--mem`` in MiB (None when not given or given per CPU).
+        state_flags: the flags after the base state in 24.11+'s ``job_state`` list (``("COMPLETING",)``); 22.05
+            prints none.
+        slurm_release: the release in the output's ``meta`` (``"24.11.5"``), ``""`` when not known.
     """
 
     job_id: int
@@ -81,12 +92,19 @@ class JobInfo:
     cpus_per_task: Optional[int]
     min_cpus_per_node: Optional[int]
     mem_per_node_mib: Optional[int]
+    state_flags: Tuple[str, ...] = ()
+    slurm_release: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def shards(self) -> Optional[int]:
         """Shards per node the job asked for (``--gres=shard:N``), None without shard GRES."""
         return self.gres.get("shard")
+
+    @property
+    def completing(self) -> bool:
+        """Whether the job is ending (epilogs running): 22.05's ``COMPLETING`` state or 24.11+'s flag."""
+        return self.state == "COMPLETING" or "COMPLETING" in self.state_flags
 
     @property
     def slurm_ref(self) -> str:
@@ -118,7 +136,7 @@ def _std_paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], a
     def fmt(p: str) -> str:
         return expand_std_path(p, job_id, array_job_id, array_task_id, user_name, name, work_dir)
 
-    out_p, err_p, in_p = (_s(j, k) for k in ("standard_output", "standard_error", "standard_input"))
+    out_p, err_p, in_p = (text(j, k) for k in ("standard_output", "standard_error", "standard_input"))
     if not j.get("batch_flag", True):
         return (fmt(out_p) if out_p else "", fmt(err_p) if err_p else "", fmt(in_p) if in_p else "")
     if out_p:
@@ -130,29 +148,25 @@ def _std_paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], a
     return stdout, fmt(err_p) if err_p else stdout, fmt(in_p) if in_p else "/dev/null"
 
 
-def _s(j: Mapping[str, Any], key: str) -> str:
-    v = j.get(key)
-    return "" if v is None else str(v)
-
-
-def _n(j: Mapping[str, Any], key: str) -> Optional[int]:
-    """An integer field; None when absent, not a number, or one of Slurm's NO_VAL/INFINITE markers."""
-    v = j.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return int(v) if 0 <= v < _BIG else None
+def _paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
+           user_name: str, name: str, work_dir: str) -> Tuple[str, str, str]:
+    """(stdout, stderr, stdin): 26.05's ``*_expanded`` fields when all present, else ``_std_paths``."""
+    given = tuple(j.get(k) for k in ("stdout_expanded", "stderr_expanded", "stdin_expanded"))
+    if all(isinstance(v, str) and v for v in given):
+        return given  # type: ignore[return-value]
+    return _std_paths(j, job_id, array_job_id, array_task_id, user_name, name, work_dir)
 
 
 def _ts(j: Mapping[str, Any], key: str) -> Optional[float]:
-    v = _n(j, key)
+    v = integer(j, key)
     return float(v) if v else None
 
 
 def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
     """scontrol's ``RunTime`` (22.05 ``slurm_sprint_job_info``): 0 while pending, ``pre_sus_time`` while
     suspended, else end (now while running) minus start, counting suspensions."""
-    start, end = _n(j, "start_time") or 0, _n(j, "end_time") or 0
-    pre_sus, suspend = _n(j, "pre_sus_time") or 0, _n(j, "suspend_time") or 0
+    start, end = integer(j, "start_time") or 0, integer(j, "end_time") or 0
+    pre_sus, suspend = integer(j, "pre_sus_time") or 0, integer(j, "suspend_time") or 0
     if state == "PENDING":
         return 0
     if state == "SUSPENDED":
@@ -163,56 +177,71 @@ def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
     return int(stop - suspend + pre_sus) if suspend else int(stop - start)
 
 
-def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None) -> JobInfo:
-    """One ``jobs[]`` entry of ``squeue --json`` -> ``JobInfo``; ``now`` (default: the clock) for ``run_s``.
+def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, release: str = "") -> JobInfo:
+    """One ``jobs[]`` entry of ``squeue --json`` / ``scontrol show job --json`` (any schema: module docstring)
+    -> ``JobInfo``; ``now`` (default: the clock) for ``run_s``; ``release`` from the output's ``meta``.
 
     Raises:
         SlurmError: the entry has no integer ``job_id``.
     """
-    job_id = _n(j, "job_id")
+    job_id = integer(j, "job_id")
     if job_id is None:
         raise SlurmError(f"squeue --json entry without a job_id: {str(dict(j))[:120]}")
-    array_job_id = _n(j, "array_job_id") or None
-    array_task_id = _n(j, "array_task_id") if array_job_id else None
-    state = _s(j, "job_state")
-    status = _n(j, "exit_code")
-    code, sig = decode_exit_code(status) if status is not None else (None, None)
-    limit_min = _n(j, "time_limit")
-    tres = _s(j, "tres_per_node")
-    nodes = _s(j, "nodes")
+    array_job_id = integer(j, "array_job_id") or None
+    array_task_id = integer(j, "array_task_id") if array_job_id else None
+    state, flags = job_state(j.get("job_state"))
+    code, sig = exit_pair(j.get("exit_code"))
+    limit_min = integer(j, "time_limit")
+    tres = text(j, "tres_per_node")
+    nodes = text(j, "nodes")
     try:
         node_names = tuple(expand_hostlist(nodes))
     except SlurmError:
         node_names = ()
-    name, user_name, work_dir = _s(j, "name"), _s(j, "user_name"), _s(j, "current_working_directory")
-    stdout, stderr, stdin = _std_paths(j, job_id, array_job_id, array_task_id, user_name, name, work_dir)
+    name, user_name, work_dir = text(j, "name"), text(j, "user_name"), text(j, "current_working_directory")
+    stdout, stderr, stdin = _paths(j, job_id, array_job_id, array_task_id, user_name, name, work_dir)
     return JobInfo(
         job_id=job_id, array_job_id=array_job_id, array_task_id=array_task_id, name=name, user_name=user_name,
-        uid=_n(j, "user_id"), gid=_n(j, "group_id"), state=state, reason=_s(j, "state_reason"),
+        uid=integer(j, "user_id"), gid=integer(j, "group_id"), state=state, reason=text(j, "state_reason"),
         exit_code=code, signal=sig, submit_ts=_ts(j, "submit_time"), start_ts=_ts(j, "start_time"),
         end_ts=_ts(j, "end_time"), run_s=_run_s(j, state, time.time() if now is None else now),
         time_limit_s=limit_min * 60 if limit_min is not None else None, tres_per_node=tres,
         gres=parse_tres_per_node(tres), gres_detail=tuple(str(x) for x in (j.get("gres_detail") or [])),
-        nodes=nodes, node_names=node_names, batch_host=_s(j, "batch_host"), partition=_s(j, "partition"),
-        account=_s(j, "account"), work_dir=work_dir, stdout_path=stdout, stderr_path=stderr, stdin_path=stdin,
-        comment=_s(j, "comment"), admin_comment=_s(j, "admin_comment"), command=_s(j, "command"),
-        restart_count=_n(j, "restart_cnt") or 0, num_nodes=_n(j, "node_count"), num_tasks=_n(j, "tasks"),
-        cpus_per_task=_n(j, "cpus_per_task"), min_cpus_per_node=_n(j, "minimum_cpus_per_node"),
-        mem_per_node_mib=_n(j, "memory_per_node") or None, raw=dict(j),
+        nodes=nodes, node_names=node_names, batch_host=text(j, "batch_host"), partition=text(j, "partition"),
+        account=text(j, "account"), work_dir=work_dir, stdout_path=stdout, stderr_path=stderr, stdin_path=stdin,
+        comment=text(j, "comment"), admin_comment=text(j, "admin_comment"), command=text(j, "command"),
+        restart_count=integer(j, "restart_cnt") or 0, num_nodes=integer(j, "node_count"),
+        num_tasks=integer(j, "tasks"), cpus_per_task=integer(j, "cpus_per_task"),
+        min_cpus_per_node=integer(j, "minimum_cpus_per_node"),
+        mem_per_node_mib=integer(j, "memory_per_node") or None, state_flags=flags, slurm_release=release,
+        raw=dict(j),
     )
 
 
-def parse_squeue_json(text: str, now: Optional[float] = None) -> List[JobInfo]:
-    """Every job in ``squeue --json`` output (22.05 ignores squeue's filters: facts §7).
+def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInfo], Optional[SlurmVersion]]:
+    """Every job in ``squeue --json`` or ``scontrol show job --json`` output, and the release its ``meta`` names.
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text_)
     except json.JSONDecodeError as exc:
         raise SlurmError(f"squeue --json printed invalid JSON: {exc}") from None
     jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(jobs, list):
         raise SlurmError("squeue --json output has no 'jobs' list")
-    return [job_info_from_json(j, now) for j in jobs if isinstance(j, dict) and _n(j, "job_id") is not None]
+    version = version_from_meta(data.get("meta"))
+    release = version.release if version else ""
+    out = [job_info_from_json(j, now, release) for j in jobs
+           if isinstance(j, dict) and integer(j, "job_id") is not None]
+    return out, version
+
+
+def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
+    """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: facts §7).
+
+    Raises:
+        SlurmError: not JSON or no ``jobs`` list.
+    """
+    return parse_job_json(text_, now)[0]

@@ -1,13 +1,21 @@
-"""Job-level Slurm operations built on ``run`` and the pure parsers."""
+"""Job-level Slurm operations built on ``run`` and the pure parsers.
+
+Job queries differ by release (``slurm/version.py``): every release takes ``squeue --json --states=all`` (22.05
+ignores the state filter and lists every job it holds; 24.11+ list only pending/running/completing jobs without
+it); a single job is ``scontrol show job --json <id>`` on 24.11+ (Slurm filters, and inside the epilogs
+``job_state[0]`` is the final state) and the full list filtered here on 22.05 (no ``--json`` for scontrol,
+``squeue -j`` ignored by ``--json``).
+"""
 from __future__ import annotations
 
 import re
 from typing import List, Mapping, Optional, Sequence, Union
 
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.slurm.jobinfo import JobInfo, parse_squeue_json
+from slurm_coloc.slurm.jobinfo import JobInfo, parse_job_json
 from slurm_coloc.slurm.parse import parse_sbatch_parsable
 from slurm_coloc.slurm.run import run
+from slurm_coloc.slurm.version import remember, slurm_version
 
 _JOB_REF = re.compile(r"\d+(?:_\d+)?")
 
@@ -42,25 +50,46 @@ def submit_parsable(args: Sequence[str], bin_dir: str = "/usr/bin", env: Optiona
 
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                timeout_s: float = 30.0) -> List[JobInfo]:
-    """Every job slurmctld still knows. Equivalent: ``squeue --json`` (22.05 ignores filters).
+    """Every job slurmctld still knows, finished ones included. Equivalent: ``squeue --json --states=all``.
 
     Raises:
         SlurmError: squeue failed or printed something unparsable.
     """
-    return parse_squeue_json(run(["squeue", "--json"], bin_dir=bin_dir, env=env, timeout_s=timeout_s).stdout)
+    proc = run(["squeue", "--json", "--states=all"], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+    jobs, version = parse_job_json(proc.stdout)
+    if version is not None:
+        remember(bin_dir, version)
+    return jobs
+
+
+_UNKNOWN_JOB = ("invalid job id", "job does not exist", "unknown job")
 
 
 def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
              timeout_s: float = 30.0) -> Optional[JobInfo]:
     """``job_id`` as slurmctld knows it, or None once slurmctld has forgotten it (``MinJobAge``).
 
-    Equivalent: ``squeue --json`` and pick the job (``slurm/jobinfo.py`` says why not ``scontrol show job``).
+    Equivalent: ``scontrol show job --json <job_id>`` on 24.11+; on older releases ``squeue --json
+    --states=all`` and pick the job (module docstring; ``slurm/jobinfo.py`` says why not ``scontrol show job``).
 
     Raises:
-        SlurmError: squeue failed, timed out or printed something unparsable.
+        SlurmError: Slurm failed, timed out or printed something unparsable.
     """
-    for info in squeue_all(bin_dir, env, timeout_s):
-        if info.job_id == int(job_id):
+    job_id = int(job_id)
+    if slurm_version(bin_dir, env).json_job_query:
+        proc = run(["scontrol", "show", "job", "--json", str(job_id)], bin_dir=bin_dir, env=env,
+                   timeout_s=timeout_s, check=False)
+        if proc.returncode != 0 and any(m in proc.stderr.lower() for m in _UNKNOWN_JOB):
+            return None
+        if proc.returncode != 0 and not proc.stdout.strip():
+            err = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
+            raise SlurmError(f"scontrol show job --json failed: {err}", returncode=proc.returncode,
+                             stderr=proc.stderr.strip())
+        jobs = parse_job_json(proc.stdout)[0]
+    else:
+        jobs = squeue_all(bin_dir, env, timeout_s)
+    for info in jobs:
+        if info.job_id == job_id:
             return info
     return None
 

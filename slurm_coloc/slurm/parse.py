@@ -1,20 +1,22 @@
-"""Pure parsers of Slurm 22.05 text: times, durations, exit codes, host lists, GRES strings, sbatch output.
+"""Pure parsers of Slurm text: times, durations, exit codes, host lists, GRES strings, sbatch output.
 
 Every piece of Slurm text slurm-coloc reads is parsed here (job records themselves: ``slurm/jobinfo.py``).
-Tested on verbatim recordings in ``tests/data/slurm-22.05/``.
+Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 in ``tests/data/slurm-<version>/``; where the
+text differs between them (``gres_detail``, ``TresPerNode``) both forms are read.
 """
 from __future__ import annotations
 
 import re
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import SlurmError
 
 #: Job states after which a job no longer runs (squeue ``job_state`` / scontrol ``JobState``).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
-_GRES_DETAIL = re.compile(r"^(?P<name>[a-z]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\(IDX:(?P<idx>[^)]*)\)$")
+_GRES_DETAIL = re.compile(r"^(?P<name>[a-z]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\((?P<body>[^)]*)\)$")
+_PER_DEVICE = re.compile(r"^\d+/\d+(?:,\d+/\d+)*$")
 _DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 _BRACKET = re.compile(r"\[([^\]]+)\]")
 MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names more nodes than this
@@ -117,13 +119,44 @@ def _expand_item(item: str, out: List[str], whole: str) -> None:
             _expand_item(f"{head}{str(n).zfill(width)}{tail}", out, whole)
 
 
-def parse_gres_detail(entries: List[str]) -> List[Tuple[str, int, List[int]]]:
-    """``["shard:5(IDX:0)", "gpu:2(IDX:0-1)"]`` -> ``[("shard", 5, [0]), ("gpu", 2, [0, 1])]``."""
+def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int, int]]]:
+    """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``(name, type, {device index: count})``.
+
+    Two forms (``docs/slurm-versions.md``): 22.05 names the device indices, the count being the entry's
+    (``shard:5(IDX:0)`` -> ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints it);
+    24.11+ print a shared GRES (shard) as ``<held>/<total>`` per device of the node, in index order
+    (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices holding none are left out), and a whole GPU still as
+    ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). One
+    string may join several GRES with commas. Entries in neither form are skipped.
+    """
+    out: List[Tuple[str, str, Dict[int, int]]] = []
+    for entry in entries:
+        for part in re.split(r",(?=[a-z])", entry or ""):
+            m = _GRES_DETAIL.match(part.strip())
+            if not m:
+                continue
+            body, count = m.group("body"), int(m.group("count"))
+            if body.startswith("IDX:"):
+                per = {i: count for i in parse_index_list(body[4:])}
+            elif _PER_DEVICE.match(body):
+                held = (int(pair.split("/")[0]) for pair in body.split(","))
+                per = {i: n for i, n in enumerate(held) if n}
+            else:
+                continue
+            out.append((m.group("name"), m.group("type") or "", per))
+    return out
+
+
+def parse_gres_detail(entries: Sequence[str]) -> List[Tuple[str, int, List[int]]]:
+    """``gres_detail`` -> ``(name, count, device indices)`` per GRES, in either form (``gres_detail_counts``):
+    ``["shard:5(IDX:0)", "gpu:2(IDX:0-1)"]`` and ``["shard:5(5/80,0/80)", "gpu:2(IDX:0-1)"]`` both ->
+    ``[("shard", 5, [0]), ("gpu", 2, [0, 1])]``. A GRES that holds no device (``shard:0(IDX:)``) is left out."""
     out = []
     for entry in entries:
-        m = _GRES_DETAIL.match(entry.strip())
-        if m:
-            out.append((m.group("name"), int(m.group("count")), parse_index_list(m.group("idx"))))
+        m = _GRES_DETAIL.match((entry or "").strip())
+        for name, _type, per in gres_detail_counts([entry]):
+            if per:
+                out.append((name, int(m.group("count")) if m else sum(per.values()), sorted(per)))
     return out
 
 
@@ -143,7 +176,8 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
     """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard": 3}``.
 
-    A GRES without a count counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
+    22.05 writes ``gres:``, 24.11+ ``gres/`` (``gres/shard:5``): both read the same. A GRES without a count
+    counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
     """
     out: Dict[str, int] = {}
     for part in (text or "").split(","):

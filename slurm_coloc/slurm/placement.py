@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.comment import COMMENT_TAG, parse_comment
-from slurm_coloc.slurm.jobinfo import JobInfo, parse_squeue_json
+from slurm_coloc.slurm.jobinfo import JobInfo
+from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.parse import gres_detail_counts
 from slurm_coloc.slurm.run import run
 
 WAIT_TAG = "coloc-wait:"
 _TYPED = re.compile(r"^(?P<name>gpu|shard):g(?P<idx>\d+):(?P<count>\d+)")
-_DETAIL = re.compile(r"^(?P<name>gpu|shard)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\(IDX:(?P<idx>[^)]*)\)$")
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")
 
 
@@ -78,18 +79,16 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
 
 
 def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
-    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` (one node: the job's
-    ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that count)."""
+    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` in either version's form
+    (``parse.gres_detail_counts``: 22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``; one node: the
+    job's ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that count)."""
     out = []
-    for entry in job.gres_detail:
-        for part in re.split(r",(?=[a-z])", entry):
-            m = _DETAIL.match(part.strip())
-            if not m or int(m.group("count")) == 0:
-                continue
-            for idx in re.findall(r"\d+(?:-\d+)?", m.group("idx")):
-                lo, _, hi = idx.partition("-")
-                for i in range(int(lo), int(hi or lo) + 1):
-                    out.append((job.nodes, i, m.group("name"), int(m.group("count"))))
+    for name, _type, per in gres_detail_counts(job.gres_detail):
+        if name not in ("gpu", "shard"):
+            continue
+        for i, count in sorted(per.items()):
+            if count:
+                out.append((job.nodes, i, name, count))
     return out
 
 
@@ -97,14 +96,14 @@ def is_candidate(job: JobInfo) -> bool:
     """A job the placer steers: pending, held, no GRES yet, with a coloc comment asking for shards."""
     c = parse_comment(job.comment)
     return (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
-            and not (job.tres_per_node or "").replace("gres:", "").strip()
+            and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()
             and isinstance(c, dict) and c.get("place") is True
             and isinstance(c.get("shards"), int) and not isinstance(c.get("shards"), bool) and c["shards"] >= 1)
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
-    """Every job slurmctld knows (``squeue --json``)."""
-    return parse_squeue_json(run(["squeue", "--json"], bin_dir=bin_dir, env=env, timeout_s=30).stdout)
+    """Every job slurmctld knows. Equivalent: ``squeue --json --states=all`` (``slurm.jobs.squeue_all``)."""
+    return squeue_all(bin_dir, env, timeout_s=30)
 
 
 def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir: str = "/usr/bin",

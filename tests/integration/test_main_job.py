@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_coloc.slurm.parse import parse_gres_detail
 from tests.cluster import REPO, Cluster
 
 pytestmark = pytest.mark.slurm
@@ -83,9 +84,10 @@ def test_shard_jobs_share_a_gpu_whole_gpu_does_not(slurm_cluster: Cluster):
     whole = submit(slurm_cluster, "--exclusive-gpu", str(small))
     for j in (a, b, whole):
         slurm_cluster.wait_state(j, ["RUNNING"], timeout=30)
-    idx = {j: slurm_cluster.job(j)["gres_detail"] for j in (a, b, whole)}
-    assert idx[a] == idx[b] and idx[a][0] in ("shard:2(IDX:0)", "shard:2(IDX:1)"), idx  # --coloc-mem is exact
-    assert idx[whole][0].startswith("shard:80(IDX:") and idx[whole] != idx[a], idx
+    # (name, count, GPU indices) from either version's gres_detail: shard:2(IDX:0) / shard:2(2/80,0/80)
+    idx = {j: parse_gres_detail(slurm_cluster.job(j)["gres_detail"]) for j in (a, b, whole)}
+    assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])], [("shard", 2, [1])]), idx  # --coloc-mem is exact
+    assert idx[whole][0][:2] == ("shard", 80) and idx[whole][0][2] != idx[a][0][2], idx
     # a second whole-GPU job cannot start on n2: one GPU is whole-taken, the other has shard tenants
     waiting = submit(slurm_cluster, "--exclusive-gpu", str(small))
     time.sleep(4)

@@ -21,7 +21,7 @@ BASE_CONFIG = """\
 state_dir: {dir}/coloc/state
 run_dir: {dir}/coloc/run
 log_dir: {dir}/log
-slurm_bin_dir: /usr/bin
+slurm_bin_dir: {bin_dir}
 gpu_mem_gib: 80
 hook_timeout_s: 4
 db_busy_timeout_s: 1
@@ -50,7 +50,7 @@ class FaultCluster:
         return self.c.dir / "coloc" / "run"
 
     def set_config(self, text: Optional[str] = None, **extra: object) -> None:
-        body = text if text is not None else BASE_CONFIG.format(dir=self.c.dir) + "".join(
+        body = text if text is not None else BASE_CONFIG.format(dir=self.c.dir, bin_dir=self.c.bin_dir) + "".join(
             f"{k}: {v}\n" for k, v in extra.items())
         self.c.coloc_config.write_text(body)
 

@@ -76,7 +76,7 @@ def test_sigterm_mid_hook_leaves_one_terminated_line_and_spools_the_run(fc: Faul
     job = fc.run_job(fc.script("term.sh"))["job_id"]  # a real job scontrol still knows
     conf = tmp_path / "coloc.yaml"
     conf.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\n"
-                    "slurm_bin_dir: /usr/bin\nhook_timeout_s: 20\ndb_busy_timeout_s: 20\n")
+                    f"slurm_bin_dir: {fc.c.bin_dir}\nhook_timeout_s: 20\ndb_busy_timeout_s: 20\n")
     open_ctld_db(tmp_path / "state" / "ctld.db")  # created, then held locked: the hook's child waits in SQLite
     lock = sqlite3.connect(str(tmp_path / "state" / "ctld.db"), isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
