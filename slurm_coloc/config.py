@@ -91,6 +91,10 @@ class Config:
             users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
         estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
             it kills it and submits as without an estimate (a whole GPU).
+        probe: run the script probe (``on``/``off``): coloc-sbatch runs the batch script's training program on fake
+            tensors to estimate its GPU memory (docs/user.md "The script probe").
+        probe_timeout_s: the probe's wall-clock limit (s); a program that has not stepped by then falls back.
+        probe_mem_limit_mib: the probe's address-space limit (``RLIMIT_AS``, MiB).
         oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
             (0: none at all).
         oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
@@ -145,6 +149,9 @@ class Config:
     watchdog_near_pct: float = 90.0
     report_socket_path: str = ""
     estimate_timeout_s: float = 60.0
+    probe: bool = True
+    probe_timeout_s: float = 60.0
+    probe_mem_limit_mib: int = 32768
     oom_rerun_per_user_max: int = 3
     oom_rerun_window_s: float = 3600.0
     oom_rerun_tolerance_pct: float = 10.0
@@ -265,6 +272,8 @@ def _validate(cfg: Config) -> Config:
                           "placement_max_wait_s must be > 0")
     if not 0 < cfg.estimate_timeout_s <= 3600:
         raise ConfigError(f"config key 'estimate_timeout_s': {cfg.estimate_timeout_s} is outside (0, 3600]")
+    if not 0 < cfg.probe_timeout_s <= 3600 or cfg.probe_mem_limit_mib < 1024:
+        raise ConfigError("config: probe_timeout_s must be in (0, 3600] and probe_mem_limit_mib >= 1024")
     if not cfg.gpu_model.strip():
         raise ConfigError("config key 'gpu_model' is empty")
     if not cfg.mps_control_bin.strip():

@@ -31,8 +31,28 @@ def test_full_spec(tmp_path):
 
 
 def test_directives_after_first_command_are_ignored(tmp_path):
-    ps = parse_script(write(tmp_path, "#!/bin/bash\necho hi\n#COLOC model=a:b input=1 batch=1\n"))
-    assert ps.spec is None and ps.coloc == {}
+    ps = parse_script(write(tmp_path, "#!/bin/bash\n#COLOC mem=2G\necho hi\n#COLOC model=a:b input=1 batch=1\n"))
+    assert ps.spec is None and ps.coloc == {"mem": "2G"}
+    assert ps.late_coloc_lines == (4,)  # coloc-sbatch warns about them (test_sbatch_probe.py)
+
+
+def test_python_style_kwargs(tmp_path):
+    """``kwarg.bias=False`` is the boolean, not the string 'False' (JSON ``false`` already was)."""
+    ps = parse_script(write(tmp_path, "#!/bin/bash\n#COLOC model=torch.nn:Linear kwarg.bias=False kwarg.x=None "
+                                      "kwarg.y=True kwarg.k=(3,3) kwarg.n=resnet kwarg.j=false\n"
+                                      "#COLOC input=4 batch=2\ntrue\n"))
+    assert ps.spec.kwargs == {"bias": False, "x": None, "y": True, "k": [3, 3], "n": "resnet", "j": False}
+
+
+@pytest.mark.parametrize("text, dims", [("1,28,28", (1, 28, 28)), ("3x224x224", (3, 224, 224)), ("512", (512,))])
+def test_input_shape_commas_like_the_cli(tmp_path, text, dims):
+    ps = parse_script(write(tmp_path, f"#!/bin/bash\n#COLOC model=m:f input={text} batch=2\ntrue\n"))
+    assert ps.spec.input_shape == dims
+
+
+def test_python_directive_is_a_known_key(tmp_path):
+    ps = parse_script(write(tmp_path, "#!/bin/bash\n#COLOC python=/opt/venv/bin/python\npython train.py\n"))
+    assert ps.coloc == {"python": "/opt/venv/bin/python"} and ps.spec is None
 
 
 def test_crlf_and_bom(tmp_path):

@@ -111,3 +111,14 @@ def test_comment_and_pipe():
 def test_relative_submit_dir_made_absolute(tmp_path):
     c = find_command("python t.py\n", (), str(tmp_path)).command
     assert c is not None and os.path.isabs(c.workdir)
+
+
+def test_default_values_and_the_submitting_environment():
+    """``${X:-$SLURM_SUBMIT_DIR/dir}`` substitutes inside the default; a variable of the submitting environment
+    (sbatch exports it to the job) is used as the job would see it."""
+    text = ('EXAMPLES=${COLOC_EXAMPLES:-$SLURM_SUBMIT_DIR/examples}\n'
+            'exec "${PYTHON:-python3}" "$EXAMPLES/train_digits.py" "$@"\n')
+    c = find_command(text, ("--epochs", "2"), SUB, environ={}).command
+    assert (c.target, c.interpreter, c.args) == (f"{SUB}/examples/train_digits.py", "python3", ("--epochs", "2"))
+    c = find_command(text, (), SUB, environ={"COLOC_EXAMPLES": "/opt/ex", "PYTHON": "/opt/py/bin/python"}).command
+    assert (c.target, c.interpreter) == ("/opt/ex/train_digits.py", "/opt/py/bin/python")

@@ -5,7 +5,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import click
 
@@ -13,11 +13,16 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
-from slurm_coloc.submit.argv import split_command_line
+from slurm_coloc.submit.argv import CommandLine, split_command_line
+from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
 from slurm_coloc.submit.directives import ParsedScript, parse_script
-from slurm_coloc.submit.plan import Plan, build_plan
+from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan, script_options
+
+if TYPE_CHECKING:
+    from slurm_coloc.probe.probe import ProbeResult
 
 HISTORY_ASK_TIMEOUT_S = 10.0  # how long coloc-sbatch waits for the reader service's history answer
+PROBE_LOG_LINES = 15  # lines of the probed program's output --explain shows
 
 
 def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
@@ -46,9 +51,13 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 
 
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
-    """Split the command line, parse the script and plan (``build_plan`` runs the estimator only when the GPU
-    rule needs it, for the GPU model of the job's partition, in a child process bounded by
-    ``estimate_timeout_s``: ``cli/sbatch_estimate.py``); no side effect. Returns (plan, parsed script, dry_run).
+    """Split the command line, parse the script and plan; no side effect. Returns (plan, parsed script, dry_run).
+
+    ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/decide.py``): the script probe
+    (``probe_fn``: the script's training program in a child process of the job's Python, as the caller, bounded
+    by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate (``estimate_fn``: a child
+    process bounded by ``estimate_timeout_s``, ``cli/sbatch_estimate.py``) and the script's history. Neither
+    child writes to our stdout.
 
     Raises:
         ColocError: any bad input (script, directives, options, model).
@@ -62,16 +71,66 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
         from slurm_coloc.cli.sbatch_estimate import estimate_isolated
 
-        history = script_history_mib(cfg, parsed.sha256) if parsed is not None else []
-        est = estimate_isolated(spec, gpu_model, history, max(0.1, deadline - time.monotonic()))
+        # history is applied by the decision (submit/decide.py), to whichever figure wins
+        est = estimate_isolated(spec, gpu_model, [], max(0.1, deadline - time.monotonic()))
         if est is None:
             click.echo(f"coloc-sbatch: warning: the estimate of {spec.model} did not finish within "
                        f"estimate_timeout_s ({cfg.estimate_timeout_s:g} s): submitting as without an estimate "
                        f"(a whole GPU); give #COLOC mem= or --coloc-mem to skip the estimate", err=True)
         return est
 
+    history: List[List[int]] = []
+
+    def history_fn() -> List[int]:
+        if not history:
+            history.append(script_history_mib(cfg, parsed.sha256) if parsed is not None else [])
+        return history[0]
+
+    probe_fn: Optional[ProbeFn] = None
+    probe_off = ""
+    if parsed is None:
+        probe_off = "no batch script (--wrap)"
+    elif not cfg.probe:
+        probe_off = "off (config probe: off)"
+    else:
+        probe_fn = script_probe_fn(cfg, cmd, parsed)
     spank = spank_options_available(cfg.slurm_bin_dir)
-    return build_plan(cmd, parsed, cfg, estimate_fn, spank=spank), parsed, cmd.dry_run
+    plan = build_plan(cmd, parsed, cfg, estimate_fn, spank=spank, probe_fn=probe_fn, history_fn=history_fn,
+                      probe_off_reason=probe_off)
+    return plan, parsed, cmd.dry_run
+
+
+def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: ParsedScript) -> ProbeFn:
+    """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and answers
+    other GPU models from the same replayed peaks. The job's working directory is ``--chdir`` (command line, then
+    ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not from the cache) to show its output.
+    Never raises: a probe that fails is an answer without a figure."""
+    chdir = next((o.value for o in reversed(script_options(parsed)[0] + list(cmd.options))
+                  if o.name == "chdir" and o.value), None)
+    workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
+    runs: List[Tuple[str, "ProbeResult"]] = []
+
+    def probe_fn(gpu: str) -> ProbeAnswer:
+        from slurm_coloc.probe.probe import estimate_from_result, probe_script
+
+        try:
+            if not runs:
+                runs.append((gpu, probe_script(str(parsed.path), cmd.script_args, submit_dir=workdir, gpu=gpu,
+                                               timeout_s=cfg.probe_timeout_s, mem_limit_mib=cfg.probe_mem_limit_mib,
+                                               use_cache=not cmd.explain, keep_log=cmd.explain)))
+            first_gpu, res = runs[0]
+            est = res.estimate
+            if est is not None and gpu != first_gpu:
+                est = estimate_from_result(res.detail, gpu)
+            tail = tuple(line for line in res.log_text.splitlines()
+                         if line.strip())[-PROBE_LOG_LINES:]
+            writes = tuple(str(w) for w in res.detail.get("outside_writes") or ())
+            made = tuple(str(f) for f in res.detail.get("scratch_files") or ())
+            return ProbeAnswer(est, res.ran, res.reason, tail, writes, res.cached, res.wall_s, made)
+        except Exception as exc:  # noqa: BLE001 - the probe never stops a submission
+            return ProbeAnswer(None, "probe ran nothing", f"the probe failed: {type(exc).__name__}: {exc}"[:300])
+
+    return probe_fn
 
 
 # --- placement form (coloc-placer): the only place coloc-sbatch decides between held-for-placer and classic ---
@@ -122,6 +181,28 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
     return proc.returncode
 
 
+def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -> None:
+    """On stderr (never stdout: ``--parsable``): ignored ``#COLOC`` lines, the decision's warnings, one line on
+    what the probe ran, and with ``explain`` every source's figure and the probe's output and outside writes."""
+    if parsed is not None and parsed.late_coloc_lines:
+        lines = ", ".join(str(n) for n in parsed.late_coloc_lines)
+        click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and are "
+                   f"ignored: move them above it, into the header with the #SBATCH lines", err=True)
+    decision = plan.decision
+    if decision is None:
+        return
+    for warning in decision.warnings:
+        click.echo(f"coloc-sbatch: warning: {warning}", err=True)
+    if explain:
+        for line in explain_lines(decision):
+            click.echo(f"coloc-sbatch: explain: {line}", err=True)
+    elif decision.probe is not None:
+        probe = decision.probe
+        tail = " (cached)" if probe.cached else f" in {probe.wall_s:.1f} s"
+        what = f"; no figure: {probe.reason}" if probe.reason else ""
+        click.echo(f"coloc-sbatch: {probe.ran}{tail}{what}", err=True)
+
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["--help"]})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
@@ -130,15 +211,19 @@ def cli(argv: Tuple[str, ...]) -> None:
 
     ARGV is `[sbatch options] script [args]`; every sbatch option passes through unchanged. Own options:
     --dry-run (print the sbatch command, submit nothing), --coloc-mem SIZE (override the estimate, e.g. 6G),
-    --exclusive-gpu (a whole GPU). The model comes from `#COLOC` lines in the script (docs/user.md).
+    --exclusive-gpu (a whole GPU), --explain (print each memory source's figure and why one won, on stderr).
+    The figure comes from a probe of the script's own training program, or from `#COLOC` lines (docs/user.md).
 
     \b
     Example:
       coloc-sbatch --parsable -t 30 examples/train_digits.sh
       coloc-sbatch --dry-run --coloc-mem 6G train.sh --epochs 3
+      coloc-sbatch --explain --dry-run train.sh --epochs 3
     """
     try:
+        cmd = split_command_line(list(argv))
         plan, parsed, dry_run = plan_submission(list(argv))
+        report_decision(plan, parsed, cmd.explain)
         if dry_run:
             click.echo(plan.command_line(str(parsed.path) if parsed else None))
             if plan.rewritten_script is not None:
@@ -149,7 +234,7 @@ def cli(argv: Tuple[str, ...]) -> None:
             click.echo(f"coloc-sbatch: note: the job comment is kept within Slurm's 1024 characters: left out "
                        f"{'; '.join(plan.comment_dropped)}", err=True)
         code = submit(plan, parsed)
-        if code == 0 and "--parsable" not in argv:
+        if code == 0 and (not cmd.has("parsable") or plan.reason == NO_INFORMATION):
             click.echo(f"coloc-sbatch: {' '.join(plan.gpu_args)} ({plan.mode}: {plan.reason})", err=True)
     except ColocError as exc:
         click.echo(f"coloc-sbatch: error: {exc.one_line()}", err=True)

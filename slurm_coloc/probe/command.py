@@ -12,8 +12,9 @@ Recognised, on the first line that runs Python (after joining ``\\`` continuatio
 The interpreter: ``#COLOC python=PATH``; else a path the command names; else the venv a
 ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else None (the runner
 takes ``python3`` from PATH). Shell variables set before the command in plain ``X=value`` or
-``export X=value`` form, ``${X:-default}``, ``$1``..``$9``, ``$@``, ``$*`` (the submission's
-script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
+``export X=value`` form, variables of the submitting environment (sbatch exports it to the job by
+default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
+submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
 working directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
 """
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _subst(s: str, vars_: Mapping[str, str], args: Sequence[str]) -> str:
             val = args[i - 1] if 0 < i <= len(args) else ""
         else:
             val = vars_.get(name, "")
-        return val if val or default is None else default
+        return val if val or default is None else _subst(default, vars_, args)
 
     return _VAR_RE.sub(rep, s)
 
@@ -241,19 +242,21 @@ def _launcher_script(toks: List[str], kind: str, env: Dict[str, str]) -> Tuple[L
     return rest, ""
 
 
-def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = ".") -> CommandSearch:
+def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = ".",
+                 environ: Optional[Mapping[str, str]] = None) -> CommandSearch:
     """Find the training command in batch script ``text``.
 
     Args:
         text: the batch script.
         script_args: the arguments the script is submitted with (``$1``, ``$@``).
         submit_dir: the directory of submission (the job's working directory, ``$SLURM_SUBMIT_DIR``).
+        environ: the submitting environment (default ``os.environ``), the job's at its start.
 
     Returns:
         CommandSearch with the command, or None and a one-line reason.
     """
     submit_dir = os.path.abspath(submit_dir)
-    walk = _Walk(submit_dir)
+    walk = _Walk(submit_dir, os.environ if environ is None else environ)
     lines = _logical_lines(text)
     for line in lines:
         if line.strip().startswith("#COLOC"):
@@ -283,10 +286,8 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
 class _Walk:
     """The state of the script read so far: variables, working directory, activated venv."""
 
-    def __init__(self, submit_dir: str) -> None:
-        self.vars: Dict[str, str] = {"SLURM_SUBMIT_DIR": submit_dir, "PWD": submit_dir}
-        if "HOME" in os.environ:
-            self.vars["HOME"] = os.environ["HOME"]
+    def __init__(self, submit_dir: str, environ: Mapping[str, str]) -> None:
+        self.vars: Dict[str, str] = {**environ, "SLURM_SUBMIT_DIR": submit_dir, "PWD": submit_dir}
         self.cwd = submit_dir
         self.venv_python: Optional[str] = None
         self.coloc_python: Optional[str] = None

@@ -48,6 +48,7 @@ class CommandLine:
     coloc_mem: Optional[str] = None
     exclusive_gpu: bool = False
     extra: Tuple[str, ...] = field(default=())
+    explain: bool = False
 
     def last(self, name: str) -> Optional[str]:
         """Value of the last occurrence of option ``name`` (sbatch's rule: the last one wins)."""
@@ -89,14 +90,14 @@ def parse_option_tokens(words: List[str], i: int) -> Tuple[Option, int]:
 def split_command_line(argv: List[str]) -> CommandLine:
     """Split ``[options] script [args]`` into our options, sbatch options, script and script args.
 
-    Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``. With ``--wrap``
+    Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With ``--wrap``
     there is no script. A lone ``--`` ends the options.
 
     Raises:
         DirectiveError: no script (and no ``--wrap``), or an option missing its value.
     """
     options: List[Option] = []
-    dry_run = exclusive = False
+    dry_run = exclusive = explain = False
     coloc_mem: Optional[str] = None
     i = 0
     while i < len(argv):
@@ -111,6 +112,9 @@ def split_command_line(argv: List[str]) -> CommandLine:
             continue
         if w == "--exclusive-gpu":
             exclusive, i = True, i + 1
+            continue
+        if w == "--explain":
+            explain, i = True, i + 1
             continue
         if w == "--coloc-mem" or w.startswith("--coloc-mem="):
             if "=" in w:
@@ -128,4 +132,4 @@ def split_command_line(argv: List[str]) -> CommandLine:
         raise DirectiveError("no job script given", hint="usage: coloc-sbatch [sbatch options] script [args]")
     script = None if has_wrap else rest[0]
     script_args = tuple(rest if has_wrap else rest[1:])
-    return CommandLine(tuple(options), script, script_args, dry_run, coloc_mem, exclusive)
+    return CommandLine(tuple(options), script, script_args, dry_run, coloc_mem, exclusive, explain=explain)

@@ -8,10 +8,12 @@
     #COLOC share=exclusive   # ask for a whole GPU
 
 Like ``#SBATCH``, directives are read only in the script's header: from the top to the first line that is
-neither blank nor a comment (sbatch's own rule).
+neither blank nor a comment (sbatch's own rule); ``ParsedScript.late_coloc_lines`` lists the ``#COLOC`` lines
+after it (ignored; coloc-sbatch warns).
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import shlex
@@ -24,9 +26,10 @@ from slurm_coloc.estimate.spec import OPTIMIZERS, PRECISIONS, ModelSpec
 from slurm_coloc.units import parse_size_mib
 
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # Slurm's default max_script_size
-KEYS = ("model", "input", "input-dtype", "batch", "optimizer", "precision", "mem", "share")
+KEYS = ("model", "input", "input-dtype", "batch", "optimizer", "precision", "mem", "share", "python")
 SHARE_MODES = ("shard", "exclusive")
 INPUT_DTYPES = ("float32", "int64")
+PY_CONSTANTS = {"True": True, "False": False, "None": None}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class ParsedScript:
         mem_override_mib: ``mem=`` in MiB, or None.
         share: ``shard`` (default) or ``exclusive``.
         text: the script text (decoded, BOM removed).
+        late_coloc_lines: line numbers of ``#COLOC`` lines after the header (ignored).
     """
 
     path: Path
@@ -52,6 +56,7 @@ class ParsedScript:
     mem_override_mib: Optional[int]
     share: str
     text: str = field(repr=False, default="")
+    late_coloc_lines: Tuple[int, ...] = ()
 
 
 def read_script(path: str) -> Tuple[bytes, str]:
@@ -124,10 +129,7 @@ def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dic
                 name = key[len("kwarg."):]
                 if not name.isidentifier():
                     raise DirectiveError(f"line {no}: kwarg name {name!r} is not a Python identifier")
-                try:
-                    kwargs[name] = json.loads(value)
-                except json.JSONDecodeError:
-                    kwargs[name] = value
+                kwargs[name] = kwarg_value(value)
                 continue
             if key not in KEYS:
                 raise DirectiveError(f"line {no}: unknown #COLOC key {key!r}",
@@ -138,15 +140,34 @@ def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dic
     return plain, kwargs
 
 
+def kwarg_value(text: str) -> Any:
+    """A ``kwarg.NAME=`` value: JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``, ``False``,
+    ``None``; else a Python literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``; ``ast.literal_eval``:
+    literals only, nothing is run) that JSON can carry (tuples become lists); else the text itself."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    if text in PY_CONSTANTS:
+        return PY_CONSTANTS[text]
+    if text[:1] in "([{'\"":
+        try:
+            value = ast.literal_eval(text)
+            return json.loads(json.dumps(value))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return text
+
+
 def parse_input_shape(text: str) -> Tuple[int, ...]:
-    """``"3x32x32"`` -> ``(3, 32, 32)``; each dimension 1..1_000_000.
+    """``"3x32x32"`` or ``"3,32,32"`` -> ``(3, 32, 32)``; each dimension 1..1_000_000.
 
     Raises:
-        DirectiveError: not positive integers separated by ``x``.
+        DirectiveError: not positive integers separated by ``x`` or ``,``.
     """
-    parts = text.lower().replace("×", "x").split("x")
+    parts = text.lower().replace("×", "x").replace(",", "x").split("x")
     if not all(p.isdigit() and 0 < int(p) <= 1_000_000 for p in parts):
-        raise DirectiveError(f"#COLOC input={text!r}: expected sizes like 3x32x32")
+        raise DirectiveError(f"#COLOC input={text!r}: expected sizes like 3x32x32 or 3,32,32")
     return tuple(int(p) for p in parts)
 
 
@@ -194,6 +215,8 @@ def parse_script(path: str) -> ParsedScript:
     """
     raw, text = read_script(path)
     header = header_lines(text)
+    late = tuple(no for no, line in enumerate(text.splitlines(), start=1)
+                 if no > len(header) and line.strip().startswith("#COLOC"))
     sbatch_lines = tuple((no, tuple(_split(no, line[len("#SBATCH"):])))
                          for no, line in header if line.startswith("#SBATCH") and
                          (len(line) == 7 or line[7].isspace()))
@@ -210,4 +233,5 @@ def parse_script(path: str) -> ParsedScript:
     if share not in SHARE_MODES:
         raise DirectiveError(f"#COLOC share={share!r}: choose one of {', '.join(SHARE_MODES)}")
     return ParsedScript(path=Path(path), sha256=hashlib.sha256(raw).hexdigest(), sbatch_lines=sbatch_lines,
-                        coloc=plain, spec=spec, mem_override_mib=mem, share=share, text=text)
+                        coloc=plain, spec=spec, mem_override_mib=mem, share=share, text=text,
+                        late_coloc_lines=late)

@@ -10,11 +10,12 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
    ``--gpus-per-socket``): the user's GPU options are passed on as given (the last of each option, the
    command line over ``#SBATCH`` lines) with ``--exclusive`` (the whole node), because shards cannot span
    GPUs and ``gpu:N`` does not keep shard tenants off.
-4. Otherwise (one GPU or none asked): ``--coloc-mem``/``#COLOC mem=`` if given, else the model's estimate
-   for the GPU model of the job's partition (``gpu_models``), plus ``headroom_mib``, rounded up to GiB
-   shards; at or above a whole GPU -> rule 1.
-5. No model information and no override -> rule 1 (a whole GPU); so is an estimate that did not finish within
-   ``estimate_timeout_s`` (``estimate_fn`` returned None).
+4. Otherwise (one GPU or none asked): one decision over ordered sources (``submit/decide.py``): the override
+   (``--coloc-mem``/``#COLOC mem=``, exact), the script probe, the ``#COLOC model=`` estimate, history; a
+   figure other than the override gets ``headroom_mib``; rounded up to GiB shards; at or above a whole GPU
+   -> rule 1. Figures are for the GPU model of the job's partition (``gpu_models``).
+5. No source gave a figure -> rule 1 (a whole GPU), with ``NO_INFORMATION`` (the next steps) as the reason;
+   so is an estimate that did not finish within ``estimate_timeout_s`` when nothing else gave a figure.
 
 The job comment carries the coloc JSON within Slurm's 1024 characters (``comment.fit_comment``): when user
 text + JSON are longer, the script arguments go first where Slurm's own command line keeps them exactly (no
@@ -33,16 +34,16 @@ from slurm_coloc.comment import Shrink, fit_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
 from slurm_coloc.estimate.gpus import gpu_model
-from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
+from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
 from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
-EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]
-"""``(spec, GPU model name) -> Estimate`` in MiB, or None when it did not finish in time; may raise
-``EstimateError``."""
+NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a GPU, "
+                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain --dry-run "
+                  "SCRIPT' shows why each source has none; docs/user.md, \"The script probe\"")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Plan:
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
         comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module docstring).
+        decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
     """
 
     mode: str
@@ -89,6 +91,7 @@ class Plan:
     reason: str
     gpu_args: Tuple[str, ...] = ()
     comment_dropped: Tuple[str, ...] = ()
+    decision: Optional[Decision] = None
 
     def argv(self, script_path: Optional[str]) -> List[str]:
         """The sbatch argv with ``script_path`` at the script's place."""
@@ -216,7 +219,9 @@ def _override_mib(cmd: CommandLine, script: Optional[ParsedScript]) -> Optional[
 
 
 def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
-               estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False) -> Plan:
+               estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False,
+               probe_fn: Optional[ProbeFn] = None, history_fn: Optional[HistoryFn] = None,
+               probe_off_reason: str = "") -> Plan:
     """Decide the GPU request (the module rule) and build the sbatch argv, in one pass.
 
     With ``spank`` (the SPANK plugin is loaded, so sbatch knows ``--coloc-*``), the user's override and a
@@ -227,10 +232,14 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         cmd: the split ``coloc-sbatch`` command line.
         script: the parsed job script; None with ``--wrap``.
         cfg: ``gpu_mem_gib``, ``headroom_mib``, ``min_shards``, ``gpu_model``, ``gpu_model_by_partition``.
-        estimate_fn: ``(spec, GPU model) -> Estimate``, called only under rule 4 without an override and
-            when the script names a model: once per GPU model of the job's partitions (``gpu_models``);
-            the largest estimate decides. None: no estimate (rule 5 applies).
+        estimate_fn: ``(spec, GPU model) -> Estimate`` without history, called only under rule 4 without an
+            override and when the script names a model: once per GPU model of the job's partitions
+            (``gpu_models``); the largest estimate counts. None: no directives' figure.
         spank: whether sbatch accepts the SPANK plugin's ``--coloc-*`` options.
+        probe_fn: the script probe (``submit/decide.py``), called under rule 4 without an override, once per
+            GPU model; None: no probe (``probe_off_reason`` says why, for ``--explain``).
+        history_fn: the script's history (MiB), read under rule 4 without an override; None: none.
+        probe_off_reason: why there is no ``probe_fn``.
 
     Returns:
         The ``Plan``; nothing is run or written.
@@ -250,6 +259,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
     method: Optional[str] = None
     model_name: Optional[str] = None
     gpus = None
+    decision: Optional[Decision] = None
     if exclusive_gpu:
         mode, shards, reason = "whole-gpu", whole, "whole GPU asked (--exclusive-gpu / share=exclusive)"
     elif req.shards is not None:
@@ -259,19 +269,14 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         why = "more than one GPU per node" if gpus and gpus > 1 else "a per-task/per-socket GPU request"
         reason = f"{why}: whole GPUs on an exclusive node"
     else:
-        estimate: Optional[Estimate] = None
-        timed_out = False
-        if override is None and estimate_fn is not None and script is not None and script.spec is not None:
-            spec = script.spec
-            found = [(estimate_fn(spec, name), name) for name in gpu_models(cfg, all_opts)]
-            timed_out = any(e is None for e, _ in found)
-            if not timed_out:
-                estimate, model_name = max(found, key=lambda pair: pair[0].mem_mib)  # type: ignore[union-attr]
-                model_name = estimate.gpu_model or model_name
-        if override is not None or estimate is not None:
+        spec = script.spec if script is not None else None
+        asks = override is None and (probe_fn is not None or (spec is not None and estimate_fn is not None))
+        decision = decide(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn=estimate_fn,
+                          probe_fn=probe_fn, history_fn=history_fn, probe_off_reason=probe_off_reason,
+                          estimate_timeout_s=cfg.estimate_timeout_s)
+        mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
+        if mem_mib is not None:
             # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
-            mem_mib = override if override is not None else estimate.mem_mib  # type: ignore[union-attr]
-            method = "override" if override is not None else estimate.method  # type: ignore[union-attr]
             headroom = 0 if override is not None else cfg.headroom_mib
             on_gpu = f" on {model_name}" if model_name else ""
             shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
@@ -279,11 +284,11 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
             if shards >= whole:
                 mode, shards = "whole-gpu", whole
                 reason = f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU"
-        elif timed_out:
+        elif decision.timed_out:
             mode, shards = "whole-gpu", whole
             reason = f"no estimate within estimate_timeout_s ({cfg.estimate_timeout_s:g} s): a whole GPU"
         else:
-            mode, shards, reason = "whole-gpu", whole, "no model information: a whole GPU"
+            mode, shards, reason = "whole-gpu", whole, NO_INFORMATION
     args: List[str] = []
     for opt in _moved_options(script, gpu_lines) + [o for o in cmd.options
                                                     if o.name not in GPU_OPTIONS and o.name != "comment"]:
@@ -321,7 +326,9 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         index = len(args)
         args.append(cmd.script)
     args.extend(cmd.script_args)
-    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args), tuple(dropped))
+    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args), tuple(dropped),
+                decision)
+
 
 
 def _without(key: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:

@@ -1,0 +1,244 @@
+"""The GPU memory figure of a one-GPU job: one decision over ordered sources, with its reasons (pure).
+
+Sources, in order (docs/user.md, "How your GPU request is translated"):
+
+1. ``override``: ``--coloc-mem``, else ``#COLOC mem=``: the fence the user asked for, exactly; nothing else runs.
+2. ``probe``: the batch script's own training program run under the script probe (``probe/``), when the
+   config's ``probe`` is on and the job has a script.
+3. ``directives``: the estimate of the ``#COLOC model=`` spec (``estimate_fn``).
+4. ``history``: measured peaks and OOM fences of earlier runs of the same script
+   (``estimate.combine.history_bound``: ``max * 1.05 + 64`` MiB). With a figure from 2 or 3 it takes that
+   figure's place as ``estimate.combine`` applies it to a trace: it may raise the figure, and lower it only
+   down to the figure's ``trace_floor_mib`` (its replayed allocations plus context and libraries). Alone, it is
+   the figure.
+5. ``whole-gpu``: no figure; the caller asks for a whole GPU.
+
+The probe ranks above the directives: the directives repeat the command line by hand and nothing checks
+them, while the probe runs the program as submitted. When both give a figure and they differ by more than
+``DISAGREE_FRACTION`` of the probe's, a warning says so (the probe's figure is used either way).
+
+Each source is asked once per GPU model of the job's partitions; the largest figure of a source counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
+
+DISAGREE_FRACTION = 0.20  # directives vs probe: more than this apart (of the probe's figure) -> a warning
+
+EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]
+"""``(spec, GPU model) -> Estimate`` of the ``#COLOC`` model without history, or None when it did not finish in
+time; may raise ``EstimateError``."""
+ProbeFn = Callable[[str], "ProbeAnswer"]
+"""``GPU model -> ProbeAnswer``: the script probe's answer for that GPU model (never raises for a program that
+cannot be probed)."""
+HistoryFn = Callable[[], Sequence[int]]
+"""``() -> MiB`` that earlier runs of this script were shown to need (empty: none)."""
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What the probe said, as the decision needs it (``cli/sbatch.py`` builds it from ``probe.ProbeResult``).
+
+    Attributes:
+        estimate: the figure (method ``probe``), or None when the probe fell back.
+        ran: one line: what the probe ran and saw.
+        reason: why there is no figure ("" with one).
+        log_tail: the last lines of the program's output (for ``--explain``).
+        outside_writes: paths the program opened for writing outside the probe's scratch directory.
+        cached: the answer came from the per-user probe cache.
+        wall_s: seconds the probe took.
+        scratch_files: files the program wrote in the probe's scratch copy of the working directory (removed).
+    """
+
+    estimate: Optional[Estimate]
+    ran: str
+    reason: str = ""
+    log_tail: Tuple[str, ...] = ()
+    outside_writes: Tuple[str, ...] = ()
+    cached: bool = False
+    wall_s: float = 0.0
+    scratch_files: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source's figure, or why it has none.
+
+    Attributes:
+        name: ``override`` | ``probe`` | ``directives`` | ``history`` | ``whole-gpu``.
+        mem_mib: its figure (MiB), or None.
+        note: what the figure is (``analytic on H100``), or why there is none.
+    """
+
+    name: str
+    mem_mib: Optional[int]
+    note: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chosen figure and the reasons.
+
+    Attributes:
+        mem_mib: the figure (MiB; headroom not included), or None: a whole GPU.
+        method: ``override`` | ``probe`` | the estimator's method (``analytic``) | ``history`` | None.
+        gpu_model: the GPU model the figure is for (None for an override or no figure).
+        why: one line: why this source won (or why there is no figure).
+        sources: every source in order, with its figure or the reason it has none.
+        warnings: one-line warnings for stderr (the directives/probe disagreement).
+        timed_out: the directives' estimate did not finish within ``estimate_timeout_s``.
+        probe: the probe's answer, or None when it did not run.
+    """
+
+    mem_mib: Optional[int]
+    method: Optional[str]
+    gpu_model: Optional[str]
+    why: str
+    sources: Tuple[Source, ...]
+    warnings: Tuple[str, ...] = ()
+    timed_out: bool = False
+    probe: Optional[ProbeAnswer] = field(default=None)
+
+
+def _largest(found: List[Tuple[Optional[Estimate], str]]) -> Tuple[Estimate, str]:
+    est, name = max(found, key=lambda pair: pair[0].mem_mib)  # type: ignore[union-attr]
+    assert est is not None
+    return est, est.gpu_model or name
+
+
+def decide(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Sequence[str], *,
+           estimate_fn: Optional[EstimateFn] = None, probe_fn: Optional[ProbeFn] = None,
+           history_fn: Optional[HistoryFn] = None, probe_off_reason: str = "",
+           estimate_timeout_s: float = 60.0) -> Decision:
+    """Choose the figure (module rule) and say why.
+
+    Args:
+        override_mib: ``--coloc-mem``/``#COLOC mem=`` in MiB, or None.
+        spec: the ``#COLOC model=`` spec, or None.
+        gpu_names: the GPU models of the job's partitions (``plan.gpu_models``), at least one.
+        estimate_fn: the directives' estimator (without history); None: no estimate.
+        probe_fn: the script probe; None: no probe (``probe_off_reason`` says why).
+        history_fn: the script's history; None: no history.
+        probe_off_reason: why ``probe_fn`` is None (``config probe: off``, ``--wrap``).
+        estimate_timeout_s: for the words of a timed-out estimate.
+
+    Raises:
+        EstimateError: raised by ``estimate_fn`` (a bad ``#COLOC`` model).
+    """
+    if override_mib is not None:
+        skipped = "not consulted: the override wins"
+        sources = (Source("override", override_mib, "--coloc-mem / #COLOC mem= (exact, no headroom)"),
+                   Source("probe", None, skipped), Source("directives", None, skipped),
+                   Source("history", None, skipped), Source("whole-gpu", None, skipped))
+        return Decision(override_mib, "override", None, "an override is the fence you asked for, exactly", sources)
+
+    timed_out = False
+    directive: Optional[Tuple[Estimate, str]] = None
+    if spec is None:
+        dir_src = Source("directives", None, "no #COLOC model= line")
+    elif estimate_fn is None:
+        dir_src = Source("directives", None, "no estimator here")
+    else:
+        found = [(estimate_fn(spec, name), name) for name in gpu_names]
+        if any(e is None for e, _ in found):
+            timed_out = True
+            dir_src = Source("directives", None, f"the estimate of {spec.model} did not finish within "
+                                                 f"estimate_timeout_s ({estimate_timeout_s:g} s)")
+        else:
+            directive = _largest(found)
+            dir_src = Source("directives", directive[0].mem_mib,
+                             f"{directive[0].method} of {spec.model} on {directive[1]}")
+
+    answer: Optional[ProbeAnswer] = None
+    probed: Optional[Tuple[Estimate, str]] = None
+    if probe_fn is None:
+        probe_src = Source("probe", None, probe_off_reason or "off")
+    else:
+        answers = [(probe_fn(name), name) for name in gpu_names]
+        answer = answers[0][0]
+        if all(a.estimate is not None for a, _ in answers):
+            probed = _largest([(a.estimate, name) for a, name in answers])
+            precision = probed[0].detail.get("precision")
+            probe_src = Source("probe", probed[0].mem_mib,
+                               f"probe on {probed[1]}{f' ({precision})' if precision else ''}"
+                               f"{', cached' if answer.cached else ''}")
+        else:
+            failed = next(a for a, _ in answers if a.estimate is None)
+            probe_src = Source("probe", None, failed.reason or "no figure")
+
+    warnings: List[str] = []
+    base, base_name, why = None, "", ""
+    if probed is not None:
+        base, base_name = probed, "probe"
+        why = "the probe ran the script's own program: it ranks first after an override"
+        if directive is not None:
+            p, d = probed[0].mem_mib, directive[0].mem_mib
+            off = (d - p) / max(p, 1)
+            if abs(off) > DISAGREE_FRACTION:
+                warnings.append(f"the #COLOC model estimate ({d} MiB) is {off:+.0%} off the probe of the script's "
+                                f"program ({p} MiB): using the probe's figure (check the #COLOC lines against "
+                                f"the command line; --explain shows both)")
+                why = f"the probe and the directives differ by {off:+.0%} (> {DISAGREE_FRACTION:.0%}): the probe wins"
+            else:
+                why = f"the probe ranks above the directives (within {DISAGREE_FRACTION:.0%} of each other: {off:+.0%})"
+    elif directive is not None:
+        base, base_name = directive, "directives"
+        why = f"the directives' estimate (the probe has none: {probe_src.note})"
+
+    from slurm_coloc.estimate.combine import history_bound
+
+    values = [int(h) for h in (history_fn() if history_fn is not None else []) if h and int(h) > 0]
+    hist = history_bound(values)
+    hist_src = Source("history", hist, f"max {max(values)} MiB of {len(values)} earlier run(s) x 1.05 + 64"
+                      if hist is not None else "no earlier run of this script recorded")
+    mem: Optional[int] = None
+    method: Optional[str] = None
+    gpu: Optional[str] = None
+    if base is not None and hist is not None:
+        est, gpu = base
+        floor = int(est.detail.get("trace_floor_mib") or est.mem_mib)  # a figure without a floor: only raised
+        mem, method = max(hist, floor), "history"
+        verb = "raised" if mem > est.mem_mib else "lowered" if mem < est.mem_mib else "kept"
+        why = (f"history {verb} the {base_name} figure ({est.mem_mib} MiB) to {mem} MiB"
+               f"{' (its trace floor)' if mem == floor and hist < floor else ''}")
+    elif base is not None:
+        est, gpu = base
+        mem, method = est.mem_mib, est.method
+    elif hist is not None:
+        mem, method, why = hist, "history", "only history: no probe or directive figure"
+    else:
+        why = "no source gave a figure: a whole GPU"
+    whole_src = Source("whole-gpu", None, "not needed" if mem is not None else "the fallback: a whole GPU")
+    sources = (Source("override", None, "no --coloc-mem / #COLOC mem="), probe_src, dir_src, hist_src, whole_src)
+    return Decision(mem, method, gpu, why, sources, tuple(warnings), timed_out and mem is None, answer)
+
+
+
+def explain_lines(decision: Decision) -> List[str]:
+    """``coloc-sbatch --explain``: each source's figure or why it has none, the winner and why, and the probe's
+    "what it ran", the tail of its log and its writes outside the scratch directory. Lines without a newline."""
+    out = ["GPU memory sources, in order (docs/user.md, \"How your GPU request is translated\"):"]
+    for i, src in enumerate(decision.sources, start=1):
+        fig = f"{src.mem_mib:,} MiB" if src.mem_mib is not None else "-"
+        out.append(f"  {i}. {src.name:<10} {fig:>11}  {src.note}")
+    chosen = f"{decision.method} {decision.mem_mib:,} MiB" if decision.mem_mib is not None else "a whole GPU"
+    out.append(f"chosen: {chosen}: {decision.why}")
+    probe = decision.probe
+    if probe is not None:
+        out.append(f"probe: {probe.ran}{' (cached)' if probe.cached else f' in {probe.wall_s:.1f} s'}")
+        if probe.reason:
+            out.append(f"probe: no figure: {probe.reason}")
+        writes = ", ".join(probe.outside_writes[:10]) + (" ..." if len(probe.outside_writes) > 10 else "")
+        out.append(f"probe: writes outside its scratch directory: {writes or 'none'}")
+        if probe.scratch_files:
+            kept = ", ".join(probe.scratch_files[:10]) + (" ..." if len(probe.scratch_files) > 10 else "")
+            out.append(f"probe: files it wrote in its scratch copy of the working directory (removed): {kept}")
+        if probe.log_tail:
+            out.append(f"probe: the program's output (last {len(probe.log_tail)} lines):")
+            out.extend(f"  | {line}" for line in probe.log_tail)
+        elif not probe.cached:
+            out.append("probe: the program printed nothing")
+    return out
