@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
+from slurm_coloc.report import diagnose
 from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.units import format_mib
@@ -100,7 +101,14 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
             continue
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
-    return [flag_waste(add_usage(j, report, cfg, util), cfg) for j in picked]
+    return [add_findings(flag_waste(add_usage(j, report, cfg, util), cfg), cfg) for j in picked]
+
+
+def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
+    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first; ``series``: its samples
+    (``coloc-report advise``), used where the Epilog summary lacks a figure."""
+    d = diagnose.diagnose(job, cfg, series)
+    return replace(job, findings=[f.to_json() for f in d.findings])
 
 
 def flag_waste(job: JobView, cfg: Config) -> JobView:
