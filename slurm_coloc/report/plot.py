@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report.summarize import JobView, Report
@@ -33,7 +33,19 @@ def _dt(ts: float) -> datetime.datetime:
 
 def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
              viewer: Viewer, t0: float, t1: float, total_mib: object, path: Path) -> Path:
-    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as labelled bars below."""
+    """Write ``timeline_figure`` to ``path`` (PNG)."""
+    plt = _plt()
+    fig = timeline_figure(node, gpu, series, jobs, viewer, t0, t1, total_mib)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
+                    viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
+    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
+    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
+    that finds no free lane gets an unlabelled bar and the panel's title counts it. Returns the matplotlib figure."""
     plt = _plt()
     fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
                                                  gridspec_kw={"height_ratios": [3, 3, 2]})
@@ -105,9 +117,7 @@ def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]]
                  f"  (bars: jobs; red = OOM, orange = wasteful)")
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def scatter(jobs: Sequence[JobView], path: Path) -> Path:
@@ -154,6 +164,23 @@ def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence
     return max(w0, lo - pad), min(w1, hi + pad)
 
 
+def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: float
+                ) -> Tuple[float, float, Dict[Tuple[str, int], List[Tuple[float, object, object]]],
+                           Dict[Tuple[str, int], float]]:
+    """The timelines' time axis (``fit_window`` of the window to its samples and jobs) and their series
+    ``{(node, gpu): [(ts, mem MiB, SM activity %)]}`` and GPU totals (MiB), fetched again at the finer resolution
+    when the fitted axis is less than half the window."""
+    w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts), default=now - 86400)
+    w1 = flt.until if flt.until is not None else now
+    per_gpu, totals = _series(report, flt, w0, w1)
+    t0, t1 = fit_window(w0, w1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])],
+                        [(j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
+                         if j.start_ts is not None])
+    if (t1 - t0) < 0.5 * (w1 - w0):
+        per_gpu, totals = _series(report, flt, t0, t1)
+    return t0, t1, per_gpu, totals
+
+
 def _series(report: Report, flt: Filters, t0: float, t1: float
             ) -> Tuple[Dict[Tuple[str, int], List[Tuple[float, object, object]]], Dict[Tuple[str, int], float]]:
     bucket_s = max((t1 - t0) / MAX_POINTS, 1.0)
@@ -182,14 +209,7 @@ def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
             raise OSError("not writable")
     except OSError as exc:
         raise ColocError(f"cannot write plots to {out_dir!r}: {exc}") from None
-    w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts), default=now - 86400)
-    w1 = flt.until if flt.until is not None else now
-    per_gpu, totals = _series(report, flt, w0, w1)
-    t0, t1 = fit_window(w0, w1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])],
-                        [(j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
-                         if j.start_ts is not None])
-    if (t1 - t0) < 0.5 * (w1 - w0):  # much narrower: fetch again at the finer resolution
-        per_gpu, totals = _series(report, flt, t0, t1)
+    t0, t1, per_gpu, totals = plot_window(report, jobs, flt, now)
     keys = set(per_gpu) | {k for j in jobs for k in j.gpu_list if not flt.nodes or k[0] in flt.nodes}
     files = [timeline(n, g, per_gpu.get((n, g), []), jobs, viewer, t0, t1, totals.get((n, g)),
                       out / f"timeline-{n}-gpu{g}.png") for n, g in sorted(keys)]
