@@ -173,11 +173,11 @@ def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: floa
     w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts), default=now - 86400)
     w1 = flt.until if flt.until is not None else now
     per_gpu, totals = _series(report, flt, w0, w1)
-    t0, t1 = fit_window(w0, w1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])],
-                        [(j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
-                         if j.start_ts is not None])
-    if (t1 - t0) < 0.5 * (w1 - w0):
+    spans = [(j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs if j.start_ts is not None]
+    t0, t1 = fit_window(w0, w1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])], spans)
+    if (t1 - t0) < 0.5 * (w1 - w0):  # coarse buckets start early: fit again on the finer series
         per_gpu, totals = _series(report, flt, t0, t1)
+        t0, t1 = fit_window(t0, t1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])], spans)
     return t0, t1, per_gpu, totals
 
 
