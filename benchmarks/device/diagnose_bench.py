@@ -2,7 +2,7 @@
 findings of ``coloc-report`` (``slurm_coloc/report/diagnose.py``) against the planted problem.
 
 Usage (root, on the machine where ``cluster_gpu.sh start`` ran; fits one 9-minute device call):
-  python3 diagnose_bench.py --out $OUT run [--measure-s 40]
+  python3 diagnose_bench.py --out $OUT run [--measure-s 35]
   python3 diagnose_bench.py --out $OUT calibrate [--measure-s 20]    # no Slurm: GPM figures of each job alone
 
 ``run`` submits, one after another (each alone on the GPU: GPM metrics are per GPU), as ``colocuser`` through
@@ -12,6 +12,10 @@ coloc-sbatch: input_bound, fp32_matmul, tiny_batch (``diag_jobs.py``), over_requ
 (a table: job, planted problem, findings, pass/fail: the first finding must be the planted one, healthy jobs must
 have none) and the advise PNGs (at most 6). ``COLOC_BENCH_FAKE_GPUS=1`` (cluster_gpu.sh) runs the Slurm parts on a
 CPU-only host: the jobs then run on the CPU, have no GPU samples and get no finding ("evidence thin").
+
+Device call (carry ``.carry`` from build_bundle.sh; about 7 minutes):
+  benchmarks/device/cluster_gpu.sh start && /opt/coloc/venv/bin/python3 \
+      /opt/coloc/src/benchmarks/device/diagnose_bench.py --out $OUT run
 """
 from __future__ import annotations
 
@@ -204,8 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/coloc-out"))
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--measure-s", type=float, default=40.0)
-    r.add_argument("--budget-s", type=float, default=430.0, help="submit no new job after this many seconds")
+    r.add_argument("--measure-s", type=float, default=35.0)
+    r.add_argument("--budget-s", type=float, default=400.0, help="submit no new job after this many seconds")
     c = sub.add_parser("calibrate")
     c.add_argument("--measure-s", type=float, default=20.0)
     a = ap.parse_args(argv)

@@ -257,13 +257,15 @@ def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Pat
         end = job.end_ts if job.end_ts is not None else max((float(r["ts"]) for r in series),  # type: ignore
                                                             default=job.start_ts + 60)
         ax_mem.set_xlim(_dt(job.start_ts), _dt(max(end, job.start_ts + 1)))
-    text = "\n".join(f"{i}. {f['name']}: {f['evidence']}" for i, f in enumerate(job.findings, 1)) \
-        or "no finding: nothing in the recorded figures points at a problem"
+    lines = [x for i, f in enumerate(job.findings, 1)
+             for x in (f"{i}. {f['name']}: {f['evidence']}", f"    try: {f['suggestion']}")] \
+        or ["no finding: nothing in the recorded figures points at a problem"]
+    text = "\n".join(lines)
     fig.suptitle(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): what its GPU did", fontsize=11)
     fig.text(0.01, 0.955, text, fontsize=8, va="top", ha="left", wrap=True,
              color="tab:red" if job.findings else "dimgrey")
     fig.autofmt_xdate()
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.tight_layout(rect=(0, 0, 1, 0.94 - 0.022 * len(lines)))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
