@@ -297,8 +297,8 @@ def _validate(cfg: Config) -> Config:
     pcts = [f.name for f in fields(Config) if f.name.startswith("diag_") and f.name.endswith("_pct")]
     if any(not 0 <= getattr(cfg, n) <= 100 for n in pcts) or cfg.diag_min_runtime_s < 0 or cfg.diag_min_samples < 1 \
             or cfg.diag_small_batch < 1 or cfg.diag_over_request_ratio <= 1:
-        raise ConfigError(f"config: {', '.join(pcts)} must be in 0..100, diag_min_runtime_s >= 0, diag_min_samples and "
-                          "diag_small_batch >= 1, diag_over_request_ratio > 1")
+        raise ConfigError(f"config: {', '.join(pcts)} must be in 0..100, diag_min_runtime_s >= 0, "
+                          "diag_min_samples and diag_small_batch >= 1, diag_over_request_ratio > 1")
     return cfg
 
 

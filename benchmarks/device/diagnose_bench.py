@@ -182,8 +182,8 @@ def calibrate(a: argparse.Namespace) -> int:
         bench_line = next((ln for ln in (proc.stdout.read() if proc.stdout else "").splitlines()
                            if ln.startswith("COLOC_BENCH ")), "")
 
-        def col(i: int) -> List[float]:
-            return [float(s[i]) for s in samples if s[i] is not None]
+        def col(i: int, rows: List[Any] = samples) -> List[float]:
+            return [float(s[i]) for s in rows if s[i] is not None]
 
         def mean(xs: List[float]) -> Optional[float]:
             return round(sum(xs) / len(xs), 2) if xs else None
