@@ -59,6 +59,12 @@ class Config:
         report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
         report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
+        diag_*: thresholds of the per-job findings of coloc-report (report/diagnose.py; docs/report.md, "Findings"):
+            ``diag_min_runtime_s`` / ``diag_min_samples`` (shorter or fewer: no finding), ``diag_idle_smact_pct``
+            (a sample below this SM activity is idle), ``diag_input_bound_smact_pct`` /
+            ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` / ``diag_no_tensor_max_tensor_pct``,
+            ``diag_low_occupancy_smocc_pct`` / ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``,
+            ``diag_over_request_ratio`` (request / (peak + headroom) at or above this).
         exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
         exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the node's
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
@@ -128,6 +134,17 @@ class Config:
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
+    diag_min_runtime_s: float = 30.0
+    diag_min_samples: int = 20
+    diag_idle_smact_pct: float = 1.0
+    diag_input_bound_smact_pct: float = 10.0
+    diag_input_bound_idle_pct: float = 30.0
+    diag_no_tensor_min_smact_pct: float = 40.0
+    diag_no_tensor_max_tensor_pct: float = 1.0
+    diag_low_occupancy_smocc_pct: float = 10.0
+    diag_low_occupancy_min_smact_pct: float = 5.0
+    diag_small_batch: int = 8
+    diag_over_request_ratio: float = 2.0
     exporter_port: int = 9466
     exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
@@ -286,6 +303,11 @@ def _validate(cfg: Config) -> Config:
     if cfg.oom_rerun_per_user_max < 0 or cfg.oom_rerun_window_s <= 0 or not 0 <= cfg.oom_rerun_tolerance_pct <= 100:
         raise ConfigError("config: need oom_rerun_per_user_max >= 0, oom_rerun_window_s > 0 and "
                           "0 <= oom_rerun_tolerance_pct <= 100")
+    pcts = [f.name for f in fields(Config) if f.name.startswith("diag_") and f.name.endswith("_pct")]
+    if any(not 0 <= getattr(cfg, n) <= 100 for n in pcts) or cfg.diag_min_runtime_s < 0 or cfg.diag_min_samples < 1 \
+            or cfg.diag_small_batch < 1 or cfg.diag_over_request_ratio <= 1:
+        raise ConfigError(f"config: {', '.join(pcts)} must be in 0..100, diag_min_runtime_s >= 0, "
+                          "diag_min_samples and diag_small_batch >= 1, diag_over_request_ratio > 1")
     return cfg
 
 

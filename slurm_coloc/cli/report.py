@@ -140,6 +140,7 @@ def cli() -> None:
       coloc-report users --since 30d --csv
       coloc-report gpus --node n1 --json
       coloc-report plot --since 1d --out /tmp/coloc-plots
+      coloc-report advise 4242 --out /tmp/coloc-plots
     """
 
 
@@ -184,6 +185,63 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
     for f in files:
         click.echo(f)
     for p in report.problems:
+        click.echo(f"note: {p}", err=True)
+
+
+@cli.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("job_id", type=int)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="YAML config.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the job's timeline as <out>/advise-<job id>.png (created).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {job, findings, notes, png, problems}.")
+def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_json: bool) -> None:
+    """Why one job's GPU share sat idle and what to change: every finding with its evidence and one suggestion,
+    and with --out a timeline of its SM activity/occupancy, tensor and DRAM activity and memory vs grant.
+
+    Your own jobs only, unless you are root or in the admin group (answered by the reader service when you cannot
+    read the databases).
+
+    \b
+    Example:
+      coloc-report advise 4242 --out /tmp/plots
+      coloc-report advise 4242 --json
+    """
+    try:
+        cfg = config_mod.load(config_path)
+        viewer = views.current_viewer(cfg)
+        if _direct_read_allowed(cfg, viewer):
+            data = query.advise(cfg, job_id, viewer)
+        else:
+            data = reader.ask(reader.socket_path(cfg), {"op": "advise", "job_id": job_id})
+            if not data.get("ok"):
+                err = ColocError(str(data.get("error") or "the reader refused the request"))
+                err.exit_code = int(data.get("exit_code") or 2)
+                raise err
+        job = query.jobs_from_json([data["job"]])[0]
+        png = None
+        if out_dir is not None:
+            from slurm_coloc.report import plot as plot_mod
+
+            out = Path(out_dir)
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ColocError(f"cannot write the plot to {out_dir!r}: {exc}") from None
+            png = str(plot_mod.advise_timeline(job, data.get("series") or [], out / f"advise-{job_id}.png"))
+    except ColocError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"job": data["job"], "findings": data["job"].get("findings", []),
+                               "notes": data.get("notes", []), "png": png, "problems": data.get("problems", [])},
+                              default=str))
+        return
+    from slurm_coloc.report import render
+
+    render.advice(job, data.get("notes") or [], png)
+    for p in data.get("problems") or []:
         click.echo(f"note: {p}", err=True)
 
 

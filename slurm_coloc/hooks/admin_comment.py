@@ -5,7 +5,8 @@ Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/repo
 ``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
 ``smocc``/``smocc_p95`` SM activity/occupancy %, ``kwh``, ``gpu_h``, ``oom``, ``retry`` (retry job id),
 ``watchdog`` (why the sampler's watchdog stopped the job, in words), ``waste`` (codes ``low-smact``,
-``unused-mem``), ``measured`` (false: the node summary was not there yet or no samples).
+``unused-mem``), ``finding`` (the top finding of report/diagnose.py: ``input-bound``, ``no-tensor-cores``,
+``low-occupancy``, ``over-request``), ``measured`` (false: the node summary was not there yet or no samples).
 Absent keys were not recorded. Kept under ``MAX_CHARS``.
 """
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.report.summarize import JobView, Report, add_usage
-from slurm_coloc.report.views import flag_waste
+from slurm_coloc.report.summarize import JobView, Report, add_usage, spec_fields
+from slurm_coloc.report.views import add_findings, flag_waste
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import expand_hostlist
@@ -71,7 +72,8 @@ def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
         shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
         estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
         state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
-        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None)
+        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None,
+        **spec_fields(row.get("spec_json")))  # type: ignore[arg-type]
     return view, report
 
 
@@ -92,7 +94,8 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
         "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
         "retry": view.retry_job_id, "watchdog": view.watchdog, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
-        "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None}
+        "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None,
+        "finding": view.findings[0]["name"] if view.findings else None}
     return {k: v for k, v in d.items() if v is not None}
 
 
@@ -107,7 +110,7 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
         time.sleep(0.25)
     if view is None:
         return None
-    full = flag_waste(add_usage(view, report, cfg), cfg)
+    full = add_findings(flag_waste(add_usage(view, report, cfg), cfg), cfg)
     d = summary_dict(full)
     text = json.dumps(d, separators=(",", ":"))
     if len(text) > MAX_CHARS:  # long job names cannot get here; only the waste list can grow: drop it

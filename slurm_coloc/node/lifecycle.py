@@ -91,7 +91,8 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         t0 = start_ts if start_ts else end - 86400
         summary = summarize(job_id, node, list(gpus), start_ts, end,
                             store_samples.load_gpu_samples(db, t0, end, list(gpus)),
-                            store_samples.load_proc_samples(db, t0, end, list(gpus)))
+                            store_samples.load_proc_samples(db, t0, end, list(gpus)),
+                            idle_smact_pct=cfg.diag_idle_smact_pct)
         store_samples.record_summary(db, summary)
         out["summary"] = {"peak_mem_mib": summary.peak_mem_mib, "n_samples": summary.n_samples}
     return out

@@ -30,11 +30,15 @@ def _mean(xs: List[float]) -> Optional[float]:
 
 
 def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[float], end_ts: Optional[float],
-              gpu_rows: Sequence[Dict[str, Any]], proc_rows: Sequence[Dict[str, Any]]) -> JobSummary:
+              gpu_rows: Sequence[Dict[str, Any]], proc_rows: Sequence[Dict[str, Any]],
+              idle_smact_pct: float = 1.0) -> JobSummary:
     """Summarize ``job_id`` from sample rows of its GPUs within [start_ts, end_ts].
 
     Args:
         gpu_rows / proc_rows: rows of ``gpu_samples`` / ``proc_samples`` (all jobs' processes on those GPUs).
+        idle_smact_pct: a sample with SM activity below this (%) counts as idle in ``smact_idle_pct``, which is
+            taken over the samples with a process of the job on that GPU (start-up before the CUDA context and
+            the exit are left out).
 
     Returns:
         A ``JobSummary``; metrics without samples are None.
@@ -48,6 +52,11 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
             mem_at[p["ts"]] += float(p["used_mem_mib"])
     smact = [float(r["smact_pct"]) for r in gpu_rows if r.get("smact_pct") is not None]
     smocc = [float(r["smocc_pct"]) for r in gpu_rows if r.get("smocc_pct") is not None]
+    tensor = [float(r["tensor_pct"]) for r in gpu_rows if r.get("tensor_pct") is not None]
+    dram = [float(r["dram_bw_pct"]) for r in gpu_rows if r.get("dram_bw_pct") is not None]
+    mine = {(p["gpu_index"], p["ts"]) for p in proc_rows if p.get("job_id") == job_id}
+    active = [float(r["smact_pct"]) for r in gpu_rows if (r["gpu_index"], r["ts"]) in mine
+              and r.get("smact_pct") is not None]
     energy = gpu_s = 0.0
     have_energy = False
     by_gpu: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
@@ -76,7 +85,11 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
                       end_ts=end_ts, peak_mem_mib=max(mem_at.values()) if mem_at else None,
                       smact_mean=_mean(smact), smact_p95=percentile(smact, 95), smocc_mean=_mean(smocc),
                       smocc_p95=percentile(smocc, 95), energy_j=round(energy, 3) if have_energy else None,
-                      gpu_s=round(gpu_s, 3) if gpu_rows else None, n_samples=len(gpu_rows))
+                      gpu_s=round(gpu_s, 3) if gpu_rows else None, n_samples=len(gpu_rows),
+                      tensor_mean=_mean(tensor), dram_mean=_mean(dram),
+                      smact_idle_pct=(100.0 * sum(1 for x in active if x < idle_smact_pct) / len(active)
+                                      if active else None),
+                      active_samples=sum(1 for r in gpu_rows if (r["gpu_index"], r["ts"]) in mine))
 
 
 def _share(job_id: int, procs: List[Dict[str, Any]]) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report import views
-from slurm_coloc.report.summarize import JobView, Report, load_report
+from slurm_coloc.report.summarize import JobView, Report, add_usage, load_report
 from slurm_coloc.report.timespec import parse_when
 
 VIEWS = ("jobs", "users", "gpus", "nodes", "cluster")
@@ -126,11 +126,34 @@ def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any
     return {"ok": True, "history_mib": [int(v) for v in script_history_mib(cfg, sha, uid=uid)]}
 
 
+def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] = None) -> Dict[str, Any]:
+    """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with its
+    findings, "series": its samples (``views.job_series``), "notes": what a rule could not judge, "problems"}``.
+
+    Raises:
+        ColocError: the job is not recorded, or is another user's and ``viewer`` does not see all jobs.
+    """
+    from slurm_coloc.report import diagnose
+
+    now = time.time() if now is None else now
+    report = load_report(cfg)
+    job = next((j for j in report.jobs if j.job_id == job_id), None)
+    if job is None or not (viewer.sees_all or job.user == viewer.name):
+        raise ColocError(f"job {job_id} is not recorded" + ("" if viewer.sees_all else f" as one of {viewer.name}'s"),
+                         hint="coloc-report jobs --since 30d lists the jobs you can see")
+    job = views.flag_waste(add_usage(job, report, cfg, None), cfg)
+    series = views.job_series(report, job, now)
+    job = views.add_findings(job, cfg, series)
+    notes = list(diagnose.diagnose(job, cfg, series).notes)
+    return {"ok": True, "job": job.to_json(), "series": series, "notes": notes, "problems": report.problems}
+
+
 def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     """The reader service's answer to ``request`` from the process of ``uid`` (from ``SO_PEERCRED``).
 
     ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose user
-    cannot read the databases); any other request is a report ``Query``.
+    cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples (``advise``), only
+    for the caller's own jobs unless the caller sees all; any other request is a report ``Query``.
 
     Returns:
         ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as ``JobView.to_json``,
@@ -140,6 +163,11 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     try:
         if isinstance(request, dict) and request.get("op") == "history":
             return _history(cfg, request, uid)
+        if isinstance(request, dict) and request.get("op") == "advise":
+            job_id = request.get("job_id")
+            if not isinstance(job_id, int) or isinstance(job_id, bool) or job_id < 0:
+                raise ColocError("bad request: job_id must be a non-negative integer")
+            return advise(cfg, job_id, views.current_viewer(cfg, uid=uid))
         q = query_from_json(request)
         report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:

@@ -88,8 +88,8 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
     """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
     console = Console(file=file, width=220)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
-               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone")
-    left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start"}
+               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone", "finding")
+    left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start", "finding"}
     rows = []
     for j in jobs:
         exit_text = "" if not j.exit_code and not j.signal else f" {j.exit_code}:{j.signal or 0}"
@@ -98,7 +98,7 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
             format_mib(j.estimate_mib), format_mib(j.peak_mem_mib), _err(j), format_mib(j.unused_mib),
             _num(0)(j.util_mean), _pair(j.smact_mean, j.smact_p95), _pair(j.smocc_mean, j.smocc_p95),
             _num(3)(j.gpu_hours), _num(4)(j.energy_kwh), (j.state or "-") + exit_text, _oom(j), _when(j.start_ts),
-            _duration(j.runtime_s), _alone(j)))
+            _duration(j.runtime_s), _alone(j), j.findings[0]["name"] if j.findings else "-"))
     _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %, vs alone = runtime alone "
                    "from history / runtime)", headers,
           [h not in left for h in headers], rows)
@@ -107,10 +107,37 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
             console.print(f"job {j.job_id} {j.watchdog}", markup=False, highlight=False)
         for w in j.waste:
             console.print(f"job {j.job_id} wasteful: {w}", markup=False, highlight=False)
+        if j.findings:
+            f = j.findings[0]
+            more = f" (+{len(j.findings) - 1} more: coloc-report advise {j.job_id})" if len(j.findings) > 1 else ""
+            console.print(f"job {j.job_id} {f['name']}: {f['evidence']}. Try: {f['suggestion']}{more}",
+                          markup=False, highlight=False)
     for j in jobs:
         if j.notes:
             console.print(f"job {j.job_id}: {'; '.join(j.notes)}", markup=False, highlight=False, style="dim")
     _problems(console, problems)
+
+
+def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optional[IO[str]] = None) -> None:
+    """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the notes."""
+    console = Console(file=file, width=200)
+    out = console.print
+    out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran {_duration(job.runtime_s)} "
+        f"on {job.gpus or job.nodes or '-'}; request {format_mib(job.requested_mib)}, peak "
+        f"{format_mib(job.peak_mem_mib)}; SM activity {_pair(job.smact_mean, job.smact_p95)} % (mean/p95), "
+        f"SM occupancy {_pair(job.smocc_mean, job.smocc_p95)} %, tensor "
+        f"{'-' if job.tensor_mean is None else f'{job.tensor_mean:.1f}'} %, DRAM "
+        f"{'-' if job.dram_mean is None else f'{job.dram_mean:.1f}'} %; batch {job.batch_size or '-'}, "
+        f"precision {job.precision or '-'}", markup=False, highlight=False)
+    if not job.findings:
+        out("no finding: nothing in the recorded figures points at a problem", markup=False, highlight=False)
+    for i, f in enumerate(job.findings, 1):
+        out(f"{i}. {f['name']}: {f['evidence']}", markup=False, highlight=False)
+        out(f"   try: {f['suggestion']}", markup=False, highlight=False)
+    for n in notes:
+        out(f"note: {n}", markup=False, highlight=False, style="dim")
+    if png:
+        out(f"timeline: {png}", markup=False, highlight=False)
 
 
 def _problems(console: Console, problems: Sequence[str]) -> None:

@@ -7,6 +7,7 @@ and the sampler's tables (``store/samples.py``); what was not recorded stays Non
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -38,6 +39,9 @@ class JobView:
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes`` what
     was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
     ``alone_runtime_s``, ``rate_vs_alone``: collocation figures (``report/alone.py``).
+    was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
+    activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
+    ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
     """
 
     job_id: int
@@ -79,6 +83,13 @@ class JobView:
     shared_gpu: Optional[bool] = None
     alone_runtime_s: Optional[float] = None
     rate_vs_alone: Optional[float] = None
+    tensor_mean: Optional[float] = None
+    dram_mean: Optional[float] = None
+    smact_idle_pct: Optional[float] = None
+    active_samples: Optional[int] = None
+    batch_size: Optional[int] = None
+    precision: Optional[str] = None
+    findings: List[Dict[str, str]] = field(default_factory=list)
 
     @property
     def runtime_s(self) -> Optional[float]:
@@ -100,6 +111,7 @@ class JobView:
         """JSON-able dict including ``runtime_s``."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}
         d["waste"], d["notes"] = list(self.waste), list(self.notes)
+        d["findings"] = [dict(f) for f in self.findings]
         d["runtime_s"] = self.runtime_s
         return d
 
@@ -194,7 +206,8 @@ def load_report(cfg: Config) -> Report:
             estimate_mib=c.estimate_mib if c else None, estimate_method=c.estimate_method if c else None,
             state=state, exit_code=exit_code, signal=signal,
             start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None,
-            signature=_signature(c.coloc_json if c else None)))
+            signature=_signature(c.coloc_json if c else None),
+            **spec_fields(c.spec_json if c else None)))
     return report
 
 
@@ -208,6 +221,20 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
         return signature(json.loads(coloc_json)) if coloc_json else None
     except (TypeError, ValueError):
         return None
+
+
+def spec_fields(spec_json: Optional[str]) -> Dict[str, object]:
+    """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``); {} when absent or
+    malformed (the spec came with the job's comment, which its user writes: only these two typed values are read)."""
+    try:
+        spec = json.loads(spec_json) if spec_json else None
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(spec, dict):
+        return {}
+    batch, precision = spec.get("batch_size"), spec.get("precision")
+    return {"batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None,
+            "precision": precision[:16] if isinstance(precision, str) else None}
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
@@ -271,12 +298,15 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
     summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing
     peak = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
     smact_mean = smact_p95 = smocc_mean = smocc_p95 = util_mean = None
+    diag: Dict[str, object] = {}
     energy_j = _sum([s.energy_j for s in summaries])
     used_s = _sum([s.gpu_s for s in summaries])
     if summaries:
         first = max(summaries, key=lambda s: s.n_samples)
         smact_mean, smact_p95, smocc_mean, smocc_p95 = (first.smact_mean, first.smact_p95, first.smocc_mean,
                                                         first.smocc_p95)
+        diag = {"tensor_mean": first.tensor_mean, "dram_mean": first.dram_mean,
+                "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples}
     by_node: Dict[str, List[int]] = {}
     for node, idx in job.gpu_list:
         by_node.setdefault(node, []).append(idx)
@@ -335,4 +365,4 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         gpu_hours_used=None if used_s is None else used_s / 3600.0, oom=o is not None,
         retry_of=report.retry_of.get(job.job_id) or (o.retry_of if o else None),
         retry_status=o.retry_status if o else None, retry_job_id=o.retry_job_id if o else None,
-        retry_outcome=retry_outcome, watchdog=watchdog, notes=notes)
+        retry_outcome=retry_outcome, watchdog=watchdog, notes=notes, **diag)  # type: ignore[arg-type]

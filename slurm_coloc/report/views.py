@@ -21,9 +21,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.report import alone
+from slurm_coloc.report import diagnose
 from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
+from slurm_coloc.store import samples as store_samples
 from slurm_coloc.units import format_mib
 
 
@@ -105,7 +107,15 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
     rates = alone.alone_rates(report.jobs)  # history: every recorded job, not only the ones shown
-    return [flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg) for j in picked]
+    return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg), cfg)
+            for j in picked]
+
+
+def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
+    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first; ``series``: its samples
+    (``coloc-report advise``), used where the Epilog summary lacks a figure."""
+    d = diagnose.diagnose(job, cfg, series)
+    return replace(job, findings=[f.to_json() for f in d.findings])
 
 
 def flag_waste(job: JobView, cfg: Config) -> JobView:
@@ -126,6 +136,53 @@ def flag_waste(job: JobView, cfg: Config) -> JobView:
             reasons.append(f"memory far below request: peak {format_mib(job.peak_mem_mib)} of "
                            f"{format_mib(job.requested_mib)} requested ({unused_pct:.0f}% unused)")
     return replace(job, waste=reasons) if reasons else job
+
+
+MAX_SERIES_POINTS = 2000  # a longer job's samples are folded into this many buckets (mean of rates, max of memory)
+SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
+
+
+def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
+    """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct, dram_bw_pct,
+    job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that instant, None when it
+    had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets."""
+    if job.start_ts is None:
+        return []
+    t1 = job.end_ts if job.end_ts is not None else now
+    out: List[Dict[str, object]] = []
+    for node, gpu in job.gpu_list:
+        db = report.node_dbs.get(node)
+        if db is None:
+            continue
+        mem: Dict[Tuple[float, int], float] = {}
+        for p in store_samples.load_job_proc_samples(db, job.job_id):
+            if p.get("used_mem_mib") is not None:
+                key = (float(p["ts"]), int(p["gpu_index"]))
+                mem[key] = mem.get(key, 0.0) + float(p["used_mem_mib"])
+        rows = [{"ts": float(r["ts"]), "node": node, "gpu": gpu, **{k: r.get(k) for k in SERIES_KEYS},
+                 "job_mem_mib": mem.get((float(r["ts"]), gpu))}
+                for r in store_samples.load_gpu_samples(db, job.start_ts, t1, [gpu])]
+        out.extend(_fold_series(rows, job.start_ts, t1))
+    return sorted(out, key=lambda r: float(r["ts"]))  # type: ignore[arg-type]
+
+
+def _fold_series(rows: List[Dict[str, object]], t0: float, t1: float) -> List[Dict[str, object]]:
+    if len(rows) <= MAX_SERIES_POINTS:
+        return rows
+    width = max((t1 - t0) / MAX_SERIES_POINTS, 1e-3)
+    buckets: Dict[int, List[Dict[str, object]]] = {}
+    for r in rows:
+        buckets.setdefault(int((float(r["ts"]) - t0) / width), []).append(r)  # type: ignore[arg-type]
+    folded = []
+    for _, rs in sorted(buckets.items()):
+        row: Dict[str, object] = {"ts": rs[0]["ts"], "node": rs[0]["node"], "gpu": rs[0]["gpu"]}
+        for k in SERIES_KEYS:
+            vals = [float(r[k]) for r in rs if r.get(k) is not None]  # type: ignore[arg-type]
+            row[k] = sum(vals) / len(vals) if vals else None
+        mems = [float(r["job_mem_mib"]) for r in rs if r.get("job_mem_mib") is not None]  # type: ignore[arg-type]
+        row["job_mem_mib"] = max(mems) if mems else None
+        folded.append(row)
+    return folded
 
 
 def job_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
@@ -248,9 +305,15 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
     return [dict(node=node, **_fold(gs)) for node, gs in sorted(by.items())]
 
 
+def estimated(job: JobView) -> bool:
+    """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
+    (whose recorded "estimate" is the GPU's size)."""
+    return job.share_mode not in ("gpu", "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
+
+
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
     """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate error."""
-    errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None]
+    errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
     row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
                 "gpu_hours": _r(sum(j.gpu_hours or 0 for j in jobs)),

@@ -39,6 +39,10 @@ class JobSummary:
         smact_mean/p95, smocc_mean/p95: GPM SM activity/occupancy of the job's GPUs while it ran (%).
         energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to the job.
         n_samples: GPU sample rows the summary used.
+        tensor_mean, dram_mean: GPM tensor-core and DRAM bandwidth activity of the job's GPUs while it ran (%).
+        smact_idle_pct: share of the active samples (those with a process of the job on the GPU) whose SM activity
+            was below the idle threshold (``diag_idle_smact_pct``), in %.
+        active_samples: GPU sample rows with a process of the job on that GPU.
     """
 
     job_id: int
@@ -54,6 +58,10 @@ class JobSummary:
     energy_j: Optional[float]
     gpu_s: Optional[float]
     n_samples: int
+    tensor_mean: Optional[float] = None
+    dram_mean: Optional[float] = None
+    smact_idle_pct: Optional[float] = None
+    active_samples: Optional[int] = None
 
 
 def _r(v: Optional[float]) -> Optional[float]:

@@ -149,3 +149,14 @@ def m004_root_script_identity(db: Database) -> None:
         db.execute("UPDATE oom_events SET script_sha256 = NULL")
     db["jobs"].create_index(["uid", "script_sha256"])
     db["oom_events"].create_index(["uid", "ts"])
+
+
+@NODE()
+def m005_summary_diagnosis(db: Database) -> None:
+    """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the job's
+    GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many samples had a
+    process of the job on the GPU (``active_samples``); NULL for summaries written before."""
+    if db["job_summaries"].exists():
+        for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
+            db["job_summaries"].add_column(col, float)
+        db["job_summaries"].add_column("active_samples", int)

@@ -1,0 +1,216 @@
+"""Per-job findings (report/diagnose.py): the rules on figures measured on the H100, thin evidence, the summary's
+new figures, and the whole path through real SQLite files (coloc-report jobs/advise, the reader's advise op,
+AdminComment)."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.hooks import admin_comment
+from slurm_coloc.node.summary import summarize
+from slurm_coloc.nvml.readings import GpuReading, ProcReading
+from slurm_coloc.report import diagnose, query
+from slurm_coloc.report.summarize import JobView
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store import samples
+from slurm_coloc.store.db import open_ctld_db, open_node_db
+from tests.cluster import VENV_BIN
+
+CFG = config_mod.load("/dev/null", environ={})
+T0 = 1_700_000_000.0
+
+
+def view(**kw: Any) -> JobView:
+    base: Dict[str, Any] = dict(job_id=1, user="alice", name="j", nodes="n1", gpus="n1:0", shards=4,
+                                share_mode="shard", estimate_mib=4096, estimate_method="analytic", state="COMPLETED",
+                                exit_code=0, signal=0, start_ts=T0, end_ts=T0 + 60, requested_mib=4096.0,
+                                peak_mem_mib=2600.0, active_samples=80, smact_idle_pct=3.0, batch_size=32,
+                                precision="fp32")
+    base.update(kw)
+    return JobView(**base)
+
+
+# Figures of each job alone on the H100 (GPM at 0.5 s, benchmarks/device/diagnose_bench.py calibrate, 2026-11-24):
+# name -> (SM activity, SM occupancy, tensor, DRAM, idle share of active samples %, batch)
+H100 = {
+    "input_bound": (0.1, 0.0, 0.0, 0.0, 95.0, 32),
+    "fp32_matmul": (90.1, 13.3, 0.0, 8.6, 4.0, 1024),
+    "tiny_batch": (12.2, 3.8, 0.7, 2.8, 4.0, 2),
+    "resnet18_32": (8.4, 2.9, 0.3, 1.8, 5.0, 32),
+    "resnet50_224": (61.9, 28.9, 7.7, 36.1, 5.0, 32),
+}
+PLANTED = {"input_bound": "input-bound", "fp32_matmul": "no-tensor-cores", "tiny_batch": "low-occupancy",
+           "resnet18_32": None, "resnet50_224": None}
+
+
+def measured(name: str, **kw: Any) -> JobView:
+    sm, occ, tc, dram, idle, batch = H100[name]
+    figures: Dict[str, Any] = dict(smact_mean=sm, smocc_mean=occ, tensor_mean=tc, dram_mean=dram,
+                                   smact_idle_pct=idle, batch_size=batch)
+    return view(**{**figures, **kw})
+
+
+@pytest.mark.parametrize("name", sorted(H100))
+def test_each_planted_problem_is_the_top_finding_and_healthy_jobs_have_none(name: str) -> None:
+    d = diagnose.diagnose(measured(name), CFG)
+    names = [f.name for f in d.findings]
+    assert names == ([PLANTED[name]] if PLANTED[name] else [])
+    for f in d.findings:
+        assert f.evidence and f.suggestion and " " not in f.name and any(c.isdigit() for c in f.evidence)
+    assert diagnose.NOT_JUDGED in d.notes
+
+
+def test_over_request_four_times_the_need() -> None:
+    d = diagnose.diagnose(measured("resnet18_32", requested_mib=10240.0, peak_mem_mib=1495.0, shards=10), CFG)
+    assert [f.name for f in d.findings] == ["over-request"]
+    assert "mem=2G" in d.findings[0].suggestion and "85% never used" in d.findings[0].evidence
+    # a request within 2x of peak + headroom is not an over-request (shards round up to whole GiB)
+    assert not diagnose.diagnose(measured("resnet18_32", requested_mib=3072.0, peak_mem_mib=1495.0), CFG).findings
+
+
+def test_oom_reruns_and_oom_deaths_are_not_over_requests() -> None:
+    rerun = measured("resnet18_32", requested_mib=81920.0, peak_mem_mib=1495.0, retry_of=7, share_mode="whole-gpu")
+    died = measured("resnet18_32", requested_mib=10240.0, peak_mem_mib=1495.0, oom=True)
+    assert not diagnose.diagnose(rerun, CFG).findings and not diagnose.diagnose(died, CFG).findings
+
+
+def test_thin_evidence_gives_no_gpu_finding() -> None:
+    short = diagnose.diagnose(measured("input_bound", end_ts=T0 + 10), CFG)
+    assert not short.findings and any("ran 10 s" in n for n in short.notes)
+    few = diagnose.diagnose(measured("fp32_matmul", active_samples=5), CFG)
+    assert not few.findings and any("5 samples" in n for n in few.notes)
+    no_gpm = diagnose.diagnose(view(smact_mean=None, smocc_mean=None), CFG)
+    assert not no_gpm.findings and any("GPM" in n for n in no_gpm.notes)
+    # the memory finding needs no GPU metrics
+    assert [f.name for f in diagnose.diagnose(view(smact_mean=None, requested_mib=20480.0), CFG).findings] == [
+        "over-request"]
+
+
+def test_precision_and_batch_from_the_spec_decide() -> None:
+    assert not diagnose.diagnose(measured("fp32_matmul", precision="bf16"), CFG).findings
+    assert not diagnose.diagnose(measured("tiny_batch", batch_size=64), CFG).findings
+    no_spec = diagnose.diagnose(measured("tiny_batch", batch_size=None, precision=None), CFG)
+    assert not no_spec.findings and any("no recorded spec" in n for n in no_spec.notes)
+
+
+def test_thresholds_come_from_the_config() -> None:
+    strict = config_mod.load("/dev/null", environ={"COLOC_DIAG_SMALL_BATCH": "64"})
+    assert [f.name for f in diagnose.diagnose(measured("resnet18_32"), strict).findings] == ["low-occupancy"]
+    with pytest.raises(config_mod.ConfigError):
+        config_mod.load("/dev/null", environ={"COLOC_DIAG_INPUT_BOUND_IDLE_PCT": "120"})
+
+
+def _series(n: int, burst_every: int, job_present: bool = True) -> List[Dict[str, Any]]:
+    return [{"ts": T0 + k, "node": "n1", "gpu": 0, "smact_pct": 40.0 if k % burst_every == 0 else 0.0,
+             "smocc_pct": 5.0, "tensor_pct": 0.0, "dram_bw_pct": 1.0, "job_mem_mib": 2000.0 if job_present else None}
+            for k in range(n)]
+
+
+def test_stats_from_series_and_summary_agree() -> None:
+    series = _series(100, 10)
+    st = diagnose.stats_from_series(series, 1.0)
+    assert st.smact_idle_pct == pytest.approx(90.0) and st.smact_mean == pytest.approx(4.0)
+    assert st.active_samples == 100
+    gpu_rows = [{"ts": s["ts"], "gpu_index": 0, "smact_pct": s["smact_pct"], "smocc_pct": 5.0, "tensor_pct": 0.0,
+                 "dram_bw_pct": 1.0, "energy_j": None, "power_w": None} for s in series]
+    # the job's process appears only from the 21st sample: the start-up before it is not counted as idle
+    procs = [{"ts": s["ts"], "gpu_index": 0, "pid": 5, "job_id": 1, "used_mem_mib": 2000.0, "sm_util_pct": None,
+              "mps_client": 0} for s in series[20:]]
+    summ = summarize(1, "n1", [0], T0, T0 + 100, gpu_rows, procs, idle_smact_pct=1.0)
+    assert summ.active_samples == 80 and summ.smact_idle_pct == pytest.approx(100.0 * 72 / 80)
+    assert summ.tensor_mean == 0.0 and summ.dram_mean == 1.0
+
+
+# --- the whole path through real SQLite files -------------------------------------------------------------------
+
+OWNER = pwd.getpwuid(65534).pw_name  # "nobody": an ordinary user who owns the job below
+
+
+@pytest.fixture()
+def state(tmp_path: Path) -> Path:
+    """Job 21 (input-bound: 2-s bursts every 10 s, batch 32) and job 22 (healthy, 25 s), real databases."""
+    st = tmp_path / "state"
+    ctld = open_ctld_db(st / "ctld.db")
+    node = open_node_db(st / "nodes" / "n1.db")
+    spec = json.dumps({"model": "m.py:f", "batch_size": 32, "precision": "fp32", "input_shape": [3, 224, 224]})
+    for job, gpu, start, end in ((21, 0, T0, T0 + 300), (22, 1, T0, T0 + 25)):
+        store_jobs.record_submission(ctld, store_jobs.JobSubmission(
+            job_id=job, user_name=OWNER, job_name=f"j{job}", shards_req=4, share_mode="shard", estimate_mib=3000,
+            estimate_method="analytic", submit_ts=start - 1, spec_json=spec))
+        store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job, end, "COMPLETED", 0, 0), node_list="n1",
+                                   start_ts=start)
+        store_jobs.record_node_start(node, store_jobs.JobStart(job, "n1", OWNER, None, str(gpu), 4,
+                                                               "gres:shard:4", start))
+        store_jobs.record_node_end(node, store_jobs.JobEnd(job, end, "COMPLETED", 0, 0, "n1"))
+    gpu, proc = [], []
+    for k in range(300):
+        ts = T0 + k
+        busy = k % 10 < 2
+        gpu += samples.gpu_rows(ts, [GpuReading(index=0, mem_used_mib=2600.0, smact_pct=30.0 if busy else 0.2,
+                                                smocc_pct=8.0 if busy else 0.0, tensor_pct=4.0 if busy else 0.0,
+                                                dram_bw_pct=10.0 if busy else 0.0),
+                                     GpuReading(index=1, mem_used_mib=2600.0, smact_pct=50.0, smocc_pct=20.0,
+                                                tensor_pct=10.0, dram_bw_pct=20.0)], 1.0)
+        proc += samples.proc_rows(ts, [samples.ProcSample(ProcReading(gpu_index=0, pid=100, used_mem_mib=2500.0), 21)]
+                                  + ([samples.ProcSample(ProcReading(gpu_index=1, pid=101, used_mem_mib=2500.0), 22)]
+                                     if k < 25 else []), 1.0)
+    samples.write_rows(node, gpu, proc, [GpuReading(index=0, mem_total_mib=81559.0),
+                                         GpuReading(index=1, mem_total_mib=81559.0)])
+    for job, g, end in ((21, 0, T0 + 300), (22, 1, T0 + 25)):
+        samples.record_summary(node, summarize(job, "n1", [g], T0, end, samples.load_gpu_samples(node, T0, end, [g]),
+                                               samples.load_proc_samples(node, T0, end, [g])))
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n")
+    return tmp_path
+
+
+def _report(state: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "coloc-report"), *args, "--config", str(state / "coloc.yaml")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+
+
+def test_jobs_json_table_and_admin_comment_carry_the_findings(state: Path) -> None:
+    proc = _report(state, "jobs", "--json")
+    assert proc.returncode == 0, proc.stderr
+    jobs = {j["job_id"]: j for j in json.loads(proc.stdout)["jobs"]}
+    assert [f["name"] for f in jobs[21]["findings"]] == ["input-bound"]
+    assert set(jobs[21]["findings"][0]) == {"name", "evidence", "suggestion"}
+    assert jobs[21]["batch_size"] == 32 and jobs[21]["smact_idle_pct"] == pytest.approx(80.0)
+    assert jobs[22]["findings"] == []  # 25 s: too short to judge
+    table = _report(state, "jobs")
+    assert "job 21 input-bound: SM activity" in table.stdout and "num_workers" in table.stdout
+    cfg = config_mod.load(str(state / "coloc.yaml"), environ={})
+    assert json.loads(admin_comment.build(cfg, 21, wait_s=0))["finding"] == "input-bound"
+    assert "finding" not in json.loads(admin_comment.build(cfg, 22, wait_s=0))
+
+
+def test_advise_prints_the_story_and_draws_the_timeline(state: Path, tmp_path: Path) -> None:
+    out = tmp_path / "png"
+    proc = _report(state, "advise", "21", "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [f["name"] for f in data["findings"]] == ["input-bound"] and diagnose.NOT_JUDGED in data["notes"]
+    png = Path(data["png"])
+    assert png == out / "advise-21.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = _report(state, "advise", "21")
+    assert text.returncode == 0 and "1. input-bound:" in text.stdout and "try: feed the GPU" in text.stdout
+    missing = _report(state, "advise", "999")
+    assert missing.returncode != 0 and "job 999 is not recorded" in missing.stderr and not missing.stdout
+
+
+def test_reader_advise_op_answers_only_the_owner(state: Path) -> None:
+    cfg = config_mod.load(str(state / "coloc.yaml"), environ={})
+    mine = query.answer(cfg, {"op": "advise", "job_id": 21}, uid=65534)
+    assert mine["ok"] and mine["job"]["job_id"] == 21 and len(mine["series"]) == 300
+    assert mine["series"][0]["job_mem_mib"] == 2500.0
+    other_uid = next(p.pw_uid for p in pwd.getpwall() if p.pw_uid not in (0, 65534))
+    theirs = query.answer(cfg, {"op": "advise", "job_id": 21}, uid=other_uid)
+    assert not theirs["ok"] and "is not recorded as one of" in theirs["error"] and "series" not in theirs
+    bad: Optional[Dict[str, Any]] = query.answer(cfg, {"op": "advise", "job_id": "21"}, uid=65534)
+    assert bad is not None and not bad["ok"] and "job_id" in bad["error"]
