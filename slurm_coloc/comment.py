@@ -15,6 +15,7 @@ accepted.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -83,3 +84,23 @@ def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Seq
     if len(text) <= limit:
         return text, dropped
     return (user_comment or None), dropped + ["the whole coloc JSON"]
+
+
+def job_signature(coloc: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """A 16-hex-digit key of what a job trains, from its parsed coloc comment; None when nothing identifies it.
+
+    ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
+    input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.
+    Untrusted input: only JSON-typed values are read, never executed.
+    """
+    if not isinstance(coloc, Mapping):
+        return None
+    spec = coloc.get("spec")
+    if isinstance(spec, Mapping) and isinstance(spec.get("model"), str):
+        key = {k: spec.get(k) for k in ("model", "kwargs", "input_shape", "batch_size", "precision", "optimizer")}
+        text = json.dumps(key, sort_keys=True, default=str)
+    elif isinstance(coloc.get("sha256"), str) and coloc["sha256"]:
+        text = "sha:" + coloc["sha256"]
+    else:
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -9,37 +9,17 @@ whose coefficients live in a JSON calibration file (``calibration.json`` beside 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement.policy import Activity
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
-
-
-def signature(coloc: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """A 16-hex-digit key of what a job trains, from its parsed coloc comment; None when nothing identifies it.
-
-    ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
-    input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.
-    Untrusted input: only JSON-typed values are read, never executed.
-    """
-    if not isinstance(coloc, Mapping):
-        return None
-    spec = coloc.get("spec")
-    if isinstance(spec, Mapping) and isinstance(spec.get("model"), str):
-        key = {k: spec.get(k) for k in ("model", "kwargs", "input_shape", "batch_size", "precision", "optimizer")}
-        text = json.dumps(key, sort_keys=True, default=str)
-    elif isinstance(coloc.get("sha256"), str) and coloc["sha256"]:
-        text = "sha:" + coloc["sha256"]
-    else:
-        return None
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
     """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
-    console = Console(file=file, width=220)
+    console = Console(file=file, width=260)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
                "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone", "finding")
     left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start", "finding"}

@@ -215,7 +215,7 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
     """``placement.intensity.signature`` of a recorded coloc comment (JSON text), None when unreadable."""
     import json
 
-    from slurm_coloc.placement.intensity import signature
+    from slurm_coloc.comment import job_signature as signature
 
     try:
         return signature(json.loads(coloc_json)) if coloc_json else None
