@@ -194,3 +194,23 @@ def torch_version():
     import torch
 
     return torch.__version__
+
+
+def test_cuda_generator_and_capture_check_stay_off_the_driver(tmp_path):
+    """``torch.Generator(device="cuda")`` (seeded synthetic data, as benchmarks/device/workloads.py does) and the
+    optimizers' CUDA-graph capture check must not reach a real CUDA runtime: on a host with the NVIDIA driver but
+    no visible device (the H100 machine's probe run) both raised ``cudaErrorNoDevice`` and the probe fell back."""
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "g = torch.Generator(device=dev).manual_seed(0)\n"
+        "x = torch.randn((64, 512), device=dev, generator=g)\n"
+        "m = torch.nn.Linear(512, 512).to(dev)\n"
+        "opt = torch.optim.Adadelta(m.parameters())\n"
+        "assert not torch.cuda.is_current_stream_capturing()\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); m(x).sum().backward(); opt.step()\n")
+    (tmp_path / "job.sh").write_text("#!/bin/bash\npython train.py\n")
+    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path), use_cache=False)
+    assert r.estimate is not None, r.reason
+    assert "Adadelta" in r.ran

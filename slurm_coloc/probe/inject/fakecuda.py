@@ -328,6 +328,15 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
     for name, value in table.items():
         # one function object per name: torch._dynamo's rule map refuses one object under two names
         setattr(cuda, name, _fresh(value) if value is noop else value)
+    real_generator = torch.Generator
+
+    class Generator(real_generator):  # type: ignore[misc, valid-type]
+        """``torch.Generator(device="cuda")`` is a CPU generator here: there is no CUDA device to seed."""
+
+        def __new__(cls, device: Any = "cpu") -> Any:
+            return real_generator("cpu" if _is_cuda_device(torch, device) else device)
+
+    torch.Generator = Generator
     graphs = getattr(cuda, "graphs", None)
     if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):  # imported by name in older torch
         graphs.is_current_stream_capturing = cuda.is_current_stream_capturing
