@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.load_submit import (hook_durations_ms, pct, pending_spool, records, wait_final,  # noqa: E402
                                     wait_hooks_done)
-from tests.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 
 
 def start_burst(cluster: Cluster, n: int, node: str = "n1", sleep_s: float = 3.0) -> Dict[str, object]:

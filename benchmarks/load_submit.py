@@ -24,7 +24,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 
 PROBES: List[Tuple[str, List[str], List[str]]] = [
     # (label, sbatch options, scontrol update arguments applied while held)

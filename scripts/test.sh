@@ -16,17 +16,17 @@ cd "$REPO"
 # The cluster tests run on every version: submission, hooks and final states, OOM rerun, SPANK, report,
 # placement, watchdog, metrics endpoint, admin check.
 VERSION_TESTS=(
-  tests/integration/test_main_job.py
-  tests/test_oom_cluster.py
-  tests/test_spank.py
-  tests/test_mps_lifecycle.py
-  tests/test_report_cluster.py
-  tests/reliability/test_job_facts.py
-  tests/reliability/test_hook_faults.py
-  tests/test_placement_cluster.py
-  tests/test_watchdog_cluster.py
+  tests/cluster/test_main_job.py
+  tests/cluster/test_oom_cluster.py
+  tests/cluster/test_spank.py
+  tests/cluster/test_mps_lifecycle.py
+  tests/cluster/test_report_cluster.py
+  tests/cluster/reliability/test_job_facts.py
+  tests/cluster/reliability/test_hook_faults.py
+  tests/cluster/test_placement_cluster.py
+  tests/cluster/test_watchdog_cluster.py
   tests/cluster/test_prometheus.py
-  tests/test_admin.py
+  tests/cluster/test_admin.py
 )
 rc=0
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1

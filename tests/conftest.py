@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from slurm_coloc.report.summarize import JobView
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import samples
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from tests.cluster import VENV_BIN
+from tests.slurm_cluster import VENV_BIN
 
 CFG = config_mod.load("/dev/null", environ={})
 T0 = 1_700_000_000.0

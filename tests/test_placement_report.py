@@ -14,7 +14,7 @@ from slurm_coloc.report.alone import alone_rates, shared_jobs
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import samples
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from tests.cluster import VENV_BIN
+from tests.slurm_cluster import VENV_BIN
 
 T0 = 1_700_000_000.0
 SPEC = {"model": "resnet50", "batch_size": 32, "precision": "fp32", "input_shape": [3, 224, 224]}

@@ -22,7 +22,7 @@ from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples
 from slurm_coloc.store.db import open_ctld_db, open_node_db, open_readonly
-from tests.cluster import VENV_BIN
+from tests.slurm_cluster import VENV_BIN
 
 T0 = 1_700_000_000.0  # sample times; jobs: A [T0, T0+600] and B [T0+300, T0+900] share n1 GPU 0
 

@@ -119,7 +119,7 @@ def test_cluster_error_leaves_out_whole_gpu_jobs_and_oom_reruns() -> None:
 def test_plot_command_writes_a_fitted_png(state: Path, tmp_path: Path) -> None:
     import subprocess
 
-    from tests.cluster import VENV_BIN
+    from tests.slurm_cluster import VENV_BIN
 
     out = tmp_path / "plots"
     proc = subprocess.run([str(VENV_BIN / "coloc-report"), "plot", "--since", f"@{T0 + 900 - 30 * DAY}",

@@ -20,7 +20,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import mps, mps_guard
 from slurm_coloc.nvml.control import mode_name
 from slurm_coloc.nvml.replay import RecordedComputeModes
-from tests.test_mps_lifecycle import FAKE_MPS
+from tests.cluster.test_mps_lifecycle import FAKE_MPS
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = REPO / "benchmarks" / "device" / "results" / "h100-mps-limits" / "mps_limits.json"

@@ -25,7 +25,7 @@ import pytest
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.node.sampler import running_pid
-from tests.cluster import Cluster
+from tests.slurm_cluster import Cluster
 
 pytestmark = pytest.mark.slurm
 

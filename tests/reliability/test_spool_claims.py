@@ -17,7 +17,7 @@ from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.record import record_ops, replay_queue
 from slurm_coloc.store import queue, recordset
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from tests.reliability.test_pending_env import _good_entry
+from tests.cluster.reliability.test_pending_env import _good_entry
 
 
 def _ctx(job: int, context: str) -> HookContext:

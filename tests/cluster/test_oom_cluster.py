@@ -20,7 +20,9 @@ import pytest
 
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_readonly
-from tests.cluster import REPO, Cluster
+from tests.slurm_cluster import REPO, Cluster
+
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 USER = "colocuser"
 SHA = "0123456789abcdef" * 4

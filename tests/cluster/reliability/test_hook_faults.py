@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterator
 
 import pytest
 
-from tests.reliability.conftest import HOOK_BOUND_S, FaultCluster
+from tests.cluster.reliability.conftest import HOOK_BOUND_S, FaultCluster
 
 pytestmark = pytest.mark.slurm
 ROOT_HOOKS = {"prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld"}

@@ -23,8 +23,10 @@ from slurm_coloc.nvml import GpuReading, ReplayReader
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db
 
-REC = Path(__file__).parent / "data" / "nvml" / "h100_mps_2jobs.jsonl"
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
+
+REC = Path(__file__).parents[1] / "data" / "nvml" / "h100_mps_2jobs.jsonl"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp_path: Path, **kw) -> Config:

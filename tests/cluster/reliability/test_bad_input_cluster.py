@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import FaultCluster
+from tests.cluster.reliability.conftest import FaultCluster
 
 pytestmark = pytest.mark.slurm
 HEAD = b"#!/bin/bash\n#COLOC mem=2G\n"

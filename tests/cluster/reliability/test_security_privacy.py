@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from tests.reliability.conftest import FaultCluster
+from tests.cluster.reliability.conftest import FaultCluster
 
-PY = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
+
+PY = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "python")
 SECRET = "secret-name-of-colocuser2"
 
 

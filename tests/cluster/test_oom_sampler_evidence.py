@@ -9,7 +9,7 @@ import pytest
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from slurm_coloc.store.samples import write_rows
-from tests.cluster import Cluster
+from tests.slurm_cluster import Cluster
 
 pytestmark = pytest.mark.slurm
 SCRIPT = "#!/bin/sh\n#SBATCH -w n1\nsleep 5\necho 'died without a message' >&2\nexit 1\n"

@@ -14,7 +14,7 @@ import pytest
 from slurm_coloc import config as config_mod
 from slurm_coloc.hooks import admin_comment
 from slurm_coloc.slurm import jobs as slurm_jobs
-from tests.cluster import Cluster
+from tests.slurm_cluster import Cluster
 
 pytestmark = pytest.mark.slurm
 

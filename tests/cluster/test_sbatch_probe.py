@@ -26,7 +26,7 @@ from slurm_coloc.submit.plan import NO_INFORMATION, build_plan
 
 CFG = Config(gpu_mem_gib=80, headroom_mib=256, gpu_model_by_partition={"a100": "A100"})
 MODEL = "#COLOC model=m:f input=3 batch=2\n"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A training script in the style of the public examples: argparse, prints at import (like nanoGPT's model
 # file), "cuda if available", a few Adam steps. Under the probe it sees one CUDA device; in a job on the
@@ -35,6 +35,8 @@ TRAIN_PY = '''\
 import argparse
 import torch
 import torch.nn as nn
+
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 print("number of parameters: 0.21M")
 p = argparse.ArgumentParser()

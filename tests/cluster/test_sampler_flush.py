@@ -24,10 +24,12 @@ from slurm_coloc.node import flush
 from slurm_coloc.node.sampler import running_pid
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_readonly
-from tests.cluster import Cluster
+from tests.slurm_cluster import Cluster
 
-REC = Path(__file__).parent / "data" / "nvml" / "h100_mps_2jobs.jsonl"
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
+
+REC = Path(__file__).parents[1] / "data" / "nvml" / "h100_mps_2jobs.jsonl"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp_path: Path) -> Config:

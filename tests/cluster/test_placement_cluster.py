@@ -21,10 +21,10 @@ from slurm_coloc.nvml.readings import Frame
 from slurm_coloc.placement.daemon import PlacerState, place_round
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_node_db
-from tests.cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
-RECORDING = Path(__file__).parent / "data" / "nvml" / "h100_mps_2jobs.jsonl"
+RECORDING = Path(__file__).parents[1] / "data" / "nvml" / "h100_mps_2jobs.jsonl"
 PLACE = 'coloc:{"mode":"shard","place":true,"shards":%d,"v":1}'
 
 

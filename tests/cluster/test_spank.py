@@ -21,11 +21,11 @@ from typing import Dict, List
 
 import pytest
 
-from tests.cluster import slurm_bin_dir, slurm_version
+from tests.slurm_cluster import slurm_bin_dir, slurm_version
 
 pytestmark = pytest.mark.slurm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = Path(os.environ.get("COLOC_SPANK_TEST_DIR", "/tmp/coloc-spank-test"))
 PORT_BASE = os.environ.get("COLOC_SPANK_TEST_PORT", "19000")
 USER = "colocuser"

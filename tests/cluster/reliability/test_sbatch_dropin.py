@@ -20,7 +20,7 @@ import pytest
 
 from slurm_coloc.comment import MAX_COMMENT_CHARS, fit_comment, parse_comment
 from slurm_coloc.submit.plan import comment_steps
-from tests.reliability.conftest import FaultCluster
+from tests.cluster.reliability.conftest import FaultCluster
 
 PRINTING_MODEL = """\
 print("99999")
@@ -39,6 +39,8 @@ class Net(torch.nn.Module):
 """
 SLEEPING_MODEL = """\
 import os, sys, time
+
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 pid = os.fork()
 if pid == 0:
     time.sleep(600)

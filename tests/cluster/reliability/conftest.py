@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from tests.cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 # The fault cluster's config: short budgets so a fault shows within seconds. Bound of one hook process
 # (hooks/runner.py bound_s): hook_timeout_s + db_busy_timeout_s + 3 s recording + 1 s = 4 + 1 + 4 = 9 s.

@@ -13,7 +13,7 @@ import pytest
 
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
-from tests.cluster import REPO, Cluster
+from tests.slurm_cluster import REPO, Cluster
 
 pytestmark = pytest.mark.slurm
 USER = "colocuser"

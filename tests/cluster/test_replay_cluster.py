@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import REPO, Cluster
+from tests.slurm_cluster import REPO, Cluster
 
 pytestmark = pytest.mark.slurm
 DATA = REPO / "tests" / "data" / "carma"

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from tests.reliability.conftest import FaultCluster
+from tests.cluster.reliability.conftest import FaultCluster
 
 pytestmark = pytest.mark.slurm
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."

@@ -11,7 +11,7 @@ from typing import Dict, List
 import pytest
 
 from slurm_coloc.admin.slurmconf import expand_hostlist, parse_gres_counts, parse_slurm_conf
-from tests.cluster import VENV_BIN, Cluster
+from tests.slurm_cluster import VENV_BIN, Cluster
 
 pytestmark = pytest.mark.slurm
 

@@ -18,7 +18,7 @@ import pytest
 
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_readonly
-from tests.cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.load_start import start_burst
 from benchmarks.load_submit import submit_burst
-from tests.cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 

@@ -25,7 +25,7 @@ from slurm_coloc.errors import StoreError
 from slurm_coloc.hooks.record import replay_queue
 from slurm_coloc.store import queue
 from slurm_coloc.store.db import open_ctld_db
-from tests.reliability.conftest import FaultCluster
+from tests.cluster.reliability.conftest import FaultCluster
 
 pytestmark = pytest.mark.slurm
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
@@ -106,7 +106,7 @@ def test_databases_and_dirs_root_owned_not_user_writable(fc: FaultCluster) -> No
         assert st.st_uid == 0 and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode), (p, oct(st.st_mode))
     assert not _runuser_ok(fc, "sh", "-c", f"echo x >> {fc.ctld_db}")
     assert not _runuser_ok(fc, "touch", str(fc.c.state_dir / "nodes" / "planted.db"))
-    py = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
+    py = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "python")
     assert not _runuser_ok(fc, py, "-c", f"import sqlite3; c = sqlite3.connect({str(fc.ctld_db)!r}); "
                            "c.execute('DELETE FROM jobs'); c.commit()")
     assert fc.rows(fc.ctld_db, "SELECT count(*) AS n FROM jobs")[0]["n"] >= 1

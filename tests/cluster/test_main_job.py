@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.slurm.parse import parse_gres_detail
-from tests.cluster import REPO, Cluster
+from tests.slurm_cluster import REPO, Cluster
 
 pytestmark = pytest.mark.slurm
 EXAMPLE = REPO / "examples" / "train_digits.sh"
