@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "est
 import learned  # noqa: E402
 import margins  # noqa: E402
 import train  # noqa: E402
-
 from estimator_eval_paper18 import PAPER_A100, add_paper18  # benchmarks/ (the script's directory)
 
 GDIR = train.GPUMEMNET_DIR

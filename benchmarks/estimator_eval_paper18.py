@@ -27,9 +27,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
 
-from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
 from zoo import model_ref  # noqa: E402
 from zoo_paper import paper18  # noqa: E402
+
+from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
 
 PAPER_A100 = "18 real models (paper, A100 actuals)"
 PAPER_H100 = "18 real models re-measured on H100"
@@ -74,6 +75,7 @@ def shipped(spec: ModelSpec, gpu: str, exclude: Sequence[str] = UNSEEN) -> Dict[
     workspace table minus the calls measured only for ``exclude``) and the learned ensemble's
     (``learned.py``, on the same trace when inside :func:`memo_traces`)."""
     import learned
+
     from slurm_coloc.estimate import trace, workspace
     from slurm_coloc.estimate.combine import load_calibration, traced_estimate
 

@@ -32,9 +32,11 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from slurm_coloc.config import Config  # noqa: E402
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
 import margins  # noqa: E402
 import train  # noqa: E402
+
 from slurm_coloc.estimate.combine import load_calibration  # noqa: E402
 from slurm_coloc.units import mib_to_shards  # noqa: E402
 

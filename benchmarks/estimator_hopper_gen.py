@@ -36,9 +36,9 @@ by ``examples/hf_models.py``), one fresh child each, family ``unseen``, group id
 from __future__ import annotations
 
 import argparse
-import math
 import csv
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -334,7 +334,6 @@ def main() -> int:
     import pynvml
     import torch
     import torchvision.models  # noqa: F401  imported before fork so children start fast
-
     import zoo  # noqa: F401
     import zoo_paper  # noqa: F401
     if args.set in ("paper18", "unseen"):

@@ -29,7 +29,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from estimator_featurize import spec_of  # noqa: E402
-
 from features import COUNT_KEYS  # noqa: E402  (benchmarks/estimator, on sys.path through estimator_featurize)
 
 

@@ -38,10 +38,11 @@ def _init(table: str) -> None:
 
 def _one(job: Tuple[dict, str]) -> Tuple[str, Dict[str, object], float]:
     row, family = job
+    from estimator_featurize import spec_of  # noqa: PLC0415 - sibling script (its dir is sys.path[0])
+
     from slurm_coloc.errors import EstimateError
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.trace import trace_spec
-    from estimator_featurize import spec_of  # noqa: PLC0415 - sibling script (its dir is sys.path[0])
 
     src = "paper18" if family == "paper18" else f"hopper:{family}"
     model = workspace.load({src})

@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import resource
 import re
+import resource
 import shutil
 import signal
 import statistics

@@ -20,8 +20,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.load_submit import (hook_durations_ms, pct, pending_spool, records, wait_final,  # noqa: E402
-                                    wait_hooks_done)
+from benchmarks.load_submit import hook_durations_ms, pct, pending_spool, records, wait_final, wait_hooks_done  # noqa: E402
 from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 
 

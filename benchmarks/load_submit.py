@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
-import statistics
 import sys
 import threading
 import time

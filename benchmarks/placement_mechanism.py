@@ -68,7 +68,7 @@ def main() -> None:
     finally:
         stop_cluster(cl)
     print(f"Slurm: {version}; 2 nodes x 2 fake GPUs, typed shards g0/g1, 80 per GPU")
-    print(f"| operation | update result | GRES the job ran with |")
+    print("| operation | update result | GRES the job ran with |")
     print("|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")

@@ -1,7 +1,6 @@
 """Every command has --help with an example, and docs/cli.md is generated from the current help."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 

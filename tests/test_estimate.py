@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_coloc.errors import EstimateError
-from slurm_coloc.estimate import ModelSpec, estimate_peak
+from slurm_coloc.estimate import ModelSpec, combine, estimate_peak
 from slurm_coloc.estimate.allocator import CachingAllocatorModel, round_size, segment_size
-from slurm_coloc.estimate import combine
 from slurm_coloc.estimate.combine import calibrated_bound, history_bound, load_calibration
 
 # Parameterised test models (research code outside the package), named by file path.

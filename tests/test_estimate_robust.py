@@ -81,10 +81,10 @@ def test_dict_and_tuple_outputs(user_dir: Path, kind: str) -> None:
 
 def test_model_output_logits_and_no_assumptions_for_plain_models(user_dir: Path) -> None:
     pytest.importorskip("transformers")
-    from slurm_coloc.estimate.datadep import pick_output
-
     import torch
     from transformers.modeling_outputs import SequenceClassifierOutput
+
+    from slurm_coloc.estimate.datadep import pick_output
 
     t = torch.empty(2, 3, device="meta")
     assert pick_output(torch, SequenceClassifierOutput(logits=t)) is t

@@ -14,10 +14,10 @@ import pytest
 
 from slurm_coloc.config import Config
 from slurm_coloc.hooks import oom
-from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
+from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 
 DATA = Path(__file__).parent / "data" / "oom"
 SLURM_DATA = Path(__file__).parent / "data" / "slurm-22.05"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.hooks import admin_comment
+from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.report import views
 from slurm_coloc.report.summarize import load_report
 from slurm_coloc.report.timespec import parse_when

@@ -10,8 +10,15 @@ from slurm_coloc.errors import SlurmError
 from slurm_coloc.hooks.state import final_state, infer_final_state
 from slurm_coloc.slurm.jobinfo import JobInfo, expand_std_path, job_info_from_json, parse_squeue_json
 from slurm_coloc.slurm.parse import (
-    decode_exit_code, expand_hostlist, parse_exit_pair, parse_gres_detail, parse_index_list, parse_sbatch_parsable,
-    parse_slurm_duration_s, parse_slurm_time, parse_tres_per_node,
+    decode_exit_code,
+    expand_hostlist,
+    parse_exit_pair,
+    parse_gres_detail,
+    parse_index_list,
+    parse_sbatch_parsable,
+    parse_slurm_duration_s,
+    parse_slurm_time,
+    parse_tres_per_node,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm-22.05"

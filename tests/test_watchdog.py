@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -25,8 +23,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.watchdog import (Tenant, Watchdog, find_violations, grant_from_env, near_grant,
-                                       user_message)
+from slurm_coloc.node.watchdog import Tenant, Watchdog, find_violations, grant_from_env, near_grant, user_message
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import jobs as store_jobs

@@ -60,7 +60,6 @@ def main() -> int:
         ap.error(f"{args.configs}: not a config list from estimator_fence.py --pick ({exc})")
     import torch  # noqa: F401  imported before fork so children start fast
     import torchvision.models  # noqa: F401
-
     import zoo  # noqa: F401  (benchmarks/estimator, on sys.path through estimator_hopper_gen)
 
     run = tempfile.mkdtemp(prefix="coloc-fence-")

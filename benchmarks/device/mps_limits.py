@@ -133,7 +133,7 @@ def client(spec: Dict[str, Any], env: Dict[str, str], user: Optional[str] = None
     argv = [PY, "-c", CLIENT, json.dumps(spec)]
     if user:
         keep = [f"{k}={v}" for k, v in env.items() if k.startswith("CUDA_") or k in ("PATH", "LD_LIBRARY_PATH")]
-        argv = ["runuser", "-u", user, "--", "env", "-i", f"HOME=/tmp"] + keep + argv
+        argv = ["runuser", "-u", user, "--", "env", "-i", "HOME=/tmp"] + keep + argv
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -18,7 +18,6 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
-
 MODE_SETS = {"both": ["exclusive", "coloc"], "all": ["exclusive", "blind", "aware"]}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 def make_sdpa_mode(torch: Any) -> Any:
     """Route ``F.scaled_dot_product_attention`` to the memory-efficient kernel's op, as CUDA does.
 

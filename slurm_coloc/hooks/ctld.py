@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_coloc.comment import parse_comment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError
+from slurm_coloc.errors import ColocError, SlurmError
 from slurm_coloc.hooks import admin_comment, oom
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import final_state, is_final
@@ -27,8 +28,6 @@ from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_ctld_db
-from slurm_coloc.comment import parse_comment
-from slurm_coloc.errors import SlurmError
 
 log = logging.getLogger(__name__)
 # The line prefix submit/plan.py ``_rewrite`` gives a GPU ``#SBATCH`` line it moved to the command line (in place of

@@ -30,16 +30,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
+from slurm_coloc.comment import COMMENT_TAG, parse_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import is_final
-from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
-from slurm_coloc.comment import COMMENT_TAG, parse_comment
+from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 
 RETRY_TAG = "oom-retry-of-"
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.comment import parse_comment
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.state import infer_final_state
 from slurm_coloc.store import queue, recordset
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from slurm_coloc.comment import parse_comment
 
 log = logging.getLogger("slurm_coloc.hooks")
 

@@ -32,8 +32,16 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.record import (RECORD_BUDGET_S, RECORD_BUSY_S, HookTerminated, HookTimeout, enqueue_ops,
-                                      record_ops, record_run, target_of)
+from slurm_coloc.hooks.record import (
+    RECORD_BUDGET_S,
+    RECORD_BUSY_S,
+    HookTerminated,
+    HookTimeout,
+    enqueue_ops,
+    record_ops,
+    record_run,
+    target_of,
+)
 from slurm_coloc.hooks.startup import process_age_s
 
 log = logging.getLogger("slurm_coloc.hooks")

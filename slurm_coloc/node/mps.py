@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import grp
 import os
 import pwd
 import shutil

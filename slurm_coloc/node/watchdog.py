@@ -332,8 +332,8 @@ class Watchdog:
 
     def _finish(self, ev: store_wd.WatchdogEvent, tenant: Optional[Tenant]) -> None:
         """Background: the stderr line (as the job's user) and scancel, then the outcome row (own connection)."""
-        from slurm_coloc.userfiles import append_line_as_user
         from slurm_coloc.slurm import cancel
+        from slurm_coloc.userfiles import append_line_as_user
         outcome = dict(ev.outcome)
         env = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": os.environ["SLURM_CONF"]}
                                            if os.environ.get("SLURM_CONF") else {})}

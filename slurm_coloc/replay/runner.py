@@ -28,16 +28,15 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import (
     ReplayMetrics,
     RunRecord,
-    mean_smact,
     energy_growth_j,
+    mean_smact,
     runs_from_records,
     summarize,
 )
 from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm.jobs import squeue_all
-from slurm_coloc.slurm.parse import expand_hostlist
+from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist
 from slurm_coloc.slurm.run import run as slurm_run
-from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES

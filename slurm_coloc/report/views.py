@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.report import alone
-from slurm_coloc.report import diagnose
+from slurm_coloc.report import alone, diagnose
 from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq

@@ -24,7 +24,6 @@ from sqlite_utils.migrations import Migrations
 from slurm_coloc.errors import StoreError
 from slurm_coloc.store.schema import CTLD, NODE
 
-
 log = logging.getLogger(__name__)
 
 FILE_MODE_GROUP, DIR_MODE_GROUP = 0o640, 0o750  # root rw, admin group r

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-import sqlite3
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 

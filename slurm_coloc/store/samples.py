@@ -114,7 +114,7 @@ def _fold(db: Database, table: str, keys: Tuple[str, ...], metrics: Tuple[str, .
     cols = ", ".join(f"{'MAX' if m in _MAX_OF else 'AVG'}({m})" for m in metrics)
     key_cols = ", ".join(keys)
     bucket = f"CAST(ts / {float(bucket_s)} AS INTEGER) * {float(bucket_s)}"
-    where = f"ts < ? AND res_s < ?"
+    where = "ts < ? AND res_s < ?"
     n_before = db.execute(f"SELECT count(*) FROM {table} WHERE {where}", [cutoff_ts, bucket_s]).fetchone()[0]
     if not n_before:
         return 0

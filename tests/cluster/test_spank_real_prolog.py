@@ -10,8 +10,8 @@ from typing import Dict, Iterator
 
 import pytest
 
-from tests.slurm_cluster import REPO, Cluster, slurm_version, start_cluster, stop_cluster
 from tests.cluster.test_mps_lifecycle import FAKE_MPS, configure, run_dir
+from tests.slurm_cluster import REPO, Cluster, slurm_version, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 JOB = "echo '== batch'; env; echo '== step'; srun -n1 env"

@@ -22,8 +22,8 @@ from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.store import watchdog as store_wd
 from slurm_coloc.store.db import open_readonly
-from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 from tests.cluster.test_mps_lifecycle import FAKE_MPS, configure, job_env, submit
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]

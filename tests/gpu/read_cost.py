@@ -5,7 +5,6 @@ Usage: python3 tests/gpu/read_cost.py OUT.json
 """
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import tempfile

@@ -12,11 +12,10 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 

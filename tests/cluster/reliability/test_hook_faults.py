@@ -11,7 +11,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator

@@ -21,8 +21,8 @@ from typing import Dict, List
 import pytest
 
 from slurm_coloc.store.db import open_ctld_db
-from tests.slurm_cluster import VENV_BIN
 from tests.cluster.reliability.conftest import FaultCluster
+from tests.slurm_cluster import VENV_BIN
 
 pytestmark = pytest.mark.slurm
 HOOKS = ("prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld")

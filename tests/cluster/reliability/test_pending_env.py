@@ -18,9 +18,9 @@ from slurm_coloc.hooks import pending
 from slurm_coloc.hooks.record import replay_queue
 from slurm_coloc.store import queue
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from tests.slurm_cluster import REPO, VENV_BIN
 from tests.cluster.reliability.conftest import FaultCluster
 from tests.cluster.reliability.test_hook_lines import _catches_sigterm
+from tests.slurm_cluster import REPO, VENV_BIN
 
 pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 

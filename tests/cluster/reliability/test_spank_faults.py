@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.slurm_cluster import REPO, start_cluster, stop_cluster
 from tests.cluster.reliability.conftest import HOOK_BOUND_S, FaultCluster
+from tests.slurm_cluster import REPO, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 
