@@ -106,15 +106,25 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
     return "gpu" if "gpu" in tres else "none"
 
 
+COMMENT_INT_BOUNDS = {"mem_mib": (1, 1 << 24), "shards": (1, 1 << 16)}
+"""Inclusive bounds of the comment's integers: 16 TiB in MiB and 65,536 shards, above any GPU, far below SQLite's
+64-bit INTEGER (a larger Python int raises OverflowError on insert and would cost the job its record)."""
+
+
 def _clean_coloc(data: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Keep only the expected keys and types of a user-supplied coloc comment."""
+    """Keep only the expected keys, types and ranges of a user-supplied coloc comment (``COMMENT_INT_BOUNDS``,
+    strings cut to 128 characters); a value out of range is dropped, the rest kept."""
     if not data:
         return {}
     out: Dict[str, Any] = {}
     for key, kind in (("mem_mib", int), ("shards", int), ("method", str), ("sha256", str), ("mode", str)):
         value = data.get(key)
-        if isinstance(value, kind) and not isinstance(value, bool):
-            out[key] = value[:128] if isinstance(value, str) else value
+        if not isinstance(value, kind) or isinstance(value, bool):
+            continue
+        if isinstance(value, str):
+            out[key] = value[:128]
+        elif COMMENT_INT_BOUNDS[key][0] <= value <= COMMENT_INT_BOUNDS[key][1]:
+            out[key] = value
     if isinstance(data.get("spec"), dict):
         out["spec"] = data["spec"]
     return out

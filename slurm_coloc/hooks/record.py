@@ -111,7 +111,8 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
             ops.append({"op": "submission", "row": {
                 "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
                 "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),
-                "shards_req": coloc.get("shards"), "estimate_method": coloc.get("method"),
+                "estimate_method": coloc.get("method"),  # no shards_req: only Slurm's GRES (hooks/ctld.py) is one,
+                # never the comment's claim; left NULL, the report takes the node's record of the job
                 "updated_ts": now,  # script_sha256: only root's hash of Slurm's copy (hooks/ctld.py)
                 "coloc_json": json.dumps(coloc, sort_keys=True) if coloc else None}})
         else:
