@@ -113,7 +113,8 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
         if gpus and shards != gpus * cfg.gpu_mem_gib:
             out.append(fail(name, f"node {names}: Gres shard:{shards} but gpu:{gpus} x gpu_mem_gib {cfg.gpu_mem_gib}"
                                   f" = {gpus * cfg.gpu_mem_gib}",
-                            f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names} (1 shard = 1 GiB)"))
+                            f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names}"
+                            " (1 shard = 1 GiB)"))
         elif gpus:
             out.append(ok(name, f"node {names}: gpu:{gpus}, shard:{shards}"))
     for inc in conf.includes:

@@ -84,7 +84,10 @@ class Finding:
 
 
 def grant_from_env(pairs: Mapping[str, str], shards: Optional[int]) -> Optional[float]:
-    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024; None if neither."""
+    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024.
+
+    None if neither.
+    """
     fence = pairs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
     for item in fence.split(","):
         _, sep, value = item.partition("=")

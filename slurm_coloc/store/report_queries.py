@@ -191,7 +191,7 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
         rows, hists = _means_query(file, where, args), _hist_query(file, where, args)
     out = []
     for r in rows:
-        gpu, cov, n_all = int(r[0]), float(r[1] or 0.0), r[2]
+        gpu, cov = int(r[0]), float(r[1] or 0.0)
         means = []
         for k in range(len(_MEANS)):
             num, cnt = r[3 + 2 * k], r[4 + 2 * k]
