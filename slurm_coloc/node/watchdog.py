@@ -149,7 +149,7 @@ def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], 
         used: Dict[int, float] = {}
         for pid, mib in _per_pid(gl).items():
             job = job_of.get(pid)
-            if job in tenants and tenants[job].gpu_index == gl.gpu_index:
+            if job is not None and job in tenants and tenants[job].gpu_index == gl.gpu_index:
                 used[job] = used.get(job, 0.0) + (mib or 0.0)
         if any(u > tenants[j].grant_mib * near_pct / 100.0 for j, u in used.items()):
             return True
