@@ -123,9 +123,11 @@ def main() -> int:
 
     t0 = time.time()
     groups = _groups(args.runs)
-    for i, ((model, kw, shape, idt, prec), g) in enumerate(sorted(groups.items(), key=lambda kv: kv[1]["family"] != "paper18")):
+    ordered = sorted(groups.items(), key=lambda kv: kv[1]["family"] != "paper18")
+    for i, ((model, kw, shape, idt, prec), g) in enumerate(ordered):
         src = "paper18" if g["family"] == "paper18" else f"hopper:{g['family']}"
-        spec = ModelSpec(model=model_ref(model), kwargs=json.loads(kw), input_shape=tuple(int(d) for d in shape.split(",")),
+        spec = ModelSpec(model=model_ref(model), kwargs=json.loads(kw),
+                         input_shape=tuple(int(d) for d in shape.split(",")),
                          input_dtype=idt, batch_size=TRACE_BS, optimizer="sgd", precision=prec)
         try:
             calls = trace_spec(spec).conv_calls
@@ -162,7 +164,8 @@ def main() -> int:
     with open(args.out, "w") as fh:
         for o in order:
             fh.write(json.dumps(o, separators=(",", ":")) + "\n")
-    print(f"{len(order)} calls ({len(exact)} exact, {len(rand)} random, {len(grid)} grid) in {time.time() - t0:.0f} s -> {args.out}")
+    print(f"{len(order)} calls ({len(exact)} exact, {len(rand)} random, {len(grid)} grid) "
+          f"in {time.time() - t0:.0f} s -> {args.out}")
     return 0
 
 

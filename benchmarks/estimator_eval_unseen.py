@@ -56,10 +56,12 @@ def main() -> int:
     over = sorted(o["over"] for o in out)
     ana = sorted((o["analytic_mib"] - o["measured_mib"]) / o["measured_mib"] for o in out)
     p90 = lambda v: v[min(len(v) - 1, int(0.9 * (len(v) - 1) + 0.5))]  # noqa: E731
-    print(f"\nshipped estimate, {len(over)} unseen real models: under {sum(o < 0 for o in over) / len(over) * 100:.1f}% "
+    print(f"\nshipped estimate, {len(over)} unseen real models: "
+          f"under {sum(o < 0 for o in over) / len(over) * 100:.1f}% "
           f"({sum(o < 0 for o in over)} of {len(over)}), median over {statistics.median(over) * 100:+.1f}%, "
           f"p90 over {p90(over) * 100:+.1f}%")
-    print(f"analytic (uncalibrated): under {sum(o < 0 for o in ana)} of {len(ana)}, median {statistics.median(ana) * 100:+.1f}%, "
+    print(f"analytic (uncalibrated): under {sum(o < 0 for o in ana)} of {len(ana)}, "
+          f"median {statistics.median(ana) * 100:+.1f}%, "
           f"p90 {p90(ana) * 100:+.1f}%")
     return 0
 

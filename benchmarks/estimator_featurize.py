@@ -24,7 +24,8 @@ from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
 from slurm_coloc.estimate.trace import trace_spec  # noqa: E402
 
 FIELDS = ["config_id", "sim_peak_allocated_b", "sim_peak_reserved_b", "params", "param_b",
-          "acts_per_sample", "depth", "activation", "trace_s", "error", "depthwise_max_hw"] + [f"n_{k}" for k in COUNT_KEYS]
+          "acts_per_sample", "depth", "activation", "trace_s", "error", "depthwise_max_hw"] + [
+              f"n_{k}" for k in COUNT_KEYS]
 
 
 def spec_of(row: dict) -> ModelSpec:

@@ -25,8 +25,8 @@ XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (
     PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py --set paper18 \
         --out $OUT/paper18_runs.csv --have data/hopper/paper18_runs.csv --budget-s 500
 
-``--set unseen`` runs 57 real-model configs (30, then 27 more) whose architectures no Hopper family and no paper18 config
-holds (``UNSEEN``: torchvision MaxViT, ResNet-152, DenseNet-201, VGG-19-BN, ConvNeXt-Base,
+``--set unseen`` runs 57 real-model configs (30, then 27 more) whose architectures no Hopper family and no paper18
+config holds (``UNSEEN``: torchvision MaxViT, ResNet-152, DenseNet-201, VGG-19-BN, ConvNeXt-Base,
 RegNetY-3.2GF, Inception-v3, Swin-S, ViT-L/16, EfficientNet-B4/V2-M, ... and Hugging Face Llama,
 Mistral, Qwen2, GPT-NeoX, RoBERTa, DistilBERT, ALBERT, T5, ELECTRA, GPT-2, BERT built from config
 by ``examples/hf_models.py``), one fresh child each, family ``unseen``, group ids 910000+.
@@ -158,7 +158,8 @@ UNSEEN: List[tuple] = [
     (_TV + "convnext_base", {}, [3, 224, 224], "float32", 64, "adamw", "fp32"),
     (_TV + "regnet_y_3_2gf", {}, [3, 224, 224], "float32", 64, "sgd-momentum", "fp32"),
     (_TV + "shufflenet_v2_x2_0", {}, [3, 224, 224], "float32", 256, "sgd", "amp-fp16"),
-    (_TV + "inception_v3", {"aux_logits": False, "init_weights": False}, [3, 299, 299], "float32", 64, "adam", "amp-fp16"),
+    (_TV + "inception_v3", {"aux_logits": False, "init_weights": False}, [3, 299, 299], "float32", 64, "adam",
+     "amp-fp16"),
     (_TV + "swin_s", {}, [3, 224, 224], "float32", 32, "adamw", "fp32"),
     (_TV + "vit_l_16", {}, [3, 224, 224], "float32", 16, "adamw", "bf16"),
     (_TV + "efficientnet_b4", {}, [3, 224, 224], "float32", 64, "adam", "fp32"),
@@ -359,7 +360,9 @@ def main() -> int:
         w.writeheader()
     ctx = mp.get_context("fork")
     n_rows = n_groups = 0
-    todo = {"paper18": paper18_groups, "unseen": unseen_groups}.get(args.set, lambda: make_groups(args.seed, args.groups))()
+    make = {"paper18": paper18_groups, "unseen": unseen_groups}.get(
+        args.set, lambda: make_groups(args.seed, args.groups))
+    todo = make()
     for g in todo:
         if g["group"] in done:
             continue

@@ -165,7 +165,8 @@ def learned_ms(calls: int) -> dict:
         tr = next(t for t in csv.DictReader(fh) if t["config_id"] == run["config_id"])
     spec = ModelSpec(run["model"], tuple(int(d) for d in run["input_shape"].split(",")), int(run["batch_size"]),
                      optimizer=run["optimizer"], precision=run["precision"])
-    trace = TraceResult(peak_allocated_b=int(tr["sim_peak_allocated_b"]), peak_reserved_b=int(tr["sim_peak_reserved_b"]),
+    trace = TraceResult(peak_allocated_b=int(tr["sim_peak_allocated_b"]),
+                        peak_reserved_b=int(tr["sim_peak_reserved_b"]),
                         params=int(tr["params"]), param_b=int(tr["param_b"]), buffer_b=0,
                         activations_per_sample=float(tr["acts_per_sample"]),
                         layer_counts={"leaf": int(tr["depth"]), **{k: int(tr[f"n_{k}"]) for k in COUNT_KEYS}},

@@ -61,7 +61,8 @@ def start_burst(cluster: Cluster, n: int, node: str = "n1", sleep_s: float = 3.0
     conn.close()
     return {"n": n, "max_running": max_running, "completed": sum(1 for s in states.values() if s == "COMPLETED"),
             "prolog_spread_s": (max(starts) - min(starts)) if starts else None, "job_runs": runs,
-            "hook_rows_failed": failed, "failed_rows": failed_rows, "own_work_p99_ms": pct(durs, 99) if durs else None, "ids": ids,
+            "hook_rows_failed": failed, "failed_rows": failed_rows,
+            "own_work_p99_ms": pct(durs, 99) if durs else None, "ids": ids,
             "epilog_slurmctld_done": ctld_done, "spool_pending": pending_spool(cluster), **rec}
 
 
@@ -80,7 +81,8 @@ def main() -> int:
     t = Table(title=f"{a.n} jobs starting at once on one node ({os.cpu_count()} CPUs)")
     t.add_column("figure")
     t.add_column("value")
-    rows = [("jobs COMPLETED", f"{r['completed']}/{r['n']}"), ("most jobs running together (Prolog..Epilog)", str(r["max_running"])),
+    rows = [("jobs COMPLETED", f"{r['completed']}/{r['n']}"),
+            ("most jobs running together (Prolog..Epilog)", str(r["max_running"])),
             ("Prolog start spread (s)", f"{r['prolog_spread_s']:.1f}"),
             ("job_runs rows with an end", str(r["job_runs"])), ("exactly one Prolog row", str(r["prolog_once"])),
             ("exactly one Epilog row", str(r["epilog_once"])), ("jobs rows with an end", str(r["jobs_rows"])),

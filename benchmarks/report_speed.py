@@ -58,7 +58,7 @@ def generate(state: Path, layout: str, seed: int = 7) -> dict:
     job_id, n_jobs = 1000, 0
     with ctld.atomic(), node.atomic():
         for g in range(GPUS):
-            for lane in range(rng.choice((2, 3))):
+            for _ in range(rng.choice((2, 3))):
                 t = start + rng.uniform(0, 3600)
                 while t < end - 600:
                     dur = rng.uniform(3600, 6 * 3600)

@@ -91,7 +91,8 @@ def main() -> int:
     dirs = {1.0: Path(tempfile.mkdtemp(prefix="so-1hz-")), 0.1: Path(tempfile.mkdtemp(prefix="so-10hz-"))}
     for d in dirs.values():
         (d / "coloc.yaml").write_text(f"state_dir: {d}/state\nrun_dir: {d}/run\nlog_dir: {d}/log\n")
-    trainer = subprocess.Popen(["taskset", "-c", args.trainer_cpu, args.python, "-c", TRAIN, str(total), args.device, args.model, str(args.input_hw)],
+    trainer = subprocess.Popen(["taskset", "-c", args.trainer_cpu, args.python, "-c", TRAIN, str(total), args.device,
+                                args.model, str(args.input_hw)],
                                stdout=subprocess.PIPE, text=True)
     assert trainer.stdout is not None
     progress: list[tuple[float, int]] = []
@@ -116,7 +117,8 @@ def main() -> int:
         if interval is not None:
             env = dict(os.environ, COLOC_CONFIG=str(dirs[interval] / "coloc.yaml"))
             seg["db_before"] = db_bytes(dirs[interval]) if (dirs[interval] / "state").exists() else 0
-            sampler = subprocess.Popen(["taskset", "-c", args.sampler_cpu, args.python, "-m", "slurm_coloc.cli.sampler", "run",
+            sampler = subprocess.Popen(["taskset", "-c", args.sampler_cpu, args.python,
+                                        "-m", "slurm_coloc.cli.sampler", "run",
                                         "--node", "bench", "--interval-s", str(interval),
                                         "--duration-s", str(args.segment_s + 30), *args.sampler_arg], env=env)
         t_start = time.time()
@@ -174,7 +176,8 @@ def main() -> int:
     print(f"{'condition':<10} {'n':>3} {'median s/s':>11} {'min':>9} {'max':>9} {'slowdown %':>11} {'mean %':>7} "
           f"{'range %':>14} {'CPU %':>6} {'MB/GPU-h':>9}")
     for r in rows:
-        rng = "-" if r["slowdown_range_pct"] is None else f"{r['slowdown_range_pct'][0]:.2f}..{r['slowdown_range_pct'][1]:.2f}"
+        span = r["slowdown_range_pct"]
+        rng = "-" if span is None else f"{span[0]:.2f}..{span[1]:.2f}"
         f2 = (lambda v: "-" if v is None else format(v, ".2f"))
         print(f"{r['condition']:<10} {r['segments']:>3} {r['median_samples_per_s']:>11.1f} {r['min']:>9.1f} "
               f"{r['max']:>9.1f} {f2(r['median_slowdown_pct']):>11} {f2(r['mean_slowdown_pct']):>7} {rng:>14} "

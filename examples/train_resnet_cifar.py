@@ -40,7 +40,8 @@ def main() -> None:
     elapsed = time.time() - (t0 or time.time())
     done = max(0, args.steps - 5)
     peak = torch.cuda.max_memory_reserved() // 2**20 if device.type == "cuda" else 0
-    print(f"device {device} steps {args.steps} loss {loss.item():.3f} samples_per_s {done * args.batch / max(elapsed, 1e-9):.1f} "
+    print(f"device {device} steps {args.steps} loss {loss.item():.3f} "
+          f"samples_per_s {done * args.batch / max(elapsed, 1e-9):.1f} "
           f"peak_reserved_mib {peak}")
 
 

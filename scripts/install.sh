@@ -27,7 +27,8 @@ while [ "$d" != / ]; do
 done
 
 [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
-if ! "$VENV/bin/python" -c "import torch, torchvision, transformers, slurm_coloc, sqlite_utils, prometheus_client, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib" 2>/dev/null; then
+# ruff is a binary (no importable module): its presence is checked as a file; yaml-stubs is types-PyYAML's package.
+if ! [ -x "$VENV/bin/ruff" ] || ! "$VENV/bin/python" -c "import torch, torchvision, transformers, slurm_coloc, sqlite_utils, prometheus_client, click, rich, yaml, pytest, hypothesis, sklearn, matplotlib, accelerate, lightning, timm, mypy, importlib.util, sys; sys.exit(importlib.util.find_spec('yaml-stubs') is None)" 2>/dev/null; then
   echo "install.sh: pip install into $VENV (torch 2.14.1 is large the first time)"
   log=$(mktemp /tmp/coloc-pip.XXXXXX.log)
   { "$VENV/bin/pip" install -q --upgrade pip &&

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (what CI runs through .ci/run): install, build the SPANK plugin, run pytest.
+# The test command (what CI runs through .ci/run): install, build the SPANK plugin, lint (ruff) and type-check (mypy),
+# run pytest.
 # The tests start and stop their own real Slurm clusters (free ports, own directories).
 #
 # 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
@@ -28,6 +29,8 @@ VERSION_TESTS=(
   tests/cluster/test_prometheus.py
   tests/cluster/test_admin.py
 )
+"$VENV/bin/ruff" check "$REPO"
+"$VENV/bin/mypy" "$REPO/slurm_coloc"
 rc=0
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1
 for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do

@@ -340,7 +340,8 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+            reason = " ".join(str(exc).split())
+            raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {reason}") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -99,7 +99,8 @@ def test_unknown_gpu() -> None:
 
 def test_user_file_model(tmp_path) -> None:
     (tmp_path / "net.py").write_text(
-        "import torch\ndef build(width=8):\n    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 3))\n")
+        "import torch\ndef build(width=8):\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 3))\n")
     est = estimate_peak(ModelSpec("net.py:build", (4,), 8, kwargs={"width": 16}, base_dir=str(tmp_path)))
     assert est.mem_mib > 612
 

@@ -56,7 +56,8 @@ def test_model_needing_dynamo_submodule_still_traces(tmp_path: Path) -> None:
     """A model file importing a torch._dynamo submodule: the stand-in cannot serve it, the plain trace does."""
     (tmp_path / "m.py").write_text(
         "import torch\nimport torch._dynamo.config\n"
-        "def build():\n    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n")
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n")
     code = ("import json, sys, dataclasses; from slurm_coloc.estimate.spec import ModelSpec; "
             "from slurm_coloc.estimate.trace import trace_spec; "
             f"t = trace_spec(ModelSpec('m.py:build', (8,), 4, optimizer='sgd', base_dir={str(tmp_path)!r})); "
@@ -109,7 +110,8 @@ CODE_LEAKS = textwrap.dedent("""
     with deferred_imports():
         dg = torch.compiler.disable(g)
     out["compiler_disable_real"] = dg is not g and dg() == 2
-    out["real_dynamo_after"] = hasattr(sys.modules["torch._dynamo"], "optimize") and torch._dynamo is sys.modules["torch._dynamo"]
+    dynamo = sys.modules["torch._dynamo"]
+    out["real_dynamo_after"] = hasattr(dynamo, "optimize") and torch._dynamo is dynamo
     print(json.dumps(out))
 """)
 

@@ -49,8 +49,8 @@ class Env:
     def write_model(self, width: int) -> None:
         (self.work / "mymodel.py").write_text(MODEL.replace("WIDTH", str(width)))
 
-    def est(self, *args: str, extra: Dict[str, str] = {}) -> subprocess.CompletedProcess:
-        return subprocess.run([EXE, *args], cwd=self.work, env={**self.env, **extra}, capture_output=True,
+    def est(self, *args: str, extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+        return subprocess.run([EXE, *args], cwd=self.work, env={**self.env, **(extra or {})}, capture_output=True,
                               text=True, timeout=120)
 
     @property

@@ -60,7 +60,8 @@ def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
     try:
         state = base / "state"
         db = open_ctld_db(state / "ctld.db")
-        claim_retry(db, OomRecord(job_id=1, ts=time.time(), uid=2001, script_sha256="ab" * 32, shards=2, fence_mib=2048))
+        claim_retry(db, OomRecord(job_id=1, ts=time.time(), uid=2001, script_sha256="ab" * 32, shards=2,
+                                  fence_mib=2048))
         db.conn.close()  # the writer is gone: no -wal/-shm files remain
         cfg = base / "coloc.yaml"
         cfg.write_text(f"state_dir: {state}\nreport_socket_path: {base / 'report.sock'}\n")
@@ -94,10 +95,12 @@ def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
     script = _config_and_script(tmp_path, monkeypatch)
     sha = parse_script(str(script)).sha256
     db = open_ctld_db(tmp_path / "state" / "ctld.db")
-    record_submission(db, JobSubmission(job_id=11, uid=os.getuid(), script_sha256=sha, shards_req=2, share_mode="shard"))
+    record_submission(db, JobSubmission(job_id=11, uid=os.getuid(), script_sha256=sha, shards_req=2,
+                                        share_mode="shard"))
     record_ctld_end(db, JobEnd(job_id=11, end_ts=time.time(), state="COMPLETED", exit_code=0, signal=0),
                     node_list="n1")
-    record_submission(db, JobSubmission(job_id=12, uid=os.getuid(), script_sha256=sha, shards_req=2, share_mode="shard"))
+    record_submission(db, JobSubmission(job_id=12, uid=os.getuid(), script_sha256=sha, shards_req=2,
+                                        share_mode="shard"))
     record_ctld_end(db, JobEnd(job_id=12, end_ts=time.time(), state="FAILED", exit_code=1, signal=0),
                     node_list="n1")
     node = open_node_db(tmp_path / "state" / "nodes" / "n1.db")

@@ -127,7 +127,8 @@ def _cfg(tmp_path: Path, **kw: object) -> Config:
 
 
 def _tenant(cfg: Config, node: str, job: int, gpu: int, shards: int, share: str = "mps") -> None:
-    pairs = [("COLOC_SHARE", share)] + ([("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={shards}G")] if share == "mps" else [])
+    fence = [("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={shards}G")] if share == "mps" else []
+    pairs = [("COLOC_SHARE", share)] + fence
     jobenv.write_env(cfg, job, pairs)
     db = open_node_db(cfg.node_db_path(node))
     store_jobs.record_node_start(db, store_jobs.JobStart(job, node, "colocuser", 2001, str(gpu), shards,

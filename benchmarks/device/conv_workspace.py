@@ -13,10 +13,10 @@ inputs and outputs at the call's peak::
     ws_b = max_memory_allocated() - memory_allocated() before - sum(outputs rounded to 512 B)
 
 (the larger of the two calls). ``--workers`` processes share the GPU, each measuring every
-``workers``-th call (the memory figures are per process; only times are shared). Output CSV columns: ``key, ws_b, ws_first_b, ws_second_b, ms,
-status``; rows are flushed every 500, the script stops cleanly at its budget, and ``--skip-keys``
-(earlier CSVs) makes it resumable. A ``<out>.meta.json`` beside it names the GPU, driver, torch,
-CUDA and cuDNN versions.
+``workers``-th call (the memory figures are per process; only times are shared). Output CSV columns:
+``key, ws_b, ws_first_b, ws_second_b, ms, status``; rows are flushed every 500, the script stops cleanly at its
+budget, and ``--skip-keys`` (earlier CSVs) makes it resumable. A ``<out>.meta.json`` beside it names the GPU,
+driver, torch, CUDA and cuDNN versions.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def worker(args: argparse.Namespace, wid: int, out: str) -> None:
     torch.cuda.init()
     a = torch.randn(256, 256, device="cuda")
     (a @ a).sum().item()  # cuBLAS/cuBLASLt workspaces now exist, outside what is measured
-    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark, "allow_tf32": torch.backends.cudnn.allow_tf32}
     if wid == 0:
         with open(args.out + ".meta.json", "w") as fh:
@@ -112,7 +113,8 @@ def worker(args: argparse.Namespace, wid: int, out: str) -> None:
             except torch.OutOfMemoryError:
                 w.writerow([c["key"], "", "", "", "", "oom"])
             except Exception as exc:  # noqa: BLE001 - record and go on
-                w.writerow([c["key"], "", "", "", "", f"error: {type(exc).__name__}: {str(exc)[:80]}".replace("\n", " ")])
+                error = f"error: {type(exc).__name__}: {str(exc)[:80]}".replace("\n", " ")
+                w.writerow([c["key"], "", "", "", "", error])
             if torch.cuda.memory_reserved() > 8 << 30:  # the workers share the GPU's memory
                 torch.cuda.empty_cache()
             if n % 500 == 0:

@@ -5,7 +5,8 @@
         torchvision.models:vgg16:224:128:adam:fp32 ...
 
 Each argument is ``module:callable:px:batch:optimizer:precision`` (an image model, 3 x px x px
-input; ``t<seq>`` instead of px: token ids of that length); the step is the data generator's (``estimator_hopper_gen.py``). For each a CSV
+input; ``t<seq>`` instead of px: token ids of that length); the step is the data generator's
+(``estimator_hopper_gen.py``). For each a CSV
 ``<callable>_<batch>_<precision>.csv`` with one row per allocator event (``action, size_b, addr``:
 alloc, free_completed, segment_alloc, ...) from ``torch.cuda.memory._record_memory_history``,
 and a summary line (peak reserved/allocated MiB) on stdout. One fresh process per model.
@@ -27,7 +28,8 @@ def run(spec: str, out_dir: str) -> None:
     model = getattr(importlib.import_module(mod), fn)().cuda().train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = {"sgd": lambda: torch.optim.SGD(params, lr=0.01),
-           "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9), "adam": lambda: torch.optim.Adam(params, lr=1e-3),
+           "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+           "adam": lambda: torch.optim.Adam(params, lr=1e-3),
            "adamw": lambda: torch.optim.AdamW(params, lr=1e-3)}[opt_name]()
     x = (torch.randint(0, 1000, (int(bs), int(px[1:])), device="cuda") if tokens
          else torch.randn(int(bs), 3, int(px), int(px), device="cuda"))

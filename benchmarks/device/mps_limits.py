@@ -112,7 +112,8 @@ class Mps:
     def __init__(self, multiuser: bool) -> None:
         self.dir = tempfile.mkdtemp(prefix="mpsl-")
         os.chmod(self.dir, 0o755)
-        self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=f"{self.dir}/pipe", CUDA_MPS_LOG_DIRECTORY=f"{self.dir}/log")
+        self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=f"{self.dir}/pipe",
+                        CUDA_MPS_LOG_DIRECTORY=f"{self.dir}/log")
         for d in ("pipe", "log"):
             os.makedirs(f"{self.dir}/{d}")
             os.chmod(f"{self.dir}/{d}", 0o755)
@@ -184,7 +185,8 @@ def run_all(user: str) -> List[Dict[str, Any]]:
         row("default_limit", mode, f"default 2G ({r or 'ok'}; get: {g}); env 0=40G, alloc 1G then 4G", allocs(e))
         e = events(client({"alloc_gib": [1.2]}, dict(m.env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1G")))
         row("default_limit", mode, "default 2G; env 0=1G (lower), alloc 1.2G", allocs(e))
-        e = events(client({"alloc_gib": [4]}, {k: v for k, v in m.env.items() if k != "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}))
+        unfenced = {k: v for k, v in m.env.items() if k != "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}
+        e = events(client({"alloc_gib": [4]}, unfenced))
         row("default_limit", mode, "default 2G; no env, alloc 4G", allocs(e))
         a = client({"alloc_gib": [1.2], "hold_s": 6}, m.env)
         time.sleep(3)

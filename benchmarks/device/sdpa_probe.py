@@ -34,8 +34,10 @@ for mask_dtype, grad, dropout, permuted in ((torch.float32, True, 0.1, False), (
         kept = torch.cuda.memory_allocated() - base
         out.float().sum().backward()
         torch.cuda.synchronize()
-    names = sorted({e.key[:60] for e in prof.key_averages() if any(s in e.key.lower() for s in ("attention", "fmha", "softmax", "gemm", "flash", "cutlass"))})
-    print(f"mask {mask_dtype} grad {grad} dropout {dropout} permuted {permuted}: out {out.dtype}, kept after forward {kept / 2**20:.0f} MiB, "
+    words = ("attention", "fmha", "softmax", "gemm", "flash", "cutlass")
+    names = sorted({e.key[:60] for e in prof.key_averages() if any(s in e.key.lower() for s in words)})
+    print(f"mask {mask_dtype} grad {grad} dropout {dropout} permuted {permuted}: out {out.dtype}, "
+          f"kept after forward {kept / 2**20:.0f} MiB, "
           f"peak {(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MiB; kernels: {names[:6]}", flush=True)
     del q, k, v, mask, out
     if mask_dtype is not None and permuted:

@@ -88,9 +88,9 @@ def load_gpumemnet(gdir: str = GPUMEMNET_DIR) -> List[Dict[str, Any]]:
         with open(os.path.join(gdir, name), newline="") as fh:
             for r in csv.DictReader(fh):
                 layers = ast.literal_eval(r["Activations-Params"])
-                counts = {"linear": sum(1 for l in layers if l[0] == "linear"),
-                          "batchnorm": sum(1 for l in layers if l[0] == "batch_normalization"),
-                          "dropout": sum(1 for l in layers if l[0] == "dropout")}
+                counts = {"linear": sum(1 for layer in layers if layer[0] == "linear"),
+                          "batchnorm": sum(1 for layer in layers if layer[0] == "batch_normalization"),
+                          "dropout": sum(1 for layer in layers if layer[0] == "dropout")}
                 act = _ACT_NAMES.get(r["Activation Function"].strip().lower(), "")
                 out.append({
                     "family": "gpumemnet-mlp", "actual_mib": float(r["Max GPU Memory (MiB)"]),

@@ -113,7 +113,8 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
         if gpus and shards != gpus * cfg.gpu_mem_gib:
             out.append(fail(name, f"node {names}: Gres shard:{shards} but gpu:{gpus} x gpu_mem_gib {cfg.gpu_mem_gib}"
                                   f" = {gpus * cfg.gpu_mem_gib}",
-                            f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names} (1 shard = 1 GiB)"))
+                            f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names}"
+                            " (1 shard = 1 GiB)"))
         elif gpus:
             out.append(ok(name, f"node {names}: gpu:{gpus}, shard:{shards}"))
     for inc in conf.includes:
@@ -152,13 +153,13 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
                 out.append(fail(name, f"node {n}: GPU device file {f} does not exist",
                                 f"fix File= on the Name=gpu line for {n} (ls /dev/nvidia*)"))
                 bad = True
-            count = shards.get(f)
-            if count is None:
+            shard_count = shards.get(f)
+            if shard_count is None:
                 out.append(fail(name, f"node {n}: no Name=shard line for {f}",
                                 f"add 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
                 bad = True
-            elif count != cfg.gpu_mem_gib:
-                out.append(fail(name, f"node {n}: {f} has {count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
+            elif shard_count != cfg.gpu_mem_gib:
+                out.append(fail(name, f"node {n}: {f} has {shard_count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
                                 f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
                 bad = True
         if not files:

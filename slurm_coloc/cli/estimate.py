@@ -25,7 +25,7 @@ def _shape(text: str) -> Tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.split(","))
     except ValueError:
-        raise EstimateError(f"input shape {text!r}: expected comma-separated integers like 3,224,224")
+        raise EstimateError(f"input shape {text!r}: expected comma-separated integers like 3,224,224") from None
     if not dims or any(d < 1 for d in dims):
         raise EstimateError(f"input shape {text!r}: dimensions must be >= 1")
     return dims
@@ -162,7 +162,7 @@ def _build_spec(params: Dict[str, Any]) -> Any:
     try:
         kwargs: Any = json.loads(model_kwargs)
     except ValueError as exc:
-        raise EstimateError(f"--model-kwargs {model_kwargs!r} is not JSON: {exc}")
+        raise EstimateError(f"--model-kwargs {model_kwargs!r} is not JSON: {exc}") from None
     if not isinstance(kwargs, dict):
         raise EstimateError(f"--model-kwargs {model_kwargs!r} must be a JSON object")
     return ModelSpec(model=model, input_shape=_shape(input_shape), batch_size=batch_size,

@@ -311,7 +311,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
             raise EstimateError(f"model {spec.model}: it has no trainable parameters")
         opt = _optimizer(torch, spec.optimizer, trainable)
         ac_dtype = torch.float16 if spec.precision == "amp-fp16" else torch.bfloat16
-        for step in range(TRACE_STEPS):
+        for _ in range(TRACE_STEPS):
             acts.append(0.0)
             opt.zero_grad(set_to_none=True)
             try:

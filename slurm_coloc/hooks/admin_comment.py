@@ -93,7 +93,8 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
         "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
         "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
-        "retry": view.retry_job_id, "watchdog": view.watchdog, "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
+        "retry": view.retry_job_id, "watchdog": view.watchdog,
+        "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
         "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None,
         "finding": view.findings[0]["name"] if view.findings else None}
     return {k: v for k, v in d.items() if v is not None}

@@ -197,10 +197,10 @@ def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[
     """The batch script's arguments and whether they are known exactly.
 
     ``argv`` in the coloc comment (list of str) is used only where its words are the words Slurm recorded (the
-    comment is the user's text; it can restore spaces inside arguments, never add or change any). Otherwise Slurm 22.05 only keeps ``command``: argv joined
-    by single spaces (``JobInfo.command``), so it is split on whitespace and its first word
-    (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which cannot
-    be told apart (reported as inexact only when doubled spaces show it).
+    comment is the user's text; it can restore spaces inside arguments, never add or change any). Otherwise Slurm 22.05
+    only keeps ``command``: argv joined by single spaces (``JobInfo.command``), so it is split on whitespace and its
+    first word (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which
+    cannot be told apart (reported as inexact only when doubled spaces show it).
     """
     command = job.command if job else ""
     argv = coloc.get("argv")

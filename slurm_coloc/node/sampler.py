@@ -144,7 +144,8 @@ class Sampler:
                 raise ColocError(f"recorded NVML error: {frame.error}")
         except Exception as exc:  # noqa: BLE001 - NVMLError (GPU lost, Xid), replay error: keep sampling
             self.errors += 1
-            self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on", type(exc).__name__, exc)
+            self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on",
+                       type(exc).__name__, exc)
             if self.live is not None:
                 self.live.read_failed()
             return False

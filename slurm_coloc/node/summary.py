@@ -3,9 +3,10 @@
 Attribution rule on a shared GPU (docs/node.md): between two consecutive GPU samples of GPU g, the energy used
 (difference of the energy counter, else mean power x dt) and the interval itself are split among the processes
 seen on g at the later sample in proportion to their NVML SM utilization; when not all report it (MPS clients
-never do: NVML gives it to the MPS server, which is left out), in proportion to their GPU memory; a job gets the sum of its processes' shares (processes of no job, e.g. the MPS
-server, keep theirs unattributed). ``gpu_s`` is the job's share of the intervals: a job alone and busy on a GPU
-for 10 s gets 10 GPU-seconds. SM activity/occupancy are the GPU's (GPM), over the samples while the job ran.
+never do: NVML gives it to the MPS server, which is left out), in proportion to their GPU memory; a job gets the
+sum of its processes' shares (processes of no job, e.g. the MPS server, keep theirs unattributed). ``gpu_s`` is
+the job's share of the intervals: a job alone and busy on a GPU for 10 s gets 10 GPU-seconds. SM activity/occupancy
+are the GPU's (GPM), over the samples while the job ran.
 """
 from __future__ import annotations
 

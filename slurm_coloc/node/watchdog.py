@@ -84,7 +84,10 @@ class Finding:
 
 
 def grant_from_env(pairs: Mapping[str, str], shards: Optional[int]) -> Optional[float]:
-    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024; None if neither."""
+    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024.
+
+    None if neither.
+    """
     fence = pairs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
     for item in fence.split(","):
         _, sep, value = item.partition("=")
@@ -146,7 +149,7 @@ def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], 
         used: Dict[int, float] = {}
         for pid, mib in _per_pid(gl).items():
             job = job_of.get(pid)
-            if job in tenants and tenants[job].gpu_index == gl.gpu_index:
+            if job is not None and job in tenants and tenants[job].gpu_index == gl.gpu_index:
                 used[job] = used.get(job, 0.0) + (mib or 0.0)
         if any(u > tenants[j].grant_mib * near_pct / 100.0 for j, u in used.items()):
             return True

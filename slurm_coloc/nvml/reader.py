@@ -95,7 +95,7 @@ class NvmlReader:
             self._static[i] = (_s(uuid), _s(name))
             if self.gpm_wanted:
                 sup = self._q(i, "gpm_support", nv.nvmlGpmQueryDeviceSupport, h)
-                if sup is not None and getattr(sup, "isSupportedDevice", 0):
+                if sup is not None and getattr(sup, "isSupportedDevice", False):
                     self._gpm[i] = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
                 else:
                     log.info("GPU %d: GPM not supported; SM activity/occupancy columns stay NULL", i)

@@ -86,9 +86,15 @@ def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
     """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading."""
-    if not start or set(start) != set(end) or any(start[g] is None or end[g] is None for g in start):
+    if not start or set(start) != set(end):
         return None
-    return sum(float(end[g]) - float(start[g]) for g in start)  # type: ignore[arg-type]
+    total = 0.0
+    for g in start:
+        s, e = start[g], end[g]
+        if s is None or e is None:
+            return None
+        total += float(e) - float(s)
+    return total
 
 
 def p95(values: Sequence[float]) -> Optional[float]:

@@ -34,7 +34,7 @@ from slurm_coloc.replay.metrics import (
     summarize,
 )
 from slurm_coloc.replay.trace import Task
-from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.jobs import JobInfo, squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist
 from slurm_coloc.slurm.run import run as slurm_run
 
@@ -187,7 +187,7 @@ def run_replay(
         job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
         log.info("task %s -> job %s", task.index, job_of_task[task.index])
     task_of_job = {j: t for t, j in job_of_task.items()}
-    records: List[object] = []
+    records: List[JobInfo] = []
     while True:
         records = [
             r

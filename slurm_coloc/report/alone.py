@@ -12,12 +12,19 @@ SMACT >= 0.8 and (SMOCC >= 0.45 or DRAMA >= 0.4)).
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from slurm_coloc.config import Config
 
 
-def shared_jobs(jobs: Sequence[object]) -> Dict[int, bool]:
+class _Job(Protocol):
+    """What these functions need of a job (``JobView`` has it); other fields are read with ``getattr``."""
+
+    @property
+    def job_id(self) -> int: ...
+
+
+def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
     """job id -> whether another job's span overlapped it on one of its GPUs (jobs with a start and a GPU only).
 
     ``jobs``: ``JobView``-like objects (``job_id``, ``start_ts``, ``end_ts`` (None: running), ``gpu_list``).
@@ -43,7 +50,7 @@ def shared_jobs(jobs: Sequence[object]) -> Dict[int, bool]:
     return out
 
 
-def alone_rates(jobs: Sequence[object]) -> Dict[int, Dict[str, Optional[object]]]:
+def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
     """job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone"}`` (module docstring). Pure.
 
     ``jobs``: ``JobView``s with ``signature``, ``state``, ``runtime_s``.
@@ -54,7 +61,7 @@ def alone_rates(jobs: Sequence[object]) -> Dict[int, Dict[str, Optional[object]]
         sig, rt = getattr(j, "signature", None), getattr(j, "runtime_s", None)
         if sig and rt and getattr(j, "state", None) == "COMPLETED" and shared.get(j.job_id) is False:
             alone_by_sig.setdefault(sig, []).append((j.job_id, rt))
-    out: Dict[int, Dict[str, Optional[object]]] = {}
+    out: Dict[int, Dict[str, Any]] = {}
     for j in jobs:
         sig, rt = getattr(j, "signature", None), getattr(j, "runtime_s", None)
         others = [t for k, t in alone_by_sig.get(sig, []) if k != j.job_id] if sig else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from sqlite_utils import Database
 
@@ -101,7 +101,7 @@ class JobView:
     @property
     def gpu_list(self) -> List[tuple]:
         """``[(node, gpu_index), ...]`` parsed from ``gpus`` (``n1:0,1;n2:0``)."""
-        out = []
+        out: List[tuple] = []
         for part in self.gpus.split(";") if self.gpus else []:
             node, _, idx = part.partition(":")
             out.extend((node, int(i)) for i in idx.split(",") if i.strip().isdigit())
@@ -223,7 +223,7 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
         return None
 
 
-def spec_fields(spec_json: Optional[str]) -> Dict[str, object]:
+def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
     """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``); {} when absent or
     malformed (the spec came with the job's comment, which its user writes: only these two typed values are read)."""
     try:

@@ -17,7 +17,7 @@ import os
 import pwd
 import time
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.report import alone, diagnose
@@ -225,7 +225,8 @@ def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
 
 
 def _busy(spans: List[Tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
+    total, cur_s = 0.0, 0.0
+    cur_e: Optional[float] = None
     for s, e in sorted(spans):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
@@ -275,23 +276,23 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
         node, gpu = key
         if flt.nodes and node not in flt.nodes:
             continue
-        st = stats.get(key)
+        gst = stats.get(key)
         sp = spans.get(key, [])
         busy_s = _busy(sp)
         job_s = sum(e - s for s, e in sp)
         rows.append({
             "node": node, "gpu": gpu, "jobs": len(sp), "busy_hours": _r(busy_s / 3600),
             "collocation_factor": _r(job_s / busy_s, 2) if busy_s > 0 else None,
-            "util_mean": _r(st.util_mean, 1) if st else None,
-            "smact_mean": _r(st.smact_mean, 1) if st else None, "smact_p95": _r(st.smact_p95, 1) if st else None,
-            "smocc_mean": _r(st.smocc_mean, 1) if st else None, "smocc_p95": _r(st.smocc_p95, 1) if st else None,
-            "mem_used_mean_mib": _r(st.mem_used_mean_mib, 0) if st else None,
-            "mem_used_max_mib": _r(st.mem_used_max_mib, 0) if st else None,
+            "util_mean": _r(gst.util_mean, 1) if gst else None,
+            "smact_mean": _r(gst.smact_mean, 1) if gst else None, "smact_p95": _r(gst.smact_p95, 1) if gst else None,
+            "smocc_mean": _r(gst.smocc_mean, 1) if gst else None, "smocc_p95": _r(gst.smocc_p95, 1) if gst else None,
+            "mem_used_mean_mib": _r(gst.mem_used_mean_mib, 0) if gst else None,
+            "mem_used_max_mib": _r(gst.mem_used_max_mib, 0) if gst else None,
             "saturated_hours": _r(sat[key]["saturated_s"] / 3600) if key in sat else None,
             "saturated_pct": alone.saturated_share(sat[key]["saturated_s"], sat[key]["sampled_s"]) if key in sat
             else None,
-            "mem_total_mib": totals.get(key), "energy_kwh": _r(st.energy_j / 3.6e6, 4) if st and st.energy_j
-            is not None else None, "sampled_hours": _r(st.covered_s / 3600) if st else 0.0,
+            "mem_total_mib": totals.get(key), "energy_kwh": _r(gst.energy_j / 3.6e6, 4) if gst and gst.energy_j
+            is not None else None, "sampled_hours": _r(gst.covered_s / 3600) if gst else 0.0,
             "_job_s": job_s, "_busy_s": busy_s})
     return rows
 
@@ -324,13 +325,13 @@ def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> D
     return row
 
 
-def _fold(gs: Sequence[Dict[str, object]]) -> Dict[str, object]:
+def _fold(gs: Sequence[Dict[str, Any]]) -> Dict[str, object]:
     def w(col: str) -> Optional[float]:
         return _r(_wmean((g[col], g["sampled_hours"]) for g in gs), 1)  # type: ignore[misc]
 
-    busy = sum(float(g["_busy_s"]) for g in gs)  # type: ignore[arg-type]
-    job_s = sum(float(g["_job_s"]) for g in gs)  # type: ignore[arg-type]
-    energies = [float(g["energy_kwh"]) for g in gs if g["energy_kwh"] is not None]  # type: ignore[arg-type]
+    busy = sum(float(g["_busy_s"]) for g in gs)
+    job_s = sum(float(g["_job_s"]) for g in gs)
+    energies = [float(g["energy_kwh"]) for g in gs if g["energy_kwh"] is not None]
     return {"gpus": len(gs), "busy_gpu_hours": _r(busy / 3600),
             "collocation_factor": _r(job_s / busy, 2) if busy > 0 else None,
             "util_mean": w("util_mean"), "smact_mean": w("smact_mean"), "smocc_mean": w("smocc_mean"),

@@ -128,7 +128,7 @@ class JobRunRow:
 
 def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
     with db.atomic():  # one transaction
-        db[table].upsert(row, pk=pk)
+        db.table(table).upsert(row, pk=pk)
 
 
 def record_submission(db: Database, sub: JobSubmission) -> None:
@@ -153,7 +153,7 @@ def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Op
 
 def inferred_job_ids(db: Database) -> List[int]:
     """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source = 'inferred'``)."""
-    if not db["jobs"].exists() or "state_source" not in db["jobs"].columns_dict:
+    if not db.table("jobs").exists() or "state_source" not in db.table("jobs").columns_dict:
         return []
     return [int(r[0]) for r in db.execute("SELECT job_id FROM jobs WHERE state_source = 'inferred'").fetchall()]
 
@@ -169,14 +169,14 @@ def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
         db.execute("UPDATE jobs SET state = ?, state_source = 'slurm', updated_ts = ? WHERE job_id = ?",
                    [state, time.time(), int(job_id)])
         if old and old[0] != state:
-            db["events"].insert({"ts": time.time(), "job_id": int(job_id), "kind": "state-settled",
+            db.table("events").insert({"ts": time.time(), "job_id": int(job_id), "kind": "state-settled",
                                  "detail_json": json.dumps({"inferred": old[0], "slurm": state})})
 
 
 def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
     """Append an event (``kind`` e.g. ``hook-error``, ``oom``, ``retry-submitted``) with a JSON detail."""
     with db.atomic():
-        db["events"].insert({"ts": time.time(), "job_id": job_id, "kind": kind,
+        db.table("events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                              "detail_json": json.dumps(detail, sort_keys=True, default=str)})
 
 
@@ -194,16 +194,16 @@ def record_node_end(db: Database, end: JobEnd) -> None:
 def record_hook_run(db: Database, run: HookRun) -> None:
     """Append one hook invocation row."""
     with db.atomic():
-        db["hook_runs"].insert({"job_id": run.job_id, "node": run.node, "hook": run.hook, "ts": run.ts,
+        db.table("hook_runs").insert({"job_id": run.job_id, "node": run.node, "hook": run.hook, "ts": run.ts,
                                 "duration_ms": run.duration_ms, "ok": int(run.ok),
                                 "detail_json": json.dumps(run.detail, sort_keys=True, default=str)})
 
 
 def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args: Any = None) -> Iterator[Any]:
-    if not db[table].exists():
+    if not db.table(table).exists():
         return iter(())
     names = {f.name for f in fields(cls)}
-    return (cls(**{k: v for k, v in r.items() if k in names}) for r in db[table].rows_where(where, args or []))
+    return (cls(**{k: v for k, v in r.items() if k in names}) for r in db.table(table).rows_where(where, args or []))
 
 
 def load_jobs(db: Database) -> List[JobRow]:
@@ -218,18 +218,18 @@ def load_job_runs(db: Database) -> List[JobRunRow]:
 
 def load_hook_runs(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
     """Hook invocation rows (optionally of one job), oldest first."""
-    if not db["hook_runs"].exists():
+    if not db.table("hook_runs").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
-    return list(db["hook_runs"].rows_where(where, args, order_by="id"))
+    return list(db.table("hook_runs").rows_where(where, args, order_by="id"))
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
     """Event rows (optionally of one job), oldest first."""
-    if not db["events"].exists():
+    if not db.table("events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
-    return list(db["events"].rows_where(where, args, order_by="id"))
+    return list(db.table("events").rows_where(where, args, order_by="id"))
 
 
 def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:

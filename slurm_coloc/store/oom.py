@@ -75,7 +75,7 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
     """
     try:
         with db.atomic():
-            db[TABLE].insert(_row(rec), pk="job_id")
+            db.table(TABLE).insert(_row(rec), pk="job_id")
     except sqlite3.IntegrityError:
         return False
     return True
@@ -84,31 +84,31 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
 def record_retry_submitted(db: Database, job_id: int, retry_job_id: int, submit_ts: Optional[float] = None) -> None:
     """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``."""
     with db.atomic():
-        db[TABLE].update(job_id, {"retry_status": "submitted", "retry_job_id": int(retry_job_id),
+        db.table(TABLE).update(job_id, {"retry_status": "submitted", "retry_job_id": int(retry_job_id),
                                   "retry_submit_ts": submit_ts or time.time()})
 
 
 def record_retry_failed(db: Database, job_id: int, error: str) -> None:
     """sbatch refused (or could not run) the retry of ``job_id``; ``error`` is its one-line reason."""
     with db.atomic():
-        db[TABLE].update(job_id, {"retry_status": "failed", "retry_error": error[:2000]})
+        db.table(TABLE).update(job_id, {"retry_status": "failed", "retry_error": error[:2000]})
 
 
 def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
                          end_ts: Optional[float]) -> bool:
     """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry). False if it is not a known retry."""
-    rows = list(db[TABLE].rows_where("retry_job_id = ?", [int(retry_job_id)])) if db[TABLE].exists() else []
+    rows = list(db.table(TABLE).rows_where("retry_job_id = ?", [int(retry_job_id)])) if db.table(TABLE).exists() else []
     if not rows:
         return False
     with db.atomic():
-        db[TABLE].update(rows[0]["job_id"], {"retry_state": state, "retry_start_ts": start_ts,
+        db.table(TABLE).update(rows[0]["job_id"], {"retry_state": state, "retry_start_ts": start_ts,
                                              "retry_end_ts": end_ts})
     return True
 
 
 def original_of(db: Database, job_id: int) -> Optional[int]:
     """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return None
     row = db.execute(f"SELECT job_id FROM {TABLE} WHERE retry_job_id = ?", [int(job_id)]).fetchone()
     return int(row[0]) if row else None
@@ -116,17 +116,17 @@ def original_of(db: Database, job_id: int) -> Optional[int]:
 
 def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
     """The OOM row of ``job_id``, or None."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return None
-    rows = list(db[TABLE].rows_where("job_id = ?", [int(job_id)]))
+    rows = list(db.table(TABLE).rows_where("job_id = ?", [int(job_id)]))
     return _record(rows[0]) if rows else None
 
 
 def load_oom_events(db: Database) -> List[OomRecord]:
     """Every OOM row, oldest first (coloc-report)."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return []
-    return [_record(r) for r in db[TABLE].rows_where(order_by="ts, job_id")]
+    return [_record(r) for r in db.table(TABLE).rows_where(order_by="ts, job_id")]
 
 
 def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
@@ -140,7 +140,7 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
     64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left out.
     Measured NVML peaks of completed runs come from the sampler's tables, not from here.
     """
-    if not script_sha256 or not db[TABLE].exists():
+    if not script_sha256 or not db.table(TABLE).exists():
         return []
     rows = db.execute(f"SELECT fence_mib FROM {TABLE} WHERE script_sha256 = ? AND uid = ? AND fence_mib > 0 "
                       "ORDER BY ts", [script_sha256, int(uid)]).fetchall()
@@ -149,7 +149,7 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
 
 def reruns_since(db: Database, uid: int, since_ts: float) -> int:
     """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after ``since_ts``."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return 0
     row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
                      "('submitting', 'submitted')", [int(uid), float(since_ts)]).fetchone()
@@ -158,7 +158,7 @@ def reruns_since(db: Database, uid: int, since_ts: float) -> int:
 
 def unsettled_reruns(db: Database) -> List[int]:
     """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL)."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return []
     rows = db.execute(f"SELECT retry_job_id FROM {TABLE} WHERE retry_status = 'submitted' "
                       "AND retry_job_id IS NOT NULL AND retry_state IS NULL").fetchall()
@@ -167,7 +167,7 @@ def unsettled_reruns(db: Database) -> List[int]:
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
     """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or None."""
-    if not db["jobs"].exists():
+    if not db.table("jobs").exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
     return row[0] if row and row[0] else None
@@ -175,7 +175,7 @@ def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
 
 def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
     """Whether a node database holds any GPU sample (``gpu_samples``) with ``t0 <= ts <= t1``."""
-    if not node_db["gpu_samples"].exists():
+    if not node_db.table("gpu_samples").exists():
         return False
     return node_db.execute("SELECT 1 FROM gpu_samples WHERE ts >= ? AND ts <= ? LIMIT 1",
                            [float(t0), float(t1)]).fetchone() is not None
@@ -184,7 +184,7 @@ def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
 def has_watchdog_event(node_db: Database, job_id: int) -> bool:
     """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events`` row
     with its ``job_id``). False where the table, or its ``job_id`` column, does not exist (older databases)."""
-    table = node_db["watchdog_events"]
+    table = node_db.table("watchdog_events")
     if not table.exists() or "job_id" not in table.columns_dict:
         return False
     return node_db.execute("SELECT 1 FROM watchdog_events WHERE job_id = ? LIMIT 1",

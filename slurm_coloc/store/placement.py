@@ -40,7 +40,7 @@ def _frac(v: Any) -> Optional[float]:
 
 def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
     """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample ``last_ts``."""
-    if not db["gpu_samples"].exists():
+    if not db.table("gpu_samples").exists():
         return []
     rows = db.execute(
         "SELECT s.gpu_index, m.last_ts, AVG(s.smact_pct), AVG(s.smocc_pct), AVG(s.dram_bw_pct), MAX(s.mem_used_mib), "
@@ -105,7 +105,7 @@ def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pc
     Returns:
         ``{gpu_index: {"saturated_s": s, "sampled_s": s}}``; {} without a sample table.
     """
-    if not db["gpu_samples"].exists():
+    if not db.table("gpu_samples").exists():
         return {}
     where, args = ["smact_pct IS NOT NULL"], [float(smact_pct), float(smocc_pct), float(drama_pct)]
     if t0 is not None:

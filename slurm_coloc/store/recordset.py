@@ -77,10 +77,10 @@ def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
     """
     if not (isinstance(once, list) and len(once) == 2 and all(isinstance(t, (int, float)) for t in once)):
         raise ValueError(f"malformed once window {once!r:.100}")
-    if op == "hook_run" and db["hook_runs"].exists():
+    if op == "hook_run" and db.table("hook_runs").exists():
         sql = "SELECT 1 FROM hook_runs WHERE job_id = ? AND node = ? AND hook = ? AND ts BETWEEN ? AND ?"
         return db.execute(sql, [row["job_id"], row["node"], row["hook"], *once]).fetchone() is not None
-    if op == "event" and db["events"].exists():
+    if op == "event" and db.table("events").exists():
         sql = ("SELECT 1 FROM events WHERE job_id = ? AND kind = ? AND ts BETWEEN ? AND ? "
                "AND json_extract(detail_json, '$.hook') = json_extract(?, '$.hook')")
         return db.execute(sql, [row["job_id"], row["kind"], *once, row["detail_json"]]).fetchone() is not None
@@ -102,7 +102,7 @@ def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> N
         _fill_end(db, "job_runs", ("job_id", "node"), row, _JOB_RUN_END)
     elif op == "submission":
         key = [row["job_id"]]
-        if db["jobs"].exists() and db.execute("SELECT 1 FROM jobs WHERE job_id = ?", key).fetchone():
+        if db.table("jobs").exists() and db.execute("SELECT 1 FROM jobs WHERE job_id = ?", key).fetchone():
             for col, value in row.items():
                 if col != "job_id" and value is not None:
                     db.execute(f"UPDATE jobs SET [{col}] = ? WHERE job_id = ? AND [{col}] IS NULL", [value, *key])
@@ -117,7 +117,7 @@ def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> N
 def _fill_end(db: Database, table: str, pk: Sequence[str], row: Dict[str, Any], cols: Sequence[str]) -> None:
     where = " AND ".join(f"{k} = ?" for k in pk)
     key = [row[k] for k in pk]
-    if db[table].exists() and db.execute(f"SELECT 1 FROM {table} WHERE {where}", key).fetchone():
+    if db.table(table).exists() and db.execute(f"SELECT 1 FROM {table} WHERE {where}", key).fetchone():
         sets = [(c, row[c]) for c in cols if c in row]
         if sets:
             db.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c, _ in sets)} WHERE {where} AND end_ts IS NULL",

@@ -191,7 +191,7 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
         rows, hists = _means_query(file, where, args), _hist_query(file, where, args)
     out = []
     for r in rows:
-        gpu, cov, n_all = int(r[0]), float(r[1] or 0.0), r[2]
+        gpu, cov = int(r[0]), float(r[1] or 0.0)
         means = []
         for k in range(len(_MEANS)):
             num, cnt = r[3 + 2 * k], r[4 + 2 * k]
@@ -285,7 +285,7 @@ def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tupl
 
 def gpu_totals_mib(db: Database) -> Dict[int, float]:
     """``{gpu_index: total memory MiB}`` from the sampler's GPU table ({} when absent)."""
-    if not db["gpus"].exists():
+    if not db.table("gpus").exists():
         return {}
     return {int(g): float(m) for g, m in db.execute("SELECT gpu_index, mem_total_mib FROM gpus").fetchall()
             if m is not None}
@@ -293,14 +293,14 @@ def gpu_totals_mib(db: Database) -> Dict[int, float]:
 
 def load_job_row(db: Database, job_id: int) -> Optional[Dict[str, object]]:
     """The controller ``jobs`` row of ``job_id`` as a dict, or None (one indexed lookup)."""
-    if not db["jobs"].exists():
+    if not db.table("jobs").exists():
         return None
-    rows = list(db["jobs"].rows_where("job_id = ?", [int(job_id)]))
+    rows = list(db.table("jobs").rows_where("job_id = ?", [int(job_id)]))
     return rows[0] if rows else None
 
 
 def load_job_run_rows(db: Database, job_id: int) -> List[Dict[str, object]]:
     """The node ``job_runs`` rows of ``job_id`` (one per node in that database)."""
-    if not db["job_runs"].exists():
+    if not db.table("job_runs").exists():
         return []
-    return list(db["job_runs"].rows_where("job_id = ?", [int(job_id)]))
+    return list(db.table("job_runs").rows_where("job_id = ?", [int(job_id)]))

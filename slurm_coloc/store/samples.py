@@ -105,7 +105,7 @@ def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[
         if proc:
             db.conn.executemany(_INSERT_PROC, proc)
         for g in gpus_static:
-            db["gpus"].upsert({"gpu_index": g.index, "uuid": g.uuid, "name": g.name,
+            db.table("gpus").upsert({"gpu_index": g.index, "uuid": g.uuid, "name": g.name,
                                "mem_total_mib": g.mem_total_mib, "updated_ts": time.time()}, pk="gpu_index")
 
 
@@ -150,7 +150,7 @@ def purge(db: Database, before_ts: float) -> int:
 
 def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
     """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time."""
-    if not gpu_indices or not db["gpu_samples"].exists():
+    if not gpu_indices or not db.table("gpu_samples").exists():
         return []
     marks = ",".join("?" * len(gpu_indices))
     return list(db.query(f"SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
@@ -159,7 +159,7 @@ def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[i
 
 def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
     """Process sample rows (every job's) with ``t0 <= ts <= t1`` on the given GPUs, by time."""
-    if not gpu_indices or not db["proc_samples"].exists():
+    if not gpu_indices or not db.table("proc_samples").exists():
         return []
     marks = ",".join("?" * len(gpu_indices))
     return list(db.query(f"SELECT * FROM proc_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
@@ -168,7 +168,7 @@ def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[
 
 def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
     """All process sample rows attributed to ``job_id``, by time."""
-    if not db["proc_samples"].exists():
+    if not db.table("proc_samples").exists():
         return []
     return list(db.query("SELECT * FROM proc_samples WHERE job_id = ? ORDER BY ts", [job_id]))
 
@@ -181,29 +181,29 @@ def count_samples(db: Database) -> Dict[str, int]:
 def record_summary(db: Database, summary: JobSummary) -> None:
     """Insert or replace the (job, node) summary."""
     with db.atomic():
-        db["job_summaries"].upsert({**asdict(summary), "ts": time.time()}, pk=("job_id", "node"))
+        db.table("job_summaries").upsert({**asdict(summary), "ts": time.time()}, pk=("job_id", "node"))
 
 
 def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummary]:
     """Summaries of a node database (of one job if given)."""
-    if not db["job_summaries"].exists():
+    if not db.table("job_summaries").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
     names = set(JobSummary.__dataclass_fields__)
     return [JobSummary(**{k: v for k, v in r.items() if k in names})
-            for r in db["job_summaries"].rows_where(where, args, order_by="job_id")]
+            for r in db.table("job_summaries").rows_where(where, args, order_by="job_id")]
 
 
 def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
     """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...)."""
     with db.atomic():
-        db["node_events"].insert({"ts": time.time(), "job_id": job_id, "kind": kind,
+        db.table("node_events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                                   "detail_json": json.dumps(detail, sort_keys=True, default=str)})
 
 
 def load_node_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
     """Node events (of one job if given), oldest first."""
-    if not db["node_events"].exists():
+    if not db.table("node_events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
-    return list(db["node_events"].rows_where(where, args, order_by="id"))
+    return list(db.table("node_events").rows_where(where, args, order_by="id"))

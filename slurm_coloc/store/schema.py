@@ -19,7 +19,7 @@ NODE = Migrations(SCHEMA_VERSION_NODE)
 @CTLD()
 def m001_jobs(db: Database) -> None:
     """One row per job seen by a controller-side hook: what was asked, what was estimated, how it ended."""
-    db["jobs"].create(
+    db.table("jobs").create(
         {
             "job_id": int, "cluster": str, "user_name": str, "uid": int, "job_name": str, "partition": str,
             "submit_ts": float, "gres_req": str, "shards_req": int, "gpus_req": int, "share_mode": str,
@@ -30,24 +30,24 @@ def m001_jobs(db: Database) -> None:
         pk="job_id",
         not_null={"job_id"},
     )
-    db["jobs"].create_index(["user_name"])
-    db["jobs"].create_index(["script_sha256"])
+    db.table("jobs").create_index(["user_name"])
+    db.table("jobs").create_index(["script_sha256"])
 
 
 @CTLD()
 def m002_events(db: Database) -> None:
     """Things that happened to a job, controller side (estimate recorded, hook errors, OOM, retries)."""
-    db["events"].create(
+    db.table("events").create(
         {"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str},
         pk="id",
     )
-    db["events"].create_index(["job_id"])
+    db.table("events").create_index(["job_id"])
 
 
 @NODE()
 def m001_job_runs(db: Database) -> None:
     """One row per (job, node): GPUs and shards it held there, start and end as the node hooks saw them."""
-    db["job_runs"].create(
+    db.table("job_runs").create(
         {
             "job_id": int, "node": str, "user_name": str, "uid": int, "gpus": str, "shards": int,
             "gres": str, "start_ts": float, "end_ts": float, "state": str, "exit_code": int, "signal": int,
@@ -59,12 +59,12 @@ def m001_job_runs(db: Database) -> None:
 @NODE()
 def m002_hook_runs(db: Database) -> None:
     """One row per hook invocation on this node (Prolog, Epilog, TaskProlog): duration and outcome."""
-    db["hook_runs"].create(
+    db.table("hook_runs").create(
         {"id": int, "job_id": int, "node": str, "hook": str, "ts": float, "duration_ms": float,
          "ok": int, "detail_json": str},
         pk="id",
     )
-    db["hook_runs"].create_index(["job_id"])
+    db.table("hook_runs").create_index(["job_id"])
 
 
 @CTLD()
@@ -75,7 +75,7 @@ def m003_oom_events(db: Database) -> None:
     ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on ``job_id`` is what
     makes the retry happen at most once; ``retry_job_id`` is unique so a retry is recognised as one.
     """
-    db["oom_events"].create(
+    db.table("oom_events").create(
         {
             "job_id": int, "ts": float, "user_name": str, "uid": int, "script_sha256": str, "share_mode": str,
             "shards": int, "fence_mib": int, "end_ts": float, "evidence_json": str, "retry_of": int,
@@ -85,8 +85,8 @@ def m003_oom_events(db: Database) -> None:
         pk="job_id",
         not_null={"job_id"},
     )
-    db["oom_events"].create_index(["retry_job_id"], unique=True)
-    db["oom_events"].create_index(["script_sha256"])
+    db.table("oom_events").create_index(["retry_job_id"], unique=True)
+    db.table("oom_events").create_index(["script_sha256"])
 
 
 @NODE()
@@ -94,31 +94,31 @@ def m003_samples(db: Database) -> None:
     """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the GPUs
     seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw samples
     folded into the row; ``res_s``: its time resolution in seconds."""
-    db["gpu_samples"].create(
+    db.table("gpu_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
          "mem_used_mib": float, "power_w": float, "energy_j": float, "temp_c": float, "sm_clock_mhz": float,
          "smact_pct": float, "smocc_pct": float, "tensor_pct": float, "dram_bw_pct": float, "n": int,
          "res_s": float},
         pk="id",
     )
-    db["gpu_samples"].create_index(["ts"])
-    db["proc_samples"].create(
+    db.table("gpu_samples").create_index(["ts"])
+    db.table("proc_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "pid": int, "job_id": int, "used_mem_mib": float,
          "sm_util_pct": float, "mem_util_pct": float, "mps_client": int, "n": int, "res_s": float},
         pk="id",
     )
-    db["proc_samples"].create_index(["ts"])
-    db["proc_samples"].create_index(["job_id"])
-    db["gpus"].create({"gpu_index": int, "uuid": str, "name": str, "mem_total_mib": float, "updated_ts": float},
+    db.table("proc_samples").create_index(["ts"])
+    db.table("proc_samples").create_index(["job_id"])
+    db.table("gpus").create({"gpu_index": int, "uuid": str, "name": str, "mem_total_mib": float, "updated_ts": float},
                       pk="gpu_index")
-    db["job_summaries"].create(
+    db.table("job_summaries").create(
         {"job_id": int, "node": str, "gpus": str, "start_ts": float, "end_ts": float, "peak_mem_mib": float,
          "smact_mean": float, "smact_p95": float, "smocc_mean": float, "smocc_p95": float, "energy_j": float,
          "gpu_s": float, "n_samples": int, "ts": float},
         pk=("job_id", "node"),
     )
-    db["node_events"].create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str}, pk="id")
-    db["node_events"].create_index(["job_id"])
+    db.table("node_events").create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str}, pk="id")
+    db.table("node_events").create_index(["job_id"])
 
 
 @NODE()
@@ -127,13 +127,13 @@ def m004_watchdog_events(db: Database) -> None:
     GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what it did
     (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the stderr line).
     Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job."""
-    db["watchdog_events"].create(
+    db.table("watchdog_events").create(
         {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
          "grant_mib": float, "used_mib": float, "tolerance_mib": float, "pids_json": str, "action": str,
          "message": str, "outcome_json": str},
         pk="id",
     )
-    db["watchdog_events"].create_index(["job_id"])
+    db.table("watchdog_events").create_index(["job_id"])
 @CTLD()
 def m004_root_script_identity(db: Database) -> None:
     """``script_sha256`` becomes the hash root computes of the batch script Slurm stored (PrologSlurmctld), and
@@ -143,12 +143,12 @@ def m004_root_script_identity(db: Database) -> None:
     Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared so
     that no forged value keys the estimator's history (history starts again, per user, from the next runs).
     """
-    db["jobs"].add_column("state_source", str)
+    db.table("jobs").add_column("state_source", str)
     db.execute("UPDATE jobs SET script_sha256 = NULL")
-    if db["oom_events"].exists():
+    if db.table("oom_events").exists():
         db.execute("UPDATE oom_events SET script_sha256 = NULL")
-    db["jobs"].create_index(["uid", "script_sha256"])
-    db["oom_events"].create_index(["uid", "ts"])
+    db.table("jobs").create_index(["uid", "script_sha256"])
+    db.table("oom_events").create_index(["uid", "ts"])
 
 
 @NODE()
@@ -156,7 +156,7 @@ def m005_summary_diagnosis(db: Database) -> None:
     """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the job's
     GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many samples had a
     process of the job on the GPU (``active_samples``); NULL for summaries written before."""
-    if db["job_summaries"].exists():
+    if db.table("job_summaries").exists():
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
-            db["job_summaries"].add_column(col, float)
-        db["job_summaries"].add_column("active_samples", int)
+            db.table("job_summaries").add_column(col, float)
+        db.table("job_summaries").add_column("active_samples", int)

@@ -49,26 +49,29 @@ class WatchdogEvent:
 def record_event(db: Database, ev: WatchdogEvent) -> int:
     """Insert ``ev``; return its row id."""
     with db.atomic():
-        return int(db[TABLE].insert({
+        row_id = db.table(TABLE).insert({
             "ts": ev.ts, "job_id": ev.job_id, "node": ev.node, "gpu_index": ev.gpu_index, "reason": ev.reason,
             "share": ev.share, "grant_mib": ev.grant_mib, "used_mib": ev.used_mib, "tolerance_mib": ev.tolerance_mib,
             "pids_json": json.dumps(list(ev.pids)), "action": ev.action, "message": ev.message,
-            "outcome_json": json.dumps(ev.outcome, sort_keys=True, default=str)}).last_pk)
+            "outcome_json": json.dumps(ev.outcome, sort_keys=True, default=str)}).last_pk
+    if row_id is None:  # sqlite-utils sets last_pk after every insert into a rowid table
+        raise RuntimeError(f"insert into {TABLE} gave no row id")
+    return int(row_id)
 
 
 def set_outcome(db: Database, event_id: int, outcome: Dict[str, Any]) -> None:
     """Replace the outcome of event ``event_id``."""
     with db.atomic():
-        db[TABLE].update(event_id, {"outcome_json": json.dumps(outcome, sort_keys=True, default=str)})
+        db.table(TABLE).update(event_id, {"outcome_json": json.dumps(outcome, sort_keys=True, default=str)})
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEvent]:
     """Watchdog events (of one job if given), oldest first; [] on a database from before the table existed."""
-    if not db[TABLE].exists():
+    if not db.table(TABLE).exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
     out = []
-    for r in db[TABLE].rows_where(where, args, order_by="id"):
+    for r in db.table(TABLE).rows_where(where, args, order_by="id"):
         out.append(WatchdogEvent(
             ts=r["ts"], job_id=r["job_id"], node=r["node"], gpu_index=r["gpu_index"], reason=r["reason"],
             share=r["share"], grant_mib=r["grant_mib"], used_mib=r["used_mib"], tolerance_mib=r["tolerance_mib"],
@@ -94,7 +97,7 @@ class RunningRun:
 
 def running_runs(db: Database, node: str) -> List[RunningRun]:
     """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job runs)."""
-    if not db["job_runs"].exists():
+    if not db.table("job_runs").exists():
         return []
     out = []
     for r in db.execute("SELECT job_id, gpus, shards, uid FROM job_runs WHERE node = ? AND end_ts IS NULL",

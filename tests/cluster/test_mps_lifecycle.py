@@ -103,8 +103,8 @@ def test_shard_job_gets_mps_env_and_daemon_stops_after(cluster: Cluster) -> None
     assert env["CUDA_MPS_LOG_DIRECTORY"] == str(daemon_dir / "log")
     control_log = (daemon_dir / "log" / "control.log").read_text().splitlines()
     # the ceiling (the job's grant) goes to the control daemon before any client can start a server
-    assert control_log[-4:] == [f"start -d -M CUDA_VISIBLE_DEVICES={gpu}", "cmd set_default_device_pinned_mem_limit 0 5G",
-                                "cmd get_server_list", "quit"]
+    assert control_log[-4:] == [f"start -d -M CUDA_VISIBLE_DEVICES={gpu}",
+                                "cmd set_default_device_pinned_mem_limit 0 5G", "cmd get_server_list", "quit"]
     assert not (run_dir(cluster) / "jobs" / f"{jid}.env").exists()
     assert not (daemon_dir / "pipe" / "nvidia-cuda-mps-control.pid").exists()
     assert events(cluster, node, jid) == ["mps-start", "mps-stop"]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 USER = "colocuser"
 SHA = "0123456789abcdef" * 4
-OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB"
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB"  # noqa: E501
 SLEEPER = f"#!/bin/bash\necho '{OOM_LINE}' >&2\nsleep 600\n"
 PLAIN_FAIL = "#!/bin/bash\necho 'ValueError: bad config' >&2\nexit 1\n"
 # The job replaces its own stderr file by a symlink to a root-owned, world-readable file that holds an OOM

@@ -50,7 +50,8 @@ def test_recording_is_labelled_and_from_h100() -> None:
 
 def test_replay_rows_attributed_to_real_slurm_job(slurm_cluster, tmp_path: Path) -> None:
     """A real Slurm job's pid stands in for a recorded client pid; its rows carry that job id."""
-    res = slurm_cluster.run(["sbatch", "--parsable", "--gres=shard:2", "--wrap", "sleep 60"])  # the sleep is the long-lived job process
+    # the sleep is the long-lived job process
+    res = slurm_cluster.run(["sbatch", "--parsable", "--gres=shard:2", "--wrap", "sleep 60"])
     assert res.returncode == 0, res.stderr
     jid = int(res.stdout.strip())
     slurm_cluster.wait_state(jid, ["RUNNING"])

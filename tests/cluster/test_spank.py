@@ -181,7 +181,8 @@ def test_plugin_builds_hardened_and_exports_only_hooks(plugin_build: Path) -> No
     so = plugin_build / "coloc_spank.so"
     exported = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True)
     names = [line.split()[-1] for line in exported.stdout.splitlines()]
-    assert {"slurm_spank_init", "slurm_spank_init_post_opt", "plugin_name", "plugin_type", "plugin_version"} <= set(names)
+    expected = {"slurm_spank_init", "slurm_spank_init_post_opt", "plugin_name", "plugin_type", "plugin_version"}
+    assert expected <= set(names)
     assert [n for n in names if not n.startswith(("slurm_spank_", "plugin_"))] == []
     dynamic = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, check=True).stdout
     assert "BIND_NOW" in dynamic or re.search(r"FLAGS.*NOW", dynamic)

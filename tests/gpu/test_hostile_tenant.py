@@ -11,7 +11,8 @@ The compute mode is left as it is (DEFAULT on the test machine).
 Run on the device, root, with ``.carry`` carried (benchmarks/device/build_bundle.sh):
 ``/opt/torch/.venv/bin/python3 -m pytest -s -o addopts= -m gpu tests/gpu/test_hostile_tenant.py``
 The Slurm parts alone, on a CPU host: ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HOSTILE_CPU=1 COLOC_BENCH_ROOT=/tmp/cbench
-COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o addopts= -m gpu tests/gpu/test_hostile_tenant.py``
+COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o addopts= -m gpu
+tests/gpu/test_hostile_tenant.py``
 (jobs print their environment instead of using CUDA; the watchdog has nothing to see: only the setup is checked).
 """
 from __future__ import annotations

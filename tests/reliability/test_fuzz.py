@@ -57,7 +57,8 @@ SCRIPT_BYTES = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda body, crlf, bom: (b"\xef\xbb\xbf" if bom else b"") + body.encode().replace(
         b"\n", b"\r\n" if crlf else b"\n"),
-        st.lists(st.one_of(st.just("#!/bin/bash"), st.builds(lambda k, v: f"#COLOC {k}={v}", st.sampled_from(KEYS), TEXT),
+        st.lists(st.one_of(st.just("#!/bin/bash"),
+                           st.builds(lambda k, v: f"#COLOC {k}={v}", st.sampled_from(KEYS), TEXT),
                            st.builds(lambda v: f"#SBATCH {v}", TEXT), TEXT, st.just("python train.py")),
                  max_size=8).map("\n".join), st.booleans(), st.booleans()),
 )

@@ -372,7 +372,8 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
     real_device = FakeTensor.device
 
     def device(self: Any) -> Any:
-        d = real_device.fget(self)
+        # torch's stub declares Tensor.device as an overloaded method; at runtime it is a property
+        d = real_device.fget(self)  # type: ignore[attr-defined]
         if state.dispatch_depth == 0 and d.type == "cpu" and state.on_gpu(self):
             return cuda0
         return d

@@ -48,7 +48,7 @@ def _lightning_trainer(mod: Any, note: Note) -> None:
 def _hf_training_args(mod: Any, note: Note) -> None:
     args_cls = getattr(mod, "TrainingArguments", None)
     post = getattr(args_cls, "__post_init__", None)
-    if post is None:
+    if args_cls is None or post is None:
         return
 
     def __post_init__(self: Any) -> None:
