@@ -119,6 +119,7 @@ def _fake_proc(root: Path, pid: int, start: int, env: bytes, cgroup: str = "0::/
     (d / "stat").write_text(f"{pid} (py thon) {' '.join(fields)}\n")
     (d / "environ").write_bytes(env)
     (d / "cgroup").write_text(cgroup)
+    (d / "status").write_text("PPid:\t1\nUid:\t0\t0\t0\t0\n")  # a root process: its own SLURM_JOB_ID counts
 
 
 def test_attribution_read_once_per_process_start(tmp_path: Path) -> None:

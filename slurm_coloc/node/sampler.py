@@ -34,6 +34,7 @@ from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.watchdog import Watchdog
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import watchdog as store_watchdog
 from slurm_coloc.store.db import open_node_db
 
 log = logging.getLogger("slurm_coloc.sampler")
@@ -75,6 +76,8 @@ class Sampler:
         self.cfg, self.node, self.reader = cfg, node, reader
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
+        if self.attr.job_uid is None:  # a process's own SLURM_JOB_ID counts only for that job's user
+            self.attr.job_uid = self._job_uid
         self.interval_s = interval_s or cfg.sampler_interval_s
         self.watchdog = Watchdog(cfg, node, self.db_path, self.attr)  # may shorten the tick: node/watchdog.py
         self.tick_s = self.interval_s
@@ -172,6 +175,13 @@ class Sampler:
             del self.gpu_buf[:drop_g]
             del self.proc_buf[:over - drop_g]
         return True
+
+    def _job_uid(self, job_id: int) -> Optional[int]:
+        """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed job)."""
+        try:
+            return store_watchdog.job_uid(self._open(), job_id)
+        except (sqlite3.Error, ColocError):
+            return None
 
     def _open(self) -> Any:
         if self._db is None:

@@ -105,3 +105,12 @@ def running_runs(db: Database, node: str) -> List[RunningRun]:
         gpus = tuple(int(x) for x in str(r[1] or "").split(",") if x.strip().isdigit())
         out.append(RunningRun(int(r[0]), gpus, r[2], r[3]))
     return out
+
+
+def job_uid(db: Database, job_id: int) -> Optional[int]:
+    """The uid the node Prolog recorded for ``job_id`` (from Slurm's environment), None when not recorded."""
+    if not db.table("job_runs").exists():
+        return None
+    row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC LIMIT 1",
+                     [int(job_id)]).fetchone()
+    return int(row[0]) if row else None
