@@ -122,6 +122,20 @@ def test_script_args_from_squeue_command() -> None:
     assert oom.script_args(None, {}) == ([], True)
 
 
+def test_script_args_where_slurm_keeps_only_the_script() -> None:
+    """24.11 and later record ``command`` as the script path alone (tests/data/slurm-24.11): the comment's argv is
+    the only source of the rerun's arguments there, within bounds; on 22.05 the same comment cannot add words."""
+    import dataclasses
+
+    j = job_info_from_json({"job_id": 5, "command": "/j/run.sh"})
+    new = dataclasses.replace(j, slurm_release="24.11.5")
+    assert oom.script_args(new, {"argv": ["a", "b c", "200"]}) == (["a", "b c", "200"], True)
+    assert oom.script_args(new, {}) == ([], False)  # not known: reported as inexact
+    assert oom.script_args(new, {"argv": ["x" * (oom.MAX_ARG_CHARS + 1)]}) == ([], False)
+    assert oom.script_args(new, {"argv": "a b"}) == ([], False)
+    assert oom.script_args(dataclasses.replace(j, slurm_release="22.05.8"), {"argv": ["--evil"]}) == ([], True)
+
+
 @pytest.fixture()
 def db(tmp_path: Path):
     return open_ctld_db(tmp_path / "ctld.db")

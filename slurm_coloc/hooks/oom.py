@@ -193,6 +193,10 @@ def neutralise_gpu_directives(script: str) -> str:
     return "".join(out)
 
 
+MAX_ARGS = 4096  # bounds of the comment's argv where Slurm keeps no arguments (24.11+)
+MAX_ARG_CHARS = 4096
+
+
 def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
@@ -201,12 +205,22 @@ def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[
     only keeps ``command``: argv joined by single spaces (``JobInfo.command``), so it is split on whitespace and its
     first word (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which
     cannot be told apart (reported as inexact only when doubled spaces show it).
+
+    Slurm 24.11 and later record the script alone as ``command`` (its arguments are kept nowhere a hook can read:
+    docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
+    (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). It shapes only the arguments of the user's own rerun, which
+    runs as that user with the options Slurm recorded, so it cannot widen what the rerun may do.
     """
     command = job.command if job else ""
-    argv = coloc.get("argv")
-    if isinstance(argv, list) and all(isinstance(a, str) for a in argv) and \
-            " ".join(argv).split() == command.split()[1:]:
+    raw = coloc.get("argv")
+    argv: List[str] = list(raw) if isinstance(raw, list) else []
+    valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
+        all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
+    if valid and " ".join(argv).split() == command.split()[1:]:
         return list(argv), True  # the comment's words agree with what Slurm recorded
+    if len(command.split()) == 1 and job is not None and job.slurm_release and \
+            not job.slurm_release.startswith(("22.", "23.")):
+        return (list(argv), True) if valid else ([], False)  # 24.11+: Slurm keeps the script path only
     return command.split()[1:], "  " not in command.strip()
 
 
