@@ -9,6 +9,7 @@ it); a single job is ``scontrol show job --json <id>`` on 24.11+ (Slurm filters,
 from __future__ import annotations
 
 import re
+import time
 from typing import List, Mapping, Optional, Sequence, Union
 
 from slurm_coloc.errors import SlurmError
@@ -76,7 +77,10 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
         SlurmError: Slurm failed, timed out or printed something unparsable.
     """
     job_id = int(job_id)
-    if slurm_version(bin_dir, env).json_job_query:
+    deadline = time.monotonic() + timeout_s  # one budget for the version look-up (cached) and the query
+    version = slurm_version(bin_dir, env, timeout_s=max(0.5, timeout_s / 3))
+    timeout_s = max(0.5, deadline - time.monotonic())
+    if version.json_job_query:
         proc = run(["scontrol", "show", "job", "--json", str(job_id)], bin_dir=bin_dir, env=env,
                    timeout_s=timeout_s, check=False)
         if proc.returncode != 0 and any(m in proc.stderr.lower() for m in _UNKNOWN_JOB):
