@@ -24,6 +24,8 @@ from slurm_coloc.submit.decide import DISAGREE_FRACTION, ProbeAnswer, explain_li
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import NO_INFORMATION, build_plan
 
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
+
 CFG = Config(gpu_mem_gib=80, headroom_mib=256, gpu_model_by_partition={"a100": "A100"})
 MODEL = "#COLOC model=m:f input=3 batch=2\n"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +37,6 @@ TRAIN_PY = '''\
 import argparse
 import torch
 import torch.nn as nn
-
-pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 print("number of parameters: 0.21M")
 p = argparse.ArgumentParser()

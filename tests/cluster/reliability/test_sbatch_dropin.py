@@ -22,6 +22,8 @@ from slurm_coloc.comment import MAX_COMMENT_CHARS, fit_comment, parse_comment
 from slurm_coloc.submit.plan import comment_steps
 from tests.cluster.reliability.conftest import FaultCluster
 
+pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
+
 PRINTING_MODEL = """\
 print("99999")
 import torch
@@ -39,8 +41,6 @@ class Net(torch.nn.Module):
 """
 SLEEPING_MODEL = """\
 import os, sys, time
-
-pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 pid = os.fork()
 if pid == 0:
     time.sleep(600)
