@@ -214,16 +214,18 @@ def test_cancelled_pending_rerun_is_recorded_and_rerun_takes_only_slurms_options
 
 
 def _watchdog_row(fc: FaultCluster, job: int) -> None:
-    """What the sampler's watchdog records when it stops a job (a ``watchdog_events`` row in the node database)."""
-    conn = sqlite3.connect(fc.c.node_db("n1"), timeout=10)
+    """What the sampler's watchdog records when it stops a job (a ``watchdog_events`` row in the node database,
+    written through the watchdog's own store function)."""
+    from slurm_coloc.store import watchdog as store_wd
+    from slurm_coloc.store.db import open_node_db
+
+    db = open_node_db(fc.c.node_db("n1"))
     try:
-        conn.execute("CREATE TABLE IF NOT EXISTS watchdog_events (id INTEGER PRIMARY KEY, ts FLOAT, job_id INTEGER, "
-                     "kind TEXT, detail_json TEXT)")
-        conn.execute("INSERT INTO watchdog_events (ts, job_id, kind, detail_json) VALUES (?, ?, 'over-grant', '{}')",
-                     (time.time(), job))
-        conn.commit()
+        store_wd.record_event(db, store_wd.WatchdogEvent(
+            ts=time.time(), job_id=job, node="n1", gpu_index=0, reason="over-grant", share="mps", grant_mib=2048.0,
+            used_mib=8192.0, tolerance_mib=512.0, pids=(), action="stop", message="stopped by the GPU watchdog"))
     finally:
-        conn.close()
+        db.conn.close()
 
 
 def test_fake_oom_lines_cannot_farm_whole_gpu_reruns(fc: FaultCluster) -> None:
