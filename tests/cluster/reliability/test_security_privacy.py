@@ -93,10 +93,9 @@ def test_admin_group_reads_databases_directly(fc: FaultCluster) -> None:
     gid = 2002
     for p in _db_files(fc):
         st = os.stat(p)
-        assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o640, (p, oct(st.st_mode), st.st_gid)
-    # a live WAL database: group members read it as coloc-report does, immutable (no -shm write needed)
-    direct = _as(fc, "colocuser2", "sqlite3", f"file:{fc.ctld_db}?immutable=1",
-                 f"SELECT user_name FROM jobs WHERE job_id = {mine}")
+        want = 0o660 if str(p).endswith("-shm") else 0o640  # the WAL index: readers write their read marks
+        assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == want, (p, oct(st.st_mode), st.st_gid)
+    direct = _as(fc, "colocuser2", "sqlite3", str(fc.ctld_db), f"SELECT user_name FROM jobs WHERE job_id = {mine}")
     assert direct.returncode == 0 and direct.stdout.strip() == "colocuser", direct
     seen = _as(fc, "colocuser2", "coloc-report", "jobs", "--json", "--since", "1d")
     assert mine in {j["job_id"] for j in json.loads(seen.stdout)["jobs"]}, seen.stderr
