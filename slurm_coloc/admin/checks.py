@@ -23,6 +23,7 @@ from slurm_coloc.admin.slurmconf import (
 )
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
+from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.slurm.version import slurm_version
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
@@ -334,7 +335,7 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
     results += check_gpu(cfg, no_gpu)
     results += check_metrics(cfg, no_gpu)
     results += check_mps_protection(cfg, no_gpu)
-    results += check_slurm_version(cfg, conf, slurm_conf.parent)
+    results += check_slurm_version(cfg, conf, slurm_conf)
     return results
 
 
@@ -405,11 +406,16 @@ def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
     return evaluate_mps_protection(cfg, shared, mode_of)
 
 
-def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], conf_dir: Path) -> List[Check]:
-    """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py)."""
+def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path) -> List[Check]:
+    """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py).
+
+    ``scontrol --version`` is run with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
+    source 22.05's scontrol exits before printing its version (DNS SRV look-up).
+    """
     name = "Slurm version"
+    conf_dir = slurm_conf.parent
     try:
-        version = slurm_version(cfg.slurm_bin_dir)
+        version = slurm_version(cfg.slurm_bin_dir, slurm_env({"SLURM_CONF": str(slurm_conf)}))
     except ColocError as exc:
         return [fail(name, f"cannot tell the Slurm release: {exc.one_line()}",
                      "install slurm-client or set slurm_bin_dir in coloc.yaml")]
