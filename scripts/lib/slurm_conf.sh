@@ -129,5 +129,6 @@ log_dir: $2/log
 slurm_bin_dir: $3
 gpu_mem_gib: $4
 oom_rerun_per_user_max: 1000  # test/demo cluster: its tests rerun many OOM jobs of one user
+probe: false  # test/demo cluster: its jobs declare #COLOC lines; the probe's own tests set COLOC_PROBE=true
 YAML
 }

@@ -242,7 +242,8 @@ def test_a_plain_script_gets_shards_from_the_probe_and_completes(slurm_cluster, 
     script = _project(cluster.jobs_dir / f"probe-{os.getpid()}")
     _give_to_colocuser(script.parent)
     env = {"XDG_CACHE_HOME": str(script.parent / ".cache")}
-    out = cluster.run(["coloc-sbatch", "--parsable", str(script), "--steps", "2"], cwd=script.parent, env=env,
+    out = cluster.run(["coloc-sbatch", "--parsable", str(script), "--steps", "2"], cwd=script.parent,
+                      env={**env, "COLOC_PROBE": "true"},
                       timeout=300)
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(r"\d+\n", out.stdout), out.stdout  # the job id alone: --dependency chains work
@@ -268,7 +269,8 @@ def test_parsable_is_the_job_id_alone_when_the_probe_falls_back(slurm_cluster, p
     script = _project(d)
     (d / "train.py").write_text(program)
     _give_to_colocuser(d)
-    out = cluster.run(["coloc-sbatch", "--parsable", str(script)], cwd=d, env={**env, "XDG_CACHE_HOME": str(d)},
+    out = cluster.run(["coloc-sbatch", "--parsable", str(script)], cwd=d,
+                      env={**env, "XDG_CACHE_HOME": str(d), "COLOC_PROBE": "true"},
                       timeout=300)
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(r"\d+\n", out.stdout), out.stdout
