@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 FILE_MODE_GROUP, DIR_MODE_GROUP = 0o640, 0o750  # root rw, admin group r
 FILE_MODE_ROOT, DIR_MODE_ROOT = 0o600, 0o700  # no admin group: root only
-SHM_MODE_GROUP = 0o660  # a WAL reader maps -shm writable (its read marks): admin-group members can read live files
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 
 
@@ -57,19 +56,14 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
         return None
 
 
-def restrict(path: Path, gid: Optional[int], directory: bool = False, shm: bool = False) -> None:
+def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
     """Make ``path`` root(-owner) read-write and readable by group ``gid`` only (None: by the owner only).
-
-    ``shm``: the WAL index (``-shm``), which every reader of a live WAL database must be able to write (SQLite's
-    read marks): group read-write with ``gid``, root only without it. It holds page numbers, no row data.
 
     As root the group is set to ``gid`` (root's group 0 without one); as another user only the mode is set.
     A missing path is ignored. Raises OSError when the mode cannot be set.
     """
     if directory:
         mode = DIR_MODE_GROUP if gid is not None else DIR_MODE_ROOT
-    elif shm:
-        mode = SHM_MODE_GROUP if gid is not None else FILE_MODE_ROOT
     else:
         mode = FILE_MODE_GROUP if gid is not None else FILE_MODE_ROOT
     try:
@@ -96,7 +90,7 @@ def restrict_database(path: Path, gid: Optional[int]) -> None:
     except FileNotFoundError:
         pass
     for p in (path, *(Path(f"{path}{suffix}") for suffix in SIDE_SUFFIXES)):
-        restrict(p, gid, shm=str(p).endswith("-shm"))
+        restrict(p, gid)
 
 
 def _ensure_dir(path: Path, gid: Optional[int]) -> None:
