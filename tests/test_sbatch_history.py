@@ -56,6 +56,7 @@ def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
     base = Path(f"/tmp/coloc-hist-{os.getpid()}")
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(mode=0o755)
+    base.chmod(0o755)  # whatever umask an earlier test in this process left (hook code sets 077)
     server = None
     try:
         state = base / "state"

@@ -167,7 +167,8 @@ def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) ->
 
 
 def _without_ids(rows: List[dict]) -> List[dict]:
-    """Rows without their ids, the columns added since (``state_source``) and the script hashes the old code took
-    from the job's comment (no longer trusted: see ``CLEARED``), as sorted JSON strings."""
-    skip = {"id", "state_source", "script_sha256"}
+    """Rows without their ids, the columns added since (``state_source``) and the values the old code took from the
+    job's comment (no longer trusted: the script hash, see ``CLEARED``, and a failed hook's shard count, which now
+    comes only from Slurm's GRES), as sorted JSON strings."""
+    skip = {"id", "state_source", "script_sha256", "shards_req"}
     return sorted((json.dumps({k: v for k, v in r.items() if k not in skip}, sort_keys=True) for r in rows))
