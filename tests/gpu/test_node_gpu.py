@@ -21,6 +21,7 @@ import pytest
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv, mps
+from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as st
@@ -121,8 +122,11 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     env_b = jobenv.mps_env(rb.daemon, 4)   # 4 shards: 4 GiB fence
     db_path = Path(gpu_cfg.state_dir) / "nodes" / "gpu1.db"
     rec = _Recording(NvmlReader())
+    # the clients run outside Slurm (no cgroup, no slurmstepd, no Prolog row): their SLURM_JOB_ID claims count
+    # because the job's uid is known, as the Prolog records it for a real job (node/attribution.py)
+    owners = {9101: 0, 9102: 2101}
     sampler = Sampler(dataclasses.replace(gpu_cfg, sampler_batch_s=1.0), "gpu1", rec, db_path=db_path,
-                      interval_s=0.5)
+                      interval_s=0.5, attributor=JobAttributor(job_uid=owners.get))
     th = threading.Thread(target=sampler.run, kwargs={"duration_s": 60}, daemon=True)
     th.start()
     time.sleep(1.5)
