@@ -106,16 +106,26 @@ def _subst(s: str, vars_: Mapping[str, str], args: Sequence[str]) -> str:
     return _VAR_RE.sub(rep, s)
 
 
-def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
-    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection."""
+def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
+    """Shell words and operators of ``line`` after variable substitution; None when its quoting is broken.
+
+    ``"$@"`` keeps each argument a word: it is substituted before splitting.
+    """
     quoted_all = " ".join(shlex.quote(a) for a in args)
     line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
     try:
         lex = shlex.shlex(_subst(line, vars_, args), posix=True, punctuation_chars="|&;<>")
         lex.whitespace_split = True
         lex.commenters = "#"
-        toks = list(lex)
+        return list(lex)
     except ValueError:
+        return None
+
+
+def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
+    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection."""
+    toks = _tokens(line, vars_, args)
+    if toks is None:
         return []
     segs: List[List[str]] = [[]]
     cut = False
@@ -131,15 +141,8 @@ def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[
 
 
 def _split(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    # "$@" keeps each argument a word: substitute it before splitting
-    quoted_all = " ".join(shlex.quote(a) for a in args)
-    line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
-    try:
-        lex = shlex.shlex(_subst(line, vars_, args), posix=True, punctuation_chars="|&;<>")
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        toks = list(lex)
-    except ValueError:
+    toks = _tokens(line, vars_, args)
+    if toks is None:
         return None
     out = []
     for t in toks:
