@@ -15,7 +15,37 @@ Measured on the H100: ``benchmarks/device/sdpa_probe.py``, ``benchmarks/device/m
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
+
+
+def _cuda_sdpa(torch: Any, sdpa: Any, args: Any, kwargs: Any) -> Any:
+    """``F.scaled_dot_product_attention(*args, **kwargs)`` with the kernel CUDA would choose (see below)."""
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+    p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+    if mask is not None and causal:
+        causal = False  # the additive mask already holds the causal pattern
+    if (mask is not None and mask.is_floating_point() and mask.dim() > 0 and mask.shape[-1] > 1
+            and mask.stride(-1) != 1):
+        # CUDA's fused kernels refuse a bias whose last dim is not contiguous (T5's position
+        # bias, a permuted embedding): the math backend runs, in float32 for fp16/bf16 inputs,
+        # and keeps B x H x T x T float32 tensors (benchmarks/device/sdpa_probe.py on the H100:
+        # 688-720 MiB kept per call at B=32, H=8, T=512 instead of 20 MiB).
+        with torch.autocast("cpu", enabled=False):
+            out = torch.ops.aten._scaled_dot_product_attention_math(
+                q.float(), k.float(), v.float(), mask.float(), float(p), bool(causal),
+                scale=kwargs.get("scale"))[0]
+        return out.to(q.dtype)
+    if q.dim() == 4 and k.shape[-1] == v.shape[-1] and kwargs.get("enable_gqa") is not True:
+        if mask is not None:
+            mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, mask, True, float(p), bool(causal), scale=kwargs.get("scale"))[0]
+    return sdpa(*args, **kwargs)
 
 
 def make_sdpa_mode(torch: Any) -> Any:
@@ -24,6 +54,11 @@ def make_sdpa_mode(torch: Any) -> Any:
     On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused
     kernels keep only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention``
     has meta kernels and a derivative, so the traced allocations match the GPU's.
+
+    A ``TorchFunctionMode`` sees only calls made outside other overridable Python functions: inside
+    ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
+    the modes are popped while it runs, so its SDPA call is not seen; :func:`patch_functional_sdpa`
+    covers that path.
     """
     from torch.overrides import TorchFunctionMode
 
@@ -33,33 +68,60 @@ def make_sdpa_mode(torch: Any) -> Any:
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
             if func is sdpa:
-                q, k, v = args[:3]
-                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-                p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-                causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
-                if mask is not None and mask.dtype == torch.bool:
-                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-                if mask is not None and causal:
-                    causal = False  # the additive mask already holds the causal pattern
-                if (mask is not None and mask.is_floating_point() and mask.dim() > 0 and mask.shape[-1] > 1
-                        and mask.stride(-1) != 1):
-                    # CUDA's fused kernels refuse a bias whose last dim is not contiguous (T5's position
-                    # bias, a permuted embedding): the math backend runs, in float32 for fp16/bf16 inputs,
-                    # and keeps B x H x T x T float32 tensors (benchmarks/device/sdpa_probe.py on the H100:
-                    # 688-720 MiB kept per call at B=32, H=8, T=512 instead of 20 MiB).
-                    with torch.autocast("cpu", enabled=False):
-                        out = torch.ops.aten._scaled_dot_product_attention_math(
-                            q.float(), k.float(), v.float(), mask.float(), float(p), bool(causal),
-                            scale=kwargs.get("scale"))[0]
-                    return out.to(q.dtype)
-                if q.dim() == 4 and k.shape[-1] == v.shape[-1] and kwargs.get("enable_gqa") is not True:
-                    if mask is not None:
-                        mask = mask.to(q.dtype).expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-                    return torch.ops.aten._scaled_dot_product_efficient_attention(
-                        q, k, v, mask, True, float(p), bool(causal), scale=kwargs.get("scale"))[0]
+                return _cuda_sdpa(torch, sdpa, args, kwargs)
             return func(*args, **kwargs)
 
     return _Sdpa()
+
+
+@contextlib.contextmanager
+def patch_functional_sdpa(torch: Any) -> Iterator[None]:
+    """Within the block, ``torch.nn.functional.scaled_dot_product_attention`` picks CUDA's kernel.
+
+    The module attribute is what ``F.multi_head_attention_forward`` calls (a global of
+    ``torch/nn/functional.py``), so ``nn.MultiheadAttention`` with ``need_weights=False`` (as
+    ``nn.TransformerEncoderLayer`` and torchvision's ViT call it) traces the fused kernel's memory,
+    as on the GPU, instead of the math path's B x H x T x T matrices. Restored on exit.
+    """
+    F = torch.nn.functional
+    sdpa = F.scaled_dot_product_attention
+
+    def cuda_sdpa(*args: Any, **kwargs: Any) -> Any:
+        return _cuda_sdpa(torch, sdpa, args, kwargs)
+
+    F.scaled_dot_product_attention = cuda_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
+
+
+def make_cuda_dropout_mode(torch: Any, on_gpu: Callable[[Any], bool]) -> Any:
+    """Run ``F.dropout``/``torch.dropout`` in training on GPU tensors as CUDA does: ``native_dropout``.
+
+    CUDA's fused kernel (``at::dropout``, ``is_fused_kernel_acceptable``: a CUDA input, 0 < p < 1)
+    saves a one-byte ``bool`` mask for the backward; on CPU and meta the same call multiplies by a
+    noise tensor of the input's dtype and saves that (4 bytes per element in fp32). ``on_gpu(t)``
+    says whether a tensor is GPU memory in the trace.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    funcs = {torch.nn.functional.dropout, torch.dropout}
+
+    class _Dropout(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func in funcs and args and isinstance(args[0], torch.Tensor):
+                x = args[0]
+                p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+                train = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
+                inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+                if (train and not inplace and 0.0 < float(p) < 1.0 and x.is_floating_point() and x.numel() > 0
+                        and on_gpu(x)):
+                    return torch.ops.aten.native_dropout(x, float(p), True)[0]
+            return func(*args, **kwargs)
+
+    return _Dropout()
 
 
 # Functions CUDA autocast runs in float32 that CPU autocast (which the AMP trace uses, on fake CPU

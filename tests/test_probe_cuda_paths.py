@@ -1,0 +1,104 @@
+"""The script probe takes the code paths a CUDA device takes, where they change memory (CPU torch, no GPU).
+
+Three of them were found by the corpus on the H100 (docs/estimator.md "Script probe"): the fused SDPA
+kernel inside ``nn.MultiheadAttention``, dropout's one-byte mask, and the optimizers' foreach path.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from slurm_coloc.probe.probe import probe_script
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def job_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def probe(tmp_path, name, body, *args):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    job = tmp_path / f"{name}.sh"
+    job.write_text(f"#!/bin/bash\npython {name}.py {' '.join(args)}\n")
+    r = probe_script(str(job), submit_dir=str(tmp_path), use_cache=False, keep_log=True)
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    return r
+
+
+ENCODER = """
+    import sys
+    import torch, torch.nn as nn
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(8, 1024, 64, device="cuda")
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_multihead_attention_traces_the_fused_kernel(tmp_path):
+    # The math path would keep B x H x T x T = 8 x 4 x 1024 x 1024 fp32 = 128 MiB per layer (softmax output);
+    # the fused kernel keeps the output and a B x H x T log-sum-exp. Everything else is a few MiB.
+    r = probe(tmp_path, "enc", ENCODER)
+    assert r.detail["peak_allocated_b"] < 64 * MIB + 64 * MIB  # + the two 32 MiB cuBLAS workspaces
+
+
+DROPOUT = """
+    import sys
+    import torch, torch.nn as nn
+    p = float(sys.argv[1])
+    model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(1024, 1024), nn.Dropout(p))]).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(4096, 1024, device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_dropout_keeps_a_one_byte_mask_as_on_cuda(tmp_path):
+    with_p = probe(tmp_path, "drop", DROPOUT, "0.5").detail["peak_allocated_b"]
+    without = probe(tmp_path, "drop", DROPOUT, "0.0").detail["peak_allocated_b"]
+    # 8 dropouts of a 4096 x 1024 fp32 activation: the next Linear saves the dropout's output instead of
+    # its input (same size), so each dropout adds only its mask: 4 MiB of bool on CUDA, where CPU's path
+    # would keep a 16 MiB float noise tensor.
+    per_dropout_mib = (with_p - without) / 8 / MIB
+    assert 3.5 <= per_dropout_mib <= 6, per_dropout_mib
+
+
+FOREACH = """
+    import torch, torch.nn as nn
+    import torch.optim.adam as adam
+    multi, single = adam._multi_tensor_adam, adam._single_tensor_adam
+    def m(*a, **k):
+        print("PATH foreach", flush=True)
+        return multi(*a, **k)
+    def s(*a, **k):
+        print("PATH single", flush=True)
+        return single(*a, **k)
+    adam._multi_tensor_adam, adam._single_tensor_adam = m, s
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        loss = model(torch.randn(32, 256, device="cuda")).logsumexp(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+"""
+
+
+def test_optimizer_takes_the_foreach_path_as_on_cuda(tmp_path):
+    r = probe(tmp_path, "fe", FOREACH)
+    assert "PATH foreach" in r.log_text and "PATH single" not in r.log_text
