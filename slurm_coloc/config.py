@@ -79,6 +79,9 @@ class Config:
         placement_interval_s: coloc-placer's loop period (s).
         placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
         placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
+        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier database), by
+            job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions), read by coloc-placer
+            as one more earlier run of each signature ("" = none; written by ``benchmarks/device`` tools).
         mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among the
             jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``; docs/node.md
             "What MPS enforces").
@@ -157,6 +160,7 @@ class Config:
     placement_interval_s: float = 2.0
     placement_max_wait_s: float = 600.0
     placement_calibration_path: str = ""
+    placement_history_path: str = ""
     mps_ceiling: bool = True
     mps_compute_mode: str = "leave"
     watchdog_action: str = "stop"

@@ -211,6 +211,8 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     now = time.time()
     rows = [{"ts": now - 100 + k, "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0, "dram_bw_pct": 10.0,
              "mem_used_mib": 1000.0 + k, "n": 1, "res_s": 1.0} for k in range(100)]
+    rows += [{"ts": now - 99.5 + k, "gpu_index": 0, "smact_pct": 0.0, "smocc_pct": 0.0, "dram_bw_pct": 0.0,
+              "mem_used_mib": 500.0, "n": 1, "res_s": 1.0} for k in range(10)]  # job 1's start-up: no work
     rows += [{"ts": now - 500, "gpu_index": 1, "smact_pct": 90.0, "smocc_pct": None, "dram_bw_pct": None,
               "mem_used_mib": 10.0, "n": 1, "res_s": 1.0}]
     node["gpu_samples"].insert_all(rows)
@@ -226,7 +228,12 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     assert live[1].smocc is None and live[1].last_ts == pytest.approx(now - 500, abs=0.01)
     alone = store_placement.alone_activity(ro, [1, 2, 3])
     assert set(alone) == {1}  # jobs 2 and 3 overlapped on GPU 1
-    assert alone[1]["smact"] == pytest.approx(0.4) and alone[1]["drama"] == pytest.approx(0.1)
+    # the mean of the samples that show work (50 %), not of the whole run with its idle start-up, nor the
+    # Epilog's summary (40 %)
+    assert alone[1]["smact"] == pytest.approx(0.5) and alone[1]["drama"] == pytest.approx(0.1)
+    assert alone[1]["smocc"] == pytest.approx(0.2)
+    node["gpu_samples"].delete_where("gpu_index = 0 AND smact_pct > 0 AND ts <= ?", [now - 50])
+    assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None}
     ctld = open_ctld_db(tmp_path / "ctld.db")
     ctld["jobs"].insert_all([{"job_id": 1, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
                              {"job_id": 2, "end_ts": None, "coloc_json": "{}"},
