@@ -64,7 +64,8 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
     """Every typed GPU with its shards in use, tenants, live state and recently placed load. Pure.
 
     Shards in use: running jobs' ``gres_detail`` plus steered jobs Slurm does not yet show on a GPU; a whole
-    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s``.
+    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s`` (the
+    caller passes ``placement_recent_s``, or ``placement_window_s`` when that is 0).
     """
     used: Dict[Tuple[str, int], int] = {}
     tenants: Dict[Tuple[str, int], int] = {}
@@ -272,7 +273,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             log.warning("history unreadable (%s): predictions only", exc)
         state.history_ts = now
     live = read_live(cfg, [n.node for n in nodes])
-    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_window_s)
+    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_recent_s or cfg.placement_window_s)
     sat = saturated_gpus(gpus, gate, cfg.placement_state_max_age_s)
     if sat:
         log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
