@@ -144,8 +144,8 @@ def read_history(cfg: Config) -> Dict[str, List[Activity]]:
     plus one run per signature of ``placement_history_path`` when set."""
     out: Dict[str, List[Activity]] = {}
     if cfg.placement_history_path:
-        for sig, a in read_history_file(cfg.placement_history_path).items():
-            out.setdefault(sig, []).append(a)
+        for sig, act in read_history_file(cfg.placement_history_path).items():
+            out.setdefault(sig, []).append(act)
     if not cfg.ctld_db_path.exists():
         return out
     ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
