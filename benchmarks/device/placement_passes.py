@@ -260,7 +260,8 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     recs: List[Any] = []
 
     def save(final: bool = False) -> None:
-        result["jobs"] = measure(jobs, job_of, recs, scenario, policy)
+        if not final:  # the final save keeps the last measurement and what was added to it
+            result["jobs"] = measure(jobs, job_of, recs, scenario, policy)
         result["wall_s"] = time.time() - t0
         if final:
             own = pm.alone_times(result["jobs"]) if policy == "exclusive" else alone  # the exclusive pass: its own
