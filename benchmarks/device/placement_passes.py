@@ -48,10 +48,11 @@ POLICIES = ("exclusive", "blind", "aware")
 PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-aware",)
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
-# placed in the last 8 s counts with its predicted activity (a part of its start-up: long enough that jobs placed
+# placed in the last 6 s counts with its predicted activity on top of the live state: long enough that jobs placed
 # together do not all start computing at once, short enough that the next job's start-up overlaps the others'
-# work; a simulation of 14 jobs with 15-30 s start-ups put the best mean JCT at 1/4-1/3 of the start-up).
-PLACER_CONFIG = {"placement_window_s": 4, "placement_recent_s": 8, "placement_state_max_age_s": 15,
+# work. ``benchmarks/placement_sim.py`` (a toy model, not a measurement) of the pile with 15-30 s start-ups: 6 s
+# gave a mean JCT 7-12% under blind's with no job over 2.4x its time alone; 4 s up to 3.3x, 8 s no better than blind.
+PLACER_CONFIG = {"placement_window_s": 4, "placement_recent_s": 6, "placement_state_max_age_s": 15,
                  "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
 CUDNN_ARGS = ["--cudnn-benchmark", "0"]  # no cuDNN autotuning: it cost 10-20 s of each job's start-up (run 1)
 
