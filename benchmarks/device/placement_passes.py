@@ -54,7 +54,10 @@ PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("sma
 # gave a mean JCT 7-12% under blind's with no job over 2.4x its time alone; 4 s up to 3.3x, 8 s no better than blind.
 PLACER_CONFIG = {"placement_window_s": 4, "placement_recent_s": 6, "placement_state_max_age_s": 15,
                  "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
-CUDNN_ARGS = ["--cudnn-benchmark", "0"]  # no cuDNN autotuning: it cost 10-20 s of each job's start-up (run 1)
+# No cuDNN autotuning: in the first placement run the pile's jobs ran 39-45 s alone for 4-6 s of training, against
+# ~14 s of start-up for the small models of run 1; autotuning every 224x224 convolution in the warm-up steps is the
+# suspected part (not isolated: the per-job log line splits the start-up to show it).
+CUDNN_ARGS = ["--cudnn-benchmark", "0"]
 
 
 def log(msg: str) -> None:
@@ -344,6 +347,20 @@ def small7(out: Path, deadline_s: float) -> Dict[str, Any]:
     return result
 
 
+def job_line(j: Mapping[str, Any], alone_s: Optional[float]) -> str:
+    """One job's times: JCT, run, start-up split into Slurm start -> Python (``t_launch``), Python -> model and
+    data on the GPU (``t_ready``), the 5 warm-up steps (``t0``), then training (``t1 - t0``), time alone."""
+    b = j.get("bench") or {}
+
+    def d(a: Optional[float], z: Optional[float]) -> str:
+        return pm.fmt(float(z) - float(a)) if a and z else "-"
+    return (f"job {j['index']:>2} {j['workload']:<26} {j['state']} jct {d(j.get('submit_ts'), j.get('end_ts'))} s, "
+            f"run {d(j.get('start_ts'), j.get('end_ts'))} s = to python {d(j.get('start_ts'), b.get('t_launch'))} + "
+            f"set-up {d(b.get('t_launch'), b.get('t_ready'))} + warm-up {d(b.get('t_ready'), b.get('t0'))} + "
+            f"training {d(b.get('t0'), b.get('t1'))} s; alone {pm.fmt(alone_s)} s; "
+            f"activity alone {j.get('alone_activity')}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("passes", nargs="+", choices=PASSES)
@@ -384,13 +401,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                   "p95_jct_s", "p95_slowdown", "max_run_slowdown",
                                                   "mean_smact_pct", "energy_j")) + f" {r['problems'] or ''}")
         for j in r["jobs"]:
-            b = j.get("bench") or {}
-            start_up = (b["t0"] - j["start_ts"]) if b.get("t0") and j.get("start_ts") else None
-            log(f"  job {j['index']:>2} {j['workload']:<26} {j['state']} jct "
-                f"{pm.fmt((j['end_ts'] - j['submit_ts']) if j['end_ts'] and j['submit_ts'] else None)} s, run "
-                f"{pm.fmt((j['end_ts'] - j['start_ts']) if j['end_ts'] and j['start_ts'] else None)} s, start-up "
-                f"{pm.fmt(start_up)} s, training {pm.fmt((b['t1'] - b['t0']) if b.get('t1') else None)} s, alone "
-                f"{pm.fmt(alone.get(j['index']))} s, activity {j.get('alone_activity')}")
+            log("  " + job_line(j, alone.get(j["index"])))
     return 0
 
 

@@ -109,7 +109,7 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--ballast-mib", type=int, default=0)
     ap.add_argument("--tag", default="")
     ap.add_argument("--cudnn-benchmark", type=int, choices=(0, 1), default=1,
-                    help="cuDNN autotuning (1); 0 saves its start-up cost (10-20 s for 224x224 models)")
+                    help="cuDNN autotuning in the warm-up steps (1, default); 0 skips its start-up cost")
     a = ap.parse_args(argv)
     t_launch = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
