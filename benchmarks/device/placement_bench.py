@@ -37,6 +37,9 @@ def main() -> int:
     t0 = time.time()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    # jobs get the machine's own LD_LIBRARY_PATH (torch's CUDA libraries), as run_device.sh gives bench.py
+    os.environ.setdefault("COLOC_BENCH_LD_LIBRARY_PATH", os.environ.get("LD_LIBRARY_PATH", ""))
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     env = {**os.environ, "COLOC_GRES_TYPED": "1"}
     subprocess.run([str(HERE / "cluster_gpu.sh"), "stop"], env=env, check=False)
     if subprocess.run([str(HERE / "cluster_gpu.sh"), "start"], env=env).returncode != 0:
