@@ -343,6 +343,7 @@ def small7(out: Path, deadline_s: float) -> Dict[str, Any]:
             if rec.get("scenario") == "collocate" and rec.get("workload") == "small_cnn":
                 agg = ((rec.get("runs") or {}).get("coloc") or {}).get("aggregate_samples_per_s")
     result = {"pass": "small7-aware", "scenario": "small7", "policy": "aware", "wall_s": time.time() - t0,
+              "fake": bool(os.environ.get("COLOC_BENCH_FAKE_GPUS")),
               "placer": placer_summary(out / "placer.log"), **pm.small7_check(agg)}
     (out / "small7-aware.json").write_text(json.dumps(result, indent=1))
     return result
