@@ -53,7 +53,7 @@ PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("sma
 # the others' work. ``benchmarks/placement_sim.py`` (a toy model, not a measurement) of the pile with 15-30 s
 # start-ups and 15 s of work: 4 s gave a mean JCT 6-12% under blind's with no job over 2.3x its time alone; 6 s
 # and 8 s kept jobs further apart (1.3-1.9x) but lost to blind on mean JCT for jobs of 40-80 % SM activity alone.
-PLACER_CONFIG = {"placement_window_s": 4, "placement_recent_s": 4, "placement_state_max_age_s": 15,
+PLACER_CONFIG: Dict[str, float] = {"placement_window_s": 4, "placement_recent_s": 4, "placement_state_max_age_s": 15,
                  "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
 # No cuDNN autotuning: in the first placement run the pile's jobs ran 39-45 s alone for 4-6 s of training, against
 # ~14 s of start-up for the small models of run 1; autotuning every 224x224 convolution in the warm-up steps is the
@@ -372,12 +372,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--part", default=None, help="K/N: the K-th of N slices of the jobs (exclusive passes)")
     ap.add_argument("--alone", nargs="*", default=[], help="exclusive pass files: history and times alone")
     ap.add_argument("--plan", default=str(PLAN_PATH))
+    ap.add_argument("--placer-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override the placer's settings (PLACER_CONFIG), e.g. placement_recent_s=6")
     a = ap.parse_args(argv)
     out = Path(a.out)
     fake = bool(os.environ.get("COLOC_BENCH_FAKE_GPUS"))
     plan = json.loads(Path(a.plan).read_text())
     alone_files = [json.loads(Path(p).read_text()) for p in a.alone]
     history = history_from_alone(alone_files)
+    for kv in a.placer_set:
+        key, _, value = kv.partition("=")
+        try:
+            if key not in PLACER_CONFIG:
+                raise ValueError(key)
+            PLACER_CONFIG[key] = float(value)
+        except ValueError:
+            ap.error(f"--placer-set {kv!r}: KEY=VALUE, a number, KEY one of {', '.join(PLACER_CONFIG)}")
     configure(history)
     log(f"plan {a.plan}: train_s {plan['train_s']}; history of {len(history)} signatures from {len(alone_files)} "
         "file(s)")
