@@ -1,14 +1,17 @@
 """Fit coloc-placer's intensity predictor (``slurm_coloc/placement/intensity.py``) to measured runs alone.
 
 Usage:
-  python3 benchmarks/placement_fit.py placement_bench.json [--out calibration.json] [--by-model]
-                                     [--feature proxy|flops]
-Input: the JSON of ``benchmarks/device/placement_bench.py``: every exclusive-pass job with its workload, its
-measured activity alone (``alone_activity``: SMACT/SMOCC/DRAMA fractions, means over its run from the sampler)
-and the profile's features (``gflop_per_step``: FLOPs of one training step from ``torch.utils.flop_counter``;
-precision fp32). ``--feature`` picks x: ``proxy`` (default) = batch x input elements x 3e-6, what
-``intensity.features`` computes from a job's spec today (coloc-sbatch's comment carries no FLOPs yet), or
-``flops`` = the measured GFLOP per step, for comments that carry ``flops_per_step``. Fit (least squares):
+  python3 benchmarks/placement_fit.py EXCLUSIVE.json... [--profile PROFILE.json] [--out calibration.json]
+                                     [--by-model] [--feature proxy|flops]
+Input: the exclusive pass files of ``benchmarks/device/placement_bench.py`` (``pile-exclusive-part1.json``,
+``stream-exclusive.json``, ...; other passes are skipped), or the single ``placement_bench.json`` of the first run:
+every exclusive job with its workload and its measured activity alone (``alone_activity``: SMACT/SMOCC/DRAMA
+fractions, means over the samples of its run that show work, from the sampler), and a profile of the models
+(``--profile``, default the one the plan was made from, ``placement_plan.json``'s ``source``): ``gflop_per_step``
+(FLOPs of one training step, ``torch.utils.flop_counter``), batch and input shape; precision fp32.
+``--feature`` picks x: ``proxy`` (default) = batch x input elements x 3e-6, what ``intensity.features`` computes
+from a job's spec today (coloc-sbatch's comment carries no FLOPs yet), or ``flops`` = the measured GFLOP per step,
+for comments that carry ``flops_per_step``. Fit (least squares):
   SMACT = smact_min + (smact_max - smact_min) * x / (x + x_half_gflop), x = GFLOP per step x precision factor:
           for each x_half on a log grid (0.1 .. 10^5 GFLOP) the model is linear in (smact_min, smact_max -
           smact_min); the x_half of least squared error wins; both ends clamped to 0..1 (smact_min <= smact_max).
@@ -16,7 +19,8 @@ precision fp32). ``--feature`` picks x: ``proxy`` (default) = batch x input elem
   unknown = mean measured activity (the prediction for a job without features).
   ``--by-model``: also the measured mean per workload (used before the curve when a job's spec names the model).
 Prints measurement vs prediction per job (fitted and the current packaged calibration) and the mean absolute
-errors; writes a calibration file that ``intensity.load_calibration`` reads (``placement_calibration_path``).
+errors; writes a calibration file that ``intensity.load_calibration`` reads (``placement_calibration_path``; the
+packaged one is ``slurm_coloc/placement/calibration.json``).
 """
 from __future__ import annotations
 
@@ -41,21 +45,55 @@ def proxy_gflop(row: Dict[str, Any]) -> Optional[float]:
     return batch * math.prod(int(d) for d in shape) * 3e-6
 
 
-def samples(bench: Dict[str, Any], feature: str = "flops") -> List[Dict[str, Any]]:
+PLAN = Path(__file__).resolve().parent / "device" / "placement_plan.json"
+
+
+def exclusive_jobs(files: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Every job of the exclusive passes in ``files``: pass files (``policy`` exclusive) and the first run's
+    ``placement_bench.json`` (``scenarios.<s>.exclusive.jobs``); other passes contribute nothing."""
+    out: List[Dict[str, Any]] = []
+    for f in files:
+        if f.get("policy") == "exclusive":
+            out += f.get("jobs") or []
+        for scen in (f.get("scenarios") or {}).values():
+            if isinstance(scen, dict) and isinstance(scen.get("exclusive"), dict):
+                out += scen["exclusive"].get("jobs") or []
+    return out
+
+
+def samples(bench: Dict[str, Any], feature: str = "flops", files: Optional[Sequence[Dict[str, Any]]] = None
+            ) -> List[Dict[str, Any]]:
     """``[{"workload", "gflop", "smact", "smocc", "drama"}]`` of every exclusive job with measured activity;
-    ``gflop`` is x of the fit (``feature``: ``flops`` measured, ``proxy`` as ``proxy_gflop``)."""
+    ``gflop`` is x of the fit (``feature``: ``flops`` measured, ``proxy`` as ``proxy_gflop``). ``bench["profile"]``
+    holds the profile rows; the jobs come from ``files`` (default ``[bench]``)."""
     prof = bench.get("profile") or {}
     out = []
-    for scen in (bench.get("scenarios") or {}).values():
+    for scen in [{"exclusive": {"jobs": exclusive_jobs(files if files is not None else [bench])}}]:
         for j in (scen.get("exclusive") or {}).get("jobs", []):
             act = j.get("alone_activity") or {}
             row = prof.get(j["workload"]) or {}
             gflop = row.get("gflop_per_step") if feature == "flops" else proxy_gflop(row)
-            if act.get("smact") is None or gflop is None:
-                continue
+            if act.get("smact") is None or gflop is None or j.get("state", "COMPLETED") != "COMPLETED":
+                continue  # a cancelled run's activity is not the job's
             out.append({"workload": j["workload"], "gflop": float(gflop), "smact": act["smact"],
                         "smocc": act.get("smocc") or 0.0, "drama": act.get("drama") or 0.0})
     return out
+
+
+def profile_rows(path: Optional[str], files: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Profile rows by workload: ``path`` (a ``placement_bench.json`` with ``profile`` or a ``profile.json`` with
+    ``rows``); else the first input file that has a ``profile``; else the plan's source profile."""
+    if path is None:
+        own = next((f["profile"] for f in files if isinstance(f.get("profile"), dict) and f["profile"]), None)
+        if own is not None:
+            return own
+        src = json.loads(PLAN.read_text()).get("source", "").removeprefix("profile: ")
+        path = str(Path(__file__).resolve().parent.parent / src)
+    data = json.loads(Path(path).read_text())
+    rows = data.get("profile") or data.get("rows")
+    if not isinstance(rows, dict):
+        raise ValueError(f"{path}: no profile rows")
+    return rows
 
 
 def fit_curve(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, float, float]:
@@ -134,15 +172,17 @@ def report(rows: Sequence[Dict[str, Any]], fitted: intensity.Calibration, curren
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bench_json")
+    ap.add_argument("bench_json", nargs="+", help="exclusive pass files (or the first run's placement_bench.json)")
+    ap.add_argument("--profile", default=None, help="profile rows (default: the plan's source, else the input's)")
     ap.add_argument("--out", default="calibration.json")
     ap.add_argument("--by-model", action="store_true", help="also write the measured mean per workload")
     ap.add_argument("--feature", choices=("proxy", "flops"), default="proxy",
                     help="x of the curve: the spec proxy coloc-placer uses today, or measured FLOPs")
     a = ap.parse_args(argv)
     try:
-        bench = json.loads(Path(a.bench_json).read_text())
-        rows = samples(bench, a.feature)
+        files = [json.loads(Path(p).read_text()) for p in a.bench_json]
+        bench = {"profile": profile_rows(a.profile, files), "fake": any(f.get("fake") for f in files)}
+        rows = samples(bench, a.feature, files)
         if bench.get("fake"):
             print("placement_fit: note: the input comes from a fake-GPU run (no real activity)", file=sys.stderr)
         cal = fit(rows, a.by_model, f"benchmarks/placement_fit.py over {len(rows)} jobs alone, x = {a.feature}")

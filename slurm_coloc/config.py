@@ -76,9 +76,16 @@ class Config:
             CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
         placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
         placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
+        placement_recent_s: a job the placer sent to a GPU counts with its predicted activity for this long, on top
+            of the GPU's live state, while it starts and before its work shows in the samples (s; 0 = the value
+            of ``placement_window_s``). Long enough and the GPU takes no new tenant while the last ones start;
+            shorter and the next job's start-up (imports, CUDA set-up) overlaps the others' work.
         placement_interval_s: coloc-placer's loop period (s).
         placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
         placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
+        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier database), by
+            job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions), read by coloc-placer
+            as one more earlier run of each signature ("" = none; written by ``benchmarks/device`` tools).
         mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among the
             jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``; docs/node.md
             "What MPS enforces").
@@ -154,9 +161,11 @@ class Config:
     placement_drama_gate: float = 0.4
     placement_window_s: float = 30.0
     placement_state_max_age_s: float = 60.0
+    placement_recent_s: float = 0.0
     placement_interval_s: float = 2.0
     placement_max_wait_s: float = 600.0
     placement_calibration_path: str = ""
+    placement_history_path: str = ""
     mps_ceiling: bool = True
     mps_compute_mode: str = "leave"
     watchdog_action: str = "stop"
@@ -287,6 +296,8 @@ def _validate(cfg: Config) -> Config:
            cfg.placement_max_wait_s) <= 0:
         raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
                           "placement_max_wait_s must be > 0")
+    if cfg.placement_recent_s < 0:
+        raise ConfigError("config: placement_recent_s must be >= 0 (0 = placement_window_s)")
     if not 0 < cfg.estimate_timeout_s <= 3600:
         raise ConfigError(f"config key 'estimate_timeout_s': {cfg.estimate_timeout_s} is outside (0, 3600]")
     if not 0 < cfg.probe_timeout_s <= 3600 or cfg.probe_mem_limit_mib < 1024:

@@ -185,7 +185,11 @@ def test_candidates_holdings_and_gpu_states() -> None:
          "tres_per_node": "gres:shard:4"},
         {"job_id": 3, "job_state": "PENDING", "state_reason": "Resources", "comment": placed},
         {"job_id": 4, "job_state": "RUNNING", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0),shard:g1:0(IDX:)"]},
-        {"job_id": 5, "job_state": "RUNNING", "nodes": "n2", "gres_detail": ["gpu:g1:1(IDX:1)"]}))
+        {"job_id": 5, "job_state": "RUNNING", "nodes": "n2", "gres_detail": ["gpu:g1:1(IDX:1)"]},
+        # 24.11+: an ending job is its final state with the COMPLETING flag, and still holds its GPU; an ended one
+        # (no flag) no longer does
+        {"job_id": 6, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1", "gres_detail": ["shard:g1:10(IDX:1)"]},
+        {"job_id": 7, "job_state": ["COMPLETED"], "nodes": "n1", "gres_detail": ["shard:g1:20(IDX:1)"]}))
     assert [j.job_id for j in jobs if sp.is_candidate(j)] == [1]
     assert sp.gpu_holdings(jobs[3]) == [("n1", 0, "shard", 4)]
     nodes = [sp.NodeGpus("n1", "IDLE", {0: 80, 1: 80}), sp.NodeGpus("n2", "IDLE", {0: 80, 1: 80})]
@@ -197,6 +201,33 @@ def test_candidates_holdings_and_gpu_states() -> None:
     assert states[("n2", 1)].shards_used == 80 and states[("n2", 1)].shards_free == 0
     assert states[("n2", 0)].shards_used == 6 and states[("n2", 0)].recent.smact == pytest.approx(0.2)
     assert states[("n1", 1)].live is None
+    assert states[("n1", 1)].shards_used == 10 and states[("n1", 1)].tenants == 1  # job 6 completing, 7 gone
+
+
+def test_history_file_adds_one_run_per_signature_and_bad_files_are_config_errors(tmp_path: Path) -> None:
+    from slurm_coloc import config as config_mod
+    from slurm_coloc.placement.daemon import read_history, read_history_file
+
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2},
+                                               "bad": {"smact": 7, "smocc": 0.1, "drama": 0.1},
+                                               "worse": "x"}}))
+    assert read_history_file(str(path)) == {"aa": Activity(0.6, 0.3, 0.2)}
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nplacement_history_path: {path}\n")
+    cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
+    assert read_history(cfg) == {"aa": [Activity(0.6, 0.3, 0.2)]}  # no databases yet: the file alone
+    coloc = {"sha256": "f" * 64}
+    sig = intensity.signature(coloc)
+    path.write_text(json.dumps({"signatures": {sig: {"smact": 0.7, "smocc": 0.4, "drama": 0.3}}}))
+    assert intensity.demand(coloc, read_history(cfg), intensity.load_calibration()) == \
+        (Activity(0.7, 0.4, 0.3), "history")
+    for text in ("not json", "[]", '{"signatures": []}'):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="placement_history_path"):
+            read_history_file(str(path))
+    (tmp_path / "neg.yaml").write_text("placement_recent_s: -1\n")
+    with pytest.raises(ConfigError, match="placement_recent_s"):
+        config_mod.load(str(tmp_path / "neg.yaml"), environ={})
 
 
 def test_wait_comment_keeps_the_coloc_json_last() -> None:
@@ -211,6 +242,8 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     now = time.time()
     rows = [{"ts": now - 100 + k, "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0, "dram_bw_pct": 10.0,
              "mem_used_mib": 1000.0 + k, "n": 1, "res_s": 1.0} for k in range(100)]
+    rows += [{"ts": now - 99.5 + k, "gpu_index": 0, "smact_pct": 0.0, "smocc_pct": 0.0, "dram_bw_pct": 0.0,
+              "mem_used_mib": 500.0, "n": 1, "res_s": 1.0} for k in range(10)]  # job 1's start-up: no work
     rows += [{"ts": now - 500, "gpu_index": 1, "smact_pct": 90.0, "smocc_pct": None, "dram_bw_pct": None,
               "mem_used_mib": 10.0, "n": 1, "res_s": 1.0}]
     node["gpu_samples"].insert_all(rows)
@@ -226,7 +259,12 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     assert live[1].smocc is None and live[1].last_ts == pytest.approx(now - 500, abs=0.01)
     alone = store_placement.alone_activity(ro, [1, 2, 3])
     assert set(alone) == {1}  # jobs 2 and 3 overlapped on GPU 1
-    assert alone[1]["smact"] == pytest.approx(0.4) and alone[1]["drama"] == pytest.approx(0.1)
+    # the mean of the samples that show work (50 %), not of the whole run with its idle start-up, nor the
+    # Epilog's summary (40 %)
+    assert alone[1]["smact"] == pytest.approx(0.5) and alone[1]["drama"] == pytest.approx(0.1)
+    assert alone[1]["smocc"] == pytest.approx(0.2)
+    node["gpu_samples"].delete_where("gpu_index = 0 AND smact_pct > 0 AND ts <= ?", [now - 50])
+    assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None}
     ctld = open_ctld_db(tmp_path / "ctld.db")
     ctld["jobs"].insert_all([{"job_id": 1, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
                              {"job_id": 2, "end_ts": None, "coloc_json": "{}"},

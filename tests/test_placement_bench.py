@@ -1,9 +1,9 @@
-"""The placement benchmark's bookkeeping on CPU (sizing, metrics, target checks) and the predictor fit
-(``benchmarks/placement_fit.py``) on a synthetic benchmark file. The Slurm path itself was run end to end with
-``COLOC_BENCH_FAKE_GPUS=1`` (benchmarks/device/README.md); the GPU run is the lead's device call."""
+"""The placement benchmark's predictor fit (``benchmarks/placement_fit.py``) on synthetic benchmark files.
+The plan, the metrics and the combination of pass files: ``test_placement_passes.py``."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,65 +15,8 @@ sys.path.insert(0, str(REPO / "benchmarks" / "device"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import placement_fit  # noqa: E402
-import placement_passes as pp  # noqa: E402
-from placement_bench import PILE14, STREAM, fake_profile  # noqa: E402
 
 from slurm_coloc.placement import intensity  # noqa: E402
-
-
-def test_size_jobs_fits_the_budget_and_asks_peak_plus_context() -> None:
-    prof = fake_profile([*PILE14, *(w for w, _ in STREAM)])
-    prof["pile:resnet50"]["step_s"] = 0.2
-    plans = pp.size_jobs(["pile", "stream"], prof, 480.0, 6.0, None, pp.POLICIES)
-    assert len(plans["pile"]) == 14 and len(plans["stream"]) == len(STREAM)
-    target = 480.0 / (sum(pp.SPEEDUP_GUESS.values()) * 22) - 6.0
-    r50 = plans["pile"][0]
-    assert r50.workload == "pile:resnet50" and r50.steps == round(max(3.0, target) / 0.2)
-    assert r50.mem_mib == prof["pile:resnet50"]["peak_reserved_mib"] + pp.CONTEXT_MIB
-    assert all(j.offset_s == 0 for j in plans["pile"])
-    assert [j.offset_s for j in plans["stream"]] == sorted(j.offset_s for j in plans["stream"])
-    assert plans["stream"][-1].offset_s > 0
-    fixed = pp.size_jobs(["pile"], prof, 10.0, 6.0, 30.0, ["exclusive"])  # --target-s wins over the budget
-    assert fixed["pile"][0].alone_guess_s == pytest.approx(30.0, rel=0.01)
-    tiny = pp.size_jobs(["pile"], prof, 1.0, 6.0, None, ["exclusive"])  # never below 3 s alone
-    assert tiny["pile"][0].alone_guess_s == pytest.approx(3.0, rel=0.05)
-
-
-def _pass(policy: str, spans: list) -> dict:
-    """A pass of 3 jobs submitted at 0: spans = [(start, end, state, rerun_end)]."""
-    jobs, runs = [], []
-    t0 = 1000.0  # Unix seconds (0 reads as unset)
-    spans = [(t0 + s, t0 + e, st, t0 + r if r else None) for s, e, st, r in spans]
-    for i, (start, end, state, rerun_end) in enumerate(spans):
-        jobs.append({"index": i, "workload": "w", "job_id": 10 + i, "submit_ts": t0, "start_ts": start,
-                     "end_ts": rerun_end or end, "state": "COMPLETED" if rerun_end else state,
-                     "oom_reruns": int(bool(rerun_end))})
-        runs.append({"job_id": 10 + i, "task": i, "submit_ts": t0, "start_ts": start, "end_ts": end,
-                     "state": state, "retry_of": None})
-        if rerun_end:
-            runs.append({"job_id": 90 + i, "task": i, "submit_ts": end, "start_ts": end, "end_ts": rerun_end,
-                         "state": "COMPLETED", "retry_of": 10 + i})
-    return {"policy": policy, "jobs": jobs, "runs": runs, "smact_pct": None, "energy_j": None, "problems": []}
-
-
-def test_metrics_slowdown_against_the_exclusive_run_times_and_targets() -> None:
-    passes = {"exclusive": _pass("exclusive", [(0, 10, "COMPLETED", None), (10, 30, "COMPLETED", None),
-                                               (30, 40, "COMPLETED", None)]),
-              "blind": _pass("blind", [(0, 25, "COMPLETED", None), (0, 35, "COMPLETED", None),
-                                       (0, 20, "OUT_OF_MEMORY", 30)]),
-              "aware": _pass("aware", [(0, 12, "COMPLETED", None), (0, 24, "COMPLETED", None),
-                                       (12, 24, "COMPLETED", None)])}
-    pp.finish_metrics(passes)
-    ex, bl, aw = (passes[p]["metrics"] for p in ("exclusive", "blind", "aware"))
-    assert ex["makespan_s"] == 40 and ex["mean_jct_s"] == pytest.approx((10 + 30 + 40) / 3)
-    assert [j["alone_s"] for j in passes["aware"]["jobs"]] == [10, 20, 10]
-    assert aw["max_slowdown"] == pytest.approx(2.4) and bl["max_slowdown"] == pytest.approx(3.0)
-    assert bl["ooms"] == 1 and bl["lost"] == 0 and aw["ooms"] == 0
-    t = pp.targets(passes)
-    assert t["aware_mean_jct_le_0.8x_exclusive"] is True  # 20 <= 0.8 x 26.7
-    assert t["aware_mean_jct_le_blind"] is True and t["aware_makespan_le_0.75x_exclusive"] is True
-    assert t["aware_no_job_over_3x_alone"] is True and t["aware_0_oom"] is True
-    assert "aware" in pp.table({"scenarios": {"pile": passes}, "targets": {"pile": t}})
 
 
 def _bench_file(tmp_path: Path, fake: bool = False) -> Path:
@@ -130,17 +73,28 @@ def test_fit_curve_is_flat_for_flat_data() -> None:
     assert lo == pytest.approx(0.3) and hi == pytest.approx(0.3) and sse == pytest.approx(0)
 
 
-def test_pass_estimate_is_serial_time_by_policy_factor_and_after_the_last_arrival() -> None:
-    prof = fake_profile(PILE14)
-    jobs = pp.size_jobs(["pile"], prof, 0, 5.0, 10.0, ["exclusive"])["pile"]
-    serial = sum(j.alone_guess_s + 5.0 for j in jobs)
-    assert pp.pass_estimate_s(jobs, "exclusive", 5.0) == pytest.approx(serial)
-    assert pp.pass_estimate_s(jobs, "blind", 5.0) == pytest.approx(serial * pp.SPEEDUP_GUESS["blind"])
-    late = [pp.Job(0, "w", 500.0, 10, 1.0, 1000)]
-    assert pp.pass_estimate_s(late, "blind", 5.0) == pytest.approx(505.0)
-
-
-def test_fit_target_drops_to_fewer_scenarios_when_all_would_be_too_short() -> None:
-    both = pp.fit_target_s(["pile", "stream"], 425.0, 6.0, pp.POLICIES)
-    pile = pp.fit_target_s(["pile"], 425.0, 6.0, pp.POLICIES)
-    assert both == pytest.approx(425.0 / (2.4 * 22) - 6.0) and both < 3.0 < pile
+def test_fit_reads_exclusive_pass_files_with_a_profile_and_skips_other_passes(tmp_path: Path) -> None:
+    bench = json.loads(_bench_file(tmp_path).read_text())
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"rows": bench["profile"]}))
+    jobs = bench["scenarios"]["pile"]["exclusive"]["jobs"]
+    files = []
+    for k, chunk in enumerate((jobs[:4], jobs[4:]), 1):
+        files.append(tmp_path / f"pile-exclusive-part{k}.json")
+        files[-1].write_text(json.dumps({"scenario": "pile", "policy": "exclusive", "part": f"{k}/2",
+                                         "jobs": [{**j, "state": "COMPLETED"} for j in chunk]}))
+    blind = tmp_path / "pile-blind.json"  # collocated activity: never a measurement alone
+    blind.write_text(json.dumps({"scenario": "pile", "policy": "blind", "jobs": [
+        {"workload": "m0", "state": "COMPLETED", "alone_activity": {"smact": 0.99, "smocc": 0.9, "drama": 0.9}}]}))
+    cancelled = tmp_path / "stream-exclusive.json"
+    cancelled.write_text(json.dumps({"scenario": "stream", "policy": "exclusive", "jobs": [
+        {"workload": "m1", "state": "CANCELLED", "alone_activity": {"smact": 0.0, "smocc": 0.0, "drama": 0.0}}]}))
+    out = tmp_path / "cal.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), *map(str, files),
+                           str(blind), str(cancelled), "--profile", str(prof), "--out", str(out), "--feature",
+                           "flops"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # the 7 measured exclusive jobs, not the blind or the cancelled one
+    assert len(re.findall(r"^m\d ", proc.stdout, re.M)) == 7
+    cal = intensity.load_calibration(str(out))
+    assert cal.x_half_gflop == pytest.approx(50, rel=0.15) and cal.smact_max == pytest.approx(0.9, abs=0.03)

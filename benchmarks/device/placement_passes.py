@@ -1,12 +1,20 @@
-"""Stage 2 of ``placement_bench.py`` (runs in the cluster's venv, as root): size the jobs, run every scenario
-under every policy through ``coloc-sbatch`` as ``colocuser``, measure, write ``placement_bench.json``.
+"""Stage 2 of ``placement_bench.py`` (runs in the cluster's venv, as root): one or more passes of the placement
+benchmark, each over the jobs of ``placement_plan.json``, submitted through ``coloc-sbatch`` as ``colocuser``.
 
-Definitions (those of ``slurm_coloc.replay.metrics``): JCT = end of the job's last run (OOM rerun included) -
-its submit time; makespan = last end - first submit; alone = the job's run time (end - start) in the exclusive
-pass, where it had the GPU to itself; slowdown = JCT / alone; mean SM activity = mean GPM SMACT of the GPU's
-samples over the pass (%); energy = growth of NVML's energy counter over the pass (J); OOMs = OOM reruns.
-Per job alone activity (SMACT/SMOCC/DRAMA means over its exclusive run, from the sampler database) goes into the
-JSON for ``benchmarks/placement_fit.py``.
+Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``; and ``small7-aware``):
+  exclusive  ``--exclusive-gpu``: one job on the whole GPU at a time, Slurm FIFO; its run times are the times alone;
+             ``--part K/N`` runs the K-th of N consecutive slices of the jobs (the pile does not fit one call)
+  blind      ``--coloc-mem=<peak + 1 GiB>M``: shards + MPS, Slurm packs by memory only (no placer)
+  aware      the same request with ``coloc-placer run`` alive (``PLACER_CONFIG``): coloc-sbatch submits held for the
+             placer, which collocates while the GPU's predicted activity stays under the CARMA gate and otherwise
+             leaves the job pending; its predictions come from history: ``--alone`` exclusive pass files give
+             every job's measured activity alone by job signature (``placement_history_path``), else the
+             calibrated predictor
+  small7     7 small CNNs through ``bench.py collocate --coloc-only`` with the placer alive: run 1's check
+Per pass, ``<out>/<pass>[-partK].json`` (rewritten as the pass goes, so a call cut at its limit keeps what it had):
+jobs with Slurm's times, each job's COLOC_BENCH record (start-up and training times), for exclusive passes the
+activity alone (``alone_activity``, busy-sample means from the node database) and signature; SM activity and
+energy over the pass, the placer's decisions; metrics (``placement_metrics.py``; slowdowns need ``--alone``).
 """
 from __future__ import annotations
 
@@ -15,96 +23,94 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from placement_bench import PILE14, ROOT, STREAM  # noqa: E402
+import placement_metrics as pm  # noqa: E402
+from placement_plan import PLAN_PATH  # noqa: E402
 
 from slurm_coloc import config as config_mod  # noqa: E402
+from slurm_coloc.comment import job_signature, parse_comment  # noqa: E402
 from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive  # noqa: E402
-from slurm_coloc.replay.metrics import runs_from_records, summarize  # noqa: E402
+from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
 from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity  # noqa: E402
 from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
 from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
 
+ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
 POLICIES = ("exclusive", "blind", "aware")
-CONTEXT_MIB = 1024  # CUDA context + workspaces on top of the measured peak (slurm_coloc.replay.runner)
-SPEEDUP_GUESS = {"exclusive": 1.0, "blind": 0.65, "aware": 0.75}  # pass time / exclusive pass time, for sizing
-PLACER_CONFIG = {"placement_window_s": 6, "placement_state_max_age_s": 15, "placement_interval_s": 1,
-                 "placement_max_wait_s": 3600}
+PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-aware",)
+# The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
+# 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
+# placed in the last 4 s counts with its predicted activity on top of the live state (placement_recent_s): long
+# enough that jobs placed in one round do not all start at once, short enough that the next job's start-up overlaps
+# the others' work. ``benchmarks/placement_sim.py`` (a toy model, not a measurement) of the pile with 15-30 s
+# start-ups and 15 s of work: 4 s gave a mean JCT 6-12% under blind's with no job over 2.3x its time alone; 6 s
+# and 8 s kept jobs further apart (1.3-1.9x) but lost to blind on mean JCT for jobs of 40-80 % SM activity alone.
+PLACER_CONFIG: Dict[str, float] = {"placement_window_s": 4, "placement_recent_s": 4, "placement_state_max_age_s": 15,
+                 "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
+# No cuDNN autotuning: in the first placement run the pile's jobs ran 39-45 s alone for 4-6 s of training, against
+# ~14 s of start-up for the small models of run 1; autotuning every 224x224 convolution in the warm-up steps is the
+# suspected part (not isolated: the per-job log line splits the start-up to show it).
+CUDNN_ARGS = ["--cudnn-benchmark", "0"]
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-@dataclass
-class Job:
-    """One job of a scenario: ``index``, ``workload``, arrival ``offset_s``, ``steps`` (or fake seconds)."""
+def part_slice(jobs: Sequence[Dict[str, Any]], part: str) -> List[Dict[str, Any]]:
+    """The K-th of N consecutive slices of ``jobs`` (``part`` = ``"K/N"``, 1 <= K <= N), sizes differing by <= 1.
 
-    index: int
-    workload: str
-    offset_s: float
-    steps: int
-    alone_guess_s: float
-    mem_mib: int
-
-
-def fit_target_s(scenarios: Sequence[str], budget_left_s: float, overhead_s: float,
-                 policies: Sequence[str]) -> float:
-    """Seconds alone per job that fill ``budget_left_s`` with every pass (unclamped; may be negative). Pure."""
-    n = sum(len(PILE14) if s == "pile" else len(STREAM) for s in scenarios)
-    return budget_left_s / max(1.0, sum(SPEEDUP_GUESS[p] for p in policies) * n) - overhead_s
+    Raises:
+        ValueError: ``part`` is not ``K/N`` with 1 <= K <= N.
+    """
+    m = re.fullmatch(r"(\d+)/(\d+)", part)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"--part must be K/N with 1 <= K <= N, got {part!r}")
+    k, n = int(m.group(1)), int(m.group(2))
+    bounds = [round(i * len(jobs) / n) for i in range(n + 1)]
+    return list(jobs[bounds[k - 1]:bounds[k]])
 
 
-def size_jobs(scenarios: Sequence[str], profile: Dict[str, dict], budget_left_s: float, overhead_s: float,
-              target_s: Optional[float], policies: Sequence[str]) -> Dict[str, List[Job]]:
-    """Steps per job so that every pass fits ``budget_left_s``: each job trains ``target_s`` alone (computed when
-    None: budget / (sum of pass factors x jobs) - per-job overhead, clamped to 3..40 s). Pure."""
-    plans = {"pile": [(w, 0.0) for w in PILE14], "stream": list(STREAM)}
-    if target_s is None:
-        target_s = max(3.0, min(40.0, fit_target_s(scenarios, budget_left_s, overhead_s, policies)))
-    out: Dict[str, List[Job]] = {}
-    for s in scenarios:
-        jobs = []
-        for i, (w, off) in enumerate(plans[s]):
-            row = profile.get(w) or {}
-            step_s = row.get("step_s") or 0.1
-            steps = max(5, int(round(target_s / step_s)))
-            mem = int(row.get("peak_reserved_mib") or 6144) + CONTEXT_MIB
-            jobs.append(Job(i, w, off * target_s, steps, steps * step_s, mem))
-        out[s] = jobs
-    return out
+def history_from_alone(files: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, float]]:
+    """``{signature: {smact, smocc, drama}}`` from exclusive pass files: each job's measured activity alone (the
+    mean over its runs when a signature repeats); jobs without a signature or a measurement are skipped. Pure."""
+    acc: Dict[str, List[Mapping[str, Any]]] = {}
+    for f in files:
+        for j in f.get("jobs", []):
+            act = j.get("alone_activity") or {}
+            if j.get("signature") and act.get("smact") is not None:
+                acc.setdefault(j["signature"], []).append(act)
+    return {sig: {k: sum(float(a.get(k) or 0.0) for a in acts) / len(acts) for k in ("smact", "smocc", "drama")}
+            for sig, acts in acc.items()}
 
 
-def pass_estimate_s(jobs: Sequence[Job], policy: str, overhead_s: float) -> float:
-    """Expected wall time of one pass (s): the jobs one after another (time alone + overhead each), times the
-    policy's guessed factor (``SPEEDUP_GUESS``), and never before the last arrival. Pure."""
-    serial = sum(j.alone_guess_s + overhead_s for j in jobs)
-    return max(serial * SPEEDUP_GUESS[policy], max((j.offset_s for j in jobs), default=0.0) + overhead_s)
+def alone_from_files(files: Sequence[Mapping[str, Any]], scenario: str) -> Dict[int, float]:
+    """Index -> time alone (s) of ``scenario``'s jobs from its exclusive pass files (parts stitched)."""
+    parts = sorted((f for f in files if f.get("scenario") == scenario and f.get("policy") == "exclusive"),
+                   key=lambda f: str(f.get("part") or ""))
+    return pm.alone_times(pm.stitch(parts)["jobs"]) if parts else {}
 
 
 def job_script(workload: str, fake: bool) -> Path:
-    """Write (once) the job script of ``workload``: one script per workload, so each has its own SHA-256 and
-    coloc-placer's history (keyed by script) tells the models apart."""
+    """Write the job script of ``workload``: one fixed text per workload, so its SHA-256 (the job signature of a
+    comment without a model spec) is the same in every pass and every call, and history carries over."""
     safe = re.sub(r"[^A-Za-z0-9_]", "_", workload)
     path = JOBS / f"pb-{safe}.sh"
     body = ("#!/bin/bash\n#SBATCH --time=00:15:00\n#SBATCH --cpus-per-task=1\n"
             f"# placement benchmark job: {workload}\n")
     if fake:
-        body += 'sleep "$1"\necho "COLOC_BENCH {\\"fake\\": true}"\n'
+        body += 'sleep "$2"\necho "COLOC_BENCH {\\"fake\\": true}"\n'
     else:
-        body += (f'exec "${{COLOC_BENCH_PY:-/opt/torch/.venv/bin/python3}}" '
-                 f'"${{COLOC_BENCH_DIR:-{HERE}}}/workloads.py" {workload} "$@"\n')
+        body += ('exec "${COLOC_BENCH_PY:-/opt/torch/.venv/bin/python3}" '
+                 f'"${{COLOC_BENCH_DIR:-/opt/coloc/src/benchmarks/device}}/workloads.py" {workload} "$@"\n')
     path.write_text(body)
     path.chmod(0o755)
     return path
@@ -121,15 +127,15 @@ def user_env() -> Dict[str, str]:
     return env
 
 
-def sbatch_args(job: Job, policy: str, scenario: str, fake: bool) -> List[str]:
-    """coloc-sbatch arguments of ``job`` under ``policy`` (aware = blind's request; the placer's form comes from
-    coloc-sbatch itself when the placer is alive)."""
-    gpu = ["--exclusive-gpu"] if policy == "exclusive" else [f"--coloc-mem={job.mem_mib}M"]
-    work = [f"{job.alone_guess_s:.1f}"] if fake else ["--steps", str(job.steps), "--warmup-s", "0",
-                                                      "--tag", f"{scenario}-{policy}-{job.index}"]
-    return ["--parsable", "-J", f"pb-{scenario}-{policy}-{job.index}",
-            "-o", f"{JOBS}/pb-{scenario}-{policy}-{job.index}-%j.out", *gpu,
-            str(job_script(job.workload, fake)), *work]
+def sbatch_args(job: Mapping[str, Any], policy: str, scenario: str, fake: bool) -> List[str]:
+    """coloc-sbatch arguments of ``job`` under ``policy`` (aware = blind's request; the held form comes from
+    coloc-sbatch itself while the placer is alive). Fake jobs sleep their ``train_s`` + 2 s of start-up."""
+    gpu = ["--exclusive-gpu"] if policy == "exclusive" else [f"--coloc-mem={job['mem_mib']}M"]
+    name = f"pb-{scenario}-{policy}-{job['index']}"
+    work = (["--steps", f"{float(job['train_s']) + 2:.1f}"] if fake else
+            ["--steps", str(job["steps"]), "--warmup-s", "0", *CUDNN_ARGS, "--tag", name])
+    return ["--parsable", "-J", name, "-o", f"{JOBS}/{name}-%j.out", *gpu, str(job_script(job["workload"], fake)),
+            *work]
 
 
 def submit(args: List[str]) -> int:
@@ -145,19 +151,31 @@ def slurm_env() -> Dict[str, str]:
     return {**os.environ, "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml"}
 
 
-def start_placer(out: Path, tag: str) -> subprocess.Popen:
+def configure(history: Optional[Dict[str, Dict[str, float]]]) -> None:
+    """Append the placer's settings (and the history file, when given) to the harness's coloc.yaml (rewritten at
+    every cluster start)."""
+    lines = dict(PLACER_CONFIG)
+    if history:
+        path = ROOT / "etc" / "placement_history.json"
+        path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
+        path.chmod(0o644)
+        lines["placement_history_path"] = str(path)  # type: ignore[assignment]
+    with open(f"{ROOT}/etc/coloc.yaml", "a") as fh:
+        fh.write("".join(f"{k}: {v}\n" for k, v in lines.items()))
+
+
+def start_placer(log_path: Path) -> subprocess.Popen:
     """``coloc-placer run`` (root) in its own process group; returns once its heartbeat is fresh."""
     cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
     for p in heartbeat_paths(cfg):
         p.unlink(missing_ok=True)
-    proc = subprocess.Popen([f"{ROOT}/venv/bin/coloc-placer", "run"], env=slurm_env(),
-                            stdout=subprocess.DEVNULL, stderr=open(out / f"placer-{tag}.log", "w"),
-                            start_new_session=True)
+    proc = subprocess.Popen([f"{ROOT}/venv/bin/coloc-placer", "run"], env=slurm_env(), stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "a"), start_new_session=True)
     for _ in range(150):
         if placer_alive(cfg):
             return proc
         time.sleep(0.2)
-    raise RuntimeError(f"coloc-placer gave no heartbeat (see {out}/placer-{tag}.log)")
+    raise RuntimeError(f"coloc-placer gave no heartbeat (see {log_path})")
 
 
 def stop_placer(proc: subprocess.Popen) -> None:
@@ -171,198 +189,231 @@ def stop_placer(proc: subprocess.Popen) -> None:
         p.unlink(missing_ok=True)
 
 
-def run_pass(scenario: str, policy: str, jobs: List[Job], deadline_s: float, fake: bool,
-             out: Path) -> Dict[str, Any]:
-    """Submit ``jobs`` at their offsets under ``policy``, wait (cancel at ``deadline_s``), measure."""
-    cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
-    placer = start_placer(out, scenario) if policy == "aware" else None
-    reader = None if fake else open_energy_reader()
-    e0 = _energy(reader)
-    t0 = time.time()
-    job_of: Dict[int, int] = {}
-    problems: List[str] = []
-    try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            futs = {}
-            for job in sorted(jobs, key=lambda j: j.offset_s):
-                delay = t0 + job.offset_s - time.time()
-                if delay > 0:
-                    time.sleep(delay)
-                futs[job.index] = pool.submit(submit, sbatch_args(job, policy, scenario, fake))
-            for i, f in futs.items():
-                job_of[i] = f.result()
-        task_of = {j: i for i, j in job_of.items()}
-        while True:
-            recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
-            if len(recs) >= len(task_of) and all(r.state in FINAL_STATES for r in recs):
-                break
-            if time.time() - t0 > deadline_s:
-                left = [r.job_id for r in recs if r.state not in FINAL_STATES]
-                problems.append(f"deadline {deadline_s:.0f} s: cancelled {left}")
-                subprocess.run([f"{ROOT}/bin/scancel", *map(str, left)], env=slurm_env(), check=False)
-                time.sleep(2)
-                recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
-                break
-            time.sleep(0.5)
-    finally:
-        if placer is not None:
-            stop_placer(placer)
+def bench_record(path_glob: str, job_id: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The job's ``COLOC_BENCH`` record without its timeline (start-up: t_ready - t_launch; training: t1 - t0)."""
+    for path in sorted(JOBS.glob(path_glob)):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("COLOC_BENCH "):
+                rec = json.loads(line[len("COLOC_BENCH "):])
+                if rec.get("fake") or str(rec.get("job_id")) == str(job_id):
+                    return {k: v for k, v in rec.items() if k not in ("timeline", "env")}
+    return None
+
+
+def placer_summary(log_path: Path) -> Dict[str, Any]:
+    """Counts from the placer's log: placements by source of the prediction, waits, memory-only releases."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return {"placed_history": len(re.findall(r"shards, history SMACT", text)),
+            "placed_predicted": len(re.findall(r"shards, predicted SMACT", text)),
+            "wait_notes": text.count(" waits: "), "memory_only": text.count("released memory-only"),
+            "saturated_rounds": text.count("saturated, no new tenants"), "errors": text.count("round failed")}
+
+
+def measure(jobs: Sequence[Dict[str, Any]], job_of: Mapping[int, int], recs: Sequence[Any], scenario: str,
+            policy: str) -> List[Dict[str, Any]]:
+    """Per planned job: Slurm's times of its runs (OOM reruns followed), signature, COLOC_BENCH record."""
+    task_of = {j: i for i, j in job_of.items()}
     runs = runs_from_records(recs, task_of)
-    energy = None
-    if reader is not None:
-        from slurm_coloc.replay.metrics import energy_growth_j
-        energy = energy_growth_j(e0, _energy(reader))
-    first = min((r.submit_ts for r in runs if r.submit_ts), default=t0)
-    last = max((r.end_ts for r in runs if r.end_ts), default=time.time())
-    smact = sm_activity(cfg, recs, first, last)
-    per_job = []
+    comment_of = {r.job_id: r.comment for r in recs}
+    out = []
     for job in jobs:
-        mine = [r for r in runs if r.task == job.index]
+        i = job["index"]
+        mine = [r for r in runs if r.task == i]
         orig = next((r for r in mine if r.retry_of is None), None)
-        per_job.append({"index": job.index, "workload": job.workload, "job_id": job_of.get(job.index),
-                        "steps": job.steps, "mem_mib": job.mem_mib, "offset_s": job.offset_s,
-                        "submit_ts": orig.submit_ts if orig else None, "start_ts": orig.start_ts if orig else None,
-                        "end_ts": max((r.end_ts for r in mine), default=None),
-                        "state": mine[-1].state if mine else None, "oom_reruns": sum(r.retry_of is not None
-                                                                                      for r in mine)})
-    waits = 0
-    if placer is not None:
-        waits = sum(" waits: " in ln for ln in (out / f"placer-{scenario}.log").read_text().splitlines())
-    return {"policy": policy, "jobs": per_job, "smact_pct": smact, "energy_j": energy, "problems": problems,
-            "placer_wait_notes": waits, "runs": [r.__dict__ for r in runs], "wall_s": time.time() - t0}
+        last = max(mine, key=lambda r: r.end_ts or 0.0) if mine else None
+        out.append({**job, "job_id": job_of.get(i), "submit_ts": orig.submit_ts if orig else None,
+                    "start_ts": orig.start_ts if orig else None,
+                    "end_ts": max((r.end_ts for r in mine), default=None) or None,
+                    "state": last.state if last else None,
+                    "oom_reruns": sum(r.retry_of is not None for r in mine),
+                    "signature": job_signature(parse_comment(comment_of.get(job_of.get(i, -1), "")) or {}),
+                    "bench": bench_record(f"pb-{scenario}-{policy}-{i}-*.out", job_of.get(i))})
+    return out
 
 
-def finish_metrics(passes: Dict[str, Dict[str, Any]]) -> None:
-    """Add alone times (exclusive run times), slowdowns and the summary metrics to each pass, in place."""
-    from slurm_coloc.replay.metrics import RunRecord
-
-    excl = passes.get("exclusive")
-    alone = {j["index"]: j["end_ts"] - j["start_ts"] for j in (excl or {}).get("jobs", [])
-             if j["state"] == "COMPLETED" and j["start_ts"] and j["end_ts"]}
-    for policy, p in passes.items():
-        runs = [RunRecord(**r) for r in p["runs"]]
-        m = summarize(policy, len(p["jobs"]), runs, p["smact_pct"], p["energy_j"], alone).as_dict()
-        slow = []
-        for j in p["jobs"]:
-            j["alone_s"] = alone.get(j["index"])
-            ok = j["state"] == "COMPLETED" and j["submit_ts"] and j["end_ts"]
-            j["jct_s"] = (j["end_ts"] - j["submit_ts"]) if ok else None
-            j["slowdown"] = (j["jct_s"] / j["alone_s"]) if ok and j["alone_s"] else None
-            if j["slowdown"] is not None:
-                slow.append(j["slowdown"])
-        m["max_slowdown"] = max(slow) if slow else None
-        m["mean_slowdown"] = statistics.fmean(slow) if slow else None
-        m["ooms"] = m.pop("oom_retries")
-        p["metrics"] = m
-
-
-def targets(passes: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[bool]]:
-    """The issue's targets for one scenario (None where a pass is missing)."""
-    m = {k: v["metrics"] for k, v in passes.items()}
-    ex, bl, aw = m.get("exclusive"), m.get("blind"), m.get("aware")
-
-    def le(a: Any, b: Any, f: float = 1.0) -> Optional[bool]:
-        return None if a is None or b is None else a <= f * b
-    return {"aware_mean_jct_le_0.8x_exclusive": le(aw and aw["mean_jct_s"], ex and ex["mean_jct_s"], 0.8),
-            "aware_mean_jct_le_blind": le(aw and aw["mean_jct_s"], bl and bl["mean_jct_s"]),
-            "aware_makespan_le_0.75x_exclusive": le(aw and aw["makespan_s"], ex and ex["makespan_s"], 0.75),
-            "aware_no_job_over_3x_alone": le(aw and aw["max_slowdown"], 3.0),
-            "aware_0_oom": None if not aw else aw["ooms"] == 0 and aw["lost"] == 0}
-
-
-def alone_activity(excl: Dict[str, Any]) -> None:
-    """Per job of the exclusive pass: mean SMACT/SMOCC/DRAMA (fractions) over its run, from the node database."""
+def alone_activity(jobs: List[Dict[str, Any]]) -> None:
+    """Per job of an exclusive pass: SMACT/SMOCC/DRAMA while computing (fractions; ``store.placement``)."""
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.placement import alone_activity as query
 
     cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
-    ids = [j["job_id"] for j in excl["jobs"] if j["job_id"]]
     db = open_readonly(cfg.node_db_path("n1"))
     try:
-        got = query(db, ids)
+        got = query(db, [j["job_id"] for j in jobs if j["job_id"]])
     finally:
         db.conn.close()
-    for j in excl["jobs"]:
+    for j in jobs:
         j["alone_activity"] = got.get(j["job_id"])
 
 
-def table(result: Dict[str, Any]) -> str:
-    cols = ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "max_slowdown", "mean_smact_pct",
-            "energy_j", "ooms", "lost")
-    lines = []
-    for scen, passes in result["scenarios"].items():
-        lines.append(f"== {scen} ({len(next(iter(passes.values()))['jobs'])} jobs)")
-        lines.append(f"{'policy':<10}" + "".join(f"{c:>15}" for c in cols))
-        for pol, p in passes.items():
-            m = p["metrics"]
-            lines.append(f"{pol:<10}" + "".join(f"{m[c]:>15.2f}" if isinstance(m.get(c), float)
-                                                  else f"{str(m.get(c)):>15}" for c in cols))
-        lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"][scen].items()))
-    return "\n".join(lines)
+def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: bool, out: Path,
+             alone: Mapping[int, float], part: Optional[str]) -> Dict[str, Any]:
+    """Submit ``jobs`` at their offsets, wait until all are final (cancel what is left at ``deadline_s``),
+    measure; the pass file is rewritten after the submissions, every 20 s while waiting, and at the end."""
+    scenario, policy = name.split("-")
+    cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
+    file = out / (f"{name}-part{part.split('/')[0]}.json" if part else f"{name}.json")
+    result: Dict[str, Any] = {"pass": name, "scenario": scenario, "policy": policy, "part": part, "fake": fake,
+                              "placer_config": PLACER_CONFIG if policy == "aware" else None, "problems": [],
+                              "complete": False}
+    placer_log = out / "placer.log"
+    placer = start_placer(placer_log) if policy == "aware" else None
+    reader = None if fake else open_energy_reader()
+    e0 = _energy(reader)
+    t0 = time.time()
+    job_of: Dict[int, int] = {}
+    recs: List[Any] = []
+
+    def save(final: bool = False) -> None:
+        if not final:  # the final save keeps the last measurement and what was added to it
+            result["jobs"] = measure(jobs, job_of, recs, scenario, policy)
+        result["wall_s"] = time.time() - t0
+        if final:
+            own = pm.alone_times(result["jobs"]) if policy == "exclusive" else alone  # the exclusive pass: its own
+            result["metrics"] = pm.pass_metrics(result["jobs"], own, result.get("smact_pct"),
+                                                result.get("energy_j"))
+        file.write_text(json.dumps(result, indent=1, default=str))
+    try:
+        for job in sorted(jobs, key=lambda j: (j["offset_s"], j["index"])):  # in order: Slurm's FIFO = the plan's
+            delay = t0 + job["offset_s"] - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            job_of[job["index"]] = submit(sbatch_args(job, policy, scenario, fake))
+        log(f"{name}: {len(job_of)} jobs submitted in {time.time() - t0:.0f} s")
+        task_of = {j: i for i, j in job_of.items()}
+        last_save = 0.0
+        while True:
+            recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
+            if len(recs) >= len(task_of) and all(r.state in FINAL_STATES for r in recs):
+                result["complete"] = True
+                break
+            if time.time() - t0 > deadline_s:
+                left = [r.job_id for r in recs if r.state not in FINAL_STATES]
+                result["problems"].append(f"deadline {deadline_s:.0f} s: cancelled {left}")
+                subprocess.run([f"{ROOT}/bin/scancel", *map(str, left)], env=slurm_env(), check=False)
+                time.sleep(2)
+                recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
+                break
+            if time.time() - last_save > 20:
+                save()
+                last_save = time.time()
+            time.sleep(0.5)
+    except Exception as exc:  # noqa: BLE001 - keep what was measured
+        result["problems"].append(f"pass failed: {exc!r}")
+    finally:
+        if placer is not None:
+            stop_placer(placer)
+    t1 = time.time()
+    if reader is not None:
+        from slurm_coloc.replay.metrics import energy_growth_j
+        result["energy_j"] = energy_growth_j(e0, _energy(reader))
+    save()
+    ts = [j for j in result["jobs"] if j["submit_ts"]]
+    first = min((j["submit_ts"] for j in ts), default=t0)
+    last = max((j["end_ts"] or 0 for j in result["jobs"]), default=0) or t1
+    result["smact_pct"] = sm_activity(cfg, recs, first, last)
+    if policy == "exclusive":
+        try:
+            alone_activity(result["jobs"])
+        except Exception as exc:  # noqa: BLE001 - calibration data missing, the run goes on
+            result["problems"].append(f"alone activity unreadable: {exc!r}")
+    if placer is not None:
+        result["placer"] = placer_summary(placer_log)
+    save(final=True)
+    return result
 
 
-def main() -> int:
+def small7(out: Path, deadline_s: float) -> Dict[str, Any]:
+    """Run 1's 7 small CNNs, collocated through coloc-sbatch with the placer alive (``bench.py collocate``)."""
+    placer = start_placer(out / "placer.log")
+    t0 = time.time()
+    try:
+        cmd = [sys.executable, str(ROOT / "src/benchmarks/device/bench.py"), "--out", str(out), "collocate",
+               "--workload", "small_cnn", "--k", "7", "--warmup-s", "3", "--coloc-measure-s", "20",
+               "--timeout-s", str(max(30.0, deadline_s - 10)), "--coloc-only"]
+        proc = subprocess.run(cmd, env=slurm_env(), capture_output=True, text=True, timeout=deadline_s + 30)
+        print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
+    finally:
+        stop_placer(placer)
+    agg = None
+    res = out / "results.jsonl"
+    if res.exists():
+        for line in res.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("scenario") == "collocate" and rec.get("workload") == "small_cnn":
+                agg = ((rec.get("runs") or {}).get("coloc") or {}).get("aggregate_samples_per_s")
+    result = {"pass": "small7-aware", "scenario": "small7", "policy": "aware", "wall_s": time.time() - t0,
+              "fake": bool(os.environ.get("COLOC_BENCH_FAKE_GPUS")),
+              "placer": placer_summary(out / "placer.log"), **pm.small7_check(agg)}
+    (out / "small7-aware.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def job_line(j: Mapping[str, Any], alone_s: Optional[float]) -> str:
+    """One job's times: JCT, run, start-up split into Slurm start -> Python (``t_launch``), Python -> model and
+    data on the GPU (``t_ready``), the 5 warm-up steps (``t0``), then training (``t1 - t0``), time alone."""
+    b = j.get("bench") or {}
+
+    def d(a: Optional[float], z: Optional[float]) -> str:
+        return pm.fmt(float(z) - float(a)) if a and z else "-"
+    return (f"job {j['index']:>2} {j['workload']:<26} {j['state']} jct {d(j.get('submit_ts'), j.get('end_ts'))} s, "
+            f"run {d(j.get('start_ts'), j.get('end_ts'))} s = to python {d(j.get('start_ts'), b.get('t_launch'))} + "
+            f"set-up {d(b.get('t_launch'), b.get('t_ready'))} + warm-up {d(b.get('t_ready'), b.get('t0'))} + "
+            f"training {d(b.get('t0'), b.get('t1'))} s; alone {pm.fmt(alone_s)} s; "
+            f"activity alone {j.get('alone_activity')}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("passes", nargs="+", choices=PASSES)
     ap.add_argument("--out", required=True)
     ap.add_argument("--started-at", type=float, required=True)
-    ap.add_argument("--budget-s", type=float, default=520.0)
-    ap.add_argument("--scenarios", default="pile,stream")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--target-s", type=float, default=None, help="training seconds of each job alone")
-    ap.add_argument("--overhead-s", type=float, default=None, help="per-job start/stop cost assumed in sizing")
-    a = ap.parse_args()
+    ap.add_argument("--budget-s", type=float, default=560.0, help="seconds from stage 1's start to the last write")
+    ap.add_argument("--part", default=None, help="K/N: the K-th of N slices of the jobs (exclusive passes)")
+    ap.add_argument("--alone", nargs="*", default=[], help="exclusive pass files: history and times alone")
+    ap.add_argument("--plan", default=str(PLAN_PATH))
+    ap.add_argument("--placer-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override the placer's settings (PLACER_CONFIG), e.g. placement_recent_s=6")
+    a = ap.parse_args(argv)
     out = Path(a.out)
     fake = bool(os.environ.get("COLOC_BENCH_FAKE_GPUS"))
-    scenarios = [s for s in a.scenarios.split(",") if s]
-    policies = [p for p in POLICIES if p in a.policies.split(",")]
-    profile = json.loads((out / "profile.json").read_text())["rows"]
-    with open(f"{ROOT}/etc/coloc.yaml", "a") as fh:
-        fh.write("".join(f"{k}: {v}\n" for k, v in PLACER_CONFIG.items()))
-    left = a.budget_s - (time.time() - a.started_at) - 25
-    overhead = a.overhead_s if a.overhead_s is not None else (2.5 if fake else 6.0)
-    skipped_early = []
-    while a.target_s is None and len(scenarios) > 1 and fit_target_s(scenarios, left, overhead, policies) < 3.0:
-        skipped_early.insert(0, scenarios.pop())  # rather fewer scenarios of real length than all of 3 s jobs
-    if skipped_early:
-        log(f"budget: {', '.join(skipped_early)} left out (run it in its own call: --scenarios "
-            f"{','.join(skipped_early)})")
-    plans = size_jobs(scenarios, profile, left, overhead, a.target_s, policies)
-    log(f"sizing: {left:.0f} s left; " + "; ".join(f"{s}: " + ", ".join(f"{j.workload}x{j.steps}"
-                                                                        for j in js) for s, js in plans.items()))
-    result: Dict[str, Any] = {"fake": fake, "profile": profile, "placer_config": PLACER_CONFIG,
-                              "budget_s": a.budget_s, "scenarios": {}, "targets": {}}
-    est = {(sc, pol): pass_estimate_s(plans[sc], pol, overhead) for sc in scenarios for pol in policies}
-    need = sum(est.values())
-    if need > left:
-        log(f"warning: the passes need about {need:.0f} s, {left:.0f} s are left: scenarios run in order and one "
-            "that no longer fits is skipped (run --scenarios pile and --scenarios stream in separate calls)")
-    result["skipped"] = list(skipped_early)
-    for scen in scenarios:
-        remaining = a.budget_s - (time.time() - a.started_at) - 20
-        if remaining < 0.8 * sum(est[(scen, p)] for p in policies):
-            result["skipped"].append(scen)
-            log(f"{scen}: skipped, {remaining:.0f} s left")
+    plan = json.loads(Path(a.plan).read_text())
+    alone_files = [json.loads(Path(p).read_text()) for p in a.alone]
+    history = history_from_alone(alone_files)
+    for kv in a.placer_set:
+        key, _, value = kv.partition("=")
+        try:
+            if key not in PLACER_CONFIG:
+                raise ValueError(key)
+            PLACER_CONFIG[key] = float(value)
+        except ValueError:
+            ap.error(f"--placer-set {kv!r}: KEY=VALUE, a number, KEY one of {', '.join(PLACER_CONFIG)}")
+    configure(history)
+    log(f"plan {a.plan}: train_s {plan['train_s']}; history of {len(history)} signatures from {len(alone_files)} "
+        "file(s)")
+    for k, name in enumerate(a.passes):
+        left = a.budget_s - (time.time() - a.started_at)
+        share = left / (len(a.passes) - k)  # passes after this one get an equal share
+        if name == "small7-aware":
+            r = small7(out, share - 15)
+            log(f"small7-aware: aggregate {r['aggregate_samples_per_s']}, gain {r['gain']}, kept {r['kept']}")
             continue
-        passes: Dict[str, Dict[str, Any]] = {}
-        for pol in policies:
-            remaining = a.budget_s - (time.time() - a.started_at) - 20
-            later = sum(est[(scen, p)] for p in policies[policies.index(pol) + 1:])
-            deadline = max(20.0, min(2.0 * est[(scen, pol)], remaining - 0.8 * later))
-            log(f"{scen}/{pol}: {len(plans[scen])} jobs, estimate {est[(scen, pol)]:.0f} s, deadline {deadline:.0f} s")
-            passes[pol] = run_pass(scen, pol, plans[scen], deadline, fake, out)
-            if pol == "exclusive":
-                try:
-                    alone_activity(passes[pol])
-                except Exception as exc:  # noqa: BLE001 - calibration data missing, the run goes on
-                    passes[pol]["problems"].append(f"alone activity unreadable: {exc}")
-            log(f"{scen}/{pol}: done in {passes[pol]['wall_s']:.0f} s {passes[pol]['problems'] or ''}")
-        finish_metrics(passes)
-        result["scenarios"][scen] = passes
-        result["targets"][scen] = targets(passes)
-        (out / "placement_bench.json").write_text(json.dumps(result, indent=1, default=str))
-    text = table(result)
-    print(text, flush=True)
-    (out / "placement_bench.txt").write_text(text + "\n")
+        scenario = name.split("-")[0]
+        jobs = plan["scenarios"][scenario]
+        if a.part:
+            jobs = part_slice(jobs, a.part)
+        alone = alone_from_files(alone_files, scenario)
+        log(f"{name}{' part ' + a.part if a.part else ''}: {len(jobs)} jobs "
+            f"({', '.join(j['workload'] + ' x' + str(j['steps']) for j in jobs)}), deadline {share - 25:.0f} s")
+        r = run_pass(name, jobs, share - 25, fake, out, alone, a.part)
+        alone = pm.alone_times(r["jobs"]) if r["policy"] == "exclusive" else alone
+        m = r["metrics"]
+        log(f"{name}: {'complete' if r['complete'] else 'INCOMPLETE'} in {r['wall_s']:.0f} s; " + ", ".join(
+            f"{k} {pm.fmt(m.get(k))}" for k in ("completed", "lost", "ooms", "makespan_s", "mean_jct_s",
+                                                  "p95_jct_s", "p95_slowdown", "max_run_slowdown",
+                                                  "mean_smact_pct", "energy_j")) + f" {r['problems'] or ''}")
+        for j in r["jobs"]:
+            log("  " + job_line(j, alone.get(j["index"])))
     return 0
 
 

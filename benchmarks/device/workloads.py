@@ -108,10 +108,12 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="fixed work: this many steps after 5 warm-up steps")
     ap.add_argument("--ballast-mib", type=int, default=0)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--cudnn-benchmark", type=int, choices=(0, 1), default=1,
+                    help="cuDNN autotuning in the warm-up steps (1, default); 0 skips its start-up cost")
     a = ap.parse_args(argv)
     t_launch = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = bool(a.cudnn_benchmark)
     model, shape, batch, classes = build(a.workload)
     model = model.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.comment import parse_comment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError
+from slurm_coloc.errors import ColocError, ConfigError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
 from slurm_coloc.slurm import placement as sp
@@ -64,14 +64,15 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
     """Every typed GPU with its shards in use, tenants, live state and recently placed load. Pure.
 
     Shards in use: running jobs' ``gres_detail`` plus steered jobs Slurm does not yet show on a GPU; a whole
-    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s``.
+    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s`` (the
+    caller passes ``placement_recent_s``, or ``placement_window_s`` when that is 0).
     """
     used: Dict[Tuple[str, int], int] = {}
     tenants: Dict[Tuple[str, int], int] = {}
     shown = set()
     totals = {(n.node, i): s for n in nodes for i, s in n.shards.items()}
     for job in jobs:
-        if job.state not in ACTIVE_STATES:
+        if job.state not in ACTIVE_STATES and not job.completing:  # 24.11+: COMPLETED + the COMPLETING flag
             continue
         for node, idx, name, count in sp.gpu_holdings(job):
             key = (node, idx)
@@ -116,17 +117,43 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
     return out
 
 
+def read_history_file(path: str) -> Dict[str, Activity]:
+    """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
+    "smocc": f, "drama": f}}}``, fractions 0..1). Entries that are not such objects are skipped.
+
+    Raises:
+        ConfigError: the file is unreadable or not a JSON object with ``signatures``.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        sigs = data["signatures"]
+        if not isinstance(sigs, dict):
+            raise TypeError("signatures is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read placement_history_path {path!r}: {exc}") from None
+    out: Dict[str, Activity] = {}
+    for sig, a in sigs.items():
+        vals = [a.get(k) if isinstance(a, dict) else None for k in ("smact", "smocc", "drama")]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in vals):
+            out[str(sig)] = Activity(*(float(v) for v in vals))  # type: ignore[arg-type]
+    return out
+
+
 def read_history(cfg: Config) -> Dict[str, List[Activity]]:
-    """Signature -> measured activity of earlier runs that had their GPU alone (ctld.db + every node database)."""
+    """Signature -> measured activity of earlier runs that had their GPU alone (ctld.db + every node database),
+    plus one run per signature of ``placement_history_path`` when set."""
+    out: Dict[str, List[Activity]] = {}
+    if cfg.placement_history_path:
+        for sig, act in read_history_file(cfg.placement_history_path).items():
+            out.setdefault(sig, []).append(act)
     if not cfg.ctld_db_path.exists():
-        return {}
+        return out
     ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
     try:
         sig_of = {j["job_id"]: intensity.signature(j["coloc"]) for j in store_placement.finished_jobs(ctld)}
     finally:
         ctld.conn.close()
     sigs: Dict[int, str] = {k: v for k, v in sig_of.items() if v}
-    out: Dict[str, List[Activity]] = {}
     for path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         db = open_readonly(path, busy_timeout_s=1.0)
         try:
@@ -223,7 +250,8 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     jobs = sp.queue(bin_dir, env)
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
-                   if k not in known or known[k].state not in ("PENDING", *ACTIVE_STATES) or now - s.ts > 600]:
+                   if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
+                   or now - s.ts > 600]:
         state.steered.pop(job_id, None)
     candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
@@ -245,7 +273,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             log.warning("history unreadable (%s): predictions only", exc)
         state.history_ts = now
     live = read_live(cfg, [n.node for n in nodes])
-    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_window_s)
+    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_recent_s or cfg.placement_window_s)
     sat = saturated_gpus(gpus, gate, cfg.placement_state_max_age_s)
     if sat:
         log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))

@@ -65,12 +65,17 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     return out
 
 
-def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[str, Optional[float]]]:
-    """Measured activity of the given jobs' runs on this node that had their GPU to themselves.
+BUSY_SMACT_PCT = 1.0  # a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
 
-    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. SMACT/SMOCC come from
-    the Epilog's ``job_summaries`` (GPU-wide means over the run, which equal the job's own when it is alone);
-    DRAMA is the mean ``dram_bw_pct`` of the GPU over the run.
+
+def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[str, Optional[float]]]:
+    """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while computing.
+
+    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is the
+    mean SMACT/SMOCC/DRAMA of the GPU's samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): a
+    job's start-up (Python imports, CUDA context, cuDNN set-up; 10-30 s on the H100 harness) keeps the GPU idle
+    and would dilute the mean of a short run, while collocated jobs contend only while they compute. A run
+    without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC; DRAMA NULL).
 
     Returns:
         ``{job_id: {"smact": f, "smocc": f, "drama": f}}`` (fractions, None when not measured).
@@ -79,18 +84,22 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
         return {}
     out: Dict[int, Dict[str, Optional[float]]] = {}
+    busy = ("FROM gpu_samples g WHERE g.gpu_index = CAST(r.gpus AS INTEGER) AND g.ts >= r.start_ts "
+            "AND g.ts <= r.end_ts AND g.smact_pct >= ?")
     for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
         marks = ",".join("?" * len(chunk))
         rows = node_db.execute(
-            "SELECT r.job_id, s.smact_mean, s.smocc_mean, "
-            " (SELECT AVG(g.dram_bw_pct) FROM gpu_samples g WHERE g.gpu_index = CAST(r.gpus AS INTEGER) "
-            "  AND g.ts >= r.start_ts AND g.ts <= r.end_ts) "
-            "FROM job_runs r JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
+            f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT AVG(g.smact_pct) {busy}), "
+            f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}) "
+            "FROM job_runs r LEFT JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
             f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.gpus NOT LIKE '%,%' AND NOT EXISTS ("
             " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < r.end_ts "
-            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))", chunk).fetchall()
-        for job_id, smact, smocc, drama in rows:
-            out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": _frac(drama)}
+            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))", [BUSY_SMACT_PCT] * 4 + chunk).fetchall()
+        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama in rows:
+            if n_busy:
+                out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama)}
+            elif smact is not None:
+                out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": None}
     return out
 
 

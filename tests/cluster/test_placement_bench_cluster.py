@@ -1,0 +1,133 @@
+"""``benchmarks/device/placement_bench.py`` end to end on CPU: the device harness (``cluster_gpu.sh``, real Slurm
+22.05.8 from the carried bundle, typed shards) with one fake GPU, a tiny plan (3 pile jobs that sleep 4 s), every
+pass through ``coloc-sbatch`` as ``colocuser``, then ``benchmarks/placement_combine.py``.
+
+The GPU is fake, so a thread stands in for the sampler: every 0.5 s it writes one ``gpu_samples`` row into the
+node database, a frame of the H100 recording ``tests/data/nvml/h100_mps_2jobs.jsonl`` with SM activity 45 %,
+SM occupancy 30 % and DRAM activity 30 % (synthetic values: one busy job's worth; two of them cross the gate).
+The exclusive passes then measure every job's activity alone from those rows, the aware pass gets them as the
+placer's history (``--alone`` -> ``placement_history_path``), and the placer must keep the jobs apart: a GPU at
+45 % with a 45 % candidate is predicted saturated, so each job waits until the GPU is empty.
+
+Needs root and ``.carry/slurm-bundle.tar.gz`` (``benchmarks/device/build_bundle.sh``); ``COLOC_BENCH_PYTHON``
+(default: this interpreter) must be a Python whose site-packages hold the project's dependencies.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / ".carry" / "slurm-bundle.tar.gz"
+RECORDING = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
+BENCH = REPO / "benchmarks" / "device" / "placement_bench.py"
+pytestmark = pytest.mark.slurm
+
+
+class FakeSampler(threading.Thread):
+    """Writes one recorded-frame row (SMACT 45 %, SMOCC 30 %, DRAMA 30 %) every 0.5 s into the node database."""
+
+    def __init__(self, db_path: Path) -> None:
+        super().__init__(daemon=True)
+        self.db_path = db_path
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from slurm_coloc.nvml.readings import Frame
+        from slurm_coloc.store import samples as store_samples
+        from slurm_coloc.store.db import open_node_db
+
+        lines = [json.loads(x) for x in RECORDING.read_text().splitlines()[1:]]
+        frame = next(Frame.from_json(x, ts=0.0) for x in lines if x["gpus"][0].get("smact_pct"))
+        g = replace(frame.gpus[0], index=0, smact_pct=45.0, smocc_pct=30.0, dram_bw_pct=30.0)
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        db = open_node_db(self.db_path)
+        try:
+            while not self.stop.is_set():
+                store_samples.write_rows(db, store_samples.gpu_rows(time.time(), [g], 0.5), [])
+                self.stop.wait(0.5)
+        finally:
+            db.conn.close()
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+    if os.geteuid() != 0:
+        pytest.skip("the device harness needs root")
+    if not BUNDLE.exists():
+        pytest.skip(f"no Slurm bundle at {BUNDLE} (benchmarks/device/build_bundle.sh)")
+    from tests.slurm_cluster import pick_port_base
+
+    root = Path(f"/tmp/coloc-test-bench-{os.getpid()}")
+    env = {**os.environ, "COLOC_BENCH_ROOT": str(root), "COLOC_BENCH_FAKE_GPUS": "1",
+           "COLOC_BENCH_PORT": str(pick_port_base()),
+           "COLOC_BENCH_PYTHON": os.environ.get("COLOC_BENCH_PYTHON", sys.executable), "PYTHONUNBUFFERED": "1"}
+    work = tmp_path_factory.mktemp("bench")
+    sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+    import placement_plan
+
+    full = json.loads(placement_plan.PLAN_PATH.read_text())
+    plan = {**full, "train_s": 2.0, "scenarios": {"pile": [{**j, "train_s": 2.0} for j in
+                                                           full["scenarios"]["pile"][:3]]}}
+    (work / "plan.json").write_text(json.dumps(plan))
+    sampler = FakeSampler(root / "coloc" / "state" / "nodes" / "n1.db")
+    sampler.start()
+    try:
+        yield {"env": env, "work": work, "root": root}
+    finally:
+        sampler.stop.set()
+        sampler.join(5)
+        subprocess.run([str(REPO / "benchmarks" / "device" / "cluster_gpu.sh"), "stop"], env=env, check=False,
+                       capture_output=True, timeout=60)
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def bench(h: Dict[str, Any], out: str, *args: str) -> Path:
+    d = h["work"] / out
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--plan", str(h["work"] / "plan.json"), "--out", str(d),
+                           "--budget-s", "150"], env=h["env"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return d
+
+
+def spans(f: Dict[str, Any]) -> List[List[float]]:
+    return sorted([j["start_ts"], j["end_ts"]] for j in f["jobs"])
+
+
+def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> None:
+    e1 = json.loads((bench(harness, "e1", "pile-exclusive", "--part", "1/2") / "pile-exclusive-part1.json").read_text())
+    e2 = json.loads((bench(harness, "e2", "pile-exclusive", "--part", "2/2") / "pile-exclusive-part2.json").read_text())
+    assert e1["complete"] and e2["complete"] and [len(e1["jobs"]), len(e2["jobs"])] == [2, 1]
+    excl = e1["jobs"] + e2["jobs"]
+    assert [j["state"] for j in excl] == ["COMPLETED"] * 3 and [j["index"] for j in excl] == [0, 1, 2]
+    assert len({j["signature"] for j in excl}) == 3  # one script per workload: one signature each
+    for j in excl:  # measured alone from the sampler rows (45/30/30 %)
+        assert j["alone_activity"] == pytest.approx({"smact": 0.45, "smocc": 0.30, "drama": 0.30}, abs=1e-6)
+    first, second = spans(e1)
+    assert second[0] >= first[1]  # FIFO on the whole GPU: one after the other
+    alone = [str(harness["work"] / "e1" / "pile-exclusive-part1.json"),
+             str(harness["work"] / "e2" / "pile-exclusive-part2.json")]
+    d = bench(harness, "ba", "pile-blind", "pile-aware", "--alone", *alone)
+    blind = json.loads((d / "pile-blind.json").read_text())
+    aware = json.loads((d / "pile-aware.json").read_text())
+    assert blind["complete"] and aware["complete"]
+    b = spans(blind)
+    assert max(s for s, _ in b) < min(e for _, e in b)  # blind: all three ran at once (memory fits)
+    assert aware["placer"]["placed_history"] == 3 and aware["placer"]["wait_notes"] >= 1
+    a = spans(aware)
+    assert all(nxt[0] >= cur[1] for cur, nxt in zip(a, a[1:]))  # aware: 45 % + 45 % saturates: one at a time
+    assert aware["metrics"]["max_run_slowdown"] is not None and aware["metrics"]["ooms"] == 0
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
+                           *alone, str(d / "pile-blind.json"), str(d / "pile-aware.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "| aware | 3 |" in proc.stdout and "fake-GPU run" in proc.stdout
