@@ -71,7 +71,7 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
     shown = set()
     totals = {(n.node, i): s for n in nodes for i, s in n.shards.items()}
     for job in jobs:
-        if job.state not in ACTIVE_STATES:
+        if job.state not in ACTIVE_STATES and not job.completing:  # 24.11+: COMPLETING is a flag on the final state
             continue
         for node, idx, name, count in sp.gpu_holdings(job):
             key = (node, idx)
@@ -223,7 +223,8 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     jobs = sp.queue(bin_dir, env)
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
-                   if k not in known or known[k].state not in ("PENDING", *ACTIVE_STATES) or now - s.ts > 600]:
+                   if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES)
+                                           and not known[k].completing) or now - s.ts > 600]:
         state.steered.pop(job_id, None)
     candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
