@@ -200,28 +200,26 @@ MAX_ARG_CHARS = 4096
 def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
-    ``argv`` in the coloc comment (list of str) is used only where its words are the words Slurm recorded (the
-    comment is the user's text; it can restore spaces inside arguments, never add or change any). Otherwise Slurm 22.05
-    only keeps ``command``: argv joined by single spaces (``JobInfo.command``), so it is split on whitespace and its
-    first word (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which
-    cannot be told apart (reported as inexact only when doubled spaces show it).
+    Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
+    ``submit_line``, both argv joined by single spaces). ``argv`` in the coloc comment (list of str) is used only
+    where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
+    arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
 
-    Slurm 24.11 and later record the script alone as ``command`` (its arguments are kept nowhere a hook can read:
+    Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
     docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
     (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). It shapes only the arguments of the user's own rerun, which
     runs as that user with the options Slurm recorded, so it cannot widen what the rerun may do.
     """
-    command = job.command if job else ""
+    recorded, exact = job.recorded_script_args() if job else ([], True)
     raw = coloc.get("argv")
     argv: List[str] = list(raw) if isinstance(raw, list) else []
     valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
         all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
-    if valid and " ".join(argv).split() == command.split()[1:]:
+    if recorded is None:
+        return (list(argv), True) if valid else ([], False)  # 24.11: Slurm keeps the script path only
+    if valid and " ".join(argv).split() == recorded:
         return list(argv), True  # the comment's words agree with what Slurm recorded
-    if len(command.split()) == 1 and job is not None and job.slurm_release and \
-            not job.slurm_release.startswith(("22.", "23.")):
-        return (list(argv), True) if valid else ([], False)  # 24.11+: Slurm keeps the script path only
-    return command.split()[1:], "  " not in command.strip()
+    return recorded, exact
 
 
 def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
