@@ -403,8 +403,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "error": error}
     store_oom.record_retry_submitted(db, job_id, new_id)
+    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not get the "
+                                  "same ones: submit with coloc-sbatch to keep them.")
     told = _tell_user(job, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
-                                    f"as job {new_id} (its output is appended here).")
+                                    f"as job {new_id} (its output is appended here).{args_note}")
     store_jobs.record_event(db, job_id, "oom-retry-submitted", {
         "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
         "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "
