@@ -129,7 +129,11 @@ write_config() {
     slurm_conf_node n1 "$HOST" $((PORT + 1)) $(( $(nproc) > 32 ? $(nproc) : 32 )) "$NGPU" $((NGPU * GIB))
     slurm_conf_partition
   } > "$CONF"
-  echo "CgroupPlugin=cgroup/v1" > "$ROOT/etc/cgroup.conf"
+  # 22.05: cgroup/v1 (its v2 plugin wants systemd/dbus at start; the GPU machine has cgroup2 and no systemd).
+  # 24.11+: no cgroup plugin at all (CgroupPlugin=disabled, new in 23.x): proctrack/linuxproc and task/none use
+  # none, and 26.05's cgroup/v1 is deprecated.
+  if grep -qs LAYOUT=patched "$S/bundle.env"; then echo "CgroupPlugin=disabled"; else echo "CgroupPlugin=cgroup/v1"; fi \
+    > "$ROOT/etc/cgroup.conf"
   { echo "AutoDetect=off"; slurm_conf_gres n1 "$NGPU" "$GIB" "$DEVPFX"; } > "$ROOT/etc/gres.conf"
   { slurm_conf_coloc_yaml "slurm-coloc config of the device harness" "$ROOT" "$ROOT/bin" "$GIB"
     echo "sampler_interval_s: 0.5"
