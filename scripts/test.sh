@@ -4,10 +4,9 @@
 # The tests start and stop their own real Slurm clusters (free ports, own directories).
 #
 # 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
-# 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default none yet: the subset is not
-#    green on 24.11/26.05; COLOC_TEST_VERSIONS="24.11 26.05" runs it), fetched by
-#    scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine keeps it; about 12 s each
-#    from a clean cache). README "Slurm versions" says why this subset. Empty (the default) skips step 2.
+# 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default "24.11 26.05"), fetched by
+#    scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine keeps it; about 10 s each
+#    from a clean cache). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
 # Arguments go to every pytest run (e.g. -x). Exit status: non-zero when any run failed.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +33,7 @@ VERSION_TESTS=(
 "$VENV/bin/mypy" "$REPO/slurm_coloc"
 rc=0
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1
-for v in ${COLOC_TEST_VERSIONS-}; do
+for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
   echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"
   if ! "$REPO/scripts/slurm_versions.sh" fetch "$v" >/dev/null; then
     echo "test.sh: Slurm $v could not be fetched" >&2

@@ -3,6 +3,7 @@ decision table, the rerun's sbatch options, the history the estimator reads, and
 (real files, real fork/setuid; needs root)."""
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -268,3 +269,34 @@ def test_never_acts_as_root(tmp_path: Path) -> None:
     f = tmp_path / "f"
     f.write_text("CUDA out of memory")
     assert read_tail_as_user(str(f), 0, 0).error is not None
+
+
+def test_script_args_from_26_05_submit_line() -> None:
+    """26.05 records sbatch's whole command line (``submit_line``; ``command`` is the script as given, or the
+    resolved path when given without ``/``: both seen on a 26.05.5 cluster); the rerun's arguments come from it."""
+    def job(command: str, line: str):
+        return job_info_from_json({"job_id": 6, "command": command, "current_working_directory": "/w",
+                                   "submit_line": line}, release="26.05.5")
+
+    assert oom.script_args(job("./s.sh", "sbatch --parsable -o /dev/null ./s.sh a b 200"), {}) == \
+        (["a", "b", "200"], True)
+    assert oom.script_args(job("/w/s.sh", "sbatch --parsable s.sh x"), {}) == (["x"], True)
+    assert oom.script_args(job("/w/s.sh", "/usr/bin/sbatch /w/s.sh"), {}) == ([], True)
+    # an option's value naming the script: the word after the option is skipped, and the result marked inexact
+    assert oom.script_args(job("./s.sh", "sbatch -J ./s.sh ./s.sh 7"), {}) == (["7"], False)
+    # an argument's own spaces: the comment's argv restores them where its words agree, never adds any
+    line = "sbatch ./s.sh a b  c 200"
+    assert oom.script_args(job("./s.sh", line), {})[1] is False
+    assert oom.script_args(job("./s.sh", line), {"argv": ["a", "b  c", "200"]}) == (["a", "b  c", "200"], True)
+    assert oom.script_args(job("./s.sh", line), {"argv": ["--evil"]}) == (["a", "b", "c", "200"], False)
+    # the script not in the line (read from stdin): not known, the comment's argv is the only source as on 24.11
+    assert oom.script_args(job("/w/s.sh", "sbatch --parsable"), {}) == ([], False)
+    assert oom.script_args(job("", "sbatch --wrap sleep 8"), {}) == ([], True)  # --wrap: no script arguments
+
+
+def test_recorded_script_args_on_the_26_05_recording() -> None:
+    """The recorded 26.05 job is a ``--wrap`` job: no command, so no arguments (its submit_line is not read)."""
+    data = json.loads((Path(__file__).parent / "data" / "slurm-26.05" / "squeue_json_running.json").read_text())
+    j = job_info_from_json(data["jobs"][0], release="26.05.5")
+    assert j.raw["submit_line"].startswith("/var/cache/slurm-coloc/26.05/bin/sbatch ")
+    assert j.command == "" and j.recorded_script_args() == ([], True)

@@ -317,3 +317,18 @@ def test_coloc_sbatch_placement_form_follows_the_heartbeat(tmp_path: Path) -> No
     old["ts"] -= 3600
     beat.write_text(json.dumps(old))
     assert placement_form(argv, cfg, 4) == (argv, False)  # stale: classic
+
+
+def test_a_job_in_its_epilogs_still_holds_its_gpu_on_24_11() -> None:
+    """24.11+ give COMPLETING as a flag after the final state (tests/data/slurm-24.11/epilog_states.txt): the
+    shards stay in use until the flag clears, as 22.05's ``COMPLETING`` state keeps them."""
+    jobs = parse_squeue_json(_squeue(
+        {"job_id": 1, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1",
+         "gres_detail": ["shard:g0:4(4/80,0/80)"]},
+        {"job_id": 2, "job_state": ["FAILED"], "nodes": "n1", "gres_detail": ["shard:g1:8(0/80,8/80)"]},
+        {"job_id": 3, "job_state": "COMPLETING", "nodes": "n2", "gres_detail": ["shard:g0:2(IDX:0)"]}))
+    nodes = [sp.NodeGpus("n1", "IDLE", {0: 80, 1: 80}), sp.NodeGpus("n2", "IDLE", {0: 80, 1: 80})]
+    states = {g.key: g for g in gpu_states(nodes, jobs, {}, {}, 1000.0, 30.0)}
+    assert states[("n1", 0)].shards_used == 4      # 24.11: the flag
+    assert states[("n1", 1)].shards_used == 0      # finished: its shards are free
+    assert states[("n2", 0)].shards_used == 2      # 22.05: the state

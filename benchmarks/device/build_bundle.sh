@@ -40,18 +40,19 @@ for p in slurmctld slurmd slurmstepd; do
   fi
 done
 # Non-glibc libraries every binary and plugin needs (resolved on this Debian 12 host; 22.05 only: newer
-# releases carry their whole library closure and glibc).
+# releases carry their whole library closure and glibc, and their programs name a loader under
+# COLOC_BENCH_ROOT that does not exist here, so ldd cannot read them).
 mkdir -p "$R/bundle-lib"
-[ "$VERSION" = 22.05 ] || GLIBC='.'
-
-GLIBC='^(linux-vdso|libc\.so|ld-linux|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil\.so|libnsl|libanl|libcrypt\.so)'
-find "$R/usr/sbin" "$R/usr/bin" "$R/usr/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
-  xargs -0 ldd 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u |
-  while read -r name path; do
-    echo "$name" | grep -Eq "$GLIBC" && continue
-    case "$path" in "$R"/*) continue ;; esac
-    [ -e "$R/bundle-lib/$name" ] || cp -L "$path" "$R/bundle-lib/$name"
-  done
+if [ "$VERSION" = 22.05 ]; then
+  GLIBC='^(linux-vdso|libc\.so|ld-linux|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil\.so|libnsl|libanl|libcrypt\.so)'
+  find "$R/usr/sbin" "$R/usr/bin" "$R/usr/lib" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
+    xargs -0 ldd 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u |
+    while read -r name path; do
+      echo "$name" | grep -Eq "$GLIBC" && continue
+      case "$path" in "$R"/*) continue ;; esac
+      [ -e "$R/bundle-lib/$name" ] || cp -L "$path" "$R/bundle-lib/$name"
+    done
+fi
 # Debian's libslurm lives in slurm-wlm/ (RUNPATH absolute to /usr/lib/...): list the bundle's own dirs too.
 rm -rf "$R/usr/share/doc" "$R/usr/share/man" "$R/usr/share/lintian" "$R/etc/init.d"
 tar -C "$R" -czf "$CARRY/slurm-bundle.tar.gz" .

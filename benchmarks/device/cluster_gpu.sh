@@ -43,8 +43,10 @@ unpack() {
   fi
   if [ ! -x "$S/usr/sbin/slurmctld" ]; then mkdir -p "$S"; tar -C "$S" -xzf "$BUNDLE"; fi
   local run; run=$(run_prefix)
-  install -d -m 0755 "$ROOT" "$ROOT/bin" "$ROOT/etc" "$ROOT/log" "$ROOT/state" "$ROOT/spool" "$ROOT/run" \
-    "$ROOT/coloc" "$ROOT/munge-run"
+  # spool/n1: SlurmdSpoolDir (22.05's slurmd creates it; 26.05's does not, and its slurmstepd then cannot open
+  # its socket there: "Can not read return code from slurmstepd").
+  install -d -m 0755 "$ROOT" "$ROOT/bin" "$ROOT/etc" "$ROOT/log" "$ROOT/state" "$ROOT/spool" "$ROOT/spool/n1" \
+    "$ROOT/run" "$ROOT/coloc" "$ROOT/munge-run"
   install -d -m 0700 "$ROOT/munge-key"
   install -d -m 1777 "$ROOT/jobs"
   # Client commands through the dynamic loader with the bundle's library path: nothing of the bundle leaks into
@@ -127,7 +129,11 @@ write_config() {
     slurm_conf_node n1 "$HOST" $((PORT + 1)) $(( $(nproc) > 32 ? $(nproc) : 32 )) "$NGPU" $((NGPU * GIB))
     slurm_conf_partition
   } > "$CONF"
-  echo "CgroupPlugin=cgroup/v1" > "$ROOT/etc/cgroup.conf"
+  # 22.05: cgroup/v1 (its v2 plugin wants systemd/dbus at start; the GPU machine has cgroup2 and no systemd).
+  # 24.11+: no cgroup plugin at all (CgroupPlugin=disabled, new in 23.x): proctrack/linuxproc and task/none use
+  # none, and 26.05's cgroup/v1 is deprecated.
+  if grep -qs LAYOUT=patched "$S/bundle.env"; then echo "CgroupPlugin=disabled"; else echo "CgroupPlugin=cgroup/v1"; fi \
+    > "$ROOT/etc/cgroup.conf"
   { echo "AutoDetect=off"; slurm_conf_gres n1 "$NGPU" "$GIB" "$DEVPFX"; } > "$ROOT/etc/gres.conf"
   { slurm_conf_coloc_yaml "slurm-coloc config of the device harness" "$ROOT" "$ROOT/bin" "$GIB"
     echo "sampler_interval_s: 0.5"
@@ -138,7 +144,9 @@ write_config() {
 
 start() {
   unpack; python_env; ensure_users; write_config
-  local env="LD_LIBRARY_PATH=$LIBS"
+  # 22.05's daemons find the bundle's libraries through LD_LIBRARY_PATH; patched releases need none (DT_RPATH).
+  local env=""
+  [ -z "$(run_prefix)" ] || env="LD_LIBRARY_PATH=$LIBS"
   if ! pid_alive "$ROOT/run/munged.pid"; then
     [ -f "$ROOT/munge-key/munge.key" ] || env $env "$S/usr/sbin/mungekey" --create --keyfile="$ROOT/munge-key/munge.key"
     env $env "$S/usr/sbin/munged" --socket="$ROOT/munge-run/munge.socket.2" --key-file="$ROOT/munge-key/munge.key" \

@@ -200,28 +200,26 @@ MAX_ARG_CHARS = 4096
 def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
-    ``argv`` in the coloc comment (list of str) is used only where its words are the words Slurm recorded (the
-    comment is the user's text; it can restore spaces inside arguments, never add or change any). Otherwise Slurm 22.05
-    only keeps ``command``: argv joined by single spaces (``JobInfo.command``), so it is split on whitespace and its
-    first word (the script as submitted) dropped: exact unless the script path or an argument held whitespace, which
-    cannot be told apart (reported as inexact only when doubled spaces show it).
+    Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
+    ``submit_line``, both argv joined by single spaces). ``argv`` in the coloc comment (list of str) is used only
+    where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
+    arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
 
-    Slurm 24.11 and later record the script alone as ``command`` (its arguments are kept nowhere a hook can read:
+    Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
     docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
     (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). It shapes only the arguments of the user's own rerun, which
     runs as that user with the options Slurm recorded, so it cannot widen what the rerun may do.
     """
-    command = job.command if job else ""
+    recorded, exact = job.recorded_script_args() if job else ([], True)
     raw = coloc.get("argv")
     argv: List[str] = list(raw) if isinstance(raw, list) else []
     valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
         all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
-    if valid and " ".join(argv).split() == command.split()[1:]:
+    if recorded is None:
+        return (list(argv), True) if valid else ([], False)  # 24.11: Slurm keeps the script path only
+    if valid and " ".join(argv).split() == recorded:
         return list(argv), True  # the comment's words agree with what Slurm recorded
-    if len(command.split()) == 1 and job is not None and job.slurm_release and \
-            not job.slurm_release.startswith(("22.", "23.")):
-        return (list(argv), True) if valid else ([], False)  # 24.11+: Slurm keeps the script path only
-    return command.split()[1:], "  " not in command.strip()
+    return recorded, exact
 
 
 def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
@@ -405,8 +403,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "error": error}
     store_oom.record_retry_submitted(db, job_id, new_id)
+    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not get the "
+                                  "same ones: submit with coloc-sbatch to keep them.")
     told = _tell_user(job, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
-                                    f"as job {new_id} (its output is appended here).")
+                                    f"as job {new_id} (its output is appended here).{args_note}")
     store_jobs.record_event(db, job_id, "oom-retry-submitted", {
         "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
         "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "

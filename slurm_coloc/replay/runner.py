@@ -194,10 +194,10 @@ def run_replay(
             for r in squeue_all(cfg.slurm_bin_dir, env)
             if r.job_id in task_of_job or runs_from_records([r], task_of_job)
         ]
-        if records and all(r.state in FINAL for r in records) and len(records) >= len(task_of_job):
+        if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
             break
         if clock() - t_start > deadline_s:
-            left = [r.job_id for r in records if r.state not in FINAL]
+            left = [r.job_id for r in records if r.state not in FINAL or r.completing]
             problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
             cancel(cfg, left, env)
             time.sleep(2.0)

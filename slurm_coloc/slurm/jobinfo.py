@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.jsonfields import exit_pair, integer, job_state, text
-from slurm_coloc.slurm.parse import expand_hostlist, parse_tres_per_node
+from slurm_coloc.slurm.parse import expand_hostlist, parse_tres_per_node, script_args_in_submit_line
 from slurm_coloc.slurm.version import SlurmVersion, version_from_meta
 
 NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id outside an array prints as this)
@@ -105,6 +105,26 @@ class JobInfo:
     def completing(self) -> bool:
         """Whether the job is ending (epilogs running): 22.05's ``COMPLETING`` state or 24.11+'s flag."""
         return self.state == "COMPLETING" or "COMPLETING" in self.state_flags
+
+    def recorded_script_args(self) -> Tuple[Optional[List[str]], bool]:
+        """The batch script's arguments as Slurm recorded them, and whether the words are exact.
+
+        22.05 (and 23.x): ``command`` is the script and its arguments joined by single spaces: its words after the
+        first. 26.05: ``submit_line`` (``parse.script_args_in_submit_line``). 24.11 keeps only the script in
+        ``command`` and has no ``submit_line``: ``(None, False)`` (not known; docs/slurm-versions.md). A job
+        without a script command (``--wrap``) has none: ``([], True)``. Inexact where an argument's own
+        whitespace cannot be told from the separators (doubled spaces show it).
+        """
+        words = self.command.split()
+        if not words:
+            return [], True
+        line = self.raw.get("submit_line")
+        if isinstance(line, str) and line:
+            rest, exact = script_args_in_submit_line(line, self.command, self.work_dir)
+            return (rest.split(), exact) if rest is not None else (None, False)
+        if len(words) == 1 and self.slurm_release and not self.slurm_release.startswith(("22.", "23.")):
+            return None, False  # 24.11: the script alone
+        return words[1:], "  " not in self.command.strip()
 
     @property
     def slurm_ref(self) -> str:

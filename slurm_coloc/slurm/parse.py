@@ -6,6 +6,7 @@ text differs between them (``gres_detail``, ``TresPerNode``) both forms are read
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -187,3 +188,31 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
         elif len(bits) == 2 and bits[0] == "gres" and bits[1]:
             out[bits[1]] = out.get(bits[1], 0) + 1
     return out
+
+
+def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
+    """The batch script's arguments in 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces, word
+    0 the sbatch path), as 22.05's ``command`` gives them: the words after the script joined by single spaces.
+
+    ``command`` is the script as 26.05 records it: the path as given when it held a ``/`` (``./s.sh``), else
+    the path sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on a 26.05.5 cluster). The
+    script is the first word after word 0 naming that file: equal to ``command``, equal once joined to
+    ``work_dir``, or (no ``/``) its basename, not directly after an option word without ``=`` (whose value it
+    would be). ``sbatch -J s.sh ./s.sh 200`` -> ``("200", True)``.
+
+    Returns:
+        (arguments text or None where no word names the script, exact): inexact where the line held more than
+        one word naming the script (an option value may be one) or doubled spaces (an argument's own whitespace).
+    """
+    if not command:
+        return None, False
+    words = submit_line.split(" ")
+    target = os.path.normpath(os.path.join(work_dir, command))
+    hits = [i for i, w in enumerate(words) if i > 0 and w and (
+        w == command or os.path.normpath(os.path.join(work_dir, w)) == target
+        or ("/" not in w and w == os.path.basename(command)))]
+    if not hits:
+        return None, False
+    chosen = next((i for i in hits if not (words[i - 1].startswith("-") and "=" not in words[i - 1])), hits[0])
+    rest = " ".join(words[chosen + 1:])
+    return rest, len(hits) == 1 and "  " not in rest

@@ -1,4 +1,5 @@
-"""OOM recovery on a real Slurm 22.05 cluster (no GPU: jobs print real OOM messages; GRES shards are real).
+"""OOM recovery on a real Slurm cluster of any version (``COLOC_SLURM``; no GPU: jobs print real OOM messages;
+GRES shards are real).
 
 One campaign submits every case at once (the timeout case needs a minute), then each test checks one case:
 an OOM on shards gets exactly one rerun on a whole GPU that completes; a rerun that OOMs again is not rerun; a
@@ -82,10 +83,17 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
     (work / "d").mkdir()
     shutil.chown(work / "d", USER, USER)
     comment = f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,"sha256":"{SHA}"}}'
+    # 24.11 records the batch script alone (its arguments are nowhere a hook can read: docs/slurm-versions.md), so
+    # a plain sbatch's "200" cannot reach the rerun there (it would rerun with the default need and complete);
+    # coloc-sbatch carries the arguments in the comment's argv, the rerun's only source on 24.11: "again" carries
+    # them as coloc-sbatch writes them. 22.05 (command) and 26.05 (submit_line) keep them: plain sbatch there.
+    again_comment = [f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,"sha256":"{SHA[::-1]}",'
+                     f'"argv":["200"]}}'] if c.version == "24.11" else []
     ids = {
         "oom": _sbatch(c, work, ["-J", "oom-once", "--gres=shard:4", "-t", "10", "-o", "once.out", "-e", "once.err",
                                  comment, str(job), "8"]),
-        "again": _sbatch(c, work, ["-J", "oom-again", "--gres=shard:4", "-o", "again.out", str(job), "200"]),
+        "again": _sbatch(c, work, ["-J", "oom-again", "--gres=shard:4", "-o", "again.out", *again_comment, str(job),
+                                   "200"]),
         "timeout": _sbatch(c, work, ["-J", "oom-timeout", "--gres=shard:2", "-t", "1", "-o", "timeout.out",
                                      str(work / "sleeper.sh")]),
         "cancel": _sbatch(c, work, ["-J", "oom-cancel", "--gres=shard:2", "-o", "cancel.out",

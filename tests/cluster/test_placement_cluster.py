@@ -1,4 +1,5 @@
-"""coloc-placer on a real Slurm 22.05 cluster with typed shards (2 slurmd x 2 fake GPUs, ``COLOC_GRES_TYPED=1``).
+"""coloc-placer on a real Slurm cluster (``COLOC_SLURM``) with typed shards (2 slurmd x 2 fake GPUs,
+``COLOC_GRES_TYPED=1``).
 
 The GPUs are fake, so their live state is written into the node databases: light GPUs get the frames of the
 H100 recording ``tests/data/nvml/h100_mps_2jobs.jsonl`` (two MPS clients, SM activity ~15 %), re-stamped to now;
@@ -19,6 +20,7 @@ import pytest
 from slurm_coloc import config as config_mod
 from slurm_coloc.nvml.readings import Frame
 from slurm_coloc.placement.daemon import PlacerState, place_round
+from slurm_coloc.slurm.parse import gres_detail_counts
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_node_db
 from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
@@ -98,10 +100,13 @@ def submit_held(cl: Cluster, shards: int, gres: Optional[str] = None, node: Opti
 
 
 def gpu_of(cl: Cluster, job_id: int, timeout: float = 40) -> Tuple[str, int]:
-    """(node, GPU index) a job runs on, from ``scontrol show job -d`` once it runs."""
+    """(node, GPU index) a job runs on, from ``scontrol show job -d`` once it runs: the per-node ``GRES=`` item in
+    either version's form (22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``: ``gres_detail_counts``)."""
     j = cl.wait_state(job_id, ("RUNNING",), timeout)
     detail = cl.scontrol("show", "job", "-d", str(job_id))
-    idx = [int(x) for x in __import__("re").findall(r"GRES=(?:shard|gpu):g\d+:[1-9]\d*\(IDX:(\d+)\)", detail)]
+    items = __import__("re").findall(r"\bGRES=((?:shard|gpu):g\d+:[1-9]\d*\([^)]*\))", detail)
+    idx = [i for name, _t, per in gres_detail_counts(items) if name in ("gpu", "shard")
+           for i, n in sorted(per.items()) if n]
     assert len(idx) == 1, detail
     return j["nodes"], idx[0]
 

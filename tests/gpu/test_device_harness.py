@@ -1,11 +1,12 @@
 """The device harness on a real GPU.
 
 Run on the device machine as root, after benchmarks/device/build_bundle.sh here and with ``.carry`` carried:
-the carried Slurm 22.05 bundle starts over the real GPU(s), two small-CNN jobs submitted through coloc-sbatch
-run at the same time as MPS clients with their memory fence, and no library of the bundle leaks into the
-jobs' environment.
+the carried Slurm bundle (22.05, or 24.11/26.05 from ``COLOC_SLURM=26.05 benchmarks/device/build_bundle.sh``)
+starts over the real GPU(s), two small-CNN jobs submitted through coloc-sbatch run at the same time as MPS
+clients with their memory fence, and no library of the bundle leaks into the jobs' environment.
 
 Run: ``/opt/torch/.venv/bin/python3 -m pytest -m gpu tests/gpu/test_device_harness.py``
+(``COLOC_EXPECT_SLURM=26.05`` makes the first test check that the running Slurm is that release).
 """
 from __future__ import annotations
 
@@ -33,6 +34,21 @@ def gpu_cluster():
     assert up.returncode == 0, up.stdout + up.stderr
     yield
     subprocess.run([str(DEV / "cluster_gpu.sh"), "stop"], capture_output=True, text=True, timeout=120)
+
+
+def test_the_cluster_runs_the_bundled_release(gpu_cluster) -> None:
+    """The running slurmctld is the release the bundle names (``bundle.env``), and ``COLOC_EXPECT_SLURM`` when set."""
+    bundled = (ROOT / "slurm" / "bundle.env").read_text().split()[0].split("=")[1]
+    env = {**os.environ, "SLURM_CONF": str(ROOT / "etc" / "slurm.conf")}
+    out = subprocess.run([str(ROOT / "bin" / "scontrol"), "show", "config"], capture_output=True, text=True,
+                         env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    running = next(line.split("=", 1)[1].strip() for line in out.stdout.splitlines()
+                   if line.startswith("SLURM_VERSION"))
+    print(f"\nSlurm running on the device: {running} (bundle: {bundled})")
+    assert running.startswith(bundled + ".")
+    expected = os.environ.get("COLOC_EXPECT_SLURM")
+    assert not expected or running.startswith(expected + "."), (running, expected)
 
 
 def test_two_jobs_share_the_gpu_under_mps(gpu_cluster, tmp_path: Path) -> None:

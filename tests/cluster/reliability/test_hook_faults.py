@@ -102,6 +102,7 @@ def fault_db_full_fs(fc: FaultCluster) -> Iterator[None]:
         conn.close()
     subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=1k"], capture_output=True)
     assert os.statvfs(state).f_bavail == 0
+    _restart_slurmds(fc)
     yield
     os.unlink(state / "filler")
 
@@ -117,6 +118,28 @@ def _unmount_full_fs(fc: FaultCluster) -> None:
     shutil.rmtree(state)
     shutil.copytree(back, state)
     fc._tmpfs = None  # type: ignore[attr-defined]
+    _restart_slurmds(fc)
+
+
+def _restart_slurmds(fc: FaultCluster) -> None:
+    """24.11/26.05 only: their slurmd runs in a mount namespace of its own, copied when it starts
+    (``scripts/slurm_versions.sh``: the release's slurmstepd is bound over /usr/sbin/slurmstepd there), so a
+    mount made or removed later is not seen by it or its hooks: restart both slurmd to make the node hooks see
+    the tmpfs (and, after ``_unmount_full_fs``, the state directory again). 22.05's slurmd shares the host's."""
+    if fc.c.version == "22.05":
+        return
+    for node in ("n1", "n2"):
+        pidfile = fc.c.dir / "run" / f"slurmd-{node}.pid"
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 15)
+        deadline = time.time() + 15
+        while time.time() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.1)
+        subprocess.run([f"{fc.c.bin_dir}/slurmd", "-f", str(fc.c.conf), "-N", node], check=True, timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline and set(fc.c.node_states().values()) != {"idle"}:
+        time.sleep(0.3)
+    assert set(fc.c.node_states().values()) == {"idle"}, fc.c.node_states()
 
 
 @contextlib.contextmanager
