@@ -1,0 +1,233 @@
+"""CPU use of each job with a process on a GPU, for the node sampler (read through /proc and the job's cgroup).
+
+Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs, attributed by node/attribution.py):
+
+- ``train_cores``: CPU cores the CUDA process(es) used since the job's previous reading (utime + stime of
+  ``/proc/<pid>/stat``, all threads, over the wall time between the readings);
+- ``workers`` / ``workers_cores``: how many processes descend from the CUDA process(es) (DataLoader workers, their
+  children; found through ``/proc/<pid>/task/<tid>/children``) and the cores they used together. A worker first
+  seen at this reading counts its whole CPU time (it started since the previous reading); one that exited between
+  two readings loses its last interval. None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
+- ``job_cores``: cores used by everything in the job's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
+  ``cpuacct.usage``; slurmd's cgroup plugins), None without one (proctrack/linuxproc);
+- ``cpus``: how many CPUs the CUDA process may run on (``sched_getaffinity``): the job's allocation where Slurm
+  binds it (task/affinity, task/cgroup ConstrainCores), else the node's CPUs.
+
+The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per process of
+the tree, one ``children`` read per thread of those processes (a PyTorch process has a few dozen), one cgroup read.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MAX_TREE = 512  # processes followed per job and tick (a fork bomb costs the sampler no more than this)
+PidKey = Tuple[int, bytes]  # (pid, start time): a reused pid is another process
+
+
+@dataclass(frozen=True)
+class JobCpu:
+    """One job's CPU use over the interval ending at a reading (cores = CPU seconds per wall second)."""
+
+    job_id: int
+    train_pids: int
+    train_cores: float
+    workers: Optional[int]
+    workers_cores: Optional[float]
+    job_cores: Optional[float]
+    cpus: Optional[int]
+
+
+@dataclass
+class _JobState:
+    t: float
+    cgroup_usage_s: Optional[float]
+
+
+def _stat(proc: str, pid: int) -> Optional[Tuple[bytes, float]]:
+    """(start time, utime + stime in s) of ``pid`` from ``/proc/<pid>/stat``; None when gone or unreadable."""
+    try:
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    i = raw.rfind(b")")
+    rest = raw[i + 1:].split() if i >= 0 else []
+    if len(rest) < 20:
+        return None
+    try:
+        return rest[19], (int(rest[11]) + int(rest[12])) / CLK_TCK
+    except ValueError:
+        return None
+
+
+class CpuReader:
+    """Reads the CPU use of jobs' process trees; keeps each process's and job's previous reading.
+
+    Args:
+        proc_root: the proc filesystem. cgroup_root: the cgroup filesystem (``/sys/fs/cgroup``).
+        clock: monotonic seconds (tests may pass their own).
+    """
+
+    def __init__(self, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.proc, self.cgroup_root, self.clock = proc_root, cgroup_root, clock
+        self._cpu: Dict[PidKey, float] = {}
+        self._jobs: Dict[int, _JobState] = {}
+        self._cgroup_file: Dict[int, Optional[str]] = {}
+        self._cpus: Dict[int, Optional[int]] = {}
+        self.children_supported: Optional[bool] = None
+
+    def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
+        """One reading: ``job_pids`` maps job id -> its CUDA pids now. Returns a ``JobCpu`` per job seen at the
+        previous reading too; jobs absent from ``job_pids`` are forgotten."""
+        now = self.clock()
+        cpu_now: Dict[PidKey, float] = {}
+        out: List[JobCpu] = []
+        for job_id, pids in job_pids.items():
+            row = self._read_job(job_id, sorted(set(pids)), now, cpu_now)
+            if row is not None:
+                out.append(row)
+        for gone in set(self._jobs) - set(job_pids):
+            del self._jobs[gone]
+            self._cgroup_file.pop(gone, None)
+            self._cpus.pop(gone, None)
+        self._cpu = cpu_now
+        return out
+
+    def _read_job(self, job_id: int, pids: List[int], now: float, cpu_now: Dict[PidKey, float]) -> Optional[JobCpu]:
+        prev = self._jobs.get(job_id)
+        train_s = 0.0
+        train: Set[int] = set()
+        for pid in pids:
+            st = _stat(self.proc, pid)
+            if st is None:
+                continue
+            train.add(pid)
+            cpu_now[(pid, st[0])] = st[1]
+            train_s += st[1] - self._cpu.get((pid, st[0]), st[1])  # first seen: baseline
+        workers_s: Optional[float] = 0.0
+        n_workers: Optional[int] = 0
+        tree = self._descendants(train)
+        if tree is None:
+            workers_s = n_workers = None
+        else:
+            n_workers = len(tree)
+            for pid in tree:
+                st = _stat(self.proc, pid)
+                if st is None:
+                    continue
+                cpu_now[(pid, st[0])] = st[1]
+                old = self._cpu.get((pid, st[0]))
+                if old is not None:
+                    workers_s += st[1] - old  # type: ignore[operator]
+                elif prev is not None:
+                    workers_s += st[1]  # type: ignore[operator]  # started since the previous reading
+        usage = self._cgroup_usage_s(job_id, pids)
+        self._jobs[job_id] = _JobState(now, usage)
+        if prev is None or not train:
+            return None
+        dt = now - prev.t
+        if dt <= 0:
+            return None
+        job_cores = None
+        if usage is not None and prev.cgroup_usage_s is not None and usage >= prev.cgroup_usage_s:
+            job_cores = round((usage - prev.cgroup_usage_s) / dt, 3)
+        return JobCpu(job_id=job_id, train_pids=len(train), train_cores=round(max(0.0, train_s) / dt, 3),
+                      workers=n_workers,
+                      workers_cores=None if workers_s is None else round(max(0.0, workers_s) / dt, 3),
+                      job_cores=job_cores, cpus=self._allowed_cpus(job_id, min(train)))
+
+    def _descendants(self, roots: Set[int]) -> Optional[List[int]]:
+        """Pids descending from ``roots`` (not the roots; other CUDA pids among them count as roots), at most
+        ``MAX_TREE``; None when ``/proc/<pid>/task/<tid>/children`` does not exist on this kernel."""
+        out: List[int] = []
+        seen = set(roots)
+        todo = list(roots)
+        while todo and len(out) < MAX_TREE:
+            pid = todo.pop()
+            try:
+                tids = os.listdir(f"{self.proc}/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as fh:
+                        kids = fh.read().split()
+                    self.children_supported = True
+                except FileNotFoundError:
+                    if self.children_supported is None and os.path.isdir(f"{self.proc}/{pid}/task/{tid}"):
+                        self.children_supported = False
+                    if self.children_supported is False:
+                        return None
+                    continue
+                except OSError:
+                    continue
+                for k in kids:
+                    child = int(k)
+                    if child not in seen:
+                        seen.add(child)
+                        out.append(child)
+                        todo.append(child)
+        return out[:MAX_TREE]
+
+    def _cgroup_usage_s(self, job_id: int, pids: Sequence[int]) -> Optional[float]:
+        """CPU seconds used so far by the job's cgroup (``.../job_<id>``), None without one."""
+        if job_id not in self._cgroup_file:
+            self._cgroup_file[job_id] = next((f for f in (self._find_cgroup(job_id, p) for p in pids) if f), None)
+        path = self._cgroup_file[job_id]
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(4096)
+        except OSError:
+            return None
+        if path.endswith("cpuacct.usage"):
+            return int(data.strip() or b"0") / 1e9
+        for line in data.splitlines():
+            if line.startswith(b"usage_usec "):
+                return int(line.split()[1]) / 1e6
+        return None
+
+    def _find_cgroup(self, job_id: int, pid: int) -> Optional[str]:
+        """The usage file of ``pid``'s ``job_<id>`` cgroup: v2 ``cpu.stat`` or v1 ``cpuacct.usage``."""
+        try:
+            with open(f"{self.proc}/{pid}/cgroup", "r", encoding="utf-8", errors="replace") as fh:
+                lines = fh.read(65536).splitlines()
+        except OSError:
+            return None
+        job_dir = re.compile(rf"^(.*/job_{job_id})(?:/|$)")
+        for line in lines:
+            hier, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            m = job_dir.match(path)
+            if m is None:
+                continue
+            if hier == "0" and controllers == "":
+                candidates = [f"{self.cgroup_root}{m.group(1)}/cpu.stat"]
+            elif "cpuacct" in controllers.split(","):
+                candidates = [f"{self.cgroup_root}/{d}{m.group(1)}/cpuacct.usage" for d in (controllers, "cpuacct")]
+            else:
+                continue
+            for f in candidates:
+                if os.path.exists(f):
+                    return f
+        return None
+
+    def _allowed_cpus(self, job_id: int, pid: int) -> Optional[int]:
+        if job_id not in self._cpus:
+            try:
+                self._cpus[job_id] = len(os.sched_getaffinity(pid)) if self.proc == "/proc" else None
+            except OSError:
+                self._cpus[job_id] = None
+        return self._cpus[job_id]
