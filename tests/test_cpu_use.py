@@ -77,22 +77,33 @@ def test_reader_splits_the_idle_cuda_process_from_its_busy_worker(tree: "tuple[s
     assert r.read({}) == [] and r.read({5: [parent.pid]}) == []  # a job gone and back starts a new baseline
 
 
-def test_a_worker_started_between_readings_counts_its_whole_cpu_time() -> None:
+def test_a_worker_started_between_walks_counts_its_whole_cpu_time() -> None:
+    """The tree is walked once per ``tree_refresh_s`` (5 s here, on the reader's clock): a worker forked after a
+    walk is found at the next one and its CPU time since its start is counted then, none of it lost."""
     code = ("import subprocess, sys, time\nprint(flush=True)\nsys.stdin.readline()\n"
             f"c = subprocess.Popen([sys.executable, '-c', {SPIN!r}])\nprint(c.pid, flush=True)\ntime.sleep(120)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdin is not None and p.stdout is not None
     kid = 0
+    now = [0.0]
     try:
         p.stdout.readline()
-        r = CpuReader()
+        r = CpuReader(clock=lambda: now[0], tree_refresh_s=5.0)
         r.read({6: [p.pid]})
         p.stdin.write("go\n")
         p.stdin.flush()
         kid = int(p.stdout.readline())
         time.sleep(1.0)
+        now[0] = 1.0
+        (before,) = r.read({6: [p.pid]})
+        assert before.workers == 0 and before.workers_cores == 0.0  # not walked yet
+        time.sleep(1.0)
+        now[0] = 5.0
         (row,) = r.read({6: [p.pid]})
-        assert row.workers == 1 and row.workers_cores is not None and row.workers_cores > 0.3
+        fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
+        kid_cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        assert row.workers == 1 and row.workers_cores is not None and kid_cpu_s > 0.3
+        assert row.workers_cores * 4.0 == pytest.approx(kid_cpu_s, abs=0.05)  # all of it, over the 4 s interval
     finally:
         _stop(p, [kid] if kid else [])
 

@@ -5,16 +5,19 @@ Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs
 - ``train_cores``: CPU cores the CUDA process(es) used since the job's previous reading (utime + stime of
   ``/proc/<pid>/stat``, all threads, over the wall time between the readings);
 - ``workers`` / ``workers_cores``: how many processes descend from the CUDA process(es) (DataLoader workers, their
-  children; found through ``/proc/<pid>/task/<tid>/children``) and the cores they used together. A worker first
-  seen at this reading counts its whole CPU time (it started since the previous reading); one that exited between
-  two readings loses its last interval. None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
+  children; found through ``/proc/<pid>/task/<tid>/children`` once per ``tree_refresh_s``, and whenever the CUDA
+  pids change) and the cores they used together. A worker first seen at a reading counts its whole CPU time (it
+  started since the previous look at the tree); one that exited between two readings loses its last interval.
+  None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
 - ``job_cores``: cores used by everything in the job's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
   ``cpuacct.usage``; slurmd's cgroup plugins), None without one (proctrack/linuxproc);
 - ``cpus``: how many CPUs the CUDA process may run on (``sched_getaffinity``): the job's allocation where Slurm
   binds it (task/affinity, task/cgroup ConstrainCores), else the node's CPUs.
 
 The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per process of
-the tree, one ``children`` read per thread of those processes (a PyTorch process has a few dozen), one cgroup read.
+the tree and one cgroup read; every ``tree_refresh_s`` also one ``children`` read per thread of the tree's processes
+(a PyTorch process has a few dozen threads: that walk is most of the cost, hence not every tick). Measured figures:
+docs/node.md.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MAX_TREE = 512  # processes followed per job and tick (a fork bomb costs the sampler no more than this)
+TREE_REFRESH_S = 5.0
 PidKey = Tuple[int, bytes]  # (pid, start time): a reused pid is another process
 
 
@@ -76,11 +80,14 @@ class CpuReader:
     Args:
         proc_root: the proc filesystem. cgroup_root: the cgroup filesystem (``/sys/fs/cgroup``).
         clock: monotonic seconds (tests may pass their own).
+        tree_refresh_s: how often a job's process tree is walked again for new workers (0: every reading).
     """
 
     def __init__(self, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tree_refresh_s: float = TREE_REFRESH_S) -> None:
         self.proc, self.cgroup_root, self.clock = proc_root, cgroup_root, clock
+        self.tree_refresh_s = tree_refresh_s
+        self._tree: Dict[int, Tuple[float, Tuple[int, ...], Optional[List[int]]]] = {}
         self._cpu: Dict[PidKey, float] = {}
         self._jobs: Dict[int, _JobState] = {}
         self._cgroup_file: Dict[int, Optional[str]] = {}
@@ -100,6 +107,7 @@ class CpuReader:
         for gone in set(self._jobs) - set(job_pids):
             del self._jobs[gone]
             self._cgroup_file.pop(gone, None)
+            self._tree.pop(gone, None)
             self._cpus.pop(gone, None)
         self._cpu = cpu_now
         return out
@@ -117,21 +125,23 @@ class CpuReader:
             train_s += st[1] - self._cpu.get((pid, st[0]), st[1])  # first seen: baseline
         workers_s: Optional[float] = 0.0
         n_workers: Optional[int] = 0
-        tree = self._descendants(train)
+        fresh, tree = self._workers_of(job_id, train, now)
         if tree is None:
             workers_s = n_workers = None
         else:
-            n_workers = len(tree)
             for pid in tree:
                 st = _stat(self.proc, pid)
                 if st is None:
                     continue
-                cpu_now[(pid, st[0])] = st[1]
                 old = self._cpu.get((pid, st[0]))
+                if old is None and not fresh:
+                    continue  # the pid was reused since the walk: not the worker it found
+                cpu_now[(pid, st[0])] = st[1]
+                n_workers += 1  # type: ignore[operator]
                 if old is not None:
                     workers_s += st[1] - old  # type: ignore[operator]
                 elif prev is not None:
-                    workers_s += st[1]  # type: ignore[operator]  # started since the previous reading
+                    workers_s += st[1]  # type: ignore[operator]  # started since the previous walk
         usage = self._cgroup_usage_s(job_id, pids)
         self._jobs[job_id] = _JobState(now, usage)
         if prev is None or not train:
@@ -146,6 +156,16 @@ class CpuReader:
                       workers=n_workers,
                       workers_cores=None if workers_s is None else round(max(0.0, workers_s) / dt, 3),
                       job_cores=job_cores, cpus=self._allowed_cpus(job_id, min(train)))
+
+    def _workers_of(self, job_id: int, train: Set[int], now: float) -> Tuple[bool, Optional[List[int]]]:
+        """(walked now, the job's descendant pids): walked again every ``tree_refresh_s`` or when its CUDA pids
+        changed, else the last walk's pids (those still alive and not reused count)."""
+        key = tuple(sorted(train))
+        hit = self._tree.get(job_id)
+        if hit is None or hit[1] != key or now - hit[0] >= self.tree_refresh_s:
+            self._tree[job_id] = (now, key, self._descendants(train))
+            return True, self._tree[job_id][2]
+        return False, hit[2]
 
     def _descendants(self, roots: Set[int]) -> Optional[List[int]]:
         """Pids descending from ``roots`` (not the roots; other CUDA pids among them count as roots), at most
