@@ -121,7 +121,7 @@ def test_without_cpu_figures_input_bound_is_not_judged() -> None:
 
 @pytest.mark.parametrize("figures, batch, why", [
     (cpu(0.2, 2.0, 1.9), 32, "the loader workers were saturated"),
-    (cpu(0.6, 2.0, 1.0, cpus=2), 32, "the job's CPUs were saturated"),
+    (cpu(0.6, 2.0, 1.0, cpus=2), 32, "the job's CPUs were saturated"),  # suggestion: more CPUs
     (cpu(0.1, 4.0, 0.4), 32, "waited for its loader workers"),
     (cpu(1.0, 0.0, 0.0), 64, "loads the data itself"),
     (cpu(1.0, 0.0, 0.0), 2, None),  # launch-bound small batch: not a starved loader
@@ -136,6 +136,8 @@ def test_the_cpu_evidence_of_input_bound(figures: Dict[str, Any], batch: Optiona
         assert any(n.startswith("not input-bound") for n in d.notes)
     else:
         assert [f.name for f in d.findings][:1] == ["input-bound"] and why in d.findings[0].evidence
+        taken = "its 2 CPUs are taken: ask for more with `#SBATCH --cpus-per-task`" in d.findings[0].suggestion
+        assert taken == (figures["cpus"] == 2)
 
 
 def test_over_request_four_times_the_need() -> None:
@@ -295,8 +297,8 @@ def test_advise_prints_the_story_and_draws_the_timeline(state: Path, tmp_path: P
     assert png == out / "advise-21.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = _report(state, "advise", "21")
     assert text.returncode == 0 and "1. input-bound:" in text.stdout and "try: feed the GPU" in text.stdout
-    assert "CPU: training process 0.1 cores, 1 loader worker at 1.0 cores (4 CPUs) (mean of 299 samples)" \
-        in text.stdout
+    assert "CPU: training process 0.1 cores, 1 loader worker at 1.0 cores (4 CPUs); mean of 299 samples" \
+        in text.stdout and "DataLoader(num_workers=3 (the job has 4 CPUs)" in text.stdout
     missing = _report(state, "advise", "999")
     assert missing.returncode != 0 and "job 999 is not recorded" in missing.stderr and not missing.stdout
 

@@ -130,9 +130,17 @@ def stats_of(job: Any) -> JobStats:
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct, active_samples=job.active_samples)
 
 
-_INPUT_ADVICE = ("feed the GPU faster: DataLoader(num_workers=<CPUs of the job - 1>, pin_memory=True, "
-                 "persistent_workers=True) with `#SBATCH --cpus-per-task` to match, or pre-process the data once "
-                 "(decode/augment offline)")
+def _input_advice(cpu: CpuStats, cfg: Config) -> str:
+    """The input-bound suggestion: a worker count where the job's CPUs are known and leave room for more; more CPUs
+    where its processes already keep them busy."""
+    workers = round(cpu.n_workers or 0.0)
+    more = ("<CPUs of the job - 1>" if not cpu.cpus or cpu.cpus - 1 <= workers else
+            f"{cpu.cpus - 1} (the job has {cpu.cpus} CPUs)")
+    full = cpu.cpus and cpu.train + (cpu.workers or 0.0) >= cfg.diag_loader_busy_pct / 100.0 * cpu.cpus
+    room = "" if not full else (
+        f"its {cpu.cpus} CPUs are taken: ask for more with `#SBATCH --cpus-per-task` and raise num_workers, or ")
+    return (f"feed the GPU faster: {room}DataLoader(num_workers={more}, pin_memory=True, persistent_workers=True) "
+            "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)")
 
 
 def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config) -> Optional[str]:
@@ -219,7 +227,7 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
         elif why is None:
             notes.append(f"not input-bound: {gpu_side}, but {cpu.words()}: no loader starved it")
         else:
-            out.append(Finding("input-bound", f"{gpu_side}; {cpu.words()}: {why}", _INPUT_ADVICE))
+            out.append(Finding("input-bound", f"{gpu_side}; {cpu.words()}: {why}", _input_advice(cpu, cfg)))
     precision = (job.precision or "").lower()
     if st.tensor_mean is None:
         notes.append("tensor-core use not judged: tensor activity not recorded")

@@ -133,7 +133,7 @@ def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optiona
     cpu = diagnose.cpu_of(job)
     out("CPU: " + ("not recorded" if cpu is None else
                    cpu.words() + ("" if job.job_cpu_cores is None else f", whole job {job.job_cpu_cores:.1f} cores")
-                   + f" (mean of {cpu.samples} samples)"), markup=False, highlight=False)
+                   + f"; mean of {cpu.samples} samples"), markup=False, highlight=False)
     if not job.findings:
         out("no finding: nothing in the recorded figures points at a problem", markup=False, highlight=False)
     for i, f in enumerate(job.findings, 1):
