@@ -54,7 +54,7 @@ def _stop(p: subprocess.Popen, kids: List[int]) -> None:
 
 @pytest.fixture()
 def tree() -> Iterator["tuple[subprocess.Popen, List[int]]"]:
-    p, kids = _spawn(PARENT, {"SLURM_JOB_ID": "9102"})
+    p, kids = _spawn(PARENT, {"SLURM_JOB_ID": "9102", "SLURM_CPUS_ON_NODE": "1"})
     yield p, kids
     _stop(p, kids)
 
@@ -73,7 +73,11 @@ def test_reader_splits_the_idle_cuda_process_from_its_busy_worker(tree: "tuple[s
     workers = sum(x.workers_cores or 0 for x in rows) / 3
     # the child spins (one core, shared with the machine's other work); the parent sleeps
     assert workers > 0.3 and train < 0.1, (train, workers)
-    assert rows[0].cpus == len(os.sched_getaffinity(parent.pid))
+    assert rows[0].cpus == 1  # SLURM_CPUS_ON_NODE, below the affinity
+    unset = CpuReader()
+    unset._cpus.clear()
+    assert unset._allowed_cpus(1, os.getpid()) == min(len(os.sched_getaffinity(0)),
+                                                      int(os.environ.get("SLURM_CPUS_ON_NODE", "1000000")))
     assert r.read({}) == [] and r.read({5: [parent.pid]}) == []  # a job gone and back starts a new baseline
 
 

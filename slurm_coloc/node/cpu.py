@@ -11,8 +11,10 @@ Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs
   None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
 - ``job_cores``: cores used by everything in the job's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
   ``cpuacct.usage``; slurmd's cgroup plugins), None without one (proctrack/linuxproc);
-- ``cpus``: how many CPUs the CUDA process may run on (``sched_getaffinity``): the job's allocation where Slurm
-  binds it (task/affinity, task/cgroup ConstrainCores), else the node's CPUs.
+- ``cpus``: the job's CPUs on this node: ``SLURM_CPUS_ON_NODE`` of the CUDA process's environment (Slurm sets it
+  from the allocation; its user could change it, which only changes the advice on their own job), capped by how
+  many CPUs the process may run on (``sched_getaffinity``: the allocation where Slurm binds tasks); the affinity
+  alone where the variable is missing or unreadable (a sampler not running as root).
 
 The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per process of
 the tree and one cgroup read; every ``tree_refresh_s`` also one ``children`` read per thread of the tree's processes
@@ -247,7 +249,22 @@ class CpuReader:
     def _allowed_cpus(self, job_id: int, pid: int) -> Optional[int]:
         if job_id not in self._cpus:
             try:
-                self._cpus[job_id] = len(os.sched_getaffinity(pid)) if self.proc == "/proc" else None
+                allowed: Optional[int] = len(os.sched_getaffinity(pid)) if self.proc == "/proc" else None
             except OSError:
-                self._cpus[job_id] = None
+                allowed = None
+            slurm = self._slurm_cpus(pid)
+            self._cpus[job_id] = min(x for x in (allowed, slurm) if x) if (allowed or slurm) else None
         return self._cpus[job_id]
+
+    def _slurm_cpus(self, pid: int) -> Optional[int]:
+        """``SLURM_CPUS_ON_NODE`` of ``pid``'s environment (a positive integer), else None."""
+        try:
+            with open(f"{self.proc}/{pid}/environ", "rb") as fh:
+                data = fh.read(1 << 20)
+        except OSError:
+            return None
+        for item in data.split(b"\0"):
+            if item.startswith(b"SLURM_CPUS_ON_NODE="):
+                value = item[19:]
+                return int(value) if value.isdigit() and 0 < int(value) < 1 << 20 else None
+        return None

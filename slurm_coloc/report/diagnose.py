@@ -76,7 +76,7 @@ class JobStats:
 @dataclass(frozen=True)
 class CpuStats:
     """The job's CPU use (node/cpu.py), in cores: ``train`` its CUDA process(es), ``workers`` the processes
-    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the CPUs it could use (None:
+    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the job's CPUs on the node (None:
     unknown), ``samples`` rows behind the means."""
 
     train: float

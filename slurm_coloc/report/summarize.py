@@ -42,8 +42,8 @@ class JobView:
     was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
     activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
     ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
-    (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the CPUs its
-    CUDA process could use, ``cpu_samples`` rows behind them (node/cpu.py);
+    (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the job's CPUs
+    on the node, ``cpu_samples`` rows behind them (node/cpu.py);
     ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
     """
 

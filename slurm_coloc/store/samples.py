@@ -48,8 +48,8 @@ class JobSummary:
         active_samples: GPU sample rows with a process of the job on that GPU.
         train_cpu_cores, workers_cpu_cores: mean CPU cores used by the job's CUDA process(es) and by the processes
             descending from them (DataLoader workers) over its CPU samples (node/cpu.py); cpu_workers: mean number
-            of those processes; job_cpu_cores: mean cores of the job's whole cgroup; cpus: the most CPUs its CUDA
-            process could run on; cpu_samples: CPU sample rows used (None: none recorded).
+            of those processes; job_cpu_cores: mean cores of the job's whole cgroup; cpus: the job's CPUs on the node
+            (node/cpu.py); cpu_samples: CPU sample rows used (None: none recorded).
     """
 
     job_id: int

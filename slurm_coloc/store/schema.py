@@ -166,8 +166,8 @@ def m005_summary_diagnosis(db: Database) -> None:
 def m006_cpu_samples(db: Database) -> None:
     """The CPU use of each job with a process on a GPU, per sampler tick (node/cpu.py): cores used by its CUDA
     process(es) (``train_cores``, ``train_pids`` of them), by the processes descending from them (``workers``,
-    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the CPUs its CUDA process may
-    run on (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came from).
+    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the node
+    (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came from).
     NULL where not recorded (summaries written before)."""
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,

@@ -126,13 +126,16 @@ def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path
                               "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO,
                              capture_output=True, text=True, timeout=60)
         affinity = len(os.sched_getaffinity(pid))
+        env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
     finally:
         slurm_cluster.run(["scancel", str(jid)], user=None)
     assert out.returncode == 0, out.stderr
     db = open_node_db(cfg.node_db_path("t1"))
     rows = st.load_job_cpu_samples(db, jid, 0, time.time() + 1)
     assert len(rows) >= 5 and all(r["train_pids"] == 1 and r["workers"] == 1 for r in rows)
-    assert all(r["cpus"] == affinity for r in rows)
+    # the job's CPUs as Slurm allocated them (its environment), capped by where the process may run
+    assert env[b"SLURM_CPUS_ON_NODE"].isdigit()
+    assert all(r["cpus"] == min(affinity, int(env[b"SLURM_CPUS_ON_NODE"])) for r in rows)
     train = sum(r["train_cores"] for r in rows) / len(rows)
     workers = sum(r["workers_cores"] for r in rows) / len(rows)
     assert workers > 0.3 and train < 0.1, (train, workers)
