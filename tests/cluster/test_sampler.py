@@ -117,6 +117,10 @@ def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path
             break
         time.sleep(0.1)
     assert pid, "no training process of the job found in /proc"
+    for _ in range(100):  # its worker forked (found by /proc/<pid>/cmdline as soon as it exec'ed, before the fork)
+        if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            break
+        time.sleep(0.1)
     rec_pid = int(json.loads(REC.read_text().splitlines()[0])["pids"]["9102"])
     cfg = _cfg(tmp_path, sampler_batch_s=0.5)
     conf = _write_cfg(cfg, tmp_path / "c.yaml")
