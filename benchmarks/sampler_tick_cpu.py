@@ -15,6 +15,9 @@ interpreter, imports, database creation), then measures over ``--seconds``:
 The replay leaves out pynvml itself (on the H100 one ``NvmlReader.read()`` costs about 6 ms of CPU, 3-5 ms of it
 the energy counter: benchmarks/device/nvml_call_cost.py), so these figures are the sampler's own share.
 ``--src DIR`` runs the package found in DIR instead (e.g. an export of an older commit) to compare before/after.
+``--job-trees N`` maps the recording's two CUDA pids (jobs 9101, 9102) onto two live PyTorch processes (this
+machine's, ``SLURM_JOB_ID`` in their environment) each with a DataLoader of N workers, idle once their prefetch
+queue is full: the sampler then reads those jobs' CPU use every tick (node/cpu.py), as on a node running them.
 
     python3 benchmarks/sampler_tick_cpu.py --interval-s 1.0 --interval-s 0.1 --seconds 30
 """
@@ -66,9 +69,35 @@ def wakeups(pid: int) -> int:
     return n
 
 
+TREE = """
+import sys, time, torch
+class D(torch.utils.data.Dataset):
+    def __len__(self): return 10**6
+    def __getitem__(self, i): return torch.zeros(8)
+it = iter(torch.utils.data.DataLoader(D(), batch_size=4, num_workers=int(sys.argv[1])))
+next(it)
+torch.ones(64, 64) @ torch.ones(64, 64)  # start the intra-op thread pool, as training does
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def start_trees(n_workers: int, python: str) -> List[subprocess.Popen]:
+    """Two PyTorch processes (jobs 9101, 9102) with ``n_workers`` DataLoader workers each, started and ready."""
+    procs = []
+    for job in (9101, 9102):
+        p = subprocess.Popen([python, "-c", TREE, str(n_workers)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "SLURM_JOB_ID": str(job)}, start_new_session=True)
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit("a job tree did not start (needs torch)")
+        procs.append(p)
+    return procs
+
+
 def measure(interval_s: float, seconds: float, settle_s: float, batch_s: Optional[float], src: Path,
-            python: str) -> Dict[str, float]:
-    """Run one sampler and return its steady-state figures."""
+            python: str, trees: Optional[List[subprocess.Popen]] = None) -> Dict[str, float]:
+    """Run one sampler and return its steady-state figures (``trees``: live processes for the recorded pids)."""
     d = Path(tempfile.mkdtemp(prefix="tickcpu-"))
     conf = d / "c.yaml"
     keys: List[Tuple[str, object]] = [("state_dir", str(d / "state")), ("run_dir", str(d / "run")),
@@ -77,8 +106,9 @@ def measure(interval_s: float, seconds: float, settle_s: float, batch_s: Optiona
         keys.append(("sampler_batch_s", batch_s))
     conf.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in keys))
     env = {**os.environ, "COLOC_CONFIG": str(conf), "PYTHONPATH": str(src)}
+    pid_map = ["--pid-map", f"2340={trees[0].pid},2342={trees[1].pid}"] if trees else []
     p = subprocess.Popen([python, "-m", "slurm_coloc.cli.sampler", "run", "--node", "b1", "--replay", str(REC),
-                          "--interval-s", str(interval_s), "--foreground-log"], env=env, cwd=str(src),
+                          "--interval-s", str(interval_s), "--foreground-log", *pid_map], env=env, cwd=str(src),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(settle_s)
@@ -92,11 +122,13 @@ def measure(interval_s: float, seconds: float, settle_s: float, batch_s: Optiona
         raise SystemExit(f"sampler exited {p.returncode}: {err[-2000:]}")
     db = sqlite3.connect(str(d / "state" / "nodes" / "b1.db"))
     rows = {t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("gpu_samples", "proc_samples")}
+    has_cpu = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'cpu_samples'").fetchone()[0]
+    rows["cpu_samples"] = db.execute("SELECT count(*) FROM cpu_samples").fetchone()[0] if has_cpu else 0
     dt = t1 - t0
     return {"interval_s": interval_s, "cpu_ms_per_s": round(1000 * (c1 - c0) / dt, 2),
             "oncpu_ms_per_s": round((n1 - n0) / 1e6 / dt, 3),
             "wakeups_per_s": round((w1 - w0) / dt, 1), "gpu_rows": rows["gpu_samples"],
-            "proc_rows": rows["proc_samples"], "run_s": round(settle_s + dt, 1)}
+            "proc_rows": rows["proc_samples"], "cpu_rows": rows["cpu_samples"], "run_s": round(settle_s + dt, 1)}
 
 
 def main() -> None:
@@ -108,17 +140,25 @@ def main() -> None:
     ap.add_argument("--src", type=Path, default=REPO, help="directory holding the slurm_coloc package to run")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    ap.add_argument("--job-trees", type=int, default=None, metavar="N",
+                    help="live PyTorch processes with N DataLoader workers for the recorded jobs (see above)")
     a = ap.parse_args()
-    res = [measure(i, a.seconds, a.settle_s, a.batch_s, a.src.resolve(), a.python) for i in (a.interval_s or [1.0])]
+    trees = start_trees(a.job_trees, a.python) if a.job_trees is not None else None
+    try:
+        res = [measure(i, a.seconds, a.settle_s, a.batch_s, a.src.resolve(), a.python, trees)
+               for i in (a.interval_s or [1.0])]
+    finally:
+        for t in trees or []:
+            os.killpg(t.pid, 9)  # the tree this script started: its session (the process and its workers)
     if a.json:
         for r in res:
             print(json.dumps(r))
         return
     print(f"{'interval_s':>10} {'cpu_ms/s':>9} {'oncpu_ms/s':>10} {'wakeups/s':>10} {'gpu_rows':>9} "
-          f"{'proc_rows':>10} {'run_s':>6}")
+          f"{'proc_rows':>10} {'cpu_rows':>9} {'run_s':>6}")
     for r in res:
         print(f"{r['interval_s']:>10} {r['cpu_ms_per_s']:>9} {r['oncpu_ms_per_s']:>10} {r['wakeups_per_s']:>10} "
-              f"{r['gpu_rows']:>9} {r['proc_rows']:>10} {r['run_s']:>6}")
+              f"{r['gpu_rows']:>9} {r['proc_rows']:>10} {r['cpu_rows']:>9} {r['run_s']:>6}")
 
 
 if __name__ == "__main__":

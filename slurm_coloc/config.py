@@ -64,7 +64,11 @@ class Config:
             (a sample below this SM activity is idle), ``diag_input_bound_smact_pct`` /
             ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` / ``diag_no_tensor_max_tensor_pct``,
             ``diag_low_occupancy_smocc_pct`` / ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``,
-            ``diag_over_request_ratio`` (request / (peak + headroom) at or above this).
+            ``diag_over_request_ratio`` (request / (peak + headroom) at or above this); the CPU evidence:
+            ``diag_loader_busy_pct`` (loader workers using at least this % of one core each, or the job's processes
+            this % of its CPUs, are saturated), ``diag_train_waiting_cores`` (a training process using at most this
+            many cores waits), ``diag_train_busy_cores`` (at least this: it is busy itself: launching kernels, or
+            loading data without workers).
         exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
         exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the node's
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
@@ -149,9 +153,12 @@ class Config:
     diag_no_tensor_min_smact_pct: float = 40.0
     diag_no_tensor_max_tensor_pct: float = 1.0
     diag_low_occupancy_smocc_pct: float = 10.0
-    diag_low_occupancy_min_smact_pct: float = 5.0
+    diag_low_occupancy_min_smact_pct: float = 2.0
     diag_small_batch: int = 8
     diag_over_request_ratio: float = 2.0
+    diag_loader_busy_pct: float = 80.0
+    diag_train_waiting_cores: float = 0.5
+    diag_train_busy_cores: float = 0.8
     exporter_port: int = 9466
     exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
@@ -316,9 +323,11 @@ def _validate(cfg: Config) -> Config:
                           "0 <= oom_rerun_tolerance_pct <= 100")
     pcts = [f.name for f in fields(Config) if f.name.startswith("diag_") and f.name.endswith("_pct")]
     if any(not 0 <= getattr(cfg, n) <= 100 for n in pcts) or cfg.diag_min_runtime_s < 0 or cfg.diag_min_samples < 1 \
-            or cfg.diag_small_batch < 1 or cfg.diag_over_request_ratio <= 1:
+            or cfg.diag_small_batch < 1 or cfg.diag_over_request_ratio <= 1 \
+            or not 0 <= cfg.diag_train_waiting_cores < cfg.diag_train_busy_cores:
         raise ConfigError(f"config: {', '.join(pcts)} must be in 0..100, diag_min_runtime_s >= 0, "
-                          "diag_min_samples and diag_small_batch >= 1, diag_over_request_ratio > 1")
+                          "diag_min_samples and diag_small_batch >= 1, diag_over_request_ratio > 1, "
+                          "0 <= diag_train_waiting_cores < diag_train_busy_cores")
     return cfg
 
 

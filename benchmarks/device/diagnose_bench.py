@@ -10,8 +10,11 @@ coloc-sbatch: input_bound, fp32_matmul, tiny_batch (``diag_jobs.py``), over_requ
 ``#COLOC mem=`` 4x its estimate), and the healthy ResNet-18/32 and ResNet-50/224 of ``workloads.py``; then runs
 ``coloc-report advise JOBID --json --out $OUT`` for each and writes ``$OUT/diagnose.json`` and ``$OUT/diagnose.txt``
 (a table: job, planted problem, findings, pass/fail: the first finding must be the planted one, healthy jobs must
-have none) and the advise PNGs (at most 6). ``COLOC_BENCH_FAKE_GPUS=1`` (cluster_gpu.sh) runs the Slurm parts on a
-CPU-only host: the jobs then run on the CPU, have no GPU samples and get no finding ("evidence thin").
+have none; then each job's GPU and CPU figures as the sampler recorded them: training process and loader worker
+cores, node/cpu.py) and the advise PNGs (at most 6). The tiny batch (ResNet-50/224, batch 2) must read as
+``low-occupancy``, not ``input-bound``: its training process keeps about one core busy and it has no loader worker,
+while the input-bound job's one worker is saturated. ``COLOC_BENCH_FAKE_GPUS=1`` (cluster_gpu.sh) runs the Slurm
+parts on a CPU-only host: the jobs then run on the CPU, have no GPU samples and get no finding ("evidence thin").
 
 Device call (carry ``.carry`` from build_bundle.sh; about 7 minutes):
   benchmarks/device/cluster_gpu.sh start && /opt/coloc/venv/bin/python3 \
@@ -46,6 +49,14 @@ PLAN: List[Tuple[str, Optional[str], str, List[str], str]] = [
 OVER_REQUEST_MEM = "10G"  # ResNet-18/32 needs about 2.5 GiB alone (docs/benchmarks.md): 4x
 
 
+FIGURES = ("smact_mean", "smocc_mean", "tensor_mean", "smact_idle_pct", "active_samples", "train_cpu_cores",
+           "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus", "cpu_samples")
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -63,6 +74,27 @@ def _report(root: Path, argv: List[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "SLURM_CONF": f"{root}/etc/slurm.conf", "COLOC_CONFIG": f"{root}/etc/coloc.yaml"}
     return subprocess.run([f"{root}/venv/bin/coloc-report", *argv], capture_output=True, text=True, env=env,
                           timeout=120)
+
+
+def table(results: List[Dict[str, Any]]) -> str:
+    """``diagnose.txt``: one line per job (planted problem, findings, PASS/FAIL), the recorded figures, the
+    findings' evidence and the notes."""
+    lines = [f"{'job':<14} {'id':>6} {'state':<10} {'planted':<16} {'findings':<44} result"]
+    for r in results:
+        lines.append(f"{r['name']:<14} {str(r.get('job_id', '-')):>6} {str(r.get('state', '-')):<10} "
+                     f"{str(r['planted'] or 'none'):<16} {','.join(r.get('findings') or []) or 'none':<44} "
+                     f"{'skipped' if r.get('skipped') else ('PASS' if r.get('pass') else 'FAIL')}")
+    lines.append("figures (SM act./occ./tensor %, idle % of active samples; CPU cores: training process, loader "
+                 "workers (count), whole job cgroup; CPUs; CPU samples):")
+    for r in results:
+        j = (r.get("advice") or {}).get("job") or {}
+        lines.append(f"  {r['name']:<14} " + " ".join(f"{k}={_fmt(j.get(k))}" for k in FIGURES))
+    for r in results:
+        for f in (r.get("advice") or {}).get("findings", []):
+            lines.append(f"  {r['name']}: {f.get('name')}: {f.get('evidence')}")
+        for n in (r.get("advice") or {}).get("notes", []):
+            lines.append(f"  {r['name']}: note: {n}")
+    return "\n".join(lines)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -105,54 +137,21 @@ def run(a: argparse.Namespace) -> int:
         ok = (findings[:1] == [planted]) if planted else not findings
         results.append({"name": name, "job_id": job, "state": state, "planted": planted, "findings": findings,
                         "pass": ok, "advice": advice})
-        log(f"{name}: job {job} {state}: findings {findings or 'none'} -> {'PASS' if ok else 'FAIL'}")
+        cpu_n = (advice.get("job") or {}).get("cpu_samples")
+        log(f"{name}: job {job} {state}: findings {findings or 'none'} -> {'PASS' if ok else 'FAIL'}; CPU use "
+            f"{'recorded in ' + str(cpu_n) + ' samples' if cpu_n else 'NOT recorded'}")
     (out / "diagnose.json").write_text(json.dumps(results, indent=1, default=str))
-    lines = [f"{'job':<14} {'id':>6} {'state':<10} {'planted':<16} {'findings':<44} result"]
-    for r in results:
-        lines.append(f"{r['name']:<14} {str(r.get('job_id', '-')):>6} {str(r.get('state', '-')):<10} "
-                     f"{str(r['planted'] or 'none'):<16} {','.join(r.get('findings') or []) or 'none':<44} "
-                     f"{'skipped' if r.get('skipped') else ('PASS' if r.get('pass') else 'FAIL')}")
-    for r in results:
-        for f in (r.get("advice") or {}).get("findings", []):
-            lines.append(f"  {r['name']}: {f.get('name')}: {f.get('evidence')}")
-    text = "\n".join(lines)
+    text = table(results)
     (out / "diagnose.txt").write_text(text + "\n")
     print(text)
     return 0 if all(r.get("pass") for r in results) else 1
 
 
-def _proc_cpu_s() -> Dict[int, Tuple[int, float]]:
-    """``{pid: (ppid, utime+stime+cutime+cstime in s)}`` of every process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            raw = open(f"/proc/{d}/stat", "rb").read()
-        except OSError:
-            continue
-        rest = raw[raw.rfind(b")") + 2:].split()
-        out[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / tick)
-    return out
-
-
-def _tree_cpu_s(root_pid: int) -> float:
-    procs = _proc_cpu_s()
-    kids: Dict[int, List[int]] = {}
-    for pid, (ppid, _) in procs.items():
-        kids.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root_pid]
-    while todo:
-        p = todo.pop()
-        total += procs.get(p, (0, 0.0))[1]
-        todo.extend(kids.get(p, []))
-    return total
-
-
 def calibrate(a: argparse.Namespace) -> int:
-    """Each job alone, without Slurm: GPM means, idle share, CPU cores of its process tree (JSON lines)."""
+    """Each job alone, without Slurm: GPM means, idle share, and the CPU cores of its training process and of its
+    loader workers as the sampler reads them (node/cpu.py), JSON lines."""
     sys.path.insert(0, str(HERE_SRC.parent.parent))
+    from slurm_coloc.node.cpu import CpuReader
     from slurm_coloc.nvml.reader import NvmlReader
 
     reader = NvmlReader()
@@ -167,18 +166,17 @@ def calibrate(a: argparse.Namespace) -> int:
         proc = subprocess.Popen([sys.executable, str(HERE_SRC / target), *args, *extra], stdout=subprocess.PIPE,
                                 text=True)
         samples = []
+        cpu_rows: List[Any] = []
+        cpu_reader = CpuReader()
         t0 = time.time()
-        cpu0 = None
         while proc.poll() is None:
             time.sleep(0.5)
             fr = reader.read()
             g = fr.gpus[0]
             mine = [p for p in fr.procs if p.pid == proc.pid]
             if mine and time.time() - t0 > 12:  # past start-up and warm-up
-                if cpu0 is None:
-                    cpu0 = (time.time(), _tree_cpu_s(proc.pid))
+                cpu_rows += cpu_reader.read({1: [proc.pid]})
                 samples.append((g.smact_pct, g.smocc_pct, g.tensor_pct, g.dram_bw_pct, g.mem_used_mib))
-        cpu1 = (time.time(), _tree_cpu_s(proc.pid)) if cpu0 else None
         bench_line = next((ln for ln in (proc.stdout.read() if proc.stdout else "").splitlines()
                            if ln.startswith("COLOC_BENCH ")), "")
 
@@ -194,8 +192,9 @@ def calibrate(a: argparse.Namespace) -> int:
                "smact_idle_pct": round(100 * sum(1 for x in sm if x < 1.0) / len(sm), 1) if sm else None,
                "smocc_mean": mean(col(1)), "tensor_mean": mean(col(2)), "dram_mean": mean(col(3)),
                "mem_max_mib": max(col(4), default=None),
-               "cpu_cores": None if not cpu0 or not cpu1 or cpu1[0] <= cpu0[0] else
-               round((cpu1[1] - cpu0[1]) / (cpu1[0] - cpu0[0]), 2),
+               "train_cpu_cores": mean([c.train_cores for c in cpu_rows]),
+               "workers_cpu_cores": mean([c.workers_cores for c in cpu_rows if c.workers_cores is not None]),
+               "cpu_workers": mean([float(c.workers) for c in cpu_rows if c.workers is not None]),
                "bench": json.loads(bench_line[12:]) if bench_line else None}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "bench"}), flush=True)

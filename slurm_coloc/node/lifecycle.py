@@ -92,7 +92,8 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         summary = summarize(job_id, node, list(gpus), start_ts, end,
                             store_samples.load_gpu_samples(db, t0, end, list(gpus)),
                             store_samples.load_proc_samples(db, t0, end, list(gpus)),
-                            idle_smact_pct=cfg.diag_idle_smact_pct)
+                            idle_smact_pct=cfg.diag_idle_smact_pct,
+                            cpu_rows=store_samples.load_job_cpu_samples(db, job_id, t0, end))
         store_samples.record_summary(db, summary)
         out["summary"] = {"peak_mem_mib": summary.peak_mem_mib, "n_samples": summary.n_samples}
     return out

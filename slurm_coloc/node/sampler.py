@@ -4,7 +4,9 @@ Each process is attributed to its Slurm job through ``/proc/<pid>/environ`` (``S
 failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are listed by NVML like other processes.
 Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database or an NVML
 error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows dropped first).
-Old samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
+With the processes' job ids, each job's CPU use is read (node/cpu.py: its CUDA processes, their descendants, its
+cgroup) into ``cpu_samples``, one row per job and tick. Old samples are downsampled and purged every
+``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
 ``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
 writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
 
@@ -31,6 +33,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.node import flush as flush_mod
 from slurm_coloc.node.attribution import JobAttributor
+from slurm_coloc.node.cpu import CpuReader
 from slurm_coloc.node.watchdog import Watchdog
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import samples as store_samples
@@ -68,11 +71,12 @@ class Sampler:
         attributor: pid -> job mapping (default ``JobAttributor()``).
         live: receives every frame for the metrics endpoint (node/exporter.py); its failure is logged once and
             never stops sampling.
+        cpu: reads the CPU use of the jobs on the GPUs (default ``CpuReader()``).
     """
 
     def __init__(self, cfg: Config, node: str, reader: Reader, db_path: Optional[Path] = None,
                  attributor: Optional[JobAttributor] = None, interval_s: Optional[float] = None,
-                 live: Optional[Live] = None) -> None:
+                 live: Optional[Live] = None, cpu: Optional[CpuReader] = None) -> None:
         self.cfg, self.node, self.reader = cfg, node, reader
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
@@ -83,6 +87,8 @@ class Sampler:
         self.tick_s = self.interval_s
         self.gpu_buf: List[Dict[str, Any]] = []
         self.proc_buf: List[Dict[str, Any]] = []
+        self.cpu_buf: List[Dict[str, Any]] = []
+        self.cpu = cpu or CpuReader()
         self.static: Dict[int, GpuReading] = {}
         self._static_dirty = False
         self._db: Any = None
@@ -162,19 +168,33 @@ class Sampler:
         self.tick_s = self.watchdog.tick(frame, {p.reading.pid: p.job_id for p in procs}, self.interval_s)
         self.gpu_buf.extend(store_samples.gpu_rows(frame.ts, frame.gpus, self.tick_s))
         self.proc_buf.extend(store_samples.proc_rows(frame.ts, procs, self.tick_s))
+        self._read_cpu(frame.ts, procs)
         if self.live is not None:
             try:
                 self.live.observe(frame, procs)
             except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops sampling
                 self._once(f"live:{type(exc).__name__}", "metrics: cannot publish the frame (%s: %s); sampling "
                            "goes on", type(exc).__name__, exc)
-        over = len(self.gpu_buf) + len(self.proc_buf) - MAX_BUFFER_ROWS
+        over = len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf) - MAX_BUFFER_ROWS
         if over > 0:
             self.dropped += over
-            drop_g = min(over, len(self.gpu_buf))
-            del self.gpu_buf[:drop_g]
-            del self.proc_buf[:over - drop_g]
+            for buf in (self.gpu_buf, self.proc_buf, self.cpu_buf):
+                drop = min(over, len(buf))
+                del buf[:drop]
+                over -= drop
         return True
+
+    def _read_cpu(self, ts: float, procs: List[store_samples.ProcSample]) -> None:
+        """Buffer the CPU use of every job with a process on a GPU (node/cpu.py); a failure is logged once."""
+        job_pids: Dict[int, List[int]] = {}
+        for p in procs:
+            if p.job_id is not None:
+                job_pids.setdefault(p.job_id, []).append(p.reading.pid)
+        try:
+            self.cpu_buf.extend(store_samples.cpu_rows(ts, self.cpu.read(job_pids), self.tick_s))
+        except Exception as exc:  # noqa: BLE001 - CPU figures are extra: never stop the GPU sampling
+            self._once(f"cpu:{type(exc).__name__}", "cannot read the jobs' CPU use (%s: %s); sampling goes on",
+                       type(exc).__name__, exc)
 
     def _job_uid(self, job_id: int) -> Optional[int]:
         """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed job)."""
@@ -194,21 +214,22 @@ class Sampler:
         After a success the marker (node/flush.py) says every frame read before this call is in the database.
         """
         upto_ts = time.time()
-        if not (self.gpu_buf or self.proc_buf or self._static_dirty):
+        if not (self.gpu_buf or self.proc_buf or self.cpu_buf or self._static_dirty):
             self._mark(upto_ts)
             return True
         try:
             db = self._open()
             store_samples.write_rows(db, self.gpu_buf, self.proc_buf,
-                                     list(self.static.values()) if self._static_dirty else [])
+                                     list(self.static.values()) if self._static_dirty else [], self.cpu_buf)
         except (sqlite3.Error, ColocError, OSError) as exc:
             self._once(f"flush:{exc}", "cannot write samples to %s (%s); kept %d rows in memory", self.db_path, exc,
-                       len(self.gpu_buf) + len(self.proc_buf))
+                       len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf))
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
                 self._db = None  # reopen next time (e.g. the file was replaced)
             return False
         self.gpu_buf.clear()
         self.proc_buf.clear()
+        self.cpu_buf.clear()
         self._static_dirty = False
         self.flushes += 1
         self._mark(upto_ts)

@@ -6,7 +6,8 @@ seen on g at the later sample in proportion to their NVML SM utilization; when n
 never do: NVML gives it to the MPS server, which is left out), in proportion to their GPU memory; a job gets the
 sum of its processes' shares (processes of no job, e.g. the MPS server, keep theirs unattributed). ``gpu_s`` is
 the job's share of the intervals: a job alone and busy on a GPU for 10 s gets 10 GPU-seconds. SM activity/occupancy
-are the GPU's (GPM), over the samples while the job ran.
+are the GPU's (GPM), over the samples while the job ran. CPU figures are means over the job's ``cpu_samples`` rows
+(node/cpu.py), weighted by each row's resolution.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _mean(xs: List[float]) -> Optional[float]:
 
 def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[float], end_ts: Optional[float],
               gpu_rows: Sequence[Dict[str, Any]], proc_rows: Sequence[Dict[str, Any]],
-              idle_smact_pct: float = 1.0) -> JobSummary:
+              idle_smact_pct: float = 1.0, cpu_rows: Sequence[Dict[str, Any]] = ()) -> JobSummary:
     """Summarize ``job_id`` from sample rows of its GPUs within [start_ts, end_ts].
 
     Args:
@@ -40,6 +41,7 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
         idle_smact_pct: a sample with SM activity below this (%) counts as idle in ``smact_idle_pct``, which is
             taken over the samples with a process of the job on that GPU (start-up before the CUDA context and
             the exit are left out).
+        cpu_rows: the job's ``cpu_samples`` rows within its span (None fields: not recorded).
 
     Returns:
         A ``JobSummary``; metrics without samples are None.
@@ -82,6 +84,7 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
             if de is not None:
                 energy += share * de
                 have_energy = True
+    cpu = cpu_means(cpu_rows)
     return JobSummary(job_id=job_id, node=node, gpus=",".join(str(g) for g in gpus), start_ts=start_ts,
                       end_ts=end_ts, peak_mem_mib=max(mem_at.values()) if mem_at else None,
                       smact_mean=_mean(smact), smact_p95=percentile(smact, 95), smocc_mean=_mean(smocc),
@@ -90,7 +93,25 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
                       tensor_mean=_mean(tensor), dram_mean=_mean(dram),
                       smact_idle_pct=(100.0 * sum(1 for x in active if x < idle_smact_pct) / len(active)
                                       if active else None),
-                      active_samples=sum(1 for r in gpu_rows if (r["gpu_index"], r["ts"]) in mine))
+                      active_samples=sum(1 for r in gpu_rows if (r["gpu_index"], r["ts"]) in mine), **cpu)
+
+
+def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """``JobSummary``'s CPU fields from ``cpu_samples`` rows: ``train_cpu_cores``, ``workers_cpu_cores``,
+    ``cpu_workers``, ``job_cpu_cores`` (means weighted by ``res_s``, rounded to 0.01), ``cpus`` (max) and
+    ``cpu_samples`` (rows); all None without rows."""
+    if not rows:
+        return {k: None for k in ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus",
+                                  "cpu_samples")}
+
+    def wmean(key: str) -> Optional[float]:
+        pairs = [(float(r[key]), float(r.get("res_s") or 1.0)) for r in rows if r.get(key) is not None]
+        w = sum(p[1] for p in pairs)
+        return round(sum(v * x for v, x in pairs) / w, 2) if w > 0 else None
+    cpus = [int(r["cpus"]) for r in rows if r.get("cpus") is not None]
+    return {"train_cpu_cores": wmean("train_cores"), "workers_cpu_cores": wmean("workers_cores"),
+            "cpu_workers": wmean("workers"), "job_cpu_cores": wmean("job_cores"),
+            "cpus": max(cpus) if cpus else None, "cpu_samples": len(rows)}
 
 
 def _share(job_id: int, procs: List[Dict[str, Any]]) -> float:

@@ -9,11 +9,17 @@ Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab
 = share of time an SM had a warp resident, SM occupancy = resident warps / maximum, averaged over SMs and time):
 - ``input-bound``: mean SM activity below ``diag_input_bound_smact_pct`` and at least ``diag_input_bound_idle_pct``
   of the samples with the job's process on the GPU idle (SM activity < ``diag_idle_smact_pct``): the GPU waited
-  between bursts, for data.
+  between bursts; AND the job's CPU use (node/cpu.py) says it waited for data: its loader workers saturated (at
+  least ``diag_loader_busy_pct`` % of one core each, or the job's processes that share of its CPUs), or workers
+  present while the training process used at most ``diag_train_waiting_cores`` (waiting for them: I/O), or no
+  workers while the training process was busy (at least ``diag_train_busy_cores``) with a batch above
+  ``diag_small_batch`` (it loads the data itself). Without CPU figures the rule does not judge (thin evidence): a
+  launch-bound tiny batch idles the GPU between steps as a starved one does.
 - ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct`` while tensor activity stays
   below ``diag_no_tensor_max_tensor_pct`` and the spec's precision is fp32 (or unknown).
 - ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` while SM activity is at least
-  ``diag_low_occupancy_min_smact_pct`` and the spec's batch is at most ``diag_small_batch``.
+  ``diag_low_occupancy_min_smact_pct`` and the spec's batch is at most ``diag_small_batch``; the CPU figures,
+  when recorded, are given as evidence (a launch-bound training process: about one core busy, workers idle).
 - ``over-request``: request at least ``diag_over_request_ratio`` x (peak + ``headroom_mib``) (not for OOM reruns
   or OOM deaths, whose request is the GPU or the fence).
 Transfer-bound is not judged: the sampler records DRAM bandwidth, not PCIe throughput.
@@ -67,6 +73,35 @@ class JobStats:
     active_samples: Optional[int] = None
 
 
+@dataclass(frozen=True)
+class CpuStats:
+    """The job's CPU use (node/cpu.py), in cores: ``train`` its CUDA process(es), ``workers`` the processes
+    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the job's CPUs on the node (None:
+    unknown), ``samples`` rows behind the means."""
+
+    train: float
+    workers: Optional[float]
+    n_workers: Optional[float]
+    cpus: Optional[int]
+    samples: int
+
+    def words(self) -> str:
+        """``training process 0.2 cores, 1 loader worker at 1.0 cores (4 CPUs)``."""
+        w = ("loader workers not readable" if self.n_workers is None or self.workers is None else
+             "no loader worker" if self.n_workers < 0.5 else
+             f"{self.n_workers:.0f} loader worker{'s' if round(self.n_workers) != 1 else ''} at "
+             f"{self.workers:.1f} cores")
+        return f"training process {self.train:.1f} cores, {w}" + (f" ({self.cpus} CPUs)" if self.cpus else "")
+
+
+def cpu_of(job: Any) -> Optional[CpuStats]:
+    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded."""
+    train = getattr(job, "train_cpu_cores", None)
+    if train is None or not getattr(job, "cpu_samples", None):
+        return None
+    return CpuStats(float(train), job.workers_cpu_cores, job.cpu_workers, job.cpus, int(job.cpu_samples))
+
+
 def _mean(xs: Sequence[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
 
@@ -93,6 +128,38 @@ def stats_of(job: Any) -> JobStats:
     """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct, active_samples=job.active_samples)
+
+
+def _input_advice(cpu: CpuStats, cfg: Config) -> str:
+    """The input-bound suggestion: a worker count where the job's CPUs are known and leave room for more; more CPUs
+    where its processes already keep them busy."""
+    workers = round(cpu.n_workers or 0.0)
+    more = ("<CPUs of the job - 1>" if not cpu.cpus or cpu.cpus - 1 <= workers else
+            f"{cpu.cpus - 1} (the job has {cpu.cpus} CPUs)")
+    full = cpu.cpus and cpu.train + (cpu.workers or 0.0) >= cfg.diag_loader_busy_pct / 100.0 * cpu.cpus
+    room = "" if not full else (
+        f"its {cpu.cpus} CPUs are taken: ask for more with `#SBATCH --cpus-per-task` and raise num_workers, or ")
+    return (f"feed the GPU faster: {room}DataLoader(num_workers={more}, pin_memory=True, persistent_workers=True) "
+            "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)")
+
+
+def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config) -> Optional[str]:
+    """Why the CPU figures say the GPU waited for data (words), or None when they do not (module rules)."""
+    if cpu is None:
+        return None
+    busy = cfg.diag_loader_busy_pct / 100.0
+    has_workers = cpu.n_workers is not None and cpu.n_workers >= 0.5
+    if has_workers and cpu.workers is not None and cpu.workers >= busy * cpu.n_workers:  # type: ignore[operator]
+        return "the loader workers were saturated"
+    if has_workers and cpu.cpus and cpu.train + (cpu.workers or 0.0) >= busy * cpu.cpus:
+        return "the job's CPUs were saturated"
+    if has_workers and cpu.train <= cfg.diag_train_waiting_cores:
+        return "the training process waited for its loader workers (reading data?)"
+    batch = getattr(job, "batch_size", None)
+    if (cpu.n_workers is not None and not has_workers and cpu.train >= cfg.diag_train_busy_cores
+            and batch is not None and batch > cfg.diag_small_batch):
+        return "the training process loads the data itself (no loader worker)"
+    return None
 
 
 def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
@@ -146,16 +213,21 @@ def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]
 def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List[Finding]:
     out: List[Finding] = []
     sm = float(st.smact_mean or 0.0)
+    cpu = cpu_of(job)
     if st.smact_idle_pct is None:
         notes.append("input-bound not judged: the idle share of the samples was not recorded")
     elif sm < cfg.diag_input_bound_smact_pct and st.smact_idle_pct >= cfg.diag_input_bound_idle_pct:
-        out.append(Finding(
-            "input-bound",
-            f"SM activity {sm:.1f}% mean; the GPU was idle (< {cfg.diag_idle_smact_pct:g}% SM activity) in "
-            f"{st.smact_idle_pct:.0f}% of the samples while the job's process held it: it waited for input between "
-            f"short bursts",
-            "feed the GPU faster: DataLoader(num_workers=<CPUs of the job>, pin_memory=True, persistent_workers=True) "
-            "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)"))
+        gpu_side = (f"SM activity {sm:.1f}% mean; the GPU was idle (< {cfg.diag_idle_smact_pct:g}% SM activity) in "
+                    f"{st.smact_idle_pct:.0f}% of the samples while the job's process held it")
+        why = _waiting_for_input(job, cpu, cfg)
+        if cpu is None or cpu.samples < cfg.diag_min_samples:
+            notes.append(f"input-bound not judged (thin evidence): {gpu_side}, but the job's CPU use was "
+                         f"{'not recorded' if cpu is None else f'recorded in {cpu.samples} samples only'}, so "
+                         f"waiting for input cannot be told from a launch-bound loop")
+        elif why is None:
+            notes.append(f"not input-bound: {gpu_side}, but {cpu.words()}: no loader starved it")
+        else:
+            out.append(Finding("input-bound", f"{gpu_side}; {cpu.words()}: {why}", _input_advice(cpu, cfg)))
     precision = (job.precision or "").lower()
     if st.tensor_mean is None:
         notes.append("tensor-core use not judged: tensor activity not recorded")
@@ -170,10 +242,13 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
     if st.smocc_mean is not None and job.batch_size is not None:
         if (st.smocc_mean < cfg.diag_low_occupancy_smocc_pct and sm >= cfg.diag_low_occupancy_min_smact_pct
                 and job.batch_size <= cfg.diag_small_batch):
+            launch = ""
+            if cpu is not None and cpu.samples >= cfg.diag_min_samples and cpu.train >= cfg.diag_train_busy_cores:
+                launch = f"; {cpu.words()}: the training loop is busy launching small kernels"
             out.append(Finding(
                 "low-occupancy",
                 f"SM occupancy {st.smocc_mean:.1f}% mean at {sm:.0f}% SM activity with batch {job.batch_size}: "
-                f"each kernel keeps few warps busy",
+                f"each kernel keeps few warps busy{launch}",
                 f"raise the batch size (e.g. to {max(32, 4 * job.batch_size)}, scaling the learning rate; the "
                 f"request grows with it: coloc-sbatch re-estimates it from `#COLOC batch=`)"))
     elif st.smocc_mean is not None:

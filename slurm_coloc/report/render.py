@@ -7,6 +7,7 @@ from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 from rich.console import Console
 from rich.table import Table
 
+from slurm_coloc.report import diagnose
 from slurm_coloc.report.summarize import JobView
 from slurm_coloc.units import format_mib
 
@@ -129,6 +130,10 @@ def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optiona
         f"{'-' if job.tensor_mean is None else f'{job.tensor_mean:.1f}'} %, DRAM "
         f"{'-' if job.dram_mean is None else f'{job.dram_mean:.1f}'} %; batch {job.batch_size or '-'}, "
         f"precision {job.precision or '-'}", markup=False, highlight=False)
+    cpu = diagnose.cpu_of(job)
+    out("CPU: " + ("not recorded" if cpu is None else
+                   cpu.words() + ("" if job.job_cpu_cores is None else f", whole job {job.job_cpu_cores:.1f} cores")
+                   + f"; mean of {cpu.samples} samples"), markup=False, highlight=False)
     if not job.findings:
         out("no finding: nothing in the recorded figures points at a problem", markup=False, highlight=False)
     for i, f in enumerate(job.findings, 1):

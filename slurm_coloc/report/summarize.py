@@ -41,6 +41,9 @@ class JobView:
     ``alone_runtime_s``, ``rate_vs_alone``: collocation figures (``report/alone.py``).
     was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
     activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
+    ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
+    (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the job's CPUs
+    on the node, ``cpu_samples`` rows behind them (node/cpu.py);
     ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
     """
 
@@ -87,6 +90,12 @@ class JobView:
     dram_mean: Optional[float] = None
     smact_idle_pct: Optional[float] = None
     active_samples: Optional[int] = None
+    train_cpu_cores: Optional[float] = None
+    workers_cpu_cores: Optional[float] = None
+    cpu_workers: Optional[float] = None
+    job_cpu_cores: Optional[float] = None
+    cpus: Optional[int] = None
+    cpu_samples: Optional[int] = None
     batch_size: Optional[int] = None
     precision: Optional[str] = None
     findings: List[Dict[str, str]] = field(default_factory=list)
@@ -117,6 +126,7 @@ class JobView:
 
 
 _FIELDS = fields(JobView)
+CPU_FIELDS = ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus", "cpu_samples")
 
 
 @dataclass
@@ -306,7 +316,8 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         smact_mean, smact_p95, smocc_mean, smocc_p95 = (first.smact_mean, first.smact_p95, first.smocc_mean,
                                                         first.smocc_p95)
         diag = {"tensor_mean": first.tensor_mean, "dram_mean": first.dram_mean,
-                "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples}
+                "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples,
+                **{k: getattr(first, k) for k in CPU_FIELDS}}
     by_node: Dict[str, List[int]] = {}
     for node, idx in job.gpu_list:
         by_node.setdefault(node, []).append(idx)

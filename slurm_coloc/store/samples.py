@@ -1,4 +1,5 @@
-"""Sample tables of a node database: per-GPU and per-process NVML samples, per-job summaries, node events.
+"""Sample tables of a node database: per-GPU and per-process NVML samples, per-job CPU use, per-job summaries,
+node events.
 
 Writes are batched: one transaction per ``write_frames`` call. Old raw samples are folded into coarser rows by
 ``downsample`` (mean of rates, max of memory and of the energy counter) and dropped after ``purge``. Row
@@ -19,7 +20,9 @@ from slurm_coloc.nvml.readings import GpuReading, ProcReading
 GPU_METRICS = ("util_pct", "mem_util_pct", "mem_used_mib", "power_w", "energy_j", "temp_c", "sm_clock_mhz",
                "smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
 PROC_METRICS = ("used_mem_mib", "sm_util_pct", "mem_util_pct")
-_MAX_OF = {"mem_used_mib", "energy_j", "used_mem_mib"}  # kept as max when downsampling; the rest: mean
+CPU_METRICS = ("train_pids", "train_cores", "workers", "workers_cores", "job_cores", "cpus")
+# kept as max when downsampling; the rest: mean
+_MAX_OF = {"mem_used_mib", "energy_j", "used_mem_mib", "train_pids", "cpus"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,10 @@ class JobSummary:
         smact_idle_pct: share of the active samples (those with a process of the job on the GPU) whose SM activity
             was below the idle threshold (``diag_idle_smact_pct``), in %.
         active_samples: GPU sample rows with a process of the job on that GPU.
+        train_cpu_cores, workers_cpu_cores: mean CPU cores used by the job's CUDA process(es) and by the processes
+            descending from them (DataLoader workers) over its CPU samples (node/cpu.py); cpu_workers: mean number
+            of those processes; job_cpu_cores: mean cores of the job's whole cgroup; cpus: the job's CPUs on the node
+            (node/cpu.py); cpu_samples: CPU sample rows used (None: none recorded).
     """
 
     job_id: int
@@ -62,6 +69,12 @@ class JobSummary:
     dram_mean: Optional[float] = None
     smact_idle_pct: Optional[float] = None
     active_samples: Optional[int] = None
+    train_cpu_cores: Optional[float] = None
+    workers_cpu_cores: Optional[float] = None
+    cpu_workers: Optional[float] = None
+    job_cpu_cores: Optional[float] = None
+    cpus: Optional[int] = None
+    cpu_samples: Optional[int] = None
 
 
 def _r(v: Optional[float]) -> Optional[float]:
@@ -75,6 +88,9 @@ PROC_COLS = ("ts", "gpu_index", "pid", "job_id", *PROC_METRICS, "mps_client", "n
 # Prepared once: named parameters take the row dicts as they are (no per-row SQL building or type sniffing).
 _INSERT_GPU = (f"INSERT INTO gpu_samples ({', '.join(GPU_COLS)}) "
                f"VALUES ({', '.join(':' + c for c in GPU_COLS)})")
+CPU_COLS = ("ts", "job_id", *CPU_METRICS, "n", "res_s")
+_INSERT_CPU = (f"INSERT INTO cpu_samples ({', '.join(CPU_COLS)}) "
+               f"VALUES ({', '.join(':' + c for c in CPU_COLS)})")
 _INSERT_PROC = (f"INSERT INTO proc_samples ({', '.join(PROC_COLS)}) "
                 f"VALUES ({', '.join(':' + c for c in PROC_COLS)})")
 
@@ -95,15 +111,25 @@ def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict
              "mps_client": int(p.reading.mps_client), "n": 1, "res_s": res_s} for p in procs]
 
 
+def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any]]:
+    """Rows of ``cpu_samples`` for one reading: ``jobs`` are ``node.cpu.JobCpu`` (any object with ``job_id`` and
+    the ``CPU_METRICS`` attributes; cores = CPU seconds per wall second over the interval ending at ``ts``)."""
+    t = round(ts, 3)
+    return [{"ts": t, "job_id": j.job_id, **{m: getattr(j, m) for m in CPU_METRICS}, "n": 1, "res_s": res_s}
+            for j in jobs]
+
+
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
-               gpus_static: Sequence[GpuReading] = ()) -> None:
-    """Insert prepared rows (from ``gpu_rows``/``proc_rows``) in ONE transaction (all or nothing), each table with
-    one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked, full)."""
+               gpus_static: Sequence[GpuReading] = (), cpu: Sequence[Dict[str, Any]] = ()) -> None:
+    """Insert prepared rows (from ``gpu_rows``/``proc_rows``/``cpu_rows``) in ONE transaction (all or nothing),
+    each table with one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked, full)."""
     with db.atomic():
         if gpu:
             db.conn.executemany(_INSERT_GPU, gpu)
         if proc:
             db.conn.executemany(_INSERT_PROC, proc)
+        if cpu:
+            db.conn.executemany(_INSERT_CPU, cpu)
         for g in gpus_static:
             db.table("gpus").upsert({"gpu_index": g.index, "uuid": g.uuid, "name": g.name,
                                "mem_total_mib": g.mem_total_mib, "updated_ts": time.time()}, pk="gpu_index")
@@ -137,7 +163,8 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
     with db.atomic():
         a = _fold(db, "gpu_samples", ("gpu_index",), GPU_METRICS, cutoff_ts, bucket_s)
         b = _fold(db, "proc_samples", ("gpu_index", "pid", "job_id"), PROC_METRICS, cutoff_ts, bucket_s)
-    return a + b
+        c = _fold(db, "cpu_samples", ("job_id",), CPU_METRICS, cutoff_ts, bucket_s)
+    return a + b + c
 
 
 def purge(db: Database, before_ts: float) -> int:
@@ -145,6 +172,7 @@ def purge(db: Database, before_ts: float) -> int:
     with db.atomic():
         n = db.execute("DELETE FROM gpu_samples WHERE ts < ?", [before_ts]).rowcount
         n += db.execute("DELETE FROM proc_samples WHERE ts < ?", [before_ts]).rowcount
+        n += db.execute("DELETE FROM cpu_samples WHERE ts < ?", [before_ts]).rowcount
     return int(n)
 
 
@@ -173,9 +201,17 @@ def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
     return list(db.query("SELECT * FROM proc_samples WHERE job_id = ? ORDER BY ts", [job_id]))
 
 
+def load_job_cpu_samples(db: Database, job_id: int, t0: float, t1: float) -> List[Dict[str, Any]]:
+    """CPU sample rows of ``job_id`` with ``t0 <= ts <= t1``, by time."""
+    if not db.table("cpu_samples").exists():
+        return []
+    return list(db.query("SELECT * FROM cpu_samples WHERE job_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+                         [job_id, t0, t1]))
+
+
 def count_samples(db: Database) -> Dict[str, int]:
-    """``{"gpu_samples": n, "proc_samples": n}``."""
-    return {t: (db[t].count if db[t].exists() else 0) for t in ("gpu_samples", "proc_samples")}
+    """``{"gpu_samples": n, "proc_samples": n, "cpu_samples": n}``."""
+    return {t: (db[t].count if db[t].exists() else 0) for t in ("gpu_samples", "proc_samples", "cpu_samples")}
 
 
 def record_summary(db: Database, summary: JobSummary) -> None:

@@ -160,3 +160,24 @@ def m005_summary_diagnosis(db: Database) -> None:
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
             db.table("job_summaries").add_column(col, float)
         db.table("job_summaries").add_column("active_samples", int)
+
+
+@NODE()
+def m006_cpu_samples(db: Database) -> None:
+    """The CPU use of each job with a process on a GPU, per sampler tick (node/cpu.py): cores used by its CUDA
+    process(es) (``train_cores``, ``train_pids`` of them), by the processes descending from them (``workers``,
+    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the node
+    (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came from).
+    NULL where not recorded (summaries written before)."""
+    db.table("cpu_samples").create(
+        {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,
+         "workers_cores": float, "job_cores": float, "cpus": int, "n": int, "res_s": float},
+        pk="id",
+    )
+    db.table("cpu_samples").create_index(["ts"])
+    db.table("cpu_samples").create_index(["job_id"])
+    if db.table("job_summaries").exists():
+        for col in ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores"):
+            db.table("job_summaries").add_column(col, float)
+        for col in ("cpus", "cpu_samples"):
+            db.table("job_summaries").add_column(col, int)

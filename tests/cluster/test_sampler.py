@@ -90,6 +90,61 @@ def test_replay_rows_attributed_to_real_slurm_job(slurm_cluster, tmp_path: Path)
     assert n["gpu_samples"] >= 10
 
 
+TRAINER = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'while True: pass']); "
+           "time.sleep(60)")
+
+
+def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path) -> None:
+    """A real Slurm job: an idle Python process (standing in for the CUDA process: the recording's pid is mapped
+    onto it) with one busy child (a loader worker). The sampler records the job's CPU use split between them."""
+    res = slurm_cluster.run(["sbatch", "--parsable", "--gres=shard:2", "--wrap", f'python3 -c "{TRAINER}"'])
+    assert res.returncode == 0, res.stderr
+    jid = int(res.stdout.strip())
+    slurm_cluster.wait_state(jid, ["RUNNING"])
+    pid = None
+    for _ in range(50):
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    if b"time.sleep(60)" in (p / "cmdline").read_bytes() and \
+                            (p / "cmdline").read_bytes().startswith(b"python3") and \
+                            f"SLURM_JOB_ID={jid}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                        pid = int(p.name)
+                        break
+                except OSError:
+                    continue
+        if pid:
+            break
+        time.sleep(0.1)
+    assert pid, "no training process of the job found in /proc"
+    for _ in range(100):  # its worker forked (found by /proc/<pid>/cmdline as soon as it exec'ed, before the fork)
+        if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            break
+        time.sleep(0.1)
+    rec_pid = int(json.loads(REC.read_text().splitlines()[0])["pids"]["9102"])
+    cfg = _cfg(tmp_path, sampler_batch_s=0.5)
+    conf = _write_cfg(cfg, tmp_path / "c.yaml")
+    try:
+        out = subprocess.run([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "t1", "--replay",
+                              str(REC), "--pid-map", f"{rec_pid}={pid}", "--interval-s", "0.5", "--duration-s", "12",
+                              "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        affinity = len(os.sched_getaffinity(pid))
+        env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
+    finally:
+        slurm_cluster.run(["scancel", str(jid)], user=None)
+    assert out.returncode == 0, out.stderr
+    db = open_node_db(cfg.node_db_path("t1"))
+    rows = st.load_job_cpu_samples(db, jid, 0, time.time() + 1)
+    assert len(rows) >= 5 and all(r["train_pids"] == 1 and r["workers"] == 1 for r in rows)
+    # the job's CPUs as Slurm allocated them (its environment), capped by where the process may run
+    assert env[b"SLURM_CPUS_ON_NODE"].isdigit()
+    assert all(r["cpus"] == min(affinity, int(env[b"SLURM_CPUS_ON_NODE"])) for r in rows)
+    train = sum(r["train_cores"] for r in rows) / len(rows)
+    workers = sum(r["workers_cores"] for r in rows) / len(rows)
+    assert workers > 0.3 and train < 0.1, (train, workers)
+
+
 def test_killed_sampler_leaves_db_intact_and_lock_free(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, sampler_batch_s=0.1)
     conf = _write_cfg(cfg, tmp_path / "c.yaml")
