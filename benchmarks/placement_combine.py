@@ -3,7 +3,7 @@
 Usage:
   python3 benchmarks/placement_combine.py PASS.json... [--json combined.json]
 Input: the ``<pass>[-partK].json`` files of ``benchmarks/device/placement_bench.py`` (pile/stream x exclusive/
-blind/aware, exclusive parts, ``small7-aware.json``). Per scenario the exclusive parts are stitched into one FIFO
+blind/aware, exclusive parts, ``small7-blind.json``, ``small7-aware.json``). Per scenario the exclusive parts are stitched into one FIFO
 pass (``placement_metrics.stitch``), whose run times are every job's time alone; every pass's metrics are then
 recomputed from its jobs' Slurm times with those alone times (``placement_metrics.pass_metrics``), and the targets
 checked (``placement_metrics.targets``): aware mean JCT <= 0.8x exclusive and <= blind; aware makespan <= 0.75x
@@ -30,6 +30,7 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """
     by: Dict[str, Dict[str, List[Mapping[str, Any]]]] = {}
     small7: Optional[Mapping[str, Any]] = None
+    small7_blind: Optional[Mapping[str, Any]] = None
     seen = set()
     for f in files:
         scen, pol = f.get("scenario"), f.get("policy")
@@ -40,7 +41,10 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             raise ValueError(f"pass {scen}-{pol} (part {f.get('part')}) given twice")
         seen.add(key)
         if scen == "small7":
-            small7 = f
+            if pol == "blind":
+                small7_blind = f
+            else:
+                small7 = f
             continue
         by.setdefault(scen, {}).setdefault(pol, []).append(f)
     out: Dict[str, Any] = {"scenarios": {}, "small7": None}
@@ -73,7 +77,12 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                 notes.append(f"aware placer: {json.dumps(p['placer'], sort_keys=True)}")
         out["scenarios"][scen] = {"metrics": metrics, "targets": pm.targets(metrics), "notes": notes}
     if small7 is not None:
-        out["small7"] = {**pm.small7_check(small7.get("aggregate_samples_per_s")), "fake": bool(small7.get("fake"))}
+        agg = small7.get("aggregate_samples_per_s")
+        out["small7"] = {**pm.small7_check(agg), "fake": bool(small7.get("fake"))}
+        blind_agg = (small7_blind or {}).get("aggregate_samples_per_s")
+        if agg and blind_agg:
+            out["small7"].update(blind_aggregate_samples_per_s=blind_agg, kept_vs_blind=agg / blind_agg,
+                                 kept_vs_blind_ge_95pct=agg / blind_agg >= 0.95)
     return out
 
 
@@ -90,6 +99,10 @@ def render(result: Mapping[str, Any]) -> str:
                      f"gain {pm.fmt(s7['gain'])}x over run 1's job alone, {pm.fmt(s7['kept'])} of run 1's "
                      f"aggregate: {'met' if s7['kept_ge_95pct'] else 'NOT met'} (>= 0.95)"
                      + (" (fake-GPU run: CPU check, not a measurement)" if s7.get("fake") else ""))
+        if s7.get("kept_vs_blind") is not None:
+            parts.append(f"Same call without the placer (blind): aggregate {pm.fmt(s7['blind_aggregate_samples_per_s'])}"
+                         f" samples/s; with the placer {pm.fmt(s7['kept_vs_blind'])} of it: "
+                         f"{'met' if s7['kept_vs_blind_ge_95pct'] else 'NOT met'} (>= 0.95)")
     return "\n".join(parts)
 
 

@@ -68,7 +68,8 @@ class Config:
             ``diag_loader_busy_pct`` (loader workers using at least this % of one core each, or the job's processes
             this % of its CPUs, are saturated), ``diag_train_waiting_cores`` (a training process using at most this
             many cores waits), ``diag_train_busy_cores`` (at least this: it is busy itself: launching kernels, or
-            loading data without workers).
+            loading data without workers), ``diag_input_bound_self_idle_pct`` (a job without loader workers reads
+            as loading its data itself only when the GPU idled in at least this % of its samples).
         exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
         exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the node's
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
@@ -150,6 +151,7 @@ class Config:
     diag_idle_smact_pct: float = 1.0
     diag_input_bound_smact_pct: float = 10.0
     diag_input_bound_idle_pct: float = 30.0
+    diag_input_bound_self_idle_pct: float = 60.0
     diag_no_tensor_min_smact_pct: float = 40.0
     diag_no_tensor_max_tensor_pct: float = 1.0
     diag_low_occupancy_smocc_pct: float = 10.0

@@ -122,6 +122,10 @@ def test_combine_checks_the_issue_targets() -> None:
     slow = scenario_files()
     slow[3]["jobs"][3]["end_ts"] = T0 + 60  # a job that ran 47 s, 4.7x its 10 s alone; mean JCT now 27.5
     r = pc.combine(slow)["scenarios"]["pile"]["targets"]
+    same = pc.combine([{"scenario": "small7", "policy": "blind", "aggregate_samples_per_s": 200_000.0},
+                       {"scenario": "small7", "policy": "aware", "aggregate_samples_per_s": 180_000.0}])["small7"]
+    assert same["kept_vs_blind"] == pytest.approx(0.9) and same["kept_vs_blind_ge_95pct"] is False
+    assert "0.90 of it: NOT met" in pc.render({"scenarios": {}, "small7": same})
     assert r["aware: no job ran > 3x alone"] is False and r["aware mean JCT <= 0.8x exclusive"] is False
     assert r["aware mean JCT <= blind"] is True
     lost = scenario_files()[:3]

@@ -112,6 +112,8 @@ def run(a: argparse.Namespace) -> int:
     results: List[Dict[str, Any]] = []
     t_start = time.time()
     for name, planted, kind, args, coloc in PLAN:
+        if getattr(a, "only", None) and name not in a.only:
+            continue
         if time.time() - t_start > a.budget_s:
             log(f"{name}: skipped (time budget of {a.budget_s:g} s spent)")
             results.append({"name": name, "planted": planted, "skipped": True})
@@ -209,6 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--measure-s", type=float, default=35.0)
     r.add_argument("--budget-s", type=float, default=400.0, help="submit no new job after this many seconds")
+    r.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these jobs of PLAN")
     c = sub.add_parser("calibrate")
     c.add_argument("--measure-s", type=float, default=20.0)
     a = ap.parse_args(argv)

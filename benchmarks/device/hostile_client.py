@@ -39,6 +39,7 @@ def main() -> int:
         time.sleep(a.hold_s)
         return 0
     import torch
+    say(ev="cuda_init")  # the CUDA context is created next: from here the process can appear on the GPU
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     say(ev="ctx")

@@ -10,7 +10,9 @@ Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``; and ``small7-a
              leaves the job pending; its predictions come from history: ``--alone`` exclusive pass files give
              every job's measured activity alone by job signature (``placement_history_path``), else the
              calibrated predictor
-  small7     7 small CNNs through ``bench.py collocate --coloc-only`` with the placer alive: run 1's check
+  small7     7 small CNNs through ``bench.py collocate --coloc-only``, without the placer (``small7-blind``) and
+             with it alive (``small7-aware``): run 1's check; kept is judged against run 1's aggregate and, when
+             both ran in one call, against the blind pass of the same session (``kept_vs_blind``)
 Per pass, ``<out>/<pass>[-partK].json`` (rewritten as the pass goes, so a call cut at its limit keeps what it had):
 jobs with Slurm's times, each job's COLOC_BENCH record (start-up and training times), for exclusive passes the
 activity alone (``alone_activity``, busy-sample means from the node database) and signature; SM activity and
@@ -45,7 +47,7 @@ from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
 POLICIES = ("exclusive", "blind", "aware")
-PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-aware",)
+PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-blind", "small7-aware")
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
 # placed in the last 12 s counts with its predicted activity on top of the live state (placement_recent_s): about
@@ -322,29 +324,38 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     return result
 
 
-def small7(out: Path, deadline_s: float) -> Dict[str, Any]:
-    """Run 1's 7 small CNNs, collocated through coloc-sbatch with the placer alive (``bench.py collocate``)."""
-    placer = start_placer(out / "placer.log")
+def small7(out: Path, deadline_s: float, policy: str = "aware") -> Dict[str, Any]:
+    """Run 1's 7 small CNNs, collocated through coloc-sbatch (``bench.py collocate``), with the placer alive
+    (``policy`` "aware") or not ("blind"); writes ``<out>/small7-<policy>.json``."""
+    name = f"small7-{policy}"
+    sub = out / name
+    sub.mkdir(parents=True, exist_ok=True)
+    placer = start_placer(sub / "placer.log") if policy == "aware" else None
     t0 = time.time()
     try:
-        cmd = [sys.executable, str(ROOT / "src/benchmarks/device/bench.py"), "--out", str(out), "collocate",
+        cmd = [sys.executable, str(ROOT / "src/benchmarks/device/bench.py"), "--out", str(sub), "collocate",
                "--workload", "small_cnn", "--k", "7", "--warmup-s", "3", "--coloc-measure-s", "20",
                "--timeout-s", str(max(30.0, deadline_s - 10)), "--coloc-only"]
         proc = subprocess.run(cmd, env=slurm_env(), capture_output=True, text=True, timeout=deadline_s + 30)
         print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     finally:
-        stop_placer(placer)
+        if placer is not None:
+            stop_placer(placer)
     agg = None
-    res = out / "results.jsonl"
+    res = sub / "results.jsonl"
     if res.exists():
         for line in res.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("scenario") == "collocate" and rec.get("workload") == "small_cnn":
                 agg = ((rec.get("runs") or {}).get("coloc") or {}).get("aggregate_samples_per_s")
-    result = {"pass": "small7-aware", "scenario": "small7", "policy": "aware", "wall_s": time.time() - t0,
+    result = {"pass": name, "scenario": "small7", "policy": policy, "wall_s": time.time() - t0,
               "fake": bool(os.environ.get("COLOC_BENCH_FAKE_GPUS")),
-              "placer": placer_summary(out / "placer.log"), **pm.small7_check(agg)}
-    (out / "small7-aware.json").write_text(json.dumps(result, indent=1))
+              "placer": placer_summary(sub / "placer.log") if placer is not None else None, **pm.small7_check(agg)}
+    blind = out / "small7-blind.json"
+    if policy == "aware" and blind.exists() and agg:
+        b = json.loads(blind.read_text()).get("aggregate_samples_per_s")
+        result["kept_vs_blind"] = agg / b if b else None
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -393,9 +404,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for k, name in enumerate(a.passes):
         left = a.budget_s - (time.time() - a.started_at)
         share = left / (len(a.passes) - k)  # passes after this one get an equal share
-        if name == "small7-aware":
-            r = small7(out, share - 15)
-            log(f"small7-aware: aggregate {r['aggregate_samples_per_s']}, gain {r['gain']}, kept {r['kept']}")
+        if name.startswith("small7-"):
+            r = small7(out, share - 15, name.split("-")[1])
+            log(f"{name}: aggregate {r['aggregate_samples_per_s']}, gain {r['gain']}, kept {r['kept']}, "
+                f"kept vs blind {r.get('kept_vs_blind')}")
             continue
         scenario = name.split("-")[0]
         jobs = plan["scenarios"][scenario]

@@ -147,8 +147,11 @@ def test_offenders_stopped_neighbour_keeps_training(gpu_cluster) -> None:
         ev = _lines(job)
         allocs = [e for e in ev if e.get("ev") == "alloc" and e.get("ok")]
         over = [e for e in allocs if e.get("total_gib", e.get("gib", 0)) * 1024 > grant + 512]
-        t_first = next((e["t"] for e in ev if e.get("ev") in ("ctx", "start")), t_attack)
-        t_over = over[0]["t"] if over else t_first  # killed before allocating: from its context
+        # killed before allocating (an outside-MPS context is seen as soon as it exists): from the moment the
+        # process began creating its CUDA context, not from its start (which includes importing torch)
+        t_first = next((e["t"] for e in ev if e.get("ev") == "cuda_init"),
+                       next((e["t"] for e in ev if e.get("ev") in ("ctx", "start")), t_attack))
+        t_over = over[0]["t"] if over else t_first
         peak = db.execute("SELECT MAX(used_mem_mib) FROM proc_samples WHERE job_id = ?", [job]).fetchone()[0]
         report[job] = {"reason": reason, "grant_mib": grant, "used_mib_at_detection": used,
                        "peak_nvml_mib": peak, "allocated_gib": max((e.get("total_gib", e["gib"]) for e in allocs),
