@@ -3,8 +3,9 @@
 Usage:
   python3 benchmarks/placement_combine.py PASS.json... [--json combined.json]
 Input: the ``<pass>[-partK].json`` files of ``benchmarks/device/placement_bench.py`` (pile/stream x exclusive/
-blind/aware, exclusive parts, ``small7-blind.json``, ``small7-aware.json``). Per scenario the exclusive parts are stitched into one FIFO
-pass (``placement_metrics.stitch``), whose run times are every job's time alone; every pass's metrics are then
+blind/aware, exclusive parts, ``small7-blind.json``, ``small7-aware.json``). Per scenario the exclusive parts are
+stitched into one FIFO pass (``placement_metrics.stitch``), whose run times are every job's time alone; every
+pass's metrics are then
 recomputed from its jobs' Slurm times with those alone times (``placement_metrics.pass_metrics``), and the targets
 checked (``placement_metrics.targets``): aware mean JCT <= 0.8x exclusive and <= blind; aware makespan <= 0.75x
 exclusive; no aware job ran > 3x its time alone; 0 OOM; and the 7-small-jobs check (kept >= 95% of run 1).
@@ -100,8 +101,9 @@ def render(result: Mapping[str, Any]) -> str:
                      f"aggregate: {'met' if s7['kept_ge_95pct'] else 'NOT met'} (>= 0.95)"
                      + (" (fake-GPU run: CPU check, not a measurement)" if s7.get("fake") else ""))
         if s7.get("kept_vs_blind") is not None:
-            parts.append(f"Same call without the placer (blind): aggregate {pm.fmt(s7['blind_aggregate_samples_per_s'])}"
-                         f" samples/s; with the placer {pm.fmt(s7['kept_vs_blind'])} of it: "
+            blind = pm.fmt(s7["blind_aggregate_samples_per_s"])
+            parts.append(f"Same call without the placer (blind): aggregate {blind} samples/s; with the placer "
+                         f"{pm.fmt(s7['kept_vs_blind'])} of it: "
                          f"{'met' if s7['kept_vs_blind_ge_95pct'] else 'NOT met'} (>= 0.95)")
     return "\n".join(parts)
 

@@ -15,8 +15,9 @@ Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab
   workers while the training process was busy (at least ``diag_train_busy_cores``) with a batch above
   ``diag_small_batch`` and the GPU idle in at least ``diag_input_bound_self_idle_pct`` of the samples (it loads
   the data itself; a launch-bound loop also keeps one core busy, but leaves the GPU idle less often: 18-54% of
-  the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2, against 95% for a starved loader). Without CPU figures the rule does not judge (thin evidence): a
-  launch-bound tiny batch idles the GPU between steps as a starved one does.
+  the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2, against 95% for a starved loader).
+  Without CPU figures the rule does not judge (thin evidence): a launch-bound tiny batch idles the GPU between
+  steps as a starved one does.
 - ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct`` while tensor activity stays
   below ``diag_no_tensor_max_tensor_pct`` and the spec's precision is fp32 (or unknown).
 - ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` while SM activity is at least
