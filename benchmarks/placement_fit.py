@@ -189,9 +189,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"placement_fit: error: {exc}", file=sys.stderr)
         return 1
+    current = intensity.load_calibration(None)  # before writing: --out may be the packaged file itself
     Path(a.out).write_text(json.dumps(cal, indent=1) + "\n")
     fitted = intensity.load_calibration(a.out)
-    print(report(rows, fitted, intensity.load_calibration(None)))
+    print(report(rows, fitted, current))
     print(f"wrote {a.out}: SMACT {100 * cal['smact_min']:.1f}..{100 * cal['smact_max']:.1f} %, "
           f"x_half {cal['x_half_gflop']} GFLOP, SMOCC/SMACT {cal['smocc_per_smact']}, "
           f"DRAMA/SMACT {cal['drama_per_smact']}")
