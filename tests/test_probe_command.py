@@ -90,9 +90,24 @@ def test_env_prefix_and_exec():
     assert c.target.endswith("train.py")
 
 
-def test_first_command_wins_and_others_ignored():
-    c = cmd("echo start\nnvidia-smi\npython prep.py\npython train.py\n")
+def test_first_command_wins_when_none_reads_like_training():
+    c = cmd("echo start\nnvidia-smi\npython prep.py\npython train.py\n")  # no files to read: the first
     assert c.target.endswith("prep.py")
+
+
+def test_the_command_whose_program_trains_wins(tmp_path):
+    """pytorch/examples' time_sequence_prediction: generate the data, then train (only the second is probed)."""
+    (tmp_path / "generate_sine_wave.py").write_text("import torch\ntorch.save(torch.randn(3), 'traindata.pt')\n")
+    (tmp_path / "train.py").write_text("import torch\nopt = torch.optim.LBFGS([])\nloss.backward()\n")
+    (tmp_path / "eval.py").write_text("import torch\nmodel.eval()\n")
+    res = find_command("python generate_sine_wave.py\npython train.py --steps 2\npython eval.py\n", (),
+                       submit_dir=str(tmp_path))
+    assert res.command is not None and res.command.target == str(tmp_path / "train.py")
+    assert res.command.args == ("--steps", "2")
+    assert res.notes == ("3 Python commands in the script; probed the first whose program trains: "
+                         "python train.py --steps 2",)
+    one = find_command("python train.py\n", (), submit_dir=str(tmp_path))
+    assert one.notes == ()
 
 
 def test_no_command_reasons():

@@ -102,3 +102,32 @@ FOREACH = """
 def test_optimizer_takes_the_foreach_path_as_on_cuda(tmp_path):
     r = probe(tmp_path, "fe", FOREACH)
     assert "PATH foreach" in r.log_text and "PATH single" not in r.log_text
+
+
+MANUAL_SGD = """
+    import torch, torch.nn as nn
+    model = nn.LSTM(256, 512, 2).cuda()
+    head = nn.Linear(512, 1000).cuda()
+    for i in range(50):
+        x = torch.randn(35, 20, 256, device="cuda")
+        out, _ = model(x)
+        loss = head(out).logsumexp(-1).mean()
+        model.zero_grad()
+        loss.backward()
+        for p in list(model.parameters()) + list(head.parameters()):
+            p.data.add_(p.grad, alpha=-0.1)
+        print(f"step {i} loss {loss:5.2f} ppl {loss.exp():8.2f}")
+"""
+
+
+def test_a_loop_without_an_optimizer_stops_after_its_second_backward(tmp_path):
+    """pytorch/examples' word language model updates its parameters by hand: no optimizer step ever comes, so
+    the probe stops after the second backward() (before: it ran the whole epoch and failed at its end), and
+    printing a fake scalar with a format spec (f"{loss:5.2f}") works as on a real tensor."""
+    r = probe(tmp_path, "manual", MANUAL_SGD)
+    assert r.detail["steps"] == 0 and r.detail["forwards"] == 2 * 2  # the LSTM and the head, twice
+    assert any(n.startswith("no torch.optim optimizer: stopped after backward() 2") for n in r.detail["notes"])
+    # parameters (2-layer LSTM 256->512, head 512->1000) and their gradients are held at the stop
+    params_b = 4 * (4 * 512 * (256 + 512 + 2) + 4 * 512 * (512 + 512 + 2) + 512 * 1000 + 1000)
+    assert r.detail["peak_allocated_b"] >= 2 * params_b
+    assert "step 0 loss  0.00" in r.log_text and "step 1" not in r.log_text  # stopped in the 2nd backward

@@ -1,6 +1,9 @@
 """Find the training command of a batch script (pure: text in, typed command out).
 
-Recognised, on the first line that runs Python (after joining ``\\`` continuations):
+Recognised, on the lines that run Python (after joining ``\\`` continuations); with several, the first
+whose program file reads like training (``.backward(``, ``.step(``, ``torch.optim``, ``Trainer(``,
+``.fit(``, ``train(`` in its text), else the first (``python prepare.py`` then ``python train.py``
+probes ``train.py``; only that command runs):
 
 * ``python``/``python3``/``python3.X``/``/path/to/python`` ``[opts] file.py args`` or ``-m pkg args``;
 * that line behind ``srun [opts]``, ``exec``, ``time``, ``nohup``, ``env``, ``VAR=value`` prefixes;
@@ -270,6 +273,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
             for tok in words:
                 if tok.startswith("python="):
                     walk.coloc_python = os.path.join(submit_dir, os.path.expanduser(tok.split("=", 1)[1]))
+    found_all: List[CommandSearch] = []
     for line in lines:
         s = line.strip()
         if not s or s.startswith("#"):
@@ -282,8 +286,34 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
         for toks in _segments(s, walk.vars, script_args):
             found = walk.command(toks, s)
             if found is not None:
-                return found
-    return CommandSearch(None, "no python/torchrun/accelerate command found in the script")
+                found_all.append(found)
+    if not found_all:
+        return CommandSearch(None, "no python/torchrun/accelerate command found in the script")
+    runnable = [f for f in found_all if f.command is not None]
+    if len(found_all) == 1 or not runnable:
+        return found_all[0]
+    training = [f for f in runnable if _looks_like_training(f.command)]
+    pick = training[0] if training else found_all[0]
+    if pick.command is None:
+        return pick
+    why = "the first whose program trains" if training else "the first (none reads like training)"
+    note = f"{len(found_all)} Python commands in the script; probed {why}: {pick.command.line}"
+    return CommandSearch(pick.command, pick.reason, pick.notes + (note,))
+
+
+_TRAINING_MARKERS = (".backward(", ".step(", "torch.optim", "Trainer(", ".fit(", "train(")
+
+
+def _looks_like_training(cmd: Optional[ProbeCommand]) -> bool:
+    """Whether the program file's text has a training marker (``_TRAINING_MARKERS``); modules: no."""
+    if cmd is None or cmd.mode != "file":
+        return False
+    try:
+        with open(cmd.target, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1_000_000)
+    except OSError:
+        return False
+    return any(m in text for m in _TRAINING_MARKERS)
 
 
 class _Walk:

@@ -236,7 +236,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     ran = ran_line(cmd, out.result, out.interpreter)
     res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result,
                       out.log_text if keep_log else "")
-    res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2))
+    res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2),
+                      notes=list(found.notes) + list(result.get("notes") or []))
     if use_cache and (estimate is not None or out.reason):
         files = {p: _sha(p) for p in result.get("user_files") or []}
         _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,

@@ -10,7 +10,9 @@ The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would 
 workspaces, cuDNN workspace table, ``cudamodes`` SDPA kernel choice and CUDA float32 list), with
 the device imitated by ``fakecuda.py``. It stops when every optimizer it created has run
 ``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
-steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps.
+steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps; a
+program that has created no ``torch.optim`` optimizer (parameters updated by hand, as
+pytorch/examples' word language model does) is stopped after its ``steps``-th ``backward()``.
 Then the result JSON is written and the process ends with ``os._exit(0)`` (no ``atexit``, no
 ``finally`` of the program: nothing the program would save at its end runs).
 
@@ -54,6 +56,7 @@ class _Probe:
         self.opt_steps: Dict[int, int] = {}
         self.opt_names: Dict[int, str] = {}
         self.forwards = 0
+        self.backwards = 0
         self.depth = 0
         self.outside_writes: List[str] = []
         self.param_dtypes: Dict[str, int] = {}
@@ -172,6 +175,31 @@ class _Probe:
                     probe.param_dtypes[name] = probe.param_dtypes.get(name, 0) + int(p.numel())
 
         torch.optim.Optimizer.__init__ = opt_init
+        orig_backward = torch.autograd.backward
+
+        def backward(*a: Any, **k: Any) -> Any:
+            out = orig_backward(*a, **k)
+            probe.backwards += 1
+            if not probe.opt_steps and probe.backwards >= probe.steps_wanted:
+                st.note(f"no torch.optim optimizer: stopped after backward() {probe.backwards} (parameters "
+                        "updated by hand are not replayed)")
+                probe.finish("ok", "")
+            return out
+
+        torch.autograd.backward = backward  # Tensor.backward looks it up here at each call
+        orig_format = torch.Tensor.__format__
+
+        def tensor_format(t: Any, spec: str) -> str:
+            # a real 0-dim tensor formats its value (f"{loss:.4f}"); a fake one has none: the probe's
+            # answer to a value read (``.item()``), which the program's printing never needs right
+            if isinstance(t, FakeTensor) and t.dim() == 0:
+                try:
+                    return format(t.item(), spec)
+                except Exception:  # noqa: BLE001 - any stand-in will do for printing
+                    return format(0.0 if t.is_floating_point() else 0, spec)
+            return orig_format(t, spec)
+
+        torch.Tensor.__format__ = tensor_format
 
         def pre(mod: Any, inp: Any) -> None:
             if probe.depth == 0:
