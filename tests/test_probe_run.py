@@ -214,3 +214,26 @@ def test_cuda_generator_and_capture_check_stay_off_the_driver(tmp_path):
     r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path), use_cache=False)
     assert r.estimate is not None, r.reason
     assert "Adadelta" in r.ran
+
+
+def test_data_beside_the_working_directory_is_read(tmp_path):
+    """pytorch/examples' MNIST scripts read ``../data`` from their own folder: the probe's mirror of the working
+    directory sits beside links to its siblings, so the data is found, and nothing is written there."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("16\n")
+    proj = tmp_path / "mnist"
+    proj.mkdir()
+    (proj / "main.py").write_text(
+        "import torch\n"
+        "n = int(open('../data/x.txt').read())\n"
+        "model = torch.nn.Linear(n, 4).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(8, n, device='cuda')).sum().backward()\n"
+        "    opt.step()\n")
+    (proj / "job.sh").write_text("#!/bin/bash\npython main.py\n")
+    before = tree(tmp_path)
+    r = probe_script(str(proj / "job.sh"), submit_dir=str(proj), use_cache=False)
+    assert r.estimate is not None, r.reason
+    assert r.detail["steps"] == 2 and r.detail["outside_writes"] == []
+    assert tree(tmp_path) == before

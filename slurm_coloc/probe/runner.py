@@ -10,13 +10,15 @@ first on ``sys.path`` only while it imports the probe, then removes it and the `
 The child runs as the caller (the submitting user), in its own session (killed with its process
 group at the time limit), with ``RLIMIT_AS`` as memory limit, stdin from ``/dev/null`` and
 stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
-directory is ``scratch/work``, which mirrors the job's working directory (``_mirror``): real
+directory is ``scratch/up/<its name>``, which mirrors the job's working directory (``_mirror``): real
 directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
-directory, and a link to a directory, is linked as a whole). The program reads its relative paths
-(data, configs) as in the job; files it creates land in the scratch directory, and a file link it
+directory, and a link to a directory, is linked as a whole); ``scratch/up`` holds a link to each
+other entry of the working directory's parent (``_link_siblings``), so ``../data`` reads as in the
+job (pytorch/examples' MNIST scripts). The program reads its relative paths (data, configs) as in
+the job; files it creates land in the scratch directory, and a file link it
 opens for writing is replaced by a copy first (``inject/main.py``). Writes to absolute paths
-outside the scratch directory, and into a directory linked as a whole, still reach the real
-files; the child reports every such write (``outside_writes``). Network-facing libraries are put
+outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
+reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are put
 offline by environment variables and proxies that refuse connections at once;
 ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR``, matplotlib's,
 inductor's and triton's caches are in the scratch directory, which is removed after the run.
@@ -153,6 +155,22 @@ def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
     return budget
 
 
+def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_ENTRIES) -> None:
+    """Link each entry of ``parent`` but ``skip`` into ``dst`` (at most ``budget``; the root: none)."""
+    if parent in ("", os.sep):
+        return
+    try:
+        with os.scandir(parent) as it:
+            for i, entry in enumerate(it):
+                if i >= budget:
+                    return
+                if entry.name != skip:
+                    with contextlib.suppress(OSError):
+                        os.symlink(entry.path, os.path.join(dst, entry.name))
+    except OSError:
+        return
+
+
 def _small_dir(path: str, budget: int) -> bool:
     """True when ``path`` holds at most ``budget`` entries (read lazily: a data set is not listed)."""
     try:
@@ -218,11 +236,14 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     if cmd.mode == "file" and not os.path.isfile(cmd.target):
         return RunOutcome(None, f"the program {cmd.target} does not exist", 0.0, interpreter=python)
     scratch = tempfile.mkdtemp(prefix="coloc-probe-", dir=scratch_root)
-    boot, work, tmp = (os.path.join(scratch, d) for d in ("boot", "work", "tmp"))
+    boot, up, tmp = (os.path.join(scratch, d) for d in ("boot", "up", "tmp"))
     os.makedirs(boot)
     os.makedirs(tmp)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
+    name = os.path.basename(os.path.normpath(cmd.workdir)) or "work"
+    work = os.path.join(up, name)
     _mirror(cmd.workdir, work)
+    _link_siblings(os.path.dirname(os.path.normpath(cmd.workdir)), up, name)
     result_path = os.path.join(scratch, "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
            "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
