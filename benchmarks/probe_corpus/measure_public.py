@@ -16,7 +16,7 @@ ended, probe reason) and writes the rows as JSON to ``--out``.
 Usage (repository root, GPU machine)::
 
     PYTHONPATH=$PWD:/tmp/site /opt/torch/.venv/bin/python3 benchmarks/probe_corpus/measure_public.py \
-        --root .pub --out $OUT/public.json
+        --root .pub --out $OUT/public.json [--cudnn-benchmark off|on] [NAME...]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,18 +53,56 @@ def probe_one(root: str, name: str, python: str, timeout_s: float) -> Dict[str, 
             "notes": r.detail.get("notes", []), "_cmd": r.command}
 
 
-def real_run(root: str, name: str, cmd: Any, python: str, run_s: float) -> Dict[str, Any]:
-    """Run the found command as written for at most ``run_s`` s in a scratch copy; NVML peak of its tree."""
+_RESERVED_RE = re.compile(r"pub_max_memory_reserved_mib=([0-9.]+)")
+# Put first on the program's PYTHONPATH: prints the peak reserved memory when the program ends (atexit, or
+# SIGTERM-free: a killed run prints nothing, its NVML peak stands alone); PUB_CUDNN_BENCHMARK=0|1 forces
+# torch.backends.cudnn.benchmark whatever the script sets (to measure its cost).
+SITECUSTOMIZE = """
+import atexit, os, sys, threading, time
+def _peak():
+    t = sys.modules.get("torch")
+    if t is not None and t.cuda.is_initialized():
+        print(f"pub_max_memory_reserved_mib={t.cuda.max_memory_reserved() / 2**20:.1f}", flush=True)
+atexit.register(_peak)
+def _every():
+    while True:
+        time.sleep(5)
+        _peak()
+threading.Thread(target=_every, daemon=True).start()
+_force = os.environ.get("PUB_CUDNN_BENCHMARK")
+if _force is not None:
+    import torch.backends.cudnn as _c
+    _orig = type(_c).__dict__["benchmark"]
+    class _Flag:
+        def __get__(self, obj, typ=None): return _orig.__get__(obj, typ)
+        def __set__(self, obj, value): _orig.__set__(obj, _force == "1")
+    type(_c).benchmark = _Flag()
+    _c.benchmark = True
+"""
+
+
+def real_run(root: str, name: str, cmd: Any, python: str, run_s: float,
+             cudnn_benchmark: Any = None) -> Dict[str, Any]:
+    """Run the found command as written for at most ``run_s`` s in a scratch copy of ``root``; NVML peak of its
+    process tree and the peak reserved memory it printed last (``SITECUSTOMIZE``)."""
     if cmd is None:
         return {"run_end": "no command found"}
-    src = os.path.abspath(os.path.join(root, name))
-    work = tempfile.mkdtemp(prefix=f"pub-{name}-")
-    shutil.copytree(src, work, dirs_exist_ok=True)
+    src_root = os.path.abspath(root)
+    base = tempfile.mkdtemp(prefix=f"pub-{name}-")
+    shutil.copytree(src_root, base, dirs_exist_ok=True)  # the whole root: ../data as beside the script
+    src, work = os.path.join(src_root, name), os.path.join(base, name)
     target = cmd.target.replace(src, work) if cmd.mode == "file" else cmd.target
+    site = os.path.join(base, "_site")  # sitecustomize: the process's peak reserved memory at its exit
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as fh:
+        fh.write(SITECUSTOMIZE)
     argv = [python] + (["-m", target] if cmd.mode == "module" else [target]) + list(cmd.args)
     env = dict(os.environ, **{k: v for k, v in OFFLINE_ENV.items() if k != "CUDA_VISIBLE_DEVICES"})
     env.update(dict(cmd.env))
-    env.update(SLURM_SUBMIT_DIR=work)
+    env.update(SLURM_SUBMIT_DIR=work, PYTHONPATH=os.pathsep.join(
+        p for p in (site, env.get("PYTHONPATH", "")) if p))
+    if cudnn_benchmark is not None:
+        env["PUB_CUDNN_BENCHMARK"] = "1" if cudnn_benchmark else "0"
     t0 = time.monotonic()
     stop, peak = threading.Event(), {}  # type: ignore[var-annotated]
     try:
@@ -83,9 +122,11 @@ def real_run(root: str, name: str, cmd: Any, python: str, run_s: float) -> Dict[
             stop.set()
             sampler.join(timeout=5)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+    found = _RESERVED_RE.findall(out or "")
     return {"run_end": end, "run_wall_s": round(time.monotonic() - t0, 1),
-            "nvml_peak_mib": round(peak["mib"], 1) if peak.get("mib") else None, "run_tail": (out or "")[-800:]}
+            "nvml_peak_mib": round(peak["mib"], 1) if peak.get("mib") else None,
+            "measured_reserved_mib": float(found[-1]) if found else None, "run_tail": (out or "")[-800:]}
 
 
 def main() -> None:
@@ -98,20 +139,25 @@ def main() -> None:
     ap.add_argument("--probe-timeout", type=float, default=60.0)
     ap.add_argument("--run-s", type=float, default=60.0)
     ap.add_argument("--gpu-jobs", type=int, default=3)
+    ap.add_argument("--cudnn-benchmark", choices=("script", "off", "on"), default="script",
+                    help="real runs: torch.backends.cudnn.benchmark as the script sets it, or forced")
     a = ap.parse_args()
     names = a.names or sorted(n for n in os.listdir(a.root) if os.path.isfile(os.path.join(a.root, n, "job.sh")))
     with cf.ThreadPoolExecutor(4) as ex:
         rows: List[Dict[str, Any]] = list(ex.map(lambda n: probe_one(a.root, n, a.python, a.probe_timeout), names))
     if not a.no_gpu:
         with cf.ThreadPoolExecutor(a.gpu_jobs) as ex:
-            runs = list(ex.map(lambda r: real_run(a.root, r["script"], r["_cmd"], a.python, a.run_s), rows))
+            force = None if a.cudnn_benchmark == "script" else a.cudnn_benchmark == "on"
+            runs = list(ex.map(lambda r: real_run(a.root, r["script"], r["_cmd"], a.python, a.run_s, force), rows))
         for r, m in zip(rows, runs):
             r.update(m)
             r["figure_over_nvml_pct"] = _pct(r.get("probe_mib"), r.get("nvml_peak_mib"))
-    print(f"{'script':<26}{'probe MiB':>10}{'NVML peak':>10}{'over %':>8}{'probe s':>8}  real run / reason")
+    print(f"{'script':<26}{'probe MiB':>10}{'probe rsv':>10}{'real rsv':>10}{'NVML peak':>10}{'over %':>8}"
+          f"{'probe s':>8}  real run / reason")
     for r in rows:
         r.pop("_cmd", None)
-        print(f"{r['script']:<26}{r['probe_mib'] or '-':>10}{r.get('nvml_peak_mib') or '-':>10}"
+        print(f"{r['script']:<26}{r['probe_mib'] or '-':>10}{r['probe_reserved_mib']:>10}"
+              f"{r.get('measured_reserved_mib') or '-':>10}{r.get('nvml_peak_mib') or '-':>10}"
               f"{r.get('figure_over_nvml_pct') if r.get('figure_over_nvml_pct') is not None else '-':>8}"
               f"{r['probe_wall_s']:>8}  {r.get('run_end', '')} {r['reason']}")
     if a.out:
