@@ -131,3 +131,20 @@ def test_a_loop_without_an_optimizer_stops_after_its_second_backward(tmp_path):
     params_b = 4 * (4 * 512 * (256 + 512 + 2) + 4 * 512 * (512 + 512 + 2) + 512 * 1000 + 1000)
     assert r.detail["peak_allocated_b"] >= 2 * params_b
     assert "step 0 loss  0.00" in r.log_text and "step 1" not in r.log_text  # stopped in the 2nd backward
+
+
+def test_cudnn_benchmark_is_named_in_the_notes(tmp_path):
+    """Autotuning's extra reservation is not modelled: the probe says so when the program turns it on."""
+    body = """
+        import torch, torch.nn as nn
+        torch.backends.cudnn.benchmark = {flag}
+        model = nn.Conv2d(3, 8, 3).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(4, 3, 32, 32, device="cuda")).sum().backward()
+            opt.step()
+    """
+    on = probe(tmp_path, "bench_on", body.format(flag=True))
+    off = probe(tmp_path, "bench_off", body.format(flag=False))
+    assert any(n.startswith("cudnn.benchmark = True") for n in on.detail["notes"])
+    assert not any(n.startswith("cudnn.benchmark") for n in off.detail["notes"])

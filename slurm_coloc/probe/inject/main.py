@@ -126,6 +126,11 @@ class _Probe:
             ws_max = int(st.tracker.ws_max_b)
             ops = int(st.tracker.ops)
             assumed = dict(st.tracker.scalars.counts)
+        torch_mod = sys.modules.get("torch")
+        if st is not None and st.tracker.conv_calls and torch_mod is not None \
+                and getattr(torch_mod.backends.cudnn, "benchmark", False):
+            st.note("cudnn.benchmark = True: cuDNN's autotuning can reserve more than the replayed workspaces "
+                    "(pytorch/examples dcgan: +620 to +1,170 MiB on the H100, docs/estimator.md); not modelled")
         out = {
             "status": status, "reason": reason,
             "peak_reserved_b": int(alloc.peak_reserved_b) if alloc else 0,

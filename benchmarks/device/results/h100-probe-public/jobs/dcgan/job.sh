@@ -1,0 +1,2 @@
+#!/bin/bash
+python main.py --dataset fake --batchSize 128 --niter 1 --accel --outf out

@@ -1,0 +1,3 @@
+#!/bin/bash
+python generate_sine_wave.py
+python train.py --steps 2

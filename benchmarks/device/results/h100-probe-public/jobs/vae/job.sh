@@ -1,0 +1,2 @@
+#!/bin/bash
+python main.py --epochs 1
