@@ -105,7 +105,8 @@ def render(result: Mapping[str, Any]) -> str:
         if s7.get("kept_vs_blind") is not None:
             blind = pm.fmt(s7["blind_aggregate_samples_per_s"])
             nb = len(s7.get("blind_runs") or [])
-            parts.append(f"Same session without the placer (blind, {nb} pass(es)): aggregate {blind} samples/s; with the placer "
+            parts.append(f"Same session without the placer (blind, {nb} pass(es)): aggregate {blind} samples/s; "
+                         "with the placer "
                          f"{pm.fmt(s7['kept_vs_blind'])} of it: "
                          f"{'met' if s7['kept_vs_blind_ge_95pct'] else 'NOT met'} (>= 0.95)")
     return "\n".join(parts)

@@ -280,25 +280,44 @@ class _GlobalOnly:
         return None
 
 
-def _flop_counter(count_flops: bool) -> Any:
-    """A ``FlopCounterMode(display=False)`` without per-module attribution, or None when not asked for or
-    this torch has none.
+def make_flop_counter() -> Any:
+    """A ``FlopCounterMode(display=False)`` for a total count, or None when this torch has none.
 
-    Its ``ModuleTracker`` (torch >= 2.2) puts global module hooks that register ``register_multi_grad_hook``s
+    Its ``ModuleTracker`` (newer torch) puts global module hooks that register ``register_multi_grad_hook``s
     on every module's inputs and outputs; those hold gradients until all of a module's inputs have theirs,
-    which changed the replayed peak of DenseNet-121 (its layers take lists of tensors). The trace needs the
-    total only, so the tracker is replaced by :class:`_GlobalOnly`: the counting mode alone stays.
+    which changed the replayed peak of DenseNet-121 (its layers take lists of tensors). A total needs no
+    per-module attribution, so the tracker is replaced by :class:`_GlobalOnly`: the counting mode alone stays.
+    A formula that raises counts 0 and sets ``coloc_failed`` (the count is then unknown, the trace goes on).
     """
-    if not count_flops:
-        return None
     try:
         from torch.utils.flop_counter import FlopCounterMode
     except ImportError:
         return None
-    counter = FlopCounterMode(display=False)
+    counter: Any = FlopCounterMode(display=False)
     if hasattr(counter, "mod_tracker"):
         counter.mod_tracker = _GlobalOnly()
+    counter.coloc_failed = False
+    registry = getattr(counter, "flop_registry", None)
+    if isinstance(registry, dict):
+        def guarded(formula: Callable[..., Any]) -> Callable[..., Any]:
+            def count(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return formula(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - a FLOP formula never fails the memory trace
+                    counter.coloc_failed = True
+                    return 0
+            return count
+
+        counter.flop_registry = {k: guarded(v) for k, v in registry.items()}
     return counter
+
+
+def step_flops(totals: List[int], counter: Any) -> Optional[int]:
+    """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
+    when fewer than two readings or a formula failed."""
+    if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
+        return None
+    return int(totals[-1] - totals[-2])
 
 
 def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
@@ -318,8 +337,8 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
         device = "meta"
     model = _build_meta(spec, fn, torch)
     acts: List[float] = []
-    flops = _flop_counter(count_flops)
-    step_flops: List[int] = []
+    flops = make_flop_counter() if count_flops else None
+    flop_totals: List[int] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(outer)
         if amp:
@@ -387,7 +406,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
                 raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
             del out, logits, loss, y
             if flops is not None:
-                step_flops.append(int(flops.get_total_flops()))
+                flop_totals.append(int(flops.get_total_flops()))
         for h in hooks:
             h.remove()
     return TraceResult(
@@ -404,5 +423,5 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
         assumed_values=dict(tracker.scalars.counts),
         conv_calls=list(tracker.conv_calls),
         conv_workspace_max_b=int(tracker.ws_max_b),
-        flops_per_step=step_flops[-1] - step_flops[-2] if len(step_flops) >= 2 else None,
+        flops_per_step=step_flops(flop_totals, flops),
     )
