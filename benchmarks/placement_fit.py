@@ -76,7 +76,8 @@ def samples(bench: Dict[str, Any], feature: str = "flops", files: Optional[Seque
             if act.get("smact") is None or gflop is None or j.get("state", "COMPLETED") != "COMPLETED":
                 continue  # a cancelled run's activity is not the job's
             out.append({"workload": j["workload"], "gflop": float(gflop), "smact": act["smact"],
-                        "smocc": act.get("smocc") or 0.0, "drama": act.get("drama") or 0.0})
+                        "smocc": act.get("smocc") or 0.0, "drama": act.get("drama") or 0.0,
+                        "proxy": proxy_gflop(row), "feature": feature})
     return out
 
 
@@ -140,6 +141,12 @@ def fit(rows: Sequence[Dict[str, Any]], by_model: bool = False, source: str = ""
         "unknown": {k: round(statistics.fmean(r[k] for r in rows), 4) for k in ("smact", "smocc", "drama")},
         "by_model": {},
     }
+    if rows and rows[0].get("feature") == "flops":
+        # a job whose comment carries no FLOPs is predicted from the proxy scaled to FLOPs
+        # (intensity.Calibration.proxy_to_flops): the median measured/proxy ratio over the workloads
+        ratios = sorted({r["workload"]: r["gflop"] / r["proxy"] for r in rows if r.get("proxy")}.values())
+        cal["feature"] = "flops"
+        cal["proxy_to_flops"] = round(statistics.median(ratios), 3) if ratios else 1.0
     if by_model:
         names = sorted({r["workload"] for r in rows})
         cal["by_model"] = {n: {k: round(statistics.fmean(r[k] for r in rows if r["workload"] == n), 4)
@@ -167,6 +174,13 @@ def report(rows: Sequence[Dict[str, Any]], fitted: intensity.Calibration, curren
                      f"{100 * f.drama:>7.1f}")
     lines.append("mean absolute error (percentage points): " + ", ".join(
         f"{k} {100 * statistics.fmean(v):.1f}" for k, v in err.items() if v))
+    if fitted.feature == "flops":
+        # what a job without flops_per_step in its comment gets: the proxy x proxy_to_flops on the same curve
+        proxy = [abs(intensity.predict(intensity.Features(r["proxy"], None, None, "fp32", None, True),
+                                       fitted).smact - r["smact"]) for r in rows if r.get("proxy") is not None]
+        if proxy:
+            lines.append(f"jobs without FLOPs in the comment (proxy x {fitted.proxy_to_flops:g}): smact_fit "
+                         f"{100 * statistics.fmean(proxy):.1f} pp over {len(proxy)} jobs")
     return "\n".join(lines)
 
 

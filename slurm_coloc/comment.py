@@ -6,8 +6,10 @@ only ``json``.
 
 The JSON object is written by ``build_comment`` with sorted keys and no spaces. Keys written by
 ``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``,
-``sha256``, ``spec`` and, when the script has arguments, ``argv``. Readers treat every key as untrusted
-user input: a user can submit any comment with plain ``sbatch``.
+``sha256``, ``spec``, when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=`` trace
+counted them, ``flops_per_step`` (int, FLOP of one training step; the placer's feature,
+``placement/intensity.py``). Readers treat every key as untrusted user input: a user can submit any comment
+with plain ``sbatch``.
 
 slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fit_comment`` drops the
 bulky keys, in the order the caller gives, until user text + coloc JSON fit: every job plain sbatch accepts is

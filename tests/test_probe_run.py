@@ -237,3 +237,25 @@ def test_data_beside_the_working_directory_is_read(tmp_path):
     assert r.estimate is not None, r.reason
     assert r.detail["steps"] == 2 and r.detail["outside_writes"] == []
     assert tree(tmp_path) == before
+
+def test_probe_counts_the_flops_of_one_training_iteration(tmp_path):
+    """Between the first two optimizer steps: one forward + backward + step of the MLP (analytic count), carried
+    through the estimate and the probe cache."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(10):\n"
+        "    x = torch.randn(64, 512, device='cuda')\n"
+        "    y = torch.randint(0, 10, (64,), device='cuda')\n"
+        "    opt.zero_grad()\n"
+        "    nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    opt.step()\n")
+    (tmp_path / "job.sh").write_text("#!/bin/bash\npython train.py\n")
+    r = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    assert r.estimate is not None, r.reason
+    fwd = [2 * 64 * 512 * 1024, 2 * 64 * 1024 * 10]
+    # forward, weight gradients, and the input gradient of the second layer only (the data needs none)
+    assert r.estimate.flops_per_step == r.detail["flops_per_step"] == 2 * sum(fwd) + fwd[1]
+    again = probe_script(str(tmp_path / "job.sh"), submit_dir=str(tmp_path))
+    assert again.cached and again.estimate.flops_per_step == r.estimate.flops_per_step

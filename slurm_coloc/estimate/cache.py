@@ -18,6 +18,9 @@ model's code cannot be pinned down (a module found nowhere on disk and in no dis
 key is made and nothing is cached. Limits: a ``file.py`` model's sibling modules it imports are
 not hashed (only the file named in the spec).
 
+An entry holds the estimate's ``mem_mib``, ``method``, ``detail``, ``gpu_model`` and ``flops_per_step`` (an
+entry without the last, stored before FLOPs were counted, reads as None).
+
 Writes are atomic (temporary file in the same directory + ``os.replace``); a missing, unreadable
 or corrupt cache file reads as empty, and a failure to write is ignored: the cache can only ever
 save time, never fail an estimate. At most ``MAX_ENTRIES`` entries are kept (oldest dropped).
@@ -166,8 +169,11 @@ def lookup(key: str) -> Optional[Estimate]:
         detail = entry.get("detail", {})
         if not isinstance(detail, dict):
             return None
+        flops = entry.get("flops_per_step")  # absent in entries stored before FLOPs were counted: None
         return Estimate(mem_mib=mem, method=str(entry["method"]), detail=dict(detail, cached=True),
-                        gpu_model=entry.get("gpu_model"))
+                        gpu_model=entry.get("gpu_model"),
+                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
+                        and flops >= 0 else None)
     except (KeyError, TypeError):
         return None
 
@@ -178,7 +184,8 @@ def store(key: str, est: Estimate) -> None:
     try:
         entries = _read(path)
         entries[key] = {"mem_mib": est.mem_mib, "method": est.method, "detail": est.detail,
-                        "gpu_model": est.gpu_model, "stored_at": time.time()}
+                        "gpu_model": est.gpu_model, "flops_per_step": est.flops_per_step,
+                        "stored_at": time.time()}
         if len(entries) > MAX_ENTRIES:
             keep = sorted(entries, key=lambda k: float(entries[k].get("stored_at", 0))
                           if isinstance(entries[k], dict) else 0.0)[-MAX_ENTRIES:]

@@ -86,7 +86,8 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
         floor = int(detail.get("trace_floor_mib") or base.mem_mib)  # estimates without a floor: only raise
         if hist < floor:
             detail["history_below_trace_floor"] = hist
-        return Estimate(mem_mib=max(hist, floor), method="history", detail=detail, gpu_model=base.gpu_model)
+        return Estimate(mem_mib=max(hist, floor), method="history", detail=detail, gpu_model=base.gpu_model,
+                        flops_per_step=base.flops_per_step)
     return base
 
 
@@ -149,7 +150,7 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
     Args:
         trace: a ``trace.TraceResult`` (or an object with its ``peak_reserved_b``,
             ``peak_allocated_b``, ``params``, ``depthwise_max_hw``, ``conv_workspace_max_b`` and
-            ``assumed_values``).
+            ``assumed_values``; ``flops_per_step`` is read when present).
         gpu_name: a GPU model ``gpus.gpu_model`` knows.
         precision: ``fp32``, ``amp-fp16`` or ``bf16``.
 
@@ -189,4 +190,6 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
         detail["notes"] = NOTE
     if mem > gpu.mem_mib:
         detail["exceeds_gpu"] = True
-    return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name)
+    flops = getattr(trace, "flops_per_step", None)
+    return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name,
+                    flops_per_step=int(flops) if isinstance(flops, int) and flops >= 0 else None)

@@ -59,9 +59,12 @@ class Estimate:
         method: which estimator produced it: ``analytic`` (calibrated trace) or ``history``
             (earlier measured peaks).
         detail: method-specific figures (e.g. ``{"params_mib": .., "activations_mib": ..}``).
+        flops_per_step: FLOPs (FLOP) of one training step counted in the trace (forward, backward, optimizer
+            step; ``trace.py``), None when not counted. It does not enter ``mem_mib``.
     """
 
     mem_mib: int
     method: str
     detail: Dict[str, Any] = field(default_factory=dict)
     gpu_model: Optional[str] = None
+    flops_per_step: Optional[int] = None

@@ -9,6 +9,12 @@ Python object for their lifetime, so a weakref finalizer marks the real free poi
 The training step assumed: ``zero_grad(set_to_none=True)``; forward;
 cross-entropy on the logits; backward; optimizer step (``foreach=True``, as PyTorch picks on
 CUDA). Two steps are traced so the optimizer state exists during the second backward.
+
+FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` sits below the allocator tracker on the dispatch
+mode stack (it sees the ops the tracker passes on, on the same meta/fake tensors, and runs nothing
+itself on them); ``flops_per_step`` is what it counts in the second traced step: matrix
+multiplications, convolutions and fused attention forward and backward (torch's shape formulas).
+Element-wise ops, normalisations and the optimizer step count zero in those formulas.
 """
 from __future__ import annotations
 
@@ -64,6 +70,8 @@ class TraceResult:
         conv_calls: every convolution call of the traced steps, in order (``convcall.py``).
         conv_workspace_max_b: the largest cuDNN workspace replayed for one call (0 without a
             workspace model, ``workspace.py``).
+        flops_per_step: FLOPs (FLOP, not GFLOP) of one training step as ``FlopCounterMode`` counts
+            them (module docstring), None when not counted.
     """
 
     peak_allocated_b: int
@@ -79,6 +87,7 @@ class TraceResult:
     assumed_values: Dict[str, int] = field(default_factory=dict)
     conv_calls: List[ConvCall] = field(default_factory=list)
     conv_workspace_max_b: int = 0
+    flops_per_step: Optional[int] = None
 
 
 WorkspaceFn = Callable[[ConvCall], int]
@@ -229,13 +238,15 @@ def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
     return model
 
 
-def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceResult:
+def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
     Args:
         spec: the training job.
         workspace: bytes of cuDNN workspace a convolution call takes on the target GPU
             (``workspace.WorkspaceModel.bytes_for``); None replays no workspace.
+        count_flops: count the FLOPs of one step (``TraceResult.flops_per_step``); the memory
+            figures are the same either way.
 
     Returns:
         TraceResult with the replayed allocator's peaks and the model's features.
@@ -250,14 +261,66 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> Trac
         # serve, trace again without them (the same trace, only slower).
         try:
             with deferred_imports():
-                return _trace(spec, workspace)
+                return _trace(spec, workspace, count_flops)
         except Exception as exc:  # noqa: BLE001 - unless plainly the model's own error,
             if not may_need_real_dynamo(exc):  # the plain trace below decides
                 raise
-    return _trace(spec, workspace)
+    return _trace(spec, workspace, count_flops)
 
 
-def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceResult:
+class _GlobalOnly:
+    """Stands in for ``FlopCounterMode``'s ``ModuleTracker``: every FLOP goes to ``"Global"``, no hooks."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> "_GlobalOnly":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def make_flop_counter() -> Any:
+    """A ``FlopCounterMode(display=False)`` for a total count, or None when this torch has none.
+
+    Its ``ModuleTracker`` (newer torch) puts global module hooks that register ``register_multi_grad_hook``s
+    on every module's inputs and outputs; those hold gradients until all of a module's inputs have theirs,
+    which changed the replayed peak of DenseNet-121 (its layers take lists of tensors). A total needs no
+    per-module attribution, so the tracker is replaced by :class:`_GlobalOnly`: the counting mode alone stays.
+    A formula that raises counts 0 and sets ``coloc_failed`` (the count is then unknown, the trace goes on).
+    """
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    counter: Any = FlopCounterMode(display=False)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _GlobalOnly()
+    counter.coloc_failed = False
+    registry = getattr(counter, "flop_registry", None)
+    if isinstance(registry, dict):
+        def guarded(formula: Callable[..., Any]) -> Callable[..., Any]:
+            def count(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return formula(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - a FLOP formula never fails the memory trace
+                    counter.coloc_failed = True
+                    return 0
+            return count
+
+        counter.flop_registry = {k: guarded(v) for k, v in registry.items()}
+    return counter
+
+
+def step_flops(totals: List[int], counter: Any) -> Optional[int]:
+    """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
+    when fewer than two readings or a formula failed."""
+    if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
+        return None
+    return int(totals[-1] - totals[-2])
+
+
+def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
     """The body of :func:`trace_spec` (one trace, with whatever ``torch._dynamo`` is in place)."""
     fn = load_callable(spec)
     import torch
@@ -274,10 +337,14 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
         device = "meta"
     model = _build_meta(spec, fn, torch)
     acts: List[float] = []
+    flops = make_flop_counter() if count_flops else None
+    flop_totals: List[int] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(outer)
         if amp:
             model = model.to_empty(device="cpu")  # fake CPU tensors, so CPU autocast applies
+        if flops is not None:
+            stack.enter_context(flops)  # below the tracker: sees the ops it passes on (module docstring)
         stack.enter_context(make_sdpa_mode(torch))
         stack.enter_context(tracker)
         for t in list(model.parameters()) + list(model.buffers()):
@@ -338,6 +405,8 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
             except Exception as exc:
                 raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
             del out, logits, loss, y
+            if flops is not None:
+                flop_totals.append(int(flops.get_total_flops()))
         for h in hooks:
             h.remove()
     return TraceResult(
@@ -354,4 +423,5 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None) -> TraceRes
         assumed_values=dict(tracker.scalars.counts),
         conv_calls=list(tracker.conv_calls),
         conv_workspace_max_b=int(tracker.ws_max_b),
+        flops_per_step=step_flops(flop_totals, flops),
     )

@@ -24,19 +24,23 @@ DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 @dataclass(frozen=True)
 class Features:
-    """Estimate-trace features of one training step. ``gflop_per_step`` None: not known (see ``features``)."""
+    """Estimate-trace features of one training step. ``gflop_per_step`` None: not known (see ``features``);
+    ``from_proxy``: it is the batch x input-elements proxy, not counted FLOPs."""
 
     gflop_per_step: Optional[float]
     gbyte_per_step: Optional[float]
     batch_size: Optional[int]
     precision: str
     model: Optional[str]
+    from_proxy: bool = False
 
 
 def features(coloc: Optional[Mapping[str, Any]]) -> Features:
     """Features from a parsed coloc comment: ``flops_per_step``/``bytes_per_step`` when present, the spec's
     batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy
-    (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x)."""
+    (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for token
+    models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's
+    trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention)."""
     c: Mapping[str, Any] = coloc if isinstance(coloc, Mapping) else {}
     raw = c.get("spec")
     spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
@@ -48,7 +52,9 @@ def features(coloc: Optional[Mapping[str, Any]]) -> Features:
     batch = spec.get("batch_size") if isinstance(spec.get("batch_size"), int) else None
     flops = num(c.get("flops_per_step"))
     gflop = flops / 1e9 if flops is not None else None
+    from_proxy = False
     if gflop is None and batch and isinstance(spec.get("input_shape"), list):
+        from_proxy = True
         elems = 1.0
         for d in spec["input_shape"]:
             elems *= d if isinstance(d, int) and d > 0 else 1
@@ -56,14 +62,17 @@ def features(coloc: Optional[Mapping[str, Any]]) -> Features:
     nbytes = num(c.get("bytes_per_step"))
     return Features(gflop, nbytes / 1e9 if nbytes is not None else None, batch,
                     str(spec.get("precision") or "fp32"), spec.get("model") if isinstance(spec.get("model"), str)
-                    else None)
+                    else None, from_proxy)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """Predictor coefficients (fractions). SMACT = smact_min + (smact_max - smact_min) * x / (x + x_half_gflop),
     x = GFLOP per step x precision factor; SMOCC = SMACT x smocc_per_smact; DRAMA = SMACT x drama_per_smact;
-    ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve."""
+    ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve. ``feature``: the x
+    the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x input-elements proxy); with
+    ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops`` (the median ratio of measured
+    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``)."""
 
     smact_min: float
     smact_max: float
@@ -74,6 +83,8 @@ class Calibration:
     unknown: Activity
     by_model: Dict[str, Activity]
     source: str = ""
+    feature: str = "proxy"
+    proxy_to_flops: float = 1.0
 
 
 def _act(d: Any, where: str) -> Activity:
@@ -101,12 +112,14 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
             smocc_per_smact=float(d["smocc_per_smact"]), drama_per_smact=float(d["drama_per_smact"]),
             unknown=_act(d["unknown"], "unknown"),
             by_model={str(k): _act(v, f"by_model.{k}") for k, v in d.get("by_model", {}).items()},
-            source=str(d.get("source", "")))
+            source=str(d.get("source", "")), feature=str(d.get("feature", "proxy")),
+            proxy_to_flops=float(d.get("proxy_to_flops", 1.0)))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
-    if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1:
-        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0 and 0 <= smact_min <= "
-                          "smact_max <= 1")
+    if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
+            or cal.feature not in ("flops", "proxy"):
+        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
+                          "smact_max <= 1, proxy_to_flops > 0 and feature flops or proxy")
     return cal
 
 
@@ -117,6 +130,8 @@ def predict(f: Features, cal: Calibration) -> Activity:
     if f.gflop_per_step is None:
         return cal.unknown
     x = f.gflop_per_step * cal.precision_factor.get(f.precision, 1.0)
+    if f.from_proxy and cal.feature == "flops":
+        x *= cal.proxy_to_flops
     smact = cal.smact_min + (cal.smact_max - cal.smact_min) * x / (x + cal.x_half_gflop)
     return Activity(smact, min(1.0, smact * cal.smocc_per_smact), min(1.0, smact * cal.drama_per_smact))
 

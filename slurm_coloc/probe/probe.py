@@ -85,13 +85,15 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     from slurm_coloc.estimate.trace import TraceResult
 
     precision = precision_of(result)
+    flops = result.get("flops_per_step")
     trace = TraceResult(peak_allocated_b=int(result["peak_allocated_b"]),
                         peak_reserved_b=int(result["peak_reserved_b"]),
                         params=sum(int(v) for v in (result.get("param_dtypes") or {}).values()),
                         param_b=0, buffer_b=0, activations_per_sample=math.nan,
                         depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
                         assumed_values=dict(result.get("assumed_values") or {}),
-                        conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)))
+                        conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
+                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool) else None)
     est = bound_from_trace(trace, gpu_name, precision)
     detail = dict(est.detail, precision=precision, chosen="probe")
     detail.pop("params_mib", None)  # the probe does not see parameter bytes apart

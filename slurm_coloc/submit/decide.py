@@ -91,6 +91,8 @@ class Decision:
         warnings: one-line warnings for stderr (the directives/probe disagreement).
         timed_out: the directives' estimate did not finish within ``estimate_timeout_s``.
         probe: the probe's answer, or None when it did not run.
+        flops_per_step: FLOPs (FLOP) of one training step: the probe's count when it has one, else the
+            directives' trace's; None when neither counted (the placer's intensity feature, ``placement/``).
     """
 
     mem_mib: Optional[int]
@@ -101,6 +103,7 @@ class Decision:
     warnings: Tuple[str, ...] = ()
     timed_out: bool = False
     probe: Optional[ProbeAnswer] = field(default=None)
+    flops_per_step: Optional[int] = None
 
 
 def _largest(found: List[Tuple[Optional[Estimate], str]]) -> Tuple[Estimate, str]:
@@ -213,7 +216,9 @@ def decide(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Se
         why = "no source gave a figure: a whole GPU"
     whole_src = Source("whole-gpu", None, "not needed" if mem is not None else "the fallback: a whole GPU")
     sources = (Source("override", None, "no --coloc-mem / #COLOC mem="), probe_src, dir_src, hist_src, whole_src)
-    return Decision(mem, method, gpu, why, sources, tuple(warnings), timed_out and mem is None, answer)
+    flops = next((e.flops_per_step for e in (probed[0] if probed else None, directive[0] if directive else None)
+                  if e is not None and e.flops_per_step is not None), None)
+    return Decision(mem, method, gpu, why, sources, tuple(warnings), timed_out and mem is None, answer, flops)
 
 
 
@@ -226,6 +231,9 @@ def explain_lines(decision: Decision) -> List[str]:
         out.append(f"  {i}. {src.name:<10} {fig:>11}  {src.note}")
     chosen = f"{decision.method} {decision.mem_mib:,} MiB" if decision.mem_mib is not None else "a whole GPU"
     out.append(f"chosen: {chosen}: {decision.why}")
+    if decision.flops_per_step is not None:
+        out.append(f"compute: {decision.flops_per_step / 1e9:,.1f} GFLOP per training step (job comment "
+                   "flops_per_step, the placer's SM activity feature)")
     probe = decision.probe
     if probe is not None:
         out.append(f"probe: {probe.ran}{' (cached)' if probe.cached else f' in {probe.wall_s:.1f} s'}")

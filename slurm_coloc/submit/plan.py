@@ -20,7 +20,8 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 The job comment carries the coloc JSON within Slurm's 1024 characters (``comment.fit_comment``): when user
 text + JSON are longer, the script arguments go first where Slurm's own command line keeps them exactly (no
 argument empty or holding whitespace), then the model's kwargs (they stay in the script's ``#COLOC`` lines,
-which Slurm stores), then the spec, then the arguments anyway; ``Plan.comment_dropped`` says what went.
+which Slurm stores), then the spec, then the arguments anyway, then the GPU model and method, then
+``flops_per_step``; ``Plan.comment_dropped`` says what went.
 """
 from __future__ import annotations
 
@@ -310,6 +311,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                                "method": method, "gpu_model": model_name,
                                "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
+    if decision is not None and decision.flops_per_step is not None:
+        comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
     if cmd.script_args:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
     user_comment = cmd.last("comment")
@@ -357,6 +360,7 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
         steps.append(("the script arguments", _without("argv")))
     steps.append(("the GPU model and method", lambda d: {k: v for k, v in d.items()
                                                          if k not in ("gpu_model", "method")}))
+    steps.append(("the FLOP count", _without("flops_per_step")))
     return steps
 
 

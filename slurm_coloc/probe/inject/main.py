@@ -18,7 +18,9 @@ Then the result JSON is written and the process ends with ``os._exit(0)`` (no ``
 
 Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_reserved_b``,
 ``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``param_dtypes``,
-``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``,
+``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
+(FLOPs ``FlopCounterMode`` counted between the first two steps of the program's first optimizer, i.e. one
+training iteration, all ops of the process included; None when not counted: ``estimate.trace.make_flop_counter``),
 ``outside_writes`` (paths the program opened for writing outside the scratch directory),
 ``user_files`` (source files it imported from outside the Python installation).
 """
@@ -61,6 +63,8 @@ class _Probe:
         self.outside_writes: List[str] = []
         self.param_dtypes: Dict[str, int] = {}
         self.state: Any = None
+        self.flops: Any = None  # estimate.trace.make_flop_counter(), below the tracker
+        self.flop_totals: Dict[int, List[int]] = {}
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
@@ -106,11 +110,23 @@ class _Probe:
     # -- stopping ------------------------------------------------------------------------------
     def on_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         key = id(opt)
+        if self.flops is not None:
+            self.flop_totals.setdefault(key, []).append(int(self.flops.get_total_flops()))
         self.opt_steps[key] = self.opt_steps.get(key, 0) + 1
         self.opt_names.setdefault(key, type(opt).__name__)
         done = all(n >= self.steps_wanted for n in self.opt_steps.values())
         if done or max(self.opt_steps.values()) >= self.steps_wanted + 2:
             self.finish("ok", "")
+
+    def step_flops(self) -> Any:
+        """FLOPs between the first two steps of the first optimizer that stepped twice, or None."""
+        from slurm_coloc.estimate.trace import step_flops
+
+        for key in self.opt_steps:
+            totals = self.flop_totals.get(key, [])
+            if len(totals) >= 2:
+                return step_flops(totals[:2], self.flops)
+        return None
 
     def finish(self, status: str, reason: str) -> None:
         st = self.state
@@ -140,6 +156,7 @@ class _Probe:
             "autocast": list(st.autocast_dtypes) if st else [],
             "param_dtypes": self.param_dtypes, "depthwise_max_hw": dw,
             "conv_workspace_max_b": ws_max, "ops": ops, "assumed_values": assumed,
+            "flops_per_step": self.step_flops(),
             "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
             "user_files": _user_files(), "torch": _torch_version(),
         }
@@ -358,7 +375,7 @@ def main(request_path: str) -> None:
             make_sdpa_mode,
             patch_functional_sdpa,
         )
-        from slurm_coloc.estimate.trace import make_tracker
+        from slurm_coloc.estimate.trace import make_flop_counter, make_tracker
 
         try:
             ws = workspace.load()
@@ -369,6 +386,7 @@ def main(request_path: str) -> None:
         if ws is None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
+        probe.flops = make_flop_counter()
         st.fail = lambda reason: probe.finish("error", reason)
         step = "torch.cuda imitation"
         fakecuda.patch_cuda_api(torch, st)
@@ -392,6 +410,8 @@ def main(request_path: str) -> None:
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            if probe.flops is not None:  # below the tracker: it sees the ops the tracker passes on
+                stack.enter_context(probe.flops)
             stack.enter_context(tracker)
             stack.enter_context(fakecuda.make_gpu_tag_mode(torch, st))
             # the device mode lowest: calls the other modes make (sdpa's masks) pass through it
