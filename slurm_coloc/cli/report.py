@@ -10,6 +10,7 @@ from typing import Any, Callable, List, Optional
 
 import click
 
+from slurm_coloc.cli import version_option
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report import export, query, reader, views
@@ -23,7 +24,7 @@ class DefaultGroup(click.Group):
     """A group that runs ``jobs`` when the first argument is not a command (``coloc-report --json``)."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
             args = ["jobs", *args]
         return super().parse_args(ctx, args)
 
@@ -129,6 +130,7 @@ def _make_view(view: str) -> click.Command:
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-report")
 def cli() -> None:
     """Summarise slurm-coloc usage; the default view is ``jobs``.
 
