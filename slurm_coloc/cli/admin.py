@@ -9,9 +9,9 @@ from typing import Optional
 
 import click
 
-from slurm_coloc.cli import version_option
 from slurm_coloc import config as config_mod
 from slurm_coloc.admin.checks import run_all
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 

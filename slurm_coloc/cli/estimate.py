@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import click
 
 from slurm_coloc.cli import version_option
-from slurm_coloc.errors import ColocError, EstimateError
+from slurm_coloc.errors import ColocError, EstimateError, require
 
 EXAMPLES = """
 \b
@@ -80,7 +80,13 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
         history=list(history), no_cache=no_cache, as_json=as_json)
     from slurm_coloc.cli import estimate_server as server
 
-    use_server = server.wanted(no_server) and not _cache_hit(params)
+    cached = _cache_hit(params)
+    if not cached:
+        try:
+            require("torch")  # one line with the install hint, not a traceback from deep in the estimator
+        except ColocError as exc:
+            _fail(exc)
+    use_server = server.wanted(no_server) and not cached
     if use_server:
         res = server.request(params)
         if res is not None:

@@ -12,8 +12,8 @@ from typing import Optional
 
 import click
 
-from slurm_coloc.cli import version_option
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import click
 
-from slurm_coloc.cli import version_option
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks

@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
-from slurm_coloc.cli import version_option
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
 from slurm_coloc.slurm.sbatch_options import installed_options
 from slurm_coloc.submit.argv import CommandLine, split_command_line
 from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan, script_options
+from slurm_coloc.units import is_bare_number
 
 if TYPE_CHECKING:
     from slurm_coloc.probe.probe import ProbeResult
@@ -229,6 +230,10 @@ def cli(argv: Tuple[str, ...]) -> None:
     try:
         cmd = split_command_line(list(argv), installed_options(config_mod.load().slurm_bin_dir))
         plan, parsed, dry_run = plan_submission(list(argv))
+        if cmd.coloc_mem is not None and is_bare_number(cmd.coloc_mem):
+            click.echo(f"coloc-sbatch: note: --coloc-mem {cmd.coloc_mem.strip()} is read as "
+                       f"{cmd.coloc_mem.strip()} GiB (sbatch --mem {cmd.coloc_mem.strip()} would be MB); write "
+                       f"{cmd.coloc_mem.strip()}G to say so", err=True)
         report_decision(plan, parsed, cmd.explain)
         if dry_run:
             click.echo(plan.command_line(str(parsed.path) if parsed else None))

@@ -11,12 +11,13 @@ flag, as sbatch needs the script to exist). In ``#SBATCH`` lines, where no scrip
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import os
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from slurm_coloc.errors import DirectiveError
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
+
 
 @dataclass(frozen=True)
 class Option:

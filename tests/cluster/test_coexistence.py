@@ -39,7 +39,7 @@ def _show(cluster: Cluster, job: int) -> Dict[str, str]:
     admin = ""
     if " AdminComment=" in line:
         rest = line.split(" AdminComment=", 1)[1]
-        admin = rest.split(" Comment=", 1)[0] if " Comment=" in rest else rest.split(" StdErr=", 1)[0]
+        admin = (rest.split(" Comment=", 1)[0] if " Comment=" in rest else rest.split(" StdErr=", 1)[0]).strip()
     out = dict(w.split("=", 1) for w in line.split() if "=" in w)
     out["AdminComment"] = admin
     return out
