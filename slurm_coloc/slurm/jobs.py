@@ -124,7 +124,7 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     Equivalent: ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
     <script_path> <script_args>``. sbatch runs with a minimal environment so nothing of the caller's (a hook's
     ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
-    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (facts §6: ``--uid`` is for
+    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6: ``--uid`` is for
     root only).
 
     Raises:

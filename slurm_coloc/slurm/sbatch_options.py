@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, Mapping, Optional, Set, Tuple
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.run import run
@@ -113,7 +113,9 @@ def parse_sbatch_help(text: str, source: str = "sbatch --help") -> SbatchOptions
 
     A long option takes a value when it is printed ``--opt=v`` or ``--opt v``; ``--opt[=v]`` takes one only
     joined by ``=``. Raises nothing: text without options gives the built-in table."""
-    value, optional, flag = set(BUILTIN_22_05), set(), set()
+    value: Set[str] = set(BUILTIN_22_05)
+    optional: Set[str] = set()
+    flag: Set[str] = set()
     short_value, short_to_long = set(BUILTIN_SHORT_VALUE), dict(BUILTIN_SHORT_TO_LONG)
 
     def add(name: str, arg: Optional[str], short: Optional[str]) -> None:

@@ -4,7 +4,7 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 
 1. ``--exclusive-gpu`` or ``#COLOC share=exclusive`` -> a whole GPU: all shards of one GPU
    (``--gres=shard:<gpu_mem_gib>``). Slurm 22.05 gives one job's shards from ONE GPU, so no other shard job
-   fits beside it; ``--gres=gpu:1`` would not keep shard jobs off (facts §4).
+   fits beside it; ``--gres=gpu:1`` would not keep shard jobs off (docs/facts.md §4).
 2. An explicit ``--gres=shard:N`` is the user's own choice and is kept as is.
 3. More than one GPU per node (``--gres=gpu:N``, ``--gpus[-per-node]=N`` with N > 1, any ``--gpus-per-task`` /
    ``--gpus-per-socket``): the user's GPU options are passed on as given (the last of each option, the
