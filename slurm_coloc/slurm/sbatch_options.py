@@ -14,7 +14,8 @@ completed by:
 
 An option shown as ``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument), so a
 separate word after it is not its value. Options neither table knows (26.05's ``--segment``, ``--prefer``,
-``--extra`` are not in its help) are decided by ``SbatchOptions.takes_value`` callers (``submit/argv.py``).
+``--extra`` are not in its help) are decided where the table is applied (``submit/argv.py``: the word after such
+an option is its value unless it is an existing file, the script).
 """
 from __future__ import annotations
 
