@@ -422,3 +422,28 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
         except Exception:  # noqa: BLE001 - keep the default for this key
             continue
     return cfg
+
+
+def load_in_job_environment(environ: Mapping[str, str]) -> Config:
+    """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
+
+    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
+    would move the env file the TaskProlog reads: issue 31 N9), and ``COLOC_CONFIG`` only when it names a regular
+    file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+
+    Raises:
+        ConfigError: neither loads.
+    """
+    named = environ.get("COLOC_CONFIG")
+    if named:
+        try:
+            st = os.stat(named)
+            trusted = st.st_uid == 0 and not st.st_mode & 0o022 and Path(named).is_file()
+        except (OSError, ValueError):
+            trusted = False
+        if trusted:
+            try:
+                return load(named, environ={})
+            except ConfigError:
+                pass
+    return load(DEFAULT_CONFIG_PATH, environ={})
