@@ -61,8 +61,9 @@ def _reruns_of(fc: FaultCluster, jobs: List[int]) -> List[Dict]:
 DIALECTS = {
     "pbs-nice": ("#PBS -p -1000\n#PBS -N pbs-renamed\n", ["Nice=-1000"], ["Nice=0", "JobName=n1-attack"]),
     "bsub-exclusive-node": ("#BSUB -x\n#BSUB -m n2\n", ["OverSubscribe=NO", "ReqNodeList=n2"],
-                            ["OverSubscribe=OK", "ReqNodeList=(null)"]),
+                            ["ReqNodeList=(null)"]),
 }
+SHARING_KEYS = ("OverSubscribe=", "Exclusive=")  # the rerun shares its node as the original did
 
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
@@ -84,6 +85,9 @@ def test_pbs_and_bsub_directives_never_become_options_of_roots_rerun(fc: FaultCl
     try:
         shown = f" {' '.join(fc.c.scontrol('show', 'job', str(rerun['job_id'])).split())} "
         assert all(f" {w} " in shown for w in after), shown
+        orig = fc.c.scontrol("show", "job", str(job)).split()
+        assert [w for w in shown.split() if w.startswith(SHARING_KEYS)] == \
+            [w for w in orig if w.startswith(SHARING_KEYS)], (shown, orig)
         assert rerun["user_name"] == ATTACKER and rerun["tres_per_node"].endswith("shard:80")
     finally:
         fc.c.run(["scancel", str(rerun["job_id"])], user=None)
