@@ -59,7 +59,7 @@ def main() -> int:
             keep.append(torch.empty(128 * MIB, dtype=torch.uint8, device=dev))
             held += 128 * MIB
             step(5)
-            time.sleep(0.2)  # one training step
+            time.sleep(0.5)  # one training step: the sampler (0.5 s, 0.1 s near the grant) sees each
             say(ev="held", gib=round(held / GIB, 3))
     else:
         base_gib = 1.0 if a.pattern == "mid-peak" else 0.8
