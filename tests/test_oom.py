@@ -4,9 +4,9 @@ decision table, the rerun's sbatch options, the history the estimator reads, and
 from __future__ import annotations
 
 import json
-import re
 import os
 import pwd
+import re
 import shutil
 import tempfile
 from pathlib import Path

@@ -10,12 +10,17 @@ Patterns (each needs about ``--need-gib`` GiB, more than the grant, much less th
   mid-peak    1 GiB held while training; half-way, one step needs ``--need-gib`` - 1 GiB more for a moment.
   eval-peak   0.8 GiB held while training; the evaluation pass at the end needs ``--need-gib`` - 0.8 GiB more.
 On a whole GPU (the rerun) every pattern completes and prints ``{"ev": "done", "ok": true}``.
+
+``--cpu-check`` (the CPU check of the Slurm parts, fake GPUs, no torch): the job compares ``--need-gib`` with its
+``SLURM_SHARDS_ON_NODE`` GiB and prints PyTorch's message for the allocation that would fail, then exits 1, or
+prints ``done``. It checks the plumbing only (no CUDA, no MPS fence, no sampler evidence).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
 
 GIB = 1 << 30
@@ -33,9 +38,12 @@ def main() -> int:
     ap.add_argument("pattern", choices=("one-alloc", "gradual", "mid-peak", "eval-peak"))
     ap.add_argument("--need-gib", type=float, default=4.0)
     ap.add_argument("--train-s", type=float, default=6.0)
+    ap.add_argument("--cpu-check", action="store_true")
     a = ap.parse_args()
     say(ev="start", pattern=a.pattern, env={k: v for k, v in os.environ.items()
                                             if k.startswith(("CUDA_", "COLOC_", "SLURM_SHARDS"))})
+    if a.cpu_check:
+        return cpu_check(a)
     import torch
 
     dev = torch.device("cuda")
@@ -79,6 +87,19 @@ def main() -> int:
             time.sleep(0.05)
     say(ev="done", ok=True, max_reserved_gib=round(torch.cuda.max_memory_reserved() / GIB, 3))
     return 0
+
+
+def cpu_check(a: argparse.Namespace) -> int:
+    """The Slurm parts alone (module docstring): fail as PyTorch would under a grant of SLURM_SHARDS_ON_NODE GiB."""
+    have = float(os.environ.get("SLURM_SHARDS_ON_NODE") or 0)
+    if have >= a.need_gib:
+        say(ev="done", ok=True, max_reserved_gib=a.need_gib)
+        return 0
+    tried = {"one-alloc": a.need_gib, "gradual": 0.125, "mid-peak": a.need_gib - 1.0,
+             "eval-peak": a.need_gib - 0.8}[a.pattern]
+    print(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2f} GiB. GPU 0 has a total "
+          f"capacity of {have:.2f} GiB of which 0 bytes is free.", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

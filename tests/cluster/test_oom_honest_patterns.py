@@ -59,7 +59,7 @@ def patterns(slurm_cluster: Cluster) -> Dict[str, Dict]:
         t0 = max(float(rec.get("start_time") or 0), time.time() - 1) + 0.1
         write_pattern(c.node_db(rec["nodes"]), job["id"], PATTERNS[name][0], t0=t0)
         (flags / name).touch()
-    for name, job in jobs.items():
+    for job in jobs.values():
         job["final"] = c.wait_job(job["id"], timeout=120)
     time.sleep(2)  # the EpilogSlurmctld runs after the state flips
     return {"dir": work, "jobs": jobs}

@@ -15,6 +15,10 @@ the default budget is 3 per hour) and puts the file back after.
 Run on the device, root, with ``.carry`` carried (benchmarks/device/build_bundle.sh run here first):
 ``/opt/torch/.venv/bin/python3 -m pytest -s -o addopts= -m gpu tests/gpu/test_honest_rerun.py``
 (about 3 minutes on one H100: the four first runs share the GPU, the four reruns take it whole one after another).
+The Slurm parts alone, on a CPU host (fake GPUs; the jobs print PyTorch's message instead of using CUDA, so no
+sampler evidence: only the plumbing is checked): ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HONEST_CPU=1
+COLOC_BENCH_ROOT=/tmp/cbench COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o addopts=
+-m gpu tests/gpu/test_honest_rerun.py``
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEV = REPO / "benchmarks" / "device"
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 PY = os.environ.get("COLOC_BENCH_PYTHON", "/opt/torch/.venv/bin/python3")
+CPU = os.environ.get("COLOC_HONEST_CPU") == "1"
 PATTERNS = ("one-alloc", "gradual", "mid-peak", "eval-peak")
 USER = "colocuser"
 FINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"]
@@ -41,8 +46,8 @@ FINAL = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    if os.geteuid() != 0 or shutil.which("nvidia-smi") is None:
-        pytest.skip("needs root on a machine with an NVIDIA GPU")
+    if os.geteuid() != 0 or (shutil.which("nvidia-smi") is None and not CPU):
+        pytest.skip("needs root on a machine with an NVIDIA GPU (or COLOC_HONEST_CPU=1 with fake GPUs)")
     bundle = Path(os.environ.get("COLOC_BENCH_BUNDLE", REPO / ".carry" / "slurm-bundle.tar.gz"))
     if not bundle.exists():
         pytest.skip(f"no {bundle} (run benchmarks/device/build_bundle.sh and carry .carry)")
@@ -69,7 +74,9 @@ def _env(user: str) -> Dict[str, str]:
 
 def _submit(pattern: str) -> int:
     script = ROOT / "jobs" / f"honest-{pattern}.sh"
-    script.write_text(f"#!/bin/bash\nexec {PY} {ROOT}/src/benchmarks/device/honest_oom.py {pattern} --need-gib 4\n")
+    check = " --cpu-check" if CPU else ""  # in the script's text: the rerun (--export=NONE) runs the same
+    script.write_text(f"#!/bin/bash\nexec {PY} {ROOT}/src/benchmarks/device/honest_oom.py {pattern} --need-gib 4"
+                      f"{check}\n")
     script.chmod(0o755)
     argv = ["runuser", "-u", USER, "--", "env", *[f"{k}={v}" for k, v in _env(USER).items()],
             f"{ROOT}/bin/sbatch", "--parsable", "--gres=shard:2", "-J", f"honest-{pattern}", "-t", "10",
