@@ -424,6 +424,9 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
     return cfg
 
 
+MAX_JOB_ENV_CONFIG_BYTES = 1 << 20  # a root-owned log named as COLOC_CONFIG must not hold the TaskProlog up
+
+
 def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
 
@@ -438,7 +441,8 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     if named:
         try:
             st = os.stat(named)
-            trusted = st.st_uid == 0 and not st.st_mode & 0o022 and Path(named).is_file()
+            trusted = st.st_uid == 0 and not st.st_mode & 0o022 and Path(named).is_file() and \
+                st.st_size <= MAX_JOB_ENV_CONFIG_BYTES
         except (OSError, ValueError):
             trusted = False
         if trusted:

@@ -140,17 +140,23 @@ def test_each_het_component_gets_its_own_grants_env(fc: FaultCluster) -> None:
     assert ["G0", "mps", "0=1G"] in lines and ["G1", "mps", "0=2G"] in lines, lines
 
 
-def test_export_of_coloc_overrides_does_not_remove_the_taskprologs_exports(fc: FaultCluster) -> None:
-    """N9. Before: ``--export=ALL,COLOC_RUN_DIR=<dir>`` pointed the TaskProlog at an empty run directory: the
-    task had no ``COLOC_SHARE`` and kept the user's own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G``."""
+@pytest.mark.parametrize("how", ["coloc-keys", "pythonpath"])
+def test_exported_variables_do_not_remove_the_taskprologs_exports(fc: FaultCluster, how: str) -> None:
+    """N9. Before: ``--export=ALL,COLOC_RUN_DIR=<dir>`` pointed the TaskProlog at an empty run directory, and
+    ``PYTHONPATH=<dir holding a slurm_coloc package>`` replaced the TaskProlog's own code (found in this campaign):
+    either way the task had no ``COLOC_SHARE`` and kept the user's own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G``."""
     _with_fake_mps(fc)
     work = _workdir(fc, "n9", ATTACKER)
     own = work / "run"
     (own / "jobs").mkdir(parents=True)
-    shutil.chown(own, ATTACKER, ATTACKER)
+    (work / "py" / "slurm_coloc").mkdir(parents=True)
+    (work / "py" / "slurm_coloc" / "__init__.py").write_text("raise SystemExit(3)\n")
+    for p in (own, own / "jobs", work / "py", work / "py" / "slurm_coloc", work / "py" / "slurm_coloc" / "__init__.py"):
+        shutil.chown(p, ATTACKER, ATTACKER)
     text = "#!/bin/bash\nenv | grep -E '^(COLOC_SHARE|CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)=' | sort\n"
-    export = (f"--export=ALL,COLOC_RUN_DIR={own},COLOC_MPS_MODE=off,COLOC_STATE_DIR={own},"
-              "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G")
+    extra = {"coloc-keys": f"COLOC_RUN_DIR={own},COLOC_MPS_MODE=off,COLOC_STATE_DIR={own}",
+             "pythonpath": f"PYTHONPATH={work / 'py'},PYTHONSTARTUP={work / 'py' / 'slurm_coloc' / '__init__.py'}"}[how]
+    export = f"--export=ALL,{extra},CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G"
     job = _submit(fc, ATTACKER, work, text, "--gres=shard:2", "-w", "n1", export)
     assert _finish(fc, job)["job_state"] == "COMPLETED"
     env = dict(ln.split("=", 1) for ln in (work / f"o-{job}.out").read_text().splitlines() if "=" in ln)
