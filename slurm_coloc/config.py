@@ -435,7 +435,7 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
 
     Raises:
-        ConfigError: neither loads.
+        ConfigError: neither loads (the error of the named root-owned file where there is one).
     """
     named = environ.get("COLOC_CONFIG")
     if named:
@@ -448,6 +448,11 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
         if trusted:
             try:
                 return load(named, environ={})
-            except ConfigError:
-                pass
+            except ConfigError as exc:
+                if named == DEFAULT_CONFIG_PATH:
+                    raise
+                try:
+                    return load(DEFAULT_CONFIG_PATH, environ={})
+                except ConfigError:
+                    raise exc from None  # the admin's file is the one to fix
     return load(DEFAULT_CONFIG_PATH, environ={})

@@ -71,3 +71,16 @@ def test_taskprolog_config_named_by_the_user_is_not_used(tmp_path: Path) -> None
     os.chmod(loose, 0o666)
     with pytest.raises(ConfigError):
         config_mod.load_in_job_environment({"COLOC_CONFIG": str(loose)})
+
+
+def test_taskprolog_config_error_names_the_admins_file(tmp_path: Path) -> None:
+    """A root-owned COLOC_CONFIG that does not load is reported as itself when the default path does not load
+    either (the log names the file the admin must fix)."""
+    broken = tmp_path / "coloc.yaml"
+    broken.write_text("run_dir: [\n")
+    os.chmod(broken, 0o644)
+    if os.stat(broken).st_uid != 0:
+        pytest.skip("needs root to own the admin's file")
+    with pytest.raises(ConfigError) as err:
+        config_mod.load_in_job_environment({"COLOC_CONFIG": str(broken)})
+    assert str(broken) in str(err.value)
