@@ -20,6 +20,14 @@ export COLOC_SHIM_TIMEOUT_S COLOC_SHIM_RUN
 # --preserve-status: rc is coloc-hook's own (0 also when it caught the SIGTERM and recorded or left its pending
 # entry itself); 143 (SIGTERM before its handler), 137 (SIGKILL after -k 2) or another rc: it left nothing.
 if [ "$1" = task-prolog ]; then
+  # TaskProlog runs as the user in the job's own environment, which --export fills: no PYTHON* variable of it may
+  # steer the Python that prints the exports (PYTHONPATH=<dir with a slurm_coloc> removed them), nor the user's
+  # site-packages, LD_PRELOAD or LD_AUDIT. Variable names only ([A-Za-z0-9_]); a value's own lines unset nothing
+  # that exists.
+  for v in $(/usr/bin/env | /bin/sed -n 's/^\(PYTHON[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+  unset LD_PRELOAD LD_AUDIT
+  PYTHONNOUSERSITE=1
+  export PYTHONNOUSERSITE
   # TaskProlog: stdout carries `export NAME=value` lines to the task; keep it, drop stderr.
   /usr/bin/timeout --preserve-status -k 2 "$LIMIT" "$HOOK" "$1" </dev/null 2>/dev/null
 else

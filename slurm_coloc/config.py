@@ -431,3 +431,37 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
         except Exception:  # noqa: BLE001 - keep the default for this key
             continue
     return cfg
+
+
+MAX_JOB_ENV_CONFIG_BYTES = 1 << 20  # a root-owned log named as COLOC_CONFIG must not hold the TaskProlog up
+
+
+def load_in_job_environment(environ: Mapping[str, str]) -> Config:
+    """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
+
+    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
+    would move the env file the TaskProlog reads: issue 31 N9), and ``COLOC_CONFIG`` only when it names a regular
+    file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+
+    Raises:
+        ConfigError: neither loads (the error of the named root-owned file where there is one).
+    """
+    named = environ.get("COLOC_CONFIG")
+    if named:
+        try:
+            st = os.stat(named)
+            trusted = st.st_uid == 0 and not st.st_mode & 0o022 and Path(named).is_file() and \
+                st.st_size <= MAX_JOB_ENV_CONFIG_BYTES
+        except (OSError, ValueError):
+            trusted = False
+        if trusted:
+            try:
+                return load(named, environ={})
+            except ConfigError as exc:
+                if named == DEFAULT_CONFIG_PATH:
+                    raise
+                try:
+                    return load(DEFAULT_CONFIG_PATH, environ={})
+                except ConfigError:
+                    raise exc from None  # the admin's file is the one to fix
+    return load(DEFAULT_CONFIG_PATH, environ={})
