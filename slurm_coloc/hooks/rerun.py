@@ -2,7 +2,7 @@
 
 Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script Slurm
 stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard -> gpu
-(facts §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot give the job a
+(docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot give the job a
 whole GPU (docs/design.md says why, with what was tried).
 
 What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ... of
@@ -97,7 +97,7 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     and for an array task ``--array=<its task id>`` (that task alone). Fixed by root: ``--ignore-pbs``,
     ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or the job's leaks),
     ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards from
-    one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off: facts §4).
+    one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off: docs/facts.md §4).
     Nothing comes from the job's comment, script or environment.
     """
     gib = cfg.gpu_mem_gib
