@@ -75,19 +75,29 @@ def _is_cuda_device(torch: Any, d: Any) -> bool:
 
 
 def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
-    """A dispatch mode (entered above the tracker) that decides which op outputs are GPU memory."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """A dispatch mode (the highest) that sends GPU ops to the fake modes below it and runs the rest for real.
+
+    An op is a GPU op when ``state.force`` is True (a factory called with a CUDA device, a move to
+    the GPU) or, with ``force`` None, when any of its tensor arguments is a ``FakeTensor`` (every
+    fake tensor of the probe is GPU memory). A GPU op goes on down the mode stack (tracker, FLOP
+    counter, :func:`make_fake_gpu_mode`), so its outputs are fake and replayed as GPU memory. Any
+    other op (data loading, transforms, numpy interop, CPU RNG, ``.item()`` of CPU values) runs on
+    real CPU tensors with every mode below switched off, as in the job.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
     from torch.utils._pytree import tree_flatten
 
     class _GpuTag(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
+            gpu = state.force if state.force is not None else any(
+                isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0])
+            if not gpu:
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
             prev = state.cuda_op
-            if state.force is not None:
-                state.cuda_op = state.force
-            else:
-                state.cuda_op = any(isinstance(a, torch.Tensor) and state.on_gpu(a)
-                                    for a in tree_flatten((args, kwargs))[0])
+            state.cuda_op = True
             state.dispatch_depth += 1
             try:
                 return func(*args, **kwargs)
@@ -103,6 +113,22 @@ def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
 
     state.tracker.track = track  # instance attribute: the tracker calls self.track
     return _GpuTag()
+
+
+def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
+    """The lowest dispatch mode: runs each op it gets (only GPU ops reach it) in ``fake_mode``.
+
+    ``fake_mode`` is a ``FakeTensorMode(allow_non_fake_inputs=True)`` that is never entered: real
+    CPU inputs of a GPU op (a batch moved to the GPU, a CPU scalar tensor) become fake tensors of
+    the same shape, dtype and values' absence, so only GPU memory and kernels are simulated.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _FakeGpu(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return fake_mode.__torch_dispatch__(func, types, args, kwargs or {})
+
+    return _FakeGpu()
 
 
 def _zeros_list(shape: Any, floating: bool) -> Any:
@@ -137,11 +163,13 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
             state.force = None
 
     def to_host(t: Any, dtype: Any = None) -> Any:
-        if not state.on_gpu(t):
+        if not state.on_gpu(t) and not has_no_data(torch, t):
             return t if dtype is None or dtype == t.dtype else t.to(dtype)
+        # a GPU tensor read back to the host: real CPU zeros of its shape (the probe has no values)
+        state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
         state.force = False
         try:
-            return torch.ops.aten._to_copy.default(t, dtype=dtype or t.dtype)
+            return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
         finally:
             state.force = None
 
@@ -288,46 +316,117 @@ def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def patch_cuda_api(torch: Any, state: ProbeState) -> None:
-    """Make ``torch.cuda`` describe one idle H100 whose memory statistics are the replay's."""
+def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """``impl`` behind ``real``'s signature: arguments are checked as ``real`` checks them.
+
+    The stand-in binds its arguments to ``inspect.signature(real)`` first, so a call the real
+    function accepts (``device=`` keywords, defaults) is accepted and one it refuses raises the same
+    ``TypeError``; ``functools.wraps`` gives it ``real``'s name, docstring and signature. Each call
+    makes a new function object (``torch._dynamo`` refuses one object under two names).
+    """
+    import functools
+    import inspect
+
+    try:
+        sig: Optional[inspect.Signature] = inspect.signature(real)
+    except (TypeError, ValueError):
+        sig = None
+
+    def f(*args: Any, **kwargs: Any) -> Any:
+        if sig is not None:
+            sig.bind(*args, **kwargs)
+        return impl(*args, **kwargs)
+
+    if callable(real):
+        with contextlib.suppress(Exception):
+            functools.update_wrapper(f, real)
+    return f
+
+
+def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
+    """The ``torch.cuda`` names the fake device stands in for, with their stand-in implementations.
+
+    Implementations take any arguments; :func:`patch_cuda_api` puts each behind the real function's
+    signature (:func:`signed_like`). Classes (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
+    """
     alloc = state.tracker.alloc
-    cuda = torch.cuda
     props = types.SimpleNamespace(
         name=H100_NAME, total_memory=H100_TOTAL_B, major=9, minor=0, multi_processor_count=132,
         is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 << 20, warp_size=32,
-        max_threads_per_multi_processor=2048, gcnArchName="", uuid="probe")
-    table: Dict[str, Any] = {
-        "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
-        "is_initialized": lambda: True, "init": noop, "_lazy_init": noop, "set_device": noop,
-        "get_device_name": lambda *a: H100_NAME, "get_device_properties": lambda *a: props,
-        "get_device_capability": lambda *a: (9, 0), "is_bf16_supported": lambda *a, **k: True,
-        "get_arch_list": lambda: ["sm_90"], "synchronize": noop, "empty_cache": noop,
+        max_threads_per_multi_processor=2048, gcnArchName="", uuid="probe", pci_bus_id=0, pci_device_id=0,
+        pci_domain_id=0, regs_per_multiprocessor=65536, shared_memory_per_block=49152,
+        shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
+
+    def stats(*a: Any, **k: Any) -> Dict[str, Any]:
+        return {"allocated_bytes.all.current": alloc.allocated_b, "allocated_bytes.all.peak": alloc.peak_allocated_b,
+                "reserved_bytes.all.current": alloc.reserved_b, "reserved_bytes.all.peak": alloc.peak_reserved_b,
+                "active_bytes.all.current": alloc.allocated_b, "active_bytes.all.peak": alloc.peak_allocated_b,
+                "num_alloc_retries": 0, "num_ooms": 0}
+
+    return {
+        "is_available": lambda *a, **k: True, "device_count": lambda *a, **k: 1,
+        "current_device": lambda *a, **k: 0, "is_initialized": lambda *a, **k: True, "init": noop,
+        "_lazy_init": noop, "set_device": noop,
+        "get_device_name": lambda *a, **k: H100_NAME, "get_device_properties": lambda *a, **k: props,
+        "get_device_capability": lambda *a, **k: (9, 0), "is_bf16_supported": lambda *a, **k: True,
+        "is_tf32_supported": lambda *a, **k: True,
+        "get_arch_list": lambda *a, **k: ["sm_90"], "synchronize": noop, "empty_cache": noop,
         "ipc_collect": noop, "manual_seed": noop, "manual_seed_all": noop, "seed": noop,
-        "seed_all": noop, "set_per_process_memory_fraction": noop,
-        "memory_allocated": lambda *a: alloc.allocated_b,
-        "max_memory_allocated": lambda *a: alloc.peak_allocated_b,
-        "memory_reserved": lambda *a: alloc.reserved_b,
-        "max_memory_reserved": lambda *a: alloc.peak_reserved_b,
-        "memory_cached": lambda *a: alloc.reserved_b,
-        "reset_peak_memory_stats": noop, "reset_max_memory_allocated": noop,
+        "seed_all": noop, "initial_seed": lambda *a, **k: 0, "set_per_process_memory_fraction": noop,
+        "get_per_process_memory_fraction": lambda *a, **k: 1.0,
+        "memory_allocated": lambda *a, **k: alloc.allocated_b,
+        "max_memory_allocated": lambda *a, **k: alloc.peak_allocated_b,
+        "memory_reserved": lambda *a, **k: alloc.reserved_b,
+        "max_memory_reserved": lambda *a, **k: alloc.peak_reserved_b,
+        "memory_cached": lambda *a, **k: alloc.reserved_b,
+        "max_memory_cached": lambda *a, **k: alloc.peak_reserved_b,
+        "reset_peak_memory_stats": noop, "reset_max_memory_allocated": noop, "reset_max_memory_cached": noop,
         "reset_accumulated_memory_stats": noop,
-        "mem_get_info": lambda *a: (H100_TOTAL_B - alloc.reserved_b, H100_TOTAL_B),
-        "memory_summary": lambda *a, **k: "", "utilization": lambda *a: 0,
-        "memory_stats": lambda *a: {"allocated_bytes.all.current": alloc.allocated_b,
-                                    "allocated_bytes.all.peak": alloc.peak_allocated_b,
-                                    "reserved_bytes.all.current": alloc.reserved_b,
-                                    "reserved_bytes.all.peak": alloc.peak_reserved_b},
-        "Stream": _Dummy, "Event": _Dummy, "CUDAGraph": _Dummy,
-        "current_stream": lambda *a: _Dummy(), "default_stream": lambda *a: _Dummy(),
-        "stream": lambda *a: contextlib.nullcontext(), "device": lambda *a: contextlib.nullcontext(),
-        "device_of": lambda *a: contextlib.nullcontext(),
-        "is_current_stream_capturing": lambda: False, "can_device_access_peer": lambda *a: False,
-        "get_rng_state": lambda *a: torch.get_rng_state(), "set_rng_state": noop,
-        "get_rng_state_all": lambda: [torch.get_rng_state()], "set_rng_state_all": noop,
+        "mem_get_info": lambda *a, **k: (H100_TOTAL_B - alloc.reserved_b, H100_TOTAL_B),
+        "memory_summary": lambda *a, **k: "", "memory_snapshot": lambda *a, **k: [],
+        "memory_stats": stats, "memory_stats_as_nested_dict": lambda *a, **k: {},
+        "utilization": lambda *a, **k: 0, "memory_usage": lambda *a, **k: 0, "temperature": lambda *a, **k: 0,
+        "power_draw": lambda *a, **k: 0, "clock_rate": lambda *a, **k: 0,
+        "Stream": _Dummy, "Event": _Dummy, "CUDAGraph": _Dummy, "ExternalStream": _Dummy,
+        "current_stream": lambda *a, **k: _Dummy(), "default_stream": lambda *a, **k: _Dummy(),
+        "set_stream": noop, "stream": lambda *a, **k: contextlib.nullcontext(),
+        "device": _DeviceContext, "device_of": _DeviceContext,
+        "is_current_stream_capturing": lambda *a, **k: False, "can_device_access_peer": lambda *a, **k: False,
+        "get_rng_state": lambda *a, **k: torch.get_rng_state(), "set_rng_state": noop,
+        "get_rng_state_all": lambda *a, **k: [torch.get_rng_state()], "set_rng_state_all": noop,
+        "get_gencode_flags": lambda *a, **k: "-gencode compute=compute_90,code=sm_90",
+        "get_sync_debug_mode": lambda *a, **k: 0, "set_sync_debug_mode": noop,
     }
-    for name, value in table.items():
-        # one function object per name: torch._dynamo's rule map refuses one object under two names
-        setattr(cuda, name, _fresh(value) if value is noop else value)
+
+
+class _DeviceContext:
+    """``torch.cuda.device(d)`` / ``device_of(t)``: a context manager that changes nothing (one GPU)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.idx = 0
+
+    def __enter__(self) -> "_DeviceContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def patch_cuda_api(torch: Any, state: ProbeState) -> None:
+    """Make ``torch.cuda`` describe one idle H100 whose memory statistics are the replay's.
+
+    Every name of :func:`cuda_api_table` that this torch has is replaced by a stand-in with the real
+    function's signature (:func:`signed_like`); names this torch lacks are added as they are.
+    """
+    cuda = torch.cuda
+    for name, value in cuda_api_table(torch, state).items():
+        real = getattr(cuda, name, None)
+        if isinstance(value, type):
+            setattr(cuda, name, value)
+        elif real is not None and callable(real) and not isinstance(real, type):
+            setattr(cuda, name, signed_like(real, value))
+        else:
+            setattr(cuda, name, _fresh(value))
     real_generator = torch.Generator
 
     class Generator(real_generator):  # type: ignore[misc, valid-type]
@@ -342,18 +441,23 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
         graphs.is_current_stream_capturing = cuda.is_current_stream_capturing
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # torch >= 2.6: optimizers ask it whether a CUDA graph is being captured
-        for name, value in (("current_stream", lambda *a: _Dummy()), ("current_device_index", lambda: 0),
-                            ("current_device_idx", lambda: 0), ("device_count", lambda: 1),
-                            ("is_available", lambda: True), ("synchronize", _fresh(noop)),
-                            ("set_device_index", _fresh(noop)), ("set_device_idx", _fresh(noop)),
+        for name, value in (("current_stream", lambda *a, **k: _Dummy()), ("current_device_index", lambda *a: 0),
+                            ("current_device_idx", lambda *a: 0), ("device_count", lambda *a: 1),
+                            ("is_available", lambda *a, **k: True), ("synchronize", noop),
+                            ("set_device_index", noop), ("set_device_idx", noop), ("set_stream", noop),
                             ("current_accelerator", lambda *a, **k: torch.device("cuda"))):
-            if hasattr(acc, name):
-                setattr(acc, name, value)
+            real = getattr(acc, name, None)
+            if real is not None:
+                setattr(acc, name, signed_like(real, value))
     mem = getattr(cuda, "memory", None)
     if mem is not None:
         for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                     "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats"):
-            setattr(mem, name, getattr(cuda, name))
+                     "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats",
+                     "memory_summary", "memory_snapshot", "set_per_process_memory_fraction",
+                     "reset_max_memory_allocated", "reset_accumulated_memory_stats", "memory_cached",
+                     "max_memory_cached", "memory_stats_as_nested_dict", "get_per_process_memory_fraction"):
+            if hasattr(mem, name):
+                setattr(mem, name, getattr(cuda, name))
 
 
 def patch_fake_tensor(torch: Any, state: ProbeState) -> None:

@@ -37,7 +37,7 @@ import sysconfig
 import traceback
 from typing import Any, Dict, List
 
-from slurm_coloc.probe.inject import fakecuda, frameworks
+from slurm_coloc.probe.inject import evalpass, fakecuda, frameworks
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -65,6 +65,8 @@ class _Probe:
         self.state: Any = None
         self.flops: Any = None  # estimate.trace.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
+        self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
+        self.finishing = False
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
@@ -130,6 +132,12 @@ class _Probe:
 
     def finish(self, status: str, reason: str) -> None:
         st = self.state
+        if status == "ok" and self.evals is not None and st is not None and not self.finishing:
+            self.finishing = True
+            self.evals.replay_eval_batches(st.note)
+            skipped = self.evals.summary_note()
+            if skipped:
+                st.note(skipped)
         alloc = st.tracker.alloc if st is not None else None
         dw = 0
         ws_max = 0
@@ -160,6 +168,9 @@ class _Probe:
             "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
             "user_files": _user_files(), "torch": _torch_version(),
         }
+        if getattr(self, "profile", None):
+            self.profile[0].disable()
+            self.profile[0].dump_stats(self.profile[1])
         tmp = self.req["result"] + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(out, fh)
@@ -224,7 +235,7 @@ class _Probe:
         torch.Tensor.__format__ = tensor_format
 
         def pre(mod: Any, inp: Any) -> None:
-            if probe.depth == 0:
+            if probe.depth == 0 and _has_params(mod):
                 probe.forwards += 1
             probe.depth += 1
 
@@ -234,6 +245,16 @@ class _Probe:
         mm = torch.nn.modules.module
         mm.register_module_forward_pre_hook(pre)
         mm.register_module_forward_hook(post)
+        evals = probe.evals = evalpass.EvalPasses(torch, st.on_gpu)
+        orig_call = torch.nn.Module.__call__
+
+        def module_call(mod: Any, *a: Any, **k: Any) -> Any:
+            # top-level calls of modules with parameters: evaluation repeats skipped (evalpass.py)
+            if probe.depth == 0 and _has_params(mod):
+                return evals.call(orig_call, mod, a, k)
+            return orig_call(mod, *a, **k)
+
+        torch.nn.Module.__call__ = module_call
 
         def compile_eager(model: Any = None, *a: Any, **k: Any) -> Any:
             st.note("torch.compile: traced eagerly (compiled steps held 0.82-1.07x the eager peak reserved "
@@ -259,6 +280,8 @@ class _Probe:
             k.pop("prefetch_factor", None)
             k.pop("multiprocessing_context", None)
             orig_dl_init(loader, *a, **k)
+            if isinstance(getattr(loader, "batch_size", None), int):
+                evals.loader_batches.append(int(loader.batch_size))
 
         dl.__init__ = dl_init
         _patch_distributed(torch, st)
@@ -303,6 +326,36 @@ def _patch_distributed(torch: Any, st: Any) -> None:
         import torch.nn.parallel.distributed as pd
 
         pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+
+
+def _count_flops_after_first_step(probe: _Probe) -> None:
+    """The FLOP counter passes ops through untouched until an optimizer has stepped once.
+
+    ``flops_per_step`` is the count between an optimizer's first two steps (``_Probe.step_flops``); what
+    runs before the first step (imports, evaluation loops, the first iteration) need not be counted, and
+    the counter's per-op work is a large part of the probe's time.
+    """
+    counter = probe.flops
+    if counter is None:
+        return
+    import torch.utils.flop_counter as fc
+
+    # newer torch: FlopCounterMode pushes a private _FlopCounterMode; older: it is the dispatch mode itself
+    cls = getattr(fc, "_FlopCounterMode", None) or type(counter)
+    counting = getattr(cls, "__torch_dispatch__", None)
+    if counting is None:
+        return
+
+    def gated(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not probe.opt_steps or max(probe.opt_steps.values()) < 1:
+            return func(*args, **(kwargs or {}))
+        return counting(self, func, types, args, kwargs)
+
+    cls.__torch_dispatch__ = gated
+
+
+def _has_params(mod: Any) -> bool:
+    return any(True for _ in mod.parameters())
 
 
 def _torch_version() -> str:
@@ -351,6 +404,12 @@ def main(request_path: str) -> None:
         req = json.load(fh)
     probe = _Probe(req)
     sys.addaudithook(probe.audit)
+    if os.environ.get("COLOC_PROBE_PROFILE"):  # developers: a cProfile of the child, written at finish
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        probe.profile = (prof, os.environ["COLOC_PROBE_PROFILE"])
     if float(req.get("timeout_s", 0)) > 3:
         import faulthandler
 
@@ -366,6 +425,10 @@ def main(request_path: str) -> None:
                          f"{'.'.join(map(str, MIN_TORCH))} (FakeTensorMode, optimizer step hooks)")
         step = "FakeTensorMode"
         from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        if os.environ.get("COLOC_PROBE_FAKE_CACHE") == "0":
+            fake_mode.cache_enabled = False
 
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
@@ -387,6 +450,7 @@ def main(request_path: str) -> None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
         probe.flops = make_flop_counter()
+        _count_flops_after_first_step(probe)
         st.fail = lambda reason: probe.finish("error", reason)
         step = "torch.cuda imitation"
         fakecuda.patch_cuda_api(torch, st)
@@ -409,7 +473,8 @@ def main(request_path: str) -> None:
     status, reason = "no-step", "the program ended before its first optimizer step"
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            # the lowest mode: GPU ops (only those pass the tag mode above) run on fake tensors
+            stack.enter_context(fakecuda.make_fake_gpu_mode(torch, fake_mode))
             if probe.flops is not None:  # below the tracker: it sees the ops the tracker passes on
                 stack.enter_context(probe.flops)
             stack.enter_context(tracker)
