@@ -37,7 +37,7 @@ class ProbeState:
     Attributes:
         tracker: the allocation tracker of ``estimate.trace.make_tracker`` (its ``alloc`` is the
             caching-allocator model).
-        force: None (decide by the op's inputs), True (the op makes GPU tensors), False (host).
+        gpu: the :class:`GpuOps` that runs GPU ops on fake tensors (set by ``main.py``).
         cuda_op: whether the op being dispatched makes GPU tensors.
         autocast_dtypes: dtype names of the CUDA autocast regions entered.
         notes: things the probe changed or assumed, one short line each.
@@ -46,7 +46,7 @@ class ProbeState:
 
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
-        self.force: Optional[bool] = None
+        self.gpu: Any = None
         self.cuda_op = False
         self.dispatch_depth = 0
         self.autocast_dtypes: List[str] = []
@@ -75,32 +75,21 @@ def _is_cuda_device(torch: Any, d: Any) -> bool:
 
 
 def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
-    """A dispatch mode (the highest) that sends GPU ops to the fake modes below it and runs the rest for real.
+    """The highest of the GPU dispatch modes (:class:`GpuOps`): the op being dispatched makes GPU memory.
 
-    An op is a GPU op when ``state.force`` is True (a factory called with a CUDA device, a move to
-    the GPU) or, with ``force`` None, when any of its tensor arguments is a ``FakeTensor`` (every
-    fake tensor of the probe is GPU memory). A GPU op goes on down the mode stack (tracker, FLOP
-    counter, :func:`make_fake_gpu_mode`), so its outputs are fake and replayed as GPU memory. Any
-    other op (data loading, transforms, numpy interop, CPU RNG, ``.item()`` of CPU values) runs on
-    real CPU tensors with every mode below switched off, as in the job.
+    While it runs an op, ``state.cuda_op`` is True, so the tracker below replays the op's new
+    storages as GPU memory, and ``state.dispatch_depth`` counts the nesting (``FakeTensor.device``
+    reports the real fake device inside).
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-    from torch.utils._pytree import tree_flatten
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class _GpuTag(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
-            gpu = state.force if state.force is not None else any(
-                isinstance(a, FakeTensor) for a in tree_flatten((args, kwargs))[0])
-            if not gpu:
-                with _disable_current_modes():
-                    return func(*args, **kwargs)
             prev = state.cuda_op
             state.cuda_op = True
             state.dispatch_depth += 1
             try:
-                return func(*args, **kwargs)
+                return func(*args, **(kwargs or {}))
             finally:
                 state.cuda_op = prev
                 state.dispatch_depth -= 1
@@ -113,6 +102,59 @@ def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
 
     state.tracker.track = track  # instance attribute: the tracker calls self.track
     return _GpuTag()
+
+
+class GpuOps:
+    """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
+
+    Only GPU work is simulated. The dispatch modes (``modes``, lowest first: the fake-tensor mode of
+    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker, :func:`make_gpu_tag_mode`)
+    are not entered for the whole program: they are pushed around one op at a time, when
+
+    * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s
+      own ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is
+      wrapped by :meth:`install`;
+    * the device mode runs a factory with a CUDA device or a move to the GPU (:meth:`run`).
+
+    Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python
+    dispatch, so they cost what they cost in the job.
+    """
+
+    def __init__(self, torch: Any, modes: List[Any]) -> None:
+        self.torch = torch
+        self.modes = modes
+        self.depth = 0
+
+    def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
+        """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
+        if self.depth:
+            return func(*args, **(kwargs or {}))
+        self.depth += 1
+        entered = []
+        try:
+            for m in self.modes:
+                m.__enter__()
+                entered.append(m)
+            return func(*args, **(kwargs or {}))
+        finally:
+            for m in reversed(entered):
+                m.__exit__(None, None, None)
+            self.depth -= 1
+
+    def install(self) -> None:
+        """Route ops with fake arguments through :meth:`run` (``FakeTensor.__torch_dispatch__`` wrapped)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        orig = FakeTensor.__dict__["__torch_dispatch__"].__func__
+        prim_device = self.torch.ops.prim.device.default
+        gpu = self
+
+        def __torch_dispatch__(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if gpu.depth or func is prim_device:
+                return orig(cls, func, types, args, kwargs if kwargs is not None else {})
+            return gpu.run(func, args, kwargs)
+
+        FakeTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)  # type: ignore[method-assign, assignment]
 
 
 def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
@@ -156,22 +198,14 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
         kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
         if memory_format is not None:
             kw["memory_format"] = memory_format
-        state.force = True
-        try:
-            return torch.ops.aten._to_copy.default(t, **kw)
-        finally:
-            state.force = None
+        return state.gpu.run(torch.ops.aten._to_copy.default, (t,), kw)
 
     def to_host(t: Any, dtype: Any = None) -> Any:
         if not state.on_gpu(t) and not has_no_data(torch, t):
             return t if dtype is None or dtype == t.dtype else t.to(dtype)
         # a GPU tensor read back to the host: real CPU zeros of its shape (the probe has no values)
         state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
-        state.force = False
-        try:
-            return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
-        finally:
-            state.force = None
+        return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
 
     def tensor_to(t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
         device = kwargs.get("device")
@@ -208,6 +242,8 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
                 return args[0] if func is T.pin_memory else None
             if func is T.is_pinned:
                 return False
+            if func is T.share_memory_ and state.on_gpu(args[0]):
+                return args[0]  # CUDA tensors: a no-op (torch docs: Tensor.share_memory_)
             if func is T.numpy and has_no_data(torch, args[0]):
                 import numpy
 
@@ -232,14 +268,51 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
             dev = kwargs.get("device")
             if dev is not None and _is_cuda_device(torch, dev):
                 kwargs["device"] = cpu
-                state.force = True
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    state.force = None
+                return state.gpu.run(func, args, kwargs)
             return func(*args, **kwargs)
 
     return _Device()
+
+
+def make_host_fast_mode(torch: Any) -> Any:
+    """The highest of the probe's function modes: host calls skip the modes below it.
+
+    A call is a host call when no argument is a ``FakeTensor`` (GPU memory in the probe), no
+    ``device=`` keyword names CUDA, and the function is none of those the device mode changes for
+    host tensors too (moves, ``.type``, pinning, ``.numpy``, copies). It runs with torch-function
+    handling off, so data loading and CPU preprocessing cost what they cost in the job, not a pass
+    through four Python modes per op; the dispatch modes still see it (``make_gpu_tag_mode`` runs
+    it on the CPU kernel at once).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+
+    T = torch.Tensor
+    special = {T.to, T.cuda, T.cpu, T.type, T.pin_memory, T.record_stream, T.is_pinned, T.numpy,
+               T.__deepcopy__, T.share_memory_, T.new_empty, T.new_zeros, T.new_ones, T.new_full,
+               T.new_tensor, torch.nn.functional.scaled_dot_product_attention}
+    for name in ("_to_copy", "to_dense"):
+        f = getattr(T, name, None)
+        if f is not None:
+            special.add(f)
+
+    def any_fake(xs: Any) -> bool:
+        for x in xs:
+            if isinstance(x, FakeTensor):
+                return True
+            if isinstance(x, (list, tuple)) and x and any_fake(x):
+                return True
+        return False
+
+    class _HostFast(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func in special or "device" in kwargs or any_fake(args) or any_fake(kwargs.values()):
+                return func(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
+
+    return _HostFast()
 
 
 def cpu_autocast_dtypes(torch: Any) -> List[str]:
@@ -483,6 +556,14 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
         return d
 
     FakeTensor.device = property(device)  # type: ignore[assignment]
+    real_is_cuda = FakeTensor.is_cuda
+
+    def is_cuda(self: Any) -> bool:
+        if state.dispatch_depth == 0 and state.on_gpu(self):
+            return True
+        return bool(real_is_cuda.__get__(self))
+
+    FakeTensor.is_cuda = property(is_cuda)  # type: ignore[assignment]
 
     def tolist(self: Any) -> Any:
         state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")

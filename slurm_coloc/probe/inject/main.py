@@ -66,6 +66,7 @@ class _Probe:
         self.flops: Any = None  # estimate.trace.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
         self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
+        self.flops_mode: Any = None  # the FLOP counter's dispatch mode (_count_flops_after_first_step)
         self.finishing = False
 
     # -- what the program writes -----------------------------------------------------------
@@ -329,21 +330,22 @@ def _patch_distributed(torch: Any, st: Any) -> None:
 
 
 def _count_flops_after_first_step(probe: _Probe) -> None:
-    """The FLOP counter passes ops through untouched until an optimizer has stepped once.
+    """Set ``probe.flops_mode``: the FLOP counter's dispatch mode, passing ops through until a first step.
 
     ``flops_per_step`` is the count between an optimizer's first two steps (``_Probe.step_flops``); what
     runs before the first step (imports, evaluation loops, the first iteration) need not be counted, and
-    the counter's per-op work is a large part of the probe's time.
+    the counter's per-op work is a large part of the probe's time. A torch whose ``FlopCounterMode`` is
+    itself the dispatch mode (no ``_FlopCounterMode``; its ``__enter__`` clears the counts) counts nothing.
     """
     counter = probe.flops
     if counter is None:
         return
     import torch.utils.flop_counter as fc
 
-    # newer torch: FlopCounterMode pushes a private _FlopCounterMode; older: it is the dispatch mode itself
-    cls = getattr(fc, "_FlopCounterMode", None) or type(counter)
+    cls = getattr(fc, "_FlopCounterMode", None)
     counting = getattr(cls, "__torch_dispatch__", None)
-    if counting is None:
+    if cls is None or counting is None:
+        probe.flops = None
         return
 
     def gated(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -352,6 +354,7 @@ def _count_flops_after_first_step(probe: _Probe) -> None:
         return counting(self, func, types, args, kwargs)
 
     cls.__torch_dispatch__ = gated
+    probe.flops_mode = cls(counter)
 
 
 def _has_params(mod: Any) -> bool:
@@ -473,18 +476,20 @@ def main(request_path: str) -> None:
     status, reason = "no-step", "the program ended before its first optimizer step"
     try:
         with contextlib.ExitStack() as stack:
-            # the lowest mode: GPU ops (only those pass the tag mode above) run on fake tensors
-            stack.enter_context(fakecuda.make_fake_gpu_mode(torch, fake_mode))
-            if probe.flops is not None:  # below the tracker: it sees the ops the tracker passes on
-                stack.enter_context(probe.flops)
-            stack.enter_context(tracker)
-            stack.enter_context(fakecuda.make_gpu_tag_mode(torch, st))
-            # the device mode lowest: calls the other modes make (sdpa's masks) pass through it
+            # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
+            # fake tensors, the FLOP counter (it sees the ops the tracker passes on), the tracker, the tag
+            gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
+            if probe.flops is not None:
+                gpu_modes.append(probe.flops_mode)
+            gpu_modes += [tracker, fakecuda.make_gpu_tag_mode(torch, st)]
+            st.gpu = fakecuda.GpuOps(torch, gpu_modes)
+            st.gpu.install()
             stack.enter_context(fakecuda.make_device_mode(torch, st))
             stack.enter_context(make_cuda_fp32_mode(torch))
             stack.enter_context(make_cuda_dropout_mode(torch, st.on_gpu))
             stack.enter_context(make_sdpa_mode(torch))
             stack.enter_context(patch_functional_sdpa(torch))
+            stack.enter_context(fakecuda.make_host_fast_mode(torch))  # the highest: host calls skip the rest
             if req["mode"] == "file":
                 runpy.run_path(req["target"], run_name="__main__")
             else:
