@@ -3,7 +3,8 @@
 Issue 29's upstream failures, each as a small program of the same pattern: torchvision's RandomResizedCrop
 reading ``torch.empty(1).uniform_(...).item()`` (pytorch/examples imagenet), numpy interop on CPU tensors
 (examples/train_digits.py via scikit-learn), an evaluation loop of many no-grad batches before the first
-optimizer step (nanoGPT's ``estimate_loss``: 2 x 200 batches), and an evaluation loader with a larger batch (mnist's test pass).
+optimizer step (nanoGPT's ``estimate_loss``: 2 x 200 batches), and an evaluation loader with a larger
+batch (mnist's test pass).
 """
 from __future__ import annotations
 
