@@ -134,3 +134,29 @@ def test_the_projects_own_example_is_probed_without_directives(tmp_path, monkeyp
     r = probe_script(str(script), submit_dir=str(tmp_path), use_cache=False, keep_log=True)
     assert r.estimate is not None, (r.reason, r.log_text[-2000:])
     assert "Adam" in r.ran
+
+
+MODULE_TO_KWARGS = """
+    import sys
+    import torch, torch.nn as nn
+    model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(4)])
+    if sys.argv[1] == "kw":
+        model.to(device=torch.device("cuda"), dtype=None)   # timm's train.py
+    else:
+        model.to("cuda")
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        loss = model(torch.randn(8, 4096).to(device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_module_to_with_device_keyword_moves_the_parameters(tmp_path):
+    kw = probe(tmp_path, "modto", MODULE_TO_KWARGS, "kw")
+    pos = probe(tmp_path, "modto", MODULE_TO_KWARGS, "pos")
+    assert kw.estimate is not None and pos.estimate is not None, (kw.reason, kw.log_text[-2000:])
+    # 4 x 64 MiB of parameters, their gradients and Adam's two states: >= 1 GiB on the GPU
+    assert kw.detail["peak_allocated_b"] >= 1024 * MIB
+    assert kw.detail["peak_reserved_b"] == pos.detail["peak_reserved_b"]

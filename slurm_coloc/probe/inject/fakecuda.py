@@ -191,6 +191,7 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
     cpu = torch.device("cpu")
     T = torch.Tensor
     dev_get, is_cuda_get = T.device.__get__, T.is_cuda.__get__
+    parse_to = torch._C._nn._parse_to  # Module.to(device=...) parses its arguments: not a factory
 
     def to_gpu(t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
         if state.on_gpu(t) and (dtype is None or dtype == t.dtype):
@@ -266,7 +267,7 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
                     return out
                 return func(*args, **kwargs)
             dev = kwargs.get("device")
-            if dev is not None and _is_cuda_device(torch, dev):
+            if dev is not None and func is not parse_to and _is_cuda_device(torch, dev):
                 kwargs["device"] = cpu
                 return state.gpu.run(func, args, kwargs)
             return func(*args, **kwargs)
