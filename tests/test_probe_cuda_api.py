@@ -16,10 +16,10 @@ CHILD = textwrap.dedent("""
     import torch
     real = {n: getattr(torch.cuda, n) for n in dir(torch.cuda)}
     from slurm_coloc.estimate.trace import make_tracker
-    from slurm_coloc.probe.inject import fakecuda
+    from slurm_coloc.probe.inject import cudaapi, fakecuda
     st = fakecuda.ProbeState(make_tracker(torch))
-    names = list(fakecuda.cuda_api_table(torch, st))
-    fakecuda.patch_cuda_api(torch, st)
+    names = list(cudaapi.cuda_api_table(torch, st))
+    cudaapi.patch_cuda_api(torch, st)
     EXAMPLES = {"device": 0, "seed": 0, "fraction": 0.5, "new_state": torch.get_rng_state(),
                 "new_states": [torch.get_rng_state()], "stream": None, "obj": None, "mode": 0,
                 "peer_device": 0, "debug_mode": 0, "abbreviated": False}

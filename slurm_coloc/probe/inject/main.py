@@ -5,10 +5,10 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
     {"mode": "file"|"module", "target": "train.py"|"pkg.mod", "args": [...],
      "result": "/scratch/result.json", "steps": 2, "scratch": "/scratch", "program_dir": "/home/u/proj"}
 
-The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, under
-``FakeTensorMode`` and the estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS
-workspaces, cuDNN workspace table, ``cudamodes`` SDPA kernel choice and CUDA float32 list), with
-the device imitated by ``fakecuda.py``. It stops when every optimizer it created has run
+The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, with the
+GPU imitated by ``fakecuda.py`` (host tensors real, GPU tensors fake) and its GPU ops replayed by the
+estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
+``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s. It stops when every optimizer it created has run
 ``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
 steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps; a
 program that has created no ``torch.optim`` optimizer (parameters updated by hand, as
@@ -37,7 +37,8 @@ import sysconfig
 import traceback
 from typing import Any, Dict, List
 
-from slurm_coloc.probe.inject import evalpass, fakecuda, frameworks
+from slurm_coloc.probe.inject import cudaapi, evalpass, fakecuda, frameworks
+from slurm_coloc.probe.inject.distributed import patch_distributed
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -68,6 +69,7 @@ class _Probe:
         self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
         self.flops_mode: Any = None  # the FLOP counter's dispatch mode (_count_flops_after_first_step)
         self.finishing = False
+        self.profile: Any = None  # (cProfile.Profile, path) with COLOC_PROBE_PROFILE
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
@@ -169,7 +171,7 @@ class _Probe:
             "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
             "user_files": _user_files(), "torch": _torch_version(),
         }
-        if getattr(self, "profile", None):
+        if self.profile is not None:
             self.profile[0].disable()
             self.profile[0].dump_stats(self.profile[1])
         tmp = self.req["result"] + ".tmp"
@@ -285,48 +287,8 @@ class _Probe:
                 evals.loader_batches.append(int(loader.batch_size))
 
         dl.__init__ = dl_init
-        _patch_distributed(torch, st)
+        patch_distributed(torch, st)
         frameworks.install(st.note)
-
-
-def _patch_distributed(torch: Any, st: Any) -> None:
-    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module."""
-    try:
-        import torch.distributed as dist
-        import torch.nn.parallel as par
-    except ImportError:  # pragma: no cover - builds without distributed
-        return
-    if not dist.is_available():
-        return
-    orig = dist.init_process_group
-
-    def init_process_group(*a: Any, **k: Any) -> None:
-        st.note("torch.distributed: one-process gloo group")
-        if dist.is_initialized():
-            return
-        orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-    dist.init_process_group = init_process_group
-
-    class OneProcessDDP(torch.nn.Module):
-        """DistributedDataParallel with one process: its module (gradient buckets not replayed)."""
-
-        def __init__(self, module: Any, *a: Any, **k: Any) -> None:
-            super().__init__()
-            self.module = module
-            st.note("DistributedDataParallel with one process: traced as its module")
-
-        def forward(self, *a: Any, **k: Any) -> Any:
-            return self.module(*a, **k)
-
-        def no_sync(self) -> Any:
-            return contextlib.nullcontext()
-
-    par.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
-    with contextlib.suppress(Exception):
-        import torch.nn.parallel.distributed as pd
-
-        pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
 
 
 def _count_flops_after_first_step(probe: _Probe) -> None:
@@ -430,8 +392,6 @@ def main(request_path: str) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        if os.environ.get("COLOC_PROBE_FAKE_CACHE") == "0":
-            fake_mode.cache_enabled = False
 
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
@@ -456,9 +416,9 @@ def main(request_path: str) -> None:
         _count_flops_after_first_step(probe)
         st.fail = lambda reason: probe.finish("error", reason)
         step = "torch.cuda imitation"
-        fakecuda.patch_cuda_api(torch, st)
+        cudaapi.patch_cuda_api(torch, st)
         step = "autocast imitation"
-        fakecuda.patch_autocast(torch, st)
+        cudaapi.patch_autocast(torch, st)
         step = "FakeTensor adaptation"
         fakecuda.patch_fake_tensor(torch, st)
         step = "optimizer/DataLoader hooks"
