@@ -8,7 +8,8 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
 The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, with the
 GPU imitated by ``fakecuda.py`` (host tensors real, GPU tensors fake) and its GPU ops replayed by the
 estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
-``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s. It stops when every optimizer it created has run
+``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s.
+It stops when every optimizer it created has run
 ``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
 steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps; a
 program that has created no ``torch.optim`` optimizer (parameters updated by hand, as
