@@ -15,6 +15,7 @@ namespaces and removes the directories: nothing is left behind. Needs root, ``ip
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -155,3 +156,33 @@ def _ip(*args: str) -> None:
     out = subprocess.run(["ip", *args], text=True, capture_output=True)
     if out.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+def built_deb() -> Path:
+    """``$COLOC_DEB`` if set, else scripts/build_deb.sh's package of this tree, built once per tree state into
+    ``/tmp/coloc-deb-<hash>`` (the hash of HEAD and of the uncommitted changes)."""
+    if os.environ.get("COLOC_DEB"):
+        return Path(os.environ["COLOC_DEB"])
+    repo = Path(__file__).resolve().parents[1]
+    state = subprocess.run(["sh", "-c", "git rev-parse HEAD; git status --porcelain; git diff HEAD"], cwd=repo,
+                           capture_output=True, text=True).stdout
+    out = Path(f"/tmp/coloc-deb-{hashlib.sha256(state.encode()).hexdigest()[:12]}")
+    found = sorted(out.glob("slurm-coloc_*.deb"))
+    if found:
+        return found[-1]
+    proc = subprocess.run([str(repo / "scripts" / "build_deb.sh"), str(out)], capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"build_deb.sh failed: {proc.stderr.strip()[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def unit_exec(text: str) -> Dict[str, str]:
+    """``{"ExecStart": ..., "Environment": "K=V ..."}`` of a systemd unit's text (the keys tests run by hand: there
+    is no systemd in CI)."""
+    out: Dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("ExecStart", "Environment"):
+            out[key] = (out.get(key, "") + " " + value).strip()
+    return out

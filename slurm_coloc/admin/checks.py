@@ -324,12 +324,15 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
 
 
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU, metrics."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, munge, directories, binaries, GPU,
+    metrics."""
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
         results += check_plugstack(conf, slurm_conf.parent)
         results += check_hooks(conf)
+    from slurm_coloc.admin.munge import check_munge  # imports this module
+    results += check_munge(conf)
     results += check_dirs(cfg)
     results += check_slurm_binaries(cfg)
     results += check_gpu(cfg, no_gpu)
