@@ -38,8 +38,10 @@ VENV=/usr/lib/slurm-coloc/venv
 # 1. The product in a venv at its final path under the staging root, then made to live at /usr/lib/...
 "$PY" -m venv "$ROOT$VENV"
 log=$STAGE/pip.log
-{ "$ROOT$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "$REPO[gpu]" &&
-  "$ROOT$VENV/bin/pip" wheel -q --no-deps -w "$OUT" "$REPO"; } >"$log" 2>&1 || { tail -20 "$log" >&2; die "pip failed"; }
+{ "$ROOT$VENV/bin/pip" wheel -q --no-deps --disable-pip-version-check -w "$STAGE/whl" "$REPO" &&
+  "$ROOT$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "$(ls "$STAGE"/whl/*.whl)[gpu]"; } \
+  >"$log" 2>&1 || { tail -20 "$log" >&2; die "pip failed"; }
+cp "$STAGE"/whl/*.whl "$OUT/"
 "$ROOT$VENV/bin/python3" -c 'import slurm_coloc, click, rich, yaml, sqlite_utils, prometheus_client, pynvml' ||
   die "the venv is incomplete"
 # 2. Man pages from the CLI (before the paths are rewritten: the venv still runs from the staging root).
