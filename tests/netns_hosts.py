@@ -114,8 +114,8 @@ echo up > {hdir}/ready
 exec chroot {r} /usr/bin/python3 -c {shlex.quote(REAPER)}
 """
         # nsenter, not ``ip netns exec``: the latter remounts /sys without the cgroup mounts slurmd needs
-        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--uts", "--ipc", "--pid",
-                                 "--fork", "--propagation", "private", "/bin/sh", "-c", init],
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--uts", "--ipc",
+                                 "--pid", "--fork", "--propagation", "private", "/bin/sh", "-c", init],
                                 stdout=subprocess.DEVNULL, stderr=open(hdir / "init.log", "w"))
         host = Host(name, addr, hdir, netns, proc=proc)
         self.hosts[name] = host

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import List, Optional
 
-from slurm_coloc.admin.checks import Check, fail, ok
+from slurm_coloc.admin.result import Check, fail, ok
 from slurm_coloc.admin.slurmconf import SlurmConf
 
 KEY = Path("/etc/munge/munge.key")
