@@ -62,6 +62,9 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     for unit in (*UNITS, "coloc-placer-fallback.timer"):
         assert f"/lib/systemd/system/{unit}" in files
     assert "prolog.sh" in files and "epilog_slurmctld.sh" in files and "task_prolog.sh" in files
+    # systemd's own checker (offline: no systemd runs here) finds nothing wrong with the units as installed
+    verify = host.run("systemd-analyze verify --man=no /lib/systemd/system/coloc-* 2>&1", check=False)
+    assert verify.returncode == 0 and "coloc" not in verify.stdout, verify.stdout
     assert host.run("dpkg-query -W -f='${Conffiles}' slurm-coloc").stdout.split()[0] == "/etc/slurm-coloc/coloc.yaml"
     # the product runs from the package's venv over Debian's python3, without torch (a site's choice)
     where = host.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc, sys; print(slurm_coloc.__file__,"
