@@ -33,9 +33,13 @@ VERSION_TESTS=(
 "$VENV/bin/mypy" "$REPO/slurm_coloc"
 # The Debian package, built once: tests/test_deb_package.py and tests/cluster/test_multihost.py install it on
 # namespace hosts (COLOC_DEB; without it they build their own).
-COLOC_DEB=$("$REPO/scripts/build_deb.sh" "$REPO/dist" | tail -1)
-export COLOC_DEB
 rc=0
+if deb=$("$REPO/scripts/build_deb.sh" "$REPO/dist"); then
+  export COLOC_DEB=${deb##*$'\n'}
+else
+  echo "test.sh: scripts/build_deb.sh failed" >&2
+  rc=1
+fi
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1
 for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
   echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"
