@@ -185,6 +185,8 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
     assert "NodeAddr=10.201.0.11" in site["ctl"].run("scontrol show node n1").stdout
     assert "backup: /etc/slurm/slurm.conf.coloc-backup-" in site.enable_out  # type: ignore[attr-defined]
     assert "Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh" in site["n2"].run("cat /etc/slurm/slurm.conf").stdout
+    # the packaged SPANK plugin, enabled by coloc-admin enable, is loaded by sbatch
+    assert "--coloc-mem" in site["ctl"].run("sbatch --help").stdout
 
 
 def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
