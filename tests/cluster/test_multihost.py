@@ -132,14 +132,18 @@ def site(deb_package: Path) -> Iterator[Hosts]:
         for h in hosts.hosts.values():  # what the daemons said, for the failure report
             print(f"== {h.name}\n" + h.run("tail -n 20 /var/log/slurm/*.log /var/log/munge/munged.log 2>&1; "
                                              "cat /var/log/*.service.log 2>/dev/null", check=False).stdout)
-        hosts.stop()
+        _teardown(hosts, base)
         raise
     try:
         yield hosts
     finally:
-        hosts.stop()
-        if os.environ.get("COLOC_TEST_KEEP") != "1":
-            shutil.rmtree(base, ignore_errors=True)
+        _teardown(hosts, base)
+
+
+def _teardown(hosts: Hosts, base: Path) -> None:
+    hosts.stop()
+    if os.environ.get("COLOC_TEST_KEEP") != "1":
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _job(ctl: Host, job_id: int) -> Dict[str, str]:
