@@ -189,6 +189,9 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
     assert "NodeAddr=10.201.0.11" in site["ctl"].run("scontrol show node n1").stdout
     assert "backup: /etc/slurm/slurm.conf.coloc-backup-" in site.enable_out  # type: ignore[attr-defined]
     assert "Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh" in site["n2"].run("cat /etc/slurm/slurm.conf").stdout
+    # step 9 of the production install: the node passes coloc-admin check (no NVML here: --no-gpu)
+    check = site["n1"].run("coloc-admin check --no-gpu", check=False)
+    assert check.returncode == 0, check.stdout
     # the packaged SPANK plugin, enabled by coloc-admin enable, is loaded by sbatch
     assert "--coloc-mem" in site["ctl"].run("sbatch --help").stdout
 
