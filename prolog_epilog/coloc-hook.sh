@@ -3,7 +3,9 @@
 # Runs `coloc-hook <hook-name>` bounded in time; never fails the node or the job (a failing Prolog/Epilog
 # drains the node: docs/facts.md §5). Python-side errors are logged by coloc-hook
 # itself to <log_dir>/hooks.log; this shim only notes crashes and timeouts through logger.
-HOOK=${COLOC_HOOK:-/usr/local/bin/coloc-hook}
+# coloc-hook: $COLOC_HOOK, else the Debian package's /usr/bin/coloc-hook, else a manual install's /usr/local/bin.
+HOOK=${COLOC_HOOK:-/usr/bin/coloc-hook}
+[ -n "${COLOC_HOOK:-}" ] || [ -x "$HOOK" ] || HOOK=/usr/local/bin/coloc-hook
 LIMIT=${COLOC_HOOK_TIMEOUT_S:-30}
 # Where a run that could not record leaves its environment (slurm_coloc/hooks/pending.py; same default there):
 # the next hook run builds its rows from it. Not read from coloc.yaml (no YAML here): set per cluster if needed.

@@ -387,8 +387,14 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
         env_value = env.get(f"COLOC_{name.upper()}")
         if env_value is not None:
             values[name] = env_value
-    typed = {k: _coerce_field(known[k], v) for k, v in values.items()}
-    return _validate(dataclasses.replace(Config(), **typed))
+    try:
+        typed = {k: _coerce_field(known[k], v) for k, v in values.items()}
+        return _validate(dataclasses.replace(Config(), **typed))
+    except ConfigError as exc:  # name the file, unless the bad key came from the environment
+        key = exc.message.split("'")[1] if exc.message.startswith("config key '") else ""
+        if not present or (key and env.get(f"COLOC_{key.upper()}") is not None):
+            raise
+        raise ConfigError(f"config file {str(file_path)!r}: {exc.message}", hint=exc.hint) from None
 
 
 def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from slurm_coloc.admin import versioncheck
+from slurm_coloc.admin.munge import check_munge
+from slurm_coloc.admin.result import Check, fail, ok
 from slurm_coloc.admin.slurmconf import (
     SlurmConf,
     expand_hostlist,
@@ -28,31 +29,6 @@ from slurm_coloc.slurm.version import slurm_version
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
 SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what to
-    do (empty when passing)."""
-
-    name: str
-    status: str
-    what: str
-    fix: str = ""
-
-    def to_json(self) -> Dict[str, str]:
-        """JSON-able dict."""
-        return asdict(self)
-
-
-def ok(name: str, what: str) -> Check:
-    """A passing check."""
-    return Check(name, "pass", what)
-
-
-def fail(name: str, what: str, fix: str) -> Check:
-    """A failing check with its fix."""
-    return Check(name, "fail", what, fix)
 
 
 def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
@@ -343,12 +319,14 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
 
 
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU, metrics."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, munge, directories, binaries, GPU,
+    metrics."""
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
         results += check_plugstack(conf, slurm_conf.parent)
         results += check_hooks(conf)
+    results += check_munge(conf)
     results += check_dirs(cfg)
     results += check_slurm_binaries(cfg)
     results += check_gpu(cfg, no_gpu)

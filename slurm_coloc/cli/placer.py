@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -18,10 +19,13 @@ from slurm_coloc.errors import ColocError
 
 
 def _cfg() -> config_mod.Config:
+    """The config; on a config error one line on stderr and exit 2 (the units' RestartPreventExitStatus=2: a
+    unit started before its config exists says so once instead of restarting every few seconds)."""
     try:
         return config_mod.load()
     except ColocError as exc:
-        raise click.ClickException(exc.one_line()) from None
+        click.echo(f"coloc-placer: error: {exc.one_line()}", err=True)
+        sys.exit(2)
 
 
 def _logging(cfg: config_mod.Config, to_file: bool) -> None:
@@ -29,7 +33,7 @@ def _logging(cfg: config_mod.Config, to_file: bool) -> None:
     if to_file:
         try:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(Path(cfg.log_dir) / "placer.log")
+            handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / "placer.log")
         except OSError:
             pass
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-placer[%(process)d] %(message)s"))

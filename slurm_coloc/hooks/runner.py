@@ -94,7 +94,7 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
     try:
         if create_dir:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(Path(cfg.log_dir) / "hooks.log")
+        handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / "hooks.log")
     except OSError:
         try:
             handler = logging.handlers.SysLogHandler(address="/dev/log")
