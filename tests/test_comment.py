@@ -157,3 +157,15 @@ def test_placer_history_is_per_user(tmp_path: Path) -> None:
     theirs, source = intensity.demand({"spec": SPEC}, history, cal, uid=2002)
     assert source == "history" and theirs.smact == pytest.approx(0.99) and theirs != own
     assert Activity(0.99, 0.9, 0.9) == theirs
+
+
+@pytest.mark.parametrize("flops, kept", [(10 ** 300, None), (-5, None), (True, None), (10 ** 12, 10 ** 12)])
+def test_the_probes_flop_count_enters_the_comment_only_within_its_range(flops, kept) -> None:
+    """Fourth campaign: a program under the probe wrote its own result file with ``flops_per_step`` 10^300; the
+    count went into the job comment, which then broke every reader (before the typed comment: the placer's round,
+    and ``--explain``'s GFLOP line raised OverflowError). Out of range it is dropped at the source."""
+    from slurm_coloc.probe.probe import estimate_from_result
+
+    est = estimate_from_result({"status": "ok", "peak_allocated_b": 10 ** 9, "peak_reserved_b": 10 ** 9,
+                                "flops_per_step": flops})
+    assert est.flops_per_step == kept and est.mem_mib > 0
