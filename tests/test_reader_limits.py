@@ -34,6 +34,8 @@ def server(monkeypatch) -> Iterator[reader.ReaderServer]:
     def answer(request: Any, uid: int) -> Dict[str, Any]:
         if request.get("op") == "big":
             return {"ok": True, "blob": "x" * (8 << 20)}
+        if request.get("op") == "slow":  # an expensive report (each reads every database)
+            time.sleep(3)
         return {"ok": True, "uid": uid}
 
     srv = reader.ReaderServer(str(path), answer)
@@ -177,3 +179,29 @@ def test_a_client_that_never_reads_its_answer_is_dropped_at_the_send_deadline(se
 def test_a_normal_request_is_answered(server: reader.ReaderServer) -> None:
     reply = reader.ask(Path(server.server_address), {"op": "x"}, timeout_s=5)
     assert reply == {"ok": True, "uid": os.geteuid()}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runuser: a second uid)")
+def test_one_uids_expensive_requests_do_not_take_every_answer_slot(server: reader.ReaderServer) -> None:
+    """Fourth campaign: four slow reports of one user took all ``MAX_CONCURRENT`` slots and every other user's
+    request waited behind them; one uid now holds at most ``MAX_ANSWERS_PER_UID``."""
+    slow = [threading.Thread(target=reader.ask, args=(Path(server.server_address), {"op": "slow"}, 20))
+            for _ in range(reader.MAX_CONCURRENT)]
+    for t in slow:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert _ask_as("colocuser", server.server_address) == {"ok": True, "uid": 2001}
+    assert time.monotonic() - t0 < 2.5  # before: after the first slow answers (3 s)
+    for t in slow:
+        t.join(20)
+
+
+def test_a_deeply_nested_request_is_one_line_of_error_and_the_service_goes_on(server: reader.ReaderServer) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(server.server_address)
+    s.sendall(b"[" * 60000 + b"\n")
+    reply = json.loads(_recv_all(s))
+    s.close()
+    assert reply["ok"] is False and reply["exit_code"] == 2 and "not one line of JSON" in reply["error"]
+    assert reader.ask(Path(server.server_address), {"op": "x"}, timeout_s=5)["ok"] is True
