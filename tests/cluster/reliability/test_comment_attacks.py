@@ -93,3 +93,19 @@ def test_a_forged_rerun_tag_changes_nothing_of_the_job_it_names(fc: FaultCluster
     keys = ("user_name", "uid", "job_name", "shards_req", "estimate_mib", "estimate_method", "coloc_json", "state",
             "exit_code")  # settling may still turn state_source from inferred to slurm: that is the victim's own
     assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+
+
+def test_nothing_can_be_planted_where_root_writes_the_heartbeat_and_listens(fc: FaultCluster) -> None:
+    """Fourth campaign: root writes ``<run_dir>/placer.json`` through ``placer.json.<pid>.tmp`` and serves
+    ``<run_dir>/report.sock``; a user who could create entries there could point root's write at any file (a
+    symlink) or answer other users' coloc-report (a socket of their own). The directory is root's: refused."""
+    run_dir = fc.run_dir
+    assert run_dir.is_dir()
+    for name in ("placer.json.4242.tmp", "placer.json", "evil.sock"):
+        if not (run_dir / name).exists():
+            out = fc.c.run(["ln", "-s", "/etc/shadow", str(run_dir / name)], user=ATTACKER)
+            assert out.returncode != 0 and "Permission denied" in out.stderr, out
+    code = ("import os,socket,sys\ntry: os.unlink(sys.argv[1] + '/report.sock')\nexcept FileNotFoundError: pass\n"
+            "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1] + '/report.sock')")
+    out = fc.c.run(["python3", "-c", code, str(run_dir)], user=ATTACKER)
+    assert out.returncode != 0 and "Permission denied" in out.stderr, out
