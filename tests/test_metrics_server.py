@@ -102,3 +102,37 @@ def test_a_scrape_still_works_and_a_bad_request_changes_nothing(endpoint: int) -
     odd = urllib.request.urlopen(f"http://127.0.0.1:{endpoint}/metrics?name[]=" + "%FF" * 10, timeout=5).read()
     assert odd == b""  # a filter naming no metric: an empty answer, no error
     assert b"coloc_sampler" in _scrape(endpoint)
+
+
+def test_clients_that_reset_mid_request_leave_no_traceback(endpoint: int, capfd) -> None:
+    """Fourth campaign: prometheus_client's server printed a 15-line traceback to the sampler's stderr for each
+    client that reset its connection mid-request (3 resets, 3 tracebacks): any local user could fill the log."""
+    import struct
+
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", endpoint))
+        s.sendall(b"GET /metr")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    time.sleep(1)
+    assert "Traceback" not in capfd.readouterr().err
+    assert b"coloc_sampler" in _scrape(endpoint)
+
+
+def test_a_scrape_flood_costs_one_collection_per_ttl() -> None:
+    """C5: each scrape ran the collectors; now 200 requests within the TTL make one collection, per query."""
+    calls = []
+
+    def app(environ, start_response):
+        calls.append(environ.get("QUERY_STRING"))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"m 1\n"]
+
+    cached = metrics_server.CachedApp(app)
+    got = []
+    for q in ["", "name[]=a"] * 100:
+        got.append(b"".join(cached({"PATH_INFO": "/metrics", "QUERY_STRING": q}, lambda s, h: None)))
+    assert calls == ["", "name[]=a"] and set(got) == {b"m 1\n"}
+    time.sleep(metrics_server.ANSWER_TTL_S + 0.1)
+    cached({"PATH_INFO": "/metrics", "QUERY_STRING": ""}, lambda s, h: None)
+    assert len(calls) == 3

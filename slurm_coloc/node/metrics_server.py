@@ -6,7 +6,10 @@ threads, so no client may make it hold unbounded threads or connections (any loc
 connections held 500 threads in the sampler (docs/reliability.md, fourth campaign). Here at most
 ``MAX_CONNECTIONS`` are served at once; a connection over the cap gets one ``503`` line at once and is closed in the
 accepting thread; every connection is shut down ``CONNECTION_DEADLINE_S`` after its accept, whatever it sends
-(a client that drips bytes is not kept alive by them). Stdlib only (``wsgiref``); the WSGI app is the caller's.
+(a client that drips bytes is not kept alive by them). Answers are computed one at a time and reused for
+``ANSWER_TTL_S`` (per query string and ``Accept`` header, at most ``MAX_CACHED`` of them), so a scrape flood costs
+the sampler one collection per second, not one per request. Stdlib only (``wsgiref``); the WSGI app is the
+caller's.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 log = logging.getLogger("slurm_coloc.sampler")
@@ -23,6 +26,8 @@ log = logging.getLogger("slurm_coloc.sampler")
 MAX_CONNECTIONS = 16  # a scrape takes milliseconds; Prometheus keeps one connection per target
 CONNECTION_DEADLINE_S = 10.0
 READ_TIMEOUT_S = 5.0
+ANSWER_TTL_S = 1.0  # Prometheus scrapes every 15-60 s; samples change every sampler interval (>= 0.5 s)
+MAX_CACHED = 8
 BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -89,8 +94,40 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
                 pass
 
 
+class CachedApp:
+    """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` (module docstring)."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+        self.cache: Dict[Tuple[str, str, str], Tuple[float, str, List[Tuple[str, str]], bytes]] = {}
+
+    def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> List[bytes]:
+        key = (str(environ.get("PATH_INFO", "")), str(environ.get("QUERY_STRING", "")),
+               str(environ.get("HTTP_ACCEPT", "")))
+        with self.lock:
+            now = time.monotonic()
+            hit = self.cache.get(key)
+            if hit is None or now - hit[0] > ANSWER_TTL_S:
+                got: Dict[str, Any] = {}
+
+                def keep(status: str, headers: List[Tuple[str, str]], exc_info: Any = None) -> Callable[..., Any]:
+                    got["status"], got["headers"] = status, list(headers)
+                    return lambda data: None
+
+                body = b"".join(self.app(environ, keep))
+                hit = (now, got["status"], got["headers"], body)
+                if len(self.cache) >= MAX_CACHED:
+                    self.cache = {k: v for k, v in self.cache.items() if now - v[0] <= ANSWER_TTL_S}
+                if len(self.cache) < MAX_CACHED:
+                    self.cache[key] = hit
+        start_response(hit[1], hit[2])
+        return [hit[3]]
+
+
 def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGIServer, threading.Thread]:
-    """Serve ``app`` on ``addr:port`` in a daemon thread (IPv4 or IPv6 as ``addr`` resolves).
+    """Serve ``app`` (through ``CachedApp``) on ``addr:port`` in a daemon thread (IPv4 or IPv6 as ``addr``
+    resolves).
 
     Raises:
         OSError: the address cannot be bound (in use, not local).
@@ -100,7 +137,7 @@ def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGISer
     class _Server(BoundedWSGIServer):
         address_family = family
 
-    httpd = make_server(str(sockaddr[0]), port, app, _Server, handler_class=_QuietHandler)
+    httpd = make_server(str(sockaddr[0]), port, CachedApp(app), _Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
                               name="coloc-exporter-http", daemon=True)
     thread.start()
