@@ -109,3 +109,32 @@ def test_nothing_can_be_planted_where_root_writes_the_heartbeat_and_listens(fc: 
             "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1] + '/report.sock')")
     out = fc.c.run(["python3", "-c", code, str(run_dir)], user=ATTACKER)
     assert out.returncode != 0 and "Permission denied" in out.stderr, out
+
+
+def test_each_component_of_a_heterogeneous_job_is_attributed_to_its_own_job_id(fc: FaultCluster) -> None:
+    """N4/N6 family: a heterogeneous job's steps on both components, real slurmstepd processes (this cluster tracks
+    processes without cgroups: ``proctrack/linuxproc``). Each step's process counts against its component's job id
+    (the leader's for group 0, the next for group 1), as each component's node Prolog records it."""
+    from slurm_coloc.node.attribution import JobAttributor
+
+    work = _dir(fc, VICTIM)
+    body = ("srun --het-group=0 bash -c 'echo $$ > g0.pid; exec sleep 40' &\n"
+            "srun --het-group=1 bash -c 'echo $$ > g1.pid; exec sleep 40' &\nwait\n")
+    script = work / "het.sh"
+    script.write_text("#!/bin/bash\n" + body)
+    shutil.chown(script, VICTIM, VICTIM)
+    out = fc.c.run(["sbatch", "--parsable", "-t", "2", "-o", "o-%j.out", "-w", "n1", "-n1", ":", "-w", "n2", "-n1",
+                    str(script)], user=VICTIM, cwd=work)
+    assert out.returncode == 0, out.stderr
+    leader = int(out.stdout.strip().split(";")[0])
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not ((work / "g0.pid").exists() and (work / "g1.pid").exists()):
+            time.sleep(0.3)
+        pids = [int((work / f"g{g}.pid").read_text()) for g in (0, 1)]
+        ids = {j["job_id"] for j in fc.c.squeue() if j.get("het_job_id") == leader} or {leader, leader + 1}
+        attr = JobAttributor(job_uid=lambda j: 2001 if j in ids else None)
+        got = [attr.job_of(p) for p in pids]
+        assert got[0] == leader and got[1] in ids and got[1] != leader, (got, ids)
+    finally:
+        fc.c.run(["scancel", str(leader)], user=None)
