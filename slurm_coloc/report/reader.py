@@ -127,7 +127,19 @@ class ReaderServer(socketserver.UnixStreamServer):
                 log.warning("refused a connection of uid %d: %d held (at most %d, %d per uid); %d refused so far",
                             uid, self.active, MAX_CONNECTIONS, MAX_PER_UID, self.refused)
             return
-        threading.Thread(target=self._serve_one, args=(request, client_address, uid), daemon=True).start()
+        try:
+            threading.Thread(target=self._serve_one, args=(request, client_address, uid), daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: the connection is not served, its count given back
+            log.warning("cannot serve a client: %s", exc)
+            self._release(uid)
+            self.shutdown_request(request)
+
+    def _release(self, uid: int) -> None:
+        with self.lock:
+            self.active -= 1
+            self.per_uid[uid] -= 1
+            if not self.per_uid[uid]:
+                del self.per_uid[uid]
 
     def _serve_one(self, request: Any, client_address: Any, uid: int) -> None:
         try:
@@ -136,11 +148,7 @@ class ReaderServer(socketserver.UnixStreamServer):
             log.exception("error while serving a client")
         finally:
             self.shutdown_request(request)
-            with self.lock:
-                self.active -= 1
-                self.per_uid[uid] -= 1
-                if not self.per_uid[uid]:
-                    del self.per_uid[uid]
+            self._release(uid)
 
     def answer_slot(self, uid: int) -> threading.BoundedSemaphore:
         """The semaphore bounding ``uid``'s answers computed at once (``MAX_ANSWERS_PER_UID``)."""
