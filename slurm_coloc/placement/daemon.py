@@ -319,9 +319,9 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             else:
                 counts["waiting"] += 1
                 if state.notes.get(job.job_id) != decision.reason:
-                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
-                    state.notes[job.job_id] = decision.reason
+                    state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses it
                     log.info("job %d waits: %s", job.job_id, decision.reason)
+                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
         except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)

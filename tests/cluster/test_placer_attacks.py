@@ -91,3 +91,15 @@ def test_a_flood_of_held_jobs_does_not_starve_a_later_users_job(cl: Cluster) -> 
     cl.wait_state(victim, ("RUNNING",), 40)
     print(f"round with 25 waiting + 1 placed: {took:.1f} s")
     assert all(_rec(cl, j)["job_state"] == "PENDING" for j in flood)
+
+
+def test_a_wait_note_slurm_refuses_is_tried_once_not_every_round(cl: Cluster) -> None:  # noqa: F811
+    """Fourth campaign: a user comment of ~1,000 characters leaves no room for the placer's wait note (Slurm refuses
+    a comment over 1,024 characters): before, the update was retried and warned about in every round."""
+    job = _held_as(cl, ATTACKER, "x" * 960 + ' coloc:{"place":true,"shards":200}')
+    state = PlacerState()
+    first = run_round(cl, state)
+    second = run_round(cl, state)
+    assert first["errors"] == 1, first  # Slurm refused the note once
+    assert first["waiting"] == 1 and second["waiting"] == 1 and second["errors"] == 0, (first, second)
+    assert _rec(cl, job)["state_reason"] == "JobHeldAdmin"
