@@ -1,7 +1,7 @@
 #!/bin/sh
 # Common runner for the slurm-coloc hook shims: coloc-hook.sh <hook-name>.
 # Runs `coloc-hook <hook-name>` bounded in time; never fails the node or the job (a failing Prolog/Epilog
-# drains the node: shared/reference/slurm-22.05-facts.md §5). Python-side errors are logged by coloc-hook
+# drains the node: docs/facts.md §5). Python-side errors are logged by coloc-hook
 # itself to <log_dir>/hooks.log; this shim only notes crashes and timeouts through logger.
 HOOK=${COLOC_HOOK:-/usr/local/bin/coloc-hook}
 LIMIT=${COLOC_HOOK_TIMEOUT_S:-30}

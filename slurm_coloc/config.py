@@ -24,6 +24,7 @@ EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
 PLACEMENT_MODES = ("spread", "consolidate")
 COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
 WATCHDOG_ACTIONS = ("stop", "record", "off")
+ADMIN_COMMENT_MODES = ("merge", "if-empty", "off")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,10 @@ class Config:
         oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
             (0: none at all).
         oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
+        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py): ``merge``
+            (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which jobstats decodes
+            as the whole field, is left alone), ``if-empty`` (only into an empty field or one holding only ours),
+            ``off`` (never; the summary stays in ctld.db and coloc-report).
         oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have seen
             a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
     """
@@ -190,6 +195,7 @@ class Config:
     oom_rerun_per_user_max: int = 3
     oom_rerun_window_s: float = 3600.0
     oom_rerun_tolerance_pct: float = 10.0
+    admin_comment: str = "merge"
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -278,6 +284,9 @@ def _validate(cfg: Config) -> Config:
     if cfg.mps_compute_mode == "exclusive-process" and cfg.mps_mode != "multi-user":
         raise ConfigError("config key 'mps_compute_mode': exclusive-process needs mps_mode multi-user "
                           "(per-user daemons would each need their own context on the GPU)")
+    if cfg.admin_comment not in ADMIN_COMMENT_MODES:
+        raise ConfigError(f"config key 'admin_comment': {cfg.admin_comment!r} is not one of "
+                          f"{', '.join(ADMIN_COMMENT_MODES)}")
     if cfg.watchdog_action not in WATCHDOG_ACTIONS:
         raise ConfigError(f"config key 'watchdog_action': {cfg.watchdog_action!r} is not one of "
                           f"{', '.join(WATCHDOG_ACTIONS)}")

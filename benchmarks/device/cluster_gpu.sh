@@ -12,7 +12,7 @@
 #                       bundle's libraries, 24.11/26.05 are patched to their own glibc and run directly)
 #   COLOC_BENCH_FAKE_GPUS=N  CPU-only test here: N fake GPUs (char devices 195,N) of COLOC_BENCH_GPU_GIB GiB
 #   COLOC_BENCH_PORT    slurmctld port, slurmd uses +1 (default 17600)
-# Facts: shared/reference/gpu-facts.md (last section), slurm-22.05-facts.md.
+# Facts: docs/facts.md §13 (Slurm on the GPU test machine) and §1-§9.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ROOT=${COLOC_BENCH_ROOT:-/opt/coloc}

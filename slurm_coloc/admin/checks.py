@@ -124,7 +124,11 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
 
 
 def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check]:
-    """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist."""
+    """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
+
+    GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``, 24.11+)
+    from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the shard lines'
+    ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf)."""
     name = "gres.conf"
     text, err = _read(gres_path, name)
     if err:
@@ -132,9 +136,13 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
     out: List[Check] = []
     gpu_files: Dict[str, List[str]] = {}
     shard_files: Dict[str, Dict[str, int]] = {}
+    autodetect: Dict[str, str] = {}
     for line in parse_gres_conf(text or ""):
         kind = line.get("name")
         nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
+        if line.get("autodetect"):
+            for n in nodes:
+                autodetect[n] = line["autodetect"].lower()
         files = expand_hostlist(line.get("file", "")) if line.get("file") else []
         for n in nodes:
             if kind == "gpu":
@@ -148,6 +156,16 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
     for n in sorted(gpu_nodes | set(gpu_files)):
         files = gpu_files.get(n, []) + gpu_files.get("(all)", [])
         shards = {**shard_files.get("(all)", {}), **shard_files.get(n, {})}
+        detect = autodetect.get(n, autodetect.get("(all)", "off"))
+        auto = not files and detect in ("nvml", "nvidia")
+        if auto:
+            files = sorted(f for f in shards if f != "(no File=)")
+            if not files:
+                out.append(fail(name, f"node {n}: AutoDetect={detect} finds the GPUs, but no Name=shard line "
+                                      "names a GPU with File=",
+                                f"add one 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File=/dev/nvidiaK' "
+                                "line per GPU"))
+                continue
         bad = False
         for f in files:
             if not os.path.exists(f):
@@ -167,7 +185,8 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
             out.append(fail(name, f"node {n}: no Name=gpu line with File=",
                             f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
         elif not bad:
-            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards"))
+            how = f" (GPUs from AutoDetect={detect})" if auto else ""
+            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards{how}"))
     return out
 
 

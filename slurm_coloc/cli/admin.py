@@ -11,10 +11,12 @@ import click
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.admin.checks import run_all
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-admin")
 def cli() -> None:
     """slurm-coloc administration.
 

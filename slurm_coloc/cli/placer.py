@@ -13,6 +13,7 @@ from typing import Optional
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
@@ -38,6 +39,7 @@ def _logging(cfg: config_mod.Config, to_file: bool) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-placer")
 def cli() -> None:
     """Utilization-aware placement of shared GPU jobs, with Slurm as the scheduler of record.
 

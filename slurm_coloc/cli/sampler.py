@@ -13,6 +13,7 @@ from typing import Dict, Optional
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
@@ -48,6 +49,7 @@ def _pid_map(text: str) -> Dict[int, int]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-sampler")
 def cli() -> None:
     """The slurm-coloc node sampler (NVML + GPM, per GPU and per job).
 

@@ -144,9 +144,13 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     # ended, i.e. in EpilogSlurmctld without slurmdbd): what was asked and estimated.
     start_note = {"coloc": {"mode": sub.share_mode, "shards": sub.shards_req, "est_mib": sub.estimate_mib,
                             "method": sub.estimate_method}}
+    note = admin_comment.merge_admin_comment(job.admin_comment, json.dumps(start_note, separators=(",", ":")),
+                                             cfg.admin_comment)  # another tool's text is kept
     try:
-        slurm_jobs.set_admin_comment(job.slurm_ref, json.dumps(start_note, separators=(",", ":")),
-                                     cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
+        if note is None:
+            detail["admin_comment"] = f"left as it is (admin_comment: {cfg.admin_comment})"
+            return detail
+        slurm_jobs.set_admin_comment(job.slurm_ref, note, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
         detail["admin_comment"] = "provisional"
     except ColocError as exc:
         detail["admin_comment"] = f"not set: {exc.one_line()}"

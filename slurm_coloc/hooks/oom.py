@@ -6,11 +6,12 @@ NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see CO
 carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its fence.
 
 Recovery (``handle_job_end``): Slurm 22.05 keeps a requeued job's GRES and refuses to change shard to gpu
-(facts §6), so the rerun is a NEW job: ``scontrol write batch_script``, then ``sbatch --uid --gid`` from root with
-the same name, partition, account, time limit, working directory, output paths (``--open-mode=append``), CPUs,
+(docs/facts.md §6), so the rerun is a NEW job: ``scontrol write batch_script``, then ``sbatch --uid --gid`` from
+root with the same name, partition, account, time limit, working directory, output paths (``--open-mode=append``), CPUs,
 memory and arguments, ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's leaks),
 and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``): 22.05 takes one job's shards from one GPU, so no
-shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off (facts §4; submit/plan.py rule 1).
+shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off (docs/facts.md §4;
+submit/plan.py rule 1).
 The retry carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself.
 
 Who gets a rerun (``rerun_gate``): a printed OOM line is the user's text, so it alone never earns a whole GPU. Only
@@ -410,6 +411,6 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     store_jobs.record_event(db, job_id, "oom-retry-submitted", {
         "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
         "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "
-                         "beside it; --gres=gpu:1 would not keep shard tenants off (facts §4)"})
+                         "beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
     return {"oom": True, "retry": True, "retry_job_id": new_id}
 

@@ -63,7 +63,7 @@ def parse_exit_pair(text: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
 def decode_exit_code(status: int) -> Tuple[int, int]:
     """Wait status as Slurm keeps it (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit code, signal).
 
-    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (facts §5; scontrol prints the same pair as ``ExitCode=3:0``).
+    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as ``ExitCode=3:0``).
     """
     return (status >> 8) & 0xFF, status & 0x7F
 
