@@ -85,19 +85,27 @@ def release_all_cmd() -> None:
     \b
     Example: coloc-placer release-all
     """
-    from slurm_coloc.comment import parse_comment
     from slurm_coloc.slurm import placement as sp
 
     cfg = _cfg()
     try:
-        jobs = [j for j in sp.queue(cfg.slurm_bin_dir) if sp.is_candidate(j)]
-        for job in jobs:
-            shards = int((parse_comment(job.comment) or {})["shards"])
-            sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir)
-            click.echo(f"job {job.job_id}: released with shard:{shards}")
+        jobs = [(j, sp.placer_shards(j)) for j in sp.queue(cfg.slurm_bin_dir)]
     except ColocError as exc:
         raise click.ClickException(exc.one_line()) from None
-    click.echo(f"{len(jobs)} job(s) released")
+    released, failed = 0, 0
+    for job, shards in jobs:
+        if shards is None:
+            continue
+        try:
+            sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir)
+            click.echo(f"job {job.job_id}: released with shard:{shards}")
+            released += 1
+        except ColocError as exc:  # one job's failure never stops the others' release
+            click.echo(f"job {job.job_id}: not released: {exc.one_line()}", err=True)
+            failed += 1
+    click.echo(f"{released} job(s) released" + (f", {failed} failed" if failed else ""))
+    if failed:
+        sys.exit(1)
 
 
 @cli.command("fallback")

@@ -59,12 +59,11 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
     every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device)
     and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
     """
-    from slurm_coloc.comment import parse_comment
+    from slurm_coloc.comment import JobComment
     from slurm_coloc.node import jobenv
     from slurm_coloc.store import samples as store_samples
 
-    coloc = parse_comment(job.comment or "")
-    if not (isinstance(coloc, dict) and coloc.get("place") is True) or ctx.gpus \
+    if not JobComment.read(job.comment, ctx.job).place or ctx.gpus \
             or (job.tres_per_node or "").replace("gres:", "").strip():
         return {}
     path = jobenv.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])

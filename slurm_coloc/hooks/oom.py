@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
-from slurm_coloc.comment import parse_comment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
@@ -273,7 +273,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                           fence_mib=shards * 1024 if shards else None)
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
-    coloc = parse_comment(job.comment) or {}
+    coloc = JobComment.read(job.comment, job_id).to_json()
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:

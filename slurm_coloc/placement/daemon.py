@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import parse_comment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError, ConfigError
+from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
 from slurm_coloc.slurm import placement as sp
@@ -46,7 +46,7 @@ class PlacerState:
     """What the placer keeps between rounds."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
-    history: Dict[str, List[Activity]] = field(default_factory=dict)
+    history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
     history_ts: float = 0.0
     notes: Dict[int, str] = field(default_factory=dict)
 
@@ -139,30 +139,35 @@ def read_history_file(path: str) -> Dict[str, Activity]:
     return out
 
 
-def read_history(cfg: Config) -> Dict[str, List[Activity]]:
-    """Signature -> measured activity of earlier runs that had their GPU alone (ctld.db + every node database),
-    plus one run per signature of ``placement_history_path`` when set."""
-    out: Dict[str, List[Activity]] = {}
+def read_history(cfg: Config) -> Dict[intensity.HistoryKey, List[Activity]]:
+    """``(uid, signature)`` -> measured activity of earlier runs that had their GPU alone (ctld.db + every node
+    database), keyed by the uid Slurm ran each job as, so one user's runs steer only that user's jobs; plus one run
+    per signature of ``placement_history_path`` when set, under uid None (the admin's file, for everyone).
+    Recorded comments are validated again (``JobComment.from_json_text``); a job without a uid is skipped."""
+    out: Dict[intensity.HistoryKey, List[Activity]] = {}
     if cfg.placement_history_path:
         for sig, act in read_history_file(cfg.placement_history_path).items():
-            out.setdefault(sig, []).append(act)
+            out.setdefault((None, sig), []).append(act)
     if not cfg.ctld_db_path.exists():
         return out
     ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
     try:
-        sig_of = {j["job_id"]: intensity.signature(j["coloc"]) for j in store_placement.finished_jobs(ctld)}
+        keys: Dict[int, intensity.HistoryKey] = {}
+        for j in store_placement.finished_jobs(ctld):
+            sig = j["coloc"].signature()
+            if sig and j["uid"] is not None:
+                keys[j["job_id"]] = (j["uid"], sig)
     finally:
         ctld.conn.close()
-    sigs: Dict[int, str] = {k: v for k, v in sig_of.items() if v}
     for path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         db = open_readonly(path, busy_timeout_s=1.0)
         try:
-            runs = store_placement.alone_activity(db, sigs)
+            runs = store_placement.alone_activity(db, keys)
         finally:
             db.conn.close()
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(sigs[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
     return out
 
 
@@ -224,14 +229,14 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
         return None
     released = []
     for job in sp.queue(cfg.slurm_bin_dir, env):
-        if not sp.is_candidate(job):
+        shards = sp.placer_shards(job)
+        if shards is None:
             continue
-        shards = int((parse_comment(job.comment) or {})["shards"])
         try:
             sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir, env)
             released.append(job.job_id)
             log.info("job %d released memory-only: no placer heartbeat", job.job_id)
-        except ColocError as exc:
+        except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others' release
             log.warning("job %d: memory-only release failed (%s)", job.job_id, exc)
     return released
 
@@ -239,6 +244,10 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
     """One round: steer every held candidate (oldest first). Returns counts (placed, waiting, memory_only, ...).
+
+    Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind) is
+    one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment breaks the
+    protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
 
     Raises:
         ColocError: Slurm could not be asked (the caller logs it and tries again next round).
@@ -253,7 +262,18 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                    if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
                    or now - s.ts > 600]:
         state.steered.pop(job_id, None)
-    candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
+    state.notes = {k: v for k, v in state.notes.items() if k in known}
+    shards_of: Dict[int, int] = {}
+    for j in jobs:
+        try:
+            n = sp.placer_shards(j)
+        except Exception as exc:  # noqa: BLE001 - one job never stops a round
+            log.warning("job %s: not a candidate (%s)", j.job_id, exc)
+            n = None
+        if n is not None:
+            shards_of[j.job_id] = n
+    candidates = sorted((j for j in jobs if j.job_id in shards_of),
+                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
               "admin_held": 0}
     if not candidates:
@@ -263,13 +283,13 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             try:
                 sp.admin_hold(job.job_id, bin_dir, env)
                 counts["admin_held"] += 1
-            except ColocError as exc:
+            except Exception as exc:  # noqa: BLE001 - one job never stops a round
                 log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
     nodes = sp.typed_nodes(bin_dir, env)
     if now - state.history_ts > HISTORY_REFRESH_S:
         try:
             state.history = read_history(cfg)
-        except ColocError as exc:
+        except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
             log.warning("history unreadable (%s): predictions only", exc)
         state.history_ts = now
     live = read_live(cfg, [n.node for n in nodes])
@@ -278,12 +298,11 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     if sat:
         log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
     for job in candidates:
-        coloc = parse_comment(job.comment) or {}
-        shards = int(coloc["shards"])
-        demand, source = intensity.demand(coloc, state.history, cal)
-        decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
-        waited = now - job.submit_ts if job.submit_ts else 0.0
         try:
+            shards = shards_of[job.job_id]
+            demand, source = intensity.demand(JobComment.read(job.comment, job.job_id), state.history, cal, job.uid)
+            decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
+            waited = now - job.submit_ts if job.submit_ts else 0.0
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
@@ -300,10 +319,10 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             else:
                 counts["waiting"] += 1
                 if state.notes.get(job.job_id) != decision.reason:
-                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
-                    state.notes[job.job_id] = decision.reason
+                    state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses it
                     log.info("job %d waits: %s", job.job_id, decision.reason)
-        except ColocError as exc:
+                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
+        except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
     return counts

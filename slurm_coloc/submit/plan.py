@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import Shrink, fit_comment
+from slurm_coloc.comment import BOUNDS, Shrink, fit_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
 from slurm_coloc.estimate.gpus import gpu_model
@@ -313,7 +313,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                                "method": method, "gpu_model": model_name,
                                "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
-    if decision is not None and decision.flops_per_step is not None:
+    if decision is not None and decision.flops_per_step is not None \
+            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:  # else readers drop the annotation
         comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
     if cmd.script_args:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
