@@ -254,10 +254,11 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not raised.
     """
     job_id = job.job_id
-    retry_of = store_oom.original_of(db, job_id)
-    if retry_of is not None:
+    recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
+    if recorded_retry_of is not None:
         store_oom.record_retry_outcome(db, job_id, state, job.start_ts, job.end_ts)
-    retry_of = retry_of if retry_of is not None else retry_of_comment(job.comment)
+    # a comment that claims to be a rerun only costs its own job its rerun; it is never recorded as a link
+    retry_of = recorded_retry_of if recorded_retry_of is not None else retry_of_comment(job.comment)
     uid = job.uid if job.uid is not None else ctx.uid
     gid = job.gid if job.gid is not None else ctx.gid
     if state != "FAILED" or uid is None or gid is None:
@@ -283,7 +284,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                 "sampler_peak_mib": peak_mib}
     oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
                               share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
-                              end_ts=job.end_ts, evidence=evidence, retry_of=retry_of,
+                              end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
                               retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
     if not store_oom.claim_retry(db, oom):
         return {"oom": True, "why": "already handled (oom_events row exists)"}

@@ -89,6 +89,9 @@ def test_a_forged_rerun_tag_changes_nothing_of_the_job_it_names(fc: FaultCluster
     reruns: List[Dict] = [j for j in fc.c.squeue() if f"oom-retry-of-{attack}" in (j.get("comment") or "")]
     assert reruns == []
     assert fc.rows(fc.c.ctld_db, "SELECT * FROM oom_events WHERE job_id = ?", (victim,)) == []
+    # the attacker's own OOM row does not name the victim: only root's record links a rerun to its original
+    own = fc.rows(fc.c.ctld_db, "SELECT retry_of FROM oom_events WHERE job_id = ?", (attack,))
+    assert own and all(r["retry_of"] is None for r in own), own
     after = _row(fc, victim)
     keys = ("user_name", "uid", "job_name", "shards_req", "estimate_mib", "estimate_method", "coloc_json", "state",
             "exit_code")  # settling may still turn state_source from inferred to slurm: that is the victim's own
