@@ -33,6 +33,7 @@ install`` into a site-packages directory changes its time).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,10 +44,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.probe.command import ProbeCommand, logical_lines
+from slurm_coloc.probe.runner import resolve_interpreter
 
 PREAMBLE_TIMEOUT_S = 5.0
 SYSPATH_TIMEOUT_S = 10.0
@@ -66,7 +67,7 @@ _PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", 
 _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 
 
-@dataclass
+@dataclasses.dataclass
 class Preamble:
     """What running the preamble gave.
 
@@ -261,6 +262,41 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
     if found is None and cmd.interpreter and os.sep in cmd.interpreter:
         found = cmd.interpreter  # the venv a `source .../activate` line named
     return os.path.abspath(found) if found and os.access(found, os.X_OK) else None
+
+
+@dataclasses.dataclass
+class JobPython:
+    """:func:`discover_job`'s answer.
+
+    Attributes:
+        python: the job's interpreter (absolute path, links not resolved), or None.
+        env: the job's environment (after the preamble, else the submitting one).
+        notes: lines on a preamble that failed or hung.
+        reason: why ``python`` is None ("" otherwise).
+    """
+
+    python: Optional[str]
+    env: Dict[str, str]
+    notes: List[str]
+    reason: str = ""
+
+
+def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
+                 environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
+    """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
+    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never raises."""
+    pre = run_preamble(text, cmd, script_args, submit_dir, environ)
+    env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
+    if python:
+        found = resolve_interpreter(dataclasses.replace(cmd, interpreter=python), env.get("PATH"))
+    else:
+        found = job_python(cmd, env.get("PATH"))
+    notes = [pre.note] if pre.note else []
+    if found is None:
+        word = python or cmd.python_word or cmd.interpreter or "python3"
+        where = " the script's setup lines leave" if pre.env is not None else ""
+        return JobPython(None, env, notes, f"the job's Python {word} was not found (on the PATH{where})")
+    return JobPython(found, env, notes)
 
 
 def _stat_id(path: str) -> List[Any]:

@@ -34,8 +34,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
-from slurm_coloc.probe.discover import Preamble, job_python, run_preamble, torch_version
-from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, resolve_interpreter, run_probe
+from slurm_coloc.probe.discover import discover_job, torch_version
+from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, run_probe
 
 FORMAT = 1
 MAX_ENTRIES = 256
@@ -238,19 +238,12 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
     cmd = found.command
-    pre = run_preamble(text, cmd, script_args, submit_dir, environ) if not python else Preamble(None)
-    job_env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
-    notes = list(found.notes) + ([pre.note] if pre.note else [])
-    if python:
-        resolved = resolve_interpreter(dataclasses.replace(cmd, interpreter=python), job_env.get("PATH"))
-    else:
-        resolved = job_python(cmd, job_env.get("PATH"))
-    if resolved is None:
-        word = python or cmd.python_word or cmd.interpreter or "python3"
-        where = " the script's setup lines leave" if pre.env is not None else ""
-        return ProbeResult(None, "probe ran nothing", f"the job's Python {word} was not found (on the PATH{where})",
-                           cmd, time.monotonic() - t0, detail={"notes": notes})
-    cmd = dataclasses.replace(cmd, interpreter=resolved)
+    job = discover_job(text, cmd, script_args, submit_dir, environ, python)
+    job_env, notes = job.env, list(found.notes) + job.notes
+    if job.python is None:
+        return ProbeResult(None, "probe ran nothing", job.reason, cmd, time.monotonic() - t0, detail={"notes": notes})
+    cmd = dataclasses.replace(cmd, interpreter=job.python)
+    resolved = job.python
     use_cache = use_cache and cache.enabled()
     torch_v = torch_version(resolved, job_env, os.path.dirname(_cache_file())) if use_cache else None
     key = _key(cmd, gpu, steps, torch_v) if use_cache else ""
