@@ -279,13 +279,17 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     except (OSError, ValueError):
         out.result = None
     out.log_text = _tail(log_path)
+    left = int(reaped.get("left_running") or 0)
+    if left and out.result is not None:
+        notes = out.result.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended by the probe")
     if timed_out and (out.result is None or out.result.get("status") != "ok"):
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
         out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
     elif out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
-        left = int(reaped.get("left_running") or 0)
         daemon = f", leaving {left} process(es) running (killed)" if left else ""
         out.reason = (f"the probe ended (exit {reaped.get('returncode')}){daemon} without a result: "
                       f"{' '.join(last[0].split())[:200]}")
