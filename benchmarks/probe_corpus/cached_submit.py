@@ -69,6 +69,28 @@ def submit(python: str, argv: list, cwd: Path, env: dict) -> tuple:
     return wall, cpu, out
 
 
+def in_process(argv: list, root: Path, env: dict, repeat: int) -> float:
+    """Median seconds of the cached ``probe_script`` call alone (what this checkout adds to a submission)."""
+    from slurm_coloc.probe.probe import probe_script
+
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        times = []
+        for _ in range(repeat):
+            t0 = time.monotonic()
+            if argv[0] == "--wrap":
+                r = probe_script("--wrap", submit_dir=str(root), text=f"#!/bin/sh\n{argv[1]}\n", environ=env)
+            else:
+                r = probe_script(argv[0], submit_dir=str(root), environ=env)
+            times.append(time.monotonic() - t0)
+            assert r.cached, r.reason
+        return statistics.median(times)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -84,8 +106,9 @@ def main() -> None:
         if args.baseline:
             runs.insert(1, ("plain python (PATH), baseline", args.baseline, proj["scripts"]["plain python (PATH)"]))
         print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
-        print("| form | first (probe) s | cached wall s (median) | cached CPU s (median) | answer |")
-        print("|---|---:|---:|---:|---|")
+        print("| form | first (probe) s | cached wall s (median) | cached CPU s (median) | probe_script cached s "
+              "(in-process, median) | answer |")
+        print("|---|---:|---:|---:|---:|---|")
         for name, python, argv in runs:
             run_env = dict(env, XDG_CACHE_HOME=str(root / ("cache-base" if "baseline" in name else "cache")))
             first, _, out = submit(python, argv, root, run_env)
@@ -97,8 +120,9 @@ def main() -> None:
             line = next((ln for ln in again.stderr.splitlines() if "probe ran" in ln), again.stderr.strip()[-120:])
             cached = "cached" if "(cached)" in line else "NOT cached"
             shards = next((w for w in again.stdout.split() if w.startswith("--gres=")), "?")
+            inproc = "-" if "baseline" in name else f"{in_process(argv, root, run_env, args.repeat):.3f}"
             print(f"| {name} | {first:.1f} | {statistics.median(walls):.3f} | {statistics.median(cpus):.3f} | "
-                  f"{cached}, {shards} |")
+                  f"{inproc} | {cached}, {shards} |")
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
 
 

@@ -12,9 +12,11 @@ probes ``train.py``; only that command runs):
 * ``accelerate launch`` with one process (``--num_processes``/``--num-processes``; ``--multi_gpu``
   or more processes: none); its ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
 
-The interpreter: ``#COLOC python=PATH``; else a path the command names; else the venv a
-``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else None (the runner
-takes ``python3`` from PATH). Shell variables set before the command in plain ``X=value`` or
+The interpreter as the text says it: ``#COLOC python=PATH``; else a path the command names; else the
+venv a ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name
+(``python_word``) or None for a launcher's own. ``discover.py`` then runs the lines before the command
+(``line_index``) and looks the name up on the PATH they leave (``conda activate``, ``module load``,
+``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain ``X=value`` or
 ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job by
 default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
 submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the

@@ -7,9 +7,10 @@ else of our environment: not our torch, not our site-packages. The bootstrap put
 first on ``sys.path`` only while it imports the probe, then removes it and the ``-c`` entry
 (``''``), so the program's own imports resolve as in the job (its script directory first).
 
-The child runs as the caller (the submitting user), in its own session (killed with its process
-group at the time limit), with ``RLIMIT_AS`` as memory limit, stdin from ``/dev/null`` and
-stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
+The child runs as the caller (the submitting user), in its own session, under ``reaper.py`` (a child
+subreaper: at the time limit and when the program ends, every descendant is killed, ``setsid`` and
+double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
+stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
 directory is ``scratch/up/<its name>``, which mirrors the job's working directory (``_mirror``): real
 directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
 directory, and a link to a directory, is linked as a whole); ``scratch/up`` holds a link to each
