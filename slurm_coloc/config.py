@@ -190,7 +190,7 @@ class Config:
     report_socket_path: str = ""
     estimate_timeout_s: float = 60.0
     probe: bool = True
-    probe_timeout_s: float = 60.0
+    probe_timeout_s: float = 30.0
     probe_mem_limit_mib: int = 32768
     oom_rerun_per_user_max: int = 3
     oom_rerun_window_s: float = 3600.0

@@ -15,6 +15,7 @@ from slurm_coloc.probe.probe import probe_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "benchmarks", "probe_corpus")
+SLOW_S = 120  # these tests check figures, not speed (benchmarks do): the 2-core machine is shared
 
 
 @pytest.fixture(autouse=True)
@@ -22,9 +23,13 @@ def job_env(monkeypatch, tmp_path):
     """The job's ``python`` is this venv's (as after ``source venv/bin/activate``); a private cache."""
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # the probe runs a script's `source ~/.bashrc` as the job would; this machine's root .bashrc puts pyenv first
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def corpus(name, **kw):
+    kw.setdefault("timeout_s", SLOW_S)
     d = os.path.join(CORPUS, name)
     return probe_script(os.path.join(d, "job.sh"), submit_dir=d, **kw)
 
@@ -57,7 +62,7 @@ def test_gradient_accumulation_bf16(tmp_path):
     job = tmp_path / "job.sh"
     job.write_text(f"#!/bin/bash\npython {CORPUS}/nanogpt/train.py --n_layer=2 --n_head=4 --n_embd=128 "
                    "--block_size=64 --batch_size=4 --gradient_accumulation_steps=3\n")
-    r = probe_script(str(job), submit_dir=str(tmp_path))
+    r = probe_script(str(job), submit_dir=str(tmp_path), timeout_s=SLOW_S)
     assert r.estimate is not None, r.reason
     assert r.detail["forwards"] == 6 and r.detail["autocast"] == ["bfloat16"]
     assert r.estimate.detail["precision"] == "bf16"
@@ -110,7 +115,7 @@ def test_writes_into_existing_subdirectories_stay_in_scratch(tmp_path, monkeypat
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     before = [(p, open(os.path.join(job, p), "rb").read()) for p, _ in tree(job)]
     listing = tree(job)
-    r = probe_script(str(job / "job.sh"), submit_dir=str(job))
+    r = probe_script(str(job / "job.sh"), submit_dir=str(job), timeout_s=SLOW_S)
     assert r.estimate is not None, r.reason
     assert tree(job) == listing
     assert [(p, open(os.path.join(job, p), "rb").read()) for p, _ in tree(job)] == before

@@ -91,23 +91,26 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
 
     probe_fn: Optional[ProbeFn] = None
     probe_off = ""
-    if parsed is None:
-        probe_off = "no batch script (--wrap)"
-    elif not cfg.probe:
+    wrap = next((o.value for o in reversed(cmd.options) if o.name == "wrap" and o.value), None)
+    if not cfg.probe:
         probe_off = "off (config probe: off)"
+    elif parsed is None and wrap is None:
+        probe_off = "no batch script"
     else:
-        probe_fn = script_probe_fn(cfg, cmd, parsed)
+        probe_fn = script_probe_fn(cfg, cmd, parsed, wrap)
     spank = spank_options_available(cfg.slurm_bin_dir)
     plan = build_plan(cmd, parsed, cfg, estimate_fn, spank=spank, probe_fn=probe_fn, history_fn=history_fn,
                       probe_off_reason=probe_off)
     return plan, parsed, cmd.dry_run
 
 
-def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: ParsedScript) -> ProbeFn:
+def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[ParsedScript],
+                    wrap: Optional[str] = None) -> ProbeFn:
     """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and answers
-    other GPU models from the same replayed peaks. The job's working directory is ``--chdir`` (command line, then
-    ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not from the cache) to show its output.
-    Never raises: a probe that fails is an answer without a figure."""
+    other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the script sbatch
+    makes of its command (``#!/bin/sh`` + the command). The job's working directory is ``--chdir`` (command line,
+    then ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not from the cache) to show its output,
+    and its answer replaces the cached one. Never raises: a probe that fails is an answer without a figure."""
     chdir = next((o.value for o in reversed(script_options(parsed, cmd.table)[0] + list(cmd.options))
                   if o.name == "chdir" and o.value), None)
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
@@ -118,9 +121,11 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: ParsedScri
 
         try:
             if not runs:
-                runs.append((gpu, probe_script(str(parsed.path), cmd.script_args, submit_dir=workdir, gpu=gpu,
-                                               timeout_s=cfg.probe_timeout_s, mem_limit_mib=cfg.probe_mem_limit_mib,
-                                               use_cache=not cmd.explain, keep_log=cmd.explain)))
+                path, text = (str(parsed.path), None) if parsed is not None else ("--wrap", f"#!/bin/sh\n{wrap}\n")
+                runs.append((gpu, probe_script(path, () if parsed is None else cmd.script_args, submit_dir=workdir,
+                                               gpu=gpu, timeout_s=cfg.probe_timeout_s,
+                                               mem_limit_mib=cfg.probe_mem_limit_mib, refresh=cmd.explain,
+                                               keep_log=cmd.explain, text=text)))
             first_gpu, res = runs[0]
             est = res.estimate
             if est is not None and gpu != first_gpu:

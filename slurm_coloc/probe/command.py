@@ -12,9 +12,11 @@ probes ``train.py``; only that command runs):
 * ``accelerate launch`` with one process (``--num_processes``/``--num-processes``; ``--multi_gpu``
   or more processes: none); its ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
 
-The interpreter: ``#COLOC python=PATH``; else a path the command names; else the venv a
-``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else None (the runner
-takes ``python3`` from PATH). Shell variables set before the command in plain ``X=value`` or
+The interpreter as the text says it: ``#COLOC python=PATH``; else a path the command names; else the
+venv a ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name
+(``python_word``) or None for a launcher's own. ``discover.py`` then runs the lines before the command
+(``line_index``) and looks the name up on the PATH they leave (``conda activate``, ``module load``,
+``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain ``X=value`` or
 ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job by
 default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
 submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
@@ -55,6 +57,12 @@ class ProbeCommand:
         env: variables the launcher or the script set for the program.
         launcher: ``python``, ``srun``, ``torchrun`` or ``accelerate``.
         line: the command line as written (continuations joined).
+        line_index: its index among the script's logical lines (``logical_lines``): the lines
+            before it are the preamble ``discover.py`` runs.
+        python_from: where ``interpreter`` came from: ``coloc`` (``#COLOC python=``), ``path`` (the
+            command names one), ``venv`` (a ``source .../activate`` line), ``bare`` (a name looked up on
+            PATH), ``launcher`` (the launcher's own: ``interpreter`` is None).
+        python_word: the interpreter word as written (``python3``), or the launcher's (``torchrun``).
     """
 
     mode: str
@@ -65,6 +73,9 @@ class ProbeCommand:
     env: Tuple[Tuple[str, str], ...] = ()
     launcher: str = "python"
     line: str = ""
+    line_index: int = -1
+    python_from: str = ""
+    python_word: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class CommandSearch:
     notes: Tuple[str, ...] = field(default_factory=tuple)
 
 
-def _logical_lines(text: str) -> List[str]:
+def logical_lines(text: str) -> List[str]:
     out: List[str] = []
     buf = ""
     for raw in text.splitlines():
@@ -263,7 +274,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
     """
     submit_dir = os.path.abspath(submit_dir)
     walk = _Walk(submit_dir, os.environ if environ is None else environ)
-    lines = _logical_lines(text)
+    lines = logical_lines(text)
     for line in lines:
         if line.strip().startswith("#COLOC"):
             try:
@@ -274,8 +285,9 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
                 if tok.startswith("python="):
                     walk.coloc_python = os.path.join(submit_dir, os.path.expanduser(tok.split("=", 1)[1]))
     found_all: List[CommandSearch] = []
-    for line in lines:
+    for index, line in enumerate(lines):
         s = line.strip()
+        walk.index = index
         if not s or s.startswith("#"):
             continue
         m = _ASSIGN_RE.match(s)
@@ -324,6 +336,7 @@ class _Walk:
         self.cwd = submit_dir
         self.venv_python: Optional[str] = None
         self.coloc_python: Optional[str] = None
+        self.index = -1
 
     def _path(self, p: str) -> str:
         return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(p)))
@@ -343,6 +356,7 @@ class _Walk:
         head = os.path.basename(words[0])
         launcher = "srun" if srun else "python"
         interp: Optional[str] = None
+        word = words[0]
         if head == "torchrun" or (head == "accelerate" and words[1:2] == ["launch"]):
             kind = "torchrun" if head == "torchrun" else "accelerate"
             rest, reason = _launcher_script(words[1:] if kind == "torchrun" else words[2:], kind, env)
@@ -371,6 +385,11 @@ class _Walk:
             interp = self._path(interp)
         bare = interp is not None and "/" not in interp
         python = self.coloc_python or (self.venv_python if bare or interp is None else None) or interp
+        if interp is not None:
+            word = interp
+        source = ("coloc" if self.coloc_python else "venv" if python and python == self.venv_python
+                  else "bare" if bare else "path" if interp else "launcher")
         return CommandSearch(ProbeCommand(
             mode=mode, target=target, args=tuple(args), interpreter=python, workdir=self.cwd,
-            env=tuple(sorted(env.items())), launcher=launcher, line=" ".join(line.split())))
+            env=tuple(sorted(env.items())), launcher=launcher, line=" ".join(line.split()),
+            line_index=self.index, python_from=source, python_word=word))

@@ -1,18 +1,24 @@
 """``probe_script``: a batch script's GPU memory estimate from its own first training steps.
 
-Steps: find the training command (``command.py``); answer from the per-user probe cache when the
-program, its arguments, interpreter and every user file it imported are unchanged; else run the
+Steps: find the training command (``command.py``); run the script's setup lines before it and find
+the job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache when
+the program, its arguments, the resolved interpreter, its torch and every user file it imported are
+unchanged; else run the
 probe (``runner.py``) and turn its replayed peak reserved memory into the estimator's figure with
 the estimator's own calibrated bound (``estimate.combine.bound_from_trace``: context + libs +
 reserved x the fp32 or AMP multiplier, docs/estimator.md).
 
 Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s
 file; off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module
-name), arguments, launcher environment, working directory, interpreter path (and its realpath's
-size and mtime), GPU, steps, the probe's own sources and the estimator's identity
-(``cache.estimator_identity``). An entry also holds the sha256 of every user file the program
-imported; it is used only while all of them are unchanged. Results that ended at the time limit
-are kept ``TIMEOUT_TTL_S`` only.
+name), arguments, launcher environment, working directory, the resolved interpreter (its absolute
+path after discovery, its realpath's size and mtime) and the version of the torch it imports
+(``discover.torch_version``, read without importing torch), GPU, steps, the probe's own sources and
+the estimator's identity (``cache.estimator_identity``). An entry also holds the sha256 of every user
+file the program imported; it is used only while all of them are unchanged. An answer without a
+figure (any failure, the time limit included) is kept ``FAILURE_TTL_S`` only, so a loop of
+submissions does not pay the time limit each time while a fix the key does not see (data made, a
+network share mounted) counts within minutes; ``refresh`` (``--explain``) probes afresh and stores
+the fresh answer for later submissions.
 """
 from __future__ import annotations
 
@@ -24,15 +30,16 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
+from slurm_coloc.probe.discover import discover_job, torch_version
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, run_probe
 
 FORMAT = 1
 MAX_ENTRIES = 256
-TIMEOUT_TTL_S = 3600.0
+FAILURE_TTL_S = 120.0
 _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -128,7 +135,7 @@ def _cache_file() -> str:
     return os.path.join(os.path.dirname(cache.cache_path()), "probes.json")
 
 
-def _key(cmd: ProbeCommand, gpu: str, steps: int) -> str:
+def _key(cmd: ProbeCommand, gpu: str, steps: int, torch: Optional[str] = None) -> str:
     from slurm_coloc.estimate import cache
 
     interp = cmd.interpreter or "python3"
@@ -146,7 +153,8 @@ def _key(cmd: ProbeCommand, gpu: str, steps: int) -> str:
     blob = {"format": FORMAT, "mode": cmd.mode, "target": cmd.target,
             "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None, "args": list(cmd.args),
             "env": list(cmd.env), "workdir": cmd.workdir, "interpreter": interp_id, "gpu": gpu,
-            "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache.estimator_identity()}
+            "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache.estimator_identity(),
+            "torch": torch}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -164,7 +172,7 @@ def _lookup(key: str) -> Optional[Dict[str, Any]]:
     entry = _read_cache().get(key)
     if not isinstance(entry, dict):
         return None
-    if entry.get("timed_out") and time.time() - float(entry.get("stored_at", 0)) > TIMEOUT_TTL_S:
+    if not entry.get("estimate") and time.time() - float(entry.get("stored_at", 0)) > FAILURE_TTL_S:
         return None
     for path, digest in (entry.get("user_files") or {}).items():
         if _sha(path) != digest:
@@ -193,7 +201,9 @@ def _store(key: str, entry: Dict[str, Any]) -> None:
 def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: Optional[str] = None,
                  gpu: str = "H100", timeout_s: float = DEFAULT_TIMEOUT_S,
                  mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
-                 use_cache: bool = True, python: Optional[str] = None, keep_log: bool = False) -> ProbeResult:
+                 use_cache: bool = True, python: Optional[str] = None, keep_log: bool = False,
+                 refresh: bool = False, text: Optional[str] = None,
+                 environ: Optional[Mapping[str, str]] = None) -> ProbeResult:
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
@@ -208,6 +218,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         python: the job's interpreter (a path or a name on PATH) instead of the one the script's
             command names or implies.
         keep_log: return the program's output in ``log_text`` (for ``--explain``).
+        refresh: probe afresh (no cache read) and store the answer (``--explain``).
+        text: the script's text (``--wrap``'s command); ``script_path`` is then not read.
+        environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
 
     Returns:
         ProbeResult: with ``estimate`` (method ``probe``), or ``estimate`` None and ``reason``.
@@ -219,29 +232,36 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
 
     t0 = time.monotonic()
     gpu = gpu_model(gpu).name
-    with open(script_path, encoding="utf-8", errors="replace") as fh:
-        text = fh.read()
-    found = find_command(text, script_args, submit_dir or os.getcwd())
+    if text is None:
+        with open(script_path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    submit_dir = os.path.abspath(submit_dir or os.getcwd())
+    found = find_command(text, script_args, submit_dir, environ)
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
     cmd = found.command
-    if python:
-        cmd = dataclasses.replace(cmd, interpreter=python)
+    job = discover_job(text, cmd, script_args, submit_dir, environ, python)
+    job_env, notes = job.env, list(found.notes) + job.notes
+    if job.python is None:
+        return ProbeResult(None, "probe ran nothing", job.reason, cmd, time.monotonic() - t0, detail={"notes": notes})
+    cmd = dataclasses.replace(cmd, interpreter=job.python)
+    resolved = job.python
     use_cache = use_cache and cache.enabled()
-    key = _key(cmd, gpu, steps) if use_cache else ""
-    entry = _lookup(key) if use_cache else None
+    torch_v = torch_version(resolved, job_env, os.path.dirname(_cache_file())) if use_cache else None
+    key = _key(cmd, gpu, steps, torch_v) if use_cache else ""
+    entry = _lookup(key) if use_cache and not refresh else None
     if entry is not None:
         est = entry.get("estimate")
         return ProbeResult(Estimate(**est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
                            time.monotonic() - t0, True, entry.get("detail", {}))
-    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps)
+    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env)
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None
     ran = ran_line(cmd, out.result, out.interpreter)
     res = ProbeResult(estimate, ran, out.reason, cmd, time.monotonic() - t0, False, result,
                       out.log_text if keep_log else "")
     res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2),
-                      notes=list(found.notes) + list(result.get("notes") or []))
+                      notes=notes + list(result.get("notes") or []), job_torch=torch_v)
     if use_cache and (estimate is not None or out.reason):
         files = {p: _sha(p) for p in result.get("user_files") or []}
         _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,

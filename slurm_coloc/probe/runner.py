@@ -7,9 +7,10 @@ else of our environment: not our torch, not our site-packages. The bootstrap put
 first on ``sys.path`` only while it imports the probe, then removes it and the ``-c`` entry
 (``''``), so the program's own imports resolve as in the job (its script directory first).
 
-The child runs as the caller (the submitting user), in its own session (killed with its process
-group at the time limit), with ``RLIMIT_AS`` as memory limit, stdin from ``/dev/null`` and
-stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
+The child runs as the caller (the submitting user), in its own session, under ``reaper.py`` (a child
+subreaper: at the time limit and when the program ends, every descendant is killed, ``setsid`` and
+double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
+stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
 directory is ``scratch/up/<its name>``, which mirrors the job's working directory (``_mirror``): real
 directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
 directory, and a link to a directory, is linked as a whole); ``scratch/up`` holds a link to each
@@ -33,10 +34,11 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
 
@@ -50,7 +52,9 @@ BOOTSTRAP = (
     "sys.path.remove(boot)\n"
     "main(sys.argv[2])\n"
 )
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 30.0
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
+REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
 DEFAULT_MEM_LIMIT_MIB = 32768
 MAX_MIRROR_ENTRIES = 5000
 # Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
@@ -215,7 +219,8 @@ def _files_under(root: str) -> List[str]:
 
 def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
               mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
-              scratch_root: Optional[str] = None, keep_scratch: bool = False) -> RunOutcome:
+              scratch_root: Optional[str] = None, keep_scratch: bool = False,
+              environ: Optional[Mapping[str, str]] = None) -> RunOutcome:
     """Run ``cmd`` under the probe (module docstring) and read its result.
 
     Args:
@@ -225,12 +230,14 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         steps: optimizer steps per optimizer before the probe stops the program.
         scratch_root: where the scratch directory is made (default: the system's temp dir).
         keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
+        environ: the job's environment before the probe's own variables (default ``os.environ``;
+            ``discover.run_preamble``'s, after the script's setup lines).
 
     Returns:
         RunOutcome; never raises for a failing program (the reason says what happened).
     """
     start = time.monotonic()
-    python = resolve_interpreter(cmd)
+    python = resolve_interpreter(cmd, (environ if environ is not None else os.environ).get("PATH"))
     if python is None:
         return RunOutcome(None, f"the job's Python {cmd.interpreter or 'python3'} was not found", 0.0)
     if cmd.mode == "file" and not os.path.isfile(cmd.target):
@@ -251,7 +258,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     req_path = os.path.join(scratch, "request.json")
     with open(req_path, "w", encoding="utf-8") as fh:
         json.dump(req, fh)
-    env = dict(os.environ)
+    env = dict(os.environ if environ is None else environ)
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
     env.update(dict(cmd.env))
@@ -260,20 +267,11 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                TRITON_CACHE_DIR=os.path.join(tmp, "triton"), WANDB_DIR=tmp)
     log_path = os.path.join(scratch, "probe.log")
-    timed_out = False
+    status_path = os.path.join(scratch, "reaper.json")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([python, "-c", BOOTSTRAP, boot, req_path], cwd=work, env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, preexec_fn=_limits(mem_limit_mib))
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work, env=env,
+                            stdout=log, preexec_fn=_limits(mem_limit_mib))
+    timed_out = bool(reaped.get("timed_out"))
     wall = time.monotonic() - start
     out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
     try:
@@ -282,19 +280,65 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     except (OSError, ValueError):
         out.result = None
     out.log_text = _tail(log_path)
+    left = int(reaped.get("left_running") or 0)
+    if left and out.result is not None:
+        notes = out.result.setdefault("notes", [])
+        if isinstance(notes, list):
+            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended by the probe")
     if timed_out and (out.result is None or out.result.get("status") != "ok"):
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
         out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
     elif out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
-        out.reason = f"the probe ended (exit {proc.returncode}) without a result: {last[0][:200]}"
+        daemon = f", leaving {left} process(es) running (killed)" if left else ""
+        out.reason = (f"the probe ended (exit {reaped.get('returncode')}){daemon} without a result: "
+                      f"{' '.join(last[0].split())[:200]}")
     elif out.result.get("status") != "ok":
         out.reason = str(out.result.get("reason") or "the probe saw no optimizer step")
     if not keep_scratch:
         shutil.rmtree(scratch, ignore_errors=True)
         out.scratch = out.log_path = ""
     return out
+
+
+def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
+               stdout: Any, preexec_fn: Any = None) -> Dict[str, Any]:
+    """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
+
+    At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
+    included; then the session's process group is killed too (where no subreaper could be set).
+    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file). Returns the reaper's status
+    (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); never raises for the program.
+    """
+    proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", "--", *argv],
+                            cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,
+                            start_new_session=True, preexec_fn=preexec_fn)
+    try:
+        proc.wait(timeout=timeout_s + REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    except BaseException:  # our own interrupt (Ctrl-C): the reaper sweeps at SIGTERM
+        _stop(proc)
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        with open(status_path, encoding="utf-8") as fh:
+            status = json.load(fh)
+    except (OSError, ValueError):
+        status = {"returncode": proc.returncode, "timed_out": True, "left_running": 0}
+    return status if isinstance(status, dict) else {"timed_out": True}
+
+
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _tail(path: str, n: int = 20000) -> str:

@@ -1,0 +1,381 @@
+"""The job's Python and environment: the batch script's own preamble, run as the submitting user.
+
+``command.py`` reads the script as text; what a script does to its environment before the training
+command (``export PATH=<venv>/bin:$PATH``, ``conda activate ENV``, ``module load ...``, ``source
+.../activate``, a sourced setup file) is only known by running it. :func:`run_preamble` runs the
+script's lines before the training command in ``bash`` and reads the environment it ends with;
+:func:`job_python` looks the command's interpreter up on that PATH.
+
+The preamble (:func:`preamble`): each logical line before the training command is kept only when every
+simple command on it is environment setup (``SETUP_COMMANDS``, shell keywords, ``VAR=value``) and it
+redirects output nowhere but ``/dev/null``; any other line (a program, ``srun``, ``mkdir``, a heredoc) is
+replaced by ``:`` so ``if``/``fi`` blocks stay balanced. ``#SBATCH`` lines are comments. The training
+command and everything after it never run. With no line kept, nothing runs (the submitting
+environment is the job's).
+
+The run: ``bash --noprofile --norc`` (``bash -l`` when the script's ``#!`` line asks for a login
+shell) as the caller (coloc-sbatch runs as the submitting user), in the submission directory, with
+the submitting environment (what sbatch exports to the job), ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE=1``
+set, the script's arguments as ``$1..``, stdin ``/dev/null``, stdout and stderr to a file in a scratch
+directory (removed after), at most ``PREAMBLE_TIMEOUT_S`` seconds, in a session of its own whose
+process group is killed when it ends (a setup line has no reason to daemonize; ``reaper.py``, which
+also catches ``setsid`` children, costs a Python start-up, too much for the cached answer's budget).
+An ``EXIT`` trap and a last line write the exported environment (``env -0``) into the scratch
+directory; a preamble that fails, hangs or writes no environment leaves the submitting environment
+in place, with a note saying why.
+
+The torch the interpreter imports (:func:`torch_version`) is read from ``torch/version.py`` on its
+``sys.path``, without importing torch: the ``sys.path`` is asked of the interpreter once and kept in
+``interpreters.json`` beside the probe cache, valid while the interpreter file, its ``pyvenv.cfg``, the
+path variables and the modification time of every ``sys.path`` directory are unchanged (``pip
+install`` into a site-packages directory changes its time).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from slurm_coloc.probe.command import ProbeCommand, logical_lines
+from slurm_coloc.probe.runner import resolve_interpreter
+
+PREAMBLE_TIMEOUT_S = 5.0
+SYSPATH_TIMEOUT_S = 10.0
+SETUP_COMMANDS = frozenset({
+    "export", "unset", "set", "source", ".", "cd", "pushd", "popd", "shopt", "umask", "alias", "unalias",
+    "declare", "typeset", "readonly", "local", "eval", "hash", ":", "true", "false", "test", "[", "[[",
+    "echo", "printf", "conda", "mamba", "micromamba", "module", "ml", "spack", "pyenv", "activate",
+    "deactivate", "enable_lmod", "setpkgs", "use",
+})
+_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
+                       "esac", "{", "}", "!", "function", "in", "]]", "time"})
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", ";;", "|&"})
+_DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
+_PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "HOME")
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
+
+
+@dataclasses.dataclass
+class Preamble:
+    """What running the preamble gave.
+
+    Attributes:
+        env: the exported environment it ended with, or None (nothing ran, or it wrote none).
+        ran: a preamble ran (some line was kept).
+        note: one line on a preamble that failed, hung or wrote no environment ("" otherwise).
+        wall_s: seconds it took.
+    """
+
+    env: Optional[Dict[str, str]]
+    ran: bool = False
+    note: str = ""
+    wall_s: float = 0.0
+
+
+def _is_setup(line: str) -> bool:
+    """Whether every simple command on ``line`` is setup and its only output redirection is /dev/null."""
+    try:
+        lex = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        toks = list(lex)
+    except ValueError:
+        return False
+    head = True
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t in _SEPARATORS:
+            head = True
+        elif set(t) <= set("<>&|;"):  # a redirection: only to /dev/null or another descriptor
+            if ">" in t and not t.endswith("&"):
+                if i + 1 >= len(toks) or toks[i + 1] != "/dev/null":
+                    return False
+            i += 1
+        elif head:
+            if t in _KEYWORDS or _ASSIGN.match(t):
+                pass
+            elif os.path.basename(t) in SETUP_COMMANDS and not t.startswith("$"):
+                head = False
+            else:
+                return False
+        i += 1
+    return True
+
+
+def preamble(text: str, line_index: int) -> Optional[str]:
+    """The runnable preamble of script ``text`` (module docstring): its setup lines before logical line
+    ``line_index`` (the training command's), others as ``:``; None when no line is kept."""
+    out: List[str] = []
+    kept = False
+    heredoc: Optional[str] = None
+    for line in logical_lines(text)[:max(0, line_index)]:
+        s = line.strip()
+        if heredoc is not None:
+            if s == heredoc:
+                heredoc = None
+            out.append(":")
+            continue
+        m = _HEREDOC.search(s) if "<<<" not in s else None
+        if m:
+            heredoc = m.group(1)
+            out.append(":")
+            continue
+        if not s or s.startswith("#"):
+            continue
+        if _is_setup(s):
+            out.append(line)
+            kept = True
+        else:
+            out.append(":")
+    return "\n".join(out) + "\n" if kept else None
+
+
+def _login_shell(text: str) -> bool:
+    first = text.split("\n", 1)[0]
+    return first.startswith("#!") and bool(re.search(r"\s(-l|--login|-\w*l\w*)\b", first))
+
+
+def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
+                 environ: Optional[Mapping[str, str]] = None,
+                 timeout_s: float = PREAMBLE_TIMEOUT_S) -> Preamble:
+    """Run the preamble of batch script ``text`` before ``cmd`` (module docstring); never raises.
+
+    Args:
+        text: the batch script.
+        cmd: its training command (``cmd.line_index`` marks where the preamble ends).
+        script_args: the script's arguments (``$1``...).
+        submit_dir: the submission directory (the preamble's working directory).
+        environ: the submitting environment (default ``os.environ``).
+        timeout_s: the preamble's time limit (seconds).
+    """
+    base = dict(os.environ if environ is None else environ)
+    body = preamble(text, cmd.line_index)
+    bash, env_exe = shutil.which("bash"), shutil.which("env") or "/usr/bin/env"
+    if body is None or bash is None:
+        return Preamble(None)
+    t0 = time.monotonic()
+    scratch = tempfile.mkdtemp(prefix="coloc-preamble-")
+    try:
+        report = os.path.join(scratch, "env")
+        dump = f"{shlex.quote(env_exe)} -0 > {shlex.quote(report)} 2>/dev/null"
+        script = os.path.join(scratch, "preamble.sh")
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write(f"__coloc_env() {{ {dump}; }}\ntrap __coloc_env EXIT\n{body}__coloc_env\n")
+        env = dict(base, SLURM_SUBMIT_DIR=submit_dir, COLOC_PROBE="1")
+        argv = [bash, "-l" if _login_shell(text) else "--noprofile", *([] if _login_shell(text) else ["--norc"]),
+                script, *script_args]
+        log_path = os.path.join(scratch, "log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, cwd=submit_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:  # whatever it started in its session ends with it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        status = {"timed_out": proc.returncode == -signal.SIGKILL, "returncode": proc.returncode}
+        wall = time.monotonic() - t0
+        if status.get("timed_out"):
+            return Preamble(None, True, f"the script's setup lines did not finish within {timeout_s:g} s: "
+                            "the submitting environment is used", wall)
+        try:
+            with open(report, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            with open(log_path, "rb") as fh:
+                last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+            return Preamble(None, True, f"the script's setup lines wrote no environment "
+                            f"(exit {status.get('returncode')}): {' '.join(last.split())[:200]}", wall)
+        out: Dict[str, str] = {}
+        for item in raw.decode("utf-8", "surrogateescape").split("\0"):
+            name, sep, value = item.partition("=")
+            if sep and name:
+                out[name] = value
+        for name in _DROPPED_ENV:
+            out.pop(name, None)
+        for name in ("PWD", "SLURM_SUBMIT_DIR", "COLOC_PROBE"):
+            out.pop(name, None)
+            if name in base:
+                out[name] = base[name]
+        return Preamble(out, True, "", wall)
+    except OSError as exc:
+        return Preamble(None, True, f"the script's setup lines could not run: {exc}", time.monotonic() - t0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
+    """The interpreter a console script (``torchrun``, ``accelerate``) runs under: its ``#!`` line
+    (``#!/usr/bin/env python3`` looked up on ``path``; pip's ``#!/bin/sh`` + ``'''exec' PY`` form too)."""
+    if not exe:
+        return None
+    try:
+        with open(exe, "rb") as fh:
+            head = fh.read(600).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith("#!"):
+        return None
+    words = head[0][2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        return shutil.which(words[0], path=path) if words else None
+    if words and os.path.basename(words[0]) == "sh" and len(head) > 1:
+        m = re.match(r"""'''exec' "?([^" ]+)"?""", head[1])
+        return m.group(1) if m else None
+    return words[0] if words and "python" in os.path.basename(words[0]) else None
+
+
+def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
+    """The job's interpreter as an absolute path (not resolved through links: a venv's ``bin/python``
+    stays itself), given the PATH the preamble ended with; None when it cannot be found.
+
+    ``#COLOC python=`` and a path the command names are taken as written; a bare name (``python``,
+    ``python3.11``) is looked up on ``path``, then the venv a ``source .../activate`` line named; a
+    launcher's (``torchrun``, ``accelerate``) own Python is its ``#!`` line's, ``python3`` when it has none.
+    """
+    if cmd.python_from in ("coloc", "path") and cmd.interpreter:
+        return cmd.interpreter if os.access(cmd.interpreter, os.X_OK) else None
+    if cmd.python_from == "launcher":
+        word = cmd.python_word or cmd.launcher
+        exe = word if os.sep in word else shutil.which(word, path=path)
+        found = shebang_python(exe, path) or shutil.which("python3", path=path)
+        return os.path.abspath(found) if found and os.access(found, os.X_OK) else None
+    word = cmd.python_word or cmd.interpreter or "python3"
+    found = shutil.which(word, path=path) if os.sep not in word else word
+    if found is None and cmd.interpreter and os.sep in cmd.interpreter:
+        found = cmd.interpreter  # the venv a `source .../activate` line named
+    return os.path.abspath(found) if found and os.access(found, os.X_OK) else None
+
+
+@dataclasses.dataclass
+class JobPython:
+    """:func:`discover_job`'s answer.
+
+    Attributes:
+        python: the job's interpreter (absolute path, links not resolved), or None.
+        env: the job's environment (after the preamble, else the submitting one).
+        notes: lines on a preamble that failed or hung.
+        reason: why ``python`` is None ("" otherwise).
+    """
+
+    python: Optional[str]
+    env: Dict[str, str]
+    notes: List[str]
+    reason: str = ""
+
+
+def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
+                 environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
+    """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
+    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never raises."""
+    pre = run_preamble(text, cmd, script_args, submit_dir, environ)
+    env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
+    if python:
+        found = resolve_interpreter(dataclasses.replace(cmd, interpreter=python), env.get("PATH"))
+    else:
+        found = job_python(cmd, env.get("PATH"))
+    notes = [pre.note] if pre.note else []
+    if found is None:
+        word = python or cmd.python_word or cmd.interpreter or "python3"
+        where = " the script's setup lines leave" if pre.env is not None else ""
+        return JobPython(None, env, notes, f"the job's Python {word} was not found (on the PATH{where})")
+    return JobPython(found, env, notes)
+
+
+def _stat_id(path: str) -> List[Any]:
+    try:
+        st = os.stat(path)
+        return [path, st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [path]
+
+
+def _syspath_key(python: str, env: Mapping[str, str]) -> str:
+    d = os.path.dirname(python)
+    blob = [_stat_id(python), _stat_id(os.path.realpath(python)), _stat_id(os.path.join(d, "pyvenv.cfg")),
+            _stat_id(os.path.join(os.path.dirname(d), "pyvenv.cfg")), [env.get(v) for v in _PATH_VARS]]
+    return hashlib.sha256(json.dumps(blob).encode()).hexdigest()
+
+
+def _dir_times(paths: Sequence[str]) -> List[Optional[int]]:
+    out: List[Optional[int]] = []
+    for p in paths:
+        try:
+            out.append(os.stat(p).st_mtime_ns)
+        except OSError:
+            out.append(None)
+    return out
+
+
+def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str]) -> Optional[List[str]]:
+    """``sys.path`` of interpreter ``python`` under ``env`` (cached in ``cache_dir/interpreters.json``);
+    None when the interpreter does not answer within ``SYSPATH_TIMEOUT_S``."""
+    key = _syspath_key(python, env)
+    path = os.path.join(cache_dir, "interpreters.json") if cache_dir else ""
+    table: Dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                loaded = json.load(fh)
+            table = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            table = {}
+        hit = table.get(key)
+        if isinstance(hit, dict) and hit.get("times") == _dir_times(hit.get("sys_path") or []):
+            return [str(p) for p in hit["sys_path"]]
+    try:
+        done = subprocess.run([python, "-c", "import sys, json; print(json.dumps(sys.path))"], env=dict(env),
+                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=SYSPATH_TIMEOUT_S,
+                              start_new_session=True)
+        sys_path = [p for p in json.loads(done.stdout.decode().strip().splitlines()[-1]) if p]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if path:
+        table[key] = {"sys_path": sys_path, "times": _dir_times(sys_path), "stored_at": time.time()}
+        if len(table) > 64:
+            table = dict(sorted(table.items(), key=lambda kv: float(kv[1].get("stored_at", 0)))[-64:])
+        try:
+            os.makedirs(cache_dir or ".", mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".interpreters-", dir=cache_dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(table, fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return sys_path
+
+
+def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None) -> Optional[str]:
+    """The version of the torch ``python`` imports (``torch/version.py`` on its ``sys.path``), without
+    importing it; ``"none"`` when it has none, None when the interpreter does not answer."""
+    sys_path = interpreter_path(python, env, cache_dir)
+    if sys_path is None:
+        return None
+    for entry in sys_path:
+        init = os.path.join(entry, "torch", "__init__.py")
+        if not os.path.isfile(init):
+            continue
+        try:
+            with open(os.path.join(entry, "torch", "version.py"), encoding="utf-8") as fh:
+                m = _VERSION_RE.search(fh.read(4000))
+        except OSError:
+            m = None
+        return m.group(1) if m else f"unknown ({entry})"
+    return "none"
