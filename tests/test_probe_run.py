@@ -226,8 +226,19 @@ def test_data_beside_the_working_directory_is_read(tmp_path):
     directory sits beside links to its siblings, so the data is found, and nothing is written there."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.txt").write_text("16\n")
+    (tmp_path / "data" / "y.txt").write_text("4\n")
     proj = tmp_path / "mnist"
     proj.mkdir()
+    (proj / "refs").mkdir()  # pytorch/vision's references/classification read ../../data
+    (proj / "refs" / "train.py").write_text(
+        "import torch\n"
+        "n = int(open('../../data/y.txt').read())\n"
+        "model = torch.nn.Linear(n, 4).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(8, n, device='cuda')).sum().backward()\n"
+        "    opt.step()\n")
+    (proj / "refs" / "job.sh").write_text("#!/bin/bash\npython train.py\n")
     (proj / "main.py").write_text(
         "import torch\n"
         "n = int(open('../data/x.txt').read())\n"
@@ -241,6 +252,8 @@ def test_data_beside_the_working_directory_is_read(tmp_path):
     r = probe_script(str(proj / "job.sh"), submit_dir=str(proj), use_cache=False)
     assert r.estimate is not None, r.reason
     assert r.detail["steps"] == 2 and r.detail["outside_writes"] == []
+    deep = probe_script(str(proj / "refs" / "job.sh"), submit_dir=str(proj / "refs"), use_cache=False)
+    assert deep.estimate is not None, deep.reason
     assert tree(tmp_path) == before
 
 def test_probe_counts_the_flops_of_one_training_iteration(tmp_path):

@@ -10,13 +10,14 @@ first on ``sys.path`` only while it imports the probe, then removes it and the `
 The child runs as the caller (the submitting user), in its own session, under ``reaper.py`` (a child
 subreaper: at the time limit and when the program ends, every descendant is killed, ``setsid`` and
 double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
-stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout). Its working
-directory is ``scratch/up/<its name>``, which mirrors the job's working directory (``_mirror``): real
-directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
-directory, and a link to a directory, is linked as a whole); ``scratch/up`` holds a link to each
-other entry of the working directory's parent (``_link_siblings``), so ``../data`` reads as in the
-job (pytorch/examples' MNIST scripts). The program reads its relative paths (data, configs) as in
-the job; files it creates land in the scratch directory, and a file link it
+stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout).
+Its working directory is ``scratch/up/<parent's name>/<its name>``, which mirrors the job's working directory
+(``_mirror``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
+directory, and a link to a directory, is linked as a whole); beside it and one level up, links to each
+other entry of the working directory's parent and grandparent (``_mirror_with_ancestors``), so ``../data``
+and ``../../data`` read as in the job (pytorch/examples' MNIST scripts, pytorch/vision's references). The
+program reads its relative paths (data, configs) as in the job; files it creates land in the scratch directory,
+and a file link it
 opens for writing is replaced by a copy first (``inject/main.py``). Writes to absolute paths
 outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
 reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are put
@@ -57,6 +58,7 @@ REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
 DEFAULT_MEM_LIMIT_MIB = 32768
 MAX_MIRROR_ENTRIES = 5000
+MIRROR_UP_LEVELS = 2  # ancestors whose other entries are linked beside the mirror (``../../data``)
 # Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
 DEAD_PROXY = "http://127.0.0.1:9"
 OFFLINE_ENV = {
@@ -175,6 +177,29 @@ def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_EN
         return
 
 
+def _mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
+    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's path.
+
+    ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
+    where the directory standing for each ancestor holds links to that ancestor's other entries, so
+    ``../data`` and ``../../data`` (pytorch/vision's references/classification) read as in the job.
+    """
+    chain = [workdir]
+    while len(chain) <= levels:
+        parent = os.path.dirname(chain[-1])
+        if parent in ("", os.sep, chain[-1]):
+            break
+        chain.append(parent)
+    names = [os.path.basename(d) or "work" for d in chain[:-1]] if len(chain) > 1 else ["work"]
+    here = up
+    for i in range(len(chain) - 1, 0, -1):  # from the top ancestor down to the working directory's parent
+        os.makedirs(here, exist_ok=True)
+        _link_siblings(chain[i], here, names[i - 1])
+        here = os.path.join(here, names[i - 1])
+    _mirror(workdir, here)
+    return here
+
+
 def _small_dir(path: str, budget: int) -> bool:
     """True when ``path`` holds at most ``budget`` entries (read lazily: a data set is not listed)."""
     try:
@@ -247,10 +272,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     os.makedirs(boot)
     os.makedirs(tmp)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
-    name = os.path.basename(os.path.normpath(cmd.workdir)) or "work"
-    work = os.path.join(up, name)
-    _mirror(cmd.workdir, work)
-    _link_siblings(os.path.dirname(os.path.normpath(cmd.workdir)), up, name)
+    work = _mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
     result_path = os.path.join(scratch, "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
            "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
