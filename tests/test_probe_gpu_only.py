@@ -160,3 +160,26 @@ def test_module_to_with_device_keyword_moves_the_parameters(tmp_path):
     # 4 x 64 MiB of parameters, their gradients and Adam's two states: >= 1 GiB on the GPU
     assert kw.detail["peak_allocated_b"] >= 1024 * MIB
     assert kw.detail["peak_reserved_b"] == pos.detail["peak_reserved_b"]
+
+
+INFERENCE_MODE_READ = """
+    import torch, torch.nn as nn
+    model = nn.Linear(16, 10).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        x, y = torch.randn(8, 16).cuda(), torch.randint(0, 10, (8,)).cuda()
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.inference_mode():   # torchvision's references/classification utils.accuracy
+            acc = out.argmax(1).eq(y).flatten().sum(dtype=torch.float32) * (100.0 / 8)
+        print(f"acc {acc.item():.1f} loss {loss.item():.3f}")
+"""
+
+
+def test_value_read_of_an_inference_mode_tensor_after_a_step(tmp_path):
+    r = probe(tmp_path, "infer", INFERENCE_MODE_READ)
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    assert r.detail["steps"] >= 2

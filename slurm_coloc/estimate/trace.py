@@ -104,7 +104,9 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    _scalar_read = torch.ops.aten._local_scalar_dense.default
+    # value reads: ``aten.item`` reaches the modes undecomposed for inference-mode tensors (the FLOP counter
+    # decomposes it below the tracker into ``_local_scalar_dense``, which the fake mode refuses)
+    _scalar_reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
     _conv = torch.ops.aten.convolution.default
     _conv_bwd = torch.ops.aten.convolution_backward.default
 
@@ -138,7 +140,7 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
                 out = func(*args, **(kwargs or {}))
             except Exception:  # .item()/bool() of a tensor without values (a fake tensor
                 # holding a constant, e.g. Adam's step, answers itself above): assume (datadep.py)
-                if func is not _scalar_read or not args or not has_no_data(torch, args[0]):
+                if func not in _scalar_reads or not args or not has_no_data(torch, args[0]):
                     raise
                 return self.scalars.answer(torch, args[0])
             if isinstance(out, torch.Tensor) and out.dim() == 0:

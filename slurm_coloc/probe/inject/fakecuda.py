@@ -115,10 +115,11 @@ class GpuOps:
     dispatch, so they cost what they cost in the job.
     """
 
-    def __init__(self, torch: Any, modes: List[Any]) -> None:
+    def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None) -> None:
         self.torch = torch
         self.modes = modes
         self.depth = 0
+        self.scalar_answer = scalar_answer  # a value read of a fake tensor that no mode answered (the tracker does)
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
         """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
@@ -142,12 +143,20 @@ class GpuOps:
 
         orig = FakeTensor.__dict__["__torch_dispatch__"].__func__
         prim_device = self.torch.ops.prim.device.default
+        scalar_reads = (self.torch.ops.aten._local_scalar_dense.default, self.torch.ops.aten.item.default)
         gpu = self
 
         def __torch_dispatch__(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if gpu.depth or func is prim_device:
                 return orig(cls, func, types, args, kwargs if kwargs is not None else {})
-            return gpu.run(func, args, kwargs)
+            try:
+                return gpu.run(func, args, kwargs)
+            except Exception:
+                # ``.item()`` of a tensor made under ``torch.inference_mode()`` reaches the fake mode without the
+                # tracker's answer (torchvision's references: ``acc1.item()``): answered here the same way
+                if func not in scalar_reads or gpu.scalar_answer is None or not args:
+                    raise
+                return gpu.scalar_answer(args[0])
 
         FakeTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)  # type: ignore[method-assign, assignment]
 

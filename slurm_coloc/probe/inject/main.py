@@ -443,7 +443,7 @@ def main(request_path: str) -> None:
             if probe.flops is not None:
                 gpu_modes.append(probe.flops_mode)
             gpu_modes += [tracker, fakecuda.make_gpu_tag_mode(torch, st)]
-            st.gpu = fakecuda.GpuOps(torch, gpu_modes)
+            st.gpu = fakecuda.GpuOps(torch, gpu_modes, lambda t: tracker.scalars.answer(torch, t))
             st.gpu.install()
             stack.enter_context(fakecuda.make_device_mode(torch, st))
             stack.enter_context(make_cuda_fp32_mode(torch))
