@@ -1,0 +1,158 @@
+"""Build the public probe corpus: export upstream scripts at pinned commits, generate stand-in data, write jobs.
+
+For each repo of ``manifest.yaml``: ``git --git-dir=<mirror-dir>/<mirror>/repo archive <commit> <paths> | tar -x``
+into ``<out>/<repo key>/`` (``ours``: copied from this folder). Then, for each script, the stand-in data its
+``data`` entries name (``standin.py``; skipped where already made) and ``<out>/<repo>/<dir>/job_<name>.sh``::
+
+    #!/bin/bash
+    #SBATCH --job-name=<name>
+    #SBATCH --gres=gpu:1
+    #SBATCH --time=<time>
+    source <venv>/bin/activate
+    <pre lines>
+    <command>
+
+Writes ``<out>/corpus.json`` (the scripts with their job paths, repo, commit, command and data), read by
+``run_probe.py`` and ``fenced_device.py``.
+
+Usage (repository root)::
+
+    .venv/bin/python benchmarks/probe_public/setup_corpus.py --mirror-dir /work/.mirror --out .pub
+    # GPU machine, over a carried export (no mirrors there): data and job files only
+    /opt/torch/.venv/bin/python3 benchmarks/probe_public/setup_corpus.py --no-export --out .pub \
+        --venv /opt/torch/.venv
+
+``--no-data`` exports and writes jobs only (a small folder to carry); ``--skip-big`` leaves out the data marked
+``big`` (VGG-16 weights, 528 MiB). Exit 1 with one line on a missing mirror or commit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any, Dict, List
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import standin  # noqa: E402
+
+
+def load_manifest(path: str = os.path.join(HERE, "manifest.yaml")) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def export_repo(key: str, spec: Dict[str, Any], mirror_dir: str, out: str) -> None:
+    """Export ``spec['paths']`` of the pinned commit into ``out/key`` (replacing what was there)."""
+    dest = os.path.join(out, key)
+    os.makedirs(dest, exist_ok=True)
+    if spec.get("origin") == "ours":
+        for p in spec["paths"]:
+            shutil.copy2(os.path.join(HERE, spec["local"], p), os.path.join(dest, p))
+        return
+    git_dir = os.path.join(mirror_dir, spec["mirror"], "repo")
+    if not os.path.isdir(git_dir):
+        raise SystemExit(f"setup_corpus: no mirror {git_dir} for {spec['repo']} (fetch it first)")
+    arch = subprocess.run(["git", f"--git-dir={git_dir}", "archive", spec["commit"], *spec["paths"]],
+                          capture_output=True)
+    if arch.returncode != 0:
+        raise SystemExit(f"setup_corpus: git archive {spec['repo']}@{spec['commit'][:10]}: "
+                         f"{arch.stderr.decode(errors='replace').strip().splitlines()[-1:]}")
+    subprocess.run(["tar", "-x", "-C", dest], input=arch.stdout, check=True)
+    with open(os.path.join(dest, "UPSTREAM.json"), "w") as fh:
+        json.dump({k: spec[k] for k in ("repo", "commit", "paths")}, fh, indent=1)
+
+
+def fetch_wheels(wheel_dir: str) -> None:
+    """``pip download`` the pure-Python wheels ``standin.site`` unpacks (once; kept in ``wheel_dir``)."""
+    if os.path.isdir(wheel_dir) and len(os.listdir(wheel_dir)) >= len(standin.SITE_WHEELS):
+        return
+    os.makedirs(wheel_dir, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "-d", wheel_dir, *standin.SITE_WHEELS], check=True)
+
+
+def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str) -> List[str]:
+    """Generate each stand-in of ``script`` not yet made; return the destinations made now."""
+    made = []
+    base = os.path.join(out, script["repo"], script["dir"])
+    for d in script.get("data") or []:
+        if d.get("big") and skip_big:
+            continue
+        dest = os.path.normpath(os.path.join(base, d["dest"]))
+        marker = (dest if d["kind"] in ("sine_wave", "char_text") else os.path.join(dest, ".standin"))
+        if os.path.exists(marker):
+            continue
+        if d["kind"] == "site":
+            fetch_wheels(wheel_dir)
+            standin.site(dest, wheel_dir)
+        else:
+            standin.GENERATORS[d["kind"]](dest)
+        if marker != dest:
+            with open(marker, "w") as fh:
+                fh.write(d["kind"] + "\n")
+        made.append(dest)
+    return made
+
+
+def job_text(script: Dict[str, Any], venv: str, time_limit: str) -> str:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={script['name']}", "#SBATCH --gres=gpu:1",
+             f"#SBATCH --time={time_limit}"]
+    if venv:
+        lines.append(f"source {venv}/bin/activate")
+    lines += list(script.get("pre") or []) + [script["command"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mirror-dir", default="/work/.mirror")
+    ap.add_argument("--out", default=".pub")
+    ap.add_argument("--venv", default=os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))),
+                    help="the venv the job scripts activate (default: this interpreter's)")
+    ap.add_argument("--time", default="12:00:00", help="#SBATCH --time of each job")
+    ap.add_argument("--no-export", action="store_true", help="use the export already in --out")
+    ap.add_argument("--no-data", action="store_true")
+    ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument("--wheels", default="", help="folder of the site wheels (default: <out>/wheels)")
+    ap.add_argument("names", nargs="*", help="only these scripts")
+    args = ap.parse_args(argv)
+    man = load_manifest()
+    out = os.path.abspath(args.out)
+    wheel_dir = args.wheels or os.path.join(out, "wheels")
+    scripts = [s for s in man["scripts"] if not args.names or s["name"] in args.names]
+    if not args.no_export:
+        for key in sorted({s["repo"] for s in scripts}):
+            export_repo(key, man["repos"][key], args.mirror_dir, out)
+            print(f"exported {key}: {man['repos'][key].get('repo', 'ours')}@{man['repos'][key].get('commit', '-')[:10]}")
+    rows = []
+    for s in scripts:
+        base = os.path.join(out, s["repo"], s["dir"])
+        if not os.path.isdir(base):
+            raise SystemExit(f"setup_corpus: {base} missing (export first)")
+        if not args.no_data:
+            for dest in make_data(out, s, args.skip_big, wheel_dir):
+                print(f"  data {s['name']}: {os.path.relpath(dest, out)}")
+        job = os.path.join(base, f"job_{s['name']}.sh")
+        with open(job, "w") as fh:
+            fh.write(job_text(s, args.venv, args.time))
+        os.chmod(job, 0o755)
+        spec = man["repos"][s["repo"]]
+        rows.append({"name": s["name"], "job": os.path.relpath(job, out), "submit_dir": os.path.relpath(base, out),
+                     "repo": spec.get("repo", "ours (benchmarks/probe_public/ours)"), "commit": spec.get("commit"),
+                     "origin": spec.get("origin", "upstream"), "command": s["command"],
+                     "cpu_only": bool(s.get("cpu_only")), "data": [d["kind"] for d in s.get("data") or []]})
+    with open(os.path.join(out, "corpus.json"), "w") as fh:
+        json.dump({"scripts": rows, "left_out": man.get("left_out", {})}, fh, indent=1)
+    print(f"{len(rows)} job scripts under {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
