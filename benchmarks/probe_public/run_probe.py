@@ -68,12 +68,13 @@ def probe_one(root: str, row: Dict[str, Any], python: Optional[str], timeout_s: 
     detail = r.detail or {}
     return {
         "script": row["name"], "repo": row["repo"], "commit": row["commit"], "origin": row["origin"],
-        "command": row["command"], "cpu_only": row.get("cpu_only", False),
+        "command": row["command"], "cpu_only": row.get("cpu_only", False), "expect_fail": row.get("expect_fail", ""),
         "figure_mib": est.mem_mib if est else None,
         "flops_per_step": getattr(est, "flops_per_step", None) if est else None,
         "probe_wall_s": round(wall, 2), "first_call_cached": r.cached,
         "cached_s": round(cached_s, 3), "cached_hit": again.cached,
         "cached_same": (again.estimate.mem_mib if again.estimate else None) == (est.mem_mib if est else None),
+        "second_figure_mib": again.estimate.mem_mib if again.estimate else None, "second_reason": again.reason,
         "reason": r.reason, "ran": r.ran, "notes": detail.get("notes", []),
         "peak_reserved_mib": round((detail.get("peak_reserved_b") or 0) / 2**20, 1),
         "torch": detail.get("torch"), "scratch_files": len(detail.get("scratch_files") or []),
@@ -85,7 +86,9 @@ def summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     walls = [r["probe_wall_s"] for r in rows]
     hits = [r["cached_s"] for r in rows if r["cached_hit"]]
     n_est = sum(1 for r in rows if r["figure_mib"] is not None)
-    return {"scripts": len(rows), "estimated": n_est,
+    runnable = [r for r in rows if not r.get("expect_fail")]
+    return {"scripts": len(rows), "estimated": n_est, "runnable": len(runnable),
+            "estimated_of_runnable": sum(1 for r in runnable if r["figure_mib"] is not None),
             "estimated_pct": round(100.0 * n_est / len(rows), 1) if rows else None,
             "p50_uncached_s": _pctl(walls, 50), "p90_uncached_s": _pctl(walls, 90),
             "max_uncached_s": max(walls) if walls else None,
@@ -99,6 +102,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
     for r in rows:
         fig = "-" if r["figure_mib"] is None else str(r["figure_mib"])
         cached = f"{r['cached_s']:.3f}" + ("" if r["cached_hit"] else " (miss)")
+        if not r.get("cached_same", True):
+            cached += f" (2nd: {r.get('second_figure_mib') or '-'} MiB {(r.get('second_reason') or '')[:60]})"
         reason = (r["reason"] or "").replace("|", "/").replace("\n", " ")[:160]
         lines.append(f"| {r['script']} | {fig} | {r['probe_wall_s']:.1f} | {cached} | {reason} |")
     return "\n".join(lines)
@@ -107,7 +112,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
 def summary_lines(s: Dict[str, Any]) -> str:
     def f(x: Optional[float]) -> str:
         return "-" if x is None else f"{x:.2f}"
-    return (f"estimated {s['estimated']}/{s['scripts']} ({s['estimated_pct']}%; target >= 90%); "
+    return (f"estimated {s['estimated']}/{s['scripts']} ({s['estimated_pct']}%; target >= 90%; "
+            f"{s['estimated_of_runnable']}/{s['runnable']} of the scripts that run at all); "
             f"uncached wall p50 {f(s['p50_uncached_s'])} s, p90 {f(s['p90_uncached_s'])} s (target <= 15 s), "
             f"max {f(s['max_uncached_s'])} s; cached max {f(s['max_cached_s'])} s over {s['cached_hits']} hits "
             f"(target <= 0.3 s)")
@@ -119,12 +125,16 @@ def write_md(path: str, rows: List[Dict[str, Any]], meta: Dict[str, Any], done: 
            f"{meta['when']} UTC; probe from `{meta['slurm_coloc']}` ({meta['probe_commit']}); "
            f"interpreter `{meta['python']}`; corpus `{meta['root']}`; command: `{meta['argv']}`", "",
            table(rows), "", summary_lines(s), ""]
+    if meta.get("notes") and os.path.exists(meta["notes"]):
+        with open(meta["notes"], encoding="utf-8") as fh:
+            out += [fh.read(), ""]
     fails = [r for r in rows if r["figure_mib"] is None]
     if fails:
         out.append("## Scripts without a figure")
     for r in fails:
         out += ["", f"### {r['script']}", "", f"- command: `{r['command']}`", f"- ran: {r['ran']}",
-                f"- reason: {r['reason']}", f"- notes: {r['notes']}", "", "```", r["log_tail"] or "(no log)", "```"]
+                f"- reason: {r['reason']}",
+                f"- expected to fail: {r['expect_fail']}" if r.get("expect_fail") else "- expected to run: yes", f"- notes: {r['notes']}", "", "```", r["log_tail"] or "(no log)", "```"]
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write("\n".join(out) + "\n")
@@ -150,6 +160,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=None, help="probe time limit (default: the probe's)")
     ap.add_argument("--out", default=None, help="results JSON (default: <root>/probe_results.json)")
     ap.add_argument("--md", default=None, help="markdown report, rewritten after every script")
+    ap.add_argument("--notes", default=None, help="a markdown file appended to --md (observations)")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
     root = os.path.abspath(args.root)
@@ -160,7 +171,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(slurm_coloc.__file__)))
     meta = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "slurm_coloc": pkg,
             "probe_commit": _probe_commit(pkg), "python": args.python or "(script's)", "root": root,
-            "argv": " ".join(sys.argv[1:])}
+            "argv": " ".join(sys.argv[1:]), "notes": args.notes}
     out = args.out or os.path.join(root, "probe_results.json")
     rows: List[Dict[str, Any]] = []
     for row in corpus:

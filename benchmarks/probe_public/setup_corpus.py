@@ -22,8 +22,9 @@ Usage (repository root)::
     /opt/torch/.venv/bin/python3 benchmarks/probe_public/setup_corpus.py --no-export --out .pub \
         --venv /opt/torch/.venv
 
-``--no-data`` exports and writes jobs only (a small folder to carry); ``--skip-big`` leaves out the data marked
-``big`` (VGG-16 weights, 528 MiB). Exit 1 with one line on a missing mirror or commit.
+``--no-data`` exports and writes jobs only; ``--kinds site`` makes only the data of those kinds (the folder to
+carry to the GPU machine: ``--out .pubcarry --kinds site``, 17 MiB; the rest is generated there, where no pip
+works); ``--skip-big`` leaves out the data marked ``big`` (VGG-16 weights, 528 MiB). Exit 1 with one line on a missing mirror or commit.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import yaml
 
@@ -78,12 +79,13 @@ def fetch_wheels(wheel_dir: str) -> None:
                     "-d", wheel_dir, *standin.SITE_WHEELS], check=True)
 
 
-def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str) -> List[str]:
-    """Generate each stand-in of ``script`` not yet made; return the destinations made now."""
+def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str,
+              kinds: Optional[List[str]] = None) -> List[str]:
+    """Generate each stand-in of ``script`` not yet made (only ``kinds`` when given); return those made now."""
     made = []
     base = os.path.join(out, script["repo"], script["dir"])
     for d in script.get("data") or []:
-        if d.get("big") and skip_big:
+        if (d.get("big") and skip_big) or (kinds and d["kind"] not in kinds):
             continue
         dest = os.path.normpath(os.path.join(base, d["dest"]))
         marker = (dest if d["kind"] in ("sine_wave", "char_text") else os.path.join(dest, ".standin"))
@@ -120,6 +122,7 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--no-export", action="store_true", help="use the export already in --out")
     ap.add_argument("--no-data", action="store_true")
     ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument("--kinds", default="", help="only these data kinds (comma-separated), e.g. site")
     ap.add_argument("--wheels", default="", help="folder of the site wheels (default: <out>/wheels)")
     ap.add_argument("names", nargs="*", help="only these scripts")
     args = ap.parse_args(argv)
@@ -137,7 +140,7 @@ def main(argv: List[str] | None = None) -> int:
         if not os.path.isdir(base):
             raise SystemExit(f"setup_corpus: {base} missing (export first)")
         if not args.no_data:
-            for dest in make_data(out, s, args.skip_big, wheel_dir):
+            for dest in make_data(out, s, args.skip_big, wheel_dir, [k for k in args.kinds.split(',') if k]):
                 print(f"  data {s['name']}: {os.path.relpath(dest, out)}")
         job = os.path.join(base, f"job_{s['name']}.sh")
         with open(job, "w") as fh:
@@ -147,7 +150,7 @@ def main(argv: List[str] | None = None) -> int:
         rows.append({"name": s["name"], "job": os.path.relpath(job, out), "submit_dir": os.path.relpath(base, out),
                      "repo": spec.get("repo", "ours (benchmarks/probe_public/ours)"), "commit": spec.get("commit"),
                      "origin": spec.get("origin", "upstream"), "command": s["command"],
-                     "cpu_only": bool(s.get("cpu_only")), "data": [d["kind"] for d in s.get("data") or []]})
+                     "cpu_only": bool(s.get("cpu_only")), "expect_fail": s.get("expect_fail", ""), "data": [d["kind"] for d in s.get("data") or []]})
     with open(os.path.join(out, "corpus.json"), "w") as fh:
         json.dump({"scripts": rows, "left_out": man.get("left_out", {})}, fh, indent=1)
     print(f"{len(rows)} job scripts under {out}")
