@@ -177,9 +177,9 @@ def table(rows: List[Dict[str, Any]]) -> str:
              "|---|---:|---:|---:|---|---|---|"]
     for r in rows:
         name = r["script"] + (" (unfenced)" if r["unfenced"] else "")
-        lines.append(f"| {name} | {r['grant_mib'] or '-'} | {r['nvml_peak_mib'] if r['nvml_peak_mib'] is not None else '-'}"
-                     f" | {r.get('peak_over_grant_pct', '-')} | {r['state']} | {'yes' if r['reached_eval'] else 'no'}"
-                     f" | {r['outcome']} |")
+        peak = "-" if r["nvml_peak_mib"] is None else r["nvml_peak_mib"]
+        lines.append(f"| {name} | {r['grant_mib'] or '-'} | {peak} | {r.get('peak_over_grant_pct', '-')} | {r['state']}"
+                     f" | {'yes' if r['reached_eval'] else 'no'} | {r['outcome']} |")
     return "\n".join(lines)
 
 

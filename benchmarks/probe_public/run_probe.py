@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ def probe_one(root: str, row: Dict[str, Any], python: Optional[str], timeout_s: 
     with tempfile.TemporaryDirectory(prefix="pubcache-") as cache_home:
         os.environ["XDG_CACHE_HOME"] = cache_home
         try:
+            load1 = os.getloadavg()[0]
             t0 = time.monotonic()
             r = probe_script(job, use_cache=True, **kw)
             wall = time.monotonic() - t0
@@ -71,7 +71,7 @@ def probe_one(root: str, row: Dict[str, Any], python: Optional[str], timeout_s: 
         "command": row["command"], "cpu_only": row.get("cpu_only", False), "expect_fail": row.get("expect_fail", ""),
         "figure_mib": est.mem_mib if est else None,
         "flops_per_step": getattr(est, "flops_per_step", None) if est else None,
-        "probe_wall_s": round(wall, 2), "first_call_cached": r.cached,
+        "probe_wall_s": round(wall, 2), "first_call_cached": r.cached, "load1_before": round(load1, 1),
         "cached_s": round(cached_s, 3), "cached_hit": again.cached,
         "cached_same": (again.estimate.mem_mib if again.estimate else None) == (est.mem_mib if est else None),
         "second_figure_mib": again.estimate.mem_mib if again.estimate else None, "second_reason": again.reason,
@@ -97,7 +97,7 @@ def summary(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    head = "| script | figure MiB | probe wall s | cached s | reason |\n|---|---:|---:|---:|---|"
+    head = "| script | figure MiB | probe wall s | load | cached s | reason |\n|---|---:|---:|---:|---:|---|"
     lines = [head]
     for r in rows:
         fig = "-" if r["figure_mib"] is None else str(r["figure_mib"])
@@ -105,7 +105,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
         if not r.get("cached_same", True):
             cached += f" (2nd: {r.get('second_figure_mib') or '-'} MiB {(r.get('second_reason') or '')[:60]})"
         reason = (r["reason"] or "").replace("|", "/").replace("\n", " ")[:160]
-        lines.append(f"| {r['script']} | {fig} | {r['probe_wall_s']:.1f} | {cached} | {reason} |")
+        load = r.get("load1_before", "-")
+        lines.append(f"| {r['script']} | {fig} | {r['probe_wall_s']:.1f} | {load} | {cached} | {reason} |")
     return "\n".join(lines)
 
 
@@ -134,7 +135,8 @@ def write_md(path: str, rows: List[Dict[str, Any]], meta: Dict[str, Any], done: 
     for r in fails:
         out += ["", f"### {r['script']}", "", f"- command: `{r['command']}`", f"- ran: {r['ran']}",
                 f"- reason: {r['reason']}",
-                f"- expected to fail: {r['expect_fail']}" if r.get("expect_fail") else "- expected to run: yes", f"- notes: {r['notes']}", "", "```", r["log_tail"] or "(no log)", "```"]
+                f"- expected to fail: {r['expect_fail']}" if r.get("expect_fail") else "- expected to run: yes",
+                f"- notes: {r['notes']}", "", "```", r["log_tail"] or "(no log)", "```"]
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write("\n".join(out) + "\n")
@@ -161,9 +163,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="results JSON (default: <root>/probe_results.json)")
     ap.add_argument("--md", default=None, help="markdown report, rewritten after every script")
     ap.add_argument("--notes", default=None, help="a markdown file appended to --md (observations)")
+    ap.add_argument("--render", action="store_true", help="only rewrite --md from --out's JSON (with --notes)")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
     root = os.path.abspath(args.root)
+    if args.render:
+        with open(args.out or os.path.join(root, "probe_results.json")) as fh:
+            saved = json.load(fh)
+        saved["meta"]["notes"] = args.notes
+        with open(os.path.join(root, "corpus.json")) as fh:
+            expect = {c["name"]: c.get("expect_fail", "") for c in json.load(fh)["scripts"]}
+        for r in saved["rows"]:
+            r.setdefault("expect_fail", expect.get(r["script"], ""))
+        write_md(args.md, saved["rows"], saved["meta"], done=True)
+        print(table(saved["rows"]))
+        print(summary_lines(summary(saved["rows"])))
+        return 0
     with open(os.path.join(root, "corpus.json")) as fh:
         corpus = json.load(fh)["scripts"]
     corpus = [r for r in corpus if not args.names or r["name"] in args.names]

@@ -24,7 +24,8 @@ Usage (repository root)::
 
 ``--no-data`` exports and writes jobs only; ``--kinds site`` makes only the data of those kinds (the folder to
 carry to the GPU machine: ``--out .pubcarry --kinds site``, 17 MiB; the rest is generated there, where no pip
-works); ``--skip-big`` leaves out the data marked ``big`` (VGG-16 weights, 528 MiB). Exit 1 with one line on a missing mirror or commit.
+works); ``--skip-big`` leaves out the data marked ``big`` (VGG-16 weights, 528 MiB). Exit 1 with one line on a
+missing mirror or commit.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str,
         if (d.get("big") and skip_big) or (kinds and d["kind"] not in kinds):
             continue
         dest = os.path.normpath(os.path.join(base, d["dest"]))
-        marker = (dest if d["kind"] in ("sine_wave", "char_text") else os.path.join(dest, ".standin"))
+        marker = (dest if d["kind"] in ("sine_wave", "char_text") else os.path.join(dest, f".standin-{d['kind']}"))
         if os.path.exists(marker):
             continue
         if d["kind"] == "site":
@@ -133,7 +134,8 @@ def main(argv: List[str] | None = None) -> int:
     if not args.no_export:
         for key in sorted({s["repo"] for s in scripts}):
             export_repo(key, man["repos"][key], args.mirror_dir, out)
-            print(f"exported {key}: {man['repos'][key].get('repo', 'ours')}@{man['repos'][key].get('commit', '-')[:10]}")
+            spec = man["repos"][key]
+            print(f"exported {key}: {spec.get('repo', 'ours')}@{spec.get('commit', '-')[:10]}")
     rows = []
     for s in scripts:
         base = os.path.join(out, s["repo"], s["dir"])
@@ -150,8 +152,15 @@ def main(argv: List[str] | None = None) -> int:
         rows.append({"name": s["name"], "job": os.path.relpath(job, out), "submit_dir": os.path.relpath(base, out),
                      "repo": spec.get("repo", "ours (benchmarks/probe_public/ours)"), "commit": spec.get("commit"),
                      "origin": spec.get("origin", "upstream"), "command": s["command"],
-                     "cpu_only": bool(s.get("cpu_only")), "expect_fail": s.get("expect_fail", ""), "data": [d["kind"] for d in s.get("data") or []]})
-    with open(os.path.join(out, "corpus.json"), "w") as fh:
+                     "cpu_only": bool(s.get("cpu_only")), "expect_fail": s.get("expect_fail", ""),
+                     "data": [d["kind"] for d in s.get("data") or []]})
+    path = os.path.join(out, "corpus.json")
+    if args.names and os.path.exists(path):  # keep the other scripts' rows, in manifest order
+        with open(path) as fh:
+            kept = {r["name"]: r for r in json.load(fh)["scripts"]}
+        kept.update({r["name"]: r for r in rows})
+        rows = [kept[s["name"]] for s in man["scripts"] if s["name"] in kept]
+    with open(path, "w") as fh:
         json.dump({"scripts": rows, "left_out": man.get("left_out", {})}, fh, indent=1)
     print(f"{len(rows)} job scripts under {out}")
     return 0

@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser,
-                          Trainer, TrainingArguments)
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
 
 
 @dataclass
