@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, HERE)
 
 from slurm_coloc import config as config_mod  # noqa: E402
+from slurm_coloc.comment import parse_comment  # noqa: E402
 from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
 from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
 from slurm_coloc.store.history import job_peak_mem_mib  # noqa: E402
@@ -61,7 +62,10 @@ def user_env() -> Dict[str, str]:
     """The submit environment of the job user (as ``benchmarks/device/bench.py`` gives it)."""
     env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": f"/home/{USER}",
            "USER": USER, "LOGNAME": USER, "SLURM_CONF": f"{ROOT}/etc/slurm.conf",
-           "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml", "PYTHONUNBUFFERED": "1"}
+           "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml", "PYTHONUNBUFFERED": "1",
+           "COLOC_PROBE": "true"}  # the harness's coloc.yaml turns the probe off for its own #COLOC jobs
+    if os.environ.get("COLOC_PROBE_TIMEOUT_S"):
+        env["COLOC_PROBE_TIMEOUT_S"] = os.environ["COLOC_PROBE_TIMEOUT_S"]
     if os.environ.get("COLOC_BENCH_LD_LIBRARY_PATH"):
         env["LD_LIBRARY_PATH"] = os.environ["COLOC_BENCH_LD_LIBRARY_PATH"]
     return env
@@ -101,6 +105,13 @@ def scancel(job_id: int) -> None:
     subprocess.run([f"{ROOT}/bin/scancel", str(job_id)], env=slurm_env(), capture_output=True, timeout=30)
 
 
+def whole_gpu(r: Any) -> bool:
+    """The job got a whole GPU: coloc-sbatch's comment says ``mode: whole-gpu`` (all shards of a GPU), or it asked
+    for ``gpu`` GRES and no shards."""
+    coloc = parse_comment(r.comment) or {}
+    return coloc.get("mode") == "whole-gpu" or ("gpu" in r.gres and "shard" not in r.gres)
+
+
 def watch(subs: List[Dict[str, Any]], markers: Dict[str, str], grace_s: float, wait_s: float) -> Dict[int, Any]:
     """Poll squeue until every job (and each OOM retry) is final; cancel whole-GPU jobs and jobs past their eval."""
     ids = {s["job_id"]: s for s in subs if s.get("job_id")}
@@ -112,7 +123,7 @@ def watch(subs: List[Dict[str, Any]], markers: Dict[str, str], grace_s: float, w
             r = recs.get(j)
             if r is None or r.state in FINAL_STATES:
                 continue
-            if "gpu" in r.gres and "shard" not in r.gres and not s.get("unfenced"):
+            if whole_gpu(r) and not s.get("unfenced"):
                 if not s.get("cancelled"):
                     s["cancelled"] = "whole GPU (probe fell back): not run"
                     scancel(j)
@@ -156,7 +167,9 @@ def result_row(s: Dict[str, Any], recs: Dict[int, Any], cfg: Any) -> Dict[str, A
         outcome = "OK"
     else:
         outcome = "FAILED"
+    coloc = (parse_comment(r.comment) or {}) if r else {}
     row = {"script": s["script"], "job_id": j, "state": state, "outcome": outcome,
+           "estimate_mib": coloc.get("mem_mib"), "estimate_method": coloc.get("method"), "mode": coloc.get("mode"),
            "reached_eval": bool(s.get("reached_eval")), "cancelled": s.get("cancelled"),
            "grant_mib": shards * 1024 if shards else None, "gres": dict(r.gres) if r else {},
            "nvml_peak_mib": peak, "run_s": r.run_s if r else None, "submit_s": s.get("submit_s"),
@@ -173,12 +186,13 @@ def result_row(s: Dict[str, Any], recs: Dict[int, Any], cfg: Any) -> Dict[str, A
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    lines = ["| script | grant MiB | NVML peak MiB | peak/grant % | state | eval seen | outcome |",
-             "|---|---:|---:|---:|---|---|---|"]
+    lines = ["| script | estimate MiB | grant MiB | NVML peak MiB | peak/grant % | state | eval seen | outcome |",
+             "|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         name = r["script"] + (" (unfenced)" if r["unfenced"] else "")
         peak = "-" if r["nvml_peak_mib"] is None else r["nvml_peak_mib"]
-        lines.append(f"| {name} | {r['grant_mib'] or '-'} | {peak} | {r.get('peak_over_grant_pct', '-')} | {r['state']}"
+        lines.append(f"| {name} | {r.get('estimate_mib') or '-'} | {r['grant_mib'] or '-'} | {peak}"
+                     f" | {r.get('peak_over_grant_pct', '-')} | {r['state']}"
                      f" | {'yes' if r['reached_eval'] else 'no'} | {r['outcome']} |")
     return "\n".join(lines)
 
