@@ -53,8 +53,8 @@ def load_manifest(path: str = os.path.join(HERE, "manifest.yaml")) -> Dict[str, 
 def export_repo(key: str, spec: Dict[str, Any], mirror_dir: str, out: str) -> None:
     """Export ``spec['paths']`` of the pinned commit into ``out/key`` (replacing what was there)."""
     dest = os.path.join(out, key)
-    os.makedirs(dest, exist_ok=True)
     if spec.get("origin") == "ours":
+        os.makedirs(dest, exist_ok=True)
         for p in spec["paths"]:
             shutil.copy2(os.path.join(HERE, spec["local"], p), os.path.join(dest, p))
         return
@@ -66,6 +66,7 @@ def export_repo(key: str, spec: Dict[str, Any], mirror_dir: str, out: str) -> No
     if arch.returncode != 0:
         raise SystemExit(f"setup_corpus: git archive {spec['repo']}@{spec['commit'][:10]}: "
                          f"{arch.stderr.decode(errors='replace').strip().splitlines()[-1:]}")
+    os.makedirs(dest, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", dest], input=arch.stdout, check=True)
     with open(os.path.join(dest, "UPSTREAM.json"), "w") as fh:
         json.dump({k: spec[k] for k in ("repo", "commit", "paths")}, fh, indent=1)
