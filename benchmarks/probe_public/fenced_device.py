@@ -15,7 +15,7 @@ with ``COLOC_BENCH_FAKE_GPUS=1``, to check the Slurm parts on CPU). For each scr
    over the job's processes per sample), whether it died of CUDA OOM (state OUT_OF_MEMORY, an OOM line in its
    output, or an Epilog retry ``oom-retry-of-<id>``), the retry's state, the output's last lines when not OK.
 5. ``--unfenced NAME``: that script once more with ``--exclusive-gpu`` (a whole GPU, no fence) for its NVML peak,
-   after the fenced jobs.
+   submitted first (it runs while the other submissions probe; they start when it ends).
 
 Writes ``--out`` (JSON) and prints a table: script, grant MiB, NVML peak MiB, peak/grant %, state, outcome.
 
@@ -205,8 +205,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--limit-min", type=int, default=2, help="each job's time limit (minutes)")
     ap.add_argument("--parallel", type=int, default=6, help="coloc-sbatch calls (probes) at a time")
     ap.add_argument("--grace-s", type=float, default=10.0)
-    ap.add_argument("--wait-s", type=float, default=420.0, help="give up waiting after this long")
-    ap.add_argument("--unfenced", default="", help="one script to run on a whole GPU afterwards")
+    ap.add_argument("--wait-s", type=float, default=300.0, help="give up waiting this long after the submissions")
+    ap.add_argument("--unfenced", default="", help="one script to run first on a whole GPU (no fence)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     with open(os.path.join(HERE, "manifest.yaml")) as fh:
@@ -221,19 +221,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(pub)], check=True)
     cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml")
     t0 = time.time()
+    first: List[Dict[str, Any]] = []
+    if a.unfenced:  # first: it holds the whole GPU while the others' probes run, then they start
+        row = next(r for r in corpus if r["name"] == a.unfenced)
+        first = [submit(row, pub, a.limit_min, ["--exclusive-gpu"], f"pub-unfenced-{row['name']}")]
+        first[0]["unfenced"] = True
     with ThreadPoolExecutor(max_workers=max(1, a.parallel)) as pool:
         subs = list(pool.map(lambda r: submit(r, pub, a.limit_min, [], f"pub-{r['name']}"), rows))
-    log(f"submitted {len(subs)} in {time.time() - t0:.0f} s")
-    recs = watch(subs, markers, a.grace_s, a.wait_s)
+    log(f"submitted {len(subs) + len(first)} in {time.time() - t0:.0f} s")
+    recs = watch(first + subs, markers, a.grace_s, a.wait_s)
     time.sleep(4.0)  # the sampler's last batch
-    results = [result_row(s, recs, cfg) for s in subs]
-    if a.unfenced:
-        row = next(r for r in corpus if r["name"] == a.unfenced)
-        s = submit(row, pub, a.limit_min, ["--exclusive-gpu"], f"pub-unfenced-{row['name']}")
-        s["unfenced"] = True
-        recs = watch([s], markers, a.grace_s, a.limit_min * 60 + 90)
-        time.sleep(4.0)
-        results.append(result_row(s, recs, cfg))
+    results = [result_row(s, recs, cfg) for s in subs + first]
     fenced = [r for r in results if not r["unfenced"] and r["outcome"] != "whole GPU (not run)"]
     summary = {"fenced_jobs": len(fenced), "ok": sum(r["outcome"] == "OK" for r in fenced),
                "oom": sum(r["outcome"] == "OOM" for r in fenced),
