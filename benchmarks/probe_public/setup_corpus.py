@@ -97,7 +97,7 @@ def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str,
             fetch_wheels(wheel_dir)
             standin.site(dest, wheel_dir)
         else:
-            standin.GENERATORS[d["kind"]](dest)
+            standin.GENERATORS[d["kind"]](dest, **{k: v for k, v in d.items() if k not in ("kind", "dest", "big")})
         if marker != dest:
             with open(marker, "w") as fh:
                 fh.write(d["kind"] + "\n")

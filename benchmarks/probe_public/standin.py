@@ -34,12 +34,12 @@ def _jpeg(rng: np.random.Generator, w: int, h: int) -> bytes:
     return buf.getvalue()
 
 
-def mnist_raw(dest: str) -> None:
-    """torchvision ``MNIST(dest)``: ``dest/MNIST/raw/*-ubyte`` (idx format), 2,048 train and 1,024 test images."""
+def mnist_raw(dest: str, n_train: int = 2048) -> None:
+    """torchvision ``MNIST(dest)``: ``dest/MNIST/raw/*-ubyte`` (idx format), ``n_train`` train and 1,024 test images."""
     raw = os.path.join(dest, "MNIST", "raw")
     os.makedirs(raw, exist_ok=True)
     rng = _rng("mnist")
-    for prefix, n in (("train", 2048), ("t10k", 1024)):
+    for prefix, n in (("train", n_train), ("t10k", 1024)):
         with open(os.path.join(raw, f"{prefix}-images-idx3-ubyte"), "wb") as fh:
             fh.write(struct.pack(">IIII", 2051, n, 28, 28) + rng.integers(0, 256, n * 784, dtype=np.uint8).tobytes())
         with open(os.path.join(raw, f"{prefix}-labels-idx1-ubyte"), "wb") as fh:
