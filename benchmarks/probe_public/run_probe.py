@@ -144,7 +144,12 @@ def write_md(path: str, rows: List[Dict[str, Any]], meta: Dict[str, Any], done: 
 
 
 def _probe_commit(pkg_dir: str) -> str:
+    """``<commit> <time>`` of the probe's checkout, or a copy's ``SNAPSHOT`` file (what it was copied from)."""
     import subprocess
+    snap = os.path.join(pkg_dir, "SNAPSHOT")
+    if os.path.exists(snap):
+        with open(snap) as fh:
+            return "snapshot of " + fh.read().strip()
     try:
         head = subprocess.run(["git", "-C", pkg_dir, "log", "-1", "--format=%h %cd", "--date=format:%H:%M"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
