@@ -50,6 +50,7 @@ def test_job_text_is_an_ordinary_batch_script() -> None:
     assert lines[0] == "#!/bin/bash" and "#SBATCH --gres=gpu:1" in lines
     assert lines[-3:] == ["source /opt/v/bin/activate", "export A=$PWD/b", "python train.py --a 1"]
     assert "#COLOC" not in text
+    assert "export PATH=/opt/v/bin:$PATH" in setup_corpus.job_text(s, "/opt/v", "00:10:00", activate="path")
 
 
 def test_mnist_raw_reads_with_torchvision(tmp_path) -> None:

@@ -15,7 +15,8 @@ CORPUS=${COLOC_PUB_CORPUS:-$REPO/.pubcarry}
 cd "$REPO" || exit 1
 [ -f "$CORPUS/corpus.json" ] || { echo "device_fenced: no $CORPUS/corpus.json (carry .pubcarry)"; exit 1; }
 t0=$(date +%s)
-"$PY" benchmarks/probe_public/setup_corpus.py --no-export --out "$CORPUS" --venv "$VENV" ${COLOC_PUB_SETUP_ARGS:-} >"$OUT/setup.txt" 2>&1 \
+ACT=source; [ -f "$VENV/bin/activate" ] || { ACT=path; echo "device_fenced: no $VENV/bin/activate: jobs export PATH"; }
+"$PY" benchmarks/probe_public/setup_corpus.py --no-export --out "$CORPUS" --venv "$VENV" --activate $ACT ${COLOC_PUB_SETUP_ARGS:-} >"$OUT/setup.txt" 2>&1 \
   || { tail -20 "$OUT/setup.txt"; exit 1; }
 echo "device_fenced: stand-in data in $(( $(date +%s) - t0 )) s"
 benchmarks/device/cluster_gpu.sh start >"$OUT/cluster.txt" 2>&1 || { tail -30 "$OUT/cluster.txt"; exit 1; }

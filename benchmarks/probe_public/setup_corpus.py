@@ -105,11 +105,13 @@ def make_data(out: str, script: Dict[str, Any], skip_big: bool, wheel_dir: str,
     return made
 
 
-def job_text(script: Dict[str, Any], venv: str, time_limit: str) -> str:
+def job_text(script: Dict[str, Any], venv: str, time_limit: str, activate: str = "source") -> str:
+    """The job script: ``source <venv>/bin/activate`` (or, with ``activate="path"``, ``export PATH=<venv>/bin:$PATH``
+    for a venv without an activate script), the script's ``pre`` lines, its command."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={script['name']}", "#SBATCH --gres=gpu:1",
              f"#SBATCH --time={time_limit}"]
     if venv:
-        lines.append(f"source {venv}/bin/activate")
+        lines.append(f"source {venv}/bin/activate" if activate == "source" else f"export PATH={venv}/bin:$PATH")
     lines += list(script.get("pre") or []) + [script["command"]]
     return "\n".join(lines) + "\n"
 
@@ -121,6 +123,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--venv", default=os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))),
                     help="the venv the job scripts activate (default: this interpreter's)")
     ap.add_argument("--time", default="12:00:00", help="#SBATCH --time of each job")
+    ap.add_argument("--activate", choices=["source", "path"], default="source",
+                    help="how a job enters the venv: source its activate script, or put its bin first on PATH")
     ap.add_argument("--no-export", action="store_true", help="use the export already in --out")
     ap.add_argument("--no-data", action="store_true")
     ap.add_argument("--skip-big", action="store_true")
@@ -147,7 +151,7 @@ def main(argv: List[str] | None = None) -> int:
                 print(f"  data {s['name']}: {os.path.relpath(dest, out)}")
         job = os.path.join(base, f"job_{s['name']}.sh")
         with open(job, "w") as fh:
-            fh.write(job_text(s, args.venv, args.time))
+            fh.write(job_text(s, args.venv, args.time, args.activate))
         os.chmod(job, 0o755)
         spec = man["repos"][s["repo"]]
         rows.append({"name": s["name"], "job": os.path.relpath(job, out), "submit_dir": os.path.relpath(base, out),
