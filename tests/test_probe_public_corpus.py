@@ -100,3 +100,21 @@ def test_setup_refuses_a_missing_mirror(tmp_path) -> None:
     with pytest.raises(SystemExit, match="no mirror"):
         setup_corpus.main(["--mirror-dir", str(tmp_path), "--out", str(tmp_path / "out"), "pe_mnist"])
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_fenced_device_reads_whole_gpu_from_the_comment() -> None:
+    from types import SimpleNamespace
+
+    import fenced_device
+
+    from slurm_coloc.comment import build_comment
+
+    shared = SimpleNamespace(comment=build_comment({"mode": "shard", "mem_mib": 958, "shards": 2}),
+                             gres={"shard": 2})
+    whole = SimpleNamespace(comment=build_comment({"mode": "whole-gpu", "shards": 80}), gres={"shard": 80})
+    plain = SimpleNamespace(comment="", gres={"gpu": 1})
+    assert [fenced_device.whole_gpu(j) for j in (shared, whole, plain)] == [False, True, True]
+    row = {"script": "pe_mnist", "unfenced": False, "estimate_mib": 958, "grant_mib": 2048, "nvml_peak_mib": 1300,
+           "peak_over_grant_pct": 63.5, "state": "CANCELLED", "reached_eval": True, "outcome": "OK"}
+    last = fenced_device.table([row]).splitlines()[-1]
+    assert last == "| pe_mnist | 958 | 2048 | 1300 | 63.5 | CANCELLED | yes | OK |"
