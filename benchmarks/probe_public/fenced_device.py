@@ -157,6 +157,8 @@ def result_row(s: Dict[str, Any], recs: Dict[int, Any], cfg: Any) -> Dict[str, A
     retry = next((x for x in recs.values() if f"oom-retry-of-{j}" in (x.comment or "")), None) if j else None
     shards = (r.gres.get("shard") if r else None) or 0
     peak = job_peak_mem_mib(cfg, j, ",".join(r.node_names)) if r and r.node_names else None
+    if peak is None and j and cfg.node_db_dir.is_dir():  # the record lost its node list: every node database
+        peak = job_peak_mem_mib(cfg, j, ",".join(sorted(p.stem for p in cfg.node_db_dir.glob("*.db"))))
     oom = bool(r and (r.state == "OUT_OF_MEMORY" or OOM_RE.search(text) or retry))
     state = r.state if r else "NOT_SUBMITTED"
     if s.get("cancelled", "").startswith("whole GPU"):
@@ -231,6 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     log(f"submitted {len(subs) + len(first)} in {time.time() - t0:.0f} s")
     recs = watch(first + subs, markers, a.grace_s, a.wait_s)
     time.sleep(4.0)  # the sampler's last batch
+    time.sleep(20.0)  # the samplers write their buffered samples to the node databases every few seconds
     results = [result_row(s, recs, cfg) for s in subs + first]
     fenced = [r for r in results if not r["unfenced"] and r["outcome"] != "whole GPU (not run)"]
     summary = {"fenced_jobs": len(fenced), "ok": sum(r["outcome"] == "OK" for r in fenced),
