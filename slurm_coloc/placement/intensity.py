@@ -72,7 +72,10 @@ class Calibration:
     ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve. ``feature``: the x
     the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x input-elements proxy); with
     ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops`` (the median ratio of measured
-    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``)."""
+    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``). ``share_capacity``: the
+    ``throughput`` policy's sharing capacity (summed SM activity alone at which co-running jobs start to slow each
+    other, ``placement/share.py``), fitted on measured co-runs by ``benchmarks/placement_share_fit.py``
+    (``share_source`` says over which files)."""
 
     smact_min: float
     smact_max: float
@@ -85,6 +88,8 @@ class Calibration:
     source: str = ""
     feature: str = "proxy"
     proxy_to_flops: float = 1.0
+    share_capacity: float = 1.0
+    share_source: str = ""
 
 
 def _act(d: Any, where: str) -> Activity:
@@ -113,13 +118,14 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
             unknown=_act(d["unknown"], "unknown"),
             by_model={str(k): _act(v, f"by_model.{k}") for k, v in d.get("by_model", {}).items()},
             source=str(d.get("source", "")), feature=str(d.get("feature", "proxy")),
-            proxy_to_flops=float(d.get("proxy_to_flops", 1.0)))
+            proxy_to_flops=float(d.get("proxy_to_flops", 1.0)),
+            share_capacity=float(d.get("share_capacity", 1.0)), share_source=str(d.get("share_source", "")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
-            or cal.feature not in ("flops", "proxy"):
+            or cal.feature not in ("flops", "proxy") or not 0.1 <= cal.share_capacity <= 10:
         raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
-                          "smact_max <= 1, proxy_to_flops > 0 and feature flops or proxy")
+                          "smact_max <= 1, proxy_to_flops > 0, feature flops or proxy and 0.1 <= share_capacity <= 10")
     return cal
 
 
