@@ -137,8 +137,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
             return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
         return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]))
     options.sort(key=lambda o: o[0])
-    _, best, basis, pred, why = options[0]
-    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}, {why})", basis, pred)
+    _, best, basis, predicted, why = options[0]
+    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}, {why})", basis, predicted)
 
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:

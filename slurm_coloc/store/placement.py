@@ -68,7 +68,8 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
 BUSY_SMACT_PCT = 1.0  # a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
 
 
-def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[str, Optional[float]]]:
+def alone_activity(node_db: Database, job_ids: Iterable[int],
+                   since_ts: float = 0.0) -> Dict[int, Dict[str, Optional[float]]]:
     """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while computing.
 
     A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is the
@@ -77,8 +78,12 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
     and would dilute the mean of a short run, while collocated jobs contend only while they compute. A run
     without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC; DRAMA NULL).
 
+    Runs that ended before ``since_ts`` (Unix s) are left out (stale). ``run_s`` = end - start of the run (s);
+    ``startup_s`` = its first sample that shows work - its start (s; None without such a sample).
+
     Returns:
-        ``{job_id: {"smact": f, "smocc": f, "drama": f}}`` (fractions, None when not measured).
+        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s}}`` (activity as fractions,
+        None when not measured).
     """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
@@ -90,16 +95,22 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
         marks = ",".join("?" * len(chunk))
         rows = node_db.execute(
             f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT AVG(g.smact_pct) {busy}), "
-            f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}) "
+            f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}), r.end_ts - r.start_ts, "
+            f"(SELECT MIN(g.ts) {busy}) - r.start_ts "
             "FROM job_runs r LEFT JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
-            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.gpus NOT LIKE '%,%' AND NOT EXISTS ("
+            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.end_ts >= ? AND r.gpus NOT LIKE '%,%' "
+            "AND NOT EXISTS ("
             " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < r.end_ts "
-            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))", [BUSY_SMACT_PCT] * 4 + chunk).fetchall()
-        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama in rows:
+            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))",
+            [BUSY_SMACT_PCT] * 5 + chunk + [float(since_ts)]).fetchall()
+        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama, run_s, startup_s in rows:
+            timing = {"run_s": None if run_s is None else float(run_s),
+                      "startup_s": None if startup_s is None else max(0.0, float(startup_s))}
             if n_busy:
-                out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama)}
+                out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama),
+                                    **timing}
             elif smact is not None:
-                out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": None}
+                out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": None, **timing}
     return out
 
 
