@@ -196,7 +196,7 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
             "slowdown | energy kJ | energy/job kJ | OOM |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
-        def f(k: str, scale: float = 1.0, d: int = 1) -> str:
+        def f(k: str, scale: float = 1.0, d: int = 1, r: Dict[str, Any] = r) -> str:
             v = r.get(k)
             return "-" if v is None else f"{v / scale:.{d}f}"
         lines.append(f"| {r['label']} | {f('makespan_s', d=0)} | {f('mean_jct_s')} | {f('p95_jct_s', d=0)} | "

@@ -117,7 +117,7 @@ def test_combine_checks_the_issue_targets() -> None:
     assert all(r["targets"].values())  # aware: JCT 19 <= 20 (0.8 x 25) and <= blind 39; makespan 26 <= 30
     assert out["small7"]["kept_ge_95pct"] is True and out["small7"]["gain"] == pytest.approx(0.96 * 7.0, abs=0.01)
     text = pc.render(out)
-    assert "| aware |" in text and "NOT met" not in text and "placed_history" in text
+    assert "| gate (aware) |" in text and "NOT met" not in text and "placed_history" in text
 
     slow = scenario_files()
     slow[3]["jobs"][3]["end_ts"] = T0 + 60  # a job that ran 47 s, 4.7x its 10 s alone; mean JCT now 27.5
