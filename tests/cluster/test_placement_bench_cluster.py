@@ -116,7 +116,7 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     assert second[0] >= first[1]  # FIFO on the whole GPU: one after the other
     alone = [str(harness["work"] / "e1" / "pile-exclusive-part1.json"),
              str(harness["work"] / "e2" / "pile-exclusive-part2.json")]
-    d = bench(harness, "ba", "pile-blind", "pile-aware", "--alone", *alone)
+    d = bench(harness, "ba", "pile-throughput", "pile-blind", "pile-aware", "--alone", *alone)
     blind = json.loads((d / "pile-blind.json").read_text())
     aware = json.loads((d / "pile-aware.json").read_text())
     assert blind["complete"] and aware["complete"]
@@ -126,8 +126,18 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     a = spans(aware)
     assert all(nxt[0] >= cur[1] for cur, nxt in zip(a, a[1:]))  # aware: 45 % + 45 % saturates: one at a time
     assert aware["metrics"]["max_run_slowdown"] is not None and aware["metrics"]["ooms"] == 0
+    # throughput: 3 x 45 % alone = 1.35 -> predicted slowdown 1.35 / 1.03 = 1.31 <= 2: all three at once, by the
+    # model (history: activity and run time alone from the exclusive passes), each on the one GPU
+    tp = json.loads((d / "pile-throughput.json").read_text())
+    assert tp["complete"] and tp["placer_policy"] == "throughput" and tp["metrics"]["ooms"] == 0
+    assert tp["placer"]["placed_by_model"] == 2 and tp["placer"]["placed_empty_gpu"] == 1, tp["placer"]
+    t = spans(tp)
+    assert max(s for s, _ in t) < min(e for _, e in t)
+    assert {j["gpu"] for j in tp["jobs"]} == {"n1:0"}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
-                           *alone, str(d / "pile-blind.json"), str(d / "pile-aware.json")],
+                           *alone, str(d / "pile-blind.json"), str(d / "pile-aware.json"),
+                           str(d / "pile-throughput.json")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "| aware | 3 |" in proc.stdout and "fake-GPU run" in proc.stdout
+    assert "| gate (aware) | 3 |" in proc.stdout and "| throughput | 3 |" in proc.stdout
+    assert "fake-GPU run" in proc.stdout and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout

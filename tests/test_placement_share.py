@@ -1,0 +1,162 @@
+"""The ``throughput`` policy (``placement/share.py``) and the daemon's history/tenant plumbing for it. Pure."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.placement import share
+from slurm_coloc.placement.daemon import Steered, gpu_tenants, profile, read_history
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.slurm.jobinfo import parse_squeue_json
+
+CAP = 1.03  # the packaged calibration's share_capacity
+NOW = 1000.0
+
+
+def gpu(index: int, used: int = 0, tenants: int = 0, live: float = 0.0, age: float = 1.0, total: int = 80) -> GpuState:
+    return GpuState("n1", index, total, used, tenants, Activity(live, live * 0.6, live * 0.6), age)
+
+
+def tenant(smact: float, start: float = NOW - 5, run_s: float = 30.0, startup_s: float = 15.0) -> share.Tenant:
+    return share.Tenant(share.Profile(smact, run_s, startup_s), start)
+
+
+JOB = share.Profile(0.6, 30.0, 15.0)
+
+
+def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB, bound: float = 2.0,
+           shards: int = 4) -> object:
+    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), Gate(), CAP, bound, NOW)
+
+
+def test_slowdown_model_and_tenants_that_end_during_the_start_up() -> None:
+    assert share.slowdown(0.5, CAP) == 1.0 and share.slowdown(2.06, CAP) == pytest.approx(2.0)
+    # started 20 s ago, 15 s start-up + 15 s work alone at slowdown 1 -> ends in 10 s, inside a 15-s start-up
+    ending = tenant(0.4, start=NOW - 20)
+    assert share.load_at_start([ending, tenant(0.5)], CAP, NOW, 15.0) == pytest.approx(0.5)
+    assert share.load_at_start([ending, tenant(0.5)], CAP, NOW, 5.0) == pytest.approx(0.9)  # still there
+    overrun = tenant(0.4, start=NOW - 100)  # past its predicted end: still holding, still counted
+    assert share.load_at_start([overrun], CAP, NOW, 15.0) == pytest.approx(0.4)
+    unknown_time = share.Tenant(share.Profile(0.3), NOW - 100)
+    assert share.load_at_start([unknown_time], CAP, NOW, 15.0) == pytest.approx(0.3)
+    assert share.load_at_start([share.Tenant(share.Profile(None), NOW)], CAP, NOW, 15.0) is None
+
+
+def test_packs_past_smact_one_up_to_the_bound_where_the_gate_stops() -> None:
+    g = gpu(0, used=8, tenants=2, live=0.95)
+    two = [[tenant(0.6), tenant(0.6)]]
+    d = choose([g], two)  # 1.8 / 1.03 = 1.75 <= 2
+    assert d.placed and d.basis == "slowdown-model" and "slowdown 1.75" in d.reason  # type: ignore[attr-defined]
+    assert not choose_gpu([g], 4, Activity(0.6, 0.36, 0.36), Gate()).placed  # the gate reads it full
+    three = [[tenant(0.6), tenant(0.6), tenant(0.6)]]
+    d = choose([gpu(0, used=12, tenants=3)], three)  # 2.4 / 1.03 = 2.33 > 2
+    assert not d.placed and "at its bound" in d.reason and "2.33 > 2" in d.reason  # type: ignore[attr-defined]
+    assert choose([gpu(0, used=12, tenants=3)], three, bound=3.0).placed  # a site that favours throughput
+    assert not choose([g], two, bound=1.2).placed  # one that favours latency
+
+
+def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> None:
+    gpus = [gpu(0, used=4, tenants=1), gpu(1, used=4, tenants=1), gpu(2, used=4, tenants=1, total=80)]
+    d = choose(gpus, [[tenant(0.9)], [tenant(0.2)], [tenant(0.5)]])
+    assert d.index == 1  # type: ignore[attr-defined]
+    d = choose([gpu(0, used=4, tenants=1), gpu(1)], [[tenant(0.1)], []])
+    assert d.index == 1 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
+    heavy = share.Profile(0.99, 30.0, 15.0)
+    d = share.choose_gpu_bounded([gpu(0, used=8, tenants=2)], [[tenant(0.9), tenant(0.9)]], 4, heavy,
+                                 Activity(0.99), Gate(), CAP, 2.0, NOW)
+    assert not d.placed
+    assert share.choose_gpu_bounded([gpu(0, used=78)], [[]], 4, heavy, Activity(0.99), Gate(), CAP, 2.0,
+                                    NOW).reason.startswith("no GPU has 4 free shards")
+
+
+def test_no_data_falls_back_to_the_gate_on_that_gpu_and_a_silent_sampler_to_memory() -> None:
+    unknown = [[share.Tenant(share.Profile(None), NOW - 5)]]
+    sat = gpu(0, used=4, tenants=1, live=0.95)
+    d = choose([sat], unknown)
+    assert not d.placed and "saturated now" in d.reason  # type: ignore[attr-defined]
+    light = gpu(0, used=4, tenants=1, live=0.2)
+    d = choose([light], unknown)
+    assert d.placed and d.basis == "utilization"  # type: ignore[attr-defined]
+    silent = gpu(0, used=4, tenants=1, live=0.95, age=600.0)
+    d = choose([silent], unknown)
+    assert d.placed and d.basis == "memory-only"  # type: ignore[attr-defined]
+    assert share.silent_gpus([silent, light], 60.0) == [("n1", 0)]
+    # a job never measured goes by the gate too (its predicted demand), even among measured tenants
+    d = choose([sat], [[tenant(0.3)]], job=share.Profile(None))
+    assert not d.placed
+    # modelled GPUs come before gate-judged, gate-judged before memory-only ones
+    d = choose([silent, light, gpu(2, used=4, tenants=1)], [unknown[0], unknown[0], [tenant(0.9)]])
+    assert d.index == 2 and d.basis == "slowdown-model"  # type: ignore[attr-defined]
+
+
+def test_memory_only_spreads_by_tenants() -> None:
+    d = share.memory_only([gpu(0, used=4, tenants=1), gpu(1, used=30, tenants=0), gpu(2, used=79)], 4)
+    assert d.index == 1 and d.basis == "memory-only"
+    assert not share.memory_only([gpu(0, used=79)], 4).placed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=6), min_size=1, max_size=4), st.floats(0.0, 1.0),
+       st.floats(1.0, 4.0), st.integers(1, 40))
+def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]], smact: float, bound: float,
+                                                       shards: int) -> None:
+    gpus = [gpu(i, used=len(ls) * 10, tenants=len(ls)) for i, ls in enumerate(loads)]
+    tenants = [[tenant(x, start=NOW) for x in ls] for ls in loads]
+    d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact), Gate(),
+                                 CAP, bound, NOW)
+    if d.placed:
+        g = next(g for g in gpus if g.index == d.index)
+        assert g.shards_free >= shards
+        if d.basis == "slowdown-model":
+            assert share.slowdown(sum(loads[g.index]) + smact, CAP) <= bound + 1e-9
+    else:
+        assert all(g.shards_free < shards or (g.tenants and share.slowdown(sum(loads[g.index]) + smact, CAP) > bound)
+                   for g in gpus)
+
+
+def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "hist.json"
+    path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2, "run_s": 30,
+                                                      "startup_s": 12}}}))
+    cfg = config_mod.Config(state_dir=str(tmp_path / "state"), placement_history_path=str(path))
+    timing: dict = {}
+    hist = read_history(cfg, timing)
+    assert hist == {"aa": [Activity(0.6, 0.3, 0.2)]} and timing == {"aa": [(30.0, 12.0)]}
+    coloc = {"sha256": "x"}
+    from slurm_coloc.placement.intensity import signature
+    sig = signature(coloc)
+    assert profile(coloc, {sig: hist["aa"]}, {sig: timing["aa"]}) == share.Profile(0.6, 30.0, 12.0)
+    assert profile({}, hist, timing) == share.Profile(None)
+    seen: set = set()
+    path.write_text("{not json")
+    for _ in range(3):
+        assert read_history(cfg, None, None, seen) == {}
+    assert sum("cannot read placement_history_path" in r.message for r in caplog.records) == 1  # logged once
+    path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2}}}))
+    stale = replace_cfg(cfg, placement_history_max_age_s=10.0)
+    assert read_history(stale, None, time.time() + 3600, seen) == {}
+    assert any("is stale" in r.message for r in caplog.records)
+
+
+def replace_cfg(cfg: config_mod.Config, **kw: object) -> config_mod.Config:
+    from dataclasses import replace
+    return replace(cfg, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
+    gpus = [gpu(0), gpu(1)]
+    jobs = parse_squeue_json(json.dumps({"jobs": [
+        {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g1:4(IDX:1)"]},
+        {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
+    steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
+    out = gpu_tenants(gpus, jobs, steered, lambda j: share.Profile(0.7), NOW)
+    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2)]  # steered, not shown by Slurm yet
+    assert out[1] == [share.Tenant(share.Profile(0.7), 990.0)]  # running: its own profile, Slurm's start
