@@ -187,6 +187,17 @@ def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
     return False
 
 
+def placer_policy(cfg: Config) -> Optional[str]:
+    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None."""
+    for path in heartbeat_paths(cfg):
+        try:
+            policy = json.loads(path.read_text()).get("policy")
+        except (OSError, ValueError, AttributeError):
+            continue
+        return policy if isinstance(policy, str) else None
+    return None
+
+
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
                      max_age_s: Optional[float] = None) -> Optional[List[int]]:
     """The fallback that needs no placer: when no placer finished a round within ``max_age_s`` (``placer_alive``),

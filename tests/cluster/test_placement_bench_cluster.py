@@ -111,7 +111,10 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     assert [j["state"] for j in excl] == ["COMPLETED"] * 3 and [j["index"] for j in excl] == [0, 1, 2]
     assert len({j["signature"] for j in excl}) == 3  # one script per workload: one signature each
     for j in excl:  # measured alone from the sampler rows (45/30/30 %)
-        assert j["alone_activity"] == pytest.approx({"smact": 0.45, "smocc": 0.30, "drama": 0.30}, abs=1e-6)
+        act = j["alone_activity"]
+        assert {k: act[k] for k in ("smact", "smocc", "drama")} == pytest.approx(
+            {"smact": 0.45, "smocc": 0.30, "drama": 0.30}, abs=1e-6)
+        assert act["run_s"] > 0  # and its run time alone, for the throughput policy's history
     first, second = spans(e1)
     assert second[0] >= first[1]  # FIFO on the whole GPU: one after the other
     alone = [str(harness["work"] / "e1" / "pile-exclusive-part1.json"),
