@@ -224,9 +224,10 @@ def bench_record(path_glob: str, job_id: Optional[int]) -> Optional[Dict[str, An
     return None
 
 
-def placer_summary(log_path: Path) -> Dict[str, Any]:
-    """Counts from the placer's log: placements by source of the prediction, waits, memory-only releases."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+def placer_summary(log_path: Path, offset: int = 0) -> Dict[str, Any]:
+    """Counts from the placer's log from byte ``offset`` on (this pass's part): placements by source of the
+    prediction and by basis, waits, memory-only releases."""
+    text = log_path.read_bytes()[offset:].decode(errors="replace") if log_path.exists() else ""
     return {"placed_history": len(re.findall(r"shards, history SMACT", text)),
             "placed_predicted": len(re.findall(r"shards, predicted SMACT", text)),
             "wait_notes": text.count(" waits: "), "memory_only": text.count("released memory-only"),
@@ -304,6 +305,7 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
                               "placer_policy": PLACER_POLICY.get(policy),
                               "complete": False}
     placer_log = out / "placer.log"
+    log_offset = placer_log.stat().st_size if placer_log.exists() else 0
     placer = start_placer(placer_log, PLACER_POLICY[policy]) if policy in PLACER_POLICY else None
     reader = None if fake else open_energy_reader()
     e0 = _energy(reader)
@@ -370,7 +372,7 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
         except Exception as exc:  # noqa: BLE001 - calibration data missing, the run goes on
             result["problems"].append(f"alone activity unreadable: {exc!r}")
     if placer is not None:
-        result["placer"] = placer_summary(placer_log)
+        result["placer"] = placer_summary(placer_log, log_offset)
         with open(placer_log, "a") as fh:
             fh.write(f"=== end of {name} ===\n")
     save(final=True)
