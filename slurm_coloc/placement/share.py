@@ -138,7 +138,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
         return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]))
     options.sort(key=lambda o: o[0])
     _, best, basis, predicted, why = options[0]
-    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}, {why})", basis, predicted)
+    detail = f", {why}" if why and why != basis else ""
+    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}{detail})", basis, predicted)
 
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:

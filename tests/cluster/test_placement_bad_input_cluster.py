@@ -92,7 +92,7 @@ def test_missing_or_corrupt_history_file_places_by_memory_with_one_line(cl: Clus
         counts = place_round(cfg, state, env=cl.env, now=t + 61 * k)
         assert counts["placed"] == 1 and counts["errors"] == 0, counts
     assert lines(caplog, "cannot read placement_history_path") == 1
-    assert lines(caplog, "(memory-only)") == 3  # no GPU is sampled: memory decides
+    assert lines(caplog, "(empty-gpu") == 3  # nothing to predict from: free GPUs by memory
     assert len({gpu_of(cl, j) for j in jobs}) == 3  # spread by memory over the empty GPUs
 
 
