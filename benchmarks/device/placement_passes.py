@@ -171,15 +171,19 @@ def slurm_env() -> Dict[str, str]:
     return {**os.environ, "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml"}
 
 
+def write_history(history: Mapping[str, Mapping[str, float]]) -> Path:
+    """The placer's history file (``placement_history_path``) with ``history`` (possibly empty)."""
+    path = ROOT / "etc" / "placement_history.json"
+    path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
+    path.chmod(0o644)
+    return path
+
+
 def configure(history: Optional[Dict[str, Dict[str, float]]]) -> None:
-    """Append the placer's settings (and the history file, when given) to the harness's coloc.yaml (rewritten at
-    every cluster start)."""
+    """Append the placer's settings and the history file (empty without ``--alone``: an exclusive pass of the same
+    call fills it for the passes after it) to the harness's coloc.yaml (rewritten at every cluster start)."""
     lines = dict(PLACER_CONFIG)
-    if history:
-        path = ROOT / "etc" / "placement_history.json"
-        path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
-        path.chmod(0o644)
-        lines["placement_history_path"] = str(path)  # type: ignore[assignment]
+    lines["placement_history_path"] = str(write_history(history or {}))  # type: ignore[assignment]
     with open(f"{ROOT}/etc/coloc.yaml", "a") as fh:
         fh.write("".join(f"{k}: {v}\n" for k, v in lines.items()))
 
@@ -473,6 +477,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"({', '.join(j['workload'] + ' x' + str(j['steps']) for j in jobs)}), deadline {share - 25:.0f} s")
         r = run_pass(name, jobs, share - 25, fake, out, alone, a.part)
         alone = pm.alone_times(r["jobs"]) if r["policy"] == "exclusive" else alone
+        if r["policy"] == "exclusive":  # its runs alone are the history and the times alone of the passes after it
+            alone_files.append(r)
+            write_history(history_from_alone(alone_files))
         m = r["metrics"]
         log(f"{name}: {'complete' if r['complete'] else 'INCOMPLETE'} in {r['wall_s']:.0f} s; " + ", ".join(
             f"{k} {pm.fmt(m.get(k))}" for k in ("completed", "lost", "ooms", "makespan_s", "mean_jct_s",
