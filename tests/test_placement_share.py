@@ -46,7 +46,8 @@ def test_slowdown_model_and_tenants_that_end_during_the_start_up() -> None:
     assert share.load_at_start([overrun], CAP, NOW, 15.0) == pytest.approx(0.4)
     unknown_time = share.Tenant(share.Profile(0.3), NOW - 100)
     assert share.load_at_start([unknown_time], CAP, NOW, 15.0) == pytest.approx(0.3)
-    assert share.load_at_start([share.Tenant(share.Profile(None), NOW)], CAP, NOW, 15.0) is None
+    never_measured = share.Tenant(share.Profile(None), NOW, predicted=0.35)  # counts with its prediction
+    assert share.load_at_start([never_measured, unknown_time], CAP, NOW, 15.0) == pytest.approx(0.65)
 
 
 def test_packs_past_smact_one_up_to_the_bound_where_the_gate_stops() -> None:
@@ -76,24 +77,34 @@ def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> Non
                                     NOW).reason.startswith("no GPU has 4 free shards")
 
 
-def test_no_data_falls_back_to_the_gate_on_that_gpu_and_a_silent_sampler_to_memory() -> None:
-    unknown = [[share.Tenant(share.Profile(None), NOW - 5)]]
+def test_a_job_never_measured_goes_by_the_gate_and_a_silent_sampler_to_memory() -> None:
+    never = share.Profile(None)
+    unknown = [[share.Tenant(never, NOW - 5, 0.5)]]
     sat = gpu(0, used=4, tenants=1, live=0.95)
-    d = choose([sat], unknown)
+    d = choose([sat], unknown, job=never)
     assert not d.placed and "saturated now" in d.reason  # type: ignore[attr-defined]
     light = gpu(0, used=4, tenants=1, live=0.2)
-    d = choose([light], unknown)
+    d = choose([light], unknown, job=never)
     assert d.placed and d.basis == "utilization"  # type: ignore[attr-defined]
     silent = gpu(0, used=4, tenants=1, live=0.95, age=600.0)
-    d = choose([silent], unknown)
+    d = choose([silent], unknown, job=never)
     assert d.placed and d.basis == "memory-only"  # type: ignore[attr-defined]
     assert share.silent_gpus([silent, light], 60.0) == [("n1", 0)]
-    # a job never measured goes by the gate too (its predicted demand), even among measured tenants
-    d = choose([sat], [[tenant(0.3)]], job=share.Profile(None))
-    assert not d.placed
-    # modelled GPUs come before gate-judged, gate-judged before memory-only ones
-    d = choose([silent, light, gpu(2, used=4, tenants=1)], [unknown[0], unknown[0], [tenant(0.9)]])
-    assert d.index == 2 and d.basis == "slowdown-model"  # type: ignore[attr-defined]
+    # empty and modelled GPUs come before gate-judged ones, gate-judged before memory-only ones
+    d = choose([silent, light, gpu(2)], [unknown[0], unknown[0], []], job=never)
+    assert d.index == 2 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
+
+
+def test_tenants_never_measured_count_with_their_prediction_whatever_the_sampler_says() -> None:
+    # the 2x H200 run of 2026-11-26: two never-measured tenants and a silent sampler sent every measured job to
+    # memory-only packing (7 on one GPU, one ran 4.8x its time alone); now they count with their prediction
+    tenants = [[share.Tenant(share.Profile(None), NOW - 5, 0.53), share.Tenant(share.Profile(None), NOW - 5, 0.53),
+                tenant(0.72)]]
+    for g in (gpu(0, used=12, tenants=3, live=0.95, age=600.0), gpu(0, used=12, tenants=3, live=0.3)):
+        d = choose([g], tenants, job=share.Profile(0.81, 24.0, 9.0))  # 2.59 / 1.03 = 2.51 > 2
+        assert not d.placed and "slowdown 2.51 > 2" in d.reason  # type: ignore[attr-defined]
+        d = choose([g], tenants[:1] and [tenants[0][:2]], job=share.Profile(0.81, 24.0, 9.0))  # 1.87 -> 1.82
+        assert d.placed and d.basis == "slowdown-model"  # type: ignore[attr-defined]
 
 
 def test_memory_only_spreads_by_tenants() -> None:
@@ -157,6 +168,6 @@ def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
         {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g1:4(IDX:1)"]},
         {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
     steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
-    out = gpu_tenants(gpus, jobs, steered, lambda j: share.Profile(0.7), NOW)
-    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2)]  # steered, not shown by Slurm yet
-    assert out[1] == [share.Tenant(share.Profile(0.7), 990.0)]  # running: its own profile, Slurm's start
+    out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
+    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, 0.5)]  # steered, not shown by Slurm yet
+    assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7)]  # running: its data, Slurm's start

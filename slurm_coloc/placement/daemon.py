@@ -124,9 +124,10 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 
 
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
-                profile_of: Callable[[JobInfo], share.Profile], now: float) -> List[List[share.Tenant]]:
+                known: Callable[[JobInfo], Tuple[share.Profile, float]], now: float) -> List[List[share.Tenant]]:
     """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
-    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet). Pure."""
+    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet). ``known(job)``: a job's
+    profile and predicted SM activity alone (steered jobs keep what the placer knew when it sent them). Pure."""
     where = {g.key: i for i, g in enumerate(gpus)}
     out: List[List[share.Tenant]] = [[] for _ in gpus]
     shown = set()
@@ -137,11 +138,11 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
             shown.add(job.job_id)
             if (node, idx) in where:
                 s = steered.get(job.job_id)
-                prof = s.profile if s is not None else profile_of(job)
-                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now)))
+                prof, pred = (s.profile, s.demand.smact) if s is not None else known(job)
+                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred))
     for job_id, s in steered.items():
         if job_id not in shown and (s.node, s.index) in where:
-            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts))
+            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact))
     return out
 
 
@@ -275,8 +276,10 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                  "within %g s) on %s: jobs without measured history go there by memory only",
                  cfg.placement_state_max_age_s, ", ".join(f"{n}/gpu{i}" for n, i in silent))
     throughput = cfg.placement_policy == "throughput"
-    tenants = gpu_tenants(gpus, jobs, state.steered, lambda j: profile(parse_comment(j.comment) or {},
-                          state.history, state.timing), now) if throughput else []
+    def tenant_data(j: JobInfo) -> Tuple[share.Profile, float]:
+        c = parse_comment(j.comment) or {}
+        return profile(c, state.history, state.timing), intensity.demand(c, state.history, cal)[0].smact
+    tenants = gpu_tenants(gpus, jobs, state.steered, tenant_data, now) if throughput else []
     for job in candidates:
         coloc = parse_comment(job.comment) or {}
         shards = int(coloc["shards"])
@@ -300,7 +303,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                 state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, now, prof)
                 if throughput:
                     tenants[[g.key for g in gpus].index((decision.node, decision.index))].append(
-                        share.Tenant(prof, now))
+                        share.Tenant(prof, now, demand.smact))
                 gpus = _add(gpus, decision, shards, demand)
                 counts["placed"] += 1
                 log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,

@@ -11,8 +11,10 @@ predicted slowdown reaches the bound, so a site trades latency (bound 1.2) for t
 
 A job that starts now begins computing after its start-up, so a tenant predicted to end before then does not
 count against it: its room is used in the same round in which it is freed, not after it has ended (no idle gap).
-Where the candidate or a tenant has no measured activity alone, the caller falls back to the saturation gate
-(``policy.choose_gpu``) on that GPU.
+A tenant never measured alone counts with its predicted activity (``Tenant.predicted``: the calibrated predictor
+of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A candidate never
+measured alone is judged by the saturation gate (``policy.choose_gpu``: live state, or memory where the sampler is
+silent).
 """
 from __future__ import annotations
 
@@ -43,10 +45,17 @@ class Profile:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A job on a GPU as the model sees it: its profile and when it started (Unix s, Slurm start or steering)."""
+    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering) and its
+    predicted SM activity alone (fraction; used where the profile has no measured one)."""
 
     profile: Profile
     start_ts: float
+    predicted: float = 0.5
+
+    @property
+    def smact(self) -> float:
+        """Measured SM activity alone, else the predicted one."""
+        return self.profile.smact if self.profile.smact is not None else self.predicted
 
 
 def slowdown(load: float, capacity: float) -> float:
@@ -62,19 +71,17 @@ def predicted_end(t: Tenant, sigma: float) -> Optional[float]:
     return t.start_ts + (t.profile.startup_s or 0.0) + w * sigma
 
 
-def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> Optional[float]:
-    """Summed SM activity alone of the tenants still computing when a job placed ``now`` with ``startup_s`` of
-    start-up begins: a tenant predicted to end in ``(now, now + startup_s]`` is left out; one past its predicted
-    end (it overran) or of unknown run time counts. None when a tenant's activity is unknown (no data)."""
-    if any(t.profile.smact is None for t in tenants):
-        return None
-    sigma = slowdown(sum(t.profile.smact or 0.0 for t in tenants), capacity)
+def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> float:
+    """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now`` with
+    ``startup_s`` of start-up begins: a tenant predicted to end in ``(now, now + startup_s]`` is left out; one past
+    its predicted end (it overran) or of unknown run time counts."""
+    sigma = slowdown(sum(t.smact for t in tenants), capacity)
     total = 0.0
     for t in tenants:
         end = predicted_end(t, sigma)
         if end is not None and now < end <= now + startup_s:
             continue
-        total += t.profile.smact or 0.0
+        total += t.smact
     return total
 
 
@@ -83,9 +90,10 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
                        max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound.
 
-    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``); the job and every tenant measured ->
-    qualifies when ``slowdown(load_at_start + job.smact) <= max_slowdown`` (``slowdown-model``); otherwise the
-    gate decides for that GPU alone (``policy.choose_gpu``: ``utilization`` or ``memory-only``). Among those that
+    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``); the job measured alone -> qualifies when
+    ``slowdown(load_at_start + job.smact) <= max_slowdown`` (``slowdown-model``; tenants never measured count with
+    their predicted activity); a job never measured -> the gate decides for each GPU alone (``policy.choose_gpu``:
+    ``utilization``, or ``memory-only`` where the live state is stale). Among those that
     qualify, modelled and empty GPUs before gate-judged ones, gate-judged before memory-only ones; then the
     lowest predicted slowdown (spreads across GPUs and nodes), fewest tenants, most free shards, node, index.
 
@@ -110,13 +118,12 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
-        load = load_at_start(ts, capacity, now, job.startup_s or 0.0) if job.smact is not None else None
         if g.tenants == 0 and g.shards_used == 0:
             pred = slowdown(job.smact or 0.0, capacity)
             options.append(((0, pred, 0, -g.shards_free, g.node, g.index), g, "empty-gpu",
                             Activity(job.smact or 0.0), f"slowdown {pred:.2f}"))
-        elif load is not None and len(ts) >= g.tenants:
-            assert job.smact is not None
+        elif job.smact is not None:
+            load = load_at_start(ts, capacity, now, job.startup_s or 0.0)
             pred = slowdown(load + job.smact, capacity)
             if pred > max_slowdown:
                 blocked.append(f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}")
