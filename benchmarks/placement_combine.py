@@ -62,7 +62,9 @@ def combine(files: Sequence[Mapping[str, Any]], gpus: int = 1) -> Dict[str, Any]
                     raise ValueError(f"pass {scen}-{pol} given twice")
                 passes[pol] = fs[0]
         alone = pm.alone_times(passes["exclusive"]["jobs"]) if "exclusive" in passes else {}
-        if gpus > 1 and "exclusive" in passes:  # the exclusive FIFO of N GPUs, from the runs alone
+        one_gpu = "exclusive" in passes and len({j.get("gpu") for j in passes["exclusive"]["jobs"]
+                                                 if j.get("gpu")}) <= 1
+        if gpus > 1 and one_gpu:  # the exclusive FIFO of N GPUs, from the runs alone of a one-GPU pass
             ex = passes["exclusive"]
             gap = pm.fifo_gap_s(ex["jobs"])
             passes["exclusive"] = {**ex, "jobs": pm.fifo_from_alone(ex["jobs"], gpus, gap), "smact_pct": None}

@@ -56,6 +56,8 @@ def corun_rows(f: Mapping[str, Any], prof: Mapping[str, Mapping[str, float]], ca
     jobs = [j for j in f.get("jobs", []) if (j.get("bench") or {}).get("t1") and j["workload"] in prof]
     out = []
     for j in jobs:
+        if "train_s" not in prof[j["workload"]]:
+            continue  # activity only (a fallback profile): counts in the load, not judged
         b = j["bench"]
         t0, t1 = float(b["t0"]), float(b["t1"])
         mates = [o for o in jobs if o.get("gpu") == j.get("gpu")]
@@ -69,9 +71,20 @@ def corun_rows(f: Mapping[str, Any], prof: Mapping[str, Mapping[str, float]], ca
     return out
 
 
-def fit(files: Sequence[Mapping[str, Any]]) -> Tuple[float, Dict[str, Tuple[float, float, int]]]:
+def with_fallback(prof: Dict[str, Dict[str, float]], fallback: Mapping[str, Mapping[str, float]]
+                  ) -> Dict[str, Dict[str, float]]:
+    """``prof`` plus, for workloads it lacks, the SM activity alone of ``fallback`` (no times: counted in the load
+    of their GPU, not judged)."""
+    out = dict(prof)
+    for w, p in fallback.items():
+        out.setdefault(w, {"smact": p["smact"]})
+    return out
+
+
+def fit(files: Sequence[Mapping[str, Any]], fallback: Optional[Mapping[str, Mapping[str, float]]] = None
+        ) -> Tuple[float, Dict[str, Tuple[float, float, int]]]:
     """(capacity, {pass: (MAE, mean relative error, jobs)}) of the best capacity on the grid."""
-    prof = profiles(files)
+    prof = with_fallback(profiles(files), fallback or {})
     coruns = [f for f in files if f.get("policy") not in (None, "exclusive") and f.get("jobs")]
     best: Optional[Tuple[float, float]] = None
     for c in (0.5 + 0.01 * k for k in range(251)):
@@ -92,16 +105,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", default=[str(p) for p in DEFAULT_FILES])
     ap.add_argument("--out", default=None, help="calibration JSON to update (share_capacity, share_source, share_mre)")
+    ap.add_argument("--fallback", nargs="*", default=[], help="exclusive pass files whose activity alone stands in "
+                    "for workloads the inputs' exclusive passes lack (e.g. a pass cut at its deadline)")
     a = ap.parse_args(argv)
     try:
         files = [json.loads(Path(p).read_text()) for p in a.files]
+        fallback = profiles([json.loads(Path(p).read_text()) for p in a.fallback])
     except (OSError, ValueError) as exc:
         print(f"placement_share_fit: cannot read input: {exc}", file=sys.stderr)
         return 1
     for f, p in zip(files, a.files):
         f["pass"] = Path(p).stem  # two files of one pass (a repeat with other settings) stay apart
-    capacity, per = fit(files)
-    prof = profiles(files)
+    capacity, per = fit(files, fallback)
+    prof = with_fallback(profiles(files), fallback)
+    if fallback:
+        print("activity alone from the fallback files for: " + ", ".join(sorted(set(prof) - set(profiles(files)))))
     print(f"capacity {capacity:.2f} (summed SM activity alone) over {sum(n for *_, n in per.values())} co-run jobs")
     print("| pass | jobs | MAE (slowdown) | mean relative error |\n|---|---:|---:|---:|")
     for name, (mae, mre, n) in per.items():

@@ -168,7 +168,7 @@ def fifo_gap_s(exclusive_jobs: Sequence[Mapping[str, Any]]) -> float:
     """Median time between one job's end and the next one's start in a (stitched) exclusive pass (s; 0 if < 2)."""
     js = sorted((j for j in exclusive_jobs if done(j) and j.get("start_ts")), key=lambda j: float(j["start_ts"]))
     gaps = [float(b["start_ts"]) - float(a["end_ts"]) for a, b in zip(js, js[1:])]
-    return statistics.median(gaps) if gaps else 0.0
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
 def small7_check(aggregate_samples_per_s: Optional[float]) -> Dict[str, Any]:
