@@ -171,3 +171,20 @@ def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
     out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
     assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, 0.5)]  # steered, not shown by Slurm yet
     assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7)]  # running: its data, Slurm's start
+
+
+@pytest.mark.parametrize("text,needle", [("placement_max_slowdown: 0.5\n", "placement_max_slowdown"),
+                                         ("placement_max_slowdown: 11\n", "placement_max_slowdown"),
+                                         ("placement_policy: fastest\n", "placement_policy"),
+                                         ("placement_history_max_age_s: 0\n", "placement_history_max_age_s")])
+def test_placement_config_keys_are_range_checked(tmp_path: Path, text: str, needle: str) -> None:
+    from slurm_coloc.errors import ConfigError
+
+    path = tmp_path / "coloc.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        config_mod.load(str(path), environ={})
+    path.write_text("placement_max_slowdown: 1.2\nplacement_policy: gate\n")
+    cfg = config_mod.load(str(path), environ={})
+    assert (cfg.placement_max_slowdown, cfg.placement_policy) == (1.2, "gate")
+    assert config_mod.Config().placement_policy == "throughput" and config_mod.Config().placement_max_slowdown == 2.0
