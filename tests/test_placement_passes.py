@@ -221,3 +221,9 @@ def test_exclusive_fifo_on_two_gpus_from_the_runs_alone_and_throughput_targets()
     assert [k for k, v in worse.items() if v is False] == [
         "throughput makespan <= 0.6x blind", "throughput: no job ran > 2x + 10% alone",
         "throughput energy per job <= blind"]
+
+
+def test_an_exclusive_pass_gets_twice_the_share_of_the_budget() -> None:
+    import placement_passes as pp
+
+    assert pp.pass_weight("pile-exclusive") == 2.0 and pp.pass_weight("pile-throughput") == 1.0
