@@ -137,8 +137,9 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
                 continue
             rank = 2 if d.basis == "memory-only" else 1
             load_g = d.predicted.smact if d.predicted is not None else 0.0
+            why = d.reason.split("(", 1)[-1].rstrip(")")
             options.append(((rank, load_g, g.tenants, -g.shards_free, g.node, g.index), g, d.basis, d.predicted,
-                            d.reason.split("(", 1)[-1].rstrip(")")))
+                            why[len(d.basis) + 2:] if why.startswith(d.basis + ", ") else why))
     if not options:
         if not any(g.shards_free >= shards for g in gpus):
             return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
