@@ -13,7 +13,9 @@ activity alone of the jobs computing on its GPU at t. Predicted training slowdow
 alone / the integral of that rate over its measured training interval; measured = its training time / its training
 time alone. The capacity with the least mean relative error on a grid 0.50..3.00 (step 0.01) wins. Prints
 per-job prediction vs measurement, MAE and mean relative error per pass; ``--out`` writes ``share_capacity``,
-``share_source`` and ``share_mre`` into that calibration file (its other keys kept).
+``share_source`` and ``share_mre`` into that calibration file (its other keys kept); with ``--gpu NAME``,
+``share_capacity_by_gpu[NAME]`` and its source instead (the placer picks it for GPUs whose model name contains
+NAME). ``--fallback``: exclusive pass files whose activity alone stands in for workloads the inputs lack.
 """
 from __future__ import annotations
 
@@ -105,6 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", default=[str(p) for p in DEFAULT_FILES])
     ap.add_argument("--out", default=None, help="calibration JSON to update (share_capacity, share_source, share_mre)")
+    ap.add_argument("--gpu", default=None, help="with --out: write the fit as share_capacity_by_gpu[GPU] (a part of "
+                    "the GPU model name NVML reports, e.g. H200) instead of share_capacity")
     ap.add_argument("--fallback", nargs="*", default=[], help="exclusive pass files whose activity alone stands in "
                     "for workloads the inputs' exclusive passes lack (e.g. a pass cut at its deadline)")
     a = ap.parse_args(argv)
@@ -135,10 +139,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.out:
         path = Path(a.out)
         cal = json.loads(path.read_text())
-        cal.update({"share_capacity": capacity, "share_mre": round(allmre, 4),
-                    "share_source": "benchmarks/placement_share_fit.py over " + ", ".join(
-                        str(Path(p).relative_to(HERE.parent)) if Path(p).resolve().is_relative_to(HERE.parent)
-                        else str(p) for p in a.files)})
+        source = "benchmarks/placement_share_fit.py over " + ", ".join(
+            str(Path(p).resolve().relative_to(HERE.parent)) if Path(p).resolve().is_relative_to(HERE.parent)
+            else str(p)
+            for p in a.files) + (" (activity alone of missing workloads from " + ", ".join(a.fallback) + ")"
+                                 if a.fallback else "")
+        if a.gpu:
+            cal.setdefault("share_capacity_by_gpu", {})[a.gpu] = capacity
+            cal.setdefault("share_by_gpu_source", {})[a.gpu] = {"source": source, "mre": round(allmre, 4)}
+        else:
+            cal.update({"share_capacity": capacity, "share_mre": round(allmre, 4), "share_source": source})
         path.write_text(json.dumps(cal, indent=1) + "\n")
         print(f"wrote {path}")
     return 0

@@ -188,3 +188,48 @@ def test_placement_config_keys_are_range_checked(tmp_path: Path, text: str, need
     cfg = config_mod.load(str(path), environ={})
     assert (cfg.placement_max_slowdown, cfg.placement_policy) == (1.2, "gate")
     assert config_mod.Config().placement_policy == "throughput" and config_mod.Config().placement_max_slowdown == 2.0
+
+
+def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
+    from slurm_coloc.placement import intensity
+    from slurm_coloc.store import placement as store_placement
+    from slurm_coloc.store.db import open_node_db, open_readonly
+
+    cal = intensity.load_calibration()
+    assert cal.capacity_for("NVIDIA H200") == pytest.approx(0.75)  # fitted on the 2x H200 run
+    assert cal.capacity_for("NVIDIA H100 80GB HBM3") == cal.capacity_for("") == pytest.approx(1.03)
+    # two tenants of 0.6 + a job of 0.6 = 1.8: 1.75x on an H100, 2.4x on an H200 (over the bound there)
+    h100 = replace_gpu(gpu(0, used=8, tenants=2), model="NVIDIA H100 80GB HBM3")
+    h200 = replace_gpu(gpu(1, used=8, tenants=2), model="NVIDIA H200")
+    two = [tenant(0.6), tenant(0.6)]
+    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    assert d.index == 0 and "slowdown 1.75" in d.reason
+    d = share.choose_gpu_bounded([h200], [two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    assert not d.placed and "slowdown 2.40 > 2" in d.reason
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({**json.loads(intensity.DEFAULT_CALIBRATION.read_text()),
+                               "share_capacity_by_gpu": {"H200": 0}}))
+    with pytest.raises(Exception, match="share_capacity"):
+        intensity.load_calibration(str(bad))
+    # the model name comes from the sampler's gpus table with the live state
+    db = open_node_db(tmp_path / "n1.db")
+    db["gpus"].insert({"gpu_index": 0, "uuid": "u", "name": "NVIDIA H200", "mem_total_mib": 1.0, "updated_ts": 1.0})
+    db["gpu_samples"].insert({"ts": time.time(), "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0,
+                              "dram_bw_pct": 10.0, "mem_used_mib": 1.0, "n": 1, "res_s": 1.0})
+    assert [g.name for g in store_placement.live_gpus(open_readonly(tmp_path / "n1.db"), 30.0)] == ["NVIDIA H200"]
+
+
+def replace_gpu(g: GpuState, **kw: object) -> GpuState:
+    from dataclasses import replace
+    return replace(g, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_states_carry_the_model_name_of_the_live_state() -> None:
+    from slurm_coloc.placement.daemon import gpu_states
+    from slurm_coloc.slurm import placement as sp
+    from slurm_coloc.store.placement import LiveGpu
+
+    nodes = [sp.NodeGpus("n1", "IDLE", {0: 80, 1: 80})]
+    live = {"n1": [LiveGpu(0, NOW, 0.5, 0.2, 0.1, 1000.0, 10, "NVIDIA H200")]}
+    states = {g.index: g for g in gpu_states(nodes, [], live, {}, NOW, 30.0)}
+    assert states[0].model == "NVIDIA H200" and states[1].model == ""  # no sample: the default capacity

@@ -101,7 +101,7 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
             key = (n.node, idx)
             out.append(GpuState(n.node, idx, total, used.get(key, 0), tenants.get(key, 0),
                                 live_activity(r) if r else None, (now - r.last_ts) if r else None,
-                                recent.get(key, Activity())))
+                                recent.get(key, Activity()), r.name if r else ""))
     return out
 
 
@@ -293,7 +293,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             log_once(state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by memory",
                      job.job_id)
         else:
-            decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.share_capacity,
+            decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.capacity_for,
                                                 cfg.placement_max_slowdown, now, cfg.placement_state_max_age_s)
         waited = now - job.submit_ts if job.submit_ts else 0.0
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -75,7 +75,8 @@ class Calibration:
     FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``). ``share_capacity``: the
     ``throughput`` policy's sharing capacity (summed SM activity alone at which co-running jobs start to slow each
     other, ``placement/share.py``), fitted on measured co-runs by ``benchmarks/placement_share_fit.py``
-    (``share_source`` says over which files)."""
+    (``share_source`` says over which files); ``share_capacity_by_gpu``: the same per GPU model (a key contained in
+    the model name NVML reports, e.g. ``H200``), fitted on that model's runs (``capacity_for``)."""
 
     smact_min: float
     smact_max: float
@@ -90,6 +91,13 @@ class Calibration:
     proxy_to_flops: float = 1.0
     share_capacity: float = 1.0
     share_source: str = ""
+    share_capacity_by_gpu: Dict[str, float] = field(default_factory=dict)
+
+    def capacity_for(self, model: str) -> float:
+        """The sharing capacity of a GPU model: the ``share_capacity_by_gpu`` entry whose key the model name
+        contains (the longest such key; ``"H200"`` matches ``"NVIDIA H200"``), else ``share_capacity``."""
+        keys = sorted((k for k in self.share_capacity_by_gpu if k and k in (model or "")), key=len, reverse=True)
+        return self.share_capacity_by_gpu[keys[0]] if keys else self.share_capacity
 
 
 def _act(d: Any, where: str) -> Activity:
@@ -119,11 +127,13 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
             by_model={str(k): _act(v, f"by_model.{k}") for k, v in d.get("by_model", {}).items()},
             source=str(d.get("source", "")), feature=str(d.get("feature", "proxy")),
             proxy_to_flops=float(d.get("proxy_to_flops", 1.0)),
-            share_capacity=float(d.get("share_capacity", 1.0)), share_source=str(d.get("share_source", "")))
+            share_capacity=float(d.get("share_capacity", 1.0)), share_source=str(d.get("share_source", "")),
+            share_capacity_by_gpu={str(k): float(v) for k, v in d.get("share_capacity_by_gpu", {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
-            or cal.feature not in ("flops", "proxy") or not 0.1 <= cal.share_capacity <= 10:
+            or cal.feature not in ("flops", "proxy") \
+            or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())):
         raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
                           "smact_max <= 1, proxy_to_flops > 0, feature flops or proxy and 0.1 <= share_capacity <= 10")
     return cal

@@ -19,7 +19,7 @@ silent).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, fresh
 
@@ -86,8 +86,8 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
 
 
 def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int, job: Profile,
-                       demand: Activity, gate: Gate, capacity: float, max_slowdown: float, now: float,
-                       max_age_s: float = 60.0) -> Decision:
+                       demand: Activity, gate: Gate, capacity: Union[float, Callable[[str], float]],
+                       max_slowdown: float, now: float, max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound.
 
     Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``); the job measured alone -> qualifies when
@@ -100,7 +100,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     Args:
         gpus, tenants: every GPU the job may use and, index for index, the jobs holding it.
         shards: the job's shard request (>= 1); job: its profile; demand: its predicted activity (for the gate).
-        capacity: the model's fitted capacity (summed SMACT alone); max_slowdown: the bound (>= 1).
+        capacity: the model's fitted capacity (summed SMACT alone), or a function of the GPU's model name
+            (``GpuState.model``) giving it (``intensity.Calibration.capacity_for``); max_slowdown: the bound (>= 1).
         now: Unix s; max_age_s: live state older than this is stale (gate only).
 
     Returns:
@@ -110,7 +111,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     Raises:
         ValueError: shards < 1, len(tenants) != len(gpus), capacity <= 0 or max_slowdown < 1.
     """
-    if shards < 1 or len(tenants) != len(gpus) or capacity <= 0 or max_slowdown < 1:
+    cap_of = capacity if callable(capacity) else (lambda _model, c=float(capacity): c)
+    if shards < 1 or len(tenants) != len(gpus) or max_slowdown < 1 or any(cap_of(g.model) <= 0 for g in gpus):
         raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, bound >= 1")
     options: List[Tuple[Tuple, GpuState, str, Optional[Activity], str]] = []
     blocked: List[str] = []
@@ -118,6 +120,7 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
+        capacity = cap_of(g.model)
         if g.tenants == 0 and g.shards_used == 0:
             pred = slowdown(job.smact or 0.0, capacity)
             options.append(((0, pred, 0, -g.shards_free, g.node, g.index), g, "empty-gpu",

@@ -23,6 +23,7 @@ class LiveGpu:
         smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None: NULL).
         mem_used_mib: max memory used in the window (MiB).
         n: sample rows in the window.
+        name: the GPU's model as NVML names it (``gpus`` table; "" when unknown).
     """
 
     gpu_index: int
@@ -32,6 +33,7 @@ class LiveGpu:
     drama: Optional[float]
     mem_used_mib: Optional[float]
     n: int
+    name: str = ""
 
 
 def _frac(v: Any) -> Optional[float]:
@@ -47,7 +49,11 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
         "COUNT(*) FROM gpu_samples s JOIN (SELECT gpu_index, MAX(ts) AS last_ts FROM gpu_samples GROUP BY gpu_index) m "
         "ON s.gpu_index = m.gpu_index WHERE s.ts >= m.last_ts - ? GROUP BY s.gpu_index ORDER BY s.gpu_index",
         [float(window_s)]).fetchall()
-    return [LiveGpu(int(r[0]), float(r[1]), _frac(r[2]), _frac(r[3]), _frac(r[4]), r[5], int(r[6])) for r in rows]
+    names: Dict[int, str] = {}
+    if db.table("gpus").exists():
+        names = {int(i): str(n or "") for i, n in db.execute("SELECT gpu_index, name FROM gpus").fetchall()}
+    return [LiveGpu(int(r[0]), float(r[1]), _frac(r[2]), _frac(r[3]), _frac(r[4]), r[5], int(r[6]),
+                    names.get(int(r[0]), "")) for r in rows]
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
