@@ -86,7 +86,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]
     sampler = FakeSampler(root / "coloc" / "state" / "nodes" / "n1.db")
     sampler.start()
     try:
-        yield {"env": env, "work": work, "root": root}
+        yield {"env": env, "work": work, "root": root, "sampler": sampler}
     finally:
         sampler.stop.set()
         sampler.join(5)
@@ -123,17 +123,20 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     assert second[0] >= first[1]  # FIFO on the whole GPU: one after the other
     alone = [str(harness["work"] / "e1" / "pile-exclusive-part1.json"),
              str(harness["work"] / "e2" / "pile-exclusive-part2.json")]
-    d = bench(harness, "ba", "pile-throughput", "pile-blind", "pile-aware", "--alone", *alone)
+    # live state up to 60 s old still counts: on the shared 2-core VM the fake sampler's rows have lagged by more
+    # than the bench's 15 s while the cluster was busy, and the gate then (rightly) packs by memory
+    d = bench(harness, "ba", "pile-throughput", "pile-blind", "pile-aware", "--alone", *alone,
+              "--placer-set", "placement_state_max_age_s=60")
     blind = json.loads((d / "pile-blind.json").read_text())
     aware = json.loads((d / "pile-aware.json").read_text())
     assert blind["complete"] and aware["complete"]
     b = spans(blind)
     assert max(s for s, _ in b) < min(e for _, e in b)  # blind: all three ran at once (memory fits)
     assert aware["placer"]["placed_history"] == 3 and aware["placer"]["wait_notes"] >= 1, \
-        (d / "placer.log").read_text()[-5000:]
+        (harness["sampler"].errors[-5:], harness["sampler"].is_alive(), (d / "placer.log").read_text()[-3000:])
     a = spans(aware)
     assert all(nxt[0] >= cur[1] for cur, nxt in zip(a, a[1:])), (  # aware: 45 % + 45 % saturates: one at a time
-        a, (d / "placer.log").read_text()[-4000:])
+        a, harness["sampler"].errors[-3:], (d / "placer.log").read_text()[-1500:])
     assert aware["metrics"]["max_run_slowdown"] is not None and aware["metrics"]["ooms"] == 0
     # throughput: 3 x 45 % alone = 1.35 -> predicted slowdown 1.35 / 1.03 = 1.31 <= 2: all three at once, by the
     # model (history: activity and run time alone from the exclusive passes), each on the one GPU
