@@ -1,9 +1,11 @@
 #!/bin/sh
 # Common runner for the slurm-coloc hook shims: coloc-hook.sh <hook-name>.
 # Runs `coloc-hook <hook-name>` bounded in time; never fails the node or the job (a failing Prolog/Epilog
-# drains the node: shared/reference/slurm-22.05-facts.md §5). Python-side errors are logged by coloc-hook
+# drains the node: docs/facts.md §5). Python-side errors are logged by coloc-hook
 # itself to <log_dir>/hooks.log; this shim only notes crashes and timeouts through logger.
-HOOK=${COLOC_HOOK:-/usr/local/bin/coloc-hook}
+# coloc-hook: $COLOC_HOOK, else the Debian package's /usr/bin/coloc-hook, else a manual install's /usr/local/bin.
+HOOK=${COLOC_HOOK:-/usr/bin/coloc-hook}
+[ -n "${COLOC_HOOK:-}" ] || [ -x "$HOOK" ] || HOOK=/usr/local/bin/coloc-hook
 LIMIT=${COLOC_HOOK_TIMEOUT_S:-30}
 # Where a run that could not record leaves its environment (slurm_coloc/hooks/pending.py; same default there):
 # the next hook run builds its rows from it. Not read from coloc.yaml (no YAML here): set per cluster if needed.
@@ -20,6 +22,14 @@ export COLOC_SHIM_TIMEOUT_S COLOC_SHIM_RUN
 # --preserve-status: rc is coloc-hook's own (0 also when it caught the SIGTERM and recorded or left its pending
 # entry itself); 143 (SIGTERM before its handler), 137 (SIGKILL after -k 2) or another rc: it left nothing.
 if [ "$1" = task-prolog ]; then
+  # TaskProlog runs as the user in the job's own environment, which --export fills: no PYTHON* variable of it may
+  # steer the Python that prints the exports (PYTHONPATH=<dir with a slurm_coloc> removed them), nor the user's
+  # site-packages, LD_PRELOAD or LD_AUDIT. Variable names only ([A-Za-z0-9_]); a value's own lines unset nothing
+  # that exists.
+  for v in $(/usr/bin/env | /bin/sed -n 's/^\(PYTHON[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+  unset LD_PRELOAD LD_AUDIT
+  PYTHONNOUSERSITE=1
+  export PYTHONNOUSERSITE
   # TaskProlog: stdout carries `export NAME=value` lines to the task; keep it, drop stderr.
   /usr/bin/timeout --preserve-status -k 2 "$LIMIT" "$HOOK" "$1" </dev/null 2>/dev/null
 else

@@ -14,7 +14,7 @@
 # `env` also prints COLOC_SLURM and COLOC_SLURM_BIN (the client commands of the cluster's version; put it first on
 # PATH). The version a cluster was started with is kept in <dir>/etc/slurm_version; stop/status use it.
 # Start is idempotent (a running cluster is left alone); stop leaves no daemon of this cluster behind and stops
-# munged when no other slurmctld runs on the host. Needs root. Facts: shared/reference/slurm-22.05-facts.md.
+# munged when no other slurmctld runs on the host. Needs root. Facts: docs/facts.md.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

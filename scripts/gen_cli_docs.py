@@ -5,21 +5,20 @@ Usage: .venv/bin/python scripts/gen_cli_docs.py [--check]
 """
 from __future__ import annotations
 
-import configparser
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "cli.md"
 
 
 def console_scripts() -> list:
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
-    return sorted(line.split("=")[0].strip() for line in lines if line.strip())
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        return sorted(tomllib.load(fh)["project"]["scripts"])
 
 
 def help_text(name: str) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything slurm-coloc needs on a fresh Debian 12 machine, idempotently (root):
+# Install everything slurm-coloc's development and CI need on a fresh Debian 12 machine, idempotently (root):
 # Debian's Slurm 22.05 + munge + build tools + the Prometheus server (tests/cluster/test_prometheus.py scrapes the
 # samplers with it), and a venv (Debian's python3, so job users can run it) with the package (editable) and its
 # dev/gpu extras. Torch comes pinned: torch==2.14.1 torchvision==0.29.1.
@@ -8,7 +8,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${COLOC_VENV:-$REPO/.venv}
 [ "$(id -u)" = 0 ] || { echo "install.sh: run as root (apt-get, users, Slurm daemons)" >&2; exit 1; }
 
-PKGS="slurmctld slurmd slurm-client libslurm-dev munge python3-venv python3-dev gcc make procps bsdutils util-linux prometheus"
+# iproute2 (ip netns, veth, bridge) and binutils (nm) for the multi-host test (tests/cluster/test_multihost.py);
+# dpkg-deb (package dpkg) and man-db build and check the Debian package (scripts/build_deb.sh).
+PKGS="slurmctld slurmd slurm-client libslurm-dev munge python3-venv python3-dev gcc make procps bsdutils util-linux prometheus iproute2 binutils man-db"
 missing=""
 for p in $PKGS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (what CI runs through .ci/run): install, build the SPANK plugin, lint (ruff) and type-check (mypy),
-# run pytest.
+# build the Debian package, run pytest.
 # The tests start and stop their own real Slurm clusters (free ports, own directories).
 #
 # 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
@@ -31,7 +31,15 @@ VERSION_TESTS=(
 )
 "$VENV/bin/ruff" check "$REPO"
 "$VENV/bin/mypy" "$REPO/slurm_coloc"
+# The Debian package, built once: tests/test_deb_package.py and tests/cluster/test_multihost.py install it on
+# namespace hosts (COLOC_DEB; without it they build their own).
 rc=0
+if deb=$("$REPO/scripts/build_deb.sh" "$REPO/dist"); then
+  export COLOC_DEB=${deb##*$'\n'}
+else
+  echo "test.sh: scripts/build_deb.sh failed" >&2
+  rc=1
+fi
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" tests || rc=1
 for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
   echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"

@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Tuple
 
 from slurm_coloc import __version__
 
-#: command -> (entry point "module:function", one-line summary); the same entry points as setup.cfg's
-#: console_scripts ``coloc-<command>`` (tests/test_main.py checks it).
+#: command -> (entry point "module:function", one-line summary); the same entry points as pyproject.toml's
+#: [project.scripts] ``coloc-<command>`` (tests/test_main.py checks it).
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "sbatch": ("slurm_coloc.cli.sbatch:main", "sbatch with the GPU memory estimate as a shard request"),
     "estimate": ("slurm_coloc.cli.estimate:main", "print the peak GPU memory a training job will hold"),

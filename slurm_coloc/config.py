@@ -25,6 +25,7 @@ PLACEMENT_MODES = ("spread", "consolidate")
 PLACEMENT_POLICIES = ("throughput", "gate")
 COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
 WATCHDOG_ACTIONS = ("stop", "record", "off")
+ADMIN_COMMENT_MODES = ("merge", "if-empty", "off")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,10 @@ class Config:
         oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
             (0: none at all).
         oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
+        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py): ``merge``
+            (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which jobstats decodes
+            as the whole field, is left alone), ``if-empty`` (only into an empty field or one holding only ours),
+            ``off`` (never; the summary stays in ctld.db and coloc-report).
         oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have seen
             a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
     """
@@ -202,6 +207,7 @@ class Config:
     oom_rerun_per_user_max: int = 3
     oom_rerun_window_s: float = 3600.0
     oom_rerun_tolerance_pct: float = 10.0
+    admin_comment: str = "merge"
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -290,6 +296,9 @@ def _validate(cfg: Config) -> Config:
     if cfg.mps_compute_mode == "exclusive-process" and cfg.mps_mode != "multi-user":
         raise ConfigError("config key 'mps_compute_mode': exclusive-process needs mps_mode multi-user "
                           "(per-user daemons would each need their own context on the GPU)")
+    if cfg.admin_comment not in ADMIN_COMMENT_MODES:
+        raise ConfigError(f"config key 'admin_comment': {cfg.admin_comment!r} is not one of "
+                          f"{', '.join(ADMIN_COMMENT_MODES)}")
     if cfg.watchdog_action not in WATCHDOG_ACTIONS:
         raise ConfigError(f"config key 'watchdog_action': {cfg.watchdog_action!r} is not one of "
                           f"{', '.join(WATCHDOG_ACTIONS)}")
@@ -397,8 +406,14 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
         env_value = env.get(f"COLOC_{name.upper()}")
         if env_value is not None:
             values[name] = env_value
-    typed = {k: _coerce_field(known[k], v) for k, v in values.items()}
-    return _validate(dataclasses.replace(Config(), **typed))
+    try:
+        typed = {k: _coerce_field(known[k], v) for k, v in values.items()}
+        return _validate(dataclasses.replace(Config(), **typed))
+    except ConfigError as exc:  # name the file, unless the bad key came from the environment
+        key = exc.message.split("'")[1] if exc.message.startswith("config key '") else ""
+        if not present or (key and env.get(f"COLOC_{key.upper()}") is not None):
+            raise
+        raise ConfigError(f"config file {str(file_path)!r}: {exc.message}", hint=exc.hint) from None
 
 
 def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
@@ -441,3 +456,37 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
         except Exception:  # noqa: BLE001 - keep the default for this key
             continue
     return cfg
+
+
+MAX_JOB_ENV_CONFIG_BYTES = 1 << 20  # a root-owned log named as COLOC_CONFIG must not hold the TaskProlog up
+
+
+def load_in_job_environment(environ: Mapping[str, str]) -> Config:
+    """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
+
+    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
+    would move the env file the TaskProlog reads: issue 31 N9), and ``COLOC_CONFIG`` only when it names a regular
+    file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+
+    Raises:
+        ConfigError: neither loads (the error of the named root-owned file where there is one).
+    """
+    named = environ.get("COLOC_CONFIG")
+    if named:
+        try:
+            st = os.stat(named)
+            trusted = st.st_uid == 0 and not st.st_mode & 0o022 and Path(named).is_file() and \
+                st.st_size <= MAX_JOB_ENV_CONFIG_BYTES
+        except (OSError, ValueError):
+            trusted = False
+        if trusted:
+            try:
+                return load(named, environ={})
+            except ConfigError as exc:
+                if named == DEFAULT_CONFIG_PATH:
+                    raise
+                try:
+                    return load(DEFAULT_CONFIG_PATH, environ={})
+                except ConfigError:
+                    raise exc from None  # the admin's file is the one to fix
+    return load(DEFAULT_CONFIG_PATH, environ={})

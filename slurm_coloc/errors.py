@@ -70,3 +70,40 @@ class SlurmError(ColocError):
         self.stderr = stderr
         if returncode is not None and returncode > 0:
             self.exit_code = returncode
+
+
+class MissingExtra(ColocError):
+    """An optional dependency a command needs is not installed (one line with its install hint)."""
+
+
+#: optional module -> (what it is for, how to install it); setup.cfg's extras
+EXTRAS = {"torch": ("PyTorch, which the memory estimator runs", "pip install 'slurm-coloc[estimator]'"),
+          "numpy": ("numpy, which the memory estimator uses", "pip install 'slurm-coloc[estimator]'"),
+          "matplotlib": ("matplotlib, which draws the plots", "pip install matplotlib"),
+          "pynvml": ("nvidia-ml-py, which reads the GPUs", "pip install 'slurm-coloc[gpu]'")}
+
+
+def require(module: str) -> None:
+    """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports it.
+
+    Raises:
+        MissingExtra: not installed (or blocked: ``sys.modules[module] = None``).
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a None entry in sys.modules
+        found = False
+    if not found:
+        what, hint = EXTRAS[module]
+        raise MissingExtra(f"{module} is not installed: {what}", hint=hint)
+
+
+def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
+    """The ``MissingExtra`` for an ImportError of one of ``EXTRAS`` (None for any other module)."""
+    root = (getattr(exc, "name", None) or "").split(".")[0]
+    if root not in EXTRAS:
+        return None
+    what, hint = EXTRAS[root]
+    return MissingExtra(f"{root} is not installed: {what}", hint=hint)

@@ -40,3 +40,9 @@ def format_mib(mem_mib: float | None) -> str:
     if mem_mib is None:
         return "-"
     return f"{mem_mib / 1024:.1f} GiB" if mem_mib >= 1024 else f"{mem_mib:.0f} MiB"
+
+
+def is_bare_number(text: str) -> bool:
+    """Whether a size has no unit (``6``, ``1.5``): ``parse_size_mib`` reads it as GiB, where sbatch's ``--mem 6``
+    would mean 6 MB, so coloc-sbatch and the SPANK plugin say so."""
+    return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*", text or ""))

@@ -146,8 +146,13 @@ static int _opt_cb(int val, const char *optarg, int remote)
 	size_t i;
 
 	if (val == OPT_MEM
-	    && _parse_mem(arg, mem_value, sizeof(mem_value), &why) == 0)
+	    && _parse_mem(arg, mem_value, sizeof(mem_value), &why) == 0) {
+		/* A bare number is GiB (shards), unlike sbatch --mem's MB: say so at submission. */
+		if (!remote && *arg && isdigit((unsigned char) arg[strlen(arg) - 1]))
+			slurm_info("coloc: --coloc-mem %s is read as %s GiB (sbatch --mem %s would be MB); "
+				   "write %sG to say so", arg, arg, arg, arg);
 		return 0;
+	}
 	for (i = 0; val == OPT_SHARE && i < sizeof(modes) / sizeof(*modes); i++)
 		if (strcasecmp(arg, modes[i]) == 0) {
 			snprintf(share_value, sizeof(share_value), "%s",

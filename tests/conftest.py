@@ -1,7 +1,9 @@
-"""Shared fixtures: ``slurm_cluster`` is a real local Slurm cluster for the whole test session."""
+"""Shared fixtures: ``slurm_cluster`` is a real local Slurm cluster for the whole test session; ``deb_package`` the
+built Debian package."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -25,3 +27,14 @@ def slurm_cluster() -> Iterator[Cluster]:
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@pytest.fixture(scope="session")
+def deb_package() -> Path:
+    """The Debian package under test: ``$COLOC_DEB`` (scripts/test.sh builds it once), else built here by
+    scripts/build_deb.sh into a directory keyed by the source tree (reused while the tree is unchanged)."""
+    from tests.netns_hosts import built_deb
+
+    if os.geteuid() != 0:
+        pytest.skip("namespace hosts need root")
+    return built_deb()

@@ -78,7 +78,7 @@ def test_table_file_excludes_only_calls_measured_for_the_left_out_sources(tmp_pa
 
 
 def test_shipped_table_parses_and_covers_both_directions():
-    assert os.path.isfile(workspace.TABLE_FILE)  # the package ships it (setup.cfg package_data)
+    assert os.path.isfile(workspace.TABLE_FILE)  # the package ships it (pyproject.toml package-data)
     rows = workspace.read_table()
     assert len(rows) > 1000
     calls = [parse_key(k) for k, _, _ in rows]

@@ -1,10 +1,11 @@
 """``python -m slurm_coloc``: the list of commands and dispatch to ``coloc-<command>``."""
 from __future__ import annotations
 
-import configparser
 import subprocess
 import sys
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,8 +43,6 @@ def test_unknown_command_is_one_error_line() -> None:
 def test_commands_match_the_console_scripts() -> None:
     from slurm_coloc.__main__ import COMMANDS
 
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
-    scripts = dict(line.split(" = ") for line in lines)
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        scripts = tomllib.load(fh)["project"]["scripts"]
     assert {f"coloc-{name}": entry for name, (entry, _) in COMMANDS.items()} == scripts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.hooks import oom
+from slurm_coloc.hooks import oom, rerun
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
@@ -81,16 +82,35 @@ def test_retry_marker_in_comment() -> None:
     assert oom.retry_of_comment("") is None
 
 
-def test_gpu_directives_are_neutralised_and_others_kept() -> None:
-    script = "#!/bin/bash\n#SBATCH --gres=shard:4\n#SBATCH -J x\n#SBATCH --gpus=1\n#SBATCH -G 1\necho --gres\n"
-    out = oom.neutralise_gpu_directives(script)
-    assert "#SBATCH -J x\n" in out and out.endswith("echo --gres\n")
-    assert "#SBATCH --gres" not in out and "#SBATCH --gpus" not in out and "#SBATCH -G" not in out
+def test_every_directive_of_every_dialect_is_neutralised() -> None:
+    """Issue 31 N1: before, only GPU ``#SBATCH`` lines were neutralised, so ``#PBS -p -1000`` gave root's rerun
+    Nice=-1000. Now no line of the rerun's script starts with a directive of any dialect."""
+    script = ("#!/bin/bash\n#SBATCH --gres=shard:4\n#SBATCH --nice=-1000\n#SLURM --exclusive\n#PBS -p -1000\n"
+              "  #pbs -l walltime=1\n#BSUB -q x\n#$ -l h_vmem=1\n#MSUB -l x\n#flux: -N1\n# an ordinary comment\n"
+              "echo start\r#SBATCH --uid=0\n#SBATCH --begin=now\necho --gres  # #SBATCH\n")
+    out, changed = rerun.neutralise_directives(script)
+    lines = re.split(r"\r\n|\n|\r", out)
+    assert lines[0] == "#!/bin/bash" and "echo start" in lines and "echo --gres  # #SBATCH" in lines
+    assert not [ln for ln in lines if re.match(r"\s*#\s*(SBATCH|SLURM|PBS|BSUB|MSUB|\$|flux:)", ln, re.I)], lines
+    assert changed == 12  # 11 directive lines (one after a \r) + the header's ordinary comment
+    assert rerun.neutralise_directives("#!/usr/bin/env python3\nprint(1)\n") == (
+        "#!/usr/bin/env python3\nprint(1)\n", 0)
+
+
+def test_array_task_is_rerun_alone_and_pbs_is_ignored() -> None:
+    """Issue 31 N2: the rerun of task 0 of an array names that task alone, from Slurm's record."""
+    job = job_info_from_json({"job_id": 41, "array_job_id": 40, "array_task_id": 0, "name": "a",
+                              "tres_per_node": "gres:shard:2", "partition": "debug",
+                              "current_working_directory": "/w", "standard_output": "/w/o-%A_%a"})
+    args = rerun.retry_sbatch_args(job, Config(gpu_mem_gib=80))
+    assert "--array=0" in args and "--ignore-pbs" in args and "--output=/w/o-40_0" in args
+    plain = rerun.retry_sbatch_args(job_info_from_json({"job_id": 7, "partition": "debug"}), Config())
+    assert not any(a.startswith("--array") for a in plain)
 
 
 def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
     job = next(j for j in parse_squeue_json((SLURM_DATA / "squeue_json_running.json").read_text()) if j.job_id == 1)
-    args = oom.retry_sbatch_args(job, Config(gpu_mem_gib=80), {"sha256": "ab" * 32})
+    args = rerun.retry_sbatch_args(job, Config(gpu_mem_gib=80))
     assert "--gres=shard:80" in args and "--open-mode=append" in args and "--export=NONE" in args
     assert "--job-name=small" in args and "--partition=debug" in args and "--time=525600" in args
     assert "--chdir=/tmp/coloc-cluster/jobs" in args and "--output=/tmp/coloc-cluster/jobs/1.out" in args
@@ -106,7 +126,7 @@ def test_rerun_options_pass_a_forged_name_as_one_opaque_word() -> None:
     job = job_info_from_json({"job_id": 4, "name": "x --gres=shard:1 TresPerNode=gres:shard:79",
                               "tres_per_node": "gres:shard:2", "partition": "debug",
                               "current_working_directory": "/w", "standard_output": "o%j"})
-    args = oom.retry_sbatch_args(job, Config(gpu_mem_gib=80), {})
+    args = rerun.retry_sbatch_args(job, Config(gpu_mem_gib=80))
     assert "--job-name=x --gres=shard:1 TresPerNode=gres:shard:79" in args
     assert [a for a in args if a.startswith("--gres=")] == ["--gres=shard:80"] and "--output=/w/o4" in args
 
@@ -115,12 +135,12 @@ def test_script_args_from_squeue_command() -> None:
     def job(command: str):
         return job_info_from_json({"job_id": 3, "command": command})
 
-    assert oom.script_args(job("./run.sh a1 b2"), {}) == (["a1", "b2"], True)
-    assert oom.script_args(job("./run.sh a 1"), {"argv": ["a 1"]}) == (["a 1"], True)  # agrees with Slurm's words
-    assert oom.script_args(job("./run.sh a1 b2"), {"argv": ["--evil"]}) == (["a1", "b2"], True)  # the comment lies
-    assert oom.script_args(job("/j/run.sh"), {}) == ([], True)
-    assert oom.script_args(job("/j/run.sh a  b"), {})[1] is False
-    assert oom.script_args(None, {}) == ([], True)
+    assert rerun.script_args(job("./run.sh a1 b2"), {}) == (["a1", "b2"], True)
+    assert rerun.script_args(job("./run.sh a 1"), {"argv": ["a 1"]}) == (["a 1"], True)  # agrees with Slurm's words
+    assert rerun.script_args(job("./run.sh a1 b2"), {"argv": ["--evil"]}) == (["a1", "b2"], True)  # the comment lies
+    assert rerun.script_args(job("/j/run.sh"), {}) == ([], True)
+    assert rerun.script_args(job("/j/run.sh a  b"), {})[1] is False
+    assert rerun.script_args(None, {}) == ([], True)
 
 
 def test_script_args_where_slurm_keeps_only_the_script() -> None:
@@ -130,11 +150,11 @@ def test_script_args_where_slurm_keeps_only_the_script() -> None:
 
     j = job_info_from_json({"job_id": 5, "command": "/j/run.sh"})
     new = dataclasses.replace(j, slurm_release="24.11.5")
-    assert oom.script_args(new, {"argv": ["a", "b c", "200"]}) == (["a", "b c", "200"], True)
-    assert oom.script_args(new, {}) == ([], False)  # not known: reported as inexact
-    assert oom.script_args(new, {"argv": ["x" * (oom.MAX_ARG_CHARS + 1)]}) == ([], False)
-    assert oom.script_args(new, {"argv": "a b"}) == ([], False)
-    assert oom.script_args(dataclasses.replace(j, slurm_release="22.05.8"), {"argv": ["--evil"]}) == ([], True)
+    assert rerun.script_args(new, {"argv": ["a", "b c", "200"]}) == (["a", "b c", "200"], True)
+    assert rerun.script_args(new, {}) == ([], False)  # not known: reported as inexact
+    assert rerun.script_args(new, {"argv": ["x" * (rerun.MAX_ARG_CHARS + 1)]}) == ([], False)
+    assert rerun.script_args(new, {"argv": "a b"}) == ([], False)
+    assert rerun.script_args(dataclasses.replace(j, slurm_release="22.05.8"), {"argv": ["--evil"]}) == ([], True)
 
 
 @pytest.fixture()
@@ -278,20 +298,20 @@ def test_script_args_from_26_05_submit_line() -> None:
         return job_info_from_json({"job_id": 6, "command": command, "current_working_directory": "/w",
                                    "submit_line": line}, release="26.05.5")
 
-    assert oom.script_args(job("./s.sh", "sbatch --parsable -o /dev/null ./s.sh a b 200"), {}) == \
+    assert rerun.script_args(job("./s.sh", "sbatch --parsable -o /dev/null ./s.sh a b 200"), {}) == \
         (["a", "b", "200"], True)
-    assert oom.script_args(job("/w/s.sh", "sbatch --parsable s.sh x"), {}) == (["x"], True)
-    assert oom.script_args(job("/w/s.sh", "/usr/bin/sbatch /w/s.sh"), {}) == ([], True)
+    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable s.sh x"), {}) == (["x"], True)
+    assert rerun.script_args(job("/w/s.sh", "/usr/bin/sbatch /w/s.sh"), {}) == ([], True)
     # an option's value naming the script: the word after the option is skipped, and the result marked inexact
-    assert oom.script_args(job("./s.sh", "sbatch -J ./s.sh ./s.sh 7"), {}) == (["7"], False)
+    assert rerun.script_args(job("./s.sh", "sbatch -J ./s.sh ./s.sh 7"), {}) == (["7"], False)
     # an argument's own spaces: the comment's argv restores them where its words agree, never adds any
     line = "sbatch ./s.sh a b  c 200"
-    assert oom.script_args(job("./s.sh", line), {})[1] is False
-    assert oom.script_args(job("./s.sh", line), {"argv": ["a", "b  c", "200"]}) == (["a", "b  c", "200"], True)
-    assert oom.script_args(job("./s.sh", line), {"argv": ["--evil"]}) == (["a", "b", "c", "200"], False)
+    assert rerun.script_args(job("./s.sh", line), {})[1] is False
+    assert rerun.script_args(job("./s.sh", line), {"argv": ["a", "b  c", "200"]}) == (["a", "b  c", "200"], True)
+    assert rerun.script_args(job("./s.sh", line), {"argv": ["--evil"]}) == (["a", "b", "c", "200"], False)
     # the script not in the line (read from stdin): not known, the comment's argv is the only source as on 24.11
-    assert oom.script_args(job("/w/s.sh", "sbatch --parsable"), {}) == ([], False)
-    assert oom.script_args(job("", "sbatch --wrap sleep 8"), {}) == ([], True)  # --wrap: no script arguments
+    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable"), {}) == ([], False)
+    assert rerun.script_args(job("", "sbatch --wrap sleep 8"), {}) == ([], True)  # --wrap: no script arguments
 
 
 def test_recorded_script_args_on_the_26_05_recording() -> None:

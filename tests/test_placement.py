@@ -132,11 +132,13 @@ SPEC = {"model": "resnet50", "kwargs": {}, "input_shape": [3, 224, 224], "batch_
 
 
 def test_signature_survives_script_edits_and_separates_batches() -> None:
-    a = intensity.signature({"spec": SPEC, "sha256": "aa"})
-    assert a == intensity.signature({"spec": SPEC, "sha256": "bb", "argv": ["--x"]})
-    assert a != intensity.signature({"spec": {**SPEC, "batch_size": 64}, "sha256": "aa"})
-    assert intensity.signature({"sha256": "aa"}) != intensity.signature({"sha256": "bb"})
+    aa, bb = "a" * 64, "b" * 64
+    a = intensity.signature({"spec": SPEC, "sha256": aa})
+    assert a == intensity.signature({"spec": SPEC, "sha256": bb, "argv": ["--x"]})
+    assert a != intensity.signature({"spec": {**SPEC, "batch_size": 64}, "sha256": aa})
+    assert intensity.signature({"sha256": aa}) != intensity.signature({"sha256": bb})
     assert intensity.signature({}) is None and intensity.signature(None) is None
+    assert intensity.signature({"sha256": "aa"}) is None  # breaks the protocol (64 hex digits): no signature
 
 
 def test_predictor_orders_jobs_by_work_and_history_wins() -> None:
@@ -149,8 +151,10 @@ def test_predictor_orders_jobs_by_work_and_history_wins() -> None:
     assert intensity.predict(intensity.features({"flops_per_step": 1e15}), cal).smact > 0.9
     sig = intensity.signature({"spec": SPEC})
     measured = Activity(0.6, 0.3, 0.2)
-    got, source = intensity.demand({"spec": SPEC}, {sig: [measured, measured]}, cal)
+    got, source = intensity.demand({"spec": SPEC}, {(2001, sig): [measured, measured]}, cal, uid=2001)
     assert (got, source) == (measured, "history")
+    assert intensity.demand({"spec": SPEC}, {(2001, sig): [measured]}, cal, uid=2002) == (big, "predicted")
+    assert intensity.demand({"spec": SPEC}, {(None, sig): [measured]}, cal, uid=2002) == (measured, "history")
     assert intensity.demand({}, {}, cal) == (cal.unknown, "predicted")
 
 
@@ -217,7 +221,7 @@ def test_history_file_adds_one_run_per_signature_and_bad_files_are_config_errors
     assert read_history_file(str(path)) == {"aa": Activity(0.6, 0.3, 0.2)}
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nplacement_history_path: {path}\n")
     cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
-    assert read_history(cfg) == {"aa": [Activity(0.6, 0.3, 0.2)]}  # no databases yet: the file alone
+    assert read_history(cfg) == {(None, "aa"): [Activity(0.6, 0.3, 0.2)]}  # no databases yet: the file alone
     coloc = {"sha256": "f" * 64}
     sig = intensity.signature(coloc)
     path.write_text(json.dumps({"signatures": {sig: {"smact": 0.7, "smocc": 0.4, "drama": 0.3}}}))
@@ -271,12 +275,15 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None,
                                                           "run_s": pytest.approx(50), "startup_s": None}
     ctld = open_ctld_db(tmp_path / "ctld.db")
-    ctld["jobs"].insert_all([{"job_id": 1, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
-                             {"job_id": 2, "end_ts": None, "coloc_json": "{}"},
-                             {"job_id": 3, "end_ts": now, "coloc_json": "not json"}])
-    got = store_placement.finished_jobs(open_readonly(tmp_path / "ctld.db"))
-    assert got == [{"job_id": 1, "coloc": {"spec": SPEC}}, {"job_id": 3, "coloc": None}] or \
-        sorted(j["job_id"] for j in got) == [1, 3]
+    ctld["jobs"].insert_all([{"job_id": 1, "uid": 2001, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
+                             {"job_id": 2, "uid": 2001, "end_ts": None, "coloc_json": "{}"},
+                             {"job_id": 3, "uid": 2002, "end_ts": now, "coloc_json": "not json"},
+                             {"job_id": 4, "uid": 2002, "end_ts": now,
+                              "coloc_json": json.dumps({"spec": {**SPEC, "batch_size": 10 ** 30}})}])
+    got = {j["job_id"]: j for j in store_placement.finished_jobs(open_readonly(tmp_path / "ctld.db"))}
+    assert sorted(got) == [1, 3, 4] and got[1]["uid"] == 2001
+    assert got[1]["coloc"].signature() == intensity.signature({"spec": SPEC})
+    assert not got[3]["coloc"].annotated and not got[4]["coloc"].annotated  # invalid records: unannotated
 
 
 def test_one_gpu_collocates_while_under_the_gate_and_queues_while_saturated() -> None:

@@ -140,11 +140,16 @@ def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(tmp_path
     cfg = config_mod.Config(state_dir=str(tmp_path / "state"), placement_history_path=str(path))
     timing: dict = {}
     hist = read_history(cfg, timing)
-    assert hist == {"aa": [Activity(0.6, 0.3, 0.2)]} and timing == {"aa": [(30.0, 12.0)]}
-    coloc = {"sha256": "x"}
+    assert hist == {(None, "aa"): [Activity(0.6, 0.3, 0.2)]} and timing == {(None, "aa"): [(30.0, 12.0)]}
+    coloc = {"sha256": "f" * 64}
     from slurm_coloc.placement.intensity import signature
     sig = signature(coloc)
-    assert profile(coloc, {sig: hist["aa"]}, {sig: timing["aa"]}) == share.Profile(0.6, 30.0, 12.0)
+    admin = {(None, sig): hist[(None, "aa")]}, {(None, sig): timing[(None, "aa")]}
+    assert profile(coloc, *admin) == share.Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
+    assert profile(coloc, *admin, uid=2001) == share.Profile(0.6, 30.0, 12.0)
+    per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]}, {**admin[1], (2002, sig): [(90.0, 5.0)]})
+    assert profile(coloc, *per_user, uid=2002) == share.Profile(0.95, 90.0, 5.0)  # a user's own runs come first
+    assert profile(coloc, *per_user, uid=2001) == share.Profile(0.6, 30.0, 12.0)  # never another user's
     assert profile({}, hist, timing) == share.Profile(None)
     seen: set = set()
     path.write_text("{not json")

@@ -173,13 +173,13 @@ def test_torch_without_cpu_fp16_autocast_falls_back_with_reason():
 
     code = (
         "import torch\n"
-        "from slurm_coloc.probe.inject import fakecuda\n"
-        "fakecuda.cpu_autocast_dtypes = lambda torch: ['bfloat16']\n"
+        "from slurm_coloc.probe.inject import cudaapi, fakecuda\n"
+        "cudaapi.cpu_autocast_dtypes = lambda torch: ['bfloat16']\n"
         "class T: alloc = None\n"
         "st = fakecuda.ProbeState(T())\n"
         "got = []\n"
         "st.fail = got.append\n"
-        "fakecuda.patch_autocast(torch, st)\n"
+        "cudaapi.patch_autocast(torch, st)\n"
         "with torch.autocast('cuda', dtype=torch.bfloat16):\n    pass\n"
         "assert got == [], got\n"
         "with torch.autocast('cuda', dtype=torch.float16):\n    pass\n"

@@ -151,7 +151,7 @@ def test_cli_json_csv_sort_filters(state: Path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "'nope'" in bad.stderr
     bad = _report(state, "--since", "last tuesday")
     assert bad.returncode == 2 and "invalid time" in bad.stderr and "Traceback" not in bad.stderr
-    table = _report(state)
+    table = _report(state, env={"COLUMNS": "260"})  # every column (tests/test_report_output.py: narrower)
     assert table.returncode == 0 and "job 11 wasteful: low SM activity" in table.stdout
     assert "n9.db" in table.stdout and "OOM, retry 13 COMPLETED" in table.stdout
     cluster = _report(state, "cluster")

@@ -127,7 +127,9 @@ def test_attribution_read_once_per_process_start(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     _fake_proc(proc, 4242, 1000, b"PATH=/bin\0SLURM_JOB_ID=77\0")
     _fake_proc(proc, 4343, 1000, b"PATH=/bin\0", "0::/system.slice/slurmstepd.scope/job_91/step_0/user/task_0\n")
-    a = JobAttributor(str(proc))
+    cgroup_root = tmp_path / "cgroup"  # the v2 hierarchy: Slurm's root-owned job_91 directory (node/attribution.py)
+    (cgroup_root / "system.slice" / "slurmstepd.scope" / "job_91").mkdir(parents=True)
+    a = JobAttributor(str(proc), mounts={"": str(cgroup_root)})
     assert a.job_of(4242) == 77 and a.job_of(4343) == 91 and a.job_of(999) is None
     (proc / "4242" / "environ").write_bytes(b"SLURM_JOB_ID=78\0")
     (proc / "4343" / "cgroup").write_text("0::/\n")

@@ -10,7 +10,7 @@
 #                            glibc, loader and libraries; programs patched to run from COLOC_BENCH_ROOT/slurm,
 #                            default /opt/coloc/slurm, as benchmarks/device/cluster_gpu.sh unpacks it there)
 # The bundle's bundle.env names its version (SLURM_VERSION) and layout (patched: run programs directly).
-# Facts behind it: shared/reference/gpu-facts.md, "Slurm on the GPU test machine".
+# Facts behind it: docs/facts.md §13, "Slurm on the GPU test machine".
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CARRY=$REPO/.carry

@@ -12,7 +12,7 @@
 #                       bundle's libraries, 24.11/26.05 are patched to their own glibc and run directly)
 #   COLOC_BENCH_FAKE_GPUS=N  CPU-only test here: N fake GPUs (char devices 195,N) of COLOC_BENCH_GPU_GIB GiB
 #   COLOC_BENCH_PORT    slurmctld port, slurmd uses +1 (default 17600)
-# Facts: shared/reference/gpu-facts.md (last section), slurm-22.05-facts.md.
+# Facts: docs/facts.md §13 (Slurm on the GPU test machine) and §1-§9.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ROOT=${COLOC_BENCH_ROOT:-/opt/coloc}
@@ -79,7 +79,7 @@ unpack() {
 
 python_env() {  # $ROOT/venv: $PY's packages + carried wheels + the project, readable by job users
   rm -rf "$ROOT/src"; install -d -m 0755 "$ROOT/src" "$ROOT/src/benchmarks" "$ROOT/site"
-  cp -r "$REPO/slurm_coloc" "$REPO/prolog_epilog" "$REPO/setup.cfg" "$ROOT/src/"
+  cp -r "$REPO/slurm_coloc" "$REPO/prolog_epilog" "$REPO/pyproject.toml" "$ROOT/src/"
   cp -r "$REPO/benchmarks/device" "$ROOT/src/benchmarks/"
   [ -d "$REPO/examples" ] && cp -r "$REPO/examples" "$ROOT/src/"
   find "$ROOT/src" -name __pycache__ -prune -exec rm -rf {} +
@@ -90,12 +90,19 @@ python_env() {  # $ROOT/venv: $PY's packages + carried wheels + the project, rea
   sp=$("$ROOT/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   base=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
   printf '%s\n%s\n%s\n' "$ROOT/src" "$ROOT/site" "$base" > "$sp/coloc-bench.pth"
-  # Console scripts of setup.cfg (coloc-sbatch, coloc-hook, coloc-sampler, ... , coloc-replay).
-  "$ROOT/venv/bin/python3" - "$ROOT/src/setup.cfg" "$ROOT/venv/bin" <<'PYEOF'
-import configparser, os, sys
-cp = configparser.ConfigParser(); cp.read(sys.argv[1])
-for line in cp["options.entry_points"]["console_scripts"].strip().splitlines():
-    name, target = (x.strip() for x in line.split("=", 1)); mod, func = target.split(":")
+  # Console scripts of pyproject.toml's [project.scripts] (coloc-sbatch, coloc-hook, ... , coloc-replay); read by
+  # line, as the harness's Python may be older than tomllib (3.11).
+  "$ROOT/venv/bin/python3" - "$ROOT/src/pyproject.toml" "$ROOT/venv/bin" <<'PYEOF'
+import os, sys
+section = ""
+entries = []
+for line in open(sys.argv[1]):
+    if line.startswith("["):
+        section = line.strip()
+    elif section == "[project.scripts]" and "=" in line:
+        entries.append([x.strip().strip('"') for x in line.split("=", 1)])
+for name, target in entries:
+    mod, func = target.split(":")
     path = os.path.join(sys.argv[2], name)
     with open(path, "w") as fh:
         fh.write(f"#!{sys.argv[2]}/python3\nimport sys\nfrom {mod} import {func}\nsys.exit({func}())\n")

@@ -41,7 +41,7 @@ import placement_metrics as pm  # noqa: E402
 from placement_plan import PLAN_PATH  # noqa: E402
 
 from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.comment import job_signature, parse_comment  # noqa: E402
+from slurm_coloc.comment import JobComment  # noqa: E402
 from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive  # noqa: E402
 from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
 from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity  # noqa: E402
@@ -258,7 +258,7 @@ def measure(jobs: Sequence[Dict[str, Any]], job_of: Mapping[int, int], recs: Seq
                     "end_ts": max((r.end_ts for r in mine), default=None) or None,
                     "state": last.state if last else None,
                     "oom_reruns": sum(r.retry_of is not None for r in mine),
-                    "signature": job_signature(parse_comment(comment_of.get(job_of.get(i, -1), "")) or {}),
+                    "signature": JobComment.read(comment_of.get(job_of.get(i, -1), "")).signature(),
                     "gpu": (gpu_of or {}).get(job_of.get(i, -1)),
                     "bench": bench_record(f"pb-{scenario}-{policy}-{i}-*.out", job_of.get(i))})
     return out

@@ -8,7 +8,7 @@ every ~0.5 s) from which the collector computes aggregate throughput over the wi
 (replay: a task's measured peak memory). The model callables are also the ``#COLOC model=`` targets of the job
 scripts, so coloc-sbatch estimates their memory.
 
-Workloads (gpu-facts.md, "Collocation throughput on one H100"): ``small_cnn`` (28x28x1, batch 64),
+Workloads (docs/facts.md §12, "Collocation throughput on one H100"): ``small_cnn`` (28x28x1, batch 64),
 ``resnet18_32`` (ResNet-18 on 3x32x32, batch 32), ``resnet50_224`` (ResNet-50 on 3x224x224, batch 32); SGD,
 fp32. Replay adds torchvision models by name (``tv:<model>:<C>x<H>x<W>:<batch>:<classes>``).
 """

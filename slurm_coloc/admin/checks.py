@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from slurm_coloc.admin import versioncheck
+from slurm_coloc.admin.munge import check_munge
+from slurm_coloc.admin.result import Check, fail, ok
 from slurm_coloc.admin.slurmconf import (
     SlurmConf,
     expand_hostlist,
@@ -28,31 +29,6 @@ from slurm_coloc.slurm.version import slurm_version
 
 HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
 SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what to
-    do (empty when passing)."""
-
-    name: str
-    status: str
-    what: str
-    fix: str = ""
-
-    def to_json(self) -> Dict[str, str]:
-        """JSON-able dict."""
-        return asdict(self)
-
-
-def ok(name: str, what: str) -> Check:
-    """A passing check."""
-    return Check(name, "pass", what)
-
-
-def fail(name: str, what: str, fix: str) -> Check:
-    """A failing check with its fix."""
-    return Check(name, "fail", what, fix)
 
 
 def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
@@ -124,7 +100,11 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
 
 
 def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check]:
-    """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist."""
+    """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
+
+    GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``, 24.11+)
+    from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the shard lines'
+    ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf)."""
     name = "gres.conf"
     text, err = _read(gres_path, name)
     if err:
@@ -132,9 +112,13 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
     out: List[Check] = []
     gpu_files: Dict[str, List[str]] = {}
     shard_files: Dict[str, Dict[str, int]] = {}
+    autodetect: Dict[str, str] = {}
     for line in parse_gres_conf(text or ""):
         kind = line.get("name")
         nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
+        if line.get("autodetect"):
+            for n in nodes:
+                autodetect[n] = line["autodetect"].lower()
         files = expand_hostlist(line.get("file", "")) if line.get("file") else []
         for n in nodes:
             if kind == "gpu":
@@ -148,6 +132,16 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
     for n in sorted(gpu_nodes | set(gpu_files)):
         files = gpu_files.get(n, []) + gpu_files.get("(all)", [])
         shards = {**shard_files.get("(all)", {}), **shard_files.get(n, {})}
+        detect = autodetect.get(n, autodetect.get("(all)", "off"))
+        auto = not files and detect in ("nvml", "nvidia")
+        if auto:
+            files = sorted(f for f in shards if f != "(no File=)")
+            if not files:
+                out.append(fail(name, f"node {n}: AutoDetect={detect} finds the GPUs, but no Name=shard line "
+                                      "names a GPU with File=",
+                                f"add one 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File=/dev/nvidiaK' "
+                                "line per GPU"))
+                continue
         bad = False
         for f in files:
             if not os.path.exists(f):
@@ -167,7 +161,8 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
             out.append(fail(name, f"node {n}: no Name=gpu line with File=",
                             f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
         elif not bad:
-            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards"))
+            how = f" (GPUs from AutoDetect={detect})" if auto else ""
+            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards{how}"))
     return out
 
 
@@ -324,12 +319,14 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
 
 
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, directories, binaries, GPU, metrics."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, munge, directories, binaries, GPU,
+    metrics."""
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
         results += check_plugstack(conf, slurm_conf.parent)
         results += check_hooks(conf)
+    results += check_munge(conf)
     results += check_dirs(cfg)
     results += check_slurm_binaries(cfg)
     results += check_gpu(cfg, no_gpu)

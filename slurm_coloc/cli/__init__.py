@@ -1,0 +1,14 @@
+"""Command-line programs (the only part that imports click)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from slurm_coloc import __version__
+
+
+def version_option(prog: str) -> Callable[[Any], Any]:
+    """``--version`` for command ``prog``: prints ``<prog> (slurm-coloc) <version>`` and exits 0."""
+    return click.version_option(__version__, "--version", prog_name=prog,
+                                message="%(prog)s (slurm-coloc) %(version)s")

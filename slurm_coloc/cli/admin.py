@@ -1,20 +1,27 @@
 """``coloc-admin check``: is this node and the cluster config set up for slurm-coloc?"""
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc import config_doc
+from slurm_coloc.admin import enable as enable_mod
 from slurm_coloc.admin.checks import run_all
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-admin")
 def cli() -> None:
     """slurm-coloc administration.
 
@@ -22,6 +29,8 @@ def cli() -> None:
     Example:
       coloc-admin check
       coloc-admin check --no-gpu --slurm-conf /etc/slurm/slurm.conf
+      coloc-admin enable --dry-run
+      coloc-admin config
     """
 
 
@@ -65,6 +74,90 @@ def check(config_path: Optional[str], slurm_conf: Optional[str], no_gpu: bool, a
         click.echo(f"{len(results) - len(failed) - n_skip} passed, {len(failed)} failed, {n_skip} skipped"
                    + ("" if failed else ": slurm-coloc is set up"))
     sys.exit(1 if failed else 0)
+
+
+@cli.command("config", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="slurm-coloc YAML config (default $COLOC_CONFIG or /etc/slurm-coloc/coloc.yaml).")
+@click.option("--sample", is_flag=True, help="Print the commented sample config (every key at its default).")
+def config_cmd(config_path: Optional[str], sample: bool) -> None:
+    """Print the effective configuration: every key, its value and where it comes from (the file, a
+    COLOC_<KEY> variable, or the default). Exit 2 with one line when the config cannot be used.
+
+    \b
+    Example:
+      coloc-admin config
+      coloc-admin config --sample > coloc.yaml
+    """
+    if sample:
+        click.echo(config_doc.sample_yaml(), nl=False)
+        return
+    try:
+        cfg, file, read, sources = config_doc.effective(config_path)
+    except ColocError as exc:
+        click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    click.echo(config_doc.effective_yaml(cfg, file, read, sources), nl=False)
+
+
+@cli.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="slurm-coloc YAML config (default $COLOC_CONFIG or /etc/slurm-coloc/coloc.yaml).")
+@click.option("--slurm-conf", "slurm_conf", type=click.Path(dir_okay=False), default=None,
+              help="slurm.conf (default $SLURM_CONF or /etc/slurm/slurm.conf); gres.conf is beside it.")
+@click.option("--dry-run/--write", "dry_run", default=True, show_default=True,
+              help="Print the changes as diffs (default), or apply them, keeping a backup of each file.")
+@click.option("--no-spank", is_flag=True, help="Leave plugstack.conf alone (no --coloc-* sbatch options).")
+@click.option("--replace-hooks", is_flag=True, help="Replace Prolog=/Epilog=/... that name another program.")
+@click.option("--hook-dir", default=enable_mod.HOOK_DIR, show_default=True, help="Where the hook shims are.")
+@click.option("--spank-so", default=enable_mod.SPANK_SO, show_default=True, help="The SPANK plugin.")
+def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool, no_spank: bool,
+           replace_hooks: bool, hook_dir: str, spank_so: str) -> None:
+    """Turn slurm-coloc on in slurm.conf, gres.conf and plugstack.conf: print the changes (--dry-run), or write
+    them (--write; each changed file is first copied to <file>.coloc-backup-<time>). Nothing else is touched;
+    restart slurmctld and every slurmd afterwards (new GRES need a restart). Exit 2 with one line on a conflict
+    (a hook already set to another program) or an unreadable file.
+
+    \b
+    Example:
+      coloc-admin enable --dry-run
+      coloc-admin enable --write && systemctl restart slurmctld
+    """
+    try:
+        cfg = config_mod.load(config_path)
+        conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+        changes = enable_mod.plan(conf, cfg, hook_dir, spank_so, spank=not no_spank, replace_hooks=replace_hooks)
+    except ColocError as exc:
+        click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    if not changes:
+        click.echo(f"{conf}: slurm-coloc is already enabled; nothing to change")
+        return
+    for c in changes:
+        diff = difflib.unified_diff((c.old or "").splitlines(True), c.new.splitlines(True),
+                                    str(c.path) if c.old is not None else "/dev/null", str(c.path))
+        click.echo("".join(diff), nl=False)
+    if dry_run:
+        click.echo(f"(dry run: {len(changes)} files would change; apply with --write)")
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        for c in changes:
+            if c.old is not None:
+                backup = c.path.with_name(f"{c.path.name}.coloc-backup-{stamp}")
+                shutil.copy2(c.path, backup)
+                click.echo(f"backup: {backup}")
+            tmp = c.path.with_name(f".{c.path.name}.coloc-new")
+            tmp.write_text(c.new, encoding="utf-8")
+            if c.old is not None:
+                shutil.copymode(c.path, tmp)
+            else:
+                tmp.chmod(0o644)
+            os.replace(tmp, c.path)
+    except OSError as exc:
+        click.echo(f"coloc-admin: error: cannot write {exc.filename}: {exc.strerror}", err=True)
+        sys.exit(2)
+    click.echo(f"wrote {len(changes)} files; copy them to every node, then restart slurmctld and every slurmd")
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import click
 
-from slurm_coloc.errors import ColocError, EstimateError
+from slurm_coloc.cli import version_option
+from slurm_coloc.errors import ColocError, EstimateError, require
 
 EXAMPLES = """
 \b
@@ -57,6 +58,7 @@ def _fail(exc: ColocError) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-server", is_flag=True,
               help="Never use or start the warm estimate server (same as COLOC_ESTIMATE_SERVER=0).")
+@version_option("coloc-estimate")
 def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
          batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
          script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool, no_server: bool) -> None:
@@ -78,7 +80,13 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
         history=list(history), no_cache=no_cache, as_json=as_json)
     from slurm_coloc.cli import estimate_server as server
 
-    use_server = server.wanted(no_server) and not _cache_hit(params)
+    cached = _cache_hit(params)
+    if not cached:
+        try:
+            require("torch")  # one line with the install hint, not a traceback from deep in the estimator
+        except ColocError as exc:
+            _fail(exc)
+    use_server = server.wanted(no_server) and not cached
     if use_server:
         res = server.request(params)
         if res is not None:

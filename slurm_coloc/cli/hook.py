@@ -78,8 +78,11 @@ def _command() -> object:
     """The click command (click is imported here, after SIGTERM is caught)."""
     import click
 
+    from slurm_coloc.cli import version_option
+
     @click.command(context_settings={"help_option_names": ["-h", "--help"]})
     @click.argument("hook", type=click.Choice(sorted(HOOK_NAMES)))
+    @version_option("coloc-hook")
     def cli(hook: str) -> None:
         """Run one slurm-coloc hook for the job in the environment (called by Slurm, as root).
 

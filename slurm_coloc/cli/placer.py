@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import sys
 import time
@@ -13,14 +14,18 @@ from typing import Optional
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
 def _cfg() -> config_mod.Config:
+    """The config; on a config error one line on stderr and exit 2 (the units' RestartPreventExitStatus=2: a
+    unit started before its config exists says so once instead of restarting every few seconds)."""
     try:
         return config_mod.load()
     except ColocError as exc:
-        raise click.ClickException(exc.one_line()) from None
+        click.echo(f"coloc-placer: error: {exc.one_line()}", err=True)
+        sys.exit(2)
 
 
 def _logging(cfg: config_mod.Config, to_file: bool) -> None:
@@ -28,7 +33,7 @@ def _logging(cfg: config_mod.Config, to_file: bool) -> None:
     if to_file:
         try:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(Path(cfg.log_dir) / "placer.log")
+            handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / "placer.log")
         except OSError:
             pass
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-placer[%(process)d] %(message)s"))
@@ -38,6 +43,7 @@ def _logging(cfg: config_mod.Config, to_file: bool) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-placer")
 def cli() -> None:
     """Utilization-aware placement of shared GPU jobs, with Slurm as the scheduler of record.
 
@@ -79,19 +85,27 @@ def release_all_cmd() -> None:
     \b
     Example: coloc-placer release-all
     """
-    from slurm_coloc.comment import parse_comment
     from slurm_coloc.slurm import placement as sp
 
     cfg = _cfg()
     try:
-        jobs = [j for j in sp.queue(cfg.slurm_bin_dir) if sp.is_candidate(j)]
-        for job in jobs:
-            shards = int((parse_comment(job.comment) or {})["shards"])
-            sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir)
-            click.echo(f"job {job.job_id}: released with shard:{shards}")
+        jobs = [(j, sp.placer_shards(j)) for j in sp.queue(cfg.slurm_bin_dir)]
     except ColocError as exc:
         raise click.ClickException(exc.one_line()) from None
-    click.echo(f"{len(jobs)} job(s) released")
+    released, failed = 0, 0
+    for job, shards in jobs:
+        if shards is None:
+            continue
+        try:
+            sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir)
+            click.echo(f"job {job.job_id}: released with shard:{shards}")
+            released += 1
+        except ColocError as exc:  # one job's failure never stops the others' release
+            click.echo(f"job {job.job_id}: not released: {exc.one_line()}", err=True)
+            failed += 1
+    click.echo(f"{released} job(s) released" + (f", {failed} failed" if failed else ""))
+    if failed:
+        sys.exit(1)
 
 
 @cli.command("fallback")

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
@@ -95,6 +96,7 @@ def _trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-replay")
 def cli() -> None:
     """Replay a trace of training tasks through coloc-sbatch (issue 8, run 5).
 

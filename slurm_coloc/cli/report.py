@@ -11,10 +11,11 @@ from typing import Any, Callable, List, Optional
 import click
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.errors import ColocError
-from slurm_coloc.report import export, query, reader, views
+from slurm_coloc.cli import version_option
+from slurm_coloc.errors import ColocError, require
+from slurm_coloc.report import columns, export, query, reader, views
 from slurm_coloc.report.summarize import load_report
-from slurm_coloc.report.timespec import parse_when
+from slurm_coloc.report.timespec import parse_window
 
 VIEWS = query.VIEWS
 
@@ -23,7 +24,7 @@ class DefaultGroup(click.Group):
     """A group that runs ``jobs`` when the first argument is not a command (``coloc-report --json``)."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
             args = ["jobs", *args]
         return super().parse_args(ctx, args)
 
@@ -38,15 +39,21 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="YAML config (default $COLOC_CONFIG or /etc/slurm-coloc/coloc.yaml)."),
-        click.option("--since", default=None, help="Window start: 7d, 12h, 2026-11-01, 2026-11-01T10:00, @<unix s>."),
-        click.option("--until", default=None, help="Window end (same forms; default now)."),
+        click.option("--since", "-S", default=None,
+                     help="Window start, as sacct -S: now-7days, now-2hours, today, midnight, 2026-11-01, "
+                          "2026-11-01T10:00; or 7d, 12h, @<unix s>."),
+        click.option("--until", "-E", default=None, help="Window end (same forms; default now; not before the start)."),
         click.option("--user", "users", multiple=True, help="Only this user's jobs (repeatable)."),
         click.option("--node", "nodes", multiple=True, help="Only this node (repeatable)."),
         click.option("--job", "job_ids", type=int, multiple=True, help="Only these job ids (repeatable)."),
         click.option("--sort", "sort_key", default=None, help="Sort by this column (a JSON key, e.g. gpu_hours)."),
         click.option("--desc", is_flag=True, help="Sort descending."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON: {\"<view>\": [...], \"problems\": [...]}."),
-        click.option("--csv", "as_csv", is_flag=True, help="Print CSV (header + one line per row)."),
+        click.option("--csv", "as_csv", is_flag=True,
+                     help="Print CSV: a header (also when empty), one line per row, times in ISO 8601."),
+        click.option("-o", "--format", "fmt", default=None, metavar="COLS",
+                     help="Columns to show, as squeue/sacct -o: comma-separated keys of the JSON rows "
+                          "(jobs: -o jobid,user,shards,peak_mib); applies to the table, --csv and --json."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -86,10 +93,12 @@ def _collect(q: query.Query, config_path: Optional[str]):
 
 def _make_view(view: str) -> click.Command:
     @common
-    def cmd(as_json: bool, as_csv: bool, sort_key: Optional[str], desc: bool, **kw: Any) -> None:
+    def cmd(as_json: bool, as_csv: bool, sort_key: Optional[str], desc: bool, fmt: Optional[str],
+            **kw: Any) -> None:
         if as_json and as_csv:
             _fail(ColocError("--json and --csv exclude each other"))
         try:
+            cols = columns.select_columns(view, fmt) if fmt is not None else None
             q = query.Query(view=view, since=kw["since"], until=kw["until"], users=kw["users"], nodes=kw["nodes"],
                             job_ids=kw["job_ids"], sort_key=sort_key, desc=desc)
             problems, jobs, rows = _collect(q, kw["config_path"])
@@ -97,13 +106,15 @@ def _make_view(view: str) -> click.Command:
             _fail(exc)
             return
         if as_json:
-            export.to_json(view, rows, problems, sys.stdout)
+            export.to_json(view, columns.project(rows, cols) if cols else rows, problems, sys.stdout)
         elif as_csv:
-            export.to_csv(rows, sys.stdout)
+            export.to_csv(rows, sys.stdout, cols or columns.VIEW_COLUMNS[view])
         else:
             from slurm_coloc.report import render
 
-            if view == "jobs":
+            if cols:
+                render.selected_table(view, rows, cols, problems)
+            elif view == "jobs":
                 order = {r["job_id"]: i for i, r in enumerate(rows)}
                 render.jobs_table(sorted(jobs, key=lambda j: order[j.job_id]), problems)
             elif view == "cluster":
@@ -129,6 +140,7 @@ def _make_view(view: str) -> click.Command:
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-report")
 def cli() -> None:
     """Summarise slurm-coloc usage; the default view is ``jobs``.
 
@@ -150,8 +162,9 @@ for _view in VIEWS:
 
 @cli.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="YAML config.")
-@click.option("--since", default="1d", show_default=True, help="Window start (7d, 2026-11-01, ...).")
-@click.option("--until", default=None, help="Window end (default now).")
+@click.option("--since", "-S", default="1d", show_default=True,
+              help="Window start, as sacct -S (now-7days, today, 2026-11-01, 7d, ...).")
+@click.option("--until", "-E", default=None, help="Window end (same forms; default now; not before the start).")
 @click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
 @click.option("--user", "users", multiple=True, help="Only this user's jobs (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
@@ -164,12 +177,14 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
     Example:
       coloc-report plot --since 2d --node n1 --out /tmp/plots
     """
-    from slurm_coloc.report import plot as plot_mod
-
     now = time.time()
     try:
+        require("matplotlib")
+        from slurm_coloc.report import plot as plot_mod
+
         cfg = config_mod.load(config_path)
-        t0, t1 = parse_when(since, now), parse_when(until, now) or now
+        t0, t1 = parse_window(since, until, now)
+        t1 = now if t1 is None else t1
         flt = views.Filters(since=t0, until=t1, users=users or None, nodes=nodes or None)
         viewer = views.current_viewer(cfg)
         if not _direct_read_allowed(cfg, viewer):
@@ -220,6 +235,7 @@ def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_j
         job = query.jobs_from_json([data["job"]])[0]
         png = None
         if out_dir is not None:
+            require("matplotlib")
             from slurm_coloc.report import plot as plot_mod
 
             out = Path(out_dir)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import socket
 import sys
@@ -13,14 +14,18 @@ from typing import Dict, Optional
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 
 
 def _cfg() -> config_mod.Config:
+    """The config; on a config error one line on stderr and exit 2 (the units' RestartPreventExitStatus=2: a
+    unit started before its config exists says so once instead of restarting every few seconds)."""
     try:
         return config_mod.load()
     except ColocError as exc:
-        raise click.ClickException(exc.one_line()) from None
+        click.echo(f"coloc-sampler: error: {exc.one_line()}", err=True)
+        sys.exit(2)
 
 
 def _logging(cfg: config_mod.Config, node: str, to_file: bool) -> None:
@@ -28,7 +33,7 @@ def _logging(cfg: config_mod.Config, node: str, to_file: bool) -> None:
     if to_file:
         try:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(Path(cfg.log_dir) / f"sampler-{node}.log")
+            handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / f"sampler-{node}.log")
         except OSError:
             pass
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-sampler[%(process)d] %(message)s"))
@@ -48,6 +53,7 @@ def _pid_map(text: str) -> Dict[int, int]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("coloc-sampler")
 def cli() -> None:
     """The slurm-coloc node sampler (NVML + GPM, per GPU and per job).
 

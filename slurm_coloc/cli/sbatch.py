@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import click
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
+from slurm_coloc.slurm.sbatch_options import installed_options
 from slurm_coloc.submit.argv import CommandLine, split_command_line
 from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan, script_options
+from slurm_coloc.units import is_bare_number
 
 if TYPE_CHECKING:
     from slurm_coloc.probe.probe import ProbeResult
@@ -63,7 +66,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
         ColocError: any bad input (script, directives, options, model).
     """
     cfg = config_mod.load()
-    cmd = split_command_line(argv)
+    cmd = split_command_line(argv, installed_options(cfg.slurm_bin_dir))
     parsed = parse_script(cmd.script) if cmd.script is not None else None
 
     deadline = time.monotonic() + cfg.estimate_timeout_s  # one bound for all GPU models of the job
@@ -105,7 +108,7 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: ParsedScri
     other GPU models from the same replayed peaks. The job's working directory is ``--chdir`` (command line, then
     ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not from the cache) to show its output.
     Never raises: a probe that fails is an answer without a figure."""
-    chdir = next((o.value for o in reversed(script_options(parsed)[0] + list(cmd.options))
+    chdir = next((o.value for o in reversed(script_options(parsed, cmd.table)[0] + list(cmd.options))
                   if o.name == "chdir" and o.value), None)
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     runs: List[Tuple[str, "ProbeResult"]] = []
@@ -204,14 +207,18 @@ def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
-                                 "help_option_names": ["--help"]})
+                                 "help_option_names": ["-h", "--help"]})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@version_option("coloc-sbatch")
 def cli(argv: Tuple[str, ...]) -> None:
     """Submit a training job like sbatch, asking for only the GPU memory it needs.
 
-    ARGV is `[sbatch options] script [args]`; every sbatch option passes through unchanged. Own options:
-    --dry-run (print the sbatch command, submit nothing), --coloc-mem SIZE (override the estimate, e.g. 6G),
-    --exclusive-gpu (a whole GPU), --explain (print each memory source's figure and why one won, on stderr).
+    ARGV is `[sbatch options] script [args]`; every sbatch option passes through unchanged (which ones take a
+    value is read from the installed sbatch's --help and --usage; an option it does not list keeps the word
+    after it as its value unless that word is an existing file, the script). Own options:
+    --dry-run (print the sbatch command, submit nothing), --coloc-mem SIZE (override the estimate: 6G, 6GiB,
+    6144M; a bare number is GiB, unlike sbatch --mem's MB), --exclusive-gpu (a whole GPU), --explain (print
+    each memory source's figure and why one won, on stderr). -h/--help and --version only before the script.
     The figure comes from a probe of the script's own training program, or from `#COLOC` lines (docs/user.md).
 
     \b
@@ -221,8 +228,12 @@ def cli(argv: Tuple[str, ...]) -> None:
       coloc-sbatch --explain --dry-run train.sh --epochs 3
     """
     try:
-        cmd = split_command_line(list(argv))
+        cmd = split_command_line(list(argv), installed_options(config_mod.load().slurm_bin_dir))
         plan, parsed, dry_run = plan_submission(list(argv))
+        if cmd.coloc_mem is not None and is_bare_number(cmd.coloc_mem):
+            click.echo(f"coloc-sbatch: note: --coloc-mem {cmd.coloc_mem.strip()} is read as "
+                       f"{cmd.coloc_mem.strip()} GiB (sbatch --mem {cmd.coloc_mem.strip()} would be MB); write "
+                       f"{cmd.coloc_mem.strip()}G to say so", err=True)
         report_decision(plan, parsed, cmd.explain)
         if dry_run:
             click.echo(plan.command_line(str(parsed.path) if parsed else None))

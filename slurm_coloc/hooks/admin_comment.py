@@ -8,6 +8,13 @@ Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/repo
 ``unused-mem``), ``finding`` (the top finding of report/diagnose.py: ``input-bound``, ``no-tensor-cores``,
 ``low-occupancy``, ``over-request``), ``measured`` (false: the node summary was not there yet or no samples).
 Absent keys were not recorded. Kept under ``MAX_CHARS``.
+
+Other tools write AdminComment too (jobstats: ``JS1:<base64 gzip JSON>``). ``merge_admin_comment`` never drops
+their text (config ``admin_comment``): ``merge`` keeps it and puts ours after it, separated by one space (our
+part is everything from its ``{"coloc":`` on, replaced on every write); a field starting with ``JS1:`` is left
+as it is, because jobstats decodes the whole field after the prefix; ``if-empty`` writes only into an empty
+field or one holding only ours; ``off`` never writes. Two writers at the same moment can still lose one update:
+the field is read just before it is written, there is no lock in Slurm.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_ctld_db
 
 MAX_CHARS = 1000
+OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note and the end summary)
+WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
 WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}  # no spaces: scontrol -o
 
 
@@ -120,6 +129,24 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
     return text
 
 
+def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
+    """The AdminComment to write so that ``existing`` (the field now) keeps every other tool's text and holds
+    ``ours``; None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text).
+
+    ``mode`` is the config's ``admin_comment`` (``merge``, ``if-empty``, ``off``); see the module docstring.
+    """
+    current = (existing or "").strip()
+    at = current.find(OUR_MARK)
+    foreign = (current[:at] if at >= 0 else current).rstrip()
+    if mode == "off" or current.startswith(WHOLE_FIELD_PREFIXES):
+        return None
+    if not foreign:
+        return ours
+    if mode == "if-empty":
+        return None
+    return f"{foreign} {ours}"
+
+
 def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
     """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for
     the hook log.
@@ -129,7 +156,8 @@ def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Di
     jobstats way, shown by ``sacct -o AdminComment``). Both name the job as ``job.slurm_ref``
     (``<array_job_id>_<array_task_id>`` for an array task, so one task's summary never lands on its siblings).
     The text is also recorded as an ``admin-comment`` event in the controller database, so it exists even on a
-    cluster with neither.
+    cluster with neither. What is there already is kept (``merge_admin_comment``, config ``admin_comment``): the
+    field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
     """
     try:
         text = build(cfg, job.job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
@@ -138,13 +166,22 @@ def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Di
         senv = slurm_env(base=dict(env))
         limit = min(5.0, cfg.hook_timeout_s / 5)
         result: Dict[str, Any] = {"chars": len(text), "job": job.slurm_ref}
+        merged = merge_admin_comment(job.admin_comment, text, cfg.admin_comment)
         try:
-            slurm_jobs.set_admin_comment(job.slurm_ref, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+            if merged is None:
+                raise SlurmError(f"left as it is (admin_comment: {cfg.admin_comment}; the field holds "
+                                 f"{(job.admin_comment or '')[:20]!r}...)")
+            slurm_jobs.set_admin_comment(job.slurm_ref, merged, cfg.slurm_bin_dir, senv, timeout_s=limit)
             result.update(ok=True, via="scontrol")
         except SlurmError as exc:
             result["scontrol"] = exc.one_line()[:200]
             try:
-                slurm_jobs.set_admin_comment_accounting(job.slurm_ref, text, cfg.slurm_bin_dir, senv, timeout_s=limit)
+                acct = slurm_jobs.admin_comment_accounting(job.slurm_ref, cfg.slurm_bin_dir, senv, timeout_s=limit)
+                merged = merge_admin_comment(acct or job.admin_comment, text, cfg.admin_comment)
+                if merged is None:
+                    raise SlurmError(f"left as it is (admin_comment: {cfg.admin_comment})")
+                slurm_jobs.set_admin_comment_accounting(job.slurm_ref, merged, cfg.slurm_bin_dir, senv,
+                                                        timeout_s=limit)
                 result.update(ok=True, via="sacctmgr")
             except SlurmError as exc2:
                 result.update(ok=False, via="ctld.db only", sacctmgr=exc2.one_line()[:200])

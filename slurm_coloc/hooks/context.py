@@ -1,4 +1,4 @@
-"""What a Slurm hook knows about its job, read from its environment (facts §5), as one dataclass.
+"""What a Slurm hook knows about its job, read from its environment (docs/facts.md §5), as one dataclass.
 
 Pure: takes a mapping, never reads files or runs Slurm. slurmd/slurmctld set these variables from the job
 record, each value whole (a job name holding ``Key=value`` text or a newline stays one value). Values users
@@ -29,7 +29,7 @@ class HookContext:
         uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
         job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
         gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
-        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: facts §5).
+        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: docs/facts.md §5).
     """
 
     job_id: Optional[int]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import parse_comment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, SlurmError
 from slurm_coloc.hooks import admin_comment, oom
@@ -106,28 +106,10 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
     return "gpu" if "gpu" in tres else "none"
 
 
-COMMENT_INT_BOUNDS = {"mem_mib": (1, 1 << 24), "shards": (1, 1 << 16)}
-"""Inclusive bounds of the comment's integers: 16 TiB in MiB and 65,536 shards, above any GPU, far below SQLite's
-64-bit INTEGER (a larger Python int raises OverflowError on insert and would cost the job its record)."""
-
-
-def _clean_coloc(data: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Keep only the expected keys, types and ranges of a user-supplied coloc comment (``COMMENT_INT_BOUNDS``,
-    strings cut to 128 characters); a value out of range is dropped, the rest kept."""
-    if not data:
-        return {}
-    out: Dict[str, Any] = {}
-    for key, kind in (("mem_mib", int), ("shards", int), ("method", str), ("sha256", str), ("mode", str)):
-        value = data.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            continue
-        if isinstance(value, str):
-            out[key] = value[:128]
-        elif COMMENT_INT_BOUNDS[key][0] <= value <= COMMENT_INT_BOUNDS[key][1]:
-            out[key] = value
-    if isinstance(data.get("spec"), dict):
-        out["spec"] = data["spec"]
-    return out
+def read_coloc(comment: Optional[str], job_id: Optional[int] = None) -> Dict[str, Any]:
+    """The job comment's coloc fields as validated by ``comment.JobComment`` (ranges, types, sizes), as the JSON
+    object root records; {} for an unannotated job (no coloc JSON, or one that breaks the protocol)."""
+    return JobComment.read(comment, job_id).to_json()
 
 
 def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
@@ -141,7 +123,7 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
     job = _pick(jobs, ctx.job)
     sha, sha_note = stored_script_sha256(ctx.job, cfg, senv)
-    coloc = _clean_coloc(parse_comment(ctx.comment))
+    coloc = read_coloc(ctx.comment, ctx.job)
     spec = coloc.get("spec")
     sub = store_jobs.JobSubmission(
         job_id=ctx.job, user_name=ctx.user_name, uid=job.uid if job.uid is not None else ctx.uid,
@@ -162,9 +144,13 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     # ended, i.e. in EpilogSlurmctld without slurmdbd): what was asked and estimated.
     start_note = {"coloc": {"mode": sub.share_mode, "shards": sub.shards_req, "est_mib": sub.estimate_mib,
                             "method": sub.estimate_method}}
+    note = admin_comment.merge_admin_comment(job.admin_comment, json.dumps(start_note, separators=(",", ":")),
+                                             cfg.admin_comment)  # another tool's text is kept
     try:
-        slurm_jobs.set_admin_comment(job.slurm_ref, json.dumps(start_note, separators=(",", ":")),
-                                     cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
+        if note is None:
+            detail["admin_comment"] = f"left as it is (admin_comment: {cfg.admin_comment})"
+            return detail
+        slurm_jobs.set_admin_comment(job.slurm_ref, note, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
         detail["admin_comment"] = "provisional"
     except ColocError as exc:
         detail["admin_comment"] = f"not set: {exc.one_line()}"

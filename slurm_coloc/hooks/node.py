@@ -59,12 +59,11 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
     every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device)
     and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
     """
-    from slurm_coloc.comment import parse_comment
+    from slurm_coloc.comment import JobComment
     from slurm_coloc.node import jobenv
     from slurm_coloc.store import samples as store_samples
 
-    coloc = parse_comment(job.comment or "")
-    if not (isinstance(coloc, dict) and coloc.get("place") is True) or ctx.gpus \
+    if not JobComment.read(job.comment, ctx.job).place or ctx.gpus \
             or (job.tres_per_node or "").replace("gres:", "").strip():
         return {}
     path = jobenv.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])
@@ -136,15 +135,23 @@ def read_job_env(path: Path) -> List[tuple]:
 
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
-    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared."""
-    if ctx.job_id is None:
+    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared for this task's job.
+
+    The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a heterogeneous
+    job each component's tasks get their own component's file, not the leader's that ``SLURM_JOB_ID`` names.
+    ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
+    """
+    from slurm_coloc.node.jobenv import stepd_job_id
+
+    job_id = stepd_job_id() or ctx.job_id
+    if job_id is None:
         return []
     # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the task's
     # standard output.
-    pairs = read_job_env(job_env_path(cfg, ctx.job_id))
+    pairs = read_job_env(job_env_path(cfg, job_id))
     lines = [f"export {k}={v}" for k, v in pairs]
     if (GUARD_KEY, "1") in pairs:
-        lines.append(f"print coloc: job {ctx.job_id} was submitted for coloc-placer but started without its GPU "
+        lines.append(f"print coloc: job {job_id} was submitted for coloc-placer but started without its GPU "
                      "(released before the placer steered it): it has no GPU (CUDA_VISIBLE_DEVICES is empty). "
                      "Resubmit it with coloc-sbatch.")
     return lines

@@ -5,43 +5,39 @@ NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see CO
 ``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr (else stdout)
 carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its fence.
 
-Recovery (``handle_job_end``): Slurm 22.05 keeps a requeued job's GRES and refuses to change shard to gpu
-(facts §6), so the rerun is a NEW job: ``scontrol write batch_script``, then ``sbatch --uid --gid`` from root with
-the same name, partition, account, time limit, working directory, output paths (``--open-mode=append``), CPUs,
-memory and arguments, ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's leaks),
-and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``): 22.05 takes one job's shards from one GPU, so no
-shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off (facts §4; submit/plan.py rule 1).
-The retry carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself.
+Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's record
+of the job only (``hooks/rerun.py``: directives of every dialect neutralised, ``--ignore-pbs``, ``--export=NONE``,
+an array task alone). It carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never
+retried itself.
 
-Who gets a rerun (``rerun_gate``): a printed OOM line is the user's text, so it alone never earns a whole GPU. Only
-a shard job not stopped by the sampler's watchdog, whose memory the sampler saw at its grant (peak plus the
-allocation its message says failed, within ``oom_rerun_tolerance_pct``), or which no sampler watched while it ran
-(no evidence either way), and at most ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``.
+Who gets a rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line is the user's text, so it
+alone never earns a whole GPU where the sampler's records speak against it. A shard job not stopped by the
+sampler's watchdog, within ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``, whose failed
+allocation fits a whole GPU, and: whose memory the sampler saw reach its grant (its peak plus the allocation its
+message says failed, within ``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its message
+names one failed allocation as large as its grant (it died on that allocation before the sampler's next look);
+or which no sampler watched while it ran (no evidence either way).
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
-from slurm_coloc.comment import COMMENT_TAG, parse_comment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.rerun import RETRY_TAG, submit_retry
 from slurm_coloc.hooks.state import is_final
-from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 
-RETRY_TAG = "oom-retry-of-"
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
 _NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
 
@@ -133,26 +129,30 @@ def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
 
 def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,
                watchdog_stopped: bool, recent_reruns: int, per_user_max: int, window_s: float,
-               tolerance_pct: float) -> OomDecision:
-    """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; module docstring).
+               tolerance_pct: float, gpu_mib: int) -> OomDecision:
+    """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; the rule of docs/oom.md).
 
     Args:
         grant_mib: the job's grant (shards * 1024 MiB).
-        peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples.
+        peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples of the job.
         tried_mib: the failed allocation its OOM message names (``tried_to_allocate_mib``), 0 if none.
         sampler_watched: a sampler recorded GPU samples on its nodes while it ran.
         watchdog_stopped: the sampler's watchdog stopped it (over its grant or outside MPS).
         recent_reruns: reruns this user got in the last ``window_s`` seconds.
         per_user_max, window_s, tolerance_pct: the config's ``oom_rerun_*`` keys.
+        gpu_mib: a whole GPU's memory (``gpu_mem_gib`` * 1024), what the rerun gets.
 
     Returns:
-        ``OomDecision`` (``oom`` True: rerun).
+        ``OomDecision`` (``oom`` True: rerun); the reason names the rule that decided.
     """
     if watchdog_stopped:
         return OomDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
     if recent_reruns >= per_user_max:
         return OomDecision(False, f"{recent_reruns} OOM reruns for this user in the last {window_s:.0f} s "
                                   f"(limit {per_user_max}): not rerun")
+    if tried_mib > gpu_mib:
+        return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU ({gpu_mib} "
+                                  "MiB): a rerun on a whole GPU cannot hold it; not rerun")
     tol = max(MIN_TOLERANCE_MIB, int(grant_mib * tolerance_pct / 100))
     if peak_mib is not None:
         if peak_mib + tried_mib >= grant_mib - tol:
@@ -160,8 +160,12 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
                                      f"{grant_mib} MiB): rerun once on a whole GPU")
         return OomDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
                                   f"{grant_mib} MiB grant: an OOM there is not the grant's fault; not rerun")
+    if tried_mib >= grant_mib - tol:
+        return OomDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB grant before "
+                                 "the sampler saw its memory: rerun once on a whole GPU")
     if sampler_watched:
-        return OomDecision(False, "the sampler watched its GPU and saw no memory of this job: not rerun")
+        return OomDecision(False, f"the sampler watched its GPU and saw no memory of this job, and no failed "
+                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): not rerun")
     return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): rerun once on a whole GPU")
 
 
@@ -180,80 +184,6 @@ def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int, ret
     if share_mode in ("whole-gpu", "gpu") or (shards or 0) >= gpu_mem_gib:
         return OomDecision(False, "asked for a whole GPU already: not rerun")
     return OomDecision(False, f"no GPU share (mode {share_mode or 'none'}): not rerun")
-
-
-_GPU_DIRECTIVE = re.compile(r"^#SBATCH\s+(?:.*\s)?(?:--gres|--gpus(?:-per-[a-z]+)?|-G)(?:[=\s]|$)")
-
-
-def neutralise_gpu_directives(script: str) -> str:
-    """Turn ``#SBATCH`` lines asking for GPUs into plain comments, so the rerun's ``--gres`` is the only one."""
-    out = []
-    for line in script.splitlines(keepends=True):
-        out.append("# (coloc oom rerun) " + line[1:] if _GPU_DIRECTIVE.match(line) else line)
-    return "".join(out)
-
-
-MAX_ARGS = 4096  # bounds of the comment's argv where Slurm keeps no arguments (24.11+)
-MAX_ARG_CHARS = 4096
-
-
-def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
-    """The batch script's arguments and whether they are known exactly.
-
-    Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
-    ``submit_line``, both argv joined by single spaces). ``argv`` in the coloc comment (list of str) is used only
-    where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
-    arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
-
-    Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
-    docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
-    (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). It shapes only the arguments of the user's own rerun, which
-    runs as that user with the options Slurm recorded, so it cannot widen what the rerun may do.
-    """
-    recorded, exact = job.recorded_script_args() if job else ([], True)
-    raw = coloc.get("argv")
-    argv: List[str] = list(raw) if isinstance(raw, list) else []
-    valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
-        all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
-    if recorded is None:
-        return (list(argv), True) if valid else ([], False)  # 24.11: Slurm keeps the script path only
-    if valid and " ".join(argv).split() == recorded:
-        return list(argv), True  # the comment's words agree with what Slurm recorded
-    return recorded, exact
-
-
-def retry_sbatch_args(job: JobInfo, cfg: Config, coloc: Mapping[str, Any]) -> List[str]:
-    """sbatch options of the rerun of ``job`` (module docstring), each one argv word (no shell).
-
-    Every option is the job's own value in slurmctld's record (``JobInfo`` from ``squeue --json``): name, paths and
-    account passed through as opaque text. Nothing comes from the job's comment.
-    """
-    gib = cfg.gpu_mem_gib
-    args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
-            "--open-mode=append", "--export=NONE", "--no-requeue", f"--gres=shard:{gib}"]
-    if job.account not in ("", "(null)"):
-        args.append(f"--account={job.account}")
-    if job.time_limit_s:
-        args.append(f"--time={max(1, job.time_limit_s // 60)}")
-    out, err, inp = job.stdout_path, job.stderr_path, job.stdin_path
-    if out:
-        args.append(f"--output={out}")
-    if err and err != out:
-        args.append(f"--error={err}")
-    if inp and inp != "/dev/null":
-        args.append(f"--input={inp}")
-    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"), (job.cpus_per_task, "--cpus-per-task")):
-        if value:
-            args.append(f"{opt}={value}")
-    if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
-        args.append(f"--mincpus={job.min_cpus_per_node}")
-    if job.mem_per_node_mib:
-        args.append(f"--mem={job.mem_per_node_mib}M")
-    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
-                            "method": "oom-retry", "retry_of": job.job_id}
-    args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
-                                                                                   sort_keys=True))
-    return args
 
 
 def _read_output(job: JobInfo, uid: int, gid: int) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
@@ -277,36 +207,6 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
     return append_line_as_user(path, uid, gid, f"slurm-coloc: {line}")
 
 
-def _submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
-                  coloc: Mapping[str, Any]) -> Tuple[int, bool]:
-    """Write the batch script to a root-only directory and submit the rerun; return (new job id, args exact).
-
-    Raises:
-        ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.
-    """
-    work = Path(cfg.run_dir) / "oom"
-    work.mkdir(parents=True, mode=0o700, exist_ok=True)
-    if work.is_symlink() or (work.stat().st_uid != os.geteuid()) or work.stat().st_mode & 0o077:
-        raise ColocError(f"{work} is not a private directory of this hook's user")
-    job_id = job.job_id
-    path = work / f"{job_id}.sh"
-    path.unlink(missing_ok=True)
-    senv = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": env["SLURM_CONF"]} if env.get("SLURM_CONF") else {})}
-    try:
-        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 5)
-        try:
-            text = path.read_text(encoding="utf-8", errors="surrogateescape")
-        except OSError as exc:
-            raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
-        path.write_text(neutralise_gpu_directives(text), encoding="utf-8", errors="surrogateescape")
-        argv, exact = script_args(job, coloc)
-        new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(job, cfg, coloc), argv,
-                                           cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
-        return new_id, exact
-    finally:
-        path.unlink(missing_ok=True)
-
-
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> OomDecision:
     """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the user's
@@ -319,7 +219,7 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
         sampler_watched(cfg, job.nodes, job.start_ts, job.end_ts or time.time()),
         stopped_by_watchdog(cfg, job.job_id, job.nodes),
         store_oom.reruns_since(db, uid, time.time() - cfg.oom_rerun_window_s),
-        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct)
+        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct, cfg.gpu_mem_gib * 1024)
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
@@ -354,10 +254,11 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not raised.
     """
     job_id = job.job_id
-    retry_of = store_oom.original_of(db, job_id)
-    if retry_of is not None:
+    recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
+    if recorded_retry_of is not None:
         store_oom.record_retry_outcome(db, job_id, state, job.start_ts, job.end_ts)
-    retry_of = retry_of if retry_of is not None else retry_of_comment(job.comment)
+    # a comment that claims to be a rerun only costs its own job its rerun; it is never recorded as a link
+    retry_of = recorded_retry_of if recorded_retry_of is not None else retry_of_comment(job.comment)
     uid = job.uid if job.uid is not None else ctx.uid
     gid = job.gid if job.gid is not None else ctx.gid
     if state != "FAILED" or uid is None or gid is None:
@@ -373,7 +274,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                           fence_mib=shards * 1024 if shards else None)
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
-    coloc = parse_comment(job.comment) or {}
+    coloc = JobComment.read(job.comment, job_id).to_json()
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:
@@ -383,7 +284,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                 "sampler_peak_mib": peak_mib}
     oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
                               share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
-                              end_ts=job.end_ts, evidence=evidence, retry_of=retry_of,
+                              end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
                               retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
     if not store_oom.claim_retry(db, oom):
         return {"oom": True, "why": "already handled (oom_events row exists)"}
@@ -394,7 +295,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
     try:
-        new_id, exact = _submit_retry(job, cfg, env, uid, gid, coloc)
+        new_id, exact = submit_retry(job, cfg, env, uid, gid, coloc)
     except ColocError as exc:
         error = exc.one_line()
         store_oom.record_retry_failed(db, job_id, error)
@@ -410,6 +311,6 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     store_jobs.record_event(db, job_id, "oom-retry-submitted", {
         "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
         "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "
-                         "beside it; --gres=gpu:1 would not keep shard tenants off (facts §4)"})
+                         "beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
     return {"oom": True, "retry": True, "retry_job_id": new_id}
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.comment import parse_comment
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
@@ -107,7 +106,7 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
                                            "detail_json": json.dumps({"hook": name, **detail}, sort_keys=True,
                                                                      default=str)}, "once": [now, now]})
         if name == "prolog-slurmctld":
-            coloc = ctld._clean_coloc(parse_comment(ctx.comment))
+            coloc = ctld.read_coloc(ctx.comment, ctx.job_id)
             ops.append({"op": "submission", "row": {
                 "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
                 "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),

@@ -94,7 +94,7 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
     try:
         if create_dir:
             Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(Path(cfg.log_dir) / "hooks.log")
+        handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / "hooks.log")
     except OSError:
         try:
             handler = logging.handlers.SysLogHandler(address="/dev/log")
@@ -108,8 +108,11 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
 
 
 def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
-    """The config, or None after logging (and recording where possible) why it cannot be loaded."""
+    """The config, or None after logging (and recording where possible) why it cannot be loaded. The TaskProlog
+    runs in the job's environment, so it takes no override from it (``config.load_in_job_environment``)."""
     try:
+        if name == "task-prolog":
+            return config_mod.load_in_job_environment(env)
         return config_mod.load(environ=env)
     except ColocError as exc:
         fallback = config_mod.load_fallback(environ=env)

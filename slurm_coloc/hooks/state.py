@@ -12,7 +12,7 @@ exits 0 or 1, and a job cancelled during its Prolog shows ``0:0`` (22.05.8, chec
 
 In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
 TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
-(facts §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). slurmctld's record of the job
+(docs/facts.md §5, re-checked in tests/data/slurm-22.05/epilog_states.txt). slurmctld's record of the job
 (``JobInfo``: exit code and signal, run time, time limit, reason) is enough to tell them apart.
 """
 from __future__ import annotations
@@ -87,5 +87,5 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
         return "TIMEOUT"
     # RunTime >= TimeLimit with a clean 0:0 is a job that finished in time: Slurm counts RunTime from the
     # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records COMPLETED:
-    # docs/reliability.md "Load"). A real time-out shows signal 15 (facts §5).
+    # docs/reliability.md "Load"). A real time-out shows signal 15 (docs/facts.md §5).
     return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")

@@ -1,36 +1,85 @@
 """pid -> Slurm job id for the node sampler, through /proc (read as root).
 
-Sources, most trusted first, since the answer decides whose grant a process counts against (and whom the watchdog
-stops): the process's cgroup (``.../job_<id>/...``, set by slurmd), then its nearest root-owned ``slurmstepd:
-[<id>.<step>]`` ancestor (proctrack without cgroups), and only then its own ``SLURM_JOB_ID`` environment variable,
-which its owner can write: that claim counts only for a root process or when the job's uid (``job_uid``, from the
-node database) is the process's real uid. The answer is cached per (pid, start time): each tick costs one read of
-``/proc/<pid>/stat`` per GPU process (the guard against a reused pid); the sources are read once per process start.
+The answer decides whose grant a process counts against and whom the watchdog stops, so only evidence Slurm
+created counts, most trusted first:
+
+1. **Slurm's cgroup of the job.** A line of ``/proc/<pid>/cgroup`` counts only when its path is in Slurm's own
+   tree, as Slurm's cgroup plugins name it: cgroup v2 ``/system.slice/slurmstepd.scope/job_<N>/...`` (or
+   ``/system.slice/<node>_slurmstepd.scope/...`` with several slurmd per host; ``src/plugins/cgroup/v2``), cgroup
+   v1 ``/slurm/uid_<U>/job_<N>/...`` (or ``/slurm_<node>/...``; ``src/plugins/cgroup/v1``). The path alone is not
+   enough (a user with a delegated systemd subtree can create ``.../user@<uid>.service/app.slice/job_29``; a v1
+   ``uid_<U>`` directory is the user's own, where they can create ``job_<any>``): the ``job_<N>`` directory on
+   the cgroup filesystem must be owned by root or by job N's uid, v1's ``uid_<U>`` must be job N's uid, and, when
+   job N's uid is not known, only a root-owned directory counts. v2's line (``0::``) is read first, then v1
+   hierarchies in ``/proc/<pid>/cgroup`` order. Heterogeneous jobs: each component has its own job id, its own
+   ``job_<N>`` cgroup and its own ``slurmstepd: [<N>.<step>]``, so a component's processes count against that
+   component, as its node Prolog recorded it.
+2. **A root-owned ``slurmstepd: [<N>.<step>]`` ancestor** (proctrack without cgroups; a het step's component
+   suffix ``+<k>`` is accepted after the step).
+3. **No Slurm evidence** (a process that left its job: ``setsid`` and re-parented to init, without cgroups): a
+   root process's own ``SLURM_JOB_ID`` counts (root is trusted). For any other process its ``SLURM_JOB_ID``
+   (which its owner writes) never chooses a job: it is attributed only when the uid runs exactly one job on this
+   node (``uid_jobs``) and the claim names that job; a user with several jobs here cannot bill one with another's
+   processes (issue 31, N7), and another user's job is never reachable (its uid differs).
+
+The answer is cached per (pid, start time): each tick costs one read of ``/proc/<pid>/stat`` per GPU process (the
+guard against a reused pid); the sources are read once per process start.
 """
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
-_STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.")
+_V2_JOB = re.compile(r"^(?P<base>/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+))(?:/|$)")
+_V1_JOB = re.compile(r"^(?P<base>/slurm(?:_[^/]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+))(?:/|$)")
+_STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.[^\]\s]*\]")
 MAX_ANCESTORS = 64
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
+    """Controller -> mount point of each cgroup hierarchy (``""`` for the v2 unified one, ``name=systemd`` for
+    named v1 hierarchies), from ``/proc/self/mountinfo``; {} when unreadable."""
+    out: Dict[str, str] = {}
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or len(rparts) < 3:
+            continue
+        point = parts[4].replace("\\040", " ")
+        if rparts[0] == "cgroup2":
+            out.setdefault("", point)
+        elif rparts[0] == "cgroup":
+            for opt in rparts[2].split(","):
+                if opt not in ("rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "clone_children",
+                               "xattr") and not opt.startswith("release_agent="):
+                    out.setdefault(opt, point)
+    return out
 
 
 class JobAttributor:
-    """pid -> Slurm job id via /proc, cached per (pid, start time) so a reused pid is looked up again.
+    """pid -> Slurm job id via /proc and the cgroup filesystem (module docstring), cached per (pid, start time).
 
     Args:
         proc_root: the proc filesystem (``/proc``).
-        job_uid: job id -> the uid Slurm runs it as (None: unknown); without it only root processes' own
-            ``SLURM_JOB_ID`` claims count.
+        job_uid: job id -> the uid Slurm runs it as (None: unknown), from the node database.
+        uid_jobs: uid -> the jobs it runs on this node (None: unknown), from the node database.
+        mounts: controller -> cgroup mount point (default: ``cgroup_mounts()``, read once).
     """
 
-    def __init__(self, proc_root: str = "/proc", job_uid: Optional[Callable[[int], Optional[int]]] = None) -> None:
+    def __init__(self, proc_root: str = "/proc", job_uid: Optional[Callable[[int], Optional[int]]] = None,
+                 uid_jobs: Optional[Callable[[int], Optional[Sequence[int]]]] = None,
+                 mounts: Optional[Dict[str, str]] = None) -> None:
         self.proc = Path(proc_root)
         self.job_uid = job_uid
+        self.uid_jobs = uid_jobs
+        self.mounts = mounts if mounts is not None else cgroup_mounts()
         self._prefix = f"{self.proc}/"
         self._cache: Dict[int, Tuple[bytes, Optional[int]]] = {}
 
@@ -53,7 +102,7 @@ class JobAttributor:
         return rest[19] if len(rest) > 19 else None
 
     def job_of(self, pid: int) -> Optional[int]:
-        """The job id of ``pid``, or None (not a Slurm job, gone, or unreadable)."""
+        """The job id of ``pid``, or None (not a Slurm job, gone, unreadable, or no evidence that counts)."""
         start = self._start_time(pid)
         if start is None:
             return None
@@ -79,16 +128,47 @@ class JobAttributor:
         for item in data.split(b"\0"):
             if item.startswith(b"SLURM_JOB_ID="):
                 value = item[13:]
-                return int(value) if value.isdigit() else None
+                return int(value) if value.isdigit() and len(value) <= 10 else None
         return None
+
+    def _uid_of(self, job: int) -> Optional[int]:
+        return self.job_uid(job) if self.job_uid is not None else None
+
+    def _slurm_cgroup_job(self, controllers: str, path: str) -> Optional[int]:
+        """The job of one ``/proc/<pid>/cgroup`` line when it is Slurm's cgroup of that job (module docstring)."""
+        m = _V2_JOB.match(path) if controllers == "" else _V1_JOB.match(path)
+        if not m:
+            return None
+        job = int(m.group("job"))
+        owner_uid = self._uid_of(job)
+        if controllers != "" and (owner_uid is None or int(m.group("uid")) != owner_uid):
+            return None
+        mount = self.mounts.get(controllers) if controllers == "" else \
+            next((self.mounts[c] for c in controllers.split(",") if c in self.mounts), None)
+        if mount is None:
+            return None
+        try:
+            st = os.stat(mount + m.group("base"), follow_symlinks=False)
+        except OSError:
+            return None
+        return job if st.st_uid == 0 or (owner_uid is not None and st.st_uid == owner_uid) else None
 
     def _from_cgroup(self, pid: int) -> Optional[int]:
         try:
             text = (self.proc / str(pid) / "cgroup").read_text()
         except OSError:
             return None
-        m = _CGROUP_JOB.search(text)
-        return int(m.group(1)) if m else None
+        lines: List[Tuple[str, str]] = []
+        for line in text.splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3:
+                lines.append((parts[1], parts[2]))
+        lines.sort(key=lambda cp: cp[0] != "")  # v2 first, then v1 in file order (stable sort)
+        for controllers, path in lines:
+            job = self._slurm_cgroup_job(controllers, path)
+            if job is not None:
+                return job
+        return None
 
     def _status(self, pid: int) -> Tuple[Optional[int], Optional[int]]:
         """(real uid, parent pid) from ``/proc/<pid>/status``; (None, None) when unreadable."""
@@ -123,12 +203,14 @@ class JobAttributor:
         return None
 
     def _claimed(self, pid: int) -> Optional[int]:
-        """The process's own ``SLURM_JOB_ID``, when its owner may claim that job: root, or the job's uid."""
+        """The process's own ``SLURM_JOB_ID`` where it cannot choose among jobs: a root process's claim; for another
+        uid, only when that uid runs exactly this one job on the node (module docstring, rule 3)."""
         job = self._from_environ(pid)
         if job is None:
             return None
         uid, _ = self._status(pid)
         if uid == 0:
             return job
-        owner = self.job_uid(job) if self.job_uid is not None else None
-        return job if owner is not None and uid == owner else None
+        if uid is None or self._uid_of(job) != uid or self.uid_jobs is None:
+            return None
+        return job if list(self.uid_jobs(uid) or ()) == [job] else None

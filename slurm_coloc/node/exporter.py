@@ -11,7 +11,9 @@ and ``hpc_job``). In the two compatible sets a job's series carry its own memory
 (utilization, activity, power: the GPU's figure x the job's share, the Epilog's attribution rule).
 
 The endpoint never stops the sampler: a port in use is one error line (binding is retried every
-``BIND_RETRY_S``), and a collector failure is one error line per kind with the scrape answering the rest.
+``BIND_RETRY_S``), a collector failure is one error line per kind with the scrape answering the rest, and the
+HTTP server holds at most ``metrics_server.MAX_CONNECTIONS`` connections, each for at most
+``metrics_server.CONNECTION_DEADLINE_S`` (node/metrics_server.py).
 """
 from __future__ import annotations
 
@@ -20,10 +22,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slurm_coloc.config import Config
+from slurm_coloc.node import metrics_server
 from slurm_coloc.node.livestate import MIB, JobGpuView, LiveState, View, boot_time
 from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.store import jobs as store_jobs
@@ -333,7 +336,7 @@ class Exporter:
     def _bind(self, first: bool = True) -> bool:
         addr, port = self.cfg.exporter_bind_address, self.cfg.exporter_port
         try:
-            self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self.server, _ = metrics_server.serve(make_wsgi_app(self.registry), addr, port)  # bounded
         except (OSError, ValueError) as exc:
             if first:
                 log.error("metrics: cannot serve http://%s:%d/metrics (%s); sampling goes on without it, binding "

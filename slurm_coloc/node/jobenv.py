@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.node.mps import MpsDaemon, _mkdir
+from slurm_coloc.slurm.parse import parse_stepd_title
 
 _VALUE_OK = re.compile(r"^[A-Za-z0-9_./=:,+-]*$")
 
@@ -73,3 +74,33 @@ def read_pairs(path: Path) -> Optional[Dict[str, str]]:
     except FileNotFoundError:
         return None
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+MAX_ANCESTORS = 12
+
+
+def stepd_job_id(start_pid: Optional[int] = None, proc: str = "/proc") -> Optional[int]:
+    """The job id of the slurmstepd this process runs under, or None where none is found.
+
+    Walks up from ``start_pid`` (default: the parent) to the first ancestor owned by root, at most
+    ``MAX_ANCESTORS`` steps; that process must be titled ``slurmstepd: [<job id>.<step>]``
+    (``slurm.parse.parse_stepd_title``). The TaskProlog runs as the job's user under a user-owned fork of
+    slurmstepd, whose root-owned parent is slurmstepd itself: its title is Slurm's, which no user process can
+    change. In a heterogeneous job this is the component's own id (the task environment names the leader's).
+    """
+    pid = os.getppid() if start_pid is None else int(start_pid)
+    for _ in range(MAX_ANCESTORS):
+        if pid <= 1:
+            return None
+        try:
+            owner = os.stat(f"{proc}/{pid}").st_uid
+            with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+                title = fh.read(256)
+            with open(f"{proc}/{pid}/stat", "rb") as fh:
+                ppid = int(fh.read(4096).rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if owner == 0:
+            return parse_stepd_title(title)
+        pid = ppid
+    return None

@@ -80,8 +80,10 @@ class Sampler:
         self.cfg, self.node, self.reader = cfg, node, reader
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
-        if self.attr.job_uid is None:  # a process's own SLURM_JOB_ID counts only for that job's user
+        if self.attr.job_uid is None:  # cgroup owners and SLURM_JOB_ID claims are checked against the job's uid
             self.attr.job_uid = self._job_uid
+        if self.attr.uid_jobs is None:
+            self.attr.uid_jobs = self._uid_jobs
         self.interval_s = interval_s or cfg.sampler_interval_s
         self.watchdog = Watchdog(cfg, node, self.db_path, self.attr)  # may shorten the tick: node/watchdog.py
         self.tick_s = self.interval_s
@@ -200,6 +202,13 @@ class Sampler:
         """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed job)."""
         try:
             return store_watchdog.job_uid(self._open(), job_id)
+        except (sqlite3.Error, ColocError):
+            return None
+
+    def _uid_jobs(self, uid: int) -> Optional[List[int]]:
+        """Jobs of ``uid`` running on this node as the node Prolog recorded them (None: unreadable)."""
+        try:
+            return store_watchdog.running_jobs_of_uid(self._open(), uid)
         except (sqlite3.Error, ColocError):
             return None
 

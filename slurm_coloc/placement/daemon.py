@@ -15,9 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from slurm_coloc.comment import parse_comment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError
 from slurm_coloc.placement import intensity, share
 from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
@@ -46,12 +45,13 @@ class Steered:
 
 @dataclass
 class PlacerState:
-    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by signature),
-    wait notes shown to users, and the bad-input lines already logged (each is logged once)."""
+    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
+    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines already
+    logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
-    history: Dict[str, List[Activity]] = field(default_factory=dict)
-    timing: Dict[str, List[Timing]] = field(default_factory=dict)
+    history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
+    timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
     history_ts: float = 0.0
     notes: Dict[int, str] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
@@ -215,14 +215,14 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
         return None
     released = []
     for job in sp.queue(cfg.slurm_bin_dir, env):
-        if not sp.is_candidate(job):
+        shards = sp.placer_shards(job)
+        if shards is None:
             continue
-        shards = int((parse_comment(job.comment) or {})["shards"])
         try:
             sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir, env)
             released.append(job.job_id)
             log.info("job %d released memory-only: no placer heartbeat", job.job_id)
-        except ColocError as exc:
+        except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others' release
             log.warning("job %d: memory-only release failed (%s)", job.job_id, exc)
     return released
 
@@ -230,6 +230,10 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
     """One round: steer every held candidate (oldest first). Returns counts (placed, waiting, memory_only, ...).
+
+    Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind) is
+    one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment breaks the
+    protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
 
     Raises:
         ColocError: Slurm could not be asked (the caller logs it and tries again next round).
@@ -244,7 +248,18 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                    if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
                    or now - s.ts > 600]:
         state.steered.pop(job_id, None)
-    candidates = sorted((j for j in jobs if sp.is_candidate(j)), key=lambda j: (j.submit_ts or 0.0, j.job_id))
+    state.notes = {k: v for k, v in state.notes.items() if k in known}
+    shards_of: Dict[int, int] = {}
+    for j in jobs:
+        try:
+            n = sp.placer_shards(j)
+        except Exception as exc:  # noqa: BLE001 - one job never stops a round
+            log.warning("job %s: not a candidate (%s)", j.job_id, exc)
+            n = None
+        if n is not None:
+            shards_of[j.job_id] = n
+    candidates = sorted((j for j in jobs if j.job_id in shards_of),
+                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
               "admin_held": 0}
     if not candidates:
@@ -254,13 +269,16 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             try:
                 sp.admin_hold(job.job_id, bin_dir, env)
                 counts["admin_held"] += 1
-            except ColocError as exc:
+            except Exception as exc:  # noqa: BLE001 - one job never stops a round
                 log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
     nodes = sp.typed_nodes(bin_dir, env)
     if now - state.history_ts > HISTORY_REFRESH_S:
-        timing: Dict[str, List[Timing]] = {}
-        state.history = read_history(cfg, timing, now, state.logged)
-        state.timing = timing
+        timing: Dict[intensity.HistoryKey, List[Timing]] = {}
+        try:
+            state.history = read_history(cfg, timing, now, state.logged)
+            state.timing = timing
+        except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
+            log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
         state.history_ts = now
         if not state.history:
             log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go by "
@@ -276,27 +294,34 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                  "within %g s) on %s: jobs without measured history go there by memory only",
                  cfg.placement_state_max_age_s, ", ".join(f"{n}/gpu{i}" for n, i in silent))
     throughput = cfg.placement_policy == "throughput"
+
     def tenant_data(j: JobInfo) -> Tuple[share.Profile, float]:
-        c = parse_comment(j.comment) or {}
-        return profile(c, state.history, state.timing), intensity.demand(c, state.history, cal)[0].smact
+        try:
+            c = JobComment.read(j.comment, j.job_id)
+            return profile(c, state.history, state.timing, j.uid), \
+                intensity.demand(c, state.history, cal, j.uid)[0].smact
+        except Exception as exc:  # noqa: BLE001 - one running job's data never stops a round
+            log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
+            return share.Profile(None), cal.unknown.smact
+
     tenants = gpu_tenants(gpus, jobs, state.steered, tenant_data, now) if throughput else []
     for job in candidates:
-        coloc = parse_comment(job.comment) or {}
-        shards = int(coloc["shards"])
-        demand, source = intensity.demand(coloc, state.history, cal)
-        prof = profile(coloc, state.history, state.timing)
-        if not throughput:
-            decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
-        elif not intensity.signature(coloc) and coloc.get("flops_per_step") is None:
-            decision = share.memory_only(gpus, shards)
-            source = "no signature or FLOPs"
-            log_once(state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by memory",
-                     job.job_id)
-        else:
-            decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.capacity_for,
-                                                cfg.placement_max_slowdown, now, cfg.placement_state_max_age_s)
-        waited = now - job.submit_ts if job.submit_ts else 0.0
         try:
+            shards = shards_of[job.job_id]
+            coloc = JobComment.read(job.comment, job.job_id)
+            demand, source = intensity.demand(coloc, state.history, cal, job.uid)
+            prof = profile(coloc, state.history, state.timing, job.uid)
+            if not throughput:
+                decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
+            elif not coloc.signature() and coloc.flops_per_step is None:
+                decision = share.memory_only(gpus, shards)
+                source = "no signature or FLOPs"
+                log_once(state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by "
+                         "memory", job.job_id)
+            else:
+                decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.capacity_for,
+                                                    cfg.placement_max_slowdown, now, cfg.placement_state_max_age_s)
+            waited = now - job.submit_ts if job.submit_ts else 0.0
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
@@ -316,10 +341,10 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             else:
                 counts["waiting"] += 1
                 if state.notes.get(job.job_id) != decision.reason:
-                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
-                    state.notes[job.job_id] = decision.reason
+                    state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses it
                     log.info("job %d waits: %s", job.job_id, decision.reason)
-        except ColocError as exc:
+                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
+        except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
     return counts

@@ -1,6 +1,11 @@
 """What coloc-placer knows of job signatures from earlier runs: activity, run time and start-up alone, from the
 node databases (runs that had their GPU alone) and a ``placement_history_path`` file. Never fatal: a corrupt or
 stale file or an unreadable database is skipped with one warning.
+
+History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run measured in the databases is keyed by
+the uid Slurm ran it as, so it steers only that user's jobs; the admin's ``placement_history_path`` file is keyed
+under uid None and counts for everyone. A job's lookups go ``(its uid, sig)`` then ``(None, sig)``
+(``intensity.history_keys``).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.intensity import HistoryKey
 from slurm_coloc.placement.policy import Activity
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_readonly
@@ -63,15 +69,17 @@ def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = Non
     return out
 
 
-def read_history(cfg: Config, timing: Optional[Dict[str, List[Timing]]] = None, now: Optional[float] = None,
-                 seen: Optional[Set[str]] = None) -> Dict[str, List[Activity]]:
-    """Signature -> measured activity of earlier runs that had their GPU alone (ctld.db + every node database),
-    plus one run per signature of ``placement_history_path`` when set; ``timing`` (when given) gets the same runs'
-    (run_s, startup_s). Runs older than ``placement_history_max_age_s``, and a history file not modified within
-    it, are stale and skipped. Never raises on bad input: a corrupt or stale file, or an unreadable database, is
-    skipped with one warning (once per ``seen`` key)."""
+def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None, now: Optional[float] = None,
+                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
+    """``(uid, signature)`` -> measured activity of earlier runs that had their GPU alone (ctld.db + every node
+    database), keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments
+    are validated again, ``store.placement.finished_jobs``), plus one run per signature of
+    ``placement_history_path`` when set, under uid None (the admin's file, for everyone); ``timing`` (when given)
+    gets the same runs' (run_s, startup_s) under the same keys. Runs older than ``placement_history_max_age_s``,
+    and a history file not modified within it, are stale and skipped. Never raises on bad input: a corrupt or stale
+    file, or an unreadable database, is skipped with one warning (once per ``seen`` key)."""
     now = time.time() if now is None else now
-    out: Dict[str, List[Activity]] = {}
+    out: Dict[HistoryKey, List[Activity]] = {}
     path = cfg.placement_history_path
     if path:
         try:
@@ -82,8 +90,12 @@ def read_history(cfg: Config, timing: Optional[Dict[str, List[Timing]]] = None, 
             log_once(seen, f"stale:{path}", "history file %s is stale (%.0f days old): ignored", path, age / 86400)
         else:
             try:
-                for sig, act in read_history_file(path, timing).items():
-                    out.setdefault(sig, []).append(act)
+                file_timing: Dict[str, List[Timing]] = {}
+                for sig, act in read_history_file(path, file_timing).items():
+                    out.setdefault((None, sig), []).append(act)
+                if timing is not None:
+                    for sig, timed in file_timing.items():
+                        timing.setdefault((None, sig), []).extend(timed)
             except ConfigError as exc:
                 log_once(seen, f"bad:{path}", "%s: ignored (jobs without other history are placed by the gate "
                          "or by memory)", exc.one_line())
@@ -92,19 +104,22 @@ def read_history(cfg: Config, timing: Optional[Dict[str, List[Timing]]] = None, 
     try:
         ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
         try:
-            sig_of = {j["job_id"]: intensity.signature(j["coloc"]) for j in store_placement.finished_jobs(ctld)}
+            keys: Dict[int, HistoryKey] = {}
+            for j in store_placement.finished_jobs(ctld):
+                sig = j["coloc"].signature()
+                if sig and j["uid"] is not None:
+                    keys[j["job_id"]] = (j["uid"], sig)
         finally:
             ctld.conn.close()
     except Exception as exc:  # noqa: BLE001 - a bad database means no history, never a stop
         log_once(seen, f"db:{cfg.ctld_db_path}", "history database %s unreadable (%s): ignored", cfg.ctld_db_path,
                  exc)
         return out
-    sigs: Dict[int, str] = {k: v for k, v in sig_of.items() if v}
     for db_path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         try:
             db = open_readonly(db_path, busy_timeout_s=1.0)
             try:
-                runs = store_placement.alone_activity(db, sigs, now - cfg.placement_history_max_age_s)
+                runs = store_placement.alone_activity(db, keys, now - cfg.placement_history_max_age_s)
             finally:
                 db.conn.close()
         except Exception as exc:  # noqa: BLE001 - as above
@@ -112,19 +127,22 @@ def read_history(cfg: Config, timing: Optional[Dict[str, List[Timing]]] = None, 
             continue
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(sigs[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
                 if timing is not None and a.get("run_s") is not None:
-                    timing.setdefault(sigs[job_id], []).append((a.get("run_s"), a.get("startup_s")))
+                    timing.setdefault(keys[job_id], []).append((a.get("run_s"), a.get("startup_s")))
     return out
 
 
-def profile(coloc: Mapping[str, Any], history: Mapping[str, Sequence[Activity]],
-            timing: Mapping[str, Sequence[Timing]]) -> share.Profile:
-    """The measured profile of a job's signature (``share.Profile``; smact None without history). Pure."""
-    sig = intensity.signature(coloc)
-    act = intensity.from_history(history.get(sig, ())) if sig else None
-    runs = timing.get(sig, ()) if sig else ()
-    run = [r for r, _ in runs if r is not None]
-    start = [s for _, s in runs if s is not None]
+def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
+            timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None) -> share.Profile:
+    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job run by
+    ``uid``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON object is validated first). Activity and timing
+    each come from the first of ``intensity.history_keys(sig, uid)`` that has runs (the user's own, then the
+    admin's file); another user's runs never count. Pure."""
+    keys = intensity.history_keys(intensity.signature(coloc), uid)
+    act = next((a for a in (intensity.from_history(history.get(k, ())) for k in keys) if a is not None), None)
+    timed: Sequence[Timing] = next((t for t in (timing.get(k, ()) for k in keys) if t), ())
+    run = [r for r, _ in timed if r is not None]
+    start = [s for _, s in timed if s is not None]
     return share.Profile(act.smact if act else None, sum(run) / len(run) if run else None,
                          sum(start) / len(start) if start else None)

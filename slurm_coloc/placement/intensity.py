@@ -13,8 +13,9 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from slurm_coloc.comment import NO_COMMENT, CommentError, JobComment
 from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement.policy import Activity
@@ -35,34 +36,35 @@ class Features:
     from_proxy: bool = False
 
 
-def features(coloc: Optional[Mapping[str, Any]]) -> Features:
-    """Features from a parsed coloc comment: ``flops_per_step``/``bytes_per_step`` when present, the spec's
-    batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy
-    (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for token
-    models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's
-    trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention)."""
-    c: Mapping[str, Any] = coloc if isinstance(coloc, Mapping) else {}
-    raw = c.get("spec")
-    spec: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+def _typed(coloc: Any) -> JobComment:
+    """A ``JobComment`` as is; a coloc JSON object validated (``NO_COMMENT`` when it breaks the protocol)."""
+    if isinstance(coloc, JobComment):
+        return coloc
+    try:
+        return JobComment.from_fields(dict(coloc)) if isinstance(coloc, Mapping) else NO_COMMENT
+    except CommentError:
+        return NO_COMMENT
 
-    def num(v: Any) -> Optional[float]:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 \
-            else None
 
-    batch = spec.get("batch_size") if isinstance(spec.get("batch_size"), int) else None
-    flops = num(c.get("flops_per_step"))
-    gflop = flops / 1e9 if flops is not None else None
+def features(coloc: Any) -> Features:
+    """Features of a job's validated comment (``JobComment``; a coloc JSON object is validated first, and one that
+    breaks the protocol gives no features): ``flops_per_step``/``bytes_per_step`` when present, the spec's batch,
+    precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy (1,000 FLOP
+    per input element forward, x3 for forward + backward; real models range over 100x; 0 for token models, whose
+    input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's trace or the
+    script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The comment's bounds
+    (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite."""
+    c = _typed(coloc)
+    spec = c.spec
+    batch = spec.batch_size if spec else None
+    gflop = c.flops_per_step / 1e9 if c.flops_per_step is not None else None
     from_proxy = False
-    if gflop is None and batch and isinstance(spec.get("input_shape"), list):
+    if gflop is None and batch and spec is not None and spec.input_shape:
         from_proxy = True
-        elems = 1.0
-        for d in spec["input_shape"]:
-            elems *= d if isinstance(d, int) and d > 0 else 1
-        gflop = batch * elems * 3e-6
-    nbytes = num(c.get("bytes_per_step"))
+        gflop = batch * float(math.prod(spec.input_shape)) * 3e-6
+    nbytes = c.bytes_per_step
     return Features(gflop, nbytes / 1e9 if nbytes is not None else None, batch,
-                    str(spec.get("precision") or "fp32"), spec.get("model") if isinstance(spec.get("model"), str)
-                    else None, from_proxy)
+                    (spec.precision if spec else None) or "fp32", spec.model if spec else None, from_proxy)
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,22 @@ def predict(f: Features, cal: Calibration) -> Activity:
     x = f.gflop_per_step * cal.precision_factor.get(f.precision, 1.0)
     if f.from_proxy and cal.feature == "flops":
         x *= cal.proxy_to_flops
+    if not math.isfinite(x) or x < 0:
+        return cal.unknown  # never a NaN prediction (the comment's bounds already keep x finite)
     smact = cal.smact_min + (cal.smact_max - cal.smact_min) * x / (x + cal.x_half_gflop)
     return Activity(smact, min(1.0, smact * cal.smocc_per_smact), min(1.0, smact * cal.drama_per_smact))
+
+
+HistoryKey = Tuple[Optional[int], str]
+"""``(uid, signature)``: whose alone runs measured a signature; uid None for the admin's ``placement_history_path``."""
+
+
+def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
+    """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own runs
+    ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs never count."""
+    if not sig:
+        return ()
+    return ((uid, sig), (None, sig)) if uid is not None else ((None, sig),)
 
 
 def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
@@ -160,11 +176,16 @@ def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
     return Activity(sum(r.smact for r in runs) / n, sum(r.smocc for r in runs) / n, sum(r.drama for r in runs) / n)
 
 
-def demand(coloc: Optional[Mapping[str, Any]], history: Mapping[str, Sequence[Activity]],
-           cal: Calibration) -> "tuple[Activity, str]":
-    """The job's predicted activity alone and where it came from (``history`` or ``predicted``)."""
-    sig = signature(coloc)
-    h = from_history(history.get(sig, ())) if sig else None
-    if h is not None:
-        return h, "history"
-    return predict(features(coloc), cal), "predicted"
+def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
+           uid: Optional[int] = None) -> Tuple[Activity, str]:
+    """The job's predicted activity alone and where it came from (``history`` or ``predicted``).
+
+    History is per user: only runs of the job's own ``uid`` count, then the admin's file (uid None); another
+    user's runs never steer this job (a user could otherwise forge a signature's history for everyone).
+    """
+    c = _typed(coloc)
+    for key in history_keys(c.signature(), uid):
+        h = from_history(history.get(key, ()))
+        if h is not None:
+            return h, "history"
+    return predict(features(c), cal), "predicted"

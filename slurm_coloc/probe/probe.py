@@ -81,6 +81,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     Raises:
         EstimateError: unknown GPU.
     """
+    from slurm_coloc.comment import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
     from slurm_coloc.estimate.trace import TraceResult
 
@@ -93,7 +94,8 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
                         depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
                         assumed_values=dict(result.get("assumed_values") or {}),
                         conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
-                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool) else None)
+                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
+                        and 0 <= flops <= BOUNDS["flops_per_step"][1] else None)  # the job comment's range
     est = bound_from_trace(trace, gpu_name, precision)
     detail = dict(est.detail, precision=precision, chosen="probe")
     detail.pop("params_mib", None)  # the probe does not see parameter bytes apart

@@ -5,6 +5,8 @@ import csv
 import json
 from typing import IO, Dict, List, Sequence
 
+from slurm_coloc.report.columns import cell
+
 
 def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
     """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line.
@@ -16,12 +18,13 @@ def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str
     file.write(f"\n], \"problems\": {json.dumps(list(problems))}}}\n")
 
 
-def to_csv(rows: Sequence[Dict[str, object]], file: IO[str]) -> None:
-    """Write rows as CSV with a header (columns of the first row, then any new ones); lists joined by ``; ``."""
-    cols: List[str] = []
+def to_csv(rows: Sequence[Dict[str, object]], file: IO[str], columns: Sequence[str] = ()) -> None:
+    """Write rows as CSV: the header is ``columns`` (the view's or the ``-o`` ones, ``report/columns.py``; written
+    even without a row; none given: the rows' keys); times (``*_ts``) in ISO 8601, lists joined by ``; ``."""
+    cols: List[str] = list(columns)
     for r in rows:
-        cols.extend(k for k in r if k not in cols)
-    writer = csv.DictWriter(file, fieldnames=cols, lineterminator="\n")
+        cols.extend(k for k in r if k not in cols and not columns)
+    writer = csv.DictWriter(file, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: ("; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()})
+        writer.writerow({k: cell(k, r.get(k)) for k in cols})

@@ -15,7 +15,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report import views
 from slurm_coloc.report.summarize import JobView, Report, add_usage, load_report
-from slurm_coloc.report.timespec import parse_when
+from slurm_coloc.report.timespec import parse_window
 
 VIEWS = ("jobs", "users", "gpus", "nodes", "cluster")
 MAX_LIST_ITEMS = 1000  # users/nodes/job ids one request may name
@@ -88,10 +88,11 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
         (the report with its problems, the selected jobs, the view's rows sorted by ``q.sort_key``).
 
     Raises:
-        ColocError: a bad time spec or a sort column the view does not have.
+        ColocError: a bad time spec, an end before the start, or a sort column the view does not have.
     """
     now = time.time() if now is None else now
-    flt = views.Filters(since=parse_when(q.since, now), until=parse_when(q.until, now), users=q.users or None,
+    since, until = parse_window(q.since, q.until, now)
+    flt = views.Filters(since=since, until=until, users=q.users or None,
                         nodes=q.nodes or None, job_ids=q.job_ids or None)
     report = load_report(cfg)
     jobs = views.select_jobs(report, cfg, flt, viewer, with_util=q.view in ("jobs", "users"), now=now)

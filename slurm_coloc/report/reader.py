@@ -8,6 +8,13 @@ host where users run coloc-report and the databases can be read (docs/admin.md).
 
 Protocol: the client sends one JSON object on one line (at most ``MAX_REQUEST_BYTES``), then half-closes or
 waits; the server writes one JSON object on one line and closes. Stdlib only.
+
+Limits (any local user may connect, so none may hold the service): at most ``MAX_CONNECTIONS`` connections at
+once and ``MAX_PER_UID`` per peer uid (``SO_PEERCRED``); a connection over either is refused at once, in the
+accepting thread, with one JSON line (``BUSY``) and no thread of its own. A client has ``REQUEST_TIMEOUT_S`` in
+all to send its request (a client that drips bytes is dropped at that deadline, not kept alive by each byte) and
+``SEND_TIMEOUT_S`` in all to take the answer. At most ``MAX_CONCURRENT`` answers are computed at once, at most
+``MAX_ANSWERS_PER_UID`` of them for one uid.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import socketserver
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -29,9 +37,15 @@ from slurm_coloc.errors import ColocError
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
-REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing is dropped after this
+REQUEST_TIMEOUT_S = 10.0  # the whole request must arrive within this (from the accept)
+SEND_TIMEOUT_S = 30.0  # the whole answer must be taken within this
 MAX_CONCURRENT = 4  # answers computed at once (each reads every database); further clients wait
+MAX_ANSWERS_PER_UID = 2  # of those, at most this many for one uid
+MAX_CONNECTIONS = 64  # connections held at once (one thread each); more are refused at once
+MAX_PER_UID = 8  # connections held at once for one peer uid
 SOCKET_NAME = "report.sock"
+BUSY = b'{"ok": false, "error": "the coloc-report reader is busy (too many connections): try again", ' \
+       b'"exit_code": 1}\n'
 
 Handler = Callable[[Any, int], Dict[str, Any]]
 """``(request JSON, peer uid) -> answer JSON`` (must not raise for bad requests)."""
@@ -49,9 +63,18 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def _read_line(sock: socket.socket, limit: int) -> bytes:
+def _read_line(sock: socket.socket, limit: int, deadline: float) -> bytes:
+    """One line of at most ``limit`` bytes, all of it before ``deadline`` (``time.monotonic``).
+
+    Raises:
+        ColocError: longer than ``limit``. socket.timeout: the deadline passed.
+    """
     buf = b""
     while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("request not complete within the deadline")
+        sock.settimeout(left)
         chunk = sock.recv(65536)
         if not chunk:
             break
@@ -61,33 +84,99 @@ def _read_line(sock: socket.socket, limit: int) -> bytes:
     return buf.split(b"\n", 1)[0]
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class ReaderServer(socketserver.UnixStreamServer):
+    """The reader's server: one thread per admitted connection, within the limits of the module docstring."""
+
     allow_reuse_address = False
 
     def __init__(self, path: str, handler: Handler) -> None:
         self.answer = handler
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self.lock = threading.Lock()
+        self.active = 0
+        self.per_uid: Dict[int, int] = {}
+        self.answering: Dict[int, threading.BoundedSemaphore] = {}
+        self.refused = 0
+        self._last_refusal_log = 0.0
         super().__init__(path, _Request)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection (a thread) or refuse it at once with ``BUSY`` (no thread)."""
+        try:
+            uid = peer_uid(request)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        with self.lock:
+            admit = self.active < MAX_CONNECTIONS and self.per_uid.get(uid, 0) < MAX_PER_UID
+            if admit:
+                self.active += 1
+                self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
+            else:
+                self.refused += 1
+        if not admit:
+            try:
+                request.setblocking(False)
+                request.send(BUSY)  # one short line: fits the socket buffer, never blocks the accepting thread
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            now = time.monotonic()
+            if now - self._last_refusal_log > 10:
+                self._last_refusal_log = now
+                log.warning("refused a connection of uid %d: %d held (at most %d, %d per uid); %d refused so far",
+                            uid, self.active, MAX_CONNECTIONS, MAX_PER_UID, self.refused)
+            return
+        try:
+            threading.Thread(target=self._serve_one, args=(request, client_address, uid), daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: the connection is not served, its count given back
+            log.warning("cannot serve a client: %s", exc)
+            self._release(uid)
+            self.shutdown_request(request)
+
+    def _release(self, uid: int) -> None:
+        with self.lock:
+            self.active -= 1
+            self.per_uid[uid] -= 1
+            if not self.per_uid[uid]:
+                del self.per_uid[uid]
+
+    def _serve_one(self, request: Any, client_address: Any, uid: int) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - one connection never stops the service
+            log.exception("error while serving a client")
+        finally:
+            self.shutdown_request(request)
+            self._release(uid)
+
+    def answer_slot(self, uid: int) -> threading.BoundedSemaphore:
+        """The semaphore bounding ``uid``'s answers computed at once (``MAX_ANSWERS_PER_UID``)."""
+        with self.lock:
+            if uid not in self.answering:
+                if len(self.answering) > 4096:
+                    self.answering = {u: s for u, s in self.answering.items() if u in self.per_uid}
+                self.answering[uid] = threading.BoundedSemaphore(MAX_ANSWERS_PER_UID)
+            return self.answering[uid]
 
 
 class _Request(socketserver.BaseRequestHandler):
-    server: _Server
+    server: ReaderServer
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        sock.settimeout(REQUEST_TIMEOUT_S)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
         try:
             uid = peer_uid(sock)
-            raw = _read_line(sock, MAX_REQUEST_BYTES)
+            raw = _read_line(sock, MAX_REQUEST_BYTES, deadline)
             try:
                 request = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                 reply: Dict[str, Any] = {"ok": False, "error": "bad request: not one line of JSON", "exit_code": 2}
             else:
-                with self.server.slots:
+                with self.server.answer_slot(uid), self.server.slots:
                     reply = self.server.answer(request, uid)
-            sock.settimeout(None)
+            sock.settimeout(SEND_TIMEOUT_S)  # total for sendall (Python >= 3.5)
             sock.sendall(json.dumps(reply, default=str).encode() + b"\n")
             log.info("answered uid %d: %s", uid, "ok" if reply.get("ok") else reply.get("error"))
         except (OSError, ColocError) as exc:
@@ -132,7 +221,7 @@ def serve(path: Path, handler: Handler, ready: Optional[Callable[[], None]] = No
     _prepare(path)
     old = os.umask(0o111)
     try:
-        server = _Server(str(path), handler)
+        server = ReaderServer(str(path), handler)
     finally:
         os.umask(old)
     os.chmod(path, 0o666)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import datetime
+import shutil
 from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -64,32 +66,87 @@ def _alone(j: JobView) -> str:
     return f"{j.rate_vs_alone:.2f}x " + ("shared" if j.shared_gpu else "alone")
 
 
+def terminal_width() -> int:
+    """Columns to draw in: ``COLUMNS``, else the terminal's width, else 120 (output to a file or pipe)."""
+    return max(40, shutil.get_terminal_size((120, 24)).columns)
+
+
+def _console(file: Optional[IO[str]]) -> Console:
+    return Console(file=file, width=terminal_width())
+
+
+def fit_columns(widths: Sequence[int], priority: Sequence[int], width: int) -> List[int]:
+    """Indices of the columns kept so that the table fits ``width`` (rich's SIMPLE_HEAD box: 3 characters of
+    padding and rule per column): the lowest ``priority`` go first; the first column always stays."""
+    keep = list(range(len(widths)))
+    for i in sorted(range(1, len(widths)), key=lambda k: priority[k]):
+        if sum(widths[k] + 3 for k in keep) <= width:
+            break
+        keep.remove(i)
+    return keep
+
+
 def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[bool],
-          rows: Sequence[Sequence[str]]) -> None:
-    """A rich table, or for more than ``RICH_MAX_ROWS`` rows the same columns as plain aligned text."""
+          rows: Sequence[Sequence[str]], priority: Optional[Sequence[int]] = None) -> None:
+    """A table that fits the console's width (columns of lowest ``priority`` left out, with a note naming them;
+    default: the last columns go first), rich up to ``RICH_MAX_ROWS`` rows, above that plain aligned text."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    prio = list(priority) if priority is not None else [-i for i in range(len(headers))]
+    keep = fit_columns(widths, prio, console.width)
+    dropped = [headers[i] for i in range(len(headers)) if i not in keep]
+    headers, right, widths = [headers[i] for i in keep], [right[i] for i in keep], [widths[i] for i in keep]
+    rows = [[r[i] for i in keep] for r in rows]
     if len(rows) <= RICH_MAX_ROWS:
-        table = Table(title=title)
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
         for h, r in zip(headers, right):
-            table.add_column(h, justify="right" if r else "left", no_wrap=True)
+            table.add_column(h, justify="right" if r else "left", no_wrap=True, overflow="ellipsis")
         for row in rows:
             table.add_row(*row)
         console.print(table)
-        return
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    else:
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
+        out = [f"{title} ({len(rows)} rows, plain layout)", line(headers), line(["-" * w for w in widths])]
+        out.extend(line(r) for r in rows)
+        console.file.write("\n".join(out) + "\n")
+    if dropped:
+        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (-o/--format picks columns; "
+                      "COLUMNS=200 widens)", markup=False, highlight=False, style="dim")
 
-    out = [f"{title} ({len(rows)} rows, plain layout)", line(headers), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in rows)
-    console.file.write("\n".join(out) + "\n")
+
+def _plain(key: str, v: object) -> str:
+    if v is None:
+        return "-"
+    if key.endswith("_ts") and isinstance(v, (int, float)):
+        return _when(float(v))
+    if isinstance(v, float):
+        return f"{v:.3f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:.0f}"
+    if isinstance(v, list):
+        return "; ".join(str(x.get("name", x)) if isinstance(x, dict) else str(x) for x in v) or "-"
+    return str(v)
+
+
+def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[str], problems: Sequence[str],
+                   file: Optional[IO[str]] = None) -> None:
+    """A table of the ``-o/--format`` columns (headed by their keys), in the order given."""
+    console = _console(file)
+    cells = [[_plain(c, r.get(c)) for c in cols] for r in rows]
+    right = [bool(rows) and all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows)
+             and not c.endswith("_ts") for c in cols]
+    _emit(console, f"slurm-coloc {view}", list(cols), right, cells, [len(cols) - i for i in range(len(cols))])
+    if not rows:
+        console.print("[dim]nothing recorded in this window[/dim]")
+    _problems(console, problems)
 
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
     """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
-    console = Console(file=file, width=260)
+    console = _console(file)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
                "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone", "finding")
+    # which columns stay when the terminal is narrow (higher stays longer)
+    priority = (100, 90, 55, 40, 85, 70, 85, 65, 45, 30, 75, 35, 60, 25, 80, 50, 38, 48, 20, 42)
     left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start", "finding"}
     rows = []
     for j in jobs:
@@ -102,7 +159,7 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
             _duration(j.runtime_s), _alone(j), j.findings[0]["name"] if j.findings else "-"))
     _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %, vs alone = runtime alone "
                    "from history / runtime)", headers,
-          [h not in left for h in headers], rows)
+          [h not in left for h in headers], rows, priority)
     for j in jobs:
         if j.watchdog:
             console.print(f"job {j.job_id} {j.watchdog}", markup=False, highlight=False)
@@ -121,7 +178,7 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
 
 def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optional[IO[str]] = None) -> None:
     """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the notes."""
-    console = Console(file=file, width=200)
+    console = _console(file)
     out = console.print
     out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran {_duration(job.runtime_s)} "
         f"on {job.gpus or job.nodes or '-'}; request {format_mib(job.requested_mib)}, peak "
@@ -176,7 +233,7 @@ TITLES = {"users": "per user", "gpus": "per GPU (sample figures over the window)
 def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str],
                file: Optional[IO[str]] = None) -> None:
     """Print a ``users``/``gpus``/``nodes`` view as a table."""
-    console = Console(file=file, width=220)
+    console = _console(file)
     _emit(console, f"slurm-coloc {TITLES[view]}", [h for h, _, _ in COLUMNS[view]],
           [key not in ("user", "node") for _, key, _ in COLUMNS[view]],
           [[fmt(r.get(key)) if r.get(key) is not None else "-" for _, key, fmt in COLUMNS[view]] for r in rows])
@@ -187,7 +244,7 @@ def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[
 
 def cluster_table(row: Dict[str, object], problems: Sequence[str], file: Optional[IO[str]] = None) -> None:
     """Print the cluster summary as a two-column table."""
-    console = Console(file=file, width=200)
+    console = _console(file)
     table = Table(title="slurm-coloc cluster summary")
     table.add_column("figure")
     table.add_column("value", justify="right")

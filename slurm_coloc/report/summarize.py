@@ -7,7 +7,6 @@ and the sampler's tables (``store/samples.py``); what was not recorded stays Non
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -222,29 +221,23 @@ def load_report(cfg: Config) -> Report:
 
 
 def _signature(coloc_json: Optional[str]) -> Optional[str]:
-    """``placement.intensity.signature`` of a recorded coloc comment (JSON text), None when unreadable."""
-    import json
+    """``placement.intensity.signature`` of a recorded coloc comment (JSON text, validated again by
+    ``comment.JobComment``), None when absent or invalid."""
+    from slurm_coloc.comment import JobComment
 
-    from slurm_coloc.comment import job_signature as signature
-
-    try:
-        return signature(json.loads(coloc_json)) if coloc_json else None
-    except (TypeError, ValueError):
-        return None
+    return JobComment.from_json_text(coloc_json).signature()
 
 
 def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
-    """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``); {} when absent or
-    malformed (the spec came with the job's comment, which its user writes: only these two typed values are read)."""
-    try:
-        spec = json.loads(spec_json) if spec_json else None
-    except (ValueError, RecursionError):
+    """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``), validated by
+    ``comment.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when absent or
+    invalid."""
+    from slurm_coloc.comment import CommentSpec
+
+    spec = CommentSpec.from_json_text(spec_json)
+    if spec is None:
         return {}
-    if not isinstance(spec, dict):
-        return {}
-    batch, precision = spec.get("batch_size"), spec.get("precision")
-    return {"batch_size": batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else None,
-            "precision": precision[:16] if isinstance(precision, str) else None}
+    return {"batch_size": spec.batch_size, "precision": spec.precision}
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:

@@ -1,36 +1,80 @@
-"""Parsing ``--since``/``--until`` values (pure)."""
+"""Parsing ``--since``/``--until`` values (pure): Slurm's time forms, as ``sacct -S/-E`` reads them, and short ones.
+
+Slurm's forms (sacct(1) "-S", parse_time.c with ``past`` set, as sacct calls it): ``now``,
+``now[{+|-}count[seconds|minutes|hours|days|weeks]]`` (count alone: seconds), ``today`` and ``midnight``
+(00:00 today), ``tomorrow`` (00:00 tomorrow), ``noon``, ``elevenses`` (11:00), ``fika`` (15:00), ``teatime``
+(16:00), ``HH:MM[:SS]``, ``YYYY-MM-DD[THH:MM[:SS]]``, ``MM/DD[/YY]``. A time of day without a date that is
+still to come today means yesterday (sacct's rule: a window start lies in the past). Short forms: ``7d``,
+``12h``, ``30m``, ``90s``, ``2w`` ago; ``@<unix s>``. Times are local, as Slurm's.
+"""
 from __future__ import annotations
 
 import datetime
 import math
 import re
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from slurm_coloc.errors import ColocError
 
 _REL = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
+_NOW = re.compile(r"^now\s*(?:([+-])\s*(\d+)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?|"
+                  r"w|weeks?)?)?$", re.IGNORECASE)
+_DAY_WORDS = {"today": 0, "midnight": 0, "tomorrow": 1}
+_HOUR_WORDS = {"noon": 12, "elevenses": 11, "fika": 15, "teatime": 16}
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
+_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
+            "%m/%d/%y", "%m/%d/%Y")
+HINT = "use e.g. now-7days, now-2hours, today, midnight, 7d, 2026-11-01, 2026-11-01T10:00 or @<unix s>"
+
+
+def _local_midnight(now: float, days: int = 0) -> float:
+    d = datetime.datetime.fromtimestamp(now).date() + datetime.timedelta(days=days)
+    return datetime.datetime.combine(d, datetime.time()).timestamp()
+
+
+def _past_clock(now: float, h: int, m: int, s: int = 0) -> float:
+    """Today at h:m:s, or yesterday when that is still to come (sacct's ``past`` rule)."""
+    day = datetime.datetime.fromtimestamp(now).date()
+    t = datetime.datetime.combine(day, datetime.time(h, m, s)).timestamp()
+    if t > now:
+        t = datetime.datetime.combine(day - datetime.timedelta(days=1), datetime.time(h, m, s)).timestamp()
+    return t
 
 
 def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """A time as Unix seconds: ``now``, ``7d``/``12h``/``30m``/``90s``/``2w`` ago, a local date/time
-    (``2026-11-01``, ``2026-11-01T10:00[:00]``) or Unix seconds (``@1700000000``). None stays None.
+    """A time as Unix seconds from one of the forms of the module docstring. None stays None.
 
     Raises:
-        ColocError: none of these forms.
+        ColocError: none of these forms, or out of range.
     """
     if text is None:
         return None
     now = time.time() if now is None else now
     t = text.strip()
-    if t == "now":
-        return now
-    m = _REL.match(t)
+    low = t.lower()
     value: Optional[float] = None
+    m = _NOW.match(t)
     if m:
-        value = now - float(m.group(1)) * _UNIT_S[m.group(2)]
+        sign, count, unit = m.groups()
+        value = now if not sign else now + (1 if sign == "+" else -1) * int(count) * _UNIT_S[
+            (unit or "s")[0].lower()]
+    elif low in _DAY_WORDS:
+        return _local_midnight(now, _DAY_WORDS[low])
+    elif low in _HOUR_WORDS:
+        return _past_clock(now, _HOUR_WORDS[low], 0)
+    elif _CLOCK.match(t):
+        c = _CLOCK.match(t)
+        assert c is not None
+        h, mi, s = int(c.group(1)), int(c.group(2)), int(c.group(3) or 0)
+        if h > 23 or mi > 59 or s > 59:
+            raise ColocError(f"invalid time {text!r}: no such time of day", hint=HINT)
+        return _past_clock(now, h, mi, s)
+    elif _REL.match(t):
+        r = _REL.match(t)
+        assert r is not None
+        value = now - float(r.group(1)) * _UNIT_S[r.group(2)]
     elif t.startswith("@"):
         try:
             value = float(t[1:])
@@ -38,11 +82,29 @@ def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[flo
             pass
     if value is not None:
         if not math.isfinite(value) or abs(value) > 1e11:  # ~ year 5138: beyond any job; inf/nan broke SQL
-            raise ColocError(f"invalid time {text!r}: out of range", hint="use e.g. 7d, 2026-11-01 or @<unix s>")
+            raise ColocError(f"invalid time {text!r}: out of range", hint=HINT)
         return value
     for fmt in _FORMATS:
         try:
             return datetime.datetime.strptime(t, fmt).timestamp()
         except ValueError:
             continue
-    raise ColocError(f"invalid time {text!r}", hint="use e.g. 7d, 12h, 2026-11-01, 2026-11-01T10:00 or @<unix s>")
+    raise ColocError(f"invalid time {text!r}", hint=HINT)
+
+
+def parse_window(since: Optional[str], until: Optional[str],
+                 now: Optional[float] = None) -> Tuple[Optional[float], Optional[float]]:
+    """``(since, until)`` in Unix seconds (each None when not given).
+
+    Raises:
+        ColocError: a bad form (``parse_when``), or an end before the start.
+    """
+    t0, t1 = parse_when(since, now), parse_when(until, now)
+    if t0 is not None and t1 is not None and t1 < t0:
+        raise ColocError(f"--until {until!r} ({_iso(t1)}) is before --since {since!r} ({_iso(t0)})",
+                         hint="give the window's start first")
+    return t0, t1
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).isoformat(timespec="seconds")

@@ -4,7 +4,7 @@ Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unq
 field; ``WorkDir``, ``Command``, ``Comment``, ``StdOut``, ``MailUser`` follow), so a job named
 ``x TresPerNode=gres:shard:79`` or holding a newline reads as other fields. In JSON every user-editable string
 is one opaque value and cannot stand for another field. 22.05 has no ``scontrol show job --json``
-(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters (facts §7), so
+(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters (docs/facts.md §7), so
 the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
 
 Schemas: 22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same
@@ -259,7 +259,7 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
 
 
 def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
-    """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: facts §7).
+    """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: docs/facts.md §7).
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.

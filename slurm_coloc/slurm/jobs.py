@@ -124,7 +124,7 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     Equivalent: ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
     <script_path> <script_args>``. sbatch runs with a minimal environment so nothing of the caller's (a hook's
     ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
-    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (facts §6: ``--uid`` is for
+    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6: ``--uid`` is for
     root only).
 
     Raises:
@@ -192,3 +192,17 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
         raise SlurmError("AdminComment must be one line")
     run(["sacctmgr", "-i", "update", "job", "where", f"jobid={_job_ref(job)}", "set", f"AdminComment={text}"],
         bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+
+
+def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
+                             env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> str:
+    """A job's AdminComment as the accounting database (slurmdbd) holds it, where jobstats writes its summary.
+
+    Equivalent: ``sacct -n -P -X -o AdminComment -j <job>``.
+
+    Raises:
+        SlurmError: sacct failed (no slurmdbd) or timed out.
+    """
+    proc = run(["sacct", "-n", "-P", "-X", "-o", "AdminComment", "-j", _job_ref(job)], bin_dir=bin_dir, env=env,
+               timeout_s=timeout_s)
+    return proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""

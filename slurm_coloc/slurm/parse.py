@@ -63,7 +63,7 @@ def parse_exit_pair(text: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
 def decode_exit_code(status: int) -> Tuple[int, int]:
     """Wait status as Slurm keeps it (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit code, signal).
 
-    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (facts §5; scontrol prints the same pair as ``ExitCode=3:0``).
+    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as ``ExitCode=3:0``).
     """
     return (status >> 8) & 0xFF, status & 0x7F
 
@@ -216,3 +216,16 @@ def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) ->
     chosen = next((i for i in hits if not (words[i - 1].startswith("-") and "=" not in words[i - 1])), hits[0])
     rest = " ".join(words[chosen + 1:])
     return rest, len(hits) == 1 and "  " not in rest
+
+
+_STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[A-Za-z0-9_]+\]")
+
+
+def parse_stepd_title(cmdline: bytes) -> Optional[int]:
+    """The job id in slurmstepd's process title (``/proc/<pid>/cmdline``), ``slurmstepd: [6.1]`` -> 6, or None.
+
+    slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1 of
+    job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``: issue 31 N6).
+    """
+    m = _STEPD_TITLE.match(cmdline)
+    return int(m.group(1)) if m else None

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from slurm_coloc.comment import COMMENT_TAG, parse_comment
+from slurm_coloc.comment import COMMENT_TAG, JobComment
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import gres_detail_counts
@@ -92,13 +92,19 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
     return out
 
 
+def placer_shards(job: JobInfo) -> Optional[int]:
+    """The shards of a job the placer steers (pending, held, no GRES yet, a valid coloc comment with ``place``
+    true and ``shards`` in ``comment.BOUNDS``), else None. A comment that breaks the protocol makes no candidate
+    (``JobComment.read``: one warning)."""
+    if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
+            and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
+        return None
+    return JobComment.read(job.comment, job.job_id).placed_shards
+
+
 def is_candidate(job: JobInfo) -> bool:
-    """A job the placer steers: pending, held, no GRES yet, with a coloc comment asking for shards."""
-    c = parse_comment(job.comment)
-    return (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
-            and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()
-            and isinstance(c, dict) and c.get("place") is True
-            and isinstance(c.get("shards"), int) and not isinstance(c.get("shards"), bool) and c["shards"] >= 1)
+    """A job the placer steers (``placer_shards`` is not None)."""
+    return placer_shards(job) is not None
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:

@@ -17,7 +17,7 @@ DEFAULT_TIMEOUT_S = 30.0
 def slurm_env(extra: Optional[Mapping[str, str]] = None, base: Optional[Mapping[str, str]] = None) -> dict:
     """The environment for a Slurm command: ``base`` (default os.environ) plus ``extra``.
 
-    PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (facts §1); callers pass it in ``extra``.
+    PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (docs/facts.md §1); callers pass it in ``extra``.
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("PATH", "/usr/bin:/bin")

@@ -6,11 +6,12 @@ None.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
 from sqlite_utils import Database
+
+from slurm_coloc.comment import JobComment
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,16 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``coloc`` (parsed ``coloc_json`` or None)."""
+    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown) and
+    ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent or
+    invalid)."""
     if not ctld["jobs"].exists():
         return []
     out = []
-    for job_id, text in ctld.execute("SELECT job_id, coloc_json FROM jobs WHERE end_ts IS NOT NULL "
-                                     "ORDER BY end_ts DESC LIMIT ?", [int(limit)]).fetchall():
-        try:
-            coloc = json.loads(text) if text else None
-        except (TypeError, ValueError):
-            coloc = None
-        out.append({"job_id": int(job_id), "coloc": coloc if isinstance(coloc, dict) else None})
+    for job_id, uid, text in ctld.execute("SELECT job_id, uid, coloc_json FROM jobs WHERE end_ts IS NOT NULL "
+                                          "ORDER BY end_ts DESC LIMIT ?", [int(limit)]).fetchall():
+        out.append({"job_id": int(job_id), "uid": int(uid) if isinstance(uid, int) else None,
+                    "coloc": JobComment.from_json_text(text if isinstance(text, str) else None)})
     return out
 
 

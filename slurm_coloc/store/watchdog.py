@@ -114,3 +114,11 @@ def job_uid(db: Database, job_id: int) -> Optional[int]:
     row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC LIMIT 1",
                      [int(job_id)]).fetchone()
     return int(row[0]) if row else None
+
+
+def running_jobs_of_uid(db: Database, uid: int) -> List[int]:
+    """Job ids the node Prolog recorded for ``uid`` that have not ended on this node (open ``job_runs`` rows)."""
+    if not db.table("job_runs").exists():
+        return []
+    return sorted({int(r[0]) for r in db.execute("SELECT job_id FROM job_runs WHERE uid = ? AND end_ts IS NULL",
+                                                   [int(uid)]).fetchall()})

@@ -1,30 +1,22 @@
 """Splitting a ``coloc-sbatch`` command line: our options, sbatch's options, the script and its args.
 
-Pure functions. Option names come from ``sbatch --help`` of Slurm 22.05.8.
+Pure functions (the file test of an unknown option aside). Which options take a value comes from the installed
+sbatch (``slurm/sbatch_options.py``: its ``--help`` and ``--usage``, cached per binary); the caller passes that
+table, else Slurm 22.05's built-in one is used.
+
+An option the table does not know (26.05's ``--segment``, ``--prefer``, ``--extra`` are missing from its help)
+is passed on as written and never takes the script's place: given as ``--opt=v`` it is one word; given as
+``--opt WORD``, WORD is its value unless WORD is an existing file (then WORD is the job script and the option a
+flag, as sbatch needs the script to exist). In ``#SBATCH`` lines, where no script can follow, WORD is its value.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from slurm_coloc.errors import DirectiveError
-
-# sbatch 22.05 short options that take a value (``-J name`` or ``-Jname``)
-SHORT_WITH_VALUE = set("aAbcdDeiJLMmnNopqStwxCFG")
-# long options that take a required value (``--opt=v`` or ``--opt v``)
-LONG_WITH_VALUE = {
-    "array", "account", "bb", "bbf", "begin", "comment", "cpu-freq", "cpus-per-task", "dependency", "deadline",
-    "delay-boot", "chdir", "error", "export-file", "gid", "gres", "gres-flags", "input", "job-name", "licenses",
-    "clusters", "cluster", "distribution", "mail-type", "mail-user", "mcs-label", "ntasks", "ntasks-per-node",
-    "nodes", "output", "partition", "power", "priority", "profile", "qos", "core-spec", "signal", "switches",
-    "thread-spec", "time", "time-min", "uid", "wckey", "cluster-constraint", "constraint", "nodefile", "mem",
-    "mincpus", "reservation", "tmp", "nodelist", "exclude", "mem-per-cpu", "sockets-per-node",
-    "cores-per-socket", "threads-per-core", "ntasks-per-core", "ntasks-per-socket", "cpus-per-gpu", "gpus",
-    "gpu-bind", "gpu-freq", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "mem-per-gpu", "container",
-    "extra-node-info", "hint", "batch", "acctg-freq", "open-mode", "kill-on-invalid-dep", "wrap",
-}
-SHORT_TO_LONG = {"G": "gpus", "J": "job-name", "o": "output", "e": "error", "D": "chdir", "N": "nodes",
-                 "n": "ntasks", "p": "partition", "t": "time", "A": "account", "c": "cpus-per-task"}
+from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 
 
 @dataclass(frozen=True)
@@ -49,6 +41,7 @@ class CommandLine:
     exclusive_gpu: bool = False
     extra: Tuple[str, ...] = field(default=())
     explain: bool = False
+    table: SbatchOptions = BUILTIN
 
     def last(self, name: str) -> Optional[str]:
         """Value of the last occurrence of option ``name`` (sbatch's rule: the last one wins)."""
@@ -60,8 +53,17 @@ class CommandLine:
         return any(o.name == name for o in self.options)
 
 
-def parse_option_tokens(words: List[str], i: int) -> Tuple[Option, int]:
-    """Parse the option starting at ``words[i]``; return it and the index after it.
+def _unknown_takes_value(words: List[str], i: int, in_directive: bool) -> bool:
+    """Whether the word after unknown option ``words[i]`` is its value (module docstring)."""
+    if i + 1 >= len(words) or words[i + 1].startswith("-"):
+        return False
+    return in_directive or not os.path.isfile(os.path.expanduser(words[i + 1]))
+
+
+def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN,
+                        in_directive: bool = False) -> Tuple[Option, int]:
+    """Parse the option starting at ``words[i]`` by ``table`` (an ``#SBATCH`` line's words: ``in_directive``);
+    return it and the index after it.
 
     Raises:
         DirectiveError: an option that needs a value is last on the line.
@@ -71,14 +73,14 @@ def parse_option_tokens(words: List[str], i: int) -> Tuple[Option, int]:
         name, sep, value = w[2:].partition("=")
         if sep:
             return Option(name, value, (w,)), i + 1
-        if name in LONG_WITH_VALUE:
+        if name in table.long_value or (not table.knows(name) and _unknown_takes_value(words, i, in_directive)):
             if i + 1 >= len(words):
                 raise DirectiveError(f"option --{name} needs a value")
             return Option(name, words[i + 1], (w, words[i + 1])), i + 2
         return Option(name, None, (w,)), i + 1
     letter = w[1:2]
-    name = SHORT_TO_LONG.get(letter, letter)
-    if letter in SHORT_WITH_VALUE:
+    name = table.short_to_long.get(letter, letter)
+    if letter in table.short_value:
         if len(w) > 2:
             return Option(name, w[2:].lstrip("="), (w,)), i + 1
         if i + 1 >= len(words):
@@ -87,8 +89,9 @@ def parse_option_tokens(words: List[str], i: int) -> Tuple[Option, int]:
     return Option(name, None, (w,)), i + 1
 
 
-def split_command_line(argv: List[str]) -> CommandLine:
-    """Split ``[options] script [args]`` into our options, sbatch options, script and script args.
+def split_command_line(argv: List[str], table: SbatchOptions = BUILTIN) -> CommandLine:
+    """Split ``[options] script [args]`` into our options, sbatch options, script and script args; ``table``
+    says which sbatch options take a value (``slurm.sbatch_options.installed_options``).
 
     Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With ``--wrap``
     there is no script. A lone ``--`` ends the options.
@@ -124,7 +127,7 @@ def split_command_line(argv: List[str]) -> CommandLine:
             else:
                 raise DirectiveError("option --coloc-mem needs a value (e.g. --coloc-mem 6G)")
             continue
-        opt, i = parse_option_tokens(argv, i)
+        opt, i = parse_option_tokens(argv, i, table)
         options.append(opt)
     rest = argv[i:]
     has_wrap = any(o.name == "wrap" for o in options)
@@ -132,4 +135,5 @@ def split_command_line(argv: List[str]) -> CommandLine:
         raise DirectiveError("no job script given", hint="usage: coloc-sbatch [sbatch options] script [args]")
     script = None if has_wrap else rest[0]
     script_args = tuple(rest if has_wrap else rest[1:])
-    return CommandLine(tuple(options), script, script_args, dry_run, coloc_mem, exclusive, explain=explain)
+    return CommandLine(tuple(options), script, script_args, dry_run, coloc_mem, exclusive, explain=explain,
+                       table=table)

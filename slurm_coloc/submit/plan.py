@@ -4,7 +4,7 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 
 1. ``--exclusive-gpu`` or ``#COLOC share=exclusive`` -> a whole GPU: all shards of one GPU
    (``--gres=shard:<gpu_mem_gib>``). Slurm 22.05 gives one job's shards from ONE GPU, so no other shard job
-   fits beside it; ``--gres=gpu:1`` would not keep shard jobs off (facts §4).
+   fits beside it; ``--gres=gpu:1`` would not keep shard jobs off (docs/facts.md §4).
 2. An explicit ``--gres=shard:N`` is the user's own choice and is kept as is.
 3. More than one GPU per node (``--gres=gpu:N``, ``--gpus[-per-node]=N`` with N > 1, any ``--gpus-per-task`` /
    ``--gpus-per-socket``): the user's GPU options are passed on as given (the last of each option, the
@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import Shrink, fit_comment
+from slurm_coloc.comment import BOUNDS, Shrink, fit_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
 from slurm_coloc.estimate.gpus import gpu_model
+from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
@@ -160,8 +161,9 @@ def gpu_request(options: List[Option]) -> GpuRequest:
     return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other), tuple(last_opt.values()))
 
 
-def script_options(script: Optional[ParsedScript]) -> Tuple[List[Option], List[int]]:
-    """All ``#SBATCH`` options and the line numbers that carry a GPU option."""
+def script_options(script: Optional[ParsedScript],
+                   table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
+    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU option."""
     opts: List[Option] = []
     gpu_lines: List[int] = []
     for no, words in (script.sbatch_lines if script else ()):
@@ -169,7 +171,7 @@ def script_options(script: Optional[ParsedScript]) -> Tuple[List[Option], List[i
         while i < len(words):
             if not words[i].startswith("-"):
                 break
-            opt, i = parse_option_tokens(list(words), i)
+            opt, i = parse_option_tokens(list(words), i, table, in_directive=True)
             line_opts.append(opt)
         opts.extend(line_opts)
         if any(o.name in GPU_OPTIONS for o in line_opts):
@@ -250,7 +252,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         ConfigError: a partition's GPU model is unknown to the estimator.
         EstimateError: raised by ``estimate_fn``.
     """
-    script_opts, gpu_lines = script_options(script)
+    script_opts, gpu_lines = script_options(script, cmd.table)
     all_opts = script_opts + list(cmd.options)
     req = gpu_request(all_opts)
     whole = cfg.gpu_mem_gib
@@ -291,7 +293,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         else:
             mode, shards, reason = "whole-gpu", whole, NO_INFORMATION
     args: List[str] = []
-    for opt in _moved_options(script, gpu_lines) + [o for o in cmd.options
+    for opt in _moved_options(script, gpu_lines, cmd.table) + [o for o in cmd.options
                                                     if o.name not in GPU_OPTIONS and o.name != "comment"]:
         args.extend(opt.tokens)
     if mode == "gpu":
@@ -311,7 +313,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                                "method": method, "gpu_model": model_name,
                                "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
-    if decision is not None and decision.flops_per_step is not None:
+    if decision is not None and decision.flops_per_step is not None \
+            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:  # else readers drop the annotation
         comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
     if cmd.script_args:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
@@ -364,7 +367,8 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
     return steps
 
 
-def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int]) -> List[Option]:
+def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int],
+                   table: SbatchOptions = BUILTIN) -> List[Option]:
     """Non-GPU options of the ``#SBATCH`` lines that are commented out (they move to the command line)."""
     out: List[Option] = []
     for no, words in (script.sbatch_lines if script else ()):
@@ -372,7 +376,7 @@ def _moved_options(script: Optional[ParsedScript], gpu_lines: List[int]) -> List
             continue
         i = 0
         while i < len(words) and words[i].startswith("-"):
-            opt, i = parse_option_tokens(list(words), i)
+            opt, i = parse_option_tokens(list(words), i, table, in_directive=True)
             if opt.name not in GPU_OPTIONS:
                 out.append(opt)
     return out

@@ -209,6 +209,9 @@ def test_mem_value_normalized_to_mib_like_coloc_sbatch(spank_cluster: SpankClust
     out = spank_cluster.run(["sbatch", "-v", "--test-only", "--gres=shard:1", f"--coloc-mem={value}", "--wrap", "true"])
     assert out.returncode == 0, out.stderr
     assert f"coloc: job control env COLOC_MEM={mib}\n" in out.stderr
+    # a bare number is GiB, unlike sbatch --mem's MB: the plugin says so (and only then)
+    note = f"coloc: --coloc-mem {value} is read as {value} GiB (sbatch --mem {value} would be MB)"
+    assert (note in out.stderr) == value.strip().replace(".", "").isdigit(), out.stderr
     if mib != "auto":  # the same grammar as coloc-sbatch's parser, so both agree on the size
         from slurm_coloc.units import parse_size_mib
         assert parse_size_mib(value) == int(mib)

@@ -118,3 +118,76 @@ def test_offenders_stopped_neighbour_untouched(cluster: Cluster, tmp_path: Path,
         assert ev.outcome["killed"] and ev.outcome["kill_ts"] - ev.ts < 0.5
     cluster.run(["scancel", str(neighbour)], user=None)
     assert cluster.wait_job(neighbour)["job_state"] == "CANCELLED"
+
+
+def _escaped_sleep(uid: int, claim: int, timeout_s: float = 20.0) -> int:
+    """The pid of a ``sleep 120`` of ``uid`` whose environment claims job ``claim`` (an escaped process)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and (p / "cmdline").read_bytes() == b"sleep\x00120\x00" and p.stat().st_uid == uid \
+                        and f"SLURM_JOB_ID={claim}\0".encode() in (p / "environ").read_bytes():
+                    return int(p.name)
+            except OSError:
+                continue
+        time.sleep(0.2)
+    raise TimeoutError("no escaped sleep")
+
+
+def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(cluster: Cluster, tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                                   ) -> None:
+    """Issue 31, N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init), claims
+    colocuser's job in its environment and sits in ``.../user@2002.service/app.slice/job_<victim>`` (a cgroup its
+    systemd user manager lets it create; made here by root on this host's cgroup v2 hierarchy, owned by 2002). The
+    sampler replays one frame in which that process holds 21,092 MiB (the H100 figure above) on the victim's GPU.
+    Before: attributed to the victim, whose job the watchdog cancelled. Now: attributed to no job; the victim runs."""
+    from slurm_coloc.node.attribution import cgroup_mounts
+
+    mounts = cgroup_mounts()
+    if "" not in mounts:
+        pytest.skip("no cgroup v2 hierarchy on this host")
+    configure(cluster)
+    victim = submit(cluster, "shard:2", "env | grep -E '^(SLURM_JOB_GPUS|COLOC_SHARE)='; sleep 60; sleep 60",
+                    "colocuser", "-w", "n1")
+    victim_sleep = _first_sleep_of(victim)
+    escape = f"(setsid env SLURM_JOB_ID={victim} sleep 120 < /dev/null > /dev/null 2>&1 &); sleep 60"
+    attacker = submit(cluster, "shard:2", escape, "colocuser2", "-w", "n1")  # double fork: out of Slurm's tracking
+    pid = _escaped_sleep(2002, victim)
+    made = []
+    d = Path(mounts[""])
+    for part in f"user.slice/user-2002.slice/user@2002.service/app.slice/job_{victim}".split("/"):
+        d = d / part
+        if not d.exists():
+            d.mkdir()
+            made.append(d)
+    os.chown(d, 2002, 2002)
+    (d / "cgroup.procs").write_text(str(pid))
+    try:
+        gpu = int(job_env(cluster, victim)["SLURM_JOB_GPUS"])
+        rec = tmp_path / "n4.jsonl"
+        rec.write_text(json.dumps({"recording": "one frame: the H100 figure of an escaped client (21,092 MiB), "
+                                                "mps_limits.json escape_kill, on the victim's GPU",
+                                   "pids": {"1110": pid}}) + "\n" +
+                       json.dumps({"t": 0.0, "gpus": [{"index": gpu}], "procs": [],
+                                   "lists": [{"gpu_index": gpu, "compute": [[1110, 21092.0]],
+                                              "mps": [[1110, 21092.0]]}]}) + "\n")
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        s = Sampler(load(str(cluster.coloc_config)), "n1", ReplayReader(str(rec), {1110: pid}))
+        assert s.attr.job_of(pid) is None, open(f"/proc/{pid}/status").read()
+        s.run(max_frames=3)
+        s.watchdog.join()
+        time.sleep(1)
+        assert cluster.job(victim)["job_state"] == "RUNNING" and os.path.exists(f"/proc/{victim_sleep}")
+        assert victim not in {e.job_id for e in store_wd.load_events(open_readonly(cluster.node_db("n1")))}
+    finally:
+        os.kill(pid, 9)
+        cluster.run(["scancel", str(victim), str(attacker)], user=None)
+        for m in reversed(made):
+            for _ in range(50):
+                try:
+                    m.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)

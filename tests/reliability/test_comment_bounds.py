@@ -1,6 +1,7 @@
 """A user's coloc comment can neither cost a job its controller record nor set what the record bills (real SQLite).
 
-The comment is user text: ``hooks/ctld.py`` keeps its integers only within ``COMMENT_INT_BOUNDS``, and the
+The comment is user text: ``hooks/ctld.py`` reads it through ``comment.JobComment`` (a comment with one integer
+out of ``comment.BOUNDS`` is no annotation at all), and the
 minimal record of a failed PrologSlurmctld (``hooks/record.py``) never takes the shards from it. Seen on the local
 cluster: ``mem_mib`` 10^20 made the hook and its queued record set fail (``OverflowError``; the set was set aside
 and the job kept no user, name or GRES in ``ctld.db``), and with the hook failing, ``"shards": -5`` or ``80`` in the
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.ctld import _clean_coloc
+from slurm_coloc.hooks.ctld import read_coloc
 from slurm_coloc.hooks.record import record_ops
 from slurm_coloc.store import recordset
 from slurm_coloc.store.db import open_ctld_db
@@ -27,15 +28,17 @@ def _ctx(job: int, comment: str) -> HookContext:
 
 
 @pytest.mark.parametrize("coloc, kept", [
-    ({"mem_mib": 10 ** 20, "shards": 1}, {"shards": 1}),
+    ({"mem_mib": 10 ** 20, "shards": 1}, {}),
     ({"mem_mib": 2 ** 63, "shards": 2 ** 63}, {}),
-    ({"mem_mib": -1, "shards": -5, "mode": "shard"}, {"mode": "shard"}),
+    ({"mem_mib": -1, "shards": -5, "mode": "shard"}, {}),
     ({"mem_mib": 0, "shards": 0}, {}),
     ({"mem_mib": True, "shards": 2.0}, {}),
-    ({"mem_mib": 1500, "shards": 80, "method": "m" * 500}, {"mem_mib": 1500, "shards": 80, "method": "m" * 128}),
+    ({"mem_mib": 1500, "shards": 80, "method": "m" * 500}, {}),
+    ({"mem_mib": 1500, "shards": 80, "method": "m" * 64, "x": [1e400]}, {"mem_mib": 1500, "shards": 80,
+                                                                      "method": "m" * 64}),
 ])
-def test_comment_integers_out_of_range_are_dropped(coloc: dict, kept: dict) -> None:
-    assert _clean_coloc(coloc) == kept
+def test_a_comment_with_a_value_out_of_range_is_no_annotation(coloc: dict, kept: dict) -> None:
+    assert read_coloc("coloc:" + json.dumps(coloc), 5) == kept
 
 
 @pytest.mark.parametrize("comment", [

@@ -1,34 +1,29 @@
-"""One CUDA device that exists without a GPU, for a training program traced on fake tensors.
+"""One CUDA device that exists without a GPU: only GPU memory and kernels are simulated.
 
-Runs inside the job's Python (``inject/main.py``). Every tensor of the program is a fake CPU
-tensor (``FakeTensorMode``: shapes and dtypes, no data), as in the estimator's AMP trace
-(``estimate/trace.py``). The device "cuda" is imitated on top of that:
+Runs inside the job's Python (``inject/main.py``). Host tensors are real: data loading, transforms,
+numpy interop, CPU random numbers and ``.item()`` of CPU values run as in the job. GPU tensors are
+fake CPU tensors (``FakeTensor``: shapes and dtypes, no values), replayed through the estimator's
+caching-allocator model (the tracker of ``estimate/trace.py``):
 
-* the ``torch.cuda`` API answers as for one H100 (``is_available``, ``device_count``,
-  ``get_device_properties``, memory statistics from the replayed allocator, no-op streams,
-  events and seeds);
-* a tensor is "on the GPU" when its storage was made by a CUDA operation: a factory called with
-  a CUDA device, a move (``.cuda()``, ``.to("cuda")``, ``Module.to(device)``), or any op taking
-  such a tensor. Only those storages are replayed through the caching-allocator model (the
-  tracker of ``estimate/trace.py``); host tensors (data loading, CPU-side state) are not;
-* such tensors report ``device == cuda:0`` and ``is_cuda``, so code that builds new tensors on
-  ``x.device`` keeps them on the GPU, as on a real one;
-* ``torch.autocast("cuda", dtype)`` (also ``torch.cuda.amp.autocast``) runs CPU autocast with
-  that dtype plus ``estimate.cudamodes.make_cuda_fp32_mode`` (CUDA's float32 list), the same
-  imitation the estimator's AMP trace uses.
+* a tensor is "on the GPU" when its storage was made by a GPU op: a factory called with a CUDA
+  device, a move (``.cuda()``, ``.to("cuda")``, ``Module.to(device=...)``), or any op taking a fake
+  tensor (:class:`GpuOps`); such tensors report ``device == cuda:0`` and ``is_cuda``, so code that
+  builds new tensors on ``x.device`` keeps them on the GPU, as on a real one;
+* GPU ops run under dispatch modes pushed for that op only (fake tensors, the FLOP counter, the
+  tracker, the GPU tag), so host ops pay no Python dispatch; :func:`make_host_fast_mode` lets host
+  calls skip the probe's torch-function modes too;
+* values read back to the host (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros
+  (``datadep.py`` for ``all()``/``any()``);
+* the ``torch.cuda`` API and CUDA autocast are ``cudaapi.py``'s.
 
-The real autograd engine refuses fake tensors of device ``cuda`` without a driver (it looks
-for a primary context), which is why the tensors stay CPU tensors underneath.
+The real autograd engine refuses fake tensors of device ``cuda`` without a driver (it looks for a
+primary context), which is why GPU tensors are fake CPU tensors underneath.
 """
 from __future__ import annotations
 
-import contextlib
 import types
 import weakref
 from typing import Any, Callable, Dict, List, Optional
-
-H100_NAME = "NVIDIA H100 80GB HBM3"
-H100_TOTAL_B = 81559 * (1 << 20)
 
 
 class ProbeState:
@@ -37,7 +32,7 @@ class ProbeState:
     Attributes:
         tracker: the allocation tracker of ``estimate.trace.make_tracker`` (its ``alloc`` is the
             caching-allocator model).
-        force: None (decide by the op's inputs), True (the op makes GPU tensors), False (host).
+        gpu: the :class:`GpuOps` that runs GPU ops on fake tensors (set by ``main.py``).
         cuda_op: whether the op being dispatched makes GPU tensors.
         autocast_dtypes: dtype names of the CUDA autocast regions entered.
         notes: things the probe changed or assumed, one short line each.
@@ -46,7 +41,7 @@ class ProbeState:
 
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
-        self.force: Optional[bool] = None
+        self.gpu: Any = None
         self.cuda_op = False
         self.dispatch_depth = 0
         self.autocast_dtypes: List[str] = []
@@ -75,22 +70,21 @@ def _is_cuda_device(torch: Any, d: Any) -> bool:
 
 
 def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
-    """A dispatch mode (entered above the tracker) that decides which op outputs are GPU memory."""
+    """The highest of the GPU dispatch modes (:class:`GpuOps`): the op being dispatched makes GPU memory.
+
+    While it runs an op, ``state.cuda_op`` is True, so the tracker below replays the op's new
+    storages as GPU memory, and ``state.dispatch_depth`` counts the nesting (``FakeTensor.device``
+    reports the real fake device inside).
+    """
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     class _GpuTag(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
             prev = state.cuda_op
-            if state.force is not None:
-                state.cuda_op = state.force
-            else:
-                state.cuda_op = any(isinstance(a, torch.Tensor) and state.on_gpu(a)
-                                    for a in tree_flatten((args, kwargs))[0])
+            state.cuda_op = True
             state.dispatch_depth += 1
             try:
-                return func(*args, **kwargs)
+                return func(*args, **(kwargs or {}))
             finally:
                 state.cuda_op = prev
                 state.dispatch_depth -= 1
@@ -103,6 +97,75 @@ def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
 
     state.tracker.track = track  # instance attribute: the tracker calls self.track
     return _GpuTag()
+
+
+class GpuOps:
+    """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
+
+    Only GPU work is simulated. The dispatch modes (``modes``, lowest first: the fake-tensor mode of
+    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker, :func:`make_gpu_tag_mode`)
+    are not entered for the whole program: they are pushed around one op at a time, when
+
+    * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s
+      own ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is
+      wrapped by :meth:`install`;
+    * the device mode runs a factory with a CUDA device or a move to the GPU (:meth:`run`).
+
+    Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python
+    dispatch, so they cost what they cost in the job.
+    """
+
+    def __init__(self, torch: Any, modes: List[Any]) -> None:
+        self.torch = torch
+        self.modes = modes
+        self.depth = 0
+
+    def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
+        """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
+        if self.depth:
+            return func(*args, **(kwargs or {}))
+        self.depth += 1
+        entered = []
+        try:
+            for m in self.modes:
+                m.__enter__()
+                entered.append(m)
+            return func(*args, **(kwargs or {}))
+        finally:
+            for m in reversed(entered):
+                m.__exit__(None, None, None)
+            self.depth -= 1
+
+    def install(self) -> None:
+        """Route ops with fake arguments through :meth:`run` (``FakeTensor.__torch_dispatch__`` wrapped)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        orig = FakeTensor.__dict__["__torch_dispatch__"].__func__
+        prim_device = self.torch.ops.prim.device.default
+        gpu = self
+
+        def __torch_dispatch__(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if gpu.depth or func is prim_device:
+                return orig(cls, func, types, args, kwargs if kwargs is not None else {})
+            return gpu.run(func, args, kwargs)
+
+        FakeTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)  # type: ignore[method-assign, assignment]
+
+
+def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
+    """The lowest dispatch mode: runs each op it gets (only GPU ops reach it) in ``fake_mode``.
+
+    ``fake_mode`` is a ``FakeTensorMode(allow_non_fake_inputs=True)`` that is never entered: real
+    CPU inputs of a GPU op (a batch moved to the GPU, a CPU scalar tensor) become fake tensors of
+    the same shape, dtype and values' absence, so only GPU memory and kernels are simulated.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _FakeGpu(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return fake_mode.__torch_dispatch__(func, types, args, kwargs or {})
+
+    return _FakeGpu()
 
 
 def _zeros_list(shape: Any, floating: bool) -> Any:
@@ -123,6 +186,7 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
     cpu = torch.device("cpu")
     T = torch.Tensor
     dev_get, is_cuda_get = T.device.__get__, T.is_cuda.__get__
+    parse_to = torch._C._nn._parse_to  # Module.to(device=...) parses its arguments: not a factory
 
     def to_gpu(t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
         if state.on_gpu(t) and (dtype is None or dtype == t.dtype):
@@ -130,20 +194,14 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
         kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
         if memory_format is not None:
             kw["memory_format"] = memory_format
-        state.force = True
-        try:
-            return torch.ops.aten._to_copy.default(t, **kw)
-        finally:
-            state.force = None
+        return state.gpu.run(torch.ops.aten._to_copy.default, (t,), kw)
 
     def to_host(t: Any, dtype: Any = None) -> Any:
-        if not state.on_gpu(t):
+        if not state.on_gpu(t) and not has_no_data(torch, t):
             return t if dtype is None or dtype == t.dtype else t.to(dtype)
-        state.force = False
-        try:
-            return torch.ops.aten._to_copy.default(t, dtype=dtype or t.dtype)
-        finally:
-            state.force = None
+        # a GPU tensor read back to the host: real CPU zeros of its shape (the probe has no values)
+        state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
+        return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
 
     def tensor_to(t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
         device = kwargs.get("device")
@@ -180,6 +238,8 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
                 return args[0] if func is T.pin_memory else None
             if func is T.is_pinned:
                 return False
+            if func is T.share_memory_ and state.on_gpu(args[0]):
+                return args[0]  # CUDA tensors: a no-op (torch docs: Tensor.share_memory_)
             if func is T.numpy and has_no_data(torch, args[0]):
                 import numpy
 
@@ -202,158 +262,53 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
                     return out
                 return func(*args, **kwargs)
             dev = kwargs.get("device")
-            if dev is not None and _is_cuda_device(torch, dev):
+            if dev is not None and func is not parse_to and _is_cuda_device(torch, dev):
                 kwargs["device"] = cpu
-                state.force = True
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    state.force = None
+                return state.gpu.run(func, args, kwargs)
             return func(*args, **kwargs)
 
     return _Device()
 
 
-def cpu_autocast_dtypes(torch: Any) -> List[str]:
-    """The dtype names CPU autocast accepts in this torch (older versions lack ``float16``).
+def make_host_fast_mode(torch: Any) -> Any:
+    """The highest of the probe's function modes: host calls skip the modes below it.
 
-    An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
+    A call is a host call when no argument is a ``FakeTensor`` (GPU memory in the probe), no
+    ``device=`` keyword names CUDA, and the function is none of those the device mode changes for
+    host tensors too (moves, ``.type``, pinning, ``.numpy``, copies). It runs with torch-function
+    handling off, so data loading and CPU preprocessing cost what they cost in the job, not a pass
+    through four Python modes per op; the dispatch modes still see it (``make_gpu_tag_mode`` runs
+    it on the CPU kernel at once).
     """
-    import warnings
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
 
-    out = []
-    for dtype in (torch.bfloat16, torch.float16):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            try:
-                with torch.autocast("cpu", dtype=dtype):
-                    pass
-            except Exception:  # noqa: BLE001 - refused outright by this version
-                continue
-        if not any("not supported" in str(w.message) or "Disabling" in str(w.message) for w in seen):
-            out.append(str(dtype).replace("torch.", ""))
-    return out
+    T = torch.Tensor
+    special = {T.to, T.cuda, T.cpu, T.type, T.pin_memory, T.record_stream, T.is_pinned, T.numpy,
+               T.__deepcopy__, T.share_memory_, T.new_empty, T.new_zeros, T.new_ones, T.new_full,
+               T.new_tensor, torch.nn.functional.scaled_dot_product_attention}
+    for name in ("_to_copy", "to_dense"):
+        f = getattr(T, name, None)
+        if f is not None:
+            special.add(f)
 
+    def any_fake(xs: Any) -> bool:
+        for x in xs:
+            if isinstance(x, FakeTensor):
+                return True
+            if isinstance(x, (list, tuple)) and x and any_fake(x):
+                return True
+        return False
 
-def patch_autocast(torch: Any, state: ProbeState) -> None:
-    """``autocast("cuda", dtype)`` becomes CPU autocast with the same dtype (fp16 by default, as CUDA).
+    class _HostFast(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func in special or "device" in kwargs or any_fake(args) or any_fake(kwargs.values()):
+                return func(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
 
-    Where this torch's CPU autocast lacks the dtype, the probe ends with that reason
-    (``state.fail``) instead of tracing the step in float32.
-    """
-    ac = torch.amp.autocast_mode.autocast
-    orig_init = ac.__init__
-    supported = cpu_autocast_dtypes(torch)
-
-    def __init__(self: Any, device_type: str = "cuda", dtype: Any = None, enabled: bool = True,
-                 cache_enabled: Any = None) -> None:
-        if str(device_type) == "cuda":
-            device_type = "cpu"
-            dtype = dtype or torch.float16
-            if enabled:
-                name = str(dtype).replace("torch.", "")
-                if name not in state.autocast_dtypes:
-                    state.autocast_dtypes.append(name)
-                if name not in supported and state.fail is not None:
-                    state.fail(f"torch {torch.__version__}: CPU autocast has no {name}, so the probe cannot "
-                               f"imitate CUDA autocast {name}")
-        orig_init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
-
-    ac.__init__ = __init__
-
-
-class _Dummy:
-    """A stream/event/graph stand-in: every method does nothing, timings are 0."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.device = "cuda:0"
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        return lambda *a, **k: 0.0 if name == "elapsed_time" else (True if name == "query" else None)
-
-    def __enter__(self) -> "_Dummy":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def noop(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for ``torch.cuda`` calls that do nothing without a GPU."""
-
-
-def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def f(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-    return f
-
-
-def patch_cuda_api(torch: Any, state: ProbeState) -> None:
-    """Make ``torch.cuda`` describe one idle H100 whose memory statistics are the replay's."""
-    alloc = state.tracker.alloc
-    cuda = torch.cuda
-    props = types.SimpleNamespace(
-        name=H100_NAME, total_memory=H100_TOTAL_B, major=9, minor=0, multi_processor_count=132,
-        is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 << 20, warp_size=32,
-        max_threads_per_multi_processor=2048, gcnArchName="", uuid="probe")
-    table: Dict[str, Any] = {
-        "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
-        "is_initialized": lambda: True, "init": noop, "_lazy_init": noop, "set_device": noop,
-        "get_device_name": lambda *a: H100_NAME, "get_device_properties": lambda *a: props,
-        "get_device_capability": lambda *a: (9, 0), "is_bf16_supported": lambda *a, **k: True,
-        "get_arch_list": lambda: ["sm_90"], "synchronize": noop, "empty_cache": noop,
-        "ipc_collect": noop, "manual_seed": noop, "manual_seed_all": noop, "seed": noop,
-        "seed_all": noop, "set_per_process_memory_fraction": noop,
-        "memory_allocated": lambda *a: alloc.allocated_b,
-        "max_memory_allocated": lambda *a: alloc.peak_allocated_b,
-        "memory_reserved": lambda *a: alloc.reserved_b,
-        "max_memory_reserved": lambda *a: alloc.peak_reserved_b,
-        "memory_cached": lambda *a: alloc.reserved_b,
-        "reset_peak_memory_stats": noop, "reset_max_memory_allocated": noop,
-        "reset_accumulated_memory_stats": noop,
-        "mem_get_info": lambda *a: (H100_TOTAL_B - alloc.reserved_b, H100_TOTAL_B),
-        "memory_summary": lambda *a, **k: "", "utilization": lambda *a: 0,
-        "memory_stats": lambda *a: {"allocated_bytes.all.current": alloc.allocated_b,
-                                    "allocated_bytes.all.peak": alloc.peak_allocated_b,
-                                    "reserved_bytes.all.current": alloc.reserved_b,
-                                    "reserved_bytes.all.peak": alloc.peak_reserved_b},
-        "Stream": _Dummy, "Event": _Dummy, "CUDAGraph": _Dummy,
-        "current_stream": lambda *a: _Dummy(), "default_stream": lambda *a: _Dummy(),
-        "stream": lambda *a: contextlib.nullcontext(), "device": lambda *a: contextlib.nullcontext(),
-        "device_of": lambda *a: contextlib.nullcontext(),
-        "is_current_stream_capturing": lambda: False, "can_device_access_peer": lambda *a: False,
-        "get_rng_state": lambda *a: torch.get_rng_state(), "set_rng_state": noop,
-        "get_rng_state_all": lambda: [torch.get_rng_state()], "set_rng_state_all": noop,
-    }
-    for name, value in table.items():
-        # one function object per name: torch._dynamo's rule map refuses one object under two names
-        setattr(cuda, name, _fresh(value) if value is noop else value)
-    real_generator = torch.Generator
-
-    class Generator(real_generator):  # type: ignore[misc, valid-type]
-        """``torch.Generator(device="cuda")`` is a CPU generator here: there is no CUDA device to seed."""
-
-        def __new__(cls, device: Any = "cpu") -> Any:
-            return real_generator("cpu" if _is_cuda_device(torch, device) else device)
-
-    torch.Generator = Generator
-    graphs = getattr(cuda, "graphs", None)
-    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):  # imported by name in older torch
-        graphs.is_current_stream_capturing = cuda.is_current_stream_capturing
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None:  # torch >= 2.6: optimizers ask it whether a CUDA graph is being captured
-        for name, value in (("current_stream", lambda *a: _Dummy()), ("current_device_index", lambda: 0),
-                            ("current_device_idx", lambda: 0), ("device_count", lambda: 1),
-                            ("is_available", lambda: True), ("synchronize", _fresh(noop)),
-                            ("set_device_index", _fresh(noop)), ("set_device_idx", _fresh(noop)),
-                            ("current_accelerator", lambda *a, **k: torch.device("cuda"))):
-            if hasattr(acc, name):
-                setattr(acc, name, value)
-    mem = getattr(cuda, "memory", None)
-    if mem is not None:
-        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                     "reset_peak_memory_stats", "empty_cache", "mem_get_info", "memory_stats"):
-            setattr(mem, name, getattr(cuda, name))
+    return _HostFast()
 
 
 def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
@@ -379,6 +334,14 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
         return d
 
     FakeTensor.device = property(device)  # type: ignore[assignment]
+    real_is_cuda: Any = FakeTensor.is_cuda
+
+    def is_cuda(self: Any) -> bool:
+        if state.dispatch_depth == 0 and state.on_gpu(self):
+            return True
+        return bool(real_is_cuda.__get__(self))
+
+    FakeTensor.is_cuda = property(is_cuda)  # type: ignore[assignment]
 
     def tolist(self: Any) -> Any:
         state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")

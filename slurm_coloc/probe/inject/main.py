@@ -5,10 +5,11 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
     {"mode": "file"|"module", "target": "train.py"|"pkg.mod", "args": [...],
      "result": "/scratch/result.json", "steps": 2, "scratch": "/scratch", "program_dir": "/home/u/proj"}
 
-The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, under
-``FakeTensorMode`` and the estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS
-workspaces, cuDNN workspace table, ``cudamodes`` SDPA kernel choice and CUDA float32 list), with
-the device imitated by ``fakecuda.py``. It stops when every optimizer it created has run
+The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, with the
+GPU imitated by ``fakecuda.py`` (host tensors real, GPU tensors fake) and its GPU ops replayed by the
+estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
+``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s.
+It stops when every optimizer it created has run
 ``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
 steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps; a
 program that has created no ``torch.optim`` optimizer (parameters updated by hand, as
@@ -37,7 +38,8 @@ import sysconfig
 import traceback
 from typing import Any, Dict, List
 
-from slurm_coloc.probe.inject import fakecuda, frameworks
+from slurm_coloc.probe.inject import cudaapi, evalpass, fakecuda, frameworks
+from slurm_coloc.probe.inject.distributed import patch_distributed
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -65,6 +67,10 @@ class _Probe:
         self.state: Any = None
         self.flops: Any = None  # estimate.trace.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
+        self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
+        self.flops_mode: Any = None  # the FLOP counter's dispatch mode (_count_flops_after_first_step)
+        self.finishing = False
+        self.profile: Any = None  # (cProfile.Profile, path) with COLOC_PROBE_PROFILE
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
@@ -130,6 +136,12 @@ class _Probe:
 
     def finish(self, status: str, reason: str) -> None:
         st = self.state
+        if status == "ok" and self.evals is not None and st is not None and not self.finishing:
+            self.finishing = True
+            self.evals.replay_eval_batches(st.note)
+            skipped = self.evals.summary_note()
+            if skipped:
+                st.note(skipped)
         alloc = st.tracker.alloc if st is not None else None
         dw = 0
         ws_max = 0
@@ -160,6 +172,9 @@ class _Probe:
             "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
             "user_files": _user_files(), "torch": _torch_version(),
         }
+        if self.profile is not None:
+            self.profile[0].disable()
+            self.profile[0].dump_stats(self.profile[1])
         tmp = self.req["result"] + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(out, fh)
@@ -224,7 +239,7 @@ class _Probe:
         torch.Tensor.__format__ = tensor_format
 
         def pre(mod: Any, inp: Any) -> None:
-            if probe.depth == 0:
+            if probe.depth == 0 and _has_params(mod):
                 probe.forwards += 1
             probe.depth += 1
 
@@ -234,6 +249,16 @@ class _Probe:
         mm = torch.nn.modules.module
         mm.register_module_forward_pre_hook(pre)
         mm.register_module_forward_hook(post)
+        evals = probe.evals = evalpass.EvalPasses(torch, st.on_gpu)
+        orig_call = torch.nn.Module.__call__
+
+        def module_call(mod: Any, *a: Any, **k: Any) -> Any:
+            # top-level calls of modules with parameters: evaluation repeats skipped (evalpass.py)
+            if probe.depth == 0 and _has_params(mod):
+                return evals.call(orig_call, mod, a, k)
+            return orig_call(mod, *a, **k)
+
+        torch.nn.Module.__call__ = module_call
 
         def compile_eager(model: Any = None, *a: Any, **k: Any) -> Any:
             st.note("torch.compile: traced eagerly (compiled steps held 0.82-1.07x the eager peak reserved "
@@ -259,50 +284,44 @@ class _Probe:
             k.pop("prefetch_factor", None)
             k.pop("multiprocessing_context", None)
             orig_dl_init(loader, *a, **k)
+            if isinstance(getattr(loader, "batch_size", None), int):
+                evals.loader_batches.append(int(loader.batch_size))
 
         dl.__init__ = dl_init
-        _patch_distributed(torch, st)
+        patch_distributed(torch, st)
         frameworks.install(st.note)
 
 
-def _patch_distributed(torch: Any, st: Any) -> None:
-    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module."""
-    try:
-        import torch.distributed as dist
-        import torch.nn.parallel as par
-    except ImportError:  # pragma: no cover - builds without distributed
+def _count_flops_after_first_step(probe: _Probe) -> None:
+    """Set ``probe.flops_mode``: the FLOP counter's dispatch mode, passing ops through until a first step.
+
+    ``flops_per_step`` is the count between an optimizer's first two steps (``_Probe.step_flops``); what
+    runs before the first step (imports, evaluation loops, the first iteration) need not be counted, and
+    the counter's per-op work is a large part of the probe's time. A torch whose ``FlopCounterMode`` is
+    itself the dispatch mode (no ``_FlopCounterMode``; its ``__enter__`` clears the counts) counts nothing.
+    """
+    counter = probe.flops
+    if counter is None:
         return
-    if not dist.is_available():
+    import torch.utils.flop_counter as fc
+
+    cls = getattr(fc, "_FlopCounterMode", None)
+    counting = getattr(cls, "__torch_dispatch__", None)
+    if cls is None or counting is None:
+        probe.flops = None
         return
-    orig = dist.init_process_group
 
-    def init_process_group(*a: Any, **k: Any) -> None:
-        st.note("torch.distributed: one-process gloo group")
-        if dist.is_initialized():
-            return
-        orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
+    def gated(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not probe.opt_steps or max(probe.opt_steps.values()) < 1:
+            return func(*args, **(kwargs or {}))
+        return counting(self, func, types, args, kwargs)
 
-    dist.init_process_group = init_process_group
+    cls.__torch_dispatch__ = gated
+    probe.flops_mode = cls(counter)
 
-    class OneProcessDDP(torch.nn.Module):
-        """DistributedDataParallel with one process: its module (gradient buckets not replayed)."""
 
-        def __init__(self, module: Any, *a: Any, **k: Any) -> None:
-            super().__init__()
-            self.module = module
-            st.note("DistributedDataParallel with one process: traced as its module")
-
-        def forward(self, *a: Any, **k: Any) -> Any:
-            return self.module(*a, **k)
-
-        def no_sync(self) -> Any:
-            return contextlib.nullcontext()
-
-    par.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
-    with contextlib.suppress(Exception):
-        import torch.nn.parallel.distributed as pd
-
-        pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+def _has_params(mod: Any) -> bool:
+    return any(True for _ in mod.parameters())
 
 
 def _torch_version() -> str:
@@ -351,6 +370,12 @@ def main(request_path: str) -> None:
         req = json.load(fh)
     probe = _Probe(req)
     sys.addaudithook(probe.audit)
+    if os.environ.get("COLOC_PROBE_PROFILE"):  # developers: a cProfile of the child, written at finish
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        probe.profile = (prof, os.environ["COLOC_PROBE_PROFILE"])
     if float(req.get("timeout_s", 0)) > 3:
         import faulthandler
 
@@ -366,6 +391,8 @@ def main(request_path: str) -> None:
                          f"{'.'.join(map(str, MIN_TORCH))} (FakeTensorMode, optimizer step hooks)")
         step = "FakeTensorMode"
         from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
@@ -387,11 +414,12 @@ def main(request_path: str) -> None:
             st.note("cuDNN workspace table unavailable in the job's Python: workspaces not replayed")
         probe.state = st
         probe.flops = make_flop_counter()
+        _count_flops_after_first_step(probe)
         st.fail = lambda reason: probe.finish("error", reason)
         step = "torch.cuda imitation"
-        fakecuda.patch_cuda_api(torch, st)
+        cudaapi.patch_cuda_api(torch, st)
         step = "autocast imitation"
-        fakecuda.patch_autocast(torch, st)
+        cudaapi.patch_autocast(torch, st)
         step = "FakeTensor adaptation"
         fakecuda.patch_fake_tensor(torch, st)
         step = "optimizer/DataLoader hooks"
@@ -409,17 +437,20 @@ def main(request_path: str) -> None:
     status, reason = "no-step", "the program ended before its first optimizer step"
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-            if probe.flops is not None:  # below the tracker: it sees the ops the tracker passes on
-                stack.enter_context(probe.flops)
-            stack.enter_context(tracker)
-            stack.enter_context(fakecuda.make_gpu_tag_mode(torch, st))
-            # the device mode lowest: calls the other modes make (sdpa's masks) pass through it
+            # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
+            # fake tensors, the FLOP counter (it sees the ops the tracker passes on), the tracker, the tag
+            gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
+            if probe.flops is not None:
+                gpu_modes.append(probe.flops_mode)
+            gpu_modes += [tracker, fakecuda.make_gpu_tag_mode(torch, st)]
+            st.gpu = fakecuda.GpuOps(torch, gpu_modes)
+            st.gpu.install()
             stack.enter_context(fakecuda.make_device_mode(torch, st))
             stack.enter_context(make_cuda_fp32_mode(torch))
             stack.enter_context(make_cuda_dropout_mode(torch, st.on_gpu))
             stack.enter_context(make_sdpa_mode(torch))
             stack.enter_context(patch_functional_sdpa(torch))
+            stack.enter_context(fakecuda.make_host_fast_mode(torch))  # the highest: host calls skip the rest
             if req["mode"] == "file":
                 runpy.run_path(req["target"], run_name="__main__")
             else:

@@ -1,0 +1,161 @@
+"""``coloc-admin enable``: the slurm.conf, gres.conf and plugstack.conf changes that turn slurm-coloc on, as
+whole new file texts (pure functions on text; the CLI prints them as diffs or writes them with a backup).
+
+What changes (docs/admin.md, "What it changes on your cluster"):
+- slurm.conf: ``SelectType=select/cons_tres``, ``gpu`` and ``shard`` in ``GresTypes``, the five hooks
+  (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ``EpilogSlurmctld``, ``TaskProlog``) set to the packaged shims,
+  ``PrologEpilogTimeout=120`` when unset, and ``shard:<GPUs x gpu_mem_gib>`` added to each GPU node's ``Gres=``;
+- gres.conf: one ``Name=shard Count=<gpu_mem_gib> File=<device>`` line per GPU of a node that has none
+  (devices from its ``Name=gpu File=`` lines, else ``/dev/nvidia0..N-1`` as ``AutoDetect=nvml`` finds them);
+- plugstack.conf: ``optional <coloc_spank.so> run_dir=<run_dir>`` (optional: a plugin built for another Slurm
+  release is skipped instead of failing every job).
+A hook key already set to another program is a conflict (``ColocError``): slurm-coloc does not silently replace
+a site's Prolog; ``replace_hooks`` does.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from slurm_coloc.admin.slurmconf import (
+    expand_hostlist,
+    parse_gres_conf,
+    parse_gres_counts,
+    parse_plugstack,
+    parse_slurm_conf,
+)
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+
+HOOK_DIR = "/usr/lib/slurm-coloc/hooks"
+SPANK_SO = "/usr/lib/slurm-coloc/coloc_spank.so"
+HOOKS = {"Prolog": "prolog.sh", "Epilog": "epilog.sh", "PrologSlurmctld": "prolog_slurmctld.sh",
+         "EpilogSlurmctld": "epilog_slurmctld.sh", "TaskProlog": "task_prolog.sh"}
+MARK = "# slurm-coloc (coloc-admin enable)"
+
+
+@dataclass
+class Change:
+    """One file's new text; ``old`` is None for a file that does not exist yet."""
+
+    path: Path
+    old: Optional[str]
+    new: str
+
+
+def _set_global(lines: List[str], key: str, value: str, added: List[str]) -> None:
+    """Set global ``key`` (case-insensitive, on a line of its own) to ``value`` in place, else queue it in
+    ``added``."""
+    pat = re.compile(rf"^\s*{key}\s*=\s*(\S*)\s*(#.*)?$", re.IGNORECASE)
+    for i, line in enumerate(lines):
+        if pat.match(line):
+            lines[i] = f"{key}={value}"
+            return
+    added.append(f"{key}={value}")
+
+
+def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool) -> str:
+    conf = parse_slurm_conf(text)
+    lines = text.splitlines()
+    added: List[str] = []
+    if conf.get("SelectType") != "select/cons_tres":
+        _set_global(lines, "SelectType", "select/cons_tres", added)
+    types = [t for t in conf.get("GresTypes").split(",") if t]
+    if not {"gpu", "shard"} <= set(types):
+        _set_global(lines, "GresTypes", ",".join(types + [t for t in ("gpu", "shard") if t not in types]), added)
+    for key, name in HOOKS.items():
+        ours = f"{hook_dir}/{name}"
+        current = conf.get(key)
+        if current == ours:
+            continue
+        if current and not replace_hooks:
+            raise ColocError(f"slurm.conf already has {key}={current}: slurm-coloc needs {key}={ours}",
+                             hint="call the site's hook from a wrapper, or rerun with --replace-hooks")
+        _set_global(lines, key, ours, added)
+    if not conf.get("PrologEpilogTimeout"):
+        added.append("PrologEpilogTimeout=120")
+    for i, line in enumerate(lines):
+        if not re.match(r"^\s*NodeName\s*=", line, re.IGNORECASE) or line.lstrip().startswith("#"):
+            continue
+        m = re.search(r"\bGres=(\S+)", line, re.IGNORECASE)
+        counts = parse_gres_counts(m.group(1)) if m else {}
+        if m and counts.get("gpu") and not counts.get("shard"):
+            gres = f"{m.group(1)},shard:{counts['gpu'] * cfg.gpu_mem_gib}"
+            lines[i] = line[:m.start(1)] + gres + line[m.end(1):]
+    if added:
+        lines += ["", MARK, *added]
+    return "\n".join(lines) + "\n"
+
+
+def _gres_conf(text: str, slurm_text: str, cfg: Config) -> str:
+    conf = parse_slurm_conf(slurm_text)
+    entries = parse_gres_conf(text)
+    autodetect = any(e.get("autodetect", "").lower() == "nvml" for e in entries)
+    gpu_files: Dict[str, List[str]] = {}
+    has_shards = set()
+    for e in entries:
+        nodes = expand_hostlist(e.get("nodename", "")) or ["*"]
+        for n in nodes:
+            if e.get("name") == "gpu" and e.get("file"):
+                gpu_files.setdefault(n, []).extend(expand_hostlist(e["file"]))
+            elif e.get("name") == "shard":
+                has_shards.add(n)
+    new: List[str] = []
+    for node in conf.nodes:
+        gpus = parse_gres_counts(node.get("gres", "")).get("gpu", 0)
+        names = node.get("nodename", "")
+        hosts = expand_hostlist(names)
+        if not gpus or names.upper() == "DEFAULT" or any(h in has_shards for h in hosts) or "*" in has_shards:
+            continue
+        files = gpu_files.get(hosts[0], []) + gpu_files.get("*", []) if hosts else []
+        if not files and autodetect:
+            files = [f"/dev/nvidia{i}" for i in range(gpus)]
+        if not files:
+            raise ColocError(f"gres.conf: node {names} has Gres=gpu:{gpus} but no Name=gpu File= line and no "
+                             "AutoDetect=nvml", hint=f"add 'NodeName={names} Name=gpu File=/dev/nvidia[0-{gpus - 1}]'")
+        new += [f"NodeName={names} Name=shard Count={cfg.gpu_mem_gib} File={f}" for f in files]
+    if not new:
+        return text
+    body = text if text.endswith("\n") or not text else text + "\n"
+    return body + ("\n" if body else "") + MARK + "\n" + "\n".join(new) + "\n"
+
+
+def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
+    if any(Path(plugin).name == "coloc_spank.so" for _, plugin, _ in parse_plugstack(text)):
+        return text
+    body = text if text.endswith("\n") or not text else text + "\n"
+    return body + f"{MARK}\noptional {spank_so} run_dir={cfg.run_dir}\n"
+
+
+def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO,
+         spank: bool = True, replace_hooks: bool = False) -> List[Change]:
+    """The files that change: slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or
+    beside slurm.conf) when ``spank``. Files already as needed are left out (so a second run plans nothing).
+
+    Raises:
+        ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a GPU
+            node whose device files cannot be known.
+    """
+    def read(p: Path) -> Optional[str]:
+        try:
+            return p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ColocError(f"cannot read {p}: {exc}") from None
+
+    slurm_text = read(slurm_conf)
+    if slurm_text is None:
+        raise ColocError(f"cannot read {slurm_conf}: no such file", hint="name it with --slurm-conf or SLURM_CONF")
+    new_slurm = _slurm_conf(slurm_text, cfg, hook_dir, replace_hooks)
+    changes = [Change(slurm_conf, slurm_text, new_slurm)]
+    gres_path = slurm_conf.parent / "gres.conf"
+    gres_text = read(gres_path)
+    changes.append(Change(gres_path, gres_text, _gres_conf(gres_text or "", new_slurm, cfg)))
+    if spank:
+        plug = Path(parse_slurm_conf(new_slurm).get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
+        plug_text = read(plug)
+        changes.append(Change(plug, plug_text, _plugstack(plug_text or "", cfg, spank_so)))
+    return [c for c in changes if c.new != (c.old or "")]

@@ -1,0 +1,30 @@
+"""One result of ``coloc-admin check`` (shared by ``checks.py`` and ``munge.py``)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict
+
+
+@dataclass(frozen=True)
+class Check:
+    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what to
+    do (empty when passing)."""
+
+    name: str
+    status: str
+    what: str
+    fix: str = ""
+
+    def to_json(self) -> Dict[str, str]:
+        """JSON-able dict."""
+        return asdict(self)
+
+
+def ok(name: str, what: str) -> Check:
+    """A passing check."""
+    return Check(name, "pass", what)
+
+
+def fail(name: str, what: str, fix: str) -> Check:
+    """A failing check with its fix."""
+    return Check(name, "fail", what, fix)

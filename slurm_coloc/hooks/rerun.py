@@ -1,0 +1,161 @@
+"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md "The OOM rerun").
+
+Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script Slurm
+stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard -> gpu
+(docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot give the job a
+whole GPU (docs/design.md says why, with what was tried).
+
+What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ... of
+every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch itself
+runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and only where they
+agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``. Every option of the rerun
+is the job's own value in slurmctld's record (``retry_sbatch_args``), passed as one argv word, no shell. An array
+task is rerun alone (``--array=<its task id>``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from slurm_coloc.comment import COMMENT_TAG
+from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.jobinfo import JobInfo
+
+RETRY_TAG = "oom-retry-of-"
+NEUTRAL_PREFIX = "# (coloc oom rerun) "
+# A directive of any batch system, anywhere in the script, with any leading blanks and case: Slurm's sbatch reads
+# "#SBATCH" and "#SLURM" at the start of a line (src/sbatch/opt.c _opt_batch_script) and "#PBS" unless
+# --ignore-pbs; LSF "#BSUB", Moab "#MSUB", Grid Engine "#$", Cobalt "#COBALT", Flux "#flux:", LoadLeveler "#@".
+_DIRECTIVE = re.compile(r"^[ \t\v\f]*#[ \t]*(?:SBATCH|SLURM|PBS|BSUB|MSUB|COBALT|FLUX:|\$|@)", re.IGNORECASE)
+_LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
+
+
+def neutralise_directives(script: str) -> Tuple[str, int]:
+    """The script with every directive line turned into a plain comment, and how many lines were changed.
+
+    Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of any
+    dialect (``_DIRECTIVE``) anywhere in the script, and every comment line of the header (before the first
+    line that is neither blank nor a comment, where sbatch stops reading directives), except a ``#!`` first line.
+    Lines are split at ``\\n``, ``\\r\\n`` and ``\\r`` alike, so no reader's idea of a line start is missed. Pure.
+    """
+    parts = _LINE_BREAK.split(script)  # [line, sep, line, sep, ..., line]
+    header = True
+    changed = 0
+    for i in range(0, len(parts), 2):
+        line = parts[i]
+        body = line.lstrip(" \t\v\f")
+        comment = body.startswith("#")
+        if header and body and not comment:
+            header = False
+        if i == 0 and line.startswith("#!"):
+            continue
+        if _DIRECTIVE.match(line) or (header and comment):
+            parts[i] = NEUTRAL_PREFIX + line
+            changed += 1
+    return "".join(parts), changed
+
+
+MAX_ARGS = 4096  # bounds of the comment's argv where Slurm keeps no arguments (24.11+)
+MAX_ARG_CHARS = 4096
+
+
+def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
+    """The batch script's arguments and whether they are known exactly.
+
+    Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
+    ``submit_line``, both argv joined by single spaces). ``argv`` in the coloc comment (list of str) is used only
+    where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
+    arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
+
+    Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
+    docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
+    (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). The arguments follow the script path, where sbatch reads no
+    option, so they shape only what the user's own script sees.
+    """
+    recorded, exact = job.recorded_script_args() if job else ([], True)
+    raw = coloc.get("argv")
+    argv: List[str] = list(raw) if isinstance(raw, list) else []
+    valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
+        all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
+    if recorded is None:
+        return (list(argv), True) if valid else ([], False)  # 24.11: Slurm keeps the script path only
+    if valid and " ".join(argv).split() == recorded:
+        return list(argv), True  # the comment's words agree with what Slurm recorded
+    return recorded, exact
+
+
+def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
+    """sbatch options of the rerun of ``job``, each one argv word (no shell).
+
+    Every value is the job's own in slurmctld's record (``JobInfo`` from ``squeue --json``): name, partition,
+    account, time limit, working directory, output paths (``--open-mode=append``), nodes, tasks, CPUs, memory,
+    and for an array task ``--array=<its task id>`` (that task alone). Fixed by root: ``--ignore-pbs``,
+    ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or the job's leaks),
+    ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards from
+    one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off: docs/facts.md §4).
+    Nothing comes from the job's comment, script or environment.
+    """
+    gib = cfg.gpu_mem_gib
+    args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
+            "--ignore-pbs", "--open-mode=append", "--export=NONE", "--no-requeue", f"--gres=shard:{gib}"]
+    if job.array_job_id and job.array_task_id is not None:
+        args.append(f"--array={int(job.array_task_id)}")
+    if job.account not in ("", "(null)"):
+        args.append(f"--account={job.account}")
+    if job.time_limit_s:
+        args.append(f"--time={max(1, job.time_limit_s // 60)}")
+    out, err, inp = job.stdout_path, job.stderr_path, job.stdin_path
+    if out:
+        args.append(f"--output={out}")
+    if err and err != out:
+        args.append(f"--error={err}")
+    if inp and inp != "/dev/null":
+        args.append(f"--input={inp}")
+    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"), (job.cpus_per_task, "--cpus-per-task")):
+        if value:
+            args.append(f"{opt}={value}")
+    if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
+        args.append(f"--mincpus={job.min_cpus_per_node}")
+    if job.mem_per_node_mib:
+        args.append(f"--mem={job.mem_per_node_mib}M")
+    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
+                            "method": "oom-retry", "retry_of": job.job_id}
+    args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
+                                                                                   sort_keys=True))
+    return args
+
+
+def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
+                 coloc: Mapping[str, Any]) -> Tuple[int, bool]:
+    """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the job's
+    user; return (new job id, whether the script's arguments are exact).
+
+    Raises:
+        ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.
+    """
+    work = Path(cfg.run_dir) / "oom"
+    work.mkdir(parents=True, mode=0o700, exist_ok=True)
+    if work.is_symlink() or (work.stat().st_uid != os.geteuid()) or work.stat().st_mode & 0o077:
+        raise ColocError(f"{work} is not a private directory of this hook's user")
+    job_id = job.job_id
+    path = work / f"{job_id}.sh"
+    path.unlink(missing_ok=True)
+    senv = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": env["SLURM_CONF"]} if env.get("SLURM_CONF") else {})}
+    try:
+        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 5)
+        try:
+            text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
+        path.write_text(neutralise_directives(text)[0], encoding="utf-8", errors="surrogateescape")
+        argv, exact = script_args(job, coloc)
+        new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(job, cfg), argv,
+                                           cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
+        return new_id, exact
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,45 @@
+"""One-process ``torch.distributed`` for a probe (job's Python): a gloo group of one, DDP as its module."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+def patch_distributed(torch: Any, st: Any) -> None:
+    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module."""
+    try:
+        import torch.distributed as dist
+        import torch.nn.parallel as par
+    except ImportError:  # pragma: no cover - builds without distributed
+        return
+    if not dist.is_available():
+        return
+    orig = dist.init_process_group
+
+    def init_process_group(*a: Any, **k: Any) -> None:
+        st.note("torch.distributed: one-process gloo group")
+        if dist.is_initialized():
+            return
+        orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    dist.init_process_group = init_process_group
+
+    class OneProcessDDP(torch.nn.Module):
+        """DistributedDataParallel with one process: its module (gradient buckets not replayed)."""
+
+        def __init__(self, module: Any, *a: Any, **k: Any) -> None:
+            super().__init__()
+            self.module = module
+            st.note("DistributedDataParallel with one process: traced as its module")
+
+        def forward(self, *a: Any, **k: Any) -> Any:
+            return self.module(*a, **k)
+
+        def no_sync(self) -> Any:
+            return contextlib.nullcontext()
+
+    par.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+    with contextlib.suppress(Exception):
+        import torch.nn.parallel.distributed as pd
+
+        pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]

@@ -1,0 +1,142 @@
+"""Evaluation passes in a probe: repeated no-grad forwards skipped, the eval loader's batch replayed.
+
+Runs inside the job's Python (``inject/main.py``), on the fake GPU of ``fakecuda.py``.
+
+* **Repeats skipped.** A top-level module call under ``torch.no_grad()`` (an evaluation loop, as
+  nanoGPT's ``estimate_loss()``: 200 batches before the first optimizer step) whose inputs have the
+  same shapes and dtypes as two earlier no-grad calls of the same module holds the same GPU memory
+  as they did: it returns a stand-in output of the same structure, shapes and dtypes (new fake GPU
+  tensors, so the output's own memory is still replayed) without running the module.
+* **The evaluation pass after the steps.** Programs evaluate after their first epoch, long after the
+  probe stops, often with a larger batch (pytorch/examples mnist: 1,000 against 64). When the
+  probe ends, one no-grad forward of the trained module is replayed for every ``DataLoader`` the
+  program made whose ``batch_size`` exceeds the training batch: the training call's GPU inputs
+  with their batch dimension set to that batch size, the module in ``eval()`` mode, with the
+  parameters, gradients and optimizer state of the last step still held (as at the end of an
+  epoch).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+SKIP_AFTER = 2  # identical no-grad calls traced before repeats are skipped
+
+
+class EvalPasses:
+    """Skips repeated no-grad forwards and replays the evaluation batch (module docstring).
+
+    Attributes:
+        skipped: no-grad module calls answered without running.
+        train_call: ``(module, skeleton of (args, kwargs))`` of the last top-level call with grad.
+        loader_batches: ``batch_size`` of every DataLoader the program made.
+    """
+
+    def __init__(self, torch: Any, on_gpu: Callable[[Any], bool]) -> None:
+        self.torch = torch
+        self.on_gpu = on_gpu
+        self.seen: Dict[Tuple[Any, ...], int] = {}
+        self.outputs: Dict[Tuple[Any, ...], Any] = {}
+        self.skipped = 0
+        self.train_call: Optional[Tuple[Any, Any]] = None
+        self.loader_batches: List[int] = []
+        self.replayed: List[int] = []
+
+    # -- skeletons: structure, shapes and dtypes, no tensors held ------------------------------
+    def skeleton(self, obj: Any) -> Optional[Tuple[Any, List[Any]]]:
+        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu)``; None if a leaf is opaque."""
+        from torch.utils._pytree import tree_flatten
+
+        leaves, spec = tree_flatten(obj)
+        out: List[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, self.torch.Tensor):
+                out.append(("t", tuple(leaf.shape), leaf.dtype, self.on_gpu(leaf)))
+            elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+                out.append(("v", leaf))
+            else:
+                return None
+        return spec, out
+
+    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None) -> Any:
+        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0."""
+        from torch.utils._pytree import tree_unflatten
+
+        spec, leaves = skel
+        made = []
+        for leaf in leaves:
+            if leaf[0] != "t":
+                made.append(leaf[1])
+                continue
+            shape = list(leaf[1])
+            if batch is not None and shape and shape[0] == batch[0]:
+                shape[0] = batch[1]
+            if leaf[3]:
+                made.append(self.torch.zeros(shape, dtype=leaf[2], device="cuda"))
+            else:
+                made.append(self.torch.zeros(shape, dtype=leaf[2]))
+        return tree_unflatten(made, spec)
+
+    def _key(self, mod: Any, args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:
+        skel = self.skeleton((args, kwargs))
+        if skel is None:
+            return None
+        return (id(mod), str(skel[0]), tuple((x[0],) + tuple(str(v) for v in x[1:]) for x in skel[1]))
+
+    # -- the module call wrapper ---------------------------------------------------------------
+    def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
+        """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training calls."""
+        torch = self.torch
+        if torch.is_grad_enabled():
+            if any(True for _ in mod.parameters()):
+                skel = self.skeleton((args, kwargs))
+                if skel is not None:
+                    self.train_call = (weakref.ref(mod), skel)
+            return orig(mod, *args, **kwargs)
+        key = self._key(mod, args, kwargs)
+        if key is None:
+            return orig(mod, *args, **kwargs)
+        n = self.seen.get(key, 0)
+        if n >= SKIP_AFTER and key in self.outputs:
+            self.skipped += 1
+            return self.rebuild(self.outputs[key])
+        out = orig(mod, *args, **kwargs)
+        self.seen[key] = n + 1
+        skel = self.skeleton(out)
+        if skel is not None:
+            self.outputs[key] = skel
+        return out
+
+    # -- after the steps -----------------------------------------------------------------------
+    def replay_eval_batches(self, note: Callable[[str], None]) -> None:
+        """One no-grad forward per DataLoader batch size above the training batch (module docstring)."""
+        if self.train_call is None:
+            return
+        ref, skel = self.train_call
+        mod = ref()
+        gpu_batches = [leaf[1][0] for leaf in skel[1] if leaf[0] == "t" and leaf[3] and leaf[1]]
+        if mod is None or not gpu_batches:
+            return
+        train_b = int(gpu_batches[0])
+        for b in sorted(set(x for x in self.loader_batches if x > train_b)):
+            try:
+                args, kwargs = self.rebuild(skel, (train_b, b))
+                was_training = mod.training
+                mod.eval()
+                with self.torch.no_grad():
+                    mod(*args, **kwargs)
+                mod.train(was_training)
+                self.replayed.append(b)
+            except Exception as exc:  # noqa: BLE001 - the figure stands without it, said so
+                note(f"evaluation pass at batch {b} not replayed: {type(exc).__name__}: "
+                     f"{' '.join(str(exc).split())[:120]}")
+                continue
+            note(f"evaluation pass replayed after the steps: one no-grad forward at the eval loader's "
+                 f"batch size {b} (training batch {train_b})")
+
+    def summary_note(self) -> str:
+        """One line on skipped repeats ("" when none)."""
+        if not self.skipped:
+            return ""
+        return (f"{self.skipped} repeated no-grad forward(s) of the same shapes skipped (evaluation loop; "
+                f"their GPU memory is that of the first {SKIP_AFTER})")

@@ -1,0 +1,100 @@
+"""``coloc-admin enable``: the slurm.conf / gres.conf / plugstack.conf changes, printed (--dry-run) or written with
+a backup (--write); a site's own Prolog is never replaced silently."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+from slurm_coloc.admin.checks import check_gres_conf
+from slurm_coloc.admin.slurmconf import parse_plugstack, parse_slurm_conf
+from slurm_coloc.config import Config
+
+SITE = """\
+ClusterName=site
+SlurmctldHost=ctl
+SelectType=select/cons_res
+GresTypes=gpu
+NodeName=gpu[01-02] CPUs=64 Gres=gpu:4 RealMemory=500000
+NodeName=cpu01 CPUs=64 RealMemory=500000
+PartitionName=debug Nodes=ALL Default=YES
+"""
+
+
+def _enable(conf: Path, *args: str) -> subprocess.CompletedProcess:
+    cfg = conf.parent.parent / f"{conf.parent.name}-coloc.yaml"
+    if not cfg.exists():
+        cfg.write_text("gpu_mem_gib: 80\n")
+    return subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "enable", "--slurm-conf", str(conf), *args],
+                          capture_output=True, text=True, env={"COLOC_CONFIG": str(cfg), "PATH": "/usr/bin:/bin"})
+
+
+def _files(d: Path) -> Dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(d.iterdir())}
+
+
+def test_dry_run_prints_the_changes_and_writes_nothing(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE)
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+    before = _files(tmp_path)
+    out = _enable(conf, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert _files(tmp_path) == before
+    for line in ("-SelectType=select/cons_res", "+SelectType=select/cons_tres", "+GresTypes=gpu,shard",
+                 "+NodeName=gpu[01-02] CPUs=64 Gres=gpu:4,shard:320 RealMemory=500000",
+                 "+Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh",
+                 "+TaskProlog=/usr/lib/slurm-coloc/hooks/task_prolog.sh",
+                 "+NodeName=gpu[01-02] Name=shard Count=80 File=/dev/nvidia3",
+                 "+optional /usr/lib/slurm-coloc/coloc_spank.so run_dir=/run/slurm-coloc", "+++ " + str(conf)):
+        assert line in out.stdout.splitlines(), line
+    assert "NodeName=cpu01 CPUs=64 RealMemory=500000" not in "".join(
+        ln for ln in out.stdout.splitlines() if ln.startswith("+"))
+
+
+def test_write_keeps_a_backup_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE)
+    (tmp_path / "gres.conf").write_text("AutoDetect=nvml\n")
+    out = _enable(conf, "--write")
+    assert out.returncode == 0, out.stderr
+    backups = sorted(p.name for p in tmp_path.glob("*.coloc-backup-*"))
+    assert [b.split(".coloc")[0] for b in backups] == ["gres.conf", "slurm.conf"]
+    assert (tmp_path / backups[1]).read_text() == SITE
+    parsed = parse_slurm_conf(conf.read_text())
+    assert parsed.get("SelectType") == "select/cons_tres" and parsed.get("GresTypes") == "gpu,shard"
+    assert parsed.get("EpilogSlurmctld") == "/usr/lib/slurm-coloc/hooks/epilog_slurmctld.sh"
+    assert parsed.nodes[0]["gres"] == "gpu:4,shard:320" and "gres" not in parsed.nodes[1]
+    gres = (tmp_path / "gres.conf").read_text()   # AutoDetect=nvml: the devices NVML finds, /dev/nvidia0..3
+    assert [ln.split("File=")[1] for ln in gres.splitlines() if "Name=shard" in ln] == \
+        [f"/dev/nvidia{i}" for i in range(4)]
+    checks = check_gres_conf(tmp_path / "gres.conf", parsed, Config(gpu_mem_gib=80))
+    assert not [c for c in checks if "shard" in c.what and c.status == "fail"], checks
+    assert parse_plugstack((tmp_path / "plugstack.conf").read_text())[0][:2] == \
+        ("optional", "/usr/lib/slurm-coloc/coloc_spank.so")
+    after = _files(tmp_path)
+    again = _enable(conf, "--write")
+    assert again.returncode == 0 and "already enabled; nothing to change" in again.stdout
+    assert _files(tmp_path) == after
+
+
+def test_a_site_prolog_is_a_conflict_in_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE + "Prolog=/etc/slurm/site-prolog.sh\n")
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+    before = _files(tmp_path)
+    out = _enable(conf, "--write")
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1
+    assert "Prolog=/etc/slurm/site-prolog.sh" in out.stderr and "--replace-hooks" in out.stderr
+    assert _files(tmp_path) == before
+    out = _enable(conf, "--write", "--replace-hooks", "--no-spank")
+    assert out.returncode == 0 and "Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh" in conf.read_text()
+    assert not (tmp_path / "plugstack.conf").exists()
+
+
+def test_a_gpu_node_without_device_files_is_one_line(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE)
+    out = _enable(conf, "--dry-run")  # no gres.conf at all: the GPUs' device files are unknown
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "gpu[01-02]" in out.stderr

@@ -1,0 +1,171 @@
+"""The typed job comment (``comment.JobComment``): every known key checked, unknown keys ignored, a bad comment is
+no annotation with one log line; the placer's features and predictions stay finite (issue 31, N3 and N10), and
+placer history is per user (N10; real SQLite databases).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.comment import BOUNDS, MAX_INPUT_ELEMENTS, NO_COMMENT, JobComment, build_comment, job_signature
+from slurm_coloc.placement import intensity
+from slurm_coloc.placement.daemon import read_history
+from slurm_coloc.placement.policy import Activity
+from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+SPEC = {"model": "resnet50", "kwargs": {"num_classes": 10}, "input_shape": [3, 224, 224], "batch_size": 32,
+        "precision": "fp32", "optimizer": "adam", "input_dtype": "float32"}
+SUBMITTED = {"v": 1, "mode": "shard", "shards": 4, "gpus": None, "mem_mib": 3500, "method": "analytic",
+             "gpu_model": "NVIDIA H100 80GB HBM3", "sha256": "0f" * 32, "spec": SPEC, "argv": ["--epochs", "2"],
+             "flops_per_step": 123_000_000_000}
+BIG_INT = "9" * 401  # N3: 'int too large to convert to float' in every placer round
+
+
+def test_what_coloc_sbatch_writes_reads_back_whole() -> None:
+    c = JobComment.read(build_comment(SUBMITTED, "my run"), 1)
+    assert c.annotated and c.shards == 4 and c.spec is not None and c.spec.input_shape == (3, 224, 224)
+    assert c.to_json() == {k: v for k, v in SUBMITTED.items() if v is not None}
+    assert c.signature() == job_signature(SUBMITTED) and c.signature() is not None
+    placed = JobComment.read(build_comment({**SUBMITTED, "place": True}), 2)
+    assert placed.placed_shards == 4 and c.placed_shards is None
+
+
+@pytest.mark.parametrize("text", [
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[' + BIG_INT + ']}}',
+    'coloc:{"place":true,"shards":2,"flops_per_step":NaN}',
+    'coloc:{"place":true,"shards":2,"flops_per_step":1e999}',
+    'coloc:{"place":true,"shards":2,"flops_per_step":-1}',
+    'coloc:{"place":true,"shards":' + BIG_INT + '}',
+    'coloc:{"place":true,"shards":65537}',
+    'coloc:{"place":true,"shards":0}',
+    'coloc:{"place":"yes","shards":2}',
+    'coloc:{"place":true,"shards":true}',
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1048577,"input_shape":[3]}}',
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[1,2,3,4,5,6,7,8,9]}}',
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[16777216,16777216,16777216]}}',
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[]}}',
+    'coloc:{"place":true,"shards":2,"spec":{"model":"' + "m" * 257 + '"}}',
+    'coloc:{"place":true,"shards":2,"spec":{"kwargs":{"a":NaN}}}',
+    'coloc:{"place":true,"shards":2,"spec":{"kwargs":' + '{"a":' * 20 + '1' + '}' * 20 + '}}',
+    'coloc:{"place":true,"shards":2,"spec":[1]}',
+    'coloc:{"place":true,"shards":2,"argv":["a\\u0000b"]}',
+    'coloc:{"place":true,"shards":2,"mode":"root"}',
+    'coloc:{"place":true,"shards":2,"sha256":"../../etc"}',
+    'coloc:{"place":true,"shards":2,"retry_of":-3}',
+    'coloc:{"place":true,"shards":2,"mem_mib":100000000000000000000}',
+    'coloc:{"place":true,"shards":2', 'coloc:{' + '[' * 100000,
+    'coloc:{"shards":2,"x":"' + "y" * 20000 + '"}',
+])
+def test_a_comment_that_breaks_the_protocol_is_no_annotation_with_one_log_line(text: str, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="slurm_coloc.comment")
+    job = hash(text) % 1_000_000 + 1000
+    assert JobComment.read(text, job) is NO_COMMENT
+    assert JobComment.read(text, job) is NO_COMMENT  # read again (the placer's next round): no second line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith(f"job {job}: coloc comment ignored (") and \
+        lines[0].endswith("treated as an unannotated job"), lines
+    assert intensity.demand(JobComment.read(text, job), {}, intensity.load_calibration())[1] == "predicted"
+
+
+def test_unknown_keys_are_ignored_whatever_they_hold() -> None:
+    text = ('coloc:{"place":true,"shards":2,"future":[' + BIG_INT + ',NaN,Infinity,1e999,{"x":[[[]]]}],'
+            '"spec":{"batch_size":4,"input_shape":[8],"new_field":-1e999}}')
+    c = JobComment.read(text, 3)
+    assert c.placed_shards == 2 and c.spec is not None and c.spec.batch_size == 4
+    assert "future" not in c.to_json() and "new_field" not in json.dumps(c.to_json())
+
+
+def test_no_coloc_json_is_no_annotation_without_a_log_line(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="slurm_coloc.comment")
+    for text in (None, "", "just my words", "oom-retry-of-5", "coloc:", "coloc:[1,2]"):
+        assert JobComment.read(text, 4) is NO_COMMENT
+    assert not caplog.records
+
+
+def test_the_largest_valid_comment_predicts_finite_activity() -> None:
+    """N10: a huge spec gave a predicted SM activity of NaN; at the bounds every figure stays finite."""
+    cal = intensity.load_calibration()
+    dims = [1 << 20, 1 << 20]  # 2^40 elements: MAX_INPUT_ELEMENTS
+    assert math.prod(dims) == MAX_INPUT_ELEMENTS
+    for data in ({"spec": {"batch_size": BOUNDS["batch_size"][1], "input_shape": dims}},
+                 {"flops_per_step": BOUNDS["flops_per_step"][1]}, {"flops_per_step": 0},
+                 {"bytes_per_step": 1e18, "spec": {"batch_size": 1, "input_shape": [1]}}):
+        a = intensity.predict(intensity.features(JobComment.from_fields(data)), cal)
+        assert all(math.isfinite(v) and 0 <= v <= 1 for v in (a.smact, a.smocc, a.drama)), (data, a)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                     max_leaves=20)
+_keys = st.sampled_from(["v", "mode", "shards", "gpus", "mem_mib", "method", "gpu_model", "sha256", "spec", "argv",
+                         "flops_per_step", "bytes_per_step", "place", "retry_of", "other"])
+_spec = st.dictionaries(st.sampled_from(["model", "kwargs", "input_shape", "batch_size", "precision", "optimizer",
+                                         "input_dtype", "kwargs_chars"]),
+                        _json | st.lists(st.integers(min_value=-5, max_value=1 << 30), max_size=9), max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_keys, _json | st.integers() | _spec, max_size=10))
+def test_any_json_gives_a_bounded_annotation_or_none(data: dict) -> None:
+    text = "coloc:" + json.dumps(data)  # floats nan/inf are written as NaN/Infinity, as a user could
+    c = JobComment.read(text, 7)
+    a = intensity.predict(intensity.features(c), intensity.load_calibration())
+    assert all(math.isfinite(v) for v in (a.smact, a.smocc, a.drama))
+    if not c.annotated:
+        return
+    for key in ("v", "shards", "gpus", "mem_mib", "flops_per_step", "bytes_per_step", "retry_of"):
+        value = getattr(c, key)
+        assert value is None or (type(value) is int and BOUNDS[key][0] <= value <= BOUNDS[key][1])
+    if c.spec is not None and c.spec.input_shape is not None:
+        assert 1 <= len(c.spec.input_shape) <= 8 and math.prod(c.spec.input_shape) <= MAX_INPUT_ELEMENTS
+    assert JobComment.read("coloc:" + json.dumps(c.to_json()), 8) == c  # what root records reads back the same
+
+
+def test_placer_history_is_per_user(tmp_path: Path) -> None:
+    """N10: colocuser2 (uid 2002) runs jobs with colocuser's signature and records a saturating history for it;
+    colocuser's job (uid 2001) is still predicted from its own features, and colocuser2's own job from its history."""
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\n")
+    cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
+    cfg.node_db_dir.mkdir(parents=True)
+    now = time.time()
+    ctld = open_ctld_db(cfg.ctld_db_path)
+    coloc = json.dumps({"spec": SPEC})
+    ctld["jobs"].insert_all([{"job_id": 10, "uid": 2002, "end_ts": now - 10, "coloc_json": coloc},
+                             {"job_id": 11, "uid": None, "end_ts": now - 10, "coloc_json": coloc}])
+    node = open_node_db(cfg.node_db_path("n1"))
+    node["gpu_samples"].insert_all([{"ts": now - 100 + k, "gpu_index": g, "smact_pct": 99.0, "smocc_pct": 90.0,
+                                     "dram_bw_pct": 90.0, "mem_used_mib": 10.0, "n": 1, "res_s": 1.0}
+                                    for k in range(80) for g in (0, 1)])
+    node["job_runs"].insert_all([{"job_id": j, "node": "n1", "gpus": str(g), "start_ts": now - 100,
+                                  "end_ts": now - 20} for j, g in ((10, 0), (11, 1))])
+    node["job_summaries"].insert_all([{"job_id": j, "node": "n1", "smact_mean": 99.0, "smocc_mean": 90.0}
+                                      for j in (10, 11)])
+    history = read_history(cfg)
+    sig = job_signature({"spec": SPEC})
+    assert set(history) == {(2002, sig)}  # the job without a recorded uid steers nobody
+    cal = intensity.load_calibration()
+    own = intensity.predict(intensity.features({"spec": SPEC}), cal)
+    assert intensity.demand({"spec": SPEC}, history, cal, uid=2001) == (own, "predicted")
+    theirs, source = intensity.demand({"spec": SPEC}, history, cal, uid=2002)
+    assert source == "history" and theirs.smact == pytest.approx(0.99) and theirs != own
+    assert Activity(0.99, 0.9, 0.9) == theirs
+
+
+@pytest.mark.parametrize("flops, kept", [(10 ** 300, None), (-5, None), (True, None), (10 ** 12, 10 ** 12)])
+def test_the_probes_flop_count_enters_the_comment_only_within_its_range(flops, kept) -> None:
+    """Fourth campaign: a program under the probe wrote its own result file with ``flops_per_step`` 10^300; the
+    count went into the job comment, which then broke every reader (before the typed comment: the placer's round,
+    and ``--explain``'s GFLOP line raised OverflowError). Out of range it is dropped at the source."""
+    from slurm_coloc.probe.probe import estimate_from_result
+
+    est = estimate_from_result({"status": "ok", "peak_allocated_b": 10 ** 9, "peak_reserved_b": 10 ** 9,
+                                "flops_per_step": flops})
+    assert est.flops_per_step == kept and est.mem_mib > 0

@@ -1,0 +1,162 @@
+"""The probe fakes only the GPU: host tensors hold real values, evaluation work is bounded and measured.
+
+Issue 29's upstream failures, each as a small program of the same pattern: torchvision's RandomResizedCrop
+reading ``torch.empty(1).uniform_(...).item()`` (pytorch/examples imagenet), numpy interop on CPU tensors
+(examples/train_digits.py via scikit-learn), an evaluation loop of many no-grad batches before the first
+optimizer step (nanoGPT's ``estimate_loss``: 2 x 200 batches), and an evaluation loader with a larger
+batch (mnist's test pass).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from slurm_coloc.probe.probe import probe_script
+
+MIB = 1 << 20
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def job_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def probe(tmp_path, name, body, *args):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    job = tmp_path / f"{name}.sh"
+    job.write_text(f"#!/bin/bash\n#SBATCH --gres=gpu:1\npython {name}.py {' '.join(args)}\n")
+    return probe_script(str(job), submit_dir=str(tmp_path), use_cache=False, keep_log=True)
+
+
+HOST_VALUES = """
+    import numpy as np
+    import torch, torch.nn as nn
+    import torchvision.transforms as T
+    u = torch.empty(1).uniform_(0.5, 1.0).item()
+    if not 0.5 <= u <= 1.0:
+        raise SystemExit(f"CPU RNG gave {u}")
+    a = torch.randn(64, 3)
+    if float(np.abs(a.numpy()).sum()) == 0.0 or torch.from_numpy(np.ones(3)).sum().item() != 3.0:
+        raise SystemExit("numpy interop read no values")
+    crop = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip()])
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 30 * 30, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.stack([crop(torch.rand(3, 48, 48)) for _ in range(8)])
+        if x.abs().sum().item() == 0.0:
+            raise SystemExit("transforms produced no values")
+        loss = nn.functional.cross_entropy(model(x.cuda()), torch.randint(0, 10, (8,)).cuda())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if not loss.is_cuda or loss.cpu().dim() != 0:
+            raise SystemExit("the loss left the GPU")
+"""
+
+
+def test_host_tensors_hold_real_values(tmp_path):
+    r = probe(tmp_path, "host", HOST_VALUES)
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    assert r.detail["steps"] >= 2
+
+
+EVAL_FIRST = """
+    import torch, torch.nn as nn
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+
+    @torch.no_grad()
+    def estimate_loss(iters):
+        model.eval()
+        losses = torch.zeros(iters)
+        for k in range(iters):
+            losses[k] = model(torch.randn(32, 256).cuda()).square().mean().item()
+        model.train()
+        return losses.mean()
+
+    print("val", float(estimate_loss(int(__import__("sys").argv[1]))))
+    for _ in range(3):
+        loss = model(torch.randn(32, 256, device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_evaluation_loop_before_the_first_step_is_bounded(tmp_path):
+    r = probe(tmp_path, "evalfirst", EVAL_FIRST, "400")
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    notes = " ".join(r.detail["notes"])
+    assert "398 repeated no-grad forward(s)" in notes
+    short = probe(tmp_path, "evalfirst", EVAL_FIRST, "2")
+    assert short.estimate is not None and "repeated" not in " ".join(short.detail["notes"])
+    # the skipped repeats hold the memory the first two did: the figure does not change
+    assert r.detail["peak_reserved_b"] == short.detail["peak_reserved_b"]
+
+
+EVAL_LOADER = """
+    import sys
+    import torch, torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    model = nn.Sequential(nn.Linear(1024, 8192), nn.ReLU(), nn.Linear(8192, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ds = TensorDataset(torch.randn(512, 1024), torch.randint(0, 10, (512,)))
+    train = DataLoader(ds, batch_size=16, shuffle=True)
+    test = DataLoader(ds, batch_size=int(sys.argv[1]))
+    for x, y in train:
+        loss = nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_the_eval_loaders_batch_is_replayed(tmp_path):
+    small = probe(tmp_path, "evalload", EVAL_LOADER, "16")
+    big = probe(tmp_path, "evalload", EVAL_LOADER, "2048")
+    assert small.estimate is not None and big.estimate is not None, (big.reason, big.log_text[-2000:])
+    assert "evaluation pass replayed" in " ".join(big.detail["notes"])
+    assert "evaluation pass replayed" not in " ".join(small.detail["notes"])
+    # 2048 x 8192 fp32 hidden activations = 64 MiB (no-grad: not kept for a backward)
+    assert big.detail["peak_reserved_b"] - small.detail["peak_reserved_b"] >= 60 * MIB
+
+
+def test_the_projects_own_example_is_probed_without_directives(tmp_path, monkeypatch):
+    shutil.copy(os.path.join(REPO, "examples", "train_digits.py"), tmp_path / "train_digits.py")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\npython train_digits.py --epochs 1\n")
+    r = probe_script(str(script), submit_dir=str(tmp_path), use_cache=False, keep_log=True)
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    assert "Adam" in r.ran
+
+
+MODULE_TO_KWARGS = """
+    import sys
+    import torch, torch.nn as nn
+    model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(4)])
+    if sys.argv[1] == "kw":
+        model.to(device=torch.device("cuda"), dtype=None)   # timm's train.py
+    else:
+        model.to("cuda")
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        loss = model(torch.randn(8, 4096).to(device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_module_to_with_device_keyword_moves_the_parameters(tmp_path):
+    kw = probe(tmp_path, "modto", MODULE_TO_KWARGS, "kw")
+    pos = probe(tmp_path, "modto", MODULE_TO_KWARGS, "pos")
+    assert kw.estimate is not None and pos.estimate is not None, (kw.reason, kw.log_text[-2000:])
+    # 4 x 64 MiB of parameters, their gradients and Adam's two states: >= 1 GiB on the GPU
+    assert kw.detail["peak_allocated_b"] >= 1024 * MIB
+    assert kw.detail["peak_reserved_b"] == pos.detail["peak_reserved_b"]
