@@ -133,7 +133,10 @@ def test_silent_sampler_gpu_takes_jobs_by_memory_with_one_line(cl: Cluster,
     state = PlacerState()
     jobs = []
     for _ in range(2):
-        jobs.append(submit(cl))  # a signature without history: the gate where the sampler speaks, else memory
+        # a signature no earlier test of this module ran (their runs of SHA may have had a GPU alone while this
+        # test's saturated rows were written, which would give SHA a measured history): the gate where the sampler
+        # speaks, else memory
+        jobs.append(submit(cl, sha="cd" * 32))
         counts = place_round(tcfg(cl), state, env=cl.env)
         assert counts["placed"] == 1, counts
     assert [gpu_of(cl, j) for j in jobs] == [("n1", 1), ("n1", 1)]
