@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "device"))
 import placement_metrics as pm  # noqa: E402
 
 
-def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+def combine(files: Sequence[Mapping[str, Any]], gpus: int = 1) -> Dict[str, Any]:
     """``{"scenarios": {scen: {"metrics": {policy: ...}, "targets": {...}, "notes": [...]}}, "small7": ...}``.
 
     Raises:
@@ -34,7 +34,7 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     seen = set()
     for f in files:
         scen, pol = f.get("scenario"), f.get("policy")
-        if not isinstance(scen, str) or pol not in ("exclusive", "blind", "aware"):
+        if not isinstance(scen, str) or pol not in ("exclusive", "blind", "aware", "throughput"):
             raise ValueError(f"not a placement pass file (scenario {scen!r}, policy {pol!r})")
         if scen == "small7":  # repeated small7 passes (several calls, or both orders in one) are averaged
             if pol in small7:
@@ -62,6 +62,14 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                     raise ValueError(f"pass {scen}-{pol} given twice")
                 passes[pol] = fs[0]
         alone = pm.alone_times(passes["exclusive"]["jobs"]) if "exclusive" in passes else {}
+        one_gpu = "exclusive" in passes and len({j.get("gpu") for j in passes["exclusive"]["jobs"]
+                                                 if j.get("gpu")}) <= 1
+        if gpus > 1 and one_gpu:  # the exclusive FIFO of N GPUs, from the runs alone of a one-GPU pass
+            ex = passes["exclusive"]
+            gap = pm.fifo_gap_s(ex["jobs"])
+            passes["exclusive"] = {**ex, "jobs": pm.fifo_from_alone(ex["jobs"], gpus, gap), "smact_pct": None}
+            notes.append(f"exclusive: FIFO on {gpus} GPUs built from the runs alone ({gap:.1f} s between jobs, "
+                         "the measured median); energy is the one-GPU pass's (the same runs alone)")
         if not alone:
             notes.append("no exclusive pass: no times alone, no slowdowns")
         metrics = {pol: pm.pass_metrics(p.get("jobs") or [], alone, p.get("smact_pct"), p.get("energy_j"))
@@ -71,8 +79,18 @@ def combine(files: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                 notes.append(f"{pol}: {'; '.join(map(str, p['problems']))}")
             if p.get("fake"):
                 notes.append(f"{pol}: fake-GPU run (CPU check), not a measurement")
-            if pol == "aware" and p.get("placer"):
-                notes.append(f"aware placer: {json.dumps(p['placer'], sort_keys=True)}")
+            if pol in ("aware", "throughput") and p.get("placer"):
+                notes.append(f"{pol} placer: {json.dumps(p['placer'], sort_keys=True)}")
+            if p.get("smact_pct_per_gpu"):
+                notes.append(f"{pol}: SM activity per GPU % " + ", ".join(
+                    f"GPU {g} {pm.fmt(v)}" for g, v in sorted(p["smact_pct_per_gpu"].items())))
+            where: Dict[str, List[int]] = {}
+            for j in p.get("jobs") or []:
+                if j.get("gpu") and pol != "exclusive":
+                    where.setdefault(str(j["gpu"]), []).append(int(j["index"]))
+            if where:
+                notes.append(f"{pol}: where each job ran: " + "; ".join(f"{g}: jobs {sorted(v)}"
+                                                                        for g, v in sorted(where.items())))
         out["scenarios"][scen] = {"metrics": metrics, "targets": pm.targets(metrics), "notes": notes}
     aware_aggs = [f["aggregate_samples_per_s"] for f in small7["aware"] if f.get("aggregate_samples_per_s")]
     blind_aggs = [f["aggregate_samples_per_s"] for f in small7["blind"] if f.get("aggregate_samples_per_s")]
@@ -116,9 +134,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--json", default=None, help="write the combined figures here")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of the passes: the exclusive FIFO is rebuilt for them")
     a = ap.parse_args(argv)
     try:
-        result = combine([json.loads(Path(p).read_text()) for p in a.files])
+        result = combine([json.loads(Path(p).read_text()) for p in a.files], a.gpus)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"placement_combine: error: {exc}", file=sys.stderr)
         return 1

@@ -204,6 +204,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"placement_fit: error: {exc}", file=sys.stderr)
         return 1
     current = intensity.load_calibration(None)  # before writing: --out may be the packaged file itself
+    try:  # the sharing model's fit (placement_share_fit.py) lives in the same file: keep it
+        old = json.loads(Path(a.out).read_text())
+        cal.update({k: v for k, v in old.items() if k.startswith("share_")})  # share_* and share_by_gpu_*
+    except (OSError, ValueError, AttributeError):
+        pass
     Path(a.out).write_text(json.dumps(cal, indent=1) + "\n")
     fitted = intensity.load_calibration(a.out)
     print(report(rows, fitted, current))

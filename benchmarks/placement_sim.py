@@ -1,79 +1,244 @@
-"""A toy model of the 14-job pile on one GPU, to choose coloc-placer's ``placement_recent_s`` for the benchmark.
+"""Simulate the four placement policies on recorded jobs: exclusive FIFO, blind (Slurm's first fit by memory),
+gate (coloc-placer's CARMA gate) and throughput (coloc-placer's slowdown bound), on 1 or more GPUs.
 
-Not a measurement. Each job starts up for ``O`` s (GPU idle: imports, CUDA set-up; uniform 0.75-1.25 x O) and
-then needs ``T`` s of GPU work alone; n jobs computing together progress at g(n)/n each, with
-g(n) = 1 + 0.8 (1 - 1/n) (aggregate speed over one job alone: 1.4 for 2, 1.6 for 4, 1.74 for 14; the H100 runs
-measured 1.33 for 2 ResNet-50s, 1.39 for 4 and 1.76 for the 14-job pile: docs/benchmarks.md, issue 18). A job
-alone keeps SM activity d (uniform 0.25-0.6); the GPU reads min(0.9, sum of d x progress rate) over the computing
-jobs (``main`` also runs heavier jobs, 0.4-0.8). Policies (one placer round per second, jobs in FIFO order, a
-placed job starts 1 s later; the gate is SMACT alone: the model assumes SM occupancy or DRAM activity crosses
-CARMA's second clause whenever SMACT crosses 0.8):
-  blind    every job at once
-  recent   coloc-placer: an empty GPU takes the next job; otherwise the job goes when live (mean over ``window``
-           s) + the demand of jobs placed in the last ``recent`` s + its own demand stays under 0.8 SMACT
-Prints makespan and mean JCT against exclusive FIFO (14 x (O + T + 1)) and the worst run time over time alone.
-Usage: ``python3 benchmarks/placement_sim.py``
+Not a measurement: a model driven by measured inputs, to compare the policies on the same jobs and to check the
+model against the passes measured on the H100 (``--gpus 1``). Inputs (``benchmarks/device/results/h100-placement2/``,
+2026-11-24): each workload's profile alone from the exclusive passes (start-up = Slurm start to ``t_ready``, the
+GPU idle; compute = the rest of its run; SM activity alone while computing, the sampler), the jobs and their memory
+requests from ``benchmarks/device/placement_plan.json``. Sharing: jobs computing together on a GPU progress at
+``min(1, capacity / L)`` of their speed alone, L = their summed SM activity alone (``slurm_coloc/placement/share.py``;
+capacity from ``calibration.json``, fitted by ``benchmarks/placement_share_fit.py``: 22.6 % mean relative error on
+58 co-run jobs). The GPU's SM activity reads ``min(1, sum of a_k x rate_k)``. Energy: per GPU, ``idle_w + dyn_w x
+SM activity`` integrated over the makespan, the two watts fitted (least squares) on the measured passes' energy
+and mean SM activity. Memory: shards = ceil(request / 1 GiB) of ``--gib`` per GPU; every policy respects it, so
+no OOM can arise in the model (OOMs are a measured figure only). Placer: a round every 0.5 s, Slurm starts a
+steered job 1 s later; the gate policy uses the bench's settings (window 4 s, recent 12 s), the throughput policy
+the packaged calibration and ``--bound``; both call the product's decision functions (``policy.choose_gpu``,
+``share.choose_gpu_bounded``).
+
+Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--bound 2.0] [--scenario pile|stream|mixed] [--json F]``
 """
 from __future__ import annotations
 
-import random
+import argparse
+import json
+import math
 import statistics
-from typing import Dict, List, Tuple
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+import placement_share_fit as fitmod  # noqa: E402
+
+from slurm_coloc.placement import intensity, share  # noqa: E402
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu  # noqa: E402
+
+PLAN = HERE / "device" / "placement_plan.json"
+POLICIES = ("exclusive", "blind", "gate", "throughput")
+MEASURED = {"exclusive": ["pile-exclusive-part1", "pile-exclusive-part2"], "blind": ["pile-blind"],
+            "gate": ["pile-aware"]}
 
 
-def speed(n: int) -> float:
-    """g(n): aggregate progress of n jobs computing together, in jobs-alone (module docstring)."""
-    return 1 + 0.8 * (1 - 1 / n) if n else 0.0
+@dataclass
+class Job:
+    index: int
+    workload: str
+    submit_s: float
+    shards: int
+    smact: float
+    startup_s: float
+    work_s: float
+    placed: float = -1.0
+    start: float = -1.0
+    end: float = -1.0
+    gpu: int = -1
+    left: float = 0.0
+    history: List[float] = field(default_factory=list)
+
+    @property
+    def alone_s(self) -> float:
+        return self.startup_s + self.work_s
 
 
-def simulate(policy: str, start_s: float, work_s: float, jobs: int = 14, seed: int = 1, window_s: float = 4.0,
-             recent_s: float = 4.0, gate: float = 0.8, dt: float = 0.1,
-             smact: Tuple[float, float] = (0.25, 0.6)) -> Tuple[float, float, float]:
-    """(makespan s, mean JCT s, worst run time / time alone) of one simulated pile (all submitted at 0); each job's
-    SM activity alone is uniform in ``smact``."""
-    rnd = random.Random(seed)
-    js: List[Dict[str, float]] = [{"o": start_s * rnd.uniform(0.75, 1.25), "d": rnd.uniform(*smact),
-                                   "left": work_s, "placed": -1.0, "start": -1.0, "end": -1.0}
-                                  for _ in range(jobs)]
-    t, live = 0.0, []
-    while any(j["end"] < 0 for j in js):
-        computing = [j for j in js if j["start"] >= 0 > j["end"] and t >= j["start"] + j["o"]]
-        rate = speed(len(computing)) / len(computing) if computing else 0.0
-        live.append((t, min(0.9, sum(j["d"] * rate for j in computing))))
-        if abs(t - round(t)) < dt / 2:
-            for c in (j for j in js if j["placed"] < 0):
-                tenants = [j for j in js if j["placed"] >= 0 > j["end"]]
-                now = statistics.fmean(v for ts, v in live if ts >= t - window_s)
-                recent = sum(j["d"] for j in tenants if j["placed"] >= t - recent_s)
-                if not (policy == "blind" or not tenants or (now + recent + c["d"] < gate and now < gate)):
-                    break  # FIFO: the oldest waits, so do the others
-                c["placed"], c["start"] = t, t + 1.0
-        for j in computing:
-            j["left"] -= rate * dt
-            if j["left"] <= 0:
-                j["end"] = t
+def load_jobs(scenario: str, prof: Dict[str, Dict[str, float]]) -> List[Job]:
+    """The plan's jobs of ``scenario`` with their measured profiles (``mixed``: the pile followed by the stream's
+    jobs, one every 6 s from 20 s on)."""
+    plan = json.loads(PLAN.read_text())["scenarios"]
+    rows = list(plan["pile" if scenario == "mixed" else scenario])
+    if scenario == "mixed":
+        rows += [{**r, "offset_s": 20.0 + r["offset_s"], "index": 100 + r["index"]} for r in plan["stream"]]
+    out = []
+    for r in rows:
+        p = prof[r["workload"]]
+        out.append(Job(r["index"], r["workload"], float(r["offset_s"]), math.ceil(r["mem_mib"] / 1024), p["smact"],
+                       p["startup_s"], p["run_s"] - p["startup_s"]))
+    return out
+
+
+def energy_fit(files: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
+    """(idle_w, dyn_w) with mean power = idle_w + dyn_w x mean SM activity, least squares over measured passes of
+    one GPU (power = energy / wall time of the pass)."""
+    pts = [(f["smact_pct"] / 100, f["energy_j"] / f["metrics"]["makespan_s"]) for f in files
+           if f.get("energy_j") and f.get("smact_pct") and (f.get("metrics") or {}).get("makespan_s")]
+    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return my - slope * mx, slope
+
+
+def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float, bound: float,
+             power: Tuple[float, float], dt: float = 0.1) -> Dict[str, Any]:
+    """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran."""
+    for j in jobs:
+        j.placed = j.start = j.end = -1.0
+        j.gpu, j.left = -1, j.work_s
+    gate = Gate()
+    smact_hist: List[List[Tuple[float, float]]] = [[] for _ in range(gpus)]
+    t, energy, steps = 0.0, 0.0, 0
+    while any(j.end < 0 for j in jobs) and t < 5000:
+        # progress
+        for g in range(gpus):
+            comp = [j for j in jobs if j.gpu == g and j.start >= 0 > j.end and t >= j.start + j.startup_s]
+            load = sum(j.smact for j in comp)
+            rate = min(1.0, capacity / load) if load > 0 else 1.0
+            reading = min(1.0, load * rate)
+            smact_hist[g].append((t, reading))
+            energy += (power[0] + power[1] * reading) * dt
+            for j in comp:
+                j.left -= rate * dt
+                if j.left <= 0:
+                    j.end = t + dt
+        for j in jobs:
+            if j.start < 0 <= j.placed and t >= j.placed + 1.0:
+                j.start = t
+        # placement
+        steps += 1
+        waiting = sorted((j for j in jobs if j.placed < 0 and j.submit_s <= t), key=lambda j: (j.submit_s, j.index))
+        if policy in ("exclusive", "blind") or steps % 5 == 0:
+            for j in waiting:
+                g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t)
+                if g is None:
+                    if policy == "exclusive":
+                        break  # Slurm's FIFO: the oldest waits, so do the others
+                    continue  # blind: Slurm backfills; the placer decides for every held job in each round
+                j.gpu, j.placed = g, t
+                if policy in ("exclusive", "blind"):
+                    j.placed = t - 1.0 + 0.5  # Slurm starts it at its next scheduling pass (~0.5 s)
         t += dt
-    ends = [j["end"] for j in js]
-    worst = max((j["end"] - j["start"]) / (j["o"] + work_s) for j in js)
-    return max(ends), statistics.fmean(ends), worst
+    done = [j for j in jobs if j.end >= 0]
+    jct = [j.end - j.submit_s for j in done]
+    run_slow = [(j.end - j.start) / j.alone_s for j in done]
+    slow = [(j.end - j.submit_s) / j.alone_s for j in done]
+    makespan = max(j.end for j in done) - min(j.submit_s for j in jobs)
+    return {"policy": policy, "gpus": gpus, "makespan_s": makespan, "mean_jct_s": statistics.fmean(jct),
+            "p95_jct_s": p95(jct), "p95_slowdown": p95(slow), "p95_run_slowdown": p95(run_slow),
+            "max_run_slowdown": max(run_slow), "energy_j": energy, "energy_per_job_j": energy / len(done),
+            "ooms": 0, "placement": {j.index: j.gpu for j in jobs}}
 
 
-def main() -> int:
-    for smact in ((0.25, 0.6), (0.4, 0.8)):
-        for start_s, work_s in ((15, 15), (25, 15), (30, 25)):
-            excl_ms = 14 * (start_s + work_s + 1)
-            excl_jct = statistics.fmean((k + 1) * (start_s + work_s + 1) for k in range(14))
-            runs = [simulate("blind", start_s, work_s, seed=s, smact=smact) for s in range(5)]
-            print(f"SMACT alone {smact[0]}-{smact[1]}, start-up {start_s} s, work {work_s} s: exclusive makespan "
-                  f"{excl_ms:.0f} s, mean JCT {excl_jct:.0f} s; blind makespan "
-                  f"{statistics.fmean(r[0] for r in runs):.0f} s, mean JCT {statistics.fmean(r[1] for r in runs):.0f}"
-                  f" s, worst run {statistics.fmean(r[2] for r in runs):.1f}x")
-            for recent_s in (2, 4, 6, 8, 12):
-                runs = [simulate("recent", start_s, work_s, seed=s, recent_s=recent_s, smact=smact)
-                        for s in range(5)]
-                ms, jct, worst = (statistics.fmean(r[k] for r in runs) for k in range(3))
-                print(f"  recent {recent_s:>2} s: makespan {ms:.0f} s ({ms / excl_ms:.2f}x excl.), mean JCT {jct:.0f} "
-                      f"s ({jct / excl_jct:.2f}x), worst run {worst:.1f}x alone")
+def p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
+
+
+def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacity: float, bound: float,
+          gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float) -> Optional[int]:
+    """The GPU ``policy`` gives job ``j`` now, or None (it waits)."""
+    holding = [[o for o in jobs if o.gpu == g and o.placed >= 0 and o.end < 0] for g in range(gpus)]
+    used = [sum(o.shards for o in h) for h in holding]
+    if policy == "exclusive":
+        return next((g for g in range(gpus) if not holding[g]), None)
+    if policy == "blind":
+        return next((g for g in range(gpus) if used[g] + j.shards <= gib), None)
+    states = []
+    for g in range(gpus):
+        window = [v for ts, v in hist[g] if ts >= t - 4.0]
+        live = statistics.fmean(window) if window else 0.0
+        recent = sum(o.smact for o in holding[g] if o.placed >= t - 12.0)
+        act = Activity(live, live * 0.3, live * 0.3)  # the gate's second clause: SMOCC/DRAMA per SMACT as fitted
+        states.append(GpuState("n1", g, gib, used[g], len(holding[g]), act, 0.0,
+                               Activity(recent, recent * 0.3, recent * 0.3)))
+    demand = Activity(j.smact, j.smact * 0.3, j.smact * 0.3)
+    if policy == "gate":
+        d = choose_gpu(states, j.shards, demand, gate, "spread", 60.0)
+    else:
+        tenants = [[share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start if o.start >= 0 else
+                                 o.placed + 1.0) for o in holding[g]] for g in range(gpus)]
+        d = share.choose_gpu_bounded(states, tenants, j.shards, share.Profile(j.smact, j.alone_s, j.startup_s),
+                                     demand, gate, capacity, bound, t, 60.0)
+    return d.index if d.placed else None
+
+
+def measured_rows(files: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """The H100 passes' own metrics (one GPU), for the model check."""
+    out = {}
+    for pol, names in MEASURED.items():
+        fs = [files[n] for n in names if n in files]
+        if pol == "exclusive" and len(fs) == 2:
+            sys.path.insert(0, str(HERE / "device"))
+            import placement_metrics as pm
+            st = pm.stitch(fs)
+            alone = pm.alone_times(st["jobs"])
+            m = pm.pass_metrics(st["jobs"], alone, None, sum(f["energy_j"] for f in fs))
+        elif fs:
+            m = fs[0]["metrics"]
+        else:
+            continue
+        out[pol] = m
+    return out
+
+
+def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
+    head = (f"{title}\n| policy | makespan s | mean JCT s | p95 JCT s | p95 slowdown | p95 run slowdown | worst run "
+            "slowdown | energy kJ | energy/job kJ | OOM |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        def f(k: str, scale: float = 1.0, d: int = 1, r: Dict[str, Any] = r) -> str:
+            v = r.get(k)
+            return "-" if v is None else f"{v / scale:.{d}f}"
+        lines.append(f"| {r['label']} | {f('makespan_s', d=0)} | {f('mean_jct_s')} | {f('p95_jct_s', d=0)} | "
+                     f"{f('p95_slowdown', d=2)} | {f('p95_run_slowdown', d=2)} | {f('max_run_slowdown', d=2)} | "
+                     f"{f('energy_j', 1000)} | {f('energy_per_job_j', 1000, 2)} | {r.get('ooms', '-')} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--gib", type=int, default=80, help="shards (GiB) per GPU (the H100 harness: 80)")
+    ap.add_argument("--bound", type=float, nargs="+", default=[2.0], help="placement_max_slowdown value(s)")
+    ap.add_argument("--scenario", choices=("pile", "stream", "mixed"), default="pile")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
+    prof = fitmod.profiles(list(files.values()))
+    cal = intensity.load_calibration()
+    power = energy_fit([files[n] for n in ("pile-exclusive-part1", "pile-exclusive-part2", "pile-blind",
+                                           "pile-aware", "stream-exclusive", "stream-blind", "stream-aware")])
+    print(f"capacity {cal.share_capacity} (calibration.json), power {power[0]:.0f} W + {power[1]:.0f} W x SM "
+          f"activity (fitted on 7 H100 passes)")
+    out: Dict[str, Any] = {"capacity": cal.share_capacity, "power_w": power, "runs": []}
+    rows = []
+    if a.scenario == "pile" and a.gpus == 1:
+        for pol, m in measured_rows(files).items():
+            rows.append({**m, "label": f"{pol} (measured, H100)", "p95_run_slowdown": None})
+    for pol in POLICIES:
+        for b in (a.bound if pol == "throughput" else [a.bound[0]]):
+            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, cal.share_capacity, b, power)
+            r["label"] = pol + (f" (bound {b:g})" if pol == "throughput" else "") + " (model)"
+            rows.append(r)
+            out["runs"].append(r)
+    print(table(rows, f"{a.scenario}, {a.gpus} GPU(s) of {a.gib} GiB"))
+    for r in out["runs"]:
+        per = {}
+        for i, g in r["placement"].items():
+            per.setdefault(g, []).append(i)
+        print(f"{r['label']}: " + "; ".join(f"GPU {g}: jobs {sorted(v)}" for g, v in sorted(per.items())))
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1, default=str))
     return 0
 
 

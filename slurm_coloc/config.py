@@ -22,6 +22,7 @@ DEFAULT_CONFIG_PATH = "/etc/slurm-coloc/coloc.yaml"
 MPS_MODES = ("multi-user", "per-user", "off")
 EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
 PLACEMENT_MODES = ("spread", "consolidate")
+PLACEMENT_POLICIES = ("throughput", "gate")
 COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
 WATCHDOG_ACTIONS = ("stop", "record", "off")
 ADMIN_COMMENT_MODES = ("merge", "if-empty", "off")
@@ -76,8 +77,16 @@ class Config:
             management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
         exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
             and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
-        placement_mode: coloc-placer's order among GPUs that qualify: ``spread`` (least loaded first) or
-            ``consolidate`` (most loaded that stays under the gate first, for energy).
+        placement_policy: ``throughput`` (default: pack each GPU while the predicted slowdown of every job on it stays
+            within ``placement_max_slowdown``, from measured activity alone and the fitted sharing model,
+            ``placement/share.py``; the gate only where a job has no measured data) or ``gate`` (the CARMA gate
+            over live + predicted activity for every job).
+        placement_max_slowdown: the ``throughput`` policy's bound on a job's predicted slowdown while it shares a
+            GPU (x its speed alone; 1.0-10.0; 1.2 favours latency, 3 throughput).
+        placement_history_max_age_s: measured runs (and a ``placement_history_path`` file) older than this are
+            stale and ignored (s).
+        placement_mode: coloc-placer's order among GPUs that qualify (``gate`` policy): ``spread`` (least loaded
+            first) or ``consolidate`` (most loaded that stays under the gate first, for energy).
         placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
             CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
         placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
@@ -169,6 +178,9 @@ class Config:
     exporter_port: int = 9466
     exporter_bind_address: str = "127.0.0.1"
     exporter_names: str = "coloc"
+    placement_policy: str = "throughput"
+    placement_max_slowdown: float = 2.0
+    placement_history_max_age_s: float = 30 * 86400.0
     placement_mode: str = "spread"
     placement_smact_gate: float = 0.8
     placement_smocc_gate: float = 0.45
@@ -314,6 +326,13 @@ def _validate(cfg: Config) -> Config:
            cfg.placement_max_wait_s) <= 0:
         raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
                           "placement_max_wait_s must be > 0")
+    if cfg.placement_policy not in PLACEMENT_POLICIES:
+        raise ConfigError(f"config key 'placement_policy': {cfg.placement_policy!r} is not one of "
+                          f"{', '.join(PLACEMENT_POLICIES)}")
+    if not 1.0 <= cfg.placement_max_slowdown <= 10.0:
+        raise ConfigError(f"config key 'placement_max_slowdown': {cfg.placement_max_slowdown} is outside [1, 10]")
+    if cfg.placement_history_max_age_s <= 0:
+        raise ConfigError("config: placement_history_max_age_s must be > 0")
     if cfg.placement_recent_s < 0:
         raise ConfigError("config: placement_recent_s must be >= 0 (0 = placement_window_s)")
     if not 0 < cfg.estimate_timeout_s <= 3600:

@@ -269,8 +269,11 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     # Epilog's summary (40 %)
     assert alone[1]["smact"] == pytest.approx(0.5) and alone[1]["drama"] == pytest.approx(0.1)
     assert alone[1]["smocc"] == pytest.approx(0.2)
+    assert alone[1]["run_s"] == pytest.approx(50) and alone[1]["startup_s"] == pytest.approx(0, abs=0.01)
+    assert store_placement.alone_activity(ro, [1], since_ts=now - 40) == {}  # ended 50 s ago: stale
     node["gpu_samples"].delete_where("gpu_index = 0 AND smact_pct > 0 AND ts <= ?", [now - 50])
-    assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None}
+    assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None,
+                                                          "run_s": pytest.approx(50), "startup_s": None}
     ctld = open_ctld_db(tmp_path / "ctld.db")
     ctld["jobs"].insert_all([{"job_id": 1, "uid": 2001, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
                              {"job_id": 2, "uid": 2001, "end_ts": None, "coloc_json": "{}"},

@@ -117,7 +117,7 @@ def test_combine_checks_the_issue_targets() -> None:
     assert all(r["targets"].values())  # aware: JCT 19 <= 20 (0.8 x 25) and <= blind 39; makespan 26 <= 30
     assert out["small7"]["kept_ge_95pct"] is True and out["small7"]["gain"] == pytest.approx(0.96 * 7.0, abs=0.01)
     text = pc.render(out)
-    assert "| aware |" in text and "NOT met" not in text and "placed_history" in text
+    assert "| gate (aware) |" in text and "NOT met" not in text and "placed_history" in text
 
     slow = scenario_files()
     slow[3]["jobs"][3]["end_ts"] = T0 + 60  # a job that ran 47 s, 4.7x its 10 s alone; mean JCT now 27.5
@@ -181,7 +181,9 @@ def test_parts_history_and_job_scripts_of_the_passes(tmp_path: Path, monkeypatch
         {**job(3, T0, T0 + 40, T0 + 50), "signature": None,
          "alone_activity": {"smact": 0.9, "smocc": 0.9, "drama": 0.9}}], "1/1")]
     hist = pp.history_from_alone(files)
-    assert set(hist) == {"s1"} and hist["s1"] == pytest.approx({"smact": 0.5, "smocc": 0.2, "drama": 0.2})
+    # runs 10 s and 20 s (no bench record: start-up unknown)
+    assert set(hist) == {"s1"} and hist["s1"] == pytest.approx({"smact": 0.5, "smocc": 0.2, "drama": 0.2,
+                                                                "run_s": 15.0})
     assert pp.alone_from_files(files, "pile") == {0: 10.0, 1: 20.0, 2: 10.0, 3: 10.0}
     assert pp.alone_from_files(files, "stream") == {}
     monkeypatch.setattr(pp, "JOBS", tmp_path)
@@ -197,3 +199,31 @@ def test_parts_history_and_job_scripts_of_the_passes(tmp_path: Path, monkeypatch
     import hashlib
     sig = job_signature({"sha256": hashlib.sha256(text.encode()).hexdigest()})
     assert sig and sig == job_signature({"sha256": hashlib.sha256(script.read_bytes()).hexdigest()})
+
+
+def test_exclusive_fifo_on_two_gpus_from_the_runs_alone_and_throughput_targets() -> None:
+    ex = [job(i, T0, T0 + 11 * i, T0 + 11 * i + 10) for i in range(4)]  # 10 s alone each, 1 s apart
+    assert pm.fifo_gap_s(ex) == pytest.approx(1.0)
+    two = pm.fifo_from_alone(ex, 2, 1.0)
+    assert [(j["start_ts"], j["end_ts"], j["gpu"]) for j in two] == [
+        (pytest.approx(0, abs=1e-6), 10, "fifo:0"), (pytest.approx(0, abs=1e-6), 10, "fifo:1"),
+        (11, 21, "fifo:0"), (11, 21, "fifo:1")]
+    m_ex = pm.pass_metrics(two, pm.alone_times(ex))
+    assert m_ex["makespan_s"] == pytest.approx(21) and m_ex["mean_jct_s"] == pytest.approx(15.5)
+    blind = {"makespan_s": 40.0, "energy_j": 4000.0, "completed": 4, "lost": 0, "ooms": 0}
+    tp = {"makespan_s": 24.0, "mean_jct_s": 7.7, "max_run_slowdown": 2.2, "energy_j": 3900.0, "completed": 4,
+          "lost": 0, "ooms": 0}
+    got = pm.targets_throughput({"exclusive": m_ex, "blind": blind, "throughput": tp}, 2.0)
+    assert all(got.values()), got  # 24 <= 0.6 x 40; 7.7 <= 0.5 x 15.5; 2.2 <= 2.2; 975 <= 1000 J per job
+    worse = pm.targets_throughput({"exclusive": m_ex, "blind": blind,
+                                   "throughput": {**tp, "makespan_s": 25.0, "max_run_slowdown": 2.3,
+                                                  "energy_j": 4100.0}}, 2.0)
+    assert [k for k, v in worse.items() if v is False] == [
+        "throughput makespan <= 0.6x blind", "throughput: no job ran > 2x + 10% alone",
+        "throughput energy per job <= blind"]
+
+
+def test_an_exclusive_pass_gets_twice_the_share_of_the_budget() -> None:
+    import placement_passes as pp
+
+    assert pp.pass_weight("pile-exclusive") == 2.0 and pp.pass_weight("pile-throughput") == 1.0

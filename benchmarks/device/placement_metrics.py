@@ -129,6 +129,48 @@ def targets(by_policy: Mapping[str, Mapping[str, Any]]) -> Dict[str, Optional[bo
             ex.get("lost") == 0 and bl.get("lost") == 0}
 
 
+def targets_throughput(by_policy: Mapping[str, Mapping[str, Any]], bound: float = 2.0) -> Dict[str, Optional[bool]]:
+    """Issue 32's targets for the ``throughput`` pass: makespan <= 0.6x blind's; mean JCT <= 0.5x exclusive FIFO's;
+    no job ran slower than ``bound`` + 10 % of its time alone; 0 OOM and none lost; energy per job <= blind's."""
+    ex, bl, tp = (by_policy.get(p) for p in ("exclusive", "blind", "throughput"))
+    if tp is None:
+        return {}
+
+    def g(m: Optional[Mapping[str, Any]], k: str) -> Optional[float]:
+        return None if m is None else m.get(k)
+
+    def per_job(m: Optional[Mapping[str, Any]]) -> Optional[float]:
+        e, n = g(m, "energy_j"), g(m, "completed")
+        return None if e is None or not n else e / n
+    return {"throughput makespan <= 0.6x blind": le(g(tp, "makespan_s"), g(bl, "makespan_s"), 0.6),
+            "throughput mean JCT <= 0.5x exclusive": le(g(tp, "mean_jct_s"), g(ex, "mean_jct_s"), 0.5),
+            f"throughput: no job ran > {bound:g}x + 10% alone": le(g(tp, "max_run_slowdown"), bound * 1.1),
+            "throughput: 0 OOM, none lost": bool(tp.get("lost") == 0 and tp.get("ooms") == 0),
+            "throughput energy per job <= blind": le(per_job(tp), per_job(bl))}
+
+
+def fifo_from_alone(exclusive_jobs: Sequence[Mapping[str, Any]], gpus: int, gap_s: float) -> List[Dict[str, Any]]:
+    """Exclusive FIFO on ``gpus`` GPUs built from measured runs alone: jobs in index order, each on the GPU that
+    frees first, ``gap_s`` after the previous job there ended (Slurm's scheduling and the Epilog), all submitted at
+    0; jobs without a run alone are left out. Pure."""
+    free = [0.0] * gpus
+    out = []
+    for j in sorted((j for j in exclusive_jobs if done(j) and j.get("start_ts")), key=lambda j: int(j["index"])):
+        g = min(range(gpus), key=lambda k: (free[k], k))
+        start = free[g] + (gap_s if free[g] > 0 else 0.0)
+        end = start + float(j["end_ts"]) - float(j["start_ts"])
+        free[g] = end
+        out.append({**j, "submit_ts": 1e-9, "start_ts": start or 1e-9, "end_ts": end, "gpu": f"fifo:{g}"})
+    return out
+
+
+def fifo_gap_s(exclusive_jobs: Sequence[Mapping[str, Any]]) -> float:
+    """Median time between one job's end and the next one's start in a (stitched) exclusive pass (s; 0 if < 2)."""
+    js = sorted((j for j in exclusive_jobs if done(j) and j.get("start_ts")), key=lambda j: float(j["start_ts"]))
+    gaps = [float(b["start_ts"]) - float(a["end_ts"]) for a, b in zip(js, js[1:])]
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
+
+
 def small7_check(aggregate_samples_per_s: Optional[float]) -> Dict[str, Any]:
     """The 7-small-jobs check: aggregate of 7 small CNNs collocated with the placer alive vs run 1's (no placer)
     on the same harness: gain = aggregate / run 1's rate alone; kept = aggregate / run 1's aggregate (>= 0.95)."""
@@ -152,10 +194,11 @@ def fmt(v: Any) -> str:
 def markdown(scenario: str, by_policy: Mapping[str, Mapping[str, Any]]) -> str:
     """A markdown table of one scenario's policies and its target checks."""
     lines = [f"| {scenario} | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    for pol in ("exclusive", "blind", "aware"):
+    for pol in ("exclusive", "blind", "aware", "throughput"):
         if pol in by_policy:
-            lines.append(f"| {pol} | " + " | ".join(fmt(by_policy[pol].get(c)) for c in COLUMNS) + " |")
+            label = "gate (aware)" if pol == "aware" else pol
+            lines.append(f"| {label} | " + " | ".join(fmt(by_policy[pol].get(c)) for c in COLUMNS) + " |")
     lines.append("")
-    for name, ok in targets(by_policy).items():
+    for name, ok in {**targets(by_policy), **targets_throughput(by_policy)}.items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met' if ok is False else 'n/a (pass missing)'}")
     return "\n".join(lines)

@@ -5,7 +5,11 @@ Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``; and ``small7-a
   exclusive  ``--exclusive-gpu``: one job on the whole GPU at a time, Slurm FIFO; its run times are the times alone;
              ``--part K/N`` runs the K-th of N consecutive slices of the jobs (the pile does not fit one call)
   blind      ``--coloc-mem=<peak + 1 GiB>M``: shards + MPS, Slurm packs by memory only (no placer)
-  aware      the same request with ``coloc-placer run`` alive (``PLACER_CONFIG``): coloc-sbatch submits held for the
+  throughput the same request with ``coloc-placer run`` alive, ``placement_policy: throughput`` (issue 32): the
+             placer packs each GPU while the predicted slowdown of its jobs stays within ``placement_max_slowdown``
+             (history from ``--alone``: activity, run time and start-up alone per signature)
+  aware      (the gate policy) the same request with ``coloc-placer run`` alive (``PLACER_CONFIG``,
+             ``placement_policy: gate``): coloc-sbatch submits held for the
              placer, which collocates while the GPU's predicted activity stays under the CARMA gate and otherwise
              leaves the job pending; its predictions come from history: ``--alone`` exclusive pass files give
              every job's measured activity alone by job signature (``placement_history_path``), else the
@@ -37,16 +41,18 @@ import placement_metrics as pm  # noqa: E402
 from placement_plan import PLAN_PATH  # noqa: E402
 
 from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.comment import job_signature, parse_comment  # noqa: E402
+from slurm_coloc.comment import JobComment  # noqa: E402
 from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive  # noqa: E402
 from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
 from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity  # noqa: E402
 from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
 from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
+from slurm_coloc.slurm.placement import gpu_holdings  # noqa: E402
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
-POLICIES = ("exclusive", "blind", "aware")
+POLICIES = ("exclusive", "blind", "aware", "throughput")
+PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
 PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-blind", "small7-aware")
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
@@ -81,16 +87,29 @@ def part_slice(jobs: Sequence[Dict[str, Any]], part: str) -> List[Dict[str, Any]
 
 
 def history_from_alone(files: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, float]]:
-    """``{signature: {smact, smocc, drama}}`` from exclusive pass files: each job's measured activity alone (the
-    mean over its runs when a signature repeats); jobs without a signature or a measurement are skipped. Pure."""
+    """``{signature: {smact, smocc, drama, run_s, startup_s}}`` from exclusive pass files: each job's measured
+    activity alone, its run time (end - start) and start-up (start -> ``t_ready`` of its bench record: model and
+    data on the GPU), the mean over its runs when a signature repeats; jobs without a signature or a measurement are
+    skipped. Pure."""
     acc: Dict[str, List[Mapping[str, Any]]] = {}
     for f in files:
         for j in f.get("jobs", []):
-            act = j.get("alone_activity") or {}
+            act = dict(j.get("alone_activity") or {})
             if j.get("signature") and act.get("smact") is not None:
+                b = j.get("bench") or {}
+                if j.get("start_ts") and j.get("end_ts"):
+                    act["run_s"] = float(j["end_ts"]) - float(j["start_ts"])
+                    if b.get("t_ready"):
+                        act["startup_s"] = max(0.0, float(b["t_ready"]) - float(j["start_ts"]))
                 acc.setdefault(j["signature"], []).append(act)
-    return {sig: {k: sum(float(a.get(k) or 0.0) for a in acts) / len(acts) for k in ("smact", "smocc", "drama")}
-            for sig, acts in acc.items()}
+    out = {}
+    for sig, acts in acc.items():
+        out[sig] = {k: sum(float(a.get(k) or 0.0) for a in acts) / len(acts) for k in ("smact", "smocc", "drama")}
+        for k in ("run_s", "startup_s"):
+            vals = [float(a[k]) for a in acts if a.get(k) is not None]
+            if vals:
+                out[sig][k] = sum(vals) / len(vals)
+    return out
 
 
 def alone_from_files(files: Sequence[Mapping[str, Any]], scenario: str) -> Dict[int, float]:
@@ -152,25 +171,33 @@ def slurm_env() -> Dict[str, str]:
     return {**os.environ, "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml"}
 
 
+def write_history(history: Mapping[str, Mapping[str, float]]) -> Path:
+    """The placer's history file (``placement_history_path``) with ``history`` (possibly empty)."""
+    path = ROOT / "etc" / "placement_history.json"
+    path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
+    path.chmod(0o644)
+    return path
+
+
 def configure(history: Optional[Dict[str, Dict[str, float]]]) -> None:
-    """Append the placer's settings (and the history file, when given) to the harness's coloc.yaml (rewritten at
-    every cluster start)."""
+    """Append the placer's settings and the history file (empty without ``--alone``: an exclusive pass of the same
+    call fills it for the passes after it) to the harness's coloc.yaml (rewritten at every cluster start)."""
     lines = dict(PLACER_CONFIG)
-    if history:
-        path = ROOT / "etc" / "placement_history.json"
-        path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
-        path.chmod(0o644)
-        lines["placement_history_path"] = str(path)  # type: ignore[assignment]
+    lines["placement_history_path"] = str(write_history(history or {}))  # type: ignore[assignment]
     with open(f"{ROOT}/etc/coloc.yaml", "a") as fh:
         fh.write("".join(f"{k}: {v}\n" for k, v in lines.items()))
 
 
-def start_placer(log_path: Path) -> subprocess.Popen:
-    """``coloc-placer run`` (root) in its own process group; returns once its heartbeat is fresh."""
+def start_placer(log_path: Path, policy: str = "gate") -> subprocess.Popen:
+    """``coloc-placer run`` (root, ``placement_policy`` = ``policy``) in its own process group; returns once its
+    heartbeat is fresh."""
     cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
     for p in heartbeat_paths(cfg):
         p.unlink(missing_ok=True)
-    proc = subprocess.Popen([f"{ROOT}/venv/bin/coloc-placer", "run"], env=slurm_env(), stdout=subprocess.DEVNULL,
+    with open(log_path, "a") as fh:
+        fh.write(f"=== coloc-placer, placement_policy {policy} ===\n")
+    proc = subprocess.Popen([f"{ROOT}/venv/bin/coloc-placer", "run"], env={**slurm_env(),
+                            "COLOC_PLACEMENT_POLICY": policy}, stdout=subprocess.DEVNULL,
                             stderr=open(log_path, "a"), start_new_session=True)
     for _ in range(150):
         if placer_alive(cfg):
@@ -201,18 +228,22 @@ def bench_record(path_glob: str, job_id: Optional[int]) -> Optional[Dict[str, An
     return None
 
 
-def placer_summary(log_path: Path) -> Dict[str, Any]:
-    """Counts from the placer's log: placements by source of the prediction, waits, memory-only releases."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+def placer_summary(log_path: Path, offset: int = 0) -> Dict[str, Any]:
+    """Counts from the placer's log from byte ``offset`` on (this pass's part): placements by source of the
+    prediction and by basis, waits, memory-only releases."""
+    text = log_path.read_bytes()[offset:].decode(errors="replace") if log_path.exists() else ""
     return {"placed_history": len(re.findall(r"shards, history SMACT", text)),
             "placed_predicted": len(re.findall(r"shards, predicted SMACT", text)),
             "wait_notes": text.count(" waits: "), "memory_only": text.count("released memory-only"),
-            "saturated_rounds": text.count("saturated, no new tenants"), "errors": text.count("round failed")}
+            "saturated_rounds": text.count("saturated, no new tenants"), "errors": text.count("round failed"),
+            "placed_by_model": text.count("(slowdown-model"), "placed_empty_gpu": text.count("(empty-gpu"),
+            "at_bound_waits": text.count("at its bound")}
 
 
 def measure(jobs: Sequence[Dict[str, Any]], job_of: Mapping[int, int], recs: Sequence[Any], scenario: str,
-            policy: str) -> List[Dict[str, Any]]:
-    """Per planned job: Slurm's times of its runs (OOM reruns followed), signature, COLOC_BENCH record."""
+            policy: str, gpu_of: Optional[Mapping[int, str]] = None) -> List[Dict[str, Any]]:
+    """Per planned job: Slurm's times of its runs (OOM reruns followed), signature, COLOC_BENCH record, and the
+    GPU it ran on (``gpu``: ``node:index`` seen in Slurm's ``gres_detail`` while it ran)."""
     task_of = {j: i for i, j in job_of.items()}
     runs = runs_from_records(recs, task_of)
     comment_of = {r.job_id: r.comment for r in recs}
@@ -227,9 +258,28 @@ def measure(jobs: Sequence[Dict[str, Any]], job_of: Mapping[int, int], recs: Seq
                     "end_ts": max((r.end_ts for r in mine), default=None) or None,
                     "state": last.state if last else None,
                     "oom_reruns": sum(r.retry_of is not None for r in mine),
-                    "signature": job_signature(parse_comment(comment_of.get(job_of.get(i, -1), "")) or {}),
+                    "signature": JobComment.read(comment_of.get(job_of.get(i, -1), "")).signature(),
+                    "gpu": (gpu_of or {}).get(job_of.get(i, -1)),
                     "bench": bench_record(f"pb-{scenario}-{policy}-{i}-*.out", job_of.get(i))})
     return out
+
+
+def smact_per_gpu(cfg: Any, t0: float, t1: float) -> Dict[str, Optional[float]]:
+    """Mean GPM SM activity (%) of each GPU of node n1 over [t0, t1] (idle samples included: an idle GPU shows)."""
+    from slurm_coloc.replay.metrics import mean_smact
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+
+    try:
+        db = open_readonly(cfg.node_db_path("n1"))
+        try:
+            rows = load_gpu_samples(db, t0, t1, list(range(16)))
+        finally:
+            db.conn.close()
+    except Exception:  # noqa: BLE001 - no samples: no figure
+        return {}
+    idx = sorted({int(r["gpu_index"]) for r in rows})
+    return {str(i): mean_smact([r for r in rows if int(r["gpu_index"]) == i]) for i in idx}
 
 
 def alone_activity(jobs: List[Dict[str, Any]]) -> None:
@@ -255,19 +305,22 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
     file = out / (f"{name}-part{part.split('/')[0]}.json" if part else f"{name}.json")
     result: Dict[str, Any] = {"pass": name, "scenario": scenario, "policy": policy, "part": part, "fake": fake,
-                              "placer_config": PLACER_CONFIG if policy == "aware" else None, "problems": [],
+                              "placer_config": PLACER_CONFIG if policy in PLACER_POLICY else None, "problems": [],
+                              "placer_policy": PLACER_POLICY.get(policy),
                               "complete": False}
     placer_log = out / "placer.log"
-    placer = start_placer(placer_log) if policy == "aware" else None
+    log_offset = placer_log.stat().st_size if placer_log.exists() else 0
+    placer = start_placer(placer_log, PLACER_POLICY[policy]) if policy in PLACER_POLICY else None
     reader = None if fake else open_energy_reader()
     e0 = _energy(reader)
     t0 = time.time()
     job_of: Dict[int, int] = {}
+    gpu_of: Dict[int, str] = {}
     recs: List[Any] = []
 
     def save(final: bool = False) -> None:
         if not final:  # the final save keeps the last measurement and what was added to it
-            result["jobs"] = measure(jobs, job_of, recs, scenario, policy)
+            result["jobs"] = measure(jobs, job_of, recs, scenario, policy, gpu_of)
         result["wall_s"] = time.time() - t0
         if final:
             own = pm.alone_times(result["jobs"]) if policy == "exclusive" else alone  # the exclusive pass: its own
@@ -285,6 +338,9 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
         last_save = 0.0
         while True:
             recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
+            for r in recs:
+                for node, idx, _name, _count in gpu_holdings(r):
+                    gpu_of.setdefault(r.job_id, f"{node}:{idx}")
             if len(recs) >= len(task_of) and all(r.state in FINAL_STATES for r in recs):
                 result["complete"] = True
                 break
@@ -313,13 +369,16 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     first = min((j["submit_ts"] for j in ts), default=t0)
     last = max((j["end_ts"] or 0 for j in result["jobs"]), default=0) or t1
     result["smact_pct"] = sm_activity(cfg, recs, first, last)
+    result["smact_pct_per_gpu"] = smact_per_gpu(cfg, first, last)
     if policy == "exclusive":
         try:
             alone_activity(result["jobs"])
         except Exception as exc:  # noqa: BLE001 - calibration data missing, the run goes on
             result["problems"].append(f"alone activity unreadable: {exc!r}")
     if placer is not None:
-        result["placer"] = placer_summary(placer_log)
+        result["placer"] = placer_summary(placer_log, log_offset)
+        with open(placer_log, "a") as fh:
+            fh.write(f"=== end of {name} ===\n")
     save(final=True)
     return result
 
@@ -357,6 +416,12 @@ def small7(out: Path, deadline_s: float, policy: str = "aware") -> Dict[str, Any
         result["kept_vs_blind"] = agg / b if b else None
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def pass_weight(name: str) -> float:
+    """A pass's share of the call's budget relative to the others: 2 for an exclusive pass (its jobs run one per
+    GPU: on the 2x H200 run an equal share, 109 s, ended it after 8 of 14 jobs), 1 otherwise."""
+    return 2.0 if name.endswith("-exclusive") else 1.0
 
 
 def job_line(j: Mapping[str, Any], alone_s: Optional[float]) -> str:
@@ -403,7 +468,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "file(s)")
     for k, name in enumerate(a.passes):
         left = a.budget_s - (time.time() - a.started_at)
-        share = left / (len(a.passes) - k)  # passes after this one get an equal share
+        weights = [pass_weight(n) for n in a.passes[k:]]
+        share = left * weights[0] / sum(weights)  # an exclusive pass (one job at a time) weighs 2, others 1
         if name.startswith("small7-"):
             r = small7(out, share - 15, name.split("-")[1])
             log(f"{name}: aggregate {r['aggregate_samples_per_s']}, gain {r['gain']}, kept {r['kept']}, "
@@ -418,6 +484,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"({', '.join(j['workload'] + ' x' + str(j['steps']) for j in jobs)}), deadline {share - 25:.0f} s")
         r = run_pass(name, jobs, share - 25, fake, out, alone, a.part)
         alone = pm.alone_times(r["jobs"]) if r["policy"] == "exclusive" else alone
+        if r["policy"] == "exclusive":  # its runs alone are the history and the times alone of the passes after it
+            alone_files.append(r)
+            write_history(history_from_alone(alone_files))
         m = r["metrics"]
         log(f"{name}: {'complete' if r['complete'] else 'INCOMPLETE'} in {r['wall_s']:.0f} s; " + ", ".join(
             f"{k} {pm.fmt(m.get(k))}" for k in ("completed", "lost", "ooms", "makespan_s", "mean_jct_s",

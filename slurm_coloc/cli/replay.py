@@ -19,7 +19,7 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
-MODE_SETS = {"both": ["exclusive", "coloc"], "all": ["exclusive", "blind", "aware"]}
+MODE_SETS = {"both": ["exclusive", "coloc"], "all": ["exclusive", "blind", "gate", "throughput"]}
 
 
 @dataclass(frozen=True)
@@ -143,11 +143,13 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["exclusive", "coloc", "blind", "aware", "both", "all"]),
+    type=click.Choice(["exclusive", "coloc", "blind", "aware", "gate", "throughput", "both", "all"]),
     default="both",
     show_default=True,
-    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), aware (held for "
-    "coloc-placer, utilization-aware); both = exclusive + coloc, all = exclusive + blind + aware",
+    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: held for "
+    "a coloc-placer with placement_policy gate), throughput (held for a coloc-placer with placement_policy "
+    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the placer "
+    "with the other policy between gate and throughput: a mismatch is reported as a problem)",
 )
 @click.option(
     "--out-dir",
@@ -216,7 +218,7 @@ def run(
             }
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
-    for m in ("blind", "aware"):
+    for m in ("blind", "aware", "gate", "throughput"):
         if "exclusive" in result and m in result:
             result[f"change_{m}"] = compare(result["exclusive"], result[m])
     if as_json:
@@ -232,19 +234,26 @@ def run(
         "mean_wait_s",
         "p95_jct_s",
         "p95_slowdown",
+        "max_slowdown",
+        "max_run_slowdown",
         "mean_smact_pct",
         "energy_j",
     ]
-    modes = [m for m in ("exclusive", "coloc", "blind", "aware") if m in result]
+    modes = [m for m in ("exclusive", "coloc", "blind", "aware", "gate", "throughput") if m in result]
     click.echo(f"{'':<16}" + "".join(f"{m:>14}" for m in modes))
     for k in keys:
         vals = [result[m].get(k) for m in modes]
         click.echo(
             f"{k:<16}" + "".join(f"{v:>14.1f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals)
         )
-    for name in ("change", "change_blind", "change_aware"):
+    for m in modes:
+        per = result[m].get("smact_pct_per_gpu") or {}
+        if per:
+            click.echo(f"{m} SM activity per GPU %: " + ", ".join(
+                f"{g} {'-' if v is None else f'{v:.1f}'}" for g, v in per.items()))
+    for name in ("change", "change_blind", "change_aware", "change_gate", "change_throughput"):
         for k, v in (result.get(name) or {}).items():
-            label = {"change": "coloc", "change_blind": "blind", "change_aware": "aware"}[name]
+            label = "coloc" if name == "change" else name.split("_", 1)[1]
             click.echo(f"{label} {k}: {'-' if v is None else f'{v:+.1f}%'}")
 
 

@@ -13,12 +13,12 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity
+from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -39,16 +39,22 @@ class Steered:
     shards: int
     demand: Activity
     ts: float
+    profile: share.Profile = field(default_factory=lambda: share.Profile(None))
+
 
 
 @dataclass
 class PlacerState:
-    """What the placer keeps between rounds."""
+    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
+    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines already
+    logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
+    timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
     history_ts: float = 0.0
     notes: Dict[int, str] = field(default_factory=dict)
+    logged: Set[str] = field(default_factory=set)
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
@@ -95,7 +101,7 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
             key = (n.node, idx)
             out.append(GpuState(n.node, idx, total, used.get(key, 0), tenants.get(key, 0),
                                 live_activity(r) if r else None, (now - r.last_ts) if r else None,
-                                recent.get(key, Activity())))
+                                recent.get(key, Activity()), r.name if r else ""))
     return out
 
 
@@ -117,57 +123,26 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
     return out
 
 
-def read_history_file(path: str) -> Dict[str, Activity]:
-    """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
-    "smocc": f, "drama": f}}}``, fractions 0..1). Entries that are not such objects are skipped.
-
-    Raises:
-        ConfigError: the file is unreadable or not a JSON object with ``signatures``.
-    """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        sigs = data["signatures"]
-        if not isinstance(sigs, dict):
-            raise TypeError("signatures is not an object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cannot read placement_history_path {path!r}: {exc}") from None
-    out: Dict[str, Activity] = {}
-    for sig, a in sigs.items():
-        vals = [a.get(k) if isinstance(a, dict) else None for k in ("smact", "smocc", "drama")]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in vals):
-            out[str(sig)] = Activity(*(float(v) for v in vals))  # type: ignore[arg-type]
-    return out
-
-
-def read_history(cfg: Config) -> Dict[intensity.HistoryKey, List[Activity]]:
-    """``(uid, signature)`` -> measured activity of earlier runs that had their GPU alone (ctld.db + every node
-    database), keyed by the uid Slurm ran each job as, so one user's runs steer only that user's jobs; plus one run
-    per signature of ``placement_history_path`` when set, under uid None (the admin's file, for everyone).
-    Recorded comments are validated again (``JobComment.from_json_text``); a job without a uid is skipped."""
-    out: Dict[intensity.HistoryKey, List[Activity]] = {}
-    if cfg.placement_history_path:
-        for sig, act in read_history_file(cfg.placement_history_path).items():
-            out.setdefault((None, sig), []).append(act)
-    if not cfg.ctld_db_path.exists():
-        return out
-    ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
-    try:
-        keys: Dict[int, intensity.HistoryKey] = {}
-        for j in store_placement.finished_jobs(ctld):
-            sig = j["coloc"].signature()
-            if sig and j["uid"] is not None:
-                keys[j["job_id"]] = (j["uid"], sig)
-    finally:
-        ctld.conn.close()
-    for path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
-        db = open_readonly(path, busy_timeout_s=1.0)
-        try:
-            runs = store_placement.alone_activity(db, keys)
-        finally:
-            db.conn.close()
-        for job_id, a in runs.items():
-            if a["smact"] is not None:
-                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
+                known: Callable[[JobInfo], Tuple[share.Profile, float]], now: float) -> List[List[share.Tenant]]:
+    """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
+    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet). ``known(job)``: a job's
+    profile and predicted SM activity alone (steered jobs keep what the placer knew when it sent them). Pure."""
+    where = {g.key: i for i, g in enumerate(gpus)}
+    out: List[List[share.Tenant]] = [[] for _ in gpus]
+    shown = set()
+    for job in jobs:
+        if job.state not in ACTIVE_STATES and not job.completing:
+            continue
+        for node, idx, _name, _count in sp.gpu_holdings(job):
+            shown.add(job.job_id)
+            if (node, idx) in where:
+                s = steered.get(job.job_id)
+                prof, pred = (s.profile, s.demand.smact) if s is not None else known(job)
+                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred))
+    for job_id, s in steered.items():
+        if job_id not in shown and (s.node, s.index) in where:
+            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact))
     return out
 
 
@@ -211,6 +186,17 @@ def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
             continue
         return 0 <= time.time() - ts <= limit
     return False
+
+
+def placer_policy(cfg: Config) -> Optional[str]:
+    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None."""
+    for path in heartbeat_paths(cfg):
+        try:
+            policy = json.loads(path.read_text()).get("policy")
+        except (OSError, ValueError, AttributeError):
+            continue
+        return policy if isinstance(policy, str) else None
+    return None
 
 
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
@@ -287,26 +273,62 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                 log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
     nodes = sp.typed_nodes(bin_dir, env)
     if now - state.history_ts > HISTORY_REFRESH_S:
+        timing: Dict[intensity.HistoryKey, List[Timing]] = {}
         try:
-            state.history = read_history(cfg)
+            state.history = read_history(cfg, timing, now, state.logged)
+            state.timing = timing
         except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
-            log.warning("history unreadable (%s): predictions only", exc)
+            log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
         state.history_ts = now
+        if not state.history:
+            log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go by "
+                     "the gate, or by memory where a GPU's sampler is silent")
     live = read_live(cfg, [n.node for n in nodes])
     gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_recent_s or cfg.placement_window_s)
     sat = saturated_gpus(gpus, gate, cfg.placement_state_max_age_s)
     if sat:
         log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
+    silent = share.silent_gpus(gpus, cfg.placement_state_max_age_s)
+    if silent:
+        log_once(state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent), "sampler silent (no state "
+                 "within %g s) on %s: jobs without measured history go there by memory only",
+                 cfg.placement_state_max_age_s, ", ".join(f"{n}/gpu{i}" for n, i in silent))
+    throughput = cfg.placement_policy == "throughput"
+
+    def tenant_data(j: JobInfo) -> Tuple[share.Profile, float]:
+        try:
+            c = JobComment.read(j.comment, j.job_id)
+            return profile(c, state.history, state.timing, j.uid), \
+                intensity.demand(c, state.history, cal, j.uid)[0].smact
+        except Exception as exc:  # noqa: BLE001 - one running job's data never stops a round
+            log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
+            return share.Profile(None), cal.unknown.smact
+
+    tenants = gpu_tenants(gpus, jobs, state.steered, tenant_data, now) if throughput else []
     for job in candidates:
         try:
             shards = shards_of[job.job_id]
-            demand, source = intensity.demand(JobComment.read(job.comment, job.job_id), state.history, cal, job.uid)
-            decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
+            coloc = JobComment.read(job.comment, job.job_id)
+            demand, source = intensity.demand(coloc, state.history, cal, job.uid)
+            prof = profile(coloc, state.history, state.timing, job.uid)
+            if not throughput:
+                decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
+            elif not coloc.signature() and coloc.flops_per_step is None:
+                decision = share.memory_only(gpus, shards)
+                source = "no signature or FLOPs"
+                log_once(state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by "
+                         "memory", job.job_id)
+            else:
+                decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.capacity_for,
+                                                    cfg.placement_max_slowdown, now, cfg.placement_state_max_age_s)
             waited = now - job.submit_ts if job.submit_ts else 0.0
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
-                state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, now)
+                state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, now, prof)
+                if throughput:
+                    tenants[[g.key for g in gpus].index((decision.node, decision.index))].append(
+                        share.Tenant(prof, now, demand.smact))
                 gpus = _add(gpus, decision, shards, demand)
                 counts["placed"] += 1
                 log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
@@ -344,7 +366,7 @@ def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[st
         t0 = time.monotonic()
         try:
             counts = place_round(cfg, state, env, cal=cal)
-            write_heartbeat(cfg, counts)
+            write_heartbeat(cfg, {**counts, "policy": cfg.placement_policy})
             if counts["candidates"]:
                 log.info("round: %s", counts)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any one round

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -74,7 +74,11 @@ class Calibration:
     ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve. ``feature``: the x
     the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x input-elements proxy); with
     ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops`` (the median ratio of measured
-    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``)."""
+    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``). ``share_capacity``: the
+    ``throughput`` policy's sharing capacity (summed SM activity alone at which co-running jobs start to slow each
+    other, ``placement/share.py``), fitted on measured co-runs by ``benchmarks/placement_share_fit.py``
+    (``share_source`` says over which files); ``share_capacity_by_gpu``: the same per GPU model (a key contained in
+    the model name NVML reports, e.g. ``H200``), fitted on that model's runs (``capacity_for``)."""
 
     smact_min: float
     smact_max: float
@@ -87,6 +91,15 @@ class Calibration:
     source: str = ""
     feature: str = "proxy"
     proxy_to_flops: float = 1.0
+    share_capacity: float = 1.0
+    share_source: str = ""
+    share_capacity_by_gpu: Dict[str, float] = field(default_factory=dict)
+
+    def capacity_for(self, model: str) -> float:
+        """The sharing capacity of a GPU model: the ``share_capacity_by_gpu`` entry whose key the model name
+        contains (the longest such key; ``"H200"`` matches ``"NVIDIA H200"``), else ``share_capacity``."""
+        keys = sorted((k for k in self.share_capacity_by_gpu if k and k in (model or "")), key=len, reverse=True)
+        return self.share_capacity_by_gpu[keys[0]] if keys else self.share_capacity
 
 
 def _act(d: Any, where: str) -> Activity:
@@ -115,13 +128,16 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
             unknown=_act(d["unknown"], "unknown"),
             by_model={str(k): _act(v, f"by_model.{k}") for k, v in d.get("by_model", {}).items()},
             source=str(d.get("source", "")), feature=str(d.get("feature", "proxy")),
-            proxy_to_flops=float(d.get("proxy_to_flops", 1.0)))
+            proxy_to_flops=float(d.get("proxy_to_flops", 1.0)),
+            share_capacity=float(d.get("share_capacity", 1.0)), share_source=str(d.get("share_source", "")),
+            share_capacity_by_gpu={str(k): float(v) for k, v in d.get("share_capacity_by_gpu", {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
-            or cal.feature not in ("flops", "proxy"):
+            or cal.feature not in ("flops", "proxy") \
+            or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())):
         raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
-                          "smact_max <= 1, proxy_to_flops > 0 and feature flops or proxy")
+                          "smact_max <= 1, proxy_to_flops > 0, feature flops or proxy and 0.1 <= share_capacity <= 10")
     return cal
 
 
@@ -144,6 +160,14 @@ HistoryKey = Tuple[Optional[int], str]
 """``(uid, signature)``: whose alone runs measured a signature; uid None for the admin's ``placement_history_path``."""
 
 
+def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
+    """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own runs
+    ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs never count."""
+    if not sig:
+        return ()
+    return ((uid, sig), (None, sig)) if uid is not None else ((None, sig),)
+
+
 def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
     """Mean activity of earlier alone runs of the same signature, or None without runs."""
     if not runs:
@@ -160,10 +184,8 @@ def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Ca
     user's runs never steer this job (a user could otherwise forge a signature's history for everyone).
     """
     c = _typed(coloc)
-    sig = c.signature()
-    if sig:
-        for key in ((uid, sig), (None, sig)) if uid is not None else ((None, sig),):
-            h = from_history(history.get(key, ()))
-            if h is not None:
-                return h, "history"
+    for key in history_keys(c.signature(), uid):
+        h = from_history(history.get(key, ()))
+        if h is not None:
+            return h, "history"
     return predict(features(c), cal), "predicted"

@@ -52,6 +52,7 @@ class GpuState:
         live: mean measured activity over the live window, or None when missing.
         live_age_s: seconds since the last sample (None: no sample).
         recent: summed predicted activity of tenants placed after the live window began.
+        model: the GPU's model as its sampler recorded it ("" unknown; picks the sharing capacity).
     """
 
     node: str
@@ -62,6 +63,7 @@ class GpuState:
     live: Optional[Activity] = None
     live_age_s: Optional[float] = None
     recent: Activity = field(default_factory=Activity)
+    model: str = ""
 
     @property
     def shards_free(self) -> int:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Sequence
 
-from slurm_coloc.comment import COMMENT_TAG, build_comment, parse_comment
+from slurm_coloc.comment import COMMENT_TAG, JobComment, build_comment
 
 _SHARD = re.compile(r"^shard:(\d+)$")
 
 
 def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
     """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is not
-    a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no coloc comment of mode ``shard``
-    follows it).
+    a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no valid coloc comment of mode ``shard``
+    follows it: ``comment.JobComment.read``; the rewritten comment holds its validated fields, ``to_json``).
 
     coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the user's
     GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are coloc-sbatch's;
@@ -33,10 +33,10 @@ def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
     if c is None:
         return None
     text = args[c].split("=", 1)[1]
-    coloc = parse_comment(text)
-    if not coloc or coloc.get("mode") != "shard":
+    coloc = JobComment.read(text)
+    if coloc.mode != "shard":
         return None
     user = text[:text.rfind(COMMENT_TAG + "{")].strip() or None
-    args[c] = "--comment=" + build_comment({**coloc, "place": True}, user)
+    args[c] = "--comment=" + build_comment({**coloc.to_json(), "place": True}, user)
     del args[g]
     return ["--hold", *args]

@@ -48,6 +48,9 @@ class ReplayMetrics:
     energy_j: Optional[float]
     p95_jct_s: Optional[float] = None
     p95_slowdown: Optional[float] = None
+    max_slowdown: Optional[float] = None
+    max_run_slowdown: Optional[float] = None
+    smact_pct_per_gpu: Optional[Dict[str, Optional[float]]] = None
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -82,6 +85,14 @@ def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
     return statistics.fmean(vals) if vals else None
 
 
+def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
+    """``{"<node>:<gpu_index>": mean smact_pct}`` over the samples (idle samples count: an idle GPU shows ~0)."""
+    by: Dict[str, List[Mapping[str, Any]]] = {}
+    for s in samples:
+        by.setdefault(f"{s.get('node', '')}:{s.get('gpu_index')}", []).append(s)
+    return {k: mean_smact(v) for k, v in sorted(by.items())}
+
+
 def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
@@ -107,17 +118,22 @@ def p95(values: Sequence[float]) -> Optional[float]:
 
 def summarize(
     mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float], energy_j: Optional[float],
-    alone_s: Optional[Mapping[int, float]] = None,
+    alone_s: Optional[Mapping[int, float]] = None, smact_per_gpu: Optional[Dict[str, Optional[float]]] = None,
 ) -> ReplayMetrics:
     """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions).
 
-    ``alone_s``: task index -> its time alone (s), for the slowdown; tasks without one are left out of it.
+    ``alone_s``: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end - start of
+    its first run) / alone); tasks without one are left out of them.
     """
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
     submits = [t["submit_ts"] for t in tasks.values() if t["submit_ts"]]
     ends = [t["end_ts"] for t in done]
     waits = [t["start_ts"] - t["submit_ts"] for t in tasks.values() if t["start_ts"] and t["submit_ts"]]
+    slow = [(t["end_ts"] - t["submit_ts"]) / alone_s[k] for k, t in tasks.items()
+            if t["completed"] and t["end_ts"] and alone_s and alone_s.get(k)]
+    run_slow = [(t["end_ts"] - t["start_ts"]) / alone_s[k] for k, t in tasks.items()
+                if t["completed"] and t["end_ts"] and t["start_ts"] and alone_s and alone_s.get(k)]
     return ReplayMetrics(
         mode=mode,
         tasks=n_tasks,
@@ -130,15 +146,18 @@ def summarize(
         mean_smact_pct=smact,
         energy_j=energy_j,
         p95_jct_s=p95([t["end_ts"] - t["submit_ts"] for t in done]),
-        p95_slowdown=p95([(t["end_ts"] - t["submit_ts"]) / alone_s[k] for k, t in tasks.items()
-                          if t["completed"] and t["end_ts"] and alone_s and alone_s.get(k)]),
+        p95_slowdown=p95(slow),
+        max_slowdown=max(slow) if slow else None,
+        max_run_slowdown=max(run_slow) if run_slow else None,
+        smact_pct_per_gpu=smact_per_gpu,
     )
 
 
 def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
     """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy."""
     out: Dict[str, Optional[float]] = {}
-    for key in ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "mean_smact_pct", "energy_j"):
+    for key in ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "max_slowdown", "mean_smact_pct",
+                "energy_j"):
         a, b = exclusive.get(key), coloc.get(key)
         out[f"{key}_change_pct"] = (100.0 * (b - a) / a) if a and b is not None else None
     return out

@@ -2,7 +2,8 @@
 
 Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
 (also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the
-peak from an earlier run would; Slurm packs by memory only); ``aware`` submits the same plan held and without
+peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and ``throughput``
+submit the same plan held and without
 GRES (``placement.submit.placer_argv`` on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``
 to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
 CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces. Without
@@ -40,7 +41,8 @@ from slurm_coloc.slurm.run import run as slurm_run
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
-MODES = ("exclusive", "coloc", "blind", "aware")
+MODES = ("exclusive", "coloc", "blind", "aware", "gate", "throughput")
+PLACER_POLICY = {"aware": "gate", "gate": "gate", "throughput": "throughput"}  # mode -> the placer's policy
 
 
 @dataclass
@@ -136,6 +138,25 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
     return mean_smact(samples)
 
 
+def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
+                        t1: float) -> "tuple[Optional[float], Dict[str, Optional[float]]]":
+    """(mean GPM SM activity % over every GPU of the replay's nodes, the same per ``node:gpu_index``) over
+    [t0, t1] from the sampler databases; an idle GPU shows with its low mean."""
+    from slurm_coloc.replay.metrics import mean_smact_per_gpu
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+
+    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
+    samples: List[dict] = []
+    for node in nodes:
+        try:
+            db = open_readonly(cfg.node_db_path(node))
+            samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
+        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+            log.info("no samples for %s: %s", node, exc)
+    return mean_smact(samples), mean_smact_per_gpu(samples)
+
+
 def parse_index_nodes(nodes: str) -> List[str]:
     """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``)."""
     return expand_hostlist(nodes)
@@ -165,18 +186,21 @@ def run_replay(
     t_start = clock()
     job_of_task: Dict[int, int] = {}
     problems: List[str] = []
-    if mode == "aware":
-        from slurm_coloc.placement.daemon import placer_alive
+    if mode in PLACER_POLICY:
+        from slurm_coloc.placement.daemon import placer_alive, placer_policy
 
         if not placer_alive(cfg):
             problems.append("no coloc-placer heartbeat: held jobs start only when a placer runs")
+        elif placer_policy(cfg) not in (None, PLACER_POLICY[mode]):
+            problems.append(f"the running coloc-placer's placement_policy is {placer_policy(cfg)}, not "
+                            f"{PLACER_POLICY[mode]}: this pass measured the former")
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
         if delay > 0:
             time.sleep(delay)
         out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
         argv = sbatch_argv(task, mode, job_script, out, extra_sbatch, context_mib)
-        if mode == "aware":
+        if mode in PLACER_POLICY:
             proc = submit_for_placer(argv, cfg, env)
         else:
             proc = subprocess.run([coloc_sbatch_path(), *argv], capture_output=True, text=True, env=env,
@@ -213,8 +237,8 @@ def run_replay(
     energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
     first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
     last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
-    metrics = summarize(mode, len(tasks), runs, sm_activity(cfg, records, first, last), energy,
-                        {t.index: t.work_s for t in tasks})
+    smact, per_gpu = sm_activity_per_gpu(cfg, records, first, last)
+    metrics = summarize(mode, len(tasks), runs, smact, energy, {t.index: t.work_s for t in tasks}, per_gpu)
     return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
 
 

@@ -161,7 +161,7 @@ def strip_wait(comment: str) -> str:
 
 
 def wait_comment(reason: str, comment: str) -> str:
-    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``parse_comment`` still finds it.
+    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still finds it.
     ``|`` is removed from the reason and it is cut to 200 characters."""
     return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 

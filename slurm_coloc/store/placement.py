@@ -24,6 +24,7 @@ class LiveGpu:
         smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None: NULL).
         mem_used_mib: max memory used in the window (MiB).
         n: sample rows in the window.
+        name: the GPU's model as NVML names it (``gpus`` table; "" when unknown).
     """
 
     gpu_index: int
@@ -33,6 +34,7 @@ class LiveGpu:
     drama: Optional[float]
     mem_used_mib: Optional[float]
     n: int
+    name: str = ""
 
 
 def _frac(v: Any) -> Optional[float]:
@@ -48,7 +50,11 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
         "COUNT(*) FROM gpu_samples s JOIN (SELECT gpu_index, MAX(ts) AS last_ts FROM gpu_samples GROUP BY gpu_index) m "
         "ON s.gpu_index = m.gpu_index WHERE s.ts >= m.last_ts - ? GROUP BY s.gpu_index ORDER BY s.gpu_index",
         [float(window_s)]).fetchall()
-    return [LiveGpu(int(r[0]), float(r[1]), _frac(r[2]), _frac(r[3]), _frac(r[4]), r[5], int(r[6])) for r in rows]
+    names: Dict[int, str] = {}
+    if db.table("gpus").exists():
+        names = {int(i): str(n or "") for i, n in db.execute("SELECT gpu_index, name FROM gpus").fetchall()}
+    return [LiveGpu(int(r[0]), float(r[1]), _frac(r[2]), _frac(r[3]), _frac(r[4]), r[5], int(r[6]),
+                    names.get(int(r[0]), "")) for r in rows]
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
@@ -68,7 +74,8 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
 BUSY_SMACT_PCT = 1.0  # a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
 
 
-def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[str, Optional[float]]]:
+def alone_activity(node_db: Database, job_ids: Iterable[int],
+                   since_ts: float = 0.0) -> Dict[int, Dict[str, Optional[float]]]:
     """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while computing.
 
     A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is the
@@ -77,8 +84,12 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
     and would dilute the mean of a short run, while collocated jobs contend only while they compute. A run
     without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC; DRAMA NULL).
 
+    Runs that ended before ``since_ts`` (Unix s) are left out (stale). ``run_s`` = end - start of the run (s);
+    ``startup_s`` = its first sample that shows work - its start (s; None without such a sample).
+
     Returns:
-        ``{job_id: {"smact": f, "smocc": f, "drama": f}}`` (fractions, None when not measured).
+        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s}}`` (activity as fractions,
+        None when not measured).
     """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
@@ -90,16 +101,22 @@ def alone_activity(node_db: Database, job_ids: Iterable[int]) -> Dict[int, Dict[
         marks = ",".join("?" * len(chunk))
         rows = node_db.execute(
             f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT AVG(g.smact_pct) {busy}), "
-            f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}) "
+            f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}), r.end_ts - r.start_ts, "
+            f"(SELECT MIN(g.ts) {busy}) - r.start_ts "
             "FROM job_runs r LEFT JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
-            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.gpus NOT LIKE '%,%' AND NOT EXISTS ("
+            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.end_ts >= ? AND r.gpus NOT LIKE '%,%' "
+            "AND NOT EXISTS ("
             " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < r.end_ts "
-            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))", [BUSY_SMACT_PCT] * 4 + chunk).fetchall()
-        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama in rows:
+            " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))",
+            [BUSY_SMACT_PCT] * 5 + chunk + [float(since_ts)]).fetchall()
+        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama, run_s, startup_s in rows:
+            timing = {"run_s": None if run_s is None else float(run_s),
+                      "startup_s": None if startup_s is None else max(0.0, float(startup_s))}
             if n_busy:
-                out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama)}
+                out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama),
+                                    **timing}
             elif smact is not None:
-                out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": None}
+                out[int(job_id)] = {"smact": _frac(smact), "smocc": _frac(smocc), "drama": None, **timing}
     return out
 
 

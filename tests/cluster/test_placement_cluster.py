@@ -37,7 +37,9 @@ def typed_cluster() -> Iterator[Cluster]:
         pytest.skip("the local Slurm cluster needs root")
     cluster = start_cluster({"COLOC_GRES_TYPED": "1"})
     with open(cluster.coloc_config, "a") as f:
-        f.write("sampler_autostart: false\nplacement_state_max_age_s: 60\nplacement_window_s: 30\n")
+        # the gate policy's tests (test_placement_bad_input_cluster.py covers the throughput policy)
+        f.write("sampler_autostart: false\nplacement_state_max_age_s: 60\nplacement_window_s: 30\n"
+                "placement_policy: gate\n")
     try:
         yield cluster
     finally:

@@ -1,0 +1,240 @@
+"""The ``throughput`` policy (``placement/share.py``) and the daemon's history/tenant plumbing for it. Pure."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_coloc import config as config_mod
+from slurm_coloc.placement import share
+from slurm_coloc.placement.daemon import Steered, gpu_tenants, profile, read_history
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.slurm.jobinfo import parse_squeue_json
+
+CAP = 1.03  # the packaged calibration's share_capacity
+NOW = 1000.0
+
+
+def gpu(index: int, used: int = 0, tenants: int = 0, live: float = 0.0, age: float = 1.0, total: int = 80) -> GpuState:
+    return GpuState("n1", index, total, used, tenants, Activity(live, live * 0.6, live * 0.6), age)
+
+
+def tenant(smact: float, start: float = NOW - 5, run_s: float = 30.0, startup_s: float = 15.0) -> share.Tenant:
+    return share.Tenant(share.Profile(smact, run_s, startup_s), start)
+
+
+JOB = share.Profile(0.6, 30.0, 15.0)
+
+
+def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB, bound: float = 2.0,
+           shards: int = 4) -> object:
+    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), Gate(), CAP, bound, NOW)
+
+
+def test_slowdown_model_and_tenants_that_end_during_the_start_up() -> None:
+    assert share.slowdown(0.5, CAP) == 1.0 and share.slowdown(2.06, CAP) == pytest.approx(2.0)
+    # started 20 s ago, 15 s start-up + 15 s work alone at slowdown 1 -> ends in 10 s, inside a 15-s start-up
+    ending = tenant(0.4, start=NOW - 20)
+    assert share.load_at_start([ending, tenant(0.5)], CAP, NOW, 15.0) == pytest.approx(0.5)
+    assert share.load_at_start([ending, tenant(0.5)], CAP, NOW, 5.0) == pytest.approx(0.9)  # still there
+    overrun = tenant(0.4, start=NOW - 100)  # past its predicted end: still holding, still counted
+    assert share.load_at_start([overrun], CAP, NOW, 15.0) == pytest.approx(0.4)
+    unknown_time = share.Tenant(share.Profile(0.3), NOW - 100)
+    assert share.load_at_start([unknown_time], CAP, NOW, 15.0) == pytest.approx(0.3)
+    never_measured = share.Tenant(share.Profile(None), NOW, predicted=0.35)  # counts with its prediction
+    assert share.load_at_start([never_measured, unknown_time], CAP, NOW, 15.0) == pytest.approx(0.65)
+
+
+def test_packs_past_smact_one_up_to_the_bound_where_the_gate_stops() -> None:
+    g = gpu(0, used=8, tenants=2, live=0.95)
+    two = [[tenant(0.6), tenant(0.6)]]
+    d = choose([g], two)  # 1.8 / 1.03 = 1.75 <= 2
+    assert d.placed and d.basis == "slowdown-model" and "slowdown 1.75" in d.reason  # type: ignore[attr-defined]
+    assert not choose_gpu([g], 4, Activity(0.6, 0.36, 0.36), Gate()).placed  # the gate reads it full
+    three = [[tenant(0.6), tenant(0.6), tenant(0.6)]]
+    d = choose([gpu(0, used=12, tenants=3)], three)  # 2.4 / 1.03 = 2.33 > 2
+    assert not d.placed and "at its bound" in d.reason and "2.33 > 2" in d.reason  # type: ignore[attr-defined]
+    assert choose([gpu(0, used=12, tenants=3)], three, bound=3.0).placed  # a site that favours throughput
+    assert not choose([g], two, bound=1.2).placed  # one that favours latency
+
+
+def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> None:
+    gpus = [gpu(0, used=4, tenants=1), gpu(1, used=4, tenants=1), gpu(2, used=4, tenants=1, total=80)]
+    d = choose(gpus, [[tenant(0.9)], [tenant(0.2)], [tenant(0.5)]])
+    assert d.index == 1  # type: ignore[attr-defined]
+    d = choose([gpu(0, used=4, tenants=1), gpu(1)], [[tenant(0.1)], []])
+    assert d.index == 1 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
+    heavy = share.Profile(0.99, 30.0, 15.0)
+    d = share.choose_gpu_bounded([gpu(0, used=8, tenants=2)], [[tenant(0.9), tenant(0.9)]], 4, heavy,
+                                 Activity(0.99), Gate(), CAP, 2.0, NOW)
+    assert not d.placed
+    assert share.choose_gpu_bounded([gpu(0, used=78)], [[]], 4, heavy, Activity(0.99), Gate(), CAP, 2.0,
+                                    NOW).reason.startswith("no GPU has 4 free shards")
+
+
+def test_a_job_never_measured_goes_by_the_gate_and_a_silent_sampler_to_memory() -> None:
+    never = share.Profile(None)
+    unknown = [[share.Tenant(never, NOW - 5, 0.5)]]
+    sat = gpu(0, used=4, tenants=1, live=0.95)
+    d = choose([sat], unknown, job=never)
+    assert not d.placed and "saturated now" in d.reason  # type: ignore[attr-defined]
+    light = gpu(0, used=4, tenants=1, live=0.2)
+    d = choose([light], unknown, job=never)
+    assert d.placed and d.basis == "utilization"  # type: ignore[attr-defined]
+    silent = gpu(0, used=4, tenants=1, live=0.95, age=600.0)
+    d = choose([silent], unknown, job=never)
+    assert d.placed and d.basis == "memory-only"  # type: ignore[attr-defined]
+    assert share.silent_gpus([silent, light], 60.0) == [("n1", 0)]
+    # empty and modelled GPUs come before gate-judged ones, gate-judged before memory-only ones
+    d = choose([silent, light, gpu(2)], [unknown[0], unknown[0], []], job=never)
+    assert d.index == 2 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
+
+
+def test_tenants_never_measured_count_with_their_prediction_whatever_the_sampler_says() -> None:
+    # the 2x H200 run of 2026-11-26: two never-measured tenants and a silent sampler sent every measured job to
+    # memory-only packing (7 on one GPU, one ran 4.8x its time alone); now they count with their prediction
+    tenants = [[share.Tenant(share.Profile(None), NOW - 5, 0.53), share.Tenant(share.Profile(None), NOW - 5, 0.53),
+                tenant(0.72)]]
+    for g in (gpu(0, used=12, tenants=3, live=0.95, age=600.0), gpu(0, used=12, tenants=3, live=0.3)):
+        d = choose([g], tenants, job=share.Profile(0.81, 24.0, 9.0))  # 2.59 / 1.03 = 2.51 > 2
+        assert not d.placed and "slowdown 2.51 > 2" in d.reason  # type: ignore[attr-defined]
+        d = choose([g], tenants[:1] and [tenants[0][:2]], job=share.Profile(0.81, 24.0, 9.0))  # 1.87 -> 1.82
+        assert d.placed and d.basis == "slowdown-model"  # type: ignore[attr-defined]
+
+
+def test_memory_only_spreads_by_tenants() -> None:
+    d = share.memory_only([gpu(0, used=4, tenants=1), gpu(1, used=30, tenants=0), gpu(2, used=79)], 4)
+    assert d.index == 1 and d.basis == "memory-only"
+    assert not share.memory_only([gpu(0, used=79)], 4).placed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=6), min_size=1, max_size=4), st.floats(0.0, 1.0),
+       st.floats(1.0, 4.0), st.integers(1, 40))
+def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]], smact: float, bound: float,
+                                                       shards: int) -> None:
+    gpus = [gpu(i, used=len(ls) * 10, tenants=len(ls)) for i, ls in enumerate(loads)]
+    tenants = [[tenant(x, start=NOW) for x in ls] for ls in loads]
+    d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact), Gate(),
+                                 CAP, bound, NOW)
+    if d.placed:
+        g = next(g for g in gpus if g.index == d.index)
+        assert g.shards_free >= shards
+        if d.basis == "slowdown-model":
+            assert share.slowdown(sum(loads[g.index]) + smact, CAP) <= bound + 1e-9
+    else:
+        assert all(g.shards_free < shards or (g.tenants and share.slowdown(sum(loads[g.index]) + smact, CAP) > bound)
+                   for g in gpus)
+
+
+def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "hist.json"
+    path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2, "run_s": 30,
+                                                      "startup_s": 12}}}))
+    cfg = config_mod.Config(state_dir=str(tmp_path / "state"), placement_history_path=str(path))
+    timing: dict = {}
+    hist = read_history(cfg, timing)
+    assert hist == {(None, "aa"): [Activity(0.6, 0.3, 0.2)]} and timing == {(None, "aa"): [(30.0, 12.0)]}
+    coloc = {"sha256": "f" * 64}
+    from slurm_coloc.placement.intensity import signature
+    sig = signature(coloc)
+    admin = {(None, sig): hist[(None, "aa")]}, {(None, sig): timing[(None, "aa")]}
+    assert profile(coloc, *admin) == share.Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
+    assert profile(coloc, *admin, uid=2001) == share.Profile(0.6, 30.0, 12.0)
+    per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]}, {**admin[1], (2002, sig): [(90.0, 5.0)]})
+    assert profile(coloc, *per_user, uid=2002) == share.Profile(0.95, 90.0, 5.0)  # a user's own runs come first
+    assert profile(coloc, *per_user, uid=2001) == share.Profile(0.6, 30.0, 12.0)  # never another user's
+    assert profile({}, hist, timing) == share.Profile(None)
+    seen: set = set()
+    path.write_text("{not json")
+    for _ in range(3):
+        assert read_history(cfg, None, None, seen) == {}
+    assert sum("cannot read placement_history_path" in r.message for r in caplog.records) == 1  # logged once
+    path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2}}}))
+    stale = replace_cfg(cfg, placement_history_max_age_s=10.0)
+    assert read_history(stale, None, time.time() + 3600, seen) == {}
+    assert any("is stale" in r.message for r in caplog.records)
+
+
+def replace_cfg(cfg: config_mod.Config, **kw: object) -> config_mod.Config:
+    from dataclasses import replace
+    return replace(cfg, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
+    gpus = [gpu(0), gpu(1)]
+    jobs = parse_squeue_json(json.dumps({"jobs": [
+        {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g1:4(IDX:1)"]},
+        {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
+    steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
+    out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
+    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, 0.5)]  # steered, not shown by Slurm yet
+    assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7)]  # running: its data, Slurm's start
+
+
+@pytest.mark.parametrize("text,needle", [("placement_max_slowdown: 0.5\n", "placement_max_slowdown"),
+                                         ("placement_max_slowdown: 11\n", "placement_max_slowdown"),
+                                         ("placement_policy: fastest\n", "placement_policy"),
+                                         ("placement_history_max_age_s: 0\n", "placement_history_max_age_s")])
+def test_placement_config_keys_are_range_checked(tmp_path: Path, text: str, needle: str) -> None:
+    from slurm_coloc.errors import ConfigError
+
+    path = tmp_path / "coloc.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        config_mod.load(str(path), environ={})
+    path.write_text("placement_max_slowdown: 1.2\nplacement_policy: gate\n")
+    cfg = config_mod.load(str(path), environ={})
+    assert (cfg.placement_max_slowdown, cfg.placement_policy) == (1.2, "gate")
+    assert config_mod.Config().placement_policy == "throughput" and config_mod.Config().placement_max_slowdown == 2.0
+
+
+def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
+    from slurm_coloc.placement import intensity
+    from slurm_coloc.store import placement as store_placement
+    from slurm_coloc.store.db import open_node_db, open_readonly
+
+    cal = intensity.load_calibration()
+    assert cal.capacity_for("NVIDIA H200") == pytest.approx(0.75)  # fitted on the 2x H200 run
+    assert cal.capacity_for("NVIDIA H100 80GB HBM3") == cal.capacity_for("") == pytest.approx(1.03)
+    # two tenants of 0.6 + a job of 0.6 = 1.8: 1.75x on an H100, 2.4x on an H200 (over the bound there)
+    h100 = replace_gpu(gpu(0, used=8, tenants=2), model="NVIDIA H100 80GB HBM3")
+    h200 = replace_gpu(gpu(1, used=8, tenants=2), model="NVIDIA H200")
+    two = [tenant(0.6), tenant(0.6)]
+    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    assert d.index == 0 and "slowdown 1.75" in d.reason
+    d = share.choose_gpu_bounded([h200], [two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    assert not d.placed and "slowdown 2.40 > 2" in d.reason
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({**json.loads(intensity.DEFAULT_CALIBRATION.read_text()),
+                               "share_capacity_by_gpu": {"H200": 0}}))
+    with pytest.raises(Exception, match="share_capacity"):
+        intensity.load_calibration(str(bad))
+    # the model name comes from the sampler's gpus table with the live state
+    db = open_node_db(tmp_path / "n1.db")
+    db["gpus"].insert({"gpu_index": 0, "uuid": "u", "name": "NVIDIA H200", "mem_total_mib": 1.0, "updated_ts": 1.0})
+    db["gpu_samples"].insert({"ts": time.time(), "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0,
+                              "dram_bw_pct": 10.0, "mem_used_mib": 1.0, "n": 1, "res_s": 1.0})
+    assert [g.name for g in store_placement.live_gpus(open_readonly(tmp_path / "n1.db"), 30.0)] == ["NVIDIA H200"]
+
+
+def replace_gpu(g: GpuState, **kw: object) -> GpuState:
+    from dataclasses import replace
+    return replace(g, **kw)  # type: ignore[arg-type]
+
+
+def test_gpu_states_carry_the_model_name_of_the_live_state() -> None:
+    from slurm_coloc.placement.daemon import gpu_states
+    from slurm_coloc.slurm import placement as sp
+    from slurm_coloc.store.placement import LiveGpu
+
+    nodes = [sp.NodeGpus("n1", "IDLE", {0: 80, 1: 80})]
+    live = {"n1": [LiveGpu(0, NOW, 0.5, 0.2, 0.1, 1000.0, 10, "NVIDIA H200")]}
+    states = {g.index: g for g in gpu_states(nodes, [], live, {}, NOW, 30.0)}
+    assert states[0].model == "NVIDIA H200" and states[1].model == ""  # no sample: the default capacity
