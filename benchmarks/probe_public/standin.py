@@ -191,8 +191,9 @@ def site(dest: str, wheels: str = "") -> None:
 GENERATORS: Dict[str, Callable[[str], None]] = {
     f.__name__: f for f in (mnist_raw, lightning_mnist, image_folder, bsds300, vgg16_weights, wikitext2, cora,
                             sine_wave, nanogpt_char, nanogpt_gpt2, char_text, bert_base_dir, glue_csv)}
-SITE_WHEELS = ["six==1.17.0", "requests==2.32.3", "urllib3==2.2.3", "idna==3.10", "certifi==2024.8.30",
-               "charset-normalizer==3.4.0"]
+# Pure-Python only (the same files serve Python 3.11 here and 3.12 there); requests runs without
+# charset-normalizer (a warning), which has no pure-Python wheel.
+SITE_WHEELS = ["six==1.17.0", "requests==2.32.3", "urllib3==2.2.3", "idna==3.10", "certifi==2024.8.30"]
 
 
 def describe() -> Dict[str, str]:
