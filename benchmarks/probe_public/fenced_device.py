@@ -58,10 +58,10 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def user_env() -> Dict[str, str]:
+def user_env(user: str = USER) -> Dict[str, str]:
     """The submit environment of the job user (as ``benchmarks/device/bench.py`` gives it)."""
-    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": f"/home/{USER}",
-           "USER": USER, "LOGNAME": USER, "SLURM_CONF": f"{ROOT}/etc/slurm.conf",
+    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": f"/home/{user}",
+           "USER": user, "LOGNAME": user, "SLURM_CONF": f"{ROOT}/etc/slurm.conf",
            "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml", "PYTHONUNBUFFERED": "1",
            "COLOC_PROBE": "true"}  # the harness's coloc.yaml turns the probe off for its own #COLOC jobs
     if os.environ.get("COLOC_PROBE_TIMEOUT_S"):
@@ -75,10 +75,26 @@ def slurm_env() -> Dict[str, str]:
     return {**os.environ, "SLURM_CONF": f"{ROOT}/etc/slurm.conf"}
 
 
-def submit(row: Dict[str, Any], pub: Path, limit_min: int, extra: List[str], tag: str) -> Dict[str, Any]:
+def job_user(index: int) -> str:
+    """A user of its own for the ``index``-th job (``--user-per-job``), created on this disposable machine.
+
+    The sampler attributes a process that left Slurm's evidence (no cgroup, no ``slurmstepd`` title the
+    harness's loader-run slurmstepd keeps) only when its uid runs exactly one job on the node (node/attribution.py),
+    so one job per user gives every job its NVML samples.
+    """
+    name = f"cpub{index:02d}"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-U", name], check=True, capture_output=True)
+    return name
+
+
+def submit(row: Dict[str, Any], pub: Path, limit_min: int, extra: List[str], tag: str,
+           user: str = USER) -> Dict[str, Any]:
     """``coloc-sbatch`` one job as the job user in its folder; the job id and what coloc-sbatch said."""
     job = pub / row["job"]
-    cmd = ["runuser", "-u", USER, "--", "env", "-i", *[f"{k}={v}" for k, v in user_env().items()],
+    cmd = ["runuser", "-u", user, "--", "env", "-i", *[f"{k}={v}" for k, v in user_env(user).items()],
            f"{ROOT}/venv/bin/coloc-sbatch", "--parsable", f"--time={limit_min}", "-o", f"{JOBS}/{tag}-%j.out",
            *extra, str(job)]
     t0 = time.monotonic()
@@ -209,6 +225,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--grace-s", type=float, default=10.0)
     ap.add_argument("--wait-s", type=float, default=300.0, help="give up waiting this long after the submissions")
     ap.add_argument("--unfenced", default="", help="one script to run first on a whole GPU (no fence)")
+    ap.add_argument("--user-per-job", action="store_true",
+                    help="each job as a user of its own (cpubNN, created here): every job's NVML samples attributed")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args(argv)
     with open(os.path.join(HERE, "manifest.yaml")) as fh:
@@ -229,7 +247,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         first = [submit(row, pub, a.limit_min, ["--exclusive-gpu"], f"pub-unfenced-{row['name']}")]
         first[0]["unfenced"] = True
     with ThreadPoolExecutor(max_workers=max(1, a.parallel)) as pool:
-        subs = list(pool.map(lambda r: submit(r, pub, a.limit_min, [], f"pub-{r['name']}"), rows))
+        users = [job_user(i) if a.user_per_job else USER for i in range(len(rows))]
+        if a.user_per_job:  # the corpus and the outputs are shared by the per-job users (disposable machine)
+            subprocess.run(["chmod", "-R", "a+rwX", str(pub)], check=True)
+            JOBS.chmod(0o1777)
+        subs = list(pool.map(lambda ru: submit(ru[0], pub, a.limit_min, [], f"pub-{ru[0]['name']}", ru[1]),
+                             zip(rows, users)))
     log(f"submitted {len(subs) + len(first)} in {time.time() - t0:.0f} s")
     recs = watch(first + subs, markers, a.grace_s, a.wait_s)
     time.sleep(4.0)  # the sampler's last batch
