@@ -145,6 +145,19 @@ def test_pip_long_shebang_form(tmp_path):
     assert job.python == str(py)
 
 
+def test_relocatable_shebang_form_takes_the_venvs_own_python(tmp_path):
+    """uv's and newer pip's relocatable console scripts name no path on their exec line: the launcher's own bin
+    directory holds the Python (on the GPU machine the torchrun script itself was taken as the interpreter)."""
+    py = fake_python(tmp_path / "venv" / "bin")
+    exec_line = "'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")\"/'python' \"$0\" \"$@\""
+    (py.parent / "torchrun").write_text(f"#!/bin/sh\n{exec_line}\n' '''\nimport sys\n")
+    (py.parent / "torchrun").chmod(0o755)
+    _, job = discover(tmp_path, f"export PATH={py.parent}:$PATH\ntorchrun --nproc_per_node 1 train.py\n",
+                      base_env(tmp_path))
+    assert job.python is not None and os.path.dirname(job.python) == str(py.parent)
+    assert "python" in os.path.basename(job.python)
+
+
 def test_python_m_torch_distributed_run(tmp_path):
     py = fake_python(tmp_path / "venv" / "bin")
     script = f"export PATH={py.parent}:$PATH\npython -m torch.distributed.run --nproc_per_node=1 train.py\n"

@@ -238,8 +238,19 @@ def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
         return shutil.which(words[0], path=path) if words else None
     if words and os.path.basename(words[0]) == "sh" and len(head) > 1:
         m = re.match(r"""'''exec' "?([^" ]+)"?""", head[1])
-        return m.group(1) if m else None
+        if m and "python" in os.path.basename(m.group(1)) and os.access(m.group(1), os.X_OK):
+            return m.group(1)
+        return _python_beside(exe)  # a relocatable form ("$(dirname ...)"/'python'): the venv's own
     return words[0] if words and "python" in os.path.basename(words[0]) else None
+
+
+def _python_beside(exe: str) -> Optional[str]:
+    """``python3``/``python`` in the launcher's own ``bin`` directory (its venv's interpreter), or None."""
+    for name in ("python3", "python"):
+        cand = os.path.join(os.path.dirname(os.path.abspath(exe)), name)
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
 
 
 def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
@@ -255,7 +266,9 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
     if cmd.python_from == "launcher":
         word = cmd.python_word or cmd.launcher
         exe = word if os.sep in word else shutil.which(word, path=path)
-        found = shebang_python(exe, path) or shutil.which("python3", path=path)
+        found = shebang_python(exe, path)
+        if not (found and "python" in os.path.basename(found) and os.access(found, os.X_OK)):
+            found = (_python_beside(exe) if exe else None) or shutil.which("python3", path=path)
         return os.path.abspath(found) if found and os.access(found, os.X_OK) else None
     word = cmd.python_word or cmd.interpreter or "python3"
     found = shutil.which(word, path=path) if os.sep not in word else word
