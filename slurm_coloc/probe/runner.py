@@ -293,8 +293,11 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     with open(log_path, "wb") as log:
         reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work, env=env,
                             stdout=log, preexec_fn=_limits(mem_limit_mib))
-    timed_out = bool(reaped.get("timed_out"))
     wall = time.monotonic() - start
+    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame hooks
+    # ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
+    rc = reaped.get("returncode")
+    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
     out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
     try:
         with open(result_path, encoding="utf-8") as fh:

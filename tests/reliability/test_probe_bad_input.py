@@ -131,3 +131,22 @@ def test_the_default_limit_is_30_s():
     from slurm_coloc.config import Config
 
     assert runner.DEFAULT_TIMEOUT_S == 30.0 and Config().probe_timeout_s == 30.0
+
+
+def test_a_crash_just_before_the_limit_reads_as_the_time_limit(tmp_path, monkeypatch):
+    """The child's own stack dump, 1.5 s before the limit, can crash it inside torch's frame hooks (SIGSEGV,
+    nanoGPT's GPT-2 config on the dev machine): a child killed by a signal that close to the limit ran out of
+    time, and says so, rather than "ended (exit -11) without a result"."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.sh").write_text("#!/bin/bash\npython train.py\n")
+    (job / "train.py").write_text(
+        "import os, signal, time\n"
+        "time.sleep(max(0.0, float(os.environ['COLOC_TEST_T0']) + 19.2 - time.time()))\n"
+        "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("COLOC_TEST_T0", str(time.time()))
+    r = probe_script(str(job / "job.sh"), submit_dir=str(job), timeout_s=20, use_cache=False)
+    assert r.estimate is None
+    assert r.reason.startswith("the probe reached its time limit of 20 s"), r.reason
