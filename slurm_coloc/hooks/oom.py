@@ -147,9 +147,16 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
     """
     if watchdog_stopped:
         return OomDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
-    if recent_reruns >= per_user_max:
+    evidence = _evidence(grant_mib, peak_mib, tried_mib, sampler_watched, tolerance_pct, gpu_mib)
+    if evidence.oom and recent_reruns >= per_user_max:  # the budget bounds what the evidence would grant
         return OomDecision(False, f"{recent_reruns} OOM reruns for this user in the last {window_s:.0f} s "
                                   f"(limit {per_user_max}): not rerun")
+    return evidence
+
+
+def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,
+              tolerance_pct: float, gpu_mib: int) -> OomDecision:
+    """The evidence part of :func:`rerun_gate` (same arguments): whether the grant was the job's limit."""
     if tried_mib > gpu_mib:
         return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU ({gpu_mib} "
                                   "MiB): a rerun on a whole GPU cannot hold it; not rerun")
