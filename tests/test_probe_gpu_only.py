@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import textwrap
-
-import pytest
 
 from slurm_coloc.probe.probe import probe_script
 
@@ -21,10 +18,7 @@ MIB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True)
-def job_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+from tests.test_probe_cuda_paths import job_env  # noqa: E402,F401  (autouse: the job's PATH, a fresh cache)
 
 
 def probe(tmp_path, name, body, *args):

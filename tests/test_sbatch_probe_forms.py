@@ -9,17 +9,7 @@ import sys
 from pathlib import Path
 
 from slurm_coloc.comment import parse_comment
-
-TRAIN_PY = """\
-import torch
-with open("data.txt") as fh:
-    width = int(fh.read())
-m = torch.nn.Linear(width, width).cuda()
-opt = torch.optim.Adam(m.parameters())
-for _ in range(3):
-    m(torch.randn(8, width, device="cuda")).sum().backward()
-    opt.step()
-"""
+from tests.test_probe_cache import TRAIN_PY  # the same small trainer the cache stories probe
 
 
 def _env(tmp_path: Path) -> dict:
