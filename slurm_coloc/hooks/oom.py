@@ -281,7 +281,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                           fence_mib=shards * 1024 if shards else None)
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
-    coloc = JobComment.read(job.comment, job_id).to_json()
+    argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:
@@ -302,7 +302,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
     try:
-        new_id, exact = submit_retry(job, cfg, env, uid, gid, coloc)
+        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
     except ColocError as exc:
         error = exc.one_line()
         store_oom.record_retry_failed(db, job_id, error)
