@@ -25,6 +25,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
+from slurm_coloc.units import shards_to_mib
 
 RETRY_TAG = "oom-retry-of-"
 NEUTRAL_PREFIX = "# (coloc oom rerun) "
@@ -116,7 +117,7 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
         args.append(f"--mincpus={job.min_cpus_per_node}")
     if job.mem_per_node_mib:
         args.append(f"--mem={job.mem_per_node_mib}M")
-    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
+    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": shards_to_mib(gib),
                             "method": "oom-retry", "retry_of": job.job_id}
     args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
                                                                                    sort_keys=True))
