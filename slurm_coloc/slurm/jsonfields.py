@@ -40,13 +40,6 @@ def integer(j: Mapping[str, Any], key: str) -> Optional[int]:
     return None if v is None else int(v)
 
 
-def is_infinite(value: Any) -> bool:
-    """Whether a number field says "unlimited": ``{"infinite": true}`` or 22.05's ``INFINITE`` (0xFFFFFFFF)."""
-    if isinstance(value, Mapping):
-        return bool(value.get("infinite"))
-    return value == 0xFFFFFFFF
-
-
 def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
     """``job_state`` -> (state, flags): ``"RUNNING"`` -> ("RUNNING", ()); ``["COMPLETED", "COMPLETING"]`` ->
     ("COMPLETED", ("COMPLETING",)); anything else -> ("", ()).
