@@ -144,6 +144,11 @@ def test_exit_and_state_forms() -> None:
     assert job_state("RUNNING") == ("RUNNING", ()) and job_state(["FAILED", "COMPLETING"]) == ("FAILED",
                                                                                               ("COMPLETING",))
     assert job_state([]) == ("", ()) and job_state(7) == ("", ())
+    # normalised once where JobInfo is built (first word, upper case): hooks compare JobInfo.state as it is
+    assert job_state("timeout extra") == ("TIMEOUT", ()) and job_state([" failed", "completing"]) == \
+        ("FAILED", ("COMPLETING",)) and job_state("  ") == ("", ())
+    assert job_info_from_json({"job_id": 1, "job_state": "cancelled"}).final
+    assert not job_info_from_json({"job_id": 1, "job_state": ["COMPLETING"]}).final
 
 
 @pytest.mark.parametrize("version", VERSIONS)

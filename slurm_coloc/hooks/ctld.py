@@ -22,7 +22,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, SlurmError
 from slurm_coloc.hooks import admin_comment, oom
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import final_state, is_final
+from slurm_coloc.hooks.state import final_state
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.run import slurm_env
@@ -90,8 +90,8 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
             info = by_id.get(job_id)
             if info is None:
                 store_jobs.settle_state(db, job_id, None)
-            elif is_final(info.state):
-                store_jobs.settle_state(db, job_id, info.state.split()[0].upper())
+            elif info.final:
+                store_jobs.settle_state(db, job_id, info.state)
                 out["settled"].append(job_id)
         out["reruns"] = oom.record_rerun_ends(db, jobs)
     except Exception as exc:  # noqa: BLE001 - settling earlier records never fails this job's hook

@@ -32,7 +32,6 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.rerun import RETRY_TAG, submit_retry
-from slurm_coloc.hooks.state import is_final
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
@@ -241,8 +240,8 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
         info = by_id.get(rerun_id)
         if info is None:
             store_oom.record_retry_outcome(db, rerun_id, "UNKNOWN", None, None)
-        elif is_final(info.state):  # hooks/state.py
-            store_oom.record_retry_outcome(db, rerun_id, info.state.split()[0], info.start_ts, info.end_ts)
+        elif info.final:
+            store_oom.record_retry_outcome(db, rerun_id, info.state, info.start_ts, info.end_ts)
         else:
             continue
         done.append(rerun_id)
