@@ -161,6 +161,20 @@ def test_slurm_commands_run_only_in_slurm() -> None:
     assert not {m: f for m, f in found.items() if f}, found
 
 
+def test_the_controller_hooks_do_not_load_the_report_pipeline() -> None:
+    """EpilogSlurmctld records the figures the node Epilog computed (hooks/figures.py): nothing the controller
+    hooks import, at any depth (imports inside functions included), is in ``report/``."""
+    seen: Set[str] = set()
+    todo = ["slurm_coloc.hooks.ctld"]
+    while todo:
+        mod = todo.pop()
+        if mod not in seen:
+            seen.add(mod)
+            todo.extend(GRAPH[mod])
+    assert "slurm_coloc.hooks.admin_comment" in seen
+    assert not sorted(m for m in seen if _part(m) == "report" or m == "slurm_coloc.hooks.figures")
+
+
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The walker finds an upward import and a cycle in code written like the package's."""
     src = tmp_path / "m.py"

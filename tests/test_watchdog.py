@@ -170,7 +170,7 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
 
 def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
     """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for 72."""
-    from slurm_coloc.hooks.admin_comment import summary_dict
+    from slurm_coloc.hooks.figures import summary_dict
     from slurm_coloc.report.summarize import JobView, Report, add_usage
 
     report = Report()

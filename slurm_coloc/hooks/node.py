@@ -71,7 +71,9 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend on
     Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
     Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is inferred
-    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why.
+    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last, the job's
+    summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when the hook's
+    budget is nearly spent).
     Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
@@ -92,6 +94,9 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     end = store_jobs.JobEnd(job_id=ctx.job, node=ctx.node, state=state, exit_code=code, signal=sig,
                             end_ts=end_ts or time.time())
     store_jobs.record_node_end(db, end)
+    from slurm_coloc.hooks import figures  # here: the controller hooks never load the report pipeline
+
+    out["figures"] = figures.record(cfg, db, ctx.job, ctx.node, job.nodes if job is not None else "")  # never raises
     return {"state": state, "exit_code": code, "signal": sig, **out, **sharing}
 
 
