@@ -177,6 +177,11 @@ def _lookup(key: str) -> Optional[Dict[str, Any]]:
     for path, digest in (entry.get("user_files") or {}).items():
         if _sha(path) != digest:
             return None
+    if entry.get("estimate"):
+        try:
+            Estimate.from_json(entry["estimate"])
+        except ValueError:  # a damaged entry is a miss
+            return None
     return entry
 
 
