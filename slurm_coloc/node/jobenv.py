@@ -1,10 +1,10 @@
 """The per-job task environment file ``<run_dir>/jobs/<job_id>.env`` (root-owned, 0644, ``KEY=VALUE`` lines).
 
-This module owns the file: its path (``env_path``), its one writer (``write_env``, by the Prolog for shard jobs
-and placer-guarded jobs), its one reader (``read_env``, which checks owner, mode and keys: the TaskProlog and the
-root watchdog use it) and its removal (``remove_env``, by the Epilog). The SPANK plugin (C) reads the same path.
-Whole-GPU jobs get no file. The file carries the task's variables only; the job's grant is its recorded shards
-(``job_runs.shards``), never re-read from the fence text here.
+This module owns the file: its path (``env_path``), which jobs have one (``env_job_ids``), its one writer
+(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which checks
+owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by the
+Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
+variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence text.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Tuple
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
@@ -58,6 +58,16 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
     final = env_path(cfg, job_id)
     write_atomic(final, "".join(f"{k}={v}\n" for k, v in pairs).encode("utf-8"), 0o644)
     return final
+
+
+def env_job_ids(cfg: Config) -> FrozenSet[int]:
+    """The job ids that have an env file now (names ``<job_id>.env``; temporary ``.``-files are not listed);
+    empty when the jobs directory is absent or unreadable."""
+    try:
+        names = os.listdir(Path(cfg.run_dir) / "jobs")
+    except OSError:
+        return frozenset()
+    return frozenset(int(n[:-4]) for n in names if n.endswith(".env") and n[:-4].isdigit())
 
 
 def remove_env(cfg: Config, job_id: int) -> bool:

@@ -7,8 +7,8 @@ with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its 
 - **over-grant**: the summed NVML memory of the job's processes on a GPU exceeds its grant there plus
   ``watchdog_tolerance_mib``. The grant is the job's recorded shards (``job_runs.shards``, from slurmctld's GRES)
   x 1024 MiB (``units.shards_to_mib``), which is also what its MPS fence is made of (node/jobenv.py); on a GPU
-  it holds no shard of, 0. NVML's per-process figure counts the
-  CUDA context, as the fence does (an MPS client at its fence: "this process has 1.96 GiB memory in use").
+  it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS client
+  at its fence: "this process has 1.96 GiB memory in use").
 - **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that is
   not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured on
   the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv
@@ -185,7 +185,7 @@ class Watchdog:
         self.cfg, self.node, self.db_path, self.attr, self.proc_root = cfg, node, Path(db_path), attributor, proc_root
         self._db: Any = None
         self.tenants: Dict[int, Tenant] = {}
-        self._env_names: Optional[Set[str]] = None
+        self._env_names: Optional[FrozenSet[int]] = None
         self._refreshed = 0.0
         self._pending: Set[Tuple[int, int, str]] = set()
         self.acted: Dict[int, float] = {}
@@ -209,11 +209,7 @@ class Watchdog:
         """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, read by
         ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several GPUs
         is not a tenant (no MPS, no fence)."""
-        jobs_dir = Path(self.cfg.run_dir) / "jobs"
-        try:
-            names = {n for n in os.listdir(jobs_dir) if n.endswith(".env") and n[:-4].isdigit()}
-        except OSError:
-            names = set()
+        names = jobenv.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
             return self.tenants
@@ -223,8 +219,7 @@ class Watchdog:
             return self.tenants
         runs = {r.job_id: r for r in store_wd.running_runs(self._open(), self.node)}
         tenants: Dict[int, Tenant] = {}
-        for name in names:
-            job = int(name[:-4])
+        for job in names:
             run = runs.get(job)
             if run is None or len(run.gpus) != 1 or not run.shards:
                 continue
