@@ -35,9 +35,10 @@ from slurm_coloc.replay.metrics import (
     summarize,
 )
 from slurm_coloc.replay.trace import Task
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.cancel import cancel_jobs
 from slurm_coloc.slurm.jobs import JobInfo, squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist
-from slurm_coloc.slurm.run import run as slurm_run
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
@@ -257,11 +258,9 @@ def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> 
     if dry.returncode != 0 or line is None:
         raise ColocError(f"coloc-sbatch --dry-run failed: {dry.stderr.strip() or dry.stdout.strip()}")
     planned = shlex.split(line)[1:]
-    return slurm_run(["sbatch", *(placer_argv(planned) or planned)], bin_dir=cfg.slurm_bin_dir, env=env,
-                     check=False, timeout_s=120)
+    return slurm_jobs.sbatch(placer_argv(planned) or planned, cfg.slurm_bin_dir, env, timeout_s=120)
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
     """``scancel`` the given jobs (ignored when none)."""
-    if job_ids:
-        slurm_run(["scancel", *[str(j) for j in job_ids]], bin_dir=cfg.slurm_bin_dir, env=env, check=False)
+    cancel_jobs(job_ids, cfg.slurm_bin_dir, env)
