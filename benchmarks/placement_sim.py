@@ -90,8 +90,10 @@ def energy_fit(files: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
 
 
 def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float, bound: float,
-             power: Tuple[float, float], dt: float = 0.1) -> Dict[str, Any]:
-    """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran."""
+             power: Tuple[float, float], dt: float = 0.1, order: str = "work") -> Dict[str, Any]:
+    """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran.
+    ``order``: the throughput policy's order of held jobs in a round (``work``: the product's
+    ``share.order_candidates``; ``fifo``: submit time, the order before it)."""
     for j in jobs:
         j.placed = j.start = j.end = -1.0
         j.gpu, j.left = -1, j.work_s
@@ -117,6 +119,10 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         # placement
         steps += 1
         waiting = sorted((j for j in jobs if j.placed < 0 and j.submit_s <= t), key=lambda j: (j.submit_s, j.index))
+        if policy == "throughput" and order == "work":
+            byid = {j.index: j for j in waiting}
+            waiting = [byid[i] for i in share.order_candidates(
+                [(j.index, j.submit_s, share.Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
         if policy in ("exclusive", "blind") or steps % 5 == 0:
             for j in waiting:
                 g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t)
@@ -211,6 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--gib", type=int, default=80, help="shards (GiB) per GPU (the H100 harness: 80)")
     ap.add_argument("--bound", type=float, nargs="+", default=[2.0], help="placement_max_slowdown value(s)")
     ap.add_argument("--scenario", choices=("pile", "stream", "mixed"), default="pile")
+    ap.add_argument("--order", choices=("work", "fifo"), default="work",
+                    help="throughput policy: held jobs offered least GPU work first (the placer's) or by submit time")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
@@ -227,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows.append({**m, "label": f"{pol} (measured, H100)", "p95_run_slowdown": None})
     for pol in POLICIES:
         for b in (a.bound if pol == "throughput" else [a.bound[0]]):
-            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, cal.share_capacity, b, power)
+            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, cal.share_capacity, b, power, order=a.order)
             r["label"] = pol + (f" (bound {b:g})" if pol == "throughput" else "") + " (model)"
             rows.append(r)
             out["runs"].append(r)
