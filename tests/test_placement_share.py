@@ -308,9 +308,10 @@ def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
     from slurm_coloc.placement.daemon import gpu_states
     from slurm_coloc.slurm import placement as sp
 
+    held = "shard:g0:4(IDX:0)"
     jobs = parse_squeue_json(json.dumps({"jobs": [
-        {"job_id": 7, "job_state": "COMPLETING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g0:4(IDX:0)"]},
-        {"job_id": 9, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
+        {"job_id": 7, "job_state": "COMPLETING", "nodes": "n1", "start_time": 990, "gres_detail": [held]},
+        {"job_id": 9, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": [held]}]}))
     states = gpu_states([sp.NodeGpus("n1", "MIXED", {0: 80})], jobs, {}, {}, NOW, 30.0)
     assert states[0].shards_used == 8 and states[0].tenants == 2
     out = gpu_tenants(states, jobs, {}, lambda j: (share.Profile(0.5, 30.0, 10.0), 0.5), NOW)
@@ -325,8 +326,8 @@ def _held(job_id: int, submit: float, sha: str = "") -> object:
 
 def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound() -> None:
     from slurm_coloc.placement import intensity
-    from slurm_coloc.placement.rounds import PlacerState, Round
     from slurm_coloc.placement.intensity import signature
+    from slurm_coloc.placement.rounds import PlacerState, Round
 
     cal = intensity.load_calibration()
     long_sig, short_sig = signature({"sha256": "a" * 64}), signature({"sha256": "b" * 64})
