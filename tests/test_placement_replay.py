@@ -75,3 +75,25 @@ def test_placer_policy_is_read_from_the_heartbeat(tmp_path: Path) -> None:
     assert placer_policy(cfg) is None
     write_heartbeat(cfg, {"placed": 1, "policy": "throughput"})
     assert placer_policy(cfg) == "throughput"
+
+
+def test_each_task_gets_its_own_script_and_signature(tmp_path: Path) -> None:
+    import hashlib
+
+    from slurm_coloc.comment import JobComment
+    from slurm_coloc.replay.runner import task_script
+
+    generic = tmp_path / "job_generic.sh"
+    generic.write_text("#!/bin/bash\n#SBATCH --time=00:15:00\nexec python3 workloads.py \"$@\"\n")
+    t = Task(index=3, rad="r", submit_s=0.0, workload="resnet18", batch=8, steps=5, mem_mib=900, ref_s=10.0,
+             work_s=1.0, num_gpus=1)
+    a = task_script(str(generic), t, str(tmp_path))
+    assert task_script(str(generic), t, str(tmp_path)) == a  # the same task: the same file in every pass
+    b = task_script(str(generic), Task(**{**t.__dict__, "steps": 6}), str(tmp_path))
+    c = task_script(str(generic), Task(**{**t.__dict__, "workload": "resnet50"}), str(tmp_path))
+    assert len({a, b, c}) == 3
+    text = Path(a).read_text()
+    assert text.startswith("#!/bin/bash\n# coloc-replay task: resnet18 --steps 5\n#SBATCH --time=00:15:00\n")
+    assert Path(a).stat().st_mode & 0o777 == 0o755
+    sigs = {JobComment(sha256=hashlib.sha256(Path(p).read_bytes()).hexdigest()).signature() for p in (a, b, c)}
+    assert len(sigs) == 3  # coloc-placer keeps each task's history apart

@@ -1,7 +1,8 @@
 """Stage 2 of ``placement_bench.py`` (runs in the cluster's venv, as root): one or more passes of the placement
 benchmark, each over the jobs of ``placement_plan.json``, submitted through ``coloc-sbatch`` as ``colocuser``.
 
-Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``; and ``small7-aware``):
+Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``, or ``mix`` with ``--plan placement_plan_mix.json``;
+and ``small7-aware``):
   exclusive  ``--exclusive-gpu``: one job on the whole GPU at a time, Slurm FIFO; its run times are the times alone;
              ``--part K/N`` runs the K-th of N consecutive slices of the jobs (the pile does not fit one call)
   blind      ``--coloc-mem=<peak + 1 GiB>M``: shards + MPS, Slurm packs by memory only (no placer)
@@ -53,7 +54,8 @@ ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
 POLICIES = ("exclusive", "blind", "aware", "throughput")
 PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
-PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-blind", "small7-aware")
+# scenarios: the plan's; ``mix`` is the second pile (``placement_mix.py``, ``--plan placement_plan_mix.json``)
+PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES) + ("small7-blind", "small7-aware")
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
 # placed in the last 12 s counts with its predicted activity on top of the live state (placement_recent_s): about
