@@ -105,7 +105,8 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         for g in range(gpus):
             comp = [j for j in jobs if j.gpu == g and j.start >= 0 > j.end and t >= j.start + j.startup_s]
             load = sum(j.smact for j in comp)
-            rate = min(1.0, capacity / load) if load > 0 else 1.0
+            # a job computing alone runs at its speed alone (its profile was measured so), co-runs by the model
+            rate = min(1.0, capacity / load) if load > 0 and len(comp) > 1 else 1.0
             reading = min(1.0, load * rate)
             smact_hist[g].append((t, reading))
             energy += (power[0] + power[1] * reading) * dt
@@ -211,6 +212,24 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
+H200 = HERE / "device" / "results" / "h200x2-placement3"
+
+
+def h200_profiles(h100: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
+    """Workload profiles alone on the H200 (``h200x2-placement3/pile-exclusive.json``: 8 of the pile's 13
+    workloads, the pass was cut); the others from their H100 profile, start-up, run time and SM activity scaled by
+    the median H200/H100 ratio of the 8 (activity capped at 1)."""
+    own = fitmod.profiles([json.loads((H200 / "pile-exclusive.json").read_text())])
+    common = [w for w in own if w in h100]
+    ratio = {k: statistics.median(own[w][k] / h100[w][k] for w in common) for k in ("smact", "startup_s", "run_s")}
+    out = {w: dict(p) for w, p in own.items()}
+    for w, p in h100.items():
+        if w not in out:
+            out[w] = {**p, "smact": min(1.0, p["smact"] * ratio["smact"]), "startup_s": p["startup_s"] *
+                      ratio["startup_s"], "run_s": p["run_s"] * ratio["run_s"]}
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=2)
@@ -219,23 +238,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--scenario", choices=("pile", "stream", "mixed"), default="pile")
     ap.add_argument("--order", choices=("work", "fifo"), default="work",
                     help="throughput policy: held jobs offered least GPU work first (the placer's) or by submit time")
+    ap.add_argument("--h200", action="store_true", help="the H200's profiles (h200_profiles) and sharing capacity "
+                    "(calibration.json, share_capacity_by_gpu); --gib 140 for its shards")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
     prof = fitmod.profiles(list(files.values()))
     cal = intensity.load_calibration()
+    capacity = cal.capacity_for("NVIDIA H200") if a.h200 else cal.share_capacity
+    if a.h200:
+        prof = h200_profiles(prof)
     power = energy_fit([files[n] for n in ("pile-exclusive-part1", "pile-exclusive-part2", "pile-blind",
                                            "pile-aware", "stream-exclusive", "stream-blind", "stream-aware")])
-    print(f"capacity {cal.share_capacity} (calibration.json), power {power[0]:.0f} W + {power[1]:.0f} W x SM "
+    print(f"capacity {capacity} (calibration.json), power {power[0]:.0f} W + {power[1]:.0f} W x SM "
           f"activity (fitted on 7 H100 passes)")
-    out: Dict[str, Any] = {"capacity": cal.share_capacity, "power_w": power, "runs": []}
+    out: Dict[str, Any] = {"capacity": capacity, "power_w": power, "runs": []}
     rows = []
-    if a.scenario == "pile" and a.gpus == 1:
+    if a.scenario == "pile" and a.gpus == 1 and not a.h200:
         for pol, m in measured_rows(files).items():
             rows.append({**m, "label": f"{pol} (measured, H100)", "p95_run_slowdown": None})
+    if a.scenario == "pile" and a.gpus == 2 and a.h200:  # 2026-11-26, slowdowns over jobs 0-7 only
+        for pol in ("blind", "aware", "throughput"):
+            m = json.loads((H200 / f"pile-{pol}.json").read_text())["metrics"]
+            rows.append({**m, "label": f"{pol} (measured, 2x H200, old policy)", "p95_run_slowdown": None})
     for pol in POLICIES:
         for b in (a.bound if pol == "throughput" else [a.bound[0]]):
-            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, cal.share_capacity, b, power, order=a.order)
+            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, capacity, b, power, order=a.order)
             r["label"] = pol + (f" (bound {b:g})" if pol == "throughput" else "") + " (model)"
             rows.append(r)
             out["runs"].append(r)
