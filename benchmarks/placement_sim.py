@@ -16,7 +16,11 @@ steered job 1 s later; the gate policy uses the bench's settings (window 4 s, re
 the packaged calibration and ``--bound``; both call the product's decision functions (``policy.choose_gpu``,
 ``share.choose_gpu_bounded``).
 
-Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--bound 2.0] [--scenario pile|stream|mixed] [--json F]``
+The throughput policy offers held jobs GPUs in ``share.order_candidates`` order (``--order fifo``: submit order).
+``--h200``: the H200's profiles alone (``h200_profiles``) and sharing capacity, for ``--gib 140``.
+
+Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
+[--order work|fifo] [--h200] [--json F]``
 """
 from __future__ import annotations
 
