@@ -71,7 +71,7 @@ PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES) 
 # show it yet. H100 pile (docs/benchmarks.md): 4 s (the toy model's choice, ``benchmarks/placement_sim.py``) let
 # 10 jobs in during the first start-ups, one job ran 3.17x its time alone; 12 s: 2.45x, mean JCT 120.5 vs 121.5 s.
 PLACER_CONFIG: Dict[str, float] = {"placement_window_s": 4, "placement_recent_s": 12, "placement_state_max_age_s": 15,
-                 "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
+                 "placement_interval_s": 0.5, "placement_max_wait_s": 3600, "placement_max_slowdown": 2.0}
 # No cuDNN autotuning: in the first placement run the pile's jobs ran 39-45 s alone for 4-6 s of training, against
 # ~14 s of start-up for the small models of run 1; autotuning every 224x224 convolution in the warm-up steps is the
 # suspected part (not isolated: the per-job log line splits the start-up to show it).
