@@ -115,10 +115,7 @@ class Round:
             room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.unknown.smact,
                                       cfg.placement_max_slowdown, self.now)
             d = share.memory_only(room, shards)
-            if not d.placed and any(g.shards_free >= shards for g in room):
-                d = Decision(None, None, f"every GPU with room is at its bound for a job of unknown activity "
-                                         f"(SMACT {self.cal.unknown.smact:.2f})")
-            elif not d.placed and room != self.gpus and any(g.shards_free >= shards for g in self.gpus):
+            if not d.placed and any(g.shards_free >= shards for g in self.gpus):  # room, but not within the bound
                 d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
                                          f"unknown activity (SMACT {self.cal.unknown.smact:.2f})")
             return d, demand, "no signature or FLOPs", prof
