@@ -103,7 +103,7 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         j.gpu, j.left = -1, j.work_s
     gate = Gate()
     smact_hist: List[List[Tuple[float, float]]] = [[] for _ in range(gpus)]
-    t, energy, steps = 0.0, 0.0, 0
+    t, energy, steps, peak = 0.0, 0.0, 0, 1.0
     while any(j.end < 0 for j in jobs) and t < 5000:
         # progress
         for g in range(gpus):
@@ -111,6 +111,7 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
             load = sum(j.smact for j in comp)
             # a job computing alone runs at its speed alone (its profile was measured so), co-runs by the model
             rate = min(1.0, capacity / load) if load > 0 and len(comp) > 1 else 1.0
+            peak = max(peak, 1.0 / rate)
             reading = min(1.0, load * rate)
             smact_hist[g].append((t, reading))
             energy += (power[0] + power[1] * reading) * dt
@@ -146,7 +147,8 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
     makespan = max(j.end for j in done) - min(j.submit_s for j in jobs)
     return {"policy": policy, "gpus": gpus, "makespan_s": makespan, "mean_jct_s": statistics.fmean(jct),
             "p95_jct_s": p95(jct), "p95_slowdown": p95(slow), "p95_run_slowdown": p95(run_slow),
-            "max_run_slowdown": max(run_slow), "energy_j": energy, "energy_per_job_j": energy / len(done),
+            "max_run_slowdown": max(run_slow), "peak_slowdown": peak, "energy_j": energy,
+            "energy_per_job_j": energy / len(done),
             "ooms": 0, "placement": {j.index: j.gpu for j in jobs}}
 
 
@@ -204,7 +206,8 @@ def measured_rows(files: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
 
 def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     head = (f"{title}\n| policy | makespan s | mean JCT s | p95 JCT s | p95 slowdown | p95 run slowdown | worst run "
-            "slowdown | energy kJ | energy/job kJ | OOM |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            "slowdown | peak slowdown | energy kJ | energy/job kJ | OOM |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         def f(k: str, scale: float = 1.0, d: int = 1, r: Dict[str, Any] = r) -> str:
@@ -212,6 +215,7 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
             return "-" if v is None else f"{v / scale:.{d}f}"
         lines.append(f"| {r['label']} | {f('makespan_s', d=0)} | {f('mean_jct_s')} | {f('p95_jct_s', d=0)} | "
                      f"{f('p95_slowdown', d=2)} | {f('p95_run_slowdown', d=2)} | {f('max_run_slowdown', d=2)} | "
+                     f"{f('peak_slowdown', d=2)} | "
                      f"{f('energy_j', 1000)} | {f('energy_per_job_j', 1000, 2)} | {r.get('ooms', '-')} |")
     return "\n".join(lines)
 

@@ -343,3 +343,11 @@ def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound()
     rnd.tenants = [[tenant(0.9, start=NOW)]]
     d, *_ = rnd.decide(jobs[2], 4)
     assert d.placed and d.basis == "memory-only"  # 1.43 / 1.03 = 1.39
+
+
+def test_a_tenant_counts_as_gone_only_with_a_tenth_of_its_work_to_spare() -> None:
+    # computes alone from NOW - 15 for 20 s of work: predicted to end at NOW + 5, END_SLACK x 20 s = 2 s to spare
+    t = tenant(0.9, start=NOW - 20, run_s=25.0, startup_s=5.0)
+    assert share.END_SLACK == pytest.approx(0.1)
+    assert share.load_at_start([t], CAP, NOW, 6.0) == pytest.approx(0.9)  # ends 1 s before: too close, counts
+    assert share.load_at_start([t], CAP, NOW, 7.0) == pytest.approx(0.0)  # 2 s before: gone
