@@ -465,7 +465,7 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
 
     The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
-    would move the env file the TaskProlog reads: issue 31 N9), and ``COLOC_CONFIG`` only when it names a regular
+    would move the env file the TaskProlog reads), and ``COLOC_CONFIG`` only when it names a regular
     file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
 
     Raises:

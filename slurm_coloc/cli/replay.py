@@ -98,7 +98,7 @@ def _trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @version_option("coloc-replay")
 def cli() -> None:
-    """Replay a trace of training tasks through coloc-sbatch (issue 8, run 5).
+    """Replay a trace of training tasks through coloc-sbatch, exclusive and collocated, and compare the runs.
 
     Example: coloc-replay plan --trace philly_mix-90-tasks.csv --catalog workload_catalog_from_rad.csv
     --runtimes exclusive_run_summary.csv --max-tasks 10

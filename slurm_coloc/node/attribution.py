@@ -20,7 +20,7 @@ created counts, most trusted first:
    root process's own ``SLURM_JOB_ID`` counts (root is trusted). For any other process its ``SLURM_JOB_ID``
    (which its owner writes) never chooses a job: it is attributed only when the uid runs exactly one job on this
    node (``uid_jobs``) and the claim names that job; a user with several jobs here cannot bill one with another's
-   processes (issue 31, N7), and another user's job is never reachable (its uid differs).
+   processes, and another user's job is never reachable (its uid differs).
 
 The answer is cached per (pid, start time): each tick costs one read of ``/proc/<pid>/stat`` per GPU process (the
 guard against a reused pid); the sources are read once per process start.

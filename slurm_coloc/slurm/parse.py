@@ -225,7 +225,7 @@ def parse_stepd_title(cmdline: bytes) -> Optional[int]:
     """The job id in slurmstepd's process title (``/proc/<pid>/cmdline``), ``slurmstepd: [6.1]`` -> 6, or None.
 
     slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1 of
-    job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``: issue 31 N6).
+    job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``).
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None
