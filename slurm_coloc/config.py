@@ -428,17 +428,17 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
     values: Dict[str, Any] = {}
     try:
         text = file_path.read_text(encoding="utf-8", errors="replace")[:1_000_000]
-    except Exception:  # noqa: BLE001 - unreadable: defaults
+    except Exception:  # unreadable: defaults
         text = ""
     try:
         data = yaml.safe_load(text)
         if isinstance(data, dict):
             values.update(data)
-    except Exception:  # noqa: BLE001 - not YAML as a whole: take the lines that are ``key: value`` on their own
+    except Exception:  # not YAML as a whole: take the lines that are ``key: value`` on their own
         for line in text.splitlines():
             try:
                 item = yaml.safe_load(line)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if isinstance(item, dict):
                 values.update(item)
@@ -453,7 +453,7 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
         try:
             candidate = dataclasses.replace(cfg, **{key: _coerce_field(known[key], value)})
             cfg = _validate(candidate)
-        except Exception:  # noqa: BLE001 - keep the default for this key
+        except Exception:  # keep the default for this key
             continue
     return cfg
 

@@ -77,7 +77,7 @@ def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, li
                 raise PermissionError("could not drop privileges")
             payload = b"O" + work()
             code = 0
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent, then exit
+        except BaseException as exc:  # report anything to the parent, then exit
             payload = b"E" + str(exc).encode("utf-8", "replace")[:500]
         try:
             view = memoryview(payload)

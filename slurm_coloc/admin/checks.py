@@ -395,10 +395,10 @@ def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
             for index, uuid in reader.gpu_uuids().items():
                 try:
                     mode: Optional[str] = modes.get(index)
-                except Exception:  # noqa: BLE001 - one GPU not answering: unknown
+                except Exception:  # one GPU not answering: unknown
                     mode = None
                 mode_of[uuid] = mode_of[f"idx{index}"] = mode
-        except Exception:  # noqa: BLE001 - no NVML: every mode unknown
+        except Exception:  # no NVML: every mode unknown
             pass
     return evaluate_mps_protection(cfg, shared, mode_of)
 

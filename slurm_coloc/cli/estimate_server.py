@@ -336,7 +336,7 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - the interpreter would print it and exit 1
+    except BaseException:  # the interpreter would print it and exit 1
         import traceback
 
         traceback.print_exc()
@@ -415,7 +415,7 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
     log(f"warming key={key[:16]}")
     try:
         _prewarm()
-    except Exception as exc:  # noqa: BLE001 - no server then; clients run in-process
+    except Exception as exc:  # no server then; clients run in-process
         log(f"exit: prewarm failed: {exc!r}")
         return
     if server_key(environ) != key:  # sources edited while warming up: what was imported may not match the key
@@ -472,7 +472,7 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
                     lock.close()
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     code = _child(conn, key, run)
-                except BaseException:  # noqa: BLE001 - client falls back in-process
+                except BaseException:  # client falls back in-process
                     pass
                 finally:
                     os._exit(code & 0xFF)

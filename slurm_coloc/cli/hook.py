@@ -32,7 +32,7 @@ def _log_start_up_terminated(hook: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from slurm_coloc.hooks.pending import write_entry
         entry = write_entry(hook, os.environ, "startup")
-    except BaseException:  # noqa: BLE001 - never fail the node
+    except BaseException:  # never fail the node
         pass
     try:
         from slurm_coloc import config as config_mod
@@ -51,7 +51,7 @@ def _log_start_up_terminated(hook: str) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    except BaseException:  # noqa: BLE001 - never fail the node
+    except BaseException:  # never fail the node
         pass
 
 
@@ -113,7 +113,7 @@ def main() -> None:
             exc.show()
     except StartUpTerminated:
         _log_start_up_terminated(_hook_arg())
-    except Exception as exc:  # noqa: BLE001 - never fail the node
+    except Exception as exc:  # never fail the node
         print(f"coloc-hook: {exc}", file=sys.stderr)
     finally:
         _let_numpy_in(kept_out)

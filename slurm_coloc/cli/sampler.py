@@ -100,7 +100,7 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
     from slurm_coloc.node import exporter
     try:
         live, endpoint = exporter.start(cfg, node, interval_s)
-    except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops the sampler
+    except Exception as exc:  # the metrics endpoint never stops the sampler
         log.error("metrics: endpoint not started (%s: %s); sampling goes on", type(exc).__name__, exc)
         live, endpoint = None, None
     s = sm.Sampler(cfg, node, reader, interval_s=interval_s, live=live)

@@ -135,7 +135,7 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
             writes = tuple(str(w) for w in res.detail.get("outside_writes") or ())
             made = tuple(str(f) for f in res.detail.get("scratch_files") or ())
             return ProbeAnswer(est, res.ran, res.reason, tail, writes, res.cached, res.wall_s, made)
-        except Exception as exc:  # noqa: BLE001 - the probe never stops a submission
+        except Exception as exc:  # the probe never stops a submission
             return ProbeAnswer(None, "probe ran nothing", f"the probe failed: {type(exc).__name__}: {exc}"[:300])
 
     return probe_fn

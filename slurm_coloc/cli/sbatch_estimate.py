@@ -106,7 +106,7 @@ def child_main(result_path: str) -> None:
                       "flops_per_step": est.flops_per_step}
         except ColocError as exc:
             answer = {"error": exc.one_line()}
-    except Exception as exc:  # noqa: BLE001 - the user's model may raise anything; one line back to the parent
+    except Exception as exc:  # the user's model may raise anything; one line back to the parent
         answer = {"error": " ".join(f"the model failed: {type(exc).__name__}: {exc}".split())[:2000]}
     text = json.dumps(answer, default=str)
     tmp = result_path + ".tmp"

@@ -264,7 +264,7 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_f
         try:
             with deferred_imports():
                 return _trace(spec, workspace, count_flops)
-        except Exception as exc:  # noqa: BLE001 - unless plainly the model's own error,
+        except Exception as exc:  # unless plainly the model's own error,
             if not may_need_real_dynamo(exc):  # the plain trace below decides
                 raise
     return _trace(spec, workspace, count_flops)
@@ -305,7 +305,7 @@ def make_flop_counter() -> Any:
             def count(*args: Any, **kwargs: Any) -> Any:
                 try:
                     return formula(*args, **kwargs)
-                except Exception:  # noqa: BLE001 - a FLOP formula never fails the memory trace
+                except Exception:  # a FLOP formula never fails the memory trace
                     counter.coloc_failed = True
                     return 0
             return count

@@ -95,7 +95,7 @@ class ColocCollector:
         try:
             view = self.state.view()
             fams = {"coloc": self._coloc, "jobstats": self._jobstats, "dcgm": self._dcgm}[self.names](view)
-        except Exception as exc:  # noqa: BLE001 - a scrape must answer; the sampler goes on
+        except Exception as exc:  # a scrape must answer; the sampler goes on
             self.collect_errors += 1
             kind = f"{type(exc).__name__}: {exc}"
             if kind not in self._logged:
@@ -298,7 +298,7 @@ def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
                 finally:
                     db.conn.close()
                 cache["value"] = (len(recs), sum(r.retry_status == "submitted" for r in recs))
-            except Exception:  # noqa: BLE001 - no controller database here: no OOM families
+            except Exception:  # no controller database here: no OOM families
                 cache["value"] = None
         return cache["value"]
     return counts

@@ -25,7 +25,7 @@ def _uuid_of(index: int) -> Optional[str]:
     try:
         from slurm_coloc.nvml import gpu_uuids
         return gpu_uuids().get(index)
-    except Exception as exc:  # noqa: BLE001 - no NVML: key by index
+    except Exception as exc:  # no NVML: key by index
         log.info("no NVML (%s): MPS directories keyed by GPU index", exc)
         return None
 

@@ -164,7 +164,7 @@ class LiveState:
             try:
                 self._rows, self._rows_ok = self._job_rows(), True
                 self._logged.discard("rows")
-            except Exception as exc:  # noqa: BLE001 - unreadable state: serve GPU series, jobs without user/grant
+            except Exception as exc:  # unreadable state: serve GPU series, jobs without user/grant
                 self._rows, self._rows_ok = [], False
                 if "rows" not in self._logged:
                     self._logged.add("rows")

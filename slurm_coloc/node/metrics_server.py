@@ -34,7 +34,7 @@ BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: cl
 class _QuietHandler(WSGIRequestHandler):
     timeout = READ_TIMEOUT_S  # StreamRequestHandler: per-read timeout; the server's deadline bounds the total
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         pass
 
 

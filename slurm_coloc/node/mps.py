@@ -362,7 +362,7 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
                 guard.update(mps_guard.restore_mode(d.root, modes))  # time-sliced tenants need the old mode
             out.detail.update(guard, key=d.key)
             return out
-    except Exception as exc:  # noqa: BLE001 - MPS trouble must never fail the job or drain the node
+    except Exception as exc:  # MPS trouble must never fail the job or drain the node
         return MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"})
 
 
@@ -402,6 +402,6 @@ def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None, mode
                     out.detail["key"] = d.key
                 out.detail.update(mps_guard.restore_mode(d.root, modes))
                 outcomes.append(out)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcomes.append(MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"}))
     return outcomes

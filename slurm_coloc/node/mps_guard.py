@@ -135,7 +135,7 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[s
             (root / PREV_MODE_FILE).write_text(f"{int(gpu_index)} {prev}\n")  # the Epilog may not know the index
             modes.set(gpu_index, "EXCLUSIVE_PROCESS")
         return {"compute_mode": "EXCLUSIVE_PROCESS", "compute_mode_prev": prev}
-    except Exception as exc:  # noqa: BLE001 - no NVML, no permission: MPS still runs, the check reports it
+    except Exception as exc:  # no NVML, no permission: MPS still runs, the check reports it
         log.warning("GPU %s: cannot set EXCLUSIVE_PROCESS: %s", gpu_index, exc)
         return {"compute_mode_error": f"{type(exc).__name__}: {exc}"}
 
@@ -153,7 +153,7 @@ def restore_mode(root: Path, modes: Any) -> Dict[str, Any]:
         modes.set(int(gpu_s), prev)
         prev_path.unlink()
         return {"compute_mode": prev}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("GPU %s: cannot restore compute mode: %s", gpu_index, exc)
         return {"compute_mode_error": f"{type(exc).__name__}: {exc}"}
 

@@ -153,7 +153,7 @@ class Sampler:
             frame = self.reader.read()
             if frame.error:
                 raise ColocError(f"recorded NVML error: {frame.error}")
-        except Exception as exc:  # noqa: BLE001 - NVMLError (GPU lost, Xid), replay error: keep sampling
+        except Exception as exc:  # NVMLError (GPU lost, Xid), replay error: keep sampling
             self.errors += 1
             self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on",
                        type(exc).__name__, exc)
@@ -174,7 +174,7 @@ class Sampler:
         if self.live is not None:
             try:
                 self.live.observe(frame, procs)
-            except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops sampling
+            except Exception as exc:  # the metrics endpoint never stops sampling
                 self._once(f"live:{type(exc).__name__}", "metrics: cannot publish the frame (%s: %s); sampling "
                            "goes on", type(exc).__name__, exc)
         over = len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf) - MAX_BUFFER_ROWS
@@ -194,7 +194,7 @@ class Sampler:
                 job_pids.setdefault(p.job_id, []).append(p.reading.pid)
         try:
             self.cpu_buf.extend(store_samples.cpu_rows(ts, self.cpu.read(job_pids), self.tick_s))
-        except Exception as exc:  # noqa: BLE001 - CPU figures are extra: never stop the GPU sampling
+        except Exception as exc:  # CPU figures are extra: never stop the GPU sampling
             self._once(f"cpu:{type(exc).__name__}", "cannot read the jobs' CPU use (%s: %s); sampling goes on",
                        type(exc).__name__, exc)
 

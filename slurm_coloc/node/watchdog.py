@@ -256,7 +256,7 @@ class Watchdog:
             return interval_s
         try:
             return self._tick(frame, job_of, interval_s)
-        except Exception as exc:  # noqa: BLE001 - the watchdog must never stop the sampler
+        except Exception as exc:  # the watchdog must never stop the sampler
             self._once(f"tick:{type(exc).__name__}", "watchdog tick failed (%s: %s); sampling goes on",
                        type(exc).__name__, exc)
             return interval_s
@@ -303,7 +303,7 @@ class Watchdog:
                                     message=msg, outcome=outcome)
         try:
             ev = dataclasses.replace(ev, id=store_wd.record_event(self._open(), ev))
-        except Exception as exc:  # noqa: BLE001 - a locked database must not undo the stop
+        except Exception as exc:  # a locked database must not undo the stop
             self._once(f"record:{exc}", "cannot record a watchdog event in %s: %s", self.db_path, exc)
         self.events.append(ev)
         if action == "stop":
@@ -343,18 +343,18 @@ class Watchdog:
         try:
             target = cancel.stderr_target(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=10.0)
             outcome["stderr"] = (append_line_as_user(target.path, target.uid, target.gid, ev.message) or "written")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcome["stderr"] = f"not written: {exc}"
         try:
             cancel.scancel(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=15.0)
             outcome["scancel"] = "ok"
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcome["scancel"] = f"failed: {exc}"
         outcome["done_ts"] = time.time()
         if ev.id is not None:
             try:
                 store_wd.set_outcome(open_node_db(self.db_path, self.cfg.db_busy_timeout_s), ev.id, outcome)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("cannot record the watchdog outcome of job %s: %s", ev.job_id, exc)
         log.warning("watchdog: job %s: %s", ev.job_id, outcome)
 

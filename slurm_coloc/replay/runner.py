@@ -116,7 +116,7 @@ def open_energy_reader() -> Optional[object]:
         from slurm_coloc.nvml import NvmlReader
 
         return NvmlReader(gpm=False)
-    except Exception as exc:  # noqa: BLE001 - no NVML: energy is NULL
+    except Exception as exc:  # no NVML: energy is NULL
         log.info("no NVML for energy: %s", exc)
         return None
 
@@ -133,7 +133,7 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
         try:
             db = open_readonly(cfg.node_db_path(node))
             samples += load_gpu_samples(db, t0, t1, list(range(64)))
-        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+        except Exception as exc:  # unreadable db: metric NULL
             log.info("no samples for %s: %s", node, exc)
     return mean_smact(samples)
 
@@ -152,7 +152,7 @@ def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
         try:
             db = open_readonly(cfg.node_db_path(node))
             samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
-        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+        except Exception as exc:  # unreadable db: metric NULL
             log.info("no samples for %s: %s", node, exc)
     return mean_smact(samples), mean_smact_per_gpu(samples)
 

@@ -173,7 +173,7 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
         report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:
         return {"ok": False, "error": exc.one_line(), "exit_code": exc.exit_code}
-    except Exception as exc:  # noqa: BLE001 - sqlite errors of a damaged file: one line back, the service goes on
+    except Exception as exc:  # sqlite errors of a damaged file: one line back, the service goes on
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split()), "exit_code": 1}
     return {"ok": True, "view": q.view, "rows": rows, "problems": report.problems,
             "jobs": [j.to_json() for j in jobs] if q.view == "jobs" else []}

@@ -144,7 +144,7 @@ class ReaderServer(socketserver.UnixStreamServer):
     def _serve_one(self, request: Any, client_address: Any, uid: int) -> None:
         try:
             self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 - one connection never stops the service
+        except Exception:  # one connection never stops the service
             log.exception("error while serving a client")
         finally:
             self.shutdown_request(request)
@@ -181,7 +181,7 @@ class _Request(socketserver.BaseRequestHandler):
             log.info("answered uid %d: %s", uid, "ok" if reply.get("ok") else reply.get("error"))
         except (OSError, ColocError) as exc:
             log.warning("dropped a client: %s", exc)
-        except Exception:  # noqa: BLE001 - one bad answer must not stop the service
+        except Exception:  # one bad answer must not stop the service
             log.exception("error while answering a client")
             try:
                 sock.sendall(b'{"ok": false, "error": "internal error in the reader (see its log)", '

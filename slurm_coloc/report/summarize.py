@@ -158,7 +158,7 @@ def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunR
             runs = store_jobs.load_job_runs(db)
             summaries = store_samples.load_summaries(db)
             rq.has_samples(db)
-        except Exception as exc:  # noqa: BLE001 - a bad node file is skipped, not fatal
+        except Exception as exc:  # a bad node file is skipped, not fatal
             report.problems.append(f"skipped node database {path.name}: {_msg(exc)}")
             continue
         report.node_dbs[path.stem] = db
@@ -188,7 +188,7 @@ def load_report(cfg: Config) -> Report:
                 report.oom_by_job[o.job_id] = o
                 if o.retry_job_id is not None:
                     report.retry_of[o.retry_job_id] = o.job_id
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             report.problems.append(f"skipped controller database: {_msg(exc)}")
     else:
         report.problems.append(f"no controller database at {path} (no job recorded yet)")

@@ -42,7 +42,7 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
 
         try:
             admin_group = config_mod.load().admin_group
-        except Exception as exc:  # noqa: BLE001 - a bad config is reported by its loader's callers
+        except Exception as exc:  # a bad config is reported by its loader's callers
             log.warning("cannot read admin_group from the config (%s): databases readable by root only", exc)
             admin_group = ""
     if not admin_group:

@@ -73,7 +73,7 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
             continue
         try:
             rows = load_summaries(open_readonly(path), job_id)
-        except Exception as exc:  # noqa: BLE001 - history is best effort
+        except Exception as exc:  # history is best effort
             log.warning("cannot read the summary of job %s from %s: %s", job_id, path, exc)
             continue
         for row in rows:
@@ -94,7 +94,7 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
             continue
         try:
             peak = _node_peak(open_readonly(path), job_id)
-        except Exception as exc:  # noqa: BLE001 - evidence is optional
+        except Exception as exc:  # evidence is optional
             log.warning("cannot read samples of job %s from %s: %s", job_id, path, exc)
             continue
         if peak is not None and (best is None or peak > best):
@@ -116,7 +116,7 @@ def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_
         try:
             if gpu_samples_between(open_readonly(path), start_ts, end_ts):
                 return True
-        except Exception as exc:  # noqa: BLE001 - evidence is optional
+        except Exception as exc:  # evidence is optional
             log.warning("cannot read gpu samples from %s: %s", path, exc)
     return False
 
@@ -133,6 +133,6 @@ def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
         try:
             if has_watchdog_event(open_readonly(path), job_id):
                 return True
-        except Exception as exc:  # noqa: BLE001 - logged; treated as no event
+        except Exception as exc:  # logged; treated as no event
             log.warning("cannot read watchdog events from %s: %s", path, exc)
     return False

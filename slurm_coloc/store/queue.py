@@ -289,7 +289,7 @@ def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[E
             item = decode(Entry(path, name, kind, data, mtime))
         except FileNotFoundError:
             continue  # claimed by another replayer meanwhile
-        except Exception as exc:  # noqa: BLE001 - whatever an entry holds, it must not block the others
+        except Exception as exc:  # whatever an entry holds, it must not block the others
             set_aside(path, name, exc)
             continue
         if item is None:
@@ -303,7 +303,7 @@ def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[E
             continue
         try:
             apply(Entry(claimed, name, kind, data, mtime), item)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if keep(exc):
                 _put_back(claimed, base)
                 raise

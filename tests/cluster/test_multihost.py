@@ -100,7 +100,7 @@ def site(deb_package: Path) -> Iterator[Hosts]:
     subprocess.run(["chmod", "-R", "a+rX", str(shared["home"] / "examples"), str(shared["pkg"])], check=True)
     # the site's one munge key (mungekey(8) of munge 0.5.15), copied to every host below
     subprocess.run(["mungekey", "--create", "--keyfile", str(shared["site"] / "munge.key")], check=True)
-    import torch  # noqa: F401 - where this machine's torch lives
+    import torch  # where this machine's torch lives
     torch_site = str(Path(torch.__file__).parents[1])
     hosts = Hosts(tag, base / "hosts", {str(shared["pkg"]): "/srv/pkg", str(shared["site"]): "/srv/site",
                                         str(shared["home"]): "/srv/home", str(shared["state"]): "/var/lib/slurm-coloc"})

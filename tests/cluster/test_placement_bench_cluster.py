@@ -56,7 +56,7 @@ class FakeSampler(threading.Thread):
             while not self.stop.is_set():
                 try:  # the hooks write the same database: a busy moment must not end the thread
                     store_samples.write_rows(db, store_samples.gpu_rows(time.time(), [g], 0.5), [])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self.errors.append(repr(exc))
                 self.stop.wait(0.5)
         finally:

@@ -125,7 +125,7 @@ def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
         barrier.wait()
         try:
             open_node_db(path, busy_timeout_s=10).conn.close()
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+        except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
     threads = [threading.Thread(target=go) for _ in range(16)]
