@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from slurm_coloc.admin import versioncheck
 from slurm_coloc.admin.munge import check_munge
@@ -110,23 +110,7 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
     if err:
         return [err]
     out: List[Check] = []
-    gpu_files: Dict[str, List[str]] = {}
-    shard_files: Dict[str, Dict[str, int]] = {}
-    autodetect: Dict[str, str] = {}
-    for line in parse_gres_conf(text or ""):
-        kind = line.get("name")
-        nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
-        if line.get("autodetect"):
-            for n in nodes:
-                autodetect[n] = line["autodetect"].lower()
-        files = expand_hostlist(line.get("file", "")) if line.get("file") else []
-        for n in nodes:
-            if kind == "gpu":
-                gpu_files.setdefault(n, []).extend(files)
-            elif kind == "shard":
-                count = int(line.get("count", "0") or 0)
-                for f in files or ["(no File=)"]:
-                    shard_files.setdefault(n, {})[f] = count // max(1, len(files)) if files else count
+    gpu_files, shard_files, autodetect = _gres_lines(text or "")
     gpu_nodes = {n for node in conf.nodes for n in expand_hostlist(node.get("nodename", ""))
                  if parse_gres_counts(node.get("gres", "")).get("gpu")}
     for n in sorted(gpu_nodes | set(gpu_files)):
@@ -142,21 +126,7 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
                                 f"add one 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File=/dev/nvidiaK' "
                                 "line per GPU"))
                 continue
-        bad = False
-        for f in files:
-            if not os.path.exists(f):
-                out.append(fail(name, f"node {n}: GPU device file {f} does not exist",
-                                f"fix File= on the Name=gpu line for {n} (ls /dev/nvidia*)"))
-                bad = True
-            shard_count = shards.get(f)
-            if shard_count is None:
-                out.append(fail(name, f"node {n}: no Name=shard line for {f}",
-                                f"add 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
-                bad = True
-            elif shard_count != cfg.gpu_mem_gib:
-                out.append(fail(name, f"node {n}: {f} has {shard_count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
-                                f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
-                bad = True
+        bad = _check_gpu_files(name, n, files, shards, cfg, out)
         if not files:
             out.append(fail(name, f"node {n}: no Name=gpu line with File=",
                             f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
@@ -164,6 +134,51 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
             how = f" (GPUs from AutoDetect={detect})" if auto else ""
             out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards{how}"))
     return out
+
+
+def _gres_lines(text: str) -> Tuple[Dict[str, List[str]], Dict[str, Dict[str, int]], Dict[str, str]]:
+    """gres.conf by node (``(all)``: a line without ``NodeName=``): the GPU device files, the shard count per
+    device file (``(no File=)`` for a shard line without one), and the ``AutoDetect=`` value (lower case)."""
+    gpu_files: Dict[str, List[str]] = {}
+    shard_files: Dict[str, Dict[str, int]] = {}
+    autodetect: Dict[str, str] = {}
+    for line in parse_gres_conf(text):
+        kind = line.get("name")
+        nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
+        if line.get("autodetect"):
+            for n in nodes:
+                autodetect[n] = line["autodetect"].lower()
+        files = expand_hostlist(line.get("file", "")) if line.get("file") else []
+        for n in nodes:
+            if kind == "gpu":
+                gpu_files.setdefault(n, []).extend(files)
+            elif kind == "shard":
+                count = int(line.get("count", "0") or 0)
+                for f in files or ["(no File=)"]:
+                    shard_files.setdefault(n, {})[f] = count // max(1, len(files)) if files else count
+    return gpu_files, shard_files, autodetect
+
+
+def _check_gpu_files(name: str, node: str, files: List[str], shards: Dict[str, int], cfg: Config,
+                     out: List[Check]) -> bool:
+    """Append a failure to ``out`` for each GPU device file of ``node`` that does not exist or has no shard line
+    with ``Count = cfg.gpu_mem_gib``; returns whether any failed."""
+    bad = False
+    for f in files:
+        if not os.path.exists(f):
+            out.append(fail(name, f"node {node}: GPU device file {f} does not exist",
+                            f"fix File= on the Name=gpu line for {node} (ls /dev/nvidia*)"))
+            bad = True
+        shard_count = shards.get(f)
+        if shard_count is None:
+            out.append(fail(name, f"node {node}: no Name=shard line for {f}",
+                            f"add 'NodeName={node} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
+            bad = True
+        elif shard_count != cfg.gpu_mem_gib:
+            out.append(fail(name, f"node {node}: {f} has {shard_count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
+                            f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
+            bad = True
+    return bad
 
 
 def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:

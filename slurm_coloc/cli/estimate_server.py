@@ -391,6 +391,66 @@ def _replace_older(run_dir: str, log: Callable[[str], None]) -> None:
         pass
 
 
+def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[float]:
+    """Collect the request children that ended (``children``: pid -> monotonic start); returns the monotonic time
+    of the last one collected, or None when none ended."""
+    last = None
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            break
+        if pid == 0:
+            break
+        started = children.pop(pid, time.monotonic())
+        last = time.monotonic()
+        log(f"served child={pid} exit={os.waitstatus_to_exitcode(status)} {last - started:.2f} s")
+    return last
+
+
+def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None], idle: float, stop: List[str],
+           log: Callable[[str], None]) -> None:
+    """Accept requests until ``stop`` holds a reason (SIGTERM) or ``idle`` seconds pass with no child running:
+    each request from this uid is served by a forked child (at most ``MAX_CHILDREN`` at once)."""
+    listener.settimeout(max(0.05, min(1.0, idle / 4)))
+    children: Dict[int, float] = {}
+    last = time.monotonic()
+    while not stop:
+        last = _reap(children, log) or last
+        if not children and time.monotonic() - last > idle:
+            stop.append("idle")
+            break
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        except InterruptedError:
+            continue
+        with conn:
+            uid = _peer_uid(conn)
+            if uid != os.getuid():
+                log(f"refused uid={uid}")
+                continue
+            if len(children) >= MAX_CHILDREN:
+                log("refused: busy")
+                continue
+            last = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    listener.close()
+                    lock.close()
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    code = _child(conn, key, run)
+                except BaseException:  # client falls back in-process
+                    pass
+                finally:
+                    os._exit(code & 0xFF)
+            children[pid] = last
+
+
 def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
     """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
 
@@ -431,52 +491,7 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
     _replace_older(os.path.dirname(path), log)
     stop: List[str] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
-    listener.settimeout(max(0.05, min(1.0, idle / 4)))
-    children: Dict[int, float] = {}
-    last = time.monotonic()
-    while not stop:
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            started = children.pop(pid, time.monotonic())
-            last = time.monotonic()
-            log(f"served child={pid} exit={os.waitstatus_to_exitcode(status)} {last - started:.2f} s")
-        if not children and time.monotonic() - last > idle:
-            stop.append("idle")
-            break
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        except InterruptedError:
-            continue
-        with conn:
-            uid = _peer_uid(conn)
-            if uid != os.getuid():
-                log(f"refused uid={uid}")
-                continue
-            if len(children) >= MAX_CHILDREN:
-                log("refused: busy")
-                continue
-            last = time.monotonic()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    listener.close()
-                    lock.close()
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    code = _child(conn, key, run)
-                except BaseException:  # client falls back in-process
-                    pass
-                finally:
-                    os._exit(code & 0xFF)
-            children[pid] = last
+    _serve(listener, lock, key, run, idle, stop, log)
     try:
         if os.stat(path).st_ino == ino:
             os.unlink(path)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.store.samples import JobSummary
 
@@ -29,6 +29,39 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 
 def _mean(xs: List[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
+
+
+def _energy_and_gpu_s(job_id: int, gpu_rows: Sequence[Dict[str, Any]],
+                      procs_at: Dict[tuple, List[Dict[str, Any]]]) -> Tuple[Optional[float], float]:
+    """The job's share of each GPU's energy (J; None when no interval had an energy or power reading) and of its
+    time (GPU-seconds), interval by interval between consecutive samples of a GPU, by the job's share of the
+    processes there (``procs_at``: (GPU index, ts) -> process rows). Energy is the counter's growth, else the
+    mean power x the interval; a counter that went back (driver reload) uses the power."""
+    energy = gpu_s = 0.0
+    have_energy = False
+    by_gpu: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+    for r in gpu_rows:
+        by_gpu[r["gpu_index"]].append(r)
+    for g, rows in by_gpu.items():
+        rows = sorted(rows, key=lambda r: r["ts"])
+        for prev, cur in zip(rows, rows[1:]):
+            dt = float(cur["ts"]) - float(prev["ts"])
+            if dt <= 0:
+                continue
+            share = _share(job_id, procs_at.get((g, cur["ts"]), []))
+            if share <= 0:
+                continue
+            gpu_s += share * dt
+            de = None
+            if cur.get("energy_j") is not None and prev.get("energy_j") is not None:
+                de = float(cur["energy_j"]) - float(prev["energy_j"])
+                de = de if de >= 0 else None  # counter reset (driver reload)
+            if de is None and cur.get("power_w") is not None and prev.get("power_w") is not None:
+                de = (float(cur["power_w"]) + float(prev["power_w"])) / 2 * dt
+            if de is not None:
+                energy += share * de
+                have_energy = True
+    return (energy if have_energy else None), gpu_s
 
 
 def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[float], end_ts: Optional[float],
@@ -60,35 +93,12 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
     mine = {(p["gpu_index"], p["ts"]) for p in proc_rows if p.get("job_id") == job_id}
     active = [float(r["smact_pct"]) for r in gpu_rows if (r["gpu_index"], r["ts"]) in mine
               and r.get("smact_pct") is not None]
-    energy = gpu_s = 0.0
-    have_energy = False
-    by_gpu: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
-    for r in gpu_rows:
-        by_gpu[r["gpu_index"]].append(r)
-    for g, rows in by_gpu.items():
-        rows = sorted(rows, key=lambda r: r["ts"])
-        for prev, cur in zip(rows, rows[1:]):
-            dt = float(cur["ts"]) - float(prev["ts"])
-            if dt <= 0:
-                continue
-            share = _share(job_id, procs_at.get((g, cur["ts"]), []))
-            if share <= 0:
-                continue
-            gpu_s += share * dt
-            de = None
-            if cur.get("energy_j") is not None and prev.get("energy_j") is not None:
-                de = float(cur["energy_j"]) - float(prev["energy_j"])
-                de = de if de >= 0 else None  # counter reset (driver reload)
-            if de is None and cur.get("power_w") is not None and prev.get("power_w") is not None:
-                de = (float(cur["power_w"]) + float(prev["power_w"])) / 2 * dt
-            if de is not None:
-                energy += share * de
-                have_energy = True
+    energy, gpu_s = _energy_and_gpu_s(job_id, gpu_rows, procs_at)
     cpu = cpu_means(cpu_rows)
     return JobSummary(job_id=job_id, node=node, gpus=",".join(str(g) for g in gpus), start_ts=start_ts,
                       end_ts=end_ts, peak_mem_mib=max(mem_at.values()) if mem_at else None,
                       smact_mean=_mean(smact), smact_p95=percentile(smact, 95), smocc_mean=_mean(smocc),
-                      smocc_p95=percentile(smocc, 95), energy_j=round(energy, 3) if have_energy else None,
+                      smocc_p95=percentile(smocc, 95), energy_j=round(energy, 3) if energy is not None else None,
                       gpu_s=round(gpu_s, 3) if gpu_rows else None, n_samples=len(gpu_rows),
                       tensor_mean=_mean(tensor), dram_mean=_mean(dram),
                       smact_idle_pct=(100.0 * sum(1 for x in active if x < idle_smact_pct) / len(active)

@@ -184,7 +184,23 @@ def run_replay(
     reader = open_energy_reader()
     e0 = _energy(reader)
     t_start = clock()
-    job_of_task: Dict[int, int] = {}
+    problems = _placer_problems(mode, cfg)
+    job_of_task = _submit_tasks(tasks, mode, cfg, job_script, out_dir, extra_sbatch, context_mib, env, t_start,
+                                clock)
+    task_of_job = {j: t for t, j in job_of_task.items()}
+    records = _wait_for_jobs(cfg, task_of_job, env, t_start, deadline_s, clock, poll_s, problems)
+    t_end = clock()
+    runs = runs_from_records(records, task_of_job)
+    energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
+    first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
+    last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
+    smact, per_gpu = sm_activity_per_gpu(cfg, records, first, last)
+    metrics = summarize(mode, len(tasks), runs, smact, energy, {t.index: t.work_s for t in tasks}, per_gpu)
+    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
+
+
+def _placer_problems(mode: str, cfg: Config) -> List[str]:
+    """For a mode held for ``coloc-placer``: a problem line when no placer runs or it runs another policy."""
     problems: List[str] = []
     if mode in PLACER_POLICY:
         from slurm_coloc.placement.daemon import placer_alive, placer_policy
@@ -194,6 +210,19 @@ def run_replay(
         elif placer_policy(cfg) not in (None, PLACER_POLICY[mode]):
             problems.append(f"the running coloc-placer's placement_policy is {placer_policy(cfg)}, not "
                             f"{PLACER_POLICY[mode]}: this pass measured the former")
+    return problems
+
+
+def _submit_tasks(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
+                  extra_sbatch: Sequence[str], context_mib: int, env: Dict[str, str], t_start: float,
+                  clock: Callable[[], float]) -> Dict[int, int]:
+    """Submit each task at its ``submit_s`` offset from ``t_start`` (``clock`` seconds); returns task index ->
+    job id.
+
+    Raises:
+        ColocError: a submission failed (the jobs already submitted are cancelled first).
+    """
+    job_of_task: Dict[int, int] = {}
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
         if delay > 0:
@@ -210,36 +239,33 @@ def run_replay(
             raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
         job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
         log.info("task %s -> job %s", task.index, job_of_task[task.index])
-    task_of_job = {j: t for t, j in job_of_task.items()}
-    records: List[JobInfo] = []
+    return job_of_task
+
+
+def _replay_records(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str]) -> List[JobInfo]:
+    """The queue records of the replay's jobs and their OOM reruns."""
+    return [
+        r
+        for r in squeue_all(cfg.slurm_bin_dir, env)
+        if r.job_id in task_of_job or runs_from_records([r], task_of_job)
+    ]
+
+
+def _wait_for_jobs(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
+                   clock: Callable[[], float], poll_s: float, problems: List[str]) -> List[JobInfo]:
+    """Poll every ``poll_s`` seconds until every job has ended, or cancel what is left once ``deadline_s`` have
+    passed since ``t_start`` (``clock`` seconds; adding a problem line). Returns the last records."""
     while True:
-        records = [
-            r
-            for r in squeue_all(cfg.slurm_bin_dir, env)
-            if r.job_id in task_of_job or runs_from_records([r], task_of_job)
-        ]
+        records = _replay_records(cfg, task_of_job, env)
         if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
-            break
+            return records
         if clock() - t_start > deadline_s:
             left = [r.job_id for r in records if r.state not in FINAL or r.completing]
             problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
             cancel(cfg, left, env)
             time.sleep(2.0)
-            records = [
-                r
-                for r in squeue_all(cfg.slurm_bin_dir, env)
-                if r.job_id in task_of_job or runs_from_records([r], task_of_job)
-            ]
-            break
+            return _replay_records(cfg, task_of_job, env)
         time.sleep(poll_s)
-    t_end = clock()
-    runs = runs_from_records(records, task_of_job)
-    energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
-    first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
-    last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
-    smact, per_gpu = sm_activity_per_gpu(cfg, records, first, last)
-    metrics = summarize(mode, len(tasks), runs, smact, energy, {t.index: t.work_s for t in tasks}, per_gpu)
-    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
 
 
 def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":

@@ -41,14 +41,9 @@ def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]]
     return path
 
 
-def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
-                    viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
-    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
-    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
-    that finds no free lane gets an unlabelled bar and the panel's title counts it. Returns the matplotlib figure."""
-    plt = _plt()
-    fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
-                                                 gridspec_kw={"height_ratios": [3, 3, 2]})
+def _plot_usage(ax_mem: Any, ax_sm: Any, series: Sequence[Tuple[float, object, object]], total_mib: object) -> None:
+    """The memory (GiB, with the GPU's total as a dashed line) and SM activity (%) panels of ``timeline_figure``;
+    ``series``: ``(t, used MiB, SM activity %)``, None where not recorded."""
     xs = [_dt(t) for t, _, _ in series]
     mem = [None if m is None else float(m) / 1024 for _, m, _ in series]  # type: ignore[arg-type]
     sm = [None if s is None else float(s) for _, _, s in series]  # type: ignore[arg-type]
@@ -67,6 +62,12 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
     elif all(s is None for s in sm):
         ax_sm.text(0.5, 0.5, "SM activity not recorded (GPM needs Hopper or newer)", transform=ax_sm.transAxes,
                    ha="center", va="center", color="grey")
+
+
+def _plot_job_lanes(ax_jobs: Any, node: str, gpu: int, jobs: Sequence[JobView], viewer: Viewer, t0: float,
+                    t1: float) -> None:
+    """The job panel of ``timeline_figure``: each job on GPU ``gpu`` of ``node`` as a bar over its span within
+    [t0, t1] (epoch s), in the first free lane, labelled when the panel has room (``timeline_figure``)."""
     mine = [j for j in jobs if (node, gpu) in j.gpu_list and j.start_ts is not None]
     label_jobs = len(mine) <= MAX_LABELS
     bars: Dict[str, Tuple[List[float], List[object], List[object]]] = {}
@@ -112,6 +113,18 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
     if not mine:
         ax_jobs.text(0.5, 0.5, "no job on this GPU in this window", transform=ax_jobs.transAxes, ha="center",
                      va="center", color="grey")
+
+
+def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
+                    viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
+    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
+    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
+    that finds no free lane gets an unlabelled bar and the panel's title counts it. Returns the matplotlib figure."""
+    plt = _plt()
+    fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
+                                                 gridspec_kw={"height_ratios": [3, 3, 2]})
+    _plot_usage(ax_mem, ax_sm, series, total_mib)
+    _plot_job_lanes(ax_jobs, node, gpu, jobs, viewer, t0, t1)
     ax_jobs.set_xlim(_dt(t0), _dt(t1))
     fig.suptitle(f"{node} GPU {gpu}: memory and SM activity, {_dt(t0):%Y-%m-%d %H:%M} to {_dt(t1):%Y-%m-%d %H:%M}"
                  f"  (bars: jobs; red = OOM, orange = wasteful)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
@@ -299,53 +299,81 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
     """
     notes: List[str] = []
     summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing
-    peak = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
-    smact_mean = smact_p95 = smocc_mean = smocc_p95 = util_mean = None
-    diag: Dict[str, object] = {}
-    energy_j = _sum([s.energy_j for s in summaries])
-    used_s = _sum([s.gpu_s for s in summaries])
-    if summaries:
-        first = max(summaries, key=lambda s: s.n_samples)
-        smact_mean, smact_p95, smocc_mean, smocc_p95 = (first.smact_mean, first.smact_p95, first.smocc_mean,
-                                                        first.smocc_p95)
-        diag = {"tensor_mean": first.tensor_mean, "dram_mean": first.dram_mean,
-                "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples,
-                **{k: getattr(first, k) for k in CPU_FIELDS}}
+    fig, diag = _summary_figures(summaries)
     by_node: Dict[str, List[int]] = {}
     for node, idx in job.gpu_list:
         by_node.setdefault(node, []).append(idx)
     if util is not None and summaries:
-        util_mean = util.get(job.job_id)
-        if util_mean is None:
+        fig["util_mean"] = util.get(job.job_id)
+        if fig["util_mean"] is None:
             notes.append("coarse utilization not recorded")
     elif job.start_ts is not None and by_node:
-        t1 = job.end_ts if job.end_ts is not None else job.start_ts + 1e9
-        stats = []
-        for node, idxs in by_node.items():
-            db = report.node_dbs.get(node)
-            if db is not None:
-                stats.extend(rq.gpu_window_stats(db, job.start_ts, t1, idxs))
-                if peak is None:
-                    peak = rq.job_peak_mem_mib(db, job.job_id)
-        if stats:
-            w = sum(s.covered_s for s in stats) or 1.0
-            util_mean = _sum([(s.util_mean or 0) * s.covered_s / w for s in stats if s.util_mean is not None])
-            if not summaries:
-                smact_mean = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats if s.smact_mean is not None])
-                smocc_mean = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats if s.smocc_mean is not None])
-                smact_p95 = max((s.smact_p95 for s in stats if s.smact_p95 is not None), default=None)
-                smocc_p95 = max((s.smocc_p95 for s in stats if s.smocc_p95 is not None), default=None)
-                held = gpus_held(job, cfg)
-                share = (held / max(1, len(job.gpu_list))) if held else 1.0
-                e = _sum([s.energy_j for s in stats])
-                energy_j = None if e is None else e * share
-                notes.append("no Epilog summary: usage read from the GPU samples of its span (energy by share)")
-        else:
-            notes.append("no samples recorded for this job")
+        _sample_figures(job, report, cfg, by_node, bool(summaries), fig, notes)
     elif not by_node:
         notes.append("no GPU recorded for this job")
-    if smact_mean is None and (summaries or by_node) and "no samples recorded for this job" not in notes:
+    if fig["smact_mean"] is None and (summaries or by_node) and "no samples recorded for this job" not in notes:
         notes.append("SM activity/occupancy not recorded (NVML GPM needs Hopper or newer)")
+    if fig["peak"] is None and by_node:
+        notes.append("peak memory not recorded")
+    return _with_figures(job, report, cfg, fig, _sum([s.gpu_s for s in summaries]), notes, diag)
+
+
+_FIGURES = ("peak", "util_mean", "smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "energy_j")
+
+
+def _summary_figures(summaries: List[store_samples.JobSummary]) -> Tuple[Dict[str, Optional[float]], Dict[str, object]]:
+    """The job's figures from its Epilog summaries (``_FIGURES``: peak MiB, percentages, energy J; the SM figures
+    from the summary with the most samples) and that summary's diagnostics (``JobView`` fields)."""
+    fig: Dict[str, Optional[float]] = dict.fromkeys(_FIGURES)
+    fig["peak"] = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
+    fig["energy_j"] = _sum([s.energy_j for s in summaries])
+    if not summaries:
+        return fig, {}
+    first = max(summaries, key=lambda s: s.n_samples)
+    fig.update(smact_mean=first.smact_mean, smact_p95=first.smact_p95, smocc_mean=first.smocc_mean,
+               smocc_p95=first.smocc_p95)
+    diag = {"tensor_mean": first.tensor_mean, "dram_mean": first.dram_mean,
+            "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples,
+            **{k: getattr(first, k) for k in CPU_FIELDS}}
+    return fig, diag
+
+
+def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str, List[int]], summarized: bool,
+                    fig: Dict[str, Optional[float]], notes: List[str]) -> None:
+    """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``by_node``: node -> GPU indexes): the
+    utilization always, the peak when no summary gave one, and, without any summary (``summarized``), the SM
+    figures and the job's share of the GPUs' energy. Adds a note saying which."""
+    t1 = job.end_ts if job.end_ts is not None else job.start_ts + 1e9  # type: ignore[operator]
+    stats = []
+    for node, idxs in by_node.items():
+        db = report.node_dbs.get(node)
+        if db is not None:
+            stats.extend(rq.gpu_window_stats(db, job.start_ts, t1, idxs))
+            if fig["peak"] is None:
+                fig["peak"] = rq.job_peak_mem_mib(db, job.job_id)
+    if not stats:
+        notes.append("no samples recorded for this job")
+        return
+    w = sum(s.covered_s for s in stats) or 1.0
+    fig["util_mean"] = _sum([(s.util_mean or 0) * s.covered_s / w for s in stats if s.util_mean is not None])
+    if summarized:
+        return
+    fig["smact_mean"] = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats if s.smact_mean is not None])
+    fig["smocc_mean"] = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats if s.smocc_mean is not None])
+    fig["smact_p95"] = max((s.smact_p95 for s in stats if s.smact_p95 is not None), default=None)
+    fig["smocc_p95"] = max((s.smocc_p95 for s in stats if s.smocc_p95 is not None), default=None)
+    held = gpus_held(job, cfg)
+    share = (held / max(1, len(job.gpu_list))) if held else 1.0
+    e = _sum([s.energy_j for s in stats])
+    fig["energy_j"] = None if e is None else e * share
+    notes.append("no Epilog summary: usage read from the GPU samples of its span (energy by share)")
+
+
+def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Optional[float]],
+                  used_s: Optional[float], notes: List[str], diag: Dict[str, object]) -> JobView:
+    """``job`` with the figures, the estimate's error against the peak (MiB, %), the unused grant (MiB), GPU hours
+    held and used, the OOM/rerun fields, the watchdog's reason and the notes."""
+    peak, energy_j = fig["peak"], fig["energy_j"]
     req = requested_mib(job, cfg)
     err = err_pct = unused = None
     if peak is not None and job.estimate_mib is not None:
@@ -353,20 +381,19 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         err_pct = 100.0 * err / peak if peak > 0 else None
     if peak is not None and req is not None:
         unused = max(0.0, req - peak)
-    if peak is None and by_node:
-        notes.append("peak memory not recorded")
     held = gpus_held(job, cfg)
     gpu_hours = None if held is None or job.runtime_s is None else held * job.runtime_s / 3600.0
-    watchdog = watchdog_reason(job, report)
     o = report.oom_by_job.get(job.job_id)
     retry_outcome = None
     if o is not None:
         retry_outcome = o.retry_state or (f"retry {o.retry_status}" if o.retry_status else None)
     return replace(
         job, requested_mib=req, peak_mem_mib=peak, estimate_error_mib=err, estimate_error_pct=err_pct,
-        unused_mib=unused, util_mean=util_mean, smact_mean=smact_mean, smact_p95=smact_p95, smocc_mean=smocc_mean,
-        smocc_p95=smocc_p95, energy_kwh=None if energy_j is None else energy_j / 3.6e6, gpu_hours=gpu_hours,
+        unused_mib=unused, util_mean=fig["util_mean"], smact_mean=fig["smact_mean"], smact_p95=fig["smact_p95"],
+        smocc_mean=fig["smocc_mean"], smocc_p95=fig["smocc_p95"],
+        energy_kwh=None if energy_j is None else energy_j / 3.6e6, gpu_hours=gpu_hours,
         gpu_hours_used=None if used_s is None else used_s / 3600.0, oom=o is not None,
         retry_of=report.retry_of.get(job.job_id) or (o.retry_of if o else None),
         retry_status=o.retry_status if o else None, retry_job_id=o.retry_job_id if o else None,
-        retry_outcome=retry_outcome, watchdog=watchdog, notes=notes, **diag)  # type: ignore[arg-type]
+        retry_outcome=retry_outcome, watchdog=watchdog_reason(job, report), notes=notes,
+        **diag)  # type: ignore[arg-type]
