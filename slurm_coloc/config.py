@@ -467,6 +467,28 @@ def _validate(cfg: Config) -> Config:
     return cfg
 
 
+def _read_file(file_path: Path) -> Dict[Any, Any]:
+    """The mapping a config file holds (an empty file: none).
+
+    Raises:
+        ConfigError: unreadable, not YAML, or not a mapping (one line naming the file).
+    """
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {reason}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(file_path)!r} must be a mapping of key: value")
+    return data
+
+
 def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
     """Load the config.
 
@@ -489,20 +511,7 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
     except (OSError, ValueError):
         present = True  # let the read below report it
     if present or explicit:
-        try:
-            text = file_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            reason = " ".join(str(exc).split())
-            raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {reason}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(file_path)!r} must be a mapping of key: value")
-        values.update(data)
+        values.update(_read_file(file_path))
     known = {f.name: f for f in fields(Config)}
     for key in values:
         if key not in known:

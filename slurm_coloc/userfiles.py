@@ -22,7 +22,7 @@ import signal
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 MAX_TAIL_BYTES = 64 * 1024
 
@@ -67,42 +67,10 @@ def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, li
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
-        code = 1
-        try:
-            os.close(rfd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            if os.getuid() != uid or os.geteuid() != uid:
-                raise PermissionError("could not drop privileges")
-            payload = b"O" + work()
-            code = 0
-        except BaseException as exc:  # report anything to the parent, then exit
-            payload = b"E" + str(exc).encode("utf-8", "replace")[:500]
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(wfd, view):]
-        finally:
-            os._exit(code)
+        _child_as_user(rfd, wfd, uid, gid, work)
     os.close(wfd)
-    chunks, total = [], 0
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"gave up after {timeout_s:g} s")
-            ready, _, _ = select.select([rfd], [], [], left)
-            if not ready:
-                continue
-            data = os.read(rfd, 65536)
-            if not data:
-                break
-            total += len(data)
-            if total > limit_bytes + 600:
-                raise PermissionError("child sent more than asked")
-            chunks.append(data)
+        out = _read_reply(rfd, timeout_s, limit_bytes)
     finally:
         os.close(rfd)
         try:
@@ -111,10 +79,58 @@ def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, li
                 os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-    out = b"".join(chunks)
     if out[:1] != b"O":
         raise PermissionError(out[1:].decode("utf-8", "replace") or "child failed")
     return out[1:]
+
+
+def _child_as_user(rfd: int, wfd: int, uid: int, gid: int, work: Callable[[], bytes]) -> NoReturn:
+    """The child of ``_as_user``: drop to ``uid``/``gid`` (no supplementary groups), run ``work`` and write
+    ``O`` + its bytes, or ``E`` + the error (at most 500 bytes), to ``wfd``; then exit."""
+    code = 1
+    try:
+        os.close(rfd)
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise PermissionError("could not drop privileges")
+        payload = b"O" + work()
+        code = 0
+    except BaseException as exc:  # report anything to the parent, then exit
+        payload = b"E" + str(exc).encode("utf-8", "replace")[:500]
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(wfd, view):]
+    finally:
+        os._exit(code)
+
+
+def _read_reply(rfd: int, timeout_s: float, limit_bytes: int) -> bytes:
+    """Everything the child writes to ``rfd`` until it closes it.
+
+    Raises:
+        TimeoutError: not done within ``timeout_s``.
+        PermissionError: more than ``limit_bytes`` (plus the error's room) came.
+    """
+    chunks, total = [], 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"gave up after {timeout_s:g} s")
+        ready, _, _ = select.select([rfd], [], [], left)
+        if not ready:
+            continue
+        data = os.read(rfd, 65536)
+        if not data:
+            break
+        total += len(data)
+        if total > limit_bytes + 600:
+            raise PermissionError("child sent more than asked")
+        chunks.append(data)
+    return b"".join(chunks)
 
 
 def read_tail_as_user(path: str, uid: int, gid: int, max_bytes: int = MAX_TAIL_BYTES,
