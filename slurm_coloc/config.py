@@ -5,9 +5,9 @@ The file is ``$COLOC_CONFIG`` if set, else ``/etc/slurm-coloc/coloc.yaml``; a mi
 file means "all defaults", a missing ``$COLOC_CONFIG`` file is an error. Unknown keys and
 bad values raise ``ConfigError`` naming the key.
 
-The keys are flat (in YAML and as attributes: ``cfg.gpu_mem_gib``) and grouped in sections, one frozen dataclass
-each (``SECTIONS``), which ``Config`` joins. Each key declares its valid values beside its default (``_key``:
-bounds, choices, not empty); ``_validate`` checks those declarations and the few rules between keys
+The keys are flat (in YAML and as attributes: ``cfg.gpu_mem_gib``) and grouped in sections, one frozen
+dataclass each (``SECTIONS``), which ``Config`` joins. Each key declares its valid values beside its default
+(``_key``: bounds, choices, not empty); ``_validate`` checks those declarations and the few rules between keys
 (``CROSS_RULES``).
 """
 from __future__ import annotations
@@ -38,7 +38,8 @@ GPM_MIN_INTERVAL_S = 0.1  # NVML GPM samples need at least this period (s)
 def _key(default: Any = None, *, ge: Optional[float] = None, gt: Optional[float] = None,
          le: Optional[float] = None, choices: Tuple[str, ...] = (), nonempty: bool = False, why: str = "",
          factory: Optional[Callable[[], Any]] = None) -> Any:
-    """A config key: its default (or ``factory`` for a mutable one) and its valid values, checked by ``_validate``.
+    """A config key: its default (or ``factory`` for a mutable one) and its valid values, checked by
+    ``_validate``.
 
     Args:
         ge, gt, le: bounds (>=, >, <=) of a number.
@@ -96,9 +97,10 @@ class EstimateConfig:
         gpu_model: the GPU model estimates are made for (a name ``estimate/gpus.py`` knows: ``H100``,
             ``H200``, ``A100``), for jobs whose partition ``gpu_model_by_partition`` does not name.
         gpu_model_by_partition: partition name -> GPU model of its nodes. In YAML a mapping
-            (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string) ``part=model,part=model``.
-        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
-            it kills it and submits as without an estimate (a whole GPU; s, up to 3600).
+            (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string)
+            ``part=model,part=model``.
+        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run
+            before it kills it and submits as without an estimate (a whole GPU; s, up to 3600).
         probe: run the script probe (``on``/``off``): coloc-sbatch runs the batch script's training program on
             fake tensors to estimate its GPU memory (docs/user.md "The script probe").
         probe_timeout_s: the probe's wall-clock limit (s, up to 3600); a program that has not stepped by then
@@ -123,12 +125,13 @@ class HookConfig:
         oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
             (0: none at all).
         oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
-        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have
-            seen a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
-        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py): ``merge``
-            (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which jobstats decodes
-            as the whole field, is left alone), ``if-empty`` (only into an empty field or one holding only ours),
-            ``off`` (never; the summary stays in ctld.db and coloc-report).
+        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must
+            have seen a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM
+            rerun.
+        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py):
+            ``merge`` (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which
+            jobstats decodes as the whole field, is left alone), ``if-empty`` (only into an empty field or one
+            holding only ours), ``off`` (never; the summary stays in ctld.db and coloc-report).
     """
 
     hook_timeout_s: float = _key(20.0, gt=0, le=MAX_TIMEOUT_S)
@@ -144,15 +147,17 @@ class MpsConfig:
 
     Attributes:
         mps_mode: ``multi-user`` | ``per-user`` | ``off`` (docs/admin.md explains each).
-        mps_control_bin: ``nvidia-cuda-mps-control`` (searched in PATH and the NVIDIA/CUDA bin dirs) or a path.
+        mps_control_bin: ``nvidia-cuda-mps-control`` (searched in PATH and the NVIDIA/CUDA bin dirs) or a
+            path.
         mps_keep_warm: keep a GPU's MPS daemon running after its last shared job ends.
-        mps_start_timeout_s: how long the Prolog waits for an MPS daemon to come up or go down (s, up to 3600).
+        mps_start_timeout_s: how long the Prolog waits for an MPS daemon to come up or go down (s, up to
+            3600).
         mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among
             the jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``;
             docs/node.md "What MPS enforces").
-        mps_compute_mode: ``leave`` (never touch the compute mode) | ``exclusive-process`` (the Prolog sets a GPU
-            to EXCLUSIVE_PROCESS when its first shard job starts and restores the previous mode when its last one
-            ends; multi-user MPS only).
+        mps_compute_mode: ``leave`` (never touch the compute mode) | ``exclusive-process`` (the Prolog sets a
+            GPU to EXCLUSIVE_PROCESS when its first shard job starts and restores the previous mode when its
+            last one ends; multi-user MPS only).
     """
 
     mps_mode: str = _key("multi-user", choices=MPS_MODES)
@@ -176,14 +181,16 @@ class SamplerConfig:
         sampler_downsample_s: resolution of folded old samples (s).
         sampler_retention_days: samples older than this are deleted (job summaries stay).
         sampler_replay_path: CI/demo only: replay this NVML recording instead of reading NVML.
-        watchdog_action: what the sampler's watchdog does to a job over its grant or outside MPS on a shared GPU:
-            ``stop`` (SIGKILL its GPU processes, scancel, tell the user, record), ``record`` (record only), ``off``.
+        watchdog_action: what the sampler's watchdog does to a job over its grant or outside MPS on a shared
+            GPU: ``stop`` (SIGKILL its GPU processes, scancel, tell the user, record), ``record`` (record
+            only), ``off``.
         watchdog_tolerance_mib: memory a job may use above its grant before the watchdog acts (MiB).
-        watchdog_interval_s: the sampler's period while a shard job runs on the node (s, at least 0.1; the lower
-            of this and ``sampler_interval_s``).
+        watchdog_interval_s: the sampler's period while a shard job runs on the node (s, at least 0.1; the
+            lower of this and ``sampler_interval_s``).
         watchdog_fast_interval_s: the period while a tenant is above ``watchdog_near_pct`` of its grant or a
             suspicion awaits its confirming read (s, at least 0.1).
-        watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate (%).
+        watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate
+            (%).
     """
 
     sampler_interval_s: float = _key(1.0, ge=GPM_MIN_INTERVAL_S, why="GPM minimum")
@@ -207,10 +214,11 @@ class MetricsConfig:
     Attributes:
         exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
         exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the
-            node's management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and
-            job ids).
-        exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
-            and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
+            node's management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names
+            and job ids).
+        exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the
+            names and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared
+            GPUs).
     """
 
     exporter_port: int = _key(9466, ge=0, le=65535, why="0: off")
@@ -223,31 +231,33 @@ class PlacementConfig:
     """Placement: coloc-placer's policy, its CARMA gate and its timing.
 
     Attributes:
-        placement_policy: ``throughput`` (default: pack each GPU while the predicted slowdown of every job on it
-            stays within ``placement_max_slowdown``, from measured activity alone and the fitted sharing model,
-            ``placement/share.py``; the gate only where a job has no measured data) or ``gate`` (the CARMA gate
-            over live + predicted activity for every job).
-        placement_max_slowdown: the ``throughput`` policy's bound on a job's predicted slowdown while it shares a
-            GPU (x its speed alone; 1.0-10.0; 1.2 favours latency, 3 throughput).
+        placement_policy: ``throughput`` (default: pack each GPU while the predicted slowdown of every job on
+            it stays within ``placement_max_slowdown``, from measured activity alone and the fitted sharing
+            model, ``placement/share.py``; the gate only where a job has no measured data) or ``gate`` (the
+            CARMA gate over live + predicted activity for every job).
+        placement_max_slowdown: the ``throughput`` policy's bound on a job's predicted slowdown while it
+            shares a GPU (x its speed alone; 1.0-10.0; 1.2 favours latency, 3 throughput).
         placement_history_max_age_s: measured runs (and a ``placement_history_path`` file) older than this are
             stale and ignored (s).
-        placement_mode: coloc-placer's order among GPUs that qualify (``gate`` policy): ``spread`` (least loaded
-            first) or ``consolidate`` (most loaded that stays under the gate first, for energy).
+        placement_mode: coloc-placer's order among GPUs that qualify (``gate`` policy): ``spread`` (least
+            loaded first) or ``consolidate`` (most loaded that stays under the gate first, for energy).
         placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
-            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
-        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
+            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >=
+            drama_gate).
+        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample
+            (s).
         placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
-        placement_recent_s: a job the placer sent to a GPU counts with its predicted activity for this long, on
-            top of the GPU's live state, while it starts and before its work shows in the samples (s; 0 = the
-            value of ``placement_window_s``). Long enough and the GPU takes no new tenant while the last ones
-            start; shorter and the next job's start-up (imports, CUDA set-up) overlaps the others' work.
+        placement_recent_s: a job the placer sent to a GPU counts with its predicted activity for this long,
+            on top of the GPU's live state, while it starts and before its work shows in the samples (s; 0 =
+            the value of ``placement_window_s``). Long enough and the GPU takes no new tenant while the last
+            ones start; shorter and the next job's start-up (imports, CUDA set-up) overlaps the others' work.
         placement_interval_s: coloc-placer's loop period (s).
         placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
         placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
-        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier database),
-            by job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions), read by
-            coloc-placer as one more earlier run of each signature ("" = none; written by ``benchmarks/device``
-            tools).
+        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier
+            database), by job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions),
+            read by coloc-placer as one more earlier run of each signature ("" = none; written by
+            ``benchmarks/device`` tools).
     """
 
     placement_policy: str = _key("throughput", choices=PLACEMENT_POLICIES)
@@ -279,16 +289,17 @@ class ReportConfig:
         report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
         diag_*: thresholds of the per-job findings of coloc-report (report/diagnose.py; docs/report.md,
             "Findings"): ``diag_min_runtime_s`` / ``diag_min_samples`` (shorter or fewer: no finding),
-            ``diag_idle_smact_pct`` (a sample below this SM activity is idle), ``diag_input_bound_smact_pct`` /
-            ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` / ``diag_no_tensor_max_tensor_pct``,
-            ``diag_low_occupancy_smocc_pct`` / ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``,
-            ``diag_over_request_ratio`` (request / (peak + headroom) at or above this); the CPU evidence:
-            ``diag_loader_busy_pct`` (loader workers using at least this % of one core each, or the job's
-            processes this % of its CPUs, are saturated), ``diag_train_waiting_cores`` (a training process using
-            at most this many cores waits), ``diag_train_busy_cores`` (at least this: it is busy itself:
-            launching kernels, or loading data without workers), ``diag_input_bound_self_idle_pct`` (a job
-            without loader workers reads as loading its data itself only when the GPU idled in at least this %
-            of its samples). Percentages are 0-100.
+            ``diag_idle_smact_pct`` (a sample below this SM activity is idle), ``diag_input_bound_smact_pct``
+            / ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` /
+            ``diag_no_tensor_max_tensor_pct``, ``diag_low_occupancy_smocc_pct`` /
+            ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``, ``diag_over_request_ratio`` (request
+            / (peak + headroom) at or above this); the CPU evidence: ``diag_loader_busy_pct`` (loader workers
+            using at least this % of one core each, or the job's processes this % of its CPUs, are saturated),
+            ``diag_train_waiting_cores`` (a training process using at most this many cores waits),
+            ``diag_train_busy_cores`` (at least this: it is busy itself: launching kernels, or loading data
+            without workers), ``diag_input_bound_self_idle_pct`` (a job without loader workers reads as
+            loading its data itself only when the GPU idled in at least this % of its samples). Percentages
+            are 0-100.
     """
 
     report_socket_path: str = ""
@@ -317,12 +328,14 @@ SECTIONS: Tuple[type, ...] = (SiteConfig, SubmitConfig, EstimateConfig, HookConf
 """The sections in the order ``fields(Config)`` and the sample ``coloc.yaml`` list them."""
 
 
-# The bases in reverse: a dataclass lists its bases' fields from the last base to the first (SiteConfig's first).
+# The bases in reverse: a dataclass lists its bases' fields from the last base to the first (SiteConfig's
+# first).
 @dataclass(frozen=True)
-class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsConfig, HookConfig, EstimateConfig,
+class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsConfig, HookConfig,
+             EstimateConfig,
              SubmitConfig, SiteConfig):
-    """All settings, flat (``cfg.<key>``), from the sections of ``SECTIONS``; units are in the names. Each key's
-    meaning is in its section's docstring; ``coloc-admin config --sample`` prints them all."""
+    """All settings, flat (``cfg.<key>``), from the sections of ``SECTIONS``; units are in the names. Each
+    key's meaning is in its section's docstring; ``coloc-admin config --sample`` prints them all."""
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -402,7 +415,8 @@ def _coerce_field(f: Field[Any], value: Any) -> Any:
 
 CROSS_RULES: Tuple[Tuple[str, Callable[[Config], bool], str], ...] = (
     ("mps_compute_mode", lambda c: c.mps_compute_mode != "exclusive-process" or c.mps_mode == "multi-user",
-     "exclusive-process needs mps_mode multi-user (per-user daemons would each need their own context on the GPU)"),
+     "exclusive-process needs mps_mode multi-user (per-user daemons would each need their own context on the "
+     "GPU)"),
     ("sampler_raw_retention_h", lambda c: c.sampler_raw_retention_h <= 24 * c.sampler_retention_days,
      "must be <= 24 x sampler_retention_days"),
     ("diag_train_waiting_cores", lambda c: c.diag_train_waiting_cores < c.diag_train_busy_cores,
@@ -413,7 +427,10 @@ CROSS_RULES: Tuple[Tuple[str, Callable[[Config], bool], str], ...] = (
 
 def _interval(meta: Mapping[str, Any]) -> str:
     """A key's declared bounds in words: ``[0.1, inf)``, ``(0, 3600]``."""
-    lo = f"({meta['gt']:g}" if meta["gt"] is not None else f"[{meta['ge']:g}" if meta["ge"] is not None else "(-inf"
+    if meta["gt"] is not None:
+        lo = f"({meta['gt']:g}"
+    else:
+        lo = f"[{meta['ge']:g}" if meta["ge"] is not None else "(-inf"
     hi = f"{meta['le']:g}]" if meta["le"] is not None else "inf)"
     return f"{lo}, {hi}"
 
@@ -434,11 +451,12 @@ def allowed(f: Field[Any]) -> str:
 
 
 def _check_key(f: Field[Any], value: Any) -> None:
-    """Raise ConfigError (one line naming the key, the value and what is allowed) when ``value`` breaks what key
-    ``f`` declares (``_key``), is a NaN or infinite number, or holds a NUL byte."""
+    """Raise ConfigError (one line naming the key, the value and what is allowed) when ``value`` breaks what
+    key ``f`` declares (``_key``), is a NaN or infinite number, or holds a NUL byte."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
-    texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value, dict) else []
+    texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value,
+                                                                                           dict) else []
     if any("\0" in text for text in texts):
         raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
     meta = f.metadata
@@ -448,7 +466,8 @@ def _check_key(f: Field[Any], value: Any) -> None:
         raise ConfigError(f"config key {f.name!r}: {value!r} is not one of {', '.join(meta['choices'])}")
     if meta["nonempty"] and not value.strip():
         raise ConfigError(f"config key {f.name!r} is empty")
-    if (meta["ge"] is not None and not value >= meta["ge"]) or (meta["gt"] is not None and not value > meta["gt"]) \
+    if (meta["ge"] is not None and not value >= meta["ge"]) \
+            or (meta["gt"] is not None and not value > meta["gt"]) \
             or (meta["le"] is not None and not value <= meta["le"]):
         raise ConfigError(f"config key {f.name!r}: {value!r} is outside {allowed(f)}")
 
@@ -579,9 +598,9 @@ MAX_JOB_ENV_CONFIG_BYTES = 1 << 20  # a root-owned log named as COLOC_CONFIG mus
 def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
 
-    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
-    would move the env file the TaskProlog reads), and ``COLOC_CONFIG`` only when it names a regular
-    file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken
+    (``COLOC_RUN_DIR`` would move the env file the TaskProlog reads), and ``COLOC_CONFIG`` only when it names
+    a regular file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
 
     Raises:
         ConfigError: neither loads (the error of the named root-owned file where there is one).

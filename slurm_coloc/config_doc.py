@@ -1,6 +1,6 @@
 """The config described from ``config.Config`` itself: the commented sample ``coloc.yaml`` (every key at its
-default, section by section, each with its meaning from its section's docstring) and the effective config with the
-source of each value.
+default, section by section, each with its meaning from its section's docstring) and the effective config with
+the source of each value.
 
 ``deploy/coloc.yaml`` (shipped as ``/etc/slurm-coloc/coloc.yaml`` by the Debian package) is ``sample_yaml()``;
 tests/test_config_doc.py fails when it drifts from the fields.
@@ -28,8 +28,9 @@ HEADER = """\
 
 
 def _descriptions(section: type) -> List[Tuple[List[str], str]]:
-    """``[(names, text)]`` from the ``Attributes:`` section of a config section's docstring (``config.SECTIONS``),
-    in order. ``names`` are the comma-separated names of an entry (``diag_*`` stays a pattern)."""
+    """``[(names, text)]`` from the ``Attributes:`` section of a config section's docstring
+    (``config.SECTIONS``), in order. ``names`` are the comma-separated names of an entry (``diag_*`` stays a
+    pattern)."""
     doc = section.__doc__ or ""
     body = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
     entries: List[Tuple[List[str], str]] = []
@@ -51,7 +52,8 @@ def _entry_of(name: str, entries: List[Tuple[List[str], str]]) -> int:
 
 
 def _item(name: str, value: Any) -> str:
-    """``name: value`` on one line, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for "")."""
+    """``name: value`` on one line, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for
+    "")."""
     text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
     return text[1:-1].strip()  # without the braces of the one-item mapping
 
@@ -62,10 +64,10 @@ def _comment(text: str) -> List[str]:
 
 
 def sample_yaml() -> str:
-    """The sample config: for each section of ``config.SECTIONS`` its title, then every key it declares commented
-    out at its default, after its description (a group of keys described together, e.g. ``diag_*``, gets its
-    text once) and followed by the values it allows (``config.allowed``). The keys come in ``fields(Config)``
-    order."""
+    """The sample config: for each section of ``config.SECTIONS`` its title, then every key it declares
+    commented out at its default, after its description (a group of keys described together, e.g. ``diag_*``,
+    gets its text once) and followed by the values it allows (``config.allowed``). The keys come in
+    ``fields(Config)`` order."""
     defaults = config_mod.Config()
     out = [HEADER.rstrip("\n")]
     for section in config_mod.SECTIONS:
@@ -96,8 +98,8 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     """The effective config and where each value comes from.
 
     Returns:
-        ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was read
-        (a missing default file means all defaults), ``sources`` key -> ``"default"``, ``"file"`` or
+        ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was
+        read (a missing default file means all defaults), ``sources`` key -> ``"default"``, ``"file"`` or
         ``"env COLOC_<KEY>"``.
 
     Raises:
@@ -113,7 +115,8 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     sources: Dict[str, str] = {}
     for f in fields(config_mod.Config):
         var = f"COLOC_{f.name.upper()}"
-        sources[f.name] = f"env {var}" if env.get(var) is not None else "file" if f.name in in_file else "default"
+        in_env = env.get(var) is not None
+        sources[f.name] = f"env {var}" if in_env else "file" if f.name in in_file else "default"
     return cfg, file, read, sources
 
 

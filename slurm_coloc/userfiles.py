@@ -1,9 +1,9 @@
 """Reading the tail of a job's output file, and appending a line to it, as the job's user, from a root hook.
 
-A root hook that opens a path a user chose can be made to read (or write) any file on the host: the user replaces
-the file, or a directory on its path, with a symlink. Here the open happens in a forked child that has dropped to
-the job's uid/gid (``os.setgroups([])``, ``os.setgid``, ``os.setuid``), so every directory on the path is checked
-with the user's own permissions, and:
+A root hook that opens a path a user chose can be made to read (or write) any file on the host: the user
+replaces the file, or a directory on its path, with a symlink. Here the open happens in a forked child that
+has dropped to the job's uid/gid (``os.setgroups([])``, ``os.setgid``, ``os.setuid``), so every directory on
+the path is checked with the user's own permissions, and:
 
 - the last component is opened with ``O_NOFOLLOW`` (a planted symlink fails with ``ELOOP``), ``O_NONBLOCK``
   (a planted FIFO cannot block us) and ``O_NOCTTY``;
@@ -38,7 +38,8 @@ class TailResult:
 
 
 def _open_checked(path: str, uid: int, flags: int) -> int:
-    """In the child: open ``path`` without following a final symlink; must be a regular file owned by ``uid``."""
+    """In the child: open ``path`` without following a final symlink; must be a regular file owned by
+    ``uid``."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
@@ -135,7 +136,8 @@ def _read_reply(rfd: int, timeout_s: float, limit_bytes: int) -> bytes:
 
 def read_tail_as_user(path: str, uid: int, gid: int, max_bytes: int = MAX_TAIL_BYTES,
                       timeout_s: float = 5.0) -> TailResult:
-    """The last ``max_bytes`` of ``path`` read as ``uid``/``gid`` (module docstring: no symlinks, owner check).
+    """The last ``max_bytes`` of ``path`` read as ``uid``/``gid`` (module docstring: no symlinks, owner
+    check).
 
     Args:
         path: absolute path (the expanded ``StdErr``/``StdOut`` of ``scontrol show job -o``).

@@ -1,5 +1,6 @@
 """The package's shape rules that ruff does not state: no function over 60 lines (docstring included), and no
-help or docstring that names the issue or run a piece of code came from (that history is docs/reliability.md's)."""
+help or docstring that names the issue or run a piece of code came from (that history is
+docs/reliability.md's)."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +9,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurm_coloc"
 MAX_FUNCTION_LINES = 60
-# Issue 33: other engineers are splitting these on their own branches; the lead removes each entry after merging.
+# Issue 33: other engineers are splitting these on their own branches; the lead removes each entry after
+# merging.
 NOT_YET = ("probe/", "placement/", "hooks/oom.py:handle_job_end", "hooks/runner.py:run_bounded")
 
 
@@ -37,7 +39,8 @@ def test_a_too_long_function_is_found() -> None:
 def test_no_docstring_names_an_issue_or_run() -> None:
     history = re.compile(r"\(issue \d+|issue \d+,? (run|N)\d*|\brun \d+\)")
     found = []
-    for rel, node in [(p.relative_to(PACKAGE).as_posix(), ast.parse(p.read_text())) for p in PACKAGE.rglob("*.py")]:
+    for rel, node in [(p.relative_to(PACKAGE).as_posix(), ast.parse(p.read_text()))
+                      for p in PACKAGE.rglob("*.py")]:
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(sub) or ""

@@ -60,7 +60,8 @@ def test_gpu_model_by_partition(tmp_path):
     f.write_text("gpu_model: H200\ngpu_model_by_partition:\n  old: A100\n  7: H100\n")
     cfg = load(str(f), environ={})
     assert cfg.gpu_model_by_partition == {"old": "A100", "7": "H100"}
-    assert (cfg.gpu_model_for("old"), cfg.gpu_model_for("7"), cfg.gpu_model_for("x"), cfg.gpu_model_for(None)) == \
+    assert (cfg.gpu_model_for("old"), cfg.gpu_model_for("7"), cfg.gpu_model_for("x"),
+            cfg.gpu_model_for(None)) == \
         ("A100", "H100", "H200", "H200")
     env = {"COLOC_GPU_MODEL_BY_PARTITION": "a = A100, b=H200,", "COLOC_GPU_MODEL": "A100"}
     cfg = load(str(f), environ=env)  # the environment replaces the file's mapping as a whole
@@ -75,7 +76,8 @@ def test_gpu_model_by_partition(tmp_path):
     ("gpu_mem_gib: 0\n", "config key 'gpu_mem_gib': 0 is outside [1, 4096]"),
     ("gpu_mem_gib: 4097\n", "config key 'gpu_mem_gib': 4097 is outside [1, 4096]"),
     ("hook_timeout_s: 0\n", "config key 'hook_timeout_s': 0.0 is outside (0, 3600]"),
-    ("sampler_interval_s: 0.05\n", "config key 'sampler_interval_s': 0.05 is outside [0.1, inf) (GPM minimum)"),
+    ("sampler_interval_s: 0.05\n",
+     "config key 'sampler_interval_s': 0.05 is outside [0.1, inf) (GPM minimum)"),
     ("placement_smact_gate: 1.5\n", "config key 'placement_smact_gate': 1.5 is outside (0, 1]"),
     ("diag_loader_busy_pct: -1\n", "config key 'diag_loader_busy_pct': -1.0 is outside [0, 100]"),
     ("exporter_port: 70000\n", "config key 'exporter_port': 70000 is outside [0, 65535] (0: off)"),
@@ -87,7 +89,8 @@ def test_gpu_model_by_partition(tmp_path):
      "config key 'mps_compute_mode': 'exclusive-process': exclusive-process needs mps_mode multi-user"),
     ("sampler_retention_days: 0.5\n",
      "config key 'sampler_raw_retention_h': 24.0: must be <= 24 x sampler_retention_days"),
-    ("diag_train_busy_cores: 0.5\n", "config key 'diag_train_waiting_cores': 0.5: must be < diag_train_busy_cores"),
+    ("diag_train_busy_cores: 0.5\n",
+     "config key 'diag_train_waiting_cores': 0.5: must be < diag_train_busy_cores"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_the_value_and_what_is_allowed(tmp_path, text, line):
     f = tmp_path / "c.yaml"

@@ -392,8 +392,8 @@ def _replace_older(run_dir: str, log: Callable[[str], None]) -> None:
 
 
 def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[float]:
-    """Collect the request children that ended (``children``: pid -> monotonic start); returns the monotonic time
-    of the last one collected, or None when none ended."""
+    """Collect the request children that ended (``children``: pid -> monotonic start); returns the monotonic
+    time of the last one collected, or None when none ended."""
     last = None
     while children:
         try:
@@ -409,7 +409,8 @@ def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[fl
     return last
 
 
-def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None], idle: float, stop: List[str],
+def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None], idle: float,
+           stop: List[str],
            log: Callable[[str], None]) -> None:
     """Accept requests until ``stop`` holds a reason (SIGTERM) or ``idle`` seconds pass with no child running:
     each request from this uid is served by a forked child (at most ``MAX_CHILDREN`` at once)."""
@@ -470,7 +471,8 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
         log(f"exit: key differs from the spawner's ({key[:16]})")
         return
     idle = float(os.environ.get("COLOC_ESTIMATE_SERVER_IDLE", IDLE_DEFAULT_S))
-    environ = dict(os.environ)  # the trace may set variables (TORCHINDUCTOR_CACHE_DIR); the key is the spawner's
+    # the trace may set variables (TORCHINDUCTOR_CACHE_DIR); the key is the spawner's
+    environ = dict(os.environ)
     t0 = time.monotonic()
     log(f"warming key={key[:16]}")
     try:

@@ -146,9 +146,11 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
     type=click.Choice(["exclusive", "coloc", "blind", "aware", "gate", "throughput", "both", "all"]),
     default="both",
     show_default=True,
-    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: held for "
+    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: "
+         "held for "
     "a coloc-placer with placement_policy gate), throughput (held for a coloc-placer with placement_policy "
-    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the placer "
+    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the "
+    "placer "
     "with the other policy between gate and throughput: a mismatch is reported as a problem)",
 )
 @click.option(
@@ -182,16 +184,18 @@ def run(
     context_mib: int,
     as_json: bool,
 ) -> None:
-    """Submit the tasks through coloc-sbatch under each policy asked (one after the other) and report makespan,
-    mean and p95 job completion time, p95 slowdown vs alone, mean SM activity, GPU energy and OOM reruns.
-    ``aware`` needs a running ``coloc-placer`` and typed shards (docs/design.md, "Placement mechanism").
+    """Submit the tasks through coloc-sbatch under each policy asked (one after the other) and report
+    makespan, mean and p95 job completion time, p95 slowdown vs alone, mean SM activity, GPU energy and OOM
+    reruns. ``aware`` needs a running ``coloc-placer`` and typed shards (docs/design.md, "Placement
+    mechanism").
 
     Example: coloc-replay run --trace t.csv --catalog c.csv --runtimes r.csv --max-tasks 8
     --job-script benchmarks/device/job_generic.sh --mode all --json
     """
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
     with _click_errors():
-        result = _replay_modes(trace_args, MODE_SETS.get(mode, [mode]), job_script, out_dir, deadline_s, context_mib)
+        result = _replay_modes(trace_args, MODE_SETS.get(mode, [mode]), job_script, out_dir, deadline_s,
+                               context_mib)
     _add_changes(result)
     if as_json:
         click.echo(json.dumps(result, indent=1))
@@ -200,7 +204,8 @@ def run(
 
 
 def _replay_modes(
-    trace_args: TraceArgs, modes: List[str], job_script: str, out_dir: str, deadline_s: float, context_mib: int
+    trace_args: TraceArgs, modes: List[str], job_script: str, out_dir: str, deadline_s: float,
+    context_mib: int
 ) -> Dict[str, Any]:
     """Replay the trace under each mode of ``modes`` in turn: ``{"tasks", "time_scale", "work_scale",
     "context_mib", <mode>: {metrics..., "problems", "jobs"}}``.
@@ -236,8 +241,8 @@ def _replay_modes(
 
 
 def _add_changes(result: Dict[str, Any]) -> None:
-    """Add to ``result`` each policy's change against the exclusive run: ``change`` (coloc) and ``change_<mode>``
-    (percent per metric, ``replay.metrics.compare``)."""
+    """Add to ``result`` each policy's change against the exclusive run: ``change`` (coloc) and
+    ``change_<mode>`` (percent per metric, ``replay.metrics.compare``)."""
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
     for m in ("blind", "aware", "gate", "throughput"):

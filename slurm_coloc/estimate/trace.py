@@ -94,7 +94,8 @@ WorkspaceFn = Callable[[ConvCall], int]
 
 
 class _ReplayState:
-    """The allocator replay of the tracker (``make_tracker``): what a storage, cuBLAS and a convolution allocate."""
+    """The allocator replay of the tracker (``make_tracker``): what a storage, cuBLAS and a convolution
+    allocate."""
 
     alloc: CachingAllocatorModel
     handles: Dict[int, int]
@@ -125,8 +126,9 @@ class _ReplayState:
         self.alloc.malloc(CUBLASLT_WORKSPACE_B)
 
     def replay_conv(self, call: ConvCall, workspace: Optional[WorkspaceFn]) -> None:
-        """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching allocator
-        after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient block."""
+        """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching
+        allocator after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient
+        block."""
         self.conv_calls.append(call)
         if workspace is None:
             return
@@ -255,11 +257,13 @@ def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
         if any(t.device.type != "meta" for t in list(model.parameters()) + list(model.buffers())):
             model = model.to("meta")
     except Exception as exc:
-        raise EstimateError(f"model {spec.model}: moving it to the meta device failed: {_short(exc)}") from exc
+        raise EstimateError(f"model {spec.model}: moving it to the meta device failed: "
+                            f"{_short(exc)}") from exc
     return model
 
 
-def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
+def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
+               count_flops: bool = True) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
     Args:
@@ -400,8 +404,8 @@ def _train_step(torch: Any, spec: ModelSpec, model: Any, x: Any, opt: Any, devic
 
 
 def _fake_device(amp: bool) -> Tuple[Any, str]:
-    """Where the trace runs: ``(outer context, device)``: fake CPU tensors under ``FakeTensorMode`` for AMP (CPU
-    autocast needs a real device type), else the ``meta`` device."""
+    """Where the trace runs: ``(outer context, device)``: fake CPU tensors under ``FakeTensorMode`` for AMP
+    (CPU autocast needs a real device type), else the ``meta`` device."""
     if amp:
         from torch._subclasses.fake_tensor import FakeTensorMode
 

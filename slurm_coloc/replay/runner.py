@@ -1,13 +1,13 @@
 """Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
 
 Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
-(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the
-peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and ``throughput``
-submit the same plan held and without
+(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows
+the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and
+``throughput`` submit the same plan held and without
 GRES (``placement.submit.placer_argv`` on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``
 to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
-CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces. Without
-it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
+CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces.
+Without it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
 (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
 ``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases through ``slurm_coloc.store``.
 """
@@ -185,7 +185,8 @@ def run_replay(
     e0 = _energy(reader)
     t_start = clock()
     problems = _placer_problems(mode, cfg)
-    job_of_task = _submit_tasks(tasks, mode, cfg, job_script, out_dir, extra_sbatch, context_mib, env, t_start,
+    job_of_task = _submit_tasks(tasks, mode, cfg, job_script, out_dir, extra_sbatch, context_mib, env,
+                                t_start,
                                 clock)
     task_of_job = {j: t for t, j in job_of_task.items()}
     records = _wait_for_jobs(cfg, task_of_job, env, t_start, deadline_s, clock, poll_s, problems)
@@ -251,13 +252,15 @@ def _replay_records(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str
     ]
 
 
-def _wait_for_jobs(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
+def _wait_for_jobs(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str], t_start: float,
+                   deadline_s: float,
                    clock: Callable[[], float], poll_s: float, problems: List[str]) -> List[JobInfo]:
-    """Poll every ``poll_s`` seconds until every job has ended, or cancel what is left once ``deadline_s`` have
-    passed since ``t_start`` (``clock`` seconds; adding a problem line). Returns the last records."""
+    """Poll every ``poll_s`` seconds until every job has ended, or cancel what is left once ``deadline_s``
+    have passed since ``t_start`` (``clock`` seconds; adding a problem line). Returns the last records."""
     while True:
         records = _replay_records(cfg, task_of_job, env)
-        if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
+        if records and all(r.state in FINAL and not r.completing
+                           for r in records) and len(records) >= len(task_of_job):
             return records
         if clock() - t_start > deadline_s:
             left = [r.job_id for r in records if r.state not in FINAL or r.completing]
@@ -268,9 +271,11 @@ def _wait_for_jobs(cfg: Config, task_of_job: Dict[int, int], env: Dict[str, str]
         time.sleep(poll_s)
 
 
-def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
-    """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a whole-GPU
-    plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with ``--parsable``).
+def submit_for_placer(argv: Sequence[str], cfg: Config,
+                      env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a
+    whole-GPU plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with
+    ``--parsable``).
 
     Raises:
         ColocError: the dry run failed or printed no sbatch command.

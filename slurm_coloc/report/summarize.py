@@ -3,7 +3,8 @@
 The controller DB (``ctld.db``) and every node DB (``nodes/*.db``) are opened read-only and merged;
 a missing, locked or corrupt file is reported in ``Report.problems`` and skipped, never fatal.
 Per-job usage figures (peak memory, SM activity/occupancy, energy) come from the node Epilog's job summaries
-and the sampler's tables (``store/samples.py``); what was not recorded stays None and ``JobView.notes`` says so.
+and the sampler's tables (``store/samples.py``); what was not recorded stays None and ``JobView.notes`` says
+so.
 """
 from __future__ import annotations
 
@@ -29,21 +30,22 @@ MIB_PER_GIB = 1024
 class JobView:
     """One job as coloc-report shows it. Times in Unix seconds, memory in MiB, runtime in seconds.
 
-    Usage attributes (None = not recorded): ``requested_mib`` GPU memory the allocation reserved (shards x 1024,
-    or whole GPUs x ``gpu_mem_gib``); ``peak_mem_mib`` measured peak NVML memory of the job's processes;
-    ``estimate_error_mib`` = estimate - peak (positive: over-estimate); ``estimate_error_pct`` relative to peak;
-    ``unused_mib`` = requested - peak; ``util_mean`` coarse NVML utilization of its GPUs (%);
+    Usage attributes (None = not recorded): ``requested_mib`` GPU memory the allocation reserved (shards x
+    1024, or whole GPUs x ``gpu_mem_gib``); ``peak_mem_mib`` measured peak NVML memory of the job's processes;
+    ``estimate_error_mib`` = estimate - peak (positive: over-estimate); ``estimate_error_pct`` relative to
+    peak; ``unused_mib`` = requested - peak; ``util_mean`` coarse NVML utilization of its GPUs (%);
     ``smact_*``/``smocc_*`` GPM SM activity/occupancy of its GPUs (%); ``energy_kwh`` energy attributed to it;
     ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
-    sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes`` what
-    was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
+    sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes``
+    what was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
     ``alone_runtime_s``, ``rate_vs_alone``: collocation figures (``report/alone.py``).
     was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
     activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
     ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
-    (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the job's CPUs
-    on the node, ``cpu_samples`` rows behind them (node/cpu.py);
-    ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
+    (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the
+    job's CPUs on the node, ``cpu_samples`` rows behind them (node/cpu.py);
+    ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top
+    first.
     """
 
     job_id: int
@@ -173,7 +175,8 @@ def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunR
 
 
 def load_report(cfg: Config) -> Report:
-    """Read every database under ``cfg.state_dir`` into job views (controller rows first, then node-only jobs).
+    """Read every database under ``cfg.state_dir`` into job views (controller rows first, then node-only
+    jobs).
 
     Only identity, request and outcome are filled here; ``add_usage`` adds the measured figures.
     """
@@ -277,7 +280,8 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
 
 def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
     """Why the sampler's watchdog stopped (or recorded) ``job``, in words, from its nodes' ``watchdog_events``
-    (``store/watchdog.py``): ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no event."""
+    (``store/watchdog.py``): ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no
+    event."""
     nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
     for node in sorted(nodes):
         db = report.node_dbs.get(node)
@@ -311,7 +315,8 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         _sample_figures(job, report, cfg, by_node, bool(summaries), fig, notes)
     elif not by_node:
         notes.append("no GPU recorded for this job")
-    if fig["smact_mean"] is None and (summaries or by_node) and "no samples recorded for this job" not in notes:
+    if fig["smact_mean"] is None and (summaries
+                                      or by_node) and "no samples recorded for this job" not in notes:
         notes.append("SM activity/occupancy not recorded (NVML GPM needs Hopper or newer)")
     if fig["peak"] is None and by_node:
         notes.append("peak memory not recorded")
@@ -321,9 +326,10 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
 _FIGURES = ("peak", "util_mean", "smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "energy_j")
 
 
-def _summary_figures(summaries: List[store_samples.JobSummary]) -> Tuple[Dict[str, Optional[float]], Dict[str, object]]:
-    """The job's figures from its Epilog summaries (``_FIGURES``: peak MiB, percentages, energy J; the SM figures
-    from the summary with the most samples) and that summary's diagnostics (``JobView`` fields)."""
+def _summary_figures(summaries: List[store_samples.JobSummary]) -> Tuple[Dict[str, Optional[float]],
+                                                                         Dict[str, object]]:
+    """The job's figures from its Epilog summaries (``_FIGURES``: peak MiB, percentages, energy J; the SM
+    figures from the summary with the most samples) and that summary's diagnostics (``JobView`` fields)."""
     fig: Dict[str, Optional[float]] = dict.fromkeys(_FIGURES)
     fig["peak"] = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
     fig["energy_j"] = _sum([s.energy_j for s in summaries])
@@ -338,7 +344,8 @@ def _summary_figures(summaries: List[store_samples.JobSummary]) -> Tuple[Dict[st
     return fig, diag
 
 
-def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str, List[int]], summarized: bool,
+def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str, List[int]],
+                    summarized: bool,
                     fig: Dict[str, Optional[float]], notes: List[str]) -> None:
     """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``by_node``: node -> GPU indexes): the
     utilization always, the peak when no summary gave one, and, without any summary (``summarized``), the SM
@@ -358,8 +365,10 @@ def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str
     fig["util_mean"] = _sum([(s.util_mean or 0) * s.covered_s / w for s in stats if s.util_mean is not None])
     if summarized:
         return
-    fig["smact_mean"] = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats if s.smact_mean is not None])
-    fig["smocc_mean"] = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats if s.smocc_mean is not None])
+    fig["smact_mean"] = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats
+                              if s.smact_mean is not None])
+    fig["smocc_mean"] = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats
+                              if s.smocc_mean is not None])
     fig["smact_p95"] = max((s.smact_p95 for s in stats if s.smact_p95 is not None), default=None)
     fig["smocc_p95"] = max((s.smocc_p95 for s in stats if s.smocc_p95 is not None), default=None)
     held = gpus_held(job, cfg)
@@ -371,8 +380,8 @@ def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str
 
 def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Optional[float]],
                   used_s: Optional[float], notes: List[str], diag: Dict[str, object]) -> JobView:
-    """``job`` with the figures, the estimate's error against the peak (MiB, %), the unused grant (MiB), GPU hours
-    held and used, the OOM/rerun fields, the watchdog's reason and the notes."""
+    """``job`` with the figures, the estimate's error against the peak (MiB, %), the unused grant (MiB), GPU
+    hours held and used, the OOM/rerun fields, the watchdog's reason and the notes."""
     peak, energy_j = fig["peak"], fig["energy_j"]
     req = requested_mib(job, cfg)
     err = err_pct = unused = None
@@ -389,7 +398,8 @@ def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Opti
         retry_outcome = o.retry_state or (f"retry {o.retry_status}" if o.retry_status else None)
     return replace(
         job, requested_mib=req, peak_mem_mib=peak, estimate_error_mib=err, estimate_error_pct=err_pct,
-        unused_mib=unused, util_mean=fig["util_mean"], smact_mean=fig["smact_mean"], smact_p95=fig["smact_p95"],
+        unused_mib=unused, util_mean=fig["util_mean"], smact_mean=fig["smact_mean"],
+        smact_p95=fig["smact_p95"],
         smocc_mean=fig["smocc_mean"], smocc_p95=fig["smocc_p95"],
         energy_kwh=None if energy_j is None else energy_j / 3.6e6, gpu_hours=gpu_hours,
         gpu_hours_used=None if used_s is None else used_s / 3600.0, oom=o is not None,

@@ -1,4 +1,5 @@
-"""Parsing ``--since``/``--until`` values (pure): Slurm's time forms, as ``sacct -S/-E`` reads them, and short ones.
+"""Parsing ``--since``/``--until`` values (pure): Slurm's time forms, as ``sacct -S/-E`` reads them, and short
+ones.
 
 Slurm's forms (sacct(1) "-S", parse_time.c with ``past`` set, as sacct calls it): ``now``,
 ``now[{+|-}count[seconds|minutes|hours|days|weeks]]`` (count alone: seconds), ``today`` and ``midnight``
@@ -70,8 +71,8 @@ def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[flo
 
 
 def _offset(t: str, now: float) -> Optional[float]:
-    """``now[{+|-}count[unit]]``, a short form (``7d``: that long ago) or ``@<unix s>`` as Unix seconds (not yet
-    range-checked); None for another form."""
+    """``now[{+|-}count[unit]]``, a short form (``7d``: that long ago) or ``@<unix s>`` as Unix seconds (not
+    yet range-checked); None for another form."""
     m = _NOW.match(t)
     if m:
         sign, count, unit = m.groups()
@@ -90,9 +91,9 @@ def _offset(t: str, now: float) -> Optional[float]:
 
 
 def _time_of_day(t: str, now: float, text: str) -> Optional[float]:
-    """A day word (``today``, ``tomorrow``: local midnight), an hour word (``noon``) or ``HH:MM[:SS]`` (the last
-    such time not to come, sacct's ``past`` rule) as Unix seconds; None for another form. ``text``: as given, for
-    the error.
+    """A day word (``today``, ``tomorrow``: local midnight), an hour word (``noon``) or ``HH:MM[:SS]`` (the
+    last such time not to come, sacct's ``past`` rule) as Unix seconds; None for another form. ``text``: as
+    given, for the error.
 
     Raises:
         ColocError: ``HH:MM[:SS]`` that is no time of day (``25:00``).

@@ -43,8 +43,10 @@ from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
-NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a GPU, "
-                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain --dry-run "
+NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "
+                  "GPU, "
+                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain "
+                  "--dry-run "
                   "SCRIPT' shows why each source has none; docs/user.md, \"The script probe\"")
 
 
@@ -79,7 +81,8 @@ class Plan:
         reason: one line saying why this GPU request.
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
-        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module docstring).
+        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module
+            docstring).
         decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
     """
 
@@ -158,12 +161,14 @@ def gpu_request(options: List[Option]) -> GpuRequest:
         if name in last:
             _count(name, last[name])
             multi = True
-    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other), tuple(last_opt.values()))
+    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other),
+                      tuple(last_opt.values()))
 
 
 def script_options(script: Optional[ParsedScript],
                    table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
-    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU option."""
+    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
+    option."""
     opts: List[Option] = []
     gpu_lines: List[int] = []
     for no, words in (script.sbatch_lines if script else ()):
@@ -278,13 +283,14 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         args.append("--comment=" + text)
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
     index = _append_script(args, cmd, script if rewritten is not None else None, script_opts)
-    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, comment, choice.reason,
+    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, comment,
+                choice.reason,
                 tuple(gpu_args), tuple(dropped), choice.decision)
 
 
 def _spank_args(choice: _Choice, override: Optional[int], exclusive_gpu: bool) -> List[str]:
-    """The SPANK plugin's options that make the job the same as one submitted with plain ``sbatch``: the user's
-    override (MiB) on a shard job, and a whole-GPU choice."""
+    """The SPANK plugin's options that make the job the same as one submitted with plain ``sbatch``: the
+    user's override (MiB) on a shard job, and a whole-GPU choice."""
     out = []
     if override is not None and choice.mode == "shard":
         out.append(f"--coloc-mem={override}M")
@@ -304,8 +310,8 @@ def _user_comment(cmd: CommandLine, script_opts: Sequence[Option]) -> Optional[s
 def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[ParsedScript],
                    script_opts: Sequence[Option]) -> Optional[int]:
     """Append the script and its arguments to ``args``; returns the script's index in ``args`` (None with
-    ``--wrap``). A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its own
-    name as the job name unless the user gave one."""
+    ``--wrap``). A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its
+    own name as the job name unless the user gave one."""
     if rewritten_from is not None and cmd.last("job-name") is None \
             and not any(o.name == "job-name" for o in script_opts):
         args.append("--job-name=" + Path(rewritten_from.path).name)
@@ -319,8 +325,8 @@ def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[P
 
 @dataclass(frozen=True)
 class _Choice:
-    """The GPU request chosen by the module rule: ``Plan.mode``, ``shards``, ``gpus``, ``reason`` and, under rule 4,
-    the decision it came from (``mem_mib``/``method``/``gpu_model`` of the job comment)."""
+    """The GPU request chosen by the module rule: ``Plan.mode``, ``shards``, ``gpus``, ``reason`` and, under
+    rule 4, the decision it came from (``mem_mib``/``method``/``gpu_model`` of the job comment)."""
 
     mode: str
     shards: Optional[int]
@@ -342,9 +348,9 @@ def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
 
 
 def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config) -> _Choice:
-    """Rules 4 and 5: the shards for the decided figure (MiB, plus ``cfg.headroom_mib`` unless it is the user's
-    override), at least ``cfg.min_shards``; a whole GPU (``cfg.gpu_mem_gib`` shards) when it does not fit a shared
-    GPU, when the estimate timed out, or when no source gave a figure."""
+    """Rules 4 and 5: the shards for the decided figure (MiB, plus ``cfg.headroom_mib`` unless it is the
+    user's override), at least ``cfg.min_shards``; a whole GPU (``cfg.gpu_mem_gib`` shards) when it does not
+    fit a shared GPU, when the estimate timed out, or when no source gave a figure."""
     whole = cfg.gpu_mem_gib
     mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
     if mem_mib is None:
@@ -359,12 +365,13 @@ def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config
     if shards >= whole:
         return _Choice("whole-gpu", whole, f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU",
                        decision=decision)
-    return _Choice("shard", shards, f"{method} {mem_mib} MiB{on_gpu} + {headroom} MiB headroom", decision=decision)
+    return _Choice("shard", shards, f"{method} {mem_mib} MiB{on_gpu} + {headroom} MiB headroom",
+                   decision=decision)
 
 
 def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> List[str]:
-    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES), or under rule 3 the
-    user's own GPU options as sbatch would read them, on a node of its own (``--exclusive``)."""
+    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES), or under rule
+    3 the user's own GPU options as sbatch would read them, on a node of its own (``--exclusive``)."""
     if choice.mode == "gpu":
         gpu_args = [token for opt in req.options for token in opt.tokens]
         if not any(o.name == "exclusive" for o in all_opts):
@@ -383,8 +390,9 @@ def _coloc_comment(choice: _Choice, cmd: CommandLine, script: Optional[ParsedScr
                                "gpu_model": decision.gpu_model if decision else None,
                                "sha256": script.sha256 if script else None,
                                "spec": script.spec.to_json() if script and script.spec else None}
+    # a count outside the comment's bounds is left out (readers would drop it)
     if decision is not None and decision.flops_per_step is not None \
-            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:  # else readers drop the annotation
+            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:
         comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
     if cmd.script_args:
         comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
@@ -409,7 +417,8 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
     OOM rerun) gives them back exactly: none empty, none holding whitespace.
     """
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
-    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)", _without("argv"))] if exact \
+    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",
+                            _without("argv"))] if exact \
         else []
     steps += [("the model's kwargs (they stay in the script's #COLOC lines)", _without_kwargs),
               ("the model spec", _without("spec"))]

@@ -86,7 +86,8 @@ def test_shard_jobs_share_a_gpu_whole_gpu_does_not(slurm_cluster: Cluster):
         slurm_cluster.wait_state(j, ["RUNNING"], timeout=30)
     # (name, count, GPU indices) from either version's gres_detail: shard:2(IDX:0) / shard:2(2/80,0/80)
     idx = {j: parse_gres_detail(slurm_cluster.job(j)["gres_detail"]) for j in (a, b, whole)}
-    assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])], [("shard", 2, [1])]), idx  # --coloc-mem is exact
+    assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])],
+                                           [("shard", 2, [1])]), idx  # --coloc-mem is exact
     assert idx[whole][0][:2] == ("shard", 80) and idx[whole][0][2] != idx[a][0][2], idx
     # a second whole-GPU job cannot start on n2: one GPU is whole-taken, the other has shard tenants
     waiting = submit(slurm_cluster, "--exclusive-gpu", str(small))
@@ -121,10 +122,12 @@ def test_bad_input_submits_nothing(slurm_cluster: Cluster):
     _assert_rejected(c, [str(secret)], "cannot read job script")
     bad = user_script(c, "bad.sh", "#!/bin/sh\n#COLOC model=a:b input=3x batch=4\ntrue\n")
     _assert_rejected(c, [str(bad)], "expected sizes like 3x32x32")
-    unknown = user_script(c, "unknown.sh", "#!/bin/sh\n#COLOC model=no_such_module_xyz:build input=4 batch=2\ntrue\n")
+    unknown = user_script(c, "unknown.sh",
+                          "#!/bin/sh\n#COLOC model=no_such_module_xyz:build input=4 batch=2\ntrue\n")
     _assert_rejected(c, [str(unknown)], "no_such_module_xyz")
     user_script(c, "broken_model.py", "def build():\n    raise RuntimeError('cannot build this model')\n")
-    broken = user_script(c, "broken.sh", "#!/bin/sh\n#COLOC model=broken_model.py:build input=4 batch=2\ntrue\n")
+    broken = user_script(c, "broken.sh",
+                         "#!/bin/sh\n#COLOC model=broken_model.py:build input=4 batch=2\ntrue\n")
     _assert_rejected(c, [str(broken)], "broken_model.py:build")
     ok = user_script(c, "ok.sh", "#!/bin/sh\ntrue\n")
     _assert_rejected(c, ["-p", "nosuchpartition", str(ok)], "invalid partition", code=1)

@@ -121,7 +121,8 @@ def test_many_arguments_and_a_big_kwarg_are_accepted_and_recorded(fc: FaultClust
     big = "x" * 900
     script = _write(work, "job.sh", JOB.format(model="printmod.py", extra=f" kwarg.tag={big}"))
     args = [f"a{i}" for i in range(120)]
-    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "job.sh", *args],
+    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "job.sh",
+                     *args],
                     cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr
     job = _job_id(proc.stdout)
@@ -141,11 +142,14 @@ def test_many_arguments_and_a_big_kwarg_are_accepted_and_recorded(fc: FaultClust
 
 def test_fit_comment_drops_bulky_keys_in_order_and_keeps_the_users_text() -> None:
     data = {"v": 1, "mode": "shard", "shards": 4, "mem_mib": 3000, "method": "combined", "gpu_model": "H100",
-            "sha256": "a" * 64, "spec": {"model": "m.py:Net", "kwargs": {"tag": "x" * 900}}, "argv": ["a"] * 10}
+            "sha256": "a" * 64, "spec": {"model": "m.py:Net", "kwargs": {"tag": "x" * 900}},
+            "argv": ["a"] * 10}
     text, dropped = fit_comment(data, None, comment_steps(["a"] * 10))
     parsed = parse_comment(text)
-    assert len(text) <= MAX_COMMENT_CHARS and dropped == ["the script arguments (Slurm's command line keeps them)",
-                                                          "the model's kwargs (they stay in the script's #COLOC lines)"]
+    assert len(text) <= MAX_COMMENT_CHARS and dropped == ["the script arguments (Slurm's command line keeps "
+                                                          "them)",
+                                                          "the model's kwargs (they stay in the script's "
+                                                          "#COLOC lines)"]
     assert parsed["spec"]["kwargs"] == {} and parsed["spec"]["kwargs_chars"] > 900 and "argv" not in parsed
     spaced = ["two words"] * 10  # Slurm's command line cannot give these back: the spec goes first
     text, dropped = fit_comment(data, None, comment_steps(spaced))
