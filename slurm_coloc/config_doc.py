@@ -121,7 +121,11 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
 
 
 def effective_yaml(cfg: config_mod.Config, file: Path, read: bool, sources: Dict[str, str]) -> str:
-    """``effective``'s result as YAML text: a header naming the file, then every key with its source."""
+    """``effective``'s result as YAML text: a header naming the file, then every key with its source.
+
+    Args:
+        cfg, file, read, sources: what ``effective`` returns.
+    """
     head = (f"# effective slurm-coloc configuration; file: {file}" if read
             else f"# effective slurm-coloc configuration; file: {file} (not present: defaults)")
     lines = [head]

@@ -62,7 +62,15 @@ def unsafe_path(path: Path) -> Optional[str]:
 
 
 def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
-    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree."""
+    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree.
+
+    Args:
+        conf_path: the slurm.conf to read.
+        cfg: ``gpu_mem_gib`` (shards per GPU).
+
+    Returns:
+        ``(checks, parsed conf)``; the conf is None when the file cannot be read.
+    """
     name = "slurm.conf"
     text, err = _read(conf_path, name)
     if err:
@@ -107,7 +115,17 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
 
     GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
     24.11+) from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the
-    shard lines' ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf)."""
+    shard lines' ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf).
+
+    Args:
+        gres_path: the gres.conf to read.
+        conf: the parsed slurm.conf (``check_slurm_conf``): its nodes with ``Gres=gpu`` are checked.
+        cfg: ``gpu_mem_gib`` (shards per GPU).
+
+    Returns:
+        One ``Check`` per GPU node (ok, or each failure with its fix); a single failure when the file cannot
+        be read.
+    """
     name = "gres.conf"
     text, err = _read(gres_path, name)
     if err:

@@ -146,6 +146,11 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     storages to allocator blocks; ``track(t)`` allocates ``t``'s storage (an instance attribute
     may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces from ``workspace``),
     ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
+
+    Args:
+        torch: the imported ``torch`` module (imported by the caller, lazily).
+        workspace: bytes of cuDNN workspace one convolution call takes
+            (``workspace.WorkspaceModel.bytes_for``); None: no workspace replayed.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -339,7 +344,12 @@ def make_flop_counter() -> Any:
 
 def step_flops(totals: List[int], counter: Any) -> Optional[int]:
     """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
-    when fewer than two readings or a formula failed."""
+    when fewer than two readings or a formula failed.
+
+    Args:
+        totals: the counter's running totals (FLOP), one per step end.
+        counter: the ``make_flop_counter`` mode (None: no count).
+    """
     if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
         return None
     return int(totals[-1] - totals[-2])

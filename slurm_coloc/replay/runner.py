@@ -122,8 +122,9 @@ def open_energy_reader() -> Optional[object]:
 
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] of the GPUs of the replay's nodes, from the sampler
-    databases."""
+    """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
+    databases under ``cfg.state_dir``; ``records``: the replay's ``JobInfo`` records (their nodes). None: no
+    sample (an unreadable database counts as none)."""
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
 
@@ -176,6 +177,23 @@ def run_replay(
 ) -> ReplayRun:
     """Submit ``tasks`` at ``submit_s`` offsets, wait for them (and OOM reruns) until ``deadline_s`` after the
     start, cancel what is left then, and measure.
+
+    Args:
+        tasks: the scaled trace tasks (``replay.trace.build_tasks``).
+        mode: ``exclusive`` | ``coloc`` | ``blind`` | ``aware`` | ``gate`` | ``throughput`` (``sbatch_argv``;
+            the last three are held for a running coloc-placer, ``PLACER_POLICY``).
+        cfg: ``slurm_bin_dir``, ``state_dir`` (the sampler databases) and the placer's heartbeat.
+        job_script: the batch script each task runs (``<script> <workload> --steps N --tag T``).
+        out_dir: where the jobs' output files go.
+        deadline_s: seconds after the first submission after which what still runs is cancelled.
+        extra_sbatch: more coloc-sbatch arguments for every task.
+        poll_s: seconds between queue polls.
+        clock: the wall clock (s), replaceable in tests.
+        context_mib: added to each task's catalog peak in the coloc modes (MiB).
+
+    Returns:
+        The ``ReplayRun``: metrics (makespan, JCT, slowdown, SM activity %, energy J, OOM reruns), the runs,
+        task index -> job id, and the problems seen (placer missing or of another policy, deadline reached).
 
     Raises:
         ColocError: a submission failed (the jobs already submitted are cancelled first).

@@ -126,8 +126,19 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
                     viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
     """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
     (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
-    that finds no free lane gets an unlabelled bar and the panel's title counts it. Returns the matplotlib
-    figure."""
+    that finds no free lane gets an unlabelled bar and the panel's title counts it.
+
+    Args:
+        node, gpu: the GPU (node name, NVML index).
+        series: ``(epoch s, memory used MiB, SM activity %)`` samples, None where not recorded.
+        jobs: the jobs of the report; those on this GPU with a start are drawn.
+        viewer: who looks: other users' jobs are labelled ``other`` unless ``viewer.sees_all``.
+        t0, t1: the window (epoch s).
+        total_mib: the GPU's memory (MiB), drawn as a dashed line; falsy: not drawn.
+
+    Returns:
+        The matplotlib figure (the caller saves and closes it).
+    """
     plt = _plt()
     fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
                                                  gridspec_kw={"height_ratios": [3, 3, 2]})

@@ -299,7 +299,17 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
               ) -> JobView:
     """Return ``job`` with measured figures filled in from summaries and samples, plus OOM and notes.
 
-    ``util``: precomputed ``util_by_job`` (else the job's samples are read here, one job at a time).
+    Args:
+        job: the job as recorded (request, estimate, span, GPUs).
+        report: the loaded databases (``load_report``): summaries, node databases, OOM events, reruns.
+        cfg: ``headroom_mib``, ``gpu_mem_gib`` (the request and GPUs held).
+        util: precomputed ``util_by_job`` (job id -> mean utilization %), else the job's samples are read
+            here, one job at a time.
+
+    Returns:
+        A copy of ``job`` with peak memory (MiB), estimate error (MiB, %), unused request (MiB), utilization
+        and SM figures (%), energy (kWh), GPU-hours held and used, OOM/rerun fields, the watchdog's reason and
+        notes naming what was not recorded; a figure not recorded is None.
     """
     notes: List[str] = []
     summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing

@@ -47,6 +47,10 @@ def _past_clock(now: float, h: int, m: int, s: int = 0) -> float:
 def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """A time as Unix seconds from one of the forms of the module docstring. None stays None.
 
+    Args:
+        text: the ``--since``/``--until`` value as typed.
+        now: the present (Unix s; default the clock), for relative forms.
+
     Raises:
         ColocError: none of these forms, or out of range.
     """

@@ -132,6 +132,13 @@ def _count(name: str, value: Optional[str]) -> Tuple[Optional[str], int]:
 def gpu_request(options: List[Option]) -> GpuRequest:
     """Combine every GPU-related option (last occurrence of each wins).
 
+    Args:
+        options: the ``#SBATCH`` options then the command line's (``script_options``,
+            ``CommandLine.options``).
+
+    Returns:
+        The ``GpuRequest`` (GPUs per node, explicit shards, GRES type, multi-GPU, other GRES, the options).
+
     Raises:
         DirectiveError: a malformed GPU count.
     """
@@ -168,7 +175,11 @@ def gpu_request(options: List[Option]) -> GpuRequest:
 def script_options(script: Optional[ParsedScript],
                    table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
     """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
-    option."""
+    option; ``script`` None (``--wrap``): none.
+
+    Raises:
+        DirectiveError: an ``#SBATCH`` option the table rejects (``submit.argv.parse_option_tokens``).
+    """
     opts: List[Option] = []
     gpu_lines: List[int] = []
     for no, words in (script.sbatch_lines if script else ()):
