@@ -556,6 +556,13 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
 
     A hook uses this config only to find where to log and record the config error (``log_dir``, ``state_dir``,
     ``run_dir``), never to do its work with a config the admin did not get right.
+
+    Args:
+        path, environ: as ``load`` (the file is read with bad bytes replaced, at most 1 MB).
+
+    Returns:
+        A ``Config`` that passes ``_validate``: each key's value applied on its own, in file order, kept only
+        when the config stays valid with it.
     """
     env = os.environ if environ is None else environ
     file_path = Path(path or env.get("COLOC_CONFIG") or DEFAULT_CONFIG_PATH)
@@ -601,6 +608,9 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken
     (``COLOC_RUN_DIR`` would move the env file the TaskProlog reads), and ``COLOC_CONFIG`` only when it names
     a regular file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+
+    Args:
+        environ: the job's environment (only ``COLOC_CONFIG`` is read from it).
 
     Raises:
         ConfigError: neither loads (the error of the named root-owned file where there is one).
