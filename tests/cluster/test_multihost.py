@@ -207,9 +207,8 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
 def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
     ctl = site["ctl"]
     env = "PYTHON=/usr/lib/slurm-coloc/venv/bin/python3 COLOC_EXAMPLES=/srv/home/examples"
-    out = _sbatch(ctl,
-                  "coloc-sbatch --parsable -o digits-%j.out /srv/home/examples/train_digits.sh --epochs 15",
-                  env)
+    out = _sbatch(ctl, "coloc-sbatch --parsable -o digits-%j.out /srv/home/examples/train_digits.sh --epochs "
+                       "15", env)
     assert out.returncode == 0, out.stderr
     assert "held for coloc-placer" in out.stderr, out.stderr
     job_id = int(out.stdout.strip())

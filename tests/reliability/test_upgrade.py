@@ -40,9 +40,8 @@ def _dump(path: Path) -> Dict[str, List[dict]]:
 def _columns(path: Path) -> Dict[str, set]:
     conn = sqlite3.connect(str(path))
     out = {t: {r[1] for r in conn.execute(f"PRAGMA table_info([{t}])")}
-           for (t,
-                ) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE "
-                                  "'sqlite_%'")}
+           for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE "
+                                    "'sqlite_%'")}
     conn.close()
     return out
 
