@@ -294,7 +294,8 @@ def check_slurm_binaries(cfg: Config) -> List[Check]:
 
 
 def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
-    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off)."""
+    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
+    ``no_gpu`` (a node without GPUs, e.g. the controller): skipped."""
     if no_gpu:
         return [Check("NVML", "skip", "--no-gpu: not a GPU node"),
                 Check("MPS", "skip", "--no-gpu: not a GPU node")]
@@ -369,8 +370,17 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
 
 
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, munge, directories, binaries, GPU,
-    metrics."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks (those four when slurm.conf reads),
+    munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
+
+    Args:
+        cfg: the slurm-coloc config checked with the cluster.
+        slurm_conf: slurm.conf; gres.conf and plugstack.conf are looked for beside it.
+        no_gpu: this node has no GPU (the controller): the GPU, MPS and metrics checks are skipped.
+
+    Returns:
+        Every ``Check`` (ok, skip or fail with its fix), in that order.
+    """
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)

@@ -236,6 +236,16 @@ def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
              now: float) -> List[Path]:
     """Write ``timeline-<node>-gpu<i>.png`` for every GPU with samples or jobs, and ``estimate-vs-peak.png``.
 
+    Args:
+        report, jobs: the loaded databases and the jobs of the view (filtered, with usage).
+        flt: the window (``since``/``until``, epoch s) and the nodes asked.
+        viewer: who looks (``timeline_figure``: other users' jobs are unlabelled).
+        out_dir: the directory the PNG files go to (created if missing).
+        now: the present (epoch s): the end of an open window and of running jobs.
+
+    Returns:
+        The paths written.
+
     Raises:
         ColocError: the output directory cannot be created or written.
     """

@@ -266,7 +266,15 @@ def _sum(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int, Optional[float]]:
-    """Coarse NVML utilization mean (%) of each job's GPUs over its span, batched per node database."""
+    """Coarse NVML utilization mean (%) of each job's GPUs over its span, batched per node database.
+
+    Args:
+        jobs: the jobs (their GPUs and span; a running job's span ends at ``now``, epoch s).
+        report: the loaded databases (``load_report``).
+
+    Returns:
+        job id -> mean utilization (%), None where no sample covers the job.
+    """
     sums: Dict[int, List[float]] = {}
     for node, db in report.node_dbs.items():
         spans = [(j.job_id, g, j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
