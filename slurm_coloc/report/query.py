@@ -142,8 +142,8 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
     report = load_report(cfg)
     job = next((j for j in report.jobs if j.job_id == job_id), None)
     if job is None or not (viewer.sees_all or job.user == viewer.name):
-        raise ColocError(f"job {job_id} is not recorded" + ("" if viewer.sees_all
-                                                            else f" as one of {viewer.name}'s"),
+        whose = "" if viewer.sees_all else f" as one of {viewer.name}'s"
+        raise ColocError(f"job {job_id} is not recorded" + whose,
                          hint="coloc-report jobs --since 30d lists the jobs you can see")
     job = views.flag_waste(add_usage(job, report, cfg, None), cfg)
     series = views.job_series(report, job, now)

@@ -333,8 +333,8 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         _sample_figures(job, report, cfg, by_node, bool(summaries), fig, notes)
     elif not by_node:
         notes.append("no GPU recorded for this job")
-    if fig["smact_mean"] is None and (summaries
-                                      or by_node) and "no samples recorded for this job" not in notes:
+    if fig["smact_mean"] is None and (summaries or by_node) \
+            and "no samples recorded for this job" not in notes:
         notes.append("SM activity/occupancy not recorded (NVML GPM needs Hopper or newer)")
     if fig["peak"] is None and by_node:
         notes.append("peak memory not recorded")
