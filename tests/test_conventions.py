@@ -57,7 +57,8 @@ def test_missing_extras_give_one_line_with_the_install_hint(tmp_path: Path) -> N
     plot = _without("matplotlib", "slurm_coloc.cli.report:main", "plot", "--config",
                     str(tmp_path / "coloc.yaml"),
                     "--out", str(tmp_path / "plots"))
-    assert plot.returncode == 2 and plot.stderr.count("\n") == 1 and "Traceback" not in plot.stderr, plot.stderr
+    assert (plot.returncode == 2 and plot.stderr.count("\n") == 1
+            and "Traceback" not in plot.stderr), plot.stderr
     assert "matplotlib is not installed" in plot.stderr and "pip install matplotlib" in plot.stderr
     assert not (tmp_path / "plots").exists()
 

@@ -97,7 +97,8 @@ def test_a_unit_started_before_the_config_exists_says_so_in_one_line(host: Host)
             out = host.run(f"env {spec['Environment']} {spec['ExecStart']}", check=False, timeout=60)
             lines = out.stderr.strip().splitlines()
             assert out.returncode == 2, (unit, out.stdout, out.stderr)
-            assert len(lines) == 1 and "/etc/slurm-coloc/coloc.yaml" in lines[0] and "error" in lines[0], (unit, lines)
+            assert (len(lines) == 1 and "/etc/slurm-coloc/coloc.yaml" in lines[0]
+                    and "error" in lines[0]), (unit, lines)
             assert "RestartPreventExitStatus=2" in host.run(f"cat /lib/systemd/system/{unit}").stdout \
                 or unit == "coloc-placer-fallback.service"  # oneshot: never restarted
     finally:

@@ -138,7 +138,8 @@ def test_the_slurm_runs_tiny_batch_is_low_occupancy_once_its_cpu_use_is_known() 
                for n in d.notes)
     inp = diagnose.diagnose(slurm_run("input_bound", **cpu(*CPU["input_bound"])), CFG)
     assert [f.name for f in inp.findings] == ["input-bound"]
-    assert "1 loader worker at 1.0 cores" in inp.findings[0].evidence and "saturated" in inp.findings[0].evidence
+    assert ("1 loader worker at 1.0 cores" in inp.findings[0].evidence
+            and "saturated" in inp.findings[0].evidence)
     for name in ("resnet18_32", "resnet50_224"):
         assert not diagnose.diagnose(slurm_run(name, **cpu(*CPU[name])), CFG).findings
 

@@ -44,7 +44,8 @@ def test_fit_recovers_the_curve_and_writes_a_loadable_calibration(tmp_path: Path
     cal = intensity.load_calibration(str(out))
     assert cal.smact_min == pytest.approx(0.05, abs=0.02) and cal.smact_max == pytest.approx(0.9, abs=0.03)
     assert cal.x_half_gflop == pytest.approx(50, rel=0.15)
-    assert cal.smocc_per_smact == pytest.approx(0.3, abs=1e-3) and cal.drama_per_smact == pytest.approx(0.5, abs=1e-3)
+    assert (cal.smocc_per_smact == pytest.approx(0.3, abs=1e-3)
+            and cal.drama_per_smact == pytest.approx(0.5, abs=1e-3))
     assert set(cal.by_model) == {f"m{i}" for i in range(7)}
     assert "mean absolute error" in proc.stdout and "m3" in proc.stdout
     pred = intensity.predict(intensity.Features(60.0, None, None, "fp32", None), cal)

@@ -204,7 +204,8 @@ def test_placement_config_keys_are_range_checked(tmp_path: Path, text: str, need
     path.write_text("placement_max_slowdown: 1.2\nplacement_policy: gate\n")
     cfg = config_mod.load(str(path), environ={})
     assert (cfg.placement_max_slowdown, cfg.placement_policy) == (1.2, "gate")
-    assert config_mod.Config().placement_policy == "throughput" and config_mod.Config().placement_max_slowdown == 2.0
+    assert (config_mod.Config().placement_policy == "throughput"
+            and config_mod.Config().placement_max_slowdown == 2.0)
 
 
 def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:

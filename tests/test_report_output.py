@@ -93,7 +93,8 @@ def test_end_before_start_is_one_error_line(state: Path) -> None:  # noqa: F811
     assert parse_window("now-2days", "today", NOW) == (NOW - 2 * 86400,
                                                        datetime.datetime(2026, 11, 26).timestamp())
     out = _report(state, "users", "--since", "now-1hours", "--until", "now-2hours")
-    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "before --since" in out.stderr
+    assert (out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+            and "before --since" in out.stderr)
     assert out.stdout == ""
     ok = _report(state, "--json", "-S", f"@{T0 - 10}", "-E", "now")
     assert ok.returncode == 0 and len(json.loads(ok.stdout)["jobs"]) == 4

@@ -102,7 +102,8 @@ def test_installed_table_is_read_once_per_binary_and_cached(tmp_path: Path, monk
 def test_without_sbatch_or_config_the_builtin_table_says_why(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     t = so.installed_options(str(tmp_path), dict(os.environ))
-    assert t.source.startswith("built-in 22.05:") and "sbatch" in t.source and "tres-per-task" not in t.long_value
+    assert (t.source.startswith("built-in 22.05:") and "sbatch" in t.source
+            and "tres-per-task" not in t.long_value)
     if os.path.exists("/usr/bin/sbatch"):
         env = {**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf")}
         t = so.installed_options("/usr/bin", env)  # sbatch fails (or times out looking for a controller)

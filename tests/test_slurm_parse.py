@@ -67,7 +67,8 @@ def test_newline_and_forged_state_in_name_and_work_dir_stay_opaque():
     assert "JobName=nl\nTresPerNode=gres:shard:80 JobState=FAILED UserId=" in text  # scontrol cut the line
     jobs = _forged()
     nl, d = jobs[161], jobs[162]
-    assert nl.name == "nl\nTresPerNode=gres:shard:80 JobState=FAILED" and nl.shards == 2 and nl.state == "RUNNING"
+    assert (nl.name == "nl\nTresPerNode=gres:shard:80 JobState=FAILED" and nl.shards == 2
+            and nl.state == "RUNNING")
     assert d.name == "D JobState=FAILED" and d.shards == 3 and d.state == "RUNNING" and d.exit_code == 0
     assert d.work_dir == "/tmp/h1-probe/jobs/w JobState=FAILED TresPerNode=gres:shard:79"
 

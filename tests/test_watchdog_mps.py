@@ -94,7 +94,8 @@ def test_exclusive_process_while_shared_restored_when_whole(cfg: Config) -> None
     modes = _recorded_modes()
     assert modes.get(0) == "DEFAULT"  # the H100 test machine, as measured
     out = mps.acquire(cfg, 1, 0, None, grant_mib=2048, modes=modes)
-    assert out.ok and out.detail["compute_mode"] == "EXCLUSIVE_PROCESS" and modes.get(0) == "EXCLUSIVE_PROCESS"
+    assert (out.ok and out.detail["compute_mode"] == "EXCLUSIVE_PROCESS"
+            and modes.get(0) == "EXCLUSIVE_PROCESS")
     mps.acquire(cfg, 2, 0, None, grant_mib=2048, modes=modes)
     mps.release(cfg, 1, modes=modes)
     assert modes.get(0) == "EXCLUSIVE_PROCESS"  # still shared by job 2

@@ -117,7 +117,8 @@ def test_missing_slurm_conf_and_bad_config(tmp_path: Path, slurm_cluster: Cluste
     bad.write_text("gpu_mem_gib: lots\n")
     proc = subprocess.run([str(VENV_BIN / "coloc-admin"), "check", "--config", str(bad)], capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "gpu_mem_gib" in proc.stderr
+    assert (proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+            and "gpu_mem_gib" in proc.stderr)
 
 
 def test_parsers():

@@ -227,7 +227,8 @@ def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
     assert ["prolog", 1] in json.loads(rows) and ["epilog", 1] in json.loads(rows)
     report = ctl.run("coloc-report --json")
     view = next(j for j in json.loads(report.stdout)["jobs"] if j["job_id"] == job_id)
-    assert view["state"] == "COMPLETED" and view["user"] == USER if "user" in view else view["state"] == "COMPLETED"
+    assert (view["state"] == "COMPLETED" and view["user"] == USER if "user" in view
+            else view["state"] == "COMPLETED")
     # the user's own report through the reader service on the controller
     mine = _sbatch(ctl, "coloc-report --json")
     assert mine.returncode == 0 and job_id in [j["job_id"]
@@ -267,7 +268,8 @@ def test_bad_config_on_a_node_and_a_missing_munge_key_give_one_line_and_drain_no
            "/etc/slurm-coloc/coloc.yaml")
     try:
         out = n1.run("coloc-admin config", check=False)
-        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "not valid YAML" in out.stderr
+        assert (out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+                and "not valid YAML" in out.stderr)
         out = _sbatch(ctl, "sbatch --parsable -w n1 --gres=shard:2 -o bad.out --wrap 'echo ran'")
         job = _wait(ctl, int(out.stdout.strip()))
         assert job["JobState"] == "COMPLETED"

@@ -159,4 +159,5 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "| gate (aware) | 3 |" in proc.stdout and "| throughput | 3 |" in proc.stdout
-    assert "fake-GPU run" in proc.stdout and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout
+    assert ("fake-GPU run" in proc.stdout
+            and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout)

@@ -222,7 +222,8 @@ def test_without_explain_one_line_says_what_the_probe_ran(tmp_path):
     for out in (first, again):
         assert out.returncode == 0, out.stderr
         probe_lines = [ln for ln in out.stderr.splitlines() if "probe ran" in ln]
-        assert len(probe_lines) == 1 and "explain" not in out.stderr and "number of parameters" not in out.stderr
+        assert (len(probe_lines) == 1 and "explain" not in out.stderr
+                and "number of parameters" not in out.stderr)
     assert "(cached)" in again.stderr and first.stdout == again.stdout
 
 

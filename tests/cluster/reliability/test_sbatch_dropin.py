@@ -101,7 +101,8 @@ def test_sleeping_model_is_bounded_and_its_forked_child_killed(fc: FaultCluster)
     job = _job_id(proc.stdout)
     assert took < 30, took
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "estimate_timeout_s (4 s)" in warnings[0] and "whole GPU" in warnings[0], proc.stderr
+    assert (len(warnings) == 1 and "estimate_timeout_s (4 s)" in warnings[0]
+            and "whole GPU" in warnings[0]), proc.stderr
     rec = fc.c.job(job)
     assert rec is not None and "shard:80" in json.dumps(rec.get("tres_per_node")), rec.get("tres_per_node")
     forked = int(pidfile.read_text())
@@ -110,7 +111,8 @@ def test_sleeping_model_is_bounded_and_its_forked_child_killed(fc: FaultCluster)
             "State:\tZ" not in Path(f"/proc/{forked}/status").read_text(errors="replace"):
         time.sleep(0.1)
     status = Path(f"/proc/{forked}/status")
-    assert not status.exists() or "State:\tZ" in status.read_text(errors="replace"), "forked child outlived it"
+    assert (not status.exists()
+            or "State:\tZ" in status.read_text(errors="replace")), "forked child outlived it"
     fc.c.wait_job(job)
 
 
