@@ -146,8 +146,9 @@ def test_pip_long_shebang_form(tmp_path):
 
 
 def test_relocatable_shebang_form_takes_the_venvs_own_python(tmp_path):
-    """uv's and newer pip's relocatable console scripts name no path on their exec line: the launcher's own bin
-    directory holds the Python (on the GPU machine the torchrun script itself was taken as the interpreter)."""
+    """uv's and newer pip's relocatable console scripts name no path on their exec line: the launcher's own
+    bin directory holds the Python (on the GPU machine the torchrun script itself was taken as the
+    interpreter)."""
     py = fake_python(tmp_path / "venv" / "bin")
     exec_line = "'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")\"/'python' \"$0\" \"$@\""
     (py.parent / "torchrun").write_text(f"#!/bin/sh\n{exec_line}\n' '''\nimport sys\n")
@@ -179,7 +180,8 @@ def test_python_missing_from_the_path_is_one_line(tmp_path):
 
 def test_work_lines_and_the_command_never_run(tmp_path):
     py = fake_python(tmp_path / "venv" / "bin")
-    script = (f"#!/bin/bash\nmkdir -p {tmp_path}/made\ntouch {tmp_path}/touched\necho hi > {tmp_path}/out.txt\n"
+    script = (f"#!/bin/bash\nmkdir -p {tmp_path}/made\ntouch {tmp_path}/touched\necho hi > "
+              f"{tmp_path}/out.txt\n"
               f"if [ -d {py.parent} ]; then\n  export PATH={py.parent}:$PATH\n  python prepare.py\nfi\n"
               f"cat <<EOF > {tmp_path}/heredoc.txt\nexport PATH=/nowhere\nEOF\n"
               f"python train.py\ntouch {tmp_path}/after\n")
