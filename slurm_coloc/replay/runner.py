@@ -185,6 +185,33 @@ def task_script(job_script: str, task: Task, out_dir: str) -> str:
     return str(path)
 
 
+def _submit_all(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
+                extra_sbatch: Sequence[str], clock: Callable[[], float], context_mib: int,
+                env: Dict[str, str], t_start: float, gpu_of: Dict[int, str]) -> Dict[int, int]:
+    """Submit each task at its ``submit_s`` offset from ``t_start`` (run_replay's arguments); task index ->
+    job id. Raises ColocError when a submission fails, after cancelling the jobs already submitted."""
+    job_of_task: Dict[int, int] = {}
+    for task in sorted(tasks, key=lambda t: t.submit_s):
+        delay = t_start + task.submit_s - clock()
+        if delay > 0:
+            time.sleep(delay)
+        out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
+        argv = sbatch_argv(task, mode, task_script(job_script, task, out_dir), out, extra_sbatch, context_mib)
+        if mode in PLACER_POLICY:
+            proc = submit_for_placer(argv, cfg, env)
+        else:
+            proc = subprocess.run([coloc_sbatch_path(), *argv], capture_output=True, text=True, env=env,
+                                  timeout=120)
+        if proc.returncode != 0:
+            cancel(cfg, list(job_of_task.values()), env)
+            raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
+        job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
+        log.info("task %s -> job %s", task.index, job_of_task[task.index])
+        note_gpus(squeue_all(cfg.slurm_bin_dir, env),
+                  gpu_of)  # a short job may end before the last submission
+    return job_of_task
+
+
 def run_replay(
     tasks: Sequence[Task],
     mode: str,
@@ -226,26 +253,9 @@ def run_replay(
     e0 = _energy(reader)
     t_start = clock()
     problems = _placer_problems(mode, cfg)
-    job_of_task: Dict[int, int] = {}
     gpu_of: Dict[int, str] = {}
-    for task in sorted(tasks, key=lambda t: t.submit_s):
-        delay = t_start + task.submit_s - clock()
-        if delay > 0:
-            time.sleep(delay)
-        out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
-        argv = sbatch_argv(task, mode, task_script(job_script, task, out_dir), out, extra_sbatch, context_mib)
-        if mode in PLACER_POLICY:
-            proc = submit_for_placer(argv, cfg, env)
-        else:
-            proc = subprocess.run([coloc_sbatch_path(), *argv], capture_output=True, text=True, env=env,
-                                  timeout=120)
-        if proc.returncode != 0:
-            cancel(cfg, list(job_of_task.values()), env)
-            raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
-        job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
-        log.info("task %s -> job %s", task.index, job_of_task[task.index])
-        note_gpus(squeue_all(cfg.slurm_bin_dir, env),
-                  gpu_of)  # a short job may end before the last submission
+    job_of_task = _submit_all(tasks, mode, cfg, job_script, out_dir, extra_sbatch, clock, context_mib, env,
+                              t_start, gpu_of)
     records = _wait(cfg, job_of_task, env, t_start, deadline_s, poll_s, clock, problems, gpu_of)
     t_end = clock()
     runs = runs_from_records(records, {j: t for t, j in job_of_task.items()})
