@@ -44,22 +44,24 @@ class EvalPasses:
 
     # -- skeletons: structure, shapes and dtypes, no tensors held ------------------------------
     def skeleton(self, obj: Any) -> Optional[Tuple[Any, List[Any]]]:
-        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu)``; None if a leaf is opaque."""
+        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu, requires_grad)``; None if a
+        leaf is opaque."""
         from torch.utils._pytree import tree_flatten
 
         leaves, spec = tree_flatten(obj)
         out: List[Any] = []
         for leaf in leaves:
             if isinstance(leaf, self.torch.Tensor):
-                out.append(("t", tuple(leaf.shape), leaf.dtype, self.on_gpu(leaf)))
+                out.append(("t", tuple(leaf.shape), leaf.dtype, self.on_gpu(leaf), bool(leaf.requires_grad)))
             elif leaf is None or isinstance(leaf, (bool, int, float, str)):
                 out.append(("v", leaf))
             else:
                 return None
         return spec, out
 
-    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None) -> Any:
-        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0."""
+    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None, grad: bool = False) -> Any:
+        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
+        ``grad``: floating tensors that required grad require it again (leaves, no graph behind them)."""
         from torch.utils._pytree import tree_unflatten
 
         spec, leaves = skel
@@ -71,10 +73,10 @@ class EvalPasses:
             shape = list(leaf[1])
             if batch is not None and shape and shape[0] == batch[0]:
                 shape[0] = batch[1]
-            if leaf[3]:
-                made.append(self.torch.zeros(shape, dtype=leaf[2], device="cuda"))
-            else:
-                made.append(self.torch.zeros(shape, dtype=leaf[2]))
+            t = self.torch.zeros(shape, dtype=leaf[2], device="cuda" if leaf[3] else "cpu")
+            if grad and leaf[4] and t.is_floating_point():
+                t.requires_grad_(True)
+            made.append(t)
         return tree_unflatten(made, spec)
 
     def _key(self, mod: Any, args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:
@@ -84,14 +86,16 @@ class EvalPasses:
         return (id(mod), str(skel[0]), tuple((x[0],) + tuple(str(v) for v in x[1:]) for x in skel[1]))
 
     # -- the module call wrapper ---------------------------------------------------------------
+    def note_train_call(self, mod: Any, args: Any, kwargs: Any) -> None:
+        """Remember a top-level grad-enabled call (the evaluation replay's inputs)."""
+        skel = self.skeleton((args, kwargs))
+        if skel is not None:
+            self.train_call = (weakref.ref(mod), skel)
+
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
         """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training calls."""
-        torch = self.torch
-        if torch.is_grad_enabled():
-            if any(True for _ in mod.parameters()):
-                skel = self.skeleton((args, kwargs))
-                if skel is not None:
-                    self.train_call = (weakref.ref(mod), skel)
+        if self.torch.is_grad_enabled():
+            self.note_train_call(mod, args, kwargs)
             return orig(mod, *args, **kwargs)
         key = self._key(mod, args, kwargs)
         if key is None:
