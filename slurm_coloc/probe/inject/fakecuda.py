@@ -69,26 +69,10 @@ def _is_cuda_device(torch: Any, d: Any) -> bool:
     return False
 
 
-def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
-    """The highest of the GPU dispatch modes (:class:`GpuOps`): the op being dispatched makes GPU memory.
-
-    While it runs an op, ``state.cuda_op`` is True, so the tracker below replays the op's new
-    storages as GPU memory, and ``state.dispatch_depth`` counts the nesting (``FakeTensor.device``
-    reports the real fake device inside).
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _GpuTag(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            prev = state.cuda_op
-            state.cuda_op = True
-            state.dispatch_depth += 1
-            try:
-                return func(*args, **(kwargs or {}))
-            finally:
-                state.cuda_op = prev
-                state.dispatch_depth -= 1
-
+def tag_gpu_ops(state: ProbeState) -> None:
+    """Let the tracker replay only the storages of GPU ops: those made while :class:`GpuOps` runs an op
+    (``state.cuda_op``; ``state.dispatch_depth`` counts the nesting, and ``FakeTensor.device`` reports
+    the real fake device inside)."""
     orig_track = state.tracker.track
 
     def track(t: Any) -> None:
@@ -96,15 +80,14 @@ def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
             orig_track(t)
 
     state.tracker.track = track  # instance attribute: the tracker calls self.track
-    return _GpuTag()
 
 
 class GpuOps:
     """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
 
     Only GPU work is simulated. The dispatch modes (``modes``, lowest first: the fake-tensor mode of
-    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker, :func:`make_gpu_tag_mode`)
-    are not entered for the whole program: they are pushed around one op at a time, when
+    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker) are not entered for the whole
+    program: they are pushed around one op at a time, with ``state.cuda_op`` set (:func:`tag_gpu_ops`), when
 
     * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s
       own ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is
@@ -113,20 +96,38 @@ class GpuOps:
 
     Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python
     dispatch, so they cost what they cost in the job.
+
+    ``optional`` (the FLOP counter) is pushed only while ``use_optional`` is True: a mode that passes an op
+    on still costs a Python dispatch level per op.
     """
 
-    def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None,
+                 state: Optional[ProbeState] = None, optional: Any = None) -> None:
         self.torch = torch
-        self.modes = modes
+        self.all_modes = modes
+        self.optional = optional
+        self.use_optional = False
+        self.modes = [m for m in modes if m is not optional]
+        self.state = state
         self.depth = 0
         self.scalar_answer = scalar_answer  # a value read of a fake tensor that no mode answered (the tracker does)
+
+    def set_optional(self, on: bool) -> None:
+        """Push the optional mode with the others (True) or leave it out (False)."""
+        self.use_optional = on
+        self.modes = [m for m in self.all_modes if on or m is not self.optional]
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
         """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
         if self.depth:
             return func(*args, **(kwargs or {}))
+        st = self.state
         self.depth += 1
         entered = []
+        if st is not None:
+            prev = st.cuda_op
+            st.cuda_op = True
+            st.dispatch_depth += 1
         try:
             for m in self.modes:
                 m.__enter__()
@@ -136,6 +137,9 @@ class GpuOps:
             for m in reversed(entered):
                 m.__exit__(None, None, None)
             self.depth -= 1
+            if st is not None:
+                st.cuda_op = prev
+                st.dispatch_depth -= 1
 
     def install(self) -> None:
         """Route ops with fake arguments through :meth:`run` (``FakeTensor.__torch_dispatch__`` wrapped)."""

@@ -3,7 +3,8 @@
 Installed by ``inject/main.py`` once ``torch`` is imported, before the program runs. ``probe`` is its
 ``_Probe``: ``state`` (``fakecuda.ProbeState``), ``opt_steps``/``opt_names``/``param_dtypes`` (what the
 optimizers did), ``forwards``/``backwards``/``depth`` (top-level module calls), ``evals``
-(``evalpass.EvalPasses``), ``micro`` (``accum.MicroSteps``), ``flops``/``flops_mode`` (the FLOP counter),
+(``evalpass.EvalPasses``), ``micro`` (``accum.MicroSteps``), ``smaller`` (``smaller.SmallerCalls``),
+``flops``/``flops_mode`` (the FLOP counter),
 ``on_step`` and ``finish``.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import os
 from typing import Any
 
-from slurm_coloc.probe.inject import accum, evalpass, frameworks
+from slurm_coloc.probe.inject import accum, evalpass, frameworks, smaller
 from slurm_coloc.probe.inject.distributed import patch_distributed
 
 
@@ -21,6 +22,7 @@ def install(probe: Any, torch: Any) -> None:
     st = probe.state
     _patch_optimizers(probe, torch)
     probe.evals = evalpass.EvalPasses(torch, st.on_gpu)
+    probe.evals.smaller = probe.smaller = smaller.SmallerCalls(torch, st.on_gpu, st.tracker.alloc)
     counter = probe.flops
     probe.micro = accum.MicroSteps(
         torch, probe.evals, lambda: int(counter.get_total_flops()) if probe.flops is not None else None)
@@ -116,13 +118,13 @@ def _patch_module_calls(probe: Any, torch: Any) -> None:
     mm = torch.nn.modules.module
     mm.register_module_forward_pre_hook(pre)
     mm.register_module_forward_hook(post)
-    evals, micro = probe.evals, probe.micro
+    evals, micro, small = probe.evals, probe.micro, probe.smaller
     orig_call = torch.nn.Module.__call__
 
     def module_call(mod: Any, *a: Any, **k: Any) -> Any:
         if probe.depth == 0 and has_params(mod):
             if torch.is_grad_enabled():
-                return micro.call(orig_call, mod, a, k)
+                return small.train_call(lambda: micro.call(orig_call, mod, a, k), mod, a, k, lambda: micro.skipping)
             return evals.call(orig_call, mod, a, k)
         return orig_call(mod, *a, **k)
 

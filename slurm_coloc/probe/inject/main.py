@@ -68,6 +68,7 @@ class _Probe:
         self.flop_totals: Dict[int, List[int]] = {}
         self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
         self.micro: Any = None  # accum.MicroSteps, once torch is imported
+        self.smaller: Any = None  # smaller.SmallerCalls, once torch is imported
         self.flops_mode: Any = None  # the FLOP counter's dispatch mode (hooks.count_flops_after_first_step)
         self.finishing = False
         self.profile: Any = None  # (cProfile.Profile, path) with COLOC_PROBE_PROFILE
@@ -122,6 +123,8 @@ class _Probe:
             extra = self.micro.extra_flops if self.micro is not None else 0
             self.flop_totals.setdefault(key, []).append(int(self.flops.get_total_flops()) + extra)
         self.opt_steps[key] = self.opt_steps.get(key, 0) + 1
+        if self.state is not None and self.state.gpu is not None and not self.state.gpu.use_optional:
+            self.state.gpu.set_optional(True)  # the FLOP counter counts from the first step on
         self.opt_names.setdefault(key, type(opt).__name__)
         done = all(n >= self.steps_wanted for n in self.opt_steps.values())
         if done or max(self.opt_steps.values()) >= self.steps_wanted + 2:
@@ -142,6 +145,8 @@ class _Probe:
         if status == "ok" and self.evals is not None and st is not None and not self.finishing:
             self.finishing = True
             self.evals.replay_eval_batches(st.note)
+            if self.smaller is not None:
+                self.smaller.settle(st.note)
             for skipped in (self.evals.summary_note(), self.micro.summary_note() if self.micro else ""):
                 if skipped:
                     st.note(skipped)
@@ -301,12 +306,14 @@ def main(request_path: str) -> None:
     try:
         with contextlib.ExitStack() as stack:
             # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
-            # fake tensors, the FLOP counter (it sees the ops the tracker passes on), the tracker, the tag
+            # fake tensors, the FLOP counter (from the first step on; it sees the ops the tracker passes on), the tracker
             gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
             if probe.flops is not None:
                 gpu_modes.append(probe.flops_mode)
-            gpu_modes += [tracker, fakecuda.make_gpu_tag_mode(torch, st)]
-            st.gpu = fakecuda.GpuOps(torch, gpu_modes, lambda t: tracker.scalars.answer(torch, t))
+            gpu_modes.append(tracker)
+            fakecuda.tag_gpu_ops(st)
+            st.gpu = fakecuda.GpuOps(torch, gpu_modes, lambda t: tracker.scalars.answer(torch, t), state=st,
+                                     optional=probe.flops_mode)
             st.gpu.install()
             stack.enter_context(fakecuda.make_device_mode(torch, st))
             stack.enter_context(make_cuda_fp32_mode(torch))
