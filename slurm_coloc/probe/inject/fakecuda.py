@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 
 class ProbeState:
@@ -61,7 +61,8 @@ class ProbeState:
             return False
 
 
-def _is_cuda_device(torch: Any, d: Any) -> bool:
+def is_cuda_device(torch: Any, d: Any) -> bool:
+    """True when ``d`` (a ``torch.device`` or a string) names a CUDA device."""
     if isinstance(d, torch.device):
         return d.type == "cuda"
     if isinstance(d, str):
@@ -187,100 +188,6 @@ def _zeros_list(shape: Any, floating: bool) -> Any:
         return zero
     inner = _zeros_list(shape[1:], floating)
     return [inner if not isinstance(inner, list) else list(inner) for _ in range(shape[0])]
-
-
-def make_device_mode(torch: Any, state: ProbeState) -> Any:
-    """A function mode mapping the device ``cuda`` to GPU-tagged fake CPU tensors (module docstring)."""
-    from torch.overrides import TorchFunctionMode
-
-    from slurm_coloc.estimate.datadep import has_no_data
-
-    cuda0 = torch.device("cuda", 0)
-    cpu = torch.device("cpu")
-    T = torch.Tensor
-    dev_get, is_cuda_get = T.device.__get__, T.is_cuda.__get__
-    parse_to = torch._C._nn._parse_to  # Module.to(device=...) parses its arguments: not a factory
-
-    def to_gpu(t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
-        if state.on_gpu(t) and (dtype is None or dtype == t.dtype):
-            return t
-        kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
-        if memory_format is not None:
-            kw["memory_format"] = memory_format
-        return state.gpu.run(torch.ops.aten._to_copy.default, (t,), kw)
-
-    def to_host(t: Any, dtype: Any = None) -> Any:
-        if not state.on_gpu(t) and not has_no_data(torch, t):
-            return t if dtype is None or dtype == t.dtype else t.to(dtype)
-        # a GPU tensor read back to the host: real CPU zeros of its shape (the probe has no values)
-        state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
-        return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
-
-    def tensor_to(t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
-        device = kwargs.get("device")
-        dtype = kwargs.get("dtype")
-        for a in args:
-            if isinstance(a, torch.dtype):
-                dtype = a
-            elif isinstance(a, torch.Tensor):
-                device, dtype = (cuda0 if state.on_gpu(a) else a.device), a.dtype
-            elif isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
-                device = cuda0 if isinstance(a, int) else a
-        if device is None:
-            return None
-        if _is_cuda_device(torch, device):
-            return to_gpu(t, dtype, kwargs.get("memory_format"))
-        if torch.device(device).type == "cpu":
-            return to_host(t, dtype)
-        return None
-
-    class _Device(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = dict(kwargs or {})
-            if func is dev_get:
-                return cuda0 if state.on_gpu(args[0]) else func(*args)
-            if func is is_cuda_get:
-                return state.on_gpu(args[0])
-            if func is T.get_device:
-                return 0 if state.on_gpu(args[0]) else -1
-            if func is T.cuda:
-                return to_gpu(args[0], memory_format=kwargs.get("memory_format"))
-            if func is T.cpu:
-                return to_host(args[0])
-            if func in (T.pin_memory, T.record_stream):
-                return args[0] if func is T.pin_memory else None
-            if func is T.is_pinned:
-                return False
-            if func is T.share_memory_ and state.on_gpu(args[0]):
-                return args[0]  # CUDA tensors: a no-op (torch docs: Tensor.share_memory_)
-            if func is T.numpy and has_no_data(torch, args[0]):
-                import numpy
-
-                state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")
-                return numpy.zeros(tuple(args[0].shape), dtype=str(args[0].dtype).replace("torch.", ""))
-            if func is T.__deepcopy__ and has_no_data(torch, args[0]):
-                # the default copies the fake tensor's __dict__, whose constant (a real tensor) cannot
-                # be cloned under FakeTensorMode; a clone of the same device, dtype and shape is one
-                src, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo")) or {}
-                if id(src) in memo:
-                    return memo[id(src)]
-                with torch.no_grad():
-                    out = src.clone()
-                out.requires_grad_(src.requires_grad)
-                memo[id(src)] = out
-                return out
-            if func is T.to:
-                out = tensor_to(args[0], args[1:], kwargs)
-                if out is not None:
-                    return out
-                return func(*args, **kwargs)
-            dev = kwargs.get("device")
-            if dev is not None and func is not parse_to and _is_cuda_device(torch, dev):
-                kwargs["device"] = cpu
-                return state.gpu.run(func, args, kwargs)
-            return func(*args, **kwargs)
-
-    return _Device()
 
 
 def make_host_fast_mode(torch: Any) -> Any:

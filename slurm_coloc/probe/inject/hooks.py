@@ -31,6 +31,7 @@ def install(probe: Any, torch: Any) -> None:
     _patch_module_calls(probe, torch)
     _patch_compile_and_save(torch, st)
     _patch_dataloader(probe, torch)
+    _patch_processes(probe, torch)
     patch_distributed(torch, st)
     frameworks.install(st.note)
 
@@ -166,6 +167,42 @@ def _patch_dataloader(probe: Any, torch: Any) -> None:
             evals.loader_batches.append(int(loader.batch_size))
 
     dl.__init__ = dl_init
+
+
+def _patch_processes(probe: Any, torch: Any) -> None:
+    """A child process handed GPU tensors or a module on the GPU ends the probe with that reason.
+
+    ``torch.multiprocessing`` trainers (pytorch/examples mnist_hogwild: ``mp.Process(target=train,
+    args=(rank, args, model, ...))`` per worker, each with its own CUDA context, activations and
+    optimizer state on the one GPU) need the memory of every process; the probe follows one process.
+    A child given no GPU data (a CPU helper) starts as usual.
+    """
+    import multiprocessing.process as mpp
+
+    from torch.utils._pytree import tree_flatten
+
+    st = probe.state
+    orig_start = mpp.BaseProcess.start
+
+    def gpu_data(obj: Any) -> bool:
+        leaves = tree_flatten(obj)[0]
+        for x in leaves:
+            if isinstance(x, torch.nn.Module):
+                if any(st.on_gpu(p) for p in x.parameters()):
+                    return True
+            elif isinstance(x, torch.Tensor) and st.on_gpu(x):
+                return True
+        return False
+
+    def start(proc: Any) -> None:
+        if gpu_data((list(getattr(proc, "_args", ())), dict(getattr(proc, "_kwargs", {})))):
+            target = getattr(getattr(proc, "_target", None), "__name__", "?")
+            probe.finish("error", f"the program starts worker processes that use the GPU ({type(proc).__name__}"
+                         f"(target={target}) given the model or GPU tensors, as Hogwild training): each has its own "
+                         "CUDA context and memory, and the probe follows one process only")
+        orig_start(proc)
+
+    mpp.BaseProcess.start = start  # type: ignore[method-assign, assignment]
 
 
 def count_flops_after_first_step(probe: Any) -> None:

@@ -34,11 +34,10 @@ import os
 import runpy
 import shutil
 import sys
-import sysconfig
 import traceback
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
-from slurm_coloc.probe.inject import cudaapi, fakecuda, hooks
+from slurm_coloc.probe.inject import cudaapi, devicemode, fakecuda, hooks, report
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -150,36 +149,7 @@ class _Probe:
             for skipped in (self.evals.summary_note(), self.micro.summary_note() if self.micro else ""):
                 if skipped:
                     st.note(skipped)
-        alloc = st.tracker.alloc if st is not None else None
-        dw = 0
-        ws_max = 0
-        ops = 0
-        assumed: Dict[str, int] = {}
-        if st is not None:
-            for c in st.tracker.conv_calls:
-                if len(c.input) >= 4 and c.groups > 1 and c.groups == c.input[1]:
-                    dw = max(dw, int(c.input[-1]) * int(c.input[-2]))
-            ws_max = int(st.tracker.ws_max_b)
-            ops = int(st.tracker.ops)
-            assumed = dict(st.tracker.scalars.counts)
-        torch_mod = sys.modules.get("torch")
-        if st is not None and st.tracker.conv_calls and torch_mod is not None \
-                and getattr(torch_mod.backends.cudnn, "benchmark", False):
-            st.note("cudnn.benchmark = True: cuDNN's autotuning can reserve more than the replayed workspaces "
-                    "(pytorch/examples dcgan: +620 to +1,170 MiB on the H100, docs/estimator.md); not modelled")
-        out = {
-            "status": status, "reason": reason,
-            "peak_reserved_b": int(alloc.peak_reserved_b) if alloc else 0,
-            "peak_allocated_b": int(alloc.peak_allocated_b) if alloc else 0,
-            "optimizers": sorted(set(self.opt_names.values())),
-            "steps": sum(self.opt_steps.values()), "forwards": self.forwards,
-            "autocast": list(st.autocast_dtypes) if st else [],
-            "param_dtypes": self.param_dtypes, "depthwise_max_hw": dw,
-            "conv_workspace_max_b": ws_max, "ops": ops, "assumed_values": assumed,
-            "flops_per_step": self.step_flops(),
-            "notes": list(st.notes) if st else [], "outside_writes": self.outside_writes,
-            "user_files": _user_files(), "torch": _torch_version(),
-        }
+        out = report.result(self, status, reason)
         if self.profile is not None:
             self.profile[0].disable()
             self.profile[0].dump_stats(self.profile[1])
@@ -191,46 +161,6 @@ class _Probe:
             with contextlib.suppress(Exception):
                 s.flush()
         os._exit(0)
-
-def _torch_version() -> str:
-    t = sys.modules.get("torch")
-    return str(getattr(t, "__version__", ""))
-
-
-def _user_files() -> List[str]:
-    """Source files imported from outside the Python installation and slurm-coloc (realpaths)."""
-    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with contextlib.suppress(KeyError):
-            skip.add(os.path.realpath(sysconfig.get_paths()[key]))
-    skip.update(os.path.realpath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p)
-    ours = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    out = set()
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if not f or not f.endswith(".py") or not os.path.isabs(f) or f.startswith(("/etc/", "/usr/")):
-            continue
-        real = os.path.realpath(f)
-        if real.startswith(ours + os.sep) or any(real.startswith(s + os.sep) for s in skip):
-            continue
-        out.add(real)
-    return sorted(out)
-
-
-def _reason(exc: BaseException) -> str:
-    """One line naming what stopped the program, with the deepest frame of the program's own code."""
-    if isinstance(exc, SystemExit):
-        return f"the program exited (code {exc.code}) before its first optimizer step"
-    msg = " ".join(str(exc).split())[:300]
-    where = ""
-    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "site-packages" not in fr.filename and "slurm_coloc" not in fr.filename and "<" not in fr.filename:
-            where = f" at {os.path.basename(fr.filename)}:{fr.lineno}"
-            break
-    if isinstance(exc, FileNotFoundError) or "not found" in msg.lower() and "dataset" in msg.lower():
-        return f"data missing{where}: {type(exc).__name__}: {msg}"
-    return f"the program failed{where}: {type(exc).__name__}: {msg}"
-
 
 def main(request_path: str) -> None:
     """Run the request (module docstring); never returns."""
@@ -249,6 +179,27 @@ def main(request_path: str) -> None:
 
         # where the program is stuck, in the log, just before the runner's time limit kills it
         faulthandler.dump_traceback_later(float(req["timeout_s"]) - 1.5, exit=False)
+    torch, fake_mode = _start(probe)
+    sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
+    if req["mode"] == "file":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(req["target"])))
+    else:
+        sys.path.insert(0, os.getcwd())
+    status, reason = "no-step", "the program ended before its first optimizer step"
+    try:
+        _run(probe, torch, fake_mode)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            reason = report.reason_of(exc)
+    except BaseException as exc:  # noqa: BLE001 - reported, the parent falls back
+        reason = report.reason_of(exc)
+        traceback.print_exc()
+    probe.finish(status, reason)
+
+
+def _start(probe: _Probe) -> Tuple[Any, Any]:
+    """Import torch and install the fake GPU, the tracker and the hooks: ``(torch, fake_mode)``; a torch
+    that cannot host the probe ends it with the reason."""
     step = "import torch"
     try:
         import torch
@@ -261,15 +212,8 @@ def main(request_path: str) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
-        from slurm_coloc.estimate.cudamodes import (
-            make_cuda_dropout_mode,
-            make_cuda_fp32_mode,
-            make_sdpa_mode,
-            patch_functional_sdpa,
-        )
         from slurm_coloc.estimate.trace import make_flop_counter, make_tracker
 
         try:
@@ -293,45 +237,44 @@ def main(request_path: str) -> None:
         step = "optimizer/DataLoader hooks"
         hooks.install(probe, torch)
     except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
-        v = _torch_version() or "?"
+        v = report.torch_version() or "?"
         probe.finish("error", f"the probe could not start in the job's Python (torch {v}, {step}): "
                      f"{type(exc).__name__}: {exc}")
-        return
-    sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
-    if req["mode"] == "file":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(req["target"])))
-    else:
-        sys.path.insert(0, os.getcwd())
-    status, reason = "no-step", "the program ended before its first optimizer step"
-    try:
-        with contextlib.ExitStack() as stack:
-            # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
-            # fake tensors, the FLOP counter (from the first step on; it sees the ops the tracker passes on), the tracker
-            gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
-            if probe.flops is not None:
-                gpu_modes.append(probe.flops_mode)
-            gpu_modes.append(tracker)
-            fakecuda.tag_gpu_ops(st)
-            st.gpu = fakecuda.GpuOps(torch, gpu_modes, lambda t: tracker.scalars.answer(torch, t), state=st,
-                                     optional=probe.flops_mode)
-            st.gpu.install()
-            stack.enter_context(fakecuda.make_device_mode(torch, st))
-            stack.enter_context(make_cuda_fp32_mode(torch))
-            stack.enter_context(make_cuda_dropout_mode(torch, st.on_gpu))
-            stack.enter_context(make_sdpa_mode(torch))
-            stack.enter_context(patch_functional_sdpa(torch))
-            stack.enter_context(fakecuda.make_host_fast_mode(torch))  # the highest: host calls skip the rest
-            if req["mode"] == "file":
-                runpy.run_path(req["target"], run_name="__main__")
-            else:
-                runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            reason = _reason(exc)
-    except BaseException as exc:  # noqa: BLE001 - reported, the parent falls back
-        reason = _reason(exc)
-        traceback.print_exc()
-    probe.finish(status, reason)
+    return torch, fake_mode
+
+
+def _run(probe: _Probe, torch: Any, fake_mode: Any) -> None:
+    """The program as ``__main__`` under the probe's modes."""
+    from slurm_coloc.estimate.cudamodes import (
+        make_cuda_dropout_mode,
+        make_cuda_fp32_mode,
+        make_sdpa_mode,
+        patch_functional_sdpa,
+    )
+
+    req, st = probe.req, probe.state
+    tracker = st.tracker
+    with contextlib.ExitStack() as stack:
+        # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
+        # fake tensors, the FLOP counter (from the first step on; it sees what the tracker passes on), the tracker
+        gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
+        if probe.flops is not None:
+            gpu_modes.append(probe.flops_mode)
+        gpu_modes.append(tracker)
+        fakecuda.tag_gpu_ops(st)
+        st.gpu = fakecuda.GpuOps(torch, gpu_modes, lambda t: tracker.scalars.answer(torch, t), state=st,
+                                 optional=probe.flops_mode)
+        st.gpu.install()
+        stack.enter_context(devicemode.make_device_mode(torch, st))
+        stack.enter_context(make_cuda_fp32_mode(torch))
+        stack.enter_context(make_cuda_dropout_mode(torch, st.on_gpu))
+        stack.enter_context(make_sdpa_mode(torch))
+        stack.enter_context(patch_functional_sdpa(torch))
+        stack.enter_context(fakecuda.make_host_fast_mode(torch))  # the highest: host calls skip the rest
+        if req["mode"] == "file":
+            runpy.run_path(req["target"], run_name="__main__")
+        else:
+            runpy.run_module(req["target"], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":  # pragma: no cover - run by runner.BOOTSTRAP
