@@ -53,15 +53,39 @@ class _Moves:
         self.torch = torch
         self.state = state
         self.cuda0 = torch.device("cuda", 0)
+        self.cpu = torch.device("cpu")
 
     def to_gpu(self, t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
         """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already)."""
         if self.state.on_gpu(t) and (dtype is None or dtype == t.dtype):
             return t
+        made = self._host_to_gpu(t, dtype, memory_format)
+        if made is not None:
+            return made
         kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
         if memory_format is not None:
             kw["memory_format"] = memory_format
         return self.state.gpu.run(self.torch.ops.aten._to_copy.default, (t,), kw)
+
+    def _host_to_gpu(self, t: Any, dtype: Any, memory_format: Any) -> Any:
+        """A real host tensor's GPU copy made as a new fake GPU tensor of its shape, dtype and layout (a factory:
+        no real-to-fake conversion of the host tensor, which cost about 10 ms a batch), or None where the copy
+        must be the copy op itself (a fake tensor, a tensor autograd follows, a non-strided or unusual layout)."""
+        torch = self.torch
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if isinstance(t, FakeTensor) or t.layout != torch.strided or (t.requires_grad and torch.is_grad_enabled()):
+            return None
+        kw: Dict[str, Any] = {"dtype": dtype or t.dtype, "device": self.cpu}
+        if memory_format is None or memory_format == torch.preserve_format:
+            if t.is_contiguous():
+                memory_format = torch.contiguous_format
+            elif t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+                memory_format = torch.channels_last
+            else:
+                return None
+        kw["memory_format"] = memory_format
+        return self.state.gpu.run(torch.empty, (tuple(t.shape),), kw)
 
     def to_host(self, t: Any, dtype: Any = None) -> Any:
         """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values)."""

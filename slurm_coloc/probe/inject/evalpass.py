@@ -74,7 +74,9 @@ class EvalPasses:
             shape = list(leaf[1])
             if batch is not None and shape and shape[0] == batch[0]:
                 shape[0] = batch[1]
-            t = self.torch.zeros(shape, dtype=leaf[2], device="cuda" if leaf[3] else "cpu")
+            # a GPU stand-in has no values anyway (one fake op, not two); a host one holds real zeros
+            make = self.torch.empty if leaf[3] else self.torch.zeros
+            t = make(shape, dtype=leaf[2], device="cuda" if leaf[3] else "cpu")
             if grad and leaf[4] and t.is_floating_point():
                 t.requires_grad_(True)
             made.append(t)
