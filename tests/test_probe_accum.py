@@ -14,7 +14,16 @@ ACCUM = """
     import sys
     import torch, torch.nn as nn
     k, mode = int(sys.argv[1]), sys.argv[2]
-    model = nn.Sequential(nn.Linear(512, 4096), nn.GELU(), nn.Linear(4096, 512)).cuda()
+
+    class Net(nn.Module):   # returns its loss, as Hugging Face models do
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(512, 4096), nn.GELU(), nn.Linear(4096, 512))
+
+        def forward(self, x):
+            return self.body(x).square().mean()
+
+    model = Net().cuda()
     opt = torch.optim.AdamW(model.parameters())
     for it in range(3):
         for micro in range(k):
@@ -24,7 +33,8 @@ ACCUM = """
             elif mode == "varlen":
                 b = 64 + 8 * micro            # every micro-step its own shape
             x = torch.randn(b, 512).cuda()
-            loss = model(x).square().mean() / k
+            loss = model(x)
+            loss /= k                         # in place, as the Hugging Face Trainer scales it
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

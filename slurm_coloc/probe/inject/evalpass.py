@@ -23,6 +23,26 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 SKIP_AFTER = 2  # identical no-grad calls traced before repeats are skipped
 
 
+_STAND_IN: List[Any] = []
+
+
+def _stand_in(torch: Any) -> Any:
+    """An autograd function making a new tensor of a given shape from a 0-dim anchor: an output that requires
+    grad and is no leaf, with no memory beyond its own (a ``clone()`` of a leaf would hold two)."""
+    if not _STAND_IN:
+        class StandIn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, anchor: Any, shape: Any, dtype: Any, device: Any) -> Any:  # type: ignore[override]
+                return torch.empty(shape, dtype=dtype, device=device)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+                return None, None, None, None
+
+        _STAND_IN.append(StandIn)
+    return _STAND_IN[0]
+
+
 class EvalPasses:
     """Skips repeated no-grad forwards and replays the evaluation batch (module docstring).
 
@@ -62,11 +82,13 @@ class EvalPasses:
 
     def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None, grad: bool = False) -> Any:
         """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
-        ``grad``: floating tensors that required grad require it again (leaves, no graph behind them)."""
+        ``grad``: floating tensors that required grad require it again (outputs of :func:`_stand_in`, whose
+        graph leads to one small anchor tensor, not to the module)."""
         from torch.utils._pytree import tree_unflatten
 
         spec, leaves = skel
         made = []
+        anchor = None
         for leaf in leaves:
             if leaf[0] != "t":
                 made.append(leaf[1])
@@ -74,12 +96,16 @@ class EvalPasses:
             shape = list(leaf[1])
             if batch is not None and shape and shape[0] == batch[0]:
                 shape[0] = batch[1]
+            device = "cuda" if leaf[3] else "cpu"
+            if grad and leaf[4] and leaf[2].is_floating_point:
+                # not a leaf: programs scale a loss in place (``loss *= n``), which autograd refuses on a leaf
+                if anchor is None:
+                    anchor = self.torch.zeros((), device=device, requires_grad=True)
+                made.append(_stand_in(self.torch).apply(anchor, tuple(shape), leaf[2], device))
+                continue
             # a GPU stand-in has no values anyway (one fake op, not two); a host one holds real zeros
             make = self.torch.empty if leaf[3] else self.torch.zeros
-            t = make(shape, dtype=leaf[2], device="cuda" if leaf[3] else "cpu")
-            if grad and leaf[4] and t.is_floating_point():
-                t.requires_grad_(True)
-            made.append(t)
+            made.append(make(shape, dtype=leaf[2], device=device))
         return tree_unflatten(made, spec)
 
     def _key(self, mod: Any, args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:
