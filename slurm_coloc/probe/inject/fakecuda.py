@@ -195,10 +195,10 @@ def make_host_fast_mode(torch: Any) -> Any:
 
     A call is a host call when no argument is a ``FakeTensor`` (GPU memory in the probe), no
     ``device=`` keyword names CUDA, and the function is none of those the device mode changes for
-    host tensors too (moves, ``.type``, pinning, ``.numpy``, copies). It runs with torch-function
-    handling off, so data loading and CPU preprocessing cost what they cost in the job, not a pass
-    through four Python modes per op; the dispatch modes still see it (``make_gpu_tag_mode`` runs
-    it on the CPU kernel at once).
+    host tensors too (moves, ``.type`` to a type name, pinning, ``.numpy``, copies). It runs with
+    torch-function handling off, so data loading and CPU preprocessing cost what they cost in the job,
+    not a pass through four Python modes per op; no dispatch mode sees it either (the GPU modes are
+    pushed for GPU ops only, :class:`GpuOps`).
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -223,6 +223,11 @@ def make_host_fast_mode(torch: Any) -> Any:
     class _HostFast(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
+            if func is T.type and len(args) == 2 and isinstance(args[1], torch.dtype) and not kwargs \
+                    and not isinstance(args[0], FakeTensor):
+                # ``.type(torch.int64)`` of a host tensor (word_language_model's tokenizer: once a line)
+                with torch._C.DisableTorchFunction():
+                    return func(*args)
             if func in special or "device" in kwargs or any_fake(args) or any_fake(kwargs.values()):
                 return func(*args, **kwargs)
             with torch._C.DisableTorchFunction():
