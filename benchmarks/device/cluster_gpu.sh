@@ -70,9 +70,13 @@ unpack() {
   fi
   # slurmd always runs /usr/sbin/slurmstepd (built-in path). Only where the machine has none (the GPU machine)
   # put a wrapper there; a host with Debian's Slurm (here) keeps its own.
+  # slurmstepd runs as a program of its own (LD_LIBRARY_PATH, not the loader as a command): its process title
+  # then reads `slurmstepd: [<job>.<step>]` from the start of /proc/<pid>/cmdline, which the sampler's
+  # attribution needs on this cgroup-less machine (node/attribution.py rule 2; docs/reliability.md). Jobs do not
+  # inherit it: slurmstepd builds their environment from the job's own.
   if [ ! -e /usr/sbin/slurmstepd ] || grep -q coloc-bench /usr/sbin/slurmstepd 2>/dev/null; then
-    if [ -n "$run" ]; then arg0="--argv0 slurmstepd"; else arg0=""; fi
-    printf '#!/bin/sh\n# coloc-bench wrapper\nexec %s %s %s "$@"\n' "$run" "$arg0" "$S/usr/sbin/slurmstepd" > /usr/sbin/slurmstepd
+    if [ -n "$run" ]; then pre="LD_LIBRARY_PATH=$LIBS"; else pre=""; fi
+    printf '#!/bin/sh\n# coloc-bench wrapper\nexec env %s %s "$@"\n' "$pre" "$S/usr/sbin/slurmstepd" > /usr/sbin/slurmstepd
     chmod 0755 /usr/sbin/slurmstepd
   fi
 }

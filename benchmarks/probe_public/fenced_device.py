@@ -78,9 +78,9 @@ def slurm_env() -> Dict[str, str]:
 def job_user(index: int) -> str:
     """A user of its own for the ``index``-th job (``--user-per-job``), created on this disposable machine.
 
-    The sampler attributes a process that left Slurm's evidence (no cgroup, no ``slurmstepd`` title the
-    harness's loader-run slurmstepd keeps) only when its uid runs exactly one job on the node (node/attribution.py),
-    so one job per user gives every job its NVML samples.
+    Not needed since the harness runs slurmstepd as its own program (its title attributes each job's processes);
+    kept to show attribution by the one-job-per-uid rule (node/attribution.py, rule 3). The users share the
+    corpus folder, so one user's outputs (``model.pt``, timm's ``./output``) can block another's.
     """
     name = f"cpub{index:02d}"
     try:

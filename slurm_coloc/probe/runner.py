@@ -73,6 +73,11 @@ OFFLINE_ENV = {
     "HTTPS_PROXY": DEAD_PROXY, "ALL_PROXY": DEAD_PROXY, "all_proxy": DEAD_PROXY, "no_proxy": "",
     "NO_PROXY": "",
 }
+# The task identity Slurm gives a job's batch step (one task on one node; ``sbatch`` man page, OUTPUT
+# ENVIRONMENT VARIABLES): scripts that branch on them (torchvision's references start a one-process DDP group when
+# ``SLURM_PROCID`` is set; Lightning's SLURM environment) take in the probe the path they take in the job.
+BATCH_STEP_ENV = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
+                  "SLURM_JOB_NUM_NODES": "1"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
@@ -284,6 +289,8 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
     env.update(dict(cmd.env))
+    for name, value in BATCH_STEP_ENV.items():  # what the batch step of a one-task job sees (a script may branch)
+        env.setdefault(name, value)
     env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
                SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),

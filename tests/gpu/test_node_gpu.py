@@ -123,10 +123,12 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     db_path = Path(gpu_cfg.state_dir) / "nodes" / "gpu1.db"
     rec = _Recording(NvmlReader())
     # the clients run outside Slurm (no cgroup, no slurmstepd, no Prolog row): their SLURM_JOB_ID claims count
-    # because the job's uid is known, as the Prolog records it for a real job (node/attribution.py)
+    # because the job's uid is known and that uid runs this one job, as the Prolog records it for a real job
+    # (node/attribution.py, rule 3)
     owners = {9101: 0, 9102: 2101}
     sampler = Sampler(dataclasses.replace(gpu_cfg, sampler_batch_s=1.0), "gpu1", rec, db_path=db_path,
-                      interval_s=0.5, attributor=JobAttributor(job_uid=owners.get))
+                      interval_s=0.5, attributor=JobAttributor(job_uid=owners.get,
+                                                  uid_jobs=lambda uid: [j for j, u in owners.items() if u == uid]))
     th = threading.Thread(target=sampler.run, kwargs={"duration_s": 60}, daemon=True)
     th.start()
     time.sleep(1.5)

@@ -25,12 +25,19 @@ def patch_distributed(torch: Any, st: Any) -> None:
     dist.init_process_group = init_process_group
 
     class OneProcessDDP(torch.nn.Module):
-        """DistributedDataParallel with one process: its module (gradient buckets not replayed)."""
+        """DistributedDataParallel with one process: its module, plus DDP's gradient buckets held on the GPU.
+
+        DDP keeps a flat copy of every gradient in its communication buckets (``gradient_as_bucket_view=False``,
+        the default; torch/nn/parallel/distributed.py, ``Reducer``): one buffer per parameter dtype and device,
+        as large as the parameters that require a gradient, allocated when DDP wraps the module.
+        """
 
         def __init__(self, module: Any, *a: Any, **k: Any) -> None:
             super().__init__()
             self.module = module
-            st.note("DistributedDataParallel with one process: traced as its module")
+            self._coloc_buckets = [] if k.get("gradient_as_bucket_view") else _bucket_buffers(torch, module)
+            st.note("DistributedDataParallel with one process: traced as its module, "
+                    f"{len(self._coloc_buckets)} gradient bucket buffer(s) held")
 
         def forward(self, *a: Any, **k: Any) -> Any:
             return self.module(*a, **k)
@@ -43,3 +50,13 @@ def patch_distributed(torch: Any, st: Any) -> None:
         import torch.nn.parallel.distributed as pd
 
         pd.DistributedDataParallel = OneProcessDDP  # type: ignore[misc]
+
+
+def _bucket_buffers(torch: Any, module: Any) -> list:
+    """One uninitialised buffer per (device, dtype) of ``module``'s trainable GPU parameters, of their total size."""
+    sizes: dict = {}
+    for p in module.parameters():
+        if p.requires_grad and p.device.type != "cpu":
+            key = (p.device, p.dtype)
+            sizes[key] = sizes.get(key, 0) + p.numel()
+    return [torch.empty(n, dtype=dtype, device=device) for (device, dtype), n in sizes.items()]
