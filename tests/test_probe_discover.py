@@ -159,6 +159,18 @@ def test_relocatable_shebang_form_takes_the_venvs_own_python(tmp_path):
     assert "python" in os.path.basename(job.python)
 
 
+def test_launcher_after_sourcing_a_venv_runs_under_the_venvs_python(tmp_path):
+    """``source venv/bin/activate`` then ``torchrun ...`` (the public corpus's DDP script on the GPU machine):
+    the Python is the launcher's, not the launcher itself (the probe once ran ``torchrun -c ...``)."""
+    py = fake_python(tmp_path / "venv" / "bin")
+    _console_script(py.parent, "torchrun", f"#!{py}")
+    (py.parent / "activate").write_text(f"export PATH={py.parent}:$PATH\n")
+    script = f"#!/bin/bash\nsource {py.parent}/activate\ntorchrun --standalone --nproc_per_node=1 train.py\n"
+    cmd, job = discover(tmp_path, script, base_env(tmp_path))
+    assert cmd.launcher == "torchrun"
+    assert job.python == str(py)
+
+
 def test_python_m_torch_distributed_run(tmp_path):
     py = fake_python(tmp_path / "venv" / "bin")
     script = f"export PATH={py.parent}:$PATH\npython -m torch.distributed.run --nproc_per_node=1 train.py\n"
