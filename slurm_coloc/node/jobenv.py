@@ -1,10 +1,11 @@
 """The per-job task environment file ``<run_dir>/jobs/<job_id>.env`` (root-owned, 0644, ``KEY=VALUE`` lines).
 
 This module owns the file: its path (``env_path``), which jobs have one (``env_job_ids``), its one writer
-(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which checks
-owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by the
-Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
-variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence text.
+(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which
+checks owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by
+the Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
+variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence
+text.
 """
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def env_path(cfg: Config, job_id: int) -> Path:
 def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
     """Task variables of a shard job under MPS on daemon ``d``.
 
-    The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which also
-    overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB, the CUDA
-    context included (the estimator counts it in the shard request too).
+    The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which
+    also overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB,
+    the CUDA context included (the estimator counts it in the shard request too).
     """
     return [("COLOC_SHARE", "mps"), ("CUDA_MPS_PIPE_DIRECTORY", str(d.pipe_dir)),
             ("CUDA_MPS_LOG_DIRECTORY", str(d.log_dir)), ("CUDA_VISIBLE_DEVICES", "0"),
@@ -83,8 +84,8 @@ def read_env(cfg: Config, job_id: int) -> List[Tuple[str, str]]:
     """The job's env file as ``(KEY, VALUE)`` pairs, read safely; ``[]`` when absent or unsafe.
 
     The file must be a regular file owned by root and not writable by group/others, opened without following
-    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes whose key
-    matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
+    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes
+    whose key matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
     """
     try:
         fd = os.open(str(env_path(cfg, job_id)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
