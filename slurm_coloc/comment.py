@@ -246,6 +246,44 @@ class CommentSpec:
         return out
 
 
+def _numbers_and_text(data: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Copy the integer (``BOUNDS``) and text (``STR_CHARS``) keys of ``data`` that are set into ``out``.
+
+    Raises:
+        CommentError: one of them of the wrong type or out of its range.
+    """
+    for key in ("v", "shards", "gpus", "mem_mib", "retry_of"):
+        if data.get(key) is not None:
+            out[key] = _bounded_int(key, data[key])
+    for key in ("flops_per_step", "bytes_per_step"):
+        if data.get(key) is not None:
+            out[key] = _bounded_int(key, data[key], allow_float=True)
+    for key in ("method", "gpu_model"):
+        if data.get(key) is not None:
+            out[key] = _text(key, data[key], STR_CHARS[key])
+
+
+def _mode_sha256_place(data: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Copy ``mode`` (one of ``MODES``), ``sha256`` (64 lower-case hex digits) and ``place`` (a boolean) of
+    ``data``, when set, into ``out``.
+
+    Raises:
+        CommentError: one of them not as stated.
+    """
+    if data.get("mode") is not None:
+        if data["mode"] not in MODES:
+            raise CommentError(f"mode must be one of {', '.join(MODES)}")
+        out["mode"] = data["mode"]
+    if data.get("sha256") is not None:
+        if not isinstance(data["sha256"], str) or not _SHA256.fullmatch(data["sha256"]):
+            raise CommentError("sha256 must be 64 lower-case hex digits")
+        out["sha256"] = data["sha256"]
+    if data.get("place") is not None:
+        if not isinstance(data["place"], bool):
+            raise CommentError("place must be true or false")
+        out["place"] = data["place"]
+
+
 @dataclass(frozen=True)
 class JobComment:
     """The coloc annotation of one job, validated: every field None (or False) when absent.
@@ -284,27 +322,8 @@ class JobComment:
         if not isinstance(data, dict):
             raise CommentError("the coloc JSON must be an object")
         out: Dict[str, Any] = {"annotated": True}
-        for key in ("v", "shards", "gpus", "mem_mib", "retry_of"):
-            if data.get(key) is not None:
-                out[key] = _bounded_int(key, data[key])
-        for key in ("flops_per_step", "bytes_per_step"):
-            if data.get(key) is not None:
-                out[key] = _bounded_int(key, data[key], allow_float=True)
-        for key in ("method", "gpu_model"):
-            if data.get(key) is not None:
-                out[key] = _text(key, data[key], STR_CHARS[key])
-        if data.get("mode") is not None:
-            if data["mode"] not in MODES:
-                raise CommentError(f"mode must be one of {', '.join(MODES)}")
-            out["mode"] = data["mode"]
-        if data.get("sha256") is not None:
-            if not isinstance(data["sha256"], str) or not _SHA256.fullmatch(data["sha256"]):
-                raise CommentError("sha256 must be 64 lower-case hex digits")
-            out["sha256"] = data["sha256"]
-        if data.get("place") is not None:
-            if not isinstance(data["place"], bool):
-                raise CommentError("place must be true or false")
-            out["place"] = data["place"]
+        _numbers_and_text(data, out)
+        _mode_sha256_place(data, out)
         if data.get("spec") is not None:
             out["spec"] = CommentSpec.from_fields(data["spec"])
         argv = data.get("argv")

@@ -260,18 +260,83 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
     return done
 
 
+@dataclass(frozen=True)
+class _Death:
+    """What the OOM step read of a FAILED job: its OOM messages, the output files read, the sampler's peak."""
+    messages: List[Tuple[str, str]]
+    read: Dict[str, Any]
+    peak_mib: Optional[int]
+    decision: OomDecision
+
+
+def _detect(cfg: Config, job: JobInfo, state: str, uid: int, gid: int) -> _Death:
+    """Step 1: read the job's output tail (as the user) and the sampler's peak memory, and decide OOM."""
+    messages, read = _read_output(job, uid, gid)
+    peak_mib = None
+    if job.shards:  # the sampler's evidence: the job's memory at its fence
+        from slurm_coloc.store.history import job_peak_mem_mib
+
+        peak_mib = job_peak_mem_mib(cfg, job.job_id, job.nodes)
+    decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
+                          fence_mib=shards_to_mib(job.shards) if job.shards else None)
+    return _Death(messages, read, peak_mib, decision)
+
+
+def _oom_record(ctx: HookContext, job: JobInfo, state: str, share_mode: str, uid: int, sha: Optional[str],
+                death: _Death, recorded_retry_of: Optional[int], plan: OomDecision) -> store_oom.OomRecord:
+    """Step 2: the ``oom_events`` row of this death (evidence, grant, whether a rerun is being submitted)."""
+    shards = job.shards
+    evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
+                "messages": death.messages, "read": death.read, "decision": death.decision.reason,
+                "node_list": job.nodes, "sampler_peak_mib": death.peak_mib}
+    return store_oom.OomRecord(job_id=job.job_id, ts=time.time(), user_name=ctx.user_name, uid=uid,
+                               script_sha256=sha, share_mode=share_mode, shards=shards,
+                               fence_mib=shards_to_mib(shards) if shards else None,
+                               end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
+                               retry_status="submitting" if plan.oom else "not-retried",
+                               retry_reason=plan.reason)
+
+
+def _submit_rerun(cfg: Config, env: Mapping[str, str], job: JobInfo, db: Database, uid: int, gid: int,
+                  argv: Optional[Sequence[str]], what: str) -> Dict[str, Any]:
+    """Step 3: submit the one rerun on a whole GPU, record it, and tell the user (either way)."""
+    job_id = job.job_id
+    try:
+        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
+    except ColocError as exc:
+        error = exc.one_line()
+        store_oom.record_retry_failed(db, job_id, error)
+        told = _tell_user(job, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be "
+                                         f"submitted: {error}. Resubmit it yourself with coloc-sbatch "
+                                         "--exclusive-gpu.")
+        store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
+        return {"oom": True, "retry": False, "error": error}
+    store_oom.record_retry_submitted(db, job_id, new_id)
+    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not "
+                                  "get the same ones: submit with coloc-sbatch to keep them.")
+    told = _tell_user(job, uid, gid, f"{what} with {job.shards} GiB of a shared GPU; rerunning it once on a "
+                                     f"whole GPU as job {new_id} (its output is appended here).{args_note}")
+    store_jobs.record_event(db, job_id, "oom-retry-submitted", {
+        "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact,
+        "user_told": told or "yes",
+        "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job "
+                         "fits beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
+    return {"oom": True, "retry": True, "retry_job_id": new_id}
+
+
 def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
 
     Args:
         ctx: the hook's environment; job: slurmctld's record of the job (``slurm_jobs.show_job``).
+        env: the hook's environment variables (the rerun's ``sbatch`` runs with them).
         state: the final state (``hooks/state.py``); share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
         db: the controller database.
 
     Returns:
         A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not
-        raised.
+        raised; any other error reaches ``hooks/runner.py``, which logs it and exits 0 (never fails the node).
     """
     job_id = job.job_id
     recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
@@ -283,63 +348,24 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     gid = job.gid if job.gid is not None else ctx.gid
     if state != "FAILED" or uid is None or gid is None:
         return {"oom": False, "why": decide_oom(state, job.reason, []).reason}
-    messages, read = _read_output(job, uid, gid)
-    shards = job.shards
-    peak_mib = None
-    if shards:  # the sampler's evidence: the job's memory at its fence
-        from slurm_coloc.store.history import job_peak_mem_mib
-
-        peak_mib = job_peak_mem_mib(cfg, job_id, job.nodes)
-    decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
-                          fence_mib=shards_to_mib(shards) if shards else None)
-    if not decision.oom:
-        return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
+    death = _detect(cfg, job, state, uid, gid)
+    if not death.decision.oom:
+        return {"oom": False, "why": death.decision.reason, "read": death.read, "peak_mib": death.peak_mib}
     argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
-    plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
+    plan = retry_decision(share_mode, job.shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:
-        plan = _gate(cfg, job, db, uid, messages, peak_mib)
-    evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
-                "messages": messages, "read": read, "decision": decision.reason, "node_list": job.nodes,
-                "sampler_peak_mib": peak_mib}
-    oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid,
-                              script_sha256=sha,
-                              share_mode=share_mode, shards=shards, fence_mib=shards_to_mib(shards) if shards
-                              else None,
-                              end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
-                              retry_status="submitting" if plan.oom else "not-retried",
-                              retry_reason=plan.reason)
+        plan = _gate(cfg, job, db, uid, death.messages, death.peak_mib)
+    oom = _oom_record(ctx, job, state, share_mode, uid, sha, death, recorded_retry_of, plan)
     if not store_oom.claim_retry(db, oom):
         return {"oom": True, "why": "already handled (oom_events row exists)"}
-    store_jobs.record_event(db, job_id, "oom", {**evidence, "retry": plan.reason, "fence_mib": oom.fence_mib})
-    what = f"job {job_id} ran out of GPU memory ({messages[0][0] if messages else decision.reason})"
+    store_jobs.record_event(db, job_id, "oom", {**(oom.evidence or {}), "retry": plan.reason,
+                                                "fence_mib": oom.fence_mib})
+    first = death.messages[0][0] if death.messages else death.decision.reason
+    what = f"job {job_id} ran out of GPU memory ({first})"
     if not plan.oom:
         told = _tell_user(job, uid, gid, f"{what}; {plan.reason}.")
         store_jobs.record_event(db, job_id, "oom-not-retried",
                                 {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
-    try:
-        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
-    except ColocError as exc:
-        error = exc.one_line()
-        store_oom.record_retry_failed(db, job_id, error)
-        told = _tell_user(job, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be "
-                                         "submitted: "
-                                        f"{error}. Resubmit it yourself with coloc-sbatch --exclusive-gpu.")
-        store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
-        return {"oom": True, "retry": False, "error": error}
-    store_oom.record_retry_submitted(db, job_id, new_id)
-    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not "
-                                  "get the "
-                                  "same ones: submit with coloc-sbatch to keep them.")
-    told = _tell_user(job, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a "
-                                     "whole GPU "
-                                    f"as job {new_id} (its output is appended here).{args_note}")
-    store_jobs.record_event(db, job_id, "oom-retry-submitted", {
-        "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told
-        or "yes",
-        "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job "
-                         "fits "
-                         "beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
-    return {"oom": True, "retry": True, "retry_job_id": new_id}
-
+    return _submit_rerun(cfg, env, job, db, uid, gid, argv, what)

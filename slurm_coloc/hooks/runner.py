@@ -28,7 +28,7 @@ import select
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
@@ -315,10 +315,60 @@ def encode_result(payload: Dict[str, Any]) -> bytes:
     return data
 
 
+def _read_answer(r: int, deadline: float) -> Tuple[List[bytes], bool]:
+    """Read the child's answer from pipe ``r`` (closed on return) until EOF or ``deadline`` (monotonic s).
+
+    Returns:
+        ``(chunks, killed)``: the bytes read, and True when the deadline passed first (the child is to be
+        killed).
+    """
+    chunks: List[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return chunks, True
+            ready, _, _ = select.select([r], [], [], left)
+            if ready:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    return chunks, False
+                chunks.append(chunk)
+    finally:
+        os.close(r)
+
+
+def _reap(pid: int, killed: bool) -> None:
+    """SIGKILL the child's process group (else the child) when ``killed``, then wait for it. Never raises."""
+    if killed:
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _decode_answer(chunks: List[bytes]) -> tuple:
+    """The child's JSON answer as ``(ok, detail, result)``; a failure when it is missing or broken."""
+    try:
+        payload = json.loads(b"".join(chunks).decode())
+        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
+
+
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
                 name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
     """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child)
     and ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
+
+    Args:
+        fn: the hook's work; ctx, cfg, env: passed to it. name: the hook's name in the log.
+        state: the caller's SIGTERM bookkeeping; ``state["child"]`` holds the child's pid while it runs.
 
     Returns:
         ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list
@@ -342,44 +392,14 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
         state["child"] = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is delivered here
     os.close(w)
-    deadline = time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S
-    chunks: List[bytes] = []
-    killed = False
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                killed = True
-                break
-            ready, _, _ = select.select([r], [], [], left)
-            if ready:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    finally:
-        os.close(r)
-    if killed:
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                target()
-            except OSError:
-                pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    chunks, killed = _read_answer(r, time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S)
+    _reap(pid, killed)
     if state is not None:
         state["child"] = None
     if killed:
         return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the "
-                                "alarm "
-                                f"cannot reach: C code such as NVML or a SQLite wait)"}, None
-    try:
-        payload = json.loads(b"".join(chunks).decode())
-        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
+                                "alarm cannot reach: C code such as NVML or a SQLite wait)"}, None
+    return _decode_answer(chunks)
 
 
 def bound_s(cfg: config_mod.Config) -> float:

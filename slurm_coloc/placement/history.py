@@ -69,42 +69,36 @@ def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = Non
     return out
 
 
-def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,
-                 now: Optional[float] = None,
-                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
-    """``(uid, signature)`` -> measured activity of earlier runs that had their GPU alone (ctld.db + every
-    node database), keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded
-    comments are validated again, ``store.placement.finished_jobs``), plus one run per signature of
-    ``placement_history_path`` when set, under uid None (the admin's file, for everyone); ``timing`` (when
-    given) gets the same runs' (run_s, startup_s) under the same keys. Runs older than
-    ``placement_history_max_age_s``, and a history file not modified within it, are stale and skipped. Never
-    raises on bad input: a corrupt or stale file, or an unreadable database, is skipped with one warning (once
-    per ``seen`` key)."""
-    now = time.time() if now is None else now
-    out: Dict[HistoryKey, List[Activity]] = {}
+def _read_admin_file(cfg: Config, now: float, seen: Optional[Set[str]], out: Dict[HistoryKey, List[Activity]],
+                     timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
+    """Add ``placement_history_path``'s runs to ``out`` (and ``timing``) under uid None, unless the file is
+    stale or bad (then one warning per ``seen`` key)."""
     path = cfg.placement_history_path
-    if path:
-        try:
-            age = now - Path(path).stat().st_mtime
-        except OSError:
-            age = 0.0  # missing: read_history_file says so
-        if age > cfg.placement_history_max_age_s:
-            log_once(seen, f"stale:{path}", "history file %s is stale (%.0f days old): ignored", path,
-                     age / 86400)
-        else:
-            try:
-                file_timing: Dict[str, List[Timing]] = {}
-                for sig, act in read_history_file(path, file_timing).items():
-                    out.setdefault((None, sig), []).append(act)
-                if timing is not None:
-                    for sig, timed in file_timing.items():
-                        timing.setdefault((None, sig), []).extend(timed)
-            except ConfigError as exc:
-                log_once(seen, f"bad:{path}", "%s: ignored (jobs without other history are placed by the "
-                                              "gate "
-                         "or by memory)", exc.one_line())
-    if not cfg.ctld_db_path.exists():
-        return out
+    if not path:
+        return
+    try:
+        age = now - Path(path).stat().st_mtime
+    except OSError:
+        age = 0.0  # missing: read_history_file says so
+    if age > cfg.placement_history_max_age_s:
+        log_once(seen, f"stale:{path}", "history file %s is stale (%.0f days old): ignored", path,
+                 age / 86400)
+        return
+    try:
+        file_timing: Dict[str, List[Timing]] = {}
+        for sig, act in read_history_file(path, file_timing).items():
+            out.setdefault((None, sig), []).append(act)
+        if timing is not None:
+            for sig, timed in file_timing.items():
+                timing.setdefault((None, sig), []).extend(timed)
+    except ConfigError as exc:
+        log_once(seen, f"bad:{path}", "%s: ignored (jobs without other history are placed by the gate "
+                 "or by memory)", exc.one_line())
+
+
+def _finished_keys(cfg: Config, seen: Optional[Set[str]]) -> Optional[Dict[int, HistoryKey]]:
+    """job id -> ``(uid, signature)`` of the finished jobs recorded in ctld.db (those with both); None (one
+    warning per ``seen`` key) when the database is unreadable."""
     try:
         ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
         try:
@@ -117,9 +111,16 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
             ctld.conn.close()
     except Exception as exc:  # a bad database means no history, never a stop
         log_once(seen, f"db:{cfg.ctld_db_path}", "history database %s unreadable (%s): ignored",
-                 cfg.ctld_db_path,
-                 exc)
-        return out
+                 cfg.ctld_db_path, exc)
+        return None
+    return keys
+
+
+def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: Optional[Set[str]],
+                   out: Dict[HistoryKey, List[Activity]],
+                   timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
+    """Add the alone runs of ``keys``' jobs in every node database to ``out`` (and ``timing``); an unreadable
+    database is skipped with one warning per ``seen`` key."""
     for db_path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         try:
             db = open_readonly(db_path, busy_timeout_s=1.0)
@@ -132,10 +133,42 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
             continue
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(keys[job_id],
-                               []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0,
+                                                                 a["drama"] or 0.0))
                 if timing is not None and a.get("run_s") is not None:
                     timing.setdefault(keys[job_id], []).append((a.get("run_s"), a.get("startup_s")))
+
+
+def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,
+                 now: Optional[float] = None,
+                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
+    """The measured activity of earlier runs that had their GPU alone (ctld.db + every node database), keyed
+    by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are validated
+    again, ``store.placement.finished_jobs``), plus one run per signature of ``placement_history_path`` when
+    set, under uid None (the admin's file, for everyone).
+
+    Args:
+        cfg: ``placement_history_path``, ``placement_history_max_age_s`` (s; older runs, and a history file
+            not modified within it, are stale and skipped), ``ctld_db_path``, ``node_db_dir``.
+        timing: when given, gets the same runs' ``(run_s, startup_s)`` (s) under the same keys.
+        now: the wall clock (epoch s); the current time when None.
+        seen: warning keys already logged (each warning is logged once per key).
+
+    Returns:
+        ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1).
+
+    Never raises on bad input: a corrupt or stale file, or an unreadable database, is skipped with one
+    warning.
+    """
+    now = time.time() if now is None else now
+    out: Dict[HistoryKey, List[Activity]] = {}
+    _read_admin_file(cfg, now, seen, out, timing)
+    if not cfg.ctld_db_path.exists():
+        return out
+    keys = _finished_keys(cfg, seen)
+    if keys is None:
+        return out
+    _read_node_dbs(cfg, keys, now, seen, out, timing)
     return out
 
 

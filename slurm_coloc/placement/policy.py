@@ -104,6 +104,36 @@ def fresh(gpu: GpuState, max_age_s: float) -> bool:
     return gpu.live is not None and gpu.live_age_s is not None and 0 <= gpu.live_age_s <= max_age_s
 
 
+# (sort key, GPU, basis, predicted activity): one GPU that qualifies, as choose_gpu ranks it
+_Option = Tuple[Tuple, GpuState, str, Optional[Activity]]
+
+
+def _option(g: GpuState, demand: Activity, gate: Gate, mode: str, max_age_s: float,
+            blocked: List[str]) -> Optional[_Option]:
+    """Rules (2)-(4) of :func:`choose_gpu` for one GPU with room: its ranking, or None (the reason appended to
+    ``blocked``) when it would be saturated."""
+    if g.tenants == 0 and g.shards_used == 0:
+        pred = (g.live or Activity()) + demand if fresh(g, max_age_s) else demand
+        basis = "empty-gpu"
+    elif fresh(g, max_age_s):
+        assert g.live is not None
+        pred = g.live + g.recent + demand
+        if gate.saturated(g.live) or gate.saturated(pred):
+            why = "saturated now" if gate.saturated(g.live) else "would saturate"
+            blocked.append(f"{g.node}/gpu{g.index} {why} ({_fmt(pred)})")
+            return None
+        basis = "utilization"
+    else:
+        pred, basis = None, "memory-only"
+    load = pred.smact if pred is not None else 0.0
+    rank_basis = 1 if basis == "memory-only" else 0
+    if mode == "spread":
+        key: Tuple = (rank_basis, round(load, 3), g.tenants, -g.shards_free, g.node, g.index)
+    else:
+        key = (rank_basis, -round(load, 3), -g.tenants, g.shards_free, g.node, g.index)
+    return key, g, basis, pred
+
+
 def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Gate, mode: str = "spread",
                max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job of ``shards`` shards and predicted activity ``demand``.
@@ -139,29 +169,12 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
     if not fits:
         most = max((g.shards_free for g in gpus), default=0)
         return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
-    options: List[Tuple[Tuple, GpuState, str, Optional[Activity]]] = []
+    options: List[_Option] = []
     blocked: List[str] = []
     for g in fits:
-        if g.tenants == 0 and g.shards_used == 0:
-            pred = (g.live or Activity()) + demand if fresh(g, max_age_s) else demand
-            basis = "empty-gpu"
-        elif fresh(g, max_age_s):
-            assert g.live is not None
-            pred = g.live + g.recent + demand
-            if gate.saturated(g.live) or gate.saturated(pred):
-                why = "saturated now" if gate.saturated(g.live) else "would saturate"
-                blocked.append(f"{g.node}/gpu{g.index} {why} ({_fmt(pred)})")
-                continue
-            basis = "utilization"
-        else:
-            pred, basis = None, "memory-only"
-        load = pred.smact if pred is not None else 0.0
-        rank_basis = 1 if basis == "memory-only" else 0
-        if mode == "spread":
-            key: Tuple = (rank_basis, round(load, 3), g.tenants, -g.shards_free, g.node, g.index)
-        else:
-            key = (rank_basis, -round(load, 3), -g.tenants, g.shards_free, g.node, g.index)
-        options.append((key, g, basis, pred))
+        option = _option(g, demand, gate, mode, max_age_s, blocked)
+        if option is not None:
+            options.append(option)
     if not options:
         return Decision(None, None, "every GPU with room is saturated: " + "; ".join(blocked[:4]))
     options.sort(key=lambda o: o[0])
