@@ -223,8 +223,7 @@ class CommentSpec:
             if not isinstance(kwargs, dict) or not _plain(kwargs) \
                     or len(json.dumps(kwargs, sort_keys=True)) > MAX_KWARGS_CHARS:
                 raise CommentError(f"spec.kwargs must be a JSON object of at most {MAX_KWARGS_CHARS} "
-                                   "characters, "
-                                   f"{MAX_KWARGS_DEPTH} levels, finite numbers")
+                                   f"characters, {MAX_KWARGS_DEPTH} levels, finite numbers")
             out["kwargs"] = kwargs
         return cls(**out)
 

@@ -128,6 +128,5 @@ def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]
     if (GUARD_KEY, "1") in pairs:
         lines.append(f"print coloc: job {job_id} was submitted for coloc-placer but started without its GPU "
                      "(released before the placer steered it): it has no GPU (CUDA_VISIBLE_DEVICES is "
-                     "empty). "
-                     "Resubmit it with coloc-sbatch.")
+                     "empty). Resubmit it with coloc-sbatch.")
     return lines

@@ -162,26 +162,23 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
     """The evidence part of :func:`rerun_gate` (same arguments): whether the grant was the job's limit."""
     if tried_mib > gpu_mib:
         return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU "
-                                  f"({gpu_mib} "
-                                  "MiB): a rerun on a whole GPU cannot hold it; not rerun")
+                                  f"({gpu_mib} MiB): a rerun on a whole GPU cannot hold it; not rerun")
     tol = max(MIN_TOLERANCE_MIB, int(grant_mib * tolerance_pct / 100))
     if peak_mib is not None:
         if peak_mib + tried_mib >= grant_mib - tol:
             return OomDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, "
-                                     "grant "
-                                     f"{grant_mib} MiB): rerun once on a whole GPU")
+                                     f"grant {grant_mib} MiB): rerun once on a whole GPU")
         return OomDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
                                   f"{grant_mib} MiB grant: an OOM there is not the grant's fault; not rerun")
     if tried_mib >= grant_mib - tol:
         return OomDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB "
-                                 "grant before "
-                                 "the sampler saw its memory: rerun once on a whole GPU")
+                                 "grant before the sampler saw its memory: rerun once on a whole GPU")
     if sampler_watched:
         return OomDecision(False, f"the sampler watched its GPU and saw no memory of this job, and no failed "
-                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): not "
-                                  "rerun")
-    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): rerun once on a "
-                             "whole GPU")
+                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): "
+                                  "not rerun")
+    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): "
+                             "rerun once on a whole GPU")
 
 
 def retry_of_comment(comment: str) -> Optional[int]:

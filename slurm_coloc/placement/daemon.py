@@ -300,8 +300,7 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
     state.history_ts = now
     if not state.history:
         log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go "
-                                             "by "
-                 "the gate, or by memory where a GPU's sampler is silent")
+                 "by the gate, or by memory where a GPU's sampler is silent")
 
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,

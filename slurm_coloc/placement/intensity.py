@@ -139,9 +139,9 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
             or cal.feature not in ("flops", "proxy") \
             or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())):
-        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
-                          "smact_max <= 1, proxy_to_flops > 0, feature flops or proxy and 0.1 <= "
-                          "share_capacity <= 10")
+        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, "
+                          "0 <= smact_min <= smact_max <= 1, proxy_to_flops > 0, feature flops or proxy "
+                          "and 0.1 <= share_capacity <= 10")
     return cal
 
 

@@ -74,10 +74,9 @@ class Round:
         silent = share.silent_gpus(self.gpus, max_age)
         if silent:
             log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent),
-                     "sampler silent (no "
-                     "state within %g s) on %s: jobs without measured history go there by memory only, "
-                     "within the "
-                     "bound for the jobs already there", max_age, ", ".join(f"{n}/gpu{i}" for n, i in silent))
+                     "sampler silent (no state within %g s) on %s: jobs without measured history go there "
+                     "by memory only, within the bound for the jobs already there", max_age,
+                     ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
     def tenant_data(self, j: JobInfo) -> Tuple[share.Profile, float]:
         """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a
@@ -114,9 +113,8 @@ class Round:
             return (choose_gpu(self.gpus, shards, demand, self.gate, cfg.placement_mode,
                                cfg.placement_state_max_age_s), demand, source, prof)
         if not coloc.signature() and coloc.flops_per_step is None:
-            log_once(self.state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: "
-                                                                "placed by "
-                     "memory", job.job_id)
+            log_once(self.state.logged, f"nodata:{job.job_id}",
+                     "job %d has no signature and no FLOPs: placed by memory", job.job_id)
             room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.unknown.smact,
                                       cfg.placement_max_slowdown, self.now)
             d = share.memory_only(room, shards)

@@ -183,8 +183,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     """
     cap_of = capacity if callable(capacity) else (lambda _model, c=float(capacity): c)
     if shards < 1 or len(tenants) != len(gpus) or max_slowdown < 1 or any(cap_of(g.model) <= 0 for g in gpus):
-        raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, bound "
-                         ">= 1")
+        raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, "
+                         "bound >= 1")
     options: List[Tuple[Tuple, GpuState, str, Optional[Activity], str]] = []
     blocked: List[str] = []
     for g, ts in zip(gpus, tenants):
