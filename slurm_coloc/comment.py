@@ -313,6 +313,13 @@ class JobComment:
         """The typed annotation of a coloc JSON object (a parsed comment or a recorded ``coloc_json``).
         Unknown keys are ignored; a key set to null counts as absent.
 
+        Args:
+            data: the parsed JSON value (``mem_mib`` in MiB, ``shards`` in GiB of one GPU, ``flops_per_step``
+                in FLOP, ``bytes_per_step`` in bytes).
+
+        Returns:
+            The ``JobComment``, ``annotated`` True.
+
         Raises:
             CommentError: not an object, or a known key of the wrong type or out of its range (``BOUNDS``,
                 ``STR_CHARS``, ``MODES``, a 64-hex-digit ``sha256``, ``argv`` within ``MAX_ARGS`` x

@@ -124,7 +124,14 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
     GRES and submit time come from slurmctld's record (``slurm_jobs.show_job``); name, user, partition and
     comment from the hook's environment, each one opaque value.
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+
+    Args:
+        ctx: the hook's job; cfg: the controller's configuration; env: PrologSlurmctld's environment.
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
+        exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
@@ -170,7 +177,17 @@ def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     inferred and settled by a later controller hook), settle earlier records, run the OOM
     step (hooks/oom.py) and write the AdminComment summary (hooks/admin_comment.py).
 
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+    Args:
+        ctx: the hook's job; cfg: the controller's configuration; env: EpilogSlurmctld's environment.
+
+    Returns:
+        A detail dict for the hook log: ``state``, ``state_source``, ``exit_code``, ``signal``, the jobs
+        settled, ``oom`` (``oom.handle_job_end``) and ``admin_comment``.
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
+        exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)

@@ -23,7 +23,18 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user; set up sharing.
 
     The shard count (which sizes the MPS fence) is slurmctld's ``tres_per_node`` (``slurm_jobs.show_job``).
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+
+    Args:
+        ctx: the hook's job (id, user, uid, gid); cfg: the node's configuration; env: the Prolog's
+            environment.
+
+    Returns:
+        A detail dict for the hook log (GPU indices, shards, sharing set up).
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the node database unusable. (``hooks/runner.py`` catches every error, logs it and exits
+        0: the node is never drained.)
     """
     job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
                                timeout_s=cfg.hook_timeout_s / 2))
@@ -78,7 +89,18 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     inferred from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last,
     the job's summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when
     the hook's budget is nearly spent).
-    Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
+
+    Args:
+        ctx: the hook's job; cfg: the node's configuration; env: the Epilog's environment
+            (``SLURM_JOB_EXIT_CODE*``).
+
+    Returns:
+        A detail dict for the hook log (teardown, state and its source, ``slurm`` when slurmctld did not
+        answer).
+
+    Raises:
+        StoreError: the node database unusable.
+        HookTimeout: the runner's alarm. (``hooks/runner.py`` catches every error, logs it and exits 0.)
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     run = (next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node),
@@ -115,6 +137,12 @@ def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]
     The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a
     heterogeneous job each component's tasks get their own component's file, not the leader's that
     ``SLURM_JOB_ID`` names. ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
+
+    Args:
+        ctx: the hook's job; cfg: the node's configuration (``run_dir``); env: the TaskProlog's environment.
+
+    Returns:
+        The ``export KEY=VALUE`` lines (none when the job has no env file or it is not trusted).
     """
     from slurm_coloc.node.jobenv import read_env, stepd_job_id
 

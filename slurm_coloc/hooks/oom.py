@@ -190,7 +190,15 @@ def retry_of_comment(comment: str) -> Optional[int]:
 def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
                    retry_of: Optional[int]) -> OomDecision:
     """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU
-    holds)."""
+    holds).
+
+    Args:
+        share_mode: as ``hooks/ctld.py::share_mode_of`` names it; shards: the job's shards (GiB), or None.
+        gpu_mem_gib: the shards one GPU holds (GiB); retry_of: the job this one reruns, or None.
+
+    Returns:
+        An ``OomDecision``: ``oom`` True when a rerun may be submitted, ``reason`` in words.
+    """
     if retry_of is not None:
         return OomDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
     if share_mode == "shard" and shards and shards < gpu_mem_gib:
