@@ -214,6 +214,16 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     is one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment
     breaks the protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
 
+    Args:
+        cfg: the placer's configuration (policy, gate, ``placement_*`` windows in s, database paths).
+        state: what the placer keeps between rounds (steered jobs, history, warnings already logged).
+        env: the environment Slurm commands run with (None: the default).
+        now: the wall clock (epoch s); the current time when None.
+        cal: the intensity calibration; when None, ``placement_calibration_path`` or the packaged one.
+
+    Returns:
+        Counts of this round: ``placed``, ``waiting``, ``memory_only``, ``errors``, ...
+
     Raises:
         ColocError: Slurm could not be asked (the caller logs it and tries again next round).
     """
@@ -306,7 +316,15 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
              sleep: Callable[[float], None] = time.sleep) -> None:
     """Run rounds every ``placement_interval_s`` (forever, or ``rounds`` times); errors are logged, never
-    raised (except a bad calibration file, which is a configuration error: ``ConfigError``)."""
+    raised (except a bad calibration file, which is a configuration error).
+
+    Args:
+        cfg: the placer's configuration; rounds: how many rounds, or None for ever.
+        env: the environment Slurm commands run with; sleep: waits the given seconds (replaceable in tests).
+
+    Raises:
+        ConfigError: the calibration file is bad.
+    """
     cal = intensity.load_calibration(cfg.placement_calibration_path or None)
     state = PlacerState()
     done = 0

@@ -189,6 +189,17 @@ def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Ca
 
     History is per user: only runs of the job's own ``uid`` count, then the admin's file (uid None); another
     user's runs never steer this job (a user could otherwise forge a signature's history for everyone).
+
+    Args:
+        coloc: the job's ``comment.JobComment`` or its coloc JSON object (validated first): signature,
+            FLOPs and bytes per step.
+        history: ``(uid, signature)`` -> runs alone (``history.read_history``).
+        cal: the intensity calibration (prediction from FLOPs when there is no history).
+        uid: the uid Slurm runs the job as.
+
+    Returns:
+        ``(activity, source)``: SM activity, SM occupancy and DRAM activity as fractions 0..1, and
+        ``history`` or ``predicted``.
     """
     c = _typed(coloc)
     for key in history_keys(c.signature(), uid):
