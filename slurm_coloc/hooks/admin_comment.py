@@ -69,8 +69,8 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]], oom: Optional[Any]) -> Dict[str,
-                                                                                                      Any]:
+def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
+            oom: Optional[Any]) -> Dict[str, Any]:
     """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
     when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out
     the ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the

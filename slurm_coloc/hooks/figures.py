@@ -60,8 +60,8 @@ def job_view(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Tup
         return None, report
 
     def times(key: str) -> List[float]:
-        return ([float(t) for t in [r.get(key) for r in runs] + [row.get(key)] if isinstance(t, (int, float))
-                 and t])
+        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)]
+                if isinstance(t, (int, float)) and t]
 
     starts, ends = times("start_ts"), times("end_ts")
     view = JobView(
@@ -87,8 +87,8 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         return None if x is None else round(float(x), nd)
 
     d: Dict[str, Any] = {
-        "coloc": 1, "est_mib": view.estimate_mib, "method": (view.estimate_method or "").replace(" ", "_")
-        or None,
+        "coloc": 1, "est_mib": view.estimate_mib,
+        "method": (view.estimate_method or "").replace(" ", "_") or None,
         "mode": view.share_mode,
         "shards": view.shards, "req_mib": _int(view.requested_mib), "peak_mib": _int(view.peak_mem_mib),
         "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),

@@ -48,8 +48,7 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     if guard:
         return {"gpus": start.gpus, "shards": start.shards, **guard}
     sharing = lifecycle.prolog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, start.shards, ctx.spank_share,
-                                       env,
-                                       ctx.uid)
+                                       env, ctx.uid)
     return {"gpus": start.gpus, "shards": start.shards, **sharing}
 
 
