@@ -148,8 +148,8 @@ def _slurm_commands_run(path: Path) -> List[str]:
         if isinstance(node, ast.ImportFrom) and node.module == "slurm_coloc.slurm.run" \
                 and any(a.name == "run" for a in node.names):
             out.append(f"{node.lineno}: imports slurm.run.run")
-        if not isinstance(node,
-                          ast.Call) or not node.args or not ast.unparse(node.func).startswith(_SPAWNERS):
+        if not isinstance(node, ast.Call) or not node.args \
+                or not ast.unparse(node.func).startswith(_SPAWNERS):
             continue
         argv = node.args[0]
         first = argv.elts[0] if isinstance(argv, (ast.List, ast.Tuple)) and argv.elts else None
