@@ -6,15 +6,16 @@ only ``json``.
 
 The JSON object is written by ``build_comment`` with sorted keys and no spaces. Keys written by
 ``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``,
-``sha256``, ``spec``, when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=`` trace
-counted them, ``flops_per_step`` (int, FLOP of one training step; the placer's feature,
+``sha256``, ``spec``, when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=``
+trace counted them, ``flops_per_step`` (int, FLOP of one training step; the placer's feature,
 ``placement/intensity.py``); ``coloc-placer`` submissions add ``place`` (true), OOM reruns ``retry_of``.
 
 Reading: a user can submit any comment with plain ``sbatch``, so every reader (hooks, placer, report, history)
-goes through ``JobComment.read`` (or ``JobComment.from_fields`` for a recorded object), which checks every known
-key's type and range (``BOUNDS``, ``STR_CHARS``, the spec's limits) and ignores unknown keys. A comment with one
-bad known key is no annotation at all (``NO_COMMENT``, one log line): the job is treated as unannotated,
-never half-trusted. ``parse_comment`` is the raw JSON reader for the submitting side (the user's own text).
+goes through ``JobComment.read`` (or ``JobComment.from_fields`` for a recorded object), which checks every
+known key's type and range (``BOUNDS``, ``STR_CHARS``, the spec's limits) and ignores unknown keys. A comment
+with one bad known key is no annotation at all (``NO_COMMENT``, one log line): the job is treated as
+unannotated, never half-trusted. ``parse_comment`` is the raw JSON reader for the submitting side (the user's
+own text).
 
 slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fit_comment`` drops the
 bulky keys, in the order the caller gives, until user text + coloc JSON fit: every job plain sbatch accepts is
@@ -32,7 +33,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 COMMENT_TAG = "coloc:"
 MAX_JSON_CHARS = 16384  # parse_comment ignores a coloc JSON longer than this (bounded work in root hooks)
-MAX_COMMENT_CHARS = 1024  # slurmctld 22.05 refuses a longer --comment ("120 arguments" in docs/reliability.md)
+# slurmctld 22.05 refuses a longer --comment ("120 arguments" in docs/reliability.md)
+MAX_COMMENT_CHARS = 1024
 log = logging.getLogger("slurm_coloc.comment")
 
 Shrink = Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]
@@ -104,10 +106,10 @@ BOUNDS: Dict[str, Tuple[int, int]] = {
     "flops_per_step": (0, 10 ** 18), "bytes_per_step": (0, 10 ** 18), "retry_of": (1, (1 << 32) - 1),
     "batch_size": (1, 1 << 20), "kwargs_chars": (0, 1 << 20), "input_dim": (1, 1 << 24),
 }
-"""Inclusive bounds of every integer the comment may carry: 65,536 shards and 16 TiB in MiB (above any GPU, far
-below SQLite's 64-bit INTEGER), 1e18 FLOP or bytes per step (an exa-op step; H100 does ~1e15 FLOP/s), 32-bit
-Slurm job ids, batch up to 2^20, each input dimension up to 2^24. ``flops_per_step``/``bytes_per_step`` also take
-a finite float in range (stored as int)."""
+"""Inclusive bounds of every integer the comment may carry: 65,536 shards and 16 TiB in MiB (above any GPU,
+far below SQLite's 64-bit INTEGER), 1e18 FLOP or bytes per step (an exa-op step; H100 does ~1e15 FLOP/s),
+32-bit Slurm job ids, batch up to 2^20, each input dimension up to 2^24. ``flops_per_step``/``bytes_per_step``
+also take a finite float in range (stored as int)."""
 STR_CHARS: Dict[str, int] = {"method": 64, "gpu_model": 128, "model": 256, "input_dtype": 16, "optimizer": 32,
                              "precision": 16}
 MAX_INPUT_DIMS = 8
@@ -117,7 +119,8 @@ MAX_KWARGS_DEPTH = 16
 MAX_ARGS = 4096  # the script's arguments (an OOM rerun's argv): count and characters per argument
 MAX_ARG_CHARS = 4096
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_MAX_INT_DIGITS = 19  # a longer JSON integer is never read as a number (Python's int() of 10^4300 digits raises)
+# a longer JSON integer is never read as a number (Python's int() of 10^4300 digits raises)
+_MAX_INT_DIGITS = 19
 
 
 class CommentError(ValueError):
@@ -183,7 +186,8 @@ def _plain(v: Any, depth: int = 0) -> bool:
 
 @dataclass(frozen=True)
 class CommentSpec:
-    """The model spec of a coloc comment (``estimate.spec.ModelSpec.to_json``), each field checked; None: absent."""
+    """The model spec of a coloc comment (``estimate.spec.ModelSpec.to_json``), each field checked; None:
+    absent."""
 
     model: Optional[str] = None
     kwargs: Optional[Dict[str, Any]] = None
@@ -218,8 +222,8 @@ class CommentSpec:
         if kwargs is not None:
             if not isinstance(kwargs, dict) or not _plain(kwargs) \
                     or len(json.dumps(kwargs, sort_keys=True)) > MAX_KWARGS_CHARS:
-                raise CommentError(f"spec.kwargs must be a JSON object of at most {MAX_KWARGS_CHARS} characters, "
-                                   f"{MAX_KWARGS_DEPTH} levels, finite numbers")
+                raise CommentError(f"spec.kwargs must be a JSON object of at most {MAX_KWARGS_CHARS} "
+                                   f"characters, {MAX_KWARGS_DEPTH} levels, finite numbers")
             out["kwargs"] = kwargs
         return cls(**out)
 
@@ -239,6 +243,44 @@ class CommentSpec:
         if "input_shape" in out:
             out["input_shape"] = list(out["input_shape"])
         return out
+
+
+def _numbers_and_text(data: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Copy the integer (``BOUNDS``) and text (``STR_CHARS``) keys of ``data`` that are set into ``out``.
+
+    Raises:
+        CommentError: one of them of the wrong type or out of its range.
+    """
+    for key in ("v", "shards", "gpus", "mem_mib", "retry_of"):
+        if data.get(key) is not None:
+            out[key] = _bounded_int(key, data[key])
+    for key in ("flops_per_step", "bytes_per_step"):
+        if data.get(key) is not None:
+            out[key] = _bounded_int(key, data[key], allow_float=True)
+    for key in ("method", "gpu_model"):
+        if data.get(key) is not None:
+            out[key] = _text(key, data[key], STR_CHARS[key])
+
+
+def _mode_sha256_place(data: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Copy ``mode`` (one of ``MODES``), ``sha256`` (64 lower-case hex digits) and ``place`` (a boolean) of
+    ``data``, when set, into ``out``.
+
+    Raises:
+        CommentError: one of them not as stated.
+    """
+    if data.get("mode") is not None:
+        if data["mode"] not in MODES:
+            raise CommentError(f"mode must be one of {', '.join(MODES)}")
+        out["mode"] = data["mode"]
+    if data.get("sha256") is not None:
+        if not isinstance(data["sha256"], str) or not _SHA256.fullmatch(data["sha256"]):
+            raise CommentError("sha256 must be 64 lower-case hex digits")
+        out["sha256"] = data["sha256"]
+    if data.get("place") is not None:
+        if not isinstance(data["place"], bool):
+            raise CommentError("place must be true or false")
+        out["place"] = data["place"]
 
 
 @dataclass(frozen=True)
@@ -268,8 +310,15 @@ class JobComment:
 
     @classmethod
     def from_fields(cls, data: Any) -> "JobComment":
-        """The typed annotation of a coloc JSON object (a parsed comment or a recorded ``coloc_json``). Unknown
-        keys are ignored; a key set to null counts as absent.
+        """The typed annotation of a coloc JSON object (a parsed comment or a recorded ``coloc_json``).
+        Unknown keys are ignored; a key set to null counts as absent.
+
+        Args:
+            data: the parsed JSON value (``mem_mib`` in MiB, ``shards`` in GiB of one GPU, ``flops_per_step``
+                in FLOP, ``bytes_per_step`` in bytes).
+
+        Returns:
+            The ``JobComment``, ``annotated`` True.
 
         Raises:
             CommentError: not an object, or a known key of the wrong type or out of its range (``BOUNDS``,
@@ -279,27 +328,8 @@ class JobComment:
         if not isinstance(data, dict):
             raise CommentError("the coloc JSON must be an object")
         out: Dict[str, Any] = {"annotated": True}
-        for key in ("v", "shards", "gpus", "mem_mib", "retry_of"):
-            if data.get(key) is not None:
-                out[key] = _bounded_int(key, data[key])
-        for key in ("flops_per_step", "bytes_per_step"):
-            if data.get(key) is not None:
-                out[key] = _bounded_int(key, data[key], allow_float=True)
-        for key in ("method", "gpu_model"):
-            if data.get(key) is not None:
-                out[key] = _text(key, data[key], STR_CHARS[key])
-        if data.get("mode") is not None:
-            if data["mode"] not in MODES:
-                raise CommentError(f"mode must be one of {', '.join(MODES)}")
-            out["mode"] = data["mode"]
-        if data.get("sha256") is not None:
-            if not isinstance(data["sha256"], str) or not _SHA256.fullmatch(data["sha256"]):
-                raise CommentError("sha256 must be 64 lower-case hex digits")
-            out["sha256"] = data["sha256"]
-        if data.get("place") is not None:
-            if not isinstance(data["place"], bool):
-                raise CommentError("place must be true or false")
-            out["place"] = data["place"]
+        _numbers_and_text(data, out)
+        _mode_sha256_place(data, out)
         if data.get("spec") is not None:
             out["spec"] = CommentSpec.from_fields(data["spec"])
         argv = data.get("argv")
@@ -312,8 +342,9 @@ class JobComment:
     @classmethod
     def read(cls, comment: Optional[str], job_id: Optional[int] = None) -> "JobComment":
         """The annotation in a job comment (the last ``coloc:{...}``); ``NO_COMMENT`` when there is none or it
-        breaks the protocol, the latter with one warning naming the job and the key. Never raises; bounded work
-        (``MAX_JSON_CHARS``; integers of more than 19 digits, NaN and infinities are never read as numbers)."""
+        breaks the protocol, the latter with one warning naming the job and the key. Never raises; bounded
+        work (``MAX_JSON_CHARS``; integers of more than 19 digits, NaN and infinities are never read as
+        numbers)."""
         text = comment or ""
         at = text.rfind(COMMENT_TAG + "{")
         if at < 0:
@@ -332,7 +363,8 @@ class JobComment:
 
     @classmethod
     def from_json_text(cls, text: Optional[str]) -> "JobComment":
-        """A recorded ``coloc_json`` (database text) read back; ``NO_COMMENT`` when absent or invalid. Never raises."""
+        """A recorded ``coloc_json`` (database text) read back; ``NO_COMMENT`` when absent or invalid. Never
+        raises."""
         if not text or len(text) > MAX_JSON_CHARS:
             return NO_COMMENT
         try:
@@ -342,11 +374,13 @@ class JobComment:
 
     @property
     def placed_shards(self) -> Optional[int]:
-        """The shard count of a job submitted for coloc-placer (``place`` true and ``shards`` set), else None."""
+        """The shard count of a job submitted for coloc-placer (``place`` true and ``shards`` set), else
+        None."""
         return self.shards if self.place and self.shards else None
 
     def to_json(self) -> Dict[str, Any]:
-        """The set fields as the coloc JSON object (``spec`` and ``argv`` as JSON values); {} when unannotated."""
+        """The set fields as the coloc JSON object (``spec`` and ``argv`` as JSON values); {} when
+        unannotated."""
         out: Dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -360,7 +394,8 @@ class JobComment:
         """A 16-hex-digit key of what the job trains; None when nothing identifies it (``job_signature``)."""
         spec = self.spec.to_json() if self.spec is not None else {}
         if isinstance(spec.get("model"), str):
-            key = {k: spec.get(k) for k in ("model", "kwargs", "input_shape", "batch_size", "precision", "optimizer")}
+            key = ({k: spec.get(k)
+                    for k in ("model", "kwargs", "input_shape", "batch_size", "precision", "optimizer")})
             text = json.dumps(key, sort_keys=True, default=str)
         elif self.sha256:
             text = "sha:" + self.sha256
@@ -387,8 +422,8 @@ def _warn_once(job_id: Optional[int], text: str, why: str) -> None:
 
 
 def job_signature(coloc: Any) -> Optional[str]:
-    """A 16-hex-digit key of what a job trains, from its coloc JSON object; None when nothing identifies it or the
-    object breaks the protocol (``JobComment.from_fields``).
+    """A 16-hex-digit key of what a job trains, from its coloc JSON object; None when nothing identifies it or
+    the object breaks the protocol (``JobComment.from_fields``).
 
     ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
     input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.

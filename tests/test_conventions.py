@@ -66,7 +66,8 @@ def test_missing_extras_give_one_line_with_the_install_hint(tmp_path: Path) -> N
 def _minimal_slurm_conf(directory: Path, port: int) -> Path:
     (directory / "state").mkdir(parents=True, exist_ok=True)
     conf = directory / "slurm.conf"
-    conf.write_text(f"ClusterName=prodtest\nSlurmctldHost=localhost\nSlurmctldPort={port}\nSlurmdPort={port + 1}\n"
+    conf.write_text(f"ClusterName=prodtest\nSlurmctldHost=localhost\nSlurmctldPort={port}\n"
+                    f"SlurmdPort={port + 1}\n"
                     f"SlurmUser=root\nStateSaveLocation={directory}/state\n"
                     f"SlurmctldPidFile={directory}/slurmctld.pid\nSlurmctldLogFile={directory}/slurmctld.log\n"
                     "NodeName=p1 NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=p1\n")

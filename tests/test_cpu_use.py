@@ -124,14 +124,16 @@ def test_cgroup_v2_usage_of_the_job_directory(tmp_path: Path) -> None:
     (job_dir / "step_batch" / "user" / "task_0").mkdir(parents=True)
     (proc / "77").mkdir(parents=True)
     (proc / "77" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_41/step_batch/user/task_0\n")
-    (proc / "77" / "stat").write_text("77 (python3) S 1 77 77 0 -1 0 0 0 0 0 300 100 0 0 20 0 40 0 5000 0 0\n")
+    (proc / "77" / "stat").write_text("77 (python3) S 1 77 77 0 -1 0 0 0 0 0 300 100 0 0 20 0 40 0 5000 "
+                                      "0 0\n")
     (job_dir / "cpu.stat").write_text("usage_usec 10000000\nuser_usec 9000000\nsystem_usec 1000000\n")
     now = [100.0]
     r = CpuReader(proc_root=str(proc), cgroup_root=str(cg), clock=lambda: now[0])
     assert r.read({41: [77]}) == []
     now[0] = 102.0
     (job_dir / "cpu.stat").write_text("usage_usec 15000000\nuser_usec 13000000\nsystem_usec 2000000\n")
-    (proc / "77" / "stat").write_text("77 (python3) S 1 77 77 0 -1 0 0 0 0 0 400 200 0 0 20 0 40 0 5000 0 0\n")
+    (proc / "77" / "stat").write_text("77 (python3) S 1 77 77 0 -1 0 0 0 0 0 400 200 0 0 20 0 40 0 5000 "
+                                      "0 0\n")
     (row,) = r.read({41: [77]})
     tick = os.sysconf("SC_CLK_TCK")
     assert row.job_cores == pytest.approx(2.5)  # 5 s of CPU in 2 s

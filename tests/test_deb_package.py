@@ -71,7 +71,8 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     # systemd's own checker (offline: no systemd runs here) finds nothing wrong with the units as installed
     verify = host.run("systemd-analyze verify --man=no /lib/systemd/system/coloc-* 2>&1", check=False)
     assert verify.returncode == 0 and "coloc" not in verify.stdout, verify.stdout
-    assert host.run("dpkg-query -W -f='${Conffiles}' slurm-coloc").stdout.split()[0] == "/etc/slurm-coloc/coloc.yaml"
+    conffiles = host.run("dpkg-query -W -f='${Conffiles}' slurm-coloc").stdout.split()
+    assert conffiles[0] == "/etc/slurm-coloc/coloc.yaml"
     # the product runs from the package's venv over Debian's python3, without torch (a site's choice)
     where = host.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc, sys; "
                      "print(slurm_coloc.__file__,"
@@ -85,7 +86,8 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     assert "gpu_mem_gib: 80  # default" in cfg
     assert "NAME" in host.run("man -P cat coloc-admin 2>/dev/null || zcat "
                               "/usr/share/man/man1/coloc-admin.1.gz").stdout
-    assert "SPANK" in host.run("strings /usr/lib/slurm-coloc/coloc_spank.so | grep -m1 -i spank || true").stdout \
+    assert "SPANK" in host.run("strings /usr/lib/slurm-coloc/coloc_spank.so | grep -m1 -i spank "
+                               "|| true").stdout \
         or host.run("nm -D /usr/lib/slurm-coloc/coloc_spank.so").stdout.count("slurm_spank_") >= 2
 
 
@@ -139,7 +141,8 @@ def test_removal_leaves_nothing_running_and_keeps_config_and_databases(host: Hos
     _start_sampler(host)
     host.run(f"{APT} remove slurm-coloc")
     assert _ours_running(host) == ""
-    assert host.run("test -e /usr/bin/coloc-admin || test -e /usr/lib/slurm-coloc || echo gone").stdout == "gone\n"
+    assert host.run("test -e /usr/bin/coloc-admin || test -e /usr/lib/slurm-coloc "
+                    "|| echo gone").stdout == "gone\n"
     assert "gpu_mem_gib: 40" in host.run("cat /etc/slurm-coloc/coloc.yaml").stdout
     assert host.run("test -s /var/lib/slurm-coloc/nodes/h1.db && echo kept").stdout == "kept\n"
     out = host.run(f"{APT} purge slurm-coloc")

@@ -77,7 +77,8 @@ def measured(name: str, **kw: Any) -> JobView:
 # side of the summaries, before the CPU was recorded. The tiny batch there idled 54 % of its samples (16 s of
 # start-up with its context on the GPU) and was read as input-bound.
 SLURM_RUN = {r["name"]: r["advice"]["job"] for r in json.loads(
-    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose/diagnose.json").read_text())}
+    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose/diagnose.json")
+    .read_text())}
 GPU_KEYS = ("smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "tensor_mean", "dram_mean",
             "smact_idle_pct",
             "active_samples", "batch_size", "precision", "requested_mib", "peak_mem_mib", "start_ts",
@@ -93,7 +94,8 @@ def slurm_run(name: str, **kw: Any) -> JobView:
 # read as "loads the data itself" (benchmarks/device/results/h100-diagnose2/diagnose.json).
 CPU_KEYS = ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus", "cpu_samples")
 SLURM_RUN2 = {r["name"]: r["advice"]["job"] for r in json.loads(
-    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose2/diagnose.json").read_text())}
+    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose2/diagnose.json")
+    .read_text())}
 
 
 def test_a_launch_bound_loop_without_workers_is_not_input_bound() -> None:
@@ -174,7 +176,8 @@ def test_the_cpu_evidence_of_input_bound(figures: Dict[str, Any], batch: Optiona
         assert any(n.startswith("not input-bound") for n in d.notes)
     else:
         assert [f.name for f in d.findings][:1] == ["input-bound"] and why in d.findings[0].evidence
-        taken = "its 2 CPUs are taken: ask for more with `#SBATCH --cpus-per-task`" in d.findings[0].suggestion
+        taken = ("its 2 CPUs are taken: ask for more with `#SBATCH --cpus-per-task`"
+                 in d.findings[0].suggestion)
         assert taken == (figures["cpus"] == 2)
 
 

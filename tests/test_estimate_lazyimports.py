@@ -104,7 +104,8 @@ CODE_LEAKS = textwrap.dedent("""
     with deferred_imports():
         out["inner_call"] = wrapped()
         out["identity_cached"] = getattr(f, "__dynamo_disable", None) is f
-        out["dynamo_inside"] = type(sys.modules["torch._dynamo"]).__name__ != "_StandIn"  # no hasattr: it imports
+        # no hasattr: it imports
+        out["dynamo_inside"] = type(sys.modules["torch._dynamo"]).__name__ != "_StandIn"
     out["cache_cleared"] = getattr(f, "__dynamo_disable", None) is None
     def g():
         return 2

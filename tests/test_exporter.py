@@ -159,8 +159,8 @@ def test_dcgm_names_give_one_series_per_job_with_hpc_job(tmp_path: Path) -> None
     assert fb["9102"] == pytest.approx(4096 - used["9102"])
 
 
-def test_unreadable_node_database_is_one_log_line_and_gpu_series_stay(tmp_path: Path,
-                                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_node_database_is_one_log_line_and_gpu_series_stay(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = _cfg(tmp_path)
     path = cfg.node_db_path("e1")
     path.parent.mkdir(parents=True)

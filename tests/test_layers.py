@@ -29,7 +29,8 @@ GATEWAYS = {"click": ("slurm_coloc.cli",), "rich": ("slurm_coloc.report.render",
             "pynvml": ("slurm_coloc.nvml",), "prometheus_client": ("slurm_coloc.node.exporter",)}
 #: Slurm's client commands: only ``slurm/`` runs them (``slurm/run.py``).
 SLURM_COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sacct", "sacctmgr", "sinfo", "srun",
-                            "salloc", "sattach", "sstat", "sreport", "sprio", "sshare", "sdiag", "strigger", "sbcast"})
+                            "salloc", "sattach", "sstat", "sreport", "sprio", "sshare", "sdiag", "strigger",
+                            "sbcast"})
 #: Calls that start a program from an argv: ``subprocess.*``, ``os.exec*``/``os.spawn*``/``os.posix_spawn*``.
 _SPAWNERS = ("subprocess.", "os.exec", "os.spawn", "os.posix_spawn")
 NEVER = ("sklearn",)
@@ -139,14 +140,16 @@ def test_gateways() -> None:
 
 
 def _slurm_commands_run(path: Path) -> List[str]:
-    """``line: call`` of every place ``path`` runs a Slurm command itself: a spawning call (``_SPAWNERS``) whose
-    argv literal starts with a name in ``SLURM_COMMANDS`` (also a path to one), or an import of ``slurm.run.run``."""
+    """``line: call`` of every place ``path`` runs a Slurm command itself: a spawning call (``_SPAWNERS``)
+    whose argv literal starts with a name in ``SLURM_COMMANDS`` (also a path to one), or an import of
+    ``slurm.run.run``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module == "slurm_coloc.slurm.run" \
                 and any(a.name == "run" for a in node.names):
             out.append(f"{node.lineno}: imports slurm.run.run")
-        if not isinstance(node, ast.Call) or not node.args or not ast.unparse(node.func).startswith(_SPAWNERS):
+        if not isinstance(node, ast.Call) or not node.args \
+                or not ast.unparse(node.func).startswith(_SPAWNERS):
             continue
         argv = node.args[0]
         first = argv.elts[0] if isinstance(argv, (ast.List, ast.Tuple)) and argv.elts else None

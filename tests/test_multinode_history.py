@@ -47,7 +47,8 @@ def test_history_reads_every_node_of_a_bracketed_node_list(cfg) -> None:
 
 
 def test_admin_comment_summarises_every_node_of_a_bracketed_node_list(cfg) -> None:
-    for node in ("gpu01", "gpu02"):  # each node Epilog stores the figures (hooks/figures.py); the latest counts
+    # each node Epilog stores the figures (hooks/figures.py); the latest counts
+    for node in ("gpu01", "gpu02"):
         assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path(node)), 21, node)
     d = json.loads(admin_comment.build(cfg, 21, wait_s=0))
     assert d["peak_mib"] == 3000 and d["measured"] is True

@@ -326,15 +326,18 @@ def test_script_args_from_26_05_submit_line() -> None:
     assert rerun.script_args(job("./s.sh", line), None)[1] is False
     assert rerun.script_args(job("./s.sh", line), ["a", "b  c", "200"]) == (["a", "b  c", "200"], True)
     assert rerun.script_args(job("./s.sh", line), ["--evil"]) == (["a", "b", "c", "200"], False)
-    # the script not in the line (read from stdin): not known, the comment's argv is the only source as on 24.11
+    # the script not in the line (read from stdin): not known, the comment's argv is the only source as on
+    # 24.11
     assert rerun.script_args(job("/w/s.sh", "sbatch --parsable"), None) == ([], False)
-    assert rerun.script_args(job("", "sbatch --wrap sleep 8"), None) == ([], True)  # --wrap: no script arguments
+    # --wrap: no script arguments
+    assert rerun.script_args(job("", "sbatch --wrap sleep 8"), None) == ([], True)
 
 
 def test_recorded_script_args_on_the_26_05_recording() -> None:
     """The recorded 26.05 job is a ``--wrap`` job: no command, so no arguments (its submit_line is not
     read)."""
-    data = json.loads((Path(__file__).parent / "data" / "slurm-26.05" / "squeue_json_running.json").read_text())
+    data = json.loads((Path(__file__).parent / "data" / "slurm-26.05" / "squeue_json_running.json")
+                      .read_text())
     j = job_info_from_json(data["jobs"][0], release="26.05.5")
     assert j.raw["submit_line"].startswith("/var/cache/slurm-coloc/26.05/bin/sbatch ")
     assert j.command == "" and j.recorded_script_args() == ([], True)

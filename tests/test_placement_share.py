@@ -140,8 +140,8 @@ def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]],
                    for g in gpus)
 
 
-def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(tmp_path: Path,
-                                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "hist.json"
     path.write_text(json.dumps({"signatures": {"aa": {"smact": 0.6, "smocc": 0.3, "drama": 0.2, "run_s": 30,
                                                       "startup_s": 12}}}))
@@ -257,8 +257,8 @@ def test_gpu_states_carry_the_model_name_of_the_live_state() -> None:
 
 
 def test_predicted_ends_play_the_sharing_model_forward() -> None:
-    # two of 0.6 computing from NOW on (15 s start-up at NOW - 15), 15 s of work alone each: L 1.2 > 1.03, so both
-    # run at 1.03 / 1.2 and end together after 15 x 1.2 / 1.03 s
+    # two of 0.6 computing from NOW on (15 s start-up at NOW - 15), 15 s of work alone each: L 1.2 > 1.03, so
+    # both run at 1.03 / 1.2 and end together after 15 x 1.2 / 1.03 s
     both = [tenant(0.6, start=NOW - 15), tenant(0.6, start=NOW - 15)]
     ends = share.predicted_ends(both, CAP)
     assert ends[0] == pytest.approx(NOW + 15 * 1.2 / CAP) and ends[1] == ends[0]
@@ -279,7 +279,8 @@ def test_a_tenant_that_leaves_before_the_next_one_computes_frees_its_room_at_onc
     assert share.predicted_ends([a, b], CAP)[0] == pytest.approx(NOW + 5)
     d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 10.0))
     assert d.placed and "slowdown 1.75" in d.reason  # type: ignore[attr-defined]
-    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 4.0))  # computes while A does
+    # computes while A does
+    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 4.0))
     assert not d.placed and "2.62 > 2" in d.reason  # type: ignore[attr-defined]
 
 
@@ -292,7 +293,8 @@ def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured()
     d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
     assert not d.placed and "slowdown 2.23 > 2 (predicted activity)" in d.reason
     d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.1), Gate(), CAP, 2.0, NOW)
-    assert d.placed and d.basis == "memory-only"  # 1.9 / 1.03 = 1.84: within the bound, the sampler says nothing
+    # 1.9 / 1.03 = 1.84: within the bound, the sampler says nothing
+    assert d.placed and d.basis == "memory-only"
     fresh_light = gpu(0, used=8, tenants=2, live=0.2)
     d = share.choose_gpu_bounded([fresh_light], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
     assert not d.placed  # a light live reading does not override the model either
@@ -317,7 +319,8 @@ def test_order_candidates_least_gpu_work_first_within_fairness() -> None:
     # a job waiting past the age limit goes first, oldest first: SJF never holds it to its memory-only release
     old = [(5, NOW - 400, heavy), (6, NOW - 350, heavy)]
     assert share.order_candidates(jobs + old, NOW, 300.0)[:3] == [5, 6, 3]
-    assert share.order_candidates([(1, NOW, never), (2, NOW - 1, never)], NOW, 300.0) == [2, 1]  # no data: FIFO
+    # no data: FIFO
+    assert share.order_candidates([(1, NOW, never), (2, NOW - 1, never)], NOW, 300.0) == [2, 1]
 
 
 def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
@@ -337,7 +340,8 @@ def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
 def _held(job_id: int, submit: float, sha: str = "") -> object:
     c = {"mode": "shard", "shards": 4, "v": 1, "place": True, **({"sha256": sha} if sha else {})}
     return parse_squeue_json(json.dumps({"jobs": [{"job_id": job_id, "job_state": "PENDING", "user_id": 2001,
-                                                   "submit_time": submit, "comment": "coloc:" + json.dumps(c)}]}))[0]
+                                                   "submit_time": submit,
+                                                   "comment": "coloc:" + json.dumps(c)}]}))[0]
 
 
 def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound() -> None:
@@ -351,10 +355,13 @@ def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound()
                         timing={(None, long_sig): [(60.0, 10.0)], (None, short_sig): [(20.0, 10.0)]})
     cfg = config_mod.Config(placement_policy="throughput")
     silent = gpu(0, used=8, tenants=2, live=0.2, age=600.0)
-    rnd = Round(cfg, state, cal, Gate(), [silent], [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]], True, NOW)
+    rnd = (Round(cfg, state, cal, Gate(), [silent], [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]], True,
+                 NOW))
     jobs = [_held(1, NOW - 30, "a" * 64), _held(2, NOW - 20, "b" * 64), _held(3, NOW - 10)]
-    assert [j.job_id for j in rnd.ordered(jobs)] == [2, 1, 3]  # 9 SMACT-s, then 45 and the unknown (median: 45) by age
-    d, _demand, source, _prof = rnd.decide(jobs[2], 4)  # no signature, no FLOPs: memory, but not past the bound
+    # 9 SMACT-s, then 45 and the unknown (median: 45) by age
+    assert [j.job_id for j in rnd.ordered(jobs)] == [2, 1, 3]
+    # no signature, no FLOPs: memory, but not past the bound
+    d, _demand, source, _prof = rnd.decide(jobs[2], 4)
     assert source == "no signature or FLOPs" and not d.placed and "at its bound" in d.reason
     rnd.tenants = [[tenant(0.9, start=NOW)]]
     d, *_ = rnd.decide(jobs[2], 4)
@@ -362,7 +369,8 @@ def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound()
 
 
 def test_a_tenant_counts_as_gone_only_with_a_tenth_of_its_work_to_spare() -> None:
-    # computes alone from NOW - 15 for 20 s of work: predicted to end at NOW + 5, END_SLACK x 20 s = 2 s to spare
+    # computes alone from NOW - 15 for 20 s of work: predicted to end at NOW + 5, END_SLACK x 20 s = 2 s to
+    # spare
     t = tenant(0.9, start=NOW - 20, run_s=25.0, startup_s=5.0)
     assert share.END_SLACK == pytest.approx(0.1)
     assert share.load_at_start([t], CAP, NOW, 6.0) == pytest.approx(0.9)  # ends 1 s before: too close, counts

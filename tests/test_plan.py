@@ -95,7 +95,8 @@ def test_multi_gpu_submits_the_users_own_gpu_options(tmp_path, gpu_opts):
 
 
 def test_multi_gpu_from_script_lines_last_of_each_option_wins(tmp_path):
-    text = "#!/bin/sh\n#SBATCH --gpus-per-task=4 -t 9\n#SBATCH --gpus-per-socket=1 --exclusive\n" + MODEL + "true\n"
+    text = ("#!/bin/sh\n#SBATCH --gpus-per-task=4 -t 9\n#SBATCH --gpus-per-socket=1 --exclusive\n"
+            + MODEL + "true\n")
     plan = plan_for(tmp_path, ["--gpus-per-task", "2", "SCRIPT"], script_text=text)
     args = plan.argv("/copy.sh")
     comment = next(a for a in args if a.startswith("--comment="))

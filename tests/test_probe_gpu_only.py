@@ -244,7 +244,8 @@ DDP_UNDER_SLURM = """
     import torch.distributed as dist
     model = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 2048)).cuda()
     if "SLURM_PROCID" in os.environ:  # torchvision's references: a DDP group of the Slurm task
-        dist.init_process_group("nccl", init_method="env://", world_size=1, rank=int(os.environ["SLURM_PROCID"]))
+        dist.init_process_group("nccl", init_method="env://", world_size=1,
+                                rank=int(os.environ["SLURM_PROCID"]))
         model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
@@ -256,9 +257,9 @@ DDP_UNDER_SLURM = """
 
 
 def test_batch_step_variables_and_ddp_gradient_buckets(tmp_path):
-    """The probe sees the batch step's SLURM_PROCID, as the job does, so a script that starts DDP under Slurm is
-    traced through DDP, and DDP's gradient buckets (one flat copy of the 16.8M trainable parameters, 64 MiB in
-    float32) are counted: the estimate exceeds the same program's without DDP by at least that much."""
+    """The probe sees the batch step's SLURM_PROCID, as the job does, so a script that starts DDP under Slurm
+    is traced through DDP, and DDP's gradient buckets (one flat copy of the 16.8M trainable parameters, 64 MiB
+    in float32) are counted: the estimate exceeds the same program's without DDP by at least that much."""
     with_ddp = probe(tmp_path, "ddp", DDP_UNDER_SLURM)
     assert with_ddp.estimate is not None, (with_ddp.reason, with_ddp.log_text[-2000:])
     assert any("gradient bucket" in n for n in with_ddp.detail.get("notes", [])), with_ddp.detail

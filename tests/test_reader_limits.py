@@ -98,7 +98,8 @@ def _ask_as(user: str, path: str) -> Dict[str, Any]:
     return json.loads(out.stdout)
 
 
-def test_one_uids_idle_connections_are_capped_and_the_excess_refused_at_once(server: reader.ReaderServer) -> None:
+def test_one_uids_idle_connections_are_capped_and_the_excess_refused_at_once(
+        server: reader.ReaderServer) -> None:
     path = server.server_address
     held = _idle(path, reader.MAX_PER_UID)
     try:
@@ -166,7 +167,8 @@ def test_a_client_dripping_bytes_is_dropped_at_the_request_deadline(server: read
     assert dropped is not None and dropped < reader.REQUEST_TIMEOUT_S + 1.0, dropped
 
 
-def test_a_client_that_never_reads_its_answer_is_dropped_at_the_send_deadline(server: reader.ReaderServer) -> None:
+def test_a_client_that_never_reads_its_answer_is_dropped_at_the_send_deadline(
+        server: reader.ReaderServer) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(server.server_address)
@@ -200,7 +202,8 @@ def test_one_uids_expensive_requests_do_not_take_every_answer_slot(server: reade
         t.join(20)
 
 
-def test_a_deeply_nested_request_is_one_line_of_error_and_the_service_goes_on(server: reader.ReaderServer) -> None:
+def test_a_deeply_nested_request_is_one_line_of_error_and_the_service_goes_on(
+        server: reader.ReaderServer) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(server.server_address)
     s.sendall(b"[" * 60000 + b"\n")

@@ -71,7 +71,8 @@ def state(tmp_path: Path) -> Path:
     samples.write_rows(node, rows, [], [GpuReading(index=0, mem_total_mib=81559.0),
                                         GpuReading(index=1, mem_total_mib=81559.0)])
     (st / "nodes" / "n9.db").write_bytes(b"not a database" * 50)
-    (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\nreport_waste_min_runtime_s: 60\n")
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n"
+                                         "report_waste_min_runtime_s: 60\n")
     return tmp_path
 
 
@@ -201,16 +202,19 @@ def test_admin_comment_summary(state: Path):
 
 
 def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
-    """EpilogSlurmctld's text (figures from the node Epilog + the controller's OOM record) is the text the whole
-    report pipeline gives at its time, also when the OOM was recorded after the node Epilog computed the figures."""
+    """EpilogSlurmctld's text (figures from the node Epilog + the controller's OOM record) is the text the
+    whole report pipeline gives at its time, also when the OOM was recorded after the node Epilog computed the
+    figures."""
     cfg = _cfg(state)
     for job in (11, 12, 13, 14):
         _node_epilog_figures(cfg, job)
         pipeline = figures.compute(cfg, job)
         assert pipeline is not None
-        assert admin_comment.build(cfg, job, wait_s=0) == json.dumps(pipeline["summary"], separators=(",", ":"))
+        assert (admin_comment.build(cfg, job, wait_s=0) == json.dumps(pipeline["summary"],
+                                                                      separators=(",", ":")))
     ctld = open_ctld_db(state / "state" / "ctld.db")
-    store_oom.claim_retry(ctld, store_oom.OomRecord(job_id=11, ts=T0 + 700, user_name="alice", share_mode="shard",
+    store_oom.claim_retry(ctld,
+                          store_oom.OomRecord(job_id=11, ts=T0 + 700, user_name="alice", share_mode="shard",
                                                     shards=8, retry_status="submitted", retry_job_id=15))
     after = figures.compute(cfg, 11)  # the pipeline run now, knowing the OOM
     assert after is not None and after["summary"]["oom"] is True and after["summary"]["retry"] == 15

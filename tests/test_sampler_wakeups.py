@@ -160,8 +160,8 @@ def test_rows_equal_sqlite_utils_insert_all(tmp_path: Path) -> None:
         ref["gpu_samples"].insert_all(gpu)
         ref["proc_samples"].insert_all(proc)
     for table in ("gpu_samples", "proc_samples"):
-        q = f"SELECT *, typeof(ts), typeof(job_id) FROM {table} ORDER BY rowid" if table == "proc_samples" else \
-            f"SELECT *, typeof(ts), typeof(smact_pct) FROM {table} ORDER BY rowid"
+        kinds = "typeof(job_id)" if table == "proc_samples" else "typeof(smact_pct)"
+        q = f"SELECT *, typeof(ts), {kinds} FROM {table} ORDER BY rowid"
         a = sqlite3.connect(str(tmp_path / "new.db")).execute(q).fetchall()
         b = sqlite3.connect(str(tmp_path / "ref.db")).execute(q).fetchall()
         assert a == b and len(a) == len(gpu if table == "gpu_samples" else proc)

@@ -11,7 +11,8 @@ from slurm_coloc.store.db import open_ctld_db
 from slurm_coloc.store.oom import OomRecord, claim_retry
 from slurm_coloc.submit.directives import parse_script
 
-SCRIPT = "#!/bin/sh\n#COLOC model=torch.nn:Linear kwarg.in_features=64 kwarg.out_features=8 input=64 batch=4\ntrue\n"
+SCRIPT = ("#!/bin/sh\n#COLOC model=torch.nn:Linear kwarg.in_features=64 kwarg.out_features=8 input=64 "
+          "batch=4\ntrue\n")
 
 
 def _config_and_script(tmp_path: Path, monkeypatch) -> Path:

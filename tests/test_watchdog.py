@@ -97,7 +97,8 @@ def _report_rows():
             req, peak = re.fullmatch(r"([\d.]+) (MiB|GiB)", cells[5]), re.fullmatch(r"([\d.]+) (MiB|GiB)",
                                                                                     cells[7])
             if req and peak:
-                yield path.parent.name, int(cells[1]), float(req[1]) * unit[req[2]], float(peak[1]) * unit[peak[2]]
+                yield (path.parent.name, int(cells[1]), float(req[1]) * unit[req[2]],
+                       float(peak[1]) * unit[peak[2]])
 
 
 def test_measured_peaks_of_the_gpu_runs_are_within_grant() -> None:
@@ -176,7 +177,8 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
 
 
 def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
-    """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for 72."""
+    """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for
+    72."""
     from slurm_coloc.hooks.figures import summary_dict
     from slurm_coloc.report.summarize import JobView, Report, add_usage
 
@@ -186,15 +188,16 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
                                   share_mode="shard",
                                   estimate_mib=1000, estimate_method="trace", state="CANCELLED", exit_code=0,
                                   signal=9, start_ts=None, end_ts=None), report, cfg) for j in (71, 72)}
-    assert views[71].watchdog == "stopped: over its grant (20.6 GiB of 2.0 GiB) on n1 GPU 0", views[71].watchdog
+    assert views[71].watchdog == "stopped: over its grant (20.6 GiB of 2.0 GiB) on n1 GPU 0", \
+        views[71].watchdog
     assert views[72].watchdog is None
     assert summary_dict(views[71])["watchdog"].startswith("stopped: over its grant")
     assert "watchdog" not in summary_dict(views[72]) and views[71].to_json()["watchdog"]
 
 
 def test_the_grant_is_the_recorded_shards_and_the_env_file_is_read_checked(tmp_path: Path) -> None:
-    """The grant comes from ``job_runs.shards`` (never from the fence text, here edited to 700 MiB); an env file
-    another user could write is not trusted for its ``COLOC_SHARE`` (``jobenv.read_env``)."""
+    """The grant comes from ``job_runs.shards`` (never from the fence text, here edited to 700 MiB); an env
+    file another user could write is not trusted for its ``COLOC_SHARE`` (``jobenv.read_env``)."""
     cfg = _cfg(tmp_path)
     _tenant(cfg, "n1", 91, 0, 3)
     jobenv.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
@@ -272,7 +275,8 @@ def test_stderr_target_from_recorded_squeue_json() -> None:
     from slurm_coloc.errors import SlurmError
     from slurm_coloc.slurm.cancel import parse_stderr_target
     from slurm_coloc.slurm.jobinfo import parse_squeue_json
-    jobs = parse_squeue_json((REPO / "tests" / "data" / "slurm-22.05" / "squeue_json_running.json").read_text())
+    jobs = parse_squeue_json((REPO / "tests" / "data" / "slurm-22.05" / "squeue_json_running.json")
+                             .read_text())
     job = next(j for j in jobs if j.stderr_path)
     t = parse_stderr_target(job)
     assert t.path == job.stderr_path and t.path.startswith("/")

@@ -1,8 +1,9 @@
 """The job-end summary in AdminComment (the jobstats convention), written by EpilogSlurmctld.
 
-EpilogSlurmctld only records: the measured figures are computed by the node Epilog (hooks/figures.py, stored in
-the node database's ``job_figures``); here they are read, completed with the controller's OOM record (or, when no
-node stored figures within the wait, with what was asked and estimated and ``measured`` false) and written.
+EpilogSlurmctld only records: the measured figures are computed by the node Epilog (hooks/figures.py, stored
+in the node database's ``job_figures``); here they are read, completed with the controller's OOM record (or,
+when no node stored figures within the wait, with what was asked and estimated and ``measured`` false) and
+written.
 
 Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/report.md): ``est_mib`` estimate,
 ``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
@@ -17,8 +18,8 @@ Other tools write AdminComment too (jobstats: ``JS1:<base64 gzip JSON>``). ``mer
 their text (config ``admin_comment``): ``merge`` keeps it and puts ours after it, separated by one space (our
 part is everything from its ``{"coloc":`` on, replaced on every write); a field starting with ``JS1:`` is left
 as it is, because jobstats decodes the whole field after the prefix; ``if-empty`` writes only into an empty
-field or one holding only ours; ``off`` never writes. Two writers at the same moment can still lose one update:
-the field is read just before it is written, there is no lock in Slurm.
+field or one holding only ours; ``off`` never writes. Two writers at the same moment can still lose one
+update: the field is read just before it is written, there is no lock in Slurm.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ from slurm_coloc.units import shards_to_mib
 MAX_CHARS = 1000
 OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note and the end summary)
 WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
-KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact", "smact_p95",
+KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact",
+        "smact_p95",
         "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured", "waste", "finding")
 """The AdminComment keys, in the order they are written (module docstring)."""
 
@@ -67,17 +69,19 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]], oom: Optional[Any]) -> Dict[str, Any]:
+def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
+            oom: Optional[Any]) -> Dict[str, Any]:
     """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
-    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out the
-    ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the
+    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out
+    the ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the
     controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out."""
     if figures is not None and isinstance(figures.get("summary"), dict):
         d: Dict[str, Any] = dict(figures["summary"])
     else:
         shards = row.get("shards_req")
         d = {"coloc": 1, "est_mib": row.get("estimate_mib"),
-             "method": (row.get("estimate_method") or "").replace(" ", "_") or None, "mode": row.get("share_mode"),
+             "method": (row.get("estimate_method") or "").replace(" ", "_") or None,
+             "mode": row.get("share_mode"),
              "shards": shards, "req_mib": shards_to_mib(shards) if shards else None, "measured": False}
         figures = None
     if oom is not None:
@@ -130,16 +134,16 @@ def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
 
 
 def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
-    """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}`` for
-    the hook log.
+    """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}``
+    for the hook log.
 
     Where it goes: ``scontrol update`` first (works while slurmctld still counts the job as unfinished); when
     slurmctld answers ``Job has already finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the
     jobstats way, shown by ``sacct -o AdminComment``). Both name the job as ``job.slurm_ref``
     (``<array_job_id>_<array_task_id>`` for an array task, so one task's summary never lands on its siblings).
     The text is also recorded as an ``admin-comment`` event in the controller database, so it exists even on a
-    cluster with neither. What is there already is kept (``merge_admin_comment``, config ``admin_comment``): the
-    field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
+    cluster with neither. What is there already is kept (``merge_admin_comment``, config ``admin_comment``):
+    the field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
     """
     try:
         text = build(cfg, job.job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
@@ -158,7 +162,8 @@ def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Di
         except SlurmError as exc:
             result["scontrol"] = exc.one_line()[:200]
             try:
-                acct = slurm_jobs.admin_comment_accounting(job.slurm_ref, cfg.slurm_bin_dir, senv, timeout_s=limit)
+                acct = (slurm_jobs.admin_comment_accounting(job.slurm_ref, cfg.slurm_bin_dir, senv,
+                                                            timeout_s=limit))
                 merged = merge_admin_comment(acct or job.admin_comment, text, cfg.admin_comment)
                 if merged is None:
                     raise SlurmError(f"left as it is (admin_comment: {cfg.admin_comment})")
@@ -167,9 +172,10 @@ def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Di
                 result.update(ok=True, via="sacctmgr")
             except SlurmError as exc2:
                 result.update(ok=False, via="ctld.db only", sacctmgr=exc2.one_line()[:200])
-        store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), job.job_id, "admin-comment",
+        store_jobs.record_event(open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s), job.job_id,
+                                "admin-comment",
                                 {"text": text, "job": job.slurm_ref,
                                  "via": result["via"] if result.get("ok") else "ctld.db only"})
         return result
-    except Exception as exc:  # noqa: BLE001 - a hook must never fail because of this summary
+    except Exception as exc:  # a hook must never fail because of this summary
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}

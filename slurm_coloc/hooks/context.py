@@ -25,11 +25,12 @@ class HookContext:
     """The job as a Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog sees it.
 
     Attributes:
-        context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for TaskProlog.
-        uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
+        context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for
+        TaskProlog. uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
         job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
         gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
-        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: docs/facts.md §5).
+        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: docs/facts.md
+        §5).
     """
 
     job_id: Optional[int]

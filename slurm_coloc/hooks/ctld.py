@@ -2,10 +2,11 @@
 in the controller database. Run as root by slurmctld; read only Slurm's view of the job (never the
 user's files or code).
 
-What root computes itself: the script's identity (``script_sha256``, the SHA-256 of the batch script Slurm stored,
-``scontrol write batch_script``, which keys the estimator's history with the job's uid), and the final state
-(``hooks/state.py``). Each controller hook also settles earlier records from the job list it reads anyway
-(``settle``): inferred final states and ends of OOM reruns (a rerun cancelled while pending has no epilog).
+What root computes itself: the script's identity (``script_sha256``, the SHA-256 of the batch script Slurm
+stored, ``scontrol write batch_script``, which keys the estimator's history with the job's uid), and the final
+state (``hooks/state.py``). Each controller hook also settles earlier records from the job list it reads
+anyway (``settle``): inferred final states and ends of OOM reruns (a rerun cancelled while pending has no
+epilog).
 """
 from __future__ import annotations
 
@@ -30,15 +31,17 @@ from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_ctld_db
 
 log = logging.getLogger(__name__)
-# The line prefix submit/plan.py ``_rewrite`` gives a GPU ``#SBATCH`` line it moved to the command line (in place of
-# its leading ``#`` characters); ``script_identity`` restores one ``#`` so the hash is that of the user's own file.
+# The line prefix submit/plan.py ``_rewrite`` gives a GPU ``#SBATCH`` line it moved to the command line (in
+# place of its leading ``#`` characters); ``script_identity`` restores one ``#`` so the hash is that of the
+# user's own file.
 REWRITE_PREFIX = b"# coloc-sbatch moved this GPU request to the command line: "
 MAX_SCRIPT_BYTES = 4 << 20
 
 
 def script_identity(raw: bytes) -> str:
     """SHA-256 (hex) of a batch script as the user wrote it: ``raw`` (what Slurm stored) with coloc-sbatch's
-    rewritten GPU lines restored, so it equals ``submit.directives.ParsedScript.sha256`` of the user's file."""
+    rewritten GPU lines restored, so it equals ``submit.directives.ParsedScript.sha256`` of the user's
+    file."""
     lines = raw.splitlines(keepends=True)
     fixed = [b"#" + ln[len(REWRITE_PREFIX):] if ln.startswith(REWRITE_PREFIX) else ln for ln in lines]
     return hashlib.sha256(b"".join(fixed)).hexdigest()
@@ -48,7 +51,8 @@ def stored_script_sha256(job_id: int, cfg: Config, senv: Dict[str, str]) -> Tupl
     """``script_identity`` of the batch script slurmctld holds for ``job_id``, and a note for the hook log.
 
     The script is written by ``scontrol write batch_script`` into a root-only directory under ``run_dir`` and
-    removed at once. Returns (None, why) when it cannot be had (not a batch job, scontrol failing); never raises.
+    removed at once. Returns (None, why) when it cannot be had (not a batch job, scontrol failing); never
+    raises.
     """
     work = Path(cfg.run_dir) / "scripts"
     path = work / f"{int(job_id)}.sh"
@@ -58,7 +62,8 @@ def stored_script_sha256(job_id: int, cfg: Config, senv: Dict[str, str]) -> Tupl
         if work.is_symlink() or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None, f"{work} is not a private directory of this hook's user"
         path.unlink(missing_ok=True)
-        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
+        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv,
+                                      timeout_s=cfg.hook_timeout_s / 4)
         with open(path, "rb") as fh:
             raw = fh.read(MAX_SCRIPT_BYTES + 1)
         if len(raw) > MAX_SCRIPT_BYTES:
@@ -94,7 +99,7 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
                 store_jobs.settle_state(db, job_id, info.state)
                 out["settled"].append(job_id)
         out["reruns"] = oom.record_rerun_ends(db, jobs)
-    except Exception as exc:  # noqa: BLE001 - settling earlier records never fails this job's hook
+    except Exception as exc:  # settling earlier records never fails this job's hook
         log.warning("cannot settle earlier records: %s", exc)
     return out
 
@@ -107,8 +112,8 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
 
 
 def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
-    """``(coloc_json, spec_json)`` root records of a validated comment: sorted-key JSON text of its fields and of
-    its spec; None where the comment (an unannotated job) or the spec has no field."""
+    """``(coloc_json, spec_json)`` root records of a validated comment: sorted-key JSON text of its fields and
+    of its spec; None where the comment (an unannotated job) or the spec has no field."""
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,
             json.dumps(spec, sort_keys=True) if spec else None)
@@ -119,7 +124,14 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
     GRES and submit time come from slurmctld's record (``slurm_jobs.show_job``); name, user, partition and
     comment from the hook's environment, each one opaque value.
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+
+    Args:
+        ctx: the hook's job; cfg: the controller's configuration; env: PrologSlurmctld's environment.
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
+        exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
@@ -132,7 +144,8 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
         job_name=ctx.job_name,
         partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
         submit_ts=job.submit_ts, gres_req=job.tres_per_node,
-        shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"), share_mode=share_mode_of(job.gres, cfg),
+        shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"),
+        share_mode=share_mode_of(job.gres, cfg),
         estimate_mib=coloc.mem_mib, estimate_method=coloc.method,
         script_sha256=sha, spec_json=spec_json, coloc_json=coloc_json,
     )
@@ -151,7 +164,8 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
         if note is None:
             detail["admin_comment"] = f"left as it is (admin_comment: {cfg.admin_comment})"
             return detail
-        slurm_jobs.set_admin_comment(job.slurm_ref, note, cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 4)
+        slurm_jobs.set_admin_comment(job.slurm_ref, note, cfg.slurm_bin_dir, senv,
+                                     timeout_s=cfg.hook_timeout_s / 4)
         detail["admin_comment"] = "provisional"
     except ColocError as exc:
         detail["admin_comment"] = f"not set: {exc.one_line()}"
@@ -159,11 +173,21 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record how the job ended (final state: ``hooks/state.py``; 22.05's epilogs see COMPLETING, so it is inferred
-    and settled by a later controller hook), settle earlier records, run the OOM
+    """Record how the job ended (final state: ``hooks/state.py``; 22.05's epilogs see COMPLETING, so it is
+    inferred and settled by a later controller hook), settle earlier records, run the OOM
     step (hooks/oom.py) and write the AdminComment summary (hooks/admin_comment.py).
 
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+    Args:
+        ctx: the hook's job; cfg: the controller's configuration; env: EpilogSlurmctld's environment.
+
+    Returns:
+        A detail dict for the hook log: ``state``, ``state_source``, ``exit_code``, ``signal``, the jobs
+        settled, ``oom`` (``oom.handle_job_end``) and ``admin_comment``.
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
+        exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)

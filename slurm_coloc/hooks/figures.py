@@ -2,12 +2,12 @@
 
 EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without running the report pipeline
 itself: the figures need the report's aggregation (``report/summarize.py`` ``add_usage``), waste rules and
-diagnosis (``report/views.py``, ``report/diagnose.py``), which the controller hook's 30-second budget should not
-carry. Here they are computed as ``coloc-report`` computes them: from the controller's row of the job
+diagnosis (``report/views.py``, ``report/diagnose.py``), which the controller hook's 30-second budget should
+not carry. Here they are computed as ``coloc-report`` computes them: from the controller's row of the job
 (``ctld.db``, on the shared ``state_dir``) and every node database of its node list, read-only.
 
-Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is skipped
-when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
+Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is
+skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
 
 MIN_LEFT_S = 2.0  # the figures are skipped when the hook's alarm fires sooner than this
-WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}  # no spaces: scontrol -o
+# no spaces: scontrol -o
+WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}
 
 
 def _nodes(node_list: str) -> List[str]:
@@ -59,7 +60,8 @@ def job_view(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Tup
         return None, report
 
     def times(key: str) -> List[float]:
-        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)] if isinstance(t, (int, float)) and t]
+        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)]
+                if isinstance(t, (int, float)) and t]
 
     starts, ends = times("start_ts"), times("end_ts")
     view = JobView(
@@ -85,7 +87,8 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         return None if x is None else round(float(x), nd)
 
     d: Dict[str, Any] = {
-        "coloc": 1, "est_mib": view.estimate_mib, "method": (view.estimate_method or "").replace(" ", "_") or None,
+        "coloc": 1, "est_mib": view.estimate_mib,
+        "method": (view.estimate_method or "").replace(" ", "_") or None,
         "mode": view.share_mode,
         "shards": view.shards, "req_mib": _int(view.requested_mib), "peak_mib": _int(view.peak_mem_mib),
         "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
@@ -112,10 +115,11 @@ def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Opti
 
 
 def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
-    """Compute the job's figures and store them in this node's database ``db``; returns a detail for the hook log.
+    """Compute the job's figures and store them in this node's database ``db``; returns a detail for the hook
+    log.
 
-    ``node_list``: the job's nodes as Slurm prints them (``JobInfo.nodes``), read where the controller's row has
-    no list yet; this node alone when empty. Never raises an ``Exception`` (the hook's own alarm, a
+    ``node_list``: the job's nodes as Slurm prints them (``JobInfo.nodes``), read where the controller's row
+    has no list yet; this node alone when empty. Never raises an ``Exception`` (the hook's own alarm, a
     ``BaseException``, passes)."""
     left = signal.getitimer(signal.ITIMER_REAL)[0]
     if left and left < MIN_LEFT_S:
@@ -127,5 +131,5 @@ def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") ->
             return {"skipped": "job not recorded"}
         store_samples.record_figures(db, job_id, node, figures)
         return {"ms": round(1000 * (time.monotonic() - t0)), "measured": figures["summary"].get("measured")}
-    except Exception as exc:  # noqa: BLE001 - the AdminComment figures are never worth failing the node
+    except Exception as exc:  # the AdminComment figures are never worth failing the node
         return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}

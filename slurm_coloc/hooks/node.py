@@ -23,9 +23,21 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user; set up sharing.
 
     The shard count (which sizes the MPS fence) is slurmctld's ``tres_per_node`` (``slurm_jobs.show_job``).
-    Raises: SlurmError (slurmctld unreachable or the job unknown), StoreError.
+
+    Args:
+        ctx: the hook's job (id, user, uid, gid); cfg: the node's configuration; env: the Prolog's
+            environment.
+
+    Returns:
+        A detail dict for the hook log (GPU indices, shards, sharing set up).
+
+    Raises:
+        SlurmError: slurmctld unreachable or the job unknown.
+        StoreError: the node database unusable. (``hooks/runner.py`` catches every error, logs it and exits
+        0: the node is never drained.)
     """
-    job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+    job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
+                               timeout_s=cfg.hook_timeout_s / 2))
     start = store_jobs.JobStart(
         job_id=ctx.job, node=ctx.node, user_name=job.user_name or ctx.user_name,
         uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=job.shards,
@@ -35,8 +47,8 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     guard = place_guard(cfg, db, job, ctx)
     if guard:
         return {"gpus": start.gpus, "shards": start.shards, **guard}
-    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, start.shards, ctx.spank_share, env,
-                                       ctx.uid)
+    sharing = lifecycle.prolog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, start.shards, ctx.spank_share,
+                                       env, ctx.uid)
     return {"gpus": start.gpus, "shards": start.shards, **sharing}
 
 
@@ -48,9 +60,9 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
     steered it); returns the detail, or ``{}`` for any other job.
 
     Such a job has ``"place": true`` in its coloc comment (slurmctld's record, ``job.comment``), no GRES in
-    ``tres_per_node`` and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise reach
-    every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device)
-    and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
+    ``tres_per_node`` and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise
+    reach every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no
+    device) and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
     """
     from slurm_coloc.comment import JobComment
     from slurm_coloc.node import jobenv
@@ -60,28 +72,44 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
             or (job.tres_per_node or "").replace("gres:", "").strip():
         return {}
     path = jobenv.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])
-    store_samples.record_node_event(db, ctx.job, "place-guard", {"why": "held for coloc-placer, started without GRES"})
-    return {"share": "none", "place_guard": "no GPU: started without the placer's GRES", "env_file": str(path)}
+    store_samples.record_node_event(db, ctx.job, "place-guard", {"why": "held for coloc-placer, started "
+                                                                        "without GRES"})
+    return ({"share": "none", "place_guard": "no GPU: started without the placer's GRES",
+             "env_file": str(path)})
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
     """Release the job's share of its GPUs, then record its end on this node with its inferred final state
     (hooks/state.py).
 
-    The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend on
-    Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
-    Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is inferred
-    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last, the job's
-    summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when the hook's
-    budget is nearly spent).
-    Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
+    The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend
+    on Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
+    Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is
+    inferred from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last,
+    the job's summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when
+    the hook's budget is nearly spent).
+
+    Args:
+        ctx: the hook's job; cfg: the node's configuration; env: the Epilog's environment
+            (``SLURM_JOB_EXIT_CODE*``).
+
+    Returns:
+        A detail dict for the hook log (teardown, state and its source, ``slurm`` when slurmctld did not
+        answer).
+
+    Raises:
+        StoreError: the node database unusable.
+        HookTimeout: the runner's alarm. (``hooks/runner.py`` catches every error, logs it and exits 0.)
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
-    run = next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node), None)
-    sharing = lifecycle.epilog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, run.start_ts if run else None, env)
+    run = (next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node),
+                None))
+    sharing = (lifecycle.epilog_sharing(cfg, db, ctx.job, ctx.node, ctx.gpus, run.start_ts if run else None,
+                                        env))
     out: Dict[str, Any] = {}
     try:
-        job = slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env), timeout_s=cfg.hook_timeout_s / 2)
+        job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
+                                   timeout_s=cfg.hook_timeout_s / 2))
     except ColocError as exc:
         job, out["slurm"] = None, exc.one_line()
     code: Optional[int]
@@ -96,28 +124,36 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     store_jobs.record_node_end(db, end)
     from slurm_coloc.hooks import figures  # here: the controller hooks never load the report pipeline
 
-    out["figures"] = figures.record(cfg, db, ctx.job, ctx.node, job.nodes if job is not None else "")  # never raises
+    # never raises
+    out["figures"] = figures.record(cfg, db, ctx.job, ctx.node, job.nodes if job is not None else "")
     return {"state": state, "exit_code": code, "signal": sig, **out, **sharing}
 
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
-    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared for this task's job.
+    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared for this
+    task's job.
 
-    The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a heterogeneous
-    job each component's tasks get their own component's file, not the leader's that ``SLURM_JOB_ID`` names.
-    ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
+    The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a
+    heterogeneous job each component's tasks get their own component's file, not the leader's that
+    ``SLURM_JOB_ID`` names. ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
+
+    Args:
+        ctx: the hook's job; cfg: the node's configuration (``run_dir``); env: the TaskProlog's environment.
+
+    Returns:
+        The ``export KEY=VALUE`` lines (none when the job has no env file or it is not trusted).
     """
     from slurm_coloc.node.jobenv import read_env, stepd_job_id
 
     job_id = stepd_job_id() or ctx.job_id
     if job_id is None:
         return []
-    # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the task's
-    # standard output.
+    # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the
+    # task's standard output.
     pairs = read_env(cfg, job_id)
     lines = [f"export {k}={v}" for k, v in pairs]
     if (GUARD_KEY, "1") in pairs:
         lines.append(f"print coloc: job {job_id} was submitted for coloc-placer but started without its GPU "
-                     "(released before the placer steered it): it has no GPU (CUDA_VISIBLE_DEVICES is empty). "
-                     "Resubmit it with coloc-sbatch.")
+                     "(released before the placer steered it): it has no GPU (CUDA_VISIBLE_DEVICES is "
+                     "empty). Resubmit it with coloc-sbatch.")
     return lines

@@ -1,22 +1,23 @@
 """Recognising a GPU out-of-memory death in EpilogSlurmctld, and rerunning the job once on a whole GPU.
 
-Detection (pure, ``decide_oom``): only a job whose final state is FAILED can be an OOM death; CANCELLED, TIMEOUT,
-NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see COMPLETING: the state comes from
-``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr (else stdout)
-carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its fence.
+Detection (pure, ``decide_oom``): only a job whose final state is FAILED can be an OOM death; CANCELLED,
+TIMEOUT, NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see COMPLETING: the state
+comes from ``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr
+(else stdout) carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its
+fence.
 
-Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's record
-of the job only (``hooks/rerun.py``: directives of every dialect neutralised, ``--ignore-pbs``, ``--export=NONE``,
-an array task alone). It carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never
-retried itself.
+Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's
+record of the job only (``hooks/rerun.py``: directives of every dialect neutralised, ``--ignore-pbs``,
+``--export=NONE``, an array task alone). It carries ``oom-retry-of-<id>`` in its comment and an ``oom_events``
+row; it is never retried itself.
 
-Who gets a rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line is the user's text, so it
-alone never earns a whole GPU where the sampler's records speak against it. A shard job not stopped by the
+Who gets a rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line is the user's text, so
+it alone never earns a whole GPU where the sampler's records speak against it. A shard job not stopped by the
 sampler's watchdog, within ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``, whose failed
-allocation fits a whole GPU, and: whose memory the sampler saw reach its grant (its peak plus the allocation its
-message says failed, within ``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its message
-names one failed allocation as large as its grant (it died on that allocation before the sampler's next look);
-or which no sampler watched while it ran (no evidence either way).
+allocation fits a whole GPU, and: whose memory the sampler saw reach its grant (its peak plus the allocation
+its message says failed, within ``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its
+message names one failed allocation as large as its grant (it died on that allocation before the sampler's
+next look); or which no sampler watched while it ran (no evidence either way).
 """
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
 _NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
 
-# (name, regex): the messages frameworks print when a GPU allocation fails. Sources (see tests/data/oom/README.md):
+# (name, regex): the messages frameworks print when a GPU allocation fails. Sources (see
+# tests/data/oom/README.md):
 OOM_PATTERNS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = tuple((n, re.compile(p)) for n, p in (
-    # c10/cuda/CUDACachingAllocator.cpp; Python class torch.OutOfMemoryError (torch.cuda.OutOfMemoryError <= 2.4)
+    # c10/cuda/CUDACachingAllocator.cpp; Python class torch.OutOfMemoryError (torch.cuda.OutOfMemoryError <=
+    # 2.4)
     ("torch.OutOfMemoryError", r"\btorch\.(?:cuda\.)?OutOfMemoryError\b"),
     ("CUDA out of memory", r"\bCUDA out of memory\b"),
     # cudaGetErrorString(cudaErrorMemoryAllocation) through C10_CUDA_CHECK / TF / NCCL / CuPy
@@ -158,22 +161,24 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
               tolerance_pct: float, gpu_mib: int) -> OomDecision:
     """The evidence part of :func:`rerun_gate` (same arguments): whether the grant was the job's limit."""
     if tried_mib > gpu_mib:
-        return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU ({gpu_mib} "
-                                  "MiB): a rerun on a whole GPU cannot hold it; not rerun")
+        return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU "
+                                  f"({gpu_mib} MiB): a rerun on a whole GPU cannot hold it; not rerun")
     tol = max(MIN_TOLERANCE_MIB, int(grant_mib * tolerance_pct / 100))
     if peak_mib is not None:
         if peak_mib + tried_mib >= grant_mib - tol:
-            return OomDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, grant "
-                                     f"{grant_mib} MiB): rerun once on a whole GPU")
+            return OomDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, "
+                                     f"grant {grant_mib} MiB): rerun once on a whole GPU")
         return OomDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
                                   f"{grant_mib} MiB grant: an OOM there is not the grant's fault; not rerun")
     if tried_mib >= grant_mib - tol:
-        return OomDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB grant before "
-                                 "the sampler saw its memory: rerun once on a whole GPU")
+        return OomDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB "
+                                 "grant before the sampler saw its memory: rerun once on a whole GPU")
     if sampler_watched:
         return OomDecision(False, f"the sampler watched its GPU and saw no memory of this job, and no failed "
-                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): not rerun")
-    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): rerun once on a whole GPU")
+                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): "
+                                  "not rerun")
+    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): "
+                             "rerun once on a whole GPU")
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
@@ -182,8 +187,18 @@ def retry_of_comment(comment: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int, retry_of: Optional[int]) -> OomDecision:
-    """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU holds)."""
+def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
+                   retry_of: Optional[int]) -> OomDecision:
+    """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU
+    holds).
+
+    Args:
+        share_mode: as ``hooks/ctld.py::share_mode_of`` names it; shards: the job's shards (GiB), or None.
+        gpu_mem_gib: the shards one GPU holds (GiB); retry_of: the job this one reruns, or None.
+
+    Returns:
+        An ``OomDecision``: ``oom`` True when a rerun may be submitted, ``reason`` in words.
+    """
     if retry_of is not None:
         return OomDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
     if share_mode == "shard" and shards and shards < gpu_mem_gib:
@@ -200,7 +215,8 @@ def _read_output(job: JobInfo, uid: int, gid: int) -> Tuple[List[Tuple[str, str]
         if not path or path == "/dev/null" or path in seen:
             continue
         tail = read_tail_as_user(path, uid, gid)
-        seen[path] = tail.error or f"read {min(len(tail.text), tail.size_bytes or 0)} of {tail.size_bytes} bytes"
+        seen[path] = (tail.error
+                      or f"read {min(len(tail.text), tail.size_bytes or 0)} of {tail.size_bytes} bytes")
         messages = find_oom_messages(tail.text)
         if messages:
             return messages, seen
@@ -216,8 +232,8 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> OomDecision:
-    """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the user's
-    reruns in the window (controller database)."""
+    """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the
+    user's reruns in the window (controller database)."""
     from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
 
     grant = shards_to_mib(job.shards or 0)
@@ -226,13 +242,14 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
         sampler_watched(cfg, job.nodes, job.start_ts, job.end_ts or time.time()),
         stopped_by_watchdog(cfg, job.job_id, job.nodes),
         store_oom.reruns_since(db, uid, time.time() - cfg.oom_rerun_window_s),
-        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct, shards_to_mib(cfg.gpu_mem_gib))
+        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct,
+        shards_to_mib(cfg.gpu_mem_gib))
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
     """Record how every submitted rerun without a recorded end ended, from slurmctld's job list ``jobs``
-    (``squeue --json``): a final state is recorded as Slurm gives it (a rerun cancelled while pending never gets
-    an EpilogSlurmctld, so this look-up is what records it); a rerun no longer in the list (gone after
+    (``squeue --json``): a final state is recorded as Slurm gives it (a rerun cancelled while pending never
+    gets an EpilogSlurmctld, so this look-up is what records it); a rerun no longer in the list (gone after
     ``MinJobAge``) is recorded as ``UNKNOWN``. Returns the rerun job ids recorded."""
     by_id = {j.job_id: j for j in jobs}
     done: List[int] = []
@@ -248,17 +265,83 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
     return done
 
 
+@dataclass(frozen=True)
+class _Death:
+    """What the OOM step read of a FAILED job: its OOM messages, the output files read, the sampler's peak."""
+    messages: List[Tuple[str, str]]
+    read: Dict[str, Any]
+    peak_mib: Optional[int]
+    decision: OomDecision
+
+
+def _detect(cfg: Config, job: JobInfo, state: str, uid: int, gid: int) -> _Death:
+    """Step 1: read the job's output tail (as the user) and the sampler's peak memory, and decide OOM."""
+    messages, read = _read_output(job, uid, gid)
+    peak_mib = None
+    if job.shards:  # the sampler's evidence: the job's memory at its fence
+        from slurm_coloc.store.history import job_peak_mem_mib
+
+        peak_mib = job_peak_mem_mib(cfg, job.job_id, job.nodes)
+    decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
+                          fence_mib=shards_to_mib(job.shards) if job.shards else None)
+    return _Death(messages, read, peak_mib, decision)
+
+
+def _oom_record(ctx: HookContext, job: JobInfo, state: str, share_mode: str, uid: int, sha: Optional[str],
+                death: _Death, recorded_retry_of: Optional[int], plan: OomDecision) -> store_oom.OomRecord:
+    """Step 2: the ``oom_events`` row of this death (evidence, grant, whether a rerun is being submitted)."""
+    shards = job.shards
+    evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
+                "messages": death.messages, "read": death.read, "decision": death.decision.reason,
+                "node_list": job.nodes, "sampler_peak_mib": death.peak_mib}
+    return store_oom.OomRecord(job_id=job.job_id, ts=time.time(), user_name=ctx.user_name, uid=uid,
+                               script_sha256=sha, share_mode=share_mode, shards=shards,
+                               fence_mib=shards_to_mib(shards) if shards else None,
+                               end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
+                               retry_status="submitting" if plan.oom else "not-retried",
+                               retry_reason=plan.reason)
+
+
+def _submit_rerun(cfg: Config, env: Mapping[str, str], job: JobInfo, db: Database, uid: int, gid: int,
+                  argv: Optional[Sequence[str]], what: str) -> Dict[str, Any]:
+    """Step 3: submit the one rerun on a whole GPU, record it, and tell the user (either way)."""
+    job_id = job.job_id
+    try:
+        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
+    except ColocError as exc:
+        error = exc.one_line()
+        store_oom.record_retry_failed(db, job_id, error)
+        told = _tell_user(job, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be "
+                                         f"submitted: {error}. Resubmit it yourself with coloc-sbatch "
+                                         "--exclusive-gpu.")
+        store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
+        return {"oom": True, "retry": False, "error": error}
+    store_oom.record_retry_submitted(db, job_id, new_id)
+    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not "
+                                  "get the same ones: submit with coloc-sbatch to keep them.")
+    told = _tell_user(job, uid, gid, f"{what} with {job.shards} GiB of a shared GPU; rerunning it once on a "
+                                     f"whole GPU as job {new_id} (its output is appended here).{args_note}")
+    store_jobs.record_event(db, job_id, "oom-retry-submitted", {
+        "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact,
+        "user_told": told or "yes",
+        "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job "
+                         "fits beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
+    return {"oom": True, "retry": True, "retry_job_id": new_id}
+
+
 def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
 
     Args:
         ctx: the hook's environment; job: slurmctld's record of the job (``slurm_jobs.show_job``).
+        env: the hook's environment variables (the rerun's ``sbatch`` runs with them).
         state: the final state (``hooks/state.py``); share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
         db: the controller database.
 
     Returns:
-        A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not raised.
+        A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not
+        raised; any other error reaches ``hooks/runner.py``, which logs it and exits 0 (never fails the node).
     """
     job_id = job.job_id
     recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
@@ -270,54 +353,24 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     gid = job.gid if job.gid is not None else ctx.gid
     if state != "FAILED" or uid is None or gid is None:
         return {"oom": False, "why": decide_oom(state, job.reason, []).reason}
-    messages, read = _read_output(job, uid, gid)
-    shards = job.shards
-    peak_mib = None
-    if shards:  # the sampler's evidence: the job's memory at its fence
-        from slurm_coloc.store.history import job_peak_mem_mib
-
-        peak_mib = job_peak_mem_mib(cfg, job_id, job.nodes)
-    decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
-                          fence_mib=shards_to_mib(shards) if shards else None)
-    if not decision.oom:
-        return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
+    death = _detect(cfg, job, state, uid, gid)
+    if not death.decision.oom:
+        return {"oom": False, "why": death.decision.reason, "read": death.read, "peak_mib": death.peak_mib}
     argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
-    plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
+    plan = retry_decision(share_mode, job.shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:
-        plan = _gate(cfg, job, db, uid, messages, peak_mib)
-    evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
-                "messages": messages, "read": read, "decision": decision.reason, "node_list": job.nodes,
-                "sampler_peak_mib": peak_mib}
-    oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
-                              share_mode=share_mode, shards=shards, fence_mib=shards_to_mib(shards) if shards else None,
-                              end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
-                              retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
+        plan = _gate(cfg, job, db, uid, death.messages, death.peak_mib)
+    oom = _oom_record(ctx, job, state, share_mode, uid, sha, death, recorded_retry_of, plan)
     if not store_oom.claim_retry(db, oom):
         return {"oom": True, "why": "already handled (oom_events row exists)"}
-    store_jobs.record_event(db, job_id, "oom", {**evidence, "retry": plan.reason, "fence_mib": oom.fence_mib})
-    what = f"job {job_id} ran out of GPU memory ({messages[0][0] if messages else decision.reason})"
+    store_jobs.record_event(db, job_id, "oom", {**(oom.evidence or {}), "retry": plan.reason,
+                                                "fence_mib": oom.fence_mib})
+    first = death.messages[0][0] if death.messages else death.decision.reason
+    what = f"job {job_id} ran out of GPU memory ({first})"
     if not plan.oom:
         told = _tell_user(job, uid, gid, f"{what}; {plan.reason}.")
-        store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
+        store_jobs.record_event(db, job_id, "oom-not-retried",
+                                {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
-    try:
-        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
-    except ColocError as exc:
-        error = exc.one_line()
-        store_oom.record_retry_failed(db, job_id, error)
-        told = _tell_user(job, uid, gid, f"{what}; the automatic rerun on a whole GPU could NOT be submitted: "
-                                        f"{error}. Resubmit it yourself with coloc-sbatch --exclusive-gpu.")
-        store_jobs.record_event(db, job_id, "oom-retry-failed", {"error": error, "user_told": told or "yes"})
-        return {"oom": True, "retry": False, "error": error}
-    store_oom.record_retry_submitted(db, job_id, new_id)
-    args_note = "" if exact else (" Slurm did not keep the script's arguments exactly, so the rerun may not get the "
-                                  "same ones: submit with coloc-sbatch to keep them.")
-    told = _tell_user(job, uid, gid, f"{what} with {shards} GiB of a shared GPU; rerunning it once on a whole GPU "
-                                    f"as job {new_id} (its output is appended here).{args_note}")
-    store_jobs.record_event(db, job_id, "oom-retry-submitted", {
-        "retry_job_id": new_id, "gres": f"shard:{cfg.gpu_mem_gib}", "args_exact": exact, "user_told": told or "yes",
-        "why_whole_gpu": "all shards of one GPU: 22.05 gives one job's shards from one GPU, so no shard job fits "
-                         "beside it; --gres=gpu:1 would not keep shard tenants off (docs/facts.md §4)"})
-    return {"oom": True, "retry": True, "retry_job_id": new_id}
-
+    return _submit_rerun(cfg, env, job, db, uid, gid, argv, what)

@@ -1,13 +1,14 @@
 """Pending hook environments: the ``.env`` entries of the recovery queue (store/queue.py).
 
-A hook run that ends before it can record (SIGTERMed during start-up, SIGKILLed, crashed) leaves its environment,
-from which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry
-``<dir>/<hook>-<job>-<run>.env`` holds ``NAME=value`` items separated by NUL (the format of ``env -0``): the job's
-``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's own
-``COLOC_PENDING_*`` items (``HOOK``; ``RC``: ``startup`` or the shim's rc; ``TS``: wall-clock end; ``UP0``/``UP1``:
-``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``: its pid and uptime), so the
-shim (prolog_epilog/coloc-hook.sh, when the hook exits non-zero) and ``coloc-hook`` itself (cli/hook.py, when
-SIGTERMed during start-up) name one run's entry alike. Values are data, never evaluated.
+A hook run that ends before it can record (SIGTERMed during start-up, SIGKILLed, crashed) leaves its
+environment, from which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry
+``<dir>/<hook>-<job>-<run>.env`` holds ``NAME=value`` items separated by NUL (the format of ``env -0``): the
+job's ``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's own
+``COLOC_PENDING_*`` items (``HOOK``; ``RC``: ``startup`` or the shim's rc; ``TS``: wall-clock end;
+``UP0``/``UP1``: ``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``: its
+pid and uptime), so the shim (prolog_epilog/coloc-hook.sh, when the hook exits non-zero) and ``coloc-hook``
+itself (cli/hook.py, when SIGTERMed during start-up) name one run's entry alike. Values are data, never
+evaluated.
 
 Directory: ``$COLOC_PENDING_DIR``, default ``DEFAULT_DIR`` (the shim cannot read the YAML config). Entries of
 several clusters may share it: each names its ``COLOC_CONFIG``.
@@ -32,7 +33,8 @@ MAX_RUN_S = 86400.0  # a run length (UP1 - UP0) outside 0..this is taken as unkn
 
 
 def pending_dir(env: Mapping[str, str]) -> str:
-    """The pending directory of this hook's environment: ``$COLOC_PENDING_DIR`` (absolute) or ``DEFAULT_DIR``."""
+    """The pending directory of this hook's environment: ``$COLOC_PENDING_DIR`` (absolute) or
+    ``DEFAULT_DIR``."""
     value = env.get("COLOC_PENDING_DIR", "")
     return value if value.startswith("/") else DEFAULT_DIR
 
@@ -58,7 +60,8 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
     """An entry's bytes: the kept variables of ``env`` and the run's ``COLOC_PENDING_*`` items, NUL-separated,
     sorted, cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out."""
     items = {k: v for k, v in env.items() if keep(k) and not k.startswith("COLOC_PENDING_")}
-    items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason, "COLOC_PENDING_TS": f"{time.time():.6f}",
+    items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason,
+                  "COLOC_PENDING_TS": f"{time.time():.6f}",
                   "COLOC_PENDING_UP0": f"{up0:.2f}", "COLOC_PENDING_UP1": f"{up1:.2f}"})
     data = b"".join(f"{k}={v}".encode("utf-8", "replace") + b"\0" for k, v in sorted(items.items())
                     if "\0" not in k + v)
@@ -66,7 +69,8 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
 
 
 def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
-    """Write this run's entry into its pending directory (``queue.write``, no fsync: called with little time left).
+    """Write this run's entry into its pending directory (``queue.write``, no fsync: called with little time
+    left).
 
     Args:
         hook: the hook name (a node or slurmctld hook; others keep nothing).
@@ -85,8 +89,9 @@ def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[fl
         if up0 is None:
             from slurm_coloc.hooks.startup import process_age_s
             up0 = up1 - process_age_s()
-        return queue.write(pending_dir(env), entry_name(hook, env), encode(hook, env, reason, up0, up1), sync=False)
-    except BaseException:  # noqa: BLE001 - called while being terminated: never fail the node
+        return (queue.write(pending_dir(env), entry_name(hook, env), encode(hook, env, reason, up0, up1),
+                            sync=False))
+    except BaseException:  # called while being terminated: never fail the node
         return None
 
 
@@ -102,14 +107,16 @@ def decode(data: bytes) -> Dict[str, str]:
     """The variables of an entry.
 
     Raises:
-        queue.EntryError: an item that is not ``NAME=value`` with a kept name, or no known ``COLOC_PENDING_HOOK``.
+        queue.EntryError: an item that is not ``NAME=value`` with a kept name, or no known
+            ``COLOC_PENDING_HOOK``.
     """
     env: Dict[str, str] = {}
     for item in data.split(b"\0"):
         if not item:
             continue
         key, sep, value = item.decode("utf-8", "replace").partition("=")
-        if not sep or not key or not all(c.isascii() and (c.isalnum() or c == "_") for c in key) or not keep(key):
+        if not sep or not key or not all(c.isascii() and (c.isalnum() or c == "_")
+                                         for c in key) or not keep(key):
             raise queue.EntryError(f"malformed item {item[:80]!r}")
         env[key] = value
     if env.get("COLOC_PENDING_HOOK") not in NODE_HOOKS + CTLD_HOOKS:
@@ -118,8 +125,9 @@ def decode(data: bytes) -> Dict[str, str]:
 
 
 def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
-    """``(started_ts, ended_ts)`` of the run (unix s): its wall-clock end (``TS``, else the file's mtime) less its
-    length from ``/proc/uptime`` at start and end (``UP1 - UP0``; 0 when unknown or outside 0..``MAX_RUN_S``)."""
+    """``(started_ts, ended_ts)`` of the run (unix s): its wall-clock end (``TS``, else the file's mtime) less
+    its length from ``/proc/uptime`` at start and end (``UP1 - UP0``; 0 when unknown or outside
+    0..``MAX_RUN_S``)."""
     try:
         ended = float(env.get("COLOC_PENDING_TS", ""))
     except ValueError:

@@ -1,9 +1,10 @@
-"""What a hook run leaves behind: its rows in the database, or in the recovery queue when the database is unusable.
+"""What a hook run leaves behind: its rows in the database, or in the recovery queue when the database is
+unusable.
 
-``record_ops`` builds a run's rows from its environment alone (a record set, store/recordset.py). ``record_run``
-writes them and then replays the recovery queue (store/queue.py) of the same database within the recording
-budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds the rows of a run
-that could not record at all from the environment it left (a pending entry, hooks/pending.py).
+``record_ops`` builds a run's rows from its environment alone (a record set, store/recordset.py).
+``record_run`` writes them and then replays the recovery queue (store/queue.py) of the same database within
+the recording budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds the
+rows of a run that could not record at all from the environment it left (a pending entry, hooks/pending.py).
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class HookTimeout(BaseException):
 
 
 class HookTerminated(BaseException):
-    """Raised by SIGTERM in the hook's main process: the shim's outer ``timeout``, or a Slurm daemon stopping."""
+    """Raised by SIGTERM in the hook's main process: the shim's outer ``timeout``, or a Slurm daemon
+    stopping."""
 
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
@@ -55,12 +57,14 @@ def spool_dirs(cfg: config_mod.Config) -> List[str]:
 
 
 def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
-    """Every directory of the recovery queue a run replays: the spool directories, then the pending directory."""
+    """Every directory of the recovery queue a run replays: the spool directories, then the pending
+    directory."""
     return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 
 def target_of(name: str, ctx: HookContext) -> Optional[str]:
-    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog), ``ctld``, or None (TaskProlog)."""
+    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog), ``ctld``, or None
+    (TaskProlog)."""
     if name in NODE_HOOKS and ctx.node:
         return f"node:{ctx.node}"
     if name in CTLD_HOOKS:
@@ -76,15 +80,16 @@ def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
 
 def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
                duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (a record set's ops, store/recordset.py), built from its environment only.
+    """The rows a hook run must leave (a record set's ops, store/recordset.py), built from its environment
+    only.
 
     A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
-    leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end in
-    the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
+    leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end
+    in the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
 
-    Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent or
-    fill what is NULL, so applying the same ops twice leaves what applying them once does (a run whose rows were
-    committed and queued too, or an entry taken again after its replayer died, adds no second row).
+    Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent
+    or fill what is NULL, so applying the same ops twice leaves what applying them once does (a run whose rows
+    were committed and queued too, or an entry taken again after its replayer died, adds no second row).
     """
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
@@ -129,18 +134,20 @@ def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) 
     for d in spool_dirs(cfg):
         try:
             path = queue.write(d, recordset.entry_name(), data)
-            log.warning("database unusable: %d record(s) spooled to %s, replayed by the next hook", len(ops), path)
+            log.warning("database unusable: %d record(s) spooled to %s, replayed by the next hook", len(ops),
+                        path)
             return
         except ColocError as exc:
             log.error("cannot spool to %s: %s", d, exc.one_line())
     log.error("RECORDS LOST (no database, no spool): %s", json.dumps(ops, default=str))
 
 
-def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> Tuple[str, List[Dict[str, Any]]]:
+def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> Tuple[str,
+                                                                                       List[Dict[str, Any]]]:
     """``(target, ops)`` of a pending entry's run (hooks/pending.py): the rows of a failed run, built by
-    ``record_ops`` from the captured environment with the captured times (unix s), marked as recovered, each append
-    op with a ``once`` window of the run's span widened by 1 s. Raises queue.EntryError when the entry names no job
-    or database."""
+    ``record_ops`` from the captured environment with the captured times (unix s), marked as recovered, each
+    append op with a ``once`` window of the run's span widened by 1 s. Raises queue.EntryError when the entry
+    names no job or database."""
     name = env["COLOC_PENDING_HOOK"]
     ctx = HookContext.from_env(env)
     target = target_of(name, ctx)
@@ -160,11 +167,13 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
 
 def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: str,
                  budget_s: float = REPLAY_BUDGET_S, max_entries: int = queue.MAX_REPLAY) -> int:
-    """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``): record sets (``.json``) first,
-    then pending environments (``.env``) of the same ``config_path`` (``COLOC_CONFIG``), each in one transaction.
+    """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``): record sets (``.json``)
+    first, then pending environments (``.env``) of the same ``config_path`` (``COLOC_CONFIG``), each in one
+    transaction.
 
-    An entry that cannot be read, decoded or written is set aside (``.bad``, logged); a failure of the database
-    itself (``recordset.store_unusable``) or the recording alarm stops the replay and propagates, the entry put back.
+    An entry that cannot be read, decoded or written is set aside (``.bad``, logged); a failure of the
+    database itself (``recordset.store_unusable``) or the recording alarm stops the replay and propagates, the
+    entry put back.
 
     Returns:
         How many entries were applied.
@@ -178,7 +187,8 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         if env.get("COLOC_CONFIG", "") != config_path:
             return None  # another cluster's entry sharing the directory
         entry_target, ops = recovered_ops(env, *pending.times_of(env, entry.mtime))
-        note = (f"{env['COLOC_PENDING_HOOK']} of job {env.get('SLURM_JOB_ID')} (rc {env.get('COLOC_PENDING_RC')}) "
+        note = (f"{env['COLOC_PENDING_HOOK']} of job {env.get('SLURM_JOB_ID')} (rc "
+                f"{env.get('COLOC_PENDING_RC')}) "
                 f"recorded from its pending entry {os.path.join(os.path.dirname(entry.path), entry.name)} "
                 f"({len(ops)} row(s))")
         return (ops, note) if entry_target == target else None
@@ -188,19 +198,20 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         if item[1]:
             log.warning("%s", item[1])
 
-    return queue.replay(directories, (recordset.SUFFIX, pending.SUFFIX), decode, apply, recordset.store_unusable,
+    return queue.replay(directories, (recordset.SUFFIX, pending.SUFFIX), decode, apply,
+                        recordset.store_unusable,
                         budget_s, max_entries)
 
 
 def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],
                state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
     """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay the recovery queue
-    (``replay_queue``) until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most. Never
-    raises (but ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
+    (``replay_queue``) until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most.
+    Never raises (but ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
 
-    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``) queues
-    them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also rolls
-    back a transaction the alarm left open (its write lock would block the next opener).
+    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``)
+    queues them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also
+    rolls back a transaction the alarm left open (its write lock would block the next opener).
     """
     t0 = time.monotonic()
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
@@ -217,7 +228,7 @@ def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[st
             log.info("replayed %d queued entr%s into %s", n, "y" if n == 1 else "ies", target)
     except HookTimeout:
         log.error("%s: recording timed out after %g s", name, RECORD_BUDGET_S)
-    except Exception as exc:  # noqa: BLE001 - a hook must never fail the node
+    except Exception as exc:  # a hook must never fail the node
         log.error("%s: cannot record the hook run: %s", name, exc)
     finally:
         if db is not None:

@@ -1,16 +1,17 @@
-"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md "The OOM rerun").
+"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md "The OOM
+rerun").
 
-Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script Slurm
-stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard -> gpu
-(docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot give the job a
-whole GPU (docs/design.md says why, with what was tried).
+Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script
+Slurm stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard ->
+gpu (docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot
+give the job a whole GPU (docs/design.md says why, with what was tried).
 
 What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ... of
-every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch itself
-runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and only where they
-agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``. Every option of the rerun
-is the job's own value in slurmctld's record (``retry_sbatch_args``), passed as one argv word, no shell. An array
-task is rerun alone (``--array=<its task id>``).
+every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch
+itself runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and
+only where they agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``. Every
+option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), passed as one argv
+word, no shell. An array task is rerun alone (``--array=<its task id>``).
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ from slurm_coloc.units import shards_to_mib
 
 RETRY_TAG = "oom-retry-of-"
 NEUTRAL_PREFIX = "# (coloc oom rerun) "
-# A directive of any batch system, anywhere in the script, with any leading blanks and case: Slurm's sbatch reads
-# "#SBATCH" and "#SLURM" at the start of a line (src/sbatch/opt.c _opt_batch_script) and "#PBS" unless
-# --ignore-pbs; LSF "#BSUB", Moab "#MSUB", Grid Engine "#$", Cobalt "#COBALT", Flux "#flux:", LoadLeveler "#@".
+# A directive of any batch system, anywhere in the script, with any leading blanks and case: Slurm's sbatch
+# reads "#SBATCH" and "#SLURM" at the start of a line (src/sbatch/opt.c _opt_batch_script) and "#PBS" unless
+# --ignore-pbs; LSF "#BSUB", Moab "#MSUB", Grid Engine "#$", Cobalt "#COBALT", Flux "#flux:", LoadLeveler
+# "#@".
 _DIRECTIVE = re.compile(r"^[ \t\v\f]*#[ \t]*(?:SBATCH|SLURM|PBS|BSUB|MSUB|COBALT|FLUX:|\$|@)", re.IGNORECASE)
 _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
@@ -39,10 +41,11 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 def neutralise_directives(script: str) -> Tuple[str, int]:
     """The script with every directive line turned into a plain comment, and how many lines were changed.
 
-    Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of any
-    dialect (``_DIRECTIVE``) anywhere in the script, and every comment line of the header (before the first
-    line that is neither blank nor a comment, where sbatch stops reading directives), except a ``#!`` first line.
-    Lines are split at ``\\n``, ``\\r\\n`` and ``\\r`` alike, so no reader's idea of a line start is missed. Pure.
+    Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of
+    any dialect (``_DIRECTIVE``) anywhere in the script, and every comment line of the header (before the
+    first line that is neither blank nor a comment, where sbatch stops reading directives), except a ``#!``
+    first line. Lines are split at ``\\n``, ``\\r\\n`` and ``\\r`` alike, so no reader's idea of a line start
+    is missed. Pure.
     """
     parts = _LINE_BREAK.split(script)  # [line, sep, line, sep, ..., line]
     header = True
@@ -66,9 +69,10 @@ def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[
 
     Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
     ``submit_line``, both argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``,
-    already within ``comment.MAX_ARGS`` words of at most ``comment.MAX_ARG_CHARS``; None when absent). It is used
-    only where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
-    arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
+    already within ``comment.MAX_ARGS`` words of at most ``comment.MAX_ARG_CHARS``; None when absent). It is
+    used only where its words are the words Slurm recorded (the comment is the user's text; it can restore
+    spaces inside arguments, never add or change any); otherwise Slurm's words, exact unless an argument held
+    whitespace.
 
     Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
     docs/slurm-versions.md); there the comment's ``argv`` is the only source. The arguments follow the script
@@ -90,9 +94,9 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     account, time limit, working directory, output paths (``--open-mode=append``), nodes, tasks, CPUs, memory,
     and for an array task ``--array=<its task id>`` (that task alone). Fixed by root: ``--ignore-pbs``,
     ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or the job's leaks),
-    ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards from
-    one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off: docs/facts.md §4).
-    Nothing comes from the job's comment, script or environment.
+    ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards
+    from one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off:
+    docs/facts.md §4). Nothing comes from the job's comment, script or environment.
     """
     gib = cfg.gpu_mem_gib
     args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
@@ -110,7 +114,8 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
         args.append(f"--error={err}")
     if inp and inp != "/dev/null":
         args.append(f"--input={inp}")
-    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"), (job.cpus_per_task, "--cpus-per-task")):
+    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"),
+                       (job.cpus_per_task, "--cpus-per-task")):
         if value:
             args.append(f"{opt}={value}")
     if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
@@ -126,8 +131,8 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
 
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
                  argv: Optional[Sequence[str]]) -> Tuple[int, bool]:
-    """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the job's
-    user; return (new job id, whether the script's arguments are exact). ``argv``: the job comment's
+    """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the
+    job's user; return (new job id, whether the script's arguments are exact). ``argv``: the job comment's
     (``JobComment.argv``), see ``script_args``.
 
     Raises:
@@ -142,7 +147,8 @@ def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gi
     path.unlink(missing_ok=True)
     senv = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": env["SLURM_CONF"]} if env.get("SLURM_CONF") else {})}
     try:
-        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 5)
+        slurm_jobs.write_batch_script(job_id, str(path), cfg.slurm_bin_dir, senv,
+                                      timeout_s=cfg.hook_timeout_s / 5)
         try:
             text = path.read_text(encoding="utf-8", errors="surrogateescape")
         except OSError as exc:
@@ -150,7 +156,8 @@ def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gi
         path.write_text(neutralise_directives(text)[0], encoding="utf-8", errors="surrogateescape")
         argv, exact = script_args(job, argv)
         new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(job, cfg), argv,
-                                           cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
+                                           cfg.slurm_bin_dir, env.get("SLURM_CONF"),
+                                           timeout_s=cfg.hook_timeout_s / 4)
         return new_id, exact
     finally:
         path.unlink(missing_ok=True)

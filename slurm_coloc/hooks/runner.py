@@ -1,19 +1,21 @@
 """Running a hook safely: bounded time, every error caught and logged, a record per run, exit 0.
 
-Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child, in its own process group,
-under SIGALRM at ``hook_timeout_s`` (``HookTimeout`` ends Python-level waits and the subprocesses they wait on); a
-child that has not ended ``KILL_GRACE_S`` later (stuck in C code the alarm cannot interrupt) is SIGKILLed with its
-process group. The parent, which never touches NVML, MPS or Slurm, then records the run (hooks/record.py) within
-``RECORD_BUDGET_S``, busy waits capped at ``RECORD_BUSY_S``. Defaults: 20 + 1 + 3 + 1 = 25 s.
+Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child, in its own process
+group, under SIGALRM at ``hook_timeout_s`` (``HookTimeout`` ends Python-level waits and the subprocesses they
+wait on); a child that has not ended ``KILL_GRACE_S`` later (stuck in C code the alarm cannot interrupt) is
+SIGKILLed with its process group. The parent, which never touches NVML, MPS or Slurm, then records the run
+(hooks/record.py) within ``RECORD_BUDGET_S``, busy waits capped at ``RECORD_BUSY_S``. Defaults: 20 + 1 + 3 + 1
+= 25 s.
 
-The shim's ``timeout`` (prolog_epilog/coloc-hook.sh, ``COLOC_SHIM_TIMEOUT_S``, default ``OUTER_LIMIT_S``) counts
-from exec, so the child's budget is also capped by what start-up left of it (``work_budget_s``). A SIGTERM to the
-parent (``HookTerminated``) queues the rows a failed run leaves (they only fill what the child does not write) and
-logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to finish under its own alarm.
+The shim's ``timeout`` (prolog_epilog/coloc-hook.sh, ``COLOC_SHIM_TIMEOUT_S``, default ``OUTER_LIMIT_S``)
+counts from exec, so the child's budget is also capped by what start-up left of it (``work_budget_s``). A
+SIGTERM to the parent (``HookTerminated``) queues the rows a failed run leaves (they only fill what the child
+does not write) and logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to
+finish under its own alarm.
 
-The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, at most ``MAX_RESULT_BYTES``; a
-``detail`` over ``MAX_DETAIL_BYTES`` is cut to its small items plus a ``"truncated"`` marker (``encode_result``).
-docs/reliability.md describes the faults this is tested against.
+The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, at most ``MAX_RESULT_BYTES``;
+a ``detail`` over ``MAX_DETAIL_BYTES`` is cut to its small items plus a ``"truncated"`` marker
+(``encode_result``). docs/reliability.md describes the faults this is tested against.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import select
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
@@ -56,8 +58,8 @@ HOOKS: Dict[str, HookFn] = {
 }
 KILL_GRACE_S = 1.0  # after hook_timeout_s, a child that did not end by itself is SIGKILLed
 MAX_RESULT_BYTES = 1 << 20  # the child's whole answer on the pipe
-# a run's detail as recorded (hook_runs.detail_json, events): small enough that the run's record set always fits
-# one queue entry (store/queue.py MAX_ENTRY_BYTES, 256 KiB; the detail appears once per op)
+# a run's detail as recorded (hook_runs.detail_json, events): small enough that the run's record set always
+# fits one queue entry (store/queue.py MAX_ENTRY_BYTES, 256 KiB; the detail appears once per op)
 MAX_DETAIL_BYTES = 64 * 1024
 MAX_ITEM_BYTES = 1024  # a detail item kept whole when a detail is cut
 OUTER_LIMIT_S = 30.0  # the shim's `timeout` (prolog_epilog/coloc-hook.sh) when COLOC_SHIM_TIMEOUT_S is absent
@@ -75,9 +77,9 @@ def _on_term(signum: int, frame: Any) -> None:
 
 def work_budget_s(cfg: config_mod.Config, env: Mapping[str, str], age_s: float) -> float:
     """The child's time budget: ``hook_timeout_s``, capped so that the whole process (start-up ``age_s``, kill
-    grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit. When that leaves less than ``MIN_WORK_S``
-    (an overloaded host), the cap is dropped: cutting the work short would only lose it, while the parent's SIGTERM
-    is caught and logged and the child finishes on its own."""
+    grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit. When that leaves less than
+    ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would only lose it, while
+    the parent's SIGTERM is caught and logged and the child finishes on its own."""
     try:
         outer = float(env.get("COLOC_SHIM_TIMEOUT_S") or OUTER_LIMIT_S)
     except ValueError:
@@ -108,8 +110,9 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
 
 
 def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
-    """The config, or None after logging (and recording where possible) why it cannot be loaded. The TaskProlog
-    runs in the job's environment, so it takes no override from it (``config.load_in_job_environment``)."""
+    """The config, or None after logging (and recording where possible) why it cannot be loaded. The
+    TaskProlog runs in the job's environment, so it takes no override from it
+    (``config.load_in_job_environment``)."""
     try:
         if name == "task-prolog":
             return config_mod.load_in_job_environment(env)
@@ -117,19 +120,22 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
     except ColocError as exc:
         fallback = config_mod.load_fallback(environ=env)
         _setup_logging(fallback, ctx.job_id, create_dir=False)
-        log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name, exc.one_line())
+        log.error("%s: config unusable, hook skipped (job runs without slurm-coloc): %s", name,
+                  exc.one_line())
         if fallback.state_dir != config_mod.Config().state_dir or os.path.isdir(fallback.state_dir):
             record_bounded(name, ctx, fallback, False, {"error": exc.one_line()}, time.time(), 0.0, {}, env)
         return None
 
 
 def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
-                   started_ts: float, duration_ms: float, state: Dict[str, Any], env: Mapping[str, str]) -> None:
-    """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its rows.
+                   started_ts: float, duration_ms: float, state: Dict[str, Any],
+                   env: Mapping[str, str]) -> None:
+    """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its
+    rows.
 
-    The rows are built before the alarm is armed and, unless ``record_run`` committed them (``state["recorded"]``),
-    queued after it is disarmed, so an alarm firing anywhere loses none; rows both committed and queued are applied
-    once (``once`` windows).
+    The rows are built before the alarm is armed and, unless ``record_run`` committed them
+    (``state["recorded"]``), queued after it is disarmed, so an alarm firing anywhere loses none; rows both
+    committed and queued are applied once (``once`` windows).
     """
     target = target_of(name, ctx)
     if target is None:
@@ -184,7 +190,8 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
 
 def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
               state: Dict[str, Any]) -> List[str]:
-    """``run_hook`` proper; ``state`` tells a SIGTERM handler what was reached (config, child pid, recorded)."""
+    """``run_hook`` proper; ``state`` tells a SIGTERM handler what was reached (config, child pid,
+    recorded)."""
     cfg = _load_config(name, ctx, env)
     if cfg is None:
         log.info("%s done in %.0f ms (config unusable)", name, (time.monotonic() - t0) * 1000)
@@ -212,8 +219,8 @@ def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, sta
                 state: Dict[str, Any]) -> None:
     """SIGTERM reached the hook process: queue what a failed run leaves, log the one done line.
 
-    Called with about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process group,
-    untouched by the shim's signals) finishes its work under its own alarm. Never raises.
+    Called with about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process
+    group, untouched by the shim's signals) finishes its work under its own alarm. Never raises.
     """
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
@@ -229,12 +236,14 @@ def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, sta
             enqueue_ops(cfg, target, record_ops(name, ctx, False, {"error": error}, started_ts, duration_ms))
         log.error("%s done in %.0f ms (TERMINATED: %s; exec %.0f ms before; child %s left to finish)", name,
                   duration_ms, error, age_ms, child)
-    except BaseException:  # noqa: BLE001 - a hook must never fail the node
+    except BaseException:  # a hook must never fail the node
         pass
 
 
-def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str], name: str, fd: int) -> None:
-    """In the forked child: run the hook under SIGALRM, write ``{"ok", "detail", "result"}`` JSON to ``fd``, exit."""
+def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str], name: str,
+           fd: int) -> None:
+    """In the forked child: run the hook under SIGALRM, write ``{"ok", "detail", "result"}`` JSON to ``fd``,
+    exit."""
     payload: Dict[str, Any]
     try:
         os.setpgid(0, 0)  # its own process group: a hard kill takes its subprocesses too
@@ -253,11 +262,11 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
         payload = {"ok": False, "detail": {"error": f"timed out after {cfg.hook_timeout_s:g} s"}}
     except ColocError as exc:
         payload = {"ok": False, "detail": {"error": exc.one_line()}}
-    except BaseException as exc:  # noqa: BLE001 - our bug must not drain the node
+    except BaseException as exc:  # our bug must not drain the node
         payload = {"ok": False, "detail": {"error": f"{type(exc).__name__}: {exc}"}}
         try:
             log.exception("%s: internal error", name)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
     try:
         data = encode_result(payload)
@@ -270,10 +279,10 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
 
 
 def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
-    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items of at most ``MAX_ITEM_BYTES`` as
-    JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES // 2`` characters plus ``" ... [cut]"``, other
-    large items dropped; ``"truncated": {"bytes", "limit", "cut"}`` names the items cut or dropped. Only the marker
-    is left when that is still too large."""
+    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items of at most
+    ``MAX_ITEM_BYTES`` as JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES // 2`` characters plus
+    ``" ... [cut]"``, other large items dropped; ``"truncated": {"bytes", "limit", "cut"}`` names the items
+    cut or dropped. Only the marker is left when that is still too large."""
     kept: Dict[str, Any] = {}
     cut: List[str] = []
     for key, value in detail.items():
@@ -292,8 +301,8 @@ def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
 
 def encode_result(payload: Dict[str, Any]) -> bytes:
     """The child's answer ``{"ok", "detail", "result"}`` as JSON bytes, always valid and at most
-    ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still over
-    ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped."""
+    ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still
+    over ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped."""
     detail = payload.get("detail") or {}
     size = len(json.dumps(detail, default=str))
     if size > MAX_DETAIL_BYTES:
@@ -306,16 +315,68 @@ def encode_result(payload: Dict[str, Any]) -> bytes:
     return data
 
 
-def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
-                name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
-    """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child) and
-    ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
+def _read_answer(r: int, deadline: float) -> Tuple[List[bytes], bool]:
+    """Read the child's answer from pipe ``r`` (closed on return) until EOF or ``deadline`` (monotonic s).
 
     Returns:
-        ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list (TaskProlog
-        lines) or None. Never raises (``HookTerminated`` passes; ``state["child"]`` then names the child to kill).
+        ``(chunks, killed)``: the bytes read, and True when the deadline passed first (the child is to be
+        killed).
     """
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the child must never see our handler
+    chunks: List[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return chunks, True
+            ready, _, _ = select.select([r], [], [], left)
+            if ready:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    return chunks, False
+                chunks.append(chunk)
+    finally:
+        os.close(r)
+
+
+def _reap(pid: int, killed: bool) -> None:
+    """SIGKILL the child's process group (else the child) when ``killed``, then wait for it. Never raises."""
+    if killed:
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _decode_answer(chunks: List[bytes]) -> tuple:
+    """The child's JSON answer as ``(ok, detail, result)``; a failure when it is missing or broken."""
+    try:
+        payload = json.loads(b"".join(chunks).decode())
+        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
+
+
+def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
+                name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
+    """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child)
+    and ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
+
+    Args:
+        fn: the hook's work; ctx, cfg, env: passed to it. name: the hook's name in the log.
+        state: the caller's SIGTERM bookkeeping; ``state["child"]`` holds the child's pid while it runs.
+
+    Returns:
+        ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list
+        (TaskProlog lines) or None. Never raises (``HookTerminated`` passes; ``state["child"]`` then names the
+        child to kill).
+    """
+    # the child must never see our handler
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         r, w = os.pipe()
         pid = os.fork()
@@ -331,43 +392,14 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
         state["child"] = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is delivered here
     os.close(w)
-    deadline = time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S
-    chunks: List[bytes] = []
-    killed = False
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                killed = True
-                break
-            ready, _, _ = select.select([r], [], [], left)
-            if ready:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    finally:
-        os.close(r)
-    if killed:
-        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                target()
-            except OSError:
-                pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    chunks, killed = _read_answer(r, time.monotonic() + cfg.hook_timeout_s + KILL_GRACE_S)
+    _reap(pid, killed)
     if state is not None:
         state["child"] = None
     if killed:
-        return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the alarm "
-                                f"cannot reach: C code such as NVML or a SQLite wait)"}, None
-    try:
-        payload = json.loads(b"".join(chunks).decode())
-        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
+        return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the "
+                                "alarm cannot reach: C code such as NVML or a SQLite wait)"}, None
+    return _decode_answer(chunks)
 
 
 def bound_s(cfg: config_mod.Config) -> float:

@@ -4,11 +4,12 @@ Sources, best first (``final_state``): a final state a Slurm hands the epilog in
 (``FINAL_STATE_VARS``; none of 22.05, 24.11, 26.05 does: ``tests/data/slurm-<v>/hook_env/``); a final state in
 slurmctld's record (``JobInfo.state``): on 24.11+ the epilogs' JSON query (``scontrol show job --json``,
 ``squeue --json``) gives it as ``job_state[0]`` with ``COMPLETING`` as a flag (``["TIMEOUT", "COMPLETING"]``,
-``tests/data/slurm-24.11/epilog_states.txt``), so the epilogs record Slurm's state directly; else (22.05: the record
-says ``COMPLETING``) an inference from the exit pair, run time and reason, recorded as ``inferred`` and replaced by
-Slurm's own final state when a later controller hook finds the job ended (``hooks/ctld.py`` ``settle``). The
-inference cannot tell a cancelled job from one that ended by itself: a cancelled batch script that traps SIGTERM
-exits 0 or 1, and a job cancelled during its Prolog shows ``0:0`` (22.05.8, checked on the local cluster).
+``tests/data/slurm-24.11/epilog_states.txt``), so the epilogs record Slurm's state directly; else (22.05: the
+record says ``COMPLETING``) an inference from the exit pair, run time and reason, recorded as ``inferred`` and
+replaced by Slurm's own final state when a later controller hook finds the job ended (``hooks/ctld.py``
+``settle``). The inference cannot tell a cancelled job from one that ended by itself: a cancelled batch script
+that traps SIGTERM exits 0 or 1, and a job cancelled during its Prolog shows ``0:0`` (22.05.8, checked on the
+local cluster).
 
 In Slurm 22.05.8 every epilog sees ``JobState=COMPLETING``: the final state (COMPLETED, FAILED, CANCELLED,
 TIMEOUT) is set only after the epilogs, and ``SLURM_JOB_EXIT_CODE`` is 0 for timeouts and cancels alike
@@ -23,17 +24,17 @@ from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 _FINAL = FINAL_STATES
-# Environment variables through which a Slurm version gives its epilogs the job's final state. 22.05, 24.11 and
-# 26.05 set none (SLURM_JOB_STATE is for MailProg/triggers only: tests/data/slurm-<v>/epilog_states.txt); add a
-# name here once a recording shows it.
+# Environment variables through which a Slurm version gives its epilogs the job's final state. 22.05, 24.11
+# and 26.05 set none (SLURM_JOB_STATE is for MailProg/triggers only: tests/data/slurm-<v>/epilog_states.txt);
+# add a name here once a recording shows it.
 FINAL_STATE_VARS: Tuple[str, ...] = ()
 SLURM = "slurm"  # the state is Slurm's own final answer
 INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace it
 
 
 def is_final(state: str) -> bool:
-    """Whether a state name in the hook's environment (text, any case) is a final state (``JobInfo.final`` is the
-    same test on Slurm's record, normalised where ``JobInfo`` is built)."""
+    """Whether a state name in the hook's environment (text, any case) is a final state (``JobInfo.final`` is
+    the same test on Slurm's record, normalised where ``JobInfo`` is built)."""
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
@@ -47,9 +48,9 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
-    """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else slurmctld's
-    record if final (24.11+ inside the epilogs: module docstring), else ``infer_final_state`` of the record (exit
-    pair, run time, limit, reason; 22.05)."""
+    """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else
+    slurmctld's record if final (24.11+ inside the epilogs: module docstring), else ``infer_final_state`` of
+    the record (exit pair, run time, limit, reason; 22.05)."""
     given = state_from_env(env or {})
     if given:
         return given, SLURM
@@ -77,7 +78,8 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
     base = (job_state or "").split()[0].upper() if job_state else ""
     if base in _FINAL:
         return base
-    at_limit = reason == "TimeLimit" or (run_s is not None and time_limit_s is not None and run_s >= time_limit_s)
+    at_limit = (reason == "TimeLimit"
+                or (run_s is not None and time_limit_s is not None and run_s >= time_limit_s))
     if signal:
         if at_limit:
             return "TIMEOUT"
@@ -87,6 +89,6 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
     if reason == "TimeLimit":
         return "TIMEOUT"
     # RunTime >= TimeLimit with a clean 0:0 is a job that finished in time: Slurm counts RunTime from the
-    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records COMPLETED:
-    # docs/reliability.md "Load"). A real time-out shows signal 15 (docs/facts.md §5).
+    # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records
+    # COMPLETED: docs/reliability.md "Load"). A real time-out shows signal 15 (docs/facts.md §5).
     return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")

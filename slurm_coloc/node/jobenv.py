@@ -1,10 +1,11 @@
 """The per-job task environment file ``<run_dir>/jobs/<job_id>.env`` (root-owned, 0644, ``KEY=VALUE`` lines).
 
 This module owns the file: its path (``env_path``), which jobs have one (``env_job_ids``), its one writer
-(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which checks
-owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by the
-Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
-variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence text.
+(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which
+checks owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by
+the Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
+variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence
+text.
 """
 from __future__ import annotations
 
@@ -33,9 +34,15 @@ def env_path(cfg: Config, job_id: int) -> Path:
 def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
     """Task variables of a shard job under MPS on daemon ``d``.
 
-    The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which also
-    overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB, the CUDA
-    context included (the estimator counts it in the shard request too).
+    The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which
+    also overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB,
+    the CUDA context included (the estimator counts it in the shard request too).
+
+    Args:
+        d: the GPU's MPS daemon (pipe and log directories); shards: the job's shards (GiB) on that GPU.
+
+    Returns:
+        ``(KEY, VALUE)`` pairs for ``write_env``.
     """
     return [("COLOC_SHARE", "mps"), ("CUDA_MPS_PIPE_DIRECTORY", str(d.pipe_dir)),
             ("CUDA_MPS_LOG_DIRECTORY", str(d.log_dir)), ("CUDA_VISIBLE_DEVICES", "0"),
@@ -44,6 +51,13 @@ def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
 
 def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
     """Atomically write the job's env file (root-owned 0644, no symlink followed).
+
+    Args:
+        cfg: ``run_dir`` (the file is ``env_path(cfg, job_id)``); job_id: the Slurm job id.
+        pairs: ``(KEY, VALUE)`` task variables, in order (``mps_env``).
+
+    Returns:
+        The path written.
 
     Raises:
         ValueError: a value holds characters outside ``[A-Za-z0-9_./=:,+-]``.
@@ -83,8 +97,14 @@ def read_env(cfg: Config, job_id: int) -> List[Tuple[str, str]]:
     """The job's env file as ``(KEY, VALUE)`` pairs, read safely; ``[]`` when absent or unsafe.
 
     The file must be a regular file owned by root and not writable by group/others, opened without following
-    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes whose key
-    matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
+    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes
+    whose key matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
+
+    Args:
+        cfg: ``run_dir``; job_id: the Slurm job id.
+
+    Returns:
+        The ``(KEY, VALUE)`` pairs kept, in file order. Never raises on a missing or unsafe file.
     """
     try:
         fd = os.open(str(env_path(cfg, job_id)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

@@ -1,9 +1,11 @@
-"""coloc-placer's loop: each round reads Slurm's queue and the node samplers' live state, then steers every held
-shard job to a GPU (or notes why it waits). Bounded, never fatal: a round that fails is logged and the next one
-starts after ``placement_interval_s``; a job held longer than ``placement_max_wait_s`` is released by memory alone.
+"""coloc-placer's loop: each round reads Slurm's queue and the node samplers' live state, then steers every
+held shard job to a GPU (or notes why it waits). Bounded, never fatal: a round that fails is logged and the
+next one starts after ``placement_interval_s``; a job held longer than ``placement_max_wait_s`` is released by
+memory alone.
 
-Live state reaches the placer through the node databases (``<state_dir>/nodes/<node>.db``, opened read-only, the
-same files coloc-report reads); Slurm's view of who holds which GPU comes from ``squeue --json`` ``gres_detail``.
+Live state reaches the placer through the node databases (``<state_dir>/nodes/<node>.db``, opened read-only,
+the same files coloc-report reads); Slurm's view of who holds which GPU comes from ``squeue --json``
+``gres_detail``.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, rounds, share
 from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
 from slurm_coloc.placement.policy import Activity, Gate, GpuState
-from slurm_coloc.placement.rounds import PlacerState, Steered  # noqa: F401 - re-exported
+from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import placement as store_placement
@@ -90,18 +92,19 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
                 out[node] = store_placement.live_gpus(db, cfg.placement_window_s)
             finally:
                 db.conn.close()
-        except Exception as exc:  # noqa: BLE001 - a bad node database means memory-only there, never a stop
+        except Exception as exc:  # a bad node database means memory-only there, never a stop
             log.warning("live state of %s unreadable (%s): memory-only there", node, exc)
     return out
 
 
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
-                known: Callable[[JobInfo], Tuple[share.Profile, float]], now: float) -> List[List[share.Tenant]]:
+                known: Callable[[JobInfo], Tuple[share.Profile, float]],
+                now: float) -> List[List[share.Tenant]]:
     """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
-    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are ending
-    (``COMPLETING``: their epilogs run, they hold shards but compute no more, so their room is free for the model
-    in the same round). ``known(job)``: a job's profile and predicted SM activity alone (steered jobs keep what the
-    placer knew when it sent them). Pure."""
+    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are
+    ending (``COMPLETING``: their epilogs run, they hold shards but compute no more, so their room is free for
+    the model in the same round). ``known(job)``: a job's profile and predicted SM activity alone (steered
+    jobs keep what the placer knew when it sent them). Pure."""
     where = {g.key: i for i, g in enumerate(gpus)}
     out: List[List[share.Tenant]] = [[] for _ in gpus]
     shown = set()
@@ -121,17 +124,18 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
 
 
 def heartbeat_paths(cfg: Config) -> List[Path]:
-    """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases) and a
-    world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group only), which
-    ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login nodes."""
+    """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases)
+    and a world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group
+    only), which ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login
+    nodes."""
     return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
 
 
 def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
     """Write the heartbeat files (``heartbeat_paths``): when the placer last finished a round, 0644.
 
-    A copy that cannot be written (its directory missing or read-only) is skipped with a warning; the first one
-    failing raises ``OSError`` only when no copy could be written.
+    A copy that cannot be written (its directory missing or read-only) is skipped with a warning; the first
+    one failing raises ``OSError`` only when no copy could be written.
     """
     text = json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True)
     errors = []
@@ -150,8 +154,8 @@ def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
 
 
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
-    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s), from
-    the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False."""
+    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s),
+    from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False."""
     limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
     for path in heartbeat_paths(cfg):
         try:
@@ -175,9 +179,9 @@ def placer_policy(cfg: Config) -> Optional[str]:
 
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
                      max_age_s: Optional[float] = None) -> Optional[List[int]]:
-    """The fallback that needs no placer: when no placer finished a round within ``max_age_s`` (``placer_alive``),
-    release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit). Reads only the heartbeat
-    file while the placer is alive, so a timer may run it often.
+    """The fallback that needs no placer: when no placer finished a round within ``max_age_s``
+    (``placer_alive``), release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit).
+    Reads only the heartbeat file while the placer is alive, so a timer may run it often.
 
     Returns:
         None when the placer is alive (nothing done), else the job ids released (possibly empty).
@@ -196,19 +200,29 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
             sp.release_memory_only(job.job_id, shards, job.comment, cfg.slurm_bin_dir, env)
             released.append(job.job_id)
             log.info("job %d released memory-only: no placer heartbeat", job.job_id)
-        except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others' release
+        except Exception as exc:  # one job's failure never stops the others' release
             log.warning("job %d: memory-only release failed (%s)", job.job_id, exc)
     return released
 
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
-    """One round: steer every held candidate (``gate`` policy: oldest first; ``throughput``: least GPU work first,
-    ``share.order_candidates``). Returns counts (placed, waiting, memory_only, ...).
+    """One round: steer every held candidate (``gate`` policy: oldest first; ``throughput``: least GPU work
+    first, ``share.order_candidates``). Returns counts (placed, waiting, memory_only, ...).
 
-    Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind) is
-    one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment breaks the
-    protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
+    Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind)
+    is one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment
+    breaks the protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
+
+    Args:
+        cfg: the placer's configuration (policy, gate, ``placement_*`` windows in s, database paths).
+        state: what the placer keeps between rounds (steered jobs, history, warnings already logged).
+        env: the environment Slurm commands run with (None: the default).
+        now: the wall clock (epoch s); the current time when None.
+        cal: the intensity calibration; when None, ``placement_calibration_path`` or the packaged one.
+
+    Returns:
+        Counts of this round: ``placed``, ``waiting``, ``memory_only``, ``errors``, ...
 
     Raises:
         ColocError: Slurm could not be asked (the caller logs it and tries again next round).
@@ -219,7 +233,8 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     _forget(state, jobs, now)
     shards_of = _candidate_shards(jobs)
     candidates = sorted((j for j in jobs if j.job_id in shards_of),
-                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, j.job_id))
+                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0,
+                                       j.job_id))
     counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
               "admin_held": 0}
     if not candidates:
@@ -241,11 +256,12 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
 
 
 def _forget(state: PlacerState, jobs: Sequence[JobInfo], now: float) -> None:
-    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and notes of gone
-    jobs."""
+    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and notes of
+    gone jobs."""
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
-                   if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
+                   if k not in known
+                   or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
                    or now - s.ts > 600]:
         state.steered.pop(job_id, None)
     state.notes = {k: v for k, v in state.notes.items() if k in known}
@@ -258,7 +274,7 @@ def _candidate_shards(jobs: Sequence[JobInfo]) -> Dict[int, int]:
     for j in jobs:
         try:
             n = sp.placer_shards(j)
-        except Exception as exc:  # noqa: BLE001 - one job never stops a round
+        except Exception as exc:  # one job never stops a round
             log.warning("job %s: not a candidate (%s)", j.job_id, exc)
             n = None
         if n is not None:
@@ -267,38 +283,48 @@ def _candidate_shards(jobs: Sequence[JobInfo]) -> Dict[int, int]:
 
 
 def _admin_hold(candidates: Sequence[JobInfo], bin_dir: str, env: Optional[Mapping[str, str]]) -> int:
-    """Hold as admin every candidate its user holds (the user may not release it unplaced); returns how many."""
+    """Hold as admin every candidate its user holds (the user may not release it unplaced); returns how
+    many."""
     held = 0
     for job in candidates:
         if job.raw.get("state_reason") == "JobHeldUser":
             try:
                 sp.admin_hold(job.job_id, bin_dir, env)
                 held += 1
-            except Exception as exc:  # noqa: BLE001 - one job never stops a round
+            except Exception as exc:  # one job never stops a round
                 log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
     return held
 
 
 def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
-    """Re-read history (``read_history``) when the last read is older than ``HISTORY_REFRESH_S``; never raises."""
+    """Re-read history (``read_history``) when the last read is older than ``HISTORY_REFRESH_S``; never
+    raises."""
     if now - state.history_ts <= HISTORY_REFRESH_S:
         return
     timing: Dict[intensity.HistoryKey, List[Timing]] = {}
     try:
         state.history = read_history(cfg, timing, now, state.logged)
         state.timing = timing
-    except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
+    except Exception as exc:  # unreadable history means predictions only, never a stopped round
         log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
     state.history_ts = now
     if not state.history:
-        log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go by "
-                 "the gate, or by memory where a GPU's sampler is silent")
+        log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go "
+                 "by the gate, or by memory where a GPU's sampler is silent")
 
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
              sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run rounds every ``placement_interval_s`` (forever, or ``rounds`` times); errors are logged, never raised
-    (except a bad calibration file, which is a configuration error: ``ConfigError``)."""
+    """Run rounds every ``placement_interval_s`` (forever, or ``rounds`` times); errors are logged, never
+    raised (except a bad calibration file, which is a configuration error).
+
+    Args:
+        cfg: the placer's configuration; rounds: how many rounds, or None for ever.
+        env: the environment Slurm commands run with; sleep: waits the given seconds (replaceable in tests).
+
+    Raises:
+        ConfigError: the calibration file is bad.
+    """
     cal = intensity.load_calibration(cfg.placement_calibration_path or None)
     state = PlacerState()
     done = 0
@@ -309,7 +335,7 @@ def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[st
             write_heartbeat(cfg, {**counts, "policy": cfg.placement_policy})
             if counts["candidates"]:
                 log.info("round: %s", counts)
-        except Exception as exc:  # noqa: BLE001 - the loop must outlive any one round
+        except Exception as exc:  # the loop must outlive any one round
             log.error("round failed: %s", exc)
         done += 1
         if rounds is None or done < rounds:

@@ -1,11 +1,11 @@
-"""What coloc-placer knows of job signatures from earlier runs: activity, run time and start-up alone, from the
-node databases (runs that had their GPU alone) and a ``placement_history_path`` file. Never fatal: a corrupt or
-stale file or an unreadable database is skipped with one warning.
+"""What coloc-placer knows of job signatures from earlier runs: activity, run time and start-up alone, from
+the node databases (runs that had their GPU alone) and a ``placement_history_path`` file. Never fatal: a
+corrupt or stale file or an unreadable database is skipped with one warning.
 
-History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run measured in the databases is keyed by
-the uid Slurm ran it as, so it steers only that user's jobs; the admin's ``placement_history_path`` file is keyed
-under uid None and counts for everyone. A job's lookups go ``(its uid, sig)`` then ``(None, sig)``
-(``intensity.history_keys``).
+History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run measured in the databases is
+keyed by the uid Slurm ran it as, so it steers only that user's jobs; the admin's ``placement_history_path``
+file is keyed under uid None and counts for everyone. A job's lookups go ``(its uid, sig)`` then ``(None,
+sig)`` (``intensity.history_keys``).
 """
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def _num(v: Any) -> Optional[float]:
 
 def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = None) -> Dict[str, Activity]:
     """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
-    "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}}``, fractions 0..1, seconds). Entries that are not such
-    objects are skipped. ``timing``, when given, gets each signature's (run_s, startup_s) where present.
+    "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}}``, fractions 0..1, seconds). Entries that are not
+    such objects are skipped. ``timing``, when given, gets each signature's (run_s, startup_s) where present.
 
     Raises:
         ConfigError: the file is unreadable or not a JSON object with ``signatures``.
@@ -69,38 +69,36 @@ def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = Non
     return out
 
 
-def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None, now: Optional[float] = None,
-                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
-    """``(uid, signature)`` -> measured activity of earlier runs that had their GPU alone (ctld.db + every node
-    database), keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments
-    are validated again, ``store.placement.finished_jobs``), plus one run per signature of
-    ``placement_history_path`` when set, under uid None (the admin's file, for everyone); ``timing`` (when given)
-    gets the same runs' (run_s, startup_s) under the same keys. Runs older than ``placement_history_max_age_s``,
-    and a history file not modified within it, are stale and skipped. Never raises on bad input: a corrupt or stale
-    file, or an unreadable database, is skipped with one warning (once per ``seen`` key)."""
-    now = time.time() if now is None else now
-    out: Dict[HistoryKey, List[Activity]] = {}
+def _read_admin_file(cfg: Config, now: float, seen: Optional[Set[str]], out: Dict[HistoryKey, List[Activity]],
+                     timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
+    """Add ``placement_history_path``'s runs to ``out`` (and ``timing``) under uid None, unless the file is
+    stale or bad (then one warning per ``seen`` key)."""
     path = cfg.placement_history_path
-    if path:
-        try:
-            age = now - Path(path).stat().st_mtime
-        except OSError:
-            age = 0.0  # missing: read_history_file says so
-        if age > cfg.placement_history_max_age_s:
-            log_once(seen, f"stale:{path}", "history file %s is stale (%.0f days old): ignored", path, age / 86400)
-        else:
-            try:
-                file_timing: Dict[str, List[Timing]] = {}
-                for sig, act in read_history_file(path, file_timing).items():
-                    out.setdefault((None, sig), []).append(act)
-                if timing is not None:
-                    for sig, timed in file_timing.items():
-                        timing.setdefault((None, sig), []).extend(timed)
-            except ConfigError as exc:
-                log_once(seen, f"bad:{path}", "%s: ignored (jobs without other history are placed by the gate "
-                         "or by memory)", exc.one_line())
-    if not cfg.ctld_db_path.exists():
-        return out
+    if not path:
+        return
+    try:
+        age = now - Path(path).stat().st_mtime
+    except OSError:
+        age = 0.0  # missing: read_history_file says so
+    if age > cfg.placement_history_max_age_s:
+        log_once(seen, f"stale:{path}", "history file %s is stale (%.0f days old): ignored", path,
+                 age / 86400)
+        return
+    try:
+        file_timing: Dict[str, List[Timing]] = {}
+        for sig, act in read_history_file(path, file_timing).items():
+            out.setdefault((None, sig), []).append(act)
+        if timing is not None:
+            for sig, timed in file_timing.items():
+                timing.setdefault((None, sig), []).extend(timed)
+    except ConfigError as exc:
+        log_once(seen, f"bad:{path}", "%s: ignored (jobs without other history are placed by the gate "
+                 "or by memory)", exc.one_line())
+
+
+def _finished_keys(cfg: Config, seen: Optional[Set[str]]) -> Optional[Dict[int, HistoryKey]]:
+    """job id -> ``(uid, signature)`` of the finished jobs recorded in ctld.db (those with both); None (one
+    warning per ``seen`` key) when the database is unreadable."""
     try:
         ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
         try:
@@ -111,10 +109,18 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
                     keys[j["job_id"]] = (j["uid"], sig)
         finally:
             ctld.conn.close()
-    except Exception as exc:  # noqa: BLE001 - a bad database means no history, never a stop
-        log_once(seen, f"db:{cfg.ctld_db_path}", "history database %s unreadable (%s): ignored", cfg.ctld_db_path,
-                 exc)
-        return out
+    except Exception as exc:  # a bad database means no history, never a stop
+        log_once(seen, f"db:{cfg.ctld_db_path}", "history database %s unreadable (%s): ignored",
+                 cfg.ctld_db_path, exc)
+        return None
+    return keys
+
+
+def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: Optional[Set[str]],
+                   out: Dict[HistoryKey, List[Activity]],
+                   timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
+    """Add the alone runs of ``keys``' jobs in every node database to ``out`` (and ``timing``); an unreadable
+    database is skipped with one warning per ``seen`` key."""
     for db_path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         try:
             db = open_readonly(db_path, busy_timeout_s=1.0)
@@ -122,23 +128,56 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
                 runs = store_placement.alone_activity(db, keys, now - cfg.placement_history_max_age_s)
             finally:
                 db.conn.close()
-        except Exception as exc:  # noqa: BLE001 - as above
+        except Exception as exc:  # as above
             log_once(seen, f"db:{db_path}", "history database %s unreadable (%s): ignored", db_path, exc)
             continue
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0))
+                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0,
+                                                                 a["drama"] or 0.0))
                 if timing is not None and a.get("run_s") is not None:
                     timing.setdefault(keys[job_id], []).append((a.get("run_s"), a.get("startup_s")))
+
+
+def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,
+                 now: Optional[float] = None,
+                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
+    """The measured activity of earlier runs that had their GPU alone (ctld.db + every node database), keyed
+    by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are validated
+    again, ``store.placement.finished_jobs``), plus one run per signature of ``placement_history_path`` when
+    set, under uid None (the admin's file, for everyone).
+
+    Args:
+        cfg: ``placement_history_path``, ``placement_history_max_age_s`` (s; older runs, and a history file
+            not modified within it, are stale and skipped), ``ctld_db_path``, ``node_db_dir``.
+        timing: when given, gets the same runs' ``(run_s, startup_s)`` (s) under the same keys.
+        now: the wall clock (epoch s); the current time when None.
+        seen: warning keys already logged (each warning is logged once per key).
+
+    Returns:
+        ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1).
+
+    Never raises on bad input: a corrupt or stale file, or an unreadable database, is skipped with one
+    warning.
+    """
+    now = time.time() if now is None else now
+    out: Dict[HistoryKey, List[Activity]] = {}
+    _read_admin_file(cfg, now, seen, out, timing)
+    if not cfg.ctld_db_path.exists():
+        return out
+    keys = _finished_keys(cfg, seen)
+    if keys is None:
+        return out
+    _read_node_dbs(cfg, keys, now, seen, out, timing)
     return out
 
 
 def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
             timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None) -> share.Profile:
-    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job run by
-    ``uid``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON object is validated first). Activity and timing
-    each come from the first of ``intensity.history_keys(sig, uid)`` that has runs (the user's own, then the
-    admin's file); another user's runs never count. Pure."""
+    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job run
+    by ``uid``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON object is validated first). Activity and
+    timing each come from the first of ``intensity.history_keys(sig, uid)`` that has runs (the user's own,
+    then the admin's file); another user's runs never count. Pure."""
     keys = intensity.history_keys(intensity.signature(coloc), uid)
     act = next((a for a in (intensity.from_history(history.get(k, ())) for k in keys) if a is not None), None)
     timed: Sequence[Timing] = next((t for t in (timing.get(k, ()) for k in keys) if t), ())

@@ -1,4 +1,5 @@
-"""A job's compute intensity before it starts: its signature, its history, and a predictor for unseen programs.
+"""A job's compute intensity before it starts: its signature, its history, and a predictor for unseen
+programs.
 
 Pure. The signature keys history so that it survives small edits of the script: it is built from what the job
 trains (model name and kwargs, input shape, batch size, precision, optimizer, from the ``spec`` that
@@ -47,13 +48,13 @@ def _typed(coloc: Any) -> JobComment:
 
 
 def features(coloc: Any) -> Features:
-    """Features of a job's validated comment (``JobComment``; a coloc JSON object is validated first, and one that
-    breaks the protocol gives no features): ``flops_per_step``/``bytes_per_step`` when present, the spec's batch,
-    precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude proxy (1,000 FLOP
-    per input element forward, x3 for forward + backward; real models range over 100x; 0 for token models, whose
-    input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's trace or the
-    script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The comment's bounds
-    (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite."""
+    """Features of a job's validated comment (``JobComment``; a coloc JSON object is validated first, and one
+    that breaks the protocol gives no features): ``flops_per_step``/``bytes_per_step`` when present, the
+    spec's batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude
+    proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for
+    token models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the
+    estimate's trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The
+    comment's bounds (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite."""
     c = _typed(coloc)
     spec = c.spec
     batch = spec.batch_size if spec else None
@@ -69,16 +70,17 @@ def features(coloc: Any) -> Features:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Predictor coefficients (fractions). SMACT = smact_min + (smact_max - smact_min) * x / (x + x_half_gflop),
-    x = GFLOP per step x precision factor; SMOCC = SMACT x smocc_per_smact; DRAMA = SMACT x drama_per_smact;
-    ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve. ``feature``: the x
-    the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x input-elements proxy); with
-    ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops`` (the median ratio of measured
-    FLOPs to the proxy over the fitted workloads, ``benchmarks/placement_fit.py``). ``share_capacity``: the
-    ``throughput`` policy's sharing capacity (summed SM activity alone at which co-running jobs start to slow each
-    other, ``placement/share.py``), fitted on measured co-runs by ``benchmarks/placement_share_fit.py``
-    (``share_source`` says over which files); ``share_capacity_by_gpu``: the same per GPU model (a key contained in
-    the model name NVML reports, e.g. ``H200``), fitted on that model's runs (``capacity_for``)."""
+    """Predictor coefficients (fractions). SMACT = smact_min + (smact_max - smact_min) * x / (x +
+    x_half_gflop), x = GFLOP per step x precision factor; SMOCC = SMACT x smocc_per_smact; DRAMA = SMACT x
+    drama_per_smact; ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve.
+    ``feature``: the x the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x
+    input-elements proxy); with ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops``
+    (the median ratio of measured FLOPs to the proxy over the fitted workloads,
+    ``benchmarks/placement_fit.py``). ``share_capacity``: the ``throughput`` policy's sharing capacity (summed
+    SM activity alone at which co-running jobs start to slow each other, ``placement/share.py``), fitted on
+    measured co-runs by ``benchmarks/placement_share_fit.py`` (``share_source`` says over which files);
+    ``share_capacity_by_gpu``: the same per GPU model (a key contained in the model name NVML reports, e.g.
+    ``H200``), fitted on that model's runs (``capacity_for``)."""
 
     smact_min: float
     smact_max: float
@@ -98,7 +100,8 @@ class Calibration:
     def capacity_for(self, model: str) -> float:
         """The sharing capacity of a GPU model: the ``share_capacity_by_gpu`` entry whose key the model name
         contains (the longest such key; ``"H200"`` matches ``"NVIDIA H200"``), else ``share_capacity``."""
-        keys = sorted((k for k in self.share_capacity_by_gpu if k and k in (model or "")), key=len, reverse=True)
+        keys = (sorted((k for k in self.share_capacity_by_gpu if k and k in (model or "")), key=len,
+                       reverse=True))
         return self.share_capacity_by_gpu[keys[0]] if keys else self.share_capacity
 
 
@@ -136,8 +139,9 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
             or cal.feature not in ("flops", "proxy") \
             or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())):
-        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, 0 <= smact_min <= "
-                          "smact_max <= 1, proxy_to_flops > 0, feature flops or proxy and 0.1 <= share_capacity <= 10")
+        raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, "
+                          "0 <= smact_min <= smact_max <= 1, proxy_to_flops > 0, feature flops or proxy "
+                          "and 0.1 <= share_capacity <= 10")
     return cal
 
 
@@ -157,12 +161,14 @@ def predict(f: Features, cal: Calibration) -> Activity:
 
 
 HistoryKey = Tuple[Optional[int], str]
-"""``(uid, signature)``: whose alone runs measured a signature; uid None for the admin's ``placement_history_path``."""
+"""``(uid, signature)``: whose alone runs measured a signature; uid None for the admin's
+``placement_history_path``."""
 
 
 def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
-    """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own runs
-    ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs never count."""
+    """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own
+    runs ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs
+    never count."""
     if not sig:
         return ()
     return ((uid, sig), (None, sig)) if uid is not None else ((None, sig),)
@@ -173,7 +179,8 @@ def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
     if not runs:
         return None
     n = len(runs)
-    return Activity(sum(r.smact for r in runs) / n, sum(r.smocc for r in runs) / n, sum(r.drama for r in runs) / n)
+    return (Activity(sum(r.smact for r in runs) / n, sum(r.smocc for r in runs) / n,
+                     sum(r.drama for r in runs) / n))
 
 
 def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
@@ -182,6 +189,17 @@ def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Ca
 
     History is per user: only runs of the job's own ``uid`` count, then the admin's file (uid None); another
     user's runs never steer this job (a user could otherwise forge a signature's history for everyone).
+
+    Args:
+        coloc: the job's ``comment.JobComment`` or its coloc JSON object (validated first): signature,
+            FLOPs and bytes per step.
+        history: ``(uid, signature)`` -> runs alone (``history.read_history``).
+        cal: the intensity calibration (prediction from FLOPs when there is no history).
+        uid: the uid Slurm runs the job as.
+
+    Returns:
+        ``(activity, source)``: SM activity, SM occupancy and DRAM activity as fractions 0..1, and
+        ``history`` or ``predicted``.
     """
     c = _typed(coloc)
     for key in history_keys(c.signature(), uid):

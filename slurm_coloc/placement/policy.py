@@ -4,8 +4,9 @@ The gate is CARMA's: a GPU is saturated when SMACT >= ``smact`` and (SMOCC >= ``
 (fractions 0..1; defaults 0.8 / 0.45 / 0.4 in ``Config``). Activity of jobs sharing a GPU through MPS is taken
 as additive (each fraction capped at 1.0): the prediction for a GPU with a candidate is its measured live
 activity plus the predicted activity of tenants placed too recently to show in the samples plus the
-candidate's. A GPU with no tenant takes any job whose memory fits (nobody to slow down). A GPU whose live state is
-missing or older than the configured age is judged by memory alone, so stale monitoring never blocks the cluster.
+candidate's. A GPU with no tenant takes any job whose memory fits (nobody to slow down). A GPU whose live
+state is missing or older than the configured age is judged by memory alone, so stale monitoring never blocks
+the cluster.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class GpuState:
     """One GPU as the placer sees it.
 
     Attributes:
-        node, index: Slurm node name and GPU index on it (gres.conf order = IDX = the sampler's ``gpu_index``).
+        node, index: Slurm node name and GPU index on it (gres.conf order = IDX = the sampler's
+            ``gpu_index``).
         shards_total, shards_used: shards of this GPU and shards held by running/steered jobs (Slurm's view).
         tenants: jobs holding shards of this GPU.
         live: mean measured activity over the live window, or None when missing.
@@ -102,17 +104,48 @@ def fresh(gpu: GpuState, max_age_s: float) -> bool:
     return gpu.live is not None and gpu.live_age_s is not None and 0 <= gpu.live_age_s <= max_age_s
 
 
+# (sort key, GPU, basis, predicted activity): one GPU that qualifies, as choose_gpu ranks it
+_Option = Tuple[Tuple, GpuState, str, Optional[Activity]]
+
+
+def _option(g: GpuState, demand: Activity, gate: Gate, mode: str, max_age_s: float,
+            blocked: List[str]) -> Optional[_Option]:
+    """Rules (2)-(4) of :func:`choose_gpu` for one GPU with room: its ranking, or None (the reason appended to
+    ``blocked``) when it would be saturated."""
+    if g.tenants == 0 and g.shards_used == 0:
+        pred = (g.live or Activity()) + demand if fresh(g, max_age_s) else demand
+        basis = "empty-gpu"
+    elif fresh(g, max_age_s):
+        assert g.live is not None
+        pred = g.live + g.recent + demand
+        if gate.saturated(g.live) or gate.saturated(pred):
+            why = "saturated now" if gate.saturated(g.live) else "would saturate"
+            blocked.append(f"{g.node}/gpu{g.index} {why} ({_fmt(pred)})")
+            return None
+        basis = "utilization"
+    else:
+        pred, basis = None, "memory-only"
+    load = pred.smact if pred is not None else 0.0
+    rank_basis = 1 if basis == "memory-only" else 0
+    if mode == "spread":
+        key: Tuple = (rank_basis, round(load, 3), g.tenants, -g.shards_free, g.node, g.index)
+    else:
+        key = (rank_basis, -round(load, 3), -g.tenants, g.shards_free, g.node, g.index)
+    return key, g, basis, pred
+
+
 def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Gate, mode: str = "spread",
                max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job of ``shards`` shards and predicted activity ``demand``.
 
-    Rules, in order: (1) the job's shards must fit in the GPU's free shards; (2) a GPU with no tenant qualifies;
-    (3) a GPU with fresh live state qualifies if live + recent + demand is not saturated, and its live state
-    alone is not saturated (the guard: a GPU that stays saturated takes no new tenant); (4) a GPU with stale or
-    missing state qualifies on memory alone. Among qualifying GPUs: ``spread`` takes the least loaded (lowest
-    predicted SMACT, then fewest tenants, then most free shards, then node/index); ``consolidate`` the most
-    loaded that qualifies (highest predicted SMACT, then fewest free shards). Utilization-checked and empty GPUs
-    are preferred to memory-only ones in ``spread`` so stale nodes do not attract every job.
+    Rules, in order: (1) the job's shards must fit in the GPU's free shards; (2) a GPU with no tenant
+    qualifies; (3) a GPU with fresh live state qualifies if live + recent + demand is not saturated, and its
+    live state alone is not saturated (the guard: a GPU that stays saturated takes no new tenant); (4) a GPU
+    with stale or missing state qualifies on memory alone. Among qualifying GPUs: ``spread`` takes the least
+    loaded (lowest predicted SMACT, then fewest tenants, then most free shards, then node/index);
+    ``consolidate`` the most loaded that qualifies (highest predicted SMACT, then fewest free shards).
+    Utilization-checked and empty GPUs are preferred to memory-only ones in ``spread`` so stale nodes do not
+    attract every job.
 
     Args:
         gpus: every GPU the job may use.
@@ -136,29 +169,12 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
     if not fits:
         most = max((g.shards_free for g in gpus), default=0)
         return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
-    options: List[Tuple[Tuple, GpuState, str, Optional[Activity]]] = []
+    options: List[_Option] = []
     blocked: List[str] = []
     for g in fits:
-        if g.tenants == 0 and g.shards_used == 0:
-            pred = (g.live or Activity()) + demand if fresh(g, max_age_s) else demand
-            basis = "empty-gpu"
-        elif fresh(g, max_age_s):
-            assert g.live is not None
-            pred = g.live + g.recent + demand
-            if gate.saturated(g.live) or gate.saturated(pred):
-                why = "saturated now" if gate.saturated(g.live) else "would saturate"
-                blocked.append(f"{g.node}/gpu{g.index} {why} ({_fmt(pred)})")
-                continue
-            basis = "utilization"
-        else:
-            pred, basis = None, "memory-only"
-        load = pred.smact if pred is not None else 0.0
-        rank_basis = 1 if basis == "memory-only" else 0
-        if mode == "spread":
-            key: Tuple = (rank_basis, round(load, 3), g.tenants, -g.shards_free, g.node, g.index)
-        else:
-            key = (rank_basis, -round(load, 3), -g.tenants, g.shards_free, g.node, g.index)
-        options.append((key, g, basis, pred))
+        option = _option(g, demand, gate, mode, max_age_s, blocked)
+        if option is not None:
+            options.append(option)
     if not options:
         return Decision(None, None, "every GPU with room is saturated: " + "; ".join(blocked[:4]))
     options.sort(key=lambda o: o[0])
@@ -168,5 +184,6 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
 
 
 def saturated_gpus(gpus: Sequence[GpuState], gate: Gate, max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose fresh live state is saturated (the guard's view, for logs and reports)."""
+    """``(node, index)`` of GPUs whose fresh live state is saturated (the guard's view, for logs and
+    reports)."""
     return [g.key for g in gpus if fresh(g, max_age_s) and g.live is not None and gate.saturated(g.live)]

@@ -1,5 +1,5 @@
-"""One coloc-placer round's decisions, job by job: what the placer keeps between rounds (``PlacerState``), and a
-``Round`` that orders the held jobs, decides a GPU for each (``policy.choose_gpu`` for ``gate``,
+"""One coloc-placer round's decisions, job by job: what the placer keeps between rounds (``PlacerState``), and
+a ``Round`` that orders the held jobs, decides a GPU for each (``policy.choose_gpu`` for ``gate``,
 ``share.choose_gpu_bounded`` for ``throughput``) and steers it, notes its wait, or releases it by memory once
 ``placement_max_wait_s`` has passed. The loop around it (Slurm's queue, live state, history) is ``daemon.py``.
 """
@@ -35,8 +35,8 @@ class Steered:
 @dataclass
 class PlacerState:
     """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
-    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines already
-    logged (each is logged once)."""
+    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines
+    already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
@@ -73,28 +73,31 @@ class Round:
             log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
         silent = share.silent_gpus(self.gpus, max_age)
         if silent:
-            log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent), "sampler silent (no "
-                     "state within %g s) on %s: jobs without measured history go there by memory only, within the "
-                     "bound for the jobs already there", max_age, ", ".join(f"{n}/gpu{i}" for n, i in silent))
+            log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent),
+                     "sampler silent (no state within %g s) on %s: jobs without measured history go there "
+                     "by memory only, within the bound for the jobs already there", max_age,
+                     ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
     def tenant_data(self, j: JobInfo) -> Tuple[share.Profile, float]:
-        """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a warning)."""
+        """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a
+        warning)."""
         try:
             c = JobComment.read(j.comment, j.job_id)
             return profile(c, self.state.history, self.state.timing, j.uid), \
                 intensity.demand(c, self.state.history, self.cal, j.uid)[0].smact
-        except Exception as exc:  # noqa: BLE001 - one running job's data never stops a round
+        except Exception as exc:  # one running job's data never stops a round
             log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
             return share.Profile(None), self.cal.unknown.smact
 
     def ordered(self, candidates: Sequence[JobInfo]) -> List[JobInfo]:
-        """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half of
-        ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work."""
+        """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half
+        of ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work."""
         rows = []
         for j in candidates:
             try:
-                prof = profile(JobComment.read(j.comment, j.job_id), self.state.history, self.state.timing, j.uid)
-            except Exception:  # noqa: BLE001 - its own decision reports the comment; here it is only unknown
+                prof = (profile(JobComment.read(j.comment, j.job_id), self.state.history, self.state.timing,
+                                j.uid))
+            except Exception:  # its own decision reports the comment; here it is only unknown
                 prof = share.Profile(None)
             rows.append((j.job_id, j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, prof))
         by_id = {j.job_id: j for j in candidates}
@@ -110,12 +113,13 @@ class Round:
             return (choose_gpu(self.gpus, shards, demand, self.gate, cfg.placement_mode,
                                cfg.placement_state_max_age_s), demand, source, prof)
         if not coloc.signature() and coloc.flops_per_step is None:
-            log_once(self.state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by "
-                     "memory", job.job_id)
+            log_once(self.state.logged, f"nodata:{job.job_id}",
+                     "job %d has no signature and no FLOPs: placed by memory", job.job_id)
             room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.unknown.smact,
                                       cfg.placement_max_slowdown, self.now)
             d = share.memory_only(room, shards)
-            if not d.placed and any(g.shards_free >= shards for g in self.gpus):  # room, but not within the bound
+            # room, but not within the bound
+            if not d.placed and any(g.shards_free >= shards for g in self.gpus):
                 d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
                                          f"unknown activity (SMACT {self.cal.unknown.smact:.2f})")
             return d, demand, "no signature or FLOPs", prof
@@ -125,7 +129,8 @@ class Round:
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
-        ``placement_max_wait_s``), or note why it waits. Never raises: an error is one warning and one count."""
+        ``placement_max_wait_s``), or note why it waits. Never raises: an error is one warning and one
+        count."""
         cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
         try:
             decision, demand, source, prof = self.decide(job, shards)
@@ -133,7 +138,8 @@ class Round:
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
-                self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, self.now,
+                self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand,
+                                                         self.now,
                                                          prof)
                 self._add(decision, shards, demand, prof)
                 counts["placed"] += 1
@@ -147,10 +153,11 @@ class Round:
             else:
                 counts["waiting"] += 1
                 if self.state.notes.get(job.job_id) != decision.reason:
-                    self.state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses
+                    # tried once per reason, even if Slurm refuses
+                    self.state.notes[job.job_id] = decision.reason
                     log.info("job %d waits: %s", job.job_id, decision.reason)
                     sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
-        except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
+        except Exception as exc:  # one job's error never stops the round (N3)
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
 

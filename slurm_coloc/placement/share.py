@@ -1,20 +1,21 @@
 """The ``throughput`` placement policy: pack GPUs as far as a per-job slowdown bound allows. Pure.
 
 Model (processor sharing, fitted on measured co-runs): while jobs compute together on one GPU under MPS, each
-progresses at ``min(1, capacity / L)`` of its speed alone, where ``L`` is the sum of their SM activities *alone*
-(fractions, GPM SMACT measured by the sampler while each ran alone) and ``capacity`` is fitted on measured piles
-(``benchmarks/placement_share_fit.py`` over ``benchmarks/device/results/h100-placement2/``; the fitted value and
-its error are in ``calibration.json`` and docs/benchmarks.md). So the slowdown of every job computing on the GPU
-is ``max(1, L / capacity)``; a job's start-up (Slurm to its first step: imports, CUDA and model set-up) leaves
-the GPU to the others. The model does not call a GPU full at SMACT 0.8 or 1.0: a GPU takes jobs until the
-predicted slowdown reaches the bound, so a site trades latency (bound 1.2) for throughput (bound 3).
+progresses at ``min(1, capacity / L)`` of its speed alone, where ``L`` is the sum of their SM activities
+*alone* (fractions, GPM SMACT measured by the sampler while each ran alone) and ``capacity`` is fitted on
+measured piles (``benchmarks/placement_share_fit.py`` over ``benchmarks/device/results/h100-placement2/``; the
+fitted value and its error are in ``calibration.json`` and docs/benchmarks.md). So the slowdown of every job
+computing on the GPU is ``max(1, L / capacity)``; a job's start-up (Slurm to its first step: imports, CUDA and
+model set-up) leaves the GPU to the others. The model does not call a GPU full at SMACT 0.8 or 1.0: a GPU
+takes jobs until the predicted slowdown reaches the bound, so a site trades latency (bound 1.2) for throughput
+(bound 3).
 
 A job that starts now begins computing after its start-up, so a tenant predicted to end before then does not
-count against it: its room is used in the same round in which it is freed, not after it has ended (no idle gap).
-A tenant never measured alone counts with its predicted activity (``Tenant.predicted``: the calibrated predictor
-of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A candidate never
-measured alone is judged by the saturation gate (``policy.choose_gpu``: live state, or memory where the sampler is
-silent).
+count against it: its room is used in the same round in which it is freed, not after it has ended (no idle
+gap). A tenant never measured alone counts with its predicted activity (``Tenant.predicted``: the calibrated
+predictor of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A
+candidate never measured alone is judged by the saturation gate (``policy.choose_gpu``: live state, or memory
+where the sampler is silent).
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class Profile:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering) and its
-    predicted SM activity alone (fraction; used where the profile has no measured one)."""
+    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering) and
+    its predicted SM activity alone (fraction; used where the profile has no measured one)."""
 
     profile: Profile
     start_ts: float
@@ -65,10 +66,11 @@ def slowdown(load: float, capacity: float) -> float:
 
 def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[float]]:
     """When each tenant is predicted to end (Unix s; None: run time not known, it never ends in the model), by
-    playing the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone, and
-    while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` every one progresses at
-    ``capacity / L``. Tenants that already left are not replayed (their load in the past is unknown here), so an
-    end can come out early; ``load_at_start`` keeps counting a tenant past its predicted end. Pure, O(n^2)."""
+    playing the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone,
+    and while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` every one progresses at
+    ``capacity / L``. Tenants that already left are not replayed (their load in the past is unknown here), so
+    an end can come out early; ``load_at_start`` keeps counting a tenant past its predicted end. Pure,
+    O(n^2)."""
     begin = [t.start_ts + (t.profile.startup_s or 0.0) for t in tenants]
     left = [t.profile.work_s for t in tenants]
     ends: List[Optional[float]] = [None] * len(tenants)
@@ -93,17 +95,17 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
 
 END_SLACK = 0.1
 """A tenant counts as gone only when predicted to end this fraction of its work alone before the job computes:
-``predicted_ends`` cannot replay tenants that already left, so it overestimates the past progress of those that
-shared with them. In ``benchmarks/placement_sim.py`` (pile and pile + stream, H100 and H200 profiles, bound 2)
-the instantaneous slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more makespan
-(docs/benchmarks.md)."""
+``predicted_ends`` cannot replay tenants that already left, so it overestimates the past progress of those
+that shared with them. In ``benchmarks/placement_sim.py`` (pile and pile + stream, H100 and H200 profiles,
+bound 2) the instantaneous slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more
+makespan (docs/benchmarks.md)."""
 
 
 def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> float:
-    """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now`` with
-    ``startup_s`` of start-up begins: a tenant predicted (``predicted_ends``) to end in ``(now, now + startup_s]``
-    with ``END_SLACK`` x its work alone to spare is left out; one past its predicted end (it overran) or of unknown
-    run time counts."""
+    """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now``
+    with ``startup_s`` of start-up begins: a tenant predicted (``predicted_ends``) to end in ``(now, now +
+    startup_s]`` with ``END_SLACK`` x its work alone to spare is left out; one past its predicted end (it
+    overran) or of unknown run time counts."""
     total = 0.0
     for t, end in zip(tenants, predicted_ends(tenants, capacity)):
         if end is not None and now < end and end + END_SLACK * (t.profile.work_s or 0.0) <= now + startup_s:
@@ -122,12 +124,13 @@ def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, n
 def _judge(g: GpuState, ts: Sequence[Tenant], shards: int, job: Profile, demand: Activity, gate: Gate,
            capacity: float, max_slowdown: float, now: float,
            max_age_s: float) -> Tuple[Optional[Tuple], str, Optional[Activity], str]:
-    """One GPU for ``choose_gpu_bounded``: (sort key or None when it does not qualify, basis, predicted activity,
-    detail or the reason it does not qualify)."""
+    """One GPU for ``choose_gpu_bounded``: (sort key or None when it does not qualify, basis, predicted
+    activity, detail or the reason it does not qualify)."""
     smact = job.smact if job.smact is not None else demand.smact
     pred = bounded_slowdown(ts, capacity, smact, now, job.startup_s or 0.0)
     if g.tenants == 0 and g.shards_used == 0:
-        return (0, pred, 0, -g.shards_free, g.node, g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
+        return (0, pred, 0, -g.shards_free, g.node,
+                g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
     guarded = job.smact is not None or any(t.profile.smact is not None for t in ts)
     if guarded and pred > max_slowdown:  # live state or none: never past the bound of a measured job
         why = "" if job.smact is not None else " (predicted activity)"
@@ -146,27 +149,29 @@ def _judge(g: GpuState, ts: Sequence[Tenant], shards: int, job: Profile, demand:
     return (rank, load_g, g.tenants, -g.shards_free, g.node, g.index), d.basis, d.predicted, detail
 
 
-def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int, job: Profile,
+def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int,
+                       job: Profile,
                        demand: Activity, gate: Gate, capacity: Union[float, Callable[[str], float]],
                        max_slowdown: float, now: float, max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound.
 
-    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the model comes first, live
-    state or not, wherever the job or a tenant was measured alone: the job's SM activity alone (measured, else its
-    prediction ``demand.smact``) plus ``load_at_start`` of the tenants (never measured: their prediction) must keep
-    ``slowdown <= max_slowdown``, so a silent sampler never lets a GPU of measured jobs be packed past the bound
-    (where nobody was measured, predictions alone never hold a job: the gate or memory decides, as before history
-    exists). Then a job measured alone qualifies
+    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the model comes first,
+    live state or not, wherever the job or a tenant was measured alone: the job's SM activity alone (measured,
+    else its prediction ``demand.smact``) plus ``load_at_start`` of the tenants (never measured: their
+    prediction) must keep ``slowdown <= max_slowdown``, so a silent sampler never lets a GPU of measured jobs
+    be packed past the bound (where nobody was measured, predictions alone never hold a job: the gate or
+    memory decides, as before history exists). Then a job measured alone qualifies
     (``slowdown-model``); a job never measured also needs the gate (``policy.choose_gpu``: ``utilization``, or
     ``memory-only`` where the live state is stale). Among those that qualify, modelled and empty GPUs before
-    gate-judged ones, gate-judged before memory-only ones; then the lowest predicted slowdown (spreads across GPUs
-    and nodes), fewest tenants, most free shards, node, index.
+    gate-judged ones, gate-judged before memory-only ones; then the lowest predicted slowdown (spreads across
+    GPUs and nodes), fewest tenants, most free shards, node, index.
 
     Args:
         gpus, tenants: every GPU the job may use and, index for index, the jobs holding it.
         shards: the job's shard request (>= 1); job: its profile; demand: its predicted activity.
         capacity: the model's fitted capacity (summed SMACT alone), or a function of the GPU's model name
-            (``GpuState.model``) giving it (``intensity.Calibration.capacity_for``); max_slowdown: the bound (>= 1).
+            (``GpuState.model``) giving it (``intensity.Calibration.capacity_for``); max_slowdown: the bound
+            (>= 1).
         now: Unix s; max_age_s: live state older than this is stale (gate only).
 
     Returns:
@@ -178,13 +183,15 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     """
     cap_of = capacity if callable(capacity) else (lambda _model, c=float(capacity): c)
     if shards < 1 or len(tenants) != len(gpus) or max_slowdown < 1 or any(cap_of(g.model) <= 0 for g in gpus):
-        raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, bound >= 1")
+        raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, "
+                         "bound >= 1")
     options: List[Tuple[Tuple, GpuState, str, Optional[Activity], str]] = []
     blocked: List[str] = []
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
-        key, basis, predicted, why = _judge(g, ts, shards, job, demand, gate, cap_of(g.model), max_slowdown, now,
+        key, basis, predicted, why = _judge(g, ts, shards, job, demand, gate, cap_of(g.model), max_slowdown,
+                                            now,
                                             max_age_s)
         if key is None:
             blocked.append(why)
@@ -202,8 +209,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
 
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
-    """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free shards
-    (spreads), node, index; not placed when none has room."""
+    """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free
+    shards (spreads), node, index; not placed when none has room."""
     fits = sorted((g for g in gpus if g.shards_free >= shards),
                   key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
     if not fits:
@@ -219,11 +226,12 @@ def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, i
 
 
 def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
-                 capacity: Callable[[str], float], smact: float, max_slowdown: float, now: float) -> List[GpuState]:
+                 capacity: Callable[[str], float], smact: float, max_slowdown: float,
+                 now: float) -> List[GpuState]:
     """The GPUs of ``gpus`` (``tenants`` index for index) that an unprofiled job counted at SM activity alone
-    ``smact`` (the calibration's ``unknown``) leaves within the bound: those without a tenant measured alone, and
-    those whose ``bounded_slowdown`` (no start-up credit) stays <= ``max_slowdown``. Memory-only placement picks
-    among these, so a job without data never pushes measured tenants past the bound."""
+    ``smact`` (the calibration's ``unknown``) leaves within the bound: those without a tenant measured alone,
+    and those whose ``bounded_slowdown`` (no start-up credit) stays <= ``max_slowdown``. Memory-only placement
+    picks among these, so a job without data never pushes measured tenants past the bound."""
     return [g for g, ts in zip(gpus, tenants)
             if all(t.profile.smact is None for t in ts)
             or bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
@@ -237,12 +245,12 @@ def gpu_work(job: Profile) -> Optional[float]:
 
 
 def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s: float) -> List[int]:
-    """The order in which a round offers held jobs a GPU: least GPU work first (``gpu_work``; SJF on the shared
-    resource, which lowers the mean completion time), within fairness.
+    """The order in which a round offers held jobs a GPU: least GPU work first (``gpu_work``; SJF on the
+    shared resource, which lowers the mean completion time), within fairness.
 
     Args:
-        jobs: ``(job_id, submit_ts, profile)`` per held job; a job whose ``gpu_work`` is not known counts as the
-            median of the known ones (neither first nor last).
+        jobs: ``(job_id, submit_ts, profile)`` per held job; a job whose ``gpu_work`` is not known counts as
+            the median of the known ones (neither first nor last).
         now: Unix s; age_s: a job waiting longer than this goes first, oldest first (the daemon passes half of
             ``placement_max_wait_s``: no job is kept back by shorter ones until its memory-only release).
 
@@ -253,5 +261,6 @@ def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age
     known = sorted(w for w in work.values() if w is not None)
     median = known[len(known) // 2] if known else 0.0
     aged = sorted((ts, i) for i, ts, _ in jobs if now - ts > age_s)
-    rest = sorted((w if (w := work[i]) is not None else median, ts, i) for i, ts, _ in jobs if now - ts <= age_s)
+    rest = (sorted((w if (w := work[i]) is not None else median, ts, i) for i, ts, _ in jobs
+                   if now - ts <= age_s))
     return [i for _, i in aged] + [i for _, _, i in rest]

@@ -1,8 +1,9 @@
 """Turning coloc-sbatch's sbatch argv into a submission for coloc-placer. Pure.
 
 The placer can steer only a held job without GRES (docs/design.md, "Placement mechanism"), so a shared job's
-``--gres=shard:N`` is dropped, ``--hold`` added, and ``"place": true`` put into its coloc comment (``shards`` is
-already there). Whole-GPU and multi-GPU submissions are returned unchanged: the placer leaves them to Slurm.
+``--gres=shard:N`` is dropped, ``--hold`` added, and ``"place": true`` put into its coloc comment (``shards``
+is already there). Whole-GPU and multi-GPU submissions are returned unchanged: the placer leaves them to
+Slurm.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ _SHARD = re.compile(r"^shard:(\d+)$")
 
 
 def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
-    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is not
-    a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no valid coloc comment of mode ``shard``
-    follows it: ``comment.JobComment.read``; the rewritten comment holds its validated fields, ``to_json``).
+    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is
+    not a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no valid coloc comment of mode
+    ``shard`` follows it: ``comment.JobComment.read``; the rewritten comment holds its validated fields,
+    ``to_json``).
 
-    coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the user's
-    GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are coloc-sbatch's;
-    the script's own arguments after them are never touched.
+    coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the
+    user's GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are
+    coloc-sbatch's; the script's own arguments after them are never touched.
     ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}", "job.sh"]`` ->
     ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
     """

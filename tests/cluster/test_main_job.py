@@ -72,7 +72,8 @@ def test_digits_example_end_to_end(slurm_cluster: Cluster):
     assert view["state"] == "COMPLETED" and view["shards"] == shards and view["exit_code"] == 0
     assert view["estimate_mib"] == comment["mem_mib"] and view["runtime_s"] is not None
     shown = slurm_cluster.scontrol("show", "job", "-o", str(job_id))
-    assert f'AdminComment={{"coloc":{{"mode":"shard","shards":{shards},"est_mib":{comment["mem_mib"]}' in shown
+    assert (f'AdminComment={{"coloc":{{"mode":"shard","shards":{shards},'
+            f'"est_mib":{comment["mem_mib"]}' in shown)
     table = slurm_cluster.run(["coloc-report"], user=None).stdout
     assert str(job_id) in table and "COMPLETED" in table
 
@@ -87,7 +88,8 @@ def test_shard_jobs_share_a_gpu_whole_gpu_does_not(slurm_cluster: Cluster):
     # (name, count, GPU indices) from either version's gres_detail: shard:2(IDX:0) / shard:2(2/80,0/80)
     idx = {j: [(name, sum(per.values()), sorted(per)) for name, _, per in
                gres_detail_counts(slurm_cluster.job(j)["gres_detail"])] for j in (a, b, whole)}
-    assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])], [("shard", 2, [1])]), idx  # --coloc-mem is exact
+    # --coloc-mem is exact
+    assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])], [("shard", 2, [1])]), idx
     assert idx[whole][0][:2] == ("shard", 80) and idx[whole][0][2] != idx[a][0][2], idx
     # a second whole-GPU job cannot start on n2: one GPU is whole-taken, the other has shard tenants
     waiting = submit(slurm_cluster, "--exclusive-gpu", str(small))

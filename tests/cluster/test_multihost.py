@@ -247,7 +247,8 @@ def test_oom_on_shards_reruns_once_on_a_whole_gpu_on_a_node_without_sampler(site
     assert _wait(ctl, job_id)["JobState"] == "FAILED"
     deadline, retry = time.time() + 120, None
     while retry is None and time.time() < deadline:
-        found = ctl.run(f"squeue -h --states=all -o '%i %k' | grep 'oom-retry-of-{job_id}' || true").stdout.split()
+        found = ctl.run(f"squeue -h --states=all -o '%i %k' | grep 'oom-retry-of-{job_id}' "
+                        "|| true").stdout.split()
         retry = int(found[0]) if found else None
         time.sleep(1)
     assert retry is not None, ctl.run("tail -5 /var/log/slurm-coloc/hooks.log", check=False).stdout

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 USER = "colocuser"
 SHA = "0123456789abcdef" * 4
-OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity "
             "of 79.18 GiB")
 SLEEPER = f"#!/bin/bash\necho '{OOM_LINE}' >&2\nsleep 600\n"
 PLAIN_FAIL = "#!/bin/bash\necho 'ValueError: bad config' >&2\nexit 1\n"
@@ -89,8 +90,8 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
     # default need and complete); coloc-sbatch carries the arguments in the comment's argv, the rerun's only
     # source on 24.11: "again" carries them as coloc-sbatch writes them. 22.05 (command) and 26.05
     # (submit_line) keep them: plain sbatch there.
-    again_comment = [f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,"sha256":"{SHA[::-1]}",'
-                     f'"argv":["200"]}}'] if c.version == "24.11" else []
+    again_comment = [f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,'
+                     f'"sha256":"{SHA[::-1]}","argv":["200"]}}'] if c.version == "24.11" else []
     ids = {
         "oom": _sbatch(c, work,
                        ["-J", "oom-once", "--gres=shard:4", "-t", "10", "-o", "once.out", "-e", "once.err",

@@ -25,7 +25,9 @@ from tests.slurm_cluster import Cluster
 pytestmark = pytest.mark.slurm
 USER = "colocuser"
 JOB = """#!/bin/bash
-if [ "${{SLURM_SHARDS_ON_NODE:-0}}" -ge 80 ]; then echo "{name}: rerun done on $SLURM_SHARDS_ON_NODE shards"; exit 0; fi
+if [ "${{SLURM_SHARDS_ON_NODE:-0}}" -ge 80 ]; then
+    echo "{name}: rerun done on $SLURM_SHARDS_ON_NODE shards"; exit 0
+fi
 for i in $(seq 600); do [ -e "$1" ] && break; sleep 0.2; done
 echo '{message}' >&2
 exit 1

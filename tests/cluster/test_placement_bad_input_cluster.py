@@ -79,9 +79,8 @@ def two_tenants_rest_full(cl: Cluster) -> List[int]:
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt"])
-def test_missing_or_corrupt_history_file_places_by_memory_with_one_line(cl: Cluster, tmp_path: Path,
-                                                                        kind: str,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_or_corrupt_history_file_places_by_memory_with_one_line(
+        cl: Cluster, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "history.json"
     if kind == "corrupt":
         path.write_text('{"signatures": {"' + SIG + '": {"smact": 0.9,')
@@ -147,8 +146,8 @@ def test_silent_sampler_gpu_takes_jobs_by_memory_with_one_line(cl: Cluster,
     assert lines(caplog, "sampler silent") == 1 and lines(caplog, "n1/gpu1 (memory-only)") == 2
 
 
-def test_job_without_flops_or_signature_is_placed_by_memory_with_one_line(cl: Cluster,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_job_without_flops_or_signature_is_placed_by_memory_with_one_line(
+        cl: Cluster, caplog: pytest.LogCaptureFixture) -> None:
     tenant = submit(cl, place=False, sha=None)
     cl.wait_state(tenant, ("RUNNING",), 40)
     occupy(cl, [("n1", 1), ("n2", 0), ("n2", 1)])

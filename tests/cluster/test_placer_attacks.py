@@ -78,9 +78,9 @@ def test_words_in_a_comment_never_become_options_of_roots_scontrol(cl: Cluster) 
         assert rec["partition"] == before[job]["partition"] and rec["time_limit"] == before[job]["time_limit"]
         assert not rec.get("required_nodes") and rec["priority"] == before[job]["priority"]
         assert rec["comment"].startswith("coloc-wait:no GPU has 200 free shards")
-        assert rec["comment"].split("|", 1)[1] == text.split("|",
-                                                             1)[1] + ' coloc:{"place":true,"shards":200}' \
-            if text.startswith("coloc-wait:") else rec["comment"].endswith(text + ' coloc:{"place":true,"shards":200}')
+        tail = ' coloc:{"place":true,"shards":200}'
+        assert rec["comment"].split("|", 1)[1] == text.split("|", 1)[1] + tail \
+            if text.startswith("coloc-wait:") else rec["comment"].endswith(text + tail)
 
 
 def test_a_flood_of_held_jobs_does_not_starve_a_later_users_job(cl: Cluster) -> None:  # noqa: F811

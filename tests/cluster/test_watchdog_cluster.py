@@ -128,7 +128,8 @@ def _escaped_sleep(uid: int, claim: int, timeout_s: float = 20.0) -> int:
     while time.time() < deadline:
         for p in Path("/proc").iterdir():
             try:
-                if p.name.isdigit() and (p / "cmdline").read_bytes() == b"sleep\x00120\x00" and p.stat().st_uid == uid \
+                if p.name.isdigit() and (p / "cmdline").read_bytes() == b"sleep\x00120\x00" \
+                        and p.stat().st_uid == uid \
                         and f"SLURM_JOB_ID={claim}\0".encode() in (p / "environ").read_bytes():
                     return int(p.name)
             except OSError:
@@ -137,10 +138,8 @@ def _escaped_sleep(uid: int, claim: int, timeout_s: float = 20.0) -> int:
     raise TimeoutError("no escaped sleep")
 
 
-def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(cluster: Cluster,
-                                                                                  tmp_path: Path,
-                                                                                   monkeypatch: pytest.MonkeyPatch
-                                                                                   ) -> None:
+def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 31, N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init),
     claims colocuser's job in its environment and sits in ``.../user@2002.service/app.slice/job_<victim>`` (a
     cgroup its systemd user manager lets it create; made here by root on this host's cgroup v2 hierarchy,

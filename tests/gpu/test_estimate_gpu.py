@@ -45,7 +45,8 @@ CHILD = textwrap.dedent("""
         with torch.autocast("cuda", dtype=dt, enabled=amp):
             out = model(x)
             out = out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
-            loss = torch.nn.functional.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long, device=dev))
+            target = torch.zeros(out.shape[0], dtype=torch.long, device=dev)
+            loss = torch.nn.functional.cross_entropy(out, target)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

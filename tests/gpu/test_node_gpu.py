@@ -129,7 +129,8 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     owners = {9101: 0, 9102: 2101}
     sampler = Sampler(dataclasses.replace(gpu_cfg, sampler_batch_s=1.0), "gpu1", rec, db_path=db_path,
                       interval_s=0.5, attributor=JobAttributor(job_uid=owners.get,
-                                                  uid_jobs=lambda uid: [j for j, u in owners.items() if u == uid]))
+                                                  uid_jobs=lambda uid: [j for j, u in owners.items()
+                                                                        if u == uid]))
     th = threading.Thread(target=sampler.run, kwargs={"duration_s": 60}, daemon=True)
     th.start()
     time.sleep(1.5)

@@ -57,6 +57,7 @@ def test_a_failed_prolog_slurmctld_still_records_the_job_and_never_the_comments_
                      1795515829.0, 9.0)
     db = open_ctld_db(tmp_path / "ctld.db")
     recordset.apply_ops(db, json.loads(json.dumps(ops)))
-    row = db.execute("SELECT user_name, uid, job_name, shards_req, estimate_mib FROM jobs WHERE job_id = 19").fetchone()
+    row = db.execute("SELECT user_name, uid, job_name, shards_req, estimate_mib FROM jobs "
+                     "WHERE job_id = 19").fetchone()
     assert row[:4] == ("colocuser", 2001, "wrap", None), row
     assert row[4] in (None, 1500, 81920), row

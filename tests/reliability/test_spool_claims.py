@@ -59,7 +59,8 @@ def test_the_same_ops_applied_twice_leave_one_row(tmp_path: Path) -> None:
     recordset.apply_ops(ctld, end)
     recordset.apply_ops(ctld, end)
     assert ctld.execute("SELECT count(*) FROM events WHERE job_id = 87").fetchone()[0] == 1
-    assert ctld.execute("SELECT count(*) FROM jobs WHERE job_id = 87 AND end_ts IS NOT NULL").fetchone()[0] == 1
+    assert ctld.execute("SELECT count(*) FROM jobs WHERE job_id = 87 "
+                        "AND end_ts IS NOT NULL").fetchone()[0] == 1
 
 
 def test_claim_names_parse() -> None:

@@ -173,7 +173,8 @@ def fault_extra(fc: FaultCluster, **extra: object) -> Iterator[None]:
 
 
 FAKE_NVML_C = r"""
-/* INJECTED FAULT: a libnvidia-ml.so.1 whose init fails (NVML_ERROR_UNKNOWN) or, with -DHANG, never returns. */
+/* INJECTED FAULT: a libnvidia-ml.so.1 whose init fails (NVML_ERROR_UNKNOWN) or, with -DHANG, never
+   returns. */
 #include <unistd.h>
 static int fault(void) {
 #ifdef HANG

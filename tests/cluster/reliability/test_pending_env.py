@@ -140,7 +140,8 @@ def test_unsafe_or_malformed_entries_are_set_aside_never_applied(tmp_path: Path)
     big = _good_entry(pend, "epilog-slurmctld-4-1-1.0.env", 4)
     with open(big, "ab") as fh:
         fh.write(b"SLURM_JOB_COMMENT=" + b"x" * queue.MAX_ENTRY_BYTES + b"\0")
-    (pend / "epilog-slurmctld-5-1-1.0.env").write_bytes(b"LD_PRELOAD=/tmp/evil.so\0COLOC_PENDING_HOOK=prolog\0")
+    (pend / "epilog-slurmctld-5-1-1.0.env").write_bytes(b"LD_PRELOAD=/tmp/evil.so\0"
+                                                         b"COLOC_PENDING_HOOK=prolog\0")
     (pend / "epilog-slurmctld-5-1-1.0.env").chmod(0o600)
     other = _good_entry(pend, "epilog-slurmctld-6-1-1.0.env", 6)
     other.write_bytes(other.read_bytes().replace(b"/etc/x.yaml", b"/etc/other.yaml"))

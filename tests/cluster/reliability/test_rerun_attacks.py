@@ -162,7 +162,8 @@ def test_exported_variables_do_not_remove_the_taskprologs_exports(fc: FaultClust
         shutil.chown(p, ATTACKER, ATTACKER)
     text = "#!/bin/bash\nenv | grep -E '^(COLOC_SHARE|CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)=' | sort\n"
     extra = {"coloc-keys": f"COLOC_RUN_DIR={own},COLOC_MPS_MODE=off,COLOC_STATE_DIR={own}",
-             "pythonpath": f"PYTHONPATH={work / 'py'},PYTHONSTARTUP={work / 'py' / 'slurm_coloc' / '__init__.py'}"}[how]
+             "pythonpath": f"PYTHONPATH={work / 'py'},"
+                           f"PYTHONSTARTUP={work / 'py' / 'slurm_coloc' / '__init__.py'}"}[how]
     export = f"--export=ALL,{extra},CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G"
     job = _submit(fc, ATTACKER, work, text, "--gres=shard:2", "-w", "n1", export)
     assert _finish(fc, job)["job_state"] == "COMPLETED"
