@@ -50,7 +50,8 @@ def test_worker_processes_on_the_gpu_fall_back_with_the_reason(tmp_path):
 def test_a_long_coloured_message_is_cut_to_its_first_sentence():
     msg = ("Weights only load failed. This file can still be loaded, to do so you have two options, "
            "\x1b[1mdo those steps only if you trust the source of the checkpoint\x1b[0m. (1) In PyTorch 2.6, "
-           "we changed the default value of the `weights_only` argument in `torch.load` from `False` to `True`.")
+           "we changed the default value of the `weights_only` argument in `torch.load` from `False` to "
+           "`True`.")
     try:
         raise pickle.UnpicklingError(msg)
     except pickle.UnpicklingError as exc:
