@@ -1,0 +1,1 @@
+"""Script probe corpus: job folders as users write them, and the scripts that measure them (README in docs)."""
