@@ -16,7 +16,11 @@ steered job 1 s later; the gate policy uses the bench's settings (window 4 s, re
 the packaged calibration and ``--bound``; both call the product's decision functions (``policy.choose_gpu``,
 ``share.choose_gpu_bounded``).
 
-Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--bound 2.0] [--scenario pile|stream|mixed] [--json F]``
+The throughput policy offers held jobs GPUs in ``share.order_candidates`` order (``--order fifo``: submit order).
+``--h200``: the H200's profiles alone (``h200_profiles``) and sharing capacity, for ``--gib 140``.
+
+Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
+[--order work|fifo] [--h200] [--json F]``
 """
 from __future__ import annotations
 
@@ -90,20 +94,24 @@ def energy_fit(files: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
 
 
 def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float, bound: float,
-             power: Tuple[float, float], dt: float = 0.1) -> Dict[str, Any]:
-    """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran."""
+             power: Tuple[float, float], dt: float = 0.1, order: str = "work") -> Dict[str, Any]:
+    """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran.
+    ``order``: the throughput policy's order of held jobs in a round (``work``: the product's
+    ``share.order_candidates``; ``fifo``: submit time, the order before it)."""
     for j in jobs:
         j.placed = j.start = j.end = -1.0
         j.gpu, j.left = -1, j.work_s
     gate = Gate()
     smact_hist: List[List[Tuple[float, float]]] = [[] for _ in range(gpus)]
-    t, energy, steps = 0.0, 0.0, 0
+    t, energy, steps, peak = 0.0, 0.0, 0, 1.0
     while any(j.end < 0 for j in jobs) and t < 5000:
         # progress
         for g in range(gpus):
             comp = [j for j in jobs if j.gpu == g and j.start >= 0 > j.end and t >= j.start + j.startup_s]
             load = sum(j.smact for j in comp)
-            rate = min(1.0, capacity / load) if load > 0 else 1.0
+            # a job computing alone runs at its speed alone (its profile was measured so), co-runs by the model
+            rate = min(1.0, capacity / load) if load > 0 and len(comp) > 1 else 1.0
+            peak = max(peak, 1.0 / rate)
             reading = min(1.0, load * rate)
             smact_hist[g].append((t, reading))
             energy += (power[0] + power[1] * reading) * dt
@@ -117,6 +125,10 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         # placement
         steps += 1
         waiting = sorted((j for j in jobs if j.placed < 0 and j.submit_s <= t), key=lambda j: (j.submit_s, j.index))
+        if policy == "throughput" and order == "work":
+            byid = {j.index: j for j in waiting}
+            waiting = [byid[i] for i in share.order_candidates(
+                [(j.index, j.submit_s, share.Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
         if policy in ("exclusive", "blind") or steps % 5 == 0:
             for j in waiting:
                 g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t)
@@ -135,7 +147,8 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
     makespan = max(j.end for j in done) - min(j.submit_s for j in jobs)
     return {"policy": policy, "gpus": gpus, "makespan_s": makespan, "mean_jct_s": statistics.fmean(jct),
             "p95_jct_s": p95(jct), "p95_slowdown": p95(slow), "p95_run_slowdown": p95(run_slow),
-            "max_run_slowdown": max(run_slow), "energy_j": energy, "energy_per_job_j": energy / len(done),
+            "max_run_slowdown": max(run_slow), "peak_slowdown": peak, "energy_j": energy,
+            "energy_per_job_j": energy / len(done),
             "ooms": 0, "placement": {j.index: j.gpu for j in jobs}}
 
 
@@ -193,7 +206,8 @@ def measured_rows(files: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
 
 def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     head = (f"{title}\n| policy | makespan s | mean JCT s | p95 JCT s | p95 slowdown | p95 run slowdown | worst run "
-            "slowdown | energy kJ | energy/job kJ | OOM |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            "slowdown | peak slowdown | energy kJ | energy/job kJ | OOM |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         def f(k: str, scale: float = 1.0, d: int = 1, r: Dict[str, Any] = r) -> str:
@@ -201,8 +215,27 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
             return "-" if v is None else f"{v / scale:.{d}f}"
         lines.append(f"| {r['label']} | {f('makespan_s', d=0)} | {f('mean_jct_s')} | {f('p95_jct_s', d=0)} | "
                      f"{f('p95_slowdown', d=2)} | {f('p95_run_slowdown', d=2)} | {f('max_run_slowdown', d=2)} | "
+                     f"{f('peak_slowdown', d=2)} | "
                      f"{f('energy_j', 1000)} | {f('energy_per_job_j', 1000, 2)} | {r.get('ooms', '-')} |")
     return "\n".join(lines)
+
+
+H200 = HERE / "device" / "results" / "h200x2-placement3"
+
+
+def h200_profiles(h100: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
+    """Workload profiles alone on the H200 (``h200x2-placement3/pile-exclusive.json``: 8 of the pile's 13
+    workloads, the pass was cut); the others from their H100 profile, start-up, run time and SM activity scaled by
+    the median H200/H100 ratio of the 8 (activity capped at 1)."""
+    own = fitmod.profiles([json.loads((H200 / "pile-exclusive.json").read_text())])
+    common = [w for w in own if w in h100]
+    ratio = {k: statistics.median(own[w][k] / h100[w][k] for w in common) for k in ("smact", "startup_s", "run_s")}
+    out = {w: dict(p) for w, p in own.items()}
+    for w, p in h100.items():
+        if w not in out:
+            out[w] = {**p, "smact": min(1.0, p["smact"] * ratio["smact"]), "startup_s": p["startup_s"] *
+                      ratio["startup_s"], "run_s": p["run_s"] * ratio["run_s"]}
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -211,23 +244,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--gib", type=int, default=80, help="shards (GiB) per GPU (the H100 harness: 80)")
     ap.add_argument("--bound", type=float, nargs="+", default=[2.0], help="placement_max_slowdown value(s)")
     ap.add_argument("--scenario", choices=("pile", "stream", "mixed"), default="pile")
+    ap.add_argument("--order", choices=("work", "fifo"), default="work",
+                    help="throughput policy: held jobs offered least GPU work first (the placer's) or by submit time")
+    ap.add_argument("--h200", action="store_true", help="the H200's profiles (h200_profiles) and sharing capacity "
+                    "(calibration.json, share_capacity_by_gpu); --gib 140 for its shards")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
     prof = fitmod.profiles(list(files.values()))
     cal = intensity.load_calibration()
+    capacity = cal.capacity_for("NVIDIA H200") if a.h200 else cal.share_capacity
+    if a.h200:
+        prof = h200_profiles(prof)
     power = energy_fit([files[n] for n in ("pile-exclusive-part1", "pile-exclusive-part2", "pile-blind",
                                            "pile-aware", "stream-exclusive", "stream-blind", "stream-aware")])
-    print(f"capacity {cal.share_capacity} (calibration.json), power {power[0]:.0f} W + {power[1]:.0f} W x SM "
+    print(f"capacity {capacity} (calibration.json), power {power[0]:.0f} W + {power[1]:.0f} W x SM "
           f"activity (fitted on 7 H100 passes)")
-    out: Dict[str, Any] = {"capacity": cal.share_capacity, "power_w": power, "runs": []}
+    out: Dict[str, Any] = {"capacity": capacity, "power_w": power, "runs": []}
     rows = []
-    if a.scenario == "pile" and a.gpus == 1:
+    if a.scenario == "pile" and a.gpus == 1 and not a.h200:
         for pol, m in measured_rows(files).items():
             rows.append({**m, "label": f"{pol} (measured, H100)", "p95_run_slowdown": None})
+    if a.scenario == "pile" and a.gpus == 2 and a.h200:  # 2026-11-26, slowdowns over jobs 0-7 only
+        for pol in ("blind", "aware", "throughput"):
+            m = json.loads((H200 / f"pile-{pol}.json").read_text())["metrics"]
+            rows.append({**m, "label": f"{pol} (measured, 2x H200, old policy)", "p95_run_slowdown": None})
     for pol in POLICIES:
         for b in (a.bound if pol == "throughput" else [a.bound[0]]):
-            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, cal.share_capacity, b, power)
+            r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, capacity, b, power, order=a.order)
             r["label"] = pol + (f" (bound {b:g})" if pol == "throughput" else "") + " (model)"
             rows.append(r)
             out["runs"].append(r)

@@ -35,6 +35,12 @@ def mib_to_shards(mem_mib: int) -> int:
     return max(1, math.ceil(mem_mib / MIB_PER_SHARD))
 
 
+def shards_to_mib(shards: int) -> int:
+    """The memory ``shards`` shards grant, MiB: shards x ``MIB_PER_SHARD`` (1 shard = 1 GiB, the CUDA context
+    included: the MPS fence ``0=<shards>G`` of node/jobenv.py and the watchdog's grant)."""
+    return int(shards) * MIB_PER_SHARD
+
+
 def format_mib(mem_mib: float | None) -> str:
     """Human form: ``812 MiB`` or ``5.2 GiB``; ``-`` for None."""
     if mem_mib is None:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment
+from slurm_coloc.hooks import admin_comment, figures
 from slurm_coloc.node.cpu import JobCpu
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.nvml.readings import GpuReading, ProcReading
@@ -311,6 +311,8 @@ def test_jobs_json_table_and_admin_comment_carry_the_findings(state: Path) -> No
     table = _report(state, "jobs")
     assert "job 21 input-bound: SM activity" in table.stdout and "num_workers" in table.stdout
     cfg = config_mod.load(str(state / "coloc.yaml"), environ={})
+    for job in (21, 22):  # the node Epilog's figures (hooks/figures.py), recorded by EpilogSlurmctld
+        assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path("n1")), job, "n1")
     assert json.loads(admin_comment.build(cfg, 21, wait_s=0))["finding"] == "input-bound"
     assert "finding" not in json.loads(admin_comment.build(cfg, 22, wait_s=0))
 

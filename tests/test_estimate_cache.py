@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_coloc.estimate import cache
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 
@@ -59,6 +61,19 @@ def test_store_and_lookup_roundtrip(tmp_path: Path, monkeypatch) -> None:
     got = cache.lookup("k1")
     assert got is not None and got.mem_mib == 1234 and got.method == "analytic"
     assert cache.lookup("missing") is None
+
+
+def test_estimate_json_roundtrip_and_refusals() -> None:
+    """``Estimate.to_json``/``from_json`` are the one way an estimate crosses a file or a process."""
+    est = Estimate(mem_mib=1234, method="analytic", detail={"x": 1}, gpu_model="H100", flops_per_step=99)
+    assert Estimate.from_json(json.loads(json.dumps(est.to_json()))) == est
+    old = {"mem_mib": 5, "method": "history"}  # an entry written before FLOPs and details were kept
+    assert Estimate.from_json(old) == Estimate(5, "history")
+    assert Estimate.from_json({**old, "flops_per_step": -1}).flops_per_step is None
+    for bad in ([], {"method": "x"}, {**old, "mem_mib": 0}, {**old, "mem_mib": True}, {**old, "method": 3},
+                {**old, "detail": [1]}):
+        with pytest.raises(ValueError):
+            Estimate.from_json(bad)
 
 
 def test_coloc_estimate_script_option(tmp_path: Path) -> None:

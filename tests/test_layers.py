@@ -2,7 +2,8 @@
 
 Rules (DEVELOPERS.md, docs/design.md): data flows down the layers below and nothing imports upwards or
 sideways; there are no import cycles between modules; each outside system has one gateway (click: ``cli/``;
-rich: ``report/render.py``; pynvml: ``nvml/``); research code (scikit-learn) stays out of the package.
+rich: ``report/render.py``; pynvml: ``nvml/``; prometheus_client: ``node/exporter.py``; Slurm's commands:
+``slurm/``); research code (scikit-learn) stays out of the package.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "slurm_coloc"
 #: Subpackage (or top-level module) -> layer; a part may import only parts of a lower layer.
 LAYER = {
     "errors": 0,
-    "units": 1, "config": 1, "comment": 1, "userfiles": 1,
+    "atomic": 1, "units": 1, "config": 1, "comment": 1, "userfiles": 1,
     "slurm": 2, "nvml": 2, "estimate": 2, "config_doc": 2, "probe": 3,
     "store": 3,
     "node": 4, "report": 4, "submit": 4, "placement": 4,
@@ -25,7 +26,12 @@ LAYER = {
     "__main__": 7,
 }
 GATEWAYS = {"click": ("slurm_coloc.cli",), "rich": ("slurm_coloc.report.render",),
-            "pynvml": ("slurm_coloc.nvml",)}
+            "pynvml": ("slurm_coloc.nvml",), "prometheus_client": ("slurm_coloc.node.exporter",)}
+#: Slurm's client commands: only ``slurm/`` runs them (``slurm/run.py``).
+SLURM_COMMANDS = frozenset({"sbatch", "squeue", "scontrol", "scancel", "sacct", "sacctmgr", "sinfo", "srun",
+                            "salloc", "sattach", "sstat", "sreport", "sprio", "sshare", "sdiag", "strigger", "sbcast"})
+#: Calls that start a program from an argv: ``subprocess.*``, ``os.exec*``/``os.spawn*``/``os.posix_spawn*``.
+_SPAWNERS = ("subprocess.", "os.exec", "os.spawn", "os.posix_spawn")
 NEVER = ("sklearn",)
 
 
@@ -132,8 +138,48 @@ def test_gateways() -> None:
         assert not users[lib], f"{lib} imported by {sorted(users[lib])}"
 
 
+def _slurm_commands_run(path: Path) -> List[str]:
+    """``line: call`` of every place ``path`` runs a Slurm command itself: a spawning call (``_SPAWNERS``) whose
+    argv literal starts with a name in ``SLURM_COMMANDS`` (also a path to one), or an import of ``slurm.run.run``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "slurm_coloc.slurm.run" \
+                and any(a.name == "run" for a in node.names):
+            out.append(f"{node.lineno}: imports slurm.run.run")
+        if not isinstance(node, ast.Call) or not node.args or not ast.unparse(node.func).startswith(_SPAWNERS):
+            continue
+        argv = node.args[0]
+        first = argv.elts[0] if isinstance(argv, (ast.List, ast.Tuple)) and argv.elts else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) \
+                and first.value.rsplit("/", 1)[-1] in SLURM_COMMANDS:
+            out.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
+    return out
+
+
+def test_slurm_commands_run_only_in_slurm() -> None:
+    found = {mod: _slurm_commands_run(path) for mod, path in MODULES.items() if _part(mod) != "slurm"}
+    assert not {m: f for m, f in found.items() if f}, found
+
+
+def test_the_controller_hooks_do_not_load_the_report_pipeline() -> None:
+    """EpilogSlurmctld records the figures the node Epilog computed (hooks/figures.py): nothing the controller
+    hooks import, at any depth (imports inside functions included), is in ``report/``."""
+    seen: Set[str] = set()
+    todo = ["slurm_coloc.hooks.ctld"]
+    while todo:
+        mod = todo.pop()
+        if mod not in seen:
+            seen.add(mod)
+            todo.extend(GRAPH[mod])
+    assert "slurm_coloc.hooks.admin_comment" in seen
+    assert not sorted(m for m in seen if _part(m) == "report" or m == "slurm_coloc.hooks.figures")
+
+
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The walker finds an upward import and a cycle in code written like the package's."""
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from slurm_coloc.cli import estimate\n    import click\n")
     assert {"slurm_coloc.cli.estimate", "click"} <= _imports(src)
+    src.write_text("import subprocess\nfrom slurm_coloc.slurm.run import run as r\n"
+                   "subprocess.run(['/usr/bin/scancel', '5'])\nshlex.join(['sbatch', 'x'])\n")
+    assert [f.split(":")[0] for f in _slurm_commands_run(src)] == ["2", "3"]

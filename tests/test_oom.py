@@ -14,6 +14,7 @@ from typing import Iterator
 
 import pytest
 
+from slurm_coloc.comment import MAX_ARG_CHARS, JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.hooks import oom, rerun
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json
@@ -135,12 +136,17 @@ def test_script_args_from_squeue_command() -> None:
     def job(command: str):
         return job_info_from_json({"job_id": 3, "command": command})
 
-    assert rerun.script_args(job("./run.sh a1 b2"), {}) == (["a1", "b2"], True)
-    assert rerun.script_args(job("./run.sh a 1"), {"argv": ["a 1"]}) == (["a 1"], True)  # agrees with Slurm's words
-    assert rerun.script_args(job("./run.sh a1 b2"), {"argv": ["--evil"]}) == (["a1", "b2"], True)  # the comment lies
-    assert rerun.script_args(job("/j/run.sh"), {}) == ([], True)
-    assert rerun.script_args(job("/j/run.sh a  b"), {})[1] is False
-    assert rerun.script_args(None, {}) == ([], True)
+    assert rerun.script_args(job("./run.sh a1 b2"), None) == (["a1", "b2"], True)
+    assert rerun.script_args(job("./run.sh a 1"), ["a 1"]) == (["a 1"], True)  # agrees with Slurm's words
+    assert rerun.script_args(job("./run.sh a1 b2"), ["--evil"]) == (["a1", "b2"], True)  # the comment lies
+    assert rerun.script_args(job("/j/run.sh"), None) == ([], True)
+    assert rerun.script_args(job("/j/run.sh a  b"), None)[1] is False
+    assert rerun.script_args(None, None) == ([], True)
+
+
+def _argv(coloc: dict):
+    """The argv the hooks pass: the typed comment's (None where the comment breaks the protocol)."""
+    return JobComment.read("coloc:" + json.dumps(coloc), 5).argv
 
 
 def test_script_args_where_slurm_keeps_only_the_script() -> None:
@@ -150,11 +156,11 @@ def test_script_args_where_slurm_keeps_only_the_script() -> None:
 
     j = job_info_from_json({"job_id": 5, "command": "/j/run.sh"})
     new = dataclasses.replace(j, slurm_release="24.11.5")
-    assert rerun.script_args(new, {"argv": ["a", "b c", "200"]}) == (["a", "b c", "200"], True)
-    assert rerun.script_args(new, {}) == ([], False)  # not known: reported as inexact
-    assert rerun.script_args(new, {"argv": ["x" * (rerun.MAX_ARG_CHARS + 1)]}) == ([], False)
-    assert rerun.script_args(new, {"argv": "a b"}) == ([], False)
-    assert rerun.script_args(dataclasses.replace(j, slurm_release="22.05.8"), {"argv": ["--evil"]}) == ([], True)
+    assert rerun.script_args(new, ["a", "b c", "200"]) == (["a", "b c", "200"], True)
+    assert rerun.script_args(new, None) == ([], False)  # not known: reported as inexact
+    assert rerun.script_args(new, _argv({"argv": ["x" * (MAX_ARG_CHARS + 1)]})) == ([], False)
+    assert rerun.script_args(new, _argv({"argv": "a b"})) == ([], False)
+    assert rerun.script_args(dataclasses.replace(j, slurm_release="22.05.8"), ["--evil"]) == ([], True)
 
 
 @pytest.fixture()
@@ -298,20 +304,20 @@ def test_script_args_from_26_05_submit_line() -> None:
         return job_info_from_json({"job_id": 6, "command": command, "current_working_directory": "/w",
                                    "submit_line": line}, release="26.05.5")
 
-    assert rerun.script_args(job("./s.sh", "sbatch --parsable -o /dev/null ./s.sh a b 200"), {}) == \
+    assert rerun.script_args(job("./s.sh", "sbatch --parsable -o /dev/null ./s.sh a b 200"), None) == \
         (["a", "b", "200"], True)
-    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable s.sh x"), {}) == (["x"], True)
-    assert rerun.script_args(job("/w/s.sh", "/usr/bin/sbatch /w/s.sh"), {}) == ([], True)
+    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable s.sh x"), None) == (["x"], True)
+    assert rerun.script_args(job("/w/s.sh", "/usr/bin/sbatch /w/s.sh"), None) == ([], True)
     # an option's value naming the script: the word after the option is skipped, and the result marked inexact
-    assert rerun.script_args(job("./s.sh", "sbatch -J ./s.sh ./s.sh 7"), {}) == (["7"], False)
+    assert rerun.script_args(job("./s.sh", "sbatch -J ./s.sh ./s.sh 7"), None) == (["7"], False)
     # an argument's own spaces: the comment's argv restores them where its words agree, never adds any
     line = "sbatch ./s.sh a b  c 200"
-    assert rerun.script_args(job("./s.sh", line), {})[1] is False
-    assert rerun.script_args(job("./s.sh", line), {"argv": ["a", "b  c", "200"]}) == (["a", "b  c", "200"], True)
-    assert rerun.script_args(job("./s.sh", line), {"argv": ["--evil"]}) == (["a", "b", "c", "200"], False)
+    assert rerun.script_args(job("./s.sh", line), None)[1] is False
+    assert rerun.script_args(job("./s.sh", line), ["a", "b  c", "200"]) == (["a", "b  c", "200"], True)
+    assert rerun.script_args(job("./s.sh", line), ["--evil"]) == (["a", "b", "c", "200"], False)
     # the script not in the line (read from stdin): not known, the comment's argv is the only source as on 24.11
-    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable"), {}) == ([], False)
-    assert rerun.script_args(job("", "sbatch --wrap sleep 8"), {}) == ([], True)  # --wrap: no script arguments
+    assert rerun.script_args(job("/w/s.sh", "sbatch --parsable"), None) == ([], False)
+    assert rerun.script_args(job("", "sbatch --wrap sleep 8"), None) == ([], True)  # --wrap: no script arguments
 
 
 def test_recorded_script_args_on_the_26_05_recording() -> None:

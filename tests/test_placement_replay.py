@@ -75,3 +75,51 @@ def test_placer_policy_is_read_from_the_heartbeat(tmp_path: Path) -> None:
     assert placer_policy(cfg) is None
     write_heartbeat(cfg, {"placed": 1, "policy": "throughput"})
     assert placer_policy(cfg) == "throughput"
+
+
+def test_each_task_gets_its_own_script_and_signature(tmp_path: Path) -> None:
+    import hashlib
+
+    from slurm_coloc.comment import JobComment
+    from slurm_coloc.replay.runner import task_script
+
+    generic = tmp_path / "job_generic.sh"
+    generic.write_text("#!/bin/bash\n#SBATCH --time=00:15:00\nexec python3 workloads.py \"$@\"\n")
+    t = Task(index=3, rad="r", submit_s=0.0, workload="resnet18", batch=8, steps=5, mem_mib=900, ref_s=10.0,
+             work_s=1.0, num_gpus=1)
+    a = task_script(str(generic), t, str(tmp_path))
+    assert task_script(str(generic), t, str(tmp_path)) == a  # the same task: the same file in every pass
+    b = task_script(str(generic), Task(**{**t.__dict__, "steps": 6}), str(tmp_path))
+    c = task_script(str(generic), Task(**{**t.__dict__, "workload": "resnet50"}), str(tmp_path))
+    assert len({a, b, c}) == 3
+    text = Path(a).read_text()
+    assert text.startswith("#!/bin/bash\n# coloc-replay task: resnet18 --steps 5\n#SBATCH --time=00:15:00\n")
+    assert Path(a).stat().st_mode & 0o777 == 0o755
+    sigs = {JobComment(sha256=hashlib.sha256(Path(p).read_bytes()).hexdigest()).signature() for p in (a, b, c)}
+    assert len(sigs) == 3  # coloc-placer keeps each task's history apart
+
+
+def test_replay_table_takes_times_alone_from_the_exclusive_pass() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import placement_replay_table as table
+
+    def run(task: int, s: float, e: float, gpu: str, retry_of: object = None, state: str = "COMPLETED") -> dict:
+        return {"job_id": 10 * task + (1 if retry_of else 0), "task": task, "submit_ts": 100.0, "start_ts": s,
+                "end_ts": e, "state": state, "retry_of": retry_of, "gpu": gpu}
+    excl = {"tasks": 2, "completed": 2, "runs": [run(0, 100.0, 110.0, "n1:0"), run(1, 100.0, 120.0, "n1:1")],
+            "smact_pct_per_gpu": {"n1:0": 30.0, "n1:1": 20.0}, "energy_j": 4000.0, "oom_retries": 0}
+    thr = {"tasks": 2, "completed": 2, "energy_j": 3000.0, "oom_retries": 1, "smact_pct_per_gpu": {"n1:0": 60.0},
+           "runs": [run(0, 101.0, 121.0, "n1:0"), run(1, 101.0, 105.0, "n1:0", state="OUT_OF_MEMORY"),
+                    run(1, 106.0, 131.0, "n1:1", retry_of=11)]}
+    res = table.combine([{"exclusive": excl}, {"throughput": thr}])
+    assert res["alone_s"] == {0: 10.0, 1: 20.0}
+    tp = res["rows"][1]
+    assert tp["policy"] == "throughput" and tp["max_slowdown"] == pytest.approx(2.1)  # task 0: JCT 21 s, 10 alone
+    assert tp["max_run_slowdown"] == pytest.approx(2.0)  # task 0: ran 20 s; task 1: 101 -> 131 (its rerun) = 1.5
+    assert table.per_task(thr)[1]["end"] == 131.0 and table.per_task(thr)[1]["reruns"] == 1
+    assert tp["where"] == {0: ["n1:0"], 1: ["n1:0", "n1:1"]}
+    md = res["markdown"]
+    assert "| throughput | 2 of 2 |" in md and "n1:0 60.0" in md and "| 3.0 (1.50) | 1 |" in md
+    assert "throughput: where each task ran: n1:0: tasks [0]; n1:0,n1:1: tasks [1]" in md

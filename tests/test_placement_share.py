@@ -238,3 +238,116 @@ def test_gpu_states_carry_the_model_name_of_the_live_state() -> None:
     live = {"n1": [LiveGpu(0, NOW, 0.5, 0.2, 0.1, 1000.0, 10, "NVIDIA H200")]}
     states = {g.index: g for g in gpu_states(nodes, [], live, {}, NOW, 30.0)}
     assert states[0].model == "NVIDIA H200" and states[1].model == ""  # no sample: the default capacity
+
+
+def test_predicted_ends_play_the_sharing_model_forward() -> None:
+    # two of 0.6 computing from NOW on (15 s start-up at NOW - 15), 15 s of work alone each: L 1.2 > 1.03, so both
+    # run at 1.03 / 1.2 and end together after 15 x 1.2 / 1.03 s
+    both = [tenant(0.6, start=NOW - 15), tenant(0.6, start=NOW - 15)]
+    ends = share.predicted_ends(both, CAP)
+    assert ends[0] == pytest.approx(NOW + 15 * 1.2 / CAP) and ends[1] == ends[0]
+    # one still starting (computes from NOW + 10): the first runs alone until then, then shares
+    ends = share.predicted_ends([tenant(0.6, start=NOW - 15), tenant(0.6, start=NOW - 5)], CAP)
+    assert ends[0] == pytest.approx(NOW + 10 + 5 * 1.2 / CAP)  # 10 s alone, 5 s of work left at 1.03 / 1.2
+    assert ends[1] is not None and ends[1] > ends[0]
+    assert share.predicted_ends([share.Tenant(share.Profile(0.5), NOW)], CAP) == [None]  # run time unknown
+    assert share.predicted_ends([], CAP) == []
+
+
+def test_a_tenant_that_leaves_before_the_next_one_computes_frees_its_room_at_once() -> None:
+    # A computes alone now and ends in 5 s; B is still starting (computes from NOW + 14). A job with 10 s of
+    # start-up computes from NOW + 10 beside B only: 1.8 / 1.03 = 1.75 <= 2. Taking A's slowdown as if B were
+    # computing already would have put A's end at NOW + 20 and held the job (2.7 / 1.03 = 2.62).
+    a = tenant(0.9, start=NOW - 20, run_s=25.0, startup_s=5.0)
+    b = tenant(0.9, start=NOW - 1, run_s=35.0, startup_s=15.0)
+    assert share.predicted_ends([a, b], CAP)[0] == pytest.approx(NOW + 5)
+    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 10.0))
+    assert d.placed and "slowdown 1.75" in d.reason  # type: ignore[attr-defined]
+    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 4.0))  # computes while A does
+    assert not d.placed and "2.62 > 2" in d.reason  # type: ignore[attr-defined]
+
+
+def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured() -> None:
+    # the 2x H200 run of 2026-11-26 broke its bound when the live state went missing for a round; now a job
+    # without history is also held to the bound (its predicted activity) before the gate or memory decides
+    silent = gpu(0, used=8, tenants=2, live=0.2, age=600.0)
+    measured = [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]]
+    never = share.Profile(None)
+    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
+    assert not d.placed and "slowdown 2.23 > 2 (predicted activity)" in d.reason
+    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.1), Gate(), CAP, 2.0, NOW)
+    assert d.placed and d.basis == "memory-only"  # 1.9 / 1.03 = 1.84: within the bound, the sampler says nothing
+    fresh_light = gpu(0, used=8, tenants=2, live=0.2)
+    d = share.choose_gpu_bounded([fresh_light], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
+    assert not d.placed  # a light live reading does not override the model either
+    # where nobody was measured, predictions never hold a job (the bad input: memory decides)
+    unmeasured = [[share.Tenant(never, NOW, 0.9), share.Tenant(never, NOW, 0.9)]]
+    d = share.choose_gpu_bounded([silent], unmeasured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
+    assert d.placed and d.basis == "memory-only"
+    # a job with no data at all (no signature, no FLOPs) goes by memory only among GPUs within the bound
+    room = share.within_bound([silent, gpu(1, used=4, tenants=1), gpu(2), gpu(3, used=8, tenants=2)],
+                              measured + [[tenant(0.3)], [], unmeasured[0]], lambda _m: CAP, 0.53, 2.0, NOW)
+    assert [g.index for g in room] == [1, 2, 3]
+
+
+def test_order_candidates_least_gpu_work_first_within_fairness() -> None:
+    light = share.Profile(0.3, 40.0, 10.0)   # 0.3 x 30 = 9 SMACT-s
+    heavy = share.Profile(0.9, 40.0, 10.0)   # 27
+    short = share.Profile(0.9, 15.0, 10.0)   # 4.5
+    never = share.Profile(None)              # unknown: the median of the known ones (9)
+    jobs = [(1, NOW - 10, heavy), (2, NOW - 9, light), (3, NOW - 8, short), (4, NOW - 7, never)]
+    assert share.order_candidates(jobs, NOW, 300.0) == [3, 2, 4, 1]
+    assert share.gpu_work(light) == pytest.approx(9.0) and share.gpu_work(never) is None
+    # a job waiting past the age limit goes first, oldest first: SJF never holds it to its memory-only release
+    old = [(5, NOW - 400, heavy), (6, NOW - 350, heavy)]
+    assert share.order_candidates(jobs + old, NOW, 300.0)[:3] == [5, 6, 3]
+    assert share.order_candidates([(1, NOW, never), (2, NOW - 1, never)], NOW, 300.0) == [2, 1]  # no data: FIFO
+
+
+def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
+    from slurm_coloc.placement.daemon import gpu_states
+    from slurm_coloc.slurm import placement as sp
+
+    held = "shard:g0:4(IDX:0)"
+    jobs = parse_squeue_json(json.dumps({"jobs": [
+        {"job_id": 7, "job_state": "COMPLETING", "nodes": "n1", "start_time": 990, "gres_detail": [held]},
+        {"job_id": 9, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": [held]}]}))
+    states = gpu_states([sp.NodeGpus("n1", "MIXED", {0: 80})], jobs, {}, {}, NOW, 30.0)
+    assert states[0].shards_used == 8 and states[0].tenants == 2
+    out = gpu_tenants(states, jobs, {}, lambda j: (share.Profile(0.5, 30.0, 10.0), 0.5), NOW)
+    assert len(out[0]) == 1  # the COMPLETING one computes no more
+
+
+def _held(job_id: int, submit: float, sha: str = "") -> object:
+    c = {"mode": "shard", "shards": 4, "v": 1, "place": True, **({"sha256": sha} if sha else {})}
+    return parse_squeue_json(json.dumps({"jobs": [{"job_id": job_id, "job_state": "PENDING", "user_id": 2001,
+                                                   "submit_time": submit, "comment": "coloc:" + json.dumps(c)}]}))[0]
+
+
+def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound() -> None:
+    from slurm_coloc.placement import intensity
+    from slurm_coloc.placement.intensity import signature
+    from slurm_coloc.placement.rounds import PlacerState, Round
+
+    cal = intensity.load_calibration()
+    long_sig, short_sig = signature({"sha256": "a" * 64}), signature({"sha256": "b" * 64})
+    state = PlacerState(history={(None, long_sig): [Activity(0.9)], (None, short_sig): [Activity(0.9)]},
+                        timing={(None, long_sig): [(60.0, 10.0)], (None, short_sig): [(20.0, 10.0)]})
+    cfg = config_mod.Config(placement_policy="throughput")
+    silent = gpu(0, used=8, tenants=2, live=0.2, age=600.0)
+    rnd = Round(cfg, state, cal, Gate(), [silent], [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]], True, NOW)
+    jobs = [_held(1, NOW - 30, "a" * 64), _held(2, NOW - 20, "b" * 64), _held(3, NOW - 10)]
+    assert [j.job_id for j in rnd.ordered(jobs)] == [2, 1, 3]  # 9 SMACT-s, then 45 and the unknown (median: 45) by age
+    d, _demand, source, _prof = rnd.decide(jobs[2], 4)  # no signature, no FLOPs: memory, but not past the bound
+    assert source == "no signature or FLOPs" and not d.placed and "at its bound" in d.reason
+    rnd.tenants = [[tenant(0.9, start=NOW)]]
+    d, *_ = rnd.decide(jobs[2], 4)
+    assert d.placed and d.basis == "memory-only"  # 1.43 / 1.03 = 1.39
+
+
+def test_a_tenant_counts_as_gone_only_with_a_tenth_of_its_work_to_spare() -> None:
+    # computes alone from NOW - 15 for 20 s of work: predicted to end at NOW + 5, END_SLACK x 20 s = 2 s to spare
+    t = tenant(0.9, start=NOW - 20, run_s=25.0, startup_s=5.0)
+    assert share.END_SLACK == pytest.approx(0.1)
+    assert share.load_at_start([t], CAP, NOW, 6.0) == pytest.approx(0.9)  # ends 1 s before: too close, counts
+    assert share.load_at_start([t], CAP, NOW, 7.0) == pytest.approx(0.0)  # 2 s before: gone

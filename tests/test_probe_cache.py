@@ -110,3 +110,20 @@ def test_refresh_probes_afresh_and_later_submissions_get_its_figure(tmp_path, wi
     assert not fresh.cached and fresh.estimate is not None, fresh.reason
     later = probe_script(str(job), submit_dir=str(job.parent), environ=env)
     assert later.cached and later.estimate == fresh.estimate
+
+
+def test_a_damaged_cached_estimate_is_a_miss(tmp_path, with_torch):
+    """An entry whose estimate ``Estimate.from_json`` refuses is probed again, not returned or raised."""
+    import json
+
+    job = project(tmp_path / "p")
+    env = env_with(with_torch / "bin")
+    first = probe_script(str(job), submit_dir=str(job.parent), environ=env)
+    assert first.estimate is not None and not first.cached, first.reason
+    path = Path(probe_mod._cache_file())
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry["estimate"]["mem_mib"] = "lots"
+    path.write_text(json.dumps(data))
+    again = probe_script(str(job), submit_dir=str(job.parent), environ=env)
+    assert not again.cached and again.estimate == first.estimate

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment
+from slurm_coloc.hooks import admin_comment, figures
 from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.report import views
 from slurm_coloc.report.summarize import load_report
@@ -173,14 +173,41 @@ def test_parse_when():
         parse_when("yesterday-ish")
 
 
+def _node_epilog_figures(cfg, job_id: int, node: str = "n1") -> None:
+    """What the node Epilog does last (hooks/figures.py): the job's figures into its node database."""
+    assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path(node)), job_id, node)
+
+
 def test_admin_comment_summary(state: Path):
     cfg = _cfg(state)
+    assert json.loads(admin_comment.build(cfg, 11, wait_s=0)) == {  # no node stored figures: what was asked
+        "coloc": 1, "est_mib": 6000, "method": "analytic", "mode": "shard", "shards": 8, "req_mib": 8192,
+        "measured": False}
+    for job in (11, 12, 13, 14):
+        _node_epilog_figures(cfg, job)
     text = admin_comment.build(cfg, 11, wait_s=0)
     d = json.loads(text)
     assert d["coloc"] == 1 and d["peak_mib"] == 2048 and d["est_mib"] == 6000 and d["smact"] == 5.0
     assert d["waste"] == ["low-smact", "unused-mem"] and " " not in text
     assert json.loads(admin_comment.build(cfg, 12, wait_s=0))["retry"] == 13
     assert admin_comment.build(cfg, 999, wait_s=0) is None
+
+
+def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
+    """EpilogSlurmctld's text (figures from the node Epilog + the controller's OOM record) is the text the whole
+    report pipeline gives at its time, also when the OOM was recorded after the node Epilog computed the figures."""
+    cfg = _cfg(state)
+    for job in (11, 12, 13, 14):
+        _node_epilog_figures(cfg, job)
+        pipeline = figures.compute(cfg, job)
+        assert pipeline is not None
+        assert admin_comment.build(cfg, job, wait_s=0) == json.dumps(pipeline["summary"], separators=(",", ":"))
+    ctld = open_ctld_db(state / "state" / "ctld.db")
+    store_oom.claim_retry(ctld, store_oom.OomRecord(job_id=11, ts=T0 + 700, user_name="alice", share_mode="shard",
+                                                    shards=8, retry_status="submitted", retry_job_id=15))
+    after = figures.compute(cfg, 11)  # the pipeline run now, knowing the OOM
+    assert after is not None and after["summary"]["oom"] is True and after["summary"]["retry"] == 15
+    assert admin_comment.build(cfg, 11, wait_s=0) == json.dumps(after["summary"], separators=(",", ":"))
 
 
 def test_plot_writes_readable_pngs(state: Path, tmp_path: Path):

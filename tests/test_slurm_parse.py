@@ -12,12 +12,9 @@ from slurm_coloc.slurm.jobinfo import JobInfo, expand_std_path, job_info_from_js
 from slurm_coloc.slurm.parse import (
     decode_exit_code,
     expand_hostlist,
-    parse_exit_pair,
-    parse_gres_detail,
+    gres_detail_counts,
     parse_index_list,
     parse_sbatch_parsable,
-    parse_slurm_duration_s,
-    parse_slurm_time,
     parse_tres_per_node,
 )
 
@@ -43,7 +40,7 @@ def test_squeue_json_recording():
     by_id = {j.job_id: j for j in jobs}
     j1 = by_id[1]
     assert j1.comment == 'coloc={"a":1}' and j1.tres_per_node == "gres:shard:5" and j1.shards == 5
-    assert parse_gres_detail(list(j1.gres_detail)) == [("shard", 5, [0])]
+    assert gres_detail_counts(list(j1.gres_detail)) == [("shard", "", {0: 5})]
     assert j1.user_name == "colocuser" and j1.uid == 2001 and j1.gid == 2001 and j1.state == "RUNNING"
     assert j1.stdout_path == j1.stderr_path == "/tmp/coloc-cluster/jobs/1.out"  # scontrol's StdOut/StdErr
     assert j1.stdin_path == "/dev/null" and j1.time_limit_s == 365 * 86400 and j1.node_names == ("n1",)
@@ -130,11 +127,6 @@ def test_expand_hostlist_refuses_bad_lists(bad):
         expand_hostlist(bad)
 
 
-def test_times():
-    t = parse_slurm_time("2026-11-22T07:43:08")
-    assert t is not None and parse_slurm_time("Unknown") is None and parse_slurm_time(None) is None
-
-
 def test_squeue_json_garbage():
     with pytest.raises(SlurmError, match="invalid JSON"):
         parse_squeue_json("not json")
@@ -163,7 +155,6 @@ def test_tres_per_node():
 def test_exit_codes_from_facts():
     assert decode_exit_code(768) == (3, 0)
     assert decode_exit_code(9) == (0, 9)
-    assert parse_exit_pair("0:15") == (0, 15) and parse_exit_pair("x") == (None, None)
 
 
 def test_epilog_recording_shows_completing():
@@ -188,9 +179,3 @@ def test_epilog_recording_shows_completing():
 ])
 def test_infer_final_state(args, expected):
     assert infer_final_state(*args) == expected
-
-
-def test_durations():
-    assert parse_slurm_duration_s("00:01:06") == 66
-    assert parse_slurm_duration_s("365-00:00:00") == 365 * 86400
-    assert parse_slurm_duration_s("UNLIMITED") is None

@@ -12,7 +12,7 @@ import pytest
 from slurm_coloc.hooks.state import INFERRED, SLURM, final_state
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_job_json, parse_squeue_json
 from slurm_coloc.slurm.jsonfields import exit_pair, job_state, number
-from slurm_coloc.slurm.parse import gres_detail_counts, parse_gres_detail, parse_tres_per_node
+from slurm_coloc.slurm.parse import gres_detail_counts, parse_tres_per_node
 from slurm_coloc.slurm.placement import gpu_holdings
 from slurm_coloc.slurm.version import SlurmVersion, parse_release, version_from_meta
 
@@ -45,7 +45,7 @@ def test_running_shard_job_reads_the_same_on_every_version(version: str) -> None
     assert (j.state, j.state_flags, j.name, j.user_name, j.uid, j.gid) == ("RUNNING", (), "small", "colocuser",
                                                                            2001, 2001)
     assert j.gres == {"shard": 5} and j.shards == 5 and j.slurm_release == RELEASES[version]
-    assert parse_gres_detail(list(j.gres_detail)) == [("shard", 5, [0])]
+    assert gres_detail_counts(list(j.gres_detail)) == [("shard", "", {0: 5})]
     assert gpu_holdings(j) == [("n1", 0, "shard", 5)]
     assert (j.exit_code, j.signal, j.time_limit_s, j.node_names) == (0, 0, 365 * 86400, ("n1",))
     assert j.comment == 'coloc={"a":1}' and j.array_job_id is None and j.array_task_id is None
@@ -105,11 +105,11 @@ def test_22_05_epilogs_still_infer() -> None:
 @pytest.mark.parametrize("version", NEWER)
 def test_gres_detail_per_device_form(version: str) -> None:
     text = (DATA / f"slurm-{version}" / "scontrol_show_job_od_running_shard.txt").read_text()
-    assert parse_gres_detail([_kv(text, "GRES")]) == [("shard", 5, [0])]
+    assert gres_detail_counts([_kv(text, "GRES")]) == [("shard", "", {0: 5})]
     assert parse_tres_per_node(_kv(text, "TresPerNode")) == {"shard": 5}
     for line in (DATA / f"slurm-{version}" / "shards.txt").read_text().splitlines():
         if line.startswith("JobId=") and " GRES=" in line:
-            assert parse_gres_detail([_kv(line, "GRES")]) == [("shard", 5, [0])]
+            assert gres_detail_counts([_kv(line, "GRES")]) == [("shard", "", {0: 5})]
 
 
 @pytest.mark.parametrize("entries, expected", [
@@ -144,6 +144,11 @@ def test_exit_and_state_forms() -> None:
     assert job_state("RUNNING") == ("RUNNING", ()) and job_state(["FAILED", "COMPLETING"]) == ("FAILED",
                                                                                               ("COMPLETING",))
     assert job_state([]) == ("", ()) and job_state(7) == ("", ())
+    # normalised once where JobInfo is built (first word, upper case): hooks compare JobInfo.state as it is
+    assert job_state("timeout extra") == ("TIMEOUT", ()) and job_state([" failed", "completing"]) == \
+        ("FAILED", ("COMPLETING",)) and job_state("  ") == ("", ())
+    assert job_info_from_json({"job_id": 1, "job_state": "cancelled"}).final
+    assert not job_info_from_json({"job_id": 1, "job_state": ["COMPLETING"]}).final
 
 
 @pytest.mark.parametrize("version", VERSIONS)

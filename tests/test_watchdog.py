@@ -23,7 +23,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.watchdog import Tenant, Watchdog, find_violations, grant_from_env, near_grant, user_message
+from slurm_coloc.node.watchdog import Tenant, Watchdog, find_violations, near_grant, user_message
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import jobs as store_jobs
@@ -69,13 +69,6 @@ def test_memory_on_a_gpu_without_a_grant_counts_against_zero() -> None:
     lists = [ProcLists(0, ((10, 900.0),), ((10, 900.0),)), ProcLists(1, ((11, 3000.0),), ())]
     found = find_violations(lists, {10: 5, 11: 5}, {5: Tenant(5, 0, 2048, "mps")}, 512)
     assert [(f.gpu_index, f.reason, f.grant_mib) for f in found] == [(1, "over-grant", 0.0)]
-
-
-def test_grant_from_the_fence_else_from_shards() -> None:
-    assert grant_from_env({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=5G"}, 9) == 5120
-    assert grant_from_env({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=700M"}, 9) == 700
-    assert grant_from_env({"COLOC_SHARE": "timeslice"}, 3) == 3072
-    assert grant_from_env({}, None) is None
 
 
 def test_recorded_honest_jobs_give_no_finding() -> None:
@@ -177,7 +170,7 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
 
 def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
     """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for 72."""
-    from slurm_coloc.hooks.admin_comment import summary_dict
+    from slurm_coloc.hooks.figures import summary_dict
     from slurm_coloc.report.summarize import JobView, Report, add_usage
 
     report = Report()
@@ -189,6 +182,21 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
     assert views[72].watchdog is None
     assert summary_dict(views[71])["watchdog"].startswith("stopped: over its grant")
     assert "watchdog" not in summary_dict(views[72]) and views[71].to_json()["watchdog"]
+
+
+def test_the_grant_is_the_recorded_shards_and_the_env_file_is_read_checked(tmp_path: Path) -> None:
+    """The grant comes from ``job_runs.shards`` (never from the fence text, here edited to 700 MiB); an env file
+    another user could write is not trusted for its ``COLOC_SHARE`` (``jobenv.read_env``)."""
+    cfg = _cfg(tmp_path)
+    _tenant(cfg, "n1", 91, 0, 3)
+    jobenv.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
+    _tenant(cfg, "n1", 92, 0, 5)
+    jobenv.env_path(cfg, 92).chmod(0o666)
+    wd = Watchdog(cfg, "n1", cfg.node_db_path("n1"), JobAttributor())
+    tenants = wd.refresh_tenants(force=True)
+    assert tenants[91] == Tenant(91, 0, 3072.0, "mps", 2001)
+    assert tenants[92] == Tenant(92, 0, 5120.0, "timeslice", 2001)
+    assert jobenv.read_env(cfg, 92) == [] and dict(jobenv.read_env(cfg, 91))["COLOC_SHARE"] == "mps"
 
 
 def test_a_pid_that_no_longer_belongs_to_the_job_is_not_signalled(tmp_path: Path) -> None:

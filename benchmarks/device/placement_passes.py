@@ -1,7 +1,8 @@
 """Stage 2 of ``placement_bench.py`` (runs in the cluster's venv, as root): one or more passes of the placement
 benchmark, each over the jobs of ``placement_plan.json``, submitted through ``coloc-sbatch`` as ``colocuser``.
 
-Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``; and ``small7-aware``):
+Passes (``<scenario>-<policy>``, scenario ``pile`` or ``stream``, or ``mix`` with ``--plan placement_plan_mix.json``;
+and ``small7-aware``):
   exclusive  ``--exclusive-gpu``: one job on the whole GPU at a time, Slurm FIFO; its run times are the times alone;
              ``--part K/N`` runs the K-th of N consecutive slices of the jobs (the pile does not fit one call)
   blind      ``--coloc-mem=<peak + 1 GiB>M``: shards + MPS, Slurm packs by memory only (no placer)
@@ -33,27 +34,36 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import placement_metrics as pm  # noqa: E402
+from placement_measure import (  # noqa: E402, F401
+    alone_activity,
+    alone_from_files,
+    history_from_alone,
+    job_line,
+    measure,
+    note_gpus,
+    placer_summary,
+    smact_per_gpu,
+)
 from placement_plan import PLAN_PATH  # noqa: E402
 
 from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.comment import JobComment  # noqa: E402
 from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive  # noqa: E402
 from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
 from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity  # noqa: E402
 from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
 from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
-from slurm_coloc.slurm.placement import gpu_holdings  # noqa: E402
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
 POLICIES = ("exclusive", "blind", "aware", "throughput")
 PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
-PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("small7-blind", "small7-aware")
+# scenarios: the plan's; ``mix`` is the second pile (``placement_mix.py``, ``--plan placement_plan_mix.json``)
+PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES) + ("small7-blind", "small7-aware")
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
 # placed in the last 12 s counts with its predicted activity on top of the live state (placement_recent_s): about
@@ -61,7 +71,7 @@ PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream") for p in POLICIES) + ("sma
 # show it yet. H100 pile (docs/benchmarks.md): 4 s (the toy model's choice, ``benchmarks/placement_sim.py``) let
 # 10 jobs in during the first start-ups, one job ran 3.17x its time alone; 12 s: 2.45x, mean JCT 120.5 vs 121.5 s.
 PLACER_CONFIG: Dict[str, float] = {"placement_window_s": 4, "placement_recent_s": 12, "placement_state_max_age_s": 15,
-                 "placement_interval_s": 0.5, "placement_max_wait_s": 3600}
+                 "placement_interval_s": 0.5, "placement_max_wait_s": 3600, "placement_max_slowdown": 2.0}
 # No cuDNN autotuning: in the first placement run the pile's jobs ran 39-45 s alone for 4-6 s of training, against
 # ~14 s of start-up for the small models of run 1; autotuning every 224x224 convolution in the warm-up steps is the
 # suspected part (not isolated: the per-job log line splits the start-up to show it).
@@ -84,39 +94,6 @@ def part_slice(jobs: Sequence[Dict[str, Any]], part: str) -> List[Dict[str, Any]
     k, n = int(m.group(1)), int(m.group(2))
     bounds = [round(i * len(jobs) / n) for i in range(n + 1)]
     return list(jobs[bounds[k - 1]:bounds[k]])
-
-
-def history_from_alone(files: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, float]]:
-    """``{signature: {smact, smocc, drama, run_s, startup_s}}`` from exclusive pass files: each job's measured
-    activity alone, its run time (end - start) and start-up (start -> ``t_ready`` of its bench record: model and
-    data on the GPU), the mean over its runs when a signature repeats; jobs without a signature or a measurement are
-    skipped. Pure."""
-    acc: Dict[str, List[Mapping[str, Any]]] = {}
-    for f in files:
-        for j in f.get("jobs", []):
-            act = dict(j.get("alone_activity") or {})
-            if j.get("signature") and act.get("smact") is not None:
-                b = j.get("bench") or {}
-                if j.get("start_ts") and j.get("end_ts"):
-                    act["run_s"] = float(j["end_ts"]) - float(j["start_ts"])
-                    if b.get("t_ready"):
-                        act["startup_s"] = max(0.0, float(b["t_ready"]) - float(j["start_ts"]))
-                acc.setdefault(j["signature"], []).append(act)
-    out = {}
-    for sig, acts in acc.items():
-        out[sig] = {k: sum(float(a.get(k) or 0.0) for a in acts) / len(acts) for k in ("smact", "smocc", "drama")}
-        for k in ("run_s", "startup_s"):
-            vals = [float(a[k]) for a in acts if a.get(k) is not None]
-            if vals:
-                out[sig][k] = sum(vals) / len(vals)
-    return out
-
-
-def alone_from_files(files: Sequence[Mapping[str, Any]], scenario: str) -> Dict[int, float]:
-    """Index -> time alone (s) of ``scenario``'s jobs from its exclusive pass files (parts stitched)."""
-    parts = sorted((f for f in files if f.get("scenario") == scenario and f.get("policy") == "exclusive"),
-                   key=lambda f: str(f.get("part") or ""))
-    return pm.alone_times(pm.stitch(parts)["jobs"]) if parts else {}
 
 
 def job_script(workload: str, fake: bool) -> Path:
@@ -217,92 +194,11 @@ def stop_placer(proc: subprocess.Popen) -> None:
         p.unlink(missing_ok=True)
 
 
-def bench_record(path_glob: str, job_id: Optional[int]) -> Optional[Dict[str, Any]]:
-    """The job's ``COLOC_BENCH`` record without its timeline (start-up: t_ready - t_launch; training: t1 - t0)."""
-    for path in sorted(JOBS.glob(path_glob)):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("COLOC_BENCH "):
-                rec = json.loads(line[len("COLOC_BENCH "):])
-                if rec.get("fake") or str(rec.get("job_id")) == str(job_id):
-                    return {k: v for k, v in rec.items() if k not in ("timeline", "env")}
-    return None
-
-
-def placer_summary(log_path: Path, offset: int = 0) -> Dict[str, Any]:
-    """Counts from the placer's log from byte ``offset`` on (this pass's part): placements by source of the
-    prediction and by basis, waits, memory-only releases."""
-    text = log_path.read_bytes()[offset:].decode(errors="replace") if log_path.exists() else ""
-    return {"placed_history": len(re.findall(r"shards, history SMACT", text)),
-            "placed_predicted": len(re.findall(r"shards, predicted SMACT", text)),
-            "wait_notes": text.count(" waits: "), "memory_only": text.count("released memory-only"),
-            "saturated_rounds": text.count("saturated, no new tenants"), "errors": text.count("round failed"),
-            "placed_by_model": text.count("(slowdown-model"), "placed_empty_gpu": text.count("(empty-gpu"),
-            "at_bound_waits": text.count("at its bound")}
-
-
-def measure(jobs: Sequence[Dict[str, Any]], job_of: Mapping[int, int], recs: Sequence[Any], scenario: str,
-            policy: str, gpu_of: Optional[Mapping[int, str]] = None) -> List[Dict[str, Any]]:
-    """Per planned job: Slurm's times of its runs (OOM reruns followed), signature, COLOC_BENCH record, and the
-    GPU it ran on (``gpu``: ``node:index`` seen in Slurm's ``gres_detail`` while it ran)."""
-    task_of = {j: i for i, j in job_of.items()}
-    runs = runs_from_records(recs, task_of)
-    comment_of = {r.job_id: r.comment for r in recs}
-    out = []
-    for job in jobs:
-        i = job["index"]
-        mine = [r for r in runs if r.task == i]
-        orig = next((r for r in mine if r.retry_of is None), None)
-        last = max(mine, key=lambda r: r.end_ts or 0.0) if mine else None
-        out.append({**job, "job_id": job_of.get(i), "submit_ts": orig.submit_ts if orig else None,
-                    "start_ts": orig.start_ts if orig else None,
-                    "end_ts": max((r.end_ts for r in mine), default=None) or None,
-                    "state": last.state if last else None,
-                    "oom_reruns": sum(r.retry_of is not None for r in mine),
-                    "signature": JobComment.read(comment_of.get(job_of.get(i, -1), "")).signature(),
-                    "gpu": (gpu_of or {}).get(job_of.get(i, -1)),
-                    "bench": bench_record(f"pb-{scenario}-{policy}-{i}-*.out", job_of.get(i))})
-    return out
-
-
-def smact_per_gpu(cfg: Any, t0: float, t1: float) -> Dict[str, Optional[float]]:
-    """Mean GPM SM activity (%) of each GPU of node n1 over [t0, t1] (idle samples included: an idle GPU shows)."""
-    from slurm_coloc.replay.metrics import mean_smact
-    from slurm_coloc.store.db import open_readonly
-    from slurm_coloc.store.samples import load_gpu_samples
-
-    try:
-        db = open_readonly(cfg.node_db_path("n1"))
-        try:
-            rows = load_gpu_samples(db, t0, t1, list(range(16)))
-        finally:
-            db.conn.close()
-    except Exception:  # noqa: BLE001 - no samples: no figure
-        return {}
-    idx = sorted({int(r["gpu_index"]) for r in rows})
-    return {str(i): mean_smact([r for r in rows if int(r["gpu_index"]) == i]) for i in idx}
-
-
-def alone_activity(jobs: List[Dict[str, Any]]) -> None:
-    """Per job of an exclusive pass: SMACT/SMOCC/DRAMA while computing (fractions; ``store.placement``)."""
-    from slurm_coloc.store.db import open_readonly
-    from slurm_coloc.store.placement import alone_activity as query
-
-    cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
-    db = open_readonly(cfg.node_db_path("n1"))
-    try:
-        got = query(db, [j["job_id"] for j in jobs if j["job_id"]])
-    finally:
-        db.conn.close()
-    for j in jobs:
-        j["alone_activity"] = got.get(j["job_id"])
-
-
 def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: bool, out: Path,
              alone: Mapping[int, float], part: Optional[str]) -> Dict[str, Any]:
     """Submit ``jobs`` at their offsets, wait until all are final (cancel what is left at ``deadline_s``),
     measure; the pass file is rewritten after the submissions, every 20 s while waiting, and at the end."""
     scenario, policy = name.split("-")
-    cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
     file = out / (f"{name}-part{part.split('/')[0]}.json" if part else f"{name}.json")
     result: Dict[str, Any] = {"pass": name, "scenario": scenario, "policy": policy, "part": part, "fake": fake,
                               "placer_config": PLACER_CONFIG if policy in PLACER_POLICY else None, "problems": [],
@@ -314,13 +210,11 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     reader = None if fake else open_energy_reader()
     e0 = _energy(reader)
     t0 = time.time()
-    job_of: Dict[int, int] = {}
-    gpu_of: Dict[int, str] = {}
-    recs: List[Any] = []
+    st: Dict[str, Any] = {"job_of": {}, "gpu_of": {}, "recs": []}
 
     def save(final: bool = False) -> None:
         if not final:  # the final save keeps the last measurement and what was added to it
-            result["jobs"] = measure(jobs, job_of, recs, scenario, policy, gpu_of)
+            result["jobs"] = measure(jobs, st["job_of"], st["recs"], scenario, policy, st["gpu_of"])
         result["wall_s"] = time.time() - t0
         if final:
             own = pm.alone_times(result["jobs"]) if policy == "exclusive" else alone  # the exclusive pass: its own
@@ -328,59 +222,86 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
                                                 result.get("energy_j"))
         file.write_text(json.dumps(result, indent=1, default=str))
     try:
-        for job in sorted(jobs, key=lambda j: (j["offset_s"], j["index"])):  # in order: Slurm's FIFO = the plan's
-            delay = t0 + job["offset_s"] - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            job_of[job["index"]] = submit(sbatch_args(job, policy, scenario, fake))
-        log(f"{name}: {len(job_of)} jobs submitted in {time.time() - t0:.0f} s")
-        task_of = {j: i for i, j in job_of.items()}
-        last_save = 0.0
-        while True:
-            recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
-            for r in recs:
-                for node, idx, _name, _count in gpu_holdings(r):
-                    gpu_of.setdefault(r.job_id, f"{node}:{idx}")
-            if len(recs) >= len(task_of) and all(r.state in FINAL_STATES for r in recs):
-                result["complete"] = True
-                break
-            if time.time() - t0 > deadline_s:
-                left = [r.job_id for r in recs if r.state not in FINAL_STATES]
-                result["problems"].append(f"deadline {deadline_s:.0f} s: cancelled {left}")
-                subprocess.run([f"{ROOT}/bin/scancel", *map(str, left)], env=slurm_env(), check=False)
-                time.sleep(2)
-                recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
-                break
-            if time.time() - last_save > 20:
-                save()
-                last_save = time.time()
-            time.sleep(0.5)
+        submit_all(name, jobs, policy, scenario, fake, t0, st)
+        wait_all(deadline_s, t0, st, result, save)
     except Exception as exc:  # noqa: BLE001 - keep what was measured
         result["problems"].append(f"pass failed: {exc!r}")
     finally:
         if placer is not None:
             stop_placer(placer)
-    t1 = time.time()
     if reader is not None:
         from slurm_coloc.replay.metrics import energy_growth_j
         result["energy_j"] = energy_growth_j(e0, _energy(reader))
     save()
+    finish(result, st["recs"], t0, placer_log if placer is not None else None, log_offset)
+    save(final=True)
+    return result
+
+
+def ours(task_of: Mapping[int, int], gpu_of: Dict[int, str]) -> List[Any]:
+    """This pass's Slurm records (OOM reruns included); notes each running job's GPU in ``gpu_of``."""
+    recs = [r for r in squeue_all(str(ROOT / "bin"), slurm_env()) if runs_from_records([r], task_of)]
+    note_gpus(recs, gpu_of)
+    return recs
+
+
+def submit_all(name: str, jobs: Sequence[Dict[str, Any]], policy: str, scenario: str, fake: bool, t0: float,
+               st: Dict[str, Any]) -> None:
+    """Submit the jobs at their offsets, in plan order (Slurm's FIFO = the plan's); after each, note the GPUs of
+    the jobs already running (a short job may end before the last submission)."""
+    for job in sorted(jobs, key=lambda j: (j["offset_s"], j["index"])):
+        delay = t0 + job["offset_s"] - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        st["job_of"][job["index"]] = submit(sbatch_args(job, policy, scenario, fake))
+        ours({j: i for i, j in st["job_of"].items()}, st["gpu_of"])
+    log(f"{name}: {len(st['job_of'])} jobs submitted in {time.time() - t0:.0f} s")
+
+
+def wait_all(deadline_s: float, t0: float, st: Dict[str, Any], result: Dict[str, Any],
+             save: Callable[[], None]) -> None:
+    """Poll until every job is final (``complete``), or cancel what is left at the deadline (a problem line);
+    ``save`` every 20 s."""
+    task_of = {j: i for i, j in st["job_of"].items()}
+    last_save = 0.0
+    while True:
+        st["recs"] = ours(task_of, st["gpu_of"])
+        recs = st["recs"]
+        if len(recs) >= len(task_of) and all(r.state in FINAL_STATES for r in recs):
+            result["complete"] = True
+            return
+        if time.time() - t0 > deadline_s:
+            left = [r.job_id for r in recs if r.state not in FINAL_STATES]
+            result["problems"].append(f"deadline {deadline_s:.0f} s: cancelled {left}")
+            subprocess.run([f"{ROOT}/bin/scancel", *map(str, left)], env=slurm_env(), check=False)
+            time.sleep(2)
+            st["recs"] = ours(task_of, st["gpu_of"])
+            return
+        if time.time() - last_save > 20:
+            save()
+            last_save = time.time()
+        time.sleep(0.5)
+
+
+def finish(result: Dict[str, Any], recs: Sequence[Any], t0: float, placer_log: Optional[Path],
+           log_offset: int) -> None:
+    """SM activity over the pass (all GPUs and per GPU), activity alone of an exclusive pass's jobs, the placer's
+    counts (``placer_log``: None without a placer)."""
+    cfg = config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={})
     ts = [j for j in result["jobs"] if j["submit_ts"]]
     first = min((j["submit_ts"] for j in ts), default=t0)
-    last = max((j["end_ts"] or 0 for j in result["jobs"]), default=0) or t1
+    last = max((j["end_ts"] or 0 for j in result["jobs"]), default=0) or time.time()
     result["smact_pct"] = sm_activity(cfg, recs, first, last)
     result["smact_pct_per_gpu"] = smact_per_gpu(cfg, first, last)
-    if policy == "exclusive":
+    if result["policy"] == "exclusive":
         try:
             alone_activity(result["jobs"])
         except Exception as exc:  # noqa: BLE001 - calibration data missing, the run goes on
             result["problems"].append(f"alone activity unreadable: {exc!r}")
-    if placer is not None:
+    if placer_log is not None:
         result["placer"] = placer_summary(placer_log, log_offset)
         with open(placer_log, "a") as fh:
-            fh.write(f"=== end of {name} ===\n")
-    save(final=True)
-    return result
+            fh.write(f"=== end of {result['pass']} ===\n")
 
 
 def small7(out: Path, deadline_s: float, policy: str = "aware") -> Dict[str, Any]:
@@ -422,20 +343,6 @@ def pass_weight(name: str) -> float:
     """A pass's share of the call's budget relative to the others: 2 for an exclusive pass (its jobs run one per
     GPU: on the 2x H200 run an equal share, 109 s, ended it after 8 of 14 jobs), 1 otherwise."""
     return 2.0 if name.endswith("-exclusive") else 1.0
-
-
-def job_line(j: Mapping[str, Any], alone_s: Optional[float]) -> str:
-    """One job's times: JCT, run, start-up split into Slurm start -> Python (``t_launch``), Python -> model and
-    data on the GPU (``t_ready``), the 5 warm-up steps (``t0``), then training (``t1 - t0``), time alone."""
-    b = j.get("bench") or {}
-
-    def d(a: Optional[float], z: Optional[float]) -> str:
-        return pm.fmt(float(z) - float(a)) if a and z else "-"
-    return (f"job {j['index']:>2} {j['workload']:<26} {j['state']} jct {d(j.get('submit_ts'), j.get('end_ts'))} s, "
-            f"run {d(j.get('start_ts'), j.get('end_ts'))} s = to python {d(j.get('start_ts'), b.get('t_launch'))} + "
-            f"set-up {d(b.get('t_launch'), b.get('t_ready'))} + warm-up {d(b.get('t_ready'), b.get('t0'))} + "
-            f"training {d(b.get('t0'), b.get('t1'))} s; alone {pm.fmt(alone_s)} s; "
-            f"activity alone {j.get('alone_activity')}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

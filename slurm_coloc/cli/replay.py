@@ -215,6 +215,7 @@ def run(
                 **rr.metrics.as_dict(),
                 "problems": rr.problems,
                 "jobs": {str(t): j for t, j in rr.job_of_task.items()},
+                "runs": rr.per_task,
             }
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
@@ -224,6 +225,11 @@ def run(
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
+    _print_table(result)
+
+
+def _print_table(result: Dict[str, Any]) -> None:
+    """The replay's figures per mode, SM activity per GPU, and the changes against exclusive."""
     keys = [
         "tasks",
         "completed",

@@ -82,16 +82,15 @@ def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int
                                 f"{_tail(log_path) or 'no output'}") from None
     if "error" in answer:
         raise EstimateError(str(answer["error"]))
-    flops = answer.get("flops_per_step")
-    return Estimate(mem_mib=int(answer["mem_mib"]), method=str(answer["method"]),
-                    detail=dict(answer.get("detail") or {}), gpu_model=answer.get("gpu_model"),
-                    flops_per_step=int(flops) if isinstance(flops, int) and not isinstance(flops, bool) else None)
+    try:
+        return Estimate.from_json(answer)
+    except ValueError as exc:
+        raise EstimateError(f"the estimate process answered badly: {exc}") from None
 
 
 def child_main(result_path: str) -> None:
-    """The child: read the task from stdin, estimate, write ``{"mem_mib", "method", "detail", "gpu_model",
-    "flops_per_step"}`` or
-    ``{"error": <one line>}`` to ``result_path``. Exit code 0 once an answer is written."""
+    """The child: read the task from stdin, estimate, write ``Estimate.to_json()`` or ``{"error": <one line>}`` to
+    ``result_path``. Exit code 0 once an answer is written."""
     task = json.loads(sys.stdin.read())
     spec_fields = dict(task["spec"])
     spec_fields["input_shape"] = tuple(spec_fields["input_shape"])
@@ -102,8 +101,7 @@ def child_main(result_path: str) -> None:
 
         try:
             est = estimate_peak(ModelSpec(**spec_fields), task["gpu_model"], history_mib=task["history_mib"])
-            answer = {"mem_mib": est.mem_mib, "method": est.method, "detail": est.detail, "gpu_model": est.gpu_model,
-                      "flops_per_step": est.flops_per_step}
+            answer = est.to_json()
         except ColocError as exc:
             answer = {"error": exc.one_line()}
     except Exception as exc:  # noqa: BLE001 - the user's model may raise anything; one line back to the parent

@@ -27,6 +27,7 @@ save time, never fail an estimate. At most ``MAX_ENTRIES`` entries are kept (old
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.machinery
 import importlib.metadata
@@ -163,19 +164,10 @@ def lookup(key: str) -> Optional[Estimate]:
     if not isinstance(entry, dict):
         return None
     try:
-        mem = entry["mem_mib"]
-        if not isinstance(mem, int) or isinstance(mem, bool) or mem <= 0:
-            return None
-        detail = entry.get("detail", {})
-        if not isinstance(detail, dict):
-            return None
-        flops = entry.get("flops_per_step")  # absent in entries stored before FLOPs were counted: None
-        return Estimate(mem_mib=mem, method=str(entry["method"]), detail=dict(detail, cached=True),
-                        gpu_model=entry.get("gpu_model"),
-                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
-                        and flops >= 0 else None)
-    except (KeyError, TypeError):
+        est = Estimate.from_json(entry)
+    except ValueError:
         return None
+    return dataclasses.replace(est, detail=dict(est.detail, cached=True))
 
 
 def store(key: str, est: Estimate) -> None:
@@ -183,9 +175,7 @@ def store(key: str, est: Estimate) -> None:
     path = cache_path()
     try:
         entries = _read(path)
-        entries[key] = {"mem_mib": est.mem_mib, "method": est.method, "detail": est.detail,
-                        "gpu_model": est.gpu_model, "flops_per_step": est.flops_per_step,
-                        "stored_at": time.time()}
+        entries[key] = {**est.to_json(), "stored_at": time.time()}
         if len(entries) > MAX_ENTRIES:
             keep = sorted(entries, key=lambda k: float(entries[k].get("stored_at", 0))
                           if isinstance(entries[k], dict) else 0.0)[-MAX_ENTRIES:]

@@ -68,3 +68,38 @@ class Estimate:
     detail: Dict[str, Any] = field(default_factory=dict)
     gpu_model: Optional[str] = None
     flops_per_step: Optional[int] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The estimate as a JSON object: ``mem_mib``, ``method``, ``detail``, ``gpu_model``, ``flops_per_step``
+        (what ``from_json`` reads back; the estimate cache, the probe cache and coloc-sbatch's estimate child)."""
+        return {"mem_mib": self.mem_mib, "method": self.method, "detail": dict(self.detail),
+                "gpu_model": self.gpu_model, "flops_per_step": self.flops_per_step}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Estimate":
+        """An estimate read back from ``to_json``'s object (a file or another process wrote it).
+
+        ``detail`` absent or null reads as {}; ``gpu_model`` as given; ``flops_per_step`` absent, null or not a
+        non-negative integer (entries written before FLOPs were counted) reads as None.
+
+        Raises:
+            ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or ``detail``
+                not an object.
+        """
+        if not isinstance(data, dict):
+            raise ValueError("an estimate must be a JSON object")
+        mem: Any = data.get("mem_mib")
+        flops: Any = data.get("flops_per_step")
+        method, detail = data.get("method"), data.get("detail")
+        if not _is_int(mem) or mem <= 0:
+            raise ValueError(f"estimate mem_mib must be a positive integer, not {mem!r}")
+        if not isinstance(method, str):
+            raise ValueError(f"estimate method must be a string, not {method!r}")
+        if detail is not None and not isinstance(detail, dict):
+            raise ValueError("estimate detail must be an object")
+        return cls(mem_mib=mem, method=method, detail=dict(detail or {}), gpu_model=data.get("gpu_model"),
+                   flops_per_step=flops if _is_int(flops) and flops >= 0 else None)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,5 +1,9 @@
 """The job-end summary in AdminComment (the jobstats convention), written by EpilogSlurmctld.
 
+EpilogSlurmctld only records: the measured figures are computed by the node Epilog (hooks/figures.py, stored in
+the node database's ``job_figures``); here they are read, completed with the controller's OOM record (or, when no
+node stored figures within the wait, with what was asked and estimated and ``measured`` false) and written.
+
 Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/report.md): ``est_mib`` estimate,
 ``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
 ``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
@@ -20,12 +24,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.report.summarize import JobView, Report, add_usage, spec_fields
-from slurm_coloc.report.views import add_findings, flag_waste
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.parse import expand_hostlist
@@ -35,93 +37,73 @@ from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store.db import open_ctld_db
+from slurm_coloc.units import shards_to_mib
 
 MAX_CHARS = 1000
 OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note and the end summary)
 WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
-WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}  # no spaces: scontrol -o
+KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact", "smact_p95",
+        "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured", "waste", "finding")
+"""The AdminComment keys, in the order they are written (module docstring)."""
 
 
 def _nodes(node_list: str) -> List[str]:
-    """The node names of a recorded Slurm host list (``gpu[01-02]`` -> gpu01 gpu02); [] when unreadable."""
     try:
         return expand_hostlist(node_list)
     except SlurmError:
         return []
 
 
-def _job_view(cfg: Config, job_id: int) -> "tuple[Optional[JobView], Report]":
-    """The job's report view from the controller row and every node database of its node list."""
-    report = Report()
-    ctld = rq.open_for_report(cfg.ctld_db_path)
-    row = rq.load_job_row(ctld, job_id) or {}
-    o = store_oom.load_oom_event(ctld, job_id)
-    if o is not None:
-        report.oom_by_job[job_id] = o
-    runs = []
-    for node in _nodes(str(row.get("node_list") or "")):
+def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str, Any]]:
+    """The job's summary figures the node Epilogs stored (hooks/figures.py), from every node database of
+    ``node_list``: the latest one (it saw the most nodes' summaries); None when no node stored any yet."""
+    found: List[Tuple[float, Dict[str, Any]]] = []
+    for node in _nodes(node_list):
         path = cfg.node_db_path(node)
-        if not path.exists():
-            continue
-        db = rq.open_for_report(path)
-        report.node_dbs[node] = db
-        report.node_paths[node] = str(path)
-        runs.extend(rq.load_job_run_rows(db, job_id))
-        report.summaries.setdefault(job_id, []).extend(store_samples.load_summaries(db, job_id))
-    if not row and not runs:
-        return None, report
-    def times(key: str) -> List[float]:
-        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)] if isinstance(t, (int, float)) and t]
-
-    starts, ends = times("start_ts"), times("end_ts")
-    view = JobView(
-        job_id=job_id, user=row.get("user_name"), name=row.get("job_name"),  # type: ignore[arg-type]
-        nodes=",".join(str(r["node"]) for r in runs), gpus=";".join(f"{r['node']}:{r['gpus']}" for r in runs
-                                                                    if r.get("gpus")),
-        shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
-        estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
-        state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
-        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None,
-        **spec_fields(row.get("spec_json")))  # type: ignore[arg-type]
-    return view, report
+        if path.exists():
+            got = store_samples.load_figures(rq.open_for_report(path), job_id)
+            if got is not None:
+                found.append(got)
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def _int(x: Optional[float]) -> Optional[int]:
-    return None if x is None else int(round(x))
-
-
-def summary_dict(view: JobView) -> Dict[str, Any]:
-    """The compact AdminComment dict of a job view (None values left out, floats rounded)."""
-    def r(x: Optional[float], nd: int = 1) -> Optional[float]:
-        return None if x is None else round(float(x), nd)
-
-    d: Dict[str, Any] = {
-        "coloc": 1, "est_mib": view.estimate_mib, "method": (view.estimate_method or "").replace(" ", "_") or None,
-        "mode": view.share_mode,
-        "shards": view.shards, "req_mib": _int(view.requested_mib), "peak_mib": _int(view.peak_mem_mib),
-        "err_pct": r(view.estimate_error_pct), "util": r(view.util_mean), "smact": r(view.smact_mean),
-        "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
-        "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
-        "retry": view.retry_job_id, "watchdog": view.watchdog,
-        "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
-        "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None,
-        "finding": view.findings[0]["name"] if view.findings else None}
-    return {k: v for k, v in d.items() if v is not None}
+def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]], oom: Optional[Any]) -> Dict[str, Any]:
+    """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
+    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out the
+    ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the
+    controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out."""
+    if figures is not None and isinstance(figures.get("summary"), dict):
+        d: Dict[str, Any] = dict(figures["summary"])
+    else:
+        shards = row.get("shards_req")
+        d = {"coloc": 1, "est_mib": row.get("estimate_mib"),
+             "method": (row.get("estimate_method") or "").replace(" ", "_") or None, "mode": row.get("share_mode"),
+             "shards": shards, "req_mib": shards_to_mib(shards) if shards else None, "measured": False}
+        figures = None
+    if oom is not None:
+        d.update(oom=True, retry=oom.retry_job_id)
+        names = [n for n in (figures or {}).get("findings") or [] if n != "over-request"]
+        d["finding"] = names[0] if names else None
+    return {k: d[k] for k in KEYS if d.get(k) is not None}
 
 
 def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
-    """The AdminComment text of ``job_id``: waits up to ``wait_s`` for the node Epilog's summary (the node
-    Epilog and EpilogSlurmctld run at the same time), then summarises what exists. None: job unknown."""
+    """The AdminComment text of ``job_id``: waits up to ``wait_s`` for the node Epilog's figures (the node
+    Epilog and EpilogSlurmctld run at the same time), then records what exists. None: job unknown.
+
+    Reads only the controller's row and OOM record and the figures rows (no report pipeline here).
+    """
+    ctld = rq.open_for_report(cfg.ctld_db_path)
+    row = rq.load_job_row(ctld, job_id)
+    if not row:
+        return None
     deadline = time.monotonic() + wait_s
     while True:
-        view, report = _job_view(cfg, job_id)
-        if view is None or report.summaries.get(job_id) or time.monotonic() >= deadline:
+        figures = node_figures(cfg, job_id, str(row.get("node_list") or ""))
+        if figures is not None or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    if view is None:
-        return None
-    full = add_findings(flag_waste(add_usage(view, report, cfg), cfg), cfg)
-    d = summary_dict(full)
+    d = compose(row, figures, store_oom.load_oom_event(ctld, job_id))
     text = json.dumps(d, separators=(",", ":"))
     if len(text) > MAX_CHARS:  # long job names cannot get here; only the waste list can grow: drop it
         d.pop("waste", None)

@@ -22,7 +22,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, SlurmError
 from slurm_coloc.hooks import admin_comment, oom
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import final_state, is_final
+from slurm_coloc.hooks.state import final_state
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.run import slurm_env
@@ -90,8 +90,8 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
             info = by_id.get(job_id)
             if info is None:
                 store_jobs.settle_state(db, job_id, None)
-            elif is_final(info.state):
-                store_jobs.settle_state(db, job_id, info.state.split()[0].upper())
+            elif info.final:
+                store_jobs.settle_state(db, job_id, info.state)
                 out["settled"].append(job_id)
         out["reruns"] = oom.record_rerun_ends(db, jobs)
     except Exception as exc:  # noqa: BLE001 - settling earlier records never fails this job's hook
@@ -106,10 +106,12 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
     return "gpu" if "gpu" in tres else "none"
 
 
-def read_coloc(comment: Optional[str], job_id: Optional[int] = None) -> Dict[str, Any]:
-    """The job comment's coloc fields as validated by ``comment.JobComment`` (ranges, types, sizes), as the JSON
-    object root records; {} for an unannotated job (no coloc JSON, or one that breaks the protocol)."""
-    return JobComment.read(comment, job_id).to_json()
+def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
+    """``(coloc_json, spec_json)`` root records of a validated comment: sorted-key JSON text of its fields and of
+    its spec; None where the comment (an unannotated job) or the spec has no field."""
+    data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
+    return (json.dumps(data, sort_keys=True) if data else None,
+            json.dumps(spec, sort_keys=True) if spec else None)
 
 
 def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
@@ -123,17 +125,16 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
     job = _pick(jobs, ctx.job)
     sha, sha_note = stored_script_sha256(ctx.job, cfg, senv)
-    coloc = read_coloc(ctx.comment, ctx.job)
-    spec = coloc.get("spec")
+    coloc = JobComment.read(ctx.comment, ctx.job)
+    coloc_json, spec_json = coloc_record(coloc)
     sub = store_jobs.JobSubmission(
         job_id=ctx.job, user_name=ctx.user_name, uid=job.uid if job.uid is not None else ctx.uid,
         job_name=ctx.job_name,
         partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
         submit_ts=job.submit_ts, gres_req=job.tres_per_node,
         shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"), share_mode=share_mode_of(job.gres, cfg),
-        estimate_mib=coloc.get("mem_mib"), estimate_method=coloc.get("method"),
-        script_sha256=sha, spec_json=json.dumps(spec, sort_keys=True) if spec else None,
-        coloc_json=json.dumps(coloc, sort_keys=True) if coloc else None,
+        estimate_mib=coloc.mem_mib, estimate_method=coloc.method,
+        script_sha256=sha, spec_json=spec_json, coloc_json=coloc_json,
     )
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)
     store_jobs.record_submission(db, sub)

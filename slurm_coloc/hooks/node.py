@@ -5,11 +5,7 @@ Prolog and Epilog run as root by slurmd; TaskProlog runs as the job's user and o
 """
 from __future__ import annotations
 
-import os
-import re
-import stat
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
@@ -21,9 +17,6 @@ from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_node_db
-
-ENV_KEY_RE = re.compile(r"^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")  # CVD: MPS remaps to 0
-MAX_ENV_LINE = 4096
 
 
 def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
@@ -78,7 +71,9 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend on
     Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
     Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is inferred
-    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why.
+    from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last, the job's
+    summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when the hook's
+    budget is nearly spent).
     Raises: StoreError (database unusable), HookTimeout (the runner's alarm).
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
@@ -99,39 +94,10 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     end = store_jobs.JobEnd(job_id=ctx.job, node=ctx.node, state=state, exit_code=code, signal=sig,
                             end_ts=end_ts or time.time())
     store_jobs.record_node_end(db, end)
+    from slurm_coloc.hooks import figures  # here: the controller hooks never load the report pipeline
+
+    out["figures"] = figures.record(cfg, db, ctx.job, ctx.node, job.nodes if job is not None else "")  # never raises
     return {"state": state, "exit_code": code, "signal": sig, **out, **sharing}
-
-
-def job_env_path(cfg: Config, job_id: int) -> Path:
-    """Where the Prolog leaves a job's task environment: ``<run_dir>/jobs/<job_id>.env``."""
-    return Path(cfg.run_dir) / "jobs" / f"{int(job_id)}.env"
-
-
-def read_job_env(path: Path) -> List[tuple]:
-    """Read ``KEY=VALUE`` lines of a per-job env file, safely.
-
-    The file must be a regular file owned by root and not writable by group/others, opened without
-    following symlinks; only keys matching ``CUDA_MPS_*``/``COLOC_*``/``CUDA_VISIBLE_DEVICES`` and lines under
-    4096 bytes are kept.
-    Returns ``[]`` when the file is absent or unsafe.
-    """
-    try:
-        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            return []
-        data = fh.read(64 * 1024)
-    out = []
-    for raw in data.split(b"\n"):
-        if not raw or len(raw) > MAX_ENV_LINE:
-            continue
-        key, sep, value = raw.decode("utf-8", "replace").partition("=")
-        if sep and ENV_KEY_RE.match(key) and "\n" not in value:
-            out.append((key, value))
-    return out
 
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
@@ -141,14 +107,14 @@ def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]
     job each component's tasks get their own component's file, not the leader's that ``SLURM_JOB_ID`` names.
     ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
     """
-    from slurm_coloc.node.jobenv import stepd_job_id
+    from slurm_coloc.node.jobenv import read_env, stepd_job_id
 
     job_id = stepd_job_id() or ctx.job_id
     if job_id is None:
         return []
     # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the task's
     # standard output.
-    pairs = read_job_env(job_env_path(cfg, job_id))
+    pairs = read_env(cfg, job_id)
     lines = [f"export {k}={v}" for k, v in pairs]
     if (GUARD_KEY, "1") in pairs:
         lines.append(f"print coloc: job {job_id} was submitted for coloc-placer but started without its GPU "

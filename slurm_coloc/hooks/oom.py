@@ -32,10 +32,10 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.rerun import RETRY_TAG, submit_retry
-from slurm_coloc.hooks.state import is_final
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
+from slurm_coloc.units import shards_to_mib
 from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
@@ -220,13 +220,13 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
     reruns in the window (controller database)."""
     from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
 
-    grant = (job.shards or 0) * 1024
+    grant = shards_to_mib(job.shards or 0)
     return rerun_gate(
         grant, peak_mib, tried_to_allocate_mib(messages),
         sampler_watched(cfg, job.nodes, job.start_ts, job.end_ts or time.time()),
         stopped_by_watchdog(cfg, job.job_id, job.nodes),
         store_oom.reruns_since(db, uid, time.time() - cfg.oom_rerun_window_s),
-        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct, cfg.gpu_mem_gib * 1024)
+        cfg.oom_rerun_per_user_max, cfg.oom_rerun_window_s, cfg.oom_rerun_tolerance_pct, shards_to_mib(cfg.gpu_mem_gib))
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
@@ -240,8 +240,8 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
         info = by_id.get(rerun_id)
         if info is None:
             store_oom.record_retry_outcome(db, rerun_id, "UNKNOWN", None, None)
-        elif is_final(info.state):  # hooks/state.py
-            store_oom.record_retry_outcome(db, rerun_id, info.state.split()[0], info.start_ts, info.end_ts)
+        elif info.final:
+            store_oom.record_retry_outcome(db, rerun_id, info.state, info.start_ts, info.end_ts)
         else:
             continue
         done.append(rerun_id)
@@ -278,10 +278,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
 
         peak_mib = job_peak_mem_mib(cfg, job_id, job.nodes)
     decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
-                          fence_mib=shards * 1024 if shards else None)
+                          fence_mib=shards_to_mib(shards) if shards else None)
     if not decision.oom:
         return {"oom": False, "why": decision.reason, "read": read, "peak_mib": peak_mib}
-    coloc = JobComment.read(job.comment, job_id).to_json()
+    argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, shards, cfg.gpu_mem_gib, retry_of)
     if plan.oom:
@@ -290,7 +290,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                 "messages": messages, "read": read, "decision": decision.reason, "node_list": job.nodes,
                 "sampler_peak_mib": peak_mib}
     oom = store_oom.OomRecord(job_id=job_id, ts=time.time(), user_name=ctx.user_name, uid=uid, script_sha256=sha,
-                              share_mode=share_mode, shards=shards, fence_mib=shards * 1024 if shards else None,
+                              share_mode=share_mode, shards=shards, fence_mib=shards_to_mib(shards) if shards else None,
                               end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
                               retry_status="submitting" if plan.oom else "not-retried", retry_reason=plan.reason)
     if not store_oom.claim_retry(db, oom):
@@ -302,7 +302,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
         store_jobs.record_event(db, job_id, "oom-not-retried", {"reason": plan.reason, "user_told": told or "yes"})
         return {"oom": True, "retry": False, "why": plan.reason}
     try:
-        new_id, exact = submit_retry(job, cfg, env, uid, gid, coloc)
+        new_id, exact = submit_retry(job, cfg, env, uid, gid, argv)
     except ColocError as exc:
         error = exc.one_line()
         store_oom.record_retry_failed(db, job_id, error)

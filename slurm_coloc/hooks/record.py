@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.comment import JobComment
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
 from slurm_coloc.hooks.context import HookContext
@@ -106,14 +107,14 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
                                            "detail_json": json.dumps({"hook": name, **detail}, sort_keys=True,
                                                                      default=str)}, "once": [now, now]})
         if name == "prolog-slurmctld":
-            coloc = ctld.read_coloc(ctx.comment, ctx.job_id)
+            coloc = JobComment.read(ctx.comment, ctx.job_id)
             ops.append({"op": "submission", "row": {
                 "job_id": ctx.job_id, "user_name": ctx.user_name, "uid": ctx.uid, "job_name": ctx.job_name,
-                "partition": ctx.partition, "estimate_mib": coloc.get("mem_mib"),
-                "estimate_method": coloc.get("method"),  # no shards_req: only Slurm's GRES (hooks/ctld.py) is one,
+                "partition": ctx.partition, "estimate_mib": coloc.mem_mib,
+                "estimate_method": coloc.method,  # no shards_req: only Slurm's GRES (hooks/ctld.py) is one,
                 # never the comment's claim; left NULL, the report takes the node's record of the job
                 "updated_ts": now,  # script_sha256: only root's hash of Slurm's copy (hooks/ctld.py)
-                "coloc_json": json.dumps(coloc, sort_keys=True) if coloc else None}})
+                "coloc_json": ctld.coloc_record(coloc)[0]}})
         else:
             ops.append({"op": "ctld_end", "row": {
                 "job_id": ctx.job_id, "end_ts": now, "exit_code": ctx.exit_code, "signal": ctx.signal,

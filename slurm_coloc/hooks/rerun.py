@@ -18,13 +18,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.comment import COMMENT_TAG
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.jobinfo import JobInfo
+from slurm_coloc.units import shards_to_mib
 
 RETRY_TAG = "oom-retry-of-"
 NEUTRAL_PREFIX = "# (coloc oom rerun) "
@@ -60,32 +61,25 @@ def neutralise_directives(script: str) -> Tuple[str, int]:
     return "".join(parts), changed
 
 
-MAX_ARGS = 4096  # bounds of the comment's argv where Slurm keeps no arguments (24.11+)
-MAX_ARG_CHARS = 4096
-
-
-def script_args(job: Optional[JobInfo], coloc: Mapping[str, Any]) -> Tuple[List[str], bool]:
+def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[List[str], bool]:
     """The batch script's arguments and whether they are known exactly.
 
     Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
-    ``submit_line``, both argv joined by single spaces). ``argv`` in the coloc comment (list of str) is used only
-    where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
+    ``submit_line``, both argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``,
+    already within ``comment.MAX_ARGS`` words of at most ``comment.MAX_ARG_CHARS``; None when absent). It is used
+    only where its words are the words Slurm recorded (the comment is the user's text; it can restore spaces inside
     arguments, never add or change any); otherwise Slurm's words, exact unless an argument held whitespace.
 
     Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
-    docs/slurm-versions.md); there the comment's ``argv`` is the only source and is used within bounds
-    (``MAX_ARGS`` words of at most ``MAX_ARG_CHARS``). The arguments follow the script path, where sbatch reads no
-    option, so they shape only what the user's own script sees.
+    docs/slurm-versions.md); there the comment's ``argv`` is the only source. The arguments follow the script
+    path, where sbatch reads no option, so they shape only what the user's own script sees.
     """
     recorded, exact = job.recorded_script_args() if job else ([], True)
-    raw = coloc.get("argv")
-    argv: List[str] = list(raw) if isinstance(raw, list) else []
-    valid = isinstance(raw, list) and len(argv) <= MAX_ARGS and \
-        all(isinstance(a, str) and len(a) <= MAX_ARG_CHARS for a in argv)
+    words = list(argv) if argv is not None else []
     if recorded is None:
-        return (list(argv), True) if valid else ([], False)  # 24.11: Slurm keeps the script path only
-    if valid and " ".join(argv).split() == recorded:
-        return list(argv), True  # the comment's words agree with what Slurm recorded
+        return (words, True) if argv is not None else ([], False)  # 24.11: Slurm keeps the script path only
+    if argv is not None and " ".join(words).split() == recorded:
+        return words, True  # the comment's words agree with what Slurm recorded
     return recorded, exact
 
 
@@ -123,7 +117,7 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
         args.append(f"--mincpus={job.min_cpus_per_node}")
     if job.mem_per_node_mib:
         args.append(f"--mem={job.mem_per_node_mib}M")
-    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": gib * 1024,
+    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": shards_to_mib(gib),
                             "method": "oom-retry", "retry_of": job.job_id}
     args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
                                                                                    sort_keys=True))
@@ -131,9 +125,10 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
 
 
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
-                 coloc: Mapping[str, Any]) -> Tuple[int, bool]:
+                 argv: Optional[Sequence[str]]) -> Tuple[int, bool]:
     """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the job's
-    user; return (new job id, whether the script's arguments are exact).
+    user; return (new job id, whether the script's arguments are exact). ``argv``: the job comment's
+    (``JobComment.argv``), see ``script_args``.
 
     Raises:
         ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.
@@ -153,7 +148,7 @@ def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gi
         except OSError as exc:
             raise ColocError(f"cannot read the saved batch script of job {job_id}: {exc}") from None
         path.write_text(neutralise_directives(text)[0], encoding="utf-8", errors="surrogateescape")
-        argv, exact = script_args(job, coloc)
+        argv, exact = script_args(job, argv)
         new_id = slurm_jobs.sbatch_as_user(str(path), uid, gid, retry_sbatch_args(job, cfg), argv,
                                            cfg.slurm_bin_dir, env.get("SLURM_CONF"), timeout_s=cfg.hook_timeout_s / 4)
         return new_id, exact

@@ -32,7 +32,8 @@ INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace
 
 
 def is_final(state: str) -> bool:
-    """Whether a ``job_state`` is a final state (``COMPLETING``, ``RUNNING``, ``PENDING`` are not)."""
+    """Whether a state name in the hook's environment (text, any case) is a final state (``JobInfo.final`` is the
+    same test on Slurm's record, normalised where ``JobInfo`` is built)."""
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
@@ -52,8 +53,8 @@ def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[
     given = state_from_env(env or {})
     if given:
         return given, SLURM
-    if is_final(job.state):
-        return job.state.split()[0].upper(), SLURM
+    if job.final:
+        return job.state, SLURM
     return infer_final_state(job.state, job.exit_code, job.signal, job.run_s, job.time_limit_s,
                              job.reason), INFERRED
 

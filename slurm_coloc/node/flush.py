@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
 
 log = logging.getLogger("slurm_coloc.node.flush")
@@ -49,23 +50,10 @@ def flush_wait_s(cfg: Config) -> float:
 def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
     """Atomically replace the marker (sampler side). Raises OSError when the run directory cannot be written.
 
-    Called after every write of the sampler (once per ``sampler_batch_s``), so it is kept to the syscalls it needs:
-    create the temporary file (removing a stale one only when it exists), one write, close, rename.
+    Called after every write of the sampler (once per ``sampler_batch_s``): ``atomic.write_atomic``, no fsync.
     """
-    final = os.path.join(cfg.run_dir, f"sampler-{node}.flushed")
-    tmp = os.path.join(cfg.run_dir, f".sampler-{node}.flushed.{os.getpid()}")
     data = json.dumps({"pid": os.getpid(), "upto_ts": upto_ts, "flushes": flushes}).encode("utf-8")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:  # left by a write that failed half-way
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
+    write_atomic(marker_path(cfg, node), data, 0o644)
 
 
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:

@@ -1,20 +1,28 @@
 """The per-job task environment file ``<run_dir>/jobs/<job_id>.env`` (root-owned, 0644, ``KEY=VALUE`` lines).
 
-Written by the Prolog for shard jobs, read by TaskProlog (hooks/node.py ``read_job_env``) and the SPANK plugin,
-removed by the Epilog. Whole-GPU jobs get no file.
+This module owns the file: its path (``env_path``), which jobs have one (``env_job_ids``), its one writer
+(``write_env``, by the Prolog for shard jobs and placer-guarded jobs), its one reader (``read_env``, which checks
+owner, mode and keys: the TaskProlog and the root watchdog use it) and its removal (``remove_env``, by the
+Epilog). The SPANK plugin (C) reads the same path. Whole-GPU jobs get no file. The file carries the task's
+variables only; the job's grant is its recorded shards (``job_runs.shards``), never re-read from the fence text.
 """
 from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import FrozenSet, List, Optional, Tuple
 
+from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
 from slurm_coloc.node.mps import MpsDaemon, _mkdir
 from slurm_coloc.slurm.parse import parse_stepd_title
 
 _VALUE_OK = re.compile(r"^[A-Za-z0-9_./=:,+-]*$")
+ENV_KEY_RE = re.compile(r"^(CUDA_MPS_[A-Z_]+|COLOC_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")  # CVD: MPS remaps to 0
+MAX_ENV_LINE = 4096
+MAX_ENV_BYTES = 64 * 1024
 
 
 def env_path(cfg: Config, job_id: int) -> Path:
@@ -48,14 +56,18 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
     _mkdir(Path(cfg.run_dir))
     _mkdir(jobs)
     final = env_path(cfg, job_id)
-    tmp = jobs / f".{int(job_id)}.env.{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        os.fchmod(fh.fileno(), 0o644)
-        fh.write("".join(f"{k}={v}\n" for k, v in pairs))
-    os.replace(tmp, final)
+    write_atomic(final, "".join(f"{k}={v}\n" for k, v in pairs).encode("utf-8"), 0o644)
     return final
+
+
+def env_job_ids(cfg: Config) -> FrozenSet[int]:
+    """The job ids that have an env file now (names ``<job_id>.env``; temporary ``.``-files are not listed);
+    empty when the jobs directory is absent or unreadable."""
+    try:
+        names = os.listdir(Path(cfg.run_dir) / "jobs")
+    except OSError:
+        return frozenset()
+    return frozenset(int(n[:-4]) for n in names if n.endswith(".env") and n[:-4].isdigit())
 
 
 def remove_env(cfg: Config, job_id: int) -> bool:
@@ -67,13 +79,30 @@ def remove_env(cfg: Config, job_id: int) -> bool:
         return False
 
 
-def read_pairs(path: Path) -> Optional[Dict[str, str]]:
-    """The file's pairs as a dict (tests and diagnostics), None when absent."""
+def read_env(cfg: Config, job_id: int) -> List[Tuple[str, str]]:
+    """The job's env file as ``(KEY, VALUE)`` pairs, read safely; ``[]`` when absent or unsafe.
+
+    The file must be a regular file owned by root and not writable by group/others, opened without following
+    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes whose key
+    matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        fd = os.open(str(env_path(cfg, job_id)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return []
+        data = fh.read(MAX_ENV_BYTES)
+    out = []
+    for raw in data.split(b"\n"):
+        if not raw or len(raw) > MAX_ENV_LINE:
+            continue
+        key, sep, value = raw.decode("utf-8", "replace").partition("=")
+        if sep and ENV_KEY_RE.match(key) and "\n" not in value:
+            out.append((key, value))
+    return out
 
 
 MAX_ANCESTORS = 12

@@ -16,6 +16,7 @@ from slurm_coloc.node import flush, jobenv, mps
 from slurm_coloc.node import sampler as sampler_mod
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.units import shards_to_mib
 
 log = logging.getLogger("slurm_coloc.node")
 
@@ -60,7 +61,8 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         out["mps"] = "shards-on-several-gpus"
         store_samples.record_node_event(db, job_id, "mps-skipped", {"gpus": list(gpus), "why": out["mps"]})
     else:
-        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env, uid, int(shards or 0) * 1024 or None)
+        res = mps.acquire(cfg, job_id, gpus[0], _uuid_of(gpus[0]), env, uid,
+                          shards_to_mib(shards or 0) or None)
         store_samples.record_node_event(db, job_id, res.event, {"gpu": gpus[0], **res.detail})
         out["mps"] = res.event
         if res.ok and res.daemon is not None:

@@ -18,11 +18,11 @@ restores the recorded mode. Only through ``slurm_coloc.nvml``; failures are retu
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
 
 log = logging.getLogger("slurm_coloc.node.mps")
@@ -39,13 +39,7 @@ def limit_value(mib: int) -> str:
 
 def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> None:
     """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown)."""
-    path = members_dir / str(int(job_id))
-    tmp = members_dir / f".{int(job_id)}.{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("" if grant_mib is None else f"{int(grant_mib)}\n")
-    os.replace(tmp, path)
+    write_atomic(members_dir / str(int(job_id)), b"" if grant_mib is None else f"{int(grant_mib)}\n".encode(), 0o644)
 
 
 def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:

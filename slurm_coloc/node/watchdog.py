@@ -5,9 +5,10 @@ the pids attributed to jobs by node/attribution.py), for every shard job running
 with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its GPU):
 
 - **over-grant**: the summed NVML memory of the job's processes on a GPU exceeds its grant there plus
-  ``watchdog_tolerance_mib``. The grant is the job's MPS fence (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>G`` in its
-  env file), else its shards x 1024 MiB; on a GPU it holds no shard of, 0. NVML's per-process figure counts the
-  CUDA context, as the fence does (an MPS client at its fence: "this process has 1.96 GiB memory in use").
+  ``watchdog_tolerance_mib``. The grant is the job's recorded shards (``job_runs.shards``, from slurmctld's GRES)
+  x 1024 MiB (``units.shards_to_mib``), which is also what its MPS fence is made of (node/jobenv.py); on a GPU
+  it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS client
+  at its fence: "this process has 1.96 GiB memory in use").
 - **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that is
   not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured on
   the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
@@ -35,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv
@@ -43,10 +44,10 @@ from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import watchdog as store_wd
 from slurm_coloc.store.db import open_node_db
+from slurm_coloc.units import shards_to_mib
 
 log = logging.getLogger("slurm_coloc.watchdog")
 
-MIB_PER_SHARD = 1024
 MPS_SERVER_BIN = "nvidia-cuda-mps-server"
 REFRESH_S = 5.0
 
@@ -81,20 +82,6 @@ class Finding:
     @property
     def key(self) -> Tuple[int, int, str]:
         return (self.job_id, self.gpu_index, self.reason)
-
-
-def grant_from_env(pairs: Mapping[str, str], shards: Optional[int]) -> Optional[float]:
-    """The job's grant in MiB: its MPS fence (``0=<n>G`` or ``0=<n>M``) when set, else shards x 1024.
-
-    None if neither.
-    """
-    fence = pairs.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
-    for item in fence.split(","):
-        _, sep, value = item.partition("=")
-        value = value.strip().upper()
-        if sep and value[:-1].isdigit() and value[-1:] in ("G", "M"):
-            return float(int(value[:-1]) * (MIB_PER_SHARD if value[-1] == "G" else 1))
-    return float(shards * MIB_PER_SHARD) if shards else None
 
 
 def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
@@ -198,7 +185,7 @@ class Watchdog:
         self.cfg, self.node, self.db_path, self.attr, self.proc_root = cfg, node, Path(db_path), attributor, proc_root
         self._db: Any = None
         self.tenants: Dict[int, Tenant] = {}
-        self._env_names: Optional[Set[str]] = None
+        self._env_names: Optional[FrozenSet[int]] = None
         self._refreshed = 0.0
         self._pending: Set[Tuple[int, int, str]] = set()
         self.acted: Dict[int, float] = {}
@@ -219,13 +206,10 @@ class Watchdog:
         return self._db
 
     def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
-        """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, fence) +
-        the open ``job_runs`` row (GPU, shards, uid). A job with several GPUs is not a tenant (no MPS, no fence)."""
-        jobs_dir = Path(self.cfg.run_dir) / "jobs"
-        try:
-            names = {n for n in os.listdir(jobs_dir) if n.endswith(".env") and n[:-4].isdigit()}
-        except OSError:
-            names = set()
+        """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, read by
+        ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several GPUs
+        is not a tenant (no MPS, no fence)."""
+        names = jobenv.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
             return self.tenants
@@ -235,17 +219,13 @@ class Watchdog:
             return self.tenants
         runs = {r.job_id: r for r in store_wd.running_runs(self._open(), self.node)}
         tenants: Dict[int, Tenant] = {}
-        for name in names:
-            job = int(name[:-4])
+        for job in names:
             run = runs.get(job)
-            pairs = jobenv.read_pairs(jobs_dir / name) or {}
-            if run is None or len(run.gpus) != 1:
+            if run is None or len(run.gpus) != 1 or not run.shards:
                 continue
-            grant = grant_from_env(pairs, run.shards)
-            if grant is None:
-                continue
-            tenants[job] = Tenant(job, run.gpus[0], grant, "mps" if pairs.get("COLOC_SHARE") == "mps" else "timeslice",
-                                  run.uid)
+            share = dict(jobenv.read_env(self.cfg, job)).get("COLOC_SHARE")
+            tenants[job] = Tenant(job, run.gpus[0], float(shards_to_mib(run.shards)),
+                                  "mps" if share == "mps" else "timeslice", run.uid)
         self.tenants = tenants
         self.acted = {j: t for j, t in self.acted.items() if j in tenants}
         return tenants

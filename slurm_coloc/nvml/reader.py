@@ -9,7 +9,6 @@ must be at least 100 ms apart, so the first read of a device has GPM columns Non
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -237,8 +236,3 @@ def _div(v: Any, d: float) -> Optional[float]:
 
 def _mean(xs: Optional[List[float]]) -> Optional[float]:
     return None if not xs else sum(xs) / len(xs)
-
-
-def this_pid() -> int:
-    """The calling process id (kept here so tests can compare with NVML's view)."""
-    return os.getpid()

@@ -48,16 +48,6 @@ class ReplayReader:
         self.pid_map = dict(pid_map or {})
         self._next = 0
 
-    @property
-    def recorded_pids(self) -> List[int]:
-        """Distinct pids in the recording, in order of first appearance."""
-        seen: List[int] = []
-        for f in self.frames:
-            for p in f.get("procs", []):
-                if p["pid"] not in seen:
-                    seen.append(p["pid"])
-        return seen
-
     def read(self) -> Frame:
         """The next recorded frame, stamped with the current wall time."""
         data = self.frames[self._next % len(self.frames)]

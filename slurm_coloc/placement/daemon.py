@@ -11,15 +11,14 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity, rounds, share
 from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
-from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
+from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.rounds import PlacerState, Steered  # noqa: F401 - re-exported
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import placement as store_placement
@@ -28,33 +27,6 @@ from slurm_coloc.store.db import open_readonly
 log = logging.getLogger("slurm_coloc.placer")
 ACTIVE_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
 HISTORY_REFRESH_S = 60.0
-
-
-@dataclass
-class Steered:
-    """A job this placer sent to a GPU, remembered until Slurm shows it holding the GPU (or it is gone)."""
-
-    node: str
-    index: int
-    shards: int
-    demand: Activity
-    ts: float
-    profile: share.Profile = field(default_factory=lambda: share.Profile(None))
-
-
-
-@dataclass
-class PlacerState:
-    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
-    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines already
-    logged (each is logged once)."""
-
-    steered: Dict[int, Steered] = field(default_factory=dict)
-    history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
-    timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
-    history_ts: float = 0.0
-    notes: Dict[int, str] = field(default_factory=dict)
-    logged: Set[str] = field(default_factory=set)
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
@@ -126,8 +98,10 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
                 known: Callable[[JobInfo], Tuple[share.Profile, float]], now: float) -> List[List[share.Tenant]]:
     """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
-    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet). ``known(job)``: a job's
-    profile and predicted SM activity alone (steered jobs keep what the placer knew when it sent them). Pure."""
+    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are ending
+    (``COMPLETING``: their epilogs run, they hold shards but compute no more, so their room is free for the model
+    in the same round). ``known(job)``: a job's profile and predicted SM activity alone (steered jobs keep what the
+    placer knew when it sent them). Pure."""
     where = {g.key: i for i, g in enumerate(gpus)}
     out: List[List[share.Tenant]] = [[] for _ in gpus]
     shown = set()
@@ -136,7 +110,7 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
             continue
         for node, idx, _name, _count in sp.gpu_holdings(job):
             shown.add(job.job_id)
-            if (node, idx) in where:
+            if (node, idx) in where and not job.completing:
                 s = steered.get(job.job_id)
                 prof, pred = (s.profile, s.demand.smact) if s is not None else known(job)
                 out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred))
@@ -229,7 +203,8 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
-    """One round: steer every held candidate (oldest first). Returns counts (placed, waiting, memory_only, ...).
+    """One round: steer every held candidate (``gate`` policy: oldest first; ``throughput``: least GPU work first,
+    ``share.order_candidates``). Returns counts (placed, waiting, memory_only, ...).
 
     Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind) is
     one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment breaks the
@@ -240,16 +215,46 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     """
     now = time.time() if now is None else now
     cal = cal or intensity.load_calibration(cfg.placement_calibration_path or None)
-    gate = Gate(cfg.placement_smact_gate, cfg.placement_smocc_gate, cfg.placement_drama_gate)
-    bin_dir = cfg.slurm_bin_dir
-    jobs = sp.queue(bin_dir, env)
+    jobs = sp.queue(cfg.slurm_bin_dir, env)
+    _forget(state, jobs, now)
+    shards_of = _candidate_shards(jobs)
+    candidates = sorted((j for j in jobs if j.job_id in shards_of),
+                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, j.job_id))
+    counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
+              "admin_held": 0}
+    if not candidates:
+        return counts
+    counts["admin_held"] = _admin_hold(candidates, cfg.slurm_bin_dir, env)
+    nodes = sp.typed_nodes(cfg.slurm_bin_dir, env)
+    _refresh_history(cfg, state, now)
+    gpus = gpu_states(nodes, jobs, read_live(cfg, [n.node for n in nodes]), state.steered, now,
+                      cfg.placement_recent_s or cfg.placement_window_s)
+    rnd = rounds.Round(cfg, state, cal, Gate(cfg.placement_smact_gate, cfg.placement_smocc_gate,
+                                             cfg.placement_drama_gate), gpus, [], bool(nodes), now, env)
+    rnd.log_gpus()
+    if rnd.throughput:
+        rnd.tenants = gpu_tenants(gpus, jobs, state.steered, rnd.tenant_data, now)
+        candidates = rnd.ordered(candidates)
+    for job in candidates:
+        rnd.handle(job, shards_of[job.job_id], counts)
+    return counts
+
+
+def _forget(state: PlacerState, jobs: Sequence[JobInfo], now: float) -> None:
+    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and notes of gone
+    jobs."""
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
                    if k not in known or (known[k].state not in ("PENDING", *ACTIVE_STATES) and not known[k].completing)
                    or now - s.ts > 600]:
         state.steered.pop(job_id, None)
     state.notes = {k: v for k, v in state.notes.items() if k in known}
-    shards_of: Dict[int, int] = {}
+
+
+def _candidate_shards(jobs: Sequence[JobInfo]) -> Dict[int, int]:
+    """Job id -> shard request of every held placer candidate (``sp.placer_shards``; a job that breaks the
+    protocol is none, with a warning)."""
+    out: Dict[int, int] = {}
     for j in jobs:
         try:
             n = sp.placer_shards(j)
@@ -257,102 +262,37 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
             log.warning("job %s: not a candidate (%s)", j.job_id, exc)
             n = None
         if n is not None:
-            shards_of[j.job_id] = n
-    candidates = sorted((j for j in jobs if j.job_id in shards_of),
-                        key=lambda j: (j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, j.job_id))
-    counts = {"candidates": len(candidates), "placed": 0, "waiting": 0, "memory_only": 0, "errors": 0,
-              "admin_held": 0}
-    if not candidates:
-        return counts
-    for job in candidates:  # the user may not release it unplaced: hold it as admin at once
+            out[j.job_id] = n
+    return out
+
+
+def _admin_hold(candidates: Sequence[JobInfo], bin_dir: str, env: Optional[Mapping[str, str]]) -> int:
+    """Hold as admin every candidate its user holds (the user may not release it unplaced); returns how many."""
+    held = 0
+    for job in candidates:
         if job.raw.get("state_reason") == "JobHeldUser":
             try:
                 sp.admin_hold(job.job_id, bin_dir, env)
-                counts["admin_held"] += 1
+                held += 1
             except Exception as exc:  # noqa: BLE001 - one job never stops a round
                 log.warning("job %d: admin hold failed (%s)", job.job_id, exc)
-    nodes = sp.typed_nodes(bin_dir, env)
-    if now - state.history_ts > HISTORY_REFRESH_S:
-        timing: Dict[intensity.HistoryKey, List[Timing]] = {}
-        try:
-            state.history = read_history(cfg, timing, now, state.logged)
-            state.timing = timing
-        except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
-            log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
-        state.history_ts = now
-        if not state.history:
-            log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go by "
-                     "the gate, or by memory where a GPU's sampler is silent")
-    live = read_live(cfg, [n.node for n in nodes])
-    gpus = gpu_states(nodes, jobs, live, state.steered, now, cfg.placement_recent_s or cfg.placement_window_s)
-    sat = saturated_gpus(gpus, gate, cfg.placement_state_max_age_s)
-    if sat:
-        log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
-    silent = share.silent_gpus(gpus, cfg.placement_state_max_age_s)
-    if silent:
-        log_once(state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent), "sampler silent (no state "
-                 "within %g s) on %s: jobs without measured history go there by memory only",
-                 cfg.placement_state_max_age_s, ", ".join(f"{n}/gpu{i}" for n, i in silent))
-    throughput = cfg.placement_policy == "throughput"
-
-    def tenant_data(j: JobInfo) -> Tuple[share.Profile, float]:
-        try:
-            c = JobComment.read(j.comment, j.job_id)
-            return profile(c, state.history, state.timing, j.uid), \
-                intensity.demand(c, state.history, cal, j.uid)[0].smact
-        except Exception as exc:  # noqa: BLE001 - one running job's data never stops a round
-            log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
-            return share.Profile(None), cal.unknown.smact
-
-    tenants = gpu_tenants(gpus, jobs, state.steered, tenant_data, now) if throughput else []
-    for job in candidates:
-        try:
-            shards = shards_of[job.job_id]
-            coloc = JobComment.read(job.comment, job.job_id)
-            demand, source = intensity.demand(coloc, state.history, cal, job.uid)
-            prof = profile(coloc, state.history, state.timing, job.uid)
-            if not throughput:
-                decision = choose_gpu(gpus, shards, demand, gate, cfg.placement_mode, cfg.placement_state_max_age_s)
-            elif not coloc.signature() and coloc.flops_per_step is None:
-                decision = share.memory_only(gpus, shards)
-                source = "no signature or FLOPs"
-                log_once(state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by "
-                         "memory", job.job_id)
-            else:
-                decision = share.choose_gpu_bounded(gpus, tenants, shards, prof, demand, gate, cal.capacity_for,
-                                                    cfg.placement_max_slowdown, now, cfg.placement_state_max_age_s)
-            waited = now - job.submit_ts if job.submit_ts else 0.0
-            if decision.placed:
-                assert decision.node is not None and decision.index is not None
-                sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
-                state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, now, prof)
-                if throughput:
-                    tenants[[g.key for g in gpus].index((decision.node, decision.index))].append(
-                        share.Tenant(prof, now, demand.smact))
-                gpus = _add(gpus, decision, shards, demand)
-                counts["placed"] += 1
-                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
-                         decision.reason)
-            elif not nodes or waited > cfg.placement_max_wait_s:
-                sp.release_memory_only(job.job_id, shards, job.comment, bin_dir, env)
-                counts["memory_only"] += 1
-                log.info("job %d released memory-only after %.0f s (%s)", job.job_id, waited,
-                         "no typed GPUs" if not nodes else decision.reason)
-            else:
-                counts["waiting"] += 1
-                if state.notes.get(job.job_id) != decision.reason:
-                    state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses it
-                    log.info("job %d waits: %s", job.job_id, decision.reason)
-                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
-        except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
-            counts["errors"] += 1
-            log.warning("job %d: %s", job.job_id, exc)
-    return counts
+    return held
 
 
-def _add(gpus: List[GpuState], d: Decision, shards: int, demand: Activity) -> List[GpuState]:
-    return [replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1, recent=g.recent + demand)
-            if (g.node, g.index) == (d.node, d.index) else g for g in gpus]
+def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
+    """Re-read history (``read_history``) when the last read is older than ``HISTORY_REFRESH_S``; never raises."""
+    if now - state.history_ts <= HISTORY_REFRESH_S:
+        return
+    timing: Dict[intensity.HistoryKey, List[Timing]] = {}
+    try:
+        state.history = read_history(cfg, timing, now, state.logged)
+        state.timing = timing
+    except Exception as exc:  # noqa: BLE001 - unreadable history means predictions only, never a stopped round
+        log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
+    state.history_ts = now
+    if not state.history:
+        log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go by "
+                 "the gate, or by memory where a GPU's sampler is silent")
 
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,

@@ -177,6 +177,11 @@ def _lookup(key: str) -> Optional[Dict[str, Any]]:
     for path, digest in (entry.get("user_files") or {}).items():
         if _sha(path) != digest:
             return None
+    if entry.get("estimate"):
+        try:
+            Estimate.from_json(entry["estimate"])
+        except ValueError:  # a damaged entry is a miss
+            return None
     return entry
 
 
@@ -252,7 +257,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     entry = _lookup(key) if use_cache and not refresh else None
     if entry is not None:
         est = entry.get("estimate")
-        return ProbeResult(Estimate(**est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
+        return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
                            time.monotonic() - t0, True, entry.get("detail", {}))
     out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env)
     result = out.result or {}
@@ -264,7 +269,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
                       notes=notes + list(result.get("notes") or []), job_torch=torch_v)
     if use_cache and (estimate is not None or out.reason):
         files = {p: _sha(p) for p in result.get("user_files") or []}
-        _store(key, {"estimate": dataclasses.asdict(estimate) if estimate else None, "ran": ran,
+        _store(key, {"estimate": estimate.to_json() if estimate else None, "ran": ran,
                      "reason": out.reason, "detail": res.detail, "timed_out": out.timed_out,
                      "user_files": {p: d for p, d in files.items() if d}})
     return res

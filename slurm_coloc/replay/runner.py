@@ -14,13 +14,14 @@ it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -35,9 +36,10 @@ from slurm_coloc.replay.metrics import (
     summarize,
 )
 from slurm_coloc.replay.trace import Task
+from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.cancel import cancel_jobs
 from slurm_coloc.slurm.jobs import JobInfo, squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist
-from slurm_coloc.slurm.run import run as slurm_run
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
@@ -47,12 +49,14 @@ PLACER_POLICY = {"aware": "gate", "gate": "gate", "throughput": "throughput"}  #
 
 @dataclass
 class ReplayRun:
-    """A finished replay: its metrics, every run record, job id -> task index, and problems met."""
+    """A finished replay: its metrics, every run record, job id -> task index, problems met, and per run its
+    record with the GPU it held (``per_task``: ``RunRecord`` fields + ``gpu``, ``node:index`` or None)."""
 
     metrics: ReplayMetrics
     runs: List[RunRecord]
     job_of_task: Dict[int, int]
     problems: List[str] = field(default_factory=list)
+    per_task: List[Dict[str, object]] = field(default_factory=list)
 
 
 DEFAULT_CONTEXT_MIB = 1024
@@ -162,6 +166,24 @@ def parse_index_nodes(nodes: str) -> List[str]:
     return expand_hostlist(nodes)
 
 
+def task_script(job_script: str, task: Task, out_dir: str) -> str:
+    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755): the same text with a
+    comment line naming the task's workload and steps after the first line, so each task has its own script
+    SHA-256, hence its own job signature: coloc-placer's history of a task (its exclusive run: activity, run time
+    and start-up alone) steers that task only, as the placement benchmark's one script per job does. The same
+    task gets the same file in every pass."""
+    text = Path(job_script).read_text()
+    head, _, rest = text.partition("\n")
+    body = f"{head}\n# coloc-replay task: {task.workload} --steps {task.steps}\n{rest}"
+    path = Path(out_dir) / f"replay-task-{hashlib.sha256(body.encode()).hexdigest()[:16]}.sh"
+    if not path.exists() or path.read_text() != body:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(body)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+    return str(path)
+
+
 def run_replay(
     tasks: Sequence[Task],
     mode: str,
@@ -174,8 +196,9 @@ def run_replay(
     clock: Callable[[], float] = time.time,
     context_mib: int = DEFAULT_CONTEXT_MIB,
 ) -> ReplayRun:
-    """Submit ``tasks`` at ``submit_s`` offsets, wait for them (and OOM reruns) until ``deadline_s`` after the
-    start, cancel what is left then, and measure.
+    """Submit ``tasks`` at ``submit_s`` offsets (each with its own copy of ``job_script``, ``task_script``), wait
+    for them (and OOM reruns) until ``deadline_s`` after the start, cancel what is left then, and measure; the GPU
+    each job held (``node:index``) is noted while it runs.
 
     Raises:
         ColocError: a submission failed (the jobs already submitted are cancelled first).
@@ -184,22 +207,15 @@ def run_replay(
     reader = open_energy_reader()
     e0 = _energy(reader)
     t_start = clock()
+    problems = _placer_problems(mode, cfg)
     job_of_task: Dict[int, int] = {}
-    problems: List[str] = []
-    if mode in PLACER_POLICY:
-        from slurm_coloc.placement.daemon import placer_alive, placer_policy
-
-        if not placer_alive(cfg):
-            problems.append("no coloc-placer heartbeat: held jobs start only when a placer runs")
-        elif placer_policy(cfg) not in (None, PLACER_POLICY[mode]):
-            problems.append(f"the running coloc-placer's placement_policy is {placer_policy(cfg)}, not "
-                            f"{PLACER_POLICY[mode]}: this pass measured the former")
+    gpu_of: Dict[int, str] = {}
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
         if delay > 0:
             time.sleep(delay)
         out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
-        argv = sbatch_argv(task, mode, job_script, out, extra_sbatch, context_mib)
+        argv = sbatch_argv(task, mode, task_script(job_script, task, out_dir), out, extra_sbatch, context_mib)
         if mode in PLACER_POLICY:
             proc = submit_for_placer(argv, cfg, env)
         else:
@@ -210,36 +226,64 @@ def run_replay(
             raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
         job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
         log.info("task %s -> job %s", task.index, job_of_task[task.index])
-    task_of_job = {j: t for t, j in job_of_task.items()}
-    records: List[JobInfo] = []
-    while True:
-        records = [
-            r
-            for r in squeue_all(cfg.slurm_bin_dir, env)
-            if r.job_id in task_of_job or runs_from_records([r], task_of_job)
-        ]
-        if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
-            break
-        if clock() - t_start > deadline_s:
-            left = [r.job_id for r in records if r.state not in FINAL or r.completing]
-            problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
-            cancel(cfg, left, env)
-            time.sleep(2.0)
-            records = [
-                r
-                for r in squeue_all(cfg.slurm_bin_dir, env)
-                if r.job_id in task_of_job or runs_from_records([r], task_of_job)
-            ]
-            break
-        time.sleep(poll_s)
+        note_gpus(squeue_all(cfg.slurm_bin_dir, env), gpu_of)  # a short job may end before the last submission
+    records = _wait(cfg, job_of_task, env, t_start, deadline_s, poll_s, clock, problems, gpu_of)
     t_end = clock()
-    runs = runs_from_records(records, task_of_job)
+    runs = runs_from_records(records, {j: t for t, j in job_of_task.items()})
     energy = energy_growth_j(e0, _energy(reader)) if reader is not None else None
     first = min((r.submit_ts for r in runs if r.submit_ts), default=t_start)
     last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
     smact, per_gpu = sm_activity_per_gpu(cfg, records, first, last)
     metrics = summarize(mode, len(tasks), runs, smact, energy, {t.index: t.work_s for t in tasks}, per_gpu)
-    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems)
+    per_task = [{**asdict(r), "gpu": gpu_of.get(r.job_id)} for r in sorted(runs, key=lambda r: (r.task, r.job_id))]
+    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems, per_task=per_task)
+
+
+def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
+    """Note in ``gpu_of`` the first GPU (``node:index``, from ``gres_detail``) each running job holds."""
+    from slurm_coloc.slurm.placement import gpu_holdings
+
+    for r in records:
+        for node, idx, _name, _count in gpu_holdings(r):
+            gpu_of.setdefault(r.job_id, f"{node}:{idx}")
+
+
+def _placer_problems(mode: str, cfg: Config) -> List[str]:
+    """For a placer mode: a problem line when no coloc-placer runs or it runs another ``placement_policy``."""
+    if mode not in PLACER_POLICY:
+        return []
+    from slurm_coloc.placement.daemon import placer_alive, placer_policy
+
+    if not placer_alive(cfg):
+        return ["no coloc-placer heartbeat: held jobs start only when a placer runs"]
+    if placer_policy(cfg) not in (None, PLACER_POLICY[mode]):
+        return [f"the running coloc-placer's placement_policy is {placer_policy(cfg)}, not "
+                f"{PLACER_POLICY[mode]}: this pass measured the former"]
+    return []
+
+
+def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
+          poll_s: float, clock: Callable[[], float], problems: List[str], gpu_of: Dict[int, str]) -> List[JobInfo]:
+    """Poll Slurm until every job of the replay (OOM reruns included) is final, or cancel what is left at the
+    deadline (a problem line); notes each job's GPU (``node:index``) in ``gpu_of``. Returns the last records."""
+    task_of_job = {j: t for t, j in job_of_task.items()}
+
+    def ours() -> List[JobInfo]:
+        recs = [r for r in squeue_all(cfg.slurm_bin_dir, env)
+                if r.job_id in task_of_job or runs_from_records([r], task_of_job)]
+        note_gpus(recs, gpu_of)
+        return recs
+    while True:
+        records = ours()
+        if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
+            return records
+        if clock() - t_start > deadline_s:
+            left = [r.job_id for r in records if r.state not in FINAL or r.completing]
+            problems.append(f"deadline of {deadline_s:.0f} s reached: cancelled job(s) {left}")
+            cancel(cfg, left, env)
+            time.sleep(2.0)
+            return ours()
+        time.sleep(poll_s)
 
 
 def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
@@ -257,11 +301,9 @@ def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> 
     if dry.returncode != 0 or line is None:
         raise ColocError(f"coloc-sbatch --dry-run failed: {dry.stderr.strip() or dry.stdout.strip()}")
     planned = shlex.split(line)[1:]
-    return slurm_run(["sbatch", *(placer_argv(planned) or planned)], bin_dir=cfg.slurm_bin_dir, env=env,
-                     check=False, timeout_s=120)
+    return slurm_jobs.sbatch(placer_argv(planned) or planned, cfg.slurm_bin_dir, env, timeout_s=120)
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
     """``scancel`` the given jobs (ignored when none)."""
-    if job_ids:
-        slurm_run(["scancel", *[str(j) for j in job_ids]], bin_dir=cfg.slurm_bin_dir, env=env, check=False)
+    cancel_jobs(job_ids, cfg.slurm_bin_dir, env)

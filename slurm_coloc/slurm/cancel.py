@@ -1,8 +1,9 @@
-"""Stopping a job from a root daemon (the node sampler's watchdog): ``scancel`` and where its stderr goes."""
+"""Stopping jobs: ``scancel`` from a root daemon (the node sampler's watchdog) and where its stderr goes, and
+coloc-replay's clean-up."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -27,6 +28,17 @@ def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, s
         SlurmError: scancel missing, timed out or refused (its stderr is carried).
     """
     run(["scancel", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+
+
+def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
+    """Cancel every job of ``job_ids`` with one ``scancel <id>...``, best effort (coloc-replay's clean-up): Slurm's
+    refusal is ignored; nothing is run for no job.
+
+    Raises:
+        SlurmError: scancel missing or timed out.
+    """
+    if job_ids:
+        run(["scancel", *[str(int(j)) for j in job_ids]], bin_dir=bin_dir, env=env, check=False)
 
 
 def parse_stderr_target(job: JobInfo) -> StderrTarget:

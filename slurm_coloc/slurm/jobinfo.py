@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.jsonfields import exit_pair, integer, job_state, text
-from slurm_coloc.slurm.parse import expand_hostlist, parse_tres_per_node, script_args_in_submit_line
+from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist, parse_tres_per_node, script_args_in_submit_line
 from slurm_coloc.slurm.version import SlurmVersion, version_from_meta
 
 NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id outside an array prints as this)
@@ -100,6 +100,12 @@ class JobInfo:
     def shards(self) -> Optional[int]:
         """Shards per node the job asked for (``--gres=shard:N``), None without shard GRES."""
         return self.gres.get("shard")
+
+    @property
+    def final(self) -> bool:
+        """Whether ``state`` is a final state (``slurm.parse.FINAL_STATES``; ``COMPLETING``, ``RUNNING``,
+        ``PENDING`` are not)."""
+        return self.state in FINAL_STATES
 
     @property
     def completing(self) -> bool:

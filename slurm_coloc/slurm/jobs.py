@@ -38,17 +38,6 @@ def sbatch(
     return run(["sbatch", *args], bin_dir=bin_dir, env=env, timeout_s=timeout_s, check=False)
 
 
-def submit_parsable(args: Sequence[str], bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
-                    timeout_s: float = 60.0) -> int:
-    """``sbatch --parsable <args>`` -> job id.
-
-    Raises:
-        SlurmError: sbatch failed (its stderr is carried) or printed no job id.
-    """
-    proc = run(["sbatch", "--parsable", *args], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
-    return parse_sbatch_parsable(proc.stdout)[0]
-
-
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                timeout_s: float = 30.0) -> List[JobInfo]:
     """Every job slurmctld still knows, finished ones included. Equivalent: ``squeue --json --states=all``.

@@ -40,25 +40,24 @@ def integer(j: Mapping[str, Any], key: str) -> Optional[int]:
     return None if v is None else int(v)
 
 
-def is_infinite(value: Any) -> bool:
-    """Whether a number field says "unlimited": ``{"infinite": true}`` or 22.05's ``INFINITE`` (0xFFFFFFFF)."""
-    if isinstance(value, Mapping):
-        return bool(value.get("infinite"))
-    return value == 0xFFFFFFFF
-
-
 def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
-    """``job_state`` -> (state, flags): ``"RUNNING"`` -> ("RUNNING", ()); ``["COMPLETED", "COMPLETING"]`` ->
+    """``job_state`` -> (state, flags), normalised once here (first word, upper case) so that no reader of
+    ``JobInfo.state`` normalises again: ``"RUNNING"`` -> ("RUNNING", ()); ``["COMPLETED", "COMPLETING"]`` ->
     ("COMPLETED", ("COMPLETING",)); anything else -> ("", ()).
 
     22.05 prints one word, a flag such as ``COMPLETING`` in place of the base state; data_parser prints the base
     state first and the flags after it.
     """
     if isinstance(value, str):
-        return value, ()
+        return _word(value), ()
     if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
-        return value[0], tuple(value[1:])
+        return _word(value[0]), tuple(_word(x) for x in value[1:])
     return "", ()
+
+
+def _word(text: str) -> str:
+    words = text.split()
+    return words[0].upper() if words else ""
 
 
 def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:

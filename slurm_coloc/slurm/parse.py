@@ -1,4 +1,4 @@
-"""Pure parsers of Slurm text: times, durations, exit codes, host lists, GRES strings, sbatch output.
+"""Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles.
 
 Every piece of Slurm text slurm-coloc reads is parsed here (job records themselves: ``slurm/jobinfo.py``).
 Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 in ``tests/data/slurm-<version>/``; where the
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import SlurmError
@@ -18,7 +17,6 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_F
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 _GRES_DETAIL = re.compile(r"^(?P<name>[a-z]+)(?::(?P<type>[^:(]+))?:(?P<count>\d+)\((?P<body>[^)]*)\)$")
 _PER_DEVICE = re.compile(r"^\d+/\d+(?:,\d+/\d+)*$")
-_DURATION = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 _BRACKET = re.compile(r"\[([^\]]+)\]")
 MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names more nodes than this
 
@@ -34,30 +32,6 @@ def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
     if not head.isdigit():
         raise SlurmError(f"cannot read a job id from sbatch output {stdout.strip()!r}")
     return int(head), (cluster or None)
-
-
-def parse_slurm_time(text: Optional[str]) -> Optional[float]:
-    """``2026-11-22T07:43:08`` (Slurm prints the local time) -> Unix seconds; ``Unknown``/``None``/bad -> None."""
-    try:
-        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def parse_slurm_duration_s(text: Optional[str]) -> Optional[int]:
-    """``[D-]HH:MM:SS`` / ``MM:SS`` -> seconds; ``UNLIMITED``/``INFINITE``/``Partition_Limit``/bad -> None."""
-    m = _DURATION.fullmatch((text or "").strip())
-    if not m:
-        return None
-    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
-    return ((d * 24 + h) * 60 + mi) * 60 + s
-
-
-def parse_exit_pair(text: Optional[str]) -> Tuple[Optional[int], Optional[int]]:
-    """scontrol's ``ExitCode=<code>:<signal>``: ``"3:0"`` -> ``(3, 0)``; ``"0:15"`` -> ``(0, 15)``;
-    bad -> ``(None, None)``."""
-    code, _, sig = (text or "").partition(":")
-    return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else (None, None)
 
 
 def decode_exit_code(status: int) -> Tuple[int, int]:
@@ -145,19 +119,6 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
             else:
                 continue
             out.append((m.group("name"), m.group("type") or "", per))
-    return out
-
-
-def parse_gres_detail(entries: Sequence[str]) -> List[Tuple[str, int, List[int]]]:
-    """``gres_detail`` -> ``(name, count, device indices)`` per GRES, in either form (``gres_detail_counts``):
-    ``["shard:5(IDX:0)", "gpu:2(IDX:0-1)"]`` and ``["shard:5(5/80,0/80)", "gpu:2(IDX:0-1)"]`` both ->
-    ``[("shard", 5, [0]), ("gpu", 2, [0, 1])]``. A GRES that holds no device (``shard:0(IDX:)``) is left out."""
-    out = []
-    for entry in entries:
-        m = _GRES_DETAIL.match((entry or "").strip())
-        for name, _type, per in gres_detail_counts([entry]):
-            if per:
-                out.append((name, int(m.group("count")) if m else sum(per.values()), sorted(per)))
     return out
 
 

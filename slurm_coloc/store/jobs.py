@@ -216,14 +216,6 @@ def load_job_runs(db: Database) -> List[JobRunRow]:
     return list(_rows(db, "job_runs", JobRunRow))
 
 
-def load_hook_runs(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Hook invocation rows (optionally of one job), oldest first."""
-    if not db.table("hook_runs").exists():
-        return []
-    where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
-    return list(db.table("hook_runs").rows_where(where, args, order_by="id"))
-
-
 def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
     """Event rows (optionally of one job), oldest first."""
     if not db.table("events").exists():

@@ -30,6 +30,7 @@ import stat
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
+from slurm_coloc.atomic import write_atomic
 from slurm_coloc.errors import StoreError
 
 MAX_ENTRIES = 10_000  # files per directory; beyond it a new entry is refused (the queue must not fill /run)
@@ -119,25 +120,11 @@ def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
     d = safe_dir(directory, create=True)
     if len(data) > MAX_ENTRY_BYTES:
         raise StoreError(f"queue entry of {len(data)} bytes is over {MAX_ENTRY_BYTES}")
-    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
     try:
         if len(os.listdir(d)) >= MAX_ENTRIES:
             raise StoreError(f"queue directory {d!r} holds {MAX_ENTRIES} entries: not adding more")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, os.path.join(d, name))
+        write_atomic(os.path.join(d, name), data, 0o600, sync=sync)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise StoreError(f"cannot write queue entry in {d!r}: {exc.strerror or exc}") from None
     return os.path.join(d, name)
 

@@ -230,6 +230,27 @@ def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummar
             for r in db.table("job_summaries").rows_where(where, args, order_by="job_id")]
 
 
+def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]) -> None:
+    """Insert or replace the (job, node) summary figures (a JSON object; hooks/figures.py)."""
+    with db.atomic():
+        db.table("job_figures").upsert({"job_id": int(job_id), "node": node, "ts": time.time(),
+                                        "figures_json": json.dumps(figures, sort_keys=True)}, pk=("job_id", "node"))
+
+
+def load_figures(db: Database, job_id: int) -> Optional[Tuple[float, Dict[str, Any]]]:
+    """``(ts, figures)`` of the job's summary figures in this node database, or None (none recorded, table
+    absent, or not a JSON object)."""
+    if not db.table("job_figures").exists():
+        return None
+    for row in db.table("job_figures").rows_where("job_id = ?", [int(job_id)], order_by="ts DESC", limit=1):
+        try:
+            data = json.loads(row["figures_json"] or "")
+        except ValueError:
+            return None
+        return (float(row["ts"] or 0.0), data) if isinstance(data, dict) else None
+    return None
+
+
 def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
     """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...)."""
     with db.atomic():

@@ -181,3 +181,11 @@ def m006_cpu_samples(db: Database) -> None:
             db.table("job_summaries").add_column(col, float)
         for col in ("cpus", "cpu_samples"):
             db.table("job_summaries").add_column(col, int)
+
+
+@NODE()
+def m007_job_figures(db: Database) -> None:
+    """The job's summary figures as the node Epilog computed them (hooks/figures.py): one JSON object per
+    (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself."""
+    db.table("job_figures").create({"job_id": int, "node": str, "ts": float, "figures_json": str},
+                                   pk=("job_id", "node"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.slurm.parse import parse_gres_detail
+from slurm_coloc.slurm.parse import gres_detail_counts
 from tests.slurm_cluster import REPO, Cluster
 
 pytestmark = pytest.mark.slurm
@@ -85,7 +85,8 @@ def test_shard_jobs_share_a_gpu_whole_gpu_does_not(slurm_cluster: Cluster):
     for j in (a, b, whole):
         slurm_cluster.wait_state(j, ["RUNNING"], timeout=30)
     # (name, count, GPU indices) from either version's gres_detail: shard:2(IDX:0) / shard:2(2/80,0/80)
-    idx = {j: parse_gres_detail(slurm_cluster.job(j)["gres_detail"]) for j in (a, b, whole)}
+    idx = {j: [(name, sum(per.values()), sorted(per)) for name, _, per in
+               gres_detail_counts(slurm_cluster.job(j)["gres_detail"])] for j in (a, b, whole)}
     assert idx[a] == idx[b] and idx[a] in ([("shard", 2, [0])], [("shard", 2, [1])]), idx  # --coloc-mem is exact
     assert idx[whole][0][:2] == ("shard", 80) and idx[whole][0][2] != idx[a][0][2], idx
     # a second whole-GPU job cannot start on n2: one GPU is whole-taken, the other has shard tenants

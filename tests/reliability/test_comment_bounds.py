@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_coloc.comment import JobComment
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.ctld import read_coloc
 from slurm_coloc.hooks.record import record_ops
 from slurm_coloc.store import recordset
 from slurm_coloc.store.db import open_ctld_db
@@ -38,7 +38,7 @@ def _ctx(job: int, comment: str) -> HookContext:
                                                                       "method": "m" * 64}),
 ])
 def test_a_comment_with_a_value_out_of_range_is_no_annotation(coloc: dict, kept: dict) -> None:
-    assert read_coloc("coloc:" + json.dumps(coloc), 5) == kept
+    assert JobComment.read("coloc:" + json.dumps(coloc), 5).to_json() == kept
 
 
 @pytest.mark.parametrize("comment", [

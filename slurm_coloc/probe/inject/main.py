@@ -46,10 +46,6 @@ MIN_TORCH = (2, 1)
 _WRITE_EVENTS = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.truncate")
 
 
-class _Stop(BaseException):
-    """Never raised to the program: the probe ends the process itself."""
-
-
 class _Probe:
     def __init__(self, req: Dict[str, Any]) -> None:
         self.req = req

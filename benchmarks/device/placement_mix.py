@@ -1,0 +1,115 @@
+"""A second pile for the placement benchmark (issue 32, "a pile of your own choosing"): 14 jobs of mixed size
+and intensity, all submitted at once, from torchvision models the project's pile does not use (``tv:`` workloads
+of ``workloads.py``: model, input, batch), each with a fixed number of training steps. Writes
+``placement_plan_mix.json`` (scenario ``mix``; run with ``placement_bench.py mix-<policy> --plan
+benchmarks/device/placement_plan_mix.json``).
+
+No GPU here, so each job's work is sized from estimates, and the exclusive pass measures the truth:
+- FLOPs of one training step and peak reserved memory: the project's own estimator (``estimate.trace.trace_spec``,
+  meta tensors, fp32, SGD with momentum: what ``coloc-sbatch`` would predict for the job);
+- seconds per step on the H100: ``step_s = GFLOP / rate + kernels x launch_s``, least squares over the 16 models
+  of the H100 profile (``results/h100-placement/placement_bench.json``; kernels = leaf modules x 3, forward,
+  backward, optimizer); steps = the job's training target / step_s (targets 4-12 s, mixed);
+- memory request = estimated peak x 1.25 + 1 GiB (CUDA context and library workspaces; no OOM wanted: the
+  estimator's fence margin is a separate question, docs/estimator.md).
+Usage (CPU, a few minutes): ``python3 benchmarks/device/placement_mix.py [--out placement_plan_mix.json]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent))
+PROFILE = HERE / "results" / "h100-placement" / "placement_bench.json"
+OUT = HERE / "placement_plan_mix.json"
+# (workload, training seconds alone on the H100, as estimated): small and light first, then heavier; mixed targets
+MIX: List[Tuple[str, float]] = [
+    ("tv:resnet18:3x32x32:64:10", 6), ("tv:mobilenet_v3_small:3x224x224:32:1000", 5),
+    ("tv:shufflenet_v2_x1_0:3x224x224:64:1000", 8), ("tv:squeezenet1_1:3x224x224:64:1000", 4),
+    ("tv:resnet34:3x64x64:128:100", 10), ("tv:mobilenet_v2:3x224x224:64:1000", 7),
+    ("tv:regnet_x_800mf:3x224x224:64:1000", 12), ("tv:efficientnet_b1:3x240x240:32:1000", 6),
+    ("tv:vit_b_32:3x224x224:64:1000", 9), ("tv:vgg11_bn:3x224x224:32:1000", 8),
+    ("tv:wide_resnet50_2:3x224x224:32:1000", 11), ("tv:resnext50_32x4d:3x224x224:32:1000", 5),
+    ("tv:alexnet:3x224x224:256:1000", 7), ("tv:resnet152:3x224x224:16:1000", 10)]
+MARGIN, CONTEXT_MIB = 1.25, 1024
+
+
+def kernels(name: str) -> int:
+    """Leaf modules of workload ``name`` x 3 (a proxy for kernel launches per training step)."""
+    import workloads
+
+    model = workloads.build(name)[0]
+    return 3 * sum(1 for m in model.modules() if not list(m.children()))
+
+
+def fit_step_model(profile: Dict[str, Dict[str, Any]]) -> Tuple[float, float]:
+    """(GFLOP/s, s per kernel) fitted by least squares through the origin on the profile rows."""
+    rows = [(float(r["gflop_per_step"]), float(kernels(w)), float(r["step_s"])) for w, r in profile.items()
+            if r.get("gflop_per_step") and r.get("step_s")]
+    sxx = sum(a * a for a, _, _ in rows)
+    syy = sum(b * b for _, b, _ in rows)
+    sxy = sum(a * b for a, b, _ in rows)
+    sxt = sum(a * t for a, _, t in rows)
+    syt = sum(b * t for _, b, t in rows)
+    det = sxx * syy - sxy * sxy
+    inv_rate, per_kernel = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
+    return 1.0 / inv_rate, per_kernel
+
+
+def estimate(name: str) -> Dict[str, float]:
+    """FLOPs of one step (GFLOP) and peak reserved memory (MiB) from the project's estimator trace."""
+    from slurm_coloc.estimate.spec import ModelSpec
+    from slurm_coloc.estimate.trace import trace_spec
+
+    _, _model, shape, batch, _classes = name.split(":")
+    spec = ModelSpec(model=f"{os.path.abspath(HERE.parent / 'placement_flops_check.py')}:workload_model",
+                     kwargs={"name": name}, input_shape=tuple(int(s) for s in shape.split("x")),
+                     batch_size=int(batch), optimizer="sgd-momentum", precision="fp32")
+    res = trace_spec(spec)
+    return {"gflop": (res.flops_per_step or 0.0) / 1e9, "peak_mib": res.peak_reserved_b / 2**20}
+
+
+def make_plan(mix: Sequence[Tuple[str, float]], rate: float, per_kernel: float) -> Dict[str, Any]:
+    """The plan file's object: scenario ``mix`` with one job per entry (all at offset 0)."""
+    jobs = []
+    for i, (w, train_s) in enumerate(mix):
+        e = estimate(w)
+        step_s = e["gflop"] / rate + kernels(w) * per_kernel
+        steps = max(5, int(round(train_s / step_s)))
+        jobs.append({"index": i, "workload": w, "offset_s": 0.0, "steps": steps, "train_s": round(steps * step_s, 2),
+                     "mem_mib": int(math.ceil(e["peak_mib"] * MARGIN)) + CONTEXT_MIB,
+                     "est_gflop_per_step": round(e["gflop"], 2), "est_step_s": round(step_s, 5),
+                     "est_peak_mib": round(e["peak_mib"])})
+        print(f"{w:<42} {e['gflop']:9.1f} GFLOP {step_s * 1000:7.1f} ms/step x{steps:<5} "
+              f"{e['peak_mib']:7.0f} MiB -> ask {jobs[-1]['mem_mib']} MiB", flush=True)
+    return {"train_s": "4-12 (estimated, per job)", "gap_s": 0.0,
+            "source": f"placement_mix.py: estimator trace + step model ({rate:.0f} GFLOP/s, "
+                      f"{per_kernel * 1e6:.1f} us per kernel, fitted on {PROFILE.name})",
+            "pile_shards": sum(-(-j["mem_mib"] // 1024) for j in jobs), "scenarios": {"mix": jobs}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(OUT))
+    a = ap.parse_args(argv)
+    profile = json.loads(PROFILE.read_text())["profile"]
+    rate, per_kernel = fit_step_model(profile)
+    print(f"step model: {rate:.0f} GFLOP/s + {per_kernel * 1e6:.1f} us per kernel (H100 profile, 16 models)")
+    for w, r in profile.items():
+        pred = float(r["gflop_per_step"]) / rate + kernels(w) * per_kernel
+        print(f"  {w:<26} measured {float(r['step_s']) * 1000:6.1f} ms, model {pred * 1000:6.1f} ms")
+    plan = make_plan(MIX, rate, per_kernel)
+    Path(a.out).write_text(json.dumps(plan, indent=1) + "\n")
+    print(f"{len(plan['scenarios']['mix'])} jobs, {plan['pile_shards']} shards in all -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

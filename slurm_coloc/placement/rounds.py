@@ -1,0 +1,165 @@
+"""One coloc-placer round's decisions, job by job: what the placer keeps between rounds (``PlacerState``), and a
+``Round`` that orders the held jobs, decides a GPU for each (``policy.choose_gpu`` for ``gate``,
+``share.choose_gpu_bounded`` for ``throughput``) and steers it, notes its wait, or releases it by memory once
+``placement_max_wait_s`` has passed. The loop around it (Slurm's queue, live state, history) is ``daemon.py``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from slurm_coloc.comment import JobComment
+from slurm_coloc.config import Config
+from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.history import Timing, log_once, profile
+from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
+from slurm_coloc.slurm import placement as sp
+from slurm_coloc.slurm.jobinfo import JobInfo
+
+log = logging.getLogger("slurm_coloc.placer")
+
+
+@dataclass
+class Steered:
+    """A job this placer sent to a GPU, remembered until Slurm shows it holding the GPU (or it is gone)."""
+
+    node: str
+    index: int
+    shards: int
+    demand: Activity
+    ts: float
+    profile: share.Profile = field(default_factory=lambda: share.Profile(None))
+
+
+@dataclass
+class PlacerState:
+    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
+    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines already
+    logged (each is logged once)."""
+
+    steered: Dict[int, Steered] = field(default_factory=dict)
+    history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
+    timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
+    history_ts: float = 0.0
+    notes: Dict[int, str] = field(default_factory=dict)
+    logged: Set[str] = field(default_factory=set)
+
+
+@dataclass
+class Round:
+    """One round's view: the GPUs (updated as jobs are steered), their tenants for the sharing model
+    (``throughput`` only, index for index with ``gpus``), and whether any typed GPU exists."""
+
+    cfg: Config
+    state: PlacerState
+    cal: intensity.Calibration
+    gate: Gate
+    gpus: List[GpuState]
+    tenants: List[List[share.Tenant]]
+    has_gpus: bool
+    now: float
+    env: Optional[Mapping[str, str]] = None
+
+    @property
+    def throughput(self) -> bool:
+        return self.cfg.placement_policy == "throughput"
+
+    def log_gpus(self) -> None:
+        """Log saturated GPUs (every round) and silent samplers (once per set of GPUs)."""
+        max_age = self.cfg.placement_state_max_age_s
+        sat = saturated_gpus(self.gpus, self.gate, max_age)
+        if sat:
+            log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
+        silent = share.silent_gpus(self.gpus, max_age)
+        if silent:
+            log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent), "sampler silent (no "
+                     "state within %g s) on %s: jobs without measured history go there by memory only, within the "
+                     "bound for the jobs already there", max_age, ", ".join(f"{n}/gpu{i}" for n, i in silent))
+
+    def tenant_data(self, j: JobInfo) -> Tuple[share.Profile, float]:
+        """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a warning)."""
+        try:
+            c = JobComment.read(j.comment, j.job_id)
+            return profile(c, self.state.history, self.state.timing, j.uid), \
+                intensity.demand(c, self.state.history, self.cal, j.uid)[0].smact
+        except Exception as exc:  # noqa: BLE001 - one running job's data never stops a round
+            log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
+            return share.Profile(None), self.cal.unknown.smact
+
+    def ordered(self, candidates: Sequence[JobInfo]) -> List[JobInfo]:
+        """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half of
+        ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work."""
+        rows = []
+        for j in candidates:
+            try:
+                prof = profile(JobComment.read(j.comment, j.job_id), self.state.history, self.state.timing, j.uid)
+            except Exception:  # noqa: BLE001 - its own decision reports the comment; here it is only unknown
+                prof = share.Profile(None)
+            rows.append((j.job_id, j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, prof))
+        by_id = {j.job_id: j for j in candidates}
+        return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
+
+    def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, share.Profile]:
+        """The decision for one held job, its predicted activity, where that came from, and its profile."""
+        coloc = JobComment.read(job.comment, job.job_id)
+        demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
+        prof = profile(coloc, self.state.history, self.state.timing, job.uid)
+        cfg = self.cfg
+        if not self.throughput:
+            return (choose_gpu(self.gpus, shards, demand, self.gate, cfg.placement_mode,
+                               cfg.placement_state_max_age_s), demand, source, prof)
+        if not coloc.signature() and coloc.flops_per_step is None:
+            log_once(self.state.logged, f"nodata:{job.job_id}", "job %d has no signature and no FLOPs: placed by "
+                     "memory", job.job_id)
+            room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.unknown.smact,
+                                      cfg.placement_max_slowdown, self.now)
+            d = share.memory_only(room, shards)
+            if not d.placed and any(g.shards_free >= shards for g in self.gpus):  # room, but not within the bound
+                d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
+                                         f"unknown activity (SMACT {self.cal.unknown.smact:.2f})")
+            return d, demand, "no signature or FLOPs", prof
+        return (share.choose_gpu_bounded(self.gpus, self.tenants, shards, prof, demand, self.gate,
+                                         self.cal.capacity_for, cfg.placement_max_slowdown, self.now,
+                                         cfg.placement_state_max_age_s), demand, source, prof)
+
+    def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
+        """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
+        ``placement_max_wait_s``), or note why it waits. Never raises: an error is one warning and one count."""
+        cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
+        try:
+            decision, demand, source, prof = self.decide(job, shards)
+            waited = self.now - job.submit_ts if job.submit_ts else 0.0
+            if decision.placed:
+                assert decision.node is not None and decision.index is not None
+                sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
+                self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand, self.now,
+                                                         prof)
+                self._add(decision, shards, demand, prof)
+                counts["placed"] += 1
+                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
+                         decision.reason)
+            elif not self.has_gpus or waited > cfg.placement_max_wait_s:
+                sp.release_memory_only(job.job_id, shards, job.comment, bin_dir, env)
+                counts["memory_only"] += 1
+                log.info("job %d released memory-only after %.0f s (%s)", job.job_id, waited,
+                         "no typed GPUs" if not self.has_gpus else decision.reason)
+            else:
+                counts["waiting"] += 1
+                if self.state.notes.get(job.job_id) != decision.reason:
+                    self.state.notes[job.job_id] = decision.reason  # tried once per reason, even if Slurm refuses
+                    log.info("job %d waits: %s", job.job_id, decision.reason)
+                    sp.note_wait(job.job_id, decision.reason, job.comment, bin_dir, env)
+        except Exception as exc:  # noqa: BLE001 - one job's error never stops the round (N3)
+            counts["errors"] += 1
+            log.warning("job %d: %s", job.job_id, exc)
+
+    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile) -> None:
+        """Count a steered job on its GPU for the rest of the round."""
+        key = (d.node, d.index)
+        for i, g in enumerate(self.gpus):
+            if g.key == key:
+                self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
+                                       recent=g.recent + demand)
+                if self.throughput:
+                    self.tenants[i].append(share.Tenant(prof, self.now, demand.smact))
