@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257, positions: int = 1024) -> Any:
+def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257,
+         positions: int = 1024) -> Any:
     """GPT-2 (``GPT2LMHeadModel``; defaults: GPT-2 small, 124M)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -32,7 +33,8 @@ def gpt_neox(layers: int = 6, hidden: int = 512, heads: int = 8, vocab: int = 50
     """GPT-NeoX (``GPTNeoXForCausalLM``; defaults: Pythia-70M)."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                            num_attention_heads=heads,
                                             intermediate_size=4 * hidden, vocab_size=vocab, use_cache=False))
 
 
@@ -40,7 +42,8 @@ def llama(layers: int = 4, hidden: int = 512, heads: int = 8, kv_heads: int = 4,
     """Llama (``LlamaForCausalLM``; a small config with grouped-query attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                        num_attention_heads=heads,
                                         num_key_value_heads=kv_heads, intermediate_size=int(2.75 * hidden),
                                         vocab_size=vocab, use_cache=False))
 
@@ -49,7 +52,8 @@ def mistral(layers: int = 4, hidden: int = 512, heads: int = 8, kv_heads: int = 
     """Mistral (``MistralForCausalLM``; a small config)."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    return MistralForCausalLM(MistralConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return MistralForCausalLM(MistralConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                            num_attention_heads=heads,
                                             num_key_value_heads=kv_heads, intermediate_size=int(3.5 * hidden),
                                             vocab_size=vocab, use_cache=False))
 
@@ -58,7 +62,8 @@ def qwen2(layers: int = 4, hidden: int = 512, heads: int = 8, kv_heads: int = 2,
     """Qwen2 (``Qwen2ForCausalLM``; a small config, Qwen2's large vocabulary)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, hidden_size=hidden,
+                                        num_attention_heads=heads,
                                         num_key_value_heads=kv_heads, intermediate_size=int(2.75 * hidden),
                                         vocab_size=vocab, use_cache=False))
 
@@ -76,7 +81,8 @@ def roberta(layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 5
     """RoBERTa (``RobertaForMaskedLM``; defaults: roberta-base)."""
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    return RobertaForMaskedLM(RobertaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+    return RobertaForMaskedLM(RobertaConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                            num_attention_heads=heads,
                                             intermediate_size=4 * hidden, vocab_size=vocab,
                                             max_position_embeddings=514))
 
@@ -103,7 +109,8 @@ def electra(labels: int = 2) -> Any:
     return ElectraForSequenceClassification(ElectraConfig(num_labels=labels))
 
 
-def t5_encoder(layers: int = 6, d_model: int = 512, heads: int = 8, labels: int = 2, vocab: int = 32128) -> Any:
+def t5_encoder(layers: int = 6, d_model: int = 512, heads: int = 8, labels: int = 2,
+               vocab: int = 32128) -> Any:
     """T5 encoder (``T5EncoderModel``, t5-small sizes) with a mean-pooled linear head."""
     import torch
     from transformers import T5Config, T5EncoderModel
@@ -125,5 +132,7 @@ def vit(layers: int = 12, hidden: int = 768, heads: int = 12, labels: int = 1000
     """ViT (``ViTForImageClassification``; defaults: ViT-B/16); input ``3,224,224`` float32."""
     from transformers import ViTConfig, ViTForImageClassification
 
-    return ViTForImageClassification(ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                                               intermediate_size=4 * hidden, image_size=image, num_labels=labels))
+    return ViTForImageClassification(ViTConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                               num_attention_heads=heads,
+                                               intermediate_size=4 * hidden, image_size=image,
+                                               num_labels=labels))

@@ -34,7 +34,8 @@ def console_scripts() -> Dict[str, str]:
 def help_text(argv: List[str]) -> str:
     exe = Path(sys.executable).parent / argv[0]
     env = {**os.environ, "COLUMNS": "100", "TERM": "dumb", "COLOC_CONFIG": os.devnull}
-    proc = subprocess.run([str(exe), *argv[1:], "--help"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([str(exe), *argv[1:], "--help"], capture_output=True, text=True, env=env,
+                          timeout=120)
     return (proc.stdout or proc.stderr).rstrip()
 
 
@@ -66,7 +67,8 @@ def page(name: str, target: str, version: str) -> str:
         for sub in subs:
             parts += [f".SS {name} {sub}\n", roff(help_text([name, sub]))]
     others = ", ".join(f"\\fB{n}\\fR(1)" for n in sorted(console_scripts()) if n != name)
-    parts.append(f".SH FILES\n/etc/slurm-coloc/coloc.yaml (\\fBcoloc-admin config\\fR prints the effective values)\n"
+    parts.append(".SH FILES\n/etc/slurm-coloc/coloc.yaml (\\fBcoloc-admin config\\fR prints the effective "
+                 "values)\n"
                  f".SH SEE ALSO\n{others}; /usr/share/doc/slurm-coloc/\n")
     return "".join(parts)
 

@@ -22,7 +22,8 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "sampler": ("slurm_coloc.cli.sampler:main", "the node NVML sampler daemon, recorder and status"),
     "hook": ("slurm_coloc.cli.hook:main", "the entry point of the Prolog/Epilog shims (admins)"),
     "replay": ("slurm_coloc.cli.replay:main", "replay a CARMA/Philly trace, exclusive vs collocated"),
-    "placer": ("slurm_coloc.cli.placer:main", "steer held shard jobs to GPUs by measured utilization (admins)"),
+    "placer": ("slurm_coloc.cli.placer:main",
+               "steer held shard jobs to GPUs by measured utilization (admins)"),
 }
 
 

@@ -1,6 +1,6 @@
-"""One atomic file write for the root side (env files, MPS member files, the sampler's flush marker, the recovery
-queue): a reader sees the old file or the new one whole, never a half-written one, and no symlink is followed.
-Pure: only ``os``.
+"""One atomic file write for the root side (env files, MPS member files, the sampler's flush marker, the
+recovery queue): a reader sees the old file or the new one whole, never a half-written one, and no symlink is
+followed. Pure: only ``os``.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 def write_atomic(path: Union[str, Path], data: bytes, mode: int = 0o644, sync: bool = False) -> None:
     """Replace ``path`` by a file holding ``data``, atomically.
 
-    The data goes to ``.<name>.<pid>.tmp`` in the same directory, created with ``O_EXCL | O_NOFOLLOW`` (a planted
-    symlink is never followed; a stale file of a killed write is removed first), given ``mode`` with ``fchmod``
-    (the umask does not apply), written whole, ``fsync``-ed when ``sync``, and renamed over ``path``
-    (``rename(2)`` is atomic within one file system). Names starting with ``.`` are what readers of these
-    directories skip.
+    The data goes to ``.<name>.<pid>.tmp`` in the same directory, created with ``O_EXCL | O_NOFOLLOW`` (a
+    planted symlink is never followed; a stale file of a killed write is removed first), given ``mode`` with
+    ``fchmod`` (the umask does not apply), written whole, ``fsync``-ed when ``sync``, and renamed over
+    ``path`` (``rename(2)`` is atomic within one file system). Names starting with ``.`` are what readers of
+    these directories skip.
 
     Raises:
         OSError: the directory cannot be written (the temporary file is removed first).

@@ -4,6 +4,11 @@ Precedence: defaults < YAML file < ``COLOC_<KEY>`` environment variables (upper-
 The file is ``$COLOC_CONFIG`` if set, else ``/etc/slurm-coloc/coloc.yaml``; a missing default
 file means "all defaults", a missing ``$COLOC_CONFIG`` file is an error. Unknown keys and
 bad values raise ``ConfigError`` naming the key.
+
+The keys are flat (in YAML and as attributes: ``cfg.gpu_mem_gib``) and grouped in sections, one frozen
+dataclass each (``SECTIONS``), which ``Config`` joins. Each key declares its valid values beside its default
+(``_key``: bounds, choices, not empty); ``_validate`` checks those declarations and the few rules between keys
+(``CROSS_RULES``).
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import math
 import os
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
@@ -26,188 +31,311 @@ PLACEMENT_POLICIES = ("throughput", "gate")
 COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
 WATCHDOG_ACTIONS = ("stop", "record", "off")
 ADMIN_COMMENT_MODES = ("merge", "if-empty", "off")
+MAX_TIMEOUT_S = 3600.0  # the most any hook-side wait or estimate/probe limit may be (s)
+GPM_MIN_INTERVAL_S = 0.1  # NVML GPM samples need at least this period (s)
+
+
+def _key(default: Any = None, *, ge: Optional[float] = None, gt: Optional[float] = None,
+         le: Optional[float] = None, choices: Tuple[str, ...] = (), nonempty: bool = False, why: str = "",
+         factory: Optional[Callable[[], Any]] = None) -> Any:
+    """A config key: its default (or ``factory`` for a mutable one) and its valid values, checked by
+    ``_validate``.
+
+    Args:
+        ge, gt, le: bounds (>=, >, <=) of a number.
+        choices: the only values a text key may take.
+        nonempty: the text must hold more than whitespace.
+        why: said after a bound in the error (``GPM minimum``).
+    """
+    meta = {"ge": ge, "gt": gt, "le": le, "choices": choices, "nonempty": nonempty, "why": why}
+    if factory is not None:
+        return field(default_factory=factory, hash=False, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
-class Config:
-    """All settings; units are in the names.
+class SiteConfig:
+    """Site: where slurm-coloc keeps its state and finds Slurm.
 
     Attributes:
         state_dir: root-owned directory of the databases: ``ctld.db`` and ``nodes/<node>.db``.
         run_dir: root-owned runtime directory (MPS pipes/logs, per-job env files).
         log_dir: where hooks and the sampler log (``hooks.log``).
         slurm_bin_dir: directory of sbatch/scontrol/squeue (hooks get no PATH).
-        gpu_mem_gib: memory per GPU in GiB = shards per GPU (1 shard = 1 GiB).
-        gpu_model: the GPU model estimates are made for (a name ``estimate/gpus.py`` knows: ``H100``,
-            ``H200``, ``A100``), for jobs whose partition ``gpu_model_by_partition`` does not name.
-        gpu_model_by_partition: partition name -> GPU model of its nodes. In YAML a mapping
-            (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string) ``part=model,part=model``.
-        headroom_mib: added to every estimate before rounding up to shards.
-        min_shards: smallest shard request for a job with an estimate.
-        hook_timeout_s: the bound a hook's own work must keep (the shim kills it later).
-        db_busy_timeout_s: how long a writer waits for a locked database.
-        mps_mode: ``multi-user`` | ``per-user`` | ``off`` (docs/admin.md explains each).
-        sampler_interval_s: NVML sampling period (GPM needs >= 0.1 s).
         admin_group: Unix group whose members see every job in coloc-report (root always does).
-        mps_control_bin: ``nvidia-cuda-mps-control`` (searched in PATH and the NVIDIA/CUDA bin dirs) or a path.
-        mps_keep_warm: keep a GPU's MPS daemon running after its last shared job ends.
-        mps_start_timeout_s: how long the Prolog waits for an MPS daemon to come up or go down.
-        sampler_autostart: the Prolog starts ``coloc-sampler`` when none runs on the node.
-        sampler_batch_s: the sampler writes its buffered rows once per this many seconds (one transaction).
-        sampler_raw_retention_h: raw samples older than this are folded into ``sampler_downsample_s`` rows.
-        sampler_downsample_s: resolution of folded old samples (s).
-        sampler_retention_days: samples older than this are deleted (job summaries stay).
-        sampler_replay_path: CI/demo only: replay this NVML recording instead of reading NVML.
-        report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
-        report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused (%).
-        report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
-        diag_*: thresholds of the per-job findings of coloc-report (report/diagnose.py; docs/report.md, "Findings"):
-            ``diag_min_runtime_s`` / ``diag_min_samples`` (shorter or fewer: no finding), ``diag_idle_smact_pct``
-            (a sample below this SM activity is idle), ``diag_input_bound_smact_pct`` /
-            ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` / ``diag_no_tensor_max_tensor_pct``,
-            ``diag_low_occupancy_smocc_pct`` / ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``,
-            ``diag_over_request_ratio`` (request / (peak + headroom) at or above this); the CPU evidence:
-            ``diag_loader_busy_pct`` (loader workers using at least this % of one core each, or the job's processes
-            this % of its CPUs, are saturated), ``diag_train_waiting_cores`` (a training process using at most this
-            many cores waits), ``diag_train_busy_cores`` (at least this: it is busy itself: launching kernels, or
-            loading data without workers), ``diag_input_bound_self_idle_pct`` (a job without loader workers reads
-            as loading its data itself only when the GPU idled in at least this % of its samples).
-        exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
-        exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the node's
-            management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names and job ids).
-        exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the names
-            and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared GPUs).
-        placement_policy: ``throughput`` (default: pack each GPU while the predicted slowdown of every job on it stays
-            within ``placement_max_slowdown``, from measured activity alone and the fitted sharing model,
-            ``placement/share.py``; the gate only where a job has no measured data) or ``gate`` (the CARMA gate
-            over live + predicted activity for every job).
-        placement_max_slowdown: the ``throughput`` policy's bound on a job's predicted slowdown while it shares a
-            GPU (x its speed alone; 1.0-10.0; 1.2 favours latency, 3 throughput).
-        placement_history_max_age_s: measured runs (and a ``placement_history_path`` file) older than this are
-            stale and ignored (s).
-        placement_mode: coloc-placer's order among GPUs that qualify (``gate`` policy): ``spread`` (least loaded
-            first) or ``consolidate`` (most loaded that stays under the gate first, for energy).
-        placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
-            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >= drama_gate).
-        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample (s).
-        placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
-        placement_recent_s: a job the placer sent to a GPU counts with its predicted activity for this long, on top
-            of the GPU's live state, while it starts and before its work shows in the samples (s; 0 = the value
-            of ``placement_window_s``). Long enough and the GPU takes no new tenant while the last ones start;
-            shorter and the next job's start-up (imports, CUDA set-up) overlaps the others' work.
-        placement_interval_s: coloc-placer's loop period (s).
-        placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
-        placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
-        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier database), by
-            job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions), read by coloc-placer
-            as one more earlier run of each signature ("" = none; written by ``benchmarks/device`` tools).
-        mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among the
-            jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``; docs/node.md
-            "What MPS enforces").
-        mps_compute_mode: ``leave`` (never touch the compute mode) | ``exclusive-process`` (the Prolog sets a GPU
-            to EXCLUSIVE_PROCESS when its first shard job starts and restores the previous mode when its last one
-            ends; multi-user MPS only).
-        watchdog_action: what the sampler's watchdog does to a job over its grant or outside MPS on a shared GPU:
-            ``stop`` (SIGKILL its GPU processes, scancel, tell the user, record), ``record`` (record only), ``off``.
-        watchdog_tolerance_mib: memory a job may use above its grant before the watchdog acts (MiB).
-        watchdog_interval_s: the sampler's period while a shard job runs on the node (s; the lower of this and
-            ``sampler_interval_s``).
-        watchdog_fast_interval_s: the period while a tenant is above ``watchdog_near_pct`` of its grant or a
-            suspicion awaits its confirming read (s).
-        watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate (%).
-        report_socket_path: Unix socket of the reader service (``coloc-report serve``) that answers ordinary
-            users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
-        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run before
-            it kills it and submits as without an estimate (a whole GPU).
-        probe: run the script probe (``on``/``off``): coloc-sbatch runs the batch script's training program on fake
-            tensors to estimate its GPU memory (docs/user.md "The script probe").
-        probe_timeout_s: the probe's wall-clock limit (s); a program that has not stepped by then falls back.
-        probe_mem_limit_mib: the probe's address-space limit (``RLIMIT_AS``, MiB).
-        oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
-            (0: none at all).
-        oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
-        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py): ``merge``
-            (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which jobstats decodes
-            as the whole field, is left alone), ``if-empty`` (only into an empty field or one holding only ours),
-            ``off`` (never; the summary stays in ctld.db and coloc-report).
-        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must have seen
-            a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM rerun.
+        db_busy_timeout_s: how long a writer waits for a locked database (s, 0-3600).
     """
 
     state_dir: str = "/var/lib/slurm-coloc"
     run_dir: str = "/run/slurm-coloc"
     log_dir: str = "/var/log/slurm-coloc"
     slurm_bin_dir: str = "/usr/bin"
-    gpu_mem_gib: int = 80
-    gpu_model: str = "H100"
-    gpu_model_by_partition: Dict[str, str] = field(default_factory=dict, hash=False)
-    headroom_mib: int = 256
-    min_shards: int = 1
-    hook_timeout_s: float = 20.0
-    db_busy_timeout_s: float = 5.0
-    mps_mode: str = "multi-user"
-    sampler_interval_s: float = 1.0
     admin_group: str = ""
-    mps_control_bin: str = "nvidia-cuda-mps-control"
+    db_busy_timeout_s: float = _key(5.0, ge=0, le=MAX_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class SubmitConfig:
+    """Submission (coloc-sbatch): how a memory figure becomes a shard request.
+
+    Attributes:
+        gpu_mem_gib: memory per GPU in GiB = shards per GPU (1 shard = 1 GiB; 1-4096).
+        headroom_mib: added to every estimate before rounding up to shards.
+        min_shards: smallest shard request for a job with an estimate.
+    """
+
+    gpu_mem_gib: int = _key(80, ge=1, le=4096)
+    headroom_mib: int = _key(256, ge=0)
+    min_shards: int = _key(1, ge=1)
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """Estimate: the GPU models figures are made for, the ``#COLOC model=`` estimate and the script probe.
+
+    Attributes:
+        gpu_model: the GPU model estimates are made for (a name ``estimate/gpus.py`` knows: ``H100``,
+            ``H200``, ``A100``), for jobs whose partition ``gpu_model_by_partition`` does not name.
+        gpu_model_by_partition: partition name -> GPU model of its nodes. In YAML a mapping
+            (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string)
+            ``part=model,part=model``.
+        estimate_timeout_s: how long coloc-sbatch lets the estimate (which imports the user's model) run
+            before it kills it and submits as without an estimate (a whole GPU; s, up to 3600).
+        probe: run the script probe (``on``/``off``): coloc-sbatch runs the batch script's training program on
+            fake tensors to estimate its GPU memory (docs/user.md "The script probe").
+        probe_timeout_s: the probe's wall-clock limit (s, up to 3600); a program that has not stepped by then
+            falls back.
+        probe_mem_limit_mib: the probe's address-space limit (``RLIMIT_AS``, MiB, at least 1024).
+    """
+
+    gpu_model: str = _key("H100", nonempty=True)
+    gpu_model_by_partition: Dict[str, str] = _key(factory=dict)
+    estimate_timeout_s: float = _key(60.0, gt=0, le=MAX_TIMEOUT_S)
+    probe: bool = True
+    probe_timeout_s: float = _key(30.0, gt=0, le=MAX_TIMEOUT_S)
+    probe_mem_limit_mib: int = _key(32768, ge=1024)
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """Hooks: their time bound, the OOM rerun and the job's AdminComment.
+
+    Attributes:
+        hook_timeout_s: the bound a hook's own work must keep (s, up to 3600; the shim kills it later).
+        oom_rerun_per_user_max: the most OOM reruns on a whole GPU one user gets per ``oom_rerun_window_s``
+            (0: none at all).
+        oom_rerun_window_s: the sliding window of ``oom_rerun_per_user_max`` (s).
+        oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must
+            have seen a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM
+            rerun.
+        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py):
+            ``merge`` (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which
+            jobstats decodes as the whole field, is left alone), ``if-empty`` (only into an empty field or one
+            holding only ours), ``off`` (never; the summary stays in ctld.db and coloc-report).
+    """
+
+    hook_timeout_s: float = _key(20.0, gt=0, le=MAX_TIMEOUT_S)
+    oom_rerun_per_user_max: int = _key(3, ge=0)
+    oom_rerun_window_s: float = _key(3600.0, gt=0)
+    oom_rerun_tolerance_pct: float = _key(10.0, ge=0, le=100)
+    admin_comment: str = _key("merge", choices=ADMIN_COMMENT_MODES)
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """Node: CUDA MPS on shared GPUs (the Prolog and Epilog).
+
+    Attributes:
+        mps_mode: ``multi-user`` | ``per-user`` | ``off`` (docs/admin.md explains each).
+        mps_control_bin: ``nvidia-cuda-mps-control`` (searched in PATH and the NVIDIA/CUDA bin dirs) or a
+            path.
+        mps_keep_warm: keep a GPU's MPS daemon running after its last shared job ends.
+        mps_start_timeout_s: how long the Prolog waits for an MPS daemon to come up or go down (s, up to
+            3600).
+        mps_ceiling: give each MPS control daemon a per-client pinned memory ceiling = the largest grant among
+            the jobs it serves (``set_default_device_pinned_mem_limit`` / ``set_device_pinned_mem_limit``;
+            docs/node.md "What MPS enforces").
+        mps_compute_mode: ``leave`` (never touch the compute mode) | ``exclusive-process`` (the Prolog sets a
+            GPU to EXCLUSIVE_PROCESS when its first shard job starts and restores the previous mode when its
+            last one ends; multi-user MPS only).
+    """
+
+    mps_mode: str = _key("multi-user", choices=MPS_MODES)
+    mps_control_bin: str = _key("nvidia-cuda-mps-control", nonempty=True)
     mps_keep_warm: bool = False
-    mps_start_timeout_s: float = 5.0
+    mps_start_timeout_s: float = _key(5.0, gt=0, le=MAX_TIMEOUT_S)
+    mps_ceiling: bool = True
+    mps_compute_mode: str = _key("leave", choices=COMPUTE_MODE_CHOICES)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Node: the NVML sampler and its watchdog.
+
+    Attributes:
+        sampler_interval_s: NVML sampling period (s; GPM needs >= 0.1 s).
+        sampler_autostart: the Prolog starts ``coloc-sampler`` when none runs on the node.
+        sampler_batch_s: the sampler writes its buffered rows once per this many seconds (one transaction).
+        sampler_raw_retention_h: raw samples older than this are folded into ``sampler_downsample_s`` rows (h;
+            at most 24 x ``sampler_retention_days``).
+        sampler_downsample_s: resolution of folded old samples (s).
+        sampler_retention_days: samples older than this are deleted (job summaries stay).
+        sampler_replay_path: CI/demo only: replay this NVML recording instead of reading NVML.
+        watchdog_action: what the sampler's watchdog does to a job over its grant or outside MPS on a shared
+            GPU: ``stop`` (SIGKILL its GPU processes, scancel, tell the user, record), ``record`` (record
+            only), ``off``.
+        watchdog_tolerance_mib: memory a job may use above its grant before the watchdog acts (MiB).
+        watchdog_interval_s: the sampler's period while a shard job runs on the node (s, at least 0.1; the
+            lower of this and ``sampler_interval_s``).
+        watchdog_fast_interval_s: the period while a tenant is above ``watchdog_near_pct`` of its grant or a
+            suspicion awaits its confirming read (s, at least 0.1).
+        watchdog_near_pct: share of its grant above which a tenant makes the sampler read at the fast rate
+            (%).
+    """
+
+    sampler_interval_s: float = _key(1.0, ge=GPM_MIN_INTERVAL_S, why="GPM minimum")
     sampler_autostart: bool = True
-    sampler_batch_s: float = 1.0  # = sampler_interval_s: a SIGKILL loses at most one interval
-    sampler_raw_retention_h: float = 24.0
-    sampler_downsample_s: float = 60.0
+    sampler_batch_s: float = _key(1.0, gt=0)  # = sampler_interval_s: a SIGKILL loses at most one interval
+    sampler_raw_retention_h: float = _key(24.0, gt=0)
+    sampler_downsample_s: float = _key(60.0, gt=0)
     sampler_retention_days: float = 30.0
     sampler_replay_path: str = ""
+    watchdog_action: str = _key("stop", choices=WATCHDOG_ACTIONS)
+    watchdog_tolerance_mib: int = _key(512, ge=0)
+    watchdog_interval_s: float = _key(0.5, ge=GPM_MIN_INTERVAL_S, why="GPM minimum")
+    watchdog_fast_interval_s: float = _key(0.1, ge=GPM_MIN_INTERVAL_S, why="GPM minimum")
+    watchdog_near_pct: float = _key(90.0, gt=0, le=100)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Metrics: the sampler's Prometheus endpoint.
+
+    Attributes:
+        exporter_port: TCP port of the sampler's Prometheus endpoint ``/metrics``; 0 turns it off.
+        exporter_bind_address: address the endpoint binds to (default ``127.0.0.1``: the node itself; set the
+            node's management address, or ``0.0.0.0``, for a central Prometheus: the series carry user names
+            and job ids).
+        exporter_names: metric names and labels: ``coloc`` (docs/metrics.md), ``jobstats`` or ``dcgm`` (the
+            names and labels of jobstats' GPU exporter or of dcgm-exporter, with per-job series on shared
+            GPUs).
+    """
+
+    exporter_port: int = _key(9466, ge=0, le=65535, why="0: off")
+    exporter_bind_address: str = "127.0.0.1"
+    exporter_names: str = _key("coloc", choices=EXPORTER_NAMES)
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Placement: coloc-placer's policy, its CARMA gate and its timing.
+
+    Attributes:
+        placement_policy: ``throughput`` (default: pack each GPU while the predicted slowdown of every job on
+            it stays within ``placement_max_slowdown``, from measured activity alone and the fitted sharing
+            model, ``placement/share.py``; the gate only where a job has no measured data) or ``gate`` (the
+            CARMA gate over live + predicted activity for every job).
+        placement_max_slowdown: the ``throughput`` policy's bound on a job's predicted slowdown while it
+            shares a GPU (x its speed alone; 1.0-10.0; 1.2 favours latency, 3 throughput).
+        placement_history_max_age_s: measured runs (and a ``placement_history_path`` file) older than this are
+            stale and ignored (s).
+        placement_mode: coloc-placer's order among GPUs that qualify (``gate`` policy): ``spread`` (least
+            loaded first) or ``consolidate`` (most loaded that stays under the gate first, for energy).
+        placement_smact_gate, placement_smocc_gate, placement_drama_gate: the saturation gate (fractions 0..1,
+            CARMA): a GPU is saturated when SMACT >= smact_gate and (SMOCC >= smocc_gate or DRAMA >=
+            drama_gate).
+        placement_window_s: live state of a GPU = mean of its samples over this window before its last sample
+            (s).
+        placement_state_max_age_s: a GPU whose last sample is older than this is placed by memory only (s).
+        placement_recent_s: a job the placer sent to a GPU counts with its predicted activity for this long,
+            on top of the GPU's live state, while it starts and before its work shows in the samples (s; 0 =
+            the value of ``placement_window_s``). Long enough and the GPU takes no new tenant while the last
+            ones start; shorter and the next job's start-up (imports, CUDA set-up) overlaps the others' work.
+        placement_interval_s: coloc-placer's loop period (s).
+        placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
+        placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
+        placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier
+            database), by job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions),
+            read by coloc-placer as one more earlier run of each signature ("" = none; written by
+            ``benchmarks/device`` tools).
+    """
+
+    placement_policy: str = _key("throughput", choices=PLACEMENT_POLICIES)
+    placement_max_slowdown: float = _key(2.0, ge=1.0, le=10.0)
+    placement_history_max_age_s: float = _key(30 * 86400.0, gt=0)
+    placement_mode: str = _key("spread", choices=PLACEMENT_MODES)
+    placement_smact_gate: float = _key(0.8, gt=0, le=1)
+    placement_smocc_gate: float = _key(0.45, gt=0, le=1)
+    placement_drama_gate: float = _key(0.4, gt=0, le=1)
+    placement_window_s: float = _key(30.0, gt=0)
+    placement_state_max_age_s: float = _key(60.0, gt=0)
+    placement_recent_s: float = _key(0.0, ge=0, why="0 = placement_window_s")
+    placement_interval_s: float = _key(2.0, gt=0)
+    placement_max_wait_s: float = _key(600.0, gt=0)
+    placement_calibration_path: str = ""
+    placement_history_path: str = ""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Report: coloc-report's reader service, its waste flags and its per-job findings.
+
+    Attributes:
+        report_socket_path: Unix socket of the reader service (``coloc-report serve``) that answers ordinary
+            users' coloc-report with their own rows; empty: ``<run_dir>/report.sock``.
+        report_waste_smact_pct: coloc-report flags a job whose mean SM activity is below this (%).
+        report_waste_unused_pct: coloc-report flags a job that left more than this share of its request unused
+            (%).
+        report_waste_min_runtime_s: jobs shorter than this are never flagged as wasteful (s).
+        diag_*: thresholds of the per-job findings of coloc-report (report/diagnose.py; docs/report.md,
+            "Findings"): ``diag_min_runtime_s`` / ``diag_min_samples`` (shorter or fewer: no finding),
+            ``diag_idle_smact_pct`` (a sample below this SM activity is idle), ``diag_input_bound_smact_pct``
+            / ``diag_input_bound_idle_pct``, ``diag_no_tensor_min_smact_pct`` /
+            ``diag_no_tensor_max_tensor_pct``, ``diag_low_occupancy_smocc_pct`` /
+            ``diag_low_occupancy_min_smact_pct`` / ``diag_small_batch``, ``diag_over_request_ratio`` (request
+            / (peak + headroom) at or above this); the CPU evidence: ``diag_loader_busy_pct`` (loader workers
+            using at least this % of one core each, or the job's processes this % of its CPUs, are saturated),
+            ``diag_train_waiting_cores`` (a training process using at most this many cores waits),
+            ``diag_train_busy_cores`` (at least this: it is busy itself: launching kernels, or loading data
+            without workers), ``diag_input_bound_self_idle_pct`` (a job without loader workers reads as
+            loading its data itself only when the GPU idled in at least this % of its samples). Percentages
+            are 0-100.
+    """
+
+    report_socket_path: str = ""
     report_waste_smact_pct: float = 10.0
     report_waste_unused_pct: float = 50.0
     report_waste_min_runtime_s: float = 300.0
-    diag_min_runtime_s: float = 30.0
-    diag_min_samples: int = 20
-    diag_idle_smact_pct: float = 1.0
-    diag_input_bound_smact_pct: float = 10.0
-    diag_input_bound_idle_pct: float = 30.0
-    diag_input_bound_self_idle_pct: float = 60.0
-    diag_no_tensor_min_smact_pct: float = 40.0
-    diag_no_tensor_max_tensor_pct: float = 1.0
-    diag_low_occupancy_smocc_pct: float = 10.0
-    diag_low_occupancy_min_smact_pct: float = 2.0
-    diag_small_batch: int = 8
-    diag_over_request_ratio: float = 2.0
-    diag_loader_busy_pct: float = 80.0
-    diag_train_waiting_cores: float = 0.5
+    diag_min_runtime_s: float = _key(30.0, ge=0)
+    diag_min_samples: int = _key(20, ge=1)
+    diag_idle_smact_pct: float = _key(1.0, ge=0, le=100)
+    diag_input_bound_smact_pct: float = _key(10.0, ge=0, le=100)
+    diag_input_bound_idle_pct: float = _key(30.0, ge=0, le=100)
+    diag_input_bound_self_idle_pct: float = _key(60.0, ge=0, le=100)
+    diag_no_tensor_min_smact_pct: float = _key(40.0, ge=0, le=100)
+    diag_no_tensor_max_tensor_pct: float = _key(1.0, ge=0, le=100)
+    diag_low_occupancy_smocc_pct: float = _key(10.0, ge=0, le=100)
+    diag_low_occupancy_min_smact_pct: float = _key(2.0, ge=0, le=100)
+    diag_small_batch: int = _key(8, ge=1)
+    diag_over_request_ratio: float = _key(2.0, gt=1)
+    diag_loader_busy_pct: float = _key(80.0, ge=0, le=100)
+    diag_train_waiting_cores: float = _key(0.5, ge=0)
     diag_train_busy_cores: float = 0.8
-    exporter_port: int = 9466
-    exporter_bind_address: str = "127.0.0.1"
-    exporter_names: str = "coloc"
-    placement_policy: str = "throughput"
-    placement_max_slowdown: float = 2.0
-    placement_history_max_age_s: float = 30 * 86400.0
-    placement_mode: str = "spread"
-    placement_smact_gate: float = 0.8
-    placement_smocc_gate: float = 0.45
-    placement_drama_gate: float = 0.4
-    placement_window_s: float = 30.0
-    placement_state_max_age_s: float = 60.0
-    placement_recent_s: float = 0.0
-    placement_interval_s: float = 2.0
-    placement_max_wait_s: float = 600.0
-    placement_calibration_path: str = ""
-    placement_history_path: str = ""
-    mps_ceiling: bool = True
-    mps_compute_mode: str = "leave"
-    watchdog_action: str = "stop"
-    watchdog_tolerance_mib: int = 512
-    watchdog_interval_s: float = 0.5
-    watchdog_fast_interval_s: float = 0.1
-    watchdog_near_pct: float = 90.0
-    report_socket_path: str = ""
-    estimate_timeout_s: float = 60.0
-    probe: bool = True
-    probe_timeout_s: float = 30.0
-    probe_mem_limit_mib: int = 32768
-    oom_rerun_per_user_max: int = 3
-    oom_rerun_window_s: float = 3600.0
-    oom_rerun_tolerance_pct: float = 10.0
-    admin_comment: str = "merge"
+
+
+SECTIONS: Tuple[type, ...] = (SiteConfig, SubmitConfig, EstimateConfig, HookConfig, MpsConfig, SamplerConfig,
+                              MetricsConfig, PlacementConfig, ReportConfig)
+"""The sections in the order ``fields(Config)`` and the sample ``coloc.yaml`` list them."""
+
+
+# The bases in reverse: a dataclass lists its bases' fields from the last base to the first (SiteConfig's
+# first).
+@dataclass(frozen=True)
+class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsConfig, HookConfig,
+             EstimateConfig,
+             SubmitConfig, SiteConfig):
+    """All settings, flat (``cfg.<key>``), from the sections of ``SECTIONS``; units are in the names. Each
+    key's meaning is in its section's docstring; ``coloc-admin config --sample`` prints them all."""
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
         """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
@@ -227,6 +355,13 @@ class Config:
         """Directory holding every ``<node>.db`` (a shared filesystem in production)."""
         return Path(self.state_dir) / "nodes"
 
+
+def section_of(name: str) -> type:
+    """The section dataclass (of ``SECTIONS``) that declares key ``name``; KeyError for an unknown key."""
+    for section in SECTIONS:
+        if name in section.__dataclass_fields__:  # type: ignore[attr-defined]
+            return section
+    raise KeyError(name)
 
 def _coerce(name: str, kind: type, value: Any) -> Any:
     """Convert ``value`` to the field's type or raise ConfigError naming ``name``."""
@@ -278,87 +413,99 @@ def _coerce_field(f: Field[Any], value: Any) -> Any:
     return _coerce(f.name, kinds[str(f.type)], value)
 
 
+CROSS_RULES: Tuple[Tuple[str, Callable[[Config], bool], str], ...] = (
+    ("mps_compute_mode", lambda c: c.mps_compute_mode != "exclusive-process" or c.mps_mode == "multi-user",
+     "exclusive-process needs mps_mode multi-user (per-user daemons would each need their own context on the "
+     "GPU)"),
+    ("sampler_raw_retention_h", lambda c: c.sampler_raw_retention_h <= 24 * c.sampler_retention_days,
+     "must be <= 24 x sampler_retention_days"),
+    ("diag_train_waiting_cores", lambda c: c.diag_train_waiting_cores < c.diag_train_busy_cores,
+     "must be < diag_train_busy_cores"),
+)
+"""The rules between keys: ``(key named in the error, holds(cfg), what the key must be)``."""
+
+
+def _interval(meta: Mapping[str, Any]) -> str:
+    """A key's declared bounds in words: ``[0.1, inf)``, ``(0, 3600]``."""
+    if meta["gt"] is not None:
+        lo = f"({meta['gt']:g}"
+    else:
+        lo = f"[{meta['ge']:g}" if meta["ge"] is not None else "(-inf"
+    hi = f"{meta['le']:g}]" if meta["le"] is not None else "inf)"
+    return f"{lo}, {hi}"
+
+
+def allowed(f: Field[Any]) -> str:
+    """What config key ``f`` declares it allows, in words (``[1, 4096]``, ``merge | if-empty | off``, ``not
+    empty``); "" when it declares nothing."""
+    meta = f.metadata
+    if not meta:
+        return ""
+    if meta["choices"]:
+        return " | ".join(meta["choices"])
+    if meta["nonempty"]:
+        return "not empty"
+    if meta["ge"] is None and meta["gt"] is None and meta["le"] is None:
+        return ""
+    return _interval(meta) + (f" ({meta['why']})" if meta["why"] else "")
+
+
+def _check_key(f: Field[Any], value: Any) -> None:
+    """Raise ConfigError (one line naming the key, the value and what is allowed) when ``value`` breaks what
+    key ``f`` declares (``_key``), is a NaN or infinite number, or holds a NUL byte."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
+    texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value,
+                                                                                           dict) else []
+    if any("\0" in text for text in texts):
+        raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
+    meta = f.metadata
+    if not meta:
+        return
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(f"config key {f.name!r}: {value!r} is not one of {', '.join(meta['choices'])}")
+    if meta["nonempty"] and not value.strip():
+        raise ConfigError(f"config key {f.name!r} is empty")
+    if (meta["ge"] is not None and not value >= meta["ge"]) \
+            or (meta["gt"] is not None and not value > meta["gt"]) \
+            or (meta["le"] is not None and not value <= meta["le"]):
+        raise ConfigError(f"config key {f.name!r}: {value!r} is outside {allowed(f)}")
+
+
 def _validate(cfg: Config) -> Config:
+    """``cfg`` when every key holds a value its declaration allows (``_key``) and ``CROSS_RULES`` hold.
+
+    Raises:
+        ConfigError: the first key (in ``fields(Config)`` order, then the rules) whose value is not allowed.
+    """
     for f in fields(Config):
-        value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
-        texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value, dict) else []
-        if any("\0" in text for text in texts):
-            raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
-    if cfg.hook_timeout_s > 3600 or cfg.db_busy_timeout_s > 3600 or cfg.mps_start_timeout_s > 3600:
-        raise ConfigError("config: hook_timeout_s, db_busy_timeout_s and mps_start_timeout_s must be <= 3600")
-    if cfg.mps_mode not in MPS_MODES:
-        raise ConfigError(f"config key 'mps_mode': {cfg.mps_mode!r} is not one of {', '.join(MPS_MODES)}")
-    if cfg.mps_compute_mode not in COMPUTE_MODE_CHOICES:
-        raise ConfigError(f"config key 'mps_compute_mode': {cfg.mps_compute_mode!r} is not one of "
-                          f"{', '.join(COMPUTE_MODE_CHOICES)}")
-    if cfg.mps_compute_mode == "exclusive-process" and cfg.mps_mode != "multi-user":
-        raise ConfigError("config key 'mps_compute_mode': exclusive-process needs mps_mode multi-user "
-                          "(per-user daemons would each need their own context on the GPU)")
-    if cfg.admin_comment not in ADMIN_COMMENT_MODES:
-        raise ConfigError(f"config key 'admin_comment': {cfg.admin_comment!r} is not one of "
-                          f"{', '.join(ADMIN_COMMENT_MODES)}")
-    if cfg.watchdog_action not in WATCHDOG_ACTIONS:
-        raise ConfigError(f"config key 'watchdog_action': {cfg.watchdog_action!r} is not one of "
-                          f"{', '.join(WATCHDOG_ACTIONS)}")
-    if cfg.watchdog_tolerance_mib < 0 or not 0 < cfg.watchdog_near_pct <= 100:
-        raise ConfigError("config: watchdog_tolerance_mib must be >= 0 and watchdog_near_pct in (0, 100]")
-    if cfg.watchdog_interval_s < 0.1 or cfg.watchdog_fast_interval_s < 0.1:
-        raise ConfigError("config: watchdog_interval_s and watchdog_fast_interval_s must be >= 0.1 (GPM minimum)")
-    if not 1 <= cfg.gpu_mem_gib <= 4096:
-        raise ConfigError(f"config key 'gpu_mem_gib': {cfg.gpu_mem_gib} is outside 1..4096")
-    if cfg.sampler_interval_s < 0.1:
-        raise ConfigError(f"config key 'sampler_interval_s': {cfg.sampler_interval_s} < 0.1 (GPM minimum)")
-    if cfg.hook_timeout_s <= 0 or cfg.db_busy_timeout_s < 0 or cfg.headroom_mib < 0 or cfg.min_shards < 1:
-        raise ConfigError("config: hook_timeout_s must be > 0, db_busy_timeout_s/headroom_mib >= 0, min_shards >= 1")
-    if cfg.mps_start_timeout_s <= 0 or cfg.sampler_batch_s <= 0 or cfg.sampler_downsample_s <= 0:
-        raise ConfigError("config: mps_start_timeout_s, sampler_batch_s and sampler_downsample_s must be > 0")
-    if cfg.sampler_raw_retention_h <= 0 or cfg.sampler_retention_days * 24 < cfg.sampler_raw_retention_h:
-        raise ConfigError("config: need 0 < sampler_raw_retention_h <= 24 * sampler_retention_days")
-    if cfg.placement_mode not in PLACEMENT_MODES:
-        raise ConfigError(f"config key 'placement_mode': {cfg.placement_mode!r} is not one of "
-                          f"{', '.join(PLACEMENT_MODES)}")
-    if not all(0 < g <= 1 for g in (cfg.placement_smact_gate, cfg.placement_smocc_gate, cfg.placement_drama_gate)):
-        raise ConfigError("config: placement_smact_gate, placement_smocc_gate and placement_drama_gate must be "
-                          "fractions in (0, 1]")
-    if min(cfg.placement_window_s, cfg.placement_state_max_age_s, cfg.placement_interval_s,
-           cfg.placement_max_wait_s) <= 0:
-        raise ConfigError("config: placement_window_s, placement_state_max_age_s, placement_interval_s and "
-                          "placement_max_wait_s must be > 0")
-    if cfg.placement_policy not in PLACEMENT_POLICIES:
-        raise ConfigError(f"config key 'placement_policy': {cfg.placement_policy!r} is not one of "
-                          f"{', '.join(PLACEMENT_POLICIES)}")
-    if not 1.0 <= cfg.placement_max_slowdown <= 10.0:
-        raise ConfigError(f"config key 'placement_max_slowdown': {cfg.placement_max_slowdown} is outside [1, 10]")
-    if cfg.placement_history_max_age_s <= 0:
-        raise ConfigError("config: placement_history_max_age_s must be > 0")
-    if cfg.placement_recent_s < 0:
-        raise ConfigError("config: placement_recent_s must be >= 0 (0 = placement_window_s)")
-    if not 0 < cfg.estimate_timeout_s <= 3600:
-        raise ConfigError(f"config key 'estimate_timeout_s': {cfg.estimate_timeout_s} is outside (0, 3600]")
-    if not 0 < cfg.probe_timeout_s <= 3600 or cfg.probe_mem_limit_mib < 1024:
-        raise ConfigError("config: probe_timeout_s must be in (0, 3600] and probe_mem_limit_mib >= 1024")
-    if not cfg.gpu_model.strip():
-        raise ConfigError("config key 'gpu_model' is empty")
-    if not cfg.mps_control_bin.strip():
-        raise ConfigError("config key 'mps_control_bin' is empty")
-    if not 0 <= cfg.exporter_port <= 65535:
-        raise ConfigError(f"config key 'exporter_port': {cfg.exporter_port} is outside 0..65535 (0: off)")
-    if cfg.exporter_names not in EXPORTER_NAMES:
-        raise ConfigError(f"config key 'exporter_names': {cfg.exporter_names!r} is not one of "
-                          f"{', '.join(EXPORTER_NAMES)}")
-    if cfg.oom_rerun_per_user_max < 0 or cfg.oom_rerun_window_s <= 0 or not 0 <= cfg.oom_rerun_tolerance_pct <= 100:
-        raise ConfigError("config: need oom_rerun_per_user_max >= 0, oom_rerun_window_s > 0 and "
-                          "0 <= oom_rerun_tolerance_pct <= 100")
-    pcts = [f.name for f in fields(Config) if f.name.startswith("diag_") and f.name.endswith("_pct")]
-    if any(not 0 <= getattr(cfg, n) <= 100 for n in pcts) or cfg.diag_min_runtime_s < 0 or cfg.diag_min_samples < 1 \
-            or cfg.diag_small_batch < 1 or cfg.diag_over_request_ratio <= 1 \
-            or not 0 <= cfg.diag_train_waiting_cores < cfg.diag_train_busy_cores:
-        raise ConfigError(f"config: {', '.join(pcts)} must be in 0..100, diag_min_runtime_s >= 0, "
-                          "diag_min_samples and diag_small_batch >= 1, diag_over_request_ratio > 1, "
-                          "0 <= diag_train_waiting_cores < diag_train_busy_cores")
+        _check_key(f, getattr(cfg, f.name))
+    for name, holds, must in CROSS_RULES:
+        if not holds(cfg):
+            raise ConfigError(f"config key {name!r}: {getattr(cfg, name)!r}: {must}")
     return cfg
+
+
+def _read_file(file_path: Path) -> Dict[Any, Any]:
+    """The mapping a config file holds (an empty file: none).
+
+    Raises:
+        ConfigError: unreadable, not YAML, or not a mapping (one line naming the file).
+    """
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {reason}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(file_path)!r} must be a mapping of key: value")
+    return data
 
 
 def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
@@ -383,20 +530,7 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
     except (OSError, ValueError):
         present = True  # let the read below report it
     if present or explicit:
-        try:
-            text = file_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ConfigError(f"cannot read config file {str(file_path)!r}: {exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            reason = " ".join(str(exc).split())
-            raise ConfigError(f"config file {str(file_path)!r} is not valid YAML: {reason}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(file_path)!r} must be a mapping of key: value")
-        values.update(data)
+        values.update(_read_file(file_path))
     known = {f.name: f for f in fields(Config)}
     for key in values:
         if key not in known:
@@ -422,23 +556,30 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
 
     A hook uses this config only to find where to log and record the config error (``log_dir``, ``state_dir``,
     ``run_dir``), never to do its work with a config the admin did not get right.
+
+    Args:
+        path, environ: as ``load`` (the file is read with bad bytes replaced, at most 1 MB).
+
+    Returns:
+        A ``Config`` that passes ``_validate``: each key's value applied on its own, in file order, kept only
+        when the config stays valid with it.
     """
     env = os.environ if environ is None else environ
     file_path = Path(path or env.get("COLOC_CONFIG") or DEFAULT_CONFIG_PATH)
     values: Dict[str, Any] = {}
     try:
         text = file_path.read_text(encoding="utf-8", errors="replace")[:1_000_000]
-    except Exception:  # noqa: BLE001 - unreadable: defaults
+    except Exception:  # unreadable: defaults
         text = ""
     try:
         data = yaml.safe_load(text)
         if isinstance(data, dict):
             values.update(data)
-    except Exception:  # noqa: BLE001 - not YAML as a whole: take the lines that are ``key: value`` on their own
+    except Exception:  # not YAML as a whole: take the lines that are ``key: value`` on their own
         for line in text.splitlines():
             try:
                 item = yaml.safe_load(line)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if isinstance(item, dict):
                 values.update(item)
@@ -453,7 +594,7 @@ def load_fallback(path: Optional[str] = None, environ: Optional[Mapping[str, str
         try:
             candidate = dataclasses.replace(cfg, **{key: _coerce_field(known[key], value)})
             cfg = _validate(candidate)
-        except Exception:  # noqa: BLE001 - keep the default for this key
+        except Exception:  # keep the default for this key
             continue
     return cfg
 
@@ -464,9 +605,12 @@ MAX_JOB_ENV_CONFIG_BYTES = 1 << 20  # a root-owned log named as COLOC_CONFIG mus
 def load_in_job_environment(environ: Mapping[str, str]) -> Config:
     """The config of a hook that runs in the job's own environment (TaskProlog, as the job's user).
 
-    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken (``COLOC_RUN_DIR``
-    would move the env file the TaskProlog reads: issue 31 N9), and ``COLOC_CONFIG`` only when it names a regular
-    file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+    The job's ``--export`` can set any variable there, so no ``COLOC_<KEY>`` override is taken
+    (``COLOC_RUN_DIR`` would move the env file the TaskProlog reads), and ``COLOC_CONFIG`` only when it names
+    a regular file owned by root and writable by no one else that loads; otherwise ``DEFAULT_CONFIG_PATH``.
+
+    Args:
+        environ: the job's environment (only ``COLOC_CONFIG`` is read from it).
 
     Raises:
         ConfigError: neither loads (the error of the named root-owned file where there is one).

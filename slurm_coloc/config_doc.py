@@ -1,5 +1,6 @@
 """The config described from ``config.Config`` itself: the commented sample ``coloc.yaml`` (every key at its
-default, each with its meaning from the ``Config`` docstring) and the effective config with the source of each value.
+default, section by section, each with its meaning from its section's docstring) and the effective config with
+the source of each value.
 
 ``deploy/coloc.yaml`` (shipped as ``/etc/slurm-coloc/coloc.yaml`` by the Debian package) is ``sample_yaml()``;
 tests/test_config_doc.py fails when it drifts from the fields.
@@ -26,10 +27,11 @@ HEADER = """\
 """
 
 
-def _descriptions() -> List[Tuple[List[str], str]]:
-    """``[(names, text)]`` from the ``Attributes:`` section of ``Config``'s docstring, in order. ``names`` are the
-    comma-separated names of an entry (``diag_*`` stays a pattern)."""
-    doc = config_mod.Config.__doc__ or ""
+def _descriptions(section: type) -> List[Tuple[List[str], str]]:
+    """``[(names, text)]`` from the ``Attributes:`` section of a config section's docstring
+    (``config.SECTIONS``), in order. ``names`` are the comma-separated names of an entry (``diag_*`` stays a
+    pattern)."""
+    doc = section.__doc__ or ""
     body = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
     entries: List[Tuple[List[str], str]] = []
     for line in body.splitlines():
@@ -50,27 +52,37 @@ def _entry_of(name: str, entries: List[Tuple[List[str], str]]) -> int:
 
 
 def _item(name: str, value: Any) -> str:
-    """``name: value`` on one line, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for "")."""
+    """``name: value`` on one line, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for
+    "")."""
     text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
     return text[1:-1].strip()  # without the braces of the one-item mapping
 
 
+def _comment(text: str) -> List[str]:
+    """``text`` as comment lines of at most 110 characters (``code`` quoted once)."""
+    return ["# " + line for line in textwrap.wrap(text.replace("``", "`"), 108, break_on_hyphens=False)]
+
+
 def sample_yaml() -> str:
-    """The sample config: every key of ``Config`` commented out at its default, after its description (a group
-    of keys described together, e.g. ``diag_*``, gets its text once)."""
-    entries = _descriptions()
+    """The sample config: for each section of ``config.SECTIONS`` its title, then every key it declares
+    commented out at its default, after its description (a group of keys described together, e.g. ``diag_*``,
+    gets its text once) and followed by the values it allows (``config.allowed``). The keys come in
+    ``fields(Config)`` order."""
     defaults = config_mod.Config()
     out = [HEADER.rstrip("\n")]
-    last = -2
-    for f in fields(config_mod.Config):
-        i = _entry_of(f.name, entries)
-        if i != last or i == -1:
-            text = entries[i][1] if i >= 0 else "(no description)"
-            out.append("")
-            text = text.replace("``", "`")
-            out.extend("# " + line for line in textwrap.wrap(text, 110, break_on_hyphens=False))
-        last = i
-        out.append("#" + _item(f.name, getattr(defaults, f.name)))
+    for section in config_mod.SECTIONS:
+        title = (section.__doc__ or section.__name__).strip().splitlines()[0]
+        out.extend(["", "# " + "=" * 108, *_comment(title), "# " + "=" * 108])
+        entries = _descriptions(section)
+        last = -2
+        for f in fields(section):
+            i = _entry_of(f.name, entries)
+            if i != last or i == -1:
+                out.append("")
+                out.extend(_comment(entries[i][1] if i >= 0 else "(no description)"))
+            last = i
+            allowed = config_mod.allowed(f)
+            out.append("#" + _item(f.name, getattr(defaults, f.name)) + (f"  # {allowed}" if allowed else ""))
     return "\n".join(out) + "\n"
 
 
@@ -86,8 +98,8 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     """The effective config and where each value comes from.
 
     Returns:
-        ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was read
-        (a missing default file means all defaults), ``sources`` key -> ``"default"``, ``"file"`` or
+        ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was
+        read (a missing default file means all defaults), ``sources`` key -> ``"default"``, ``"file"`` or
         ``"env COLOC_<KEY>"``.
 
     Raises:
@@ -103,12 +115,17 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     sources: Dict[str, str] = {}
     for f in fields(config_mod.Config):
         var = f"COLOC_{f.name.upper()}"
-        sources[f.name] = f"env {var}" if env.get(var) is not None else "file" if f.name in in_file else "default"
+        in_env = env.get(var) is not None
+        sources[f.name] = f"env {var}" if in_env else "file" if f.name in in_file else "default"
     return cfg, file, read, sources
 
 
 def effective_yaml(cfg: config_mod.Config, file: Path, read: bool, sources: Dict[str, str]) -> str:
-    """``effective``'s result as YAML text: a header naming the file, then every key with its source."""
+    """``effective``'s result as YAML text: a header naming the file, then every key with its source.
+
+    Args:
+        cfg, file, read, sources: what ``effective`` returns.
+    """
     head = (f"# effective slurm-coloc configuration; file: {file}" if read
             else f"# effective slurm-coloc configuration; file: {file} (not present: defaults)")
     lines = [head]

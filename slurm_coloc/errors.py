@@ -84,7 +84,8 @@ EXTRAS = {"torch": ("PyTorch, which the memory estimator runs", "pip install 'sl
 
 
 def require(module: str) -> None:
-    """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports it.
+    """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports
+    it.
 
     Raises:
         MissingExtra: not installed (or blocked: ``sys.modules[module] = None``).

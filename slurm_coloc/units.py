@@ -49,6 +49,6 @@ def format_mib(mem_mib: float | None) -> str:
 
 
 def is_bare_number(text: str) -> bool:
-    """Whether a size has no unit (``6``, ``1.5``): ``parse_size_mib`` reads it as GiB, where sbatch's ``--mem 6``
-    would mean 6 MB, so coloc-sbatch and the SPANK plugin say so."""
+    """Whether a size has no unit (``6``, ``1.5``): ``parse_size_mib`` reads it as GiB, where sbatch's ``--mem
+    6`` would mean 6 MB, so coloc-sbatch and the SPANK plugin say so."""
     return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*", text or ""))

@@ -1,9 +1,9 @@
 """Reading the tail of a job's output file, and appending a line to it, as the job's user, from a root hook.
 
-A root hook that opens a path a user chose can be made to read (or write) any file on the host: the user replaces
-the file, or a directory on its path, with a symlink. Here the open happens in a forked child that has dropped to
-the job's uid/gid (``os.setgroups([])``, ``os.setgid``, ``os.setuid``), so every directory on the path is checked
-with the user's own permissions, and:
+A root hook that opens a path a user chose can be made to read (or write) any file on the host: the user
+replaces the file, or a directory on its path, with a symlink. Here the open happens in a forked child that
+has dropped to the job's uid/gid (``os.setgroups([])``, ``os.setgid``, ``os.setuid``), so every directory on
+the path is checked with the user's own permissions, and:
 
 - the last component is opened with ``O_NOFOLLOW`` (a planted symlink fails with ``ELOOP``), ``O_NONBLOCK``
   (a planted FIFO cannot block us) and ``O_NOCTTY``;
@@ -22,7 +22,7 @@ import signal
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 MAX_TAIL_BYTES = 64 * 1024
 
@@ -38,7 +38,8 @@ class TailResult:
 
 
 def _open_checked(path: str, uid: int, flags: int) -> int:
-    """In the child: open ``path`` without following a final symlink; must be a regular file owned by ``uid``."""
+    """In the child: open ``path`` without following a final symlink; must be a regular file owned by
+    ``uid``."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
@@ -67,42 +68,10 @@ def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, li
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
-        code = 1
-        try:
-            os.close(rfd)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            if os.getuid() != uid or os.geteuid() != uid:
-                raise PermissionError("could not drop privileges")
-            payload = b"O" + work()
-            code = 0
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent, then exit
-            payload = b"E" + str(exc).encode("utf-8", "replace")[:500]
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(wfd, view):]
-        finally:
-            os._exit(code)
+        _child_as_user(rfd, wfd, uid, gid, work)
     os.close(wfd)
-    chunks, total = [], 0
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"gave up after {timeout_s:g} s")
-            ready, _, _ = select.select([rfd], [], [], left)
-            if not ready:
-                continue
-            data = os.read(rfd, 65536)
-            if not data:
-                break
-            total += len(data)
-            if total > limit_bytes + 600:
-                raise PermissionError("child sent more than asked")
-            chunks.append(data)
+        out = _read_reply(rfd, timeout_s, limit_bytes)
     finally:
         os.close(rfd)
         try:
@@ -111,15 +80,64 @@ def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, li
                 os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-    out = b"".join(chunks)
     if out[:1] != b"O":
         raise PermissionError(out[1:].decode("utf-8", "replace") or "child failed")
     return out[1:]
 
 
+def _child_as_user(rfd: int, wfd: int, uid: int, gid: int, work: Callable[[], bytes]) -> NoReturn:
+    """The child of ``_as_user``: drop to ``uid``/``gid`` (no supplementary groups), run ``work`` and write
+    ``O`` + its bytes, or ``E`` + the error (at most 500 bytes), to ``wfd``; then exit."""
+    code = 1
+    try:
+        os.close(rfd)
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise PermissionError("could not drop privileges")
+        payload = b"O" + work()
+        code = 0
+    except BaseException as exc:  # report anything to the parent, then exit
+        payload = b"E" + str(exc).encode("utf-8", "replace")[:500]
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(wfd, view):]
+    finally:
+        os._exit(code)
+
+
+def _read_reply(rfd: int, timeout_s: float, limit_bytes: int) -> bytes:
+    """Everything the child writes to ``rfd`` until it closes it.
+
+    Raises:
+        TimeoutError: not done within ``timeout_s``.
+        PermissionError: more than ``limit_bytes`` (plus the error's room) came.
+    """
+    chunks, total = [], 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"gave up after {timeout_s:g} s")
+        ready, _, _ = select.select([rfd], [], [], left)
+        if not ready:
+            continue
+        data = os.read(rfd, 65536)
+        if not data:
+            break
+        total += len(data)
+        if total > limit_bytes + 600:
+            raise PermissionError("child sent more than asked")
+        chunks.append(data)
+    return b"".join(chunks)
+
+
 def read_tail_as_user(path: str, uid: int, gid: int, max_bytes: int = MAX_TAIL_BYTES,
                       timeout_s: float = 5.0) -> TailResult:
-    """The last ``max_bytes`` of ``path`` read as ``uid``/``gid`` (module docstring: no symlinks, owner check).
+    """The last ``max_bytes`` of ``path`` read as ``uid``/``gid`` (module docstring: no symlinks, owner
+    check).
 
     Args:
         path: absolute path (the expanded ``StdErr``/``StdOut`` of ``scontrol show job -o``).

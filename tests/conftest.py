@@ -1,5 +1,5 @@
-"""Shared fixtures: ``slurm_cluster`` is a real local Slurm cluster for the whole test session; ``deb_package`` the
-built Debian package."""
+"""Shared fixtures: ``slurm_cluster`` is a real local Slurm cluster for the whole test session;
+``deb_package`` the built Debian package."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,8 @@ from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 
 @pytest.fixture(autouse=True)
-def _private_estimate_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_estimate_cache(tmp_path_factory: pytest.TempPathFactory,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Estimates made by tests are cached in a per-session temporary directory, never in ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 

@@ -1,13 +1,15 @@
-"""Test helper: separate "hosts" on this machine, each a network, UTS, mount, IPC and PID namespace of its own.
+"""Test helper: separate "hosts" on this machine, each a network, UTS, mount, IPC and PID namespace of its
+own.
 
-A host has its own hostname, its own address on a bridge (10.201.0.0/24, in a switch namespace of its own, so the
-machine's own network is untouched), its own root filesystem and its own processes:
+A host has its own hostname, its own address on a bridge (10.201.0.0/24, in a switch namespace of its own, so
+the machine's own network is untouched), its own root filesystem and its own processes:
 
 - root: an overlay of this machine's ``/`` (read-only lower) with an in-memory upper layer, entered with
-  ``chroot``: packages are installed into it with the host's own ``apt-get``/``dpkg`` (its own dpkg database copy),
-  so each host runs what was installed there and nothing reaches the machine's ``/``;
+  ``chroot``: packages are installed into it with the host's own ``apt-get``/``dpkg`` (its own dpkg database
+  copy), so each host runs what was installed there and nothing reaches the machine's ``/``;
 - ``/run`` and ``/tmp`` are its own (so its munged has its own socket), ``/proc`` shows only its processes;
-- ``shared`` directories (``{host path: path inside}``) are bind-mounted on every host, like NFS home and state.
+- ``shared`` directories (``{host path: path inside}``) are bind-mounted on every host, like NFS home and
+  state.
 
 ``Hosts.stop`` kills each host's PID 1 (the kernel then kills every process of that host), deletes the network
 namespaces and removes the directories: nothing is left behind. Needs root, ``ip`` (iproute2), ``unshare``,
@@ -33,7 +35,8 @@ REAPER = ("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *a: os.
 
 @dataclass
 class Host:
-    """One namespace host: ``name`` (its hostname), ``addr`` (its address), ``pid`` (its PID 1 seen from here)."""
+    """One namespace host: ``name`` (its hostname), ``addr`` (its address), ``pid`` (its PID 1 seen from
+    here)."""
 
     name: str
     addr: str
@@ -57,7 +60,8 @@ class Host:
         return out
 
     def spawn(self, cmd: str, log: str) -> None:
-        """Start ``cmd`` on this host in the background (its own session), output to ``log`` (a path inside)."""
+        """Start ``cmd`` on this host in the background (its own session), output to ``log`` (a path
+        inside)."""
         self.run(f"setsid sh -c {shlex.quote(cmd + ' >>' + log + ' 2>&1')} </dev/null >/dev/null 2>&1 &")
 
 
@@ -92,7 +96,8 @@ class Hosts:
             (hdir / d).mkdir(parents=True, exist_ok=True)
         netns = f"ch{self.tag}{name}"
         _ip("netns", "add", netns)
-        _ip("link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", f"v{name}", "netns", self.switch)
+        _ip("link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", f"v{name}", "netns",
+            self.switch)
         _ip("-n", self.switch, "link", "set", f"v{name}", "master", "br0", "up")
         _ip("-n", netns, "addr", "add", f"{addr}/24", "dev", "eth0")
         _ip("-n", netns, "link", "set", "eth0", "up")
@@ -114,7 +119,8 @@ echo up > {hdir}/ready
 exec chroot {r} /usr/bin/python3 -c {shlex.quote(REAPER)}
 """
         # nsenter, not ``ip netns exec``: the latter remounts /sys without the cgroup mounts slurmd needs
-        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--uts", "--ipc",
+        proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--uts",
+                                 "--ipc",
                                  "--pid", "--fork", "--propagation", "private", "/bin/sh", "-c", init],
                                 stdout=subprocess.DEVNULL, stderr=open(hdir / "init.log", "w"))
         host = Host(name, addr, hdir, netns, proc=proc)
@@ -165,7 +171,8 @@ def built_deb() -> Path:
     if os.environ.get("COLOC_DEB"):
         return Path(os.environ["COLOC_DEB"])
     repo = Path(__file__).resolve().parents[1]
-    state = subprocess.run(["sh", "-c", "git rev-parse HEAD; git status --porcelain; git diff HEAD"], cwd=repo,
+    state = subprocess.run(["sh", "-c", "git rev-parse HEAD; git status --porcelain; git diff HEAD"],
+                           cwd=repo,
                            capture_output=True, text=True).stdout
     out = Path(f"/tmp/coloc-deb-{hashlib.sha256(state.encode()).hexdigest()[:12]}")
     found = sorted(out.glob("slurm-coloc_*.deb"))
@@ -179,8 +186,8 @@ def built_deb() -> Path:
 
 
 def unit_exec(text: str) -> Dict[str, str]:
-    """``{"ExecStart": ..., "Environment": "K=V ..."}`` of a systemd unit's text (the keys tests run by hand: there
-    is no systemd in CI)."""
+    """``{"ExecStart": ..., "Environment": "K=V ..."}`` of a systemd unit's text (the keys tests run by hand:
+    there is no systemd in CI)."""
     out: Dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")

@@ -2,8 +2,9 @@
 
 SYNTHETIC, not recordings: each pattern is the series of per-job memory readings (MiB) the sampler's watchdog
 would store in ``proc_samples`` at its 0.5 s period while a 2-shard PyTorch job under an MPS fence of ``0=2G``
-runs, plus the last line PyTorch prints (c10/cuda/CUDACachingAllocator.cpp). The honest shapes are those of the
-GPU test ``tests/gpu/test_honest_rerun.py`` (benchmarks/device/honest_oom.py), which checks them on a real GPU.
+runs, plus the last line PyTorch prints (c10/cuda/CUDACachingAllocator.cpp). The honest shapes are those of
+the GPU test ``tests/gpu/test_honest_rerun.py`` (benchmarks/device/honest_oom.py), which checks them on a real
+GPU.
 
 Each pattern: ``(proc_mib, message, honest)``. ``proc_mib`` empty: the process died between two looks of the
 sampler (the sampler still recorded its GPU: ``gpu_samples`` rows).
@@ -21,7 +22,8 @@ PERIOD_S = 0.5
 
 
 def _msg(tried: str) -> str:
-    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of "
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total "
+            "capacity of "
             "2.00 GiB of which 1.12 GiB is free.")
 
 
@@ -46,15 +48,17 @@ PATTERNS: Dict[str, Tuple[List[float], str, bool]] = {
 
 
 def write_pattern(db_path, job_id: int, proc_mib: Sequence[float], t0: float = 0.0) -> None:
-    """Store what the sampler records for ``job_id`` into the node database at ``db_path``: one ``gpu_samples``
-    row of GPU 0 per period (the sampler watched) and one ``proc_samples`` row per reading of the job's process,
-    through the sampler's own ``write_rows``."""
+    """Store what the sampler records for ``job_id`` into the node database at ``db_path``: one
+    ``gpu_samples`` row of GPU 0 per period (the sampler watched) and one ``proc_samples`` row per reading of
+    the job's process, through the sampler's own ``write_rows``."""
     t0 = t0 or time.time()
     n = max(2, len(proc_mib))
-    gpu = [{"ts": round(t0 + i * PERIOD_S, 3), "gpu_index": 0, "mem_used_mib": 500.0 + (proc_mib[i] if i < len(proc_mib)
+    gpu = [{"ts": round(t0 + i * PERIOD_S, 3), "gpu_index": 0,
+            "mem_used_mib": 500.0 + (proc_mib[i] if i < len(proc_mib)
                                                                                         else 0.0),
             "n": 1, "res_s": PERIOD_S} for i in range(n)]
-    proc = [{"ts": round(t0 + i * PERIOD_S, 3), "gpu_index": 0, "pid": 40000 + job_id % 1000, "job_id": job_id,
+    proc = [{"ts": round(t0 + i * PERIOD_S, 3), "gpu_index": 0, "pid": 40000 + job_id % 1000,
+             "job_id": job_id,
              "used_mem_mib": v, "mps_client": 1, "n": 1, "res_s": PERIOD_S} for i, v in enumerate(proc_mib)]
     db = open_node_db(db_path)
     try:

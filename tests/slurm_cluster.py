@@ -33,13 +33,15 @@ def slurm_version() -> str:
 
 # data_parser fields (24.11+) that tests read as 22.05's plain numbers (``Cluster.squeue``).
 _NUMBER_KEYS = ("submit_time", "start_time", "end_time", "time_limit", "array_job_id", "array_task_id",
-                "node_count", "tasks", "cpus_per_task", "memory_per_node", "minimum_cpus_per_node", "priority")
+                "node_count", "tasks", "cpus_per_task", "memory_per_node", "minimum_cpus_per_node",
+                "priority")
 
 
 def as_v0038(j: Dict[str, Any]) -> Dict[str, Any]:
-    """A ``squeue --json`` job record of any release in 22.05's shape, for tests' own reading: ``job_state`` the
-    base state (24.11+'s flags go to ``job_state_flags``), number objects as numbers (0 when unset), exit codes as
-    the wait status. Strings (``tres_per_node``: ``gres/`` on 24.11+, ``gres_detail``) are left as printed."""
+    """A ``squeue --json`` job record of any release in 22.05's shape, for tests' own reading: ``job_state``
+    the base state (24.11+'s flags go to ``job_state_flags``), number objects as numbers (0 when unset), exit
+    codes as the wait status. Strings (``tres_per_node``: ``gres/`` on 24.11+, ``gres_detail``) are left as
+    printed."""
     out = dict(j)
     out["job_state"], out["job_state_flags"] = job_state(j.get("job_state"))
     out["tres_per_node"] = str(j.get("tres_per_node") or "").replace("gres/", "gres:")
@@ -143,9 +145,11 @@ class Cluster:
                               capture_output=True, timeout=timeout)
 
     def squeue(self) -> List[dict]:
-        """All jobs slurmctld knows (``squeue --json --states=all``: 24.11+ apply squeue's default state filter to
-        --json and leave finished jobs out; 22.05 ignores every filter), in 22.05's shape (``as_v0038``)."""
-        out = subprocess.run(["squeue", "--json", "--states=all"], env=self.env, text=True, capture_output=True,
+        """All jobs slurmctld knows (``squeue --json --states=all``: 24.11+ apply squeue's default state
+        filter to --json and leave finished jobs out; 22.05 ignores every filter), in 22.05's shape
+        (``as_v0038``)."""
+        out = subprocess.run(["squeue", "--json", "--states=all"], env=self.env, text=True,
+                             capture_output=True,
                              check=True)
         return [as_v0038(j) for j in json.loads(out.stdout)["jobs"]]
 
@@ -160,8 +164,9 @@ class Cluster:
         deadline = time.time() + timeout
         while time.time() < deadline:
             j = self.job(job_id)
-            # 24.11+ show RUNNING while PrologSlurmctld/Prolog still run (CONFIGURING flag) and the final state while
-            # the epilogs run (COMPLETING flag); 22.05 shows CONFIGURING / COMPLETING in place of the state
+            # 24.11+ show RUNNING while PrologSlurmctld/Prolog still run (CONFIGURING flag) and the final
+            # state while the epilogs run (COMPLETING flag); 22.05 shows CONFIGURING / COMPLETING in place of
+            # the state
             busy = {"CONFIGURING", "COMPLETING"} & set(j["job_state_flags"]) - set(states) if j else set()
             if j and j["job_state"] in states and not busy:
                 return j
@@ -183,7 +188,8 @@ class Cluster:
 
     def node_states(self) -> Dict[str, str]:
         """``{"n1": "idle", ...}`` from sinfo (drained nodes show ``drain``/``drng``)."""
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, text=True, capture_output=True,
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, text=True,
+                             capture_output=True,
                              check=True).stdout
         return dict(line.split() for line in out.splitlines() if line.strip())
 

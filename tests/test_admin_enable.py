@@ -1,5 +1,5 @@
-"""``coloc-admin enable``: the slurm.conf / gres.conf / plugstack.conf changes, printed (--dry-run) or written with
-a backup (--write); a site's own Prolog is never replaced silently."""
+"""``coloc-admin enable``: the slurm.conf / gres.conf / plugstack.conf changes, printed (--dry-run) or written
+with a backup (--write); a site's own Prolog is never replaced silently."""
 from __future__ import annotations
 
 import subprocess
@@ -26,8 +26,10 @@ def _enable(conf: Path, *args: str) -> subprocess.CompletedProcess:
     cfg = conf.parent.parent / f"{conf.parent.name}-coloc.yaml"
     if not cfg.exists():
         cfg.write_text("gpu_mem_gib: 80\n")
-    return subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "enable", "--slurm-conf", str(conf), *args],
-                          capture_output=True, text=True, env={"COLOC_CONFIG": str(cfg), "PATH": "/usr/bin:/bin"})
+    return subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "enable", "--slurm-conf", str(conf),
+                           *args],
+                          capture_output=True, text=True,
+                          env={"COLOC_CONFIG": str(cfg), "PATH": "/usr/bin:/bin"})
 
 
 def _files(d: Path) -> Dict[str, str]:
@@ -47,7 +49,8 @@ def test_dry_run_prints_the_changes_and_writes_nothing(tmp_path: Path) -> None:
                  "+Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh",
                  "+TaskProlog=/usr/lib/slurm-coloc/hooks/task_prolog.sh",
                  "+NodeName=gpu[01-02] Name=shard Count=80 File=/dev/nvidia3",
-                 "+optional /usr/lib/slurm-coloc/coloc_spank.so run_dir=/run/slurm-coloc", "+++ " + str(conf)):
+                 "+optional /usr/lib/slurm-coloc/coloc_spank.so run_dir=/run/slurm-coloc",
+                 "+++ " + str(conf)):
         assert line in out.stdout.splitlines(), line
     assert "NodeName=cpu01 CPUs=64 RealMemory=500000" not in "".join(
         ln for ln in out.stdout.splitlines() if ln.startswith("+"))

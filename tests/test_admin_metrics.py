@@ -1,4 +1,5 @@
-"""``coloc-admin check``'s metrics-endpoint check against a real sampler daemon (replaying the H100 recording)."""
+"""``coloc-admin check``'s metrics-endpoint check against a real sampler daemon (replaying the H100
+recording)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,8 @@ REC = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
 
 def _cfg(tmp_path: Path, port: int) -> Config:
     return dataclasses.replace(Config(), state_dir=str(tmp_path / "state"), run_dir=str(tmp_path / "run"),
-                               log_dir=str(tmp_path / "log"), exporter_port=port, exporter_bind_address="127.0.0.1")
+                               log_dir=str(tmp_path / "log"), exporter_port=port,
+                               exporter_bind_address="127.0.0.1")
 
 
 def _free_port() -> int:
@@ -43,7 +45,8 @@ def sampler(tmp_path: Path) -> Iterator[Config]:
                             ("state_dir", "run_dir", "log_dir", "exporter_port", "exporter_bind_address")))
     p = subprocess.Popen([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "a1", "--replay",
                           str(REC), "--interval-s", "0.1", "--foreground-log"],
-                         env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO, stderr=subprocess.PIPE, text=True)
+                         env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO, stderr=subprocess.PIPE,
+                         text=True)
     try:
         for _ in range(100):
             if running_pid(cfg, "a1") == p.pid:
@@ -88,4 +91,5 @@ def test_check_skips_without_sampler_gpu_or_port(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, _free_port())
     assert [r.status for r in check_metrics(cfg, no_gpu=False, node="nobody")] == ["skip"]
     assert [r.status for r in check_metrics(cfg, no_gpu=True)] == ["skip"]
-    assert [r.status for r in check_metrics(dataclasses.replace(cfg, exporter_port=0), no_gpu=False)] == ["skip"]
+    assert [r.status
+            for r in check_metrics(dataclasses.replace(cfg, exporter_port=0), no_gpu=False)] == ["skip"]

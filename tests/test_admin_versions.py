@@ -1,4 +1,5 @@
-"""coloc-admin check's Slurm version check (admin/versioncheck.py) on the recorded slurm.conf of each release."""
+"""coloc-admin check's Slurm version check (admin/versioncheck.py) on the recorded slurm.conf of each
+release."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,8 @@ def test_recorded_configs_name_the_release(version: str) -> None:
 
 def test_cgroup_v1_warns_on_26_05_only() -> None:
     for version in ("22.05", "24.11"):
-        assert [f[0] for f in evaluate(V[version], _conf(version), "autodetect", host_cgroup_v2=False)] == ["pass"]
+        assert [f[0]
+                for f in evaluate(V[version], _conf(version), "autodetect", host_cgroup_v2=False)] == ["pass"]
     found = evaluate(V["26.05"], _conf("26.05"), "autodetect", host_cgroup_v2=False)
     assert [f[0] for f in found] == ["pass", "warn"] and "deprecated in Slurm 26.05" in found[1][1]
     assert "set in cgroup.conf" in evaluate(V["26.05"], None, "cgroup/v1", host_cgroup_v2=True)[1][1]

@@ -1,4 +1,5 @@
-"""Which job a GPU process counts against (node/attribution.py): only sources users cannot forge, as root reads them.
+"""Which job a GPU process counts against (node/attribution.py): only sources users cannot forge, as root
+reads them.
 
 The attack (second campaign, docs/reliability.md): a process of ``colocuser2``'s job that sets
 ``SLURM_JOB_ID=<colocuser's job>`` in its own environment was attributed to the victim's job, so the watchdog
@@ -78,8 +79,8 @@ def test_root_processes_and_root_owned_slurmstepd_ancestors_are_trusted() -> Non
             p.wait()
 
 
-# Real cgroups (issue 31, N4): processes moved into cgroup directories created on this host's cgroup filesystems,
-# named as Slurm's cgroup plugins name them (v2 ``/system.slice/slurmstepd.scope/job_<N>``, v1
+# Real cgroups (issue 31, N4): processes moved into cgroup directories created on this host's cgroup
+# filesystems, named as Slurm's cgroup plugins name them (v2 ``/system.slice/slurmstepd.scope/job_<N>``, v1
 # ``/slurm/uid_<U>/job_<N>``) or as a user's delegated systemd subtree would (``.../user@2002.service/...``).
 MOUNTS = cgroup_mounts()
 UID1, UID2 = 2001, 2002  # colocuser, colocuser2 (scripts/lib/slurm_conf.sh)
@@ -150,8 +151,9 @@ def _job() -> int:
 
 @cgroups_needed
 def test_a_users_own_cgroup_named_job_n_is_not_that_job(cg) -> None:
-    """N4: a uid-2002 process in ``.../user@2002.service/app.slice/job_<N>`` was attributed to job N (colocuser's)
-    and could get it stopped. Neither Slurm's tree nor an owner that may speak for job N: no attribution."""
+    """N4: a uid-2002 process in ``.../user@2002.service/app.slice/job_<N>`` was attributed to job N
+    (colocuser's) and could get it stopped. Neither Slurm's tree nor an owner that may speak for job N: no
+    attribution."""
     c, procs = cg
     job = _job()
     p = _start("colocuser2", "exec sleep 30")
@@ -161,7 +163,8 @@ def test_a_users_own_cgroup_named_job_n_is_not_that_job(cg) -> None:
     for owner in (UID1, UID2, None):  # whoever job N belongs to
         attr = JobAttributor(job_uid=lambda j, o=owner: o if j == job else None, uid_jobs=lambda uid: [])
         assert attr.job_of(pid) is None
-    # the same user-made directory placed where Slurm's would be, but owned by colocuser2: not job N's (colocuser)
+    # the same user-made directory placed where Slurm's would be, but owned by colocuser2: not job N's
+    # (colocuser)
     c.put(pid, "", f"/system.slice/slurmstepd.scope/job_{job}", owner=UID2)
     assert JobAttributor(job_uid=lambda j: UID1 if j == job else None).job_of(pid) is None
     assert JobAttributor(job_uid=lambda j: None).job_of(pid) is None  # job's uid unknown: only root's counts
@@ -169,8 +172,9 @@ def test_a_users_own_cgroup_named_job_n_is_not_that_job(cg) -> None:
 
 @cgroups_needed
 def test_slurms_v2_cgroup_of_the_job_counts_and_each_het_component_is_its_own_job(cg) -> None:
-    """A job's processes in Slurm's cgroup v2 tree (root-owned ``job_<N>``) count against job N; the components of
-    a heterogeneous job (consecutive job ids, each with its own ``job_<N>`` cgroup) each against their own id."""
+    """A job's processes in Slurm's cgroup v2 tree (root-owned ``job_<N>``) count against job N; the
+    components of a heterogeneous job (consecutive job ids, each with its own ``job_<N>`` cgroup) each against
+    their own id."""
     c, procs = cg
     leader = _job()
     pids = []
@@ -185,8 +189,9 @@ def test_slurms_v2_cgroup_of_the_job_counts_and_each_het_component_is_its_own_jo
 
 @cgroups_needed
 def test_slurms_v1_cgroup_counts_only_under_the_jobs_own_uid(cg) -> None:
-    """cgroup v1: Slurm makes ``/slurm/uid_<U>/job_<N>`` owned by the job's user, so ``uid_2002`` is colocuser2's to
-    write: a ``job_<N>`` there for colocuser's job N does not count; colocuser's real one does."""
+    """cgroup v1: Slurm makes ``/slurm/uid_<U>/job_<N>`` owned by the job's user, so ``uid_2002`` is
+    colocuser2's to write: a ``job_<N>`` there for colocuser's job N does not count; colocuser's real one
+    does."""
     c, procs = cg
     job = _job()
     fake = _start("colocuser2", "exec sleep 30")
@@ -203,9 +208,9 @@ def test_slurms_v1_cgroup_counts_only_under_the_jobs_own_uid(cg) -> None:
 
 @cgroups_needed
 def test_an_escaped_process_with_its_users_other_job_id_is_not_billed_to_that_job(cg) -> None:
-    """N7: colocuser runs a 1-shard job A and a 40-shard job B here; a process that left A (no Slurm cgroup, no
-    slurmstepd ancestor) with ``SLURM_JOB_ID=B`` was billed to B. It is not; a process in A's cgroup with the same
-    claim counts against A."""
+    """N7: colocuser runs a 1-shard job A and a 40-shard job B here; a process that left A (no Slurm cgroup,
+    no slurmstepd ancestor) with ``SLURM_JOB_ID=B`` was billed to B. It is not; a process in A's cgroup with
+    the same claim counts against A."""
     c, procs = cg
     a = _job()
     b = a + 1

@@ -1,6 +1,6 @@
-"""The typed job comment (``comment.JobComment``): every known key checked, unknown keys ignored, a bad comment is
-no annotation with one log line; the placer's features and predictions stay finite (issue 31, N3 and N10), and
-placer history is per user (N10; real SQLite databases).
+"""The typed job comment (``comment.JobComment``): every known key checked, unknown keys ignored, a bad
+comment is no annotation with one log line; the placer's features and predictions stay finite (issue 31, N3
+and N10), and placer history is per user (N10; real SQLite databases).
 """
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.comment import BOUNDS, MAX_INPUT_ELEMENTS, NO_COMMENT, JobComment, build_comment, job_signature
+from slurm_coloc.comment import (
+    BOUNDS,
+    MAX_INPUT_ELEMENTS,
+    NO_COMMENT,
+    JobComment,
+    build_comment,
+    job_signature,
+)
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import read_history
 from slurm_coloc.placement.policy import Activity
@@ -24,7 +31,8 @@ from slurm_coloc.store.db import open_ctld_db, open_node_db
 SPEC = {"model": "resnet50", "kwargs": {"num_classes": 10}, "input_shape": [3, 224, 224], "batch_size": 32,
         "precision": "fp32", "optimizer": "adam", "input_dtype": "float32"}
 SUBMITTED = {"v": 1, "mode": "shard", "shards": 4, "gpus": None, "mem_mib": 3500, "method": "analytic",
-             "gpu_model": "NVIDIA H100 80GB HBM3", "sha256": "0f" * 32, "spec": SPEC, "argv": ["--epochs", "2"],
+             "gpu_model": "NVIDIA H100 80GB HBM3", "sha256": "0f" * 32, "spec": SPEC,
+             "argv": ["--epochs", "2"],
              "flops_per_step": 123_000_000_000}
 BIG_INT = "9" * 401  # N3: 'int too large to convert to float' in every placer round
 
@@ -103,13 +111,17 @@ def test_the_largest_valid_comment_predicts_finite_activity() -> None:
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
+                                                                               max_size=4),
                      max_leaves=20)
-_keys = st.sampled_from(["v", "mode", "shards", "gpus", "mem_mib", "method", "gpu_model", "sha256", "spec", "argv",
+_keys = st.sampled_from(["v", "mode", "shards", "gpus", "mem_mib", "method", "gpu_model", "sha256", "spec",
+                         "argv",
                          "flops_per_step", "bytes_per_step", "place", "retry_of", "other"])
-_spec = st.dictionaries(st.sampled_from(["model", "kwargs", "input_shape", "batch_size", "precision", "optimizer",
+_spec = st.dictionaries(st.sampled_from(["model", "kwargs", "input_shape", "batch_size", "precision",
+                                         "optimizer",
                                          "input_dtype", "kwargs_chars"]),
-                        _json | st.lists(st.integers(min_value=-5, max_value=1 << 30), max_size=9), max_size=8)
+                        _json | st.lists(st.integers(min_value=-5, max_value=1 << 30), max_size=9),
+                        max_size=8)
 
 
 @settings(max_examples=400, deadline=None)
@@ -126,12 +138,14 @@ def test_any_json_gives_a_bounded_annotation_or_none(data: dict) -> None:
         assert value is None or (type(value) is int and BOUNDS[key][0] <= value <= BOUNDS[key][1])
     if c.spec is not None and c.spec.input_shape is not None:
         assert 1 <= len(c.spec.input_shape) <= 8 and math.prod(c.spec.input_shape) <= MAX_INPUT_ELEMENTS
-    assert JobComment.read("coloc:" + json.dumps(c.to_json()), 8) == c  # what root records reads back the same
+    assert JobComment.read("coloc:" + json.dumps(c.to_json()),
+                           8) == c  # what root records reads back the same
 
 
 def test_placer_history_is_per_user(tmp_path: Path) -> None:
-    """N10: colocuser2 (uid 2002) runs jobs with colocuser's signature and records a saturating history for it;
-    colocuser's job (uid 2001) is still predicted from its own features, and colocuser2's own job from its history."""
+    """N10: colocuser2 (uid 2002) runs jobs with colocuser's signature and records a saturating history for
+    it; colocuser's job (uid 2001) is still predicted from its own features, and colocuser2's own job from its
+    history."""
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\n")
     cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
     cfg.node_db_dir.mkdir(parents=True)
@@ -141,7 +155,8 @@ def test_placer_history_is_per_user(tmp_path: Path) -> None:
     ctld["jobs"].insert_all([{"job_id": 10, "uid": 2002, "end_ts": now - 10, "coloc_json": coloc},
                              {"job_id": 11, "uid": None, "end_ts": now - 10, "coloc_json": coloc}])
     node = open_node_db(cfg.node_db_path("n1"))
-    node["gpu_samples"].insert_all([{"ts": now - 100 + k, "gpu_index": g, "smact_pct": 99.0, "smocc_pct": 90.0,
+    node["gpu_samples"].insert_all([{"ts": now - 100 + k, "gpu_index": g, "smact_pct": 99.0,
+                                     "smocc_pct": 90.0,
                                      "dram_bw_pct": 90.0, "mem_used_mib": 10.0, "n": 1, "res_s": 1.0}
                                     for k in range(80) for g in (0, 1)])
     node["job_runs"].insert_all([{"job_id": j, "node": "n1", "gpus": str(g), "start_ts": now - 100,
@@ -161,9 +176,9 @@ def test_placer_history_is_per_user(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flops, kept", [(10 ** 300, None), (-5, None), (True, None), (10 ** 12, 10 ** 12)])
 def test_the_probes_flop_count_enters_the_comment_only_within_its_range(flops, kept) -> None:
-    """Fourth campaign: a program under the probe wrote its own result file with ``flops_per_step`` 10^300; the
-    count went into the job comment, which then broke every reader (before the typed comment: the placer's round,
-    and ``--explain``'s GFLOP line raised OverflowError). Out of range it is dropped at the source."""
+    """Fourth campaign: a program under the probe wrote its own result file with ``flops_per_step`` 10^300;
+    the count went into the job comment, which then broke every reader (before the typed comment: the placer's
+    round, and ``--explain``'s GFLOP line raised OverflowError). Out of range it is dropped at the source."""
     from slurm_coloc.probe.probe import estimate_from_result
 
     est = estimate_from_result({"status": "ok", "peak_allocated_b": 10 ** 9, "peak_reserved_b": 10 ** 9,

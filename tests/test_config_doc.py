@@ -57,18 +57,21 @@ def test_effective_config_names_the_file_and_each_value_s_source(tmp_path: Path)
 
 
 def test_bad_or_partial_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    cases = {"truncated": "gpu_mem_gib: [80\n", "unknown": "gpu_mem: 80\n", "bad value": "gpu_mem_gib: lots\n",
+    cases = {"truncated": "gpu_mem_gib: [80\n", "unknown": "gpu_mem: 80\n",
+             "bad value": "gpu_mem_gib: lots\n",
              "missing": None}
     for name, text in cases.items():
         cfg = tmp_path / f"{name}.yaml"
         if text is not None:
             cfg.write_text(text)
-        for argv in ([*ADMIN, "config"], [sys.executable, "-m", "slurm_coloc", "sampler", "run", "--node", "x"],
+        for argv in ([*ADMIN, "config"],
+                     [sys.executable, "-m", "slurm_coloc", "sampler", "run", "--node", "x"],
                      [sys.executable, "-m", "slurm_coloc", "placer", "run", "--rounds", "1"]):
             out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                                  env={"COLOC_CONFIG": str(cfg), "PATH": "/usr/bin:/bin"})
             assert out.returncode == 2 and out.stdout == "", (name, argv, out)
-            assert len(out.stderr.strip().splitlines()) == 1 and str(cfg) in out.stderr, (name, argv, out.stderr)
+            assert len(out.stderr.strip().splitlines()) == 1 and str(cfg) in out.stderr, (name, argv,
+                                                                                          out.stderr)
 
 
 def test_daemon_logs_survive_rotation(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""Command-line conventions: ``--version`` on every command, ``coloc-sbatch -h`` is help, a missing optional extra
-is one line with its install hint, a bare ``--coloc-mem`` number is said to be GiB, and ``scripts/main.sh`` says it
-is a demo and refuses a host where a production slurmctld runs (a real slurmctld, started here)."""
+"""Command-line conventions: ``--version`` on every command, ``coloc-sbatch -h`` is help, a missing optional
+extra is one line with its install hint, a bare ``--coloc-mem`` number is said to be GiB, and
+``scripts/main.sh`` says it is a demo and refuses a host where a production slurmctld runs (a real slurmctld,
+started here)."""
 from __future__ import annotations
 
 import os
@@ -27,7 +28,8 @@ def _run(argv, env=None, timeout=120) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_every_command_has_version(cmd: str) -> None:
     out = _run([VENV_BIN / cmd, "--version"])
-    assert out.returncode == 0 and out.stdout == f"{cmd} (slurm-coloc) {__version__}\n", (out.stdout, out.stderr)
+    assert out.returncode == 0 and out.stdout == f"{cmd} (slurm-coloc) {__version__}\n", (out.stdout,
+                                                                                          out.stderr)
 
 
 def test_coloc_sbatch_h_is_help_and_names_the_mem_unit() -> None:
@@ -52,9 +54,11 @@ def test_missing_extras_give_one_line_with_the_install_hint(tmp_path: Path) -> N
     assert est.returncode == 2 and est.stderr.count("\n") == 1, est.stderr
     assert "torch is not installed" in est.stderr and "pip install 'slurm-coloc[estimator]'" in est.stderr
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path}/state\n")
-    plot = _without("matplotlib", "slurm_coloc.cli.report:main", "plot", "--config", str(tmp_path / "coloc.yaml"),
+    plot = _without("matplotlib", "slurm_coloc.cli.report:main", "plot", "--config",
+                    str(tmp_path / "coloc.yaml"),
                     "--out", str(tmp_path / "plots"))
-    assert plot.returncode == 2 and plot.stderr.count("\n") == 1 and "Traceback" not in plot.stderr, plot.stderr
+    assert (plot.returncode == 2 and plot.stderr.count("\n") == 1
+            and "Traceback" not in plot.stderr), plot.stderr
     assert "matplotlib is not installed" in plot.stderr and "pip install matplotlib" in plot.stderr
     assert not (tmp_path / "plots").exists()
 
@@ -75,7 +79,8 @@ def test_bare_coloc_mem_number_is_said_to_be_gib(tmp_path: Path) -> None:
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/sh\ntrue\n")
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path}/state\nprobe: off\ngpu_mem_gib: 80\n")
-    env = {"COLOC_CONFIG": str(tmp_path / "coloc.yaml"), "SLURM_CONF": str(_minimal_slurm_conf(tmp_path, 29990)),
+    env = {"COLOC_CONFIG": str(tmp_path / "coloc.yaml"),
+           "SLURM_CONF": str(_minimal_slurm_conf(tmp_path, 29990)),
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
     bare = _run([VENV_BIN / "coloc-sbatch", "--dry-run", "--coloc-mem", "6", script], env=env)
     assert bare.returncode == 0, bare.stderr

@@ -1,7 +1,8 @@
-"""The jobs' CPU use (node/cpu.py): the reader on real process trees of this machine (an idle parent with a busy
-child; the real DataLoader of ``diag_jobs.py``'s input-bound job), the sampler's tick with the H100 NVML recording
-replayed onto a live process, the cgroup v2 file the usage comes from, storage, folding and the Epilog summary.
-No GPU: the CPU side needs none; NVML readings are the recording's (labelled in its header)."""
+"""The jobs' CPU use (node/cpu.py): the reader on real process trees of this machine (an idle parent with a
+busy child; the real DataLoader of ``diag_jobs.py``'s input-bound job), the sampler's tick with the H100 NVML
+recording replayed onto a live process, the cgroup v2 file the usage comes from, storage, folding and the
+Epilog summary. No GPU: the CPU side needs none; NVML readings are the recording's (labelled in its
+header)."""
 from __future__ import annotations
 
 import dataclasses
@@ -82,11 +83,13 @@ def test_reader_splits_the_idle_cuda_process_from_its_busy_worker(tree: "tuple[s
 
 
 def test_a_worker_started_between_walks_counts_its_whole_cpu_time() -> None:
-    """The tree is walked once per ``tree_refresh_s`` (5 s here, on the reader's clock): a worker forked after a
-    walk is found at the next one and its CPU time since its start is counted then, none of it lost."""
+    """The tree is walked once per ``tree_refresh_s`` (5 s here, on the reader's clock): a worker forked after
+    a walk is found at the next one and its CPU time since its start is counted then, none of it lost."""
     code = ("import subprocess, sys, time\nprint(flush=True)\nsys.stdin.readline()\n"
-            f"c = subprocess.Popen([sys.executable, '-c', {SPIN!r}])\nprint(c.pid, flush=True)\ntime.sleep(120)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            f"c = subprocess.Popen([sys.executable, '-c', {SPIN!r}])\nprint(c.pid, "
+            "flush=True)\ntime.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
     assert p.stdin is not None and p.stdout is not None
     kid = 0
     now = [0.0]
@@ -107,13 +110,15 @@ def test_a_worker_started_between_walks_counts_its_whole_cpu_time() -> None:
         fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
         kid_cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         assert row.workers == 1 and row.workers_cores is not None and kid_cpu_s > 0.3
-        assert row.workers_cores * 4.0 == pytest.approx(kid_cpu_s, abs=0.05)  # all of it, over the 4 s interval
+        assert row.workers_cores * 4.0 == pytest.approx(kid_cpu_s,
+                                                        abs=0.05)  # all of it, over the 4 s interval
     finally:
         _stop(p, [kid] if kid else [])
 
 
 def test_cgroup_v2_usage_of_the_job_directory(tmp_path: Path) -> None:
-    """The layout slurmd's cgroup/v2 plugin makes (Slurm 22.05+): the usage is the job directory's ``cpu.stat``."""
+    """The layout slurmd's cgroup/v2 plugin makes (Slurm 22.05+): the usage is the job directory's
+    ``cpu.stat``."""
     proc, cg = tmp_path / "proc", tmp_path / "cgroup"
     job_dir = cg / "system.slice" / "slurmstepd.scope" / "job_41"
     (job_dir / "step_batch" / "user" / "task_0").mkdir(parents=True)
@@ -136,8 +141,8 @@ def test_cgroup_v2_usage_of_the_job_directory(tmp_path: Path) -> None:
 
 def test_sampler_tick_records_the_cpu_of_a_replayed_gpu_process(tree: "tuple[subprocess.Popen, List[int]]",
                                                                  tmp_path: Path) -> None:
-    """NVML is the H100 recording with its job 9102's CUDA pid mapped onto the live idle parent (SLURM_JOB_ID 9102
-    in its environment); the sampler reads that tree's CPU through /proc each tick and stores it."""
+    """NVML is the H100 recording with its job 9102's CUDA pid mapped onto the live idle parent (SLURM_JOB_ID
+    9102 in its environment); the sampler reads that tree's CPU through /proc each tick and stores it."""
     parent, _ = tree
     cfg = dataclasses.replace(Config(), state_dir=str(tmp_path / "state"), run_dir=str(tmp_path / "run"),
                               log_dir=str(tmp_path / "log"))
@@ -194,8 +199,8 @@ LOADER = textwrap.dedent("""
 
 
 def test_the_input_bound_jobs_real_loader_reads_as_a_saturated_worker_and_a_waiting_process() -> None:
-    """The CPU half of ``diag_jobs.py input_bound`` (its DataLoader: one worker blurring 3x224x224 images) run for
-    real here; what the sampler's reader sees is the evidence the input-bound rule needs."""
+    """The CPU half of ``diag_jobs.py input_bound`` (its DataLoader: one worker blurring 3x224x224 images) run
+    for real here; what the sampler's reader sees is the evidence the input-bound rule needs."""
     p, kids = _spawn(LOADER, env={"PYTHONPATH": str(REPO)})  # benchmarks.device.diag_jobs from the repository
     try:
         r = CpuReader()

@@ -1,6 +1,7 @@
 """The Debian package on a fresh host (a namespace host whose root is an overlay of this machine: its own dpkg
 database, nothing reaches the machine's /): first install, a unit started before the config exists, upgrade
-(config and databases kept, daemons stopped), removal (nothing left running, config and databases kept) and purge.
+(config and databases kept, daemons stopped), removal (nothing left running, config and databases kept) and
+purge.
 
 No systemd runs in CI, so a unit is started the way systemd would start it: its ``Environment=`` and
 ``ExecStart=`` as root.
@@ -21,12 +22,14 @@ from tests.netns_hosts import Host, Hosts, unit_exec
 pytestmark = pytest.mark.slurm  # root, namespaces; no Slurm daemons
 RECORDING = Path(__file__).parent / "data" / "nvml" / "h100_mps_2jobs.jsonl"
 APT = "apt-get -q -y -o DPkg::Options::=--force-unsafe-io"  # no fsync per file: this host is a tmpfs anyway
-UNITS = ("coloc-sampler.service", "coloc-placer.service", "coloc-placer-fallback.service", "coloc-report.service")
+UNITS = ("coloc-sampler.service", "coloc-placer.service", "coloc-placer-fallback.service",
+         "coloc-report.service")
 
 
 def _ours_running(h: Host) -> str:
     """Command lines of processes that run the package's Python (empty: none)."""
-    return h.run("for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline 2>/dev/null | grep '^/usr/lib/slurm-coloc/'"
+    return h.run("for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline 2>/dev/null | grep "
+                 "'^/usr/lib/slurm-coloc/'"
                  " || true; done").stdout.strip()
 
 
@@ -39,14 +42,16 @@ def host(deb_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     subprocess.run(["dpkg-deb", "-R", str(deb_package), str(raw)], check=True)
     control = raw / "DEBIAN" / "control"
     control.write_text(control.read_text().replace("-1\n", "-2\n", 1))
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "-b", str(raw), str(pkg / "upgrade.deb")],
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z1", "-b", str(raw),
+                    str(pkg / "upgrade.deb")],
                    check=True, capture_output=True)
     shutil.rmtree(raw)
     shutil.copy(RECORDING, pkg / "rec.jsonl")
     hosts = Hosts(f"p{os.getpid() % 10000}", Path(f"/tmp/coloc-pkg-{os.getpid()}"), {str(pkg): "/srv/pkg"})
     try:
         hosts.start(["h1"])
-        hosts["h1"].run("rm -f /var/lib/man-db/auto-update")  # no man-db index rebuild (20 s) in this test host
+        # no man-db index rebuild (20 s) in this test host
+        hosts["h1"].run("rm -f /var/lib/man-db/auto-update")
         yield hosts["h1"]
     finally:
         hosts.stop()
@@ -57,7 +62,8 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     assert "Next: coloc-admin enable --dry-run" in out.stdout
     files = host.run("ls /usr/bin/coloc-* /lib/systemd/system/coloc-* /usr/lib/slurm-coloc/hooks "
                      "/usr/share/man/man1/coloc-* /usr/lib/slurm-coloc/coloc_spank.so").stdout
-    for name in ("coloc-sbatch", "coloc-hook", "coloc-sampler", "coloc-placer", "coloc-report", "coloc-admin"):
+    for name in ("coloc-sbatch", "coloc-hook", "coloc-sampler", "coloc-placer", "coloc-report",
+                 "coloc-admin"):
         assert f"/usr/bin/{name}\n" in files and f"/usr/share/man/man1/{name}.1.gz" in files
     for unit in (*UNITS, "coloc-placer-fallback.timer"):
         assert f"/lib/systemd/system/{unit}" in files
@@ -67,15 +73,18 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     assert verify.returncode == 0 and "coloc" not in verify.stdout, verify.stdout
     assert host.run("dpkg-query -W -f='${Conffiles}' slurm-coloc").stdout.split()[0] == "/etc/slurm-coloc/coloc.yaml"
     # the product runs from the package's venv over Debian's python3, without torch (a site's choice)
-    where = host.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc, sys; print(slurm_coloc.__file__,"
+    where = host.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc, sys; "
+                     "print(slurm_coloc.__file__,"
                      " sys.base_prefix)'").stdout.split()
     assert where[0].startswith("/usr/lib/slurm-coloc/venv/lib/python3") and where[1] == "/usr"
     assert host.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import torch'", check=False).returncode != 0
-    assert host.run("/usr/bin/python3 -c 'import slurm_coloc'", check=False).returncode != 0  # Debian's untouched
+    assert host.run("/usr/bin/python3 -c 'import slurm_coloc'",
+                    check=False).returncode != 0  # Debian's untouched
     cfg = host.run("coloc-admin config").stdout
     assert cfg.startswith("# effective slurm-coloc configuration; file: /etc/slurm-coloc/coloc.yaml\n")
     assert "gpu_mem_gib: 80  # default" in cfg
-    assert "NAME" in host.run("man -P cat coloc-admin 2>/dev/null || zcat /usr/share/man/man1/coloc-admin.1.gz").stdout
+    assert "NAME" in host.run("man -P cat coloc-admin 2>/dev/null || zcat "
+                              "/usr/share/man/man1/coloc-admin.1.gz").stdout
     assert "SPANK" in host.run("strings /usr/lib/slurm-coloc/coloc_spank.so | grep -m1 -i spank || true").stdout \
         or host.run("nm -D /usr/lib/slurm-coloc/coloc_spank.so").stdout.count("slurm_spank_") >= 2
 
@@ -88,7 +97,8 @@ def test_a_unit_started_before_the_config_exists_says_so_in_one_line(host: Host)
             out = host.run(f"env {spec['Environment']} {spec['ExecStart']}", check=False, timeout=60)
             lines = out.stderr.strip().splitlines()
             assert out.returncode == 2, (unit, out.stdout, out.stderr)
-            assert len(lines) == 1 and "/etc/slurm-coloc/coloc.yaml" in lines[0] and "error" in lines[0], (unit, lines)
+            assert (len(lines) == 1 and "/etc/slurm-coloc/coloc.yaml" in lines[0]
+                    and "error" in lines[0]), (unit, lines)
             assert "RestartPreventExitStatus=2" in host.run(f"cat /lib/systemd/system/{unit}").stdout \
                 or unit == "coloc-placer-fallback.service"  # oneshot: never restarted
     finally:
@@ -104,9 +114,11 @@ def _rows(host: Host) -> int:
 
 
 def _start_sampler(host: Host) -> None:
-    host.spawn("COLOC_CONFIG=/etc/slurm-coloc/coloc.yaml coloc-sampler run --node h1 --replay /srv/pkg/rec.jsonl "
+    host.spawn("COLOC_CONFIG=/etc/slurm-coloc/coloc.yaml coloc-sampler run --node h1 --replay "
+               "/srv/pkg/rec.jsonl "
                "--foreground-log", "/tmp/sampler.log")
-    host.run("for i in $(seq 100); do [ -s /var/lib/slurm-coloc/nodes/h1.db ] && exit 0; sleep 0.1; done; exit 1")
+    host.run("for i in $(seq 100); do [ -s /var/lib/slurm-coloc/nodes/h1.db ] && exit 0; sleep 0.1; done; "
+             "exit 1")
     assert "coloc-sampler" in _ours_running(host)
 
 
@@ -132,5 +144,6 @@ def test_removal_leaves_nothing_running_and_keeps_config_and_databases(host: Hos
     assert host.run("test -s /var/lib/slurm-coloc/nodes/h1.db && echo kept").stdout == "kept\n"
     out = host.run(f"{APT} purge slurm-coloc")
     assert "databases in /var/lib/slurm-coloc are kept" in out.stdout + out.stderr
-    assert host.run("test -e /etc/slurm-coloc || echo gone; test -s /var/lib/slurm-coloc/nodes/h1.db && echo kept"
+    assert host.run("test -e /etc/slurm-coloc || echo gone; test -s /var/lib/slurm-coloc/nodes/h1.db && echo "
+                    "kept"
                     ).stdout == "gone\nkept\n"

@@ -1,7 +1,8 @@
-"""deploy/: the Grafana dashboard parses and queries only metrics the exporter serves; the scrape config parses.
+"""deploy/: the Grafana dashboard parses and queries only metrics the exporter serves; the scrape config
+parses.
 
-The exporter's output comes from the live state fed with the H100 NVML recording (tests/data/nvml, labelled there),
-a real node database with two running jobs, and a real controller database holding one OOM rerun.
+The exporter's output comes from the live state fed with the H100 NVML recording (tests/data/nvml, labelled
+there), a real node database with two running jobs, and a real controller database holding one OOM rerun.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _exposed(tmp_path: Path) -> Set[str]:
     reg = exporter.CollectorRegistry(auto_describe=False)
     reg.register(exporter.ColocCollector(state, "coloc", exporter.ctld_oom_counts(cfg)))
     text = generate_latest(reg).decode()
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line
+            and not line.startswith("#")}
 
 
 def _exprs(dash: dict) -> list:
@@ -54,8 +56,10 @@ def test_dashboard_parses_and_every_queried_metric_is_served(tmp_path: Path) -> 
     assert dash["uid"] and dash["panels"]
     exprs = _exprs(dash)
     queried = {m for e in exprs for m in METRIC.findall(e)}
-    assert {"coloc_job_gpu_memory_granted_bytes", "coloc_job_gpu_memory_used_bytes", "coloc_gpu_sm_active_ratio",
-            "coloc_gpu_tenants", "coloc_oom_reruns_total"} <= queried  # estimate vs used, SM, tenants, OOM reruns
+    assert {"coloc_job_gpu_memory_granted_bytes", "coloc_job_gpu_memory_used_bytes",
+            "coloc_gpu_sm_active_ratio",
+            "coloc_gpu_tenants",
+            "coloc_oom_reruns_total"} <= queried  # estimate vs used, SM, tenants, OOM reruns
     missing = queried - _exposed(tmp_path)
     assert not missing, f"the dashboard queries metrics the exporter does not serve: {sorted(missing)}"
     ids = [p["id"] for p in dash["panels"]]

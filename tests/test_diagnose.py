@@ -1,6 +1,6 @@
-"""Per-job findings (report/diagnose.py): the rules on figures measured on the H100, thin evidence, the summary's
-new figures, and the whole path through real SQLite files (coloc-report jobs/advise, the reader's advise op,
-AdminComment)."""
+"""Per-job findings (report/diagnose.py): the rules on figures measured on the H100, thin evidence, the
+summary's new figures, and the whole path through real SQLite files (coloc-report jobs/advise, the reader's
+advise op, AdminComment)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,8 @@ T0 = 1_700_000_000.0
 
 def view(**kw: Any) -> JobView:
     base: Dict[str, Any] = dict(job_id=1, user="alice", name="j", nodes="n1", gpus="n1:0", shards=4,
-                                share_mode="shard", estimate_mib=4096, estimate_method="analytic", state="COMPLETED",
+                                share_mode="shard", estimate_mib=4096, estimate_method="analytic",
+                                state="COMPLETED",
                                 exit_code=0, signal=0, start_ts=T0, end_ts=T0 + 60, requested_mib=4096.0,
                                 peak_mem_mib=2600.0, active_samples=80, smact_idle_pct=3.0, batch_size=32,
                                 precision="fp32")
@@ -38,8 +39,8 @@ def view(**kw: Any) -> JobView:
     return JobView(**base)
 
 
-# Figures of each job alone on the H100 (GPM at 0.5 s, benchmarks/device/diagnose_bench.py calibrate, 2026-11-24):
-# name -> (SM activity, SM occupancy, tensor, DRAM, idle share of active samples %, batch)
+# Figures of each job alone on the H100 (GPM at 0.5 s, benchmarks/device/diagnose_bench.py calibrate,
+# 2026-11-24): name -> (SM activity, SM occupancy, tensor, DRAM, idle share of active samples %, batch)
 H100 = {
     "input_bound": (0.1, 0.0, 0.0, 0.0, 95.0, 32),
     "fp32_matmul": (90.1, 13.3, 0.0, 8.6, 4.0, 1024),
@@ -49,16 +50,18 @@ H100 = {
 }
 PLANTED = {"input_bound": "input-bound", "fp32_matmul": "no-tensor-cores", "tiny_batch": "low-occupancy",
            "resnet18_32": None, "resnet50_224": None}
-# The CPU side each job is built with (benchmarks/device/diag_jobs.py), NOT measured on the H100 yet (the sampler
-# records it from this version on; docs/report.md marks the rows pending): (training process cores, loader
-# workers, their cores, CPUs). The input-bound job's loader (one worker blurring images, the training process
-# waiting) was measured on this machine's CPU by tests/test_cpu_use.py; the others run their loop in the training
-# process, which launches kernels (about one core busy) and has no worker.
-CPU = {"input_bound": (0.15, 1.0, 0.98, 4), "fp32_matmul": (1.0, 0.0, 0.0, 4), "tiny_batch": (1.0, 0.0, 0.0, 4),
+# The CPU side each job is built with (benchmarks/device/diag_jobs.py), NOT measured on the H100 yet (the
+# sampler records it from this version on; docs/report.md marks the rows pending): (training process cores,
+# loader workers, their cores, CPUs). The input-bound job's loader (one worker blurring images, the training
+# process waiting) was measured on this machine's CPU by tests/test_cpu_use.py; the others run their loop in
+# the training process, which launches kernels (about one core busy) and has no worker.
+CPU = {"input_bound": (0.15, 1.0, 0.98, 4), "fp32_matmul": (1.0, 0.0, 0.0, 4),
+       "tiny_batch": (1.0, 0.0, 0.0, 4),
        "resnet18_32": (1.0, 0.0, 0.0, 4), "resnet50_224": (1.0, 0.0, 0.0, 4)}
 
 
-def cpu(train: float, workers: float, workers_cores: float, cpus: int | None = 4, n: int = 80) -> Dict[str, Any]:
+def cpu(train: float, workers: float, workers_cores: float, cpus: int | None = 4, n: int = 80) -> Dict[str,
+                                                                                                       Any]:
     return dict(train_cpu_cores=train, cpu_workers=workers, workers_cpu_cores=workers_cores, cpus=cpus,
                 cpu_samples=n)
 
@@ -76,8 +79,10 @@ def measured(name: str, **kw: Any) -> JobView:
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "results"
 SLURM_RUN = {r["name"]: r["advice"]["job"] for r in json.loads(
     (RESULTS / "h100-advise-before-cpu-use" / "diagnose.json").read_text())}
-GPU_KEYS = ("smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "tensor_mean", "dram_mean", "smact_idle_pct",
-            "active_samples", "batch_size", "precision", "requested_mib", "peak_mem_mib", "start_ts", "end_ts")
+GPU_KEYS = ("smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "tensor_mean", "dram_mean",
+            "smact_idle_pct",
+            "active_samples", "batch_size", "precision", "requested_mib", "peak_mem_mib", "start_ts",
+            "end_ts")
 
 
 def slurm_run(name: str, **kw: Any) -> JobView:
@@ -85,22 +90,24 @@ def slurm_run(name: str, **kw: Any) -> JobView:
 
 
 # The second Slurm check on the H100 (2026-11-24, Slurm 26.05, CPU use recorded by the sampler): the healthy
-# ResNet-18/32 idled 34 % of its samples with its training process at 0.96 cores and no loader worker, and was read
-# as "loads the data itself" (benchmarks/device/results/h100-advise-launch-bound-miss/diagnose.json).
+# ResNet-18/32 idled 34 % of its samples with its training process at 0.96 cores and no loader worker, and was
+# read as "loads the data itself" (benchmarks/device/results/h100-advise-launch-bound-miss/diagnose.json).
 CPU_KEYS = ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus", "cpu_samples")
 SLURM_RUN2 = {r["name"]: r["advice"]["job"] for r in json.loads(
     (RESULTS / "h100-advise-launch-bound-miss" / "diagnose.json").read_text())}
 
 
 def test_a_launch_bound_loop_without_workers_is_not_input_bound() -> None:
-    """The miss of the second H100 check: no worker and one busy core, but the GPU idled in 34 % of the samples
-    (the starved loader: 95 %): below ``diag_input_bound_self_idle_pct`` the rule does not call it loading."""
+    """The miss of the second H100 check: no worker and one busy core, but the GPU idled in 34 % of the
+    samples (the starved loader: 95 %): below ``diag_input_bound_self_idle_pct`` the rule does not call it
+    loading."""
     for name in ("resnet18_32", "resnet50_224"):
         job = view(**{k: SLURM_RUN2[name][k] for k in GPU_KEYS + CPU_KEYS})
         d = diagnose.diagnose(job, CFG)
         assert not d.findings, (name, d.findings)
     r18 = view(**{k: SLURM_RUN2["resnet18_32"][k] for k in GPU_KEYS + CPU_KEYS})
-    assert any(n.startswith("not input-bound: SM activity 3.6% mean") for n in diagnose.diagnose(r18, CFG).notes)
+    assert any(n.startswith("not input-bound: SM activity 3.6% mean")
+               for n in diagnose.diagnose(r18, CFG).notes)
     # the same CPU figures with a GPU idle most of the time do read as loading in the training process
     starved = diagnose.diagnose(view(**{**{k: SLURM_RUN2["resnet18_32"][k] for k in GPU_KEYS + CPU_KEYS},
                                         "smact_idle_pct": 80.0}), CFG)
@@ -121,8 +128,9 @@ def test_each_planted_problem_is_the_top_finding_and_healthy_jobs_have_none(name
 
 
 def test_the_slurm_runs_tiny_batch_is_low_occupancy_once_its_cpu_use_is_known() -> None:
-    """The one miss of the H100 check: with the CPU side (training process busy, no worker) the GPU's idle samples
-    no longer read as a starved loader; the input-bound job with its saturated worker stays input-bound."""
+    """The one miss of the H100 check: with the CPU side (training process busy, no worker) the GPU's idle
+    samples no longer read as a starved loader; the input-bound job with its saturated worker stays
+    input-bound."""
     tiny = slurm_run("tiny_batch", **cpu(*CPU["tiny_batch"]))
     d = diagnose.diagnose(tiny, CFG)
     assert [f.name for f in d.findings] == ["low-occupancy"]
@@ -131,7 +139,8 @@ def test_the_slurm_runs_tiny_batch_is_low_occupancy_once_its_cpu_use_is_known() 
                for n in d.notes)
     inp = diagnose.diagnose(slurm_run("input_bound", **cpu(*CPU["input_bound"])), CFG)
     assert [f.name for f in inp.findings] == ["input-bound"]
-    assert "1 loader worker at 1.0 cores" in inp.findings[0].evidence and "saturated" in inp.findings[0].evidence
+    assert ("1 loader worker at 1.0 cores" in inp.findings[0].evidence
+            and "saturated" in inp.findings[0].evidence)
     for name in ("resnet18_32", "resnet50_224"):
         assert not diagnose.diagnose(slurm_run(name, **cpu(*CPU[name])), CFG).findings
 
@@ -139,7 +148,8 @@ def test_the_slurm_runs_tiny_batch_is_low_occupancy_once_its_cpu_use_is_known() 
 def test_without_cpu_figures_input_bound_is_not_judged() -> None:
     d = diagnose.diagnose(slurm_run("input_bound"), CFG)
     assert not d.findings
-    assert any(n.startswith("input-bound not judged (thin evidence)") and "not recorded" in n for n in d.notes)
+    assert any(n.startswith("input-bound not judged (thin evidence)") and "not recorded" in n
+               for n in d.notes)
     few = diagnose.diagnose(slurm_run("input_bound", **cpu(*CPU["input_bound"], n=5)), CFG)
     assert not few.findings and any("recorded in 5 samples only" in n for n in few.notes)
     # rules that need no CPU figures still judge: the tiny batch's spec says batch 2
@@ -157,7 +167,8 @@ def test_without_cpu_figures_input_bound_is_not_judged() -> None:
     (cpu(0.6, 4.0, 1.0, cpus=None), 32, None),  # workers half idle, training process neither waiting nor busy
     (cpu(1.0, None, None), 64, None),  # descendants not readable (no /proc children files)
 ])
-def test_the_cpu_evidence_of_input_bound(figures: Dict[str, Any], batch: Optional[int], why: Optional[str]) -> None:
+def test_the_cpu_evidence_of_input_bound(figures: Dict[str, Any], batch: Optional[int],
+                                         why: Optional[str]) -> None:
     d = diagnose.diagnose(measured("input_bound", batch_size=batch, **figures), CFG)
     if why is None:
         assert "input-bound" not in [f.name for f in d.findings]
@@ -173,11 +184,13 @@ def test_over_request_four_times_the_need() -> None:
     assert [f.name for f in d.findings] == ["over-request"]
     assert "mem=2G" in d.findings[0].suggestion and "85% never used" in d.findings[0].evidence
     # a request within 2x of peak + headroom is not an over-request (shards round up to whole GiB)
-    assert not diagnose.diagnose(measured("resnet18_32", requested_mib=3072.0, peak_mem_mib=1495.0), CFG).findings
+    assert not diagnose.diagnose(measured("resnet18_32", requested_mib=3072.0, peak_mem_mib=1495.0),
+                                 CFG).findings
 
 
 def test_oom_reruns_and_oom_deaths_are_not_over_requests() -> None:
-    rerun = measured("resnet18_32", requested_mib=81920.0, peak_mem_mib=1495.0, retry_of=7, share_mode="whole-gpu")
+    rerun = measured("resnet18_32", requested_mib=81920.0, peak_mem_mib=1495.0, retry_of=7,
+                     share_mode="whole-gpu")
     died = measured("resnet18_32", requested_mib=10240.0, peak_mem_mib=1495.0, oom=True)
     assert not diagnose.diagnose(rerun, CFG).findings and not diagnose.diagnose(died, CFG).findings
 
@@ -190,7 +203,8 @@ def test_thin_evidence_gives_no_gpu_finding() -> None:
     no_gpm = diagnose.diagnose(view(smact_mean=None, smocc_mean=None), CFG)
     assert not no_gpm.findings and any("GPM" in n for n in no_gpm.notes)
     # the memory finding needs no GPU metrics
-    assert [f.name for f in diagnose.diagnose(view(smact_mean=None, requested_mib=20480.0), CFG).findings] == [
+    assert [f.name
+            for f in diagnose.diagnose(view(smact_mean=None, requested_mib=20480.0), CFG).findings] == [
         "over-request"]
 
 
@@ -214,12 +228,14 @@ def test_thresholds_come_from_the_config() -> None:
                                                     "COLOC_DIAG_TRAIN_WAITING_CORES": "0.1"})
     assert not diagnose.diagnose(measured("input_bound"), neither).findings
     with pytest.raises(config_mod.ConfigError):
-        config_mod.load("/dev/null", environ={"COLOC_DIAG_TRAIN_WAITING_CORES": "0.9"})  # not below busy (0.8)
+        config_mod.load("/dev/null",
+                        environ={"COLOC_DIAG_TRAIN_WAITING_CORES": "0.9"})  # not below busy (0.8)
 
 
 def _series(n: int, burst_every: int, job_present: bool = True) -> List[Dict[str, Any]]:
     return [{"ts": T0 + k, "node": "n1", "gpu": 0, "smact_pct": 40.0 if k % burst_every == 0 else 0.0,
-             "smocc_pct": 5.0, "tensor_pct": 0.0, "dram_bw_pct": 1.0, "job_mem_mib": 2000.0 if job_present else None}
+             "smocc_pct": 5.0, "tensor_pct": 0.0, "dram_bw_pct": 1.0, "job_mem_mib": 2000.0 if job_present
+             else None}
             for k in range(n)]
 
 
@@ -228,33 +244,40 @@ def test_stats_from_series_and_summary_agree() -> None:
     st = diagnose.stats_from_series(series, 1.0)
     assert st.smact_idle_pct == pytest.approx(90.0) and st.smact_mean == pytest.approx(4.0)
     assert st.active_samples == 100
-    gpu_rows = [{"ts": s["ts"], "gpu_index": 0, "smact_pct": s["smact_pct"], "smocc_pct": 5.0, "tensor_pct": 0.0,
+    gpu_rows = [{"ts": s["ts"], "gpu_index": 0, "smact_pct": s["smact_pct"], "smocc_pct": 5.0,
+                 "tensor_pct": 0.0,
                  "dram_bw_pct": 1.0, "energy_j": None, "power_w": None} for s in series]
     # the job's process appears only from the 21st sample: the start-up before it is not counted as idle
-    procs = [{"ts": s["ts"], "gpu_index": 0, "pid": 5, "job_id": 1, "used_mem_mib": 2000.0, "sm_util_pct": None,
+    procs = [{"ts": s["ts"], "gpu_index": 0, "pid": 5, "job_id": 1, "used_mem_mib": 2000.0,
+              "sm_util_pct": None,
               "mps_client": 0} for s in series[20:]]
     summ = summarize(1, "n1", [0], T0, T0 + 100, gpu_rows, procs, idle_smact_pct=1.0)
     assert summ.active_samples == 80 and summ.smact_idle_pct == pytest.approx(100.0 * 72 / 80)
     assert summ.tensor_mean == 0.0 and summ.dram_mean == 1.0
 
 
-# --- the whole path through real SQLite files -------------------------------------------------------------------
+# --- the whole path through real SQLite files
+# -------------------------------------------------------------------
 
 OWNER = pwd.getpwuid(65534).pw_name  # "nobody": an ordinary user who owns the job below
 
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Path:
-    """Job 21 (input-bound: 2-s bursts every 10 s, batch 32, one saturated loader worker), job 22 (healthy, 25 s) and
-    job 23 (the tiny batch as the H100 Slurm run saw it: 16 s of start-up with its context idle on the GPU, then
-    steady low occupancy at batch 2; its training process one core busy, no worker), real databases."""
+    """Job 21 (input-bound: 2-s bursts every 10 s, batch 32, one saturated loader worker), job 22 (healthy, 25
+    s) and job 23 (the tiny batch as the H100 Slurm run saw it: 16 s of start-up with its context idle on the
+    GPU, then steady low occupancy at batch 2; its training process one core busy, no worker), real
+    databases."""
     st = tmp_path / "state"
     ctld = open_ctld_db(st / "ctld.db")
     node = open_node_db(st / "nodes" / "n1.db")
-    for job, gpu, start, end, batch in ((21, 0, T0, T0 + 300, 32), (22, 1, T0, T0 + 25, 32), (23, 2, T0, T0 + 48, 2)):
-        spec = json.dumps({"model": "m.py:f", "batch_size": batch, "precision": "fp32", "input_shape": [3, 224, 224]})
+    for job, gpu, start, end, batch in ((21, 0, T0, T0 + 300, 32), (22, 1, T0, T0 + 25, 32),
+                                        (23, 2, T0, T0 + 48, 2)):
+        spec = json.dumps({"model": "m.py:f", "batch_size": batch, "precision": "fp32",
+                           "input_shape": [3, 224, 224]})
         store_jobs.record_submission(ctld, store_jobs.JobSubmission(
-            job_id=job, user_name=OWNER, job_name=f"j{job}", shards_req=4, share_mode="shard", estimate_mib=3000,
+            job_id=job, user_name=OWNER, job_name=f"j{job}", shards_req=4, share_mode="shard",
+            estimate_mib=3000,
             estimate_method="analytic", submit_ts=start - 1, spec_json=spec))
         store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job, end, "COMPLETED", 0, 0), node_list="n1",
                                    start_ts=start)
@@ -267,24 +290,31 @@ def state(tmp_path: Path) -> Path:
         busy = k % 10 < 2
         tiny = k >= 16
         gpu += samples.gpu_rows(ts, [GpuReading(index=0, mem_used_mib=2600.0, smact_pct=30.0 if busy else 0.2,
-                                                smocc_pct=8.0 if busy else 0.0, tensor_pct=4.0 if busy else 0.0,
+                                                smocc_pct=8.0 if busy else 0.0, tensor_pct=4.0 if busy
+                                                else 0.0,
                                                 dram_bw_pct=10.0 if busy else 0.0),
                                      GpuReading(index=1, mem_used_mib=2600.0, smact_pct=50.0, smocc_pct=20.0,
                                                 tensor_pct=10.0, dram_bw_pct=20.0),
                                      GpuReading(index=2, mem_used_mib=1300.0, smact_pct=11.0 if tiny else 0.2,
-                                                smocc_pct=3.5 if tiny else 0.0, tensor_pct=0.4 if tiny else 0.0,
+                                                smocc_pct=3.5 if tiny else 0.0, tensor_pct=0.4 if tiny
+                                                else 0.0,
                                                 dram_bw_pct=2.5 if tiny else 0.0)], 1.0)
-        proc += samples.proc_rows(ts, [samples.ProcSample(ProcReading(gpu_index=0, pid=100, used_mem_mib=2500.0), 21)]
-                                  + ([samples.ProcSample(ProcReading(gpu_index=1, pid=101, used_mem_mib=2500.0), 22)]
+        proc += samples.proc_rows(ts, [samples.ProcSample(ProcReading(gpu_index=0, pid=100,
+                                                                      used_mem_mib=2500.0), 21)]
+                                  + ([samples.ProcSample(ProcReading(gpu_index=1, pid=101,
+                                                                     used_mem_mib=2500.0), 22)]
                                      if k < 25 else [])
-                                  + ([samples.ProcSample(ProcReading(gpu_index=2, pid=102, used_mem_mib=2500.0), 23)]
+                                  + ([samples.ProcSample(ProcReading(gpu_index=2, pid=102,
+                                                                     used_mem_mib=2500.0), 23)]
                                      if k < 48 else []), 1.0)
         if k:
             cpu_rows += samples.cpu_rows(ts, [JobCpu(21, 1, 0.15, 1, 0.98, None, 4)]
                                          + ([JobCpu(23, 1, 1.0, 0, 0.0, None, 4)] if k < 48 else []), 1.0)
-    samples.write_rows(node, gpu, proc, [GpuReading(index=g, mem_total_mib=81559.0) for g in range(3)], cpu_rows)
+    samples.write_rows(node, gpu, proc, [GpuReading(index=g, mem_total_mib=81559.0) for g in range(3)],
+                       cpu_rows)
     for job, g, end in ((21, 0, T0 + 300), (22, 1, T0 + 25), (23, 2, T0 + 48)):
-        samples.record_summary(node, summarize(job, "n1", [g], T0, end, samples.load_gpu_samples(node, T0, end, [g]),
+        samples.record_summary(node, summarize(job, "n1", [g], T0, end,
+                                               samples.load_gpu_samples(node, T0, end, [g]),
                                                samples.load_proc_samples(node, T0, end, [g]),
                                                cpu_rows=samples.load_job_cpu_samples(node, job, T0, end)))
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n")

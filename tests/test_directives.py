@@ -18,8 +18,10 @@ def write(tmp_path, text: str, name: str = "job.sh"):
 
 
 def test_full_spec(tmp_path):
-    path = write(tmp_path, "#!/bin/bash\n#SBATCH -t 10\n#COLOC model=torchvision.models:resnet18 kwarg.num_classes=10\n"
-                           "#COLOC input=3x32x32 batch=128 optimizer=sgd-momentum precision=amp-fp16\npython x.py\n")
+    path = write(tmp_path,
+                 "#!/bin/bash\n#SBATCH -t 10\n#COLOC model=torchvision.models:resnet18 kwarg.num_classes=10\n"
+                           "#COLOC input=3x32x32 batch=128 optimizer=sgd-momentum precision=amp-fp16\npython "
+                           "x.py\n")
     ps = parse_script(path)
     assert ps.spec is not None
     assert ps.spec.model == "torchvision.models:resnet18"
@@ -31,20 +33,23 @@ def test_full_spec(tmp_path):
 
 
 def test_directives_after_first_command_are_ignored(tmp_path):
-    ps = parse_script(write(tmp_path, "#!/bin/bash\n#COLOC mem=2G\necho hi\n#COLOC model=a:b input=1 batch=1\n"))
+    ps = parse_script(write(tmp_path,
+                            "#!/bin/bash\n#COLOC mem=2G\necho hi\n#COLOC model=a:b input=1 batch=1\n"))
     assert ps.spec is None and ps.coloc == {"mem": "2G"}
     assert ps.late_coloc_lines == (4,)  # coloc-sbatch warns about them (test_sbatch_probe.py)
 
 
 def test_python_style_kwargs(tmp_path):
     """``kwarg.bias=False`` is the boolean, not the string 'False' (JSON ``false`` already was)."""
-    ps = parse_script(write(tmp_path, "#!/bin/bash\n#COLOC model=torch.nn:Linear kwarg.bias=False kwarg.x=None "
+    ps = parse_script(write(tmp_path,
+                            "#!/bin/bash\n#COLOC model=torch.nn:Linear kwarg.bias=False kwarg.x=None "
                                       "kwarg.y=True kwarg.k=(3,3) kwarg.n=resnet kwarg.j=false\n"
                                       "#COLOC input=4 batch=2\ntrue\n"))
     assert ps.spec.kwargs == {"bias": False, "x": None, "y": True, "k": [3, 3], "n": "resnet", "j": False}
 
 
-@pytest.mark.parametrize("text, dims", [("1,28,28", (1, 28, 28)), ("3x224x224", (3, 224, 224)), ("512", (512,))])
+@pytest.mark.parametrize("text, dims",
+                         [("1,28,28", (1, 28, 28)), ("3x224x224", (3, 224, 224)), ("512", (512,))])
 def test_input_shape_commas_like_the_cli(tmp_path, text, dims):
     ps = parse_script(write(tmp_path, f"#!/bin/bash\n#COLOC model=m:f input={text} batch=2\ntrue\n"))
     assert ps.spec.input_shape == dims

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import gen_cli_docs  # noqa: E402
+import gen_cli_docs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,8 @@ SCRIPT = ("#!/bin/sh\n#COLOC model=torch.nn:Linear kwarg.in_features=32 kwarg.ou
 
 def _estimate_json(script: Path, env: dict) -> dict:
     code = ("import json, sys; from slurm_coloc.submit.directives import parse_script; "
-            "from slurm_coloc.estimate import estimate_peak; e = estimate_peak(parse_script(sys.argv[1]).spec); "
+            "from slurm_coloc.estimate import estimate_peak; e = "
+            "estimate_peak(parse_script(sys.argv[1]).spec); "
             "print(json.dumps({'mib': e.mem_mib, 'torch': 'torch' in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code, str(script)], env=env, capture_output=True, text=True,
                          timeout=120, cwd=REPO)
@@ -80,13 +81,15 @@ def test_coloc_estimate_script_option(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "coloc-estimate"
     good = tmp_path / "good.sh"
     good.write_text(SCRIPT)
-    out = subprocess.run([str(exe), "--script", str(good), "--json"], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([str(exe), "--script", str(good), "--json"], capture_output=True, text=True,
+                         timeout=120,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["estimate_mib"] > 0 and isinstance(data["method"], str)
     bad = tmp_path / "bad.sh"
     bad.write_text("#!/bin/sh\n#COLOC model=no_such_mod_q:build input=4 batch=2\ntrue\n")
-    out = subprocess.run([str(exe), "--script", str(bad), "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(exe), "--script", str(bad), "--json"], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "no_such_mod_q" in out.stderr
     assert "Traceback" not in out.stderr

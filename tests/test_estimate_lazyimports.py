@@ -53,7 +53,8 @@ def test_fp32_trace_without_dynamo_is_identical() -> None:
 
 
 def test_model_needing_dynamo_submodule_still_traces(tmp_path: Path) -> None:
-    """A model file importing a torch._dynamo submodule: the stand-in cannot serve it, the plain trace does."""
+    """A model file importing a torch._dynamo submodule: the stand-in cannot serve it, the plain trace
+    does."""
     (tmp_path / "m.py").write_text(
         "import torch\nimport torch._dynamo.config\n"
         "def build():\n"

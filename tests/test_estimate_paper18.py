@@ -59,8 +59,10 @@ def test_builder_builds_on_meta(name: str) -> None:
 
 def _estimate(cfg: Dict[str, Any], tmp_path: Path, shape: str, batch: int) -> Dict[str, Any]:
     exe = Path(sys.executable).parent / "coloc-estimate"
-    out = subprocess.run([str(exe), "--model", model_ref(cfg["model"]), "--model-kwargs", json.dumps(cfg["kwargs"]),
-                          "--input-shape", shape, "--input-dtype", cfg["input_dtype"], "--batch-size", str(batch),
+    out = subprocess.run([str(exe), "--model", model_ref(cfg["model"]), "--model-kwargs",
+                          json.dumps(cfg["kwargs"]),
+                          "--input-shape", shape, "--input-dtype", cfg["input_dtype"], "--batch-size",
+                          str(batch),
                           "--optimizer", cfg["optimizer"], "--no-cache", "--json"],
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})

@@ -41,7 +41,8 @@ class Env:
         self.run_dir.mkdir(mode=0o700)
         self.work = root / "work"
         self.work.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "COLOC_ESTIMATE_SERVER")}
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTEST_CURRENT_TEST", "COLOC_ESTIMATE_SERVER")}
         self.env.update(XDG_RUNTIME_DIR=str(self.run_dir), XDG_CACHE_HOME=str(root / "cache"),
                         COLOC_ESTIMATE_SERVER_IDLE=str(idle))
         self.write_model(64)
@@ -50,7 +51,8 @@ class Env:
         (self.work / "mymodel.py").write_text(MODEL.replace("WIDTH", str(width)))
 
     def est(self, *args: str, extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-        return subprocess.run([EXE, *args], cwd=self.work, env={**self.env, **(extra or {})}, capture_output=True,
+        return subprocess.run([EXE, *args], cwd=self.work, env={**self.env, **(extra or {})},
+                              capture_output=True,
                               text=True, timeout=120)
 
     @property
@@ -249,7 +251,8 @@ def _other_uid_probe(user: Env, sock: Path) -> "Tuple[int, bytes] | None":
     os.chmod(user.sdir, 0o755)
     os.chmod(sock, 0o777)
     probe = ("import socket, struct, sys, json\n"
-             "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(5); s.connect(sys.argv[1])\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(5); "
+             "s.connect(sys.argv[1])\n"
              "d = json.dumps({'proto': 1, 'key': 'x', 'params': {}}).encode()\n"
              "try:\n    s.sendall(struct.pack('>I', len(d)) + d); r = s.recv(100)\n"
              "except OSError:\n    r = b''\n"

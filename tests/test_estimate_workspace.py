@@ -33,8 +33,10 @@ def test_key_round_trips_and_names_the_layer():
     assert _call(backward=True).key.endswith("|110")
 
 
-@pytest.mark.parametrize("bad", ["", "x|float32|1|1|1|1|1|0|0|1|-", "f|float64|1,1,1,1|1,1,1,1|1,1|0,0|1,1|0|0,0|1|-",
-                                 "b|float32|1,1,1,1|1,1,1,1|1,1|0,0|1,1|0|0,0|1|11", "f|float32|a|1|1|1|1|0|0|1|-"])
+@pytest.mark.parametrize("bad", ["", "x|float32|1|1|1|1|1|0|0|1|-",
+                                 "f|float64|1,1,1,1|1,1,1,1|1,1|0,0|1,1|0|0,0|1|-",
+                                 "b|float32|1,1,1,1|1,1,1,1|1,1|0,0|1,1|0|0,0|1|11",
+                                 "f|float32|a|1|1|1|1|0|0|1|-"])
 def test_malformed_key_is_one_clear_error(bad):
     with pytest.raises(EstimateError, match="convolution key"):
         parse_key(bad)
@@ -63,7 +65,8 @@ def test_table_file_excludes_only_calls_measured_for_the_left_out_sources(tmp_pa
     path = tmp_path / "t.csv.gz"
     buf = io.StringIO()
     csv.writer(buf).writerows([("key", "ws_b", "srcs"), (_call(n=16).key, 100 * MIB, "hopper:vgg"),
-                               (_call(n=64).key, 400 * MIB, "hopper:vgg;random"), (_call(n=8).key, "", "hopper:vgg")])
+                               (_call(n=64).key, 400 * MIB, "hopper:vgg;random"),
+                               (_call(n=8).key, "", "hopper:vgg")])
     path.write_bytes(gzip.compress(buf.getvalue().encode()))
     rows = workspace.read_table(str(path))
     assert [r[1] for r in rows] == [100 * MIB, 400 * MIB]  # unmeasured rows are skipped

@@ -1,7 +1,7 @@
 """The sampler's Prometheus endpoint (node/livestate.py, node/exporter.py) on the H100 NVML recording.
 
-No GPU here: frames come from ``tests/data/nvml/h100_mps_2jobs.jsonl`` (recorded on the H100, labelled there), the
-job rows from a real node database written by the store functions the Prolog and Epilog use. The recorded
+No GPU here: frames come from ``tests/data/nvml/h100_mps_2jobs.jsonl`` (recorded on the H100, labelled there),
+the job rows from a real node database written by the store functions the Prolog and Epilog use. The recorded
 processes are attributed to jobs 9101 and 9102 as their Slurm environment said on the recording machine.
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _cfg(tmp_path: Path, **kw) -> Config:
 def _start(cfg: Config, job_id: int, shards, gpus: str = "0", user: str = "colocuser") -> None:
     db = open_node_db(cfg.node_db_path("e1"))
     store_jobs.record_node_start(db, store_jobs.JobStart(job_id=job_id, node="e1", user_name=user, uid=2001,
-                                                         gpus=gpus, shards=shards, gres="", start_ts=time.time()))
+                                                         gpus=gpus, shards=shards, gres="",
+                                                         start_ts=time.time()))
 
 
 def _end(cfg: Config, job_id: int) -> None:
@@ -56,7 +57,8 @@ def _feed(state: LiveState, n: int, drop_jobs: Tuple[int, ...] = ()) -> List[Fra
     t0 = time.time() - 0.5 * len(both)
     for i, f in enumerate(both):
         f.ts = t0 + 0.5 * i
-        procs = [ProcSample(p, JOB_OF_PID.get(p.pid)) for p in f.procs if JOB_OF_PID.get(p.pid) not in drop_jobs]
+        procs = [ProcSample(p, JOB_OF_PID.get(p.pid)) for p in f.procs
+                 if JOB_OF_PID.get(p.pid) not in drop_jobs]
         state.observe(f, procs)
     return both
 
@@ -81,7 +83,8 @@ def test_job_series_carry_labels_grant_and_energy_share_then_vanish(tmp_path: Pa
     m = _scrape(state)
     used = {s.labels["jobid"]: s for s in m["coloc_job_gpu_memory_used_bytes"]}
     assert set(used) == {"9101", "9102"}
-    assert used["9102"].labels == {"node": "e1", "gpu": "0", "jobid": "9102", "user": "colocuser", "mode": "shard"}
+    assert used["9102"].labels == {"node": "e1", "gpu": "0", "jobid": "9102", "user": "colocuser",
+                                   "mode": "shard"}
     rec_mem = sum(p.used_mem_mib for p in frames[-1].procs if p.pid == 2342) * (1 << 20)
     assert used["9102"].value == pytest.approx(rec_mem)
     granted = {s.labels["jobid"]: s.value for s in m["coloc_job_gpu_memory_granted_bytes"]}
@@ -133,7 +136,8 @@ def test_jobstats_names_answer_jobstats_queries_per_job_on_a_shared_gpu(tmp_path
     assert pick["nvidia_gpu_memory_total_bytes"] == 4 * GIB
     assert pick["nvidia_gpu_memory_used_bytes"] == pytest.approx(
         sum(p.used_mem_mib for p in frames[-1].procs if p.pid == 2342) * (1 << 20))
-    shares = [next(s.value for s in m["nvidia_gpu_duty_cycle"] if s.labels["jobid"] == j) for j in ("9101", "9102")]
+    shares = [next(s.value for s in m["nvidia_gpu_duty_cycle"] if s.labels["jobid"] == j)
+              for j in ("9101", "9102")]
     assert sum(shares) == pytest.approx(frames[-1].gpus[0].util_pct)  # the GPU's utilization, split by share
     assert [s.value for s in m["nvidia_gpu_num_devices"]] == [1.0]
 
@@ -162,7 +166,8 @@ def test_unreadable_node_database_is_one_log_line_and_gpu_series_stay(tmp_path: 
     path.parent.mkdir(parents=True)
     path.write_bytes(b"this is not a SQLite database" * 100)
     state = _state(cfg)
-    sampler = Sampler(cfg, "e1", ReplayReader(str(REC)), db_path=tmp_path / "other.db", interval_s=0.1, live=state)
+    sampler = Sampler(cfg, "e1", ReplayReader(str(REC)), db_path=tmp_path / "other.db", interval_s=0.1,
+                      live=state)
     with caplog.at_level(logging.ERROR, logger="slurm_coloc"):
         for _ in range(3):
             assert sampler.step()
@@ -189,7 +194,8 @@ def test_a_bad_reading_fails_the_scrape_softly_and_never_the_sampler(tmp_path: P
     assert len([r for r in caplog.records if "cannot build the scrape" in r.getMessage()]) == 1
 
 
-def test_port_in_use_is_one_line_and_the_sampler_samples(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_port_in_use_is_one_line_and_the_sampler_samples(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -269,5 +275,6 @@ def test_scrapes_during_a_sampler_restart_answer_whole_or_are_refused(tmp_path: 
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=20)
     assert set(outcomes) <= {"ok", "refused"}, sorted(set(outcomes))
-    assert outcomes[-1] == "ok" and len(starts) == 2  # both samplers served; the second after the first stopped
+    # both samplers served; the second after the first stopped
+    assert outcomes[-1] == "ok" and len(starts) == 2
     assert "Traceback" not in procs[0].stderr.read() + procs[1].stderr.read()  # type: ignore[union-attr]

@@ -1,4 +1,5 @@
-"""FLOPs of one training step: counted in the estimator's trace, carried in the job comment, read by the placer.
+"""FLOPs of one training step: counted in the estimator's trace, carried in the job comment, read by the
+placer.
 
 Real PyTorch (meta and fake tensors), the real comment builder and parser, the packaged calibration.
 """
@@ -62,16 +63,18 @@ def model_file(tmp_path: Path) -> Path:
 
 
 def mlp_flops(batch: int, dims: list) -> int:
-    """Analytic FLOPs of one step of an MLP with Linear layers ``dims[i] -> dims[i+1]``: forward 2*in*out*batch
-    per Linear; backward the weight gradient (same) and the input gradient (same) except for the first Linear,
-    whose input (the data) needs none. Optimizer and element-wise ops count 0 in torch's formulas."""
+    """Analytic FLOPs of one step of an MLP with Linear layers ``dims[i] -> dims[i+1]``: forward
+    2*in*out*batch per Linear; backward the weight gradient (same) and the input gradient (same) except for
+    the first Linear, whose input (the data) needs none. Optimizer and element-wise ops count 0 in torch's
+    formulas."""
     per = [2 * batch * a * b for a, b in zip(dims, dims[1:])]
     return sum(per) * 3 - per[0]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp-fp16"])
 def test_mlp_flops_equal_the_analytic_count(model_file: Path, precision: str) -> None:
-    spec = ModelSpec(model=f"{model_file}:mlp", kwargs={"width": 128, "depth": 2, "inp": 48}, input_shape=(48,),
+    spec = ModelSpec(model=f"{model_file}:mlp", kwargs={"width": 128, "depth": 2, "inp": 48},
+                     input_shape=(48,),
                      batch_size=16, optimizer="adam", precision=precision)
     got = trace_spec(spec).flops_per_step
     # 2*16*(48*128 + 128*128 + 128*10) = 761,856 forward; x3, less the first layer's input gradient (196,608)
@@ -85,8 +88,10 @@ def test_mlp_flops_equal_the_analytic_count(model_file: Path, precision: str) ->
     ("torchvision.models:resnet18", {"num_classes": 10}, (3, 32, 32), 8, "fp32"),
     ("torchvision.models:resnet18", {"num_classes": 10}, (3, 32, 32), 8, "amp-fp16"),
     ("torchvision.models:densenet121", {"num_classes": 10}, (3, 32, 32), 2, "fp32"),
-    ("torchvision.models:VisionTransformer", {"image_size": 32, "patch_size": 8, "num_layers": 2, "num_heads": 2,
-                                              "hidden_dim": 64, "mlp_dim": 128, "num_classes": 10}, (3, 32, 32), 4,
+    ("torchvision.models:VisionTransformer",
+     {"image_size": 32, "patch_size": 8, "num_layers": 2, "num_heads": 2,
+                                              "hidden_dim": 64, "mlp_dim": 128, "num_classes": 10},
+                                              (3, 32, 32), 4,
      "bf16"),
 ])
 def test_memory_estimate_unchanged_by_flop_counting(model_file: Path, model, kwargs, shape, batch,
@@ -132,7 +137,8 @@ def test_cache_keeps_flops_and_reads_old_entries_as_none(tmp_path: Path, monkeyp
 
 def test_comment_carries_flops_and_the_placer_reads_them(tmp_path: Path, model_file: Path) -> None:
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/sh\n#COLOC model={model_file}:mlp input=64 batch=32 optimizer=sgd\npython3 t.py\n")
+    script.write_text(f"#!/bin/sh\n#COLOC model={model_file}:mlp input=64 batch=32 optimizer=sgd\npython3 "
+                      "t.py\n")
     cmd = split_command_line([str(script)])
     parsed = parse_script(str(script))
     plan = build_plan(cmd, parsed, Config(gpu_mem_gib=80, headroom_mib=256),
@@ -150,8 +156,9 @@ def test_comment_carries_flops_and_the_placer_reads_them(tmp_path: Path, model_f
 
 
 def test_predictor_uses_flops_over_the_proxy() -> None:
-    """A transformer's proxy is ~0 (one id per token) though it ran at 87 % SM activity alone (h100-placement2):
-    with counted FLOPs (BERT-base, batch 16, 256 tokens: 2,223 GFLOP per step) the prediction is high."""
+    """A transformer's proxy is ~0 (one id per token) though it ran at 87 % SM activity alone
+    (h100-placement2): with counted FLOPs (BERT-base, batch 16, 256 tokens: 2,223 GFLOP per step) the
+    prediction is high."""
     cal = intensity.load_calibration()
     spec = {"model": "bert", "input_shape": [256], "batch_size": 16, "precision": "fp32"}
     proxy = intensity.predict(intensity.features({"spec": spec}), cal)

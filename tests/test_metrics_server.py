@@ -67,7 +67,8 @@ def test_idle_connections_hold_a_bounded_number_of_threads_and_expire(endpoint: 
         assert all(e.startswith(b"HTTP/1.0 503") or e == b"" for e in ends), {e[:20] for e in ends}
         assert ends.count(b"") >= 1 and sum(e.startswith(b"HTTP/1.0 503") for e in ends) >= 1
         assert _wait_threads(before + 1)  # every held connection shut at its deadline
-        assert b"coloc_sampler" in _scrape(endpoint)  # the endpoint serves again while the idle sockets stay open
+        # the endpoint serves again while the idle sockets stay open
+        assert b"coloc_sampler" in _scrape(endpoint)
     finally:
         for s in held:
             s.close()
@@ -99,14 +100,16 @@ def test_a_scrape_still_works_and_a_bad_request_changes_nothing(endpoint: int) -
         s.sendall(b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n")  # request line over wsgiref's 65,536
         s.settimeout(3)
         assert s.recv(100).startswith(b"HTTP/1.0 414")
-    odd = urllib.request.urlopen(f"http://127.0.0.1:{endpoint}/metrics?name[]=" + "%FF" * 10, timeout=5).read()
+    odd = urllib.request.urlopen(f"http://127.0.0.1:{endpoint}/metrics?name[]=" + "%FF" * 10,
+                                 timeout=5).read()
     assert odd == b""  # a filter naming no metric: an empty answer, no error
     assert b"coloc_sampler" in _scrape(endpoint)
 
 
 def test_clients_that_reset_mid_request_leave_no_traceback(endpoint: int, capfd) -> None:
-    """Fourth campaign: prometheus_client's server printed a 15-line traceback to the sampler's stderr for each
-    client that reset its connection mid-request (3 resets, 3 tracebacks): any local user could fill the log."""
+    """Fourth campaign: prometheus_client's server printed a 15-line traceback to the sampler's stderr for
+    each client that reset its connection mid-request (3 resets, 3 tracebacks): any local user could fill the
+    log."""
     import struct
 
     for _ in range(5):

@@ -23,15 +23,19 @@ def cfg(tmp_path: Path):
     st = tmp_path / "state"
     ctld = open_ctld_db(st / "ctld.db")
     store_jobs.record_submission(ctld, store_jobs.JobSubmission(
-        job_id=21, user_name="alice", uid=2001, job_name="ddp", shards_req=8, share_mode="shard", estimate_mib=6000,
+        job_id=21, user_name="alice", uid=2001, job_name="ddp", shards_req=8, share_mode="shard",
+        estimate_mib=6000,
         estimate_method="analytic", script_sha256=SHA, submit_ts=T0 - 1))
-    store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(21, T0 + 600, "COMPLETED", 0, 0), node_list="gpu[01-02]",
+    store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(21, T0 + 600, "COMPLETED", 0, 0),
+                               node_list="gpu[01-02]",
                                start_ts=T0)
     for node, peak in (("gpu01", 1000.0), ("gpu02", 3000.0)):
         db = open_node_db(st / "nodes" / f"{node}.db")
-        store_jobs.record_node_start(db, store_jobs.JobStart(21, node, "alice", None, "0", 8, "gres:shard:8", T0))
+        store_jobs.record_node_start(db,
+                                     store_jobs.JobStart(21, node, "alice", None, "0", 8, "gres:shard:8", T0))
         store_jobs.record_node_end(db, store_jobs.JobEnd(21, T0 + 600, "COMPLETED", 0, 0, node))
-        samples.record_summary(db, samples.JobSummary(21, node, "0", T0, T0 + 600, peak, 50.0, 60.0, 30.0, 40.0,
+        samples.record_summary(db,
+                               samples.JobSummary(21, node, "0", T0, T0 + 600, peak, 50.0, 60.0, 30.0, 40.0,
                                                       1000.0, 600.0, 600))
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n")
     return config_mod.load(str(tmp_path / "coloc.yaml"), environ={})

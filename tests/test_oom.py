@@ -52,7 +52,8 @@ def test_messages_come_last_first_and_bounded() -> None:
 MSG = [("torch.OutOfMemoryError", "torch.OutOfMemoryError: CUDA out of memory.")]
 
 
-@pytest.mark.parametrize("state", ["CANCELLED", "TIMEOUT", "NODE_FAIL", "COMPLETED", "PREEMPTED", "OUT_OF_MEMORY"])
+@pytest.mark.parametrize("state",
+                         ["CANCELLED", "TIMEOUT", "NODE_FAIL", "COMPLETED", "PREEMPTED", "OUT_OF_MEMORY"])
 def test_only_failed_jobs_can_be_oom_even_with_the_message(state: str) -> None:
     assert not oom.decide_oom(state, "None", MSG).oom
 
@@ -84,15 +85,17 @@ def test_retry_marker_in_comment() -> None:
 
 
 def test_every_directive_of_every_dialect_is_neutralised() -> None:
-    """Issue 31 N1: before, only GPU ``#SBATCH`` lines were neutralised, so ``#PBS -p -1000`` gave root's rerun
-    Nice=-1000. Now no line of the rerun's script starts with a directive of any dialect."""
+    """Issue 31 N1: before, only GPU ``#SBATCH`` lines were neutralised, so ``#PBS -p -1000`` gave root's
+    rerun Nice=-1000. Now no line of the rerun's script starts with a directive of any dialect."""
     script = ("#!/bin/bash\n#SBATCH --gres=shard:4\n#SBATCH --nice=-1000\n#SLURM --exclusive\n#PBS -p -1000\n"
-              "  #pbs -l walltime=1\n#BSUB -q x\n#$ -l h_vmem=1\n#MSUB -l x\n#flux: -N1\n# an ordinary comment\n"
+              "  #pbs -l walltime=1\n#BSUB -q x\n#$ -l h_vmem=1\n#MSUB -l x\n#flux: -N1\n# an ordinary "
+              "comment\n"
               "echo start\r#SBATCH --uid=0\n#SBATCH --begin=now\necho --gres  # #SBATCH\n")
     out, changed = rerun.neutralise_directives(script)
     lines = re.split(r"\r\n|\n|\r", out)
     assert lines[0] == "#!/bin/bash" and "echo start" in lines and "echo --gres  # #SBATCH" in lines
-    assert not [ln for ln in lines if re.match(r"\s*#\s*(SBATCH|SLURM|PBS|BSUB|MSUB|\$|flux:)", ln, re.I)], lines
+    assert not [ln for ln in lines
+                if re.match(r"\s*#\s*(SBATCH|SLURM|PBS|BSUB|MSUB|\$|flux:)", ln, re.I)], lines
     assert changed == 12  # 11 directive lines (one after a \r) + the header's ordinary comment
     assert rerun.neutralise_directives("#!/usr/bin/env python3\nprint(1)\n") == (
         "#!/usr/bin/env python3\nprint(1)\n", 0)
@@ -110,7 +113,8 @@ def test_array_task_is_rerun_alone_and_pbs_is_ignored() -> None:
 
 
 def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
-    job = next(j for j in parse_squeue_json((SLURM_DATA / "squeue_json_running.json").read_text()) if j.job_id == 1)
+    job = next(j for j in parse_squeue_json((SLURM_DATA / "squeue_json_running.json").read_text())
+               if j.job_id == 1)
     args = rerun.retry_sbatch_args(job, Config(gpu_mem_gib=80))
     assert "--gres=shard:80" in args and "--open-mode=append" in args and "--export=NONE" in args
     assert "--job-name=small" in args and "--partition=debug" in args and "--time=525600" in args
@@ -123,7 +127,8 @@ def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
 
 
 def test_rerun_options_pass_a_forged_name_as_one_opaque_word() -> None:
-    """A name holding option-like text stays inside --job-name; the GRES is still the one whole-GPU request."""
+    """A name holding option-like text stays inside --job-name; the GRES is still the one whole-GPU
+    request."""
     job = job_info_from_json({"job_id": 4, "name": "x --gres=shard:1 TresPerNode=gres:shard:79",
                               "tres_per_node": "gres:shard:2", "partition": "debug",
                               "current_working_directory": "/w", "standard_output": "o%j"})
@@ -150,8 +155,9 @@ def _argv(coloc: dict):
 
 
 def test_script_args_where_slurm_keeps_only_the_script() -> None:
-    """24.11 and later record ``command`` as the script path alone (tests/data/slurm-24.11): the comment's argv is
-    the only source of the rerun's arguments there, within bounds; on 22.05 the same comment cannot add words."""
+    """24.11 and later record ``command`` as the script path alone (tests/data/slurm-24.11): the comment's
+    argv is the only source of the rerun's arguments there, within bounds; on 22.05 the same comment cannot
+    add words."""
     import dataclasses
 
     j = job_info_from_json({"job_id": 5, "command": "/j/run.sh"})
@@ -179,9 +185,12 @@ def test_claim_is_once_and_history_returns_fences(db) -> None:
     assert not store_oom.record_retry_outcome(db, 99, "COMPLETED", 10.0, 20.0)
     store_oom.claim_retry(db, store_oom.OomRecord(job_id=8, ts=2.0, uid=2001, script_sha256="s1", shards=6,
                                                   fence_mib=6144))
-    store_oom.claim_retry(db, store_oom.OomRecord(job_id=9, ts=3.0, uid=2001, script_sha256="other", fence_mib=1024))
-    store_oom.claim_retry(db, store_oom.OomRecord(job_id=10, ts=4.0, uid=2002, script_sha256="s1", fence_mib=81920))
-    assert store_oom.history_peaks_mib(db, "s1", 2001) == [4096, 6144]  # uid 2002's row is not uid 2001's history
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=9, ts=3.0, uid=2001, script_sha256="other",
+                                                  fence_mib=1024))
+    store_oom.claim_retry(db, store_oom.OomRecord(job_id=10, ts=4.0, uid=2002, script_sha256="s1",
+                                                  fence_mib=81920))
+    assert store_oom.history_peaks_mib(db, "s1", 2001) == [4096,
+                                                           6144]  # uid 2002's row is not uid 2001's history
     assert store_oom.history_peaks_mib(db, "s1", 2002) == [81920]
     assert store_oom.history_peaks_mib(db, "nope", 2001) == []
     got = store_oom.load_oom_event(db, 5)
@@ -247,7 +256,8 @@ def test_symlink_as_last_component_is_not_followed(user_dir: Path, tmp_path: Pat
 
 
 def test_symlinked_directory_to_another_owner_is_refused(user_dir: Path) -> None:
-    root_dir = Path(tempfile.mkdtemp(prefix="oomroot-"))  # root-owned, world-readable: only the owner check stops it
+    # root-owned, world-readable: only the owner check stops it
+    root_dir = Path(tempfile.mkdtemp(prefix="oomroot-"))
     os.chmod(root_dir, 0o755)
     request_cleanup = root_dir
     (root_dir / "err.txt").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
@@ -299,7 +309,8 @@ def test_never_acts_as_root(tmp_path: Path) -> None:
 
 def test_script_args_from_26_05_submit_line() -> None:
     """26.05 records sbatch's whole command line (``submit_line``; ``command`` is the script as given, or the
-    resolved path when given without ``/``: both seen on a 26.05.5 cluster); the rerun's arguments come from it."""
+    resolved path when given without ``/``: both seen on a 26.05.5 cluster); the rerun's arguments come from
+    it."""
     def job(command: str, line: str):
         return job_info_from_json({"job_id": 6, "command": command, "current_working_directory": "/w",
                                    "submit_line": line}, release="26.05.5")
@@ -321,7 +332,8 @@ def test_script_args_from_26_05_submit_line() -> None:
 
 
 def test_recorded_script_args_on_the_26_05_recording() -> None:
-    """The recorded 26.05 job is a ``--wrap`` job: no command, so no arguments (its submit_line is not read)."""
+    """The recorded 26.05 job is a ``--wrap`` job: no command, so no arguments (its submit_line is not
+    read)."""
     data = json.loads((Path(__file__).parent / "data" / "slurm-26.05" / "squeue_json_running.json").read_text())
     j = job_info_from_json(data["jobs"][0], release="26.05.5")
     assert j.raw["submit_line"].startswith("/var/cache/slurm-coloc/26.05/bin/sbatch ")

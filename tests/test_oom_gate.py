@@ -1,7 +1,7 @@
-"""The OOM rerun gate (issue 31, "the lost rerun") on sampler records in the real SQLite stores: honest jobs that
-outgrow their 2 GiB grant get their rerun whatever their allocation pattern, fake OOM lines do not, and the
-per-user budget bounds every rerun. The sampler rows are SYNTHETIC (tests/oom_patterns.py says what they model);
-the node and controller databases, the evidence queries and the gate are the product's own."""
+"""The OOM rerun gate (issue 31, "the lost rerun") on sampler records in the real SQLite stores: honest jobs
+that outgrow their 2 GiB grant get their rerun whatever their allocation pattern, fake OOM lines do not, and
+the per-user budget bounds every rerun. The sampler rows are SYNTHETIC (tests/oom_patterns.py says what they
+model); the node and controller databases, the evidence queries and the gate are the product's own."""
 from __future__ import annotations
 
 import time
@@ -26,14 +26,17 @@ def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, *
     t0 = time.time() - 30
     write_pattern(cfg.node_db_path("n1"), job_id, proc, t0=t0)
     job = job_info_from_json({"job_id": job_id, "nodes": "n1", "tres_per_node": f"gres:shard:{GRANT_SHARDS}",
-                              "start_time": int(t0 - 2), "end_time": int(t0 + PERIOD_S * max(2, len(proc)) + 2),
+                              "start_time": int(t0 - 2),
+                              "end_time": int(t0 + PERIOD_S * max(2, len(proc)) + 2),
                               "user_id": UID, "partition": "debug"})
     assert job.shards == GRANT_SHARDS and job.start_ts and job.end_ts
     db = open_ctld_db(cfg.ctld_db_path)
     for i in range(reruns_before):
         store_oom.claim_retry(db, store_oom.OomRecord(
-            job_id=1000 + i, ts=time.time(), user_name="u", uid=UID, script_sha256="", share_mode="shard", shards=2,
-            fence_mib=2048, end_ts=None, evidence={}, retry_of=None, retry_status="submitted", retry_reason="test"))
+            job_id=1000 + i, ts=time.time(), user_name="u", uid=UID, script_sha256="", share_mode="shard",
+            shards=2,
+            fence_mib=2048, end_ts=None, evidence={}, retry_of=None, retry_status="submitted",
+            retry_reason="test"))
     messages = oom.find_oom_messages(message)
     assert messages, message
     peak = job_peak_mem_mib(cfg, job_id, "n1")
@@ -43,8 +46,8 @@ def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, *
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_honest_patterns_get_their_rerun_and_fakes_do_not(tmp_path: Path, name: str) -> None:
-    """Before the fix, ``one-alloc-first-step`` was refused ("the sampler watched its GPU and saw no memory of this
-    job"): the lost rerun of issue 31."""
+    """Before the fix, ``one-alloc-first-step`` was refused ("the sampler watched its GPU and saw no memory of
+    this job"): the lost rerun of issue 31."""
     decision = _gate(tmp_path, name)
     assert decision.oom == PATTERNS[name][2], (name, decision.reason)
 
@@ -59,7 +62,8 @@ def test_reasons_name_the_rule(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["one-alloc-first-step", "eval-pass-peak"])
 def test_the_budget_bounds_honest_reruns_too(tmp_path: Path, name: str) -> None:
-    """Farming stays bounded: with ``oom_rerun_per_user_max`` reruns in the window, no pattern earns another."""
+    """Farming stays bounded: with ``oom_rerun_per_user_max`` reruns in the window, no pattern earns
+    another."""
     decision = _gate(tmp_path, name, reruns_before=2, oom_rerun_per_user_max=2)
     assert not decision.oom and "limit 2" in decision.reason
 

@@ -1,5 +1,5 @@
-"""Pure tests of placement: the policy (spread, consolidate, gate, guard, stale state), intensity signatures and
-prediction, the Slurm-text parsers of slurm/placement.py, and the store queries on real SQLite files."""
+"""Pure tests of placement: the policy (spread, consolidate, gate, guard, stale state), intensity signatures
+and prediction, the Slurm-text parsers of slurm/placement.py, and the store queries on real SQLite files."""
 from __future__ import annotations
 
 import json
@@ -100,7 +100,8 @@ def test_four_light_jobs_spread_over_four_gpus() -> None:
     for _ in range(4):
         d = choose_gpu(gpus, 4, LIGHT, GATE)
         seen.append((d.node, d.index))
-        gpus = [GpuState(g.node, g.index, g.shards_total, g.shards_used + 4, g.tenants + 1, g.live, g.live_age_s,
+        gpus = [GpuState(g.node, g.index, g.shards_total, g.shards_used + 4, g.tenants + 1, g.live,
+                         g.live_age_s,
                          g.recent + LIGHT) if (g.node, g.index) == seen[-1] else g for g in gpus]
     assert sorted(seen) == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
 
@@ -127,7 +128,8 @@ def test_policy_invariants(gpus: list, shards: int, demand: Activity, mode: str)
         assert g.tenants == 0 and g.shards_used == 0  # the guard: only an idle GPU may read saturated
 
 
-SPEC = {"model": "resnet50", "kwargs": {}, "input_shape": [3, 224, 224], "batch_size": 32, "precision": "fp32",
+SPEC = {"model": "resnet50", "kwargs": {}, "input_shape": [3, 224, 224], "batch_size": 32,
+        "precision": "fp32",
         "optimizer": "adam", "input_dtype": "float32"}
 
 
@@ -165,7 +167,8 @@ def test_bad_calibration_is_one_config_error(tmp_path: Path) -> None:
         intensity.load_calibration(str(p))
 
 
-NODE_LINE = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=32 CPULoad=0.5 AvailableFeatures=(null) "
+NODE_LINE = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=32 CPULoad=0.5 "
+             "AvailableFeatures=(null) "
              "ActiveFeatures=(null) Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80 NodeAddr=127.0.0.1 "
              "State=IDLE ThreadsPerCore=1")
 
@@ -173,12 +176,14 @@ NODE_LINE = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=32 CPUL
 def test_parse_typed_node_gres() -> None:
     n = sp.parse_node_gres(NODE_LINE)
     assert n is not None and n.node == "n1" and n.shards == {0: 80, 1: 80} and n.state == "IDLE"
-    assert sp.parse_node_gres(NODE_LINE.replace("gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80", "gpu:2,shard:160")) \
+    assert sp.parse_node_gres(NODE_LINE.replace("gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80",
+                                                "gpu:2,shard:160")) \
         is None
 
 
 def _squeue(*jobs: dict) -> str:
-    base = {"name": "j", "user_name": "u", "user_id": 1, "partition": "debug", "comment": "", "tres_per_node": "",
+    base = {"name": "j", "user_name": "u", "user_id": 1, "partition": "debug", "comment": "",
+            "tres_per_node": "",
             "gres_detail": [], "submit_time": 100, "start_time": 0, "end_time": 0, "state_reason": "None"}
     return json.dumps({"jobs": [{**base, **j} for j in jobs]})
 
@@ -190,11 +195,13 @@ def test_candidates_holdings_and_gpu_states() -> None:
         {"job_id": 2, "job_state": "PENDING", "state_reason": "JobHeldUser", "comment": placed,
          "tres_per_node": "gres:shard:4"},
         {"job_id": 3, "job_state": "PENDING", "state_reason": "Resources", "comment": placed},
-        {"job_id": 4, "job_state": "RUNNING", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0),shard:g1:0(IDX:)"]},
+        {"job_id": 4, "job_state": "RUNNING", "nodes": "n1",
+         "gres_detail": ["shard:g0:4(IDX:0),shard:g1:0(IDX:)"]},
         {"job_id": 5, "job_state": "RUNNING", "nodes": "n2", "gres_detail": ["gpu:g1:1(IDX:1)"]},
-        # 24.11+: an ending job is its final state with the COMPLETING flag, and still holds its GPU; an ended one
-        # (no flag) no longer does
-        {"job_id": 6, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1", "gres_detail": ["shard:g1:10(IDX:1)"]},
+        # 24.11+: an ending job is its final state with the COMPLETING flag, and still holds its GPU; an ended
+        # one (no flag) no longer does
+        {"job_id": 6, "job_state": ["COMPLETED", "COMPLETING"], "nodes": "n1",
+         "gres_detail": ["shard:g1:10(IDX:1)"]},
         {"job_id": 7, "job_state": ["COMPLETED"], "nodes": "n1", "gres_detail": ["shard:g1:20(IDX:1)"]}))
     assert [j.job_id for j in jobs if sp.is_candidate(j)] == [1]
     assert sp.gpu_holdings(jobs[3]) == [("n1", 0, "shard", 4)]
@@ -275,7 +282,8 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None,
                                                           "run_s": pytest.approx(50), "startup_s": None}
     ctld = open_ctld_db(tmp_path / "ctld.db")
-    ctld["jobs"].insert_all([{"job_id": 1, "uid": 2001, "end_ts": now, "coloc_json": json.dumps({"spec": SPEC})},
+    ctld["jobs"].insert_all([{"job_id": 1, "uid": 2001, "end_ts": now,
+                              "coloc_json": json.dumps({"spec": SPEC})},
                              {"job_id": 2, "uid": 2001, "end_ts": None, "coloc_json": "{}"},
                              {"job_id": 3, "uid": 2002, "end_ts": now, "coloc_json": "not json"},
                              {"job_id": 4, "uid": 2002, "end_ts": now,
@@ -313,7 +321,8 @@ def test_coloc_sbatch_placement_form_follows_the_heartbeat(tmp_path: Path) -> No
 
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nrun_dir: {tmp_path / 'run'}\n")
     cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
-    argv = ["-t", "30", "--gres=shard:4", '--comment=coloc:{"mode":"shard","shards":4,"v":1}', "job.sh", "--hold"]
+    argv = ["-t", "30", "--gres=shard:4", '--comment=coloc:{"mode":"shard","shards":4,"v":1}', "job.sh",
+            "--hold"]
     assert placement_form(argv, cfg, 4) == (argv, False)  # no placer
     write_heartbeat(cfg, {"candidates": 0})
     held, placed = placement_form(argv, cfg, 4)

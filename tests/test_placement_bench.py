@@ -29,20 +29,23 @@ def _bench_file(tmp_path: Path, fake: bool = False) -> Path:
         jobs.append({"workload": f"m{i}", "alone_activity": {"smact": s, "smocc": 0.3 * s, "drama": 0.5 * s}})
     jobs.append({"workload": "nomeasure", "alone_activity": None})
     path = tmp_path / "placement_bench.json"
-    path.write_text(json.dumps({"fake": fake, "profile": prof, "scenarios": {"pile": {"exclusive": {"jobs": jobs}}}}))
+    path.write_text(json.dumps({"fake": fake, "profile": prof,
+                                "scenarios": {"pile": {"exclusive": {"jobs": jobs}}}}))
     return path
 
 
 def test_fit_recovers_the_curve_and_writes_a_loadable_calibration(tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), str(_bench_file(tmp_path)),
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"),
+                           str(_bench_file(tmp_path)),
                            "--out", str(out), "--by-model", "--feature", "flops"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     cal = intensity.load_calibration(str(out))
     assert cal.smact_min == pytest.approx(0.05, abs=0.02) and cal.smact_max == pytest.approx(0.9, abs=0.03)
     assert cal.x_half_gflop == pytest.approx(50, rel=0.15)
-    assert cal.smocc_per_smact == pytest.approx(0.3, abs=1e-3) and cal.drama_per_smact == pytest.approx(0.5, abs=1e-3)
+    assert (cal.smocc_per_smact == pytest.approx(0.3, abs=1e-3)
+            and cal.drama_per_smact == pytest.approx(0.5, abs=1e-3))
     assert set(cal.by_model) == {f"m{i}" for i in range(7)}
     assert "mean absolute error" in proc.stdout and "m3" in proc.stdout
     pred = intensity.predict(intensity.Features(60.0, None, None, "fp32", None), cal)
@@ -85,10 +88,12 @@ def test_fit_reads_exclusive_pass_files_with_a_profile_and_skips_other_passes(tm
                                          "jobs": [{**j, "state": "COMPLETED"} for j in chunk]}))
     blind = tmp_path / "pile-blind.json"  # collocated activity: never a measurement alone
     blind.write_text(json.dumps({"scenario": "pile", "policy": "blind", "jobs": [
-        {"workload": "m0", "state": "COMPLETED", "alone_activity": {"smact": 0.99, "smocc": 0.9, "drama": 0.9}}]}))
+        {"workload": "m0", "state": "COMPLETED",
+         "alone_activity": {"smact": 0.99, "smocc": 0.9, "drama": 0.9}}]}))
     cancelled = tmp_path / "stream-exclusive.json"
     cancelled.write_text(json.dumps({"scenario": "stream", "policy": "exclusive", "jobs": [
-        {"workload": "m1", "state": "CANCELLED", "alone_activity": {"smact": 0.0, "smocc": 0.0, "drama": 0.0}}]}))
+        {"workload": "m1", "state": "CANCELLED",
+         "alone_activity": {"smact": 0.0, "smocc": 0.0, "drama": 0.0}}]}))
     out = tmp_path / "cal.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), *map(str, files),
                            str(blind), str(cancelled), "--profile", str(prof), "--out", str(out), "--feature",

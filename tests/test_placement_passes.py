@@ -1,7 +1,8 @@
-"""The placement benchmark's plan, metrics and combination of pass files (``benchmarks/device/placement_plan.py``,
-``placement_metrics.py``, ``placement_passes.py`` helpers, ``benchmarks/placement_combine.py``), on synthetic
-pass files. The Slurm path of the passes runs end to end on the CPU cluster in
-``tests/cluster/test_placement_bench_cluster.py``; the GPU run is the lead's device call (docs/benchmarks.md)."""
+"""The placement benchmark's plan, metrics and combination of pass files
+(``benchmarks/device/placement_plan.py``, ``placement_metrics.py``, ``placement_passes.py`` helpers,
+``benchmarks/placement_combine.py``), on synthetic pass files. The Slurm path of the passes runs end to end on
+the CPU cluster in ``tests/cluster/test_placement_bench_cluster.py``; the GPU run is the lead's device call
+(docs/benchmarks.md)."""
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def test_plan_refuses_a_pile_larger_than_the_gpu_and_bad_sizes() -> None:
 
 def job(i: int, submit: float, start: Optional[float], end: Optional[float], state: str = "COMPLETED",
         ooms: int = 0) -> Dict[str, Any]:
-    return {"index": i, "workload": f"w{i}", "submit_ts": submit, "start_ts": start, "end_ts": end, "state": state,
+    return {"index": i, "workload": f"w{i}", "submit_ts": submit, "start_ts": start, "end_ts": end,
+            "state": state,
             "oom_reruns": ooms}
 
 
@@ -57,7 +59,8 @@ T0 = 1000.0  # Unix seconds (0 reads as unset)
 
 def pass_file(scenario: str, policy: str, jobs: List[Dict[str, Any]], part: Optional[str] = None,
               **extra: Any) -> Dict[str, Any]:
-    return {"scenario": scenario, "policy": policy, "part": part, "jobs": jobs, "smact_pct": extra.pop("smact", None),
+    return {"scenario": scenario, "policy": policy, "part": part, "jobs": jobs,
+            "smact_pct": extra.pop("smact", None),
             "energy_j": extra.pop("energy", None), "problems": [], **extra}
 
 
@@ -68,7 +71,8 @@ def test_pass_metrics_jct_slowdowns_and_losses() -> None:
     assert m["completed"] == 3 and m["lost"] == 1 and m["ooms"] == 1
     assert m["makespan_s"] == 40 and m["mean_jct_s"] == pytest.approx(25.0) and m["p95_jct_s"] == 40
     assert m["max_slowdown"] == pytest.approx(5.0)  # job 2: JCT 25 / 5 alone
-    assert m["max_run_slowdown"] == pytest.approx(4.0)  # job 2 ran 20 s, 4x its 5 s alone; job 1 ran 30 s = 3x
+    # job 2 ran 20 s, 4x its 5 s alone; job 1 ran 30 s = 3x
+    assert m["max_run_slowdown"] == pytest.approx(4.0)
     assert m["mean_wait_s"] == pytest.approx(5.0) and m["mean_smact_pct"] == 50.0
     assert pm.alone_times(jobs) == {0: 10.0, 1: 30.0}  # no OOM rerun, completed only
 
@@ -93,8 +97,8 @@ def test_stitch_joins_exclusive_parts_into_one_fifo_pass() -> None:
 
 
 def scenario_files() -> List[Dict[str, Any]]:
-    """A 4-job pile: exclusive in two parts (10 s each alone), blind all at once (every job 38-40 s), aware two
-    at a time (12-13 s each)."""
+    """A 4-job pile: exclusive in two parts (10 s each alone), blind all at once (every job 38-40 s), aware
+    two at a time (12-13 s each)."""
     ex1 = pass_file("pile", "exclusive", [job(0, T0, T0, T0 + 10), job(1, T0, T0 + 10, T0 + 20)], "1/2",
                     smact=30.0, energy=1000.0)
     ex2 = pass_file("pile", "exclusive", [job(2, T0 + 90, T0 + 90, T0 + 100), job(3, T0 + 90, T0 + 100,
@@ -102,7 +106,8 @@ def scenario_files() -> List[Dict[str, Any]]:
                     smact=30.0, energy=1000.0)
     blind = pass_file("pile", "blind", [job(i, T0, T0, T0 + 38 + i % 3) for i in range(4)], smact=90.0)
     aware = pass_file("pile", "aware", [job(0, T0, T0, T0 + 12), job(1, T0, T0, T0 + 13),
-                                        job(2, T0, T0 + 12, T0 + 25), job(3, T0, T0 + 13, T0 + 26)], smact=75.0,
+                                        job(2, T0, T0 + 12, T0 + 25), job(3, T0, T0 + 13, T0 + 26)],
+                                        smact=75.0,
                       placer={"placed_history": 4, "wait_notes": 2})
     return [ex1, ex2, blind, aware]
 
@@ -115,7 +120,8 @@ def test_combine_checks_the_issue_targets() -> None:
     assert ex["makespan_s"] == 40 and ex["mean_jct_s"] == pytest.approx(25.0)  # stitched FIFO: 10, 20, 30, 40
     assert aw["max_run_slowdown"] == pytest.approx(1.3) and bl["max_run_slowdown"] == pytest.approx(4.0)
     assert all(r["targets"].values())  # aware: JCT 19 <= 20 (0.8 x 25) and <= blind 39; makespan 26 <= 30
-    assert out["small7"]["kept_ge_95pct"] is True and out["small7"]["gain"] == pytest.approx(0.96 * 7.0, abs=0.01)
+    assert out["small7"]["kept_ge_95pct"] is True and out["small7"]["gain"] == pytest.approx(0.96 * 7.0,
+                                                                                             abs=0.01)
     text = pc.render(out)
     assert "| gate (aware) |" in text and "NOT met" not in text and "placed_history" in text
 
@@ -123,13 +129,15 @@ def test_combine_checks_the_issue_targets() -> None:
     slow[3]["jobs"][3]["end_ts"] = T0 + 60  # a job that ran 47 s, 4.7x its 10 s alone; mean JCT now 27.5
     r = pc.combine(slow)["scenarios"]["pile"]["targets"]
     same = pc.combine([{"scenario": "small7", "policy": "blind", "aggregate_samples_per_s": 200_000.0},
-                       {"scenario": "small7", "policy": "aware", "aggregate_samples_per_s": 180_000.0}])["small7"]
+                       {"scenario": "small7", "policy": "aware",
+                        "aggregate_samples_per_s": 180_000.0}])["small7"]
     assert same["kept_vs_blind"] == pytest.approx(0.9) and same["kept_vs_blind_ge_95pct"] is False
     assert "0.90 of it: NOT met" in pc.render({"scenarios": {}, "small7": same})
     assert r["aware: no job ran > 3x alone"] is False and r["aware mean JCT <= 0.8x exclusive"] is False
     assert r["aware mean JCT <= blind"] is True
     lost = scenario_files()[:3]
-    assert pc.combine(lost)["scenarios"]["pile"]["targets"]["aware mean JCT <= blind"] is None  # no aware pass
+    # no aware pass
+    assert pc.combine(lost)["scenarios"]["pile"]["targets"]["aware mean JCT <= blind"] is None
 
 
 def test_combine_notes_missing_parts_and_refuses_duplicates(tmp_path: Path) -> None:
@@ -145,7 +153,8 @@ def test_combine_notes_missing_parts_and_refuses_duplicates(tmp_path: Path) -> N
         paths.append(tmp_path / f"f{k}.json")
         paths[-1].write_text(json.dumps(f))
     out = tmp_path / "combined.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"), *map(str, paths),
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
+                           *map(str, paths),
                            "--json", str(out)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "| pile |" in proc.stdout and json.loads(out.read_text())["scenarios"]["pile"]["targets"]
@@ -174,7 +183,8 @@ def test_parts_history_and_job_scripts_of_the_passes(tmp_path: Path, monkeypatch
         with pytest.raises(ValueError, match="--part"):
             pp.part_slice(jobs, bad)
     files = [pass_file("pile", "exclusive", [
-        {**job(0, T0, T0, T0 + 10), "signature": "s1", "alone_activity": {"smact": 0.4, "smocc": 0.2, "drama": 0.1}},
+        {**job(0, T0, T0, T0 + 10), "signature": "s1",
+         "alone_activity": {"smact": 0.4, "smocc": 0.2, "drama": 0.1}},
         {**job(1, T0, T0 + 10, T0 + 30), "signature": "s1",
          "alone_activity": {"smact": 0.6, "smocc": 0.2, "drama": 0.3}},
         {**job(2, T0, T0 + 30, T0 + 40), "signature": "s2", "alone_activity": None},
@@ -195,7 +205,8 @@ def test_parts_history_and_job_scripts_of_the_passes(tmp_path: Path, monkeypatch
     script = Path(blind[blind.index("--steps") - 1])
     assert script == Path(excl[excl.index("--steps") - 1])  # one script per workload, whatever the policy
     text = script.read_text()
-    assert "/workloads.py\" pile:resnet101 \"$@\"" in text and str(tmp_path) not in text  # no per-call path in the text
+    # no per-call path in the text
+    assert "/workloads.py\" pile:resnet101 \"$@\"" in text and str(tmp_path) not in text
     import hashlib
     sig = job_signature({"sha256": hashlib.sha256(text.encode()).hexdigest()})
     assert sig and sig == job_signature({"sha256": hashlib.sha256(script.read_bytes()).hexdigest()})

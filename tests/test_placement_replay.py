@@ -40,7 +40,8 @@ def test_replay_policies_share_the_coloc_plan() -> None:
     aware = sbatch_argv(t, "aware", "/j.sh", "/o")
     assert "--coloc-mem=1924M" in blind and "--coloc-mem=1924M" in aware
     for mode in ("gate", "throughput"):  # the four policies submit the same request; exclusive a whole GPU
-        assert [a for a in sbatch_argv(t, mode, "/j.sh", "/o") if a.startswith("--coloc-mem")] == ["--coloc-mem=1924M"]
+        assert [a for a in sbatch_argv(t, mode, "/j.sh", "/o")
+                if a.startswith("--coloc-mem")] == ["--coloc-mem=1924M"]
     assert "--exclusive-gpu" in sbatch_argv(t, "exclusive", "/j.sh", "/o")
     assert blind[-1] == "replay-blind-3" and aware[-1] == "replay-aware-3"
     with pytest.raises(ColocError):
@@ -54,7 +55,8 @@ def test_placer_argv_holds_drops_shard_gres_and_flags_the_comment() -> None:
     assert out is not None and out[0] == "--hold" and "--gres=shard:4" not in out
     assert out[-3:] == ["job.sh", "--gres=x", "--comment=y"]
     c = next(a for a in out if a.startswith("--comment=")).split("=", 1)[1]
-    assert c.startswith("mine coloc:") and parse_comment(c) == {"mode": "shard", "shards": 4, "v": 1, "place": True}
+    assert c.startswith("mine coloc:") and parse_comment(c) == {"mode": "shard", "shards": 4, "v": 1,
+                                                                "place": True}
     whole = 'coloc:' + json.dumps({"mode": "whole-gpu", "shards": 80})
     assert placer_argv(["--gres=shard:80", f"--comment={whole}", "j"]) is None
     assert placer_argv(["--gres=gpu:2", "--exclusive", f"--comment={comment}", "j"]) is None
@@ -62,8 +64,10 @@ def test_placer_argv_holds_drops_shard_gres_and_flags_the_comment() -> None:
 
 
 def test_per_gpu_sm_activity_shows_an_idle_gpu() -> None:
-    rows = [{"node": "n1", "gpu_index": 0, "smact_pct": 80.0}, {"node": "n1", "gpu_index": 0, "smact_pct": 60.0},
-            {"node": "n1", "gpu_index": 1, "smact_pct": 0.0}, {"node": "n1", "gpu_index": 1, "smact_pct": None}]
+    rows = [{"node": "n1", "gpu_index": 0, "smact_pct": 80.0},
+            {"node": "n1", "gpu_index": 0, "smact_pct": 60.0},
+            {"node": "n1", "gpu_index": 1, "smact_pct": 0.0},
+            {"node": "n1", "gpu_index": 1, "smact_pct": None}]
     assert M.mean_smact_per_gpu(rows) == {"n1:0": 70.0, "n1:1": 0.0}
 
 

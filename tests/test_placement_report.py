@@ -1,5 +1,5 @@
-"""coloc-report's collocation figures on real SQLite files: per job its rate vs alone (history of its signature)
-and whether it shared its GPU; per GPU the time saturated under the placement gate."""
+"""coloc-report's collocation figures on real SQLite files: per job its rate vs alone (history of its
+signature) and whether it shared its GPU; per GPU the time saturated under the placement gate."""
 from __future__ import annotations
 
 import json
@@ -24,17 +24,19 @@ def _job(ctld, node, job_id: int, gpu: int, start: float, end: float, coloc: dic
     store_jobs.record_submission(ctld, store_jobs.JobSubmission(
         job_id=job_id, user_name="alice", job_name=f"j{job_id}", shards_req=8, share_mode="shard",
         submit_ts=start - 1, coloc_json=json.dumps(coloc)))
-    store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job_id, end, state, 0, 0), node_list="n1", start_ts=start)
-    store_jobs.record_node_start(node, store_jobs.JobStart(job_id, "n1", "alice", None, str(gpu), 8, "gres:shard:8",
+    store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job_id, end, state, 0, 0), node_list="n1",
+                               start_ts=start)
+    store_jobs.record_node_start(node,
+                                 store_jobs.JobStart(job_id, "n1", "alice", None, str(gpu), 8, "gres:shard:8",
                                                            start))
     store_jobs.record_node_end(node, store_jobs.JobEnd(job_id, end, state, 0, 0, "n1"))
 
 
 @pytest.fixture()
 def state(tmp_path: Path) -> Path:
-    """Jobs 1, 2 alone (ResNet-50 spec, 100 s and 120 s); job 3 the same spec for 330 s, sharing GPU 1 with job 4
-    (another program). GPU 0: 300 s of samples, 100 s saturated (SMACT 85 %, SMOCC 50 %), 100 s at SMACT 85 % with
-    low occupancy and DRAM (not saturated), 100 s at SMACT 50 %."""
+    """Jobs 1, 2 alone (ResNet-50 spec, 100 s and 120 s); job 3 the same spec for 330 s, sharing GPU 1 with
+    job 4 (another program). GPU 0: 300 s of samples, 100 s saturated (SMACT 85 %, SMOCC 50 %), 100 s at SMACT
+    85 % with low occupancy and DRAM (not saturated), 100 s at SMACT 50 %."""
     st = tmp_path / "state"
     ctld, node = open_ctld_db(st / "ctld.db"), open_node_db(st / "nodes" / "n1.db")
     c = {"mode": "shard", "shards": 8, "spec": SPEC, "v": 1}
@@ -44,8 +46,10 @@ def state(tmp_path: Path) -> Path:
     _job(ctld, node, 4, 1, T0 + 1100, T0 + 1200, {"mode": "shard", "shards": 8, "sha256": "ab" * 32, "v": 1})
     rows = []
     for k in range(300):
-        smact, smocc, dram = (85.0, 50.0, 5.0) if k < 100 else (85.0, 10.0, 10.0) if k < 200 else (50.0, 60.0, 60.0)
-        rows += samples.gpu_rows(T0 + k, [GpuReading(index=0, util_pct=100.0, mem_used_mib=1000.0, smact_pct=smact,
+        smact, smocc, dram = (85.0, 50.0, 5.0) if k < 100 else (85.0, 10.0, 10.0) if k < 200 else (50.0, 60.0,
+                                                                                                   60.0)
+        rows += samples.gpu_rows(T0 + k,
+                                 [GpuReading(index=0, util_pct=100.0, mem_used_mib=1000.0, smact_pct=smact,
                                                      smocc_pct=smocc, dram_bw_pct=dram)], 1.0)
     samples.write_rows(node, rows, [], [GpuReading(index=0, mem_total_mib=81559.0)])
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n")
@@ -53,7 +57,8 @@ def state(tmp_path: Path) -> Path:
 
 
 def _report(state: Path, *args: str) -> list:
-    out = subprocess.run([str(VENV_BIN / "coloc-report"), *args, "--since", "2023-01-01", "--json", "--config",
+    out = subprocess.run([str(VENV_BIN / "coloc-report"), *args, "--since", "2023-01-01", "--json",
+                          "--config",
                           str(state / "coloc.yaml")], capture_output=True, text=True, env=dict(os.environ),
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -89,6 +94,7 @@ def test_shared_jobs_touching_spans_do_not_overlap() -> None:
         def __init__(self, job_id, start, end, gpus):
             self.job_id, self.start_ts, self.end_ts, self.gpu_list = job_id, start, end, gpus
             self.signature, self.state, self.runtime_s = "s", "COMPLETED", (end or 0) - start
-    jobs = [J(1, 0, 10, [("n1", 0)]), J(2, 10, 20, [("n1", 0)]), J(3, 5, 6, [("n1", 1)]), J(4, 15, None, [("n1", 0)])]
+    jobs = [J(1, 0, 10, [("n1", 0)]), J(2, 10, 20, [("n1", 0)]), J(3, 5, 6, [("n1", 1)]),
+            J(4, 15, None, [("n1", 0)])]
     assert shared_jobs(jobs) == {1: False, 2: True, 3: False, 4: True}
     assert alone_rates(jobs[:2])[2]["rate_vs_alone"] == pytest.approx(1.0)

@@ -1,4 +1,5 @@
-"""The ``throughput`` policy (``placement/share.py``) and the daemon's history/tenant plumbing for it. Pure."""
+"""The ``throughput`` policy (``placement/share.py``) and the daemon's history/tenant plumbing for it.
+Pure."""
 from __future__ import annotations
 
 import json
@@ -20,20 +21,24 @@ CAP = 1.03  # the packaged calibration's share_capacity
 NOW = 1000.0
 
 
-def gpu(index: int, used: int = 0, tenants: int = 0, live: float = 0.0, age: float = 1.0, total: int = 80) -> GpuState:
+def gpu(index: int, used: int = 0, tenants: int = 0, live: float = 0.0, age: float = 1.0,
+        total: int = 80) -> GpuState:
     return GpuState("n1", index, total, used, tenants, Activity(live, live * 0.6, live * 0.6), age)
 
 
-def tenant(smact: float, start: float = NOW - 5, run_s: float = 30.0, startup_s: float = 15.0) -> share.Tenant:
+def tenant(smact: float, start: float = NOW - 5, run_s: float = 30.0,
+           startup_s: float = 15.0) -> share.Tenant:
     return share.Tenant(share.Profile(smact, run_s, startup_s), start)
 
 
 JOB = share.Profile(0.6, 30.0, 15.0)
 
 
-def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB, bound: float = 2.0,
+def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB,
+           bound: float = 2.0,
            shards: int = 4) -> object:
-    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), Gate(), CAP, bound, NOW)
+    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), Gate(), CAP,
+                                    bound, NOW)
 
 
 def test_slowdown_model_and_tenants_that_end_during_the_start_up() -> None:
@@ -96,9 +101,10 @@ def test_a_job_never_measured_goes_by_the_gate_and_a_silent_sampler_to_memory() 
 
 
 def test_tenants_never_measured_count_with_their_prediction_whatever_the_sampler_says() -> None:
-    # the 2x H200 run of 2026-11-26: two never-measured tenants and a silent sampler sent every measured job to
-    # memory-only packing (7 on one GPU, one ran 4.8x its time alone); now they count with their prediction
-    tenants = [[share.Tenant(share.Profile(None), NOW - 5, 0.53), share.Tenant(share.Profile(None), NOW - 5, 0.53),
+    # the 2x H200 run of 2026-11-26: two never-measured tenants and a silent sampler sent every measured job
+    # to memory-only packing (7 on one GPU, one ran 4.8x its time alone); now they count with their prediction
+    tenants = [[share.Tenant(share.Profile(None), NOW - 5, 0.53),
+                share.Tenant(share.Profile(None), NOW - 5, 0.53),
                 tenant(0.72)]]
     for g in (gpu(0, used=12, tenants=3, live=0.95, age=600.0), gpu(0, used=12, tenants=3, live=0.3)):
         d = choose([g], tenants, job=share.Profile(0.81, 24.0, 9.0))  # 2.59 / 1.03 = 2.51 > 2
@@ -120,7 +126,8 @@ def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]],
                                                        shards: int) -> None:
     gpus = [gpu(i, used=len(ls) * 10, tenants=len(ls)) for i, ls in enumerate(loads)]
     tenants = [[tenant(x, start=NOW) for x in ls] for ls in loads]
-    d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact), Gate(),
+    d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact),
+                                 Gate(),
                                  CAP, bound, NOW)
     if d.placed:
         g = next(g for g in gpus if g.index == d.index)
@@ -128,7 +135,8 @@ def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]],
         if d.basis == "slowdown-model":
             assert share.slowdown(sum(loads[g.index]) + smact, CAP) <= bound + 1e-9
     else:
-        assert all(g.shards_free < shards or (g.tenants and share.slowdown(sum(loads[g.index]) + smact, CAP) > bound)
+        assert all(g.shards_free < shards
+                   or (g.tenants and share.slowdown(sum(loads[g.index]) + smact, CAP) > bound)
                    for g in gpus)
 
 
@@ -147,8 +155,10 @@ def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(tmp_path
     admin = {(None, sig): hist[(None, "aa")]}, {(None, sig): timing[(None, "aa")]}
     assert profile(coloc, *admin) == share.Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
     assert profile(coloc, *admin, uid=2001) == share.Profile(0.6, 30.0, 12.0)
-    per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]}, {**admin[1], (2002, sig): [(90.0, 5.0)]})
-    assert profile(coloc, *per_user, uid=2002) == share.Profile(0.95, 90.0, 5.0)  # a user's own runs come first
+    per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]},
+                {**admin[1], (2002, sig): [(90.0, 5.0)]})
+    assert profile(coloc, *per_user, uid=2002) == share.Profile(0.95, 90.0,
+                                                                5.0)  # a user's own runs come first
     assert profile(coloc, *per_user, uid=2001) == share.Profile(0.6, 30.0, 12.0)  # never another user's
     assert profile({}, hist, timing) == share.Profile(None)
     seen: set = set()
@@ -170,11 +180,13 @@ def replace_cfg(cfg: config_mod.Config, **kw: object) -> config_mod.Config:
 def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
     gpus = [gpu(0), gpu(1)]
     jobs = parse_squeue_json(json.dumps({"jobs": [
-        {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": ["shard:g1:4(IDX:1)"]},
+        {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990,
+         "gres_detail": ["shard:g1:4(IDX:1)"]},
         {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
     steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
     out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
-    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, 0.5)]  # steered, not shown by Slurm yet
+    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2,
+                                   0.5)]  # steered, not shown by Slurm yet
     assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7)]  # running: its data, Slurm's start
 
 
@@ -192,7 +204,8 @@ def test_placement_config_keys_are_range_checked(tmp_path: Path, text: str, need
     path.write_text("placement_max_slowdown: 1.2\nplacement_policy: gate\n")
     cfg = config_mod.load(str(path), environ={})
     assert (cfg.placement_max_slowdown, cfg.placement_policy) == (1.2, "gate")
-    assert config_mod.Config().placement_policy == "throughput" and config_mod.Config().placement_max_slowdown == 2.0
+    assert (config_mod.Config().placement_policy == "throughput"
+            and config_mod.Config().placement_max_slowdown == 2.0)
 
 
 def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
@@ -207,7 +220,8 @@ def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
     h100 = replace_gpu(gpu(0, used=8, tenants=2), model="NVIDIA H100 80GB HBM3")
     h200 = replace_gpu(gpu(1, used=8, tenants=2), model="NVIDIA H200")
     two = [tenant(0.6), tenant(0.6)]
-    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for,
+                                 2.0, NOW)
     assert d.index == 0 and "slowdown 1.75" in d.reason
     d = share.choose_gpu_bounded([h200], [two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
     assert not d.placed and "slowdown 2.40 > 2" in d.reason
@@ -218,10 +232,12 @@ def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
         intensity.load_calibration(str(bad))
     # the model name comes from the sampler's gpus table with the live state
     db = open_node_db(tmp_path / "n1.db")
-    db["gpus"].insert({"gpu_index": 0, "uuid": "u", "name": "NVIDIA H200", "mem_total_mib": 1.0, "updated_ts": 1.0})
+    db["gpus"].insert({"gpu_index": 0, "uuid": "u", "name": "NVIDIA H200", "mem_total_mib": 1.0,
+                       "updated_ts": 1.0})
     db["gpu_samples"].insert({"ts": time.time(), "gpu_index": 0, "smact_pct": 50.0, "smocc_pct": 20.0,
                               "dram_bw_pct": 10.0, "mem_used_mib": 1.0, "n": 1, "res_s": 1.0})
-    assert [g.name for g in store_placement.live_gpus(open_readonly(tmp_path / "n1.db"), 30.0)] == ["NVIDIA H200"]
+    assert [g.name
+            for g in store_placement.live_gpus(open_readonly(tmp_path / "n1.db"), 30.0)] == ["NVIDIA H200"]
 
 
 def replace_gpu(g: GpuState, **kw: object) -> GpuState:

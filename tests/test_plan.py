@@ -15,7 +15,8 @@ CFG = Config(gpu_mem_gib=80, headroom_mib=256)
 MODEL = "#COLOC model=m:f input=3 batch=2\n"
 
 
-def plan_for(tmp_path, argv, script_text="#!/bin/sh\n" + MODEL + "true\n", estimate_mib=None, cfg=CFG, calls=None):
+def plan_for(tmp_path, argv, script_text="#!/bin/sh\n" + MODEL + "true\n", estimate_mib=None, cfg=CFG,
+             calls=None):
     """Plan ``argv`` (``SCRIPT`` = the script's path) with an estimator that answers ``estimate_mib`` for
     every GPU model and appends the model names it was asked for to ``calls``."""
     p = tmp_path / "job.sh"
@@ -70,7 +71,8 @@ def test_own_options(tmp_path, argv, mode, shards):
     assert not any(a.startswith("--coloc") or a == "--exclusive-gpu" for a in plan.argv(None))
 
 
-@pytest.mark.parametrize("argv", [["--gres=gpu:2", "SCRIPT"], ["-G", "2", "SCRIPT"], ["--gpus-per-task=1", "SCRIPT"]])
+@pytest.mark.parametrize("argv",
+                         [["--gres=gpu:2", "SCRIPT"], ["-G", "2", "SCRIPT"], ["--gpus-per-task=1", "SCRIPT"]])
 def test_multi_gpu_keeps_gpus_and_exclusive_node(tmp_path, argv):
     calls = []
     plan = plan_for(tmp_path, argv, estimate_mib=1000, calls=calls)
@@ -78,7 +80,8 @@ def test_multi_gpu_keeps_gpus_and_exclusive_node(tmp_path, argv):
     assert calls == []  # rule 3 needs no estimate
 
 
-@pytest.mark.parametrize("gpu_opts", [["--gpus-per-task=2"], ["--gpus-per-socket=1"], ["--gpus-per-task", "2"],
+@pytest.mark.parametrize("gpu_opts",
+                         [["--gpus-per-task=2"], ["--gpus-per-socket=1"], ["--gpus-per-task", "2"],
                                       ["--gres=gpu:a100:2,tmpdisk:10"]])
 def test_multi_gpu_submits_the_users_own_gpu_options(tmp_path, gpu_opts):
     plan = plan_for(tmp_path, ["-n", "2", *gpu_opts, "SCRIPT", "x"], estimate_mib=1000)
@@ -87,7 +90,8 @@ def test_multi_gpu_submits_the_users_own_gpu_options(tmp_path, gpu_opts):
     assert args == ["-n", "2", *gpu_opts, "--exclusive", comment, "/s.sh", "x"]
     assert plan.gpu_args == (*gpu_opts, "--exclusive") and plan.mode == "gpu"
     assert parse_comment(comment)["mode"] == "gpu"
-    assert plan.reason.startswith("more than one GPU per node" if "gres" in gpu_opts[0] else "a per-task/per-socket")
+    assert plan.reason.startswith("more than one GPU per node" if "gres" in gpu_opts[0]
+                                  else "a per-task/per-socket")
 
 
 def test_multi_gpu_from_script_lines_last_of_each_option_wins(tmp_path):
@@ -111,7 +115,8 @@ def test_gpu_model_by_partition(tmp_path):
     plan_for(tmp_path, ["SCRIPT"], script_text=text, estimate_mib=1000, cfg=cfg, calls=calls)
     assert calls == ["H200"]
     calls.clear()
-    plan_for(tmp_path, ["--partition=new", "SCRIPT"], script_text=text.replace("=new", "=old"), estimate_mib=1000,
+    plan_for(tmp_path, ["--partition=new", "SCRIPT"], script_text=text.replace("=new", "=old"),
+             estimate_mib=1000,
              cfg=cfg, calls=calls)
     assert calls == ["H200"]  # the command line wins over #SBATCH
     calls.clear()
@@ -136,10 +141,12 @@ def test_several_partitions_take_the_largest_estimate(tmp_path):
 
 def test_unknown_gpu_model_names_the_config_key(tmp_path):
     with pytest.raises(ConfigError, match="'gpu_model_by_partition'.*unknown GPU model 'B300'"):
-        plan_for(tmp_path, ["-p", "x", "SCRIPT"], estimate_mib=1, cfg=Config(gpu_model_by_partition={"x": "B300"}))
+        plan_for(tmp_path, ["-p", "x", "SCRIPT"], estimate_mib=1,
+                 cfg=Config(gpu_model_by_partition={"x": "B300"}))
     with pytest.raises(ConfigError, match="'gpu_model'.*unknown GPU model"):
         plan_for(tmp_path, ["SCRIPT"], estimate_mib=1, cfg=Config(gpu_model="V100"))
-    assert plan_for(tmp_path, ["SCRIPT"], cfg=Config(gpu_model="V100")).mode == "whole-gpu"  # no estimate: no check
+    assert plan_for(tmp_path, ["SCRIPT"],
+                    cfg=Config(gpu_model="V100")).mode == "whole-gpu"  # no estimate: no check
 
 
 def test_user_comment_kept(tmp_path):

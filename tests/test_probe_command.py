@@ -96,8 +96,10 @@ def test_first_command_wins_when_none_reads_like_training():
 
 
 def test_the_command_whose_program_trains_wins(tmp_path):
-    """pytorch/examples' time_sequence_prediction: generate the data, then train (only the second is probed)."""
-    (tmp_path / "generate_sine_wave.py").write_text("import torch\ntorch.save(torch.randn(3), 'traindata.pt')\n")
+    """pytorch/examples' time_sequence_prediction: generate the data, then train (only the second is
+    probed)."""
+    (tmp_path / "generate_sine_wave.py").write_text("import torch\ntorch.save(torch.randn(3), "
+                                                    "'traindata.pt')\n")
     (tmp_path / "train.py").write_text("import torch\nopt = torch.optim.LBFGS([])\nloss.backward()\n")
     (tmp_path / "eval.py").write_text("import torch\nmodel.eval()\n")
     res = find_command("python generate_sine_wave.py\npython train.py --steps 2\npython eval.py\n", (),
@@ -129,11 +131,13 @@ def test_relative_submit_dir_made_absolute(tmp_path):
 
 
 def test_default_values_and_the_submitting_environment():
-    """``${X:-$SLURM_SUBMIT_DIR/dir}`` substitutes inside the default; a variable of the submitting environment
-    (sbatch exports it to the job) is used as the job would see it."""
+    """``${X:-$SLURM_SUBMIT_DIR/dir}`` substitutes inside the default; a variable of the submitting
+    environment (sbatch exports it to the job) is used as the job would see it."""
     text = ('EXAMPLES=${COLOC_EXAMPLES:-$SLURM_SUBMIT_DIR/examples}\n'
             'exec "${PYTHON:-python3}" "$EXAMPLES/train_digits.py" "$@"\n')
     c = find_command(text, ("--epochs", "2"), SUB, environ={}).command
-    assert (c.target, c.interpreter, c.args) == (f"{SUB}/examples/train_digits.py", "python3", ("--epochs", "2"))
-    c = find_command(text, (), SUB, environ={"COLOC_EXAMPLES": "/opt/ex", "PYTHON": "/opt/py/bin/python"}).command
+    assert (c.target, c.interpreter, c.args) == (f"{SUB}/examples/train_digits.py", "python3",
+                                                 ("--epochs", "2"))
+    c = find_command(text, (), SUB,
+                     environ={"COLOC_EXAMPLES": "/opt/ex", "PYTHON": "/opt/py/bin/python"}).command
     assert (c.target, c.interpreter) == ("/opt/ex/train_digits.py", "/opt/py/bin/python")

@@ -1,4 +1,5 @@
-"""The probe's fake CUDA device answers every ``torch.cuda`` function it stands in for, with the real signatures.
+"""The probe's fake CUDA device answers every ``torch.cuda`` function it stands in for, with the real
+signatures.
 
 Each stand-in is called in a child Python (the patches change ``torch.cuda`` for the whole process) with every
 parameter of the real function passed by keyword: its default where it has one, a documented example value

@@ -126,7 +126,8 @@ def test_a_loop_without_an_optimizer_stops_after_its_second_backward(tmp_path):
     printing a fake scalar with a format spec (f"{loss:5.2f}") works as on a real tensor."""
     r = probe(tmp_path, "manual", MANUAL_SGD)
     assert r.detail["steps"] == 0 and r.detail["forwards"] == 2 * 2  # the LSTM and the head, twice
-    assert any(n.startswith("no torch.optim optimizer: stopped after backward() 2") for n in r.detail["notes"])
+    assert any(n.startswith("no torch.optim optimizer: stopped after backward() 2")
+               for n in r.detail["notes"])
     # parameters (2-layer LSTM 256->512, head 512->1000) and their gradients are held at the stop
     params_b = 4 * (4 * 512 * (256 + 512 + 2) + 4 * 512 * (512 + 512 + 2) + 512 * 1000 + 1000)
     assert r.detail["peak_allocated_b"] >= 2 * params_b

@@ -146,8 +146,9 @@ def test_pip_long_shebang_form(tmp_path):
 
 
 def test_relocatable_shebang_form_takes_the_venvs_own_python(tmp_path):
-    """uv's and newer pip's relocatable console scripts name no path on their exec line: the launcher's own bin
-    directory holds the Python (on the GPU machine the torchrun script itself was taken as the interpreter)."""
+    """uv's and newer pip's relocatable console scripts name no path on their exec line: the launcher's own
+    bin directory holds the Python (on the GPU machine the torchrun script itself was taken as the
+    interpreter)."""
     py = fake_python(tmp_path / "venv" / "bin")
     exec_line = "'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")\"/'python' \"$0\" \"$@\""
     (py.parent / "torchrun").write_text(f"#!/bin/sh\n{exec_line}\n' '''\nimport sys\n")
@@ -156,6 +157,18 @@ def test_relocatable_shebang_form_takes_the_venvs_own_python(tmp_path):
                       base_env(tmp_path))
     assert job.python is not None and os.path.dirname(job.python) == str(py.parent)
     assert "python" in os.path.basename(job.python)
+
+
+def test_launcher_after_sourcing_a_venv_runs_under_the_venvs_python(tmp_path):
+    """``source venv/bin/activate`` then ``torchrun ...`` (the public corpus's DDP script on the GPU machine):
+    the Python is the launcher's, not the launcher itself (the probe once ran ``torchrun -c ...``)."""
+    py = fake_python(tmp_path / "venv" / "bin")
+    _console_script(py.parent, "torchrun", f"#!{py}")
+    (py.parent / "activate").write_text(f"export PATH={py.parent}:$PATH\n")
+    script = f"#!/bin/bash\nsource {py.parent}/activate\ntorchrun --standalone --nproc_per_node=1 train.py\n"
+    cmd, job = discover(tmp_path, script, base_env(tmp_path))
+    assert cmd.launcher == "torchrun"
+    assert job.python == str(py)
 
 
 def test_python_m_torch_distributed_run(tmp_path):
@@ -179,7 +192,8 @@ def test_python_missing_from_the_path_is_one_line(tmp_path):
 
 def test_work_lines_and_the_command_never_run(tmp_path):
     py = fake_python(tmp_path / "venv" / "bin")
-    script = (f"#!/bin/bash\nmkdir -p {tmp_path}/made\ntouch {tmp_path}/touched\necho hi > {tmp_path}/out.txt\n"
+    script = (f"#!/bin/bash\nmkdir -p {tmp_path}/made\ntouch {tmp_path}/touched\necho hi > "
+              f"{tmp_path}/out.txt\n"
               f"if [ -d {py.parent} ]; then\n  export PATH={py.parent}:$PATH\n  python prepare.py\nfi\n"
               f"cat <<EOF > {tmp_path}/heredoc.txt\nexport PATH=/nowhere\nEOF\n"
               f"python train.py\ntouch {tmp_path}/after\n")

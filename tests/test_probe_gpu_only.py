@@ -179,6 +179,65 @@ def test_value_read_of_an_inference_mode_tensor_after_a_step(tmp_path):
     assert r.detail["steps"] >= 2
 
 
+GENERATE = """
+    import sys
+    import torch, torch.nn as nn
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(65, 256)
+            self.body = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+            self.head = nn.Linear(256, 65)
+
+        def forward(self, idx, targets=None):
+            logits = self.head(self.body(self.emb(idx)))
+            if targets is None:
+                return logits, None
+            return logits, nn.functional.cross_entropy(logits.view(-1, 65), targets.view(-1))
+
+    model = LM().cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    n_new, big = int(sys.argv[1]), sys.argv[2] == "big"
+    for it in range(3):
+        x = torch.randint(0, 65, (32, 128)).cuda()
+        _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if it == 0:   # minGPT's chargpt: sample between the first two steps, the sequence growing
+            model.eval()
+            idx = torch.zeros((64 if big else 1, 4), dtype=torch.long).cuda()
+            with torch.no_grad():
+                for _ in range(n_new):
+                    logits, _ = model(idx[:, -128:])
+                    probs = torch.softmax(logits[:, -1, :], dim=-1)
+                    idx = torch.cat((idx, torch.multinomial(probs, 1)), dim=1)
+            if tuple(idx.shape) != ((64 if big else 1), 4 + n_new):
+                raise SystemExit(f"generated {tuple(idx.shape)}")
+            model.train()
+"""
+
+
+def test_a_generation_loop_is_answered_from_learned_shapes(tmp_path):
+    short = probe(tmp_path, "gen", GENERATE, "2", "small")
+    long = probe(tmp_path, "gen", GENERATE, "60", "small")
+    for r in (short, long):
+        assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    notes = " ".join(long.detail["notes"])
+    # 2 calls traced (sequence 4 and 5), the other 58 answered: the output (1, t, 65) follows the input (1, t)
+    assert "58 no-grad forward(s) with inputs no larger than the training call's" in notes
+    assert "within the replayed peak" in notes
+    assert long.detail["peak_reserved_b"] == short.detail["peak_reserved_b"]
+
+
+def test_a_generation_loop_larger_than_the_training_call_is_traced(tmp_path):
+    # batch 64 > the training batch 32: not dominated, every call traced
+    r = probe(tmp_path, "gen", GENERATE, "6", "big")
+    assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    assert "no larger than the training call" not in " ".join(r.detail["notes"])
+
+
 DDP_UNDER_SLURM = """
     import os
     import torch, torch.nn as nn

@@ -1,6 +1,7 @@
 """The public probe corpus (benchmarks/probe_public): the manifest is complete and the stand-in data is in the
-formats the upstream scripts read (torchvision's MNIST and ImageFolder, nanoGPT's memmap + meta.pkl, Lightning's
-MNIST .pt, a GLUE-style CSV). No upstream code is needed: the data is read back with the libraries themselves."""
+formats the upstream scripts read (torchvision's MNIST and ImageFolder, nanoGPT's memmap + meta.pkl,
+Lightning's MNIST .pt, a GLUE-style CSV). No upstream code is needed: the data is read back with the libraries
+themselves."""
 from __future__ import annotations
 
 import os
@@ -114,7 +115,8 @@ def test_fenced_device_reads_whole_gpu_from_the_comment() -> None:
     whole = SimpleNamespace(comment=build_comment({"mode": "whole-gpu", "shards": 80}), gres={"shard": 80})
     plain = SimpleNamespace(comment="", gres={"gpu": 1})
     assert [fenced_device.whole_gpu(j) for j in (shared, whole, plain)] == [False, True, True]
-    row = {"script": "pe_mnist", "unfenced": False, "estimate_mib": 958, "grant_mib": 2048, "nvml_peak_mib": 1300,
+    row = {"script": "pe_mnist", "unfenced": False, "estimate_mib": 958, "grant_mib": 2048,
+           "nvml_peak_mib": 1300,
            "peak_over_grant_pct": 63.5, "state": "CANCELLED", "reached_eval": True, "outcome": "OK"}
     last = fenced_device.table([row]).splitlines()[-1]
     assert last == "| pe_mnist | 958 | 2048 | 1300 | 63.5 | CANCELLED | yes | OK |"

@@ -1,5 +1,5 @@
-"""The reader service's limits on real Unix sockets (issue 31, N5: 1,000 slow connections of one user were held
-by 1,002 threads): a connection cap, a per-uid cap (``SO_PEERCRED``), refusals at once with one line, and
+"""The reader service's limits on real Unix sockets (issue 31, N5: 1,000 slow connections of one user were
+held by 1,002 threads): a connection cap, a per-uid cap (``SO_PEERCRED``), refusals at once with one line, and
 whole-request / whole-answer deadlines for slow clients (report/reader.py).
 """
 from __future__ import annotations
@@ -104,7 +104,8 @@ def test_one_uids_idle_connections_are_capped_and_the_excess_refused_at_once(ser
     try:
         assert _wait(lambda: server.active == reader.MAX_PER_UID)
         threads = threading.active_count()
-        extra = _idle(path, 50)  # before: each held a thread until its 10 s recv timeout, and a drip renewed it
+        extra = _idle(path,
+                      50)  # before: each held a thread until its 10 s recv timeout, and a drip renewed it
         t0 = time.monotonic()
         replies = [_recv_all(s) for s in extra]
         assert time.monotonic() - t0 < 2.0  # at once, not after a timeout
@@ -129,7 +130,8 @@ def test_the_total_cap_holds_across_uids(server: reader.ReaderServer) -> None:
     holder = subprocess.Popen(["runuser", "-u", "colocuser", "--", sys.executable, "-c",
                                "import socket,sys,time\nss=[]\nfor _ in range(5):\n"
                                "    s=socket.socket(socket.AF_UNIX);s.connect(sys.argv[1]);ss.append(s)\n"
-                               "print('held',flush=True);time.sleep(30)", path], stdout=subprocess.PIPE, text=True)
+                               "print('held',flush=True);time.sleep(30)", path], stdout=subprocess.PIPE,
+                               text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         assert _wait(lambda: server.active == 10)
@@ -168,7 +170,8 @@ def test_a_client_that_never_reads_its_answer_is_dropped_at_the_send_deadline(se
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(server.server_address)
-    s.sendall(b'{"op": "big"}\n')  # 8 MiB answer, never read: before, sendall without a timeout held the thread
+    # 8 MiB answer, never read: before, sendall without a timeout held the thread
+    s.sendall(b'{"op": "big"}\n')
     try:
         assert _wait(lambda: server.active == 1, 2)
         assert _wait(lambda: server.active == 0, reader.SEND_TIMEOUT_S + 3)

@@ -29,9 +29,11 @@ T0 = 1_700_000_000.0  # sample times; jobs: A [T0, T0+600] and B [T0+300, T0+900
 
 def _job(ctld, node, job_id, user, gpu, shards, est, start, end, state="COMPLETED", mode="shard"):
     store_jobs.record_submission(ctld, store_jobs.JobSubmission(
-        job_id=job_id, user_name=user, job_name=f"j{job_id}", shards_req=shards, share_mode=mode, estimate_mib=est,
+        job_id=job_id, user_name=user, job_name=f"j{job_id}", shards_req=shards, share_mode=mode,
+        estimate_mib=est,
         estimate_method="analytic" if est else None, submit_ts=start - 1))
-    store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job_id, end, state, 0 if state == "COMPLETED" else 1, 0),
+    store_jobs.record_ctld_end(ctld,
+                               store_jobs.JobEnd(job_id, end, state, 0 if state == "COMPLETED" else 1, 0),
                                node_list="n1", start_ts=start)
     store_jobs.record_node_start(node, store_jobs.JobStart(job_id, "n1", user, None, str(gpu), shards,
                                                            f"gres:shard:{shards}", start))
@@ -50,16 +52,20 @@ def state(tmp_path: Path) -> Path:
     _job(ctld, node, 14, "carol", 1, 2, 1500, T0 + 1500, T0 + 1600)  # no summary: figures from samples
     samples.record_summary(node, samples.JobSummary(11, "n1", "0", T0, T0 + 600, 2048.0, 5.0, 9.0, 3.0, 4.0,
                                                     36000.0, 600.0, 600))
-    samples.record_summary(node, samples.JobSummary(12, "n1", "0", T0 + 300, T0 + 900, 4096.0, 60.0, 80.0, 40.0,
+    samples.record_summary(node,
+                           samples.JobSummary(12, "n1", "0", T0 + 300, T0 + 900, 4096.0, 60.0, 80.0, 40.0,
                                                     50.0, 72000.0, 600.0, 600))
-    store_oom.claim_retry(ctld, store_oom.OomRecord(job_id=12, ts=T0 + 900, user_name="bob", share_mode="shard",
+    store_oom.claim_retry(ctld,
+                          store_oom.OomRecord(job_id=12, ts=T0 + 900, user_name="bob", share_mode="shard",
                                                     shards=4, fence_mib=4096, retry_status="submitted",
                                                     retry_job_id=13, retry_state="COMPLETED"))
     rows = []
     for k in range(1700):  # 1 Hz on GPU 0 and 1: util 100 %, SM activity k % 100 on GPU 0, 20 % on GPU 1
         ts = T0 + k
-        rows += samples.gpu_rows(ts, [GpuReading(index=0, util_pct=100.0, mem_used_mib=1000.0 + k, power_w=200.0,
-                                                 energy_j=200.0 * k, smact_pct=float(k % 100), smocc_pct=10.0),
+        rows += samples.gpu_rows(ts,
+                                 [GpuReading(index=0, util_pct=100.0, mem_used_mib=1000.0 + k, power_w=200.0,
+                                                 energy_j=200.0 * k, smact_pct=float(k % 100),
+                                                 smocc_pct=10.0),
                                       GpuReading(index=1, util_pct=50.0, mem_used_mib=500.0, power_w=100.0,
                                                  energy_j=None, smact_pct=20.0, smocc_pct=None)], 1.0)
     samples.write_rows(node, rows, [], [GpuReading(index=0, mem_total_mib=81559.0),
@@ -102,7 +108,8 @@ def test_gpu_view_collocation_and_percentiles(state: Path):
     report = load_report(cfg)
     flt = views.Filters(since=T0, until=T0 + 1699)
     jobs = views.select_jobs(report, cfg, flt, views.Viewer("root", True), with_util=False)
-    rows = {(r["node"], r["gpu"]): r for r in views.gpu_rows(report, jobs, flt, views.Viewer("root", True), T0)}
+    rows = {(r["node"], r["gpu"]): r
+            for r in views.gpu_rows(report, jobs, flt, views.Viewer("root", True), T0)}
     g0 = rows[("n1", 0)]
     assert g0["jobs"] == 2 and g0["busy_hours"] == pytest.approx(900 / 3600, abs=1e-3)
     assert g0["collocation_factor"] == pytest.approx(1200 / 900, abs=0.01)

@@ -1,6 +1,6 @@
-"""coloc-report's output conventions on real SQLite files (the ``state`` fixture of tests/test_report.py): tables
-that fit the terminal, ``-o/--format`` column selection, CSV with a header even when empty and ISO 8601 times,
-Slurm's time forms for ``--since``/``--until`` and an end before the start refused."""
+"""coloc-report's output conventions on real SQLite files (the ``state`` fixture of tests/test_report.py):
+tables that fit the terminal, ``-o/--format`` column selection, CSV with a header even when empty and ISO 8601
+times, Slurm's time forms for ``--since``/``--until`` and an end before the start refused."""
 from __future__ import annotations
 
 import csv
@@ -75,7 +75,8 @@ def test_slurm_time_forms() -> None:
     assert parse_when("now+30minutes", NOW) == NOW + 1800 and parse_when("now-90", NOW) == NOW - 90
     assert parse_when("today", NOW) == midnight == parse_when("midnight", NOW)
     assert parse_when("tomorrow", NOW) == datetime.datetime(2026, 11, 27).timestamp()
-    assert parse_when("noon", NOW) == datetime.datetime(2026, 11, 25, 12).timestamp()  # still to come: yesterday
+    assert parse_when("noon", NOW) == datetime.datetime(2026, 11, 25,
+                                                        12).timestamp()  # still to come: yesterday
     assert parse_when("06:15", NOW) == datetime.datetime(2026, 11, 26, 6, 15).timestamp()
     assert parse_when("2026-11-01", NOW) == datetime.datetime(2026, 11, 1).timestamp()
     assert parse_when("2026-11-01T10:00", NOW) == datetime.datetime(2026, 11, 1, 10).timestamp()
@@ -89,9 +90,11 @@ def test_slurm_time_forms() -> None:
 def test_end_before_start_is_one_error_line(state: Path) -> None:  # noqa: F811
     with pytest.raises(Exception, match="before --since"):
         parse_window("today", "now-2days", NOW)
-    assert parse_window("now-2days", "today", NOW) == (NOW - 2 * 86400, datetime.datetime(2026, 11, 26).timestamp())
+    assert parse_window("now-2days", "today", NOW) == (NOW - 2 * 86400,
+                                                       datetime.datetime(2026, 11, 26).timestamp())
     out = _report(state, "users", "--since", "now-1hours", "--until", "now-2hours")
-    assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1 and "before --since" in out.stderr
+    assert (out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+            and "before --since" in out.stderr)
     assert out.stdout == ""
     ok = _report(state, "--json", "-S", f"@{T0 - 10}", "-E", "now")
     assert ok.returncode == 0 and len(json.loads(ok.stdout)["jobs"]) == 4

@@ -1,5 +1,5 @@
-"""coloc-report's pictures read right at a glance: the time axis fits the data, job labels never overlap, and the
-cluster's mean |estimate error| scores only estimates (real SQLite files, real matplotlib)."""
+"""coloc-report's pictures read right at a glance: the time axis fits the data, job labels never overlap, and
+the cluster's mean |estimate error| scores only estimates (real SQLite files, real matplotlib)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +44,8 @@ def state(tmp_path: Path) -> Path:
             estimate_method="analytic", submit_ts=start - 1))
         store_jobs.record_ctld_end(ctld, store_jobs.JobEnd(job, end, "COMPLETED", 0, 0), node_list="n1",
                                    start_ts=start)
-        store_jobs.record_node_start(node, store_jobs.JobStart(job, "n1", "alice", None, "0", 2, "gres:shard:2",
+        store_jobs.record_node_start(node,
+                                     store_jobs.JobStart(job, "n1", "alice", None, "0", 2, "gres:shard:2",
                                                                start))
         store_jobs.record_node_end(node, store_jobs.JobEnd(job, end, "COMPLETED", 0, 0, "n1"))
     rows = []
@@ -62,7 +63,8 @@ def test_time_axis_fits_a_short_run_in_a_long_window(state: Path) -> None:
     jobs = views.select_jobs(report, cfg, flt, ROOT, now=T0 + DAY)
     t0, t1, per_gpu, totals = plot.plot_window(report, jobs, flt, now=T0 + DAY)
     assert T0 - 60 <= t0 <= T0 and T0 + 899 <= t1 <= T0 + 960  # the 15 minutes, padded, not 31 days
-    assert len(per_gpu[("n1", 0)]) >= 450  # fetched again at <= 2-s resolution (the first fetch: 30-min buckets)
+    assert len(per_gpu[("n1",
+                        0)]) >= 450  # fetched again at <= 2-s resolution (the first fetch: 30-min buckets)
     fig = plot.timeline_figure("n1", 0, per_gpu[("n1", 0)], jobs, ROOT, t0, t1, totals[("n1", 0)])
     lo, hi = _xlim(fig.axes[-1])
     assert lo == pytest.approx(t0, abs=1) and hi == pytest.approx(t1, abs=1)
@@ -81,9 +83,10 @@ def _label_boxes(fig):  # type: ignore[no-untyped-def]
 
 
 def test_job_labels_do_not_overlap() -> None:
-    # 50 short jobs, 12 s apart: each label (~24 characters) is wider than six jobs' spacing, so labels placed in
-    # six lanes round-robin (before) ran into each other.
-    jobs = [_job(100 + i, T0 + 12 * i, T0 + 12 * i + 10, user=f"alice-in-wonderland{i % 3}") for i in range(50)]
+    # 50 short jobs, 12 s apart: each label (~24 characters) is wider than six jobs' spacing, so labels placed
+    # in six lanes round-robin (before) ran into each other.
+    jobs = [_job(100 + i, T0 + 12 * i, T0 + 12 * i + 10, user=f"alice-in-wonderland{i % 3}")
+            for i in range(50)]
     fig = plot.timeline_figure("n1", 0, [(T0, 1000.0, 10.0)], jobs, ROOT, T0, T0 + 610, 81559.0)
     boxes = _label_boxes(fig)
     assert boxes, "some jobs are labelled"
@@ -123,7 +126,8 @@ def test_plot_command_writes_a_fitted_png(state: Path, tmp_path: Path) -> None:
 
     out = tmp_path / "plots"
     proc = subprocess.run([str(VENV_BIN / "coloc-report"), "plot", "--since", f"@{T0 + 900 - 30 * DAY}",
-                           "--until", f"@{T0 + DAY}", "--out", str(out), "--config", str(state / "coloc.yaml")],
+                           "--until", f"@{T0 + DAY}", "--out", str(out), "--config",
+                           str(state / "coloc.yaml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (out / "timeline-n1-gpu0.png").read_bytes()[:4] == b"\x89PNG"

@@ -51,8 +51,8 @@ def test_one_wakeup_per_tick(tmp_path: Path) -> None:
 
 
 def test_signals_served_within_a_fifth_of_a_second(tmp_path: Path) -> None:
-    """SIGUSR1 (the Epilog's flush request) writes the buffer and the marker at once, SIGTERM stops the loop at once,
-    even in the middle of a 5 s interval."""
+    """SIGUSR1 (the Epilog's flush request) writes the buffer and the marker at once, SIGTERM stops the loop
+    at once, even in the middle of a 5 s interval."""
     cfg = _cfg(tmp_path, sampler_batch_s=30.0)
     (tmp_path / "run").mkdir()
     s = Sampler(cfg, "w2", ReplayReader(str(REC)), attributor=JobAttributor(), interval_s=5.0)
@@ -123,11 +123,14 @@ def _fake_proc(root: Path, pid: int, start: int, env: bytes, cgroup: str = "0::/
 
 
 def test_attribution_read_once_per_process_start(tmp_path: Path) -> None:
-    """environ/cgroup are read once per (pid, start time): a changed environ is not re-read, a reused pid is."""
+    """environ/cgroup are read once per (pid, start time): a changed environ is not re-read, a reused pid
+    is."""
     proc = tmp_path / "proc"
     _fake_proc(proc, 4242, 1000, b"PATH=/bin\0SLURM_JOB_ID=77\0")
-    _fake_proc(proc, 4343, 1000, b"PATH=/bin\0", "0::/system.slice/slurmstepd.scope/job_91/step_0/user/task_0\n")
-    cgroup_root = tmp_path / "cgroup"  # the v2 hierarchy: Slurm's root-owned job_91 directory (node/attribution.py)
+    _fake_proc(proc, 4343, 1000, b"PATH=/bin\0",
+               "0::/system.slice/slurmstepd.scope/job_91/step_0/user/task_0\n")
+    # the v2 hierarchy: Slurm's root-owned job_91 directory (node/attribution.py)
+    cgroup_root = tmp_path / "cgroup"
     (cgroup_root / "system.slice" / "slurmstepd.scope" / "job_91").mkdir(parents=True)
     a = JobAttributor(str(proc), mounts={"": str(cgroup_root)})
     assert a.job_of(4242) == 77 and a.job_of(4343) == 91 and a.job_of(999) is None
@@ -147,7 +150,8 @@ def test_rows_equal_sqlite_utils_insert_all(tmp_path: Path) -> None:
     for k in range(len(r.frames)):
         f = r.read()
         gpu += st.gpu_rows(1_700_000_000.123456 + k, f.gpus, 0.5)
-        proc += st.proc_rows(1_700_000_000.5 + k, [st.ProcSample(p, None if p.pid % 2 else 9101) for p in f.procs],
+        proc += st.proc_rows(1_700_000_000.5 + k,
+                             [st.ProcSample(p, None if p.pid % 2 else 9101) for p in f.procs],
                              0.5)
     assert any(v is None for row in gpu for v in row.values()) and proc
     new, ref = open_node_db(tmp_path / "new.db"), open_node_db(tmp_path / "ref.db")

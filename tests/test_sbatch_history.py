@@ -15,7 +15,8 @@ SCRIPT = "#!/bin/sh\n#COLOC model=torch.nn:Linear kwarg.in_features=64 kwarg.out
 
 
 def _config_and_script(tmp_path: Path, monkeypatch) -> Path:
-    """COLOC_CONFIG -> a config with its state under tmp_path; SCRIPT written to tmp_path/job.sh (returned)."""
+    """COLOC_CONFIG -> a config with its state under tmp_path; SCRIPT written to tmp_path/job.sh
+    (returned)."""
     cfg_file = tmp_path / "coloc.yaml"
     cfg_file.write_text(f"state_dir: {tmp_path / 'state'}\n")
     monkeypatch.setenv("COLOC_CONFIG", str(cfg_file))
@@ -31,7 +32,8 @@ def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
     fence = before.shards * 1024
     db = open_ctld_db(tmp_path / "state" / "ctld.db")
     sha = parse_script(str(script)).sha256
-    assert claim_retry(db, OomRecord(job_id=7, ts=time.time(), uid=os.getuid(), script_sha256=sha, shards=before.shards,
+    assert claim_retry(db, OomRecord(job_id=7, ts=time.time(), uid=os.getuid(), script_sha256=sha,
+                                     shards=before.shards,
                                      fence_mib=fence, retry_status="submitted"))
     after, _, _ = plan_submission([str(script)])
     assert after.comment["method"] == "history"
@@ -71,8 +73,10 @@ def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
                 f"print(script_history_mib(load({str(cfg)!r}), {'ab' * 32!r}))")
         user = ["runuser", "-u", "colocuser", "--", sys.executable, "-c", code]
         out = subprocess.run(user, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0 and out.stdout.strip() == "[]", out  # no reader: no history, never an error
-        server = subprocess.Popen([str(Path(sys.executable).parent / "coloc-report"), "serve", "--config", str(cfg)],
+        # no reader: no history, never an error
+        assert out.returncode == 0 and out.stdout.strip() == "[]", out
+        server = subprocess.Popen([str(Path(sys.executable).parent / "coloc-report"), "serve", "--config",
+                                   str(cfg)],
                                   stderr=subprocess.PIPE, text=True)
         assert "listening" in server.stderr.readline()
         out = subprocess.run(user, capture_output=True, text=True, timeout=60)
@@ -106,7 +110,8 @@ def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
                     node_list="n1")
     node = open_node_db(tmp_path / "state" / "nodes" / "n1.db")
     for job_id, peak in ((11, 3000.0), (12, 9000.0)):  # the failed run's peak must not count
-        record_summary(node, JobSummary(job_id, "n1", "0", 1.0, 2.0, peak, None, None, None, None, None, None, 3))
+        record_summary(node,
+                       JobSummary(job_id, "n1", "0", 1.0, 2.0, peak, None, None, None, None, None, None, 3))
     plan, _, _ = plan_submission([str(script)])
     assert plan.comment["method"] == "history"
     assert 3000 < plan.comment["mem_mib"] < 3300  # 3000 * 1.05 + 64
@@ -119,13 +124,15 @@ def test_gpu_model_comes_from_the_config_in_both_commands(tmp_path, monkeypatch)
     from slurm_coloc.cli.estimate import main as estimate_main
 
     script = _config_and_script(tmp_path, monkeypatch)
-    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\ngpu_model_by_partition: {{old: A100}}\n")
+    (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\ngpu_model_by_partition: {{old: "
+                                         f"A100}}\n")
     monkeypatch.setenv("COLOC_ESTIMATE_CACHE", "off")
     monkeypatch.delenv("COLOC_GPU_MODEL", raising=False)
     h100, _, _ = plan_submission([str(script)])
     a100, _, _ = plan_submission(["-p", "old", str(script)])
     assert (h100.comment["gpu_model"], a100.comment["gpu_model"]) == ("H100", "A100")
-    assert a100.comment["mem_mib"] > h100.comment["mem_mib"]  # the A100's larger CUDA context (estimate/gpus.py)
+    # the A100's larger CUDA context (estimate/gpus.py)
+    assert a100.comment["mem_mib"] > h100.comment["mem_mib"]
     assert "on A100" in a100.reason and "on H100" in h100.reason
     with_partition = tmp_path / "p.sh"
     with_partition.write_text(SCRIPT.replace("#COLOC", "#SBATCH -p old\n#COLOC", 1))

@@ -1,5 +1,5 @@
-"""sbatch's options read from the installed sbatch (``slurm/sbatch_options.py``) and the command-line split that
-uses them (``submit/argv.py``): newer options with a space-separated value never take the script's place.
+"""sbatch's options read from the installed sbatch (``slurm/sbatch_options.py``) and the command-line split
+that uses them (``submit/argv.py``): newer options with a space-separated value never take the script's place.
 
 Inputs: ``sbatch --help`` + ``--usage`` as Slurm 22.05.8 and 26.05.5 print them (tests/data/slurm-*/), and the
 real sbatch binaries of this machine (22.05 from apt; 26.05 when ``scripts/slurm_versions.sh`` fetched it).
@@ -28,7 +28,8 @@ def test_tables_read_the_release_they_come_from() -> None:
     assert "oom-kill-step" in T26.long_optional and "requeue" in T26.long_optional  # --opt[=v]: joined only
     assert "requeue" in T22.long_flag and "spread-segments" in T26.long_flag
     for t in (T22, T26):
-        # help shows --export[=names], --wrap[=..] and (22.05) --container without a value: getopt requires one
+        # help shows --export[=names], --wrap[=..] and (22.05) --container without a value: getopt requires
+        # one
         assert {"export", "wrap", "container", "job-name", "time", "hint", "mem-bind"} <= t.long_value
         assert {"hold", "parsable", "wait", "exclusive"}.isdisjoint(t.long_value)
         assert t.short_to_long["B"] == "extra-node-info" and "B" in t.short_value
@@ -63,9 +64,11 @@ def test_directive_lines_take_the_word_after_an_unknown_option(tmp_path: Path) -
     from slurm_coloc.submit.plan import script_options
 
     script = tmp_path / "train.sh"
-    script.write_text("#!/bin/sh\n#SBATCH --segment 2 --prefer a100\n#SBATCH --tres-per-task cpu=2 -t 5\ntrue\n")
+    script.write_text("#!/bin/sh\n#SBATCH --segment 2 --prefer a100\n#SBATCH --tres-per-task cpu=2 -t "
+                      "5\ntrue\n")
     opts, _ = script_options(parse_script(str(script)), T26)
-    assert [(o.name, o.value) for o in opts] == [("segment", "2"), ("prefer", "a100"), ("tres-per-task", "cpu=2"),
+    assert [(o.name, o.value) for o in opts] == [("segment", "2"), ("prefer", "a100"),
+                                                 ("tres-per-task", "cpu=2"),
                                                   ("time", "5")]
 
 
@@ -85,7 +88,8 @@ def test_installed_table_is_read_once_per_binary_and_cached(tmp_path: Path, monk
     assert table.long_value == T22.long_value and table.long_flag == T22.long_flag
     files = list((tmp_path / "cache" / "slurm-coloc" / "sbatch-options").glob("*.json"))
     assert len(files) == 1
-    so._MEMO.clear()  # a new process: served from the file, without running sbatch (a copy elsewhere would run)
+    # a new process: served from the file, without running sbatch (a copy elsewhere would run)
+    so._MEMO.clear()
     assert so.installed_options("/usr/bin", env).long_value == table.long_value
     # another binary (a copy: other path) is read on its own
     bindir = tmp_path / "bin"
@@ -98,7 +102,8 @@ def test_installed_table_is_read_once_per_binary_and_cached(tmp_path: Path, monk
 def test_without_sbatch_or_config_the_builtin_table_says_why(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     t = so.installed_options(str(tmp_path), dict(os.environ))
-    assert t.source.startswith("built-in 22.05:") and "sbatch" in t.source and "tres-per-task" not in t.long_value
+    assert (t.source.startswith("built-in 22.05:") and "sbatch" in t.source
+            and "tres-per-task" not in t.long_value)
     if os.path.exists("/usr/bin/sbatch"):
         env = {**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf")}
         t = so.installed_options("/usr/bin", env)  # sbatch fails (or times out looking for a controller)

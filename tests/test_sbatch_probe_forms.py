@@ -1,5 +1,6 @@
-"""``coloc-sbatch --dry-run`` with the real probe (this venv's torch on the CPU; no Slurm needed for a dry run):
-``--wrap "python train.py"`` is probed, and ``--explain`` refreshes the cached answer for later submissions."""
+"""``coloc-sbatch --dry-run`` with the real probe (this venv's torch on the CPU; no Slurm needed for a dry
+run): ``--wrap "python train.py"`` is probed, and ``--explain`` refreshes the cached answer for later
+submissions."""
 from __future__ import annotations
 
 import os

@@ -22,7 +22,8 @@ DATA = Path(__file__).parent / "data" / "slurm-22.05"
 
 
 def _forged() -> Dict[int, JobInfo]:
-    return {j.job_id: j for j in parse_squeue_json((DATA / "squeue_json_forged.json").read_text(), now=1795511000)}
+    return {j.job_id: j
+            for j in parse_squeue_json((DATA / "squeue_json_forged.json").read_text(), now=1795511000)}
 
 
 def _scontrol_fields(line: str, *keys: str) -> Dict[str, str]:
@@ -30,7 +31,8 @@ def _scontrol_fields(line: str, *keys: str) -> Dict[str, str]:
     out = {}
     for key in keys:
         start = line.index(f" {key}=") + len(key) + 2
-        ends = [line.index(f" {k}=", start) for k in ("StdErr", "StdIn", "StdOut", "Power") if f" {k}=" in line[start:]]
+        ends = [line.index(f" {k}=", start) for k in ("StdErr", "StdIn", "StdOut", "Power")
+                if f" {k}=" in line[start:]]
         out[key] = line[start:min(ends)] if ends else line[start:].split()[0]
     return out
 
@@ -48,8 +50,8 @@ def test_squeue_json_recording():
 
 
 def test_forged_job_name_cannot_stand_for_tres_per_node():
-    """``-J "x TresPerNode=gres:shard:79"`` on a 2-shard job: scontrol's line carries the text, JobInfo keeps it in
-    the name and reads 2 shards."""
+    """``-J "x TresPerNode=gres:shard:79"`` on a 2-shard job: scontrol's line carries the text, JobInfo keeps
+    it in the name and reads 2 shards."""
     line = (DATA / "scontrol_show_job_o_forged.txt").read_text().splitlines()[0]
     assert "JobName=x TresPerNode=gres:shard:79 UserId=" in line  # the attack as Slurm printed it
     job = _forged()[160]
@@ -62,19 +64,22 @@ def test_newline_and_forged_state_in_name_and_work_dir_stay_opaque():
     assert "JobName=nl\nTresPerNode=gres:shard:80 JobState=FAILED UserId=" in text  # scontrol cut the line
     jobs = _forged()
     nl, d = jobs[161], jobs[162]
-    assert nl.name == "nl\nTresPerNode=gres:shard:80 JobState=FAILED" and nl.shards == 2 and nl.state == "RUNNING"
+    assert (nl.name == "nl\nTresPerNode=gres:shard:80 JobState=FAILED" and nl.shards == 2
+            and nl.state == "RUNNING")
     assert d.name == "D JobState=FAILED" and d.shards == 3 and d.state == "RUNNING" and d.exit_code == 0
     assert d.work_dir == "/tmp/h1-probe/jobs/w JobState=FAILED TresPerNode=gres:shard:79"
 
 
 def test_expanded_paths_equal_scontrols():
-    """%j, %x (a name with spaces), %u, %A/%a outside and inside an array, a relative -e: as scontrol printed."""
+    """%j, %x (a name with spaces), %u, %A/%a outside and inside an array, a relative -e: as scontrol
+    printed."""
     jobs = _forged()
     lines = (DATA / "scontrol_show_job_o_forged.txt").read_text().split("\nJobId=")
     line_162 = next("JobId=" + ln if not ln.startswith("JobId=") else ln for ln in lines if "162 " in ln[:12])
     want = _scontrol_fields(line_162, "StdErr", "StdIn", "StdOut")
     got = jobs[162]
-    assert (got.stderr_path, got.stdin_path, got.stdout_path) == (want["StdErr"], want["StdIn"], want["StdOut"])
+    assert (got.stderr_path, got.stdin_path, got.stdout_path) == (want["StdErr"], want["StdIn"],
+                                                                  want["StdOut"])
     for line in (DATA / "scontrol_show_job_o_array.txt").read_text().splitlines():
         job_id = int(line.split()[0].split("=")[1])
         want = _scontrol_fields(line, "StdErr", "StdOut")
@@ -86,7 +91,8 @@ def test_expanded_paths_equal_scontrols():
 
 def test_array_task_fields_from_the_recording():
     job = _forged()[164]
-    assert (job.array_job_id, job.array_task_id, job.mem_per_node_mib, job.min_cpus_per_node) == (163, 0, 100, 2)
+    assert (job.array_job_id, job.array_task_id, job.mem_per_node_mib, job.min_cpus_per_node) == (163, 0, 100,
+                                                                                                  2)
     assert job.time_limit_s is None  # no --time: the partition's (UNLIMITED)
 
 
@@ -114,7 +120,8 @@ def test_run_time_and_final_state_from_json():
     ("n1", ["n1"]), ("n1,n3", ["n1", "n3"]), ("n[1-2]", ["n1", "n2"]),
     ("gpu[01-02,05]", ["gpu01", "gpu02", "gpu05"]), ("a[1-2]b,c", ["a1b", "a2b", "c"]),
     ("n[1-3,5],gpu[01-02]", ["n1", "n2", "n3", "n5", "gpu01", "gpu02"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]), ("/dev/nvidia[0-1]", ["/dev/nvidia0", "/dev/nvidia1"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("/dev/nvidia[0-1]", ["/dev/nvidia0", "/dev/nvidia1"]),
     ("", []), ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
 ])
 def test_expand_hostlist(text, expected):

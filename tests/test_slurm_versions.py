@@ -42,14 +42,16 @@ def test_running_shard_job_reads_the_same_on_every_version(version: str) -> None
     jobs, found = parse_job_json((d / "squeue_json_running.json").read_text(), now=1795511600)
     assert found is not None and found.release == RELEASES[version]
     j = next(x for x in jobs if x.job_id == 1)
-    assert (j.state, j.state_flags, j.name, j.user_name, j.uid, j.gid) == ("RUNNING", (), "small", "colocuser",
+    assert (j.state, j.state_flags, j.name, j.user_name, j.uid, j.gid) == ("RUNNING", (), "small",
+                                                                           "colocuser",
                                                                            2001, 2001)
     assert j.gres == {"shard": 5} and j.shards == 5 and j.slurm_release == RELEASES[version]
     assert gres_detail_counts(list(j.gres_detail)) == [("shard", "", {0: 5})]
     assert gpu_holdings(j) == [("n1", 0, "shard", 5)]
     assert (j.exit_code, j.signal, j.time_limit_s, j.node_names) == (0, 0, 365 * 86400, ("n1",))
     assert j.comment == 'coloc={"a":1}' and j.array_job_id is None and j.array_task_id is None
-    assert j.start_ts and j.submit_ts and j.start_ts >= j.submit_ts and isinstance(j.run_s, int) and j.run_s >= 0
+    assert j.start_ts and j.submit_ts and j.start_ts >= j.submit_ts and isinstance(j.run_s,
+                                                                                   int) and j.run_s >= 0
     assert j.stdout_path.endswith("/jobs/1.out") and "%" not in j.stdout_path + j.stderr_path
 
 
@@ -71,7 +73,8 @@ def test_output_paths_equal_scontrols(version: str) -> None:
 def test_scontrol_json_equals_squeue_json(version: str) -> None:
     d = DATA / f"slurm-{version}"
     a = parse_squeue_json((d / "scontrol_show_job_json_running_shard.json").read_text(), now=1)
-    b = [x for x in parse_squeue_json((d / "squeue_json_running.json").read_text(), now=1) if x.job_id == a[0].job_id]
+    b = [x for x in parse_squeue_json((d / "squeue_json_running.json").read_text(), now=1)
+         if x.job_id == a[0].job_id]
     assert len(a) == 1 and a[0] == b[0]
 
 
@@ -127,9 +130,11 @@ def test_gres_detail_counts(entries, expected) -> None:
 
 
 @pytest.mark.parametrize("value, expected", [
-    (5, 5), ({"set": True, "infinite": False, "number": 5}, 5), ({"set": False, "infinite": False, "number": 0},
+    (5, 5), ({"set": True, "infinite": False, "number": 5}, 5),
+    ({"set": False, "infinite": False, "number": 0},
                                                                   None),
-    ({"set": True, "infinite": True, "number": 0}, None), (4294967295, None), (4294967294, None), (True, None),
+    ({"set": True, "infinite": True, "number": 0}, None), (4294967295, None), (4294967294, None),
+    (True, None),
     ("5", None), (None, None),
 ])
 def test_number(value, expected) -> None:

@@ -1,6 +1,6 @@
-"""What the TaskProlog trusts (issue 31 N6, N9), without a cluster: the job id from the title of the root-owned
-slurmstepd above it (a /proc tree of real files with real owners; needs root), and the config from the admin's file
-only. The same on the real cluster: tests/cluster/reliability/test_rerun_attacks.py."""
+"""What the TaskProlog trusts (issue 31 N6, N9), without a cluster: the job id from the title of the
+root-owned slurmstepd above it (a /proc tree of real files with real owners; needs root), and the config from
+the admin's file only. The same on the real cluster: tests/cluster/reliability/test_rerun_attacks.py."""
 from __future__ import annotations
 
 import os
@@ -34,9 +34,9 @@ def _proc(root: Path, pid: int, ppid: int, cmdline: bytes, uid: int) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the fake /proc entries their owners")
 def test_the_job_comes_from_the_root_owned_slurmstepd(tmp_path: Path) -> None:
-    """Het component 1 of job 5: the task environment says 5, slurmstepd says 6. A user-owned process titled like
-    slurmstepd below it (the fork that runs the task) is passed over; a root-owned one that is not slurmstepd ends
-    the walk with None (the caller falls back to SLURM_JOB_ID)."""
+    """Het component 1 of job 5: the task environment says 5, slurmstepd says 6. A user-owned process titled
+    like slurmstepd below it (the fork that runs the task) is passed over; a root-owned one that is not
+    slurmstepd ends the walk with None (the caller falls back to SLURM_JOB_ID)."""
     _proc(tmp_path, 100, 1, b"slurmstepd: [6.1]\x00", 0)
     _proc(tmp_path, 200, 100, b"slurmstepd: [9.1]\x00", USER_UID)   # the user-owned fork: not trusted
     _proc(tmp_path, 300, 200, b"/bin/sh\x00task_prolog.sh\x00", USER_UID)
@@ -63,7 +63,8 @@ def test_taskprolog_config_named_by_the_user_is_not_used(tmp_path: Path) -> None
     mine = tmp_path / "mine.yaml"
     mine.write_text(f"run_dir: {tmp_path}/mine\n")
     os.chown(mine, USER_UID, USER_UID)
-    with pytest.raises(ConfigError) as err:  # no /etc/slurm-coloc/coloc.yaml here: the default is what it tried
+    # no /etc/slurm-coloc/coloc.yaml here: the default is what it tried
+    with pytest.raises(ConfigError) as err:
         config_mod.load_in_job_environment({"COLOC_CONFIG": str(mine)})
     assert config_mod.DEFAULT_CONFIG_PATH in str(err.value)
     loose = tmp_path / "loose.yaml"

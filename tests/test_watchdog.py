@@ -1,11 +1,11 @@
-"""The GPU watchdog (node/watchdog.py) without Slurm: its rule on NVML data recorded on the H100, real processes
-signalled through the real /proc, events in real SQLite.
+"""The GPU watchdog (node/watchdog.py) without Slurm: its rule on NVML data recorded on the H100, real
+processes signalled through the real /proc, events in real SQLite.
 
-Recorded inputs: ``tests/data/nvml/h100_mps_2jobs.jsonl`` (two honest MPS clients, one of them dying of an honest
-OOM under its fence), the process lists of the hostile run in
-``benchmarks/device/results/h100-mps-limits/mps_limits.json`` (an MPS client that raised its fence and one that
-left MPS, each at 21,092 MiB, beside a 9,158 MiB neighbour) and the measured peaks of the collocated GPU runs of
-docs/benchmarks.md (``benchmarks/device/results/*/report.txt``).
+Recorded inputs: ``tests/data/nvml/h100_mps_2jobs.jsonl`` (two honest MPS clients, one of them dying of an
+honest OOM under its fence), the process lists of the hostile run in
+``benchmarks/device/results/h100-mps-limits/mps_limits.json`` (an MPS client that raised its fence and one
+that left MPS, each at 21,092 MiB, beside a 9,158 MiB neighbour) and the measured peaks of the collocated GPU
+runs of docs/benchmarks.md (``benchmarks/device/results/*/report.txt``).
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def _hostile_lists() -> ProcLists:
 
 def test_hostile_run_rule_finds_both_offenders_not_the_neighbour() -> None:
     lists = _hostile_lists()
-    assert dict(lists.compute or ())[1110] == 21092 and 1110 not in dict(lists.mps or ())  # the escaper, as measured
+    assert dict(lists.compute or ())[1110] == 21092 and 1110 not in dict(lists.mps
+                                                                         or ())  # the escaper, as measured
     job_of = {1080: 1, 1110: 2, 1132: 3, 1101: None}  # 1101: the MPS server (66 MiB), no job
     tenants = {1: Tenant(1, 0, 10240, "mps"), 2: Tenant(2, 0, 2048, "mps"), 3: Tenant(3, 0, 2048, "mps")}
     found = {(f.job_id, f.reason): f for f in find_violations([lists], job_of, tenants, 512)}
@@ -93,13 +94,15 @@ def _report_rows():
             cells = [c.strip() for c in line.split("│")]
             if len(cells) < 9 or not cells[1].isdigit() or cells[4] != "shard":
                 continue
-            req, peak = re.fullmatch(r"([\d.]+) (MiB|GiB)", cells[5]), re.fullmatch(r"([\d.]+) (MiB|GiB)", cells[7])
+            req, peak = re.fullmatch(r"([\d.]+) (MiB|GiB)", cells[5]), re.fullmatch(r"([\d.]+) (MiB|GiB)",
+                                                                                    cells[7])
             if req and peak:
                 yield path.parent.name, int(cells[1]), float(req[1]) * unit[req[2]], float(peak[1]) * unit[peak[2]]
 
 
 def test_measured_peaks_of_the_gpu_runs_are_within_grant() -> None:
-    """The watchdog's rule on each collocated job's measured peak (the report's rounding: at most 0.05 GiB)."""
+    """The watchdog's rule on each collocated job's measured peak (the report's rounding: at most 0.05
+    GiB)."""
     rows = list(_report_rows())
     assert len(rows) >= 20, rows
     cfg = Config()
@@ -110,7 +113,8 @@ def test_measured_peaks_of_the_gpu_runs_are_within_grant() -> None:
         assert peak <= req + 52, (run, job, req, peak)  # within the grant itself, up to the report's rounding
 
 
-# --- the Watchdog object: tenants from env files + job_runs, real processes, real SQLite ---------------------------
+# --- the Watchdog object: tenants from env files + job_runs, real processes, real SQLite
+# ---------------------------
 
 
 def _cfg(tmp_path: Path, **kw: object) -> Config:
@@ -145,7 +149,8 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
     try:
         wd = Watchdog(cfg, "n1", cfg.node_db_path("n1"), JobAttributor())
         job_of = {bad.pid: 71, good.pid: 72, server.pid: None}
-        frame = _frame({bad.pid: 21092.0, good.pid: 9158.0, server.pid: 66.0}, {bad.pid: 21092.0, good.pid: 9158.0})
+        frame = _frame({bad.pid: 21092.0, good.pid: 9158.0, server.pid: 66.0},
+                       {bad.pid: 21092.0, good.pid: 9158.0})
         assert wd.tick(frame, job_of, 1.0) == cfg.watchdog_fast_interval_s  # suspicion: read again soon
         assert bad.poll() is None and wd.events == []
         frame.ts = time.time()
@@ -153,8 +158,10 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
         assert bad.wait(5) == -9 and good.poll() is None and server.poll() is None
         wd.join()
         (ev,) = store_wd.load_events(open_node_db(cfg.node_db_path("n1")), 71)
-        assert (ev.reason, ev.share, ev.grant_mib, ev.used_mib, ev.action) == ("over-grant", "mps", 2048, 21092, "stop")
-        assert ev.outcome["killed"] == [bad.pid] and ev.outcome["scancel"].startswith("failed")  # no Slurm here
+        assert (ev.reason, ev.share, ev.grant_mib, ev.used_mib, ev.action) == ("over-grant", "mps", 2048,
+                                                                               21092, "stop")
+        # no Slurm here
+        assert ev.outcome["killed"] == [bad.pid] and ev.outcome["scancel"].startswith("failed")
         assert "not rerun" in ev.message
         assert store_wd.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 71)
         assert not store_wd.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 72)
@@ -175,7 +182,8 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
 
     report = Report()
     report.node_dbs["n1"] = open_node_db(cfg.node_db_path("n1"))
-    views = {j: add_usage(JobView(job_id=j, user="u", name="x", nodes="n1", gpus="n1:0", shards=2, share_mode="shard",
+    views = {j: add_usage(JobView(job_id=j, user="u", name="x", nodes="n1", gpus="n1:0", shards=2,
+                                  share_mode="shard",
                                   estimate_mib=1000, estimate_method="trace", state="CANCELLED", exit_code=0,
                                   signal=9, start_ts=None, end_ts=None), report, cfg) for j in (71, 72)}
     assert views[71].watchdog == "stopped: over its grant (20.6 GiB of 2.0 GiB) on n1 GPU 0", views[71].watchdog
@@ -240,7 +248,8 @@ def test_pacing_follows_tenants_and_their_grants(tmp_path: Path) -> None:
 
 
 def test_sampler_rows_cover_the_shortened_tick(tmp_path: Path) -> None:
-    """With a tenant on the node the sampler ticks at ``watchdog_interval_s`` and its rows say so (``res_s``)."""
+    """With a tenant on the node the sampler ticks at ``watchdog_interval_s`` and its rows say so
+    (``res_s``)."""
     cfg = _cfg(tmp_path, sampler_interval_s=1.0)
     _tenant(cfg, "n1", 9102, 0, 4)
     s = Sampler(cfg, "n1", ReplayReader(str(REC)))

@@ -1,10 +1,10 @@
 """What MPS enforces, as the Prolog/Epilog apply it (node/mps.py + node/mps_guard.py), in-process as root.
 
-CI has no NVIDIA driver: ``nvidia-cuda-mps-control`` is the TEST DOUBLE of tests/test_mps_lifecycle.py (it logs
-every command it is sent; ``get_server_list`` answers the pids a test writes to ``pipe/fake_servers``). Compute
-modes come from the H100's recorded state (``compute_mode`` in
-``benchmarks/device/results/h100-mps-limits/mps_limits.json``) through ``RecordedComputeModes``: never a real GPU.
-The same paths run under real Slurm in tests/test_mps_lifecycle.py.
+CI has no NVIDIA driver: ``nvidia-cuda-mps-control`` is the TEST DOUBLE of tests/test_mps_lifecycle.py (it
+logs every command it is sent; ``get_server_list`` answers the pids a test writes to ``pipe/fake_servers``).
+Compute modes come from the H100's recorded state (``compute_mode`` in
+``benchmarks/device/results/h100-mps-limits/mps_limits.json``) through ``RecordedComputeModes``: never a real
+GPU. The same paths run under real Slurm in tests/test_mps_lifecycle.py.
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_plan_ceiling_never_below_a_running_tenant() -> None:
 def test_ceiling_commands_through_acquire_and_release(cfg: Config) -> None:
     assert mps.acquire(cfg, 1, 0, None, grant_mib=2048).event == "mps-start"
     assert _log(cfg)[1:] == ["cmd set_default_device_pinned_mem_limit 0 2G", "cmd get_server_list"]
-    (Path(cfg.run_dir) / "mps" / "idx0" / "pipe" / "fake_servers").write_text("4242\n")  # a client started one
+    # a client started one
+    (Path(cfg.run_dir) / "mps" / "idx0" / "pipe" / "fake_servers").write_text("4242\n")
     out = mps.acquire(cfg, 2, 0, None, grant_mib=8192)
     assert out.event == "mps-running" and out.detail["ceiling"]["errors"] == []
     assert _log(cfg)[3:] == ["cmd set_default_device_pinned_mem_limit 0 8G", "cmd get_server_list",
@@ -93,7 +94,8 @@ def test_exclusive_process_while_shared_restored_when_whole(cfg: Config) -> None
     modes = _recorded_modes()
     assert modes.get(0) == "DEFAULT"  # the H100 test machine, as measured
     out = mps.acquire(cfg, 1, 0, None, grant_mib=2048, modes=modes)
-    assert out.ok and out.detail["compute_mode"] == "EXCLUSIVE_PROCESS" and modes.get(0) == "EXCLUSIVE_PROCESS"
+    assert (out.ok and out.detail["compute_mode"] == "EXCLUSIVE_PROCESS"
+            and modes.get(0) == "EXCLUSIVE_PROCESS")
     mps.acquire(cfg, 2, 0, None, grant_mib=2048, modes=modes)
     mps.release(cfg, 1, modes=modes)
     assert modes.get(0) == "EXCLUSIVE_PROCESS"  # still shared by job 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from slurm_coloc.admin import versioncheck
 from slurm_coloc.admin.munge import check_munge
@@ -35,7 +35,8 @@ def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
     try:
         return path.read_text(encoding="utf-8", errors="replace"), None
     except OSError as exc:
-        return None, fail(name, f"cannot read {path}: {exc.strerror or exc}", f"create {path} or pass its path")
+        return None, fail(name, f"cannot read {path}: {exc.strerror or exc}",
+                          f"create {path} or pass its path")
 
 
 def unsafe_path(path: Path) -> Optional[str]:
@@ -61,7 +62,15 @@ def unsafe_path(path: Path) -> Optional[str]:
 
 
 def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
-    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree."""
+    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree.
+
+    Args:
+        conf_path: the slurm.conf to read.
+        cfg: ``gpu_mem_gib`` (shards per GPU).
+
+    Returns:
+        ``(checks, parsed conf)``; the conf is None when the file cannot be read.
+    """
     name = "slurm.conf"
     text, err = _read(conf_path, name)
     if err:
@@ -88,7 +97,9 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
             continue
         gpus, shards = counts.get("gpu", 0), counts.get("shard", 0)
         if gpus and shards != gpus * cfg.gpu_mem_gib:
-            out.append(fail(name, f"node {names}: Gres shard:{shards} but gpu:{gpus} x gpu_mem_gib {cfg.gpu_mem_gib}"
+            out.append(fail(name,
+                            f"node {names}: Gres shard:{shards} but gpu:{gpus} x gpu_mem_gib "
+                            f"{cfg.gpu_mem_gib}"
                                   f" = {gpus * cfg.gpu_mem_gib}",
                             f"set Gres=gpu:{gpus},shard:{gpus * cfg.gpu_mem_gib} on NodeName={names}"
                             " (1 shard = 1 GiB)"))
@@ -102,18 +113,58 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
 def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check]:
     """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
 
-    GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``, 24.11+)
-    from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the shard lines'
-    ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf)."""
+    GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
+    24.11+) from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the
+    shard lines' ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf).
+
+    Args:
+        gres_path: the gres.conf to read.
+        conf: the parsed slurm.conf (``check_slurm_conf``): its nodes with ``Gres=gpu`` are checked.
+        cfg: ``gpu_mem_gib`` (shards per GPU).
+
+    Returns:
+        One ``Check`` per GPU node (ok, or each failure with its fix); a single failure when the file cannot
+        be read.
+    """
     name = "gres.conf"
     text, err = _read(gres_path, name)
     if err:
         return [err]
     out: List[Check] = []
+    gpu_files, shard_files, autodetect = _gres_lines(text or "")
+    gpu_nodes = {n for node in conf.nodes for n in expand_hostlist(node.get("nodename", ""))
+                 if parse_gres_counts(node.get("gres", "")).get("gpu")}
+    for n in sorted(gpu_nodes | set(gpu_files)):
+        files = gpu_files.get(n, []) + gpu_files.get("(all)", [])
+        shards = {**shard_files.get("(all)", {}), **shard_files.get(n, {})}
+        detect = autodetect.get(n, autodetect.get("(all)", "off"))
+        auto = not files and detect in ("nvml", "nvidia")
+        if auto:
+            files = sorted(f for f in shards if f != "(no File=)")
+            if not files:
+                out.append(fail(name, f"node {n}: AutoDetect={detect} finds the GPUs, but no Name=shard line "
+                                      "names a GPU with File=",
+                                f"add one 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} "
+                                "File=/dev/nvidiaK' "
+                                "line per GPU"))
+                continue
+        bad = _check_gpu_files(name, n, files, shards, cfg, out)
+        if not files:
+            out.append(fail(name, f"node {n}: no Name=gpu line with File=",
+                            f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
+        elif not bad:
+            how = f" (GPUs from AutoDetect={detect})" if auto else ""
+            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards{how}"))
+    return out
+
+
+def _gres_lines(text: str) -> Tuple[Dict[str, List[str]], Dict[str, Dict[str, int]], Dict[str, str]]:
+    """gres.conf by node (``(all)``: a line without ``NodeName=``): the GPU device files, the shard count per
+    device file (``(no File=)`` for a shard line without one), and the ``AutoDetect=`` value (lower case)."""
     gpu_files: Dict[str, List[str]] = {}
     shard_files: Dict[str, Dict[str, int]] = {}
     autodetect: Dict[str, str] = {}
-    for line in parse_gres_conf(text or ""):
+    for line in parse_gres_conf(text):
         kind = line.get("name")
         nodes = expand_hostlist(line.get("nodename", "")) or ["(all)"]
         if line.get("autodetect"):
@@ -127,51 +178,40 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
                 count = int(line.get("count", "0") or 0)
                 for f in files or ["(no File=)"]:
                     shard_files.setdefault(n, {})[f] = count // max(1, len(files)) if files else count
-    gpu_nodes = {n for node in conf.nodes for n in expand_hostlist(node.get("nodename", ""))
-                 if parse_gres_counts(node.get("gres", "")).get("gpu")}
-    for n in sorted(gpu_nodes | set(gpu_files)):
-        files = gpu_files.get(n, []) + gpu_files.get("(all)", [])
-        shards = {**shard_files.get("(all)", {}), **shard_files.get(n, {})}
-        detect = autodetect.get(n, autodetect.get("(all)", "off"))
-        auto = not files and detect in ("nvml", "nvidia")
-        if auto:
-            files = sorted(f for f in shards if f != "(no File=)")
-            if not files:
-                out.append(fail(name, f"node {n}: AutoDetect={detect} finds the GPUs, but no Name=shard line "
-                                      "names a GPU with File=",
-                                f"add one 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File=/dev/nvidiaK' "
-                                "line per GPU"))
-                continue
-        bad = False
-        for f in files:
-            if not os.path.exists(f):
-                out.append(fail(name, f"node {n}: GPU device file {f} does not exist",
-                                f"fix File= on the Name=gpu line for {n} (ls /dev/nvidia*)"))
-                bad = True
-            shard_count = shards.get(f)
-            if shard_count is None:
-                out.append(fail(name, f"node {n}: no Name=shard line for {f}",
-                                f"add 'NodeName={n} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
-                bad = True
-            elif shard_count != cfg.gpu_mem_gib:
-                out.append(fail(name, f"node {n}: {f} has {shard_count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
-                                f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
-                bad = True
-        if not files:
-            out.append(fail(name, f"node {n}: no Name=gpu line with File=",
-                            f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
-        elif not bad:
-            how = f" (GPUs from AutoDetect={detect})" if auto else ""
-            out.append(ok(name, f"node {n}: {len(files)} GPUs x {cfg.gpu_mem_gib} shards{how}"))
-    return out
+    return gpu_files, shard_files, autodetect
+
+
+def _check_gpu_files(name: str, node: str, files: List[str], shards: Dict[str, int], cfg: Config,
+                     out: List[Check]) -> bool:
+    """Append a failure to ``out`` for each GPU device file of ``node`` that does not exist or has no shard
+    line with ``Count = cfg.gpu_mem_gib``; returns whether any failed."""
+    bad = False
+    for f in files:
+        if not os.path.exists(f):
+            out.append(fail(name, f"node {node}: GPU device file {f} does not exist",
+                            f"fix File= on the Name=gpu line for {node} (ls /dev/nvidia*)"))
+            bad = True
+        shard_count = shards.get(f)
+        if shard_count is None:
+            out.append(fail(name, f"node {node}: no Name=shard line for {f}",
+                            f"add 'NodeName={node} Name=shard Count={cfg.gpu_mem_gib} File={f}'"))
+            bad = True
+        elif shard_count != cfg.gpu_mem_gib:
+            out.append(fail(name,
+                            f"node {node}: {f} has {shard_count} shards, gpu_mem_gib is {cfg.gpu_mem_gib}",
+                            f"set Count={cfg.gpu_mem_gib} on the Name=shard line of {f} (1 shard = 1 GiB)"))
+            bad = True
+    return bad
 
 
 def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
-    """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by others."""
+    """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by
+    others."""
     name = "plugstack.conf"
     path = Path(conf.get("PlugStackConfig") or conf_dir / "plugstack.conf")
     if not conf.get("PlugStackConfig") and not path.exists():
-        return [Check(name, "skip", "no PlugStackConfig and no plugstack.conf: the --coloc-* options are off")]
+        return [Check(name, "skip",
+                      "no PlugStackConfig and no plugstack.conf: the --coloc-* options are off")]
     text, err = _read(path, name)
     if err:
         return [err]
@@ -190,13 +230,15 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
                             "install it (make -C spank install) or fix the path"))
             continue
         why = unsafe_path(Path(plugin))
-        out.append(fail(name, f"plugin {plugin} is not safe: {why}", f"chown root:root {plugin}; chmod 0755 {plugin}")
+        out.append(fail(name, f"plugin {plugin} is not safe: {why}",
+                        f"chown root:root {plugin}; chmod 0755 {plugin}")
                    if why else ok(name, f"{kind} {plugin}"))
     return out or [ok(name, f"{path}: no plugin lines")]
 
 
 def check_hooks(conf: SlurmConf) -> List[Check]:
-    """Each configured hook exists, is executable, and neither it nor a directory above it is writable by non-root."""
+    """Each configured hook exists, is executable, and neither it nor a directory above it is writable by
+    non-root."""
     name = "hooks"
     out: List[Check] = []
     for key in HOOK_KEYS:
@@ -220,13 +262,15 @@ def check_hooks(conf: SlurmConf) -> List[Check]:
 
 
 def check_dirs(cfg: Config) -> List[Check]:
-    """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files too."""
+    """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files
+    too."""
     name = "directories"
     out: List[Check] = []
     for label, path in (("state_dir", Path(cfg.state_dir)), ("node databases", cfg.node_db_dir),
                         ("run_dir", Path(cfg.run_dir))):
         if not path.exists():
-            out.append(ok(name, f"{label} {path} not created yet (the first hook creates it root-owned 0755)"))
+            out.append(ok(name,
+                          f"{label} {path} not created yet (the first hook creates it root-owned 0755)"))
             continue
         why = unsafe_path(path)
         out.append(fail(name, f"{label} {path}: {why}", f"chown root:root {path}; chmod 0755 {path}")
@@ -250,9 +294,11 @@ def check_slurm_binaries(cfg: Config) -> List[Check]:
 
 
 def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
-    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off)."""
+    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
+    ``no_gpu`` (a node without GPUs, e.g. the controller): skipped."""
     if no_gpu:
-        return [Check("NVML", "skip", "--no-gpu: not a GPU node"), Check("MPS", "skip", "--no-gpu: not a GPU node")]
+        return [Check("NVML", "skip", "--no-gpu: not a GPU node"),
+                Check("MPS", "skip", "--no-gpu: not a GPU node")]
     from slurm_coloc.errors import ColocError
     from slurm_coloc.node import mps
     from slurm_coloc.nvml import reader
@@ -264,14 +310,16 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
             "NVML", "NVML answers but lists no GPU", "check nvidia-smi; is this a GPU node?"))
     except ColocError as exc:
         out.append(fail("NVML", f"NVML not available: {exc.message}",
-                        (exc.hint or "install the NVIDIA driver") + "; on a node without GPUs run with --no-gpu"))
+                        (exc.hint or "install the NVIDIA driver")
+                        + "; on a node without GPUs run with --no-gpu"))
     if cfg.mps_mode == "off":
         out.append(Check("MPS", "skip", "mps_mode: off"))
         return out
     control = mps.resolve_binary(cfg)
     if not control:
         out.append(fail("MPS", f"{cfg.mps_control_bin} not found (PATH and {', '.join(mps.EXTRA_BIN_DIRS)})",
-                        "install the CUDA MPS binaries (nvidia-cuda-mps-control/-server), set mps_control_bin, "
+                        "install the CUDA MPS binaries (nvidia-cuda-mps-control/-server), set "
+                        "mps_control_bin, "
                         "or set mps_mode: off"))
     else:
         server = Path(control).with_name("nvidia-cuda-mps-server")
@@ -280,11 +328,12 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     return out
 
 
-def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout_s: float = 3.0) -> List[Check]:
+def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
+                  timeout_s: float = 3.0) -> List[Check]:
     """The sampler's Prometheus endpoint answers ``/metrics`` with slurm-coloc's families (docs/metrics.md).
 
-    Skipped on a node without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default: the
-    short hostname; the Prolog starts one with the first GPU job).
+    Skipped on a node without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default:
+    the short hostname; the Prolog starts one with the first GPU job).
     """
     import socket
     import urllib.error
@@ -299,7 +348,8 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
     node = node or socket.gethostname().split(".")[0]
     pid = running_pid(cfg, node)
     if not pid:
-        return [Check(name, "skip", f"no sampler runs on {node} yet (the Prolog starts one with the first GPU job)")]
+        return [Check(name, "skip",
+                      f"no sampler runs on {node} yet (the Prolog starts one with the first GPU job)")]
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(cfg.exporter_bind_address,
                                                                      cfg.exporter_bind_address)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{cfg.exporter_port}/metrics"
@@ -309,7 +359,8 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
     except urllib.error.HTTPError as exc:  # something answers, with an error status
         body = f"HTTP {exc.code}"
     except (OSError, ValueError) as exc:
-        return [fail(name, f"the sampler (pid {pid}) runs but {url} does not answer: {getattr(exc, 'reason', exc)}",
+        return [fail(name,
+                     f"the sampler (pid {pid}) runs but {url} does not answer: {getattr(exc, 'reason', exc)}",
                      f"see {Path(cfg.log_dir) / f'sampler-{node}.log'} (port in use?); set exporter_port and "
                      "exporter_bind_address in coloc.yaml, or exporter_port: 0 to turn it off")]
     if "coloc_exporter_collect_errors" not in body:
@@ -319,8 +370,17 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None, timeout
 
 
 def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks, munge, directories, binaries, GPU,
-    metrics."""
+    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks (those four when slurm.conf reads),
+    munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
+
+    Args:
+        cfg: the slurm-coloc config checked with the cluster.
+        slurm_conf: slurm.conf; gres.conf and plugstack.conf are looked for beside it.
+        no_gpu: this node has no GPU (the controller): the GPU, MPS and metrics checks are skipped.
+
+    Returns:
+        Every ``Check`` (ok, skip or fail with its fix), in that order.
+    """
     results, conf = check_slurm_conf(slurm_conf, cfg)
     if conf is not None:
         results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
@@ -355,9 +415,11 @@ def shared_gpus(cfg: Config) -> Dict[str, int]:
     return out
 
 
-def evaluate_mps_protection(cfg: Config, shared: Dict[str, int], mode_of: Dict[str, Optional[str]]) -> List[Check]:
-    """One result per shared GPU: pass when its compute mode is ``EXCLUSIVE_PROCESS`` (only the MPS server opens a
-    context), else fail (a job can allocate outside MPS; measured on the H100: 20 GiB in compute mode DEFAULT).
+def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
+                            mode_of: Dict[str, Optional[str]]) -> List[Check]:
+    """One result per shared GPU: pass when its compute mode is ``EXCLUSIVE_PROCESS`` (only the MPS server
+    opens a context), else fail (a job can allocate outside MPS; measured on the H100: 20 GiB in compute mode
+    DEFAULT).
 
     Args:
         shared: ``shared_gpus`` output (keys ``GPU-<uuid>``, ``idx<N>``, optionally ``.uid<uid>``).
@@ -368,7 +430,8 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int], mode_of: Dict[s
         return [ok(name, "no GPU is shared under MPS now")]
     out: List[Check] = []
     fix = ("set mps_compute_mode: exclusive-process (mps_mode multi-user) or `nvidia-smi -i <gpu> -c "
-           "EXCLUSIVE_PROCESS` while the GPU is shared; the watchdog (watchdog_action: stop) stops such a job "
+           "EXCLUSIVE_PROCESS` while the GPU is shared; the watchdog (watchdog_action: stop) stops such a "
+           "job "
            "after the fact but cannot prevent its allocation")
     for key in sorted({k.split(".uid")[0] for k in shared}):
         mode = mode_of.get(key)
@@ -377,7 +440,8 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int], mode_of: Dict[s
             out.append(ok(name, f"{key}: shared by {members} job(s), compute mode EXCLUSIVE_PROCESS"))
         else:
             out.append(fail(name, f"{key}: shared by {members} job(s) under MPS in compute mode "
-                                  f"{mode or 'unknown (NVML did not answer)'}: a job can open a context outside "
+                                  f"{mode or 'unknown (NVML did not answer)'}: a job can open a context "
+                                  "outside "
                                   f"MPS and take its neighbours' memory", fix))
     return out
 
@@ -395,10 +459,10 @@ def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
             for index, uuid in reader.gpu_uuids().items():
                 try:
                     mode: Optional[str] = modes.get(index)
-                except Exception:  # noqa: BLE001 - one GPU not answering: unknown
+                except Exception:  # one GPU not answering: unknown
                     mode = None
                 mode_of[uuid] = mode_of[f"idx{index}"] = mode
-        except Exception:  # noqa: BLE001 - no NVML: every mode unknown
+        except Exception:  # no NVML: every mode unknown
             pass
     return evaluate_mps_protection(cfg, shared, mode_of)
 

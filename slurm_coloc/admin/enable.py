@@ -3,14 +3,15 @@ whole new file texts (pure functions on text; the CLI prints them as diffs or wr
 
 What changes (docs/admin.md, "What it changes on your cluster"):
 - slurm.conf: ``SelectType=select/cons_tres``, ``gpu`` and ``shard`` in ``GresTypes``, the five hooks
-  (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ``EpilogSlurmctld``, ``TaskProlog``) set to the packaged shims,
-  ``PrologEpilogTimeout=120`` when unset, and ``shard:<GPUs x gpu_mem_gib>`` added to each GPU node's ``Gres=``;
+  (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ``EpilogSlurmctld``, ``TaskProlog``) set to the packaged
+  shims, ``PrologEpilogTimeout=120`` when unset, and ``shard:<GPUs x gpu_mem_gib>`` added to each GPU node's
+  ``Gres=``;
 - gres.conf: one ``Name=shard Count=<gpu_mem_gib> File=<device>`` line per GPU of a node that has none
   (devices from its ``Name=gpu File=`` lines, else ``/dev/nvidia0..N-1`` as ``AutoDetect=nvml`` finds them);
 - plugstack.conf: ``optional <coloc_spank.so> run_dir=<run_dir>`` (optional: a plugin built for another Slurm
   release is skipped instead of failing every job).
-A hook key already set to another program is a conflict (``ColocError``): slurm-coloc does not silently replace
-a site's Prolog; ``replace_hooks`` does.
+A hook key already set to another program is a conflict (``ColocError``): slurm-coloc does not silently
+replace a site's Prolog; ``replace_hooks`` does.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool) -> s
         _set_global(lines, "SelectType", "select/cons_tres", added)
     types = [t for t in conf.get("GresTypes").split(",") if t]
     if not {"gpu", "shard"} <= set(types):
-        _set_global(lines, "GresTypes", ",".join(types + [t for t in ("gpu", "shard") if t not in types]), added)
+        _set_global(lines, "GresTypes", ",".join(types + [t for t in ("gpu", "shard") if t not in types]),
+                    added)
     for key, name in HOOKS.items():
         ours = f"{hook_dir}/{name}"
         current = conf.get(key)
@@ -114,7 +116,8 @@ def _gres_conf(text: str, slurm_text: str, cfg: Config) -> str:
             files = [f"/dev/nvidia{i}" for i in range(gpus)]
         if not files:
             raise ColocError(f"gres.conf: node {names} has Gres=gpu:{gpus} but no Name=gpu File= line and no "
-                             "AutoDetect=nvml", hint=f"add 'NodeName={names} Name=gpu File=/dev/nvidia[0-{gpus - 1}]'")
+                             "AutoDetect=nvml",
+                             hint=f"add 'NodeName={names} Name=gpu File=/dev/nvidia[0-{gpus - 1}]'")
         new += [f"NodeName={names} Name=shard Count={cfg.gpu_mem_gib} File={f}" for f in files]
     if not new:
         return text
@@ -135,8 +138,8 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     beside slurm.conf) when ``spank``. Files already as needed are left out (so a second run plans nothing).
 
     Raises:
-        ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a GPU
-            node whose device files cannot be known.
+        ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
+            GPU node whose device files cannot be known.
     """
     def read(p: Path) -> Optional[str]:
         try:
@@ -148,14 +151,16 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
 
     slurm_text = read(slurm_conf)
     if slurm_text is None:
-        raise ColocError(f"cannot read {slurm_conf}: no such file", hint="name it with --slurm-conf or SLURM_CONF")
+        raise ColocError(f"cannot read {slurm_conf}: no such file",
+                         hint="name it with --slurm-conf or SLURM_CONF")
     new_slurm = _slurm_conf(slurm_text, cfg, hook_dir, replace_hooks)
     changes = [Change(slurm_conf, slurm_text, new_slurm)]
     gres_path = slurm_conf.parent / "gres.conf"
     gres_text = read(gres_path)
     changes.append(Change(gres_path, gres_text, _gres_conf(gres_text or "", new_slurm, cfg)))
     if spank:
-        plug = Path(parse_slurm_conf(new_slurm).get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
+        plug = Path(parse_slurm_conf(new_slurm).get("PlugStackConfig")
+                    or slurm_conf.parent / "plugstack.conf")
         plug_text = read(plug)
         changes.append(Change(plug, plug_text, _plugstack(plug_text or "", cfg, spank_so)))
     return [c for c in changes if c.new != (c.old or "")]

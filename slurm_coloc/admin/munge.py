@@ -1,5 +1,6 @@
 """The munge check of ``coloc-admin check``: with ``AuthType=auth/munge`` this host needs the site's key and a
-running munged, or slurmd/slurmctld cannot authenticate (a node without them never registers; it is not drained).
+running munged, or slurmd/slurmctld cannot authenticate (a node without them never registers; it is not
+drained).
 
 The key path and socket are munged's defaults (munged(8)): ``/etc/munge/munge.key``,
 ``/run/munge/munge.socket.2``; ``AuthInfo=socket=...`` in slurm.conf names another socket.
@@ -34,15 +35,19 @@ def check_munge(conf: Optional[SlurmConf], key: Path = KEY, timeout_s: float = 5
     if os.geteuid() != 0:
         return [Check(name, "skip", f"{key} is readable by root only: run as root to check it")]
     if not key.is_file():
-        return [fail(name, f"no munge key at {key}: munged cannot start and Slurm cannot authenticate on this host",
-                     f"copy the site's key from the controller: install -o munge -g munge -m 0400 munge.key {key}")]
+        return [fail(name,
+                     f"no munge key at {key}: munged cannot start and Slurm cannot authenticate on this host",
+                     "copy the site's key from the controller: install -o munge -g munge -m 0400 munge.key "
+                     f"{key}")]
     sock = _socket(conf)
     try:
         cred = subprocess.run(["munge", "-n", "-S", sock], capture_output=True, timeout=timeout_s)
-        back = subprocess.run(["unmunge", "-S", sock], input=cred.stdout, capture_output=True, timeout=timeout_s)
+        back = subprocess.run(["unmunge", "-S", sock], input=cred.stdout, capture_output=True,
+                              timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [fail(name, f"munge/unmunge could not run: {exc}", "apt-get install munge")]
     if cred.returncode != 0 or back.returncode != 0:
         why = " ".join((cred.stderr or back.stderr).decode(errors="replace").split())[:200]
-        return [fail(name, f"munged does not answer at {sock}: {why}", "systemctl start munge (journalctl -u munge)")]
+        return [fail(name, f"munged does not answer at {sock}: {why}",
+                     "systemctl start munge (journalctl -u munge)")]
     return [ok(name, f"key {key}, munged answers at {sock}")]

@@ -7,8 +7,8 @@ from typing import Dict
 
 @dataclass(frozen=True)
 class Check:
-    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what to
-    do (empty when passing)."""
+    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what
+    to do (empty when passing)."""
 
     name: str
     status: str

@@ -43,7 +43,8 @@ def cli() -> None:
               help="Not a GPU node (controller, login node, CI): skip the NVML and MPS checks.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {\"ok\": bool, \"checks\": [...]}.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only failures.")
-def check(config_path: Optional[str], slurm_conf: Optional[str], no_gpu: bool, as_json: bool, quiet: bool) -> None:
+def check(config_path: Optional[str], slurm_conf: Optional[str], no_gpu: bool, as_json: bool,
+          quiet: bool) -> None:
     """Check slurm.conf, gres.conf, plugstack.conf, hook paths and permissions, databases directories,
     Slurm binaries, NVML and MPS; print each problem with its fix. Exit 0 only when every check passes
     (skipped checks do not fail), 1 when any fails, 2 when the slurm-coloc config itself cannot be read.
@@ -113,10 +114,10 @@ def config_cmd(config_path: Optional[str], sample: bool) -> None:
 @click.option("--spank-so", default=enable_mod.SPANK_SO, show_default=True, help="The SPANK plugin.")
 def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool, no_spank: bool,
            replace_hooks: bool, hook_dir: str, spank_so: str) -> None:
-    """Turn slurm-coloc on in slurm.conf, gres.conf and plugstack.conf: print the changes (--dry-run), or write
-    them (--write; each changed file is first copied to <file>.coloc-backup-<time>). Nothing else is touched;
-    restart slurmctld and every slurmd afterwards (new GRES need a restart). Exit 2 with one line on a conflict
-    (a hook already set to another program) or an unreadable file.
+    """Turn slurm-coloc on in slurm.conf, gres.conf and plugstack.conf: print the changes (--dry-run), or
+    write them (--write; each changed file is first copied to <file>.coloc-backup-<time>). Nothing else is
+    touched; restart slurmctld and every slurmd afterwards (new GRES need a restart). Exit 2 with one line on
+    a conflict (a hook already set to another program) or an unreadable file.
 
     \b
     Example:
@@ -126,7 +127,8 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
     try:
         cfg = config_mod.load(config_path)
         conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-        changes = enable_mod.plan(conf, cfg, hook_dir, spank_so, spank=not no_spank, replace_hooks=replace_hooks)
+        changes = enable_mod.plan(conf, cfg, hook_dir, spank_so, spank=not no_spank,
+                                  replace_hooks=replace_hooks)
     except ColocError as exc:
         click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
@@ -157,7 +159,8 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
     except OSError as exc:
         click.echo(f"coloc-admin: error: cannot write {exc.filename}: {exc.strerror}", err=True)
         sys.exit(2)
-    click.echo(f"wrote {len(changes)} files; copy them to every node, then restart slurmctld and every slurmd")
+    click.echo(f"wrote {len(changes)} files; copy them to every node, then restart slurmctld and every "
+               "slurmd")
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ def _shape(text: str) -> Tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.split(","))
     except ValueError:
-        raise EstimateError(f"input shape {text!r}: expected comma-separated integers like 3,224,224") from None
+        raise EstimateError(f"input shape {text!r}: expected comma-separated integers like "
+                            "3,224,224") from None
     if not dims or any(d < 1 for d in dims):
         raise EstimateError(f"input shape {text!r}: dimensions must be >= 1")
     return dims
@@ -54,14 +55,16 @@ def _fail(exc: ColocError) -> None:
 @click.option("--history", "history", type=int, multiple=True,
               help="Measured peak (MiB) of an earlier run of the same spec (repeatable).")
 @click.option("--no-cache", is_flag=True,
-              help="Trace even if this spec was estimated before (cache: ~/.cache/slurm-coloc/estimates.json).")
+              help="Trace even if this spec was estimated before (cache: "
+                   "~/.cache/slurm-coloc/estimates.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--no-server", is_flag=True,
               help="Never use or start the warm estimate server (same as COLOC_ESTIMATE_SERVER=0).")
 @version_option("coloc-estimate")
 def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
          batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
-         script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool, no_server: bool) -> None:
+         script: Optional[str], history: Tuple[int, ...], no_cache: bool, as_json: bool,
+         no_server: bool) -> None:
     """Estimate the peak per-process GPU memory (MiB, as NVML reports it) of a training job.
 
     The step assumed: zero_grad, forward, cross-entropy on the logits, backward, optimizer step.
@@ -151,7 +154,7 @@ def _cache_hit(params: Dict[str, Any]) -> bool:
         validate_spec(spec)
         key = cache.cache_key(spec, gpu.name)
         return key is not None and cache.lookup(key) is not None
-    except Exception:  # noqa: BLE001 - bad input: the in-process run reports it
+    except Exception:  # bad input: the in-process run reports it
         return True
 
 

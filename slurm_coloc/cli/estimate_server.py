@@ -336,7 +336,7 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - the interpreter would print it and exit 1
+    except BaseException:  # the interpreter would print it and exit 1
         import traceback
 
         traceback.print_exc()
@@ -391,61 +391,34 @@ def _replace_older(run_dir: str, log: Callable[[str], None]) -> None:
         pass
 
 
-def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
-    """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
+def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[float]:
+    """Collect the request children that ended (``children``: pid -> monotonic start); returns the monotonic
+    time of the last one collected, or None when none ended."""
+    last = None
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            break
+        if pid == 0:
+            break
+        started = children.pop(pid, time.monotonic())
+        last = time.monotonic()
+        log(f"served child={pid} exit={os.waitstatus_to_exitcode(status)} {last - started:.2f} s")
+    return last
 
-    Args:
-        key: the spawner's :func:`server_key`; the server exits at once when its own differs.
-        path: the socket path (:func:`socket_path`); ``.lock`` and ``.log`` sit beside it.
-        run: the request function; a forked child calls ``run(**params)`` with the client's params.
-    """
-    os.umask(0o077)
-    lock = open(path[:-5] + ".lock", "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return  # another server for this key runs or starts
-    log = _Log(path[:-5] + ".log")
-    if server_key() != key:
-        log(f"exit: key differs from the spawner's ({key[:16]})")
-        return
-    idle = float(os.environ.get("COLOC_ESTIMATE_SERVER_IDLE", IDLE_DEFAULT_S))
-    environ = dict(os.environ)  # the trace may set variables (TORCHINDUCTOR_CACHE_DIR); the key is the spawner's
-    t0 = time.monotonic()
-    log(f"warming key={key[:16]}")
-    try:
-        _prewarm()
-    except Exception as exc:  # noqa: BLE001 - no server then; clients run in-process
-        log(f"exit: prewarm failed: {exc!r}")
-        return
-    if server_key(environ) != key:  # sources edited while warming up: what was imported may not match the key
-        log("exit: sources changed during warm-up")
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(tmp)
-    listener.listen(32)
-    os.rename(tmp, path)  # atomic: replaces a stale socket, never shows a half-ready one
-    ino = os.stat(path).st_ino
-    log(f"start key={key[:16]} warm-up {time.monotonic() - t0:.2f} s idle {idle:g} s python {sys.executable}")
-    _replace_older(os.path.dirname(path), log)
-    stop: List[str] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+
+def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None], idle: float,
+           stop: List[str],
+           log: Callable[[str], None]) -> None:
+    """Accept requests until ``stop`` holds a reason (SIGTERM) or ``idle`` seconds pass with no child running:
+    each request from this uid is served by a forked child (at most ``MAX_CHILDREN`` at once)."""
     listener.settimeout(max(0.05, min(1.0, idle / 4)))
     children: Dict[int, float] = {}
     last = time.monotonic()
     while not stop:
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            started = children.pop(pid, time.monotonic())
-            last = time.monotonic()
-            log(f"served child={pid} exit={os.waitstatus_to_exitcode(status)} {last - started:.2f} s")
+        last = _reap(children, log) or last
         if not children and time.monotonic() - last > idle:
             stop.append("idle")
             break
@@ -472,11 +445,55 @@ def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
                     lock.close()
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     code = _child(conn, key, run)
-                except BaseException:  # noqa: BLE001 - client falls back in-process
+                except BaseException:  # client falls back in-process
                     pass
                 finally:
                     os._exit(code & 0xFF)
             children[pid] = last
+
+
+def serve_main(key: str, path: str, run: Callable[..., None]) -> None:
+    """Run the server (in the process :func:`ensure_started` spawns): lock, warm up, listen, fork per request.
+
+    Args:
+        key: the spawner's :func:`server_key`; the server exits at once when its own differs.
+        path: the socket path (:func:`socket_path`); ``.lock`` and ``.log`` sit beside it.
+        run: the request function; a forked child calls ``run(**params)`` with the client's params.
+    """
+    os.umask(0o077)
+    lock = open(path[:-5] + ".lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another server for this key runs or starts
+    log = _Log(path[:-5] + ".log")
+    if server_key() != key:
+        log(f"exit: key differs from the spawner's ({key[:16]})")
+        return
+    idle = float(os.environ.get("COLOC_ESTIMATE_SERVER_IDLE", IDLE_DEFAULT_S))
+    # the trace may set variables (TORCHINDUCTOR_CACHE_DIR); the key is the spawner's
+    environ = dict(os.environ)
+    t0 = time.monotonic()
+    log(f"warming key={key[:16]}")
+    try:
+        _prewarm()
+    except Exception as exc:  # no server then; clients run in-process
+        log(f"exit: prewarm failed: {exc!r}")
+        return
+    if server_key(environ) != key:  # sources edited while warming up: what was imported may not match the key
+        log("exit: sources changed during warm-up")
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(tmp)
+    listener.listen(32)
+    os.rename(tmp, path)  # atomic: replaces a stale socket, never shows a half-ready one
+    ino = os.stat(path).st_ino
+    log(f"start key={key[:16]} warm-up {time.monotonic() - t0:.2f} s idle {idle:g} s python {sys.executable}")
+    _replace_older(os.path.dirname(path), log)
+    stop: List[str] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+    _serve(listener, lock, key, run, idle, stop, log)
     try:
         if os.stat(path).st_ino == ino:
             os.unlink(path)

@@ -1,10 +1,10 @@
 """``coloc-hook``: the entry point the Prolog/Epilog shims in prolog_epilog/ call. Always exits 0.
 
 ``main`` first catches SIGTERM (``StartUpTerminated``), then imports the rest: a run SIGTERMed before
-``run_hook`` took over writes its pending environment (hooks/pending.py), appends its one ``done ... (TERMINATED
-during start-up ...)`` line to ``<log_dir>/hooks.log`` and exits 0. ``main`` also keeps numpy out of the process
-(``_keep_numpy_out``): sqlite_utils imports it when installed, and no hook uses it. Importing this module changes
-neither the signal handlers nor the importable modules of the importing process.
+``run_hook`` took over writes its pending environment (hooks/pending.py), appends its one ``done ...
+(TERMINATED during start-up ...)`` line to ``<log_dir>/hooks.log`` and exits 0. ``main`` also keeps numpy out
+of the process (``_keep_numpy_out``): sqlite_utils imports it when installed, and no hook uses it. Importing
+this module changes neither the signal handlers nor the importable modules of the importing process.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import signal
 import sys
 import time
 
-HOOK_NAMES = ("epilog", "epilog-slurmctld", "prolog", "prolog-slurmctld", "task-prolog")  # = hooks.runner.HOOKS
+HOOK_NAMES = ("epilog", "epilog-slurmctld", "prolog", "prolog-slurmctld",
+              "task-prolog")  # = hooks.runner.HOOKS
 
 
 class StartUpTerminated(BaseException):
@@ -25,14 +26,14 @@ def _on_term_early(signum: int, frame: object) -> None:
 
 
 def _log_start_up_terminated(hook: str) -> None:
-    """Write the run's pending environment (os only: first, while time is short), then append the run's one line
-    to ``<log_dir>/hooks.log`` without the logging setup. Never raises."""
+    """Write the run's pending environment (os only: first, while time is short), then append the run's one
+    line to ``<log_dir>/hooks.log`` without the logging setup. Never raises."""
     entry = None
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from slurm_coloc.hooks.pending import write_entry
         entry = write_entry(hook, os.environ, "startup")
-    except BaseException:  # noqa: BLE001 - never fail the node
+    except BaseException:  # never fail the node
         pass
     try:
         from slurm_coloc import config as config_mod
@@ -41,7 +42,8 @@ def _log_start_up_terminated(hook: str) -> None:
         job = os.environ.get("SLURM_JOB_ID", "")
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
-        line = (f"{stamp} ERROR coloc[{job if job.isdigit() else None}] {hook} done in 0 ms (TERMINATED during "
+        line = (f"{stamp} ERROR coloc[{job if job.isdigit() else None}] {hook} done in 0 ms (TERMINATED "
+                "during "
                 f"start-up, {process_age_s() * 1000:.0f} ms after exec: the shim's timeout; "
                 + (f"pending entry {entry}, recorded by the next hook run)\n" if entry else
                    "no pending entry could be written: nothing recorded)\n"))
@@ -51,7 +53,7 @@ def _log_start_up_terminated(hook: str) -> None:
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    except BaseException:  # noqa: BLE001 - never fail the node
+    except BaseException:  # never fail the node
         pass
 
 
@@ -61,7 +63,8 @@ def _hook_arg() -> str:
 
 
 def _keep_numpy_out() -> bool:
-    """Make ``import numpy`` raise ImportError in this process, unless numpy is already imported; True if done."""
+    """Make ``import numpy`` raise ImportError in this process, unless numpy is already imported; True if
+    done."""
     if "numpy" in sys.modules:
         return False
     sys.modules["numpy"] = None  # type: ignore[assignment]
@@ -93,7 +96,8 @@ def _command() -> object:
         """
         from slurm_coloc.hooks.runner import run_hook
         lines = run_hook(hook)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its line is logged: a late SIGTERM must not add another
+        signal.signal(signal.SIGTERM,
+                      signal.SIG_IGN)  # its line is logged: a late SIGTERM must not add another
         for line in lines:
             click.echo(line)
 
@@ -113,7 +117,7 @@ def main() -> None:
             exc.show()
     except StartUpTerminated:
         _log_start_up_terminated(_hook_arg())
-    except Exception as exc:  # noqa: BLE001 - never fail the node
+    except Exception as exc:  # never fail the node
         print(f"coloc-hook: {exc}", file=sys.stderr)
     finally:
         _let_numpy_in(kept_out)

@@ -114,8 +114,8 @@ def release_all_cmd() -> None:
 def fallback_cmd(max_age_s: Optional[float]) -> None:
     """When no placer is alive, release every held placer job memory-only; otherwise do nothing.
 
-    Meant for a timer on the controller host (deploy/systemd/coloc-placer-fallback.timer), so held jobs never wait
-    on a dead placer.
+    Meant for a timer on the controller host (deploy/systemd/coloc-placer-fallback.timer), so held jobs never
+    wait on a dead placer.
 
     \b
     Example: coloc-placer fallback

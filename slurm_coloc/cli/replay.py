@@ -98,7 +98,7 @@ def _trace_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @version_option("coloc-replay")
 def cli() -> None:
-    """Replay a trace of training tasks through coloc-sbatch (issue 8, run 5).
+    """Replay a trace of training tasks through coloc-sbatch, exclusive and collocated, and compare the runs.
 
     Example: coloc-replay plan --trace philly_mix-90-tasks.csv --catalog workload_catalog_from_rad.csv
     --runtimes exclusive_run_summary.csv --max-tasks 10
@@ -146,9 +146,11 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
     type=click.Choice(["exclusive", "coloc", "blind", "aware", "gate", "throughput", "both", "all"]),
     default="both",
     show_default=True,
-    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: held for "
+    help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: "
+         "held for "
     "a coloc-placer with placement_policy gate), throughput (held for a coloc-placer with placement_policy "
-    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the placer "
+    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the "
+    "placer "
     "with the other policy between gate and throughput: a mismatch is reported as a problem)",
 )
 @click.option(
@@ -182,72 +184,95 @@ def run(
     context_mib: int,
     as_json: bool,
 ) -> None:
-    """Submit the tasks through coloc-sbatch under each policy asked (one after the other) and report makespan,
-    mean and p95 job completion time, p95 slowdown vs alone, mean SM activity, GPU energy and OOM reruns.
-    ``aware`` needs a running ``coloc-placer`` and typed shards (docs/design.md, "Placement mechanism").
+    """Submit the tasks through coloc-sbatch under each policy asked (one after the other) and report
+    makespan, mean and p95 job completion time, p95 slowdown vs alone, mean SM activity, GPU energy and OOM
+    reruns. ``aware`` needs a running ``coloc-placer`` and typed shards (docs/design.md, "Placement
+    mechanism").
 
     Example: coloc-replay run --trace t.csv --catalog c.csv --runtimes r.csv --max-tasks 8
     --job-script benchmarks/device/job_generic.sh --mode all --json
     """
-    from slurm_coloc.replay.runner import run_replay
-
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
     with _click_errors():
-        cfg = config_mod.load()
-        tasks = trace_args.tasks()
-        result: Dict[str, Any] = {
-            "tasks": len(tasks),
-            "time_scale": trace_args.time_scale,
-            "work_scale": trace_args.work_scale,
-            "context_mib": context_mib,
+        result = _replay_modes(trace_args, MODE_SETS.get(mode, [mode]), job_script, out_dir, deadline_s,
+                               context_mib)
+    _add_changes(result)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    _print_result(result)
+
+
+def _replay_modes(
+    trace_args: TraceArgs, modes: List[str], job_script: str, out_dir: str, deadline_s: float,
+    context_mib: int
+) -> Dict[str, Any]:
+    """Replay the trace under each mode of ``modes`` in turn: ``{"tasks", "time_scale", "work_scale",
+    "context_mib", <mode>: {metrics..., "problems", "jobs"}}``.
+
+    Raises ColocError for a bad config or trace (``config.load``, ``TraceArgs.tasks``).
+    """
+    from slurm_coloc.replay.runner import run_replay
+
+    cfg = config_mod.load()
+    tasks = trace_args.tasks()
+    result: Dict[str, Any] = {
+        "tasks": len(tasks),
+        "time_scale": trace_args.time_scale,
+        "work_scale": trace_args.work_scale,
+        "context_mib": context_mib,
+    }
+    for m in modes:
+        rr = run_replay(
+            tasks,
+            m,
+            cfg,
+            str(Path(job_script).resolve()),
+            str(Path(out_dir).resolve()),
+            deadline_s,
+            context_mib=context_mib,
+        )
+        result[m] = {
+            **rr.metrics.as_dict(),
+            "problems": rr.problems,
+            "jobs": {str(t): j for t, j in rr.job_of_task.items()},
+            "runs": rr.per_task,
         }
-        for m in MODE_SETS.get(mode, [mode]):
-            rr = run_replay(
-                tasks,
-                m,
-                cfg,
-                str(Path(job_script).resolve()),
-                str(Path(out_dir).resolve()),
-                deadline_s,
-                context_mib=context_mib,
-            )
-            result[m] = {
-                **rr.metrics.as_dict(),
-                "problems": rr.problems,
-                "jobs": {str(t): j for t, j in rr.job_of_task.items()},
-                "runs": rr.per_task,
-            }
+    return result
+
+
+def _add_changes(result: Dict[str, Any]) -> None:
+    """Add to ``result`` each policy's change against the exclusive run: ``change`` (coloc) and
+    ``change_<mode>`` (percent per metric, ``replay.metrics.compare``)."""
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
     for m in ("blind", "aware", "gate", "throughput"):
         if "exclusive" in result and m in result:
             result[f"change_{m}"] = compare(result["exclusive"], result[m])
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
-        return
-    _print_table(result)
 
 
-def _print_table(result: Dict[str, Any]) -> None:
-    """The replay's figures per mode, SM activity per GPU, and the changes against exclusive."""
-    keys = [
-        "tasks",
-        "completed",
-        "lost",
-        "oom_retries",
-        "makespan_s",
-        "mean_jct_s",
-        "mean_wait_s",
-        "p95_jct_s",
-        "p95_slowdown",
-        "max_slowdown",
-        "max_run_slowdown",
-        "mean_smact_pct",
-        "energy_j",
-    ]
+RESULT_KEYS = [
+    "tasks",
+    "completed",
+    "lost",
+    "oom_retries",
+    "makespan_s",
+    "mean_jct_s",
+    "mean_wait_s",
+    "p95_jct_s",
+    "p95_slowdown",
+    "max_slowdown",
+    "max_run_slowdown",
+    "mean_smact_pct",
+    "energy_j",
+]
+
+
+def _print_result(result: Dict[str, Any]) -> None:
+    """Print the replay result as a table (one column per mode), SM activity per GPU and the changes."""
     modes = [m for m in ("exclusive", "coloc", "blind", "aware", "gate", "throughput") if m in result]
     click.echo(f"{'':<16}" + "".join(f"{m:>14}" for m in modes))
-    for k in keys:
+    for k in RESULT_KEYS:
         vals = [result[m].get(k) for m in modes]
         click.echo(
             f"{k:<16}" + "".join(f"{v:>14.1f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals)

@@ -42,13 +42,16 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--since", "-S", default=None,
                      help="Window start, as sacct -S: now-7days, now-2hours, today, midnight, 2026-11-01, "
                           "2026-11-01T10:00; or 7d, 12h, @<unix s>."),
-        click.option("--until", "-E", default=None, help="Window end (same forms; default now; not before the start)."),
+        click.option("--until", "-E", default=None,
+                     help="Window end (same forms; default now; not before the start)."),
         click.option("--user", "users", multiple=True, help="Only this user's jobs (repeatable)."),
         click.option("--node", "nodes", multiple=True, help="Only this node (repeatable)."),
         click.option("--job", "job_ids", type=int, multiple=True, help="Only these job ids (repeatable)."),
-        click.option("--sort", "sort_key", default=None, help="Sort by this column (a JSON key, e.g. gpu_hours)."),
+        click.option("--sort", "sort_key", default=None,
+                     help="Sort by this column (a JSON key, e.g. gpu_hours)."),
         click.option("--desc", is_flag=True, help="Sort descending."),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON: {\"<view>\": [...], \"problems\": [...]}."),
+        click.option("--json", "as_json", is_flag=True,
+                     help="Print JSON: {\"<view>\": [...], \"problems\": [...]}."),
         click.option("--csv", "as_csv", is_flag=True,
                      help="Print CSV: a header (also when empty), one line per row, times in ISO 8601."),
         click.option("-o", "--format", "fmt", default=None, metavar="COLS",
@@ -77,7 +80,8 @@ def _direct_read_allowed(cfg: config_mod.Config, viewer: views.Viewer) -> bool:
 
 
 def _collect(q: query.Query, config_path: Optional[str]):
-    """(problems, jobs, rows) of ``q``: read directly, or asked of the reader service (``coloc-report serve``)."""
+    """(problems, jobs, rows) of ``q``: read directly, or asked of the reader service (``coloc-report
+    serve``)."""
     cfg = config_mod.load(config_path)
     viewer = views.current_viewer(cfg)
     if _direct_read_allowed(cfg, viewer):
@@ -88,7 +92,8 @@ def _collect(q: query.Query, config_path: Optional[str]):
         err = ColocError(str(reply.get("error") or "the reader refused the request"))
         err.exit_code = int(reply.get("exit_code") or 2)
         raise err
-    return list(reply.get("problems") or []), query.jobs_from_json(reply.get("jobs") or []), list(reply["rows"])
+    jobs = query.jobs_from_json(reply.get("jobs") or [])
+    return list(reply.get("problems") or []), jobs, list(reply["rows"])
 
 
 def _make_view(view: str) -> click.Command:
@@ -99,7 +104,8 @@ def _make_view(view: str) -> click.Command:
             _fail(ColocError("--json and --csv exclude each other"))
         try:
             cols = columns.select_columns(view, fmt) if fmt is not None else None
-            q = query.Query(view=view, since=kw["since"], until=kw["until"], users=kw["users"], nodes=kw["nodes"],
+            q = query.Query(view=view, since=kw["since"], until=kw["until"], users=kw["users"],
+                            nodes=kw["nodes"],
                             job_ids=kw["job_ids"], sort_key=sort_key, desc=desc)
             problems, jobs, rows = _collect(q, kw["config_path"])
         except ColocError as exc:
@@ -123,13 +129,17 @@ def _make_view(view: str) -> click.Command:
                 render.rows_table(view, rows, problems)
 
     helps = {
-        "jobs": "Per job: request, estimate vs measured peak and error, unused memory, utilization next to SM "
+        "jobs": "Per job: request, estimate vs measured peak and error, unused memory, utilization next to "
+                "SM "
                 "activity/occupancy, GPU-hours, kWh, state, OOM and retry; wasteful jobs with the reason.",
-        "users": "Per user: jobs, GPU-hours, kWh, SM activity, unused GiB-hours, estimate error, OOMs, waste.",
-        "gpus": "Per GPU: jobs, busy hours, collocation factor, utilization vs SM activity/occupancy (mean/p95), "
+        "users": "Per user: jobs, GPU-hours, kWh, SM activity, unused GiB-hours, estimate error, OOMs, "
+                 "waste.",
+        "gpus": "Per GPU: jobs, busy hours, collocation factor, utilization vs SM activity/occupancy "
+                "(mean/p95), "
                 "memory, kWh.",
         "nodes": "Per node: the GPU figures folded.",
-        "cluster": "One summary: GPU-hours, busy GPU-hours, collocation factor, kWh, OOMs, waste, estimate error.",
+        "cluster": "One summary: GPU-hours, busy GPU-hours, collocation factor, kWh, OOMs, waste, estimate "
+                   "error.",
     }
     sort_by = {"jobs": "gpu_hours", "users": "gpu_hours", "gpus": "busy_hours", "nodes": "busy_gpu_hours",
                "cluster": None}[view]
@@ -164,7 +174,8 @@ for _view in VIEWS:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="YAML config.")
 @click.option("--since", "-S", default="1d", show_default=True,
               help="Window start, as sacct -S (now-7days, today, 2026-11-01, 7d, ...).")
-@click.option("--until", "-E", default=None, help="Window end (same forms; default now; not before the start).")
+@click.option("--until", "-E", default=None,
+              help="Window end (same forms; default now; not before the start).")
 @click.option("--node", "nodes", multiple=True, help="Only this node (repeatable).")
 @click.option("--user", "users", multiple=True, help="Only this user's jobs (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=".", show_default=True,
@@ -189,7 +200,8 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
         viewer = views.current_viewer(cfg)
         if not _direct_read_allowed(cfg, viewer):
             raise ColocError("plot reads the databases itself: root and the admin group only",
-                             hint="use `coloc-report jobs --json` or `coloc-report gpus --json` (answered by the "
+                             hint="use `coloc-report jobs --json` or `coloc-report gpus --json` (answered by "
+                                  "the "
                                   "reader service)")
         report = load_report(cfg)
         jobs = views.select_jobs(report, cfg, flt, viewer)
@@ -210,11 +222,12 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
               help="Write the job's timeline as <out>/advise-<job id>.png (created).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {job, findings, notes, png, problems}.")
 def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_json: bool) -> None:
-    """Why one job's GPU share sat idle and what to change: every finding with its evidence and one suggestion,
-    and with --out a timeline of its SM activity/occupancy, tensor and DRAM activity and memory vs grant.
+    """Why one job's GPU share sat idle and what to change: every finding with its evidence and one
+    suggestion, and with --out a timeline of its SM activity/occupancy, tensor and DRAM activity and memory vs
+    grant.
 
-    Your own jobs only, unless you are root or in the admin group (answered by the reader service when you cannot
-    read the databases).
+    Your own jobs only, unless you are root or in the admin group (answered by the reader service when you
+    cannot read the databases).
 
     \b
     Example:
@@ -251,7 +264,8 @@ def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_j
         import json
 
         click.echo(json.dumps({"job": data["job"], "findings": data["job"].get("findings", []),
-                               "notes": data.get("notes", []), "png": png, "problems": data.get("problems", [])},
+                               "notes": data.get("notes", []), "png": png,
+                               "problems": data.get("problems", [])},
                               default=str))
         return
     from slurm_coloc.report import render
@@ -274,7 +288,8 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
     Example:
       coloc-report serve --config /etc/slurm-coloc/coloc.yaml
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s coloc-report serve: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s coloc-report serve: %(message)s")
     try:
         if os.geteuid() != 0:
             raise ColocError("coloc-report serve must run as root (it reads every database for its callers)")

@@ -36,7 +36,8 @@ def _logging(cfg: config_mod.Config, node: str, to_file: bool) -> None:
             handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / f"sampler-{node}.log")
         except OSError:
             pass
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-sampler[%(process)d] %(message)s"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-sampler[%(process)d] "
+                                           "%(message)s"))
     root = logging.getLogger("slurm_coloc")
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, os.environ.get("COLOC_LOG_LEVEL", "INFO").upper(), logging.INFO))
@@ -69,12 +70,14 @@ def cli() -> None:
 @click.option("--node", default=lambda: socket.gethostname().split(".")[0], show_default="short hostname",
               help="Slurm node name (selects nodes/<node>.db and the lock file).")
 @click.option("--interval-s", type=float, default=None, help="Override sampler_interval_s (>= 0.1).")
-@click.option("--duration-s", type=float, default=None, help="Stop after this many seconds (default: run forever).")
+@click.option("--duration-s", type=float, default=None,
+              help="Stop after this many seconds (default: run forever).")
 @click.option("--replay", type=click.Path(dir_okay=False), default=None,
               help="Replay this NVML recording instead of live NVML (CI/demo only).")
 @click.option("--pid-map", default="", help="With --replay: RECORDED=LIVE[,...] pid substitutions.")
 @click.option("--foreground-log", is_flag=True, help="Log to stderr instead of <log_dir>/sampler-<node>.log.")
-def run(node: str, interval_s: Optional[float], duration_s: Optional[float], replay: Optional[str], pid_map: str,
+def run(node: str, interval_s: Optional[float], duration_s: Optional[float], replay: Optional[str],
+        pid_map: str,
         foreground_log: bool) -> None:
     """Sample every interval into the node database; exits 0 at once if a sampler already runs.
 
@@ -100,7 +103,7 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
     from slurm_coloc.node import exporter
     try:
         live, endpoint = exporter.start(cfg, node, interval_s)
-    except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops the sampler
+    except Exception as exc:  # the metrics endpoint never stops the sampler
         log.error("metrics: endpoint not started (%s: %s); sampling goes on", type(exc).__name__, exc)
         live, endpoint = None, None
     s = sm.Sampler(cfg, node, reader, interval_s=interval_s, live=live)
@@ -142,7 +145,8 @@ def status(node: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="JSON-lines file to write.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="JSON-lines file to write.")
 @click.option("--seconds", type=float, default=30.0, show_default=True)
 @click.option("--interval-s", type=float, default=1.0, show_default=True)
 @click.option("--label", default="", help="What ran on the GPU while recording (stored in the header).")

@@ -32,8 +32,8 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     """Memory (MiB) earlier runs of this exact script were shown to need (OOM fences, measured peaks).
 
     Read-only from the controller database, or, where this user may not read it (root and ``admin_group``
-    only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No database,
-    no service or any error means no history (never fatal).
+    only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No
+    database, no service or any error means no history (never fatal).
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
@@ -54,13 +54,14 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 
 
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
-    """Split the command line, parse the script and plan; no side effect. Returns (plan, parsed script, dry_run).
+    """Split the command line, parse the script and plan; no side effect. Returns (plan, parsed script,
+    dry_run).
 
     ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/decide.py``): the script probe
-    (``probe_fn``: the script's training program in a child process of the job's Python, as the caller, bounded
-    by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate (``estimate_fn``: a child
-    process bounded by ``estimate_timeout_s``, ``cli/sbatch_estimate.py``) and the script's history. Neither
-    child writes to our stdout.
+    (``probe_fn``: the script's training program in a child process of the job's Python, as the caller,
+    bounded by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate
+    (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/sbatch_estimate.py``) and the
+    script's history. Neither child writes to our stdout.
 
     Raises:
         ColocError: any bad input (script, directives, options, model).
@@ -78,7 +79,8 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
         est = estimate_isolated(spec, gpu_model, [], max(0.1, deadline - time.monotonic()))
         if est is None:
             click.echo(f"coloc-sbatch: warning: the estimate of {spec.model} did not finish within "
-                       f"estimate_timeout_s ({cfg.estimate_timeout_s:g} s): submitting as without an estimate "
+                       f"estimate_timeout_s ({cfg.estimate_timeout_s:g} s): submitting as without an "
+                       "estimate "
                        f"(a whole GPU); give #COLOC mem= or --coloc-mem to skip the estimate", err=True)
         return est
 
@@ -106,11 +108,12 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
 
 def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[ParsedScript],
                     wrap: Optional[str] = None) -> ProbeFn:
-    """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and answers
-    other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the script sbatch
-    makes of its command (``#!/bin/sh`` + the command). The job's working directory is ``--chdir`` (command line,
-    then ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not from the cache) to show its output,
-    and its answer replaces the cached one. Never raises: a probe that fails is an answer without a figure."""
+    """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and
+    answers other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the
+    script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
+    ``--chdir`` (command line, then ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not
+    from the cache) to show its output, and its answer replaces the cached one. Never raises: a probe that
+    fails is an answer without a figure."""
     chdir = next((o.value for o in reversed(script_options(parsed, cmd.table)[0] + list(cmd.options))
                   if o.name == "chdir" and o.value), None)
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
@@ -121,8 +124,10 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
 
         try:
             if not runs:
-                path, text = (str(parsed.path), None) if parsed is not None else ("--wrap", f"#!/bin/sh\n{wrap}\n")
-                runs.append((gpu, probe_script(path, () if parsed is None else cmd.script_args, submit_dir=workdir,
+                path, text = (str(parsed.path), None) if parsed is not None else ("--wrap",
+                                                                                  f"#!/bin/sh\n{wrap}\n")
+                runs.append((gpu,
+                             probe_script(path, () if parsed is None else cmd.script_args, submit_dir=workdir,
                                                gpu=gpu, timeout_s=cfg.probe_timeout_s,
                                                mem_limit_mib=cfg.probe_mem_limit_mib, refresh=cmd.explain,
                                                keep_log=cmd.explain, text=text)))
@@ -135,23 +140,25 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
             writes = tuple(str(w) for w in res.detail.get("outside_writes") or ())
             made = tuple(str(f) for f in res.detail.get("scratch_files") or ())
             return ProbeAnswer(est, res.ran, res.reason, tail, writes, res.cached, res.wall_s, made)
-        except Exception as exc:  # noqa: BLE001 - the probe never stops a submission
-            return ProbeAnswer(None, "probe ran nothing", f"the probe failed: {type(exc).__name__}: {exc}"[:300])
+        except Exception as exc:  # the probe never stops a submission
+            return ProbeAnswer(None, "probe ran nothing",
+                               f"the probe failed: {type(exc).__name__}: {exc}"[:300])
 
     return probe_fn
 
 
-# --- placement form (coloc-placer): the only place coloc-sbatch decides between held-for-placer and classic ---
+# --- placement form (coloc-placer): the one place coloc-sbatch decides between held-for-placer and classic
+# ---
 def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
                    script_index: Optional[int] = None) -> Tuple[List[str], bool]:
     """The sbatch arguments to submit and whether they are the placer's form.
 
     When a coloc-placer finished a round recently (``placement.daemon.placer_alive``: its heartbeat
-    ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held and
-    without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale or
-    unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H`` before
-    the script at ``script_index``, which the placer would release) the classic untyped ``--gres=shard:N``
-    request is kept, so a missing placer never leaves a job held.
+    ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held
+    and without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale
+    or unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H``
+    before the script at ``script_index``, which the placer would release) the classic untyped
+    ``--gres=shard:N`` request is kept, so a missing placer never leaves a job held.
     """
     from slurm_coloc.placement.daemon import placer_alive
     from slurm_coloc.placement.submit import placer_argv
@@ -179,7 +186,8 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
         args, placed = placement_form(plan.argv(script_path), cfg, plan.script_index)
         proc = sbatch(args, bin_dir=cfg.slurm_bin_dir)
         if placed and proc.returncode == 0:
-            proc.stderr += (f"coloc-sbatch: held for coloc-placer, which picks the GPU ({plan.shards} shards); "
+            proc.stderr += (f"coloc-sbatch: held for coloc-placer, which picks the GPU ({plan.shards} "
+                            "shards); "
                             "squeue -o '%i %r %k' shows why it waits\n")
     finally:
         if tmp_path:
@@ -190,11 +198,13 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
 
 
 def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -> None:
-    """On stderr (never stdout: ``--parsable``): ignored ``#COLOC`` lines, the decision's warnings, one line on
-    what the probe ran, and with ``explain`` every source's figure and the probe's output and outside writes."""
+    """On stderr (never stdout: ``--parsable``): ignored ``#COLOC`` lines, the decision's warnings, one line
+    on what the probe ran, and with ``explain`` every source's figure and the probe's output and outside
+    writes."""
     if parsed is not None and parsed.late_coloc_lines:
         lines = ", ".join(str(n) for n in parsed.late_coloc_lines)
-        click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and are "
+        click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and "
+                   "are "
                    f"ignored: move them above it, into the header with the #SBATCH lines", err=True)
     decision = plan.decision
     if decision is None:
@@ -237,17 +247,20 @@ def cli(argv: Tuple[str, ...]) -> None:
         plan, parsed, dry_run = plan_submission(list(argv))
         if cmd.coloc_mem is not None and is_bare_number(cmd.coloc_mem):
             click.echo(f"coloc-sbatch: note: --coloc-mem {cmd.coloc_mem.strip()} is read as "
-                       f"{cmd.coloc_mem.strip()} GiB (sbatch --mem {cmd.coloc_mem.strip()} would be MB); write "
+                       f"{cmd.coloc_mem.strip()} GiB (sbatch --mem {cmd.coloc_mem.strip()} would be MB); "
+                       "write "
                        f"{cmd.coloc_mem.strip()}G to say so", err=True)
         report_decision(plan, parsed, cmd.explain)
         if dry_run:
             click.echo(plan.command_line(str(parsed.path) if parsed else None))
             if plan.rewritten_script is not None:
-                click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy", err=True)
+                click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy",
+                           err=True)
             click.echo(f"coloc-sbatch: {plan.mode} ({plan.reason})", err=True)
             return
         if plan.comment_dropped:
-            click.echo(f"coloc-sbatch: note: the job comment is kept within Slurm's 1024 characters: left out "
+            click.echo("coloc-sbatch: note: the job comment is kept within Slurm's 1024 characters: left "
+                       "out "
                        f"{'; '.join(plan.comment_dropped)}", err=True)
         code = submit(plan, parsed)
         if code == 0 and (not cmd.has("parsable") or plan.reason == NO_INFORMATION):

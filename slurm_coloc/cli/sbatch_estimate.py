@@ -5,8 +5,8 @@ working directory) in a new session, so it and whatever it forks form one proces
 task (spec, GPU model, history) from stdin, imports and traces the model through ``estimate.estimate_peak``,
 and writes the result as JSON to a private file. Its stdout and stderr (the model's prints, torch warnings) go
 to a private log file, never to coloc-sbatch's stdout: ``--parsable`` prints the job id alone. After
-``timeout_s`` the group is killed (SIGKILL) and the caller gets None; the group is killed in every case once the
-child is done, so nothing the model forked outlives coloc-sbatch.
+``timeout_s`` the group is killed (SIGKILL) and the caller gets None; the group is killed in every case once
+the child is done, so nothing the model forked outlives coloc-sbatch.
 """
 from __future__ import annotations
 
@@ -45,17 +45,19 @@ def _tail(path: Path) -> str:
 
 def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int],
                       timeout_s: float) -> Optional[Estimate]:
-    """``estimate.estimate_peak(spec, gpu_model, history_mib)`` in a child process group bounded by ``timeout_s``.
+    """``estimate.estimate_peak(spec, gpu_model, history_mib)`` in a child process group bounded by
+    ``timeout_s``.
 
     Returns:
         The estimate, or None when the child did not answer within ``timeout_s`` (it and its process group are
         killed).
 
     Raises:
-        EstimateError: the estimator's own error (bad spec, a model that cannot be imported or run), or a child
-            that died without an answer (the last lines of its output in the message).
+        EstimateError: the estimator's own error (bad spec, a model that cannot be imported or run), or a
+            child that died without an answer (the last lines of its output in the message).
     """
-    task = {"spec": dataclasses.asdict(spec), "gpu_model": gpu_model, "history_mib": [int(h) for h in history_mib]}
+    task = {"spec": dataclasses.asdict(spec), "gpu_model": gpu_model,
+            "history_mib": [int(h) for h in history_mib]}
     with tempfile.TemporaryDirectory(prefix="coloc-sbatch-est-") as tmp:
         result, log_path = Path(tmp) / "result.json", Path(tmp) / "child.log"
         with open(log_path, "wb") as log:
@@ -89,8 +91,8 @@ def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int
 
 
 def child_main(result_path: str) -> None:
-    """The child: read the task from stdin, estimate, write ``Estimate.to_json()`` or ``{"error": <one line>}`` to
-    ``result_path``. Exit code 0 once an answer is written."""
+    """The child: read the task from stdin, estimate, write ``Estimate.to_json()`` or ``{"error": <one
+    line>}`` to ``result_path``. Exit code 0 once an answer is written."""
     task = json.loads(sys.stdin.read())
     spec_fields = dict(task["spec"])
     spec_fields["input_shape"] = tuple(spec_fields["input_shape"])
@@ -104,7 +106,7 @@ def child_main(result_path: str) -> None:
             answer = est.to_json()
         except ColocError as exc:
             answer = {"error": exc.one_line()}
-    except Exception as exc:  # noqa: BLE001 - the user's model may raise anything; one line back to the parent
+    except Exception as exc:  # the user's model may raise anything; one line back to the parent
         answer = {"error": " ".join(f"the model failed: {type(exc).__name__}: {exc}".split())[:2000]}
     text = json.dumps(answer, default=str)
     tmp = result_path + ".tmp"

@@ -153,7 +153,8 @@ def _read(path: str) -> Dict[str, Any]:
             data = json.load(fh)
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"),
+                                                                                    dict):
         return {}
     return data["entries"]
 

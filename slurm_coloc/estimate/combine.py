@@ -1,10 +1,11 @@
 """One final figure from history and the calibrated analytical trace.
 
 Order:
-1. history: measured NVML peaks of earlier runs of the same user's same script -> ``max * (1 + margin) + pad``,
+1. history: measured NVML peaks of earlier runs of the same user's same script -> ``max * (1 + margin) +
+   pad``,
    which may raise the traced figure and may lower it only down to the trace's floor (``trace_floor_mib``: the
-   uncalibrated analytic figure, ``analytic.analytic_mib``, i.e. the trace's own allocations replayed through the
-   caching allocator plus CUDA context and libraries; the calibrated bound multiplies it up, never down);
+   uncalibrated analytic figure, ``analytic.analytic_mib``, i.e. the trace's own allocations replayed through
+   the caching allocator plus CUDA context and libraries; the calibrated bound multiplies it up, never down);
 2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its
    margins (``weights/calibration.json``) were chosen on validation families so that
    underestimates are rare (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).

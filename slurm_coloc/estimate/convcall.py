@@ -57,7 +57,7 @@ class ConvCall:
     @property
     def key(self) -> str:
         """The call's table key (module docstring)."""
-        j = lambda t: ",".join(str(int(x)) for x in t)  # noqa: E731
+        j = lambda t: ",".join(str(int(x)) for x in t)
         mask = "".join("1" if m else "0" for m in self.mask) if self.backward else "-"
         return "|".join(["b" if self.backward else "f", self.dtype, j(self.input), j(self.weight),
                          j(self.stride), j(self.padding), j(self.dilation), str(int(self.transposed)),
@@ -119,7 +119,7 @@ def parse_key(key: str) -> ConvCall:
     try:
         if len(parts) != 11 or parts[0] not in ("f", "b") or parts[1] not in DTYPES:
             raise ValueError("shape of key")
-        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else ()  # noqa: E731
+        ints = lambda s: tuple(int(x) for x in s.split(",")) if s else ()
         backward = parts[0] == "b"
         mask = tuple(c == "1" for c in parts[10]) if backward else ()
         if backward and len(mask) != 3:

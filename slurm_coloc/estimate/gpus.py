@@ -36,7 +36,8 @@ class GpuModel:
 
 GPUS: Dict[str, GpuModel] = {
     "H100": GpuModel("H100", 81559, 612, 0,
-                     "measured on H100 80GB HBM3, driver 580.159.04, torch 2.11+cu130 (docs/facts.md §10-§12)"),
+                     "measured on H100 80GB HBM3, driver 580.159.04, torch 2.11+cu130 "
+                     "(docs/facts.md §10-§12)"),
     "H200": GpuModel("H200", 143771, 612, 0,
                      "memory from nvidia-smi on H200; context assumed equal to H100 (same Hopper stack)"),
     # Not measured here: for comparing with GPUMemNet's A100 figures only. 40960 MiB = the

@@ -1,13 +1,14 @@
 """Find and build the user's model from a ``ModelSpec`` (imports user code: never call from hooks).
 
-The callable is named ``package.module:callable`` or ``path/to/file.py:callable`` (relative to ``spec.base_dir``).
-Every failure is an ``EstimateError`` naming the model.
+The callable is named ``package.module:callable`` or ``path/to/file.py:callable`` (relative to
+``spec.base_dir``). Every failure is an ``EstimateError`` naming the model.
 
-Whose code runs: a ``package.module`` model is imported from the interpreter's own path only (``sys.path`` without
-the current directory, ``''`` and the script's directory), so a ``torchvision/__init__.py`` planted beside a
-script in a shared directory is never imported. A ``file.py`` model is imported by path, with its directory first
-on ``sys.path`` while it loads, only when ``trusted_dir`` accepts that directory: owned by the submitting user
-(or root) and writable by nobody else, and so is every directory above it up to the first root-owned one.
+Whose code runs: a ``package.module`` model is imported from the interpreter's own path only (``sys.path``
+without the current directory, ``''`` and the script's directory), so a ``torchvision/__init__.py`` planted
+beside a script in a shared directory is never imported. A ``file.py`` model is imported by path, with its
+directory first on ``sys.path`` while it loads, only when ``trusted_dir`` accepts that directory: owned by the
+submitting user (or root) and writable by nobody else, and so is every directory above it up to the first
+root-owned one.
 """
 from __future__ import annotations
 
@@ -57,12 +58,13 @@ def validate_spec(spec: ModelSpec) -> None:
 
 
 def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[str]:
-    """Why another user could put code into ``directory``, or None when only ``uid`` (default: ours) and root can.
+    """Why another user could put code into ``directory``, or None when only ``uid`` (default: ours) and root
+    can.
 
     Checks ``directory`` (after ``realpath``, so a symlink is judged by its target) and each parent up to and
-    including the first one owned by root: each must be owned by ``uid`` or root. ``directory`` itself must not be
-    group- or other-writable at all (anyone who can add an entry to it can add ``torch/``); a parent may be, only
-    with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
+    including the first one owned by root: each must be owned by ``uid`` or root. ``directory`` itself must
+    not be group- or other-writable at all (anyone who can add an entry to it can add ``torch/``); a parent
+    may be, only with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
 
     Returns:
         One line naming the directory and what is wrong, or None.
@@ -94,7 +96,8 @@ def trusted_dir(directory: str, model: str) -> None:
     why = untrusted_dir_reason(directory)
     if why:
         raise EstimateError(
-            f"model {model}: not importing code from {directory}: {why}; move the model file into a directory "
+            f"model {model}: not importing code from {directory}: {why}; move the model file into a "
+            "directory "
             f"only you can write (e.g. chmod go-w, or a directory under your home) and name it there")
 
 
@@ -144,7 +147,8 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
                 module = importlib.import_module(target)
         except ModuleNotFoundError as exc:
             raise EstimateError(f"model {spec.model}: module {target!r} not found ({exc.name}) on the "
-                                f"interpreter's path (a local module: name it as path/file.py:callable)") from exc
+                                "interpreter's path (a local module: name it as "
+                                "path/file.py:callable)") from exc
         except Exception as exc:
             raise EstimateError(f"model {spec.model}: importing {target} failed: {_short(exc)}") from exc
     fn = getattr(module, attr, None)

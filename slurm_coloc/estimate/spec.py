@@ -70,8 +70,9 @@ class Estimate:
     flops_per_step: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
-        """The estimate as a JSON object: ``mem_mib``, ``method``, ``detail``, ``gpu_model``, ``flops_per_step``
-        (what ``from_json`` reads back; the estimate cache, the probe cache and coloc-sbatch's estimate child)."""
+        """The estimate as a JSON object: ``mem_mib``, ``method``, ``detail``, ``gpu_model``,
+        ``flops_per_step`` (what ``from_json`` reads back; the estimate cache, the probe cache and
+        coloc-sbatch's estimate child)."""
         return {"mem_mib": self.mem_mib, "method": self.method, "detail": dict(self.detail),
                 "gpu_model": self.gpu_model, "flops_per_step": self.flops_per_step}
 
@@ -79,12 +80,12 @@ class Estimate:
     def from_json(cls, data: Any) -> "Estimate":
         """An estimate read back from ``to_json``'s object (a file or another process wrote it).
 
-        ``detail`` absent or null reads as {}; ``gpu_model`` as given; ``flops_per_step`` absent, null or not a
-        non-negative integer (entries written before FLOPs were counted) reads as None.
+        ``detail`` absent or null reads as {}; ``gpu_model`` as given; ``flops_per_step`` absent, null or not
+        a non-negative integer (entries written before FLOPs were counted) reads as None.
 
         Raises:
-            ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or ``detail``
-                not an object.
+            ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or
+                ``detail`` not an object.
         """
         if not isinstance(data, dict):
             raise ValueError("an estimate must be a JSON object")

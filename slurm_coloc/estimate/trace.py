@@ -93,6 +93,52 @@ class TraceResult:
 WorkspaceFn = Callable[[ConvCall], int]
 
 
+class _ReplayState:
+    """The allocator replay of the tracker (``make_tracker``): what a storage, cuBLAS and a convolution
+    allocate."""
+
+    alloc: CachingAllocatorModel
+    handles: Dict[int, int]
+    cublas: bool
+    scalars: ScalarAssumptions
+    conv_calls: List[ConvCall]
+    ws_max_b: int
+
+    def _free(self, key: int) -> None:
+        self.scalars.forget(key)
+        h = self.handles.pop(key, None)
+        if h is not None:
+            self.alloc.free(h)
+
+    def track(self, t: Any) -> None:
+        """Allocate tensor ``t``'s storage once; it is freed when the storage object dies."""
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.handles:
+            return
+        self.handles[key] = self.alloc.malloc(st.nbytes())
+        weakref.finalize(st, self._free, key)
+
+    def replay_cublas(self) -> None:
+        """The first GEMM: the cuBLAS and cuBLASLt workspaces, held for the process lifetime."""
+        self.cublas = True
+        self.alloc.malloc(CUBLAS_WORKSPACE_B)
+        self.alloc.malloc(CUBLASLT_WORKSPACE_B)
+
+    def replay_conv(self, call: ConvCall, workspace: Optional[WorkspaceFn]) -> None:
+        """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching
+        allocator after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient
+        block."""
+        self.conv_calls.append(call)
+        if workspace is None:
+            return
+        for part in workspace_parts(call):
+            ws = int(workspace(part))
+            if ws > 0:
+                self.ws_max_b = max(self.ws_max_b, ws)
+                self.alloc.free(self.alloc.malloc(ws))
+
+
 def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     """A ``TorchDispatchMode`` that replays every new tensor storage through the allocator model.
 
@@ -100,6 +146,11 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     storages to allocator blocks; ``track(t)`` allocates ``t``'s storage (an instance attribute
     may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces from ``workspace``),
     ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
+
+    Args:
+        torch: the imported ``torch`` module (imported by the caller, lazily).
+        workspace: bytes of cuDNN workspace one convolution call takes
+            (``workspace.WorkspaceModel.bytes_for``); None: no workspace replayed.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -110,7 +161,7 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     _conv = torch.ops.aten.convolution.default
     _conv_bwd = torch.ops.aten.convolution_backward.default
 
-    class _Tracker(TorchDispatchMode):
+    class _Tracker(_ReplayState, TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.alloc = CachingAllocatorModel()
@@ -120,20 +171,6 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
             self.scalars = ScalarAssumptions()
             self.conv_calls: List[ConvCall] = []
             self.ws_max_b = 0
-
-        def _free(self, key: int) -> None:
-            self.scalars.forget(key)
-            h = self.handles.pop(key, None)
-            if h is not None:
-                self.alloc.free(h)
-
-        def track(self, t: Any) -> None:
-            st = t.untyped_storage()
-            key = st._cdata
-            if key in self.handles:
-                return
-            self.handles[key] = self.alloc.malloc(st.nbytes())
-            weakref.finalize(st, self._free, key)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             try:
@@ -147,23 +184,12 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
                 self.scalars.note_output(func, out, out.untyped_storage()._cdata)
             self.ops += 1
             if not self.cublas and any(g in func.__name__ for g in _GEMM_OPS):
-                self.cublas = True
-                self.alloc.malloc(CUBLAS_WORKSPACE_B)  # held for the process lifetime
-                self.alloc.malloc(CUBLASLT_WORKSPACE_B)
+                self.replay_cublas()
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.track(t)
             if func is _conv or func is _conv_bwd:
-                # cuDNN takes its workspace from the caching allocator after the outputs exist
-                # and gives it back when the call ends (Conv_v8.cpp): a transient block.
-                call = from_aten(func is _conv_bwd, args)
-                self.conv_calls.append(call)
-                if workspace is not None:
-                    for part in workspace_parts(call):
-                        ws = int(workspace(part))
-                        if ws > 0:
-                            self.ws_max_b = max(self.ws_max_b, ws)
-                            self.alloc.free(self.alloc.malloc(ws))
+                self.replay_conv(from_aten(func is _conv_bwd, args), workspace)
             return out
 
     return _Tracker()
@@ -236,11 +262,13 @@ def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
         if any(t.device.type != "meta" for t in list(model.parameters()) + list(model.buffers())):
             model = model.to("meta")
     except Exception as exc:
-        raise EstimateError(f"model {spec.model}: moving it to the meta device failed: {_short(exc)}") from exc
+        raise EstimateError(f"model {spec.model}: moving it to the meta device failed: "
+                            f"{_short(exc)}") from exc
     return model
 
 
-def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
+def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
+               count_flops: bool = True) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
     Args:
@@ -264,7 +292,7 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_f
         try:
             with deferred_imports():
                 return _trace(spec, workspace, count_flops)
-        except Exception as exc:  # noqa: BLE001 - unless plainly the model's own error,
+        except Exception as exc:  # unless plainly the model's own error,
             if not may_need_real_dynamo(exc):  # the plain trace below decides
                 raise
     return _trace(spec, workspace, count_flops)
@@ -305,7 +333,7 @@ def make_flop_counter() -> Any:
             def count(*args: Any, **kwargs: Any) -> Any:
                 try:
                     return formula(*args, **kwargs)
-                except Exception:  # noqa: BLE001 - a FLOP formula never fails the memory trace
+                except Exception:  # a FLOP formula never fails the memory trace
                     counter.coloc_failed = True
                     return 0
             return count
@@ -316,10 +344,83 @@ def make_flop_counter() -> Any:
 
 def step_flops(totals: List[int], counter: Any) -> Optional[int]:
     """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
-    when fewer than two readings or a formula failed."""
+    when fewer than two readings or a formula failed.
+
+    Args:
+        totals: the counter's running totals (FLOP), one per step end.
+        counter: the ``make_flop_counter`` mode (None: no count).
+    """
     if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
         return None
     return int(totals[-1] - totals[-2])
+
+
+def _activation_hooks(torch: Any, model: Any, acts: List[float], dw_hw: List[int]) -> List[Any]:
+    """Forward hooks on every leaf module: add its output elements to ``acts[-1]`` and the largest depthwise
+    ``Conv2d`` input height x width to ``dw_hw[0]``. Returns the hook handles (to remove)."""
+
+    def hook(m: Any, inp: Any, out: Any) -> None:
+        from torch.utils._pytree import tree_flatten
+
+        acts[-1] += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        if (isinstance(m, torch.nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels
+                and inp and isinstance(inp[0], torch.Tensor) and inp[0].dim() >= 3):
+            dw_hw[0] = max(dw_hw[0], int(inp[0].shape[-1]) * int(inp[0].shape[-2]))
+
+    return [mod.register_forward_hook(hook) for mod in model.modules() if not list(mod.children())]
+
+
+def _input(torch: Any, spec: ModelSpec, device: str) -> Any:
+    """The batch, ``(batch_size, *input_shape)``: int64 zeros (token ids) or an empty float32 tensor."""
+    shape = (spec.batch_size, *spec.input_shape)
+    if spec.input_dtype == "int64":
+        return torch.zeros(shape, dtype=torch.long, device=device)
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
+def _train_step(torch: Any, spec: ModelSpec, model: Any, x: Any, opt: Any, device: str) -> None:
+    """One traced training step (module docstring); its tensors are freed on return.
+
+    Raises:
+        EstimateError: the forward, backward or optimizer step failed, or the forward returned no tensor.
+    """
+    amp = spec.precision != "fp32"
+    ac_dtype = torch.float16 if spec.precision == "amp-fp16" else torch.bfloat16
+    opt.zero_grad(set_to_none=True)
+    try:
+        with torch.autocast("cpu", dtype=ac_dtype, enabled=amp), (
+                make_cuda_fp32_mode(torch) if amp else contextlib.nullcontext()):
+            raw = model(x)
+            out = pick_output(torch, raw)
+            if out is None:
+                raise EstimateError(
+                    f"model {spec.model}: forward returned {type(raw).__name__} without a tensor"
+                    " (expected logits, or a ModelOutput/dict/tuple holding them)")
+            del raw
+            loss, logits, y = _loss(torch, out, amp, device)
+    except EstimateError:
+        raise
+    except Exception as exc:
+        raise EstimateError(
+            f"model {spec.model}: forward on input {tuple(spec.input_shape)} "
+            f"({spec.input_dtype}) failed: {_short(exc)}"
+        ) from exc
+    try:
+        loss.backward()
+        opt.step()
+    except Exception as exc:
+        raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
+    del out, logits, loss, y
+
+
+def _fake_device(amp: bool) -> Tuple[Any, str]:
+    """Where the trace runs: ``(outer context, device)``: fake CPU tensors under ``FakeTensorMode`` for AMP
+    (CPU autocast needs a real device type), else the ``meta`` device."""
+    if amp:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        return FakeTensorMode(allow_non_fake_inputs=True), "cpu"
+    return contextlib.nullcontext(), "meta"
 
 
 def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops: bool = True) -> TraceResult:
@@ -329,14 +430,7 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
 
     amp = spec.precision != "fp32"
     tracker = make_tracker(torch, workspace)
-    if amp:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        outer: Any = FakeTensorMode(allow_non_fake_inputs=True)
-        device = "cpu"
-    else:
-        outer = contextlib.nullcontext()
-        device = "meta"
+    outer, device = _fake_device(amp)
     model = _build_meta(spec, fn, torch)
     acts: List[float] = []
     flops = make_flop_counter() if count_flops else None
@@ -356,57 +450,16 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
         params = sum(p.numel() for p in model.parameters())
         param_b = sum(p.numel() * p.element_size() for p in model.parameters())
         buffer_b = sum(b.numel() * b.element_size() for b in model.buffers())
-        hooks = []
         dw_hw = [0]
-
-        def hook(m: Any, inp: Any, out: Any) -> None:
-            from torch.utils._pytree import tree_flatten
-
-            acts[-1] += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-            if (isinstance(m, torch.nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels
-                    and inp and isinstance(inp[0], torch.Tensor) and inp[0].dim() >= 3):
-                dw_hw[0] = max(dw_hw[0], int(inp[0].shape[-1]) * int(inp[0].shape[-2]))
-
-        for mod in model.modules():
-            if not list(mod.children()):
-                hooks.append(mod.register_forward_hook(hook))
-        shape = (spec.batch_size, *spec.input_shape)
-        if spec.input_dtype == "int64":
-            x = torch.zeros(shape, dtype=torch.long, device=device)
-        else:
-            x = torch.empty(shape, dtype=torch.float32, device=device)
+        hooks = _activation_hooks(torch, model, acts, dw_hw)
+        x = _input(torch, spec, device)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if not trainable:
             raise EstimateError(f"model {spec.model}: it has no trainable parameters")
         opt = _optimizer(torch, spec.optimizer, trainable)
-        ac_dtype = torch.float16 if spec.precision == "amp-fp16" else torch.bfloat16
         for _ in range(TRACE_STEPS):
             acts.append(0.0)
-            opt.zero_grad(set_to_none=True)
-            try:
-                with torch.autocast("cpu", dtype=ac_dtype, enabled=amp), (
-                        make_cuda_fp32_mode(torch) if amp else contextlib.nullcontext()):
-                    raw = model(x)
-                    out = pick_output(torch, raw)
-                    if out is None:
-                        raise EstimateError(
-                            f"model {spec.model}: forward returned {type(raw).__name__} without a tensor"
-                            " (expected logits, or a ModelOutput/dict/tuple holding them)")
-                    del raw
-                    loss, logits, y = _loss(torch, out, amp, device)
-            except EstimateError:
-                raise
-            except Exception as exc:
-                raise EstimateError(
-                    f"model {spec.model}: forward on input {tuple(spec.input_shape)} "
-                    f"({spec.input_dtype}) failed: {_short(exc)}"
-                ) from exc
-            try:
-                loss.backward()
-                opt.step()
-            except Exception as exc:
-                raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
-            del out, logits, loss, y
+            _train_step(torch, spec, model, x, opt, device)
             if flops is not None:
                 flop_totals.append(int(flops.get_total_flops()))
         for h in hooks:

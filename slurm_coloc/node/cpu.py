@@ -1,25 +1,29 @@
-"""CPU use of each job with a process on a GPU, for the node sampler (read through /proc and the job's cgroup).
+"""CPU use of each job with a process on a GPU, for the node sampler (read through /proc and the job's
+cgroup).
 
-Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs, attributed by node/attribution.py):
+Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs, attributed by
+node/attribution.py):
 
 - ``train_cores``: CPU cores the CUDA process(es) used since the job's previous reading (utime + stime of
   ``/proc/<pid>/stat``, all threads, over the wall time between the readings);
-- ``workers`` / ``workers_cores``: how many processes descend from the CUDA process(es) (DataLoader workers, their
-  children; found through ``/proc/<pid>/task/<tid>/children`` once per ``tree_refresh_s``, and whenever the CUDA
-  pids change) and the cores they used together. A worker first seen at a reading counts its whole CPU time (it
-  started since the previous look at the tree); one that exited between two readings loses its last interval.
-  None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
+- ``workers`` / ``workers_cores``: how many processes descend from the CUDA process(es) (DataLoader workers,
+  their
+  children; found through ``/proc/<pid>/task/<tid>/children`` once per ``tree_refresh_s``, and whenever the
+  CUDA pids change) and the cores they used together. A worker first seen at a reading counts its whole CPU
+  time (it started since the previous look at the tree); one that exited between two readings loses its last
+  interval. None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
 - ``job_cores``: cores used by everything in the job's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
   ``cpuacct.usage``; slurmd's cgroup plugins), None without one (proctrack/linuxproc);
-- ``cpus``: the job's CPUs on this node: ``SLURM_CPUS_ON_NODE`` of the CUDA process's environment (Slurm sets it
-  from the allocation; its user could change it, which only changes the advice on their own job), capped by how
-  many CPUs the process may run on (``sched_getaffinity``: the allocation where Slurm binds tasks); the affinity
-  alone where the variable is missing or unreadable (a sampler not running as root).
+- ``cpus``: the job's CPUs on this node: ``SLURM_CPUS_ON_NODE`` of the CUDA process's environment (Slurm sets
+  it
+  from the allocation; its user could change it, which only changes the advice on their own job), capped by
+  how many CPUs the process may run on (``sched_getaffinity``: the allocation where Slurm binds tasks); the
+  affinity alone where the variable is missing or unreadable (a sampler not running as root).
 
-The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per process of
-the tree and one cgroup read; every ``tree_refresh_s`` also one ``children`` read per thread of the tree's processes
-(a PyTorch process has a few dozen threads: that walk is most of the cost, hence not every tick). Measured figures:
-docs/node.md.
+The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per
+process of the tree and one cgroup read; every ``tree_refresh_s`` also one ``children`` read per thread of the
+tree's processes (a PyTorch process has a few dozen threads: that walk is most of the cost, hence not every
+tick). Measured figures: docs/node.md.
 """
 from __future__ import annotations
 
@@ -97,8 +101,8 @@ class CpuReader:
         self.children_supported: Optional[bool] = None
 
     def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
-        """One reading: ``job_pids`` maps job id -> its CUDA pids now. Returns a ``JobCpu`` per job seen at the
-        previous reading too; jobs absent from ``job_pids`` are forgotten."""
+        """One reading: ``job_pids`` maps job id -> its CUDA pids now. Returns a ``JobCpu`` per job seen at
+        the previous reading too; jobs absent from ``job_pids`` are forgotten."""
         now = self.clock()
         cpu_now: Dict[PidKey, float] = {}
         out: List[JobCpu] = []
@@ -114,7 +118,8 @@ class CpuReader:
         self._cpu = cpu_now
         return out
 
-    def _read_job(self, job_id: int, pids: List[int], now: float, cpu_now: Dict[PidKey, float]) -> Optional[JobCpu]:
+    def _read_job(self, job_id: int, pids: List[int], now: float,
+                  cpu_now: Dict[PidKey, float]) -> Optional[JobCpu]:
         prev = self._jobs.get(job_id)
         train_s = 0.0
         train: Set[int] = set()
@@ -160,8 +165,8 @@ class CpuReader:
                       job_cores=job_cores, cpus=self._allowed_cpus(job_id, min(train)))
 
     def _workers_of(self, job_id: int, train: Set[int], now: float) -> Tuple[bool, Optional[List[int]]]:
-        """(walked now, the job's descendant pids): walked again every ``tree_refresh_s`` or when its CUDA pids
-        changed, else the last walk's pids (those still alive and not reused count)."""
+        """(walked now, the job's descendant pids): walked again every ``tree_refresh_s`` or when its CUDA
+        pids changed, else the last walk's pids (those still alive and not reused count)."""
         key = tuple(sorted(train))
         hit = self._tree.get(job_id)
         if hit is None or hit[1] != key or now - hit[0] >= self.tree_refresh_s:
@@ -205,7 +210,8 @@ class CpuReader:
     def _cgroup_usage_s(self, job_id: int, pids: Sequence[int]) -> Optional[float]:
         """CPU seconds used so far by the job's cgroup (``.../job_<id>``), None without one."""
         if job_id not in self._cgroup_file:
-            self._cgroup_file[job_id] = next((f for f in (self._find_cgroup(job_id, p) for p in pids) if f), None)
+            self._cgroup_file[job_id] = next((f for f in (self._find_cgroup(job_id, p) for p in pids) if f),
+                                             None)
         path = self._cgroup_file[job_id]
         if path is None:
             return None
@@ -238,7 +244,8 @@ class CpuReader:
             if hier == "0" and controllers == "":
                 candidates = [f"{self.cgroup_root}{m.group(1)}/cpu.stat"]
             elif "cpuacct" in controllers.split(","):
-                candidates = [f"{self.cgroup_root}/{d}{m.group(1)}/cpuacct.usage" for d in (controllers, "cpuacct")]
+                candidates = [f"{self.cgroup_root}/{d}{m.group(1)}/cpuacct.usage"
+                              for d in (controllers, "cpuacct")]
             else:
                 continue
             for f in candidates:

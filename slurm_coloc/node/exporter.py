@@ -1,14 +1,15 @@
-"""The sampler's Prometheus endpoint: ``/metrics`` on ``exporter_bind_address:exporter_port`` (the only importer
-of prometheus_client).
+"""The sampler's Prometheus endpoint: ``/metrics`` on ``exporter_bind_address:exporter_port`` (the only
+importer of prometheus_client).
 
 A custom collector turns the sampler's live state (node/livestate.py) into metric families at each scrape, so
 series exist exactly while their GPU is read and their job runs. Three name sets (config ``exporter_names``,
 docs/metrics.md lists every metric): ``coloc`` (Prometheus conventions: base units, ``_ratio``, ``_bytes``,
-``_joules_total``), ``jobstats`` (the names and labels of the GPU exporter PrincetonUniversity/jobstats queries:
-``nvidia_gpu_*`` with ``minor_number``, plus a ``jobid`` label so that several jobs on one GPU stay apart) and
-``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_*`` with ``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``
-and ``hpc_job``). In the two compatible sets a job's series carry its own memory and its share of the GPU's rates
-(utilization, activity, power: the GPU's figure x the job's share, the Epilog's attribution rule).
+``_joules_total``), ``jobstats`` (the names and labels of the GPU exporter PrincetonUniversity/jobstats
+queries: ``nvidia_gpu_*`` with ``minor_number``, plus a ``jobid`` label so that several jobs on one GPU stay
+apart) and ``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_*`` with ``gpu``, ``UUID``, ``device``, ``modelName``,
+``Hostname`` and ``hpc_job``). In the two compatible sets a job's series carry its own memory and its share of
+the GPU's rates (utilization, activity, power: the GPU's figure x the job's share, the Epilog's attribution
+rule).
 
 The endpoint never stops the sampler: a port in use is one error line (binding is retried every
 ``BIND_RETRY_S``), a collector failure is one error line per kind with the scrape answering the rest, and the
@@ -41,10 +42,13 @@ OOM_TTL_S = 60.0
 
 # coloc names: (metric suffix, GpuReading attribute, scale to base units, help)
 _GPU_GAUGES = (
-    ("utilization_ratio", "util_pct", 0.01, "Coarse NVML GPU utilization (share of time a kernel ran), 0..1."),
+    ("utilization_ratio", "util_pct", 0.01,
+     "Coarse NVML GPU utilization (share of time a kernel ran), 0..1."),
     ("memory_utilization_ratio", "mem_util_pct", 0.01, "NVML memory-controller utilization, 0..1."),
-    ("sm_active_ratio", "smact_pct", 0.01, "GPM SM activity over the last sampling interval, 0..1 (Hopper+)."),
-    ("sm_occupancy_ratio", "smocc_pct", 0.01, "GPM SM occupancy over the last sampling interval, 0..1 (Hopper+)."),
+    ("sm_active_ratio", "smact_pct", 0.01,
+     "GPM SM activity over the last sampling interval, 0..1 (Hopper+)."),
+    ("sm_occupancy_ratio", "smocc_pct", 0.01,
+     "GPM SM occupancy over the last sampling interval, 0..1 (Hopper+)."),
     ("tensor_active_ratio", "tensor_pct", 0.01, "GPM any-tensor-pipe activity, 0..1 (Hopper+)."),
     ("dram_active_ratio", "dram_bw_pct", 0.01, "GPM DRAM bandwidth utilization, 0..1 (Hopper+)."),
     ("memory_used_bytes", "mem_used_mib", MIB, "Device memory in use (bytes)."),
@@ -60,7 +64,8 @@ _DCGM = (
     ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1.0, True, "Power draw (in W)."),
     ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1.0, False, "GPU temperature (in C)."),
     ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1.0, False, "SM clock frequency (in MHz)."),
-    ("DCGM_FI_PROF_SM_ACTIVE", "smact_pct", 0.01, True, "The ratio of cycles an SM has at least 1 warp assigned."),
+    ("DCGM_FI_PROF_SM_ACTIVE", "smact_pct", 0.01, True,
+     "The ratio of cycles an SM has at least 1 warp assigned."),
     ("DCGM_FI_PROF_SM_OCCUPANCY", "smocc_pct", 0.01, True, "The ratio of resident warps on an SM."),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "tensor_pct", 0.01, True, "Ratio of cycles a tensor pipe is active."),
     ("DCGM_FI_PROF_DRAM_ACTIVE", "dram_bw_pct", 0.01, True, "Ratio of cycles the device memory is active."),
@@ -95,7 +100,7 @@ class ColocCollector:
         try:
             view = self.state.view()
             fams = {"coloc": self._coloc, "jobstats": self._jobstats, "dcgm": self._dcgm}[self.names](view)
-        except Exception as exc:  # noqa: BLE001 - a scrape must answer; the sampler goes on
+        except Exception as exc:  # a scrape must answer; the sampler goes on
             self.collect_errors += 1
             kind = f"{type(exc).__name__}: {exc}"
             if kind not in self._logged:
@@ -109,7 +114,8 @@ class ColocCollector:
     def _health(self, view: Optional[View]) -> List[Metric]:
         out: List[Metric] = []
         node = self.state.node
-        c = CounterMetricFamily("coloc_exporter_collect_errors", "Scrapes that failed to read the sampler's state.",
+        c = CounterMetricFamily("coloc_exporter_collect_errors",
+                                "Scrapes that failed to read the sampler's state.",
                                 labels=["node"])
         c.add_metric([node], self.collect_errors)
         out.append(c)
@@ -119,8 +125,10 @@ class ColocCollector:
         f.add_metric([node], view.frames)
         e = CounterMetricFamily("coloc_sampler_read_errors", "NVML reads that failed.", labels=["node"])
         e.add_metric([node], view.read_errors)
-        ok = GaugeMetricFamily("coloc_exporter_job_rows_ok", "1 when the node database's running jobs could be "
-                               "read at the last try, else 0 (job series then lack user and grant).", labels=["node"])
+        ok = GaugeMetricFamily("coloc_exporter_job_rows_ok",
+                               "1 when the node database's running jobs could be "
+                               "read at the last try, else 0 (job series then lack user and grant).",
+                               labels=["node"])
         ok.add_metric([node], 1.0 if view.job_rows_ok else 0.0)
         st = GaugeMetricFamily("coloc_sampler_start_time_seconds", "When the sampler started (Unix time).",
                                labels=["node"])
@@ -164,14 +172,20 @@ class ColocCollector:
             ten.add_metric(lab, float(g.tenants))
         fams += [energy, mps, ten]
         jl = ["node", "gpu", "jobid", "user", "mode"]
-        used = GaugeMetricFamily("coloc_job_gpu_memory_used_bytes", "NVML memory of the job's processes on the "
+        used = GaugeMetricFamily("coloc_job_gpu_memory_used_bytes",
+                                 "NVML memory of the job's processes on the "
                                  "GPU (bytes, CUDA contexts included).", labels=jl)
-        granted = GaugeMetricFamily("coloc_job_gpu_memory_granted_bytes", "GPU memory the job was granted on the "
-                                    "GPU: shards x 1 GiB (the estimate rounded up), or the whole GPU.", labels=jl)
-        sm = GaugeMetricFamily("coloc_job_gpu_sm_utilization_ratio", "NVML SM utilization of the job's processes, "
+        granted = GaugeMetricFamily("coloc_job_gpu_memory_granted_bytes",
+                                    "GPU memory the job was granted on the "
+                                    "GPU: shards x 1 GiB (the estimate rounded up), or the whole GPU.",
+                                    labels=jl)
+        sm = GaugeMetricFamily("coloc_job_gpu_sm_utilization_ratio",
+                               "NVML SM utilization of the job's processes, "
                                "0..1 (absent under MPS: NVML gives none per client).", labels=jl)
-        share = GaugeMetricFamily("coloc_job_gpu_share_ratio", "The job's share of the GPU at the latest frame "
-                                  "(SM utilization, else memory; the energy attribution rule), 0..1.", labels=jl)
+        share = GaugeMetricFamily("coloc_job_gpu_share_ratio",
+                                  "The job's share of the GPU at the latest frame "
+                                  "(SM utilization, else memory; the energy attribution rule), 0..1.",
+                                  labels=jl)
         je = CounterMetricFamily("coloc_job_gpu_energy_joules", "GPU energy attributed to the job since the "
                                  "sampler first saw it (J; the Epilog's attribution rule).", labels=jl)
         for j in view.jobs:
@@ -193,8 +207,10 @@ class ColocCollector:
         labels = ["minor_number", "name", "uuid", "jobid"]
         names = (("nvidia_gpu_duty_cycle", "GPU utilization (%); per job: the GPU's x the job's share"),
                  ("nvidia_gpu_memory_used_bytes", "Memory used (bytes); per job: its processes'"),
-                 ("nvidia_gpu_memory_total_bytes", "Total memory (bytes); per job: the memory it was granted"),
-                 ("nvidia_gpu_power_usage_milliwatts", "Power usage (mW); per job: the GPU's x the job's share"),
+                 ("nvidia_gpu_memory_total_bytes",
+                  "Total memory (bytes); per job: the memory it was granted"),
+                 ("nvidia_gpu_power_usage_milliwatts",
+                  "Power usage (mW); per job: the GPU's x the job's share"),
                  ("nvidia_gpu_temperature_celsius", "Temperature of the GPU (Celsius)"),
                  ("nvidia_gpu_jobId", "Job id of a job using this GPU (one series per job on a shared GPU)"),
                  ("nvidia_gpu_jobUid", "Uid of the user of that job"))
@@ -229,7 +245,8 @@ class ColocCollector:
         fams = {name: GaugeMetricFamily(name, h, labels=labels) for name, _, _, _, h in _DCGM}
         for name, h in (("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB); per job: its processes'."),
                         ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB); per job: granted - used."),
-                        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ); "
+                        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                         "Total energy consumption since boot (in mJ); "
                          "per job: attributed since the sampler first saw it.")):
             fams[name] = GaugeMetricFamily(name, h, labels=labels)
         by_gpu = self._jobs_by_gpu(view)
@@ -242,7 +259,8 @@ class ColocCollector:
                 (str(j.job_id), j.share_ratio, j.mem_used_bytes / MIB,
                  (j.mem_granted_bytes / MIB if j.mem_granted_bytes is not None else total_mib),
                  j.energy_j * 1000.0) for j in jobs] or [
-                ("", 1.0, r.mem_used_mib or 0.0, total_mib, None if r.energy_j is None else r.energy_j * 1000.0)]
+                ("", 1.0, r.mem_used_mib or 0.0, total_mib, None if r.energy_j is None
+                 else r.energy_j * 1000.0)]
             for job, share, used_mib, cap_mib, energy_mj in rows:
                 lab = base + [job]
                 for name, attr, scale, split, _ in _DCGM:
@@ -298,7 +316,7 @@ def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
                 finally:
                     db.conn.close()
                 cache["value"] = (len(recs), sum(r.retry_status == "submitted" for r in recs))
-            except Exception:  # noqa: BLE001 - no controller database here: no OOM families
+            except Exception:  # no controller database here: no OOM families
                 cache["value"] = None
         return cache["value"]
     return counts
@@ -308,7 +326,8 @@ class Exporter:
     """The endpoint of one sampler: a registry (our collector + process metrics) and its HTTP server thread.
 
     Args:
-        cfg: ``exporter_port``, ``exporter_bind_address``, ``exporter_names``. state: the sampler's live state.
+        cfg: ``exporter_port``, ``exporter_bind_address``, ``exporter_names``. state: the sampler's live
+            state.
     """
 
     def __init__(self, cfg: Config, state: LiveState) -> None:
@@ -339,8 +358,10 @@ class Exporter:
             self.server, _ = metrics_server.serve(make_wsgi_app(self.registry), addr, port)  # bounded
         except (OSError, ValueError) as exc:
             if first:
-                log.error("metrics: cannot serve http://%s:%d/metrics (%s); sampling goes on without it, binding "
-                          "retried every %.0f s", addr, port, getattr(exc, "strerror", None) or exc, BIND_RETRY_S)
+                log.error("metrics: cannot serve http://%s:%d/metrics (%s); sampling goes on without it, "
+                          "binding "
+                          "retried every %.0f s", addr, port, getattr(exc, "strerror", None) or exc,
+                          BIND_RETRY_S)
             return False
         log.info("metrics: serving http://%s:%d/metrics (%s names)", addr, port, self.cfg.exporter_names)
         return True

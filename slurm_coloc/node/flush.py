@@ -1,15 +1,16 @@
 """The Epilog's flush request to the node sampler, so that a job's summary has its last samples.
 
-The sampler writes its buffered rows once per ``sampler_batch_s``; rows read after its last write would be missing
-from the summary the Epilog writes when the job ends. So the Epilog (as root):
+The sampler writes its buffered rows once per ``sampler_batch_s``; rows read after its last write would be
+missing from the summary the Epilog writes when the job ends. So the Epilog (as root):
 
 1. finds the sampler's pid in the node's lock file (``<run_dir>/sampler-<node>.lock``, only while its flock is
    held) and checks that ``/proc/<pid>`` really is our sampler: owned by our uid, its command line running
    ``slurm_coloc.cli.sampler`` (or ``coloc-sampler``) ``run``. Anything else is never signalled;
-2. notes the wall time ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once (the signal ends its
+2. notes the wall time ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once (the signal ends
+   its
    wait between ticks) and, after every successful write, replaces the marker
-   ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``: every frame read
-   before ``upto_ts`` is in the database);
+   ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``: every frame
+   read before ``upto_ts`` is in the database);
 3. waits until the marker names that pid with ``upto_ts >= t_req``, at most ``flush_wait_s(cfg)``
    (2 x ``sampler_interval_s``, at least 1 s, at most 3 s), then summarises whatever the database holds.
 
@@ -57,7 +58,8 @@ def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
 
 
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
-    """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, writable by others) or bad."""
+    """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, writable by others) or
+    bad."""
     try:
         fd = os.open(str(marker_path(cfg, node)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -75,9 +77,11 @@ def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
 
 
 def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
-    """True when ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our uid."""
+    """True when ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our
+    uid."""
     try:
-        args = [a.decode(errors="replace") for a in Path(proc_root, str(pid), "cmdline").read_bytes().split(b"\0")]
+        args = [a.decode(errors="replace")
+                for a in Path(proc_root, str(pid), "cmdline").read_bytes().split(b"\0")]
         uid = next(int(ln.split()[1]) for ln in Path(proc_root, str(pid), "status").read_text().splitlines()
                    if ln.startswith("Uid:"))
     except (OSError, ValueError, IndexError, StopIteration):
@@ -86,12 +90,14 @@ def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
     return uid == os.geteuid() and ours and "run" in args
 
 
-def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[float] = None) -> Dict[str, Any]:
+def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[float] = None) -> Dict[str,
+                                                                                                      Any]:
     """Ask the sampler ``pid`` (from ``sampler.running_pid``) to write its buffer; wait for it. Never raises.
 
     Returns:
         ``{"status": ..., ...}`` with status ``ok`` (flushed; ``wait_ms``), ``no-sampler``, ``not-a-sampler``
-        (the pid is not our sampler: not signalled), ``signal-failed`` or ``timeout`` (no flush within ``wait_s``).
+        (the pid is not our sampler: not signalled), ``signal-failed`` or ``timeout`` (no flush within
+        ``wait_s``).
     """
     wait_s = flush_wait_s(cfg) if wait_s is None else wait_s
     if not pid or pid <= 0:
@@ -111,7 +117,8 @@ def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[f
         if m and m.get("pid") == pid and isinstance(m.get("upto_ts"), (int, float)) and m["upto_ts"] >= t_req:
             return {"status": "ok", "pid": pid, "wait_ms": round((time.monotonic() - t0) * 1000, 1)}
         if time.monotonic() - t0 >= wait_s:
-            log.warning("the sampler %s of %s did not flush within %.1f s: the summary may miss its last samples",
+            log.warning("the sampler %s of %s did not flush within %.1f s: the summary may miss its last "
+                        "samples",
                         pid, node, wait_s)
             return {"status": "timeout", "pid": pid, "wait_s": wait_s}
         time.sleep(POLL_S)

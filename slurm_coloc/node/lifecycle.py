@@ -26,19 +26,21 @@ def _uuid_of(index: int) -> Optional[str]:
     try:
         from slurm_coloc.nvml import gpu_uuids
         return gpu_uuids().get(index)
-    except Exception as exc:  # noqa: BLE001 - no NVML: key by index
+    except Exception as exc:  # no NVML: key by index
         log.info("no NVML (%s): MPS directories keyed by GPU index", exc)
         return None
 
 
 def share_mode(shards: Optional[int], cfg: Config) -> str:
-    """``shard`` when the job holds fewer shards than a GPU has, ``whole-gpu`` for all of them, else ``none``."""
+    """``shard`` when the job holds fewer shards than a GPU has, ``whole-gpu`` for all of them, else
+    ``none``."""
     if not shards:
         return "none"
     return "whole-gpu" if shards >= cfg.gpu_mem_gib else "shard"
 
 
-def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int], shards: Optional[int],
+def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int],
+                   shards: Optional[int],
                    spank_share: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                    uid: Optional[int] = None) -> Dict[str, Any]:
     """Set up a job's GPU sharing on this node; return what was done (for the hook_runs row).
@@ -47,7 +49,8 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
 
     Shard job on one GPU: MPS daemon for that GPU (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and
     the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice`` without MPS).
-    Whole-GPU and non-GPU jobs: no env file, no MPS. Starts the sampler for any GPU job (``sampler_autostart``).
+    Whole-GPU and non-GPU jobs: no env file, no MPS. Starts the sampler for any GPU job
+    (``sampler_autostart``).
     """
     out: Dict[str, Any] = {"share": share_mode(shards, cfg)}
     if gpus and cfg.sampler_autostart:

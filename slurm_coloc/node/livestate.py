@@ -1,13 +1,13 @@
 """The sampler's live state for the metrics endpoint (pure Python; no prometheus_client here).
 
-The sampler calls ``LiveState.observe`` once per frame (its own thread): that keeps the latest GPU readings, the
-per-(job, GPU) memory, SM utilization and share of the GPU, and adds to each (job, GPU) pair its share of the
-energy the GPU used since the previous frame. The share is the Epilog's attribution rule (node/summary.py,
+The sampler calls ``LiveState.observe`` once per frame (its own thread): that keeps the latest GPU readings,
+the per-(job, GPU) memory, SM utilization and share of the GPU, and adds to each (job, GPU) pair its share of
+the energy the GPU used since the previous frame. The share is the Epilog's attribution rule (node/summary.py,
 docs/node.md): SM utilization when every process on the GPU reports it, else memory, the MPS server left out.
 
 A scrape (another thread) calls ``LiveState.view``: the latest frame joined with the running jobs of this node
-(the Prolog's ``job_runs`` rows that no Epilog closed, opened since this boot) into ``View`` rows. A job's rows
-exist while it runs (open row) or while a process of it is on a GPU; when it ends they are gone and its
+(the Prolog's ``job_runs`` rows that no Epilog closed, opened since this boot) into ``View`` rows. A job's
+rows exist while it runs (open row) or while a process of it is on a GPU; when it ends they are gone and its
 energy accumulators are dropped, so label cardinality follows the running jobs.
 """
 from __future__ import annotations
@@ -50,10 +50,11 @@ class JobGpuView:
         mode: ``shard`` (fewer shards than a GPU has), ``whole`` (whole GPUs, or every shard of one) or
             ``unknown`` (a process of a job without a Prolog row on this node).
         mem_used_bytes: NVML memory of the job's processes on the GPU (CUDA contexts included).
-        mem_granted_bytes: shards x 1 GiB split evenly over its GPUs; a whole GPU's total memory; None unknown.
+        mem_granted_bytes: shards x 1 GiB split evenly over its GPUs; a whole GPU's total memory; None
+            unknown.
         sm_util_ratio: summed NVML SM utilization of its processes (0..1), None where NVML gives none (MPS).
-        share_ratio: its share of the GPU at the latest frame (the attribution rule); energy_j: energy attributed
-            to it on this GPU since the sampler first saw it (J).
+        share_ratio: its share of the GPU at the latest frame (the attribution rule); energy_j: energy
+            attributed to it on this GPU since the sampler first saw it (J).
     """
 
     job_id: int
@@ -110,9 +111,11 @@ class LiveState:
         self.started_ts = time.time()
         self._lock = threading.Lock()
         self._frame: Optional[Frame] = None
-        self._per: Dict[Tuple[int, int], Tuple[float, Optional[float], float]] = {}  # (job, gpu) -> mem, sm, share
+        self._per: Dict[Tuple[int, int],
+                        Tuple[float, Optional[float], float]] = {}  # (job, gpu) -> mem, sm, share
         self._energy: Dict[Tuple[int, int], float] = {}
-        self._prev: Dict[int, Tuple[float, Optional[float], Optional[float]]] = {}  # gpu -> ts, energy_j, power_w
+        self._prev: Dict[int,
+                         Tuple[float, Optional[float], Optional[float]]] = {}  # gpu -> ts, energy_j, power_w
         self._mps_seen: Set[int] = set()
         self.frames = self.read_errors = 0
         self._rows: List[JobRunRow] = []
@@ -164,20 +167,24 @@ class LiveState:
             try:
                 self._rows, self._rows_ok = self._job_rows(), True
                 self._logged.discard("rows")
-            except Exception as exc:  # noqa: BLE001 - unreadable state: serve GPU series, jobs without user/grant
+            except Exception as exc:  # unreadable state: serve GPU series, jobs without user/grant
                 self._rows, self._rows_ok = [], False
                 if "rows" not in self._logged:
                     self._logged.add("rows")
-                    log.error("metrics: cannot read the running jobs of %s (%s: %s); job series carry no user or "
-                              "grant until it is readable; sampling goes on", self.node, type(exc).__name__, exc)
+                    log.error("metrics: cannot read the running jobs of %s (%s: %s); job series carry no "
+                              "user or "
+                              "grant until it is readable; sampling goes on", self.node, type(exc).__name__,
+                              exc)
         return self._rows
 
     def view(self, now: Optional[float] = None) -> View:
-        """The latest frame joined with the running jobs (a scrape's thread). Drops accumulators of ended jobs."""
+        """The latest frame joined with the running jobs (a scrape's thread). Drops accumulators of ended
+        jobs."""
         now = time.time() if now is None else now
         rows = self._running(now)
         with self._lock:
-            frame, per, energy, mps_seen = self._frame, dict(self._per), dict(self._energy), set(self._mps_seen)
+            frame, per = self._frame, dict(self._per)
+            energy, mps_seen = dict(self._energy), set(self._mps_seen)
             frames, errors = self.frames, self.read_errors
         fresh = frame is not None and now - frame.ts <= max(5.0, STALE_AFTER_INTERVALS * self.interval_s)
         readings = {g.index: g for g in frame.gpus} if frame is not None and fresh else {}
@@ -202,7 +209,8 @@ class LiveState:
         tenants: Dict[int, int] = {}
         for j in jobs:
             tenants[j.gpu] = tenants.get(j.gpu, 0) + 1
-        gpus = [GpuView(reading=g, mps=g.index in mps_seen or self._mps_daemon(g), tenants=tenants.get(g.index, 0))
+        gpus = [GpuView(reading=g, mps=g.index in mps_seen or self._mps_daemon(g),
+                        tenants=tenants.get(g.index, 0))
                 for g in sorted(readings.values(), key=lambda r: r.index)]
         return View(node=self.node, frame_ts=frame.ts if fresh and frame is not None else None, gpus=gpus,
                     jobs=jobs, frames=frames, read_errors=errors, job_rows_ok=self._rows_ok,
@@ -237,9 +245,12 @@ def _gpus(text: Optional[str]) -> List[int]:
     return [int(x) for x in (text or "").split(",") if x.strip().isdigit()]
 
 
-def _grant(row: Optional[JobRunRow], reading: Optional[GpuReading], cfg: Config) -> Tuple[str, Optional[float]]:
-    """``(mode, granted bytes on one GPU)``: shards x 1 GiB over the job's GPUs, or the GPU's memory if whole."""
-    total = reading.mem_total_mib * MIB if reading is not None and reading.mem_total_mib else cfg.gpu_mem_gib * GIB
+def _grant(row: Optional[JobRunRow], reading: Optional[GpuReading], cfg: Config) -> Tuple[str,
+                                                                                          Optional[float]]:
+    """``(mode, granted bytes on one GPU)``: shards x 1 GiB over the job's GPUs, or the GPU's memory if
+    whole."""
+    known_mib = reading.mem_total_mib if reading is not None else None
+    total = known_mib * MIB if known_mib else cfg.gpu_mem_gib * GIB
     if row is None:  # a process of a job this node has no Prolog row for
         return "unknown", None
     n = max(1, len(_gpus(row.gpus)))

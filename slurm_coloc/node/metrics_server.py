@@ -1,15 +1,15 @@
-"""The HTTP server of the sampler's ``/metrics`` endpoint, bounded: the sampler runs as root and its watchdog needs
-threads, so no client may make it hold unbounded threads or connections (any local user can connect to
+"""The HTTP server of the sampler's ``/metrics`` endpoint, bounded: the sampler runs as root and its watchdog
+needs threads, so no client may make it hold unbounded threads or connections (any local user can connect to
 127.0.0.1).
 
 ``prometheus_client.start_http_server`` serves each connection in its own thread with no timeout: 500 idle TCP
 connections held 500 threads in the sampler (docs/reliability.md, fourth campaign). Here at most
-``MAX_CONNECTIONS`` are served at once; a connection over the cap gets one ``503`` line at once and is closed in the
-accepting thread; every connection is shut down ``CONNECTION_DEADLINE_S`` after its accept, whatever it sends
-(a client that drips bytes is not kept alive by them). Answers are computed one at a time and reused for
-``ANSWER_TTL_S`` (per query string and ``Accept`` header, at most ``MAX_CACHED`` of them), so a scrape flood costs
-the sampler one collection per second, not one per request. Stdlib only (``wsgiref``); the WSGI app is the
-caller's.
+``MAX_CONNECTIONS`` are served at once; a connection over the cap gets one ``503`` line at once and is closed
+in the accepting thread; every connection is shut down ``CONNECTION_DEADLINE_S`` after its accept, whatever it
+sends (a client that drips bytes is not kept alive by them). Answers are computed one at a time and reused for
+``ANSWER_TTL_S`` (per query string and ``Accept`` header, at most ``MAX_CACHED`` of them), so a scrape flood
+costs the sampler one collection per second, not one per request. Stdlib only (``wsgiref``); the WSGI app is
+the caller's.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: cl
 class _QuietHandler(WSGIRequestHandler):
     timeout = READ_TIMEOUT_S  # StreamRequestHandler: per-read timeout; the server's deadline bounds the total
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         pass
 
 
@@ -83,7 +83,8 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         log.debug("metrics: dropped a client %s", client_address)
 
     def service_actions(self) -> None:
-        """Each poll of ``serve_forever``: shut down connections past their deadline (their thread then ends)."""
+        """Each poll of ``serve_forever``: shut down connections past their deadline (their thread then
+        ends)."""
         now = time.monotonic()
         with self.lock:
             late = [r for r, t0 in self.open.items() if now - t0 > CONNECTION_DEADLINE_S]
@@ -95,7 +96,8 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
 
 class CachedApp:
-    """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` (module docstring)."""
+    """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` (module
+    docstring)."""
 
     def __init__(self, app: Callable[..., Any]) -> None:
         self.app = app
@@ -111,7 +113,8 @@ class CachedApp:
             if hit is None or now - hit[0] > ANSWER_TTL_S:
                 got: Dict[str, Any] = {}
 
-                def keep(status: str, headers: List[Tuple[str, str]], exc_info: Any = None) -> Callable[..., Any]:
+                def keep(status: str, headers: List[Tuple[str, str]], exc_info: Any = None) -> Callable[...,
+                                                                                                        Any]:
                     got["status"], got["headers"] = status, list(headers)
                     return lambda data: None
 
@@ -132,7 +135,8 @@ def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGISer
     Raises:
         OSError: the address cannot be bound (in use, not local).
     """
-    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
 
     class _Server(BoundedWSGIServer):
         address_family = family

@@ -1,22 +1,22 @@
 """CUDA MPS control daemons for shared GPUs, started and stopped by the node Prolog/Epilog (runs as root).
 
 ``mps_mode: multi-user``: one daemon per GPU, run by root with ``-M``, under the root-owned
-``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is absent, e.g. the fake-GPU test
-cluster). ``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
+``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is absent, e.g. the fake-GPU
+test cluster). ``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
 supplementary groups from the passwd/group databases, never from the job), under the root-owned
 ``<run_dir>/mps/<key>.uid<uid>/``.
 
 In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (the daemon writes ``nvidia-cuda-mps-control.pid`` there) and
 ``log/`` CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one empty file per shared job using the daemon) and
-``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon) stay root-owned. Multi-user: ``pipe/`` and
-``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user: they are
-owned by the uid, mode 0700, so only that user (and root) can reach the daemon; root never writes into them
-(the pid file is read without following symlinks and its pid must be a process of that uid).
+``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon) stay root-owned. Multi-user: ``pipe/``
+and ``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user:
+they are owned by the uid, mode 0700, so only that user (and root) can reach the daemon; root never writes
+into them (the pid file is read without following symlinks and its pid must be a process of that uid).
 
 The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuid or index>``, so MPS clients see that GPU as device 0
-(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or MIG.
-Every failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is not
-drained.
+(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or
+MIG. Every failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is
+not drained.
 """
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ def _mkdir(path: Path, mode: int = 0o755) -> None:
 
 
 def _user_dir(path: Path, uid: int, gid: int) -> None:
-    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, mode 0700.
+    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, mode
+    0700.
 
     Raises:
         PermissionError: ``path`` is a symlink or not a directory, or owned by another non-root user.
@@ -144,7 +145,8 @@ def _user_dir(path: Path, uid: int, gid: int) -> None:
 
 
 def _identity(uid: int) -> Dict[str, Any]:
-    """``subprocess`` keyword arguments running a command as ``uid`` (passwd/group databases, not the job's env).
+    """``subprocess`` keyword arguments running a command as ``uid`` (passwd/group databases, not the job's
+    env).
 
     Raises:
         KeyError: ``uid`` has no passwd entry.
@@ -201,7 +203,8 @@ def _proc_uid(pid: int) -> Optional[int]:
 
 
 def _read_pid_file(path: Path) -> Optional[int]:
-    """The pid in ``path``: a regular file opened without following symlinks (it may sit in a user's directory)."""
+    """The pid in ``path``: a regular file opened without following symlinks (it may sit in a user's
+    directory)."""
     try:
         fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -218,8 +221,8 @@ def _read_pid_file(path: Path) -> Optional[int]:
 def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
     """Pid of the running control daemon of ``d``, else None.
 
-    The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own euid):
-    a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
+    The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own
+    euid): a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
     """
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
     if pid is None:
@@ -244,8 +247,8 @@ def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
 def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     """Start the daemon of ``d`` unless it runs; wait until its pid file names a live daemon.
 
-    Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without ``-M``,
-    pipe/log directories owned by ``d.uid``, 0700.
+    Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without
+    ``-M``, pipe/log directories owned by ``d.uid``, 0700.
 
     Raises:
         KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
@@ -265,24 +268,29 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     argv = [binary, "-d"] + (["-M"] if d.uid is None else [])
     t0 = time.monotonic()
     try:
-        res = subprocess.run(argv, env=_daemon_env(d), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        res = subprocess.run(argv, env=_daemon_env(d), stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True,
                              timeout=cfg.mps_start_timeout_s, start_new_session=True, cwd="/", **who)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return MpsOutcome(False, "mps-start-failed", d, {"error": f"{type(exc).__name__}: {exc}", "argv": argv})
+        return MpsOutcome(False, "mps-start-failed", d,
+                          {"error": f"{type(exc).__name__}: {exc}", "argv": argv})
     if res.returncode != 0:
-        return MpsOutcome(False, "mps-start-failed", d, {"rc": res.returncode, "stderr": res.stderr.strip()[-500:],
+        return MpsOutcome(False, "mps-start-failed", d,
+                          {"rc": res.returncode, "stderr": res.stderr.strip()[-500:],
                                                          "argv": argv})
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
         pid = daemon_pid(d, binary)
         if pid:
-            return MpsOutcome(True, "mps-start", d, {"pid": pid, "argv": argv, "mode": cfg.mps_mode, "uid": d.uid,
+            return MpsOutcome(True, "mps-start", d,
+                              {"pid": pid, "argv": argv, "mode": cfg.mps_mode, "uid": d.uid,
                                                      "start_ms": round((time.monotonic() - t0) * 1000, 1)})
         time.sleep(0.02)
     return MpsOutcome(False, "mps-start-failed", d, {"error": "no daemon pid file after start", "argv": argv})
 
 
 def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the timeout."""
+    """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the
+    timeout."""
     pid = daemon_pid(d, binary)
     if not pid:
         return MpsOutcome(True, "mps-not-running", d)
@@ -295,7 +303,8 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
         log.warning("MPS %s: quit failed: %s", d.key, exc)
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
         if daemon_pid(d, binary) is None and not pid_alive(pid):
-            return MpsOutcome(True, "mps-stop", d, {"pid": pid, "stop_ms": round((time.monotonic() - t0) * 1000, 1)})
+            return MpsOutcome(True, "mps-stop", d,
+                              {"pid": pid, "stop_ms": round((time.monotonic() - t0) * 1000, 1)})
         time.sleep(0.05)
     try:
         os.kill(pid, signal.SIGTERM)
@@ -305,7 +314,8 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def _control(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
-    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed run."""
+    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed
+    run."""
     who = _identity(d.uid) if d.uid is not None else {}
 
     def send(cmd: str) -> "subprocess.CompletedProcess[str]":
@@ -315,7 +325,8 @@ def _control(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
 
 
 def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> Dict[str, Any]:
-    """Set the daemon's per-client ceiling to what ``mps_guard.plan_ceiling`` says (under the daemon's lock)."""
+    """Set the daemon's per-client ceiling to what ``mps_guard.plan_ceiling`` says (under the daemon's
+    lock)."""
     if not cfg.mps_ceiling:
         return {}
     grants = mps_guard.member_grants(d.members_dir, cfg.gpu_mem_gib * mps_guard.MIB_PER_GIB)
@@ -331,13 +342,14 @@ def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> 
 def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
             env: Optional[Dict[str, str]] = None, uid: Optional[int] = None, grant_mib: Optional[int] = None,
             modes: Any = None) -> MpsOutcome:
-    """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id`` with it.
+    """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id``
+    with it.
 
-    ``grant_mib`` (the job's shards in MiB) goes into its member file and the daemon's ceiling (node/mps_guard.py);
-    ``modes`` (tests: recorded compute modes) replaces NVML for ``mps_compute_mode``.
+    ``grant_mib`` (the job's shards in MiB) goes into its member file and the daemon's ceiling
+    (node/mps_guard.py); ``modes`` (tests: recorded compute modes) replaces NVML for ``mps_compute_mode``.
 
-    Returns an outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when the
-    job must run without MPS; never raises.
+    Returns an outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when
+    the job must run without MPS; never raises.
     """
     try:
         d = daemon_for(cfg, gpu_index, uuid, uid)
@@ -362,7 +374,7 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
                 guard.update(mps_guard.restore_mode(d.root, modes))  # time-sliced tenants need the old mode
             out.detail.update(guard, key=d.key)
             return out
-    except Exception as exc:  # noqa: BLE001 - MPS trouble must never fail the job or drain the node
+    except Exception as exc:  # MPS trouble must never fail the job or drain the node
         return MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"})
 
 
@@ -381,9 +393,11 @@ def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
     return out
 
 
-def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None, modes: Any = None) -> List[MpsOutcome]:
-    """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``; lower
-    the ceiling to the remaining members' largest grant; restore the compute mode after the last member."""
+def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
+            modes: Any = None) -> List[MpsOutcome]:
+    """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``;
+    lower the ceiling to the remaining members' largest grant; restore the compute mode after the last
+    member."""
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin
     for d in job_daemons(cfg, job_id):
@@ -402,6 +416,6 @@ def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None, mode
                     out.detail["key"] = d.key
                 out.detail.update(mps_guard.restore_mode(d.root, modes))
                 outcomes.append(out)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcomes.append(MpsOutcome(False, "mps-error", d, {"error": f"{type(exc).__name__}: {exc}"}))
     return outcomes

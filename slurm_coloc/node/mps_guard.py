@@ -1,19 +1,20 @@
-"""What MPS itself can enforce on a shared GPU, applied by the Prolog/Epilog under the daemon's lock (node/mps.py).
+"""What MPS itself can enforce on a shared GPU, applied by the Prolog/Epilog under the daemon's lock
+(node/mps.py).
 
-**Per-client ceiling** (``mps_ceiling``). Measured on the H100 (docs/node.md "What MPS enforces"): a client's own
-``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is advisory (a job can raise it), but a limit given to the control daemon
-binds every client, per client, whatever its environment says (a lower value of its own is kept):
+**Per-client ceiling** (``mps_ceiling``). Measured on the H100 (docs/node.md "What MPS enforces"): a client's
+own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is advisory (a job can raise it), but a limit given to the control
+daemon binds every client, per client, whatever its environment says (a lower value of its own is kept):
 ``set_default_device_pinned_mem_limit <dev> <value>`` for servers started afterwards and
-``set_device_pinned_mem_limit <server pid> <dev> <value>`` for clients that connect to a running server afterwards.
-One daemon serves every job on its GPU (``-M``) or one user's jobs (per-user), so the strongest ceiling that keeps
-every tenant's grant is the largest grant among the daemon's members: raised when a larger grant arrives, lowered
-when the largest member leaves (it then binds only clients that connect afterwards; the remaining tenants' grants
-are all below it). Each member file ``members/<job_id>`` holds its grant in MiB.
+``set_device_pinned_mem_limit <server pid> <dev> <value>`` for clients that connect to a running server
+afterwards. One daemon serves every job on its GPU (``-M``) or one user's jobs (per-user), so the strongest
+ceiling that keeps every tenant's grant is the largest grant among the daemon's members: raised when a larger
+grant arrives, lowered when the largest member leaves (it then binds only clients that connect afterwards; the
+remaining tenants' grants are all below it). Each member file ``members/<job_id>`` holds its grant in MiB.
 
 **Compute mode** (``mps_compute_mode: exclusive-process``). When a GPU gets its first shard member the Prolog
-records its compute mode in ``<root>/compute_mode.prev`` and sets ``EXCLUSIVE_PROCESS`` (before the daemon starts:
-NVIDIA's MPS documentation), so only the MPS server can open a context; when the last member leaves, the Epilog
-restores the recorded mode. Only through ``slurm_coloc.nvml``; failures are returned, never raised.
+records its compute mode in ``<root>/compute_mode.prev`` and sets ``EXCLUSIVE_PROCESS`` (before the daemon
+starts: NVIDIA's MPS documentation), so only the MPS server can open a context; when the last member leaves,
+the Epilog restores the recorded mode. Only through ``slurm_coloc.nvml``; failures are returned, never raised.
 """
 from __future__ import annotations
 
@@ -39,11 +40,13 @@ def limit_value(mib: int) -> str:
 
 def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> None:
     """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown)."""
-    write_atomic(members_dir / str(int(job_id)), b"" if grant_mib is None else f"{int(grant_mib)}\n".encode(), 0o644)
+    write_atomic(members_dir / str(int(job_id)), b"" if grant_mib is None else f"{int(grant_mib)}\n".encode(),
+                 0o644)
 
 
 def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
-    """``{job id: grant MiB}`` of the daemon's members; an empty or unreadable file counts as the whole GPU."""
+    """``{job id: grant MiB}`` of the daemon's members; an empty or unreadable file counts as the whole
+    GPU."""
     out: Dict[str, int] = {}
     for p in members_dir.iterdir():
         if p.name.startswith("."):
@@ -73,9 +76,9 @@ def plan_ceiling(grants: Dict[str, int], current_mib: Optional[int], joining: Op
         current_mib: the ceiling set before (None: never set on this daemon).
         joining: the job that just became a member (Prolog), None for a leaving one (Epilog).
 
-    Rules: none set yet, or the joining job is the only member -> its grant; a member joins -> raise to the largest
-    grant, never lower (a running tenant may hold up to the current ceiling); a member leaves -> the largest
-    remaining grant when that is lower; no member left -> leave it (the next Prolog sets it).
+    Rules: none set yet, or the joining job is the only member -> its grant; a member joins -> raise to the
+    largest grant, never lower (a running tenant may hold up to the current ceiling); a member leaves -> the
+    largest remaining grant when that is lower; no member left -> leave it (the next Prolog sets it).
     """
     if not grants:
         return None
@@ -108,7 +111,8 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
             return ""
         text = (res.stdout or "").strip()
         if res.returncode != 0 or "error" in text.lower() or "invalid" in text.lower():
-            out["errors"].append(f"{cmd}: rc={res.returncode} {text[-200:]} {(res.stderr or '').strip()[-200:]}")
+            out["errors"].append(f"{cmd}: rc={res.returncode} {text[-200:]} "
+                                 f"{(res.stderr or '').strip()[-200:]}")
         return text
 
     send(f"set_default_device_pinned_mem_limit 0 {value}")
@@ -119,23 +123,26 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
 
 
 def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[str, Any]:
-    """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``; never raises."""
+    """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``; never
+    raises."""
     if cfg.mps_compute_mode != "exclusive-process":
         return {}
     try:
         modes = modes if modes is not None else _nvml_modes()
         prev = modes.get(gpu_index)
         if prev != "EXCLUSIVE_PROCESS":
-            (root / PREV_MODE_FILE).write_text(f"{int(gpu_index)} {prev}\n")  # the Epilog may not know the index
+            # the Epilog may not know the index
+            (root / PREV_MODE_FILE).write_text(f"{int(gpu_index)} {prev}\n")
             modes.set(gpu_index, "EXCLUSIVE_PROCESS")
         return {"compute_mode": "EXCLUSIVE_PROCESS", "compute_mode_prev": prev}
-    except Exception as exc:  # noqa: BLE001 - no NVML, no permission: MPS still runs, the check reports it
+    except Exception as exc:  # no NVML, no permission: MPS still runs, the check reports it
         log.warning("GPU %s: cannot set EXCLUSIVE_PROCESS: %s", gpu_index, exc)
         return {"compute_mode_error": f"{type(exc).__name__}: {exc}"}
 
 
 def restore_mode(root: Path, modes: Any) -> Dict[str, Any]:
-    """Last shard member left: restore the mode (and GPU index) recorded by ``set_exclusive``; never raises."""
+    """Last shard member left: restore the mode (and GPU index) recorded by ``set_exclusive``; never
+    raises."""
     prev_path = root / PREV_MODE_FILE
     if not prev_path.exists():
         return {}
@@ -147,7 +154,7 @@ def restore_mode(root: Path, modes: Any) -> Dict[str, Any]:
         modes.set(int(gpu_s), prev)
         prev_path.unlink()
         return {"compute_mode": prev}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("GPU %s: cannot restore compute mode: %s", gpu_index, exc)
         return {"compute_mode_error": f"{type(exc).__name__}: {exc}"}
 

@@ -1,18 +1,18 @@
 """The node sampler: one daemon per node reads NVML every ``sampler_interval_s`` and logs GPUs and processes.
 
-Each process is attributed to its Slurm job through ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, read as root) or,
-failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are listed by NVML like other processes.
-Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database or an NVML
-error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows dropped first).
-With the processes' job ids, each job's CPU use is read (node/cpu.py: its CUDA processes, their descendants, its
-cgroup) into ``cpu_samples``, one row per job and tick. Old samples are downsampled and purged every
-``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
+Each process is attributed to its Slurm job through ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, read as root)
+or, failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are listed by NVML like other
+processes. Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database
+or an NVML error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows
+dropped first). With the processes' job ids, each job's CPU use is read (node/cpu.py: its CUDA processes,
+their descendants, its cgroup) into ``cpu_samples``, one row per job and tick. Old samples are downsampled and
+purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
 ``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
 writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
 
-Between ticks the loop blocks once in ``select`` on a self-pipe (one wake-up per tick, not one per 0.1 s slice):
-setting ``stopping`` or ``flush_requested`` (the signal handlers do; so may another thread) writes a byte to the
-pipe, which ends the wait at once.
+Between ticks the loop blocks once in ``select`` on a self-pipe (one wake-up per tick, not one per 0.1 s
+slice): setting ``stopping`` or ``flush_requested`` (the signal handlers do; so may another thread) writes a
+byte to the pipe, which ends the wait at once.
 """
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ class Sampler:
         self.cfg, self.node, self.reader = cfg, node, reader
         self.db_path = Path(db_path) if db_path else cfg.node_db_path(node)
         self.attr = attributor or JobAttributor()
-        if self.attr.job_uid is None:  # cgroup owners and SLURM_JOB_ID claims are checked against the job's uid
+        # cgroup owners and SLURM_JOB_ID claims are checked against the job's uid
+        if self.attr.job_uid is None:
             self.attr.job_uid = self._job_uid
         if self.attr.uid_jobs is None:
             self.attr.uid_jobs = self._uid_jobs
@@ -97,14 +98,16 @@ class Sampler:
         self._logged: set = set()
         self.frames = self.errors = self.flushes = self.dropped = 0
         self._last_retention = 0.0
-        self._wake: Optional[Tuple[int, int]] = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # self-pipe (read, write)
+        self._wake: Optional[Tuple[int,
+                                   int]] = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # self-pipe (read, write)
         self._stopping = False
         self._flush_requested = False
         self.live = live
 
     @property
     def stopping(self) -> bool:
-        """Set by SIGTERM/SIGINT (or another thread): finish the step, flush, return. Setting it wakes the loop."""
+        """Set by SIGTERM/SIGINT (or another thread): finish the step, flush, return. Setting it wakes the
+        loop."""
         return self._stopping
 
     @stopping.setter
@@ -115,7 +118,8 @@ class Sampler:
 
     @property
     def flush_requested(self) -> bool:
-        """Set by SIGUSR1 (the Epilog's flush request): the loop writes the buffer at once. Setting it wakes it."""
+        """Set by SIGUSR1 (the Epilog's flush request): the loop writes the buffer at once. Setting it wakes
+        it."""
         return self._flush_requested
 
     @flush_requested.setter
@@ -125,7 +129,8 @@ class Sampler:
             self._wakeup()
 
     def _wakeup(self) -> None:
-        """End the current wait (safe in a signal handler: one non-blocking write; a full pipe is awake anyway)."""
+        """End the current wait (safe in a signal handler: one non-blocking write; a full pipe is awake
+        anyway)."""
         wake = self._wake
         if wake is not None:
             try:
@@ -153,7 +158,7 @@ class Sampler:
             frame = self.reader.read()
             if frame.error:
                 raise ColocError(f"recorded NVML error: {frame.error}")
-        except Exception as exc:  # noqa: BLE001 - NVMLError (GPU lost, Xid), replay error: keep sampling
+        except Exception as exc:  # NVMLError (GPU lost, Xid), replay error: keep sampling
             self.errors += 1
             self._once(f"read:{type(exc).__name__}", "NVML read failed (%s): %s; sampling goes on",
                        type(exc).__name__, exc)
@@ -174,8 +179,9 @@ class Sampler:
         if self.live is not None:
             try:
                 self.live.observe(frame, procs)
-            except Exception as exc:  # noqa: BLE001 - the metrics endpoint never stops sampling
-                self._once(f"live:{type(exc).__name__}", "metrics: cannot publish the frame (%s: %s); sampling "
+            except Exception as exc:  # the metrics endpoint never stops sampling
+                self._once(f"live:{type(exc).__name__}",
+                           "metrics: cannot publish the frame (%s: %s); sampling "
                            "goes on", type(exc).__name__, exc)
         over = len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf) - MAX_BUFFER_ROWS
         if over > 0:
@@ -194,12 +200,14 @@ class Sampler:
                 job_pids.setdefault(p.job_id, []).append(p.reading.pid)
         try:
             self.cpu_buf.extend(store_samples.cpu_rows(ts, self.cpu.read(job_pids), self.tick_s))
-        except Exception as exc:  # noqa: BLE001 - CPU figures are extra: never stop the GPU sampling
-            self._once(f"cpu:{type(exc).__name__}", "cannot read the jobs' CPU use (%s: %s); sampling goes on",
+        except Exception as exc:  # CPU figures are extra: never stop the GPU sampling
+            self._once(f"cpu:{type(exc).__name__}",
+                       "cannot read the jobs' CPU use (%s: %s); sampling goes on",
                        type(exc).__name__, exc)
 
     def _job_uid(self, job_id: int) -> Optional[int]:
-        """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed job)."""
+        """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed
+        job)."""
         try:
             return store_watchdog.job_uid(self._open(), job_id)
         except (sqlite3.Error, ColocError):
@@ -231,7 +239,8 @@ class Sampler:
             store_samples.write_rows(db, self.gpu_buf, self.proc_buf,
                                      list(self.static.values()) if self._static_dirty else [], self.cpu_buf)
         except (sqlite3.Error, ColocError, OSError) as exc:
-            self._once(f"flush:{exc}", "cannot write samples to %s (%s); kept %d rows in memory", self.db_path, exc,
+            self._once(f"flush:{exc}", "cannot write samples to %s (%s); kept %d rows in memory",
+                       self.db_path, exc,
                        len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf))
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
                 self._db = None  # reopen next time (e.g. the file was replaced)
@@ -248,11 +257,13 @@ class Sampler:
         try:
             flush_mod.write_marker(self.cfg, self.node, upto_ts, self.flushes)
         except OSError as exc:
-            self._once(f"marker:{type(exc).__name__}", "cannot write the flush marker (%s); Epilogs wait for it "
+            self._once(f"marker:{type(exc).__name__}",
+                       "cannot write the flush marker (%s); Epilogs wait for it "
                        "in vain", exc)
 
     def retention(self, now: Optional[float] = None) -> int:
-        """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond ``sampler_retention_days``."""
+        """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond
+        ``sampler_retention_days``."""
         now = time.time() if now is None else now
         try:
             db = self._open()
@@ -265,7 +276,8 @@ class Sampler:
             return 0
 
     def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
-        """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at exit."""
+        """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at
+        exit."""
         self._loop(duration_s, max_frames)
         self.flush()
         self.reader.close()
@@ -292,9 +304,9 @@ class Sampler:
             self._sleep(next_tick - now)
 
     def _sleep(self, s: float) -> None:
-        """Wait ``s`` seconds in one blocking ``select`` on the wake pipe; serve a flush request (SIGUSR1) as soon as
-        it is set, and return early when ``stopping`` is set. A flag set just before the wait has already written
-        its byte, so the wait cannot miss it."""
+        """Wait ``s`` seconds in one blocking ``select`` on the wake pipe; serve a flush request (SIGUSR1) as
+        soon as it is set, and return early when ``stopping`` is set. A flag set just before the wait has
+        already written its byte, so the wait cannot miss it."""
         end = time.monotonic() + max(0.0, s)
         wake = self._wake
         while not self._stopping:
@@ -320,7 +332,8 @@ def lock_path(cfg: Config, node: str) -> Path:
 
 
 def take_lock(cfg: Config, node: str) -> Optional[int]:
-    """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds it."""
+    """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds
+    it."""
     path = lock_path(cfg, node)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -332,7 +345,8 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
             return None
         raise
     if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a flush request must not kill a sampler still starting
+        signal.signal(signal.SIGUSR1,
+                      signal.SIG_IGN)  # a flush request must not kill a sampler still starting
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -382,7 +396,8 @@ def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Opti
 
 
 def install_signal_handlers(sampler: Sampler) -> None:
-    """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not here)."""
+    """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not
+    here)."""
     def _stop(signum: int, frame: Any) -> None:
         sampler.stopping = True
 
@@ -393,7 +408,8 @@ def install_signal_handlers(sampler: Sampler) -> None:
     signal.signal(signal.SIGUSR1, _flush)
 
 
-def make_reader(cfg: Config, replay: Optional[str] = None, pid_map: Optional[Dict[int, int]] = None) -> Reader:
+def make_reader(cfg: Config, replay: Optional[str] = None,
+                pid_map: Optional[Dict[int, int]] = None) -> Reader:
     """``ReplayReader`` when a recording is given (argument or ``sampler_replay_path``), else ``NvmlReader``.
 
     Raises:

@@ -1,30 +1,31 @@
 """The GPU watchdog: runs in the node sampler's tick and stops a shard job that takes more than its grant.
 
-On every frame the sampler reads (``Frame.lists``: NVML's compute and MPS process lists with per-process memory,
-the pids attributed to jobs by node/attribution.py), for every shard job running on this node (a tenant: a job
-with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its GPU):
+On every frame the sampler reads (``Frame.lists``: NVML's compute and MPS process lists with per-process
+memory, the pids attributed to jobs by node/attribution.py), for every shard job running on this node (a
+tenant: a job with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its GPU):
 
 - **over-grant**: the summed NVML memory of the job's processes on a GPU exceeds its grant there plus
-  ``watchdog_tolerance_mib``. The grant is the job's recorded shards (``job_runs.shards``, from slurmctld's GRES)
-  x 1024 MiB (``units.shards_to_mib``), which is also what its MPS fence is made of (node/jobenv.py); on a GPU
-  it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS client
-  at its fence: "this process has 1.96 GiB memory in use").
-- **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that is
-  not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured on
-  the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
+  ``watchdog_tolerance_mib``. The grant is the job's recorded shards (``job_runs.shards``, from slurmctld's
+  GRES) x 1024 MiB (``units.shards_to_mib``), which is also what its MPS fence is made of (node/jobenv.py); on
+  a GPU it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS
+  client at its fence: "this process has 1.96 GiB memory in use").
+- **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that
+  is
+  not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured
+  on the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
   ``nvmlDeviceGetMPSComputeRunningProcesses``). Not checked when the MPS list could not be read.
 
-A finding must hold in two consecutive frames (the second read at ``watchdog_fast_interval_s``): a process that
-exits between NVML's two list calls is in one list and not the other for one frame. Then, with
+A finding must hold in two consecutive frames (the second read at ``watchdog_fast_interval_s``): a process
+that exits between NVML's two list calls is in one list and not the other for one frame. Then, with
 ``watchdog_action: stop``: every process of the job seen on any GPU is sent SIGKILL (each pid checked again to
-belong to the job, by /proc start time, and never the MPS server binary), the event is written to the node database
-(``watchdog_events``), and a background thread writes one line to the job's stderr file (as the job's user) and
-runs ``scancel``. ``record`` only writes the event. A job is acted on once.
+belong to the job, by /proc start time, and never the MPS server binary), the event is written to the node
+database (``watchdog_events``), and a background thread writes one line to the job's stderr file (as the job's
+user) and runs ``scancel``. ``record`` only writes the event. A job is acted on once.
 
 Pacing: while a tenant runs on the node the sampler ticks every ``watchdog_interval_s`` (default 0.5 s), and
-every ``watchdog_fast_interval_s`` (0.1 s) while a tenant is above ``watchdog_near_pct`` of its grant or a finding
-awaits confirmation: a job is stopped at most interval + fast interval + the kill after its memory appears in NVML
-(NVML showed a 20 GiB MPS allocation 18 ms after it on the H100).
+every ``watchdog_fast_interval_s`` (0.1 s) while a tenant is above ``watchdog_near_pct`` of its grant or a
+finding awaits confirmation: a job is stopped at most interval + fast interval + the kill after its memory
+appears in NVML (NVML showed a 20 GiB MPS allocation 18 ms after it on the H100).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ REFRESH_S = 5.0
 
 @dataclass(frozen=True)
 class Tenant:
-    """A shard job on this node: the GPU it holds shards of (NVML index), its grant (MiB), ``mps``/``timeslice``."""
+    """A shard job on this node: the GPU it holds shards of (NVML index), its grant (MiB),
+    ``mps``/``timeslice``."""
 
     job_id: int
     gpu_index: int
@@ -65,10 +67,11 @@ class Tenant:
 
 @dataclass(frozen=True)
 class Finding:
-    """A tenant over its grant (``over-grant``) or outside MPS (``outside-mps``) on GPU ``gpu_index`` in one frame.
+    """A tenant over its grant (``over-grant``) or outside MPS (``outside-mps``) on GPU ``gpu_index`` in one
+    frame.
 
-    ``used_mib``: the job's summed NVML memory on that GPU; ``pids``: its processes there (for outside-mps: the
-    processes outside MPS).
+    ``used_mib``: the job's summed NVML memory on that GPU; ``pids``: its processes there (for outside-mps:
+    the processes outside MPS).
     """
 
     job_id: int
@@ -84,7 +87,8 @@ class Finding:
         return (self.job_id, self.gpu_index, self.reason)
 
 
-def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
+def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]],
+                    tenants: Mapping[int, Tenant],
                     tolerance_mib: float) -> List[Finding]:
     """Tenants over grant + ``tolerance_mib`` on a GPU, and MPS tenants with a process outside MPS (pure).
 
@@ -113,15 +117,19 @@ def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[in
             if used > grant + tolerance_mib:
                 out.append(Finding(job, gl.gpu_index, "over-grant", t.share, grant, round(used, 1),
                                    tuple(sorted(pids[job]))))
-            if t.share == "mps" and t.gpu_index == gl.gpu_index and mps_pids is not None and gl.compute is not None:
-                outside = tuple(sorted(pid for pid, _ in gl.compute if job_of.get(pid) == job and pid not in mps_pids))
+            if t.share == "mps" and t.gpu_index == gl.gpu_index and mps_pids is not None \
+                    and gl.compute is not None:
+                outside = tuple(sorted(pid for pid, _ in gl.compute if job_of.get(pid) == job
+                                       and pid not in mps_pids))
                 if outside:
-                    out.append(Finding(job, gl.gpu_index, "outside-mps", t.share, grant, round(used, 1), outside))
+                    out.append(Finding(job, gl.gpu_index, "outside-mps", t.share, grant, round(used, 1),
+                                       outside))
     return out
 
 
 def _per_pid(gl: ProcLists) -> Dict[int, Optional[float]]:
-    """pid -> MiB over both lists of one GPU: the compute list's figure, else the MPS list's (as nvml/reader.py)."""
+    """pid -> MiB over both lists of one GPU: the compute list's figure, else the MPS list's (as
+    nvml/reader.py)."""
     out: Dict[int, Optional[float]] = {pid: mib for pid, mib in gl.compute or ()}
     for pid, mib in gl.mps or ():
         if out.get(pid) is None:
@@ -147,12 +155,14 @@ def user_message(f: Finding, tolerance_mib: float, action: str) -> str:
     """The one line the job's stderr gets."""
     did = "stopped" if action == "stop" else "recorded"
     if f.reason == "outside-mps":
-        what = (f"process(es) {', '.join(map(str, f.pids))} ran on shared GPU {f.gpu_index} outside the job's MPS "
+        what = (f"process(es) {', '.join(map(str, f.pids))} ran on shared GPU {f.gpu_index} outside the "
+                "job's MPS "
                 f"server (CUDA_MPS_PIPE_DIRECTORY changed or unset)")
     else:
         what = (f"its processes used {f.used_mib:,.0f} MiB of shared GPU {f.gpu_index}, over its grant of "
                 f"{f.grant_mib:,.0f} MiB (+{tolerance_mib:,.0f} MiB tolerance)")
-    return (f"slurm-coloc: job {f.job_id} {did} by the GPU watchdog: {what}; a job on a shared GPU must stay within "
+    return (f"slurm-coloc: job {f.job_id} {did} by the GPU watchdog: {what}; a job on a shared GPU must stay "
+            "within "
             f"its memory request (#COLOC mem / --gres=shard). It is not rerun.")
 
 
@@ -182,7 +192,8 @@ class Watchdog:
 
     def __init__(self, cfg: Config, node: str, db_path: Path, attributor: JobAttributor,
                  proc_root: str = "/proc") -> None:
-        self.cfg, self.node, self.db_path, self.attr, self.proc_root = cfg, node, Path(db_path), attributor, proc_root
+        self.cfg, self.node, self.db_path = cfg, node, Path(db_path)
+        self.attr, self.proc_root = attributor, proc_root
         self._db: Any = None
         self.tenants: Dict[int, Tenant] = {}
         self._env_names: Optional[FrozenSet[int]] = None
@@ -207,8 +218,8 @@ class Watchdog:
 
     def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
         """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, read by
-        ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several GPUs
-        is not a tenant (no MPS, no fence)."""
+        ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several
+        GPUs is not a tenant (no MPS, no fence)."""
         names = jobenv.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
@@ -236,7 +247,7 @@ class Watchdog:
             return interval_s
         try:
             return self._tick(frame, job_of, interval_s)
-        except Exception as exc:  # noqa: BLE001 - the watchdog must never stop the sampler
+        except Exception as exc:  # the watchdog must never stop the sampler
             self._once(f"tick:{type(exc).__name__}", "watchdog tick failed (%s: %s); sampling goes on",
                        type(exc).__name__, exc)
             return interval_s
@@ -278,12 +289,14 @@ class Watchdog:
             outcome["kill_ts"] = time.time()
         log.warning("%s", msg)
         ev = store_wd.WatchdogEvent(ts=frame.ts, job_id=f.job_id, node=self.node, gpu_index=f.gpu_index,
-                                    reason=f.reason, share=f.share, grant_mib=f.grant_mib, used_mib=f.used_mib,
-                                    tolerance_mib=float(self.cfg.watchdog_tolerance_mib), pids=f.pids, action=action,
+                                    reason=f.reason, share=f.share, grant_mib=f.grant_mib,
+                                    used_mib=f.used_mib,
+                                    tolerance_mib=float(self.cfg.watchdog_tolerance_mib), pids=f.pids,
+                                    action=action,
                                     message=msg, outcome=outcome)
         try:
             ev = dataclasses.replace(ev, id=store_wd.record_event(self._open(), ev))
-        except Exception as exc:  # noqa: BLE001 - a locked database must not undo the stop
+        except Exception as exc:  # a locked database must not undo the stop
             self._once(f"record:{exc}", "cannot record a watchdog event in %s: %s", self.db_path, exc)
         self.events.append(ev)
         if action == "stop":
@@ -293,7 +306,8 @@ class Watchdog:
             self.threads.append(th)
 
     def kill(self, job_id: int, pids: Sequence[int]) -> Tuple[List[int], Dict[int, str]]:
-        """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS server.
+        """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS
+        server.
 
         Returns:
             (pids signalled, {pid: why not}).
@@ -314,7 +328,8 @@ class Watchdog:
         return done, skipped
 
     def _finish(self, ev: store_wd.WatchdogEvent, tenant: Optional[Tenant]) -> None:
-        """Background: the stderr line (as the job's user) and scancel, then the outcome row (own connection)."""
+        """Background: the stderr line (as the job's user) and scancel, then the outcome row (own
+        connection)."""
         from slurm_coloc.slurm import cancel
         from slurm_coloc.userfiles import append_line_as_user
         outcome = dict(ev.outcome)
@@ -322,19 +337,20 @@ class Watchdog:
                                            if os.environ.get("SLURM_CONF") else {})}
         try:
             target = cancel.stderr_target(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=10.0)
-            outcome["stderr"] = (append_line_as_user(target.path, target.uid, target.gid, ev.message) or "written")
-        except Exception as exc:  # noqa: BLE001
+            outcome["stderr"] = (append_line_as_user(target.path, target.uid, target.gid, ev.message)
+                                 or "written")
+        except Exception as exc:
             outcome["stderr"] = f"not written: {exc}"
         try:
             cancel.scancel(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=15.0)
             outcome["scancel"] = "ok"
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcome["scancel"] = f"failed: {exc}"
         outcome["done_ts"] = time.time()
         if ev.id is not None:
             try:
                 store_wd.set_outcome(open_node_db(self.db_path, self.cfg.db_busy_timeout_s), ev.id, outcome)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("cannot record the watchdog outcome of job %s: %s", ev.job_id, exc)
         log.warning("watchdog: job %s: %s", ev.job_id, outcome)
 

@@ -1,11 +1,11 @@
 """GPU compute mode through NVML (root only for ``set``): the MPS protection of a shared GPU.
 
-NVIDIA's MPS documentation runs a shared GPU in ``EXCLUSIVE_PROCESS`` compute mode so that only the MPS server opens
-a context on it: a job that leaves its MPS pipe directory then fails to create a context instead of allocating
-beside the server. NVML calls: ``nvmlDeviceGetComputeMode`` / ``nvmlDeviceSetComputeMode`` (NVML API reference;
-``NVML_COMPUTEMODE_DEFAULT`` 0, ``EXCLUSIVE_THREAD`` 1 (deprecated), ``PROHIBITED`` 2, ``EXCLUSIVE_PROCESS`` 3).
-The setting does not survive a driver reload or reboot. Nothing in slurm-coloc calls ``set`` unless the admin
-chose ``mps_compute_mode: exclusive-process``.
+NVIDIA's MPS documentation runs a shared GPU in ``EXCLUSIVE_PROCESS`` compute mode so that only the MPS server
+opens a context on it: a job that leaves its MPS pipe directory then fails to create a context instead of
+allocating beside the server. NVML calls: ``nvmlDeviceGetComputeMode`` / ``nvmlDeviceSetComputeMode`` (NVML
+API reference; ``NVML_COMPUTEMODE_DEFAULT`` 0, ``EXCLUSIVE_THREAD`` 1 (deprecated), ``PROHIBITED`` 2,
+``EXCLUSIVE_PROCESS`` 3). The setting does not survive a driver reload or reboot. Nothing in slurm-coloc calls
+``set`` unless the admin chose ``mps_compute_mode: exclusive-process``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Live NVML readings (the only module that imports pynvml).
 
 NVML calls used (NVML API reference, nvidia-ml-py bindings): nvmlDeviceGetUtilizationRates, GetMemoryInfo,
-GetPowerUsage (mW), GetTotalEnergyConsumption (mJ), GetTemperature, GetClockInfo(SM), GetComputeRunningProcesses,
-GetMPSComputeRunningProcesses, GetProcessUtilization, and the GPM API (nvmlGpmQueryDeviceSupport,
-nvmlGpmSampleAlloc, nvmlGpmSampleGet, nvmlGpmMetricsGet): GPM metrics are computed between two samples, which
-must be at least 100 ms apart, so the first read of a device has GPM columns None.
+GetPowerUsage (mW), GetTotalEnergyConsumption (mJ), GetTemperature, GetClockInfo(SM),
+GetComputeRunningProcesses, GetMPSComputeRunningProcesses, GetProcessUtilization, and the GPM API
+(nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, nvmlGpmSampleGet, nvmlGpmMetricsGet): GPM metrics are computed
+between two samples, which must be at least 100 ms apart, so the first read of a device has GPM columns None.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def open_nvml() -> Any:
     try:
         import pynvml  # the one import of pynvml in slurm-coloc
     except ImportError:
-        raise NvmlUnavailable("nvidia-ml-py is not installed", hint="pip install 'slurm-coloc[gpu]'") from None
+        raise NvmlUnavailable("nvidia-ml-py is not installed",
+                              hint="pip install 'slurm-coloc[gpu]'") from None
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
@@ -153,7 +154,8 @@ class NvmlReader:
         return GpuReading(
             index=index, uuid=uuid, name=name,
             util_pct=_f(getattr(util, "gpu", None)), mem_util_pct=_f(getattr(util, "memory", None)),
-            mem_used_mib=_div(getattr(mem, "used", None), MIB), mem_total_mib=_div(getattr(mem, "total", None), MIB),
+            mem_used_mib=_div(getattr(mem, "used", None), MIB),
+            mem_total_mib=_div(getattr(mem, "total", None), MIB),
             power_w=_div(power, 1000), energy_j=_div(energy, 1000), temp_c=_f(temp), sm_clock_mhz=_f(clock),
             **self._gpm_read(index))
 
@@ -166,7 +168,8 @@ class NvmlReader:
         def pairs(procs: Any) -> Optional[Tuple[Tuple[int, Optional[float]], ...]]:
             if procs is None:
                 return None
-            return tuple((int(p.pid), _div(p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None, MIB))
+            return tuple((int(p.pid),
+                          _div(p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None, MIB))
                          for p in procs)
         return ProcLists(index, pairs(compute), pairs(mps))
 
@@ -195,7 +198,8 @@ class NvmlReader:
         self._util_ts_us[index] = newest
         pids = sorted(set(mem) | set(sm))
         return [ProcReading(gpu_index=index, pid=pid, used_mem_mib=mem.get(pid),
-                            sm_util_pct=_mean(sm.get(pid)), mem_util_pct=_mean(mu.get(pid)), mps_client=pid in mps)
+                            sm_util_pct=_mean(sm.get(pid)), mem_util_pct=_mean(mu.get(pid)),
+                            mps_client=pid in mps)
                 for pid in pids]
 
     def read(self) -> Frame:

@@ -15,7 +15,8 @@ class GpuReading:
         mem_used_mib / mem_total_mib: device memory (MiB).
         power_w: board power (W, from mW); energy_j: total energy counter since driver load (J, from mJ).
         temp_c: GPU temperature (C); sm_clock_mhz: current SM clock (MHz).
-        smact_pct / smocc_pct / tensor_pct / dram_bw_pct: GPM SM activity, SM occupancy, any-tensor activity and
+        smact_pct / smocc_pct / tensor_pct / dram_bw_pct: GPM SM activity, SM occupancy, any-tensor activity
+        and
             DRAM bandwidth utilization (0..100) over the window since the previous sample (Hopper+ only).
     """
 
@@ -61,12 +62,12 @@ class ProcLists:
         gpu_index: NVML device index.
         compute: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context on the GPU: MPS clients, the MPS
             server, and processes outside MPS); None when the query failed.
-        mps: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only); None when the query failed or is not
-            supported. Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside MPS is in
-            ``compute`` and not in ``mps``; an MPS client is in both with its own memory; the MPS server is in
-            ``compute`` only (66 MiB).
-        derived: True when rebuilt from ``ProcReading`` rows of a recording made before the lists were recorded
-            (``compute`` = every process with a memory figure, ``mps`` = the ``mps_client`` ones).
+        mps: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only); None when the query failed or is
+            not supported. Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
+            MPS is in ``compute`` and not in ``mps``; an MPS client is in both with its own memory; the MPS
+            server is in ``compute`` only (66 MiB).
+        derived: True when rebuilt from ``ProcReading`` rows of a recording made before the lists were
+            recorded (``compute`` = every process with a memory figure, ``mps`` = the ``mps_client`` ones).
     """
 
     gpu_index: int
@@ -85,7 +86,8 @@ class ProcLists:
         """Inverse of ``to_json``."""
         def pairs(v: Any) -> Optional[Tuple[PidMib, ...]]:
             return None if v is None else tuple((int(x[0]), None if x[1] is None else float(x[1])) for x in v)
-        return cls(gpu_index=int(data["gpu_index"]), compute=pairs(data.get("compute")), mps=pairs(data.get("mps")))
+        return cls(gpu_index=int(data["gpu_index"]), compute=pairs(data.get("compute")),
+                   mps=pairs(data.get("mps")))
 
 
 def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcLists]:
@@ -93,7 +95,8 @@ def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcL
     out = []
     for g in gpus:
         mine = [p for p in procs if p.gpu_index == g.index]
-        out.append(ProcLists(g.index, tuple((p.pid, p.used_mem_mib) for p in mine if p.used_mem_mib is not None),
+        out.append(ProcLists(g.index,
+                             tuple((p.pid, p.used_mem_mib) for p in mine if p.used_mem_mib is not None),
                              tuple((p.pid, p.used_mem_mib) for p in mine if p.mps_client), derived=True))
     return out
 

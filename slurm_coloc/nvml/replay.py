@@ -3,8 +3,8 @@
 Format (written by ``coloc-sampler record``): first line a header ``{"recording": "<what/where>", ...}``, then
 one frame per line ``{"t": s since start, "gpus": [GpuReading...], "procs": [ProcReading...]}`` (a frame may
 carry ``"error"``: the live read failed there). Replay serves the frames in order, at the current wall time,
-and starts over at the end. ``pid_map`` replaces recorded pids by live ones so attribution through /proc can be
-exercised on a real Slurm job.
+and starts over at the end. ``pid_map`` replaces recorded pids by live ones so attribution through /proc can
+be exercised on a real Slurm job.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class ReplayReader:
         if self.pid_map:
             m = self.pid_map
             frame.procs = [replace(p, pid=m.get(p.pid, p.pid)) for p in frame.procs]
-            frame.lists = [replace(x, compute=_mapped(x.compute, m), mps=_mapped(x.mps, m)) for x in frame.lists]
+            frame.lists = [replace(x, compute=_mapped(x.compute, m), mps=_mapped(x.mps, m))
+                           for x in frame.lists]
         return frame
 
     def close(self) -> None:
@@ -68,8 +69,8 @@ def _mapped(pairs: Optional[Tuple[PidMib, ...]], pid_map: Mapping[int, int]) -> 
 
 
 class RecordedComputeModes:
-    """``ComputeModes`` over recorded GPU states, for CI: starts from the modes a recording holds, keeps what is
-    set in memory and lists every call in ``calls`` (``("set", index, mode)``). Never touches a GPU.
+    """``ComputeModes`` over recorded GPU states, for CI: starts from the modes a recording holds, keeps what
+    is set in memory and lists every call in ``calls`` (``("set", index, mode)``). Never touches a GPU.
 
     Args:
         modes: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in

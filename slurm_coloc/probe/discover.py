@@ -263,8 +263,10 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
     """
     if cmd.python_from in ("coloc", "path") and cmd.interpreter:
         return cmd.interpreter if os.access(cmd.interpreter, os.X_OK) else None
-    if cmd.python_from == "launcher":
-        word = cmd.python_word or cmd.launcher
+    word = cmd.python_word or ""
+    launched = cmd.launcher in ("torchrun", "accelerate") and "python" not in os.path.basename(word)
+    if cmd.python_from == "launcher" or launched:  # `torchrun` after `source .../activate` too
+        word = cmd.python_word or cmd.launcher or ""
         exe = word if os.sep in word else shutil.which(word, path=path)
         found = shebang_python(exe, path)
         if not (found and "python" in os.path.basename(found) and os.access(found, os.X_OK)):

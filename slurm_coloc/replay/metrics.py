@@ -4,8 +4,9 @@ Definitions: makespan = last end - first submit (s); job completion time (JCT) o
 (an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
 of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of
 NVML's
-total-energy counter over the window, summed over GPUs (J); p95 = 95th percentile (nearest rank) over completed
-tasks; slowdown of a task = its JCT / its time alone (the trace's scaled exclusive runtime, ``Task.work_s``).
+total-energy counter over the window, summed over GPUs (J); p95 = 95th percentile (nearest rank) over
+completed tasks; slowdown of a task = its JCT / its time alone (the trace's scaled exclusive runtime,
+``Task.work_s``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
 
 
 def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
-    """``{"<node>:<gpu_index>": mean smact_pct}`` over the samples (idle samples count: an idle GPU shows ~0)."""
+    """``{"<node>:<gpu_index>": mean smact_pct}`` over the samples (idle samples count: an idle GPU shows
+    ~0)."""
     by: Dict[str, List[Mapping[str, Any]]] = {}
     for s in samples:
         by.setdefault(f"{s.get('node', '')}:{s.get('gpu_index')}", []).append(s)
@@ -122,8 +124,8 @@ def summarize(
 ) -> ReplayMetrics:
     """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions).
 
-    ``alone_s``: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end - start of
-    its first run) / alone); tasks without one are left out of them.
+    ``alone_s``: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end - start
+    of its first run) / alone); tasks without one are left out of them.
     """
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]

@@ -1,13 +1,13 @@
 """Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
 
 Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
-(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows the
-peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and ``throughput``
-submit the same plan held and without
+(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows
+the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and
+``throughput`` submit the same plan held and without
 GRES (``placement.submit.placer_argv`` on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``
 to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
-CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces. Without
-it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
+CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces.
+Without it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
 (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
 ``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases through ``slurm_coloc.store``.
 """
@@ -120,14 +120,15 @@ def open_energy_reader() -> Optional[object]:
         from slurm_coloc.nvml import NvmlReader
 
         return NvmlReader(gpm=False)
-    except Exception as exc:  # noqa: BLE001 - no NVML: energy is NULL
+    except Exception as exc:  # no NVML: energy is NULL
         log.info("no NVML for energy: %s", exc)
         return None
 
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] of the GPUs of the replay's nodes, from the sampler
-    databases."""
+    """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
+    databases under ``cfg.state_dir``; ``records``: the replay's ``JobInfo`` records (their nodes). None: no
+    sample (an unreadable database counts as none)."""
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
 
@@ -137,7 +138,7 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
         try:
             db = open_readonly(cfg.node_db_path(node))
             samples += load_gpu_samples(db, t0, t1, list(range(64)))
-        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+        except Exception as exc:  # unreadable db: metric NULL
             log.info("no samples for %s: %s", node, exc)
     return mean_smact(samples)
 
@@ -156,7 +157,7 @@ def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
         try:
             db = open_readonly(cfg.node_db_path(node))
             samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
-        except Exception as exc:  # noqa: BLE001 - unreadable db: metric NULL
+        except Exception as exc:  # unreadable db: metric NULL
             log.info("no samples for %s: %s", node, exc)
     return mean_smact(samples), mean_smact_per_gpu(samples)
 
@@ -167,11 +168,11 @@ def parse_index_nodes(nodes: str) -> List[str]:
 
 
 def task_script(job_script: str, task: Task, out_dir: str) -> str:
-    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755): the same text with a
-    comment line naming the task's workload and steps after the first line, so each task has its own script
-    SHA-256, hence its own job signature: coloc-placer's history of a task (its exclusive run: activity, run time
-    and start-up alone) steers that task only, as the placement benchmark's one script per job does. The same
-    task gets the same file in every pass."""
+    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755): the same text with
+    a comment line naming the task's workload and steps after the first line, so each task has its own script
+    SHA-256, hence its own job signature: coloc-placer's history of a task (its exclusive run: activity, run
+    time and start-up alone) steers that task only, as the placement benchmark's one script per job does. The
+    same task gets the same file in every pass."""
     text = Path(job_script).read_text()
     head, _, rest = text.partition("\n")
     body = f"{head}\n# coloc-replay task: {task.workload} --steps {task.steps}\n{rest}"
@@ -184,32 +185,12 @@ def task_script(job_script: str, task: Task, out_dir: str) -> str:
     return str(path)
 
 
-def run_replay(
-    tasks: Sequence[Task],
-    mode: str,
-    cfg: Config,
-    job_script: str,
-    out_dir: str,
-    deadline_s: float,
-    extra_sbatch: Sequence[str] = (),
-    poll_s: float = 1.0,
-    clock: Callable[[], float] = time.time,
-    context_mib: int = DEFAULT_CONTEXT_MIB,
-) -> ReplayRun:
-    """Submit ``tasks`` at ``submit_s`` offsets (each with its own copy of ``job_script``, ``task_script``), wait
-    for them (and OOM reruns) until ``deadline_s`` after the start, cancel what is left then, and measure; the GPU
-    each job held (``node:index``) is noted while it runs.
-
-    Raises:
-        ColocError: a submission failed (the jobs already submitted are cancelled first).
-    """
-    env = dict(os.environ)
-    reader = open_energy_reader()
-    e0 = _energy(reader)
-    t_start = clock()
-    problems = _placer_problems(mode, cfg)
+def _submit_all(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
+                extra_sbatch: Sequence[str], clock: Callable[[], float], context_mib: int,
+                env: Dict[str, str], t_start: float, gpu_of: Dict[int, str]) -> Dict[int, int]:
+    """Submit each task at its ``submit_s`` offset from ``t_start`` (run_replay's arguments); task index ->
+    job id. Raises ColocError when a submission fails, after cancelling the jobs already submitted."""
     job_of_task: Dict[int, int] = {}
-    gpu_of: Dict[int, str] = {}
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
         if delay > 0:
@@ -226,7 +207,55 @@ def run_replay(
             raise ColocError(f"coloc-sbatch failed for task {task.index}: {proc.stderr.strip()}")
         job_of_task[task.index] = int(proc.stdout.strip().split(";")[0])
         log.info("task %s -> job %s", task.index, job_of_task[task.index])
-        note_gpus(squeue_all(cfg.slurm_bin_dir, env), gpu_of)  # a short job may end before the last submission
+        note_gpus(squeue_all(cfg.slurm_bin_dir, env),
+                  gpu_of)  # a short job may end before the last submission
+    return job_of_task
+
+
+def run_replay(
+    tasks: Sequence[Task],
+    mode: str,
+    cfg: Config,
+    job_script: str,
+    out_dir: str,
+    deadline_s: float,
+    extra_sbatch: Sequence[str] = (),
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.time,
+    context_mib: int = DEFAULT_CONTEXT_MIB,
+) -> ReplayRun:
+    """Submit ``tasks`` at ``submit_s`` offsets (each with its own copy of ``job_script``, ``task_script``),
+    wait for them (and OOM reruns) until ``deadline_s`` after the start, cancel what is left then, and
+    measure; the GPU each job held (``node:index``) is noted while it runs.
+
+    Args:
+        tasks: the scaled trace tasks (``replay.trace.build_tasks``).
+        mode: ``exclusive`` | ``coloc`` | ``blind`` | ``aware`` | ``gate`` | ``throughput`` (``sbatch_argv``;
+            the last three are held for a running coloc-placer, ``PLACER_POLICY``).
+        cfg: ``slurm_bin_dir``, ``state_dir`` (the sampler databases) and the placer's heartbeat.
+        job_script: the batch script each task runs (``<script> <workload> --steps N --tag T``).
+        out_dir: where the jobs' output files go.
+        deadline_s: seconds after the first submission after which what still runs is cancelled.
+        extra_sbatch: more coloc-sbatch arguments for every task.
+        poll_s: seconds between queue polls.
+        clock: the wall clock (s), replaceable in tests.
+        context_mib: added to each task's catalog peak in the coloc modes (MiB).
+
+    Returns:
+        The ``ReplayRun``: metrics (makespan, JCT, slowdown, SM activity %, energy J, OOM reruns), the runs,
+        task index -> job id, and the problems seen (placer missing or of another policy, deadline reached).
+
+    Raises:
+        ColocError: a submission failed (the jobs already submitted are cancelled first).
+    """
+    env = dict(os.environ)
+    reader = open_energy_reader()
+    e0 = _energy(reader)
+    t_start = clock()
+    problems = _placer_problems(mode, cfg)
+    gpu_of: Dict[int, str] = {}
+    job_of_task = _submit_all(tasks, mode, cfg, job_script, out_dir, extra_sbatch, clock, context_mib, env,
+                              t_start, gpu_of)
     records = _wait(cfg, job_of_task, env, t_start, deadline_s, poll_s, clock, problems, gpu_of)
     t_end = clock()
     runs = runs_from_records(records, {j: t for t, j in job_of_task.items()})
@@ -235,8 +264,10 @@ def run_replay(
     last = max((r.end_ts for r in runs if r.end_ts), default=t_end)
     smact, per_gpu = sm_activity_per_gpu(cfg, records, first, last)
     metrics = summarize(mode, len(tasks), runs, smact, energy, {t.index: t.work_s for t in tasks}, per_gpu)
-    per_task = [{**asdict(r), "gpu": gpu_of.get(r.job_id)} for r in sorted(runs, key=lambda r: (r.task, r.job_id))]
-    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems, per_task=per_task)
+    per_task = [{**asdict(r), "gpu": gpu_of.get(r.job_id)}
+                for r in sorted(runs, key=lambda r: (r.task, r.job_id))]
+    return ReplayRun(metrics=metrics, runs=runs, job_of_task=job_of_task, problems=problems,
+                     per_task=per_task)
 
 
 def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
@@ -263,9 +294,11 @@ def _placer_problems(mode: str, cfg: Config) -> List[str]:
 
 
 def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
-          poll_s: float, clock: Callable[[], float], problems: List[str], gpu_of: Dict[int, str]) -> List[JobInfo]:
+          poll_s: float, clock: Callable[[], float], problems: List[str],
+          gpu_of: Dict[int, str]) -> List[JobInfo]:
     """Poll Slurm until every job of the replay (OOM reruns included) is final, or cancel what is left at the
-    deadline (a problem line); notes each job's GPU (``node:index``) in ``gpu_of``. Returns the last records."""
+    deadline (a problem line); notes each job's GPU (``node:index``) in ``gpu_of``. Returns the last
+    records."""
     task_of_job = {j: t for t, j in job_of_task.items()}
 
     def ours() -> List[JobInfo]:
@@ -275,7 +308,8 @@ def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start
         return recs
     while True:
         records = ours()
-        if records and all(r.state in FINAL and not r.completing for r in records) and len(records) >= len(task_of_job):
+        if records and all(r.state in FINAL and not r.completing
+                           for r in records) and len(records) >= len(task_of_job):
             return records
         if clock() - t_start > deadline_s:
             left = [r.job_id for r in records if r.state not in FINAL or r.completing]
@@ -286,9 +320,11 @@ def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start
         time.sleep(poll_s)
 
 
-def submit_for_placer(argv: Sequence[str], cfg: Config, env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
-    """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a whole-GPU
-    plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with ``--parsable``).
+def submit_for_placer(argv: Sequence[str], cfg: Config,
+                      env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a
+    whole-GPU plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with
+    ``--parsable``).
 
     Raises:
         ColocError: the dry run failed or printed no sbatch command.

@@ -50,8 +50,8 @@ DEFAULT_REF_S = (
     600.0  # reference runtime of a script the run summary lacks (mnist_train), stated in Task.note
 )
 
-# Expected single-job samples/s on one H100 (measured there for small_cnn/resnet18/resnet50 in docs/facts.md §12
-# and
+# Expected single-job samples/s on one H100 (measured there for small_cnn/resnet18/resnet50 in docs/facts.md
+# §12 and
 # benchmarks/device results; the rest are rough guesses: they only set how long a step count takes).
 RATES_SAMPLES_PER_S: Dict[Tuple[str, str], float] = {
     ("small_cnn", ""): 31500,

@@ -1,11 +1,11 @@
 """Collocation figures of coloc-report (pure, over the report's job views and sample aggregates).
 
-Per job: whether it shared its GPU (another job's run overlapped it on the same node and GPU index), its runtime
-alone from history (median runtime of the other COMPLETED runs of the same signature that had their GPU alone;
-signature = ``placement.intensity.signature`` of the job's coloc comment: model, kwargs, input, batch, precision,
-optimizer, or the script's SHA-256), and ``rate_vs_alone`` = alone runtime / this runtime (1.0: as fast as alone;
-0.5: half speed). The rate assumes runs of one signature do the same work (same epochs or steps); a run that did
-less or more work shows as faster or slower.
+Per job: whether it shared its GPU (another job's run overlapped it on the same node and GPU index), its
+runtime alone from history (median runtime of the other COMPLETED runs of the same signature that had their
+GPU alone; signature = ``placement.intensity.signature`` of the job's coloc comment: model, kwargs, input,
+batch, precision, optimizer, or the script's SHA-256), and ``rate_vs_alone`` = alone runtime / this runtime
+(1.0: as fast as alone; 0.5: half speed). The rate assumes runs of one signature do the same work (same epochs
+or steps); a run that did less or more work shows as faster or slower.
 Per GPU: the share of sampled time it was saturated under the placement gate (``placement_*_gate``, CARMA:
 SMACT >= 0.8 and (SMOCC >= 0.45 or DRAMA >= 0.4)).
 """
@@ -25,7 +25,8 @@ class _Job(Protocol):
 
 
 def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
-    """job id -> whether another job's span overlapped it on one of its GPUs (jobs with a start and a GPU only).
+    """job id -> whether another job's span overlapped it on one of its GPUs (jobs with a start and a GPU
+    only).
 
     ``jobs``: ``JobView``-like objects (``job_id``, ``start_ts``, ``end_ts`` (None: running), ``gpu_list``).
     """
@@ -74,7 +75,8 @@ def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
 
 def gate_pct(cfg: Config) -> Tuple[float, float, float]:
     """The placement gate in percent: (SMACT, SMOCC, DRAMA)."""
-    return (100.0 * cfg.placement_smact_gate, 100.0 * cfg.placement_smocc_gate, 100.0 * cfg.placement_drama_gate)
+    return (100.0 * cfg.placement_smact_gate, 100.0 * cfg.placement_smocc_gate,
+            100.0 * cfg.placement_drama_gate)
 
 
 def saturated_share(saturated_s: Optional[float], sampled_s: Optional[float]) -> Optional[float]:

@@ -14,11 +14,14 @@ from slurm_coloc.report.summarize import JobView
 
 JOB_COLUMNS: Tuple[str, ...] = tuple(f.name for f in fields(JobView)) + ("runtime_s",)
 USER_COLUMNS = ("user", "jobs", "gpu_hours", "energy_kwh", "smact_mean", "smocc_mean", "util_mean",
-                "unused_gib_hours", "estimate_abs_error_pct_mean", "ooms", "wasteful_jobs", "jobs_without_samples")
-GPU_COLUMNS = ("node", "gpu", "jobs", "busy_hours", "collocation_factor", "util_mean", "smact_mean", "smact_p95",
+                "unused_gib_hours", "estimate_abs_error_pct_mean", "ooms", "wasteful_jobs",
+                "jobs_without_samples")
+GPU_COLUMNS = ("node", "gpu", "jobs", "busy_hours", "collocation_factor", "util_mean", "smact_mean",
+               "smact_p95",
                "smocc_mean", "smocc_p95", "mem_used_mean_mib", "mem_used_max_mib", "saturated_hours",
                "saturated_pct", "mem_total_mib", "energy_kwh", "sampled_hours")
-_FOLD = ("gpus", "busy_gpu_hours", "collocation_factor", "util_mean", "smact_mean", "smocc_mean", "energy_kwh")
+_FOLD = ("gpus", "busy_gpu_hours", "collocation_factor", "util_mean", "smact_mean", "smocc_mean",
+         "energy_kwh")
 NODE_COLUMNS = ("node",) + _FOLD
 CLUSTER_COLUMNS = _FOLD + ("jobs", "users", "gpu_hours", "job_energy_kwh", "ooms", "oom_retries_completed",
                            "wasteful_jobs", "estimate_abs_error_pct_mean")
@@ -27,8 +30,9 @@ VIEW_COLUMNS: Dict[str, Tuple[str, ...]] = {"jobs": JOB_COLUMNS, "users": USER_C
 
 
 def select_columns(view: str, spec: str) -> List[str]:
-    """The columns named by ``-o/--format`` (``jobid,user,shards,peak_mib``: comma-separated, case-insensitive;
-    ``jobid`` and the like may leave out the underscore, and ``peak_mib`` names ``peak_mem_mib``).
+    """The columns named by ``-o/--format`` (``jobid,user,shards,peak_mib``: comma-separated,
+    case-insensitive; ``jobid`` and the like may leave out the underscore, and ``peak_mib`` names
+    ``peak_mem_mib``).
 
     Raises:
         ColocError: an empty list or an unknown column (one line listing the valid ones).
@@ -51,8 +55,8 @@ def select_columns(view: str, spec: str) -> List[str]:
 
 
 def iso_time(ts: object) -> object:
-    """Unix seconds -> ISO 8601 local time with its UTC offset (``2026-11-26T07:15:02+00:00``); other values as
-    they are."""
+    """Unix seconds -> ISO 8601 local time with its UTC offset (``2026-11-26T07:15:02+00:00``); other values
+    as they are."""
     if isinstance(ts, (int, float)) and not isinstance(ts, bool):
         return datetime.datetime.fromtimestamp(float(ts)).astimezone().isoformat(timespec="seconds")
     return ts

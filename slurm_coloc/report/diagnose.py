@@ -1,29 +1,33 @@
-"""Why a job's GPU share sat idle, and what to change: named findings from the sampler's fine-grained metrics (pure).
+"""Why a job's GPU share sat idle, and what to change: named findings from the sampler's fine-grained metrics
+(pure).
 
-Inputs are a job's report view (``JobView``: SM activity/occupancy, tensor and DRAM activity, the idle share of its
-samples, peak memory vs request, batch and precision of its recorded spec) and, for ``coloc-report advise``, its
-per-sample series. Thresholds are the config's ``diag_*`` keys. Each finding has a name (also its AdminComment
-code), its evidence in numbers and one concrete suggestion; the first is the top one.
+Inputs are a job's report view (``JobView``: SM activity/occupancy, tensor and DRAM activity, the idle share
+of its samples, peak memory vs request, batch and precision of its recorded spec) and, for ``coloc-report
+advise``, its per-sample series. Thresholds are the config's ``diag_*`` keys. Each finding has a name (also
+its AdminComment code), its evidence in numbers and one concrete suggestion; the first is the top one.
 
-Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab et al., EuroMLSys'23: SM activity
-= share of time an SM had a warp resident, SM occupancy = resident warps / maximum, averaged over SMs and time):
-- ``input-bound``: mean SM activity below ``diag_input_bound_smact_pct`` and at least ``diag_input_bound_idle_pct``
-  of the samples with the job's process on the GPU idle (SM activity < ``diag_idle_smact_pct``): the GPU waited
-  between bursts; AND the job's CPU use (node/cpu.py) says it waited for data: its loader workers saturated (at
-  least ``diag_loader_busy_pct`` % of one core each, or the job's processes that share of its CPUs), or workers
-  present while the training process used at most ``diag_train_waiting_cores`` (waiting for them: I/O), or no
-  workers while the training process was busy (at least ``diag_train_busy_cores``) with a batch above
-  ``diag_small_batch`` and the GPU idle in at least ``diag_input_bound_self_idle_pct`` of the samples (it loads
-  the data itself; a launch-bound loop also keeps one core busy, but leaves the GPU idle less often: 18-54% of
-  the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2, against 95% for a starved loader).
-  Without CPU figures the rule does not judge (thin evidence): a launch-bound tiny batch idles the GPU between
-  steps as a starved one does.
+Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab et al., EuroMLSys'23: SM
+activity = share of time an SM had a warp resident, SM occupancy = resident warps / maximum, averaged over SMs
+and time):
+- ``input-bound``: mean SM activity below ``diag_input_bound_smact_pct`` and at least
+  ``diag_input_bound_idle_pct``
+  of the samples with the job's process on the GPU idle (SM activity < ``diag_idle_smact_pct``): the GPU
+  waited between bursts; AND the job's CPU use (node/cpu.py) says it waited for data: its loader workers
+  saturated (at least ``diag_loader_busy_pct`` % of one core each, or the job's processes that share of its
+  CPUs), or workers present while the training process used at most ``diag_train_waiting_cores`` (waiting for
+  them: I/O), or no workers while the training process was busy (at least ``diag_train_busy_cores``) with a
+  batch above ``diag_small_batch`` and the GPU idle in at least ``diag_input_bound_self_idle_pct`` of the
+  samples (it loads the data itself; a launch-bound loop also keeps one core busy, but leaves the GPU idle
+  less often: 18-54% of the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2, against 95% for a
+  starved loader). Without CPU figures the rule does not judge (thin evidence): a launch-bound tiny batch
+  idles the GPU between steps as a starved one does.
 - ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct`` while tensor activity stays
   below ``diag_no_tensor_max_tensor_pct`` and the spec's precision is fp32 (or unknown).
 - ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` while SM activity is at least
   ``diag_low_occupancy_min_smact_pct`` and the spec's batch is at most ``diag_small_batch``; the CPU figures,
   when recorded, are given as evidence (a launch-bound training process: about one core busy, workers idle).
-- ``over-request``: request at least ``diag_over_request_ratio`` x (peak + ``headroom_mib``) (not for OOM reruns
+- ``over-request``: request at least ``diag_over_request_ratio`` x (peak + ``headroom_mib``) (not for OOM
+  reruns
   or OOM deaths, whose request is the GPU or the fence).
 Transfer-bound is not judged: the sampler records DRAM bandwidth, not PCIe throughput.
 """
@@ -54,7 +58,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """Findings, top one first, and ``notes``: why a rule could not judge the job (thin or missing evidence)."""
+    """Findings, top one first, and ``notes``: why a rule could not judge the job (thin or missing
+    evidence)."""
 
     findings: List[Finding] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -64,8 +69,8 @@ class Diagnosis:
 class JobStats:
     """The figures the rules read (% unless named; None = not recorded).
 
-    ``active_samples``: samples with a process of the job on its GPU; ``smact_idle_pct``: share of those with SM
-    activity below the idle threshold.
+    ``active_samples``: samples with a process of the job on its GPU; ``smact_idle_pct``: share of those with
+    SM activity below the idle threshold.
     """
 
     smact_mean: Optional[float] = None
@@ -79,8 +84,8 @@ class JobStats:
 @dataclass(frozen=True)
 class CpuStats:
     """The job's CPU use (node/cpu.py), in cores: ``train`` its CUDA process(es), ``workers`` the processes
-    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the job's CPUs on the node (None:
-    unknown), ``samples`` rows behind the means."""
+    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the job's CPUs on the node
+    (None: unknown), ``samples`` rows behind the means."""
 
     train: float
     workers: Optional[float]
@@ -110,16 +115,18 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
 
 
 def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float) -> JobStats:
-    """``JobStats`` from a job's samples (dicts with ``smact_pct``, ``smocc_pct``, ``tensor_pct``, ``dram_bw_pct``
-    and ``job_mem_mib``: the job's memory at that instant, None when it had no process on the GPU).
+    """``JobStats`` from a job's samples (dicts with ``smact_pct``, ``smocc_pct``, ``tensor_pct``,
+    ``dram_bw_pct`` and ``job_mem_mib``: the job's memory at that instant, None when it had no process on the
+    GPU).
 
-    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span, the idle
-    share over the samples with the job's process.
+    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span, the
+    idle share over the samples with the job's process.
     """
     def col(key: str) -> List[float]:
         return [float(s[key]) for s in series if s.get(key) is not None]
 
-    active = [float(s["smact_pct"]) for s in series if s.get("job_mem_mib") and s.get("smact_pct") is not None]
+    active = [float(s["smact_pct"]) for s in series if s.get("job_mem_mib")
+              and s.get("smact_pct") is not None]
     return JobStats(smact_mean=_mean(col("smact_pct")), smocc_mean=_mean(col("smocc_pct")),
                     tensor_mean=_mean(col("tensor_pct")), dram_mean=_mean(col("dram_bw_pct")),
                     smact_idle_pct=100.0 * sum(1 for x in active if x < idle_smact_pct) / len(active)
@@ -130,19 +137,22 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
 def stats_of(job: Any) -> JobStats:
     """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
-                    dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct, active_samples=job.active_samples)
+                    dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct,
+                    active_samples=job.active_samples)
 
 
 def _input_advice(cpu: CpuStats, cfg: Config) -> str:
-    """The input-bound suggestion: a worker count where the job's CPUs are known and leave room for more; more CPUs
-    where its processes already keep them busy."""
+    """The input-bound suggestion: a worker count where the job's CPUs are known and leave room for more; more
+    CPUs where its processes already keep them busy."""
     workers = round(cpu.n_workers or 0.0)
     more = ("<CPUs of the job - 1>" if not cpu.cpus or cpu.cpus - 1 <= workers else
             f"{cpu.cpus - 1} (the job has {cpu.cpus} CPUs)")
     full = cpu.cpus and cpu.train + (cpu.workers or 0.0) >= cfg.diag_loader_busy_pct / 100.0 * cpu.cpus
     room = "" if not full else (
-        f"its {cpu.cpus} CPUs are taken: ask for more with `#SBATCH --cpus-per-task` and raise num_workers, or ")
-    return (f"feed the GPU faster: {room}DataLoader(num_workers={more}, pin_memory=True, persistent_workers=True) "
+        f"its {cpu.cpus} CPUs are taken: ask for more with `#SBATCH --cpus-per-task` and raise num_workers, "
+        "or ")
+    return (f"feed the GPU faster: {room}DataLoader(num_workers={more}, pin_memory=True, "
+            "persistent_workers=True) "
             "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)")
 
 
@@ -156,7 +166,8 @@ def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config, idle_pct:
         return None
     busy = cfg.diag_loader_busy_pct / 100.0
     has_workers = cpu.n_workers is not None and cpu.n_workers >= 0.5
-    if has_workers and cpu.workers is not None and cpu.workers >= busy * cpu.n_workers:  # type: ignore[operator]
+    if has_workers and cpu.workers is not None \
+            and cpu.workers >= busy * cpu.n_workers:  # type: ignore[operator]
         return "the loader workers were saturated"
     if has_workers and cpu.cpus and cpu.train + (cpu.workers or 0.0) >= busy * cpu.cpus:
         return "the job's CPUs were saturated"
@@ -180,7 +191,8 @@ def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
     return Finding(
         "over-request",
         f"peak {format_mib(peak)} of {format_mib(req)} requested ({100 * (1 - peak / req):.0f}% never used)",
-        f"request `#COLOC mem={need_gib}G` (peak + {cfg.headroom_mib} MiB headroom), or drop the memory override "
+        f"request `#COLOC mem={need_gib}G` (peak + {cfg.headroom_mib} MiB headroom), or drop the memory "
+        "override "
         f"and let coloc-sbatch estimate it: the rest of the GPU can then run other jobs")
 
 
@@ -191,8 +203,8 @@ def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]
         series: the job's samples (``stats_from_series``); used where the view lacks the summary's figures.
 
     Returns:
-        A ``Diagnosis``; no GPU-metric finding when the job ran shorter than ``diag_min_runtime_s`` or had fewer than
-        ``diag_min_samples`` active samples (then ``notes`` says so).
+        A ``Diagnosis``; no GPU-metric finding when the job ran shorter than ``diag_min_runtime_s`` or had
+        fewer than ``diag_min_samples`` active samples (then ``notes`` says so).
     """
     notes: List[str] = []
     found: List[Finding] = []
@@ -225,12 +237,14 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
     if st.smact_idle_pct is None:
         notes.append("input-bound not judged: the idle share of the samples was not recorded")
     elif sm < cfg.diag_input_bound_smact_pct and st.smact_idle_pct >= cfg.diag_input_bound_idle_pct:
-        gpu_side = (f"SM activity {sm:.1f}% mean; the GPU was idle (< {cfg.diag_idle_smact_pct:g}% SM activity) in "
+        gpu_side = (f"SM activity {sm:.1f}% mean; the GPU was idle (< {cfg.diag_idle_smact_pct:g}% SM "
+                    "activity) in "
                     f"{st.smact_idle_pct:.0f}% of the samples while the job's process held it")
         why = _waiting_for_input(job, cpu, cfg, st.smact_idle_pct)
         if cpu is None or cpu.samples < cfg.diag_min_samples:
             notes.append(f"input-bound not judged (thin evidence): {gpu_side}, but the job's CPU use was "
-                         f"{'not recorded' if cpu is None else f'recorded in {cpu.samples} samples only'}, so "
+                         f"{'not recorded' if cpu is None else f'recorded in {cpu.samples} samples only'}, "
+                         "so "
                          f"waiting for input cannot be told from a launch-bound loop")
         elif why is None:
             notes.append(f"not input-bound: {gpu_side}, but {cpu.words()}: no loader starved it")
@@ -245,19 +259,23 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
             "no-tensor-cores",
             f"SM activity {sm:.0f}% mean but tensor-core activity {st.tensor_mean:.1f}% "
             f"(precision {precision or 'unknown, no spec'}): the math runs on the FP32 units",
-            "train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) around forward and loss (or "
+            "train in mixed precision: torch.autocast('cuda', dtype=torch.bfloat16) around forward and loss "
+            "(or "
             "fp16 with torch.amp.GradScaler); at least torch.backends.cuda.matmul.allow_tf32 = True"))
     if st.smocc_mean is not None and job.batch_size is not None:
         if (st.smocc_mean < cfg.diag_low_occupancy_smocc_pct and sm >= cfg.diag_low_occupancy_min_smact_pct
                 and job.batch_size <= cfg.diag_small_batch):
             launch = ""
-            if cpu is not None and cpu.samples >= cfg.diag_min_samples and cpu.train >= cfg.diag_train_busy_cores:
+            if cpu is not None and cpu.samples >= cfg.diag_min_samples \
+                    and cpu.train >= cfg.diag_train_busy_cores:
                 launch = f"; {cpu.words()}: the training loop is busy launching small kernels"
             out.append(Finding(
                 "low-occupancy",
-                f"SM occupancy {st.smocc_mean:.1f}% mean at {sm:.0f}% SM activity with batch {job.batch_size}: "
+                f"SM occupancy {st.smocc_mean:.1f}% mean at {sm:.0f}% SM activity with batch "
+                f"{job.batch_size}: "
                 f"each kernel keeps few warps busy{launch}",
-                f"raise the batch size (e.g. to {max(32, 4 * job.batch_size)}, scaling the learning rate; the "
+                f"raise the batch size (e.g. to {max(32, 4 * job.batch_size)}, scaling the learning rate; "
+                "the "
                 f"request grows with it: coloc-sbatch re-estimates it from `#COLOC batch=`)"))
     elif st.smocc_mean is not None:
         notes.append("batch size not judged: the job has no recorded spec (#COLOC batch=)")

@@ -11,7 +11,8 @@ from slurm_coloc.report.columns import cell
 def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
     """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line.
 
-    Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268 jobs took 1 s).
+    Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268 jobs took 1
+    s).
     """
     file.write(f"{{{json.dumps(view)}: [\n")
     file.write(",\n".join(json.dumps(r, default=str) for r in rows))
@@ -19,8 +20,9 @@ def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str
 
 
 def to_csv(rows: Sequence[Dict[str, object]], file: IO[str], columns: Sequence[str] = ()) -> None:
-    """Write rows as CSV: the header is ``columns`` (the view's or the ``-o`` ones, ``report/columns.py``; written
-    even without a row; none given: the rows' keys); times (``*_ts``) in ISO 8601, lists joined by ``; ``."""
+    """Write rows as CSV: the header is ``columns`` (the view's or the ``-o`` ones, ``report/columns.py``;
+    written even without a row; none given: the rows' keys); times (``*_ts``) in ISO 8601, lists joined by ``;
+    ``."""
     cols: List[str] = list(columns)
     for r in rows:
         cols.extend(k for k in r if k not in cols and not columns)

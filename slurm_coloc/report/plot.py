@@ -1,4 +1,5 @@
-"""``coloc-report plot``: PNG timelines per GPU and an estimate-vs-measured scatter (matplotlib, Agg backend)."""
+"""``coloc-report plot``: PNG timelines per GPU and an estimate-vs-measured scatter (matplotlib, Agg
+backend)."""
 from __future__ import annotations
 
 import datetime
@@ -14,7 +15,8 @@ from slurm_coloc.store import report_queries as rq
 MAX_POINTS = 1500  # buckets per timeline; the SQL folds samples to this many
 MAX_LABELS = 80  # job bars are labelled (job id, user) up to this many jobs per GPU
 LANES = 6
-LABEL_CHAR_FRAC = 0.0065  # width of one 7-pt label character as a share of the 12-inch time axis (DejaVu Sans)
+# width of one 7-pt label character as a share of the 12-inch time axis (DejaVu Sans)
+LABEL_CHAR_FRAC = 0.0065
 FIT_PAD_FRAC = 0.03  # the fitted time axis extends this share of the data's span on each side
 
 
@@ -41,20 +43,17 @@ def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]]
     return path
 
 
-def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
-                    viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
-    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
-    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
-    that finds no free lane gets an unlabelled bar and the panel's title counts it. Returns the matplotlib figure."""
-    plt = _plt()
-    fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
-                                                 gridspec_kw={"height_ratios": [3, 3, 2]})
+def _plot_usage(ax_mem: Any, ax_sm: Any, series: Sequence[Tuple[float, object, object]],
+                total_mib: object) -> None:
+    """The memory (GiB, with the GPU's total as a dashed line) and SM activity (%) panels of
+    ``timeline_figure``; ``series``: ``(t, used MiB, SM activity %)``, None where not recorded."""
     xs = [_dt(t) for t, _, _ in series]
     mem = [None if m is None else float(m) / 1024 for _, m, _ in series]  # type: ignore[arg-type]
     sm = [None if s is None else float(s) for _, _, s in series]  # type: ignore[arg-type]
     ax_mem.plot(xs, [m if m is not None else float("nan") for m in mem], color="tab:blue", lw=1)
     if total_mib:
-        ax_mem.axhline(float(total_mib) / 1024, color="grey", ls="--", lw=0.8, label="GPU memory")  # type: ignore
+        ax_mem.axhline(float(total_mib) / 1024,  # type: ignore
+                       color="grey", ls="--", lw=0.8, label="GPU memory")
         ax_mem.legend(loc="upper right", fontsize=8)
     ax_mem.set_ylabel("memory used (GiB)")
     ax_sm.plot(xs, [s if s is not None else float("nan") for s in sm], color="tab:green", lw=1)
@@ -65,8 +64,15 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
             ax.text(0.5, 0.5, "no samples recorded in this window", transform=ax.transAxes, ha="center",
                     va="center", color="grey")
     elif all(s is None for s in sm):
-        ax_sm.text(0.5, 0.5, "SM activity not recorded (GPM needs Hopper or newer)", transform=ax_sm.transAxes,
+        ax_sm.text(0.5, 0.5, "SM activity not recorded (GPM needs Hopper or newer)",
+                   transform=ax_sm.transAxes,
                    ha="center", va="center", color="grey")
+
+
+def _plot_job_lanes(ax_jobs: Any, node: str, gpu: int, jobs: Sequence[JobView], viewer: Viewer, t0: float,
+                    t1: float) -> None:
+    """The job panel of ``timeline_figure``: each job on GPU ``gpu`` of ``node`` as a bar over its span within
+    [t0, t1] (epoch s), in the first free lane, labelled when the panel has room (``timeline_figure``)."""
     mine = [j for j in jobs if (node, gpu) in j.gpu_list and j.start_ts is not None]
     label_jobs = len(mine) <= MAX_LABELS
     bars: Dict[str, Tuple[List[float], List[object], List[object]]] = {}
@@ -105,15 +111,42 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
         ax_jobs.set_title(f"{len(mine)} jobs (too many to label; narrow the window with --since/--until)",
                           fontsize=8)
     elif hidden:
-        ax_jobs.set_title(f"{hidden} of {len(mine)} job labels left out where bars overlap (narrow the window)",
+        ax_jobs.set_title(f"{hidden} of {len(mine)} job labels left out where bars overlap (narrow the "
+                          "window)",
                           fontsize=8)
     ax_jobs.set_yticks([])
     ax_jobs.set_ylabel("jobs")
     if not mine:
         ax_jobs.text(0.5, 0.5, "no job on this GPU in this window", transform=ax_jobs.transAxes, ha="center",
                      va="center", color="grey")
+
+
+def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]],
+                    jobs: Sequence[JobView],
+                    viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
+    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
+    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
+    that finds no free lane gets an unlabelled bar and the panel's title counts it.
+
+    Args:
+        node, gpu: the GPU (node name, NVML index).
+        series: ``(epoch s, memory used MiB, SM activity %)`` samples, None where not recorded.
+        jobs: the jobs of the report; those on this GPU with a start are drawn.
+        viewer: who looks: other users' jobs are labelled ``other`` unless ``viewer.sees_all``.
+        t0, t1: the window (epoch s).
+        total_mib: the GPU's memory (MiB), drawn as a dashed line; falsy: not drawn.
+
+    Returns:
+        The matplotlib figure (the caller saves and closes it).
+    """
+    plt = _plt()
+    fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
+                                                 gridspec_kw={"height_ratios": [3, 3, 2]})
+    _plot_usage(ax_mem, ax_sm, series, total_mib)
+    _plot_job_lanes(ax_jobs, node, gpu, jobs, viewer, t0, t1)
     ax_jobs.set_xlim(_dt(t0), _dt(t1))
-    fig.suptitle(f"{node} GPU {gpu}: memory and SM activity, {_dt(t0):%Y-%m-%d %H:%M} to {_dt(t1):%Y-%m-%d %H:%M}"
+    fig.suptitle(f"{node} GPU {gpu}: memory and SM activity, {_dt(t0):%Y-%m-%d %H:%M} to "
+                 f"{_dt(t1):%Y-%m-%d %H:%M}"
                  f"  (bars: jobs; red = OOM, orange = wasteful)")
     fig.autofmt_xdate()
     fig.tight_layout()
@@ -141,7 +174,8 @@ def scatter(jobs: Sequence[JobView], path: Path) -> Path:
                 transform=ax.transAxes, va="top", fontsize=8, color="dimgrey")
         ax.legend(loc="lower right")
     else:
-        ax.text(0.5, 0.5, "no job has both an estimate and a measured peak", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, "no job has both an estimate and a measured peak", transform=ax.transAxes,
+                ha="center")
     ax.set_xlabel("estimated peak GPU memory (GiB)")
     ax.set_ylabel("measured peak GPU memory (GiB)")
     ax.set_title(f"estimate vs measured peak ({len(pts)} jobs)")
@@ -154,7 +188,8 @@ def scatter(jobs: Sequence[JobView], path: Path) -> Path:
 def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence[Tuple[float, float]]
                ) -> Tuple[float, float]:
     """The time axis for window [w0, w1]: the extent of the samples and job spans inside it, padded by
-    ``FIT_PAD_FRAC`` of that extent (at least 30 s) and kept inside the window; the window itself without data."""
+    ``FIT_PAD_FRAC`` of that extent (at least 30 s) and kept inside the window; the window itself without
+    data."""
     pts = [t for t in sample_ts if w0 <= t <= w1]
     pts += [min(max(x, w0), w1) for s, e in spans if e >= w0 and s <= w1 for x in (s, e)]
     if not pts:
@@ -168,9 +203,10 @@ def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: floa
                 ) -> Tuple[float, float, Dict[Tuple[str, int], List[Tuple[float, object, object]]],
                            Dict[Tuple[str, int], float]]:
     """The timelines' time axis (``fit_window`` of the window to its samples and jobs) and their series
-    ``{(node, gpu): [(ts, mem MiB, SM activity %)]}`` and GPU totals (MiB), fetched again at the finer resolution
-    when the fitted axis is less than half the window."""
-    w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts), default=now - 86400)
+    ``{(node, gpu): [(ts, mem MiB, SM activity %)]}`` and GPU totals (MiB), fetched again at the finer
+    resolution when the fitted axis is less than half the window."""
+    w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts),
+                                                     default=now - 86400)
     w1 = flt.until if flt.until is not None else now
     per_gpu, totals = _series(report, flt, w0, w1)
     spans = [(j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs if j.start_ts is not None]
@@ -182,7 +218,8 @@ def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: floa
 
 
 def _series(report: Report, flt: Filters, t0: float, t1: float
-            ) -> Tuple[Dict[Tuple[str, int], List[Tuple[float, object, object]]], Dict[Tuple[str, int], float]]:
+            ) -> Tuple[Dict[Tuple[str, int], List[Tuple[float, object, object]]],
+                       Dict[Tuple[str, int], float]]:
     bucket_s = max((t1 - t0) / MAX_POINTS, 1.0)
     per_gpu: Dict[Tuple[str, int], List[Tuple[float, object, object]]] = {}
     totals: Dict[Tuple[str, int], float] = {}
@@ -198,6 +235,16 @@ def _series(report: Report, flt: Filters, t0: float, t1: float
 def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer, out_dir: str,
              now: float) -> List[Path]:
     """Write ``timeline-<node>-gpu<i>.png`` for every GPU with samples or jobs, and ``estimate-vs-peak.png``.
+
+    Args:
+        report, jobs: the loaded databases and the jobs of the view (filtered, with usage).
+        flt: the window (``since``/``until``, epoch s) and the nodes asked.
+        viewer: who looks (``timeline_figure``: other users' jobs are unlabelled).
+        out_dir: the directory the PNG files go to (created if missing).
+        now: the present (epoch s): the end of an open window and of running jobs.
+
+    Returns:
+        The paths written.
 
     Raises:
         ColocError: the output directory cannot be created or written.
@@ -218,8 +265,8 @@ def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
 
 
 def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Path) -> Path:
-    """One job over its span: SM activity and occupancy (%), tensor and DRAM activity (%), the job's GPU memory
-    against its grant (GiB), with its findings written above the panels (``coloc-report advise``).
+    """One job over its span: SM activity and occupancy (%), tensor and DRAM activity (%), the job's GPU
+    memory against its grant (GiB), with its findings written above the panels (``coloc-report advise``).
 
     ``series``: ``views.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
     """
@@ -231,7 +278,8 @@ def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Pat
     def line(ax, key, metric, color, label, scale=1.0):  # type: ignore[no-untyped-def]
         rows = [r for r in series if (r["node"], r["gpu"]) == key]
         xs = [_dt(float(r["ts"])) for r in rows]  # type: ignore[arg-type]
-        ys = [float("nan") if r.get(metric) is None else float(r[metric]) * scale for r in rows]  # type: ignore
+        ys = [float("nan") if r.get(metric) is None else float(r[metric]) * scale
+              for r in rows]  # type: ignore
         ax.plot(xs, ys, color=color, lw=1, label=label if key == keys[0] else None)
 
     for key in keys:

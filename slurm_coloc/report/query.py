@@ -111,14 +111,15 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
         rows = views.sort_rows(rows, q.sort_key, q.desc)
     except KeyError:
         cols = ", ".join(rows[0].keys()) if rows else ""
-        raise ColocError(f"--sort: no column {q.sort_key!r} in the {q.view} view", hint=f"columns: {cols}") from None
+        raise ColocError(f"--sort: no column {q.sort_key!r} in the {q.view} view",
+                         hint=f"columns: {cols}") from None
     return report, jobs, rows
 
 
 def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any]:
     """``{"ok": true, "history_mib": [...]}``: what ``store.history.script_history_mib`` gives for the script
-    SHA-256 in the request and the asking process's ``uid`` (the kernel's, never a request field): MiB figures of
-    that user's own runs only, no job id, name or user."""
+    SHA-256 in the request and the asking process's ``uid`` (the kernel's, never a request field): MiB figures
+    of that user's own runs only, no job id, name or user."""
     from slurm_coloc.store.history import script_history_mib
 
     sha = request.get("sha256")
@@ -128,8 +129,9 @@ def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any
 
 
 def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] = None) -> Dict[str, Any]:
-    """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with its
-    findings, "series": its samples (``views.job_series``), "notes": what a rule could not judge, "problems"}``.
+    """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with
+    its findings, "series": its samples (``views.job_series``), "notes": what a rule could not judge,
+    "problems"}``.
 
     Raises:
         ColocError: the job is not recorded, or is another user's and ``viewer`` does not see all jobs.
@@ -140,7 +142,8 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
     report = load_report(cfg)
     job = next((j for j in report.jobs if j.job_id == job_id), None)
     if job is None or not (viewer.sees_all or job.user == viewer.name):
-        raise ColocError(f"job {job_id} is not recorded" + ("" if viewer.sees_all else f" as one of {viewer.name}'s"),
+        whose = "" if viewer.sees_all else f" as one of {viewer.name}'s"
+        raise ColocError(f"job {job_id} is not recorded" + whose,
                          hint="coloc-report jobs --since 30d lists the jobs you can see")
     job = views.flag_waste(add_usage(job, report, cfg, None), cfg)
     series = views.job_series(report, job, now)
@@ -152,14 +155,15 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
 def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     """The reader service's answer to ``request`` from the process of ``uid`` (from ``SO_PEERCRED``).
 
-    ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose user
-    cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples (``advise``), only
-    for the caller's own jobs unless the caller sees all; any other request is a report ``Query``.
+    ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose
+    user cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples
+    (``advise``), only for the caller's own jobs unless the caller sees all; any other request is a report
+    ``Query``.
 
     Returns:
-        ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as ``JobView.to_json``,
-        for the jobs table), or ``{"ok": false, "error": <one line>, "exit_code": n}``. Never raises a
-        ``ColocError``.
+        ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as
+        ``JobView.to_json``, for the jobs table), or ``{"ok": false, "error": <one line>, "exit_code": n}``.
+        Never raises a ``ColocError``.
     """
     try:
         if isinstance(request, dict) and request.get("op") == "history":
@@ -173,7 +177,7 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
         report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:
         return {"ok": False, "error": exc.one_line(), "exit_code": exc.exit_code}
-    except Exception as exc:  # noqa: BLE001 - sqlite errors of a damaged file: one line back, the service goes on
+    except Exception as exc:  # sqlite errors of a damaged file: one line back, the service goes on
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split()), "exit_code": 1}
     return {"ok": True, "view": q.view, "rows": rows, "problems": report.problems,
             "jobs": [j.to_json() for j in jobs] if q.view == "jobs" else []}

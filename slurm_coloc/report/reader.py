@@ -11,10 +11,10 @@ waits; the server writes one JSON object on one line and closes. Stdlib only.
 
 Limits (any local user may connect, so none may hold the service): at most ``MAX_CONNECTIONS`` connections at
 once and ``MAX_PER_UID`` per peer uid (``SO_PEERCRED``); a connection over either is refused at once, in the
-accepting thread, with one JSON line (``BUSY``) and no thread of its own. A client has ``REQUEST_TIMEOUT_S`` in
-all to send its request (a client that drips bytes is dropped at that deadline, not kept alive by each byte) and
-``SEND_TIMEOUT_S`` in all to take the answer. At most ``MAX_CONCURRENT`` answers are computed at once, at most
-``MAX_ANSWERS_PER_UID`` of them for one uid.
+accepting thread, with one JSON line (``BUSY``) and no thread of its own. A client has ``REQUEST_TIMEOUT_S``
+in all to send its request (a client that drips bytes is dropped at that deadline, not kept alive by each
+byte) and ``SEND_TIMEOUT_S`` in all to take the answer. At most ``MAX_CONCURRENT`` answers are computed at
+once, at most ``MAX_ANSWERS_PER_UID`` of them for one uid.
 """
 from __future__ import annotations
 
@@ -117,14 +117,16 @@ class ReaderServer(socketserver.UnixStreamServer):
         if not admit:
             try:
                 request.setblocking(False)
-                request.send(BUSY)  # one short line: fits the socket buffer, never blocks the accepting thread
+                # one short line: fits the socket buffer, never blocks the accepting thread
+                request.send(BUSY)
             except OSError:
                 pass
             self.shutdown_request(request)
             now = time.monotonic()
             if now - self._last_refusal_log > 10:
                 self._last_refusal_log = now
-                log.warning("refused a connection of uid %d: %d held (at most %d, %d per uid); %d refused so far",
+                log.warning("refused a connection of uid %d: %d held (at most %d, %d per uid); %d refused so "
+                            "far",
                             uid, self.active, MAX_CONNECTIONS, MAX_PER_UID, self.refused)
             return
         try:
@@ -144,7 +146,7 @@ class ReaderServer(socketserver.UnixStreamServer):
     def _serve_one(self, request: Any, client_address: Any, uid: int) -> None:
         try:
             self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 - one connection never stops the service
+        except Exception:  # one connection never stops the service
             log.exception("error while serving a client")
         finally:
             self.shutdown_request(request)
@@ -172,7 +174,8 @@ class _Request(socketserver.BaseRequestHandler):
             try:
                 request = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-                reply: Dict[str, Any] = {"ok": False, "error": "bad request: not one line of JSON", "exit_code": 2}
+                reply: Dict[str, Any] = {"ok": False, "error": "bad request: not one line of JSON",
+                                         "exit_code": 2}
             else:
                 with self.server.answer_slot(uid), self.server.slots:
                     reply = self.server.answer(request, uid)
@@ -181,7 +184,7 @@ class _Request(socketserver.BaseRequestHandler):
             log.info("answered uid %d: %s", uid, "ok" if reply.get("ok") else reply.get("error"))
         except (OSError, ColocError) as exc:
             log.warning("dropped a client: %s", exc)
-        except Exception:  # noqa: BLE001 - one bad answer must not stop the service
+        except Exception:  # one bad answer must not stop the service
             log.exception("error while answering a client")
             try:
                 sock.sendall(b'{"ok": false, "error": "internal error in the reader (see its log)", '
@@ -247,7 +250,8 @@ def ask(path: Path, request: Dict[str, Any], timeout_s: float = 300.0) -> Dict[s
     """Send ``request`` to the reader at ``path`` and return its answer.
 
     Raises:
-        ColocError: no reader listens there, it did not answer within ``timeout_s``, or the answer is not JSON.
+        ColocError: no reader listens there, it did not answer within ``timeout_s``, or the answer is not
+            JSON.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
@@ -256,7 +260,8 @@ def ask(path: Path, request: Dict[str, Any], timeout_s: float = 300.0) -> Dict[s
             sock.connect(str(path))
         except OSError as exc:
             raise ColocError(f"no coloc-report reader answers at {path}: {exc.strerror or exc}",
-                             hint="the databases are readable by root and the admin group only; ask your admin "
+                             hint="the databases are readable by root and the admin group only; ask your "
+                                  "admin "
                                   "to run `coloc-report serve` on this host (docs/admin.md)") from None
         sock.sendall(json.dumps(request).encode() + b"\n")
         sock.shutdown(socket.SHUT_WR)

@@ -56,11 +56,13 @@ def _oom(j: JobView) -> str:
     return f"OOM ({j.retry_status or 'not retried'})"
 
 
-RICH_MAX_ROWS = 1000  # above this, a plain fixed-width layout (rich measures every cell: seconds for 4000 rows)
+# above this, a plain fixed-width layout (rich measures every cell: seconds for 4000 rows)
+RICH_MAX_ROWS = 1000
 
 
 def _alone(j: JobView) -> str:
-    """``0.45x shared`` / ``1.00x alone``: runtime alone (history) over this runtime, and whether it shared."""
+    """``0.45x shared`` / ``1.00x alone``: runtime alone (history) over this runtime, and whether it
+    shared."""
     if j.rate_vs_alone is None:
         return "-" if j.shared_gpu is None else ("shared" if j.shared_gpu else "alone")
     return f"{j.rate_vs_alone:.2f}x " + ("shared" if j.shared_gpu else "alone")
@@ -88,8 +90,9 @@ def fit_columns(widths: Sequence[int], priority: Sequence[int], width: int) -> L
 
 def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[bool],
           rows: Sequence[Sequence[str]], priority: Optional[Sequence[int]] = None) -> None:
-    """A table that fits the console's width (columns of lowest ``priority`` left out, with a note naming them;
-    default: the last columns go first), rich up to ``RICH_MAX_ROWS`` rows, above that plain aligned text."""
+    """A table that fits the console's width (columns of lowest ``priority`` left out, with a note naming
+    them; default: the last columns go first), rich up to ``RICH_MAX_ROWS`` rows, above that plain aligned
+    text."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     prio = list(priority) if priority is not None else [-i for i in range(len(headers))]
     keep = fit_columns(widths, prio, console.width)
@@ -105,13 +108,15 @@ def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[
         console.print(table)
     else:
         def line(cells: Sequence[str]) -> str:
-            return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)).rstrip()
+            return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w,
+                             r in zip(cells, widths, right)).rstrip()
 
         out = [f"{title} ({len(rows)} rows, plain layout)", line(headers), line(["-" * w for w in widths])]
         out.extend(line(r) for r in rows)
         console.file.write("\n".join(out) + "\n")
     if dropped:
-        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (-o/--format picks columns; "
+        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (-o/--format picks "
+                      "columns; "
                       "COLUMNS=200 widens)", markup=False, highlight=False, style="dim")
 
 
@@ -141,10 +146,13 @@ def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[
 
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
-    """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed)."""
+    """Print the per-job table, then each job's waste reasons and notes, then the reading problems
+    (dimmed)."""
     console = _console(file)
-    headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused", "util.",
-               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone", "finding")
+    headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused",
+               "util.",
+               "SM act.", "SM occ.", "GPU-h", "kWh", "state", "OOM/retry", "start", "runtime", "vs alone",
+               "finding")
     # which columns stay when the terminal is narrow (higher stays longer)
     priority = (100, 90, 55, 40, 85, 70, 85, 65, 45, 30, 75, 35, 60, 25, 80, 50, 38, 48, 20, 42)
     left = {"user", "GPU(s)", "mode", "state", "OOM/retry", "start", "finding"}
@@ -152,12 +160,15 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
     for j in jobs:
         exit_text = "" if not j.exit_code and not j.signal else f" {j.exit_code}:{j.signal or 0}"
         rows.append((
-            str(j.job_id), j.user or "-", j.gpus or j.nodes or "-", j.share_mode or "-", format_mib(j.requested_mib),
+            str(j.job_id), j.user or "-", j.gpus or j.nodes or "-", j.share_mode or "-",
+            format_mib(j.requested_mib),
             format_mib(j.estimate_mib), format_mib(j.peak_mem_mib), _err(j), format_mib(j.unused_mib),
             _num(0)(j.util_mean), _pair(j.smact_mean, j.smact_p95), _pair(j.smocc_mean, j.smocc_p95),
-            _num(3)(j.gpu_hours), _num(4)(j.energy_kwh), (j.state or "-") + exit_text, _oom(j), _when(j.start_ts),
+            _num(3)(j.gpu_hours), _num(4)(j.energy_kwh), (j.state or "-") + exit_text, _oom(j),
+            _when(j.start_ts),
             _duration(j.runtime_s), _alone(j), j.findings[0]["name"] if j.findings else "-"))
-    _emit(console, "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %, vs alone = runtime alone "
+    _emit(console,
+          "slurm-coloc jobs (SM act./occ. = mean/p95 %, util. = coarse NVML %, vs alone = runtime alone "
                    "from history / runtime)", headers,
           [h not in left for h in headers], rows, priority)
     for j in jobs:
@@ -167,7 +178,8 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
             console.print(f"job {j.job_id} wasteful: {w}", markup=False, highlight=False)
         if j.findings:
             f = j.findings[0]
-            more = f" (+{len(j.findings) - 1} more: coloc-report advise {j.job_id})" if len(j.findings) > 1 else ""
+            more = (f" (+{len(j.findings) - 1} more: coloc-report advise {j.job_id})"
+                    if len(j.findings) > 1 else "")
             console.print(f"job {j.job_id} {f['name']}: {f['evidence']}. Try: {f['suggestion']}{more}",
                           markup=False, highlight=False)
     for j in jobs:
@@ -177,10 +189,12 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
 
 
 def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optional[IO[str]] = None) -> None:
-    """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the notes."""
+    """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the
+    notes."""
     console = _console(file)
     out = console.print
-    out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran {_duration(job.runtime_s)} "
+    out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran "
+        f"{_duration(job.runtime_s)} "
         f"on {job.gpus or job.nodes or '-'}; request {format_mib(job.requested_mib)}, peak "
         f"{format_mib(job.peak_mem_mib)}; SM activity {_pair(job.smact_mean, job.smact_p95)} % (mean/p95), "
         f"SM occupancy {_pair(job.smocc_mean, job.smocc_p95)} %, tensor "
@@ -189,7 +203,8 @@ def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optiona
         f"precision {job.precision or '-'}", markup=False, highlight=False)
     cpu = diagnose.cpu_of(job)
     out("CPU: " + ("not recorded" if cpu is None else
-                   cpu.words() + ("" if job.job_cpu_cores is None else f", whole job {job.job_cpu_cores:.1f} cores")
+                   cpu.words() + ("" if job.job_cpu_cores is None
+                                  else f", whole job {job.job_cpu_cores:.1f} cores")
                    + f"; mean of {cpu.samples} samples"), markup=False, highlight=False)
     if not job.findings:
         out("no finding: nothing in the recorded figures points at a problem", markup=False, highlight=False)
@@ -211,10 +226,12 @@ COLUMNS: Dict[str, List[Tuple[str, str, Fmt]]] = {
     "users": [("user", "user", str), ("jobs", "jobs", str), ("GPU-h", "gpu_hours", _num(3)),
               ("kWh", "energy_kwh", _num(4)), ("util. %", "util_mean", _num(0)),
               ("SM act. %", "smact_mean", _num(0)), ("SM occ. %", "smocc_mean", _num(0)),
-              ("unused GiB-h", "unused_gib_hours", _num(2)), ("|est. err| %", "estimate_abs_error_pct_mean", _num(0)),
+              ("unused GiB-h", "unused_gib_hours", _num(2)),
+              ("|est. err| %", "estimate_abs_error_pct_mean", _num(0)),
               ("OOMs", "ooms", str), ("wasteful", "wasteful_jobs", str),
               ("no samples", "jobs_without_samples", str)],
-    "gpus": [("node", "node", str), ("GPU", "gpu", str), ("jobs", "jobs", str), ("busy h", "busy_hours", _num(2)),
+    "gpus": [("node", "node", str), ("GPU", "gpu", str), ("jobs", "jobs", str),
+             ("busy h", "busy_hours", _num(2)),
              ("jobs/busy GPU", "collocation_factor", _num(2)), ("util. %", "util_mean", _num(0)),
              ("SM act. % mean", "smact_mean", _num(0)), ("p95", "smact_p95", _num(0)),
              ("SM occ. % mean", "smocc_mean", _num(0)), ("p95", "smocc_p95", _num(0)),
@@ -236,7 +253,8 @@ def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[
     console = _console(file)
     _emit(console, f"slurm-coloc {TITLES[view]}", [h for h, _, _ in COLUMNS[view]],
           [key not in ("user", "node") for _, key, _ in COLUMNS[view]],
-          [[fmt(r.get(key)) if r.get(key) is not None else "-" for _, key, fmt in COLUMNS[view]] for r in rows])
+          [[fmt(r.get(key)) if r.get(key) is not None else "-" for _, key, fmt in COLUMNS[view]]
+           for r in rows])
     if not rows:
         console.print("[dim]nothing recorded in this window[/dim]")
     _problems(console, problems)

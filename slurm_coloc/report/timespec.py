@@ -1,4 +1,5 @@
-"""Parsing ``--since``/``--until`` values (pure): Slurm's time forms, as ``sacct -S/-E`` reads them, and short ones.
+"""Parsing ``--since``/``--until`` values (pure): Slurm's time forms, as ``sacct -S/-E`` reads them, and short
+ones.
 
 Slurm's forms (sacct(1) "-S", parse_time.c with ``past`` set, as sacct calls it): ``now``,
 ``now[{+|-}count[seconds|minutes|hours|days|weeks]]`` (count alone: seconds), ``today`` and ``midnight``
@@ -46,6 +47,10 @@ def _past_clock(now: float, h: int, m: int, s: int = 0) -> float:
 def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """A time as Unix seconds from one of the forms of the module docstring. None stays None.
 
+    Args:
+        text: the ``--since``/``--until`` value as typed.
+        now: the present (Unix s; default the clock), for relative forms.
+
     Raises:
         ColocError: none of these forms, or out of range.
     """
@@ -53,36 +58,13 @@ def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[flo
         return None
     now = time.time() if now is None else now
     t = text.strip()
-    low = t.lower()
-    value: Optional[float] = None
-    m = _NOW.match(t)
-    if m:
-        sign, count, unit = m.groups()
-        value = now if not sign else now + (1 if sign == "+" else -1) * int(count) * _UNIT_S[
-            (unit or "s")[0].lower()]
-    elif low in _DAY_WORDS:
-        return _local_midnight(now, _DAY_WORDS[low])
-    elif low in _HOUR_WORDS:
-        return _past_clock(now, _HOUR_WORDS[low], 0)
-    elif _CLOCK.match(t):
-        c = _CLOCK.match(t)
-        assert c is not None
-        h, mi, s = int(c.group(1)), int(c.group(2)), int(c.group(3) or 0)
-        if h > 23 or mi > 59 or s > 59:
-            raise ColocError(f"invalid time {text!r}: no such time of day", hint=HINT)
-        return _past_clock(now, h, mi, s)
-    elif _REL.match(t):
-        r = _REL.match(t)
-        assert r is not None
-        value = now - float(r.group(1)) * _UNIT_S[r.group(2)]
-    elif t.startswith("@"):
-        try:
-            value = float(t[1:])
-        except ValueError:
-            pass
+    value = _offset(t, now)
     if value is not None:
         if not math.isfinite(value) or abs(value) > 1e11:  # ~ year 5138: beyond any job; inf/nan broke SQL
             raise ColocError(f"invalid time {text!r}: out of range", hint=HINT)
+        return value
+    value = _time_of_day(t, now, text)
+    if value is not None:
         return value
     for fmt in _FORMATS:
         try:
@@ -90,6 +72,48 @@ def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[flo
         except ValueError:
             continue
     raise ColocError(f"invalid time {text!r}", hint=HINT)
+
+
+def _offset(t: str, now: float) -> Optional[float]:
+    """``now[{+|-}count[unit]]``, a short form (``7d``: that long ago) or ``@<unix s>`` as Unix seconds (not
+    yet range-checked); None for another form."""
+    m = _NOW.match(t)
+    if m:
+        sign, count, unit = m.groups()
+        if not sign:
+            return now
+        return now + (1 if sign == "+" else -1) * int(count) * _UNIT_S[(unit or "s")[0].lower()]
+    r = _REL.match(t)
+    if r:
+        return now - float(r.group(1)) * _UNIT_S[r.group(2)]
+    if t.startswith("@"):
+        try:
+            return float(t[1:])
+        except ValueError:
+            return None
+    return None
+
+
+def _time_of_day(t: str, now: float, text: str) -> Optional[float]:
+    """A day word (``today``, ``tomorrow``: local midnight), an hour word (``noon``) or ``HH:MM[:SS]`` (the
+    last such time not to come, sacct's ``past`` rule) as Unix seconds; None for another form. ``text``: as
+    given, for the error.
+
+    Raises:
+        ColocError: ``HH:MM[:SS]`` that is no time of day (``25:00``).
+    """
+    low = t.lower()
+    if low in _DAY_WORDS:
+        return _local_midnight(now, _DAY_WORDS[low])
+    if low in _HOUR_WORDS:
+        return _past_clock(now, _HOUR_WORDS[low], 0)
+    c = _CLOCK.match(t)
+    if c is None:
+        return None
+    h, mi, s = int(c.group(1)), int(c.group(2)), int(c.group(3) or 0)
+    if h > 23 or mi > 59 or s > 59:
+        raise ColocError(f"invalid time {text!r}: no such time of day", hint=HINT)
+    return _past_clock(now, h, mi, s)
 
 
 def parse_window(since: Optional[str], until: Optional[str],

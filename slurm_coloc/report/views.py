@@ -8,7 +8,8 @@ Definitions (docs/report.md):
 - Collocation factor: job-seconds on a GPU / its busy seconds = average number of jobs on a busy GPU.
 - Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/alone.py``; a job's
   rate vs alone: its runtime alone from history over this runtime (``report/alone.py``).
-- Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy counter.
+- Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy
+  counter.
 """
 from __future__ import annotations
 
@@ -106,13 +107,14 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
     rates = alone.alone_rates(report.jobs)  # history: every recorded job, not only the ones shown
-    return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg), cfg)
+    return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg),
+                         cfg)
             for j in picked]
 
 
 def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
-    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first; ``series``: its samples
-    (``coloc-report advise``), used where the Epilog summary lacks a figure."""
+    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first; ``series``: its
+    samples (``coloc-report advise``), used where the Epilog summary lacks a figure."""
     d = diagnose.diagnose(job, cfg, series)
     return replace(job, findings=[f.to_json() for f in d.findings])
 
@@ -137,14 +139,15 @@ def flag_waste(job: JobView, cfg: Config) -> JobView:
     return replace(job, waste=reasons) if reasons else job
 
 
-MAX_SERIES_POINTS = 2000  # a longer job's samples are folded into this many buckets (mean of rates, max of memory)
+# a longer job's samples are folded into this many buckets (mean of rates, max of memory)
+MAX_SERIES_POINTS = 2000
 SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
 
 
 def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
-    """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct, dram_bw_pct,
-    job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that instant, None when it
-    had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets."""
+    """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct,
+    dram_bw_pct, job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that
+    instant, None when it had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets."""
     if job.start_ts is None:
         return []
     t1 = job.end_ts if job.end_ts is not None else now
@@ -178,7 +181,8 @@ def _fold_series(rows: List[Dict[str, object]], t0: float, t1: float) -> List[Di
         for k in SERIES_KEYS:
             vals = [float(r[k]) for r in rs if r.get(k) is not None]  # type: ignore[arg-type]
             row[k] = sum(vals) / len(vals) if vals else None
-        mems = [float(r["job_mem_mib"]) for r in rs if r.get("job_mem_mib") is not None]  # type: ignore[arg-type]
+        mems = [float(r["job_mem_mib"])  # type: ignore[arg-type]
+                for r in rs if r.get("job_mem_mib") is not None]
         row["job_mem_mib"] = max(mems) if mems else None
         folded.append(row)
     return folded
@@ -241,23 +245,15 @@ def _busy(spans: List[Tuple[float, float]]) -> float:
 
 def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer,
              now: float, cfg: Optional[Config] = None) -> List[Dict[str, object]]:
-    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory, energy,
-    and time saturated under the placement gate of ``cfg`` (default thresholds without one: ``report/alone.py``).
+    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory,
+    energy, and time saturated under the placement gate of ``cfg`` (default thresholds without one:
+    ``report/alone.py``).
 
-    Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job figures
-    use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their own, while
-    the GPU's sample figures (like ``sinfo``) are shown as they are.
+    Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job
+    figures use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their
+    own, while the GPU's sample figures (like ``sinfo``) are shown as they are.
     """
-    spans: Dict[Tuple[str, int], List[Tuple[float, float]]] = {}
-    for j in jobs:
-        if j.start_ts is None:
-            continue
-        s = max(j.start_ts, flt.since) if flt.since is not None else j.start_ts
-        e = j.end_ts if j.end_ts is not None else now
-        e = min(e, flt.until) if flt.until is not None else e
-        for key in j.gpu_list:
-            if e > s:
-                spans.setdefault(key, []).append((s, e))
+    spans = _gpu_spans(jobs, flt, now)
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
     sat: Dict[Tuple[str, int], Dict[str, float]] = {}
@@ -271,30 +267,51 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
             stats[(node, st.gpu_index)] = st
         for g, m in rq.gpu_totals_mib(db).items():
             totals[(node, g)] = m
-    rows = []
-    for key in sorted(set(stats) | set(spans)):
-        node, gpu = key
-        if flt.nodes and node not in flt.nodes:
+    return [_gpu_row(key, stats.get(key), spans.get(key, []), sat.get(key), totals.get(key))
+            for key in sorted(set(stats) | set(spans)) if not (flt.nodes and key[0] not in flt.nodes)]
+
+
+def _gpu_spans(jobs: Sequence[JobView], flt: Filters,
+               now: float) -> Dict[Tuple[str, int], List[Tuple[float, float]]]:
+    """Per (node, GPU): the spans (epoch s) of ``jobs`` on it, cut to the window (a running job ends
+    ``now``)."""
+    spans: Dict[Tuple[str, int], List[Tuple[float, float]]] = {}
+    for j in jobs:
+        if j.start_ts is None:
             continue
-        gst = stats.get(key)
-        sp = spans.get(key, [])
-        busy_s = _busy(sp)
-        job_s = sum(e - s for s, e in sp)
-        rows.append({
-            "node": node, "gpu": gpu, "jobs": len(sp), "busy_hours": _r(busy_s / 3600),
-            "collocation_factor": _r(job_s / busy_s, 2) if busy_s > 0 else None,
-            "util_mean": _r(gst.util_mean, 1) if gst else None,
-            "smact_mean": _r(gst.smact_mean, 1) if gst else None, "smact_p95": _r(gst.smact_p95, 1) if gst else None,
-            "smocc_mean": _r(gst.smocc_mean, 1) if gst else None, "smocc_p95": _r(gst.smocc_p95, 1) if gst else None,
-            "mem_used_mean_mib": _r(gst.mem_used_mean_mib, 0) if gst else None,
-            "mem_used_max_mib": _r(gst.mem_used_max_mib, 0) if gst else None,
-            "saturated_hours": _r(sat[key]["saturated_s"] / 3600) if key in sat else None,
-            "saturated_pct": alone.saturated_share(sat[key]["saturated_s"], sat[key]["sampled_s"]) if key in sat
-            else None,
-            "mem_total_mib": totals.get(key), "energy_kwh": _r(gst.energy_j / 3.6e6, 4) if gst and gst.energy_j
-            is not None else None, "sampled_hours": _r(gst.covered_s / 3600) if gst else 0.0,
-            "_job_s": job_s, "_busy_s": busy_s})
-    return rows
+        s = max(j.start_ts, flt.since) if flt.since is not None else j.start_ts
+        e = j.end_ts if j.end_ts is not None else now
+        e = min(e, flt.until) if flt.until is not None else e
+        for key in j.gpu_list:
+            if e > s:
+                spans.setdefault(key, []).append((s, e))
+    return spans
+
+
+def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tuple[float, float]],
+             sat: Optional[Dict[str, float]], total_mib: Optional[float]) -> Dict[str, object]:
+    """One row of ``gpu_rows``: the GPU's window figures (``gst``, None: no samples), its job spans ``sp``,
+    its saturated and sampled seconds (``sat``) and its memory (MiB)."""
+    node, gpu = key
+    busy_s = _busy(sp)
+    job_s = sum(e - s for s, e in sp)
+    return {
+        "node": node, "gpu": gpu, "jobs": len(sp), "busy_hours": _r(busy_s / 3600),
+        "collocation_factor": _r(job_s / busy_s, 2) if busy_s > 0 else None,
+        "util_mean": _r(gst.util_mean, 1) if gst else None,
+        "smact_mean": _r(gst.smact_mean, 1) if gst else None,
+        "smact_p95": _r(gst.smact_p95, 1) if gst else None,
+        "smocc_mean": _r(gst.smocc_mean, 1) if gst else None,
+        "smocc_p95": _r(gst.smocc_p95, 1) if gst else None,
+        "mem_used_mean_mib": _r(gst.mem_used_mean_mib, 0) if gst else None,
+        "mem_used_max_mib": _r(gst.mem_used_max_mib, 0) if gst else None,
+        "saturated_hours": _r(sat["saturated_s"] / 3600) if sat is not None else None,
+        "saturated_pct": (alone.saturated_share(sat["saturated_s"], sat["sampled_s"]) if sat is not None
+                          else None),
+        "mem_total_mib": total_mib,
+        "energy_kwh": _r(gst.energy_j / 3.6e6, 4) if gst and gst.energy_j is not None else None,
+        "sampled_hours": _r(gst.covered_s / 3600) if gst else 0.0,
+        "_job_s": job_s, "_busy_s": busy_s}
 
 
 def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
@@ -308,11 +325,13 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
 def estimated(job: JobView) -> bool:
     """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
     (whose recorded "estimate" is the GPU's size)."""
-    return job.share_mode not in ("gpu", "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
+    return job.share_mode not in ("gpu",
+                                  "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
 
 
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
-    """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate error."""
+    """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate
+    error."""
     errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
     row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
@@ -343,7 +362,8 @@ def public(rows: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
 
-def sort_rows(rows: List[Dict[str, object]], key: Optional[str], descending: bool = False) -> List[Dict[str, object]]:
+def sort_rows(rows: List[Dict[str, object]], key: Optional[str],
+              descending: bool = False) -> List[Dict[str, object]]:
     """Sort by column ``key`` (None last). Raises KeyError naming the column when no row has it."""
     if not key:
         return rows

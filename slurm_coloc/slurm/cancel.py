@@ -22,7 +22,8 @@ class StderrTarget:
 
 def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
             timeout_s: float = 15.0) -> None:
-    """Cancel ``job_id``. Equivalent: ``scancel <job_id>`` (a job that already ended is not an error to Slurm).
+    """Cancel ``job_id``. Equivalent: ``scancel <job_id>`` (a job that already ended is not an error to
+    Slurm).
 
     Raises:
         SlurmError: scancel missing, timed out or refused (its stderr is carried).
@@ -30,9 +31,10 @@ def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, s
     run(["scancel", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
 
 
-def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
-    """Cancel every job of ``job_ids`` with one ``scancel <id>...``, best effort (coloc-replay's clean-up): Slurm's
-    refusal is ignored; nothing is run for no job.
+def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
+                env: Optional[Mapping[str, str]] = None) -> None:
+    """Cancel every job of ``job_ids`` with one ``scancel <id>...``, best effort (coloc-replay's clean-up):
+    Slurm's refusal is ignored; nothing is run for no job.
 
     Raises:
         SlurmError: scancel missing or timed out.
@@ -42,8 +44,9 @@ def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin", env: Optional
 
 
 def parse_stderr_target(job: JobInfo) -> StderrTarget:
-    """``StderrTarget`` of a job record (pure): its expanded stderr path (stdout's when Slurm shows no separate
-    stderr) and its uid/gid, all from ``squeue --json`` (``slurm/jobinfo.py``), never from text a user can shape.
+    """``StderrTarget`` of a job record (pure): its expanded stderr path (stdout's when Slurm shows no
+    separate stderr) and its uid/gid, all from ``squeue --json`` (``slurm/jobinfo.py``), never from text a
+    user can shape.
 
     Raises:
         SlurmError: no path or no uid/gid in the record.

@@ -1,14 +1,14 @@
 """One Slurm job as a frozen, typed ``JobInfo``, built from ``squeue --json`` / ``scontrol show job --json``.
 
-Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted (``JobName`` is its second
-field; ``WorkDir``, ``Command``, ``Comment``, ``StdOut``, ``MailUser`` follow), so a job named
+Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted (``JobName`` is its
+second field; ``WorkDir``, ``Command``, ``Comment``, ``StdOut``, ``MailUser`` follow), so a job named
 ``x TresPerNode=gres:shard:79`` or holding a newline reads as other fields. In JSON every user-editable string
 is one opaque value and cannot stand for another field. 22.05 has no ``scontrol show job --json``
-(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters (docs/facts.md §7), so
-the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
+(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters
+(docs/facts.md §7), so the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
 
-Schemas: 22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same
-code through ``slurm/jsonfields.py`` (number objects, ``job_state`` lists, exit-code objects).
+Schemas: 22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the
+same code through ``slurm/jsonfields.py`` (number objects, ``job_state`` lists, exit-code objects).
 
 Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05 adds ``stdout_expanded``/
 ``stderr_expanded``/``stdin_expanded``, used when present. Otherwise ``expand_std_path`` applies 22.05's own
@@ -25,7 +25,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.jsonfields import exit_pair, integer, job_state, text
-from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist, parse_tres_per_node, script_args_in_submit_line
+from slurm_coloc.slurm.parse import (
+    FINAL_STATES,
+    expand_hostlist,
+    parse_tres_per_node,
+    script_args_in_submit_line,
+)
 from slurm_coloc.slurm.version import SlurmVersion, version_from_meta
 
 NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id outside an array prints as this)
@@ -37,21 +42,22 @@ class JobInfo:
 
     Attributes:
         job_id: this job's own id (an array task has its own, distinct from ``array_job_id``).
-        array_job_id / array_task_id: set for an array task (None otherwise, and for the pending array record).
-        name, comment, work_dir, command, account: user-editable text, kept as opaque strings.
+        array_job_id / array_task_id: set for an array task (None otherwise, and for the pending array
+        record). name, comment, work_dir, command, account: user-editable text, kept as opaque strings.
         uid / gid: numeric ids of the submitting user and group.
-        state: the base ``job_state``. Inside the epilogs 22.05 says ``COMPLETING``; 24.11+ give the final state
-            (``COMPLETED``...) with ``COMPLETING`` among ``state_flags``. reason: ``state_reason`` (``None`` when
-            none).
+        state: the base ``job_state``. Inside the epilogs 22.05 says ``COMPLETING``; 24.11+ give the final
+            state (``COMPLETED``...) with ``COMPLETING`` among ``state_flags``. reason: ``state_reason``
+            (``None`` when none).
         exit_code / signal: the pair scontrol prints as ``ExitCode=<code>:<signal>``.
-        run_s: elapsed run time as scontrol computes ``RunTime``; time_limit_s: None when unlimited/partition's.
+        run_s: elapsed run time as scontrol computes ``RunTime``; time_limit_s: None when
+            unlimited/partition's.
         gres: counts per GRES name from ``tres_per_node`` (``{"shard": 2}``); node_names: expanded ``nodes``.
         stdout_path / stderr_path / stdin_path: expanded as scontrol's ``StdOut``/``StdErr``/``StdIn``.
         cpus_per_task: ``--cpus-per-task`` (22.05's JSON prints null even when given: ``min_cpus_per_node``,
             scontrol's ``MinCPUsNode``, keeps the CPUs per node it implies).
         mem_per_node_mib: ``--mem`` in MiB (None when not given or given per CPU).
-        state_flags: the flags after the base state in 24.11+'s ``job_state`` list (``("COMPLETING",)``); 22.05
-            prints none.
+        state_flags: the flags after the base state in 24.11+'s ``job_state`` list (``("COMPLETING",)``);
+            22.05 prints none.
         slurm_release: the release in the output's ``meta`` (``"24.11.5"``), ``""`` when not known.
     """
 
@@ -115,10 +121,10 @@ class JobInfo:
     def recorded_script_args(self) -> Tuple[Optional[List[str]], bool]:
         """The batch script's arguments as Slurm recorded them, and whether the words are exact.
 
-        22.05 (and 23.x): ``command`` is the script and its arguments joined by single spaces: its words after the
-        first. 26.05: ``submit_line`` (``parse.script_args_in_submit_line``). 24.11 keeps only the script in
-        ``command`` and has no ``submit_line``: ``(None, False)`` (not known; docs/slurm-versions.md). A job
-        without a script command (``--wrap``) has none: ``([], True)``. Inexact where an argument's own
+        22.05 (and 23.x): ``command`` is the script and its arguments joined by single spaces: its words after
+        the first. 26.05: ``submit_line`` (``parse.script_args_in_submit_line``). 24.11 keeps only the script
+        in ``command`` and has no ``submit_line``: ``(None, False)`` (not known; docs/slurm-versions.md). A
+        job without a script command (``--wrap``) has none: ``([], True)``. Inexact where an argument's own
         whitespace cannot be told from the separators (doubled spaces show it).
         """
         words = self.command.split()
@@ -168,7 +174,8 @@ def _std_paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], a
     if out_p:
         stdout = fmt(out_p)
     elif array_job_id:
-        stdout = f"{work_dir}/slurm-{array_job_id}_{array_task_id if array_task_id is not None else NO_VAL}.out"
+        task = array_task_id if array_task_id is not None else NO_VAL
+        stdout = f"{work_dir}/slurm-{array_job_id}_{task}.out"
     else:
         stdout = f"{work_dir}/slurm-{job_id}.out"
     return stdout, fmt(err_p) if err_p else stdout, fmt(in_p) if in_p else "/dev/null"
@@ -234,7 +241,8 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
         time_limit_s=limit_min * 60 if limit_min is not None else None, tres_per_node=tres,
         gres=parse_tres_per_node(tres), gres_detail=tuple(str(x) for x in (j.get("gres_detail") or [])),
         nodes=nodes, node_names=node_names, batch_host=text(j, "batch_host"), partition=text(j, "partition"),
-        account=text(j, "account"), work_dir=work_dir, stdout_path=stdout, stderr_path=stderr, stdin_path=stdin,
+        account=text(j, "account"), work_dir=work_dir, stdout_path=stdout, stderr_path=stderr,
+        stdin_path=stdin,
         comment=text(j, "comment"), admin_comment=text(j, "admin_comment"), command=text(j, "command"),
         restart_count=integer(j, "restart_cnt") or 0, num_nodes=integer(j, "node_count"),
         num_tasks=integer(j, "tasks"), cpus_per_task=integer(j, "cpus_per_task"),
@@ -245,7 +253,8 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
 
 
 def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInfo], Optional[SlurmVersion]]:
-    """Every job in ``squeue --json`` or ``scontrol show job --json`` output, and the release its ``meta`` names.
+    """Every job in ``squeue --json`` or ``scontrol show job --json`` output, and the release its ``meta``
+    names.
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.

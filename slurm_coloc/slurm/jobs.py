@@ -1,10 +1,10 @@
 """Job-level Slurm operations built on ``run`` and the pure parsers.
 
-Job queries differ by release (``slurm/version.py``): every release takes ``squeue --json --states=all`` (22.05
-ignores the state filter and lists every job it holds; 24.11+ list only pending/running/completing jobs without
-it); a single job is ``scontrol show job --json <id>`` on 24.11+ (Slurm filters, and inside the epilogs
-``job_state[0]`` is the final state) and the full list filtered here on 22.05 (no ``--json`` for scontrol,
-``squeue -j`` ignored by ``--json``).
+Job queries differ by release (``slurm/version.py``): every release takes ``squeue --json --states=all``
+(22.05 ignores the state filter and lists every job it holds; 24.11+ list only pending/running/completing jobs
+without it); a single job is ``scontrol show job --json <id>`` on 24.11+ (Slurm filters, and inside the
+epilogs ``job_state[0]`` is the final state) and the full list filtered here on 22.05 (no ``--json`` for
+scontrol, ``squeue -j`` ignored by ``--json``).
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
     """``job_id`` as slurmctld knows it, or None once slurmctld has forgotten it (``MinJobAge``).
 
     Equivalent: ``scontrol show job --json <job_id>`` on 24.11+; on older releases ``squeue --json
-    --states=all`` and pick the job (module docstring; ``slurm/jobinfo.py`` says why not ``scontrol show job``).
+    --states=all`` and pick the job (module docstring; ``slurm/jobinfo.py`` says why not ``scontrol show
+    job``).
 
     Raises:
         SlurmError: Slurm failed, timed out or printed something unparsable.
@@ -103,18 +104,20 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
 def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
                        env: Optional[Mapping[str, str]] = None, timeout_s: float = 15.0) -> None:
     """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``."""
-    run(["scontrol", "write", "batch_script", str(int(job_id)), path], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+    run(["scontrol", "write", "batch_script", str(int(job_id)), path], bin_dir=bin_dir, env=env,
+        timeout_s=timeout_s)
 
 
 def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], script_args: Sequence[str] = (),
-                   bin_dir: str = "/usr/bin", slurm_conf: Optional[str] = None, timeout_s: float = 15.0) -> int:
+                   bin_dir: str = "/usr/bin", slurm_conf: Optional[str] = None,
+                   timeout_s: float = 15.0) -> int:
     """Submit ``script_path`` as user ``uid``/``gid`` from root; return the new job id.
 
     Equivalent: ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
     <script_path> <script_args>``. sbatch runs with a minimal environment so nothing of the caller's (a hook's
     ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
-    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6: ``--uid`` is for
-    root only).
+    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6:
+    ``--uid`` is for root only).
 
     Raises:
         SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
@@ -122,7 +125,8 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     env = {"PATH": "/usr/bin:/bin"}
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
-    argv = ["sbatch", "--parsable", f"--uid={int(uid)}", f"--gid={int(gid)}", *args, script_path, *script_args]
+    argv = ["sbatch", "--parsable", f"--uid={int(uid)}", f"--gid={int(gid)}", *args, script_path,
+            *script_args]
     proc = run(argv, bin_dir=bin_dir, env=env, timeout_s=timeout_s)
     return parse_sbatch_parsable(proc.stdout)[0]
 
@@ -152,9 +156,9 @@ def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin"
     """Set a job's AdminComment (root/SlurmUser only); ``scontrol show job`` and sacct then show it.
 
     Equivalent: ``scontrol update jobid=<job> AdminComment=<text>`` (one argv word, no shell, so spaces and
-    quotes in ``text`` are safe). ``job`` is a job id or, for an array task, ``<array_job_id>_<array_task_id>``
-    (``JobInfo.slurm_ref``; a bare array job id names every task of the array, as jobstats notes). The jobstats
-    convention: a compact machine-readable summary at job end.
+    quotes in ``text`` are safe). ``job`` is a job id or, for an array task,
+    ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare array job id names every task of the
+    array, as jobstats notes). The jobstats convention: a compact machine-readable summary at job end.
 
     Raises:
         SlurmError: scontrol refused (not root, unknown job) or timed out.
@@ -192,6 +196,7 @@ def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
     Raises:
         SlurmError: sacct failed (no slurmdbd) or timed out.
     """
-    proc = run(["sacct", "-n", "-P", "-X", "-o", "AdminComment", "-j", _job_ref(job)], bin_dir=bin_dir, env=env,
+    proc = run(["sacct", "-n", "-P", "-X", "-o", "AdminComment", "-j", _job_ref(job)], bin_dir=bin_dir,
+               env=env,
                timeout_s=timeout_s)
     return proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""

@@ -6,8 +6,8 @@ Two schemas are read (recordings: ``tests/data/slurm-<version>/``; table: ``docs
   (``0xFFFFFFFE``/``0xFFFFFFFF``) for "not set"/"unlimited"; ``job_state`` is one string (``"COMPLETING"``);
   ``exit_code`` is the wait status (``768`` for ``exit 3``).
 - ``data_parser`` v0.0.40+ (23.02 on; 24.11 prints v0.0.42, 26.05 v0.0.45): numbers that may be unset or
-  unlimited are objects ``{"set": bool, "infinite": bool, "number": N}``; ``job_state`` is a list, the base state
-  then its flags (``["COMPLETED", "COMPLETING"]``); ``exit_code`` is
+  unlimited are objects ``{"set": bool, "infinite": bool, "number": N}``; ``job_state`` is a list, the base
+  state then its flags (``["COMPLETED", "COMPLETING"]``); ``exit_code`` is
   ``{"status": [...], "return_code": <number object>, "signal": {"id": <number object>, "name": "KILL"}}``.
 
 Each reader takes either form, so one ``JobInfo`` builder serves every version.
@@ -45,8 +45,8 @@ def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
     ``JobInfo.state`` normalises again: ``"RUNNING"`` -> ("RUNNING", ()); ``["COMPLETED", "COMPLETING"]`` ->
     ("COMPLETED", ("COMPLETING",)); anything else -> ("", ()).
 
-    22.05 prints one word, a flag such as ``COMPLETING`` in place of the base state; data_parser prints the base
-    state first and the flags after it.
+    22.05 prints one word, a flag such as ``COMPLETING`` in place of the base state; data_parser prints the
+    base state first and the flags after it.
     """
     if isinstance(value, str):
         return _word(value), ()
@@ -61,7 +61,8 @@ def _word(text: str) -> str:
 
 
 def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:
-    """``exit_code`` / ``derived_exit_code`` -> (exit code, signal), as scontrol's ``ExitCode=<code>:<signal>``.
+    """``exit_code`` / ``derived_exit_code`` -> (exit code, signal), as scontrol's
+    ``ExitCode=<code>:<signal>``.
 
     22.05: the wait status (``768`` -> (3, 0); ``9`` -> (0, 9)). data_parser: ``return_code.number`` (0 when
     unset, as for a signalled job) and ``signal.id.number`` (0 when unset). (None, None) when unreadable.

@@ -37,7 +37,8 @@ def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
 def decode_exit_code(status: int) -> Tuple[int, int]:
     """Wait status as Slurm keeps it (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit code, signal).
 
-    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as ``ExitCode=3:0``).
+    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as
+    ``ExitCode=3:0``).
     """
     return (status >> 8) & 0xFF, status & 0x7F
 
@@ -46,11 +47,12 @@ def expand_hostlist(text: Optional[str]) -> List[str]:
     """Expand a Slurm host list: ``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c.
 
     Zero padding is kept (``n[01-02]`` -> n01 n02), several bracket groups multiply (``r[1-2]n[1-2]``), commas
-    outside brackets separate items, and it also expands paths (gres.conf ``File=/dev/nvidia[0-1]``). Order and
-    duplicates are kept as written. At most ``MAX_HOSTS`` names.
+    outside brackets separate items, and it also expands paths (gres.conf ``File=/dev/nvidia[0-1]``). Order
+    and duplicates are kept as written. At most ``MAX_HOSTS`` names.
 
     Raises:
-        SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names.
+        SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
+            names.
     """
     items, depth, cur = [], 0, ""
     for ch in text or "":
@@ -95,11 +97,12 @@ def _expand_item(item: str, out: List[str], whole: str) -> None:
 
 
 def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int, int]]]:
-    """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``(name, type, {device index: count})``.
+    """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``(name, type, {device index:
+    count})``.
 
     Two forms (``docs/slurm-versions.md``): 22.05 names the device indices, the count being the entry's
-    (``shard:5(IDX:0)`` -> ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints it);
-    24.11+ print a shared GRES (shard) as ``<held>/<total>`` per device of the node, in index order
+    (``shard:5(IDX:0)`` -> ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints
+    it); 24.11+ print a shared GRES (shard) as ``<held>/<total>`` per device of the node, in index order
     (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices holding none are left out), and a whole GPU still as
     ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). One
     string may join several GRES with commas. Entries in neither form are skipped.
@@ -136,7 +139,8 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 
 
 def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
-    """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard": 3}``.
+    """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard":
+    3}``.
 
     22.05 writes ``gres:``, 24.11+ ``gres/`` (``gres/shard:5``): both read the same. A GRES without a count
     counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
@@ -152,8 +156,9 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
 
 def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
-    """The batch script's arguments in 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces, word
-    0 the sbatch path), as 22.05's ``command`` gives them: the words after the script joined by single spaces.
+    """The batch script's arguments in 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces,
+    word 0 the sbatch path), as 22.05's ``command`` gives them: the words after the script joined by single
+    spaces.
 
     ``command`` is the script as 26.05 records it: the path as given when it held a ``/`` (``./s.sh``), else
     the path sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on a 26.05.5 cluster). The
@@ -163,7 +168,8 @@ def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) ->
 
     Returns:
         (arguments text or None where no word names the script, exact): inexact where the line held more than
-        one word naming the script (an option value may be one) or doubled spaces (an argument's own whitespace).
+        one word naming the script (an option value may be one) or doubled spaces (an argument's own
+        whitespace).
     """
     if not command:
         return None, False
@@ -174,7 +180,8 @@ def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) ->
         or ("/" not in w and w == os.path.basename(command)))]
     if not hits:
         return None, False
-    chosen = next((i for i in hits if not (words[i - 1].startswith("-") and "=" not in words[i - 1])), hits[0])
+    chosen = next((i for i in hits if not (words[i - 1].startswith("-") and "=" not in words[i - 1])),
+                  hits[0])
     rest = " ".join(words[chosen + 1:])
     return rest, len(hits) == 1 and "  " not in rest
 
@@ -183,10 +190,11 @@ _STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[A-Za-z0-9_]+\]")
 
 
 def parse_stepd_title(cmdline: bytes) -> Optional[int]:
-    """The job id in slurmstepd's process title (``/proc/<pid>/cmdline``), ``slurmstepd: [6.1]`` -> 6, or None.
+    """The job id in slurmstepd's process title (``/proc/<pid>/cmdline``), ``slurmstepd: [6.1]`` -> 6, or
+    None.
 
-    slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1 of
-    job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``: issue 31 N6).
+    slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1
+    of job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``).
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None

@@ -1,11 +1,12 @@
-"""Slurm side of coloc-placer: the GPUs of typed-shard nodes, who holds their shards, the held jobs waiting for
-placement, and the updates that steer one to a GPU (measured on 22.05.8: benchmarks/placement_mechanism.py).
+"""Slurm side of coloc-placer: the GPUs of typed-shard nodes, who holds their shards, the held jobs waiting
+for placement, and the updates that steer one to a GPU (measured on 22.05.8:
+benchmarks/placement_mechanism.py).
 
-Typed shards: gres.conf gives GPU ``i`` of a node the type ``g<i>`` (``Name=shard Type=g0 Count=80 File=...0``).
-A held job submitted without GRES takes ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n>`` and then
-runs on exactly that GPU after ``scontrol release``. A job that already has a shard GRES cannot be moved: an
-untyped -> typed update is refused and a typed -> other type update ADDS the new type (the job then holds shards
-of both GPUs), so the placer only takes jobs without GRES.
+Typed shards: gres.conf gives GPU ``i`` of a node the type ``g<i>`` (``Name=shard Type=g0 Count=80
+File=...0``). A held job submitted without GRES takes ``scontrol update jobid=N NodeList=<node>
+Gres=shard:g<i>:<n>`` and then runs on exactly that GPU after ``scontrol release``. A job that already has a
+shard GRES cannot be moved: an untyped -> typed update is refused and a typed -> other type update ADDS the
+new type (the job then holds shards of both GPUs), so the placer only takes jobs without GRES.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ _NODE_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/]*)=")
 def parse_node_kv(line: str) -> Dict[str, str]:
     """One ``scontrol show node -o`` line -> ``{key: value}``; the first occurrence of a key wins.
 
-    Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records are
-    read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
+    Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records
+    are read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
     ``{"NodeName": "n1", "Gres": "shard:g0:80", "State": "IDLE"}``.
     """
     out: Dict[str, str] = {}
@@ -71,7 +72,8 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
 def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
     """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``."""
     out = []
-    for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env, timeout_s=15).stdout.splitlines():
+    for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env,
+                    timeout_s=15).stdout.splitlines():
         n = parse_node_gres(line)
         if n and not any(s in n.state for s in ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")):
             out.append(n)
@@ -79,9 +81,10 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
 
 
 def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
-    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` in either version's form
-    (``parse.gres_detail_counts``: 22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``; one node: the
-    job's ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that count)."""
+    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` in either version's
+    form (``parse.gres_detail_counts``: 22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``; one
+    node: the job's ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that
+    count)."""
     out = []
     for name, _type, per in gres_detail_counts(job.gres_detail):
         if name not in ("gpu", "shard"):
@@ -94,8 +97,8 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
 
 def placer_shards(job: JobInfo) -> Optional[int]:
     """The shards of a job the placer steers (pending, held, no GRES yet, a valid coloc comment with ``place``
-    true and ``shards`` in ``comment.BOUNDS``), else None. A comment that breaks the protocol makes no candidate
-    (``JobComment.read``: one warning)."""
+    true and ``shards`` in ``comment.BOUNDS``), else None. A comment that breaks the protocol makes no
+    candidate (``JobComment.read``: one warning)."""
     if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
             and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
         return None
@@ -114,14 +117,17 @@ def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) ->
 
 def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
           env: Optional[Mapping[str, str]] = None) -> None:
-    """Give held job ``job_id`` ``shards`` shards of GPU ``index`` on ``node`` and release it; clears a wait note.
+    """Give held job ``job_id`` ``shards`` shards of GPU ``index`` on ``node`` and release it; clears a wait
+    note.
 
-    Equivalent: ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release N``.
+    Equivalent: ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release
+    N``.
 
     Raises:
         SlurmError: an update or the release failed (the job stays held; the next round retries).
     """
-    argv = ["scontrol", "update", f"jobid={int(job_id)}", f"NodeList={node}", f"Gres=shard:g{int(index)}:{int(shards)}"]
+    argv = ["scontrol", "update", f"jobid={int(job_id)}", f"NodeList={node}",
+            f"Gres=shard:g{int(index)}:{int(shards)}"]
     if comment.startswith(WAIT_TAG):
         argv.append("Comment=" + strip_wait(comment))
     run(argv, bin_dir=bin_dir, env=env, timeout_s=15)
@@ -161,8 +167,8 @@ def strip_wait(comment: str) -> str:
 
 
 def wait_comment(reason: str, comment: str) -> str:
-    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still finds it.
-    ``|`` is removed from the reason and it is cut to 200 characters."""
+    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still
+    finds it. ``|`` is removed from the reason and it is cut to 200 characters."""
     return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 
 

@@ -75,5 +75,6 @@ def run(
         raise SlurmError(f"cannot run {exe}: {exc}", argv=full) from None
     if check and proc.returncode != 0:
         err = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
-        raise SlurmError(f"{argv[0]} failed: {err}", argv=full, returncode=proc.returncode, stderr=proc.stderr.strip())
+        raise SlurmError(f"{argv[0]} failed: {err}", argv=full, returncode=proc.returncode,
+                         stderr=proc.stderr.strip())
     return proc

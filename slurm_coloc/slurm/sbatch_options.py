@@ -1,9 +1,10 @@
-"""Which sbatch options take a value, read from the installed sbatch (``sbatch --help`` and ``sbatch --usage``).
+"""Which sbatch options take a value, read from the installed sbatch (``sbatch --help`` and ``sbatch
+--usage``).
 
-coloc-sbatch must tell an option's value from the job script (``--segment 2 train.sh``). Options are read at run
-time from the sbatch of ``slurm_bin_dir`` and cached per binary (``installed_options``), so a release newer than
-22.05 is read as it is. The help text is not complete and not always exact, so the table read from it is
-completed by:
+coloc-sbatch must tell an option's value from the job script (``--segment 2 train.sh``). Options are read at
+run time from the sbatch of ``slurm_bin_dir`` and cached per binary (``installed_options``), so a release
+newer than 22.05 is read as it is. The help text is not complete and not always exact, so the table read from
+it is completed by:
 
 - ``BUILTIN_22_05``: the options of Slurm 22.05.8's ``sbatch`` (its ``slurm_opt.c`` option table) that take a
   value, some of which its help leaves out (``--hint``, ``--batch``, ``--acctg-freq``, ``--open-mode``, ...);
@@ -12,10 +13,10 @@ completed by:
   declares ``required_argument`` (22.05 and 26.05 help: ``--export[=names]``, ``--wrap[=command string]``,
   ``--container``).
 
-An option shown as ``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument), so a
-separate word after it is not its value. Options neither table knows (26.05's ``--segment``, ``--prefer``,
-``--extra`` are not in its help) are decided where the table is applied (``submit/argv.py``: the word after such
-an option is its value unless it is an existing file, the script).
+An option shown as ``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument), so
+a separate word after it is not its value. Options neither table knows (26.05's ``--segment``, ``--prefer``,
+``--extra`` are not in its help) are decided where the table is applied (``submit/argv.py``: the word after
+such an option is its value unless it is an existing file, the script).
 """
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ HELP_TIMEOUT_S = 5.0  # sbatch without a reachable config retries DNS: a bound, 
 BUILTIN_SHORT_VALUE = frozenset("aAbBcdDeiJLMmnNopqStwxCFG")
 #: Slurm 22.05.8 long options that take a required value (``--opt=v`` or ``--opt v``).
 BUILTIN_22_05 = frozenset({
-    "array", "account", "bb", "bbf", "begin", "comment", "cpu-freq", "cpus-per-task", "dependency", "deadline",
-    "delay-boot", "chdir", "error", "export-file", "gid", "gres", "gres-flags", "input", "job-name", "licenses",
+    "array", "account", "bb", "bbf", "begin", "comment", "cpu-freq", "cpus-per-task", "dependency",
+    "deadline",
+    "delay-boot", "chdir", "error", "export-file", "gid", "gres", "gres-flags", "input", "job-name",
+    "licenses",
     "clusters", "cluster", "distribution", "mail-type", "mail-user", "mcs-label", "ntasks", "ntasks-per-node",
     "nodes", "output", "partition", "power", "priority", "profile", "qos", "core-spec", "signal", "switches",
     "thread-spec", "time", "time-min", "uid", "wckey", "cluster-constraint", "constraint", "nodefile", "mem",
@@ -48,12 +51,15 @@ BUILTIN_22_05 = frozenset({
     "extra-node-info", "hint", "batch", "acctg-freq", "open-mode", "kill-on-invalid-dep", "wrap", "export",
     "mem-bind", "network", "ntasks-per-gpu",
 })
-#: Help shows these as ``--opt[=v]`` or without a value; slurm_opt.c (22.05.8, 26.05.5) declares a required one.
+#: Help shows these as ``--opt[=v]`` or without a value; slurm_opt.c (22.05.8, 26.05.5) declares a required
+#: one.
 GETOPT_REQUIRED = frozenset({"export", "wrap", "container"})
 #: Short letters and the long option they stand for (22.05.8 help; later releases keep them).
-BUILTIN_SHORT_TO_LONG = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
+BUILTIN_SHORT_TO_LONG = {"a": "array", "A": "account", "b": "begin", "B": "extra-node-info",
+                         "c": "cpus-per-task",
                          "C": "constraint", "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile",
-                         "G": "gpus", "H": "hold", "i": "input", "J": "job-name", "k": "no-kill", "L": "licenses",
+                         "G": "gpus", "H": "hold", "i": "input", "J": "job-name", "k": "no-kill",
+                         "L": "licenses",
                          "M": "clusters", "m": "distribution", "n": "ntasks", "N": "nodes", "o": "output",
                          "O": "overcommit", "p": "partition", "q": "qos", "Q": "quiet", "s": "oversubscribe",
                          "S": "core-spec", "t": "time", "v": "verbose", "W": "wait", "w": "nodelist",

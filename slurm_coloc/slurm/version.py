@@ -2,11 +2,12 @@
 
 The version is read once per bin dir and process from ``scontrol --version`` (``slurm 22.05.8``,
 ``slurm-wlm 24.11.5``), or from the ``meta`` block of any ``--json`` output (``meta.Slurm.release`` on 22.05's
-openapi v0.0.38, ``meta.slurm.release`` from 23.02's data_parser on). It is never guessed from the environment.
+openapi v0.0.38, ``meta.slurm.release`` from 23.02's data_parser on). It is never guessed from the
+environment.
 
-Features are switched on from the first release they were checked on (``docs/slurm-versions.md``, recordings in
-``tests/data/slurm-<version>/``): 22.05.8, 24.11.5 and 26.05.5. A release between them (23.x) takes the 22.05
-paths, which work on every release (slower and with an inferred final state, never wrong).
+Features are switched on from the first release they were checked on (``docs/slurm-versions.md``, recordings
+in ``tests/data/slurm-<version>/``): 22.05.8, 24.11.5 and 26.05.5. A release between them (23.x) takes the
+22.05 paths, which work on every release (slower and with an inferred final state, never wrong).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.run import run
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
-#: First release with ``scontrol show job --json``, ``squeue --json -j`` filtering and the job's final state as
-#: ``job_state[0]`` inside the epilogs (checked on 24.11.5 and 26.05.5; 22.05.8 has none of them).
+#: First release with ``scontrol show job --json``, ``squeue --json -j`` filtering and the job's final state
+#as : ``job_state[0]`` inside the epilogs (checked on 24.11.5 and 26.05.5; 22.05.8 has none of them).
 JSON_JOB_QUERY = (24, 11)
 #: First release with SelectTypeParameters ``MULTIPLE_SHARING_GRES_PJ`` (one job's shards from several GPUs).
 MULTIPLE_SHARING_GRES = (23, 11)
@@ -64,7 +65,8 @@ class SlurmVersion:
 
 
 def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
-    """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None when no release."""
+    """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None when no
+    release."""
     m = _RELEASE.search(text or "")
     if not m:
         return None

@@ -2,8 +2,8 @@
 
 A database and its ``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that
 group, 0600 without one; directories we create 0750 / 0700): they hold every user's job names,
-script SHA-256s, model specs and stderr lines. Ordinary users read their own rows through coloc-report's reader
-(``report/reader.py``). A root opener tightens files left looser by an older version (docs/admin.md).
+script SHA-256s, model specs and stderr lines. Ordinary users read their own rows through coloc-report's
+reader (``report/reader.py``). A root opener tightens files left looser by an older version (docs/admin.md).
 """
 from __future__ import annotations
 
@@ -34,15 +34,15 @@ SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 def admin_gid(admin_group: Optional[str]) -> Optional[int]:
     """The gid of ``admin_group`` (a group name or a number), None for "" or an unknown group (logged).
 
-    None: the ``admin_group`` of the loaded config (``config.load()``; a config that does not load: root only),
-    so that every opener of a file (hooks, sampler, report) agrees on its group.
+    None: the ``admin_group`` of the loaded config (``config.load()``; a config that does not load: root
+    only), so that every opener of a file (hooks, sampler, report) agrees on its group.
     """
     if admin_group is None:
         from slurm_coloc import config as config_mod
 
         try:
             admin_group = config_mod.load().admin_group
-        except Exception as exc:  # noqa: BLE001 - a bad config is reported by its loader's callers
+        except Exception as exc:  # a bad config is reported by its loader's callers
             log.warning("cannot read admin_group from the config (%s): databases readable by root only", exc)
             admin_group = ""
     if not admin_group:
@@ -52,7 +52,8 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
     except KeyError:
         if admin_group.isdigit():
             return int(admin_group)
-        log.warning("admin_group %r is not a group on this host: databases stay readable by root only", admin_group)
+        log.warning("admin_group %r is not a group on this host: databases stay readable by root only",
+                    admin_group)
         return None
 
 
@@ -77,7 +78,8 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
 
 
 def restrict_database(path: Path, gid: Optional[int]) -> None:
-    """``restrict`` the database file, its ``-wal``/``-shm``/``-journal`` files and, when it is ours, its directory.
+    """``restrict`` the database file, its ``-wal``/``-shm``/``-journal`` files and, when it is ours, its
+    directory.
 
     The directory is ours when ``_ensure_dir`` made it: root-owned with mode 0700 or 0750; it then follows
     ``admin_group`` (set or unset later). Any other directory is left as it is: it may be shared
@@ -94,7 +96,8 @@ def restrict_database(path: Path, gid: Optional[int]) -> None:
 
 
 def _ensure_dir(path: Path, gid: Optional[int]) -> None:
-    """Create ``path``'s directory (and missing parents) root-owned, readable by root and group ``gid`` only."""
+    """Create ``path``'s directory (and missing parents) root-owned, readable by root and group ``gid``
+    only."""
     parent = path.parent
     if not parent.exists():
         old = os.umask(0o077)
@@ -108,11 +111,12 @@ def _ensure_dir(path: Path, gid: Optional[int]) -> None:
 class ColocDatabase(Database):
     """A sqlite-utils Database whose ``atomic()`` transactions start with ``BEGIN IMMEDIATE``.
 
-    sqlite-utils begins with a plain (deferred) ``BEGIN``: a transaction that reads first (an upsert looks up the
-    row, ``table.exists()``) and then writes fails AT ONCE with "database is locked" when another process committed
-    in between (WAL snapshot upgrade: SQLite does not call the busy handler for it). Found by
-    benchmarks/load_start.py: 6 of 40 Prolog/Epilog rows failed with 20 jobs starting together. Taking the write
-    lock at BEGIN makes every writer wait its turn, up to the busy timeout. Nested blocks still use savepoints.
+    sqlite-utils begins with a plain (deferred) ``BEGIN``: a transaction that reads first (an upsert looks up
+    the row, ``table.exists()``) and then writes fails AT ONCE with "database is locked" when another process
+    committed in between (WAL snapshot upgrade: SQLite does not call the busy handler for it). Found by
+    benchmarks/load_start.py: 6 of 40 Prolog/Epilog rows failed with 20 jobs starting together. Taking the
+    write lock at BEGIN makes every writer wait its turn, up to the busy timeout. Nested blocks still use
+    savepoints.
     """
 
     @contextlib.contextmanager
@@ -142,8 +146,8 @@ def _unknown_applied(db: Database, migrations: Migrations) -> list:
 
 
 def migrate(db: Database, migrations: Migrations, label: str = "") -> None:
-    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (so concurrent first openers never race to create
-    the same table); refuse a database written by a newer slurm-coloc.
+    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (so concurrent first openers never race to
+    create the same table); refuse a database written by a newer slurm-coloc.
 
     Raises:
         StoreError: the database holds migrations of this set that this code does not know (a downgrade).
@@ -179,10 +183,11 @@ def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
     """Run ``fn``, again while it fails with 'database is locked' and ``busy_timeout_s`` has not passed.
 
     SQLite returns SQLITE_BUSY at once, without its busy handler, where waiting could deadlock ("If SQLite
-    determines that invoking the busy handler could result in a deadlock, it will go ahead and return SQLITE_BUSY",
-    sqlite.org/c3ref/busy_handler.html): e.g. two connections switching a fresh file to WAL, each holding a read
-    lock. tests/reliability/test_upgrade.py (16 first opens of one new file at once) failed so once in a full
-    reliability run on the 2-core machine; not reproduced in 30 rounds of 32 threads, so this is defensive.
+    determines that invoking the busy handler could result in a deadlock, it will go ahead and return
+    SQLITE_BUSY", sqlite.org/c3ref/busy_handler.html): e.g. two connections switching a fresh file to WAL,
+    each holding a read lock. tests/reliability/test_upgrade.py (16 first opens of one new file at once)
+    failed so once in a full reliability run on the 2-core machine; not reproduced in 30 rounds of 32 threads,
+    so this is defensive.
     """
     deadline = time.monotonic() + busy_timeout_s
     while True:

@@ -19,16 +19,17 @@ MAX_HISTORY_JOBS = 20  # the most recent completed runs whose measured peaks are
 
 
 def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = None) -> List[int]:
-    """MiB values earlier runs of user ``uid``'s (default: the calling user's) script with this SHA-256 needed.
+    """MiB values earlier runs of user ``uid``'s (default: the calling user's) script with this SHA-256
+    needed.
 
     Keyed on what root recorded: ``jobs.script_sha256`` (root's hash of the batch script Slurm stored) and
-    ``jobs.uid`` / ``oom_events.uid`` (the uid Slurm gave the hook), never on the job's comment; so no user's jobs
-    feed another user's estimate, and a forged comment feeds nothing.
+    ``jobs.uid`` / ``oom_events.uid`` (the uid Slurm gave the hook), never on the job's comment; so no user's
+    jobs feed another user's estimate, and a forged comment feeds nothing.
 
     Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
-    and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's per-job
-    summary, ``job_summaries.peak_mem_mib``, read from the node databases of every node in the job's node list).
-    Returns ``[]`` when the controller database does not exist yet.
+    and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's
+    per-job summary, ``job_summaries.peak_mem_mib``, read from the node databases of every node in the job's
+    node list). Returns ``[]`` when the controller database does not exist yet.
 
     Raises:
         StoreError: the controller database exists but cannot be read (node files are skipped quietly).
@@ -73,7 +74,7 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
             continue
         try:
             rows = load_summaries(open_readonly(path), job_id)
-        except Exception as exc:  # noqa: BLE001 - history is best effort
+        except Exception as exc:  # history is best effort
             log.warning("cannot read the summary of job %s from %s: %s", job_id, path, exc)
             continue
         for row in rows:
@@ -84,8 +85,8 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
     """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per sample instant), the
-    largest over the node databases of the nodes of ``node_list`` (a Slurm host list, ``gpu[01-02]``). None when
-    no node recorded samples for it. Never raises: an unreadable node database is logged and skipped.
+    largest over the node databases of the nodes of ``node_list`` (a Slurm host list, ``gpu[01-02]``). None
+    when no node recorded samples for it. Never raises: an unreadable node database is logged and skipped.
     """
     best: Optional[float] = None
     for node in node_names(node_list or ""):
@@ -94,7 +95,7 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
             continue
         try:
             peak = _node_peak(open_readonly(path), job_id)
-        except Exception as exc:  # noqa: BLE001 - evidence is optional
+        except Exception as exc:  # evidence is optional
             log.warning("cannot read samples of job %s from %s: %s", job_id, path, exc)
             continue
         if peak is not None and (best is None or peak > best):
@@ -116,14 +117,14 @@ def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_
         try:
             if gpu_samples_between(open_readonly(path), start_ts, end_ts):
                 return True
-        except Exception as exc:  # noqa: BLE001 - evidence is optional
+        except Exception as exc:  # evidence is optional
             log.warning("cannot read gpu samples from %s: %s", path, exc)
     return False
 
 
 def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
-    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (a ``watchdog_events`` row
-    for the job in a node database; False where the table does not exist). Never raises."""
+    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (a ``watchdog_events``
+    row for the job in a node database; False where the table does not exist). Never raises."""
     from slurm_coloc.store.oom import has_watchdog_event
 
     for node in node_names(node_list or ""):
@@ -133,6 +134,6 @@ def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
         try:
             if has_watchdog_event(open_readonly(path), job_id):
                 return True
-        except Exception as exc:  # noqa: BLE001 - logged; treated as no event
+        except Exception as exc:  # logged; treated as no event
             log.warning("cannot read watchdog events from %s: %s", path, exc)
     return False

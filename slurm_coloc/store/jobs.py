@@ -152,10 +152,12 @@ def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Op
 
 
 def inferred_job_ids(db: Database) -> List[int]:
-    """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source = 'inferred'``)."""
+    """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source =
+    'inferred'``)."""
     if not db.table("jobs").exists() or "state_source" not in db.table("jobs").columns_dict:
         return []
-    return [int(r[0]) for r in db.execute("SELECT job_id FROM jobs WHERE state_source = 'inferred'").fetchall()]
+    return [int(r[0])
+            for r in db.execute("SELECT job_id FROM jobs WHERE state_source = 'inferred'").fetchall()]
 
 
 def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
@@ -203,7 +205,8 @@ def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args:
     if not db.table(table).exists():
         return iter(())
     names = {f.name for f in fields(cls)}
-    return (cls(**{k: v for k, v in r.items() if k in names}) for r in db.table(table).rows_where(where, args or []))
+    return (cls(**{k: v for k, v in r.items() if k in names})
+            for r in db.table(table).rows_where(where, args or []))
 
 
 def load_jobs(db: Database) -> List[JobRow]:
@@ -225,5 +228,7 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, An
 
 
 def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:
-    """(job, ``node``) rows the Prolog opened at or after ``since_ts`` and no Epilog has closed yet (running jobs)."""
-    return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?", [node, since_ts]))
+    """(job, ``node``) rows the Prolog opened at or after ``since_ts`` and no Epilog has closed yet (running
+    jobs)."""
+    return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?",
+                      [node, since_ts]))

@@ -1,9 +1,9 @@
 """OOM deaths and their one retry, controller side (``oom_events`` table of ``ctld.db``).
 
-Written by EpilogSlurmctld through ``slurm_coloc.hooks.oom``; read by coloc-report and by coloc-sbatch (through
-``history_peaks_mib``, the estimator's history). One row per job that died of GPU out-of-memory. The primary key
-on the job id is the "exactly once" guard: ``claim_retry`` inserts the row before sbatch runs, so a second
-EpilogSlurmctld run for the same job (or a race) finds it and does nothing.
+Written by EpilogSlurmctld through ``slurm_coloc.hooks.oom``; read by coloc-report and by coloc-sbatch
+(through ``history_peaks_mib``, the estimator's history). One row per job that died of GPU out-of-memory. The
+primary key on the job id is the "exactly once" guard: ``claim_retry`` inserts the row before sbatch runs, so
+a second EpilogSlurmctld run for the same job (or a race) finds it and does nothing.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class OomRecord:
         evidence: what decided it (``messages``, ``state``, ``exit_code``, ``stderr_path``, ...), JSON-able.
         retry_of: the original job id when this job was itself a retry (never retried again), else None.
         retry_status: ``submitting`` | ``submitted`` | ``failed`` | ``not-retried``.
-        retry_reason: one line saying why (``shared GPU: rerun on a whole GPU``, ``already a retry of 12``...).
+        retry_reason: one line saying why (``shared GPU: rerun on a whole GPU``, ``already a retry of
+            12``...).
     """
 
     job_id: int
@@ -81,7 +82,8 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
     return True
 
 
-def record_retry_submitted(db: Database, job_id: int, retry_job_id: int, submit_ts: Optional[float] = None) -> None:
+def record_retry_submitted(db: Database, job_id: int, retry_job_id: int,
+                           submit_ts: Optional[float] = None) -> None:
     """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``."""
     with db.atomic():
         db.table(TABLE).update(job_id, {"retry_status": "submitted", "retry_job_id": int(retry_job_id),
@@ -96,8 +98,10 @@ def record_retry_failed(db: Database, job_id: int, error: str) -> None:
 
 def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
                          end_ts: Optional[float]) -> bool:
-    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry). False if it is not a known retry."""
-    rows = list(db.table(TABLE).rows_where("retry_job_id = ?", [int(retry_job_id)])) if db.table(TABLE).exists() else []
+    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry). False if it is not a known
+    retry."""
+    rows = list(db.table(TABLE).rows_where("retry_job_id = ?",
+                                           [int(retry_job_id)])) if db.table(TABLE).exists() else []
     if not rows:
         return False
     with db.atomic():
@@ -130,15 +134,16 @@ def load_oom_events(db: Database) -> List[OomRecord]:
 
 
 def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
-    """Memory (MiB) that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest first.
+    """Memory (MiB) that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest
+    first.
 
     ``script_sha256`` is the hash root computed of the batch script Slurm stored (``jobs.script_sha256``,
     PrologSlurmctld) and ``uid`` the submitting uid Slurm gave the hook: neither comes from the job's comment.
 
     Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): the job needed more than
-    that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05 +
-    64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left out.
-    Measured NVML peaks of completed runs come from the sampler's tables, not from here.
+    that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05
+    + 64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left
+    out. Measured NVML peaks of completed runs come from the sampler's tables, not from here.
     """
     if not script_sha256 or not db.table(TABLE).exists():
         return []
@@ -148,7 +153,8 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
 
 
 def reruns_since(db: Database, uid: int, since_ts: float) -> int:
-    """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after ``since_ts``."""
+    """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after
+    ``since_ts``."""
     if not db.table(TABLE).exists():
         return 0
     row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
@@ -166,7 +172,8 @@ def unsettled_reruns(db: Database) -> List[int]:
 
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
-    """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or None."""
+    """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or
+    None."""
     if not db.table("jobs").exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
@@ -182,8 +189,9 @@ def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
 
 
 def has_watchdog_event(node_db: Database, job_id: int) -> bool:
-    """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events`` row
-    with its ``job_id``). False where the table, or its ``job_id`` column, does not exist (older databases)."""
+    """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events``
+    row with its ``job_id``). False where the table, or its ``job_id`` column, does not exist (older
+    databases)."""
     table = node_db.table("watchdog_events")
     if not table.exists() or "job_id" not in table.columns_dict:
         return False

@@ -1,8 +1,8 @@
-"""Queries coloc-placer makes: each GPU's live activity in a node database, and the measured activity of earlier
-runs (per job) that ran alone on their GPU. Read-only; databases opened with ``db.open_readonly``.
+"""Queries coloc-placer makes: each GPU's live activity in a node database, and the measured activity of
+earlier runs (per job) that ran alone on their GPU. Read-only; databases opened with ``db.open_readonly``.
 
-Activity comes out as fractions 0..1 (the tables store percent). GPM columns NVML lacks are NULL and come out as
-None.
+Activity comes out as fractions 0..1 (the tables store percent). GPM columns NVML lacks are NULL and come out
+as None.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ class LiveGpu:
     Attributes:
         gpu_index: NVML index on the node.
         last_ts: Unix time of the newest sample (s).
-        smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None: NULL).
+        smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None:
+            NULL).
         mem_used_mib: max memory used in the window (MiB).
         n: sample rows in the window.
         name: the GPU's model as NVML names it (``gpus`` table; "" when unknown).
@@ -42,12 +43,15 @@ def _frac(v: Any) -> Optional[float]:
 
 
 def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
-    """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample ``last_ts``."""
+    """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample
+    ``last_ts``."""
     if not db.table("gpu_samples").exists():
         return []
     rows = db.execute(
-        "SELECT s.gpu_index, m.last_ts, AVG(s.smact_pct), AVG(s.smocc_pct), AVG(s.dram_bw_pct), MAX(s.mem_used_mib), "
-        "COUNT(*) FROM gpu_samples s JOIN (SELECT gpu_index, MAX(ts) AS last_ts FROM gpu_samples GROUP BY gpu_index) m "
+        "SELECT s.gpu_index, m.last_ts, AVG(s.smact_pct), AVG(s.smocc_pct), AVG(s.dram_bw_pct), "
+        "MAX(s.mem_used_mib), "
+        "COUNT(*) FROM gpu_samples s JOIN (SELECT gpu_index, MAX(ts) AS last_ts FROM gpu_samples GROUP BY "
+        "gpu_index) m "
         "ON s.gpu_index = m.gpu_index WHERE s.ts >= m.last_ts - ? GROUP BY s.gpu_index ORDER BY s.gpu_index",
         [float(window_s)]).fetchall()
     names: Dict[int, str] = {}
@@ -59,8 +63,8 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown) and
-    ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent or
-    invalid)."""
+    ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent
+    or invalid)."""
     if not ctld["jobs"].exists():
         return []
     out = []
@@ -71,18 +75,21 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     return out
 
 
-BUSY_SMACT_PCT = 1.0  # a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
+# a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
+BUSY_SMACT_PCT = 1.0
 
 
 def alone_activity(node_db: Database, job_ids: Iterable[int],
                    since_ts: float = 0.0) -> Dict[int, Dict[str, Optional[float]]]:
-    """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while computing.
+    """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while
+    computing.
 
-    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is the
-    mean SMACT/SMOCC/DRAMA of the GPU's samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): a
-    job's start-up (Python imports, CUDA context, cuDNN set-up; 10-30 s on the H100 harness) keeps the GPU idle
-    and would dilute the mean of a short run, while collocated jobs contend only while they compute. A run
-    without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC; DRAMA NULL).
+    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is
+    the mean SMACT/SMOCC/DRAMA of the GPU's samples over the run that show work (``smact_pct >=
+    BUSY_SMACT_PCT``): a job's start-up (Python imports, CUDA context, cuDNN set-up; 10-30 s on the H100
+    harness) keeps the GPU idle and would dilute the mean of a short run, while collocated jobs contend only
+    while they compute. A run without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC;
+    DRAMA NULL).
 
     Runs that ended before ``since_ts`` (Unix s) are left out (stale). ``run_s`` = end - start of the run (s);
     ``startup_s`` = its first sample that shows work - its start (s; None without such a sample).
@@ -100,13 +107,16 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
     for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
         marks = ",".join("?" * len(chunk))
         rows = node_db.execute(
-            f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT AVG(g.smact_pct) {busy}), "
+            f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT "
+            f"AVG(g.smact_pct) {busy}), "
             f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}), r.end_ts - r.start_ts, "
             f"(SELECT MIN(g.ts) {busy}) - r.start_ts "
             "FROM job_runs r LEFT JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
-            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.end_ts >= ? AND r.gpus NOT LIKE '%,%' "
+            f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.end_ts >= ? AND r.gpus NOT LIKE "
+            "'%,%' "
             "AND NOT EXISTS ("
-            " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < r.end_ts "
+            " SELECT 1 FROM job_runs o WHERE o.gpus = r.gpus AND o.job_id != r.job_id AND o.start_ts < "
+            "r.end_ts "
             " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))",
             [BUSY_SMACT_PCT] * 5 + chunk + [float(since_ts)]).fetchall()
         for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama, run_s, startup_s in rows:
@@ -122,11 +132,12 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
 
 def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pct: float,
                       t0: Optional[float] = None, t1: Optional[float] = None) -> Dict[int, Dict[str, float]]:
-    """Per GPU: seconds its samples met the saturation gate, and seconds sampled with SM activity, in [t0, t1].
+    """Per GPU: seconds its samples met the saturation gate, and seconds sampled with SM activity, in [t0,
+    t1].
 
-    A sample row counts for its ``res_s`` (the sampling interval; a rolled-up row its bucket, judged by its means).
-    Saturated: ``smact_pct >= smact_pct`` and (``smocc_pct >= smocc_pct`` or ``dram_bw_pct >= drama_pct``)
-    (CARMA's gate, in percent). Rows without SM activity (no GPM) count in neither.
+    A sample row counts for its ``res_s`` (the sampling interval; a rolled-up row its bucket, judged by its
+    means). Saturated: ``smact_pct >= smact_pct`` and (``smocc_pct >= smocc_pct`` or ``dram_bw_pct >=
+    drama_pct``) (CARMA's gate, in percent). Rows without SM activity (no GPM) count in neither.
 
     Returns:
         ``{gpu_index: {"saturated_s": s, "sampled_s": s}}``; {} without a sample table.

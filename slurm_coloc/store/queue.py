@@ -1,26 +1,31 @@
-"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed by later runs.
+"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed by later
+runs.
 
-One entry is one file in a queue directory. Its kind is its suffix (``.json``: a record set, store/recordset.py;
-``.env``: the environment of a run that ended before recording, hooks/pending.py); this module handles the files
-of every kind the same way and knows nothing of their content or of the database:
+One entry is one file in a queue directory. Its kind is its suffix (``.json``: a record set,
+store/recordset.py; ``.env``: the environment of a run that ended before recording, hooks/pending.py); this
+module handles the files of every kind the same way and knows nothing of their content or of the database:
 
-- Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (a looser mode on our own
+- Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (a looser mode on our
+  own
   directory is tightened; another owner is refused). Created 0700 with 0755 parents when a writer needs it.
-- Writing: a temp file ``.<name>.<pid>.tmp`` opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600, optionally fsynced, renamed
+- Writing: a temp file ``.<name>.<pid>.tmp`` opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600, optionally fsynced,
+  renamed
   to ``<name>``; at most ``MAX_ENTRIES`` files per directory and ``MAX_ENTRY_BYTES`` per entry.
 - Reading: ``O_NOFOLLOW``; a regular file owned by the effective uid, not group/other-writable, at most
   ``MAX_ENTRY_BYTES``. Anything else is unusable (``EntryError``).
-- Claims: a replayer renames ``<name>`` to ``<name>.<pid>.replaying`` (atomic: a second replayer's rename fails),
-  applies it, then unlinks the claim. A claim is stale, and taken again, when its pid is gone or is this process,
-  or when it is older than ``STALE_CLAIM_S`` (a reused pid, or a claim name without a pid).
-- Replay (``replay``): entries of all given directories, ordered by kind (the caller's order), then mtime, then
+- Claims: a replayer renames ``<name>`` to ``<name>.<pid>.replaying`` (atomic: a second replayer's rename
+  fails),
+  applies it, then unlinks the claim. A claim is stale, and taken again, when its pid is gone or is this
+  process, or when it is older than ``STALE_CLAIM_S`` (a reused pid, or a claim name without a pid).
+- Replay (``replay``): entries of all given directories, ordered by kind (the caller's order), then mtime,
+  then
   name; one time budget for all of them. An entry that cannot be read, decoded or applied is renamed
-  ``<name>.bad`` with a log line and the replay goes on with the next one; only an error the caller says is the
-  store's own (``keep``: the database locked, full, corrupt) or a ``BaseException`` (the recording alarm,
+  ``<name>.bad`` with a log line and the replay goes on with the next one; only an error the caller says is
+  the store's own (``keep``: the database locked, full, corrupt) or a ``BaseException`` (the recording alarm,
   SIGTERM) puts the claimed entry back and stops the replay, propagating the error.
 
-Light on purpose (os, re, stat and time; logging only once an entry is set aside): ``coloc-hook`` writes entries
-from its start-up path.
+Light on purpose (os, re, stat and time; logging only once an entry is set aside): ``coloc-hook`` writes
+entries from its start-up path.
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from slurm_coloc.errors import StoreError
 MAX_ENTRIES = 10_000  # files per directory; beyond it a new entry is refused (the queue must not fill /run)
 MAX_ENTRY_BYTES = 256 * 1024
 MAX_REPLAY = 500  # entries applied by one replay call
-STALE_CLAIM_S = 120.0  # > any hook process's bound (the shim's 30 s + its 2 s kill): only for claims without a pid
+# > any hook process's bound (the shim's 30 s + its 2 s kill): only for claims without a pid
+STALE_CLAIM_S = 120.0
 CLAIM_SUFFIX = ".replaying"
 BAD_SUFFIX = ".bad"
 
@@ -93,7 +99,8 @@ def safe_dir(path: str, create: bool = False) -> str:
         if not stat.S_ISDIR(st.st_mode):
             raise StoreError(f"queue directory {path!r} is not a directory (symlink or file): refused")
         if st.st_uid != os.geteuid():
-            raise StoreError(f"queue directory {path!r} is owned by uid {st.st_uid}, not {os.geteuid()}: refused")
+            raise StoreError(f"queue directory {path!r} is owned by uid {st.st_uid}, not {os.geteuid()}: "
+                             "refused")
         if st.st_mode & 0o077:
             os.chmod(path, 0o700)
     except OSError as exc:
@@ -163,8 +170,8 @@ def claim_name(base: str) -> str:
 
 
 def split_claim(name: str) -> Tuple[str, Optional[int]]:
-    """``(entry name, claimer pid)`` of a claim name (``<name>.<pid>.replaying``; the older ``<name>.replaying``
-    has no pid: None). Raises ValueError for a name that is not a claim."""
+    """``(entry name, claimer pid)`` of a claim name (``<name>.<pid>.replaying``; the older
+    ``<name>.replaying`` has no pid: None). Raises ValueError for a name that is not a claim."""
     m = _CLAIM_RE.match(name)
     if m is None:
         raise ValueError(f"not a claim name: {name!r:.100}")
@@ -182,9 +189,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def claim_is_stale(name: str, mtime: float, now: float) -> bool:
-    """Whether the claim ``name`` (modified at ``mtime``) may be taken again: its replayer's pid is gone or is this
-    process (a replay holds its claims only while applying them, so a claim of ours seen here was left by a replay
-    the recording alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds."""
+    """Whether the claim ``name`` (modified at ``mtime``) may be taken again: its replayer's pid is gone or is
+    this process (a replay holds its claims only while applying them, so a claim of ours seen here was left by
+    a replay the recording alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds."""
     try:
         _, pid = split_claim(os.path.basename(name))
     except ValueError:
@@ -199,8 +206,9 @@ def _kind(name: str, kinds: Sequence[str]) -> Optional[str]:
 
 
 def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[str, str, str]]:
-    """``(path, entry name, kind)`` of every entry to replay in ``directories``: entries of ``kinds`` and stale
-    claims of them, ordered by kind (as in ``kinds``), then mtime, then name. Unsafe directories are skipped."""
+    """``(path, entry name, kind)`` of every entry to replay in ``directories``: entries of ``kinds`` and
+    stale claims of them, ordered by kind (as in ``kinds``), then mtime, then name. Unsafe directories are
+    skipped."""
     out = []
     now = time.time()
     for d in directories:
@@ -232,15 +240,16 @@ def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[s
 
 
 def set_aside(path: str, name: str, why: object) -> None:
-    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink is moved, never followed) and log why.
-    Never raises."""
+    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink is moved, never followed) and log
+    why. Never raises."""
     import logging
 
     log = logging.getLogger("slurm_coloc.store.queue")
     bad = os.path.join(os.path.dirname(path), name + BAD_SUFFIX)
     try:
         os.rename(path, bad)
-        log.error("queue entry %s is unusable (%s): set aside as %s", os.path.join(os.path.dirname(path), name),
+        log.error("queue entry %s is unusable (%s): set aside as %s",
+                  os.path.join(os.path.dirname(path), name),
                   why, bad)
     except OSError as exc:
         log.error("queue entry %s is unusable (%s) and cannot be set aside: %s", path, why, exc)
@@ -256,10 +265,10 @@ def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[E
         kinds: entry suffixes to replay, in replay order.
         decode: ``decode(entry)`` -> the item to apply, or None when the entry is not this replayer's (another
             database or cluster: left as it is). Raising an ``Exception`` sets the entry aside.
-        apply: ``apply(entry, item)`` writes it (one transaction). Raising an ``Exception`` sets the entry aside,
-            unless ``keep`` says it is the store's own.
-        keep: ``keep(exc)`` is True for an error of the store itself (locked, full, corrupt): the entry is put back
-            and the error propagates.
+        apply: ``apply(entry, item)`` writes it (one transaction). Raising an ``Exception`` sets the entry
+            aside, unless ``keep`` says it is the store's own.
+        keep: ``keep(exc)`` is True for an error of the store itself (locked, full, corrupt): the entry is put
+            back and the error propagates.
         budget_s: no entry is started after this many seconds.
         max_entries: no more entries are applied after this many.
 
@@ -276,7 +285,7 @@ def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[E
             item = decode(Entry(path, name, kind, data, mtime))
         except FileNotFoundError:
             continue  # claimed by another replayer meanwhile
-        except Exception as exc:  # noqa: BLE001 - whatever an entry holds, it must not block the others
+        except Exception as exc:  # whatever an entry holds, it must not block the others
             set_aside(path, name, exc)
             continue
         if item is None:
@@ -290,7 +299,7 @@ def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[E
             continue
         try:
             apply(Entry(claimed, name, kind, data, mtime), item)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if keep(exc):
                 _put_back(claimed, base)
                 raise

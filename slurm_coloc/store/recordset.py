@@ -1,7 +1,7 @@
 """Record sets: the rows a hook run leaves, as idempotent ops, applied to a database in one transaction.
 
-A record set is ``{"target": "ctld" | "node:<name>", "ts": <unix s>, "ops": [{"op": <kind>, "row": {...}}, ...]}``;
-queued, it is one ``.json`` entry of the recovery queue (store/queue.py), ``<time_ns>-<pid>.json``.
+A record set is ``{"target": "ctld" | "node:<name>", "ts": <unix s>, "ops": [{"op": <kind>, "row": {...}},
+...]}``; queued, it is one ``.json`` entry of the recovery queue (store/queue.py), ``<time_ns>-<pid>.json``.
 
 Op kinds and how they are applied (never overwriting what a successful hook wrote):
 
@@ -13,9 +13,10 @@ Op kinds and how they are applied (never overwriting what a successful hook wrot
 - ``submission``: insert the ``jobs`` row if absent, else fill its NULL columns (ctld DB).
 - ``ctld_end``: set a ``jobs`` row's end columns where ``end_ts`` is NULL; insert it if absent (ctld DB).
 
-An append op may carry ``"once": [t0, t1]``: a ``hook_run`` is then skipped when a row of the same job, node and
-hook has ``ts`` in that window, an ``event`` when one of the same job, kind and ``hook`` has. With the other ops
-inserting only what is absent or filling only NULLs, applying a record set twice leaves what applying it once does.
+An append op may carry ``"once": [t0, t1]``: a ``hook_run`` is then skipped when a row of the same job, node
+and hook has ``ts`` in that window, an ``event`` when one of the same job, kind and ``hook`` has. With the
+other ops inserting only what is absent or filling only NULLs, applying a record set twice leaves what
+applying it once does.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ OPS = ("hook_run", "node_event", "event", "job_start", "job_end", "submission", 
 _JOB_RUN_END = ("end_ts", "state", "exit_code", "signal")
 _JOB_END = ("end_ts", "state", "exit_code", "signal", "node_list", "start_ts", "updated_ts")
 # SQLite primary result codes meaning the database itself cannot be written now (busy, locked, out of memory,
-# read-only, interrupted, I/O error, corrupt, full, cannot open, lock protocol, not a database): sqlite.org/rescode.html
+# read-only, interrupted, I/O error, corrupt, full, cannot open, lock protocol, not a database):
+# sqlite.org/rescode.html
 _STORE_CODES = frozenset({5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 26})
 
 
@@ -43,7 +45,8 @@ def entry_name() -> str:
 
 def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
     """The queue entry bytes of a record set (JSON, keys sorted; values JSON cannot hold as ``str``)."""
-    return json.dumps({"target": target, "ts": time.time(), "ops": list(ops)}, sort_keys=True, default=str).encode()
+    return json.dumps({"target": target, "ts": time.time(), "ops": list(ops)}, sort_keys=True,
+                      default=str).encode()
 
 
 def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
@@ -57,8 +60,9 @@ def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def store_unusable(exc: BaseException) -> bool:
-    """Whether ``exc``, raised while applying a record set, is the database's own failure (locked, full, corrupt:
-    retry later) rather than the record set's (a value SQLite cannot hold, an unknown column: never succeeds)."""
+    """Whether ``exc``, raised while applying a record set, is the database's own failure (locked, full,
+    corrupt: retry later) rather than the record set's (a value SQLite cannot hold, an unknown column: never
+    succeeds)."""
     if isinstance(exc, MemoryError):
         return True
     if not isinstance(exc, sqlite3.Error):
@@ -105,7 +109,8 @@ def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> N
         if db.table("jobs").exists() and db.execute("SELECT 1 FROM jobs WHERE job_id = ?", key).fetchone():
             for col, value in row.items():
                 if col != "job_id" and value is not None:
-                    db.execute(f"UPDATE jobs SET [{col}] = ? WHERE job_id = ? AND [{col}] IS NULL", [value, *key])
+                    db.execute(f"UPDATE jobs SET [{col}] = ? WHERE job_id = ? AND [{col}] IS NULL",
+                               [value, *key])
         else:
             db.table("jobs").insert(row, pk="job_id")
     elif op == "ctld_end":
@@ -120,7 +125,8 @@ def _fill_end(db: Database, table: str, pk: Sequence[str], row: Dict[str, Any], 
     if db.table(table).exists() and db.execute(f"SELECT 1 FROM {table} WHERE {where}", key).fetchone():
         sets = [(c, row[c]) for c in cols if c in row]
         if sets:
-            db.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c, _ in sets)} WHERE {where} AND end_ts IS NULL",
+            db.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c, _ in sets)} WHERE {where} AND "
+                       "end_ts IS NULL",
                        [v for _, v in sets] + key)
     else:
         db.table(table).insert(row, pk=tuple(pk) if len(pk) > 1 else pk[0])
@@ -135,6 +141,7 @@ def apply_ops(db: Database, ops: Sequence[Dict[str, Any]]) -> None:
     """
     with db.atomic():
         for item in ops:
-            if not isinstance(item, dict) or item.get("op") not in OPS or not isinstance(item.get("row"), dict):
+            if not isinstance(item, dict) or item.get("op") not in OPS or not isinstance(item.get("row"),
+                                                                                         dict):
                 raise ValueError(f"malformed record op {item!r:.200}")
             _apply_op(db, item["op"], item["row"], item.get("once"))

@@ -1,11 +1,12 @@
 """Read-only aggregate queries for coloc-report over the sample tables of a node database.
 
-The sample tables are written by ``store/samples.py`` (the sampler); this module only reads them, with SQL that
-aggregates inside SQLite so a 30-day window stays fast (see ``benchmarks/report_speed.py``).
+The sample tables are written by ``store/samples.py`` (the sampler); this module only reads them, with SQL
+that aggregates inside SQLite so a 30-day window stays fast (see ``benchmarks/report_speed.py``).
 
-Weights: every ``gpu_samples`` row covers ``res_s`` seconds (the sampling interval for raw rows, the bucket for
-rows folded by ``samples.downsample``), so means are time-weighted: ``SUM(x * res_s) / SUM(res_s)`` over rows where
-``x`` is not NULL. Percentiles come from a 1-%-wide histogram of the same weights (truncated to whole percent).
+Weights: every ``gpu_samples`` row covers ``res_s`` seconds (the sampling interval for raw rows, the bucket
+for rows folded by ``samples.downsample``), so means are time-weighted: ``SUM(x * res_s) / SUM(res_s)`` over
+rows where ``x`` is not NULL. Percentiles come from a 1-%-wide histogram of the same weights (truncated to
+whole percent).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ class GpuWindowStats:
         smact_mean / smact_p95, smocc_mean / smocc_p95: GPM SM activity / occupancy (%).
         mem_used_mean_mib / mem_used_max_mib: device memory in use (MiB).
         power_mean_w: mean board power (W).
-        energy_j: energy used in the window (J): rise of the NVML energy counter, or the power integral when the
-            counter is missing or went backwards (driver reload).
+        energy_j: energy used in the window (J): rise of the NVML energy counter, or the power integral when
+            the counter is missing or went backwards (driver reload).
     """
 
     gpu_index: int
@@ -60,10 +61,11 @@ class GpuWindowStats:
 def open_for_report(path: Union[str, Path]) -> Database:
     """Open a database read-only for coloc-report, also as a user who cannot write its directory.
 
-    A WAL-mode database needs its ``-shm`` file; when the writer has closed cleanly the ``-wal``/``-shm`` files are
-    gone and a non-root reader cannot create them in the root-owned directory (SQLite: "attempt to write a readonly
-    database"). Then the file is opened with ``immutable=1``: all committed data is in the main file, read without
-    locks. (Should a writer be active meanwhile, the read may fail; the caller reports that file and skips it.)
+    A WAL-mode database needs its ``-shm`` file; when the writer has closed cleanly the ``-wal``/``-shm``
+    files are gone and a non-root reader cannot create them in the root-owned directory (SQLite: "attempt to
+    write a readonly database"). Then the file is opened with ``immutable=1``: all committed data is in the
+    main file, read without locks. (Should a writer be active meanwhile, the read may fail; the caller reports
+    that file and skips it.)
 
     Raises:
         StoreError: missing, unreadable or not a SQLite database.
@@ -87,7 +89,8 @@ def has_samples(db: Database) -> bool:
     return db[GPU_TABLE].exists()
 
 
-def _where(t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int]]) -> Tuple[str, List[object]]:
+def _where(t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int]]) -> Tuple[str,
+                                                                                             List[object]]:
     parts, args = ["1"], []  # type: List[str], List[object]
     if t0 is not None:
         parts.append("ts >= ?")
@@ -102,7 +105,8 @@ def _where(t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int
 
 
 def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[float]:
-    """The ``q`` quantile (0..1) of a ``{percent bucket: weight}`` histogram; the bucket's value, or None if empty.
+    """The ``q`` quantile (0..1) of a ``{percent bucket: weight}`` histogram; the bucket's value, or None if
+    empty.
 
     Nearest-rank on cumulative weight: the smallest bucket whose cumulative weight reaches ``q`` of the total.
     """
@@ -119,8 +123,8 @@ def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[floa
 
 def _scan_where(db: Database, t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int]]
                 ) -> Tuple[str, List[object]]:
-    """WHERE clause for a window scan; a window covering most of the table skips the ts index (``+ts``), since a
-    full scan is faster than an index walk over most rows."""
+    """WHERE clause for a window scan; a window covering most of the table skips the ts index (``+ts``), since
+    a full scan is faster than an index walk over most rows."""
     where, args = _where(t0, t1, gpus)
     lo, hi = db.execute(f"SELECT MIN(ts), MAX(ts) FROM {GPU_TABLE}").fetchone()
     if lo is not None and hi is not None and hi > lo:
@@ -144,18 +148,21 @@ def _means_query(path: str, where: str, args: List[object]) -> List[tuple]:
         r = list(r)
         for k, m in enumerate(_MEANS):
             if r[4 + 2 * k] not in (0, r[2]):
-                den = db.execute(f"SELECT SUM(res_s) FROM {GPU_TABLE} WHERE {where} AND gpu_index = ? AND {m} "
+                den = db.execute(f"SELECT SUM(res_s) FROM {GPU_TABLE} WHERE {where} AND gpu_index = ? AND "
+                                 f"{m} "
                                  f"IS NOT NULL", [*args, r[0]]).fetchone()[0]
                 r[4 + 2 * k] = -float(den)  # negative marks an exact denominator
         out.append(tuple(r))
     return out
 
 
-def _hist_query(path: str, where: str, args: List[object]) -> Dict[int, Tuple[Dict[int, float], Dict[int, float]]]:
+def _hist_query(path: str, where: str, args: List[object]) -> Dict[int,
+                                                                   Tuple[Dict[int, float], Dict[int, float]]]:
     db = open_for_report(path)
     out: Dict[int, Tuple[Dict[int, float], Dict[int, float]]] = {}
     sql = (f"SELECT gpu_index * 1000000 + COALESCE(CAST(smact_pct AS INTEGER), 999) * 1000 "
-           f"+ COALESCE(CAST(smocc_pct AS INTEGER), 999) AS k, SUM(res_s) FROM {GPU_TABLE} WHERE {where} GROUP BY k")
+           f"+ COALESCE(CAST(smocc_pct AS INTEGER), 999) AS k, SUM(res_s) FROM {GPU_TABLE} WHERE {where} "
+           "GROUP BY k")
     for key, weight in db.execute(sql, args).fetchall():
         gpu, rest = divmod(int(key), 1000000)
         a, b = divmod(rest, 1000)
@@ -168,12 +175,13 @@ def _hist_query(path: str, where: str, args: List[object]) -> Dict[int, Tuple[Di
 
 
 def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[float] = None,
-                     gpus: Optional[Sequence[int]] = None, path: Optional[str] = None) -> List[GpuWindowStats]:
+                     gpus: Optional[Sequence[int]] = None,
+                     path: Optional[str] = None) -> List[GpuWindowStats]:
     """Per-GPU aggregates of ``gpu_samples`` with ``t0 <= ts <= t1`` (None: unbounded), by GPU index.
 
-    Two scans inside SQLite: time-weighted sums, and a joint SM activity x SM occupancy histogram (1 % buckets,
-    truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each on its own
-    read-only connection (sqlite3 releases the GIL while it steps).
+    Two scans inside SQLite: time-weighted sums, and a joint SM activity x SM occupancy histogram (1 %
+    buckets, truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each
+    on its own read-only connection (sqlite3 releases the GIL while it steps).
 
     Returns:
         One ``GpuWindowStats`` per GPU that has a sample in the window; [] without a sample table.
@@ -205,9 +213,11 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
             energy = means[4] * cov
         sma, smo = hists.get(gpu, ({}, {}))
         out.append(GpuWindowStats(
-            gpu_index=gpu, covered_s=cov, first_ts=first, last_ts=last, util_mean=means[0], smact_mean=means[1],
+            gpu_index=gpu, covered_s=cov, first_ts=first, last_ts=last, util_mean=means[0],
+            smact_mean=means[1],
             smact_p95=percentile_from_histogram(sma, 0.95), smocc_mean=means[2],
-            smocc_p95=percentile_from_histogram(smo, 0.95), mem_used_mean_mib=means[3], mem_used_max_mib=mem_max,
+            smocc_p95=percentile_from_histogram(smo, 0.95), mem_used_mean_mib=means[3],
+            mem_used_max_mib=mem_max,
             power_mean_w=means[4], energy_j=energy))
     return out
 

@@ -42,14 +42,16 @@ class JobSummary:
         smact_mean/p95, smocc_mean/p95: GPM SM activity/occupancy of the job's GPUs while it ran (%).
         energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to the job.
         n_samples: GPU sample rows the summary used.
-        tensor_mean, dram_mean: GPM tensor-core and DRAM bandwidth activity of the job's GPUs while it ran (%).
-        smact_idle_pct: share of the active samples (those with a process of the job on the GPU) whose SM activity
-            was below the idle threshold (``diag_idle_smact_pct``), in %.
+        tensor_mean, dram_mean: GPM tensor-core and DRAM bandwidth activity of the job's GPUs while it ran
+            (%).
+        smact_idle_pct: share of the active samples (those with a process of the job on the GPU) whose SM
+            activity was below the idle threshold (``diag_idle_smact_pct``), in %.
         active_samples: GPU sample rows with a process of the job on that GPU.
-        train_cpu_cores, workers_cpu_cores: mean CPU cores used by the job's CUDA process(es) and by the processes
-            descending from them (DataLoader workers) over its CPU samples (node/cpu.py); cpu_workers: mean number
-            of those processes; job_cpu_cores: mean cores of the job's whole cgroup; cpus: the job's CPUs on the node
-            (node/cpu.py); cpu_samples: CPU sample rows used (None: none recorded).
+        train_cpu_cores, workers_cpu_cores: mean CPU cores used by the job's CUDA process(es) and by the
+            processes descending from them (DataLoader workers) over its CPU samples (node/cpu.py);
+            cpu_workers: mean number of those processes; job_cpu_cores: mean cores of the job's whole cgroup;
+            cpus: the job's CPUs on the node (node/cpu.py); cpu_samples: CPU sample rows used (None: none
+            recorded).
     """
 
     job_id: int
@@ -107,13 +109,15 @@ def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict
     """Rows of ``proc_samples`` for one frame."""
     t = round(ts, 3)
     return [{"ts": t, "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
-             **{m: None if v is None else round(float(v), 2) for m, v in zip(PROC_METRICS, _PROC_GET(p.reading))},
+             **{m: None if v is None else round(float(v), 2) for m,
+                v in zip(PROC_METRICS, _PROC_GET(p.reading))},
              "mps_client": int(p.reading.mps_client), "n": 1, "res_s": res_s} for p in procs]
 
 
 def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``cpu_samples`` for one reading: ``jobs`` are ``node.cpu.JobCpu`` (any object with ``job_id`` and
-    the ``CPU_METRICS`` attributes; cores = CPU seconds per wall second over the interval ending at ``ts``)."""
+    """Rows of ``cpu_samples`` for one reading: ``jobs`` are ``node.cpu.JobCpu`` (any object with ``job_id``
+    and the ``CPU_METRICS`` attributes; cores = CPU seconds per wall second over the interval ending at
+    ``ts``)."""
     t = round(ts, 3)
     return [{"ts": t, "job_id": j.job_id, **{m: getattr(j, m) for m in CPU_METRICS}, "n": 1, "res_s": res_s}
             for j in jobs]
@@ -121,8 +125,9 @@ def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any
 
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
                gpus_static: Sequence[GpuReading] = (), cpu: Sequence[Dict[str, Any]] = ()) -> None:
-    """Insert prepared rows (from ``gpu_rows``/``proc_rows``/``cpu_rows``) in ONE transaction (all or nothing),
-    each table with one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked, full)."""
+    """Insert prepared rows (from ``gpu_rows``/``proc_rows``/``cpu_rows``) in ONE transaction (all or
+    nothing), each table with one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked,
+    full)."""
     with db.atomic():
         if gpu:
             db.conn.executemany(_INSERT_GPU, gpu)
@@ -234,7 +239,8 @@ def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]
     """Insert or replace the (job, node) summary figures (a JSON object; hooks/figures.py)."""
     with db.atomic():
         db.table("job_figures").upsert({"job_id": int(job_id), "node": node, "ts": time.time(),
-                                        "figures_json": json.dumps(figures, sort_keys=True)}, pk=("job_id", "node"))
+                                        "figures_json": json.dumps(figures, sort_keys=True)},
+                                        pk=("job_id", "node"))
 
 
 def load_figures(db: Database, job_id: int) -> Optional[Tuple[float, Dict[str, Any]]]:

@@ -71,9 +71,10 @@ def m002_hook_runs(db: Database) -> None:
 def m003_oom_events(db: Database) -> None:
     """One row per job that died of GPU OOM (hooks/oom.py): evidence, the fence it hit, and its one retry.
 
-    ``retry_status``: ``submitting`` (claimed, sbatch running), ``submitted``, ``failed`` (sbatch refused; error in
-    ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on ``job_id`` is what
-    makes the retry happen at most once; ``retry_job_id`` is unique so a retry is recognised as one.
+    ``retry_status``: ``submitting`` (claimed, sbatch running), ``submitted``, ``failed`` (sbatch refused;
+    error in ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on
+    ``job_id`` is what makes the retry happen at most once; ``retry_job_id`` is unique so a retry is
+    recognised as one.
     """
     db.table("oom_events").create(
         {
@@ -91,9 +92,9 @@ def m003_oom_events(db: Database) -> None:
 
 @NODE()
 def m003_samples(db: Database) -> None:
-    """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the GPUs
-    seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw samples
-    folded into the row; ``res_s``: its time resolution in seconds."""
+    """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the
+    GPUs seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw
+    samples folded into the row; ``res_s``: its time resolution in seconds."""
     db.table("gpu_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
          "mem_used_mib": float, "power_w": float, "energy_j": float, "temp_c": float, "sm_clock_mhz": float,
@@ -109,7 +110,8 @@ def m003_samples(db: Database) -> None:
     )
     db.table("proc_samples").create_index(["ts"])
     db.table("proc_samples").create_index(["job_id"])
-    db.table("gpus").create({"gpu_index": int, "uuid": str, "name": str, "mem_total_mib": float, "updated_ts": float},
+    db.table("gpus").create({"gpu_index": int, "uuid": str, "name": str, "mem_total_mib": float,
+                             "updated_ts": float},
                       pk="gpu_index")
     db.table("job_summaries").create(
         {"job_id": int, "node": str, "gpus": str, "start_ts": float, "end_ts": float, "peak_mem_mib": float,
@@ -117,16 +119,17 @@ def m003_samples(db: Database) -> None:
          "gpu_s": float, "n_samples": int, "ts": float},
         pk=("job_id", "node"),
     )
-    db.table("node_events").create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str}, pk="id")
+    db.table("node_events").create({"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str},
+                                   pk="id")
     db.table("node_events").create_index(["job_id"])
 
 
 @NODE()
 def m004_watchdog_events(db: Database) -> None:
-    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a shared
-    GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what it did
-    (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the stderr line).
-    Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job."""
+    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a
+    shared GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what
+    it did (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the
+    stderr line). Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job."""
     db.table("watchdog_events").create(
         {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
          "grant_mib": float, "used_mib": float, "tolerance_mib": float, "pids_json": str, "action": str,
@@ -136,12 +139,12 @@ def m004_watchdog_events(db: Database) -> None:
     db.table("watchdog_events").create_index(["job_id"])
 @CTLD()
 def m004_root_script_identity(db: Database) -> None:
-    """``script_sha256`` becomes the hash root computes of the batch script Slurm stored (PrologSlurmctld), and
-    ``jobs.state_source`` says whether ``state`` is Slurm's own final state (``slurm``) or the EpilogSlurmctld's
-    inference (``inferred``, settled later by ``store.jobs.settle_states``).
+    """``script_sha256`` becomes the hash root computes of the batch script Slurm stored (PrologSlurmctld),
+    and ``jobs.state_source`` says whether ``state`` is Slurm's own final state (``slurm``) or the
+    EpilogSlurmctld's inference (``inferred``, settled later by ``store.jobs.settle_states``).
 
-    Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared so
-    that no forged value keys the estimator's history (history starts again, per user, from the next runs).
+    Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared
+    so that no forged value keys the estimator's history (history starts again, per user, from the next runs).
     """
     db.table("jobs").add_column("state_source", str)
     db.execute("UPDATE jobs SET script_sha256 = NULL")
@@ -153,9 +156,9 @@ def m004_root_script_identity(db: Database) -> None:
 
 @NODE()
 def m005_summary_diagnosis(db: Database) -> None:
-    """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the job's
-    GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many samples had a
-    process of the job on the GPU (``active_samples``); NULL for summaries written before."""
+    """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the
+    job's GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many
+    samples had a process of the job on the GPU (``active_samples``); NULL for summaries written before."""
     if db.table("job_summaries").exists():
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
             db.table("job_summaries").add_column(col, float)
@@ -166,9 +169,9 @@ def m005_summary_diagnosis(db: Database) -> None:
 def m006_cpu_samples(db: Database) -> None:
     """The CPU use of each job with a process on a GPU, per sampler tick (node/cpu.py): cores used by its CUDA
     process(es) (``train_cores``, ``train_pids`` of them), by the processes descending from them (``workers``,
-    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the node
-    (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came from).
-    NULL where not recorded (summaries written before)."""
+    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the
+    node (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came
+    from). NULL where not recorded (summaries written before)."""
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,
          "workers_cores": float, "job_cores": float, "cpus": int, "n": int, "res_s": float},

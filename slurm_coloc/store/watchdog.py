@@ -1,7 +1,7 @@
 """The watchdog's rows in a node database: events (``watchdog_events``) and the running jobs it guards.
 
-Written by the node sampler's watchdog (node/watchdog.py), read by coloc-report, the AdminComment writer and the
-OOM rerun (``stopped_by_watchdog``: a job the watchdog stopped gets no rerun).
+Written by the node sampler's watchdog (node/watchdog.py), read by coloc-report, the AdminComment writer and
+the OOM rerun (``stopped_by_watchdog``: a job the watchdog stopped gets no rerun).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ class WatchdogEvent:
         reason: ``over-grant`` (its processes on the GPU used more than grant + tolerance) or ``outside-mps``
             (a CUDA process of an MPS job that NVML does not list as an MPS client).
         share: the job's share mode on this node (``mps`` or ``timeslice``).
-        grant_mib: the job's grant on that GPU (MiB; 0 on a GPU it holds no shard of); used_mib: what NVML showed
-            for the job's processes there (MiB); tolerance_mib: the configured tolerance.
+        grant_mib: the job's grant on that GPU (MiB; 0 on a GPU it holds no shard of); used_mib: what NVML
+            showed for the job's processes there (MiB); tolerance_mib: the configured tolerance.
         pids: the job's processes on that GPU in that frame.
         action: ``stop`` or ``record`` (``watchdog_action``); message: the line written to the job's stderr.
         outcome: what the stop did (``killed``, ``scancel``, ``stderr``...), filled in after the event.
@@ -51,7 +51,8 @@ def record_event(db: Database, ev: WatchdogEvent) -> int:
     with db.atomic():
         row_id = db.table(TABLE).insert({
             "ts": ev.ts, "job_id": ev.job_id, "node": ev.node, "gpu_index": ev.gpu_index, "reason": ev.reason,
-            "share": ev.share, "grant_mib": ev.grant_mib, "used_mib": ev.used_mib, "tolerance_mib": ev.tolerance_mib,
+            "share": ev.share, "grant_mib": ev.grant_mib, "used_mib": ev.used_mib,
+            "tolerance_mib": ev.tolerance_mib,
             "pids_json": json.dumps(list(ev.pids)), "action": ev.action, "message": ev.message,
             "outcome_json": json.dumps(ev.outcome, sort_keys=True, default=str)}).last_pk
     if row_id is None:  # sqlite-utils sets last_pk after every insert into a rowid table
@@ -74,7 +75,8 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEven
     for r in db.table(TABLE).rows_where(where, args, order_by="id"):
         out.append(WatchdogEvent(
             ts=r["ts"], job_id=r["job_id"], node=r["node"], gpu_index=r["gpu_index"], reason=r["reason"],
-            share=r["share"], grant_mib=r["grant_mib"], used_mib=r["used_mib"], tolerance_mib=r["tolerance_mib"],
+            share=r["share"], grant_mib=r["grant_mib"], used_mib=r["used_mib"],
+            tolerance_mib=r["tolerance_mib"],
             pids=tuple(json.loads(r["pids_json"] or "[]")), action=r["action"], message=r["message"] or "",
             outcome=json.loads(r["outcome_json"] or "{}"), id=r["id"]))
     return out
@@ -96,7 +98,8 @@ class RunningRun:
 
 
 def running_runs(db: Database, node: str) -> List[RunningRun]:
-    """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job runs)."""
+    """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job
+    runs)."""
     if not db.table("job_runs").exists():
         return []
     out = []
@@ -111,14 +114,17 @@ def job_uid(db: Database, job_id: int) -> Optional[int]:
     """The uid the node Prolog recorded for ``job_id`` (from Slurm's environment), None when not recorded."""
     if not db.table("job_runs").exists():
         return None
-    row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC LIMIT 1",
+    row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC "
+                     "LIMIT 1",
                      [int(job_id)]).fetchone()
     return int(row[0]) if row else None
 
 
 def running_jobs_of_uid(db: Database, uid: int) -> List[int]:
-    """Job ids the node Prolog recorded for ``uid`` that have not ended on this node (open ``job_runs`` rows)."""
+    """Job ids the node Prolog recorded for ``uid`` that have not ended on this node (open ``job_runs``
+    rows)."""
     if not db.table("job_runs").exists():
         return []
-    return sorted({int(r[0]) for r in db.execute("SELECT job_id FROM job_runs WHERE uid = ? AND end_ts IS NULL",
+    return sorted({int(r[0])
+                   for r in db.execute("SELECT job_id FROM job_runs WHERE uid = ? AND end_ts IS NULL",
                                                    [int(uid)]).fetchall()})

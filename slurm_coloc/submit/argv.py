@@ -1,13 +1,14 @@
 """Splitting a ``coloc-sbatch`` command line: our options, sbatch's options, the script and its args.
 
 Pure functions (the file test of an unknown option aside). Which options take a value comes from the installed
-sbatch (``slurm/sbatch_options.py``: its ``--help`` and ``--usage``, cached per binary); the caller passes that
-table, else Slurm 22.05's built-in one is used.
+sbatch (``slurm/sbatch_options.py``: its ``--help`` and ``--usage``, cached per binary); the caller passes
+that table, else Slurm 22.05's built-in one is used.
 
 An option the table does not know (26.05's ``--segment``, ``--prefer``, ``--extra`` are missing from its help)
 is passed on as written and never takes the script's place: given as ``--opt=v`` it is one word; given as
-``--opt WORD``, WORD is its value unless WORD is an existing file (then WORD is the job script and the option a
-flag, as sbatch needs the script to exist). In ``#SBATCH`` lines, where no script can follow, WORD is its value.
+``--opt WORD``, WORD is its value unless WORD is an existing file (then WORD is the job script and the option
+a flag, as sbatch needs the script to exist). In ``#SBATCH`` lines, where no script can follow, WORD is its
+value.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN
         name, sep, value = w[2:].partition("=")
         if sep:
             return Option(name, value, (w,)), i + 1
-        if name in table.long_value or (not table.knows(name) and _unknown_takes_value(words, i, in_directive)):
+        if name in table.long_value or (not table.knows(name)
+                                        and _unknown_takes_value(words, i, in_directive)):
             if i + 1 >= len(words):
                 raise DirectiveError(f"option --{name} needs a value")
             return Option(name, words[i + 1], (w, words[i + 1])), i + 2
@@ -93,8 +95,8 @@ def split_command_line(argv: List[str], table: SbatchOptions = BUILTIN) -> Comma
     """Split ``[options] script [args]`` into our options, sbatch options, script and script args; ``table``
     says which sbatch options take a value (``slurm.sbatch_options.installed_options``).
 
-    Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With ``--wrap``
-    there is no script. A lone ``--`` ends the options.
+    Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With
+    ``--wrap`` there is no script. A lone ``--`` ends the options.
 
     Raises:
         DirectiveError: no script (and no ``--wrap``), or an option missing its value.

@@ -76,7 +76,8 @@ def read_script(path: str) -> Tuple[bytes, str]:
     except OSError as exc:
         raise DirectiveError(f"cannot read job script {path!r}: {exc.strerror or exc}") from None
     if len(raw) > MAX_SCRIPT_BYTES:
-        raise DirectiveError(f"job script {path!r} is larger than {MAX_SCRIPT_BYTES} bytes (Slurm's max_script_size)")
+        raise DirectiveError(f"job script {path!r} is larger than {MAX_SCRIPT_BYTES} bytes (Slurm's "
+                             "max_script_size)")
     if b"\0" in raw:
         raise DirectiveError(f"job script {path!r} contains NUL bytes: not a text script")
     try:
@@ -141,9 +142,10 @@ def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dic
 
 
 def kwarg_value(text: str) -> Any:
-    """A ``kwarg.NAME=`` value: JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``, ``False``,
-    ``None``; else a Python literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``; ``ast.literal_eval``:
-    literals only, nothing is run) that JSON can carry (tuples become lists); else the text itself."""
+    """A ``kwarg.NAME=`` value: JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``,
+    ``False``, ``None``; else a Python literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``;
+    ``ast.literal_eval``: literals only, nothing is run) that JSON can carry (tuples become lists); else the
+    text itself."""
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError):
@@ -211,7 +213,8 @@ def parse_script(path: str) -> ParsedScript:
     """Read and parse a job script.
 
     Raises:
-        DirectiveError: see ``read_script``, ``parse_coloc_pairs`` and ``build_spec``; a bad ``mem=``/``share=``.
+        DirectiveError: see ``read_script``, ``parse_coloc_pairs`` and ``build_spec``; a bad
+            ``mem=``/``share=``.
     """
     raw, text = read_script(path)
     header = header_lines(text)

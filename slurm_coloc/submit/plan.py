@@ -43,8 +43,10 @@ from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
-NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a GPU, "
-                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain --dry-run "
+NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "
+                  "GPU, "
+                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain "
+                  "--dry-run "
                   "SCRIPT' shows why each source has none; docs/user.md, \"The script probe\"")
 
 
@@ -79,7 +81,8 @@ class Plan:
         reason: one line saying why this GPU request.
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
-        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module docstring).
+        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module
+            docstring).
         decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
     """
 
@@ -129,6 +132,13 @@ def _count(name: str, value: Optional[str]) -> Tuple[Optional[str], int]:
 def gpu_request(options: List[Option]) -> GpuRequest:
     """Combine every GPU-related option (last occurrence of each wins).
 
+    Args:
+        options: the ``#SBATCH`` options then the command line's (``script_options``,
+            ``CommandLine.options``).
+
+    Returns:
+        The ``GpuRequest`` (GPUs per node, explicit shards, GRES type, multi-GPU, other GRES, the options).
+
     Raises:
         DirectiveError: a malformed GPU count.
     """
@@ -158,12 +168,18 @@ def gpu_request(options: List[Option]) -> GpuRequest:
         if name in last:
             _count(name, last[name])
             multi = True
-    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other), tuple(last_opt.values()))
+    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other),
+                      tuple(last_opt.values()))
 
 
 def script_options(script: Optional[ParsedScript],
                    table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
-    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU option."""
+    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
+    option; ``script`` None (``--wrap``): none.
+
+    Raises:
+        DirectiveError: an ``#SBATCH`` option the table rejects (``submit.argv.parse_option_tokens``).
+    """
     opts: List[Option] = []
     gpu_lines: List[int] = []
     for no, words in (script.sbatch_lines if script else ()):
@@ -255,86 +271,143 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
     script_opts, gpu_lines = script_options(script, cmd.table)
     all_opts = script_opts + list(cmd.options)
     req = gpu_request(all_opts)
-    whole = cfg.gpu_mem_gib
     exclusive_gpu = cmd.exclusive_gpu or (script is not None and script.share == "exclusive")
     override = _override_mib(cmd, script)
-    mem_mib: Optional[int] = None
-    method: Optional[str] = None
-    model_name: Optional[str] = None
-    gpus = None
-    decision: Optional[Decision] = None
-    if exclusive_gpu:
-        mode, shards, reason = "whole-gpu", whole, "whole GPU asked (--exclusive-gpu / share=exclusive)"
-    elif req.shards is not None:
-        mode, shards, reason = "shard", req.shards, "explicit --gres=shard request kept"
-    elif req.multi:
-        mode, shards, gpus = "gpu", None, req.gpus_per_node
-        why = "more than one GPU per node" if gpus and gpus > 1 else "a per-task/per-socket GPU request"
-        reason = f"{why}: whole GPUs on an exclusive node"
+    if exclusive_gpu or req.shards is not None or req.multi:
+        choice = _user_choice(exclusive_gpu, req, cfg)
     else:
         spec = script.spec if script is not None else None
         asks = override is None and (probe_fn is not None or (spec is not None and estimate_fn is not None))
         decision = decide(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn=estimate_fn,
                           probe_fn=probe_fn, history_fn=history_fn, probe_off_reason=probe_off_reason,
                           estimate_timeout_s=cfg.estimate_timeout_s)
-        mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
-        if mem_mib is not None:
-            # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
-            headroom = 0 if override is not None else cfg.headroom_mib
-            on_gpu = f" on {model_name}" if model_name else ""
-            shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
-            mode, reason = "shard", f"{method} {mem_mib} MiB{on_gpu} + {headroom} MiB headroom"
-            if shards >= whole:
-                mode, shards = "whole-gpu", whole
-                reason = f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU"
-        elif decision.timed_out:
-            mode, shards = "whole-gpu", whole
-            reason = f"no estimate within estimate_timeout_s ({cfg.estimate_timeout_s:g} s): a whole GPU"
-        else:
-            mode, shards, reason = "whole-gpu", whole, NO_INFORMATION
-    args: List[str] = []
-    for opt in _moved_options(script, gpu_lines, cmd.table) + [o for o in cmd.options
-                                                    if o.name not in GPU_OPTIONS and o.name != "comment"]:
-        args.extend(opt.tokens)
-    if mode == "gpu":
-        # the user's own GPU options, as sbatch would read them, on a node of its own
-        gpu_args = [token for opt in req.options for token in opt.tokens]
-        if not any(o.name == "exclusive" for o in all_opts):
-            gpu_args.append("--exclusive")
-    else:
-        shard = f"shard:{req.gres_type}:{shards}" if req.gres_type else f"shard:{shards}"
-        gpu_args = ["--gres=" + ",".join([shard, *req.other_gres])]
+        choice = _shards_of_decision(decision, override, cfg)
+    kept = [o for o in cmd.options if o.name not in GPU_OPTIONS and o.name != "comment"]
+    args = [token for opt in _moved_options(script, gpu_lines, cmd.table) + kept for token in opt.tokens]
+    gpu_args = _gpu_args(choice, req, all_opts)
     args.extend(gpu_args)
-    if spank and override is not None and mode == "shard":
-        args.append(f"--coloc-mem={override}M")
-    if spank and exclusive_gpu:
-        args.append("--coloc-share=exclusive")
-    comment: Dict[str, Any] = {"v": 1, "mode": mode, "shards": shards, "gpus": gpus, "mem_mib": mem_mib,
-                               "method": method, "gpu_model": model_name,
-                               "sha256": script.sha256 if script else None,
-                               "spec": script.spec.to_json() if script and script.spec else None}
-    if decision is not None and decision.flops_per_step is not None \
-            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:  # else readers drop the annotation
-        comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
-    if cmd.script_args:
-        comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
-    user_comment = cmd.last("comment")
-    if user_comment is None:
-        user_comment = next((o.value for o in reversed(script_opts) if o.name == "comment"), None)
-    text, dropped = fit_comment(comment, user_comment, comment_steps(cmd.script_args))
+    if spank:
+        args.extend(_spank_args(choice, override, exclusive_gpu))
+    comment = _coloc_comment(choice, cmd, script)
+    text, dropped = fit_comment(comment, _user_comment(cmd, script_opts), comment_steps(cmd.script_args))
     if text is not None:
         args.append("--comment=" + text)
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
-    if rewritten is not None and cmd.last("job-name") is None and not any(o.name == "job-name" for o in script_opts):
-        args.append("--job-name=" + Path(script.path).name)  # type: ignore[union-attr]
+    index = _append_script(args, cmd, script if rewritten is not None else None, script_opts)
+    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, comment,
+                choice.reason,
+                tuple(gpu_args), tuple(dropped), choice.decision)
+
+
+def _spank_args(choice: _Choice, override: Optional[int], exclusive_gpu: bool) -> List[str]:
+    """The SPANK plugin's options that make the job the same as one submitted with plain ``sbatch``: the
+    user's override (MiB) on a shard job, and a whole-GPU choice."""
+    out = []
+    if override is not None and choice.mode == "shard":
+        out.append(f"--coloc-mem={override}M")
+    if exclusive_gpu:
+        out.append("--coloc-share=exclusive")
+    return out
+
+
+def _user_comment(cmd: CommandLine, script_opts: Sequence[Option]) -> Optional[str]:
+    """The user's own ``--comment`` (the command line over the last ``#SBATCH --comment``), or None."""
+    user_comment = cmd.last("comment")
+    if user_comment is None:
+        user_comment = next((o.value for o in reversed(script_opts) if o.name == "comment"), None)
+    return user_comment
+
+
+def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[ParsedScript],
+                   script_opts: Sequence[Option]) -> Optional[int]:
+    """Append the script and its arguments to ``args``; returns the script's index in ``args`` (None with
+    ``--wrap``). A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its
+    own name as the job name unless the user gave one."""
+    if rewritten_from is not None and cmd.last("job-name") is None \
+            and not any(o.name == "job-name" for o in script_opts):
+        args.append("--job-name=" + Path(rewritten_from.path).name)
     index = None
     if cmd.script is not None:
         index = len(args)
         args.append(cmd.script)
     args.extend(cmd.script_args)
-    return Plan(mode, shards, gpus, tuple(args), index, rewritten, comment, reason, tuple(gpu_args), tuple(dropped),
-                decision)
+    return index
 
+
+@dataclass(frozen=True)
+class _Choice:
+    """The GPU request chosen by the module rule: ``Plan.mode``, ``shards``, ``gpus``, ``reason`` and, under
+    rule 4, the decision it came from (``mem_mib``/``method``/``gpu_model`` of the job comment)."""
+
+    mode: str
+    shards: Optional[int]
+    reason: str
+    gpus: Optional[int] = None
+    decision: Optional[Decision] = None
+
+
+def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
+    """Rules 1-3, the user's own choice: a whole GPU (``cfg.gpu_mem_gib`` shards) when asked, else an explicit
+    shard count, else whole GPUs on an exclusive node for a multi-GPU request."""
+    if exclusive_gpu:
+        return _Choice("whole-gpu", cfg.gpu_mem_gib, "whole GPU asked (--exclusive-gpu / share=exclusive)")
+    if req.shards is not None:
+        return _Choice("shard", req.shards, "explicit --gres=shard request kept")
+    gpus = req.gpus_per_node
+    why = "more than one GPU per node" if gpus and gpus > 1 else "a per-task/per-socket GPU request"
+    return _Choice("gpu", None, f"{why}: whole GPUs on an exclusive node", gpus=gpus)
+
+
+def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config) -> _Choice:
+    """Rules 4 and 5: the shards for the decided figure (MiB, plus ``cfg.headroom_mib`` unless it is the
+    user's override), at least ``cfg.min_shards``; a whole GPU (``cfg.gpu_mem_gib`` shards) when it does not
+    fit a shared GPU, when the estimate timed out, or when no source gave a figure."""
+    whole = cfg.gpu_mem_gib
+    mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
+    if mem_mib is None:
+        if decision.timed_out:
+            reason = f"no estimate within estimate_timeout_s ({cfg.estimate_timeout_s:g} s): a whole GPU"
+            return _Choice("whole-gpu", whole, reason, decision=decision)
+        return _Choice("whole-gpu", whole, NO_INFORMATION, decision=decision)
+    # an override is the fence the user wants, exactly; an estimate gets headroom_mib on top
+    headroom = 0 if override is not None else cfg.headroom_mib
+    on_gpu = f" on {model_name}" if model_name else ""
+    shards = max(cfg.min_shards, mib_to_shards(mem_mib + headroom))
+    if shards >= whole:
+        return _Choice("whole-gpu", whole, f"{method} {mem_mib} MiB{on_gpu} does not fit a shared GPU",
+                       decision=decision)
+    return _Choice("shard", shards, f"{method} {mem_mib} MiB{on_gpu} + {headroom} MiB headroom",
+                   decision=decision)
+
+
+def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> List[str]:
+    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES), or under rule
+    3 the user's own GPU options as sbatch would read them, on a node of its own (``--exclusive``)."""
+    if choice.mode == "gpu":
+        gpu_args = [token for opt in req.options for token in opt.tokens]
+        if not any(o.name == "exclusive" for o in all_opts):
+            gpu_args.append("--exclusive")
+        return gpu_args
+    shard = f"shard:{req.gres_type}:{choice.shards}" if req.gres_type else f"shard:{choice.shards}"
+    return ["--gres=" + ",".join([shard, *req.other_gres])]
+
+
+def _coloc_comment(choice: _Choice, cmd: CommandLine, script: Optional[ParsedScript]) -> Dict[str, Any]:
+    """The coloc JSON of the job comment, before ``fit_comment`` shortens it (module docstring)."""
+    decision = choice.decision
+    comment: Dict[str, Any] = {"v": 1, "mode": choice.mode, "shards": choice.shards, "gpus": choice.gpus,
+                               "mem_mib": decision.mem_mib if decision else None,
+                               "method": decision.method if decision else None,
+                               "gpu_model": decision.gpu_model if decision else None,
+                               "sha256": script.sha256 if script else None,
+                               "spec": script.spec.to_json() if script and script.spec else None}
+    # a count outside the comment's bounds is left out (readers would drop it)
+    if decision is not None and decision.flops_per_step is not None \
+            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:
+        comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
+    if cmd.script_args:
+        comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
+    return comment
 
 
 def _without(key: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
@@ -355,7 +428,8 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
     OOM rerun) gives them back exactly: none empty, none holding whitespace.
     """
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
-    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)", _without("argv"))] if exact \
+    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",
+                            _without("argv"))] if exact \
         else []
     steps += [("the model's kwargs (they stay in the script's #COLOC lines)", _without_kwargs),
               ("the model spec", _without("spec"))]

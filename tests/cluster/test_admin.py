@@ -31,7 +31,8 @@ def broken(slurm_cluster: Cluster, tmp_path: Path) -> Path:
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(slurm_cluster.dir / "etc", dst)
     os.chmod(dst, 0o755)
-    text = (dst / "slurm.conf").read_text().replace(str(slurm_cluster.dir / "etc" / "hooks"), str(dst / "hooks"))
+    text = (dst / "slurm.conf").read_text().replace(str(slurm_cluster.dir / "etc" / "hooks"),
+                                                    str(dst / "hooks"))
     (dst / "slurm.conf").write_text(text)
     yield dst
     shutil.rmtree(dst, ignore_errors=True)
@@ -54,7 +55,8 @@ def test_gpu_checks_run_without_no_gpu(slurm_cluster: Cluster):
 
 
 def test_wrong_shard_count_and_gres_types(broken: Path):
-    gres = (broken / "gres.conf").read_text().replace("Name=shard Count=80 File=", "Name=shard Count=40 File=", 1)
+    gres = (broken / "gres.conf").read_text().replace("Name=shard Count=80 File=",
+                                                      "Name=shard Count=40 File=", 1)
     (broken / "gres.conf").write_text(gres)
     conf = (broken / "slurm.conf").read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu")
     (broken / "slurm.conf").write_text(conf)
@@ -62,7 +64,8 @@ def test_wrong_shard_count_and_gres_types(broken: Path):
     assert rc == 1
     whats = " | ".join(f["what"] for f in fails)
     assert "GresTypes lacks shard" in whats and "has 40 shards, gpu_mem_gib is 80" in whats
-    assert any("Count=80" in f["fix"] for f in fails) and any("GresTypes=gpu,shard" in f["fix"] for f in fails)
+    assert any("Count=80" in f["fix"] for f in fails) and any("GresTypes=gpu,shard" in f["fix"]
+                                                              for f in fails)
 
 
 def test_node_shards_disagree_with_gpu_mem(broken: Path):
@@ -103,7 +106,8 @@ def test_plugstack_missing_required_plugin(broken: Path):
     with open(broken / "slurm.conf", "a") as f:
         f.write(f"PlugStackConfig={broken / 'plugstack.conf'}\n")
     rc, fails, _ = check(broken / "slurm.conf", broken / "coloc.yaml", "--no-gpu")
-    assert rc == 1 and any("every job would fail" in f["what"] for f in fails if f["name"] == "plugstack.conf")
+    assert rc == 1 and any("every job would fail" in f["what"] for f in fails
+                           if f["name"] == "plugstack.conf")
 
 
 def test_missing_slurm_conf_and_bad_config(tmp_path: Path, slurm_cluster: Cluster):
@@ -113,7 +117,8 @@ def test_missing_slurm_conf_and_bad_config(tmp_path: Path, slurm_cluster: Cluste
     bad.write_text("gpu_mem_gib: lots\n")
     proc = subprocess.run([str(VENV_BIN / "coloc-admin"), "check", "--config", str(bad)], capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "gpu_mem_gib" in proc.stderr
+    assert (proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+            and "gpu_mem_gib" in proc.stderr)
 
 
 def test_parsers():

@@ -2,7 +2,8 @@
 
 - a job whose AdminComment already holds jobstats' ``JS1:`` summary keeps it through our PrologSlurmctld and
   EpilogSlurmctld; another tool's plain text is kept, with our part after it;
-- sbatch options newer than 22.05 with a space-separated value (``--tres-per-task X`` ... ``--container-id X``)
+- sbatch options newer than 22.05 with a space-separated value (``--tres-per-task X`` ... ``--container-id
+  X``)
   reach Slurm as options, and the script stays the script (24.11+ only: 22.05's sbatch has none of them).
 """
 from __future__ import annotations
@@ -33,13 +34,14 @@ def _script(cluster: Cluster, name: str, body: str = "sleep 1\n") -> Path:
 
 
 def _show(cluster: Cluster, job: int) -> Dict[str, str]:
-    """``scontrol show job -o`` as a dict (AdminComment: the value up to the next `` Comment=`` or `` StdErr=``,
-    the fields that follow it on 22.05-26.05)."""
+    """``scontrol show job -o`` as a dict (AdminComment: the value up to the next `` Comment=`` or ``
+    StdErr=``, the fields that follow it on 22.05-26.05)."""
     line = cluster.scontrol("show", "job", "-o", str(job)).strip()
     admin = ""
     if " AdminComment=" in line:
         rest = line.split(" AdminComment=", 1)[1]
-        admin = (rest.split(" Comment=", 1)[0] if " Comment=" in rest else rest.split(" StdErr=", 1)[0]).strip()
+        admin = (rest.split(" Comment=", 1)[0] if " Comment=" in rest
+                 else rest.split(" StdErr=", 1)[0]).strip()
     out = dict(w.split("=", 1) for w in line.split() if "=" in w)
     out["AdminComment"] = admin
     return out
@@ -51,7 +53,8 @@ def _wait_end_hook(cluster: Cluster, job: int, timeout: float = 60) -> dict:
     while time.time() < deadline:
         if cluster.ctld_db.exists():
             with sqlite3.connect(cluster.ctld_db) as conn:
-                rows = conn.execute("SELECT detail_json FROM events WHERE job_id = ? AND kind = 'admin-comment'",
+                rows = conn.execute("SELECT detail_json FROM events WHERE job_id = ? AND kind = "
+                                    "'admin-comment'",
                                     (job,)).fetchall()
             if rows:
                 return json.loads(rows[-1][0])
@@ -80,7 +83,8 @@ def test_jobstats_summary_and_foreign_text_survive_our_hooks(slurm_cluster: Clus
     merged = _show(slurm_cluster, site)["AdminComment"]
     assert merged.startswith("site=abc owner=hpc {\"coloc\":"), merged
     ours = json.loads(merged[len("site=abc owner=hpc "):])
-    assert ours.get("coloc") == 1 or ours["coloc"]["shards"] == 2, ours  # the end summary or (22.05) the start note
+    # the end summary or (22.05) the start note
+    assert ours.get("coloc") == 1 or ours["coloc"]["shards"] == 2, ours
     decoded = json.loads(gzip.decompress(base64.b64decode(_show(slurm_cluster, js)["AdminComment"][4:])))
     assert decoded["nodes"] == {"n1": {"cpus": 1}}  # what jobstats reads back
 
@@ -96,17 +100,20 @@ def test_newer_sbatch_options_with_a_separate_value(slurm_cluster: Cluster) -> N
     script = _script(slurm_cluster, "newer.sh")
     jobs = {}
     for opt, value, shown in NEWER:
-        proc = slurm_cluster.run(["coloc-sbatch", "--parsable", "--coloc-mem", "2G", opt, value, str(script), "arg1"])
+        proc = slurm_cluster.run(["coloc-sbatch", "--parsable", "--coloc-mem", "2G", opt, value, str(script),
+                                  "arg1"])
         assert proc.returncode == 0, (opt, proc.stderr)
         jobs[int(proc.stdout.strip().split(";")[0])] = shown
     for job, shown in jobs.items():
         rec = _show(slurm_cluster, job)
-        assert rec["Command"] == str(script) and shown in slurm_cluster.scontrol("show", "job", "-o", str(job))
+        assert rec["Command"] == str(script) and shown in slurm_cluster.scontrol("show", "job", "-o",
+                                                                                 str(job))
         assert "gres/shard:2" in rec.get("TresPerNode", "") or "shard:2" in rec.get("TresPerNode", "")
         assert slurm_cluster.wait_job(job, timeout=120)["job_state"] == "COMPLETED"
     # --prefer reaches Slurm as an option: this cluster has no feature a100, so Slurm itself refuses it
     proc = slurm_cluster.run(["coloc-sbatch", "--coloc-mem", "2G", "--prefer", "a100", str(script)])
     assert proc.returncode != 0 and "preferred feature" in proc.stderr and "does not exist" not in proc.stderr
-    dry = slurm_cluster.run(["coloc-sbatch", "--dry-run", "--coloc-mem", "2G", "--prefer", "a100", str(script)])
+    dry = slurm_cluster.run(["coloc-sbatch", "--dry-run", "--coloc-mem", "2G", "--prefer", "a100",
+                             str(script)])
     assert dry.returncode == 0 and dry.stdout.split()[1:3] == ["--prefer", "a100"], dry.stdout
     assert dry.stdout.rstrip().endswith(str(script))

@@ -122,10 +122,12 @@ def test_bad_input_submits_nothing(slurm_cluster: Cluster):
     _assert_rejected(c, [str(secret)], "cannot read job script")
     bad = user_script(c, "bad.sh", "#!/bin/sh\n#COLOC model=a:b input=3x batch=4\ntrue\n")
     _assert_rejected(c, [str(bad)], "expected sizes like 3x32x32")
-    unknown = user_script(c, "unknown.sh", "#!/bin/sh\n#COLOC model=no_such_module_xyz:build input=4 batch=2\ntrue\n")
+    unknown = user_script(c, "unknown.sh",
+                          "#!/bin/sh\n#COLOC model=no_such_module_xyz:build input=4 batch=2\ntrue\n")
     _assert_rejected(c, [str(unknown)], "no_such_module_xyz")
     user_script(c, "broken_model.py", "def build():\n    raise RuntimeError('cannot build this model')\n")
-    broken = user_script(c, "broken.sh", "#!/bin/sh\n#COLOC model=broken_model.py:build input=4 batch=2\ntrue\n")
+    broken = user_script(c, "broken.sh",
+                         "#!/bin/sh\n#COLOC model=broken_model.py:build input=4 batch=2\ntrue\n")
     _assert_rejected(c, [str(broken)], "broken_model.py:build")
     ok = user_script(c, "ok.sh", "#!/bin/sh\ntrue\n")
     _assert_rejected(c, ["-p", "nosuchpartition", str(ok)], "invalid partition", code=1)

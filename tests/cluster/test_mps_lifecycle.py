@@ -1,10 +1,10 @@
 """MPS lifecycle through the real Prolog/TaskProlog/Epilog of a real local Slurm cluster (no GPU here).
 
 CI has no NVIDIA driver, so ``nvidia-cuda-mps-control`` is a TEST DOUBLE written below (a shell script that
-daemonizes a sleeper named like the real daemon, writes the pid file where the real one does, logs its argv and
-CUDA_VISIBLE_DEVICES, and quits on ``quit``). Everything else is real: slurmd runs the hooks, jobs print the
-environment TaskProlog gave them, the node database is real SQLite. The real binary is exercised on the device
-(tests/gpu/test_node_gpu.py).
+daemonizes a sleeper named like the real daemon, writes the pid file where the real one does, logs its argv
+and CUDA_VISIBLE_DEVICES, and quits on ``quit``). Everything else is real: slurmd runs the hooks, jobs print
+the environment TaskProlog gave them, the node database is real SQLite. The real binary is exercised on the
+device (tests/gpu/test_node_gpu.py).
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def configure(c: Cluster, **extra: object) -> None:
     """Rewrite the cluster's coloc.yaml (hooks read it on every run)."""
-    base = {"state_dir": str(c.state_dir), "run_dir": str(c.dir / "coloc" / "run"), "log_dir": str(c.dir / "log"),
+    base = {"state_dir": str(c.state_dir), "run_dir": str(c.dir / "coloc" / "run"),
+            "log_dir": str(c.dir / "log"),
             "slurm_bin_dir": c.bin_dir, "gpu_mem_gib": 80, "sampler_autostart": False,
             "mps_control_bin": str(c.dir / "fakebin" / "nvidia-cuda-mps-control")}
     base.update(extra)
@@ -69,7 +70,8 @@ def configure(c: Cluster, **extra: object) -> None:
 
 
 def submit(c: Cluster, gres: str, script: str, user: str = "colocuser", *extra: str) -> int:
-    res = c.run(["sbatch", "--parsable", f"--gres={gres}", "-o", f"{c.jobs_dir}/%j.out", *extra, "--wrap", script],
+    res = c.run(["sbatch", "--parsable", f"--gres={gres}", "-o", f"{c.jobs_dir}/%j.out", *extra, "--wrap",
+                 script],
                 user=user)
     assert res.returncode == 0, res.stderr
     return int(res.stdout.strip().split(";")[0])
@@ -143,7 +145,8 @@ def test_two_shard_jobs_share_one_daemon_stopped_by_the_last(cluster: Cluster) -
 
 
 def test_ceiling_follows_the_largest_grant_through_real_prologs(cluster: Cluster) -> None:
-    """A small job, then a larger one on its GPU (raise), the larger ends first (lower, for new clients only)."""
+    """A small job, then a larger one on its GPU (raise), the larger ends first (lower, for new clients
+    only)."""
     configure(cluster)
     a = submit(cluster, "shard:10", "env | grep ^SLURM_JOB_GPUS; sleep 8", "colocuser", "-w", "n2")
     cluster.wait_state(a, ["RUNNING"])
@@ -157,7 +160,8 @@ def test_ceiling_follows_the_largest_grant_through_real_prologs(cluster: Cluster
         pytest.skip("the scheduler put the second job on the other GPU")
     log = (run_dir(cluster) / "mps" / f"idx{gpu}" / "log" / "control.log").read_text().splitlines()
     last_start = max(k for k, ln in enumerate(log) if ln.startswith("start"))
-    sets = [ln.split()[-1] for ln in log[last_start:] if ln.startswith("cmd set_default_device_pinned_mem_limit")]
+    sets = [ln.split()[-1] for ln in log[last_start:]
+            if ln.startswith("cmd set_default_device_pinned_mem_limit")]
     assert sets == ["10G", "30G", "10G"], log
     assert log[-1] == "quit"
 
@@ -198,4 +202,5 @@ def test_mps_mode_off_and_per_user(cluster: Cluster) -> None:
     starts = [ln for p in logs for ln in p.read_text().splitlines() if ln.startswith("start")]
     assert any(ln.startswith("start -d CUDA_VISIBLE_DEVICES=") for ln in starts), starts  # no -M
     per_user = [ln for p in logs if ".uid" in str(p) for ln in p.read_text().splitlines()]
-    assert "cmd set_default_device_pinned_mem_limit 0 2G" in per_user, per_user  # that user's grant, sent as the user
+    # that user's grant, sent as the user
+    assert "cmd set_default_device_pinned_mem_limit 0 2G" in per_user, per_user

@@ -1,14 +1,16 @@
-"""A real multi-host cluster: the controller and two compute nodes, each a host of its own (network, UTS, mount,
-IPC and PID namespaces; own address on a bridge, own hostname, own root filesystem: tests/netns_hosts.py), with
-slurm-coloc installed on each from the built Debian package by the host's own apt, and Debian's Slurm 22.05.
+"""A real multi-host cluster: the controller and two compute nodes, each a host of its own (network, UTS,
+mount, IPC and PID namespaces; own address on a bridge, own hostname, own root filesystem:
+tests/netns_hosts.py), with slurm-coloc installed on each from the built Debian package by the host's own apt,
+and Debian's Slurm 22.05.
 
-Set up as a site would: one munge key made on the controller and copied to each host's /etc/munge (each host runs
-its own munged on its own socket); slurm.conf written for the site, then ``coloc-admin enable --write`` on the
-controller and the files copied to the nodes; the state directory shared by all hosts (the NFS mount admin.md
-asks for); job files in a shared home. Daemons run from the package's systemd units (ExecStart/Environment; no
-systemd in CI). The nodes' GPUs are fake (char devices 195,N), n1's sampler replays an H100 NVML recording, n2 has
-no NVML at all (its sampler cannot start). PyTorch is a site's choice, not in the package: the package's venv gets
-this machine's torch through a .pth file, as a site with a shared torch install would do.
+Set up as a site would: one munge key made on the controller and copied to each host's /etc/munge (each host
+runs its own munged on its own socket); slurm.conf written for the site, then ``coloc-admin enable --write``
+on the controller and the files copied to the nodes; the state directory shared by all hosts (the NFS mount
+admin.md asks for); job files in a shared home. Daemons run from the package's systemd units
+(ExecStart/Environment; no systemd in CI). The nodes' GPUs are fake (char devices 195,N), n1's sampler replays
+an H100 NVML recording, n2 has no NVML at all (its sampler cannot start). PyTorch is a site's choice, not in
+the package: the package's venv gets this machine's torch through a .pth file, as a site with a shared torch
+install would do.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 SITE_GRES_CONF = "AutoDetect=off\n" + "".join(
     f"NodeName={n} Name=gpu Type=g{i} File=/opt/fakegpu/nvidia{i}\n"
-    f"NodeName={n} Name=shard Type=g{i} Count=80 File=/opt/fakegpu/nvidia{i}\n" for n in ("n1", "n2") for i in (0, 1))
+    f"NodeName={n} Name=shard Type=g{i} Count=80 File=/opt/fakegpu/nvidia{i}\n" for n in ("n1", "n2")
+    for i in (0, 1))
 COLOC_YAML = "gpu_mem_gib: 80\nprobe: false\noom_rerun_per_user_max: 100\nplacement_recent_s: 4\n"
 
 
@@ -100,10 +103,11 @@ def site(deb_package: Path) -> Iterator[Hosts]:
     subprocess.run(["chmod", "-R", "a+rX", str(shared["home"] / "examples"), str(shared["pkg"])], check=True)
     # the site's one munge key (mungekey(8) of munge 0.5.15), copied to every host below
     subprocess.run(["mungekey", "--create", "--keyfile", str(shared["site"] / "munge.key")], check=True)
-    import torch  # noqa: F401 - where this machine's torch lives
+    import torch  # where this machine's torch lives
     torch_site = str(Path(torch.__file__).parents[1])
     hosts = Hosts(tag, base / "hosts", {str(shared["pkg"]): "/srv/pkg", str(shared["site"]): "/srv/site",
-                                        str(shared["home"]): "/srv/home", str(shared["state"]): "/var/lib/slurm-coloc"})
+                                        str(shared["home"]): "/srv/home",
+                                        str(shared["state"]): "/var/lib/slurm-coloc"})
     try:
         hosts.start(["ctl", "n1", "n2"])
         with ThreadPoolExecutor(3) as pool:
@@ -112,7 +116,8 @@ def site(deb_package: Path) -> Iterator[Hosts]:
         ctl.run(f"printf %s '{SITE_SLURM_CONF}' > /etc/slurm/slurm.conf; printf %s '{SITE_GRES_CONF}' > "
                 "/etc/slurm/gres.conf")
         hosts.enable_out = ctl.run("coloc-admin enable --write").stdout  # type: ignore[attr-defined]
-        ctl.run("install -d /srv/site/slurm && cp /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/plugstack.conf "
+        ctl.run("install -d /srv/site/slurm && cp /etc/slurm/slurm.conf /etc/slurm/gres.conf "
+                "/etc/slurm/plugstack.conf "
                 "/srv/site/slurm/")
         for name, h in hosts.hosts.items():
             yaml = COLOC_YAML + ("sampler_replay_path: /srv/pkg/rec.jsonl\n" if name == "n1" else "")
@@ -127,7 +132,8 @@ def site(deb_package: Path) -> Iterator[Hosts]:
                 "[ \"$s\" = 'n1 idle n2 idle ' ] && exit 0; sleep 0.2; done; echo \"$s\"; exit 1")
         _start_unit(ctl, "coloc-placer.service")
         _start_unit(ctl, "coloc-report.service")
-        ctl.run("for i in $(seq 100); do [ -s /run/slurm-coloc/placer.json ] && exit 0; sleep 0.1; done; exit 1")
+        ctl.run("for i in $(seq 100); do [ -s /run/slurm-coloc/placer.json ] && exit 0; sleep 0.1; done; "
+                "exit 1")
     except Exception:
         for h in hosts.hosts.values():  # what the daemons said, for the failure report
             print(f"== {h.name}\n" + h.run("tail -n 20 /var/log/slurm/*.log /var/log/munge/munged.log 2>&1; "
@@ -163,7 +169,8 @@ def _wait(ctl: Host, job_id: int, timeout: float = 240) -> Dict[str, str]:
 
 
 def _sbatch(ctl: Host, args: str, env: str = "") -> subprocess.CompletedProcess:
-    return ctl.run(f"cd /srv/home/jobs && env HOME=/tmp XDG_CACHE_HOME=/tmp/xdg-{USER} {env} {args}", user=USER,
+    return ctl.run(f"cd /srv/home/jobs && env HOME=/tmp XDG_CACHE_HOME=/tmp/xdg-{USER} {env} {args}",
+                   user=USER,
                    check=False, timeout=300)
 
 
@@ -181,7 +188,8 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
         assert ("slurmd" in procs) == (name != "ctl")
         assert h.run("test -S /run/munge/munge.socket.2 && echo ok").stdout == "ok\n"
         # the package, not the repository: the product runs from /usr/lib/slurm-coloc
-        where = h.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc; print(slurm_coloc.__file__)'")
+        where = h.run("/usr/lib/slurm-coloc/venv/bin/python3 -c 'import slurm_coloc; "
+                      "print(slurm_coloc.__file__)'")
         assert where.stdout.startswith("/usr/lib/slurm-coloc/venv/lib/")
     # a credential made on n1 decodes on the controller: the same key, two munged
     cred = site["n1"].run("munge -n").stdout
@@ -199,7 +207,8 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
 def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
     ctl = site["ctl"]
     env = "PYTHON=/usr/lib/slurm-coloc/venv/bin/python3 COLOC_EXAMPLES=/srv/home/examples"
-    out = _sbatch(ctl, "coloc-sbatch --parsable -o digits-%j.out /srv/home/examples/train_digits.sh --epochs 15", env)
+    out = _sbatch(ctl, "coloc-sbatch --parsable -o digits-%j.out /srv/home/examples/train_digits.sh --epochs "
+                       "15", env)
     assert out.returncode == 0, out.stderr
     assert "held for coloc-placer" in out.stderr, out.stderr
     job_id = int(out.stdout.strip())
@@ -211,16 +220,19 @@ def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
     assert float(text.split("test_accuracy")[1].split()[0]) >= 0.95, text
     time.sleep(1.5)  # EpilogSlurmctld may still be writing
     # the node's hooks wrote the node's database (shared state directory), the controller's hooks ctld.db
-    rows = ctl.run("/usr/bin/python3 -c \"import sqlite3, json; c = sqlite3.connect('/var/lib/slurm-coloc/nodes/"
+    rows = ctl.run("/usr/bin/python3 -c \"import sqlite3, json; c = "
+                   "sqlite3.connect('/var/lib/slurm-coloc/nodes/"
                    f"{node}.db'); print(json.dumps([list(r) for r in c.execute("
                    f"'SELECT hook, ok FROM hook_runs WHERE job_id = {job_id}')]))\"").stdout
     assert ["prolog", 1] in json.loads(rows) and ["epilog", 1] in json.loads(rows)
     report = ctl.run("coloc-report --json")
     view = next(j for j in json.loads(report.stdout)["jobs"] if j["job_id"] == job_id)
-    assert view["state"] == "COMPLETED" and view["user"] == USER if "user" in view else view["state"] == "COMPLETED"
+    assert (view["state"] == "COMPLETED" and view["user"] == USER if "user" in view
+            else view["state"] == "COMPLETED")
     # the user's own report through the reader service on the controller
     mine = _sbatch(ctl, "coloc-report --json")
-    assert mine.returncode == 0 and job_id in [j["job_id"] for j in json.loads(mine.stdout)["jobs"]], mine.stderr
+    assert mine.returncode == 0 and job_id in [j["job_id"]
+                                               for j in json.loads(mine.stdout)["jobs"]], mine.stderr
     assert json.loads(ctl.run("cat /var/lib/slurm-coloc/placer.json").stdout)
     assert _drained(ctl) == ""
 
@@ -242,7 +254,8 @@ def test_oom_on_shards_reruns_once_on_a_whole_gpu_on_a_node_without_sampler(site
     done = _wait(ctl, retry)
     assert done["JobState"] == "COMPLETED" and "shard:80" in done.get("TresPerNode", ""), done
     assert "trained 10 steps with 80 GiB" in ctl.run("cat /srv/home/jobs/oom.out").stdout
-    # n2 has no NVML: its sampler could not start, said so in one line per attempt, and n2 ran both jobs undrained
+    # n2 has no NVML: its sampler could not start, said so in one line per attempt, and n2 ran both jobs
+    # undrained
     log = site["n2"].run("cat /var/log/slurm-coloc/sampler-n2.log 2>/dev/null || true").stdout
     errors = [ln for ln in log.splitlines() if " ERROR " in ln]
     assert errors and all("NVML" in ln or "nvml" in ln for ln in errors), log
@@ -255,7 +268,8 @@ def test_bad_config_on_a_node_and_a_missing_munge_key_give_one_line_and_drain_no
            "/etc/slurm-coloc/coloc.yaml")
     try:
         out = n1.run("coloc-admin config", check=False)
-        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "not valid YAML" in out.stderr
+        assert (out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+                and "not valid YAML" in out.stderr)
         out = _sbatch(ctl, "sbatch --parsable -w n1 --gres=shard:2 -o bad.out --wrap 'echo ran'")
         job = _wait(ctl, int(out.stdout.strip()))
         assert job["JobState"] == "COMPLETED"

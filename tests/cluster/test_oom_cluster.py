@@ -3,8 +3,8 @@ GRES shards are real).
 
 One campaign submits every case at once (the timeout case needs a minute), then each test checks one case:
 an OOM on shards gets exactly one rerun on a whole GPU that completes; a rerun that OOMs again is not rerun; a
-timeout, a scancel, a plain ``exit 1`` and an OOM on a whole GPU are not rerun; a planted symlink as the stderr
-path (file or directory) is not followed.
+timeout, a scancel, a plain ``exit 1`` and an OOM on a whole GPU are not rerun; a planted symlink as the
+stderr path (file or directory) is not followed.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 
 USER = "colocuser"
 SHA = "0123456789abcdef" * 4
-OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB"  # noqa: E501
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+            "of 79.18 GiB")
 SLEEPER = f"#!/bin/bash\necho '{OOM_LINE}' >&2\nsleep 600\n"
 PLAIN_FAIL = "#!/bin/bash\necho 'ValueError: bad config' >&2\nexit 1\n"
 # The job replaces its own stderr file by a symlink to a root-owned, world-readable file that holds an OOM
@@ -83,25 +84,30 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
     (work / "d").mkdir()
     shutil.chown(work / "d", USER, USER)
     comment = f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,"sha256":"{SHA}"}}'
-    # 24.11 records the batch script alone (its arguments are nowhere a hook can read: docs/slurm-versions.md), so
-    # a plain sbatch's "200" cannot reach the rerun there (it would rerun with the default need and complete);
-    # coloc-sbatch carries the arguments in the comment's argv, the rerun's only source on 24.11: "again" carries
-    # them as coloc-sbatch writes them. 22.05 (command) and 26.05 (submit_line) keep them: plain sbatch there.
+    # 24.11 records the batch script alone (its arguments are nowhere a hook can read:
+    # docs/slurm-versions.md), so a plain sbatch's "200" cannot reach the rerun there (it would rerun with the
+    # default need and complete); coloc-sbatch carries the arguments in the comment's argv, the rerun's only
+    # source on 24.11: "again" carries them as coloc-sbatch writes them. 22.05 (command) and 26.05
+    # (submit_line) keep them: plain sbatch there.
     again_comment = [f'--comment=coloc:{{"v":1,"mode":"shard","shards":4,"mem_mib":3500,"sha256":"{SHA[::-1]}",'
                      f'"argv":["200"]}}'] if c.version == "24.11" else []
     ids = {
-        "oom": _sbatch(c, work, ["-J", "oom-once", "--gres=shard:4", "-t", "10", "-o", "once.out", "-e", "once.err",
+        "oom": _sbatch(c, work,
+                       ["-J", "oom-once", "--gres=shard:4", "-t", "10", "-o", "once.out", "-e", "once.err",
                                  comment, str(job), "8"]),
-        "again": _sbatch(c, work, ["-J", "oom-again", "--gres=shard:4", "-o", "again.out", *again_comment, str(job),
+        "again": _sbatch(c, work,
+                         ["-J", "oom-again", "--gres=shard:4", "-o", "again.out", *again_comment, str(job),
                                    "200"]),
         "timeout": _sbatch(c, work, ["-J", "oom-timeout", "--gres=shard:2", "-t", "1", "-o", "timeout.out",
                                      str(work / "sleeper.sh")]),
         "cancel": _sbatch(c, work, ["-J", "oom-cancel", "--gres=shard:2", "-o", "cancel.out",
                                     str(work / "sleeper.sh")]),
-        "plain": _sbatch(c, work, ["-J", "plain-fail", "--gres=shard:2", "-o", "plain.out", str(work / "plain.sh")]),
+        "plain": _sbatch(c, work,
+                         ["-J", "plain-fail", "--gres=shard:2", "-o", "plain.out", str(work / "plain.sh")]),
         "whole": _sbatch(c, work, ["-J", "oom-whole", "--gres=shard:80", "-o", "whole.out", str(job), "200"]),
         "file_link": _sbatch(c, work, ["-J", "link-file", "--gres=shard:2", "-o", "fl.out", "-e", "fl.err",
-                                       str(work / "file_link.sh"), str(work / "fl.err"), str(bait_dir / "err.txt")]),
+                                       str(work / "file_link.sh"), str(work / "fl.err"),
+                                       str(bait_dir / "err.txt")]),
         "dir_link": _sbatch(c, work, ["-J", "link-dir", "--gres=shard:2", "-o", "dl.out", "-e", "d/err.txt",
                                       str(work / "dir_link.sh"), str(work / "d"), str(bait_dir)]),
     }
@@ -134,8 +140,8 @@ def test_oom_on_shards_gets_exactly_one_rerun_on_a_whole_gpu_that_completes(slur
     root_sha = hashlib.sha256((work / "oom_job.sh").read_bytes()).hexdigest()
     assert row.fence_mib == 4096 and row.script_sha256 == root_sha != SHA and row.retry_state == "COMPLETED"
     assert row.evidence["messages"][0][0] == "torch.OutOfMemoryError"
-    # the campaign's other OOM jobs run the same script as the same user, so they share this key: this job's fence
-    # is among them, and a rerun that died again adds the whole GPU's fence
+    # the campaign's other OOM jobs run the same script as the same user, so they share this key: this job's
+    # fence is among them, and a rerun that died again adds the whole GPU's fence
     hist = store_oom.history_peaks_mib(open_readonly(c.ctld_db), root_sha, pwd.getpwnam(USER).pw_uid)
     assert 4096 in hist and set(hist) <= {4096, 81920}, hist
     assert store_oom.history_peaks_mib(open_readonly(c.ctld_db), SHA, pwd.getpwnam(USER).pw_uid) == []

@@ -1,11 +1,11 @@
-"""Honest jobs that outgrow their 2 GiB grant get their OOM rerun, whatever their allocation pattern, and fake OOM
-lines do not (issue 31, "the lost rerun"), on a real Slurm cluster of any version (``COLOC_SLURM``).
+"""Honest jobs that outgrow their 2 GiB grant get their OOM rerun, whatever their allocation pattern, and fake
+OOM lines do not (issue 31, "the lost rerun"), on a real Slurm cluster of any version (``COLOC_SLURM``).
 
 No GPU here: while each 2-shard job runs, the test stores what the sampler would have recorded for it
-(tests/oom_patterns.py, SYNTHETIC series, through the sampler's own ``write_rows`` into the node database); the job
-then prints PyTorch's OOM message and fails. The real EpilogSlurmctld reads that evidence, the job's stderr and the
-budget, and reruns it on a whole GPU, where the job sees 80 shards and completes. The same patterns run on a real
-GPU in tests/gpu/test_honest_rerun.py.
+(tests/oom_patterns.py, SYNTHETIC series, through the sampler's own ``write_rows`` into the node database);
+the job then prints PyTorch's OOM message and fails. The real EpilogSlurmctld reads that evidence, the job's
+stderr and the budget, and reruns it on a whole GPU, where the job sees 80 shards and completes. The same
+patterns run on a real GPU in tests/gpu/test_honest_rerun.py.
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def patterns(slurm_cluster: Cluster) -> Dict[str, Dict]:
         shutil.chown(script, USER, USER)
         script.chmod(0o755)
         out = c.run(["sbatch", "--parsable", "-J", name, f"--gres=shard:{GRANT_SHARDS}", "-t", "5",
-                     "-o", f"{name}.out", "-e", f"{name}.err", str(script), str(flags / name)], user=USER, cwd=work)
+                     "-o", f"{name}.out", "-e", f"{name}.err", str(script), str(flags / name)], user=USER,
+                     cwd=work)
         assert out.returncode == 0, out.stderr
         jobs[name] = {"id": int(out.stdout.strip().split(";")[0])}
     for name, job in jobs.items():
@@ -68,8 +69,8 @@ def patterns(slurm_cluster: Cluster) -> Dict[str, Dict]:
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_honest_pattern_gets_one_rerun_that_completes_and_fakes_none(slurm_cluster: Cluster, patterns,
                                                                       name: str) -> None:
-    """Before the fix, ``one-alloc-first-step`` was not rerun ("the sampler watched its GPU and saw no memory of
-    this job")."""
+    """Before the fix, ``one-alloc-first-step`` was not rerun ("the sampler watched its GPU and saw no memory
+    of this job")."""
     c, job = slurm_cluster, patterns["jobs"][name]
     assert job["final"]["job_state"] == "FAILED"
     deadline = time.time() + 30

@@ -1,10 +1,10 @@
-"""coloc-placer's ``throughput`` policy on bad input, on a real Slurm cluster with typed shards (2 slurmd x 2 fake
-GPUs, ``COLOC_SLURM``): missing, corrupt or stale history, a GPU whose sampler is silent, a job without FLOPs or
-signature. Each time the placer places by memory (or, where it has to wait, releases the job by memory once
-``placement_max_wait_s`` has passed) and says so in one log line, however many rounds run.
+"""coloc-placer's ``throughput`` policy on bad input, on a real Slurm cluster with typed shards (2 slurmd x 2
+fake GPUs, ``COLOC_SLURM``): missing, corrupt or stale history, a GPU whose sampler is silent, a job without
+FLOPs or signature. Each time the placer places by memory (or, where it has to wait, releases the job by
+memory once ``placement_max_wait_s`` has passed) and says so in one log line, however many rounds run.
 
-GPU state is written into the node databases as in ``test_placement_cluster.py`` (whose fixtures and helpers this
-module uses: an H100 recording for light GPUs, synthetic rows at SM activity 85 % for a saturated one).
+GPU state is written into the node databases as in ``test_placement_cluster.py`` (whose fixtures and helpers
+this module uses: an H100 recording for light GPUs, synthetic rows at SM activity 85 % for a saturated one).
 """
 from __future__ import annotations
 
@@ -41,8 +41,10 @@ def comment(place: bool, sha: Optional[str] = SHA) -> str:
     return "coloc:" + json.dumps(c, separators=(",", ":"))
 
 
-def submit(cl: Cluster, place: bool = True, sha: Optional[str] = SHA, node: str = "n1", index: int = 0) -> int:
-    """A held placer job (``place``), or a running shard job of the same signature on ``node``/GPU ``index``."""
+def submit(cl: Cluster, place: bool = True, sha: Optional[str] = SHA, node: str = "n1",
+           index: int = 0) -> int:
+    """A held placer job (``place``), or a running shard job of the same signature on ``node``/GPU
+    ``index``."""
     argv = ["sbatch", "--parsable", "--wrap=sleep 120", "-o", "/dev/null", "--comment=" + comment(place, sha)]
     argv += ["--hold"] if place else [f"--gres=shard:g{index}:4", f"--nodelist={node}"]
     out = cl.run(argv)
@@ -77,7 +79,8 @@ def two_tenants_rest_full(cl: Cluster) -> List[int]:
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt"])
-def test_missing_or_corrupt_history_file_places_by_memory_with_one_line(cl: Cluster, tmp_path: Path, kind: str,
+def test_missing_or_corrupt_history_file_places_by_memory_with_one_line(cl: Cluster, tmp_path: Path,
+                                                                        kind: str,
                                                                          caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "history.json"
     if kind == "corrupt":
@@ -101,7 +104,8 @@ def test_stale_history_is_ignored_and_a_job_at_the_bound_is_released_by_max_wait
     two_tenants_rest_full(cl)
     caplog.set_level("INFO", logger="slurm_coloc.placer")
     # fresh history: 0.9 x 3 = 2.7 -> slowdown 2.62 > 2: the job waits, with the reason shown to the user
-    fresh = tcfg(cl, placement_history_path=str(history_file(tmp_path / "fresh.json")), placement_max_wait_s=4.0)
+    fresh = tcfg(cl, placement_history_path=str(history_file(tmp_path / "fresh.json")),
+                 placement_max_wait_s=4.0)
     job = submit(cl)
     state = PlacerState()
     counts = place_round(fresh, state, env=cl.env)
@@ -133,9 +137,9 @@ def test_silent_sampler_gpu_takes_jobs_by_memory_with_one_line(cl: Cluster,
     state = PlacerState()
     jobs = []
     for _ in range(2):
-        # a signature no earlier test of this module ran (their runs of SHA may have had a GPU alone while this
-        # test's saturated rows were written, which would give SHA a measured history): the gate where the sampler
-        # speaks, else memory
+        # a signature no earlier test of this module ran (their runs of SHA may have had a GPU alone while
+        # this test's saturated rows were written, which would give SHA a measured history): the gate where
+        # the sampler speaks, else memory
         jobs.append(submit(cl, sha="cd" * 32))
         counts = place_round(tcfg(cl), state, env=cl.env)
         assert counts["placed"] == 1, counts

@@ -1,13 +1,13 @@
-"""``benchmarks/device/placement_bench.py`` end to end on CPU: the device harness (``cluster_gpu.sh``, real Slurm
-22.05.8 from the carried bundle, typed shards) with one fake GPU, a tiny plan (3 pile jobs that sleep 4 s), every
-pass through ``coloc-sbatch`` as ``colocuser``, then ``benchmarks/placement_combine.py``.
+"""``benchmarks/device/placement_bench.py`` end to end on CPU: the device harness (``cluster_gpu.sh``, real
+Slurm 22.05.8 from the carried bundle, typed shards) with one fake GPU, a tiny plan (3 pile jobs that sleep 4
+s), every pass through ``coloc-sbatch`` as ``colocuser``, then ``benchmarks/placement_combine.py``.
 
 The GPU is fake, so a thread stands in for the sampler: every 0.5 s it writes one ``gpu_samples`` row into the
 node database, a frame of the H100 recording ``tests/data/nvml/h100_mps_2jobs.jsonl`` with SM activity 45 %,
 SM occupancy 30 % and DRAM activity 30 % (synthetic values: one busy job's worth; two of them cross the gate).
 The exclusive passes then measure every job's activity alone from those rows, the aware pass gets them as the
-placer's history (``--alone`` -> ``placement_history_path``), and the placer must keep the jobs apart: a GPU at
-45 % with a 45 % candidate is predicted saturated, so each job waits until the GPU is empty.
+placer's history (``--alone`` -> ``placement_history_path``), and the placer must keep the jobs apart: a GPU
+at 45 % with a 45 % candidate is predicted saturated, so each job waits until the GPU is empty.
 
 Needs root and ``.carry/slurm-bundle.tar.gz`` (``benchmarks/device/build_bundle.sh``); ``COLOC_BENCH_PYTHON``
 (default: this interpreter) must be a Python whose site-packages hold the project's dependencies.
@@ -34,7 +34,8 @@ pytestmark = pytest.mark.slurm
 
 
 class FakeSampler(threading.Thread):
-    """Writes one recorded-frame row (SMACT 45 %, SMOCC 30 %, DRAMA 30 %) every 0.5 s into the node database."""
+    """Writes one recorded-frame row (SMACT 45 %, SMOCC 30 %, DRAMA 30 %) every 0.5 s into the node
+    database."""
 
     def __init__(self, db_path: Path) -> None:
         super().__init__(daemon=True)
@@ -56,7 +57,7 @@ class FakeSampler(threading.Thread):
             while not self.stop.is_set():
                 try:  # the hooks write the same database: a busy moment must not end the thread
                     store_samples.write_rows(db, store_samples.gpu_rows(time.time(), [g], 0.5), [])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self.errors.append(repr(exc))
                 self.stop.wait(0.5)
         finally:
@@ -74,7 +75,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]
     root = Path(f"/tmp/coloc-test-bench-{os.getpid()}")
     env = {**os.environ, "COLOC_BENCH_ROOT": str(root), "COLOC_BENCH_FAKE_GPUS": "1",
            "COLOC_BENCH_PORT": str(pick_port_base()),
-           "COLOC_BENCH_PYTHON": os.environ.get("COLOC_BENCH_PYTHON", sys.executable), "PYTHONUNBUFFERED": "1"}
+           "COLOC_BENCH_PYTHON": os.environ.get("COLOC_BENCH_PYTHON", sys.executable),
+           "PYTHONUNBUFFERED": "1"}
     work = tmp_path_factory.mktemp("bench")
     sys.path.insert(0, str(REPO / "benchmarks" / "device"))
     import placement_plan
@@ -97,7 +99,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]
 
 def bench(h: Dict[str, Any], out: str, *args: str) -> Path:
     d = h["work"] / out
-    proc = subprocess.run([sys.executable, str(BENCH), *args, "--plan", str(h["work"] / "plan.json"), "--out", str(d),
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--plan", str(h["work"] / "plan.json"), "--out",
+                           str(d),
                            "--budget-s", "150"], env=h["env"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return d
@@ -108,8 +111,10 @@ def spans(f: Dict[str, Any]) -> List[List[float]]:
 
 
 def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> None:
-    e1 = json.loads((bench(harness, "e1", "pile-exclusive", "--part", "1/2") / "pile-exclusive-part1.json").read_text())
-    e2 = json.loads((bench(harness, "e2", "pile-exclusive", "--part", "2/2") / "pile-exclusive-part2.json").read_text())
+    e1 = json.loads((bench(harness, "e1", "pile-exclusive", "--part",
+                           "1/2") / "pile-exclusive-part1.json").read_text())
+    e2 = json.loads((bench(harness, "e2", "pile-exclusive", "--part",
+                           "2/2") / "pile-exclusive-part2.json").read_text())
     assert e1["complete"] and e2["complete"] and [len(e1["jobs"]), len(e2["jobs"])] == [2, 1]
     excl = e1["jobs"] + e2["jobs"]
     assert [j["state"] for j in excl] == ["COMPLETED"] * 3 and [j["index"] for j in excl] == [0, 1, 2]
@@ -123,8 +128,8 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     assert second[0] >= first[1]  # FIFO on the whole GPU: one after the other
     alone = [str(harness["work"] / "e1" / "pile-exclusive-part1.json"),
              str(harness["work"] / "e2" / "pile-exclusive-part2.json")]
-    # live state up to 60 s old still counts: on the shared 2-core VM the fake sampler's rows have lagged by more
-    # than the bench's 15 s while the cluster was busy, and the gate then (rightly) packs by memory
+    # live state up to 60 s old still counts: on the shared 2-core VM the fake sampler's rows have lagged by
+    # more than the bench's 15 s while the cluster was busy, and the gate then (rightly) packs by memory
     d = bench(harness, "ba", "pile-throughput", "pile-blind", "pile-aware", "--alone", *alone,
               "--placer-set", "placement_state_max_age_s=60")
     blind = json.loads((d / "pile-blind.json").read_text())
@@ -133,13 +138,15 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     b = spans(blind)
     assert max(s for s, _ in b) < min(e for _, e in b)  # blind: all three ran at once (memory fits)
     assert aware["placer"]["placed_history"] == 3 and aware["placer"]["wait_notes"] >= 1, \
-        (harness["sampler"].errors[-5:], harness["sampler"].is_alive(), (d / "placer.log").read_text()[-3000:])
+        (harness["sampler"].errors[-5:], harness["sampler"].is_alive(),
+         (d / "placer.log").read_text()[-3000:])
     a = spans(aware)
-    assert all(nxt[0] >= cur[1] for cur, nxt in zip(a, a[1:])), (  # aware: 45 % + 45 % saturates: one at a time
+    assert all(nxt[0] >= cur[1] for cur,
+               nxt in zip(a, a[1:])), (  # aware: 45 % + 45 % saturates: one at a time
         a, harness["sampler"].errors[-3:], (d / "placer.log").read_text()[-1500:])
     assert aware["metrics"]["max_run_slowdown"] is not None and aware["metrics"]["ooms"] == 0
-    # throughput: 3 x 45 % alone = 1.35 -> predicted slowdown 1.35 / 1.03 = 1.31 <= 2: all three at once, by the
-    # model (history: activity and run time alone from the exclusive passes), each on the one GPU
+    # throughput: 3 x 45 % alone = 1.35 -> predicted slowdown 1.35 / 1.03 = 1.31 <= 2: all three at once, by
+    # the model (history: activity and run time alone from the exclusive passes), each on the one GPU
     tp = json.loads((d / "pile-throughput.json").read_text())
     assert tp["complete"] and tp["placer_policy"] == "throughput" and tp["metrics"]["ooms"] == 0
     assert tp["placer"]["placed_by_model"] == 2 and tp["placer"]["placed_empty_gpu"] == 1, tp["placer"]
@@ -152,4 +159,5 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "| gate (aware) | 3 |" in proc.stdout and "| throughput | 3 |" in proc.stdout
-    assert "fake-GPU run" in proc.stdout and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout
+    assert ("fake-GPU run" in proc.stdout
+            and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout)

@@ -2,10 +2,10 @@
 ``COLOC_GRES_TYPED=1``).
 
 The GPUs are fake, so their live state is written into the node databases: light GPUs get the frames of the
-H100 recording ``tests/data/nvml/h100_mps_2jobs.jsonl`` (two MPS clients, SM activity ~15 %), re-stamped to now;
-a saturated GPU gets rows at SM activity 85 % (the top of what the 14-job pile read on the H100, issue text) with
-SM occupancy 50 % and DRAM activity 45 %, which are synthetic values above the gate (no saturated recording
-exists yet). Rounds are run in-process (``place_round``) so each test decides when the placer acts.
+H100 recording ``tests/data/nvml/h100_mps_2jobs.jsonl`` (two MPS clients, SM activity ~15 %), re-stamped to
+now; a saturated GPU gets rows at SM activity 85 % (the top of what the 14-job pile read on the H100, issue
+text) with SM occupancy 50 % and DRAM activity 45 %, which are synthetic values above the gate (no saturated
+recording exists yet). Rounds are run in-process (``place_round``) so each test decides when the placer acts.
 """
 from __future__ import annotations
 
@@ -102,8 +102,9 @@ def submit_held(cl: Cluster, shards: int, gres: Optional[str] = None, node: Opti
 
 
 def gpu_of(cl: Cluster, job_id: int, timeout: float = 40) -> Tuple[str, int]:
-    """(node, GPU index) a job runs on, from ``scontrol show job -d`` once it runs: the per-node ``GRES=`` item in
-    either version's form (22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``: ``gres_detail_counts``)."""
+    """(node, GPU index) a job runs on, from ``scontrol show job -d`` once it runs: the per-node ``GRES=``
+    item in either version's form (22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``:
+    ``gres_detail_counts``)."""
     j = cl.wait_state(job_id, ("RUNNING",), timeout)
     detail = cl.scontrol("show", "job", "-d", str(job_id))
     items = __import__("re").findall(r"\bGRES=((?:shard|gpu):g\d+:[1-9]\d*\([^)]*\))", detail)
@@ -145,7 +146,8 @@ def test_saturated_gpu_takes_no_tenant_job_waits_with_reason_then_starts(cl: Clu
     counts = run_round(cl, state)
     assert counts["waiting"] == 1 and counts["placed"] == 0, counts
     rec = cl.job(job)
-    assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldAdmin"  # the round held it as admin
+    # the round held it as admin
+    assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldAdmin"
     shown = cl.run(["squeue", "-h", "-j", str(job), "-o", "%i %r %k"], user=None).stdout
     assert "coloc-wait:every GPU with room is saturated: n1/gpu0 saturated now" in shown, shown
     cl.run(["scancel", str(full[2])], user=None)  # n2/gpu1 frees
@@ -182,7 +184,8 @@ def test_placer_cli_one_round_and_release_all(cl: Cluster) -> None:
     assert "shard:3" in cl.job(held)["tres_per_node"]
 
 
-def test_coloc_sbatch_plan_submitted_for_the_placer_runs_on_the_chosen_gpu(cl: Cluster, tmp_path: Path) -> None:
+def test_coloc_sbatch_plan_submitted_for_the_placer_runs_on_the_chosen_gpu(cl: Cluster,
+                                                                           tmp_path: Path) -> None:
     """The aware replay's path: coloc-sbatch's real plan (``--dry-run``), held without GRES, steered, run."""
     import subprocess
 

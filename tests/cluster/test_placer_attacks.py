@@ -31,7 +31,8 @@ def _rec(cl: Cluster, job: int) -> Dict:  # noqa: F811
 
 
 BAD_COMMENTS = [
-    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[' + BIG_INT + ']}}',  # N3 as reported
+    # N3 as reported
+    'coloc:{"place":true,"shards":2,"spec":{"batch_size":1,"input_shape":[' + BIG_INT + ']}}',
     'coloc:{"place":true,"shards":2,"flops_per_step":NaN}',  # N10: a NaN prediction
     'coloc:{"place":true,"shards":2,"spec":{"batch_size":1048576,"input_shape":[16777216,16777216,16777216]}}',
     'coloc:{"place":true,"shards":' + "9" * 30 + '}',  # before: Gres=shard:g0:999... handed to scontrol
@@ -40,9 +41,10 @@ BAD_COMMENTS = [
 
 
 def test_bad_comments_never_stop_a_round_and_their_jobs_stay_as_their_user_held_them(cl: Cluster) -> None:  # noqa: F811
-    """N3: before, the first comment made every round fail ("int too large to convert to float") and every other
-    user's held job waited for the fallback timer. Now each bad comment is no annotation (one log line): the job is
-    no candidate, stays user-held and untouched, and the victim's job is placed in the same round."""
+    """N3: before, the first comment made every round fail ("int too large to convert to float") and every
+    other user's held job waited for the fallback timer. Now each bad comment is no annotation (one log line):
+    the job is no candidate, stays user-held and untouched, and the victim's job is placed in the same
+    round."""
     bad = [_held_as(cl, ATTACKER, c) for c in BAD_COMMENTS]
     victim = submit_held(cl, 2)  # colocuser, submitted after the attacker's jobs
     counts = run_round(cl, PlacerState())
@@ -52,19 +54,21 @@ def test_bad_comments_never_stop_a_round_and_their_jobs_stay_as_their_user_held_
         rec = _rec(cl, job)
         assert rec["job_state"] == "PENDING" and rec["state_reason"] == "JobHeldUser", rec
         assert rec["comment"] == comment and not rec["tres_per_node"]  # nothing was written to it
-    log = cl.run(["coloc-placer", "run", "--rounds", "1"], user=None)  # the daemon's own log: one line per job
+    log = cl.run(["coloc-placer", "run", "--rounds", "1"],
+                 user=None)  # the daemon's own log: one line per job
     assert log.returncode == 0, log.stderr
     for job in bad:
         assert log.stderr.count(f"job {job}: coloc comment ignored") == 1, log.stderr
 
 
 def test_words_in_a_comment_never_become_options_of_roots_scontrol(cl: Cluster) -> None:  # noqa: F811
-    """Fourth campaign: the placer writes the user's comment back with ``scontrol update ... Comment=<text>`` (the
-    wait note). Option-like words, a newline and ``|`` in it stay text: the job's GRES, nodes and partition are
-    unchanged, and the note keeps the user's text after its one ``|``."""
+    """Fourth campaign: the placer writes the user's comment back with ``scontrol update ... Comment=<text>``
+    (the wait note). Option-like words, a newline and ``|`` in it stay text: the job's GRES, nodes and
+    partition are unchanged, and the note keeps the user's text after its one ``|``."""
     texts = ["x NodeList=n2 Gres=gpu:g0:1 Partition=nope TimeLimit=UNLIMITED Priority=1000000",
              "a\nNodeList=n2\nGres=gpu:2", "coloc-wait:fake|Gres=gpu:1 |"]
-    jobs = [_held_as(cl, ATTACKER, t + ' coloc:{"place":true,"shards":200}') for t in texts]  # fits no GPU: waits
+    jobs = [_held_as(cl, ATTACKER, t + ' coloc:{"place":true,"shards":200}')
+            for t in texts]  # fits no GPU: waits
     before = {j: _rec(cl, j) for j in jobs}
     counts = run_round(cl, PlacerState())
     assert counts["waiting"] == 3 and counts["errors"] == 0, counts
@@ -74,13 +78,15 @@ def test_words_in_a_comment_never_become_options_of_roots_scontrol(cl: Cluster) 
         assert rec["partition"] == before[job]["partition"] and rec["time_limit"] == before[job]["time_limit"]
         assert not rec.get("required_nodes") and rec["priority"] == before[job]["priority"]
         assert rec["comment"].startswith("coloc-wait:no GPU has 200 free shards")
-        assert rec["comment"].split("|", 1)[1] == text.split("|", 1)[1] + ' coloc:{"place":true,"shards":200}' \
+        assert rec["comment"].split("|", 1)[1] == text.split("|",
+                                                             1)[1] + ' coloc:{"place":true,"shards":200}' \
             if text.startswith("coloc-wait:") else rec["comment"].endswith(text + ' coloc:{"place":true,"shards":200}')
 
 
 def test_a_flood_of_held_jobs_does_not_starve_a_later_users_job(cl: Cluster) -> None:  # noqa: F811
-    """Fourth campaign: 25 held jobs of colocuser2 that fit no GPU, all older than colocuser's job: the victim is
-    placed in the first round (each job is decided on its own; a waiting job takes nothing from later ones)."""
+    """Fourth campaign: 25 held jobs of colocuser2 that fit no GPU, all older than colocuser's job: the victim
+    is placed in the first round (each job is decided on its own; a waiting job takes nothing from later
+    ones)."""
     flood: List[int] = [_held_as(cl, ATTACKER, 'coloc:{"place":true,"shards":500}') for _ in range(25)]
     time.sleep(1)
     victim = submit_held(cl, 2)
@@ -94,8 +100,9 @@ def test_a_flood_of_held_jobs_does_not_starve_a_later_users_job(cl: Cluster) -> 
 
 
 def test_a_wait_note_slurm_refuses_is_tried_once_not_every_round(cl: Cluster) -> None:  # noqa: F811
-    """Fourth campaign: a user comment of ~1,000 characters leaves no room for the placer's wait note (Slurm refuses
-    a comment over 1,024 characters): before, the update was retried and warned about in every round."""
+    """Fourth campaign: a user comment of ~1,000 characters leaves no room for the placer's wait note (Slurm
+    refuses a comment over 1,024 characters): before, the update was retried and warned about in every
+    round."""
     job = _held_as(cl, ATTACKER, "x" * 960 + ' coloc:{"place":true,"shards":200}')
     state = PlacerState()
     first = run_round(cl, state)

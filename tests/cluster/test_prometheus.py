@@ -119,15 +119,17 @@ def prometheus(tmp_path: Path) -> Iterator[Dict[str, object]]:
 def _sampler(c: Cluster, node: str, port: int, pid_map: str, log: Path) -> subprocess.Popen:
     env = {**c.env, "COLOC_EXPORTER_PORT": str(port), "COLOC_EXPORTER_BIND_ADDRESS": "127.0.0.1",
            "COLOC_SAMPLER_INTERVAL_S": "0.2"}
-    return subprocess.Popen([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", node, "--replay",
+    return subprocess.Popen([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", node,
+                             "--replay",
                              str(REC), "--pid-map", pid_map, "--foreground-log"], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
 
 
 def _own_sampler(c: Cluster, cfg: config_mod.Config, node: str, port: int, pid_map: str,
                  tmp_path: Path) -> subprocess.Popen:
-    """Our replaying sampler holding the node's lock. The Prolog may have started one (no NVML here: it takes the
-    lock, fails and exits); while it holds the lock ours would exit at once, so stop it or start ours again."""
+    """Our replaying sampler holding the node's lock. The Prolog may have started one (no NVML here: it takes
+    the lock, fails and exits); while it holds the lock ours would exit at once, so stop it or start ours
+    again."""
     for _ in range(20):
         old: Optional[int] = running_pid(cfg, node)
         if old and old > 0:
@@ -151,7 +153,8 @@ def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: 
     base, ports = prometheus["base"], prometheus["ports"]
     jobs: Dict[str, int] = {}
     for node, gres in (("n1", "--gres=shard:4"), ("n2", "--gres=gpu:1")):
-        res = c.run(["sbatch", "--parsable", "-w", node, gres, "-t", "3", "-o", "/dev/null", "--wrap", "sleep 120"])
+        res = c.run(["sbatch", "--parsable", "-w", node, gres, "-t", "3", "-o", "/dev/null", "--wrap",
+                     "sleep 120"])
         assert res.returncode == 0, res.stderr
         jobs[node] = int(res.stdout.strip().split(";")[0])
     samplers: List[subprocess.Popen] = []
@@ -170,7 +173,8 @@ def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: 
         assert float(res[0]["value"][1]) == 4 * GIB
         res = _until(base, f'coloc_job_gpu_memory_granted_bytes{{jobid="{j2}"}}', lambda r: len(r) == 1)
         assert (res[0]["metric"]["node"], res[0]["metric"]["mode"]) == ("n2", "whole")
-        # The replayed client's memory reaches the job through its live pid (frames with it recur every ~11 s).
+        # The replayed client's memory reaches the job through its live pid (frames with it recur every ~11
+        # s).
         _until(base, f'max_over_time(coloc_job_gpu_memory_used_bytes{{jobid="{j1}"}}[30s])',
                lambda r: len(r) == 1 and float(r[0]["value"][1]) >= 552 * (1 << 20))
         _until(base, f'coloc_job_gpu_energy_joules_total{{jobid="{j1}"}}',

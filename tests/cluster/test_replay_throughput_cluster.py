@@ -1,7 +1,8 @@
-"""``coloc-replay run --mode throughput`` end to end on a real Slurm cluster with typed shards (the fixtures of
-``test_placement_cluster.py``: 2 slurmd x 2 fake GPUs), with a ``coloc-placer run`` daemon under
-``placement_policy: throughput``: the tiny trace's two tasks are submitted held, the placer steers them onto typed
-GPUs (spread: one per GPU), both complete, and the result carries the worst slowdowns and SM activity per GPU.
+"""``coloc-replay run --mode throughput`` end to end on a real Slurm cluster with typed shards (the fixtures
+of ``test_placement_cluster.py``: 2 slurmd x 2 fake GPUs), with a ``coloc-placer run`` daemon under
+``placement_policy: throughput``: the tiny trace's two tasks are submitted held, the placer steers them onto
+typed GPUs (spread: one per GPU), both complete, and the result carries the worst slowdowns and SM activity
+per GPU.
 """
 from __future__ import annotations
 

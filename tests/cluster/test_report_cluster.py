@@ -23,7 +23,8 @@ def _submit(cluster: Cluster, user: str, name: str, sleep_s: int = 1) -> int:
     script = cluster.jobs_dir / f"{name}.sh"
     script.write_text(f"#!/bin/sh\nsleep {sleep_s}\n")
     os.chmod(script, 0o644)
-    proc = cluster.run(["coloc-sbatch", "--parsable", "--coloc-mem", "2G", "-J", name, str(script)], user=user)
+    proc = cluster.run(["coloc-sbatch", "--parsable", "--coloc-mem", "2G", "-J", name, str(script)],
+                       user=user)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip())
 
@@ -105,7 +106,8 @@ def test_admin_comment_and_visibility(slurm_cluster: Cluster):
         assert mine in seen["colocuser"] and theirs not in seen["colocuser"], problems
         assert set(seen["colocuser"].values()) == {"colocuser"}
         assert {mine, theirs} <= set(seen["colocuser2"]) and {mine, theirs} <= set(seen[None])
-        users = slurm_cluster.run(["coloc-report", "users", "--json", "--config", str(yaml)], user="colocuser")
+        users = slurm_cluster.run(["coloc-report", "users", "--json", "--config", str(yaml)],
+                                  user="colocuser")
         assert [u["user"] for u in json.loads(users.stdout)["users"]] == ["colocuser"]
         table = slurm_cluster.run(["coloc-report", "--config", str(yaml)], user="colocuser")
         assert table.returncode == 0 and str(mine) in table.stdout and "│ colocuser2" not in table.stdout

@@ -75,8 +75,10 @@ def test_replay_rows_attributed_to_real_slurm_job(slurm_cluster, tmp_path: Path)
     cfg = _cfg(tmp_path, sampler_batch_s=0.5)
     conf = _write_cfg(cfg, tmp_path / "c.yaml")
     try:
-        out = subprocess.run([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "t1", "--replay",
-                              str(REC), "--pid-map", f"{rec_pid}={pid}", "--interval-s", "0.1", "--duration-s", "7",
+        out = subprocess.run([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "t1",
+                              "--replay",
+                              str(REC), "--pid-map", f"{rec_pid}={pid}", "--interval-s", "0.1",
+                              "--duration-s", "7",
                               "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO,
                              capture_output=True, text=True, timeout=60)
     finally:
@@ -95,8 +97,9 @@ TRAINER = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c'
 
 
 def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path) -> None:
-    """A real Slurm job: an idle Python process (standing in for the CUDA process: the recording's pid is mapped
-    onto it) with one busy child (a loader worker). The sampler records the job's CPU use split between them."""
+    """A real Slurm job: an idle Python process (standing in for the CUDA process: the recording's pid is
+    mapped onto it) with one busy child (a loader worker). The sampler records the job's CPU use split between
+    them."""
     res = slurm_cluster.run(["sbatch", "--parsable", "--gres=shard:2", "--wrap", f'python3 -c "{TRAINER}"'])
     assert res.returncode == 0, res.stderr
     jid = int(res.stdout.strip())
@@ -117,7 +120,8 @@ def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path
             break
         time.sleep(0.1)
     assert pid, "no training process of the job found in /proc"
-    for _ in range(100):  # its worker forked (found by /proc/<pid>/cmdline as soon as it exec'ed, before the fork)
+    # its worker forked (found by /proc/<pid>/cmdline as soon as it exec'ed, before the fork)
+    for _ in range(100):
         if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
             break
         time.sleep(0.1)
@@ -125,12 +129,15 @@ def test_cpu_use_of_a_real_slurm_jobs_process_tree(slurm_cluster, tmp_path: Path
     cfg = _cfg(tmp_path, sampler_batch_s=0.5)
     conf = _write_cfg(cfg, tmp_path / "c.yaml")
     try:
-        out = subprocess.run([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "t1", "--replay",
-                              str(REC), "--pid-map", f"{rec_pid}={pid}", "--interval-s", "0.5", "--duration-s", "12",
+        out = subprocess.run([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "t1",
+                              "--replay",
+                              str(REC), "--pid-map", f"{rec_pid}={pid}", "--interval-s", "0.5",
+                              "--duration-s", "12",
                               "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO,
                              capture_output=True, text=True, timeout=60)
         affinity = len(os.sched_getaffinity(pid))
-        env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
+        env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                   if b"=" in x)
     finally:
         slurm_cluster.run(["scancel", str(jid)], user=None)
     assert out.returncode == 0, out.stderr
@@ -155,7 +162,8 @@ def test_killed_sampler_leaves_db_intact_and_lock_free(tmp_path: Path) -> None:
     try:
         time.sleep(2.5)
         assert running_pid(cfg, "k1") == p.pid
-        second = subprocess.run(argv + ["--duration-s", "1"], env=env, cwd=REPO, capture_output=True, text=True,
+        second = subprocess.run(argv + ["--duration-s", "1"], env=env, cwd=REPO, capture_output=True,
+                                text=True,
                                 timeout=30)
         assert second.returncode == 0 and "another sampler holds" in second.stderr
     finally:
@@ -203,7 +211,8 @@ def test_survives_full_database(tmp_path: Path) -> None:
 def test_failed_reads_are_survived(tmp_path: Path) -> None:
     lines = REC.read_text().splitlines()
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join([lines[0], lines[1], json.dumps({"t": 1, "error": "NVMLError_GpuIsLost"}), lines[2]]))
+    bad.write_text("\n".join([lines[0], lines[1], json.dumps({"t": 1, "error": "NVMLError_GpuIsLost"}),
+                              lines[2]]))
     s = _sampler(tmp_path, ReplayReader(str(bad)))
     s.run(max_frames=3)
     assert (s.frames, s.errors) == (2, 1)
@@ -216,7 +225,8 @@ def test_retention_downsamples_then_purges(tmp_path: Path) -> None:
     rows = []
     for i in range(120):  # two old minutes at 1 s, then fresh rows
         ts = now - 7200 + i
-        rows += st.gpu_rows(ts, [GpuReading(index=0, util_pct=i % 2 * 100, energy_j=1000 + i, mem_used_mib=i)], 1.0)
+        rows += st.gpu_rows(ts, [GpuReading(index=0, util_pct=i % 2 * 100, energy_j=1000 + i,
+                                            mem_used_mib=i)], 1.0)
     rows += st.gpu_rows(now, [GpuReading(index=0, util_pct=7)], 1.0)
     st.write_rows(db, rows, [])
     folded = st.downsample(db, now - 3600, 60)

@@ -1,8 +1,9 @@
-"""The Epilog's flush request (node/flush.py): samples still in the sampler's write buffer reach the job summary.
+"""The Epilog's flush request (node/flush.py): samples still in the sampler's write buffer reach the job
+summary.
 
 CI has no GPU: the sampler replays the NVML recording made on the real H100 (tests/data/nvml, labelled there).
-``sampler_batch_s: 30`` keeps every sample of a short job in the buffer, so without the flush the Epilog's summary
-would have none of them.
+``sampler_batch_s: 30`` keeps every sample of a short job in the buffer, so without the flush the Epilog's
+summary would have none of them.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def sampler(tmp_path: Path) -> Iterator[Config]:
     conf.write_text("".join(f"{k}: {json.dumps(getattr(cfg, k))}\n" for k in
                             ("state_dir", "run_dir", "log_dir", "sampler_batch_s", "sampler_interval_s")))
     p = subprocess.Popen([sys.executable, "-m", "slurm_coloc.cli.sampler", "run", "--node", "f1", "--replay",
-                          str(REC), "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)}, cwd=REPO,
+                          str(REC), "--foreground-log"], env={**os.environ, "COLOC_CONFIG": str(conf)},
+                          cwd=REPO,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
@@ -111,7 +113,8 @@ def test_no_sampler_and_a_foreign_lock_holder_are_never_signalled(tmp_path: Path
 
 
 def test_epilog_summary_has_the_samples_of_the_last_batch(slurm_cluster: Cluster) -> None:
-    """Real Prolog (starts the replaying sampler), real job, real Epilog: its summary counts the buffered samples."""
+    """Real Prolog (starts the replaying sampler), real job, real Epilog: its summary counts the buffered
+    samples."""
     c = slurm_cluster
     node = "n2"
     original = c.coloc_config.read_text()

@@ -71,10 +71,11 @@ def est(mib, method="analytic", gpu="H100", floor=None):
     return Estimate(mib, method, detail=detail, gpu_model=gpu)
 
 
-def plan_with(tmp_path, *, text="#!/bin/sh\n" + MODEL + "true\n", argv=("SCRIPT",), directive=None, probe=None,
+def plan_with(tmp_path, *, text="#!/bin/sh\n" + MODEL + "true\n", argv=("SCRIPT",), directive=None,
+              probe=None,
               history=(), calls=None):
-    """``build_plan`` with stub sources: ``directive``/``probe`` are MiB (None: no figure) or a callable of the
-    GPU model; ``calls`` collects ``(source, GPU model)`` asked."""
+    """``build_plan`` with stub sources: ``directive``/``probe`` are MiB (None: no figure) or a callable of
+    the GPU model; ``calls`` collects ``(source, GPU model)`` asked."""
     p = tmp_path / "job.sh"
     p.write_text(text)
     calls = [] if calls is None else calls
@@ -91,7 +92,8 @@ def plan_with(tmp_path, *, text="#!/bin/sh\n" + MODEL + "true\n", argv=("SCRIPT"
         calls.append(("probe", gpu))
         v = figure(probe, gpu)
         if v is None:
-            return ProbeAnswer(None, "probe ran `train.py`", "the program ended before its first optimizer step")
+            return ProbeAnswer(None, "probe ran `train.py`",
+                               "the program ended before its first optimizer step")
         return ProbeAnswer(est(v, "probe", gpu, floor=int(v * 0.8)), "probe ran `train.py`", log_tail=("hi",))
 
     def history_fn():
@@ -106,7 +108,8 @@ def test_override_wins_and_nothing_else_runs(tmp_path):
     calls = []
     plan = plan_with(tmp_path, argv=("--coloc-mem", "3G", "SCRIPT"), directive=1000, probe=2000, calls=calls)
     assert calls == [] and plan.comment["method"] == "override" and plan.shards == 3
-    assert [s.name for s in plan.decision.sources] == ["override", "probe", "directives", "history", "whole-gpu"]
+    assert [s.name for s in plan.decision.sources] == ["override", "probe", "directives", "history",
+                                                       "whole-gpu"]
 
 
 def test_probe_ranks_above_close_directives(tmp_path):
@@ -170,7 +173,8 @@ def test_explain_lines_name_every_source_and_the_probe(tmp_path):
     assert "probe ran `train.py`" in text and "| hi" in text and "outside its scratch directory: none" in text
 
 
-# -- the command line, with the real probe (this venv's torch on the CPU) -------------------------------------
+# -- the command line, with the real probe (this venv's torch on the CPU)
+# -------------------------------------
 
 def _project(d: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
@@ -191,8 +195,10 @@ def _env(tmp_path: Path) -> dict:
 def test_explain_shows_sources_probe_output_and_keeps_stdout_clean(tmp_path):
     script = _project(tmp_path / "proj")
     script.write_text(JOB_SH + "#COLOC mem=1G\n")  # after the first command: ignored, with a warning
-    out = subprocess.run([sys.executable, "-m", "slurm_coloc", "sbatch", "--explain", "--dry-run", str(script),
-                          "--hidden", "512"], cwd=script.parent, env=_env(tmp_path), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "slurm_coloc", "sbatch", "--explain", "--dry-run",
+                          str(script),
+                          "--hidden", "512"], cwd=script.parent, env=_env(tmp_path), capture_output=True,
+                          text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("sbatch ") and out.stdout.count("\n") == 1  # nothing of the program's
@@ -216,11 +222,13 @@ def test_without_explain_one_line_says_what_the_probe_ran(tmp_path):
     for out in (first, again):
         assert out.returncode == 0, out.stderr
         probe_lines = [ln for ln in out.stderr.splitlines() if "probe ran" in ln]
-        assert len(probe_lines) == 1 and "explain" not in out.stderr and "number of parameters" not in out.stderr
+        assert (len(probe_lines) == 1 and "explain" not in out.stderr
+                and "number of parameters" not in out.stderr)
     assert "(cached)" in again.stderr and first.stdout == again.stdout
 
 
-# -- the real cluster -------------------------------------------------------------------------------------------
+# -- the real cluster
+# -------------------------------------------------------------------------------------------
 
 def _job_comment(cluster, job_id: int) -> dict:
     text = cluster.scontrol("show", "job", str(job_id))
@@ -259,7 +267,8 @@ def test_a_plain_script_gets_shards_from_the_probe_and_completes(slurm_cluster, 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("program, env, why", [
-    ("print('loading', flush=True)\nraise SystemExit('no data')\n", {}, "exited (code no data) before its first"),
+    ("print('loading', flush=True)\nraise SystemExit('no data')\n", {},
+     "exited (code no data) before its first"),
     ("import time\nprint('waiting for data', flush=True)\ntime.sleep(600)\n", {"COLOC_PROBE_TIMEOUT_S": "3"},
      "time limit of 3 s"),
 ])

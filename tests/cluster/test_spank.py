@@ -1,10 +1,11 @@
 """The SPANK plugin (spank/coloc_spank.c) against a real Slurm 22.05 cluster.
 
 The plugin is built from the files git tracks in ``spank/`` (a clean checkout), then enabled through
-``PlugStackConfig`` in a cluster of its own (``scripts/cluster.sh`` with ``COLOC_CLUSTER_DIR=/tmp/coloc-spank-test``,
-``COLOC_PORT_BASE=19000``), so other tests' clusters are never touched. That cluster's Prolog and PrologSlurmctld
-are replaced by test-only scripts that record the hook environment and, like the real Prolog, write the per-job
-env file ``<run_dir>/jobs/<job id>.env`` (mode 0600, root) for ``--coloc-share=mps`` jobs.
+``PlugStackConfig`` in a cluster of its own (``scripts/cluster.sh`` with
+``COLOC_CLUSTER_DIR=/tmp/coloc-spank-test``, ``COLOC_PORT_BASE=19000``), so other tests' clusters are never
+touched. That cluster's Prolog and PrologSlurmctld are replaced by test-only scripts that record the hook
+environment and, like the real Prolog, write the per-job env file ``<run_dir>/jobs/<job id>.env`` (mode 0600,
+root) for ``--coloc-share=mps`` jobs.
 
 Run: ``sudo .venv/bin/pytest -m slurm tests/test_spank.py`` (root: slurmd and runuser need it).
 """
@@ -70,8 +71,10 @@ class SpankCluster:
 
     def run(self, argv: List[str], as_user: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a Slurm client command (as the test user by default); never raises on rc != 0."""
-        prefix = ["runuser", "-u", USER, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}"] if as_user else []
-        return subprocess.run(prefix + argv, env=self.env, cwd=self.dir / "jobs", capture_output=True, text=True,
+        prefix = ["runuser", "-u", USER, "--", "env",
+                  f"SLURM_CONF={self.env['SLURM_CONF']}"] if as_user else []
+        return subprocess.run(prefix + argv, env=self.env, cwd=self.dir / "jobs", capture_output=True,
+                              text=True,
                               timeout=60, **kw)
 
     def sbatch(self, *args: str, script: str = JOB) -> int:
@@ -79,7 +82,8 @@ class SpankCluster:
         path = self.dir / "jobs" / f"spank-job-{time.monotonic_ns()}.sh"
         path.write_text(script)
         path.chmod(0o644)
-        out = self.run(["sbatch", "--parsable", "-o", str(self.dir / "jobs" / "spank-%j.out"), *args, str(path)])
+        out = self.run(["sbatch", "--parsable", "-o", str(self.dir / "jobs" / "spank-%j.out"), *args,
+                        str(path)])
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip().split(";")[0])
 
@@ -127,7 +131,8 @@ class SpankCluster:
 
 
 def _cluster_sh(cmd: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO / "scripts" / "cluster.sh"), cmd], env=env, capture_output=True, text=True,
+    return subprocess.run([str(REPO / "scripts" / "cluster.sh"), cmd], env=env, capture_output=True,
+                          text=True,
                           timeout=180)
 
 
@@ -140,7 +145,8 @@ def plugin_build() -> Path:
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     BASE.chmod(0o755)
-    tracked = subprocess.run(["git", "ls-files", "spank"], cwd=REPO, capture_output=True, text=True, check=True)
+    tracked = subprocess.run(["git", "ls-files", "spank"], cwd=REPO, capture_output=True, text=True,
+                             check=True)
     for rel in tracked.stdout.split():
         shutil.copy(REPO / rel, build / Path(rel).name)
     assert not (build / "coloc_spank.so").exists()
@@ -154,7 +160,8 @@ def spank_cluster(plugin_build: Path):
     """A running cluster with the freshly built plugin enabled and test-only Prolog hooks."""
     run_dir = BASE / "spank-run"
     plugstack = BASE / "plugstack.conf"
-    path = f"{slurm_bin_dir(slurm_version())}:{os.environ.get('PATH', '/usr/bin:/bin')}"  # the version's clients
+    # the version's clients
+    path = f"{slurm_bin_dir(slurm_version())}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     env = {**os.environ, "PATH": path, "COLOC_CLUSTER_DIR": str(BASE), "COLOC_PORT_BASE": PORT_BASE,
            "COLOC_PLUGSTACK": str(plugstack), "SLURM_CONF": str(BASE / "etc" / "slurm.conf")}
     _cluster_sh("stop", env)  # a leftover from an interrupted run would keep its old plugstack
@@ -168,7 +175,8 @@ def spank_cluster(plugin_build: Path):
     assert started.returncode == 0, started.stdout + started.stderr
     hooks = BASE / "etc" / "hooks"
     env_file = ENV_FILE.format(run=run_dir, long="x" * 5000)
-    (hooks / "prolog.sh").write_text(TEST_PROLOG.format(hookenv=BASE / "hookenv", run=run_dir, env_file=env_file))
+    (hooks / "prolog.sh").write_text(TEST_PROLOG.format(hookenv=BASE / "hookenv", run=run_dir,
+                                                        env_file=env_file))
     (hooks / "prolog_slurmctld.sh").write_text(
         f"#!/bin/sh\nenv > {BASE / 'hookenv'}/prolog_slurmctld-$SLURM_JOB_ID.env\nexit 0\n")
     for name in ("epilog.sh", "epilog_slurmctld.sh", "task_prolog.sh"):
@@ -179,9 +187,11 @@ def spank_cluster(plugin_build: Path):
 
 def test_plugin_builds_hardened_and_exports_only_hooks(plugin_build: Path) -> None:
     so = plugin_build / "coloc_spank.so"
-    exported = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True)
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True,
+                              check=True)
     names = [line.split()[-1] for line in exported.stdout.splitlines()]
-    expected = {"slurm_spank_init", "slurm_spank_init_post_opt", "plugin_name", "plugin_type", "plugin_version"}
+    expected = {"slurm_spank_init", "slurm_spank_init_post_opt", "plugin_name", "plugin_type",
+                "plugin_version"}
     assert expected <= set(names)
     assert [n for n in names if not n.startswith(("slurm_spank_", "plugin_"))] == []
     dynamic = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, check=True).stdout
@@ -205,8 +215,10 @@ def test_help_lists_options(spank_cluster: SpankCluster, command: str) -> None:
     ("512K", "1"), ("1M", "1"), ("1T", "1048576"), ("1024G", "1048576"), (" 6 G ", "6144"), ("auto", "auto"),
     ("AUTO", "auto"),
 ])
-def test_mem_value_normalized_to_mib_like_coloc_sbatch(spank_cluster: SpankCluster, value: str, mib: str) -> None:
-    out = spank_cluster.run(["sbatch", "-v", "--test-only", "--gres=shard:1", f"--coloc-mem={value}", "--wrap", "true"])
+def test_mem_value_normalized_to_mib_like_coloc_sbatch(spank_cluster: SpankCluster, value: str,
+                                                       mib: str) -> None:
+    out = spank_cluster.run(["sbatch", "-v", "--test-only", "--gres=shard:1", f"--coloc-mem={value}",
+                             "--wrap", "true"])
     assert out.returncode == 0, out.stderr
     assert f"coloc: job control env COLOC_MEM={mib}\n" in out.stderr
     # a bare number is GiB, unlike sbatch --mem's MB: the plugin says so (and only then)
@@ -226,7 +238,8 @@ def test_mem_value_normalized_to_mib_like_coloc_sbatch(spank_cluster: SpankClust
     ("--coloc-mem=", "coloc: invalid --coloc-mem value '': expected SIZE"),
     ("--coloc-share=shared", "coloc: invalid --coloc-share value 'shared': use mps, timeslice or exclusive"),
 ])
-def test_invalid_values_rejected_and_nothing_submitted(spank_cluster: SpankCluster, option: str, message: str) -> None:
+def test_invalid_values_rejected_and_nothing_submitted(spank_cluster: SpankCluster, option: str,
+                                                       message: str) -> None:
     before = spank_cluster.all_job_ids()
     out = spank_cluster.run(["sbatch", "--gres=shard:1", option, "--wrap", "true"])
     assert out.returncode != 0
@@ -250,7 +263,8 @@ def test_mem_without_gres_warns_but_submits(spank_cluster: SpankCluster) -> None
     assert bare.returncode == 0 and bare.stdout.strip().isdigit()
     assert "coloc: warning: --coloc-mem without --gres reserves no GPU; submit with coloc-sbatch or add " \
            "--gres=shard:6" in bare.stderr
-    with_gres = spank_cluster.run(["sbatch", "--parsable", "--coloc-mem=5.5G", "--gres=shard:6", "--wrap", "true"])
+    with_gres = spank_cluster.run(["sbatch", "--parsable", "--coloc-mem=5.5G", "--gres=shard:6", "--wrap",
+                                   "true"])
     assert with_gres.returncode == 0 and "warning" not in with_gres.stderr
 
 
@@ -286,7 +300,8 @@ def test_srun_and_salloc_allocations_pass_options(spank_cluster: SpankCluster) -
     alloc = spank_cluster.run(["salloc", "--gres=shard:2", "--coloc-mem=auto", "--coloc-share=timeslice",
                                "sh", "-c", "echo JOB=$SLURM_JOB_ID"])
     assert alloc.returncode == 0, alloc.stderr
-    hook = spank_cluster.wait_hook_env("prolog_slurmctld", int(re.search(r"JOB=(\d+)", alloc.stdout).group(1)))
+    hook = spank_cluster.wait_hook_env("prolog_slurmctld",
+                                       int(re.search(r"JOB=(\d+)", alloc.stdout).group(1)))
     assert (hook["SPANK_COLOC_MEM"], hook["SPANK_COLOC_SHARE"]) == ("auto", "timeslice")
 
 

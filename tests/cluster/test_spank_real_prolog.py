@@ -22,7 +22,8 @@ def cluster() -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root")
     so = REPO / "spank" / f"coloc_spank-{slurm_version()}.so"  # built against this version's headers
-    subprocess.run(["make", "-s", "-C", str(REPO / "spank"), f"SLURM_VERSION={slurm_version()}", f"OUT={so.name}"],
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank"), f"SLURM_VERSION={slurm_version()}",
+                    f"OUT={so.name}"],
                    check=True)
     c = start_cluster()
     try:

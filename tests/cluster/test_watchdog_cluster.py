@@ -1,11 +1,11 @@
 """The watchdog against hostile jobs under real Slurm (no GPU here): real Prologs set up MPS (TEST DOUBLE of
-``nvidia-cuda-mps-control``, tests/test_mps_lifecycle.py) and the fences; the sampler replays one NVML frame built
-from the process lists MEASURED on the H100 during the hostile run (``escape_kill`` in
-``benchmarks/device/results/h100-mps-limits/mps_limits.json``: a neighbour MPS client at 9,158 MiB, an MPS client
-that raised its fence and a client that left MPS, each at 21,092 MiB, the MPS server at 66 MiB), with the recorded
-pids replaced by the live processes of three real Slurm jobs. The watchdog must SIGKILL the offenders' processes,
-scancel them, write its line into their output files as their users, record the events, and leave the neighbour
-running. The real GPU version is tests/gpu/test_hostile_tenant.py.
+``nvidia-cuda-mps-control``, tests/test_mps_lifecycle.py) and the fences; the sampler replays one NVML frame
+built from the process lists MEASURED on the H100 during the hostile run (``escape_kill`` in
+``benchmarks/device/results/h100-mps-limits/mps_limits.json``: a neighbour MPS client at 9,158 MiB, an MPS
+client that raised its fence and a client that left MPS, each at 21,092 MiB, the MPS server at 66 MiB), with
+the recorded pids replaced by the live processes of three real Slurm jobs. The watchdog must SIGKILL the
+offenders' processes, scancel them, write its line into their output files as their users, record the events,
+and leave the neighbour running. The real GPU version is tests/gpu/test_hostile_tenant.py.
 """
 from __future__ import annotations
 
@@ -83,9 +83,11 @@ def _recording(path: Path, gpu_of: Dict[int, int], pid_of: Dict[int, int]) -> Pa
 def test_offenders_stopped_neighbour_untouched(cluster: Cluster, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     configure(cluster)
-    script = "env | grep -E '^(SLURM_JOB_GPUS|COLOC_SHARE)='; sleep 60; sleep 60"  # the shell outlives one sleep
+    # the shell outlives one sleep
+    script = "env | grep -E '^(SLURM_JOB_GPUS|COLOC_SHARE)='; sleep 60; sleep 60"
     neighbour = submit(cluster, "shard:10", script, "colocuser", "-w", "n1")
-    raised = submit(cluster, "shard:2", script, "colocuser2", "-w", "n1")   # stands in for pid 1132 (MPS, 0=70G)
+    raised = submit(cluster, "shard:2", script, "colocuser2", "-w",
+                    "n1")   # stands in for pid 1132 (MPS, 0=70G)
     escaped = submit(cluster, "shard:2", script, "colocuser", "-w", "n1")   # stands in for pid 1110 (no MPS)
     jobs = {1080: neighbour, 1132: raised, 1110: escaped}
     pid_map = {rec: _first_sleep_of(jid) for rec, jid in jobs.items()}
@@ -135,14 +137,16 @@ def _escaped_sleep(uid: int, claim: int, timeout_s: float = 20.0) -> int:
     raise TimeoutError("no escaped sleep")
 
 
-def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(cluster: Cluster, tmp_path: Path,
+def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(cluster: Cluster,
+                                                                                  tmp_path: Path,
                                                                                    monkeypatch: pytest.MonkeyPatch
                                                                                    ) -> None:
-    """Issue 31, N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init), claims
-    colocuser's job in its environment and sits in ``.../user@2002.service/app.slice/job_<victim>`` (a cgroup its
-    systemd user manager lets it create; made here by root on this host's cgroup v2 hierarchy, owned by 2002). The
-    sampler replays one frame in which that process holds 21,092 MiB (the H100 figure above) on the victim's GPU.
-    Before: attributed to the victim, whose job the watchdog cancelled. Now: attributed to no job; the victim runs."""
+    """Issue 31, N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init),
+    claims colocuser's job in its environment and sits in ``.../user@2002.service/app.slice/job_<victim>`` (a
+    cgroup its systemd user manager lets it create; made here by root on this host's cgroup v2 hierarchy,
+    owned by 2002). The sampler replays one frame in which that process holds 21,092 MiB (the H100 figure
+    above) on the victim's GPU. Before: attributed to the victim, whose job the watchdog cancelled. Now:
+    attributed to no job; the victim runs."""
     from slurm_coloc.node.attribution import cgroup_mounts
 
     mounts = cgroup_mounts()
@@ -153,7 +157,8 @@ def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stoppe
                     "colocuser", "-w", "n1")
     victim_sleep = _first_sleep_of(victim)
     escape = f"(setsid env SLURM_JOB_ID={victim} sleep 120 < /dev/null > /dev/null 2>&1 &); sleep 60"
-    attacker = submit(cluster, "shard:2", escape, "colocuser2", "-w", "n1")  # double fork: out of Slurm's tracking
+    attacker = submit(cluster, "shard:2", escape, "colocuser2", "-w",
+                      "n1")  # double fork: out of Slurm's tracking
     pid = _escaped_sleep(2002, victim)
     made = []
     d = Path(mounts[""])
@@ -167,7 +172,8 @@ def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stoppe
     try:
         gpu = int(job_env(cluster, victim)["SLURM_JOB_GPUS"])
         rec = tmp_path / "n4.jsonl"
-        rec.write_text(json.dumps({"recording": "one frame: the H100 figure of an escaped client (21,092 MiB), "
+        rec.write_text(json.dumps({"recording": "one frame: the H100 figure of an escaped client (21,092 "
+                                                "MiB), "
                                                 "mps_limits.json escape_kill, on the victim's GPU",
                                    "pids": {"1110": pid}}) + "\n" +
                        json.dumps({"t": 0.0, "gpus": [{"index": gpu}], "procs": [],

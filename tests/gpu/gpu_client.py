@@ -1,7 +1,8 @@
 """A small torch training client for the device tests (run as a separate process, maybe as another user).
 
-Prints one JSON line: tag, pid, seconds to the first CUDA op, training steps done, and the outcome of an optional
-big allocation made after ``--alloc-after-s`` (``oom`` True when torch raised torch.OutOfMemoryError).
+Prints one JSON line: tag, pid, seconds to the first CUDA op, training steps done, and the outcome of an
+optional big allocation made after ``--alloc-after-s`` (``oom`` True when torch raised
+torch.OutOfMemoryError).
 """
 import argparse
 import json
@@ -25,7 +26,8 @@ try:
     x = torch.randn(64, 2048, device="cuda")
     out["first_cuda_s"] = round(time.time() - t_start, 3)
     out["t_first_cuda"] = time.time()
-    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048)).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 2048)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     steps, allocated, big = 0, False, None
     t0 = time.time()

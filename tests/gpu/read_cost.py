@@ -25,7 +25,8 @@ for _ in range(40):
     times.append((time.perf_counter() - t0) * 1000)
 cpu0 = time.process_time()
 d = Path(tempfile.mkdtemp())
-cfg = dataclasses.replace(Config(), state_dir=str(d), run_dir=str(d / "run"), log_dir=str(d), sampler_batch_s=5.0)
+cfg = dataclasses.replace(Config(), state_dir=str(d), run_dir=str(d / "run"), log_dir=str(d),
+                          sampler_batch_s=5.0)
 s = Sampler(cfg, "dev", r, attributor=JobAttributor(), interval_s=1.0)
 t0 = time.time()
 s.run(duration_s=30)
@@ -33,7 +34,8 @@ cpu = time.process_time() - cpu0
 db = cfg.node_db_path("dev")
 size = sum(p.stat().st_size for p in db.parent.glob("dev.db*"))
 out = {"read_ms_median": round(statistics.median(times), 3), "read_ms_p95": round(sorted(times)[37], 3),
-       "sampler_30s_frames": s.frames, "sampler_cpu_pct_of_core_at_1hz": round(100 * cpu / (time.time() - t0), 3),
+       "sampler_30s_frames": s.frames,
+       "sampler_cpu_pct_of_core_at_1hz": round(100 * cpu / (time.time() - t0), 3),
        "db_bytes_after_30_frames": size, "gpus": len(r._handles)}
 print(json.dumps(out))
 Path(sys.argv[1]).write_text(json.dumps(out))

@@ -37,7 +37,8 @@ def gpu_cluster():
 
 
 def test_the_cluster_runs_the_bundled_release(gpu_cluster) -> None:
-    """The running slurmctld is the release the bundle names (``bundle.env``), and ``COLOC_EXPECT_SLURM`` when set."""
+    """The running slurmctld is the release the bundle names (``bundle.env``), and ``COLOC_EXPECT_SLURM`` when
+    set."""
     bundled = (ROOT / "slurm" / "bundle.env").read_text().split()[0].split("=")[1]
     env = {**os.environ, "SLURM_CONF": str(ROOT / "etc" / "slurm.conf")}
     out = subprocess.run([str(ROOT / "bin" / "scontrol"), "show", "config"], capture_output=True, text=True,

@@ -59,7 +59,8 @@ ZOO = str(Path(__file__).resolve().parents[2] / "benchmarks" / "estimator" / "zo
 CASES = [
     ModelSpec("torchvision.models:resnet18", (3, 32, 32), 128, optimizer="sgd-momentum"),
     ModelSpec("torchvision.models:resnet50", (3, 224, 224), 32, optimizer="sgd"),
-    ModelSpec("torchvision.models:mobilenet_v3_small", (3, 224, 224), 64, optimizer="adamw", precision="bf16"),
+    ModelSpec("torchvision.models:mobilenet_v3_small", (3, 224, 224), 64, optimizer="adamw",
+              precision="bf16"),
     ModelSpec(ZOO + ":mlp", (1024,), 512, kwargs={"in_features": 1024, "width": 2048,
               "depth": 4}, optimizer="adam"),
     ModelSpec(ZOO + ":transformer_lm", (256,), 16, kwargs={"vocab_size": 100,

@@ -2,23 +2,23 @@
 (issue 31, "the lost rerun"; device harness: benchmarks/device/cluster_gpu.sh).
 
 Four 2-shard jobs (2 GiB fence under MPS) of ``colocuser`` need about 4 GiB each, in four patterns
-(benchmarks/device/honest_oom.py): ONE 4 GiB allocation at the first step, gradual growth, a peak mid-run, a peak
-at the evaluation pass. Each must die of PyTorch's own CUDA OOM, be recognised by the EpilogSlurmctld from what
-root can read (the Prolog-started sampler's records, the ``Tried to allocate`` line of its stderr, its grant) and
-be rerun once on a whole GPU, where it completes. Before the fix the first pattern was refused ("the sampler
-watched its GPU and saw no memory of this job: not rerun"). Prints one line per job: the gate's reason, the
-sampler's peak, the failed allocation, time from the OOM to the rerun's end.
+(benchmarks/device/honest_oom.py): ONE 4 GiB allocation at the first step, gradual growth, a peak mid-run, a
+peak at the evaluation pass. Each must die of PyTorch's own CUDA OOM, be recognised by the EpilogSlurmctld
+from what root can read (the Prolog-started sampler's records, the ``Tried to allocate`` line of its stderr,
+its grant) and be rerun once on a whole GPU, where it completes. Before the fix the first pattern was refused
+("the sampler watched its GPU and saw no memory of this job: not rerun"). Prints one line per job: the gate's
+reason, the sampler's peak, the failed allocation, time from the OOM to the rerun's end.
 
 The test raises ``oom_rerun_per_user_max`` of the harness cluster to 10 for its run (four reruns of one user;
 the default budget is 3 per hour) and puts the file back after.
 
 Run on the device, root, with ``.carry`` carried (benchmarks/device/build_bundle.sh run here first):
 ``/opt/torch/.venv/bin/python3 -m pytest -s -o addopts= -m gpu tests/gpu/test_honest_rerun.py``
-(about 3 minutes on one H100: the four first runs share the GPU, the four reruns take it whole one after another).
-The Slurm parts alone, on a CPU host (fake GPUs; the jobs print PyTorch's message instead of using CUDA, so no
-sampler evidence: only the plumbing is checked): ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HONEST_CPU=1
-COLOC_BENCH_ROOT=/tmp/cbench COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o addopts=
--m gpu tests/gpu/test_honest_rerun.py``
+(about 3 minutes on one H100: the four first runs share the GPU, the four reruns take it whole one after
+another). The Slurm parts alone, on a CPU host (fake GPUs; the jobs print PyTorch's message instead of using
+CUDA, so no sampler evidence: only the plumbing is checked): ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HONEST_CPU=1
+COLOC_BENCH_ROOT=/tmp/cbench COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o
+addopts= -m gpu tests/gpu/test_honest_rerun.py``
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def gpu_cluster():
 
 
 def _env(user: str) -> Dict[str, str]:
-    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": user,
+    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": "/tmp",
+           "USER": user,
            "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml",
            "PYTHONUNBUFFERED": "1"}
     if os.environ.get("LD_LIBRARY_PATH"):
@@ -76,7 +77,8 @@ def _env(user: str) -> Dict[str, str]:
 def _submit(pattern: str) -> int:
     script = ROOT / "jobs" / f"honest-{pattern}.sh"
     check = " --cpu-check" if CPU else ""  # in the script's text: the rerun (--export=NONE) runs the same
-    script.write_text(f"#!/bin/bash\nexec {PY} {ROOT}/src/benchmarks/device/honest_oom.py {pattern} --need-gib 4"
+    script.write_text(f"#!/bin/bash\nexec {PY} {ROOT}/src/benchmarks/device/honest_oom.py {pattern} "
+                      "--need-gib 4"
                       f"{check}\n")
     script.chmod(0o755)
     argv = ["runuser", "-u", USER, "--", "env", *[f"{k}={v}" for k, v in _env(USER).items()],
@@ -88,7 +90,8 @@ def _submit(pattern: str) -> int:
 
 
 def _show(job: int) -> Dict[str, str]:
-    res = subprocess.run([f"{ROOT}/bin/scontrol", "show", "job", "-o", str(job)], capture_output=True, text=True,
+    res = subprocess.run([f"{ROOT}/bin/scontrol", "show", "job", "-o", str(job)], capture_output=True,
+                         text=True,
                          env=_env("root"), timeout=30)
     return dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
 
@@ -155,7 +158,8 @@ def test_each_honest_pattern_gets_its_rerun_which_completes(gpu_cluster) -> None
         report[pattern].update({"rerun": rerun, "rerun_state": state, "rerun_gres": shown.get("TresPerNode"),
                                 "oom_to_rerun_end_s": _seconds(_show(job)["EndTime"], shown["EndTime"])})
         assert state == "COMPLETED", report[pattern]
-        ev = _events(ROOT / "jobs" / f"honest-{pattern}-{job}.out")  # the rerun appends to the first run's file
+        # the rerun appends to the first run's file
+        ev = _events(ROOT / "jobs" / f"honest-{pattern}-{job}.out")
         assert any(e.get("ev") == "text" and "torch.OutOfMemoryError" in e["text"] for e in ev), pattern
         done = [e for e in ev if e.get("ev") == "done"]
         assert done and done[-1]["ok"] and done[-1]["max_reserved_gib"] >= 2.0, (pattern, done)

@@ -1,19 +1,20 @@
 """Hostile tenants on a real GPU under real Slurm (device harness: benchmarks/device/cluster_gpu.sh).
 
-An honest neighbour (``--gres=shard:8``, holds 6 GiB and trains a matmul loop) shares the GPU under multi-user MPS
-with two 2 GiB jobs of another user: one raises its own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` to ``0=70G`` and
-allocates 1 GiB steps up to 20 GiB; the other unsets ``CUDA_MPS_PIPE_DIRECTORY`` (a context outside MPS) and
-allocates 20 GiB at once. Expected: the MPS ceiling (the largest grant: 8 GiB) caps the first, the watchdog of the
-Prolog-started sampler SIGKILLs and scancels both (events in the node database, a line in their output), and the
-neighbour finishes without an OOM. Prints time to stop, memory reached and the neighbour's throughput dip.
-The compute mode is left as it is (DEFAULT on the test machine).
+An honest neighbour (``--gres=shard:8``, holds 6 GiB and trains a matmul loop) shares the GPU under multi-user
+MPS with two 2 GiB jobs of another user: one raises its own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` to ``0=70G``
+and allocates 1 GiB steps up to 20 GiB; the other unsets ``CUDA_MPS_PIPE_DIRECTORY`` (a context outside MPS)
+and allocates 20 GiB at once. Expected: the MPS ceiling (the largest grant: 8 GiB) caps the first, the
+watchdog of the Prolog-started sampler SIGKILLs and scancels both (events in the node database, a line in
+their output), and the neighbour finishes without an OOM. Prints time to stop, memory reached and the
+neighbour's throughput dip. The compute mode is left as it is (DEFAULT on the test machine).
 
 Run on the device, root, with ``.carry`` carried (benchmarks/device/build_bundle.sh):
 ``/opt/torch/.venv/bin/python3 -m pytest -s -o addopts= -m gpu tests/gpu/test_hostile_tenant.py``
-The Slurm parts alone, on a CPU host: ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HOSTILE_CPU=1 COLOC_BENCH_ROOT=/tmp/cbench
-COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o addopts= -m gpu
-tests/gpu/test_hostile_tenant.py``
-(jobs print their environment instead of using CUDA; the watchdog has nothing to see: only the setup is checked).
+The Slurm parts alone, on a CPU host: ``COLOC_BENCH_FAKE_GPUS=1 COLOC_HOSTILE_CPU=1
+COLOC_BENCH_ROOT=/tmp/cbench COLOC_BENCH_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest -s -o
+addopts= -m gpu tests/gpu/test_hostile_tenant.py``
+(jobs print their environment instead of using CUDA; the watchdog has nothing to see: only the setup is
+checked).
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def gpu_cluster():
 
 
 def _env(user: str) -> Dict[str, str]:
-    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": user,
+    env = {"PATH": f"{ROOT}/venv/bin:{ROOT}/bin:/usr/local/nvidia/bin:/usr/bin:/bin", "HOME": "/tmp",
+           "USER": user,
            "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml",
            "PYTHONUNBUFFERED": "1"}
     if os.environ.get("LD_LIBRARY_PATH"):
@@ -75,7 +77,8 @@ def _submit(user: str, shards: int, body: str, name: str) -> int:
 
 
 def _state(job: int) -> str:
-    res = subprocess.run([f"{ROOT}/bin/scontrol", "show", "job", "-o", str(job)], capture_output=True, text=True,
+    res = subprocess.run([f"{ROOT}/bin/scontrol", "show", "job", "-o", str(job)], capture_output=True,
+                         text=True,
                          env=_env("root"), timeout=30)
     for tok in res.stdout.split():
         if tok.startswith("JobState="):
@@ -109,7 +112,8 @@ def _node_db() -> sqlite3.Connection:
 
 def test_offenders_stopped_neighbour_keeps_training(gpu_cluster) -> None:
     client = f"{ROOT}/src/benchmarks/device/hostile_client.py"
-    neighbour = _submit("colocuser", 8, f"exec {PY} {client} neighbour --hold-gib 6 --train-s 40", "neighbour")
+    neighbour = _submit("colocuser", 8, f"exec {PY} {client} neighbour --hold-gib 6 --train-s 40",
+                        "neighbour")
     assert _wait(neighbour, ["RUNNING"], 60) == "RUNNING"
     time.sleep(8)  # the neighbour is training
     t_attack = time.time()
@@ -125,7 +129,8 @@ def test_offenders_stopped_neighbour_keeps_training(gpu_cluster) -> None:
         time.sleep(3)
         env_r = next(e for e in _lines(raised) if e.get("ev") == "start")["env"]
         env_e = next(e for e in _lines(escaped) if e.get("ev") == "start")["env"]
-        assert env_r["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=70G" and "COLOC_SHARE" in env_r  # no MPS on CPU
+        # no MPS on CPU
+        assert env_r["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=70G" and "COLOC_SHARE" in env_r
         assert "CUDA_MPS_PIPE_DIRECTORY" not in env_e and "COLOC_SHARE" in env_e
         for job in (neighbour, raised, escaped):
             subprocess.run([f"{ROOT}/bin/scancel", str(job)], env=_env("root"), timeout=30)
@@ -154,7 +159,8 @@ def test_offenders_stopped_neighbour_keeps_training(gpu_cluster) -> None:
         t_over = over[0]["t"] if over else t_first
         peak = db.execute("SELECT MAX(used_mem_mib) FROM proc_samples WHERE job_id = ?", [job]).fetchone()[0]
         report[job] = {"reason": reason, "grant_mib": grant, "used_mib_at_detection": used,
-                       "peak_nvml_mib": peak, "allocated_gib": max((e.get("total_gib", e["gib"]) for e in allocs),
+                       "peak_nvml_mib": peak,
+                       "allocated_gib": max((e.get("total_gib", e["gib"]) for e in allocs),
                                                                    default=0),
                        "stop_s": round(outcome["kill_ts"] - t_over, 3), "state": states[job],
                        "scancel": outcome.get("scancel"), "stderr": outcome.get("stderr")}

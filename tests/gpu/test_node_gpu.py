@@ -1,5 +1,5 @@
-"""Device tests of the node side (marker gpu): real MPS daemon, the memory fence, two users under multi-user MPS,
-and the NVML + GPM sampler attributing processes to job ids. No Slurm on the device: the clients carry
+"""Device tests of the node side (marker gpu): real MPS daemon, the memory fence, two users under multi-user
+MPS, and the NVML + GPM sampler attributing processes to job ids. No Slurm on the device: the clients carry
 ``SLURM_JOB_ID`` in their environment exactly as a Slurm task does, which is what the sampler reads.
 
 Set ``COLOC_GPU_OUT`` to a folder to keep the report (JSON) and the NVML recording made while the clients ran.
@@ -60,7 +60,8 @@ def gpu_cfg() -> Config:
 
 
 def _client(cfg: Config, pairs, job_id: int, user: str = "", **kw) -> subprocess.Popen:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": str(job_id), "PYTHONUNBUFFERED": "1",
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": str(job_id),
+           "PYTHONUNBUFFERED": "1",
            "HOME": "/tmp", **dict(pairs)}
     if os.environ.get("LD_LIBRARY_PATH"):
         env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
@@ -134,7 +135,8 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     time.sleep(1.5)
     t_launch = time.time()
     pa = _client(gpu_cfg, env_a, ja, tag="A-over-fence", seconds=12, alloc_gib=4, alloc_after_s=3)
-    pb = _client(gpu_cfg, env_b, jb, user=OTHER_USER, tag="B-under-fence", seconds=12, alloc_gib=1, alloc_after_s=2,
+    pb = _client(gpu_cfg, env_b, jb, user=OTHER_USER, tag="B-under-fence", seconds=12, alloc_gib=1,
+                 alloc_after_s=2,
                  hold_after_alloc_s=1)
     a, b = _result(pa), _result(pb)
     time.sleep(1.5)
@@ -146,7 +148,8 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     gpus = st.load_gpu_samples(db, 0, time.time() + 1, [0])
     sum_a = summarize(ja, "gpu1", [0], t_launch, time.time(), gpus, procs)
     sum_b = summarize(jb, "gpu1", [0], t_launch, time.time(), gpus, procs)
-    report = {"A": a, "B": b, "release": [o.event for o in rel], "proc_rows": len(procs), "gpu_rows": len(gpus),
+    report = {"A": a, "B": b, "release": [o.event for o in rel], "proc_rows": len(procs),
+              "gpu_rows": len(gpus),
               "jobs_seen": sorted({p["job_id"] for p in procs if p["job_id"]}),
               "proc_examples": [p for p in procs if p["job_id"]][:6],
               "unattributed_pids": sorted({p["pid"] for p in procs if not p["job_id"]}),
@@ -157,7 +160,8 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     (OUT / "node_gpu_report.json").write_text(json.dumps(report, indent=1, default=str))
     t0 = rec.frames[0].ts
     header = {"recording": "NVML readings recorded live on an NVIDIA H100 80GB HBM3 (device test machine)",
-              "label": "two torch clients under multi-user MPS: job 9101 (root, fence 0=2G, OOMs at ~3 s) and "
+              "label": "two torch clients under multi-user MPS: job 9101 (root, fence 0=2G, OOMs at ~3 s) "
+                       "and "
                        "job 9102 (uid 2101, fence 0=4G), sampler interval 0.5 s", "interval_s": 0.5,
               "pids": {"9101": a.get("pid"), "9102": b.get("pid")}, "frames": len(rec.frames)}
     with open(OUT / "h100_mps_2jobs.jsonl", "w") as fh:
@@ -181,9 +185,9 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
 
 
 def test_per_user_daemon_runs_as_the_user_behind_a_0700_pipe_dir(gpu_cfg: Config) -> None:
-    """mps_mode per-user with the real daemon: started as the job's user, pipe/log 0700 owned by that user, the
-    user's client trains under it (the daemon's control.log: a server started for that uid, the client's pid
-    accepted from that uid), the daemon stops as the user."""
+    """mps_mode per-user with the real daemon: started as the job's user, pipe/log 0700 owned by that user,
+    the user's client trains under it (the daemon's control.log: a server started for that uid, the client's
+    pid accepted from that uid), the daemon stops as the user."""
     from slurm_coloc.nvml import gpu_uuids
     uuid = gpu_uuids()[0]
     cfg = dataclasses.replace(gpu_cfg, mps_mode="per-user")
@@ -202,7 +206,8 @@ def test_per_user_daemon_runs_as_the_user_behind_a_0700_pipe_dir(gpu_cfg: Config
     out = _result(client)
     rel = mps.release(cfg, 9201)
     control = (d.log_dir / "control.log").read_text()
-    report = {"acquire": res.detail, "client": out, "release": [o.event for o in rel], "control_log": control[-3000:]}
+    report = {"acquire": res.detail, "client": out, "release": [o.event for o in rel],
+              "control_log": control[-3000:]}
     (OUT / "mps_per_user.json").write_text(json.dumps(report, indent=1, default=str))
     assert "error" not in out and out["steps"] > 0 and out["oom"] is False, out
     assert f"for user {uid}" in control and f"NEW CLIENT {out['pid']} from user {uid}" in control, control

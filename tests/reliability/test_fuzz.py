@@ -1,7 +1,7 @@
-"""Bad input, property-based (hypothesis): the ``#COLOC`` parser, job scripts, the config loader, sbatch option
-pass-through and coloc-report's filters and time windows. Never a traceback: either correct behaviour or one
-ColocError line (the CLIs print it and exit non-zero). Nothing here can submit a job (no sbatch is run; the
-cluster-side checks that nothing is submitted by mistake are in test_bad_scripts_cluster.py).
+"""Bad input, property-based (hypothesis): the ``#COLOC`` parser, job scripts, the config loader, sbatch
+option pass-through and coloc-report's filters and time windows. Never a traceback: either correct behaviour
+or one ColocError line (the CLIs print it and exit non-zero). Nothing here can submit a job (no sbatch is run;
+the cluster-side checks that nothing is submitted by mistake are in test_bad_scripts_cluster.py).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ V1 = Path(__file__).resolve().parents[1] / "data" / "schema_v1"
 NASTY = st.sampled_from(["", " ", "a b", "'", '"', "=", "a=b", "--x", "-", "\\", "$HOME", "`id`", "ü", "日本",
                          "\u202e", "\t", "x;rm -rf /", "%j", "#", "\x7f", "0", "-1", "1e999", "nan"])
 TEXT = st.one_of(NASTY, st.text(max_size=40), st.text(alphabet=string.printable, max_size=40))
-KEYS = ["model", "input", "input-dtype", "batch", "optimizer", "precision", "mem", "share", "kwarg.x", "kwarg.1",
+KEYS = ["model", "input", "input-dtype", "batch", "optimizer", "precision", "mem", "share", "kwarg.x",
+        "kwarg.1",
         "bogus", ""]
 
 
@@ -41,7 +42,8 @@ def _one_line(exc: ColocError) -> None:
 
 
 @FAST
-@given(st.lists(st.tuples(st.sampled_from(KEYS), TEXT), max_size=6), st.sampled_from(["#COLOC ", "#COLOC", "#COLOC\t"]))
+@given(st.lists(st.tuples(st.sampled_from(KEYS), TEXT), max_size=6),
+       st.sampled_from(["#COLOC ", "#COLOC", "#COLOC\t"]))
 def test_coloc_pairs_parse_or_one_line_error(pairs, prefix) -> None:
     line = prefix + " ".join(f"{k}={v}" for k, v in pairs)
     try:
@@ -99,9 +101,11 @@ def test_script_edge_cases(tmp_path: Path) -> None:
 
 
 CONFIG_VALUES = st.one_of(TEXT, st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
-                          st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(),
+                          st.lists(st.integers(), max_size=2),
+                          st.dictionaries(st.text(max_size=3), st.integers(),
                                                                                max_size=2))
-CONFIG_KEYS = st.one_of(st.sampled_from([f.name for f in config_mod.fields(config_mod.Config)]), st.text(max_size=8))
+CONFIG_KEYS = st.one_of(st.sampled_from([f.name for f in config_mod.fields(config_mod.Config)]),
+                        st.text(max_size=8))
 
 
 @FAST
@@ -125,9 +129,11 @@ def test_config_loads_or_one_line_error(tmp_path: Path, text: str, env: dict) ->
 
 
 OPTS = st.lists(st.one_of(
-    st.builds(lambda n, v: (f"--{n}={v}",), st.sampled_from(["job-name", "comment", "output", "time", "constraint",
+    st.builds(lambda n, v: (f"--{n}={v}",),
+              st.sampled_from(["job-name", "comment", "output", "time", "constraint",
                                                               "export", "mail-user"]), TEXT),
-    st.builds(lambda n, v: (f"--{n}", v), st.sampled_from(["job-name", "comment", "output", "chdir", "account"]),
+    st.builds(lambda n, v: (f"--{n}", v),
+              st.sampled_from(["job-name", "comment", "output", "chdir", "account"]),
               TEXT.filter(lambda v: not v.startswith("-") or v == "-")),
     st.builds(lambda v: ("-J", v), TEXT.filter(lambda v: not v.startswith("-"))),
     st.just(("--requeue",)), st.just(("--parsable",))), max_size=5)
@@ -152,9 +158,11 @@ def test_sbatch_options_and_script_args_pass_through_verbatim(tmp_path: Path, op
     pos = 0
     for w in words:  # every user word appears, in order, unchanged
         pos = out.index(w, pos) + 1
-    comments = [o[0][len("--comment="):] if len(o) == 1 else o[1] for o in opts if o[0].startswith("--comment")]
+    comments = [o[0][len("--comment="):] if len(o) == 1 else o[1] for o in opts
+                if o[0].startswith("--comment")]
     final = [w for w in out if w.startswith("--comment=")]
-    assert len(final) == 1 and final[0].startswith("--comment=" + (comments[-1] + " " if comments and comments[-1]
+    assert len(final) == 1 and final[0].startswith("--comment=" + (comments[-1] + " " if comments
+                                                                   and comments[-1]
                                                                      else "")), (comments, final)
     assert out[-len(args) - 1:] == [str(script), *args] if args else out[-1] == str(script)
     assert plan.shards == 3 + 1 or plan.shards == 3  # 3 GiB override -> shards (headroom rule)

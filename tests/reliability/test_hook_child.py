@@ -15,7 +15,8 @@ from slurm_coloc.hooks.record import record_ops
 from slurm_coloc.store import queue, recordset
 
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
-CTX = HookContext.from_env({"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1", "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"})
+CTX = HookContext.from_env({"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1",
+                            "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"})
 
 
 def _run(result: Any) -> tuple:
@@ -25,7 +26,8 @@ def _run(result: Any) -> tuple:
 def test_a_detail_over_1_mib_arrives_cut_with_a_marker() -> None:
     big = "x" * (2 << 20)
     ok, detail, result = _run({"state": "COMPLETED", "summary": big, "samples": list(range(300_000))})
-    assert ok is True and result is None, detail  # before: "the hook's child ended without a result (crashed?)"
+    # before: "the hook's child ended without a result (crashed?)"
+    assert ok is True and result is None, detail
     assert detail["state"] == "COMPLETED"
     assert detail["summary"].startswith("xxx") and detail["summary"].endswith(" ... [cut]")
     assert "samples" not in detail
@@ -67,9 +69,11 @@ def test_a_hook_process_imports_neither_numpy_nor_torch(tmp_path: Path) -> None:
                            "SLURMD_NODENAME": "n1", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
                            "SLURM_JOB_USER": "colocuser", "SLURM_JOB_UID": "2001",
                            "COLOC_PENDING_DIR": str(tmp_path / "pending")}
-    proc = subprocess.run([str(VENV_BIN / "python"), "-X", "importtime", str(VENV_BIN / "coloc-hook"), "prolog"],
+    proc = subprocess.run([str(VENV_BIN / "python"), "-X", "importtime", str(VENV_BIN / "coloc-hook"),
+                           "prolog"],
                           env=env, capture_output=True, text=True, timeout=120)
-    imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")]
     assert proc.returncode == 0 and "slurm_coloc.hooks.runner" in imported, proc.stderr[-2000:]
     assert not [m for m in imported if m.split(".")[0] in ("numpy", "torch")], imported
     assert (tmp_path / "log" / "hooks.log").read_text().count("prolog done in") == 1

@@ -41,9 +41,11 @@ def tree(d: Path) -> list:
 MARK = "SLEEPSECS"  # replaced by a unique number of seconds: `sleep 300.<n>` is findable in /proc
 
 CASES = {
-    "no_python_line": ("#!/bin/bash\n./simulate --gpu\n", None, "no python/torchrun/accelerate command found"),
+    "no_python_line": ("#!/bin/bash\n./simulate --gpu\n", None,
+                       "no python/torchrun/accelerate command found"),
     "missing_file": ("#!/bin/bash\npython no_such_train.py\n", None, "no_such_train.py does not exist"),
-    "syntax_error": ("#!/bin/bash\npython train.py\n", "import torch\ndef broken(:\n    pass\n", "SyntaxError"),
+    "syntax_error": ("#!/bin/bash\npython train.py\n", "import torch\ndef broken(:\n    pass\n",
+                     "SyntaxError"),
     "needs_the_network": (
         "#!/bin/bash\npython train.py\n",
         "import urllib.request\nurllib.request.urlopen('https://huggingface.co/gpt2/resolve/main/config.json',"
@@ -55,7 +57,8 @@ CASES = {
     "forks_a_daemon": (
         "#!/bin/bash\npython train.py\n",
         "import os, subprocess, sys, time\n"
-        "if os.fork():\n    time.sleep(2)\n    print('daemon started')\n    sys.exit(0)\n"  # the parent returns
+        # the parent returns
+        "if os.fork():\n    time.sleep(2)\n    print('daemon started')\n    sys.exit(0)\n"
         "os.setsid()\nsubprocess.Popen(['sleep', 'SLEEPSECS'])\ntime.sleep(300)\n",  # the child goes on
         "the program ended before its first optimizer step"),
     "hangs_ignoring_sigterm_with_a_setsid_child": (
@@ -83,7 +86,8 @@ def test_bad_input_one_line_no_figure_nothing_written_nothing_left(case, tmp_pat
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     before = tree(job)
     t0 = time.monotonic()
-    limit = 60 if case.startswith("hangs") else 120  # the probe's start-up alone takes 5-30 s on a busy machine
+    # the probe's start-up alone takes 5-30 s on a busy machine
+    limit = 60 if case.startswith("hangs") else 120
     r = probe_script(str(job / "job.sh"), submit_dir=str(job), timeout_s=limit, keep_log=True)
     wall = time.monotonic() - t0
     assert r.estimate is None

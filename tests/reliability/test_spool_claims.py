@@ -1,6 +1,6 @@
-"""The recovery queue (store/queue.py) on real SQLite files and real processes: record sets applied twice leave one
-row; claims of dead replayers are taken again; the recording alarm firing anywhere loses no row; an entry that
-cannot be written is set aside without blocking the entries behind it (docs/reliability.md "Load").
+"""The recovery queue (store/queue.py) on real SQLite files and real processes: record sets applied twice
+leave one row; claims of dead replayers are taken again; the recording alarm firing anywhere loses no row; an
+entry that cannot be written is set aside without blocking the entries behind it (docs/reliability.md "Load").
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from tests.cluster.reliability.test_pending_env import _good_entry
 
 
 def _ctx(job: int, context: str) -> HookContext:
-    return HookContext.from_env({"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": "n1", "SLURM_SCRIPT_CONTEXT": context,
-                                 "SLURM_JOB_USER": "colocuser", "SLURM_JOB_UID": "2001", "SLURM_JOB_EXIT_CODE": "0"})
+    return HookContext.from_env({"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": "n1",
+                                 "SLURM_SCRIPT_CONTEXT": context,
+                                 "SLURM_JOB_USER": "colocuser", "SLURM_JOB_UID": "2001",
+                                 "SLURM_JOB_EXIT_CODE": "0"})
 
 
 def _spool(d: Path, target: str, ops: List[Dict[str, Any]]) -> Path:
@@ -38,8 +40,10 @@ def _dead_pid() -> int:
 
 def test_the_same_ops_applied_twice_leave_one_row(tmp_path: Path) -> None:
     node = open_node_db(tmp_path / "n1.db")
-    ok = record_ops("epilog", _ctx(80, "epilog_slurmd"), True, {"state": "COMPLETED"}, 1795467543.82792, 4065.47)
-    failed = record_ops("epilog", _ctx(81, "epilog_slurmd"), False, {"error": "timed out"}, 1795467544.1, 6948.0)
+    ok = record_ops("epilog", _ctx(80, "epilog_slurmd"), True, {"state": "COMPLETED"}, 1795467543.82792,
+                    4065.47)
+    failed = record_ops("epilog", _ctx(81, "epilog_slurmd"), False, {"error": "timed out"}, 1795467544.1,
+                        6948.0)
     for _ in range(2):  # the run's own commit, then its spooled copy replayed
         recordset.apply_ops(node, ok)
         recordset.apply_ops(node, json.loads(json.dumps(failed)))  # through JSON, as from a spool file
@@ -60,7 +64,8 @@ def test_the_same_ops_applied_twice_leave_one_row(tmp_path: Path) -> None:
 
 def test_claim_names_parse() -> None:
     assert queue.split_claim("prolog-5-100-123.45.env.777.replaying") == ("prolog-5-100-123.45.env", 777)
-    assert queue.split_claim("1795-10957.json.replaying") == ("1795-10957.json", None)  # before pids were kept
+    assert queue.split_claim("1795-10957.json.replaying") == ("1795-10957.json",
+                                                              None)  # before pids were kept
     with pytest.raises(ValueError):
         queue.split_claim("1-2.json")
     assert queue.claim_name("/x/1-2.json") == f"/x/1-2.json.{os.getpid()}.replaying"
@@ -79,7 +84,8 @@ def test_a_claim_whose_replayer_died_is_taken_at_once_a_live_one_is_not(tmp_path
                      1795467549.0, 3000.0)
     dead = _spool(d, "ctld", ops)
     os.rename(dead, f"{dead}.{_dead_pid()}.replaying")  # claimed, then its replayer was SIGKILLed
-    live_ops = record_ops("epilog-slurmctld", _ctx(88, "epilog_slurmctld"), False, {"error": "x"}, 1795467550.0, 1.0)
+    live_ops = record_ops("epilog-slurmctld", _ctx(88, "epilog_slurmctld"), False, {"error": "x"},
+                          1795467550.0, 1.0)
     live = _spool(d, "ctld", live_ops)
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
@@ -107,12 +113,12 @@ def test_a_pending_entry_claimed_by_a_dead_replayer_is_recorded(tmp_path: Path) 
     assert list(pend.iterdir()) == []
 
 
-# an alarm that lands in a gc callback (hypothesis installs one in this process) is reported and dropped by Python:
-# that recording simply runs on unbounded, which the assertion below covers as well
+# an alarm that lands in a gc callback (hypothesis installs one in this process) is reported and dropped by
+# Python: that recording simply runs on unbounded, which the assertion below covers as well
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_recording_alarm_firing_anywhere_loses_no_row_and_doubles_none(tmp_path: Path) -> None:
-    """Fire the recording phase's alarm at random moments of 300 real recordings: after one replay of the queue,
-    every run has exactly one row."""
+    """Fire the recording phase's alarm at random moments of 300 real recordings: after one replay of the
+    queue, every run has exactly one row."""
     import random
 
     from slurm_coloc.config import Config
@@ -141,8 +147,8 @@ def _aged(path: Path, age_s: float) -> Path:
 
 
 def test_an_entry_that_cannot_be_written_is_set_aside_and_the_rest_replay(tmp_path: Path) -> None:
-    """Entries SQLite refuses (an integer over 64 bits: OverflowError; an unknown column) or that cannot be parsed
-    are set aside with a log line, oldest first, and every entry behind them is still applied."""
+    """Entries SQLite refuses (an integer over 64 bits: OverflowError; an unknown column) or that cannot be
+    parsed are set aside with a log line, oldest first, and every entry behind them is still applied."""
     spool_dir, pend = tmp_path / "spool", tmp_path / "pending"
     db = open_ctld_db(tmp_path / "ctld.db")
     huge = 100000000000000000000  # > 2**63: "Python int too large to convert to SQLite INTEGER"
@@ -166,7 +172,8 @@ def test_an_entry_that_cannot_be_written_is_set_aside_and_the_rest_replay(tmp_pa
     _aged(overflow_env, 50)
     _good_entry(pend, "epilog-slurmctld-8-1-1.0.env", 8)
     assert replay_queue("ctld", db, [str(spool_dir), str(pend)], "/etc/x.yaml") == 2 + (not _set_aside(pend))
-    ended = [r["job_id"] for r in db.query("SELECT job_id FROM jobs WHERE end_ts IS NOT NULL ORDER BY job_id")]
+    ended = [r["job_id"]
+             for r in db.query("SELECT job_id FROM jobs WHERE end_ts IS NOT NULL ORDER BY job_id")]
     assert ended == [7, 8], ended
     assert sorted(p.name for p in spool_dir.iterdir()) == sorted(p.name + ".bad" for p in bad)
     assert not good.exists()
@@ -180,11 +187,14 @@ def _set_aside(d: Path) -> List[str]:
 
 
 def test_a_database_failure_puts_the_entry_back_and_stops(tmp_path: Path) -> None:
-    """Locked past its busy timeout, the database is the problem, not the entry: it stays queued, unclaimed."""
+    """Locked past its busy timeout, the database is the problem, not the entry: it stays queued,
+    unclaimed."""
     d = tmp_path / "spool"
     db = open_ctld_db(tmp_path / "ctld.db", 0.1)
-    first = _spool(d, "ctld", record_ops("epilog-slurmctld", _ctx(5, "epilog_slurmctld"), False, {}, 1795.0, 1.0))
-    second = _spool(d, "ctld", record_ops("epilog-slurmctld", _ctx(6, "epilog_slurmctld"), False, {}, 1796.0, 1.0))
+    first = _spool(d, "ctld",
+                   record_ops("epilog-slurmctld", _ctx(5, "epilog_slurmctld"), False, {}, 1795.0, 1.0))
+    second = _spool(d, "ctld",
+                    record_ops("epilog-slurmctld", _ctx(6, "epilog_slurmctld"), False, {}, 1796.0, 1.0))
     lock = sqlite3.connect(str(tmp_path / "ctld.db"), isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     try:
@@ -203,8 +213,10 @@ def test_one_replay_takes_record_sets_first_within_one_budget(tmp_path: Path) ->
     run_spool, state_spool, pend = tmp_path / "run", tmp_path / "state", tmp_path / "pending"
     db = open_ctld_db(tmp_path / "ctld.db")
     env_entry = _aged(_good_entry(pend, "epilog-slurmctld-1-1-1.0.env", 1), 1000)  # the oldest file
-    a = _spool(state_spool, "ctld", record_ops("epilog-slurmctld", _ctx(2, "epilog_slurmctld"), False, {}, 1.0, 1.0))
-    b = _spool(run_spool, "ctld", record_ops("epilog-slurmctld", _ctx(3, "epilog_slurmctld"), False, {}, 2.0, 1.0))
+    a = _spool(state_spool, "ctld",
+               record_ops("epilog-slurmctld", _ctx(2, "epilog_slurmctld"), False, {}, 1.0, 1.0))
+    b = _spool(run_spool, "ctld",
+               record_ops("epilog-slurmctld", _ctx(3, "epilog_slurmctld"), False, {}, 2.0, 1.0))
     dirs = [str(run_spool), str(state_spool), str(pend)]
     assert [p for p, _, _ in queue.candidates(dirs, (".json", ".env"))] == [str(a), str(b), str(env_entry)]
     assert replay_queue("ctld", db, dirs, "/etc/x.yaml", max_entries=1) == 1

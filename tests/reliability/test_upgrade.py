@@ -1,6 +1,7 @@
-"""Upgrades and downgrades: the first released schema (tests/data/schema_v1, committed as written then) migrates
-to the current one with no row lost; a database from a newer version is refused; recovery-queue entries written
-before the queue was merged (tests/data/queue_v1) replay to the rows the old code wrote from them."""
+"""Upgrades and downgrades: the first released schema (tests/data/schema_v1, committed as written then)
+migrates to the current one with no row lost; a database from a newer version is refused; recovery-queue
+entries written before the queue was merged (tests/data/queue_v1) replay to the rows the old code wrote from
+them."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,8 @@ def _dump(path: Path) -> Dict[str, List[dict]]:
 def _columns(path: Path) -> Dict[str, set]:
     conn = sqlite3.connect(str(path))
     out = {t: {r[1] for r in conn.execute(f"PRAGMA table_info([{t}])")}
-           for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")}
+           for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE "
+                                    "'sqlite_%'")}
     conn.close()
     return out
 
@@ -103,7 +105,8 @@ def test_downgrade_is_refused_and_changes_nothing(tmp_path: Path, name: str, ope
     shutil.copy(V1 / name, copy)
     opener(copy).conn.close()
     conn = sqlite3.connect(str(copy))
-    conn.execute("INSERT INTO _sqlite_migrations (migration_set, name, applied_at) VALUES (?, 'm900_from_v9', 'x')",
+    conn.execute("INSERT INTO _sqlite_migrations (migration_set, name, applied_at) VALUES (?, "
+                 "'m900_from_v9', 'x')",
                  [mset])
     conn.commit()
     conn.close()
@@ -125,7 +128,7 @@ def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
         barrier.wait()
         try:
             open_node_db(path, busy_timeout_s=10).conn.close()
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+        except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
     threads = [threading.Thread(target=go) for _ in range(16)]
@@ -141,8 +144,9 @@ def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
 
 def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) -> None:
     """Spool record sets (``<run_dir>/spool/*.json``) and pending environments (``*.env``, from coloc-hook and
-    from the shim) as the code before the merged queue wrote them are replayed by a new hook run's recording phase
-    into the rows that code's replay wrote (``expected_rows.json``), each once, and leave nothing queued."""
+    from the shim) as the code before the merged queue wrote them are replayed by a new hook run's recording
+    phase into the rows that code's replay wrote (``expected_rows.json``), each once, and leave nothing
+    queued."""
     cfg = Config(state_dir=str(tmp_path / "state"), run_dir=str(tmp_path / "run"))
     pend = tmp_path / "pending"
     for src, dst in ((QUEUE_V1 / "spool", tmp_path / "run" / "spool"), (QUEUE_V1 / "pending", pend)):
@@ -155,10 +159,12 @@ def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) ->
                                      (601, "prolog", "prolog_slurmd", "n1")):
         ctx = HookContext.from_env({"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": node,
                                     "SLURM_SCRIPT_CONTEXT": context, **env})
-        record_bounded(hook, ctx, cfg, True, {}, 1795600000.0, 5.0, {}, env)  # a new run: records, then replays
+        record_bounded(hook, ctx, cfg, True, {}, 1795600000.0, 5.0, {},
+                       env)  # a new run: records, then replays
     assert sorted(os.listdir(tmp_path / "run" / "spool")) == [] and sorted(os.listdir(pend)) == []
     expected = json.loads((QUEUE_V1 / "expected_rows.json").read_text())
-    got = {**{t: rows for t, rows in _dump(tmp_path / "state" / "ctld.db").items() if t in ("jobs", "events")},
+    got = {**{t: rows for t, rows in _dump(tmp_path / "state" / "ctld.db").items()
+              if t in ("jobs", "events")},
            **{t: rows for t, rows in _dump(tmp_path / "state" / "nodes" / "n1.db").items()
               if t in ("hook_runs", "job_runs")}}
     got["hook_runs"] = [r for r in got["hook_runs"] if r["job_id"] != 601]  # the new run's own row
@@ -167,8 +173,8 @@ def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) ->
 
 
 def _without_ids(rows: List[dict]) -> List[dict]:
-    """Rows without their ids, the columns added since (``state_source``) and the values the old code took from the
-    job's comment (no longer trusted: the script hash, see ``CLEARED``, and a failed hook's shard count, which now
-    comes only from Slurm's GRES), as sorted JSON strings."""
+    """Rows without their ids, the columns added since (``state_source``) and the values the old code took
+    from the job's comment (no longer trusted: the script hash, see ``CLEARED``, and a failed hook's shard
+    count, which now comes only from Slurm's GRES), as sorted JSON strings."""
     skip = {"id", "state_source", "script_sha256", "shards_req"}
     return sorted((json.dumps({k: v for k, v in r.items() if k not in skip}, sort_keys=True) for r in rows))

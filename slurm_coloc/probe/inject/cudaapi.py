@@ -12,7 +12,7 @@ import contextlib
 import types
 from typing import Any, Callable, Dict, List, Optional
 
-from slurm_coloc.probe.inject.fakecuda import ProbeState, _is_cuda_device
+from slurm_coloc.probe.inject.fakecuda import ProbeState, is_cuda_device
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
 H100_TOTAL_B = 81559 * (1 << 20)
@@ -209,7 +209,7 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
         """``torch.Generator(device="cuda")`` is a CPU generator here: there is no CUDA device to seed."""
 
         def __new__(cls, device: Any = "cpu") -> Any:
-            return real_generator("cpu" if _is_cuda_device(torch, device) else device)
+            return real_generator("cpu" if is_cuda_device(torch, device) else device)
 
     torch.Generator = Generator
     graphs = getattr(cuda, "graphs", None)

@@ -23,6 +23,26 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 SKIP_AFTER = 2  # identical no-grad calls traced before repeats are skipped
 
 
+_STAND_IN: List[Any] = []
+
+
+def _stand_in(torch: Any) -> Any:
+    """An autograd function making a new tensor of a given shape from a 0-dim anchor: an output that requires
+    grad and is no leaf, with no memory beyond its own (a ``clone()`` of a leaf would hold two)."""
+    if not _STAND_IN:
+        class StandIn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, anchor: Any, shape: Any, dtype: Any, device: Any) -> Any:  # type: ignore[override]
+                return torch.empty(shape, dtype=dtype, device=device)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+                return None, None, None, None
+
+        _STAND_IN.append(StandIn)
+    return _STAND_IN[0]
+
+
 class EvalPasses:
     """Skips repeated no-grad forwards and replays the evaluation batch (module docstring).
 
@@ -41,29 +61,34 @@ class EvalPasses:
         self.train_call: Optional[Tuple[Any, Any]] = None
         self.loader_batches: List[int] = []
         self.replayed: List[int] = []
+        self.smaller: Any = None  # smaller.SmallerCalls: calls no larger than the training call's
 
     # -- skeletons: structure, shapes and dtypes, no tensors held ------------------------------
     def skeleton(self, obj: Any) -> Optional[Tuple[Any, List[Any]]]:
-        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu)``; None if a leaf is opaque."""
+        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu, requires_grad)``; None if a
+        leaf is opaque."""
         from torch.utils._pytree import tree_flatten
 
         leaves, spec = tree_flatten(obj)
         out: List[Any] = []
         for leaf in leaves:
             if isinstance(leaf, self.torch.Tensor):
-                out.append(("t", tuple(leaf.shape), leaf.dtype, self.on_gpu(leaf)))
+                out.append(("t", tuple(leaf.shape), leaf.dtype, self.on_gpu(leaf), bool(leaf.requires_grad)))
             elif leaf is None or isinstance(leaf, (bool, int, float, str)):
                 out.append(("v", leaf))
             else:
                 return None
         return spec, out
 
-    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None) -> Any:
-        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0."""
+    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None, grad: bool = False) -> Any:
+        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
+        ``grad``: floating tensors that required grad require it again (outputs of :func:`_stand_in`, whose
+        graph leads to one small anchor tensor, not to the module)."""
         from torch.utils._pytree import tree_unflatten
 
         spec, leaves = skel
         made = []
+        anchor = None
         for leaf in leaves:
             if leaf[0] != "t":
                 made.append(leaf[1])
@@ -71,10 +96,16 @@ class EvalPasses:
             shape = list(leaf[1])
             if batch is not None and shape and shape[0] == batch[0]:
                 shape[0] = batch[1]
-            if leaf[3]:
-                made.append(self.torch.zeros(shape, dtype=leaf[2], device="cuda"))
-            else:
-                made.append(self.torch.zeros(shape, dtype=leaf[2]))
+            device = "cuda" if leaf[3] else "cpu"
+            if grad and leaf[4] and leaf[2].is_floating_point:
+                # not a leaf: programs scale a loss in place (``loss *= n``), which autograd refuses on a leaf
+                if anchor is None:
+                    anchor = self.torch.zeros((), device=device, requires_grad=True)
+                made.append(_stand_in(self.torch).apply(anchor, tuple(shape), leaf[2], device))
+                continue
+            # a GPU stand-in has no values anyway (one fake op, not two); a host one holds real zeros
+            make = self.torch.empty if leaf[3] else self.torch.zeros
+            made.append(make(shape, dtype=leaf[2], device=device))
         return tree_unflatten(made, spec)
 
     def _key(self, mod: Any, args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:
@@ -84,14 +115,16 @@ class EvalPasses:
         return (id(mod), str(skel[0]), tuple((x[0],) + tuple(str(v) for v in x[1:]) for x in skel[1]))
 
     # -- the module call wrapper ---------------------------------------------------------------
+    def note_train_call(self, mod: Any, args: Any, kwargs: Any) -> None:
+        """Remember a top-level grad-enabled call (the evaluation replay's inputs)."""
+        skel = self.skeleton((args, kwargs))
+        if skel is not None:
+            self.train_call = (weakref.ref(mod), skel)
+
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
         """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training calls."""
-        torch = self.torch
-        if torch.is_grad_enabled():
-            if any(True for _ in mod.parameters()):
-                skel = self.skeleton((args, kwargs))
-                if skel is not None:
-                    self.train_call = (weakref.ref(mod), skel)
+        if self.torch.is_grad_enabled():
+            self.note_train_call(mod, args, kwargs)
             return orig(mod, *args, **kwargs)
         key = self._key(mod, args, kwargs)
         if key is None:
@@ -100,11 +133,17 @@ class EvalPasses:
         if n >= SKIP_AFTER and key in self.outputs:
             self.skipped += 1
             return self.rebuild(self.outputs[key])
+        if self.smaller is not None:
+            answered, out = self.smaller.try_call(mod, args, kwargs, self.rebuild)
+            if answered:
+                return out
         out = orig(mod, *args, **kwargs)
         self.seen[key] = n + 1
         skel = self.skeleton(out)
         if skel is not None:
             self.outputs[key] = skel
+        if self.smaller is not None:
+            self.smaller.observe(mod, args, kwargs, skel)
         return out
 
     # -- after the steps -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 
 class ProbeState:
@@ -61,7 +61,8 @@ class ProbeState:
             return False
 
 
-def _is_cuda_device(torch: Any, d: Any) -> bool:
+def is_cuda_device(torch: Any, d: Any) -> bool:
+    """True when ``d`` (a ``torch.device`` or a string) names a CUDA device."""
     if isinstance(d, torch.device):
         return d.type == "cuda"
     if isinstance(d, str):
@@ -69,26 +70,10 @@ def _is_cuda_device(torch: Any, d: Any) -> bool:
     return False
 
 
-def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
-    """The highest of the GPU dispatch modes (:class:`GpuOps`): the op being dispatched makes GPU memory.
-
-    While it runs an op, ``state.cuda_op`` is True, so the tracker below replays the op's new
-    storages as GPU memory, and ``state.dispatch_depth`` counts the nesting (``FakeTensor.device``
-    reports the real fake device inside).
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _GpuTag(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            prev = state.cuda_op
-            state.cuda_op = True
-            state.dispatch_depth += 1
-            try:
-                return func(*args, **(kwargs or {}))
-            finally:
-                state.cuda_op = prev
-                state.dispatch_depth -= 1
-
+def tag_gpu_ops(state: ProbeState) -> None:
+    """Let the tracker replay only the storages of GPU ops: those made while :class:`GpuOps` runs an op
+    (``state.cuda_op``; ``state.dispatch_depth`` counts the nesting, and ``FakeTensor.device`` reports
+    the real fake device inside)."""
     orig_track = state.tracker.track
 
     def track(t: Any) -> None:
@@ -96,15 +81,14 @@ def make_gpu_tag_mode(torch: Any, state: ProbeState) -> Any:
             orig_track(t)
 
     state.tracker.track = track  # instance attribute: the tracker calls self.track
-    return _GpuTag()
 
 
 class GpuOps:
     """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
 
     Only GPU work is simulated. The dispatch modes (``modes``, lowest first: the fake-tensor mode of
-    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker, :func:`make_gpu_tag_mode`)
-    are not entered for the whole program: they are pushed around one op at a time, when
+    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker) are not entered for the whole
+    program: they are pushed around one op at a time, with ``state.cuda_op`` set (:func:`tag_gpu_ops`), when
 
     * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s
       own ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is
@@ -113,20 +97,38 @@ class GpuOps:
 
     Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python
     dispatch, so they cost what they cost in the job.
+
+    ``optional`` (the FLOP counter) is pushed only while ``use_optional`` is True: a mode that passes an op
+    on still costs a Python dispatch level per op.
     """
 
-    def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None,
+                 state: Optional[ProbeState] = None, optional: Any = None) -> None:
         self.torch = torch
-        self.modes = modes
+        self.all_modes = modes
+        self.optional = optional
+        self.use_optional = False
+        self.modes = [m for m in modes if m is not optional]
+        self.state = state
         self.depth = 0
         self.scalar_answer = scalar_answer  # a value read of a fake tensor that no mode answered (the tracker does)
+
+    def set_optional(self, on: bool) -> None:
+        """Push the optional mode with the others (True) or leave it out (False)."""
+        self.use_optional = on
+        self.modes = [m for m in self.all_modes if on or m is not self.optional]
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
         """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
         if self.depth:
             return func(*args, **(kwargs or {}))
+        st = self.state
         self.depth += 1
         entered = []
+        if st is not None:
+            prev = st.cuda_op
+            st.cuda_op = True
+            st.dispatch_depth += 1
         try:
             for m in self.modes:
                 m.__enter__()
@@ -136,6 +138,9 @@ class GpuOps:
             for m in reversed(entered):
                 m.__exit__(None, None, None)
             self.depth -= 1
+            if st is not None:
+                st.cuda_op = prev
+                st.dispatch_depth -= 1
 
     def install(self) -> None:
         """Route ops with fake arguments through :meth:`run` (``FakeTensor.__torch_dispatch__`` wrapped)."""
@@ -185,109 +190,15 @@ def _zeros_list(shape: Any, floating: bool) -> Any:
     return [inner if not isinstance(inner, list) else list(inner) for _ in range(shape[0])]
 
 
-def make_device_mode(torch: Any, state: ProbeState) -> Any:
-    """A function mode mapping the device ``cuda`` to GPU-tagged fake CPU tensors (module docstring)."""
-    from torch.overrides import TorchFunctionMode
-
-    from slurm_coloc.estimate.datadep import has_no_data
-
-    cuda0 = torch.device("cuda", 0)
-    cpu = torch.device("cpu")
-    T = torch.Tensor
-    dev_get, is_cuda_get = T.device.__get__, T.is_cuda.__get__
-    parse_to = torch._C._nn._parse_to  # Module.to(device=...) parses its arguments: not a factory
-
-    def to_gpu(t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
-        if state.on_gpu(t) and (dtype is None or dtype == t.dtype):
-            return t
-        kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
-        if memory_format is not None:
-            kw["memory_format"] = memory_format
-        return state.gpu.run(torch.ops.aten._to_copy.default, (t,), kw)
-
-    def to_host(t: Any, dtype: Any = None) -> Any:
-        if not state.on_gpu(t) and not has_no_data(torch, t):
-            return t if dtype is None or dtype == t.dtype else t.to(dtype)
-        # a GPU tensor read back to the host: real CPU zeros of its shape (the probe has no values)
-        state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
-        return torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
-
-    def tensor_to(t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
-        device = kwargs.get("device")
-        dtype = kwargs.get("dtype")
-        for a in args:
-            if isinstance(a, torch.dtype):
-                dtype = a
-            elif isinstance(a, torch.Tensor):
-                device, dtype = (cuda0 if state.on_gpu(a) else a.device), a.dtype
-            elif isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
-                device = cuda0 if isinstance(a, int) else a
-        if device is None:
-            return None
-        if _is_cuda_device(torch, device):
-            return to_gpu(t, dtype, kwargs.get("memory_format"))
-        if torch.device(device).type == "cpu":
-            return to_host(t, dtype)
-        return None
-
-    class _Device(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = dict(kwargs or {})
-            if func is dev_get:
-                return cuda0 if state.on_gpu(args[0]) else func(*args)
-            if func is is_cuda_get:
-                return state.on_gpu(args[0])
-            if func is T.get_device:
-                return 0 if state.on_gpu(args[0]) else -1
-            if func is T.cuda:
-                return to_gpu(args[0], memory_format=kwargs.get("memory_format"))
-            if func is T.cpu:
-                return to_host(args[0])
-            if func in (T.pin_memory, T.record_stream):
-                return args[0] if func is T.pin_memory else None
-            if func is T.is_pinned:
-                return False
-            if func is T.share_memory_ and state.on_gpu(args[0]):
-                return args[0]  # CUDA tensors: a no-op (torch docs: Tensor.share_memory_)
-            if func is T.numpy and has_no_data(torch, args[0]):
-                import numpy
-
-                state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")
-                return numpy.zeros(tuple(args[0].shape), dtype=str(args[0].dtype).replace("torch.", ""))
-            if func is T.__deepcopy__ and has_no_data(torch, args[0]):
-                # the default copies the fake tensor's __dict__, whose constant (a real tensor) cannot
-                # be cloned under FakeTensorMode; a clone of the same device, dtype and shape is one
-                src, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo")) or {}
-                if id(src) in memo:
-                    return memo[id(src)]
-                with torch.no_grad():
-                    out = src.clone()
-                out.requires_grad_(src.requires_grad)
-                memo[id(src)] = out
-                return out
-            if func is T.to:
-                out = tensor_to(args[0], args[1:], kwargs)
-                if out is not None:
-                    return out
-                return func(*args, **kwargs)
-            dev = kwargs.get("device")
-            if dev is not None and func is not parse_to and _is_cuda_device(torch, dev):
-                kwargs["device"] = cpu
-                return state.gpu.run(func, args, kwargs)
-            return func(*args, **kwargs)
-
-    return _Device()
-
-
 def make_host_fast_mode(torch: Any) -> Any:
     """The highest of the probe's function modes: host calls skip the modes below it.
 
     A call is a host call when no argument is a ``FakeTensor`` (GPU memory in the probe), no
     ``device=`` keyword names CUDA, and the function is none of those the device mode changes for
-    host tensors too (moves, ``.type``, pinning, ``.numpy``, copies). It runs with torch-function
-    handling off, so data loading and CPU preprocessing cost what they cost in the job, not a pass
-    through four Python modes per op; the dispatch modes still see it (``make_gpu_tag_mode`` runs
-    it on the CPU kernel at once).
+    host tensors too (moves, ``.type`` to a type name, pinning, ``.numpy``, copies). It runs with
+    torch-function handling off, so data loading and CPU preprocessing cost what they cost in the job,
+    not a pass through four Python modes per op; no dispatch mode sees it either (the GPU modes are
+    pushed for GPU ops only, :class:`GpuOps`).
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -312,6 +223,11 @@ def make_host_fast_mode(torch: Any) -> Any:
     class _HostFast(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
+            if func is T.type and len(args) == 2 and isinstance(args[1], torch.dtype) and not kwargs \
+                    and not isinstance(args[0], FakeTensor):
+                # ``.type(torch.int64)`` of a host tensor (word_language_model's tokenizer: once a line)
+                with torch._C.DisableTorchFunction():
+                    return func(*args)
             if func in special or "device" in kwargs or any_fake(args) or any_fake(kwargs.values()):
                 return func(*args, **kwargs)
             with torch._C.DisableTorchFunction():

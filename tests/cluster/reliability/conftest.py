@@ -1,6 +1,6 @@
 """Fixtures of the reliability campaign: a real local Slurm cluster of its own (faults are injected into ITS
-config, databases and directories, never into the shared session cluster), and helpers to submit jobs, read the
-hook log and the databases.
+config, databases and directories, never into the shared session cluster), and helpers to submit jobs, read
+the hook log and the databases.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ _DONE = re.compile(r"(?:INFO|WARNING|ERROR) coloc\[(\d+)\] (\S+) done in (\d+) m
 
 
 class FaultCluster:
-    """The campaign's cluster plus helpers. ``set_config(**extra)`` rewrites coloc.yaml (hooks read it per run)."""
+    """The campaign's cluster plus helpers. ``set_config(**extra)`` rewrites coloc.yaml (hooks read it per
+    run)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.c = cluster
@@ -50,7 +51,8 @@ class FaultCluster:
         return self.c.dir / "coloc" / "run"
 
     def set_config(self, text: Optional[str] = None, **extra: object) -> None:
-        body = text if text is not None else BASE_CONFIG.format(dir=self.c.dir, bin_dir=self.c.bin_dir) + "".join(
+        body = text if text is not None else BASE_CONFIG.format(dir=self.c.dir,
+                                                                bin_dir=self.c.bin_dir) + "".join(
             f"{k}: {v}\n" for k, v in extra.items())
         self.c.coloc_config.write_text(body)
 
@@ -74,7 +76,8 @@ class FaultCluster:
         return rec
 
     def wait_hooks(self, job_id: int, hooks=("epilog", "epilog-slurmctld"), timeout: float = 30) -> None:
-        """Wait until the named hooks of the job logged their end (EpilogSlurmctld runs after the state flips)."""
+        """Wait until the named hooks of the job logged their end (EpilogSlurmctld runs after the state
+        flips)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             done = {h for h, _ in self.hook_durations_ms(job_id)}
@@ -94,7 +97,8 @@ class FaultCluster:
         return out
 
     def drained(self) -> Dict[str, str]:
-        return {n: s for n, s in self.c.node_states().items() if s.startswith(("drain", "drng", "drai", "down"))}
+        return {n: s for n, s in self.c.node_states().items()
+                if s.startswith(("drain", "drng", "drai", "down"))}
 
     def rows(self, db: Path, sql: str, args: tuple = ()) -> List[Dict]:
         if not db.exists():

@@ -1,6 +1,7 @@
-"""Bad input through the real coloc-sbatch into the real cluster: scripts with CRLF, a BOM, NUL bytes, 10 MB of
-text, non-UTF-8, and option values with spaces, quotes, ``=``, unicode or nothing. Either the job is submitted
-exactly as asked (values verbatim in Slurm), or coloc-sbatch exits non-zero with one error line and NO job exists.
+"""Bad input through the real coloc-sbatch into the real cluster: scripts with CRLF, a BOM, NUL bytes, 10 MB
+of text, non-UTF-8, and option values with spaces, quotes, ``=``, unicode or nothing. Either the job is
+submitted exactly as asked (values verbatim in Slurm), or coloc-sbatch exits non-zero with one error line and
+NO job exists.
 """
 from __future__ import annotations
 
@@ -47,9 +48,11 @@ def test_bad_script_is_refused_with_one_line_and_nothing_submitted(fc: FaultClus
 
 def test_bom_script_runs_or_is_refused_cleanly(fc: FaultCluster) -> None:
     before = set(fc.c.job_ids())
-    proc = _coloc_sbatch(fc, "-o", "bom-%j.out", str(_write(fc, "bom.sh", b"\xef\xbb\xbf" + HEAD + b"echo bom-ok\n")))
+    proc = _coloc_sbatch(fc, "-o", "bom-%j.out",
+                         str(_write(fc, "bom.sh", b"\xef\xbb\xbf" + HEAD + b"echo bom-ok\n")))
     assert "Traceback" not in proc.stderr
-    if proc.returncode != 0:  # Slurm 22.05 sbatch: "This does not look like a batch script" (3 lines, its own)
+    # Slurm 22.05 sbatch: "This does not look like a batch script" (3 lines, its own)
+    if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         assert set(fc.c.job_ids()) == before and lines, proc.stderr
         assert len(lines) == 1 or all(ln.startswith("sbatch: error:") for ln in lines), proc.stderr
@@ -58,7 +61,8 @@ def test_bom_script_runs_or_is_refused_cleanly(fc: FaultCluster) -> None:
     assert fc.c.wait_job(job)["tres_per_node"] == "gres:shard:2"
 
 
-@pytest.mark.parametrize("value", ["a b", "it's \"quoted\"", "k=v=w", "ünïcödé ✓", " lead and trail ", "$HOME;`id`"])
+@pytest.mark.parametrize("value",
+                         ["a b", "it's \"quoted\"", "k=v=w", "ünïcödé ✓", " lead and trail ", "$HOME;`id`"])
 def test_option_values_reach_slurm_verbatim(fc: FaultCluster, value: str) -> None:
     script = _write(fc, "plain.sh", HEAD + b"echo hi\n")
     proc = _coloc_sbatch(fc, "-J", value, "--comment", value, str(script), value, "")

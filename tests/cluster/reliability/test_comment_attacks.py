@@ -1,5 +1,5 @@
-"""Attacks through the job comment on root's hooks, on the real cluster (issue 31, N3/N10, and the fourth campaign in
-docs/reliability.md). ``colocuser2`` attacks; ``colocuser`` is the victim.
+"""Attacks through the job comment on root's hooks, on the real cluster (issue 31, N3/N10, and the fourth
+campaign in docs/reliability.md). ``colocuser2`` attacks; ``colocuser`` is the victim.
 """
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ def _row(fc: FaultCluster, job: int) -> Dict:
 
 
 def test_a_comment_out_of_range_makes_an_unannotated_job_that_keeps_its_record(fc: FaultCluster) -> None:
-    """N3 through the hooks: the payload that stopped the placer, NaN and an estimate of 10^20 MiB, each in a real
-    job's comment. Each job is recorded whole (user, name, Slurm's GRES) as an unannotated job (no estimate, no
-    coloc JSON), with one log line in the hooks' log; its neighbours' records are untouched."""
+    """N3 through the hooks: the payload that stopped the placer, NaN and an estimate of 10^20 MiB, each in a
+    real job's comment. Each job is recorded whole (user, name, Slurm's GRES) as an unannotated job (no
+    estimate, no coloc JSON), with one log line in the hooks' log; its neighbours' records are untouched."""
     work = _dir(fc, ATTACKER)
     comments = ['coloc:{"v":1,"mode":"shard","shards":2,"mem_mib":1500,"spec":{"batch_size":1,"input_shape":['
                 + BIG_INT + ']}}',
@@ -75,9 +75,9 @@ def test_a_comment_out_of_range_makes_an_unannotated_job_that_keeps_its_record(f
 
 
 def test_a_forged_rerun_tag_changes_nothing_of_the_job_it_names(fc: FaultCluster) -> None:
-    """Fourth campaign: colocuser2's failing job carries ``oom-retry-of-<victim>`` and a ``retry_of`` key naming
-    colocuser's job. Root gives the attacker's job no rerun (it claims to be one: its own loss) and the victim's
-    records (its jobs row, its OOM rows, its rerun budget) are unchanged."""
+    """Fourth campaign: colocuser2's failing job carries ``oom-retry-of-<victim>`` and a ``retry_of`` key
+    naming colocuser's job. Root gives the attacker's job no rerun (it claims to be one: its own loss) and the
+    victim's records (its jobs row, its OOM rows, its rerun budget) are unchanged."""
     victim = _sbatch(fc, VICTIM, _dir(fc, VICTIM), "--gres=shard:2", body="true\n")
     assert _finish(fc, victim)["job_state"] == "COMPLETED"
     before = _row(fc, victim)
@@ -93,8 +93,10 @@ def test_a_forged_rerun_tag_changes_nothing_of_the_job_it_names(fc: FaultCluster
     own = fc.rows(fc.c.ctld_db, "SELECT retry_of FROM oom_events WHERE job_id = ?", (attack,))
     assert own and all(r["retry_of"] is None for r in own), own
     after = _row(fc, victim)
-    keys = ("user_name", "uid", "job_name", "shards_req", "estimate_mib", "estimate_method", "coloc_json", "state",
-            "exit_code")  # settling may still turn state_source from inferred to slurm: that is the victim's own
+    keys = ("user_name", "uid", "job_name", "shards_req", "estimate_mib", "estimate_method", "coloc_json",
+            "state",
+            # settling may still turn state_source from inferred to slurm: that is the victim's own
+            "exit_code")
     assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
 
 
@@ -108,16 +110,18 @@ def test_nothing_can_be_planted_where_root_writes_the_heartbeat_and_listens(fc: 
         if not (run_dir / name).exists():
             out = fc.c.run(["ln", "-s", "/etc/shadow", str(run_dir / name)], user=ATTACKER)
             assert out.returncode != 0 and "Permission denied" in out.stderr, out
-    code = ("import os,socket,sys\ntry: os.unlink(sys.argv[1] + '/report.sock')\nexcept FileNotFoundError: pass\n"
+    code = ("import os,socket,sys\ntry: os.unlink(sys.argv[1] + '/report.sock')\nexcept FileNotFoundError: "
+            "pass\n"
             "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1] + '/report.sock')")
     out = fc.c.run(["python3", "-c", code, str(run_dir)], user=ATTACKER)
     assert out.returncode != 0 and "Permission denied" in out.stderr, out
 
 
 def test_each_component_of_a_heterogeneous_job_is_attributed_to_its_own_job_id(fc: FaultCluster) -> None:
-    """N4/N6 family: a heterogeneous job's steps on both components, real slurmstepd processes (this cluster tracks
-    processes without cgroups: ``proctrack/linuxproc``). Each step's process counts against its component's job id
-    (the leader's for group 0, the next for group 1), as each component's node Prolog records it."""
+    """N4/N6 family: a heterogeneous job's steps on both components, real slurmstepd processes (this cluster
+    tracks processes without cgroups: ``proctrack/linuxproc``). Each step's process counts against its
+    component's job id (the leader's for group 0, the next for group 1), as each component's node Prolog
+    records it."""
     from slurm_coloc.node.attribution import JobAttributor
 
     work = _dir(fc, VICTIM)
@@ -126,7 +130,8 @@ def test_each_component_of_a_heterogeneous_job_is_attributed_to_its_own_job_id(f
     script = work / "het.sh"
     script.write_text("#!/bin/bash\n" + body)
     shutil.chown(script, VICTIM, VICTIM)
-    out = fc.c.run(["sbatch", "--parsable", "-t", "2", "-o", "o-%j.out", "-w", "n1", "-n1", ":", "-w", "n2", "-n1",
+    out = fc.c.run(["sbatch", "--parsable", "-t", "2", "-o", "o-%j.out", "-w", "n1", "-n1", ":", "-w", "n2",
+                    "-n1",
                     str(script)], user=VICTIM, cwd=work)
     assert out.returncode == 0, out.stderr
     leader = int(out.stdout.strip().split(";")[0])

@@ -1,8 +1,9 @@
-"""Faults injected under every hook of a real job on a real cluster (docs/reliability.md, table "Hook faults").
+"""Faults injected under every hook of a real job on a real cluster (docs/reliability.md, table "Hook
+faults").
 
 For each fault: the job still runs to COMPLETED, no node is drained, every root hook process ends within its
-bound (hooks/runner.py ``bound_s``: 9 s with this cluster's config), and once the fault is removed the next job's
-hooks leave the first job's records in the databases (written directly, or replayed from the spool).
+bound (hooks/runner.py ``bound_s``: 9 s with this cluster's config), and once the fault is removed the next
+job's hooks leave the first job's records in the databases (written directly, or replayed from the spool).
 """
 from __future__ import annotations
 
@@ -85,8 +86,9 @@ def fault_db_corrupt(fc: FaultCluster) -> Iterator[None]:
 
 @contextlib.contextmanager
 def fault_db_full_fs(fc: FaultCluster) -> Iterator[None]:
-    """state_dir on a small tmpfs (databases copied in) filled to the last byte; on exit the filler goes (space
-    again) and the tmpfs stays mounted for the recovery job; ``_unmount_full_fs`` puts state_dir back."""
+    """state_dir on a small tmpfs (databases copied in) filled to the last byte; on exit the filler goes
+    (space again) and the tmpfs stays mounted for the recovery job; ``_unmount_full_fs`` puts state_dir
+    back."""
     _warm(fc)
     state = fc.state_dir
     saved = fc.c.dir / "state-saved"
@@ -125,7 +127,8 @@ def _restart_slurmds(fc: FaultCluster) -> None:
     """24.11/26.05 only: their slurmd runs in a mount namespace of its own, copied when it starts
     (``scripts/slurm_versions.sh``: the release's slurmstepd is bound over /usr/sbin/slurmstepd there), so a
     mount made or removed later is not seen by it or its hooks: restart both slurmd to make the node hooks see
-    the tmpfs (and, after ``_unmount_full_fs``, the state directory again). 22.05's slurmd shares the host's."""
+    the tmpfs (and, after ``_unmount_full_fs``, the state directory again). 22.05's slurmd shares the
+    host's."""
     if fc.c.version == "22.05":
         return
     for node in ("n1", "n2"):
@@ -152,7 +155,8 @@ def fault_config(fc: FaultCluster, text_of: Callable[[str], str]) -> Iterator[No
 
 @contextlib.contextmanager
 def fault_config_missing(fc: FaultCluster) -> Iterator[None]:
-    """``$COLOC_CONFIG`` names a file that is not there (an empty file would be a valid all-defaults config)."""
+    """``$COLOC_CONFIG`` names a file that is not there (an empty file would be a valid all-defaults
+    config)."""
     fc.c.coloc_config.unlink()
     assert not Path("/var/lib/slurm-coloc").exists(), "the defaults' state_dir must not exist on a test host"
     yield
@@ -213,18 +217,22 @@ FAULTS: Dict[str, Callable[[FaultCluster], "contextlib.AbstractContextManager[No
     "config-bad-value": lambda fc: fault_config(fc, lambda t: t + "mps_mode: sometimes\n"),
     "config-not-yaml": lambda fc: fault_config(fc, lambda t: t + "gpu_mem_gib: [80,\n"),
     "config-missing": fault_config_missing,
-    "scontrol-fails": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "fail", "echo boom >&2; exit 1\n")),
+    "scontrol-fails": lambda fc: fault_extra(fc,
+                                             slurm_bin_dir=_fault_bin(fc, "fail", "echo boom >&2; exit 1\n")),
     "scontrol-hangs": lambda fc: fault_extra(fc, slurm_bin_dir=_fault_bin(fc, "hang", "exec sleep 300\n")),
     "nvml-erroring": lambda fc: fault_nvml(fc, "error"),
     "nvml-hangs": lambda fc: fault_nvml(fc, "hang"),  # C code: only the hard kill of the hook's child ends it
     "mps-missing": lambda fc: fault_extra(fc, mps_control_bin="/nonexistent/nvidia-cuda-mps-control"),
     "mps-fails": lambda fc: fault_extra(fc, mps_control_bin="/bin/false"),
-    "hook-over-budget": lambda fc: fault_extra(  # MPS control hangs; its own timeout (30 s) > the hook's (4 s)
-        fc, mps_control_bin=_fault_bin(fc, "mpshang", "exec sleep 300\n") / "scontrol", mps_start_timeout_s=30),
+    # MPS control hangs; its own timeout (30 s) > the hook's (4 s)
+    "hook-over-budget": lambda fc: fault_extra(
+        fc, mps_control_bin=_fault_bin(fc, "mpshang", "exec sleep 300\n") / "scontrol",
+        mps_start_timeout_s=30),
 }
 # The hook that fails under each fault and words of its recorded error (the others succeed, degraded).
 EXPECT_FAILED = {
-    "db-locked": ("prolog", "locked"), "db-corrupt": ("prolog", "not a database"), "db-full-fs": ("prolog", "full"),
+    "db-locked": ("prolog", "locked"), "db-corrupt": ("prolog", "not a database"),
+    "db-full-fs": ("prolog", "full"),
     "config-bad-value": ("prolog", "mps_mode"), "config-not-yaml": ("prolog", "not valid YAML"),
     "scontrol-fails": ("prolog", "boom"), "scontrol-hangs": ("prolog", "timed out"),
     "hook-over-budget": ("prolog", "timed out after 4 s"), "nvml-hangs": ("prolog", "killed after 5 s"),
@@ -237,7 +245,8 @@ def _records(fc: FaultCluster, job_id: int) -> Dict[str, object]:
     n1 = fc.node_db("n1")
     return {
         "job_run": fc.rows(n1, "SELECT * FROM job_runs WHERE job_id = ?", (job_id,)),
-        "hook_runs": {r["hook"] for r in fc.rows(n1, "SELECT hook FROM hook_runs WHERE job_id = ?", (job_id,))},
+        "hook_runs": {r["hook"]
+                      for r in fc.rows(n1, "SELECT hook FROM hook_runs WHERE job_id = ?", (job_id,))},
         "job": fc.rows(fc.ctld_db, "SELECT * FROM jobs WHERE job_id = ?", (job_id,)),
     }
 
@@ -283,16 +292,20 @@ def _run_fault(fc: FaultCluster, fault: str, script: Path, t0: float) -> None:
     elif fault == "db-full-fs":  # SQLite reuses the existing WAL file's space, so some writes may still fit
         assert spooled_during >= 1
     assert not fc.spooled(), "everything pending was replayed"
-    n1_hooks = fc.rows(fc.node_db("n1"), "SELECT hook, ok, detail_json FROM hook_runs WHERE job_id = ?", (job_a,))
+    n1_hooks = fc.rows(fc.node_db("n1"), "SELECT hook, ok, detail_json FROM hook_runs WHERE job_id = ?",
+                       (job_a,))
     if fault in EXPECT_FAILED:  # the fault really hit: the failed hook and its reason are on record
         hook, words = EXPECT_FAILED[fault]
         rows = [r for r in n1_hooks if r["hook"] == hook] + [
-            r for r in fc.rows(fc.ctld_db, "SELECT detail_json FROM events WHERE job_id = ? AND kind = 'hook-error'",
+            r for r in fc.rows(fc.ctld_db,
+                               "SELECT detail_json FROM events WHERE job_id = ? AND kind = 'hook-error'",
                                (job_a,)) if f'"{hook}"' in r["detail_json"]]
         assert any(words in r["detail_json"] and not r.get("ok") for r in rows), (fault, rows)
-    if fault in ("scontrol-fails", "scontrol-hangs"):  # the Epilog tears down and records without Slurm's answer
+    if fault in ("scontrol-fails",
+                 "scontrol-hangs"):  # the Epilog tears down and records without Slurm's answer
         ep = [r for r in n1_hooks if r["hook"] == "epilog"]
         assert len(ep) == 1 and ep[0]["ok"] and '"slurm"' in ep[0]["detail_json"], ep
     if fault == "nvml-erroring":
-        assert "NVML cannot be initialised: Unknown Error" in fc.hooks_log.read_text()  # our fake lib answered
+        # our fake lib answered
+        assert "NVML cannot be initialised: Unknown Error" in fc.hooks_log.read_text()
     assert time.time() - t0 < 150

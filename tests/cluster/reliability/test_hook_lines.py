@@ -1,9 +1,10 @@
 """Every hook run leaves exactly one ``<hook> done in N ms`` line in hooks.log (docs/reliability.md, "Load").
 
 The 200-submission load run found 129 of 200 EpilogSlurmctld ``done`` lines: on an overloaded host the shim's
-``timeout`` (30 s from exec, Python start-up included) SIGTERMed hook processes whose own 25 s bound started only
-after start-up; the parent died silently while its child (own process group) still wrote the row. Now the budget
-counts start-up and a SIGTERM is caught: the run is spooled and logged as ``done ... (TERMINATED ...)``.
+``timeout`` (30 s from exec, Python start-up included) SIGTERMed hook processes whose own 25 s bound started
+only after start-up; the parent died silently while its child (own process group) still wrote the row. Now the
+budget counts start-up and a SIGTERM is caught: the run is spooled and logged as ``done ... (TERMINATED
+...)``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ HOOKS = ("prolog-slurmctld", "prolog", "epilog", "epilog-slurmctld")
 
 def _done_lines(log: Path, job: int) -> List[str]:
     pat = re.compile(rf"coloc\[{job}\] (\S+) done in \d+ ms")
-    return [ln for ln in log.read_text(errors="replace").splitlines() if pat.search(ln)] if log.exists() else []
+    return [ln for ln in log.read_text(errors="replace").splitlines()
+            if pat.search(ln)] if log.exists() else []
 
 
 def _per_hook(log: Path, jobs: List[int]) -> Dict[int, Dict[str, int]]:
@@ -72,16 +74,19 @@ def test_concurrent_jobs_leave_one_done_line_per_hook_run(fc: FaultCluster) -> N
     assert all(c == {h: 1 for h in HOOKS} for c in counts.values()), counts
 
 
-def test_sigterm_mid_hook_leaves_one_terminated_line_and_spools_the_run(fc: FaultCluster, tmp_path: Path) -> None:
+def test_sigterm_mid_hook_leaves_one_terminated_line_and_spools_the_run(fc: FaultCluster,
+                                                                        tmp_path: Path) -> None:
     job = fc.run_job(fc.script("term.sh"))["job_id"]  # a real job scontrol still knows
     conf = tmp_path / "coloc.yaml"
     conf.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\n"
                     f"slurm_bin_dir: {fc.c.bin_dir}\nhook_timeout_s: 20\ndb_busy_timeout_s: 20\n")
-    open_ctld_db(tmp_path / "state" / "ctld.db")  # created, then held locked: the hook's child waits in SQLite
+    # created, then held locked: the hook's child waits in SQLite
+    open_ctld_db(tmp_path / "state" / "ctld.db")
     lock = sqlite3.connect(str(tmp_path / "state" / "ctld.db"), isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(fc.c.conf), "COLOC_CONFIG": str(conf),
-           "SLURM_JOB_ID": str(job), "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld", "SLURM_JOB_USER": "colocuser",
+           "SLURM_JOB_ID": str(job), "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld",
+           "SLURM_JOB_USER": "colocuser",
            "SLURM_JOB_UID": "2001", "COLOC_SHIM_TIMEOUT_S": "60"}
     proc = subprocess.Popen([str(VENV_BIN / "coloc-hook"), "prolog-slurmctld"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -106,7 +111,8 @@ def test_sigterm_mid_hook_leaves_one_terminated_line_and_spools_the_run(fc: Faul
     assert rc == 0 and took < 2.0, (rc, took, proc.stderr.read() if proc.stderr else "")
     lines = _done_lines(tmp_path / "log" / "hooks.log", job)
     assert len(lines) == 1 and "TERMINATED" in lines[0] and " ERROR " in lines[0], lines
-    # the child (own process group) was left to finish: the database is free again, it writes the row and exits
+    # the child (own process group) was left to finish: the database is free again, it writes the row and
+    # exits
     deadline = time.time() + 30
     while time.time() < deadline and _alive(child):
         time.sleep(0.2)
@@ -137,8 +143,8 @@ def _catches_sigterm(pid: int) -> bool:
 
 
 def test_sigterm_during_start_up_still_leaves_one_line(tmp_path: Path) -> None:
-    """SIGTERM as soon as coloc-hook catches it (during its imports, long before its work): one line, exit 0, and
-    its pending environment."""
+    """SIGTERM as soon as coloc-hook catches it (during its imports, long before its work): one line, exit 0,
+    and its pending environment."""
     conf = tmp_path / "coloc.yaml"
     conf.write_text(f"state_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\nlog_dir: {tmp_path}/log\n")
     (tmp_path / "log").mkdir()
@@ -153,6 +159,7 @@ def test_sigterm_during_start_up_still_leaves_one_line(tmp_path: Path) -> None:
     assert proc.wait(timeout=10) == 0
     lines = _done_lines(tmp_path / "log" / "hooks.log", 4242)
     assert len(lines) == 1 and "TERMINATED" in lines[0] and "epilog-slurmctld" in lines[0], lines
-    # it left its environment for the next hook run (tests/reliability/test_pending_env.py replays such entries)
+    # it left its environment for the next hook run (tests/reliability/test_pending_env.py replays such
+    # entries)
     entries = list((tmp_path / "pending").glob("epilog-slurmctld-4242-*.env"))
     assert len(entries) == 1 and "pending entry" in lines[0], (entries, lines)

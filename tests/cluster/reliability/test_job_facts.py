@@ -1,8 +1,8 @@
 """The root hooks take job facts from slurmctld's record, never from text a user wrote, on the real cluster.
 
-Each attack runs as the ordinary user ``colocuser``: a job name (or work directory) holding ``Key=value`` text or
-a newline must not change the shards the MPS fence and the records use, nor the final state that decides an OOM
-rerun. Array tasks are recorded one by one and each gets its own AdminComment.
+Each attack runs as the ordinary user ``colocuser``: a job name (or work directory) holding ``Key=value`` text
+or a newline must not change the shards the MPS fence and the records use, nor the final state that decides an
+OOM rerun. Array tasks are recorded one by one and each gets its own AdminComment.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_forged_gres_in_the_job_name_gets_the_real_shards_and_fence(fc: FaultClu
                   body="env | grep -E '^(CUDA_MPS_PINNED|COLOC_SHARE)' | sort\n")
     assert fc.c.wait_job(job)["job_state"] == "COMPLETED"
     fc.wait_hooks(job)
-    env = dict(ln.split("=", 1) for ln in (fc.c.jobs_dir / f"facts-{job}.out").read_text().splitlines() if "=" in ln)
+    env = dict(ln.split("=", 1) for ln in (fc.c.jobs_dir / f"facts-{job}.out").read_text().splitlines()
+               if "=" in ln)
     assert env.get("COLOC_SHARE") == "mps" and env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == "0=2G", env
     rows = _job_rows(fc, job)
     assert [r["shards_req"] for r in rows["ctld"]] == [2] and rows["ctld"][0]["share_mode"] == "shard", rows
@@ -105,13 +106,15 @@ def _hook_details(fc: FaultCluster, job: int, hook: str) -> List[str]:
 
 
 def test_array_tasks_are_recorded_and_commented_one_by_one(fc: FaultCluster) -> None:
-    """``--array=0-1%1``: task 1 starts after task 0 ended; each task is its own job id in every database and its
-    AdminComment names ``<array>_<task>`` (a bare array id would also name the finished task and be refused)."""
+    """``--array=0-1%1``: task 1 starts after task 0 ended; each task is its own job id in every database and
+    its AdminComment names ``<array>_<task>`` (a bare array id would also name the finished task and be
+    refused)."""
     array = _submit(fc, "--gres=shard:2", "--array=0-1%1", "-o", "arr-%A_%a.out", body="sleep 1\n")
     deadline = time.time() + 120
     tasks: Dict[int, int] = {}
     while time.time() < deadline:
-        recs = [j for j in fc.c.squeue() if j.get("array_job_id") == array and j.get("array_task_id") is not None]
+        recs = [j for j in fc.c.squeue() if j.get("array_job_id") == array
+                and j.get("array_task_id") is not None]
         tasks = {j["array_task_id"]: j["job_id"] for j in recs}
         if len(tasks) == 2 and all(j["job_state"] == "COMPLETED" for j in recs):
             break
@@ -120,10 +123,12 @@ def test_array_tasks_are_recorded_and_commented_one_by_one(fc: FaultCluster) -> 
     for task, job in tasks.items():
         fc.wait_hooks(job)
         rows = _job_rows(fc, job)
-        assert [r["state"] for r in rows["ctld"]] == ["COMPLETED"] and [r["shards"] for r in rows["node"]] == [2]
+        assert [r["state"] for r in rows["ctld"]] == ["COMPLETED"] and [r["shards"]
+                                                                        for r in rows["node"]] == [2]
         pro = _hook_details(fc, job, "prolog-slurmctld")
         assert pro and "'admin_comment': 'provisional'" in pro[-1], pro
-        events = fc.rows(fc.c.ctld_db, "SELECT detail_json FROM events WHERE job_id = ? AND kind = 'admin-comment'",
+        events = fc.rows(fc.c.ctld_db,
+                         "SELECT detail_json FROM events WHERE job_id = ? AND kind = 'admin-comment'",
                          (job,))
         assert len(events) == 1, events
         detail = json.loads(events[0]["detail_json"])

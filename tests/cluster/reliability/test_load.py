@@ -1,6 +1,7 @@
 """Load, reduced for CI (the full counts run in benchmarks/load_submit.py and load_start.py; figures in
-docs/reliability.md): parallel coloc-sbatch clients, and many jobs starting together on one node. Every submission
-accepted, every job recorded exactly once, no hook row lost or failed (WAL, BEGIN IMMEDIATE, busy timeouts)."""
+docs/reliability.md): parallel coloc-sbatch clients, and many jobs starting together on one node. Every
+submission accepted, every job recorded exactly once, no hook row lost or failed (WAL, BEGIN IMMEDIATE, busy
+timeouts)."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,5 @@
-"""Hook runs that end before they can record (killed during start-up, by the shim's timeout, crashed) leave their
-environment in the pending directory; the next hook run of the same database records their rows, once
+"""Hook runs that end before they can record (killed during start-up, by the shim's timeout, crashed) leave
+their environment in the pending directory; the next hook run of the same database records their rows, once
 (hooks/pending.py, store/queue.py). Real coloc-hook processes, the real shim, real SQLite.
 """
 from __future__ import annotations
@@ -56,7 +56,8 @@ def _entries(pend: Path, suffix: str = ".env") -> List[Path]:
     return sorted(p for p in pend.iterdir() if p.name.endswith(suffix)) if pend.is_dir() else []
 
 
-def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultCluster, tmp_path: Path) -> None:
+def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultCluster,
+                                                                      tmp_path: Path) -> None:
     conf, pend = fc.c.coloc_config, fc.c.dir / "coloc" / "pending"
     first = fc.run_job(fc.script("pend1.sh"), node="n1")["job_id"]  # a real job first: the databases exist
     ghost = first + 100000  # a job id of its own: only the recovered rows can name it
@@ -73,7 +74,8 @@ def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultC
         ["prolog", "epilog", "prolog-slurmctld", "epilog-slurmctld"]), entries
     saved = {p.name: p.read_bytes() for p in entries}
     envs = {p: pending.decode(queue.read(str(p))[0]) for p in entries}
-    captured = {env["COLOC_PENDING_HOOK"]: pending.times_of(env, p.stat().st_mtime) for p, env in envs.items()}
+    captured = {env["COLOC_PENDING_HOOK"]: pending.times_of(env, p.stat().st_mtime) for p,
+                env in envs.items()}
 
     nxt = fc.run_job(fc.script("pend2.sh"), node="n1")["job_id"]  # its hooks replay the entries
     deadline = time.time() + 30
@@ -95,7 +97,8 @@ def test_killed_runs_leave_entries_and_the_next_runs_record_them_once(fc: FaultC
         assert abs(runs[0]["start_ts"] - captured["prolog"][0]) < 0.01, runs
         jobs = fc.rows(fc.c.ctld_db, "SELECT end_ts, updated_ts FROM jobs WHERE job_id = ?", (ghost,))
         assert len(jobs) == 1 and abs(jobs[0]["end_ts"] - captured["epilog-slurmctld"][1]) < 0.01, jobs
-        events = fc.rows(fc.c.ctld_db, "SELECT ts, detail_json FROM events WHERE job_id = ? AND kind = 'hook-error'",
+        events = fc.rows(fc.c.ctld_db,
+                         "SELECT ts, detail_json FROM events WHERE job_id = ? AND kind = 'hook-error'",
                          (ghost,))
         assert len(events) == 2 and all("recorded later" in e["detail_json"] for e in events), events
 
@@ -115,7 +118,8 @@ def _good_entry(pend: Path, name: str, job: int) -> Path:
     pend.mkdir(mode=0o700, exist_ok=True)
     path = pend / name
     path.write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in {
-        "COLOC_PENDING_HOOK": "epilog-slurmctld", "COLOC_PENDING_RC": "143", "COLOC_PENDING_TS": "1700000000.5",
+        "COLOC_PENDING_HOOK": "epilog-slurmctld", "COLOC_PENDING_RC": "143",
+        "COLOC_PENDING_TS": "1700000000.5",
         "COLOC_PENDING_UP0": "100.00", "COLOC_PENDING_UP1": "101.00", "SLURM_JOB_ID": str(job),
         "SLURM_JOB_EXIT_CODE": "0", "COLOC_CONFIG": "/etc/x.yaml"}.items()))
     path.chmod(0o600)
@@ -147,7 +151,8 @@ def test_unsafe_or_malformed_entries_are_set_aside_never_applied(tmp_path: Path)
     assert not good.exists() and other.exists()  # another cluster's entry is left alone
     bad = sorted(p.name for p in pend.iterdir() if p.name.endswith(".bad"))
     assert bad == [f"epilog-slurmctld-{j}-1-1.0.env.bad" for j in (1, 2, 3, 4, 5)], bad
-    assert (pend / "epilog-slurmctld-1-1-1.0.env.bad").is_symlink() and outside.exists()  # link moved, not followed
+    # link moved, not followed
+    assert (pend / "epilog-slurmctld-1-1-1.0.env.bad").is_symlink() and outside.exists()
     # a planted symlink directory is not used at all
     shutil.rmtree(pend)
     os.symlink(tmp_path / "outside", pend)

@@ -1,8 +1,10 @@
-"""Issue 31, third campaign: attacks by ordinary users on the OOM rerun and the TaskProlog, on the real cluster
-(docs/reliability.md "Third campaign"). Each test says what it found before the fix.
+"""Issue 31, third campaign: attacks by ordinary users on the OOM rerun and the TaskProlog, on the real
+cluster (docs/reliability.md "Third campaign"). Each test says what it found before the fix.
 
-N1: directives root's ``sbatch --uid`` read from the user's script; N2: one array task's OOM rerun the whole array;
-N6: het components got the leader's env file; N9: ``--export=COLOC_RUN_DIR=...`` removed the TaskProlog's exports.
+N1: directives root's ``sbatch --uid`` read from the user's script; N2: one array task's OOM rerun the whole
+array;
+N6: het components got the leader's env file; N9: ``--export=COLOC_RUN_DIR=...`` removed the TaskProlog's
+exports.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def _submit(fc: FaultCluster, user: str, cwd: Path, text: str, *opts: str) -> in
     script.write_text(text)
     shutil.chown(script, user, user)
     script.chmod(0o755)
-    proc = fc.c.run(["sbatch", "--parsable", "-t", "5", "-o", "o-%j.out", *opts, str(script)], user=user, cwd=cwd)
+    proc = fc.c.run(["sbatch", "--parsable", "-t", "5", "-o", "o-%j.out", *opts, str(script)], user=user,
+                    cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip().split(";")[0])
 
@@ -69,8 +72,8 @@ SHARING_KEYS = ("OverSubscribe=", "Exclusive=")  # the rerun shares its node as 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
 def test_pbs_and_bsub_directives_never_become_options_of_roots_rerun(fc: FaultCluster, dialect: str) -> None:
     """N1. Before: root's ``sbatch --uid`` read the script's ``#PBS``/``#BSUB`` lines that the user's own
-    submission ignored (``--ignore-pbs``): the rerun of ``#PBS -p -1000`` had Nice=-1000 (the user's own sbatch
-    refuses it: "Invalid --nice value"), and ``#BSUB -x -m n2`` made it take node n2 exclusively."""
+    submission ignored (``--ignore-pbs``): the rerun of ``#PBS -p -1000`` had Nice=-1000 (the user's own
+    sbatch refuses it: "Invalid --nice value"), and ``#BSUB -x -m n2`` made it take node n2 exclusively."""
     fc.set_config(oom_rerun_per_user_max=1000)
     lines, _before, after = DIALECTS[dialect]
     work = _workdir(fc, "n1", ATTACKER)
@@ -95,13 +98,14 @@ def test_pbs_and_bsub_directives_never_become_options_of_roots_rerun(fc: FaultCl
 
 
 def test_one_array_tasks_oom_reruns_that_task_alone(fc: FaultCluster) -> None:
-    """N2. Before: task 0's OOM resubmitted ``--array=0-3`` on whole GPUs: 4 reruns (``_0``..``_3``), the tasks
-    that had succeeded included, for one unit of the budget."""
+    """N2. Before: task 0's OOM resubmitted ``--array=0-3`` on whole GPUs: 4 reruns (``_0``..``_3``), the
+    tasks that had succeeded included, for one unit of the budget."""
     fc.set_config(oom_rerun_per_user_max=1000)
     work = _workdir(fc, "n2", VICTIM)
     text = ("#!/bin/bash\n#SBATCH --array=0-3\n"
             "if [ \"$SLURM_ARRAY_TASK_ID\" = 0 ] && [ \"${SLURM_SHARDS_ON_NODE:-0}\" -lt 80 ]; then\n"
-            f"  echo '{OOM_LINE}' >&2; exit 1\nfi\necho \"task $SLURM_ARRAY_TASK_ID done on $SLURM_SHARDS_ON_NODE\"\n")
+            f"  echo '{OOM_LINE}' >&2; exit 1\nfi\necho \"task $SLURM_ARRAY_TASK_ID done on "
+            "$SLURM_SHARDS_ON_NODE\"\n")
     array = _submit(fc, VICTIM, work, text, "--gres=shard:2", "-o", "a-%A_%a.out")
     tasks: Dict[int, int] = {}
     deadline = time.time() + 60
@@ -123,7 +127,8 @@ def test_one_array_tasks_oom_reruns_that_task_alone(fc: FaultCluster) -> None:
     assert "task 0 done on 80" in out  # appended to task 0's own output
     rows = fc.rows(fc.c.ctld_db, "SELECT job_id, retry_job_id FROM oom_events WHERE retry_job_id IS NOT NULL "
                    "AND job_id IN (?, ?, ?, ?)", tuple(tasks.values()))
-    assert rows == [{"job_id": tasks[0], "retry_job_id": int(rerun["job_id"])}], rows  # one unit of the budget
+    assert rows == [{"job_id": tasks[0],
+                     "retry_job_id": int(rerun["job_id"])}], rows  # one unit of the budget
 
 
 def test_each_het_component_gets_its_own_grants_env(fc: FaultCluster) -> None:
@@ -143,15 +148,17 @@ def test_each_het_component_gets_its_own_grants_env(fc: FaultCluster) -> None:
 @pytest.mark.parametrize("how", ["coloc-keys", "pythonpath"])
 def test_exported_variables_do_not_remove_the_taskprologs_exports(fc: FaultCluster, how: str) -> None:
     """N9. Before: ``--export=ALL,COLOC_RUN_DIR=<dir>`` pointed the TaskProlog at an empty run directory, and
-    ``PYTHONPATH=<dir holding a slurm_coloc package>`` replaced the TaskProlog's own code (found in this campaign):
-    either way the task had no ``COLOC_SHARE`` and kept the user's own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G``."""
+    ``PYTHONPATH=<dir holding a slurm_coloc package>`` replaced the TaskProlog's own code (found in this
+    campaign): either way the task had no ``COLOC_SHARE`` and kept the user's own
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=79G``."""
     _with_fake_mps(fc)
     work = _workdir(fc, "n9", ATTACKER)
     own = work / "run"
     (own / "jobs").mkdir(parents=True)
     (work / "py" / "slurm_coloc").mkdir(parents=True)
     (work / "py" / "slurm_coloc" / "__init__.py").write_text("raise SystemExit(3)\n")
-    for p in (own, own / "jobs", work / "py", work / "py" / "slurm_coloc", work / "py" / "slurm_coloc" / "__init__.py"):
+    for p in (own, own / "jobs", work / "py", work / "py" / "slurm_coloc",
+              work / "py" / "slurm_coloc" / "__init__.py"):
         shutil.chown(p, ATTACKER, ATTACKER)
     text = "#!/bin/bash\nenv | grep -E '^(COLOC_SHARE|CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)=' | sort\n"
     extra = {"coloc-keys": f"COLOC_RUN_DIR={own},COLOC_MPS_MODE=off,COLOC_STATE_DIR={own}",

@@ -101,7 +101,8 @@ def test_sleeping_model_is_bounded_and_its_forked_child_killed(fc: FaultCluster)
     job = _job_id(proc.stdout)
     assert took < 30, took
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "estimate_timeout_s (4 s)" in warnings[0] and "whole GPU" in warnings[0], proc.stderr
+    assert (len(warnings) == 1 and "estimate_timeout_s (4 s)" in warnings[0]
+            and "whole GPU" in warnings[0]), proc.stderr
     rec = fc.c.job(job)
     assert rec is not None and "shard:80" in json.dumps(rec.get("tres_per_node")), rec.get("tres_per_node")
     forked = int(pidfile.read_text())
@@ -110,7 +111,8 @@ def test_sleeping_model_is_bounded_and_its_forked_child_killed(fc: FaultCluster)
             "State:\tZ" not in Path(f"/proc/{forked}/status").read_text(errors="replace"):
         time.sleep(0.1)
     status = Path(f"/proc/{forked}/status")
-    assert not status.exists() or "State:\tZ" in status.read_text(errors="replace"), "forked child outlived it"
+    assert (not status.exists()
+            or "State:\tZ" in status.read_text(errors="replace")), "forked child outlived it"
     fc.c.wait_job(job)
 
 
@@ -121,7 +123,8 @@ def test_many_arguments_and_a_big_kwarg_are_accepted_and_recorded(fc: FaultClust
     big = "x" * 900
     script = _write(work, "job.sh", JOB.format(model="printmod.py", extra=f" kwarg.tag={big}"))
     args = [f"a{i}" for i in range(120)]
-    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "job.sh", *args],
+    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "job.sh",
+                     *args],
                     cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr
     job = _job_id(proc.stdout)
@@ -141,11 +144,14 @@ def test_many_arguments_and_a_big_kwarg_are_accepted_and_recorded(fc: FaultClust
 
 def test_fit_comment_drops_bulky_keys_in_order_and_keeps_the_users_text() -> None:
     data = {"v": 1, "mode": "shard", "shards": 4, "mem_mib": 3000, "method": "combined", "gpu_model": "H100",
-            "sha256": "a" * 64, "spec": {"model": "m.py:Net", "kwargs": {"tag": "x" * 900}}, "argv": ["a"] * 10}
+            "sha256": "a" * 64, "spec": {"model": "m.py:Net", "kwargs": {"tag": "x" * 900}},
+            "argv": ["a"] * 10}
     text, dropped = fit_comment(data, None, comment_steps(["a"] * 10))
     parsed = parse_comment(text)
-    assert len(text) <= MAX_COMMENT_CHARS and dropped == ["the script arguments (Slurm's command line keeps them)",
-                                                          "the model's kwargs (they stay in the script's #COLOC lines)"]
+    assert len(text) <= MAX_COMMENT_CHARS and dropped == ["the script arguments (Slurm's command line keeps "
+                                                          "them)",
+                                                          "the model's kwargs (they stay in the script's "
+                                                          "#COLOC lines)"]
     assert parsed["spec"]["kwargs"] == {} and parsed["spec"]["kwargs_chars"] > 900 and "argv" not in parsed
     spaced = ["two words"] * 10  # Slurm's command line cannot give these back: the spec goes first
     text, dropped = fit_comment(data, None, comment_steps(spaced))

@@ -1,9 +1,11 @@
 """Security list of the campaign, on the real cluster (docs/reliability.md, table "Security").
 
-- Hooks never import user code: a job whose ``#COLOC`` model is a module that drops a marker when imported; the
-  marker appears for the user's own coloc-sbatch (proof the module works) and never for uid 0, through the job,
-  its OOM death and its rerun (every root hook ran).
-- Databases, run and queue directories are root-owned and not writable by users; a planted queue directory symlink
+- Hooks never import user code: a job whose ``#COLOC`` model is a module that drops a marker when imported;
+  the
+  marker appears for the user's own coloc-sbatch (proof the module works) and never for uid 0, through the
+  job, its OOM death and its rerun (every root hook ran).
+- Databases, run and queue directories are root-owned and not writable by users; a planted queue directory
+  symlink
   is refused, a user-owned or symlinked queue entry is set aside, never applied.
 - A job named ``x'); DROP TABLE jobs;--`` is stored and reported verbatim.
 - A user sees only their own jobs in coloc-report; root sees all.
@@ -72,7 +74,8 @@ def test_hooks_never_import_the_users_model(fc: FaultCluster) -> None:
     (work / "job.sh").write_text(MARKER_JOB.format(oom=OOM_LINE))
     for p in work.iterdir():
         shutil.chown(p, "colocuser", "colocuser")
-    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "-e", "err-%j.txt",
+    proc = fc.c.run(["coloc-sbatch", "--parsable", "-w", "n1", "-t", "2", "-o", "out-%j.txt", "-e",
+                     "err-%j.txt",
                      "job.sh"], cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr
     job = int(proc.stdout.strip().split(";")[0])
@@ -100,10 +103,12 @@ def test_databases_and_dirs_root_owned_not_user_writable(fc: FaultCluster) -> No
     rec = fc.run_job(fc.script("perm.sh"))
     assert rec["job_state"] == "COMPLETED"
     run_dir = fc.run_dir
-    paths = [fc.c.state_dir, fc.c.state_dir / "nodes", fc.ctld_db, fc.node_db("n1"), run_dir, run_dir / "jobs"]
+    paths = [fc.c.state_dir, fc.c.state_dir / "nodes", fc.ctld_db, fc.node_db("n1"), run_dir,
+             run_dir / "jobs"]
     for p in paths:
         st = os.lstat(p)
-        assert st.st_uid == 0 and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode), (p, oct(st.st_mode))
+        assert st.st_uid == 0 and not st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode), (p,
+                                                                                            oct(st.st_mode))
     assert not _runuser_ok(fc, "sh", "-c", f"echo x >> {fc.ctld_db}")
     assert not _runuser_ok(fc, "touch", str(fc.c.state_dir / "nodes" / "planted.db"))
     py = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "python")
@@ -204,10 +209,12 @@ def test_per_user_mps_pipe_dir_admits_only_the_jobs_user(fc: FaultCluster) -> No
         for p in pipes:
             for d in (p, p.parent / "log"):
                 assert fc.c.run(["test", "-x", str(d)], user="colocuser").returncode == 0
-                assert fc.c.run(["test", "-x", str(d)], user="colocuser2").returncode != 0, oct(d.stat().st_mode)
+                assert fc.c.run(["test", "-x", str(d)],
+                                user="colocuser2").returncode != 0, oct(d.stat().st_mode)
             daemon = int((p / "nvidia-cuda-mps-control.pid").read_text())
             assert os.stat(f"/proc/{daemon}").st_uid == 2001  # the daemon runs as the job's user, not root
-            parent = os.lstat(p.parent)  # the per-(GPU, uid) directory itself stays root-owned, not user-writable
+            # the per-(GPU, uid) directory itself stays root-owned, not user-writable
+            parent = os.lstat(p.parent)
             assert parent.st_uid == 0 and not parent.st_mode & 0o022, oct(parent.st_mode)
     finally:
         fc.c.wait_job(job, timeout=60)

@@ -1,9 +1,9 @@
 """Who can read what, attacked as an ordinary user on the real cluster (docs/admin.md, "Who can read what").
 
 - After colocuser2's jobs ran, colocuser cannot open the controller or node databases (sqlite3, Python, cat),
-  nor their ``-wal``/``-shm`` files; ``coloc-report jobs --json`` as colocuser (answered by the reader service,
-  ``coloc-report serve``) shows colocuser's own job and nothing of colocuser2's: no job id, name or SHA-256,
-  whatever filters or raw requests colocuser sends.
+  nor their ``-wal``/``-shm`` files; ``coloc-report jobs --json`` as colocuser (answered by the reader
+  service, ``coloc-report serve``) shows colocuser's own job and nothing of colocuser2's: no job id, name or
+  SHA-256, whatever filters or raw requests colocuser sends.
 - With ``admin_group`` set, members of that group read the databases directly and see every job.
 - A database left 0644 by an older version is tightened at the next open by root.
 """
@@ -55,7 +55,8 @@ def test_user_cannot_read_databases_and_report_shows_only_own_jobs(fc: FaultClus
     ro = _as(fc, "colocuser", PY, "-c", f"import sqlite3; sqlite3.connect('file:{fc.node_db('n1')}?mode=ro', "
                                         "uri=True).execute('SELECT * FROM job_runs').fetchall()")
     assert ro.returncode != 0, ro.stdout
-    for extra in ([], ["--user", "colocuser2"], ["--job", str(theirs)], ["--since", "30d", "--sort", "job_id"]):
+    for extra in ([], ["--user", "colocuser2"], ["--job", str(theirs)],
+                  ["--since", "30d", "--sort", "job_id"]):
         out = _as(fc, "colocuser", "coloc-report", "jobs", "--json", "--since", "1d", *extra)
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
@@ -94,9 +95,11 @@ def test_admin_group_reads_databases_directly(fc: FaultCluster) -> None:
     for p in _db_files(fc):
         st = os.stat(p)
         assert st.st_gid == gid and stat.S_IMODE(st.st_mode) == 0o640, (p, oct(st.st_mode), st.st_gid)
-    # group members can open the files: read-only and immutable, since a live WAL database's -shm (0640, as SQLite
-    # copies the file's mode) is not theirs to write; committed rows not yet checkpointed reach them via coloc-report
-    direct = _as(fc, "colocuser2", "sqlite3", f"file:{fc.ctld_db}?immutable=1", "SELECT count(*) FROM sqlite_master")
+    # group members can open the files: read-only and immutable, since a live WAL database's -shm (0640, as
+    # SQLite copies the file's mode) is not theirs to write; committed rows not yet checkpointed reach them
+    # via coloc-report
+    direct = _as(fc, "colocuser2", "sqlite3", f"file:{fc.ctld_db}?immutable=1",
+                 "SELECT count(*) FROM sqlite_master")
     assert direct.returncode == 0 and int(direct.stdout.strip()) > 0, direct
     seen = _as(fc, "colocuser2", "coloc-report", "jobs", "--json", "--since", "1d")
     assert mine in {j["job_id"] for j in json.loads(seen.stdout)["jobs"]}, seen.stderr

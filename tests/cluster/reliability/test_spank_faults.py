@@ -1,6 +1,7 @@
-"""The SPANK path under faults: the plugin (spank/coloc_spank.so, loaded through plugstack.conf, TaskProlog off)
-copies the Prolog's env file into the task. When a fault kept the Prolog from writing it (database locked, hook
-over budget, run directory gone, config unusable), the job still runs, unshared, and no node is drained."""
+"""The SPANK path under faults: the plugin (spank/coloc_spank.so, loaded through plugstack.conf, TaskProlog
+off) copies the Prolog's env file into the task. When a fault kept the Prolog from writing it (database
+locked, hook over budget, run directory gone, config unusable), the job still runs, unshared, and no node is
+drained."""
 from __future__ import annotations
 
 import os

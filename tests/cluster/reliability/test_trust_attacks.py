@@ -1,5 +1,6 @@
 """Attacks by ordinary users on what root-side code trusts, on the real cluster (docs/reliability.md "Trust
-boundaries"). ``colocuser2`` attacks ``colocuser``; each test fails on the code before the fix (said per test).
+boundaries"). ``colocuser2`` attacks ``colocuser``; each test fails on the code before the fix (said per
+test).
 """
 from __future__ import annotations
 
@@ -47,15 +48,16 @@ def _dry_run_mem(fc: FaultCluster, script: Path, user: str = VICTIM):
 
 
 def test_planted_package_in_a_shared_directory_is_never_imported(fc: FaultCluster) -> None:
-    """Before: ``loader.py`` put the script's directory first on ``sys.path``: the planted ``torchvision`` ran as
-    the victim (marker present) and the dry run failed on its missing ``models``."""
+    """Before: ``loader.py`` put the script's directory first on ``sys.path``: the planted ``torchvision`` ran
+    as the victim (marker present) and the dry run failed on its missing ``models``."""
     shared = _dir(fc, "shared", mode=0o1777)  # a group/project directory every user writes to
     marker = shared / "planted-ran"
     plant_dir = shared / "torchvision"
     plant_dir.mkdir()
     shutil.chown(plant_dir, ATTACKER, ATTACKER)
     _write(plant_dir / "__init__.py", PLANT.format(marker=str(marker)), ATTACKER)
-    script = _write(shared / "job.sh", "#!/bin/sh\n#COLOC model=torchvision.models:resnet18 input=3x32x32 batch=2\n"
+    script = _write(shared / "job.sh",
+                    "#!/bin/sh\n#COLOC model=torchvision.models:resnet18 input=3x32x32 batch=2\n"
                     "true\n", VICTIM)
     proc, mem = _dry_run_mem(fc, script)
     assert not marker.exists(), "the attacker's torchvision ran inside the victim's coloc-sbatch"
@@ -65,7 +67,8 @@ def test_planted_package_in_a_shared_directory_is_never_imported(fc: FaultCluste
 def test_file_model_in_a_directory_others_can_write_is_refused(fc: FaultCluster) -> None:
     """Before: the model file was imported from any directory, its siblings first on ``sys.path`` (exit 0)."""
     shared = _dir(fc, "shared-file", mode=0o1777)
-    script = _write(shared / "job.sh", "#!/bin/sh\n#COLOC model=mymodel.py:build input=64 batch=2\ntrue\n", VICTIM)
+    script = _write(shared / "job.sh", "#!/bin/sh\n#COLOC model=mymodel.py:build input=64 batch=2\ntrue\n",
+                    VICTIM)
     _write(shared / "mymodel.py", MODEL, VICTIM)
     proc, mem = _dry_run_mem(fc, script)
     assert proc.returncode != 0 and mem is None
@@ -82,7 +85,8 @@ def test_file_model_in_a_directory_others_can_write_is_refused(fc: FaultCluster)
 def _sbatch(fc: FaultCluster, user: str, cwd: Path, *opts: str, body: str) -> int:
     script = cwd / f"j-{time.monotonic_ns()}.sh"
     _write(script, "#!/bin/bash\n" + body, user, 0o755)
-    proc = fc.c.run(["sbatch", "--parsable", "-t", "5", "-o", "o-%j.out", *opts, str(script)], user=user, cwd=cwd)
+    proc = fc.c.run(["sbatch", "--parsable", "-t", "5", "-o", "o-%j.out", *opts, str(script)], user=user,
+                    cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip().split(";")[0])
 
@@ -110,7 +114,8 @@ def test_forged_history_does_not_reach_another_users_estimate(fc: FaultCluster) 
     done = _sbatch(fc, ATTACKER, bad, "--gres=shard:2", "-w", "n1", f"--comment=oom-retry-of-1 {comment}",
                    body="exit 0\n")
     assert _finish(fc, oom)["job_state"] == "FAILED" and _finish(fc, done)["job_state"] == "COMPLETED"
-    rows = fc.rows(fc.c.ctld_db, "SELECT job_id, uid, script_sha256 FROM jobs WHERE job_id IN (?, ?)", (oom, done))
+    rows = fc.rows(fc.c.ctld_db, "SELECT job_id, uid, script_sha256 FROM jobs WHERE job_id IN (?, ?)",
+                   (oom, done))
     assert rows and all(r["script_sha256"] != sha and r["uid"] == 2002 for r in rows), rows
     proc, after = _dry_run_mem(fc, script)
     assert proc.returncode == 0 and after == before, (before, after, proc.stdout)
@@ -139,8 +144,8 @@ def _settled_state(fc: FaultCluster, job: int, timeout: float = 60) -> Optional[
 
 @pytest.mark.parametrize("phase", ["running-trap-exit0", "running-trap-exit1", "prolog", "completing"])
 def test_cancel_at_each_phase_records_slurms_final_state(fc: FaultCluster, phase: str) -> None:
-    """Before: the EpilogSlurmctld's inference was final: a cancelled job whose script traps SIGTERM and exits 0
-    or 1 was recorded COMPLETED or FAILED, one cancelled during its Prolog COMPLETED (exit 0:0)."""
+    """Before: the EpilogSlurmctld's inference was final: a cancelled job whose script traps SIGTERM and exits
+    0 or 1 was recorded COMPLETED or FAILED, one cancelled during its Prolog COMPLETED (exit 0:0)."""
     work = _dir(fc, f"cancel-{phase}", owner=VICTIM)
     body = {"running-trap-exit0": "trap 'exit 0' TERM\nsleep 60 & wait\n",
             "running-trap-exit1": "trap 'exit 1' TERM\nsleep 60 & wait\n",
@@ -166,7 +171,8 @@ def test_cancel_at_each_phase_records_slurms_final_state(fc: FaultCluster, phase
 
 
 def test_pending_job_cancel_needs_no_record(fc: FaultCluster) -> None:
-    """A job cancelled while pending never reaches a controller hook: it leaves no row, so nothing is wrong."""
+    """A job cancelled while pending never reaches a controller hook: it leaves no row, so nothing is
+    wrong."""
     work = _dir(fc, "cancel-pending", owner=VICTIM)
     job = _sbatch(fc, VICTIM, work, "--gres=shard:2", "--begin=now+600", body="true\n")
     assert fc.c.run(["scancel", str(job)], user=VICTIM).returncode == 0
@@ -185,8 +191,9 @@ def _oom_rows(fc: FaultCluster, job: int) -> List[Dict]:
 
 def test_cancelled_pending_rerun_is_recorded_and_rerun_takes_only_slurms_options(fc: FaultCluster) -> None:
     """The rerun cannot start (every GPU is taken); the user cancels it while pending. Before: it had no
-    EpilogSlurmctld, so ``retry_state`` stayed NULL forever. The comment's forged ``partition``/``argv`` and the
-    name's ``Partition=`` text never reach the rerun: it runs in the original's partition with its arguments."""
+    EpilogSlurmctld, so ``retry_state`` stayed NULL forever. The comment's forged ``partition``/``argv`` and
+    the name's ``Partition=`` text never reach the rerun: it runs in the original's partition with its
+    arguments."""
     work = _dir(fc, "rerun", owner=VICTIM)
     bdir = _dir(fc, "blockers", owner=ATTACKER)
     blockers = [_sbatch(fc, ATTACKER, bdir, f"--gres=shard:{n}", "-w", node, body="sleep 300\n")
@@ -214,16 +221,18 @@ def test_cancelled_pending_rerun_is_recorded_and_rerun_takes_only_slurms_options
 
 
 def _watchdog_row(fc: FaultCluster, job: int) -> None:
-    """What the sampler's watchdog records when it stops a job (a ``watchdog_events`` row in the node database,
-    written through the watchdog's own store function)."""
+    """What the sampler's watchdog records when it stops a job (a ``watchdog_events`` row in the node
+    database, written through the watchdog's own store function)."""
     from slurm_coloc.store import watchdog as store_wd
     from slurm_coloc.store.db import open_node_db
 
     db = open_node_db(fc.c.node_db("n1"))
     try:
         store_wd.record_event(db, store_wd.WatchdogEvent(
-            ts=time.time(), job_id=job, node="n1", gpu_index=0, reason="over-grant", share="mps", grant_mib=2048.0,
-            used_mib=8192.0, tolerance_mib=512.0, pids=(), action="stop", message="stopped by the GPU watchdog"))
+            ts=time.time(), job_id=job, node="n1", gpu_index=0, reason="over-grant", share="mps",
+            grant_mib=2048.0,
+            used_mib=8192.0, tolerance_mib=512.0, pids=(), action="stop",
+            message="stopped by the GPU watchdog"))
     finally:
         db.conn.close()
 
@@ -244,8 +253,10 @@ def test_fake_oom_lines_cannot_farm_whole_gpu_reruns(fc: FaultCluster) -> None:
     conn = sqlite3.connect(fc.c.node_db("n1"), timeout=10)
     try:  # what the sampler writes on a GPU node: the job held 300 MiB of its 8 GiB
         now = time.time()
-        conn.execute("INSERT INTO gpu_samples (ts, gpu_index, mem_used_mib, n, res_s) VALUES (?, 0, 300, 1, 1)", (now,))
-        conn.execute("INSERT INTO proc_samples (ts, gpu_index, pid, job_id, used_mem_mib, mps_client, n, res_s) "
+        conn.execute("INSERT INTO gpu_samples (ts, gpu_index, mem_used_mib, n, res_s) VALUES (?, 0, 300, 1, "
+                     "1)", (now,))
+        conn.execute("INSERT INTO proc_samples (ts, gpu_index, pid, job_id, used_mem_mib, mps_client, n, "
+                     "res_s) "
                      "VALUES (?, 0, 4242, ?, 300, 1, 1, 1)", (now, low))
         conn.commit()
     finally:

@@ -1,0 +1,167 @@
+"""The device mode of the probe's fake GPU (job's Python): ``device="cuda"`` and moves to and from the GPU.
+
+A ``TorchFunctionMode`` (entered by ``inject/main.py`` for the whole program, below the host fast mode
+of ``fakecuda.py``): factories and ops naming a CUDA device run as GPU ops (``fakecuda.GpuOps``),
+``.cuda()``/``.to("cuda")`` make fake GPU tensors, ``.cpu()``/``.numpy()`` of GPU tensors read zeros,
+and ``device``/``is_cuda``/``get_device`` report ``cuda:0`` for GPU memory.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from slurm_coloc.probe.inject.fakecuda import ProbeState, is_cuda_device
+
+
+def make_device_mode(torch: Any, state: ProbeState) -> Any:
+    """A function mode mapping the device ``cuda`` to GPU-tagged fake CPU tensors (module docstring).
+
+    Calls naming a CUDA ``device=`` run as GPU ops (:class:`GpuOps`); the tensor methods that move,
+    report or read devices are answered by :func:`_device_handlers`.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    cpu = torch.device("cpu")
+    parse_to = torch._C._nn._parse_to  # Module.to(device=...) parses its arguments: not a factory
+    handlers = _device_handlers(torch, state)
+    cuda0 = torch.device("cuda", 0)
+    T = torch.Tensor
+    dev_get, is_cuda_get = T.device.__get__, T.is_cuda.__get__
+
+    class _Device(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = dict(kwargs or {})
+            if func is dev_get:
+                return cuda0 if state.on_gpu(args[0]) else func(*args)
+            if func is is_cuda_get:
+                return state.on_gpu(args[0])
+            handler = handlers.get(func)
+            if handler is not None:
+                return handler(func, args, kwargs)
+            dev = kwargs.get("device")
+            if dev is not None and func is not parse_to and is_cuda_device(torch, dev):
+                kwargs["device"] = cpu
+                return state.gpu.run(func, args, kwargs)
+            return func(*args, **kwargs)
+
+    return _Device()
+
+
+class _Moves:
+    """Moves between the host and the fake GPU (``.cuda()``, ``.cpu()``, ``.to(...)``)."""
+
+    def __init__(self, torch: Any, state: ProbeState) -> None:
+        self.torch = torch
+        self.state = state
+        self.cuda0 = torch.device("cuda", 0)
+        self.cpu = torch.device("cpu")
+
+    def to_gpu(self, t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
+        """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already)."""
+        if self.state.on_gpu(t) and (dtype is None or dtype == t.dtype):
+            return t
+        made = self._host_to_gpu(t, dtype, memory_format)
+        if made is not None:
+            return made
+        kw: Dict[str, Any] = {"dtype": dtype or t.dtype}
+        if memory_format is not None:
+            kw["memory_format"] = memory_format
+        return self.state.gpu.run(self.torch.ops.aten._to_copy.default, (t,), kw)
+
+    def _host_to_gpu(self, t: Any, dtype: Any, memory_format: Any) -> Any:
+        """A real host tensor's GPU copy made as a new fake GPU tensor of its shape, dtype and layout (a factory:
+        no real-to-fake conversion of the host tensor, which cost about 10 ms a batch), or None where the copy
+        must be the copy op itself (a fake tensor, a tensor autograd follows, a non-strided or unusual layout)."""
+        torch = self.torch
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if isinstance(t, FakeTensor) or t.layout != torch.strided or (t.requires_grad and torch.is_grad_enabled()):
+            return None
+        kw: Dict[str, Any] = {"dtype": dtype or t.dtype, "device": self.cpu}
+        if memory_format is None or memory_format == torch.preserve_format:
+            if t.is_contiguous():
+                memory_format = torch.contiguous_format
+            elif t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+                memory_format = torch.channels_last
+            else:
+                return None
+        kw["memory_format"] = memory_format
+        return self.state.gpu.run(torch.empty, (tuple(t.shape),), kw)
+
+    def to_host(self, t: Any, dtype: Any = None) -> Any:
+        """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values)."""
+        from slurm_coloc.estimate.datadep import has_no_data
+
+        if not self.state.on_gpu(t) and not has_no_data(self.torch, t):
+            return t if dtype is None or dtype == t.dtype else t.to(dtype)
+        self.state.note("GPU tensors copied to the host (.cpu()/.to('cpu')) read as zeros")
+        return self.torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
+
+    def tensor_to(self, t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+        """``t.to(*args, **kwargs)`` when it names a device; None when it does not (a dtype only)."""
+        torch = self.torch
+        device = kwargs.get("device")
+        dtype = kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, torch.dtype):
+                dtype = a
+            elif isinstance(a, torch.Tensor):
+                device, dtype = (self.cuda0 if self.state.on_gpu(a) else a.device), a.dtype
+            elif isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
+                device = self.cuda0 if isinstance(a, int) else a
+        if device is None:
+            return None
+        if is_cuda_device(torch, device):
+            return self.to_gpu(t, dtype, kwargs.get("memory_format"))
+        if torch.device(device).type == "cpu":
+            return self.to_host(t, dtype)
+        return None
+
+
+def _device_handlers(torch: Any, state: ProbeState) -> Dict[Any, Callable[[Any, Any, Dict[str, Any]], Any]]:
+    """``{tensor function: handler(func, args, kwargs)}`` for the device mode: devices reported, moves, pinning,
+    value reads of fake tensors (zeros) and deep copies of fake tensors."""
+    from slurm_coloc.estimate.datadep import has_no_data
+
+    T = torch.Tensor
+    on_gpu = state.on_gpu
+    mv = _Moves(torch, state)
+
+    def numpy(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+        if not has_no_data(torch, args[0]):
+            return func(*args, **kwargs)
+        import numpy
+
+        state.note("values read from fake tensors (.tolist/.numpy) taken as zeros")
+        return numpy.zeros(tuple(args[0].shape), dtype=str(args[0].dtype).replace("torch.", ""))
+
+    def deepcopy(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+        if not has_no_data(torch, args[0]):
+            return func(*args, **kwargs)
+        # the default copies the fake tensor's __dict__, whose constant (a real tensor) cannot
+        # be cloned under FakeTensorMode; a clone of the same device, dtype and shape is one
+        src, memo = args[0], (args[1] if len(args) > 1 else kwargs.get("memo")) or {}
+        if id(src) in memo:
+            return memo[id(src)]
+        with torch.no_grad():
+            out = src.clone()
+        out.requires_grad_(src.requires_grad)
+        memo[id(src)] = out
+        return out
+
+    def to(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
+        out = mv.tensor_to(args[0], args[1:], kwargs)
+        return out if out is not None else func(*args, **kwargs)
+
+    return {
+        T.get_device: lambda f, a, k: 0 if on_gpu(a[0]) else -1,
+        T.cuda: lambda f, a, k: mv.to_gpu(a[0], memory_format=k.get("memory_format")),
+        T.cpu: lambda f, a, k: mv.to_host(a[0]),
+        T.pin_memory: lambda f, a, k: a[0],
+        T.record_stream: lambda f, a, k: None,
+        T.is_pinned: lambda f, a, k: False,
+        # CUDA tensors: a no-op (torch docs: Tensor.share_memory_)
+        T.share_memory_: lambda f, a, k: a[0] if on_gpu(a[0]) else f(*a, **k),
+        T.numpy: numpy,
+        T.__deepcopy__: deepcopy,
+        T.to: to,
+    }

@@ -1,0 +1,107 @@
+"""What a probe reports (job's Python): the result JSON of ``inject/main.py`` and the one-line reasons.
+
+Result keys: ``inject/main.py``'s module docstring.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import sysconfig
+import traceback
+from typing import Any, Dict, List
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")
+REASON_CHARS = 200  # the most of an exception's message a reason line keeps
+
+
+def result(probe: Any, status: str, reason: str) -> Dict[str, Any]:
+    """The result JSON of a probe (``_Probe`` of ``inject/main.py``) that ends with ``status``, ``reason``."""
+    st = probe.state
+    alloc = st.tracker.alloc if st is not None else None
+    dw = 0
+    ws_max = 0
+    ops = 0
+    assumed: Dict[str, int] = {}
+    if st is not None:
+        for c in st.tracker.conv_calls:
+            if len(c.input) >= 4 and c.groups > 1 and c.groups == c.input[1]:
+                dw = max(dw, int(c.input[-1]) * int(c.input[-2]))
+        ws_max = int(st.tracker.ws_max_b)
+        ops = int(st.tracker.ops)
+        assumed = dict(st.tracker.scalars.counts)
+    torch_mod = sys.modules.get("torch")
+    if st is not None and st.tracker.conv_calls and torch_mod is not None \
+            and getattr(torch_mod.backends.cudnn, "benchmark", False):
+        st.note("cudnn.benchmark = True: cuDNN's autotuning can reserve more than the replayed workspaces "
+                "(pytorch/examples dcgan: +620 to +1,170 MiB on the H100, docs/estimator.md); not modelled")
+    return {
+        "status": status, "reason": reason,
+        "peak_reserved_b": int(alloc.peak_reserved_b) if alloc else 0,
+        "peak_allocated_b": int(alloc.peak_allocated_b) if alloc else 0,
+        "optimizers": sorted(set(probe.opt_names.values())),
+        "steps": sum(probe.opt_steps.values()), "forwards": probe.forwards,
+        "autocast": list(st.autocast_dtypes) if st else [],
+        "param_dtypes": probe.param_dtypes, "depthwise_max_hw": dw,
+        "conv_workspace_max_b": ws_max, "ops": ops, "assumed_values": assumed,
+        "flops_per_step": probe.step_flops(),
+        "notes": list(st.notes) if st else [], "outside_writes": probe.outside_writes,
+        "user_files": user_files(), "torch": torch_version(),
+    }
+
+
+def torch_version() -> str:
+    """The version of the torch the program imported ("" when none)."""
+    t = sys.modules.get("torch")
+    return str(getattr(t, "__version__", ""))
+
+
+def user_files() -> List[str]:
+    """Source files imported from outside the Python installation and slurm-coloc (realpaths)."""
+    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            skip.add(os.path.realpath(sysconfig.get_paths()[key]))
+    skip.update(os.path.realpath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p)
+    ours = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    out = set()
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if not f or not f.endswith(".py") or not os.path.isabs(f) or f.startswith(("/etc/", "/usr/")):
+            continue
+        real = os.path.realpath(f)
+        if real.startswith(ours + os.sep) or any(real.startswith(s + os.sep) for s in skip):
+            continue
+        out.add(real)
+    return sorted(out)
+
+
+def reason_of(exc: BaseException) -> str:
+    """One line naming what stopped the program, with the deepest frame of the program's own code."""
+    if isinstance(exc, SystemExit):
+        return f"the program exited (code {exc.code}) before its first optimizer step"
+    msg = short_message(exc)
+    where = ""
+    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
+        if "site-packages" not in fr.filename and "slurm_coloc" not in fr.filename and "<" not in fr.filename:
+            where = f" at {os.path.basename(fr.filename)}:{fr.lineno}"
+            break
+    if isinstance(exc, FileNotFoundError) or "not found" in msg.lower() and "dataset" in msg.lower():
+        return f"data missing{where}: {type(exc).__name__}: {msg}"
+    if "weights_only" in str(exc) and "UnpicklingError" in type(exc).__name__:
+        msg += (" (torch >= 2.6 loads with weights_only=True, which refuses what this file holds: the program "
+                "fails the same way in the job)")
+    return f"the program failed{where}: {type(exc).__name__}: {msg}"
+
+
+def short_message(exc: BaseException) -> str:
+    """The exception's message on one line, terminal colour codes removed; a long one cut to its first
+    sentence (at most ``REASON_CHARS`` characters)."""
+    msg = " ".join(_ANSI.sub("", str(exc)).split())
+    if len(msg) > REASON_CHARS:
+        first = msg.find(". ")
+        msg = msg[:first + 1] if 0 < first < REASON_CHARS else msg[:REASON_CHARS - 3] + "..."
+    return msg
+
+
