@@ -9,7 +9,7 @@ replayed peaks (allocated, reserved) are the same.
 
 Usage::
 
-    .venv/bin/python benchmarks/placement_flops_check.py [--profile PATH] [--memory] [--only NAME ...]
+    .venv/bin/python -m benchmarks.placement_flops_check [--profile PATH] [--memory] [--only NAME ...]
 """
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ DEFAULT_PROFILE = os.path.join(DEVICE_DIR, "results", "h100-placement", "placeme
 
 def workload_model(name: str) -> Any:
     """``#COLOC model=`` target: the model of workload ``name`` (``benchmarks/device/workloads.py``)."""
-    if DEVICE_DIR not in sys.path:
-        sys.path.insert(0, DEVICE_DIR)
-    import workloads
+    from benchmarks.device import workloads
 
     return workloads.build(name)[0]
 

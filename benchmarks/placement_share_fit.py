@@ -2,7 +2,7 @@
 co-runs, and report its error.
 
 Usage:
-  python3 benchmarks/placement_share_fit.py [PASS.json...] [--out slurm_coloc/placement/calibration.json]
+  python3 -m benchmarks.placement_share_fit [PASS.json...] [--out slurm_coloc/placement/calibration.json]
 Input (default: the H100 passes of 2026-11-24, ``benchmarks/device/results/h100-placement2/``): placement
 benchmark pass files (``benchmarks/device/placement_bench.py``). The exclusive passes give every workload's
 profile alone: SM activity while computing (``alone_activity``, the sampler), start-up (Slurm start to

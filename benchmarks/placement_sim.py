@@ -19,7 +19,7 @@ the packaged calibration and ``--bound``; both call the product's decision funct
 The throughput policy offers held jobs GPUs in ``share.order_candidates`` order (``--order fifo``: submit order).
 ``--h200``: the H200's profiles alone (``h200_profiles``) and sharing capacity, for ``--gib 140``.
 
-Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
+Usage: ``python3 -m benchmarks.placement_sim [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
 [--order work|fifo] [--h200] [--json F]``
 """
 from __future__ import annotations
@@ -28,19 +28,15 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from benchmarks import placement_share_fit as fitmod
+from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-import placement_share_fit as fitmod  # noqa: E402
-
-from slurm_coloc.placement import intensity, share  # noqa: E402
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu  # noqa: E402
-
 PLAN = HERE / "device" / "placement_plan.json"
 POLICIES = ("exclusive", "blind", "gate", "throughput")
 MEASURED = {"exclusive": ["pile-exclusive-part1", "pile-exclusive-part2"], "blind": ["pile-blind"],
@@ -191,8 +187,7 @@ def measured_rows(files: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
     for pol, names in MEASURED.items():
         fs = [files[n] for n in names if n in files]
         if pol == "exclusive" and len(fs) == 2:
-            sys.path.insert(0, str(HERE / "device"))
-            import placement_metrics as pm
+            from benchmarks.device import placement_metrics as pm
             st = pm.stitch(fs)
             alone = pm.alone_times(st["jobs"])
             m = pm.pass_metrics(st["jobs"], alone, None, sum(f["energy_j"] for f in fs))
