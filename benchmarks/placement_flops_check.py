@@ -22,7 +22,7 @@ from typing import Any, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICE_DIR = os.path.join(HERE, "device")
-DEFAULT_PROFILE = os.path.join(DEVICE_DIR, "results", "h100-placement", "placement_bench.json")
+DEFAULT_PROFILE = os.path.join(DEVICE_DIR, "results", "h100-placement-profile", "placement_bench.json")
 
 
 def workload_model(name: str) -> Any:

@@ -2,7 +2,7 @@
 gate (coloc-placer's CARMA gate) and throughput (coloc-placer's slowdown bound), on 1 or more GPUs.
 
 Not a measurement: a model driven by measured inputs, to compare the policies on the same jobs and to check the
-model against the passes measured on the H100 (``--gpus 1``). Inputs (``benchmarks/device/results/h100-placement2/``,
+model against the passes measured on the H100 (``--gpus 1``). Inputs (``benchmarks/device/results/h100-placement-passes/``,
 2026-11-24): each workload's profile alone from the exclusive passes (start-up = Slurm start to ``t_ready``, the
 GPU idle; compute = the rest of its run; SM activity alone while computing, the sampler), the jobs and their memory
 requests from ``benchmarks/device/placement_plan.json``. Sharing: jobs computing together on a GPU progress at
@@ -215,11 +215,11 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
-H200 = HERE / "device" / "results" / "h200x2-placement3"
+H200 = HERE / "device" / "results" / "h200x2-placement-throughput"
 
 
 def h200_profiles(h100: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
-    """Workload profiles alone on the H200 (``h200x2-placement3/pile-exclusive.json``: 8 of the pile's 13
+    """Workload profiles alone on the H200 (``h200x2-placement-throughput/pile-exclusive.json``: 8 of the pile's 13
     workloads, the pass was cut); the others from their H100 profile, start-up, run time and SM activity scaled by
     the median H200/H100 ratio of the 8 (activity capped at 1)."""
     own = fitmod.profiles([json.loads((H200 / "pile-exclusive.json").read_text())])

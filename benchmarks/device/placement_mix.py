@@ -8,7 +8,7 @@ No GPU here, so each job's work is sized from estimates, and the exclusive pass 
 - FLOPs of one training step and peak reserved memory: the project's own estimator (``estimate.trace.trace_spec``,
   meta tensors, fp32, SGD with momentum: what ``coloc-sbatch`` would predict for the job);
 - seconds per step on the H100: ``step_s = GFLOP / rate + kernels x launch_s``, least squares over the 16 models
-  of the H100 profile (``results/h100-placement/placement_bench.json``; kernels = leaf modules x 3, forward,
+  of the H100 profile (``results/h100-placement-profile/placement_bench.json``; kernels = leaf modules x 3, forward,
   backward, optimizer); steps = the job's training target / step_s (targets 4-12 s, mixed);
 - memory request = estimated peak x 1.25 + 1 GiB (CUDA context and library workspaces; no OOM wanted: the
   estimator's fence margin is a separate question, docs/estimator.md).
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
-PROFILE = HERE / "results" / "h100-placement" / "placement_bench.json"
+PROFILE = HERE / "results" / "h100-placement-profile" / "placement_bench.json"
 OUT = HERE / "placement_plan_mix.json"
 # (workload, training seconds alone on the H100, as estimated): small and light first, then heavier; mixed targets
 MIX: List[Tuple[str, float]] = [
