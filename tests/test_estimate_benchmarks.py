@@ -1,6 +1,7 @@
 """Research code of the estimator (benchmarks/estimator/, outside the package): bound forms and margins.
 
-The modules are imported as the ``benchmarks.estimator`` package, as ``python -m benchmarks.estimator.train`` does.
+The modules are imported as the ``benchmarks.estimator`` package, as
+``python -m benchmarks.estimator.train`` does.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ findings of ``coloc-report`` (``slurm_coloc/report/diagnose.py``) against the pl
 
 Usage (root, on the machine where ``cluster_gpu.sh start`` ran; fits one 9-minute device call):
   python3 -m benchmarks.device.diagnose_bench --out $OUT run [--measure-s 35]
-  python3 -m benchmarks.device.diagnose_bench --out $OUT calibrate [--measure-s 20]  # no Slurm: each job alone
+  python3 -m benchmarks.device.diagnose_bench --out $OUT calibrate [--measure-s 20]  # no Slurm
 
 ``run`` submits, one after another (each alone on the GPU: GPM metrics are per GPU), as ``colocuser`` through
 coloc-sbatch: input_bound, fp32_matmul, tiny_batch (``diag_jobs.py``), over_request (ResNet-18/32 with

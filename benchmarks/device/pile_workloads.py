@@ -7,8 +7,8 @@ models (transformers configs: BERT-base, GPT-2, DistilBERT) take token ids made 
 torch. Batch sizes put each peak near 3-8 GiB on an H100 (fp32, SGD with momentum); the benchmark measures the
 real peak (``profile``) and asks for it plus the CUDA context.
 
-``workload_profile.py`` times each model alone; ``workloads.py`` trains one (it imports this catalogue, never the
-reverse).
+``workload_profile.py`` times each model alone; ``workloads.py`` trains one (it imports this catalogue,
+never the reverse).
 """
 from __future__ import annotations
 

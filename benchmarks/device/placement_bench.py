@@ -49,7 +49,8 @@ def main() -> int:
     print(f"placement_bench: cluster up in {time.time() - t0:.0f} s", flush=True)
     py = str(ROOT / "venv" / "bin" / "python3")
     code = subprocess.run([py, "-m", "benchmarks.device.placement_passes", *rest, "--started-at", str(t0),
-                           "--out", str(out), "--budget-s", str(a.budget_s)], cwd=HERE.parent.parent).returncode
+                           "--out", str(out), "--budget-s", str(a.budget_s)],
+                          cwd=HERE.parent.parent).returncode  # the repository root: benchmarks as a package
     subprocess.run(["tar", "-C", str(ROOT), "-czf", str(out / "logs.tgz"), "jobs", "log", "etc"], check=False)
     return code
 

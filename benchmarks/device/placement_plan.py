@@ -1,9 +1,9 @@
 """The placement benchmark's jobs, fixed once for every pass: ``placement_plan.json`` (stdlib only, pure).
 
 Every device call of ``placement_bench.py`` runs one pass over the same jobs, so each job's work (training steps)
-is decided here, before any pass, from a profile measured on the H100 (``python3 -m benchmarks.device.workload_profile``: seconds per
-step and peak reserved memory of each model alone; the one recorded in
-``results/h100-placement-profile/placement_bench.json``). Each job trains ``train_s`` seconds alone (steps = train_s /
+is decided here, before any pass, from a profile measured on the H100
+(``python3 -m benchmarks.device.workload_profile``: seconds per step and peak reserved memory of each model
+alone; the one recorded in ``results/h100-placement-profile/placement_bench.json``). Each job trains ``train_s`` seconds alone (steps = train_s /
 step time) after its start-up (Python, torch and the model, CUDA context: 15-35 s measured on the harness), so it
 runs about 30-50 s alone; memory request = measured peak + CUDA context (``CONTEXT_MIB``).
 

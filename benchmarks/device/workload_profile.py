@@ -1,9 +1,10 @@
 """Time each device workload alone in one process (the placement benchmark's profile, ``placement_plan.py``).
 
 Per model: per-step time after warm-up, peak reserved memory, and FLOPs of one training step
-(``torch.utils.flop_counter``), one JSON line per model (``PROFILE {...}``); the placement benchmark sizes its
-jobs from it and ``placement_fit.py`` uses the FLOPs. Names are ``workloads.py`` names (``pile:<name>`` for the
-pile of ``pile_workloads.py``, ``small_cnn``, ``tv:...``). On the GPU machine, from the repository root::
+(``torch.utils.flop_counter``), one JSON line per model (``PROFILE {...}``); the placement benchmark sizes
+its jobs from it and ``placement_fit.py`` uses the FLOPs. Names are ``workloads.py`` names (``pile:<name>``
+for the pile of ``pile_workloads.py``, ``small_cnn``, ``tv:...``). On the GPU machine, from the repository
+root::
 
     /opt/torch/.venv/bin/python3 -m benchmarks.device.workload_profile pile:resnet50 pile:gpt2 ...
 """

@@ -29,8 +29,9 @@ def model_ref(name: str) -> str:
 
 
 def builder(name: str) -> Any:
-    """The callable a data set's model name names, imported by module name (``benchmarks.estimator.zoo`` and
-    ``benchmarks.estimator.zoo_paper`` for the data sets' names, run from the repository root; others as named).
+    """The callable a data set's model name names, imported by module name (``benchmarks.estimator.zoo``
+    and ``benchmarks.estimator.zoo_paper`` for the data sets' names, run from the repository root; others as
+    named).
 
     Raises:
         ImportError / AttributeError: no such module or callable.
