@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """List the convolution calls whose cuDNN workspace the H100 should measure (issue 3).
 
-    .venv/bin/python -W ignore benchmarks/estimator_conv_calls.py --out benchmarks/device/conv_calls.jsonl
+    .venv/bin/python -W ignore -m benchmarks.estimator_conv_calls --out benchmarks/device/conv_calls.jsonl
 
 Three sources, each call tagged with where it came from (``srcs``) so that an evaluation can leave
 the calls of held-out families out of the table (``benchmarks/estimator_eval.py``):
@@ -31,11 +31,8 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-
-from zoo import model_ref  # noqa: E402
-
-from slurm_coloc.errors import EstimateError  # noqa: E402
+from benchmarks.estimator.zoo import model_ref
+from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.trace import trace_spec

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Estimator accuracy per data set and estimator; prints a table (docs/estimator.md holds a copy).
 
-    .venv/bin/python -W ignore benchmarks/estimator_eval.py
+    .venv/bin/python -W ignore -m benchmarks.estimator_eval
 
 Data sets: Hopper rows of the TEST families (never trained on, margins chosen on other
 families), a 20% held-out split of GPUMemNet's MLP rows (A100), the 18 real models of
@@ -23,11 +23,8 @@ from typing import Dict, List, Sequence
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-import learned  # noqa: E402
-import margins  # noqa: E402
-import train  # noqa: E402
-from estimator_eval_paper18 import PAPER_A100, add_paper18  # benchmarks/ (the script's directory)
+from benchmarks.estimator import learned, margins, train
+from benchmarks.estimator_eval_paper18 import PAPER_A100, add_paper18
 
 GDIR = train.GPUMEMNET_DIR
 

@@ -22,15 +22,11 @@ import contextlib
 import csv
 import json
 import os
-import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-
-from zoo import model_ref  # noqa: E402
-from zoo_paper import paper18  # noqa: E402
-
-from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
+from benchmarks.estimator.zoo import model_ref
+from benchmarks.estimator.zoo_paper import paper18
+from slurm_coloc.estimate.spec import ModelSpec
 
 PAPER_A100 = "18 real models (paper, A100 actuals)"
 PAPER_H100 = "18 real models re-measured on H100"
@@ -74,8 +70,7 @@ def shipped(spec: ModelSpec, gpu: str, exclude: Sequence[str] = UNSEEN) -> Dict[
     """Our estimators' figures (MiB) for ``spec`` on ``gpu``: the shipped estimate's detail (with the
     workspace table minus the calls measured only for ``exclude``) and the learned ensemble's
     (``learned.py``, on the same trace when inside :func:`memo_traces`)."""
-    import learned
-
+    from benchmarks.estimator import learned
     from slurm_coloc.estimate import trace, workspace
     from slurm_coloc.estimate.combine import load_calibration, traced_estimate
 
@@ -160,7 +155,7 @@ def per_row_markdown(gdir: str, hopper_dir: str) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python benchmarks/estimator_eval_paper18.py: the per-row table
-    import train
+if __name__ == "__main__":  # python -m benchmarks.estimator_eval_paper18: the per-row table
+    from benchmarks.estimator import train
 
     print(per_row_markdown(train.GPUMEMNET_DIR, train.HOPPER_DIR))

@@ -3,7 +3,7 @@
 calibrated or workspace-measured on, measured on the H100 (issue 3: "judged on real models it has
 never seen").
 
-    .venv/bin/python -W ignore benchmarks/estimator_eval_unseen.py [--json]
+    .venv/bin/python -W ignore -m benchmarks.estimator_eval_unseen [--json]
 
 Data: ``data/hopper/unseen_runs.csv`` (``estimator_hopper_gen.py --set unseen`` on the H100: NVML
 per-process peak of 3 training steps in a fresh process). Each row is estimated exactly as
@@ -23,7 +23,6 @@ import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, ROOT)  # examples.hf_models
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trace every Hopper row's spec on this machine (meta/fake tensors) and cache the results.
 
-    .venv/bin/python benchmarks/estimator_featurize.py data/hopper/hopper_runs.csv data/hopper/hopper_traces.csv
+    .venv/bin/python -m benchmarks.estimator_featurize data/hopper/hopper_runs.csv data/hopper/hopper_traces.csv
 
 Writes one row per config_id with the traced figures (sim peak allocated/reserved, params,
 activations per sample, layer counts, dominant activation). Resumable: skips ids already there.
@@ -14,14 +14,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-
-from features import COUNT_KEYS  # noqa: E402
-from zoo import model_ref  # noqa: E402
-
-from slurm_coloc.errors import EstimateError  # noqa: E402
-from slurm_coloc.estimate.spec import ModelSpec  # noqa: E402
-from slurm_coloc.estimate.trace import trace_spec  # noqa: E402
+from benchmarks.estimator.features import COUNT_KEYS
+from benchmarks.estimator.zoo import model_ref
+from slurm_coloc.errors import EstimateError
+from slurm_coloc.estimate.spec import ModelSpec
+from slurm_coloc.estimate.trace import trace_spec
 
 FIELDS = ["config_id", "sim_peak_allocated_b", "sim_peak_reserved_b", "params", "param_b",
           "acts_per_sample", "depth", "activation", "trace_s", "error", "depthwise_max_hw"] + [

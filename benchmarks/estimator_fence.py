@@ -5,8 +5,8 @@ coloc-sbatch asks for ``max(min_shards, mib_to_shards(estimate + headroom_mib))`
 fences the job at that many GiB (``submit/plan.py``, ``node/jobenv.py``). This prints, per data set, how many
 measured H100 peaks exceed the estimate and how many exceed the fence, and the median over-reservation of both:
 
-    .venv/bin/python benchmarks/estimator_fence.py
-    .venv/bin/python benchmarks/estimator_fence.py --pick 24 --out cfgs.json   # for device/fence_check.py
+    .venv/bin/python -m benchmarks.estimator_fence
+    .venv/bin/python -m benchmarks.estimator_fence --pick 24 --out cfgs.json   # for device/fence_check.py
 
 ``--pick N`` writes the N Hopper rows whose measured peak is closest to (or above) their fence, as configs
 for ``benchmarks/device/fence_check.py`` (which trains them under that fence on the H100).
@@ -26,19 +26,13 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Sequence
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from slurm_coloc.config import Config  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-import margins  # noqa: E402
-import train  # noqa: E402
-
-from slurm_coloc.estimate.combine import load_calibration  # noqa: E402
-from slurm_coloc.units import mib_to_shards  # noqa: E402
+from benchmarks.estimator import margins, train
+from slurm_coloc.config import Config
+from slurm_coloc.estimate.combine import load_calibration
+from slurm_coloc.units import mib_to_shards
 
 
 def fence_mib(estimate_mib: float, cfg: Config) -> int:

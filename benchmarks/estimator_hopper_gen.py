@@ -3,7 +3,7 @@
 
 Run ON THE GPU MACHINE (one GPU, nothing else on it), e.g.::
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py \
+    /opt/torch/.venv/bin/python3 -m benchmarks.estimator_hopper_gen \
         --out $OUT/hopper_runs.csv --have data/hopper/hopper_runs.csv --budget-s 540
 
 A driver process (imports torch but never touches CUDA) forks one fresh child per *group*
@@ -22,7 +22,7 @@ first (0: a pristine process) or a later one. Rows are appended; config ids alre
 XLNet / GPT-2 from config; needs ``transformers``), one fresh child per config (all rows
 ``seq_in_process`` 0), family ``paper18``, group ids 900000+ (config id = group*16), e.g.::
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/estimator_hopper_gen.py --set paper18 \
+    /opt/torch/.venv/bin/python3 -m benchmarks.estimator_hopper_gen --set paper18 \
         --out $OUT/paper18_runs.csv --have data/hopper/paper18_runs.csv --budget-s 500
 
 ``--set unseen`` runs 57 real-model configs (30, then 27 more) whose architectures no Hopper family and no paper18
@@ -46,9 +46,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimator"))  # research modules
-
-from zoo import builder  # noqa: E402
+from benchmarks.estimator.zoo import builder
 
 STEPS = 3
 FIELDS = [
@@ -226,7 +224,7 @@ def unseen_groups() -> List[Dict[str, Any]]:
 def paper18_groups() -> List[Dict[str, Any]]:
     """The GPUMemNet paper's 18 real (model, batch size) configs (``estimator/zoo_paper.py``),
     one group (one fresh child, ``seq_in_process`` 0) each, ids ``PAPER18_GROUP0 + i``."""
-    from zoo_paper import paper18
+    from benchmarks.estimator.zoo_paper import paper18
 
     return _one_config_groups(paper18(), PAPER18_GROUP0, "paper18")
 
@@ -335,8 +333,9 @@ def main() -> int:
     import pynvml
     import torch
     import torchvision.models  # noqa: F401  imported before fork so children start fast
-    import zoo  # noqa: F401
-    import zoo_paper  # noqa: F401
+
+    import benchmarks.estimator.zoo  # noqa: F401
+    import benchmarks.estimator.zoo_paper  # noqa: F401
     if args.set in ("paper18", "unseen"):
         # the BERT/GPT-2/XLNet builders' classes, imported before fork like torchvision's
         from transformers import BertForMaskedLM, GPT2LMHeadModel, XLNetForSequenceClassification  # noqa: F401

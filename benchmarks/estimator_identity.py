@@ -10,8 +10,8 @@ says whether ``torch._dynamo`` was imported by then (``no-dynamo``: the trace ra
 (``combine.traced_estimate``: figure and detail) of each row; ``--compare`` checks a later run
 against such a file, so "before" and "after" a change are compared bit for bit.
 
-    .venv/bin/python -W ignore benchmarks/estimator_identity.py --n 30 --save /tmp/before.json
-    .venv/bin/python -W ignore benchmarks/estimator_identity.py --n 30 --compare /tmp/before.json
+    .venv/bin/python -W ignore -m benchmarks.estimator_identity --n 30 --save /tmp/before.json
+    .venv/bin/python -W ignore -m benchmarks.estimator_identity --n 30 --compare /tmp/before.json
 
 Exit status 1 on any difference.
 """
@@ -24,12 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.estimator.features import COUNT_KEYS
+from benchmarks.estimator_featurize import spec_of
 
-from estimator_featurize import spec_of  # noqa: E402
-from features import COUNT_KEYS  # noqa: E402  (benchmarks/estimator, on sys.path through estimator_featurize)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def select(n: int) -> list:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Re-trace every data-set row that has convolutions with the cuDNN workspace replayed (issue 3).
 
-    .venv/bin/python -W ignore benchmarks/estimator_retrace_ws.py data/hopper/hopper_runs.csv \
+    .venv/bin/python -W ignore -m benchmarks.estimator_retrace_ws data/hopper/hopper_runs.csv \
         data/hopper/hopper_traces.csv --jobs 2 [--table path.csv.gz]
 
 Adds (or refreshes) three columns of the traces file: ``sim_peak_allocated_ws_b``,
@@ -38,8 +38,7 @@ def _init(table: str) -> None:
 
 def _one(job: Tuple[dict, str]) -> Tuple[str, Dict[str, object], float]:
     row, family = job
-    from estimator_featurize import spec_of  # noqa: PLC0415 - sibling script (its dir is sys.path[0])
-
+    from benchmarks.estimator_featurize import spec_of
     from slurm_coloc.errors import EstimateError
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.trace import trace_spec

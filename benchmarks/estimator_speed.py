@@ -21,8 +21,8 @@ process, median of ``--calls`` calls.
 
 Targets (issue 3): ResNet-50 ``coloc-estimate`` median <= 1.5 s wall; learned inference <= 5 ms.
 
-    .venv/bin/python benchmarks/estimator_speed.py            # ~5 min on the 2-core machine
-    .venv/bin/python benchmarks/estimator_speed.py --repeat 3 --calls 1000
+    .venv/bin/python -m benchmarks.estimator_speed            # ~5 min on the 2-core machine
+    .venv/bin/python -m benchmarks.estimator_speed --repeat 3 --calls 1000
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 TARGET_CLI_S = 1.5
 TARGET_LEARNED_MS = 5.0
@@ -151,10 +150,8 @@ def time_case(cmd: list, repeat: int, mode: str) -> dict:
 
 def learned_ms(calls: int) -> dict:
     """Median / p90 / min ms of one ``learned.predict`` call on ResNet-50's traced features (in process)."""
-    sys.path.insert(0, str(REPO / "benchmarks" / "estimator"))  # research modules
-    import learned
-    from features import COUNT_KEYS
-
+    from benchmarks.estimator import learned
+    from benchmarks.estimator.features import COUNT_KEYS
     from slurm_coloc.estimate.spec import ModelSpec
     from slurm_coloc.estimate.trace import TraceResult
 

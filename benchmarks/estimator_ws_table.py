@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the shipped cuDNN workspace table from what the H100 measured (issue 3).
 
-    .venv/bin/python benchmarks/estimator_ws_table.py slurm_coloc/estimate/weights/conv_workspace_h100.npz \
+    .venv/bin/python -m benchmarks.estimator_ws_table slurm_coloc/estimate/weights/conv_workspace_h100.npz \
         benchmarks/device/conv_calls.jsonl.gz benchmarks/device/results/h100-conv-ws/conv_ws.csv.gz \
         benchmarks/device/conv_calls_split.jsonl.gz benchmarks/device/results/h100-conv-ws/conv_ws_split.csv.gz
 

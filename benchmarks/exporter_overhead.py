@@ -14,7 +14,7 @@
    jobs: the recording's GPU and its two MPS clients are copied onto 8 GPU indices, 4 jobs per GPU, 32 running
    job rows in a real node database; every scrape re-reads the rows (worst case: the cache is emptied first).
 
-    python3 benchmarks/exporter_overhead.py --seconds 120
+    python3 -m benchmarks.exporter_overhead --seconds 120
 """
 from __future__ import annotations
 
@@ -32,18 +32,17 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-REC = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
+from slurm_coloc.config import Config
+from slurm_coloc.node import exporter
+from slurm_coloc.node.livestate import LiveState
+from slurm_coloc.nvml import ReplayReader
+from slurm_coloc.nvml.readings import Frame
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store.db import open_node_db
+from slurm_coloc.store.samples import ProcSample
 
-from slurm_coloc.config import Config  # noqa: E402
-from slurm_coloc.node import exporter  # noqa: E402
-from slurm_coloc.node.livestate import LiveState  # noqa: E402
-from slurm_coloc.nvml import ReplayReader  # noqa: E402
-from slurm_coloc.nvml.readings import Frame  # noqa: E402
-from slurm_coloc.store import jobs as store_jobs  # noqa: E402
-from slurm_coloc.store.db import open_node_db  # noqa: E402
-from slurm_coloc.store.samples import ProcSample  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+REC = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
 
 
 def oncpu_ns(pid: int) -> int:

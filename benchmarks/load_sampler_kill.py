@@ -2,8 +2,8 @@
 """The sampler SIGKILLed at N random moments under write load: ``PRAGMA integrity_check`` must be ``ok`` after
 every kill, and the samples lost per kill (read but not yet committed) must stay within one flush interval.
 
-    .venv/bin/python benchmarks/load_sampler_kill.py           # 50 kills (docs/reliability.md)
-    .venv/bin/python benchmarks/load_sampler_kill.py -k 10 --seed 7
+    .venv/bin/python -m benchmarks.load_sampler_kill           # 50 kills (docs/reliability.md)
+    .venv/bin/python -m benchmarks.load_sampler_kill -k 10 --seed 7
 
 Each round starts ``coloc-sampler run`` (replaying the H100 NVML recording of tests/data/nvml, labelled there,
 every 0.1 s, flushing every ``--batch-s``) on a node database that another process keeps writing to (a hook-like
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 REC = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
 INTERVAL_S = 0.1
 

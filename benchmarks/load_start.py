@@ -2,8 +2,8 @@
 """Load: N jobs starting at once on ONE node of a real local cluster; every Prolog/Epilog row must be present
 (WAL and busy timeouts: no lost write), every job recorded exactly once.
 
-    .venv/bin/python benchmarks/load_start.py            # 50 jobs on n1 (docs/reliability.md)
-    .venv/bin/python benchmarks/load_start.py -n 20
+    .venv/bin/python -m benchmarks.load_start            # 50 jobs on n1 (docs/reliability.md)
+    .venv/bin/python -m benchmarks.load_start -n 20
 
 How "at once": the N jobs are submitted held (``sbatch -H``), then released by one ``scontrol release``; the
 partition is set ``OverSubscribe=FORCE:4`` at run time (this benchmark's own cluster only) so 50 one-CPU jobs fit
@@ -15,13 +15,10 @@ import argparse
 import os
 import sqlite3
 import sys
-from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.load_submit import hook_durations_ms, pct, pending_spool, records, wait_final, wait_hooks_done  # noqa: E402
-from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from benchmarks.load_submit import hook_durations_ms, pct, pending_spool, records, wait_final, wait_hooks_done
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 
 def start_burst(cluster: Cluster, n: int, node: str = "n1", sleep_s: float = 3.0) -> Dict[str, object]:

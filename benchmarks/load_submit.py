@@ -2,8 +2,8 @@
 """Load: N jobs submitted through ``coloc-sbatch`` by C parallel clients (as a user) on a real local cluster;
 all must be accepted and each recorded exactly once (one ``jobs`` row, one Prolog and one Epilog row).
 
-    .venv/bin/python benchmarks/load_submit.py            # 200 submissions, 8 clients (docs/reliability.md)
-    .venv/bin/python benchmarks/load_submit.py -n 50 -c 4
+    .venv/bin/python -m benchmarks.load_submit            # 200 submissions, 8 clients (docs/reliability.md)
+    .venv/bin/python -m benchmarks.load_submit -n 50 -c 4
 
 Starts its own cluster (free ports, own directory) and stops it. Job scripts use ``#COLOC mem=1G`` (an override):
 this measures the submission path, not the estimator (docs/estimator.md has its speed). Needs root.
@@ -18,12 +18,9 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 

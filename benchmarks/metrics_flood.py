@@ -5,7 +5,7 @@ one table: threads of the process after N idle connections, with this project's 
 ``prometheus_client.start_http_server`` (what the endpoint used before), then the worst extra delay of a 0.1 s
 sleep loop in the serving process while another process scrapes it over 16 connections, and the time per scrape.
 
-    .venv/bin/python benchmarks/metrics_flood.py [--idle 500]
+    .venv/bin/python -m benchmarks.metrics_flood [--idle 500]
 """
 from __future__ import annotations
 

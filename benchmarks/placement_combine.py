@@ -1,7 +1,7 @@
 """Join the placement benchmark's pass files (one device call each) into the issue's target table.
 
 Usage:
-  python3 benchmarks/placement_combine.py PASS.json... [--json combined.json]
+  python3 -m benchmarks.placement_combine PASS.json... [--json combined.json]
 Input: the ``<pass>[-partK].json`` files of ``benchmarks/device/placement_bench.py`` (pile/stream x exclusive/
 blind/aware, exclusive parts, ``small7-blind.json``, ``small7-aware.json``). Per scenario the exclusive parts are
 stitched into one FIFO pass (``placement_metrics.stitch``), whose run times are every job's time alone; every
@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "device"))
-import placement_metrics as pm  # noqa: E402
+from benchmarks.device import placement_metrics as pm
 
 
 def combine(files: Sequence[Mapping[str, Any]], gpus: int = 1) -> Dict[str, Any]:

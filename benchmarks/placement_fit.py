@@ -1,7 +1,7 @@
 """Fit coloc-placer's intensity predictor (``slurm_coloc/placement/intensity.py``) to measured runs alone.
 
 Usage:
-  python3 benchmarks/placement_fit.py EXCLUSIVE.json... [--profile PROFILE.json] [--out calibration.json]
+  python3 -m benchmarks.placement_fit EXCLUSIVE.json... [--profile PROFILE.json] [--out calibration.json]
                                      [--by-model] [--feature proxy|flops]
 Input: the exclusive pass files of ``benchmarks/device/placement_bench.py`` (``pile-exclusive-part1.json``,
 ``stream-exclusive.json``, ...; other passes are skipped), or the single ``placement_bench.json`` of the first run:
@@ -32,9 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slurm_coloc.placement import intensity  # noqa: E402
-from slurm_coloc.placement.policy import Activity  # noqa: E402
+from slurm_coloc.placement import intensity
+from slurm_coloc.placement.policy import Activity
 
 
 def proxy_gflop(row: Dict[str, Any]) -> Optional[float]:

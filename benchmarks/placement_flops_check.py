@@ -9,7 +9,7 @@ replayed peaks (allocated, reserved) are the same.
 
 Usage::
 
-    .venv/bin/python benchmarks/placement_flops_check.py [--profile PATH] [--memory] [--only NAME ...]
+    .venv/bin/python -m benchmarks.placement_flops_check [--profile PATH] [--memory] [--only NAME ...]
 """
 from __future__ import annotations
 
@@ -22,14 +22,12 @@ from typing import Any, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICE_DIR = os.path.join(HERE, "device")
-DEFAULT_PROFILE = os.path.join(DEVICE_DIR, "results", "h100-placement", "placement_bench.json")
+DEFAULT_PROFILE = os.path.join(DEVICE_DIR, "results", "h100-placement-profile", "placement_bench.json")
 
 
 def workload_model(name: str) -> Any:
     """``#COLOC model=`` target: the model of workload ``name`` (``benchmarks/device/workloads.py``)."""
-    if DEVICE_DIR not in sys.path:
-        sys.path.insert(0, DEVICE_DIR)
-    import workloads
+    from benchmarks.device import workloads
 
     return workloads.build(name)[0]
 

@@ -1,19 +1,15 @@
 """Which Slurm 22.05 operations can steer a shard job to ONE chosen GPU? Tries each on a real local cluster with
 typed shards (scripts/cluster.sh, ``COLOC_GRES_TYPED=1``: GPU i of each node is ``gpu:g<i>``/``shard:g<i>``) and
 prints a table: the operation, scontrol's exit status and message, and the GRES the job really got
-(``scontrol show job -d``). Needs root. Usage: ``.venv/bin/python benchmarks/placement_mechanism.py``.
+(``scontrol show job -d``). Needs root. Usage: ``.venv/bin/python -m benchmarks.placement_mechanism``.
 """
 from __future__ import annotations
 
 import re
-import sys
 import time
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.slurm_cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
 PROBES: List[Tuple[str, List[str], List[str]]] = [
     # (label, sbatch options, scontrol update arguments applied while held)

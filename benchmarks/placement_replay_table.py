@@ -6,7 +6,7 @@ Slowdown vs alone: a task's time alone is its run (Slurm start -> end) in the ex
 (``coloc-replay``'s own ``p95_slowdown`` divides by the trace's scaled work instead, without start-up); slowdown =
 JCT / alone, run slowdown = (end - start) / alone (the bound of ``placement_max_slowdown`` concerns the latter).
 
-Usage: ``python3 benchmarks/placement_replay_table.py replay-exclusive.json replay-blind.json ... [--out F.md]``
+Usage: ``python3 -m benchmarks.placement_replay_table replay-exclusive.json replay-blind.json ... [--out F.md]``
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 co-runs, and report its error.
 
 Usage:
-  python3 benchmarks/placement_share_fit.py [PASS.json...] [--out slurm_coloc/placement/calibration.json]
-Input (default: the H100 passes of 2026-11-24, ``benchmarks/device/results/h100-placement2/``): placement
+  python3 -m benchmarks.placement_share_fit [PASS.json...] [--out slurm_coloc/placement/calibration.json]
+Input (default: the H100 passes of 2026-11-24, ``benchmarks/device/results/h100-placement-passes/``): placement
 benchmark pass files (``benchmarks/device/placement_bench.py``). The exclusive passes give every workload's
 profile alone: SM activity while computing (``alone_activity``, the sampler), start-up (Slurm start to
 ``t_ready``, the job's own log line) and training time (``t1 - t0``). The co-run passes (blind, gate/aware,
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "device" / "results" / "h100-placement2"
+RESULTS = HERE / "device" / "results" / "h100-placement-passes"
 DEFAULT_FILES = [RESULTS / f"{n}.json" for n in ("pile-exclusive-part1", "pile-exclusive-part2", "stream-exclusive",
                                                   "pile-blind", "pile-aware", "pile-aware-recent4", "stream-blind",
                                                   "stream-aware")]

@@ -2,7 +2,7 @@
 gate (coloc-placer's CARMA gate) and throughput (coloc-placer's slowdown bound), on 1 or more GPUs.
 
 Not a measurement: a model driven by measured inputs, to compare the policies on the same jobs and to check the
-model against the passes measured on the H100 (``--gpus 1``). Inputs (``benchmarks/device/results/h100-placement2/``,
+model against the passes measured on the H100 (``--gpus 1``). Inputs (``benchmarks/device/results/h100-placement-passes/``,
 2026-11-24): each workload's profile alone from the exclusive passes (start-up = Slurm start to ``t_ready``, the
 GPU idle; compute = the rest of its run; SM activity alone while computing, the sampler), the jobs and their memory
 requests from ``benchmarks/device/placement_plan.json``. Sharing: jobs computing together on a GPU progress at
@@ -19,7 +19,7 @@ the packaged calibration and ``--bound``; both call the product's decision funct
 The throughput policy offers held jobs GPUs in ``share.order_candidates`` order (``--order fifo``: submit order).
 ``--h200``: the H200's profiles alone (``h200_profiles``) and sharing capacity, for ``--gib 140``.
 
-Usage: ``python3 benchmarks/placement_sim.py [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
+Usage: ``python3 -m benchmarks.placement_sim [--gpus 2] [--gib 80] [--bound 2.0] [--scenario pile|stream|mixed]
 [--order work|fifo] [--h200] [--json F]``
 """
 from __future__ import annotations
@@ -28,19 +28,15 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from benchmarks import placement_share_fit as fitmod
+from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-import placement_share_fit as fitmod  # noqa: E402
-
-from slurm_coloc.placement import intensity, share  # noqa: E402
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu  # noqa: E402
-
 PLAN = HERE / "device" / "placement_plan.json"
 POLICIES = ("exclusive", "blind", "gate", "throughput")
 MEASURED = {"exclusive": ["pile-exclusive-part1", "pile-exclusive-part2"], "blind": ["pile-blind"],
@@ -191,8 +187,7 @@ def measured_rows(files: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
     for pol, names in MEASURED.items():
         fs = [files[n] for n in names if n in files]
         if pol == "exclusive" and len(fs) == 2:
-            sys.path.insert(0, str(HERE / "device"))
-            import placement_metrics as pm
+            from benchmarks.device import placement_metrics as pm
             st = pm.stitch(fs)
             alone = pm.alone_times(st["jobs"])
             m = pm.pass_metrics(st["jobs"], alone, None, sum(f["energy_j"] for f in fs))
@@ -220,11 +215,11 @@ def table(rows: Sequence[Dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
-H200 = HERE / "device" / "results" / "h200x2-placement3"
+H200 = HERE / "device" / "results" / "h200x2-placement-throughput"
 
 
 def h200_profiles(h100: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, float]]:
-    """Workload profiles alone on the H200 (``h200x2-placement3/pile-exclusive.json``: 8 of the pile's 13
+    """Workload profiles alone on the H200 (``h200x2-placement-throughput/pile-exclusive.json``: 8 of the pile's 13
     workloads, the pass was cut); the others from their H100 profile, start-up, run time and SM activity scaled by
     the median H200/H100 ratio of the 8 (activity capped at 1)."""
     own = fitmod.profiles([json.loads((H200 / "pile-exclusive.json").read_text())])

@@ -12,8 +12,8 @@ Two layouts of the same 30 days (``--layout``):
 
 Usage::
 
-    .venv/bin/python benchmarks/report_speed.py --layout stored
-    .venv/bin/python benchmarks/report_speed.py --layout raw --dir /tmp/coloc-bench-raw
+    .venv/bin/python -m benchmarks.report_speed --layout stored
+    .venv/bin/python -m benchmarks.report_speed --layout raw --dir /tmp/coloc-bench-raw
 """
 from __future__ import annotations
 
@@ -26,14 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from slurm_coloc.nvml.readings import GpuReading
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.store import samples
+from slurm_coloc.store.db import open_ctld_db, open_node_db
 
-from slurm_coloc.nvml.readings import GpuReading  # noqa: E402
-from slurm_coloc.store import jobs as store_jobs  # noqa: E402
-from slurm_coloc.store import oom as store_oom  # noqa: E402
-from slurm_coloc.store import samples  # noqa: E402
-from slurm_coloc.store.db import open_ctld_db, open_node_db  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DAYS, GPUS, NODE = 30, 8, "n1"
 

@@ -15,7 +15,7 @@ growth is counted from the end of that rate's first segment, so schema creation 
 Targets (issue 4): slowdown <= 0.5% at 1 Hz and <= 2% at 10 Hz; sampler CPU <= 1% of one core at 1 Hz; database
 growth <= 1 MB per GPU-hour at 1 Hz.
 
-    python3 benchmarks/sampler_overhead.py --rounds 6 --segment-s 20 --out $OUT/sampler_overhead.json
+    python3 -m benchmarks.sampler_overhead --rounds 6 --segment-s 20 --out $OUT/sampler_overhead.json
 """
 from __future__ import annotations
 

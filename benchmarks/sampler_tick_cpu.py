@@ -19,7 +19,7 @@ the energy counter: benchmarks/device/nvml_call_cost.py), so these figures are t
 machine's, ``SLURM_JOB_ID`` in their environment) each with a DataLoader of N workers, idle once their prefetch
 queue is full: the sampler then reads those jobs' CPU use every tick (node/cpu.py), as on a node running them.
 
-    python3 benchmarks/sampler_tick_cpu.py --interval-s 1.0 --interval-s 0.1 --seconds 30
+    python3 -m benchmarks.sampler_tick_cpu --interval-s 1.0 --interval-s 0.1 --seconds 30
 """
 from __future__ import annotations
 

@@ -186,9 +186,8 @@ def test_cpu_rows_fold_and_purge(tmp_path: Path) -> None:
 
 LOADER = textwrap.dedent("""
     import os, sys, time
-    sys.path.insert(0, {here!r})
     import torch
-    from diag_jobs import BlurredImages, _worker_init
+    from benchmarks.device.diag_jobs import BlurredImages, _worker_init
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(BlurredImages(passes=6), batch_size=4, num_workers=1,
                                          worker_init_fn=_worker_init)
@@ -204,7 +203,7 @@ LOADER = textwrap.dedent("""
 def test_the_input_bound_jobs_real_loader_reads_as_a_saturated_worker_and_a_waiting_process() -> None:
     """The CPU half of ``diag_jobs.py input_bound`` (its DataLoader: one worker blurring 3x224x224 images) run
     for real here; what the sampler's reader sees is the evidence the input-bound rule needs."""
-    p, kids = _spawn(LOADER.format(here=str(REPO / "benchmarks" / "device")))
+    p, kids = _spawn(LOADER, env={"PYTHONPATH": str(REPO)})  # benchmarks.device.diag_jobs from the repository
     try:
         r = CpuReader()
         r.read({8: [p.pid]})

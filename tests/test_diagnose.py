@@ -76,9 +76,9 @@ def measured(name: str, **kw: Any) -> JobView:
 # What the Slurm check on the H100 recorded per job (coloc-report advise --json of each, 2026-11-24): the GPU
 # side of the summaries, before the CPU was recorded. The tiny batch there idled 54 % of its samples (16 s of
 # start-up with its context on the GPU) and was read as input-bound.
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "results"
 SLURM_RUN = {r["name"]: r["advice"]["job"] for r in json.loads(
-    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose/diagnose.json")
-    .read_text())}
+    (RESULTS / "h100-advise-before-cpu-use" / "diagnose.json").read_text())}
 GPU_KEYS = ("smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "tensor_mean", "dram_mean",
             "smact_idle_pct",
             "active_samples", "batch_size", "precision", "requested_mib", "peak_mem_mib", "start_ts",
@@ -91,11 +91,10 @@ def slurm_run(name: str, **kw: Any) -> JobView:
 
 # The second Slurm check on the H100 (2026-11-24, Slurm 26.05, CPU use recorded by the sampler): the healthy
 # ResNet-18/32 idled 34 % of its samples with its training process at 0.96 cores and no loader worker, and was
-# read as "loads the data itself" (benchmarks/device/results/h100-diagnose2/diagnose.json).
+# read as "loads the data itself" (benchmarks/device/results/h100-advise-launch-bound-miss/diagnose.json).
 CPU_KEYS = ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus", "cpu_samples")
 SLURM_RUN2 = {r["name"]: r["advice"]["job"] for r in json.loads(
-    (Path(__file__).resolve().parents[1] / "benchmarks/device/results/h100-diagnose2/diagnose.json")
-    .read_text())}
+    (RESULTS / "h100-advise-launch-bound-miss" / "diagnose.json").read_text())}
 
 
 def test_a_launch_bound_loop_without_workers_is_not_input_bound() -> None:

@@ -1,6 +1,7 @@
 """Research code of the estimator (benchmarks/estimator/, outside the package): bound forms and margins.
 
-The modules are imported from their directory, as ``benchmarks/estimator/train.py`` imports them.
+The modules are imported as the ``benchmarks.estimator`` package, as
+``python -m benchmarks.estimator.train`` does.
 """
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.estimator import margins
+from benchmarks.estimator.zoo import model_ref
+from slurm_coloc.estimate.combine import calibrated_bound, load_calibration
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "estimator"))
-
-import margins  # noqa: E402
-from zoo import model_ref  # noqa: E402
-
-from slurm_coloc.estimate.combine import calibrated_bound, load_calibration  # noqa: E402
 
 
 def _cal_rows() -> list:
@@ -100,7 +99,7 @@ def test_data_names_map_to_the_zoo_file() -> None:
 
 
 def test_train_runs_from_the_repo_root() -> None:
-    out = subprocess.run([sys.executable, "benchmarks/estimator/train.py", "--help"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "benchmarks.estimator.train", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "benchmarks/estimator/train.py" in out.stdout
+    assert "python -m benchmarks.estimator.train" in out.stdout

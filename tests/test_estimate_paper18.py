@@ -12,11 +12,10 @@ from typing import Any, Dict
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "estimator"))  # research modules (not in the package)
+from benchmarks.estimator.zoo import builder, model_ref
+from benchmarks.estimator.zoo_paper import paper18
 
-from zoo import builder, model_ref  # noqa: E402
-from zoo_paper import paper18  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 NO_TF = "transformers is not installed (scripts/install.sh installs transformers==5.17.0)"
@@ -36,10 +35,8 @@ def test_eighteen_configs_match_the_paper_table() -> None:
     if table.is_file():
         rows = table.read_text().splitlines()[1:]
         assert [int(r.split(",")[1]) for r in rows] == [c["batch_size"] for c in cfgs]
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "benchmarks" / "estimator_hopper_gen.py")
-    gen = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(gen)
+    from benchmarks import estimator_hopper_gen as gen
+
     groups = gen.paper18_groups()
     ids = [g["group"] for g in groups]
     assert len(set(ids)) == 18 and min(ids) >= gen.PAPER18_GROUP0 > 6000

@@ -157,7 +157,7 @@ def test_comment_carries_flops_and_the_placer_reads_them(tmp_path: Path, model_f
 
 def test_predictor_uses_flops_over_the_proxy() -> None:
     """A transformer's proxy is ~0 (one id per token) though it ran at 87 % SM activity alone
-    (h100-placement2): with counted FLOPs (BERT-base, batch 16, 256 tokens: 2,223 GFLOP per step) the
+    (h100-placement-passes): with counted FLOPs (BERT-base, batch 16, 256 tokens: 2,223 GFLOP per step) the
     prediction is high."""
     cal = intensity.load_calibration()
     spec = {"model": "bert", "input_shape": [256], "batch_size": 16, "precision": "fp32"}

@@ -147,8 +147,9 @@ def test_predictor_orders_jobs_by_work_and_history_wins() -> None:
     cal = intensity.load_calibration()
     small = intensity.predict(intensity.features({"spec": {**SPEC, "input_shape": [1, 28, 28]}}), cal)
     big = intensity.predict(intensity.features({"spec": SPEC}), cal)
-    # h100-placement2 exclusive passes alone: small CNN 5-6 %, ResNet-50/224 batch 32 51-62 %; the packaged
-    # calibration is fitted on counted FLOPs and takes a job without them from the proxy x proxy_to_flops
+    # h100-placement-passes exclusive passes alone: small CNN 5-6 %, ResNet-50/224 batch 32 51-62 %; the
+    # packaged calibration is fitted on counted FLOPs and takes a job without them from the proxy x
+    # proxy_to_flops
     assert small.smact < 0.1 < 0.4 < big.smact < 0.75
     assert intensity.predict(intensity.features({"flops_per_step": 1e15}), cal).smact > 0.9
     sig = intensity.signature({"spec": SPEC})

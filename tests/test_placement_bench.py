@@ -10,13 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import placement_fit
+from slurm_coloc.placement import intensity
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks" / "device"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import placement_fit  # noqa: E402
-
-from slurm_coloc.placement import intensity  # noqa: E402
 
 
 def _bench_file(tmp_path: Path, fake: bool = False) -> Path:
@@ -36,10 +33,10 @@ def _bench_file(tmp_path: Path, fake: bool = False) -> Path:
 
 def test_fit_recovers_the_curve_and_writes_a_loadable_calibration(tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_fit",
                            str(_bench_file(tmp_path)),
                            "--out", str(out), "--by-model", "--feature", "flops"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     cal = intensity.load_calibration(str(out))
     assert cal.smact_min == pytest.approx(0.05, abs=0.02) and cal.smact_max == pytest.approx(0.9, abs=0.03)
@@ -64,8 +61,8 @@ def test_fit_on_the_spec_proxy_uses_batch_times_input_elements(tmp_path: Path) -
 def test_fit_refuses_too_little_data_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "b.json"
     path.write_text(json.dumps({"profile": {}, "scenarios": {}}))
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), str(path), "--out",
-                           str(tmp_path / "c.json")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_fit", str(path), "--out",
+                           str(tmp_path / "c.json")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 1 and proc.stderr.startswith("placement_fit: error:")
     assert not (tmp_path / "c.json").exists()
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -95,9 +92,9 @@ def test_fit_reads_exclusive_pass_files_with_a_profile_and_skips_other_passes(tm
         {"workload": "m1", "state": "CANCELLED",
          "alone_activity": {"smact": 0.0, "smocc": 0.0, "drama": 0.0}}]}))
     out = tmp_path / "cal.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_fit.py"), *map(str, files),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_fit", *map(str, files),
                            str(blind), str(cancelled), "--profile", str(prof), "--out", str(out), "--feature",
-                           "flops"], capture_output=True, text=True, timeout=60)
+                           "flops"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     # the 7 measured exclusive jobs, not the blind or the cancelled one
     assert len(re.findall(r"^m\d ", proc.stdout, re.M)) == 7

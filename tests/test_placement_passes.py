@@ -14,13 +14,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks" / "device"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import placement_combine as pc
+from benchmarks.device import placement_metrics as pm
+from benchmarks.device import placement_plan as plan_mod
 
-import placement_combine as pc  # noqa: E402
-import placement_metrics as pm  # noqa: E402
-import placement_plan as plan_mod  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_committed_plan_is_the_recorded_profile_sized_to_its_train_s() -> None:
@@ -153,14 +151,14 @@ def test_combine_notes_missing_parts_and_refuses_duplicates(tmp_path: Path) -> N
         paths.append(tmp_path / f"f{k}.json")
         paths[-1].write_text(json.dumps(f))
     out = tmp_path / "combined.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_combine",
                            *map(str, paths),
-                           "--json", str(out)], capture_output=True, text=True, timeout=60)
+                           "--json", str(out)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "| pile |" in proc.stdout and json.loads(out.read_text())["scenarios"]["pile"]["targets"]
     (tmp_path / "bad.json").write_text("{")
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
-                           str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_combine",
+                           str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 1 and proc.stderr.startswith("placement_combine: error:")
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -172,8 +170,7 @@ def test_small7_check_against_run_1() -> None:
 
 
 def test_parts_history_and_job_scripts_of_the_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import placement_passes as pp
-
+    from benchmarks.device import placement_passes as pp
     from slurm_coloc.comment import job_signature
 
     jobs = [{"index": i} for i in range(14)]
@@ -235,6 +232,6 @@ def test_exclusive_fifo_on_two_gpus_from_the_runs_alone_and_throughput_targets()
 
 
 def test_an_exclusive_pass_gets_twice_the_share_of_the_budget() -> None:
-    import placement_passes as pp
+    from benchmarks.device import placement_passes as pp
 
     assert pp.pass_weight("pile-exclusive") == 2.0 and pp.pass_weight("pile-throughput") == 1.0

@@ -105,10 +105,7 @@ def test_each_task_gets_its_own_script_and_signature(tmp_path: Path) -> None:
 
 
 def test_replay_table_takes_times_alone_from_the_exclusive_pass() -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import placement_replay_table as table
+    from benchmarks import placement_replay_table as table
 
     def run(task: int, s: float, e: float, gpu: str, retry_of: object = None,
             state: str = "COMPLETED") -> dict:

@@ -7,16 +7,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import sys
 
 import numpy as np
 import pytest
 
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probe_public")
-sys.path.insert(0, HERE)
+from benchmarks.probe_public import setup_corpus, standin
 
-import setup_corpus  # noqa: E402
-import standin  # noqa: E402
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probe_public")
 
 
 def test_manifest_names_pinned_upstream_scripts_and_known_data() -> None:
@@ -106,8 +103,7 @@ def test_setup_refuses_a_missing_mirror(tmp_path) -> None:
 def test_fenced_device_reads_whole_gpu_from_the_comment() -> None:
     from types import SimpleNamespace
 
-    import fenced_device
-
+    from benchmarks.probe_public import fenced_device
     from slurm_coloc.comment import build_comment
 
     shared = SimpleNamespace(comment=build_comment({"mode": "shard", "mem_mib": 958, "shards": 2}),

@@ -1,9 +1,10 @@
 """Device benchmark driver (issue 8): runs the scenarios through coloc-sbatch on the cluster that
 ``cluster_gpu.sh`` started, collects every job's ``COLOC_BENCH`` line and writes results + a table.
 
-Usage (root, on the machine with the cluster):
-  python3 bench.py [--out DIR] collocate --workload small_cnn --k 7 --measure-s 15
-  python3 bench.py oom | two-users | report
+Usage (root, on the machine with the cluster, from the source tree the cluster runs, ``/opt/coloc/src``, whose
+``slurm_coloc`` it imports):
+  python3 -m benchmarks.device.bench [--out DIR] collocate --workload small_cnn --k 7 --measure-s 15
+  python3 -m benchmarks.device.bench oom | two-users | report
 Scenarios:
   collocate  k jobs each on a whole GPU one after another (``--exclusive-gpu``), then the same k jobs through
              coloc-sbatch's estimate (shards, MPS); speedup = aggregate samples/s of the collocated jobs over
@@ -27,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.parse import FINAL_STATES
+
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 HERE = ROOT / "src" / "benchmarks" / "device"
 JOBS = ROOT / "jobs"
-sys.path.insert(0, str(ROOT / "src"))
-from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
-from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
 
 FINAL = FINAL_STATES
 

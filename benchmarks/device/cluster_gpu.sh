@@ -85,6 +85,7 @@ python_env() {  # $ROOT/venv: $PY's packages + carried wheels + the project, rea
   rm -rf "$ROOT/src"; install -d -m 0755 "$ROOT/src" "$ROOT/src/benchmarks" "$ROOT/site"
   cp -r "$REPO/slurm_coloc" "$REPO/prolog_epilog" "$REPO/pyproject.toml" "$ROOT/src/"
   cp -r "$REPO/benchmarks/device" "$ROOT/src/benchmarks/"
+  cp "$REPO/benchmarks/__init__.py" "$ROOT/src/benchmarks/"   # the package: python3 -m benchmarks.device.<x>
   [ -d "$REPO/examples" ] && cp -r "$REPO/examples" "$ROOT/src/"
   find "$ROOT/src" -name __pycache__ -prune -exec rm -rf {} +
   local w

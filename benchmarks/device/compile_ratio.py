@@ -10,7 +10,7 @@ Prints a table and writes the rows as JSON to ``--out``. Runs ``--jobs`` process
 
 Usage (GPU machine, repository root)::
 
-    /opt/torch/.venv/bin/python3 benchmarks/device/compile_ratio.py --out $OUT/compile_ratio.json
+    /opt/torch/.venv/bin/python3 -m benchmarks.device.compile_ratio --out $OUT/compile_ratio.json
 """
 from __future__ import annotations
 

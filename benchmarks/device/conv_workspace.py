@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the cuDNN workspace PyTorch takes for each convolution call, on the GPU (issue 3).
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/device/conv_workspace.py \
+    /opt/torch/.venv/bin/python3 -m benchmarks.device.conv_workspace \
         benchmarks/device/conv_calls.jsonl --out $OUT/conv_ws.csv --budget-s 500 [--skip-keys done.csv]
 
 Input: the JSON lines of ``benchmarks/estimator_conv_calls.py`` (one ``ConvCall`` each). For each

@@ -2,8 +2,8 @@
 findings of ``coloc-report`` (``slurm_coloc/report/diagnose.py``) against the planted problem.
 
 Usage (root, on the machine where ``cluster_gpu.sh start`` ran; fits one 9-minute device call):
-  python3 diagnose_bench.py --out $OUT run [--measure-s 35]
-  python3 diagnose_bench.py --out $OUT calibrate [--measure-s 20]    # no Slurm: GPM figures of each job alone
+  python3 -m benchmarks.device.diagnose_bench --out $OUT run [--measure-s 35]
+  python3 -m benchmarks.device.diagnose_bench --out $OUT calibrate [--measure-s 20]  # no Slurm
 
 ``run`` submits, one after another (each alone on the GPU: GPM metrics are per GPU), as ``colocuser`` through
 coloc-sbatch: input_bound, fp32_matmul, tiny_batch (``diag_jobs.py``), over_request (ResNet-18/32 with
@@ -17,8 +17,8 @@ while the input-bound job's one worker is saturated. ``COLOC_BENCH_FAKE_GPUS=1``
 parts on a CPU-only host: the jobs then run on the CPU, have no GPU samples and get no finding ("evidence thin").
 
 Device call (carry ``.carry`` from build_bundle.sh; about 7 minutes):
-  benchmarks/device/cluster_gpu.sh start && /opt/coloc/venv/bin/python3 \
-      /opt/coloc/src/benchmarks/device/diagnose_bench.py --out $OUT run
+  benchmarks/device/cluster_gpu.sh start && cd /opt/coloc/src && /opt/coloc/venv/bin/python3 \
+      -m benchmarks.device.diagnose_bench --out $OUT run
 """
 from __future__ import annotations
 
@@ -99,8 +99,7 @@ def table(results: List[Dict[str, Any]]) -> str:
 
 def run(a: argparse.Namespace) -> int:
     root = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
-    sys.path.insert(0, str(root / "src" / "benchmarks" / "device"))
-    import bench  # noqa: E402 - the harness's submit/wait helpers (needs COLOC_BENCH_ROOT)
+    from benchmarks.device import bench  # the harness's submit/wait helpers (needs COLOC_BENCH_ROOT)
 
     here = root / "src" / "benchmarks" / "device"
     py = os.environ.get("COLOC_BENCH_PYTHON", "/opt/torch/.venv/bin/python3")
@@ -152,7 +151,6 @@ def run(a: argparse.Namespace) -> int:
 def calibrate(a: argparse.Namespace) -> int:
     """Each job alone, without Slurm: GPM means, idle share, and the CPU cores of its training process and of its
     loader workers as the sampler reads them (node/cpu.py), JSON lines."""
-    sys.path.insert(0, str(HERE_SRC.parent.parent))
     from slurm_coloc.node.cpu import CpuReader
     from slurm_coloc.nvml.reader import NvmlReader
 

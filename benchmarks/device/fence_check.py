@@ -8,7 +8,7 @@ child with ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=
 gives a shard job (``slurm_coloc/node/jobenv.py``) -- training the generator's step (forward, cross-entropy,
 backward, optimizer step; 3 steps) and records ok / OOM and torch's peak reserved. Stops the daemon at the end::
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/device/fence_check.py cfgs.json --out $OUT/fence.csv
+    /opt/torch/.venv/bin/python3 -m benchmarks.device.fence_check cfgs.json --out $OUT/fence.csv
 
 Hypothesis under test (docs/estimator.md): a config whose unfenced peak exceeds the fence only by cuDNN
 convolution workspace still trains under the fence, because PyTorch falls back to algorithms with smaller
@@ -28,10 +28,7 @@ import tempfile
 import time
 from typing import Any, Dict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import estimator_hopper_gen as gen  # noqa: E402
+from benchmarks import estimator_hopper_gen as gen
 
 FIELDS = ["config_id", "control", "family", "model", "batch_size", "precision", "unfenced_nvml_mib", "fence_mib",
           "status", "torch_max_reserved_mib", "torch_max_allocated_mib", "error"]
@@ -60,7 +57,8 @@ def main() -> int:
         ap.error(f"{args.configs}: not a config list from estimator_fence.py --pick ({exc})")
     import torch  # noqa: F401  imported before fork so children start fast
     import torchvision.models  # noqa: F401
-    import zoo  # noqa: F401  (benchmarks/estimator, on sys.path through estimator_hopper_gen)
+
+    import benchmarks.estimator.zoo  # noqa: F401
 
     run = tempfile.mkdtemp(prefix="coloc-fence-")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0", CUDA_MPS_PIPE_DIRECTORY=os.path.join(run, "pipe"),

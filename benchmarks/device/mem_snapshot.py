@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record PyTorch's caching-allocator events of a few training steps on the GPU (issue 3 diagnosis).
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/device/mem_snapshot.py --out $OUT \
+    /opt/torch/.venv/bin/python3 -m benchmarks.device.mem_snapshot --out $OUT \
         torchvision.models:vgg16:224:128:adam:fp32 ...
 
 Each argument is ``module:callable:px:batch:optimizer:precision`` (an image model, 3 x px x px

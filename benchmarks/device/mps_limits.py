@@ -14,7 +14,7 @@ Scenarios (each with its own pipe directory; the GPU's compute mode and other se
   neighbour's throughput per 0.25 s and whether it survives; NVML visibility delay of the offender's memory.
 Each with ``-M`` (one server for all users) and, where it matters, without it.
 
-Usage (device): ``python3 benchmarks/device/mps_limits.py --out $OUT/mps_limits.json``; prints a table.
+Usage (device): ``python3 -m benchmarks.device.mps_limits --out $OUT/mps_limits.json``; prints a table.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Device-side script (may import pynvml, see docs/design.md). For each call: CPU t
 (``time.process_time``: user + system, so the driver's ioctls count) and wall time, per call, over ``--n`` calls
 spaced ``--gap-s`` apart; then the same for a whole ``NvmlReader.read()``. Prints one JSON object.
 
-    python3 benchmarks/device/nvml_call_cost.py --n 100 --out $OUT/nvml_call_cost.json
+    python3 -m benchmarks.device.nvml_call_cost --n 100 --out $OUT/nvml_call_cost.json
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def main() -> None:
     time.sleep(3)
     try:
         import pynvml as nv
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
         from slurm_coloc.nvml import NvmlReader
         nv.nvmlInit()
         h = nv.nvmlDeviceGetHandleByIndex(0)

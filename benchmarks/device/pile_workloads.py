@@ -7,16 +7,12 @@ models (transformers configs: BERT-base, GPT-2, DistilBERT) take token ids made 
 torch. Batch sizes put each peak near 3-8 GiB on an H100 (fp32, SGD with momentum); the benchmark measures the
 real peak (``profile``) and asks for it plus the CUDA context.
 
-``profile`` (``python3 pile_workloads.py profile NAME...``) times each model alone in one process: per-step time
-after warm-up, peak reserved memory, and FLOPs of one training step (``torch.utils.flop_counter``), one JSON
-line per model (``PROFILE {...}``); the benchmark sizes its jobs from it and ``placement_fit.py`` uses the FLOPs.
+``workload_profile.py`` times each model alone; ``workloads.py`` trains one (it imports this catalogue,
+never the reverse).
 """
 from __future__ import annotations
 
-import json
-import sys
-import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 from torch import nn
@@ -113,71 +109,3 @@ def build_pile(name: str) -> Tuple[nn.Module, Tuple[int, ...], int, int]:
         raise SystemExit(f"pile_workloads.py: unknown model {name!r} (known: {', '.join(PILE)})")
     builder, shape, batch, classes = PILE[name]
     return builder(classes), shape, batch, classes
-
-
-def profile(name: str, time_s: float = 0.6) -> Dict[str, Any]:
-    """Time one workload alone: 3 warm-up steps, then steps for ``time_s``; FLOPs of one step; peak memory.
-
-    ``name`` is any ``workloads.py`` name (``pile:...``, ``small_cnn``, ``tv:...``). Returns ``{"workload",
-    "step_s", "batch", "input_shape", "peak_reserved_mib", "gflop_per_step", "params_m"}``.
-    """
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import workloads
-
-    dev = torch.device("cuda")
-    torch.backends.cudnn.benchmark = True
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model, shape, batch, classes = workloads.build(name)
-    model = model.to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn((batch, *shape), device=dev)
-    y = torch.randint(0, classes, (batch,), device=dev)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    n, t0 = 0, time.perf_counter()
-    while n < 3 or time.perf_counter() - t0 < time_s:
-        step()
-        n += 1
-        if n % 5 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    step_s = (time.perf_counter() - t0) / n
-    gflop = None
-    try:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        with FlopCounterMode(display=False) as fc:
-            step()
-        gflop = fc.get_total_flops() / 1e9
-    except Exception as exc:  # noqa: BLE001 - an op the counter does not know: FLOPs unknown
-        print(f"profile {name}: no FLOP count ({exc})", file=sys.stderr)
-    out = {"workload": name, "step_s": step_s, "batch": batch, "input_shape": list(shape),
-           "peak_reserved_mib": torch.cuda.max_memory_reserved() / 2**20, "gflop_per_step": gflop,
-           "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
-    return out
-
-
-def main(argv: List[str]) -> int:
-    if len(argv) < 2 or argv[0] != "profile":
-        print("usage: pile_workloads.py profile WORKLOAD...", file=sys.stderr)
-        return 2
-    for name in argv[1:]:
-        try:
-            print("PROFILE " + json.dumps(profile(name)), flush=True)
-            torch.cuda.empty_cache()  # the model of the last profile is garbage now
-        except Exception as exc:  # noqa: BLE001 - one bad model must not hide the others
-            print("PROFILE " + json.dumps({"workload": name, "error": repr(exc)[:300]}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 collocation vs utilization-aware collocation (coloc-placer), for the 14-job pile and a mixed stream.
 
 Usage (root, on the device machine, from the repository; ``.carry`` carried; each call < 9.5 min):
-  python3 benchmarks/device/placement_bench.py PASS [PASS...] [--out DIR] [--budget-s 560] [--part K/N]
+  python3 -m benchmarks.device.placement_bench PASS [PASS...] [--out DIR] [--budget-s 560] [--part K/N]
                                                [--alone FILE...] [--plan placement_plan.json]
   PASS: <scenario>-<policy>, scenario pile | stream (placement_plan.json) | mix (--plan placement_plan_mix.json,
         placement_mix.py), policy exclusive | blind | aware (gate) | throughput; or small7-blind | small7-aware
@@ -48,8 +48,9 @@ def main() -> int:
         return 1
     print(f"placement_bench: cluster up in {time.time() - t0:.0f} s", flush=True)
     py = str(ROOT / "venv" / "bin" / "python3")
-    code = subprocess.run([py, str(HERE / "placement_passes.py"), *rest, "--started-at", str(t0), "--out", str(out),
-                           "--budget-s", str(a.budget_s)]).returncode
+    code = subprocess.run([py, "-m", "benchmarks.device.placement_passes", *rest, "--started-at", str(t0),
+                           "--out", str(out), "--budget-s", str(a.budget_s)],
+                          cwd=HERE.parent.parent).returncode  # the repository root: benchmarks as a package
     subprocess.run(["tar", "-C", str(ROOT), "-czf", str(out / "logs.tgz"), "jobs", "log", "etc"], check=False)
     return code
 

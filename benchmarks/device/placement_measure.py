@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import placement_metrics as pm  # noqa: E402
+from benchmarks.device import placement_metrics as pm
+from slurm_coloc import config as config_mod
+from slurm_coloc.comment import JobComment
+from slurm_coloc.replay.metrics import runs_from_records
+from slurm_coloc.slurm.placement import gpu_holdings
 
-from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.comment import JobComment  # noqa: E402
-from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
-from slurm_coloc.slurm.placement import gpu_holdings  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"

@@ -8,11 +8,11 @@ No GPU here, so each job's work is sized from estimates, and the exclusive pass 
 - FLOPs of one training step and peak reserved memory: the project's own estimator (``estimate.trace.trace_spec``,
   meta tensors, fp32, SGD with momentum: what ``coloc-sbatch`` would predict for the job);
 - seconds per step on the H100: ``step_s = GFLOP / rate + kernels x launch_s``, least squares over the 16 models
-  of the H100 profile (``results/h100-placement/placement_bench.json``; kernels = leaf modules x 3, forward,
+  of the H100 profile (``results/h100-placement-profile/placement_bench.json``; kernels = leaf modules x 3, forward,
   backward, optimizer); steps = the job's training target / step_s (targets 4-12 s, mixed);
 - memory request = estimated peak x 1.25 + 1 GiB (CUDA context and library workspaces; no OOM wanted: the
   estimator's fence margin is a separate question, docs/estimator.md).
-Usage (CPU, a few minutes): ``python3 benchmarks/device/placement_mix.py [--out placement_plan_mix.json]``
+Usage (CPU, a few minutes): ``python3 -m benchmarks.device.placement_mix [--out placement_plan_mix.json]``
 """
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent.parent))
-PROFILE = HERE / "results" / "h100-placement" / "placement_bench.json"
+PROFILE = HERE / "results" / "h100-placement-profile" / "placement_bench.json"
 OUT = HERE / "placement_plan_mix.json"
 # (workload, training seconds alone on the H100, as estimated): small and light first, then heavier; mixed targets
 MIX: List[Tuple[str, float]] = [
@@ -43,7 +41,7 @@ MARGIN, CONTEXT_MIB = 1.25, 1024
 
 def kernels(name: str) -> int:
     """Leaf modules of workload ``name`` x 3 (a proxy for kernel launches per training step)."""
-    import workloads
+    from benchmarks.device import workloads
 
     model = workloads.build(name)[0]
     return 3 * sum(1 for m in model.modules() if not list(m.children()))

@@ -36,10 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import placement_metrics as pm  # noqa: E402
-from placement_measure import (  # noqa: E402, F401
+from benchmarks.device import placement_metrics as pm
+from benchmarks.device.placement_measure import (  # noqa: F401
     alone_activity,
     alone_from_files,
     history_from_alone,
@@ -49,14 +47,13 @@ from placement_measure import (  # noqa: E402, F401
     placer_summary,
     smact_per_gpu,
 )
-from placement_plan import PLAN_PATH  # noqa: E402
-
-from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive  # noqa: E402
-from slurm_coloc.replay.metrics import runs_from_records  # noqa: E402
-from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity  # noqa: E402
-from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
-from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
+from benchmarks.device.placement_plan import PLAN_PATH
+from slurm_coloc import config as config_mod
+from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive
+from slurm_coloc.replay.metrics import runs_from_records
+from slurm_coloc.replay.runner import _energy, open_energy_reader, sm_activity
+from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.parse import FINAL_STATES
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
@@ -313,10 +310,11 @@ def small7(out: Path, deadline_s: float, policy: str = "aware") -> Dict[str, Any
     placer = start_placer(sub / "placer.log") if policy == "aware" else None
     t0 = time.time()
     try:
-        cmd = [sys.executable, str(ROOT / "src/benchmarks/device/bench.py"), "--out", str(sub), "collocate",
+        cmd = [sys.executable, "-m", "benchmarks.device.bench", "--out", str(sub), "collocate",
                "--workload", "small_cnn", "--k", "7", "--warmup-s", "3", "--coloc-measure-s", "20",
                "--timeout-s", str(max(30.0, deadline_s - 10)), "--coloc-only"]
-        proc = subprocess.run(cmd, env=slurm_env(), capture_output=True, text=True, timeout=deadline_s + 30)
+        proc = subprocess.run(cmd, env=slurm_env(), capture_output=True, text=True, timeout=deadline_s + 30,
+                              cwd=ROOT / "src")  # bench.py of the source tree the cluster runs
         print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     finally:
         if placer is not None:

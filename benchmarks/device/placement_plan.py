@@ -1,17 +1,17 @@
 """The placement benchmark's jobs, fixed once for every pass: ``placement_plan.json`` (stdlib only, pure).
 
 Every device call of ``placement_bench.py`` runs one pass over the same jobs, so each job's work (training steps)
-is decided here, before any pass, from a profile measured on the H100 (``pile_workloads.py profile``: seconds per
-step and peak reserved memory of each model alone; the one recorded in
-``results/h100-placement/placement_bench.json``). Each job trains ``train_s`` seconds alone (steps = train_s /
+is decided here, before any pass, from a profile measured on the H100
+(``python3 -m benchmarks.device.workload_profile``: seconds per step and peak reserved memory of each model
+alone; the one recorded in ``results/h100-placement-profile/placement_bench.json``). Each job trains ``train_s`` seconds alone (steps = train_s /
 step time) after its start-up (Python, torch and the model, CUDA context: 15-35 s measured on the harness), so it
 runs about 30-50 s alone; memory request = measured peak + CUDA context (``CONTEXT_MIB``).
 
 Scenarios:
   pile    the issue's 14 mid-size jobs (13 models, ResNet-50 twice), all submitted at once
   stream  a mixed stream of small CNNs, ResNet-18/32, ResNet-50/224 and BERT-base arriving every ``gap_s``
-Usage (here, once; the JSON is committed): ``python3 benchmarks/device/placement_plan.py [--train-s 15]
-[--gap-s 6] [--profile results/h100-placement/placement_bench.json] [--out placement_plan.json]``
+Usage (here, once; the JSON is committed): ``python3 -m benchmarks.device.placement_plan [--train-s 15]
+[--gap-s 6] [--profile results/h100-placement-profile/placement_bench.json] [--out placement_plan.json]``
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 PLAN_PATH = HERE / "placement_plan.json"
-PROFILE_PATH = HERE / "results" / "h100-placement" / "placement_bench.json"
+PROFILE_PATH = HERE / "results" / "h100-placement-profile" / "placement_bench.json"
 PILE = ["pile:resnet50", "pile:resnet101", "pile:vit_b_16", "pile:swin_t", "pile:convnext_tiny",
         "pile:efficientnet_b0", "pile:densenet121", "pile:regnet_y_1_6gf", "pile:bert_base", "pile:gpt2",
         "pile:distilbert", "pile:mlp", "pile:transformer_encoder"]

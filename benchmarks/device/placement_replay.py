@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from benchmarks import placement_replay_table as table
+from benchmarks.device import placement_passes as pp
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-import placement_passes as pp  # noqa: E402
-import placement_replay_table as table  # noqa: E402
 
 ROOT = pp.ROOT
 MODES = ("exclusive", "blind", "gate", "throughput")

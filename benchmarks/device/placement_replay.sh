@@ -24,8 +24,8 @@ fi
 "$REPO/benchmarks/device/cluster_gpu.sh" start || { echo "cluster start failed"; tail -30 "$ROOT"/log/*.log; exit 1; }
 echo "== cluster up in $(( $(date +%s) - T0 )) s; $COLOC_REPLAY_TASKS tasks"
 install -d -m 0755 "$ROOT/carma"; cp -r "$REPO/.carry/carma/." "$ROOT/carma/"; chmod -R a+rX "$ROOT/carma"
-"$ROOT/venv/bin/python3" "$REPO/benchmarks/device/placement_replay.py" --out "$OUT" --started-at "$T0" \
-  --budget-s "${COLOC_BENCH_BUDGET_S:-540}" --tasks "$COLOC_REPLAY_TASKS" --scale "${COLOC_REPLAY_SCALE:-0.004}"
+(cd "$REPO" && "$ROOT/venv/bin/python3" -m benchmarks.device.placement_replay --out "$OUT" --started-at "$T0" \
+  --budget-s "${COLOC_BENCH_BUDGET_S:-540}" --tasks "$COLOC_REPLAY_TASKS" --scale "${COLOC_REPLAY_SCALE:-0.004}")
 rc=$?
 tar -C "$ROOT" -czf "$OUT/logs.tgz" jobs log etc 2>/dev/null
 echo "== done in $(( $(date +%s) - T0 )) s (exit $rc)"

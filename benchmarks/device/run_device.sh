@@ -17,7 +17,8 @@ echo "== run_device.sh ${1:-?} on $(hostname) $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=index,name,memory.total,compute_mode,mig.mode.current --format=csv 2>/dev/null || true
 "$REPO/benchmarks/device/cluster_gpu.sh" start || { echo "cluster start failed"; tail -30 "$ROOT"/log/*.log; exit 1; }
 PY=$ROOT/venv/bin/python3
-B="$PY $ROOT/src/benchmarks/device/bench.py --out $OUT"
+cd "$ROOT/src" || exit 1   # bench.py runs as a module of the source tree the cluster runs
+B="$PY -m benchmarks.device.bench --out $OUT"
 elapsed() { echo $(( $(date +%s) - T0 )); }
 case "${1:-}" in
   A)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which SDPA kernel does CUDA pick, and what does it keep, for a float attention bias (issue 3).
 
-    PYTHONPATH=. /opt/torch/.venv/bin/python3 benchmarks/device/sdpa_probe.py
+    /opt/torch/.venv/bin/python3 -m benchmarks.device.sdpa_probe
 
 T5-style: q, k, v (32, 8, 512, 64) from bf16 autocast; an additive bias (1, 8, 512, 512) that
 requires grad, in float32 (T5's relative position bias) or in the query's dtype, contiguous or, as

@@ -77,8 +77,10 @@ WORKLOADS: Dict[str, Tuple[Any, Tuple[int, ...], int, int]] = {
 def build(name: str) -> Tuple[nn.Module, Tuple[int, ...], int, int]:
     """Model, input shape, batch and classes of workload ``name`` (or ``tv:model:CxHxW:batch:classes``)."""
     if name.startswith("pile:"):  # the placement benchmark's models (pile_workloads.py)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from pile_workloads import build_pile
+        if __package__:  # imported as benchmarks.device.workloads (workload_profile.py)
+            from benchmarks.device.pile_workloads import build_pile
+        else:  # run by path as a Slurm job (job_*.sh): this file's folder is sys.path[0]
+            from pile_workloads import build_pile
 
         return build_pile(name[len("pile:"):])
     if name.startswith("tv:"):

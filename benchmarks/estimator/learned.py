@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from features import feature_vector
+from benchmarks.estimator.features import feature_vector
 
 WEIGHTS = os.path.join(os.path.dirname(__file__), "weights", "ensemble.npz")
 _CACHE: Dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """Choose the calibrated bound's form and margins, and train the learned ensemble (needs scikit-learn).
 
-    .venv/bin/python -W ignore benchmarks/estimator/train.py
+    .venv/bin/python -W ignore -m benchmarks.estimator.train
     # writes slurm_coloc/estimate/weights/calibration.json and benchmarks/estimator/weights/ensemble.npz
 
 Data: ``data/hopper/hopper_runs.csv`` + ``hopper_traces.csv`` (H100, this project, see its README)
@@ -20,9 +20,8 @@ import os
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import learned
-import margins
-from features import feature_vector
+from benchmarks.estimator import learned, margins
+from benchmarks.estimator.features import feature_vector
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HOPPER_DIR = os.path.join(ROOT, "data", "hopper")
@@ -213,7 +212,7 @@ def _pct(x: float) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Calibrate (holding out TEST and VAL families), cross-validate, refit on all rows and ship."""
-    ap = argparse.ArgumentParser(prog="benchmarks/estimator/train.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.estimator.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-write", action="store_true", help="print the calibration, write no weights")
     args = ap.parse_args(argv)

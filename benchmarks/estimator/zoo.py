@@ -14,8 +14,9 @@ import os
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA_MODULES = {"slurm_coloc.estimate.zoo": "zoo", "slurm_coloc.estimate.zoo_paper": "zoo_paper"}
-DATA_NAMES = {name: os.path.join(HERE, mod + ".py") for name, mod in DATA_MODULES.items()}
+DATA_MODULES = {"slurm_coloc.estimate.zoo": "benchmarks.estimator.zoo",
+                "slurm_coloc.estimate.zoo_paper": "benchmarks.estimator.zoo_paper"}
+DATA_NAMES = {name: os.path.join(HERE, mod.rpartition(".")[2] + ".py") for name, mod in DATA_MODULES.items()}
 
 
 def model_ref(name: str) -> str:
@@ -28,8 +29,9 @@ def model_ref(name: str) -> str:
 
 
 def builder(name: str) -> Any:
-    """The callable a data set's model name names, imported by module name (``zoo`` and
-    ``zoo_paper`` from this directory, which must be on ``sys.path``; others as named).
+    """The callable a data set's model name names, imported by module name (``benchmarks.estimator.zoo``
+    and ``benchmarks.estimator.zoo_paper`` for the data sets' names, run from the repository root; others as
+    named).
 
     Raises:
         ImportError / AttributeError: no such module or callable.

@@ -9,7 +9,7 @@ answers and their median CPU time (user + system of the whole ``coloc-sbatch`` p
 a shared machine says more than wall time. ``--baseline PYTHON`` times the plain form with another
 checkout's interpreter (e.g. ``/work/main/.venv/bin/python``) in the same run.
 
-    .venv/bin/python benchmarks/probe_corpus/cached_submit.py [--repeat 7] [--baseline /work/main/.venv/bin/python]
+    .venv/bin/python -m benchmarks.probe_corpus.cached_submit [--repeat 7] [--baseline /work/main/.venv/bin/python]
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ its own time limit, so the 13 scripts finish in about 5 minutes on a 16-core H10
 
 Usage (repository root)::
 
-    python benchmarks/probe_corpus/measure_gpu.py --out results.json
-    .venv/bin/python benchmarks/probe_corpus/measure_gpu.py --no-gpu --python .venv/bin/python
+    python -m benchmarks.probe_corpus.measure_gpu --out results.json
+    .venv/bin/python -m benchmarks.probe_corpus.measure_gpu --no-gpu --python .venv/bin/python
 """
 from __future__ import annotations
 
@@ -29,17 +29,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from slurm_coloc.probe.probe import probe_script
+from slurm_coloc.probe.runner import OFFLINE_ENV
 
-from slurm_coloc.probe.probe import probe_script  # noqa: E402
-from slurm_coloc.probe.runner import OFFLINE_ENV  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Arguments appended to the job's own command for the real run: a few optimizer steps (argparse: last wins).
 FEW_STEPS: Dict[str, List[str]] = {

@@ -15,7 +15,7 @@ ended, probe reason) and writes the rows as JSON to ``--out``.
 
 Usage (repository root, GPU machine)::
 
-    PYTHONPATH=$PWD:/tmp/site /opt/torch/.venv/bin/python3 benchmarks/probe_corpus/measure_public.py \
+    PYTHONPATH=$PWD:/tmp/site /opt/torch/.venv/bin/python3 -m benchmarks.probe_corpus.measure_public \
         --root .pub --out $OUT/public.json [--cudnn-benchmark off|on] [NAME...]
 """
 from __future__ import annotations
@@ -27,20 +27,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from typing import Any, Dict, List
 
+from benchmarks.probe_corpus.measure_gpu import _pct, nvml_peak
+from slurm_coloc.probe.probe import probe_script
+from slurm_coloc.probe.runner import OFFLINE_ENV
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, HERE)
-
-from measure_gpu import _pct, nvml_peak  # noqa: E402
-
-from slurm_coloc.probe.probe import probe_script  # noqa: E402
-from slurm_coloc.probe.runner import OFFLINE_ENV  # noqa: E402
 
 
 def probe_one(root: str, name: str, python: str, timeout_s: float) -> Dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Usage (from the repository root, the venv's bin first on PATH so the job's ``python`` is it)::
 
-    PATH=$PWD/.venv/bin:$PATH .venv/bin/python benchmarks/probe_corpus/run_all.py [--timeout 60] [NAME ...]
+    PATH=$PWD/.venv/bin:$PATH .venv/bin/python -m benchmarks.probe_corpus.run_all [--timeout 60] [NAME ...]
 
 Uses a fresh cache directory per run, so the first wall time is a real probe and the second the
 cached repeat. The figure is what coloc-sbatch would request before ``headroom_mib`` (MiB).
@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from slurm_coloc.probe.probe import probe_script
 
-from slurm_coloc.probe.probe import probe_script  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> None:

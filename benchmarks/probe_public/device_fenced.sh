@@ -16,12 +16,12 @@ cd "$REPO" || exit 1
 [ -f "$CORPUS/corpus.json" ] || { echo "device_fenced: no $CORPUS/corpus.json (carry .pubcarry)"; exit 1; }
 t0=$(date +%s)
 ACT=source; [ -f "$VENV/bin/activate" ] || { ACT=path; echo "device_fenced: no $VENV/bin/activate: jobs export PATH"; }
-"$PY" benchmarks/probe_public/setup_corpus.py --no-export --out "$CORPUS" --venv "$VENV" --activate $ACT ${COLOC_PUB_SETUP_ARGS:-} >"$OUT/setup.txt" 2>&1 \
+"$PY" -m benchmarks.probe_public.setup_corpus --no-export --out "$CORPUS" --venv "$VENV" --activate $ACT ${COLOC_PUB_SETUP_ARGS:-} >"$OUT/setup.txt" 2>&1 \
   || { tail -20 "$OUT/setup.txt"; exit 1; }
 echo "device_fenced: stand-in data in $(( $(date +%s) - t0 )) s"
 benchmarks/device/cluster_gpu.sh start >"$OUT/cluster.txt" 2>&1 || { tail -30 "$OUT/cluster.txt"; exit 1; }
 echo "device_fenced: cluster up at $(( $(date +%s) - t0 )) s"
-PYTHONUNBUFFERED=1 "$ROOT/venv/bin/python3" benchmarks/probe_public/fenced_device.py --corpus "$CORPUS" \
+PYTHONUNBUFFERED=1 "$ROOT/venv/bin/python3" -m benchmarks.probe_public.fenced_device --corpus "$CORPUS" \
   --out "$OUT/fenced.json" "$@" 2>&1 | tee "$OUT/fenced.txt"
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/jobs.tgz" -C "$ROOT/jobs" --exclude=pub . 2>/dev/null

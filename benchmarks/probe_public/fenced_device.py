@@ -21,7 +21,7 @@ Writes ``--out`` (JSON) and prints a table: script, grant MiB, NVML peak MiB, pe
 
 Usage (GPU machine, root; after cluster_gpu.sh start and setup_corpus.py)::
 
-    /opt/coloc/venv/bin/python3 benchmarks/probe_public/fenced_device.py --corpus .pubcarry --out $OUT/fenced.json
+    /opt/coloc/venv/bin/python3 -m benchmarks.probe_public.fenced_device --corpus .pubcarry --out $OUT/fenced.json
 """
 from __future__ import annotations
 
@@ -38,17 +38,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from slurm_coloc import config as config_mod
+from slurm_coloc.comment import parse_comment
+from slurm_coloc.slurm.jobs import squeue_all
+from slurm_coloc.slurm.parse import FINAL_STATES
+from slurm_coloc.store.history import job_peak_mem_mib
+
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, HERE)
-
-from slurm_coloc import config as config_mod  # noqa: E402
-from slurm_coloc.comment import parse_comment  # noqa: E402
-from slurm_coloc.slurm.jobs import squeue_all  # noqa: E402
-from slurm_coloc.slurm.parse import FINAL_STATES  # noqa: E402
-from slurm_coloc.store.history import job_peak_mem_mib  # noqa: E402
 
 OOM_RE = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 USER = "colocuser"

@@ -14,7 +14,7 @@ each script without a figure, its reason and last 30 log lines to ``--md`` after
 The probe comes from whatever ``slurm_coloc`` is first on ``PYTHONPATH`` (this repository's only as a last
 resort), so another worktree's probe can be measured::
 
-    PYTHONPATH=/work/wt/t29fake /work/wt/t29fake/.venv/bin/python benchmarks/probe_public/run_probe.py \
+    PYTHONPATH=/work/wt/t29fake /work/wt/t29fake/.venv/bin/python -m benchmarks.probe_public.run_probe \
         --root .pub --python /work/wt/t29fake/.venv/bin/python --md /work/wt/t29corpus-results.md [NAME...]
 """
 from __future__ import annotations
@@ -28,7 +28,6 @@ import time
 from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.append(os.path.dirname(os.path.dirname(HERE)))
 
 TARGETS = {"estimated_pct": 90.0, "p90_uncached_s": 15.0, "cached_s": 0.3}
 

@@ -17,9 +17,9 @@ Writes ``<out>/corpus.json`` (the scripts with their job paths, repo, commit, co
 
 Usage (repository root)::
 
-    .venv/bin/python benchmarks/probe_public/setup_corpus.py --mirror-dir /work/.mirror --out .pub
+    .venv/bin/python -m benchmarks.probe_public.setup_corpus --mirror-dir /work/.mirror --out .pub
     # GPU machine, over a carried export (no mirrors there): data and job files only
-    /opt/torch/.venv/bin/python3 benchmarks/probe_public/setup_corpus.py --no-export --out .pub \
+    /opt/torch/.venv/bin/python3 -m benchmarks.probe_public.setup_corpus --no-export --out .pub \
         --venv /opt/torch/.venv
 
 ``--no-data`` exports and writes jobs only; ``--kinds site`` makes only the data of those kinds (the folder to
@@ -39,10 +39,9 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarks.probe_public import standin
 
-import standin  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load_manifest(path: str = os.path.join(HERE, "manifest.yaml")) -> Dict[str, Any]:

@@ -3,12 +3,12 @@
 Model (processor sharing, fitted on measured co-runs): while jobs compute together on one GPU under MPS, each
 progresses at ``min(1, capacity / L)`` of its speed alone, where ``L`` is the sum of their SM activities
 *alone* (fractions, GPM SMACT measured by the sampler while each ran alone) and ``capacity`` is fitted on
-measured piles (``benchmarks/placement_share_fit.py`` over ``benchmarks/device/results/h100-placement2/``; the
-fitted value and its error are in ``calibration.json`` and docs/benchmarks.md). So the slowdown of every job
-computing on the GPU is ``max(1, L / capacity)``; a job's start-up (Slurm to its first step: imports, CUDA and
-model set-up) leaves the GPU to the others. The model does not call a GPU full at SMACT 0.8 or 1.0: a GPU
-takes jobs until the predicted slowdown reaches the bound, so a site trades latency (bound 1.2) for throughput
-(bound 3).
+measured piles (``benchmarks/placement_share_fit.py`` over
+``benchmarks/device/results/h100-placement-passes/``; the fitted value and its error are in
+``calibration.json`` and docs/benchmarks.md). So the slowdown of every job computing on the GPU is ``max(1, L
+/ capacity)``; a job's start-up (Slurm to its first step: imports, CUDA and model set-up) leaves the GPU to
+the others. The model does not call a GPU full at SMACT 0.8 or 1.0: a GPU takes jobs until the predicted
+slowdown reaches the bound, so a site trades latency (bound 1.2) for throughput (bound 3).
 
 A job that starts now begins computing after its start-up, so a tenant predicted to end before then does not
 count against it: its room is used in the same round in which it is freed, not after it has ended (no idle

@@ -78,8 +78,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]
            "COLOC_BENCH_PYTHON": os.environ.get("COLOC_BENCH_PYTHON", sys.executable),
            "PYTHONUNBUFFERED": "1"}
     work = tmp_path_factory.mktemp("bench")
-    sys.path.insert(0, str(REPO / "benchmarks" / "device"))
-    import placement_plan
+    from benchmarks.device import placement_plan
 
     full = json.loads(placement_plan.PLAN_PATH.read_text())
     plan = {**full, "train_s": 2.0, "scenarios": {"pile": [{**j, "train_s": 2.0} for j in
@@ -153,10 +152,10 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     t = spans(tp)
     assert max(s for s, _ in t) < min(e for _, e in t)
     assert {j["gpu"] for j in tp["jobs"]} == {"n1:0"}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "placement_combine.py"),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.placement_combine",
                            *alone, str(d / "pile-blind.json"), str(d / "pile-aware.json"),
                            str(d / "pile-throughput.json")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "| gate (aware) | 3 |" in proc.stdout and "| throughput | 3 |" in proc.stdout
     assert ("fake-GPU run" in proc.stdout

@@ -55,11 +55,10 @@ def test_the_cluster_runs_the_bundled_release(gpu_cluster) -> None:
 def test_two_jobs_share_the_gpu_under_mps(gpu_cluster, tmp_path: Path) -> None:
     env = {**os.environ, "COLOC_BENCH_ROOT": str(ROOT),
            "COLOC_BENCH_LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
-    bench = str(ROOT / "src" / "benchmarks" / "device" / "bench.py")
-    run = subprocess.run([str(ROOT / "venv" / "bin" / "python3"), bench,
+    run = subprocess.run([str(ROOT / "venv" / "bin" / "python3"), "-m", "benchmarks.device.bench",
                           "--out", str(tmp_path), "collocate", "--workload", "small_cnn", "--k", "2",
                           "--coloc-only", "--warmup-s", "2", "--measure-s", "8", "--timeout-s", "240"],
-                         capture_output=True, text=True, env=env, timeout=300)
+                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT / "src")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     res = json.loads((tmp_path / "results.jsonl").read_text().splitlines()[-1])
     co = res["runs"]["coloc"]

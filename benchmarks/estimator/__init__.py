@@ -1,0 +1,1 @@
+"""Research modules of the estimator: features, the learned ensemble, margins, the model zoos."""

@@ -1,0 +1,1 @@
+"""Public probe corpus: unmodified upstream training scripts at pinned commits (README.md)."""
