@@ -16,9 +16,9 @@ The interpreter as the text says it: ``#COLOC python=PATH``; else a path the com
 venv a ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name
 (``python_word``) or None for a launcher's own. ``discover.py`` then runs the lines before the command
 (``line_index``) and looks the name up on the PATH they leave (``conda activate``, ``module load``,
-``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain ``X=value`` or
-``export X=value`` form, variables of the submitting environment (sbatch exports it to the job by
-default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
+``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain
+``X=value`` or ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job
+by default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
 submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
 working directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
 """
@@ -39,7 +39,8 @@ _ACC_FLAGS_NO_ARG = {"--multi_gpu", "--multi-gpu", "--cpu", "--use_deepspeed", "
                      "--quiet", "-q", "--no_python", "--use_cpu", "--tpu", "--dynamo_use_fullgraph"}
 _TORCHRUN_NO_ARG = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
 _STOP_TOKENS = {"|", "||", "&&", ";", "&", ">", ">>", "2>", "2>>", "&>", "<", "2>&1", "1>&2"}
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}"
+                     r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 

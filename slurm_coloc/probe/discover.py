@@ -175,11 +175,13 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(f"__coloc_env() {{ {dump}; }}\ntrap __coloc_env EXIT\n{body}__coloc_env\n")
         env = dict(base, SLURM_SUBMIT_DIR=submit_dir, COLOC_PROBE="1")
-        argv = [bash, "-l" if _login_shell(text) else "--noprofile", *([] if _login_shell(text) else ["--norc"]),
+        argv = [bash, "-l" if _login_shell(text) else "--noprofile",
+                *([] if _login_shell(text) else ["--norc"]),
                 script, *script_args]
         log_path = os.path.join(scratch, "log")
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, cwd=submit_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            proc = subprocess.Popen(argv, cwd=submit_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log,
                                     start_new_session=True)
             try:
                 proc.wait(timeout=timeout_s)
@@ -299,7 +301,8 @@ class JobPython:
 def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
                  environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
     """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
-    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never raises."""
+    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never
+    raises."""
     pre = run_preamble(text, cmd, script_args, submit_dir, environ)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
     if python:
@@ -357,7 +360,8 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
             return [str(p) for p in hit["sys_path"]]
     try:
         done = subprocess.run([python, "-c", "import sys, json; print(json.dumps(sys.path))"], env=dict(env),
-                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=SYSPATH_TIMEOUT_S,
+                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=SYSPATH_TIMEOUT_S,
                               start_new_session=True)
         sys_path = [p for p in json.loads(done.stdout.decode().strip().splitlines()[-1]) if p]
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):

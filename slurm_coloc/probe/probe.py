@@ -248,7 +248,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     job = discover_job(text, cmd, script_args, submit_dir, environ, python)
     job_env, notes = job.env, list(found.notes) + job.notes
     if job.python is None:
-        return ProbeResult(None, "probe ran nothing", job.reason, cmd, time.monotonic() - t0, detail={"notes": notes})
+        return ProbeResult(None, "probe ran nothing", job.reason, cmd, time.monotonic() - t0,
+                           detail={"notes": notes})
     cmd = dataclasses.replace(cmd, interpreter=job.python)
     resolved = job.python
     use_cache = use_cache and cache.enabled()
@@ -257,8 +258,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     entry = _lookup(key) if use_cache and not refresh else None
     if entry is not None:
         est = entry.get("estimate")
-        return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
-                           time.monotonic() - t0, True, entry.get("detail", {}))
+        return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""),
+                           cmd, time.monotonic() - t0, True, entry.get("detail", {}))
     out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env)
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None

@@ -16,12 +16,11 @@ Its working directory is ``scratch/up/<parent's name>/<its name>``, which mirror
 directory, and a link to a directory, is linked as a whole); beside it and one level up, links to each
 other entry of the working directory's parent and grandparent (``_mirror_with_ancestors``), so ``../data``
 and ``../../data`` read as in the job (pytorch/examples' MNIST scripts, pytorch/vision's references). The
-program reads its relative paths (data, configs) as in the job; files it creates land in the scratch directory,
-and a file link it
-opens for writing is replaced by a copy first (``inject/main.py``). Writes to absolute paths
-outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
-reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are put
-offline by environment variables and proxies that refuse connections at once;
+program reads its relative paths (data, configs) as in the job; files it creates land in the scratch
+directory, and a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
+absolute paths outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
+reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are
+put offline by environment variables and proxies that refuse connections at once;
 ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR``, matplotlib's,
 inductor's and triton's caches are in the scratch directory, which is removed after the run.
 """
@@ -74,8 +73,9 @@ OFFLINE_ENV = {
     "NO_PROXY": "",
 }
 # The task identity Slurm gives a job's batch step (one task on one node; ``sbatch`` man page, OUTPUT
-# ENVIRONMENT VARIABLES): scripts that branch on them (torchvision's references start a one-process DDP group when
-# ``SLURM_PROCID`` is set; Lightning's SLURM environment) take in the probe the path they take in the job.
+# ENVIRONMENT VARIABLES): scripts that branch on them (torchvision's references start a one-process DDP group
+# when ``SLURM_PROCID`` is set; Lightning's SLURM environment) take in the probe the path they take in the
+# job.
 BATCH_STEP_ENV = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
                   "SLURM_JOB_NUM_NODES": "1"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -183,7 +183,8 @@ def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_EN
 
 
 def _mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
-    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's path.
+    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's
+    path.
 
     ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
     where the directory standing for each ancestor holds links to that ancestor's other entries, so
@@ -289,7 +290,8 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
     env.update(dict(cmd.env))
-    for name, value in BATCH_STEP_ENV.items():  # what the batch step of a one-task job sees (a script may branch)
+    # what the batch step of a one-task job sees (a script may branch)
+    for name, value in BATCH_STEP_ENV.items():
         env.setdefault(name, value)
     env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
                SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
@@ -298,11 +300,11 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     log_path = os.path.join(scratch, "probe.log")
     status_path = os.path.join(scratch, "reaper.json")
     with open(log_path, "wb") as log:
-        reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work, env=env,
-                            stdout=log, preexec_fn=_limits(mem_limit_mib))
+        reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work,
+                            env=env, stdout=log, preexec_fn=_limits(mem_limit_mib))
     wall = time.monotonic() - start
-    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame hooks
-    # ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
+    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
+    # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
     rc = reaped.get("returncode")
     timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
     out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
@@ -316,11 +318,13 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     if left and out.result is not None:
         notes = out.result.setdefault("notes", [])
         if isinstance(notes, list):
-            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended by the probe")
+            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended "
+                         "by the probe")
     if timed_out and (out.result is None or out.result.get("status") != "ok"):
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
-        out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
+        out.reason = (f"the probe reached its time limit of {timeout_s:g} s before the first optimizer "
+                      f"step{where}")
     elif out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
         daemon = f", leaving {left} process(es) running (killed)" if left else ""
