@@ -265,7 +265,9 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
             ``discover.run_preamble``'s, after the script's setup lines).
 
     Returns:
-        RunOutcome; never raises for a failing program (the reason says what happened).
+        RunOutcome; never raises for a failing program (the reason says what happened): no figure and a
+        reason when the job's Python or the program file is missing, the time limit (``timeout_s``) ended
+        the child before an optimizer step, or the child wrote no result.
     """
     start = time.monotonic()
     python = resolve_interpreter(cmd, (environ if environ is not None else os.environ).get("PATH"))
@@ -273,6 +275,45 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         return RunOutcome(None, f"the job's Python {cmd.interpreter or 'python3'} was not found", 0.0)
     if cmd.mode == "file" and not os.path.isfile(cmd.target):
         return RunOutcome(None, f"the program {cmd.target} does not exist", 0.0, interpreter=python)
+    sc = _make_scratch(cmd, steps, timeout_s, scratch_root)
+    env = _child_env(cmd, environ, sc)
+    log_path = os.path.join(sc.root, "probe.log")
+    status_path = os.path.join(sc.root, "reaper.json")
+    with open(log_path, "wb") as log:
+        reaped = run_reaped([python, "-c", BOOTSTRAP, sc.boot, sc.request_path], status_path, timeout_s,
+                            cwd=sc.work, env=env, stdout=log, preexec_fn=_limits(mem_limit_mib))
+    wall = time.monotonic() - start
+    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
+    # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
+    rc = reaped.get("returncode")
+    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
+    out = RunOutcome(None, "", wall, timed_out, sc.root, log_path, python, _files_under(sc.work))
+    out.result = _read_result(sc.result_path)
+    out.log_text = _tail(log_path)
+    left = int(reaped.get("left_running") or 0)
+    _note_left_running(out.result, left)
+    out.reason = _reason(out, timeout_s, rc, left)
+    if not keep_scratch:
+        shutil.rmtree(sc.root, ignore_errors=True)
+        out.scratch = out.log_path = ""
+    return out
+
+
+@dataclass
+class _Scratch:
+    """One probe run's scratch directory (``root``) and the paths in it the child is given."""
+
+    root: str
+    boot: str  # on the child's ``sys.path`` for the bootstrap: a link to this package
+    tmp: str  # the child's TMPDIR and caches
+    work: str  # the mirror of the job's working directory, the child's cwd
+    result_path: str
+    request_path: str
+
+
+def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root: Optional[str]) -> _Scratch:
+    """Make the scratch directory: the package link, the mirrored working directory and the child's request
+    (``inject/main.py``: mode, target, arguments, steps, time limit in seconds, result path)."""
     scratch = tempfile.mkdtemp(prefix="coloc-probe-", dir=scratch_root)
     boot, up, tmp = (os.path.join(scratch, d) for d in ("boot", "up", "tmp"))
     os.makedirs(boot)
@@ -286,6 +327,13 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     req_path = os.path.join(scratch, "request.json")
     with open(req_path, "w", encoding="utf-8") as fh:
         json.dump(req, fh)
+    return _Scratch(scratch, boot, tmp, work, result_path, req_path)
+
+
+def _child_env(cmd: ProbeCommand, environ: Optional[Mapping[str, str]], sc: _Scratch) -> Dict[str, str]:
+    """The child's environment: the job's (``environ``, else ``os.environ``) without ``PYTHONSTARTUP``, put
+    offline (``OFFLINE_ENV``), the command's own variables, the batch step's task identity where unset, and
+    temporary files and caches in the scratch directory."""
     env = dict(os.environ if environ is None else environ)
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
@@ -293,49 +341,49 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     # what the batch step of a one-task job sees (a script may branch)
     for name, value in BATCH_STEP_ENV.items():
         env.setdefault(name, value)
-    env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
+    tmp = sc.tmp
+    env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(sc.root, "mlruns"),
                SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                TRITON_CACHE_DIR=os.path.join(tmp, "triton"), WANDB_DIR=tmp)
-    log_path = os.path.join(scratch, "probe.log")
-    status_path = os.path.join(scratch, "reaper.json")
-    with open(log_path, "wb") as log:
-        reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work,
-                            env=env, stdout=log, preexec_fn=_limits(mem_limit_mib))
-    wall = time.monotonic() - start
-    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
-    # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
-    rc = reaped.get("returncode")
-    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
-    out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
+    return env
+
+
+def _read_result(result_path: str) -> Optional[Dict[str, Any]]:
+    """The child's result JSON, or None when it wrote none (or not all of it)."""
     try:
         with open(result_path, encoding="utf-8") as fh:
-            out.result = json.load(fh)
+            result: Dict[str, Any] = json.load(fh)
+            return result
     except (OSError, ValueError):
-        out.result = None
-    out.log_text = _tail(log_path)
-    left = int(reaped.get("left_running") or 0)
-    if left and out.result is not None:
-        notes = out.result.setdefault("notes", [])
+        return None
+
+
+def _note_left_running(result: Optional[Dict[str, Any]], left: int) -> None:
+    """Add a note to ``result`` that the program left ``left`` processes running, which the probe ended."""
+    if left and result is not None:
+        notes = result.setdefault("notes", [])
         if isinstance(notes, list):
             notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended "
                          "by the probe")
-    if timed_out and (out.result is None or out.result.get("status") != "ok"):
+
+
+def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int) -> str:
+    """Why ``out`` has no figure ("" when the child reported ``ok``): the time limit, an end without a
+    result (its exit status and last log line), or the child's own reason."""
+    if out.timed_out and (out.result is None or out.result.get("status") != "ok"):
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
-        out.reason = (f"the probe reached its time limit of {timeout_s:g} s before the first optimizer "
-                      f"step{where}")
-    elif out.result is None:
+        return (f"the probe reached its time limit of {timeout_s:g} s before the first optimizer "
+                f"step{where}")
+    if out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
         daemon = f", leaving {left} process(es) running (killed)" if left else ""
-        out.reason = (f"the probe ended (exit {reaped.get('returncode')}){daemon} without a result: "
-                      f"{' '.join(last[0].split())[:200]}")
-    elif out.result.get("status") != "ok":
-        out.reason = str(out.result.get("reason") or "the probe saw no optimizer step")
-    if not keep_scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
-        out.scratch = out.log_path = ""
-    return out
+        return (f"the probe ended (exit {returncode}){daemon} without a result: "
+                f"{' '.join(last[0].split())[:200]}")
+    if out.result.get("status") != "ok":
+        return str(out.result.get("reason") or "the probe saw no optimizer step")
+    return ""
 
 
 def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
