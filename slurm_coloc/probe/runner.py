@@ -12,9 +12,9 @@ subreaper: at the time limit and when the program ends, every descendant is kill
 double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
 stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout).
 Its working directory is ``scratch/up/<parent's name>/<its name>``, which mirrors the job's working directory
-(``_mirror``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
+(``mirror.py``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
 directory, and a link to a directory, is linked as a whole); beside it and one level up, links to each
-other entry of the working directory's parent and grandparent (``_mirror_with_ancestors``), so ``../data``
+other entry of the working directory's parent and grandparent, so ``../data``
 and ``../../data`` read as in the job (pytorch/examples' MNIST scripts, pytorch/vision's references). The
 program reads its relative paths (data, configs) as in the job; files it creates land in the scratch
 directory, and a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.mirror import mirror_with_ancestors
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOTSTRAP = (
@@ -56,8 +57,6 @@ DEFAULT_TIMEOUT_S = 30.0
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
 DEFAULT_MEM_LIMIT_MIB = 32768
-MAX_MIRROR_ENTRIES = 5000
-MIRROR_UP_LEVELS = 2  # ancestors whose other entries are linked beside the mirror (``../../data``)
 # Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
 DEAD_PROXY = "http://127.0.0.1:9"
 OFFLINE_ENV = {
@@ -132,90 +131,6 @@ def _shebang_python(launcher: Optional[str]) -> Optional[str]:
     if first.startswith("#!") and "python" in first:
         return first[2:].split()[0]
     return None
-
-
-def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
-    """Mirror directory ``src`` at ``dst``: real directories, one symbolic link per file.
-
-    Directories are made as real directories (so files the program creates in them land in the
-    scratch directory) while fewer than ``budget`` entries have been mirrored; a directory beyond
-    that, and a symbolic link to a directory, is linked as a whole. Returns the budget left.
-    """
-    os.makedirs(dst, exist_ok=True)
-    try:
-        names = sorted(os.listdir(src))
-    except OSError:
-        return budget
-    subdirs = []
-    for name in names:
-        s, d = os.path.join(src, name), os.path.join(dst, name)
-        if os.path.isdir(s) and not os.path.islink(s) and budget > len(names):
-            subdirs.append((s, d))
-            continue
-        try:
-            os.symlink(s, d)
-        except OSError:
-            continue
-    budget -= len(names)
-    for s, d in subdirs:
-        if budget <= 0 or not _small_dir(s, budget):
-            with contextlib.suppress(OSError):
-                os.symlink(s, d)
-            continue
-        budget = _mirror(s, d, budget)
-    return budget
-
-
-def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_ENTRIES) -> None:
-    """Link each entry of ``parent`` but ``skip`` into ``dst`` (at most ``budget``; the root: none)."""
-    if parent in ("", os.sep):
-        return
-    try:
-        with os.scandir(parent) as it:
-            for i, entry in enumerate(it):
-                if i >= budget:
-                    return
-                if entry.name != skip:
-                    with contextlib.suppress(OSError):
-                        os.symlink(entry.path, os.path.join(dst, entry.name))
-    except OSError:
-        return
-
-
-def _mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
-    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's
-    path.
-
-    ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
-    where the directory standing for each ancestor holds links to that ancestor's other entries, so
-    ``../data`` and ``../../data`` (pytorch/vision's references/classification) read as in the job.
-    """
-    chain = [workdir]
-    while len(chain) <= levels:
-        parent = os.path.dirname(chain[-1])
-        if parent in ("", os.sep, chain[-1]):
-            break
-        chain.append(parent)
-    names = [os.path.basename(d) or "work" for d in chain[:-1]] if len(chain) > 1 else ["work"]
-    here = up
-    for i in range(len(chain) - 1, 0, -1):  # from the top ancestor down to the working directory's parent
-        os.makedirs(here, exist_ok=True)
-        _link_siblings(chain[i], here, names[i - 1])
-        here = os.path.join(here, names[i - 1])
-    _mirror(workdir, here)
-    return here
-
-
-def _small_dir(path: str, budget: int) -> bool:
-    """True when ``path`` holds at most ``budget`` entries (read lazily: a data set is not listed)."""
-    try:
-        with os.scandir(path) as it:
-            for i, _ in enumerate(it):
-                if i >= budget:
-                    return False
-    except OSError:
-        return False
-    return True
 
 
 def _limits(mem_limit_mib: int) -> Any:
@@ -319,7 +234,7 @@ def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root:
     os.makedirs(boot)
     os.makedirs(tmp)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
-    work = _mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
+    work = mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
     result_path = os.path.join(scratch, "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
            "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
