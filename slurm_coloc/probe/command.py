@@ -16,9 +16,9 @@ The interpreter as the text says it: ``#COLOC python=PATH``; else a path the com
 venv a ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name
 (``python_word``) or None for a launcher's own. ``discover.py`` then runs the lines before the command
 (``line_index``) and looks the name up on the PATH they leave (``conda activate``, ``module load``,
-``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain ``X=value`` or
-``export X=value`` form, variables of the submitting environment (sbatch exports it to the job by
-default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
+``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain
+``X=value`` or ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job
+by default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
 submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
 working directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
 """
@@ -39,7 +39,8 @@ _ACC_FLAGS_NO_ARG = {"--multi_gpu", "--multi-gpu", "--cpu", "--use_deepspeed", "
                      "--quiet", "-q", "--no_python", "--use_cpu", "--tpu", "--dynamo_use_fullgraph"}
 _TORCHRUN_NO_ARG = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
 _STOP_TOKENS = {"|", "||", "&&", ";", "&", ">", ">>", "2>", "2>>", "&>", "<", "2>&1", "1>&2"}
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}"
+                     r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -275,15 +276,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
     submit_dir = os.path.abspath(submit_dir)
     walk = _Walk(submit_dir, os.environ if environ is None else environ)
     lines = logical_lines(text)
-    for line in lines:
-        if line.strip().startswith("#COLOC"):
-            try:
-                words = shlex.split(line.strip()[len("#COLOC"):], comments=True)
-            except ValueError:
-                continue
-            for tok in words:
-                if tok.startswith("python="):
-                    walk.coloc_python = os.path.join(submit_dir, os.path.expanduser(tok.split("=", 1)[1]))
+    walk.coloc_python = _coloc_python(lines, submit_dir)
     found_all: List[CommandSearch] = []
     for index, line in enumerate(lines):
         s = line.strip()
@@ -299,6 +292,29 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
             found = walk.command(toks, s)
             if found is not None:
                 found_all.append(found)
+    return _pick(found_all)
+
+
+def _coloc_python(lines: Sequence[str], submit_dir: str) -> Optional[str]:
+    """The interpreter a ``#COLOC python=PATH`` line names (the last one; relative to ``submit_dir``), or
+    None."""
+    python: Optional[str] = None
+    for line in lines:
+        if line.strip().startswith("#COLOC"):
+            try:
+                words = shlex.split(line.strip()[len("#COLOC"):], comments=True)
+            except ValueError:
+                continue
+            for tok in words:
+                if tok.startswith("python="):
+                    python = os.path.join(submit_dir, os.path.expanduser(tok.split("=", 1)[1]))
+    return python
+
+
+def _pick(found_all: List[CommandSearch]) -> CommandSearch:
+    """The answer among the Python commands found, in script order: the only one, else the first runnable
+    one whose program reads like training (``_looks_like_training``), else the first; a note says which
+    was picked of several."""
     if not found_all:
         return CommandSearch(None, "no python/torchrun/accelerate command found in the script")
     runnable = [f for f in found_all if f.command is not None]
@@ -353,43 +369,55 @@ class _Walk:
         words, srun = _strip_prefixes(toks, env)
         if not words:
             return None
-        head = os.path.basename(words[0])
-        launcher = "srun" if srun else "python"
-        interp: Optional[str] = None
-        word = words[0]
-        if head == "torchrun" or (head == "accelerate" and words[1:2] == ["launch"]):
-            kind = "torchrun" if head == "torchrun" else "accelerate"
-            rest, reason = _launcher_script(words[1:] if kind == "torchrun" else words[2:], kind, env)
-            if reason:
-                return CommandSearch(None, reason)
-            launcher = kind
-            if rest and rest[0] != "-m" and _PY_RE.match(os.path.basename(rest[0])):
-                interp, rest = rest[0], rest[1:]
-            pywords = rest
-        elif _PY_RE.match(head):
-            interp = words[0]
-            pywords = words[1:]
-            if pywords[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
-                rest, reason = _launcher_script(pywords[2:], "torchrun", env)
-                if reason:
-                    return CommandSearch(None, reason)
-                launcher, pywords = "torchrun", rest
-        else:
+        launch = _python_launch(words, "srun" if srun else "python", env)
+        if launch is None:
             return None
+        launcher, interp, pywords, reason = launch
+        if reason:
+            return CommandSearch(None, reason)
         mode, target, args, reason = _python_argv(pywords)
         if mode is None or target is None:
             return CommandSearch(None, reason)
         if mode == "file":
             target = self._path(target)
-        if interp is not None and "/" in interp:
-            interp = self._path(interp)
-        bare = interp is not None and "/" not in interp
-        python = self.coloc_python or (self.venv_python if bare or interp is None else None) or interp
-        if interp is not None:
-            word = interp
-        source = ("coloc" if self.coloc_python else "venv" if python and python == self.venv_python
-                  else "bare" if bare else "path" if interp else "launcher")
+        python, source, word = self._interpreter(interp, words[0])
         return CommandSearch(ProbeCommand(
             mode=mode, target=target, args=tuple(args), interpreter=python, workdir=self.cwd,
             env=tuple(sorted(env.items())), launcher=launcher, line=" ".join(line.split()),
             line_index=self.index, python_from=source, python_word=word))
+
+    def _interpreter(self, interp: Optional[str], first_word: str) -> Tuple[Optional[str], str, str]:
+        """The Python a command runs under (``#COLOC python=``, else the activated venv's for a bare name or
+        none, else the one named), where it came from (``ProbeCommand.python_from``) and the word naming it
+        (``interp``, a path made absolute, else the command's ``first_word``)."""
+        if interp is not None and "/" in interp:
+            interp = self._path(interp)
+        bare = interp is not None and "/" not in interp
+        python = self.coloc_python or (self.venv_python if bare or interp is None else None) or interp
+        source = ("coloc" if self.coloc_python else "venv" if python and python == self.venv_python
+                  else "bare" if bare else "path" if interp else "launcher")
+        return python, source, interp if interp is not None else first_word
+
+
+def _python_launch(words: List[str], launcher: str,
+                   env: Dict[str, str]) -> Optional[Tuple[str, Optional[str], List[str], str]]:
+    """How command ``words`` starts Python: ``(launcher, interpreter word or None, Python's arguments,
+    reason)``, the reason non-empty when the launcher's options rule the probe out; None when the command
+    does not run Python. ``launcher`` is the command's own (``srun`` or ``python``) unless torchrun or
+    ``accelerate launch`` starts it; their variables are added to ``env``."""
+    head = os.path.basename(words[0])
+    if head == "torchrun" or (head == "accelerate" and words[1:2] == ["launch"]):
+        kind = "torchrun" if head == "torchrun" else "accelerate"
+        rest, reason = _launcher_script(words[1:] if kind == "torchrun" else words[2:], kind, env)
+        if reason:
+            return kind, None, [], reason
+        if rest and rest[0] != "-m" and _PY_RE.match(os.path.basename(rest[0])):
+            return kind, rest[0], rest[1:], ""
+        return kind, None, rest, ""
+    if not _PY_RE.match(head):
+        return None
+    pywords = words[1:]
+    if pywords[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+        rest, reason = _launcher_script(pywords[2:], "torchrun", env)
+        return "torchrun", words[0], rest, reason
+    return launcher, words[0], pywords, ""

@@ -160,6 +160,11 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         submit_dir: the submission directory (the preamble's working directory).
         environ: the submitting environment (default ``os.environ``).
         timeout_s: the preamble's time limit (seconds).
+
+    Returns:
+        The ``Preamble``: its exported environment (``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as
+        submitted), or no environment and a note when it hung past ``timeout_s``, wrote none or could not
+        run; ``Preamble(None)`` when there is no preamble or no bash.
     """
     base = dict(os.environ if environ is None else environ)
     body = preamble(text, cmd.line_index)
@@ -175,49 +180,75 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(f"__coloc_env() {{ {dump}; }}\ntrap __coloc_env EXIT\n{body}__coloc_env\n")
         env = dict(base, SLURM_SUBMIT_DIR=submit_dir, COLOC_PROBE="1")
-        argv = [bash, "-l" if _login_shell(text) else "--noprofile", *([] if _login_shell(text) else ["--norc"]),
+        argv = [bash, "-l" if _login_shell(text) else "--noprofile",
+                *([] if _login_shell(text) else ["--norc"]),
                 script, *script_args]
         log_path = os.path.join(scratch, "log")
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, cwd=submit_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-            finally:  # whatever it started in its session ends with it
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        status = {"timed_out": proc.returncode == -signal.SIGKILL, "returncode": proc.returncode}
+        returncode = _run_in_session(argv, submit_dir, env, log_path, timeout_s)
         wall = time.monotonic() - t0
-        if status.get("timed_out"):
+        if returncode == -signal.SIGKILL:
             return Preamble(None, True, f"the script's setup lines did not finish within {timeout_s:g} s: "
                             "the submitting environment is used", wall)
         try:
             with open(report, "rb") as fh:
                 raw = fh.read()
         except OSError:
-            with open(log_path, "rb") as fh:
-                last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
             return Preamble(None, True, f"the script's setup lines wrote no environment "
-                            f"(exit {status.get('returncode')}): {' '.join(last.split())[:200]}", wall)
-        out: Dict[str, str] = {}
-        for item in raw.decode("utf-8", "surrogateescape").split("\0"):
-            name, sep, value = item.partition("=")
-            if sep and name:
-                out[name] = value
-        for name in _DROPPED_ENV:
-            out.pop(name, None)
-        for name in ("PWD", "SLURM_SUBMIT_DIR", "COLOC_PROBE"):
-            out.pop(name, None)
-            if name in base:
-                out[name] = base[name]
-        return Preamble(out, True, "", wall)
+                            f"(exit {returncode}): {_last_line(log_path)}", wall)
+        return Preamble(_exported_env(raw, base), True, "", wall)
     except OSError as exc:
         return Preamble(None, True, f"the script's setup lines could not run: {exc}", time.monotonic() - t0)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: str, timeout_s: float) -> int:
+    """Run ``argv`` in a session of its own, output to ``log_path``, for at most ``timeout_s`` seconds; then
+    SIGKILL whatever is left in its session. Its exit status (``-SIGKILL`` when the limit ended it).
+
+    Raises:
+        OSError: ``argv`` could not start or the log could not be written.
+    """
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # whatever it started in its session ends with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def _last_line(log_path: str) -> str:
+    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters.
+
+    Raises:
+        OSError: the log cannot be read.
+    """
+    with open(log_path, "rb") as fh:
+        last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+    return " ".join(last.split())[:200]
+
+
+def _exported_env(raw: bytes, base: Mapping[str, str]) -> Dict[str, str]:
+    """The environment in ``raw`` (``env -0`` output) without bash's own variables (``_DROPPED_ENV``), with
+    ``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as in ``base`` (absent where ``base`` has none)."""
+    out: Dict[str, str] = {}
+    for item in raw.decode("utf-8", "surrogateescape").split("\0"):
+        name, sep, value = item.partition("=")
+        if sep and name:
+            out[name] = value
+    for name in _DROPPED_ENV:
+        out.pop(name, None)
+    for name in ("PWD", "SLURM_SUBMIT_DIR", "COLOC_PROBE"):
+        out.pop(name, None)
+        if name in base:
+            out[name] = base[name]
+    return out
 
 
 def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
@@ -299,7 +330,8 @@ class JobPython:
 def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
                  environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
     """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
-    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never raises."""
+    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never
+    raises."""
     pre = run_preamble(text, cmd, script_args, submit_dir, environ)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
     if python:
@@ -357,7 +389,8 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
             return [str(p) for p in hit["sys_path"]]
     try:
         done = subprocess.run([python, "-c", "import sys, json; print(json.dumps(sys.path))"], env=dict(env),
-                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=SYSPATH_TIMEOUT_S,
+                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=SYSPATH_TIMEOUT_S,
                               start_new_session=True)
         sys_path = [p for p in json.loads(done.stdout.decode().strip().splitlines()[-1]) if p]
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):

@@ -30,12 +30,12 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
-from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, run_probe
+from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
 
 FORMAT = 1
 MAX_ENTRIES = 256
@@ -220,17 +220,19 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         mem_limit_mib: the probe's address-space limit (MiB).
         steps: optimizer steps per optimizer before the program is stopped.
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
-        python: the job's interpreter (a path or a name on PATH) instead of the one the script's
-            command names or implies.
+        python: the job's interpreter (a path or a name on PATH), instead of the one its command implies.
         keep_log: return the program's output in ``log_text`` (for ``--explain``).
         refresh: probe afresh (no cache read) and store the answer (``--explain``).
         text: the script's text (``--wrap``'s command); ``script_path`` is then not read.
         environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
 
     Returns:
-        ProbeResult: with ``estimate`` (method ``probe``), or ``estimate`` None and ``reason``.
-        Never raises for a program that cannot be probed; raises ``EstimateError`` for an unknown GPU
-        and ``OSError`` when the script cannot be read.
+        ProbeResult: with ``estimate`` (method ``probe``, ``mem_mib`` in MiB), or ``estimate`` None and
+        ``reason`` for a program that cannot be probed (no command found, no Python, a failed or hung run).
+
+    Raises:
+        EstimateError: ``gpu`` is not a known GPU model.
+        OSError: the script cannot be read.
     """
     from slurm_coloc.estimate import cache
     from slurm_coloc.estimate.gpus import gpu_model
@@ -244,22 +246,37 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     found = find_command(text, script_args, submit_dir, environ)
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
-    cmd = found.command
-    job = discover_job(text, cmd, script_args, submit_dir, environ, python)
+    job = discover_job(text, found.command, script_args, submit_dir, environ, python)
     job_env, notes = job.env, list(found.notes) + job.notes
     if job.python is None:
-        return ProbeResult(None, "probe ran nothing", job.reason, cmd, time.monotonic() - t0, detail={"notes": notes})
-    cmd = dataclasses.replace(cmd, interpreter=job.python)
-    resolved = job.python
+        return ProbeResult(None, "probe ran nothing", job.reason, found.command, time.monotonic() - t0,
+                           detail={"notes": notes})
+    cmd = dataclasses.replace(found.command, interpreter=job.python)
     use_cache = use_cache and cache.enabled()
-    torch_v = torch_version(resolved, job_env, os.path.dirname(_cache_file())) if use_cache else None
+    torch_v = torch_version(job.python, job_env, os.path.dirname(_cache_file())) if use_cache else None
     key = _key(cmd, gpu, steps, torch_v) if use_cache else ""
     entry = _lookup(key) if use_cache and not refresh else None
     if entry is not None:
-        est = entry.get("estimate")
-        return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""), cmd,
-                           time.monotonic() - t0, True, entry.get("detail", {}))
+        return _from_cache(entry, cmd, time.monotonic() - t0)
     out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env)
+    res = _from_run(out, cmd, gpu, notes, torch_v, keep_log, t0)
+    if use_cache and (res.estimate is not None or out.reason):
+        _store_run(key, res, out)
+    return res
+
+
+def _from_cache(entry: Dict[str, Any], cmd: ProbeCommand, wall_s: float) -> ProbeResult:
+    """The cached answer ``entry`` (``_store_run``'s) for ``cmd``, found in ``wall_s`` seconds."""
+    est = entry.get("estimate")
+    return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""),
+                       cmd, wall_s, True, entry.get("detail", {}))
+
+
+def _from_run(out: RunOutcome, cmd: ProbeCommand, gpu: str, notes: List[str], torch_v: Optional[str],
+              keep_log: bool, t0: float) -> ProbeResult:
+    """The answer of probe run ``out`` of ``cmd`` for GPU model ``gpu``: the figure when the run reported one,
+    the discovery ``notes`` before the run's own, and the program's output when ``keep_log``; ``t0`` is
+    the call's start (``time.monotonic()``, seconds)."""
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None
     ran = ran_line(cmd, out.result, out.interpreter)
@@ -267,9 +284,12 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
                       out.log_text if keep_log else "")
     res.detail = dict(result, scratch_files=out.scratch_files, probe_wall_s=round(out.wall_s, 2),
                       notes=notes + list(result.get("notes") or []), job_torch=torch_v)
-    if use_cache and (estimate is not None or out.reason):
-        files = {p: _sha(p) for p in result.get("user_files") or []}
-        _store(key, {"estimate": estimate.to_json() if estimate else None, "ran": ran,
-                     "reason": out.reason, "detail": res.detail, "timed_out": out.timed_out,
-                     "user_files": {p: d for p, d in files.items() if d}})
     return res
+
+
+def _store_run(key: str, res: ProbeResult, out: RunOutcome) -> None:
+    """Store ``res`` under cache ``key`` with a digest of each user file the program imported."""
+    files = {p: _sha(p) for p in (out.result or {}).get("user_files") or []}
+    _store(key, {"estimate": res.estimate.to_json() if res.estimate else None, "ran": res.ran,
+                 "reason": out.reason, "detail": res.detail, "timed_out": out.timed_out,
+                 "user_files": {p: d for p, d in files.items() if d}})

@@ -12,16 +12,15 @@ subreaper: at the time limit and when the program ends, every descendant is kill
 double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
 stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout).
 Its working directory is ``scratch/up/<parent's name>/<its name>``, which mirrors the job's working directory
-(``_mirror``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
+(``mirror.py``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
 directory, and a link to a directory, is linked as a whole); beside it and one level up, links to each
-other entry of the working directory's parent and grandparent (``_mirror_with_ancestors``), so ``../data``
+other entry of the working directory's parent and grandparent, so ``../data``
 and ``../../data`` read as in the job (pytorch/examples' MNIST scripts, pytorch/vision's references). The
-program reads its relative paths (data, configs) as in the job; files it creates land in the scratch directory,
-and a file link it
-opens for writing is replaced by a copy first (``inject/main.py``). Writes to absolute paths
-outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
-reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are put
-offline by environment variables and proxies that refuse connections at once;
+program reads its relative paths (data, configs) as in the job; files it creates land in the scratch
+directory, and a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
+absolute paths outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
+reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are
+put offline by environment variables and proxies that refuse connections at once;
 ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR``, matplotlib's,
 inductor's and triton's caches are in the scratch directory, which is removed after the run.
 """
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.mirror import mirror_with_ancestors
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOTSTRAP = (
@@ -57,8 +57,6 @@ DEFAULT_TIMEOUT_S = 30.0
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
 DEFAULT_MEM_LIMIT_MIB = 32768
-MAX_MIRROR_ENTRIES = 5000
-MIRROR_UP_LEVELS = 2  # ancestors whose other entries are linked beside the mirror (``../../data``)
 # Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
 DEAD_PROXY = "http://127.0.0.1:9"
 OFFLINE_ENV = {
@@ -74,8 +72,9 @@ OFFLINE_ENV = {
     "NO_PROXY": "",
 }
 # The task identity Slurm gives a job's batch step (one task on one node; ``sbatch`` man page, OUTPUT
-# ENVIRONMENT VARIABLES): scripts that branch on them (torchvision's references start a one-process DDP group when
-# ``SLURM_PROCID`` is set; Lightning's SLURM environment) take in the probe the path they take in the job.
+# ENVIRONMENT VARIABLES): scripts that branch on them (torchvision's references start a one-process DDP group
+# when ``SLURM_PROCID`` is set; Lightning's SLURM environment) take in the probe the path they take in the
+# job.
 BATCH_STEP_ENV = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
                   "SLURM_JOB_NUM_NODES": "1"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -134,89 +133,6 @@ def _shebang_python(launcher: Optional[str]) -> Optional[str]:
     return None
 
 
-def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
-    """Mirror directory ``src`` at ``dst``: real directories, one symbolic link per file.
-
-    Directories are made as real directories (so files the program creates in them land in the
-    scratch directory) while fewer than ``budget`` entries have been mirrored; a directory beyond
-    that, and a symbolic link to a directory, is linked as a whole. Returns the budget left.
-    """
-    os.makedirs(dst, exist_ok=True)
-    try:
-        names = sorted(os.listdir(src))
-    except OSError:
-        return budget
-    subdirs = []
-    for name in names:
-        s, d = os.path.join(src, name), os.path.join(dst, name)
-        if os.path.isdir(s) and not os.path.islink(s) and budget > len(names):
-            subdirs.append((s, d))
-            continue
-        try:
-            os.symlink(s, d)
-        except OSError:
-            continue
-    budget -= len(names)
-    for s, d in subdirs:
-        if budget <= 0 or not _small_dir(s, budget):
-            with contextlib.suppress(OSError):
-                os.symlink(s, d)
-            continue
-        budget = _mirror(s, d, budget)
-    return budget
-
-
-def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_ENTRIES) -> None:
-    """Link each entry of ``parent`` but ``skip`` into ``dst`` (at most ``budget``; the root: none)."""
-    if parent in ("", os.sep):
-        return
-    try:
-        with os.scandir(parent) as it:
-            for i, entry in enumerate(it):
-                if i >= budget:
-                    return
-                if entry.name != skip:
-                    with contextlib.suppress(OSError):
-                        os.symlink(entry.path, os.path.join(dst, entry.name))
-    except OSError:
-        return
-
-
-def _mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
-    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's path.
-
-    ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
-    where the directory standing for each ancestor holds links to that ancestor's other entries, so
-    ``../data`` and ``../../data`` (pytorch/vision's references/classification) read as in the job.
-    """
-    chain = [workdir]
-    while len(chain) <= levels:
-        parent = os.path.dirname(chain[-1])
-        if parent in ("", os.sep, chain[-1]):
-            break
-        chain.append(parent)
-    names = [os.path.basename(d) or "work" for d in chain[:-1]] if len(chain) > 1 else ["work"]
-    here = up
-    for i in range(len(chain) - 1, 0, -1):  # from the top ancestor down to the working directory's parent
-        os.makedirs(here, exist_ok=True)
-        _link_siblings(chain[i], here, names[i - 1])
-        here = os.path.join(here, names[i - 1])
-    _mirror(workdir, here)
-    return here
-
-
-def _small_dir(path: str, budget: int) -> bool:
-    """True when ``path`` holds at most ``budget`` entries (read lazily: a data set is not listed)."""
-    try:
-        with os.scandir(path) as it:
-            for i, _ in enumerate(it):
-                if i >= budget:
-                    return False
-    except OSError:
-        return False
-    return True
-
-
 def _limits(mem_limit_mib: int) -> Any:
     def apply() -> None:
         b = int(mem_limit_mib) << 20
@@ -264,7 +180,9 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
             ``discover.run_preamble``'s, after the script's setup lines).
 
     Returns:
-        RunOutcome; never raises for a failing program (the reason says what happened).
+        RunOutcome; never raises for a failing program (the reason says what happened): no figure and a
+        reason when the job's Python or the program file is missing, the time limit (``timeout_s``) ended
+        the child before an optimizer step, or the child wrote no result.
     """
     start = time.monotonic()
     python = resolve_interpreter(cmd, (environ if environ is not None else os.environ).get("PATH"))
@@ -272,12 +190,51 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         return RunOutcome(None, f"the job's Python {cmd.interpreter or 'python3'} was not found", 0.0)
     if cmd.mode == "file" and not os.path.isfile(cmd.target):
         return RunOutcome(None, f"the program {cmd.target} does not exist", 0.0, interpreter=python)
+    sc = _make_scratch(cmd, steps, timeout_s, scratch_root)
+    env = _child_env(cmd, environ, sc)
+    log_path = os.path.join(sc.root, "probe.log")
+    status_path = os.path.join(sc.root, "reaper.json")
+    with open(log_path, "wb") as log:
+        reaped = run_reaped([python, "-c", BOOTSTRAP, sc.boot, sc.request_path], status_path, timeout_s,
+                            cwd=sc.work, env=env, stdout=log, preexec_fn=_limits(mem_limit_mib))
+    wall = time.monotonic() - start
+    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
+    # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
+    rc = reaped.get("returncode")
+    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
+    out = RunOutcome(None, "", wall, timed_out, sc.root, log_path, python, _files_under(sc.work))
+    out.result = _read_result(sc.result_path)
+    out.log_text = _tail(log_path)
+    left = int(reaped.get("left_running") or 0)
+    _note_left_running(out.result, left)
+    out.reason = _reason(out, timeout_s, rc, left)
+    if not keep_scratch:
+        shutil.rmtree(sc.root, ignore_errors=True)
+        out.scratch = out.log_path = ""
+    return out
+
+
+@dataclass
+class _Scratch:
+    """One probe run's scratch directory (``root``) and the paths in it the child is given."""
+
+    root: str
+    boot: str  # on the child's ``sys.path`` for the bootstrap: a link to this package
+    tmp: str  # the child's TMPDIR and caches
+    work: str  # the mirror of the job's working directory, the child's cwd
+    result_path: str
+    request_path: str
+
+
+def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root: Optional[str]) -> _Scratch:
+    """Make the scratch directory: the package link, the mirrored working directory and the child's request
+    (``inject/main.py``: mode, target, arguments, steps, time limit in seconds, result path)."""
     scratch = tempfile.mkdtemp(prefix="coloc-probe-", dir=scratch_root)
     boot, up, tmp = (os.path.join(scratch, d) for d in ("boot", "up", "tmp"))
     os.makedirs(boot)
     os.makedirs(tmp)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
-    work = _mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
+    work = mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
     result_path = os.path.join(scratch, "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
            "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
@@ -285,53 +242,63 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     req_path = os.path.join(scratch, "request.json")
     with open(req_path, "w", encoding="utf-8") as fh:
         json.dump(req, fh)
+    return _Scratch(scratch, boot, tmp, work, result_path, req_path)
+
+
+def _child_env(cmd: ProbeCommand, environ: Optional[Mapping[str, str]], sc: _Scratch) -> Dict[str, str]:
+    """The child's environment: the job's (``environ``, else ``os.environ``) without ``PYTHONSTARTUP``, put
+    offline (``OFFLINE_ENV``), the command's own variables, the batch step's task identity where unset, and
+    temporary files and caches in the scratch directory."""
     env = dict(os.environ if environ is None else environ)
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
     env.update(dict(cmd.env))
-    for name, value in BATCH_STEP_ENV.items():  # what the batch step of a one-task job sees (a script may branch)
+    # what the batch step of a one-task job sees (a script may branch)
+    for name, value in BATCH_STEP_ENV.items():
         env.setdefault(name, value)
-    env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(scratch, "mlruns"),
+    tmp = sc.tmp
+    env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(sc.root, "mlruns"),
                SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                TRITON_CACHE_DIR=os.path.join(tmp, "triton"), WANDB_DIR=tmp)
-    log_path = os.path.join(scratch, "probe.log")
-    status_path = os.path.join(scratch, "reaper.json")
-    with open(log_path, "wb") as log:
-        reaped = run_reaped([python, "-c", BOOTSTRAP, boot, req_path], status_path, timeout_s, cwd=work, env=env,
-                            stdout=log, preexec_fn=_limits(mem_limit_mib))
-    wall = time.monotonic() - start
-    # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame hooks
-    # ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
-    rc = reaped.get("returncode")
-    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
-    out = RunOutcome(None, "", wall, timed_out, scratch, log_path, python, _files_under(work))
+    return env
+
+
+def _read_result(result_path: str) -> Optional[Dict[str, Any]]:
+    """The child's result JSON, or None when it wrote none (or not all of it)."""
     try:
         with open(result_path, encoding="utf-8") as fh:
-            out.result = json.load(fh)
+            result: Dict[str, Any] = json.load(fh)
+            return result
     except (OSError, ValueError):
-        out.result = None
-    out.log_text = _tail(log_path)
-    left = int(reaped.get("left_running") or 0)
-    if left and out.result is not None:
-        notes = out.result.setdefault("notes", [])
+        return None
+
+
+def _note_left_running(result: Optional[Dict[str, Any]], left: int) -> None:
+    """Add a note to ``result`` that the program left ``left`` processes running, which the probe ended."""
+    if left and result is not None:
+        notes = result.setdefault("notes", [])
         if isinstance(notes, list):
-            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended by the probe")
-    if timed_out and (out.result is None or out.result.get("status") != "ok"):
+            notes.append(f"the program left {left} process(es) running at its end (a daemon?): ended "
+                         "by the probe")
+
+
+def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int) -> str:
+    """Why ``out`` has no figure ("" when the child reported ``ok``): the time limit, an end without a
+    result (its exit status and last log line), or the child's own reason."""
+    if out.timed_out and (out.result is None or out.result.get("status") != "ok"):
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
-        out.reason = f"the probe reached its time limit of {timeout_s:g} s before the first optimizer step{where}"
-    elif out.result is None:
+        return (f"the probe reached its time limit of {timeout_s:g} s before the first optimizer "
+                f"step{where}")
+    if out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
         daemon = f", leaving {left} process(es) running (killed)" if left else ""
-        out.reason = (f"the probe ended (exit {reaped.get('returncode')}){daemon} without a result: "
-                      f"{' '.join(last[0].split())[:200]}")
-    elif out.result.get("status") != "ok":
-        out.reason = str(out.result.get("reason") or "the probe saw no optimizer step")
-    if not keep_scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
-        out.scratch = out.log_path = ""
-    return out
+        return (f"the probe ended (exit {returncode}){daemon} without a result: "
+                f"{' '.join(last[0].split())[:200]}")
+    if out.result.get("status") != "ok":
+        return str(out.result.get("reason") or "the probe saw no optimizer step")
+    return ""
 
 
 def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],

@@ -54,7 +54,8 @@ class MicroSteps:
         self.skipping = False
         self.skipped = 0
         self.skipped_cycle = 0
-        self.backward_flops: List[Optional[int]] = []  # FLOP total at the end of each backward() of this cycle
+        # FLOP total at the end of each backward() of this cycle
+        self.backward_flops: List[Optional[int]] = []
         self.extra_flops = 0
         self.broken = False
         self.max_k = 0
@@ -127,8 +128,10 @@ class MicroSteps:
         """One line on skipped micro-steps ("" when none)."""
         out = ""
         if self.skipped:
-            out = (f"gradient accumulation: {self.skipped} repeated micro-step(s) of the same shapes skipped (up to "
-                   f"{self.max_k} per optimizer step; each holds the memory of the cycle's 2nd; FLOPs scaled)")
+            out = (f"gradient accumulation: {self.skipped} repeated micro-step(s) of the same shapes skipped "
+                   f"(up to {self.max_k} per optimizer step; each holds the memory of the cycle's 2nd; "
+                   "FLOPs scaled)")
         if self.broken:
-            out += ("; " if out else "") + "gradient accumulation: an irregular micro-step seen, skipping stopped"
+            out += ("; " if out else "") + ("gradient accumulation: an irregular micro-step seen, "
+                                            "skipping stopped")
         return out

@@ -32,7 +32,7 @@ def cpu_autocast_dtypes(torch: Any) -> List[str]:
             try:
                 with torch.autocast("cpu", dtype=dtype):
                     pass
-            except Exception:  # noqa: BLE001 - refused outright by this version
+            except Exception:  # refused outright by this version
                 continue
         if not any("not supported" in str(w.message) or "Disabling" in str(w.message) for w in seen):
             out.append(str(dtype).replace("torch.", ""))
@@ -134,9 +134,12 @@ def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
         shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
 
     def stats(*a: Any, **k: Any) -> Dict[str, Any]:
-        return {"allocated_bytes.all.current": alloc.allocated_b, "allocated_bytes.all.peak": alloc.peak_allocated_b,
-                "reserved_bytes.all.current": alloc.reserved_b, "reserved_bytes.all.peak": alloc.peak_reserved_b,
-                "active_bytes.all.current": alloc.allocated_b, "active_bytes.all.peak": alloc.peak_allocated_b,
+        return {"allocated_bytes.all.current": alloc.allocated_b,
+                "allocated_bytes.all.peak": alloc.peak_allocated_b,
+                "reserved_bytes.all.current": alloc.reserved_b,
+                "reserved_bytes.all.peak": alloc.peak_reserved_b,
+                "active_bytes.all.current": alloc.allocated_b,
+                "active_bytes.all.peak": alloc.peak_allocated_b,
                 "num_alloc_retries": 0, "num_ooms": 0}
 
     return {
@@ -213,11 +216,13 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
 
     torch.Generator = Generator
     graphs = getattr(cuda, "graphs", None)
-    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):  # imported by name in older torch
+    # imported by name in older torch
+    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):
         graphs.is_current_stream_capturing = cuda.is_current_stream_capturing
     acc = getattr(torch, "accelerator", None)
     if acc is not None:  # torch >= 2.6: optimizers ask it whether a CUDA graph is being captured
-        for name, value in (("current_stream", lambda *a, **k: _Dummy()), ("current_device_index", lambda *a: 0),
+        for name, value in (("current_stream", lambda *a, **k: _Dummy()),
+                            ("current_device_index", lambda *a: 0),
                             ("current_device_idx", lambda *a: 0), ("device_count", lambda *a: 1),
                             ("is_available", lambda *a, **k: True), ("synchronize", noop),
                             ("set_device_index", noop), ("set_device_idx", noop), ("set_stream", noop),

@@ -68,13 +68,15 @@ class _Moves:
         return self.state.gpu.run(self.torch.ops.aten._to_copy.default, (t,), kw)
 
     def _host_to_gpu(self, t: Any, dtype: Any, memory_format: Any) -> Any:
-        """A real host tensor's GPU copy made as a new fake GPU tensor of its shape, dtype and layout (a factory:
-        no real-to-fake conversion of the host tensor, which cost about 10 ms a batch), or None where the copy
-        must be the copy op itself (a fake tensor, a tensor autograd follows, a non-strided or unusual layout)."""
+        """A real host tensor's GPU copy made as a new fake GPU tensor of its shape, dtype and layout (a
+        factory: no real-to-fake conversion of the host tensor, which cost about 10 ms a batch), or None where
+        the copy must be the copy op itself (a fake tensor, a tensor autograd follows, a non-strided or
+        unusual layout)."""
         torch = self.torch
         from torch._subclasses.fake_tensor import FakeTensor
 
-        if isinstance(t, FakeTensor) or t.layout != torch.strided or (t.requires_grad and torch.is_grad_enabled()):
+        if isinstance(t, FakeTensor) or t.layout != torch.strided or (t.requires_grad
+                                                                      and torch.is_grad_enabled()):
             return None
         kw: Dict[str, Any] = {"dtype": dtype or t.dtype, "device": self.cpu}
         if memory_format is None or memory_format == torch.preserve_format:
@@ -118,8 +120,8 @@ class _Moves:
 
 
 def _device_handlers(torch: Any, state: ProbeState) -> Dict[Any, Callable[[Any, Any, Dict[str, Any]], Any]]:
-    """``{tensor function: handler(func, args, kwargs)}`` for the device mode: devices reported, moves, pinning,
-    value reads of fake tensors (zeros) and deep copies of fake tensors."""
+    """``{tensor function: handler(func, args, kwargs)}`` for the device mode: devices reported, moves,
+    pinning, value reads of fake tensors (zeros) and deep copies of fake tensors."""
     from slurm_coloc.estimate.datadep import has_no_data
 
     T = torch.Tensor

@@ -27,9 +27,10 @@ def patch_distributed(torch: Any, st: Any) -> None:
     class OneProcessDDP(torch.nn.Module):
         """DistributedDataParallel with one process: its module, plus DDP's gradient buckets held on the GPU.
 
-        DDP keeps a flat copy of every gradient in its communication buckets (``gradient_as_bucket_view=False``,
-        the default; torch/nn/parallel/distributed.py, ``Reducer``): one buffer per parameter dtype and device,
-        as large as the parameters that require a gradient, allocated when DDP wraps the module.
+        DDP keeps a flat copy of every gradient in its communication buckets
+        (``gradient_as_bucket_view=False``, the default; torch/nn/parallel/distributed.py, ``Reducer``): one
+        buffer per parameter dtype and device, as large as the parameters that require a gradient, allocated
+        when DDP wraps the module.
         """
 
         def __init__(self, module: Any, *a: Any, **k: Any) -> None:
@@ -53,7 +54,8 @@ def patch_distributed(torch: Any, st: Any) -> None:
 
 
 def _bucket_buffers(torch: Any, module: Any) -> list:
-    """One uninitialised buffer per (device, dtype) of ``module``'s trainable GPU parameters, of their total size."""
+    """One uninitialised buffer per (device, dtype) of ``module``'s trainable GPU parameters, of their total
+    size."""
     sizes: dict = {}
     for p in module.parameters():
         if p.requires_grad and p.device.type != "cpu":

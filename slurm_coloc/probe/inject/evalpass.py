@@ -80,7 +80,8 @@ class EvalPasses:
                 return None
         return spec, out
 
-    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None, grad: bool = False) -> Any:
+    def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None,
+                grad: bool = False) -> Any:
         """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
         ``grad``: floating tensors that required grad require it again (outputs of :func:`_stand_in`, whose
         graph leads to one small anchor tensor, not to the module)."""
@@ -122,7 +123,8 @@ class EvalPasses:
             self.train_call = (weakref.ref(mod), skel)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
-        """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training calls."""
+        """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training
+        calls."""
         if self.torch.is_grad_enabled():
             self.note_train_call(mod, args, kwargs)
             return orig(mod, *args, **kwargs)
@@ -166,7 +168,7 @@ class EvalPasses:
                     mod(*args, **kwargs)
                 mod.train(was_training)
                 self.replayed.append(b)
-            except Exception as exc:  # noqa: BLE001 - the figure stands without it, said so
+            except Exception as exc:  # the figure stands without it, said so
                 note(f"evaluation pass at batch {b} not replayed: {type(exc).__name__}: "
                      f"{' '.join(str(exc).split())[:120]}")
                 continue

@@ -57,7 +57,7 @@ class ProbeState:
         """True when the tensor ``t``'s storage is replayed as GPU memory."""
         try:
             return t.untyped_storage()._cdata in self.tracker.handles
-        except Exception:  # noqa: BLE001 - tensors without storage (sparse, nested) are host
+        except Exception:  # tensors without storage (sparse, nested) are host
             return False
 
 
@@ -111,7 +111,8 @@ class GpuOps:
         self.modes = [m for m in modes if m is not optional]
         self.state = state
         self.depth = 0
-        self.scalar_answer = scalar_answer  # a value read of a fake tensor that no mode answered (the tracker does)
+        # a value read of a fake tensor that no mode answered (the tracker does)
+        self.scalar_answer = scalar_answer
 
     def set_optional(self, on: bool) -> None:
         """Push the optional mode with the others (True) or leave it out (False)."""
@@ -157,8 +158,8 @@ class GpuOps:
             try:
                 return gpu.run(func, args, kwargs)
             except Exception:
-                # ``.item()`` of a tensor made under ``torch.inference_mode()`` reaches the fake mode without the
-                # tracker's answer (torchvision's references: ``acc1.item()``): answered here the same way
+                # ``.item()`` of a tensor made under ``torch.inference_mode()`` reaches the fake mode without
+                # the tracker's answer (torchvision's references: ``acc1.item()``): answered here the same way
                 if func not in scalar_reads or gpu.scalar_answer is None or not args:
                     raise
                 return gpu.scalar_answer(args[0])

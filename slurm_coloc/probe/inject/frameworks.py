@@ -121,7 +121,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 try:
                     patch(module, note)
-                except Exception as exc:  # noqa: BLE001 - another version of the framework
+                except Exception as exc:  # another version of the framework
                     note(f"{name}: not patched ({type(exc).__name__}: {exc})")
 
         spec.loader = _Patched()
@@ -135,6 +135,6 @@ def install(note: Note) -> None:
         if mod is not None:
             try:
                 patch(mod, note)
-            except Exception as exc:  # noqa: BLE001 - another version of the framework
+            except Exception as exc:  # another version of the framework
                 note(f"{name}: not patched ({type(exc).__name__}: {exc})")
     sys.meta_path.insert(0, _AfterImport(note))

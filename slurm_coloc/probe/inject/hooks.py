@@ -99,7 +99,7 @@ def _patch_format(torch: Any) -> None:
         if isinstance(t, FakeTensor) and t.dim() == 0:
             try:
                 return format(t.item(), spec)
-            except Exception:  # noqa: BLE001 - any stand-in will do for printing
+            except Exception:  # any stand-in will do for printing
                 return format(0.0 if t.is_floating_point() else 0, spec)
         return orig_format(t, spec)
 
@@ -125,7 +125,8 @@ def _patch_module_calls(probe: Any, torch: Any) -> None:
     def module_call(mod: Any, *a: Any, **k: Any) -> Any:
         if probe.depth == 0 and has_params(mod):
             if torch.is_grad_enabled():
-                return small.train_call(lambda: micro.call(orig_call, mod, a, k), mod, a, k, lambda: micro.skipping)
+                return small.train_call(lambda: micro.call(orig_call, mod, a, k), mod, a, k,
+                                        lambda: micro.skipping)
             return evals.call(orig_call, mod, a, k)
         return orig_call(mod, *a, **k)
 
@@ -145,7 +146,8 @@ def _patch_compile_and_save(torch: Any, st: Any) -> None:
 
     def save_nothing(obj: Any, f: Any, *a: Any, **k: Any) -> None:
         # fake tensors cannot be pickled, and a checkpoint is not the probe's to write
-        st.note(f"torch.save skipped: {os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__}")
+        st.note("torch.save skipped: "
+                f"{os.fspath(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__}")
 
     torch.save = save_nothing
 
@@ -197,9 +199,10 @@ def _patch_processes(probe: Any, torch: Any) -> None:
     def start(proc: Any) -> None:
         if gpu_data((list(getattr(proc, "_args", ())), dict(getattr(proc, "_kwargs", {})))):
             target = getattr(getattr(proc, "_target", None), "__name__", "?")
-            probe.finish("error", f"the program starts worker processes that use the GPU ({type(proc).__name__}"
-                         f"(target={target}) given the model or GPU tensors, as Hogwild training): each has its own "
-                         "CUDA context and memory, and the probe follows one process only")
+            probe.finish("error", "the program starts worker processes that use the GPU "
+                         f"({type(proc).__name__}(target={target}) given the model or GPU tensors, as "
+                         "Hogwild training): each has its own CUDA context and memory, and the probe follows "
+                         "one process only")
         orig_start(proc)
 
     mpp.BaseProcess.start = start  # type: ignore[method-assign, assignment]

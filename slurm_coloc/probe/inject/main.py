@@ -22,9 +22,9 @@ Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_r
 ``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``param_dtypes``,
 ``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
 (FLOPs ``FlopCounterMode`` counted between the first two steps of the program's first optimizer, i.e. one
-training iteration, all ops of the process included; None when not counted: ``estimate.trace.make_flop_counter``),
-``outside_writes`` (paths the program opened for writing outside the scratch directory),
-``user_files`` (source files it imported from outside the Python installation).
+training iteration, all ops of the process included; None when not counted:
+``estimate.trace.make_flop_counter``), ``outside_writes`` (paths the program opened for writing outside the
+scratch directory), ``user_files`` (source files it imported from outside the Python installation).
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def main(request_path: str) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             reason = report.reason_of(exc)
-    except BaseException as exc:  # noqa: BLE001 - reported, the parent falls back
+    except BaseException as exc:  # reported, the parent falls back
         reason = report.reason_of(exc)
         traceback.print_exc()
     probe.finish(status, reason)
@@ -214,7 +214,7 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
 
         try:
             ws = workspace.load()
-        except Exception:  # noqa: BLE001 - no numpy in the job's Python: no workspaces, said so
+        except Exception:  # no numpy in the job's Python: no workspaces, said so
             ws = None
         tracker = make_tracker(torch, ws.bytes_for if ws is not None else None)
         st = fakecuda.ProbeState(tracker)
@@ -232,7 +232,7 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
         fakecuda.patch_fake_tensor(torch, st)
         step = "optimizer/DataLoader hooks"
         hooks.install(probe, torch)
-    except Exception as exc:  # noqa: BLE001 - the job's torch cannot host the probe
+    except Exception as exc:  # the job's torch cannot host the probe
         v = report.torch_version() or "?"
         probe.finish("error", f"the probe could not start in the job's Python (torch {v}, {step}): "
                      f"{type(exc).__name__}: {exc}")
@@ -252,7 +252,8 @@ def _run(probe: _Probe, torch: Any, fake_mode: Any) -> None:
     tracker = st.tracker
     with contextlib.ExitStack() as stack:
         # GPU ops run under these dispatch modes, one op at a time (fakecuda.GpuOps), lowest first:
-        # fake tensors, the FLOP counter (from the first step on; it sees what the tracker passes on), the tracker
+        # fake tensors, the FLOP counter (from the first step on; it sees what the tracker passes on),
+        # the tracker
         gpu_modes: List[Any] = [fakecuda.make_fake_gpu_mode(torch, fake_mode)]
         if probe.flops is not None:
             gpu_modes.append(probe.flops_mode)

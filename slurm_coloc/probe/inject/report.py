@@ -90,8 +90,8 @@ def reason_of(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) or "not found" in msg.lower() and "dataset" in msg.lower():
         return f"data missing{where}: {type(exc).__name__}: {msg}"
     if "weights_only" in str(exc) and "UnpicklingError" in type(exc).__name__:
-        msg += (" (torch >= 2.6 loads with weights_only=True, which refuses what this file holds: the program "
-                "fails the same way in the job)")
+        msg += (" (torch >= 2.6 loads with weights_only=True, which refuses what this file holds: the "
+                "program fails the same way in the job)")
     return f"the program failed{where}: {type(exc).__name__}: {msg}"
 
 

@@ -205,8 +205,8 @@ class SmallerCalls:
         self.bound_b = max(held + self.transient_b.get(key, 0) for key, held in self.pending_b.items())
         over = self.bound_b - int(a.peak_allocated_b)
         head = (f"{self.skipped} no-grad forward(s) with inputs no larger than the training call's answered "
-                "with output shapes learned from traced calls (generation loop), each bounded by the training "
-                "forward's memory")
+                "with output shapes learned from traced calls (generation loop), each bounded by the "
+                "training forward's memory")
         if over <= 0:
             note(head + ": within the replayed peak")
             return
