@@ -41,7 +41,11 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
     """Controller -> mount point of each cgroup hierarchy (``""`` for the v2 unified one, ``name=systemd`` for
-    named v1 hierarchies), from ``/proc/self/mountinfo``; {} when unreadable."""
+    named v1 hierarchies), from ``/proc/self/mountinfo``; {} when unreadable.
+
+    Args:
+        mountinfo: the mountinfo file to parse (tests pass a copy).
+    """
     out: Dict[str, str] = {}
     try:
         lines = Path(mountinfo).read_text().splitlines()
@@ -104,7 +108,15 @@ class JobAttributor:
         return rest[19] if len(rest) > 19 else None
 
     def job_of(self, pid: int) -> Optional[int]:
-        """The job id of ``pid``, or None (not a Slurm job, gone, unreadable, or no evidence that counts)."""
+        """The job id of ``pid``, or None (not a Slurm job, gone, unreadable, or no evidence that counts).
+
+        Evidence in order: the process's Slurm cgroup, a ``slurmstepd`` ancestor, then its own
+        ``SLURM_JOB_ID`` where it cannot choose among jobs (module docstring); answers are cached by (pid,
+        start time).
+
+        Args:
+            pid: a process id on this node (as NVML lists it).
+        """
         start = self._start_time(pid)
         if start is None:
             return None

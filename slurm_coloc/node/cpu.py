@@ -101,8 +101,15 @@ class CpuReader:
         self.children_supported: Optional[bool] = None
 
     def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
-        """One reading: ``job_pids`` maps job id -> its CUDA pids now. Returns a ``JobCpu`` per job seen at
-        the previous reading too; jobs absent from ``job_pids`` are forgotten."""
+        """One reading of the CPU use of each job's processes.
+
+        Args:
+            job_pids: job id -> its CUDA pids now; jobs absent from it are forgotten.
+
+        Returns:
+            A ``JobCpu`` per job seen at the previous reading too (cores = CPU seconds per wall second over
+            the interval since then).
+        """
         now = self.clock()
         cpu_now: Dict[PidKey, float] = {}
         out: List[JobCpu] = []

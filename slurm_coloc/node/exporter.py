@@ -284,7 +284,13 @@ class ColocCollector:
 def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
     """A reader of ``node``'s running job rows (read-only, opened per call: scrapes run on their own threads).
 
-    A missing database is no job (the Prolog creates it); an unreadable one raises ``StoreError``.
+    Args:
+        cfg: the config (``node_db_path``).
+        node: this node's name; rows opened since this boot (``boot_time``) with no end are returned.
+
+    Returns:
+        A function of no argument giving the rows. A missing database is no job (the Prolog creates it); an
+        unreadable one makes the function raise ``StoreError``.
     """
     since = boot_time()
     path = cfg.node_db_path(node)
@@ -302,7 +308,14 @@ def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
 
 def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
     """``(OOM deaths, reruns submitted)`` from ``ctld.db`` when this node can read it (shared ``state_dir``),
-    re-read at most every ``OOM_TTL_S``; None where it cannot (the families are then absent)."""
+    re-read at most every ``OOM_TTL_S``; None where it cannot (the families are then absent).
+
+    Args:
+        cfg: the config (``ctld_db_path``).
+
+    Returns:
+        A function of no argument giving the cached counts or None; it never raises.
+    """
     cache: Dict[str, Any] = {"at": -1e9, "value": None}
 
     def counts() -> Optional[Tuple[int, int]]:
@@ -382,7 +395,16 @@ class Exporter:
 
 def start(cfg: Config, node: str, interval_s: Optional[float] = None) -> Tuple[Optional[LiveState],
                                                                               Optional[Exporter]]:
-    """The live state for ``node`` and its started endpoint; ``(None, None)`` when ``exporter_port`` is 0."""
+    """The live state for ``node`` and its started endpoint; ``(None, None)`` when ``exporter_port`` is 0.
+
+    Args:
+        cfg: the config (``exporter_*``, ``node_db_path``).
+        node: this node's name.
+        interval_s: the sampler's period (s), for staleness; None: ``sampler_interval_s``.
+
+    Returns:
+        ``(LiveState, Exporter)``; the exporter may still be retrying its bind (``Exporter.start``).
+    """
     if not cfg.exporter_port:
         return None, None
     state = LiveState(cfg, node, node_job_rows(cfg, node), interval_s)

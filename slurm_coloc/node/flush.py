@@ -39,27 +39,53 @@ MIN_WAIT_S = 1.0
 
 
 def marker_path(cfg: Config, node: str) -> Path:
-    """``<run_dir>/sampler-<node>.flushed``."""
+    """``<run_dir>/sampler-<node>.flushed``.
+
+    Args:
+        cfg: the config (``run_dir``).
+        node: this node's name.
+    """
     return Path(cfg.run_dir) / f"sampler-{node}.flushed"
 
 
 def flush_wait_s(cfg: Config) -> float:
-    """How long the Epilog waits for a requested flush: 2 x ``sampler_interval_s`` within [1, 3] s."""
+    """How long the Epilog waits for a requested flush: 2 x ``sampler_interval_s`` within [1, 3] s.
+
+    Args:
+        cfg: the config (``sampler_interval_s``, s).
+    """
     return max(MIN_WAIT_S, min(MAX_WAIT_S, 2.0 * cfg.sampler_interval_s))
 
 
 def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
-    """Atomically replace the marker (sampler side). Raises OSError when the run directory cannot be written.
+    """Atomically replace the marker (sampler side).
 
     Called after every write of the sampler (once per ``sampler_batch_s``): ``atomic.write_atomic``, no fsync.
+
+    Args:
+        cfg: the config (``run_dir``).
+        node: this node's name.
+        upto_ts: the newest sample time written (Unix s).
+        flushes: how many writes the sampler has made.
+
+    Raises:
+        OSError: the run directory cannot be written.
     """
     data = json.dumps({"pid": os.getpid(), "upto_ts": upto_ts, "flushes": flushes}).encode("utf-8")
     write_atomic(marker_path(cfg, node), data, 0o644)
 
 
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
-    """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, writable by others) or
-    bad."""
+    """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, not ours, writable by
+    others) or bad.
+
+    Args:
+        cfg: the config (``run_dir``).
+        node: this node's name.
+
+    Returns:
+        ``{"pid", "upto_ts" (Unix s), "flushes"}`` as written, or None.
+    """
     try:
         fd = os.open(str(marker_path(cfg, node)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -78,7 +104,12 @@ def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
 
 def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
     """True when ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our
-    uid."""
+    uid.
+
+    Args:
+        pid: the process id to check; a vanished or unreadable process: False.
+        proc_root: the procfs mount (tests pass a copy).
+    """
     try:
         args = [a.decode(errors="replace")
                 for a in Path(proc_root, str(pid), "cmdline").read_bytes().split(b"\0")]
@@ -92,12 +123,21 @@ def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
 
 def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[float] = None) -> Dict[str,
                                                                                                       Any]:
-    """Ask the sampler ``pid`` (from ``sampler.running_pid``) to write its buffer; wait for it. Never raises.
+    """Ask the sampler ``pid`` to write its buffer (SIGUSR1); wait for its marker.
+
+    Args:
+        cfg: the config (``run_dir``, ``sampler_interval_s``).
+        node: this node's name.
+        pid: the sampler's pid (from ``sampler.running_pid``); None or <= 0: no sampler.
+        wait_s: how long to wait for the marker (s); None: ``flush_wait_s(cfg)``.
 
     Returns:
         ``{"status": ..., ...}`` with status ``ok`` (flushed; ``wait_ms``), ``no-sampler``, ``not-a-sampler``
         (the pid is not our sampler: not signalled), ``signal-failed`` or ``timeout`` (no flush within
         ``wait_s``).
+
+    Raises:
+        Never raises: every failure is a status (and logged).
     """
     wait_s = flush_wait_s(cfg) if wait_s is None else wait_s
     if not pid or pid <= 0:

@@ -27,7 +27,12 @@ MAX_ENV_BYTES = 64 * 1024
 
 
 def env_path(cfg: Config, job_id: int) -> Path:
-    """``<run_dir>/jobs/<job_id>.env``."""
+    """``<run_dir>/jobs/<job_id>.env``.
+
+    Args:
+        cfg: the config (``run_dir``).
+        job_id: the Slurm job id.
+    """
     return Path(cfg.run_dir) / "jobs" / f"{int(job_id)}.env"
 
 
@@ -76,7 +81,11 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
 
 def env_job_ids(cfg: Config) -> FrozenSet[int]:
     """The job ids that have an env file now (names ``<job_id>.env``; temporary ``.``-files are not listed);
-    empty when the jobs directory is absent or unreadable."""
+    empty when the jobs directory is absent or unreadable.
+
+    Args:
+        cfg: the config (``run_dir``).
+    """
     try:
         names = os.listdir(Path(cfg.run_dir) / "jobs")
     except OSError:
@@ -85,7 +94,15 @@ def env_job_ids(cfg: Config) -> FrozenSet[int]:
 
 
 def remove_env(cfg: Config, job_id: int) -> bool:
-    """Delete the job's env file; True when there was one."""
+    """Delete the job's env file; True when there was one.
+
+    Args:
+        cfg: the config (``run_dir``).
+        job_id: the Slurm job id.
+
+    Raises:
+        OSError: the file exists but cannot be removed.
+    """
     try:
         env_path(cfg, job_id).unlink()
         return True
@@ -131,11 +148,18 @@ MAX_ANCESTORS = 12
 def stepd_job_id(start_pid: Optional[int] = None, proc: str = "/proc") -> Optional[int]:
     """The job id of the slurmstepd this process runs under, or None where none is found.
 
-    Walks up from ``start_pid`` (default: the parent) to the first ancestor owned by root, at most
-    ``MAX_ANCESTORS`` steps; that process must be titled ``slurmstepd: [<job id>.<step>]``
-    (``slurm.parse.parse_stepd_title``). The TaskProlog runs as the job's user under a user-owned fork of
-    slurmstepd, whose root-owned parent is slurmstepd itself: its title is Slurm's, which no user process can
-    change. In a heterogeneous job this is the component's own id (the task environment names the leader's).
+    Walks up from ``start_pid`` to the first ancestor owned by root, at most ``MAX_ANCESTORS`` steps; that
+    process must be titled ``slurmstepd: [<job id>.<step>]`` (``slurm.parse.parse_stepd_title``). The
+    TaskProlog runs as the job's user under a user-owned fork of slurmstepd, whose root-owned parent is
+    slurmstepd itself: its title is Slurm's, which no user process can change. In a heterogeneous job this is
+    the component's own id (the task environment names the leader's).
+
+    Args:
+        start_pid: the process to start from; None: this process's parent.
+        proc: the procfs mount (tests pass a copy).
+
+    Raises:
+        Never raises: an unreadable or vanished process gives None.
     """
     pid = os.getppid() if start_pid is None else int(start_pid)
     for _ in range(MAX_ANCESTORS):

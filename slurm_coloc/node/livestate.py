@@ -85,7 +85,11 @@ class View:
 
 
 def boot_time(proc_root: str = "/proc") -> float:
-    """Boot time of this host (s since epoch, ``btime`` of ``/proc/stat``); 0 when unreadable."""
+    """Boot time of this host (s since epoch, ``btime`` of ``/proc/stat``); 0 when unreadable.
+
+    Args:
+        proc_root: the procfs mount (tests pass a copy).
+    """
     try:
         for line in Path(proc_root, "stat").read_text().splitlines():
             if line.startswith("btime "):
@@ -124,7 +128,12 @@ class LiveState:
         self._logged: Set[str] = set()
 
     def observe(self, frame: Frame, procs: Sequence[ProcSample]) -> None:
-        """Take one frame and its attributed processes (the sampler's thread, once per tick)."""
+        """Take one frame and its attributed processes (the sampler's thread, once per tick).
+
+        Args:
+            frame: the frame just read (wall time in Unix s; memory MiB, power W, energy J).
+            procs: its process readings with the job each was attributed to.
+        """
         by_gpu: Dict[int, List[dict]] = {}
         for p in procs:
             r = p.reading
@@ -179,7 +188,15 @@ class LiveState:
 
     def view(self, now: Optional[float] = None) -> View:
         """The latest frame joined with the running jobs (a scrape's thread). Drops accumulators of ended
-        jobs."""
+        jobs.
+
+        Args:
+            now: the current time (Unix s); None: ``time.time()``. A frame older than
+                ``max(5 s, STALE_AFTER_INTERVALS x interval_s)`` is stale: no readings.
+
+        Raises:
+            Never raises for the job rows: an unreadable database is logged and gives no job rows.
+        """
         now = time.time() if now is None else now
         rows = self._running(now)
         with self._lock:

@@ -52,6 +52,13 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection to a handler thread, or answer 503 and close it when ``MAX_CONNECTIONS``
+        are open (logged at most once a minute).
+
+        Args:
+            request: the accepted socket.
+            client_address: the peer's address.
+        """
         with self.lock:
             admit = len(self.open) < MAX_CONNECTIONS
             if admit:
@@ -74,12 +81,22 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         super().process_request(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
+        """Forget the connection's deadline and close it.
+
+        Args:
+            request: the connection's socket.
+        """
         with self.lock:
             self.open.pop(request, None)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that timed out or went away: no traceback (clients must not fill the sampler's log)."""
+        """A client that timed out or went away: no traceback (clients must not fill the sampler's log).
+
+        Args:
+            request: the connection's socket.
+            client_address: the peer's address (logged at debug level).
+        """
         log.debug("metrics: dropped a client %s", client_address)
 
     def service_actions(self) -> None:
@@ -132,8 +149,16 @@ def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGISer
     """Serve ``app`` (through ``CachedApp``) on ``addr:port`` in a daemon thread (IPv4 or IPv6 as ``addr``
     resolves).
 
+    Args:
+        app: the WSGI app (prometheus-client's ``make_wsgi_app``).
+        addr: the bind address or host name.
+        port: the TCP port.
+
+    Returns:
+        The server (``shutdown()`` stops it) and its thread.
+
     Raises:
-        OSError: the address cannot be bound (in use, not local).
+        OSError: the address cannot be bound (in use, not local) or resolved (``socket.gaierror``).
     """
     family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
                                                    flags=socket.AI_PASSIVE)[0]

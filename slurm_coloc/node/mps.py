@@ -86,7 +86,12 @@ class MpsOutcome:
 def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[int] = None) -> MpsDaemon:
     """The daemon layout for GPU ``gpu_index`` (keyed by ``uuid`` when known, else ``idx<N>``).
 
-    ``uid`` (the job's user) is used only in ``per-user`` mode: one daemon per (GPU, uid).
+    Args:
+        cfg: the config (``mps_mode``, ``run_dir``: the daemon's root is ``<run_dir>/mps/<key>[.uid<uid>]``).
+        gpu_index: the NVML device index.
+        uuid: the GPU's UUID; None, or one with characters other than alphanumerics, ``-``, ``_``: keyed by
+            index.
+        uid: the job's user, used only in ``per-user`` mode: one daemon per (GPU, uid).
 
     Raises:
         ValueError: per-user mode without a valid uid.
@@ -103,7 +108,12 @@ def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[i
 
 
 def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """Absolute path of the MPS control binary, or None when it is not installed."""
+    """Absolute path of the MPS control binary, or None when it is not installed.
+
+    Args:
+        cfg: the config (``mps_control_bin``: a name looked up on PATH, or a path that must be executable).
+        env: whose PATH to search (then ``EXTRA_BIN_DIRS``); None: this process's environment.
+    """
     name = cfg.mps_control_bin
     if "/" in name:
         return name if os.access(name, os.X_OK) else None
@@ -183,7 +193,11 @@ class _Lock:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays a zombie)."""
+    """True when ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays a zombie).
+
+    Args:
+        pid: the process id, read from ``/proc/<pid>/stat``.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -223,6 +237,10 @@ def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Op
 
     The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own
     euid): a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
+
+    Args:
+        d: the daemon layout (its pipe directory holds the pid file).
+        binary_name: the control binary's name or path; the process's ``argv[0]`` basename must match it.
     """
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
     if pid is None:
@@ -250,8 +268,19 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without
     ``-M``, pipe/log directories owned by ``d.uid``, 0700.
 
+    Args:
+        cfg: the config (``mps_start_timeout_s``: limit on the start command and on the wait, s;
+            ``mps_mode``).
+        d: the daemon layout (``daemon_for``).
+        binary: the control binary (``resolve_binary``).
+
+    Returns:
+        ``mps-running`` (already up) or ``mps-start`` (with ``start_ms``) when ok; ``mps-start-failed`` when
+        the command failed, timed out or left no live daemon.
+
     Raises:
         KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
+        PermissionError: a pipe/log directory is a symlink, not a directory, or not owned as it must be.
     """
     pid = daemon_pid(d, binary)
     if pid:
@@ -290,7 +319,17 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the
-    timeout."""
+    timeout.
+
+    Args:
+        cfg: the config (``mps_start_timeout_s``: limit on the quit command and on the wait for the exit, s).
+        d: the daemon layout.
+        binary: the control binary.
+
+    Returns:
+        ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok: SIGTERM sent).
+        A failed quit command is logged, not raised.
+    """
     pid = daemon_pid(d, binary)
     if not pid:
         return MpsOutcome(True, "mps-not-running", d)
@@ -345,11 +384,23 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
     """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id``
     with it.
 
-    ``grant_mib`` (the job's shards in MiB) goes into its member file and the daemon's ceiling
-    (node/mps_guard.py); ``modes`` (tests: recorded compute modes) replaces NVML for ``mps_compute_mode``.
+    Args:
+        cfg: the config (``mps_*``, ``gpu_mem_gib``, ``run_dir``).
+        job_id: the Slurm job id, written as a member file.
+        gpu_index: the NVML device index.
+        uuid: the GPU's UUID, or None (``daemon_for``).
+        env: the hook's environment (its PATH finds the control binary); None: this process's.
+        uid: the job's user (per-user mode).
+        grant_mib: the job's shards in MiB; goes into its member file and the daemon's ceiling
+            (node/mps_guard.py).
+        modes: tests: recorded compute modes, replacing NVML for ``mps_compute_mode``.
 
-    Returns an outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when
-    the job must run without MPS; never raises.
+    Returns:
+        An outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when the
+        job must run without MPS.
+
+    Raises:
+        Never raises: every error becomes an ``mps-error`` outcome.
     """
     try:
         d = daemon_for(cfg, gpu_index, uuid, uid)
@@ -379,7 +430,15 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
 
 
 def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
-    """Daemons that list ``job_id`` as a member (the Epilog needs no NVML to find them)."""
+    """Daemons that list ``job_id`` as a member (the Epilog needs no NVML to find them).
+
+    Args:
+        cfg: the config (``run_dir``).
+        job_id: the Slurm job id.
+
+    Returns:
+        Their layouts, rebuilt from the directory names (``gpu_index`` -1 where keyed by UUID).
+    """
     base = Path(cfg.run_dir) / "mps"
     out = []
     for member in sorted(base.glob(f"*/members/{int(job_id)}")):
@@ -397,7 +456,20 @@ def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
             modes: Any = None) -> List[MpsOutcome]:
     """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``;
     lower the ceiling to the remaining members' largest grant; restore the compute mode after the last
-    member."""
+    member.
+
+    Args:
+        cfg: the config (``mps_*``, ``run_dir``).
+        job_id: the Slurm job id.
+        env: the hook's environment (its PATH finds the control binary); None: this process's.
+        modes: tests: recorded compute modes, replacing NVML.
+
+    Returns:
+        One outcome per daemon: ``mps-kept``, ``mps-kept-warm``, ``stop``'s, or ``mps-error``.
+
+    Raises:
+        Never raises for a daemon: its errors become an ``mps-error`` outcome.
+    """
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin
     for d in job_daemons(cfg, job_id):

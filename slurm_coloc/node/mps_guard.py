@@ -34,19 +34,40 @@ MIB_PER_GIB = 1024
 
 
 def limit_value(mib: int) -> str:
-    """The limit as MPS writes it: ``<n>G`` for whole GiB (every shard grant), else ``<n>M``."""
+    """The limit as MPS writes it: ``<n>G`` for whole GiB (every shard grant), else ``<n>M``.
+
+    Args:
+        mib: the limit (MiB).
+    """
     return f"{mib // MIB_PER_GIB}G" if mib % MIB_PER_GIB == 0 else f"{int(mib)}M"
 
 
 def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> None:
-    """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown)."""
+    """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown).
+
+    Args:
+        members_dir: the daemon's ``members`` directory.
+        job_id: the Slurm job id.
+        grant_mib: the job's shards in MiB; None: unknown (counted as the whole GPU by ``member_grants``).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     write_atomic(members_dir / str(int(job_id)), b"" if grant_mib is None else f"{int(grant_mib)}\n".encode(),
                  0o644)
 
 
 def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
     """``{job id: grant MiB}`` of the daemon's members; an empty or unreadable file counts as the whole
-    GPU."""
+    GPU.
+
+    Args:
+        members_dir: the daemon's ``members`` directory (``.``-files are skipped).
+        full_mib: the whole GPU's memory (MiB).
+
+    Raises:
+        OSError: the directory cannot be listed.
+    """
     out: Dict[str, int] = {}
     for p in members_dir.iterdir():
         if p.name.startswith("."):
@@ -60,7 +81,11 @@ def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
 
 
 def read_int(path: Path) -> Optional[int]:
-    """An integer file of ours, None when absent or not an integer."""
+    """An integer file of ours, None when absent or not an integer.
+
+    Args:
+        path: the file (e.g. ``<root>/ceiling_mib``, MiB).
+    """
     try:
         text = path.read_text().strip()
     except OSError:
@@ -96,6 +121,10 @@ Control = Callable[[str], "subprocess.CompletedProcess[str]"]
 def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
     """Send the ceiling to the control daemon: the default for new servers, then each running server's limit.
 
+    Args:
+        control: sends one command to the daemon (as its user) and returns the completed run.
+        mib: the per-client ceiling (MiB), sent as ``limit_value(mib)`` on device 0 (the daemon sees one GPU).
+
     Returns:
         ``{"ceiling_mib", "sent": [commands], "errors": [...]}``; never raises.
     """
@@ -123,8 +152,20 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
 
 
 def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[str, Any]:
-    """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``; never
-    raises."""
+    """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``.
+
+    Args:
+        cfg: the config; does nothing unless ``mps_compute_mode`` is ``exclusive-process``.
+        root: the daemon's root directory (``compute_mode.prev`` is written there).
+        gpu_index: the NVML device index.
+        modes: a ``ComputeModes`` (tests: recorded); None: NVML.
+
+    Returns:
+        ``{"compute_mode", "compute_mode_prev"}``, ``{"compute_mode_error"}`` or {} (not configured).
+
+    Raises:
+        Never raises: failures are logged and returned.
+    """
     if cfg.mps_compute_mode != "exclusive-process":
         return {}
     try:
@@ -141,8 +182,18 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[s
 
 
 def restore_mode(root: Path, modes: Any) -> Dict[str, Any]:
-    """Last shard member left: restore the mode (and GPU index) recorded by ``set_exclusive``; never
-    raises."""
+    """Last shard member left: restore the mode (and GPU index) recorded by ``set_exclusive``.
+
+    Args:
+        root: the daemon's root directory (holding ``compute_mode.prev``, removed once restored).
+        modes: a ``ComputeModes`` (tests: recorded); None: NVML.
+
+    Returns:
+        ``{"compute_mode"}``, ``{"compute_mode_error"}`` or {} (nothing recorded).
+
+    Raises:
+        Never raises: failures are logged and returned.
+    """
     prev_path = root / PREV_MODE_FILE
     if not prev_path.exists():
         return {}

@@ -57,7 +57,14 @@ class Reader(Protocol):
 class Live(Protocol):
     """Where each frame is published for the metrics endpoint (``node.livestate.LiveState``)."""
 
-    def observe(self, frame: Frame, procs: List[store_samples.ProcSample]) -> None: ...
+    def observe(self, frame: Frame, procs: List[store_samples.ProcSample]) -> None:
+        """Publish one frame.
+
+        Args:
+            frame: the frame just read (GPU and process readings, wall time in Unix s).
+            procs: its process readings with the job each was attributed to.
+        """
+        ...
 
     def read_failed(self) -> None: ...
 
@@ -263,7 +270,17 @@ class Sampler:
 
     def retention(self, now: Optional[float] = None) -> int:
         """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond
-        ``sampler_retention_days``."""
+        ``sampler_retention_days``.
+
+        Args:
+            now: the current time (Unix s); None: ``time.time()``.
+
+        Returns:
+            Rows folded plus rows deleted; 0 when it failed.
+
+        Raises:
+            Never raises for the database: sqlite3 and ``ColocError`` failures are logged once and give 0.
+        """
         now = time.time() if now is None else now
         try:
             db = self._open()
@@ -277,7 +294,12 @@ class Sampler:
 
     def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
         """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at
-        exit."""
+        exit and close the reader.
+
+        Args:
+            duration_s: stop after this long (s, monotonic clock); None: no limit.
+            max_frames: stop after this many steps (frames read plus failed reads); None: no limit.
+        """
         self._loop(duration_s, max_frames)
         self.flush()
         self.reader.close()
@@ -327,13 +349,33 @@ class Sampler:
 
 
 def lock_path(cfg: Config, node: str) -> Path:
-    """``<run_dir>/sampler-<node>.lock``."""
+    """``<run_dir>/sampler-<node>.lock``.
+
+    Args:
+        cfg: the config (``run_dir``).
+        node: this node's name.
+    """
     return Path(cfg.run_dir) / f"sampler-{node}.lock"
 
 
 def take_lock(cfg: Config, node: str) -> Optional[int]:
     """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds
-    it."""
+    it.
+
+    Also ignores SIGUSR1 while its handler is the default (a flush request must not kill a starting sampler)
+    and writes this pid into the lock file.
+
+    Args:
+        cfg: the config (``run_dir``, created 0755 if missing).
+        node: this node's name.
+
+    Returns:
+        The locked file descriptor, or None.
+
+    Raises:
+        OSError: the directory or file cannot be made or opened (e.g. the path is a symlink), or ``flock``
+            fails other than by another holder.
+    """
     path = lock_path(cfg, node)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -353,7 +395,16 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
 
 
 def running_pid(cfg: Config, node: str) -> Optional[int]:
-    """Pid of the sampler holding the node's lock, or None when none runs."""
+    """Pid of the sampler holding the node's lock, or None when none runs.
+
+    Args:
+        cfg: the config (``run_dir``).
+        node: this node's name.
+
+    Returns:
+        The pid written in the lock file; -1 when the lock is held but the file holds no pid; None when no
+        lock file can be opened or nobody holds it.
+    """
     path = lock_path(cfg, node)
     try:
         fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -372,6 +423,11 @@ def running_pid(cfg: Config, node: str) -> Optional[int]:
 
 def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
     """Start a detached sampler for ``node`` (new session, no inherited fds) unless one runs.
+
+    Args:
+        cfg: the config (``run_dir``, where the lock lives).
+        node: this node's name.
+        python: the interpreter that runs ``slurm_coloc.cli.sampler run``.
 
     Returns:
         The pid of the running or new sampler (None if the spawn failed, logged).
@@ -397,7 +453,11 @@ def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Opti
 
 def install_signal_handlers(sampler: Sampler) -> None:
     """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not
-    here)."""
+    here).
+
+    Args:
+        sampler: the sampler whose ``stopping`` / ``flush_requested`` the handlers set.
+    """
     def _stop(signum: int, frame: Any) -> None:
         sampler.stopping = True
 
@@ -411,6 +471,11 @@ def install_signal_handlers(sampler: Sampler) -> None:
 def make_reader(cfg: Config, replay: Optional[str] = None,
                 pid_map: Optional[Dict[int, int]] = None) -> Reader:
     """``ReplayReader`` when a recording is given (argument or ``sampler_replay_path``), else ``NvmlReader``.
+
+    Args:
+        cfg: the config (``sampler_replay_path``).
+        replay: path of an NVML recording; overrides the config's.
+        pid_map: ``{recorded pid: live pid}`` for a replay, so recorded processes map to running jobs.
 
     Raises:
         NvmlUnavailable / ColocError: no NVML, or a bad recording.

@@ -19,7 +19,12 @@ from slurm_coloc.store.samples import JobSummary
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None if empty."""
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None if empty.
+
+    Args:
+        values: the sample values (any unit; the result has the same).
+        q: the percentile in percent, 0..100 (95 for p95).
+    """
     xs = sorted(values)
     if not xs:
         return None
@@ -113,7 +118,12 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
 def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """``JobSummary``'s CPU fields from ``cpu_samples`` rows: ``train_cpu_cores``, ``workers_cpu_cores``,
     ``cpu_workers``, ``job_cpu_cores`` (means weighted by ``res_s``, rounded to 0.01), ``cpus`` (max) and
-    ``cpu_samples`` (rows); all None without rows."""
+    ``cpu_samples`` (rows); all None without rows.
+
+    Args:
+        rows: ``cpu_samples`` rows of one job (cores = CPU seconds per wall second; ``res_s`` in s,
+            missing: 1).
+    """
     if not rows:
         return {k: None
                 for k in ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus",

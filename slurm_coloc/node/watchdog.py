@@ -139,7 +139,14 @@ def _per_pid(gl: ProcLists) -> Dict[int, Optional[float]]:
 
 def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
                near_pct: float) -> bool:
-    """True when a tenant's memory on its GPU is above ``near_pct`` % of its grant (pure)."""
+    """True when a tenant's memory on its GPU is above ``near_pct`` % of its grant (pure).
+
+    Args:
+        lists: NVML's compute and MPS process lists per GPU of one frame (memory in MiB).
+        job_of: pid -> job id (None: not a job's).
+        tenants: job id -> tenant (its GPU and grant in MiB).
+        near_pct: the threshold, in % of the grant.
+    """
     for gl in lists:
         used: Dict[int, float] = {}
         for pid, mib in _per_pid(gl).items():
@@ -152,7 +159,13 @@ def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], 
 
 
 def user_message(f: Finding, tolerance_mib: float, action: str) -> str:
-    """The one line the job's stderr gets."""
+    """The one line the job's stderr gets.
+
+    Args:
+        f: the confirmed finding (``over-grant`` or ``outside-mps``; memory in MiB).
+        tolerance_mib: the configured tolerance over the grant (MiB).
+        action: ``stop`` (the line says stopped) or ``record`` (recorded).
+    """
     did = "stopped" if action == "stop" else "recorded"
     if f.reason == "outside-mps":
         what = (f"process(es) {', '.join(map(str, f.pids))} ran on shared GPU {f.gpu_index} outside the "
@@ -170,6 +183,11 @@ def is_mps_server(pid: int, control_bin: Optional[str], proc_root: str = "/proc"
     """True when ``pid`` runs the real ``nvidia-cuda-mps-server`` (the file beside the control binary).
 
     Compared by path of ``/proc/<pid>/exe``, so a user process renamed to look like the server is not exempt.
+
+    Args:
+        pid: the process id; unreadable or gone: False.
+        control_bin: the resolved MPS control binary; None: False.
+        proc_root: the procfs mount (tests pass a copy).
     """
     if not control_bin:
         return False
@@ -219,7 +237,17 @@ class Watchdog:
     def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
         """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, read by
         ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several
-        GPUs is not a tenant (no MPS, no fence)."""
+        GPUs is not a tenant (no MPS, no fence).
+
+        Args:
+            force: reload even when nothing changed.
+
+        Returns:
+            job id -> ``Tenant`` (grant in MiB = shards x 1024).
+
+        Raises:
+            StoreError, sqlite3.Error: the node database cannot be opened or read (``tick`` catches them).
+        """
         names = jobenv.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
@@ -242,7 +270,20 @@ class Watchdog:
         return tenants
 
     def tick(self, frame: Frame, job_of: Mapping[int, Optional[int]], interval_s: float) -> float:
-        """Check one frame; act on confirmed findings; return the period until the next tick (s)."""
+        """Check one frame; act on confirmed findings (a finding seen in two frames in a row).
+
+        Args:
+            frame: the sampler's frame (its ``lists``: NVML's process lists, memory in MiB).
+            job_of: pid -> job id from the sampler's attribution; pids missing from it are looked up.
+            interval_s: the sampler's period (s).
+
+        Returns:
+            The period until the next tick (s): ``interval_s`` capped by ``watchdog_interval_s``, and by
+            ``watchdog_fast_interval_s`` while a finding is pending or a tenant is near its grant.
+
+        Raises:
+            Never raises: an error is logged once and ``interval_s`` returned.
+        """
         if self.cfg.watchdog_action == "off":
             return interval_s
         try:
@@ -309,8 +350,12 @@ class Watchdog:
         """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS
         server.
 
+        Args:
+            job_id: the Slurm job id being stopped.
+            pids: its processes on the GPU in the frame that confirmed the finding.
+
         Returns:
-            (pids signalled, {pid: why not}).
+            (pids signalled, {pid: why not}). Never raises: a failed kill is a reason.
         """
         done: List[int] = []
         skipped: Dict[int, str] = {}
@@ -355,7 +400,11 @@ class Watchdog:
         log.warning("watchdog: job %s: %s", ev.job_id, outcome)
 
     def join(self, timeout_s: float = 20.0) -> None:
-        """Wait for background stops to finish (tests, sampler exit)."""
+        """Wait for background stops to finish (tests, sampler exit).
+
+        Args:
+            timeout_s: the most to wait for all of them together (s).
+        """
         end = time.monotonic() + timeout_s
         for th in self.threads:
             th.join(max(0.0, end - time.monotonic()))

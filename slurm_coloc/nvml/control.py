@@ -23,13 +23,33 @@ DEFAULT = "DEFAULT"
 class ComputeModes(Protocol):
     """Reads and sets the compute mode of a GPU by NVML index; mode names are ``MODE_NAMES`` values."""
 
-    def get(self, index: int) -> str: ...
+    def get(self, index: int) -> str:
+        """The compute mode of GPU ``index``.
 
-    def set(self, index: int, mode: str) -> None: ...
+        Args:
+            index: the NVML device index.
+
+        Returns:
+            A ``MODE_NAMES`` value.
+        """
+        ...
+
+    def set(self, index: int, mode: str) -> None:
+        """Set the compute mode of GPU ``index``.
+
+        Args:
+            index: the NVML device index.
+            mode: a ``MODE_NAMES`` value.
+        """
+        ...
 
 
 def mode_name(value: Optional[int]) -> Optional[str]:
-    """``MODE_NAMES[value]``; ``UNKNOWN(<n>)`` for a value NVML may add later; None for None."""
+    """``MODE_NAMES[value]``; ``UNKNOWN(<n>)`` for a value NVML may add later; None for None.
+
+    Args:
+        value: an ``NVML_COMPUTEMODE_*`` number, or None.
+    """
     if value is None:
         return None
     return MODE_NAMES.get(int(value), f"UNKNOWN({int(value)})")
@@ -47,6 +67,17 @@ class NvmlComputeModes:
         self.nv = open_nvml()
 
     def get(self, index: int) -> str:
+        """The compute mode of GPU ``index`` (``nvmlDeviceGetComputeMode``).
+
+        Args:
+            index: the NVML device index.
+
+        Returns:
+            A ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``.
+
+        Raises:
+            ColocError: the NVML call failed (e.g. no such GPU).
+        """
         nv = self.nv
         try:
             value = nv.nvmlDeviceGetComputeMode(nv.nvmlDeviceGetHandleByIndex(int(index)))
@@ -55,6 +86,15 @@ class NvmlComputeModes:
         return str(mode_name(value))
 
     def set(self, index: int, mode: str) -> None:
+        """Set the compute mode of GPU ``index`` (``nvmlDeviceSetComputeMode``; root only).
+
+        Args:
+            index: the NVML device index.
+            mode: a ``MODE_NAMES`` value, e.g. ``EXCLUSIVE_PROCESS`` or ``DEFAULT``.
+
+        Raises:
+            ColocError: an unknown mode name, or the NVML call failed (e.g. NO_PERMISSION when not root).
+        """
         if mode not in MODE_VALUES:
             raise ColocError(f"unknown compute mode {mode!r}", hint=f"one of {', '.join(MODE_VALUES)}")
         nv = self.nv

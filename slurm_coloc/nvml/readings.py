@@ -83,7 +83,11 @@ class ProcLists:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "ProcLists":
-        """Inverse of ``to_json``."""
+        """Inverse of ``to_json``.
+
+        Args:
+            data: ``{"gpu_index", "compute": [[pid, mib], ...] | null, "mps": ...}`` (memory in MiB or null).
+        """
         def pairs(v: Any) -> Optional[Tuple[PidMib, ...]]:
             return None if v is None else tuple((int(x[0]), None if x[1] is None else float(x[1])) for x in v)
         return cls(gpu_index=int(data["gpu_index"]), compute=pairs(data.get("compute")),
@@ -91,7 +95,16 @@ class ProcLists:
 
 
 def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcLists]:
-    """Process lists rebuilt from per-process readings (recordings made before ``ProcLists`` existed)."""
+    """Process lists rebuilt from per-process readings (recordings made before ``ProcLists`` existed).
+
+    Args:
+        gpus: the frame's GPU readings; one ``ProcLists`` each, in this order.
+        procs: the frame's process readings; the compute list holds those with a known memory (MiB), the MPS
+            list the MPS clients.
+
+    Returns:
+        ``ProcLists`` with ``derived=True``, one per GPU.
+    """
     out = []
     for g in gpus:
         mine = [p for p in procs if p.gpu_index == g.index]
@@ -115,7 +128,14 @@ class Frame:
     lists: List[ProcLists] = field(default_factory=list)
 
     def to_json(self, t0: float = 0.0) -> Dict[str, Any]:
-        """A JSON-able dict with ``t`` = seconds since ``t0`` (the recording format)."""
+        """A JSON-able dict with ``t`` = seconds since ``t0`` (the recording format).
+
+        Args:
+            t0: the recording's start (Unix s); ``t`` is rounded to 0.1 ms.
+
+        Returns:
+            ``{"t", "gpus", "procs"}``, plus ``lists`` and ``error`` when set.
+        """
         out: Dict[str, Any] = {"t": round(self.ts - t0, 4), "gpus": [asdict(g) for g in self.gpus],
                                "procs": [asdict(p) for p in self.procs]}
         if self.lists:
@@ -129,6 +149,10 @@ class Frame:
         """Inverse of ``to_json`` with the frame placed at wall time ``ts``; unknown keys are ignored.
 
         A frame recorded without ``lists`` gets lists derived from its processes (``derive_lists``).
+
+        Args:
+            data: one recorded frame (``to_json``'s format).
+            ts: the wall time to give it (Unix s); its own ``t`` is not read.
         """
         gnames = {f.name for f in fields(GpuReading)}
         pnames = {f.name for f in fields(ProcReading)}

@@ -84,11 +84,31 @@ class RecordedComputeModes:
         self.calls: List[tuple] = []
 
     def get(self, index: int) -> str:
+        """The recorded (or last set) compute mode of GPU ``index``.
+
+        Args:
+            index: the NVML device index.
+
+        Returns:
+            A ``MODE_NAMES`` value.
+
+        Raises:
+            ColocError: the recording has no such GPU.
+        """
         if index not in self.modes:
             raise ColocError(f"GPU {index}: not in the recording")
         return self.modes[index]
 
     def set(self, index: int, mode: str) -> None:
+        """Note the call in ``calls`` and keep ``mode`` for GPU ``index`` in memory.
+
+        Args:
+            index: the NVML device index.
+            mode: a ``MODE_NAMES`` value (not checked).
+
+        Raises:
+            ColocError: built with ``fail_set`` (the call is still noted; the mode is not changed).
+        """
         self.calls.append(("set", index, mode))
         if self.fail_set:
             raise ColocError(f"GPU {index}: cannot set compute mode {mode}: Insufficient Permissions")

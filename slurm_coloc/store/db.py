@@ -36,6 +36,15 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
 
     None: the ``admin_group`` of the loaded config (``config.load()``; a config that does not load: root
     only), so that every opener of a file (hooks, sampler, report) agrees on its group.
+
+    Args:
+        admin_group: a group name, a numeric gid as text, "" (root only) or None (the loaded config's).
+
+    Returns:
+        The numeric gid, or None: the files stay readable by root only.
+
+    Raises:
+        Never raises: a config that does not load and an unknown group are logged.
     """
     if admin_group is None:
         from slurm_coloc import config as config_mod
@@ -61,7 +70,15 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
     """Make ``path`` root(-owner) read-write and readable by group ``gid`` only (None: by the owner only).
 
     As root the group is set to ``gid`` (root's group 0 without one); as another user only the mode is set.
-    A missing path is ignored. Raises OSError when the mode cannot be set.
+    A missing path is ignored.
+
+    Args:
+        path: the file or directory (not followed when a symlink: ``lstat``/``lchown``).
+        gid: the group that may read it; None: the owner only.
+        directory: use the directory modes (0750 / 0700) instead of the file modes (0640 / 0600).
+
+    Raises:
+        OSError: the owner or mode cannot be set.
     """
     if directory:
         mode = DIR_MODE_GROUP if gid is not None else DIR_MODE_ROOT
@@ -84,6 +101,13 @@ def restrict_database(path: Path, gid: Optional[int]) -> None:
     The directory is ours when ``_ensure_dir`` made it: root-owned with mode 0700 or 0750; it then follows
     ``admin_group`` (set or unset later). Any other directory is left as it is: it may be shared
     (``state_dir: /var/lib``), and the files' own modes already keep other users out.
+
+    Args:
+        path: the database file; missing files (and a missing directory) are skipped.
+        gid: the group that may read them; None: root only.
+
+    Raises:
+        OSError: an owner or mode cannot be set (``restrict``).
     """
     try:
         st = os.stat(path.parent)
@@ -148,6 +172,11 @@ def _unknown_applied(db: Database, migrations: Migrations) -> list:
 def migrate(db: Database, migrations: Migrations, label: str = "") -> None:
     """Apply pending migrations under one ``BEGIN IMMEDIATE`` (so concurrent first openers never race to
     create the same table); refuse a database written by a newer slurm-coloc.
+
+    Args:
+        db: an open database, outside any transaction.
+        migrations: the migration set (``schema.CTLD`` or ``schema.NODE``).
+        label: the database's name in the error message (its path).
 
     Raises:
         StoreError: the database holds migrations of this set that this code does not know (a downgrade).
@@ -240,18 +269,40 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
 
 def open_ctld_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
                  admin_group: Optional[str] = None) -> Database:
-    """The controller-side database (jobs, events); ``admin_group`` as in ``open_db``."""
+    """The controller-side database (jobs, events); ``admin_group`` as in ``open_db``.
+
+    Args:
+        path: database file.
+        busy_timeout_s: how long to wait for a lock held by another writer (s).
+        admin_group: group that may read the files ("" = root only; None = the loaded config's).
+
+    Raises:
+        StoreError: as ``open_db``.
+    """
     return open_db(path, CTLD, busy_timeout_s, admin_group)
 
 
 def open_node_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
                  admin_group: Optional[str] = None) -> Database:
-    """A node database (job_runs, hook_runs, samples); ``admin_group`` as in ``open_db``."""
+    """A node database (job_runs, hook_runs, samples); ``admin_group`` as in ``open_db``.
+
+    Args:
+        path: database file.
+        busy_timeout_s: how long to wait for a lock held by another writer (s).
+        admin_group: group that may read the files ("" = root only; None = the loaded config's).
+
+    Raises:
+        StoreError: as ``open_db``.
+    """
     return open_db(path, NODE, busy_timeout_s, admin_group)
 
 
 def open_readonly(path: Union[str, Path], busy_timeout_s: float = 2.0) -> Database:
     """Open an existing database read-only (coloc-report); never creates or migrates.
+
+    Args:
+        path: database file.
+        busy_timeout_s: how long to wait for a lock held by a writer (s).
 
     Raises:
         StoreError: missing, unreadable or not a SQLite database.

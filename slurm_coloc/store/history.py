@@ -29,7 +29,16 @@ def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = Non
     Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
     and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's
     per-job summary, ``job_summaries.peak_mem_mib``, read from the node databases of every node in the job's
-    node list). Returns ``[]`` when the controller database does not exist yet.
+    node list).
+
+    Args:
+        cfg: the config (``ctld_db_path``, ``node_db_path``).
+        script_sha256: root's hash of the batch script; "" gives [].
+        uid: the submitting user; None: the calling process's uid.
+
+    Returns:
+        MiB values, OOM fences (oldest first) then measured peaks (newest job first); ``[]`` when the
+        controller database does not exist yet.
 
     Raises:
         StoreError: the controller database exists but cannot be read (node files are skipped quietly).
@@ -54,7 +63,11 @@ def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = Non
 
 def node_names(node_list: str) -> List[str]:
     """The nodes of a Slurm host list as recorded (``gpu[01-02],n5`` -> gpu01 gpu02 n5); [] when unreadable
-    (logged)."""
+    (logged).
+
+    Args:
+        node_list: a Slurm host list.
+    """
     try:
         return expand_hostlist(node_list)
     except SlurmError as exc:
@@ -63,8 +76,16 @@ def node_names(node_list: str) -> List[str]:
 
 
 def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
-    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id`` on the nodes of
-    ``node_list`` (a Slurm host list, ``gpu[01-02]``); None if none did."""
+    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id``; None if none did.
+
+    Args:
+        cfg: the config (``node_db_path``).
+        job_id: the Slurm job id.
+        node_list: the job's nodes, a Slurm host list (``gpu[01-02]``).
+
+    Raises:
+        Never raises: an unreadable node database is logged and skipped.
+    """
     from slurm_coloc.store.samples import load_summaries
 
     best: Optional[float] = None
@@ -85,8 +106,15 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
     """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per sample instant), the
-    largest over the node databases of the nodes of ``node_list`` (a Slurm host list, ``gpu[01-02]``). None
-    when no node recorded samples for it. Never raises: an unreadable node database is logged and skipped.
+    largest over the node databases of the nodes of ``node_list``. None when no node recorded samples for it.
+
+    Args:
+        cfg: the config (``node_db_path``).
+        job_id: the Slurm job id.
+        node_list: the job's nodes, a Slurm host list (``gpu[01-02]``).
+
+    Raises:
+        Never raises: an unreadable node database is logged and skipped.
     """
     best: Optional[float] = None
     for node in node_names(node_list or ""):
@@ -104,8 +132,18 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
 
 
 def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
-    """Whether a sampler recorded GPU samples on any node of ``node_list`` between ``start_ts`` and ``end_ts``
-    (Unix s): then a job with no process samples of its own held no GPU memory in that time. Never raises."""
+    """Whether a sampler recorded GPU samples on any node of ``node_list`` between ``start_ts`` and
+    ``end_ts``: then a job with no process samples of its own held no GPU memory in that time.
+
+    Args:
+        cfg: the config (``node_db_path``).
+        node_list: the job's nodes, a Slurm host list.
+        start_ts: the job's start (Unix s); None or 0: False.
+        end_ts: the job's end (Unix s); None or 0: False.
+
+    Raises:
+        Never raises: an unreadable node database is logged and skipped.
+    """
     from slurm_coloc.store.oom import gpu_samples_between
 
     if not start_ts or not end_ts:
@@ -124,7 +162,16 @@ def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_
 
 def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
     """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (a ``watchdog_events``
-    row for the job in a node database; False where the table does not exist). Never raises."""
+    row for the job in a node database; False where the table does not exist).
+
+    Args:
+        cfg: the config (``node_db_path``).
+        job_id: the Slurm job id.
+        node_list: the job's nodes, a Slurm host list.
+
+    Raises:
+        Never raises: an unreadable node database is logged and treated as no event.
+    """
     from slurm_coloc.store.oom import has_watchdog_event
 
     for node in node_names(node_list or ""):

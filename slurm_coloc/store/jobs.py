@@ -132,14 +132,32 @@ def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
 
 
 def record_submission(db: Database, sub: JobSubmission) -> None:
-    """Insert or update the job's submission columns (idempotent: a requeued job overwrites)."""
+    """Insert or update the job's submission columns (idempotent: a requeued job overwrites).
+
+    Args:
+        db: the controller database.
+        sub: what coloc-sbatch / the submit hook knew of the job; stamped ``updated_ts`` now (Unix s).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     row = {k: v for k, v in asdict(sub).items()}
     row["updated_ts"] = time.time()
     _upsert(db, "jobs", row, "job_id")
 
 
 def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Optional[float] = None) -> None:
-    """Record how a job ended, controller side (EpilogSlurmctld)."""
+    """Record how a job ended, controller side (EpilogSlurmctld).
+
+    Args:
+        db: the controller database.
+        end: the job's end (time in Unix s, state, exit code, signal, state source).
+        node_list: the job's nodes in Slurm's notation; "" leaves the stored value.
+        start_ts: when the job started (Unix s); None or 0 leaves the stored value.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     row: Dict[str, Any] = {"job_id": end.job_id, "end_ts": end.end_ts, "state": end.state,
                            "exit_code": end.exit_code, "signal": end.signal, "updated_ts": time.time()}
     if node_list:
@@ -153,7 +171,14 @@ def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Op
 
 def inferred_job_ids(db: Database) -> List[int]:
     """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source =
-    'inferred'``)."""
+    'inferred'``).
+
+    Args:
+        db: the controller database; a missing table or column: [].
+
+    Returns:
+        Their job ids.
+    """
     if not db.table("jobs").exists() or "state_source" not in db.table("jobs").columns_dict:
         return []
     return [int(r[0])
@@ -161,8 +186,18 @@ def inferred_job_ids(db: Database) -> List[int]:
 
 
 def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
-    """Replace an inferred final state: ``state`` is Slurm's own (source ``slurm``), or None when slurmctld no
-    longer knows the job (the inference stays, source ``inferred-kept``, and is not looked up again)."""
+    """Replace an inferred final state with Slurm's own, in one transaction.
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id.
+        state: Slurm's final state (source ``slurm``; a changed state adds a ``state-settled`` event), or None
+            when slurmctld no longer knows the job (the inference stays, source ``inferred-kept``, and is not
+            looked up again).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         if state is None:
             db.execute("UPDATE jobs SET state_source = 'inferred-kept' WHERE job_id = ?", [int(job_id)])
@@ -176,25 +211,59 @@ def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
 
 
 def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append an event (``kind`` e.g. ``hook-error``, ``oom``, ``retry-submitted``) with a JSON detail."""
+    """Append an event with a JSON detail.
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id it concerns; None for none.
+        kind: e.g. ``hook-error``, ``oom``, ``retry-submitted``.
+        detail: stored as sorted-key JSON (values JSON cannot encode are written with ``str``).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table("events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                              "detail_json": json.dumps(detail, sort_keys=True, default=str)})
 
 
 def record_node_start(db: Database, start: JobStart) -> None:
-    """The node Prolog's row for (job, node)."""
+    """The node Prolog's row for (job, node).
+
+    Args:
+        db: the node database.
+        start: the job's start on this node (insert or replace by job id and node).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     _upsert(db, "job_runs", asdict(start), ("job_id", "node"))
 
 
 def record_node_end(db: Database, end: JobEnd) -> None:
-    """The node Epilog's end columns for (job, node)."""
+    """The node Epilog's end columns for (job, node).
+
+    Args:
+        db: the node database.
+        end: the job's end on this node (time in Unix s, state, exit code, signal).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     _upsert(db, "job_runs", {"job_id": end.job_id, "node": end.node, "end_ts": end.end_ts, "state": end.state,
                              "exit_code": end.exit_code, "signal": end.signal}, ("job_id", "node"))
 
 
 def record_hook_run(db: Database, run: HookRun) -> None:
-    """Append one hook invocation row."""
+    """Append one hook invocation row.
+
+    Args:
+        db: the node (or controller) database.
+        run: the hook, its start (Unix s), duration (ms), success and a detail stored as sorted-key JSON.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table("hook_runs").insert({"job_id": run.job_id, "node": run.node, "hook": run.hook, "ts": run.ts,
                                 "duration_ms": run.duration_ms, "ok": int(run.ok),
@@ -210,17 +279,33 @@ def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args:
 
 
 def load_jobs(db: Database) -> List[JobRow]:
-    """Every job row of a controller database, by job id."""
+    """Every job row of a controller database, by job id.
+
+    Args:
+        db: the controller database; no ``jobs`` table: [].
+    """
     return sorted(_rows(db, "jobs", JobRow), key=lambda r: r.job_id)
 
 
 def load_job_runs(db: Database) -> List[JobRunRow]:
-    """Every (job, node) row of a node database."""
+    """Every (job, node) row of a node database.
+
+    Args:
+        db: the node database; no ``job_runs`` table: [].
+    """
     return list(_rows(db, "job_runs", JobRunRow))
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Event rows (optionally of one job), oldest first."""
+    """Event rows (optionally of one job), oldest first.
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id; None: every event.
+
+    Returns:
+        ``events`` rows as dicts (``detail_json`` as stored text); [] where the table does not exist.
+    """
     if not db.table("events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -229,6 +314,12 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, An
 
 def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:
     """(job, ``node``) rows the Prolog opened at or after ``since_ts`` and no Epilog has closed yet (running
-    jobs)."""
+    jobs).
+
+    Args:
+        db: the node database; no ``job_runs`` table: [].
+        node: the node name.
+        since_ts: earliest start considered (Unix s); 0: any.
+    """
     return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?",
                       [node, since_ts]))

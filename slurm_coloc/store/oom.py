@@ -72,7 +72,14 @@ def _record(row: Dict[str, Any]) -> OomRecord:
 def claim_retry(db: Database, rec: OomRecord) -> bool:
     """Insert the OOM row; True if this call created it, False if the job already has one (never twice).
 
-    ``rec.retry_status`` should be ``submitting`` when a retry will follow, else the final status.
+    Args:
+        db: the controller database.
+        rec: the OOM record; ``rec.retry_status`` should be ``submitting`` when a retry will follow, else the
+            final status.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full (a duplicate job id is the False answer, not
+            an error).
     """
     try:
         with db.atomic():
@@ -84,22 +91,54 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
 
 def record_retry_submitted(db: Database, job_id: int, retry_job_id: int,
                            submit_ts: Optional[float] = None) -> None:
-    """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``."""
+    """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``.
+
+    Args:
+        db: the controller database.
+        job_id: the job that died of OOM (its row made by ``claim_retry``).
+        retry_job_id: the rerun's Slurm job id.
+        submit_ts: when it was submitted (Unix s); None: now.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table(TABLE).update(job_id, {"retry_status": "submitted", "retry_job_id": int(retry_job_id),
                                   "retry_submit_ts": submit_ts or time.time()})
 
 
 def record_retry_failed(db: Database, job_id: int, error: str) -> None:
-    """sbatch refused (or could not run) the retry of ``job_id``; ``error`` is its one-line reason."""
+    """sbatch refused (or could not run) the retry of ``job_id``.
+
+    Args:
+        db: the controller database.
+        job_id: the job that died of OOM (its row made by ``claim_retry``).
+        error: sbatch's one-line reason (stored up to 2000 characters).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table(TABLE).update(job_id, {"retry_status": "failed", "retry_error": error[:2000]})
 
 
 def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
                          end_ts: Optional[float]) -> bool:
-    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry). False if it is not a known
-    retry."""
+    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry).
+
+    Args:
+        db: the controller database.
+        retry_job_id: the rerun's Slurm job id.
+        state: its final Slurm state, or None when unknown.
+        start_ts: when it started (Unix s), or None.
+        end_ts: when it ended (Unix s), or None.
+
+    Returns:
+        False if it is not a known retry (nothing written), else True.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     rows = list(db.table(TABLE).rows_where("retry_job_id = ?",
                                            [int(retry_job_id)])) if db.table(TABLE).exists() else []
     if not rows:
@@ -111,7 +150,12 @@ def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], 
 
 
 def original_of(db: Database, job_id: int) -> Optional[int]:
-    """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted."""
+    """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted.
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id to look up among ``retry_job_id``.
+    """
     if not db.table(TABLE).exists():
         return None
     row = db.execute(f"SELECT job_id FROM {TABLE} WHERE retry_job_id = ?", [int(job_id)]).fetchone()
@@ -119,7 +163,12 @@ def original_of(db: Database, job_id: int) -> Optional[int]:
 
 
 def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
-    """The OOM row of ``job_id``, or None."""
+    """The OOM row of ``job_id``, or None.
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id (of the job that died, not of its rerun).
+    """
     if not db.table(TABLE).exists():
         return None
     rows = list(db.table(TABLE).rows_where("job_id = ?", [int(job_id)]))
@@ -127,7 +176,11 @@ def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
 
 
 def load_oom_events(db: Database) -> List[OomRecord]:
-    """Every OOM row, oldest first (coloc-report)."""
+    """Every OOM row, oldest first (coloc-report).
+
+    Args:
+        db: the controller database; no OOM table: [].
+    """
     if not db.table(TABLE).exists():
         return []
     return [_record(r) for r in db.table(TABLE).rows_where(order_by="ts, job_id")]
@@ -137,13 +190,19 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
     """Memory (MiB) that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest
     first.
 
-    ``script_sha256`` is the hash root computed of the batch script Slurm stored (``jobs.script_sha256``,
-    PrologSlurmctld) and ``uid`` the submitting uid Slurm gave the hook: neither comes from the job's comment.
-
     Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): the job needed more than
     that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05
     + 64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left
     out. Measured NVML peaks of completed runs come from the sampler's tables, not from here.
+
+    Args:
+        db: the controller database.
+        script_sha256: the hash root computed of the batch script Slurm stored (``jobs.script_sha256``,
+            PrologSlurmctld); "" gives []. Never taken from the job's comment.
+        uid: the submitting uid Slurm gave the hook.
+
+    Returns:
+        Fences in MiB, oldest first; [] where none (or no table).
     """
     if not script_sha256 or not db.table(TABLE).exists():
         return []
@@ -154,7 +213,13 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
 
 def reruns_since(db: Database, uid: int, since_ts: float) -> int:
     """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after
-    ``since_ts``."""
+    ``since_ts``.
+
+    Args:
+        db: the controller database; no OOM table: 0.
+        uid: the user's uid.
+        since_ts: start of the window (Unix s).
+    """
     if not db.table(TABLE).exists():
         return 0
     row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
@@ -163,7 +228,11 @@ def reruns_since(db: Database, uid: int, since_ts: float) -> int:
 
 
 def unsettled_reruns(db: Database) -> List[int]:
-    """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL)."""
+    """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL).
+
+    Args:
+        db: the controller database; no OOM table: [].
+    """
     if not db.table(TABLE).exists():
         return []
     rows = db.execute(f"SELECT retry_job_id FROM {TABLE} WHERE retry_status = 'submitted' "
@@ -173,7 +242,12 @@ def unsettled_reruns(db: Database) -> List[int]:
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
     """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or
-    None."""
+    None.
+
+    Args:
+        db: the controller database; no ``jobs`` table: None.
+        job_id: the Slurm job id.
+    """
     if not db.table("jobs").exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
@@ -181,7 +255,13 @@ def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
 
 
 def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
-    """Whether a node database holds any GPU sample (``gpu_samples``) with ``t0 <= ts <= t1``."""
+    """Whether a node database holds any GPU sample (``gpu_samples``) with ``t0 <= ts <= t1``.
+
+    Args:
+        node_db: a node database; no ``gpu_samples`` table: False.
+        t0: window start (Unix s).
+        t1: window end (Unix s), inclusive.
+    """
     if not node_db.table("gpu_samples").exists():
         return False
     return node_db.execute("SELECT 1 FROM gpu_samples WHERE ts >= ? AND ts <= ? LIMIT 1",
@@ -190,8 +270,13 @@ def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
 
 def has_watchdog_event(node_db: Database, job_id: int) -> bool:
     """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events``
-    row with its ``job_id``). False where the table, or its ``job_id`` column, does not exist (older
-    databases)."""
+    row with its ``job_id``).
+
+    Args:
+        node_db: a node database. False where the table, or its ``job_id`` column, does not exist (older
+            databases).
+        job_id: the Slurm job id.
+    """
     table = node_db.table("watchdog_events")
     if not table.exists() or "job_id" not in table.columns_dict:
         return False

@@ -44,7 +44,16 @@ def _frac(v: Any) -> Optional[float]:
 
 def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
     """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample
-    ``last_ts``."""
+    ``last_ts``.
+
+    Args:
+        db: a node database; no ``gpu_samples`` table: [].
+        window_s: the averaging window (s) ending at each GPU's newest sample.
+
+    Returns:
+        One ``LiveGpu`` per GPU by index: SM activity, SM occupancy and DRAM bandwidth as fractions (0..1),
+        peak used memory (MiB), the sample count and the GPU's name.
+    """
     if not db.table("gpu_samples").exists():
         return []
     rows = db.execute(
@@ -64,7 +73,12 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown) and
     ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent
-    or invalid)."""
+    or invalid).
+
+    Args:
+        ctld: the controller database; no ``jobs`` table: [].
+        limit: how many jobs at most, newest end first.
+    """
     if not ctld["jobs"].exists():
         return []
     out = []
@@ -91,12 +105,15 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
     while they compute. A run without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC;
     DRAMA NULL).
 
-    Runs that ended before ``since_ts`` (Unix s) are left out (stale). ``run_s`` = end - start of the run (s);
-    ``startup_s`` = its first sample that shows work - its start (s; None without such a sample).
+    Args:
+        node_db: a node database; without ``job_runs``, ``job_summaries`` or ``gpu_samples``: {}.
+        job_ids: the Slurm job ids to look at (single-GPU runs only).
+        since_ts: runs that ended before this (Unix s) are left out (stale).
 
     Returns:
         ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s}}`` (activity as fractions,
-        None when not measured).
+        None when not measured); ``run_s`` = end - start of the run (s); ``startup_s`` = its first sample that
+        shows work - its start (s; None without such a sample).
     """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
@@ -138,6 +155,14 @@ def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pc
     A sample row counts for its ``res_s`` (the sampling interval; a rolled-up row its bucket, judged by its
     means). Saturated: ``smact_pct >= smact_pct`` and (``smocc_pct >= smocc_pct`` or ``dram_bw_pct >=
     drama_pct``) (CARMA's gate, in percent). Rows without SM activity (no GPM) count in neither.
+
+    Args:
+        db: a node database.
+        smact_pct: the SM activity threshold (%).
+        smocc_pct: the SM occupancy threshold (%).
+        drama_pct: the DRAM bandwidth threshold (%).
+        t0: window start (Unix s); None: unbounded.
+        t1: window end (Unix s), inclusive; None: unbounded.
 
     Returns:
         ``{gpu_index: {"saturated_s": s, "sampled_s": s}}``; {} without a sample table.

@@ -139,6 +139,12 @@ def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
 def read(path: str) -> Tuple[bytes, float]:
     """``(data, mtime)`` of the entry at ``path``, read without following a symlink.
 
+    Args:
+        path: the entry (or claimed entry) file.
+
+    Returns:
+        Its bytes (at most ``MAX_ENTRY_BYTES``) and its modification time (Unix s).
+
     Raises:
         FileNotFoundError: it is gone (claimed by another replayer).
         EntryError: not a regular file, not ours alone (owner, group/other write), too large, or unreadable.
@@ -165,13 +171,23 @@ def read(path: str) -> Tuple[bytes, float]:
 
 
 def claim_name(base: str) -> str:
-    """The name a replayer renames entry ``base`` (a path or name) to: ``<base>.<pid>.replaying``."""
+    """The name a replayer renames entry ``base`` to: ``<base>.<pid>.replaying``.
+
+    Args:
+        base: the entry's path or name; this process's pid is appended.
+    """
     return f"{base}.{os.getpid()}{CLAIM_SUFFIX}"
 
 
 def split_claim(name: str) -> Tuple[str, Optional[int]]:
-    """``(entry name, claimer pid)`` of a claim name (``<name>.<pid>.replaying``; the older
-    ``<name>.replaying`` has no pid: None). Raises ValueError for a name that is not a claim."""
+    """``(entry name, claimer pid)`` of a claim name.
+
+    Args:
+        name: ``<name>.<pid>.replaying``, or the older ``<name>.replaying`` (pid None).
+
+    Raises:
+        ValueError: a name that is not a claim.
+    """
     m = _CLAIM_RE.match(name)
     if m is None:
         raise ValueError(f"not a claim name: {name!r:.100}")
@@ -189,9 +205,15 @@ def _pid_alive(pid: int) -> bool:
 
 
 def claim_is_stale(name: str, mtime: float, now: float) -> bool:
-    """Whether the claim ``name`` (modified at ``mtime``) may be taken again: its replayer's pid is gone or is
-    this process (a replay holds its claims only while applying them, so a claim of ours seen here was left by
-    a replay the recording alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds."""
+    """Whether the claim ``name`` may be taken again: its replayer's pid is gone or is this process (a replay
+    holds its claims only while applying them, so a claim of ours seen here was left by a replay the recording
+    alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds.
+
+    Args:
+        name: the claim's path or name; not a claim name: False.
+        mtime: the claim's modification time (Unix s).
+        now: the current time (Unix s).
+    """
     try:
         _, pid = split_claim(os.path.basename(name))
     except ValueError:
@@ -206,9 +228,15 @@ def _kind(name: str, kinds: Sequence[str]) -> Optional[str]:
 
 
 def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[str, str, str]]:
-    """``(path, entry name, kind)`` of every entry to replay in ``directories``: entries of ``kinds`` and
-    stale claims of them, ordered by kind (as in ``kinds``), then mtime, then name. Unsafe directories are
-    skipped."""
+    """``(path, entry name, kind)`` of every entry to replay in ``directories``.
+
+    Args:
+        directories: queue directories; unsafe or unreadable ones (``safe_dir``) are skipped.
+        kinds: entry name suffixes to take; entries of these kinds and stale claims of them are listed.
+
+    Returns:
+        Ordered by kind (as in ``kinds``), then mtime, then name.
+    """
     out = []
     now = time.time()
     for d in directories:
@@ -241,7 +269,16 @@ def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[s
 
 def set_aside(path: str, name: str, why: object) -> None:
     """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink is moved, never followed) and log
-    why. Never raises."""
+    why.
+
+    Args:
+        path: the entry's current path (possibly its claim name).
+        name: the entry's own name, without a claim suffix.
+        why: the reason, logged.
+
+    Raises:
+        Never raises: a failed rename is logged.
+    """
     import logging
 
     log = logging.getLogger("slurm_coloc.store.queue")

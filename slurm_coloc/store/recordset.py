@@ -44,13 +44,26 @@ def entry_name() -> str:
 
 
 def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
-    """The queue entry bytes of a record set (JSON, keys sorted; values JSON cannot hold as ``str``)."""
+    """The queue entry bytes of a record set (JSON, keys sorted; values JSON cannot hold as ``str``).
+
+    Args:
+        target: which database the ops go to.
+        ops: ``{"op", "row", "once"?}`` dicts (module docstring); stamped with the current time (Unix s).
+    """
     return json.dumps({"target": target, "ts": time.time(), "ops": list(ops)}, sort_keys=True,
                       default=str).encode()
 
 
 def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
-    """``(target, ops)`` of a queued record set. Raises ValueError (or UnicodeDecodeError) when malformed."""
+    """``(target, ops)`` of a queued record set.
+
+    Args:
+        data: the queue entry's bytes (``encode``'s output).
+
+    Raises:
+        ValueError: malformed JSON (or UnicodeDecodeError: not UTF-8), or no ``target`` string or ``ops``
+            list.
+    """
     entry = json.loads(data.decode())
     if not isinstance(entry, dict) or not isinstance(entry.get("target"), str):
         raise ValueError("not a record set (no target)")
@@ -62,7 +75,12 @@ def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
 def store_unusable(exc: BaseException) -> bool:
     """Whether ``exc``, raised while applying a record set, is the database's own failure (locked, full,
     corrupt: retry later) rather than the record set's (a value SQLite cannot hold, an unknown column: never
-    succeeds)."""
+    succeeds).
+
+    Args:
+        exc: the exception ``apply_ops`` raised; MemoryError and SQLite's primary codes in ``_STORE_CODES``
+            (sqlite.org/rescode.html) are the database's.
+    """
     if isinstance(exc, MemoryError):
         return True
     if not isinstance(exc, sqlite3.Error):
@@ -134,6 +152,10 @@ def _fill_end(db: Database, table: str, pk: Sequence[str], row: Dict[str, Any], 
 
 def apply_ops(db: Database, ops: Sequence[Dict[str, Any]]) -> None:
     """Apply ``ops`` (module docstring) to ``db`` in ONE transaction: all of them or none.
+
+    Args:
+        db: the target database.
+        ops: ``{"op": one of OPS, "row": {...}, "once": [t0, t1]?}`` dicts (``once`` in Unix s).
 
     Raises:
         sqlite3.Error: from SQLite (``store_unusable`` tells the database's own failures from the ops').

@@ -67,6 +67,9 @@ def open_for_report(path: Union[str, Path]) -> Database:
     main file, read without locks. (Should a writer be active meanwhile, the read may fail; the caller reports
     that file and skips it.)
 
+    Args:
+        path: the database file.
+
     Raises:
         StoreError: missing, unreadable or not a SQLite database.
     """
@@ -85,7 +88,11 @@ def open_for_report(path: Union[str, Path]) -> Database:
 
 
 def has_samples(db: Database) -> bool:
-    """Whether the database has a GPU sample table (a node without the sampler has none)."""
+    """Whether the database has a GPU sample table (a node without the sampler has none).
+
+    Args:
+        db: a node database.
+    """
     return db[GPU_TABLE].exists()
 
 
@@ -109,6 +116,10 @@ def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[floa
     empty.
 
     Nearest-rank on cumulative weight: the smallest bucket whose cumulative weight reaches ``q`` of the total.
+
+    Args:
+        hist: ``{bucket (%, integer): weight (s of samples)}``; non-positive total: None.
+        q: the quantile as a fraction, 0..1 (0.95 for p95).
     """
     total = sum(hist.values())
     if total <= 0:
@@ -183,8 +194,19 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
     buckets, truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each
     on its own read-only connection (sqlite3 releases the GIL while it steps).
 
+    Args:
+        db: a node database.
+        t0: window start (Unix s); None: unbounded.
+        t1: window end (Unix s), inclusive; None: unbounded.
+        gpus: NVML device indices to include; None: all; empty: none.
+        path: the database file, to scan on two connections at once; None: one after the other.
+
     Returns:
-        One ``GpuWindowStats`` per GPU that has a sample in the window; [] without a sample table.
+        One ``GpuWindowStats`` per GPU that has a sample in the window (means in %, MiB, W; energy in J from
+        the energy counter, else mean power x covered s); [] without a sample table.
+
+    Raises:
+        StoreError: a scan's own read-only connection to the file cannot be opened (``open_for_report``).
     """
     if not has_samples(db):
         return []
@@ -224,11 +246,20 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
 
 def job_util_sums(db: Database, spans: Sequence[Tuple[int, int, float, float]], bucket_s: float = 600.0
                   ) -> Dict[int, Tuple[float, float]]:
-    """Coarse utilization of many jobs at once: ``{key: (sum util_pct x s, covered s)}`` for spans
-    ``(key, gpu_index, t0, t1)`` (a key may have several spans; the sums add up).
+    """Coarse utilization of many jobs at once: ``{key: (sum util_pct x s, covered s)}``.
 
     One scan folds the samples into ``bucket_s`` buckets per GPU; whole buckets inside a span come from prefix
     sums, the partial buckets at its two ends from exact indexed range queries, so the result is exact.
+
+    Args:
+        db: a node database.
+        spans: ``(key, gpu_index, t0, t1)`` with times in Unix s (a key may have several spans;
+            the sums add up).
+        bucket_s: the bucket width of the scan (s); a speed setting, not a resolution.
+
+    Returns:
+        ``{key: (sum of util_pct x s, covered s)}``; mean utilization (%) = first / second.
+        {} without samples.
     """
     if not spans or not has_samples(db):
         return {}
@@ -271,7 +302,12 @@ def job_util_sums(db: Database, spans: Sequence[Tuple[int, int, float, float]], 
 
 
 def job_peak_mem_mib(db: Database, job_id: int) -> Optional[float]:
-    """Peak over sample instants of the summed NVML memory of ``job_id``'s processes (MiB), or None."""
+    """Peak over sample instants of the summed NVML memory of ``job_id``'s processes (MiB), or None.
+
+    Args:
+        db: a node database.
+        job_id: the Slurm job id.
+    """
     if not db[PROC_TABLE].exists():
         return None
     row = db.execute(f"SELECT MAX(s) FROM (SELECT SUM(used_mem_mib) AS s FROM {PROC_TABLE} WHERE job_id = ? "
@@ -284,6 +320,15 @@ def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tupl
     """Time series for plots: ``(gpu_index, bucket_start_ts, max mem_used_mib, mean smact_pct)`` per bucket.
 
     Bucketing happens in SQLite so a 30-day window returns at most ``(t1 - t0) / bucket_s`` rows per GPU.
+
+    Args:
+        db: a node database.
+        t0: window start (Unix s).
+        t1: window end (Unix s), inclusive.
+        bucket_s: bucket width (s; at least 1 ms).
+
+    Returns:
+        Tuples by GPU then time: bucket start in Unix s, memory in MiB, SM activity in %; [] without samples.
     """
     if not has_samples(db):
         return []
@@ -294,7 +339,11 @@ def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tupl
 
 
 def gpu_totals_mib(db: Database) -> Dict[int, float]:
-    """``{gpu_index: total memory MiB}`` from the sampler's GPU table ({} when absent)."""
+    """``{gpu_index: total memory MiB}`` from the sampler's GPU table ({} when absent).
+
+    Args:
+        db: a node database.
+    """
     if not db.table("gpus").exists():
         return {}
     return {int(g): float(m) for g, m in db.execute("SELECT gpu_index, mem_total_mib FROM gpus").fetchall()
@@ -302,7 +351,12 @@ def gpu_totals_mib(db: Database) -> Dict[int, float]:
 
 
 def load_job_row(db: Database, job_id: int) -> Optional[Dict[str, object]]:
-    """The controller ``jobs`` row of ``job_id`` as a dict, or None (one indexed lookup)."""
+    """The controller ``jobs`` row of ``job_id`` as a dict, or None (one indexed lookup).
+
+    Args:
+        db: the controller database.
+        job_id: the Slurm job id.
+    """
     if not db.table("jobs").exists():
         return None
     rows = list(db.table("jobs").rows_where("job_id = ?", [int(job_id)]))
@@ -310,7 +364,12 @@ def load_job_row(db: Database, job_id: int) -> Optional[Dict[str, object]]:
 
 
 def load_job_run_rows(db: Database, job_id: int) -> List[Dict[str, object]]:
-    """The node ``job_runs`` rows of ``job_id`` (one per node in that database)."""
+    """The node ``job_runs`` rows of ``job_id`` (one per node in that database).
+
+    Args:
+        db: a node database.
+        job_id: the Slurm job id.
+    """
     if not db.table("job_runs").exists():
         return []
     return list(db.table("job_runs").rows_where("job_id = ?", [int(job_id)]))

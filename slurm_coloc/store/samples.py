@@ -98,7 +98,16 @@ _INSERT_PROC = (f"INSERT INTO proc_samples ({', '.join(PROC_COLS)}) "
 
 
 def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``gpu_samples`` for one frame."""
+    """Rows of ``gpu_samples`` for one frame.
+
+    Args:
+        ts: the frame's time (Unix s; rounded to ms).
+        gpus: the frame's device readings (``nvml.readings.GpuReading``).
+        res_s: the rows' resolution (s): the sampling interval for raw rows.
+
+    Returns:
+        One dict per GPU, keyed by ``GPU_COLS`` (metrics rounded to 2 decimals, ``n`` = 1).
+    """
     t = round(ts, 3)
     return [{"ts": t, "gpu_index": g.index,
              **{m: None if v is None else round(float(v), 2) for m, v in zip(GPU_METRICS, _GPU_GET(g))},
@@ -106,7 +115,16 @@ def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[s
 
 
 def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``proc_samples`` for one frame."""
+    """Rows of ``proc_samples`` for one frame.
+
+    Args:
+        ts: the frame's time (Unix s; rounded to ms).
+        procs: the frame's process readings with the job each was attributed to (``ProcSample``).
+        res_s: the rows' resolution (s): the sampling interval for raw rows.
+
+    Returns:
+        One dict per process, keyed by ``PROC_COLS`` (metrics rounded to 2 decimals, ``n`` = 1).
+    """
     t = round(ts, 3)
     return [{"ts": t, "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
              **{m: None if v is None else round(float(v), 2) for m,
@@ -115,9 +133,17 @@ def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict
 
 
 def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``cpu_samples`` for one reading: ``jobs`` are ``node.cpu.JobCpu`` (any object with ``job_id``
-    and the ``CPU_METRICS`` attributes; cores = CPU seconds per wall second over the interval ending at
-    ``ts``)."""
+    """Rows of ``cpu_samples`` for one reading.
+
+    Args:
+        ts: the end of the reading's interval (Unix s; rounded to ms).
+        jobs: ``node.cpu.JobCpu`` (any object with ``job_id`` and the ``CPU_METRICS`` attributes; cores = CPU
+            seconds per wall second over the interval ending at ``ts``).
+        res_s: the rows' resolution (s): the sampling interval for raw rows.
+
+    Returns:
+        One dict per job, keyed by ``CPU_COLS`` (``n`` = 1).
+    """
     t = round(ts, 3)
     return [{"ts": t, "job_id": j.job_id, **{m: getattr(j, m) for m in CPU_METRICS}, "n": 1, "res_s": res_s}
             for j in jobs]
@@ -125,9 +151,19 @@ def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any
 
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
                gpus_static: Sequence[GpuReading] = (), cpu: Sequence[Dict[str, Any]] = ()) -> None:
-    """Insert prepared rows (from ``gpu_rows``/``proc_rows``/``cpu_rows``) in ONE transaction (all or
-    nothing), each table with one ``executemany`` of a fixed statement. sqlite3 errors propagate (locked,
-    full)."""
+    """Insert prepared rows in ONE transaction (all or nothing), each table with one ``executemany`` of a
+    fixed statement.
+
+    Args:
+        db: the node database.
+        gpu: ``gpu_rows`` output.
+        proc: ``proc_rows`` output.
+        gpus_static: readings whose uuid, name and total memory (MiB) are upserted into ``gpus``.
+        cpu: ``cpu_rows`` output.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         if gpu:
             db.conn.executemany(_INSERT_GPU, gpu)
@@ -162,8 +198,16 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
 
     Rates are averaged; memory and the energy counter keep their maximum; ``n`` sums. One transaction.
 
+    Args:
+        db: the node database.
+        cutoff_ts: rows with ``ts`` before this (Unix s) are folded.
+        bucket_s: the new resolution (s); rows already this coarse or coarser are left alone.
+
     Returns:
         Number of raw rows folded.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
     """
     with db.atomic():
         a = _fold(db, "gpu_samples", ("gpu_index",), GPU_METRICS, cutoff_ts, bucket_s)
@@ -173,7 +217,18 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
 
 
 def purge(db: Database, before_ts: float) -> int:
-    """Delete samples older than ``before_ts`` (summaries and events stay). Returns rows deleted."""
+    """Delete samples older than ``before_ts`` (summaries and events stay).
+
+    Args:
+        db: the node database.
+        before_ts: rows with ``ts`` before this (Unix s) are deleted from the three sample tables.
+
+    Returns:
+        Rows deleted.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         n = db.execute("DELETE FROM gpu_samples WHERE ts < ?", [before_ts]).rowcount
         n += db.execute("DELETE FROM proc_samples WHERE ts < ?", [before_ts]).rowcount
@@ -182,7 +237,17 @@ def purge(db: Database, before_ts: float) -> int:
 
 
 def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
-    """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time."""
+    """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time.
+
+    Args:
+        db: the node database.
+        t0: window start (Unix s).
+        t1: window end (Unix s), inclusive.
+        gpu_indices: NVML device indices; none: no rows.
+
+    Returns:
+        ``gpu_samples`` rows as dicts (``GPU_COLS``); [] where the table does not exist.
+    """
     if not gpu_indices or not db.table("gpu_samples").exists():
         return []
     marks = ",".join("?" * len(gpu_indices))
@@ -191,7 +256,17 @@ def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[i
 
 
 def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
-    """Process sample rows (every job's) with ``t0 <= ts <= t1`` on the given GPUs, by time."""
+    """Process sample rows (every job's) with ``t0 <= ts <= t1`` on the given GPUs, by time.
+
+    Args:
+        db: the node database.
+        t0: window start (Unix s).
+        t1: window end (Unix s), inclusive.
+        gpu_indices: NVML device indices; none: no rows.
+
+    Returns:
+        ``proc_samples`` rows as dicts (``PROC_COLS``); [] where the table does not exist.
+    """
     if not gpu_indices or not db.table("proc_samples").exists():
         return []
     marks = ",".join("?" * len(gpu_indices))
@@ -200,14 +275,32 @@ def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[
 
 
 def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
-    """All process sample rows attributed to ``job_id``, by time."""
+    """All process sample rows attributed to ``job_id``, by time.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id.
+
+    Returns:
+        ``proc_samples`` rows as dicts (``PROC_COLS``); [] where the table does not exist.
+    """
     if not db.table("proc_samples").exists():
         return []
     return list(db.query("SELECT * FROM proc_samples WHERE job_id = ? ORDER BY ts", [job_id]))
 
 
 def load_job_cpu_samples(db: Database, job_id: int, t0: float, t1: float) -> List[Dict[str, Any]]:
-    """CPU sample rows of ``job_id`` with ``t0 <= ts <= t1``, by time."""
+    """CPU sample rows of ``job_id`` with ``t0 <= ts <= t1``, by time.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id.
+        t0: window start (Unix s).
+        t1: window end (Unix s), inclusive.
+
+    Returns:
+        ``cpu_samples`` rows as dicts (``CPU_COLS``); [] where the table does not exist.
+    """
     if not db.table("cpu_samples").exists():
         return []
     return list(db.query("SELECT * FROM cpu_samples WHERE job_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
@@ -215,18 +308,38 @@ def load_job_cpu_samples(db: Database, job_id: int, t0: float, t1: float) -> Lis
 
 
 def count_samples(db: Database) -> Dict[str, int]:
-    """``{"gpu_samples": n, "proc_samples": n, "cpu_samples": n}``."""
+    """``{"gpu_samples": n, "proc_samples": n, "cpu_samples": n}``.
+
+    Args:
+        db: the node database; a missing table counts 0.
+    """
     return {t: (db[t].count if db[t].exists() else 0) for t in ("gpu_samples", "proc_samples", "cpu_samples")}
 
 
 def record_summary(db: Database, summary: JobSummary) -> None:
-    """Insert or replace the (job, node) summary."""
+    """Insert or replace the (job, node) summary.
+
+    Args:
+        db: the node database.
+        summary: the job's summary on this node; stamped with the current time (Unix s).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table("job_summaries").upsert({**asdict(summary), "ts": time.time()}, pk=("job_id", "node"))
 
 
 def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummary]:
-    """Summaries of a node database (of one job if given)."""
+    """Summaries of a node database (of one job if given).
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id; None: every job's.
+
+    Returns:
+        ``JobSummary`` list by job id; [] where the table does not exist.
+    """
     if not db.table("job_summaries").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -236,7 +349,18 @@ def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummar
 
 
 def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]) -> None:
-    """Insert or replace the (job, node) summary figures (a JSON object; hooks/figures.py)."""
+    """Insert or replace the (job, node) summary figures (a JSON object; hooks/figures.py).
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id.
+        node: the node name.
+        figures: the figures, stored as sorted-key JSON; stamped with the current time (Unix s).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+        TypeError: ``figures`` holds a value JSON cannot encode.
+    """
     with db.atomic():
         db.table("job_figures").upsert({"job_id": int(job_id), "node": node, "ts": time.time(),
                                         "figures_json": json.dumps(figures, sort_keys=True)},
@@ -244,8 +368,16 @@ def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]
 
 
 def load_figures(db: Database, job_id: int) -> Optional[Tuple[float, Dict[str, Any]]]:
-    """``(ts, figures)`` of the job's summary figures in this node database, or None (none recorded, table
-    absent, or not a JSON object)."""
+    """The job's latest summary figures in this node database.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id.
+
+    Returns:
+        ``(ts, figures)``: when they were recorded (Unix s) and the JSON object; None when none are recorded,
+        the table is absent, or the stored text is not a JSON object.
+    """
     if not db.table("job_figures").exists():
         return None
     for row in db.table("job_figures").rows_where("job_id = ?", [int(job_id)], order_by="ts DESC", limit=1):
@@ -258,14 +390,32 @@ def load_figures(db: Database, job_id: int) -> Optional[Tuple[float, Dict[str, A
 
 
 def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...)."""
+    """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...).
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id it concerns; None: the node's own event.
+        kind: the event name.
+        detail: stored as sorted-key JSON (values JSON cannot encode are written with ``str``).
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table("node_events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                                   "detail_json": json.dumps(detail, sort_keys=True, default=str)})
 
 
 def load_node_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Node events (of one job if given), oldest first."""
+    """Node events (of one job if given), oldest first.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id; None: every event.
+
+    Returns:
+        ``node_events`` rows as dicts (``detail_json`` as stored text); [] where the table does not exist.
+    """
     if not db.table("node_events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])

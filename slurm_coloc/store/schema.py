@@ -18,7 +18,11 @@ NODE = Migrations(SCHEMA_VERSION_NODE)
 
 @CTLD()
 def m001_jobs(db: Database) -> None:
-    """One row per job seen by a controller-side hook: what was asked, what was estimated, how it ended."""
+    """One row per job seen by a controller-side hook: what was asked, what was estimated, how it ended.
+
+    Args:
+        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("jobs").create(
         {
             "job_id": int, "cluster": str, "user_name": str, "uid": int, "job_name": str, "partition": str,
@@ -36,7 +40,11 @@ def m001_jobs(db: Database) -> None:
 
 @CTLD()
 def m002_events(db: Database) -> None:
-    """Things that happened to a job, controller side (estimate recorded, hook errors, OOM, retries)."""
+    """Things that happened to a job, controller side (estimate recorded, hook errors, OOM, retries).
+
+    Args:
+        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("events").create(
         {"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str},
         pk="id",
@@ -46,7 +54,11 @@ def m002_events(db: Database) -> None:
 
 @NODE()
 def m001_job_runs(db: Database) -> None:
-    """One row per (job, node): GPUs and shards it held there, start and end as the node hooks saw them."""
+    """One row per (job, node): GPUs and shards it held there, start and end as the node hooks saw them.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("job_runs").create(
         {
             "job_id": int, "node": str, "user_name": str, "uid": int, "gpus": str, "shards": int,
@@ -58,7 +70,11 @@ def m001_job_runs(db: Database) -> None:
 
 @NODE()
 def m002_hook_runs(db: Database) -> None:
-    """One row per hook invocation on this node (Prolog, Epilog, TaskProlog): duration and outcome."""
+    """One row per hook invocation on this node (Prolog, Epilog, TaskProlog): duration and outcome.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("hook_runs").create(
         {"id": int, "job_id": int, "node": str, "hook": str, "ts": float, "duration_ms": float,
          "ok": int, "detail_json": str},
@@ -75,6 +91,9 @@ def m003_oom_events(db: Database) -> None:
     error in ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on
     ``job_id`` is what makes the retry happen at most once; ``retry_job_id`` is unique so a retry is
     recognised as one.
+
+    Args:
+        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
     """
     db.table("oom_events").create(
         {
@@ -94,7 +113,11 @@ def m003_oom_events(db: Database) -> None:
 def m003_samples(db: Database) -> None:
     """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the
     GPUs seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw
-    samples folded into the row; ``res_s``: its time resolution in seconds."""
+    samples folded into the row; ``res_s``: its time resolution in seconds.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("gpu_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
          "mem_used_mib": float, "power_w": float, "energy_j": float, "temp_c": float, "sm_clock_mhz": float,
@@ -129,7 +152,11 @@ def m004_watchdog_events(db: Database) -> None:
     """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a
     shared GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what
     it did (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the
-    stderr line). Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job."""
+    stderr line). Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("watchdog_events").create(
         {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
          "grant_mib": float, "used_mib": float, "tolerance_mib": float, "pids_json": str, "action": str,
@@ -145,6 +172,9 @@ def m004_root_script_identity(db: Database) -> None:
 
     Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared
     so that no forged value keys the estimator's history (history starts again, per user, from the next runs).
+
+    Args:
+        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
     """
     db.table("jobs").add_column("state_source", str)
     db.execute("UPDATE jobs SET script_sha256 = NULL")
@@ -158,7 +188,11 @@ def m004_root_script_identity(db: Database) -> None:
 def m005_summary_diagnosis(db: Database) -> None:
     """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the
     job's GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many
-    samples had a process of the job on the GPU (``active_samples``); NULL for summaries written before."""
+    samples had a process of the job on the GPU (``active_samples``); NULL for summaries written before.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     if db.table("job_summaries").exists():
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
             db.table("job_summaries").add_column(col, float)
@@ -171,7 +205,11 @@ def m006_cpu_samples(db: Database) -> None:
     process(es) (``train_cores``, ``train_pids`` of them), by the processes descending from them (``workers``,
     ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the
     node (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came
-    from). NULL where not recorded (summaries written before)."""
+    from). NULL where not recorded (summaries written before).
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,
          "workers_cores": float, "job_cores": float, "cpus": int, "n": int, "res_s": float},
@@ -189,6 +227,10 @@ def m006_cpu_samples(db: Database) -> None:
 @NODE()
 def m007_job_figures(db: Database) -> None:
     """The job's summary figures as the node Epilog computed them (hooks/figures.py): one JSON object per
-    (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself."""
+    (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself.
+
+    Args:
+        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """
     db.table("job_figures").create({"job_id": int, "node": str, "ts": float, "figures_json": str},
                                    pk=("job_id", "node"))

@@ -47,7 +47,16 @@ class WatchdogEvent:
 
 
 def record_event(db: Database, ev: WatchdogEvent) -> int:
-    """Insert ``ev``; return its row id."""
+    """Insert ``ev``; return its row id.
+
+    Args:
+        db: the node database.
+        ev: the event (times in Unix s, memory in MiB); its ``id`` is not read.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+        RuntimeError: the insert gave no row id.
+    """
     with db.atomic():
         row_id = db.table(TABLE).insert({
             "ts": ev.ts, "job_id": ev.job_id, "node": ev.node, "gpu_index": ev.gpu_index, "reason": ev.reason,
@@ -61,13 +70,27 @@ def record_event(db: Database, ev: WatchdogEvent) -> int:
 
 
 def set_outcome(db: Database, event_id: int, outcome: Dict[str, Any]) -> None:
-    """Replace the outcome of event ``event_id``."""
+    """Replace the outcome of event ``event_id``.
+
+    Args:
+        db: the node database.
+        event_id: the row id ``record_event`` returned.
+        outcome: what the stop did (``killed``, ``scancel``, ``stderr``...), stored as sorted-key JSON.
+
+    Raises:
+        sqlite3.Error: locked past the busy timeout, disk full.
+    """
     with db.atomic():
         db.table(TABLE).update(event_id, {"outcome_json": json.dumps(outcome, sort_keys=True, default=str)})
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEvent]:
-    """Watchdog events (of one job if given), oldest first; [] on a database from before the table existed."""
+    """Watchdog events (of one job if given), oldest first; [] on a database from before the table existed.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id; None: every event.
+    """
     if not db.table(TABLE).exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -83,7 +106,12 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEven
 
 
 def stopped_by_watchdog(db: Database, job_id: int) -> bool:
-    """True when the watchdog stopped (not merely recorded) ``job_id`` on this node: no OOM rerun for it."""
+    """True when the watchdog stopped (not merely recorded) ``job_id`` on this node: no OOM rerun for it.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id.
+    """
     return any(ev.action == "stop" for ev in load_events(db, job_id))
 
 
@@ -99,7 +127,12 @@ class RunningRun:
 
 def running_runs(db: Database, node: str) -> List[RunningRun]:
     """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job
-    runs)."""
+    runs).
+
+    Args:
+        db: the node database; no ``job_runs`` table: [].
+        node: the node name.
+    """
     if not db.table("job_runs").exists():
         return []
     out = []
@@ -111,7 +144,12 @@ def running_runs(db: Database, node: str) -> List[RunningRun]:
 
 
 def job_uid(db: Database, job_id: int) -> Optional[int]:
-    """The uid the node Prolog recorded for ``job_id`` (from Slurm's environment), None when not recorded."""
+    """The uid the node Prolog recorded for ``job_id`` (from Slurm's environment), None when not recorded.
+
+    Args:
+        db: the node database.
+        job_id: the Slurm job id; the newest row with a uid counts.
+    """
     if not db.table("job_runs").exists():
         return None
     row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC "
@@ -122,7 +160,15 @@ def job_uid(db: Database, job_id: int) -> Optional[int]:
 
 def running_jobs_of_uid(db: Database, uid: int) -> List[int]:
     """Job ids the node Prolog recorded for ``uid`` that have not ended on this node (open ``job_runs``
-    rows)."""
+    rows).
+
+    Args:
+        db: the node database; no ``job_runs`` table: [].
+        uid: the user's uid.
+
+    Returns:
+        Sorted job ids.
+    """
     if not db.table("job_runs").exists():
         return []
     return sorted({int(r[0])
