@@ -58,13 +58,25 @@ class ReplayMetrics:
 
 
 def retry_parent(comment: str) -> Optional[int]:
-    """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None."""
+    """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None.
+
+    Args:
+        comment: the job's comment (None or empty gives None).
+    """
     m = RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 
 
 def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
-    """Per task: first submit, last end, whether a run COMPLETED, number of OOM reruns."""
+    """Per task: first submit, last end, whether a run COMPLETED, number of OOM reruns.
+
+    Args:
+        runs: the replay's runs, OOM reruns included.
+
+    Returns:
+        task index -> ``{"submit_ts", "start_ts", "end_ts"`` (Unix s, 0.0 unset; start of the first run),
+        ``"completed"`` (bool), ``"retries"`` (int)``}``.
+    """
     out: Dict[int, Dict[str, Any]] = {}
     for r in runs:
         t = out.setdefault(
@@ -81,14 +93,28 @@ def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
 
 
 def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """Mean ``smact_pct`` over samples that have one (None when GPM gave none)."""
+    """Mean ``smact_pct`` over samples that have one (None when GPM gave none).
+
+    Args:
+        samples: GPU samples (mappings with ``smact_pct``, %, or None).
+
+    Returns:
+        The mean in %, or None.
+    """
     vals = [float(s["smact_pct"]) for s in samples if s.get("smact_pct") is not None]
     return statistics.fmean(vals) if vals else None
 
 
 def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
     """``{"<node>:<gpu_index>": mean smact_pct}`` over the samples (idle samples count: an idle GPU shows
-    ~0)."""
+    ~0).
+
+    Args:
+        samples: GPU samples (mappings with ``node``, ``gpu_index`` and ``smact_pct``, %).
+
+    Returns:
+        ``node:gpu_index`` -> mean % (None for a GPU whose samples have no SM activity), sorted by key.
+    """
     by: Dict[str, List[Mapping[str, Any]]] = {}
     for s in samples:
         by.setdefault(f"{s.get('node', '')}:{s.get('gpu_index')}", []).append(s)
@@ -98,7 +124,15 @@ def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Option
 def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
-    """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading."""
+    """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading.
+
+    Args:
+        start: GPU index -> total-energy counter at the start (J), None where unread.
+        end: the same at the end; its GPUs must be ``start``'s.
+
+    Returns:
+        Joules, or None (no GPU, differing GPUs, or a missing reading).
+    """
     if not start or set(start) != set(end):
         return None
     total = 0.0
@@ -111,7 +145,11 @@ def energy_growth_j(
 
 
 def p95(values: Sequence[float]) -> Optional[float]:
-    """95th percentile by nearest rank (None for no values)."""
+    """95th percentile by nearest rank (None for no values).
+
+    Args:
+        values: the sample (any unit; the result has the same).
+    """
     if not values:
         return None
     ordered = sorted(values)
@@ -124,8 +162,18 @@ def summarize(
 ) -> ReplayMetrics:
     """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions).
 
-    ``alone_s``: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end - start
-    of its first run) / alone); tasks without one are left out of them.
+    Args:
+        mode: the replay mode, copied into the metrics.
+        n_tasks: how many tasks the replay submitted (a task with no completed run counts as lost).
+        runs: the replay's runs, OOM reruns included (``runs_from_records``).
+        smact: mean SM activity over the window (%), or None.
+        energy_j: GPU energy over the window (J), or None.
+        alone_s: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end -
+            start of its first run) / alone); tasks without one are left out of them.
+        smact_per_gpu: ``node:gpu_index`` -> mean SM activity (%), copied into the metrics.
+
+    Returns:
+        The metrics; a figure with nothing to compute it from is None.
     """
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
@@ -156,7 +204,16 @@ def summarize(
 
 
 def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
-    """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy."""
+    """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy.
+
+    Args:
+        exclusive: the exclusive pass's ``ReplayMetrics.as_dict()``.
+        coloc: the collocated pass's.
+
+    Returns:
+        ``<key>_change_pct`` -> % for makespan, mean and p95 JCT, p95 and max slowdown, SM activity and
+        energy; None where either side lacks the figure or exclusive's is 0.
+    """
     out: Dict[str, Optional[float]] = {}
     for key in ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "max_slowdown", "mean_smact_pct",
                 "energy_j"):
@@ -166,7 +223,17 @@ def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str,
 
 
 def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) -> List[RunRecord]:
-    """Slurm ``JobInfo``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored)."""
+    """Slurm ``JobInfo``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored).
+
+    Args:
+        records: Slurm job records (read by attribute: ``job_id``, ``comment``, ``submit_ts``, ``start_ts``,
+            ``end_ts``, ``state``).
+        task_of_job: the replay's submitted job id -> task index.
+
+    Returns:
+        One ``RunRecord`` per job of the replay or rerun of one (naming its job in ``oom-retry-of-<id>``), in
+        record order; times in Unix s, 0 where unset.
+    """
     out: List[RunRecord] = []
     for r in records:
         parent = retry_parent(r.comment)

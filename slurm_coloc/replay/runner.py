@@ -74,6 +74,14 @@ def sbatch_argv(
 
     Coloc mode asks ``--coloc-mem=<mem_mib + context_mib>M``; a task of unknown memory gets a whole GPU.
 
+    Args:
+        task: the trace task (``index``, ``workload``, ``steps``, ``mem_mib``: catalog peak in MiB or 0).
+        mode: one of ``MODES``.
+        job_script: the batch script the task runs.
+        output: the job's ``--output`` pattern.
+        extra: more coloc-sbatch arguments, before the script.
+        context_mib: MiB added to the catalog peak in the coloc modes (CUDA context and workspaces).
+
     Raises:
         ColocError: unknown mode or a negative ``context_mib``.
     """
@@ -127,8 +135,20 @@ def open_energy_reader() -> Optional[object]:
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
     """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
-    databases under ``cfg.state_dir``; ``records``: the replay's ``JobInfo`` records (their nodes). None: no
-    sample (an unreadable database counts as none)."""
+    databases under ``cfg.state_dir``.
+
+    Args:
+        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
+        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
+        t0: start of the span, Unix time (s).
+        t1: end of the span, Unix time (s).
+
+    Returns:
+        The mean in %, or None where no sample covers the span (an unreadable database counts as none).
+
+    Raises:
+        SlurmError: a record's ``nodes`` is not a valid host list.
+    """
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
 
@@ -146,7 +166,21 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
 def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
                         t1: float) -> "tuple[Optional[float], Dict[str, Optional[float]]]":
     """(mean GPM SM activity % over every GPU of the replay's nodes, the same per ``node:gpu_index``) over
-    [t0, t1] from the sampler databases; an idle GPU shows with its low mean."""
+    [t0, t1] from the sampler databases; an idle GPU shows with its low mean.
+
+    Args:
+        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
+        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
+        t0: start of the span, Unix time (s).
+        t1: end of the span, Unix time (s).
+
+    Returns:
+        (mean %, {``node:gpu_index``: mean %}); None where no sample covers the span (an unreadable database
+        counts as none).
+
+    Raises:
+        SlurmError: a record's ``nodes`` is not a valid host list.
+    """
     from slurm_coloc.replay.metrics import mean_smact_per_gpu
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
@@ -163,7 +197,14 @@ def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
 
 
 def parse_index_nodes(nodes: str) -> List[str]:
-    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``)."""
+    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``).
+
+    Args:
+        nodes: a Slurm host list.
+
+    Raises:
+        SlurmError: not a valid host list (``expand_hostlist``).
+    """
     return expand_hostlist(nodes)
 
 
@@ -172,7 +213,19 @@ def task_script(job_script: str, task: Task, out_dir: str) -> str:
     a comment line naming the task's workload and steps after the first line, so each task has its own script
     SHA-256, hence its own job signature: coloc-placer's history of a task (its exclusive run: activity, run
     time and start-up alone) steers that task only, as the placement benchmark's one script per job does. The
-    same task gets the same file in every pass."""
+    same task gets the same file in every pass.
+
+    Args:
+        job_script: the batch script to copy.
+        task: the trace task (``workload``, ``steps``).
+        out_dir: the directory the copy is written to (must exist).
+
+    Returns:
+        The copy's path.
+
+    Raises:
+        OSError: ``job_script`` unreadable or ``out_dir`` not writable.
+    """
     text = Path(job_script).read_text()
     head, _, rest = text.partition("\n")
     body = f"{head}\n# coloc-replay task: {task.workload} --steps {task.steps}\n{rest}"
@@ -271,7 +324,12 @@ def run_replay(
 
 
 def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
-    """Note in ``gpu_of`` the first GPU (``node:index``, from ``gres_detail``) each running job holds."""
+    """Note in ``gpu_of`` the first GPU (``node:index``, from ``gres_detail``) each running job holds.
+
+    Args:
+        records: the jobs as squeue shows them; entries without ``gres_detail`` add nothing.
+        gpu_of: job id -> ``node:index``, updated in place; a job already noted keeps its first GPU.
+    """
     from slurm_coloc.slurm.placement import gpu_holdings
 
     for r in records:
@@ -326,8 +384,14 @@ def submit_for_placer(argv: Sequence[str], cfg: Config,
     whole-GPU plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with
     ``--parsable``).
 
+    Args:
+        argv: coloc-sbatch arguments (``sbatch_argv``).
+        cfg: ``slurm_bin_dir``.
+        env: the environment coloc-sbatch and sbatch run with.
+
     Raises:
         ColocError: the dry run failed or printed no sbatch command.
+        SlurmError: sbatch missing or timed out (its own refusal comes back as the process).
     """
     from slurm_coloc.placement.submit import placer_argv
 
@@ -341,5 +405,14 @@ def submit_for_placer(argv: Sequence[str], cfg: Config,
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
-    """``scancel`` the given jobs (ignored when none)."""
+    """``scancel`` the given jobs (ignored when none).
+
+    Args:
+        cfg: ``slurm_bin_dir``.
+        job_ids: the jobs to cancel; Slurm's refusal (a job already ended) is ignored.
+        env: the environment scancel runs with.
+
+    Raises:
+        SlurmError: scancel missing or timed out.
+    """
     cancel_jobs(job_ids, cfg.slurm_bin_dir, env)

@@ -114,6 +114,12 @@ def _require(rows: List[Dict[str, str]], path: Path, cols: Tuple[str, ...]) -> N
 def load_trace(path: Path) -> List[Tuple[int, float, str]]:
     """``(task_index, submit_time_s, task_rad)`` rows in file order.
 
+    Args:
+        path: the trace CSV (``task_index,submit_time_s,...,task_rad``).
+
+    Returns:
+        ``(task index, submit time in s from the trace's origin, .rad file name)`` per row.
+
     Raises:
         ColocError: unreadable file, missing column or a non-numeric time.
     """
@@ -126,7 +132,17 @@ def load_trace(path: Path) -> List[Tuple[int, float, str]]:
 
 
 def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
-    """``rad_file`` -> its catalog row."""
+    """``rad_file`` -> its catalog row.
+
+    Args:
+        path: ``workload_catalog_from_rad.csv``.
+
+    Returns:
+        .rad file name -> its row (column -> text; ``measured_peak_mem_MB`` in MB, read as MiB).
+
+    Raises:
+        ColocError: unreadable file, no rows or a missing column.
+    """
     rows = _read_csv(path)
     _require(
         rows,
@@ -137,7 +153,18 @@ def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
 
 
 def load_runtimes(path: Path) -> Dict[Tuple[str, Optional[int]], float]:
-    """(script stem, batch or None) -> exclusive execution time of one run (s) from the run summary."""
+    """(script stem, batch or None) -> exclusive execution time of one run (s) from the run summary.
+
+    Args:
+        path: ``exclusive_run_summary.csv``.
+
+    Returns:
+        ``(script stem, batch size or None)`` -> one epoch's exclusive time (s); rows with a non-numeric
+        time are skipped.
+
+    Raises:
+        ColocError: unreadable file, no rows or a missing column.
+    """
     rows = _read_csv(path)
     _require(rows, path, ("Script", "Run folder", "Execution time(s)"))
     out: Dict[Tuple[str, Optional[int]], float] = {}
@@ -151,7 +178,11 @@ def load_runtimes(path: Path) -> Dict[Tuple[str, Optional[int]], float]:
 
 
 def epochs_of(rad: str) -> int:
-    """Epochs encoded in a .rad name (``resnet18_cifar100_20e_3.rad`` -> 20), else 1."""
+    """Epochs encoded in a .rad name (``resnet18_cifar100_20e_3.rad`` -> 20), else 1.
+
+    Args:
+        rad: the .rad file name.
+    """
     m = re.search(r"_(\d+)e_", rad)
     return int(m.group(1)) if m else 1
 
@@ -174,6 +205,14 @@ def map_task(
     min_steps: int = 20,
 ) -> Task:
     """One trace row -> Task (module docstring has the rules).
+
+    Args:
+        index: the task's index; submit_s: its offset from the first task (s, unscaled); rad: its .rad file.
+        catalog: ``load_catalog``'s mapping; runtimes: ``load_runtimes``'s (a script missing there costs
+            ``DEFAULT_REF_S``, noted in ``Task.note``).
+        time_scale: factor on the submit offset; work_scale: factor on the reference exclusive time (epoch
+            time x epochs, s) giving the task's work (s).
+        min_steps: the fewest training steps a task gets.
 
     Raises:
         ColocError: the .rad is not in the catalog.
@@ -228,8 +267,18 @@ def build_tasks(
 ) -> List[Task]:
     """All tasks of ``trace`` (or ``max_tasks`` from ``first_task`` on), submit offsets rebased to the first.
 
+    Args:
+        trace: the trace CSV (``load_trace``).
+        catalog: the workload catalog CSV (``load_catalog``).
+        runtimes: the exclusive run summary CSV (``load_runtimes``).
+        time_scale: factor on submit offsets, > 0.
+        work_scale: factor on each task's reference exclusive time, > 0.
+        max_tasks: how many rows to take; None: all from ``first_task``.
+        first_task: the first row taken (0-based position in the file).
+
     Raises:
-        ColocError: bad scales or any of ``map_task``'s errors.
+        ColocError: bad scales, no task selected, any loader's error (unreadable file, missing column, bad
+            number) or any of ``map_task``'s errors.
     """
     if not (time_scale > 0 and work_scale > 0):
         raise ColocError(f"time and work scales must be > 0 (got {time_scale}, {work_scale})")

@@ -28,7 +28,12 @@ def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
     """job id -> whether another job's span overlapped it on one of its GPUs (jobs with a start and a GPU
     only).
 
-    ``jobs``: ``JobView``-like objects (``job_id``, ``start_ts``, ``end_ts`` (None: running), ``gpu_list``).
+    Args:
+        jobs: ``JobView``-like objects (``job_id``, ``start_ts`` and ``end_ts`` in Unix s, ``end_ts`` None:
+            running, ``gpu_list``: ``(node, GPU index)`` pairs).
+
+    Returns:
+        job id -> shared, for every job with a start and a GPU.
     """
     by_gpu: Dict[Tuple[str, int], List[Tuple[float, float, int]]] = {}
     for j in jobs:
@@ -54,7 +59,13 @@ def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
 def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
     """job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone"}`` (module docstring). Pure.
 
-    ``jobs``: ``JobView``s with ``signature``, ``state``, ``runtime_s``.
+    Args:
+        jobs: ``JobView``s with ``signature``, ``state``, ``runtime_s`` (s) and what ``shared_jobs`` reads;
+            every recorded job, as the history the alone runtimes come from.
+
+    Returns:
+        For every job: ``shared_gpu`` (bool, None without a start or GPU), ``alone_runtime_s`` (s, None
+        without history), ``rate_vs_alone`` (ratio to 3 decimals, None unless COMPLETED with history).
     """
     shared = shared_jobs(jobs)
     alone_by_sig: Dict[str, List[Tuple[int, float]]] = {}
@@ -74,11 +85,26 @@ def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
 
 
 def gate_pct(cfg: Config) -> Tuple[float, float, float]:
-    """The placement gate in percent: (SMACT, SMOCC, DRAMA)."""
+    """The placement gate in percent: (SMACT, SMOCC, DRAMA).
+
+    Args:
+        cfg: ``placement_smact_gate``, ``placement_smocc_gate``, ``placement_drama_gate`` (fractions).
+
+    Returns:
+        (SMACT %, SMOCC %, DRAMA %).
+    """
     return (100.0 * cfg.placement_smact_gate, 100.0 * cfg.placement_smocc_gate,
             100.0 * cfg.placement_drama_gate)
 
 
 def saturated_share(saturated_s: Optional[float], sampled_s: Optional[float]) -> Optional[float]:
-    """Percent of sampled time saturated (None without sampled time)."""
+    """Percent of sampled time saturated (None without sampled time).
+
+    Args:
+        saturated_s: seconds saturated, or None.
+        sampled_s: seconds sampled, or None.
+
+    Returns:
+        %, to one decimal, or None.
+    """
     return None if not sampled_s or saturated_s is None else round(100.0 * saturated_s / sampled_s, 1)

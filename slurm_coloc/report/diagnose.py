@@ -103,7 +103,12 @@ class CpuStats:
 
 
 def cpu_of(job: Any) -> Optional[CpuStats]:
-    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded."""
+    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded.
+
+    Args:
+        job: a ``JobView`` (read by attribute: ``train_cpu_cores``, ``workers_cpu_cores``, ``cpu_workers``,
+            ``cpus``, ``cpu_samples``).
+    """
     train = getattr(job, "train_cpu_cores", None)
     if train is None or not getattr(job, "cpu_samples", None):
         return None
@@ -121,6 +126,14 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
 
     Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span, the
     idle share over the samples with the job's process.
+
+    Args:
+        series: the job's samples in time order, one mapping each (percentages in %, memory in MiB).
+        idle_smact_pct: SM activity (%) below which a sample with the job's process counts as idle.
+
+    Returns:
+        Means in %, ``smact_idle_pct`` in % of the samples with the job's process (None when there is none),
+        ``active_samples`` their count.
     """
     def col(key: str) -> List[float]:
         return [float(s[key]) for s in series if s.get(key) is not None]
@@ -135,7 +148,12 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
 
 
 def stats_of(job: Any) -> JobStats:
-    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
+    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures).
+
+    Args:
+        job: a ``JobView`` (read by attribute: ``smact_mean``, ``smocc_mean``, ``tensor_mean``, ``dram_mean``,
+            ``smact_idle_pct``, ``active_samples``).
+    """
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct,
                     active_samples=job.active_samples)

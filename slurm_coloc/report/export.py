@@ -13,6 +13,12 @@ def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str
 
     Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268 jobs took 1
     s).
+
+    Args:
+        view: the view's name, the top-level key.
+        rows: the view's rows; values json cannot encode are written as ``str``.
+        problems: the report's problem lines.
+        file: a text stream opened for writing.
     """
     file.write(f"{{{json.dumps(view)}: [\n")
     file.write(",\n".join(json.dumps(r, default=str) for r in rows))
@@ -20,9 +26,15 @@ def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str
 
 
 def to_csv(rows: Sequence[Dict[str, object]], file: IO[str], columns: Sequence[str] = ()) -> None:
-    """Write rows as CSV: the header is ``columns`` (the view's or the ``-o`` ones, ``report/columns.py``;
-    written even without a row; none given: the rows' keys); times (``*_ts``) in ISO 8601, lists joined by ``;
-    ``."""
+    """Write rows as CSV: the header is ``columns``, written even without a row; times (``*_ts``) in ISO 8601,
+    lists joined by ``; ``.
+
+    Args:
+        rows: the view's rows; keys outside ``columns`` are left out.
+        file: a text stream opened for writing.
+        columns: the view's or the ``-o`` ones (``report/columns.py``); none given: the rows' keys, in first
+            seen order.
+    """
     cols: List[str] = list(columns)
     for r in rows:
         cols.extend(k for k in r if k not in cols and not columns)

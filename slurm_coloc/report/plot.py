@@ -35,7 +35,20 @@ def _dt(ts: float) -> datetime.datetime:
 
 def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
              viewer: Viewer, t0: float, t1: float, total_mib: object, path: Path) -> Path:
-    """Write ``timeline_figure`` to ``path`` (PNG)."""
+    """Write ``timeline_figure`` to ``path`` (PNG).
+
+    Args:
+        node: the node name; gpu: the GPU's NVML index.
+        series: ``(Unix s, memory used MiB, SM activity %)`` samples, None where not recorded.
+        jobs: the jobs of the report; those on this GPU with a start are drawn.
+        viewer: who looks: other users' jobs are labelled ``other`` unless ``viewer.sees_all``.
+        t0: start of the time axis (Unix s); t1: its end.
+        total_mib: the GPU's memory (MiB), drawn as a dashed line; falsy: not drawn.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+    """
     plt = _plt()
     fig = timeline_figure(node, gpu, series, jobs, viewer, t0, t1, total_mib)
     fig.savefig(path, dpi=100)
@@ -154,7 +167,15 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
 
 
 def scatter(jobs: Sequence[JobView], path: Path) -> Path:
-    """Estimate (x) vs measured peak (y) in GiB per job, with the y = x line; OOM deaths in red."""
+    """Estimate (x) vs measured peak (y) in GiB per job, with the y = x line; OOM deaths in red.
+
+    Args:
+        jobs: the jobs of the view; those with both an estimate and a peak (MiB) are drawn.
+        path: the PNG file to write.
+
+    Returns:
+        ``path``.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 7))
     pts = [(j.estimate_mib / 1024, j.peak_mem_mib / 1024, j.oom) for j in jobs
@@ -189,7 +210,16 @@ def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence
                ) -> Tuple[float, float]:
     """The time axis for window [w0, w1]: the extent of the samples and job spans inside it, padded by
     ``FIT_PAD_FRAC`` of that extent (at least 30 s) and kept inside the window; the window itself without
-    data."""
+    data.
+
+    Args:
+        w0: the window's start (Unix s); w1: its end.
+        sample_ts: sample times (Unix s); those outside the window are ignored.
+        spans: job ``(start, end)`` spans (Unix s), clipped to the window.
+
+    Returns:
+        ``(t0, t1)`` in Unix s, within ``[w0, w1]``.
+    """
     pts = [t for t in sample_ts if w0 <= t <= w1]
     pts += [min(max(x, w0), w1) for s, e in spans if e >= w0 and s <= w1 for x in (s, e)]
     if not pts:
@@ -204,7 +234,18 @@ def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: floa
                            Dict[Tuple[str, int], float]]:
     """The timelines' time axis (``fit_window`` of the window to its samples and jobs) and their series
     ``{(node, gpu): [(ts, mem MiB, SM activity %)]}`` and GPU totals (MiB), fetched again at the finer
-    resolution when the fitted axis is less than half the window."""
+    resolution when the fitted axis is less than half the window.
+
+    Args:
+        report: the loaded databases (``summarize.load_report``).
+        jobs: the jobs of the view (filtered, with usage).
+        flt: the window (``since``/``until``, Unix s; open ends: the first job's start, or a day before
+            ``now``, and ``now``) and the nodes asked.
+        now: the present (Unix s): the end of an open window and of running jobs.
+
+    Returns:
+        ``(t0, t1, series per (node, GPU index), memory total per (node, GPU index) in MiB)``.
+    """
     w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts),
                                                      default=now - 86400)
     w1 = flt.until if flt.until is not None else now
@@ -268,7 +309,10 @@ def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Pat
     """One job over its span: SM activity and occupancy (%), tensor and DRAM activity (%), the job's GPU
     memory against its grant (GiB), with its findings written above the panels (``coloc-report advise``).
 
-    ``series``: ``views.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
+    Args:
+        job: the job (findings, ``requested_mib`` MiB, span in Unix s).
+        series: ``views.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
+        path: the PNG file to write; returned.
     """
     plt = _plt()
     fig, (ax_sm, ax_tc, ax_mem) = plt.subplots(3, 1, figsize=(12, 8), sharex=True,

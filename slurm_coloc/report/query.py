@@ -66,6 +66,9 @@ def _items(data: Mapping[str, Any], key: str, kind: type) -> Tuple[Any, ...]:
 def query_from_json(data: Any) -> Query:
     """A ``Query`` from a request body (untrusted JSON).
 
+    Args:
+        data: the decoded request, of any type.
+
     Raises:
         ColocError: not an object, an unknown view, or a field of the wrong type or size.
     """
@@ -83,6 +86,12 @@ def query_from_json(data: Any) -> Query:
 def collect(cfg: Config, q: Query, viewer: views.Viewer,
             now: Optional[float] = None) -> Tuple[Report, List[JobView], List[Dict[str, object]]]:
     """Read the databases of ``cfg`` and compute ``q.view`` as ``viewer`` may see it.
+
+    Args:
+        cfg: ``state_dir``, ``admin_group`` and the report thresholds.
+        q: the query (view, window as typed, filters, sort).
+        viewer: who asks (``views.current_viewer``).
+        now: the present (Unix s; default the clock): relative times, running jobs' ends.
 
     Returns:
         (the report with its problems, the selected jobs, the view's rows sorted by ``q.sort_key``).
@@ -133,6 +142,12 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
     its findings, "series": its samples (``views.job_series``), "notes": what a rule could not judge,
     "problems"}``.
 
+    Args:
+        cfg: ``state_dir`` and the diagnosis thresholds.
+        job_id: the job.
+        viewer: who asks (``views.current_viewer``).
+        now: the present (Unix s; default the clock): a running job's end.
+
     Raises:
         ColocError: the job is not recorded, or is another user's and ``viewer`` does not see all jobs.
     """
@@ -160,10 +175,15 @@ def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
     (``advise``), only for the caller's own jobs unless the caller sees all; any other request is a report
     ``Query``.
 
+    Args:
+        cfg: the reader's configuration.
+        request: the decoded request (untrusted JSON, of any type).
+        uid: the asking process's uid (``SO_PEERCRED``).
+
     Returns:
         ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as
         ``JobView.to_json``, for the jobs table), or ``{"ok": false, "error": <one line>, "exit_code": n}``.
-        Never raises a ``ColocError``.
+        Never raises: any error (a damaged database too) becomes an ``ok: false`` answer.
     """
     try:
         if isinstance(request, dict) and request.get("op") == "history":
@@ -188,6 +208,9 @@ _JOB_FIELDS = {f.name for f in fields(JobView)}
 
 def jobs_from_json(items: Sequence[Mapping[str, Any]]) -> List[JobView]:
     """``JobView``s back from ``answer``'s ``jobs`` (unknown keys such as ``runtime_s`` dropped).
+
+    Args:
+        items: the ``jobs`` list of the reader's answer.
 
     Raises:
         ColocError: an item lacks a required field.

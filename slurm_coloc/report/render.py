@@ -79,7 +79,16 @@ def _console(file: Optional[IO[str]]) -> Console:
 
 def fit_columns(widths: Sequence[int], priority: Sequence[int], width: int) -> List[int]:
     """Indices of the columns kept so that the table fits ``width`` (rich's SIMPLE_HEAD box: 3 characters of
-    padding and rule per column): the lowest ``priority`` go first; the first column always stays."""
+    padding and rule per column): the lowest ``priority`` go first; the first column always stays.
+
+    Args:
+        widths: each column's widest cell (characters).
+        priority: per column, how long it stays (higher stays longer).
+        width: the characters available.
+
+    Returns:
+        The kept columns' indices, in order; the first column even when it alone does not fit.
+    """
     keep = list(range(len(widths)))
     for i in sorted(range(1, len(widths)), key=lambda k: priority[k]):
         if sum(widths[k] + 3 for k in keep) <= width:
@@ -134,7 +143,15 @@ def _plain(key: str, v: object) -> str:
 
 def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[str], problems: Sequence[str],
                    file: Optional[IO[str]] = None) -> None:
-    """A table of the ``-o/--format`` columns (headed by their keys), in the order given."""
+    """A table of the ``-o/--format`` columns (headed by their keys), in the order given.
+
+    Args:
+        view: the view's name, in the title.
+        rows: the view's rows.
+        cols: the columns to show (``columns.select_columns``).
+        problems: the report's reading problems, printed dimmed after the table.
+        file: the text stream to print to; None: standard output.
+    """
     console = _console(file)
     cells = [[_plain(c, r.get(c)) for c in cols] for r in rows]
     right = [bool(rows) and all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows)
@@ -147,7 +164,13 @@ def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
     """Print the per-job table, then each job's waste reasons and notes, then the reading problems
-    (dimmed)."""
+    (dimmed).
+
+    Args:
+        jobs: the selected jobs (usage, waste and findings filled in).
+        problems: the report's reading problems, printed dimmed last.
+        file: the text stream to print to; None: standard output.
+    """
     console = _console(file)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused",
                "util.",
@@ -190,7 +213,14 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
 
 def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optional[IO[str]] = None) -> None:
     """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the
-    notes."""
+    notes.
+
+    Args:
+        job: the job, findings filled in (``query.advise``).
+        notes: what a rule could not judge.
+        png: the timeline's path, printed when given; None: no line.
+        file: the text stream to print to; None: standard output.
+    """
     console = _console(file)
     out = console.print
     out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran "
@@ -249,7 +279,14 @@ TITLES = {"users": "per user", "gpus": "per GPU (sample figures over the window)
 
 def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str],
                file: Optional[IO[str]] = None) -> None:
-    """Print a ``users``/``gpus``/``nodes`` view as a table."""
+    """Print a ``users``/``gpus``/``nodes`` view as a table.
+
+    Args:
+        view: ``users``, ``gpus`` or ``nodes`` (a key of ``COLUMNS``).
+        rows: the view's rows.
+        problems: the report's reading problems, printed dimmed after the table.
+        file: the text stream to print to; None: standard output.
+    """
     console = _console(file)
     _emit(console, f"slurm-coloc {TITLES[view]}", [h for h, _, _ in COLUMNS[view]],
           [key not in ("user", "node") for _, key, _ in COLUMNS[view]],
@@ -261,7 +298,13 @@ def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[
 
 
 def cluster_table(row: Dict[str, object], problems: Sequence[str], file: Optional[IO[str]] = None) -> None:
-    """Print the cluster summary as a two-column table."""
+    """Print the cluster summary as a two-column table.
+
+    Args:
+        row: ``views.cluster_row``'s row.
+        problems: the report's reading problems, printed dimmed after the table.
+        file: the text stream to print to; None: standard output.
+    """
     console = _console(file)
     table = Table(title="slurm-coloc cluster summary")
     table.add_column("figure")

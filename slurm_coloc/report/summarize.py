@@ -179,6 +179,14 @@ def load_report(cfg: Config) -> Report:
     jobs).
 
     Only identity, request and outcome are filled here; ``add_usage`` adds the measured figures.
+
+    Args:
+        cfg: ``state_dir`` (``ctld.db`` and ``nodes/*.db`` under it).
+
+    Returns:
+        The ``Report``: job views in job id order, the open node databases, summaries, OOM records, and
+        ``problems``. Never raises for a bad database: a missing, locked or corrupt file becomes a
+        ``problems`` line.
     """
     report = Report()
     ctld_rows: Dict[int, store_jobs.JobRow] = {}
@@ -234,7 +242,14 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
 def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
     """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``), validated by
     ``comment.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when absent or
-    invalid."""
+    invalid.
+
+    Args:
+        spec_json: the recorded spec as JSON text, or None.
+
+    Returns:
+        ``{"batch_size": int or None, "precision": str or None}``, or ``{}``. Never raises for bad text.
+    """
     from slurm_coloc.comment import CommentSpec
 
     spec = CommentSpec.from_json_text(spec_json)
@@ -244,7 +259,15 @@ def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
-    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024."""
+    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024.
+
+    Args:
+        job: the job (``shards``, ``share_mode``, ``gpu_list``).
+        cfg: ``gpu_mem_gib``, the memory of one GPU (GiB; one shard is 1 GiB).
+
+    Returns:
+        MiB, or None for a job holding neither shards nor whole GPUs.
+    """
     if job.shards:
         return float(job.shards * MIB_PER_GIB)
     n_gpus = len(job.gpu_list)
@@ -254,7 +277,15 @@ def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
 
 
 def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
-    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs."""
+    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs.
+
+    Args:
+        job: the job (``shards``, ``gpu_list``).
+        cfg: ``gpu_mem_gib``, the memory of one GPU (GiB; one shard is 1 GiB).
+
+    Returns:
+        GPUs (fractional for shards, at most 1 per GPU listed), or None for a job with neither.
+    """
     if job.shards:
         return min(1.0, job.shards / cfg.gpu_mem_gib) * max(1, len(job.gpu_list))
     return float(len(job.gpu_list)) if job.gpu_list else None
@@ -289,7 +320,12 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
 def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
     """Why the sampler's watchdog stopped (or recorded) ``job``, in words, from its nodes' ``watchdog_events``
     (``store/watchdog.py``): ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no
-    event."""
+    event.
+
+    Args:
+        job: the job (its ``gpu_list`` and ``nodes`` say which node databases to read).
+        report: the loaded databases (``load_report``).
+    """
     nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
     for node in sorted(nodes):
         db = report.node_dbs.get(node)

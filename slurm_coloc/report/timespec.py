@@ -120,6 +120,11 @@ def parse_window(since: Optional[str], until: Optional[str],
                  now: Optional[float] = None) -> Tuple[Optional[float], Optional[float]]:
     """``(since, until)`` in Unix seconds (each None when not given).
 
+    Args:
+        since: the ``--since`` value as typed, or None.
+        until: the ``--until`` value as typed, or None.
+        now: the present (Unix s; default the clock), for relative forms; both ends use the same.
+
     Raises:
         ColocError: a bad form (``parse_when``), or an end before the start.
     """

@@ -52,6 +52,11 @@ def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
     """The calling user and whether they see every job (uid 0, or a member of ``cfg.admin_group``).
 
     Membership: the group's member list or the user's primary group.
+
+    Args:
+        cfg: ``admin_group``, the group whose members see every job (empty: root only).
+        uid: the user id; None: this process's effective uid. A uid without a passwd entry is named by its
+            number.
     """
     uid = os.geteuid() if uid is None else uid
     try:
@@ -90,7 +95,17 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
                 now: Optional[float] = None) -> List[JobView]:
     """Jobs that overlap the window, match the filters and ``viewer`` may see, with usage figures added.
 
-    ``with_util``: also the coarse utilization of every job (one batched scan; the GPU views do not need it).
+    Args:
+        report: the loaded databases (``summarize.load_report``).
+        cfg: the waste and diagnosis thresholds, ``gpu_mem_gib``.
+        flt: the window (Unix s) and filters.
+        viewer: who asks; one who does not see all gets only their own jobs.
+        with_util: also the coarse utilization of every job (one batched scan; the GPU views do not need
+            it).
+        now: the present (Unix s; default the clock): where a running job's span ends.
+
+    Returns:
+        The jobs in ``report.jobs`` order, with usage, collocation figures, waste reasons and findings.
     """
     picked = []
     for j in report.jobs:
@@ -113,8 +128,14 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
 
 
 def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
-    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first; ``series``: its
-    samples (``coloc-report advise``), used where the Epilog summary lacks a figure."""
+    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first.
+
+    Args:
+        job: the job, usage figures filled in (``summarize.add_usage``).
+        cfg: the diagnosis thresholds.
+        series: its samples (``job_series``; ``coloc-report advise``), used where the Epilog summary lacks a
+            figure; None: the summary's figures only.
+    """
     d = diagnose.diagnose(job, cfg, series)
     return replace(job, findings=[f.to_json() for f in d.findings])
 
@@ -124,6 +145,14 @@ def flag_waste(job: JobView, cfg: Config) -> JobView:
 
     Rules: SM activity mean below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of the
     requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` are not judged.
+
+    Args:
+        job: the job, usage figures filled in (``runtime_s`` s, ``smact_mean`` %, ``unused_mib`` and
+            ``requested_mib`` MiB).
+        cfg: the ``report_waste_*`` thresholds.
+
+    Returns:
+        ``job`` with ``waste`` set, or ``job`` itself when nothing is flagged.
     """
     if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
         return job
@@ -147,7 +176,16 @@ SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
 def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
     """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct,
     dram_bw_pct, job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that
-    instant, None when it had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets."""
+    instant, None when it had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets.
+
+    Args:
+        report: the loaded databases (``summarize.load_report``).
+        job: the job (``start_ts``, ``end_ts``, ``gpu_list``); one that never started has no samples.
+        now: the present (Unix s), where a running job's span ends.
+
+    Returns:
+        The rows (``ts`` in Unix s, percentages in %, memory in MiB), across GPUs sorted by ``ts``.
+    """
     if job.start_ts is None:
         return []
     t1 = job.end_ts if job.end_ts is not None else now
@@ -189,7 +227,11 @@ def _fold_series(rows: List[Dict[str, object]], t0: float, t1: float) -> List[Di
 
 
 def job_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
-    """The per-job view: one JSON-able dict per job (``JobView.to_json``)."""
+    """The per-job view: one JSON-able dict per job (``JobView.to_json``).
+
+    Args:
+        jobs: the selected jobs (``select_jobs``).
+    """
     return [j.to_json() for j in jobs]
 
 
@@ -207,7 +249,14 @@ def _wmean(pairs: Iterable[Tuple[Optional[float], Optional[float]]]) -> Optional
 
 
 def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
-    """Per user: jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour weighted), OOMs, wasteful jobs."""
+    """Per user: jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour weighted), OOMs, wasteful jobs.
+
+    Args:
+        jobs: the selected jobs (``select_jobs``).
+
+    Returns:
+        One row per user, by name (``?`` for jobs without one).
+    """
     by: Dict[str, List[JobView]] = {}
     for j in jobs:
         by.setdefault(j.user or "?", []).append(j)
@@ -252,6 +301,19 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
     Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job
     figures use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their
     own, while the GPU's sample figures (like ``sinfo``) are shown as they are.
+
+    Args:
+        report: the loaded databases (``summarize.load_report``).
+        jobs: the selected jobs (``select_jobs``).
+        flt: the window (Unix s) and the node filter.
+        viewer: who asks; not read here: ``jobs`` already hold only what the viewer may see.
+        now: the present (Unix s), where a running job's span ends.
+        cfg: the placement gate's thresholds; None: the defaults.
+
+    Returns:
+        One row per (node, GPU) with samples or job spans, sorted; hours in h, percentages in %, memory in
+        MiB, energy in kWh; ``_job_s``/``_busy_s`` (s) for ``node_rows``/``cluster_row`` (``public`` drops
+        them).
     """
     spans = _gpu_spans(jobs, flt, now)
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
@@ -315,7 +377,11 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
 
 
 def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
-    """Per node, from the GPU rows: GPUs, busy hours, collocation factor, means weighted by sampled hours."""
+    """Per node, from the GPU rows: GPUs, busy hours, collocation factor, means weighted by sampled hours.
+
+    Args:
+        gpus: ``gpu_rows``' rows (with their ``_``-prefixed columns).
+    """
     by: Dict[str, List[Dict[str, object]]] = {}
     for g in gpus:
         by.setdefault(str(g["node"]), []).append(g)
@@ -324,14 +390,23 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
 
 def estimated(job: JobView) -> bool:
     """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
-    (whose recorded "estimate" is the GPU's size)."""
+    (whose recorded "estimate" is the GPU's size).
+
+    Args:
+        job: the job (``share_mode``, ``retry_of``, ``estimate_method``).
+    """
     return job.share_mode not in ("gpu",
                                   "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
 
 
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
     """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate
-    error."""
+    error.
+
+    Args:
+        gpus: ``gpu_rows``' rows (with their ``_``-prefixed columns).
+        jobs: the selected jobs (``select_jobs``).
+    """
     errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
     row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
@@ -358,13 +433,26 @@ def _fold(gs: Sequence[Dict[str, Any]]) -> Dict[str, object]:
 
 
 def public(rows: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
-    """Rows without the internal ``_``-prefixed columns."""
+    """Rows without the internal ``_``-prefixed columns.
+
+    Args:
+        rows: any view's rows.
+    """
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
 
 def sort_rows(rows: List[Dict[str, object]], key: Optional[str],
               descending: bool = False) -> List[Dict[str, object]]:
-    """Sort by column ``key`` (None last). Raises KeyError naming the column when no row has it."""
+    """Sort by column ``key`` (None last).
+
+    Args:
+        rows: the view's rows; sorted in place when ``key`` is given, and returned.
+        key: the column; None or ``""`` leaves the order as it is.
+        descending: largest first (rows without the value still last).
+
+    Raises:
+        KeyError: no row has the column (the error names it).
+    """
     if not key:
         return rows
     if rows and not any(key in r for r in rows):

@@ -25,6 +25,12 @@ def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, s
     """Cancel ``job_id``. Equivalent: ``scancel <job_id>`` (a job that already ended is not an error to
     Slurm).
 
+    Args:
+        job_id: the job to cancel.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds scancel may take before it is killed.
+
     Raises:
         SlurmError: scancel missing, timed out or refused (its stderr is carried).
     """
@@ -35,6 +41,11 @@ def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
                 env: Optional[Mapping[str, str]] = None) -> None:
     """Cancel every job of ``job_ids`` with one ``scancel <id>...``, best effort (coloc-replay's clean-up):
     Slurm's refusal is ignored; nothing is run for no job.
+
+    Args:
+        job_ids: the jobs to cancel; empty runs nothing.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
         SlurmError: scancel missing or timed out.
@@ -48,6 +59,9 @@ def parse_stderr_target(job: JobInfo) -> StderrTarget:
     separate stderr) and its uid/gid, all from ``squeue --json`` (``slurm/jobinfo.py``), never from text a
     user can shape.
 
+    Args:
+        job: the job record (``stderr_path``, ``stdout_path``, ``uid``, ``gid``).
+
     Raises:
         SlurmError: no path or no uid/gid in the record.
     """
@@ -60,6 +74,12 @@ def parse_stderr_target(job: JobInfo) -> StderrTarget:
 def stderr_target(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                   timeout_s: float = 15.0) -> StderrTarget:
     """Where ``job_id`` writes its stderr, and as whom. Equivalent: ``squeue --json`` and pick the job.
+
+    Args:
+        job_id: the job.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds for the Slurm query (``jobs.job_info``).
 
     Raises:
         SlurmError: unknown job, squeue failure, or fields missing.

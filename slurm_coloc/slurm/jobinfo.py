@@ -155,6 +155,18 @@ def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], arra
     ``%j`` job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``.
     ``"out-%j.txt"`` with job 7 in ``/w`` -> ``/w/out-7.txt``. The result is text for display and for an
     as-user open; nothing in it is interpreted.
+
+    Args:
+        pattern: the path pattern as submitted (``--output``/``--error``/``--input``).
+        job_id: the job's id (``%j``).
+        array_job_id: the array's job id (``%A``), or None/0 outside an array.
+        array_task_id: the array task id (``%a``), or None outside an array.
+        user_name: the job owner's name (``%u``).
+        job_name: the job's name (``%x``).
+        work_dir: the job's working directory, joined to a relative result.
+
+    Returns:
+        The expanded path, absolute where ``work_dir`` is.
     """
     text = pattern.replace("%A", str(array_job_id if array_task_id is not None and array_job_id else job_id))
     text = text.replace("%a", str(array_task_id if array_task_id is not None else NO_VAL))
@@ -212,7 +224,15 @@ def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
 
 def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, release: str = "") -> JobInfo:
     """One ``jobs[]`` entry of ``squeue --json`` / ``scontrol show job --json`` (any schema: module docstring)
-    -> ``JobInfo``; ``now`` (default: the clock) for ``run_s``; ``release`` from the output's ``meta``.
+    -> ``JobInfo``.
+
+    Args:
+        j: one ``jobs[]`` entry, as decoded from JSON.
+        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
+        release: the Slurm release the output's ``meta`` names (``JobInfo.slurm_release``), or ``""``.
+
+    Returns:
+        The typed record; an unreadable ``nodes`` host list gives empty ``node_names`` rather than an error.
 
     Raises:
         SlurmError: the entry has no integer ``job_id``.
@@ -256,6 +276,14 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
     """Every job in ``squeue --json`` or ``scontrol show job --json`` output, and the release its ``meta``
     names.
 
+    Args:
+        text_: the command's whole standard output.
+        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
+
+    Returns:
+        (one ``JobInfo`` per entry with an integer ``job_id``, in output order (entries without one are
+        skipped), the release ``meta`` names or None).
+
     Raises:
         SlurmError: not JSON or no ``jobs`` list.
     """
@@ -275,6 +303,13 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
 
 def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
     """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: docs/facts.md §7).
+
+    Args:
+        text_: squeue's whole standard output.
+        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
+
+    Returns:
+        One ``JobInfo`` per entry with an integer ``job_id``, in output order.
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.

@@ -32,6 +32,15 @@ def sbatch(
     Equivalent: ``sbatch <args>``. Does not raise on sbatch's own refusal: the caller prints its stderr
     and exits with its code (coloc-sbatch is a drop-in).
 
+    Args:
+        args: sbatch's arguments, options and script with its arguments.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds sbatch may take before it is killed.
+
+    Returns:
+        The completed process (``returncode``, ``stdout``, ``stderr`` as str), whatever sbatch's exit status.
+
     Raises:
         SlurmError: sbatch missing or timed out.
     """
@@ -41,6 +50,15 @@ def sbatch(
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                timeout_s: float = 30.0) -> List[JobInfo]:
     """Every job slurmctld still knows, finished ones included. Equivalent: ``squeue --json --states=all``.
+
+    Args:
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds squeue may take before it is killed.
+
+    Returns:
+        One ``JobInfo`` per job (22.05: every job slurmctld holds); the release ``meta`` names is cached
+        (``version.remember``).
 
     Raises:
         SlurmError: squeue failed or printed something unparsable.
@@ -62,6 +80,12 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
     Equivalent: ``scontrol show job --json <job_id>`` on 24.11+; on older releases ``squeue --json
     --states=all`` and pick the job (module docstring; ``slurm/jobinfo.py`` says why not ``scontrol show
     job``).
+
+    Args:
+        job_id: the job's id.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds for the version look-up and the query together.
 
     Raises:
         SlurmError: Slurm failed, timed out or printed something unparsable.
@@ -92,8 +116,15 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
              timeout_s: float = 30.0) -> JobInfo:
     """Like ``job_info`` for a job that must exist.
 
+    Args:
+        job_id: the job's id.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds for the version look-up and the query together.
+
     Raises:
-        SlurmError: squeue failed, or slurmctld does not know ``job_id``.
+        SlurmError: Slurm failed, timed out or printed something unparsable, or slurmctld does not know
+            ``job_id``.
     """
     info = job_info(job_id, bin_dir, env, timeout_s)
     if info is None:
@@ -103,7 +134,18 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
 
 def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
                        env: Optional[Mapping[str, str]] = None, timeout_s: float = 15.0) -> None:
-    """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``."""
+    """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``.
+
+    Args:
+        job_id: the job's id.
+        path: the file scontrol writes (by slurmctld's rules: relative to scontrol's working directory).
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds scontrol may take before it is killed.
+
+    Raises:
+        SlurmError: scontrol failed (unknown job, no script kept) or timed out.
+    """
     run(["scontrol", "write", "batch_script", str(int(job_id)), path], bin_dir=bin_dir, env=env,
         timeout_s=timeout_s)
 
@@ -118,6 +160,16 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
     ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6:
     ``--uid`` is for root only).
+
+    Args:
+        script_path: the batch script to submit.
+        uid: the user id the job runs as.
+        gid: the group id the job runs as.
+        args: sbatch options, before the script.
+        script_args: the script's own arguments, after it.
+        bin_dir: the directory holding the Slurm binaries.
+        slurm_conf: the ``SLURM_CONF`` path sbatch gets; None: sbatch's default.
+        timeout_s: seconds sbatch may take before it is killed.
 
     Raises:
         SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
@@ -135,6 +187,12 @@ def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     """Whether sbatch lists the SPANK plugin's ``--coloc-mem`` option (plugin loaded via plugstack.conf).
 
     Equivalent: ``sbatch --help | grep -- --coloc-mem``. False when sbatch cannot be run.
+
+    Args:
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+
+    Never raises: a failing sbatch gives False.
     """
     try:
         proc = run(["sbatch", "--help"], bin_dir=bin_dir, env=env, timeout_s=10.0, check=False)
@@ -156,12 +214,19 @@ def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin"
     """Set a job's AdminComment (root/SlurmUser only); ``scontrol show job`` and sacct then show it.
 
     Equivalent: ``scontrol update jobid=<job> AdminComment=<text>`` (one argv word, no shell, so spaces and
-    quotes in ``text`` are safe). ``job`` is a job id or, for an array task,
-    ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare array job id names every task of the
-    array, as jobstats notes). The jobstats convention: a compact machine-readable summary at job end.
+    quotes in ``text`` are safe). The jobstats convention: a compact machine-readable summary at job end.
+
+    Args:
+        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
+            array job id names every task of the array, as jobstats notes).
+        text: the comment, one line.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds scontrol may take before it is killed.
 
     Raises:
-        SlurmError: scontrol refused (not root, unknown job) or timed out.
+        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or scontrol refused (not root,
+            unknown job) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
@@ -178,8 +243,17 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
     already finished``), so at job end this is the only store; ``sacct -o AdminComment`` shows it. Without
     slurmdbd it fails.
 
+    Args:
+        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
+            array job id names every task of the array, as jobstats notes).
+        text: the comment, one line.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds sacctmgr may take before it is killed.
+
     Raises:
-        SlurmError: sacctmgr failed (no slurmdbd, not an admin) or timed out.
+        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no
+            slurmdbd, not an admin) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
@@ -193,8 +267,18 @@ def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
 
     Equivalent: ``sacct -n -P -X -o AdminComment -j <job>``.
 
+    Args:
+        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
+            array job id names every task of the array, as jobstats notes).
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+        timeout_s: seconds sacct may take before it is killed.
+
+    Returns:
+        The first line of sacct's output, ``""`` when it printed nothing (no such job or no comment).
+
     Raises:
-        SlurmError: sacct failed (no slurmdbd) or timed out.
+        SlurmError: ``job`` is not a job reference, or sacct failed (no slurmdbd) or timed out.
     """
     proc = run(["sacct", "-n", "-P", "-X", "-o", "AdminComment", "-j", _job_ref(job)], bin_dir=bin_dir,
                env=env,

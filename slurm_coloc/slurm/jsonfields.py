@@ -24,6 +24,9 @@ def number(value: Any) -> Optional[float]:
 
     ``5`` -> 5; ``{"set": true, "infinite": false, "number": 5}`` -> 5; ``{"set": false, ...}`` -> None;
     ``{"infinite": true, ...}`` -> None; ``4294967295`` -> None; ``True``/``"5"`` -> None.
+
+    Args:
+        value: the field's decoded JSON value, of any type.
     """
     if isinstance(value, Mapping):
         if not value.get("set") or value.get("infinite"):
@@ -35,7 +38,12 @@ def number(value: Any) -> Optional[float]:
 
 
 def integer(j: Mapping[str, Any], key: str) -> Optional[int]:
-    """``number`` of ``j[key]`` as an int; None when not a usable number."""
+    """``number`` of ``j[key]`` as an int; None when not a usable number.
+
+    Args:
+        j: a decoded JSON object (one job).
+        key: the field's name.
+    """
     v = number(j.get(key))
     return None if v is None else int(v)
 
@@ -47,6 +55,9 @@ def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
 
     22.05 prints one word, a flag such as ``COMPLETING`` in place of the base state; data_parser prints the
     base state first and the flags after it.
+
+    Args:
+        value: the decoded ``job_state`` value: a string (22.05) or a list of strings (data_parser).
     """
     if isinstance(value, str):
         return _word(value), ()
@@ -66,6 +77,9 @@ def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:
 
     22.05: the wait status (``768`` -> (3, 0); ``9`` -> (0, 9)). data_parser: ``return_code.number`` (0 when
     unset, as for a signalled job) and ``signal.id.number`` (0 when unset). (None, None) when unreadable.
+
+    Args:
+        value: the decoded field: an int wait status (22.05) or a mapping (data_parser).
     """
     if isinstance(value, bool):
         return None, None
@@ -85,6 +99,11 @@ def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:
 
 
 def text(j: Mapping[str, Any], key: str) -> str:
-    """A string field; ``""`` when absent or null (every user-editable string stays one opaque value)."""
+    """A string field; ``""`` when absent or null (every user-editable string stays one opaque value).
+
+    Args:
+        j: a decoded JSON object (one job).
+        key: the field's name.
+    """
     v = j.get(key)
     return "" if v is None else str(v)

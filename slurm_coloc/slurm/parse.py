@@ -24,6 +24,12 @@ MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names m
 def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
     """``sbatch --parsable`` prints ``<jobid>[;<cluster>]``; return (job id, cluster or None).
 
+    Args:
+        stdout: sbatch's standard output; its last line is read.
+
+    Returns:
+        (job id, cluster name or None where sbatch printed none).
+
     Raises:
         SlurmError: the output is not a job id.
     """
@@ -39,6 +45,12 @@ def decode_exit_code(status: int) -> Tuple[int, int]:
 
     ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as
     ``ExitCode=3:0``).
+
+    Args:
+        status: the wait status as one integer (exit code in bits 8-15, signal in bits 0-6).
+
+    Returns:
+        (exit code 0-255, signal number 0-127).
     """
     return (status >> 8) & 0xFF, status & 0x7F
 
@@ -49,6 +61,12 @@ def expand_hostlist(text: Optional[str]) -> List[str]:
     Zero padding is kept (``n[01-02]`` -> n01 n02), several bracket groups multiply (``r[1-2]n[1-2]``), commas
     outside brackets separate items, and it also expands paths (gres.conf ``File=/dev/nvidia[0-1]``). Order
     and duplicates are kept as written. At most ``MAX_HOSTS`` names.
+
+    Args:
+        text: the host list (or path list) as Slurm writes it; None or ``""`` gives ``[]``.
+
+    Returns:
+        The names, in the order written.
 
     Raises:
         SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
@@ -106,6 +124,12 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
     (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices holding none are left out), and a whole GPU still as
     ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). One
     string may join several GRES with commas. Entries in neither form are skipped.
+
+    Args:
+        entries: ``gres_detail`` / ``GRES=`` strings, one per node of the job (None entries are skipped).
+
+    Returns:
+        One ``(GRES name, type or "", {device index: count held})`` per GRES read, in the order written.
     """
     out: List[Tuple[str, str, Dict[int, int]]] = []
     for entry in entries:
@@ -126,7 +150,14 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
 
 
 def parse_index_list(text: Optional[str]) -> List[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; ``""``/``"N/A"`` -> ``[]``. Used for SLURM_JOB_GPUS and IDX."""
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; ``""``/``"N/A"`` -> ``[]``. Used for SLURM_JOB_GPUS and IDX.
+
+    Args:
+        text: an index list (``0-2,5``); None, empty and parts that are not numbers or ranges are skipped.
+
+    Returns:
+        The device indices, in the order written.
+    """
     out: List[int] = []
     for part in (text or "").split(","):
         part = part.strip()
@@ -144,6 +175,12 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
     22.05 writes ``gres:``, 24.11+ ``gres/`` (``gres/shard:5``): both read the same. A GRES without a count
     counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
+
+    Args:
+        text: ``TresPerNode`` / ``tres_per_node`` as Slurm prints it; None gives ``{}``.
+
+    Returns:
+        {GRES name: count per node}, counts of the same name summed; parts other than GRES are skipped.
     """
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
@@ -165,6 +202,11 @@ def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) ->
     script is the first word after word 0 naming that file: equal to ``command``, equal once joined to
     ``work_dir``, or (no ``/``) its basename, not directly after an option word without ``=`` (whose value it
     would be). ``sbatch -J s.sh ./s.sh 200`` -> ``("200", True)``.
+
+    Args:
+        submit_line: 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces).
+        command: the batch script's path as 26.05 records it (``command``); empty gives ``(None, False)``.
+        work_dir: the job's working directory, against which relative words are resolved.
 
     Returns:
         (arguments text or None where no word names the script, exact): inexact where the line held more than
@@ -195,6 +237,12 @@ def parse_stepd_title(cmdline: bytes) -> Optional[int]:
 
     slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1
     of job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``).
+
+    Args:
+        cmdline: the raw bytes of ``/proc/<pid>/cmdline``.
+
+    Returns:
+        The job id, or None where the title is not slurmstepd's.
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None

@@ -43,6 +43,9 @@ def parse_node_kv(line: str) -> Dict[str, str]:
     Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records
     are read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
     ``{"NodeName": "n1", "Gres": "shard:g0:80", "State": "IDLE"}``.
+
+    Args:
+        line: one node's line, keys and values separated by ``=`` and words by spaces.
     """
     out: Dict[str, str] = {}
     marks = list(_NODE_KEY.finditer(line.strip()))
@@ -57,6 +60,9 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
     """One ``scontrol show node -o`` line -> its typed GPUs, or None when the node's GRES are not typed g<i>.
 
     ``Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80`` -> ``{0: 80, 1: 80}``.
+
+    Args:
+        line: one node's line.
     """
     kv = parse_node_kv(line)
     shards: Dict[int, int] = {}
@@ -70,7 +76,15 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
 
 
 def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
-    """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``."""
+    """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``.
+
+    Args:
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+
+    Raises:
+        SlurmError: scontrol missing, failing or timed out (15 s).
+    """
     out = []
     for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env,
                     timeout_s=15).stdout.splitlines():
@@ -84,7 +98,14 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
     """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` in either version's
     form (``parse.gres_detail_counts``: 22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``; one
     node: the job's ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that
-    count)."""
+    count).
+
+    Args:
+        job: the job record (``gres_detail``, ``nodes``).
+
+    Returns:
+        One tuple per GPU held with a non-zero count, by GRES entry then GPU index; ``[]`` for none.
+    """
     out = []
     for name, _type, per in gres_detail_counts(job.gres_detail):
         if name not in ("gpu", "shard"):
@@ -98,7 +119,14 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
 def placer_shards(job: JobInfo) -> Optional[int]:
     """The shards of a job the placer steers (pending, held, no GRES yet, a valid coloc comment with ``place``
     true and ``shards`` in ``comment.BOUNDS``), else None. A comment that breaks the protocol makes no
-    candidate (``JobComment.read``: one warning)."""
+    candidate (``JobComment.read``: one warning).
+
+    Args:
+        job: the job record (``state``, ``state_reason``, ``tres_per_node``, ``comment``).
+
+    Returns:
+        The shards (1 GiB each) the comment asks, or None.
+    """
     if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
             and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
         return None
@@ -106,12 +134,24 @@ def placer_shards(job: JobInfo) -> Optional[int]:
 
 
 def is_candidate(job: JobInfo) -> bool:
-    """A job the placer steers (``placer_shards`` is not None)."""
+    """A job the placer steers (``placer_shards`` is not None).
+
+    Args:
+        job: the job record.
+    """
     return placer_shards(job) is not None
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
-    """Every job slurmctld knows. Equivalent: ``squeue --json --states=all`` (``slurm.jobs.squeue_all``)."""
+    """Every job slurmctld knows. Equivalent: ``squeue --json --states=all`` (``slurm.jobs.squeue_all``).
+
+    Args:
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+
+    Raises:
+        SlurmError: squeue failed, timed out (30 s) or printed something unparsable.
+    """
     return squeue_all(bin_dir, env, timeout_s=30)
 
 
@@ -122,6 +162,15 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
 
     Equivalent: ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release
     N``.
+
+    Args:
+        job_id: the held job.
+        node: the node name.
+        index: the GPU index on ``node`` (its shard type ``g<index>``).
+        shards: shards to give (1 GiB each).
+        comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
         SlurmError: an update or the release failed (the job stays held; the next round retries).
@@ -139,6 +188,11 @@ def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     SlurmUser). Equivalent: ``scontrol hold N`` (22.05: reason ``JobHeldUser`` -> ``JobHeldAdmin``; the user's
     ``scontrol release N`` is then refused with ``Access/permission denied``).
 
+    Args:
+        job_id: the held job.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
+
     Raises:
         SlurmError: the hold failed (the job stays user-held; the next round retries).
     """
@@ -148,6 +202,13 @@ def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str
 def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
                         env: Optional[Mapping[str, str]] = None) -> None:
     """Give held job ``job_id`` an untyped ``shard:<n>`` request (Slurm packs by memory alone) and release it.
+
+    Args:
+        job_id: the held job.
+        shards: shards to request (1 GiB each).
+        comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
         SlurmError: an update or the release failed.
@@ -160,7 +221,11 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
 
 
 def strip_wait(comment: str) -> str:
-    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
+    """The comment without the placer's ``coloc-wait:<reason>|`` prefix.
+
+    Args:
+        comment: a job comment.
+    """
     if comment.startswith(WAIT_TAG) and "|" in comment:
         return comment.split("|", 1)[1]
     return comment
@@ -168,13 +233,26 @@ def strip_wait(comment: str) -> str:
 
 def wait_comment(reason: str, comment: str) -> str:
     """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still
-    finds it. ``|`` is removed from the reason and it is cut to 200 characters."""
+    finds it. ``|`` is removed from the reason and it is cut to 200 characters.
+
+    Args:
+        reason: why the job waits, in words.
+        comment: the job's current comment (an earlier wait prefix is replaced).
+    """
     return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 
 
 def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
               env: Optional[Mapping[str, str]] = None) -> None:
     """Show why a held job waits: its comment becomes ``coloc-wait:<reason>|...`` (``squeue -o '%i %r %k'``).
+
+    Args:
+        job_id: the held job.
+        reason: why it waits, in words.
+        comment: the job's current comment; nothing is run when it would not change or would lose the coloc
+            JSON.
+        bin_dir: the directory holding the Slurm binaries.
+        env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
         SlurmError: the update failed.

@@ -18,6 +18,13 @@ def slurm_env(extra: Optional[Mapping[str, str]] = None, base: Optional[Mapping[
     """The environment for a Slurm command: ``base`` (default os.environ) plus ``extra``.
 
     PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (docs/facts.md §1); callers pass it in ``extra``.
+
+    Args:
+        extra: variables set over ``base`` (e.g. ``SLURM_CONF``); None: none.
+        base: the starting environment; None: ``os.environ``. ``PATH`` defaults to ``/usr/bin:/bin``.
+
+    Returns:
+        A new dict; neither argument is changed.
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("PATH", "/usr/bin:/bin")

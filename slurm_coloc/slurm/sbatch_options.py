@@ -88,7 +88,11 @@ class SbatchOptions:
     source: str = "built-in 22.05"
 
     def knows(self, name: str) -> bool:
-        """Whether long option ``name`` is one of this sbatch's."""
+        """Whether long option ``name`` is one of this sbatch's.
+
+        Args:
+            name: a long option name without the leading ``--``.
+        """
         return name in self.long_value or name in self.long_optional or name in self.long_flag
 
     def to_json(self) -> Dict[str, object]:
@@ -98,6 +102,15 @@ class SbatchOptions:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "SbatchOptions":
+        """The table ``to_json`` wrote, read back (the on-disk cache).
+
+        Args:
+            d: the decoded ``to_json`` mapping.
+
+        Raises:
+            ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping (the
+                message names the field).
+        """
         def fs(key: str) -> FrozenSet[str]:
             v = d.get(key)
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
@@ -119,7 +132,12 @@ def parse_sbatch_help(text: str, source: str = "sbatch --help") -> SbatchOptions
     completed with ``BUILTIN_22_05`` and ``GETOPT_REQUIRED`` (module docstring).
 
     A long option takes a value when it is printed ``--opt=v`` or ``--opt v``; ``--opt[=v]`` takes one only
-    joined by ``=``. Raises nothing: text without options gives the built-in table."""
+    joined by ``=``. Raises nothing: text without options gives the built-in table.
+
+    Args:
+        text: sbatch's ``--help`` and/or ``--usage`` output.
+        source: where the text came from, kept as ``SbatchOptions.source``.
+    """
     value: Set[str] = set(BUILTIN_22_05)
     optional: Set[str] = set()
     flag: Set[str] = set()
@@ -180,6 +198,12 @@ def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]
     (and slurm.conf) and kept in memory and in ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json``.
 
     Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why.
+
+    Args:
+        bin_dir: the directory holding ``sbatch``.
+        env: the environment sbatch runs with (its ``SLURM_CONF`` is part of the cache key); None: this
+            process's.
+        use_cache: read the memory and disk caches; False runs sbatch again (the result is still cached).
     """
     full_env = dict(os.environ if env is None else env)
     exe = str(Path(bin_dir) / "sbatch")

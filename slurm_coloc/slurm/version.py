@@ -50,7 +50,11 @@ class SlurmVersion:
         return (self.major, self.minor)
 
     def at_least(self, series: Tuple[int, int]) -> bool:
-        """Whether this release is ``series`` or newer."""
+        """Whether this release is ``series`` or newer.
+
+        Args:
+            series: ``(major, minor)``, e.g. ``(24, 11)``.
+        """
         return self.series >= series
 
     @property
@@ -66,7 +70,11 @@ class SlurmVersion:
 
 def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
     """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None when no
-    release."""
+    release.
+
+    Args:
+        text: a ``--version`` line or a bare release; None gives None.
+    """
     m = _RELEASE.search(text or "")
     if not m:
         return None
@@ -75,7 +83,11 @@ def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
 
 def version_from_meta(meta: Any) -> Optional[SlurmVersion]:
     """The release in a ``--json`` output's ``meta``: ``meta.Slurm.release`` (22.05) or ``meta.slurm.release``
-    (23.02+); None when absent."""
+    (23.02+); None when absent.
+
+    Args:
+        meta: the output's ``meta`` value, of any type (anything but a mapping gives None).
+    """
     if not isinstance(meta, Mapping):
         return None
     for key in ("slurm", "Slurm"):
@@ -95,6 +107,11 @@ def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = 
 
     Equivalent: ``scontrol --version`` (needs no controller).
 
+    Args:
+        bin_dir: the directory holding ``scontrol``.
+        env: the environment scontrol runs with; None: this process's.
+        timeout_s: seconds scontrol may take.
+
     Raises:
         SlurmError: scontrol missing, failing, timed out, or printing no release.
     """
@@ -111,6 +128,11 @@ def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = 
 
 
 def remember(bin_dir: str, version: SlurmVersion) -> None:
-    """Cache ``version`` for ``bin_dir`` (learnt from a ``--json`` output's ``meta``), sparing the exec."""
+    """Cache ``version`` for ``bin_dir`` (learnt from a ``--json`` output's ``meta``), sparing the exec.
+
+    Args:
+        bin_dir: the directory holding the Slurm commands; an entry already cached for it is kept.
+        version: the release learnt.
+    """
     with _LOCK:
         _CACHE.setdefault(bin_dir, version)
