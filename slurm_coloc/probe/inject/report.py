@@ -21,7 +21,7 @@ def result(probe: Any, status: str, reason: str) -> Dict[str, Any]:
 
     Args:
         probe: the ``_Probe`` (its ``state`` may be None when torch was never imported).
-        status: ``ok`` | ``error`` | ... as ``_Probe.finish`` was given it.
+        status: ``ok`` | ``no-step`` | ``error``, as ``_Probe.finish`` was given it.
         reason: one line saying why the probe ended ("" when it ran to its steps).
 
     Returns:
