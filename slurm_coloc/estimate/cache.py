@@ -138,7 +138,16 @@ def estimator_identity() -> Dict[str, Any]:
 
 
 def cache_key(spec: ModelSpec, gpu_name: str) -> Optional[str]:
-    """Hex sha256 key of (spec, GPU, model code, torch, estimator), or None when not cacheable."""
+    """Hex sha256 key of (spec, GPU, model code, torch, estimator), or None when not cacheable.
+
+    Args:
+        spec: the model spec; its model file or module (and installed distribution) pins down the code.
+        gpu_name: the GPU model name the estimate is for (``H100``).
+
+    Returns:
+        64 hex digits, or None when nothing pins down the model's code (no readable file, no installed
+        distribution). Never raises for an unreadable file: it only makes the spec uncacheable.
+    """
     code = _code_identity(spec)
     if code is None:
         return None
@@ -160,7 +169,14 @@ def _read(path: str) -> Dict[str, Any]:
 
 
 def lookup(key: str) -> Optional[Estimate]:
-    """The cached estimate for ``key``, or None (miss, corrupt file or malformed entry)."""
+    """The cached estimate for ``key``, or None (miss, corrupt file or malformed entry).
+
+    Args:
+        key: a ``cache_key`` result.
+
+    Returns:
+        The stored ``Estimate`` with ``detail["cached"] = True``, or None. Never raises on a bad cache file.
+    """
     entry = _read(cache_path()).get(key)
     if not isinstance(entry, dict):
         return None
@@ -172,7 +188,16 @@ def lookup(key: str) -> Optional[Estimate]:
 
 
 def store(key: str, est: Estimate) -> None:
-    """Add ``est`` under ``key`` (atomic replace; any OSError is ignored)."""
+    """Add ``est`` under ``key`` (atomic replace; any OSError is ignored).
+
+    Keeps the newest ``MAX_ENTRIES`` entries by ``stored_at`` (s since the epoch).
+
+    Args:
+        key: a ``cache_key`` result.
+        est: the estimate to keep (``to_json``'s object, plus ``stored_at``).
+
+    An unwritable cache or an unserialisable detail (OSError, TypeError, ValueError) is skipped, not raised.
+    """
     path = cache_path()
     try:
         entries = _read(path)

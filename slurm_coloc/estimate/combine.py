@@ -51,7 +51,16 @@ def load_calibration() -> Dict[str, Any]:
 
 
 def history_bound(history_mib: Sequence[int]) -> Optional[int]:
-    """``max(history) * 1.05 + 64`` MiB, or None without usable history (non-positive values dropped)."""
+    """``max(history) * 1.05 + 64`` MiB, or None without usable history (non-positive values dropped).
+
+    The margin and pad are ``HISTORY_MARGIN`` and ``HISTORY_PAD_MIB``.
+
+    Args:
+        history_mib: measured per-process peaks (MiB) of earlier runs of the same job; None entries skipped.
+
+    Returns:
+        The bound in MiB, rounded up, or None.
+    """
     good = [int(h) for h in history_mib if h is not None and int(h) > 0]
     if not good:
         return None
@@ -63,7 +72,16 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
 
     The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec,
     model code, torch and estimator were estimated before (then torch is not imported);
-    otherwise the spec is traced and the result stored. History is applied on top.
+    otherwise the spec is traced and the result stored. History is applied on top: it may raise
+    the figure or lower it, never below the trace floor (``detail["trace_floor_mib"]``).
+
+    Args:
+        spec: the training job.
+        gpu_name: a GPU model ``gpus.gpu_model`` knows (``H100``).
+        history_mib: measured per-process peaks (MiB) of earlier runs (:func:`history_bound`).
+
+    Returns:
+        The ``Estimate`` (``mem_mib`` in MiB; method ``history`` when history applied).
 
     Raises:
         EstimateError: unknown GPU, a malformed spec or an untraceable model.

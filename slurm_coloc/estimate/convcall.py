@@ -88,7 +88,11 @@ class ConvCall:
         return int(self.input[0]) if self.input else 1
 
     def with_batch(self, n: int) -> "ConvCall":
-        """The same call at batch size ``n``."""
+        """The same call at batch size ``n``.
+
+        Args:
+            n: the new batch size (the input's first dimension).
+        """
         return ConvCall(self.backward, self.dtype, (int(n), *self.input[1:]), self.weight, self.stride,
                         self.padding, self.dilation, self.transposed, self.output_padding, self.groups,
                         self.mask)
@@ -103,7 +107,11 @@ class ConvCall:
 
 
 def split_batch(key: str) -> Tuple[str, int]:
-    """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast)."""
+    """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast).
+
+    Args:
+        key: a key of the module docstring's form.
+    """
     d, dtype, inp, rest = key.split("|", 3)
     n, tail = inp.split(",", 1) if "," in inp else (inp, "")
     return f"{d}|{dtype}|{tail}|{rest}", int(n)
@@ -111,6 +119,10 @@ def split_batch(key: str) -> Tuple[str, int]:
 
 def parse_key(key: str) -> ConvCall:
     """The :class:`ConvCall` a key names.
+
+    Args:
+        key: ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``
+            (module docstring).
 
     Raises:
         EstimateError: the key is not of the form in the module docstring.
@@ -160,6 +172,12 @@ def workspace_parts(call: ConvCall) -> Tuple[ConvCall, ...]:
     not fit into one segment (seen on the H100: VGG-16 at batch 128 reserved two 3.1 GiB segments
     there, ``benchmarks/device/mem_snapshot.py``). So such a call is split into its ``(1, 0, 0)``
     and ``(0, 1, 0)`` masks; any other call is itself.
+
+    Args:
+        call: a traced convolution call.
+
+    Returns:
+        One or two calls.
     """
     if call.backward and len(call.mask) == 3 and call.mask[0] and call.mask[1]:
         return (dataclasses.replace(call, mask=(True, False, False)),

@@ -41,17 +41,35 @@ class ScalarAssumptions:
         self.counts: Dict[str, int] = {}
 
     def note_output(self, func: Any, out: Any, storage_key: int) -> None:
-        """Record that the 0-dim tensor ``out`` (storage ``storage_key``) came from ``func``."""
+        """Record that the 0-dim tensor ``out`` (storage ``storage_key``) came from ``func``.
+
+        Args:
+            func: the dispatched op (``aten.all.default``, ...); only ``ORIGIN_OPS`` are kept.
+            out: its output (unused beyond the key).
+            storage_key: the output storage's ``_cdata``.
+        """
         name = func.__name__.split(".")[0]
         if name in ORIGIN_OPS:
             self.origin[storage_key] = name
 
     def forget(self, storage_key: int) -> None:
-        """The storage died: its key may be reused by an unrelated tensor."""
+        """The storage died: its key may be reused by an unrelated tensor.
+
+        Args:
+            storage_key: the dead storage's ``_cdata``.
+        """
         self.origin.pop(storage_key, None)
 
     def answer(self, torch: Any, t: Any) -> Any:
-        """The assumed Python value of the 0-dim tensor ``t`` (see the module docstring)."""
+        """The assumed Python value of the 0-dim tensor ``t`` (see the module docstring).
+
+        Args:
+            torch: the imported ``torch`` module.
+            t: the 0-dim tensor whose value is read (``.item()``, ``bool()``); counted in ``counts``.
+
+        Returns:
+            True (from ``all``), False (``any`` or another bool), else 0.0 or 0 by dtype.
+        """
         kind = self.origin.get(t.untyped_storage()._cdata, "")
         if kind == "all":
             value: Any = True
@@ -72,7 +90,12 @@ class ScalarAssumptions:
 
 
 def has_no_data(torch: Any, t: Any) -> bool:
-    """True for a tensor without values: on ``meta``, or a ``FakeTensor``."""
+    """True for a tensor without values: on ``meta``, or a ``FakeTensor``.
+
+    Args:
+        torch: the imported ``torch`` module.
+        t: anything (a non-tensor is False).
+    """
     if not isinstance(t, torch.Tensor):
         return False
     if t.device.type == "meta":
@@ -87,7 +110,11 @@ def pick_output(torch: Any, out: Any) -> Any:
 
     A tensor as is; an object with a tensor ``.logits`` (Hugging Face ``ModelOutput``) -> its
     ``.logits``; a ``dict`` -> its ``"logits"`` entry, else its first tensor value; a tuple or
-    list -> its first element (recursively). Returns None when no tensor is found.
+    list -> its first element (recursively, at most 8 levels). Returns None when no tensor is found.
+
+    Args:
+        torch: the imported ``torch`` module.
+        out: the model's output.
     """
     for _ in range(8):  # bounded: nested containers
         if isinstance(out, torch.Tensor):

@@ -63,6 +63,12 @@ _ALIASES = {
 def gpu_model(name: str) -> GpuModel:
     """Look up a GPU by name (case-insensitive; ``H100``, ``NVIDIA H100 80GB HBM3``, ``h200``).
 
+    Args:
+        name: a GPU model name as NVML, a GRES type or a user writes it (``_`` reads as a space).
+
+    Returns:
+        The ``GpuModel`` (memory, CUDA context and library overheads in MiB) from ``GPUS``.
+
     Raises:
         EstimateError: unknown GPU name.
     """

@@ -30,6 +30,10 @@ MAX_SAMPLE_ELEMENTS = 1 << 28
 def validate_spec(spec: ModelSpec) -> None:
     """Check a spec's plain fields before anything is imported.
 
+    Args:
+        spec: the training job (batch size 1..``MAX_BATCH_SIZE``, at most ``MAX_SAMPLE_ELEMENTS`` elements per
+            sample).
+
     Raises:
         EstimateError: malformed model name, batch size, shape, dtype, optimizer or precision.
     """
@@ -66,8 +70,13 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
     not be group- or other-writable at all (anyone who can add an entry to it can add ``torch/``); a parent
     may be, only with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
 
+    Args:
+        directory: the directory a model file would be imported from.
+        uid: the user whose code it may hold; None for the calling process's uid.
+
     Returns:
-        One line naming the directory and what is wrong, or None.
+        One line naming the directory and what is wrong (a directory that cannot be ``lstat``'d included),
+        or None. Never raises OSError.
     """
     uid = os.getuid() if uid is None else uid
     own = path = os.path.realpath(directory)
@@ -89,6 +98,10 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
 
 def trusted_dir(directory: str, model: str) -> None:
     """Raise unless ``directory`` holds only code of this user (``untrusted_dir_reason``).
+
+    Args:
+        directory: the model file's directory.
+        model: the spec's model name, for the message.
 
     Raises:
         EstimateError: one line naming the directory and the fix.
@@ -117,8 +130,13 @@ def _interpreter_path_only(drop: List[str]) -> Iterator[None]:
 def load_callable(spec: ModelSpec) -> Callable[..., Any]:
     """Import the model callable named by ``spec.model``.
 
+    Args:
+        spec: the training job; ``model`` is ``package.module:callable`` (imported from the interpreter's
+            path only) or ``path/file.py:callable`` (relative to ``base_dir``, from a trusted directory only).
+
     Raises:
-        EstimateError: unknown module or file, import failure, missing or non-callable attribute.
+        EstimateError: unknown module or file, an untrusted directory, import failure (any exception the
+            user's module raises), missing or non-callable attribute.
     """
     target, attr = spec.model.rsplit(":", 1)
     if target.endswith(".py"):
@@ -161,6 +179,10 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
 
 def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
     """Call the model callable with ``spec.kwargs``; the result must be a ``torch.nn.Module``.
+
+    Args:
+        spec: the training job (its ``kwargs`` and, for messages, ``model``).
+        fn: ``load_callable``'s callable.
 
     Raises:
         EstimateError: the callable raised or returned something else.

@@ -83,6 +83,12 @@ class Estimate:
         ``detail`` absent or null reads as {}; ``gpu_model`` as given; ``flops_per_step`` absent, null or not
         a non-negative integer (entries written before FLOPs were counted) reads as None.
 
+        Args:
+            data: the decoded JSON value (``mem_mib`` in MiB, ``flops_per_step`` in FLOPs per training step).
+
+        Returns:
+            The ``Estimate``.
+
         Raises:
             ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or
                 ``detail`` not an object.

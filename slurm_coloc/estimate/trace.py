@@ -111,7 +111,11 @@ class _ReplayState:
             self.alloc.free(h)
 
     def track(self, t: Any) -> None:
-        """Allocate tensor ``t``'s storage once; it is freed when the storage object dies."""
+        """Allocate tensor ``t``'s storage once; it is freed when the storage object dies.
+
+        Args:
+            t: a (fake) tensor; its untyped storage's ``nbytes()`` go through ``alloc.malloc``.
+        """
         st = t.untyped_storage()
         key = st._cdata
         if key in self.handles:
@@ -128,7 +132,12 @@ class _ReplayState:
     def replay_conv(self, call: ConvCall, workspace: Optional[WorkspaceFn]) -> None:
         """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching
         allocator after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient
-        block."""
+        block.
+
+        Args:
+            call: the convolution's shapes and parameters (appended to ``conv_calls``).
+            workspace: the workspace model (``ConvCall`` part -> bytes), or None to record the call only.
+        """
         self.conv_calls.append(call)
         if workspace is None:
             return

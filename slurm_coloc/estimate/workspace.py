@@ -42,19 +42,38 @@ MAX_SCALE = 4.0  # a neighbour's figure is scaled by at most this factor (either
 
 
 def size_elems(c: ConvCall) -> int:
-    """Input plus output elements of a call (the scale a neighbour's workspace is carried by)."""
+    """Input plus output elements of a call (the scale a neighbour's workspace is carried by).
+
+    Args:
+        c: the convolution call (input shape ``(N, C, *spatial)``).
+    """
     return int(math.prod(c.input)) + int(math.prod(c.output_shape))
 
 
 def kind_of(c: ConvCall) -> Tuple:
-    """The class a nearest-neighbour lookup stays within."""
+    """The class a nearest-neighbour lookup stays within.
+
+    Args:
+        c: the convolution call.
+
+    Returns:
+        ``(backward, dtype, grad input, depthwise, transposed, input rank)``.
+    """
     depthwise = c.groups > 1 and c.groups == (c.input[1] if len(c.input) > 1 else 0)
     grad_in = bool(c.mask[0]) if c.backward else False
     return (c.backward, c.dtype, grad_in, depthwise, c.transposed, len(c.input))
 
 
 def features(c: ConvCall) -> List[float]:
-    """Log-shape features of a call for the nearest-neighbour fallback."""
+    """Log-shape features of a call for the nearest-neighbour fallback.
+
+    Args:
+        c: the convolution call.
+
+    Returns:
+        8 floats: log2 of batch, input and output channels; half log2 of the spatial size; twice the mean
+        kernel size; twice the largest stride; log2 groups; the largest dilation.
+    """
     spatial = c.input[2:] or (1,)
     kern = c.weight[2:] or (1,)
     cout = c.weight[1] * c.groups if c.transposed else c.weight[0]
@@ -64,7 +83,11 @@ def features(c: ConvCall) -> List[float]:
 
 
 def kind_code(c: ConvCall) -> str:
-    """:func:`kind_of` as a short string (the table file's ``kind`` column)."""
+    """:func:`kind_of` as a short string (the table file's ``kind`` column).
+
+    Args:
+        c: the convolution call.
+    """
     return "|".join(str(int(v)) if isinstance(v, bool) else str(v) for v in kind_of(c))
 
 
@@ -126,7 +149,14 @@ class WorkspaceModel:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Tuple[str, int]]) -> "WorkspaceModel":
-        """Build from ``(key, workspace bytes)`` pairs (features computed from the keys)."""
+        """Build from ``(key, workspace bytes)`` pairs (features computed from the keys).
+
+        Args:
+            rows: ``(convcall key, workspace bytes)`` pairs.
+
+        Raises:
+            EstimateError: a malformed key.
+        """
         pairs = list(rows)
         return cls([k for k, _ in pairs], [w for _, w in pairs])
 
@@ -144,7 +174,16 @@ class WorkspaceModel:
         return self._by_geometry
 
     def bytes_for(self, call: ConvCall) -> int:
-        """Workspace bytes ``call`` takes on the measured GPU (0 when nothing comparable is known)."""
+        """Workspace bytes ``call`` takes on the measured GPU (0 when nothing comparable is known).
+
+        Lookup order in the module docstring; results are memoised per key.
+
+        Args:
+            call: one cuDNN call (``convcall.workspace_parts``).
+
+        Returns:
+            Bytes, rounded up.
+        """
         key = call.key
         hit = self._memo.get(key)
         if hit is None:
@@ -192,6 +231,12 @@ def read_table(path: Optional[str] = None) -> List[Tuple[str, int, FrozenSet[str
     """Rows ``(key, ws_b, srcs)`` of a workspace table: the shipped ``.npz`` (default) or a
     ``key, ws_b, srcs`` CSV (``.csv`` or ``.csv.gz``; rows without ``ws_b`` skipped).
 
+    Args:
+        path: the table file; None for ``TABLE_FILE``.
+
+    Returns:
+        ``(convcall key, workspace bytes, set of source names)`` rows.
+
     Raises:
         EstimateError: the file is unreadable or lacks the columns.
     """
@@ -220,6 +265,10 @@ NPZ_ARRAYS = ("keys", "ws_b", "srcs", "kinds", "feats", "sizes")
 def write_npz(path: str, rows: Sequence[Tuple[str, int, str]]) -> None:
     """Write the shipped table: ``rows`` of ``(key, ws_b, srcs joined by ';')`` plus each call's
     precomputed lookup features (so loading parses no key).
+
+    Args:
+        path: the ``.npz`` file to write (``numpy.savez_compressed``).
+        rows: ``(convcall key, workspace bytes, sources joined by ';')``.
 
     Raises:
         EstimateError: a malformed key.

@@ -89,6 +89,14 @@ class CommandSearch:
 
 
 def logical_lines(text: str) -> List[str]:
+    """The script's logical lines: a line ending in ``\\`` joins the next (the backslash becomes a space).
+
+    Args:
+        text: the batch script's text.
+
+    Returns:
+        The lines, trailing whitespace removed; an unfinished continuation at the end is kept as a line.
+    """
     out: List[str] = []
     buf = ""
     for raw in text.splitlines():
@@ -358,7 +366,18 @@ class _Walk:
         return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(p)))
 
     def command(self, toks: List[str], line: str) -> Optional[CommandSearch]:
-        """The search's answer when ``toks`` runs Python; None to read on."""
+        """The search's answer when ``toks`` runs Python; None to read on.
+
+        ``cd`` and ``source .../activate`` update the walk's working directory and venv Python.
+
+        Args:
+            toks: the command's shell words after variable substitution (non-empty).
+            line: the script line they came from (kept, whitespace collapsed, as ``ProbeCommand.line``).
+
+        Returns:
+            A ``CommandSearch`` with the ``ProbeCommand`` (or None and the reason the launcher's options or
+            Python's arguments rule the probe out); None when the command does not start Python.
+        """
         if toks[0] == "cd" and len(toks) > 1:
             self.cwd = self._path(toks[1])
             return None

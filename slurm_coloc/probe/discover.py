@@ -117,7 +117,15 @@ def _is_setup(line: str) -> bool:
 
 def preamble(text: str, line_index: int) -> Optional[str]:
     """The runnable preamble of script ``text`` (module docstring): its setup lines before logical line
-    ``line_index`` (the training command's), others as ``:``; None when no line is kept."""
+    ``line_index`` (the training command's), others as ``:``; None when no line is kept.
+
+    Args:
+        text: the batch script's text.
+        line_index: 0-based index among ``command.logical_lines(text)`` of the training command.
+
+    Returns:
+        Shell text, one line per logical line read (heredoc bodies as ``:``), or None.
+    """
     out: List[str] = []
     kept = False
     heredoc: Optional[str] = None
@@ -253,7 +261,16 @@ def _exported_env(raw: bytes, base: Mapping[str, str]) -> Dict[str, str]:
 
 def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
     """The interpreter a console script (``torchrun``, ``accelerate``) runs under: its ``#!`` line
-    (``#!/usr/bin/env python3`` looked up on ``path``; pip's ``#!/bin/sh`` + ``'''exec' PY`` form too)."""
+    (``#!/usr/bin/env python3`` looked up on ``path``; pip's ``#!/bin/sh`` + ``'''exec' PY`` form too).
+
+    Args:
+        exe: the console script's path, or None.
+        path: the ``PATH`` for an ``env`` line; None for this process's.
+
+    Returns:
+        The interpreter's path or name as the script gives it, or None (no script, unreadable, no Python
+        ``#!``). Never raises OSError.
+    """
     if not exe:
         return None
     try:
@@ -291,6 +308,13 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
     ``#COLOC python=`` and a path the command names are taken as written; a bare name (``python``,
     ``python3.11``) is looked up on ``path``, then the venv a ``source .../activate`` line named; a
     launcher's (``torchrun``, ``accelerate``) own Python is its ``#!`` line's, ``python3`` when it has none.
+
+    Args:
+        cmd: the training command (``python_from``, ``python_word``, ``interpreter``, ``launcher``).
+        path: the ``PATH`` to search; None for this process's.
+
+    Returns:
+        An executable's absolute path, or None.
     """
     if cmd.python_from in ("coloc", "path") and cmd.interpreter:
         return cmd.interpreter if os.access(cmd.interpreter, os.X_OK) else None
@@ -331,7 +355,19 @@ def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
                  environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
     """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
     :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never
-    raises."""
+    raises.
+
+    Args:
+        text: the batch script's text.
+        cmd: the training command found in it (``command.find_command``).
+        script_args: the script's arguments (``$1`` ... in the preamble).
+        submit_dir: the submission directory (the preamble's working directory).
+        environ: the submitting environment; None for this process's.
+        python: the interpreter to use instead of the one the command names, or None.
+
+    Returns:
+        The ``JobPython``: interpreter (or None and the reason), environment, notes on the preamble.
+    """
     pre = run_preamble(text, cmd, script_args, submit_dir, environ)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
     if python:
@@ -373,7 +409,19 @@ def _dir_times(paths: Sequence[str]) -> List[Optional[int]]:
 
 def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str]) -> Optional[List[str]]:
     """``sys.path`` of interpreter ``python`` under ``env`` (cached in ``cache_dir/interpreters.json``);
-    None when the interpreter does not answer within ``SYSPATH_TIMEOUT_S``."""
+    None when the interpreter does not answer within ``SYSPATH_TIMEOUT_S``.
+
+    A cached answer is used while the interpreter, its ``pyvenv.cfg``, the path variables and the
+    modification times of the path's directories are unchanged; at most 64 entries are kept.
+
+    Args:
+        python: the interpreter's path (run as ``python -c``, cwd ``/``, in a session of its own).
+        env: its environment.
+        cache_dir: the cache's directory, or None for no cache.
+
+    Returns:
+        The path entries, empty ones dropped, or None. Never raises: an unwritable cache is skipped.
+    """
     key = _syspath_key(python, env)
     path = os.path.join(cache_dir, "interpreters.json") if cache_dir else ""
     table: Dict[str, Any] = {}
@@ -412,7 +460,16 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
 
 def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None) -> Optional[str]:
     """The version of the torch ``python`` imports (``torch/version.py`` on its ``sys.path``), without
-    importing it; ``"none"`` when it has none, None when the interpreter does not answer."""
+    importing it; ``"none"`` when it has none, None when the interpreter does not answer.
+
+    Args:
+        python: the interpreter's path.
+        env: its environment.
+        cache_dir: the ``interpreter_path`` cache's directory, or None.
+
+    Returns:
+        ``2.5.1+cu124`` style, ``unknown (<dir>)`` when ``version.py`` gives none, ``"none"`` or None.
+    """
     sys_path = interpreter_path(python, env, cache_dir)
     if sys_path is None:
         return None

@@ -71,7 +71,15 @@ class ProbeResult:
 
 
 def precision_of(result: Dict[str, Any]) -> str:
-    """``amp-fp16``/``bf16``/``fp32``: the autocast dtype the program used, else its parameters' dtype."""
+    """``amp-fp16``/``bf16``/``fp32``: the autocast dtype the program used, else its parameters' dtype.
+
+    Args:
+        result: the probe's result JSON (``autocast`` dtype names, ``param_dtypes``: dtype name -> count of
+            parameter elements).
+
+    Returns:
+        ``bf16`` when no autocast and more than half the parameter elements are 16-bit, else ``fp32``.
+    """
     ac = result.get("autocast") or []
     if "float16" in ac:
         return "amp-fp16"
@@ -85,8 +93,17 @@ def precision_of(result: Dict[str, Any]) -> str:
 def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
     """The calibrated figure for a probe's replayed peaks (``combine.bound_from_trace``, method ``probe``).
 
+    Args:
+        result: the probe's result JSON (``peak_allocated_b``, ``peak_reserved_b``, ``conv_workspace_max_b``
+            in bytes; ``flops_per_step`` in FLOPs, dropped outside the job comment's ``BOUNDS``).
+        gpu_name: the GPU model name (``H100``).
+
+    Returns:
+        The ``Estimate`` (``mem_mib`` in MiB, ``detail`` with ``precision`` and ``chosen="probe"``).
+
     Raises:
         EstimateError: unknown GPU.
+        KeyError: ``result`` lacks ``peak_allocated_b`` or ``peak_reserved_b``.
     """
     from slurm_coloc.comment import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
@@ -110,7 +127,13 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
 
 
 def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:
-    """One line: what the probe ran and what it saw."""
+    """One line: what the probe ran and what it saw.
+
+    Args:
+        cmd: the command the probe ran (file or ``-m`` module and its arguments).
+        result: the probe's result JSON, or None when it gave none (then only what ran is said).
+        interpreter: the Python it ran under ("" reads as ``python3``).
+    """
     prog = os.path.basename(cmd.target) if cmd.mode == "file" else f"-m {cmd.target}"
     line = f"probe ran `{prog}{' ' if cmd.args else ''}{' '.join(cmd.args)}` with {interpreter or 'python3'}"
     if not result:

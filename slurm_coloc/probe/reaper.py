@@ -41,7 +41,14 @@ def set_subreaper() -> bool:
 
 
 def descendants(root: int) -> Dict[int, bool]:
-    """``pid -> is a zombie`` for every process below ``root`` (from ``/proc/*/stat`` parent links)."""
+    """``pid -> is a zombie`` for every process below ``root`` (from ``/proc/*/stat`` parent links).
+
+    Args:
+        root: the process id whose descendants are listed (itself excluded).
+
+    Returns:
+        Process id -> True for a zombie; processes that end while ``/proc`` is read are skipped.
+    """
     children: Dict[int, List[int]] = {}
     zombie: Dict[int, bool] = {}
     for name in os.listdir("/proc"):
@@ -82,7 +89,15 @@ def _reap(main_pid: int, status: List[Optional[int]]) -> None:
 
 
 def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
-    """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); returns how many were alive."""
+    """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); returns how many were alive.
+
+    Args:
+        main_pid: the process ``ARGV`` runs as (its exit status is collected when reaped).
+        status: one-element list; ``status[0]`` gets ``main_pid``'s exit status if it is reaped here.
+
+    Returns:
+        The number of distinct live processes killed.
+    """
     me = os.getpid()
     seen = set()
     end = time.monotonic() + SWEEP_LIMIT_S
@@ -103,7 +118,11 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
 
 
 def main(argv: List[str]) -> int:
-    """Run ``argv`` as the module docstring says; returns 0 (the status file holds the outcome)."""
+    """Run ``argv`` as the module docstring says; returns 0 (the status file holds the outcome).
+
+    Args:
+        argv: ``[STATUS_PATH, TIMEOUT_S, "--", ARGV...]`` (``TIMEOUT_S`` in s).
+    """
     status_path, timeout_s, argv = argv[0], float(argv[1]), argv[3:]
     sub = set_subreaper()
     stop = [False]

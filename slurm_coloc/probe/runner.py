@@ -108,7 +108,18 @@ class RunOutcome:
 
 
 def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Optional[str]:
-    """The job's Python as an absolute path: the command's, else ``python3`` on PATH; None if absent."""
+    """The job's Python as an absolute path: the command's, else ``python3`` on PATH; None if absent.
+
+    For a torchrun or ``accelerate launch`` command without an interpreter, the Python its console script's
+    ``#!`` line names.
+
+    Args:
+        cmd: the training command (``interpreter``, ``launcher``).
+        path_env: the ``PATH`` to search; None for this process's.
+
+    Returns:
+        An executable's path, or None when the named Python is not executable or not on ``PATH``.
+    """
     path = path_env if path_env is not None else os.environ.get("PATH")
     name = cmd.interpreter
     if name is None and cmd.launcher in ("torchrun", "accelerate"):
@@ -143,7 +154,12 @@ def _limits(mem_limit_mib: int) -> Any:
 
 
 def hang_site(log_text: str) -> str:
-    """``file:line in func`` of the program's innermost frame in a faulthandler dump, or ""."""
+    """``file:line in func`` of the program's innermost frame in a faulthandler dump, or "".
+
+    Args:
+        log_text: the program's log (stdout and stderr); frames in site-packages, slurm-coloc or ``<...>``
+            are skipped.
+    """
     for m in _FRAME_RE.finditer(log_text):  # faulthandler prints the innermost frame first
         path = m.group(1)
         if "site-packages" in path or "/slurm_coloc/" in path or path.startswith("<"):
@@ -307,8 +323,24 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
 
     At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
     included; then the session's process group is killed too (where no subreaper could be set).
-    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file). Returns the reaper's status
-    (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); never raises for the program.
+    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file).
+
+    Args:
+        argv: the program and its arguments.
+        status_path: where the reaper writes its status JSON.
+        timeout_s: wall-clock limit (s); the reaper itself gets ``REAPER_GRACE_S`` more.
+        cwd: the program's working directory.
+        env: the program's whole environment.
+        stdout: an open file for the program's stdout and stderr.
+        preexec_fn: run in the child before exec (resource limits), or None.
+
+    Returns:
+        The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
+        status reads as timed out. Never raises for the program.
+
+    Raises:
+        OSError: the reaper cannot be started (``subprocess.Popen``).
+        KeyboardInterrupt: our own interrupt, after the reaper is stopped.
     """
     proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", "--", *argv],
                             cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,

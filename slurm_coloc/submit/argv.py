@@ -45,12 +45,23 @@ class CommandLine:
     table: SbatchOptions = BUILTIN
 
     def last(self, name: str) -> Optional[str]:
-        """Value of the last occurrence of option ``name`` (sbatch's rule: the last one wins)."""
+        """Value of the last occurrence of option ``name`` (sbatch's rule: the last one wins).
+
+        Args:
+            name: the long option name without dashes (``partition``; ``-p`` is stored under it).
+
+        Returns:
+            Its value, or None when not given or given as a flag.
+        """
         vals = [o.value for o in self.options if o.name == name]
         return vals[-1] if vals else None
 
     def has(self, name: str) -> bool:
-        """Whether option ``name`` was given at all."""
+        """Whether option ``name`` was given at all.
+
+        Args:
+            name: the long option name without dashes (``exclusive``).
+        """
         return any(o.name == name for o in self.options)
 
 
@@ -65,6 +76,15 @@ def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN
                         in_directive: bool = False) -> Tuple[Option, int]:
     """Parse the option starting at ``words[i]`` by ``table`` (an ``#SBATCH`` line's words: ``in_directive``);
     return it and the index after it.
+
+    Args:
+        words: the argv or directive words; ``words[i]`` starts with ``-``.
+        i: index of the option's first word.
+        table: which sbatch options take a value (the installed sbatch's, else Slurm 22.05's built-in one).
+        in_directive: the words come from an ``#SBATCH`` line, so an unknown option's next word is its value.
+
+    Returns:
+        ``(Option, index after it)`` (1 or 2 words consumed).
 
     Raises:
         DirectiveError: an option that needs a value is last on the line.
@@ -92,11 +112,17 @@ def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN
 
 
 def split_command_line(argv: List[str], table: SbatchOptions = BUILTIN) -> CommandLine:
-    """Split ``[options] script [args]`` into our options, sbatch options, script and script args; ``table``
-    says which sbatch options take a value (``slurm.sbatch_options.installed_options``).
+    """Split ``[options] script [args]`` into our options, sbatch options, script and script args.
 
     Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With
     ``--wrap`` there is no script. A lone ``--`` ends the options.
+
+    Args:
+        argv: the words after ``coloc-sbatch``.
+        table: which sbatch options take a value (``slurm.sbatch_options.installed_options``).
+
+    Returns:
+        The ``CommandLine`` (``coloc_mem`` as written: parsed to MiB later).
 
     Raises:
         DirectiveError: no script (and no ``--wrap``), or an option missing its value.

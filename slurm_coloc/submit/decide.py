@@ -250,8 +250,14 @@ def _with_history(base: Optional[Tuple[Estimate, str]], base_name: str, hist: Op
 
 def explain_lines(decision: Decision) -> List[str]:
     """``coloc-sbatch --explain``: each source's figure or why it has none, the winner and why, and the
-    probe's "what it ran", the tail of its log and its writes outside the scratch directory. Lines without a
-    newline."""
+    probe's "what it ran", the tail of its log and its writes outside the scratch directory.
+
+    Args:
+        decision: rule 4's sources and choice (figures in MiB, ``flops_per_step`` in FLOPs, printed as GFLOP).
+
+    Returns:
+        Lines without a newline.
+    """
     out = ["GPU memory sources, in order (docs/user.md, \"How your GPU request is translated\"):"]
     for i, src in enumerate(decision.sources, start=1):
         fig = f"{src.mem_mib:,} MiB" if src.mem_mib is not None else "-"

@@ -99,14 +99,23 @@ class Plan:
     decision: Optional[Decision] = None
 
     def argv(self, script_path: Optional[str]) -> List[str]:
-        """The sbatch argv with ``script_path`` at the script's place."""
+        """The sbatch argv with ``script_path`` at the script's place.
+
+        Args:
+            script_path: the script to submit (the rewritten copy or the user's), or None to keep
+                ``sbatch_args`` as they are (``--wrap``).
+        """
         args = list(self.sbatch_args)
         if self.script_index is not None and script_path is not None:
             args[self.script_index] = script_path
         return args
 
     def command_line(self, script_path: Optional[str]) -> str:
-        """The shell-quoted ``sbatch ...`` line (for ``--dry-run``)."""
+        """The shell-quoted ``sbatch ...`` line (for ``--dry-run``).
+
+        Args:
+            script_path: as for ``argv``.
+        """
         return shlex.join(["sbatch", *self.argv(script_path)])
 
 
@@ -177,6 +186,13 @@ def script_options(script: Optional[ParsedScript],
     """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
     option; ``script`` None (``--wrap``): none.
 
+    Args:
+        script: the parsed job script, or None.
+        table: which sbatch options take a value.
+
+    Returns:
+        ``(options in script order, 1-based line numbers of the lines holding a GPU option)``.
+
     Raises:
         DirectiveError: an ``#SBATCH`` option the table rejects (``submit.argv.parse_option_tokens``).
     """
@@ -208,6 +224,10 @@ def gpu_models(cfg: Config, options: Sequence[Option]) -> Tuple[str, ...]:
     The partition is the last ``-p``/``--partition`` value (a comma-separated list, as sbatch takes it); each
     partition's model is ``cfg.gpu_model_by_partition[partition]``, else ``cfg.gpu_model``, which is also the
     model of a job that names no partition.
+
+    Args:
+        cfg: the configuration (``gpu_model``, ``gpu_model_by_partition``).
+        options: the job's sbatch options, command line and ``#SBATCH`` lines together.
 
     Raises:
         ConfigError: a model name ``estimate/gpus.py`` does not know (the message names the config key).
@@ -426,6 +446,12 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
 
     Script arguments go first only if Slurm's ``command`` (arguments joined by single spaces, read back by the
     OOM rerun) gives them back exactly: none empty, none holding whitespace.
+
+    Args:
+        script_args: the job script's arguments.
+
+    Returns:
+        ``(what is dropped, in words; function from comment dict to smaller dict)`` pairs, first tried first.
     """
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
     steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",

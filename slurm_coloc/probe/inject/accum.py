@@ -72,7 +72,20 @@ class MicroSteps:
         return key + (bool(mod.training), amp)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
-        """A top-level grad-enabled module call: run it, or answer a repeated micro-step's call."""
+        """A top-level grad-enabled module call: run it, or answer a repeated micro-step's call.
+
+        A call whose key matched the only call of the last ``SKIP_AFTER`` micro-steps is answered with its
+        rebuilt output (grad-requiring, ``EvalPasses.rebuild``) and its micro-step is skipped.
+
+        Args:
+            orig: the real ``Module.__call__``.
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+
+        Returns:
+            The module's output, or a rebuilt one.
+        """
         self.evals.note_train_call(mod, args, kwargs)
         key = self._key(mod, args, kwargs)
         if self.skipping:

@@ -22,6 +22,12 @@ def cpu_autocast_dtypes(torch: Any) -> List[str]:
     """The dtype names CPU autocast accepts in this torch (older versions lack ``float16``).
 
     An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+
+    Returns:
+        A subset of ``["bfloat16", "float16"]``, in that order.
     """
     import warnings
 
@@ -44,6 +50,10 @@ def patch_autocast(torch: Any, state: ProbeState) -> None:
 
     Where this torch's CPU autocast lacks the dtype, the probe ends with that reason
     (``state.fail``) instead of tracing the step in float32.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        state: the probe's state (``autocast_dtypes`` gets each dtype entered; ``fail``).
     """
     ac = torch.amp.autocast_mode.autocast
     orig_init = ac.__init__
@@ -83,7 +93,12 @@ class _Dummy:
 
 
 def noop(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for ``torch.cuda`` calls that do nothing without a GPU."""
+    """Stand-in for ``torch.cuda`` calls that do nothing without a GPU.
+
+    Args:
+        args: ignored.
+        kwargs: ignored.
+    """
 
 
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +114,13 @@ def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
     function accepts (``device=`` keywords, defaults) is accepted and one it refuses raises the same
     ``TypeError``; ``functools.wraps`` gives it ``real``'s name, docstring and signature. Each call
     makes a new function object (``torch._dynamo`` refuses one object under two names).
+
+    Args:
+        real: the real ``torch.cuda`` function (one without an inspectable signature: no check).
+        impl: the stand-in; takes any arguments.
+
+    Returns:
+        The new function; calling it raises ``TypeError`` where ``real`` would refuse the arguments.
     """
     import functools
     import inspect
@@ -124,6 +146,13 @@ def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
 
     Implementations take any arguments; :func:`patch_cuda_api` puts each behind the real function's
     signature (:func:`signed_like`). Classes (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
+
+    Returns:
+        Name -> stand-in; memory figures in bytes, ``H100_TOTAL_B`` total, properties of an H100 (sm_90).
     """
     alloc = state.tracker.alloc
     props = types.SimpleNamespace(
@@ -195,7 +224,13 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
     """Make ``torch.cuda`` describe one idle H100 whose memory statistics are the replay's.
 
     Every name of :func:`cuda_api_table` that this torch has is replaced by a stand-in with the real
-    function's signature (:func:`signed_like`); names this torch lacks are added as they are.
+    function's signature (:func:`signed_like`); names this torch lacks are added as they are. Also
+    ``torch.Generator`` (a CUDA device gives a CPU generator), ``torch.accelerator`` (torch >= 2.6) and
+    ``torch.cuda.memory``.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
     """
     cuda = torch.cuda
     for name, value in cuda_api_table(torch, state).items():

@@ -17,6 +17,13 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
 
     Calls naming a CUDA ``device=`` run as GPU ops (:class:`GpuOps`); the tensor methods that move,
     report or read devices are answered by :func:`_device_handlers`.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        state: the probe's state (``gpu``: the ``GpuOps``; ``on_gpu``; ``note``).
+
+    Returns:
+        A ``TorchFunctionMode`` instance (not entered).
     """
     from torch.overrides import TorchFunctionMode
 
@@ -56,7 +63,13 @@ class _Moves:
         self.cpu = torch.device("cpu")
 
     def to_gpu(self, t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
-        """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already)."""
+        """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already).
+
+        Args:
+            t: a host or fake GPU tensor.
+            dtype: the target dtype; None keeps ``t``'s.
+            memory_format: the target memory format; None or ``preserve_format`` keeps ``t``'s layout.
+        """
         if self.state.on_gpu(t) and (dtype is None or dtype == t.dtype):
             return t
         made = self._host_to_gpu(t, dtype, memory_format)
@@ -90,7 +103,12 @@ class _Moves:
         return self.state.gpu.run(torch.empty, (tuple(t.shape),), kw)
 
     def to_host(self, t: Any, dtype: Any = None) -> Any:
-        """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values)."""
+        """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values).
+
+        Args:
+            t: a host or fake GPU tensor; a real host tensor is returned (cast to ``dtype``) as it is.
+            dtype: the target dtype; None keeps ``t``'s.
+        """
         from slurm_coloc.estimate.datadep import has_no_data
 
         if not self.state.on_gpu(t) and not has_no_data(self.torch, t):
@@ -99,7 +117,16 @@ class _Moves:
         return self.torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
 
     def tensor_to(self, t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
-        """``t.to(*args, **kwargs)`` when it names a device; None when it does not (a dtype only)."""
+        """``t.to(*args, **kwargs)`` when it names a device; None when it does not (a dtype only).
+
+        Args:
+            t: the tensor ``.to`` is called on.
+            args: ``.to``'s other positional arguments (a device, an int device index, a dtype or a tensor).
+            kwargs: ``.to``'s keyword arguments (``device``, ``dtype``, ``memory_format``).
+
+        Returns:
+            The moved tensor; None for a dtype-only call or a device neither CUDA nor CPU.
+        """
         torch = self.torch
         device = kwargs.get("device")
         dtype = kwargs.get("dtype")

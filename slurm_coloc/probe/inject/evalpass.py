@@ -66,7 +66,12 @@ class EvalPasses:
     # -- skeletons: structure, shapes and dtypes, no tensors held ------------------------------
     def skeleton(self, obj: Any) -> Optional[Tuple[Any, List[Any]]]:
         """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu, requires_grad)``; None if a
-        leaf is opaque."""
+        leaf is opaque.
+
+        Args:
+            obj: a module call's arguments or output (any pytree); plain leaves (None, bool, int, float,
+                str) are kept as ``("v", value)``, anything else makes it opaque.
+        """
         from torch.utils._pytree import tree_flatten
 
         leaves, spec = tree_flatten(obj)
@@ -84,7 +89,16 @@ class EvalPasses:
                 grad: bool = False) -> Any:
         """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
         ``grad``: floating tensors that required grad require it again (outputs of :func:`_stand_in`, whose
-        graph leads to one small anchor tensor, not to the module)."""
+        graph leads to one small anchor tensor, not to the module).
+
+        Args:
+            skel: a :meth:`skeleton` result.
+            batch: ``(old, new)`` batch size: dimension 0 equal to ``old`` becomes ``new``; None keeps shapes.
+            grad: whether grad-requiring floating tensors are rebuilt requiring grad.
+
+        Returns:
+            The pytree with new tensors (GPU ones empty fakes, host ones zeros) and the plain values.
+        """
         from torch.utils._pytree import tree_unflatten
 
         spec, leaves = skel
@@ -117,14 +131,33 @@ class EvalPasses:
 
     # -- the module call wrapper ---------------------------------------------------------------
     def note_train_call(self, mod: Any, args: Any, kwargs: Any) -> None:
-        """Remember a top-level grad-enabled call (the evaluation replay's inputs)."""
+        """Remember a top-level grad-enabled call (the evaluation replay's inputs).
+
+        Args:
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+        """
         skel = self.skeleton((args, kwargs))
         if skel is not None:
             self.train_call = (weakref.ref(mod), skel)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
         """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training
-        calls."""
+        calls.
+
+        A no-grad call of the same module and shapes seen ``SKIP_AFTER`` times is answered with rebuilt
+        outputs; otherwise ``smaller.SmallerCalls`` may answer it.
+
+        Args:
+            orig: the real ``Module.__call__``.
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+
+        Returns:
+            The module's output, or a rebuilt one of the same structure, shapes and dtypes.
+        """
         if self.torch.is_grad_enabled():
             self.note_train_call(mod, args, kwargs)
             return orig(mod, *args, **kwargs)
@@ -150,7 +183,11 @@ class EvalPasses:
 
     # -- after the steps -----------------------------------------------------------------------
     def replay_eval_batches(self, note: Callable[[str], None]) -> None:
-        """One no-grad forward per DataLoader batch size above the training batch (module docstring)."""
+        """One no-grad forward per DataLoader batch size above the training batch (module docstring).
+
+        Args:
+            note: adds a line to the probe's notes (a pass that fails is noted, not raised).
+        """
         if self.train_call is None:
             return
         ref, skel = self.train_call

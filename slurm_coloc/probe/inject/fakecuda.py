@@ -49,12 +49,20 @@ class ProbeState:
         self.fail: Optional[Callable[[str], None]] = None
 
     def note(self, text: str) -> None:
-        """Add ``text`` once."""
+        """Add ``text`` once.
+
+        Args:
+            text: one short line for the result's ``notes``.
+        """
         if text not in self.notes:
             self.notes.append(text)
 
     def on_gpu(self, t: Any) -> bool:
-        """True when the tensor ``t``'s storage is replayed as GPU memory."""
+        """True when the tensor ``t``'s storage is replayed as GPU memory.
+
+        Args:
+            t: any tensor; one without a storage (sparse, nested) is host memory. Never raises.
+        """
         try:
             return t.untyped_storage()._cdata in self.tracker.handles
         except Exception:  # tensors without storage (sparse, nested) are host
@@ -62,7 +70,12 @@ class ProbeState:
 
 
 def is_cuda_device(torch: Any, d: Any) -> bool:
-    """True when ``d`` (a ``torch.device`` or a string) names a CUDA device."""
+    """True when ``d`` (a ``torch.device`` or a string) names a CUDA device.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        d: a device, a device string (``cuda``, ``cuda:1``) or anything else (False).
+    """
     if isinstance(d, torch.device):
         return d.type == "cuda"
     if isinstance(d, str):
@@ -73,7 +86,11 @@ def is_cuda_device(torch: Any, d: Any) -> bool:
 def tag_gpu_ops(state: ProbeState) -> None:
     """Let the tracker replay only the storages of GPU ops: those made while :class:`GpuOps` runs an op
     (``state.cuda_op``; ``state.dispatch_depth`` counts the nesting, and ``FakeTensor.device`` reports
-    the real fake device inside)."""
+    the real fake device inside).
+
+    Args:
+        state: the probe's state; its tracker's ``track`` is replaced by an instance attribute.
+    """
     orig_track = state.tracker.track
 
     def track(t: Any) -> None:
@@ -115,12 +132,27 @@ class GpuOps:
         self.scalar_answer = scalar_answer
 
     def set_optional(self, on: bool) -> None:
-        """Push the optional mode with the others (True) or leave it out (False)."""
+        """Push the optional mode with the others (True) or leave it out (False).
+
+        Args:
+            on: whether the FLOP counter (``optional``) is pushed for the next ops.
+        """
         self.use_optional = on
         self.modes = [m for m in self.all_modes if on or m is not self.optional]
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
-        """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors."""
+        """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors.
+
+        Nested calls (already inside a GPU op) run ``func`` as is.
+
+        Args:
+            func: an op or function.
+            args: its positional arguments.
+            kwargs: its keyword arguments, or None.
+
+        Returns:
+            What ``func`` returns; its exceptions pass through (the modes are exited first).
+        """
         if self.depth:
             return func(*args, **(kwargs or {}))
         st = self.state
@@ -173,6 +205,13 @@ def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
     ``fake_mode`` is a ``FakeTensorMode(allow_non_fake_inputs=True)`` that is never entered: real
     CPU inputs of a GPU op (a batch moved to the GPU, a CPU scalar tensor) become fake tensors of
     the same shape, dtype and values' absence, so only GPU memory and kernels are simulated.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        fake_mode: that ``FakeTensorMode``.
+
+    Returns:
+        A ``TorchDispatchMode`` instance.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -200,6 +239,12 @@ def make_host_fast_mode(torch: Any) -> Any:
     torch-function handling off, so data loading and CPU preprocessing cost what they cost in the job,
     not a pass through four Python modes per op; no dispatch mode sees it either (the GPU modes are
     pushed for GPU ops only, :class:`GpuOps`).
+
+    Args:
+        torch: the program's imported ``torch`` module.
+
+    Returns:
+        A ``TorchFunctionMode`` instance.
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -246,6 +291,12 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
       device propagation) it reports the real fake device;
     * ``FakeTensor.tolist`` returns zeros at once (a sampler's ``randperm(n).tolist()`` would
       otherwise read n values one by one), as ``datadep`` assumes for value reads.
+
+    Also :func:`patch_fake_swap`.
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        state: the probe's state (``dispatch_depth``, ``on_gpu``, ``note``).
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -284,6 +335,9 @@ def patch_fake_swap(torch: Any) -> None:
     which refuses tensors with weak references; FakeTensorMode's own memo holds one for every
     fake tensor. The memo only maps real tensors to their fakes, so the probe lets the swap
     ignore weak references to fake tensors.
+
+    Args:
+        torch: the program's imported ``torch`` module (``torch.utils``' ``weakref`` is replaced by a shim).
     """
     import torch.utils as tu
     from torch._subclasses.fake_tensor import FakeTensor

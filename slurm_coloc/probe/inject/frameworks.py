@@ -100,6 +100,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self.busy: set = set()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Optional[Any]:
+        """The module's own spec with its loader wrapped to apply ``PATCHES[name]`` after the module runs;
+        None (find nothing) for any other module.
+
+        Args:
+            name: the module's full name.
+            path: the parent package's ``__path__`` (unused: the real finders search).
+            target: unused.
+
+        Returns:
+            The wrapped ``ModuleSpec`` or None; a patch that fails is noted, never raised.
+        """
         if name not in PATCHES or name in self.busy:
             return None
         self.busy.add(name)
@@ -129,7 +140,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def install(note: Note) -> None:
-    """Patch the frameworks already imported and those imported later (module docstring)."""
+    """Patch the frameworks already imported and those imported later (module docstring).
+
+    Args:
+        note: adds a line to the probe's notes (a patch that fails is noted, not raised).
+    """
     for name, patch in PATCHES.items():
         mod = sys.modules.get(name)
         if mod is not None:

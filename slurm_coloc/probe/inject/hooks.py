@@ -18,7 +18,13 @@ from slurm_coloc.probe.inject.distributed import patch_distributed
 
 
 def install(probe: Any, torch: Any) -> None:
-    """Every hook below, in the order the program meets them."""
+    """Every hook below, in the order the program meets them.
+
+    Args:
+        probe: the ``_Probe`` of ``inject/main.py`` (``state`` set); it gets ``evals``, ``smaller``,
+            ``micro``.
+        torch: the program's imported ``torch`` module, patched in place.
+    """
     st = probe.state
     _patch_optimizers(probe, torch)
     probe.evals = evalpass.EvalPasses(torch, st.on_gpu)
@@ -215,6 +221,10 @@ def count_flops_after_first_step(probe: Any) -> None:
     runs before the first step (imports, evaluation loops, the first iteration) need not be counted, and
     the counter's per-op work is a large part of the probe's time. A torch whose ``FlopCounterMode`` is
     itself the dispatch mode (no ``_FlopCounterMode``; its ``__enter__`` clears the counts) counts nothing.
+
+    Args:
+        probe: the ``_Probe``; ``probe.flops`` (a ``FlopCounterMode`` or None) is set to None where torch
+            cannot gate the count.
     """
     counter = probe.flops
     if counter is None:
@@ -237,5 +247,9 @@ def count_flops_after_first_step(probe: Any) -> None:
 
 
 def has_params(mod: Any) -> bool:
-    """True when ``mod`` has at least one parameter."""
+    """True when ``mod`` has at least one parameter.
+
+    Args:
+        mod: a ``torch.nn.Module``.
+    """
     return any(True for _ in mod.parameters())

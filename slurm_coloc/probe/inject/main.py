@@ -70,6 +70,14 @@ class _Probe:
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
+        """The audit hook (``sys.addaudithook``): note each file the program opens for writing outside the
+        scratch directory; a mirrored file link opened for writing first becomes a scratch file (a copy of
+        its target unless the mode has ``w``).
+
+        Args:
+            event: the audit event name (``open`` and ``_WRITE_EVENTS`` are read).
+            args: the event's arguments (path first; for ``open`` the mode and flags).
+        """
         path = None
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             mode = args[1] if len(args) > 1 else "r"
@@ -111,6 +119,14 @@ class _Probe:
 
     # -- stopping ------------------------------------------------------------------------------
     def on_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """An optimizer step: count it, note the FLOPs so far, and finish ``ok`` once every optimizer stepped
+        ``steps_wanted`` times (or one stepped two more).
+
+        Args:
+            opt: the optimizer that stepped.
+            args: the step's positional arguments (unused).
+            kwargs: the step's keyword arguments (unused).
+        """
         key = id(opt)
         if self.micro is not None:
             self.micro.on_step()
@@ -136,6 +152,14 @@ class _Probe:
         return None
 
     def finish(self, status: str, reason: str) -> None:
+        """Write the result JSON (``report.result``) atomically to the request's ``result`` path and end
+        the process (``os._exit(0)``); never returns. With ``ok``, evaluation batches and smaller calls are
+        replayed first.
+
+        Args:
+            status: ``ok`` | ``no-step`` | ``error``.
+            reason: one line saying why ("" for ``ok``).
+        """
         st = self.state
         if status == "ok" and self.evals is not None and st is not None and not self.finishing:
             self.finishing = True
@@ -159,7 +183,12 @@ class _Probe:
         os._exit(0)
 
 def main(request_path: str) -> None:
-    """Run the request (module docstring); never returns."""
+    """Run the request (module docstring); never returns.
+
+    Args:
+        request_path: the request JSON the runner wrote (``mode``, ``target``, ``args``, ``result``,
+            ``timeout_s`` in s, ...).
+    """
     with open(request_path, encoding="utf-8") as fh:
         req = json.load(fh)
     probe = _Probe(req)

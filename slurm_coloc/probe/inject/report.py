@@ -17,7 +17,17 @@ REASON_CHARS = 200  # the most of an exception's message a reason line keeps
 
 
 def result(probe: Any, status: str, reason: str) -> Dict[str, Any]:
-    """The result JSON of a probe (``_Probe`` of ``inject/main.py``) that ends with ``status``, ``reason``."""
+    """The result JSON of a probe (``_Probe`` of ``inject/main.py``) that ends with ``status``, ``reason``.
+
+    Args:
+        probe: the ``_Probe`` (its ``state`` may be None when torch was never imported).
+        status: ``ok`` | ``no-step`` | ``error``, as ``_Probe.finish`` was given it.
+        reason: one line saying why the probe ended ("" when it ran to its steps).
+
+    Returns:
+        The result dict (keys in ``inject/main.py``'s module docstring; peaks and workspaces in bytes,
+        ``flops_per_step`` in FLOPs). Notes ``cudnn.benchmark`` on the probe's state as a side effect.
+    """
     st = probe.state
     alloc = st.tracker.alloc if st is not None else None
     dw = 0
@@ -78,7 +88,15 @@ def user_files() -> List[str]:
 
 
 def reason_of(exc: BaseException) -> str:
-    """One line naming what stopped the program, with the deepest frame of the program's own code."""
+    """One line naming what stopped the program, with the deepest frame of the program's own code.
+
+    Args:
+        exc: the exception the program raised (``SystemExit`` included).
+
+    Returns:
+        ``the program exited (code N) ...``, ``data missing at file:line: ...`` or
+        ``the program failed at file:line: Type: message`` (message as ``short_message`` gives it).
+    """
     if isinstance(exc, SystemExit):
         return f"the program exited (code {exc.code}) before its first optimizer step"
     msg = short_message(exc)
@@ -97,7 +115,14 @@ def reason_of(exc: BaseException) -> str:
 
 def short_message(exc: BaseException) -> str:
     """The exception's message on one line, terminal colour codes removed; a long one cut to its first
-    sentence (at most ``REASON_CHARS`` characters)."""
+    sentence (at most ``REASON_CHARS`` characters).
+
+    Args:
+        exc: any exception.
+
+    Returns:
+        The message (characters, at most ``REASON_CHARS``).
+    """
     msg = " ".join(_ANSI.sub("", str(exc)).split())
     if len(msg) > REASON_CHARS:
         first = msg.find(". ")

@@ -64,7 +64,19 @@ class SmallerCalls:
                    stand_in: Callable[[], bool] = lambda: False) -> Any:
         """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (that of
         the module's latest call that ran: the first one's includes what is allocated once, as cuBLAS's
-        workspaces); ``stand_in()`` tells a call that was answered without running (``accum.py``)."""
+        workspaces); ``stand_in()`` tells a call that was answered without running (``accum.py``).
+
+        Args:
+            run: runs the call and returns its output.
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+            stand_in: True after ``run()`` when the call was answered without running.
+
+        Returns:
+            What ``run()`` returns (bytes allocated over the call are kept in ``transient_b``); its exceptions
+            pass through.
+        """
         bound = self._bind(mod, args, kwargs)
         if bound is not None:
             self.train[id(mod)] = (weakref.ref(mod), {k: self._describe(v) for k, v in bound.items()})
@@ -143,7 +155,16 @@ class SmallerCalls:
         return tuple(key), dims
 
     def observe(self, mod: Any, args: Any, kwargs: Any, out_skel: Any) -> None:
-        """Keep a traced no-grad call's input dims and output skeleton (``evalpass`` skeleton form)."""
+        """Keep a traced no-grad call's input dims and output skeleton (``evalpass`` skeleton form).
+
+        At most 8 distinct input-dim lists are kept per family.
+
+        Args:
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+            out_skel: the output's skeleton, or None (nothing kept).
+        """
         fam = self._family(mod, args, kwargs)
         if fam is None or out_skel is None:
             return
@@ -185,7 +206,17 @@ class SmallerCalls:
 
     def try_call(self, mod: Any, args: Any, kwargs: Any, rebuild: Callable[[Any], Any]) -> Tuple[bool, Any]:
         """``(True, output)`` for a dominated no-grad call whose output shapes are predicted, else
-        ``(False, None)``."""
+        ``(False, None)``.
+
+        A call is dominated when every argument matches the module's training call with tensors no larger in
+        any dimension (same dtype, device, rank).
+
+        Args:
+            mod: the ``torch.nn.Module`` called.
+            args: the call's positional arguments.
+            kwargs: the call's keyword arguments.
+            rebuild: makes tensors from a skeleton (``EvalPasses.rebuild``).
+        """
         fam = self._family(mod, args, kwargs)
         if fam is None or fam[0] not in self.observed or not self._dominated(mod, args, kwargs):
             return False, None
@@ -198,7 +229,14 @@ class SmallerCalls:
 
     # -- at the end ------------------------------------------------------------------------------
     def settle(self, note: Callable[[str], None]) -> None:
-        """Raise the replayed peaks to the skipped calls' bound where it is higher; one note."""
+        """Raise the replayed peaks to the skipped calls' bound where it is higher; one note.
+
+        The bound is, per module, the bytes allocated at its skipped calls plus its training forward's
+        transient; the reserved peak rises by the excess rounded up to ``BLOCK_B``.
+
+        Args:
+            note: adds a line to the probe's notes.
+        """
         if not self.skipped:
             return
         a = self.alloc
