@@ -141,6 +141,16 @@ def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _h100_properties() -> types.SimpleNamespace:
+    """What ``torch.cuda.get_device_properties`` gives on an H100 80GB (sm_90, 132 SMs; memory in bytes)."""
+    return types.SimpleNamespace(
+        name=H100_NAME, total_memory=H100_TOTAL_B, major=9, minor=0, multi_processor_count=132,
+        is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 << 20, warp_size=32,
+        max_threads_per_multi_processor=2048, gcnArchName="", uuid="probe", pci_bus_id=0, pci_device_id=0,
+        pci_domain_id=0, regs_per_multiprocessor=65536, shared_memory_per_block=49152,
+        shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
+
+
 def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
     """The ``torch.cuda`` names the fake device stands in for, with their stand-in implementations.
 
@@ -155,12 +165,7 @@ def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
         Name -> stand-in; memory figures in bytes, ``H100_TOTAL_B`` total, properties of an H100 (sm_90).
     """
     alloc = state.tracker.alloc
-    props = types.SimpleNamespace(
-        name=H100_NAME, total_memory=H100_TOTAL_B, major=9, minor=0, multi_processor_count=132,
-        is_integrated=False, is_multi_gpu_board=False, L2_cache_size=50 << 20, warp_size=32,
-        max_threads_per_multi_processor=2048, gcnArchName="", uuid="probe", pci_bus_id=0, pci_device_id=0,
-        pci_domain_id=0, regs_per_multiprocessor=65536, shared_memory_per_block=49152,
-        shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
+    props = _h100_properties()
 
     def stats(*a: Any, **k: Any) -> Dict[str, Any]:
         return {"allocated_bytes.all.current": alloc.allocated_b,
