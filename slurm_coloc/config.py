@@ -469,7 +469,6 @@ def allowed(f: Field[Any]) -> str:
     Returns:
         The words, or "". Pure, never raises.
     """
-
     meta = f.metadata
     if not meta:
         return ""

@@ -114,7 +114,6 @@ def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
     Returns:
         The error to raise (with its install hint), or None. Pure, never raises.
     """
-
     root = (getattr(exc, "name", None) or "").split(".")[0]
     if root not in EXTRAS:
         return None

@@ -85,5 +85,4 @@ def is_bare_number(text: str) -> bool:
     Returns:
         True for a bare number. Pure, never raises.
     """
-
     return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*", text or ""))

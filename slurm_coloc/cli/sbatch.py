@@ -252,7 +252,6 @@ def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -
         parsed: the parsed batch script (its ignored late ``#COLOC`` lines), or None.
         explain: ``--explain``: show every source's figure and the probe's output.
     """
-
     if parsed is not None and parsed.late_coloc_lines:
         lines = ", ".join(str(n) for n in parsed.late_coloc_lines)
         click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and "

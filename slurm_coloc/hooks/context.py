@@ -72,7 +72,6 @@ class HookContext:
         Returns:
             The ``HookContext``. Pure.
         """
-
         raw_ec = _int(env.get("SLURM_JOB_EXIT_CODE"))
         code, sig = decode_exit_code(raw_ec) if raw_ec is not None else (None, None)
         return cls(

@@ -158,7 +158,6 @@ def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
     Returns:
         ``(coloc_json or None, spec_json or None)``. Pure, never raises.
     """
-
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,
             json.dumps(spec, sort_keys=True) if spec else None)

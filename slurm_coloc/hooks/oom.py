@@ -283,7 +283,6 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
     Raises:
         sqlite3.Error: the database cannot be read or written (``hooks/ctld.py::settle`` logs it).
     """
-
     by_id = {j.job_id: j for j in jobs}
     done: List[int] = []
     for rerun_id in store_oom.unsettled_reruns(db):

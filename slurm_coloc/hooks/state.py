@@ -73,7 +73,6 @@ def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[
     Returns:
         ``(state, source)``: a Slurm state name and ``SLURM`` or ``INFERRED``. Pure, never raises.
     """
-
     given = state_from_env(env or {})
     if given:
         return given, SLURM

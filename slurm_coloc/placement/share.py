@@ -307,7 +307,6 @@ def gpu_work(job: Profile) -> Optional[float]:
     Returns:
         ``smact * work_s`` (SM-activity-seconds), or None. Pure, never raises.
     """
-
     return job.smact * job.work_s if job.smact is not None and job.work_s is not None else None
 
 
