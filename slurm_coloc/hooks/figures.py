@@ -96,11 +96,11 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
     hooks/admin_comment.py).
 
     Args:
-        view: the job's view with usage and findings (``report``): MiB, %, fractions, kWh, GPU hours.
+        view: the job's view with usage and findings (``report``): MiB, %, kWh, GPU hours.
 
     Returns:
-        The dict (``est_mib``, ``req_mib``, ``peak_mib`` in MiB, ``err_pct`` in %, ``smact``/``smocc``
-        fractions, ``kwh``, ``gpu_h``, ...). Pure.
+        The dict (``est_mib``, ``req_mib``, ``peak_mib`` in MiB; ``err_pct``, ``util``, ``smact``, ``smocc``
+        in %; ``kwh``, ``gpu_h``, ...). Pure.
     """
     def r(x: Optional[float], nd: int = 1) -> Optional[float]:
         return None if x is None else round(float(x), nd)
