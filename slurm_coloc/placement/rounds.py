@@ -127,7 +127,8 @@ class Round:
             ``(Decision, Activity as fractions, source in words, share.Profile)``.
 
         Raises:
-            ValueError: from ``share.choose_gpu_bounded`` on a bad request (``handle`` catches it).
+            ValueError: a bad shard request or placement mode (``policy.choose_gpu``,
+                ``share.choose_gpu_bounded``); ``handle`` catches it.
         """
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
