@@ -35,7 +35,14 @@ def _fail(exc: ColocError) -> None:
 
 
 def common(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Window, filter, sort and output options shared by every view."""
+    """Window, filter, sort and output options shared by every view.
+
+    Args:
+        f: the view's command function (it receives the options as keyword arguments).
+
+    Returns:
+        ``f`` with the options applied (a click decorator).
+    """
     opts = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="YAML config (default $COLOC_CONFIG or /etc/slurm-coloc/coloc.yaml)."),
