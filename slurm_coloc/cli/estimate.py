@@ -72,6 +72,16 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     ($XDG_CACHE_HOME/slurm-coloc/estimates.json) without importing torch. Other estimates go to
     the user's warm estimate server when one runs (torch already imported; started in the
     background by the first such call; docs/user.md), else run in this process.
+
+    \f
+    Args:
+        model, model_kwargs, input_shape, input_dtype, batch_size, optimizer, amp, bf16, gpu, script,
+            history, no_cache, as_json: the options above, as ``run`` takes them (``history`` in MiB).
+        no_server: ``--no-server``: never use or start the warm estimate server.
+
+    Raises:
+        SystemExit: bad input or torch missing (one error line, the ``ColocError``'s exit code), or the
+            server's exit code.
     """
     try:
         gpu = gpu or _config_gpu(script)
