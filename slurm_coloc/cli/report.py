@@ -194,6 +194,15 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
     \b
     Example:
       coloc-report plot --since 2d --node n1 --out /tmp/plots
+
+    \f
+    Args:
+        config_path: ``--config``, or None; since, until: ``--since`` / ``--until`` (``until`` None: now).
+        nodes: ``--node`` values; users: ``--user`` values (empty: all); out_dir: ``--out``.
+
+    Raises:
+        SystemExit: bad input, matplotlib missing, or a caller who may not read the databases (one error
+            line, the ``ColocError``'s exit code).
     """
     now = time.time()
     try:
@@ -240,6 +249,15 @@ def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_j
     Example:
       coloc-report advise 4242 --out /tmp/plots
       coloc-report advise 4242 --json
+
+    \f
+    Args:
+        job_id: the Slurm job id; config_path: ``--config``, or None.
+        out_dir: ``--out``, or None (no PNG); as_json: ``--json``.
+
+    Raises:
+        SystemExit: an unknown or foreign job, bad input, or a plot that cannot be written (one error line,
+            the ``ColocError``'s exit code or the reader's).
     """
     try:
         cfg = config_mod.load(config_path)
@@ -294,6 +312,13 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
     \b
     Example:
       coloc-report serve --config /etc/slurm-coloc/coloc.yaml
+
+    \f
+    Args:
+        config_path: ``--config``, or None; pidfile: ``--pidfile``, or None.
+
+    Raises:
+        SystemExit: not root, a bad config or a socket that cannot be served (one error line).
     """
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s coloc-report serve: %(message)s")
