@@ -292,6 +292,13 @@ def cli(argv: Tuple[str, ...]) -> None:
       coloc-sbatch --parsable -t 30 examples/train_digits.sh
       coloc-sbatch --dry-run --coloc-mem 6G train.sh --epochs 3
       coloc-sbatch --explain --dry-run train.sh --epochs 3
+
+    \f
+    Args:
+        argv: the command line after the program name (sbatch options, own options, script, its arguments).
+
+    Raises:
+        SystemExit: sbatch's exit code, or the ``ColocError``'s (one error line; nothing submitted).
     """
     try:
         cmd = split_command_line(list(argv), installed_options(config_mod.load().slurm_bin_dir))
