@@ -24,6 +24,11 @@ class DefaultGroup(click.Group):
     """A group that runs ``jobs`` when the first argument is not a command (``coloc-report --json``)."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        """Put ``jobs`` in front of ``args`` when they name no command (or are empty), then parse as a group.
+
+        Args:
+            ctx: the click context; args: the command line after the program name.
+        """
         if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
             args = ["jobs", *args]
         return super().parse_args(ctx, args)
@@ -333,6 +338,14 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
             click.echo(f"coloc-report serve: listening at {path}", err=True)
 
         def handle(request: Any, uid: int) -> dict:
+            """One reader request answered with the config read afresh (``query.answer``).
+
+            Args:
+                request: the caller's decoded request; uid: the caller's uid (from ``SO_PEERCRED``).
+
+            Returns:
+                The answer dict (``ok``; ``error`` and ``exit_code`` when the config cannot be read).
+            """
             try:
                 cfg = config_mod.load(config_path)
             except ColocError as exc:

@@ -88,6 +88,17 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     deadline = time.monotonic() + cfg.estimate_timeout_s  # one bound for all GPU models of the job
 
     def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
+        """The ``#COLOC model=`` estimate for one GPU model, within what is left of ``estimate_timeout_s``.
+
+        Args:
+            spec: the model to estimate; gpu_model: the GPU model name (``H100``).
+
+        Returns:
+            The estimate (MiB), or None after a warning on stderr when the time ran out.
+
+        Raises:
+            EstimateError: the estimator's own error (``estimate_isolated``).
+        """
         from slurm_coloc.cli.sbatch_estimate import estimate_isolated
 
         # history is applied by the decision (submit/decide.py), to whichever figure wins
@@ -145,6 +156,14 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     runs: List[Tuple[str, "ProbeResult"]] = []
 
     def probe_fn(gpu: str) -> ProbeAnswer:
+        """The probe's answer for GPU model ``gpu`` (the probe runs once; other models reuse its peaks).
+
+        Args:
+            gpu: the GPU model name (``H100``).
+
+        Returns:
+            The ``ProbeAnswer`` (estimate in MiB or None, what ran, why no figure). Never raises.
+        """
         from slurm_coloc.probe.probe import estimate_from_result, probe_script
 
         try:

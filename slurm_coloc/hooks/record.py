@@ -246,7 +246,14 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         The database failure (``recordset.store_unusable``) or ``HookTimeout`` that stopped the replay.
     """
     def decode(entry: queue.Entry) -> Optional[Tuple[List[Dict[str, Any]], str]]:
-        """``(ops, what to log once applied)``, or None for another database's or cluster's entry."""
+        """``(ops, what to log once applied)``, or None for another database's or cluster's entry.
+
+        Args:
+            entry: a queue entry (a record set ``.json`` or a pending environment ``.env``).
+
+        Raises:
+            queue.EntryError, ValueError: an entry that cannot be decoded (``queue.replay`` sets it aside).
+        """
         if entry.kind == recordset.SUFFIX:
             entry_target, ops = recordset.decode(entry.data)
             return (ops, "") if entry_target == target else None
@@ -261,6 +268,11 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         return (ops, note) if entry_target == target else None
 
     def apply(entry: queue.Entry, item: Tuple[List[Dict[str, Any]], str]) -> None:
+        """Apply one decoded entry's ops to ``db`` in one transaction and log its note.
+
+        Args:
+            entry: the queue entry; item: ``decode``'s ``(ops, note)``.
+        """
         recordset.apply_ops(db, item[0])
         if item[1]:
             log.warning("%s", item[1])
