@@ -257,8 +257,7 @@ def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_j
 
     \f
     Args:
-        job_id: the Slurm job id; config_path: ``--config``, or None.
-        out_dir: ``--out``, or None (no PNG); as_json: ``--json``.
+        job_id: the job id; config_path: ``--config``; out_dir: ``--out`` (None: no PNG); as_json: ``--json``.
 
     Raises:
         SystemExit: an unknown or foreign job, bad input, or a plot that cannot be written (one error line,

@@ -88,17 +88,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     deadline = time.monotonic() + cfg.estimate_timeout_s  # one bound for all GPU models of the job
 
     def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
-        """The ``#COLOC model=`` estimate for one GPU model, within what is left of ``estimate_timeout_s``.
-
-        Args:
-            spec: the model to estimate; gpu_model: the GPU model name (``H100``).
-
-        Returns:
-            The estimate (MiB), or None after a warning on stderr when the time ran out.
-
-        Raises:
-            EstimateError: the estimator's own error (``estimate_isolated``).
-        """
+        """The estimate (MiB) of ``spec`` on ``gpu_model`` within the time left, or None (warned)."""
         from slurm_coloc.cli.sbatch_estimate import estimate_isolated
 
         # history is applied by the decision (submit/decide.py), to whichever figure wins
