@@ -43,6 +43,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     The command runs with ``sys.argv = ["coloc-<command>", *args]``, as its console script would; a click
     command also gets ``coloc-<command>`` as its program name. Commands exit through ``SystemExit``.
+
+    Args:
+        argv: the command name and its arguments (``["report", "--json"]``); None: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 for help and ``--version``, 2 for an unknown command, else the command's.
+
+    Raises:
+        SystemExit: the command's own exit (click commands exit this way).
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):

@@ -20,6 +20,12 @@ def write_atomic(path: Union[str, Path], data: bytes, mode: int = 0o644, sync: b
     ``path`` (``rename(2)`` is atomic within one file system). Names starting with ``.`` are what readers of
     these directories skip.
 
+    Args:
+        path: the file to replace (or create).
+        data: the file's whole content.
+        mode: the file's permission bits (octal, e.g. ``0o644``).
+        sync: ``fsync`` the data before the rename (durable across a crash, slower).
+
     Raises:
         OSError: the directory cannot be written (the temporary file is removed first).
     """

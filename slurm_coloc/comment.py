@@ -60,6 +60,12 @@ def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
 
     Hooks run this as root on user-controlled text: JSON only (no eval, no pickle), at most
     ``MAX_JSON_CHARS`` characters, and a JSON object only (a list or a scalar gives None).
+
+    Args:
+        comment: the job's comment (Slurm's ``Comment``, user-controlled text); None counts as empty.
+
+    Returns:
+        The object as a dict, or None.
     """
     text = comment or ""
     at = text.rfind(COMMENT_TAG + "{")
@@ -200,7 +206,17 @@ class CommentSpec:
 
     @classmethod
     def from_fields(cls, data: Any) -> "CommentSpec":
-        """Raises: CommentError (not an object, or a known key out of type or range)."""
+        """The typed spec of a comment's ``spec`` object (unknown keys ignored, a null key absent).
+
+        Args:
+            data: the parsed ``spec`` value (JSON types).
+
+        Returns:
+            The ``CommentSpec``.
+
+        Raises:
+            CommentError: not an object, or a known key out of type or range.
+        """
         if not isinstance(data, dict):
             raise CommentError("spec must be an object")
         out: Dict[str, Any] = {}
@@ -229,7 +245,11 @@ class CommentSpec:
 
     @classmethod
     def from_json_text(cls, text: Optional[str]) -> "Optional[CommentSpec]":
-        """A recorded spec (JSON text) read back; None when absent or invalid. Never raises."""
+        """A recorded spec (JSON text) read back; None when absent or invalid. Never raises.
+
+        Args:
+            text: the spec's JSON text (at most ``MAX_JSON_CHARS`` characters are read), or None.
+        """
         if not text or len(text) > MAX_JSON_CHARS:
             return None
         try:
@@ -344,7 +364,15 @@ class JobComment:
         """The annotation in a job comment (the last ``coloc:{...}``); ``NO_COMMENT`` when there is none or it
         breaks the protocol, the latter with one warning naming the job and the key. Never raises; bounded
         work (``MAX_JSON_CHARS``; integers of more than 19 digits, NaN and infinities are never read as
-        numbers)."""
+        numbers).
+
+        Args:
+            comment: the job's comment (Slurm's ``Comment``, user-controlled text); None counts as empty.
+            job_id: the job the comment belongs to, named in the warning (``?`` if None).
+
+        Returns:
+            The ``JobComment``, or ``NO_COMMENT``.
+        """
         text = comment or ""
         at = text.rfind(COMMENT_TAG + "{")
         if at < 0:
@@ -364,7 +392,11 @@ class JobComment:
     @classmethod
     def from_json_text(cls, text: Optional[str]) -> "JobComment":
         """A recorded ``coloc_json`` (database text) read back; ``NO_COMMENT`` when absent or invalid. Never
-        raises."""
+        raises.
+
+        Args:
+            text: the recorded JSON text (at most ``MAX_JSON_CHARS`` characters are read), or None.
+        """
         if not text or len(text) > MAX_JSON_CHARS:
             return NO_COMMENT
         try:
@@ -427,7 +459,17 @@ def job_signature(coloc: Any) -> Optional[str]:
 
     ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
     input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.
+
+    Args:
+        coloc: a ``JobComment``, or a coloc JSON object (a mapping, e.g. ``parse_comment``'s result).
+
+    Returns:
+        The 16-hex-digit key, or None.
+
+    Raises:
+        Never raises ``CommentError`` (a broken object gives None).
     """
+
     if isinstance(coloc, JobComment):
         return coloc.signature()
     try:

@@ -338,7 +338,14 @@ class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsCon
     key's meaning is in its section's docstring; ``coloc-admin config --sample`` prints them all."""
 
     def gpu_model_for(self, partition: Optional[str]) -> str:
-        """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``)."""
+        """The GPU model of ``partition`` (one partition name; None or unmapped: ``gpu_model``).
+
+        Args:
+            partition: one Slurm partition name, or None.
+
+        Returns:
+            The GPU model name (a key of the estimator's GPU table, e.g. ``H100``). Never raises.
+        """
         return self.gpu_model_by_partition.get(partition or "", self.gpu_model)
 
     @property
@@ -347,7 +354,14 @@ class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsCon
         return Path(self.state_dir) / "ctld.db"
 
     def node_db_path(self, node: str) -> Path:
-        """Per-node database (hook rows, samples) of node ``node``."""
+        """Per-node database (hook rows, samples) of node ``node``.
+
+        Args:
+            node: the Slurm node name (``SLURMD_NODENAME``).
+
+        Returns:
+            ``<state_dir>/nodes/<node>.db``. Pure, never raises.
+        """
         return Path(self.state_dir) / "nodes" / f"{node}.db"
 
     @property
@@ -357,7 +371,17 @@ class Config(ReportConfig, PlacementConfig, MetricsConfig, SamplerConfig, MpsCon
 
 
 def section_of(name: str) -> type:
-    """The section dataclass (of ``SECTIONS``) that declares key ``name``; KeyError for an unknown key."""
+    """The section dataclass (of ``SECTIONS``) that declares key ``name``.
+
+    Args:
+        name: a configuration key (``state_dir``, ``hook_timeout_s``, ...).
+
+    Returns:
+        The section's class.
+
+    Raises:
+        KeyError: an unknown key.
+    """
     for section in SECTIONS:
         if name in section.__dataclass_fields__:  # type: ignore[attr-defined]
             return section
@@ -437,7 +461,14 @@ def _interval(meta: Mapping[str, Any]) -> str:
 
 def allowed(f: Field[Any]) -> str:
     """What config key ``f`` declares it allows, in words (``[1, 4096]``, ``merge | if-empty | off``, ``not
-    empty``); "" when it declares nothing."""
+    empty``); "" when it declares nothing.
+
+    Args:
+        f: the key's dataclass field (its metadata: choices, bounds, not-empty).
+
+    Returns:
+        The words, or "". Pure, never raises.
+    """
     meta = f.metadata
     if not meta:
         return ""

@@ -88,7 +88,15 @@ def sample_yaml() -> str:
 
 def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, bool]:
     """The file ``config.load`` reads and whether it was named (``path`` or ``$COLOC_CONFIG``) rather than the
-    default ``/etc/slurm-coloc/coloc.yaml``."""
+    default ``/etc/slurm-coloc/coloc.yaml``.
+
+    Args:
+        path: the file named on the command line, or None.
+        environ: the environment (``COLOC_CONFIG``).
+
+    Returns:
+        ``(file path, named)``. Pure, never raises.
+    """
     explicit = path or environ.get("COLOC_CONFIG")
     return Path(explicit or config_mod.DEFAULT_CONFIG_PATH), bool(explicit)
 
@@ -96,6 +104,10 @@ def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, 
 def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
               ) -> Tuple[config_mod.Config, Path, bool, Dict[str, str]]:
     """The effective config and where each value comes from.
+
+    Args:
+        path: the file named on the command line, or None (``$COLOC_CONFIG``, else the default).
+        environ: the environment (``COLOC_CONFIG``, ``COLOC_<KEY>`` overrides); None: ``os.environ``.
 
     Returns:
         ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was

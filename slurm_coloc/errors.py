@@ -87,8 +87,12 @@ def require(module: str) -> None:
     """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports
     it.
 
+    Args:
+        module: the top-level module name (``torch``, ``numpy``, ``matplotlib``, ``pynvml``).
+
     Raises:
         MissingExtra: not installed (or blocked: ``sys.modules[module] = None``).
+        KeyError: ``module`` is not a key of ``EXTRAS`` (and is not installed).
     """
     import importlib.util
 
@@ -102,7 +106,14 @@ def require(module: str) -> None:
 
 
 def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
-    """The ``MissingExtra`` for an ImportError of one of ``EXTRAS`` (None for any other module)."""
+    """The ``MissingExtra`` for an ImportError of one of ``EXTRAS`` (None for any other module).
+
+    Args:
+        exc: the ImportError caught; its ``name`` (top-level part) picks the extra.
+
+    Returns:
+        The error to raise (with its install hint), or None. Pure, never raises.
+    """
     root = (getattr(exc, "name", None) or "").split(".")[0]
     if root not in EXTRAS:
         return None

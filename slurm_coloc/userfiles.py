@@ -180,6 +180,12 @@ def append_line_as_user(path: str, uid: int, gid: int, line: str, timeout_s: flo
 
     Used to tell the user, in their own job log, what happened to the job. Never creates a file.
 
+    Args:
+        path: the user's file (absolute; a job's output path).
+        uid, gid: the user and group the write runs as (in a child process).
+        line: the text to append (whitespace collapsed, at most 2,000 characters, then a newline).
+        timeout_s: the child's time limit (s).
+
     Returns:
         None on success, else why it was not written (never raises).
     """

@@ -44,6 +44,12 @@ def unsafe_path(path: Path) -> Optional[str]:
 
     Safe: owned by root and not writable by group or others; a directory writable by all is accepted only
     with the sticky bit and root ownership (``/tmp``), where others cannot replace root's entries.
+
+    Args:
+        path: the file or directory (symbolic links resolved first).
+
+    Returns:
+        The reason in words (for a path that cannot be read: its error), or None. Never raises ``OSError``.
     """
     p = path.resolve()
     for q in [p, *p.parents]:
@@ -206,7 +212,14 @@ def _check_gpu_files(name: str, node: str, files: List[str], shards: Dict[str, i
 
 def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
     """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by
-    others."""
+    others.
+
+    Args:
+        conf: the parsed slurm.conf (``PlugStackConfig``); conf_dir: slurm.conf's directory.
+
+    Returns:
+        One ``Check`` per plugin line (``include`` lines skipped: not followed), or one skip/fail/pass.
+    """
     name = "plugstack.conf"
     path = Path(conf.get("PlugStackConfig") or conf_dir / "plugstack.conf")
     if not conf.get("PlugStackConfig") and not path.exists():
@@ -238,7 +251,14 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
 
 def check_hooks(conf: SlurmConf) -> List[Check]:
     """Each configured hook exists, is executable, and neither it nor a directory above it is writable by
-    non-root."""
+    non-root.
+
+    Args:
+        conf: the parsed slurm.conf (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ... of ``HOOK_KEYS``).
+
+    Returns:
+        One ``Check`` per hook path (a glob skipped: check it by hand); empty when no hook is configured.
+    """
     name = "hooks"
     out: List[Check] = []
     for key in HOOK_KEYS:
@@ -263,7 +283,15 @@ def check_hooks(conf: SlurmConf) -> List[Check]:
 
 def check_dirs(cfg: Config) -> List[Check]:
     """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files
-    too."""
+    too.
+
+    Args:
+        cfg: the configuration (``state_dir``, ``run_dir``, ``admin_group`` for the databases' fix).
+
+    Returns:
+        One ``Check`` per directory (a missing one passes: the first hook creates it), one ``fail`` per unsafe
+        database.
+    """
     name = "directories"
     out: List[Check] = []
     for label, path in (("state_dir", Path(cfg.state_dir)), ("node databases", cfg.node_db_dir),
@@ -285,7 +313,14 @@ def check_dirs(cfg: Config) -> List[Check]:
 
 
 def check_slurm_binaries(cfg: Config) -> List[Check]:
-    """sbatch/scontrol/squeue in ``slurm_bin_dir`` (hooks get no PATH)."""
+    """sbatch/scontrol/squeue in ``slurm_bin_dir`` (hooks get no PATH).
+
+    Args:
+        cfg: the configuration (``slurm_bin_dir``).
+
+    Returns:
+        One ``Check``: ``pass``, or ``fail`` naming the binaries missing or not executable.
+    """
     missing = [b for b in SLURM_BINARIES if not os.access(Path(cfg.slurm_bin_dir) / b, os.X_OK)]
     if missing:
         return [fail("slurm binaries", f"{', '.join(missing)} not found in slurm_bin_dir {cfg.slurm_bin_dir}",
@@ -295,7 +330,15 @@ def check_slurm_binaries(cfg: Config) -> List[Check]:
 
 def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
-    ``no_gpu`` (a node without GPUs, e.g. the controller): skipped."""
+    ``no_gpu`` (a node without GPUs, e.g. the controller): skipped.
+
+    Args:
+        cfg: the configuration (``mps_mode``; where the MPS binaries are, ``node/mps.py``).
+        no_gpu: ``--no-gpu``: skip the checks.
+
+    Returns:
+        The NVML check and the MPS binaries' checks (``skip`` with ``no_gpu``). NVML errors become ``fail``.
+    """
     if no_gpu:
         return [Check("NVML", "skip", "--no-gpu: not a GPU node"),
                 Check("MPS", "skip", "--no-gpu: not a GPU node")]
@@ -334,6 +377,14 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
 
     Skipped on a node without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default:
     the short hostname; the Prolog starts one with the first GPU job).
+
+    Args:
+        cfg: the configuration (``exporter_port``, ``exporter_names``, the sampler's pid file).
+        no_gpu: ``--no-gpu``: skip the check; node: the node's name (default: the short hostname).
+        timeout_s: the HTTP request's bound (s).
+
+    Returns:
+        One ``Check``: ``skip``, ``fail`` (no answer, or not our families) with its fix, or ``pass``.
     """
     import socket
     import urllib.error
@@ -398,7 +449,14 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
 
 def shared_gpus(cfg: Config) -> Dict[str, int]:
     """``{daemon directory name: members}`` of this node's MPS daemons that serve at least one shard job now
-    (``<run_dir>/mps/<key>[.uid<uid>]/members/*``, written by the Prolog; node/mps.py)."""
+    (``<run_dir>/mps/<key>[.uid<uid>]/members/*``, written by the Prolog; node/mps.py).
+
+    Args:
+        cfg: the configuration (``run_dir``).
+
+    Returns:
+        daemon directory name -> member count (empty when ``<run_dir>/mps`` cannot be read).
+    """
     out: Dict[str, int] = {}
     base = Path(cfg.run_dir) / "mps"
     try:
@@ -447,7 +505,16 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
 
 
 def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
-    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (read through NVML; nothing is changed)."""
+    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (read through NVML; nothing is changed).
+
+    Args:
+        cfg: the configuration (``run_dir``: the MPS daemons' members).
+        no_gpu: ``--no-gpu``: skip the check.
+
+    Returns:
+        The checks (``evaluate_mps_protection``); a GPU NVML cannot answer for has an unknown mode. Never
+        raises for NVML.
+    """
     if no_gpu:
         return [Check("MPS protection", "skip", "--no-gpu: not a GPU node")]
     shared = shared_gpus(cfg)
@@ -472,6 +539,13 @@ def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path
 
     ``scontrol --version`` is run with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
     source 22.05's scontrol exits before printing its version (DNS SRV look-up).
+
+    Args:
+        cfg: the configuration (``slurm_bin_dir``); conf: the parsed slurm.conf, or None when unreadable.
+        slurm_conf: the checked slurm.conf's path.
+
+    Returns:
+        The findings as checks (``admin/versioncheck.py``), or one ``fail`` when the release cannot be told.
     """
     name = "Slurm version"
     conf_dir = slurm_conf.parent

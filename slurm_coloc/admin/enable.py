@@ -137,11 +137,28 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     """The files that change: slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or
     beside slurm.conf) when ``spank``. Files already as needed are left out (so a second run plans nothing).
 
+    Args:
+        slurm_conf: the slurm.conf path; cfg: the configuration (``run_dir``, ``gpu_mem_gib``, ...).
+        hook_dir: where the hook shims are installed; spank_so: the SPANK plugin's path.
+        spank: whether to add the SPANK plugin to plugstack.conf.
+        replace_hooks: replace a Prolog/Epilog key already set to another program.
+
+    Returns:
+        The ``Change`` of each file (path, old text or None, new text). Nothing is written.
+
     Raises:
         ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
             GPU node whose device files cannot be known.
     """
     def read(p: Path) -> Optional[str]:
+        """The file's text, or None when it does not exist.
+
+        Args:
+            p: the file's path.
+
+        Raises:
+            ColocError: unreadable or not UTF-8.
+        """
         try:
             return p.read_text(encoding="utf-8")
         except FileNotFoundError:

@@ -25,7 +25,11 @@ class SlurmConf:
     includes: List[str] = field(default_factory=list)
 
     def get(self, key: str, default: str = "") -> str:
-        """A global option by name (case-insensitive)."""
+        """A global option by name (case-insensitive).
+
+        Args:
+            key: the option's name (``SlurmctldPort``, ``ProctrackType``, ...); default: when it is not set.
+        """
         return self.options.get(key.lower(), default)
 
 
@@ -47,7 +51,14 @@ def _lines(text: str) -> List[str]:
 
 
 def parse_slurm_conf(text: str) -> SlurmConf:
-    """Parse slurm.conf text. NodeName/PartitionName lines become dicts (keys lower-case)."""
+    """Parse slurm.conf text. NodeName/PartitionName lines become dicts (keys lower-case).
+
+    Args:
+        text: the file's text (``#`` comments dropped; ``Include`` lines are listed, not followed).
+
+    Returns:
+        The ``SlurmConf``. Pure, never raises (an unbalanced quote falls back to splitting at spaces).
+    """
     conf = SlurmConf()
     for line in _lines(text):
         if line.lower().startswith("include "):
@@ -67,12 +78,26 @@ def parse_slurm_conf(text: str) -> SlurmConf:
 
 
 def parse_gres_conf(text: str) -> List[Dict[str, str]]:
-    """gres.conf lines as dicts (keys lower-case); global lines (``AutoDetect=off``) have no ``name``."""
+    """gres.conf lines as dicts (keys lower-case); global lines (``AutoDetect=off``) have no ``name``.
+
+    Args:
+        text: the file's text (``#`` comments dropped).
+
+    Returns:
+        One dict per line. Pure, never raises.
+    """
     return [dict(_pairs(line)) for line in _lines(text)]
 
 
 def parse_gres_counts(spec: str) -> Dict[str, int]:
-    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (count 1 when omitted)."""
+    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (count 1 when omitted).
+
+    Args:
+        spec: a ``Gres=`` value (comma-separated ``name[:type][:count]``).
+
+    Returns:
+        GRES name -> summed count. Pure, never raises.
+    """
     out: Dict[str, int] = {}
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         parts = item.split(":")
@@ -83,7 +108,14 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
     """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as
-    ``("include", glob, [])``."""
+    ``("include", glob, [])``.
+
+    Args:
+        text: the file's text (``#`` comments dropped).
+
+    Returns:
+        One tuple per line; a one-word line is ``("?", word, [])``. Pure, never raises.
+    """
     out: List[Tuple[str, str, List[str]]] = []
     for line in _lines(text):
         words = line.split()

@@ -9,6 +9,13 @@ from slurm_coloc import __version__
 
 
 def version_option(prog: str) -> Callable[[Any], Any]:
-    """``--version`` for command ``prog``: prints ``<prog> (slurm-coloc) <version>`` and exits 0."""
+    """``--version`` for command ``prog``: prints ``<prog> (slurm-coloc) <version>`` and exits 0.
+
+    Args:
+        prog: the command's name as the user types it (``coloc-sbatch``).
+
+    Returns:
+        The click decorator.
+    """
     return click.version_option(__version__, "--version", prog_name=prog,
                                 message="%(prog)s (slurm-coloc) %(version)s")

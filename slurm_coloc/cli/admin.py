@@ -53,6 +53,14 @@ def check(config_path: Optional[str], slurm_conf: Optional[str], no_gpu: bool, a
     Example:
       coloc-admin check                   # on a GPU node
       coloc-admin check --no-gpu          # on the controller or in CI
+
+    \f
+    Args:
+        config_path: ``--config``, or None; slurm_conf: ``--slurm-conf``, or None.
+        no_gpu: ``--no-gpu``; as_json: ``--json``; quiet: ``--quiet``.
+
+    Raises:
+        SystemExit: always, with the exit code above.
     """
     try:
         cfg = config_mod.load(config_path)
@@ -89,6 +97,13 @@ def config_cmd(config_path: Optional[str], sample: bool) -> None:
     Example:
       coloc-admin config
       coloc-admin config --sample > coloc.yaml
+
+    \f
+    Args:
+        config_path: ``--config``, or None; sample: ``--sample``.
+
+    Raises:
+        SystemExit: exit 2 when the config cannot be used.
     """
     if sample:
         click.echo(config_doc.sample_yaml(), nl=False)
@@ -123,6 +138,15 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
     Example:
       coloc-admin enable --dry-run
       coloc-admin enable --write && systemctl restart slurmctld
+
+    \f
+    Args:
+        config_path: ``--config``, or None; slurm_conf: ``--slurm-conf``, or None.
+        dry_run: ``--dry-run`` (True) or ``--write``; no_spank: ``--no-spank``.
+        replace_hooks: ``--replace-hooks``; hook_dir: ``--hook-dir``; spank_so: ``--spank-so``.
+
+    Raises:
+        SystemExit: exit 2 on a conflict, an unreadable file or a file that cannot be written.
     """
     try:
         cfg = config_mod.load(config_path)

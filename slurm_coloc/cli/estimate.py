@@ -72,6 +72,16 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     ($XDG_CACHE_HOME/slurm-coloc/estimates.json) without importing torch. Other estimates go to
     the user's warm estimate server when one runs (torch already imported; started in the
     background by the first such call; docs/user.md), else run in this process.
+
+    \f
+    Args:
+        model, model_kwargs, input_shape, input_dtype, batch_size, optimizer, amp, bf16, gpu, script,
+            history, no_cache, as_json: the options above, as ``run`` takes them (``history`` in MiB).
+        no_server: ``--no-server``: never use or start the warm estimate server.
+
+    Raises:
+        SystemExit: bad input or torch missing (one error line, the ``ColocError``'s exit code), or the
+            server's exit code.
     """
     try:
         gpu = gpu or _config_gpu(script)
@@ -106,7 +116,12 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
 
 def serve(key: str, path: str) -> None:
     """Entry point of the warm estimate server process (``estimate_server.ensure_started`` spawns it):
-    serves :func:`run` requests on the socket ``path`` for the server key ``key``."""
+    serves :func:`run` requests on the socket ``path`` for the server key ``key``.
+
+    Args:
+        key: the server key (hex, ``estimate_server.server_key``).
+        path: the unix socket's path (``estimate_server.socket_path``).
+    """
     from slurm_coloc.cli import estimate_server
 
     estimate_server.serve_main(key, path, run)
@@ -188,6 +203,22 @@ def run(model: Optional[str], model_kwargs: str, input_shape: Optional[str], inp
     """The estimate itself (what ``main`` runs in-process and the warm server runs per request).
 
     Prints the estimate (JSON with ``as_json``); on bad input prints one error line and exits 2.
+
+    Args:
+        model: ``package.module:callable`` or ``path/to/file.py:callable``, or None with ``script``.
+        model_kwargs: the model's keyword arguments as JSON text.
+        input_shape: one sample's shape without the batch dimension (``3,224,224``), or None.
+        input_dtype: the input's dtype (``float32``, or ``int64`` for token ids).
+        batch_size: samples per training step, or None.
+        optimizer: ``sgd``, ``sgd-momentum``, ``adam`` or ``adamw``.
+        amp, bf16: mixed precision (fp16 autocast) or bf16; neither: fp32.
+        gpu: the GPU model (default ``$COLOC_GPU_MODEL``, else ``H100``).
+        script: a batch script whose ``#COLOC`` lines give the model, or None.
+        history: measured peaks of earlier runs of the same spec (MiB).
+        no_cache: do not use the estimate cache; as_json: print one JSON object.
+
+    Raises:
+        SystemExit: bad input (exit 2, the ``ColocError``'s exit code), after one error line on stderr.
     """
     from slurm_coloc.estimate import estimate_peak
 

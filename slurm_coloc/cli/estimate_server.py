@@ -53,6 +53,12 @@ def wanted(no_server: bool = False) -> bool:
     False with ``no_server``, inside a request child, with ``COLOC_ESTIMATE_SERVER`` off/0/no/false,
     inside pytest (``PYTEST_CURRENT_TEST``), in Slurm prolog/epilog context (``SLURM_SCRIPT_CONTEXT``),
     in setuid processes, and without unix sockets or ``fork``.
+
+    Args:
+        no_server: ``--no-server``: never use a server.
+
+    Returns:
+        True when a server may be used. Never raises.
     """
     if no_server or IN_SERVER:
         return False
@@ -98,6 +104,13 @@ def server_path(path: Optional[List[str]] = None) -> List[str]:
     ``python -m`` and ``PYTHONPATH=.`` put the working directory on ``sys.path``; the server imports
     nothing from it (it is spawned with this list) and each request child gets the client's full
     ``sys.path``, so one server serves every directory.
+
+    Args:
+        path: the entries to filter; None: ``sys.path``.
+
+    Returns:
+        The kept entries, in order. Never raises (an unreadable working directory filters only the relative
+        entries).
     """
     try:
         cwd = os.path.realpath(os.getcwd())
@@ -151,7 +164,14 @@ def server_key(environ: Optional[Dict[str, str]] = None) -> str:
 
 
 def socket_path(key: str) -> Optional[str]:
-    """``<runtime_dir>/est-<key16>.sock``, or None without a usable directory or when too long."""
+    """``<runtime_dir>/est-<key16>.sock``, or None without a usable directory or when too long.
+
+    Args:
+        key: the server key (hex; its first 16 characters name the socket).
+
+    Returns:
+        The socket path (at most the ``sun_path`` limit in bytes), or None.
+    """
     d = runtime_dir()
     if d is None:
         return None
@@ -195,10 +215,14 @@ def _peer_uid(sock: socket.socket) -> int:
 def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
     """Run the server's request function (``coloc-estimate``'s ``run(**params)``) on the warm server.
 
-    Returns (exit code, stdout bytes, stderr bytes).
+    Args:
+        params: ``run``'s keyword arguments (JSON values); the request also carries this process's working
+            directory, environment, ``sys.path`` and umask.
 
-    Returns None ("run in-process instead") on no server, a stale socket, another uid, a wrong key,
-    a protocol error or a timeout (``COLOC_ESTIMATE_SERVER_TIMEOUT`` s, default 1800). Prints nothing.
+    Returns:
+        ``(exit code, stdout bytes, stderr bytes)``, or None ("run in-process instead") on no server, a stale
+        socket, another uid, a wrong key, a protocol error or a timeout (``COLOC_ESTIMATE_SERVER_TIMEOUT`` s,
+        default 1800). Prints nothing, never raises.
     """
     try:
         key = server_key()

@@ -93,6 +93,13 @@ def _command() -> object:
         Example (slurm.conf):
           Prolog=/usr/local/share/slurm-coloc/prolog_epilog/prolog.sh
         where prolog.sh runs: coloc-hook prolog
+
+        \f
+        Args:
+            hook: the hook's name (one of ``HOOK_NAMES``: ``prolog``, ``epilog``, ``task-prolog``, ...).
+
+        Raises:
+            Never raises: ``run_hook`` catches every error, logs it and returns.
         """
         from slurm_coloc.hooks.runner import run_hook
         lines = run_hook(hook)

@@ -65,6 +65,14 @@ def run_cmd(rounds: Optional[int], log_file: bool) -> None:
 
     \b
     Example: coloc-placer run --log-file
+
+    \f
+    Args:
+        rounds: ``--rounds``: stop after this many rounds; None: run until stopped.
+        log_file: ``--log-file`` (True) or ``--log-stderr``.
+
+    Raises:
+        click.ClickException: Slurm or the configuration failed (one line, exit 1).
     """
     from slurm_coloc.placement.daemon import run_loop
 
@@ -119,6 +127,13 @@ def fallback_cmd(max_age_s: Optional[float]) -> None:
 
     \b
     Example: coloc-placer fallback
+
+    \f
+    Args:
+        max_age_s: ``--max-age-s``: the heartbeat age (s) that counts as dead; None: the default above.
+
+    Raises:
+        click.ClickException: Slurm could not be asked (one line, exit 1; nothing released).
     """
     from slurm_coloc.placement.daemon import release_if_stale
 
@@ -142,6 +157,13 @@ def status_cmd(as_json: bool) -> None:
 
     \b
     Example: coloc-placer status
+
+    \f
+    Args:
+        as_json: ``--json``: print the heartbeat and ``alive`` as one JSON object.
+
+    Raises:
+        SystemExit: exit 1 when no placer is alive.
     """
     from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive
 

@@ -113,6 +113,14 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
 
     Example: coloc-replay plan --trace t.csv --catalog c.csv --runtimes r.csv --time-scale 0.01
     --work-scale 0.001
+
+    \f
+    Args:
+        trace_args: the trace options (``--trace``, ``--catalog``, ``--runtimes``, scales, task range).
+        as_json: ``--json``: print the tasks as JSON (``submit_s``, ``work_s`` in s, ``mem_mib`` in MiB).
+
+    Raises:
+        click.ClickException: a trace file that cannot be read or used (one line, exit 1).
     """
     with _click_errors():
         tasks = trace_args.tasks()
@@ -191,6 +199,17 @@ def run(
 
     Example: coloc-replay run --trace t.csv --catalog c.csv --runtimes r.csv --max-tasks 8
     --job-script benchmarks/device/job_generic.sh --mode all --json
+
+    \f
+    Args:
+        trace_args: the trace options (``--trace``, ``--catalog``, ``--runtimes``, scales, task range).
+        job_script: ``--job-script``; mode: ``--mode``; out_dir: ``--out-dir``.
+        deadline_s: ``--deadline-s``: per mode, seconds after the first submission before cancelling.
+        context_mib: ``--context-mib``: added to each task's catalog peak (MiB).
+        as_json: ``--json``: print the result as JSON.
+
+    Raises:
+        click.ClickException: a trace file that cannot be used or a submission that failed (one line, exit 1).
     """
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
     with _click_errors():

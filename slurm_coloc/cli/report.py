@@ -24,6 +24,11 @@ class DefaultGroup(click.Group):
     """A group that runs ``jobs`` when the first argument is not a command (``coloc-report --json``)."""
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        """Put ``jobs`` in front of ``args`` when they name no command (or are empty), then parse as a group.
+
+        Args:
+            ctx: the click context; args: the command line after the program name.
+        """
         if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
             args = ["jobs", *args]
         return super().parse_args(ctx, args)
@@ -35,7 +40,14 @@ def _fail(exc: ColocError) -> None:
 
 
 def common(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Window, filter, sort and output options shared by every view."""
+    """Window, filter, sort and output options shared by every view.
+
+    Args:
+        f: the view's command function (it receives the options as keyword arguments).
+
+    Returns:
+        ``f`` with the options applied (a click decorator).
+    """
     opts = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="YAML config (default $COLOC_CONFIG or /etc/slurm-coloc/coloc.yaml)."),
@@ -187,6 +199,15 @@ def plot(config_path: Optional[str], since: str, until: Optional[str], nodes: tu
     \b
     Example:
       coloc-report plot --since 2d --node n1 --out /tmp/plots
+
+    \f
+    Args:
+        config_path: ``--config``, or None; since, until: ``--since`` / ``--until`` (``until`` None: now).
+        nodes: ``--node`` values; users: ``--user`` values (empty: all); out_dir: ``--out``.
+
+    Raises:
+        SystemExit: bad input, matplotlib missing, or a caller who may not read the databases (one error
+            line, the ``ColocError``'s exit code).
     """
     now = time.time()
     try:
@@ -233,6 +254,14 @@ def advise(job_id: int, config_path: Optional[str], out_dir: Optional[str], as_j
     Example:
       coloc-report advise 4242 --out /tmp/plots
       coloc-report advise 4242 --json
+
+    \f
+    Args:
+        job_id: the job id; config_path: ``--config``; out_dir: ``--out`` (None: no PNG); as_json: ``--json``.
+
+    Raises:
+        SystemExit: an unknown or foreign job, bad input, or a plot that cannot be written (one error line,
+            the ``ColocError``'s exit code or the reader's).
     """
     try:
         cfg = config_mod.load(config_path)
@@ -287,6 +316,13 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
     \b
     Example:
       coloc-report serve --config /etc/slurm-coloc/coloc.yaml
+
+    \f
+    Args:
+        config_path: ``--config``, or None; pidfile: ``--pidfile``, or None.
+
+    Raises:
+        SystemExit: not root, a bad config or a socket that cannot be served (one error line).
     """
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s coloc-report serve: %(message)s")
@@ -301,6 +337,14 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
             click.echo(f"coloc-report serve: listening at {path}", err=True)
 
         def handle(request: Any, uid: int) -> dict:
+            """One reader request answered with the config read afresh (``query.answer``).
+
+            Args:
+                request: the caller's decoded request; uid: the caller's uid (from ``SO_PEERCRED``).
+
+            Returns:
+                The answer dict (``ok``; ``error`` and ``exit_code`` when the config cannot be read).
+            """
             try:
                 cfg = config_mod.load(config_path)
             except ColocError as exc:

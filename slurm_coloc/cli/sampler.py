@@ -84,6 +84,17 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
     \b
     Example:
       coloc-sampler run --node n1 --interval-s 1
+
+    \f
+    Args:
+        node: ``--node``: the Slurm node name.
+        interval_s: ``--interval-s`` (s, >= 0.1), or None: the config's ``sampler_interval_s``.
+        duration_s: ``--duration-s`` (s), or None: run until stopped.
+        replay: ``--replay``: an NVML recording to replay, or None: live NVML.
+        pid_map: ``--pid-map``: ``RECORDED=LIVE[,...]``; foreground_log: ``--foreground-log``.
+
+    Raises:
+        click.BadParameter: ``interval_s < 0.1``; click.ClickException: no NVML reader (one line, exit 1).
     """
     from slurm_coloc.node import sampler as sm
     cfg = _cfg()
@@ -127,6 +138,13 @@ def status(node: str, as_json: bool) -> None:
     \b
     Example:
       coloc-sampler status --node n1 --json
+
+    \f
+    Args:
+        node: ``--node``: the Slurm node name; as_json: ``--json``.
+
+    Raises:
+        SystemExit: exit 1 when no sampler runs on ``node``.
     """
     from slurm_coloc.node import sampler as sm
     from slurm_coloc.store import samples as st
@@ -156,6 +174,16 @@ def record(out_path: str, seconds: float, interval_s: float, label: str) -> None
     \b
     Example:
       coloc-sampler record --out tests/data/nvml/h100.jsonl --seconds 20 --label "2 torch jobs under MPS"
+
+    \f
+    Args:
+        out_path: ``--out``: the JSON-lines file (a header line, then one frame per line).
+        seconds: ``--seconds``: how long to record (s); interval_s: ``--interval-s`` (s, >= 0.1).
+        label: ``--label``: what ran on the GPU, stored in the header.
+
+    Raises:
+        click.BadParameter: ``interval_s < 0.1``; click.ClickException: NVML not available (one line, exit 1).
+        OSError: ``out_path`` cannot be written.
     """
     from slurm_coloc.nvml import NvmlReader
     if interval_s < 0.1:

@@ -34,6 +34,16 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     Read-only from the controller database, or, where this user may not read it (root and ``admin_group``
     only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No
     database, no service or any error means no history (never fatal).
+
+    Args:
+        cfg: the configuration (``ctld_db_path``, the reader service's socket).
+        script_sha256: the hex SHA-256 of the batch script's text (``ParsedScript.sha256``).
+
+    Returns:
+        The history figures (MiB), empty when there are none or they cannot be read.
+
+    Raises:
+        Never raises ``ColocError`` or ``OSError`` (they mean no history).
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
@@ -54,8 +64,7 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 
 
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
-    """Split the command line, parse the script and plan; no side effect. Returns (plan, parsed script,
-    dry_run).
+    """Split the command line, parse the script and plan; no side effect.
 
     ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/decide.py``): the script probe
     (``probe_fn``: the script's training program in a child process of the job's Python, as the caller,
@@ -63,8 +72,14 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/sbatch_estimate.py``) and the
     script's history. Neither child writes to our stdout.
 
+    Args:
+        argv: coloc-sbatch's arguments (sbatch options, ``--coloc-*`` options, the script and its arguments).
+
+    Returns:
+        ``(plan, parsed script or None with --wrap, dry_run)``.
+
     Raises:
-        ColocError: any bad input (script, directives, options, model).
+        ColocError: any bad input (script, directives, options, model); ConfigError: a bad configuration.
     """
     cfg = config_mod.load()
     cmd = split_command_line(argv, installed_options(cfg.slurm_bin_dir))
@@ -73,6 +88,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     deadline = time.monotonic() + cfg.estimate_timeout_s  # one bound for all GPU models of the job
 
     def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
+        """The estimate (MiB) of ``spec`` on ``gpu_model`` within the time left, or None (warned)."""
         from slurm_coloc.cli.sbatch_estimate import estimate_isolated
 
         # history is applied by the decision (submit/decide.py), to whichever figure wins
@@ -112,14 +128,32 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     answers other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the
     script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
     ``--chdir`` (command line, then ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not
-    from the cache) to show its output, and its answer replaces the cached one. Never raises: a probe that
-    fails is an answer without a figure."""
+    from the cache) to show its output, and its answer replaces the cached one.
+
+    Args:
+        cfg: the configuration (``probe_timeout_s`` in s, ``probe_mem_limit_mib`` in MiB).
+        cmd: the split command line (options, script arguments, ``--explain``).
+        parsed: the parsed batch script, or None with ``--wrap``.
+        wrap: the ``--wrap`` command, when there is no script.
+
+    Returns:
+        The ``probe_fn(gpu_model) -> ProbeAnswer``. Neither it nor this raises: a probe that fails is an
+        answer without a figure.
+    """
     chdir = next((o.value for o in reversed(script_options(parsed, cmd.table)[0] + list(cmd.options))
                   if o.name == "chdir" and o.value), None)
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     runs: List[Tuple[str, "ProbeResult"]] = []
 
     def probe_fn(gpu: str) -> ProbeAnswer:
+        """The probe's answer for GPU model ``gpu`` (the probe runs once; other models reuse its peaks).
+
+        Args:
+            gpu: the GPU model name (``H100``).
+
+        Returns:
+            The ``ProbeAnswer`` (estimate in MiB or None, what ran, why no figure). Never raises.
+        """
         from slurm_coloc.probe.probe import estimate_from_result, probe_script
 
         try:
@@ -159,6 +193,14 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
     or unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H``
     before the script at ``script_index``, which the placer would release) the classic untyped
     ``--gres=shard:N`` request is kept, so a missing placer never leaves a job held.
+
+    Args:
+        sbatch_argv: the planned sbatch arguments (options, script, script arguments).
+        cfg: the configuration (``state_dir``: the placer's heartbeat).
+        script_index: the index of the script in ``sbatch_argv``; options are those before it (all if None).
+
+    Returns:
+        ``(arguments to submit, True when they are the placer's held form)``. Never raises.
     """
     from slurm_coloc.placement.daemon import placer_alive
     from slurm_coloc.placement.submit import placer_argv
@@ -173,7 +215,19 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
 
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
     """Run sbatch for ``plan`` (in the placer's form when a placer runs: ``placement_form``), echo its
-    stdout/stderr verbatim, return its exit code."""
+    stdout/stderr verbatim, return its exit code.
+
+    Args:
+        plan: the submission plan (``plan_submission``); its rewritten script goes to a temporary file.
+        parsed: the parsed batch script, or None with ``--wrap``.
+
+    Returns:
+        sbatch's exit code.
+
+    Raises:
+        ConfigError: a bad configuration; SlurmError: sbatch missing or timed out; OSError: the temporary
+        script cannot be written.
+    """
     cfg = config_mod.load()
     tmp_path = None
     try:
@@ -200,7 +254,13 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
 def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -> None:
     """On stderr (never stdout: ``--parsable``): ignored ``#COLOC`` lines, the decision's warnings, one line
     on what the probe ran, and with ``explain`` every source's figure and the probe's output and outside
-    writes."""
+    writes.
+
+    Args:
+        plan: the submission plan (its decision's warnings, sources and probe answer).
+        parsed: the parsed batch script (its ignored late ``#COLOC`` lines), or None.
+        explain: ``--explain``: show every source's figure and the probe's output.
+    """
     if parsed is not None and parsed.late_coloc_lines:
         lines = ", ".join(str(n) for n in parsed.late_coloc_lines)
         click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and "
@@ -241,6 +301,13 @@ def cli(argv: Tuple[str, ...]) -> None:
       coloc-sbatch --parsable -t 30 examples/train_digits.sh
       coloc-sbatch --dry-run --coloc-mem 6G train.sh --epochs 3
       coloc-sbatch --explain --dry-run train.sh --epochs 3
+
+    \f
+    Args:
+        argv: the command line after the program name (sbatch options, own options, script, its arguments).
+
+    Raises:
+        SystemExit: sbatch's exit code, or the ``ColocError``'s (one error line; nothing submitted).
     """
     try:
         cmd = split_command_line(list(argv), installed_options(config_mod.load().slurm_bin_dir))

@@ -48,9 +48,15 @@ def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int
     """``estimate.estimate_peak(spec, gpu_model, history_mib)`` in a child process group bounded by
     ``timeout_s``.
 
+    Args:
+        spec: the model to estimate (``#COLOC model=`` and its options).
+        gpu_model: the GPU model name (a key of the estimator's GPU table, e.g. ``H100``).
+        history_mib: earlier runs' figures for the script (MiB), applied by the estimator.
+        timeout_s: the child's time limit (s).
+
     Returns:
-        The estimate, or None when the child did not answer within ``timeout_s`` (it and its process group are
-        killed).
+        The estimate (peak memory in MiB), or None when the child did not answer within ``timeout_s`` (it and
+        its process group are killed).
 
     Raises:
         EstimateError: the estimator's own error (bad spec, a model that cannot be imported or run), or a
@@ -92,7 +98,15 @@ def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int
 
 def child_main(result_path: str) -> None:
     """The child: read the task from stdin, estimate, write ``Estimate.to_json()`` or ``{"error": <one
-    line>}`` to ``result_path``. Exit code 0 once an answer is written."""
+    line>}`` to ``result_path``. Exit code 0 once an answer is written.
+
+    Args:
+        result_path: the file the answer is written to (whole: through a ``.tmp`` file and a rename).
+
+    Raises:
+        Never returns: the process ends with ``os._exit(0)``; a malformed task on stdin (``ValueError``,
+        ``KeyError``) ends it without an answer, which the parent reports.
+    """
     task = json.loads(sys.stdin.read())
     spec_fields = dict(task["spec"])
     spec_fields["input_shape"] = tuple(spec_fields["input_shape"])

@@ -58,7 +58,18 @@ def _nodes(node_list: str) -> List[str]:
 
 def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str, Any]]:
     """The job's summary figures the node Epilogs stored (hooks/figures.py), from every node database of
-    ``node_list``: the latest one (it saw the most nodes' summaries); None when no node stored any yet."""
+    ``node_list``: the latest one (it saw the most nodes' summaries); None when no node stored any yet.
+
+    Args:
+        cfg: the configuration (the node databases' paths); job_id: the Slurm job id.
+        node_list: the job's Slurm hostlist (``node[01-04]``); a node without a database is skipped.
+
+    Returns:
+        The stored figures dict (``summary``, ``findings``, ...), or None.
+
+    Raises:
+        StoreError: a node database that exists but cannot be read (``write_admin_comment`` catches it).
+    """
     found: List[Tuple[float, Dict[str, Any]]] = []
     for node in _nodes(node_list):
         path = cfg.node_db_path(node)
@@ -74,7 +85,17 @@ def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
     """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
     when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out
     the ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the
-    controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out."""
+    controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out.
+
+    Args:
+        row: the controller's job row (``shards_req``, ``estimate_mib`` in MiB, ``estimate_method``,
+            ``share_mode``).
+        figures: the node's stored figures (``node_figures``), or None.
+        oom: the job's ``store.oom`` record (``retry_job_id``), or None.
+
+    Returns:
+        The AdminComment dict (memory figures in MiB). Pure, never raises.
+    """
     if figures is not None and isinstance(figures.get("summary"), dict):
         d: Dict[str, Any] = dict(figures["summary"])
     else:
@@ -96,6 +117,16 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
     Epilog and EpilogSlurmctld run at the same time), then records what exists. None: job unknown.
 
     Reads only the controller's row and OOM record and the figures rows (no report pipeline here).
+
+    Args:
+        cfg: the configuration (database paths); job_id: the Slurm job id.
+        wait_s: how long to wait for the node Epilog's figures (s).
+
+    Returns:
+        Compact JSON text of at most about ``MAX_CHARS`` characters (the waste list dropped past it), or None.
+
+    Raises:
+        StoreError: a database that cannot be read (``write_admin_comment`` catches it).
     """
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id)
@@ -119,7 +150,13 @@ def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
     """The AdminComment to write so that ``existing`` (the field now) keeps every other tool's text and holds
     ``ours``; None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text).
 
-    ``mode`` is the config's ``admin_comment`` (``merge``, ``if-empty``, ``off``); see the module docstring.
+    Args:
+        existing: the AdminComment field now (other tools' text, perhaps our earlier text); None counts as "".
+        ours: our AdminComment text (``build``).
+        mode: the config's ``admin_comment`` (``merge``, ``if-empty``, ``off``); see the module docstring.
+
+    Returns:
+        The text to write, or None. Pure, never raises.
     """
     current = (existing or "").strip()
     at = current.find(OUR_MARK)
@@ -134,8 +171,7 @@ def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
 
 
 def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
-    """Build and store the job's AdminComment. Never raises (EpilogSlurmctld): returns ``{"ok": bool, ...}``
-    for the hook log.
+    """Build and store the job's AdminComment.
 
     Where it goes: ``scontrol update`` first (works while slurmctld still counts the job as unfinished); when
     slurmctld answers ``Job has already finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the
@@ -144,7 +180,19 @@ def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Di
     The text is also recorded as an ``admin-comment`` event in the controller database, so it exists even on a
     cluster with neither. What is there already is kept (``merge_admin_comment``, config ``admin_comment``):
     the field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
+
+    Args:
+        job: slurmctld's record of the job (``slurm_ref``, ``admin_comment``).
+        cfg: the configuration (``admin_comment``; ``hook_timeout_s``/5, at most 3-5 s, bounds each step).
+        env: the hook's environment variables (scontrol and sacctmgr run with them).
+
+    Returns:
+        ``{"ok": bool, ...}`` for the hook log (``via``, ``chars``, the Slurm errors, or ``error``).
+
+    Raises:
+        Never raises (EpilogSlurmctld): every error is returned as ``error``.
     """
+
     try:
         text = build(cfg, job.job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
         if text is None:

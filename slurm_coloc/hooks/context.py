@@ -63,7 +63,15 @@ class HookContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "HookContext":
-        """Build from a hook's environment; missing variables become None/empty."""
+        """Build from a hook's environment; missing variables become None/empty.
+
+        Args:
+            env: the hook's environment variables (``SLURM_JOB_ID``, ``SLURM_JOB_UID``, ``SLURM_JOB_GPUS``,
+                ``SLURM_JOB_EXIT_CODE``, ``SLURMD_NODENAME``, ...); a non-integer id counts as missing.
+
+        Returns:
+            The ``HookContext``. Pure.
+        """
         raw_ec = _int(env.get("SLURM_JOB_EXIT_CODE"))
         code, sig = decode_exit_code(raw_ec) if raw_ec is not None else (None, None)
         return cls(

@@ -41,7 +41,14 @@ MAX_SCRIPT_BYTES = 4 << 20
 def script_identity(raw: bytes) -> str:
     """SHA-256 (hex) of a batch script as the user wrote it: ``raw`` (what Slurm stored) with coloc-sbatch's
     rewritten GPU lines restored, so it equals ``submit.directives.ParsedScript.sha256`` of the user's
-    file."""
+    file.
+
+    Args:
+        raw: the batch script's bytes as slurmctld stored it.
+
+    Returns:
+        The hex SHA-256 (64 characters). Pure, never raises.
+    """
     lines = raw.splitlines(keepends=True)
     fixed = [b"#" + ln[len(REWRITE_PREFIX):] if ln.startswith(REWRITE_PREFIX) else ln for ln in lines]
     return hashlib.sha256(b"".join(fixed)).hexdigest()
@@ -51,8 +58,19 @@ def stored_script_sha256(job_id: int, cfg: Config, senv: Dict[str, str]) -> Tupl
     """``script_identity`` of the batch script slurmctld holds for ``job_id``, and a note for the hook log.
 
     The script is written by ``scontrol write batch_script`` into a root-only directory under ``run_dir`` and
-    removed at once. Returns (None, why) when it cannot be had (not a batch job, scontrol failing); never
-    raises.
+    removed at once.
+
+    Args:
+        job_id: the Slurm job id.
+        cfg: the configuration (``run_dir``, ``slurm_bin_dir``; ``hook_timeout_s``/4 bounds scontrol, s).
+        senv: the environment scontrol runs with.
+
+    Returns:
+        ``(hex SHA-256, "ok")``, or ``(None, why)`` when the script cannot be had (not a batch job, scontrol
+        failing, a directory that is not private, a script over ``MAX_SCRIPT_BYTES``).
+
+    Raises:
+        Never raises ``ColocError`` or ``OSError`` (they give ``(None, why)``).
     """
     work = Path(cfg.run_dir) / "scripts"
     path = work / f"{int(job_id)}.sh"
@@ -87,7 +105,18 @@ def _pick(jobs: Sequence[JobInfo], job_id: int) -> JobInfo:
 
 def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
     """Replace inferred final states by Slurm's own, and record the ends of OOM reruns, from slurmctld's job
-    list ``jobs``. A job slurmctld no longer knows keeps its inference. Never raises (logged)."""
+    list ``jobs``. A job slurmctld no longer knows keeps its inference.
+
+    Args:
+        db: the controller database.
+        jobs: slurmctld's job list (``slurm_jobs``), the jobs it still knows.
+
+    Returns:
+        ``{"settled": [job ids whose state was replaced], "reruns": [OOM reruns whose end was recorded]}``.
+
+    Raises:
+        Never raises (errors are logged; what was done before the error is kept).
+    """
     by_id = {j.job_id: j for j in jobs}
     out: Dict[str, List[int]] = {"settled": [], "reruns": []}
     try:
@@ -105,7 +134,15 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
 
 
 def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
-    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts."""
+    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts.
+
+    Args:
+        tres: GRES name -> count of the job (``{"shard": 8}``; shards are GiB of GPU memory).
+        cfg: the configuration (``gpu_mem_gib``: the shards of a whole GPU).
+
+    Returns:
+        The share mode's name. Pure, never raises.
+    """
     if "shard" in tres:
         return "whole-gpu" if tres["shard"] >= cfg.gpu_mem_gib else "shard"
     return "gpu" if "gpu" in tres else "none"
@@ -113,7 +150,14 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
 
 def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
     """``(coloc_json, spec_json)`` root records of a validated comment: sorted-key JSON text of its fields and
-    of its spec; None where the comment (an unannotated job) or the spec has no field."""
+    of its spec; None where the comment (an unannotated job) or the spec has no field.
+
+    Args:
+        coloc: the validated comment (``JobComment.read``).
+
+    Returns:
+        ``(coloc_json or None, spec_json or None)``. Pure, never raises.
+    """
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,
             json.dumps(spec, sort_keys=True) if spec else None)

@@ -39,7 +39,18 @@ def _nodes(node_list: str) -> List[str]:
 
 def job_view(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Tuple[Optional[JobView], Report]:
     """The job's report view from the controller row and every node database of its node list (``nodes`` when
-    the row has none yet, e.g. the node Epilog's own node before EpilogSlurmctld recorded the list)."""
+    the row has none yet, e.g. the node Epilog's own node before EpilogSlurmctld recorded the list).
+
+    Args:
+        cfg: the configuration (database paths); job_id: the Slurm job id.
+        nodes: node names read when the controller's row has no node list; None: none.
+
+    Returns:
+        ``(view or None when no database knows the job, the report holding the open databases)``.
+
+    Raises:
+        StoreError: a database that exists but cannot be read (``record`` catches it).
+    """
     report = Report()
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id) or {}
@@ -82,7 +93,15 @@ def _int(x: Optional[float]) -> Optional[int]:
 
 def summary_dict(view: JobView) -> Dict[str, Any]:
     """The compact AdminComment dict of a job view (None values left out, floats rounded; keys:
-    hooks/admin_comment.py)."""
+    hooks/admin_comment.py).
+
+    Args:
+        view: the job's view with usage and findings (``report``): MiB, %, kWh, GPU hours.
+
+    Returns:
+        The dict (``est_mib``, ``req_mib``, ``peak_mib`` in MiB; ``err_pct``, ``util``, ``smact``, ``smocc``
+        in %; ``kwh``, ``gpu_h``, ...). Pure.
+    """
     def r(x: Optional[float], nd: int = 1) -> Optional[float]:
         return None if x is None else round(float(x), nd)
 
@@ -106,6 +125,13 @@ def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Opti
 
     The findings are all kept so that EpilogSlurmctld, which learns of an OOM after this ran, can drop
     ``over-request`` (never judged for an OOM'd job: report/diagnose.py) and name the next one.
+
+    Args:
+        cfg: the configuration (database paths, the report's thresholds); job_id: the Slurm job id.
+        nodes: node names read when the controller's row has no node list; None: none.
+
+    Raises:
+        StoreError: a database that exists but cannot be read (``record`` catches it).
     """
     view, report = job_view(cfg, job_id, nodes)
     if view is None:
@@ -118,9 +144,19 @@ def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") ->
     """Compute the job's figures and store them in this node's database ``db``; returns a detail for the hook
     log.
 
-    ``node_list``: the job's nodes as Slurm prints them (``JobInfo.nodes``), read where the controller's row
-    has no list yet; this node alone when empty. Never raises an ``Exception`` (the hook's own alarm, a
-    ``BaseException``, passes)."""
+    Skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left.
+
+    Args:
+        cfg: the configuration; db: this node's database; job_id: the Slurm job id; node: this node's name.
+        node_list: the job's nodes as Slurm prints them (``JobInfo.nodes``), read where the controller's row
+            has no list yet; this node alone when empty.
+
+    Returns:
+        The detail (``ms``: the time taken, ms; ``measured``), or ``skipped`` / ``error`` in words.
+
+    Raises:
+        Never raises an ``Exception`` (the hook's own alarm, a ``BaseException``, passes).
+    """
     left = signal.getitimer(signal.ITIMER_REAL)[0]
     if left and left < MIN_LEFT_S:
         return {"skipped": f"{left:.1f} s of the hook's budget left"}

@@ -63,7 +63,20 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
     ``tres_per_node`` and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise
     reach every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no
     device) and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
+
+    Args:
+        cfg: the node's configuration (``run_dir``: the env file); db: the node database (the event).
+        job: slurmctld's record of the job (``comment``, ``tres_per_node``); ctx: the Prolog's job (GPUs).
+
+    Returns:
+        The detail dict (``share``, ``place_guard``, ``env_file``), or ``{}`` when the guard does not apply.
+
+    Raises:
+        OSError: the env file cannot be written (``jobenv.write_env``).
+        sqlite3.Error: the ``place-guard`` node event cannot be recorded.
+        (The Prolog's ``hooks/runner.py`` catches every error, logs it and exits 0.)
     """
+
     from slurm_coloc.comment import JobComment
     from slurm_coloc.node import jobenv
     from slurm_coloc.store import samples as store_samples

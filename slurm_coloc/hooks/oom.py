@@ -75,6 +75,12 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
     """OOM messages in ``text``: ``[(pattern name, the line, trimmed to 300 chars)]``, at most 5, last first.
 
     Pure; the text is only matched, never interpreted.
+
+    Args:
+        text: the job's output tail (user-written text); None or empty has none.
+
+    Returns:
+        Up to ``MAX_MESSAGES`` ``(pattern name, line)`` pairs, the last line of the text first. Never raises.
     """
     found: List[Tuple[str, str]] = []
     for line in reversed((text or "").splitlines()):
@@ -122,7 +128,14 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
 
 
 def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` (MiB, rounded up) in the OOM lines, 0 without one."""
+    """The largest ``Tried to allocate X`` (MiB, rounded up) in the OOM lines, 0 without one.
+
+    Args:
+        messages: ``find_oom_messages``'s ``(pattern name, line)`` pairs.
+
+    Returns:
+        The size in MiB (GiB, MiB, KiB and B read in binary units), or 0. Pure, never raises.
+    """
     best = 0.0
     for _, line in messages:
         for num, unit in _TRIED_RE.findall(line):
@@ -182,7 +195,15 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The original job id in an ``oom-retry-of-<id>`` comment, or None."""
+    """The original job id in an ``oom-retry-of-<id>`` comment, or None.
+
+    Args:
+        comment: the job's comment (user-controlled text: a claim, never recorded as a link); None counts
+            as empty.
+
+    Returns:
+        The job id, or None. Pure, never raises.
+    """
     m = _RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 
@@ -250,7 +271,18 @@ def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
     """Record how every submitted rerun without a recorded end ended, from slurmctld's job list ``jobs``
     (``squeue --json``): a final state is recorded as Slurm gives it (a rerun cancelled while pending never
     gets an EpilogSlurmctld, so this look-up is what records it); a rerun no longer in the list (gone after
-    ``MinJobAge``) is recorded as ``UNKNOWN``. Returns the rerun job ids recorded."""
+    ``MinJobAge``) is recorded as ``UNKNOWN``.
+
+    Args:
+        db: the controller database.
+        jobs: slurmctld's job list (``squeue --json``), the jobs it still knows.
+
+    Returns:
+        The rerun job ids whose end was recorded.
+
+    Raises:
+        sqlite3.Error: the database cannot be read or written (``hooks/ctld.py::settle`` logs it).
+    """
     by_id = {j.job_id: j for j in jobs}
     done: List[int] = []
     for rerun_id in store_oom.unsettled_reruns(db):

@@ -52,19 +52,42 @@ class HookTerminated(BaseException):
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
     """Where a run's record set is queued when its database is unusable: ``<run_dir>/spool``, else
-    ``<state_dir>/spool``."""
+    ``<state_dir>/spool``.
+
+    Args:
+        cfg: the configuration (``run_dir``, ``state_dir``).
+
+    Returns:
+        The two spool directory paths, in the order they are tried. Pure, never raises.
+    """
     return [str(Path(cfg.run_dir) / "spool"), str(Path(cfg.state_dir) / "spool")]
 
 
 def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
     """Every directory of the recovery queue a run replays: the spool directories, then the pending
-    directory."""
+    directory.
+
+    Args:
+        cfg: the configuration (``run_dir``, ``state_dir``).
+        env: the hook's environment variables (the pending directory, ``pending.pending_dir``).
+
+    Returns:
+        The directory paths, in replay order. Never raises.
+    """
     return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 
 def target_of(name: str, ctx: HookContext) -> Optional[str]:
     """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog), ``ctld``, or None
-    (TaskProlog)."""
+    (TaskProlog).
+
+    Args:
+        name: the hook's name (``prolog``, ``epilog``, ``prolog-slurmctld``, ``epilog-slurmctld``, ...).
+        ctx: the hook's environment (``node`` for the node hooks).
+
+    Returns:
+        The target string, or None for a hook that records nothing (or a node hook without a node name).
+    """
     if name in NODE_HOOKS and ctx.node:
         return f"node:{ctx.node}"
     if name in CTLD_HOOKS:
@@ -90,6 +113,17 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent
     or fill what is NULL, so applying the same ops twice leaves what applying them once does (a run whose rows
     were committed and queued too, or an entry taken again after its replayer died, adds no second row).
+
+    Args:
+        name: the hook's name (``prolog``, ``epilog``, ``prolog-slurmctld``, ``epilog-slurmctld``).
+        ctx: the hook's environment (job id, node, user, GPUs, exit code, comment).
+        ok: whether the hook's own work succeeded.
+        detail: the hook's detail dict, stored as JSON (``detail_json``).
+        started_ts: when the run started (unix s).
+        duration_ms: how long it ran (ms); ``started_ts + duration_ms / 1000`` is the end time used.
+
+    Returns:
+        The ops, a list of ``{"op", "row"[, "once"]}`` dicts; empty for a hook that records nothing.
     """
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
@@ -129,7 +163,16 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
 
 def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
     """Queue a run's record set (``spool_dirs`` in order, the first that takes it); log where, or log the rows
-    themselves when no directory takes them. Never raises ``ColocError``."""
+    themselves when no directory takes them.
+
+    Args:
+        cfg: the configuration (``run_dir``, ``state_dir``: the spool directories).
+        target: the database the ops belong to (``node:<node>`` or ``ctld``, ``target_of``).
+        ops: the run's record set (``record_ops``).
+
+    Raises:
+        Never raises ``ColocError`` (a directory that refuses the entry is logged and the next is tried).
+    """
     data = recordset.encode(target, ops)
     for d in spool_dirs(cfg):
         try:
@@ -146,8 +189,21 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
                                                                                        List[Dict[str, Any]]]:
     """``(target, ops)`` of a pending entry's run (hooks/pending.py): the rows of a failed run, built by
     ``record_ops`` from the captured environment with the captured times (unix s), marked as recovered, each
-    append op with a ``once`` window of the run's span widened by 1 s. Raises queue.EntryError when the entry
-    names no job or database."""
+    append op with a ``once`` window of the run's span widened by 1 s.
+
+    Args:
+        env: the captured environment (``pending.decode``), with ``COLOC_PENDING_HOOK`` and
+            ``COLOC_PENDING_RC``.
+        started_ts: when the run started (unix s).
+        ended_ts: when it ended (unix s).
+
+    Returns:
+        ``(target, ops)``: the database (``target_of``) and the record set (``record_ops``).
+
+    Raises:
+        queue.EntryError: the entry names no job or database.
+        KeyError: the entry has no ``COLOC_PENDING_HOOK``.
+    """
     name = env["COLOC_PENDING_HOOK"]
     ctx = HookContext.from_env(env)
     target = target_of(name, ctx)
@@ -175,11 +231,29 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
     database itself (``recordset.store_unusable``) or the recording alarm stops the replay and propagates, the
     entry put back.
 
+    Args:
+        target: the database ``db`` is (``node:<node>`` or ``ctld``); entries of another are left.
+        db: the open database (``store.db``) the entries are applied to.
+        directories: the queue's directories (``queue_dirs``), in order.
+        config_path: this cluster's configuration path; pending entries of another are left.
+        budget_s: the replay's time budget (s).
+        max_entries: the most entries applied in this call.
+
     Returns:
         How many entries were applied.
+
+    Raises:
+        The database failure (``recordset.store_unusable``) or ``HookTimeout`` that stopped the replay.
     """
     def decode(entry: queue.Entry) -> Optional[Tuple[List[Dict[str, Any]], str]]:
-        """``(ops, what to log once applied)``, or None for another database's or cluster's entry."""
+        """``(ops, what to log once applied)``, or None for another database's or cluster's entry.
+
+        Args:
+            entry: a queue entry (a record set ``.json`` or a pending environment ``.env``).
+
+        Raises:
+            queue.EntryError, ValueError: an entry that cannot be decoded (``queue.replay`` sets it aside).
+        """
         if entry.kind == recordset.SUFFIX:
             entry_target, ops = recordset.decode(entry.data)
             return (ops, "") if entry_target == target else None
@@ -194,6 +268,11 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         return (ops, note) if entry_target == target else None
 
     def apply(entry: queue.Entry, item: Tuple[List[Dict[str, Any]], str]) -> None:
+        """Apply one decoded entry's ops to ``db`` in one transaction and log its note.
+
+        Args:
+            entry: the queue entry; item: ``decode``'s ``(ops, note)``.
+        """
         recordset.apply_ops(db, item[0])
         if item[1]:
             log.warning("%s", item[1])
@@ -207,12 +286,25 @@ def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[st
                state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
     """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay the recovery queue
     (``replay_queue``) until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most.
-    Never raises (but ``HookTerminated`` passes, and the recording alarm's ``HookTimeout`` may).
 
     ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``)
     queues them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also
     rolls back a transaction the alarm left open (its write lock would block the next opener).
+
+    Args:
+        name: the hook's name (for the log).
+        target: the database to write (``node:<node>`` or ``ctld``, ``target_of``).
+        cfg: the configuration (database paths, ``db_busy_timeout_s``, spool directories).
+        ops: the run's record set (``record_ops``).
+        state: the caller's mutable state; ``state["recorded"]`` is set True once ``ops`` are committed.
+        env: the hook's environment variables (``COLOC_CONFIG``, the pending directory); None:
+            ``os.environ``.
+
+    Raises:
+        Never raises (errors are logged), but ``HookTerminated`` passes, and the recording alarm's
+        ``HookTimeout`` may.
     """
+
     t0 = time.monotonic()
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)
     env = os.environ if env is None else env

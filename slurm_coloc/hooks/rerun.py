@@ -46,6 +46,12 @@ def neutralise_directives(script: str) -> Tuple[str, int]:
     first line that is neither blank nor a comment, where sbatch stops reading directives), except a ``#!``
     first line. Lines are split at ``\\n``, ``\\r\\n`` and ``\\r`` alike, so no reader's idea of a line start
     is missed. Pure.
+
+    Args:
+        script: the batch script's text (user-written; the line breaks are kept as they are).
+
+    Returns:
+        ``(neutralised script, number of lines changed)``. Never raises.
     """
     parts = _LINE_BREAK.split(script)  # [line, sep, line, sep, ..., line]
     header = True
@@ -77,6 +83,14 @@ def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[
     Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
     docs/slurm-versions.md); there the comment's ``argv`` is the only source. The arguments follow the script
     path, where sbatch reads no option, so they shape only what the user's own script sees.
+
+    Args:
+        job: slurmctld's record of the job, or None (then only ``argv`` can give the arguments).
+        argv: the coloc comment's argument words (``JobComment.argv``), or None when absent.
+
+    Returns:
+        ``(argument words, exact)``: ``exact`` False where spaces inside arguments may have been lost or the
+        arguments are unknown (then the list is empty). Pure, never raises.
     """
     recorded, exact = job.recorded_script_args() if job else ([], True)
     words = list(argv) if argv is not None else []
@@ -97,6 +111,14 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards
     from one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off:
     docs/facts.md §4). Nothing comes from the job's comment, script or environment.
+
+    Args:
+        job: slurmctld's record of the job (``squeue --json``).
+        cfg: the configuration (``gpu_mem_gib``: the shards of a whole GPU, 1 shard = 1 GiB).
+
+    Returns:
+        The sbatch option words (``--time`` in minutes, ``--mem`` in MiB), the rerun's coloc comment last.
+        Pure, never raises.
     """
     gib = cfg.gpu_mem_gib
     args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
@@ -132,8 +154,14 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
                  argv: Optional[Sequence[str]]) -> Tuple[int, bool]:
     """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the
-    job's user; return (new job id, whether the script's arguments are exact). ``argv``: the job comment's
-    (``JobComment.argv``), see ``script_args``.
+    job's user; return (new job id, whether the script's arguments are exact).
+
+    Args:
+        job: slurmctld's record of the job; cfg: the configuration (``run_dir``, ``slurm_bin_dir``,
+            ``hook_timeout_s``: a fifth bounds scontrol, a quarter sbatch, s).
+        env: the hook's environment variables (only ``SLURM_CONF`` is passed on).
+        uid, gid: the job's user and group; sbatch runs as them.
+        argv: the job comment's argument words (``JobComment.argv``), or None; see ``script_args``.
 
     Raises:
         ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.

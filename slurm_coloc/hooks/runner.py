@@ -79,7 +79,17 @@ def work_budget_s(cfg: config_mod.Config, env: Mapping[str, str], age_s: float) 
     """The child's time budget: ``hook_timeout_s``, capped so that the whole process (start-up ``age_s``, kill
     grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit. When that leaves less than
     ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would only lose it, while
-    the parent's SIGTERM is caught and logged and the child finishes on its own."""
+    the parent's SIGTERM is caught and logged and the child finishes on its own.
+
+    Args:
+        cfg: the configuration (``hook_timeout_s``, ``db_busy_timeout_s``).
+        env: the hook's environment variables (``COLOC_SHIM_TIMEOUT_S``: the shim's limit, s; a bad value
+            counts as ``OUTER_LIMIT_S``).
+        age_s: how long the hook process has run so far (s).
+
+    Returns:
+        The budget (s), at most ``hook_timeout_s``. Never raises.
+    """
     try:
         outer = float(env.get("COLOC_SHIM_TIMEOUT_S") or OUTER_LIMIT_S)
     except ValueError:
@@ -136,6 +146,16 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
     The rows are built before the alarm is armed and, unless ``record_run`` committed them
     (``state["recorded"]``), queued after it is disarmed, so an alarm firing anywhere loses none; rows both
     committed and queued are applied once (``once`` windows).
+
+    Args:
+        name: the hook's name; ctx: its job; cfg: the configuration (databases, spool directories).
+        ok: whether the hook's work succeeded; detail: its detail dict for the hook log.
+        started_ts: when the run started (unix s); duration_ms: how long it ran (ms).
+        state: the caller's mutable state (``state["recorded"]`` is set here).
+        env: the hook's environment variables.
+
+    Raises:
+        Never raises (the alarm's ``HookTimeout`` is caught and logged), but ``HookTerminated`` passes.
     """
     target = target_of(name, ctx)
     if target is None:
@@ -302,7 +322,15 @@ def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
 def encode_result(payload: Dict[str, Any]) -> bytes:
     """The child's answer ``{"ok", "detail", "result"}`` as JSON bytes, always valid and at most
     ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still
-    over ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped."""
+    over ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped.
+
+    Args:
+        payload: the child's answer (``ok``, ``detail``, ``result``); values JSON cannot encode are written
+            as their ``str``.
+
+    Returns:
+        UTF-8 JSON bytes, at most ``MAX_RESULT_BYTES``. Never raises.
+    """
     detail = payload.get("detail") or {}
     size = len(json.dumps(detail, default=str))
     if size > MAX_DETAIL_BYTES:
@@ -403,5 +431,12 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
 
 
 def bound_s(cfg: config_mod.Config) -> float:
-    """The most seconds one hook process takes (module docstring): own work + kill grace + recording."""
+    """The most seconds one hook process takes (module docstring): own work + kill grace + recording.
+
+    Args:
+        cfg: the configuration (``hook_timeout_s``, ``db_busy_timeout_s``).
+
+    Returns:
+        The bound (s). Pure, never raises.
+    """
     return cfg.hook_timeout_s + KILL_GRACE_S + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

@@ -34,12 +34,26 @@ INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace
 
 def is_final(state: str) -> bool:
     """Whether a state name in the hook's environment (text, any case) is a final state (``JobInfo.final`` is
-    the same test on Slurm's record, normalised where ``JobInfo`` is built)."""
+    the same test on Slurm's record, normalised where ``JobInfo`` is built).
+
+    Args:
+        state: a state name, possibly with a suffix (``CANCELLED by 1000``); empty is not final.
+
+    Returns:
+        True for a final state. Pure, never raises.
+    """
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
 def state_from_env(env: Mapping[str, str]) -> Optional[str]:
-    """The final state the hook's environment gives (``FINAL_STATE_VARS``), or None (always None on 22.05)."""
+    """The final state the hook's environment gives (``FINAL_STATE_VARS``), or None (always None on 22.05).
+
+    Args:
+        env: the hook's environment variables.
+
+    Returns:
+        The upper-case state name (first word), or None. Pure, never raises.
+    """
     for name in FINAL_STATE_VARS:
         value = (env.get(name) or "").strip()
         if is_final(value):
@@ -50,7 +64,15 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
     """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else
     slurmctld's record if final (24.11+ inside the epilogs: module docstring), else ``infer_final_state`` of
-    the record (exit pair, run time, limit, reason; 22.05)."""
+    the record (exit pair, run time, limit, reason; 22.05).
+
+    Args:
+        job: slurmctld's record of the job (``slurm_jobs.show_job``).
+        env: the hook's environment variables; None: none (the record alone decides).
+
+    Returns:
+        ``(state, source)``: a Slurm state name and ``SLURM`` or ``INFERRED``. Pure, never raises.
+    """
     given = state_from_env(env or {})
     if given:
         return given, SLURM

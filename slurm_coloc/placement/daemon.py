@@ -32,7 +32,14 @@ HISTORY_REFRESH_S = 60.0
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
-    """The row's activity, or None when the GPU reports no GPM metrics (no SM activity)."""
+    """The row's activity, or None when the GPU reports no GPM metrics (no SM activity).
+
+    Args:
+        row: a GPU's live row (``smact``, ``smocc``, ``drama``: fractions of the GPU).
+
+    Returns:
+        The ``Activity`` (fractions; a missing SM occupancy or DRAM activity counts as 0), or None. Pure.
+    """
     if row.smact is None:
         return None
     return Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
@@ -46,6 +53,16 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
     Shards in use: running jobs' ``gres_detail`` plus steered jobs Slurm does not yet show on a GPU; a whole
     ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s`` (the
     caller passes ``placement_recent_s``, or ``placement_window_s`` when that is 0).
+
+    Args:
+        nodes: each node's typed GPUs and their shards (index -> shard count).
+        jobs: slurmctld's job list (``gres_detail``, state).
+        live: node -> its GPUs' live rows (``read_live``).
+        steered: job id -> where this placer sent it (node, index, shards, demand, when: unix s).
+        now: unix s; window_s: how far back a steered job counts as recently placed (s).
+
+    Returns:
+        One ``GpuState`` per GPU, nodes in order, indices ascending (live state age in s, None without one).
     """
     used: Dict[Tuple[str, int], int] = {}
     tenants: Dict[Tuple[str, int], int] = {}
@@ -80,7 +97,18 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
 
 
 def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placement.LiveGpu]]:
-    """Live rows of each node's database; a node whose database is missing or unreadable has none."""
+    """Live rows of each node's database; a node whose database is missing or unreadable has none.
+
+    Args:
+        cfg: the configuration (node database paths, ``placement_window_s``: how far back rows count, s).
+        nodes: the node names.
+
+    Returns:
+        node -> its GPUs' live rows (missing for a node without a readable database).
+
+    Raises:
+        Never raises for a bad node database (logged: memory-only placement there).
+    """
     out: Dict[str, List[store_placement.LiveGpu]] = {}
     for node in nodes:
         path = cfg.node_db_path(node)
@@ -104,7 +132,17 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
     ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are
     ending (``COMPLETING``: their epilogs run, they hold shards but compute no more, so their room is free for
     the model in the same round). ``known(job)``: a job's profile and predicted SM activity alone (steered
-    jobs keep what the placer knew when it sent them). Pure."""
+    jobs keep what the placer knew when it sent them). Pure.
+
+    Args:
+        gpus: the GPUs (``gpu_states``); jobs: slurmctld's job list.
+        steered: job id -> where this placer sent it (``Steered``: profile, demand, when in unix s).
+        known: a job -> ``(its profile, its predicted SM activity alone as a fraction)``.
+        now: unix s (the start of a tenant whose start time is not known).
+
+    Returns:
+        ``len(gpus)`` lists of ``share.Tenant``, index for index. Raises only what ``known`` raises.
+    """
     where = {g.key: i for i, g in enumerate(gpus)}
     out: List[List[share.Tenant]] = [[] for _ in gpus]
     shown = set()
@@ -127,15 +165,28 @@ def heartbeat_paths(cfg: Config) -> List[Path]:
     """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases)
     and a world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group
     only), which ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login
-    nodes."""
+    nodes.
+
+    Args:
+        cfg: the configuration (``state_dir``, ``run_dir``).
+
+    Returns:
+        The two paths, the admins' first. Pure, never raises.
+    """
     return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
 
 
 def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
     """Write the heartbeat files (``heartbeat_paths``): when the placer last finished a round, 0644.
 
-    A copy that cannot be written (its directory missing or read-only) is skipped with a warning; the first
-    one failing raises ``OSError`` only when no copy could be written.
+    A copy that cannot be written (its directory missing or read-only) is skipped with a warning.
+
+    Args:
+        cfg: the configuration (``state_dir``, ``run_dir``).
+        summary: the round's summary, written with ``ts`` (unix s) and ``pid`` (JSON values).
+
+    Raises:
+        OSError: no copy could be written (the first copy's error).
     """
     text = json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True)
     errors = []
@@ -155,7 +206,15 @@ def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
 
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
     """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s),
-    from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False."""
+    from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False.
+
+    Args:
+        cfg: the configuration (heartbeat paths, ``placement_interval_s``).
+        max_age_s: the heartbeat's greatest age (s); None: the default above.
+
+    Returns:
+        True when the heartbeat is that recent (and not in the future). Never raises.
+    """
     limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
     for path in heartbeat_paths(cfg):
         try:
@@ -167,7 +226,15 @@ def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
 
 
 def placer_policy(cfg: Config) -> Optional[str]:
-    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None."""
+    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None.
+
+    Args:
+        cfg: the configuration (heartbeat paths).
+
+    Returns:
+        The policy name (``blind``, ``aware``, ...), or None (also for a heartbeat without a text policy).
+        Never raises.
+    """
     for path in heartbeat_paths(cfg):
         try:
             policy = json.loads(path.read_text()).get("policy")
@@ -182,6 +249,11 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
     """The fallback that needs no placer: when no placer finished a round within ``max_age_s``
     (``placer_alive``), release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit).
     Reads only the heartbeat file while the placer is alive, so a timer may run it often.
+
+    Args:
+        cfg: the configuration (heartbeat paths, ``slurm_bin_dir``).
+        env: the environment Slurm's commands run with; None: ours.
+        max_age_s: the heartbeat's greatest age (s); None: ``placer_alive``'s default.
 
     Returns:
         None when the placer is alive (nothing done), else the job ids released (possibly empty).

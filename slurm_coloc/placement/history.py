@@ -28,7 +28,12 @@ Timing = Tuple[Optional[float], Optional[float]]  # (run_s, startup_s) of one ru
 
 
 def log_once(seen: Optional[Set[str]], key: str, msg: str, *args: Any) -> None:
-    """Log a warning once per ``key`` (every time when ``seen`` is None)."""
+    """Log a warning once per ``key`` (every time when ``seen`` is None).
+
+    Args:
+        seen: the keys already logged (``key`` is added), or None.
+        key: what the warning is about; msg, args: the ``logging`` format and its arguments.
+    """
     if seen is not None:
         if key in seen:
             return
@@ -54,7 +59,14 @@ def _num(v: Any) -> Optional[float]:
 def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = None) -> Dict[str, Activity]:
     """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
     "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}}``, fractions 0..1, seconds). Entries that are not
-    such objects are skipped. ``timing``, when given, gets each signature's (run_s, startup_s) where present.
+    such objects are skipped.
+
+    Args:
+        path: the history file's path.
+        timing: when given, gets each signature's ``(run_s, startup_s)`` (s) appended where present.
+
+    Returns:
+        signature -> ``Activity`` (fractions 0..1).
 
     Raises:
         ConfigError: the file is unreadable or not a JSON object with ``signatures``.
@@ -177,7 +189,18 @@ def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
     """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job run
     by ``uid``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON object is validated first). Activity and
     timing each come from the first of ``intensity.history_keys(sig, uid)`` that has runs (the user's own,
-    then the admin's file); another user's runs never count. Pure."""
+    then the admin's file); another user's runs never count. Pure.
+
+    Args:
+        coloc: the job's ``comment.JobComment``, or a coloc JSON object.
+        history: history key -> the activities measured alone (fractions).
+        timing: history key -> the ``(run_s, startup_s)`` of runs alone (s).
+        uid: the job's user, or None (then only the admin's file counts).
+
+    Returns:
+        The ``share.Profile``: SM activity alone (fraction, None without history), mean run and start-up
+        times (s, None without timing).
+    """
     keys = intensity.history_keys(intensity.signature(coloc), uid)
     act = next((a for a in (intensity.from_history(history.get(k, ())) for k in keys) if a is not None), None)
     timed: Sequence[Timing] = next((t for t in (timing.get(k, ()) for k in keys) if t), ())

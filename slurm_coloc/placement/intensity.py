@@ -54,7 +54,15 @@ def features(coloc: Any) -> Features:
     proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for
     token models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the
     estimate's trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The
-    comment's bounds (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite."""
+    comment's bounds (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite.
+
+    Args:
+        coloc: the job's ``comment.JobComment``, or a coloc JSON object.
+
+    Returns:
+        The ``Features``: GFLOP and GB per step (None when not known), batch size, precision (``fp32`` when
+        not given), model name, and whether the GFLOP are the proxy. Pure, never raises.
+    """
     c = _typed(coloc)
     spec = c.spec
     batch = spec.batch_size if spec else None
@@ -99,7 +107,14 @@ class Calibration:
 
     def capacity_for(self, model: str) -> float:
         """The sharing capacity of a GPU model: the ``share_capacity_by_gpu`` entry whose key the model name
-        contains (the longest such key; ``"H200"`` matches ``"NVIDIA H200"``), else ``share_capacity``."""
+        contains (the longest such key; ``"H200"`` matches ``"NVIDIA H200"``), else ``share_capacity``.
+
+        Args:
+            model: the GPU's model name as NVML reports it (``NVIDIA H100 80GB HBM3``); empty: the default.
+
+        Returns:
+            The capacity (summed SM activity alone, fraction; 0.1..10 in a loaded calibration).
+        """
         keys = (sorted((k for k in self.share_capacity_by_gpu if k and k in (model or "")), key=len,
                        reverse=True))
         return self.share_capacity_by_gpu[keys[0]] if keys else self.share_capacity
@@ -116,6 +131,12 @@ def _act(d: Any, where: str) -> Activity:
 
 def load_calibration(path: Optional[str] = None) -> Calibration:
     """Read a calibration JSON (default: the packaged one).
+
+    Args:
+        path: the calibration file's path; None or empty: ``DEFAULT_CALIBRATION``.
+
+    Returns:
+        The ``Calibration`` (coefficients checked: see the error below).
 
     Raises:
         ConfigError: unreadable, not JSON, or a coefficient missing or not a number.
@@ -146,7 +167,15 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
 
 
 def predict(f: Features, cal: Calibration) -> Activity:
-    """Predicted activity of the job alone from its features (no history)."""
+    """Predicted activity of the job alone from its features (no history).
+
+    Args:
+        f: the job's ``features``; cal: the calibration (the curve, ``by_model``, ``unknown``).
+
+    Returns:
+        The ``Activity`` (fractions 0..1): the model's measured one, the curve's, or ``cal.unknown`` without
+        FLOPs. Pure, never raises.
+    """
     if f.model and f.model in cal.by_model:
         return cal.by_model[f.model]
     if f.gflop_per_step is None:
@@ -168,14 +197,29 @@ HistoryKey = Tuple[Optional[int], str]
 def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
     """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own
     runs ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs
-    never count."""
+    never count.
+
+    Args:
+        sig: the job's signature (``comment.job_signature``), or None.
+        uid: the job's user, or None (then only the admin's file).
+
+    Returns:
+        The keys, in order. Pure.
+    """
     if not sig:
         return ()
     return ((uid, sig), (None, sig)) if uid is not None else ((None, sig),)
 
 
 def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
-    """Mean activity of earlier alone runs of the same signature, or None without runs."""
+    """Mean activity of earlier alone runs of the same signature, or None without runs.
+
+    Args:
+        runs: the activities measured alone (fractions).
+
+    Returns:
+        The component-wise mean ``Activity``, or None. Pure.
+    """
     if not runs:
         return None
     n = len(runs)

@@ -38,7 +38,14 @@ class Gate:
     drama: float = 0.4
 
     def saturated(self, a: Activity) -> bool:
-        """CARMA: SMACT >= smact and (SMOCC >= smocc or DRAMA >= drama)."""
+        """CARMA: SMACT >= smact and (SMOCC >= smocc or DRAMA >= drama).
+
+        Args:
+            a: a GPU's activity (SM activity, SM occupancy, DRAM activity: fractions 0..1).
+
+        Returns:
+            True when saturated. Pure.
+        """
         return a.smact >= self.smact and (a.smocc >= self.smocc or a.drama >= self.drama)
 
 
@@ -100,7 +107,14 @@ def _fmt(a: Activity) -> str:
 
 
 def fresh(gpu: GpuState, max_age_s: float) -> bool:
-    """Whether the GPU's live state exists and is at most ``max_age_s`` old."""
+    """Whether the GPU's live state exists and is at most ``max_age_s`` old.
+
+    Args:
+        gpu: the GPU's state (``live``, ``live_age_s`` in s); max_age_s: the greatest age (s).
+
+    Returns:
+        True when fresh. Pure.
+    """
     return gpu.live is not None and gpu.live_age_s is not None and 0 <= gpu.live_age_s <= max_age_s
 
 
@@ -185,5 +199,13 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
 
 def saturated_gpus(gpus: Sequence[GpuState], gate: Gate, max_age_s: float) -> List[Tuple[str, int]]:
     """``(node, index)`` of GPUs whose fresh live state is saturated (the guard's view, for logs and
-    reports)."""
+    reports).
+
+    Args:
+        gpus: the GPUs' states; gate: the saturation thresholds (fractions).
+        max_age_s: live state older than this (s) is stale and never counts as saturated.
+
+    Returns:
+        The ``(node, index)`` keys, in the order of ``gpus``. Pure.
+    """
     return [g.key for g in gpus if fresh(g, max_age_s) and g.live is not None and gate.saturated(g.live)]

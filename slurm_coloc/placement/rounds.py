@@ -80,7 +80,14 @@ class Round:
 
     def tenant_data(self, j: JobInfo) -> Tuple[share.Profile, float]:
         """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a
-        warning)."""
+        warning).
+
+        Args:
+            j: slurmctld's record of the running job (comment, uid).
+
+        Returns:
+            ``(share.Profile, SM activity alone as a fraction)``. Never raises.
+        """
         try:
             c = JobComment.read(j.comment, j.job_id)
             return profile(c, self.state.history, self.state.timing, j.uid), \
@@ -91,7 +98,14 @@ class Round:
 
     def ordered(self, candidates: Sequence[JobInfo]) -> List[JobInfo]:
         """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half
-        of ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work."""
+        of ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work.
+
+        Args:
+            candidates: the held jobs (slurmctld's records).
+
+        Returns:
+            The same jobs, reordered. Never raises for a bad comment.
+        """
         rows = []
         for j in candidates:
             try:
@@ -104,7 +118,18 @@ class Round:
         return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
 
     def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, share.Profile]:
-        """The decision for one held job, its predicted activity, where that came from, and its profile."""
+        """The decision for one held job, its predicted activity, where that came from, and its profile.
+
+        Args:
+            job: slurmctld's record of the held job; shards: its shard request.
+
+        Returns:
+            ``(Decision, Activity as fractions, source in words, share.Profile)``.
+
+        Raises:
+            ValueError: a bad shard request or placement mode (``policy.choose_gpu``,
+                ``share.choose_gpu_bounded``); ``handle`` catches it.
+        """
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
         prof = profile(coloc, self.state.history, self.state.timing, job.uid)
@@ -129,8 +154,15 @@ class Round:
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
-        ``placement_max_wait_s``), or note why it waits. Never raises: an error is one warning and one
-        count."""
+        ``placement_max_wait_s``), or note why it waits.
+
+        Args:
+            job: slurmctld's record of the held job; shards: its shard request.
+            counts: the round's counters (``placed``, ``memory_only``, ``waiting``, ``errors``), incremented.
+
+        Raises:
+            Never raises: an error is one warning and one count (``errors``).
+        """
         cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
         try:
             decision, demand, source, prof = self.decide(job, shards)

@@ -60,7 +60,15 @@ class Tenant:
 
 
 def slowdown(load: float, capacity: float) -> float:
-    """Predicted slowdown of each job computing on a GPU whose summed SM activity alone is ``load`` (>= 1)."""
+    """Predicted slowdown of each job computing on a GPU whose summed SM activity alone is ``load`` (>= 1).
+
+    Args:
+        load: the summed SM activity alone of the jobs computing (fraction of the GPU, may exceed 1).
+        capacity: the model's fitted capacity (summed SM activity alone the GPU delivers, fraction).
+
+    Returns:
+        ``max(1, load / capacity)`` (a ratio >= 1); infinity when ``capacity <= 0``. Pure, never raises.
+    """
     return max(1.0, load / capacity) if capacity > 0 else float("inf")
 
 
@@ -70,7 +78,16 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
     and while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` every one progresses at
     ``capacity / L``. Tenants that already left are not replayed (their load in the past is unknown here), so
     an end can come out early; ``load_at_start`` keeps counting a tenant past its predicted end. Pure,
-    O(n^2)."""
+    O(n^2).
+
+    Args:
+        tenants: the jobs holding the GPU (start time in unix s, profile: ``startup_s``, ``work_s`` in s,
+            ``smact`` fraction).
+        capacity: the model's fitted capacity (summed SM activity alone, fraction).
+
+    Returns:
+        The predicted end (unix s) or None per tenant, index for index. Never raises.
+    """
     begin = [t.start_ts + (t.profile.startup_s or 0.0) for t in tenants]
     left = [t.profile.work_s for t in tenants]
     ends: List[Optional[float]] = [None] * len(tenants)
@@ -105,7 +122,15 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
     """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now``
     with ``startup_s`` of start-up begins: a tenant predicted (``predicted_ends``) to end in ``(now, now +
     startup_s]`` with ``END_SLACK`` x its work alone to spare is left out; one past its predicted end (it
-    overran) or of unknown run time counts."""
+    overran) or of unknown run time counts.
+
+    Args:
+        tenants: the jobs holding the GPU; capacity: the fitted capacity (summed SM activity, fraction).
+        now: when the job is placed (unix s); startup_s: its start-up before it computes (s).
+
+    Returns:
+        The summed SM activity alone (fraction of the GPU, may exceed 1). Pure, never raises.
+    """
     total = 0.0
     for t, end in zip(tenants, predicted_ends(tenants, capacity)):
         if end is not None and now < end and end + END_SLACK * (t.profile.work_s or 0.0) <= now + startup_s:
@@ -117,7 +142,16 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
 def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, now: float,
                      startup_s: float) -> float:
     """Predicted slowdown on a GPU of ``tenants`` once a job of SM activity alone ``smact`` (measured or
-    predicted) placed ``now`` has started computing (``load_at_start`` + ``smact``)."""
+    predicted) placed ``now`` has started computing (``load_at_start`` + ``smact``).
+
+    Args:
+        tenants: the jobs holding the GPU; capacity: the fitted capacity (summed SM activity, fraction).
+        smact: the job's SM activity alone (fraction); now: when it is placed (unix s).
+        startup_s: its start-up before it computes (s).
+
+    Returns:
+        The predicted slowdown (a ratio >= 1, ``slowdown``). Pure, never raises.
+    """
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
 
@@ -210,7 +244,14 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
     """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free
-    shards (spreads), node, index; not placed when none has room."""
+    shards (spreads), node, index; not placed when none has room.
+
+    Args:
+        gpus: every GPU the job may use; shards: the job's shard request.
+
+    Returns:
+        A ``Decision`` (basis ``memory-only``), not placed with a reason when no GPU has room. Never raises.
+    """
     fits = sorted((g for g in gpus if g.shards_free >= shards),
                   key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
     if not fits:
@@ -221,7 +262,14 @@ def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
 
 
 def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``)."""
+    """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``).
+
+    Args:
+        gpus: the GPUs' states; max_age_s: live state older than this (s) is stale.
+
+    Returns:
+        The ``(node, index)`` keys, in the order of ``gpus``. Never raises.
+    """
     return [g.key for g in gpus if not fresh(g, max_age_s)]
 
 
@@ -231,7 +279,18 @@ def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
     """The GPUs of ``gpus`` (``tenants`` index for index) that an unprofiled job counted at SM activity alone
     ``smact`` (the calibration's ``unknown``) leaves within the bound: those without a tenant measured alone,
     and those whose ``bounded_slowdown`` (no start-up credit) stays <= ``max_slowdown``. Memory-only placement
-    picks among these, so a job without data never pushes measured tenants past the bound."""
+    picks among these, so a job without data never pushes measured tenants past the bound.
+
+    Args:
+        gpus: the candidate GPUs; tenants: index for index, the jobs holding each.
+        capacity: the fitted capacity (summed SM activity, fraction) of a GPU model name
+            (``intensity.Calibration.capacity_for``).
+        smact: the SM activity alone counted for the job (fraction); max_slowdown: the bound (ratio >= 1).
+        now: unix s.
+
+    Returns:
+        The GPUs within the bound, in the order of ``gpus``. Never raises.
+    """
     return [g for g, ts in zip(gpus, tenants)
             if all(t.profile.smact is None for t in ts)
             or bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
@@ -240,7 +299,14 @@ def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
 def gpu_work(job: Profile) -> Optional[float]:
     """A job's demand on the shared GPU (SM-activity-seconds): SM activity alone x computing time alone; None
     when either is not known. Under processor sharing a GPU delivers a fixed capacity of these per second, so
-    offering GPUs to the smallest first is Smith's shortest-processing-time rule on that resource."""
+    offering GPUs to the smallest first is Smith's shortest-processing-time rule on that resource.
+
+    Args:
+        job: the job's profile (``smact`` fraction, ``work_s`` in s).
+
+    Returns:
+        ``smact * work_s`` (SM-activity-seconds), or None. Pure, never raises.
+    """
     return job.smact * job.work_s if job.smact is not None and job.work_s is not None else None
 
 

@@ -26,7 +26,14 @@ def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
     coloc-sbatch's; the script's own arguments after them are never touched.
     ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}", "job.sh"]`` ->
     ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
+
+    Args:
+        argv: the sbatch arguments coloc-sbatch built (options, script, script arguments).
+
+    Returns:
+        The rewritten arguments (a new list, ``--hold`` first), or None. Pure, never raises.
     """
+
     args = list(argv)
     g = next((i for i, a in enumerate(args) if a.startswith("--gres=")), None)
     if g is None or not _SHARD.match(args[g].split("=", 1)[1]):
