@@ -46,6 +46,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from slurm_coloc.atomic import write_atomic
 from slurm_coloc.probe.command import ProbeCommand, logical_lines
 from slurm_coloc.probe.runner import resolve_interpreter
 
@@ -449,12 +450,9 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
             table = dict(sorted(table.items(), key=lambda kv: float(kv[1].get("stored_at", 0)))[-64:])
         try:
             os.makedirs(cache_dir or ".", mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".interpreters-", dir=cache_dir)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(table, fh)
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(table).encode(), mode=0o600)
         except OSError:
-            pass
+            pass  # the table is a cache: the next submission asks the interpreter again
     return sys_path
 
 

@@ -236,6 +236,16 @@ def purge(db: Database, before_ts: float) -> int:
     return int(n)
 
 
+def _window_rows(db: Database, table: str, t0: float, t1: float,
+                 gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
+    """Rows of sample ``table`` with ``t0 <= ts <= t1`` on ``gpu_indices``, by time; [] without the table."""
+    if not gpu_indices or not db.table(table).exists():
+        return []
+    marks = ",".join("?" * len(gpu_indices))
+    return list(db.query(f"SELECT * FROM {table} WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
+                         f"ORDER BY ts", [t0, t1, *gpu_indices]))
+
+
 def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
     """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time.
 
@@ -248,11 +258,7 @@ def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[i
     Returns:
         ``gpu_samples`` rows as dicts (``GPU_COLS``); [] where the table does not exist.
     """
-    if not gpu_indices or not db.table("gpu_samples").exists():
-        return []
-    marks = ",".join("?" * len(gpu_indices))
-    return list(db.query(f"SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
-                         f"ORDER BY ts", [t0, t1, *gpu_indices]))
+    return _window_rows(db, "gpu_samples", t0, t1, gpu_indices)
 
 
 def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
@@ -267,11 +273,7 @@ def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[
     Returns:
         ``proc_samples`` rows as dicts (``PROC_COLS``); [] where the table does not exist.
     """
-    if not gpu_indices or not db.table("proc_samples").exists():
-        return []
-    marks = ",".join("?" * len(gpu_indices))
-    return list(db.query(f"SELECT * FROM proc_samples WHERE ts >= ? AND ts <= ? AND gpu_index IN ({marks}) "
-                         f"ORDER BY ts", [t0, t1, *gpu_indices]))
+    return _window_rows(db, "proc_samples", t0, t1, gpu_indices)
 
 
 def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
