@@ -17,10 +17,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import yaml
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.config import checks, sections
 
 HEADER = """\
 # slurm-coloc configuration: /etc/slurm-coloc/coloc.yaml
-# Generated from slurm_coloc/config.py (`coloc-admin config --sample`); every key is listed, commented out, at
+# Generated from slurm_coloc/config/ (`coloc-admin config --sample`); every key is listed, commented out, at
 # its default. Uncomment a key to change it. Precedence: defaults < this file (or $COLOC_CONFIG) < COLOC_<KEY>
 # environment variables. Unknown keys are errors. `coloc-admin config` prints the effective values and where
 # each comes from; `coloc-admin check` checks them against slurm.conf and gres.conf.
@@ -29,8 +30,8 @@ HEADER = """\
 
 def _descriptions(section: type) -> List[Tuple[List[str], str]]:
     """``[(names, text)]`` from the ``Attributes:`` section of a config section's docstring
-    (``config.SECTIONS``), in order. ``names`` are the comma-separated names of an entry (``diag_*`` stays a
-    pattern)."""
+    (``config.sections.SECTIONS``), in order. ``names`` are the comma-separated names of an entry (``diag_*``
+    stays a pattern)."""
     doc = section.__doc__ or ""
     body = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
     entries: List[Tuple[List[str], str]] = []
@@ -64,13 +65,13 @@ def _comment(text: str) -> List[str]:
 
 
 def sample_yaml() -> str:
-    """The sample config: for each section of ``config.SECTIONS`` its title, then every key it declares
-    commented out at its default, after its description (a group of keys described together, e.g. ``diag_*``,
-    gets its text once) and followed by the values it allows (``config.allowed``). The keys come in
-    ``fields(Config)`` order."""
+    """The sample config: for each section of ``config.sections.SECTIONS`` its title, then every key it
+    declares commented out at its default, after its description (a group of keys described together, e.g.
+    ``diag_*``, gets its text once) and followed by the values it allows (``config.checks.allowed``). The keys
+    come in ``fields(Config)`` order."""
     defaults = config_mod.Config()
     out = [HEADER.rstrip("\n")]
-    for section in config_mod.SECTIONS:
+    for section in sections.SECTIONS:
         title = (section.__doc__ or section.__name__).strip().splitlines()[0]
         out.extend(["", "# " + "=" * 108, *_comment(title), "# " + "=" * 108])
         entries = _descriptions(section)
@@ -81,7 +82,7 @@ def sample_yaml() -> str:
                 out.append("")
                 out.extend(_comment(entries[i][1] if i >= 0 else "(no description)"))
             last = i
-            allowed = config_mod.allowed(f)
+            allowed = checks.allowed(f)
             out.append("#" + _item(f.name, getattr(defaults, f.name)) + (f"  # {allowed}" if allowed else ""))
     return "\n".join(out) + "\n"
 

@@ -15,14 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.comment import (
-    BOUNDS,
-    MAX_INPUT_ELEMENTS,
-    NO_COMMENT,
-    JobComment,
-    build_comment,
-    job_signature,
-)
+from slurm_coloc.comment import NO_COMMENT, JobComment, build_comment, job_signature
+from slurm_coloc.comment.values import BOUNDS, MAX_INPUT_ELEMENTS
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import read_history
 from slurm_coloc.placement.policy import Activity

@@ -109,7 +109,8 @@ def test_a_bad_value_is_one_line_naming_the_key_the_value_and_what_is_allowed(tm
 
 
 def test_every_declared_bound_and_choice_is_enforced_and_its_edges_accepted():
-    """Each key's declaration (config._key) decides: its bounds are accepted, just past them is refused."""
+    """Each key's declaration (config.sections._key) decides: its bounds are accepted, just past them is
+    refused."""
     import dataclasses
 
     from slurm_coloc import config as config_mod
@@ -150,10 +151,10 @@ def test_every_declared_bound_and_choice_is_enforced_and_its_edges_accepted():
 def test_the_keys_are_flat_and_grouped_in_sections():
     import dataclasses
 
-    from slurm_coloc import config as config_mod
+    from slurm_coloc.config import sections
 
     names = [f.name for f in dataclasses.fields(Config)]
-    in_sections = [f.name for s in config_mod.SECTIONS for f in dataclasses.fields(s)]
+    in_sections = [f.name for s in sections.SECTIONS for f in dataclasses.fields(s)]
     assert names == in_sections and len(set(names)) == len(names)  # each key in one section, in section order
-    assert config_mod.section_of("placement_smact_gate") is config_mod.PlacementConfig
-    assert isinstance(Config(), config_mod.SamplerConfig) and Config(gpu_mem_gib=40).gpu_mem_gib == 40
+    assert sections.section_of("placement_smact_gate") is sections.PlacementConfig
+    assert isinstance(Config(), sections.SamplerConfig) and Config(gpu_mem_gib=40).gpu_mem_gib == 40

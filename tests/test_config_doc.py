@@ -12,6 +12,7 @@ import yaml
 
 from slurm_coloc import config as config_mod
 from slurm_coloc import config_doc
+from slurm_coloc.config import checks
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = [sys.executable, "-m", "slurm_coloc", "admin"]
@@ -25,8 +26,8 @@ def test_the_sample_lists_every_key_commented_out_at_its_default_with_a_descript
     assert yaml.safe_load(text) is None                        # as shipped it sets nothing: all defaults
     uncommented = yaml.safe_load(re.sub(r"^#([a-z_]+: )", r"\1", text, flags=re.MULTILINE))
     for key in keys:                                           # each default, as the loader reads it back
-        assert config_mod._coerce_field(next(f for f in fields(config_mod.Config) if f.name == key),
-                                        uncommented[key]) == getattr(config_mod.Config(), key)
+        assert checks._coerce_field(next(f for f in fields(config_mod.Config) if f.name == key),
+                                    uncommented[key]) == getattr(config_mod.Config(), key)
     blocks = text.split("\n\n")[1:]
     assert all(b.startswith("# ") and "(no description)" not in b for b in blocks)
     assert "the saturation gate" in text and "diag_loader_busy_pct" in text

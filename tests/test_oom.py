@@ -14,7 +14,8 @@ from typing import Iterator
 
 import pytest
 
-from slurm_coloc.comment import MAX_ARG_CHARS, JobComment
+from slurm_coloc.comment import JobComment
+from slurm_coloc.comment.values import MAX_ARG_CHARS
 from slurm_coloc.config import Config
 from slurm_coloc.hooks import oom, rerun
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json

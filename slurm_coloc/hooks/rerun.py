@@ -75,10 +75,10 @@ def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[
 
     Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
     ``submit_line``, both argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``,
-    already within ``comment.MAX_ARGS`` words of at most ``comment.MAX_ARG_CHARS``; None when absent). It is
-    used only where its words are the words Slurm recorded (the comment is the user's text; it can restore
-    spaces inside arguments, never add or change any); otherwise Slurm's words, exact unless an argument held
-    whitespace.
+    already within ``comment.values.MAX_ARGS`` words of at most ``comment.values.MAX_ARG_CHARS``; None when
+    absent). It is used only where its words are the words Slurm recorded (the comment is the user's text; it
+    can restore spaces inside arguments, never add or change any); otherwise Slurm's words, exact unless an
+    argument held whitespace.
 
     Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
     docs/slurm-versions.md); there the comment's ``argv`` is the only source. The arguments follow the script

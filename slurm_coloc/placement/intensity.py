@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import NO_COMMENT, CommentError, JobComment
+from slurm_coloc.comment import NO_COMMENT, JobComment
 from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
+from slurm_coloc.comment.values import CommentError
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement.policy import Activity
 
@@ -54,7 +55,7 @@ def features(coloc: Any) -> Features:
     proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for
     token models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the
     estimate's trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The
-    comment's bounds (``comment.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite.
+    comment's bounds (``comment.values.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite.
 
     Args:
         coloc: the job's ``comment.JobComment``, or a coloc JSON object.

@@ -105,7 +105,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
         EstimateError: unknown GPU.
         KeyError: ``result`` lacks ``peak_allocated_b`` or ``peak_reserved_b``.
     """
-    from slurm_coloc.comment import BOUNDS
+    from slurm_coloc.comment.values import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
     from slurm_coloc.estimate.trace import TraceResult
 

@@ -241,8 +241,8 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
 
 def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
     """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``), validated by
-    ``comment.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when absent or
-    invalid.
+    ``comment.values.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when
+    absent or invalid.
 
     Args:
         spec_json: the recorded spec as JSON text, or None.
@@ -250,7 +250,7 @@ def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
     Returns:
         ``{"batch_size": int or None, "precision": str or None}``, or ``{}``. Never raises for bad text.
     """
-    from slurm_coloc.comment import CommentSpec
+    from slurm_coloc.comment.values import CommentSpec
 
     spec = CommentSpec.from_json_text(spec_json)
     if spec is None:

@@ -118,7 +118,7 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
 
 def placer_shards(job: JobInfo) -> Optional[int]:
     """The shards of a job the placer steers (pending, held, no GRES yet, a valid coloc comment with ``place``
-    true and ``shards`` in ``comment.BOUNDS``), else None. A comment that breaks the protocol makes no
+    true and ``shards`` in ``comment.values.BOUNDS``), else None. A comment that breaks the protocol makes no
     candidate (``JobComment.read``: one warning).
 
     Args:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import BOUNDS, Shrink, fit_comment
+from slurm_coloc.comment import Shrink, fit_comment
+from slurm_coloc.comment.values import BOUNDS
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
 from slurm_coloc.estimate.gpus import gpu_model

@@ -2,7 +2,7 @@
 SQLite).
 
 The comment is user text: ``hooks/ctld.py`` reads it through ``comment.JobComment`` (a comment with one
-integer out of ``comment.BOUNDS`` is no annotation at all), and the
+integer out of ``comment.values.BOUNDS`` is no annotation at all), and the
 minimal record of a failed PrologSlurmctld (``hooks/record.py``) never takes the shards from it. Seen on the
 local cluster: ``mem_mib`` 10^20 made the hook and its queued record set fail (``OverflowError``; the set was
 set aside and the job kept no user, name or GRES in ``ctld.db``), and with the hook failing, ``"shards": -5``
