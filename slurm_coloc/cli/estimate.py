@@ -132,7 +132,7 @@ def _config_gpu(script: Optional[str]) -> str:
     line, else ``gpu_model``. Raises ConfigError (bad config, unknown model name)."""
     from slurm_coloc import config
     from slurm_coloc.submit.directives import parse_script
-    from slurm_coloc.submit.plan import gpu_models, script_options
+    from slurm_coloc.submit.gpu_request import gpu_models, script_options
 
     try:
         options = script_options(parse_script(script))[0] if script else []
