@@ -122,9 +122,9 @@ def serve(key: str, path: str) -> None:
         key: the server key (hex, ``estimate_server.server_key``).
         path: the unix socket's path (``estimate_server.socket_path``).
     """
-    from slurm_coloc.cli import estimate_server
+    from slurm_coloc.cli import estimate_daemon
 
-    estimate_server.serve_main(key, path, run)
+    estimate_daemon.serve_main(key, path, run)
 
 
 def _config_gpu(script: Optional[str]) -> str:
