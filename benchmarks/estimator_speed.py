@@ -11,7 +11,7 @@ batch 128, Adam), each cold (``--no-cache --no-server``: import torch, trace, re
 warm (a cache hit: one untimed run fills the cache first; torch is not imported). Every run gets its
 own empty ``XDG_CACHE_HOME`` and ``XDG_RUNTIME_DIR`` in a temporary directory (the warm cases one
 shared per case), so the user's cache and estimate server are never touched. Then the warm estimate
-server (``slurm_coloc/cli/estimate_server.py``): ResNet-50 "cold, server warm" (``--no-cache``, a server
+server (``slurm_coloc/cli/estimate_daemon.py``): ResNet-50 "cold, server warm" (``--no-cache``, a server
 already started and warmed up by an untimed call; its CPU column adds the server's forked request
 child, read from the server's ``cutime + cstime``) and "first call (starts server)" (empty cache, no
 server: in-process estimate, then the server is spawned in the background; each run's server is

@@ -1,4 +1,5 @@
-"""The warm estimate server (slurm_coloc/cli/estimate_server.py): real processes and unix sockets.
+"""The warm estimate server (slurm_coloc/cli/estimate_server.py, estimate_daemon.py): real processes and unix
+sockets.
 
 Every test gets its own short ``XDG_RUNTIME_DIR``/``XDG_CACHE_HOME`` (so its own server) and kills the
 servers it started (by the pids in their logs). ``PYTEST_CURRENT_TEST`` is removed from the CLI's

@@ -61,7 +61,7 @@ def test_an_unknown_option_before_an_existing_file_is_a_flag(tmp_path: Path, mon
 
 def test_directive_lines_take_the_word_after_an_unknown_option(tmp_path: Path) -> None:
     from slurm_coloc.submit.directives import parse_script
-    from slurm_coloc.submit.plan import script_options
+    from slurm_coloc.submit.gpu_request import script_options
 
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/sh\n#SBATCH --segment 2 --prefer a100\n#SBATCH --tres-per-task cpu=2 -t "

@@ -1,4 +1,4 @@
-"""One result of ``coloc-admin check`` (shared by ``checks.py`` and ``munge.py``)."""
+"""One result of ``coloc-admin check`` (shared by ``checks.py``, ``gpu_checks.py`` and ``munge.py``)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

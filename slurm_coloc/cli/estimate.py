@@ -122,9 +122,9 @@ def serve(key: str, path: str) -> None:
         key: the server key (hex, ``estimate_server.server_key``).
         path: the unix socket's path (``estimate_server.socket_path``).
     """
-    from slurm_coloc.cli import estimate_server
+    from slurm_coloc.cli import estimate_daemon
 
-    estimate_server.serve_main(key, path, run)
+    estimate_daemon.serve_main(key, path, run)
 
 
 def _config_gpu(script: Optional[str]) -> str:
@@ -132,7 +132,7 @@ def _config_gpu(script: Optional[str]) -> str:
     line, else ``gpu_model``. Raises ConfigError (bad config, unknown model name)."""
     from slurm_coloc import config
     from slurm_coloc.submit.directives import parse_script
-    from slurm_coloc.submit.plan import gpu_models, script_options
+    from slurm_coloc.submit.gpu_request import gpu_models, script_options
 
     try:
         options = script_options(parse_script(script))[0] if script else []

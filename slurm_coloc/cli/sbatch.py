@@ -18,7 +18,8 @@ from slurm_coloc.slurm.sbatch_options import installed_options
 from slurm_coloc.submit.argv import CommandLine, split_command_line
 from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
 from slurm_coloc.submit.directives import ParsedScript, parse_script
-from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan, script_options
+from slurm_coloc.submit.gpu_request import script_options
+from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan
 from slurm_coloc.units import is_bare_number
 
 if TYPE_CHECKING:

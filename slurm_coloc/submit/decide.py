@@ -122,7 +122,7 @@ def decide(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Se
     Args:
         override_mib: ``--coloc-mem``/``#COLOC mem=`` in MiB, or None.
         spec: the ``#COLOC model=`` spec, or None.
-        gpu_names: the GPU models of the job's partitions (``plan.gpu_models``), at least one.
+        gpu_names: the GPU models of the job's partitions (``gpu_request.gpu_models``), at least one.
         estimate_fn: the directives' estimator (without history); None: no estimate.
         probe_fn: the script probe; None: no probe (``probe_off_reason`` says why).
         history_fn: the script's history; None: no history.

@@ -13,7 +13,7 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 4. Otherwise (one GPU or none asked): one decision over ordered sources (``submit/decide.py``): the override
    (``--coloc-mem``/``#COLOC mem=``, exact), the script probe, the ``#COLOC model=`` estimate, history; a
    figure other than the override gets ``headroom_mib``; rounded up to GiB shards; at or above a whole GPU
-   -> rule 1. Figures are for the GPU model of the job's partition (``gpu_models``).
+   -> rule 1. Figures are for the GPU model of the job's partition (``gpu_request.gpu_models``).
 5. No source gave a figure -> rule 1 (a whole GPU), with ``NO_INFORMATION`` (the next steps) as the reason;
    so is an estimate that did not finish within ``estimate_timeout_s`` when nothing else gave a figure.
 
@@ -34,38 +34,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from slurm_coloc.comment import Shrink, fit_comment
 from slurm_coloc.comment.values import BOUNDS
 from slurm_coloc.config import Config
-from slurm_coloc.errors import ColocError, ConfigError, DirectiveError, EstimateError
-from slurm_coloc.estimate.gpus import gpu_model
+from slurm_coloc.errors import ColocError, DirectiveError
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
+from slurm_coloc.submit.gpu_request import GPU_OPTIONS, GpuRequest, gpu_models, gpu_request, script_options
 from slurm_coloc.units import mib_to_shards, parse_size_mib
-
-GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket")
 
 NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "
                   "GPU, "
                   "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain "
                   "--dry-run "
                   "SCRIPT' shows why each source has none; docs/user.md, \"The script probe\"")
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """The user's own GPU request, from the command line and ``#SBATCH`` lines (command line wins).
-
-    ``gpus_per_node``: GPUs asked per node (None: none asked); ``shards``: an explicit shard count;
-    ``multi``: more than one GPU per node or any per-task/per-socket GPU request; ``other_gres``: non-GPU
-    GRES entries to keep; ``options``: the last occurrence of each GPU option, in the order sbatch reads them.
-    """
-
-    gpus_per_node: Optional[int] = None
-    shards: Optional[int] = None
-    gres_type: Optional[str] = None
-    multi: bool = False
-    other_gres: Tuple[str, ...] = ()
-    options: Tuple[Option, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,132 +101,11 @@ class Plan:
         return shlex.join(["sbatch", *self.argv(script_path)])
 
 
-def _gres_entries(value: str) -> List[Tuple[str, Optional[str], int]]:
-    out = []
-    for entry in value.split(","):
-        bits = entry.strip().split(":")
-        if not bits or not bits[0]:
-            continue
-        count = int(bits[-1]) if len(bits) > 1 and bits[-1].isdigit() else 1
-        typ = bits[1] if len(bits) == 3 else (bits[1] if len(bits) == 2 and not bits[1].isdigit() else None)
-        out.append((bits[0], typ, count))
-    return out
-
-
-def _count(name: str, value: Optional[str]) -> Tuple[Optional[str], int]:
-    bits = (value or "").split(":")
-    if not bits[-1].isdigit():
-        raise DirectiveError(f"--{name}={value!r}: expected [type:]count")
-    return (bits[0] if len(bits) == 2 else None), int(bits[-1])
-
-
-def gpu_request(options: List[Option]) -> GpuRequest:
-    """Combine every GPU-related option (last occurrence of each wins).
-
-    Args:
-        options: the ``#SBATCH`` options then the command line's (``script_options``,
-            ``CommandLine.options``).
-
-    Returns:
-        The ``GpuRequest`` (GPUs per node, explicit shards, GRES type, multi-GPU, other GRES, the options).
-
-    Raises:
-        DirectiveError: a malformed GPU count.
-    """
-    last_opt: Dict[str, Option] = {}
-    for opt in options:
-        if opt.name in GPU_OPTIONS:
-            last_opt.pop(opt.name, None)  # re-inserted: dict order = order of each option's last occurrence
-            last_opt[opt.name] = opt
-    last = {name: opt.value for name, opt in last_opt.items()}
-    gpus = shards = None
-    typ = None
-    multi = False
-    other: List[str] = []
-    if last.get("gres"):
-        for name, t, n in _gres_entries(last["gres"] or ""):
-            if name == "gpu":
-                gpus, typ = n, t
-            elif name == "shard":
-                shards, typ = n, t
-            elif name != "none":
-                other.append(f"{name}:{t}:{n}" if t else f"{name}:{n}")
-    for name in ("gpus", "gpus-per-node"):
-        if name in last:
-            t, n = _count(name, last[name])
-            gpus, typ = n, t or typ
-    for name in ("gpus-per-task", "gpus-per-socket"):
-        if name in last:
-            _count(name, last[name])
-            multi = True
-    return GpuRequest(gpus, shards, typ, multi or bool(gpus and gpus > 1), tuple(other),
-                      tuple(last_opt.values()))
-
-
-def script_options(script: Optional[ParsedScript],
-                   table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
-    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
-    option; ``script`` None (``--wrap``): none.
-
-    Args:
-        script: the parsed job script, or None.
-        table: which sbatch options take a value.
-
-    Returns:
-        ``(options in script order, 1-based line numbers of the lines holding a GPU option)``.
-
-    Raises:
-        DirectiveError: an ``#SBATCH`` option the table rejects (``submit.argv.parse_option_tokens``).
-    """
-    opts: List[Option] = []
-    gpu_lines: List[int] = []
-    for no, words in (script.sbatch_lines if script else ()):
-        i, line_opts = 0, []
-        while i < len(words):
-            if not words[i].startswith("-"):
-                break
-            opt, i = parse_option_tokens(list(words), i, table, in_directive=True)
-            line_opts.append(opt)
-        opts.extend(line_opts)
-        if any(o.name in GPU_OPTIONS for o in line_opts):
-            gpu_lines.append(no)
-    return opts, gpu_lines
-
-
 def _rewrite(script: ParsedScript, lines: List[int]) -> str:
     out = script.text.splitlines(keepends=True)
     for no in lines:
         out[no - 1] = "# coloc-sbatch moved this GPU request to the command line: " + out[no - 1].lstrip("#")
     return "".join(out)
-
-
-def gpu_models(cfg: Config, options: Sequence[Option]) -> Tuple[str, ...]:
-    """The GPU models a job with ``options`` may run on, canonical names (``H100``), distinct, in order.
-
-    The partition is the last ``-p``/``--partition`` value (a comma-separated list, as sbatch takes it); each
-    partition's model is ``cfg.gpu_model_by_partition[partition]``, else ``cfg.gpu_model``, which is also the
-    model of a job that names no partition.
-
-    Args:
-        cfg: the configuration (``gpu_model``, ``gpu_model_by_partition``).
-        options: the job's sbatch options, command line and ``#SBATCH`` lines together.
-
-    Raises:
-        ConfigError: a model name ``estimate/gpus.py`` does not know (the message names the config key).
-    """
-    value = next((o.value for o in reversed(options) if o.name == "partition"), None)
-    partitions: List[Optional[str]] = [p.strip() for p in (value or "").split(",") if p.strip()] or [None]
-    out: List[str] = []
-    for part in partitions:
-        name = cfg.gpu_model_for(part)
-        try:
-            canonical = gpu_model(name).name
-        except EstimateError as exc:
-            key = "gpu_model_by_partition" if part in cfg.gpu_model_by_partition else "gpu_model"
-            raise ConfigError(f"config key {key!r}: {exc.message}") from None
-        if canonical not in out:
-            out.append(canonical)
-    return tuple(out)
 
 
 def _override_mib(cmd: CommandLine, script: Optional[ParsedScript]) -> Optional[int]:
