@@ -221,7 +221,7 @@ class Watchdog:
         self.events: List[store_wd.WatchdogEvent] = []
         self.threads: List[threading.Thread] = []
         self._logged: Set[str] = set()
-        from slurm_coloc.node.mps import resolve_binary
+        from slurm_coloc.node.mps_daemon import resolve_binary
         self.control_bin = resolve_binary(cfg)
 
     def _once(self, kind: str, msg: str, *args: Any) -> None:
