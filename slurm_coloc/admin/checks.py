@@ -391,7 +391,7 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
     import urllib.error
     import urllib.request
 
-    from slurm_coloc.node.sampler import running_pid
+    from slurm_coloc.node.sampler_daemon import running_pid
     name = "metrics endpoint"
     if no_gpu:
         return [Check(name, "skip", "--no-gpu: not a GPU node")]

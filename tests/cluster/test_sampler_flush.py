@@ -22,7 +22,7 @@ import pytest
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import flush
-from slurm_coloc.node.sampler import running_pid
+from slurm_coloc.node.sampler_daemon import running_pid
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_readonly
 from tests.slurm_cluster import Cluster
