@@ -15,6 +15,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import flush, jobenv, mps, sampler_daemon
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.units import shards_to_mib
 
 log = logging.getLogger("slurm_coloc.node")
@@ -137,6 +138,6 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
                             store_samples.load_proc_samples(db, t0, end, list(gpus)),
                             idle_smact_pct=cfg.diag_idle_smact_pct,
                             cpu_rows=store_samples.load_job_cpu_samples(db, job_id, t0, end))
-        store_samples.record_summary(db, summary)
+        store_summaries.record_summary(db, summary)
         out["summary"] = {"peak_mem_mib": summary.peak_mem_mib, "n_samples": summary.n_samples}
     return out
