@@ -2,8 +2,9 @@
 """coloc-report speed: 30 days of 1 Hz samples for 8 GPUs on one node, every view timed end to end.
 
 Generates (once, cached under ``--dir``) a controller DB and one node DB through the package's own writers
-(``store/jobs.py``, ``store/samples.py``, ``store/oom.py``), then runs ``coloc-report <view> --since 30d`` in a
-fresh process per view and prints a table of wall times (median of ``--repeat`` runs, process start included).
+(``store/jobs.py``, ``store/samples.py``, ``store/summaries.py``, ``store/oom.py``), then runs
+``coloc-report <view> --since 30d`` in a fresh process per view and prints a table of wall times (median of
+``--repeat`` runs, process start included).
 
 Two layouts of the same 30 days (``--layout``):
   stored  what the sampler keeps with the default config: the last 24 h raw (1 Hz), older samples folded to
@@ -29,7 +30,7 @@ from pathlib import Path
 from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
-from slurm_coloc.store import samples
+from slurm_coloc.store import samples, summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ def generate(state: Path, layout: str, seed: int = 7) -> dict:
                                                                            f"gres:shard:{shards}", t))
                     store_jobs.record_node_end(node, store_jobs.JobEnd(job_id, t_end, state_, 0, 0, NODE))
                     sm = rng.uniform(2, 60)
-                    samples.record_summary(node, samples.JobSummary(
+                    summaries.record_summary(node, summaries.JobSummary(
                         job_id, NODE, str(g), t, t_end, min(peak, shards * 1024), sm, min(100, sm * 1.4), sm * .6,
                         sm * .8, (t_end - t) * 150 * shards / 80, (t_end - t) * shards / 80, int(t_end - t)))
                     if state_ == "FAILED":

@@ -19,7 +19,7 @@ import pytest
 
 from slurm_coloc.admin.gpu_checks import check_metrics
 from slurm_coloc.config import Config
-from slurm_coloc.node.sampler import running_pid
+from slurm_coloc.node.sampler_daemon import running_pid
 
 REPO = Path(__file__).resolve().parents[1]
 REC = REPO / "tests" / "data" / "nvml" / "h100_mps_2jobs.jsonl"
@@ -76,7 +76,7 @@ def test_check_fails_when_another_program_holds_the_port(tmp_path: Path) -> None
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         cfg = _cfg(tmp_path, srv.server_address[1])
-        from slurm_coloc.node.sampler import take_lock
+        from slurm_coloc.node.sampler_daemon import take_lock
         fd = take_lock(cfg, "a2")  # this test process stands in for a sampler that could not bind the port
         assert fd is not None
         [res] = check_metrics(cfg, no_gpu=False, node="a2")

@@ -22,7 +22,7 @@ from slurm_coloc.node.cpu import CpuReader
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.node.summary import cpu_means, summarize
 from slurm_coloc.nvml import ReplayReader
-from slurm_coloc.store import samples
+from slurm_coloc.store import samples, summaries
 from slurm_coloc.store.db import open_node_db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,8 +165,8 @@ def test_sampler_tick_records_the_cpu_of_a_replayed_gpu_process(tree: "tuple[sub
     procs = samples.load_proc_samples(db, 0, time.time() + 1, [0])
     whole = summarize(9102, "c1", [0], rows[0]["ts"] - 1, rows[-1]["ts"], gpus, procs, cpu_rows=rows)
     assert whole.cpu_samples == 15 and whole.workers_cpu_cores == summ["workers_cpu_cores"]
-    samples.record_summary(db, whole)
-    (back,) = samples.load_summaries(db, 9102)
+    summaries.record_summary(db, whole)
+    (back,) = summaries.load_summaries(db, 9102)
     assert back.cpu_workers == 1.0 and back.train_cpu_cores == whole.train_cpu_cores
 
 

@@ -20,7 +20,7 @@ from slurm_coloc.nvml.readings import GpuReading, ProcReading
 from slurm_coloc.report import diagnose, query
 from slurm_coloc.report.summarize import JobView
 from slurm_coloc.store import jobs as store_jobs
-from slurm_coloc.store import samples
+from slurm_coloc.store import samples, summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from tests.slurm_cluster import VENV_BIN
 
@@ -314,7 +314,7 @@ def state(tmp_path: Path) -> Path:
     samples.write_rows(node, gpu, proc, [GpuReading(index=g, mem_total_mib=81559.0) for g in range(3)],
                        cpu_rows)
     for job, g, end in ((21, 0, T0 + 300), (22, 1, T0 + 25), (23, 2, T0 + 48)):
-        samples.record_summary(node, summarize(job, "n1", [g], T0, end,
+        summaries.record_summary(node, summarize(job, "n1", [g], T0, end,
                                                samples.load_gpu_samples(node, T0, end, [g]),
                                                samples.load_proc_samples(node, T0, end, [g]),
                                                cpu_rows=samples.load_job_cpu_samples(node, job, T0, end)))

@@ -10,7 +10,7 @@ import pytest
 from slurm_coloc import config as config_mod
 from slurm_coloc.hooks import admin_comment, figures
 from slurm_coloc.store import jobs as store_jobs
-from slurm_coloc.store import samples
+from slurm_coloc.store import summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 from slurm_coloc.store.history import measured_peak_mib, script_history_mib
 
@@ -34,9 +34,9 @@ def cfg(tmp_path: Path):
         store_jobs.record_node_start(db,
                                      store_jobs.JobStart(21, node, "alice", None, "0", 8, "gres:shard:8", T0))
         store_jobs.record_node_end(db, store_jobs.JobEnd(21, T0 + 600, "COMPLETED", 0, 0, node))
-        samples.record_summary(db,
-                               samples.JobSummary(21, node, "0", T0, T0 + 600, peak, 50.0, 60.0, 30.0, 40.0,
-                                                      1000.0, 600.0, 600))
+        summaries.record_summary(db,
+                                 summaries.JobSummary(21, node, "0", T0, T0 + 600, peak, 50.0, 60.0, 30.0,
+                                                      40.0, 1000.0, 600.0, 600))
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {st}\ngpu_mem_gib: 80\n")
     return config_mod.load(str(tmp_path / "coloc.yaml"), environ={})
 

@@ -20,7 +20,7 @@ from slurm_coloc.report.timespec import parse_when
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
-from slurm_coloc.store import samples
+from slurm_coloc.store import samples, summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db, open_readonly
 from tests.slurm_cluster import VENV_BIN
 
@@ -50,10 +50,10 @@ def state(tmp_path: Path) -> Path:
     _job(ctld, node, 12, "bob", 0, 4, 3000, T0 + 300, T0 + 900, state="FAILED")
     _job(ctld, node, 13, "bob", 1, 80, None, T0 + 2000, T0 + 2400, mode="whole-gpu")
     _job(ctld, node, 14, "carol", 1, 2, 1500, T0 + 1500, T0 + 1600)  # no summary: figures from samples
-    samples.record_summary(node, samples.JobSummary(11, "n1", "0", T0, T0 + 600, 2048.0, 5.0, 9.0, 3.0, 4.0,
-                                                    36000.0, 600.0, 600))
-    samples.record_summary(node,
-                           samples.JobSummary(12, "n1", "0", T0 + 300, T0 + 900, 4096.0, 60.0, 80.0, 40.0,
+    summaries.record_summary(node, summaries.JobSummary(11, "n1", "0", T0, T0 + 600, 2048.0, 5.0, 9.0, 3.0,
+                                                        4.0, 36000.0, 600.0, 600))
+    summaries.record_summary(node,
+                             summaries.JobSummary(12, "n1", "0", T0 + 300, T0 + 900, 4096.0, 60.0, 80.0, 40.0,
                                                     50.0, 72000.0, 600.0, 600))
     store_oom.claim_retry(ctld,
                           store_oom.OomRecord(job_id=12, ts=T0 + 900, user_name="bob", share_mode="shard",

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import flush as flush_mod
-from slurm_coloc.node.sampler import JobAttributor, Sampler, install_signal_handlers
+from slurm_coloc.node.sampler import JobAttributor, Sampler
+from slurm_coloc.node.sampler_daemon import install_signal_handlers
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db

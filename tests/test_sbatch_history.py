@@ -96,7 +96,7 @@ def test_history_reaches_a_normal_user_through_the_reader(tmp_path):
 def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
     from slurm_coloc.store.db import open_node_db
     from slurm_coloc.store.jobs import JobEnd, JobSubmission, record_ctld_end, record_submission
-    from slurm_coloc.store.samples import JobSummary, record_summary
+    from slurm_coloc.store.summaries import JobSummary, record_summary
 
     script = _config_and_script(tmp_path, monkeypatch)
     sha = parse_script(str(script)).sha256

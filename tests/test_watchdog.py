@@ -23,7 +23,8 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import jobenv
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.watchdog import Tenant, Watchdog, find_violations, near_grant, user_message
+from slurm_coloc.node.violations import Tenant, find_violations, near_grant, user_message
+from slurm_coloc.node.watchdog import Watchdog
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import jobs as store_jobs

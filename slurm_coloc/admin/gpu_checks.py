@@ -19,7 +19,7 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     ``no_gpu`` (a node without GPUs, e.g. the controller): skipped.
 
     Args:
-        cfg: the configuration (``mps_mode``; where the MPS binaries are, ``node/mps.py``).
+        cfg: the configuration (``mps_mode``; where the MPS binaries are, ``node/mps_daemon.py``).
         no_gpu: ``--no-gpu``: skip the checks.
 
     Returns:
@@ -29,7 +29,7 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
         return [Check("NVML", "skip", "--no-gpu: not a GPU node"),
                 Check("MPS", "skip", "--no-gpu: not a GPU node")]
     from slurm_coloc.errors import ColocError
-    from slurm_coloc.node import mps
+    from slurm_coloc.node import mps_daemon
     from slurm_coloc.nvml import reader
 
     out: List[Check] = []
@@ -44,9 +44,10 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     if cfg.mps_mode == "off":
         out.append(Check("MPS", "skip", "mps_mode: off"))
         return out
-    control = mps.resolve_binary(cfg)
+    control = mps_daemon.resolve_binary(cfg)
     if not control:
-        out.append(fail("MPS", f"{cfg.mps_control_bin} not found (PATH and {', '.join(mps.EXTRA_BIN_DIRS)})",
+        out.append(fail("MPS", f"{cfg.mps_control_bin} not found "
+                               f"(PATH and {', '.join(mps_daemon.EXTRA_BIN_DIRS)})",
                         "install the CUDA MPS binaries (nvidia-cuda-mps-control/-server), set "
                         "mps_control_bin, "
                         "or set mps_mode: off"))
@@ -76,7 +77,7 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
     import urllib.error
     import urllib.request
 
-    from slurm_coloc.node.sampler import running_pid
+    from slurm_coloc.node.sampler_daemon import running_pid
     name = "metrics endpoint"
     if no_gpu:
         return [Check(name, "skip", "--no-gpu: not a GPU node")]

@@ -97,14 +97,15 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
         click.BadParameter: ``interval_s < 0.1``; click.ClickException: no NVML reader (one line, exit 1).
     """
     from slurm_coloc.node import sampler as sm
+    from slurm_coloc.node import sampler_daemon
     cfg = _cfg()
     if interval_s is not None and interval_s < 0.1:
         raise click.BadParameter("must be >= 0.1 (GPM minimum)", param_hint="--interval-s")
     _logging(cfg, node, not foreground_log)
     log = logging.getLogger("slurm_coloc.sampler")
-    fd = sm.take_lock(cfg, node)
+    fd = sampler_daemon.take_lock(cfg, node)
     if fd is None:
-        log.info("another sampler holds %s; exiting", sm.lock_path(cfg, node))
+        log.info("another sampler holds %s; exiting", sampler_daemon.lock_path(cfg, node))
         return
     try:
         reader = sm.make_reader(cfg, replay, _pid_map(pid_map))
@@ -118,7 +119,7 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
         log.error("metrics: endpoint not started (%s: %s); sampling goes on", type(exc).__name__, exc)
         live, endpoint = None, None
     s = sm.Sampler(cfg, node, reader, interval_s=interval_s, live=live)
-    sm.install_signal_handlers(s)
+    sampler_daemon.install_signal_handlers(s)
     log.info("sampling node %s every %.2f s into %s", node, s.interval_s, s.db_path)
     try:
         s.run(duration_s=duration_s)
@@ -146,11 +147,11 @@ def status(node: str, as_json: bool) -> None:
     Raises:
         SystemExit: exit 1 when no sampler runs on ``node``.
     """
-    from slurm_coloc.node import sampler as sm
+    from slurm_coloc.node import sampler_daemon
     from slurm_coloc.store import samples as st
     from slurm_coloc.store.db import open_readonly
     cfg = _cfg()
-    pid = sm.running_pid(cfg, node)
+    pid = sampler_daemon.running_pid(cfg, node)
     counts: Dict[str, int] = {}
     try:
         counts = st.count_samples(open_readonly(cfg.node_db_path(node)))

@@ -36,7 +36,7 @@ from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
-from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.store.db import open_ctld_db
 from slurm_coloc.units import shards_to_mib
 
@@ -74,7 +74,7 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
     for node in _nodes(node_list):
         path = cfg.node_db_path(node)
         if path.exists():
-            got = store_samples.load_figures(rq.open_for_report(path), job_id)
+            got = store_summaries.load_figures(rq.open_for_report(path), job_id)
             if got is not None:
                 found.append(got)
     return max(found, key=lambda f: f[0])[1] if found else None

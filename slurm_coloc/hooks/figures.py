@@ -22,7 +22,7 @@ from slurm_coloc.report.views import add_findings, flag_waste
 from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
-from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 
 MIN_LEFT_S = 2.0  # the figures are skipped when the hook's alarm fires sooner than this
 # no spaces: scontrol -o
@@ -66,7 +66,7 @@ def job_view(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Tup
         report.node_dbs[node] = db
         report.node_paths[node] = str(path)
         runs.extend(rq.load_job_run_rows(db, job_id))
-        report.summaries.setdefault(job_id, []).extend(store_samples.load_summaries(db, job_id))
+        report.summaries.setdefault(job_id, []).extend(store_summaries.load_summaries(db, job_id))
     if not row and not runs:
         return None, report
 
@@ -165,7 +165,7 @@ def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") ->
         figures = compute(cfg, job_id, _nodes(node_list) or [node])
         if figures is None:
             return {"skipped": "job not recorded"}
-        store_samples.record_figures(db, job_id, node, figures)
+        store_summaries.record_figures(db, job_id, node, figures)
         return {"ms": round(1000 * (time.monotonic() - t0)), "measured": figures["summary"].get("measured")}
     except Exception as exc:  # the AdminComment figures are never worth failing the node
         return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
@@ -28,17 +27,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import metrics_server
-from slurm_coloc.node.livestate import MIB, JobGpuView, LiveState, View, boot_time
+from slurm_coloc.node.livestate import MIB, JobGpuView, LiveState, View
+from slurm_coloc.node.metrics_sources import ctld_oom_counts, node_job_rows
 from slurm_coloc.nvml.readings import GpuReading
-from slurm_coloc.store import jobs as store_jobs
-from slurm_coloc.store import oom as store_oom
-from slurm_coloc.store.db import open_readonly
-from slurm_coloc.store.jobs import JobRunRow
 
 log = logging.getLogger("slurm_coloc.sampler")
 
 BIND_RETRY_S = 30.0
-OOM_TTL_S = 60.0
 
 # coloc names: (metric suffix, GpuReading attribute, scale to base units, help)
 _GPU_GAUGES = (
@@ -279,60 +274,6 @@ class ColocCollector:
         for j in view.jobs:
             out.setdefault(j.gpu, []).append(j)
         return out
-
-
-def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
-    """A reader of ``node``'s running job rows (read-only, opened per call: scrapes run on their own threads).
-
-    Args:
-        cfg: the config (``node_db_path``).
-        node: this node's name; rows opened since this boot (``boot_time``) with no end are returned.
-
-    Returns:
-        A function of no argument giving the rows. A missing database is no job (the Prolog creates it); an
-        unreadable one makes the function raise ``StoreError``.
-    """
-    since = boot_time()
-    path = cfg.node_db_path(node)
-
-    def rows() -> List[JobRunRow]:
-        if not path.exists():
-            return []
-        db = open_readonly(path, busy_timeout_s=1.0)
-        try:
-            return store_jobs.load_open_job_runs(db, node, since)
-        finally:
-            db.conn.close()
-    return rows
-
-
-def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
-    """``(OOM deaths, reruns submitted)`` from ``ctld.db`` when this node can read it (shared ``state_dir``),
-    re-read at most every ``OOM_TTL_S``; None where it cannot (the families are then absent).
-
-    Args:
-        cfg: the config (``ctld_db_path``).
-
-    Returns:
-        A function of no argument giving the cached counts or None; it never raises.
-    """
-    cache: Dict[str, Any] = {"at": -1e9, "value": None}
-
-    def counts() -> Optional[Tuple[int, int]]:
-        now = time.monotonic()
-        if now - cache["at"] >= OOM_TTL_S:
-            cache["at"] = now
-            try:
-                db = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
-                try:
-                    recs = store_oom.load_oom_events(db)
-                finally:
-                    db.conn.close()
-                cache["value"] = (len(recs), sum(r.retry_status == "submitted" for r in recs))
-            except Exception:  # no controller database here: no OOM families
-                cache["value"] = None
-        return cache["value"]
-    return counts
 
 
 class Exporter:

@@ -128,7 +128,7 @@ def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[f
     Args:
         cfg: the config (``run_dir``, ``sampler_interval_s``).
         node: this node's name.
-        pid: the sampler's pid (from ``sampler.running_pid``); None or <= 0: no sampler.
+        pid: the sampler's pid (from ``sampler_daemon.running_pid``); None or <= 0: no sampler.
         wait_s: how long to wait for the marker (s); None: ``flush_wait_s(cfg)``.
 
     Returns:

@@ -17,7 +17,7 @@ from typing import FrozenSet, List, Optional, Tuple
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
-from slurm_coloc.node.mps import MpsDaemon, _mkdir
+from slurm_coloc.node.mps_daemon import MpsDaemon, _mkdir
 from slurm_coloc.slurm.parse import parse_stepd_title
 
 _VALUE_OK = re.compile(r"^[A-Za-z0-9_./=:,+-]*$")

@@ -12,10 +12,10 @@ from typing import Any, Dict, Optional, Sequence
 from sqlite_utils import Database
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import flush, jobenv, mps
-from slurm_coloc.node import sampler as sampler_mod
+from slurm_coloc.node import flush, jobenv, mps, sampler_daemon
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.units import shards_to_mib
 
 log = logging.getLogger("slurm_coloc.node")
@@ -76,7 +76,7 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
     """
     out: Dict[str, Any] = {"share": share_mode(shards, cfg)}
     if gpus and cfg.sampler_autostart:
-        out["sampler_pid"] = sampler_mod.ensure_running(cfg, node)
+        out["sampler_pid"] = sampler_daemon.ensure_running(cfg, node)
     if out["share"] != "shard":
         return out
     pairs = [("COLOC_SHARE", "timeslice")]
@@ -130,7 +130,7 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         store_samples.record_node_event(db, job_id, res.event, res.detail)
         out.setdefault("mps", []).append(res.event)
     if gpus:
-        out["sampler_flush"] = flush.request_flush(cfg, node, sampler_mod.running_pid(cfg, node))
+        out["sampler_flush"] = flush.request_flush(cfg, node, sampler_daemon.running_pid(cfg, node))
         end = time.time()
         t0 = start_ts if start_ts else end - 86400
         summary = summarize(job_id, node, list(gpus), start_ts, end,
@@ -138,6 +138,6 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
                             store_samples.load_proc_samples(db, t0, end, list(gpus)),
                             idle_smact_pct=cfg.diag_idle_smact_pct,
                             cpu_rows=store_samples.load_job_cpu_samples(db, job_id, t0, end))
-        store_samples.record_summary(db, summary)
+        store_summaries.record_summary(db, summary)
         out["summary"] = {"peak_mem_mib": summary.peak_mem_mib, "n_samples": summary.n_samples}
     return out

@@ -1,172 +1,33 @@
-"""CUDA MPS control daemons for shared GPUs, started and stopped by the node Prolog/Epilog (runs as root).
+"""CUDA MPS for the jobs of shared GPUs, as the node Prolog/Epilog use it (runs as root): ``acquire``
+registers a job with the daemon of its GPU, starting the daemon if need be, and ``release`` unregisters it,
+stopping a daemon left with no member (node/mps_daemon.py: the daemons' layout, start and stop).
 
-``mps_mode: multi-user``: one daemon per GPU, run by root with ``-M``, under the root-owned
-``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is absent, e.g. the fake-GPU
-test cluster). ``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
-supplementary groups from the passwd/group databases, never from the job), under the root-owned
-``<run_dir>/mps/<key>.uid<uid>/``.
-
-In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (the daemon writes ``nvidia-cuda-mps-control.pid`` there) and
-``log/`` CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one empty file per shared job using the daemon) and
-``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon) stay root-owned. Multi-user: ``pipe/``
-and ``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user:
-they are owned by the uid, mode 0700, so only that user (and root) can reach the daemon; root never writes
-into them (the pid file is read without following symlinks and its pid must be a process of that uid).
-
-The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuid or index>``, so MPS clients see that GPU as device 0
-(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or
-MIG. Every failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is
-not drained.
+Each daemon's root-owned directory holds ``members/<job_id>`` (one file per shared job using the daemon, with
+its grant in MiB) and ``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon); under that lock
+the daemon's per-client ceiling and the GPU's compute mode follow the members (node/mps_guard.py). Every
+failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is not drained.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
-import pwd
-import shutil
-import signal
-import stat as stat_mod
-import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import mps_guard
-
-log = logging.getLogger("slurm_coloc.node.mps")
-
-PID_FILE = "nvidia-cuda-mps-control.pid"
-EXTRA_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/bin")
-
-
-@dataclass(frozen=True)
-class MpsDaemon:
-    """Where the daemon of one GPU lives.
-
-    Attributes:
-        key: GPU key (GPU UUID, or ``idx<N>`` when NVML is unavailable).
-        gpu_index: global GPU index on the node; visible: value for the daemon's CUDA_VISIBLE_DEVICES.
-        root: ``<run_dir>/mps/<key>`` (multi-user) or ``<run_dir>/mps/<key>.uid<uid>`` (per-user).
-        uid: the user the daemon runs as (per-user mode); None: root (multi-user mode).
-    """
-
-    key: str
-    gpu_index: int
-    visible: str
-    root: Path
-    uid: Optional[int] = None
-
-    @property
-    def pipe_dir(self) -> Path:
-        return self.root / "pipe"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.root / "log"
-
-    @property
-    def members_dir(self) -> Path:
-        return self.root / "members"
-
-
-@dataclass
-class MpsOutcome:
-    """What happened: ``ok`` (a daemon serves the GPU), ``event`` kind for the node event log, details."""
-
-    ok: bool
-    event: str
-    daemon: Optional[MpsDaemon] = None
-    detail: Dict[str, object] = field(default_factory=dict)
-
-
-def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[int] = None) -> MpsDaemon:
-    """The daemon layout for GPU ``gpu_index`` (keyed by ``uuid`` when known, else ``idx<N>``).
-
-    Args:
-        cfg: the config (``mps_mode``, ``run_dir``: the daemon's root is ``<run_dir>/mps/<key>[.uid<uid>]``).
-        gpu_index: the NVML device index.
-        uuid: the GPU's UUID; None, or one with characters other than alphanumerics, ``-``, ``_``: keyed by
-            index.
-        uid: the job's user, used only in ``per-user`` mode: one daemon per (GPU, uid).
-
-    Raises:
-        ValueError: per-user mode without a valid uid.
-    """
-    key = uuid if uuid and all(c.isalnum() or c in "-_" for c in uuid) else f"idx{int(gpu_index)}"
-    owner: Optional[int] = None
-    if cfg.mps_mode == "per-user":
-        if uid is None or int(uid) < 0:
-            raise ValueError("mps_mode per-user needs the job's uid (SLURM_JOB_UID missing)")
-        owner = int(uid)
-    name = key if owner is None else f"{key}.uid{owner}"
-    return MpsDaemon(key=key, gpu_index=int(gpu_index), visible=uuid if key == uuid else str(int(gpu_index)),
-                     root=Path(cfg.run_dir) / "mps" / name, uid=owner)
-
-
-def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """Absolute path of the MPS control binary, or None when it is not installed.
-
-    Args:
-        cfg: the config (``mps_control_bin``: a name looked up on PATH, or a path that must be executable).
-        env: whose PATH to search (then ``EXTRA_BIN_DIRS``); None: this process's environment.
-    """
-    name = cfg.mps_control_bin
-    if "/" in name:
-        return name if os.access(name, os.X_OK) else None
-    path = ":".join([(env or os.environ).get("PATH", ""), *EXTRA_BIN_DIRS])
-    return shutil.which(name, path=path)
-
-
-def _mkdir(path: Path, mode: int = 0o755) -> None:
-    old = os.umask(0o022)
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=mode)
-    finally:
-        os.umask(old)
-    st = path.lstat()
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or path.is_symlink():
-        raise PermissionError(f"{path} is not owned by us or is group/other-writable")
-
-
-def _user_dir(path: Path, uid: int, gid: int) -> None:
-    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, mode
-    0700.
-
-    Raises:
-        PermissionError: ``path`` is a symlink or not a directory, or owned by another non-root user.
-    """
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat_mod.S_ISDIR(st.st_mode):
-        raise PermissionError(f"{path} is not a directory (symlink?)")
-    if st.st_uid not in (uid, os.geteuid()):
-        raise PermissionError(f"{path} is owned by uid {st.st_uid}, not {uid}")
-    if (st.st_uid, st.st_gid) != (uid, gid):
-        os.chown(path, uid, gid, follow_symlinks=False)
-    if stat_mod.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)  # the parent is root-owned: the entry cannot be swapped under us
-
-
-def _identity(uid: int) -> Dict[str, Any]:
-    """``subprocess`` keyword arguments running a command as ``uid`` (passwd/group databases, not the job's
-    env).
-
-    Raises:
-        KeyError: ``uid`` has no passwd entry.
-    """
-    pw = pwd.getpwuid(uid)
-    try:
-        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
-    except OSError:
-        groups = [pw.pw_gid]
-    return {"user": uid, "group": pw.pw_gid, "extra_groups": groups}
+from slurm_coloc.node.mps_daemon import (
+    MpsDaemon,
+    MpsOutcome,
+    _control,
+    _mkdir,
+    daemon_for,
+    resolve_binary,
+    start,
+    stop,
+)
 
 
 class _Lock:
@@ -190,177 +51,6 @@ class _Lock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays a zombie).
-
-    Args:
-        pid: the process id, read from ``/proc/<pid>/stat``.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _proc_uid(pid: int) -> Optional[int]:
-    """Real uid of ``pid`` from ``/proc/<pid>/status``, None when gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _read_pid_file(path: Path) -> Optional[int]:
-    """The pid in ``path``: a regular file opened without following symlinks (it may sit in a user's
-    directory)."""
-    try:
-        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        text = os.read(fd, 64).decode("ascii", errors="replace").split()
-    finally:
-        os.close(fd)
-    return int(text[0]) if text and text[0].isdigit() else None
-
-
-def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
-    """Pid of the running control daemon of ``d``, else None.
-
-    The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own
-    euid): a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
-
-    Args:
-        d: the daemon layout (its pipe directory holds the pid file).
-        binary_name: the control binary's name or path; the process's ``argv[0]`` basename must match it.
-    """
-    pid = _read_pid_file(d.pipe_dir / PID_FILE)
-    if pid is None:
-        return None
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return None
-    owner = d.uid if d.uid is not None else os.geteuid()
-    ok = os.path.basename(cmd) == os.path.basename(binary_name) and pid_alive(pid) and _proc_uid(pid) == owner
-    return pid if ok else None
-
-
-def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CUDA_VISIBLE_DEVICES": d.visible,
-           "CUDA_MPS_PIPE_DIRECTORY": str(d.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(d.log_dir)}
-    if os.environ.get("LD_LIBRARY_PATH"):
-        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]  # slurmd's own (root-set), e.g. driver libs
-    return env
-
-
-def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """Start the daemon of ``d`` unless it runs; wait until its pid file names a live daemon.
-
-    Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without
-    ``-M``, pipe/log directories owned by ``d.uid``, 0700.
-
-    Args:
-        cfg: the config (``mps_start_timeout_s``: limit on the start command and on the wait, s;
-            ``mps_mode``).
-        d: the daemon layout (``daemon_for``).
-        binary: the control binary (``resolve_binary``).
-
-    Returns:
-        ``mps-running`` (already up) or ``mps-start`` (with ``start_ms``) when ok; ``mps-start-failed`` when
-        the command failed, timed out or left no live daemon.
-
-    Raises:
-        KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
-        PermissionError: a pipe/log directory is a symlink, not a directory, or not owned as it must be.
-    """
-    pid = daemon_pid(d, binary)
-    if pid:
-        return MpsOutcome(True, "mps-running", d, {"pid": pid})
-    who: Dict[str, Any] = {}
-    if d.uid is None:
-        for p in (d.pipe_dir, d.log_dir):
-            _mkdir(p)
-    else:
-        who = _identity(d.uid)
-        for p in (d.pipe_dir, d.log_dir):
-            _user_dir(p, d.uid, who["group"])
-    (d.pipe_dir / PID_FILE).unlink(missing_ok=True)  # unlink never follows a symlink
-    argv = [binary, "-d"] + (["-M"] if d.uid is None else [])
-    t0 = time.monotonic()
-    try:
-        res = subprocess.run(argv, env=_daemon_env(d), stdin=subprocess.DEVNULL, capture_output=True,
-                             text=True,
-                             timeout=cfg.mps_start_timeout_s, start_new_session=True, cwd="/", **who)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return MpsOutcome(False, "mps-start-failed", d,
-                          {"error": f"{type(exc).__name__}: {exc}", "argv": argv})
-    if res.returncode != 0:
-        return MpsOutcome(False, "mps-start-failed", d,
-                          {"rc": res.returncode, "stderr": res.stderr.strip()[-500:],
-                                                         "argv": argv})
-    while time.monotonic() - t0 < cfg.mps_start_timeout_s:
-        pid = daemon_pid(d, binary)
-        if pid:
-            return MpsOutcome(True, "mps-start", d,
-                              {"pid": pid, "argv": argv, "mode": cfg.mps_mode, "uid": d.uid,
-                                                     "start_ms": round((time.monotonic() - t0) * 1000, 1)})
-        time.sleep(0.02)
-    return MpsOutcome(False, "mps-start-failed", d, {"error": "no daemon pid file after start", "argv": argv})
-
-
-def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the
-    timeout.
-
-    Args:
-        cfg: the config (``mps_start_timeout_s``: limit on the quit command and on the wait for the exit, s).
-        d: the daemon layout.
-        binary: the control binary.
-
-    Returns:
-        ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok: SIGTERM sent).
-        A failed quit command is logged, not raised.
-    """
-    pid = daemon_pid(d, binary)
-    if not pid:
-        return MpsOutcome(True, "mps-not-running", d)
-    t0 = time.monotonic()
-    try:
-        who = _identity(d.uid) if d.uid is not None else {}
-        subprocess.run([binary], input="quit\n", env=_daemon_env(d), capture_output=True, text=True,
-                       timeout=cfg.mps_start_timeout_s, cwd="/", **who)
-    except (OSError, KeyError, subprocess.TimeoutExpired) as exc:
-        log.warning("MPS %s: quit failed: %s", d.key, exc)
-    while time.monotonic() - t0 < cfg.mps_start_timeout_s:
-        if daemon_pid(d, binary) is None and not pid_alive(pid):
-            return MpsOutcome(True, "mps-stop", d,
-                              {"pid": pid, "stop_ms": round((time.monotonic() - t0) * 1000, 1)})
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        pass
-    return MpsOutcome(False, "mps-stop-forced", d, {"pid": pid, "error": "daemon ignored quit; sent SIGTERM"})
-
-
-def _control(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
-    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed
-    run."""
-    who = _identity(d.uid) if d.uid is not None else {}
-
-    def send(cmd: str) -> "subprocess.CompletedProcess[str]":
-        return subprocess.run([binary], input=cmd + "\n", env=_daemon_env(d), capture_output=True, text=True,
-                              timeout=cfg.mps_start_timeout_s, cwd="/", **who)
-    return send
 
 
 def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> Dict[str, Any]:

@@ -6,7 +6,7 @@ processes. Rows are buffered and written in one transaction per ``sampler_batch_
 or an NVML error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows
 dropped first). With the processes' job ids, each job's CPU use is read (node/cpu.py: its CUDA processes,
 their descendants, its cgroup) into ``cpu_samples``, one row per job and tick. Old samples are downsampled and
-purged every ``RETENTION_EVERY_S``. One instance per node: an exclusive flock on
+purged every ``RETENTION_EVERY_S``. One instance per node (node/sampler_daemon.py): an exclusive flock on
 ``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
 writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
 
@@ -16,15 +16,10 @@ byte to the pipe, which ends the wait at once.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import select
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Tuple
@@ -119,6 +114,11 @@ class Sampler:
 
     @stopping.setter
     def stopping(self, value: bool) -> None:
+        """Set or clear the stop request; setting it wakes the loop.
+
+        Args:
+            value: True: finish the current step, flush and return from ``run``; False: no stop asked.
+        """
         self._stopping = value
         if value:
             self._wakeup()
@@ -131,6 +131,11 @@ class Sampler:
 
     @flush_requested.setter
     def flush_requested(self, value: bool) -> None:
+        """Set or clear the flush request; setting it wakes the loop.
+
+        Args:
+            value: True: write the buffer at the loop's next wake-up (then cleared); False: no flush asked.
+        """
         self._flush_requested = value
         if value:
             self._wakeup()
@@ -346,126 +351,6 @@ class Sampler:
                     os.read(wake[0], 512)  # drain: the flags say what was asked
                 except OSError:
                     pass
-
-
-def lock_path(cfg: Config, node: str) -> Path:
-    """``<run_dir>/sampler-<node>.lock``.
-
-    Args:
-        cfg: the config (``run_dir``).
-        node: this node's name.
-    """
-    return Path(cfg.run_dir) / f"sampler-{node}.lock"
-
-
-def take_lock(cfg: Config, node: str) -> Optional[int]:
-    """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds
-    it.
-
-    Also ignores SIGUSR1 while its handler is the default (a flush request must not kill a starting sampler)
-    and writes this pid into the lock file.
-
-    Args:
-        cfg: the config (``run_dir``, created 0755 if missing).
-        node: this node's name.
-
-    Returns:
-        The locked file descriptor, or None.
-
-    Raises:
-        OSError: the directory or file cannot be made or opened (e.g. the path is a symlink), or ``flock``
-            fails other than by another holder.
-    """
-    path = lock_path(cfg, node)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return None
-        raise
-    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        signal.signal(signal.SIGUSR1,
-                      signal.SIG_IGN)  # a flush request must not kill a sampler still starting
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def running_pid(cfg: Config, node: str) -> Optional[int]:
-    """Pid of the sampler holding the node's lock, or None when none runs.
-
-    Args:
-        cfg: the config (``run_dir``).
-        node: this node's name.
-
-    Returns:
-        The pid written in the lock file; -1 when the lock is held but the file holds no pid; None when no
-        lock file can be opened or nobody holds it.
-    """
-    path = lock_path(cfg, node)
-    try:
-        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return None  # nobody holds it exclusively
-        except OSError:
-            text = os.read(fd, 64).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else -1
-    finally:
-        os.close(fd)
-
-
-def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
-    """Start a detached sampler for ``node`` (new session, no inherited fds) unless one runs.
-
-    Args:
-        cfg: the config (``run_dir``, where the lock lives).
-        node: this node's name.
-        python: the interpreter that runs ``slurm_coloc.cli.sampler run``.
-
-    Returns:
-        The pid of the running or new sampler (None if the spawn failed, logged).
-    """
-    pid = running_pid(cfg, node)
-    if pid:
-        return pid
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLOC_CONFIG": os.environ.get("COLOC_CONFIG", "")}
-    for k in ("LD_LIBRARY_PATH", "COLOC_LOG_LEVEL", "SLURM_CONF"):  # SLURM_CONF: the watchdog's scancel
-        if os.environ.get(k):
-            env[k] = os.environ[k]
-    if not env["COLOC_CONFIG"]:
-        del env["COLOC_CONFIG"]
-    try:
-        proc = subprocess.Popen([python, "-m", "slurm_coloc.cli.sampler", "run", "--node", node],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/")
-    except OSError as exc:
-        log.error("cannot start coloc-sampler: %s", exc)
-        return None
-    return proc.pid
-
-
-def install_signal_handlers(sampler: Sampler) -> None:
-    """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not
-    here).
-
-    Args:
-        sampler: the sampler whose ``stopping`` / ``flush_requested`` the handlers set.
-    """
-    def _stop(signum: int, frame: Any) -> None:
-        sampler.stopping = True
-
-    def _flush(signum: int, frame: Any) -> None:
-        sampler.flush_requested = True
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGUSR1, _flush)
 
 
 def make_reader(cfg: Config, replay: Optional[str] = None,

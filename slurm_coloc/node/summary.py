@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.store.samples import JobSummary
+from slurm_coloc.store.summaries import JobSummary
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:

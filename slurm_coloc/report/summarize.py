@@ -3,8 +3,8 @@
 The controller DB (``ctld.db``) and every node DB (``nodes/*.db``) are opened read-only and merged;
 a missing, locked or corrupt file is reported in ``Report.problems`` and skipped, never fatal.
 Per-job usage figures (peak memory, SM activity/occupancy, energy) come from the node Epilog's job summaries
-and the sampler's tables (``store/samples.py``); what was not recorded stays None and ``JobView.notes`` says
-so.
+(``store/summaries.py``) and the sampler's tables (``store/samples.py``); what was not recorded stays None
+and ``JobView.notes`` says so.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from slurm_coloc.errors import StoreError
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
-from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.store import watchdog as store_watchdog
 from slurm_coloc.units import format_mib
 
@@ -142,7 +142,7 @@ class Report:
     problems: List[str] = field(default_factory=list)
     node_dbs: Dict[str, Database] = field(default_factory=dict)
     node_paths: Dict[str, str] = field(default_factory=dict)
-    summaries: Dict[int, List[store_samples.JobSummary]] = field(default_factory=dict)
+    summaries: Dict[int, List[store_summaries.JobSummary]] = field(default_factory=dict)
     oom_by_job: Dict[int, store_oom.OomRecord] = field(default_factory=dict)
     retry_of: Dict[int, int] = field(default_factory=dict)
 
@@ -158,7 +158,7 @@ def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunR
         try:
             db = rq.open_for_report(path)
             runs = store_jobs.load_job_runs(db)
-            summaries = store_samples.load_summaries(db)
+            summaries = store_summaries.load_summaries(db)
             rq.has_samples(db)
         except Exception as exc:  # a bad node file is skipped, not fatal
             report.problems.append(f"skipped node database {path.name}: {_msg(exc)}")
@@ -380,7 +380,7 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
 _FIGURES = ("peak", "util_mean", "smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "energy_j")
 
 
-def _summary_figures(summaries: List[store_samples.JobSummary]) -> Tuple[Dict[str, Optional[float]],
+def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[str, Optional[float]],
                                                                          Dict[str, object]]:
     """The job's figures from its Epilog summaries (``_FIGURES``: peak MiB, percentages, energy J; the SM
     figures from the summary with the most samples) and that summary's diagnostics (``JobView`` fields)."""

@@ -86,7 +86,7 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
     Raises:
         Never raises: an unreadable node database is logged and skipped.
     """
-    from slurm_coloc.store.samples import load_summaries
+    from slurm_coloc.store.summaries import load_summaries
 
     best: Optional[float] = None
     for node in node_names(node_list):

@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.node.sampler import running_pid
+from slurm_coloc.node.sampler_daemon import running_pid
 from tests.slurm_cluster import Cluster
 
 pytestmark = pytest.mark.slurm

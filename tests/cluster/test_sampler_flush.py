@@ -22,8 +22,9 @@ import pytest
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import flush
-from slurm_coloc.node.sampler import running_pid
+from slurm_coloc.node.sampler_daemon import running_pid
 from slurm_coloc.store import samples as st
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.store.db import open_readonly
 from tests.slurm_cluster import Cluster
 
@@ -141,7 +142,7 @@ def test_epilog_summary_has_the_samples_of_the_last_batch(slurm_cluster: Cluster
         deadline = time.time() + 60
         while time.time() < deadline and (summary is None or hook is None):
             db = open_readonly(db_path)
-            summary = next(iter(st.load_summaries(db, job)), None)
+            summary = next(iter(store_summaries.load_summaries(db, job)), None)
             rows = [r for r in db["hook_runs"].rows_where("job_id = ? AND hook = 'epilog'", [job])]
             hook = rows[0] if rows else None
             time.sleep(0.5)

@@ -20,7 +20,7 @@ from typing import Dict
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv, mps
+from slurm_coloc.node import jobenv, mps, mps_daemon
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.node.summary import summarize
@@ -40,7 +40,7 @@ def gpu_cfg() -> Config:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
         pytest.skip("no NVIDIA GPU here")
-    if os.geteuid() != 0 or mps.resolve_binary(Config()) is None:
+    if os.geteuid() != 0 or mps_daemon.resolve_binary(Config()) is None:
         pytest.skip("needs root and nvidia-cuda-mps-control")
     base = Path(f"/tmp/coloc-gpu-{os.getpid()}")
     shutil.rmtree(base, ignore_errors=True)
@@ -84,16 +84,17 @@ def test_mps_daemon_starts_and_stops(gpu_cfg: Config) -> None:
     uuid = gpu_uuids()[0]
     res = mps.acquire(gpu_cfg, 9001, 0, uuid)
     assert res.ok and res.event == "mps-start", res.detail
-    pid = mps.daemon_pid(res.daemon)
+    pid = mps_daemon.daemon_pid(res.daemon)
     assert pid and Path(f"/proc/{pid}").exists()
     assert res.daemon.key == uuid
     again = mps.acquire(gpu_cfg, 9002, 0, uuid)
-    assert again.ok and again.event == "mps-running" and mps.daemon_pid(again.daemon) == pid
+    assert again.ok and again.event == "mps-running" and mps_daemon.daemon_pid(again.daemon) == pid
     first = mps.release(gpu_cfg, 9001)
-    assert [o.event for o in first] == ["mps-kept"] and mps.daemon_pid(res.daemon) == pid
+    assert [o.event for o in first] == ["mps-kept"] and mps_daemon.daemon_pid(res.daemon) == pid
     last = mps.release(gpu_cfg, 9002)
     assert [o.event for o in last] == ["mps-stop"], last[0].detail
-    assert mps.daemon_pid(res.daemon) is None and not mps.pid_alive(pid)  # gone (or a zombie nobody reaps)
+    # gone (or a zombie nobody reaps)
+    assert mps_daemon.daemon_pid(res.daemon) is None and not mps_daemon.pid_alive(pid)
     (OUT / "mps_start_stop.json").write_text(json.dumps({"start": res.detail, "stop": last[0].detail}))
 
 
@@ -196,7 +197,7 @@ def test_per_user_daemon_runs_as_the_user_behind_a_0700_pipe_dir(gpu_cfg: Config
     res = mps.acquire(cfg, 9201, 0, uuid, uid=uid)
     assert res.ok and res.event == "mps-start", res.detail
     d = res.daemon
-    pid = mps.daemon_pid(d)
+    pid = mps_daemon.daemon_pid(d)
     assert pid and os.stat(f"/proc/{pid}").st_uid == uid
     for sub in (d.pipe_dir, d.log_dir):
         st_ = os.stat(sub)

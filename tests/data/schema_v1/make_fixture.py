@@ -16,6 +16,7 @@ from slurm_coloc.nvml.readings import GpuReading, ProcReading
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import samples as store_samples
+from slurm_coloc.store import summaries as store_summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 
 HERE = Path(__file__).resolve().parent
@@ -77,7 +78,7 @@ def main() -> int:
         store_samples.write_rows(node, store_samples.gpu_rows(ts, gpus, 1.0),
                                  store_samples.proc_rows(ts, procs, 1.0),
                                  gpus if k == 0 else ())
-    store_samples.record_summary(node, store_samples.JobSummary(
+    store_summaries.record_summary(node, store_summaries.JobSummary(
         job_id=101, node="n1", gpus="0", start_ts=T0 + 2, end_ts=T0 + 300, peak_mem_mib=3900.0,
         smact_mean=30.0,
         smact_p95=30.0, smocc_mean=20.0, smocc_p95=20.0, energy_j=19.0, gpu_s=298.0, n_samples=20))
