@@ -38,7 +38,8 @@ import tempfile
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from slurm_coloc.probe.command import ProbeCommand, logical_lines
+from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.shellwords import logical_lines
 
 PREAMBLE_TIMEOUT_S = 5.0
 SETUP_COMMANDS = frozenset({
@@ -109,7 +110,7 @@ def preamble(text: str, line_index: int) -> Optional[str]:
 
     Args:
         text: the batch script's text.
-        line_index: 0-based index among ``command.logical_lines(text)`` of the training command.
+        line_index: 0-based index among ``shellwords.logical_lines(text)`` of the training command.
 
     Returns:
         Shell text, one line per logical line read (heredoc bodies as ``:``), or None.
