@@ -16,7 +16,7 @@ CHILD = textwrap.dedent("""
     import inspect, json, sys
     import torch
     real = {n: getattr(torch.cuda, n) for n in dir(torch.cuda)}
-    from slurm_coloc.estimate.trace import make_tracker
+    from slurm_coloc.estimate.tracker import make_tracker
     from slurm_coloc.probe.inject import cudaapi, fakecuda
     st = fakecuda.ProbeState(make_tracker(torch))
     names = list(cudaapi.cuda_api_table(torch, st))

@@ -1,4 +1,5 @@
-"""Finding the job's Python: the script's own setup lines run in bash as the user (``probe/discover.py``).
+"""Finding the job's Python: the script's own setup lines run in bash as the user (``probe/preamble.py``), the
+interpreter looked up on the PATH they leave (``probe/discover.py``).
 
 Every form runs the real discovery (``find_command`` -> ``discover_job``: bash runs the preamble, PATH lookup,
 ``#!`` lines) on scripts in tmp dirs. Interpreters are real venvs (``python3 -m venv --without-pip``) where an
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.probe.command import find_command
-from slurm_coloc.probe.discover import discover_job, preamble, torch_version
+from slurm_coloc.probe.discover import discover_job, torch_version
+from slurm_coloc.probe.preamble import preamble
 
 TRAIN = "import torch\nloss.backward()  # reads like training\n"
 

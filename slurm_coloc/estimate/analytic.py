@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from slurm_coloc.estimate.gpus import GpuModel
-from slurm_coloc.estimate.trace import MIB, TraceResult
+from slurm_coloc.estimate.trace import TraceResult
+from slurm_coloc.estimate.tracker import MIB
 
 
 def analytic_mib(trace: TraceResult, gpu: GpuModel) -> float:

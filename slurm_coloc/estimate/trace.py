@@ -2,17 +2,17 @@
 
 The model is built and trained on the ``meta`` device (fp32) or on fake CPU tensors under
 ``FakeTensorMode`` with CPU autocast (AMP fp16 / bf16, since autocast needs a real device type).
-A ``TorchDispatchMode`` sees every op; each new tensor storage is "allocated" in a
-:class:`CachingAllocatorModel` and "freed" when its storage object dies (storages keep one
-Python object for their lifetime, so a weakref finalizer marks the real free point).
+A ``TorchDispatchMode`` (the tracker, ``tracker.py``) sees every op; each new tensor storage is
+"allocated" in a :class:`CachingAllocatorModel` and "freed" when its storage object dies (storages keep
+one Python object for their lifetime, so a weakref finalizer marks the real free point).
 
 The training step assumed: ``zero_grad(set_to_none=True)``; forward;
 cross-entropy on the logits; backward; optimizer step (``foreach=True``, as PyTorch picks on
 CUDA). Two steps are traced so the optimizer state exists during the second backward.
 
-FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` sits below the allocator tracker on the dispatch
-mode stack (it sees the ops the tracker passes on, on the same meta/fake tensors, and runs nothing
-itself on them); ``flops_per_step`` is what it counts in the second traced step: matrix
+FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (``flops.py``) sits below the allocator tracker on
+the dispatch mode stack (it sees the ops the tracker passes on, on the same meta/fake tensors, and runs
+nothing itself on them); ``flops_per_step`` is what it counts in the second traced step: matrix
 multiplications, convolutions and fused attention forward and backward (torch's shape formulas).
 Element-wise ops, normalisations and the optimizer step count zero in those formulas.
 """
@@ -20,28 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import EstimateError
-from slurm_coloc.estimate.allocator import CachingAllocatorModel
-from slurm_coloc.estimate.convcall import ConvCall, from_aten, workspace_parts
+from slurm_coloc.estimate.convcall import ConvCall
 from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
-from slurm_coloc.estimate.datadep import ScalarAssumptions, has_no_data, pick_output
+from slurm_coloc.estimate.datadep import pick_output
+from slurm_coloc.estimate.flops import make_flop_counter, step_flops
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
 from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
 from slurm_coloc.estimate.spec import ModelSpec
+from slurm_coloc.estimate.tracker import WorkspaceFn, make_tracker
 
-MIB = 1 << 20
 TRACE_STEPS = 2
-# cuBLAS workspace PyTorch allocates through the caching allocator at the first GEMM on Hopper
-# (CublasHandlePool.cpp: 32 MiB default for sm90+; 8 MiB + 128 KiB before Hopper).
-CUBLAS_WORKSPACE_B = 32 * MIB
-# cuBLASLt keeps its own workspace of the same size (seen on H100: small models hold ~64 MiB
-# more allocated than their tensors, data/hopper).
-CUBLASLT_WORKSPACE_B = 32 * MIB
-_GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product", "linear")
 
 ACTIVATIONS = (
     "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Hardswish",
@@ -88,120 +80,6 @@ class TraceResult:
     conv_calls: List[ConvCall] = field(default_factory=list)
     conv_workspace_max_b: int = 0
     flops_per_step: Optional[int] = None
-
-
-WorkspaceFn = Callable[[ConvCall], int]
-
-
-class _ReplayState:
-    """The allocator replay of the tracker (``make_tracker``): what a storage, cuBLAS and a convolution
-    allocate."""
-
-    alloc: CachingAllocatorModel
-    handles: Dict[int, int]
-    cublas: bool
-    scalars: ScalarAssumptions
-    conv_calls: List[ConvCall]
-    ws_max_b: int
-
-    def _free(self, key: int) -> None:
-        self.scalars.forget(key)
-        h = self.handles.pop(key, None)
-        if h is not None:
-            self.alloc.free(h)
-
-    def track(self, t: Any) -> None:
-        """Allocate tensor ``t``'s storage once; it is freed when the storage object dies.
-
-        Args:
-            t: a (fake) tensor; its untyped storage's ``nbytes()`` go through ``alloc.malloc``.
-        """
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self.handles:
-            return
-        self.handles[key] = self.alloc.malloc(st.nbytes())
-        weakref.finalize(st, self._free, key)
-
-    def replay_cublas(self) -> None:
-        """The first GEMM: the cuBLAS and cuBLASLt workspaces, held for the process lifetime."""
-        self.cublas = True
-        self.alloc.malloc(CUBLAS_WORKSPACE_B)
-        self.alloc.malloc(CUBLASLT_WORKSPACE_B)
-
-    def replay_conv(self, call: ConvCall, workspace: Optional[WorkspaceFn]) -> None:
-        """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching
-        allocator after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient
-        block.
-
-        Args:
-            call: the convolution's shapes and parameters (appended to ``conv_calls``).
-            workspace: the workspace model (``ConvCall`` part -> bytes), or None to record the call only.
-        """
-        self.conv_calls.append(call)
-        if workspace is None:
-            return
-        for part in workspace_parts(call):
-            ws = int(workspace(part))
-            if ws > 0:
-                self.ws_max_b = max(self.ws_max_b, ws)
-                self.alloc.free(self.alloc.malloc(ws))
-
-
-def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
-    """A ``TorchDispatchMode`` that replays every new tensor storage through the allocator model.
-
-    Its ``alloc`` (``CachingAllocatorModel``) holds the replayed peaks; ``handles`` maps live
-    storages to allocator blocks; ``track(t)`` allocates ``t``'s storage (an instance attribute
-    may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces from ``workspace``),
-    ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
-
-    Args:
-        torch: the imported ``torch`` module (imported by the caller, lazily).
-        workspace: bytes of cuDNN workspace one convolution call takes
-            (``workspace.WorkspaceModel.bytes_for``); None: no workspace replayed.
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    # value reads: ``aten.item`` reaches the modes undecomposed for inference-mode tensors (the FLOP counter
-    # decomposes it below the tracker into ``_local_scalar_dense``, which the fake mode refuses)
-    _scalar_reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
-    _conv = torch.ops.aten.convolution.default
-    _conv_bwd = torch.ops.aten.convolution_backward.default
-
-    class _Tracker(_ReplayState, TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.alloc = CachingAllocatorModel()
-            self.handles: Dict[int, int] = {}
-            self.ops = 0
-            self.cublas = False
-            self.scalars = ScalarAssumptions()
-            self.conv_calls: List[ConvCall] = []
-            self.ws_max_b = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            try:
-                out = func(*args, **(kwargs or {}))
-            except Exception:  # .item()/bool() of a tensor without values (a fake tensor
-                # holding a constant, e.g. Adam's step, answers itself above): assume (datadep.py)
-                if func not in _scalar_reads or not args or not has_no_data(torch, args[0]):
-                    raise
-                return self.scalars.answer(torch, args[0])
-            if isinstance(out, torch.Tensor) and out.dim() == 0:
-                self.scalars.note_output(func, out, out.untyped_storage()._cdata)
-            self.ops += 1
-            if not self.cublas and any(g in func.__name__ for g in _GEMM_OPS):
-                self.replay_cublas()
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.track(t)
-            if func is _conv or func is _conv_bwd:
-                self.replay_conv(from_aten(func is _conv_bwd, args), workspace)
-            return out
-
-    return _Tracker()
 
 
 def _optimizer(torch: Any, name: str, params: Any) -> Any:
@@ -306,62 +184,6 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
                 raise
     return _trace(spec, workspace, count_flops)
 
-
-class _GlobalOnly:
-    """Stands in for ``FlopCounterMode``'s ``ModuleTracker``: every FLOP goes to ``"Global"``, no hooks."""
-
-    parents = frozenset({"Global"})
-
-    def __enter__(self) -> "_GlobalOnly":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def make_flop_counter() -> Any:
-    """A ``FlopCounterMode(display=False)`` for a total count, or None when this torch has none.
-
-    Its ``ModuleTracker`` (newer torch) puts global module hooks that register ``register_multi_grad_hook``s
-    on every module's inputs and outputs; those hold gradients until all of a module's inputs have theirs,
-    which changed the replayed peak of DenseNet-121 (its layers take lists of tensors). A total needs no
-    per-module attribution, so the tracker is replaced by :class:`_GlobalOnly`: the counting mode alone stays.
-    A formula that raises counts 0 and sets ``coloc_failed`` (the count is then unknown, the trace goes on).
-    """
-    try:
-        from torch.utils.flop_counter import FlopCounterMode
-    except ImportError:
-        return None
-    counter: Any = FlopCounterMode(display=False)
-    if hasattr(counter, "mod_tracker"):
-        counter.mod_tracker = _GlobalOnly()
-    counter.coloc_failed = False
-    registry = getattr(counter, "flop_registry", None)
-    if isinstance(registry, dict):
-        def guarded(formula: Callable[..., Any]) -> Callable[..., Any]:
-            def count(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return formula(*args, **kwargs)
-                except Exception:  # a FLOP formula never fails the memory trace
-                    counter.coloc_failed = True
-                    return 0
-            return count
-
-        counter.flop_registry = {k: guarded(v) for k, v in registry.items()}
-    return counter
-
-
-def step_flops(totals: List[int], counter: Any) -> Optional[int]:
-    """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
-    when fewer than two readings or a formula failed.
-
-    Args:
-        totals: the counter's running totals (FLOP), one per step end.
-        counter: the ``make_flop_counter`` mode (None: no count).
-    """
-    if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
-        return None
-    return int(totals[-1] - totals[-2])
 
 
 def _activation_hooks(torch: Any, model: Any, acts: List[float], dw_hw: List[int]) -> List[Any]:

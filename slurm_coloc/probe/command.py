@@ -12,15 +12,15 @@ probes ``train.py``; only that command runs):
 * ``accelerate launch`` with one process (``--num_processes``/``--num-processes``; ``--multi_gpu``
   or more processes: none); its ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
 
-The interpreter as the text says it: ``#COLOC python=PATH``; else a path the command names; else the
-venv a ``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name
-(``python_word``) or None for a launcher's own. ``discover.py`` then runs the lines before the command
-(``line_index``) and looks the name up on the PATH they leave (``conda activate``, ``module load``,
+The interpreter as the text says it: ``#COLOC python=PATH``; else a path the command names; else the venv a
+``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name (``python_word``)
+or None for a launcher's own. ``preamble.py`` then runs the lines before the command (``line_index``) and
+``discover.py`` looks the name up on the PATH they leave (``conda activate``, ``module load``,
 ``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain
 ``X=value`` or ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job
 by default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
-submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the
-working directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
+submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the working
+directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from slurm_coloc.probe.shellwords import _segments, _split, logical_lines
+
 _PY_RE = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _PREFIXES = {"exec", "time", "nohup", "command", "builtin"}
 _PY_FLAGS_WITH_ARG = {"-W", "-X", "-Q"}
@@ -38,9 +40,6 @@ _SRUN_FLAGS_NO_ARG = {"--exclusive", "--overlap", "-l", "--label", "-u", "--unbu
 _ACC_FLAGS_NO_ARG = {"--multi_gpu", "--multi-gpu", "--cpu", "--use_deepspeed", "--use_fsdp", "--debug",
                      "--quiet", "-q", "--no_python", "--use_cpu", "--tpu", "--dynamo_use_fullgraph"}
 _TORCHRUN_NO_ARG = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
-_STOP_TOKENS = {"|", "||", "&&", ";", "&", ">", ">>", "2>", "2>>", "&>", "<", "2>&1", "1>&2"}
-_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}"
-                     r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -58,8 +57,8 @@ class ProbeCommand:
         env: variables the launcher or the script set for the program.
         launcher: ``python``, ``srun``, ``torchrun`` or ``accelerate``.
         line: the command line as written (continuations joined).
-        line_index: its index among the script's logical lines (``logical_lines``): the lines
-            before it are the preamble ``discover.py`` runs.
+        line_index: its index among the script's logical lines (``shellwords.logical_lines``): the lines
+            before it are the preamble ``preamble.py`` runs.
         python_from: where ``interpreter`` came from: ``coloc`` (``#COLOC python=``), ``path`` (the
             command names one), ``venv`` (a ``source .../activate`` line), ``bare`` (a name looked up on
             PATH), ``launcher`` (the launcher's own: ``interpreter`` is None).
@@ -87,92 +86,6 @@ class CommandSearch:
     reason: str = ""
     notes: Tuple[str, ...] = field(default_factory=tuple)
 
-
-def logical_lines(text: str) -> List[str]:
-    """The script's logical lines: a line ending in ``\\`` joins the next (the backslash becomes a space).
-
-    Args:
-        text: the batch script's text.
-
-    Returns:
-        The lines, trailing whitespace removed; an unfinished continuation at the end is kept as a line.
-    """
-    out: List[str] = []
-    buf = ""
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        out.append(buf + line)
-        buf = ""
-    if buf:
-        out.append(buf)
-    return out
-
-
-def _subst(s: str, vars_: Mapping[str, str], args: Sequence[str]) -> str:
-    def rep(m: "re.Match[str]") -> str:
-        name = m.group(1) or m.group(3)
-        default = m.group(2)
-        if name in ("@", "*"):
-            return " ".join(shlex.quote(a) for a in args)
-        if name == "#":
-            return str(len(args))
-        if name.isdigit():
-            i = int(name)
-            val = args[i - 1] if 0 < i <= len(args) else ""
-        else:
-            val = vars_.get(name, "")
-        return val if val or default is None else _subst(default, vars_, args)
-
-    return _VAR_RE.sub(rep, s)
-
-
-def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    """Shell words and operators of ``line`` after variable substitution; None when its quoting is broken.
-
-    ``"$@"`` keeps each argument a word: it is substituted before splitting.
-    """
-    quoted_all = " ".join(shlex.quote(a) for a in args)
-    line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
-    try:
-        lex = shlex.shlex(_subst(line, vars_, args), posix=True, punctuation_chars="|&;<>")
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        return list(lex)
-    except ValueError:
-        return None
-
-
-def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
-    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection."""
-    toks = _tokens(line, vars_, args)
-    if toks is None:
-        return []
-    segs: List[List[str]] = [[]]
-    cut = False
-    for t in toks:
-        if t in ("&&", "||", ";", "&"):
-            segs.append([])
-            cut = False
-        elif cut or t in _STOP_TOKENS or t.startswith((">", "2>", "&>", "|", "<")):
-            cut = True
-        else:
-            segs[-1].append(t)
-    return [seg for seg in segs if seg]
-
-
-def _split(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    toks = _tokens(line, vars_, args)
-    if toks is None:
-        return None
-    out = []
-    for t in toks:
-        if t in _STOP_TOKENS or t.startswith((">", "2>", "&>", "|", ";", "&")):
-            break
-        out.append(t)
-    return out
 
 
 def _strip_prefixes(toks: List[str], env: Dict[str, str]) -> Tuple[List[str], bool]:

@@ -1,12 +1,11 @@
 """``probe_script``: a batch script's GPU memory estimate from its own first training steps.
 
-Steps: find the training command (``command.py``); run the script's setup lines before it and find
-the job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache when
-the program, its arguments, the resolved interpreter, its torch and every user file it imported are
-unchanged; else run the
-probe (``runner.py``) and turn its replayed peak reserved memory into the estimator's figure with
-the estimator's own calibrated bound (``estimate.combine.bound_from_trace``: context + libs +
-reserved x the fp32 or AMP multiplier, docs/estimator.md).
+Steps: find the training command (``command.py``); run the script's setup lines before it (``preamble.py``)
+and find the job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache
+when the program, its arguments, the resolved interpreter, its torch and every user file it imported are
+unchanged; else run the probe (``runner.py``) and turn its replayed peak reserved memory into the
+estimator's figure with the estimator's own calibrated bound (``estimate.combine.bound_from_trace``:
+context + libs + reserved x the fp32 or AMP multiplier, docs/estimator.md).
 
 Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s
 file; off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module

@@ -193,7 +193,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         scratch_root: where the scratch directory is made (default: the system's temp dir).
         keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
         environ: the job's environment before the probe's own variables (default ``os.environ``;
-            ``discover.run_preamble``'s, after the script's setup lines).
+            ``preamble.run_preamble``'s, after the script's setup lines).
 
     Returns:
         RunOutcome; never raises for a failing program (the reason says what happened): no figure and a

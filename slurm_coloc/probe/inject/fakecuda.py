@@ -3,7 +3,7 @@
 Runs inside the job's Python (``inject/main.py``). Host tensors are real: data loading, transforms,
 numpy interop, CPU random numbers and ``.item()`` of CPU values run as in the job. GPU tensors are
 fake CPU tensors (``FakeTensor``: shapes and dtypes, no values), replayed through the estimator's
-caching-allocator model (the tracker of ``estimate/trace.py``):
+caching-allocator model (the tracker of ``estimate/tracker.py``):
 
 * a tensor is "on the GPU" when its storage was made by a GPU op: a factory called with a CUDA
   device, a move (``.cuda()``, ``.to("cuda")``, ``Module.to(device=...)``), or any op taking a fake
@@ -30,7 +30,7 @@ class ProbeState:
     """What the probe saw and the switches its modes share.
 
     Attributes:
-        tracker: the allocation tracker of ``estimate.trace.make_tracker`` (its ``alloc`` is the
+        tracker: the allocation tracker of ``estimate.tracker.make_tracker`` (its ``alloc`` is the
             caching-allocator model).
         gpu: the :class:`GpuOps` that runs GPU ops on fake tensors (set by ``main.py``).
         cuda_op: whether the op being dispatched makes GPU tensors.

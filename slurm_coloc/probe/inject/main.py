@@ -7,7 +7,7 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
 
 The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, with the
 GPU imitated by ``fakecuda.py`` (host tensors real, GPU tensors fake) and its GPU ops replayed by the
-estimator's tracker (``estimate/trace.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
+estimator's tracker (``estimate/tracker.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
 ``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s,
 repeated gradient-accumulation micro-steps ``accum.py``'s, the hooks into the program's torch ``hooks.py``'s.
 It stops when every optimizer it created has run
@@ -23,7 +23,7 @@ Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_r
 ``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
 (FLOPs ``FlopCounterMode`` counted between the first two steps of the program's first optimizer, i.e. one
 training iteration, all ops of the process included; None when not counted:
-``estimate.trace.make_flop_counter``), ``outside_writes`` (paths the program opened for writing outside the
+``estimate.flops.make_flop_counter``), ``outside_writes`` (paths the program opened for writing outside the
 scratch directory), ``user_files`` (source files it imported from outside the Python installation).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _Probe:
         self.outside_writes: List[str] = []
         self.param_dtypes: Dict[str, int] = {}
         self.state: Any = None
-        self.flops: Any = None  # estimate.trace.make_flop_counter(), below the tracker
+        self.flops: Any = None  # estimate.flops.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
         self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
         self.micro: Any = None  # accum.MicroSteps, once torch is imported
@@ -143,7 +143,7 @@ class _Probe:
 
     def step_flops(self) -> Any:
         """FLOPs between the first two steps of the first optimizer that stepped twice, or None."""
-        from slurm_coloc.estimate.trace import step_flops
+        from slurm_coloc.estimate.flops import step_flops
 
         for key in self.opt_steps:
             totals = self.flop_totals.get(key, [])
@@ -239,7 +239,8 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
-        from slurm_coloc.estimate.trace import make_flop_counter, make_tracker
+        from slurm_coloc.estimate.flops import make_flop_counter
+        from slurm_coloc.estimate.tracker import make_tracker
 
         try:
             ws = workspace.load()

@@ -1,0 +1,248 @@
+"""The batch script's own preamble, run as the submitting user: the environment it ends with.
+
+``command.py`` reads the script as text; what a script does to its environment before the training
+command (``export PATH=<venv>/bin:$PATH``, ``conda activate ENV``, ``module load ...``, ``source
+.../activate``, a sourced setup file) is only known by running it. :func:`run_preamble` runs the
+script's lines before the training command in ``bash`` and reads the environment it ends with;
+``discover.py`` looks the command's interpreter up on that PATH.
+
+The preamble (:func:`preamble`): each logical line before the training command is kept only when every
+simple command on it is environment setup (``SETUP_COMMANDS``, shell keywords, ``VAR=value``) and it
+redirects output nowhere but ``/dev/null``; any other line (a program, ``srun``, ``mkdir``, a heredoc) is
+replaced by ``:`` so ``if``/``fi`` blocks stay balanced. ``#SBATCH`` lines are comments. The training
+command and everything after it never run. With no line kept, nothing runs (the submitting
+environment is the job's).
+
+The run: ``bash --noprofile --norc`` (``bash -l`` when the script's ``#!`` line asks for a login
+shell) as the caller (coloc-sbatch runs as the submitting user), in the submission directory, with
+the submitting environment (what sbatch exports to the job), ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE=1``
+set, the script's arguments as ``$1..``, stdin ``/dev/null``, stdout and stderr to a file in a scratch
+directory (removed after), at most ``PREAMBLE_TIMEOUT_S`` seconds, in a session of its own whose
+process group is killed when it ends (a setup line has no reason to daemonize; ``reaper.py``, which
+also catches ``setsid`` children, costs a Python start-up, too much for the cached answer's budget).
+An ``EXIT`` trap and a last line write the exported environment (``env -0``) into the scratch
+directory; a preamble that fails, hangs or writes no environment leaves the submitting environment
+in place, with a note saying why.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.shellwords import logical_lines
+
+PREAMBLE_TIMEOUT_S = 5.0
+SETUP_COMMANDS = frozenset({
+    "export", "unset", "set", "source", ".", "cd", "pushd", "popd", "shopt", "umask", "alias", "unalias",
+    "declare", "typeset", "readonly", "local", "eval", "hash", ":", "true", "false", "test", "[", "[[",
+    "echo", "printf", "conda", "mamba", "micromamba", "module", "ml", "spack", "pyenv", "activate",
+    "deactivate", "enable_lmod", "setpkgs", "use",
+})
+_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
+                       "esac", "{", "}", "!", "function", "in", "]]", "time"})
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", ";;", "|&"})
+_DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
+
+
+@dataclasses.dataclass
+class Preamble:
+    """What running the preamble gave.
+
+    Attributes:
+        env: the exported environment it ended with, or None (nothing ran, or it wrote none).
+        ran: a preamble ran (some line was kept).
+        note: one line on a preamble that failed, hung or wrote no environment ("" otherwise).
+        wall_s: seconds it took.
+    """
+
+    env: Optional[Dict[str, str]]
+    ran: bool = False
+    note: str = ""
+    wall_s: float = 0.0
+
+
+def _is_setup(line: str) -> bool:
+    """Whether every simple command on ``line`` is setup and its only output redirection is /dev/null."""
+    try:
+        lex = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        toks = list(lex)
+    except ValueError:
+        return False
+    head = True
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t in _SEPARATORS:
+            head = True
+        elif set(t) <= set("<>&|;"):  # a redirection: only to /dev/null or another descriptor
+            if ">" in t and not t.endswith("&"):
+                if i + 1 >= len(toks) or toks[i + 1] != "/dev/null":
+                    return False
+            i += 1
+        elif head:
+            if t in _KEYWORDS or _ASSIGN.match(t):
+                pass
+            elif os.path.basename(t) in SETUP_COMMANDS and not t.startswith("$"):
+                head = False
+            else:
+                return False
+        i += 1
+    return True
+
+
+def preamble(text: str, line_index: int) -> Optional[str]:
+    """The runnable preamble of script ``text`` (module docstring): its setup lines before logical line
+    ``line_index`` (the training command's), others as ``:``; None when no line is kept.
+
+    Args:
+        text: the batch script's text.
+        line_index: 0-based index among ``shellwords.logical_lines(text)`` of the training command.
+
+    Returns:
+        Shell text, one line per logical line read (heredoc bodies as ``:``), or None.
+    """
+    out: List[str] = []
+    kept = False
+    heredoc: Optional[str] = None
+    for line in logical_lines(text)[:max(0, line_index)]:
+        s = line.strip()
+        if heredoc is not None:
+            if s == heredoc:
+                heredoc = None
+            out.append(":")
+            continue
+        m = _HEREDOC.search(s) if "<<<" not in s else None
+        if m:
+            heredoc = m.group(1)
+            out.append(":")
+            continue
+        if not s or s.startswith("#"):
+            continue
+        if _is_setup(s):
+            out.append(line)
+            kept = True
+        else:
+            out.append(":")
+    return "\n".join(out) + "\n" if kept else None
+
+
+def _login_shell(text: str) -> bool:
+    first = text.split("\n", 1)[0]
+    return first.startswith("#!") and bool(re.search(r"\s(-l|--login|-\w*l\w*)\b", first))
+
+
+def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
+                 environ: Optional[Mapping[str, str]] = None,
+                 timeout_s: float = PREAMBLE_TIMEOUT_S) -> Preamble:
+    """Run the preamble of batch script ``text`` before ``cmd`` (module docstring); never raises.
+
+    Args:
+        text: the batch script.
+        cmd: its training command (``cmd.line_index`` marks where the preamble ends).
+        script_args: the script's arguments (``$1``...).
+        submit_dir: the submission directory (the preamble's working directory).
+        environ: the submitting environment (default ``os.environ``).
+        timeout_s: the preamble's time limit (seconds).
+
+    Returns:
+        The ``Preamble``: its exported environment (``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as
+        submitted), or no environment and a note when it hung past ``timeout_s``, wrote none or could not
+        run; ``Preamble(None)`` when there is no preamble or no bash.
+    """
+    base = dict(os.environ if environ is None else environ)
+    body = preamble(text, cmd.line_index)
+    bash, env_exe = shutil.which("bash"), shutil.which("env") or "/usr/bin/env"
+    if body is None or bash is None:
+        return Preamble(None)
+    t0 = time.monotonic()
+    scratch = tempfile.mkdtemp(prefix="coloc-preamble-")
+    try:
+        report = os.path.join(scratch, "env")
+        dump = f"{shlex.quote(env_exe)} -0 > {shlex.quote(report)} 2>/dev/null"
+        script = os.path.join(scratch, "preamble.sh")
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write(f"__coloc_env() {{ {dump}; }}\ntrap __coloc_env EXIT\n{body}__coloc_env\n")
+        env = dict(base, SLURM_SUBMIT_DIR=submit_dir, COLOC_PROBE="1")
+        argv = [bash, "-l" if _login_shell(text) else "--noprofile",
+                *([] if _login_shell(text) else ["--norc"]),
+                script, *script_args]
+        log_path = os.path.join(scratch, "log")
+        returncode = _run_in_session(argv, submit_dir, env, log_path, timeout_s)
+        wall = time.monotonic() - t0
+        if returncode == -signal.SIGKILL:
+            return Preamble(None, True, f"the script's setup lines did not finish within {timeout_s:g} s: "
+                            "the submitting environment is used", wall)
+        try:
+            with open(report, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return Preamble(None, True, f"the script's setup lines wrote no environment "
+                            f"(exit {returncode}): {_last_line(log_path)}", wall)
+        return Preamble(_exported_env(raw, base), True, "", wall)
+    except OSError as exc:
+        return Preamble(None, True, f"the script's setup lines could not run: {exc}", time.monotonic() - t0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: str, timeout_s: float) -> int:
+    """Run ``argv`` in a session of its own, output to ``log_path``, for at most ``timeout_s`` seconds; then
+    SIGKILL whatever is left in its session. Its exit status (``-SIGKILL`` when the limit ended it).
+
+    Raises:
+        OSError: ``argv`` could not start or the log could not be written.
+    """
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # whatever it started in its session ends with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def _last_line(log_path: str) -> str:
+    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters.
+
+    Raises:
+        OSError: the log cannot be read.
+    """
+    with open(log_path, "rb") as fh:
+        last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+    return " ".join(last.split())[:200]
+
+
+def _exported_env(raw: bytes, base: Mapping[str, str]) -> Dict[str, str]:
+    """The environment in ``raw`` (``env -0`` output) without bash's own variables (``_DROPPED_ENV``), with
+    ``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as in ``base`` (absent where ``base`` has none)."""
+    out: Dict[str, str] = {}
+    for item in raw.decode("utf-8", "surrogateescape").split("\0"):
+        name, sep, value = item.partition("=")
+        if sep and name:
+            out[name] = value
+    for name in _DROPPED_ENV:
+        out.pop(name, None)
+    for name in ("PWD", "SLURM_SUBMIT_DIR", "COLOC_PROBE"):
+        out.pop(name, None)
+        if name in base:
+            out[name] = base[name]
+    return out
