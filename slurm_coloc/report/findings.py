@@ -19,7 +19,7 @@ def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, 
     """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first.
 
     Args:
-        job: the job, usage figures filled in (``summarize.add_usage``).
+        job: the job, usage figures filled in (``usage.add_usage``).
         cfg: the diagnosis thresholds.
         series: its samples (``series.job_series``; ``coloc-report advise``), used where the Epilog summary
             lacks a figure; None: the summary's figures only.

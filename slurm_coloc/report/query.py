@@ -15,8 +15,9 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report import findings, views
 from slurm_coloc.report.series import job_series
-from slurm_coloc.report.summarize import JobView, Report, add_usage, load_report
+from slurm_coloc.report.summarize import JobView, Report, load_report
 from slurm_coloc.report.timespec import parse_window
+from slurm_coloc.report.usage import add_usage
 
 VIEWS = ("jobs", "users", "gpus", "nodes", "cluster")
 MAX_LIST_ITEMS = 1000  # users/nodes/job ids one request may name

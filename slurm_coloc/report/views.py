@@ -24,7 +24,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.report import alone
 from slurm_coloc.report.findings import add_findings, flag_waste
-from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
+from slurm_coloc.report.summarize import JobView, Report
+from slurm_coloc.report.usage import add_usage, util_by_job
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
 
