@@ -181,7 +181,8 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
     """coloc-report's job view and the AdminComment summary carry the watchdog's reason for job 71, not for
     72."""
     from slurm_coloc.hooks.figures import summary_dict
-    from slurm_coloc.report.summarize import JobView, Report, add_usage
+    from slurm_coloc.report.summarize import JobView, Report
+    from slurm_coloc.report.usage import add_usage
 
     report = Report()
     report.node_dbs["n1"] = open_node_db(cfg.node_db_path("n1"))

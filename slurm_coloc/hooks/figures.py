@@ -1,10 +1,10 @@
 """The job's summary figures, computed by the node Epilog and stored in its node database (``job_figures``).
 
 EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without running the report pipeline
-itself: the figures need the report's aggregation (``report/summarize.py`` ``add_usage``), waste rules and
-diagnosis (``report/views.py``, ``report/diagnose.py``), which the controller hook's 30-second budget should
-not carry. Here they are computed as ``coloc-report`` computes them: from the controller's row of the job
-(``ctld.db``, on the shared ``state_dir``) and every node database of its node list, read-only.
+itself: the figures need the report's aggregation (``report/usage.py`` ``add_usage``), waste rules and
+diagnosis (``report/findings.py``, ``report/diagnose.py``), which the controller hook's 30-second budget
+should not carry. Here they are computed as ``coloc-report`` computes them: from the controller's row of the
+job (``ctld.db``, on the shared ``state_dir``) and every node database of its node list, read-only.
 
 Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is
 skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
@@ -17,8 +17,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.report.summarize import JobView, Report, add_usage, spec_fields
-from slurm_coloc.report.views import add_findings, flag_waste
+from slurm_coloc.report.findings import add_findings, flag_waste
+from slurm_coloc.report.summarize import JobView, Report, spec_fields
+from slurm_coloc.report.usage import add_usage
 from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq

@@ -13,14 +13,13 @@ SIGTERM to the parent (``HookTerminated``) queues the rows a failed run leaves (
 does not write) and logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to
 finish under its own alarm.
 
-The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, at most ``MAX_RESULT_BYTES``;
-a ``detail`` over ``MAX_DETAIL_BYTES`` is cut to its small items plus a ``"truncated"`` marker
-(``encode_result``). docs/reliability.md describes the faults this is tested against.
+The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, encoded within size limits
+and decoded by hooks/answer.py (``encode_result``, ``decode_answer``). docs/reliability.md describes the
+faults this is tested against.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import logging.handlers
 import os
@@ -33,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
+from slurm_coloc.hooks.answer import decode_answer, encode_result
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.record import (
     RECORD_BUDGET_S,
@@ -57,11 +57,6 @@ HOOKS: Dict[str, HookFn] = {
     "task-prolog": node.task_prolog,
 }
 KILL_GRACE_S = 1.0  # after hook_timeout_s, a child that did not end by itself is SIGKILLed
-MAX_RESULT_BYTES = 1 << 20  # the child's whole answer on the pipe
-# a run's detail as recorded (hook_runs.detail_json, events): small enough that the run's record set always
-# fits one queue entry (store/queue.py MAX_ENTRY_BYTES, 256 KiB; the detail appears once per op)
-MAX_DETAIL_BYTES = 64 * 1024
-MAX_ITEM_BYTES = 1024  # a detail item kept whole when a detail is cut
 OUTER_LIMIT_S = 30.0  # the shim's `timeout` (prolog_epilog/coloc-hook.sh) when COLOC_SHIM_TIMEOUT_S is absent
 OUTER_MARGIN_S = 1.0  # kept free under the shim's limit (logging, exit)
 MIN_WORK_S = 5.0  # below this the shim's limit cannot be kept anyway: the child keeps its full hook_timeout_s
@@ -298,51 +293,6 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
         os._exit(0)
 
 
-def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
-    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items of at most
-    ``MAX_ITEM_BYTES`` as JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES // 2`` characters plus
-    ``" ... [cut]"``, other large items dropped; ``"truncated": {"bytes", "limit", "cut"}`` names the items
-    cut or dropped. Only the marker is left when that is still too large."""
-    kept: Dict[str, Any] = {}
-    cut: List[str] = []
-    for key, value in detail.items():
-        if len(json.dumps(value, default=str)) <= MAX_ITEM_BYTES:
-            kept[str(key)] = value
-            continue
-        if isinstance(value, str):
-            kept[str(key)] = value[:MAX_ITEM_BYTES // 2] + " ... [cut]"
-        cut.append(str(key)[:MAX_ITEM_BYTES])
-    marker = {"bytes": size, "limit": MAX_DETAIL_BYTES, "cut": cut}
-    out = {**kept, "truncated": marker}
-    if len(json.dumps(out, default=str)) > MAX_DETAIL_BYTES:
-        out = {"truncated": {**marker, "cut": "all"}}
-    return out
-
-
-def encode_result(payload: Dict[str, Any]) -> bytes:
-    """The child's answer ``{"ok", "detail", "result"}`` as JSON bytes, always valid and at most
-    ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still
-    over ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped.
-
-    Args:
-        payload: the child's answer (``ok``, ``detail``, ``result``); values JSON cannot encode are written
-            as their ``str``.
-
-    Returns:
-        UTF-8 JSON bytes, at most ``MAX_RESULT_BYTES``. Never raises.
-    """
-    detail = payload.get("detail") or {}
-    size = len(json.dumps(detail, default=str))
-    if size > MAX_DETAIL_BYTES:
-        payload = {**payload, "detail": _cut_detail(detail, size)}
-    data = json.dumps(payload, default=str).encode()
-    if len(data) > MAX_RESULT_BYTES:
-        data = json.dumps({"ok": False, "detail": {"error": f"the hook's answer of {len(data)} bytes is over "
-                                                            f"{MAX_RESULT_BYTES}: its result was dropped"},
-                           "result": None}).encode()
-    return data
-
-
 def _read_answer(r: int, deadline: float) -> Tuple[List[bytes], bool]:
     """Read the child's answer from pipe ``r`` (closed on return) until EOF or ``deadline`` (monotonic s).
 
@@ -378,15 +328,6 @@ def _reap(pid: int, killed: bool) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
-
-
-def _decode_answer(chunks: List[bytes]) -> tuple:
-    """The child's JSON answer as ``(ok, detail, result)``; a failure when it is missing or broken."""
-    try:
-        payload = json.loads(b"".join(chunks).decode())
-        return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False, {"error": "the hook's child ended without a result (crashed?)"}, None
 
 
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
@@ -427,7 +368,7 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
     if killed:
         return False, {"error": f"killed after {cfg.hook_timeout_s + KILL_GRACE_S:g} s (stuck where the "
                                 "alarm cannot reach: C code such as NVML or a SQLite wait)"}, None
-    return _decode_answer(chunks)
+    return decode_answer(chunks)
 
 
 def bound_s(cfg: config_mod.Config) -> float:

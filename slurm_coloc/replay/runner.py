@@ -9,7 +9,7 @@ to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks la
 CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces.
 Without it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
 (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
-``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases through ``slurm_coloc.store``.
+``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases (``replay/activity.py``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
+from slurm_coloc.replay.activity import sm_activity_per_gpu
 from slurm_coloc.replay.metrics import (
     ReplayMetrics,
     RunRecord,
     energy_growth_j,
-    mean_smact,
     runs_from_records,
     summarize,
 )
@@ -39,7 +39,7 @@ from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.cancel import cancel_jobs
 from slurm_coloc.slurm.jobs import JobInfo, squeue_all
-from slurm_coloc.slurm.parse import FINAL_STATES, expand_hostlist
+from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
@@ -131,81 +131,6 @@ def open_energy_reader() -> Optional[object]:
     except Exception as exc:  # no NVML: energy is NULL
         log.info("no NVML for energy: %s", exc)
         return None
-
-
-def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
-    databases under ``cfg.state_dir``.
-
-    Args:
-        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
-        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
-        t0: start of the span, Unix time (s).
-        t1: end of the span, Unix time (s).
-
-    Returns:
-        The mean in %, or None where no sample covers the span (an unreadable database counts as none).
-
-    Raises:
-        SlurmError: a record's ``nodes`` is not a valid host list.
-    """
-    from slurm_coloc.store.db import open_readonly
-    from slurm_coloc.store.samples import load_gpu_samples
-
-    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
-    samples: List[dict] = []
-    for node in nodes:
-        try:
-            db = open_readonly(cfg.node_db_path(node))
-            samples += load_gpu_samples(db, t0, t1, list(range(64)))
-        except Exception as exc:  # unreadable db: metric NULL
-            log.info("no samples for %s: %s", node, exc)
-    return mean_smact(samples)
-
-
-def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
-                        t1: float) -> "tuple[Optional[float], Dict[str, Optional[float]]]":
-    """(mean GPM SM activity % over every GPU of the replay's nodes, the same per ``node:gpu_index``) over
-    [t0, t1] from the sampler databases; an idle GPU shows with its low mean.
-
-    Args:
-        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
-        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
-        t0: start of the span, Unix time (s).
-        t1: end of the span, Unix time (s).
-
-    Returns:
-        (mean %, {``node:gpu_index``: mean %}); None where no sample covers the span (an unreadable database
-        counts as none).
-
-    Raises:
-        SlurmError: a record's ``nodes`` is not a valid host list.
-    """
-    from slurm_coloc.replay.metrics import mean_smact_per_gpu
-    from slurm_coloc.store.db import open_readonly
-    from slurm_coloc.store.samples import load_gpu_samples
-
-    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
-    samples: List[dict] = []
-    for node in nodes:
-        try:
-            db = open_readonly(cfg.node_db_path(node))
-            samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
-        except Exception as exc:  # unreadable db: metric NULL
-            log.info("no samples for %s: %s", node, exc)
-    return mean_smact(samples), mean_smact_per_gpu(samples)
-
-
-def parse_index_nodes(nodes: str) -> List[str]:
-    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``).
-
-    Args:
-        nodes: a Slurm host list.
-
-    Raises:
-        SlurmError: not a valid host list (``expand_hostlist``).
-    """
-    return expand_hostlist(nodes)
 
 
 def task_script(job_script: str, task: Task, out_dir: str) -> str:

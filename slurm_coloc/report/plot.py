@@ -311,7 +311,7 @@ def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Pat
 
     Args:
         job: the job (findings, ``requested_mib`` MiB, span in Unix s).
-        series: ``views.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
+        series: ``series.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
         path: the PNG file to write; returned.
     """
     plt = _plt()

@@ -13,9 +13,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.report import views
-from slurm_coloc.report.summarize import JobView, Report, add_usage, load_report
+from slurm_coloc.report import findings, views
+from slurm_coloc.report.series import job_series
+from slurm_coloc.report.summarize import JobView, Report, load_report
 from slurm_coloc.report.timespec import parse_window
+from slurm_coloc.report.usage import add_usage
 
 VIEWS = ("jobs", "users", "gpus", "nodes", "cluster")
 MAX_LIST_ITEMS = 1000  # users/nodes/job ids one request may name
@@ -139,7 +141,7 @@ def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any
 
 def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] = None) -> Dict[str, Any]:
     """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with
-    its findings, "series": its samples (``views.job_series``), "notes": what a rule could not judge,
+    its findings, "series": its samples (``series.job_series``), "notes": what a rule could not judge,
     "problems"}``.
 
     Args:
@@ -160,9 +162,9 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
         whose = "" if viewer.sees_all else f" as one of {viewer.name}'s"
         raise ColocError(f"job {job_id} is not recorded" + whose,
                          hint="coloc-report jobs --since 30d lists the jobs you can see")
-    job = views.flag_waste(add_usage(job, report, cfg, None), cfg)
-    series = views.job_series(report, job, now)
-    job = views.add_findings(job, cfg, series)
+    job = findings.flag_waste(add_usage(job, report, cfg, None), cfg)
+    series = job_series(report, job, now)
+    job = findings.add_findings(job, cfg, series)
     notes = list(diagnose.diagnose(job, cfg, series).notes)
     return {"ok": True, "job": job.to_json(), "series": series, "notes": notes, "problems": report.problems}
 

@@ -1,4 +1,5 @@
-"""coloc-report's views (pure): filters, who may see what, waste flags, and the user/GPU/node/cluster tables.
+"""coloc-report's views (pure): filters, who may see what, and the user/GPU/node/cluster tables (a job's waste
+flags and findings: ``report/findings.py``; its sample series: ``report/series.py``).
 
 Every view is a list of flat dicts (column -> value) so the same rows go to rich tables, JSON and CSV.
 
@@ -21,12 +22,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.report import alone, diagnose
-from slurm_coloc.report.summarize import JobView, Report, add_usage, util_by_job
+from slurm_coloc.report import alone
+from slurm_coloc.report.findings import add_findings, flag_waste
+from slurm_coloc.report.summarize import JobView, Report
+from slurm_coloc.report.usage import add_usage, util_by_job
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
-from slurm_coloc.store import samples as store_samples
-from slurm_coloc.units import format_mib
 
 
 @dataclass(frozen=True)
@@ -125,105 +126,6 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
     return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg),
                          cfg)
             for j in picked]
-
-
-def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
-    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first.
-
-    Args:
-        job: the job, usage figures filled in (``summarize.add_usage``).
-        cfg: the diagnosis thresholds.
-        series: its samples (``job_series``; ``coloc-report advise``), used where the Epilog summary lacks a
-            figure; None: the summary's figures only.
-    """
-    d = diagnose.diagnose(job, cfg, series)
-    return replace(job, findings=[f.to_json() for f in d.findings])
-
-
-def flag_waste(job: JobView, cfg: Config) -> JobView:
-    """Add the reasons (in words) why a job wasted its GPU share; thresholds from the config.
-
-    Rules: SM activity mean below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of the
-    requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` are not judged.
-
-    Args:
-        job: the job, usage figures filled in (``runtime_s`` s, ``smact_mean`` %, ``unused_mib`` and
-            ``requested_mib`` MiB).
-        cfg: the ``report_waste_*`` thresholds.
-
-    Returns:
-        ``job`` with ``waste`` set, or ``job`` itself when nothing is flagged.
-    """
-    if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
-        return job
-    reasons: List[str] = []
-    if job.smact_mean is not None and job.smact_mean < cfg.report_waste_smact_pct:
-        reasons.append(f"low SM activity: {job.smact_mean:.1f}% mean (< {cfg.report_waste_smact_pct:g}%), "
-                       f"the GPU mostly waited")
-    if job.unused_mib is not None and job.requested_mib:
-        unused_pct = 100.0 * job.unused_mib / job.requested_mib
-        if unused_pct > cfg.report_waste_unused_pct:
-            reasons.append(f"memory far below request: peak {format_mib(job.peak_mem_mib)} of "
-                           f"{format_mib(job.requested_mib)} requested ({unused_pct:.0f}% unused)")
-    return replace(job, waste=reasons) if reasons else job
-
-
-# a longer job's samples are folded into this many buckets (mean of rates, max of memory)
-MAX_SERIES_POINTS = 2000
-SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
-
-
-def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
-    """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct,
-    dram_bw_pct, job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that
-    instant, None when it had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets.
-
-    Args:
-        report: the loaded databases (``summarize.load_report``).
-        job: the job (``start_ts``, ``end_ts``, ``gpu_list``); one that never started has no samples.
-        now: the present (Unix s), where a running job's span ends.
-
-    Returns:
-        The rows (``ts`` in Unix s, percentages in %, memory in MiB), across GPUs sorted by ``ts``.
-    """
-    if job.start_ts is None:
-        return []
-    t1 = job.end_ts if job.end_ts is not None else now
-    out: List[Dict[str, object]] = []
-    for node, gpu in job.gpu_list:
-        db = report.node_dbs.get(node)
-        if db is None:
-            continue
-        mem: Dict[Tuple[float, int], float] = {}
-        for p in store_samples.load_job_proc_samples(db, job.job_id):
-            if p.get("used_mem_mib") is not None:
-                key = (float(p["ts"]), int(p["gpu_index"]))
-                mem[key] = mem.get(key, 0.0) + float(p["used_mem_mib"])
-        rows = [{"ts": float(r["ts"]), "node": node, "gpu": gpu, **{k: r.get(k) for k in SERIES_KEYS},
-                 "job_mem_mib": mem.get((float(r["ts"]), gpu))}
-                for r in store_samples.load_gpu_samples(db, job.start_ts, t1, [gpu])]
-        out.extend(_fold_series(rows, job.start_ts, t1))
-    return sorted(out, key=lambda r: float(r["ts"]))  # type: ignore[arg-type]
-
-
-def _fold_series(rows: List[Dict[str, object]], t0: float, t1: float) -> List[Dict[str, object]]:
-    if len(rows) <= MAX_SERIES_POINTS:
-        return rows
-    width = max((t1 - t0) / MAX_SERIES_POINTS, 1e-3)
-    buckets: Dict[int, List[Dict[str, object]]] = {}
-    for r in rows:
-        buckets.setdefault(int((float(r["ts"]) - t0) / width), []).append(r)  # type: ignore[arg-type]
-    folded = []
-    for _, rs in sorted(buckets.items()):
-        row: Dict[str, object] = {"ts": rs[0]["ts"], "node": rs[0]["node"], "gpu": rs[0]["gpu"]}
-        for k in SERIES_KEYS:
-            vals = [float(r[k]) for r in rs if r.get(k) is not None]  # type: ignore[arg-type]
-            row[k] = sum(vals) / len(vals) if vals else None
-        mems = [float(r["job_mem_mib"])  # type: ignore[arg-type]
-                for r in rs if r.get("job_mem_mib") is not None]
-        row["job_mem_mib"] = max(mems) if mems else None
-        folded.append(row)
-    return folded
 
 
 def job_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:

@@ -1,0 +1,90 @@
+"""SM activity of a replay's GPUs: the mean GPM SM activity (%) over a span, overall and per GPU, of the nodes
+the replay's jobs ran on, read from the sampler's node databases (``store/samples.py``) under
+``cfg.state_dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Sequence
+
+from slurm_coloc.config import Config
+from slurm_coloc.replay.metrics import mean_smact
+from slurm_coloc.slurm.parse import expand_hostlist
+
+log = logging.getLogger("slurm_coloc.replay")
+
+
+def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
+    """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
+    databases under ``cfg.state_dir``.
+
+    Args:
+        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
+        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
+        t0: start of the span, Unix time (s).
+        t1: end of the span, Unix time (s).
+
+    Returns:
+        The mean in %, or None where no sample covers the span (an unreadable database counts as none).
+
+    Raises:
+        SlurmError: a record's ``nodes`` is not a valid host list.
+    """
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+
+    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
+    samples: List[dict] = []
+    for node in nodes:
+        try:
+            db = open_readonly(cfg.node_db_path(node))
+            samples += load_gpu_samples(db, t0, t1, list(range(64)))
+        except Exception as exc:  # unreadable db: metric NULL
+            log.info("no samples for %s: %s", node, exc)
+    return mean_smact(samples)
+
+
+def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
+                        t1: float) -> "tuple[Optional[float], Dict[str, Optional[float]]]":
+    """(mean GPM SM activity % over every GPU of the replay's nodes, the same per ``node:gpu_index``) over
+    [t0, t1] from the sampler databases; an idle GPU shows with its low mean.
+
+    Args:
+        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
+        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
+        t0: start of the span, Unix time (s).
+        t1: end of the span, Unix time (s).
+
+    Returns:
+        (mean %, {``node:gpu_index``: mean %}); None where no sample covers the span (an unreadable database
+        counts as none).
+
+    Raises:
+        SlurmError: a record's ``nodes`` is not a valid host list.
+    """
+    from slurm_coloc.replay.metrics import mean_smact_per_gpu
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+
+    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
+    samples: List[dict] = []
+    for node in nodes:
+        try:
+            db = open_readonly(cfg.node_db_path(node))
+            samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
+        except Exception as exc:  # unreadable db: metric NULL
+            log.info("no samples for %s: %s", node, exc)
+    return mean_smact(samples), mean_smact_per_gpu(samples)
+
+
+def parse_index_nodes(nodes: str) -> List[str]:
+    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``).
+
+    Args:
+        nodes: a Slurm host list.
+
+    Raises:
+        SlurmError: not a valid host list (``expand_hostlist``).
+    """
+    return expand_hostlist(nodes)
