@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -55,6 +56,8 @@ from slurm_coloc.replay.metrics import runs_from_records
 from slurm_coloc.replay.runner import _energy, open_energy_reader
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES
+
+SUBMIT: Dict[str, bool] = {"parallel": False}  # --submit parallel
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
@@ -246,12 +249,21 @@ def ours(task_of: Mapping[int, int], gpu_of: Dict[int, str]) -> List[Any]:
 def submit_all(name: str, jobs: Sequence[Dict[str, Any]], policy: str, scenario: str, fake: bool, t0: float,
                st: Dict[str, Any]) -> None:
     """Submit the jobs at their offsets, in plan order (Slurm's FIFO = the plan's); after each, note the GPUs of
-    the jobs already running (a short job may end before the last submission)."""
-    for job in sorted(jobs, key=lambda j: (j["offset_s"], j["index"])):
-        delay = t0 + job["offset_s"] - time.time()
+    the jobs already running (a short job may end before the last submission). With ``SUBMIT["parallel"]``
+    (``--submit parallel``) the jobs of one offset are submitted at once, one ``coloc-sbatch`` each in its own
+    thread, as independent users would (not for exclusive passes: their FIFO is the plan's order)."""
+    ordered = sorted(jobs, key=lambda j: (j["offset_s"], j["index"]))
+    groups = [[j] for j in ordered]
+    if SUBMIT["parallel"] and policy != "exclusive":
+        groups = [[j for j in ordered if j["offset_s"] == off] for off in sorted({j["offset_s"] for j in ordered})]
+    for group in groups:
+        delay = t0 + group[0]["offset_s"] - time.time()
         if delay > 0:
             time.sleep(delay)
-        st["job_of"][job["index"]] = submit(sbatch_args(job, policy, scenario, fake))
+        with ThreadPoolExecutor(max_workers=len(group)) as pool:
+            ids = list(pool.map(lambda job: submit(sbatch_args(job, policy, scenario, fake)), group))
+        for job, job_id in zip(group, ids):
+            st["job_of"][job["index"]] = job_id
         ours({j: i for i, j in st["job_of"].items()}, st["gpu_of"])
     log(f"{name}: {len(st['job_of'])} jobs submitted in {time.time() - t0:.0f} s")
 
@@ -353,9 +365,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--part", default=None, help="K/N: the K-th of N slices of the jobs (exclusive passes)")
     ap.add_argument("--alone", nargs="*", default=[], help="exclusive pass files: history and times alone")
     ap.add_argument("--plan", default=str(PLAN_PATH))
+    ap.add_argument("--submit", choices=("sequential", "parallel"), default="sequential",
+                    help="jobs of one offset one after another (default) or all at once, one thread each")
     ap.add_argument("--placer-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the placer's settings (PLACER_CONFIG), e.g. placement_recent_s=6")
     a = ap.parse_args(argv)
+    SUBMIT["parallel"] = a.submit == "parallel"
     out = Path(a.out)
     fake = bool(os.environ.get("COLOC_BENCH_FAKE_GPUS"))
     plan = json.loads(Path(a.plan).read_text())
