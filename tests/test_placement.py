@@ -318,7 +318,7 @@ def test_one_gpu_collocates_while_under_the_gate_and_queues_while_saturated() ->
 def test_coloc_sbatch_placement_form_follows_the_heartbeat(tmp_path: Path) -> None:
     from slurm_coloc import config as config_mod
     from slurm_coloc.cli.sbatch import placement_form
-    from slurm_coloc.placement.daemon import heartbeat_paths, write_heartbeat
+    from slurm_coloc.placement.heartbeat import heartbeat_paths, write_heartbeat
 
     (tmp_path / "coloc.yaml").write_text(f"state_dir: {tmp_path / 'state'}\nrun_dir: {tmp_path / 'run'}\n")
     cfg = config_mod.load(str(tmp_path / "coloc.yaml"), environ={})

@@ -73,7 +73,7 @@ def test_per_gpu_sm_activity_shows_an_idle_gpu() -> None:
 
 def test_placer_policy_is_read_from_the_heartbeat(tmp_path: Path) -> None:
     from slurm_coloc.config import Config
-    from slurm_coloc.placement.daemon import placer_policy, write_heartbeat
+    from slurm_coloc.placement.heartbeat import placer_policy, write_heartbeat
 
     cfg = Config(state_dir=str(tmp_path / "s"), run_dir=str(tmp_path / "r"))
     assert placer_policy(cfg) is None

@@ -165,7 +165,7 @@ def status_cmd(as_json: bool) -> None:
     Raises:
         SystemExit: exit 1 when no placer is alive.
     """
-    from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive
+    from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
 
     cfg = _cfg()
     beat = {}

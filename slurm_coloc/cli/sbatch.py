@@ -188,7 +188,7 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
                    script_index: Optional[int] = None) -> Tuple[List[str], bool]:
     """The sbatch arguments to submit and whether they are the placer's form.
 
-    When a coloc-placer finished a round recently (``placement.daemon.placer_alive``: its heartbeat
+    When a coloc-placer finished a round recently (``placement.heartbeat.placer_alive``: its heartbeat
     ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held
     and without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale
     or unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H``
@@ -203,7 +203,7 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
     Returns:
         ``(arguments to submit, True when they are the placer's held form)``. Never raises.
     """
-    from slurm_coloc.placement.daemon import placer_alive
+    from slurm_coloc.placement.heartbeat import placer_alive
     from slurm_coloc.placement.submit import placer_argv
 
     held = placer_argv(sbatch_argv)

@@ -3,8 +3,8 @@
 Detection (pure, ``decide_oom``): only a job whose final state is FAILED can be an OOM death; CANCELLED,
 TIMEOUT, NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see COMPLETING: the state
 comes from ``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr
-(else stdout) carries one of the messages in ``OOM_PATTERNS``, or when the sampler saw its memory at its
-fence.
+(else stdout) carries one of the messages in ``OOM_PATTERNS`` (``hooks/oom_messages.py``), or when the sampler
+saw its memory at its fence.
 
 Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's
 record of the job only (``hooks/rerun.py``: directives of every dialect neutralised, ``--ignore-pbs``,
@@ -32,6 +32,7 @@ from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.oom_messages import find_oom_messages, tried_to_allocate_mib
 from slurm_coloc.hooks.rerun import RETRY_TAG, submit_retry
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
@@ -42,55 +43,7 @@ from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
 _NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
 
-# (name, regex): the messages frameworks print when a GPU allocation fails. Sources (see
-# tests/data/oom/README.md):
-OOM_PATTERNS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = tuple((n, re.compile(p)) for n, p in (
-    # c10/cuda/CUDACachingAllocator.cpp; Python class torch.OutOfMemoryError (torch.cuda.OutOfMemoryError <=
-    # 2.4)
-    ("torch.OutOfMemoryError", r"\btorch\.(?:cuda\.)?OutOfMemoryError\b"),
-    ("CUDA out of memory", r"\bCUDA out of memory\b"),
-    # cudaGetErrorString(cudaErrorMemoryAllocation) through C10_CUDA_CHECK / TF / NCCL / CuPy
-    ("CUDA error: out of memory", r"\bCUDA error: out of memory\b"),
-    ("cudaErrorMemoryAllocation", r"\bcudaErrorMemoryAllocation\b"),
-    ("CUDA_ERROR_OUT_OF_MEMORY", r"\bCUDA_ERROR_OUT_OF_MEMORY\b"),
-    ("CUBLAS_STATUS_ALLOC_FAILED", r"\bCUBLAS_STATUS_ALLOC_FAILED\b"),
-    ("CUDNN_STATUS_ALLOC_FAILED", r"\bCUDNN_STATUS_ALLOC_FAILED\b"),
-    ("CUSOLVER_STATUS_ALLOC_FAILED", r"\bCUSOLVER_STATUS_ALLOC_FAILED\b"),
-    ("CUFFT_ALLOC_FAILED", r"\bCUFFT_ALLOC_FAILED\b"),
-    # NCCL (src/include/checks.h): "NCCL WARN Cuda failure 'out of memory'" / "Cuda failure 2 'out of memory'"
-    ("NCCL Cuda failure 'out of memory'", r"\bCuda failure (?:\d+ )?'out of memory'"),
-    # XLA/JAX and TensorFlow (BFC allocator): RESOURCE_EXHAUSTED only counts with a memory phrase
-    ("RESOURCE_EXHAUSTED: Out of memory", r"\bRESOURCE_EXHAUSTED\b.{0,80}\b(?:[Oo]ut of memory|OOM|hbm)\b"),
-    ("TF OOM when allocating tensor", r"\bOOM when allocating tensor\b"),
-    ("ResourceExhaustedError", r"\bResourceExhaustedError\b.{0,40}\bOOM\b"),
-))
-MAX_MESSAGES = 5
-# PyTorch's CUDACachingAllocator message: "Tried to allocate 2.00 GiB" (c10/cuda/CUDACachingAllocator.cpp)
-_TRIED_RE = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(GiB|MiB|KiB|B)\b")
-_UNIT_MIB = {"GiB": 1024.0, "MiB": 1.0, "KiB": 1 / 1024, "B": 1 / 2**20}
 MIN_TOLERANCE_MIB = 256
-
-
-def find_oom_messages(text: str) -> List[Tuple[str, str]]:
-    """OOM messages in ``text``: ``[(pattern name, the line, trimmed to 300 chars)]``, at most 5, last first.
-
-    Pure; the text is only matched, never interpreted.
-
-    Args:
-        text: the job's output tail (user-written text); None or empty has none.
-
-    Returns:
-        Up to ``MAX_MESSAGES`` ``(pattern name, line)`` pairs, the last line of the text first. Never raises.
-    """
-    found: List[Tuple[str, str]] = []
-    for line in reversed((text or "").splitlines()):
-        for name, rx in OOM_PATTERNS:
-            if rx.search(line):
-                found.append((name, line.strip()[:300]))
-                break
-        if len(found) >= MAX_MESSAGES:
-            break
-    return found
 
 
 @dataclass(frozen=True)
@@ -125,22 +78,6 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
         if peak_mib >= fence_mib - max(64, fence_mib // 50):
             return OomDecision(True, f"GPU memory at its fence ({peak_mib} of {fence_mib} MiB)")
     return OomDecision(False, "failed without OOM evidence")
-
-
-def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` (MiB, rounded up) in the OOM lines, 0 without one.
-
-    Args:
-        messages: ``find_oom_messages``'s ``(pattern name, line)`` pairs.
-
-    Returns:
-        The size in MiB (GiB, MiB, KiB and B read in binary units), or 0. Pure, never raises.
-    """
-    best = 0.0
-    for _, line in messages:
-        for num, unit in _TRIED_RE.findall(line):
-            best = max(best, float(num) * _UNIT_MIB[unit])
-    return int(-(-best // 1))
 
 
 def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,

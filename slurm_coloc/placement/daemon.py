@@ -9,15 +9,13 @@ the same files coloc-report reads); Slurm's view of who holds which GPU comes fr
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, rounds, share
+from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
 from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
 from slurm_coloc.placement.policy import Activity, Gate, GpuState
 from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
@@ -159,89 +157,6 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
         if job_id not in shown and (s.node, s.index) in where:
             out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact))
     return out
-
-
-def heartbeat_paths(cfg: Config) -> List[Path]:
-    """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases)
-    and a world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group
-    only), which ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login
-    nodes.
-
-    Args:
-        cfg: the configuration (``state_dir``, ``run_dir``).
-
-    Returns:
-        The two paths, the admins' first. Pure, never raises.
-    """
-    return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
-
-
-def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
-    """Write the heartbeat files (``heartbeat_paths``): when the placer last finished a round, 0644.
-
-    A copy that cannot be written (its directory missing or read-only) is skipped with a warning.
-
-    Args:
-        cfg: the configuration (``state_dir``, ``run_dir``).
-        summary: the round's summary, written with ``ts`` (unix s) and ``pid`` (JSON values).
-
-    Raises:
-        OSError: no copy could be written (the first copy's error).
-    """
-    text = json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True)
-    errors = []
-    for path in heartbeat_paths(cfg):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except OSError as exc:
-            errors.append(exc)
-            log.warning("heartbeat %s not written: %s", path, exc)
-    if len(errors) == len(heartbeat_paths(cfg)):
-        raise errors[0]
-
-
-def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
-    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s),
-    from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False.
-
-    Args:
-        cfg: the configuration (heartbeat paths, ``placement_interval_s``).
-        max_age_s: the heartbeat's greatest age (s); None: the default above.
-
-    Returns:
-        True when the heartbeat is that recent (and not in the future). Never raises.
-    """
-    limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
-    for path in heartbeat_paths(cfg):
-        try:
-            ts = float(json.loads(path.read_text())["ts"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        return 0 <= time.time() - ts <= limit
-    return False
-
-
-def placer_policy(cfg: Config) -> Optional[str]:
-    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None.
-
-    Args:
-        cfg: the configuration (heartbeat paths).
-
-    Returns:
-        The policy name (``blind``, ``aware``, ...), or None (also for a heartbeat without a text policy).
-        Never raises.
-    """
-    for path in heartbeat_paths(cfg):
-        try:
-            policy = json.loads(path.read_text()).get("policy")
-        except (OSError, ValueError, AttributeError):
-            continue
-        return policy if isinstance(policy, str) else None
-    return None
 
 
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,

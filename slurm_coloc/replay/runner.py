@@ -266,7 +266,7 @@ def _placer_problems(mode: str, cfg: Config) -> List[str]:
     """For a placer mode: a problem line when no coloc-placer runs or it runs another ``placement_policy``."""
     if mode not in PLACER_POLICY:
         return []
-    from slurm_coloc.placement.daemon import placer_alive, placer_policy
+    from slurm_coloc.placement.heartbeat import placer_alive, placer_policy
 
     if not placer_alive(cfg):
         return ["no coloc-placer heartbeat: held jobs start only when a placer runs"]

@@ -48,7 +48,7 @@ def typed_cluster() -> Iterator[Cluster]:
 
 @pytest.fixture()
 def cl(typed_cluster: Cluster) -> Iterator[Cluster]:
-    from slurm_coloc.placement.daemon import heartbeat_paths
+    from slurm_coloc.placement.heartbeat import heartbeat_paths
 
     beats = heartbeat_paths(_cfg(typed_cluster))
     for beat in beats:
@@ -244,7 +244,7 @@ def test_coloc_sbatch_held_for_a_live_placer_and_classic_without_one(cl: Cluster
         import signal
         os.killpg(placer.pid, signal.SIGTERM)
         placer.wait(timeout=30)
-    from slurm_coloc.placement.daemon import heartbeat_paths
+    from slurm_coloc.placement.heartbeat import heartbeat_paths
 
     for path in heartbeat_paths(_cfg(cl)):
         path.unlink()
@@ -275,14 +275,14 @@ def test_placer_holds_as_admin_so_the_user_cannot_release_it(cl: Cluster) -> Non
 
 
 def test_fallback_releases_held_jobs_memory_only_when_the_placer_is_dead(cl: Cluster) -> None:
-    from slurm_coloc.placement.daemon import write_heartbeat
+    from slurm_coloc.placement.heartbeat import write_heartbeat
 
     job = submit_held(cl, 3)
     write_heartbeat(_cfg(cl), {"candidates": 0})  # a live placer: the fallback leaves the job alone
     out = cl.run(["coloc-placer", "fallback"], user=None)
     assert out.returncode == 0 and "placer alive" in out.stdout, out.stdout + out.stderr
     assert cl.job(job)["job_state"] == "PENDING"
-    from slurm_coloc.placement.daemon import heartbeat_paths
+    from slurm_coloc.placement.heartbeat import heartbeat_paths
 
     for beat in heartbeat_paths(_cfg(cl)):
         stale = json.loads(beat.read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.placement.daemon import placer_alive, placer_policy
+from slurm_coloc.placement.heartbeat import placer_alive, placer_policy
 from tests.cluster import test_placement_cluster as base
 from tests.cluster.test_placement_cluster import _cfg
 from tests.slurm_cluster import REPO, Cluster
