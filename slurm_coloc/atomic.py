@@ -1,6 +1,6 @@
 """One atomic file write for the root side (env files, MPS member files, the sampler's flush marker, the
-recovery queue): a reader sees the old file or the new one whole, never a half-written one, and no symlink is
-followed. Pure: only ``os``.
+recovery queue, the placer's heartbeat): a reader sees the old file or the new one whole, never a half-written
+one, and no symlink is followed. Pure: only ``os``.
 """
 from __future__ import annotations
 

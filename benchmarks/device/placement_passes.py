@@ -50,7 +50,7 @@ from benchmarks.device.placement_measure import (  # noqa: F401
 )
 from benchmarks.device.placement_plan import PLAN_PATH
 from slurm_coloc import config as config_mod
-from slurm_coloc.placement.daemon import heartbeat_paths, placer_alive
+from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
 from slurm_coloc.replay.activity import sm_activity
 from slurm_coloc.replay.metrics import runs_from_records
 from slurm_coloc.replay.runner import _energy, open_energy_reader
