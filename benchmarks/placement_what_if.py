@@ -1,0 +1,171 @@
+"""What-ifs for the ``throughput`` placement policy on the 2x H100 piles (issue 32, third session): would another
+order of held jobs, or a bound on each job's whole-run slowdown, shorten the makespan; and does another load
+feature fit the measured co-runs better than summed SM activity alone?
+
+Not a measurement: ``benchmarks/placement_sim.py``'s model (processor sharing, ``share.py``) driven by the
+profiles alone measured on the H100s, with jobs submitted 0.5 s apart as the harness does.
+- Orders: ``work`` (the product's ``share.order_candidates``: least GPU work first), ``tail`` (jobs whose run
+  alone is at least the queue's GPU work / (2 x capacity) first, longest first; then least work first),
+  ``longest`` (most GPU work first).
+- Whole-run bound: a GPU qualifies while every job's predicted run (``share.predicted_ends`` with the new job)
+  stays within ``margin x bound`` of its run alone, instead of the instantaneous ``load / capacity``.
+- Features: capacity fitted (``placement_share_fit.corun_rows``) with the load counted as summed SM activity,
+  SM occupancy, DRAM activity or powers of SM activity, on each pile and tested on the other.
+
+Usage: ``python3 -m benchmarks.placement_what_if`` (CPU, about a minute).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from benchmarks import placement_share_fit as fitmod
+from benchmarks import placement_sim as sim
+from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.policy import Activity
+
+R = fitmod.HERE / "device" / "results"
+PILE = [R / "h100-placement-passes" / f"{n}.json" for n in ("pile-exclusive-part1", "pile-exclusive-part2",
+                                                              "pile-blind", "pile-aware")] + [
+    R / "h100x2-placement-throughput" / f"{n}.json" for n in ("pile-blind", "pile-aware", "pile-throughput",
+                                                              "final-policy/pile-throughput")]
+MIX = [R / "h100x2-placement-mix-pile" / f"{n}.json" for n in ("mix-exclusive", "mix-blind", "mix-aware",
+                                                                 "mix-throughput", "final-policy/mix-blind",
+                                                                 "final-policy/mix-throughput")]
+SPACING_S = 0.5
+ORIGINAL_ORDER = share.order_candidates
+ORIGINAL_JUDGE = share._judge
+
+
+def mix_jobs() -> List[sim.Job]:
+    """The own pile's 14 jobs with their profiles alone from its 2x H100 exclusive pass."""
+    prof = fitmod.profiles([json.loads(MIX[0].read_text())])
+    plan = json.loads((fitmod.HERE / "device" / "placement_plan_mix.json").read_text())["scenarios"]["mix"]
+    return [sim.Job(r["index"], r["workload"], r["offset_s"] + SPACING_S * k, math.ceil(r["mem_mib"] / 1024),
+                    prof[r["workload"]]["smact"], prof[r["workload"]]["startup_s"],
+                    prof[r["workload"]]["run_s"] - prof[r["workload"]]["startup_s"]) for k, r in enumerate(plan)]
+
+
+def pile_jobs(scenario: str) -> List[sim.Job]:
+    """The project's pile (or pile + stream) with the H100 profiles alone, submitted ``SPACING_S`` apart."""
+    prof = fitmod.profiles([json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES])
+    jobs = sim.load_jobs(scenario, prof)
+    for k, j in enumerate(jobs):
+        j.submit_s += SPACING_S * k
+    return jobs
+
+
+def order_tail(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
+    """``tail``: the jobs that would end last if held back go first (module docstring)."""
+    base = ORIGINAL_ORDER(jobs, now, age_s)
+    prof = {i: p for i, _, p in jobs}
+    drain = sum(share.gpu_work(p) or 0.0 for p in prof.values()) / (2 * intensity.load_calibration().share_capacity)
+    first = sorted((i for i in base if (prof[i].run_s or 0.0) >= drain), key=lambda i: -(prof[i].run_s or 0.0))
+    return first + [i for i in base if i not in first]
+
+
+def order_longest(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
+    """``longest``: most GPU work first."""
+    return [i for _, i in sorted((-(share.gpu_work(p) or 0.0), i) for i, _, p in jobs)]
+
+
+def whole_run_judge(margin: float) -> Callable[..., Any]:
+    """``share._judge`` with the whole-run bound (module docstring) for jobs measured alone."""
+    def judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity, gate: Any,
+              capacity: float, bound: float, now: float, max_age_s: float) -> Any:
+        if job.smact is None or job.work_s is None or (g.tenants == 0 and g.shards_used == 0):
+            return ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
+        allt = list(ts) + [share.Tenant(job, now)]
+        worst = 1.0
+        for t, end in zip(allt, share.predicted_ends(allt, capacity)):
+            alone = (t.profile.startup_s or 0.0) + (t.profile.work_s or 0.0)
+            if end is None or alone <= 0 or end < now:
+                worst = max(worst, share.bounded_slowdown(ts, capacity, job.smact, now, job.startup_s or 0.0))
+            else:
+                worst = max(worst, (end - t.start_ts) / alone)
+        if worst > bound * margin:
+            return None, "", None, f"{g.node}/gpu{g.index} run slowdown {worst:.2f}"
+        load = share.load_at_start(ts, capacity, now, job.startup_s or 0.0) + job.smact
+        return ((0, worst, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
+                Activity(min(load, 9.99)), f"slowdown {worst:.2f}")
+    return judge
+
+
+def policy_table() -> None:
+    """Makespan, mean JCT and slowdowns of each variant on the three job sets (model)."""
+    cap = intensity.load_calibration().share_capacity
+    files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
+    power = sim.energy_fit([files[n] for n in ("pile-exclusive-part1", "pile-exclusive-part2", "pile-blind",
+                                               "pile-aware", "stream-exclusive", "stream-blind", "stream-aware")])
+    variants: List[Tuple[str, Callable[..., Any], Callable[..., Any]]] = [
+        ("work (the product's)", ORIGINAL_ORDER, ORIGINAL_JUDGE), ("tail", order_tail, ORIGINAL_JUDGE),
+        ("longest", order_longest, ORIGINAL_JUDGE)] + [
+        (f"whole-run bound x{m}", ORIGINAL_ORDER, whole_run_judge(m)) for m in (1.0, 0.9, 0.8)]
+    print(f"capacity {cap} (calibration.json), bound 2, 2 GPUs of 80 shards, jobs {SPACING_S} s apart\n")
+    print("| jobs | policy | makespan s | mean JCT s | worst run slowdown | peak slowdown |\n|---|---|---:|---:|---:|---:|")
+    sets = (("project's pile", lambda: pile_jobs("pile")), ("own pile", mix_jobs),
+            ("pile + stream", lambda: pile_jobs("mixed")))
+    for name, make in sets:
+        r = sim.simulate("blind", make(), 2, 80, cap, 2.0, power)
+        print(f"| {name} | blind | {r['makespan_s']:.1f} | {r['mean_jct_s']:.1f} | {r['max_run_slowdown']:.2f} | - |")
+        for label, order, judge in variants:
+            share.order_candidates, share._judge = order, judge
+            try:
+                r = sim.simulate("throughput", make(), 2, 80, cap, 2.0, power)
+            finally:
+                share.order_candidates, share._judge = ORIGINAL_ORDER, ORIGINAL_JUDGE
+            print(f"| {name} | throughput, {label} | {r['makespan_s']:.1f} | {r['mean_jct_s']:.1f} | "
+                  f"{r['max_run_slowdown']:.2f} | {r['peak_slowdown']:.2f} |")
+
+
+def featured(files: Sequence[Dict[str, Any]], feat: Callable[[float, float, float], float]
+             ) -> Dict[str, Dict[str, float]]:
+    """``fitmod.profiles`` with ``smact`` replaced by ``feat(smact, smocc, drama)`` of the activity alone."""
+    prof = fitmod.profiles(files)
+    acts: Dict[str, List[Dict[str, float]]] = {}
+    for f in files:
+        for j in f.get("jobs", []) if f.get("policy") == "exclusive" else []:
+            a = j.get("alone_activity") or {}
+            if a.get("smact") is not None:
+                acts.setdefault(j["workload"], []).append(a)
+    for w, p in prof.items():
+        p["smact"] = feat(*(statistics.fmean(a[k] for a in acts[w]) for k in ("smact", "smocc", "drama")))
+    return prof
+
+
+def error(files: Sequence[Dict[str, Any]], prof: Dict[str, Dict[str, float]], capacity: float) -> float:
+    """Mean relative error of the predicted training slowdowns of the co-run passes."""
+    rows = [r for f in files if f.get("policy") not in (None, "exclusive")
+            for r in fitmod.corun_rows(f, prof, capacity, 60)]
+    return statistics.fmean(abs(p - m) / m for _, p, m in rows)
+
+
+def feature_table() -> None:
+    """Capacity and error per load feature, fitted on each pile and tested on the other."""
+    pile = [json.loads(p.read_text()) for p in PILE]
+    mix = [json.loads(p.read_text()) for p in MIX]
+    feats: Dict[str, Callable[[float, float, float], float]] = {
+        "SM activity (the product's)": lambda s, o, d: s, "SM occupancy": lambda s, o, d: o,
+        "DRAM activity": lambda s, o, d: d, "sqrt(SM activity)": lambda s, o, d: s ** 0.5,
+        "SM activity^1.5": lambda s, o, d: s ** 1.5, "max(SM occupancy, DRAM)": lambda s, o, d: max(o, d)}
+    grid = [0.3 + 0.02 * k for k in range(200)]
+    print("\n| load feature | capacity, error on the project's pile | on the own pile | project's fit tested "
+          "on own | own fit tested on project's |\n|---|---|---|---:|---:|")
+    for name, feat in feats.items():
+        pp, pm = featured(pile, feat), featured(mix, feat)
+        eP, cP = min((error(pile, pp, c), c) for c in grid)
+        eM, cM = min((error(mix, pm, c), c) for c in grid)
+        print(f"| {name} | {cP:.2f}, {100 * eP:.1f} % | {cM:.2f}, {100 * eM:.1f} % | "
+              f"{100 * error(mix, pm, cP):.1f} % | {100 * error(pile, pp, cM):.1f} % |")
+
+
+def main() -> int:
+    policy_table()
+    feature_table()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
