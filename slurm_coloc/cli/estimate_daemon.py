@@ -22,13 +22,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 from slurm_coloc.cli import estimate_server
 from slurm_coloc.cli.estimate_server import (
-    _BOOT,
     ACK_TIMEOUT_S,
+    BOOT,
     PROTO,
     RESULT_TIMEOUT_S,
-    _peer_uid,
-    _recv,
-    _send,
+    peer_uid,
+    recv_frame,
+    send_frame,
     server_key,
 )
 
@@ -78,11 +78,11 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
     """Serve one request in the forked child; returns the exit status for ``os._exit``."""
     estimate_server.IN_SERVER = True
     conn.settimeout(ACK_TIMEOUT_S)
-    req = _recv(conn)
+    req = recv_frame(conn)
     if req.get("proto") != PROTO or req.get("key") != key:
-        _send(conn, {"ack": None, "error": "key mismatch"})
+        send_frame(conn, {"ack": None, "error": "key mismatch"})
         return 1
-    _send(conn, {"ack": key})
+    send_frame(conn, {"ack": key})
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -122,17 +122,17 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
             pass
     out, err = os.pread(out_fd, os.fstat(out_fd).st_size, 0), os.pread(err_fd, os.fstat(err_fd).st_size, 0)
     conn.settimeout(RESULT_TIMEOUT_S)
-    _send(conn, {"key": key, "exit": code, "stdout": base64.b64encode(out).decode(),
+    send_frame(conn, {"key": key, "exit": code, "stdout": base64.b64encode(out).decode(),
                  "stderr": base64.b64encode(err).decode()})
     return code
 
 
 def _is_server(pid: int) -> bool:
-    """True when ``pid`` is a running estimate server of this user (its command line is ``_BOOT``'s)."""
+    """True when ``pid`` is a running estimate server of this user (its command line is ``BOOT``'s)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv = fh.read().split(b"\0")
-        return os.stat(f"/proc/{pid}").st_uid == os.getuid() and _BOOT.encode() in argv
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid() and BOOT.encode() in argv
     except OSError:
         return False
 
@@ -203,7 +203,7 @@ def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None
         except InterruptedError:
             continue
         with conn:
-            uid = _peer_uid(conn)
+            uid = peer_uid(conn)
             if uid != os.getuid():
                 log(f"refused uid={uid}")
                 continue

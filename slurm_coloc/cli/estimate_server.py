@@ -33,8 +33,9 @@ _SUN_PATH_MAX = 107
 _PREIMPORTED = ("torch", "torchvision", "numpy", "sympy", "click")
 _ENV_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "CUDA", "OMP_", "MKL", "KMP_", "OPENBLAS", "NUMPY", "LD_")
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the slurm_coloc directory
-# argv: sys.path (JSON), key, socket path, entry module; that module's ``serve(key, path)`` runs the server.
-_BOOT = ("import sys, json, importlib; sys.path[:] = json.loads(sys.argv[1]); "
+#: The server's ``python -c`` program. argv: sys.path (JSON), key, socket path, entry module; that module's
+#: ``serve(key, path)`` runs the server.
+BOOT = ("import sys, json, importlib; sys.path[:] = json.loads(sys.argv[1]); "
          "importlib.import_module(sys.argv[4]).serve(sys.argv[2], sys.argv[3])")
 
 #: True in a forked request child (``estimate_daemon`` sets it): the CLI then runs in-process (never recurses
@@ -176,7 +177,15 @@ def socket_path(key: str) -> Optional[str]:
     return path if len(path.encode()) <= _SUN_PATH_MAX else None
 
 
-def _send(sock: socket.socket, obj: Dict[str, Any]) -> None:
+def send_frame(sock: socket.socket, obj: Dict[str, Any]) -> None:
+    """Send one frame: a 4-byte big-endian length, then ``obj`` as JSON.
+
+    Args:
+        sock: a connected unix socket; obj: a JSON object.
+
+    Raises:
+        OSError: the peer is gone.
+    """
     data = json.dumps(obj).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
 
@@ -191,7 +200,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> Dict[str, Any]:
+def recv_frame(sock: socket.socket) -> Dict[str, Any]:
+    """Receive one frame (``send_frame``'s form), at most ``MAX_FRAME`` bytes of JSON.
+
+    Args:
+        sock: a connected unix socket.
+
+    Returns:
+        The frame's JSON object.
+
+    Raises:
+        ConnectionError: the peer closed mid-frame; ValueError: too large, or not a JSON object; OSError.
+    """
     (n,) = struct.unpack(">I", _recv_exact(sock, 4))
     if n > MAX_FRAME:
         raise ValueError(f"frame of {n} bytes")
@@ -201,7 +221,15 @@ def _recv(sock: socket.socket) -> Dict[str, Any]:
     return obj
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``, set by the kernel).
+
+    Args:
+        sock: a connected unix socket.
+
+    Returns:
+        The peer's uid. Raises OSError where the socket has no peer credentials.
+    """
     _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           struct.calcsize("3i")))
     return int(uid)
@@ -229,22 +257,22 @@ def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(CONNECT_TIMEOUT_S)
             sock.connect(path)
-            if _peer_uid(sock) != os.getuid():
+            if peer_uid(sock) != os.getuid():
                 return None
             umask = os.umask(0o22)
             os.umask(umask)
-            _send(sock, {"proto": PROTO, "key": key, "params": params, "cwd": os.getcwd(),
+            send_frame(sock, {"proto": PROTO, "key": key, "params": params, "cwd": os.getcwd(),
                          "env": dict(os.environ), "sys_path": sys.path, "umask": umask,
                          "stdout": [getattr(sys.stdout, "encoding", None) or "utf-8",
                                     getattr(sys.stdout, "errors", None) or "strict"],
                          "stderr": [getattr(sys.stderr, "encoding", None) or "utf-8",
                                     getattr(sys.stderr, "errors", None) or "backslashreplace"]})
             sock.settimeout(ACK_TIMEOUT_S)
-            ack = _recv(sock)
+            ack = recv_frame(sock)
             if ack.get("ack") != key:
                 return None
             sock.settimeout(float(os.environ.get("COLOC_ESTIMATE_SERVER_TIMEOUT", RESULT_TIMEOUT_S)))
-            res = _recv(sock)
+            res = recv_frame(sock)
             code = res["exit"]
             if res.get("key") != key or not isinstance(code, int) or isinstance(code, bool):
                 return None
@@ -271,7 +299,7 @@ def ensure_started(entry_module: str) -> bool:
             except OSError:
                 return False  # a server holds the lock: running or warming up
             fcntl.flock(lock, fcntl.LOCK_UN)
-        argv = [sys.executable, "-c", _BOOT, json.dumps(server_path()), key, path, entry_module]
+        argv = [sys.executable, "-c", BOOT, json.dumps(server_path()), key, path, entry_module]
         subprocess.Popen(argv, cwd="/",
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          close_fds=True, start_new_session=True)

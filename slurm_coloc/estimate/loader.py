@@ -156,7 +156,7 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
             mod_spec.loader.exec_module(module)
         except Exception as exc:  # user code: any failure is the user's model failing
             sys.modules.pop(name, None)
-            raise EstimateError(f"model {spec.model}: importing {path} failed: {_short(exc)}") from exc
+            raise EstimateError(f"model {spec.model}: importing {path} failed: {short_error(exc)}") from exc
         finally:
             sys.path.remove(os.path.dirname(path))
     else:
@@ -168,7 +168,7 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
                                 "interpreter's path (a local module: name it as "
                                 "path/file.py:callable)") from exc
         except Exception as exc:
-            raise EstimateError(f"model {spec.model}: importing {target} failed: {_short(exc)}") from exc
+            raise EstimateError(f"model {spec.model}: importing {target} failed: {short_error(exc)}") from exc
     fn = getattr(module, attr, None)
     if fn is None:
         raise EstimateError(f"model {spec.model}: {target} has no attribute {attr!r}")
@@ -192,7 +192,7 @@ def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
     try:
         model = fn(**dict(spec.kwargs))
     except Exception as exc:
-        raise EstimateError(f"model {spec.model}: building it raised {_short(exc)}") from exc
+        raise EstimateError(f"model {spec.model}: building it raised {short_error(exc)}") from exc
     if not isinstance(model, torch.nn.Module):
         raise EstimateError(
             f"model {spec.model}: callable returned {type(model).__name__}, not a torch.nn.Module"
@@ -200,8 +200,15 @@ def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
     return model
 
 
-def _short(exc: BaseException) -> str:
-    """``Type: first line of message`` (at most 200 characters)."""
+def short_error(exc: BaseException) -> str:
+    """``Type: first line of message`` (at most 200 characters), for one-line estimate errors.
+
+    Args:
+        exc: the exception.
+
+    Returns:
+        The line. Never raises.
+    """
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return out[:200]

@@ -29,7 +29,7 @@ from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
 from slurm_coloc.estimate.datadep import pick_output
 from slurm_coloc.estimate.flops import make_flop_counter, step_flops
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
-from slurm_coloc.estimate.loader import _short, build_model, load_callable, validate_spec
+from slurm_coloc.estimate.loader import short_error, build_model, load_callable, validate_spec
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.tracker import WorkspaceFn, make_tracker
 
@@ -150,7 +150,7 @@ def _build_meta(spec: ModelSpec, fn: Any, torch: Any) -> Any:
             model = model.to("meta")
     except Exception as exc:
         raise EstimateError(f"model {spec.model}: moving it to the meta device failed: "
-                            f"{_short(exc)}") from exc
+                            f"{short_error(exc)}") from exc
     return model
 
 
@@ -234,13 +234,13 @@ def _train_step(torch: Any, spec: ModelSpec, model: Any, x: Any, opt: Any, devic
     except Exception as exc:
         raise EstimateError(
             f"model {spec.model}: forward on input {tuple(spec.input_shape)} "
-            f"({spec.input_dtype}) failed: {_short(exc)}"
+            f"({spec.input_dtype}) failed: {short_error(exc)}"
         ) from exc
     try:
         loss.backward()
         opt.step()
     except Exception as exc:
-        raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {_short(exc)}") from exc
+        raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {short_error(exc)}") from exc
     del out, logits, loss, y
 
 

@@ -17,7 +17,7 @@ from typing import FrozenSet, List, Optional, Tuple
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.config import Config
-from slurm_coloc.node.mps_daemon import MpsDaemon, _mkdir
+from slurm_coloc.node.mps_daemon import MpsDaemon, root_dir
 from slurm_coloc.slurm.parse import parse_stepd_title
 
 _VALUE_OK = re.compile(r"^[A-Za-z0-9_./=:,+-]*$")
@@ -72,8 +72,8 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
         if not _VALUE_OK.match(v) or not re.match(r"^[A-Z_]+$", k):
             raise ValueError(f"refusing env pair {k}={v!r}")
     jobs = Path(cfg.run_dir) / "jobs"
-    _mkdir(Path(cfg.run_dir))
-    _mkdir(jobs)
+    root_dir(Path(cfg.run_dir))
+    root_dir(jobs)
     final = env_path(cfg, job_id)
     write_atomic(final, "".join(f"{k}={v}\n" for k, v in pairs).encode("utf-8"), 0o644)
     return final

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.node.summary import _share as attribution_share
+from slurm_coloc.node.summary import attribution_share
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store.jobs import JobRunRow
 from slurm_coloc.store.samples import ProcSample

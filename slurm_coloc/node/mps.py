@@ -22,7 +22,7 @@ from slurm_coloc.node.mps_daemon import (
     MpsDaemon,
     MpsOutcome,
     _control,
-    _mkdir,
+    root_dir,
     daemon_for,
     resolve_binary,
     start,
@@ -100,8 +100,8 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
     if binary is None:
         return MpsOutcome(False, "mps-missing", d, {"binary": cfg.mps_control_bin})
     try:
-        _mkdir(d.root)
-        _mkdir(d.members_dir)
+        root_dir(d.root)
+        root_dir(d.members_dir)
         with _Lock(d.root / "lock", cfg.mps_start_timeout_s):
             first = not any(not p.name.startswith(".") for p in d.members_dir.iterdir())
             guard = mps_guard.set_exclusive(cfg, d.root, d.gpu_index, modes) if first else {}

@@ -120,7 +120,16 @@ def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optiona
     return shutil.which(name, path=path)
 
 
-def _mkdir(path: Path, mode: int = 0o755) -> None:
+def root_dir(path: Path, mode: int = 0o755) -> None:
+    """Create ``path`` (and its parents) with ``mode`` under umask 022, and check it is ours and not group- or
+    other-writable (the MPS, job-env and run directories root writes into).
+
+    Args:
+        path: the directory; mode: its permission bits when created (octal).
+
+    Raises:
+        PermissionError: it exists but is another's, group/other-writable, or a symlink; OSError.
+    """
     old = os.umask(0o022)
     try:
         path.mkdir(parents=True, exist_ok=True, mode=mode)
@@ -264,7 +273,7 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     who: Dict[str, Any] = {}
     if d.uid is None:
         for p in (d.pipe_dir, d.log_dir):
-            _mkdir(p)
+            root_dir(p)
     else:
         who = _identity(d.uid)
         for p in (d.pipe_dir, d.log_dir):

@@ -53,7 +53,7 @@ def _energy_and_gpu_s(job_id: int, gpu_rows: Sequence[Dict[str, Any]],
             dt = float(cur["ts"]) - float(prev["ts"])
             if dt <= 0:
                 continue
-            share = _share(job_id, procs_at.get((g, cur["ts"]), []))
+            share = attribution_share(job_id, procs_at.get((g, cur["ts"]), []))
             if share <= 0:
                 continue
             gpu_s += share * dt
@@ -139,12 +139,19 @@ def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             "cpus": max(cpus) if cpus else None, "cpu_samples": len(rows)}
 
 
-def _share(job_id: int, procs: List[Dict[str, Any]]) -> float:
+def attribution_share(job_id: int, procs: List[Dict[str, Any]]) -> float:
     """The job's fraction of the GPU at one sample instant (module rule).
 
     Under MPS, NVML gives SM utilization only for the MPS server, not its clients (measured on H100,
     docs/benchmarks.md): a process of no job listed beside MPS clients is taken as the server and left out,
     and SM utilization is used only when every remaining process reports it; otherwise memory decides.
+
+    Args:
+        job_id: the job; procs: the GPU's processes at that instant (``job_id``, ``mps_client``,
+            ``sm_util_pct``, ``used_mem_mib``).
+
+    Returns:
+        The fraction 0..1 (0 without processes or weights). Never raises.
     """
     has_clients = any(p.get("mps_client") for p in procs)
     procs = [p for p in procs if not (has_clients and p.get("job_id") is None and not p.get("mps_client"))]

@@ -30,7 +30,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.probe.shellwords import _segments, _split, logical_lines
+from slurm_coloc.probe.shellwords import logical_lines, simple_commands, words_to_operator
 
 _PY_RE = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _PREFIXES = {"exec", "time", "nohup", "command", "builtin"}
@@ -206,10 +206,10 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
             continue
         m = _ASSIGN_RE.match(s)
         if m and " " not in m.group(2).strip().strip("\"'") and not s.startswith("export -"):
-            val = _split(m.group(2), walk.vars, script_args) if m.group(2) else [""]
+            val = words_to_operator(m.group(2), walk.vars, script_args) if m.group(2) else [""]
             walk.vars[m.group(1)] = val[0] if val else ""
             continue
-        for toks in _segments(s, walk.vars, script_args):
+        for toks in simple_commands(s, walk.vars, script_args):
             found = walk.command(toks, s)
             if found is not None:
                 found_all.append(found)

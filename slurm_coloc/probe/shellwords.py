@@ -2,9 +2,9 @@
 
 Logical lines join ``\\`` continuations; substitution replaces ``$X``/``${X}`` (``${X:-default}`` with the
 default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` and ``$#`` from given variables and script
-arguments; a line is split into its simple commands (``_segments``) or read up to its first operator
-(``_split``), pipes and redirections cut off. Used by ``command.py`` to find the training command and by
-``preamble.py`` for the lines before it.
+arguments; a line is split into its simple commands (``simple_commands``) or read up to its first
+operator (``words_to_operator``), pipes and redirections cut off. Used by ``command.py`` to find the training
+command and by ``preamble.py`` for the lines before it.
 """
 from __future__ import annotations
 
@@ -74,8 +74,15 @@ def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optiona
         return None
 
 
-def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
-    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection."""
+def simple_commands(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
+    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection.
+
+    Args:
+        line: one logical line of the script; vars_: the variables set so far; args: the script's arguments.
+
+    Returns:
+        Each simple command as its words, variables substituted; [] for a line the reader cannot split.
+    """
     toks = _tokens(line, vars_, args)
     if toks is None:
         return []
@@ -92,7 +99,16 @@ def _segments(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[
     return [seg for seg in segs if seg]
 
 
-def _split(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
+def words_to_operator(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
+    """The words of a line up to its first operator, pipe or redirection, variables substituted.
+
+    Args:
+        line: one logical line (or a value) of the script; vars_: the variables set so far; args: the script's
+            arguments.
+
+    Returns:
+        The words, or None for a line the reader cannot split.
+    """
     toks = _tokens(line, vars_, args)
     if toks is None:
         return None
