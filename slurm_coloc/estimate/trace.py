@@ -29,7 +29,7 @@ from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
 from slurm_coloc.estimate.datadep import pick_output
 from slurm_coloc.estimate.flops import make_flop_counter, step_flops
 from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
-from slurm_coloc.estimate.loader import short_error, build_model, load_callable, validate_spec
+from slurm_coloc.estimate.loader import build_model, load_callable, short_error, validate_spec
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.tracker import WorkspaceFn, make_tracker
 
@@ -240,7 +240,8 @@ def _train_step(torch: Any, spec: ModelSpec, model: Any, x: Any, opt: Any, devic
         loss.backward()
         opt.step()
     except Exception as exc:
-        raise EstimateError(f"model {spec.model}: backward/optimizer step failed: {short_error(exc)}") from exc
+        raise EstimateError(f"model {spec.model}: backward/optimizer step failed: "
+                            f"{short_error(exc)}") from exc
     del out, logits, loss, y
 
 

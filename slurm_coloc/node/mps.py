@@ -21,10 +21,10 @@ from slurm_coloc.node import mps_guard
 from slurm_coloc.node.mps_daemon import (
     MpsDaemon,
     MpsOutcome,
-    _control,
-    root_dir,
+    control_sender,
     daemon_for,
     resolve_binary,
+    root_dir,
     start,
     stop,
 )
@@ -62,7 +62,7 @@ def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> 
     new = mps_guard.plan_ceiling(grants, mps_guard.read_int(d.root / mps_guard.CEILING_FILE), joining)
     if new is None:
         return {}
-    res = mps_guard.apply_ceiling(_control(cfg, d, binary), new)
+    res = mps_guard.apply_ceiling(control_sender(cfg, d, binary), new)
     if not res["errors"]:
         (d.root / mps_guard.CEILING_FILE).write_text(f"{new}\n")
     return {"ceiling": res}

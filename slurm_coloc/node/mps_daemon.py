@@ -337,9 +337,15 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     return MpsOutcome(False, "mps-stop-forced", d, {"pid": pid, "error": "daemon ignored quit; sent SIGTERM"})
 
 
-def _control(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
-    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed
-    run."""
+def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
+    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed run.
+
+    Args:
+        cfg: the configuration (``mps_start_timeout_s``); d: the daemon; binary: ``nvidia-cuda-mps-control``.
+
+    Returns:
+        ``send(cmd) -> CompletedProcess`` (bounded by ``mps_start_timeout_s``; raises as ``subprocess.run``).
+    """
     who = _identity(d.uid) if d.uid is not None else {}
 
     def send(cmd: str) -> "subprocess.CompletedProcess[str]":
