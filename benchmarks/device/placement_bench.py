@@ -4,8 +4,9 @@ collocation vs utilization-aware collocation (coloc-placer), for the 14-job pile
 Usage (root, on the device machine, from the repository; ``.carry`` carried; each call < 9.5 min):
   python3 -m benchmarks.device.placement_bench PASS [PASS...] [--out DIR] [--budget-s 560] [--part K/N]
                                                [--alone FILE...] [--plan placement_plan.json]
-  PASS: <scenario>-<policy>, scenario pile | stream (placement_plan.json) | mix (--plan placement_plan_mix.json,
-        placement_mix.py), policy exclusive | blind | aware (gate) | throughput; or small7-blind | small7-aware
+                                               [--submit sequential|parallel]
+  PASS: <scenario>-<policy>, scenario pile | stream (placement_plan.json) | mix (--plan placement_plan_mix.json
+        or placement_plan_heldout.json, placement_mix.py), policy exclusive | blind | aware (gate) | throughput; or small7-blind | small7-aware
 Stage 1 (any python3, stdlib only) starts the cluster with typed shards (``cluster_gpu.sh``, ``COLOC_GRES_TYPED=1``)
 and re-runs itself in the cluster's venv (stage 2, ``placement_passes.py``), which runs the passes over the jobs
 of ``placement_plan.json`` (``placement_plan.py``) and writes ``<out>/<pass>.json`` as it goes, ``placer.log``
