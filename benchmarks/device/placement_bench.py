@@ -6,7 +6,8 @@ Usage (root, on the device machine, from the repository; ``.carry`` carried; eac
                                                [--alone FILE...] [--plan placement_plan.json]
                                                [--submit sequential|parallel]
   PASS: <scenario>-<policy>, scenario pile | stream (placement_plan.json) | mix (--plan placement_plan_mix.json
-        or placement_plan_heldout.json, placement_mix.py), policy exclusive | blind | aware (gate) | throughput; or small7-blind | small7-aware
+        or placement_plan_heldout.json, placement_mix.py), policy exclusive | blind | aware (gate) | throughput;
+        or small7-blind | small7-aware
 Stage 1 (any python3, stdlib only) starts the cluster with typed shards (``cluster_gpu.sh``, ``COLOC_GRES_TYPED=1``)
 and re-runs itself in the cluster's venv (stage 2, ``placement_passes.py``), which runs the passes over the jobs
 of ``placement_plan.json`` (``placement_plan.py``) and writes ``<out>/<pass>.json`` as it goes, ``placer.log``
