@@ -31,18 +31,7 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
     Raises:
         SlurmError: a record's ``nodes`` is not a valid host list.
     """
-    from slurm_coloc.store.db import open_readonly
-    from slurm_coloc.store.samples import load_gpu_samples
-
-    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
-    samples: List[dict] = []
-    for node in nodes:
-        try:
-            db = open_readonly(cfg.node_db_path(node))
-            samples += load_gpu_samples(db, t0, t1, list(range(64)))
-        except Exception as exc:  # unreadable db: metric NULL
-            log.info("no samples for %s: %s", node, exc)
-    return mean_smact(samples)
+    return sm_activity_per_gpu(cfg, records, t0, t1)[0]
 
 
 def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
