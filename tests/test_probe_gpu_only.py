@@ -268,3 +268,23 @@ def test_batch_step_variables_and_ddp_gradient_buckets(tmp_path):
     params_mib = (2048 * 4096 * 2 + 4096 + 2048) * 4 / MIB
     assert with_ddp.estimate.mem_mib - plain.estimate.mem_mib >= params_mib * 0.99, (with_ddp.estimate,
                                                                                       plain.estimate)
+
+
+def test_an_nccl_group_adds_its_communicators_memory(tmp_path):
+    """An NCCL group's communicator holds GPU memory outside the caching allocator (564 MiB on the H100s,
+    ``benchmarks/device/nccl_overhead.py``): the same DDP program estimates that much more with ``nccl`` (or
+    no backend: torch picks NCCL for CUDA) than with ``gloo``, and says why."""
+    from slurm_coloc.estimate.gpus import gpu_model
+
+    gloo = probe(tmp_path, "gloo", DDP_UNDER_SLURM.replace('"nccl"', '"gloo"'))
+    nccl = probe(tmp_path, "nccl", DDP_UNDER_SLURM)
+    default = probe(tmp_path, "default", DDP_UNDER_SLURM.replace('"nccl", ', ""))
+    for r in (gloo, nccl, default):
+        assert r.estimate is not None, (r.reason, r.log_text[-2000:])
+    added = gpu_model("H100").nccl_mib
+    assert added == 564
+    assert nccl.estimate.mem_mib - gloo.estimate.mem_mib == added, (nccl.estimate, gloo.estimate)
+    assert default.estimate.mem_mib == nccl.estimate.mem_mib
+    assert nccl.estimate.detail["nccl_mib"] == added and "nccl_mib" not in gloo.estimate.detail
+    assert any("NCCL group" in n for n in nccl.detail["notes"]) and not any("NCCL group" in n
+                                                                            for n in gloo.detail["notes"])

@@ -24,6 +24,8 @@ class GpuModel:
         source: where the figures come from.
         arch: CUDA compute capability family (``sm90`` for Hopper); the cuDNN workspace table is
             measured on ``workspace.TABLE_ARCH`` and only a proxy for other architectures.
+        nccl_mib: what a process's NCCL communicator (an NCCL process group and its first collective, e.g.
+            DDP's) adds outside the caching allocator, MiB; 0 where not known.
     """
 
     name: str
@@ -32,14 +34,19 @@ class GpuModel:
     libs_mib: int
     source: str
     arch: str = "sm90"
+    nccl_mib: int = 0
 
 
 GPUS: Dict[str, GpuModel] = {
+    # nccl_mib: benchmarks/device/nccl_overhead.py on 2x H100 (torch 2.11.0+cu130, NCCL 2.28.9): a one-process
+    # NCCL group with DDP added 564 MiB outside the allocator for a Linear, ResNet-18 and ResNet-50 alike
+    # (benchmarks/device/results/h100x2-nccl-overhead/).
     "H100": GpuModel("H100", 81559, 612, 0,
                      "measured on H100 80GB HBM3, driver 580.159.04, torch 2.11+cu130 "
-                     "(docs/facts.md §10-§12)"),
+                     "(docs/facts.md §10-§12; NCCL: benchmarks/device/nccl_overhead.py)", nccl_mib=564),
     "H200": GpuModel("H200", 143771, 612, 0,
-                     "memory from nvidia-smi on H200; context assumed equal to H100 (same Hopper stack)"),
+                     "memory from nvidia-smi on H200; context and NCCL assumed equal to H100 "
+                     "(same Hopper stack)", nccl_mib=564),
     # Not measured here: for comparing with GPUMemNet's A100 figures only. 40960 MiB = the
     # 40 GB part as nvidia-smi reports it. Context: the smallest per-process peak among
     # GPUMemNet's 6000 MLP runs on A100 40GB (their older CUDA stack) is 1443 MiB

@@ -94,7 +94,9 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
 
     Args:
         result: the probe's result JSON (``peak_allocated_b``, ``peak_reserved_b``, ``conv_workspace_max_b``
-            in bytes; ``flops_per_step`` in FLOPs, dropped outside the job comment's ``BOUNDS``).
+            in bytes; ``flops_per_step`` in FLOPs, dropped outside the job comment's ``BOUNDS``;
+            ``nccl_group`` true adds the GPU model's ``nccl_mib``, the communicator's memory outside the
+            allocator).
         gpu_name: the GPU model name (``H100``).
 
     Returns:
@@ -106,6 +108,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     """
     from slurm_coloc.comment.values import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
+    from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.trace import TraceResult
 
     precision = precision_of(result)
@@ -122,7 +125,11 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     est = bound_from_trace(trace, gpu_name, precision)
     detail = dict(est.detail, precision=precision, chosen="probe")
     detail.pop("params_mib", None)  # the probe does not see parameter bytes apart
-    return dataclasses.replace(est, method="probe", detail=detail)
+    mem_mib = est.mem_mib
+    if result.get("nccl_group") is True:  # the NCCL communicator: outside the allocator the probe traces
+        detail["nccl_mib"] = gpu_model(gpu_name).nccl_mib
+        mem_mib += detail["nccl_mib"]
+    return dataclasses.replace(est, mem_mib=mem_mib, method="probe", detail=detail)
 
 
 def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:

@@ -23,6 +23,10 @@ def patch_distributed(torch: Any, st: Any) -> None:
 
     def init_process_group(*a: Any, **k: Any) -> None:
         st.note("torch.distributed: one-process gloo group")
+        if uses_nccl(a[0] if a else k.get("backend")):
+            st.nccl_group = True
+            st.note("torch.distributed: the job's NCCL group holds GPU memory outside the allocator: added "
+                    "(gpus.py nccl_mib)")
         if dist.is_initialized():
             return
         orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -67,3 +71,13 @@ def _bucket_buffers(torch: Any, module: Any) -> list:
             key = (p.device, p.dtype)
             sizes[key] = sizes.get(key, 0) + p.numel()
     return [torch.empty(n, dtype=dtype, device=device) for (device, dtype), n in sizes.items()]
+
+
+def uses_nccl(backend: Any) -> bool:
+    """Whether ``init_process_group(backend)`` gives the job an NCCL communicator on its GPU: ``nccl`` named
+    (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ``Backend.NCCL``), or no backend (torch then picks NCCL for CUDA).
+
+    Args:
+        backend: the ``backend`` argument as the program passed it (str, ``Backend`` or None).
+    """
+    return backend is None or "nccl" in str(backend).lower()

@@ -35,6 +35,7 @@ class ProbeState:
         gpu: the :class:`GpuOps` that runs GPU ops on fake tensors (set by ``main.py``).
         cuda_op: whether the op being dispatched makes GPU tensors.
         autocast_dtypes: dtype names of the CUDA autocast regions entered.
+        nccl_group: the program asked for an NCCL process group (its communicator's memory is not traced).
         notes: things the probe changed or assumed, one short line each.
         fail: ends the probe with a reason (set by ``main.py``), for what this torch cannot imitate.
     """
@@ -45,6 +46,7 @@ class ProbeState:
         self.cuda_op = False
         self.dispatch_depth = 0
         self.autocast_dtypes: List[str] = []
+        self.nccl_group = False
         self.notes: List[str] = []
         self.fail: Optional[Callable[[str], None]] = None
 

@@ -19,8 +19,9 @@ Then the result JSON is written and the process ends with ``os._exit(0)`` (no ``
 ``finally`` of the program: nothing the program would save at its end runs).
 
 Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_reserved_b``,
-``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``param_dtypes``,
-``depthwise_max_hw``, ``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
+``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``nccl_group`` (the program
+asked for an NCCL process group: ``inject/distributed.py``), ``param_dtypes``, ``depthwise_max_hw``,
+``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
 (FLOPs ``FlopCounterMode`` counted between the first two steps of the program's first optimizer, i.e. one
 training iteration, all ops of the process included; None when not counted:
 ``estimate.flops.make_flop_counter``), ``outside_writes`` (paths the program opened for writing outside the

@@ -53,6 +53,7 @@ def result(probe: Any, status: str, reason: str) -> Dict[str, Any]:
         "optimizers": sorted(set(probe.opt_names.values())),
         "steps": sum(probe.opt_steps.values()), "forwards": probe.forwards,
         "autocast": list(st.autocast_dtypes) if st else [],
+        "nccl_group": bool(st.nccl_group) if st else False,
         "param_dtypes": probe.param_dtypes, "depthwise_max_hw": dw,
         "conv_workspace_max_b": ws_max, "ops": ops, "assumed_values": assumed,
         "flops_per_step": probe.step_flops(),
