@@ -12,6 +12,8 @@ import os
 import shutil
 import textwrap
 
+import pytest
+
 from slurm_coloc.probe.probe import probe_script
 
 MIB = 1 << 20
@@ -288,3 +290,15 @@ def test_an_nccl_group_adds_its_communicators_memory(tmp_path):
     assert nccl.estimate.detail["nccl_mib"] == added and "nccl_mib" not in gloo.estimate.detail
     assert any("NCCL group" in n for n in nccl.detail["notes"]) and not any("NCCL group" in n
                                                                             for n in gloo.detail["notes"])
+
+
+@pytest.mark.parametrize("value", ["true", 1, "yes", None, {"nccl": True}, [True], 10 ** 300])
+def test_a_result_file_with_a_garbage_nccl_group_adds_nothing(value):
+    """The probe's result file is written by the user's program's process: only a JSON ``true`` adds the NCCL
+    figure; any other value estimates as if the key were absent, without raising."""
+    from slurm_coloc.probe.probe import estimate_from_result
+
+    base = {"status": "ok", "peak_allocated_b": 10 ** 9, "peak_reserved_b": 10 ** 9}
+    plain = estimate_from_result(base)
+    assert estimate_from_result({**base, "nccl_group": value}) == plain
+    assert estimate_from_result({**base, "nccl_group": True}).mem_mib == plain.mem_mib + 564
