@@ -13,7 +13,8 @@ No GPU here, so each job's work is sized from estimates, and the exclusive pass 
 - memory request = estimated peak x 1.25 + 1 GiB (CUDA context and library workspaces; no OOM wanted: the
   estimator's fence margin is a separate question, docs/estimator.md).
 Usage (CPU, a few minutes): ``python3 -m benchmarks.device.placement_mix [--set mix|heldout] [--out FILE]``
-(``heldout``: a third pile chosen after the policy was final, ``placement_plan_heldout.json``).
+(``heldout``: a third pile chosen after the policy was final, ``placement_plan_heldout.json``; ``heldout-sized``:
+a fourth, also held out, with the issue's job length, ``placement_plan_heldout_sized.json``).
 """
 from __future__ import annotations
 
@@ -47,7 +48,19 @@ HELDOUT: List[Tuple[str, float]] = [
     ("tv:vgg16:3x64x64:64:100", 8), ("tv:densenet169:3x224x224:16:1000", 9),
     ("tv:efficientnet_v2_s:3x192x192:16:1000", 9), ("tv:maxvit_t:3x224x224:16:1000", 8),
     ("tv:convnext_small:3x224x224:16:1000", 10), ("tv:wide_resnet101_2:3x224x224:8:1000", 11)]
-SETS = {"mix": (MIX, OUT), "heldout": (HELDOUT, HERE / "placement_plan_heldout.json")}
+# A fourth pile, also chosen after the policy was final, sized like the issue's own pile (training 10-18 s alone
+# per job, as the project's pile's 15 s, where the other two are start-up bound at 3-11 s): torchvision models
+# that no earlier pile uses; ``--set heldout-sized``.
+HELDOUT_SIZED: List[Tuple[str, float]] = [
+    ("tv:googlenet:3x224x224:32:1000", 10), ("tv:swin_s:3x224x224:16:1000", 14),
+    ("tv:regnet_y_3_2gf:3x224x224:16:1000", 12), ("tv:densenet201:3x224x224:16:1000", 16),
+    ("tv:squeezenet1_0:3x224x224:64:1000", 11), ("tv:convnext_base:3x224x224:16:1000", 18),
+    ("tv:shufflenet_v2_x1_5:3x224x224:64:1000", 13), ("tv:efficientnet_b3:3x256x256:16:1000", 15),
+    ("tv:regnet_x_3_2gf:3x224x224:32:1000", 17), ("tv:mnasnet1_3:3x224x224:32:1000", 12),
+    ("tv:swin_v2_t:3x224x224:16:1000", 16), ("tv:resnext101_32x8d:3x224x224:16:1000", 14),
+    ("tv:vgg13_bn:3x128x128:32:1000", 11), ("tv:densenet161:3x224x224:16:1000", 18)]
+SETS = {"mix": (MIX, OUT), "heldout": (HELDOUT, HERE / "placement_plan_heldout.json"),
+        "heldout-sized": (HELDOUT_SIZED, HERE / "placement_plan_heldout_sized.json")}
 MARGIN, CONTEXT_MIB = 1.25, 1024
 
 
@@ -99,7 +112,8 @@ def make_plan(mix: Sequence[Tuple[str, float]], rate: float, per_kernel: float) 
                      "est_peak_mib": round(e["peak_mib"])})
         print(f"{w:<42} {e['gflop']:9.1f} GFLOP {step_s * 1000:7.1f} ms/step x{steps:<5} "
               f"{e['peak_mib']:7.0f} MiB -> ask {jobs[-1]['mem_mib']} MiB", flush=True)
-    return {"train_s": "4-12 (estimated, per job)", "gap_s": 0.0,
+    lo, hi = min(t for _, t in mix), max(t for _, t in mix)
+    return {"train_s": f"{lo:g}-{hi:g} (estimated, per job)", "gap_s": 0.0,
             "source": f"placement_mix.py: estimator trace + step model ({rate:.0f} GFLOP/s, "
                       f"{per_kernel * 1e6:.1f} us per kernel, fitted on {PROFILE.name})",
             "pile_shards": sum(-(-j["mem_mib"] // 1024) for j in jobs), "scenarios": {"mix": jobs}}

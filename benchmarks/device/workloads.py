@@ -127,7 +127,10 @@ def main(argv: List[str] | None = None) -> int:
 
     def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xs[i % 4]), ys[i % 4])
+        out = model(xs[i % 4])
+        if not isinstance(out, torch.Tensor):  # GoogLeNet / Inception in training mode: (logits, aux...)
+            out = out.logits if hasattr(out, "logits") else out[0]
+        loss = loss_fn(out, ys[i % 4])
         loss.backward()
         opt.step()
 
