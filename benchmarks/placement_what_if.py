@@ -9,6 +9,13 @@ profiles alone measured on the H100s, with jobs submitted 0.5 s apart as the har
   ``longest`` (most GPU work first).
 - Whole-run bound: a GPU qualifies while every job's predicted run (``share.predicted_ends`` with the new job)
   stays within ``margin x bound`` of its run alone, instead of the instantaneous ``load / capacity``.
+- GPU choice by earliest predicted end: among the GPUs within the bound, the one where the job is predicted
+  (``share.predicted_ends``) to end first, instead of the lowest predicted slowdown (sixth session; the code
+  that ran on the devices is ``results/h100x2-placement-heldout-sized/sixth-session/host1-earliest-end/
+  earliest-end.patch``). Bound 3: the product's rules with ``placement_max_slowdown`` 3.
+- Job sets: the project's pile, the own pile and pile + stream (0.5 s apart), and the two held-out piles submitted
+  all at once (``placement_plan_heldout.json``, ``placement_plan_heldout_sized.json``, profiles alone from their
+  2x H100 exclusive passes).
 - Features: capacity fitted (``placement_share_fit.corun_rows``) with the load counted as summed SM activity,
   SM occupancy, DRAM activity or powers of SM activity, on each pile and tested on the other.
 
@@ -57,6 +64,27 @@ def pile_jobs(scenario: str) -> List[sim.Job]:
     return jobs
 
 
+def plan_jobs(plan_name: str, exclusive: str, spacing_s: float) -> List[sim.Job]:
+    """The 14 jobs of a ``placement_mix.py`` plan with their profiles alone from its exclusive pass file (under
+    ``results/``), submitted ``spacing_s`` apart (0: all at once, as ``--submit parallel``)."""
+    prof = fitmod.profiles([json.loads((R / exclusive).read_text())])
+    plan = json.loads((fitmod.HERE / "device" / plan_name).read_text())["scenarios"]["mix"]
+    return [sim.Job(r["index"], r["workload"], r["offset_s"] + spacing_s * k, math.ceil(r["mem_mib"] / 1024),
+                    prof[r["workload"]]["smact"], prof[r["workload"]]["startup_s"],
+                    prof[r["workload"]]["run_s"] - prof[r["workload"]]["startup_s"]) for k, r in enumerate(plan)]
+
+
+def earliest_end_judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity,
+                       gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
+    """``share._judge`` ranking a qualifying GPU by the job's own predicted end first (module docstring)."""
+    key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
+    if key is None or basis not in ("slowdown-model", "empty-gpu"):
+        return key, basis, pred, why
+    smact = job.smact if job.smact is not None else demand.smact
+    end = share.predicted_ends(list(ts) + [share.Tenant(job, now, smact)], capacity)[-1]
+    return (key[0], end if end is not None else math.inf) + tuple(key[1:]), basis, pred, why
+
+
 def order_tail(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
     """``tail``: the jobs that would end last if held back go first (module docstring)."""
     base = ORIGINAL_ORDER(jobs, now, age_s)
@@ -94,26 +122,32 @@ def whole_run_judge(margin: float) -> Callable[..., Any]:
 
 
 def policy_table() -> None:
-    """Makespan, mean JCT and slowdowns of each variant on the three job sets (model)."""
+    """Makespan, mean JCT and slowdowns of each variant on the five job sets (model)."""
     cap = intensity.load_calibration().share_capacity
     files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
     power = sim.energy_fit([files[n] for n in ("pile-exclusive-part1", "pile-exclusive-part2", "pile-blind",
                                                "pile-aware", "stream-exclusive", "stream-blind", "stream-aware")])
-    variants: List[Tuple[str, Callable[..., Any], Callable[..., Any]]] = [
-        ("work (the product's)", ORIGINAL_ORDER, ORIGINAL_JUDGE), ("tail", order_tail, ORIGINAL_JUDGE),
-        ("longest", order_longest, ORIGINAL_JUDGE)] + [
-        (f"whole-run bound x{m}", ORIGINAL_ORDER, whole_run_judge(m)) for m in (1.0, 0.9, 0.8)]
-    print(f"capacity {cap} (calibration.json), bound 2, 2 GPUs of 80 shards, jobs {SPACING_S} s apart\n")
+    variants: List[Tuple[str, Callable[..., Any], Callable[..., Any], float]] = [
+        ("work (the product's)", ORIGINAL_ORDER, ORIGINAL_JUDGE, 2.0), ("tail", order_tail, ORIGINAL_JUDGE, 2.0),
+        ("longest", order_longest, ORIGINAL_JUDGE, 2.0)] + [
+        (f"whole-run bound x{m}", ORIGINAL_ORDER, whole_run_judge(m), 2.0) for m in (1.0, 0.9, 0.8)] + [
+        ("GPU by earliest predicted end", ORIGINAL_ORDER, earliest_end_judge, 2.0),
+        ("bound 3", ORIGINAL_ORDER, ORIGINAL_JUDGE, 3.0)]
+    print(f"capacity {cap} (calibration.json), bound 2 unless named, 2 GPUs of 80 shards\n")
     print("| jobs | policy | makespan s | mean JCT s | worst run slowdown | peak slowdown |\n|---|---|---:|---:|---:|---:|")
     sets = (("project's pile", lambda: pile_jobs("pile")), ("own pile", mix_jobs),
-            ("pile + stream", lambda: pile_jobs("mixed")))
+            ("pile + stream", lambda: pile_jobs("mixed")),
+            ("held-out pile, all at once", lambda: plan_jobs(
+                "placement_plan_heldout.json", "h100x2-placement-heldout-pile/mix-exclusive.json", 0.0)),
+            ("held-out pile of the issue's size, all at once", lambda: plan_jobs(
+                "placement_plan_heldout_sized.json", "h100x2-placement-heldout-sized/mix-exclusive.json", 0.0)))
     for name, make in sets:
         r = sim.simulate("blind", make(), 2, 80, cap, 2.0, power)
         print(f"| {name} | blind | {r['makespan_s']:.1f} | {r['mean_jct_s']:.1f} | {r['max_run_slowdown']:.2f} | - |")
-        for label, order, judge in variants:
+        for label, order, judge, bound in variants:
             share.order_candidates, share._judge = order, judge
             try:
-                r = sim.simulate("throughput", make(), 2, 80, cap, 2.0, power)
+                r = sim.simulate("throughput", make(), 2, 80, cap, bound, power)
             finally:
                 share.order_candidates, share._judge = ORIGINAL_ORDER, ORIGINAL_JUDGE
             print(f"| {name} | throughput, {label} | {r['makespan_s']:.1f} | {r['mean_jct_s']:.1f} | "
