@@ -119,7 +119,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"placement_share_fit: cannot read input: {exc}", file=sys.stderr)
         return 1
     for f, p in zip(files, a.files):
-        f["pass"] = Path(p).stem  # two files of one pass (a repeat with other settings) stay apart
+        # two files of one pass (a repeat, another host or pile) stay apart: named by their path under results/
+        rel = Path(p).resolve()
+        f["pass"] = str(rel.relative_to(RESULTS.parent).with_suffix("")) if rel.is_relative_to(RESULTS.parent) \
+            else rel.stem
     capacity, per = fit(files, fallback)
     prof = with_fallback(profiles(files), fallback)
     if fallback:
