@@ -47,12 +47,8 @@ ORIGINAL_JUDGE = share._judge
 
 
 def mix_jobs() -> List[sim.Job]:
-    """The own pile's 14 jobs with their profiles alone from its 2x H100 exclusive pass."""
-    prof = fitmod.profiles([json.loads(MIX[0].read_text())])
-    plan = json.loads((fitmod.HERE / "device" / "placement_plan_mix.json").read_text())["scenarios"]["mix"]
-    return [sim.Job(r["index"], r["workload"], r["offset_s"] + SPACING_S * k, math.ceil(r["mem_mib"] / 1024),
-                    prof[r["workload"]]["smact"], prof[r["workload"]]["startup_s"],
-                    prof[r["workload"]]["run_s"] - prof[r["workload"]]["startup_s"]) for k, r in enumerate(plan)]
+    """The own pile's 14 jobs with their profiles alone from its 2x H100 exclusive pass, ``SPACING_S`` apart."""
+    return plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), SPACING_S)
 
 
 def pile_jobs(scenario: str) -> List[sim.Job]:
