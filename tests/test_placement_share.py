@@ -186,8 +186,8 @@ def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
     steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
     out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
     assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2,
-                                   0.5)]  # steered, not shown by Slurm yet
-    assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7)]  # running: its data, Slurm's start
+                                   0.5, 8)]  # steered, not shown by Slurm yet
+    assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7, 7)]  # running: its data, Slurm's start
 
 
 @pytest.mark.parametrize("text,needle", [("placement_max_slowdown: 0.5\n", "placement_max_slowdown"),
@@ -268,6 +268,35 @@ def test_predicted_ends_play_the_sharing_model_forward() -> None:
     assert ends[1] is not None and ends[1] > ends[0]
     assert share.predicted_ends([share.Tenant(share.Profile(0.5), NOW)], CAP) == [None]  # run time unknown
     assert share.predicted_ends([], CAP) == []
+
+
+def test_a_tenant_that_left_is_replayed_as_the_load_it_was() -> None:
+    # A and B computed together from NOW - 20 (L 1.2 > 1.03); A left at NOW - 5. Forgetting A, B would have
+    # run alone from NOW - 20 and end now; replayed, it progressed at 1.03 / 1.2 for 15 s, had
+    # 20 - 15 x 1.03 / 1.2 = 7.125 s of its work alone left when A left, and ends 7.125 s after that.
+    a = share.Tenant(share.Profile(0.6, 30.0, 10.0), NOW - 30, job_id=1, end_ts=NOW - 5)
+    b = share.Tenant(share.Profile(0.6, 30.0, 10.0), NOW - 30, job_id=2)
+    assert share.predicted_ends([b], CAP) == [pytest.approx(NOW + 0.0)]
+    assert share.predicted_ends([a, b], CAP) == [NOW - 5, pytest.approx(NOW - 5 + 20 - 15 * CAP / 1.2)]
+    # a tenant that left never counts at a new job's start, and a GPU of only such tenants takes anyone
+    assert share.load_at_start([a, b], CAP, NOW, 2.0) == pytest.approx(0.6)
+    assert share.load_at_start([a], CAP, NOW, 2.0) == 0.0
+
+
+def test_track_departures_keeps_only_those_that_shaped_a_present_tenant() -> None:
+    key = ("n1", 0)
+    early = share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 60, job_id=1)
+    mate = share.Tenant(share.Profile(0.5, 60.0, 10.0), NOW - 40, job_id=2)
+    late = share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, job_id=3)
+    gone = share.track_departures({key: [early, mate]}, {key: [mate]}, {}, NOW)
+    # left now, while the mate computes
+    assert gone == {key: [share.Tenant(early.profile, early.start_ts, 0.5, 1, NOW)]}
+    # once the mate leaves too, only a tenant that began computing before they left keeps them
+    kept = share.track_departures({key: [mate]}, {key: [late]}, gone, NOW + 1)
+    assert kept == {}  # late computes from NOW + 8: neither shaped it
+    assert share.track_departures({key: [mate]}, {key: []}, gone, NOW + 1) == {}  # an empty GPU keeps none
+    unknown = share.Tenant(share.Profile(0.5), NOW - 60)  # no job id: never taken for gone
+    assert share.track_departures({key: [unknown, mate]}, {key: [mate]}, {}, NOW) == {}
 
 
 def test_a_tenant_that_leaves_before_the_next_one_computes_frees_its_room_at_once() -> None:

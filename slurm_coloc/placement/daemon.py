@@ -152,10 +152,11 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
             if (node, idx) in where and not job.completing:
                 s = steered.get(job.job_id)
                 prof, pred = (s.profile, s.demand.smact) if s is not None else known(job)
-                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred))
+                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred,
+                                                            job.job_id))
     for job_id, s in steered.items():
         if job_id not in shown and (s.node, s.index) in where:
-            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact))
+            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact, job_id))
     return out
 
 
@@ -235,7 +236,11 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
                                              cfg.placement_drama_gate), gpus, [], bool(nodes), now, env)
     rnd.log_gpus()
     if rnd.throughput:
-        rnd.tenants = gpu_tenants(gpus, jobs, state.steered, rnd.tenant_data, now)
+        present = gpu_tenants(gpus, jobs, state.steered, rnd.tenant_data, now)
+        current = {g.key: ts for g, ts in zip(gpus, present)}
+        state.departed = share.track_departures(state.present, current, state.departed, now)
+        state.present = current
+        rnd.tenants = [ts + state.departed.get(g.key, []) for g, ts in zip(gpus, present)]
         candidates = rnd.ordered(candidates)
     for job in candidates:
         rnd.handle(job, shards_of[job.job_id], counts)

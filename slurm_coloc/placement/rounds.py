@@ -34,11 +34,14 @@ class Steered:
 
 @dataclass
 class PlacerState:
-    """What the placer keeps between rounds: steered jobs, history (activity and timing alone by
-    ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the bad-input lines
-    already logged (each is logged once)."""
+    """What the placer keeps between rounds: steered jobs, each GPU's tenants last round (``present``) and
+    those that left it while others ran (``departed``, ``share.track_departures``), history (activity and
+    timing alone by ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the
+    bad-input lines already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
+    present: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
+    departed: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
     timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
     history_ts: float = 0.0
@@ -173,7 +176,7 @@ class Round:
                 self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand,
                                                          self.now,
                                                          prof)
-                self._add(decision, shards, demand, prof)
+                self._add(decision, shards, demand, prof, job.job_id)
                 counts["placed"] += 1
                 log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
                          decision.reason)
@@ -193,7 +196,7 @@ class Round:
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
 
-    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile) -> None:
+    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile, job_id: int) -> None:
         """Count a steered job on its GPU for the rest of the round."""
         key = (d.node, d.index)
         for i, g in enumerate(self.gpus):
@@ -201,4 +204,4 @@ class Round:
                 self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
                                        recent=g.recent + demand)
                 if self.throughput:
-                    self.tenants[i].append(share.Tenant(prof, self.now, demand.smact))
+                    self.tenants[i].append(share.Tenant(prof, self.now, demand.smact, job_id))

@@ -19,12 +19,13 @@ where the sampler is silent).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, fresh
 
 POLICIES = ("throughput", "gate")
+Key = Tuple[str, int]  # a GPU: (node, index)
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,17 @@ class Profile:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering) and
-    its predicted SM activity alone (fraction; used where the profile has no measured one)."""
+    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering),
+    its predicted SM activity alone (fraction; used where the profile has no measured one), its Slurm job id
+    (None: not known) and, for a job that has left the GPU, when it left (``end_ts``, Unix s; None: still
+    there). A job that left is replayed as load until it left (``predicted_ends``) and never counts at a new
+    job's start (``load_at_start``)."""
 
     profile: Profile
     start_ts: float
     predicted: float = 0.5
+    job_id: Optional[int] = None
+    end_ts: Optional[float] = None
 
     @property
     def smact(self) -> float:
@@ -76,30 +82,33 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
     """When each tenant is predicted to end (Unix s; None: run time not known, it never ends in the model), by
     playing the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone,
     and while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` every one progresses at
-    ``capacity / L``. Tenants that already left are not replayed (their load in the past is unknown here), so
-    an end can come out early; ``load_at_start`` keeps counting a tenant past its predicted end. Pure,
+    ``capacity / L``. A tenant that has left (``end_ts`` set) is load until it left and ends then, so the past
+    progress of the others is replayed with the company they had (``track_departures`` keeps those that left
+    while a present tenant ran); ``load_at_start`` keeps counting a tenant past its predicted end. Pure,
     O(n^2).
 
     Args:
-        tenants: the jobs holding the GPU (start time in unix s, profile: ``startup_s``, ``work_s`` in s,
-            ``smact`` fraction).
+        tenants: the jobs holding the GPU, and those that left it (start time in unix s, profile:
+            ``startup_s``, ``work_s`` in s, ``smact`` fraction; ``end_ts`` in unix s for those that left).
         capacity: the model's fitted capacity (summed SM activity alone, fraction).
 
     Returns:
-        The predicted end (unix s) or None per tenant, index for index. Never raises.
+        The predicted end (unix s) or None per tenant, index for index (``end_ts`` for one that left). Never
+        raises.
     """
     begin = [t.start_ts + (t.profile.startup_s or 0.0) for t in tenants]
-    left = [t.profile.work_s for t in tenants]
-    ends: List[Optional[float]] = [None] * len(tenants)
+    left = [t.profile.work_s if t.end_ts is None else None for t in tenants]
+    ends: List[Optional[float]] = [t.end_ts for t in tenants]
     pending = {k for k, w in enumerate(left) if w is not None}
     clock = min(begin, default=0.0)
     while pending:
-        active = [k for k in range(len(tenants)) if begin[k] <= clock and ends[k] is None]
+        active = [k for k, e in enumerate(ends) if begin[k] <= clock and (e is None or e > clock)]
         load = sum(tenants[k].smact for k in active)
         rate = min(1.0, capacity / load) if load > 0 else 1.0
         finishing = [(left[k] or 0.0) / rate for k in active if k in pending]
-        starting = [b - clock for b in begin if b > clock]
-        step = min(finishing + starting)
+        events = [b - clock for b in begin if b > clock] + [
+            e - clock for t, e in zip(tenants, ends) if t.end_ts is not None and e is not None and e > clock]
+        step = min(finishing + events)
         for k in active:
             if k in pending:
                 left[k] = (left[k] or 0.0) - step * rate
@@ -110,22 +119,53 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
     return ends
 
 
+def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[Key, Sequence[Tenant]],
+                     departed: Mapping[Key, Sequence[Tenant]], now: float) -> Dict[Key, List[Tenant]]:
+    """The tenants that left each GPU, kept for ``predicted_ends``: those of ``departed``, plus those of
+    ``previous`` (last round's tenants, by ``job_id``) missing from ``current``, with ``end_ts`` = ``now``;
+    only those that left after the earliest present tenant began computing (the others no longer shape any
+    present tenant's progress). A GPU with no present tenant keeps none.
+
+    Args:
+        previous, current, departed: per GPU key ``(node, index)``, last round's tenants, this round's and
+            those already known to have left.
+        now: this round's time (unix s).
+
+    Returns:
+        Per GPU key with a present tenant, the tenants that left (``end_ts`` set). Pure, never raises.
+    """
+    out: Dict[Key, List[Tenant]] = {}
+    for key, present in current.items():
+        if not present:
+            continue
+        here = {t.job_id for t in present if t.job_id is not None}
+        gone = [replace(t, end_ts=now) for t in previous.get(key, ())
+                if t.job_id is not None and t.job_id not in here and t.end_ts is None]
+        since = min(t.start_ts + (t.profile.startup_s or 0.0) for t in present)
+        kept = [t for t in [*departed.get(key, ()), *gone] if t.end_ts is not None and t.end_ts > since]
+        if kept:
+            out[key] = kept
+    return out
+
+
 END_SLACK = 0.1
-"""A tenant counts as gone only when predicted to end this fraction of its work alone before the job computes:
-``predicted_ends`` cannot replay tenants that already left, so it overestimates the past progress of those
-that shared with them. In ``benchmarks/placement_sim.py`` (pile and pile + stream, H100 and H200 profiles,
-bound 2) the instantaneous slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more
-makespan (docs/benchmarks.md)."""
+"""A tenant counts as gone only when predicted to end this fraction of its work alone before the job
+computes: the model runs ahead of the measured jobs (on the 2x H100 throughput passes, training took 1.16x
+the model's time, median, given the company each job actually had; docs/benchmarks.md). In
+``benchmarks/placement_sim.py`` (pile and pile + stream, H100 and H200 profiles, bound 2) the instantaneous
+slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more makespan
+(docs/benchmarks.md)."""
 
 
 def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> float:
     """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now``
     with ``startup_s`` of start-up begins: a tenant predicted (``predicted_ends``) to end in ``(now, now +
     startup_s]`` with ``END_SLACK`` x its work alone to spare is left out; one past its predicted end (it
-    overran) or of unknown run time counts.
+    overran) or of unknown run time counts; one that has left (``end_ts``) is only replayed.
 
     Args:
-        tenants: the jobs holding the GPU; capacity: the fitted capacity (summed SM activity, fraction).
+        tenants: the jobs holding the GPU (and those that left it); capacity: the fitted capacity (summed SM
+            activity, fraction).
         now: when the job is placed (unix s); startup_s: its start-up before it computes (s).
 
     Returns:
@@ -133,6 +173,8 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
     """
     total = 0.0
     for t, end in zip(tenants, predicted_ends(tenants, capacity)):
+        if t.end_ts is not None:
+            continue
         if end is not None and now < end and end + END_SLACK * (t.profile.work_s or 0.0) <= now + startup_s:
             continue
         total += t.smact
@@ -165,7 +207,7 @@ def _judge(g: GpuState, ts: Sequence[Tenant], shards: int, job: Profile, demand:
     if g.tenants == 0 and g.shards_used == 0:
         return (0, pred, 0, -g.shards_free, g.node,
                 g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
-    guarded = job.smact is not None or any(t.profile.smact is not None for t in ts)
+    guarded = job.smact is not None or any(t.profile.smact is not None and t.end_ts is None for t in ts)
     if guarded and pred > max_slowdown:  # live state or none: never past the bound of a measured job
         why = "" if job.smact is not None else " (predicted activity)"
         return None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}"
@@ -292,7 +334,7 @@ def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
         The GPUs within the bound, in the order of ``gpus``. Never raises.
     """
     return [g for g, ts in zip(gpus, tenants)
-            if all(t.profile.smact is None for t in ts)
+            if all(t.profile.smact is None or t.end_ts is not None for t in ts)
             or bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
 
 
