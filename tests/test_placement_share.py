@@ -295,6 +295,12 @@ def test_track_departures_keeps_only_those_that_shaped_a_present_tenant() -> Non
     kept = share.track_departures({key: [mate]}, {key: [late]}, gone, NOW + 1)
     assert kept == {}  # late computes from NOW + 8: neither shaped it
     assert share.track_departures({key: [mate]}, {key: []}, gone, NOW + 1) == {}  # an empty GPU keeps none
+    # a long tenant beside many short ones keeps only the last DEPARTED_KEPT of them
+    long = share.Tenant(share.Profile(0.5, 10_000.0, 10.0), NOW - 5_000, job_id=0)
+    shorts = [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 4_000 + 50 * k, job_id=100 + k,
+                           end_ts=NOW - 3_900 + 50 * k) for k in range(share.DEPARTED_KEPT + 8)]
+    kept = share.track_departures({key: [long]}, {key: [long]}, {key: shorts}, NOW)[key]
+    assert len(kept) == share.DEPARTED_KEPT and kept[-1] == shorts[-1] and shorts[7] not in kept
     unknown = share.Tenant(share.Profile(0.5), NOW - 60)  # no job id: never taken for gone
     assert share.track_departures({key: [unknown, mate]}, {key: [mate]}, {}, NOW) == {}
 

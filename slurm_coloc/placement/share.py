@@ -119,12 +119,19 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
     return ends
 
 
+DEPARTED_KEPT = 32
+"""At most this many tenants that left are kept per GPU (the most recent): ``predicted_ends`` is O(n^2),
+and a long-running tenant would otherwise keep every short job that passed beside it. Older ones are
+forgotten, so the replay of a very long tenant's past can again run ahead."""
+
+
 def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[Key, Sequence[Tenant]],
                      departed: Mapping[Key, Sequence[Tenant]], now: float) -> Dict[Key, List[Tenant]]:
     """The tenants that left each GPU, kept for ``predicted_ends``: those of ``departed``, plus those of
     ``previous`` (last round's tenants, by ``job_id``) missing from ``current``, with ``end_ts`` = ``now``;
     only those that left after the earliest present tenant began computing (the others no longer shape any
-    present tenant's progress). A GPU with no present tenant keeps none.
+    present tenant's progress), and at most the ``DEPARTED_KEPT`` that left last. A GPU with no present
+    tenant keeps none.
 
     Args:
         previous, current, departed: per GPU key ``(node, index)``, last round's tenants, this round's and
@@ -144,7 +151,7 @@ def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[
         since = min(t.start_ts + (t.profile.startup_s or 0.0) for t in present)
         kept = [t for t in [*departed.get(key, ()), *gone] if t.end_ts is not None and t.end_ts > since]
         if kept:
-            out[key] = kept
+            out[key] = sorted(kept, key=lambda t: t.end_ts or 0.0)[-DEPARTED_KEPT:]
     return out
 
 
