@@ -13,6 +13,9 @@ profiles alone measured on the H100s, with jobs submitted 0.5 s apart as the har
   (``share.predicted_ends``) to end first, instead of the lowest predicted slowdown (sixth session; the code
   that ran on the devices is ``results/h100x2-placement-heldout-sized/sixth-session/host1-earliest-end/
   earliest-end.patch``). Bound 3: the product's rules with ``placement_max_slowdown`` 3.
+- GPU choice by earliest predicted drain: among the GPUs within the bound, the one whose last tenant (the job
+  included) is predicted to end first (Graham's list scheduling on each GPU's predicted finish; seventh
+  session, model only).
 - Job sets: the project's pile, the own pile and pile + stream (0.5 s apart), and the two held-out piles submitted
   all at once (``placement_plan_heldout.json``, ``placement_plan_heldout_sized.json``, profiles alone from their
   2x H100 exclusive passes).
