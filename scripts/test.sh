@@ -4,9 +4,9 @@
 # The tests start and stop their own real Slurm clusters (free ports, own directories).
 #
 # 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
-# 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default "24.11 26.05"), the versions
-#    side by side, fetched by scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine
-#    keeps it; about 10 s each from a clean cache). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
+# 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default "24.11 26.05"), fetched by
+#    scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine keeps it; about 10 s each
+#    from a clean cache). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
 # Arguments go to every pytest run (e.g. -x). Exit status: non-zero when any run failed.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,9 +41,6 @@ else
   rc=1
 fi
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=15 "$@" tests || rc=1
-# The versions run side by side (each test cluster has its own ports and directory; they mostly wait on
-# Slurm, so two fit the 2-core CI machine); each line is prefixed with its version.
-pids=()
 for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
   echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"
   if ! "$REPO/scripts/slurm_versions.sh" fetch "$v" >/dev/null; then
@@ -51,18 +48,8 @@ for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
     rc=1
     continue
   fi
-  (
-    set +e
-    start=$SECONDS
-    COLOC_SLURM=$v "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" "${VERSION_TESTS[@]}" \
-      2>&1 | sed -u "s/^/[$v] /"
-    status=${PIPESTATUS[0]}
-    echo "== Slurm $v: $((SECONDS - start)) s, pytest exit $status"
-    exit "$status"
-  ) &
-  pids+=("$!")
-done
-for pid in "${pids[@]}"; do
-  wait "$pid" || rc=1
+  start=$SECONDS
+  COLOC_SLURM=$v "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" "${VERSION_TESTS[@]}" || rc=1
+  echo "== Slurm $v: $((SECONDS - start)) s"
 done
 exit "$rc"
