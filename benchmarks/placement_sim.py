@@ -178,9 +178,9 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
                                  o.placed + 1.0, job_id=o.index) for o in holding[g]] for g in range(gpus)]
         # those that left while a present tenant ran, as the placer keeps them (share.track_departures)
         for g in range(gpus):
-            since = min((t.start_ts + (t.profile.startup_s or 0.0) for t in tenants[g]), default=math.inf)
-            tenants[g] += [share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start, job_id=o.index,
-                                        end_ts=o.end) for o in jobs if o.gpu == g and 0 <= o.end and o.end > since]
+            tenants[g] += share.kept_departures(tenants[g], [
+                share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start, job_id=o.index, end_ts=o.end)
+                for o in jobs if o.gpu == g and o.end >= 0])
         d = share.choose_gpu_bounded(states, tenants, j.shards, share.Profile(j.smact, j.alone_s, j.startup_s),
                                      demand, gate, capacity, bound, t, 60.0)
     return d.index if d.placed else None

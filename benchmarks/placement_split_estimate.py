@@ -36,8 +36,10 @@ def split_estimate(blind: Dict[str, Any]) -> Tuple[float, float, float]:
         The three times in s, from the first submission.
 
     Raises:
-        ValueError: no job with a training start (``bench.t0``) and an end.
+        ValueError: not a JSON object, or no job with a training start (``bench.t0``) and an end.
     """
+    if not isinstance(blind, dict):
+        raise ValueError("not a pass file (a JSON object with jobs)")
     jobs = blind.get("jobs") or []
     timed = [j for j in jobs if (j.get("bench") or {}).get("t0") and j.get("end_ts")]
     if not timed:

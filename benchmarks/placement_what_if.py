@@ -73,28 +73,21 @@ def plan_jobs(plan_name: str, exclusive: str, spacing_s: float) -> List[sim.Job]
                     prof[r["workload"]]["run_s"] - prof[r["workload"]]["startup_s"]) for k, r in enumerate(plan)]
 
 
-def earliest_end_judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity,
-                       gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
-    """``share._judge`` ranking a qualifying GPU by the job's own predicted end first (module docstring)."""
-    key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
-    if key is None or basis not in ("slowdown-model", "empty-gpu"):
-        return key, basis, pred, why
-    smact = job.smact if job.smact is not None else demand.smact
-    end = share.predicted_ends(list(ts) + [share.Tenant(job, now, smact)], capacity)[-1]
-    return (key[0], end if end is not None else math.inf) + tuple(key[1:]), basis, pred, why
-
-
-def drain_judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity,
-                gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
-    """``share._judge`` ranking a qualifying GPU by its predicted drain (the last predicted end of its tenants
-    with the job) first: Graham's list scheduling on the predicted finish of each GPU (module docstring)."""
-    key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
-    if key is None or basis not in ("slowdown-model", "empty-gpu"):
-        return key, basis, pred, why
-    smact = job.smact if job.smact is not None else demand.smact
-    ends = share.predicted_ends(list(ts) + [share.Tenant(job, now, smact)], capacity)
-    drain = math.inf if any(e is None for e in ends) else max(e for e in ends if e is not None)
-    return (key[0], drain) + tuple(key[1:]), basis, pred, why
+def end_judge(last: bool) -> Callable[..., Any]:
+    """``share._judge`` ranking a qualifying GPU first by a predicted end (``share.predicted_ends`` with the
+    job placed now): the job's own (earliest end) or, with ``last``, the GPU's last one (earliest drain:
+    Graham's list scheduling on each GPU's predicted finish); module docstring."""
+    def judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity,
+              gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
+        key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
+        if key is None or basis not in ("slowdown-model", "empty-gpu"):
+            return key, basis, pred, why
+        smact = job.smact if job.smact is not None else demand.smact
+        ends = share.predicted_ends(list(ts) + [share.Tenant(job, now, smact)], capacity)
+        picked = ends if last else ends[-1:]
+        end = math.inf if any(e is None for e in picked) else max(e for e in picked if e is not None)
+        return (key[0], end) + tuple(key[1:]), basis, pred, why
+    return judge
 
 
 def order_tail(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
@@ -143,8 +136,8 @@ def policy_table() -> None:
         ("work (the product's)", ORIGINAL_ORDER, ORIGINAL_JUDGE, 2.0), ("tail", order_tail, ORIGINAL_JUDGE, 2.0),
         ("longest", order_longest, ORIGINAL_JUDGE, 2.0)] + [
         (f"whole-run bound x{m}", ORIGINAL_ORDER, whole_run_judge(m), 2.0) for m in (1.0, 0.9, 0.8)] + [
-        ("GPU by earliest predicted end", ORIGINAL_ORDER, earliest_end_judge, 2.0),
-        ("GPU by earliest predicted drain", ORIGINAL_ORDER, drain_judge, 2.0),
+        ("GPU by earliest predicted end", ORIGINAL_ORDER, end_judge(False), 2.0),
+        ("GPU by earliest predicted drain", ORIGINAL_ORDER, end_judge(True), 2.0),
         ("bound 3", ORIGINAL_ORDER, ORIGINAL_JUDGE, 3.0)]
     print(f"capacity {cap} (calibration.json), bound 2 unless named, 2 GPUs of 80 shards\n")
     print("| jobs | policy | makespan s | mean JCT s | worst run slowdown | peak slowdown |\n|---|---|---:|---:|---:|---:|")

@@ -107,7 +107,7 @@ def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[
         rate = min(1.0, capacity / load) if load > 0 else 1.0
         finishing = [(left[k] or 0.0) / rate for k in active if k in pending]
         events = [b - clock for b in begin if b > clock] + [
-            e - clock for t, e in zip(tenants, ends) if t.end_ts is not None and e is not None and e > clock]
+            t.end_ts - clock for t in tenants if t.end_ts is not None and t.end_ts > clock]
         step = min(finishing + events)
         for k in active:
             if k in pending:
@@ -148,11 +148,28 @@ def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[
         here = {t.job_id for t in present if t.job_id is not None}
         gone = [replace(t, end_ts=now) for t in previous.get(key, ())
                 if t.job_id is not None and t.job_id not in here and t.end_ts is None]
-        since = min(t.start_ts + (t.profile.startup_s or 0.0) for t in present)
-        kept = [t for t in [*departed.get(key, ()), *gone] if t.end_ts is not None and t.end_ts > since]
+        kept = kept_departures(present, [*departed.get(key, ()), *gone])
         if kept:
-            out[key] = sorted(kept, key=lambda t: t.end_ts or 0.0)[-DEPARTED_KEPT:]
+            out[key] = kept
     return out
+
+
+def kept_departures(present: Sequence[Tenant], departed: Sequence[Tenant]) -> List[Tenant]:
+    """Of ``departed`` (tenants with ``end_ts`` set), those that still shape a present tenant's replay: left
+    after the earliest of ``present`` began computing, at most the ``DEPARTED_KEPT`` that left last, in the
+    order they left. None when nobody is present.
+
+    Args:
+        present: the GPU's tenants now; departed: those that left it (``end_ts`` in unix s).
+
+    Returns:
+        The tenants kept, oldest departure first. Pure, never raises.
+    """
+    if not present:
+        return []
+    since = min(t.start_ts + (t.profile.startup_s or 0.0) for t in present)
+    kept = [t for t in departed if t.end_ts is not None and t.end_ts > since]
+    return sorted(kept, key=lambda t: t.end_ts or 0.0)[-DEPARTED_KEPT:]
 
 
 END_SLACK = 0.1
