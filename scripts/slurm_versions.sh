@@ -18,8 +18,8 @@
 # Layout of <cache>/<version>/: root/ (dpkg-deb -x of every package, programs and libraries patched to use the
 # suite's loader and libraries), bin/ (sbatch, scontrol, ..., slurmctld: links; slurmd: a wrapper), libexec/,
 # debs.txt (package=version list), complete (stamp written last; a stamp of an older layout is fetched again).
-# munge (munged, munge, unmunge) comes along for machines without their own (the GPU harness); clusters here use
-# the machine's munged, which the suite's libmunge talks to.
+# munge (munged, munge, unmunge) comes along for machines without their own (the GPU harness); clusters here run
+# the machine's munged (one per cluster, scripts/cluster.sh), which the suite's libmunge talks to.
 # slurmd starts /usr/sbin/slurmstepd (compiled-in path): the bin/slurmd wrapper runs slurmd in a private mount
 # namespace where bin/slurmstepd is bind-mounted over /usr/sbin/slurmstepd (the system's 22.05 one stays for
 # everyone else).

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The test command (what CI runs through .ci/run): install, build the SPANK plugin, lint (ruff) and type-check (mypy),
 # build the Debian package, run pytest.
-# The tests start and stop their own real Slurm clusters (free ports, own directories).
+# The tests start and stop their own real Slurm clusters (reserved free ports, fresh directories, own munged:
+# tests/slurm_cluster.py), so two pytest sessions can run at once.
 #
 # 1. The whole suite (not gpu) on Slurm 22.05 (Debian 12's, from apt).
 # 2. The real-cluster tests of VERSION_TESTS on each of COLOC_TEST_VERSIONS (default "24.11 26.05"), fetched by
 #    scripts/slurm_versions.sh (cached under /var/cache/slurm-coloc when the machine keeps it; about 10 s each
-#    from a clean cache). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
+#    from a clean cache), the versions side by side (one background pytest each, every output line prefixed
+#    with "[<version>] "). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
 # Arguments go to every pytest run (e.g. -x). Exit status: non-zero when any run failed.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +43,12 @@ else
   rc=1
 fi
 COLOC_SLURM=22.05 "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider --durations=15 "$@" tests || rc=1
+# The versions run side by side: their clusters share nothing (ports, directories, munged), and they mostly
+# wait on Slurm, so two fit the 2-core CI machine (docs/benchmarks.md "Tests"). Each run is a process group of
+# its own (set -m), so an interrupt of test.sh reaches both pytest runs, whose teardown stops their clusters.
+set -m
+pids=()
+trap 'kill -INT -- "${pids[@]/#/-}" 2>/dev/null' INT TERM
 for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
   echo "== Slurm $v: ${#VERSION_TESTS[@]} cluster test files"
   if ! "$REPO/scripts/slurm_versions.sh" fetch "$v" >/dev/null; then
@@ -48,8 +56,24 @@ for v in ${COLOC_TEST_VERSIONS-24.11 26.05}; do
     rc=1
     continue
   fi
-  start=$SECONDS
-  COLOC_SLURM=$v "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" "${VERSION_TESTS[@]}" || rc=1
-  echo "== Slurm $v: $((SECONDS - start)) s"
+  (
+    set +e +m
+    start=$SECONDS
+    COLOC_SLURM=$v "$VENV/bin/python" -m pytest -q -m "not gpu" -p no:cacheprovider "$@" "${VERSION_TESTS[@]}" \
+      2>&1 | (trap "" INT; exec sed -u "s/^/[$v] /")   # sed outlives an interrupt: pytest's teardown prints
+    status=${PIPESTATUS[0]}
+    echo "== Slurm $v: $((SECONDS - start)) s, pytest exit $status"
+    exit "$status"
+  ) &
+  pids+=("$!")
+done
+for pid in "${pids[@]}"; do
+  while :; do   # a trapped interrupt ends wait early (status > 128) while the run still tears down
+    st=0
+    wait "$pid" || st=$?
+    if [ "$st" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  [ "$st" = 0 ] || rc=1
 done
 exit "$rc"

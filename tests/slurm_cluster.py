@@ -1,21 +1,26 @@
 """Test helper: a real local Slurm cluster (scripts/cluster.sh) owned by one pytest session.
 
-Each session picks free ports and its own directory, so parallel sessions do not collide. The Slurm version is
-``COLOC_SLURM`` (22.05, 24.11, 26.05; default 22.05);
+Each cluster holds its own block of 3 ports (an ``flock`` on ``/tmp/coloc-test-locks/port-<base>.lock``,
+held until the cluster stops, besides the bind check) and a fresh ``mkdtemp`` directory, with its own munged
+(scripts/cluster.sh), so sessions running side by side (scripts/test.sh runs two Slurm versions at once) do
+not collide. The Slurm version is ``COLOC_SLURM`` (22.05, 24.11, 26.05; default 22.05);
 ``Cluster.bin_dir`` holds that version's client commands and comes first on the cluster's PATH.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from slurm_coloc.slurm.jsonfields import job_state, number
 from slurm_coloc.slurm.parse import FINAL_STATES
@@ -77,13 +82,60 @@ def _ports_free(base: int) -> bool:
 
 
 def pick_port_base() -> int:
-    """A base port (multiple of 10 in 20000..39990) whose 3 ports are free, spread by pid."""
+    """A base port (multiple of 10 in 20000..39990) whose 3 ports are free, spread by pid (not reserved: a
+    cluster of this module holds its ports with ``reserve_port_base``)."""
     start = 20000 + (os.getpid() * 10) % 20000
     for k in range(2000):
         base = 20000 + (start - 20000 + 10 * k) % 20000
         if _ports_free(base):
             return base
     raise RuntimeError("no free ports for a test cluster")
+
+
+LOCK_DIR = Path("/tmp/coloc-test-locks")
+
+
+def reserve_port_base() -> Tuple[int, int]:
+    """(base, lock fd): a base port (multiple of 10 in 20000..39990, spread by pid) whose 3 ports are free and
+    that no other live test process holds: an exclusive ``flock`` on ``LOCK_DIR/port-<base>.lock``, kept until
+    ``os.close(fd)`` (or the process ends). The bind check alone let two sessions pick one base between the
+    check and slurmctld's bind. Raises RuntimeError when no base is free."""
+    LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
+    start = 20000 + (os.getpid() * 10) % 20000
+    for k in range(2000):
+        base = 20000 + (start - 20000 + 10 * k) % 20000
+        fd = os.open(LOCK_DIR / f"port-{base}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if _ports_free(base):
+            return base, fd
+        os.close(fd)
+    raise RuntimeError("no free ports for a test cluster")
+
+
+@contextmanager
+def host_lock(name: str) -> Iterator[None]:
+    """Hold ``LOCK_DIR/<name>.lock`` exclusively (waiting for it) while a test uses a host-wide resource that
+    no per-session value replaces (a path whose name the test's subject fixes), so sessions side by side take
+    turns."""
+    LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
+    fd = os.open(LOCK_DIR / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def new_cluster_dir(base: int, kind: str = "test") -> Path:
+    """A fresh directory ``/tmp/coloc-<kind>-<base>-XXXXXXXX`` (``mkdtemp``: never another session's), mode
+    0755 so job users reach its jobs directory."""
+    path = Path(tempfile.mkdtemp(prefix=f"coloc-{kind}-{base}-", dir="/tmp"))
+    path.chmod(0o755)
+    return path
 
 
 @dataclass
@@ -95,6 +147,7 @@ class Cluster:
     extra_env: Dict[str, str]
     version: str = "22.05"
     bin_dir: str = "/usr/bin"
+    port_lock: Optional[int] = field(default=None, repr=False)  # reserve_port_base's fd, closed at stop
 
     @property
     def conf(self) -> Path:
@@ -128,6 +181,12 @@ class Cluster:
                     "COLOC_CLUSTER_DIR": str(self.dir), "COLOC_PORT_BASE": str(self.port_base)})
         env.update(self.extra_env)
         return env
+
+    def owns_environ(self, environ: bytes) -> bool:
+        """Whether a process environment (the bytes of ``/proc/<pid>/environ``) is of this cluster's jobs: its
+        ``SLURM_CONF`` names this cluster's slurm.conf (the client exports it into the job). A job id alone
+        does not tell: every cluster counts its jobs from 1, and clusters of other sessions run beside."""
+        return f"SLURM_CONF={self.conf}".encode() in environ.split(b"\0")
 
     def script(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run scripts/cluster.sh with this cluster's settings."""
@@ -199,18 +258,28 @@ class Cluster:
 
 
 def start_cluster(extra_env: Optional[Dict[str, str]] = None) -> Cluster:
-    """Start a fresh cluster in a new directory with free ports (caller must ``stop_cluster``)."""
-    base = pick_port_base()
-    cdir = Path(f"/tmp/coloc-test-{base}")
-    shutil.rmtree(cdir, ignore_errors=True)
+    """Start a fresh cluster in a new directory (``new_cluster_dir``) on reserved free ports
+    (``reserve_port_base``); the caller must ``stop_cluster``, which releases the ports."""
     version = slurm_version()
-    cluster = Cluster(cdir, base, dict(extra_env or {}), version, slurm_bin_dir(version))
-    cluster.script("start")
+    bin_dir = slurm_bin_dir(version)
+    base, lock = reserve_port_base()
+    cluster = Cluster(new_cluster_dir(base), base, dict(extra_env or {}), version, bin_dir, lock)
+    try:
+        cluster.script("start")
+    except BaseException:  # no daemon left behind; the directory keeps its logs
+        cluster.script("stop", check=False)
+        os.close(lock)
+        raise
     return cluster
 
 
 def stop_cluster(cluster: Cluster) -> None:
     """Stop the daemons and remove the directory (kept, with its logs, when COLOC_TEST_KEEP=1)."""
-    cluster.script("stop", check=False)
-    if os.environ.get("COLOC_TEST_KEEP") != "1":
-        shutil.rmtree(cluster.dir, ignore_errors=True)
+    try:
+        cluster.script("stop", check=False)
+        if os.environ.get("COLOC_TEST_KEEP") != "1":
+            shutil.rmtree(cluster.dir, ignore_errors=True)
+    finally:
+        if cluster.port_lock is not None:
+            os.close(cluster.port_lock)
+            cluster.port_lock = None

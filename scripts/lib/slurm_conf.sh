@@ -2,12 +2,14 @@
 # cluster) and benchmarks/device/cluster_gpu.sh (device harness). Each slurm_conf_* function prints to stdout or
 # writes the named file; every value that differs between the two clusters is an argument.
 
-# ensure_users: the job users colocuser (uid 2001) and colocuser2 (2002), created where missing.
+# ensure_users: the job users colocuser (uid 2001) and colocuser2 (2002), created where missing (a cluster
+# started beside this one may create them at the same moment: its useradd winning is no failure).
 ensure_users() {
   local u uid
   for u in colocuser:2001 colocuser2:2002; do
     uid=${u#*:}; u=${u%%:*}
-    id -u "$u" >/dev/null 2>&1 || useradd -m -u "$uid" -s /bin/bash "$u"
+    id -u "$u" >/dev/null 2>&1 || useradd -m -u "$uid" -s /bin/bash "$u" 2>/dev/null || id -u "$u" >/dev/null \
+      || { echo "cannot create user $u" >&2; return 1; }
   done
 }
 

@@ -51,14 +51,16 @@ def _stop(pid: int) -> None:
         time.sleep(0.1)
 
 
-def _job_pid(job_id: int) -> int:
-    """The pid of the job's ``sleep`` (its environment names the job)."""
+def _job_pid(c: Cluster, job_id: int) -> int:
+    """The pid of the job's ``sleep`` (its environment names the job, and this cluster: another session's
+    cluster may run a job of the same id)."""
     for _ in range(100):
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
                 try:
+                    env = (p / "environ").read_bytes()
                     if (p / "cmdline").read_bytes().startswith(b"sleep\0") and \
-                            f"SLURM_JOB_ID={job_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                            f"SLURM_JOB_ID={job_id}".encode() in env.split(b"\0") and c.owns_environ(env):
                         return int(p.name)
                 except OSError:
                     continue
@@ -161,7 +163,7 @@ def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: 
     try:
         for node, job in jobs.items():
             c.wait_state(job, ["RUNNING"])
-            pid = _job_pid(job)
+            pid = _job_pid(c, job)
             recorded = "2342" if node == "n1" else "2340"
             samplers.append(_own_sampler(c, cfg, node, ports[node], f"{recorded}={pid}", tmp_path))
         _until(base, "up", lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r))

@@ -1,8 +1,9 @@
 """The SPANK plugin (spank/coloc_spank.c) against a real Slurm 22.05 cluster.
 
 The plugin is built from the files git tracks in ``spank/`` (a clean checkout), then enabled through
-``PlugStackConfig`` in a cluster of its own (``scripts/cluster.sh`` with
-``COLOC_CLUSTER_DIR=/tmp/coloc-spank-test``, ``COLOC_PORT_BASE=19000``), so other tests' clusters are never
+``PlugStackConfig`` in a cluster of its own (``scripts/cluster.sh`` with ``COLOC_CLUSTER_DIR`` a fresh
+``/tmp/coloc-spank-<port>-XXXXXXXX`` and ``COLOC_PORT_BASE`` a port block reserved for this session, as
+tests/slurm_cluster.py's clusters), so other tests' clusters, and another session's SPANK cluster, are never
 touched. That cluster's Prolog and PrologSlurmctld are replaced by test-only scripts that record the hook
 environment and, like the real Prolog, write the per-job env file ``<run_dir>/jobs/<job id>.env`` (mode 0600,
 root) for ``--coloc-share=mps`` jobs.
@@ -18,17 +19,15 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
-from tests.slurm_cluster import slurm_bin_dir, slurm_version
+from tests.slurm_cluster import new_cluster_dir, reserve_port_base, slurm_bin_dir, slurm_version
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = Path(os.environ.get("COLOC_SPANK_TEST_DIR", "/tmp/coloc-spank-test"))
-PORT_BASE = os.environ.get("COLOC_SPANK_TEST_PORT", "19000")
 USER = "colocuser"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 ENV_FILE = """CUDA_MPS_PIPE_DIRECTORY={run}/mps/pipe
@@ -137,14 +136,27 @@ def _cluster_sh(cmd: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def plugin_build() -> Path:
-    """Build spank/ from the files git tracks into a fresh directory; return the build dir."""
+def spank_base() -> Iterator[Tuple[Path, int]]:
+    """(directory, port base) of this module's cluster: a fresh directory and a port block held by this
+    session (``reserve_port_base``) until the module ends; the directory is then removed (kept with
+    COLOC_TEST_KEEP=1)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (slurmd, runuser)")
-    build = BASE / "build"
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    BASE.chmod(0o755)
+    port_base, lock = reserve_port_base()
+    base = new_cluster_dir(port_base, "spank")
+    try:
+        yield base, port_base
+    finally:
+        os.close(lock)
+        if os.environ.get("COLOC_TEST_KEEP") != "1":
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plugin_build(spank_base: Tuple[Path, int]) -> Path:
+    """Build spank/ from the files git tracks into a fresh directory; return the build dir."""
+    build = spank_base[0] / "build"
+    build.mkdir()
     tracked = subprocess.run(["git", "ls-files", "spank"], cwd=REPO, capture_output=True, text=True,
                              check=True)
     for rel in tracked.stdout.split():
@@ -156,33 +168,35 @@ def plugin_build() -> Path:
 
 
 @pytest.fixture(scope="module")
-def spank_cluster(plugin_build: Path):
+def spank_cluster(plugin_build: Path, spank_base: Tuple[Path, int]) -> Iterator[SpankCluster]:
     """A running cluster with the freshly built plugin enabled and test-only Prolog hooks."""
-    run_dir = BASE / "spank-run"
-    plugstack = BASE / "plugstack.conf"
+    base, port_base = spank_base
+    run_dir = base / "spank-run"
+    plugstack = base / "plugstack.conf"
     # the version's clients
     path = f"{slurm_bin_dir(slurm_version())}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    env = {**os.environ, "PATH": path, "COLOC_CLUSTER_DIR": str(BASE), "COLOC_PORT_BASE": PORT_BASE,
-           "COLOC_PLUGSTACK": str(plugstack), "SLURM_CONF": str(BASE / "etc" / "slurm.conf")}
-    _cluster_sh("stop", env)  # a leftover from an interrupted run would keep its old plugstack
-    for d, mode in ((run_dir, 0o755), (run_dir / "jobs", 0o755), (BASE / "hookenv", 0o755)):
+    env = {**os.environ, "PATH": path, "COLOC_CLUSTER_DIR": str(base), "COLOC_PORT_BASE": str(port_base),
+           "COLOC_PLUGSTACK": str(plugstack), "SLURM_CONF": str(base / "etc" / "slurm.conf")}
+    for d, mode in ((run_dir, 0o755), (run_dir / "jobs", 0o755), (base / "hookenv", 0o755)):
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(mode)
-    for old in (run_dir / "jobs").iterdir():
-        old.unlink()
     plugstack.write_text(f"required {plugin_build / 'coloc_spank.so'} run_dir={run_dir}\n")
     started = _cluster_sh("start", env)
+    if started.returncode != 0:
+        _cluster_sh("stop", env)  # no daemon of a half-started cluster left behind
     assert started.returncode == 0, started.stdout + started.stderr
-    hooks = BASE / "etc" / "hooks"
+    hooks = base / "etc" / "hooks"
     env_file = ENV_FILE.format(run=run_dir, long="x" * 5000)
-    (hooks / "prolog.sh").write_text(TEST_PROLOG.format(hookenv=BASE / "hookenv", run=run_dir,
+    (hooks / "prolog.sh").write_text(TEST_PROLOG.format(hookenv=base / "hookenv", run=run_dir,
                                                         env_file=env_file))
     (hooks / "prolog_slurmctld.sh").write_text(
-        f"#!/bin/sh\nenv > {BASE / 'hookenv'}/prolog_slurmctld-$SLURM_JOB_ID.env\nexit 0\n")
+        f"#!/bin/sh\nenv > {base / 'hookenv'}/prolog_slurmctld-$SLURM_JOB_ID.env\nexit 0\n")
     for name in ("epilog.sh", "epilog_slurmctld.sh", "task_prolog.sh"):
         (hooks / name).write_text("#!/bin/sh\nexit 0\n")
-    yield SpankCluster(dir=BASE, env=env, run_dir=run_dir, plugstack=plugstack)
-    _cluster_sh("stop", env)
+    try:
+        yield SpankCluster(dir=base, env=env, run_dir=run_dir, plugstack=plugstack)
+    finally:
+        _cluster_sh("stop", env)
 
 
 def test_plugin_builds_hardened_and_exports_only_hooks(plugin_build: Path) -> None:

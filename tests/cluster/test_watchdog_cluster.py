@@ -23,7 +23,7 @@ from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.store import watchdog as store_wd
 from slurm_coloc.store.db import open_readonly
 from tests.cluster.test_mps_lifecycle import FAKE_MPS, configure, job_env, submit
-from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
+from tests.slurm_cluster import Cluster, host_lock, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +46,9 @@ def cluster() -> Iterator[Cluster]:
         stop_cluster(c)
 
 
-def _first_sleep_of(job_id: int, timeout_s: float = 20.0) -> int:
-    """The pid of the job's running ``sleep`` (found through /proc environ, as the sampler attributes it)."""
+def _first_sleep_of(c: Cluster, job_id: int, timeout_s: float = 20.0) -> int:
+    """The pid of the job's running ``sleep`` (found through /proc environ, as the sampler attributes it; of
+    this cluster: another session's cluster may run a job of the same id)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         for p in Path("/proc").iterdir():
@@ -55,7 +56,8 @@ def _first_sleep_of(job_id: int, timeout_s: float = 20.0) -> int:
                 continue
             try:
                 if (p / "cmdline").read_bytes().startswith(b"sleep\0") and \
-                        f"SLURM_JOB_ID={job_id}\0".encode() in (p / "environ").read_bytes():
+                        f"SLURM_JOB_ID={job_id}\0".encode() in (env := (p / "environ").read_bytes()) and \
+                        c.owns_environ(env):
                     return int(p.name)
             except OSError:
                 continue
@@ -90,7 +92,7 @@ def test_offenders_stopped_neighbour_untouched(cluster: Cluster, tmp_path: Path,
                     "n1")   # stands in for pid 1132 (MPS, 0=70G)
     escaped = submit(cluster, "shard:2", script, "colocuser", "-w", "n1")   # stands in for pid 1110 (no MPS)
     jobs = {1080: neighbour, 1132: raised, 1110: escaped}
-    pid_map = {rec: _first_sleep_of(jid) for rec, jid in jobs.items()}
+    pid_map = {rec: _first_sleep_of(cluster, jid) for rec, jid in jobs.items()}
     gpu_of = {rec: int(job_env(cluster, jid)["SLURM_JOB_GPUS"]) for rec, jid in jobs.items()}
     assert all(job_env(cluster, jid)["COLOC_SHARE"] == "mps" for jid in jobs.values())
     rec = _recording(tmp_path / "hostile.jsonl", gpu_of, pid_map)
@@ -122,15 +124,17 @@ def test_offenders_stopped_neighbour_untouched(cluster: Cluster, tmp_path: Path,
     assert cluster.wait_job(neighbour)["job_state"] == "CANCELLED"
 
 
-def _escaped_sleep(uid: int, claim: int, timeout_s: float = 20.0) -> int:
-    """The pid of a ``sleep 120`` of ``uid`` whose environment claims job ``claim`` (an escaped process)."""
+def _escaped_sleep(c: Cluster, uid: int, claim: int, timeout_s: float = 20.0) -> int:
+    """The pid of a ``sleep 120`` of ``uid`` whose environment claims job ``claim`` (an escaped process of a
+    job of this cluster)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         for p in Path("/proc").iterdir():
             try:
                 if p.name.isdigit() and (p / "cmdline").read_bytes() == b"sleep\x00120\x00" \
                         and p.stat().st_uid == uid \
-                        and f"SLURM_JOB_ID={claim}\0".encode() in (p / "environ").read_bytes():
+                        and f"SLURM_JOB_ID={claim}\0".encode() in (env := (p / "environ").read_bytes()) \
+                        and c.owns_environ(env):
                     return int(p.name)
             except OSError:
                 continue
@@ -154,45 +158,49 @@ def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stoppe
     configure(cluster)
     victim = submit(cluster, "shard:2", "env | grep -E '^(SLURM_JOB_GPUS|COLOC_SHARE)='; sleep 60; sleep 60",
                     "colocuser", "-w", "n1")
-    victim_sleep = _first_sleep_of(victim)
+    victim_sleep = _first_sleep_of(cluster, victim)
     escape = f"(setsid env SLURM_JOB_ID={victim} sleep 120 < /dev/null > /dev/null 2>&1 &); sleep 60"
     attacker = submit(cluster, "shard:2", escape, "colocuser2", "-w",
                       "n1")  # double fork: out of Slurm's tracking
-    pid = _escaped_sleep(2002, victim)
-    made = []
-    d = Path(mounts[""])
-    for part in f"user.slice/user-2002.slice/user@2002.service/app.slice/job_{victim}".split("/"):
-        d = d / part
-        if not d.exists():
-            d.mkdir()
-            made.append(d)
-    os.chown(d, 2002, 2002)
-    (d / "cgroup.procs").write_text(str(pid))
-    try:
-        gpu = int(job_env(cluster, victim)["SLURM_JOB_GPUS"])
-        rec = tmp_path / "n4.jsonl"
-        rec.write_text(json.dumps({"recording": "one frame: the H100 figure of an escaped client (21,092 "
-                                                "MiB), "
-                                                "mps_limits.json escape_kill, on the victim's GPU",
-                                   "pids": {"1110": pid}}) + "\n" +
-                       json.dumps({"t": 0.0, "gpus": [{"index": gpu}], "procs": [],
-                                   "lists": [{"gpu_index": gpu, "compute": [[1110, 21092.0]],
-                                              "mps": [[1110, 21092.0]]}]}) + "\n")
-        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-        s = Sampler(load(str(cluster.coloc_config)), "n1", ReplayReader(str(rec), {1110: pid}))
-        assert s.attr.job_of(pid) is None, open(f"/proc/{pid}/status").read()
-        s.run(max_frames=3)
-        s.watchdog.join()
-        time.sleep(1)
-        assert cluster.job(victim)["job_state"] == "RUNNING" and os.path.exists(f"/proc/{victim_sleep}")
-        assert victim not in {e.job_id for e in store_wd.load_events(open_readonly(cluster.node_db("n1")))}
-    finally:
-        os.kill(pid, 9)
-        cluster.run(["scancel", str(victim), str(attacker)], user=None)
-        for m in reversed(made):
-            for _ in range(50):
-                try:
-                    m.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+    pid = _escaped_sleep(cluster, 2002, victim)
+    # the cgroup's path is fixed by the attack (user 2002's app.slice), not by this session: sessions side by
+    # side take turns making and removing it
+    with host_lock("cgroup-user-2002"):
+        made = []
+        d = Path(mounts[""])
+        for part in f"user.slice/user-2002.slice/user@2002.service/app.slice/job_{victim}".split("/"):
+            d = d / part
+            if not d.exists():
+                d.mkdir()
+                made.append(d)
+        os.chown(d, 2002, 2002)
+        (d / "cgroup.procs").write_text(str(pid))
+        try:
+            gpu = int(job_env(cluster, victim)["SLURM_JOB_GPUS"])
+            rec = tmp_path / "n4.jsonl"
+            rec.write_text(json.dumps({"recording": "one frame: the H100 figure of an escaped client (21,092 "
+                                                    "MiB), "
+                                                    "mps_limits.json escape_kill, on the victim's GPU",
+                                       "pids": {"1110": pid}}) + "\n" +
+                           json.dumps({"t": 0.0, "gpus": [{"index": gpu}], "procs": [],
+                                       "lists": [{"gpu_index": gpu, "compute": [[1110, 21092.0]],
+                                                  "mps": [[1110, 21092.0]]}]}) + "\n")
+            monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+            s = Sampler(load(str(cluster.coloc_config)), "n1", ReplayReader(str(rec), {1110: pid}))
+            assert s.attr.job_of(pid) is None, open(f"/proc/{pid}/status").read()
+            s.run(max_frames=3)
+            s.watchdog.join()
+            time.sleep(1)
+            assert cluster.job(victim)["job_state"] == "RUNNING" and os.path.exists(f"/proc/{victim_sleep}")
+            events = store_wd.load_events(open_readonly(cluster.node_db("n1")))
+            assert victim not in {e.job_id for e in events}
+        finally:
+            os.kill(pid, 9)
+            cluster.run(["scancel", str(victim), str(attacker)], user=None)
+            for m in reversed(made):
+                for _ in range(50):
+                    try:
+                        m.rmdir()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
