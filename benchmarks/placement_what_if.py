@@ -19,6 +19,9 @@ profiles alone measured on the H100s, with jobs submitted 0.5 s apart as the har
 - Job sets: the project's pile, the own pile and pile + stream (0.5 s apart), and the two held-out piles submitted
   all at once (``placement_plan_heldout.json``, ``placement_plan_heldout_sized.json``, profiles alone from their
   2x H100 exclusive passes).
+- Start-up: every job's start-up alone (Slurm start to its first step) scaled by 0, 0.5, 1 and 1.5, blind against
+  the product, on the own pile and the two held-out piles all submitted at once (eighth session: the device
+  hosts' start-up differed by about 2x with the same decisions).
 - Features: capacity fitted (``placement_share_fit.corun_rows``) with the load counted as summed SM activity,
   SM occupancy, DRAM activity or powers of SM activity, on each pile and tested on the other.
 
@@ -26,6 +29,7 @@ Usage: ``python3 -m benchmarks.placement_what_if`` (CPU, about a minute).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -201,8 +205,46 @@ def feature_table() -> None:
               f"{100 * error(mix, pm, cP):.1f} % | {100 * error(pile, pp, cM):.1f} % |")
 
 
+STARTUP_SCALES = (0.0, 0.5, 1.0, 1.5)
+
+
+def startup_rows(scales: Sequence[float] = STARTUP_SCALES) -> List[Dict[str, Any]]:
+    """Blind and the product (bound 2) in the model with each job's start-up alone scaled (module docstring).
+
+    Args:
+        scales: factors applied to every job's ``startup_s`` (its work alone unchanged).
+
+    Returns:
+        One row per pile and factor: ``pile``, ``scale``, ``blind_s`` and ``throughput_s`` (makespans, s) and
+        ``ratio`` (throughput / blind). Raises what the exclusive files' loading raises (OSError, KeyError).
+    """
+    cap = intensity.load_calibration().share_capacity
+    sets = (("own pile", lambda: plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), 0.0)),
+            ("held-out pile", lambda: plan_jobs(
+                "placement_plan_heldout.json", "h100x2-placement-heldout-pile/mix-exclusive.json", 0.0)),
+            ("held-out pile of the issue's size", lambda: plan_jobs(
+                "placement_plan_heldout_sized.json", "h100x2-placement-heldout-sized/mix-exclusive.json", 0.0)))
+    rows = []
+    for name, make in sets:
+        for f in scales:
+            span = {p: sim.simulate(p, [dataclasses.replace(j, startup_s=j.startup_s * f) for j in make()], 2, 80,
+                                    cap, 2.0, (0.0, 0.0))["makespan_s"] for p in ("blind", "throughput")}  # no energy
+            rows.append({"pile": name, "scale": f, "blind_s": span["blind"], "throughput_s": span["throughput"],
+                         "ratio": span["throughput"] / span["blind"]})
+    return rows
+
+
+def startup_table() -> None:
+    """Print ``startup_rows`` as a table."""
+    print("\n| jobs, all at once | start-up x | blind makespan s | throughput makespan s | ratio |\n"
+          "|---|---:|---:|---:|---:|")
+    for r in startup_rows():
+        print(f"| {r['pile']} | {r['scale']:g} | {r['blind_s']:.1f} | {r['throughput_s']:.1f} | {r['ratio']:.2f} |")
+
+
 def main() -> int:
     policy_table()
+    startup_table()
     feature_table()
     return 0
 
