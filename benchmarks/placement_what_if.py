@@ -21,7 +21,8 @@ profiles alone measured on the H100s, with jobs submitted 0.5 s apart as the har
   2x H100 exclusive passes).
 - Start-up: every job's start-up alone (Slurm start to its first step) scaled by 0, 0.5, 1 and 1.5, blind against
   the product, on the own pile and the two held-out piles all submitted at once (eighth session: the device
-  hosts' start-up differed by about 2x with the same decisions).
+  hosts' start-up differed by about 2x with the same decisions); and the product with a held job's start-up run
+  while it waits (``prestarted_place``; a job would have to stop before its first CUDA call).
 - Features: capacity fitted (``placement_share_fit.corun_rows``) with the load counted as summed SM activity,
   SM occupancy, DRAM activity or powers of SM activity, on each pile and tested on the other.
 
@@ -33,12 +34,12 @@ import dataclasses
 import json
 import math
 import statistics
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import placement_share_fit as fitmod
 from benchmarks import placement_sim as sim
 from slurm_coloc.placement import intensity, share
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policy import Activity, Gate
 
 R = fitmod.HERE / "device" / "results"
 PILE = [R / "h100-placement-passes" / f"{n}.json" for n in ("pile-exclusive-part1", "pile-exclusive-part2",
@@ -215,8 +216,8 @@ def startup_rows(scales: Sequence[float] = STARTUP_SCALES) -> List[Dict[str, Any
         scales: factors applied to every job's ``startup_s`` (its work alone unchanged).
 
     Returns:
-        One row per pile and factor: ``pile``, ``scale``, ``blind_s`` and ``throughput_s`` (makespans, s) and
-        ``ratio`` (throughput / blind). Raises what the exclusive files' loading raises (OSError, KeyError).
+        One row per pile and factor: ``pile``, ``scale``, ``blind_s`` and ``throughput_s`` (makespans, s),
+        ``ratio`` (throughput / blind) and ``prestarted_s`` (the product's makespan with ``prestarted_place``). Raises what the exclusive files' loading raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
     sets = (("own pile", lambda: plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), 0.0)),
@@ -227,19 +228,45 @@ def startup_rows(scales: Sequence[float] = STARTUP_SCALES) -> List[Dict[str, Any
     rows = []
     for name, make in sets:
         for f in scales:
-            span = {p: sim.simulate(p, [dataclasses.replace(j, startup_s=j.startup_s * f) for j in make()], 2, 80,
-                                    cap, 2.0, (0.0, 0.0))["makespan_s"] for p in ("blind", "throughput")}  # no energy
+            span = {p: sim.simulate(p, scaled_startup(make(), f), 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"]
+                    for p in ("blind", "throughput")}  # energy not reported: no power model
+            sim.place = prestarted_place
+            try:
+                pre = sim.simulate("throughput", scaled_startup(make(), f), 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"]
+            finally:
+                sim.place = ORIGINAL_PLACE
             rows.append({"pile": name, "scale": f, "blind_s": span["blind"], "throughput_s": span["throughput"],
-                         "ratio": span["throughput"] / span["blind"]})
+                         "ratio": span["throughput"] / span["blind"], "prestarted_s": pre})
     return rows
+
+
+def scaled_startup(jobs: Sequence[sim.Job], factor: float) -> List[sim.Job]:
+    """Copies of ``jobs`` with each start-up alone (s) multiplied by ``factor``."""
+    return [dataclasses.replace(j, startup_s=j.startup_s * factor) for j in jobs]
+
+
+ORIGINAL_PLACE = sim.place
+_FULL_STARTUP: Dict[Tuple[int, int], float] = {}
+
+
+def prestarted_place(policy: str, j: sim.Job, jobs: Sequence[sim.Job], gpus: int, gib: int, capacity: float,
+                     bound: float, gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float
+                     ) -> Optional[int]:
+    """``sim.place`` as if a held job ran its start-up while it waited (a what-if: the job would have to stop
+    before its first CUDA call): its start-up left is what remains of it since submission, 1 s after the round
+    (``sim.simulate``'s start delay; ``t`` is the round's time, s)."""
+    full = _FULL_STARTUP.setdefault((id(jobs), j.index), j.startup_s)
+    j.startup_s = max(0.0, j.submit_s + full - (t + 1.0))
+    return ORIGINAL_PLACE(policy, j, jobs, gpus, gib, capacity, bound, gate, hist, t)
 
 
 def startup_table() -> None:
     """Print ``startup_rows`` as a table."""
-    print("\n| jobs, all at once | start-up x | blind makespan s | throughput makespan s | ratio |\n"
-          "|---|---:|---:|---:|---:|")
+    print("\n| jobs, all at once | start-up x | blind makespan s | throughput makespan s | ratio | "
+          "throughput, held jobs pre-started, s |\n|---|---:|---:|---:|---:|---:|")
     for r in startup_rows():
-        print(f"| {r['pile']} | {r['scale']:g} | {r['blind_s']:.1f} | {r['throughput_s']:.1f} | {r['ratio']:.2f} |")
+        print(f"| {r['pile']} | {r['scale']:g} | {r['blind_s']:.1f} | {r['throughput_s']:.1f} | {r['ratio']:.2f} | "
+              f"{r['prestarted_s']:.1f} |")
 
 
 def main() -> int:

@@ -19,3 +19,13 @@ def test_longer_start_up_lengthens_both_makespans_and_raises_the_ratio():
         for r in by_scale.values():
             assert 0 < r["throughput_s"] < r["blind_s"]
             assert abs(r["ratio"] - r["throughput_s"] / r["blind_s"]) < 1e-9
+
+
+def test_prestarting_held_jobs_never_lengthens_the_product_and_is_a_no_op_without_start_up():
+    rows = what_if.startup_rows((0.0, 1.5))
+    for r in rows:
+        if r["scale"] == 0.0:
+            assert abs(r["prestarted_s"] - r["throughput_s"]) < 0.2, r
+        else:  # held jobs begin computing earlier
+            assert r["prestarted_s"] < r["throughput_s"], r
+    assert what_if.sim.place is what_if.ORIGINAL_PLACE  # the what-if puts the simulator back
