@@ -54,9 +54,18 @@ ORIGINAL_ORDER = share.order_candidates
 ORIGINAL_JUDGE = share._judge
 
 
-def mix_jobs() -> List[sim.Job]:
-    """The own pile's 14 jobs with their profiles alone from its 2x H100 exclusive pass, ``SPACING_S`` apart."""
-    return plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), SPACING_S)
+def mix_jobs(spacing_s: float = SPACING_S) -> List[sim.Job]:
+    """The own pile's 14 jobs with their profiles alone from its 2x H100 exclusive pass, ``spacing_s`` apart."""
+    return plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), spacing_s)
+
+
+def heldout_jobs(sized: bool) -> List[sim.Job]:
+    """A held-out pile (the issue-sized one with ``sized``, else the light one), all submitted at once, with the
+    profiles alone from its 2x H100 exclusive pass."""
+    if sized:
+        return plan_jobs("placement_plan_heldout_sized.json", "h100x2-placement-heldout-sized/mix-exclusive.json",
+                         0.0)
+    return plan_jobs("placement_plan_heldout.json", "h100x2-placement-heldout-pile/mix-exclusive.json", 0.0)
 
 
 def pile_jobs(scenario: str) -> List[sim.Job]:
@@ -148,10 +157,8 @@ def policy_table() -> None:
     print("| jobs | policy | makespan s | mean JCT s | worst run slowdown | peak slowdown |\n|---|---|---:|---:|---:|---:|")
     sets = (("project's pile", lambda: pile_jobs("pile")), ("own pile", mix_jobs),
             ("pile + stream", lambda: pile_jobs("mixed")),
-            ("held-out pile, all at once", lambda: plan_jobs(
-                "placement_plan_heldout.json", "h100x2-placement-heldout-pile/mix-exclusive.json", 0.0)),
-            ("held-out pile of the issue's size, all at once", lambda: plan_jobs(
-                "placement_plan_heldout_sized.json", "h100x2-placement-heldout-sized/mix-exclusive.json", 0.0)))
+            ("held-out pile, all at once", lambda: heldout_jobs(False)),
+            ("held-out pile of the issue's size, all at once", lambda: heldout_jobs(True)))
     for name, make in sets:
         r = sim.simulate("blind", make(), 2, 80, cap, 2.0, power)
         print(f"| {name} | blind | {r['makespan_s']:.1f} | {r['mean_jct_s']:.1f} | {r['max_run_slowdown']:.2f} | - |")
@@ -217,22 +224,23 @@ def startup_rows(scales: Sequence[float] = STARTUP_SCALES) -> List[Dict[str, Any
 
     Returns:
         One row per pile and factor: ``pile``, ``scale``, ``blind_s`` and ``throughput_s`` (makespans, s),
-        ``ratio`` (throughput / blind) and ``prestarted_s`` (the product's makespan with ``prestarted_place``). Raises what the exclusive files' loading raises (OSError, KeyError).
+        ``ratio`` (throughput / blind) and ``prestarted_s`` (the product's makespan with ``prestarted_place``).
+
+    Raises:
+        What loading the plans and exclusive files raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
-    sets = (("own pile", lambda: plan_jobs("placement_plan_mix.json", str(MIX[0].relative_to(R)), 0.0)),
-            ("held-out pile", lambda: plan_jobs(
-                "placement_plan_heldout.json", "h100x2-placement-heldout-pile/mix-exclusive.json", 0.0)),
-            ("held-out pile of the issue's size", lambda: plan_jobs(
-                "placement_plan_heldout_sized.json", "h100x2-placement-heldout-sized/mix-exclusive.json", 0.0)))
+    sets = (("own pile", lambda: mix_jobs(0.0)), ("held-out pile", lambda: heldout_jobs(False)),
+            ("held-out pile of the issue's size", lambda: heldout_jobs(True)))
     rows = []
     for name, make in sets:
         for f in scales:
             span = {p: sim.simulate(p, scaled_startup(make(), f), 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"]
                     for p in ("blind", "throughput")}  # energy not reported: no power model
-            sim.place = prestarted_place
+            jobs = scaled_startup(make(), f)
+            sim.place = prestarted_place({j.index: j.startup_s for j in jobs})
             try:
-                pre = sim.simulate("throughput", scaled_startup(make(), f), 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"]
+                pre = sim.simulate("throughput", jobs, 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"]
             finally:
                 sim.place = ORIGINAL_PLACE
             rows.append({"pile": name, "scale": f, "blind_s": span["blind"], "throughput_s": span["throughput"],
@@ -246,18 +254,17 @@ def scaled_startup(jobs: Sequence[sim.Job], factor: float) -> List[sim.Job]:
 
 
 ORIGINAL_PLACE = sim.place
-_FULL_STARTUP: Dict[Tuple[int, int], float] = {}
 
 
-def prestarted_place(policy: str, j: sim.Job, jobs: Sequence[sim.Job], gpus: int, gib: int, capacity: float,
-                     bound: float, gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float
-                     ) -> Optional[int]:
+def prestarted_place(full_startup_s: Dict[int, float]) -> Callable[..., Optional[int]]:
     """``sim.place`` as if a held job ran its start-up while it waited (a what-if: the job would have to stop
-    before its first CUDA call): its start-up left is what remains of it since submission, 1 s after the round
-    (``sim.simulate``'s start delay; ``t`` is the round's time, s)."""
-    full = _FULL_STARTUP.setdefault((id(jobs), j.index), j.startup_s)
-    j.startup_s = max(0.0, j.submit_s + full - (t + 1.0))
-    return ORIGINAL_PLACE(policy, j, jobs, gpus, gib, capacity, bound, gate, hist, t)
+    before its first CUDA call): its start-up left is what remains of its full start-up (``full_startup_s``, s,
+    by job index) since submission, 1 s after the round (``sim.simulate``'s start delay)."""
+    def place(policy: str, j: sim.Job, jobs: Sequence[sim.Job], gpus: int, gib: int, capacity: float,
+              bound: float, gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float) -> Optional[int]:
+        j.startup_s = max(0.0, j.submit_s + full_startup_s[j.index] - (t + 1.0))
+        return ORIGINAL_PLACE(policy, j, jobs, gpus, gib, capacity, bound, gate, hist, t)
+    return place
 
 
 def startup_table() -> None:
