@@ -182,6 +182,15 @@ def test_epilog_recording_shows_completing():
     (("COMPLETING", 0, 0, 60, 60, "None"), "COMPLETED"),
     (("COMPLETING", 0, 0, 68, 60, "None"), "COMPLETED"),
     (("COMPLETING", 0, 9, 5, 600, "None"), "FAILED"),
+    # the shell's child died of the SIGTERM first and the shell exited 128+15 (CI, 22.05 under load): a
+    # time-out stays TIMEOUT (Slurm's final state), a cancel CANCELLED; an OOM-killed child (137) FAILED
+    (("COMPLETING", 143, 0, 66, 60, "TimeLimit"), "TIMEOUT"),
+    (("COMPLETING", 1, 0, 66, 60, "TimeLimit"), "TIMEOUT"),
+    (("COMPLETING", 143, 0, 61, 60, "None"), "TIMEOUT"),
+    (("COMPLETING", 143, 0, 5, 600, "None"), "CANCELLED"),
+    (("COMPLETING", 130, 0, 5, 600, "None"), "CANCELLED"),
+    (("COMPLETING", 137, 0, 5, 600, "None"), "FAILED"),
+    (("COMPLETING", 142, 0, 5, 600, "None"), "FAILED"),
     (("COMPLETED", 0, 0, 5, 600, ""), "COMPLETED"),
 ])
 def test_infer_final_state(args, expected):

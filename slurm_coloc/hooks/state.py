@@ -93,24 +93,41 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
         reason: the state reason (``TimeLimit`` in EpilogSlurmctld of a timed-out job).
 
     Returns:
-        A Slurm state name; ``COMPLETING`` states are resolved: a signal with the run at its time limit is
-        ``TIMEOUT``, a signal before it is ``CANCELLED``, a non-zero exit ``FAILED``, ``Reason=TimeLimit``
-        ``TIMEOUT``, else ``COMPLETED`` (also at the limit: without a signal the job ended by itself).
+        A Slurm state name; ``COMPLETING`` states are resolved: ``Reason=TimeLimit`` is ``TIMEOUT`` whatever
+        the exit; a signal (or a shell's ``128 + signal`` exit code of SIGHUP, SIGINT, SIGTERM:
+        ``shell_signal``) with the run at its time limit is ``TIMEOUT``, SIGHUP/SIGINT/SIGTERM before it
+        ``CANCELLED``, another signal or a non-zero exit ``FAILED``, else ``COMPLETED`` (also at the limit:
+        without a signal the job ended by itself).
     """
     base = (job_state or "").split()[0].upper() if job_state else ""
     if base in _FINAL:
         return base
-    at_limit = (reason == "TimeLimit"
-                or (run_s is not None and time_limit_s is not None and run_s >= time_limit_s))
+    if reason == "TimeLimit":  # only slurmctld's time-limit kill sets it; Slurm records TIMEOUT, any exit
+        return "TIMEOUT"
+    at_limit = run_s is not None and time_limit_s is not None and run_s >= time_limit_s
+    signal = signal or shell_signal(exit_code)
     if signal:
         if at_limit:
             return "TIMEOUT"
         return "CANCELLED" if signal in (15, 2, 1) else "FAILED"
     if exit_code:
         return "FAILED"
-    if reason == "TimeLimit":
-        return "TIMEOUT"
     # RunTime >= TimeLimit with a clean 0:0 is a job that finished in time: Slurm counts RunTime from the
     # allocation, so a slow Prolog pushes a job that ran to completion up to its limit (Slurm records
     # COMPLETED: docs/reliability.md "Load"). A real time-out shows signal 15 (docs/facts.md §5).
     return "COMPLETED" if exit_code == 0 else (base or "UNKNOWN")
+
+
+def shell_signal(exit_code: Optional[int]) -> Optional[int]:
+    """The signal a batch shell reports through its exit code: bash exits ``128 + N`` when its last command
+    was killed by signal N (bash(1), "EXIT STATUS"), as when a time-out or ``scancel`` reaches the shell's
+    child before the shell itself (``ExitCode=143:0`` rather than ``0:15``). Only the signals a cancel or
+    time-out sends count.
+
+    Args:
+        exit_code: the job's exit code (``ExitCode=<code>:<signal>``'s first part), None if unknown.
+
+    Returns:
+        1 (SIGHUP), 2 (SIGINT) or 15 (SIGTERM) for exit codes 129, 130, 143; else None. Pure, never raises.
+    """
+    return exit_code - 128 if exit_code in (129, 130, 143) else None

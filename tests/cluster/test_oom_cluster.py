@@ -3,8 +3,8 @@ GRES shards are real).
 
 One campaign submits every case at once (the timeout case needs a minute), then each test checks one case:
 an OOM on shards gets exactly one rerun on a whole GPU that completes; a rerun that OOMs again is not rerun; a
-timeout, a scancel, a plain ``exit 1`` and an OOM on a whole GPU are not rerun; a planted symlink as the
-stderr path (file or directory) is not followed.
+timeout, a scancel (also where the shell exits 143 on the SIGTERM), a plain ``exit 1`` and an OOM on a whole
+GPU are not rerun; a planted symlink as the stderr path (file or directory) is not followed.
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 
             "capacity "
             "of 79.18 GiB")
 SLEEPER = f"#!/bin/bash\necho '{OOM_LINE}' >&2\nsleep 600\n"
+# The shell exits 128+15 when the time-out's or scancel's SIGTERM arrives (as bash does when its child dies of
+# the signal first): ExitCode=143:0, no signal, on an OOM line.
+TERM_143 = f"#!/bin/bash\necho '{OOM_LINE}' >&2\ntrap 'exit 143' TERM\nsleep 600 &\nwait\n"
 PLAIN_FAIL = "#!/bin/bash\necho 'ValueError: bad config' >&2\nexit 1\n"
 # The job replaces its own stderr file by a symlink to a root-owned, world-readable file that holds an OOM
 # message, then fails: a hook that follows it would see "OOM" and rerun the job.
@@ -71,8 +74,8 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
     shutil.chown(work, USER, USER)
     job = work / "oom_job.sh"
     shutil.copy(REPO / "examples" / "oom_job.sh", job)
-    for name, text in (("sleeper.sh", SLEEPER), ("plain.sh", PLAIN_FAIL), ("file_link.sh", FILE_LINK),
-                       ("dir_link.sh", DIR_LINK)):
+    for name, text in (("sleeper.sh", SLEEPER), ("term143.sh", TERM_143), ("plain.sh", PLAIN_FAIL),
+                       ("file_link.sh", FILE_LINK), ("dir_link.sh", DIR_LINK)):
         (work / name).write_text(text)
     for p in work.iterdir():
         os.chmod(p, 0o755)
@@ -103,6 +106,10 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
                                      str(work / "sleeper.sh")]),
         "cancel": _sbatch(c, work, ["-J", "oom-cancel", "--gres=shard:2", "-o", "cancel.out",
                                     str(work / "sleeper.sh")]),
+        "timeout143": _sbatch(c, work, ["-J", "oom-timeout143", "--gres=shard:2", "-t", "1", "-o", "t143.out",
+                                        str(work / "term143.sh")]),
+        "cancel143": _sbatch(c, work, ["-J", "oom-cancel143", "--gres=shard:2", "-o", "c143.out",
+                                       str(work / "term143.sh")]),
         "plain": _sbatch(c, work,
                          ["-J", "plain-fail", "--gres=shard:2", "-o", "plain.out", str(work / "plain.sh")]),
         "whole": _sbatch(c, work, ["-J", "oom-whole", "--gres=shard:80", "-o", "whole.out", str(job), "200"]),
@@ -112,9 +119,10 @@ def campaign(slurm_cluster: Cluster) -> Dict[str, object]:
         "dir_link": _sbatch(c, work, ["-J", "link-dir", "--gres=shard:2", "-o", "dl.out", "-e", "d/err.txt",
                                       str(work / "dir_link.sh"), str(work / "d"), str(bait_dir)]),
     }
-    c.wait_state(ids["cancel"], ["RUNNING"], timeout=60)
+    for case in ("cancel", "cancel143"):
+        c.wait_state(ids[case], ["RUNNING"], timeout=60)
     time.sleep(1)
-    assert c.run(["scancel", str(ids["cancel"])], user=USER).returncode == 0
+    assert c.run(["scancel", str(ids["cancel"]), str(ids["cancel143"])], user=USER).returncode == 0
     final = {k: c.wait_job(v, timeout=240) for k, v in ids.items()}
     return {"dir": work, "ids": ids, "final": final}
 
@@ -163,7 +171,8 @@ def test_rerun_that_ooms_again_is_not_rerun(slurm_cluster: Cluster, campaign) ->
     assert "not rerun again" in (campaign["dir"] / "again.out").read_text()
 
 
-@pytest.mark.parametrize("case,state", [("timeout", "TIMEOUT"), ("cancel", "CANCELLED"), ("plain", "FAILED")])
+@pytest.mark.parametrize("case,state", [("timeout", "TIMEOUT"), ("cancel", "CANCELLED"), ("plain", "FAILED"),
+                                        ("timeout143", "TIMEOUT"), ("cancel143", "CANCELLED")])
 def test_timeout_cancel_and_plain_failure_are_not_rerun(slurm_cluster: Cluster, campaign, case: str,
                                                         state: str) -> None:
     job_id = campaign["ids"][case]
