@@ -1,6 +1,8 @@
 """The best two-GPU split of a pile with every job started on arrival, in the sharing model (issue 32, ninth
 session): how far below blind any placement that starts each job at once could bring the makespan, with and
-without the per-job slowdown bound, against the product's placements in the same model.
+without the per-job slowdown bound, against the product's placements in the same model; and the same in the
+world of per-signature factors (``placement_factor_what_if``), which reproduces the devices' blind and product
+makespans more closely.
 
 Not a measurement: ``benchmarks/placement_sim.py``'s model (``share.py``'s processor sharing: the jobs computing
 on a GPU each progress at ``min(1, capacity / summed SM activity)`` of their speed alone, a job alone at its
@@ -18,23 +20,27 @@ Usage: ``PYTHONPATH=. python3 -m benchmarks.placement_best_split`` (CPU, a few s
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from benchmarks import placement_sim as sim
 from benchmarks import placement_what_if as what_if
+from benchmarks.placement_factor_what_if import pile_factors
 from slurm_coloc.placement import intensity
 
 START_DELAY_S = 1.0  # sim.simulate starts a placed job 1 s after its placement
 BOUNDS: Tuple[Optional[float], ...] = (None, 2.2, 2.0)  # None: no bound; 2.2: the issue's 2.0 + 10 %
 
 
-def gpu_runs(jobs: Sequence[sim.Job], capacity: float, start_s: float = START_DELAY_S) -> Tuple[List[float], float]:
+def gpu_runs(jobs: Sequence[sim.Job], capacity: float, start_s: float = START_DELAY_S,
+             factors: Optional[Mapping[int, float]] = None) -> Tuple[List[float], float]:
     """Every job of one GPU started at ``start_s``, run to the end by the model (module docstring).
 
     Args:
         jobs: the GPU's jobs (``startup_s``, ``work_s`` alone in s; ``smact``: SM activity alone, fraction).
         capacity: the GPU's sharing capacity (summed SM activity it serves at full speed).
         start_s: when every job starts (s).
+        factors: job index -> its factor f (it progresses at ``min(1, capacity / (f * L))`` while sharing:
+            ``placement_factor_what_if``'s world); None: 1 for every job.
 
     Returns:
         ``(run_slowdowns, end_s)``: each job's (end - start) / (start-up + work alone), in ``jobs``' order, and
@@ -56,13 +62,14 @@ def gpu_runs(jobs: Sequence[sim.Job], capacity: float, start_s: float = START_DE
             t = min(upcoming)
             continue
         load = sum(jobs[i].smact for i in computing)
-        rate = min(1.0, capacity / load) if len(computing) > 1 and load > 0 else 1.0
-        step = min(left[i] for i in computing) / rate
+        rate = {i: min(1.0, capacity / ((factors or {}).get(jobs[i].index, 1.0) * load))
+                if len(computing) > 1 and load > 0 else 1.0 for i in computing}
+        step = min(left[i] / rate[i] for i in computing)
         if upcoming:
             step = min(step, min(upcoming) - t)
         t += step
         for i in computing:
-            left[i] -= rate * step
+            left[i] -= rate[i] * step
             if left[i] <= 1e-9:
                 end[i] = t
                 del left[i]
@@ -71,12 +78,13 @@ def gpu_runs(jobs: Sequence[sim.Job], capacity: float, start_s: float = START_DE
 
 
 def best_splits(jobs: Sequence[sim.Job], capacity: float, gib: int = 80,
-                bounds: Sequence[Optional[float]] = BOUNDS) -> Dict[Optional[float], Dict[str, Any]]:
+                bounds: Sequence[Optional[float]] = BOUNDS,
+                factors: Optional[Mapping[int, float]] = None) -> Dict[Optional[float], Dict[str, Any]]:
     """The split of ``jobs`` over two GPUs of ``gib`` shards with the shortest makespan, per bound on the worst
     run slowdown.
 
     Args:
-        jobs: the pile (``shards`` each); capacity: as in ``gpu_runs``; gib: shards per GPU.
+        jobs: the pile (``shards`` each); capacity, factors: as in ``gpu_runs``; gib: shards per GPU.
         bounds: bounds on every job's run slowdown; None: unbounded.
 
     Returns:
@@ -95,7 +103,7 @@ def best_splits(jobs: Sequence[sim.Job], capacity: float, gib: int = 80,
         parts = [[j for j, s in zip(jobs, side) if s == g] for g in (0, 1)]
         if any(sum(j.shards for j in p) > gib for p in parts):
             continue
-        results = [gpu_runs(p, capacity) for p in parts]
+        results = [gpu_runs(p, capacity, START_DELAY_S, factors) for p in parts]
         makespan = max(r[1] for r in results)
         worst = max((x for r in results for x in r[0]), default=1.0)
         for b in bounds:
@@ -105,38 +113,43 @@ def best_splits(jobs: Sequence[sim.Job], capacity: float, gib: int = 80,
 
 
 def split_rows(bounds: Sequence[Optional[float]] = BOUNDS) -> List[Dict[str, Any]]:
-    """Blind, the product (bound 2) and the best splits on the three piles of our choosing (model).
+    """Blind, the product (bound 2) and the best splits on the three piles of our choosing, in the model and in
+    the world of per-signature factors (``placement_factor_what_if.pile_factors``).
 
     Returns:
-        One row per pile: ``pile``, ``blind_s``, ``product_s`` (``sim.simulate``'s makespans, s) and ``best``
-        (``best_splits``' result).
+        One row per pile and world: ``pile``, ``world`` (``model`` / ``factors``), ``blind_s``, ``product_s``
+        (``sim.simulate``'s makespans, s) and ``best`` (``best_splits``' result).
 
     Raises:
-        What loading the plans and exclusive files raises (OSError, KeyError).
+        What loading the plans and pass files raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
-    sets = (("own pile, all at once", lambda: what_if.mix_jobs(0.0)),
-            ("held-out pile", lambda: what_if.heldout_jobs(False)),
-            ("held-out pile of the issue's size", lambda: what_if.heldout_jobs(True)))
+    sets = (("own pile, all at once", "own pile", lambda: what_if.mix_jobs(0.0)),
+            ("held-out pile", "light held-out pile", lambda: what_if.heldout_jobs(False)),
+            ("held-out pile of the issue's size", "issue-sized held-out pile", lambda: what_if.heldout_jobs(True)))
     rows = []
-    for name, make in sets:
-        span = {p: sim.simulate(p, make(), 2, 80, cap, 2.0, (0.0, 0.0))["makespan_s"] for p in ("blind", "throughput")}
-        rows.append({"pile": name, "blind_s": span["blind"], "product_s": span["throughput"],
-                     "best": best_splits(make(), cap, 80, bounds)})
+    for name, fit_name, make in sets:
+        factors = pile_factors(make(), fit_name)
+        for world in ("model", "factors"):
+            given = factors if world == "factors" else None
+            span = {p: sim.simulate(p, make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given)["makespan_s"]
+                    for p in ("blind", "throughput")}
+            rows.append({"pile": name, "world": world, "blind_s": span["blind"], "product_s": span["throughput"],
+                         "best": best_splits(make(), cap, 80, bounds, given)})
     return rows
 
 
 def main() -> int:
-    print("| jobs, all at once | blind s | product s (x blind) | best split, no bound | best, worst run <= 2.2 | "
-          "best, worst run <= 2.0 |\n|---|---:|---:|---:|---:|---:|")
+    print("| jobs, all at once | world | blind s | product s (x blind) | best split, no bound | "
+          "best, worst run <= 2.2 | best, worst run <= 2.0 |\n|---|---|---:|---:|---:|---:|---:|")
     for r in split_rows():
         cells = []
         for b in BOUNDS:
             best = r["best"][b]
             cells.append("none" if best is None else f"{best['makespan_s']:.1f} ({best['makespan_s'] / r['blind_s']:.2f}x"
                                                      f", worst {best['worst_run_slowdown']:.2f})")
-        print(f"| {r['pile']} | {r['blind_s']:.1f} | {r['product_s']:.1f} ({r['product_s'] / r['blind_s']:.2f}x) | "
-              + " | ".join(cells) + " |")
+        print(f"| {r['pile']} | {r['world']} | {r['blind_s']:.1f} | {r['product_s']:.1f} "
+              f"({r['product_s'] / r['blind_s']:.2f}x) | " + " | ".join(cells) + " |")
     return 0
 
 

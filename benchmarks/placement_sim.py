@@ -90,10 +90,13 @@ def energy_fit(files: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
 
 
 def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float, bound: float,
-             power: Tuple[float, float], dt: float = 0.1, order: str = "work") -> Dict[str, Any]:
+             power: Tuple[float, float], dt: float = 0.1, order: str = "work",
+             factors: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
     """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran.
     ``order``: the throughput policy's order of held jobs in a round (``work``: the product's
-    ``share.order_candidates``; ``fifo``: submit time, the order before it)."""
+    ``share.order_candidates``; ``fifo``: submit time, the order before it). ``factors``: job index -> how much
+    more than the model that job slows when sharing (a world in which job j progresses at
+    ``min(1, capacity / (factor_j * L))``; ``placement_factor_what_if``); None: 1 for every job."""
     for j in jobs:
         j.placed = j.start = j.end = -1.0
         j.gpu, j.left = -1, j.work_s
@@ -112,7 +115,8 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
             smact_hist[g].append((t, reading))
             energy += (power[0] + power[1] * reading) * dt
             for j in comp:
-                j.left -= rate * dt
+                f = (factors or {}).get(j.index, 1.0)
+                j.left -= (min(1.0, capacity / (f * load)) if f != 1.0 and len(comp) > 1 and load > 0 else rate) * dt
                 if j.left <= 0:
                     j.end = t + dt
         for j in jobs:
