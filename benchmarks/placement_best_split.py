@@ -23,8 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from benchmarks import placement_sim as sim
-from benchmarks import placement_what_if as what_if
-from benchmarks.placement_factor_what_if import pile_factors
+from benchmarks.placement_factor_what_if import PILE_SETS, pile_factors
 from slurm_coloc.placement import intensity
 
 START_DELAY_S = 1.0  # sim.simulate starts a placed job 1 s after its placement
@@ -124,11 +123,8 @@ def split_rows(bounds: Sequence[Optional[float]] = BOUNDS) -> List[Dict[str, Any
         What loading the plans and pass files raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
-    sets = (("own pile, all at once", "own pile", lambda: what_if.mix_jobs(0.0)),
-            ("held-out pile", "light held-out pile", lambda: what_if.heldout_jobs(False)),
-            ("held-out pile of the issue's size", "issue-sized held-out pile", lambda: what_if.heldout_jobs(True)))
     rows = []
-    for name, fit_name, make in sets:
+    for name, fit_name, make in PILE_SETS:
         factors = pile_factors(make(), fit_name)
         for world in ("model", "factors"):
             given = factors if world == "factors" else None

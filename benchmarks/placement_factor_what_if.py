@@ -17,7 +17,7 @@ Usage: ``PYTHONPATH=. python3 -m benchmarks.placement_factor_what_if`` (CPU, abo
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import placement_signature_fit as sigfit
 from benchmarks import placement_sim as sim
@@ -25,6 +25,11 @@ from benchmarks import placement_what_if as what_if
 from slurm_coloc.placement import intensity, share
 
 ORIGINAL_JUDGE = share._judge
+# (name shown, its entry in placement_signature_fit.PILES, its jobs all submitted at once)
+PILE_SETS: Tuple[Tuple[str, str, Callable[[], List[sim.Job]]], ...] = (
+    ("own pile", "own pile", lambda: what_if.mix_jobs(0.0)),
+    ("held-out pile (light)", "light held-out pile", lambda: what_if.heldout_jobs(False)),
+    ("held-out pile of the issue's size", "issue-sized held-out pile", lambda: what_if.heldout_jobs(True)))
 
 
 def pile_factors(jobs: Sequence[sim.Job], exclusive_name: str) -> Dict[int, float]:
@@ -65,11 +70,8 @@ def factor_rows() -> List[Dict[str, Any]]:
         What loading the plans and pass files raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
-    sets = (("own pile", "own pile", lambda: what_if.mix_jobs(0.0)),
-            ("held-out pile (light)", "light held-out pile", lambda: what_if.heldout_jobs(False)),
-            ("held-out pile of the issue's size", "issue-sized held-out pile", lambda: what_if.heldout_jobs(True)))
     rows = []
-    for name, fit_name, make in sets:
+    for name, fit_name, make in PILE_SETS:
         factors = pile_factors(make(), fit_name)
         for world in ("model", "factors"):
             given: Optional[Dict[int, float]] = factors if world == "factors" else None

@@ -86,11 +86,9 @@ def leave_one_pass_out(rows: Sequence[Row]) -> Dict[str, float]:
     for k in passes:
         train = [r for r in rows if r[0] != k]
         overall = statistics.fmean(m / p for _, _, p, m in train)
-        by_sig: Dict[str, List[float]] = {}
-        for _, w, p, m in train:
-            by_sig.setdefault(w, []).append(m / p)
+        by_sig = signature_ratios(train)
         for _, w, p, m in (r for r in rows if r[0] == k):
-            factor = statistics.fmean(by_sig[w]) if w in by_sig else overall
+            factor = by_sig[w][0] if w in by_sig else overall
             err["model"].append(abs(p - m) / m)
             err["one_factor"].append(abs(p * overall - m) / m)
             err["per_signature"].append(abs(p * factor - m) / m)
