@@ -235,3 +235,15 @@ def test_an_exclusive_pass_gets_twice_the_share_of_the_budget() -> None:
     from benchmarks.device import placement_passes as pp
 
     assert pp.pass_weight("pile-exclusive") == 2.0 and pp.pass_weight("pile-throughput") == 1.0
+
+
+def test_split_plan_steers_each_job_to_the_gpu_named_for_its_index_with_its_placer_shards() -> None:
+    from benchmarks.device.placement_split import split_plan
+
+    job_of = {2: 12, 0: 10, 1: 11}  # job index -> Slurm job id
+    plan = split_plan(job_of, {0: 1, 1: 0, 2: 1}, {10: 4, 11: 6, 12: 3}, {11: "coloc:{}"})
+    assert plan == [(10, 1, 4, ""), (11, 0, 6, "coloc:{}"), (12, 1, 3, "")]
+    with pytest.raises(KeyError):  # a job without a GPU
+        split_plan(job_of, {0: 1, 1: 0}, {10: 4, 11: 6, 12: 3}, {})
+    with pytest.raises(ValueError, match="job 11 \\(index 1\\) not found held"):  # not in the placer's form
+        split_plan(job_of, {0: 1, 1: 0, 2: 1}, {10: 4, 12: 3}, {})

@@ -6,7 +6,8 @@ Usage (root, on the device machine, from the repository; ``.carry`` carried; eac
                                                [--alone FILE...] [--plan placement_plan.json]
                                                [--submit sequential|parallel]
   PASS: <scenario>-<policy>, scenario pile | stream (placement_plan.json) | mix (--plan placement_plan_mix.json
-        or placement_plan_heldout.json, placement_mix.py), policy exclusive | blind | aware (gate) | throughput;
+        or placement_plan_heldout.json, placement_mix.py), policy exclusive | blind | aware (gate) | throughput |
+        split (with --split-gpus G0,G1,...: each job on the GPU named for it, all at once);
         or small7-blind | small7-aware
 Stage 1 (any python3, stdlib only) starts the cluster with typed shards (``cluster_gpu.sh``, ``COLOC_GRES_TYPED=1``)
 and re-runs itself in the cluster's venv (stage 2, ``placement_passes.py``), which runs the passes over the jobs

@@ -15,6 +15,10 @@ and ``small7-aware``):
              leaves the job pending; its predictions come from history: ``--alone`` exclusive pass files give
              every job's measured activity alone by job signature (``placement_history_path``), else the
              calibrated predictor
+  split      blind's request submitted held (``--hold``), then every job given, at once after the last submission,
+             the GPU that ``--split-gpus`` names for it (job index -> GPU index on ``--split-node``), by the placer's
+             own ``slurm.placement.steer``: a fixed placement with every job started on arrival, to measure on the
+             device what a split found by ``benchmarks/placement_best_split.py`` gives (no placer)
   small7     7 small CNNs through ``bench.py collocate --coloc-only``, without the placer (``small7-blind``) and
              with it alive (``small7-aware``): run 1's check; kept is judged against run 1's aggregate and, when
              both ran in one call, against the blind pass of the same session (``kept_vs_blind``)
@@ -49,6 +53,7 @@ from benchmarks.device.placement_measure import (  # noqa: F401
     smact_per_gpu,
 )
 from benchmarks.device.placement_plan import PLAN_PATH
+from benchmarks.device.placement_split import stand_in, steer_split
 from slurm_coloc import config as config_mod
 from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
 from slurm_coloc.replay.activity import sm_activity
@@ -58,10 +63,11 @@ from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 SUBMIT: Dict[str, bool] = {"parallel": False}  # --submit parallel
+SPLIT: Dict[str, Any] = {"gpus": {}, "node": "n1"}  # --split-gpus (job index -> GPU index), --split-node
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
-POLICIES = ("exclusive", "blind", "aware", "throughput")
+POLICIES = ("exclusive", "blind", "aware", "throughput", "split")
 PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
 # scenarios: the plan's; ``mix`` is the second pile (``placement_mix.py``, ``--plan placement_plan_mix.json``)
 PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES) + ("small7-blind", "small7-aware")
@@ -223,6 +229,8 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
                                                 result.get("energy_j"))
         file.write_text(json.dumps(result, indent=1, default=str))
     try:
+        if policy == "split":
+            stand_in(config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={}), True)
         submit_all(name, jobs, policy, scenario, fake, t0, st)
         wait_all(deadline_s, t0, st, result, save)
     except Exception as exc:  # noqa: BLE001 - keep what was measured
@@ -230,6 +238,8 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
     finally:
         if placer is not None:
             stop_placer(placer)
+        if policy == "split":
+            stand_in(config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={}), False)
     if reader is not None:
         from slurm_coloc.replay.metrics import energy_growth_j
         result["energy_j"] = energy_growth_j(e0, _energy(reader))
@@ -266,6 +276,11 @@ def submit_all(name: str, jobs: Sequence[Dict[str, Any]], policy: str, scenario:
             st["job_of"][job["index"]] = job_id
         ours({j: i for i, j in st["job_of"].items()}, st["gpu_of"])
     log(f"{name}: {len(st['job_of'])} jobs submitted in {time.time() - t0:.0f} s")
+    if policy == "split":
+        stand_in(config_mod.load(f"{ROOT}/etc/coloc.yaml", environ={}), False)
+        steer_split(st["job_of"], SPLIT["gpus"], SPLIT["node"], str(ROOT / "bin"), slurm_env())
+        log(f"{name}: steered {len(st['job_of'])} jobs in {time.time() - t0:.0f} s: " + ", ".join(
+            f"{i}->gpu{SPLIT['gpus'][i]}" for i in sorted(st["job_of"])))
 
 
 def wait_all(deadline_s: float, t0: float, st: Dict[str, Any], result: Dict[str, Any],
@@ -367,10 +382,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--plan", default=str(PLAN_PATH))
     ap.add_argument("--submit", choices=("sequential", "parallel"), default="sequential",
                     help="jobs of one offset one after another (default) or all at once, one thread each")
+    ap.add_argument("--split-gpus", default="", metavar="G0,G1,...",
+                    help="split passes: the GPU index of each job, by job index (the plan's order)")
+    ap.add_argument("--split-node", default="n1", help="split passes: the node whose GPUs --split-gpus names")
     ap.add_argument("--placer-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the placer's settings (PLACER_CONFIG), e.g. placement_recent_s=6")
     a = ap.parse_args(argv)
     SUBMIT["parallel"] = a.submit == "parallel"
+    try:
+        SPLIT["gpus"] = {k: int(g) for k, g in enumerate(a.split_gpus.split(","))} if a.split_gpus else {}
+    except ValueError:
+        ap.error(f"--split-gpus {a.split_gpus!r}: comma-separated GPU indexes, one per job")
+    if any(n.endswith("-split") for n in a.passes) and any(g < 0 for g in SPLIT["gpus"].values()):
+        ap.error("--split-gpus: GPU indexes are >= 0")
+    SPLIT["node"] = a.split_node
     out = Path(a.out)
     fake = bool(os.environ.get("COLOC_BENCH_FAKE_GPUS"))
     plan = json.loads(Path(a.plan).read_text())
@@ -400,6 +425,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs = plan["scenarios"][scenario]
         if a.part:
             jobs = part_slice(jobs, a.part)
+        missing = [j["index"] for j in jobs if j["index"] not in SPLIT["gpus"]]
+        if name.endswith("-split") and missing:
+            ap.error(f"--split-gpus gives no GPU for job(s) {missing} of {name}")
         alone = alone_from_files(alone_files, scenario)
         log(f"{name}{' part ' + a.part if a.part else ''}: {len(jobs)} jobs "
             f"({', '.join(j['workload'] + ' x' + str(j['steps']) for j in jobs)}), deadline {share - 25:.0f} s")

@@ -160,3 +160,22 @@ def test_passes_history_placer_and_combined_table(harness: Dict[str, Any]) -> No
     assert "| gate (aware) | 3 |" in proc.stdout and "| throughput | 3 |" in proc.stdout
     assert ("fake-GPU run" in proc.stdout
             and "throughput: where each job ran: n1:0: jobs [0, 1, 2]" in proc.stdout)
+
+
+def test_split_pass_starts_every_job_on_the_gpu_it_names(harness: Dict[str, Any]) -> None:
+    two = {**harness, "env": {**harness["env"], "COLOC_BENCH_FAKE_GPUS": "2"}}
+    d = bench(two, "split", "pile-split", "--split-gpus", "1,0,1")
+    sp = json.loads((d / "pile-split.json").read_text())
+    assert sp["complete"] and sp["metrics"]["ooms"] == 0 and sp["placer_policy"] is None
+    assert {j["index"]: j["gpu"] for j in sp["jobs"]} == {0: "n1:1", 1: "n1:0", 2: "n1:1"}
+    t = spans(sp)
+    assert max(s for s, _ in t) < min(e for _, e in t)  # every job started on arrival
+
+
+def test_split_pass_without_a_gpu_for_every_job_is_refused(harness: Dict[str, Any]) -> None:
+    bad = harness["work"] / "split-bad"
+    proc = subprocess.run([sys.executable, str(BENCH), "pile-split", "--split-gpus", "1,0", "--plan",
+                           str(harness["work"] / "plan.json"), "--out", str(bad), "--budget-s", "60"],
+                          env=harness["env"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--split-gpus gives no GPU for job(s) [2]" in proc.stderr
+    assert not (bad / "pile-split.json").exists()
