@@ -278,10 +278,15 @@ def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:
     assert alone[1]["smact"] == pytest.approx(0.5) and alone[1]["drama"] == pytest.approx(0.1)
     assert alone[1]["smocc"] == pytest.approx(0.2)
     assert alone[1]["run_s"] == pytest.approx(50) and alone[1]["startup_s"] == pytest.approx(0, abs=0.01)
+    assert alone[1]["gpu_model"] is None  # the sampler recorded no GPU names here
     assert store_placement.alone_activity(ro, [1], since_ts=now - 40) == {}  # ended 50 s ago: stale
+    node["gpus"].insert_all([{"gpu_index": 0, "uuid": "GPU-a", "name": "NVIDIA H200"},
+                             {"gpu_index": 1, "uuid": "GPU-b", "name": "NVIDIA H100 80GB HBM3"}])
+    assert store_placement.alone_activity(ro, [1])[1]["gpu_model"] == "NVIDIA H200"  # the run's own GPU
     node["gpu_samples"].delete_where("gpu_index = 0 AND smact_pct > 0 AND ts <= ?", [now - 50])
     assert store_placement.alone_activity(ro, [1])[1] == {"smact": 0.4, "smocc": 0.1, "drama": None,
-                                                          "run_s": pytest.approx(50), "startup_s": None}
+                                                          "run_s": pytest.approx(50), "startup_s": None,
+                                                          "gpu_model": "NVIDIA H200"}
     ctld = open_ctld_db(tmp_path / "ctld.db")
     ctld["jobs"].insert_all([{"job_id": 1, "uid": 2001, "end_ts": now,
                               "coloc_json": json.dumps({"spec": SPEC})},

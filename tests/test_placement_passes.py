@@ -247,3 +247,27 @@ def test_split_plan_steers_each_job_to_the_gpu_named_for_its_index_with_its_plac
         split_plan(job_of, {0: 1, 1: 0}, {10: 4, 11: 6, 12: 3}, {})
     with pytest.raises(ValueError, match="job 11 \\(index 1\\) not found held"):  # not in the placer's form
         split_plan(job_of, {0: 1, 1: 0, 2: 1}, {10: 4, 12: 3}, {})
+
+
+def test_history_file_keeps_runs_of_a_known_gpu_model_under_gpu_models(tmp_path: Path) -> None:
+    from benchmarks.device import placement_passes as pp
+    from slurm_coloc.placement.history import read_history_file
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    act = {"smact": 0.4, "smocc": 0.2, "drama": 0.1}
+    old = pass_file("mix", "exclusive", [{**job(0, T0, T0, T0 + 30), "signature": "s1",
+                                          "alone_activity": act}])
+    new = pass_file("mix", "exclusive", [{**job(0, T0, T0, T0 + 20), "signature": "s1",
+                                          "alone_activity": {**act, "gpu_model": h200}}])
+    assert pp.history_file([old]) == {"signatures": {"s1": pytest.approx({**act, "run_s": 30.0})}}
+    both = pp.history_file([old, new])
+    assert both["signatures"]["s1"]["run_s"] == 30.0 and both["gpu_models"][h200]["s1"]["run_s"] == 20.0
+    labelled = pp.history_file([old, new], [h100])
+    assert labelled["signatures"] == {} and set(labelled["gpu_models"]) == {h100, h200}
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(labelled))
+    models: dict = {}
+    timing: dict = {}
+    assert read_history_file(str(path), timing, models)["s1"].smact == pytest.approx(0.4)
+    assert sorted(timing["s1"]) == [(20.0, None), (30.0, None)]
+    assert models[h200]["s1"][1] == (20.0, None)

@@ -184,7 +184,7 @@ def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
          "gres_detail": ["shard:g1:4(IDX:1)"]},
         {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
     steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
-    out = gpu_tenants(gpus, jobs, steered, lambda j: (share.Profile(None), 0.7), NOW)
+    out = gpu_tenants(gpus, jobs, steered, lambda j, _model: (share.Profile(None), 0.7), NOW)
     assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2,
                                    0.5, 8)]  # steered, not shown by Slurm yet
     assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7, 7)]  # running: its data, Slurm's start
@@ -368,7 +368,7 @@ def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
         {"job_id": 9, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": [held]}]}))
     states = gpu_states([sp.NodeGpus("n1", "MIXED", {0: 80})], jobs, {}, {}, NOW, 30.0)
     assert states[0].shards_used == 8 and states[0].tenants == 2
-    out = gpu_tenants(states, jobs, {}, lambda j: (share.Profile(0.5, 30.0, 10.0), 0.5), NOW)
+    out = gpu_tenants(states, jobs, {}, lambda j, _model: (share.Profile(0.5, 30.0, 10.0), 0.5), NOW)
     assert len(out[0]) == 1  # the COMPLETING one computes no more
 
 

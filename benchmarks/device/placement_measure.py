@@ -148,6 +148,23 @@ def history_from_alone(files: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str
     return out
 
 
+def history_file(files: Sequence[Mapping[str, Any]], models: Sequence[str] = ()) -> Dict[str, Any]:
+    """The placer's history file object (``placement/history.py``) from exclusive pass files: ``signatures``
+    (``history_from_alone``) of the runs whose GPU model is not known, and ``gpu_models`` (model -> the same
+    form) of those whose model is: each job's ``alone_activity["gpu_model"]`` (the node database's name of its
+    GPU), else ``models[k]`` for the k-th file ("" or absent: not known). Pure."""
+    split: Dict[str, List[Mapping[str, Any]]] = {}
+    for k, f in enumerate(files):
+        label = models[k] if k < len(models) else ""
+        for j in f.get("jobs", []):
+            split.setdefault((j.get("alone_activity") or {}).get("gpu_model") or label, []).append(j)
+    out: Dict[str, Any] = {"signatures": history_from_alone([{"jobs": split.get("", [])}])}
+    per_model = {m: history_from_alone([{"jobs": js}]) for m, js in sorted(split.items()) if m}
+    if per_model:
+        out["gpu_models"] = per_model
+    return out
+
+
 def alone_from_files(files: Sequence[Mapping[str, Any]], scenario: str) -> Dict[int, float]:
     """Index -> time alone (s) of ``scenario``'s jobs from its exclusive pass files (parts stitched)."""
     parts = sorted((f for f in files if f.get("scenario") == scenario and f.get("policy") == "exclusive"),

@@ -45,6 +45,7 @@ from benchmarks.device import placement_metrics as pm
 from benchmarks.device.placement_measure import (  # noqa: F401
     alone_activity,
     alone_from_files,
+    history_file,
     history_from_alone,
     job_line,
     measure,
@@ -155,15 +156,16 @@ def slurm_env() -> Dict[str, str]:
     return {**os.environ, "SLURM_CONF": f"{ROOT}/etc/slurm.conf", "COLOC_CONFIG": f"{ROOT}/etc/coloc.yaml"}
 
 
-def write_history(history: Mapping[str, Mapping[str, float]]) -> Path:
-    """The placer's history file (``placement_history_path``) with ``history`` (possibly empty)."""
+def write_history(history: Mapping[str, Any]) -> Path:
+    """The placer's history file (``placement_history_path``): ``history`` is its object (``history_file``:
+    ``signatures`` and ``gpu_models``; {}: empty)."""
     path = ROOT / "etc" / "placement_history.json"
-    path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": history}))
+    path.write_text(json.dumps({"source": "placement benchmark exclusive passes", "signatures": {}, **history}))
     path.chmod(0o644)
     return path
 
 
-def configure(history: Optional[Dict[str, Dict[str, float]]]) -> None:
+def configure(history: Optional[Dict[str, Any]]) -> None:
     """Append the placer's settings and the history file (empty without ``--alone``: an exclusive pass of the same
     call fills it for the passes after it) to the harness's coloc.yaml (rewritten at every cluster start)."""
     lines = dict(PLACER_CONFIG)
@@ -379,6 +381,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--budget-s", type=float, default=560.0, help="seconds from stage 1's start to the last write")
     ap.add_argument("--part", default=None, help="K/N: the K-th of N slices of the jobs (exclusive passes)")
     ap.add_argument("--alone", nargs="*", default=[], help="exclusive pass files: history and times alone")
+    ap.add_argument("--alone-gpu-models", nargs="*", default=[], metavar="MODEL",
+                    help="the GPU model (as NVML names it) of each --alone file, in order, for files whose jobs do "
+                         "not record it; the history file then keeps their runs under gpu_models")
     ap.add_argument("--plan", default=str(PLAN_PATH))
     ap.add_argument("--submit", choices=("sequential", "parallel"), default="sequential",
                     help="jobs of one offset one after another (default) or all at once, one thread each")
@@ -400,7 +405,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fake = bool(os.environ.get("COLOC_BENCH_FAKE_GPUS"))
     plan = json.loads(Path(a.plan).read_text())
     alone_files = [json.loads(Path(p).read_text()) for p in a.alone]
-    history = history_from_alone(alone_files)
+    if len(a.alone_gpu_models) > len(alone_files):
+        ap.error("--alone-gpu-models: at most one GPU model per --alone file")
+    history = history_file(alone_files, a.alone_gpu_models)
     for kv in a.placer_set:
         key, _, value = kv.partition("=")
         try:
@@ -410,8 +417,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError:
             ap.error(f"--placer-set {kv!r}: KEY=VALUE, a number, KEY one of {', '.join(PLACER_CONFIG)}")
     configure(history)
-    log(f"plan {a.plan}: train_s {plan['train_s']}; history of {len(history)} signatures from {len(alone_files)} "
-        "file(s)")
+    log(f"plan {a.plan}: train_s {plan['train_s']}; history of {len(history['signatures'])} signatures "
+        f"(and {sorted(history.get('gpu_models', {}))} by GPU model) from {len(alone_files)} file(s)")
     for k, name in enumerate(a.passes):
         left = a.budget_s - (time.time() - a.started_at)
         weights = [pass_weight(n) for n in a.passes[k:]]
@@ -435,7 +442,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         alone = pm.alone_times(r["jobs"]) if r["policy"] == "exclusive" else alone
         if r["policy"] == "exclusive":  # its runs alone are the history and the times alone of the passes after it
             alone_files.append(r)
-            write_history(history_from_alone(alone_files))
+            write_history(history_file(alone_files, a.alone_gpu_models))
         m = r["metrics"]
         log(f"{name}: {'complete' if r['complete'] else 'INCOMPLETE'} in {r['wall_s']:.0f} s; " + ", ".join(
             f"{k} {pm.fmt(m.get(k))}" for k in ("completed", "lost", "ooms", "makespan_s", "mean_jct_s",

@@ -240,9 +240,10 @@ class PlacementConfig:
         placement_max_wait_s: a held job waiting longer than this is placed by memory only (s): never blocks.
         placement_calibration_path: JSON coefficients of the intensity predictor ("" = the packaged defaults).
         placement_history_path: JSON of activity measured alone elsewhere (another cluster, an earlier
-            database), by job signature (``{"signatures": {sig: {"smact", "smocc", "drama"}}}``, fractions),
-            read by coloc-placer as one more earlier run of each signature ("" = none; written by
-            ``benchmarks/device`` tools).
+            database), by job signature (``{"signatures": {sig: {"smact", "smocc", "drama"[, "run_s",
+            "startup_s"]}}}``, fractions and seconds; an optional ``"gpu_models": {"NVIDIA H200": {sig:
+            {...}}}`` holds runs on a named GPU model, used first on GPUs of that model), read by coloc-placer
+            as one more earlier run of each signature ("" = none; written by ``benchmarks/device`` tools).
     """
 
     placement_policy: str = _key("throughput", choices=PLACEMENT_POLICIES)

@@ -16,7 +16,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, rounds, share
 from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
-from slurm_coloc.placement.history import Timing, log_once, profile, read_history, read_history_file  # noqa: F401
+from slurm_coloc.placement.history import (  # noqa: F401
+    ModelRuns,
+    Timing,
+    log_once,
+    profile,
+    read_history,
+    read_history_file,
+)
 from slurm_coloc.placement.policy import Activity, Gate, GpuState
 from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
 from slurm_coloc.slurm import placement as sp
@@ -124,7 +131,7 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 
 
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
-                known: Callable[[JobInfo], Tuple[share.Profile, float]],
+                known: Callable[[JobInfo, str], Tuple[share.Profile, float]],
                 now: float) -> List[List[share.Tenant]]:
     """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
     ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are
@@ -135,7 +142,8 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
     Args:
         gpus: the GPUs (``gpu_states``); jobs: slurmctld's job list.
         steered: job id -> where this placer sent it (``Steered``: profile, demand, when in unix s).
-        known: a job -> ``(its profile, its predicted SM activity alone as a fraction)``.
+        known: a job and its GPU's model name -> ``(its profile there, its predicted SM activity alone as a
+            fraction)``.
         now: unix s (the start of a tenant whose start time is not known).
 
     Returns:
@@ -151,7 +159,8 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
             shown.add(job.job_id)
             if (node, idx) in where and not job.completing:
                 s = steered.get(job.job_id)
-                prof, pred = (s.profile, s.demand.smact) if s is not None else known(job)
+                prof, pred = ((s.profile, s.demand.smact) if s is not None
+                              else known(job, gpus[where[(node, idx)]].model))
                 out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred,
                                                             job.job_id))
     for job_id, s in steered.items():
@@ -294,9 +303,11 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
     if now - state.history_ts <= HISTORY_REFRESH_S:
         return
     timing: Dict[intensity.HistoryKey, List[Timing]] = {}
+    by_model = ModelRuns()
     try:
-        state.history = read_history(cfg, timing, now, state.logged)
+        state.history = read_history(cfg, timing, now, state.logged, by_model)
         state.timing = timing
+        state.by_model = by_model
     except Exception as exc:  # unreadable history means predictions only, never a stopped round
         log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
     state.history_ts = now

@@ -6,12 +6,18 @@ History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run mea
 keyed by the uid Slurm ran it as, so it steers only that user's jobs; the admin's ``placement_history_path``
 file is keyed under uid None and counts for everyone. A job's lookups go ``(its uid, sig)`` then ``(None,
 sig)`` (``intensity.history_keys``).
+
+Runs whose GPU model is known (the node database's ``gpus`` table; the file's ``gpu_models`` section) are
+also kept per model (``ModelRuns``): a job's profile on a GPU comes from runs on that GPU's model where there
+are any, else from all its runs. A job's time alone differs between models (an H200 runs the same steps
+faster than an H100), and the sharing model predicts from it when tenants leave.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -25,6 +31,23 @@ from slurm_coloc.store.db import open_readonly
 
 log = logging.getLogger("slurm_coloc.placer")
 Timing = Tuple[Optional[float], Optional[float]]  # (run_s, startup_s) of one run alone
+
+
+@dataclass
+class ModelRuns:
+    """Runs alone split by the GPU model they ran on (NVML's name, e.g. ``NVIDIA H200``): per model, history
+    key -> activities (fractions) and ``(run_s, startup_s)`` (s), as ``read_history`` fills its own maps."""
+
+    activity: Dict[str, Dict[HistoryKey, List[Activity]]] = field(default_factory=dict)
+    timing: Dict[str, Dict[HistoryKey, List[Timing]]] = field(default_factory=dict)
+
+    def add(self, model: Optional[str], key: HistoryKey, act: Activity, timed: Optional[Timing]) -> None:
+        """Keep one run under its model (nothing when the model is not known)."""
+        if not model:
+            return
+        self.activity.setdefault(model, {}).setdefault(key, []).append(act)
+        if timed is not None:
+            self.timing.setdefault(model, {}).setdefault(key, []).append(timed)
 
 
 def log_once(seen: Optional[Set[str]], key: str, msg: str, *args: Any) -> None:
@@ -42,6 +65,7 @@ def log_once(seen: Optional[Set[str]], key: str, msg: str, *args: Any) -> None:
 
 
 def _history_json(path: str) -> Dict[str, Any]:
+    """The history file's JSON object, with ``signatures`` checked to be an object."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         sigs = data["signatures"]
@@ -49,42 +73,75 @@ def _history_json(path: str) -> Dict[str, Any]:
             raise TypeError("signatures is not an object")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"cannot read placement_history_path {path!r}: {exc}") from None
-    return sigs
+    return data
 
 
 def _num(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e7 else None
 
 
-def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = None) -> Dict[str, Activity]:
+def _entries(sigs: Mapping[Any, Any]) -> Dict[str, Tuple[Activity, Optional[Timing]]]:
+    """Signature -> (activity, timing or None) of the valid entries of one ``signatures`` object."""
+    out: Dict[str, Tuple[Activity, Optional[Timing]]] = {}
+    for sig, a in sigs.items():
+        vals = [a.get(k) if isinstance(a, dict) else None for k in ("smact", "smocc", "drama")]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in vals):
+            run_s = _num(a.get("run_s"))
+            timed = (run_s, _num(a.get("startup_s"))) if run_s is not None else None
+            out[str(sig)] = (Activity(*(float(v) for v in vals)), timed)  # type: ignore[arg-type]
+    return out
+
+
+def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = None,
+                      by_model: Optional[Dict[str, Dict[str, Tuple[Activity, Optional[Timing]]]]] = None
+                      ) -> Dict[str, Activity]:
     """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
-    "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}}``, fractions 0..1, seconds). Entries that are not
-    such objects are skipped.
+    "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}[, "gpu_models": {model: {sig: {...}}}]}``,
+    fractions 0..1, seconds; ``gpu_models``: runs on a named GPU model, as NVML names it). Entries that are
+    not such objects are skipped. A signature found only under ``gpu_models`` counts for any model too (the
+    mean of its models' activities); one in ``signatures`` keeps that entry.
 
     Args:
         path: the history file's path.
-        timing: when given, gets each signature's ``(run_s, startup_s)`` (s) appended where present.
+        timing: when given, gets each signature's ``(run_s, startup_s)`` (s) appended where present (the
+            ``signatures`` entry, else every model's).
+        by_model: when given, gets model -> signature -> ``(Activity, timing or None)`` of ``gpu_models``.
 
     Returns:
         signature -> ``Activity`` (fractions 0..1).
 
     Raises:
-        ConfigError: the file is unreadable or not a JSON object with ``signatures``.
+        ConfigError: the file is unreadable, not a JSON object with ``signatures``, or its ``gpu_models`` is
+            not an object of objects.
     """
-    out: Dict[str, Activity] = {}
-    for sig, a in _history_json(path).items():
-        vals = [a.get(k) if isinstance(a, dict) else None for k in ("smact", "smocc", "drama")]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in vals):
-            out[str(sig)] = Activity(*(float(v) for v in vals))  # type: ignore[arg-type]
-            if timing is not None and _num(a.get("run_s")) is not None:
-                timing.setdefault(str(sig), []).append((_num(a.get("run_s")), _num(a.get("startup_s"))))
+    data = _history_json(path)
+    plain = _entries(data["signatures"])
+    models: Dict[str, Dict[str, Tuple[Activity, Optional[Timing]]]] = {}
+    raw = data.get("gpu_models", {})
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ConfigError(f"cannot read placement_history_path {path!r}: gpu_models is not an object of "
+                          "objects")
+    for model, sigs in raw.items():
+        if str(model):
+            models[str(model)] = _entries(sigs)
+    out = {sig: act for sig, (act, _) in plain.items()}
+    for sig in sorted({s for m in models.values() for s in m} - set(plain)):
+        acts = [m[sig][0] for m in models.values() if sig in m]
+        out[sig] = Activity(*(sum(getattr(a, k) for a in acts) / len(acts)
+                              for k in ("smact", "smocc", "drama")))
+    if timing is not None:
+        for sig in out:
+            found = [plain[sig][1]] if sig in plain else [m[sig][1] for m in models.values() if sig in m]
+            timing.setdefault(sig, []).extend(t for t in found if t is not None)
+    if by_model is not None:
+        by_model.update(models)
     return out
 
 
 def _read_admin_file(cfg: Config, now: float, seen: Optional[Set[str]], out: Dict[HistoryKey, List[Activity]],
-                     timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
-    """Add ``placement_history_path``'s runs to ``out`` (and ``timing``) under uid None, unless the file is
-    stale or bad (then one warning per ``seen`` key)."""
+                     timing: Optional[Dict[HistoryKey, List[Timing]]], by_model: Optional[ModelRuns]) -> None:
+    """Add ``placement_history_path``'s runs to ``out`` (and ``timing``, ``by_model``) under uid None, unless
+    the file is stale or bad (then one warning per ``seen`` key)."""
     path = cfg.placement_history_path
     if not path:
         return
@@ -98,8 +155,13 @@ def _read_admin_file(cfg: Config, now: float, seen: Optional[Set[str]], out: Dic
         return
     try:
         file_timing: Dict[str, List[Timing]] = {}
-        for sig, act in read_history_file(path, file_timing).items():
+        file_models: Dict[str, Dict[str, Tuple[Activity, Optional[Timing]]]] = {}
+        for sig, act in read_history_file(path, file_timing, file_models).items():
             out.setdefault((None, sig), []).append(act)
+        if by_model is not None:
+            for model, sigs in file_models.items():
+                for sig, (act, one) in sigs.items():
+                    by_model.add(model, (None, sig), act, one)
         if timing is not None:
             for sig, timed in file_timing.items():
                 timing.setdefault((None, sig), []).extend(timed)
@@ -130,9 +192,10 @@ def _finished_keys(cfg: Config, seen: Optional[Set[str]]) -> Optional[Dict[int, 
 
 def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: Optional[Set[str]],
                    out: Dict[HistoryKey, List[Activity]],
-                   timing: Optional[Dict[HistoryKey, List[Timing]]]) -> None:
-    """Add the alone runs of ``keys``' jobs in every node database to ``out`` (and ``timing``); an unreadable
-    database is skipped with one warning per ``seen`` key."""
+                   timing: Optional[Dict[HistoryKey, List[Timing]]], by_model: Optional[ModelRuns]) -> None:
+    """Add the alone runs of ``keys``' jobs in every node database to ``out`` (and ``timing``, and
+    ``by_model`` where the run's GPU model is recorded); an unreadable database is skipped with one warning
+    per ``seen`` key."""
     for db_path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         try:
             db = open_readonly(db_path, busy_timeout_s=1.0)
@@ -145,15 +208,19 @@ def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: O
             continue
         for job_id, a in runs.items():
             if a["smact"] is not None:
-                out.setdefault(keys[job_id], []).append(Activity(a["smact"], a["smocc"] or 0.0,
-                                                                 a["drama"] or 0.0))
-                if timing is not None and a.get("run_s") is not None:
-                    timing.setdefault(keys[job_id], []).append((a.get("run_s"), a.get("startup_s")))
+                act = Activity(a["smact"], a["smocc"] or 0.0, a["drama"] or 0.0)
+                timed = (a.get("run_s"), a.get("startup_s")) if a.get("run_s") is not None else None
+                out.setdefault(keys[job_id], []).append(act)
+                if timing is not None and timed is not None:
+                    timing.setdefault(keys[job_id], []).append(timed)
+                if by_model is not None:
+                    by_model.add(a.get("gpu_model"), keys[job_id], act, timed)
 
 
 def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,
                  now: Optional[float] = None,
-                 seen: Optional[Set[str]] = None) -> Dict[HistoryKey, List[Activity]]:
+                 seen: Optional[Set[str]] = None,
+                 by_model: Optional[ModelRuns] = None) -> Dict[HistoryKey, List[Activity]]:
     """The measured activity of earlier runs that had their GPU alone (ctld.db + every node database), keyed
     by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are validated
     again, ``store.placement.finished_jobs``), plus one run per signature of ``placement_history_path`` when
@@ -165,6 +232,7 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
         timing: when given, gets the same runs' ``(run_s, startup_s)`` (s) under the same keys.
         now: the wall clock (epoch s); the current time when None.
         seen: warning keys already logged (each warning is logged once per key).
+        by_model: when given, gets the same runs again under their GPU model, where it is known.
 
     Returns:
         ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1).
@@ -174,36 +242,47 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
     """
     now = time.time() if now is None else now
     out: Dict[HistoryKey, List[Activity]] = {}
-    _read_admin_file(cfg, now, seen, out, timing)
+    _read_admin_file(cfg, now, seen, out, timing, by_model)
     if not cfg.ctld_db_path.exists():
         return out
     keys = _finished_keys(cfg, seen)
     if keys is None:
         return out
-    _read_node_dbs(cfg, keys, now, seen, out, timing)
+    _read_node_dbs(cfg, keys, now, seen, out, timing, by_model)
     return out
 
 
 def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
-            timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None) -> share.Profile:
-    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job run
-    by ``uid``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON object is validated first). Activity and
-    timing each come from the first of ``intensity.history_keys(sig, uid)`` that has runs (the user's own,
-    then the admin's file); another user's runs never count. Pure.
+            timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None,
+            gpu_model: str = "", by_model: Optional[ModelRuns] = None) -> share.Profile:
+    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job
+    run by ``uid`` on a GPU of model ``gpu_model``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON
+    object is validated first). Activity and timing each come from the first of
+    ``intensity.history_keys(sig, uid)`` that has runs on ``gpu_model`` (``by_model``), else from the first
+    that has runs on any model (the user's own, then the admin's file); another user's runs never count. Pure.
 
     Args:
         coloc: the job's ``comment.JobComment``, or a coloc JSON object.
         history: history key -> the activities measured alone (fractions).
         timing: history key -> the ``(run_s, startup_s)`` of runs alone (s).
         uid: the job's user, or None (then only the admin's file counts).
+        gpu_model: the model of the GPU the profile is for, as NVML names it ("" not known: any model's runs).
+        by_model: the same runs per GPU model (``ModelRuns``); None: any model's runs.
 
     Returns:
         The ``share.Profile``: SM activity alone (fraction, None without history), mean run and start-up
         times (s, None without timing).
     """
     keys = intensity.history_keys(intensity.signature(coloc), uid)
-    act = next((a for a in (intensity.from_history(history.get(k, ())) for k in keys) if a is not None), None)
-    timed: Sequence[Timing] = next((t for t in (timing.get(k, ()) for k in keys) if t), ())
+    same_act: Mapping[HistoryKey, Sequence[Activity]] = {}
+    same_timing: Mapping[HistoryKey, Sequence[Timing]] = {}
+    if gpu_model and by_model is not None:
+        same_act = by_model.activity.get(gpu_model, {})
+        same_timing = by_model.timing.get(gpu_model, {})
+    act = next((a for a in (intensity.from_history(h.get(k, ())) for h in (same_act, history) for k in keys)
+                if a is not None), None)
+    timed: Sequence[Timing] = next(
+        (t for t in (h.get(k, ()) for h in (same_timing, timing) for k in keys) if t), ())
     run = [r for r, _ in timed if r is not None]
     start = [s for _, s in timed if s is not None]
     return share.Profile(act.smact if act else None, sum(run) / len(run) if run else None,

@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, share
-from slurm_coloc.placement.history import Timing, log_once, profile
+from slurm_coloc.placement.history import ModelRuns, Timing, log_once, profile
 from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -36,7 +36,8 @@ class Steered:
 class PlacerState:
     """What the placer keeps between rounds: steered jobs, each GPU's tenants last round (``present``) and
     those that left it while others ran (``departed``, ``share.track_departures``), history (activity and
-    timing alone by ``(uid, signature)``, ``placement/history.py``), wait notes shown to users, and the
+    timing alone by ``(uid, signature)``, and per GPU model: ``placement/history.py``), wait notes shown to
+    users, and the
     bad-input lines already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
@@ -44,6 +45,7 @@ class PlacerState:
     departed: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
     timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
+    by_model: ModelRuns = field(default_factory=ModelRuns)
     history_ts: float = 0.0
     notes: Dict[int, str] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
@@ -81,19 +83,20 @@ class Round:
                      "by memory only, within the bound for the jobs already there", max_age,
                      ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
-    def tenant_data(self, j: JobInfo) -> Tuple[share.Profile, float]:
-        """A running job's profile and predicted SM activity alone (unknown on a bad comment, with a
-        warning).
+    def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[share.Profile, float]:
+        """A running job's profile on its GPU's model and predicted SM activity alone (unknown on a bad
+        comment, with a warning).
 
         Args:
             j: slurmctld's record of the running job (comment, uid).
+            gpu_model: the model of the GPU it holds ("" not known: any model's runs).
 
         Returns:
             ``(share.Profile, SM activity alone as a fraction)``. Never raises.
         """
         try:
             c = JobComment.read(j.comment, j.job_id)
-            return profile(c, self.state.history, self.state.timing, j.uid), \
+            return profile(c, self.state.history, self.state.timing, j.uid, gpu_model, self.state.by_model), \
                 intensity.demand(c, self.state.history, self.cal, j.uid)[0].smact
         except Exception as exc:  # one running job's data never stops a round
             log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
@@ -135,7 +138,15 @@ class Round:
         """
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
-        prof = profile(coloc, self.state.history, self.state.timing, job.uid)
+        profiles: Dict[str, share.Profile] = {}
+
+        def on(model: str) -> share.Profile:  # the job's profile on a GPU of this model
+            if model not in profiles:
+                profiles[model] = profile(coloc, self.state.history, self.state.timing, job.uid, model,
+                                          self.state.by_model)
+            return profiles[model]
+
+        prof = on("")
         cfg = self.cfg
         if not self.throughput:
             return (choose_gpu(self.gpus, shards, demand, self.gate, cfg.placement_mode,
@@ -151,9 +162,11 @@ class Round:
                 d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
                                          f"unknown activity (SMACT {self.cal.unknown.smact:.2f})")
             return d, demand, "no signature or FLOPs", prof
-        return (share.choose_gpu_bounded(self.gpus, self.tenants, shards, prof, demand, self.gate,
-                                         self.cal.capacity_for, cfg.placement_max_slowdown, self.now,
-                                         cfg.placement_state_max_age_s), demand, source, prof)
+        d = share.choose_gpu_bounded(self.gpus, self.tenants, shards, on, demand, self.gate,
+                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now,
+                                     cfg.placement_state_max_age_s)
+        chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
+        return d, demand, source, on(chosen.model) if chosen is not None else prof
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past

@@ -250,7 +250,7 @@ def _judge(g: GpuState, ts: Sequence[Tenant], shards: int, job: Profile, demand:
 
 
 def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int,
-                       job: Profile,
+                       job: Union[Profile, Callable[[str], Profile]],
                        demand: Activity, gate: Gate, capacity: Union[float, Callable[[str], float]],
                        max_slowdown: float, now: float, max_age_s: float = 60.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound.
@@ -268,7 +268,9 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
 
     Args:
         gpus, tenants: every GPU the job may use and, index for index, the jobs holding it.
-        shards: the job's shard request (>= 1); job: its profile; demand: its predicted activity.
+        shards: the job's shard request (>= 1); job: its profile, or a function of the GPU's model name
+            (``GpuState.model``) giving it (``history.profile`` from that model's runs); demand: its predicted
+            activity.
         capacity: the model's fitted capacity (summed SMACT alone), or a function of the GPU's model name
             (``GpuState.model``) giving it (``intensity.Calibration.capacity_for``); max_slowdown: the bound
             (>= 1).
@@ -290,9 +292,9 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
-        key, basis, predicted, why = _judge(g, ts, shards, job, demand, gate, cap_of(g.model), max_slowdown,
-                                            now,
-                                            max_age_s)
+        prof = job(g.model) if callable(job) else job
+        key, basis, predicted, why = _judge(g, ts, shards, prof, demand, gate, cap_of(g.model), max_slowdown,
+                                            now, max_age_s)
         if key is None:
             blocked.append(why)
         else:

@@ -94,7 +94,7 @@ BUSY_SMACT_PCT = 1.0
 
 
 def alone_activity(node_db: Database, job_ids: Iterable[int],
-                   since_ts: float = 0.0) -> Dict[int, Dict[str, Optional[float]]]:
+                   since_ts: float = 0.0) -> Dict[int, Dict[str, Any]]:
     """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while
     computing.
 
@@ -111,23 +111,26 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
         since_ts: runs that ended before this (Unix s) are left out (stale).
 
     Returns:
-        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s}}`` (activity as fractions,
-        None when not measured); ``run_s`` = end - start of the run (s); ``startup_s`` = its first sample that
-        shows work - its start (s; None without such a sample).
+        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s, "gpu_model": name}}``
+        (activity as fractions, None when not measured); ``run_s`` = end - start of the run (s); ``startup_s``
+        = its first sample that shows work - its start (s; None without such a sample); ``gpu_model`` = the
+        run's GPU as NVML names it (``gpus`` table; None when not recorded).
     """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
         return {}
-    out: Dict[int, Dict[str, Optional[float]]] = {}
+    out: Dict[int, Dict[str, Any]] = {}
     busy = ("FROM gpu_samples g WHERE g.gpu_index = CAST(r.gpus AS INTEGER) AND g.ts >= r.start_ts "
             "AND g.ts <= r.end_ts AND g.smact_pct >= ?")
+    model = ("(SELECT m.name FROM gpus m WHERE m.gpu_index = CAST(r.gpus AS INTEGER) LIMIT 1)"
+             if node_db["gpus"].exists() else "NULL")
     for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
         marks = ",".join("?" * len(chunk))
         rows = node_db.execute(
             f"SELECT r.job_id, s.smact_mean, s.smocc_mean, (SELECT COUNT(*) {busy}), (SELECT "
             f"AVG(g.smact_pct) {busy}), "
             f"(SELECT AVG(g.smocc_pct) {busy}), (SELECT AVG(g.dram_bw_pct) {busy}), r.end_ts - r.start_ts, "
-            f"(SELECT MIN(g.ts) {busy}) - r.start_ts "
+            f"(SELECT MIN(g.ts) {busy}) - r.start_ts, {model} "
             "FROM job_runs r LEFT JOIN job_summaries s ON s.job_id = r.job_id AND s.node = r.node "
             f"WHERE r.job_id IN ({marks}) AND r.end_ts IS NOT NULL AND r.end_ts >= ? AND r.gpus NOT LIKE "
             "'%,%' "
@@ -136,9 +139,10 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
             "r.end_ts "
             " AND (o.end_ts IS NULL OR o.end_ts > r.start_ts))",
             [BUSY_SMACT_PCT] * 5 + chunk + [float(since_ts)]).fetchall()
-        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama, run_s, startup_s in rows:
-            timing = {"run_s": None if run_s is None else float(run_s),
-                      "startup_s": None if startup_s is None else max(0.0, float(startup_s))}
+        for job_id, smact, smocc, n_busy, b_smact, b_smocc, b_drama, run_s, startup_s, name in rows:
+            timing: Dict[str, Any] = {"run_s": None if run_s is None else float(run_s),
+                                      "startup_s": None if startup_s is None else max(0.0, float(startup_s)),
+                                      "gpu_model": str(name) if name else None}
             if n_busy:
                 out[int(job_id)] = {"smact": _frac(b_smact), "smocc": _frac(b_smocc), "drama": _frac(b_drama),
                                     **timing}
