@@ -37,8 +37,7 @@ class PlacerState:
     """What the placer keeps between rounds: steered jobs, each GPU's tenants last round (``present``) and
     those that left it while others ran (``departed``, ``share.track_departures``), history (activity and
     timing alone by ``(uid, signature)``, and per GPU model: ``placement/history.py``), wait notes shown to
-    users, and the
-    bad-input lines already logged (each is logged once)."""
+    users, and the bad-input lines already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
     present: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
