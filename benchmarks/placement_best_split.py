@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from benchmarks import placement_sim as sim
-from benchmarks.placement_factor_what_if import PILE_SETS, pile_factors
+from benchmarks.placement_factor_what_if import pile_worlds
 from slurm_coloc.placement import intensity
 
 START_DELAY_S = 1.0  # sim.simulate starts a placed job 1 s after its placement
@@ -123,16 +123,8 @@ def split_rows(bounds: Sequence[Optional[float]] = BOUNDS) -> List[Dict[str, Any
         What loading the plans and pass files raises (OSError, KeyError).
     """
     cap = intensity.load_calibration().share_capacity
-    rows = []
-    for name, fit_name, make in PILE_SETS:
-        factors = pile_factors(make(), fit_name)
-        for world in ("model", "factors"):
-            given = factors if world == "factors" else None
-            span = {p: sim.simulate(p, make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given)["makespan_s"]
-                    for p in ("blind", "throughput")}
-            rows.append({"pile": name, "world": world, "blind_s": span["blind"], "product_s": span["throughput"],
-                         "best": best_splits(make(), cap, 80, bounds, given)})
-    return rows
+    return [{"pile": w.pile, "world": w.world, "blind_s": w.blind["makespan_s"], "product_s": w.product["makespan_s"],
+             "best": best_splits(w.make(), cap, 80, bounds, w.given)} for w in pile_worlds()]
 
 
 def main() -> int:

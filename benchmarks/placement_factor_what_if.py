@@ -17,7 +17,7 @@ Usage: ``PYTHONPATH=. python3 -m benchmarks.placement_factor_what_if`` (CPU, abo
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from benchmarks import placement_signature_fit as sigfit
 from benchmarks import placement_sim as sim
@@ -59,6 +59,35 @@ def factor_judge(factor_of: Dict[share.Profile, float]) -> Callable[..., Any]:
     return judge
 
 
+class PileWorld(NamedTuple):
+    """One pile in one world, blind and the product simulated (``pile_worlds``)."""
+
+    pile: str
+    world: str  # "model" or "factors"
+    make: Callable[[], List[sim.Job]]  # builds the pile's jobs
+    factors: Dict[int, float]  # the pile's job index -> factor (``pile_factors``)
+    given: Optional[Dict[int, float]]  # the world's factors: ``factors``, or None in the model
+    blind: Dict[str, Any]  # ``sim.simulate``'s result for blind
+    product: Dict[str, Any]  # and for the throughput policy
+
+
+def pile_worlds() -> Iterator[PileWorld]:
+    """Each pile of ``PILE_SETS`` in the model and in the world of its per-signature factors, all jobs at once
+    on two 80-shard GPUs, bound 2, packaged capacity, with blind and the product simulated.
+
+    Raises:
+        What loading the plans and pass files raises (OSError, KeyError).
+    """
+    cap = intensity.load_calibration().share_capacity
+    for name, fit_name, make in PILE_SETS:
+        factors = pile_factors(make(), fit_name)
+        for world in ("model", "factors"):
+            given = factors if world == "factors" else None
+            yield PileWorld(name, world, make, factors, given,
+                            sim.simulate("blind", make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given),
+                            sim.simulate("throughput", make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given))
+
+
 def factor_rows() -> List[Dict[str, Any]]:
     """Blind, the product and the factor-aware placer in both worlds, on the three piles, all at once.
 
@@ -71,22 +100,17 @@ def factor_rows() -> List[Dict[str, Any]]:
     """
     cap = intensity.load_calibration().share_capacity
     rows = []
-    for name, fit_name, make in PILE_SETS:
-        factors = pile_factors(make(), fit_name)
-        for world in ("model", "factors"):
-            given: Optional[Dict[int, float]] = factors if world == "factors" else None
-            blind = sim.simulate("blind", make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given)
-            product = sim.simulate("throughput", make(), 2, 80, cap, 2.0, (0.0, 0.0), factors=given)
-            jobs = make()
-            share._judge = factor_judge({share.Profile(j.smact, j.alone_s, j.startup_s): factors[j.index]
-                                         for j in jobs})
-            try:
-                aware = sim.simulate("throughput", jobs, 2, 80, cap, 2.0, (0.0, 0.0), factors=given)
-            finally:
-                share._judge = ORIGINAL_JUDGE
-            rows.append({"pile": name, "world": world, "blind_s": blind["makespan_s"],
-                         "product_s": product["makespan_s"], "aware_s": aware["makespan_s"],
-                         "product_worst": product["max_run_slowdown"], "aware_worst": aware["max_run_slowdown"]})
+    for w in pile_worlds():
+        jobs = w.make()
+        share._judge = factor_judge({share.Profile(j.smact, j.alone_s, j.startup_s): w.factors[j.index]
+                                     for j in jobs})
+        try:
+            aware = sim.simulate("throughput", jobs, 2, 80, cap, 2.0, (0.0, 0.0), factors=w.given)
+        finally:
+            share._judge = ORIGINAL_JUDGE
+        rows.append({"pile": w.pile, "world": w.world, "blind_s": w.blind["makespan_s"],
+                     "product_s": w.product["makespan_s"], "aware_s": aware["makespan_s"],
+                     "product_worst": w.product["max_run_slowdown"], "aware_worst": aware["max_run_slowdown"]})
     return rows
 
 

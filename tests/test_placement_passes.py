@@ -271,3 +271,23 @@ def test_history_file_keeps_runs_of_a_known_gpu_model_under_gpu_models(tmp_path:
     assert read_history_file(str(path), timing, models)["s1"].smact == pytest.approx(0.4)
     assert sorted(timing["s1"]) == [(20.0, None), (30.0, None)]
     assert models[h200]["s1"][1] == (20.0, None)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["pile-split", "--split-gpus", "1,x"], "--split-gpus '1,x': comma-separated GPU indexes"),
+    (["pile-split", "--split-gpus", "1,-1"], "--split-gpus: GPU indexes are >= 0"),
+    (["pile-split", "--split-gpus", "1,0"], "--split-gpus gives no GPU for job(s) [2, 3,"),
+    (["pile-throughput", "--alone-gpu-models", "NVIDIA H200"], "--alone-gpu-models: at most one GPU model"),
+])
+def test_bad_split_or_model_options_are_one_error_and_write_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        args: List[str], needle: str) -> None:
+    from benchmarks.device import placement_passes as pp
+
+    monkeypatch.setattr(pp, "ROOT", tmp_path / "root")  # where configure() would write the history and config
+    with pytest.raises(SystemExit) as exc:
+        pp.main([*args, "--out", str(tmp_path / "out"), "--started-at", "0"])
+    assert exc.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert not (tmp_path / "root").exists() and not (tmp_path / "out").exists()

@@ -407,6 +407,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     alone_files = [json.loads(Path(p).read_text()) for p in a.alone]
     if len(a.alone_gpu_models) > len(alone_files):
         ap.error("--alone-gpu-models: at most one GPU model per --alone file")
+    for name in (n for n in a.passes if n.endswith("-split")):  # before anything is written
+        jobs = plan["scenarios"][name.split("-")[0]]
+        missing = [j["index"] for j in (part_slice(jobs, a.part) if a.part else jobs)
+                   if j["index"] not in SPLIT["gpus"]]
+        if missing:
+            ap.error(f"--split-gpus gives no GPU for job(s) {missing} of {name}")
     history = history_file(alone_files, a.alone_gpu_models)
     for kv in a.placer_set:
         key, _, value = kv.partition("=")
@@ -432,9 +438,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         jobs = plan["scenarios"][scenario]
         if a.part:
             jobs = part_slice(jobs, a.part)
-        missing = [j["index"] for j in jobs if j["index"] not in SPLIT["gpus"]]
-        if name.endswith("-split") and missing:
-            ap.error(f"--split-gpus gives no GPU for job(s) {missing} of {name}")
         alone = alone_from_files(alone_files, scenario)
         log(f"{name}{' part ' + a.part if a.part else ''}: {len(jobs)} jobs "
             f"({', '.join(j['workload'] + ' x' + str(j['steps']) for j in jobs)}), deadline {share - 25:.0f} s")

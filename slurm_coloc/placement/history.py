@@ -126,9 +126,9 @@ def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = Non
             models[str(model)] = _entries(sigs)
     out = {sig: act for sig, (act, _) in plain.items()}
     for sig in sorted({s for m in models.values() for s in m} - set(plain)):
-        acts = [m[sig][0] for m in models.values() if sig in m]
-        out[sig] = Activity(*(sum(getattr(a, k) for a in acts) / len(acts)
-                              for k in ("smact", "smocc", "drama")))
+        mean = intensity.from_history([m[sig][0] for m in models.values() if sig in m])
+        if mean is not None:
+            out[sig] = mean
     if timing is not None:
         for sig in out:
             found = [plain[sig][1]] if sig in plain else [m[sig][1] for m in models.values() if sig in m]
