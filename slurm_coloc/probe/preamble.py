@@ -7,10 +7,11 @@ script's lines before the training command in ``bash`` and reads the environment
 ``discover.py`` looks the command's interpreter up on that PATH.
 
 The preamble (:func:`preamble`): each logical line before the training command is kept only when every
-simple command on it is environment setup (``SETUP_COMMANDS``, shell keywords, ``VAR=value``) and it
-redirects output nowhere but ``/dev/null``; any other line (a program, ``srun``, ``mkdir``, a heredoc) is
-replaced by ``:`` so ``if``/``fi`` blocks stay balanced. ``#SBATCH`` lines are comments. The training
-command and everything after it never run. With no line kept, nothing runs (the submitting
+simple command on it is environment setup (``setupline.is_setup``: ``SETUP_COMMANDS``, shell keywords,
+``VAR=value``; no command substitution but path tools and environment managers' hooks, no backticks,
+``eval`` of a hook only, no redirection but to ``/dev/null``); any other line (a program, ``srun``, ``mkdir``,
+a heredoc) is replaced by ``:`` so ``if``/``fi`` blocks stay balanced. ``#SBATCH`` lines are comments.
+The training command and everything after it never run. With no line kept, nothing runs (the submitting
 environment is the job's).
 
 The run: ``bash --noprofile --norc`` (``bash -l`` when the script's ``#!`` line asks for a login
@@ -39,20 +40,11 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.setupline import is_setup
 from slurm_coloc.probe.shellwords import logical_lines
 
 PREAMBLE_TIMEOUT_S = 5.0
-SETUP_COMMANDS = frozenset({
-    "export", "unset", "set", "source", ".", "cd", "pushd", "popd", "shopt", "umask", "alias", "unalias",
-    "declare", "typeset", "readonly", "local", "eval", "hash", ":", "true", "false", "test", "[", "[[",
-    "echo", "printf", "conda", "mamba", "micromamba", "module", "ml", "spack", "pyenv", "activate",
-    "deactivate", "enable_lmod", "setpkgs", "use",
-})
-_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
-                       "esac", "{", "}", "!", "function", "in", "]]", "time"})
-_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 _HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
-_SEPARATORS = frozenset({";", "&&", "||", "|", "&", ";;", "|&"})
 _DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
 
 
@@ -71,37 +63,6 @@ class Preamble:
     ran: bool = False
     note: str = ""
     wall_s: float = 0.0
-
-
-def _is_setup(line: str) -> bool:
-    """Whether every simple command on ``line`` is setup and its only output redirection is /dev/null."""
-    try:
-        lex = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        toks = list(lex)
-    except ValueError:
-        return False
-    head = True
-    i = 0
-    while i < len(toks):
-        t = toks[i]
-        if t in _SEPARATORS:
-            head = True
-        elif set(t) <= set("<>&|;"):  # a redirection: only to /dev/null or another descriptor
-            if ">" in t and not t.endswith("&"):
-                if i + 1 >= len(toks) or toks[i + 1] != "/dev/null":
-                    return False
-            i += 1
-        elif head:
-            if t in _KEYWORDS or _ASSIGN.match(t):
-                pass
-            elif os.path.basename(t) in SETUP_COMMANDS and not t.startswith("$"):
-                head = False
-            else:
-                return False
-        i += 1
-    return True
 
 
 def preamble(text: str, line_index: int) -> Optional[str]:
@@ -132,7 +93,7 @@ def preamble(text: str, line_index: int) -> Optional[str]:
             continue
         if not s or s.startswith("#"):
             continue
-        if _is_setup(s):
+        if is_setup(s):
             out.append(line)
             kept = True
         else:
