@@ -33,7 +33,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.oom_messages import find_oom_messages, tried_to_allocate_mib
-from slurm_coloc.hooks.rerun import RETRY_TAG, submit_retry
+from slurm_coloc.hooks.rerun import RETRY_TAG, rerun_refusal, submit_retry
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
@@ -328,7 +328,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, job.shards, cfg.gpu_mem_gib, retry_of)
-    if plan.oom:
+    refused = rerun_refusal(job) if plan.oom else None  # a confinement the rerun cannot carry
+    if refused:
+        plan = OomDecision(False, refused)
+    elif plan.oom:
         plan = _gate(cfg, job, db, uid, death.messages, death.peak_mib)
     oom = _oom_record(ctx, job, state, share_mode, uid, sha, death, recorded_retry_of, plan)
     if not store_oom.claim_retry(db, oom):

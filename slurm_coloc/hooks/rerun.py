@@ -11,7 +11,10 @@ every scheduler dialect; ``neutralise_directives``), the job's environment (``--
 itself runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and
 only where they agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``. Every
 option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), passed as one argv
-word, no shell. An array task is rerun alone (``--array=<its task id>``).
+word, no shell. An array task is rerun alone (``--array=<its task id>``). The rerun carries the job's whole
+confinement from the record (reservation, excluded and required nodes, QOS, account, WCKey, features,
+licenses, other GRES, container, ...: ``slurm/confinement.py``), or is refused with the reason
+(``rerun_refusal``). Root submits it: a site ``job_submit`` filter sees ``submit_uid`` 0 (docs/admin.md).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from slurm_coloc.comment import COMMENT_TAG
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.confinement import confinement_of, refusal
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.units import shards_to_mib
 
@@ -110,7 +114,9 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or the job's leaks),
     ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards
     from one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off:
-    docs/facts.md §4). Nothing comes from the job's comment, script or environment.
+    docs/facts.md §4), followed by the job's other per-node GRES. The job's confinement (reservation,
+    ``--exclude``, ``--nodelist``, QOS, constraint, licenses, WCKey, container, ...) is carried verbatim
+    (``slurm/confinement.py``). Nothing comes from the job's comment, script or environment.
 
     Args:
         job: slurmctld's record of the job (``squeue --json``).
@@ -118,11 +124,20 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
 
     Returns:
         The sbatch option words (``--time`` in minutes, ``--mem`` in MiB), the rerun's coloc comment last.
-        Pure, never raises.
+        Pure.
+
+    Raises:
+        ColocError: part of the job's confinement cannot be carried (``rerun_refusal`` names it).
     """
+    why = rerun_refusal(job)
+    if why:
+        raise ColocError(why)
     gib = cfg.gpu_mem_gib
+    confined = confinement_of(job.raw)
+    gres = ",".join((f"shard:{gib}", *confined.other_gres))
     args = [f"--job-name={job.name}", f"--partition={job.partition}", f"--chdir={job.work_dir or '/'}",
-            "--ignore-pbs", "--open-mode=append", "--export=NONE", "--no-requeue", f"--gres=shard:{gib}"]
+            "--ignore-pbs", "--open-mode=append", "--export=NONE", "--no-requeue", f"--gres={gres}",
+            *confined.options]
     if job.array_job_id and job.array_task_id is not None:
         args.append(f"--array={int(job.array_task_id)}")
     if job.account not in ("", "(null)"):
@@ -136,19 +151,32 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
         args.append(f"--error={err}")
     if inp and inp != "/dev/null":
         args.append(f"--input={inp}")
-    for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"),
-                       (job.cpus_per_task, "--cpus-per-task")):
-        if value:
-            args.append(f"{opt}={value}")
-    if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
-        args.append(f"--mincpus={job.min_cpus_per_node}")
-    if job.mem_per_node_mib:
-        args.append(f"--mem={job.mem_per_node_mib}M")
+    args += _shape_args(job)
     info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": shards_to_mib(gib),
                             "method": "oom-retry", "retry_of": job.job_id}
     args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
                                                                                    sort_keys=True))
     return args
+
+
+def _shape_args(job: JobInfo) -> List[str]:
+    """The job's nodes, tasks, CPUs and memory as sbatch options (``--mem`` in MiB), from its record."""
+    args = [f"{opt}={value}" for value, opt in ((job.num_nodes, "--nodes"), (job.num_tasks, "--ntasks"),
+                                                (job.cpus_per_task, "--cpus-per-task")) if value]
+    if not job.cpus_per_task and job.min_cpus_per_node and job.min_cpus_per_node > 1:
+        args.append(f"--mincpus={job.min_cpus_per_node}")
+    if job.mem_per_node_mib:
+        args.append(f"--mem={job.mem_per_node_mib}M")
+    elif job.mem_per_cpu_mib:
+        args.append(f"--mem-per-cpu={job.mem_per_cpu_mib}M")
+    return args
+
+
+def rerun_refusal(job: JobInfo) -> Optional[str]:
+    """Why the rerun of ``job`` is refused (one line), or None: a part of its confinement that the rerun
+    cannot carry (``slurm/confinement.py``: GRES per job/task/socket, CPUs or memory per GRES, a burst
+    buffer, a heterogeneous job's component). Pure, never raises."""
+    return refusal(confinement_of(job.raw))
 
 
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,

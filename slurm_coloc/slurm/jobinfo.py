@@ -56,6 +56,7 @@ class JobInfo:
         cpus_per_task: ``--cpus-per-task`` (22.05's JSON prints null even when given: ``min_cpus_per_node``,
             scontrol's ``MinCPUsNode``, keeps the CPUs per node it implies).
         mem_per_node_mib: ``--mem`` in MiB (None when not given or given per CPU).
+        mem_per_cpu_mib: ``--mem-per-cpu`` in MiB (None when not given).
         state_flags: the flags after the base state in 24.11+'s ``job_state`` list (``("COMPLETING",)``);
             22.05 prints none.
         slurm_release: the release in the output's ``meta`` (``"24.11.5"``), ``""`` when not known.
@@ -100,6 +101,7 @@ class JobInfo:
     mem_per_node_mib: Optional[int]
     state_flags: Tuple[str, ...] = ()
     slurm_release: str = ""
+    mem_per_cpu_mib: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -268,7 +270,7 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
         num_tasks=integer(j, "tasks"), cpus_per_task=integer(j, "cpus_per_task"),
         min_cpus_per_node=integer(j, "minimum_cpus_per_node"),
         mem_per_node_mib=integer(j, "memory_per_node") or None, state_flags=flags, slurm_release=release,
-        raw=dict(j),
+        mem_per_cpu_mib=integer(j, "memory_per_cpu") or None, raw=dict(j),
     )
 
 
