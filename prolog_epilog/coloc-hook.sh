@@ -4,8 +4,18 @@
 # drains the node: docs/facts.md §5). Python-side errors are logged by coloc-hook
 # itself to <log_dir>/hooks.log; this shim only notes crashes and timeouts through logger.
 # coloc-hook: $COLOC_HOOK, else the Debian package's /usr/bin/coloc-hook, else a manual install's /usr/local/bin.
-HOOK=${COLOC_HOOK:-/usr/bin/coloc-hook}
-[ -n "${COLOC_HOOK:-}" ] || [ -x "$HOOK" ] || HOOK=/usr/local/bin/coloc-hook
+# The TaskProlog runs in the job's environment, which the user fills (--export): it never takes COLOC_HOOK from
+# there, only from its second argument (`task-prolog --hook=/abs/path`, which a site's wrapper may pass; Slurm
+# passes the TaskProlog no arguments).
+if [ "$1" = task-prolog ]; then
+  case ${2:-} in
+    --hook=/*) HOOK=${2#--hook=} ;;
+    *) HOOK=/usr/bin/coloc-hook; [ -x "$HOOK" ] || HOOK=/usr/local/bin/coloc-hook ;;
+  esac
+else
+  HOOK=${COLOC_HOOK:-/usr/bin/coloc-hook}
+  [ -n "${COLOC_HOOK:-}" ] || [ -x "$HOOK" ] || HOOK=/usr/local/bin/coloc-hook
+fi
 LIMIT=${COLOC_HOOK_TIMEOUT_S:-30}
 # Where a run that could not record leaves its environment (slurm_coloc/hooks/pending.py; same default there):
 # the next hook run builds its rows from it. Not read from coloc.yaml (no YAML here): set per cluster if needed.

@@ -55,12 +55,19 @@ def roff(text: str) -> str:
     return ".nf\n" + "\n".join(lines) + "\n.fi\n"
 
 
+def page_summary(help_out: str) -> str:
+    """The NAME line's text: the first sentence of the first paragraph after the ``Usage:`` block (which
+    click wraps over several lines: a wrapped usage line is not the summary)."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", help_out) if p.strip()]
+    text = next((p for p in paragraphs if not p.startswith("Usage")), "slurm-coloc command")
+    return " ".join(text.split()).split(". ")[0].rstrip(".")
+
+
 def page(name: str, target: str, version: str) -> str:
     main = help_text([name])
-    summary = next((ln.strip() for ln in main.splitlines()[1:] if ln.strip() and not ln.startswith("Usage")),
-                   "slurm-coloc command")
+    summary = page_summary(main)
     parts = [f'.TH {name.upper()} 1 "" "slurm-coloc {version}" "slurm-coloc"\n',
-             f".SH NAME\n{name} \\- {summary.rstrip('.')}\n", ".SH DESCRIPTION\n", roff(main)]
+             f".SH NAME\n{name} \\- {summary}\n", ".SH DESCRIPTION\n", roff(main)]
     subs = subcommands(target)
     if subs:
         parts.append(".SH COMMANDS\n")

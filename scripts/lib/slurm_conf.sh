@@ -18,6 +18,8 @@ ensure_users() {
 # cluster's config (Slurm runs hooks without PATH/SLURM_CONF); [comment] becomes line 2 when given. The pending
 # directory of hook runs that could not record (hooks/pending.py) is <dir>/coloc/pending for <dir>/etc/coloc.yaml,
 # next to the state and run directories of slurm_conf_coloc_yaml: one per cluster, never the host-wide default.
+# The TaskProlog's shim takes <coloc-hook> as its argument (--hook=), never from COLOC_HOOK (the job's
+# environment, which the user fills).
 slurm_conf_hooks() {
   local dir=$1 yaml=$2 conf=$3 hook=$4 shims=$5 comment=${6:-} name
   local pending
@@ -28,7 +30,7 @@ slurm_conf_hooks() {
       cat <<HOOK
 COLOC_CONFIG=$yaml SLURM_CONF=$conf COLOC_HOOK=$hook COLOC_PENDING_DIR=$pending
 export COLOC_CONFIG SLURM_CONF COLOC_HOOK COLOC_PENDING_DIR
-exec $shims/$name "\$@"
+exec $shims/$name $([ "$name" != task_prolog.sh ] || echo "--hook=$hook ")"\$@"
 HOOK
     } > "$dir/$name"
     chmod 0755 "$dir/$name"

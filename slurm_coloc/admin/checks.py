@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import AbstractSet, Dict, List, Optional, Tuple
 
+from slurm_coloc.admin import role as role_mod
 from slurm_coloc.admin import versioncheck
 from slurm_coloc.admin.gpu_checks import check_gpu, check_metrics, check_mps_protection
 from slurm_coloc.admin.munge import check_munge
@@ -118,7 +119,8 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
     return out, conf
 
 
-def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check]:
+def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config,
+                    local: Optional[AbstractSet[str]] = None) -> List[Check]:
     """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
 
     GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
@@ -129,6 +131,8 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
         gres_path: the gres.conf to read.
         conf: the parsed slurm.conf (``check_slurm_conf``): its nodes with ``Gres=gpu`` are checked.
         cfg: ``gpu_mem_gib`` (shards per GPU).
+        local: the nodes whose device files are on this host (admin/role.py): only theirs must exist here
+            (a controller's or login host's: none); None: every node's.
 
     Returns:
         One ``Check`` per GPU node (ok, or each failure with its fix); a single failure when the file cannot
@@ -156,7 +160,7 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config) -> List[Check
                                 "File=/dev/nvidiaK' "
                                 "line per GPU"))
                 continue
-        bad = _check_gpu_files(name, n, files, shards, cfg, out)
+        bad = _check_gpu_files(name, n, files, shards, cfg, out, local is None or n in local)
         if not files:
             out.append(fail(name, f"node {n}: no Name=gpu line with File=",
                             f"add 'NodeName={n} Name=gpu File=/dev/nvidia[0-N]'"))
@@ -190,12 +194,12 @@ def _gres_lines(text: str) -> Tuple[Dict[str, List[str]], Dict[str, Dict[str, in
 
 
 def _check_gpu_files(name: str, node: str, files: List[str], shards: Dict[str, int], cfg: Config,
-                     out: List[Check]) -> bool:
-    """Append a failure to ``out`` for each GPU device file of ``node`` that does not exist or has no shard
-    line with ``Count = cfg.gpu_mem_gib``; returns whether any failed."""
+                     out: List[Check], here: bool = True) -> bool:
+    """Append a failure to ``out`` for each GPU device file of ``node`` that does not exist (when the node is
+    ``here``) or has no shard line with ``Count = cfg.gpu_mem_gib``; returns whether any failed."""
     bad = False
     for f in files:
-        if not os.path.exists(f):
+        if here and not os.path.exists(f):
             out.append(fail(name, f"node {node}: GPU device file {f} does not exist",
                             f"fix File= on the Name=gpu line for {node} (ls /dev/nvidia*)"))
             bad = True
@@ -330,29 +334,41 @@ def check_slurm_binaries(cfg: Config) -> List[Check]:
     return [ok("slurm binaries", f"{', '.join(SLURM_BINARIES)} in {cfg.slurm_bin_dir}")]
 
 
-def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool) -> List[Check]:
-    """Every check, in order: slurm.conf, gres.conf, plugstack.conf, hooks (those four when slurm.conf reads),
-    munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
+def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
+            hostname: Optional[str] = None) -> List[Check]:
+    """Every check, in order: the host's role, slurm.conf, gres.conf, plugstack.conf, hooks (those four when
+    slurm.conf reads), munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
 
     Args:
         cfg: the slurm-coloc config checked with the cluster.
         slurm_conf: slurm.conf; gres.conf and plugstack.conf are looked for beside it.
-        no_gpu: this node has no GPU (the controller): the GPU, MPS and metrics checks are skipped.
+        no_gpu: ``--no-gpu``: the GPU, MPS and metrics checks are skipped whatever the role.
+        role: ``auto`` (from slurm.conf and the host name: admin/role.py) or ``controller``, ``compute``,
+            ``login``; on a controller or login host the GPU checks are skipped and no GPU device file of
+            gres.conf must exist here. hostname: this host's name (default: the system's).
 
     Returns:
         Every ``Check`` (ok, skip or fail with its fix), in that order.
     """
     results, conf = check_slurm_conf(slurm_conf, cfg)
+    try:
+        text = slurm_conf.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    host = role_mod.detect(conf, text, role, hostname)
+    results.insert(0, ok("role", host.describe()))
+    skip_gpu: "bool | str" = no_gpu or ("" if host.gpu else f"{'/'.join(sorted(host.roles))} host")
     if conf is not None:
-        results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg)
+        local = set(host.nodes) if host.nodes or not host.gpu else None
+        results += check_gres_conf(slurm_conf.parent / "gres.conf", conf, cfg, local)
         results += check_plugstack(conf, slurm_conf.parent)
         results += check_hooks(conf)
     results += check_munge(conf)
     results += check_dirs(cfg)
     results += check_slurm_binaries(cfg)
-    results += check_gpu(cfg, no_gpu)
-    results += check_metrics(cfg, no_gpu)
-    results += check_mps_protection(cfg, no_gpu)
+    results += check_gpu(cfg, skip_gpu)
+    results += check_metrics(cfg, skip_gpu)
+    results += check_mps_protection(cfg, skip_gpu)
     results += check_slurm_version(cfg, conf, slurm_conf)
     return results
 

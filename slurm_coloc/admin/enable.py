@@ -9,12 +9,17 @@ What changes (docs/admin.md, "What it changes on your cluster"):
 - gres.conf: one ``Name=shard Count=<gpu_mem_gib> File=<device>`` line per GPU of a node that has none
   (devices from its ``Name=gpu File=`` lines, else ``/dev/nvidia0..N-1`` as ``AutoDetect=nvml`` finds them);
 - plugstack.conf: ``optional <coloc_spank.so> run_dir=<run_dir>`` (optional: a plugin built for another Slurm
-  release is skipped instead of failing every job).
+  release is skipped instead of failing every job), in a file of its own, ``<dir>/coloc.conf``, where
+  plugstack.conf includes ``<dir>/*.conf`` (Debian's ``/etc/slurm/plugstack.conf.d``: plugstack.conf itself
+  belongs to another package), else in plugstack.conf.
 A hook key already set to another program is a conflict (``ColocError``): slurm-coloc does not silently
-replace a site's Prolog; ``replace_hooks`` does.
+replace a site's Prolog; ``replace_hooks`` does. A ``Prolog``/``Epilog`` set to a glob (jobstats'
+``/etc/slurm/prolog.d/*.sh``; Slurm runs every file it matches) is no conflict: our hook joins it as a small
+script in that directory (``glob_hooks``). ``admin/disable.py`` undoes it all.
 """
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,15 +40,54 @@ SPANK_SO = "/usr/lib/slurm-coloc/coloc_spank.so"
 HOOKS = {"Prolog": "prolog.sh", "Epilog": "epilog.sh", "PrologSlurmctld": "prolog_slurmctld.sh",
          "EpilogSlurmctld": "epilog_slurmctld.sh", "TaskProlog": "task_prolog.sh"}
 MARK = "# slurm-coloc (coloc-admin enable)"
+GLOB_KEYS = ("Prolog", "Epilog")  # the hook keys Slurm expands as a glob (slurm.conf(5) of 22.05)
 
 
 @dataclass
 class Change:
-    """One file's new text; ``old`` is None for a file that does not exist yet."""
+    """One file's new text; ``old`` is None for a file that does not exist yet. ``mode`` for a new file;
+    ``remove``: the file is deleted (``new`` is then empty); ``backup``: whether the old text is kept as
+    ``<file>.coloc-backup-<time>`` (not for our own files in a glob directory, where Slurm would run it)."""
 
     path: Path
     old: Optional[str]
     new: str
+    mode: int = 0o644
+    remove: bool = False
+    backup: bool = True
+
+
+def is_glob(value: str) -> bool:
+    """Whether a hook value is a glob pattern (``*``, ``?`` or ``[``) rather than one program."""
+    return any(ch in value for ch in "*?[")
+
+
+def glob_member(pattern: str, stem: str = "coloc") -> Path:
+    """The file named ``stem`` that ``pattern`` (a directory glob: ``/etc/slurm/prolog.d/*.sh``) matches:
+    ``/etc/slurm/prolog.d/coloc.sh``.
+
+    Args:
+        pattern: an absolute path whose last part holds the glob; stem: the name put for its ``*``.
+
+    Raises:
+        ColocError: a pattern whose directory part is a glob or relative, or whose name part no plain name
+            fits.
+    """
+    path = Path(pattern)
+    if not path.is_absolute() or is_glob(str(path.parent)):
+        raise ColocError(f"{pattern}: only a glob in the last part of an absolute path is supported",
+                         hint="add slurm-coloc's hook to your hook directory by hand (docs/admin.md)")
+    name = path.name.replace("*", stem, 1).replace("*", "")
+    if "?" in name or "[" in name or not fnmatch.fnmatchcase(name, path.name):
+        raise ColocError(f"{pattern}: no file name for slurm-coloc's hook fits this pattern",
+                         hint="add slurm-coloc's hook to your hook directory by hand (docs/admin.md)")
+    return path.parent / name
+
+
+def glob_hook_text(hook_dir: str, key: str, pattern: str) -> str:
+    """The script put in a glob hook directory: runs slurm-coloc's shim for ``key`` (it exits 0)."""
+    return (f"#!/bin/sh\n{MARK}: {key}={pattern} runs every file it matches; this one runs slurm-coloc's "
+            f"hook\nexec {hook_dir}/{HOOKS[key]} \"$@\"\n")
 
 
 def _set_global(lines: List[str], key: str, value: str, added: List[str]) -> None:
@@ -70,7 +114,7 @@ def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool) -> s
     for key, name in HOOKS.items():
         ours = f"{hook_dir}/{name}"
         current = conf.get(key)
-        if current == ours:
+        if current == ours or (key in GLOB_KEYS and is_glob(current)):
             continue
         if current and not replace_hooks:
             raise ColocError(f"slurm.conf already has {key}={current}: slurm-coloc needs {key}={ours}",
@@ -175,9 +219,23 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     gres_path = slurm_conf.parent / "gres.conf"
     gres_text = read(gres_path)
     changes.append(Change(gres_path, gres_text, _gres_conf(gres_text or "", new_slurm, cfg)))
+    conf = parse_slurm_conf(new_slurm)
+    for key in GLOB_KEYS:
+        if is_glob(conf.get(key)):
+            member = glob_member(conf.get(key))
+            if not member.parent.is_dir():
+                raise ColocError(f"{key}={conf.get(key)}: directory {member.parent} does not exist")
+            changes.append(Change(member, read(member), glob_hook_text(hook_dir, key, conf.get(key)), 0o755,
+                                  backup=False))
     if spank:
-        plug = Path(parse_slurm_conf(new_slurm).get("PlugStackConfig")
-                    or slurm_conf.parent / "plugstack.conf")
+        plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
         plug_text = read(plug)
-        changes.append(Change(plug, plug_text, _plugstack(plug_text or "", cfg, spank_so)))
+        target, target_text = plug, plug_text
+        entries = parse_plugstack(plug_text or "")
+        dirs = [p for kind, p, _ in entries if kind == "include" and is_glob(p) and Path(p).parent.is_dir()]
+        if dirs and not any(Path(p).name == "coloc_spank.so" for kind, p, _ in entries if kind != "include"):
+            target = glob_member(dirs[0])
+            target_text = read(target)
+        changes.append(Change(target, target_text, _plugstack(target_text or "", cfg, spank_so),
+                              backup=target == plug))
     return [c for c in changes if c.new != (c.old or "")]

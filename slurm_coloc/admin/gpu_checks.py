@@ -8,26 +8,31 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from slurm_coloc.admin.result import Check, fail, ok
 from slurm_coloc.config import Config
 
 
-def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
+def _why(no_gpu: Union[bool, str]) -> str:
+    """Why the GPU checks are skipped: ``--no-gpu`` (True) or the reason given (the host's role)."""
+    return no_gpu if isinstance(no_gpu, str) else "--no-gpu"
+
+
+def check_gpu(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
     """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
     ``no_gpu`` (a node without GPUs, e.g. the controller): skipped.
 
     Args:
         cfg: the configuration (``mps_mode``; where the MPS binaries are, ``node/mps_daemon.py``).
-        no_gpu: ``--no-gpu``: skip the checks.
+        no_gpu: ``--no-gpu`` (True), or why the host has no GPUs (its role): skip the checks.
 
     Returns:
         The NVML check and the MPS binaries' checks (``skip`` with ``no_gpu``). NVML errors become ``fail``.
     """
     if no_gpu:
-        return [Check("NVML", "skip", "--no-gpu: not a GPU node"),
-                Check("MPS", "skip", "--no-gpu: not a GPU node")]
+        return [Check("NVML", "skip", f"{_why(no_gpu)}: not a GPU node"),
+                Check("MPS", "skip", f"{_why(no_gpu)}: not a GPU node")]
     from slurm_coloc.errors import ColocError
     from slurm_coloc.node import mps_daemon
     from slurm_coloc.nvml import reader
@@ -58,7 +63,7 @@ def check_gpu(cfg: Config, no_gpu: bool) -> List[Check]:
     return out
 
 
-def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
+def check_metrics(cfg: Config, no_gpu: Union[bool, str], node: Optional[str] = None,
                   timeout_s: float = 3.0) -> List[Check]:
     """The sampler's Prometheus endpoint answers ``/metrics`` with slurm-coloc's families (docs/metrics.md).
 
@@ -80,7 +85,7 @@ def check_metrics(cfg: Config, no_gpu: bool, node: Optional[str] = None,
     from slurm_coloc.node.sampler_daemon import running_pid
     name = "metrics endpoint"
     if no_gpu:
-        return [Check(name, "skip", "--no-gpu: not a GPU node")]
+        return [Check(name, "skip", f"{_why(no_gpu)}: not a GPU node")]
     if not cfg.exporter_port:
         return [Check(name, "skip", "exporter_port: 0 (endpoint off)")]
     node = node or socket.gethostname().split(".")[0]
@@ -164,7 +169,7 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
     return out
 
 
-def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
+def check_mps_protection(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
     """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (read through NVML; nothing is changed).
 
     Args:
@@ -176,7 +181,7 @@ def check_mps_protection(cfg: Config, no_gpu: bool) -> List[Check]:
         raises for NVML.
     """
     if no_gpu:
-        return [Check("MPS protection", "skip", "--no-gpu: not a GPU node")]
+        return [Check("MPS protection", "skip", f"{_why(no_gpu)}: not a GPU node")]
     shared = shared_gpus(cfg)
     mode_of: Dict[str, Optional[str]] = {}
     if shared:

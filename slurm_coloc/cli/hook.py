@@ -91,7 +91,7 @@ def _command() -> object:
 
         \b
         Example (slurm.conf):
-          Prolog=/usr/local/share/slurm-coloc/prolog_epilog/prolog.sh
+          Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh
         where prolog.sh runs: coloc-hook prolog
 
         \f

@@ -1,0 +1,91 @@
+"""``coloc-admin disable``: the changes that turn slurm-coloc's hooks and SPANK plugin off again, as whole new
+file texts (pure planning; the CLI prints them as diffs or writes them with a backup, as for ``enable``).
+
+What goes (the inverse of ``admin/enable.py``): each hook key of slurm.conf that names a shim in ``hook_dir``;
+our script in a glob hook directory (``Prolog=/etc/slurm/prolog.d/*.sh``); the SPANK plugin's line in
+plugstack.conf, and the file ``enable`` wrote in an included directory (``plugstack.conf.d/coloc.conf``).
+What stays: ``SelectType``, ``GresTypes``, the shards of ``Gres=`` and gres.conf (jobs that ask for shards
+still run; a whole GPU is ``gpu_mem_gib`` shards): remove them by hand, or restore the ``enable`` backups.
+Run it before removing the package: a Prolog that names a deleted program fails, and Slurm drains the node.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import List, Optional
+
+from slurm_coloc.admin.enable import GLOB_KEYS, HOOK_DIR, HOOKS, MARK, SPANK_SO, Change, is_glob
+from slurm_coloc.admin.slurmconf import parse_plugstack, parse_slurm_conf
+from slurm_coloc.errors import ColocError
+
+
+def _read(p: Path) -> Optional[str]:
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ColocError(f"cannot read {p}: {exc}") from None
+
+
+def _drop_lines(text: str, drop: "re.Pattern[str]") -> str:
+    """``text`` without the lines ``drop`` matches, and without our ``MARK`` comment when nothing of its block
+    is left after it."""
+    lines = [ln for ln in text.splitlines() if not drop.match(ln)]
+    out: List[str] = []
+    for i, ln in enumerate(lines):
+        rest = lines[i + 1:]
+        block = rest[:next((k for k, r in enumerate(rest) if not r.strip() or r.startswith("#")), len(rest))]
+        if ln.strip() == MARK and not block:
+            continue
+        out.append(ln)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out) + "\n" if out else ""
+
+
+def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -> List[Change]:
+    """The files that change to turn slurm-coloc off (nothing written).
+
+    Args:
+        slurm_conf: the slurm.conf path (gres.conf is left alone; plugstack.conf is ``PlugStackConfig`` or
+            beside slurm.conf); hook_dir: where the shims are; spank_so: the SPANK plugin's path.
+
+    Returns:
+        The ``Change`` of each file (``remove`` for our own files); empty when nothing of ours is configured.
+
+    Raises:
+        ColocError: slurm.conf missing or unreadable.
+    """
+    text = _read(slurm_conf)
+    if text is None:
+        raise ColocError(f"cannot read {slurm_conf}: no such file",
+                         hint="name it with --slurm-conf or SLURM_CONF")
+    conf = parse_slurm_conf(text)
+    keys = "|".join(HOOKS)
+    ours = re.compile(rf"^\s*({keys})\s*=\s*{re.escape(hook_dir)}/[^\s/]+\s*(#.*)?$", re.IGNORECASE)
+    changes = [Change(slurm_conf, text, _drop_lines(text, ours))]
+    for key in GLOB_KEYS:
+        pattern = conf.get(key)
+        if is_glob(pattern) and Path(pattern).parent.is_dir():
+            for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+                body = _read(member) if member.is_file() else None
+                if body is not None and MARK in body and f"{hook_dir}/" in body:
+                    changes.append(Change(member, body, "", remove=True, backup=False))
+    plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
+    plug_text = _read(plug)
+    name = Path(spank_so).name
+    plugin_line = re.compile(rf"^\s*(required|optional)\s+\S*/{re.escape(name)}(\s.*)?$")
+    if plug_text is not None:
+        changes.append(Change(plug, plug_text, _drop_lines(plug_text, plugin_line)))
+        for kind, pattern, _ in parse_plugstack(plug_text):
+            if kind != "include" or not Path(pattern).parent.is_dir():
+                continue
+            for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+                body = _read(member) if member.is_file() else None
+                if body is None or not any(plugin_line.match(ln) for ln in body.splitlines()):
+                    continue
+                left = _drop_lines(body, plugin_line)
+                changes.append(Change(member, body, "", remove=True, backup=False) if not left.strip()
+                               else Change(member, body, left, backup=False))
+    return [c for c in changes if c.remove or c.new != (c.old or "")]

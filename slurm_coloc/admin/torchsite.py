@@ -1,0 +1,92 @@
+"""``coloc-admin torch DIR``: give the package's venv a site's PyTorch (and the NumPy it needs) by a ``.pth``
+file, checked first, so the package's own bundled packages (pip, setuptools, click, ...) are never replaced.
+
+PyTorch is a site's choice and large (with its CUDA libraries several GiB), so the Debian package does not
+bundle it: the site installs it once in a Python environment of its own (``python3 -m venv /opt/coloc-torch &&
+/opt/coloc-torch/bin/pip install torch numpy``, or a shared install on NFS), and this links it. The link is a
+path appended to ``sys.path`` (``site`` module, ``.pth`` files): the venv's own site-packages come first.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from slurm_coloc.errors import ColocError
+
+PTH_NAME = "coloc-site-torch.pth"
+PROBE = ("import json, sys; sys.path.append(sys.argv[1]); import numpy, torch; "
+         "print(json.dumps({'torch': torch.__version__, 'numpy': numpy.__version__, "
+         "'where': torch.__file__}))")
+
+
+@dataclass
+class TorchSite:
+    """A checked site-packages directory: ``path``, and the ``torch`` and ``numpy`` versions found there."""
+
+    path: Path
+    torch: str
+    numpy: str
+
+
+def site_packages(target: Path) -> Path:
+    """The site-packages directory of ``target``: a venv or prefix (its ``lib/pythonX.Y/site-packages`` for
+    this Python's X.Y) or a site-packages directory itself.
+
+    Args:
+        target: the directory the admin named (absolute); ``pythonX.Y`` is this interpreter's version (the
+            package venv's, which runs ``coloc-admin``).
+
+    Raises:
+        ColocError: not absolute, not a directory, or a prefix for another Python version.
+    """
+    if not target.is_absolute():
+        raise ColocError(f"{target}: give an absolute path", hint="e.g. coloc-admin torch /opt/coloc-torch")
+    if not target.is_dir():
+        raise ColocError(f"{target}: no such directory",
+                         hint="python3 -m venv /opt/coloc-torch && "
+                              "/opt/coloc-torch/bin/pip install torch numpy")
+    xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    inner = target / "lib" / xy / "site-packages"
+    if inner.is_dir():
+        return inner
+    others = sorted(p.parent.name for p in target.glob("lib/python3*/site-packages"))
+    if others:
+        raise ColocError(f"{target} is a Python environment for {', '.join(others)}, slurm-coloc runs {xy}",
+                         hint=f"create it with /usr/bin/{xy} -m venv")
+    return target
+
+
+def check(target: Path, python: str = sys.executable, timeout_s: float = 120.0) -> TorchSite:
+    """Import torch and numpy from ``target`` in a fresh ``python`` (the package venv's) and report versions.
+
+    Args:
+        target: a venv, prefix or site-packages directory (``site_packages``).
+        python: the interpreter that will use it; timeout_s: the import's time limit (torch loads in seconds).
+
+    Raises:
+        ColocError: the directory is unusable, or torch or numpy does not import from it (the error's last
+            line, e.g. ``No module named 'numpy'``).
+    """
+    site = site_packages(target)
+    try:
+        proc = subprocess.run([python, "-I", "-c", PROBE, str(site)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ColocError(f"importing torch from {site} took over {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode])[-1]
+        raise ColocError(f"torch and numpy do not import from {site}: {last}",
+                         hint=f"install them there: {target}/bin/pip install torch numpy")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return TorchSite(site, found["torch"], found["numpy"])
+
+
+def pth_path(prefix: Optional[str] = None) -> Path:
+    """Where the link goes: ``<prefix>/lib/pythonX.Y/site-packages/coloc-site-torch.pth`` (default prefix:
+    this interpreter's venv, ``sys.prefix``)."""
+    xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    return Path(prefix or sys.prefix) / "lib" / xy / "site-packages" / PTH_NAME
