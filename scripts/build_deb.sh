@@ -7,12 +7,16 @@
 # Layout (FHS; docs/admin.md "Production install"):
 #   /usr/lib/slurm-coloc/venv/          the product and its dependencies (no torch) in a venv over Debian's
 #                                       /usr/bin/python3: it never touches Debian's own python3 packages.
-#                                       Estimator/GPU-model extras: /usr/lib/slurm-coloc/venv/bin/pip install torch
+#                                       Its packages are pinned (deploy/debian/constraints.txt). PyTorch is a
+#                                       site's: `coloc-admin torch DIR` links a site environment's torch + numpy
 #   /usr/bin/coloc-*                    symlinks to the venv's console scripts
 #   /usr/lib/slurm-coloc/hooks/         Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog shims
 #   /usr/lib/slurm-coloc/coloc_spank.so the SPANK plugin built against this host's libslurm-dev (22.05)
 #   /usr/share/slurm-coloc/spank/       its source and Makefile, to rebuild for another Slurm release
 #   /lib/systemd/system/                coloc-sampler, coloc-placer (+ fallback timer), coloc-report units
+#   /etc/init.d/coloc-{sampler,placer,report}  conffiles: the same daemons on hosts without systemd (generated
+#                                       from deploy/init.d/coloc-daemon.in and each unit's ExecStart, caps)
+#   /usr/share/slurm-coloc/constraints.txt  the venv's pins, for `pip install -c` into it
 #   /etc/slurm-coloc/coloc.yaml         conffile: the sample, every key commented out at its default
 #   /etc/logrotate.d/slurm-coloc        conffile
 #   /usr/share/man/man1/coloc-*.1.gz    generated from each command's --help (scripts/gen_man.py)
@@ -39,8 +43,13 @@ VENV=/usr/lib/slurm-coloc/venv
 "$PY" -m venv "$ROOT$VENV"
 log=$STAGE/pip.log
 { "$ROOT$VENV/bin/pip" wheel -q --no-deps --disable-pip-version-check -w "$STAGE/whl" "$REPO" &&
-  "$ROOT$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "$(ls "$STAGE"/whl/*.whl)[gpu]"; } \
+  "$ROOT$VENV/bin/pip" install -q --no-compile --disable-pip-version-check \
+    -c "$REPO/deploy/debian/constraints.txt" "$(ls "$STAGE"/whl/*.whl)[gpu]"; } \
   >"$log" 2>&1 || { tail -20 "$log" >&2; die "pip failed"; }
+# Exactly the pinned packages (and the product): a dependency that is not pinned fails the build.
+extra=$("$ROOT$VENV/bin/pip" freeze --all --disable-pip-version-check 2>/dev/null | grep -v -i '^slurm[-_]coloc' |
+        LC_ALL=C sort | LC_ALL=C comm -23 - <(grep -v "^#" "$REPO/deploy/debian/constraints.txt" | LC_ALL=C sort) || true)
+[ -z "$extra" ] || die "the venv holds packages deploy/debian/constraints.txt does not pin: $extra"
 cp "$STAGE"/whl/*.whl "$OUT/"
 "$ROOT$VENV/bin/python3" -c 'import slurm_coloc, click, rich, yaml, sqlite_utils, prometheus_client, pynvml' ||
   die "the venv is incomplete"
@@ -60,6 +69,20 @@ install -m 0644 "$SHARE"/systemd/* "$ROOT/lib/systemd/system/"
 install -m 0644 "$SHARE/coloc.yaml" "$ROOT/etc/slurm-coloc/coloc.yaml"
 install -m 0644 "$SHARE/coloc.yaml" "$ROOT/usr/share/slurm-coloc/coloc.yaml.sample"
 install -m 0644 "$SHARE/logrotate/slurm-coloc" "$ROOT/etc/logrotate.d/slurm-coloc"
+install -m 0644 "$REPO/deploy/debian/constraints.txt" "$ROOT/usr/share/slurm-coloc/constraints.txt"
+# Init scripts for hosts without systemd: each unit's command and capability bounding set in the template.
+install -d "$ROOT/etc/init.d"
+for name in coloc-sampler coloc-placer coloc-report; do
+  unit=$REPO/deploy/systemd/$name.service
+  args=$(sed -n "s|^ExecStart=/usr/bin/$name ||p" "$unit")
+  caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$unit" | tr ' ' '\n' | sed 's/^CAP_//' | tr 'A-Z' 'a-z' |
+         sed 's/^/+/' | paste -sd, -)
+  what=$(sed -n 's/^Description=slurm-coloc //p' "$unit")
+  [ -n "$args" ] && [ -n "$caps" ] || die "$unit: no ExecStart=/usr/bin/$name or CapabilityBoundingSet"
+  sed -e "s|@NAME@|$name|g" -e "s|@ARGS@|$args|" -e "s|@CAPS@|-all,$caps|" -e "s|@WHAT@|$what|" \
+    "$REPO/deploy/init.d/coloc-daemon.in" > "$ROOT/etc/init.d/$name"
+  chmod 0755 "$ROOT/etc/init.d/$name"
+done
 cp -r "$SHARE/spank" "$ROOT/usr/share/slurm-coloc/spank"
 rm -rf "$SHARE"
 for exe in "$ROOT$VENV"/bin/coloc-*; do ln -s "../lib/slurm-coloc/venv/bin/${exe##*/}" "$ROOT/usr/bin/${exe##*/}"; done
@@ -76,7 +99,8 @@ printf 'slurm-coloc\nLicense: Apache-2.0\nBundled Python packages in /usr/lib/sl
 # 6. Control files.
 install -d "$ROOT/DEBIAN"
 install -m 0755 "$REPO"/deploy/debian/{postinst,prerm,postrm} "$ROOT/DEBIAN/"
-printf '/etc/slurm-coloc/coloc.yaml\n/etc/logrotate.d/slurm-coloc\n' > "$ROOT/DEBIAN/conffiles"
+printf '%s\n' /etc/slurm-coloc/coloc.yaml /etc/logrotate.d/slurm-coloc /etc/init.d/coloc-sampler \
+  /etc/init.d/coloc-placer /etc/init.d/coloc-report > "$ROOT/DEBIAN/conffiles"
 SIZE=$(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)
 cat > "$ROOT/DEBIAN/control" <<CONTROL
 Package: slurm-coloc
@@ -96,8 +120,9 @@ Description: pack small deep-learning training jobs onto shared GPUs under Slurm
  memory and rerun a job that died of CUDA OOM on a whole GPU; an NVML sampler
  records every GPU and job; coloc-placer places jobs by SM activity.
  .
- PyTorch (for estimates) is not included: install it into
- /usr/lib/slurm-coloc/venv with its pip where users submit jobs.
+ PyTorch (for estimates) is not included: install torch and numpy in a
+ Python environment of the site's and link it with coloc-admin torch DIR
+ where users submit jobs.
 CONTROL
 DEB=$OUT/slurm-coloc_${VERSION}-1_${ARCH}.deb
 dpkg-deb --root-owner-group -Zxz -z6 --build "$ROOT" "$DEB" >/dev/null

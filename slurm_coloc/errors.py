@@ -77,8 +77,10 @@ class MissingExtra(ColocError):
 
 
 #: optional module -> (what it is for, how to install it); setup.cfg's extras
-EXTRAS = {"torch": ("PyTorch, which the memory estimator runs", "pip install 'slurm-coloc[estimator]'"),
-          "numpy": ("numpy, which the memory estimator uses", "pip install 'slurm-coloc[estimator]'"),
+EXTRAS = {"torch": ("PyTorch, which the memory estimator runs",
+                    "pip install 'slurm-coloc[estimator]'; Debian package: coloc-admin torch DIR"),
+          "numpy": ("numpy, which the memory estimator uses",
+                    "pip install 'slurm-coloc[estimator]'; Debian package: coloc-admin torch DIR"),
           "matplotlib": ("matplotlib, which draws the plots", "pip install matplotlib"),
           "pynvml": ("nvidia-ml-py, which reads the GPUs", "pip install 'slurm-coloc[gpu]'")}
 

@@ -101,3 +101,61 @@ def test_a_gpu_node_without_device_files_is_one_line(tmp_path: Path) -> None:
     conf.write_text(SITE)
     out = _enable(conf, "--dry-run")  # no gres.conf at all: the GPUs' device files are unknown
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "gpu[01-02]" in out.stderr
+
+
+JOBSTATS = SITE + "Prolog={d}/prolog.d/*.sh\nEpilog={d}/epilog.d/*.sh\n"
+
+
+def test_a_glob_prolog_is_joined_and_plugstack_d_gets_a_file_and_disable_undoes_both(tmp_path: Path) -> None:
+    """jobstats' Prolog=/etc/slurm/prolog.d/*.sh (Slurm runs every match): our hook joins the directory as a
+    script of its own; Debian's plugstack.conf (another package's file) includes plugstack.conf.d/*.conf,
+    where the plugin's line goes. ``disable`` removes both and our hook keys, leaving the site's."""
+    for d in ("prolog.d", "epilog.d", "plugstack.conf.d"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "prolog.d" / "jobstats.sh").write_text("#!/bin/sh\nexit 0\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(JOBSTATS.format(d=tmp_path))
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+    plugstack = f"include {tmp_path}/plugstack.conf.d/*.conf\n"
+    (tmp_path / "plugstack.conf").write_text(plugstack)
+    out = _enable(conf, "--write")
+    assert out.returncode == 0, out.stderr
+    parsed = parse_slurm_conf(conf.read_text())
+    assert parsed.get("Prolog") == f"{tmp_path}/prolog.d/*.sh"  # the site's glob stays
+    assert parsed.get("TaskProlog") == "/usr/lib/slurm-coloc/hooks/task_prolog.sh"
+    ours = tmp_path / "prolog.d" / "coloc.sh"
+    assert ours.stat().st_mode & 0o777 == 0o755
+    assert ours.read_text().splitlines()[-1] == 'exec /usr/lib/slurm-coloc/hooks/prolog.sh "$@"'
+    assert (tmp_path / "epilog.d" / "coloc.sh").read_text().splitlines()[-1].endswith("/epilog.sh \"$@\"")
+    assert (tmp_path / "plugstack.conf").read_text() == plugstack  # not ours to edit
+    assert parse_plugstack((tmp_path / "plugstack.conf.d" / "coloc.conf").read_text())[0][:2] == \
+        ("optional", "/usr/lib/slurm-coloc/coloc_spank.so")
+    # no backup where a glob would run it
+    assert sorted(p.name for p in (tmp_path / "prolog.d").iterdir()) == ["coloc.sh", "jobstats.sh"]
+    assert _enable(conf, "--write").stdout.endswith("nothing to change\n")
+    off = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf", str(conf),
+                          "--write"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert off.returncode == 0, off.stderr
+    parsed = parse_slurm_conf(conf.read_text())
+    assert not [k for k in ("TaskProlog", "PrologSlurmctld", "EpilogSlurmctld") if parsed.get(k)]
+    assert parsed.get("Prolog") == f"{tmp_path}/prolog.d/*.sh" and parsed.get("GresTypes") == "gpu,shard"
+    assert sorted(p.name for p in (tmp_path / "prolog.d").iterdir()) == ["jobstats.sh"]
+    assert not (tmp_path / "epilog.d" / "coloc.sh").exists()
+    assert not (tmp_path / "plugstack.conf.d" / "coloc.conf").exists()
+    again = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf", str(conf)],
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert again.returncode == 0 and "nothing to change" in again.stdout
+
+
+def test_disable_takes_our_plugin_line_out_of_a_plugstack_conf_it_shares(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE)
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+    (tmp_path / "plugstack.conf").write_text("required /usr/lib/slurm/site_spank.so\n")
+    assert _enable(conf, "--write").returncode == 0
+    assert "coloc_spank.so" in (tmp_path / "plugstack.conf").read_text()
+    off = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf", str(conf),
+                          "--write"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert off.returncode == 0, off.stderr
+    assert (tmp_path / "plugstack.conf").read_text() == "required /usr/lib/slurm/site_spank.so\n"
+    assert not parse_slurm_conf(conf.read_text()).get("Prolog")

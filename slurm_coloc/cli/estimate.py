@@ -97,6 +97,7 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     if not cached:
         try:
             require("torch")  # one line with the install hint, not a traceback from deep in the estimator
+            require("numpy")  # torch does not depend on it; the estimator's tables do
         except ColocError as exc:
             _fail(exc)
     use_server = server.wanted(no_server) and not cached
