@@ -128,7 +128,8 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and
     answers other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the
     script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
-    ``--chdir`` (command line, then ``#SBATCH``), else ours. With ``--explain`` the probe runs afresh (not
+    ``--chdir`` (command line, then ``#SBATCH``), else ours. Root's ``--uid``/``--gid`` name the user the
+probe runs the script's code as (``probe/identity.py``). With ``--explain`` the probe runs afresh (not
     from the cache) to show its output, and its answer replaces the cached one.
 
     Args:
@@ -141,8 +142,12 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
         The ``probe_fn(gpu_model) -> ProbeAnswer``. Neither it nor this raises: a probe that fails is an
         answer without a figure.
     """
-    chdir = next((o.value for o in reversed(script_options(parsed, cmd.table)[0] + list(cmd.options))
-                  if o.name == "chdir" and o.value), None)
+    opts = script_options(parsed, cmd.table)[0] + list(cmd.options)
+
+    def last(name: str) -> Optional[str]:
+        return next((o.value for o in reversed(opts) if o.name == name and o.value), None)
+
+    chdir = last("chdir")
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     runs: List[Tuple[str, "ProbeResult"]] = []
 
@@ -165,7 +170,8 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
                              probe_script(path, () if parsed is None else cmd.script_args, submit_dir=workdir,
                                                gpu=gpu, timeout_s=cfg.probe_timeout_s,
                                                mem_limit_mib=cfg.probe_mem_limit_mib, refresh=cmd.explain,
-                                               keep_log=cmd.explain, text=text)))
+                                               keep_log=cmd.explain, text=text, uid_option=last("uid"),
+                                               gid_option=last("gid"))))
             first_gpu, res = runs[0]
             est = res.estimate
             if est is not None and gpu != first_gpu:

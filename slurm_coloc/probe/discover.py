@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.identity import RunAs, popen_kwargs
 from slurm_coloc.probe.preamble import run_preamble
 from slurm_coloc.probe.runner import resolve_interpreter
 
@@ -124,7 +125,8 @@ class JobPython:
 
 
 def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
-                 environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> JobPython:
+                 environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
+                 run_as: Optional[RunAs] = None) -> JobPython:
     """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
     :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never
     raises.
@@ -136,11 +138,12 @@ def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         submit_dir: the submission directory (the preamble's working directory).
         environ: the submitting environment; None for this process's.
         python: the interpreter to use instead of the one the command names, or None.
+        run_as: the user the preamble runs as (``identity.py``), None for the caller.
 
     Returns:
         The ``JobPython``: interpreter (or None and the reason), environment, notes on the preamble.
     """
-    pre = run_preamble(text, cmd, script_args, submit_dir, environ)
+    pre = run_preamble(text, cmd, script_args, submit_dir, environ, run_as=run_as)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
     if python:
         found = resolve_interpreter(dataclasses.replace(cmd, interpreter=python), env.get("PATH"))
@@ -179,7 +182,8 @@ def _dir_times(paths: Sequence[str]) -> List[Optional[int]]:
     return out
 
 
-def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str]) -> Optional[List[str]]:
+def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str],
+                     run_as: Optional[RunAs] = None) -> Optional[List[str]]:
     """``sys.path`` of interpreter ``python`` under ``env`` (cached in ``cache_dir/interpreters.json``);
     None when the interpreter does not answer within ``SYSPATH_TIMEOUT_S``.
 
@@ -190,6 +194,7 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
         python: the interpreter's path (run as ``python -c``, cwd ``/``, in a session of its own).
         env: its environment.
         cache_dir: the cache's directory, or None for no cache.
+        run_as: the user the interpreter runs as (``identity.py``), None for the caller.
 
     Returns:
         The path entries, empty ones dropped, or None. Never raises: an unwritable cache is skipped.
@@ -211,7 +216,7 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
         done = subprocess.run([python, "-c", "import sys, json; print(json.dumps(sys.path))"], env=dict(env),
                               cwd="/", stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=SYSPATH_TIMEOUT_S,
-                              start_new_session=True)
+                              start_new_session=True, **popen_kwargs(run_as))
         sys_path = [p for p in json.loads(done.stdout.decode().strip().splitlines()[-1]) if p]
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -227,7 +232,8 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
     return sys_path
 
 
-def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None) -> Optional[str]:
+def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None,
+                  run_as: Optional[RunAs] = None) -> Optional[str]:
     """The version of the torch ``python`` imports (``torch/version.py`` on its ``sys.path``), without
     importing it; ``"none"`` when it has none, None when the interpreter does not answer.
 
@@ -235,11 +241,12 @@ def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] 
         python: the interpreter's path.
         env: its environment.
         cache_dir: the ``interpreter_path`` cache's directory, or None.
+        run_as: the user the interpreter runs as, None for the caller.
 
     Returns:
         ``2.5.1+cu124`` style, ``unknown (<dir>)`` when ``version.py`` gives none, ``"none"`` or None.
     """
-    sys_path = interpreter_path(python, env, cache_dir)
+    sys_path = interpreter_path(python, env, cache_dir, run_as)
     if sys_path is None:
         return None
     for entry in sys_path:

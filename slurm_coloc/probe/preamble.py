@@ -15,7 +15,8 @@ The training command and everything after it never run. With no line kept, nothi
 environment is the job's).
 
 The run: ``bash --noprofile --norc`` (``bash -l`` when the script's ``#!`` line asks for a login
-shell) as the caller (coloc-sbatch runs as the submitting user), in the submission directory, with
+shell) as the caller (coloc-sbatch runs as the submitting user; root's for a user's ``--uid`` as that user,
+``identity.py``), in the submission directory, with
 the submitting environment (what sbatch exports to the job), ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE=1``
 set, the script's arguments as ``$1..``, stdin ``/dev/null``, stdout and stderr to a file in a scratch
 directory (removed after), at most ``PREAMBLE_TIMEOUT_S`` seconds, in a session of its own whose
@@ -40,6 +41,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.identity import RunAs, open_scratch, popen_kwargs, private_dir, read_child_file
 from slurm_coloc.probe.setupline import is_setup
 from slurm_coloc.probe.shellwords import logical_lines
 
@@ -108,7 +110,7 @@ def _login_shell(text: str) -> bool:
 
 def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
                  environ: Optional[Mapping[str, str]] = None,
-                 timeout_s: float = PREAMBLE_TIMEOUT_S) -> Preamble:
+                 timeout_s: float = PREAMBLE_TIMEOUT_S, run_as: Optional[RunAs] = None) -> Preamble:
     """Run the preamble of batch script ``text`` before ``cmd`` (module docstring); never raises.
 
     Args:
@@ -118,6 +120,7 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         submit_dir: the submission directory (the preamble's working directory).
         environ: the submitting environment (default ``os.environ``).
         timeout_s: the preamble's time limit (seconds).
+        run_as: the user bash runs as (root submitting for a user: ``identity.py``), None for the caller.
 
     Returns:
         The ``Preamble``: its exported environment (``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as
@@ -132,24 +135,25 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
     t0 = time.monotonic()
     scratch = tempfile.mkdtemp(prefix="coloc-preamble-")
     try:
-        report = os.path.join(scratch, "env")
+        open_scratch(scratch, run_as)
+        report = os.path.join(private_dir(os.path.join(scratch, "out"), run_as), "env")
         dump = f"{shlex.quote(env_exe)} -0 > {shlex.quote(report)} 2>/dev/null"
         script = os.path.join(scratch, "preamble.sh")
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(f"__coloc_env() {{ {dump}; }}\ntrap __coloc_env EXIT\n{body}__coloc_env\n")
+        os.chmod(script, 0o644)
         env = dict(base, SLURM_SUBMIT_DIR=submit_dir, COLOC_PROBE="1")
         argv = [bash, "-l" if _login_shell(text) else "--noprofile",
                 *([] if _login_shell(text) else ["--norc"]),
                 script, *script_args]
         log_path = os.path.join(scratch, "log")
-        returncode = _run_in_session(argv, submit_dir, env, log_path, timeout_s)
+        returncode = _run_in_session(argv, submit_dir, env, log_path, timeout_s, run_as)
         wall = time.monotonic() - t0
         if returncode == -signal.SIGKILL:
             return Preamble(None, True, f"the script's setup lines did not finish within {timeout_s:g} s: "
                             "the submitting environment is used", wall)
         try:
-            with open(report, "rb") as fh:
-                raw = fh.read()
+            raw = read_child_file(report, run_as)
         except OSError:
             return Preamble(None, True, f"the script's setup lines wrote no environment "
                             f"(exit {returncode}): {_last_line(log_path)}", wall)
@@ -160,16 +164,18 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: str, timeout_s: float) -> int:
-    """Run ``argv`` in a session of its own, output to ``log_path``, for at most ``timeout_s`` seconds; then
-    SIGKILL whatever is left in its session. Its exit status (``-SIGKILL`` when the limit ended it).
+def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: str, timeout_s: float,
+                    run_as: Optional[RunAs] = None) -> int:
+    """Run ``argv`` in a session of its own (as ``run_as`` when given), output to ``log_path``, for at most
+    ``timeout_s`` seconds; then SIGKILL whatever is left in its session. Its exit status (``-SIGKILL`` when
+    the limit ended it).
 
     Raises:
         OSError: ``argv`` could not start or the log could not be written.
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+                                start_new_session=True, **popen_kwargs(run_as))
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

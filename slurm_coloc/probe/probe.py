@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
+from slurm_coloc.probe.identity import probe_identity
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
 
 FORMAT = 1
@@ -164,7 +165,7 @@ def _cache_file() -> str:
     return os.path.join(os.path.dirname(cache.cache_path()), "probes.json")
 
 
-def _key(cmd: ProbeCommand, gpu: str, steps: int, torch: Optional[str] = None) -> str:
+def _key(cmd: ProbeCommand, gpu: str, steps: int, torch: Optional[str] = None, uid: int = -1) -> str:
     from slurm_coloc.estimate import cache
 
     interp = cmd.interpreter or "python3"
@@ -183,7 +184,7 @@ def _key(cmd: ProbeCommand, gpu: str, steps: int, torch: Optional[str] = None) -
             "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None, "args": list(cmd.args),
             "env": list(cmd.env), "workdir": cmd.workdir, "interpreter": interp_id, "gpu": gpu,
             "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache.estimator_identity(),
-            "torch": torch}
+            "torch": torch, "uid": uid}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -237,7 +238,8 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
                  mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
                  use_cache: bool = True, python: Optional[str] = None, keep_log: bool = False,
                  refresh: bool = False, text: Optional[str] = None,
-                 environ: Optional[Mapping[str, str]] = None) -> ProbeResult:
+                 environ: Optional[Mapping[str, str]] = None, uid_option: Optional[str] = None,
+                 gid_option: Optional[str] = None) -> ProbeResult:
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
@@ -254,6 +256,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         refresh: probe afresh (no cache read) and store the answer (``--explain``).
         text: the script's text (``--wrap``'s command); ``script_path`` is then not read.
         environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
+        uid_option: sbatch's ``--uid`` (root submitting for a user): the probe's children run as that user
+            (``identity.py``); root without it probes only a script and program of its own.
+        gid_option: sbatch's ``--gid``, or None.
 
     Returns:
         ProbeResult: with ``estimate`` (method ``probe``, ``mem_mib`` in MiB), or ``estimate`` None and
@@ -268,6 +273,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
 
     t0 = time.monotonic()
     gpu = gpu_model(gpu).name
+    text_given = text is not None
     if text is None:
         with open(script_path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
@@ -275,19 +281,27 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     found = find_command(text, script_args, submit_dir, environ)
     if found.command is None:
         return ProbeResult(None, "probe ran nothing", found.reason, wall_s=time.monotonic() - t0)
-    job = discover_job(text, found.command, script_args, submit_dir, environ, python)
+    prog = found.command.target if found.command.mode == "file" else None
+    run_as, refused = probe_identity(uid_option, gid_option, [None if text_given else script_path, prog])
+    if refused:
+        return ProbeResult(None, "probe ran nothing", refused, found.command, time.monotonic() - t0)
+    if run_as is not None:
+        environ = run_as.environ(os.environ if environ is None else environ)
+    job = discover_job(text, found.command, script_args, submit_dir, environ, python, run_as)
     job_env, notes = job.env, list(found.notes) + job.notes
     if job.python is None:
         return ProbeResult(None, "probe ran nothing", job.reason, found.command, time.monotonic() - t0,
                            detail={"notes": notes})
     cmd = dataclasses.replace(found.command, interpreter=job.python)
     use_cache = use_cache and cache.enabled()
-    torch_v = torch_version(job.python, job_env, os.path.dirname(_cache_file())) if use_cache else None
-    key = _key(cmd, gpu, steps, torch_v) if use_cache else ""
+    cache_dir = os.path.dirname(_cache_file())
+    torch_v = torch_version(job.python, job_env, cache_dir, run_as) if use_cache else None
+    key = _key(cmd, gpu, steps, torch_v, os.geteuid() if run_as is None else run_as.uid) if use_cache else ""
     entry = _lookup(key) if use_cache and not refresh else None
     if entry is not None:
         return _from_cache(entry, cmd, time.monotonic() - t0)
-    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env)
+    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env,
+                    run_as=run_as)
     res = _from_run(out, cmd, gpu, notes, torch_v, keep_log, t0)
     if use_cache and (res.estimate is not None or out.reason):
         _store_run(key, res, out)

@@ -7,7 +7,8 @@ else of our environment: not our torch, not our site-packages. The bootstrap put
 first on ``sys.path`` only while it imports the probe, then removes it and the ``-c`` entry
 (``''``), so the program's own imports resolve as in the job (its script directory first).
 
-The child runs as the caller (the submitting user), in its own session, under ``reaper.py`` (a child
+The child runs as the caller (the submitting user; root's for a ``--uid`` user as that user, ``identity.py``),
+in its own session, under ``reaper.py`` (a child
 subreaper: at the time limit and when the program ends, every descendant is killed, ``setsid`` and
 double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
 stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout).
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
+from slurm_coloc.probe.identity import RunAs, open_scratch, popen_kwargs, private_dir, read_child_file
 from slurm_coloc.probe.mirror import mirror_with_ancestors
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,7 +184,7 @@ def _files_under(root: str) -> List[str]:
 def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
               mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
               scratch_root: Optional[str] = None, keep_scratch: bool = False,
-              environ: Optional[Mapping[str, str]] = None) -> RunOutcome:
+              environ: Optional[Mapping[str, str]] = None, run_as: Optional[RunAs] = None) -> RunOutcome:
     """Run ``cmd`` under the probe (module docstring) and read its result.
 
     Args:
@@ -194,6 +196,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
         environ: the job's environment before the probe's own variables (default ``os.environ``;
             ``preamble.run_preamble``'s, after the script's setup lines).
+        run_as: the user the child runs as (root submitting for a user: ``identity.py``), None for the caller.
 
     Returns:
         RunOutcome; never raises for a failing program (the reason says what happened): no figure and a
@@ -206,20 +209,21 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
         return RunOutcome(None, f"the job's Python {cmd.interpreter or 'python3'} was not found", 0.0)
     if cmd.mode == "file" and not os.path.isfile(cmd.target):
         return RunOutcome(None, f"the program {cmd.target} does not exist", 0.0, interpreter=python)
-    sc = _make_scratch(cmd, steps, timeout_s, scratch_root)
+    sc = _make_scratch(cmd, steps, timeout_s, scratch_root, run_as)
     env = _child_env(cmd, environ, sc)
     log_path = os.path.join(sc.root, "probe.log")
-    status_path = os.path.join(sc.root, "reaper.json")
+    status_path = os.path.join(sc.root, "out", "reaper.json")
     with open(log_path, "wb") as log:
         reaped = run_reaped([python, "-c", BOOTSTRAP, sc.boot, sc.request_path], status_path, timeout_s,
-                            cwd=sc.work, env=env, stdout=log, preexec_fn=_limits(mem_limit_mib))
+                            cwd=sc.work, env=env, stdout=log, preexec_fn=_limits(mem_limit_mib),
+                            run_as=run_as)
     wall = time.monotonic() - start
     # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
     # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
     rc = reaped.get("returncode")
     timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
     out = RunOutcome(None, "", wall, timed_out, sc.root, log_path, python, _files_under(sc.work))
-    out.result = _read_result(sc.result_path)
+    out.result = _read_result(sc.result_path, run_as)
     out.log_text = _tail(log_path)
     left = int(reaped.get("left_running") or 0)
     _note_left_running(out.result, left)
@@ -242,22 +246,29 @@ class _Scratch:
     request_path: str
 
 
-def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root: Optional[str]) -> _Scratch:
+def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root: Optional[str],
+                  run_as: Optional[RunAs] = None) -> _Scratch:
     """Make the scratch directory: the package link, the mirrored working directory and the child's request
-    (``inject/main.py``: mode, target, arguments, steps, time limit in seconds, result path)."""
+    (``inject/main.py``: mode, target, arguments, steps, time limit in seconds, result path). For a child run
+    as ``run_as`` the directory stays root's (traverse only), ``tmp``, ``up`` and ``out`` are the user's."""
     scratch = tempfile.mkdtemp(prefix="coloc-probe-", dir=scratch_root)
+    open_scratch(scratch, run_as)
     boot, up, tmp = (os.path.join(scratch, d) for d in ("boot", "up", "tmp"))
-    os.makedirs(boot)
-    os.makedirs(tmp)
+    os.makedirs(boot, mode=0o755)
+    private_dir(tmp, run_as)
+    private_dir(os.path.join(scratch, "out"), run_as)
     os.symlink(PACKAGE_DIR, os.path.join(boot, "slurm_coloc"))
     work = mirror_with_ancestors(os.path.normpath(cmd.workdir), up)
-    result_path = os.path.join(scratch, "result.json")
+    if run_as is not None:
+        run_as.give(up)
+    result_path = os.path.join(scratch, "out", "result.json")
     req = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "result": result_path,
            "steps": int(steps), "scratch": scratch, "program_dir": cmd.workdir, "work": work,
            "timeout_s": float(timeout_s)}
     req_path = os.path.join(scratch, "request.json")
     with open(req_path, "w", encoding="utf-8") as fh:
         json.dump(req, fh)
+    os.chmod(req_path, 0o644)
     return _Scratch(scratch, boot, tmp, work, result_path, req_path)
 
 
@@ -280,14 +291,13 @@ def _child_env(cmd: ProbeCommand, environ: Optional[Mapping[str, str]], sc: _Scr
     return env
 
 
-def _read_result(result_path: str) -> Optional[Dict[str, Any]]:
-    """The child's result JSON, or None when it wrote none (or not all of it)."""
+def _read_result(result_path: str, run_as: Optional[RunAs] = None) -> Optional[Dict[str, Any]]:
+    """The child's result JSON, or None when it wrote none (or not all of it, or not as ``run_as``)."""
     try:
-        with open(result_path, encoding="utf-8") as fh:
-            result: Dict[str, Any] = json.load(fh)
-            return result
+        result = json.loads(read_child_file(result_path, run_as).decode("utf-8"))
     except (OSError, ValueError):
         return None
+    return result if isinstance(result, dict) else None
 
 
 def _note_left_running(result: Optional[Dict[str, Any]], left: int) -> None:
@@ -318,7 +328,7 @@ def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int) -> st
 
 
 def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
-               stdout: Any, preexec_fn: Any = None) -> Dict[str, Any]:
+               stdout: Any, preexec_fn: Any = None, run_as: Optional[RunAs] = None) -> Dict[str, Any]:
     """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
 
     At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
@@ -333,6 +343,7 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
         env: the program's whole environment.
         stdout: an open file for the program's stdout and stderr.
         preexec_fn: run in the child before exec (resource limits), or None.
+        run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
 
     Returns:
         The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
@@ -344,7 +355,7 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
     """
     proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", "--", *argv],
                             cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,
-                            start_new_session=True, preexec_fn=preexec_fn)
+                            start_new_session=True, preexec_fn=preexec_fn, **popen_kwargs(run_as))
     try:
         proc.wait(timeout=timeout_s + REAPER_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -356,8 +367,7 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     try:
-        with open(status_path, encoding="utf-8") as fh:
-            status = json.load(fh)
+        status = json.loads(read_child_file(status_path, run_as).decode("utf-8"))
     except (OSError, ValueError):
         status = {"returncode": proc.returncode, "timed_out": True, "left_running": 0}
     return status if isinstance(status, dict) else {"timed_out": True}

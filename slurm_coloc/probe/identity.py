@@ -1,0 +1,170 @@
+"""Whose identity the probe runs a script's code under (issue 46 F1): never another user's code as root.
+
+An ordinary user's ``coloc-sbatch`` runs the probe as that user (no change of identity). Root's:
+
+- with ``--uid=USER`` (``sbatch --uid``: root submitting for a user), the script's setup lines, the job's
+  Python asked for its ``sys.path`` and the probed program all run as that user (its uid, its primary or
+  ``--gid`` group, its supplementary groups, ``HOME``/``USER``/``LOGNAME`` its own), in children that drop
+  root's identity before ``exec`` (``subprocess.Popen(user=, group=, extra_groups=)``: ``setgroups``,
+  ``setregid``, ``setreuid``); the scratch directories those children write are handed to the user first;
+- without ``--uid`` (the job runs as root), the probe runs as root only when the batch script and the
+  program file are root's own; a script or program another user owns is not probed (one line: the job gets
+  the figure of the other sources, else a whole GPU).
+"""
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """A user the probe's children run as.
+
+    Attributes:
+        uid: the user id; gid: the primary group id; groups: the supplementary group ids;
+        name: the user name; home: the home directory.
+    """
+
+    uid: int
+    gid: int
+    groups: Tuple[int, ...]
+    name: str
+    home: str
+
+    def popen_kwargs(self) -> Dict[str, Any]:
+        """``subprocess.Popen``/``run`` keywords that start the child as this user (root only)."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def environ(self, env: Mapping[str, str]) -> Dict[str, str]:
+        """``env`` with ``HOME``, ``USER`` and ``LOGNAME`` this user's."""
+        return dict(env, HOME=self.home, USER=self.name, LOGNAME=self.name)
+
+    def give(self, path: str) -> None:
+        """Hand ``path`` and everything below it (links themselves, never followed) to this user.
+
+        Raises:
+            OSError: a chown failed.
+        """
+        os.lchown(path, self.uid, self.gid)
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.lchown(os.path.join(root, name), self.uid, self.gid)
+
+
+def popen_kwargs(run_as: Optional[RunAs]) -> Dict[str, Any]:
+    """``run_as.popen_kwargs()``, or no keywords (the caller's own identity) for None."""
+    return run_as.popen_kwargs() if run_as is not None else {}
+
+
+def _user(spec: str) -> Optional[pwd.struct_passwd]:
+    try:
+        return pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
+def _group(spec: str) -> Optional[int]:
+    try:
+        return int(spec) if spec.isdigit() else grp.getgrnam(spec).gr_gid
+    except (KeyError, ValueError):
+        return None
+
+
+def _owner(path: Optional[str]) -> Optional[int]:
+    if not path:
+        return None
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
+
+
+def probe_identity(uid_option: Optional[str], gid_option: Optional[str], files: List[Optional[str]],
+                   euid: Optional[int] = None) -> Tuple[Optional[RunAs], str]:
+    """Whom the probe runs as (module docstring), or why it does not run.
+
+    Args:
+        uid_option: sbatch's ``--uid`` value (a name or a number), or None.
+        gid_option: sbatch's ``--gid`` value, or None.
+        files: the batch script's and the program's paths (None or "" for none: ``--wrap``, ``-m``).
+        euid: the effective uid (default: this process's).
+
+    Returns:
+        ``(RunAs or None for the caller's own identity, "")``, or ``(None, reason)`` when the probe must not
+        run: root without ``--uid`` on a file another user owns, or an unknown ``--uid``/``--gid``.
+    """
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return None, ""
+    if uid_option:
+        pw = _user(uid_option.strip())
+        if pw is None:
+            return None, f"--uid={uid_option} names no user here: the probe does not run as root for it"
+        gid = _group(gid_option.strip()) if gid_option else pw.pw_gid
+        if gid is None:
+            return None, f"--gid={gid_option} names no group here: the probe does not run as root for it"
+        if pw.pw_uid == 0:
+            return None, ""
+        groups = tuple(g for g in os.getgrouplist(pw.pw_name, gid) if g != gid)
+        return RunAs(pw.pw_uid, gid, groups, pw.pw_name, pw.pw_dir or "/"), ""
+    for path in files:
+        owner = _owner(path)
+        if owner is not None and owner != 0:
+            who = _user(str(owner))
+            name = who.pw_name if who else str(owner)
+            return None, (f"root submits {os.path.basename(str(path))}, owned by {name}, without --uid: the "
+                          f"probe does not run another user's code as root (submit with --uid={name})")
+    return None, ""
+
+
+def private_dir(path: str, run_as: Optional[RunAs]) -> str:
+    """Make directory ``path`` for a child to write in: handed to ``run_as`` (mode 0700), or as it is.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: it cannot be made or handed over.
+    """
+    os.makedirs(path, mode=0o700)
+    if run_as is not None:
+        os.chown(path, run_as.uid, run_as.gid)
+    return path
+
+
+def open_scratch(root: str, run_as: Optional[RunAs]) -> None:
+    """Let ``run_as`` traverse (not list or write) root's scratch directory ``root``; nothing for None.
+
+    Raises:
+        OSError: the mode cannot be set.
+    """
+    if run_as is not None:
+        os.chmod(root, 0o711)
+
+
+def read_child_file(path: str, run_as: Optional[RunAs], limit: int = 64 << 20) -> bytes:
+    """The bytes of ``path``, a file a child wrote; for a child run as ``run_as``, only a regular file that
+    user owns, never through a link (so root reads nothing the user points it at).
+
+    Raises:
+        OSError: missing, a link, not a regular file or not the user's.
+    """
+    if run_as is None:
+        with open(path, "rb") as fh:
+            return fh.read(limit)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != run_as.uid:
+            raise OSError(f"{path} is not a regular file of uid {run_as.uid}")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)
