@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from slurm_coloc.probe.inject.fakecuda import ProbeState, is_cuda_device
+from slurm_coloc.probe.inject.legacy import type_handler
 
 
 def make_device_mode(torch: Any, state: ProbeState) -> Any:
@@ -193,4 +194,6 @@ def _device_handlers(torch: Any, state: ProbeState) -> Dict[Any, Callable[[Any, 
         T.numpy: numpy,
         T.__deepcopy__: deepcopy,
         T.to: to,
+        T.type: type_handler(torch, state, state.typed, lambda t, d: mv.to_gpu(t, d),
+                             lambda t, d: mv.to_host(t, d)),
     }

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 
 class ProbeState:
@@ -38,6 +38,7 @@ class ProbeState:
         nccl_group: the program asked for an NCCL process group (its communicator's memory is not traced).
         notes: things the probe changed or assumed, one short line each.
         fail: ends the probe with a reason (set by ``main.py``), for what this torch cannot imitate.
+        typed: the ``torch.cuda.<Type>Tensor`` stand-ins (``legacy.py``), by type name.
     """
 
     def __init__(self, tracker: Any) -> None:
@@ -49,6 +50,7 @@ class ProbeState:
         self.nccl_group = False
         self.notes: List[str] = []
         self.fail: Optional[Callable[[str], None]] = None
+        self.typed: Dict[str, type] = {}  # torch.cuda.FloatTensor ... stand-ins (legacy.py)
 
     def note(self, text: str) -> None:
         """Add ``text`` once.
@@ -76,8 +78,11 @@ def is_cuda_device(torch: Any, d: Any) -> bool:
 
     Args:
         torch: the program's imported ``torch`` module.
-        d: a device, a device string (``cuda``, ``cuda:1``) or anything else (False).
+        d: a device, a device string (``cuda``, ``cuda:1``), a device index (an ``int``: CUDA device N, as
+            ``torch.cuda.current_device()`` gives it) or anything else (False).
     """
+    if isinstance(d, int) and not isinstance(d, bool):
+        return d >= 0
     if isinstance(d, torch.device):
         return d.type == "cuda"
     if isinstance(d, str):

@@ -38,7 +38,7 @@ import sys
 import traceback
 from typing import Any, Dict, List, Tuple
 
-from slurm_coloc.probe.inject import cudaapi, devicemode, fakecuda, hooks, report
+from slurm_coloc.probe.inject import cudaapi, devicemode, fakecuda, hooks, legacy, report
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -111,8 +111,8 @@ class _Probe:
                 if not (isinstance(mode, str) and "w" in mode):
                     shutil.copyfile(real, name)
                 return
-        if len(self.outside_writes) >= 50:
-            return
+        if len(self.outside_writes) >= 50 or (event == "os.mkdir" and os.path.isdir(real)):
+            return  # mkdir of a directory that exists (``os.makedirs(p, exist_ok=True)``) changes nothing
         if real.startswith(self.scratch + os.sep) or real.startswith("/dev/") or real.startswith("/proc/"):
             return
         if real not in self.outside_writes:
@@ -257,6 +257,8 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
         st.fail = lambda reason: probe.finish("error", reason)
         step = "torch.cuda imitation"
         cudaapi.patch_cuda_api(torch, st)
+        step = "typed tensor constructors"
+        st.typed = legacy.patch_typed_tensors(torch, st)
         step = "autocast imitation"
         cudaapi.patch_autocast(torch, st)
         step = "FakeTensor adaptation"
