@@ -52,10 +52,10 @@ def pile_factors(jobs: Sequence[sim.Job], exclusive_name: str) -> Dict[int, floa
 def factor_judge(factor_of: Dict[share.Profile, float]) -> Callable[..., Any]:
     """``share._judge`` with the capacity divided by the largest factor of the candidate and the tenants still
     on the GPU (``factor_of``: profile -> factor; 1.0 for a profile not in it)."""
-    def judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Any, gate: Any,
-              capacity: float, max_slowdown: float, now: float, max_age_s: float) -> Any:
+    def judge(g: Any, ts: Sequence[share.Tenant], job: share.Profile, demand: Any, capacity: float,
+              max_slowdown: float, now: float) -> Any:
         f = max([factor_of.get(job, 1.0)] + [factor_of.get(t.profile, 1.0) for t in ts if t.end_ts is None])
-        return ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity / f, max_slowdown, now, max_age_s)
+        return ORIGINAL_JUDGE(g, ts, job, demand, capacity / f, max_slowdown, now)
     return judge
 
 

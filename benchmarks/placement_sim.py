@@ -186,7 +186,7 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
                 share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start, job_id=o.index, end_ts=o.end)
                 for o in jobs if o.gpu == g and o.end >= 0])
         d = share.choose_gpu_bounded(states, tenants, j.shards, share.Profile(j.smact, j.alone_s, j.startup_s),
-                                     demand, gate, capacity, bound, t, 60.0)
+                                     demand, capacity, bound, t)
     return d.index if d.placed else None
 
 

@@ -146,8 +146,10 @@ def test_placer_history_is_per_user(tmp_path: Path) -> None:
     now = time.time()
     ctld = open_ctld_db(cfg.ctld_db_path)
     coloc = json.dumps({"spec": SPEC})
-    ctld["jobs"].insert_all([{"job_id": 10, "uid": 2002, "end_ts": now - 10, "coloc_json": coloc},
-                             {"job_id": 11, "uid": None, "end_ts": now - 10, "coloc_json": coloc}])
+    ctld["jobs"].insert_all([{"job_id": 10, "uid": 2002, "end_ts": now - 10, "coloc_json": coloc,
+                              "state": "COMPLETED"},
+                             {"job_id": 11, "uid": None, "end_ts": now - 10, "coloc_json": coloc,
+                              "state": "COMPLETED"}])
     node = open_node_db(cfg.node_db_path("n1"))
     node["gpu_samples"].insert_all([{"ts": now - 100 + k, "gpu_index": g, "smact_pct": 99.0,
                                      "smocc_pct": 90.0,

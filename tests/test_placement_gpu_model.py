@@ -49,7 +49,8 @@ def test_node_database_runs_are_kept_per_gpu_model_and_the_profile_follows_the_g
     _node_db(state / "nodes" / "a.db", H100, [(1, 40.0, 50.0), (2, 44.0, 50.0)], now)
     _node_db(state / "nodes" / "b.db", H200, [(3, 30.0, 40.0)], now)
     ctld = open_ctld_db(state / "ctld.db")
-    ctld["jobs"].insert_all([{"job_id": j, "uid": 2001, "end_ts": now, "coloc_json": json.dumps(COLOC)}
+    ctld["jobs"].insert_all([{"job_id": j, "uid": 2001, "end_ts": now, "coloc_json": json.dumps(COLOC),
+                              "state": "COMPLETED"}
                              for j in (1, 2, 3)])
     ctld.conn.close()
     cfg = config_mod.Config(state_dir=str(state))

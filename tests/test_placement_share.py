@@ -37,7 +37,7 @@ JOB = share.Profile(0.6, 30.0, 15.0)
 def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB,
            bound: float = 2.0,
            shards: int = 4) -> object:
-    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), Gate(), CAP,
+    return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), CAP,
                                     bound, NOW)
 
 
@@ -76,27 +76,31 @@ def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> Non
     assert d.index == 1 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
     heavy = share.Profile(0.99, 30.0, 15.0)
     d = share.choose_gpu_bounded([gpu(0, used=8, tenants=2)], [[tenant(0.9), tenant(0.9)]], 4, heavy,
-                                 Activity(0.99), Gate(), CAP, 2.0, NOW)
+                                 Activity(0.99), CAP, 2.0, NOW)
     assert not d.placed
-    assert share.choose_gpu_bounded([gpu(0, used=78)], [[]], 4, heavy, Activity(0.99), Gate(), CAP, 2.0,
+    assert share.choose_gpu_bounded([gpu(0, used=78)], [[]], 4, heavy, Activity(0.99), CAP, 2.0,
                                     NOW).reason.startswith("no GPU has 4 free shards")
 
 
-def test_a_job_never_measured_goes_by_the_gate_and_a_silent_sampler_to_memory() -> None:
+def test_a_job_never_measured_goes_by_its_prediction_whatever_the_sampler_says() -> None:
+    # issue 44: the gate serialised small jobs (two read SMACT 1.00, the third waited) and a silent sampler
+    # packed 7 per GPU by memory (one ran 4.29x alone); both now go by the model with the prediction
     never = share.Profile(None)
     unknown = [[share.Tenant(never, NOW - 5, 0.5)]]
-    sat = gpu(0, used=4, tenants=1, live=0.95)
-    d = choose([sat], unknown, job=never)
-    assert not d.placed and "saturated now" in d.reason  # type: ignore[attr-defined]
-    light = gpu(0, used=4, tenants=1, live=0.2)
-    d = choose([light], unknown, job=never)
-    assert d.placed and d.basis == "utilization"  # type: ignore[attr-defined]
-    silent = gpu(0, used=4, tenants=1, live=0.95, age=600.0)
-    d = choose([silent], unknown, job=never)
-    assert d.placed and d.basis == "memory-only"  # type: ignore[attr-defined]
-    assert share.silent_gpus([silent, light], 60.0) == [("n1", 0)]
-    # empty and modelled GPUs come before gate-judged ones, gate-judged before memory-only ones
-    d = choose([silent, light, gpu(2)], [unknown[0], unknown[0], []], job=never)
+    for live, age in ((0.95, 1.0), (0.2, 1.0), (0.95, 600.0)):  # saturated, light, silent: one answer
+        d = choose([gpu(0, used=4, tenants=1, live=live, age=age)], unknown, job=never)
+        assert d.placed and d.basis == "slowdown-predicted" and "slowdown 0.97" not in d.reason
+    two = [[share.Tenant(never, NOW - 5, 0.5), share.Tenant(never, NOW - 5, 0.5),
+            share.Tenant(never, NOW - 5, 0.5)]]
+    for live, age in ((0.2, 1.0), (0.95, 600.0)):  # 2.0 / 1.03 = 1.94 > ... with the job's 0.5: 1.94
+        d = choose([gpu(0, used=12, tenants=3, live=live, age=age)], two, job=never)
+        assert d.placed and "slowdown 1.94" in d.reason  # type: ignore[attr-defined]
+        four = [two[0] + [share.Tenant(never, NOW - 5, 0.5)]]
+        d = choose([gpu(0, used=16, tenants=4, live=live, age=age)], four, job=never)
+        assert not d.placed and "2.43 > 2 (predicted activity)" in d.reason  # type: ignore[attr-defined]
+    assert share.silent_gpus([gpu(0, live=0.9, age=600.0), gpu(1, live=0.2)], 60.0) == [("n1", 0)]
+    # empty and measured GPUs come before predicted ones
+    d = choose([gpu(0, used=4, tenants=1), gpu(2)], [unknown[0], []], job=never)
     assert d.index == 2 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
 
 
@@ -127,7 +131,6 @@ def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]],
     gpus = [gpu(i, used=len(ls) * 10, tenants=len(ls)) for i, ls in enumerate(loads)]
     tenants = [[tenant(x, start=NOW) for x in ls] for ls in loads]
     d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact),
-                                 Gate(),
                                  CAP, bound, NOW)
     if d.placed:
         g = next(g for g in gpus if g.index == d.index)
@@ -220,10 +223,10 @@ def test_capacity_per_gpu_model_from_the_calibration(tmp_path: Path) -> None:
     h100 = replace_gpu(gpu(0, used=8, tenants=2), model="NVIDIA H100 80GB HBM3")
     h200 = replace_gpu(gpu(1, used=8, tenants=2), model="NVIDIA H200")
     two = [tenant(0.6), tenant(0.6)]
-    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for,
+    d = share.choose_gpu_bounded([h200, h100], [two, two], 4, JOB, Activity(0.6), cal.capacity_for,
                                  2.0, NOW)
     assert d.index == 0 and "slowdown 1.75" in d.reason
-    d = share.choose_gpu_bounded([h200], [two], 4, JOB, Activity(0.6), Gate(), cal.capacity_for, 2.0, NOW)
+    d = share.choose_gpu_bounded([h200], [two], 4, JOB, Activity(0.6), cal.capacity_for, 2.0, NOW)
     assert not d.placed and "slowdown 2.40 > 2" in d.reason
     bad = tmp_path / "cal.json"
     bad.write_text(json.dumps({**json.loads(intensity.DEFAULT_CALIBRATION.read_text()),
@@ -320,27 +323,26 @@ def test_a_tenant_that_leaves_before_the_next_one_computes_frees_its_room_at_onc
 
 
 def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured() -> None:
-    # the 2x H200 run of 2026-11-26 broke its bound when the live state went missing for a round; now a job
-    # without history is also held to the bound (its predicted activity) before the gate or memory decides
+    # the 2x H200 run of 2026-11-26 broke its bound when the live state went missing for a round; a job
+    # without history is held to the bound by its predicted activity, and so are tenants never measured
     silent = gpu(0, used=8, tenants=2, live=0.2, age=600.0)
     measured = [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]]
     never = share.Profile(None)
-    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
+    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.5), CAP, 2.0, NOW)
     assert not d.placed and "slowdown 2.23 > 2 (predicted activity)" in d.reason
-    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.1), Gate(), CAP, 2.0, NOW)
-    # 1.9 / 1.03 = 1.84: within the bound, the sampler says nothing
-    assert d.placed and d.basis == "memory-only"
+    d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.1), CAP, 2.0, NOW)
+    assert d.placed and d.basis == "slowdown-predicted"  # 1.9 / 1.03 = 1.84
     fresh_light = gpu(0, used=8, tenants=2, live=0.2)
-    d = share.choose_gpu_bounded([fresh_light], measured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
+    d = share.choose_gpu_bounded([fresh_light], measured, 4, never, Activity(0.5), CAP, 2.0, NOW)
     assert not d.placed  # a light live reading does not override the model either
-    # where nobody was measured, predictions never hold a job (the issue's bad input: memory decides)
+    # where nobody was measured, the predictions hold a job too (7 per GPU broke the bound)
     unmeasured = [[share.Tenant(never, NOW, 0.9), share.Tenant(never, NOW, 0.9)]]
-    d = share.choose_gpu_bounded([silent], unmeasured, 4, never, Activity(0.5), Gate(), CAP, 2.0, NOW)
-    assert d.placed and d.basis == "memory-only"
+    d = share.choose_gpu_bounded([silent], unmeasured, 4, never, Activity(0.5), CAP, 2.0, NOW)
+    assert not d.placed and "2.23 > 2" in d.reason
     # a job with no data at all (no signature, no FLOPs) goes by memory only among GPUs within the bound
     room = share.within_bound([silent, gpu(1, used=4, tenants=1), gpu(2), gpu(3, used=8, tenants=2)],
                               measured + [[tenant(0.3)], [], unmeasured[0]], lambda _m: CAP, 0.53, 2.0, NOW)
-    assert [g.index for g in room] == [1, 2, 3]
+    assert [g.index for g in room] == [1, 2]
 
 
 def test_order_candidates_least_gpu_work_first_within_fairness() -> None:

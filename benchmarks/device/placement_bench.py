@@ -55,6 +55,8 @@ def main() -> int:
                            "--out", str(out), "--budget-s", str(a.budget_s)],
                           cwd=HERE.parent.parent).returncode  # the repository root: benchmarks as a package
     subprocess.run(["tar", "-C", str(ROOT), "-czf", str(out / "logs.tgz"), "jobs", "log", "etc"], check=False)
+    # the controller and node databases (samples, runs): what the placer learned from, for benchmarks/ offline
+    subprocess.run(["tar", "-C", str(ROOT / "coloc"), "-czf", str(out / "state.tgz"), "state"], check=False)
     return code
 
 

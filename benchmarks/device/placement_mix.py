@@ -59,8 +59,20 @@ HELDOUT_SIZED: List[Tuple[str, float]] = [
     ("tv:regnet_x_3_2gf:3x224x224:32:1000", 17), ("tv:mnasnet1_3:3x224x224:32:1000", 12),
     ("tv:swin_v2_t:3x224x224:16:1000", 16), ("tv:resnext101_32x8d:3x224x224:16:1000", 14),
     ("tv:vgg13_bn:3x128x128:32:1000", 11), ("tv:densenet161:3x224x224:16:1000", 18)]
+# A fifth pile for issue 44 (placement that learns on a shared cluster: "a new pile of at least 14 jobs from models
+# not used before"), sized like the issue's (training 10-16 s alone per job, 3-8 GiB): torchvision models that no
+# earlier pile uses; ``--set fresh``.
+FRESH: List[Tuple[str, float]] = [
+    ("tv:regnet_x_400mf:3x224x224:64:1000", 12), ("tv:regnet_y_800mf:3x224x224:64:1000", 12),
+    ("tv:regnet_x_1_6gf:3x224x224:32:1000", 14), ("tv:efficientnet_b2:3x260x260:16:1000", 15),
+    ("tv:efficientnet_b4:3x320x320:8:1000", 16), ("tv:resnext101_64x4d:3x224x224:8:1000", 14),
+    ("tv:swin_b:3x224x224:8:1000", 16), ("tv:vit_l_32:3x224x224:16:1000", 12),
+    ("tv:efficientnet_v2_m:3x224x224:8:1000", 15), ("tv:swin_v2_s:3x224x224:8:1000", 14),
+    ("tv:vgg19_bn:3x64x64:64:100", 11), ("tv:convnext_large:3x224x224:8:1000", 16),
+    ("tv:regnet_x_8gf:3x224x224:16:1000", 14), ("tv:mnasnet0_75:3x224x224:64:1000", 10)]
 SETS = {"mix": (MIX, OUT), "heldout": (HELDOUT, HERE / "placement_plan_heldout.json"),
-        "heldout-sized": (HELDOUT_SIZED, HERE / "placement_plan_heldout_sized.json")}
+        "heldout-sized": (HELDOUT_SIZED, HERE / "placement_plan_heldout_sized.json"),
+        "fresh": (FRESH, HERE / "placement_plan_fresh.json")}
 MARGIN, CONTEXT_MIB = 1.25, 1024
 
 

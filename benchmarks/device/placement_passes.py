@@ -71,7 +71,10 @@ JOBS = ROOT / "jobs"
 POLICIES = ("exclusive", "blind", "aware", "throughput", "split")
 PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
 # scenarios: the plan's; ``mix`` is the second pile (``placement_mix.py``, ``--plan placement_plan_mix.json``)
-PASSES = tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES) + ("small7-blind", "small7-aware")
+# ``<scenario>-throughput-again``: the same pile once more on the same cluster (issue 44's second submission: the
+# placer's history is then what it learned from the passes before it in the call)
+PASSES = (tuple(f"{s}-{p}" for s in ("pile", "stream", "mix") for p in POLICIES)
+          + tuple(f"{s}-throughput-again" for s in ("pile", "mix")) + ("small7-blind", "small7-aware"))
 # The placer's settings in the benchmark: a round every 0.5 s (the jobs live 30-50 s; Slurm's sched_interval is
 # 1 s in the harness), live state = mean of the last 4 s of samples (0.5-s sampler, written every 2 s), a job
 # placed in the last 12 s counts with its predicted activity on top of the live state (placement_recent_s): about
@@ -207,7 +210,7 @@ def run_pass(name: str, jobs: List[Dict[str, Any]], deadline_s: float, fake: boo
              alone: Mapping[int, float], part: Optional[str]) -> Dict[str, Any]:
     """Submit ``jobs`` at their offsets, wait until all are final (cancel what is left at ``deadline_s``),
     measure; the pass file is rewritten after the submissions, every 20 s while waiting, and at the end."""
-    scenario, policy = name.split("-")
+    scenario, policy = name.split("-")[:2]
     file = out / (f"{name}-part{part.split('/')[0]}.json" if part else f"{name}.json")
     result: Dict[str, Any] = {"pass": name, "scenario": scenario, "policy": policy, "part": part, "fake": fake,
                               "placer_config": PLACER_CONFIG if policy in PLACER_POLICY else None, "problems": [],

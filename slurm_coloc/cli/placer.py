@@ -6,6 +6,7 @@ import json
 import logging
 import logging.handlers
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,14 +76,21 @@ def run_cmd(rounds: Optional[int], log_file: bool) -> None:
         click.ClickException: Slurm or the configuration failed (one line, exit 1).
     """
     from slurm_coloc.placement.daemon import run_loop
+    from slurm_coloc.placement.heartbeat import clear_heartbeat
 
     cfg = _cfg()
     _logging(cfg, log_file)
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # systemd's stop is a clean stop, as Ctrl-C is
     try:
         run_loop(cfg, rounds)
     except ColocError as exc:
         raise click.ClickException(exc.one_line()) from None
     except KeyboardInterrupt:
+        clear_heartbeat(cfg)  # jobs submitted after a clean stop are not held for a placer that is gone
         sys.exit(0)
 
 

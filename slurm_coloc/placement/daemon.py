@@ -33,7 +33,7 @@ from slurm_coloc.store.db import open_readonly
 
 log = logging.getLogger("slurm_coloc.placer")
 ACTIVE_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
-HISTORY_REFRESH_S = 60.0
+HISTORY_REFRESH_S = 30.0
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
@@ -238,7 +238,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
         return counts
     counts["admin_held"] = _admin_hold(candidates, cfg.slurm_bin_dir, env)
     nodes = sp.typed_nodes(cfg.slurm_bin_dir, env)
-    _refresh_history(cfg, state, now)
+    _refresh_history(cfg, state, now, cal)
     gpus = gpu_states(nodes, jobs, read_live(cfg, [n.node for n in nodes]), state.steered, now,
                       cfg.placement_recent_s or cfg.placement_window_s)
     rnd = rounds.Round(cfg, state, cal, Gate(cfg.placement_smact_gate, cfg.placement_smocc_gate,
@@ -297,7 +297,7 @@ def _admin_hold(candidates: Sequence[JobInfo], bin_dir: str, env: Optional[Mappi
     return held
 
 
-def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
+def _refresh_history(cfg: Config, state: PlacerState, now: float, cal: intensity.Calibration) -> None:
     """Re-read history (``read_history``) when the last read is older than ``HISTORY_REFRESH_S``; never
     raises."""
     if now - state.history_ts <= HISTORY_REFRESH_S:
@@ -305,15 +305,15 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float) -> None:
     timing: Dict[intensity.HistoryKey, List[Timing]] = {}
     by_model = ModelRuns()
     try:
-        state.history = read_history(cfg, timing, now, state.logged, by_model)
+        state.history = read_history(cfg, timing, now, state.logged, by_model, cal)
         state.timing = timing
         state.by_model = by_model
     except Exception as exc:  # unreadable history means predictions only, never a stopped round
         log_once(state.logged, f"history:{exc}", "history unreadable (%s): predictions only", exc)
     state.history_ts = now
     if not state.history:
-        log_once(state.logged, "no-history", "no measured history (no alone runs, no history file): jobs go "
-                 "by the gate, or by memory where a GPU's sampler is silent")
+        log_once(state.logged, "no-history", "no history yet (no finished runs, no history file): jobs go by "
+                 "their predicted activity under the bound")
 
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,

@@ -57,6 +57,16 @@ def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
         raise errors[0]
 
 
+def clear_heartbeat(cfg: Config) -> None:
+    """Remove the heartbeat files on a clean stop, so jobs submitted afterwards are not held for a placer that
+    is gone; a file that cannot be removed is logged and left (it goes stale on its own)."""
+    for path in heartbeat_paths(cfg):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("heartbeat %s not removed: %s", path, exc)
+
+
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
     """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s),
     from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False.

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity, learn, share
 from slurm_coloc.placement.intensity import HistoryKey
 from slurm_coloc.placement.policy import Activity
 from slurm_coloc.store import placement as store_placement
@@ -170,17 +170,25 @@ def _read_admin_file(cfg: Config, now: float, seen: Optional[Set[str]], out: Dic
                  "or by memory)", exc.one_line())
 
 
-def _finished_keys(cfg: Config, seen: Optional[Set[str]]) -> Optional[Dict[int, HistoryKey]]:
-    """job id -> ``(uid, signature)`` of the finished jobs recorded in ctld.db (those with both); None (one
-    warning per ``seen`` key) when the database is unreadable."""
+Found = Dict[int, Tuple[HistoryKey, float]]  # job id -> (history key, prior SM activity alone)
+
+
+def _finished_keys(cfg: Config, seen: Optional[Set[str]],
+                   cal: Optional[intensity.Calibration] = None) -> Optional[Found]:
+    """job id -> ``((uid, signature), prior SM activity alone)`` of the jobs recorded in ctld.db that ended
+    COMPLETED (a killed, cancelled, preempted, timed-out or OOM'd run says nothing of its work alone and never
+    counts) with both a uid and a signature; the prior is the job's prediction, floored as the placer counts
+    it (``Calibration.smact_floor``). None (one warning per ``seen`` key) when the database is unreadable."""
     try:
         ctld = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
         try:
-            keys: Dict[int, HistoryKey] = {}
+            keys: Found = {}
             for j in store_placement.finished_jobs(ctld):
                 sig = j["coloc"].signature()
-                if sig and j["uid"] is not None:
-                    keys[j["job_id"]] = (j["uid"], sig)
+                if sig and j["uid"] is not None and j["state"] == "COMPLETED":
+                    prior = 0.5 if cal is None else max(
+                        intensity.predict(intensity.features(j["coloc"]), cal).smact, cal.smact_floor)
+                    keys[j["job_id"]] = ((j["uid"], sig), prior)
         finally:
             ctld.conn.close()
     except Exception as exc:  # a bad database means no history, never a stop
@@ -190,17 +198,22 @@ def _finished_keys(cfg: Config, seen: Optional[Set[str]]) -> Optional[Dict[int, 
     return keys
 
 
-def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: Optional[Set[str]],
+def _read_node_dbs(cfg: Config, found: Found, now: float, seen: Optional[Set[str]],
                    out: Dict[HistoryKey, List[Activity]],
-                   timing: Optional[Dict[HistoryKey, List[Timing]]], by_model: Optional[ModelRuns]) -> None:
-    """Add the alone runs of ``keys``' jobs in every node database to ``out`` (and ``timing``, and
-    ``by_model`` where the run's GPU model is recorded); an unreadable database is skipped with one warning
-    per ``seen`` key."""
+                   timing: Optional[Dict[HistoryKey, List[Timing]]], by_model: Optional[ModelRuns],
+                   cal: Optional[intensity.Calibration]) -> None:
+    """Add the runs of ``found``'s jobs in every node database to ``out`` (and ``timing``, and ``by_model``
+    where the run's GPU model is recorded): runs alone as measured, shared runs as learned from their GPU's
+    co-run mixes (``learn.learn``); an unreadable database is skipped with one warning per ``seen`` key."""
+    keys = {j: k for j, (k, _) in found.items()}
+    since = now - cfg.placement_history_max_age_s
+    learned: List[Tuple[float, learn.LearnedRun, Optional[str]]] = []
     for db_path in sorted(cfg.node_db_dir.glob("*.db")) if cfg.node_db_dir.is_dir() else []:
         try:
             db = open_readonly(db_path, busy_timeout_s=1.0)
             try:
-                runs = store_placement.alone_activity(db, keys, now - cfg.placement_history_max_age_s)
+                runs = store_placement.alone_activity(db, keys, since)
+                gpus = store_placement.co_runs(db, keys, since)
             finally:
                 db.conn.close()
         except Exception as exc:  # as above
@@ -215,16 +228,58 @@ def _read_node_dbs(cfg: Config, keys: Dict[int, HistoryKey], now: float, seen: O
                     timing.setdefault(keys[job_id], []).append(timed)
                 if by_model is not None:
                     by_model.add(a.get("gpu_model"), keys[job_id], act, timed)
+        learned.extend((end, r, model) for end, r, model in _learned(db_path.stem, gpus, found, runs, cal))
+    for _end, r, model in sorted(learned, key=lambda t: t[0]):
+        # SMOCC and DRAMA of a shared run are not separable: the calibration's ratios to SMACT
+        act = (Activity(r.smact, min(1.0, r.smact * cal.smocc_per_smact),
+                        min(1.0, r.smact * cal.drama_per_smact)) if cal is not None else Activity(r.smact))
+        out.setdefault(r.key, []).append(act)
+        if timing is not None:
+            timing.setdefault(r.key, []).append((r.run_s, r.startup_s))
+        if by_model is not None:
+            by_model.add(model, r.key, act, (r.run_s, r.startup_s))
+
+
+def _learned(node: str, gpus: Sequence[store_placement.GpuCoRuns], found: Found,
+             alone: Mapping[int, Any], cal: Optional[intensity.Calibration]
+             ) -> List[Tuple[float, learn.LearnedRun, Optional[str]]]:
+    """``(end_ts, learned run, GPU model)`` of the shared runs of one node database (runs alone are measured
+    and left to ``alone_activity``); a run without process samples begins computing after the calibration's
+    default start-up."""
+    runs: List[learn.SharedRun] = []
+    samples: Dict[learn.GpuKey, List[learn.Sample]] = {}
+    models: Dict[learn.GpuKey, str] = {}
+    for g in gpus:
+        key = (node, g.gpu_index)
+        models[key] = g.name
+        samples[key] = [learn.Sample(ts, v, res) for ts, v, res in g.samples]
+        for job_id, start, end, compute in g.runs:
+            # a neighbour that did not end COMPLETED is fitted (it took SMs) but never kept
+            hkey, prior = found.get(job_id, ((None, f"job:{job_id}"), cal.smact_floor if cal else 0.5))
+            begin = compute if compute is not None else min(end, start + DEFAULT_STARTUP_S)
+            runs.append(learn.SharedRun(job_id, hkey, key, start, begin, end, prior))
+    of = {r.job_id: r for r in runs}
+    cap = (lambda k: cal.capacity_for(models.get(k, ""))) if cal is not None else (lambda _k: 1.0)
+    return [(of[r.job_id].end_ts, r, models.get(of[r.job_id].gpu) or None)
+            for r in learn.learn(runs, samples, cap)
+            if r.shared and r.job_id not in alone and r.job_id in found]
+
+
+DEFAULT_STARTUP_S = 10.0
+"""Start-up counted for a shared run without process samples (s): the median start-up of the 2x H200 pile's
+runs alone was 10 s (``h200x2-placement-throughput/pile-exclusive.json``)."""
 
 
 def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,
                  now: Optional[float] = None,
                  seen: Optional[Set[str]] = None,
-                 by_model: Optional[ModelRuns] = None) -> Dict[HistoryKey, List[Activity]]:
-    """The measured activity of earlier runs that had their GPU alone (ctld.db + every node database), keyed
-    by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are validated
-    again, ``store.placement.finished_jobs``), plus one run per signature of ``placement_history_path`` when
-    set, under uid None (the admin's file, for everyone).
+                 by_model: Optional[ModelRuns] = None,
+                 cal: Optional[intensity.Calibration] = None) -> Dict[HistoryKey, List[Activity]]:
+    """The activity alone of earlier runs (ctld.db + every node database): measured for runs that had their
+    GPU alone, learned from the co-run mixes for shared ones (``learn.py``; only runs that ended COMPLETED),
+    keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are
+    validated again, ``store.placement.finished_jobs``), plus one run per signature of
+    ``placement_history_path`` when set, under uid None (the admin's file, for everyone).
 
     Args:
         cfg: ``placement_history_path``, ``placement_history_max_age_s`` (s; older runs, and a history file
@@ -233,9 +288,12 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
         now: the wall clock (epoch s); the current time when None.
         seen: warning keys already logged (each warning is logged once per key).
         by_model: when given, gets the same runs again under their GPU model, where it is known.
+        cal: the calibration (priors of the learned activities, each GPU model's capacity); None: priors 0.5
+            and capacity 1.0.
 
     Returns:
-        ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1).
+        ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1), at most
+        ``RUNS_PER_KEY`` runs per key (the last) and ``KEYS_PER_USER`` keys per uid (those run last).
 
     Never raises on bad input: a corrupt or stale file, or an unreadable database, is skipped with one
     warning.
@@ -245,10 +303,38 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
     _read_admin_file(cfg, now, seen, out, timing, by_model)
     if not cfg.ctld_db_path.exists():
         return out
-    keys = _finished_keys(cfg, seen)
+    keys = _finished_keys(cfg, seen, cal)
     if keys is None:
         return out
-    _read_node_dbs(cfg, keys, now, seen, out, timing, by_model)
+    _read_node_dbs(cfg, keys, now, seen, out, timing, by_model, cal)
+    return _capped(out, timing, by_model)
+
+
+RUNS_PER_KEY = 20
+"""Runs kept per history key (the last): a signature's profile is their mean."""
+KEYS_PER_USER = 500
+"""History keys kept per uid (those added last): one user's flood of signatures never grows the placer's
+memory without bound, and never pushes out another user's keys (each uid has its own cap)."""
+
+
+def _capped(out: Dict[HistoryKey, List[Activity]], timing: Optional[Dict[HistoryKey, List[Timing]]],
+            by_model: Optional[ModelRuns]) -> Dict[HistoryKey, List[Activity]]:
+    """``out`` (and ``timing``, ``by_model`` in place) cut to ``RUNS_PER_KEY`` and ``KEYS_PER_USER``."""
+    per_uid: Dict[Optional[int], List[HistoryKey]] = {}
+    for key in out:  # insertion order: the admin's file, then the databases' runs oldest first
+        per_uid.setdefault(key[0], []).append(key)
+    kept = {k for keys in per_uid.values() for k in keys[-KEYS_PER_USER:]}
+    maps: List[Dict[HistoryKey, Any]] = [out]
+    if timing is not None:
+        maps.append(timing)
+    if by_model is not None:
+        maps.extend([*by_model.activity.values(), *by_model.timing.values()])
+    for m in maps:
+        for key in list(m):
+            if key not in kept:
+                del m[key]
+            else:
+                m[key] = m[key][-RUNS_PER_KEY:]
     return out
 
 

@@ -105,6 +105,15 @@ class Calibration:
     share_capacity: float = 1.0
     share_source: str = ""
     share_capacity_by_gpu: Dict[str, float] = field(default_factory=dict)
+    unmeasured_smact_floor: Optional[float] = None
+
+    @property
+    def smact_floor(self) -> float:
+        """The least SM activity alone a job never measured counts with in the sharing model (fraction):
+        ``unmeasured_smact_floor``, else ``unknown.smact`` (the mean of the jobs the curve was fitted on). The
+        curve's error is large (``benchmarks/placement_fit.py``) and an under-predicted job is the one that
+        breaks the bound, so a prediction only ever raises a new job above the jobs measured so far."""
+        return self.unmeasured_smact_floor if self.unmeasured_smact_floor is not None else self.unknown.smact
 
     def capacity_for(self, model: str) -> float:
         """The sharing capacity of a GPU model: the ``share_capacity_by_gpu`` entry whose key the model name
@@ -155,15 +164,18 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
             source=str(d.get("source", "")), feature=str(d.get("feature", "proxy")),
             proxy_to_flops=float(d.get("proxy_to_flops", 1.0)),
             share_capacity=float(d.get("share_capacity", 1.0)), share_source=str(d.get("share_source", "")),
-            share_capacity_by_gpu={str(k): float(v) for k, v in d.get("share_capacity_by_gpu", {}).items()})
+            share_capacity_by_gpu={str(k): float(v) for k, v in d.get("share_capacity_by_gpu", {}).items()},
+            unmeasured_smact_floor=(float(d["unmeasured_smact_floor"]) if d.get("unmeasured_smact_floor")
+                                    is not None else None))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"cannot read placement calibration {str(p)!r}: {exc!r}") from None
     if cal.x_half_gflop <= 0 or not 0 <= cal.smact_min <= cal.smact_max <= 1 or cal.proxy_to_flops <= 0 \
             or cal.feature not in ("flops", "proxy") \
-            or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())):
+            or not all(0.1 <= c <= 10 for c in (cal.share_capacity, *cal.share_capacity_by_gpu.values())) \
+            or not 0 <= cal.smact_floor <= 1:
         raise ConfigError(f"placement calibration {str(p)!r}: need x_half_gflop > 0, "
                           "0 <= smact_min <= smact_max <= 1, proxy_to_flops > 0, feature flops or proxy "
-                          "and 0.1 <= share_capacity <= 10")
+                          "0.1 <= share_capacity <= 10 and 0 <= unmeasured_smact_floor <= 1")
     return cal
 
 

@@ -95,11 +95,18 @@ class Round:
         """
         try:
             c = JobComment.read(j.comment, j.job_id)
-            return profile(c, self.state.history, self.state.timing, j.uid, gpu_model, self.state.by_model), \
-                intensity.demand(c, self.state.history, self.cal, j.uid)[0].smact
+            prof = profile(c, self.state.history, self.state.timing, j.uid, gpu_model, self.state.by_model)
+            return prof, self.counted(intensity.demand(c, self.state.history, self.cal, j.uid)[0], prof).smact
         except Exception as exc:  # one running job's data never stops a round
             log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
-            return share.Profile(None), self.cal.unknown.smact
+            return share.Profile(None), self.cal.smact_floor
+
+    def counted(self, demand: Activity, prof: share.Profile) -> Activity:
+        """The activity the sharing model counts for a job: its demand as is when measured alone (``prof``),
+        else the prediction raised to ``Calibration.smact_floor``."""
+        if prof.smact is not None:
+            return demand
+        return replace(demand, smact=max(demand.smact, self.cal.smact_floor))
 
     def ordered(self, candidates: Sequence[JobInfo]) -> List[JobInfo]:
         """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half
@@ -153,17 +160,16 @@ class Round:
         if not coloc.signature() and coloc.flops_per_step is None:
             log_once(self.state.logged, f"nodata:{job.job_id}",
                      "job %d has no signature and no FLOPs: placed by memory", job.job_id)
-            room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.unknown.smact,
+            room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.smact_floor,
                                       cfg.placement_max_slowdown, self.now)
             d = share.memory_only(room, shards)
             # room, but not within the bound
             if not d.placed and any(g.shards_free >= shards for g in self.gpus):
                 d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
-                                         f"unknown activity (SMACT {self.cal.unknown.smact:.2f})")
+                                         f"unknown activity (SMACT {self.cal.smact_floor:.2f})")
             return d, demand, "no signature or FLOPs", prof
-        d = share.choose_gpu_bounded(self.gpus, self.tenants, shards, on, demand, self.gate,
-                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now,
-                                     cfg.placement_state_max_age_s)
+        d = share.choose_gpu_bounded(self.gpus, self.tenants, shards, on, self.counted(demand, prof),
+                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now)
         chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
         return d, demand, source, on(chosen.model) if chosen is not None else prof
 
@@ -185,7 +191,8 @@ class Round:
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
-                self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, demand,
+                counted = self.counted(demand, prof) if self.throughput else demand
+                self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, counted,
                                                          self.now,
                                                          prof)
                 self._add(decision, shards, demand, prof, job.job_id)
@@ -216,4 +223,5 @@ class Round:
                 self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
                                        recent=g.recent + demand)
                 if self.throughput:
-                    self.tenants[i].append(share.Tenant(prof, self.now, demand.smact, job_id))
+                    self.tenants[i].append(share.Tenant(prof, self.now, self.counted(demand, prof).smact,
+                                                        job_id))

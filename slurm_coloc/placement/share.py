@@ -14,15 +14,16 @@ A job that starts now begins computing after its start-up, so a tenant predicted
 count against it: its room is used in the same round in which it is freed, not after it has ended (no idle
 gap). A tenant never measured alone counts with its predicted activity (``Tenant.predicted``: the calibrated
 predictor of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A
-candidate never measured alone is judged by the saturation gate (``policy.choose_gpu``: live state, or memory
-where the sampler is silent).
+candidate never measured alone is judged the same way with its predicted activity, floored by the caller at
+the calibration's ``unmeasured_smact_floor`` (the predictor's error is large, so a new job never counts
+lighter than the jobs measured so far), and learned from its shared runs once it has run (``learn.py``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, fresh
+from slurm_coloc.placement.policy import Activity, Decision, GpuState, fresh
 
 POLICIES = ("throughput", "gate")
 Key = Tuple[str, int]  # a GPU: (node, index)
@@ -221,60 +222,45 @@ def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, n
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
 
-def _judge(g: GpuState, ts: Sequence[Tenant], shards: int, job: Profile, demand: Activity, gate: Gate,
-           capacity: float, max_slowdown: float, now: float,
-           max_age_s: float) -> Tuple[Optional[Tuple], str, Optional[Activity], str]:
+def _judge(g: GpuState, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float,
+           max_slowdown: float, now: float) -> Tuple[Optional[Tuple], str, Optional[Activity], str]:
     """One GPU for ``choose_gpu_bounded``: (sort key or None when it does not qualify, basis, predicted
-    activity, detail or the reason it does not qualify)."""
+    load, detail or the reason it does not qualify)."""
+    measured = job.smact is not None
     smact = job.smact if job.smact is not None else demand.smact
-    pred = bounded_slowdown(ts, capacity, smact, now, job.startup_s or 0.0)
+    load = load_at_start(ts, capacity, now, job.startup_s or 0.0) + smact
+    pred = slowdown(load, capacity)
     if g.tenants == 0 and g.shards_used == 0:
         return (0, pred, 0, -g.shards_free, g.node,
                 g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
-    guarded = job.smact is not None or any(t.profile.smact is not None and t.end_ts is None for t in ts)
-    if guarded and pred > max_slowdown:  # live state or none: never past the bound of a measured job
-        why = "" if job.smact is not None else " (predicted activity)"
+    if pred > max_slowdown:  # measured or predicted, live sampler or silent: never past the bound
+        why = "" if measured else " (predicted activity)"
         return None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}"
-    if job.smact is not None:
-        load = load_at_start(ts, capacity, now, job.startup_s or 0.0) + job.smact
-        return ((0, pred, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
-                Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
-    d = choose_gpu([g], shards, demand, gate, "spread", max_age_s)
-    if not d.placed:
-        return None, "", None, d.reason.replace("every GPU with room is saturated: ", "")
-    rank = 2 if d.basis == "memory-only" else 1
-    why = d.reason.split("(", 1)[-1].rstrip(")")
-    detail = why[len(d.basis) + 2:] if why.startswith(d.basis + ", ") else why
-    load_g = d.predicted.smact if d.predicted is not None else 0.0
-    return (rank, load_g, g.tenants, -g.shards_free, g.node, g.index), d.basis, d.predicted, detail
+    basis = "slowdown-model" if measured else "slowdown-predicted"
+    return ((0 if measured else 1, pred, g.tenants, -g.shards_free, g.node, g.index), basis,
+            Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
 
 
 def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int,
                        job: Union[Profile, Callable[[str], Profile]],
-                       demand: Activity, gate: Gate, capacity: Union[float, Callable[[str], float]],
-                       max_slowdown: float, now: float, max_age_s: float = 60.0) -> Decision:
-    """Pick a GPU for a job under the slowdown bound.
+                       demand: Activity, capacity: Union[float, Callable[[str], float]],
+                       max_slowdown: float, now: float) -> Decision:
+    """Pick a GPU for a job under the slowdown bound, by the sharing model alone.
 
-    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the model comes first,
-    live state or not, wherever the job or a tenant was measured alone: the job's SM activity alone (measured,
-    else its prediction ``demand.smact``) plus ``load_at_start`` of the tenants (never measured: their
-    prediction) must keep ``slowdown <= max_slowdown``, so a silent sampler never lets a GPU of measured jobs
-    be packed past the bound (where nobody was measured, predictions alone never hold a job: the gate or
-    memory decides, as before history exists). Then a job measured alone qualifies
-    (``slowdown-model``); a job never measured also needs the gate (``policy.choose_gpu``: ``utilization``, or
-    ``memory-only`` where the live state is stale). Among those that qualify, modelled and empty GPUs before
-    gate-judged ones, gate-judged before memory-only ones; then the lowest predicted slowdown (spreads across
+    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the job's SM activity
+    alone (measured, else its prediction ``demand.smact``, which the caller has floored) plus
+    ``load_at_start`` of the tenants (a tenant never measured counts with its prediction) must keep
+    ``slowdown <= max_slowdown``.
+    The live sampler state plays no part: a silent sampler never lets a GPU be packed past the bound, and a
+    live reading of SMACT 1.00 never serialises small jobs that the model says still gain. Among those that
+    qualify, measured and empty GPUs before predicted ones; then the lowest predicted slowdown (spreads across
     GPUs and nodes), fewest tenants, most free shards, node, index.
 
     Args:
-        gpus, tenants: every GPU the job may use and, index for index, the jobs holding it.
-        shards: the job's shard request (>= 1); job: its profile, or a function of the GPU's model name
-            (``GpuState.model``) giving it (``history.profile`` from that model's runs); demand: its predicted
-            activity.
-        capacity: the model's fitted capacity (summed SMACT alone), or a function of the GPU's model name
-            (``GpuState.model``) giving it (``intensity.Calibration.capacity_for``); max_slowdown: the bound
-            (>= 1).
-        now: Unix s; max_age_s: live state older than this is stale (gate only).
+        job: its profile, or a function of the GPU's model name (``GpuState.model``) giving it
+            (``history.profile`` from that model's runs).
+        capacity: summed SMACT alone, or a function of the GPU's model name
+            (``intensity.Calibration.capacity_for``); max_slowdown: the bound (>= 1).
 
     Returns:
         A ``Decision`` (``predicted``'s SMACT = the GPU's load with the job for the model); not placed with a
@@ -293,8 +279,7 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
         if g.shards_free < shards:
             continue
         prof = job(g.model) if callable(job) else job
-        key, basis, predicted, why = _judge(g, ts, shards, prof, demand, gate, cap_of(g.model), max_slowdown,
-                                            now, max_age_s)
+        key, basis, predicted, why = _judge(g, ts, prof, demand, cap_of(g.model), max_slowdown, now)
         if key is None:
             blocked.append(why)
         else:
@@ -360,8 +345,7 @@ def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
         The GPUs within the bound, in the order of ``gpus``. Never raises.
     """
     return [g for g, ts in zip(gpus, tenants)
-            if all(t.profile.smact is None or t.end_ts is not None for t in ts)
-            or bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
+            if bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
 
 
 def gpu_work(job: Profile) -> Optional[float]:

@@ -7,7 +7,7 @@ as None.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sqlite_utils import Database
 
@@ -71,9 +71,9 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown) and
+    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown),
     ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent
-    or invalid).
+    or invalid) and ``state`` (Slurm's final state, e.g. ``COMPLETED``; None when not recorded).
 
     Args:
         ctld: the controller database; no ``jobs`` table: [].
@@ -82,10 +82,13 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     if not ctld["jobs"].exists():
         return []
     out = []
-    for job_id, uid, text in ctld.execute("SELECT job_id, uid, coloc_json FROM jobs WHERE end_ts IS NOT NULL "
-                                          "ORDER BY end_ts DESC LIMIT ?", [int(limit)]).fetchall():
+    for job_id, uid, text, state in ctld.execute(
+            "SELECT job_id, uid, coloc_json, state FROM jobs WHERE end_ts IS NOT NULL ORDER BY end_ts DESC "
+            "LIMIT ?",
+            [int(limit)]).fetchall():
         out.append({"job_id": int(job_id), "uid": int(uid) if isinstance(uid, int) else None,
-                    "coloc": JobComment.from_json_text(text if isinstance(text, str) else None)})
+                    "coloc": JobComment.from_json_text(text if isinstance(text, str) else None),
+                    "state": state if isinstance(state, str) else None})
     return out
 
 
@@ -185,3 +188,70 @@ def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pc
         "COALESCE(dram_bw_pct, -1) >= ?) THEN res_s ELSE 0 END), SUM(res_s) FROM gpu_samples WHERE "
         + " AND ".join(where) + " GROUP BY gpu_index", args).fetchall()
     return {int(g): {"saturated_s": float(s or 0.0), "sampled_s": float(n or 0.0)} for g, s, n in rows}
+
+
+@dataclass(frozen=True)
+class GpuCoRuns:
+    """One GPU's finished single-GPU runs and its samples over their span, for ``placement.learn``.
+
+    Attributes:
+        gpu_index: NVML index on the node; name: its model as NVML names it ("" when unknown).
+        runs: ``(job_id, start_ts, end_ts, compute_ts)`` (Unix s); ``compute_ts``: the job's first process
+            sample at 90 % of its peak memory (None without process samples).
+        samples: ``(ts, smact, res_s)``: Unix s, GPM SM activity (fraction), seconds the row stands for.
+    """
+
+    gpu_index: int
+    name: str
+    runs: List[Tuple[int, float, float, Optional[float]]]
+    samples: List[Tuple[float, float, float]]
+
+
+def co_runs(node_db: Database, job_ids: Iterable[int], since_ts: float = 0.0) -> List[GpuCoRuns]:
+    """The given jobs' finished single-GPU runs on this node that ended after ``since_ts``, per GPU, with
+    every other finished run on that GPU over their span (their neighbours, whose activity the fit must
+    explain too) and every sample of that GPU that has SM activity over it; [] without the tables."""
+    ids = sorted({int(j) for j in job_ids})
+    if not ids or not all(node_db[t].exists() for t in ("job_runs", "gpu_samples")):
+        return []
+    spans: Dict[int, List[Tuple[float, float]]] = {}
+    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        marks = ",".join("?" * len(chunk))
+        for gpus, start, end in node_db.execute(
+                f"SELECT gpus, start_ts, end_ts FROM job_runs WHERE job_id IN ({marks}) AND end_ts IS NOT "
+                "NULL AND start_ts IS NOT NULL AND end_ts >= ? AND gpus NOT LIKE '%,%' AND gpus != ''",
+                chunk + [float(since_ts)]).fetchall():
+            if str(gpus).isdigit():
+                spans.setdefault(int(gpus), []).append((float(start), float(end)))
+    runs: Dict[int, List[Tuple[int, float, float, Optional[float]]]] = {}
+    for gpu, sp in spans.items():  # every run that shared those spans, whatever its end: it took SMs too
+        for job_id, start, end in node_db.execute(
+                "SELECT job_id, start_ts, end_ts FROM job_runs WHERE gpus = ? AND start_ts IS NOT NULL AND "
+                "end_ts IS NOT NULL AND start_ts <= ? AND end_ts >= ?",
+                [str(gpu), max(e for _, e in sp), min(s for s, _ in sp)]).fetchall():
+            runs.setdefault(gpu, []).append((int(job_id), float(start), float(end), None))
+    names: Dict[int, str] = {}
+    if node_db["gpus"].exists():
+        names = {int(i): str(n or "") for i, n in
+                 node_db.execute("SELECT gpu_index, name FROM gpus").fetchall()}
+    has_proc = node_db["proc_samples"].exists()
+    out = []
+    for gpu, here in sorted(runs.items()):
+        t0, t1 = min(r[1] for r in here), max(r[2] for r in here)
+        samples = [(float(ts), float(v) / 100.0, float(res or 0.0)) for ts, v, res in node_db.execute(
+            "SELECT ts, smact_pct, res_s FROM gpu_samples WHERE gpu_index = ? AND ts >= ? AND ts <= ? AND "
+            "smact_pct IS NOT NULL ORDER BY ts", [gpu, t0, t1]).fetchall()]
+        if has_proc:
+            here = [(j, s, e, _compute_ts(node_db, j, gpu, s, e)) for j, s, e, _ in here]
+        out.append(GpuCoRuns(gpu, names.get(gpu, ""), here, samples))
+    return out
+
+
+def _compute_ts(db: Database, job_id: int, gpu: int, start: float, end: float) -> Optional[float]:
+    """A job's first process sample on ``gpu`` at 90 % of its peak memory in [start, end] (None: none)."""
+    row = db.execute(
+        "SELECT MIN(ts) FROM proc_samples WHERE job_id = ? AND gpu_index = ? AND ts >= ? AND ts <= ? AND "
+        "used_mem_mib >= 0.9 * (SELECT MAX(used_mem_mib) FROM proc_samples WHERE job_id = ? AND "
+        "gpu_index = ? AND ts >= ? AND ts <= ?)",
+        [job_id, gpu, start, end, job_id, gpu, start, end]).fetchone()
+    return float(row[0]) if row and row[0] is not None else None

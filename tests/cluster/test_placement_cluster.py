@@ -243,11 +243,11 @@ def test_coloc_sbatch_held_for_a_live_placer_and_classic_without_one(cl: Cluster
         import os
         import signal
         os.killpg(placer.pid, signal.SIGTERM)
-        placer.wait(timeout=30)
-    from slurm_coloc.placement.heartbeat import heartbeat_paths
+        rc = placer.wait(timeout=30)
+    from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
 
-    for path in heartbeat_paths(_cfg(cl)):
-        path.unlink()
+    # a clean stop (SIGTERM, as systemd stops it) leaves no live heartbeat: the next job is not held for it
+    assert rc == 0 and not any(p.exists() for p in heartbeat_paths(_cfg(cl))) and not placer_alive(_cfg(cl))
     out = cl.run(["coloc-sbatch", "--parsable", "--coloc-mem=3G", "-o", "/dev/null", str(script)])
     assert out.returncode == 0 and "held for coloc-placer" not in out.stderr, out.stderr
     job2 = int(out.stdout.strip().split(";")[0])

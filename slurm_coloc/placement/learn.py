@@ -1,0 +1,171 @@
+"""Profiles alone learned from shared runs: each signature's SM activity alone, solved from the co-run mixes
+of every GPU, and each run's time alone, replayed through the sharing model. Pure.
+
+Why this and not per-process counters: on an H200 under MPS, ``nvmlDeviceGetProcessUtilization`` reports only
+the MPS server, never its clients (``../shared/reference/placement-anchors.md``), so a job's own share of a
+shared GPU is not sampled. What is sampled is the GPU's aggregate SM activity (GPM SMACT) and which jobs held
+it. While the GPU's SMs are not all busy (``y < UNSATURATED``), co-running jobs' activities add (the
+collocation paper's additivity, and the sharing model's premise), so each unsaturated sample is one linear
+equation ``sum(a_k for k computing) = y``; a saturated sample says only ``sum >= y``. Solved together over
+every sample of every GPU, with each signature's prior (its prediction) weighted as ``PRIOR_WEIGHT`` samples,
+by coordinate descent: a least-squares fit with bounds, small enough (a few signatures, a few thousand
+samples) for pure Python. A signature that ran in many mixes is pinned by the data; one seen only on saturated
+GPUs stays near its prior, raised where the saturated samples need more.
+
+A run's time alone: its start-up (Slurm start to its first sample at 90 % of its peak memory: the model and
+the first batches are on the GPU) plus its computing time scaled by the model's rate, ``min(1, capacity /
+L)`` per sample (``share.slowdown``), L = the summed fitted activities of the runs computing then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+from slurm_coloc.placement.intensity import HistoryKey
+
+GpuKey = Tuple[str, int]  # (node database name, GPU index)
+
+UNSATURATED = 0.9
+"""Aggregate SMACT below which a sample's activities add (fraction). GPM SMACT of one GPU reads at most 1.0,
+and reads 0.95-1.0 whenever co-running jobs keep every SM busy (2x H200 blind passes, docs/benchmarks.md)."""
+PRIOR_WEIGHT = 3.0
+"""A signature's prior counts as this many samples (a 0.5-s sampler: 1.5 s of data)."""
+SMACT_BOUNDS = (0.02, 1.0)
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One finished run on one GPU: its history key, when it started, began computing and ended (Unix s),
+    and its prior SM activity alone (fraction: its prediction, or the signature's history)."""
+
+    job_id: int
+    key: HistoryKey
+    gpu: GpuKey
+    start_ts: float
+    compute_ts: float
+    end_ts: float
+    prior_smact: float
+
+    def computing(self, ts: float) -> bool:
+        return self.compute_ts <= ts <= self.end_ts
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU sample: Unix s, aggregate SM activity (fraction), and the seconds it stands for."""
+
+    ts: float
+    smact: float
+    res_s: float
+
+
+@dataclass(frozen=True)
+class LearnedRun:
+    """A run's profile alone as learned: SM activity alone (fraction, the signature's fitted value), run and
+    start-up time alone (s), the samples that saw it compute, and whether another run shared its GPU."""
+
+    job_id: int
+    key: HistoryKey
+    smact: float
+    run_s: float
+    startup_s: float
+    n_samples: int
+    shared: bool
+
+
+Row = Tuple[Dict[int, int], float, bool]  # (key column -> runs computing, aggregate SMACT, saturated)
+
+
+def _rows(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
+          col: Mapping[HistoryKey, int]) -> List[Row]:
+    """One row per sample during which at least one run computed."""
+    by_gpu: Dict[GpuKey, List[SharedRun]] = {}
+    for r in runs:
+        by_gpu.setdefault(r.gpu, []).append(r)
+    rows: List[Row] = []
+    for gpu, here in by_gpu.items():
+        for s in samples.get(gpu, ()):
+            x: Dict[int, int] = {}
+            for r in (r for r in here if r.computing(s.ts)):
+                x[col[r.key]] = x.get(col[r.key], 0) + 1
+            if x:
+                rows.append((x, s.smact, s.smact >= UNSATURATED))
+    return rows
+
+
+def _sweep(a: List[float], prior: Sequence[float], rows: Sequence[Row], pred: List[float],
+           where: Sequence[Sequence[int]]) -> None:
+    """One coordinate-descent sweep: each key's exact bounded minimiser with the others held (in place)."""
+    lo, hi = SMACT_BOUNDS
+    for i in range(len(a)):
+        num, den = PRIOR_WEIGHT * prior[i], PRIOR_WEIGHT
+        for t in where[i]:
+            x, y, sat = rows[t]
+            if sat and pred[t] >= y:
+                continue  # saturated and already explained: no pull
+            num += x[i] * (y - (pred[t] - a[i] * x[i]))
+            den += x[i] * x[i]
+        new = min(hi, max(lo, num / den))
+        for t in where[i]:
+            pred[t] += (new - a[i]) * rows[t][0][i]
+        a[i] = new
+
+
+def fit_activity(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
+                 sweeps: int = 60) -> Dict[HistoryKey, float]:
+    """Each key's SM activity alone (fraction in ``SMACT_BOUNDS``) that best explains the GPUs' samples
+    (module docstring); a key with no sample keeps its prior (the mean of its runs' priors)."""
+    keys = sorted({r.key for r in runs}, key=repr)
+    col = {k: i for i, k in enumerate(keys)}
+    total = [0.0] * len(keys)
+    count = [0] * len(keys)
+    for r in runs:
+        total[col[r.key]] += r.prior_smact
+        count[col[r.key]] += 1
+    prior = [p / max(1, c) for p, c in zip(total, count)]
+    rows = _rows(runs, samples, col)
+    a = list(prior)
+    pred = [sum(a[i] * n for i, n in x.items()) for x, _, _ in rows]
+    where: List[List[int]] = [[] for _ in keys]
+    for t, (x, _, _) in enumerate(rows):
+        for i in x:
+            where[i].append(t)
+    for _ in range(sweeps):
+        _sweep(a, prior, rows, pred, where)
+    return {k: a[col[k]] for k in keys}
+
+
+def learn(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
+          capacity: Callable[[GpuKey], float]) -> List[LearnedRun]:
+    """Every run's profile alone, from the GPUs' samples and which runs computed when (module docstring).
+
+    Args:
+        runs: finished runs that ended normally (the caller leaves out killed, cancelled, preempted and OOM'd
+            runs: their time says nothing of their work); several GPUs and nodes at once.
+        samples: per GPU, its samples over the runs' span (any order).
+        capacity: a GPU's sharing capacity (summed SMACT alone, ``Calibration.capacity_for`` its model).
+
+    Returns:
+        One ``LearnedRun`` per run that has at least one sample while computing, in ``runs`` order. Never
+        raises on empty input.
+    """
+    fitted = fit_activity(runs, samples)
+    by_gpu: Dict[GpuKey, List[SharedRun]] = {}
+    for r in runs:
+        by_gpu.setdefault(r.gpu, []).append(r)
+    out: List[LearnedRun] = []
+    for r in runs:
+        here = by_gpu[r.gpu]
+        shared = any(o.job_id != r.job_id and o.start_ts < r.end_ts and o.end_ts > r.start_ts for o in here)
+        cap = capacity(r.gpu)
+        work, n = 0.0, 0
+        for s in samples.get(r.gpu, ()):
+            if not r.computing(s.ts):
+                continue
+            load = sum(fitted[o.key] for o in here if o.computing(s.ts))
+            work += s.res_s * (min(1.0, cap / load) if load > 0 and cap > 0 else 1.0)
+            n += 1
+        if n:
+            startup = max(0.0, r.compute_ts - r.start_ts)
+            out.append(LearnedRun(r.job_id, r.key, fitted[r.key], startup + work, startup, n, shared))
+    return out
