@@ -4,12 +4,19 @@ needs threads, so no client may make it hold unbounded threads or connections (a
 
 ``prometheus_client.start_http_server`` serves each connection in its own thread with no timeout: 500 idle TCP
 connections held 500 threads in the sampler (docs/reliability.md, fourth campaign). Here at most
-``MAX_CONNECTIONS`` are served at once; a connection over the cap gets one ``503`` line at once and is closed
-in the accepting thread; every connection is shut down ``CONNECTION_DEADLINE_S`` after its accept, whatever it
-sends (a client that drips bytes is not kept alive by them). Answers are computed one at a time and reused for
-``ANSWER_TTL_S`` (per query string and ``Accept`` header, at most ``MAX_CACHED`` of them), so a scrape flood
-costs the sampler one collection per second, not one per request. Stdlib only (``wsgiref``); the WSGI app is
-the caller's.
+``MAX_CONNECTIONS`` are served at once, each shut down ``CONNECTION_DEADLINE_S`` after its accept whatever it
+sends (a client that drips bytes is not kept alive by them), and one whose request has not fully arrived
+within ``REQUEST_DEADLINE_S`` is shut too. A scraper sends its request as it connects, so at the cap a new
+connection takes the place of the oldest one still waiting for its request (idle); only when every open
+connection is being answered is the new one refused (one ``503`` line, no thread). Before (issue 46, F3): 16
+idle connections of a local user made 14 of 20 Prometheus scrapes fail for 10 s at a time.
+
+Answers are computed one at a time and reused for ``ANSWER_TTL_S``. The cache key is what the answer depends
+on, canonicalised (``answer_key``): OpenMetrics or text, gzip or not; a GET of any path but
+``/favicon.ico`` is the metrics, the query string is dropped (``name[]`` filters are not served: the whole
+answer always) and other methods never reach the cache. Before (F4): each new query string, and each new
+``Accept`` header, was a new key, so ``/metrics?r=N`` made one collection per request. Stdlib only
+(``wsgiref``); the WSGI app is the caller's.
 """
 from __future__ import annotations
 
@@ -18,16 +25,17 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 log = logging.getLogger("slurm_coloc.sampler")
 
 MAX_CONNECTIONS = 16  # a scrape takes milliseconds; Prometheus keeps one connection per target
 CONNECTION_DEADLINE_S = 10.0
+REQUEST_DEADLINE_S = 2.0  # a scraper's request arrives with its connection
 READ_TIMEOUT_S = 5.0
 ANSWER_TTL_S = 1.0  # Prometheus scrapes every 15-60 s; samples change every sampler interval (>= 0.5 s)
-MAX_CACHED = 8
+OPENMETRICS = "application/openmetrics-text"
 BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -36,6 +44,13 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         pass
+
+    def parse_request(self) -> bool:
+        """The base class's parse; a request that arrived whole makes its connection busy (not evictable)."""
+        ok = super().parse_request()
+        if ok and isinstance(self.server, BoundedWSGIServer):
+            self.server.mark_busy(self.request)
+        return ok
 
 
 class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
@@ -46,21 +61,50 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lock = threading.Lock()
-        self.open: Dict[Any, float] = {}
+        self.open: Dict[Any, float] = {}  # connection -> accept time (monotonic s)
+        self.busy: Set[Any] = set()  # connections whose request arrived whole
+        self.closing: Set[Any] = set()  # evicted, their threads ending
         self.refused = 0
+        self.evicted = 0
         self._last_log = 0.0
         super().__init__(*args, **kwargs)
 
+    def mark_busy(self, request: Any) -> None:
+        """Called by the handler once the request arrived whole: the connection is no longer evictable.
+
+        Args:
+            request: the connection's socket.
+        """
+        with self.lock:
+            if request in self.open:
+                self.busy.add(request)
+
+    def _evict_idle(self) -> bool:
+        """Shut down the oldest open connection still waiting for its request (caller holds the lock);
+        False when every open connection is busy or too many evicted ones are still ending."""
+        idle = [(t0, id(r), r) for r, t0 in self.open.items() if r not in self.busy]
+        if not idle or len(self.closing) >= MAX_CONNECTIONS:
+            return False
+        victim = min(idle)[2]
+        self.open.pop(victim, None)
+        self.closing.add(victim)
+        self.evicted += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)  # its handler's read ends at once, then its thread
+        except OSError:
+            pass
+        return True
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Admit the connection to a handler thread, or answer 503 and close it when ``MAX_CONNECTIONS``
-        are open (logged at most once a minute).
+        """Admit the connection to a handler thread (at the cap, in place of the oldest idle one), or answer
+        503 and close it when every open connection is busy (logged at most once a minute).
 
         Args:
             request: the accepted socket.
             client_address: the peer's address.
         """
         with self.lock:
-            admit = len(self.open) < MAX_CONNECTIONS
+            admit = len(self.open) < MAX_CONNECTIONS or self._evict_idle()
             if admit:
                 self.open[request] = time.monotonic()
             else:
@@ -75,8 +119,8 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
             now = time.monotonic()
             if now - self._last_log > 60:
                 self._last_log = now
-                log.warning("metrics: refused a connection (%d open, at most %d); %d refused so far",
-                            len(self.open), MAX_CONNECTIONS, self.refused)
+                log.warning("metrics: refused a connection (%d open, all busy, at most %d); %d refused so "
+                            "far", len(self.open), MAX_CONNECTIONS, self.refused)
             return
         super().process_request(request, client_address)
 
@@ -88,6 +132,8 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         """
         with self.lock:
             self.open.pop(request, None)
+            self.busy.discard(request)
+            self.closing.discard(request)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -100,11 +146,12 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         log.debug("metrics: dropped a client %s", client_address)
 
     def service_actions(self) -> None:
-        """Each poll of ``serve_forever``: shut down connections past their deadline (their thread then
-        ends)."""
+        """Each poll of ``serve_forever``: shut down connections past their deadline, or still without their
+        request after ``REQUEST_DEADLINE_S`` (their thread then ends)."""
         now = time.monotonic()
         with self.lock:
-            late = [r for r, t0 in self.open.items() if now - t0 > CONNECTION_DEADLINE_S]
+            late = [r for r, t0 in self.open.items()
+                    if now - t0 > (CONNECTION_DEADLINE_S if r in self.busy else REQUEST_DEADLINE_S)]
         for r in late:
             try:
                 r.shutdown(socket.SHUT_RDWR)
@@ -112,18 +159,39 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
                 pass
 
 
+def answer_key(environ: Dict[str, Any]) -> Optional[Tuple[bool, bool]]:
+    """What a request's answer depends on, canonicalised: ``(OpenMetrics asked, gzip accepted)``, or None for
+    a request that is not a GET of the metrics (another method, ``/favicon.ico``: answered without a
+    collection, never cached).
+
+    OpenMetrics is asked when a media range of ``Accept`` is ``application/openmetrics-text`` (any version or
+    parameters; prometheus_client's ``choose_encoder`` reads the same); gzip when ``Accept-Encoding`` names
+    it.
+
+    Args:
+        environ: the WSGI environment of the request.
+    """
+    if environ.get("REQUEST_METHOD", "GET") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
+        return None
+    accept = str(environ.get("HTTP_ACCEPT") or "")
+    om = any(part.split(";")[0].strip().lower() == OPENMETRICS for part in accept.split(","))
+    gz = "gzip" in str(environ.get("HTTP_ACCEPT_ENCODING") or "").lower()
+    return om, gz
+
+
 class CachedApp:
-    """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` (module
-    docstring)."""
+    """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` per
+    ``answer_key`` (at most 4 keys; module docstring)."""
 
     def __init__(self, app: Callable[..., Any]) -> None:
         self.app = app
         self.lock = threading.Lock()
-        self.cache: Dict[Tuple[str, str, str], Tuple[float, str, List[Tuple[str, str]], bytes]] = {}
+        self.cache: Dict[Tuple[bool, bool], Tuple[float, str, List[Tuple[str, str]], bytes]] = {}
 
     def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> List[bytes]:
-        key = (str(environ.get("PATH_INFO", "")), str(environ.get("QUERY_STRING", "")),
-               str(environ.get("HTTP_ACCEPT", "")))
+        key = answer_key(environ)
+        if key is None:
+            return list(self.app(environ, start_response))  # answered without a collection
         with self.lock:
             now = time.monotonic()
             hit = self.cache.get(key)
@@ -135,12 +203,12 @@ class CachedApp:
                     got["status"], got["headers"] = status, list(headers)
                     return lambda data: None
 
-                body = b"".join(self.app(environ, keep))
+                canonical = {**environ, "PATH_INFO": "/metrics", "QUERY_STRING": "",
+                             "HTTP_ACCEPT": f"{OPENMETRICS}; version=1.0.0" if key[0] else "",
+                             "HTTP_ACCEPT_ENCODING": "gzip" if key[1] else ""}
+                body = b"".join(self.app(canonical, keep))
                 hit = (now, got["status"], got["headers"], body)
-                if len(self.cache) >= MAX_CACHED:
-                    self.cache = {k: v for k, v in self.cache.items() if now - v[0] <= ANSWER_TTL_S}
-                if len(self.cache) < MAX_CACHED:
-                    self.cache[key] = hit
+                self.cache[key] = hit
         start_response(hit[1], hit[2])
         return [hit[3]]
 
