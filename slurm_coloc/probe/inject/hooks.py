@@ -15,6 +15,7 @@ from typing import Any
 
 from slurm_coloc.probe.inject import accum, evalpass, frameworks, smaller
 from slurm_coloc.probe.inject.distributed import patch_distributed
+from slurm_coloc.probe.inject.workers import patch_workers
 
 
 def install(probe: Any, torch: Any) -> None:
@@ -39,6 +40,7 @@ def install(probe: Any, torch: Any) -> None:
     _patch_dataloader(probe, torch)
     _patch_processes(probe, torch)
     patch_distributed(torch, st)
+    patch_workers(torch, st.note, st.fail)
     frameworks.install(st.note)
 
 

@@ -100,6 +100,9 @@ def reason_of(exc: BaseException) -> str:
     """
     if isinstance(exc, SystemExit):
         return f"the program exited (code {exc.code}) before its first optimizer step"
+    worker = worker_reason(exc)
+    if worker:
+        return worker
     msg = short_message(exc)
     where = ""
     for fr in reversed(traceback.extract_tb(exc.__traceback__)):
@@ -112,6 +115,39 @@ def reason_of(exc: BaseException) -> str:
         msg += (" (torch >= 2.6 loads with weights_only=True, which refuses what this file holds: the "
                 "program fails the same way in the job)")
     return f"the program failed{where}: {type(exc).__name__}: {msg}"
+
+
+_WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def worker_reason(exc: BaseException) -> str:
+    """The worker's own error in a process launcher's wrapper exception, or "".
+
+    ``torch.multiprocessing.spawn`` raises ``ProcessRaisedException`` ("-- Process N terminated with the
+    following error:" and the worker's traceback as text). The line names the worker's first exception (the
+    first traceback of its text: the cause where it chains) and its deepest frame in the program's own code.
+
+    Args:
+        exc: the exception the program raised.
+
+    Returns:
+        ``the program's worker process N failed at file:line: Type: message``, or "" for other exceptions.
+    """
+    text = str(exc)
+    m = re.search(r"-- Process (\d+) terminated with the following error:\s*(Traceback.*)", text, re.S)
+    if m is None or "ProcessRaised" not in type(exc).__name__:
+        return ""
+    first = re.split(r"\n\s*\n(?:During handling|The above exception)", m.group(2))[0]
+    lines = [ln for ln in first.strip().splitlines() if ln.strip()]
+    error = lines[-1].strip() if lines else ""
+    where = ""
+    for fm in reversed(list(_WORKER_FRAME.finditer(first))):
+        if "site-packages" not in fm.group(1) and "slurm_coloc" not in fm.group(1) and "<" not in fm.group(1):
+            where = f" at {os.path.basename(fm.group(1))}:{fm.group(2)}"
+            break
+    name, _, msg = error.partition(": ")
+    short = short_message(RuntimeError(msg)) if msg else ""
+    return f"the program's worker process {m.group(1)} failed{where}: {name}{': ' + short if short else ''}"
 
 
 def short_message(exc: BaseException) -> str:

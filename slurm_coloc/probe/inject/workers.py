@@ -1,0 +1,106 @@
+"""Single-node multi-process training in the probe (job's Python, issue 45): one process per GPU, traced as
+one.
+
+Reference implementations (facebookresearch/moco ``main_moco.py --multiprocessing-distributed --world-size
+1``, pytorch/examples ``imagenet/main.py``) start one worker per visible GPU with
+``torch.multiprocessing.spawn`` or ``multiprocessing.Process`` and join an NCCL or Gloo group in each. A
+spawned worker is a new interpreter without the fake GPU: it would meet the real driver ("ProcessGroupNCCL
+is only supported with GPUs").
+
+* ``torch.multiprocessing.spawn``/``start_processes`` with ``nprocs`` 1 (one GPU: the job's ``device_count()``
+  is the fake GPU's 1) run the worker ``fn(0, *args)`` in the probe's own process, so its memory is the
+  per-process (per-GPU) figure and its exceptions are the program's own (the worker's, not the wrapper's
+  ``ProcessRaisedException``); ``init_process_group`` is ``distributed.py``'s one-process group. More than one
+  process ends the probe with that reason (each would need a GPU of its own);
+* ``multiprocessing.Process`` with a training target (its source calls ``init_process_group``,
+  ``.backward(`` or an optimizer ``.step(``) handed no tensor or module runs that target in-process at
+  ``start()`` (a second one ends the probe with the reason); DataLoader workers, other targets and Hogwild
+  workers handed the shared model (``hooks._patch_processes``: the probe falls back) start as they would.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import multiprocessing.process as mpp
+from typing import Any, Callable, List
+
+_TRAINING_MARKS = ("init_process_group", ".backward(", ".step(")
+
+
+def is_training_target(fn: Any) -> bool:
+    """Whether ``fn``'s source reads like a training worker (``_TRAINING_MARKS``); False when unreadable.
+
+    Args:
+        fn: the process target (a function or a bound method).
+    """
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return any(m in src for m in _TRAINING_MARKS)
+
+
+def _holds_torch(torch: Any, proc: Any) -> bool:
+    """Whether a process is handed a tensor or a module (Hogwild's shared model): no self-contained worker."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves = tree_flatten((list(getattr(proc, "_args", ())), dict(getattr(proc, "_kwargs", {}))))[0]
+    return any(isinstance(x, (torch.Tensor, torch.nn.Module)) for x in leaves)
+
+
+def patch_workers(torch: Any, note: Callable[[str], None], fail: Callable[[str], None]) -> None:
+    """Install the in-process spawn and ``Process.start`` (module docstring).
+
+    Args:
+        torch: the program's imported ``torch`` module (``torch.multiprocessing`` is patched).
+        note: adds one line to the probe's notes.
+        fail: ends the probe with a reason.
+    """
+    tmp = getattr(torch, "multiprocessing", None)
+    if tmp is None:  # pragma: no cover - every torch has it
+        return
+
+    def start_processes(fn: Any, args: Any = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+                        start_method: str = "spawn") -> Any:
+        if int(nprocs) != 1:
+            fail(f"the program starts {nprocs} worker processes (torch.multiprocessing.spawn), one per GPU: "
+                 "the probe imitates one GPU; give '#COLOC mem=' per GPU")
+        note("torch.multiprocessing.spawn of 1 process: its worker traced in the probe's process (the figure "
+             "is per process, per GPU)")
+        fn(0, *tuple(args))
+        return None
+
+    def spawn(fn: Any, args: Any = (), nprocs: int = 1, join: bool = True, daemon: bool = False,
+              start_method: str = "spawn") -> Any:
+        return start_processes(fn, args, nprocs, join, daemon, start_method)
+
+    tmp.spawn = spawn
+    tmp.start_processes = start_processes
+    try:
+        sp = importlib.import_module("torch.multiprocessing.spawn")
+        sp.spawn, sp.start_processes = spawn, start_processes  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - every torch has it
+        pass
+    real_start, real_join = mpp.BaseProcess.start, mpp.BaseProcess.join
+    ran: List[Any] = []
+
+    def start(self: Any) -> None:
+        target = getattr(self, "_target", None)
+        if target is None or not is_training_target(target) or _holds_torch(torch, self):
+            return real_start(self)  # a helper, a DataLoader worker, or Hogwild (hooks._patch_processes)
+        if ran:
+            fail("the program starts more than one training process (multiprocessing.Process): the probe "
+                 "imitates one GPU; give '#COLOC mem=' per GPU")
+        ran.append(self)
+        name = getattr(target, "__name__", "target")
+        note(f"multiprocessing.Process({name}): traced in the probe's process")
+        target(*getattr(self, "_args", ()), **getattr(self, "_kwargs", {}))
+        return None
+
+    def join(self: Any, timeout: Any = None) -> None:
+        if any(p is self for p in ran):
+            return None  # it ran in-process at start()
+        return real_join(self, timeout)
+
+    mpp.BaseProcess.start = start  # type: ignore[method-assign]
+    mpp.BaseProcess.join = join  # type: ignore[method-assign]
