@@ -200,3 +200,58 @@ def test_prometheus_sees_job_labels_while_jobs_run_and_not_after(slurm_cluster: 
     for node in jobs:
         text = (tmp_path / f"sampler-{node}.log").read_text()
         assert "Traceback" not in text and "serving http://127.0.0.1" in text, text[-2000:]
+
+
+HOLD_IDLE = """
+import socket, sys, time
+port, n, until = int(sys.argv[1]), int(sys.argv[2]), time.time() + float(sys.argv[3])
+held = []
+while time.time() < until:
+    for i, s in enumerate(list(held)):
+        s.setblocking(False)
+        try:
+            gone = s.recv(1) == b""
+        except BlockingIOError:
+            gone = False
+        except OSError:
+            gone = True
+        if gone:
+            s.close()
+            held[i] = socket.create_connection(("127.0.0.1", port))
+    while len(held) < n:
+        held.append(socket.create_connection(("127.0.0.1", port)))
+    time.sleep(0.02)
+"""
+
+
+def test_idle_connections_of_a_local_user_do_not_fail_prometheus_scrapes(prometheus, tmp_path: Path) -> None:
+    """Issue 46 F3 with a real Prometheus (scraping every 1 s, 900 ms timeout): colocuser holds 16 idle
+    connections to the sampler's endpoint, re-opening each one the server shuts. Before: 14 of 20 scrapes
+    failed. Now every scrape of the window succeeds (``up`` is 1 in each)."""
+    import dataclasses
+
+    from slurm_coloc.node import exporter, metrics_server
+
+    port = prometheus["ports"]["n1"]
+    cfg = dataclasses.replace(config_mod.Config(), state_dir=str(tmp_path / "s"), run_dir=str(tmp_path / "r"),
+                              log_dir=str(tmp_path / "l"), exporter_port=port)
+    _state, exp = exporter.start(cfg, "n1", 1.0)
+    assert exp is not None
+    base = str(prometheus["base"])
+    try:
+        _until(base, 'up{slurm_node="n1"} == 1', lambda r: len(r) == 1)
+        attacker = subprocess.Popen(["runuser", "-u", "colocuser", "--", "/usr/bin/python3", "-c", HOLD_IDLE,
+                                     str(port), str(metrics_server.MAX_CONNECTIONS), "22"])
+        try:
+            time.sleep(21)
+            assert attacker.poll() is None, "the attacker stopped early"
+            total = _query(base, 'count_over_time(up{slurm_node="n1"}[18s])')
+            good = _query(base, 'sum_over_time(up{slurm_node="n1"}[18s])')
+        finally:
+            attacker.terminate()
+            attacker.wait(10)
+        n_total, n_good = int(float(total[0]["value"][1])), int(float(good[0]["value"][1]))
+        assert n_total >= 12 and n_good == n_total, (n_good, n_total)
+    finally:
+        exp.stop()
+
