@@ -7,17 +7,18 @@ unchanged; else run the probe (``runner.py``) and turn its replayed peak reserve
 estimator's figure with the estimator's own calibrated bound (``estimate.combine.bound_from_trace``:
 context + libs + reserved x the fp32 or AMP multiplier, docs/estimator.md).
 
-Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s
-file; off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module
-name), arguments, launcher environment, working directory, the resolved interpreter (its absolute
-path after discovery, its realpath's size and mtime) and the version of the torch it imports
-(``discover.torch_version``, read without importing torch), GPU, steps, the probe's own sources and
-the estimator's identity (``cache.estimator_identity``). An entry also holds the sha256 of every user
-file the program imported; it is used only while all of them are unchanged. An answer without a
-figure (any failure, the time limit included) is kept ``FAILURE_TTL_S`` only, so a loop of
-submissions does not pay the time limit each time while a fix the key does not see (data made, a
-network share mounted) counts within minutes; ``refresh`` (``--explain``) probes afresh and stores
-the fresh answer for later submissions.
+Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s file; off with
+``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module name), arguments (without
+those a sweep varies and no shape depends on: ``sweep.config_args``; a hit for other such values is reused
+and its ``ran`` line says so, even under ``refresh``), the uid it runs as, launcher environment, working
+directory, the resolved interpreter (its absolute path after discovery, its realpath's size and mtime) and
+the version of the torch it imports (``discover.torch_version``, read without importing torch), GPU, steps,
+the probe's own sources and the estimator's identity (``cache.estimator_identity``). An entry also holds the
+sha256 of every user file the program imported; it is used only while all of them are unchanged. An answer
+without a figure (any failure, the time limit included) is kept ``FAILURE_TTL_S`` only, so a loop of
+submissions does not pay the time limit each time while a fix the key does not see (data made, a network
+share mounted) counts within minutes; ``refresh`` (``--explain``) probes afresh (unless the hit is a sweep
+sibling's) and stores the fresh answer for later submissions.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
 from slurm_coloc.probe.identity import probe_identity
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
+from slurm_coloc.probe.sweep import config_args, differs_only_in
 
 FORMAT = 1
 MAX_ENTRIES = 256
@@ -181,7 +183,8 @@ def _key(cmd: ProbeCommand, gpu: str, steps: int, torch: Optional[str] = None, u
             if f.endswith(".py"):
                 probe_src.update(f.encode() + (_sha(os.path.join(root, f)) or "-").encode())
     blob = {"format": FORMAT, "mode": cmd.mode, "target": cmd.target,
-            "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None, "args": list(cmd.args),
+            "target_sha256": _sha(cmd.target) if cmd.mode == "file" else None,
+            "args": config_args(cmd.args)[0],
             "env": list(cmd.env), "workdir": cmd.workdir, "interpreter": interp_id, "gpu": gpu,
             "steps": steps, "probe": probe_src.hexdigest(), "estimator": cache.estimator_identity(),
             "torch": torch, "uid": uid}
@@ -297,7 +300,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     cache_dir = os.path.dirname(_cache_file())
     torch_v = torch_version(job.python, job_env, cache_dir, run_as) if use_cache else None
     key = _key(cmd, gpu, steps, torch_v, os.geteuid() if run_as is None else run_as.uid) if use_cache else ""
-    entry = _lookup(key) if use_cache and not refresh else None
+    entry = _lookup(key) if use_cache else None
+    if entry is not None and refresh and list(entry.get("args") or []) == list(cmd.args):
+        entry = None  # --explain of the same submission: probe afresh (a sweep's sibling is reused)
     if entry is not None:
         return _from_cache(entry, cmd, time.monotonic() - t0)
     out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env,
@@ -311,7 +316,12 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
 def _from_cache(entry: Dict[str, Any], cmd: ProbeCommand, wall_s: float) -> ProbeResult:
     """The cached answer ``entry`` (``_store_run``'s) for ``cmd``, found in ``wall_s`` seconds."""
     est = entry.get("estimate")
-    return ProbeResult(Estimate.from_json(est) if est else None, entry["ran"], entry.get("reason", ""),
+    ran = str(entry["ran"])
+    change = differs_only_in(list(entry.get("args") or []), cmd.args)
+    if change:
+        ran += (f"; reused for this submission, which differs only in arguments that change no shape, dtype, "
+                f"model or batch ({change})")
+    return ProbeResult(Estimate.from_json(est) if est else None, ran, entry.get("reason", ""),
                        cmd, wall_s, True, entry.get("detail", {}))
 
 
@@ -334,5 +344,6 @@ def _store_run(key: str, res: ProbeResult, out: RunOutcome) -> None:
     """Store ``res`` under cache ``key`` with a digest of each user file the program imported."""
     files = {p: _sha(p) for p in (out.result or {}).get("user_files") or []}
     _store(key, {"estimate": res.estimate.to_json() if res.estimate else None, "ran": res.ran,
+                 "args": list(res.command.args) if res.command is not None else [],
                  "reason": out.reason, "detail": res.detail, "timed_out": out.timed_out,
                  "user_files": {p: d for p, d in files.items() if d}})
