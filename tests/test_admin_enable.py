@@ -142,8 +142,8 @@ def test_a_glob_prolog_is_joined_and_plugstack_d_gets_a_file_and_disable_undoes_
     assert sorted(p.name for p in (tmp_path / "prolog.d").iterdir()) == ["jobstats.sh"]
     assert not (tmp_path / "epilog.d" / "coloc.sh").exists()
     assert not (tmp_path / "plugstack.conf.d" / "coloc.conf").exists()
-    again = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf", str(conf)],
-                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    again = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf",
+                            str(conf)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert again.returncode == 0 and "nothing to change" in again.stdout
 
 
@@ -159,3 +159,34 @@ def test_disable_takes_our_plugin_line_out_of_a_plugstack_conf_it_shares(tmp_pat
     assert off.returncode == 0, off.stderr
     assert (tmp_path / "plugstack.conf").read_text() == "required /usr/lib/slurm/site_spank.so\n"
     assert not parse_slurm_conf(conf.read_text()).get("Prolog")
+
+
+def test_chain_hooks_keeps_a_sites_program_first_and_disable_puts_it_back(tmp_path: Path) -> None:
+    """jobstats' EpilogSlurmctld=/usr/local/sbin/slurmctldepilog.sh: --chain-hooks keeps it (its exit status
+    counts), ours runs after it; disable names the site's program again."""
+    site = tmp_path / "site-epilog.sh"
+    log = tmp_path / "ran"
+    site.write_text(f"#!/bin/sh\necho site \"$@\" >> {log}\nexit 3\n")
+    site.chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(SITE + f"EpilogSlurmctld={site}\n")
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-3]\n")
+    refused = _enable(conf, "--write", "--no-spank")
+    assert refused.returncode == 2 and "--chain-hooks" in refused.stderr
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "epilog_slurmctld.sh").write_text(f"#!/bin/sh\necho ours \"$@\" >> {log}\nexit 0\n")
+    (hooks / "epilog_slurmctld.sh").chmod(0o755)
+    out = _enable(conf, "--write", "--no-spank", "--chain-hooks", "--hook-dir", str(hooks))
+    assert out.returncode == 0, out.stderr
+    chain = tmp_path / "coloc-chain-epilog_slurmctld.sh"
+    assert parse_slurm_conf(conf.read_text()).get("EpilogSlurmctld") == str(chain)
+    run = subprocess.run([str(chain), "a1"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 3 and log.read_text() == "site a1\nours a1\n"
+    again = _enable(conf, "--write", "--no-spank", "--chain-hooks", "--hook-dir", str(hooks))
+    assert again.stdout.endswith("nothing to change\n"), again.stdout
+    off = subprocess.run([sys.executable, "-m", "slurm_coloc", "admin", "disable", "--slurm-conf", str(conf),
+                          "--hook-dir", str(hooks), "--write"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert off.returncode == 0, off.stderr
+    assert parse_slurm_conf(conf.read_text()).get("EpilogSlurmctld") == str(site) and not chain.exists()

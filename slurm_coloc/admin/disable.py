@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from slurm_coloc.admin.enable import GLOB_KEYS, HOOK_DIR, HOOKS, MARK, SPANK_SO, Change, is_glob
-from slurm_coloc.admin.slurmconf import parse_plugstack, parse_slurm_conf
+from slurm_coloc.admin.slurmconf import SlurmConf, parse_plugstack, parse_slurm_conf
 from slurm_coloc.errors import ColocError
 
 
@@ -44,6 +44,43 @@ def _drop_lines(text: str, drop: "re.Pattern[str]") -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
+def _glob_members(conf: SlurmConf, hook_dir: str) -> List[Change]:
+    """The removal of our script from each glob hook directory (``Prolog=/etc/slurm/prolog.d/*.sh``)."""
+    out: List[Change] = []
+    for key in GLOB_KEYS:
+        pattern = conf.get(key)
+        if not is_glob(pattern) or not Path(pattern).parent.is_dir():
+            continue
+        for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+            body = _read(member) if member.is_file() else None
+            if body is not None and MARK in body and f"{hook_dir}/" in body:
+                out.append(Change(member, body, "", remove=True, backup=False))
+    return out
+
+
+def _put_back(program: str) -> Callable[["re.Match[str]"], str]:
+    """A ``re.sub`` replacement that puts ``program`` between the key and the rest of its line."""
+    return lambda m: m.group(1) + program + m.group(2)
+
+
+def _unchain(text: str, conf: SlurmConf) -> Tuple[str, List[Change]]:
+    """``enable --chain-hooks`` undone: each hook key naming our chain script names the site's program again
+    (the script's ``# chained:`` line), and the script goes. Returns the new text and the removals."""
+    removed: List[Change] = []
+    for key, name in HOOKS.items():
+        chain = Path(conf.get(key))
+        body = _read(chain) if conf.get(key) and chain.name == f"coloc-chain-{name}" else None
+        site = re.search(r"^# chained: (.+)$", body or "", re.MULTILINE)
+        if body is None or MARK not in body or not site:
+            continue
+        line = re.compile(rf"^(\s*{key}\s*=\s*){re.escape(str(chain))}(\s*(#.*)?)$",
+                          re.IGNORECASE | re.MULTILINE)
+        program = site.group(1)
+        text = line.sub(_put_back(program), text)
+        removed.append(Change(chain, body, "", remove=True, backup=False))
+    return text, removed
+
+
 def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -> List[Change]:
     """The files that change to turn slurm-coloc off (nothing written).
 
@@ -64,14 +101,9 @@ def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -
     conf = parse_slurm_conf(text)
     keys = "|".join(HOOKS)
     ours = re.compile(rf"^\s*({keys})\s*=\s*{re.escape(hook_dir)}/[^\s/]+\s*(#.*)?$", re.IGNORECASE)
-    changes = [Change(slurm_conf, text, _drop_lines(text, ours))]
-    for key in GLOB_KEYS:
-        pattern = conf.get(key)
-        if is_glob(pattern) and Path(pattern).parent.is_dir():
-            for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
-                body = _read(member) if member.is_file() else None
-                if body is not None and MARK in body and f"{hook_dir}/" in body:
-                    changes.append(Change(member, body, "", remove=True, backup=False))
+    new, removed = _unchain(_drop_lines(text, ours), conf)
+    changes = [Change(slurm_conf, text, new), *removed]
+    changes += _glob_members(conf, hook_dir)
     plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
     plug_text = _read(plug)
     name = Path(spank_so).name

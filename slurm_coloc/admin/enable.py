@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from slurm_coloc.admin.slurmconf import (
+    SlurmConf,
     expand_hostlist,
     parse_gres_conf,
     parse_gres_counts,
@@ -101,7 +103,32 @@ def _set_global(lines: List[str], key: str, value: str, added: List[str]) -> Non
     added.append(f"{key}={value}")
 
 
-def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool) -> str:
+def chain_text(hook_dir: str, key: str, site_program: str) -> str:
+    """The script ``--chain-hooks`` puts in place of a site's ``key`` program: runs it first (its exit status
+    is the script's, so Slurm sees the site's verdict), then slurm-coloc's shim (which always exits 0)."""
+    return (f"#!/bin/sh\n{MARK}: {key} chained; the site's program runs first and its exit status is this "
+            f"script's, then slurm-coloc's hook (exits 0)\n# chained: {site_program}\n"
+            f"{shlex.quote(site_program)} \"$@\"\nrc=$?\n{hook_dir}/{HOOKS[key]} \"$@\"\nexit $rc\n")
+
+
+def _set_hooks(lines: List[str], conf: SlurmConf, hook_dir: str, replace_hooks: bool, chained: Dict[str, str],
+               added: List[str]) -> None:
+    """Point each hook key at our shim (or at its chain script, ``chained``), in place; a glob
+    ``Prolog``/``Epilog`` is left to the site (our script joins its directory)."""
+    for key, name in HOOKS.items():
+        ours = chained.get(key, f"{hook_dir}/{name}")
+        current = conf.get(key)
+        if current == ours or (key in GLOB_KEYS and is_glob(current)):
+            continue
+        if current and key not in chained and not replace_hooks:
+            raise ColocError(f"slurm.conf already has {key}={current}: slurm-coloc needs {key}={ours}",
+                             hint="rerun with --chain-hooks (the site's program first, then ours) or "
+                                  "--replace-hooks")
+        _set_global(lines, key, ours, added)
+
+
+def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool,
+                chained: Optional[Dict[str, str]] = None) -> str:
     conf = parse_slurm_conf(text)
     lines = text.splitlines()
     added: List[str] = []
@@ -111,15 +138,7 @@ def _slurm_conf(text: str, cfg: Config, hook_dir: str, replace_hooks: bool) -> s
     if not {"gpu", "shard"} <= set(types):
         _set_global(lines, "GresTypes", ",".join(types + [t for t in ("gpu", "shard") if t not in types]),
                     added)
-    for key, name in HOOKS.items():
-        ours = f"{hook_dir}/{name}"
-        current = conf.get(key)
-        if current == ours or (key in GLOB_KEYS and is_glob(current)):
-            continue
-        if current and not replace_hooks:
-            raise ColocError(f"slurm.conf already has {key}={current}: slurm-coloc needs {key}={ours}",
-                             hint="call the site's hook from a wrapper, or rerun with --replace-hooks")
-        _set_global(lines, key, ours, added)
+    _set_hooks(lines, conf, hook_dir, replace_hooks, chained or {}, added)
     if not conf.get("PrologEpilogTimeout"):
         added.append("PrologEpilogTimeout=120")
     for i, line in enumerate(lines):
@@ -176,8 +195,25 @@ def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
     return body + f"{MARK}\noptional {spank_so} run_dir={cfg.run_dir}\n"
 
 
+def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str,
+            read: Callable[[Path], Optional[str]]) -> Tuple[Dict[str, str], List[Change]]:
+    """``--chain-hooks``: for each hook key set to another program (not a glob), the chain script
+    ``<slurm.conf dir>/coloc-chain-<shim>`` to name instead, and its file.
+    Returns ``({key: script}, files)``."""
+    chained: Dict[str, str] = {}
+    files: List[Change] = []
+    for key, name in HOOKS.items():
+        current, path = conf.get(key), slurm_conf.parent / f"coloc-chain-{name}"
+        if current == str(path):
+            chained[key] = current
+        elif current and current != f"{hook_dir}/{name}" and not (key in GLOB_KEYS and is_glob(current)):
+            chained[key] = str(path)
+            files.append(Change(path, read(path), chain_text(hook_dir, key, current), 0o755))
+    return chained, files
+
+
 def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO,
-         spank: bool = True, replace_hooks: bool = False) -> List[Change]:
+         spank: bool = True, replace_hooks: bool = False, chain_hooks: bool = False) -> List[Change]:
     """The files that change: slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or
     beside slurm.conf) when ``spank``. Files already as needed are left out (so a second run plans nothing).
 
@@ -186,6 +222,8 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
         hook_dir: where the hook shims are installed; spank_so: the SPANK plugin's path.
         spank: whether to add the SPANK plugin to plugstack.conf.
         replace_hooks: replace a Prolog/Epilog key already set to another program.
+        chain_hooks: keep it instead: the key names ``<slurm.conf dir>/coloc-chain-<shim>``, which runs the
+            site's program, then ours (``chain_text``); wins over ``replace_hooks``.
 
     Returns:
         The ``Change`` of each file (path, old text or None, new text). Nothing is written.
@@ -214,8 +252,10 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     if slurm_text is None:
         raise ColocError(f"cannot read {slurm_conf}: no such file",
                          hint="name it with --slurm-conf or SLURM_CONF")
-    new_slurm = _slurm_conf(slurm_text, cfg, hook_dir, replace_hooks)
-    changes = [Change(slurm_conf, slurm_text, new_slurm)]
+    chained, chain_changes = _chains(slurm_conf, parse_slurm_conf(slurm_text), hook_dir, read) \
+        if chain_hooks else ({}, [])
+    new_slurm = _slurm_conf(slurm_text, cfg, hook_dir, replace_hooks, chained)
+    changes = [Change(slurm_conf, slurm_text, new_slurm), *chain_changes]
     gres_path = slurm_conf.parent / "gres.conf"
     gres_text = read(gres_path)
     changes.append(Change(gres_path, gres_text, _gres_conf(gres_text or "", new_slurm, cfg)))

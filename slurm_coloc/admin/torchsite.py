@@ -73,7 +73,9 @@ def check(target: Path, python: str = sys.executable, timeout_s: float = 120.0) 
     """
     site = site_packages(target)
     try:
-        proc = subprocess.run([python, "-I", "-c", PROBE, str(site)], capture_output=True, text=True,
+        # -I -S: nothing but the standard library and ``site`` (not the venv's own site-packages, nor a link
+        # made earlier): torch and numpy must come from there
+        proc = subprocess.run([python, "-I", "-S", "-c", PROBE, str(site)], capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise ColocError(f"importing torch from {site} took over {timeout_s:.0f} s") from None

@@ -136,10 +136,14 @@ def config_cmd(config_path: Optional[str], sample: bool) -> None:
               help="Print the changes as diffs (default), or apply them, keeping a backup of each file.")
 @click.option("--no-spank", is_flag=True, help="Leave plugstack.conf alone (no --coloc-* sbatch options).")
 @click.option("--replace-hooks", is_flag=True, help="Replace Prolog=/Epilog=/... that name another program.")
+@click.option("--chain-hooks", is_flag=True,
+              help="Keep a hook key that names another program: it then names <slurm.conf "
+                   "dir>/coloc-chain-<hook>, which runs that program first (its exit status counts), "
+                   "then ours.")
 @click.option("--hook-dir", default=enable_mod.HOOK_DIR, show_default=True, help="Where the hook shims are.")
 @click.option("--spank-so", default=enable_mod.SPANK_SO, show_default=True, help="The SPANK plugin.")
 def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool, no_spank: bool,
-           replace_hooks: bool, hook_dir: str, spank_so: str) -> None:
+           replace_hooks: bool, chain_hooks: bool, hook_dir: str, spank_so: str) -> None:
     """Turn slurm-coloc on in slurm.conf, gres.conf and plugstack.conf: print the changes (--dry-run), or
     write them (--write; each changed file is first copied to <file>.coloc-backup-<time>). Nothing else is
     touched; restart slurmctld and every slurmd afterwards (new GRES need a restart). Exit 2 with one line on
@@ -154,7 +158,8 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
     Args:
         config_path: ``--config``, or None; slurm_conf: ``--slurm-conf``, or None.
         dry_run: ``--dry-run`` (True) or ``--write``; no_spank: ``--no-spank``.
-        replace_hooks: ``--replace-hooks``; hook_dir: ``--hook-dir``; spank_so: ``--spank-so``.
+        replace_hooks: ``--replace-hooks``; chain_hooks: ``--chain-hooks``; hook_dir: ``--hook-dir``;
+        spank_so: ``--spank-so``.
 
     Raises:
         SystemExit: exit 2 on a conflict, an unreadable file or a file that cannot be written.
@@ -163,7 +168,7 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
         cfg = config_mod.load(config_path)
         conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
         changes = enable_mod.plan(conf, cfg, hook_dir, spank_so, spank=not no_spank,
-                                  replace_hooks=replace_hooks)
+                                  replace_hooks=replace_hooks, chain_hooks=chain_hooks)
     except ColocError as exc:
         click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
