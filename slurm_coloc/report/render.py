@@ -1,4 +1,11 @@
-"""Rendering report rows for people (rich tables). The only module that imports rich."""
+"""Rendering report rows for people (rich tables). The only module that imports rich.
+
+Every string printed goes through ``export.visible`` (control and reordering characters written as visible
+escapes) and reaches rich as plain text: table cells as ``rich.text.Text``, lines through ``_say`` with
+markup, highlighting and emoji codes off. A job name is the user's text: before (issue 46, F7, and the fifth
+campaign) ESC sequences in it reached the admin's terminal raw, and in a table cell ``[link=...]`` became a
+live OSC 8 hyperlink and ``[blink]`` markup.
+"""
 from __future__ import annotations
 
 import datetime
@@ -8,8 +15,10 @@ from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from slurm_coloc.report import diagnose
+from slurm_coloc.report.export import visible
 from slurm_coloc.report.summarize import JobView
 from slurm_coloc.units import format_mib
 
@@ -77,6 +86,11 @@ def _console(file: Optional[IO[str]]) -> Console:
     return Console(file=file, width=terminal_width())
 
 
+def _say(console: Console, text: str, style: Optional[str] = None) -> None:
+    """Print one line of report text: ``visible``, no markup, highlighting or emoji codes."""
+    console.print(visible(text), markup=False, highlight=False, emoji=False, style=style)
+
+
 def fit_columns(widths: Sequence[int], priority: Sequence[int], width: int) -> List[int]:
     """Indices of the columns kept so that the table fits ``width`` (rich's SIMPLE_HEAD box: 3 characters of
     padding and rule per column): the lowest ``priority`` go first; the first column always stays.
@@ -101,7 +115,8 @@ def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[
           rows: Sequence[Sequence[str]], priority: Optional[Sequence[int]] = None) -> None:
     """A table that fits the console's width (columns of lowest ``priority`` left out, with a note naming
     them; default: the last columns go first), rich up to ``RICH_MAX_ROWS`` rows, above that plain aligned
-    text."""
+    text. Every cell is shown through ``visible``, as plain text (no markup)."""
+    rows = [[visible(c) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     prio = list(priority) if priority is not None else [-i for i in range(len(headers))]
     keep = fit_columns(widths, prio, console.width)
@@ -113,7 +128,7 @@ def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[
         for h, r in zip(headers, right):
             table.add_column(h, justify="right" if r else "left", no_wrap=True, overflow="ellipsis")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(c) for c in row))
         console.print(table)
     else:
         def line(cells: Sequence[str]) -> str:
@@ -124,9 +139,8 @@ def _emit(console: Console, title: str, headers: Sequence[str], right: Sequence[
         out.extend(line(r) for r in rows)
         console.file.write("\n".join(out) + "\n")
     if dropped:
-        console.print(f"left out to fit {console.width} columns: {', '.join(dropped)} (-o/--format picks "
-                      "columns; "
-                      "COLUMNS=200 widens)", markup=False, highlight=False, style="dim")
+        _say(console, f"left out to fit {console.width} columns: {', '.join(dropped)} (-o/--format picks "
+             "columns; COLUMNS=200 widens)", style="dim")
 
 
 def _plain(key: str, v: object) -> str:
@@ -196,18 +210,17 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
           [h not in left for h in headers], rows, priority)
     for j in jobs:
         if j.watchdog:
-            console.print(f"job {j.job_id} {j.watchdog}", markup=False, highlight=False)
+            _say(console, f"job {j.job_id} {j.watchdog}")
         for w in j.waste:
-            console.print(f"job {j.job_id} wasteful: {w}", markup=False, highlight=False)
+            _say(console, f"job {j.job_id} wasteful: {w}")
         if j.findings:
             f = j.findings[0]
             more = (f" (+{len(j.findings) - 1} more: coloc-report advise {j.job_id})"
                     if len(j.findings) > 1 else "")
-            console.print(f"job {j.job_id} {f['name']}: {f['evidence']}. Try: {f['suggestion']}{more}",
-                          markup=False, highlight=False)
+            _say(console, f"job {j.job_id} {f['name']}: {f['evidence']}. Try: {f['suggestion']}{more}")
     for j in jobs:
         if j.notes:
-            console.print(f"job {j.job_id}: {'; '.join(j.notes)}", markup=False, highlight=False, style="dim")
+            _say(console, f"job {j.job_id}: {'; '.join(j.notes)}", style="dim")
     _problems(console, problems)
 
 
@@ -222,7 +235,10 @@ def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optiona
         file: the text stream to print to; None: standard output.
     """
     console = _console(file)
-    out = console.print
+
+    def out(text: str, style: Optional[str] = None) -> None:
+        _say(console, text, style)
+
     out(f"job {job.job_id} ({job.user or '?'}, {job.name or '-'}): {job.state or '-'}, ran "
         f"{_duration(job.runtime_s)} "
         f"on {job.gpus or job.nodes or '-'}; request {format_mib(job.requested_mib)}, peak "
@@ -230,26 +246,26 @@ def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optiona
         f"SM occupancy {_pair(job.smocc_mean, job.smocc_p95)} %, tensor "
         f"{'-' if job.tensor_mean is None else f'{job.tensor_mean:.1f}'} %, DRAM "
         f"{'-' if job.dram_mean is None else f'{job.dram_mean:.1f}'} %; batch {job.batch_size or '-'}, "
-        f"precision {job.precision or '-'}", markup=False, highlight=False)
+        f"precision {job.precision or '-'}")
     cpu = diagnose.cpu_of(job)
     out("CPU: " + ("not recorded" if cpu is None else
                    cpu.words() + ("" if job.job_cpu_cores is None
                                   else f", whole job {job.job_cpu_cores:.1f} cores")
-                   + f"; mean of {cpu.samples} samples"), markup=False, highlight=False)
+                   + f"; mean of {cpu.samples} samples"))
     if not job.findings:
-        out("no finding: nothing in the recorded figures points at a problem", markup=False, highlight=False)
+        out("no finding: nothing in the recorded figures points at a problem")
     for i, f in enumerate(job.findings, 1):
-        out(f"{i}. {f['name']}: {f['evidence']}", markup=False, highlight=False)
-        out(f"   try: {f['suggestion']}", markup=False, highlight=False)
+        out(f"{i}. {f['name']}: {f['evidence']}")
+        out(f"   try: {f['suggestion']}")
     for n in notes:
-        out(f"note: {n}", markup=False, highlight=False, style="dim")
+        out(f"note: {n}", style="dim")
     if png:
-        out(f"timeline: {png}", markup=False, highlight=False)
+        out(f"timeline: {png}")
 
 
 def _problems(console: Console, problems: Sequence[str]) -> None:
     for p in problems:
-        console.print(f"note: {p}", markup=False, highlight=False, style="dim")
+        _say(console, f"note: {p}", style="dim")
 
 
 COLUMNS: Dict[str, List[Tuple[str, str, Fmt]]] = {
@@ -319,6 +335,6 @@ def cluster_table(row: Dict[str, object], problems: Sequence[str], file: Optiona
               ("mean |estimate error| %", "estimate_abs_error_pct_mean")]
     for label, key in labels:
         v = row.get(key)
-        table.add_row(label, "-" if v is None else str(v))
+        table.add_row(label, Text("-" if v is None else visible(str(v))))
     console.print(table)
     _problems(console, problems)
