@@ -189,6 +189,11 @@ def _gres_conf(text: str, slurm_text: str, cfg: Config) -> str:
 
 
 def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
+    for what, value in (("run_dir", cfg.run_dir), ("the SPANK plugin's path", spank_so)):
+        if not value or any(c.isspace() or not c.isprintable() for c in value):
+            raise ColocError(f"{what} {value!r} cannot go into plugstack.conf, which splits a plugin's line "
+                             "at white space: choose a path without spaces or control characters",
+                             hint="set run_dir in coloc.yaml")
     if any(Path(plugin).name == "coloc_spank.so" for _, plugin, _ in parse_plugstack(text)):
         return text
     body = text if text.endswith("\n") or not text else text + "\n"

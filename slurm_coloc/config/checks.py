@@ -7,10 +7,16 @@ The declarations are ``slurm_coloc.config.sections._key``'s; the whole config is
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import Field
 from typing import Any, Dict, List, Mapping
 
 from slurm_coloc.errors import ConfigError
+
+# C0 controls (newline, carriage return and tab included), DEL and C1 controls: no key's text may hold one. A
+# path key with a newline added a line to plugstack.conf (issue 46, F9); in a log line or a generated file
+# any of them can pose as another line or field.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _coerce(name: str, kind: type, value: Any) -> Any:
@@ -97,13 +103,18 @@ def allowed(f: Field[Any]) -> str:
 
 def _check_key(f: Field[Any], value: Any) -> None:
     """Raise ConfigError (one line naming the key, the value and what is allowed) when ``value`` breaks what
-    key ``f`` declares (``_key``), is a NaN or infinite number, or holds a NUL byte."""
+    key ``f`` declares (``_key``), is a NaN or infinite number, or holds a control character (``_CONTROL``:
+    NUL, newline, tab, ESC, DEL, C1) in its text or in a mapping's names and values."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key {f.name!r}: {value!r} is not a finite number")
     texts = [value] if isinstance(value, str) else [*value, *value.values()] if isinstance(value,
                                                                                            dict) else []
-    if any("\0" in text for text in texts):
-        raise ConfigError(f"config key {f.name!r}: contains a NUL byte")
+    for text in texts:
+        bad = _CONTROL.search(str(text))
+        if bad:
+            what = "a NUL byte" if bad.group() == "\0" else f"a control character ({bad.group()!r})"
+            raise ConfigError(f"config key {f.name!r}: contains {what} at position {bad.start()}: a path or "
+                              "name is one line of printable text")
     meta = f.metadata
     if not meta:
         return
