@@ -237,3 +237,26 @@ def unit_command(text: str) -> str:
     run = f"exec {' '.join(priv)} env {spec.get('Environment', '')} {spec['ExecStart']}"
     inner = "; ".join(["set -e", *mounts, run])
     return f"unshare -m --propagation private sh -c {shlex.quote(inner)}"
+
+
+SITE_TORCH = "/opt/coloc-torch"
+
+
+def site_torch_share() -> Dict[str, str]:
+    """A shared mount for ``Hosts(shared=...)`` that gives every host this interpreter's torch and numpy at
+    ``SITE_TORCH`` (a Python environment's layout: ``<SITE_TORCH>/lib/pythonX.Y/site-packages``), as a site
+    shares one torch install over NFS; ``coloc-admin torch /opt/coloc-torch`` links it into the package's
+    venv.
+
+    The source is resolved (``realpath``) on this machine: wherever the checkout and its venv live (a clone
+    under ``/tmp``, which every host replaces with its own), the hosts see the files through the mount."""
+    import sys
+
+    import numpy
+    import torch
+
+    site = os.path.realpath(Path(torch.__file__).parents[1])
+    if os.path.realpath(Path(numpy.__file__).parents[1]) != site:
+        raise RuntimeError(f"torch ({site}) and numpy are not in one site-packages directory")
+    xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    return {site: f"{SITE_TORCH}/lib/{xy}/site-packages"}
