@@ -53,7 +53,8 @@ def test_printable_unicode_and_spaces_still_load(tmp_path: Path) -> None:
     assert config_mod.load(str(path), environ={}).log_dir == "/var/log/slurm coloc/été"
 
 
-@pytest.mark.parametrize("run_dir", ["/run/a\nrequired /tmp/evil.so", "/run/slurm coloc", "/run/\x1b", ""])
+@pytest.mark.parametrize("run_dir", ["/run/a\nrequired /tmp/evil.so", "/run/slurm coloc", "/run/\x1b", "",
+                                     "/run/a#b", "/run/\u202eb", "/r" + "x" * 3000])
 def test_plugstack_is_never_written_with_such_a_run_dir(run_dir: str) -> None:
     """A Config built in code skips the loader's checks: the plugstack writer refuses on its own."""
     cfg = dataclasses.replace(Config(), run_dir=run_dir)

@@ -189,10 +189,14 @@ def _gres_conf(text: str, slurm_text: str, cfg: Config) -> str:
 
 
 def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
+    # Slurm's plugstack parser (src/common/spank.c) cuts a line at '#', splits it at white space and reads
+    # lines of at most 4095 bytes: a path holding any of these would not reach the plugin as written.
     for what, value in (("run_dir", cfg.run_dir), ("the SPANK plugin's path", spank_so)):
-        if not value or any(c.isspace() or not c.isprintable() for c in value):
-            raise ColocError(f"{what} {value!r} cannot go into plugstack.conf, which splits a plugin's line "
-                             "at white space: choose a path without spaces or control characters",
+        if not value or "#" in value or len(value.encode()) > 2000 or any(
+                c.isspace() or not c.isprintable() for c in value):
+            raise ColocError(f"{what} {value[:200]!r} cannot go into plugstack.conf, which cuts a plugin's "
+                             "line at '#' and white space: choose a path without spaces, '#' or control "
+                             "characters",
                              hint="set run_dir in coloc.yaml")
     if any(Path(plugin).name == "coloc_spank.so" for _, plugin, _ in parse_plugstack(text)):
         return text
