@@ -22,7 +22,7 @@ from slurm_coloc.errors import ColocError, ConfigError
 SITE = ("ClusterName=site\nSlurmctldHost=ctl\nSelectType=select/cons_tres\nGresTypes=gpu\n"
         "NodeName=gpu01 CPUs=64 Gres=gpu:1 RealMemory=500000\nPartitionName=debug Nodes=ALL Default=YES\n")
 BAD = ["/run/a\nrequired /tmp/evil.so", "/run/a\rb", "/run/a\tb", "/run/\x1b[2Ja", "/run/\x7fa", "/run/\x85a",
-       "/run/a\x00b"]
+       "/run/a\x00b", "/run/a\u2028b", "/run/\u202eb"]
 
 
 @pytest.mark.parametrize("key", ["run_dir", "state_dir", "log_dir", "slurm_bin_dir", "report_socket_path",
