@@ -204,6 +204,20 @@ def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
     return body + f"{MARK}\noptional {spank_so} run_dir={cfg.run_dir}\n"
 
 
+def _plugstack_change(plug: Path, cfg: Config, spank_so: str,
+                      read: Callable[[Path], Optional[str]]) -> Change:
+    """The plugin's line in ``<dir>/coloc.conf`` when ``plug`` (plugstack.conf) includes ``<dir>/*.conf`` and
+    does not list the plugin itself (Debian: plugstack.conf belongs to another package), else in ``plug``."""
+    plug_text = read(plug)
+    entries = parse_plugstack(plug_text or "")
+    dirs = [p for kind, p, _ in entries if kind == "include" and is_glob(p) and Path(p).parent.is_dir()]
+    if dirs and not any(Path(p).name == "coloc_spank.so" for kind, p, _ in entries if kind != "include"):
+        target = glob_member(dirs[0])
+        text = read(target)
+        return Change(target, text, _plugstack(text or "", cfg, spank_so), backup=False)
+    return Change(plug, plug_text, _plugstack(plug_text or "", cfg, spank_so))
+
+
 def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str,
             read: Callable[[Path], Optional[str]]) -> Tuple[Dict[str, str], List[Change]]:
     """``--chain-hooks``: for each hook key set to another program (not a glob), the chain script
@@ -278,13 +292,5 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
                                   backup=False))
     if spank:
         plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
-        plug_text = read(plug)
-        target, target_text = plug, plug_text
-        entries = parse_plugstack(plug_text or "")
-        dirs = [p for kind, p, _ in entries if kind == "include" and is_glob(p) and Path(p).parent.is_dir()]
-        if dirs and not any(Path(p).name == "coloc_spank.so" for kind, p, _ in entries if kind != "include"):
-            target = glob_member(dirs[0])
-            target_text = read(target)
-        changes.append(Change(target, target_text, _plugstack(target_text or "", cfg, spank_so),
-                              backup=target == plug))
+        changes.append(_plugstack_change(plug, cfg, spank_so, read))
     return [c for c in changes if c.new != (c.old or "")]
