@@ -50,8 +50,8 @@ def test_a_learning_rate_sweep_reuses_one_probe(tmp_path):
     assert first.estimate is not None and not first.cached, first.reason
     again = _submit(tmp_path, "--lr=0.001 --seed 2 --epochs 20 --output-dir runs/b")
     assert again.cached and again.estimate == first.estimate
-    assert ("reused for this submission, which differs only in arguments that change no shape, dtype, model or "
-            "batch (--lr 0.1 --seed 1 --epochs 10 --output-dir runs/a -> --lr=0.001 --seed 2 --epochs 20 "
+    assert ("reused for this submission, which differs only in arguments that change no shape, dtype, model "
+            "or batch (--lr 0.1 --seed 1 --epochs 10 --output-dir runs/a -> --lr=0.001 --seed 2 --epochs 20 "
             "--output-dir runs/b)") in again.ran
     explained = _submit(tmp_path, "--lr 0.01 --seed 1 --epochs 10 --output-dir runs/a", refresh=True)
     assert explained.cached and "reused for this submission" in explained.ran  # --explain says it was reused

@@ -1,9 +1,17 @@
 """Run one command as a child subreaper; at its time limit, and after it ends, end every descendant.
 
 Usage (stdlib only, run by ``runner.py`` with the submitting user's own interpreter as
-``python -I -S reaper.py STATUS_PATH TIMEOUT_S -- ARGV...``)::
+``python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV...``)::
 
-    reaper.py STATUS_PATH TIMEOUT_S -- ARGV...
+    reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV...
+
+Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (issue 45, a busy login node): past
+``TIMEOUT_S`` of wall time the program goes on while its process tree still uses ``EXTEND_MIN_RATE`` of a
+core or more (it is starved, not stuck) and has used less than ``TIMEOUT_S`` CPU seconds, up to
+``--max-wall`` seconds; a program that sleeps (a hang, a barrier that never completes) ends at
+``TIMEOUT_S``. Before that end, ``DUMP_SIGNAL`` asks the program to print its stacks. Processes: more
+than ``--max-procs`` live descendants (a fork bomb, 64 workers) end the tree at once
+(``too_many_processes`` in the status).
 
 The process marks itself a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``, man 2 prctl), so
 a descendant whose parent dies, a ``setsid`` or double-forked daemon included, is re-parented to it
@@ -12,7 +20,8 @@ until it gets ``SIGTERM``); then, and also when ``ARGV`` ended by itself, it sen
 process below it (found through ``/proc/*/stat`` parent links, repeated until none is left, reaping
 each) and writes ``STATUS_PATH`` (JSON): ``returncode`` (``ARGV``'s exit status, ``-N`` for signal N,
 None when it was killed at the limit), ``timed_out``, ``left_running`` (processes still running after
-``ARGV`` ended, all killed) and ``subreaper`` (whether the prctl took effect; without it, orphans
+``ARGV`` ended, all killed), ``too_many_processes``, ``extended`` (it ran past ``TIMEOUT_S`` of wall time),
+``wall_s``, ``cpu_s`` and ``subreaper`` (whether the prctl took effect; without it, orphans
 escape to init and only the caller's ``killpg`` of the session reaches them). It never writes to its
 stdout or stderr, which it shares with ``ARGV``, except one line when ``ARGV`` cannot be executed.
 """
@@ -21,13 +30,18 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import signal
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 POLL_S = 0.02
+CHECK_S = 0.5  # how often the process count (and, near the limit, the CPU time) is read
+EXTEND_MIN_RATE = 0.05  # a tree using less of a core than this past the wall limit is stuck, not starved
+DUMP_SIGNAL = signal.SIGRTMIN + 5  # the program's faulthandler dumps its stacks (inject/main.py)
+DUMP_WAIT_S = 1.0
 SWEEP_LIMIT_S = 5.0  # how long the final sweep keeps killing (a fork loop) before it gives up
 
 
@@ -88,6 +102,16 @@ def _reap(main_pid: int, status: List[Optional[int]]) -> None:
             status[0] = os.waitstatus_to_exitcode(st)
 
 
+def _dump_stacks(pid: int) -> None:
+    """Ask the program (``pid``) to print its threads' stacks (``DUMP_SIGNAL``, registered with faulthandler
+    by ``inject/main.py``) and give it ``DUMP_WAIT_S`` to do so: the log then says where it was stuck."""
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except OSError:
+        return
+    time.sleep(DUMP_WAIT_S)
+
+
 def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
     """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); returns how many were alive.
 
@@ -117,13 +141,60 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
     return len(seen)
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of every live process below ``root`` and of the children it reaped.
+
+    Args:
+        root: this process's id.
+    """
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        if len(fields) > 12:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (man 5 proc: fields 14, 15)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total / float(tick) + ru.ru_utime + ru.ru_stime
+
+
+def _options(argv: List[str]) -> Tuple[float, float, int, List[str]]:
+    """``STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV``: (timeout, max wall, max processes,
+    ARGV)."""
+    timeout_s = float(argv[1])
+    max_wall, max_procs = timeout_s, 0
+    i = 2
+    while i < len(argv) and argv[i] != "--":
+        if argv[i] == "--max-wall":
+            max_wall = max(timeout_s, float(argv[i + 1]))
+        elif argv[i] == "--max-procs":
+            max_procs = int(argv[i + 1])
+        i += 2
+    return timeout_s, max_wall, max_procs, argv[i + 1:]
+
+
+def _still_progressing(me: int, cpu: List[float], now: float, timeout_s: float) -> bool:
+    """Past the wall limit: whether the tree is starved rather than stuck (``EXTEND_MIN_RATE`` of a core or
+    more over the last sample) and below its CPU budget of ``timeout_s`` seconds. ``cpu`` holds the last
+    sample ``[seconds, time]`` and is updated."""
+    used = tree_cpu_s(me)
+    rate = (used - cpu[0]) / max(1e-3, now - cpu[1])
+    cpu[0], cpu[1] = used, now
+    return used < timeout_s and rate >= EXTEND_MIN_RATE
+
+
 def main(argv: List[str]) -> int:
     """Run ``argv`` as the module docstring says; returns 0 (the status file holds the outcome).
 
     Args:
-        argv: ``[STATUS_PATH, TIMEOUT_S, "--", ARGV...]`` (``TIMEOUT_S`` in s).
+        argv: ``[STATUS_PATH, TIMEOUT_S, ("--max-wall", S), ("--max-procs", N), "--", ARGV...]``.
     """
-    status_path, timeout_s, argv = argv[0], float(argv[1]), argv[3:]
+    status_path = argv[0]
+    timeout_s, max_wall, max_procs, argv = _options(argv)
     sub = set_subreaper()
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
@@ -136,14 +207,36 @@ def main(argv: List[str]) -> int:
         except OSError as exc:
             os.write(2, f"cannot run {argv[0]}: {exc}\n".encode())
         os._exit(127)
-    deadline = time.monotonic() + timeout_s
-    while status[0] is None and not stop[0] and time.monotonic() < deadline:
+    start = time.monotonic()
+    deadline, hard = start + timeout_s, start + max_wall
+    next_check, too_many, extended = start + CHECK_S, 0, False
+    cpu = [0.0, start]
+    while status[0] is None and not stop[0]:
         time.sleep(POLL_S)
         _reap(pid, status)
-    timed_out = status[0] is None
+        now = time.monotonic()
+        if now < next_check:
+            continue
+        next_check = now + CHECK_S
+        if max_procs:
+            live = sum(1 for z in descendants(os.getpid()).values() if not z)
+            if live > max_procs:
+                too_many = live
+                break
+        if now >= deadline - 2 * CHECK_S and now < deadline:
+            cpu[:] = [tree_cpu_s(os.getpid()), now]
+        elif now >= deadline:
+            if now >= hard or not _still_progressing(os.getpid(), cpu, now, timeout_s):
+                break
+            extended = True
+    timed_out = status[0] is None and not too_many
+    if timed_out:
+        _dump_stacks(pid)
     left = kill_all(pid, status)
-    out = {"returncode": None if timed_out else status[0], "timed_out": timed_out,
-           "left_running": 0 if timed_out else left, "killed": left, "subreaper": sub}
+    out = {"returncode": None if timed_out or too_many else status[0], "timed_out": timed_out,
+           "left_running": 0 if timed_out or too_many else left, "killed": left, "subreaper": sub,
+           "too_many_processes": too_many, "extended": extended,
+           "wall_s": round(time.monotonic() - start, 2), "cpu_s": round(tree_cpu_s(os.getpid()), 2)}
     with open(status_path, "w", encoding="utf-8") as fh:
         json.dump(out, fh)
     return 0

@@ -27,23 +27,19 @@ inductor's and triton's caches are in the scratch directory, which is removed af
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import resource
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
-from slurm_coloc.probe.identity import RunAs, open_scratch, popen_kwargs, private_dir, read_child_file
+from slurm_coloc.probe.identity import RunAs, open_scratch, private_dir, read_child_file
 from slurm_coloc.probe.mirror import mirror_with_ancestors
+from slurm_coloc.probe.reaped import limits, run_reaped
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOTSTRAP = (
@@ -56,8 +52,9 @@ BOOTSTRAP = (
     "main(sys.argv[2])\n"
 )
 DEFAULT_TIMEOUT_S = 30.0
-REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
-REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
+MAX_WALL_FACTOR = 3.0  # a starved probe (a busy login node) may run this many times its limit of wall time
+MAX_PROBE_PROCESSES = 32  # live processes under the probe before it is ended (reaper.py --max-procs)
+PROBE_THREADS = "2"  # OMP/MKL/OpenBLAS threads of the probe child: host work only, on a shared node
 DEFAULT_MEM_LIMIT_MIB = 32768
 # Refuses connections at once (port 9, discard, is closed on ordinary hosts): a download fails fast.
 DEAD_PROXY = "http://127.0.0.1:9"
@@ -79,6 +76,7 @@ OFFLINE_ENV = {
 # job.
 BATCH_STEP_ENV = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
                   "SLURM_JOB_NUM_NODES": "1"}
+_STDLIB = re.compile(r"/lib/python\d(\.\d+)?/")  # the standard library's frames (threading.py's wait)
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 
 
@@ -146,25 +144,16 @@ def _shebang_python(launcher: Optional[str]) -> Optional[str]:
     return None
 
 
-def _limits(mem_limit_mib: int) -> Any:
-    def apply() -> None:
-        b = int(mem_limit_mib) << 20
-        resource.setrlimit(resource.RLIMIT_AS, (b, b))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
-
-
 def hang_site(log_text: str) -> str:
     """``file:line in func`` of the program's innermost frame in a faulthandler dump, or "".
 
     Args:
-        log_text: the program's log (stdout and stderr); frames in site-packages, slurm-coloc or ``<...>``
-            are skipped.
+        log_text: the program's log (stdout and stderr); frames in the standard library, site-packages,
+            slurm-coloc or ``<...>`` are skipped.
     """
     for m in _FRAME_RE.finditer(log_text):  # faulthandler prints the innermost frame first
         path = m.group(1)
-        if "site-packages" in path or "/slurm_coloc/" in path or path.startswith("<"):
+        if "site-packages" in path or "/slurm_coloc/" in path or path.startswith("<") or _STDLIB.search(path):
             continue
         return f"{os.path.basename(path)}:{m.group(2)} in {m.group(3)}"
     return ""
@@ -215,19 +204,22 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     status_path = os.path.join(sc.root, "out", "reaper.json")
     with open(log_path, "wb") as log:
         reaped = run_reaped([python, "-c", BOOTSTRAP, sc.boot, sc.request_path], status_path, timeout_s,
-                            cwd=sc.work, env=env, stdout=log, preexec_fn=_limits(mem_limit_mib),
-                            run_as=run_as)
+                            cwd=sc.work, env=env, stdout=log,
+                            preexec_fn=limits(mem_limit_mib, None if run_as is None else run_as.uid),
+                            run_as=run_as, max_wall_s=timeout_s * MAX_WALL_FACTOR,
+                            max_procs=MAX_PROBE_PROCESSES)
     wall = time.monotonic() - start
     # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
     # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time
     rc = reaped.get("returncode")
-    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0)
+    timed_out = bool(reaped.get("timed_out")) or (isinstance(rc, int) and rc < 0 and wall >= timeout_s - 2.0
+                                                  and not reaped.get("too_many_processes"))
     out = RunOutcome(None, "", wall, timed_out, sc.root, log_path, python, _files_under(sc.work))
     out.result = _read_result(sc.result_path, run_as)
     out.log_text = _tail(log_path)
     left = int(reaped.get("left_running") or 0)
     _note_left_running(out.result, left)
-    out.reason = _reason(out, timeout_s, rc, left)
+    out.reason = _reason(out, timeout_s, rc, left, reaped)
     if not keep_scratch:
         shutil.rmtree(sc.root, ignore_errors=True)
         out.scratch = out.log_path = ""
@@ -274,8 +266,8 @@ def _make_scratch(cmd: ProbeCommand, steps: int, timeout_s: float, scratch_root:
 
 def _child_env(cmd: ProbeCommand, environ: Optional[Mapping[str, str]], sc: _Scratch) -> Dict[str, str]:
     """The child's environment: the job's (``environ``, else ``os.environ``) without ``PYTHONSTARTUP``, put
-    offline (``OFFLINE_ENV``), the command's own variables, the batch step's task identity where unset, and
-    temporary files and caches in the scratch directory."""
+    offline (``OFFLINE_ENV``), the command's own variables, the batch step's task identity where unset,
+    ``PROBE_THREADS`` math threads, and temporary files and caches in the scratch directory."""
     env = dict(os.environ if environ is None else environ)
     env.pop("PYTHONSTARTUP", None)
     env.update(OFFLINE_ENV)
@@ -283,6 +275,8 @@ def _child_env(cmd: ProbeCommand, environ: Optional[Mapping[str, str]], sc: _Scr
     # what the batch step of a one-task job sees (a script may branch)
     for name, value in BATCH_STEP_ENV.items():
         env.setdefault(name, value)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # host work only
+        env[name] = PROBE_THREADS
     tmp = sc.tmp
     env.update(TMPDIR=tmp, MLFLOW_TRACKING_URI="file:" + os.path.join(sc.root, "mlruns"),
                SLURM_SUBMIT_DIR=cmd.workdir, COLOC_PROBE="1", MPLCONFIGDIR=os.path.join(tmp, "mpl"),
@@ -309,14 +303,23 @@ def _note_left_running(result: Optional[Dict[str, Any]], left: int) -> None:
                          "by the probe")
 
 
-def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int) -> str:
-    """Why ``out`` has no figure ("" when the child reported ``ok``): the time limit, an end without a
-    result (its exit status and last log line), or the child's own reason."""
-    if out.timed_out and (out.result is None or out.result.get("status") != "ok"):
+def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int,
+            reaped: Optional[Dict[str, Any]] = None) -> str:
+    """Why ``out`` has no figure ("" when the child reported ``ok``): too many processes, the time limit, an
+    end without a result (its exit status and last log line), or the child's own reason."""
+    reaped = reaped or {}
+    ok = out.result is not None and out.result.get("status") == "ok"
+    if reaped.get("too_many_processes") and not ok:
+        n = reaped["too_many_processes"]
+        return (f"the program started more than {MAX_PROBE_PROCESSES} processes ({n} running: a fork loop or "
+                "many workers): the probe ended them all")
+    if out.timed_out and not ok:
         site = hang_site(out.log_text)
         where = f" (stuck at {site})" if site else ""
+        busy = (f", {reaped.get('cpu_s', 0):g} s of CPU in {reaped.get('wall_s', 0):g} s on a busy machine"
+                if reaped.get("extended") else "")
         return (f"the probe reached its time limit of {timeout_s:g} s before the first optimizer "
-                f"step{where}")
+                f"step{where}{busy}")
     if out.result is None:
         last = out.log_text.strip().splitlines()[-1:] or [""]
         daemon = f", leaving {left} process(es) running (killed)" if left else ""
@@ -325,61 +328,6 @@ def _reason(out: RunOutcome, timeout_s: float, returncode: Any, left: int) -> st
     if out.result.get("status") != "ok":
         return str(out.result.get("reason") or "the probe saw no optimizer step")
     return ""
-
-
-def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
-               stdout: Any, preexec_fn: Any = None, run_as: Optional[RunAs] = None) -> Dict[str, Any]:
-    """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
-
-    At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
-    included; then the session's process group is killed too (where no subreaper could be set).
-    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file).
-
-    Args:
-        argv: the program and its arguments.
-        status_path: where the reaper writes its status JSON.
-        timeout_s: wall-clock limit (s); the reaper itself gets ``REAPER_GRACE_S`` more.
-        cwd: the program's working directory.
-        env: the program's whole environment.
-        stdout: an open file for the program's stdout and stderr.
-        preexec_fn: run in the child before exec (resource limits), or None.
-        run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
-
-    Returns:
-        The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
-        status reads as timed out. Never raises for the program.
-
-    Raises:
-        OSError: the reaper cannot be started (``subprocess.Popen``).
-        KeyboardInterrupt: our own interrupt, after the reaper is stopped.
-    """
-    proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", "--", *argv],
-                            cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,
-                            start_new_session=True, preexec_fn=preexec_fn, **popen_kwargs(run_as))
-    try:
-        proc.wait(timeout=timeout_s + REAPER_GRACE_S)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-    except BaseException:  # our own interrupt (Ctrl-C): the reaper sweeps at SIGTERM
-        _stop(proc)
-        raise
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        status = json.loads(read_child_file(status_path, run_as).decode("utf-8"))
-    except (OSError, ValueError):
-        status = {"returncode": proc.returncode, "timed_out": True, "left_running": 0}
-    return status if isinstance(status, dict) else {"timed_out": True}
-
-
-def _stop(proc: "subprocess.Popen[bytes]") -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=REAPER_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _tail(path: str, n: int = 20000) -> str:

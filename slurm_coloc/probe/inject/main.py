@@ -203,8 +203,11 @@ def main(request_path: str) -> None:
     if float(req.get("timeout_s", 0)) > 3:
         import faulthandler
 
-        # where the program is stuck, in the log, just before the runner's time limit kills it
-        faulthandler.dump_traceback_later(float(req["timeout_s"]) - 1.5, exit=False)
+        from slurm_coloc.probe.reaper import DUMP_SIGNAL
+
+        # where the program is stuck, in the log: the reaper asks just before its time limit kills it
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            faulthandler.register(DUMP_SIGNAL, all_threads=True)
     torch, fake_mode = _start(probe)
     sys.argv = [req["target"] if req["mode"] == "file" else req["target"]] + list(req["args"])
     if req["mode"] == "file":

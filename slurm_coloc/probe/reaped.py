@@ -1,0 +1,116 @@
+"""Running a command under ``reaper.py`` (the probe's process tree, its limits): used by ``runner.py``.
+
+:func:`run_reaped` starts the reaper (our interpreter, ``-I -S``) in a session of its own with the child's
+limits (:func:`limits`: address space, no core files, ``RLIMIT_NPROC``), as the caller or as the user root
+submits for (``identity.py``); the reaper ends the tree at its time limit (``reaper.py``: CPU time counts on a
+busy machine, up to ``max_wall_s``), at more than ``max_procs`` live processes, and when the program ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional
+
+from slurm_coloc.probe.identity import RunAs, popen_kwargs, read_child_file
+
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
+REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
+NPROC_HEADROOM = 64  # RLIMIT_NPROC: the user's processes now plus this many (a fork bomb's hard stop)
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes of real uid ``uid`` run now (``/proc/*/status``)."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status", "rb") as fh:
+                    for line in fh:
+                        if line.startswith(b"Uid:"):
+                            n += int(line.split()[1]) == uid
+                            break
+            except (OSError, ValueError, IndexError):
+                continue
+    return n
+
+
+def limits(mem_limit_mib: int, uid: Optional[int] = None) -> Any:
+    """The child's limits: ``RLIMIT_AS``, no core files, and ``RLIMIT_NPROC`` of the uid's processes now plus
+    ``NPROC_HEADROOM`` (not enforced for root)."""
+    uid = os.getuid() if uid is None else uid
+    nproc = _processes_of(uid) + NPROC_HEADROOM
+
+    def apply() -> None:
+        b = int(mem_limit_mib) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (b, b))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return apply
+
+
+def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
+               stdout: Any, preexec_fn: Any = None, run_as: Optional[RunAs] = None,
+               max_wall_s: Optional[float] = None, max_procs: int = 0) -> Dict[str, Any]:
+    """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
+
+    At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
+    included; then the session's process group is killed too (where no subreaper could be set).
+    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file).
+
+    Args:
+        argv: the program and its arguments.
+        status_path: where the reaper writes its status JSON.
+        timeout_s: wall-clock limit (s); the reaper itself gets ``REAPER_GRACE_S`` more.
+        cwd: the program's working directory.
+        env: the program's whole environment.
+        stdout: an open file for the program's stdout and stderr.
+        preexec_fn: run in the child before exec (resource limits), or None.
+        run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
+        max_wall_s: the wall-clock cap of a starved program (``reaper.py --max-wall``; default ``timeout_s``).
+        max_procs: live processes under the reaper before it ends them all (0: no cap).
+
+    Returns:
+        The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
+        status reads as timed out. Never raises for the program.
+
+    Raises:
+        OSError: the reaper cannot be started (``subprocess.Popen``).
+        KeyboardInterrupt: our own interrupt, after the reaper is stopped.
+    """
+    max_wall_s = max(timeout_s, max_wall_s or timeout_s)
+    opts = ["--max-wall", f"{max_wall_s:g}", "--max-procs", str(int(max_procs))]
+    proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", *opts, "--",
+                             *argv],
+                            cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,
+                            start_new_session=True, preexec_fn=preexec_fn, **popen_kwargs(run_as))
+    try:
+        proc.wait(timeout=max_wall_s + REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    except BaseException:  # our own interrupt (Ctrl-C): the reaper sweeps at SIGTERM
+        _stop(proc)
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        status = json.loads(read_child_file(status_path, run_as).decode("utf-8"))
+    except (OSError, ValueError):
+        status = {"returncode": proc.returncode, "timed_out": True, "left_running": 0}
+    return status if isinstance(status, dict) else {"timed_out": True}
+
+
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
