@@ -125,6 +125,8 @@ gpu_files() {  # prints "<count> <GiB per GPU> <file-glob>"
   else
     local n mib
     n=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    # COLOC_BENCH_GPUS=k: a cluster of the first k GPUs only (a one-GPU pass on a two-GPU machine)
+    if [ -n "${COLOC_BENCH_GPUS:-}" ] && [ "$COLOC_BENCH_GPUS" -lt "$n" ]; then n=$COLOC_BENCH_GPUS; fi
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -d ' ')
     echo "$n $((mib / 1024)) /dev/nvidia"
   fi

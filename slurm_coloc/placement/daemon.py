@@ -14,7 +14,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.placement import intensity, rounds, share
+from slurm_coloc.placement import intensity, learn, rounds, share
 from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
 from slurm_coloc.placement.history import (  # noqa: F401
     ModelRuns,
@@ -24,7 +24,7 @@ from slurm_coloc.placement.history import (  # noqa: F401
     read_history,
     read_history_file,
 )
-from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.policy import Activity, Gate, GpuState, fresh
 from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -250,6 +250,11 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
         state.departed = share.track_departures(state.present, current, state.departed, now)
         state.present = current
         rnd.tenants = [ts + state.departed.get(g.key, []) for g, ts in zip(gpus, present)]
+        window_s = cfg.placement_window_s  # a GPU's live reading began this long before its last sample
+        rnd.tenants = [share.live_corrected(ts, g.live.smact, now - (g.live_age_s or 0.0) - window_s,
+                                            learn.UNSATURATED)
+                       if g.live is not None and fresh(g, cfg.placement_state_max_age_s) else ts
+                       for g, ts in zip(gpus, rnd.tenants)]
         candidates = rnd.ordered(candidates)
     for job in candidates:
         rnd.handle(job, shards_of[job.job_id], counts)

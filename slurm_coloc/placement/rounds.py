@@ -78,8 +78,8 @@ class Round:
         silent = share.silent_gpus(self.gpus, max_age)
         if silent:
             log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent),
-                     "sampler silent (no state within %g s) on %s: jobs without measured history go there "
-                     "by memory only, within the bound for the jobs already there", max_age,
+                     "sampler silent (no state within %g s) on %s: its jobs count with their history or "
+                     "predicted activity, under the bound", max_age,
                      ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
     def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[share.Profile, float]:
