@@ -97,3 +97,23 @@ def test_a_het_components_oom_is_refused_with_the_reason(fc: FaultCluster) -> No
     events = fc.rows(fc.c.ctld_db, "SELECT detail_json FROM events WHERE job_id = ? AND kind = ?",
                      (job, "oom-not-retried"))
     assert events and "heterogeneous" in json.loads(events[0]["detail_json"])["reason"], events
+
+
+def test_the_rerun_keeps_its_required_node_and_memory_per_cpu(fc: FaultCluster) -> None:
+    """Fifth campaign: ``-w n2`` and ``--mem-per-cpu`` were not carried either: the rerun could land on n1,
+    with the node's default memory. (``--exclusive`` is carried too, ``tests/test_rerun_confinement.py``; on
+    this cluster an exclusive job waits for Resources, so it is not run here.)"""
+    fc.set_config(oom_rerun_per_user_max=1000)
+    work = _workdir(fc, "f2w", VICTIM)
+    job = _submit(fc, VICTIM, work, f"#!/bin/bash\necho \"ran on $SLURMD_NODENAME\"\n"
+                  f"if [ \"${{SLURM_SHARDS_ON_NODE:-0}}\" -lt 80 ]; then echo '{OOM_LINE}' >&2; exit 1; fi\n",
+                  "-w", "n2", "--mem-per-cpu=100", "--gres=shard:2")
+    assert _finish(fc, job)["job_state"] == "FAILED"
+    reruns = _reruns_of(fc, [job])
+    assert len(reruns) == 1, reruns
+    rid = int(reruns[0]["job_id"])
+    shown = _shown(fc, rid)
+    for word in ("ReqNodeList=n2", "MinMemoryCPU=100M"):
+        assert f" {word} " in shown, (word, shown)
+    done = fc.c.wait_job(rid, timeout=120)
+    assert done["job_state"] == "COMPLETED" and done["nodes"] == "n2", done
