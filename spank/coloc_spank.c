@@ -274,7 +274,10 @@ static void _put(spank_t sp, bool hooks, const char *name, const char *value)
  * A SPANK plugin cannot add GRES to the job, so --coloc-mem without any GPU
  * request reserves nothing. Warn (do not fail). Asks the client's own option
  * parser (covers the command line, #SBATCH lines and SBATCH_* variables);
- * silently skipped where that parser is not there.
+ * silently skipped where that parser is not there. coloc-sbatch submitting a
+ * job held for coloc-placer (no GRES yet: the placer adds shard:N on the GPU
+ * it picks) says so with COLOC_SBATCH_PLACER=1, which is taken out of the
+ * environment sbatch passes on to the job.
  */
 static void _warn_without_gres(void)
 {
@@ -291,6 +294,10 @@ static void _warn_without_gres(void)
 		return;
 	if (!strcmp(prog, "srun") && getenv("SLURM_JOB_ID"))
 		return;		/* a step inside an existing allocation */
+	if (getenv("COLOC_SBATCH_PLACER")) {
+		unsetenv("COLOC_SBATCH_PLACER");
+		return;		/* held for coloc-placer, which adds the GRES */
+	}
 	if (&opt == NULL || slurm_option_isset == NULL)
 		return;
 	for (i = 0; i < sizeof(gpu_opts) / sizeof(gpu_opts[0]); i++)

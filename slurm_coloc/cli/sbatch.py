@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -14,6 +15,7 @@ from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
+from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.slurm.sbatch_options import installed_options
 from slurm_coloc.submit.argv import CommandLine, split_command_line
 from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
@@ -245,7 +247,9 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
                 fh.write(plan.rewritten_script)
             script_path = tmp_path
         args, placed = placement_form(plan.argv(script_path), cfg, plan.script_index)
-        proc = sbatch(args, bin_dir=cfg.slurm_bin_dir)
+        # held for the placer, without GRES: the SPANK plugin's "--coloc-mem without --gres" note is not its
+        env = slurm_env({"COLOC_SBATCH_PLACER": "1"}) if placed else None
+        proc = sbatch(args, bin_dir=cfg.slurm_bin_dir, env=env)
         if placed and proc.returncode == 0:
             proc.stderr += (f"coloc-sbatch: held for coloc-placer, which picks the GPU ({plan.shards} "
                             "shards); "
@@ -325,8 +329,13 @@ def cli(argv: Tuple[str, ...]) -> None:
                        "write "
                        f"{cmd.coloc_mem.strip()}G to say so", err=True)
         report_decision(plan, parsed, cmd.explain)
-        if dry_run:
-            click.echo(plan.command_line(str(parsed.path) if parsed else None))
+        if dry_run:  # the command submit() would run: the placer's held form while a placer runs
+            shown, placed = placement_form(plan.argv(str(parsed.path) if parsed else None), config_mod.load(),
+                                           plan.script_index)
+            click.echo(shlex.join(["sbatch", *shown]))
+            if placed:
+                click.echo("coloc-sbatch: note: a coloc-placer runs: the job would go in held, without GRES, "
+                           "for it to pick the GPU", err=True)
             if plan.rewritten_script is not None:
                 click.echo("coloc-sbatch: note: GPU #SBATCH lines are commented out in the submitted copy",
                            err=True)

@@ -7,15 +7,19 @@ Set up as a site would: one munge key made on the controller and copied to each 
 runs its own munged on its own socket); slurm.conf written for the site, then ``coloc-admin enable --write``
 on the controller and the files copied to the nodes; the state directory shared by all hosts (the NFS mount
 admin.md asks for); job files in a shared home. Daemons run from the package's systemd units
-(ExecStart/Environment; no systemd in CI). The nodes' GPUs are fake (char devices 195,N), n1's sampler replays
-an H100 NVML recording, n2 has no NVML at all (its sampler cannot start). PyTorch is a site's choice, not in
-the package: the package's venv gets this machine's torch through a .pth file, as a site with a shared torch
-install would do.
+(no systemd in CI): the placer through its init script (docs/admin.md, "Without systemd"), the reader service
+as its unit's ExecStart/Environment under the unit's hardening (tests/netns_hosts.unit_command). The nodes'
+GPUs are fake (char devices 195,N), n1's sampler replays an H100 NVML recording, n2 has no NVML at all (its
+sampler cannot start). PyTorch is a site's choice, not in the package: this machine's torch and numpy are
+shared with every host at /opt/coloc-torch (an NFS install's layout; the mount's source resolved here, so the
+test passes wherever the checkout and its venv live, /tmp included), and
+``coloc-admin torch /opt/coloc-torch`` links them into the package's venv, the documented step.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -25,7 +29,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from tests.netns_hosts import Host, Hosts, unit_exec
+from tests.netns_hosts import SITE_TORCH, Host, Hosts, site_torch_share, unit_command
 from tests.slurm_cluster import REPO
 
 pytestmark = pytest.mark.slurm
@@ -69,20 +73,20 @@ SITE_GRES_CONF = "AutoDetect=off\n" + "".join(
 COLOC_YAML = "gpu_mem_gib: 80\nprobe: false\noom_rerun_per_user_max: 100\nplacement_recent_s: 4\n"
 
 
-def _install(h: Host, deb: str, torch_site: str) -> None:
+def _install(h: Host, deb: str) -> None:
     """What a site does on every host: the package, the job user (directory service), the shared munge key."""
     h.run("rm -f /var/lib/man-db/auto-update")  # this test host skips man-db's index rebuild (20 s)
     h.run(f"{APT} install /srv/pkg/{deb}", timeout=600)
     h.run(f"id {USER} >/dev/null 2>&1 || useradd -m -u 2001 {USER}")
     h.run("install -o munge -g munge -m 0400 /srv/site/munge.key /etc/munge/munge.key && "
           "install -d -o munge -g munge -m 0755 /run/munge && runuser -u munge -- /usr/sbin/munged")
-    h.run(f"echo {torch_site} > /usr/lib/slurm-coloc/venv/lib/python3.11/site-packages/site-torch.pth")
+    h.run(f"coloc-admin torch {SITE_TORCH}", timeout=300)  # "Production install", step 10
     h.run("install -d /var/spool/slurmctld /var/spool/slurmd /var/log/slurm")
 
 
 def _start_unit(h: Host, unit: str) -> None:
-    spec = unit_exec(h.run(f"cat /lib/systemd/system/{unit}").stdout)
-    h.spawn(f"env {spec.get('Environment', '')} {spec['ExecStart']}", f"/var/log/{unit}.log")
+    """The unit's command as systemd runs it, with the hardening that can be had without systemd."""
+    h.spawn(unit_command(h.run(f"cat /lib/systemd/system/{unit}").stdout), f"/var/log/{unit}.log")
 
 
 @pytest.fixture(scope="module")
@@ -103,34 +107,31 @@ def site(deb_package: Path) -> Iterator[Hosts]:
     subprocess.run(["chmod", "-R", "a+rX", str(shared["home"] / "examples"), str(shared["pkg"])], check=True)
     # the site's one munge key (mungekey(8) of munge 0.5.15), copied to every host below
     subprocess.run(["mungekey", "--create", "--keyfile", str(shared["site"] / "munge.key")], check=True)
-    import torch  # where this machine's torch lives
-    torch_site = str(Path(torch.__file__).parents[1])
     hosts = Hosts(tag, base / "hosts", {str(shared["pkg"]): "/srv/pkg", str(shared["site"]): "/srv/site",
                                         str(shared["home"]): "/srv/home",
-                                        str(shared["state"]): "/var/lib/slurm-coloc"})
+                                        str(shared["state"]): "/var/lib/slurm-coloc", **site_torch_share()})
     try:
         hosts.start(["ctl", "n1", "n2"])
         with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda h: _install(h, deb_package.name, torch_site), hosts.hosts.values()))
+            list(pool.map(lambda h: _install(h, deb_package.name), hosts.hosts.values()))
         ctl = hosts["ctl"]
         ctl.run(f"printf %s '{SITE_SLURM_CONF}' > /etc/slurm/slurm.conf; printf %s '{SITE_GRES_CONF}' > "
                 "/etc/slurm/gres.conf")
         hosts.enable_out = ctl.run("coloc-admin enable --write").stdout  # type: ignore[attr-defined]
-        ctl.run("install -d /srv/site/slurm && cp /etc/slurm/slurm.conf /etc/slurm/gres.conf "
-                "/etc/slurm/plugstack.conf "
-                "/srv/site/slurm/")
+        # step 5: the files enable wrote (plugstack.conf.d/coloc.conf: Debian's plugstack.conf includes it)
+        ctl.run("install -d /srv/site/slurm && cp -r /etc/slurm/. /srv/site/slurm/")
         for name, h in hosts.hosts.items():
             yaml = COLOC_YAML + ("sampler_replay_path: /srv/pkg/rec.jsonl\n" if name == "n1" else "")
             h.run(f"printf %s '{yaml}' > /etc/slurm-coloc/coloc.yaml")
             if name != "ctl":
-                h.run("cp /srv/site/slurm/* /etc/slurm/ && install -d /opt/fakegpu && "
+                h.run("cp -r /srv/site/slurm/. /etc/slurm/ && install -d /opt/fakegpu && "
                       "mknod /opt/fakegpu/nvidia0 c 195 0 && mknod /opt/fakegpu/nvidia1 c 195 1")
         ctl.run("slurmctld")
         hosts["n1"].run("slurmd")
         hosts["n2"].run("slurmd")
         ctl.run("for i in $(seq 150); do s=$(sinfo -h -N -o '%N %t' | sort -u | tr '\\n' ' '); "
                 "[ \"$s\" = 'n1 idle n2 idle ' ] && exit 0; sleep 0.2; done; echo \"$s\"; exit 1")
-        _start_unit(ctl, "coloc-placer.service")
+        assert "coloc-placer started" in ctl.run("/etc/init.d/coloc-placer start").stdout
         _start_unit(ctl, "coloc-report.service")
         ctl.run("for i in $(seq 100); do [ -s /run/slurm-coloc/placer.json ] && exit 0; sleep 0.1; done; "
                 "exit 1")
@@ -210,9 +211,20 @@ def test_hosts_are_separate_and_share_one_munge_key(site: Hosts) -> None:
     assert "NodeAddr=10.201.0.11" in site["ctl"].run("scontrol show node n1").stdout
     assert "backup: /etc/slurm/slurm.conf.coloc-backup-" in site.enable_out  # type: ignore[attr-defined]
     assert "Prolog=/usr/lib/slurm-coloc/hooks/prolog.sh" in site["n2"].run("cat /etc/slurm/slurm.conf").stdout
-    # step 9 of the production install: the node passes coloc-admin check (no NVML here: --no-gpu)
+    # step 9 of the production install: the node passes coloc-admin check (no NVML here: --no-gpu), and so
+    # does the controller as it is, without options: it knows it is the controller and looks for no GPU
     check = site["n1"].run("coloc-admin check --no-gpu", check=False)
-    assert check.returncode == 0, check.stdout
+    assert check.returncode == 0 and "PASS  role: n1: compute (NodeName=n1)" in check.stdout, check.stdout
+    check = site["ctl"].run("coloc-admin check", check=False)
+    assert check.returncode == 0 and "PASS  role: ctl: controller (SlurmctldHost)" in check.stdout, \
+        check.stdout
+    assert "/opt/fakegpu" not in check.stdout
+    assert site["ctl"].run("cat /etc/slurm/plugstack.conf").stdout == \
+        "include /etc/slurm/plugstack.conf.d/*.conf\n"  # Debian's file, untouched: ours is coloc.conf
+    # the placer fallback (a oneshot every 30 s) under its unit's hardening: the placer lives, nothing to do
+    fallback = site["ctl"].run(unit_command(site["ctl"].run(
+        "cat /lib/systemd/system/coloc-placer-fallback.service").stdout), check=False, timeout=120)
+    assert fallback.returncode == 0, fallback.stdout + fallback.stderr
     # the packaged SPANK plugin, enabled by coloc-admin enable, is loaded by sbatch
     assert "--coloc-mem" in site["ctl"].run("sbatch --help").stdout
 
@@ -248,6 +260,27 @@ def test_main_job_through_coloc_sbatch_and_the_placer(site: Hosts) -> None:
                                                for j in json.loads(mine.stdout)["jobs"]], mine.stderr
     assert json.loads(ctl.run("cat /var/lib/slurm-coloc/placer.json").stdout)
     assert _drained(ctl) == ""
+
+
+def test_coloc_mem_with_the_placer_and_spank_plugin_says_nothing_wrong_and_dry_run_is_what_is_submitted(
+        site: Hosts) -> None:
+    """The documented set-up (placer running, SPANK plugin enabled): --coloc-mem goes in held for the placer
+    without the plugin's "reserves no GPU" note, and --dry-run prints the command that is then submitted."""
+    ctl = site["ctl"]
+    args = "--coloc-mem 3G -o mem-%j.out /srv/home/examples/train_digits.sh --epochs 15"
+    env = "PYTHON=/usr/lib/slurm-coloc/venv/bin/python3 COLOC_EXAMPLES=/srv/home/examples"
+    dry = _sbatch(ctl, f"coloc-sbatch --dry-run {args}", env)
+    # the placer's form, as submit() runs it: held, no GRES, the comment asks for placement
+    assert dry.returncode == 0 and dry.stdout.startswith("sbatch --hold "), dry.stdout + dry.stderr
+    assert "--gres" not in dry.stdout and "--coloc-mem=3072M" in dry.stdout and '"place":true' in dry.stdout
+    out = _sbatch(ctl, f"coloc-sbatch --parsable {args}", env)
+    assert out.returncode == 0 and "held for coloc-placer" in out.stderr, out.stderr
+    assert "reserves no GPU" not in out.stderr, out.stderr
+    job_id = int(out.stdout.strip().splitlines()[-1])
+    job = _wait(ctl, job_id)
+    said = ctl.run(f"cat /srv/home/jobs/mem-{job_id}.out", check=False).stdout[-3000:]
+    assert job["JobState"] == "COMPLETED", (job, said)
+    assert re.search(r"shard(:g\d)?:3\b", job.get("TresPerNode", "")), job
 
 
 def test_oom_on_shards_reruns_once_on_a_whole_gpu_on_a_node_without_sampler(site: Hosts) -> None:
