@@ -58,6 +58,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 64  # listen backlog (socketserver's 5 fills in a connect storm; SYNs then wait)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lock = threading.Lock()
