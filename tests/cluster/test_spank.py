@@ -282,6 +282,20 @@ def test_mem_without_gres_warns_but_submits(spank_cluster: SpankCluster) -> None
     assert with_gres.returncode == 0 and "warning" not in with_gres.stderr
 
 
+def test_a_job_held_for_the_placer_gets_no_gres_warning_and_no_marker(spank_cluster: SpankCluster) -> None:
+    """coloc-sbatch submits a job held for coloc-placer without GRES (the placer adds shard:N) and says so
+    with COLOC_SBATCH_PLACER=1 (issue 46): no warning, and the marker does not reach the job."""
+    out_file = spank_cluster.dir / "jobs" / f"held-env-{time.monotonic_ns()}.txt"
+    held = spank_cluster.run(["env", "COLOC_SBATCH_PLACER=1", "sbatch", "--parsable", "--hold",
+                              "--coloc-mem=5.5G", "--wrap", f"env > {out_file}"])
+    assert held.returncode == 0 and "warning" not in held.stderr, held.stderr
+    job_id = int(held.stdout.strip())
+    assert spank_cluster.run(["scontrol", "release", str(job_id)]).returncode == 0
+    assert spank_cluster.wait(job_id)["JobState"] == "COMPLETED"
+    env = out_file.read_text()
+    assert "SLURM_JOB_ID=" in env and "COLOC_SBATCH_PLACER" not in env
+
+
 def test_mps_job_env_in_batch_and_srun_step_and_hooks(spank_cluster: SpankCluster) -> None:
     job_id = spank_cluster.sbatch("--gres=shard:6", "--coloc-mem=6G", "--coloc-share=mps")
     assert spank_cluster.wait(job_id)["JobState"] == "COMPLETED"
