@@ -48,13 +48,13 @@ def test_real_cluster_config_passes(slurm_cluster: Cluster):
 
 
 def test_gpu_checks_run_without_no_gpu(slurm_cluster: Cluster):
-    # this host is the test cluster's controller (its n1/n2 are not host names): as a compute node it is
-    # checked for NVML; as what it is, the GPU checks are skipped for its role
-    rc, fails, _ = check(slurm_cluster.conf, slurm_cluster.coloc_config, "--role", "compute")
+    # this host is the test cluster's controller and its two nodes' host (NodeHostname): a compute node, whose
+    # GPU checks run; as a controller alone (--role) it is not looked at for GPUs
+    rc, fails, _ = check(slurm_cluster.conf, slurm_cluster.coloc_config)
     nvml = [f for f in fails if f["name"] == "NVML"]
     if nvml:  # CI (no GPU): reported with the hint, and the run fails
         assert rc == 1 and "--no-gpu" in nvml[0]["fix"]
-    rc, fails, out = check(slurm_cluster.conf, slurm_cluster.coloc_config)
+    rc, fails, out = check(slurm_cluster.conf, slurm_cluster.coloc_config, "--role", "controller")
     assert not [f for f in fails if f["name"] in ("NVML", "MPS", "metrics", "MPS protection")], fails
 
 
