@@ -26,6 +26,7 @@ VERSION_TESTS=(
   tests/cluster/test_report_cluster.py
   tests/cluster/reliability/test_job_facts.py
   tests/cluster/reliability/test_hook_faults.py
+  tests/cluster/reliability/test_rerun_confinement.py
   tests/cluster/test_placement_cluster.py
   tests/cluster/test_watchdog_cluster.py
   tests/cluster/test_prometheus.py
