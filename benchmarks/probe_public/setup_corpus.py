@@ -129,9 +129,11 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--kinds", default="", help="only these data kinds (comma-separated), e.g. site")
     ap.add_argument("--wheels", default="", help="folder of the site wheels (default: <out>/wheels)")
+    ap.add_argument("--manifest", default=os.path.join(HERE, "manifest.yaml"),
+                    help="another corpus of the same form (benchmarks/probe_unseen/manifest.yaml)")
     ap.add_argument("names", nargs="*", help="only these scripts")
     args = ap.parse_args(argv)
-    man = load_manifest()
+    man = load_manifest(args.manifest)
     out = os.path.abspath(args.out)
     wheel_dir = args.wheels or os.path.join(out, "wheels")
     scripts = [s for s in man["scripts"] if not args.names or s["name"] in args.names]

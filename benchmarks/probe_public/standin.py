@@ -57,10 +57,11 @@ def lightning_mnist(dest: str) -> None:
                     torch.randint(0, 10, (n,), generator=g)), os.path.join(out, name))
 
 
-def image_folder(dest: str) -> None:
-    """ImageFolder tree ``dest/{train,val}/cNN/*.jpg``: 10 classes, 320 train and 256 val JPEGs of 96x96."""
+def image_folder(dest: str, n_train: int = 320) -> None:
+    """ImageFolder tree ``dest/{train,val}/cNN/*.jpg``: 10 classes, ``n_train`` train and 256 val JPEGs of
+    96x96."""
     rng = _rng("imagefolder")
-    for split, n in (("train", 320), ("val", 256)):
+    for split, n in (("train", n_train), ("val", 256)):
         for i in range(n):
             d = os.path.join(dest, split, f"c{i % 10:02d}")
             os.makedirs(d, exist_ok=True)

@@ -130,9 +130,8 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     """The decision's ``probe_fn``: runs ``probe.probe_script`` once (for the first GPU model asked) and
     answers other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the
     script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
-    ``--chdir`` (command line, then ``#SBATCH``), else ours. Root's ``--uid``/``--gid`` name the user the
-probe runs the script's code as (``probe/identity.py``). With ``--explain`` the probe runs afresh (not
-    from the cache) to show its output, and its answer replaces the cached one.
+    ``--chdir`` (command line, then ``#SBATCH``), else ours; root's ``--uid``/``--gid`` name the user the
+    probe runs as (``probe/identity.py``). ``--explain`` probes afresh and its answer replaces the cached one.
 
     Args:
         cfg: the configuration (``probe_timeout_s`` in s, ``probe_mem_limit_mib`` in MiB).
@@ -145,10 +144,7 @@ probe runs the script's code as (``probe/identity.py``). With ``--explain`` the 
         answer without a figure.
     """
     opts = script_options(parsed, cmd.table)[0] + list(cmd.options)
-
-    def last(name: str) -> Optional[str]:
-        return next((o.value for o in reversed(opts) if o.name == name and o.value), None)
-
+    last = lambda name: next((o.value for o in reversed(opts) if o.name == name and o.value), None)
     chdir = last("chdir")
     workdir = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     runs: List[Tuple[str, "ProbeResult"]] = []

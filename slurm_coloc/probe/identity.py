@@ -1,4 +1,4 @@
-"""Whose identity the probe runs a script's code under (issue 46 F1): never another user's code as root.
+"""Whose identity the probe runs a script's code under: never another user's code as root.
 
 An ordinary user's ``coloc-sbatch`` runs the probe as that user (no change of identity). Root's:
 

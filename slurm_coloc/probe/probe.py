@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
-from slurm_coloc.probe.identity import probe_identity
+from slurm_coloc.probe.identity import RunAs, probe_identity
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
 from slurm_coloc.probe.sweep import config_args, differs_only_in
 
@@ -250,18 +250,16 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         script_args: the arguments it is submitted with.
         submit_dir: the job's working directory (default: the current directory).
         gpu: the GPU model the figure is for (``gpus.gpu_model`` names).
-        timeout_s: the probe's time limit (seconds).
-        mem_limit_mib: the probe's address-space limit (MiB).
+        timeout_s: the probe's time limit (seconds); mem_limit_mib: its address-space limit (MiB).
         steps: optimizer steps per optimizer before the program is stopped.
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
         python: the job's interpreter (a path or a name on PATH), instead of the one its command implies.
         keep_log: return the program's output in ``log_text`` (for ``--explain``).
-        refresh: probe afresh (no cache read) and store the answer (``--explain``).
+        refresh: probe afresh (a sweep sibling's entry is still reused) and store the answer (``--explain``).
         text: the script's text (``--wrap``'s command); ``script_path`` is then not read.
         environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
-        uid_option: sbatch's ``--uid`` (root submitting for a user): the probe's children run as that user
-            (``identity.py``); root without it probes only a script and program of its own.
-        gid_option: sbatch's ``--gid``, or None.
+        uid_option, gid_option: sbatch's ``--uid``/``--gid`` (root submitting for a user): the probe's
+            children run as that user (``identity.py``); root without them probes only its own files.
 
     Returns:
         ProbeResult: with ``estimate`` (method ``probe``, ``mem_mib`` in MiB), or ``estimate`` None and
@@ -288,27 +286,36 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     run_as, refused = probe_identity(uid_option, gid_option, [None if text_given else script_path, prog])
     if refused:
         return ProbeResult(None, "probe ran nothing", refused, found.command, time.monotonic() - t0)
-    if run_as is not None:
-        environ = run_as.environ(os.environ if environ is None else environ)
+    environ = run_as.environ(os.environ if environ is None else environ) if run_as is not None else environ
     job = discover_job(text, found.command, script_args, submit_dir, environ, python, run_as)
     job_env, notes = job.env, list(found.notes) + job.notes
     if job.python is None:
         return ProbeResult(None, "probe ran nothing", job.reason, found.command, time.monotonic() - t0,
                            detail={"notes": notes})
     cmd = dataclasses.replace(found.command, interpreter=job.python)
-    use_cache = use_cache and cache.enabled()
-    cache_dir = os.path.dirname(_cache_file())
-    torch_v = torch_version(job.python, job_env, cache_dir, run_as) if use_cache else None
-    key = _key(cmd, gpu, steps, torch_v, os.geteuid() if run_as is None else run_as.uid) if use_cache else ""
-    entry = _lookup(key) if use_cache else None
-    if entry is not None and refresh and list(entry.get("args") or []) == list(cmd.args):
-        entry = None  # --explain of the same submission: probe afresh (a sweep's sibling is reused)
-    if entry is not None:
-        return _from_cache(entry, cmd, time.monotonic() - t0)
-    out = run_probe(cmd, timeout_s=timeout_s, mem_limit_mib=mem_limit_mib, steps=steps, environ=job_env,
-                    run_as=run_as)
+    limits = {"timeout_s": timeout_s, "mem_limit_mib": mem_limit_mib, "steps": steps}
+    return _probe_job(cmd, job_env, notes, run_as, gpu, limits, use_cache and cache.enabled(), refresh,
+                      keep_log, t0)
+
+
+def _probe_job(cmd: ProbeCommand, job_env: Dict[str, str], notes: List[str], run_as: Optional[RunAs],
+               gpu: str, limits: Dict[str, Any], use_cache: bool, refresh: bool, keep_log: bool,
+               t0: float) -> ProbeResult:
+    """``probe_script``'s answer for the found command ``cmd`` (its Python resolved) in ``job_env``: from the
+    cache (a sweep sibling's too; not for ``refresh`` of the same arguments), else a probe run as ``run_as``
+    under ``limits`` (``timeout_s``, ``mem_limit_mib``, ``steps``), stored for later submissions."""
+    steps = int(limits["steps"])
+    torch_v = key = None
+    if use_cache:
+        torch_v = torch_version(cmd.interpreter or "python3", job_env, os.path.dirname(_cache_file()), run_as)
+        key = _key(cmd, gpu, steps, torch_v, os.geteuid() if run_as is None else run_as.uid)
+        entry = _lookup(key)
+        if entry is not None and not (refresh and list(entry.get("args") or []) == list(cmd.args)):
+            return _from_cache(entry, cmd, time.monotonic() - t0)  # --explain of the same arguments: afresh
+    out = run_probe(cmd, timeout_s=float(limits["timeout_s"]), mem_limit_mib=int(limits["mem_limit_mib"]),
+                    steps=steps, environ=job_env, run_as=run_as)
     res = _from_run(out, cmd, gpu, notes, torch_v, keep_log, t0)
-    if use_cache and (res.estimate is not None or out.reason):
+    if key and (res.estimate is not None or out.reason):
         _store_run(key, res, out)
     return res
 

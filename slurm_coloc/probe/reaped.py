@@ -57,7 +57,7 @@ def limits(mem_limit_mib: int, uid: Optional[int] = None) -> Any:
 
 def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
                stdout: Any, preexec_fn: Any = None, run_as: Optional[RunAs] = None,
-               max_wall_s: Optional[float] = None, max_procs: int = 0) -> Dict[str, Any]:
+               max_wall_s: Optional[float] = None, max_procs: int = 0, dump: bool = False) -> Dict[str, Any]:
     """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
 
     At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
@@ -75,6 +75,8 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
         run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
         max_wall_s: the wall-clock cap of a starved program (``reaper.py --max-wall``; default ``timeout_s``).
         max_procs: live processes under the reaper before it ends them all (0: no cap).
+        dump: ask ``argv`` for its stacks before the kill at the limit (``reaper.DUMP_SIGNAL``; only for a
+            program that handles it: ``inject/main.py``).
 
     Returns:
         The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
@@ -86,6 +88,7 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
     """
     max_wall_s = max(timeout_s, max_wall_s or timeout_s)
     opts = ["--max-wall", f"{max_wall_s:g}", "--max-procs", str(int(max_procs))]
+    opts += ["--dump"] if dump else []
     proc = subprocess.Popen([sys.executable, "-I", "-S", REAPER, status_path, f"{timeout_s:g}", *opts, "--",
                              *argv],
                             cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,

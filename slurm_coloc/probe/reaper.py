@@ -1,15 +1,16 @@
 """Run one command as a child subreaper; at its time limit, and after it ends, end every descendant.
 
 Usage (stdlib only, run by ``runner.py`` with the submitting user's own interpreter as
-``python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV...``)::
+``python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...``)::
 
-    reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV...
+    reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...
 
-Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (issue 45, a busy login node): past
+Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (a busy login node): past
 ``TIMEOUT_S`` of wall time the program goes on while its process tree still uses ``EXTEND_MIN_RATE`` of a
 core or more (it is starved, not stuck) and has used less than ``TIMEOUT_S`` CPU seconds, up to
 ``--max-wall`` seconds; a program that sleeps (a hang, a barrier that never completes) ends at
-``TIMEOUT_S``. Before that end, ``DUMP_SIGNAL`` asks the program to print its stacks. Processes: more
+``TIMEOUT_S``. Before that end, with ``--dump``, ``DUMP_SIGNAL`` asks the program to print its stacks
+(a program that does not handle it ends by it). Processes: more
 than ``--max-procs`` live descendants (a fork bomb, 64 workers) end the tree at once
 (``too_many_processes`` in the status).
 
@@ -162,19 +163,23 @@ def tree_cpu_s(root: int) -> float:
     return total / float(tick) + ru.ru_utime + ru.ru_stime
 
 
-def _options(argv: List[str]) -> Tuple[float, float, int, List[str]]:
-    """``STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] -- ARGV``: (timeout, max wall, max processes,
-    ARGV)."""
+def _options(argv: List[str]) -> Tuple[float, float, int, bool, List[str]]:
+    """``STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV``: (timeout, max wall, max
+    processes, dump, ARGV)."""
     timeout_s = float(argv[1])
-    max_wall, max_procs = timeout_s, 0
+    max_wall, max_procs, dump = timeout_s, 0, False
     i = 2
     while i < len(argv) and argv[i] != "--":
+        if argv[i] == "--dump":
+            dump = True
+            i += 1
+            continue
         if argv[i] == "--max-wall":
             max_wall = max(timeout_s, float(argv[i + 1]))
         elif argv[i] == "--max-procs":
             max_procs = int(argv[i + 1])
         i += 2
-    return timeout_s, max_wall, max_procs, argv[i + 1:]
+    return timeout_s, max_wall, max_procs, dump, argv[i + 1:]
 
 
 def _still_progressing(me: int, cpu: List[float], now: float, timeout_s: float) -> bool:
@@ -191,10 +196,10 @@ def main(argv: List[str]) -> int:
     """Run ``argv`` as the module docstring says; returns 0 (the status file holds the outcome).
 
     Args:
-        argv: ``[STATUS_PATH, TIMEOUT_S, ("--max-wall", S), ("--max-procs", N), "--", ARGV...]``.
+        argv: ``[STATUS_PATH, TIMEOUT_S, ("--max-wall", S), ("--max-procs", N), ("--dump"), "--", ARGV...]``.
     """
     status_path = argv[0]
-    timeout_s, max_wall, max_procs, argv = _options(argv)
+    timeout_s, max_wall, max_procs, dump, argv = _options(argv)
     sub = set_subreaper()
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
@@ -230,7 +235,7 @@ def main(argv: List[str]) -> int:
                 break
             extended = True
     timed_out = status[0] is None and not too_many
-    if timed_out:
+    if timed_out and dump:
         _dump_stacks(pid)
     left = kill_all(pid, status)
     out = {"returncode": None if timed_out or too_many else status[0], "timed_out": timed_out,

@@ -207,7 +207,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
                             cwd=sc.work, env=env, stdout=log,
                             preexec_fn=limits(mem_limit_mib, None if run_as is None else run_as.uid),
                             run_as=run_as, max_wall_s=timeout_s * MAX_WALL_FACTOR,
-                            max_procs=MAX_PROBE_PROCESSES)
+                            max_procs=MAX_PROBE_PROCESSES, dump=True)
     wall = time.monotonic() - start
     # the child's own stack dump (faulthandler, 1.5 s before the limit) can crash it inside torch's frame
     # hooks ("File ???", SIGSEGV): a child killed by a signal that close to the limit ran out of time

@@ -1,4 +1,4 @@
-"""One probe per training configuration, not per submission (pure; issue 45 "sweep reuse").
+"""One probe per training configuration, not per submission (pure).
 
 A sweep submits one script many times with arguments that change no tensor shape, dtype, model or batch:
 the learning rate, the seed, the number of epochs, logging intervals, output paths. :func:`config_args` drops

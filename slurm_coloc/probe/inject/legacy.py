@@ -1,4 +1,4 @@
-"""The pre-1.0 CUDA spellings of real code on the probe's fake GPU (job's Python, issue 45).
+"""The pre-1.0 CUDA spellings of real code on the probe's fake GPU (job's Python).
 
 * the typed-tensor constructors ``torch.cuda.FloatTensor``, ``LongTensor``, ``ByteTensor``, ... (``TYPED``):
   called with sizes (``FloatTensor(n, 1)``), a ``torch.Size``, data (a list, a numpy array:

@@ -1,4 +1,4 @@
-"""Single-node multi-process training in the probe (job's Python, issue 45): one process per GPU, traced as
+"""Single-node multi-process training in the probe (job's Python): one process per GPU, traced as
 one.
 
 Reference implementations (facebookresearch/moco ``main_moco.py --multiprocessing-distributed --world-size
