@@ -15,7 +15,7 @@ from slurm_coloc.errors import ConfigError
 
 # C0 controls (newline, carriage return and tab included), DEL and C1 controls, and the Unicode line
 # separators and bidi format characters that reorder what a reader sees: no key's text may hold one. A path
-# key with a newline added a line to plugstack.conf (issue 46, F9); in a log line or a generated file
+# key with a newline added a line to plugstack.conf (fifth campaign, F9); in a log line or a generated file
 # any of them can pose as another line or field.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
 

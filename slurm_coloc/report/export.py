@@ -3,7 +3,7 @@ r"""Machine output of coloc-report views: JSON and CSV (stdlib only), and ``visi
 
 Job names and comments are the user's text and may hold terminal escape sequences (ESC ``[2J``, OSC ``]0;``
 titles, OSC 8 links), other C0/C1 control characters or bidirectional overrides that reorder what is shown.
-Before (issue 46, F7) they reached the terminal raw through ``coloc-report advise`` and ``--csv``. JSON
+Before (fifth campaign, F7) they reached the terminal raw through ``coloc-report advise`` and ``--csv``. JSON
 escapes them itself (``\u001b``); tables, ``advise`` and CSV write ``visible(text)``.
 """
 from __future__ import annotations

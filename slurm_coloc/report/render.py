@@ -2,9 +2,9 @@
 
 Every string printed goes through ``export.visible`` (control and reordering characters written as visible
 escapes) and reaches rich as plain text: table cells as ``rich.text.Text``, lines through ``_say`` with
-markup, highlighting and emoji codes off. A job name is the user's text: before (issue 46, F7, and the fifth
-campaign) ESC sequences in it reached the admin's terminal raw, and in a table cell ``[link=...]`` became a
-live OSC 8 hyperlink and ``[blink]`` markup.
+markup, highlighting and emoji codes off. A job name is the user's text: before (fifth attack campaign, F7)
+ESC sequences in it reached the admin's terminal raw, and in a table cell ``[link=...]`` became a live OSC 8
+hyperlink and ``[blink]`` markup.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What confines a job in slurmctld's record, as sbatch options for its OOM rerun (pure; issue 46, F2).
+"""What confines a job in slurmctld's record, as sbatch options for its OOM rerun (pure).
 
 A job's confinement is every part of its request that limits where, under which rules and with what else it
 may run: its reservation, its excluded and required nodes, its QOS, account and WCKey, its node features
@@ -69,8 +69,10 @@ def _gres_entries(tres: str) -> List[Tuple[str, str]]:
 
 
 def _exclusive(j: Mapping[str, Any]) -> bool:
-    """Whether the job asked for its nodes exclusively: 22.05 ``shared: "none"``, 26.05 ``shared: ["none"]``
-    or an ``exclusive`` list holding ``true``/``user``/``mcs``."""
+    """Whether the record says the job asked for its nodes exclusively: 22.05 ``shared: "none"`` (read from a
+    real ``--exclusive`` job), a data_parser ``shared``/``exclusive`` list holding ``none``/``true``/``user``/
+    ``mcs``. 26.05 prints ``shared: []`` for an ``--exclusive`` job too (scontrol's text says
+    ``Exclusive=NODE``): there the record does not tell, and the rerun is not exclusive."""
     shared, excl = j.get("shared"), j.get("exclusive")
     words = [shared] if isinstance(shared, str) else list(shared) if isinstance(shared, list) else []
     words += [excl] if isinstance(excl, str) else list(excl) if isinstance(excl, list) else []
