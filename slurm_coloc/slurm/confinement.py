@@ -9,9 +9,9 @@ submitted at all: before this, a job in reservation ``rtres`` with ``--exclude=n
 the reservation (docs/reliability.md, fifth campaign).
 
 Field names are those of ``squeue --json`` in 22.05 (openapi v0.0.38) and 26.05 (data_parser v0.0.45), read
-through ``slurm/jsonfields.py``. What cannot be carried faithfully makes ``uncarried`` name it: shards asked
-GRES per job, task or socket and CPUs or memory per GRES (the rerun's whole GPU is per
-node), a burst buffer, a heterogeneous job's component.
+through ``slurm/jsonfields.py``. What cannot be carried faithfully makes ``uncarried`` name it: GRES per job,
+task or socket and CPUs or memory per GRES (the rerun's whole GPU is asked per node), a burst buffer, the
+other components of a heterogeneous job.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def confinement_of(j: Mapping[str, Any], rerun_gres: Sequence[str] = ("shard",))
     if _value(j, "burst_buffer"):
         uncarried.append("a burst buffer")
     if integer(j, "het_job_id"):
-        uncarried.append("the other components of its heterogeneous job")
+        uncarried.append("the other components of a heterogeneous job")
     return Confinement(tuple(options), other, tuple(uncarried))
 
 
@@ -109,4 +109,4 @@ def refusal(c: Confinement) -> Optional[str]:
     """The reason a rerun is refused for ``c`` (one line), or None when everything can be carried."""
     if not c.uncarried:
         return None
-    return "the rerun could not carry the job's " + "; ".join(c.uncarried) + ": not rerun"
+    return "the rerun could not carry what the job asked for (" + "; ".join(c.uncarried) + "): not rerun"

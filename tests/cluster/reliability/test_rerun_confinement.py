@@ -93,7 +93,7 @@ def test_a_het_components_oom_is_refused_with_the_reason(fc: FaultCluster) -> No
     assert len(rows) == 1 and rows[0]["retry_status"] == "not-retried", rows
     assert "heterogeneous job" in rows[0]["retry_reason"], rows
     out = (work / f"o-{job}.out").read_text()
-    assert "could not carry the job's the other components of its heterogeneous job" in out, out
+    assert "could not carry what the job asked for (the other components of a heterogeneous job)" in out, out
     events = fc.rows(fc.c.ctld_db, "SELECT detail_json FROM events WHERE job_id = ? AND kind = ?",
                      (job, "oom-not-retried"))
     assert events and "heterogeneous" in json.loads(events[0]["detail_json"])["reason"], events
