@@ -3,7 +3,7 @@ error of the profiles the placer learned from shared runs against the same jobs'
 
 Inputs are what the device harness writes (``benchmarks/device/placement_bench.py``): pass files
 (``<scenario>-<policy>[-again].json``) and ``state.tgz`` (the call's controller and node databases). The learned
-profiles are recomputed here with the product's own code (``store.placement.co_runs`` + ``placement.learn``)
+profiles are recomputed here with the product's own code (``store.placement.co_runs`` + ``coruns.learn``)
 from the databases of the call whose passes are named by ``--learned-from``, using only those passes' jobs, and
 compared per workload with the exclusive pass's ``alone_activity`` (SM activity alone over busy samples, run
 time alone from Slurm start to end).
@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from benchmarks.device import placement_metrics as pm
-from slurm_coloc.placement import intensity, learn
+from slurm_coloc import coruns as learn
+from slurm_coloc.placement import intensity
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_readonly
 

@@ -1,5 +1,6 @@
 """Profiles alone learned from shared runs: each signature's SM activity alone, solved from the co-run mixes
-of every GPU, and each run's time alone, replayed through the sharing model. Pure.
+of every GPU, and each run's time alone, replayed through the sharing model (``placement/share.py``). Pure.
+coloc-placer's history and coloc-report's ``vs alone`` both come from here.
 
 Why this and not per-process counters: on an H200 under MPS, ``nvmlDeviceGetProcessUtilization`` reports only
 the MPS server, never its clients (``../shared/reference/placement-anchors.md``), so a job's own share of a
@@ -18,10 +19,12 @@ L)`` per sample (``share.slowdown``), L = the summed fitted activities of the ru
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.placement.intensity import HistoryKey
+HistoryKey = Tuple[Optional[int], str]  # (uid, job signature), as placement/intensity.py keys history
 
 GpuKey = Tuple[str, int]  # (node database name, GPU index)
 
@@ -47,7 +50,7 @@ class SharedRun:
     prior_smact: float
 
     def computing(self, ts: float) -> bool:
-        return self.compute_ts <= ts <= self.end_ts
+        return self.compute_ts <= ts < self.end_ts
 
 
 @dataclass(frozen=True)
@@ -169,3 +172,24 @@ def learn(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
             startup = max(0.0, r.compute_ts - r.start_ts)
             out.append(LearnedRun(r.job_id, r.key, fitted[r.key], startup + work, startup, n, shared))
     return out
+
+
+DEFAULT_CALIBRATION = Path(__file__).with_name("placement") / "calibration.json"
+
+
+def capacity_reader(path: Optional[str] = None) -> Callable[[str], float]:
+    """A GPU model's sharing capacity (summed SMACT alone, fraction) from the placement calibration JSON
+    (``share_capacity``, ``share_capacity_by_gpu``: the longest key the model name contains), for readers that
+    do not load the placer (coloc-report); 1.0 when the file cannot be read (``placement.intensity`` is the
+    placer's checked loader)."""
+    try:
+        d = json.loads(Path(path or DEFAULT_CALIBRATION).read_text(encoding="utf-8"))
+        default = float(d.get("share_capacity", 1.0))
+        by_gpu = {str(k): float(v) for k, v in d.get("share_capacity_by_gpu", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        default, by_gpu = 1.0, {}
+
+    def capacity(model: str) -> float:
+        keys = sorted((k for k in by_gpu if k and k in (model or "")), key=len, reverse=True)
+        return by_gpu[keys[0]] if keys else default
+    return capacity

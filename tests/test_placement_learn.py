@@ -1,4 +1,4 @@
-"""Profiles alone learned from shared runs (``placement/learn.py``, ``history.read_history``): the fit
+"""Profiles alone learned from shared runs (``coruns.py``, ``history.read_history``): the fit
 recovers each signature's SM activity alone from co-run mixes, a shared run's time alone is replayed through
 the sharing model, only COMPLETED runs count, and history is capped per user and per signature. Node and
 controller databases are real SQLite files written through the store."""
@@ -13,7 +13,8 @@ from typing import Dict, List, Tuple
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.placement import history, intensity, learn
+from slurm_coloc import coruns as learn
+from slurm_coloc.placement import history, intensity
 from slurm_coloc.placement.history import ModelRuns, profile, read_history
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 

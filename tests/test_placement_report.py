@@ -98,3 +98,24 @@ def test_shared_jobs_touching_spans_do_not_overlap() -> None:
             J(4, 15, None, [("n1", 0)])]
     assert shared_jobs(jobs) == {1: False, 2: True, 3: False, 4: True}
     assert alone_rates(jobs[:2])[2]["rate_vs_alone"] == pytest.approx(1.0)
+
+
+def test_a_shared_run_without_runs_alone_gets_its_time_alone_learned_from_the_co_run_mix(state: Path) -> None:
+    """Job 4 (a program never run alone) shared GPU 1 with job 3 from T0+1100 to T0+1200: GPU 1 read SMACT 0.8
+    while job 3 ran alone and 1.0 (saturated) while both ran. Its time alone is learned from that mix, as
+    coloc-placer learns it (``coruns.learn``): start-up (10 s, no process samples) + 90 s at the model's rate
+    capacity / (0.8 + its prior 0.5), capacity 1.03 (the packaged calibration, GPU model not recorded)."""
+    node = open_node_db(state / "state" / "nodes" / "n1.db")
+    rows = []
+    for k in range(330):
+        smact = 100.0 if 100 <= k < 200 else 80.0
+        rows += samples.gpu_rows(T0 + 1000 + k, [GpuReading(index=1, util_pct=100.0, mem_used_mib=1000.0,
+                                                            smact_pct=smact, smocc_pct=20.0,
+                                                            dram_bw_pct=10.0)], 1.0)
+    samples.write_rows(node, rows, [], [])
+    node.conn.close()
+    rows4 = {r["job_id"]: r for r in _report(state, "jobs")}
+    assert rows4[3]["alone_source"] == "alone" and rows4[3]["alone_runtime_s"] == pytest.approx(110.0)
+    assert rows4[4]["alone_source"] == "learned"
+    assert rows4[4]["alone_runtime_s"] == pytest.approx(10 + 90 * 1.03 / 1.3, rel=0.05)
+    assert rows4[4]["rate_vs_alone"] == pytest.approx(rows4[4]["alone_runtime_s"] / 100.0, abs=1e-3)

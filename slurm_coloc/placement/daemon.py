@@ -13,8 +13,9 @@ import logging
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from slurm_coloc import coruns as learn
 from slurm_coloc.config import Config
-from slurm_coloc.placement import intensity, learn, rounds, share
+from slurm_coloc.placement import intensity, rounds, share
 from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
 from slurm_coloc.placement.history import (  # noqa: F401
     ModelRuns,

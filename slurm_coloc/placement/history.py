@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from slurm_coloc import coruns as learn
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, learn, share
+from slurm_coloc.placement import intensity, share
 from slurm_coloc.placement.intensity import HistoryKey
 from slurm_coloc.placement.policy import Activity
 from slurm_coloc.store import placement as store_placement
@@ -276,7 +277,7 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
                  by_model: Optional[ModelRuns] = None,
                  cal: Optional[intensity.Calibration] = None) -> Dict[HistoryKey, List[Activity]]:
     """The activity alone of earlier runs (ctld.db + every node database): measured for runs that had their
-    GPU alone, learned from the co-run mixes for shared ones (``learn.py``; only runs that ended COMPLETED),
+    GPU alone, learned from the co-run mixes for shared ones (``coruns.py``; only runs that ended COMPLETED),
     keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are
     validated again, ``store.placement.finished_jobs``), plus one run per signature of
     ``placement_history_path`` when set, under uid None (the admin's file, for everyone).

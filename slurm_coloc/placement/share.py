@@ -16,7 +16,7 @@ gap). A tenant never measured alone counts with its predicted activity (``Tenant
 predictor of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A
 candidate never measured alone is judged the same way with its predicted activity, floored by the caller at
 the calibration's ``unmeasured_smact_floor`` (the predictor's error is large, so a new job never counts
-lighter than the jobs measured so far), and learned from its shared runs once it has run (``learn.py``).
+lighter than the jobs measured so far), and learned from its shared runs once it has run (``coruns.py``).
 """
 from __future__ import annotations
 

@@ -1,20 +1,26 @@
-"""Collocation figures of coloc-report (pure, over the report's job views and sample aggregates).
+"""Collocation figures of coloc-report (over the report's job views and sample aggregates).
 
 Per job: whether it shared its GPU (another job's run overlapped it on the same node and GPU index), its
-runtime alone from history (median runtime of the other COMPLETED runs of the same signature that had their
-GPU alone; signature = ``placement.intensity.signature`` of the job's coloc comment: model, kwargs, input,
-batch, precision, optimizer, or the script's SHA-256), and ``rate_vs_alone`` = alone runtime / this runtime
-(1.0: as fast as alone; 0.5: half speed). The rate assumes runs of one signature do the same work (same epochs
-or steps); a run that did less or more work shows as faster or slower.
+runtime alone (the median runtime of the other COMPLETED runs of the same signature that had their GPU alone;
+for a shared run without such runs, its own time alone learned from its GPU's co-run mixes,
+``coruns.learn``, as coloc-placer learns it: ``learned_alone_s``; signature =
+``placement.intensity.signature`` of the job's coloc comment: model, kwargs, input, batch, precision,
+optimizer, or the script's SHA-256), and ``rate_vs_alone`` = alone runtime / this runtime (1.0: as fast as
+alone; 0.5: half speed); ``alone_source`` says which. The rate assumes runs of one signature do the same
+work (same epochs or steps); a run that did less or more work shows as faster or slower.
 Per GPU: the share of sampled time it was saturated under the placement gate (``placement_*_gate``, CARMA:
 SMACT >= 0.8 and (SMOCC >= 0.45 or DRAMA >= 0.4)).
 """
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
+from sqlite_utils import Database
+
+from slurm_coloc import coruns
 from slurm_coloc.config import Config
+from slurm_coloc.store import placement as store_placement
 
 
 class _Job(Protocol):
@@ -56,16 +62,55 @@ def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
     return out
 
 
-def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
-    """job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone"}`` (module docstring). Pure.
+def learned_alone_s(jobs: Sequence[_Job], node_dbs: Mapping[str, Database], cfg: Config) -> Dict[int, float]:
+    """job id -> time alone (s) learned from its shared run (``coruns.learn`` over the GPU's samples and every
+    run that shared it), for the COMPLETED single-GPU jobs of ``jobs`` that shared their GPU. Never raises: a
+    node database that cannot be read gives nothing."""
+    ids = {j.job_id: j for j in jobs
+           if getattr(j, "state", None) == "COMPLETED" and getattr(j, "signature", None)}
+    capacity = coruns.capacity_reader(cfg.placement_calibration_path or None)
+    out: Dict[int, float] = {}
+    for node, db in node_dbs.items():
+        try:
+            gpus = store_placement.co_runs(db, ids)
+        except Exception:  # a damaged database: no learned figure, never a failed report
+            continue
+        runs: List[coruns.SharedRun] = []
+        samples: Dict[coruns.GpuKey, List[coruns.Sample]] = {}
+        for g in gpus:
+            key = (node, g.gpu_index)
+            samples[key] = [coruns.Sample(ts, v, res) for ts, v, res in g.samples]
+            for job_id, start, end, compute in g.runs:
+                sig = getattr(ids.get(job_id), "signature", None) or f"job:{job_id}"
+                runs.append(coruns.SharedRun(job_id, (None, sig), key, start,
+                                             compute if compute is not None else start + LEARN_STARTUP_S, end,
+                                             0.5))
+        caps = {(node, g.gpu_index): capacity(g.name) for g in gpus}
+        for r in coruns.learn(runs, samples, caps.__getitem__):
+            if r.shared and r.job_id in ids:
+                out[r.job_id] = r.run_s
+    return out
+
+
+LEARN_STARTUP_S = 10.0
+"""Start-up counted for a shared run without process samples (s), as coloc-placer counts it."""
+
+
+def alone_rates(jobs: Sequence[_Job],
+                learned: Optional[Mapping[int, float]] = None) -> Dict[int, Dict[str, Any]]:
+    """job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone", "alone_source"}`` (module docstring).
+    Pure.
 
     Args:
         jobs: ``JobView``s with ``signature``, ``state``, ``runtime_s`` (s) and what ``shared_jobs`` reads;
             every recorded job, as the history the alone runtimes come from.
+        learned: job id -> its time alone learned from its shared run (``learned_alone_s``), used where the
+            signature has no other run alone.
 
     Returns:
         For every job: ``shared_gpu`` (bool, None without a start or GPU), ``alone_runtime_s`` (s, None
-        without history), ``rate_vs_alone`` (ratio to 3 decimals, None unless COMPLETED with history).
+        without history), ``rate_vs_alone`` (ratio to 3 decimals, None unless COMPLETED with history),
+        ``alone_source`` (``alone``: other runs alone; ``learned``: its shared run; None).
     """
     shared = shared_jobs(jobs)
     alone_by_sig: Dict[str, List[Tuple[int, float]]] = {}
@@ -78,9 +123,13 @@ def alone_rates(jobs: Sequence[_Job]) -> Dict[int, Dict[str, Any]]:
         sig, rt = getattr(j, "signature", None), getattr(j, "runtime_s", None)
         others = [t for k, t in alone_by_sig.get(sig, []) if k != j.job_id] if sig else []
         alone = statistics.median(others) if others else None
+        source = "alone" if alone else None
+        if alone is None and learned and learned.get(j.job_id):
+            alone, source = learned[j.job_id], "learned"
         rate = alone / rt if alone and rt and getattr(j, "state", None) == "COMPLETED" else None
         out[j.job_id] = {"shared_gpu": shared.get(j.job_id), "alone_runtime_s": alone,
-                         "rate_vs_alone": round(rate, 3) if rate is not None else None}
+                         "rate_vs_alone": round(rate, 3) if rate is not None else None,
+                         "alone_source": source}
     return out
 
 

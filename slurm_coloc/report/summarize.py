@@ -33,7 +33,7 @@ class JobView:
     ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes``
     what was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
-    ``alone_runtime_s``, ``rate_vs_alone``: collocation figures (``report/alone.py``).
+    ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/alone.py``).
     was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
     activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
     ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
@@ -82,6 +82,7 @@ class JobView:
     shared_gpu: Optional[bool] = None
     alone_runtime_s: Optional[float] = None
     rate_vs_alone: Optional[float] = None
+    alone_source: Optional[str] = None
     tensor_mean: Optional[float] = None
     dram_mean: Optional[float] = None
     smact_idle_pct: Optional[float] = None

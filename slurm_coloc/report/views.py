@@ -122,7 +122,8 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
             continue
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
-    rates = alone.alone_rates(report.jobs)  # history: every recorded job, not only the ones shown
+    learned = alone.learned_alone_s(picked, report.node_dbs, cfg)
+    rates = alone.alone_rates(report.jobs, learned)  # history: every recorded job, not only the ones shown
     return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg),
                          cfg)
             for j in picked]

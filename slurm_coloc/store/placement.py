@@ -192,7 +192,7 @@ def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pc
 
 @dataclass(frozen=True)
 class GpuCoRuns:
-    """One GPU's finished single-GPU runs and its samples over their span, for ``placement.learn``.
+    """One GPU's finished single-GPU runs and its samples over their span, for ``coruns.learn``.
 
     Attributes:
         gpu_index: NVML index on the node; name: its model as NVML names it ("" when unknown).
