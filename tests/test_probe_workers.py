@@ -121,5 +121,32 @@ def test_reason_of_a_real_spawn_failure_names_the_workers_error():
     except Exception as exc:  # torch.multiprocessing.spawn.ProcessRaisedException
         assert type(exc).__name__ == "ProcessRaisedException"
         line = reason_of(exc)
+    assert line.startswith("the program's worker process 0 reached the real CUDA driver at "
+                           "test_probe_workers.py:"), line
+    assert "(ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!)" in line, line
+
+
+def _failing_on_data(rank: int) -> None:
+    raise KeyError("no such split: train2")
+
+
+def test_reason_of_a_real_spawn_failure_names_the_workers_own_error():
+    try:
+        tmp.spawn(_failing_on_data, nprocs=1)
+    except Exception as exc:
+        line = reason_of(exc)
     assert line.startswith("the program's worker process 0 failed at test_probe_workers.py:"), line
-    assert line.endswith("ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!"), line
+    assert line.endswith("KeyError: 'no such split: train2'"), line
+    assert "ProcessRaisedException" not in line
+
+
+def test_a_driver_error_is_never_the_reason_as_the_driver_gave_it():
+    """A CUDA call the fake GPU misses reaches the real driver here (no GPU): the line says so."""
+    import torch
+
+    try:
+        torch.cuda.FloatTensor(2)  # the real constructor: this process has no fake GPU
+    except RuntimeError as exc:
+        line = reason_of(exc)
+    assert line.startswith("the program reached the real CUDA driver at test_probe_workers.py:"), line
+    assert "does not imitate" in line and "the job itself has a GPU" in line

@@ -95,8 +95,9 @@ def reason_of(exc: BaseException) -> str:
         exc: the exception the program raised (``SystemExit`` included).
 
     Returns:
-        ``the program exited (code N) ...``, ``data missing at file:line: ...`` or
-        ``the program failed at file:line: Type: message`` (message as ``short_message`` gives it).
+        ``the program exited (code N) ...``, ``the program reached the real CUDA driver at file:line ...``
+        (a driver error: never the job's own cause), ``data missing at file:line: ...`` or ``the program
+        failed at file:line: Type: message`` (message as ``short_message`` gives it).
     """
     if isinstance(exc, SystemExit):
         return f"the program exited (code {exc.code}) before its first optimizer step"
@@ -109,6 +110,9 @@ def reason_of(exc: BaseException) -> str:
         if "site-packages" not in fr.filename and "slurm_coloc" not in fr.filename and "<" not in fr.filename:
             where = f" at {os.path.basename(fr.filename)}:{fr.lineno}"
             break
+    if _DRIVER.search(msg):  # the probe has no GPU: a driver error is a CUDA call the fake GPU missed
+        return (f"the program reached the real CUDA driver{where} through a CUDA call the probe's fake GPU "
+                f"does not imitate ({type(exc).__name__}: {msg[:120]}); the job itself has a GPU")
     if isinstance(exc, FileNotFoundError) or "not found" in msg.lower() and "dataset" in msg.lower():
         return f"data missing{where}: {type(exc).__name__}: {msg}"
     if "weights_only" in str(exc) and "UnpicklingError" in type(exc).__name__:
@@ -117,6 +121,8 @@ def reason_of(exc: BaseException) -> str:
     return f"the program failed{where}: {type(exc).__name__}: {msg}"
 
 
+_DRIVER = re.compile(r"Found no NVIDIA driver|CUDA driver version is insufficient|no CUDA GPUs are available|"
+                     r"only supported with GPUs, no GPUs found|Torch not compiled with CUDA enabled")
 _WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
@@ -147,7 +153,11 @@ def worker_reason(exc: BaseException) -> str:
             break
     name, _, msg = error.partition(": ")
     short = short_message(RuntimeError(msg)) if msg else ""
-    return f"the program's worker process {m.group(1)} failed{where}: {name}{': ' + short if short else ''}"
+    who = f"the program's worker process {m.group(1)}"
+    if _DRIVER.search(msg):
+        return (f"{who} reached the real CUDA driver{where} through a CUDA call the probe's fake GPU does "
+                f"not imitate ({name}: {short[:120]}); the job itself has a GPU")
+    return f"{who} failed{where}: {name}{': ' + short if short else ''}"
 
 
 def short_message(exc: BaseException) -> str:
