@@ -250,6 +250,20 @@ def test_upgrade_keeps_config_and_databases_and_stops_the_old_daemons(host: Host
     assert _rows(host) >= before  # the database of the old version, with every row it had
 
 
+def test_an_upgrade_starts_again_what_the_init_scripts_ran(host: Host) -> None:
+    """Without systemd: a daemon its init script ran is stopped before the files change and started again
+    after (a new process of the new code); one that was not running stays stopped."""
+    host.run("/etc/init.d/coloc-report start")
+    before = _our_pids(host, "coloc-report")
+    out = host.run(f"{APT} install --reinstall /srv/pkg/upgrade.deb", timeout=300)
+    assert "did not start again" not in out.stdout + out.stderr, out.stdout + out.stderr
+    after = _our_pids(host, "coloc-report")
+    assert len(before) == 1 and len(after) == 1 and after != before
+    assert host.run("/etc/init.d/coloc-sampler status", check=False).returncode == 3
+    host.run("/etc/init.d/coloc-report stop")
+    assert _ours_running(host) == ""
+
+
 def test_removal_leaves_nothing_running_and_keeps_config_and_databases(host: Host) -> None:
     _start_sampler(host)
     # what an admin enabled: units (as `systemctl enable` links them) and init scripts at boot (update-rc.d)
