@@ -1,6 +1,6 @@
-"""``coloc-admin check`` knows the host's role (issue 46): a controller or login host has no GPUs of its own, so
-gres.conf's device files, NVML, MPS and the metrics endpoint are checked only on a compute node, for its own
-node's lines."""
+"""``coloc-admin check`` knows the host's role (issue 46): a controller or login host has no GPUs of its own,
+so gres.conf's device files, NVML, MPS and the metrics endpoint are checked only on a compute node, for its
+own node's lines."""
 from __future__ import annotations
 
 import subprocess
@@ -39,11 +39,13 @@ def test_role_from_slurm_conf() -> None:
 def _check(tmp_path: Path, *args: str) -> "subprocess.CompletedProcess[str]":
     (tmp_path / "slurm.conf").write_text(SITE)
     (tmp_path / "gres.conf").write_text(GRES)
-    (tmp_path / "coloc.yaml").write_text(f"gpu_mem_gib: 80\nstate_dir: {tmp_path}/state\nrun_dir: {tmp_path}/run\n")
+    (tmp_path / "coloc.yaml").write_text(f"gpu_mem_gib: 80\nstate_dir: {tmp_path}/state\n"
+                                         f"run_dir: {tmp_path}/run\n")
     code = ("import socket, sys; host = sys.argv.pop(1); socket.gethostname = lambda: host; "
             "from slurm_coloc.cli.admin import main; sys.argv[0] = 'coloc-admin'; main()")
-    return subprocess.run([sys.executable, "-c", code, *args, "check", "--slurm-conf", str(tmp_path / "slurm.conf"),
-                           "--config", str(tmp_path / "coloc.yaml")], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *args, "check", "--slurm-conf",
+                           str(tmp_path / "slurm.conf"), "--config", str(tmp_path / "coloc.yaml")],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_the_controller_does_not_look_for_the_nodes_gpus(tmp_path: Path) -> None:

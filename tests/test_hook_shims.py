@@ -1,6 +1,6 @@
 """The packaged TaskProlog shim (prolog_epilog/task_prolog.sh) runs in the job's environment, which the user
-fills with ``--export``: it never takes ``COLOC_HOOK`` from there (issue 46, F6), only from the argument a site's
-wrapper passes (``--hook=/abs/path``; Slurm passes the TaskProlog none)."""
+fills with ``--export``: it never takes ``COLOC_HOOK`` from there (issue 46, F6), only from the argument a
+site's wrapper passes (``--hook=/abs/path``; Slurm passes the TaskProlog none)."""
 from __future__ import annotations
 
 import os
