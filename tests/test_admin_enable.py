@@ -190,3 +190,20 @@ def test_chain_hooks_keeps_a_sites_program_first_and_disable_puts_it_back(tmp_pa
                          env={"PATH": "/usr/bin:/bin"})
     assert off.returncode == 0, off.stderr
     assert parse_slurm_conf(conf.read_text()).get("EpilogSlurmctld") == str(site) and not chain.exists()
+
+
+def test_check_reads_a_glob_prolog_file_by_file_and_wants_ours_among_them(tmp_path: Path) -> None:
+    from slurm_coloc.admin.hook_checks import check_hooks
+
+    (tmp_path / "prolog.d").mkdir()
+    site = tmp_path / "prolog.d" / "jobstats.sh"
+    site.write_text("#!/bin/sh\nexit 0\n")
+    site.chmod(0o755)
+    conf = parse_slurm_conf(f"Prolog={tmp_path}/prolog.d/*.sh\n")
+    before = check_hooks(conf)
+    assert [c.status for c in before] == ["pass", "fail"] and "matches no slurm-coloc hook" in before[1].what
+    ours = tmp_path / "prolog.d" / "coloc.sh"
+    ours.write_text(f"#!/bin/sh\n# slurm-coloc (coloc-admin enable): ...\nexec {tmp_path}/none \"$@\"\n")
+    ours.chmod(0o755)
+    assert [(c.status, c.what.rsplit("/", 1)[1]) for c in check_hooks(conf)] == \
+        [("pass", "coloc.sh"), ("pass", "jobstats.sh")]

@@ -3,18 +3,19 @@
 A check never raises for a broken setup: it reports ``fail`` with one line saying what is wrong and one saying
 how to fix it. ``skip`` is for checks that do not apply (``--no-gpu`` on a controller or CI host, no
 plugstack.conf configured); skips do not fail the run. The GPU node's own checks (NVML, MPS, the metrics
-endpoint, MPS protection) are in ``admin/gpu_checks.py``.
+endpoint, MPS protection) are in ``admin/gpu_checks.py``, the hook programs' in ``admin/hook_checks.py``, the
+host's role (which checks apply) in ``admin/role.py``.
 """
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import AbstractSet, Dict, List, Optional, Tuple
 
 from slurm_coloc.admin import role as role_mod
 from slurm_coloc.admin import versioncheck
 from slurm_coloc.admin.gpu_checks import check_gpu, check_metrics, check_mps_protection
+from slurm_coloc.admin.hook_checks import HOOK_KEYS, check_hooks, unsafe_path
 from slurm_coloc.admin.munge import check_munge
 from slurm_coloc.admin.result import Check, fail, ok
 from slurm_coloc.admin.slurmconf import (
@@ -30,7 +31,6 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.slurm.version import slurm_version
 
-HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
 SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
 
 
@@ -40,34 +40,6 @@ def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
     except OSError as exc:
         return None, fail(name, f"cannot read {path}: {exc.strerror or exc}",
                           f"create {path} or pass its path")
-
-
-def unsafe_path(path: Path) -> Optional[str]:
-    """Why ``path`` (or a directory above it) could be replaced by a non-root user, or None when it is safe.
-
-    Safe: owned by root and not writable by group or others; a directory writable by all is accepted only
-    with the sticky bit and root ownership (``/tmp``), where others cannot replace root's entries.
-
-    Args:
-        path: the file or directory (symbolic links resolved first).
-
-    Returns:
-        The reason in words (for a path that cannot be read: its error), or None. Never raises ``OSError``.
-    """
-    p = path.resolve()
-    for q in [p, *p.parents]:
-        try:
-            st = q.stat()
-        except OSError as exc:
-            return f"{q}: {exc.strerror or exc}"
-        if st.st_uid != 0:
-            return f"{q} is owned by uid {st.st_uid}, not root"
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            if stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX and q != p:
-                continue
-            return f"{q} is writable by {'others' if mode & stat.S_IWOTH else 'its group'} (mode {mode:o})"
-    return None
 
 
 def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
@@ -253,38 +225,6 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
                         f"chown root:root {plugin}; chmod 0755 {plugin}")
                    if why else ok(name, f"{kind} {plugin}"))
     return out or [ok(name, f"{path}: no plugin lines")]
-
-
-def check_hooks(conf: SlurmConf) -> List[Check]:
-    """Each configured hook exists, is executable, and neither it nor a directory above it is writable by
-    non-root.
-
-    Args:
-        conf: the parsed slurm.conf (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ... of ``HOOK_KEYS``).
-
-    Returns:
-        One ``Check`` per hook path (a glob skipped: check it by hand); empty when no hook is configured.
-    """
-    name = "hooks"
-    out: List[Check] = []
-    for key in HOOK_KEYS:
-        value = conf.get(key)
-        if not value:
-            continue
-        paths = [Path(p) for p in expand_hostlist(value)] if "[" in value else [Path(value)]
-        for p in paths:
-            if "*" in str(p):
-                out.append(Check(name, "skip", f"{key}={p}: a glob, check its files by hand"))
-            elif not p.is_file():
-                out.append(fail(name, f"{key}={p} does not exist", f"install the hook at {p} or fix {key}="))
-            elif not os.access(p, os.X_OK):
-                out.append(fail(name, f"{key}={p} is not executable", f"chmod 0755 {p}"))
-            else:
-                why = unsafe_path(p)
-                out.append(fail(name, f"{key}={p} runs as root but {why}",
-                                f"chown root:root {p} and its directories; chmod go-w them")
-                           if why else ok(name, f"{key}={p}"))
-    return out
 
 
 def check_dirs(cfg: Config) -> List[Check]:
