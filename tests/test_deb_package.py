@@ -78,6 +78,12 @@ def test_first_install_puts_everything_in_its_place(host: Host, deb_package: Pat
     # systemd's own checker (offline: no systemd runs here) finds nothing wrong with the units as installed
     verify = host.run("systemd-analyze verify --man=no /lib/systemd/system/coloc-* 2>&1", check=False)
     assert verify.returncode == 0 and "coloc" not in verify.stdout, verify.stdout
+    # and rates their hardening (exposure 0-10; 9.6 "UNSAFE" for these units without it)
+    for unit in UNITS:
+        rated = host.run("systemd-analyze security --offline=true "
+                         f"/lib/systemd/system/{unit} | tail -n 1").stdout
+        exposure = float(rated.split("exposure level for")[1].split(":")[1].split()[0])
+        assert exposure <= 5.5, rated
     conffiles = host.run("dpkg-query -W -f='${Conffiles}' slurm-coloc").stdout.split()
     assert conffiles[0] == "/etc/slurm-coloc/coloc.yaml"
     # the product runs from the package's venv over Debian's python3, without torch (a site's choice)
