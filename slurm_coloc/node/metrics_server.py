@@ -8,8 +8,10 @@ connections held 500 threads in the sampler (docs/reliability.md, fourth campaig
 sends (a client that drips bytes is not kept alive by them), and one whose request has not fully arrived
 within ``REQUEST_DEADLINE_S`` is shut too. A scraper sends its request as it connects, so at the cap a new
 connection takes the place of the oldest one still waiting for its request (idle); only when every open
-connection is being answered is the new one refused (one ``503`` line, no thread). Before (fifth campaign,
-F3): 16 idle connections of a local user made 14 of 20 Prometheus scrapes fail for 10 s at a time.
+connection is being answered is the new one refused (one ``503`` line, no thread). Threads: at most
+``MAX_CONNECTIONS`` open plus ``MAX_CONNECTIONS`` evicted ones, which end as soon as their read sees the
+shutdown. Before (fifth campaign, F3): 16 idle connections of a local user made 14 of 20 Prometheus scrapes
+fail for 10 s at a time.
 
 Answers are computed one at a time and reused for ``ANSWER_TTL_S``. The cache key is what the answer depends
 on, canonicalised (``answer_key``): OpenMetrics or text, gzip or not; a GET of any path but
