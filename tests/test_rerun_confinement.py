@@ -2,7 +2,8 @@
 
 Pure tests on ``squeue --json`` entries of the shapes Slurm prints: the 22.05 values below were read from a
 real 22.05 cluster (a held job submitted with ``--reservation=rtres --exclude=n1 -C 'fa&fb' -L lic:1
---wckey=wk --exclusive --mem-per-cpu=100 --gres=shard:2``); 26.05's are its number objects and lists. The
+--wckey=wk --exclusive --mem-per-cpu=100 --gres=shard:2``); 26.05's are its number objects and lists, with
+``shared: []`` as a real 26.05 ``--exclusive`` job prints it (26.05's JSON does not say "exclusive"). The
 cluster side (the rerun inside the reservation, never on the excluded node) is
 ``tests/cluster/reliability/test_rerun_confinement.py``.
 """
@@ -32,7 +33,7 @@ def _n(v: int) -> Dict[str, Any]:
 
 
 CONFINED_2605: Dict[str, Any] = {
-    **CONFINED_2205, "job_id": _n(9), "shared": ["none"], "memory_per_cpu": _n(100),
+    **CONFINED_2205, "job_id": _n(9), "shared": [], "memory_per_cpu": _n(100),
     "memory_per_node": {"set": False, "infinite": False, "number": 0}, "tres_per_node": "gres/shard:2",
     "het_job_id": _n(0), "qos": "normal", "account": "proj", "required_nodes": "n2", "prefer": "fb",
     "selinux_context": "", "container": "/c/bundle",
@@ -54,10 +55,11 @@ def test_the_2205_record_of_a_confined_job_gives_every_confinement() -> None:
 def test_the_2605_record_carries_qos_account_nodes_prefer_and_container() -> None:
     args = _args(CONFINED_2605)
     for word in ("--reservation=rtres", "--exclude=n1", "--nodelist=n2", "--qos=normal", "--account=proj",
-                 "--prefer=fb", "--container=/c/bundle", "--exclusive", "--mem-per-cpu=100M",
-                 "--gres=shard:80"):
+                 "--prefer=fb", "--container=/c/bundle", "--mem-per-cpu=100M", "--gres=shard:80"):
         assert word in args, (word, args)
     assert not any(a.startswith("--context") for a in args)
+    assert "--exclusive" not in args  # the known gap: 26.05's record does not tell (docs/reliability.md A14)
+    assert "--exclusive" in _args({**CONFINED_2605, "shared": ["user"]})  # a list that does say it
 
 
 def test_other_gres_per_node_ride_along_with_the_whole_gpu() -> None:
