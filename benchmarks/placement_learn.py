@@ -81,6 +81,7 @@ def learned_errors(state_tgz: Path, passes: Sequence[Mapping[str, Any]], excl: M
             continue
         run_s = statistics.fmean(r.run_s for r in rs)
         out.append({"workload": w, "shared": sum(r.shared for r in rs), "smact_alone": t["smact"],
+                    "identified": abs(rs[0].smact - cal.smact_floor) > 1e-9,
                     "smact_learned": rs[0].smact, "smact_err": rs[0].smact - t["smact"], "run_s_alone": t["run_s"],
                     "run_s_learned": run_s, "run_s_rel_err": (run_s - t["run_s"]) / t["run_s"],
                     "startup_s_alone": t.get("startup_s"), "startup_s_learned": statistics.fmean(

@@ -34,6 +34,14 @@ and reads 0.95-1.0 whenever co-running jobs keep every SM busy (2x H200 blind pa
 PRIOR_WEIGHT = 3.0
 """A signature's prior counts as this many samples (a 0.5-s sampler: 1.5 s of data)."""
 SMACT_BOUNDS = (0.02, 1.0)
+EDGE_S = 2.0
+"""Seconds after a run begins computing and before it ends in which its activity is not typical (warm-up,
+the last steps, saving, process exit): a sample there does not enter the fit. On the 2x H200 project pile the
+readings of a ResNet-50 in its last 4 s were 0.33-0.73 against 0.72 alone."""
+MIN_CLEAN_S = 5.0
+"""Seconds of unsaturated samples a signature needs in the fit to be learned below its prior: with fewer, the
+data do not pin it (a GPU kept saturated only says the sum is at least the reading), and a signature learned
+too light is the one that breaks the slowdown bound, so it keeps at least its prior."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,15 @@ class SharedRun:
 
     def computing(self, ts: float) -> bool:
         return self.compute_ts <= ts < self.end_ts
+
+    def steady(self, t0: float, t1: float) -> Optional[bool]:
+        """Whether it computed steadily over ``[t0, t1]`` (True), not at all (False), or for part of it or
+        near an edge (None: the interval says nothing clean of it)."""
+        if t1 <= self.compute_ts or t0 >= self.end_ts:
+            return False
+        if t0 >= self.compute_ts + EDGE_S and t1 <= self.end_ts - EDGE_S:
+            return True
+        return None
 
 
 @dataclass(frozen=True)
@@ -81,15 +98,21 @@ Row = Tuple[Dict[int, int], float, bool]  # (key column -> runs computing, aggre
 
 def _rows(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
           col: Mapping[HistoryKey, int]) -> List[Row]:
-    """One row per sample during which at least one run computed."""
+    """One row per sample whose interval ``(ts - res_s, ts]`` every run on its GPU either computed through
+    steadily or not at all (``SharedRun.steady``), with at least one computing: GPM activity is a mean over
+    the interval, so a run that began, ended or was near an edge within it would be credited with a reading it
+    only partly made."""
     by_gpu: Dict[GpuKey, List[SharedRun]] = {}
     for r in runs:
         by_gpu.setdefault(r.gpu, []).append(r)
     rows: List[Row] = []
     for gpu, here in by_gpu.items():
         for s in samples.get(gpu, ()):
+            states = [(r, r.steady(s.ts - s.res_s, s.ts)) for r in here]
+            if any(st is None for _, st in states):
+                continue
             x: Dict[int, int] = {}
-            for r in (r for r in here if r.computing(s.ts)):
+            for r, _ in (rs for rs in states if rs[1]):
                 x[col[r.key]] = x.get(col[r.key], 0) + 1
             if x:
                 rows.append((x, s.smact, s.smact >= UNSATURATED))
@@ -135,7 +158,14 @@ def fit_activity(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sa
             where[i].append(t)
     for _ in range(sweeps):
         _sweep(a, prior, rows, pred, where)
-    return {k: a[col[k]] for k in keys}
+    clean_s = [0.0] * len(keys)  # seconds of unsaturated rows each key computed in
+    res = [s.res_s for gpu in samples.values() for s in gpu]
+    step = sorted(res)[len(res) // 2] if res else 0.0
+    for x, _, sat in rows:
+        if not sat:
+            for i in x:
+                clean_s[i] += step
+    return {k: a[col[k]] if clean_s[col[k]] >= MIN_CLEAN_S else max(a[col[k]], prior[col[k]]) for k in keys}
 
 
 def learn(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
