@@ -162,27 +162,27 @@ def test_history_is_capped_per_signature_and_per_user(tmp_path: Path,
 
 
 def test_the_live_reading_corrects_settled_tenants_never_measured() -> None:
-    from slurm_coloc.placement import share
+    from slurm_coloc.placement import rounds, share
     from slurm_coloc.placement.policy import Activity, GpuState
 
     now = 10_000.0
     never = share.Profile(None)
     a, b = share.Tenant(never, now - 60, 0.53, 1), share.Tenant(never, now - 60, 0.53, 2)
     since = now - 4.0  # a 4-s live window
-    fixed = share.live_corrected([a, b], 0.4, since, learn.UNSATURATED)
+    fixed = rounds.live_corrected([a, b], 0.4, since, learn.UNSATURATED)
     assert [t.predicted for t in fixed] == [pytest.approx(0.2), pytest.approx(0.2)]
     # heavier than predicted: corrected upwards too
-    assert [t.predicted for t in share.live_corrected([a, b], 0.8, since, learn.UNSATURATED)] == \
+    assert [t.predicted for t in rounds.live_corrected([a, b], 0.8, since, learn.UNSATURATED)] == \
         [pytest.approx(0.4), pytest.approx(0.4)]
     # saturated: activities no longer add, nothing is learned
-    assert share.live_corrected([a, b], 0.95, since, learn.UNSATURATED) == [a, b]
+    assert rounds.live_corrected([a, b], 0.95, since, learn.UNSATURATED) == [a, b]
     # a tenant still starting keeps its prediction and is not subtracted (the settled ones get the rest)
     young = share.Tenant(never, now - 5, 0.53, 3)
     measured = share.Tenant(share.Profile(0.3, 40.0, 10.0), now - 60, 0.3, 4)
-    out = share.live_corrected([a, young, measured], 0.5, since, learn.UNSATURATED)
+    out = rounds.live_corrected([a, young, measured], 0.5, since, learn.UNSATURATED)
     assert out[1] == young and out[2] == measured and out[0].predicted == pytest.approx(0.2)
     gone = share.Tenant(never, now - 90, 0.53, 5, end_ts=now - 20)
-    assert share.live_corrected([gone], 0.1, since, learn.UNSATURATED) == [gone]  # only present ones
+    assert rounds.live_corrected([gone], 0.1, since, learn.UNSATURATED) == [gone]  # only present ones
     # what it changes: two settled jobs reading 0.4 leave room for two more predicted at 0.53 under bound 2 on
     # an H200 (capacity 0.75: 1.46 <= 1.5), where their predictions alone (2 x 0.53 + 0.53) held the second
     g = GpuState("n1", 0, 140, 10, 2, Activity(0.4), 1.0)
@@ -208,6 +208,7 @@ def test_on_a_recording_of_2x_h200_shared_runs_the_learned_profiles_track_the_ru
     # the signatures the mixes pin (8 of 14 here; the others keep their prior, never learned lighter)
     pinned = [e for e in errs if e["identified"]]
     mae = sum(abs(e["smact_err"]) for e in pinned) / len(pinned)
-    prior = sum(abs(intensity.load_calibration().smact_floor - e["smact_alone"]) for e in pinned) / len(pinned)
+    floor = intensity.load_calibration().smact_floor
+    prior = sum(abs(floor - e["smact_alone"]) for e in pinned) / len(pinned)
     assert len(pinned) >= 6 and mae < 0.08 and mae < prior / 2, (len(pinned), mae, prior)
     assert sum(abs(e["run_s_rel_err"]) for e in errs) / len(errs) < 0.15

@@ -252,8 +252,8 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
         state.present = current
         rnd.tenants = [ts + state.departed.get(g.key, []) for g, ts in zip(gpus, present)]
         window_s = cfg.placement_window_s  # a GPU's live reading began this long before its last sample
-        rnd.tenants = [share.live_corrected(ts, g.live.smact, now - (g.live_age_s or 0.0) - window_s,
-                                            learn.UNSATURATED)
+        rnd.tenants = [rounds.live_corrected(ts, g.live.smact, now - (g.live_age_s or 0.0) - window_s,
+                                             learn.UNSATURATED)
                        if g.live is not None and fresh(g, cfg.placement_state_max_age_s) else ts
                        for g, ts in zip(gpus, rnd.tenants)]
         candidates = rnd.ordered(candidates)

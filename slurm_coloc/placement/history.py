@@ -205,7 +205,8 @@ def _read_node_dbs(cfg: Config, found: Found, now: float, seen: Optional[Set[str
                    cal: Optional[intensity.Calibration]) -> None:
     """Add the runs of ``found``'s jobs in every node database to ``out`` (and ``timing``, and ``by_model``
     where the run's GPU model is recorded): runs alone as measured, shared runs as learned from their GPU's
-    co-run mixes (``learn.learn``); an unreadable database is skipped with one warning per ``seen`` key."""
+    co-run mixes (``learn.learn``) where the signature has no run alone (for the user, or in the admin's
+    file); an unreadable database is skipped with one warning per ``seen`` key."""
     keys = {j: k for j, (k, _) in found.items()}
     since = now - cfg.placement_history_max_age_s
     learned: List[Tuple[float, learn.LearnedRun, Optional[str]]] = []
@@ -230,7 +231,10 @@ def _read_node_dbs(cfg: Config, found: Found, now: float, seen: Optional[Set[str
                 if by_model is not None:
                     by_model.add(a.get("gpu_model"), keys[job_id], act, timed)
         learned.extend((end, r, model) for end, r, model in _learned(db_path.stem, gpus, found, runs, cal))
+    alone_keys = set(out)  # a signature measured alone (databases or the admin's file) keeps those runs only
     for _end, r, model in sorted(learned, key=lambda t: t[0]):
+        if r.key in alone_keys or (None, r.key[1]) in alone_keys:
+            continue
         # SMOCC and DRAMA of a shared run are not separable: the calibration's ratios to SMACT
         act = (Activity(r.smact, min(1.0, r.smact * cal.smocc_per_smact),
                         min(1.0, r.smact * cal.drama_per_smact)) if cal is not None else Activity(r.smact))

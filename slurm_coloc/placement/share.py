@@ -314,43 +314,6 @@ def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
     return Decision(g.node, g.index, f"{g.node}/gpu{g.index} (memory-only)", "memory-only", None)
 
 
-SETTLE_S = 30.0
-"""A tenant counts as computing this long after it started (s): from Slurm start to the first training step
-took 11-26 s on the 2x H200 fresh pile (Python start, set-up, warm-up; ``h200x2-placement-learn``), so a live
-reading taken later shows its work, not its start-up."""
-
-
-def live_corrected(tenants: Sequence[Tenant], live_smact: float, since_ts: float,
-                   unsaturated: float) -> List[Tenant]:
-    """``tenants`` with the predicted activity of those never measured and settled (present, and started
-    ``SETTLE_S`` before the live window began) replaced by their share of what the GPU's live SM activity
-    leaves: ``r = live_smact`` less the measured activity of measured tenants that compute now, spread in
-    proportion to their predictions. Tenants still starting (measured or not) are not subtracted, so ``r`` can
-    only overstate the settled ones: the correction errs on the side of caution. No change when the reading is
-    saturated (``>= unsaturated``: activities no longer add) or nobody settled. The first shared minutes
-    correct a cold prediction in both directions (Gandiva and Lucid learn from what runs;
-    ``../shared/reference/placement-anchors.md``).
-
-    Args:
-        live_smact: the GPU's mean SM activity over the live window (fraction); since_ts: when that window
-            began (Unix s).
-        unsaturated: the aggregate SMACT below which activities add (``learn.UNSATURATED``).
-
-    Returns:
-        The tenants, in order, corrected ones with a new ``predicted``. Pure.
-    """
-    present = [t for t in tenants if t.end_ts is None]
-    settled = [t for t in present if t.profile.smact is None and since_ts - t.start_ts >= SETTLE_S]
-    if not settled or live_smact >= unsaturated:
-        return list(tenants)
-    measured = sum(t.profile.smact or 0.0 for t in present if t.profile.smact is not None
-                   and since_ts - t.start_ts >= (t.profile.startup_s or SETTLE_S))
-    residual = max(0.02 * len(settled), live_smact - measured)
-    total = sum(t.predicted for t in settled) or 1.0
-    fix = {id(t): replace(t, predicted=t.predicted * residual / total) for t in settled}
-    return [fix.get(id(t), t) for t in tenants]
-
-
 def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, int]]:
     """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``).
 
