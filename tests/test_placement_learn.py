@@ -212,3 +212,44 @@ def test_on_a_recording_of_2x_h200_shared_runs_the_learned_profiles_track_the_ru
     prior = sum(abs(floor - e["smact_alone"]) for e in pinned) / len(pinned)
     assert len(pinned) >= 6 and mae < 0.08 and mae < prior / 2, (len(pinned), mae, prior)
     assert sum(abs(e["run_s_rel_err"]) for e in errs) / len(errs) < 0.15
+
+
+def test_a_learned_profile_moves_only_its_own_users_placement() -> None:
+    """A user whose signature looked light while it was learned (0.1, as a job that idles while measured
+    would) is trusted for their own jobs only: beside another user's job it counts at least the floor."""
+    from slurm_coloc.placement import share
+    from slurm_coloc.placement.policy import Activity, GpuState
+
+    now, floor, cap = 10_000.0, 0.53, 0.75
+    light = share.Profile(0.1, 60.0, 10.0, learned=True)
+    measured = share.Profile(0.6, 60.0, 10.0)  # measured alone: trusted for everyone
+    g = GpuState("n1", 0, 140, 12, 3, Activity(0.5), 1.0)
+    mine = [share.Tenant(measured, now - 40, 0.6, 1, uid=2001),
+            share.Tenant(light, now - 40, 0.1, 2, uid=2001), share.Tenant(light, now - 40, 0.1, 3, uid=2001)]
+    job = share.Profile(0.1, 60.0, 10.0, learned=True)
+    # the same user: 0.6 + 0.1 + 0.1 + 0.1 = 0.9 -> 1.2x, placed
+    d = share.choose_gpu_bounded([g], [mine], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
+    assert d.placed and "slowdown 1.20" in d.reason
+    # another user's tenants that are learned count at least 0.53 for user 2002's job: 0.6 + 2 x 0.53 + 0.1
+    # = 1.76 -> 2.35 > 2, held
+    other = share.Profile(0.1, 60.0, 10.0)  # user 2002's own job, measured alone
+    d = share.choose_gpu_bounded([g], [mine], 4, other, Activity(0.1), cap, 2.0, now, 2002, floor)
+    assert not d.placed and "2.35 > 2" in d.reason
+    # and user 2001's light job beside user 2002's measured tenant counts at least the floor itself
+    theirs = [share.Tenant(measured, now - 40, 0.6, 4, uid=2002), share.Tenant(measured, now - 40, 0.6, 5,
+                                                                               uid=2002)]
+    d = share.choose_gpu_bounded([g], [theirs], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
+    assert not d.placed and "2.31 > 2" in d.reason  # 0.6 + 0.6 + its floored 0.53
+    d = share.choose_gpu_bounded([g], [theirs[:1]], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
+    assert d.placed and "slowdown 1.51" in d.reason  # 0.6 + 0.53: within the bound
+
+
+def test_the_placer_knows_which_profiles_were_learned(tmp_path: Path) -> None:
+    cfg = _world(tmp_path, {}, {})
+    timing: dict = {}
+    by_model = ModelRuns()
+    hist = read_history(cfg, timing, None, None, by_model, intensity.load_calibration())
+    prof = profile({"sha256": "d" * 64}, hist, timing, 2001, "NVIDIA H200", by_model)
+    assert prof.smact is not None and prof.learned
+    assert not profile({"sha256": "d" * 64}, {(2001, intensity.signature({"sha256": "d" * 64})): [
+        intensity.Activity(0.5)]}, {}, 2001).learned  # a history without by_model marks is measured alone

@@ -163,10 +163,11 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
                 prof, pred = ((s.profile, s.demand.smact) if s is not None
                               else known(job, gpus[where[(node, idx)]].model))
                 out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred,
-                                                            job.job_id))
+                                                            job.job_id, uid=job.uid))
     for job_id, s in steered.items():
         if job_id not in shown and (s.node, s.index) in where:
-            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact, job_id))
+            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact, job_id,
+                                                              uid=s.uid))
     return out
 
 

@@ -41,6 +41,7 @@ class ModelRuns:
 
     activity: Dict[str, Dict[HistoryKey, List[Activity]]] = field(default_factory=dict)
     timing: Dict[str, Dict[HistoryKey, List[Timing]]] = field(default_factory=dict)
+    learned: Set[HistoryKey] = field(default_factory=set)  # keys whose runs were learned from shared runs
 
     def add(self, model: Optional[str], key: HistoryKey, act: Activity, timed: Optional[Timing]) -> None:
         """Keep one run under its model (nothing when the model is not known)."""
@@ -243,6 +244,7 @@ def _read_node_dbs(cfg: Config, found: Found, now: float, seen: Optional[Set[str
             timing.setdefault(r.key, []).append((r.run_s, r.startup_s))
         if by_model is not None:
             by_model.add(model, r.key, act, (r.run_s, r.startup_s))
+            by_model.learned.add(r.key)
 
 
 def _learned(node: str, gpus: Sequence[store_placement.GpuCoRuns], found: Found,
@@ -362,7 +364,7 @@ def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
 
     Returns:
         The ``share.Profile``: SM activity alone (fraction, None without history), mean run and start-up
-        times (s, None without timing).
+        times (s, None without timing), and whether the activity was learned from shared runs.
     """
     keys = intensity.history_keys(intensity.signature(coloc), uid)
     same_act: Mapping[HistoryKey, Sequence[Activity]] = {}
@@ -370,11 +372,12 @@ def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
     if gpu_model and by_model is not None:
         same_act = by_model.activity.get(gpu_model, {})
         same_timing = by_model.timing.get(gpu_model, {})
-    act = next((a for a in (intensity.from_history(h.get(k, ())) for h in (same_act, history) for k in keys)
-                if a is not None), None)
+    found = ((intensity.from_history(h.get(k, ())), k) for h in (same_act, history) for k in keys)
+    act, key = next(((a, k) for a, k in found if a is not None), (None, None))
     timed: Sequence[Timing] = next(
         (t for t in (h.get(k, ()) for h in (same_timing, timing) for k in keys) if t), ())
     run = [r for r, _ in timed if r is not None]
     start = [s for _, s in timed if s is not None]
     return share.Profile(act.smact if act else None, sum(run) / len(run) if run else None,
-                         sum(start) / len(start) if start else None)
+                         sum(start) / len(start) if start else None,
+                         learned=by_model is not None and key in by_model.learned)

@@ -209,3 +209,34 @@ def saturated_gpus(gpus: Sequence[GpuState], gate: Gate, max_age_s: float) -> Li
         The ``(node, index)`` keys, in the order of ``gpus``. Pure.
     """
     return [g.key for g in gpus if fresh(g, max_age_s) and g.live is not None and gate.saturated(g.live)]
+
+
+def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
+    """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free
+    shards (spreads), node, index; not placed when none has room.
+
+    Args:
+        gpus: every GPU the job may use; shards: the job's shard request.
+
+    Returns:
+        A ``Decision`` (basis ``memory-only``), not placed with a reason when no GPU has room. Never raises.
+    """
+    fits = sorted((g for g in gpus if g.shards_free >= shards),
+                  key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
+    if not fits:
+        most = max((g.shards_free for g in gpus), default=0)
+        return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
+    g = fits[0]
+    return Decision(g.node, g.index, f"{g.node}/gpu{g.index} (memory-only)", "memory-only", None)
+
+
+def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, int]]:
+    """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``).
+
+    Args:
+        gpus: the GPUs' states; max_age_s: live state older than this (s) is stale.
+
+    Returns:
+        The ``(node, index)`` keys, in the order of ``gpus``. Never raises.
+    """
+    return [g.key for g in gpus if not fresh(g, max_age_s)]

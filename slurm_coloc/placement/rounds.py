@@ -15,7 +15,16 @@ from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, share
 from slurm_coloc.placement.history import ModelRuns, Timing, log_once, profile
-from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, choose_gpu, saturated_gpus
+from slurm_coloc.placement.policy import (
+    Activity,
+    Decision,
+    Gate,
+    GpuState,
+    choose_gpu,
+    memory_only,
+    saturated_gpus,
+    silent_gpus,
+)
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
 
@@ -69,6 +78,7 @@ class Steered:
     demand: Activity
     ts: float
     profile: share.Profile = field(default_factory=lambda: share.Profile(None))
+    uid: Optional[int] = None
 
 
 @dataclass
@@ -114,7 +124,7 @@ class Round:
         sat = saturated_gpus(self.gpus, self.gate, max_age)
         if sat:
             log.info("saturated, no new tenants: %s", ", ".join(f"{n}/gpu{i}" for n, i in sat))
-        silent = share.silent_gpus(self.gpus, max_age)
+        silent = silent_gpus(self.gpus, max_age)
         if silent:
             log_once(self.state.logged, "silent:" + ",".join(f"{n}/{i}" for n, i in silent),
                      "sampler silent (no state within %g s) on %s: its jobs count with their history or "
@@ -201,14 +211,15 @@ class Round:
                      "job %d has no signature and no FLOPs: placed by memory", job.job_id)
             room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.smact_floor,
                                       cfg.placement_max_slowdown, self.now)
-            d = share.memory_only(room, shards)
+            d = memory_only(room, shards)
             # room, but not within the bound
             if not d.placed and any(g.shards_free >= shards for g in self.gpus):
                 d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
                                          f"unknown activity (SMACT {self.cal.smact_floor:.2f})")
             return d, demand, "no signature or FLOPs", prof
         d = share.choose_gpu_bounded(self.gpus, self.tenants, shards, on, self.counted(demand, prof),
-                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now)
+                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now, job.uid,
+                                     self.cal.smact_floor)
         chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
         return d, demand, source, on(chosen.model) if chosen is not None else prof
 
@@ -232,9 +243,8 @@ class Round:
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
                 counted = self.counted(demand, prof) if self.throughput else demand
                 self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, counted,
-                                                         self.now,
-                                                         prof)
-                self._add(decision, shards, demand, prof, job.job_id)
+                                                         self.now, prof, job.uid)
+                self._add(decision, shards, demand, prof, job.job_id, job.uid)
                 counts["placed"] += 1
                 log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
                          decision.reason)
@@ -254,7 +264,8 @@ class Round:
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
 
-    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile, job_id: int) -> None:
+    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile, job_id: int,
+             uid: Optional[int]) -> None:
         """Count a steered job on its GPU for the rest of the round."""
         key = (d.node, d.index)
         for i, g in enumerate(self.gpus):
@@ -263,4 +274,4 @@ class Round:
                                        recent=g.recent + demand)
                 if self.throughput:
                     self.tenants[i].append(share.Tenant(prof, self.now, self.counted(demand, prof).smact,
-                                                        job_id))
+                                                        job_id, uid=uid))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_coloc.placement.policy import Activity, Decision, GpuState, fresh
+from slurm_coloc.placement.policy import Activity, Decision, GpuState
 
 POLICIES = ("throughput", "gate")
 Key = Tuple[str, int]  # a GPU: (node, index)
@@ -32,11 +32,13 @@ Key = Tuple[str, int]  # a GPU: (node, index)
 @dataclass(frozen=True)
 class Profile:
     """A job signature's measured behaviour alone: ``smact`` (fraction; None: never measured), whole run and
-    start-up (s, from Slurm start to the first busy sample; None: not known)."""
+    start-up (s, from Slurm start to the first busy sample; None: not known); ``learned``: the activity was
+    learned from shared runs (``coruns.py``), not measured alone, so it is trusted for its own user only."""
 
     smact: Optional[float]
     run_s: Optional[float] = None
     startup_s: Optional[float] = None
+    learned: bool = False
 
     @property
     def work_s(self) -> Optional[float]:
@@ -59,6 +61,7 @@ class Tenant:
     predicted: float = 0.5
     job_id: Optional[int] = None
     end_ts: Optional[float] = None
+    uid: Optional[int] = None
 
     @property
     def smact(self) -> float:
@@ -241,10 +244,25 @@ def _judge(g: GpuState, ts: Sequence[Tenant], job: Profile, demand: Activity, ca
             Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
 
 
+def between_users(ts: Sequence[Tenant], job: Profile, uid: Optional[int],
+                  floor: float) -> Tuple[List[Tenant], Profile]:
+    """``ts`` and ``job`` as one GPU's decision for user ``uid`` counts them: an activity learned from shared
+    runs (``Profile.learned``) is trusted for its own user only, so across users it counts at least ``floor``
+    (the candidate's, when another user's job is on the GPU; another user's tenant's, always). A user whose
+    jobs look light while learned moves only their own jobs' placement."""
+    others = any(t.uid != uid and t.end_ts is None for t in ts)
+
+    def floored(p: Profile) -> Profile:
+        return replace(p, smact=max(p.smact, floor)) if p.learned and p.smact is not None else p
+    return ([replace(t, profile=floored(t.profile)) if t.uid != uid else t for t in ts],
+            floored(job) if others else job)
+
+
 def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]], shards: int,
                        job: Union[Profile, Callable[[str], Profile]],
                        demand: Activity, capacity: Union[float, Callable[[str], float]],
-                       max_slowdown: float, now: float) -> Decision:
+                       max_slowdown: float, now: float, uid: Optional[int] = None,
+                       floor: float = 0.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound, by the sharing model alone.
 
     Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the job's SM activity
@@ -261,6 +279,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
             (``history.profile`` from that model's runs).
         capacity: summed SMACT alone, or a function of the GPU's model name
             (``intensity.Calibration.capacity_for``); max_slowdown: the bound (>= 1).
+        uid, floor: the job's user and the least SM activity a learned profile counts with across users
+            (``between_users``).
 
     Returns:
         A ``Decision`` (``predicted``'s SMACT = the GPU's load with the job for the model); not placed with a
@@ -278,8 +298,8 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
-        prof = job(g.model) if callable(job) else job
-        key, basis, predicted, why = _judge(g, ts, prof, demand, cap_of(g.model), max_slowdown, now)
+        ts_u, prof = between_users(ts, job(g.model) if callable(job) else job, uid, floor)
+        key, basis, predicted, why = _judge(g, ts_u, prof, demand, cap_of(g.model), max_slowdown, now)
         if key is None:
             blocked.append(why)
         else:
@@ -293,37 +313,6 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     _, best, basis, predicted, why = options[0]
     detail = f", {why}" if why and why != basis else ""
     return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}{detail})", basis, predicted)
-
-
-def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
-    """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free
-    shards (spreads), node, index; not placed when none has room.
-
-    Args:
-        gpus: every GPU the job may use; shards: the job's shard request.
-
-    Returns:
-        A ``Decision`` (basis ``memory-only``), not placed with a reason when no GPU has room. Never raises.
-    """
-    fits = sorted((g for g in gpus if g.shards_free >= shards),
-                  key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
-    if not fits:
-        most = max((g.shards_free for g in gpus), default=0)
-        return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
-    g = fits[0]
-    return Decision(g.node, g.index, f"{g.node}/gpu{g.index} (memory-only)", "memory-only", None)
-
-
-def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``).
-
-    Args:
-        gpus: the GPUs' states; max_age_s: live state older than this (s) is stale.
-
-    Returns:
-        The ``(node, index)`` keys, in the order of ``gpus``. Never raises.
-    """
-    return [g.key for g in gpus if not fresh(g, max_age_s)]
 
 
 def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
