@@ -166,3 +166,67 @@ def test_job_without_flops_or_signature_is_placed_by_memory_with_one_line(
     assert counts["placed"] == 1, counts  # no data to predict from: memory decides, the gate does not hold it
     assert gpu_of(cl, job) == ("n1", 0)
     assert lines(caplog, f"job {job} has no signature and no FLOPs: placed by memory") == 1
+
+
+LIGHT_SHA = "5a" * 32  # a signature of colocuser's, learned light from shared runs only
+
+
+def _learned_light_history(cl: Cluster) -> List[int]:
+    """Two finished COMPLETED runs of colocuser's ``LIGHT_SHA`` that shared n2/gpu1 for 100 s while it read
+    SM activity 0.2 (so each is learned at about 0.1): rows in ctld.db and n2's database, ids far above
+    Slurm's."""
+    import pwd
+
+    from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+    uid = pwd.getpwnam("colocuser").pw_uid
+    t0 = time.time() - 600
+    ids = [990001, 990002]
+    ctld = open_ctld_db(_cfg(cl).ctld_db_path)
+    coloc = json.dumps({"mode": "shard", "shards": 4, "v": 1, "sha256": LIGHT_SHA})
+    ctld["jobs"].insert_all([{"job_id": j, "uid": uid, "end_ts": t0 + 110, "state": "COMPLETED",
+                              "coloc_json": coloc} for j in ids], replace=True)
+    ctld.conn.close()
+    node = open_node_db(cl.node_db("n2"))
+    node["job_runs"].insert_all([{"job_id": j, "node": "n2", "gpus": "1", "start_ts": t0,
+                                  "end_ts": t0 + 110, "state": "COMPLETED"} for j in ids], replace=True)
+    node["gpu_samples"].insert_all([{"ts": t0 + 10 + 0.5 * k, "gpu_index": 1, "smact_pct": 20.0, "n": 1,
+                                     "res_s": 0.5} for k in range(200)])
+    node.conn.close()
+    return ids
+
+
+def test_a_user_whose_runs_were_learned_light_moves_only_their_own_jobs(
+        cl: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 44's bad input: colocuser's signature looked light in its shared runs (learned ~0.1; a job that
+    idles while it is measured would look the same). Three such jobs hold n1/gpu0 (the other GPUs are taken).
+    colocuser's next job of that signature joins them (0.4 in all); colocuser2's job, never measured, does
+    not: another user's learned activity counts at least the floor (0.53) for it, 4 x 0.53 / 0.75 > 2."""
+    fake = _learned_light_history(cl)
+    occupy(cl, [("n1", 1), ("n2", 0), ("n2", 1)])
+    tenants = [submit(cl, place=False, sha=LIGHT_SHA, node="n1", index=0) for _ in range(3)]
+    for j in tenants:
+        cl.wait_state(j, ("RUNNING",), 40)
+    caplog.set_level("INFO", logger="slurm_coloc.placer")
+    theirs = cl.run(["sbatch", "--parsable", "--wrap=sleep 120", "-o", "/dev/null", "--hold",
+                     "--comment=" + comment(True, "6b" * 32)], user="colocuser2")
+    assert theirs.returncode == 0, theirs.stderr
+    other = int(theirs.stdout.strip())
+    counts = place_round(tcfg(cl), PlacerState(), env=cl.env)
+    assert counts["placed"] == 0 and counts["waiting"] == 1, counts  # colocuser2's job holds at the bound
+    assert cl.job(other)["state_reason"] == "JobHeldAdmin"
+    mine = submit(cl, place=True, sha=LIGHT_SHA)
+    counts = place_round(tcfg(cl), PlacerState(), env=cl.env)
+    assert counts["placed"] == 1, counts
+    assert gpu_of(cl, mine) == ("n1", 0)  # history SMACT ~0.1 x 4: colocuser's own jobs pack
+    assert lines(caplog, f"job {mine} (4 shards, history SMACT 0.1") == 1
+    from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+    ctld = open_ctld_db(_cfg(cl).ctld_db_path)
+    ctld.execute(f"DELETE FROM jobs WHERE job_id IN ({fake[0]}, {fake[1]})")
+    ctld.conn.commit()
+    ctld.conn.close()
+    node = open_node_db(cl.node_db("n2"))
+    node.execute(f"DELETE FROM job_runs WHERE job_id IN ({fake[0]}, {fake[1]})")
+    node.conn.commit()
+    node.conn.close()
