@@ -20,30 +20,35 @@ from slurm_coloc.probe.identity import RunAs, popen_kwargs, read_child_file
 
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
-NPROC_HEADROOM = 64  # RLIMIT_NPROC: the user's processes now plus this many (a fork bomb's hard stop)
+NPROC_HEADROOM = 256  # RLIMIT_NPROC: the user's tasks now plus this many (a fork bomb's hard stop; torch's
+# thread pools count: the reaper's process cap, MAX_PROBE_PROCESSES, is what a program normally meets)
 
 
-def _processes_of(uid: int) -> int:
-    """How many processes of real uid ``uid`` run now (``/proc/*/status``)."""
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads too, which ``RLIMIT_NPROC`` counts: man 2 setrlimit) of real uid ``uid`` run
+    now (``/proc/*/status``: ``Uid`` and ``Threads``)."""
     n = 0
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/status", "rb") as fh:
-                    for line in fh:
-                        if line.startswith(b"Uid:"):
-                            n += int(line.split()[1]) == uid
-                            break
-            except (OSError, ValueError, IndexError):
-                continue
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                n += int(fields.get(b"Threads", b"1").strip() or 1)
+        except (OSError, ValueError, IndexError, KeyError):
+            continue
     return n
 
 
 def limits(mem_limit_mib: int, uid: Optional[int] = None) -> Any:
-    """The child's limits: ``RLIMIT_AS``, no core files, and ``RLIMIT_NPROC`` of the uid's processes now plus
-    ``NPROC_HEADROOM`` (not enforced for root)."""
+    """The child's limits: ``RLIMIT_AS``, no core files, and ``RLIMIT_NPROC`` of the uid's tasks now plus
+    ``NPROC_HEADROOM``, never above the limit already in force (not enforced for root)."""
     uid = os.getuid() if uid is None else uid
-    nproc = _processes_of(uid) + NPROC_HEADROOM
+    nproc = _tasks_of(uid) + NPROC_HEADROOM
+    for cur in resource.getrlimit(resource.RLIMIT_NPROC):
+        if cur != resource.RLIM_INFINITY:
+            nproc = min(nproc, cur)
 
     def apply() -> None:
         b = int(mem_limit_mib) << 20

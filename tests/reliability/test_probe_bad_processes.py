@@ -134,3 +134,30 @@ def test_the_limit_counts_cpu_time_on_a_busy_machine(kind, program, extended, tm
     else:  # busy: its CPU budget used (alone), or starved by other work on this machine up to --max-wall
         assert status["cpu_s"] >= 1.9 or (status["extended"] and wall >= 4.5), (wall, status)
         assert wall < 5.0 + reaped.REAPER_GRACE_S
+
+
+def test_a_user_with_many_threads_still_gets_a_figure(case_dir, monkeypatch):
+    """``RLIMIT_NPROC`` counts every task of the user, threads included: a user whose other programs hold 300
+    threads is still probed (the probe's own threads fit under its limit)."""
+    job, scratch = case_dir
+    user = _as_user()
+    holder_cmd = [sys.executable, "-c", "import threading, time\nfor _ in range(300):\n"
+                  "    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
+                  "print('ready', flush=True)\ntime.sleep(120)\n"]
+    holder = subprocess.Popen((["runuser", "-u", user, "--"] if user else []) + holder_cmd,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        (job / "job.sh").write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py\n")
+        (job / "train.py").write_text(
+            "import torch\nm = torch.nn.Linear(256, 256).cuda()\nopt = torch.optim.Adam(m.parameters())\n"
+            "for _ in range(3):\n    m(torch.randn(8, 256).cuda()).sum().backward()\n    opt.step()\n")
+        monkeypatch.setenv("TMPDIR", str(scratch))
+        monkeypatch.setenv("XDG_CACHE_HOME", str(scratch.parent / "cache"))
+        monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+        r = probe_script(str(job / "job.sh"), submit_dir=str(job), timeout_s=LIMIT_S, keep_log=True,
+                         use_cache=False, uid_option=user)
+        assert r.estimate is not None, (r.reason, r.log_text[-1500:])
+    finally:
+        holder.kill()
+        holder.wait()
