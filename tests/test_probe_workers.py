@@ -150,3 +150,20 @@ def test_a_driver_error_is_never_the_reason_as_the_driver_gave_it():
         line = reason_of(exc)
     assert line.startswith("the program reached the real CUDA driver at test_probe_workers.py:"), line
     assert "does not imitate" in line and "the job itself has a GPU" in line
+
+
+def test_the_programs_threads_are_capped_in_the_probe(tmp_path):
+    body = """
+        import torch
+        torch.set_num_threads(16)
+        print("threads", torch.get_num_threads(), flush=True)
+        m = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            m(torch.randn(8, 64).cuda()).sum().backward()
+            opt.step()
+    """
+    r = probe(tmp_path, "threads", body)
+    assert r.estimate is not None, r.reason
+    assert "threads 2" in r.log_text, r.log_text[-500:]
+    assert any("torch.set_num_threads(16): 2 in the probe" in n for n in r.detail["notes"])

@@ -15,7 +15,7 @@ from typing import Any
 
 from slurm_coloc.probe.inject import accum, evalpass, frameworks, smaller
 from slurm_coloc.probe.inject.distributed import patch_distributed
-from slurm_coloc.probe.inject.workers import patch_workers
+from slurm_coloc.probe.inject.workers import cap_threads, patch_workers
 
 
 def install(probe: Any, torch: Any) -> None:
@@ -41,6 +41,7 @@ def install(probe: Any, torch: Any) -> None:
     _patch_processes(probe, torch)
     patch_distributed(torch, st)
     patch_workers(torch, st.note, st.fail)
+    cap_threads(torch, st.note)
     frameworks.install(st.note)
 
 

@@ -104,3 +104,23 @@ def patch_workers(torch: Any, note: Callable[[str], None], fail: Callable[[str],
 
     mpp.BaseProcess.start = start  # type: ignore[method-assign]
     mpp.BaseProcess.join = join  # type: ignore[method-assign]
+
+
+def cap_threads(torch: Any, note: Callable[[str], None], cap: int = 2) -> None:
+    """Keep the program's ``torch.set_num_threads(n)`` to at most ``cap`` intra-op threads: the probe's host
+    work on a shared login node (the child's OpenMP/MKL default is ``runner.PROBE_THREADS``).
+
+    Args:
+        torch: the program's imported ``torch`` module.
+        note: adds one line to the probe's notes.
+        cap: the most threads.
+    """
+    real = torch.set_num_threads
+
+    def set_num_threads(n: int) -> None:
+        if int(n) > cap:
+            note(f"torch.set_num_threads({n}): {cap} in the probe (a shared login node)")
+        real(min(int(n), cap))
+
+    torch.set_num_threads = set_num_threads
+
