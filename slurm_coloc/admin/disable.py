@@ -12,20 +12,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
-from slurm_coloc.admin.enable import GLOB_KEYS, HOOK_DIR, HOOKS, MARK, SPANK_SO, Change, is_glob
+from slurm_coloc.admin.enable import GLOB_KEYS, HOOK_DIR, HOOKS, MARK, SPANK_SO, Change, is_glob, read_text
 from slurm_coloc.admin.slurmconf import SlurmConf, parse_plugstack, parse_slurm_conf
 from slurm_coloc.errors import ColocError
-
-
-def _read(p: Path) -> Optional[str]:
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ColocError(f"cannot read {p}: {exc}") from None
 
 
 def _drop_lines(text: str, drop: "re.Pattern[str]") -> str:
@@ -52,7 +43,7 @@ def _glob_members(conf: SlurmConf, hook_dir: str) -> List[Change]:
         if not is_glob(pattern) or not Path(pattern).parent.is_dir():
             continue
         for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
-            body = _read(member) if member.is_file() else None
+            body = read_text(member) if member.is_file() else None
             if body is not None and MARK in body and f"{hook_dir}/" in body:
                 out.append(Change(member, body, "", remove=True, backup=False))
     return out
@@ -69,7 +60,7 @@ def _unchain(text: str, conf: SlurmConf) -> Tuple[str, List[Change]]:
     removed: List[Change] = []
     for key, name in HOOKS.items():
         chain = Path(conf.get(key))
-        body = _read(chain) if conf.get(key) and chain.name == f"coloc-chain-{name}" else None
+        body = read_text(chain) if conf.get(key) and chain.name == f"coloc-chain-{name}" else None
         site = re.search(r"^# chained: (.+)$", body or "", re.MULTILINE)
         if body is None or MARK not in body or not site:
             continue
@@ -94,7 +85,7 @@ def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -
     Raises:
         ColocError: slurm.conf missing or unreadable.
     """
-    text = _read(slurm_conf)
+    text = read_text(slurm_conf)
     if text is None:
         raise ColocError(f"cannot read {slurm_conf}: no such file",
                          hint="name it with --slurm-conf or SLURM_CONF")
@@ -105,7 +96,7 @@ def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -
     changes = [Change(slurm_conf, text, new), *removed]
     changes += _glob_members(conf, hook_dir)
     plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
-    plug_text = _read(plug)
+    plug_text = read_text(plug)
     name = Path(spank_so).name
     plugin_line = re.compile(rf"^\s*(required|optional)\s+\S*/{re.escape(name)}(\s.*)?$")
     if plug_text is not None:
@@ -114,7 +105,7 @@ def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -
             if kind != "include" or not Path(pattern).parent.is_dir():
                 continue
             for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
-                body = _read(member) if member.is_file() else None
+                body = read_text(member) if member.is_file() else None
                 if body is None or not any(plugin_line.match(ln) for ln in body.splitlines()):
                     continue
                 left = _drop_lines(body, plugin_line)

@@ -204,6 +204,20 @@ def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
     return body + f"{MARK}\noptional {spank_so} run_dir={cfg.run_dir}\n"
 
 
+def read_text(p: Path) -> Optional[str]:
+    """A config file's text, or None when it does not exist.
+
+    Raises:
+        ColocError: unreadable or not UTF-8.
+    """
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ColocError(f"cannot read {p}: {exc}") from None
+
+
 def _plugstack_change(plug: Path, cfg: Config, spank_so: str,
                       read: Callable[[Path], Optional[str]]) -> Change:
     """The plugin's line in ``<dir>/coloc.conf`` when ``plug`` (plugstack.conf) includes ``<dir>/*.conf`` and
@@ -255,22 +269,7 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
         ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
             GPU node whose device files cannot be known.
     """
-    def read(p: Path) -> Optional[str]:
-        """The file's text, or None when it does not exist.
-
-        Args:
-            p: the file's path.
-
-        Raises:
-            ColocError: unreadable or not UTF-8.
-        """
-        try:
-            return p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ColocError(f"cannot read {p}: {exc}") from None
-
+    read = read_text
     slurm_text = read(slurm_conf)
     if slurm_text is None:
         raise ColocError(f"cannot read {slurm_conf}: no such file",
