@@ -57,23 +57,15 @@ def learned_errors(state_tgz: Path, passes: Sequence[Mapping[str, Any]], excl: M
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(state_tgz) as tf:
             tf.extractall(tmp)  # noqa: S202 - our own harness output
-        runs: List[learn.SharedRun] = []
-        samples: Dict[learn.GpuKey, List[learn.Sample]] = {}
+        by_w: Dict[str, List[learn.LearnedRun]] = {}
         for db_path in sorted(Path(tmp, "state", "nodes").glob("*.db")):
             db = open_readonly(db_path)
-            for g in store_placement.co_runs(db, workload_of):
-                key = (db_path.stem, g.gpu_index)
-                samples[key] = [learn.Sample(ts, v, res) for ts, v, res in g.samples]
-                for job_id, start, end, compute in g.runs:
-                    w = workload_of.get(job_id, f"other:{job_id}")
-                    runs.append(learn.SharedRun(job_id, (None, w), key, start,
-                                                compute if compute is not None else start + 10.0, end,
-                                                cal.smact_floor))
+            m = learn.mixes(db_path.stem, store_placement.co_runs(db, workload_of),
+                            lambda j: ((None, workload_of.get(j, f"other:{j}")), cal.smact_floor))
             db.conn.close()
-    by_w: Dict[str, List[learn.LearnedRun]] = {}
-    for r in learn.learn(runs, samples, lambda _k: cal.capacity_for(gpu)):
-        if r.job_id in workload_of:
-            by_w.setdefault(workload_of[r.job_id], []).append(r)
+            for r in m.learn(lambda _model: cal.capacity_for(gpu)):
+                if r.job_id in workload_of:
+                    by_w.setdefault(workload_of[r.job_id], []).append(r)
     out = []
     for w, rs in sorted(by_w.items()):
         t = truth.get(w)

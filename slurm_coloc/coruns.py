@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 HistoryKey = Tuple[Optional[int], str]  # (uid, job signature), as placement/intensity.py keys history
 
@@ -34,6 +34,9 @@ and reads 0.95-1.0 whenever co-running jobs keep every SM busy (2x H200 blind pa
 PRIOR_WEIGHT = 3.0
 """A signature's prior counts as this many samples (a 0.5-s sampler: 1.5 s of data)."""
 SMACT_BOUNDS = (0.02, 1.0)
+DEFAULT_STARTUP_S = 10.0
+"""Start-up counted for a run without process samples (s): the median start-up of the 2x H200 pile's runs
+alone was 10 s (``h200x2-placement-throughput/pile-exclusive.json``)."""
 EDGE_S = 2.0
 """Seconds after a run begins computing and before it ends in which its activity is not typical (warm-up,
 the last steps, saving, process exit): a sample there does not enter the fit. On the 2x H200 project pile the
@@ -223,3 +226,50 @@ def capacity_reader(path: Optional[str] = None) -> Callable[[str], float]:
         keys = sorted((k for k in by_gpu if k and k in (model or "")), key=len, reverse=True)
         return by_gpu[keys[0]] if keys else default
     return capacity
+
+
+class GpuRecord(Protocol):
+    """One GPU's runs and samples as a node database gives them (``store.placement.GpuCoRuns``)."""
+
+    @property
+    def gpu_index(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def runs(self) -> List[Tuple[int, float, float, Optional[float]]]:
+        """job id, start, end, compute start (Unix s)."""
+
+    @property
+    def samples(self) -> List[Tuple[float, float, float]]:
+        """ts (Unix s), SMACT (fraction), res_s."""
+
+
+@dataclass(frozen=True)
+class Mixes:
+    """The learner's input from one node's GPUs: the runs, each GPU's samples, and each GPU's model name."""
+
+    runs: List[SharedRun]
+    samples: Dict[GpuKey, List[Sample]]
+    models: Dict[GpuKey, str]
+
+    def learn(self, capacity: Callable[[str], float]) -> List[LearnedRun]:
+        """``learn`` over these mixes, ``capacity`` of a GPU's model name."""
+        return learn(self.runs, self.samples, lambda k: capacity(self.models.get(k, "")))
+
+
+def mixes(node: str, gpus: Iterable[GpuRecord],
+          key_prior: Callable[[int], Tuple[HistoryKey, float]]) -> Mixes:
+    """``Mixes`` of one node's GPU records; ``key_prior(job_id)`` gives each run's history key and prior SM
+    activity; a run without a compute start begins computing ``DEFAULT_STARTUP_S`` after its start."""
+    out = Mixes([], {}, {})
+    for g in gpus:
+        key = (node, g.gpu_index)
+        out.models[key] = g.name
+        out.samples[key] = [Sample(ts, v, res) for ts, v, res in g.samples]
+        for job_id, start, end, compute in g.runs:
+            hkey, prior = key_prior(job_id)
+            begin = compute if compute is not None else min(end, start + DEFAULT_STARTUP_S)
+            out.runs.append(SharedRun(job_id, hkey, key, start, begin, end, prior))
+    return out

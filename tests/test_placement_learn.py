@@ -253,3 +253,19 @@ def test_the_placer_knows_which_profiles_were_learned(tmp_path: Path) -> None:
     assert prof.smact is not None and prof.learned
     assert not profile({"sha256": "d" * 64}, {(2001, intensity.signature({"sha256": "d" * 64})): [
         intensity.Activity(0.5)]}, {}, 2001).learned  # a history without by_model marks is measured alone
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "high", [0.3]])
+def test_a_garbage_unmeasured_floor_is_one_config_error_and_nothing_changes(tmp_path: Path,
+                                                                            value: object) -> None:
+    from slurm_coloc.errors import ConfigError
+
+    bad = tmp_path / "cal.json"
+    packaged = json.loads(intensity.DEFAULT_CALIBRATION.read_text())
+    text = json.dumps({**packaged, "unmeasured_smact_floor": value})
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        intensity.load_calibration(str(bad))
+    assert "cal.json" in err.value.one_line() and "\n" not in err.value.one_line()
+    assert bad.read_text() == text  # read only
+    assert intensity.load_calibration().smact_floor == pytest.approx(0.5291)  # the packaged default: unknown

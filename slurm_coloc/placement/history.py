@@ -216,7 +216,7 @@ def _read_node_dbs(cfg: Config, found: Found, now: float, seen: Optional[Set[str
             db = open_readonly(db_path, busy_timeout_s=1.0)
             try:
                 runs = store_placement.alone_activity(db, keys, since)
-                gpus = store_placement.co_runs(db, keys, since)
+                gpus = store_placement.co_runs(db, list(keys)[:LEARN_RECENT_JOBS], since)  # newest first
             finally:
                 db.conn.close()
         except Exception as exc:  # as above
@@ -251,30 +251,20 @@ def _learned(node: str, gpus: Sequence[store_placement.GpuCoRuns], found: Found,
              alone: Mapping[int, Any], cal: Optional[intensity.Calibration]
              ) -> List[Tuple[float, learn.LearnedRun, Optional[str]]]:
     """``(end_ts, learned run, GPU model)`` of the shared runs of one node database (runs alone are measured
-    and left to ``alone_activity``); a run without process samples begins computing after the calibration's
-    default start-up."""
-    runs: List[learn.SharedRun] = []
-    samples: Dict[learn.GpuKey, List[learn.Sample]] = {}
-    models: Dict[learn.GpuKey, str] = {}
-    for g in gpus:
-        key = (node, g.gpu_index)
-        models[key] = g.name
-        samples[key] = [learn.Sample(ts, v, res) for ts, v, res in g.samples]
-        for job_id, start, end, compute in g.runs:
-            # a neighbour that did not end COMPLETED is fitted (it took SMs) but never kept
-            hkey, prior = found.get(job_id, ((None, f"job:{job_id}"), cal.smact_floor if cal else 0.5))
-            begin = compute if compute is not None else min(end, start + DEFAULT_STARTUP_S)
-            runs.append(learn.SharedRun(job_id, hkey, key, start, begin, end, prior))
-    of = {r.job_id: r for r in runs}
-    cap = (lambda k: cal.capacity_for(models.get(k, ""))) if cal is not None else (lambda _k: 1.0)
-    return [(of[r.job_id].end_ts, r, models.get(of[r.job_id].gpu) or None)
-            for r in learn.learn(runs, samples, cap)
+    and left to ``alone_activity``); a neighbour that did not end COMPLETED is fitted (it took SMs) but never
+    kept."""
+    floor = cal.smact_floor if cal else 0.5
+    m = learn.mixes(node, gpus, lambda j: found.get(j, ((None, f"job:{j}"), floor)))
+    of = {r.job_id: r for r in m.runs}
+    return [(of[r.job_id].end_ts, r, m.models.get(of[r.job_id].gpu) or None)
+            for r in m.learn(cal.capacity_for if cal is not None else lambda _model: 1.0)
             if r.shared and r.job_id not in alone and r.job_id in found]
 
 
-DEFAULT_STARTUP_S = 10.0
-"""Start-up counted for a shared run without process samples (s): the median start-up of the 2x H200 pile's
-runs alone was 10 s (``h200x2-placement-throughput/pile-exclusive.json``)."""
+LEARN_RECENT_JOBS = 300
+"""Shared runs learned per history read: the most recently ended jobs (``RUNS_PER_KEY`` runs of a signature
+are kept in any case). The fit reads every sample of their GPUs over their span, so the bound keeps each read,
+every ``HISTORY_REFRESH_S`` of the placer's loop, to seconds."""
 
 
 def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] = None,

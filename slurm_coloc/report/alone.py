@@ -75,25 +75,14 @@ def learned_alone_s(jobs: Sequence[_Job], node_dbs: Mapping[str, Database], cfg:
             gpus = store_placement.co_runs(db, ids)
         except Exception:  # a damaged database: no learned figure, never a failed report
             continue
-        runs: List[coruns.SharedRun] = []
-        samples: Dict[coruns.GpuKey, List[coruns.Sample]] = {}
-        for g in gpus:
-            key = (node, g.gpu_index)
-            samples[key] = [coruns.Sample(ts, v, res) for ts, v, res in g.samples]
-            for job_id, start, end, compute in g.runs:
-                sig = getattr(ids.get(job_id), "signature", None) or f"job:{job_id}"
-                runs.append(coruns.SharedRun(job_id, (None, sig), key, start,
-                                             compute if compute is not None else start + LEARN_STARTUP_S, end,
-                                             0.5))
-        caps = {(node, g.gpu_index): capacity(g.name) for g in gpus}
-        for r in coruns.learn(runs, samples, caps.__getitem__):
-            if r.shared and r.job_id in ids:
-                out[r.job_id] = r.run_s
+        m = coruns.mixes(node, gpus,
+                         lambda j: ((None, getattr(ids.get(j), "signature", None) or f"job:{j}"), 0.5))
+        for run in m.learn(capacity):
+            if run.shared and run.job_id in ids:
+                out[run.job_id] = run.run_s
     return out
 
 
-LEARN_STARTUP_S = 10.0
-"""Start-up counted for a shared run without process samples (s), as coloc-placer counts it."""
 
 
 def alone_rates(jobs: Sequence[_Job],
