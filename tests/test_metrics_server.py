@@ -73,6 +73,18 @@ def test_idle_connections_hold_a_bounded_number_of_threads_and_expire(endpoint: 
             s.close()
 
 
+def _scrapes_answered(port: int, n: int, pause_s: float) -> int:
+    """How many of ``n`` scrapes, ``pause_s`` apart, returned the sampler's metrics."""
+    ok = 0
+    for _ in range(n):
+        try:
+            ok += b"coloc_sampler" in _scrape(port)
+        except OSError:
+            pass
+        time.sleep(pause_s)
+    return ok
+
+
 def test_idle_connections_never_starve_a_scraper() -> None:
     """Issue 46 F3, at the real cap of 16: before, 16 idle connections of a local user (re-opened as the
     server shut them) made 14 of 20 Prometheus scrapes fail with 503. Now a new connection takes the place of
@@ -107,13 +119,7 @@ def test_idle_connections_never_starve_a_scraper() -> None:
     t.start()
     try:
         time.sleep(0.5)
-        ok = 0
-        for _ in range(20):
-            try:
-                ok += b"coloc_sampler" in _scrape(port)
-            except OSError:
-                pass
-            time.sleep(0.1)
+        ok = _scrapes_answered(port, 20, 0.1)
         assert ok == 20, ok
     finally:
         stop.set()
@@ -157,13 +163,7 @@ def test_connections_dripping_their_headers_never_starve_a_scraper() -> None:
     t.start()
     try:
         time.sleep(0.5)
-        ok = 0
-        for _ in range(20):
-            try:
-                ok += b"coloc_sampler" in _scrape(port)
-            except OSError:
-                pass
-            time.sleep(0.2)
+        ok = _scrapes_answered(port, 20, 0.2)
         assert ok == 20, ok
     finally:
         stop.set()
