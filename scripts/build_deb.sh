@@ -22,6 +22,9 @@
 #   /usr/share/man/man1/coloc-*.1.gz    generated from each command's --help (scripts/gen_man.py)
 # The wheel and sdist (python -m build) carry the same files under share/slurm-coloc (pyproject.toml data-files).
 set -euo pipefail
+# the payload's modes are the files' own (dpkg-deb keeps them): a builder's umask 077 would ship a package only
+# root can run
+umask 022
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$(mkdir -p "${1:-$REPO/dist}" && cd "${1:-$REPO/dist}" && pwd)
 PY=/usr/bin/python3

@@ -1,6 +1,7 @@
 """One atomic file write for the root side (env files, MPS member files, the sampler's flush marker, the
 recovery queue, the placer's heartbeat): a reader sees the old file or the new one whole, never a half-written
-one, and no symlink is followed. Pure: only ``os``.
+one, and no symlink is followed; and one directory maker whose modes never depend on the process umask. Pure:
+only ``os``.
 """
 from __future__ import annotations
 
@@ -54,3 +55,23 @@ def write_atomic(path: Union[str, Path], data: bytes, mode: int = 0o644, sync: b
         except OSError:
             pass
         raise
+
+
+def make_dirs(path: Union[str, Path], mode: int, parents_mode: int = 0o755) -> None:
+    """Create ``path`` with ``mode`` and its missing parents with ``parents_mode``, each chmod-ed to it.
+
+    Never touches the process umask (process-wide: toggling it races with other threads and leaks when
+    interrupted). Directories that exist are left as they are.
+
+    Raises:
+        OSError: a component cannot be created (one created by a racing process is fine).
+    """
+    target = Path(path)
+    missing = [p for p in (target, *target.parents) if not os.path.lexists(p)]
+    for p in reversed(missing):
+        want = mode if p == target else parents_mode
+        try:
+            os.mkdir(p, want)
+        except FileExistsError:
+            continue
+        os.chmod(p, want)

@@ -18,6 +18,17 @@ def _private_estimate_cache(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _umask_unchanged() -> Iterator[None]:
+    """A test whose code leaves the process umask changed fails (and the umask is put back): a leaked 077
+    made later tests' files and namespace hosts unreadable to ordinary users."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, f"the process umask was left at {after:#o} (was {before:#o})"
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Cluster]:
     """munged + slurmctld + slurmd n1/n2 (2 fake GPUs each, 80 shards/GPU), stopped at the end."""

@@ -47,10 +47,11 @@ class Host:
 
     def run(self, cmd: str, check: bool = True, timeout: float = 300, user: Optional[str] = None,
             env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-        """Run ``cmd`` (sh) on this host as root or ``user`` (login-like environment, PATH of the host)."""
+        """Run ``cmd`` (sh) on this host as root or ``user`` (login-like environment: PATH of the host and
+        Debian's login umask 022, whatever the umask of the test run)."""
         envs = [f"{k}={v}" for k, v in (env or {}).items()]
         inner = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8", *envs,
-                 "/bin/sh", "-c", cmd]
+                 "/bin/sh", "-c", f"umask 022\n{cmd}"]
         if user:
             inner = ["runuser", "-u", user, "--", *inner]
         argv = ["nsenter", "-t", str(self.pid), "-m", "-u", "-n", "-i", "-p", "-r", "-w", *inner]
@@ -103,11 +104,12 @@ class Hosts:
         _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
         r = hdir / "root"
-        binds = "".join(f"mkdir -p {r}{inside}; mount --bind {outside} {r}{inside}\n"
+        binds = "".join(f"mkdir -p -m 0755 {r}{inside}; mount --bind {outside} {r}{inside}\n"
                         for outside, inside in self.shared.items())
         init = f"""set -e
+umask 022
 mount -t tmpfs -o size=4g,mode=0755 layer {hdir}/layer
-mkdir {hdir}/layer/upper {hdir}/layer/work
+mkdir -m 0755 {hdir}/layer/upper {hdir}/layer/work
 mount -t overlay overlay -o lowerdir=/,upperdir={hdir}/layer/upper,workdir={hdir}/layer/work {r}
 mount -t proc proc {r}/proc
 mount --rbind /dev {r}/dev

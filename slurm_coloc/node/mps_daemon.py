@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from slurm_coloc.atomic import make_dirs
 from slurm_coloc.config import Config
 from slurm_coloc.node import mps_guard
 
@@ -121,7 +122,7 @@ def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optiona
 
 
 def root_dir(path: Path, mode: int = 0o755) -> None:
-    """Create ``path`` (and its parents) with ``mode`` under umask 022, and check it is ours and not group- or
+    """Create ``path`` (and its parents, 0755) with ``mode``, and check it is ours and not group- or
     other-writable (the MPS, job-env and run directories root writes into).
 
     Args:
@@ -130,11 +131,7 @@ def root_dir(path: Path, mode: int = 0o755) -> None:
     Raises:
         PermissionError: it exists but is another's, group/other-writable, or a symlink; OSError.
     """
-    old = os.umask(0o022)
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=mode)
-    finally:
-        os.umask(old)
+    make_dirs(path, mode)
     st = path.lstat()
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or path.is_symlink():
         raise PermissionError(f"{path} is not owned by us or is group/other-writable")

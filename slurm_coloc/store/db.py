@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Optional, Union
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
+from slurm_coloc.atomic import make_dirs
 from slurm_coloc.errors import StoreError
 from slurm_coloc.store.schema import CTLD, NODE
 
@@ -124,11 +125,7 @@ def _ensure_dir(path: Path, gid: Optional[int]) -> None:
     only."""
     parent = path.parent
     if not parent.exists():
-        old = os.umask(0o077)
-        try:
-            parent.mkdir(parents=True, mode=DIR_MODE_ROOT, exist_ok=True)
-        finally:
-            os.umask(old)
+        make_dirs(parent, DIR_MODE_ROOT)
         restrict(parent, gid, directory=True)
 
 
@@ -234,8 +231,9 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
     """Open (creating if needed) a database for writing, in WAL mode, with migrations applied.
 
     The file, its ``-wal``/``-shm`` files and its directory are made readable by root and ``admin_group``
-    only (``restrict_database``), also when an older version left them 0644. The file is created under umask
-    077, so no other user can open it before the modes are set.
+    only (``restrict_database``), also when an older version left them 0644. The file is created 0600 (SQLite
+    gives ``-wal``/``-shm`` the file's mode), so no other user can open it before the modes are set; the
+    process umask is never touched (process-wide: toggling it raced with other threads).
 
     Args:
         path: database file.
@@ -248,9 +246,9 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
     """
     p = Path(path)
     gid = admin_gid(admin_group)
-    old_umask = os.umask(0o077)
     try:
         _ensure_dir(p, gid)
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         restrict_database(p, gid)  # an existing file first: tightened before we add -wal/-shm beside it
         conn = sqlite3.connect(str(p), timeout=busy_timeout_s, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -262,8 +260,6 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
                          hint="check the file is a slurm-coloc database and the disk is not full") from None
     except OSError as exc:
         raise StoreError(f"cannot create database {str(p)!r}: {exc}") from None
-    finally:
-        os.umask(old_umask)
     return db
 
 

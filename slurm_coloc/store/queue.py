@@ -35,7 +35,7 @@ import stat
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from slurm_coloc.atomic import write_atomic
+from slurm_coloc.atomic import make_dirs, write_atomic
 from slurm_coloc.errors import StoreError
 
 MAX_ENTRIES = 10_000  # files per directory; beyond it a new entry is refused (the queue must not fill /run)
@@ -86,15 +86,7 @@ def safe_dir(path: str, create: bool = False) -> str:
     """
     try:
         if create and not os.path.lexists(path):
-            old = os.umask(0o022)
-            try:
-                os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-                try:
-                    os.mkdir(path, 0o700)
-                except FileExistsError:
-                    pass
-            finally:
-                os.umask(old)
+            make_dirs(os.path.abspath(path), 0o700)
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode):
             raise StoreError(f"queue directory {path!r} is not a directory (symlink or file): refused")
