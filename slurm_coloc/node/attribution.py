@@ -113,9 +113,6 @@ class JobAttributor:
         Evidence in order: the process's Slurm cgroup, a ``slurmstepd`` ancestor, then its own
         ``SLURM_JOB_ID`` where it cannot choose among jobs (module docstring); answers are cached by (pid,
         start time).
-
-        Args:
-            pid: a process id on this node (as NVML lists it).
         """
         start = self._start_time(pid)
         if start is None:

@@ -103,9 +103,6 @@ class CpuReader:
     def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
         """One reading of the CPU use of each job's processes.
 
-        Args:
-            job_pids: job id -> its CUDA pids now; jobs absent from it are forgotten.
-
         Returns:
             A ``JobCpu`` per job seen at the previous reading too (cores = CPU seconds per wall second over
             the interval since then).

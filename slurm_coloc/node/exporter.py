@@ -296,9 +296,6 @@ class Exporter:
 
     def start(self) -> bool:
         """Serve ``/metrics``; on failure log one line and retry every ``BIND_RETRY_S`` in a daemon thread.
-
-        Returns:
-            True when serving now.
         """
         if self._bind():
             return True
@@ -340,7 +337,6 @@ def start(cfg: Config, node: str, interval_s: Optional[float] = None) -> Tuple[O
 
     Args:
         cfg: the config (``exporter_*``, ``node_db_path``).
-        node: this node's name.
         interval_s: the sampler's period (s), for staleness; None: ``sampler_interval_s``.
 
     Returns:

@@ -40,19 +40,12 @@ MIN_WAIT_S = 1.0
 
 def marker_path(cfg: Config, node: str) -> Path:
     """``<run_dir>/sampler-<node>.flushed``.
-
-    Args:
-        cfg: the config (``run_dir``).
-        node: this node's name.
     """
     return Path(cfg.run_dir) / f"sampler-{node}.flushed"
 
 
 def flush_wait_s(cfg: Config) -> float:
     """How long the Epilog waits for a requested flush: 2 x ``sampler_interval_s`` within [1, 3] s.
-
-    Args:
-        cfg: the config (``sampler_interval_s``, s).
     """
     return max(MIN_WAIT_S, min(MAX_WAIT_S, 2.0 * cfg.sampler_interval_s))
 
@@ -63,10 +56,7 @@ def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
     Called after every write of the sampler (once per ``sampler_batch_s``): ``atomic.write_atomic``, no fsync.
 
     Args:
-        cfg: the config (``run_dir``).
-        node: this node's name.
         upto_ts: the newest sample time written (Unix s).
-        flushes: how many writes the sampler has made.
 
     Raises:
         OSError: the run directory cannot be written.
@@ -78,10 +68,6 @@ def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
     """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, not ours, writable by
     others) or bad.
-
-    Args:
-        cfg: the config (``run_dir``).
-        node: this node's name.
 
     Returns:
         ``{"pid", "upto_ts" (Unix s), "flushes"}`` as written, or None.
@@ -108,7 +94,6 @@ def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
 
     Args:
         pid: the process id to check; a vanished or unreadable process: False.
-        proc_root: the procfs mount (tests pass a copy).
     """
     try:
         args = [a.decode(errors="replace")
@@ -126,8 +111,6 @@ def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[f
     """Ask the sampler ``pid`` to write its buffer (SIGUSR1); wait for its marker.
 
     Args:
-        cfg: the config (``run_dir``, ``sampler_interval_s``).
-        node: this node's name.
         pid: the sampler's pid (from ``sampler_daemon.running_pid``); None or <= 0: no sampler.
         wait_s: how long to wait for the marker (s); None: ``flush_wait_s(cfg)``.
 

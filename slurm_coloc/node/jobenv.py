@@ -28,10 +28,6 @@ MAX_ENV_BYTES = 64 * 1024
 
 def env_path(cfg: Config, job_id: int) -> Path:
     """``<run_dir>/jobs/<job_id>.env``.
-
-    Args:
-        cfg: the config (``run_dir``).
-        job_id: the Slurm job id.
     """
     return Path(cfg.run_dir) / "jobs" / f"{int(job_id)}.env"
 
@@ -45,9 +41,6 @@ def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
 
     Args:
         d: the GPU's MPS daemon (pipe and log directories); shards: the job's shards (GiB) on that GPU.
-
-    Returns:
-        ``(KEY, VALUE)`` pairs for ``write_env``.
     """
     return [("COLOC_SHARE", "mps"), ("CUDA_MPS_PIPE_DIRECTORY", str(d.pipe_dir)),
             ("CUDA_MPS_LOG_DIRECTORY", str(d.log_dir)), ("CUDA_VISIBLE_DEVICES", "0"),
@@ -60,9 +53,6 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
     Args:
         cfg: ``run_dir`` (the file is ``env_path(cfg, job_id)``); job_id: the Slurm job id.
         pairs: ``(KEY, VALUE)`` task variables, in order (``mps_env``).
-
-    Returns:
-        The path written.
 
     Raises:
         ValueError: a value holds characters outside ``[A-Za-z0-9_./=:,+-]``.
@@ -82,9 +72,6 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
 def env_job_ids(cfg: Config) -> FrozenSet[int]:
     """The job ids that have an env file now (names ``<job_id>.env``; temporary ``.``-files are not listed);
     empty when the jobs directory is absent or unreadable.
-
-    Args:
-        cfg: the config (``run_dir``).
     """
     try:
         names = os.listdir(Path(cfg.run_dir) / "jobs")
@@ -95,10 +82,6 @@ def env_job_ids(cfg: Config) -> FrozenSet[int]:
 
 def remove_env(cfg: Config, job_id: int) -> bool:
     """Delete the job's env file; True when there was one.
-
-    Args:
-        cfg: the config (``run_dir``).
-        job_id: the Slurm job id.
 
     Raises:
         OSError: the file exists but cannot be removed.

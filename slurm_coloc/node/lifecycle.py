@@ -58,9 +58,6 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
     Args:
         cfg: the config (``mps_*``, ``sampler_autostart``, ``gpu_mem_gib``, ``run_dir``).
         db: the node database (node events).
-        job_id: the Slurm job id.
-        node: this node's name.
-        gpus: the job's NVML GPU indices on this node.
         shards: the job's shards on this node (1 shard = 1 GiB), None without.
         spank_share: the job's ``--coloc-share`` (``timeslice`` turns MPS off), None when not given.
         env: the hook's environment (its PATH finds the MPS control binary).
@@ -111,8 +108,6 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
     Args:
         cfg: the config (``mps_*``, ``run_dir``, ``diag_idle_smact_pct``).
         db: the node database (node events, samples, the summary).
-        job_id: the Slurm job id.
-        node: this node's name.
         gpus: the job's NVML GPU indices on this node; none: no flush and no summary.
         start_ts: the job's start (Unix s); None: the summary reads the last 24 h of samples.
         env: the hook's environment (its PATH finds the MPS control binary).

@@ -86,9 +86,6 @@ class View:
 
 def boot_time(proc_root: str = "/proc") -> float:
     """Boot time of this host (s since epoch, ``btime`` of ``/proc/stat``); 0 when unreadable.
-
-    Args:
-        proc_root: the procfs mount (tests pass a copy).
     """
     try:
         for line in Path(proc_root, "stat").read_text().splitlines():

@@ -74,9 +74,6 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     def mark_busy(self, request: Any) -> None:
         """Called by the handler once the request arrived whole: the connection is no longer evictable.
-
-        Args:
-            request: the connection's socket.
         """
         with self.lock:
             if request in self.open:
@@ -101,10 +98,6 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         """Admit the connection to a handler thread (at the cap, in place of the oldest idle one), or answer
         503 and close it when every open connection is busy (logged at most once a minute).
-
-        Args:
-            request: the accepted socket.
-            client_address: the peer's address.
         """
         with self.lock:
             admit = len(self.open) < MAX_CONNECTIONS or self._evict_idle()
@@ -129,9 +122,6 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     def shutdown_request(self, request: Any) -> None:
         """Forget the connection's deadline and close it.
-
-        Args:
-            request: the connection's socket.
         """
         with self.lock:
             self.open.pop(request, None)
@@ -141,10 +131,6 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or went away: no traceback (clients must not fill the sampler's log).
-
-        Args:
-            request: the connection's socket.
-            client_address: the peer's address (logged at debug level).
         """
         log.debug("metrics: dropped a client %s", client_address)
 
@@ -170,9 +156,6 @@ def answer_key(environ: Dict[str, Any]) -> Optional[Tuple[bool, bool]]:
     OpenMetrics is asked when a media range of ``Accept`` is ``application/openmetrics-text`` (any version or
     parameters; prometheus_client's ``choose_encoder`` reads the same); gzip when ``Accept-Encoding`` names
     it.
-
-    Args:
-        environ: the WSGI environment of the request.
     """
     if environ.get("REQUEST_METHOD", "GET") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
         return None
@@ -223,7 +206,6 @@ def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGISer
     Args:
         app: the WSGI app (prometheus-client's ``make_wsgi_app``).
         addr: the bind address or host name.
-        port: the TCP port.
 
     Returns:
         The server (``shutdown()`` stops it) and its thread.

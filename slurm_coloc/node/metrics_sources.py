@@ -20,7 +20,6 @@ def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
     """A reader of ``node``'s running job rows (read-only, opened per call: scrapes run on their own threads).
 
     Args:
-        cfg: the config (``node_db_path``).
         node: this node's name; rows opened since this boot (``boot_time``) with no end are returned.
 
     Returns:
@@ -44,9 +43,6 @@ def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
 def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
     """``(OOM deaths, reruns submitted)`` from ``ctld.db`` when this node can read it (shared ``state_dir``),
     re-read at most every ``OOM_TTL_S``; None where it cannot (the families are then absent).
-
-    Args:
-        cfg: the config (``ctld_db_path``).
 
     Returns:
         A function of no argument giving the cached counts or None; it never raises.

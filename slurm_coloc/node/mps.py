@@ -76,11 +76,8 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
 
     Args:
         cfg: the config (``mps_*``, ``gpu_mem_gib``, ``run_dir``).
-        job_id: the Slurm job id, written as a member file.
-        gpu_index: the NVML device index.
         uuid: the GPU's UUID, or None (``daemon_for``).
         env: the hook's environment (its PATH finds the control binary); None: this process's.
-        uid: the job's user (per-user mode).
         grant_mib: the job's shards in MiB; goes into its member file and the daemon's ceiling
             (node/mps_guard.py).
         modes: tests: recorded compute modes, replacing NVML for ``mps_compute_mode``.
@@ -122,10 +119,6 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
 def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
     """Daemons that list ``job_id`` as a member (the Epilog needs no NVML to find them).
 
-    Args:
-        cfg: the config (``run_dir``).
-        job_id: the Slurm job id.
-
     Returns:
         Their layouts, rebuilt from the directory names (``gpu_index`` -1 where keyed by UUID).
     """
@@ -150,7 +143,6 @@ def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
 
     Args:
         cfg: the config (``mps_*``, ``run_dir``).
-        job_id: the Slurm job id.
         env: the hook's environment (its PATH finds the control binary); None: this process's.
         modes: tests: recorded compute modes, replacing NVML.
 

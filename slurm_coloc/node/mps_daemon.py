@@ -88,7 +88,6 @@ def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[i
 
     Args:
         cfg: the config (``mps_mode``, ``run_dir``: the daemon's root is ``<run_dir>/mps/<key>[.uid<uid>]``).
-        gpu_index: the NVML device index.
         uuid: the GPU's UUID; None, or one with characters other than alphanumerics, ``-``, ``_``: keyed by
             index.
         uid: the job's user, used only in ``per-user`` mode: one daemon per (GPU, uid).
@@ -221,7 +220,6 @@ def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Op
     euid): a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
 
     Args:
-        d: the daemon layout (its pipe directory holds the pid file).
         binary_name: the control binary's name or path; the process's ``argv[0]`` basename must match it.
     """
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
@@ -305,8 +303,6 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
     Args:
         cfg: the config (``mps_start_timeout_s``: limit on the quit command and on the wait for the exit, s).
-        d: the daemon layout.
-        binary: the control binary.
 
     Returns:
         ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok: SIGTERM sent).

@@ -46,8 +46,6 @@ def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> No
     """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown).
 
     Args:
-        members_dir: the daemon's ``members`` directory.
-        job_id: the Slurm job id.
         grant_mib: the job's shards in MiB; None: unknown (counted as the whole GPU by ``member_grants``).
 
     Raises:
@@ -62,7 +60,6 @@ def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
     GPU.
 
     Args:
-        members_dir: the daemon's ``members`` directory (``.``-files are skipped).
         full_mib: the whole GPU's memory (MiB).
 
     Raises:
@@ -122,7 +119,6 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
     """Send the ceiling to the control daemon: the default for new servers, then each running server's limit.
 
     Args:
-        control: sends one command to the daemon (as its user) and returns the completed run.
         mib: the per-client ceiling (MiB), sent as ``limit_value(mib)`` on device 0 (the daemon sees one GPU).
 
     Returns:
@@ -155,9 +151,7 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[s
     """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``.
 
     Args:
-        cfg: the config; does nothing unless ``mps_compute_mode`` is ``exclusive-process``.
         root: the daemon's root directory (``compute_mode.prev`` is written there).
-        gpu_index: the NVML device index.
         modes: a ``ComputeModes`` (tests: recorded); None: NVML.
 
     Returns:

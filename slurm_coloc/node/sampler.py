@@ -359,7 +359,6 @@ def make_reader(cfg: Config, replay: Optional[str] = None,
 
     Args:
         cfg: the config (``sampler_replay_path``).
-        replay: path of an NVML recording; overrides the config's.
         pid_map: ``{recorded pid: live pid}`` for a replay, so recorded processes map to running jobs.
 
     Raises:

@@ -30,7 +30,6 @@ def lock_path(cfg: Config, node: str) -> Path:
 
     Args:
         cfg: the config (``run_dir``).
-        node: this node's name.
     """
     return Path(cfg.run_dir) / f"sampler-{node}.lock"
 
@@ -44,7 +43,6 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
 
     Args:
         cfg: the config (``run_dir``, created 0755 if missing).
-        node: this node's name.
 
     Returns:
         The locked file descriptor, or None.
@@ -76,7 +74,6 @@ def running_pid(cfg: Config, node: str) -> Optional[int]:
 
     Args:
         cfg: the config (``run_dir``).
-        node: this node's name.
 
     Returns:
         The pid written in the lock file; -1 when the lock is held but the file holds no pid; None when no
@@ -100,11 +97,6 @@ def running_pid(cfg: Config, node: str) -> Optional[int]:
 
 def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
     """Start a detached sampler for ``node`` (new session, no inherited fds) unless one runs.
-
-    Args:
-        cfg: the config (``run_dir``, where the lock lives).
-        node: this node's name.
-        python: the interpreter that runs ``slurm_coloc.cli.sampler run``.
 
     Returns:
         The pid of the running or new sampler (None if the spawn failed, logged).

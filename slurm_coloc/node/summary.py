@@ -75,8 +75,6 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
     """Summarize ``job_id`` from sample rows of its GPUs within [start_ts, end_ts].
 
     Args:
-        job_id, node: the job and the node summarized.
-        gpus: the job's GPU indexes on the node.
         start_ts, end_ts: the job's span (epoch s; None: not known), copied into the summary.
         gpu_rows / proc_rows: rows of ``gpu_samples`` / ``proc_samples`` (all jobs' processes on those GPUs).
         idle_smact_pct: a sample with SM activity below this (%) counts as idle in ``smact_idle_pct``, which

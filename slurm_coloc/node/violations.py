@@ -52,7 +52,6 @@ def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[in
     Args:
         lists: NVML process lists of every GPU in the frame.
         job_of: pid -> job id (None: not a Slurm job, e.g. the MPS server).
-        tenants: job id -> ``Tenant`` (shard jobs of this node).
         tolerance_mib: memory allowed above the grant (MiB).
     """
     out: List[Finding] = []
@@ -121,7 +120,6 @@ def user_message(f: Finding, tolerance_mib: float, action: str) -> str:
     Args:
         f: the confirmed finding (``over-grant`` or ``outside-mps``; memory in MiB).
         tolerance_mib: the configured tolerance over the grant (MiB).
-        action: ``stop`` (the line says stopped) or ``record`` (recorded).
     """
     did = "stopped" if action == "stop" else "recorded"
     if f.reason == "outside-mps":

@@ -61,7 +61,6 @@ def is_mps_server(pid: int, control_bin: Optional[str], proc_root: str = "/proc"
     Args:
         pid: the process id; unreadable or gone: False.
         control_bin: the resolved MPS control binary; None: False.
-        proc_root: the procfs mount (tests pass a copy).
     """
     if not control_bin:
         return False
@@ -113,9 +112,6 @@ class Watchdog:
         ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several
         GPUs is not a tenant (no MPS, no fence).
 
-        Args:
-            force: reload even when nothing changed.
-
         Returns:
             job id -> ``Tenant`` (grant in MiB = shards x 1024).
 
@@ -148,7 +144,6 @@ class Watchdog:
 
         Args:
             frame: the sampler's frame (its ``lists``: NVML's process lists, memory in MiB).
-            job_of: pid -> job id from the sampler's attribution; pids missing from it are looked up.
             interval_s: the sampler's period (s).
 
         Returns:
@@ -223,10 +218,6 @@ class Watchdog:
     def kill(self, job_id: int, pids: Sequence[int]) -> Tuple[List[int], Dict[int, str]]:
         """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS
         server.
-
-        Args:
-            job_id: the Slurm job id being stopped.
-            pids: its processes on the GPU in the frame that confirmed the finding.
 
         Returns:
             (pids signalled, {pid: why not}). Never raises: a failed kill is a reason.
