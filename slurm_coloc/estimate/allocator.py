@@ -96,9 +96,6 @@ class CachingAllocatorModel:
         Args:
             nbytes: the request (bytes); rounded by ``round_size``, taken from the best-fitting cached
                 block or a new segment (``segment_size``), which raises ``reserved_b``/``peak_reserved_b``.
-
-        Returns:
-            An integer handle, unique within this model.
         """
         size = round_size(int(nbytes))
         small = size <= SMALL_SIZE_B

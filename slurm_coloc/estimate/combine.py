@@ -76,7 +76,6 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     the figure or lower it, never below the trace floor (``detail["trace_floor_mib"]``).
 
     Args:
-        spec: the training job.
         gpu_name: a GPU model ``gpus.gpu_model`` knows (``H100``).
         history_mib: measured per-process peaks (MiB) of earlier runs (:func:`history_bound`).
 
@@ -141,8 +140,6 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     calibrated analytic bound (:func:`bound_from_trace`; no history, no cache).
 
     Args:
-        spec: the training job.
-        gpu_name: a GPU model ``gpus.gpu_model`` knows.
         workspace_exclude: table sources to leave out (evaluations of unseen models only).
 
     Raises:

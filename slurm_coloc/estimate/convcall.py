@@ -108,9 +108,6 @@ class ConvCall:
 
 def split_batch(key: str) -> Tuple[str, int]:
     """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast).
-
-    Args:
-        key: a key of the module docstring's form.
     """
     d, dtype, inp, rest = key.split("|", 3)
     n, tail = inp.split(",", 1) if "," in inp else (inp, "")
@@ -119,10 +116,6 @@ def split_batch(key: str) -> Tuple[str, int]:
 
 def parse_key(key: str) -> ConvCall:
     """The :class:`ConvCall` a key names.
-
-    Args:
-        key: ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``
-            (module docstring).
 
     Raises:
         EstimateError: the key is not of the form in the module docstring.
@@ -146,7 +139,6 @@ def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
     """The call of a dispatched ``aten.convolution`` / ``aten.convolution_backward``.
 
     Args:
-        backward: which of the two ops.
         args: the op's positional arguments (tensors need ``.shape`` and ``.dtype`` only):
             forward ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
             groups)``; backward ``(grad_output, input, weight, bias_sizes, stride, padding, dilation,
@@ -172,12 +164,6 @@ def workspace_parts(call: ConvCall) -> Tuple[ConvCall, ...]:
     not fit into one segment (seen on the H100: VGG-16 at batch 128 reserved two 3.1 GiB segments
     there, ``benchmarks/device/mem_snapshot.py``). So such a call is split into its ``(1, 0, 0)``
     and ``(0, 1, 0)`` masks; any other call is itself.
-
-    Args:
-        call: a traced convolution call.
-
-    Returns:
-        One or two calls.
     """
     if call.backward and len(call.mask) == 3 and call.mask[0] and call.mask[1]:
         return (dataclasses.replace(call, mask=(True, False, False)),

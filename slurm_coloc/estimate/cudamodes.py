@@ -60,9 +60,6 @@ def make_sdpa_mode(torch: Any) -> Any:
     the modes are popped while it runs, so its SDPA call is not seen; :func:`patch_functional_sdpa`
     covers that path.
 
-    Args:
-        torch: the imported ``torch`` module.
-
     Returns:
         A ``TorchFunctionMode`` instance (not entered).
     """
@@ -88,9 +85,6 @@ def patch_functional_sdpa(torch: Any) -> Iterator[None]:
     ``torch/nn/functional.py``), so ``nn.MultiheadAttention`` with ``need_weights=False`` (as
     ``nn.TransformerEncoderLayer`` and torchvision's ViT call it) traces the fused kernel's memory,
     as on the GPU, instead of the math path's B x H x T x T matrices. Restored on exit.
-
-    Args:
-        torch: the imported ``torch`` module.
     """
     F = torch.nn.functional
     sdpa = F.scaled_dot_product_attention
@@ -111,10 +105,6 @@ def make_cuda_dropout_mode(torch: Any, on_gpu: Callable[[Any], bool]) -> Any:
     CUDA's fused kernel (``at::dropout``, ``is_fused_kernel_acceptable``: a CUDA input, 0 < p < 1)
     saves a one-byte ``bool`` mask for the backward; on CPU and meta the same call multiplies by a
     noise tensor of the input's dtype and saves that (4 bytes per element in fp32).
-
-    Args:
-        torch: the imported ``torch`` module.
-        on_gpu: whether a tensor is GPU memory in the trace.
 
     Returns:
         A ``TorchFunctionMode`` instance (not entered).
@@ -162,9 +152,6 @@ def make_cuda_fp32_mode(torch: Any) -> Any:
     As CUDA autocast does for its fp32 list: floating fp16/bf16 arguments are cast to float32
     and the function runs with autocast off, so its output is float32. The list is ``_CUDA_FP32_NAMES``
     (torch.amp docs minus ``aten/src/ATen/autocast_mode.cpp``'s CPU fp32 list).
-
-    Args:
-        torch: the imported ``torch`` module.
 
     Returns:
         A ``TorchFunctionMode`` instance (not entered).

@@ -45,8 +45,6 @@ class ScalarAssumptions:
 
         Args:
             func: the dispatched op (``aten.all.default``, ...); only ``ORIGIN_OPS`` are kept.
-            out: its output (unused beyond the key).
-            storage_key: the output storage's ``_cdata``.
         """
         name = func.__name__.split(".")[0]
         if name in ORIGIN_OPS:
@@ -54,9 +52,6 @@ class ScalarAssumptions:
 
     def forget(self, storage_key: int) -> None:
         """The storage died: its key may be reused by an unrelated tensor.
-
-        Args:
-            storage_key: the dead storage's ``_cdata``.
         """
         self.origin.pop(storage_key, None)
 
@@ -64,7 +59,6 @@ class ScalarAssumptions:
         """The assumed Python value of the 0-dim tensor ``t`` (see the module docstring).
 
         Args:
-            torch: the imported ``torch`` module.
             t: the 0-dim tensor whose value is read (``.item()``, ``bool()``); counted in ``counts``.
 
         Returns:
@@ -93,7 +87,6 @@ def has_no_data(torch: Any, t: Any) -> bool:
     """True for a tensor without values: on ``meta``, or a ``FakeTensor``.
 
     Args:
-        torch: the imported ``torch`` module.
         t: anything (a non-tensor is False).
     """
     if not isinstance(t, torch.Tensor):
@@ -111,10 +104,6 @@ def pick_output(torch: Any, out: Any) -> Any:
     A tensor as is; an object with a tensor ``.logits`` (Hugging Face ``ModelOutput``) -> its
     ``.logits``; a ``dict`` -> its ``"logits"`` entry, else its first tensor value; a tuple or
     list -> its first element (recursively, at most 8 levels). Returns None when no tensor is found.
-
-    Args:
-        torch: the imported ``torch`` module.
-        out: the model's output.
     """
     for _ in range(8):  # bounded: nested containers
         if isinstance(out, torch.Tensor):

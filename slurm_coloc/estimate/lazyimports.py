@@ -147,9 +147,6 @@ def may_need_real_dynamo(exc: BaseException) -> bool:
     True unless it is an ``EstimateError`` (the estimator's own "this model/input fails" error)
     with no ``_dynamo`` in its message or in any exception it was raised from (a stand-in's
     failures, e.g. ``torch._dynamo' is not a package``, always name it).
-
-    Args:
-        exc: the exception; its ``__cause__``/``__context__`` chain is followed (cycles stop it).
     """
     from slurm_coloc.errors import EstimateError
 

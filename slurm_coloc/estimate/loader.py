@@ -71,7 +71,6 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
     may be, only with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
 
     Args:
-        directory: the directory a model file would be imported from.
         uid: the user whose code it may hold; None for the calling process's uid.
 
     Returns:
@@ -98,10 +97,6 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
 
 def trusted_dir(directory: str, model: str) -> None:
     """Raise unless ``directory`` holds only code of this user (``untrusted_dir_reason``).
-
-    Args:
-        directory: the model file's directory.
-        model: the spec's model name, for the message.
 
     Raises:
         EstimateError: one line naming the directory and the fix.
@@ -180,10 +175,6 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
 def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
     """Call the model callable with ``spec.kwargs``; the result must be a ``torch.nn.Module``.
 
-    Args:
-        spec: the training job (its ``kwargs`` and, for messages, ``model``).
-        fn: ``load_callable``'s callable.
-
     Raises:
         EstimateError: the callable raised or returned something else.
     """
@@ -202,9 +193,6 @@ def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
 
 def short_error(exc: BaseException) -> str:
     """``Type: first line of message`` (at most 200 characters), for one-line estimate errors.
-
-    Args:
-        exc: the exception.
 
     Returns:
         The line. Never raises.

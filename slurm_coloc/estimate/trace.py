@@ -159,14 +159,10 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
     Args:
-        spec: the training job.
         workspace: bytes of cuDNN workspace a convolution call takes on the target GPU
             (``workspace.WorkspaceModel.bytes_for``); None replays no workspace.
         count_flops: count the FLOPs of one step (``TraceResult.flops_per_step``); the memory
             figures are the same either way.
-
-    Returns:
-        TraceResult with the replayed allocator's peaks and the model's features.
 
     Raises:
         EstimateError: the model cannot be imported, built, or run on the input shape.

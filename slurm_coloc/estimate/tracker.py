@@ -91,7 +91,6 @@ def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
 
     Args:
-        torch: the imported ``torch`` module (imported by the caller, lazily).
         workspace: bytes of cuDNN workspace one convolution call takes
             (``workspace.WorkspaceModel.bytes_for``); None: no workspace replayed.
     """

@@ -52,12 +52,6 @@ def size_elems(c: ConvCall) -> int:
 
 def kind_of(c: ConvCall) -> Tuple:
     """The class a nearest-neighbour lookup stays within.
-
-    Args:
-        c: the convolution call.
-
-    Returns:
-        ``(backward, dtype, grad input, depthwise, transposed, input rank)``.
     """
     depthwise = c.groups > 1 and c.groups == (c.input[1] if len(c.input) > 1 else 0)
     grad_in = bool(c.mask[0]) if c.backward else False
@@ -66,9 +60,6 @@ def kind_of(c: ConvCall) -> Tuple:
 
 def features(c: ConvCall) -> List[float]:
     """Log-shape features of a call for the nearest-neighbour fallback.
-
-    Args:
-        c: the convolution call.
 
     Returns:
         8 floats: log2 of batch, input and output channels; half log2 of the spatial size; twice the mean
@@ -84,9 +75,6 @@ def features(c: ConvCall) -> List[float]:
 
 def kind_code(c: ConvCall) -> str:
     """:func:`kind_of` as a short string (the table file's ``kind`` column).
-
-    Args:
-        c: the convolution call.
     """
     return "|".join(str(int(v)) if isinstance(v, bool) else str(v) for v in kind_of(c))
 
@@ -267,7 +255,6 @@ def write_npz(path: str, rows: Sequence[Tuple[str, int, str]]) -> None:
     precomputed lookup features (so loading parses no key).
 
     Args:
-        path: the ``.npz`` file to write (``numpy.savez_compressed``).
         rows: ``(convcall key, workspace bytes, sources joined by ';')``.
 
     Raises:
