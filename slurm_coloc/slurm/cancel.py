@@ -26,10 +26,7 @@ def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, s
     Slurm).
 
     Args:
-        job_id: the job to cancel.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds scancel may take before it is killed.
 
     Raises:
         SlurmError: scancel missing, timed out or refused (its stderr is carried).
@@ -44,7 +41,6 @@ def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
 
     Args:
         job_ids: the jobs to cancel; empty runs nothing.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -58,9 +54,6 @@ def parse_stderr_target(job: JobInfo) -> StderrTarget:
     """``StderrTarget`` of a job record (pure): its expanded stderr path (stdout's when Slurm shows no
     separate stderr) and its uid/gid, all from ``squeue --json`` (``slurm/jobinfo.py``), never from text a
     user can shape.
-
-    Args:
-        job: the job record (``stderr_path``, ``stdout_path``, ``uid``, ``gid``).
 
     Raises:
         SlurmError: no path or no uid/gid in the record.
@@ -76,8 +69,6 @@ def stderr_target(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[
     """Where ``job_id`` writes its stderr, and as whom. Equivalent: ``squeue --json`` and pick the job.
 
     Args:
-        job_id: the job.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
         timeout_s: seconds for the Slurm query (``jobs.job_info``).
 

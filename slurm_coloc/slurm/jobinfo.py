@@ -159,7 +159,6 @@ def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], arra
     as-user open; nothing in it is interpreted.
 
     Args:
-        pattern: the path pattern as submitted (``--output``/``--error``/``--input``).
         job_id: the job's id (``%j``).
         array_job_id: the array's job id (``%A``), or None/0 outside an array.
         array_task_id: the array task id (``%a``), or None outside an array.
@@ -229,9 +228,7 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
     -> ``JobInfo``.
 
     Args:
-        j: one ``jobs[]`` entry, as decoded from JSON.
         now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
-        release: the Slurm release the output's ``meta`` names (``JobInfo.slurm_release``), or ``""``.
 
     Returns:
         The typed record; an unreadable ``nodes`` host list gives empty ``node_names`` rather than an error.
@@ -279,7 +276,6 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
     names.
 
     Args:
-        text_: the command's whole standard output.
         now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
 
     Returns:
@@ -307,11 +303,7 @@ def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
     """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: docs/facts.md §7).
 
     Args:
-        text_: squeue's whole standard output.
         now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
-
-    Returns:
-        One ``JobInfo`` per entry with an integer ``job_id``, in output order.
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.

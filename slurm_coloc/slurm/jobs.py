@@ -33,10 +33,7 @@ def sbatch(
     and exits with its code (coloc-sbatch is a drop-in).
 
     Args:
-        args: sbatch's arguments, options and script with its arguments.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds sbatch may take before it is killed.
 
     Returns:
         The completed process (``returncode``, ``stdout``, ``stderr`` as str), whatever sbatch's exit status.
@@ -52,9 +49,7 @@ def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = Non
     """Every job slurmctld still knows, finished ones included. Equivalent: ``squeue --json --states=all``.
 
     Args:
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds squeue may take before it is killed.
 
     Returns:
         One ``JobInfo`` per job (22.05: every job slurmctld holds); the release ``meta`` names is cached
@@ -82,10 +77,7 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
     job``).
 
     Args:
-        job_id: the job's id.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds for the version look-up and the query together.
 
     Raises:
         SlurmError: Slurm failed, timed out or printed something unparsable.
@@ -117,10 +109,7 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
     """Like ``job_info`` for a job that must exist.
 
     Args:
-        job_id: the job's id.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds for the version look-up and the query together.
 
     Raises:
         SlurmError: Slurm failed, timed out or printed something unparsable, or slurmctld does not know
@@ -137,11 +126,8 @@ def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
     """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``.
 
     Args:
-        job_id: the job's id.
         path: the file scontrol writes (by slurmctld's rules: relative to scontrol's working directory).
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds scontrol may take before it is killed.
 
     Raises:
         SlurmError: scontrol failed (unknown job, no script kept) or timed out.
@@ -162,14 +148,7 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     ``--uid`` is for root only).
 
     Args:
-        script_path: the batch script to submit.
-        uid: the user id the job runs as.
-        gid: the group id the job runs as.
-        args: sbatch options, before the script.
-        script_args: the script's own arguments, after it.
-        bin_dir: the directory holding the Slurm binaries.
         slurm_conf: the ``SLURM_CONF`` path sbatch gets; None: sbatch's default.
-        timeout_s: seconds sbatch may take before it is killed.
 
     Raises:
         SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
@@ -189,7 +168,6 @@ def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     Equivalent: ``sbatch --help | grep -- --coloc-mem``. False when sbatch cannot be run.
 
     Args:
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Never raises: a failing sbatch gives False.
@@ -219,10 +197,7 @@ def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin"
     Args:
         job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
             array job id names every task of the array, as jobstats notes).
-        text: the comment, one line.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds scontrol may take before it is killed.
 
     Raises:
         SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or scontrol refused (not root,
@@ -246,10 +221,7 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
     Args:
         job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
             array job id names every task of the array, as jobstats notes).
-        text: the comment, one line.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds sacctmgr may take before it is killed.
 
     Raises:
         SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no
@@ -270,9 +242,7 @@ def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
     Args:
         job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
             array job id names every task of the array, as jobstats notes).
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds sacct may take before it is killed.
 
     Returns:
         The first line of sacct's output, ``""`` when it printed nothing (no such job or no comment).

@@ -24,9 +24,6 @@ def number(value: Any) -> Optional[float]:
 
     ``5`` -> 5; ``{"set": true, "infinite": false, "number": 5}`` -> 5; ``{"set": false, ...}`` -> None;
     ``{"infinite": true, ...}`` -> None; ``4294967295`` -> None; ``True``/``"5"`` -> None.
-
-    Args:
-        value: the field's decoded JSON value, of any type.
     """
     if isinstance(value, Mapping):
         if not value.get("set") or value.get("infinite"):
@@ -42,7 +39,6 @@ def integer(j: Mapping[str, Any], key: str) -> Optional[int]:
 
     Args:
         j: a decoded JSON object (one job).
-        key: the field's name.
     """
     v = number(j.get(key))
     return None if v is None else int(v)
@@ -103,7 +99,6 @@ def text(j: Mapping[str, Any], key: str) -> str:
 
     Args:
         j: a decoded JSON object (one job).
-        key: the field's name.
     """
     v = j.get(key)
     return "" if v is None else str(v)

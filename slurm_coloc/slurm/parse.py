@@ -65,9 +65,6 @@ def expand_hostlist(text: Optional[str]) -> List[str]:
     Args:
         text: the host list (or path list) as Slurm writes it; None or ``""`` gives ``[]``.
 
-    Returns:
-        The names, in the order written.
-
     Raises:
         SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
             names.
@@ -154,9 +151,6 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 
     Args:
         text: an index list (``0-2,5``); None, empty and parts that are not numbers or ranges are skipped.
-
-    Returns:
-        The device indices, in the order written.
     """
     out: List[int] = []
     for part in (text or "").split(","):

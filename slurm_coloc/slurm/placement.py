@@ -43,9 +43,6 @@ def parse_node_kv(line: str) -> Dict[str, str]:
     Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records
     are read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
     ``{"NodeName": "n1", "Gres": "shard:g0:80", "State": "IDLE"}``.
-
-    Args:
-        line: one node's line, keys and values separated by ``=`` and words by spaces.
     """
     out: Dict[str, str] = {}
     marks = list(_NODE_KEY.finditer(line.strip()))
@@ -60,9 +57,6 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
     """One ``scontrol show node -o`` line -> its typed GPUs, or None when the node's GRES are not typed g<i>.
 
     ``Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80`` -> ``{0: 80, 1: 80}``.
-
-    Args:
-        line: one node's line.
     """
     kv = parse_node_kv(line)
     shards: Dict[int, int] = {}
@@ -79,7 +73,6 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
     """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``.
 
     Args:
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -135,9 +128,6 @@ def placer_shards(job: JobInfo) -> Optional[int]:
 
 def is_candidate(job: JobInfo) -> bool:
     """A job the placer steers (``placer_shards`` is not None).
-
-    Args:
-        job: the job record.
     """
     return placer_shards(job) is not None
 
@@ -146,7 +136,6 @@ def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) ->
     """Every job slurmctld knows. Equivalent: ``squeue --json --states=all`` (``slurm.jobs.squeue_all``).
 
     Args:
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -164,12 +153,9 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
     N``.
 
     Args:
-        job_id: the held job.
-        node: the node name.
         index: the GPU index on ``node`` (its shard type ``g<index>``).
         shards: shards to give (1 GiB each).
         comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -189,8 +175,6 @@ def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     ``scontrol release N`` is then refused with ``Access/permission denied``).
 
     Args:
-        job_id: the held job.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -204,10 +188,8 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
     """Give held job ``job_id`` an untyped ``shard:<n>`` request (Slurm packs by memory alone) and release it.
 
     Args:
-        job_id: the held job.
         shards: shards to request (1 GiB each).
         comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:
@@ -222,9 +204,6 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
 
 def strip_wait(comment: str) -> str:
     """The comment without the placer's ``coloc-wait:<reason>|`` prefix.
-
-    Args:
-        comment: a job comment.
     """
     if comment.startswith(WAIT_TAG) and "|" in comment:
         return comment.split("|", 1)[1]
@@ -234,10 +213,6 @@ def strip_wait(comment: str) -> str:
 def wait_comment(reason: str, comment: str) -> str:
     """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still
     finds it. ``|`` is removed from the reason and it is cut to 200 characters.
-
-    Args:
-        reason: why the job waits, in words.
-        comment: the job's current comment (an earlier wait prefix is replaced).
     """
     return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 
@@ -247,11 +222,8 @@ def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
     """Show why a held job waits: its comment becomes ``coloc-wait:<reason>|...`` (``squeue -o '%i %r %k'``).
 
     Args:
-        job_id: the held job.
-        reason: why it waits, in words.
         comment: the job's current comment; nothing is run when it would not change or would lose the coloc
             JSON.
-        bin_dir: the directory holding the Slurm binaries.
         env: the full environment for the command; None: ``run.slurm_env()``.
 
     Raises:

@@ -1,6 +1,8 @@
 """Run a Slurm command: the only place slurm-coloc executes Slurm binaries.
 
-Hooks get no PATH, so binaries are resolved against ``Config.slurm_bin_dir``.
+Hooks get no PATH, so binaries are resolved against ``Config.slurm_bin_dir``. Every command wrapper of
+slurm/ takes the same ``bin_dir`` (that directory), ``env`` (the command's whole environment; None:
+``slurm_env()``) and ``timeout_s`` (seconds before the child is killed).
 """
 from __future__ import annotations
 
@@ -45,8 +47,6 @@ def run(
 
     Args:
         argv: e.g. ``["scontrol", "show", "job", "-o", "12"]``; argv[0] is resolved in ``bin_dir``.
-        bin_dir: directory holding the Slurm binaries.
-        timeout_s: wall-clock bound; the child is killed when it expires.
         env: full environment for the child (default: ``slurm_env()``).
         check: raise on a non-zero exit.
         stdin_text: text fed on stdin (default: /dev/null).

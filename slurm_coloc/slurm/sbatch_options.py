@@ -133,10 +133,6 @@ def parse_sbatch_help(text: str, source: str = "sbatch --help") -> SbatchOptions
 
     A long option takes a value when it is printed ``--opt=v`` or ``--opt v``; ``--opt[=v]`` takes one only
     joined by ``=``. Raises nothing: text without options gives the built-in table.
-
-    Args:
-        text: sbatch's ``--help`` and/or ``--usage`` output.
-        source: where the text came from, kept as ``SbatchOptions.source``.
     """
     value: Set[str] = set(BUILTIN_22_05)
     optional: Set[str] = set()
@@ -200,7 +196,6 @@ def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]
     Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why.
 
     Args:
-        bin_dir: the directory holding ``sbatch``.
         env: the environment sbatch runs with (its ``SLURM_CONF`` is part of the cache key); None: this
             process's.
         use_cache: read the memory and disk caches; False runs sbatch again (the result is still cached).

@@ -108,9 +108,7 @@ def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = 
     Equivalent: ``scontrol --version`` (needs no controller).
 
     Args:
-        bin_dir: the directory holding ``scontrol``.
         env: the environment scontrol runs with; None: this process's.
-        timeout_s: seconds scontrol may take.
 
     Raises:
         SlurmError: scontrol missing, failing, timed out, or printing no release.
@@ -129,10 +127,6 @@ def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = 
 
 def remember(bin_dir: str, version: SlurmVersion) -> None:
     """Cache ``version`` for ``bin_dir`` (learnt from a ``--json`` output's ``meta``), sparing the exec.
-
-    Args:
-        bin_dir: the directory holding the Slurm commands; an entry already cached for it is kept.
-        version: the release learnt.
     """
     with _LOCK:
         _CACHE.setdefault(bin_dir, version)
