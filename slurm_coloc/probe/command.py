@@ -186,10 +186,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
     """Find the training command in batch script ``text``.
 
     Args:
-        text: the batch script.
         script_args: the arguments the script is submitted with (``$1``, ``$@``).
-        submit_dir: the directory of submission (the job's working directory, ``$SLURM_SUBMIT_DIR``).
-        environ: the submitting environment (default ``os.environ``), the job's at its start.
 
     Returns:
         CommandSearch with the command, or None and a one-line reason.

@@ -83,7 +83,6 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
     launcher's (``torchrun``, ``accelerate``) own Python is its ``#!`` line's, ``python3`` when it has none.
 
     Args:
-        cmd: the training command (``python_from``, ``python_word``, ``interpreter``, ``launcher``).
         path: the ``PATH`` to search; None for this process's.
 
     Returns:
@@ -132,10 +131,7 @@ def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
     raises.
 
     Args:
-        text: the batch script's text.
-        cmd: the training command found in it (``command.find_command``).
         script_args: the script's arguments (``$1`` ... in the preamble).
-        submit_dir: the submission directory (the preamble's working directory).
         environ: the submitting environment; None for this process's.
         python: the interpreter to use instead of the one the command names, or None.
         run_as: the user the preamble runs as (``identity.py``), None for the caller.
@@ -191,8 +187,6 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
     modification times of the path's directories are unchanged; at most 64 entries are kept.
 
     Args:
-        python: the interpreter's path (run as ``python -c``, cwd ``/``, in a session of its own).
-        env: its environment.
         cache_dir: the cache's directory, or None for no cache.
         run_as: the user the interpreter runs as (``identity.py``), None for the caller.
 
@@ -238,8 +232,6 @@ def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] 
     importing it; ``"none"`` when it has none, None when the interpreter does not answer.
 
     Args:
-        python: the interpreter's path.
-        env: its environment.
         cache_dir: the ``interpreter_path`` cache's directory, or None.
         run_as: the user the interpreter runs as, None for the caller.
 

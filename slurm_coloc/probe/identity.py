@@ -125,9 +125,6 @@ def probe_identity(uid_option: Optional[str], gid_option: Optional[str], files: 
 def private_dir(path: str, run_as: Optional[RunAs]) -> str:
     """Make directory ``path`` for a child to write in: handed to ``run_as`` (mode 0700), or as it is.
 
-    Returns:
-        ``path``.
-
     Raises:
         OSError: it cannot be made or handed over.
     """

@@ -71,11 +71,6 @@ def mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS)
 
     Args:
         workdir: the job's working directory (absolute).
-        up: the scratch directory standing for the top ancestor (made if missing).
-        levels: how many ancestors to mirror.
-
-    Returns:
-        The path standing for ``workdir``.
 
     Raises:
         OSError: ``up`` or a directory standing for an ancestor cannot be made.

@@ -72,7 +72,6 @@ def preamble(text: str, line_index: int) -> Optional[str]:
     ``line_index`` (the training command's), others as ``:``; None when no line is kept.
 
     Args:
-        text: the batch script's text.
         line_index: 0-based index among ``shellwords.logical_lines(text)`` of the training command.
 
     Returns:
@@ -114,12 +113,7 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
     """Run the preamble of batch script ``text`` before ``cmd`` (module docstring); never raises.
 
     Args:
-        text: the batch script.
-        cmd: its training command (``cmd.line_index`` marks where the preamble ends).
         script_args: the script's arguments (``$1``...).
-        submit_dir: the submission directory (the preamble's working directory).
-        environ: the submitting environment (default ``os.environ``).
-        timeout_s: the preamble's time limit (seconds).
         run_as: the user bash runs as (root submitting for a user: ``identity.py``), None for the caller.
 
     Returns:

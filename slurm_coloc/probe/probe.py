@@ -139,7 +139,6 @@ def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: s
     """One line: what the probe ran and what it saw.
 
     Args:
-        cmd: the command the probe ran (file or ``-m`` module and its arguments).
         result: the probe's result JSON, or None when it gave none (then only what ran is said).
         interpreter: the Python it ran under ("" reads as ``python3``).
     """
@@ -246,12 +245,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
-        script_path: the batch script.
-        script_args: the arguments it is submitted with.
         submit_dir: the job's working directory (default: the current directory).
         gpu: the GPU model the figure is for (``gpus.gpu_model`` names).
         timeout_s: the probe's time limit (seconds); mem_limit_mib: its address-space limit (MiB).
-        steps: optimizer steps per optimizer before the program is stopped.
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
         python: the job's interpreter (a path or a name on PATH), instead of the one its command implies.
         keep_log: return the program's output in ``log_text`` (for ``--explain``).

@@ -70,15 +70,8 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
     stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file).
 
     Args:
-        argv: the program and its arguments.
-        status_path: where the reaper writes its status JSON.
-        timeout_s: wall-clock limit (s); the reaper itself gets ``REAPER_GRACE_S`` more.
-        cwd: the program's working directory.
-        env: the program's whole environment.
-        stdout: an open file for the program's stdout and stderr.
         preexec_fn: run in the child before exec (resource limits), or None.
         run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
-        max_wall_s: the wall-clock cap of a starved program (``reaper.py --max-wall``; default ``timeout_s``).
         max_procs: live processes under the reaper before it ends them all (0: no cap).
         dump: ask ``argv`` for its stacks before the kill at the limit (``reaper.DUMP_SIGNAL``; only for a
             program that handles it: ``inject/main.py``).

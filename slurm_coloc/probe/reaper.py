@@ -117,11 +117,7 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
     """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); returns how many were alive.
 
     Args:
-        main_pid: the process ``ARGV`` runs as (its exit status is collected when reaped).
         status: one-element list; ``status[0]`` gets ``main_pid``'s exit status if it is reaped here.
-
-    Returns:
-        The number of distinct live processes killed.
     """
     me = os.getpid()
     seen = set()
@@ -144,9 +140,6 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
 
 def tree_cpu_s(root: int) -> float:
     """CPU seconds (user + system) of every live process below ``root`` and of the children it reaped.
-
-    Args:
-        root: this process's id.
     """
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = 0

@@ -114,7 +114,6 @@ def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Op
     ``#!`` line names.
 
     Args:
-        cmd: the training command (``interpreter``, ``launcher``).
         path_env: the ``PATH`` to search; None for this process's.
 
     Returns:
@@ -177,14 +176,9 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     """Run ``cmd`` under the probe (module docstring) and read its result.
 
     Args:
-        cmd: the training command (``command.find_command``).
-        timeout_s: wall-clock limit for the child (seconds).
         mem_limit_mib: the child's address-space limit (MiB).
-        steps: optimizer steps per optimizer before the probe stops the program.
         scratch_root: where the scratch directory is made (default: the system's temp dir).
         keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
-        environ: the job's environment before the probe's own variables (default ``os.environ``;
-            ``preamble.run_preamble``'s, after the script's setup lines).
         run_as: the user the child runs as (root submitting for a user: ``identity.py``), None for the caller.
 
     Returns:

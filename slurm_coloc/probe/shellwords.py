@@ -19,12 +19,6 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}"
 
 def logical_lines(text: str) -> List[str]:
     """The script's logical lines: a line ending in ``\\`` joins the next (the backslash becomes a space).
-
-    Args:
-        text: the batch script's text.
-
-    Returns:
-        The lines, trailing whitespace removed; an unfinished continuation at the end is kept as a line.
     """
     out: List[str] = []
     buf = ""

@@ -79,9 +79,6 @@ class MicroSteps:
 
         Args:
             orig: the real ``Module.__call__``.
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
 
         Returns:
             The module's output, or a rebuilt one.

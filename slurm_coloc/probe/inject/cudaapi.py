@@ -23,9 +23,6 @@ def cpu_autocast_dtypes(torch: Any) -> List[str]:
 
     An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
 
-    Args:
-        torch: the program's imported ``torch`` module.
-
     Returns:
         A subset of ``["bfloat16", "float16"]``, in that order.
     """
@@ -52,7 +49,6 @@ def patch_autocast(torch: Any, state: ProbeState) -> None:
     (``state.fail``) instead of tracing the step in float32.
 
     Args:
-        torch: the program's imported ``torch`` module.
         state: the probe's state (``autocast_dtypes`` gets each dtype entered; ``fail``).
     """
     ac = torch.amp.autocast_mode.autocast
@@ -94,10 +90,6 @@ class _Dummy:
 
 def noop(*args: Any, **kwargs: Any) -> None:
     """Stand-in for ``torch.cuda`` calls that do nothing without a GPU.
-
-    Args:
-        args: ignored.
-        kwargs: ignored.
     """
 
 
@@ -117,7 +109,6 @@ def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
 
     Args:
         real: the real ``torch.cuda`` function (one without an inspectable signature: no check).
-        impl: the stand-in; takes any arguments.
 
     Returns:
         The new function; calling it raises ``TypeError`` where ``real`` would refuse the arguments.
@@ -158,7 +149,6 @@ def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
     signature (:func:`signed_like`). Classes (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
 
     Args:
-        torch: the program's imported ``torch`` module.
         state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
 
     Returns:
@@ -234,7 +224,6 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
     ``torch.cuda.memory``.
 
     Args:
-        torch: the program's imported ``torch`` module.
         state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
     """
     cuda = torch.cuda

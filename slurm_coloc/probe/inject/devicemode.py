@@ -20,7 +20,6 @@ def make_device_mode(torch: Any, state: ProbeState) -> Any:
     report or read devices are answered by :func:`_device_handlers`.
 
     Args:
-        torch: the program's imported ``torch`` module.
         state: the probe's state (``gpu``: the ``GpuOps``; ``on_gpu``; ``note``).
 
     Returns:
@@ -67,7 +66,6 @@ class _Moves:
         """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already).
 
         Args:
-            t: a host or fake GPU tensor.
             dtype: the target dtype; None keeps ``t``'s.
             memory_format: the target memory format; None or ``preserve_format`` keeps ``t``'s layout.
         """
@@ -107,7 +105,6 @@ class _Moves:
         """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values).
 
         Args:
-            t: a host or fake GPU tensor; a real host tensor is returned (cast to ``dtype``) as it is.
             dtype: the target dtype; None keeps ``t``'s.
         """
         from slurm_coloc.estimate.datadep import has_no_data
@@ -119,11 +116,6 @@ class _Moves:
 
     def tensor_to(self, t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
         """``t.to(*args, **kwargs)`` when it names a device; None when it does not (a dtype only).
-
-        Args:
-            t: the tensor ``.to`` is called on.
-            args: ``.to``'s other positional arguments (a device, an int device index, a dtype or a tensor).
-            kwargs: ``.to``'s keyword arguments (``device``, ``dtype``, ``memory_format``).
 
         Returns:
             The moved tensor; None for a dtype-only call or a device neither CUDA nor CPU.

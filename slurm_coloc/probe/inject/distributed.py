@@ -7,10 +7,6 @@ from typing import Any
 
 def patch_distributed(torch: Any, st: Any) -> None:
     """One-process ``torchrun``: a gloo group of one, and DDP traced as its module.
-
-    Args:
-        torch: the program's imported ``torch`` module.
-        st: the probe's state (``note``); nothing is patched where torch lacks ``torch.distributed``.
     """
     try:
         import torch.distributed as dist

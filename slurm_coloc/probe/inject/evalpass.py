@@ -94,7 +94,6 @@ class EvalPasses:
         Args:
             skel: a :meth:`skeleton` result.
             batch: ``(old, new)`` batch size: dimension 0 equal to ``old`` becomes ``new``; None keeps shapes.
-            grad: whether grad-requiring floating tensors are rebuilt requiring grad.
 
         Returns:
             The pytree with new tensors (GPU ones empty fakes, host ones zeros) and the plain values.
@@ -132,11 +131,6 @@ class EvalPasses:
     # -- the module call wrapper ---------------------------------------------------------------
     def note_train_call(self, mod: Any, args: Any, kwargs: Any) -> None:
         """Remember a top-level grad-enabled call (the evaluation replay's inputs).
-
-        Args:
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
         """
         skel = self.skeleton((args, kwargs))
         if skel is not None:
@@ -151,9 +145,6 @@ class EvalPasses:
 
         Args:
             orig: the real ``Module.__call__``.
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
 
         Returns:
             The module's output, or a rebuilt one of the same structure, shapes and dtypes.

@@ -77,7 +77,6 @@ def is_cuda_device(torch: Any, d: Any) -> bool:
     """True when ``d`` (a ``torch.device`` or a string) names a CUDA device.
 
     Args:
-        torch: the program's imported ``torch`` module.
         d: a device, a device string (``cuda``, ``cuda:1``), a device index (an ``int``: CUDA device N, as
             ``torch.cuda.current_device()`` gives it) or anything else (False).
     """
@@ -94,9 +93,6 @@ def tag_gpu_ops(state: ProbeState) -> None:
     """Let the tracker replay only the storages of GPU ops: those made while :class:`GpuOps` runs an op
     (``state.cuda_op``; ``state.dispatch_depth`` counts the nesting, and ``FakeTensor.device`` reports
     the real fake device inside).
-
-    Args:
-        state: the probe's state; its tracker's ``track`` is replaced by an instance attribute.
     """
     orig_track = state.tracker.track
 
@@ -140,9 +136,6 @@ class GpuOps:
 
     def set_optional(self, on: bool) -> None:
         """Push the optional mode with the others (True) or leave it out (False).
-
-        Args:
-            on: whether the FLOP counter (``optional``) is pushed for the next ops.
         """
         self.use_optional = on
         self.modes = [m for m in self.all_modes if on or m is not self.optional]
@@ -154,7 +147,6 @@ class GpuOps:
 
         Args:
             func: an op or function.
-            args: its positional arguments.
             kwargs: its keyword arguments, or None.
 
         Returns:
@@ -212,13 +204,6 @@ def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
     ``fake_mode`` is a ``FakeTensorMode(allow_non_fake_inputs=True)`` that is never entered: real
     CPU inputs of a GPU op (a batch moved to the GPU, a CPU scalar tensor) become fake tensors of
     the same shape, dtype and values' absence, so only GPU memory and kernels are simulated.
-
-    Args:
-        torch: the program's imported ``torch`` module.
-        fake_mode: that ``FakeTensorMode``.
-
-    Returns:
-        A ``TorchDispatchMode`` instance.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -246,12 +231,6 @@ def make_host_fast_mode(torch: Any) -> Any:
     torch-function handling off, so data loading and CPU preprocessing cost what they cost in the job,
     not a pass through four Python modes per op; no dispatch mode sees it either (the GPU modes are
     pushed for GPU ops only, :class:`GpuOps`).
-
-    Args:
-        torch: the program's imported ``torch`` module.
-
-    Returns:
-        A ``TorchFunctionMode`` instance.
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -300,10 +279,6 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
       otherwise read n values one by one), as ``datadep`` assumes for value reads.
 
     Also :func:`patch_fake_swap`.
-
-    Args:
-        torch: the program's imported ``torch`` module.
-        state: the probe's state (``dispatch_depth``, ``on_gpu``, ``note``).
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -342,9 +317,6 @@ def patch_fake_swap(torch: Any) -> None:
     which refuses tensors with weak references; FakeTensorMode's own memo holds one for every
     fake tensor. The memo only maps real tensors to their fakes, so the probe lets the swap
     ignore weak references to fake tensors.
-
-    Args:
-        torch: the program's imported ``torch`` module (``torch.utils``' ``weakref`` is replaced by a shim).
     """
     import torch.utils as tu
     from torch._subclasses.fake_tensor import FakeTensor

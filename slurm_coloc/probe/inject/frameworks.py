@@ -104,9 +104,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         None (find nothing) for any other module.
 
         Args:
-            name: the module's full name.
             path: the parent package's ``__path__`` (unused: the real finders search).
-            target: unused.
 
         Returns:
             The wrapped ``ModuleSpec`` or None; a patch that fails is noted, never raised.

@@ -24,7 +24,6 @@ def install(probe: Any, torch: Any) -> None:
     Args:
         probe: the ``_Probe`` of ``inject/main.py`` (``state`` set); it gets ``evals``, ``smaller``,
             ``micro``.
-        torch: the program's imported ``torch`` module, patched in place.
     """
     st = probe.state
     _patch_optimizers(probe, torch)
@@ -251,8 +250,5 @@ def count_flops_after_first_step(probe: Any) -> None:
 
 def has_params(mod: Any) -> bool:
     """True when ``mod`` has at least one parameter.
-
-    Args:
-        mod: a ``torch.nn.Module``.
     """
     return any(True for _ in mod.parameters())

@@ -58,13 +58,6 @@ def _typed_class(torch: Any, state: ProbeState, name: str, dtype: Any) -> type:
 def patch_typed_tensors(torch: Any, state: ProbeState) -> Dict[str, type]:
     """Replace ``torch.cuda.<Type>Tensor`` (``TYPED``) and ``torch.set_default_tensor_type`` (module
     docstring).
-
-    Args:
-        torch: the program's imported ``torch`` module.
-        state: the probe's state (``on_gpu``, ``note``).
-
-    Returns:
-        Type name (``FloatTensor``) -> its stand-in class.
     """
     made: Dict[str, type] = {}
     for name, dt in TYPED.items():
@@ -126,9 +119,6 @@ def type_handler(torch: Any, state: ProbeState, made: Dict[str, type],
     Args:
         torch: the program's torch; state: the probe's state; made: :func:`patch_typed_tensors`' classes.
         to_gpu: ``(tensor, dtype) -> fake GPU tensor``; to_host: ``(tensor, dtype) -> host tensor``.
-
-    Returns:
-        ``handler(func, args, kwargs)``.
     """
 
     def handler(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:

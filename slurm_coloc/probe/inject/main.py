@@ -76,7 +76,6 @@ class _Probe:
         its target unless the mode has ``w``).
 
         Args:
-            event: the audit event name (``open`` and ``_WRITE_EVENTS`` are read).
             args: the event's arguments (path first; for ``open`` the mode and flags).
         """
         path = None
@@ -122,11 +121,6 @@ class _Probe:
     def on_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         """An optimizer step: count it, note the FLOPs so far, and finish ``ok`` once every optimizer stepped
         ``steps_wanted`` times (or one stepped two more).
-
-        Args:
-            opt: the optimizer that stepped.
-            args: the step's positional arguments (unused).
-            kwargs: the step's keyword arguments (unused).
         """
         key = id(opt)
         if self.micro is not None:

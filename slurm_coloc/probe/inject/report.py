@@ -164,9 +164,6 @@ def short_message(exc: BaseException) -> str:
     """The exception's message on one line, terminal colour codes removed; a long one cut to its first
     sentence (at most ``REASON_CHARS`` characters).
 
-    Args:
-        exc: any exception.
-
     Returns:
         The message (characters, at most ``REASON_CHARS``).
     """

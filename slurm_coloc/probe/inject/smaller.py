@@ -66,13 +66,6 @@ class SmallerCalls:
         the module's latest call that ran: the first one's includes what is allocated once, as cuBLAS's
         workspaces); ``stand_in()`` tells a call that was answered without running (``accum.py``).
 
-        Args:
-            run: runs the call and returns its output.
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
-            stand_in: True after ``run()`` when the call was answered without running.
-
         Returns:
             What ``run()`` returns (bytes allocated over the call are kept in ``transient_b``); its exceptions
             pass through.
@@ -160,9 +153,6 @@ class SmallerCalls:
         At most 8 distinct input-dim lists are kept per family.
 
         Args:
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
             out_skel: the output's skeleton, or None (nothing kept).
         """
         fam = self._family(mod, args, kwargs)
@@ -210,12 +200,6 @@ class SmallerCalls:
 
         A call is dominated when every argument matches the module's training call with tensors no larger in
         any dimension (same dtype, device, rank).
-
-        Args:
-            mod: the ``torch.nn.Module`` called.
-            args: the call's positional arguments.
-            kwargs: the call's keyword arguments.
-            rebuild: makes tensors from a skeleton (``EvalPasses.rebuild``).
         """
         fam = self._family(mod, args, kwargs)
         if fam is None or fam[0] not in self.observed or not self._dominated(mod, args, kwargs):
@@ -233,9 +217,6 @@ class SmallerCalls:
 
         The bound is, per module, the bytes allocated at its skipped calls plus its training forward's
         transient; the reserved peak rises by the excess rounded up to ``BLOCK_B``.
-
-        Args:
-            note: adds a line to the probe's notes.
         """
         if not self.skipped:
             return

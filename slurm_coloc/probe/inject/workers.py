@@ -29,9 +29,6 @@ _TRAINING_MARKS = ("init_process_group", ".backward(", ".step(")
 
 def is_training_target(fn: Any) -> bool:
     """Whether ``fn``'s source reads like a training worker (``_TRAINING_MARKS``); False when unreadable.
-
-    Args:
-        fn: the process target (a function or a bound method).
     """
     try:
         src = inspect.getsource(fn)
@@ -50,11 +47,6 @@ def _holds_torch(torch: Any, proc: Any) -> bool:
 
 def patch_workers(torch: Any, note: Callable[[str], None], fail: Callable[[str], None]) -> None:
     """Install the in-process spawn and ``Process.start`` (module docstring).
-
-    Args:
-        torch: the program's imported ``torch`` module (``torch.multiprocessing`` is patched).
-        note: adds one line to the probe's notes.
-        fail: ends the probe with a reason.
     """
     tmp = getattr(torch, "multiprocessing", None)
     if tmp is None:  # pragma: no cover - every torch has it
@@ -109,11 +101,6 @@ def patch_workers(torch: Any, note: Callable[[str], None], fail: Callable[[str],
 def cap_threads(torch: Any, note: Callable[[str], None], cap: int = 2) -> None:
     """Keep the program's ``torch.set_num_threads(n)`` to at most ``cap`` intra-op threads: the probe's host
     work on a shared login node (the child's OpenMP/MKL default is ``runner.PROBE_THREADS``).
-
-    Args:
-        torch: the program's imported ``torch`` module.
-        note: adds one line to the probe's notes.
-        cap: the most threads.
     """
     real = torch.set_num_threads
 
