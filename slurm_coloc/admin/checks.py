@@ -46,7 +46,6 @@ def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Option
     """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree.
 
     Args:
-        conf_path: the slurm.conf to read.
         cfg: ``gpu_mem_gib`` (shards per GPU).
 
     Returns:
@@ -100,7 +99,6 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config,
     shard lines' ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf).
 
     Args:
-        gres_path: the gres.conf to read.
         conf: the parsed slurm.conf (``check_slurm_conf``): its nodes with ``Gres=gpu`` are checked.
         cfg: ``gpu_mem_gib`` (shards per GPU).
         local: the nodes whose device files are on this host (admin/role.py): only theirs must exist here
@@ -231,9 +229,6 @@ def check_dirs(cfg: Config) -> List[Check]:
     """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files
     too.
 
-    Args:
-        cfg: the configuration (``state_dir``, ``run_dir``, ``admin_group`` for the databases' fix).
-
     Returns:
         One ``Check`` per directory (a missing one passes: the first hook creates it), one ``fail`` per unsafe
         database.
@@ -261,9 +256,6 @@ def check_dirs(cfg: Config) -> List[Check]:
 def check_slurm_binaries(cfg: Config) -> List[Check]:
     """sbatch/scontrol/squeue in ``slurm_bin_dir`` (hooks get no PATH).
 
-    Args:
-        cfg: the configuration (``slurm_bin_dir``).
-
     Returns:
         One ``Check``: ``pass``, or ``fail`` naming the binaries missing or not executable.
     """
@@ -280,8 +272,6 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
     slurm.conf reads), munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
 
     Args:
-        cfg: the slurm-coloc config checked with the cluster.
-        slurm_conf: slurm.conf; gres.conf and plugstack.conf are looked for beside it.
         no_gpu: ``--no-gpu``: the GPU, MPS and metrics checks are skipped whatever the role.
         role: ``auto`` (from slurm.conf and the host name: admin/role.py) or ``controller``, ``compute``,
             ``login``; on a controller or login host the GPU checks are skipped and no GPU device file of
@@ -321,7 +311,6 @@ def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path
 
     Args:
         cfg: the configuration (``slurm_bin_dir``); conf: the parsed slurm.conf, or None when unreadable.
-        slurm_conf: the checked slurm.conf's path.
 
     Returns:
         The findings as checks (``admin/versioncheck.py``), or one ``fail`` when the release cannot be told.

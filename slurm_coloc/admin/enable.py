@@ -257,8 +257,6 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     Args:
         slurm_conf: the slurm.conf path; cfg: the configuration (``run_dir``, ``gpu_mem_gib``, ...).
         hook_dir: where the hook shims are installed; spank_so: the SPANK plugin's path.
-        spank: whether to add the SPANK plugin to plugstack.conf.
-        replace_hooks: replace a Prolog/Epilog key already set to another program.
         chain_hooks: keep it instead: the key names ``<slurm.conf dir>/coloc-chain-<shim>``, which runs the
             site's program, then ours (``chain_text``); wins over ``replace_hooks``.
 

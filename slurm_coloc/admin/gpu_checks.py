@@ -24,11 +24,7 @@ def check_gpu(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
     ``no_gpu`` (a node without GPUs, e.g. the controller): skipped.
 
     Args:
-        cfg: the configuration (``mps_mode``; where the MPS binaries are, ``node/mps_daemon.py``).
         no_gpu: ``--no-gpu`` (True), or why the host has no GPUs (its role): skip the checks.
-
-    Returns:
-        The NVML check and the MPS binaries' checks (``skip`` with ``no_gpu``). NVML errors become ``fail``.
     """
     if no_gpu:
         return [Check("NVML", "skip", f"{_why(no_gpu)}: not a GPU node"),
@@ -71,9 +67,7 @@ def check_metrics(cfg: Config, no_gpu: Union[bool, str], node: Optional[str] = N
     the short hostname; the Prolog starts one with the first GPU job).
 
     Args:
-        cfg: the configuration (``exporter_port``, ``exporter_names``, the sampler's pid file).
         no_gpu: ``--no-gpu``: skip the check; node: the node's name (default: the short hostname).
-        timeout_s: the HTTP request's bound (s).
 
     Returns:
         One ``Check``: ``skip``, ``fail`` (no answer, or not our families) with its fix, or ``pass``.
@@ -116,9 +110,6 @@ def shared_gpus(cfg: Config) -> Dict[str, int]:
     """``{daemon directory name: members}`` of this node's MPS daemons that serve at least one shard job now
     (``<run_dir>/mps/<key>[.uid<uid>]/members/*``, written by the Prolog; node/mps.py).
 
-    Args:
-        cfg: the configuration (``run_dir``).
-
     Returns:
         daemon directory name -> member count (empty when ``<run_dir>/mps`` cannot be read).
     """
@@ -145,7 +136,6 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
     DEFAULT).
 
     Args:
-        shared: ``shared_gpus`` output (keys ``GPU-<uuid>``, ``idx<N>``, optionally ``.uid<uid>``).
         mode_of: GPU key (``GPU-<uuid>`` or ``idx<N>``) -> compute mode name, None when NVML could not say.
     """
     name = "MPS protection"

@@ -32,7 +32,6 @@ def check_munge(conf: Optional[SlurmConf], key: Path = KEY, timeout_s: float = 5
 
     Args:
         conf: the parsed slurm.conf (``AuthType``), or None (the check is skipped).
-        key: the munge key's path.
         timeout_s: the bound of each of ``munge`` and ``unmunge`` (s).
 
     Returns:

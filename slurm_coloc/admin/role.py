@@ -42,9 +42,6 @@ class HostRole:
 def controllers(slurm_text: str) -> FrozenSet[str]:
     """Short host names of every ``SlurmctldHost=`` (and ``ControlMachine=``/``BackupController=``) line;
     ``ctl(10.0.0.1)`` is ``ctl``.
-
-    Args:
-        slurm_text: slurm.conf's text.
     """
     out = set()
     for line in slurm_text.splitlines():

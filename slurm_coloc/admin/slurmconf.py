@@ -80,9 +80,6 @@ def parse_slurm_conf(text: str) -> SlurmConf:
 def parse_gres_conf(text: str) -> List[Dict[str, str]]:
     """gres.conf lines as dicts (keys lower-case); global lines (``AutoDetect=off``) have no ``name``.
 
-    Args:
-        text: the file's text (``#`` comments dropped).
-
     Returns:
         One dict per line. Pure, never raises.
     """
@@ -109,9 +106,6 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
     """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as
     ``("include", glob, [])``.
-
-    Args:
-        text: the file's text (``#`` comments dropped).
 
     Returns:
         One tuple per line; a one-word line is ``("?", word, [])``. Pure, never raises.

@@ -33,9 +33,6 @@ def _tested() -> str:
 def cgroup_plugin(conf_dir: Path) -> str:
     """``CgroupPlugin`` of ``<conf_dir>/cgroup.conf`` (lower-case), ``"autodetect"`` when unset or no file.
 
-    Args:
-        conf_dir: the directory of slurm.conf.
-
     Returns:
         The plugin name (``cgroup/v2``, ``cgroup/v1``, ``autodetect``). Never raises.
     """
