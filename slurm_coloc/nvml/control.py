@@ -26,9 +26,6 @@ class ComputeModes(Protocol):
     def get(self, index: int) -> str:
         """The compute mode of GPU ``index``.
 
-        Args:
-            index: the NVML device index.
-
         Returns:
             A ``MODE_NAMES`` value.
         """
@@ -38,7 +35,6 @@ class ComputeModes(Protocol):
         """Set the compute mode of GPU ``index``.
 
         Args:
-            index: the NVML device index.
             mode: a ``MODE_NAMES`` value.
         """
         ...
@@ -69,9 +65,6 @@ class NvmlComputeModes:
     def get(self, index: int) -> str:
         """The compute mode of GPU ``index`` (``nvmlDeviceGetComputeMode``).
 
-        Args:
-            index: the NVML device index.
-
         Returns:
             A ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``.
 
@@ -89,7 +82,6 @@ class NvmlComputeModes:
         """Set the compute mode of GPU ``index`` (``nvmlDeviceSetComputeMode``; root only).
 
         Args:
-            index: the NVML device index.
             mode: a ``MODE_NAMES`` value, e.g. ``EXCLUSIVE_PROCESS`` or ``DEFAULT``.
 
         Raises:

@@ -101,9 +101,6 @@ def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcL
         gpus: the frame's GPU readings; one ``ProcLists`` each, in this order.
         procs: the frame's process readings; the compute list holds those with a known memory (MiB), the MPS
             list the MPS clients.
-
-    Returns:
-        ``ProcLists`` with ``derived=True``, one per GPU.
     """
     out = []
     for g in gpus:

@@ -86,9 +86,6 @@ class RecordedComputeModes:
     def get(self, index: int) -> str:
         """The recorded (or last set) compute mode of GPU ``index``.
 
-        Args:
-            index: the NVML device index.
-
         Returns:
             A ``MODE_NAMES`` value.
 
@@ -103,7 +100,6 @@ class RecordedComputeModes:
         """Note the call in ``calls`` and keep ``mode`` for GPU ``index`` in memory.
 
         Args:
-            index: the NVML device index.
             mode: a ``MODE_NAMES`` value (not checked).
 
         Raises:
