@@ -110,9 +110,6 @@ def require(module: str) -> None:
 def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
     """The ``MissingExtra`` for an ImportError of one of ``EXTRAS`` (None for any other module).
 
-    Args:
-        exc: the ImportError caught; its ``name`` (top-level part) picks the extra.
-
     Returns:
         The error to raise (with its install hint), or None. Pure, never raises.
     """

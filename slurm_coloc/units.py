@@ -52,9 +52,6 @@ def shards_to_mib(shards: int) -> int:
     """The memory ``shards`` shards grant, MiB: shards x ``MIB_PER_SHARD`` (1 shard = 1 GiB, the CUDA context
     included: the MPS fence ``0=<shards>G`` of node/jobenv.py and the watchdog's grant).
 
-    Args:
-        shards: the shard count.
-
     Returns:
         The memory granted (MiB).
     """
