@@ -33,12 +33,20 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import placement_share_fit as fitmod
-from slurm_coloc.placement import intensity, share
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.placement import intensity, policies, share
+from slurm_coloc.placement.evidence import Evidence, Limits
+from slurm_coloc.placement.policy import Activity, Gate, GpuState
 
 HERE = Path(__file__).resolve().parent
 PLAN = HERE / "device" / "placement_plan.json"
-POLICIES = ("exclusive", "blind", "gate", "throughput")
+SLURM_POLICIES = ("exclusive", "blind")  # Slurm's own; the others: the placer's registry (policies.POLICIES)
+
+
+def all_policies() -> Tuple[str, ...]:
+    """Slurm's two policies and every registered placement policy."""
+    return (*SLURM_POLICIES, *policies.names())
+
+
 MEASURED = {"exclusive": ["pile-exclusive-part1", "pile-exclusive-part2"], "blind": ["pile-blind"],
             "gate": ["pile-aware"]}
 
@@ -125,7 +133,7 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         # placement
         steps += 1
         waiting = sorted((j for j in jobs if j.placed < 0 and j.submit_s <= t), key=lambda j: (j.submit_s, j.index))
-        if policy == "throughput" and order == "work":
+        if policy not in SLURM_POLICIES and policies.get(policy).sharing_model and order == "work":
             byid = {j.index: j for j in waiting}
             waiting = [byid[i] for i in share.order_candidates(
                 [(j.index, j.submit_s, share.Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
@@ -175,9 +183,9 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
         states.append(GpuState("n1", g, gib, used[g], len(holding[g]), act, 0.0,
                                Activity(recent, recent * 0.3, recent * 0.3)))
     demand = Activity(j.smact, j.smact * 0.3, j.smact * 0.3)
-    if policy == "gate":
-        d = choose_gpu(states, j.shards, demand, gate, "spread", 60.0)
-    else:
+    pol = policies.get(policy)
+    tenants: List[List[share.Tenant]] = [[] for _ in range(gpus)]
+    if pol.sharing_model:
         tenants = [[share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start if o.start >= 0 else
                                  o.placed + 1.0, job_id=o.index) for o in holding[g]] for g in range(gpus)]
         # those that left while a present tenant ran, as the placer keeps them (share.track_departures)
@@ -185,8 +193,9 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
             tenants[g] += share.kept_departures(tenants[g], [
                 share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start, job_id=o.index, end_ts=o.end)
                 for o in jobs if o.gpu == g and o.end >= 0])
-        d = share.choose_gpu_bounded(states, tenants, j.shards, share.Profile(j.smact, j.alone_s, j.startup_s),
-                                     demand, capacity, bound, t)
+    prof = share.Profile(j.smact, j.alone_s, j.startup_s)
+    d = pol.decide(Evidence(states, tenants, j.shards, demand, demand, lambda _model: prof, True, None, t,
+                            Limits(gate, "spread", 60.0, bound, lambda _model: capacity, 0.0)))
     return d.index if d.placed else None
 
 
@@ -273,10 +282,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for pol in ("blind", "aware", "throughput"):
             m = json.loads((H200 / f"pile-{pol}.json").read_text())["metrics"]
             rows.append({**m, "label": f"{pol} (measured, 2x H200, old policy)", "p95_run_slowdown": None})
-    for pol in POLICIES:
-        for b in (a.bound if pol == "throughput" else [a.bound[0]]):
+    for pol in all_policies():
+        bounded = pol not in SLURM_POLICIES and policies.get(pol).sharing_model
+        for b in (a.bound if bounded else [a.bound[0]]):
             r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, capacity, b, power, order=a.order)
-            r["label"] = pol + (f" (bound {b:g})" if pol == "throughput" else "") + " (model)"
+            r["label"] = pol + (f" (bound {b:g})" if bounded else "") + " (model)"
             rows.append(r)
             out["runs"].append(r)
     print(table(rows, f"{a.scenario}, {a.gpus} GPU(s) of {a.gib} GiB"))

@@ -56,6 +56,7 @@ from benchmarks.device.placement_measure import (  # noqa: F401
 from benchmarks.device.placement_plan import PLAN_PATH
 from benchmarks.device.placement_split import stand_in, steer_split
 from slurm_coloc import config as config_mod
+from slurm_coloc.placement import policies
 from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
 from slurm_coloc.replay.activity import sm_activity
 from slurm_coloc.replay.metrics import runs_from_records
@@ -68,8 +69,10 @@ SPLIT: Dict[str, Any] = {"gpus": {}, "node": "n1"}  # --split-gpus (job index ->
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"
-POLICIES = ("exclusive", "blind", "aware", "throughput", "split")
-PLACER_POLICY = {"aware": "gate", "throughput": "throughput"}  # pass policy -> the placer's placement_policy
+# pass policy -> the placer's placement_policy: "aware" for gate (the results' file names), every other
+# registered placement policy under its own name
+PLACER_POLICY = {"aware": "gate", **{n: n for n in policies.names() if n != "gate"}}
+POLICIES = ("exclusive", "blind", *PLACER_POLICY, "split")
 # scenarios: the plan's; ``mix`` is the second pile (``placement_mix.py``, ``--plan placement_plan_mix.json``)
 # ``<scenario>-throughput-again``: the same pile once more on the same cluster (issue 44's second submission: the
 # placer's history is then what it learned from the passes before it in the call)

@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import click
 
@@ -19,7 +19,38 @@ from slurm_coloc.errors import ColocError
 from slurm_coloc.replay.metrics import compare
 from slurm_coloc.replay.trace import Task, build_tasks
 
-MODE_SETS = {"both": ["exclusive", "coloc"], "all": ["exclusive", "blind", "gate", "throughput"]}
+MODE_SETS = ("both", "all")  # both = exclusive + coloc; all = exclusive, blind and every registered policy
+
+
+def _modes() -> List[str]:
+    """Every replay mode (``replay.runner.modes``: Slurm's, ``aware``, the registered placement policies)."""
+    from slurm_coloc.replay.runner import modes
+
+    return list(modes())
+
+
+def _mode_set(mode: str) -> List[str]:
+    """The modes ``--mode`` runs, one after the other."""
+    from slurm_coloc.placement import policies
+
+    if mode == "both":
+        return ["exclusive", "coloc"]
+    return ["exclusive", "blind", *policies.names()] if mode == "all" else [mode]
+
+
+class _ModeChoice(click.Choice):
+    """``--mode``'s choices, read when used: a policy registered after this module was imported is one."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> Sequence[str]:
+        return (*_modes(), *MODE_SETS)
+
+    @choices.setter
+    def choices(self, _value: Sequence[str]) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -151,15 +182,15 @@ def plan(trace_args: TraceArgs, as_json: bool) -> None:
 )
 @click.option(
     "--mode",
-    type=click.Choice(["exclusive", "coloc", "blind", "aware", "gate", "throughput", "both", "all"]),
+    type=_ModeChoice(),
     default="both",
     show_default=True,
     help="placement policy: exclusive (whole GPUs), blind (= coloc: memory-only packing), gate (= aware: "
-         "held for "
-    "a coloc-placer with placement_policy gate), throughput (held for a coloc-placer with placement_policy "
-    "throughput: packs under the slowdown bound); both = exclusive + coloc, all = the four (restart the "
-    "placer "
-    "with the other policy between gate and throughput: a mismatch is reported as a problem)",
+         "held for a coloc-placer with placement_policy gate), throughput (held for a coloc-placer with "
+         "placement_policy throughput: packs under the slowdown bound), or any other registered placement "
+         "policy (held for a coloc-placer running it); both = exclusive + coloc, all = exclusive, blind and "
+         "every placement policy (restart the placer with the next policy between them: a mismatch is "
+         "reported as a problem)",
 )
 @click.option(
     "--out-dir",
@@ -213,7 +244,7 @@ def run(
     """
     logging.basicConfig(level=logging.INFO, format="coloc-replay: %(message)s", stream=sys.stderr)
     with _click_errors():
-        result = _replay_modes(trace_args, MODE_SETS.get(mode, [mode]), job_script, out_dir, deadline_s,
+        result = _replay_modes(trace_args, _mode_set(mode), job_script, out_dir, deadline_s,
                                context_mib)
     _add_changes(result)
     if as_json:
@@ -265,8 +296,8 @@ def _add_changes(result: Dict[str, Any]) -> None:
     ``change_<mode>`` (percent per metric, ``replay.metrics.compare``)."""
     if "exclusive" in result and "coloc" in result:
         result["change"] = compare(result["exclusive"], result["coloc"])
-    for m in ("blind", "aware", "gate", "throughput"):
-        if "exclusive" in result and m in result:
+    for m in _modes():
+        if m not in ("exclusive", "coloc") and "exclusive" in result and m in result:
             result[f"change_{m}"] = compare(result["exclusive"], result[m])
 
 
@@ -289,7 +320,7 @@ RESULT_KEYS = [
 
 def _print_result(result: Dict[str, Any]) -> None:
     """Print the replay result as a table (one column per mode), SM activity per GPU and the changes."""
-    modes = [m for m in ("exclusive", "coloc", "blind", "aware", "gate", "throughput") if m in result]
+    modes = [m for m in _modes() if m in result]
     click.echo(f"{'':<16}" + "".join(f"{m:>14}" for m in modes))
     for k in RESULT_KEYS:
         vals = [result[m].get(k) for m in modes]
@@ -301,7 +332,7 @@ def _print_result(result: Dict[str, Any]) -> None:
         if per:
             click.echo(f"{m} SM activity per GPU %: " + ", ".join(
                 f"{g} {'-' if v is None else f'{v:.1f}'}" for g, v in per.items()))
-    for name in ("change", "change_blind", "change_aware", "change_gate", "change_throughput"):
+    for name in ["change", *(f"change_{m}" for m in _modes() if m not in ("exclusive", "coloc"))]:
         for k, v in (result.get(name) or {}).items():
             label = "coloc" if name == "change" else name.split("_", 1)[1]
             click.echo(f"{label} {k}: {'-' if v is None else f'{v:+.1f}%'}")

@@ -7,12 +7,16 @@ meaning of each key is in its section's docstring. ``slurm_coloc.config.checks``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 MPS_MODES = ("multi-user", "per-user", "off")
 EXPORTER_NAMES = ("coloc", "jobstats", "dcgm")
 PLACEMENT_MODES = ("spread", "consolidate")
-PLACEMENT_POLICIES = ("throughput", "gate")
+PLACEMENT_POLICIES: List[str] = ["throughput", "gate"]
+"""The valid ``placement_policy`` values: the names in ``slurm_coloc.placement.policies.POLICIES`` (the
+registry; its ``register`` appends here). Listed because the config layer may not import the placement one
+and must accept the built-in names before that is imported (tests/test_placement_policies.py checks they
+agree)."""
 COMPUTE_MODE_CHOICES = ("leave", "exclusive-process")
 WATCHDOG_ACTIONS = ("stop", "record", "off")
 ADMIN_COMMENT_MODES = ("merge", "if-empty", "off")
@@ -21,7 +25,7 @@ GPM_MIN_INTERVAL_S = 0.1  # NVML GPM samples need at least this period (s)
 
 
 def _key(default: Any = None, *, ge: Optional[float] = None, gt: Optional[float] = None,
-         le: Optional[float] = None, choices: Tuple[str, ...] = (), nonempty: bool = False, why: str = "",
+         le: Optional[float] = None, choices: Sequence[str] = (), nonempty: bool = False, why: str = "",
          factory: Optional[Callable[[], Any]] = None) -> Any:
     """A config key: its default (or ``factory`` for a mutable one) and its valid values, checked by
     ``_validate``.

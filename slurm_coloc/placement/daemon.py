@@ -206,8 +206,9 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
-    """One round: steer every held candidate (``gate`` policy: oldest first; ``throughput``: least GPU work
-    first, ``share.order_candidates``). Returns counts (placed, waiting, memory_only, ...).
+    """One round: steer every held candidate (oldest first; for a policy with ``sharing_model``, e.g.
+    ``throughput``: least GPU work first, ``share.order_candidates``). Returns counts (placed, waiting,
+    memory_only, ...).
 
     Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind)
     is one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment
@@ -246,7 +247,7 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
     rnd = rounds.Round(cfg, state, cal, Gate(cfg.placement_smact_gate, cfg.placement_smocc_gate,
                                              cfg.placement_drama_gate), gpus, [], bool(nodes), now, env)
     rnd.log_gpus()
-    if rnd.throughput:
+    if rnd.policy.sharing_model:
         present = gpu_tenants(gpus, jobs, state.steered, rnd.tenant_data, now)
         current = {g.key: ts for g, ts in zip(gpus, present)}
         state.departed = share.track_departures(state.present, current, state.departed, now)

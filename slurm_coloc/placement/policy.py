@@ -11,6 +11,7 @@ the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import List, Optional, Sequence, Tuple
 
 MODES = ("spread", "consolidate")
@@ -83,12 +84,26 @@ class GpuState:
         return (self.node, self.index)
 
 
+class Hold(Enum):
+    """Why a policy keeps a job waiting, for code (``Decision.reason`` is for people): ``NO_ROOM`` no GPU has
+    the job's free shards; ``SATURATED`` every GPU with room is saturated (the gate); ``AT_BOUND`` every GPU
+    with room is at the slowdown bound (the sharing model); ``UNKNOWN_AT_BOUND`` the same for a job of unknown
+    activity placed by memory."""
+
+    NO_ROOM = "no-room"
+    SATURATED = "saturated"
+    AT_BOUND = "at-bound"
+    UNKNOWN_AT_BOUND = "unknown-at-bound"
+
+
 @dataclass(frozen=True)
 class Decision:
-    """The policy's answer for one job: a GPU (``node``/``index``) or a wait with a reason the user reads.
+    """A policy's verdict for one job: a GPU (``node``/``index``) or a wait (``hold``), with a reason the user
+    reads.
 
     ``basis``: ``utilization`` (gate applied), ``memory-only`` (live state stale or missing), ``empty-gpu``
-    (no tenant there); ``predicted``: the GPU's predicted activity with the job (None when memory-only).
+    (no tenant there); ``predicted``: the GPU's predicted activity with the job (None when memory-only);
+    ``hold``: why it waits (None when placed).
     """
 
     node: Optional[str]
@@ -96,10 +111,18 @@ class Decision:
     reason: str
     basis: str = ""
     predicted: Optional[Activity] = None
+    hold: Optional[Hold] = None
 
     @property
     def placed(self) -> bool:
         return self.node is not None
+
+
+def no_room(gpus: Sequence[GpuState], shards: int) -> Decision:
+    """The wait of a job of ``shards`` shards that no GPU of ``gpus`` has room for (``Hold.NO_ROOM``).
+    Pure."""
+    most = max((g.shards_free for g in gpus), default=0)
+    return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})", hold=Hold.NO_ROOM)
 
 
 def _fmt(a: Activity) -> str:
@@ -181,8 +204,7 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
         raise ValueError(f"shards must be >= 1, got {shards}")
     fits = [g for g in gpus if g.shards_free >= shards]
     if not fits:
-        most = max((g.shards_free for g in gpus), default=0)
-        return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
+        return no_room(gpus, shards)
     options: List[_Option] = []
     blocked: List[str] = []
     for g in fits:
@@ -190,7 +212,8 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
         if option is not None:
             options.append(option)
     if not options:
-        return Decision(None, None, "every GPU with room is saturated: " + "; ".join(blocked[:4]))
+        return Decision(None, None, "every GPU with room is saturated: " + "; ".join(blocked[:4]),
+                        hold=Hold.SATURATED)
     options.sort(key=lambda o: o[0])
     _, best, basis, pred = options[0]
     reason = f"{best.node}/gpu{best.index} ({basis}" + (f", {_fmt(pred)})" if pred is not None else ")")
@@ -224,8 +247,7 @@ def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
     fits = sorted((g for g in gpus if g.shards_free >= shards),
                   key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
     if not fits:
-        most = max((g.shards_free for g in gpus), default=0)
-        return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
+        return no_room(gpus, shards)
     g = fits[0]
     return Decision(g.node, g.index, f"{g.node}/gpu{g.index} (memory-only)", "memory-only", None)
 

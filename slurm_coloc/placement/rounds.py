@@ -1,9 +1,9 @@
 """One coloc-placer round's decisions, job by job: what the placer keeps between rounds (``PlacerState``), and
-a ``Round`` that orders the held jobs, decides a GPU for each (``policy.choose_gpu`` for ``gate``,
-``share.choose_gpu_bounded`` for ``throughput``) and steers it, notes its wait, or releases it by memory once
-``placement_max_wait_s`` has passed; and ``live_corrected``, which corrects the predicted activity of tenants
-never measured from their GPU's live reading. The loop around it (Slurm's queue, live state, history) is
-``daemon.py``.
+a ``Round`` that orders the held jobs, has the configured policy decide a GPU for each (the registry
+``policies.POLICIES``: ``gate.py``, ``throughput.py``, ...) and steers it, notes its wait, or releases it by
+memory once ``placement_max_wait_s`` has passed; and ``live_corrected``, which corrects the predicted
+activity of tenants never measured from their GPU's live reading. The loop around it (Slurm's queue, live
+state, history) is ``daemon.py``.
 """
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity, policies, share
+from slurm_coloc.placement.evidence import Evidence, Limits, Policy
 from slurm_coloc.placement.history import ModelRuns, Timing, log_once, profile
 from slurm_coloc.placement.policy import (
     Activity,
     Decision,
     Gate,
     GpuState,
-    choose_gpu,
-    memory_only,
     saturated_gpus,
     silent_gpus,
 )
@@ -101,8 +100,8 @@ class PlacerState:
 
 @dataclass
 class Round:
-    """One round's view: the GPUs (updated as jobs are steered), their tenants for the sharing model
-    (``throughput`` only, index for index with ``gpus``), and whether any typed GPU exists."""
+    """One round's view: the GPUs (updated as jobs are steered), their tenants for the sharing model (a
+    policy with ``sharing_model`` only, index for index with ``gpus``), and whether any typed GPU exists."""
 
     cfg: Config
     state: PlacerState
@@ -115,8 +114,15 @@ class Round:
     env: Optional[Mapping[str, str]] = None
 
     @property
-    def throughput(self) -> bool:
-        return self.cfg.placement_policy == "throughput"
+    def policy(self) -> Policy:
+        """The policy named by ``placement_policy`` (``policies.get``; ConfigError when not registered)."""
+        return policies.get(self.cfg.placement_policy)
+
+    def limits(self) -> Limits:
+        """The settings the policies apply, from the config and the calibration."""
+        cfg = self.cfg
+        return Limits(self.gate, cfg.placement_mode, cfg.placement_state_max_age_s,
+                      cfg.placement_max_slowdown, self.cal.capacity_for, self.cal.smact_floor)
 
     def log_gpus(self) -> None:
         """Log saturated GPUs (every round) and silent samplers (once per set of GPUs)."""
@@ -188,8 +194,9 @@ class Round:
             ``(Decision, Activity as fractions, source in words, share.Profile)``.
 
         Raises:
-            ValueError: a bad shard request or placement mode (``policy.choose_gpu``,
-                ``share.choose_gpu_bounded``); ``handle`` catches it.
+            ValueError: a bad shard request or placement mode (the policy's ``decide``); ``handle`` catches
+                it.
+            ConfigError: ``placement_policy`` names no registered policy; ``handle`` catches it.
         """
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
@@ -202,24 +209,16 @@ class Round:
             return profiles[model]
 
         prof = on("")
-        cfg = self.cfg
-        if not self.throughput:
-            return (choose_gpu(self.gpus, shards, demand, self.gate, cfg.placement_mode,
-                               cfg.placement_state_max_age_s), demand, source, prof)
-        if not coloc.signature() and coloc.flops_per_step is None:
+        policy = self.policy
+        has_data = bool(coloc.signature()) or coloc.flops_per_step is not None
+        d = policy.decide(Evidence(self.gpus, self.tenants, shards, demand, self.counted(demand, prof), on,
+                                   has_data, job.uid, self.now, self.limits()))
+        if not policy.sharing_model:
+            return d, demand, source, prof
+        if not has_data:
             log_once(self.state.logged, f"nodata:{job.job_id}",
                      "job %d has no signature and no FLOPs: placed by memory", job.job_id)
-            room = share.within_bound(self.gpus, self.tenants, self.cal.capacity_for, self.cal.smact_floor,
-                                      cfg.placement_max_slowdown, self.now)
-            d = memory_only(room, shards)
-            # room, but not within the bound
-            if not d.placed and any(g.shards_free >= shards for g in self.gpus):
-                d = Decision(None, None, f"every GPU with {shards} free shards is at its bound for a job of "
-                                         f"unknown activity (SMACT {self.cal.smact_floor:.2f})")
             return d, demand, "no signature or FLOPs", prof
-        d = share.choose_gpu_bounded(self.gpus, self.tenants, shards, on, self.counted(demand, prof),
-                                     self.cal.capacity_for, cfg.placement_max_slowdown, self.now, job.uid,
-                                     self.cal.smact_floor)
         chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
         return d, demand, source, on(chosen.model) if chosen is not None else prof
 
@@ -241,7 +240,7 @@ class Round:
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
                 sp.steer(job.job_id, decision.node, decision.index, shards, job.comment, bin_dir, env)
-                counted = self.counted(demand, prof) if self.throughput else demand
+                counted = self.counted(demand, prof) if self.policy.sharing_model else demand
                 self.state.steered[job.job_id] = Steered(decision.node, decision.index, shards, counted,
                                                          self.now, prof, job.uid)
                 self._add(decision, shards, demand, prof, job.job_id, job.uid)
@@ -272,6 +271,6 @@ class Round:
             if g.key == key:
                 self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
                                        recent=g.recent + demand)
-                if self.throughput:
+                if self.policy.sharing_model:
                     self.tenants[i].append(share.Tenant(prof, self.now, self.counted(demand, prof).smact,
                                                         job_id, uid=uid))

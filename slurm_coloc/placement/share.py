@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_coloc.placement.policy import Activity, Decision, GpuState
+from slurm_coloc.placement.policy import Activity, Decision, GpuState, Hold, no_room
 
-POLICIES = ("throughput", "gate")
 Key = Tuple[str, int]  # a GPU: (node, index)
 
 
@@ -306,9 +305,9 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
             options.append((key, g, basis, predicted, why))
     if not options:
         if not any(g.shards_free >= shards for g in gpus):
-            most = max((g.shards_free for g in gpus), default=0)
-            return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})")
-        return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]))
+            return no_room(gpus, shards)
+        return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]),
+                        hold=Hold.AT_BOUND)
     options.sort(key=lambda o: o[0])
     _, best, basis, predicted, why = options[0]
     detail = f", {why}" if why and why != basis else ""

@@ -23,10 +23,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
+from slurm_coloc.placement import policies
 from slurm_coloc.replay.activity import sm_activity_per_gpu
 from slurm_coloc.replay.metrics import (
     ReplayMetrics,
@@ -43,8 +44,20 @@ from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")
 FINAL = FINAL_STATES
-MODES = ("exclusive", "coloc", "blind", "aware", "gate", "throughput")
-PLACER_POLICY = {"aware": "gate", "gate": "gate", "throughput": "throughput"}  # mode -> the placer's policy
+SLURM_MODES = ("exclusive", "coloc", "blind")  # placed by Slurm alone
+ALIASES = {"aware": "gate"}  # another name of a placer policy's mode
+
+
+def modes() -> Tuple[str, ...]:
+    """Every replay mode: Slurm's own (``SLURM_MODES``), the aliases, and each registered placement policy
+    (``placement.policies``: held for a coloc-placer running that policy)."""
+    return (*SLURM_MODES, *ALIASES, *policies.names())
+
+
+def placer_policy(mode: str) -> Optional[str]:
+    """The ``placement_policy`` a replay mode needs the running coloc-placer to have; None: Slurm places."""
+    name = ALIASES.get(mode, mode)
+    return name if name in policies.POLICIES else None
 
 
 @dataclass
@@ -76,7 +89,7 @@ def sbatch_argv(
 
     Args:
         task: the trace task (``index``, ``workload``, ``steps``, ``mem_mib``: catalog peak in MiB or 0).
-        mode: one of ``MODES``.
+        mode: one of ``modes()``.
         job_script: the batch script the task runs.
         output: the job's ``--output`` pattern.
         extra: more coloc-sbatch arguments, before the script.
@@ -85,8 +98,8 @@ def sbatch_argv(
     Raises:
         ColocError: unknown mode or a negative ``context_mib``.
     """
-    if mode not in MODES:
-        raise ColocError(f"unknown replay mode {mode!r} (use {' or '.join(MODES)})")
+    if mode not in modes():
+        raise ColocError(f"unknown replay mode {mode!r} (use {' or '.join(modes())})")
     if context_mib < 0:
         raise ColocError(f"context allowance must be >= 0 MiB (got {context_mib})")
     gpu = (
@@ -175,7 +188,7 @@ def _submit_all(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, 
             time.sleep(delay)
         out = str(Path(out_dir) / f"replay-{mode}-{task.index}-%j.out")
         argv = sbatch_argv(task, mode, task_script(job_script, task, out_dir), out, extra_sbatch, context_mib)
-        if mode in PLACER_POLICY:
+        if placer_policy(mode) is not None:
             proc = submit_for_placer(argv, cfg, env)
         else:
             proc = subprocess.run([coloc_sbatch_path(), *argv], capture_output=True, text=True, env=env,
@@ -208,8 +221,9 @@ def run_replay(
 
     Args:
         tasks: the scaled trace tasks (``replay.trace.build_tasks``).
-        mode: ``exclusive`` | ``coloc`` | ``blind`` | ``aware`` | ``gate`` | ``throughput`` (``sbatch_argv``;
-            the last three are held for a running coloc-placer, ``PLACER_POLICY``).
+        mode: ``exclusive`` | ``coloc`` | ``blind`` | ``aware`` | a registered placement policy (``gate``,
+            ``throughput``, ...; ``modes()``, ``sbatch_argv``; ``aware`` and the policies are held for a
+            running coloc-placer, ``placer_policy``).
         cfg: ``slurm_bin_dir``, ``state_dir`` (the sampler databases) and the placer's heartbeat.
         job_script: the batch script each task runs (``<script> <workload> --steps N --tag T``).
         out_dir: where the jobs' output files go.
@@ -264,15 +278,17 @@ def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
 
 def _placer_problems(mode: str, cfg: Config) -> List[str]:
     """For a placer mode: a problem line when no coloc-placer runs or it runs another ``placement_policy``."""
-    if mode not in PLACER_POLICY:
+    wanted = placer_policy(mode)
+    if wanted is None:
         return []
-    from slurm_coloc.placement.heartbeat import placer_alive, placer_policy
+    from slurm_coloc.placement import heartbeat
 
-    if not placer_alive(cfg):
+    if not heartbeat.placer_alive(cfg):
         return ["no coloc-placer heartbeat: held jobs start only when a placer runs"]
-    if placer_policy(cfg) not in (None, PLACER_POLICY[mode]):
-        return [f"the running coloc-placer's placement_policy is {placer_policy(cfg)}, not "
-                f"{PLACER_POLICY[mode]}: this pass measured the former"]
+    running = heartbeat.placer_policy(cfg)
+    if running not in (None, wanted):
+        return [f"the running coloc-placer's placement_policy is {running}, not {wanted}: this pass measured "
+                f"the former"]
     return []
 
 
