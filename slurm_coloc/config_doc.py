@@ -88,15 +88,7 @@ def sample_yaml() -> str:
 
 
 def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, bool]:
-    """The file ``config.load`` reads and whether it was named (``path`` or ``$COLOC_CONFIG``) rather than the
-    default ``/etc/slurm-coloc/coloc.yaml``.
-
-    Args:
-        path: the file named on the command line, or None.
-        environ: the environment (``COLOC_CONFIG``).
-
-    Returns:
-        ``(file path, named)``. Pure, never raises.
+    """``(file, named)``: the file ``config.load`` reads, and whether ``path`` or ``$COLOC_CONFIG`` named it.
     """
     explicit = path or environ.get("COLOC_CONFIG")
     return Path(explicit or config_mod.DEFAULT_CONFIG_PATH), bool(explicit)
@@ -104,16 +96,11 @@ def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, 
 
 def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
               ) -> Tuple[config_mod.Config, Path, bool, Dict[str, str]]:
-    """The effective config and where each value comes from.
+    """``(cfg, file, file_read, sources)``: the effective config and where each value comes from.
 
-    Args:
-        path: the file named on the command line, or None (``$COLOC_CONFIG``, else the default).
-        environ: the environment (``COLOC_CONFIG``, ``COLOC_<KEY>`` overrides); None: ``os.environ``.
-
-    Returns:
-        ``(cfg, file, file_read, sources)``: ``file`` the config file looked for, ``file_read`` whether it was
-        read (a missing default file means all defaults), ``sources`` key -> ``"default"``, ``"file"`` or
-        ``"env COLOC_<KEY>"``.
+    ``file_read`` is False for a missing default file (all defaults); ``sources`` maps each key to
+    ``"default"``,
+    ``"file"`` or ``"env COLOC_<KEY>"``. ``environ`` None: ``os.environ``.
 
     Raises:
         ConfigError: as ``config.load`` (unreadable or malformed file, unknown key, bad value).
@@ -134,11 +121,7 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
 
 
 def effective_yaml(cfg: config_mod.Config, file: Path, read: bool, sources: Dict[str, str]) -> str:
-    """``effective``'s result as YAML text: a header naming the file, then every key with its source.
-
-    Args:
-        cfg, file, read, sources: what ``effective`` returns.
-    """
+    """``effective``'s result as YAML: a header naming the file, then every key with its source."""
     head = (f"# effective slurm-coloc configuration; file: {file}" if read
             else f"# effective slurm-coloc configuration; file: {file} (not present: defaults)")
     lines = [head]

@@ -10,11 +10,8 @@ from typing import Optional, Sequence
 
 
 class ColocError(Exception):
-    """Base class: a failure we expected and can explain in one line.
-
-    Args:
-        message: what failed, naming the offending value.
-        hint: optional next step for the user or admin.
+    """Base class: a failure we expected and can explain in one line; ``hint`` is the next step for user or
+    admin.
     """
 
     exit_code: int = 2
@@ -47,13 +44,7 @@ class StoreError(ColocError):
 
 
 class SlurmError(ColocError):
-    """A Slurm command failed, timed out or printed something we cannot parse.
-
-    Args:
-        message: what failed.
-        argv: the command line that was run.
-        returncode: its exit status (None if it did not run or timed out).
-        stderr: what it printed on stderr (stripped).
+    """A Slurm command failed, timed out or printed what we cannot parse; ``returncode`` None: it did not run.
     """
 
     def __init__(
@@ -89,9 +80,6 @@ def require(module: str) -> None:
     """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports
     it.
 
-    Args:
-        module: the top-level module name (``torch``, ``numpy``, ``matplotlib``, ``pynvml``).
-
     Raises:
         MissingExtra: not installed (or blocked: ``sys.modules[module] = None``).
         KeyError: ``module`` is not a key of ``EXTRAS`` (and is not installed).
@@ -108,10 +96,8 @@ def require(module: str) -> None:
 
 
 def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
-    """The ``MissingExtra`` for an ImportError of one of ``EXTRAS`` (None for any other module).
-
-    Returns:
-        The error to raise (with its install hint), or None. Pure, never raises.
+    """The ``MissingExtra`` (with its install hint) for an ImportError of one of ``EXTRAS``; None for other
+    modules.
     """
     root = (getattr(exc, "name", None) or "").split(".")[0]
     if root not in EXTRAS:

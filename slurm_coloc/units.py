@@ -12,16 +12,9 @@ _FACTOR_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1024}
 
 
 def parse_size_mib(text: str) -> int:
-    """Parse a memory size into MiB (rounded up).
+    """Parse ``6G``, ``6GiB``, ``6GB``, ``6144M``, ``1.5G``, ``512MiB`` or ``1T`` into MiB, rounded up (>= 1).
 
-    Accepts ``6G``, ``6GiB``, ``6GB``, ``6144M``, ``1.5G``, ``512MiB``, ``1T``; a bare number means GiB
-    (Slurm's shard unit). Binary units throughout (G = GiB).
-
-    Args:
-        text: the size as written (``6G``, ``6144M``, ``1.5``).
-
-    Returns:
-        The size in MiB, rounded up (>= 1).
+    Binary units throughout (G = GiB); a bare number means GiB (Slurm's shard unit).
 
     Raises:
         ColocError: empty, negative, zero or malformed size.
@@ -37,49 +30,26 @@ def parse_size_mib(text: str) -> int:
 
 
 def mib_to_shards(mem_mib: int) -> int:
-    """Shards (GiB) needed to hold ``mem_mib`` MiB: ceil(mem_mib / 1024), at least 1.
-
-    Args:
-        mem_mib: the memory to hold (MiB).
-
-    Returns:
-        The shard count (>= 1). Pure, never raises.
-    """
+    """Shards (GiB) needed to hold ``mem_mib`` MiB: ceil(mem_mib / 1024), at least 1."""
     return max(1, math.ceil(mem_mib / MIB_PER_SHARD))
 
 
 def shards_to_mib(shards: int) -> int:
-    """The memory ``shards`` shards grant, MiB: shards x ``MIB_PER_SHARD`` (1 shard = 1 GiB, the CUDA context
-    included: the MPS fence ``0=<shards>G`` of node/jobenv.py and the watchdog's grant).
-
-    Returns:
-        The memory granted (MiB).
+    """MiB that ``shards`` grant (1 shard = 1 GiB, the CUDA context included, as the MPS fence and watchdog
+    use).
     """
     return int(shards) * MIB_PER_SHARD
 
 
 def format_mib(mem_mib: float | None) -> str:
-    """Human form: ``812 MiB`` or ``5.2 GiB``; ``-`` for None.
-
-    Args:
-        mem_mib: a memory size (MiB), or None.
-
-    Returns:
-        The text (GiB with one decimal from 1024 MiB up). Pure, never raises.
-    """
+    """``812 MiB``, ``5.2 GiB`` (from 1024 MiB up) or ``-`` for None."""
     if mem_mib is None:
         return "-"
     return f"{mem_mib / 1024:.1f} GiB" if mem_mib >= 1024 else f"{mem_mib:.0f} MiB"
 
 
 def is_bare_number(text: str) -> bool:
-    """Whether a size has no unit (``6``, ``1.5``): ``parse_size_mib`` reads it as GiB, where sbatch's ``--mem
-    6`` would mean 6 MB, so coloc-sbatch and the SPANK plugin say so.
-
-    Args:
-        text: the size as written; None or empty has no number.
-
-    Returns:
-        True for a bare number. Pure, never raises.
+    """Whether a size has no unit (``6``): read as GiB here, where sbatch's ``--mem 6`` means 6 MB, so we
+    warn.
     """
     return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*", text or ""))

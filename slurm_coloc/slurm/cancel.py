@@ -22,11 +22,7 @@ class StderrTarget:
 
 def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
             timeout_s: float = 15.0) -> None:
-    """Cancel ``job_id``. Equivalent: ``scancel <job_id>`` (a job that already ended is not an error to
-    Slurm).
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """``scancel <job_id>`` (a job that already ended is not an error to Slurm).
 
     Raises:
         SlurmError: scancel missing, timed out or refused (its stderr is carried).
@@ -36,12 +32,7 @@ def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, s
 
 def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
                 env: Optional[Mapping[str, str]] = None) -> None:
-    """Cancel every job of ``job_ids`` with one ``scancel <id>...``, best effort (coloc-replay's clean-up):
-    Slurm's refusal is ignored; nothing is run for no job.
-
-    Args:
-        job_ids: the jobs to cancel; empty runs nothing.
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """One ``scancel <id>...`` for all ``job_ids``, best effort (coloc-replay's clean-up): refusal is ignored.
 
     Raises:
         SlurmError: scancel missing or timed out.
@@ -51,9 +42,8 @@ def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
 
 
 def parse_stderr_target(job: JobInfo) -> StderrTarget:
-    """``StderrTarget`` of a job record (pure): its expanded stderr path (stdout's when Slurm shows no
-    separate stderr) and its uid/gid, all from ``squeue --json`` (``slurm/jobinfo.py``), never from text a
-    user can shape.
+    """A job's stderr path (stdout's when Slurm shows none) and uid/gid, from ``squeue --json``, never user
+    text.
 
     Raises:
         SlurmError: no path or no uid/gid in the record.
@@ -66,11 +56,7 @@ def parse_stderr_target(job: JobInfo) -> StderrTarget:
 
 def stderr_target(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                   timeout_s: float = 15.0) -> StderrTarget:
-    """Where ``job_id`` writes its stderr, and as whom. Equivalent: ``squeue --json`` and pick the job.
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
-        timeout_s: seconds for the Slurm query (``jobs.job_info``).
+    """Where ``job_id`` writes its stderr, and as whom (``jobs.job_info``).
 
     Raises:
         SlurmError: unknown job, squeue failure, or fields missing.

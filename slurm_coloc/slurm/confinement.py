@@ -1,17 +1,15 @@
 """What confines a job in slurmctld's record, as sbatch options for its OOM rerun (pure).
 
 A job's confinement is every part of its request that limits where, under which rules and with what else it
-may run: its reservation, its excluded and required nodes, its QOS, account and WCKey, its node features
-(``--constraint``, ``--prefer``, ``--batch``, ``--cluster-constraint``), its licenses, its GRES other than
-shards, its container, SELinux context, MCS label, network and ``--contiguous``/``--exclusive``. The OOM rerun
-(``hooks/rerun.py``) is a new job that root submits, so it must carry each of these from the record or not be
-submitted at all: before this, a job in reservation ``rtres`` with ``--exclude=n1`` was rerun on n1 outside
-the reservation (docs/reliability.md, fifth campaign).
+may run: reservation, excluded and required nodes, QOS, account, WCKey, node features (``--constraint``,
+``--prefer``, ``--batch``, ``--cluster-constraint``), licenses, GRES other than shards, container, SELinux
+context, MCS label, network and ``--contiguous``/``--exclusive``. The OOM rerun (``hooks/rerun.py``) is a new
+job root submits, so it carries each of these or is not submitted at all.
 
 Field names are those of ``squeue --json`` in 22.05 (openapi v0.0.38) and 26.05 (data_parser v0.0.45), read
-through ``slurm/jsonfields.py``. What cannot be carried faithfully makes ``uncarried`` name it: GRES per job,
-task or socket and CPUs or memory per GRES (the rerun's whole GPU is asked per node), a burst buffer, the
-other components of a heterogeneous job.
+through ``slurm/jsonfields.py``. What cannot be carried faithfully is named in ``uncarried``: GRES per job,
+task or socket and CPUs or memory per GRES (the rerun asks a whole GPU per node), a burst buffer, the other
+components of a heterogeneous job.
 """
 from __future__ import annotations
 
@@ -35,12 +33,9 @@ _TRES_ELSEWHERE = ("tres_per_job", "tres_per_task", "tres_per_socket", "cpus_per
 
 @dataclass(frozen=True)
 class Confinement:
-    """A job's confinement as sbatch option words, and what of it cannot be carried.
-
-    Attributes:
-        options: ``--reservation=rtres``, ``--exclude=n1``, ... (each one argv word, values verbatim).
-        other_gres: the job's per-node GRES other than shards, as ``--gres`` takes them (``("nic:1",)``).
-        uncarried: one phrase per part that the rerun cannot carry (empty when everything can be).
+    """A job's confinement as sbatch option words (values verbatim), its non-shard GRES (``("nic:1",)``), and
+    one
+    phrase per part the rerun cannot carry.
     """
 
     options: Tuple[str, ...]
@@ -80,14 +75,10 @@ def _exclusive(j: Mapping[str, Any]) -> bool:
 
 
 def confinement_of(j: Mapping[str, Any], rerun_gres: Sequence[str] = ("shard",)) -> Confinement:
-    """The confinement of one ``squeue --json`` job entry (``JobInfo.raw``), as the rerun carries it.
+    """The confinement of one ``squeue --json`` ``jobs[]`` entry (22.05 or 26.05 schema), as the rerun carries
+    it.
 
-    Args:
-        j: one ``jobs[]`` entry of ``squeue --json`` (22.05 or 26.05 schema).
-        rerun_gres: the GRES names the rerun replaces by its own request (the shards of a whole GPU).
-
-    Returns:
-        The options, other GRES and uncarried parts (``Confinement``). Pure, never raises.
+    ``rerun_gres``: the GRES names the rerun replaces by its own request (the shards of a whole GPU).
     """
     options = [f"{opt}={v}" for key, opt in TEXT_OPTIONS for v in [_value(j, key)] if v]
     if j.get("contiguous") is True:

@@ -40,26 +40,20 @@ NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id out
 class JobInfo:
     """A job as slurmctld knows it. Times are Unix seconds, durations seconds; None = not set/unknown.
 
-    Attributes:
-        job_id: this job's own id (an array task has its own, distinct from ``array_job_id``).
-        array_job_id / array_task_id: set for an array task (None otherwise, and for the pending array
-        record). name, comment, work_dir, command, account: user-editable text, kept as opaque strings.
-        uid / gid: numeric ids of the submitting user and group.
-        state: the base ``job_state``. Inside the epilogs 22.05 says ``COMPLETING``; 24.11+ give the final
-            state (``COMPLETED``...) with ``COMPLETING`` among ``state_flags``. reason: ``state_reason``
-            (``None`` when none).
-        exit_code / signal: the pair scontrol prints as ``ExitCode=<code>:<signal>``.
-        run_s: elapsed run time as scontrol computes ``RunTime``; time_limit_s: None when
-            unlimited/partition's.
-        gres: counts per GRES name from ``tres_per_node`` (``{"shard": 2}``); node_names: expanded ``nodes``.
-        stdout_path / stderr_path / stdin_path: expanded as scontrol's ``StdOut``/``StdErr``/``StdIn``.
-        cpus_per_task: ``--cpus-per-task`` (22.05's JSON prints null even when given: ``min_cpus_per_node``,
-            scontrol's ``MinCPUsNode``, keeps the CPUs per node it implies).
-        mem_per_node_mib: ``--mem`` in MiB (None when not given or given per CPU).
-        mem_per_cpu_mib: ``--mem-per-cpu`` in MiB (None when not given).
-        state_flags: the flags after the base state in 24.11+'s ``job_state`` list (``("COMPLETING",)``);
-            22.05 prints none.
-        slurm_release: the release in the output's ``meta`` (``"24.11.5"``), ``""`` when not known.
+    ``job_id`` is the job's own id (an array task's differs from ``array_job_id``); ``name``, ``comment``,
+    ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``:
+    inside
+    the epilogs 22.05 says ``COMPLETING``, 24.11+ give the final state with ``COMPLETING`` among
+    ``state_flags``
+    (22.05 prints no flags). ``exit_code``/``signal`` are scontrol's ``ExitCode=<code>:<signal>``; ``run_s``
+    is
+    scontrol's ``RunTime``; ``time_limit_s`` None: unlimited or the partition's. ``gres`` counts per name from
+    ``tres_per_node``; ``node_names`` is ``nodes`` expanded; the std paths are expanded as scontrol's
+    ``StdOut``.
+    ``cpus_per_task``: 22.05's JSON prints null even when given, so ``min_cpus_per_node`` keeps what it
+    implies.
+    ``mem_per_node_mib``/``mem_per_cpu_mib``: ``--mem``/``--mem-per-cpu`` (None when not given that way).
+    ``slurm_release``: ``meta``'s release (``"24.11.5"``), ``""`` when not known.
     """
 
     job_id: int
@@ -111,8 +105,7 @@ class JobInfo:
 
     @property
     def final(self) -> bool:
-        """Whether ``state`` is a final state (``slurm.parse.FINAL_STATES``; ``COMPLETING``, ``RUNNING``,
-        ``PENDING`` are not)."""
+        """Whether ``state`` is final (``parse.FINAL_STATES``; ``COMPLETING`` is not)."""
         return self.state in FINAL_STATES
 
     @property
@@ -154,20 +147,11 @@ def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], arra
     """An output path pattern as Slurm 22.05 expands it for ``scontrol show job`` (module docstring).
 
     ``%A`` array job id (the job id outside an array), ``%a`` array task id (4294967294 outside an array),
-    ``%j`` job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``.
-    ``"out-%j.txt"`` with job 7 in ``/w`` -> ``/w/out-7.txt``. The result is text for display and for an
-    as-user open; nothing in it is interpreted.
-
-    Args:
-        job_id: the job's id (``%j``).
-        array_job_id: the array's job id (``%A``), or None/0 outside an array.
-        array_task_id: the array task id (``%a``), or None outside an array.
-        user_name: the job owner's name (``%u``).
-        job_name: the job's name (``%x``).
-        work_dir: the job's working directory, joined to a relative result.
-
-    Returns:
-        The expanded path, absolute where ``work_dir`` is.
+    ``%j``
+    job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``:
+    ``"out-%j.txt"``,
+    job 7, ``/w`` -> ``/w/out-7.txt``. The result is text for display and an as-user open; nothing in it is
+    interpreted.
     """
     text = pattern.replace("%A", str(array_job_id if array_task_id is not None and array_job_id else job_id))
     text = text.replace("%a", str(array_task_id if array_task_id is not None else NO_VAL))
@@ -224,14 +208,9 @@ def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
 
 
 def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, release: str = "") -> JobInfo:
-    """One ``jobs[]`` entry of ``squeue --json`` / ``scontrol show job --json`` (any schema: module docstring)
-    -> ``JobInfo``.
-
-    Args:
-        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
-
-    Returns:
-        The typed record; an unreadable ``nodes`` host list gives empty ``node_names`` rather than an error.
+    """One ``jobs[]`` entry (any schema: module docstring) -> ``JobInfo``; ``now`` (Unix s, None: the clock)
+    ends a
+    running job's ``run_s``. An unreadable ``nodes`` list gives empty ``node_names``.
 
     Raises:
         SlurmError: the entry has no integer ``job_id``.
@@ -272,15 +251,8 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
 
 
 def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInfo], Optional[SlurmVersion]]:
-    """Every job in ``squeue --json`` or ``scontrol show job --json`` output, and the release its ``meta``
-    names.
-
-    Args:
-        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
-
-    Returns:
-        (one ``JobInfo`` per entry with an integer ``job_id``, in output order (entries without one are
-        skipped), the release ``meta`` names or None).
+    """``(jobs in output order, meta's release or None)`` of ``squeue --json`` / ``scontrol show job --json``
+    output; entries without an integer ``job_id`` are skipped.
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.
@@ -300,10 +272,7 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
 
 
 def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
-    """Every job in ``squeue --json`` output (any schema; 22.05 ignores squeue's filters: docs/facts.md §7).
-
-    Args:
-        now: the Unix time (s) ``run_s`` of a running job counts up to; None: the clock.
+    """Every job in ``squeue --json`` output (22.05 ignores squeue's filters: docs/facts.md §7).
 
     Raises:
         SlurmError: not JSON or no ``jobs`` list.

@@ -27,16 +27,9 @@ def sbatch(
     env: Optional[Mapping[str, str]] = None,
     timeout_s: float = 60.0,
 ):
-    """Run ``sbatch <args>`` and return the completed process (stdout/stderr kept for the caller).
-
-    Equivalent: ``sbatch <args>``. Does not raise on sbatch's own refusal: the caller prints its stderr
-    and exits with its code (coloc-sbatch is a drop-in).
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
-
-    Returns:
-        The completed process (``returncode``, ``stdout``, ``stderr`` as str), whatever sbatch's exit status.
+    """``sbatch <args>``, whatever its exit status: the caller prints its stderr and exits with its code
+    (coloc-sbatch
+    is a drop-in).
 
     Raises:
         SlurmError: sbatch missing or timed out.
@@ -46,14 +39,7 @@ def sbatch(
 
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                timeout_s: float = 30.0) -> List[JobInfo]:
-    """Every job slurmctld still knows, finished ones included. Equivalent: ``squeue --json --states=all``.
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
-
-    Returns:
-        One ``JobInfo`` per job (22.05: every job slurmctld holds); the release ``meta`` names is cached
-        (``version.remember``).
+    """``squeue --json --states=all`` (22.05: every job slurmctld holds); caches ``meta``'s release.
 
     Raises:
         SlurmError: squeue failed or printed something unparsable.
@@ -70,14 +56,10 @@ _UNKNOWN_JOB = ("invalid job id", "job does not exist", "unknown job")
 
 def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
              timeout_s: float = 30.0) -> Optional[JobInfo]:
-    """``job_id`` as slurmctld knows it, or None once slurmctld has forgotten it (``MinJobAge``).
+    """``job_id`` as slurmctld knows it, or None once it has forgotten it (``MinJobAge``).
 
-    Equivalent: ``scontrol show job --json <job_id>`` on 24.11+; on older releases ``squeue --json
-    --states=all`` and pick the job (module docstring; ``slurm/jobinfo.py`` says why not ``scontrol show
-    job``).
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    ``scontrol show job --json <job_id>`` on 24.11+; older: ``squeue --json --states=all`` and pick the job
+    (module docstring).
 
     Raises:
         SlurmError: Slurm failed, timed out or printed something unparsable.
@@ -108,12 +90,8 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
              timeout_s: float = 30.0) -> JobInfo:
     """Like ``job_info`` for a job that must exist.
 
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
-
     Raises:
-        SlurmError: Slurm failed, timed out or printed something unparsable, or slurmctld does not know
-            ``job_id``.
+        SlurmError: as ``job_info``, or slurmctld does not know ``job_id``.
     """
     info = job_info(job_id, bin_dir, env, timeout_s)
     if info is None:
@@ -123,11 +101,8 @@ def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
 
 def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
                        env: Optional[Mapping[str, str]] = None, timeout_s: float = 15.0) -> None:
-    """Save a job's batch script. Equivalent: ``scontrol write batch_script <job_id> <path>``.
-
-    Args:
-        path: the file scontrol writes (by slurmctld's rules: relative to scontrol's working directory).
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """``scontrol write batch_script <job_id> <path>`` (a relative ``path`` is scontrol's working
+    directory's).
 
     Raises:
         SlurmError: scontrol failed (unknown job, no script kept) or timed out.
@@ -139,16 +114,14 @@ def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
 def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], script_args: Sequence[str] = (),
                    bin_dir: str = "/usr/bin", slurm_conf: Optional[str] = None,
                    timeout_s: float = 15.0) -> int:
-    """Submit ``script_path`` as user ``uid``/``gid`` from root; return the new job id.
+    """Submit ``script_path`` as ``uid``/``gid`` from root; return the new job id.
 
-    Equivalent: ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
-    <script_path> <script_args>``. sbatch runs with a minimal environment so nothing of the caller's (a hook's
-    ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*`` defaults) reaches the job or changes the request; pass
-    ``--export=NONE`` in ``args`` to have slurmd load the user's login environment (docs/facts.md §6:
-    ``--uid`` is for root only).
-
-    Args:
-        slurm_conf: the ``SLURM_CONF`` path sbatch gets; None: sbatch's default.
+    ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
+    <script_path>
+    <script_args>``: a minimal environment, so nothing of the caller's (a hook's ``SLURM_SCRIPT_CONTEXT``,
+    ``SBATCH_*``) reaches the job; ``--export=NONE`` in ``args`` makes slurmd load the user's login
+    environment
+    (docs/facts.md §6: ``--uid`` is for root only). ``slurm_conf`` None: sbatch's default.
 
     Raises:
         SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
@@ -163,15 +136,7 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
 
 
 def spank_options_available(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether sbatch lists the SPANK plugin's ``--coloc-mem`` option (plugin loaded via plugstack.conf).
-
-    Equivalent: ``sbatch --help | grep -- --coloc-mem``. False when sbatch cannot be run.
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
-
-    Never raises: a failing sbatch gives False.
-    """
+    """Whether ``sbatch --help`` lists the SPANK plugin's ``--coloc-mem``; False when sbatch cannot be run."""
     try:
         proc = run(["sbatch", "--help"], bin_dir=bin_dir, env=env, timeout_s=10.0, check=False)
     except SlurmError:
@@ -189,15 +154,10 @@ def _job_ref(job: Union[int, str]) -> str:
 
 def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin",
                       env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> None:
-    """Set a job's AdminComment (root/SlurmUser only); ``scontrol show job`` and sacct then show it.
+    """``scontrol update jobid=<job> AdminComment=<text>`` (root/SlurmUser; one argv word, no shell).
 
-    Equivalent: ``scontrol update jobid=<job> AdminComment=<text>`` (one argv word, no shell, so spaces and
-    quotes in ``text`` are safe). The jobstats convention: a compact machine-readable summary at job end.
-
-    Args:
-        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
-            array job id names every task of the array, as jobstats notes).
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    ``job``: an id or ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare array id names every
+    task).
 
     Raises:
         SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or scontrol refused (not root,
@@ -211,21 +171,16 @@ def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin"
 
 def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str = "/usr/bin",
                                  env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> None:
-    """Set a finished job's AdminComment in the accounting database (slurmdbd), as jobstats does.
+    """``sacctmgr -i update job where jobid=<job> set AdminComment=<text>`` (``job`` as
+    ``set_admin_comment``).
 
-    Equivalent: ``sacctmgr -i update job where jobid=<job> set AdminComment=<text>`` (``job`` as for
-    ``set_admin_comment``). slurmctld refuses ``scontrol update`` once a job has finished (22.05: ``Job has
-    already finished``), so at job end this is the only store; ``sacct -o AdminComment`` shows it. Without
-    slurmdbd it fails.
-
-    Args:
-        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
-            array job id names every task of the array, as jobstats notes).
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    slurmctld refuses ``scontrol update`` once a job has finished (22.05: ``Job has already finished``), so at
+    job
+    end slurmdbd is the only store (as jobstats does); without slurmdbd it fails.
 
     Raises:
-        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no
-            slurmdbd, not an admin) or timed out.
+        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no slurmdbd,
+            not an admin) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
@@ -235,17 +190,8 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
 
 def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
                              env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> str:
-    """A job's AdminComment as the accounting database (slurmdbd) holds it, where jobstats writes its summary.
-
-    Equivalent: ``sacct -n -P -X -o AdminComment -j <job>``.
-
-    Args:
-        job: a job id or, for an array task, ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare
-            array job id names every task of the array, as jobstats notes).
-        env: the full environment for the command; None: ``run.slurm_env()``.
-
-    Returns:
-        The first line of sacct's output, ``""`` when it printed nothing (no such job or no comment).
+    """``sacct -n -P -X -o AdminComment -j <job>``'s first line (``job`` as ``set_admin_comment``); ``""`` for
+    none.
 
     Raises:
         SlurmError: ``job`` is not a job reference, or sacct failed (no slurmdbd) or timed out.

@@ -35,25 +35,18 @@ def number(value: Any) -> Optional[float]:
 
 
 def integer(j: Mapping[str, Any], key: str) -> Optional[int]:
-    """``number`` of ``j[key]`` as an int; None when not a usable number.
-
-    Args:
-        j: a decoded JSON object (one job).
-    """
+    """``number`` of ``j[key]`` as an int; None when not a usable number."""
     v = number(j.get(key))
     return None if v is None else int(v)
 
 
 def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
-    """``job_state`` -> (state, flags), normalised once here (first word, upper case) so that no reader of
-    ``JobInfo.state`` normalises again: ``"RUNNING"`` -> ("RUNNING", ()); ``["COMPLETED", "COMPLETING"]`` ->
-    ("COMPLETED", ("COMPLETING",)); anything else -> ("", ()).
+    """``job_state`` -> (state, flags), normalised once here (first word, upper case).
 
-    22.05 prints one word, a flag such as ``COMPLETING`` in place of the base state; data_parser prints the
-    base state first and the flags after it.
-
-    Args:
-        value: the decoded ``job_state`` value: a string (22.05) or a list of strings (data_parser).
+    22.05 prints one string, a flag such as ``COMPLETING`` in place of the base state; data_parser prints a
+    list,
+    base state first: ``["COMPLETED", "COMPLETING"]`` -> ("COMPLETED", ("COMPLETING",)); anything else ->
+    ("", ()).
     """
     if isinstance(value, str):
         return _word(value), ()
@@ -71,11 +64,8 @@ def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:
     """``exit_code`` / ``derived_exit_code`` -> (exit code, signal), as scontrol's
     ``ExitCode=<code>:<signal>``.
 
-    22.05: the wait status (``768`` -> (3, 0); ``9`` -> (0, 9)). data_parser: ``return_code.number`` (0 when
-    unset, as for a signalled job) and ``signal.id.number`` (0 when unset). (None, None) when unreadable.
-
-    Args:
-        value: the decoded field: an int wait status (22.05) or a mapping (data_parser).
+    22.05: the int wait status (``768`` -> (3, 0); ``9`` -> (0, 9)). data_parser: ``return_code.number`` and
+    ``signal.id.number`` (0 when unset). (None, None) when unreadable.
     """
     if isinstance(value, bool):
         return None, None
@@ -95,10 +85,6 @@ def exit_pair(value: Any) -> Tuple[Optional[int], Optional[int]]:
 
 
 def text(j: Mapping[str, Any], key: str) -> str:
-    """A string field; ``""`` when absent or null (every user-editable string stays one opaque value).
-
-    Args:
-        j: a decoded JSON object (one job).
-    """
+    """A string field; ``""`` when absent or null (user text stays one opaque value)."""
     v = j.get(key)
     return "" if v is None else str(v)

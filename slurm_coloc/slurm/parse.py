@@ -22,13 +22,7 @@ MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names m
 
 
 def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
-    """``sbatch --parsable`` prints ``<jobid>[;<cluster>]``; return (job id, cluster or None).
-
-    Args:
-        stdout: sbatch's standard output; its last line is read.
-
-    Returns:
-        (job id, cluster name or None where sbatch printed none).
+    """``(job id, cluster or None)`` from the last line of ``sbatch --parsable``: ``<jobid>[;<cluster>]``.
 
     Raises:
         SlurmError: the output is not a job id.
@@ -41,29 +35,17 @@ def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
 
 
 def decode_exit_code(status: int) -> Tuple[int, int]:
-    """Wait status as Slurm keeps it (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit code, signal).
-
-    ``768`` -> ``(3, 0)``; ``9`` -> ``(0, 9)`` (docs/facts.md §5; scontrol prints the same pair as
-    ``ExitCode=3:0``).
-
-    Args:
-        status: the wait status as one integer (exit code in bits 8-15, signal in bits 0-6).
-
-    Returns:
-        (exit code 0-255, signal number 0-127).
+    """Wait status (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit 0-255, signal 0-127): ``768`` ->
+    (3, 0).
     """
     return (status >> 8) & 0xFF, status & 0x7F
 
 
 def expand_hostlist(text: Optional[str]) -> List[str]:
-    """Expand a Slurm host list: ``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c.
+    """``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c; None or ``""`` -> ``[]``.
 
-    Zero padding is kept (``n[01-02]`` -> n01 n02), several bracket groups multiply (``r[1-2]n[1-2]``), commas
-    outside brackets separate items, and it also expands paths (gres.conf ``File=/dev/nvidia[0-1]``). Order
-    and duplicates are kept as written. At most ``MAX_HOSTS`` names.
-
-    Args:
-        text: the host list (or path list) as Slurm writes it; None or ``""`` gives ``[]``.
+    Zero padding is kept, several bracket groups multiply (``r[1-2]n[1-2]``), and paths expand too (gres.conf
+    ``File=/dev/nvidia[0-1]``). Order and duplicates are kept as written.
 
     Raises:
         SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
@@ -112,21 +94,16 @@ def _expand_item(item: str, out: List[str], whole: str) -> None:
 
 
 def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int, int]]]:
-    """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``(name, type, {device index:
-    count})``.
+    """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``[(name, type or "", {device:
+    count})]``.
 
-    Two forms (``docs/slurm-versions.md``): 22.05 names the device indices, the count being the entry's
-    (``shard:5(IDX:0)`` -> ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints
-    it); 24.11+ print a shared GRES (shard) as ``<held>/<total>`` per device of the node, in index order
-    (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices holding none are left out), and a whole GPU still as
-    ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). One
-    string may join several GRES with commas. Entries in neither form are skipped.
-
-    Args:
-        entries: ``gres_detail`` / ``GRES=`` strings, one per node of the job (None entries are skipped).
-
-    Returns:
-        One ``(GRES name, type or "", {device index: count held})`` per GRES read, in the order written.
+    22.05 names the device indices, the count being the entry's (``shard:5(IDX:0)`` -> ``("shard", "", {0:
+    5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints it); 24.11+ print a shard as
+    ``<held>/<total>`` per device of the node in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices
+    holding none are left out), a whole GPU still as ``gpu:1(IDX:0)``. Typed GRES keep their type
+    (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). Commas join several GRES; None entries and entries
+    in
+    neither form are skipped.
     """
     out: List[Tuple[str, str, Dict[int, int]]] = []
     for entry in entries:
@@ -147,10 +124,8 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
 
 
 def parse_index_list(text: Optional[str]) -> List[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; ``""``/``"N/A"`` -> ``[]``. Used for SLURM_JOB_GPUS and IDX.
-
-    Args:
-        text: an index list (``0-2,5``); None, empty and parts that are not numbers or ranges are skipped.
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; None, ``""``, ``"N/A"`` and parts that are not numbers or ranges are
+    skipped.
     """
     out: List[int] = []
     for part in (text or "").split(","):
@@ -164,17 +139,12 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 
 
 def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
-    """``"gres:shard:5"`` / ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"shard": 5}`` / ``{"gpu": 2, "shard":
+    """``"gres:shard:5"`` -> ``{"shard": 5}``; ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"gpu": 2, "shard":
     3}``.
 
-    22.05 writes ``gres:``, 24.11+ ``gres/`` (``gres/shard:5``): both read the same. A GRES without a count
-    counts 1 (``gres:gpu`` -> ``{"gpu": 1}``).
-
-    Args:
-        text: ``TresPerNode`` / ``tres_per_node`` as Slurm prints it; None gives ``{}``.
-
-    Returns:
-        {GRES name: count per node}, counts of the same name summed; parts other than GRES are skipped.
+    22.05 writes ``gres:``, 24.11+ ``gres/``: both read the same. A GRES without a count counts 1; the same
+    name
+    twice is summed; parts other than GRES and None are skipped.
     """
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
@@ -187,25 +157,17 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
 
 def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
-    """The batch script's arguments in 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces,
-    word 0 the sbatch path), as 22.05's ``command`` gives them: the words after the script joined by single
-    spaces.
+    """``(arguments text or None, exact)``: the script's arguments in 26.05's ``submit_line`` (sbatch's argv
+    joined
+    by single spaces), as 22.05's ``command`` gives them.
 
-    ``command`` is the script as 26.05 records it: the path as given when it held a ``/`` (``./s.sh``), else
-    the path sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on a 26.05.5 cluster). The
-    script is the first word after word 0 naming that file: equal to ``command``, equal once joined to
-    ``work_dir``, or (no ``/``) its basename, not directly after an option word without ``=`` (whose value it
-    would be). ``sbatch -J s.sh ./s.sh 200`` -> ``("200", True)``.
-
-    Args:
-        submit_line: 26.05's ``submit_line`` (sbatch's whole argv joined by single spaces).
-        command: the batch script's path as 26.05 records it (``command``); empty gives ``(None, False)``.
-        work_dir: the job's working directory, against which relative words are resolved.
-
-    Returns:
-        (arguments text or None where no word names the script, exact): inexact where the line held more than
-        one word naming the script (an option value may be one) or doubled spaces (an argument's own
-        whitespace).
+    ``command`` is the script as 26.05 records it: the path as given when it held a ``/``, else the path
+    sbatch
+    resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on 26.05.5). The script is the first word
+    after
+    word 0 naming that file (equal to ``command``, equal once joined to ``work_dir``, or its basename), not
+    directly after an option word without ``=``. ``sbatch -J s.sh ./s.sh 200`` -> ``("200", True)``. Inexact
+    where several words name the script or spaces are doubled; empty ``command`` gives ``(None, False)``.
     """
     if not command:
         return None, False
@@ -226,17 +188,11 @@ _STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[A-Za-z0-9_]+\]")
 
 
 def parse_stepd_title(cmdline: bytes) -> Optional[int]:
-    """The job id in slurmstepd's process title (``/proc/<pid>/cmdline``), ``slurmstepd: [6.1]`` -> 6, or
-    None.
+    """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6; None for any other title.
 
-    slurmstepd titles itself with the job id of the component it runs (22.05, 26.05: a step of het component 1
-    of job 5 shows ``[6.1]``, while the task environment says ``SLURM_JOB_ID=5``).
-
-    Args:
-        cmdline: the raw bytes of ``/proc/<pid>/cmdline``.
-
-    Returns:
-        The job id, or None where the title is not slurmstepd's.
+    slurmstepd titles itself with its component's job id (22.05, 26.05: a step of het component 1 of job 5
+    shows
+    ``[6.1]`` while the task environment says ``SLURM_JOB_ID=5``).
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None

@@ -70,10 +70,7 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
 
 
 def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
-    """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL). Equivalent: ``scontrol show node -o``.
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """``scontrol show node -o``'s nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL).
 
     Raises:
         SlurmError: scontrol missing, failing or timed out (15 s).
@@ -88,16 +85,11 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
 
 
 def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
-    """``(node, gpu index, gres name, count)`` held by a running job, from ``gres_detail`` in either version's
-    form (``parse.gres_detail_counts``: 22.05 ``shard:g0:4(IDX:0)``, 24.11+ ``shard:g0:4(4/80,0/80)``; one
-    node: the job's ``nodes``). A whole-GPU entry counts as the GPU's every shard (the caller knows that
-    count).
+    """``(node, gpu index, gres name, count)`` per GPU a running job holds (non-zero), from ``gres_detail``.
 
-    Args:
-        job: the job record (``gres_detail``, ``nodes``).
-
-    Returns:
-        One tuple per GPU held with a non-zero count, by GRES entry then GPU index; ``[]`` for none.
+    Either version's form (``parse.gres_detail_counts``); one node: the job's ``nodes``. A whole-GPU entry
+    counts
+    as all the GPU's shards (the caller knows that count).
     """
     out = []
     for name, _type, per in gres_detail_counts(job.gres_detail):
@@ -110,15 +102,11 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
 
 
 def placer_shards(job: JobInfo) -> Optional[int]:
-    """The shards of a job the placer steers (pending, held, no GRES yet, a valid coloc comment with ``place``
-    true and ``shards`` in ``comment.values.BOUNDS``), else None. A comment that breaks the protocol makes no
-    candidate (``JobComment.read``: one warning).
+    """The shards (GiB) of a job the placer steers, else None.
 
-    Args:
-        job: the job record (``state``, ``state_reason``, ``tres_per_node``, ``comment``).
-
-    Returns:
-        The shards (1 GiB each) the comment asks, or None.
+    A candidate is pending, held, without GRES, with a valid coloc comment with ``place`` true and ``shards``
+    in
+    ``comment.values.BOUNDS``; a comment that breaks the protocol is none (``JobComment.read``: one warning).
     """
     if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
             and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
@@ -127,16 +115,12 @@ def placer_shards(job: JobInfo) -> Optional[int]:
 
 
 def is_candidate(job: JobInfo) -> bool:
-    """A job the placer steers (``placer_shards`` is not None).
-    """
+    """A job the placer steers (``placer_shards`` is not None)."""
     return placer_shards(job) is not None
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
-    """Every job slurmctld knows. Equivalent: ``squeue --json --states=all`` (``slurm.jobs.squeue_all``).
-
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """Every job slurmctld knows (``slurm.jobs.squeue_all``).
 
     Raises:
         SlurmError: squeue failed, timed out (30 s) or printed something unparsable.
@@ -146,17 +130,10 @@ def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) ->
 
 def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
           env: Optional[Mapping[str, str]] = None) -> None:
-    """Give held job ``job_id`` ``shards`` shards of GPU ``index`` on ``node`` and release it; clears a wait
+    """Give held ``job_id`` ``shards`` (GiB) of GPU ``index`` on ``node``, release it, clear a ``coloc-wait:``
     note.
 
-    Equivalent: ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release
-    N``.
-
-    Args:
-        index: the GPU index on ``node`` (its shard type ``g<index>``).
-        shards: shards to give (1 GiB each).
-        comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release N``.
 
     Raises:
         SlurmError: an update or the release failed (the job stays held; the next round retries).
@@ -170,12 +147,11 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
 
 
 def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
-    """Turn a held job's user hold into an admin hold, so its user cannot release it unplaced (run as root or
-    SlurmUser). Equivalent: ``scontrol hold N`` (22.05: reason ``JobHeldUser`` -> ``JobHeldAdmin``; the user's
-    ``scontrol release N`` is then refused with ``Access/permission denied``).
+    """``scontrol hold N``: a user hold becomes an admin hold, so the user cannot release the job unplaced.
 
-    Args:
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    Root or SlurmUser only; 22.05: ``JobHeldUser`` -> ``JobHeldAdmin``, the user's ``scontrol release`` is
+    then
+    refused with ``Access/permission denied``.
 
     Raises:
         SlurmError: the hold failed (the job stays user-held; the next round retries).
@@ -185,12 +161,8 @@ def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str
 
 def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
                         env: Optional[Mapping[str, str]] = None) -> None:
-    """Give held job ``job_id`` an untyped ``shard:<n>`` request (Slurm packs by memory alone) and release it.
-
-    Args:
-        shards: shards to request (1 GiB each).
-        comment: the job's current comment; a ``coloc-wait:`` prefix is removed.
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """Give held ``job_id`` an untyped ``shard:<n>`` request (packed by memory alone), clear a wait note,
+    release it.
 
     Raises:
         SlurmError: an update or the release failed.
@@ -219,12 +191,8 @@ def wait_comment(reason: str, comment: str) -> str:
 
 def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
               env: Optional[Mapping[str, str]] = None) -> None:
-    """Show why a held job waits: its comment becomes ``coloc-wait:<reason>|...`` (``squeue -o '%i %r %k'``).
-
-    Args:
-        comment: the job's current comment; nothing is run when it would not change or would lose the coloc
-            JSON.
-        env: the full environment for the command; None: ``run.slurm_env()``.
+    """Comment ``coloc-wait:<reason>|...`` on a held job (``squeue -o '%i %r %k'``); no-op if unchanged or
+    lossy.
 
     Raises:
         SlurmError: the update failed.

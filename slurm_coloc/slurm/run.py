@@ -17,16 +17,10 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def slurm_env(extra: Optional[Mapping[str, str]] = None, base: Optional[Mapping[str, str]] = None) -> dict:
-    """The environment for a Slurm command: ``base`` (default os.environ) plus ``extra``.
+    """A new environment for a Slurm command: ``base`` (None: os.environ; ``PATH`` /usr/bin:/bin) plus
+    ``extra``.
 
     PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (docs/facts.md §1); callers pass it in ``extra``.
-
-    Args:
-        extra: variables set over ``base`` (e.g. ``SLURM_CONF``); None: none.
-        base: the starting environment; None: ``os.environ``. ``PATH`` defaults to ``/usr/bin:/bin``.
-
-    Returns:
-        A new dict; neither argument is changed.
     """
     env = dict(os.environ if base is None else base)
     env.setdefault("PATH", "/usr/bin:/bin")
@@ -43,20 +37,13 @@ def run(
     check: bool = True,
     stdin_text: Optional[str] = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``argv`` (argv[0] a Slurm program name) and capture text output.
-
-    Args:
-        argv: e.g. ``["scontrol", "show", "job", "-o", "12"]``; argv[0] is resolved in ``bin_dir``.
-        env: full environment for the child (default: ``slurm_env()``).
-        check: raise on a non-zero exit.
-        stdin_text: text fed on stdin (default: /dev/null).
-
-    Returns:
-        The completed process (``stdout``/``stderr`` as str).
+    """Run ``argv`` (argv[0] a Slurm program, resolved in ``bin_dir``); text output; stdin /dev/null by
+    default.
 
     Raises:
-        SlurmError: the binary is missing, timed out, or (with ``check``) exited non-zero;
-            carries argv, return code and stderr.
+        SlurmError: the binary is missing, timed out, or (with ``check``) exited non-zero; carries argv,
+            return
+            code and stderr.
     """
     if not argv:
         raise SlurmError("empty Slurm command")

@@ -88,11 +88,7 @@ class SbatchOptions:
     source: str = "built-in 22.05"
 
     def knows(self, name: str) -> bool:
-        """Whether long option ``name`` is one of this sbatch's.
-
-        Args:
-            name: a long option name without the leading ``--``.
-        """
+        """Whether long option ``name`` (without ``--``) is one of this sbatch's."""
         return name in self.long_value or name in self.long_optional or name in self.long_flag
 
     def to_json(self) -> Dict[str, object]:
@@ -102,14 +98,10 @@ class SbatchOptions:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "SbatchOptions":
-        """The table ``to_json`` wrote, read back (the on-disk cache).
-
-        Args:
-            d: the decoded ``to_json`` mapping.
+        """The table ``to_json`` wrote (the on-disk cache), read back.
 
         Raises:
-            ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping (the
-                message names the field).
+            ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping.
         """
         def fs(key: str) -> FrozenSet[str]:
             v = d.get(key)
@@ -190,15 +182,12 @@ _MEMO: Dict[str, SbatchOptions] = {}
 
 def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                       use_cache: bool = True) -> SbatchOptions:
-    """The option table of ``<bin_dir>/sbatch``: ``sbatch --help`` + ``sbatch --usage`` parsed once per binary
-    (and slurm.conf) and kept in memory and in ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json``.
+    """``<bin_dir>/sbatch``'s option table: ``--help`` + ``--usage`` parsed once per binary and slurm.conf,
+    cached
+    in memory and ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json`` (``use_cache`` False: run it
+    again).
 
     Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why.
-
-    Args:
-        env: the environment sbatch runs with (its ``SLURM_CONF`` is part of the cache key); None: this
-            process's.
-        use_cache: read the memory and disk caches; False runs sbatch again (the result is still cached).
     """
     full_env = dict(os.environ if env is None else env)
     exe = str(Path(bin_dir) / "sbatch")

@@ -50,11 +50,7 @@ class SlurmVersion:
         return (self.major, self.minor)
 
     def at_least(self, series: Tuple[int, int]) -> bool:
-        """Whether this release is ``series`` or newer.
-
-        Args:
-            series: ``(major, minor)``, e.g. ``(24, 11)``.
-        """
+        """Whether this release is ``series`` (``(24, 11)``) or newer."""
         return self.series >= series
 
     @property
@@ -69,11 +65,8 @@ class SlurmVersion:
 
 
 def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
-    """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None when no
-    release.
-
-    Args:
-        text: a ``--version`` line or a bare release; None gives None.
+    """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None for none (or
+    None).
     """
     m = _RELEASE.search(text or "")
     if not m:
@@ -82,11 +75,8 @@ def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
 
 
 def version_from_meta(meta: Any) -> Optional[SlurmVersion]:
-    """The release in a ``--json`` output's ``meta``: ``meta.Slurm.release`` (22.05) or ``meta.slurm.release``
-    (23.02+); None when absent.
-
-    Args:
-        meta: the output's ``meta`` value, of any type (anything but a mapping gives None).
+    """The release in a ``--json`` output's ``meta`` (``Slurm.release`` 22.05, ``slurm.release`` 23.02+), or
+    None.
     """
     if not isinstance(meta, Mapping):
         return None
@@ -103,12 +93,7 @@ _LOCK = threading.Lock()
 
 def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                   timeout_s: float = 10.0) -> SlurmVersion:
-    """The release of the Slurm commands in ``bin_dir``, cached per bin dir for the process.
-
-    Equivalent: ``scontrol --version`` (needs no controller).
-
-    Args:
-        env: the environment scontrol runs with; None: this process's.
+    """``scontrol --version`` of ``bin_dir`` (needs no controller), cached per bin dir for the process.
 
     Raises:
         SlurmError: scontrol missing, failing, timed out, or printing no release.
@@ -126,7 +111,6 @@ def slurm_version(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = 
 
 
 def remember(bin_dir: str, version: SlurmVersion) -> None:
-    """Cache ``version`` for ``bin_dir`` (learnt from a ``--json`` output's ``meta``), sparing the exec.
-    """
+    """Cache ``version`` for ``bin_dir`` (from a ``--json`` output's ``meta``), sparing the exec."""
     with _LOCK:
         _CACHE.setdefault(bin_dir, version)
