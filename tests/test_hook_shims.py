@@ -46,3 +46,59 @@ def test_the_other_hooks_still_take_coloc_hook(tmp_path: Path) -> None:
            "COLOC_PENDING_DIR": str(tmp_path / "pending"), "SLURM_JOB_ID": "7"}
     out = subprocess.run(["/bin/sh", str(REPO / "prolog_epilog" / "prolog.sh")], env=env, timeout=30)
     assert out.returncode == 0 and marker.exists()
+
+
+#: What a root hook never loads (issue 47): the report pipeline's judgement and rendering. The node Epilog's
+#: AdminComment facts come from ``report/facts.py`` (``store/`` reads only).
+REPORT_PIPELINE = tuple(f"slurm_coloc.report.{m}" for m in ("findings", "diagnose", "summarize", "usage",
+                                                              "render", "views", "query"))
+
+_EPILOG = r"""
+import json, sys, time
+from slurm_coloc import config as config_mod
+from slurm_coloc.hooks import node
+from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.store import jobs as store_jobs, summaries
+from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+cfg = config_mod.load(sys.argv[1], environ={})
+t0 = time.time() - 600
+store_jobs.record_submission(open_ctld_db(cfg.ctld_db_path), store_jobs.JobSubmission(
+    job_id=7, user_name="alice", job_name="j7", shards_req=4, share_mode="shard", estimate_mib=3000,
+    estimate_method="analytic", submit_ts=t0 - 1))
+db = open_node_db(cfg.node_db_path("n1"))
+store_jobs.record_node_start(db, store_jobs.JobStart(7, "n1", "alice", 2001, "0", 4, "gres:shard:4", t0))
+summaries.record_summary(db, summaries.JobSummary(7, "n1", "0", t0, t0 + 600, 2500.0, 50.0, 40.0, 60.0, 30.0,
+                                                  45.0, 1000.0, 600))
+assert not [m for m in sys.modules if m.startswith("slurm_coloc.report.")], "loaded before the Epilog"
+env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "2001", "SLURM_JOB_EXIT_CODE": "0"}
+detail = node.epilog(HookContext.from_env(env), cfg, env)
+print(json.dumps({"detail": detail, "loaded": sorted(m for m in sys.modules if m.startswith("slurm_coloc."))},
+                 default=str))
+"""
+
+
+def test_the_node_epilog_records_facts_without_the_report_pipeline(tmp_path: Path) -> None:
+    """The node Epilog (root) in a fresh interpreter: it stores the job's AdminComment facts (peak, SM
+    activity) and loads no module of the report pipeline (findings, diagnosis, usage, rendering)."""
+    import json
+    import sys
+
+    from slurm_coloc import config as config_mod
+    from slurm_coloc.store import summaries
+    from slurm_coloc.store.db import open_readonly
+
+    cfg_path = tmp_path / "coloc.yaml"
+    cfg_path.write_text(f"state_dir: {tmp_path / 'state'}\nrun_dir: {tmp_path / 'run'}\n"
+                        f"slurm_bin_dir: {tmp_path / 'no-slurm'}\nhook_timeout_s: 20\n")
+    out = subprocess.run([sys.executable, "-c", _EPILOG, str(cfg_path)], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "ms" in got["detail"]["figures"] and got["detail"]["state"] == "COMPLETED", got["detail"]
+    assert not sorted(set(REPORT_PIPELINE) & set(got["loaded"])), got["loaded"]
+    cfg = config_mod.load(str(cfg_path), environ={})
+    stored = summaries.load_figures(open_readonly(cfg.node_db_path("n1")), 7)
+    assert stored is not None
+    assert {k: stored[1]["summary"].get(k) for k in ("peak_mib", "smact", "req_mib", "measured", "finding")} \
+        == {"peak_mib": 2500, "smact": 50.0, "req_mib": 4096, "measured": True, "finding": None}

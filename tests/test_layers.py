@@ -178,6 +178,29 @@ def test_the_controller_hooks_do_not_load_the_report_pipeline() -> None:
     assert not sorted(m for m in seen if _part(m) == "report" or m == "slurm_coloc.hooks.figures")
 
 
+def _reached(root: str) -> Set[str]:
+    """Every package module ``root`` imports, at any depth (imports inside functions included)."""
+    seen: Set[str] = set()
+    todo = [root]
+    while todo:
+        mod = todo.pop()
+        if mod not in seen:
+            seen.add(mod)
+            todo.extend(GRAPH[mod])
+    return seen
+
+
+def test_the_node_hooks_load_only_the_reports_facts() -> None:
+    """The node Prolog/Epilog/TaskProlog (root; hooks/runner.py) record facts: of ``report/`` they reach only
+    ``report/facts.py`` (``store/`` reads for the AdminComment figures), never the findings, diagnosis, usage
+    or rendering (judgement runs as the user who asks: coloc-report, the reader service)."""
+    for root in ("slurm_coloc.hooks.runner", "slurm_coloc.hooks.node"):
+        seen = _reached(root)
+        assert "slurm_coloc.hooks.figures" in seen, root
+        assert sorted(m for m in seen if _part(m) == "report") == ["slurm_coloc.report.facts"], root
+    assert {_part(m) for m in GRAPH["slurm_coloc.report.facts"]} <= {"store", "units"}
+
+
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The walker finds an upward import and a cycle in code written like the package's."""
     src = tmp_path / "m.py"

@@ -196,28 +196,37 @@ def test_admin_comment_summary(state: Path):
     text = admin_comment.build(cfg, 11, wait_s=0)
     d = json.loads(text)
     assert d["coloc"] == 1 and d["peak_mib"] == 2048 and d["est_mib"] == 6000 and d["smact"] == 5.0
-    assert d["waste"] == ["low-smact", "unused-mem"] and " " not in text
+    assert " " not in text and "waste" not in d and "finding" not in d  # facts only: judgement is advise's
     assert json.loads(admin_comment.build(cfg, 12, wait_s=0))["retry"] == 13
     assert admin_comment.build(cfg, 999, wait_s=0) is None
 
 
+def _pipeline_summary(cfg, job_id: int):
+    """The AdminComment dict of the job as the whole report pipeline sees it now (``load_report``,
+    ``add_usage``)."""
+    from slurm_coloc.report.usage import add_usage
+
+    report = load_report(cfg)
+    return figures.summary_dict(add_usage(next(j for j in report.jobs if j.job_id == job_id), report, cfg))
+
+
 def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
-    """EpilogSlurmctld's text (figures from the node Epilog + the controller's OOM record) is the text the
-    whole report pipeline gives at its time, also when the OOM was recorded after the node Epilog computed the
-    figures."""
+    """EpilogSlurmctld's text (the node Epilog's facts, hooks/figures.py + the controller's OOM record) is the
+    text the whole report pipeline gives at its time, also when the OOM was recorded after the node Epilog
+    computed the figures: the light path (report/facts.py only) and ``add_usage`` agree."""
     cfg = _cfg(state)
     for job in (11, 12, 13, 14):
         _node_epilog_figures(cfg, job)
-        pipeline = figures.compute(cfg, job)
-        assert pipeline is not None
-        assert (admin_comment.build(cfg, job, wait_s=0) == json.dumps(pipeline["summary"],
-                                                                      separators=(",", ":")))
+        light = figures.compute(cfg, job)
+        assert light is not None and light["summary"] == _pipeline_summary(cfg, job)
+        assert admin_comment.build(cfg, job, wait_s=0) == json.dumps(light["summary"], separators=(",", ":"))
     ctld = open_ctld_db(state / "state" / "ctld.db")
     store_oom.claim_retry(ctld,
                           store_oom.OomRecord(job_id=11, ts=T0 + 700, user_name="alice", share_mode="shard",
                                                     shards=8, retry_status="submitted", retry_job_id=15))
-    after = figures.compute(cfg, 11)  # the pipeline run now, knowing the OOM
+    after = figures.compute(cfg, 11)  # the facts now, knowing the OOM
     assert after is not None and after["summary"]["oom"] is True and after["summary"]["retry"] == 15
+    assert after["summary"] == _pipeline_summary(cfg, 11)
     assert admin_comment.build(cfg, 11, wait_s=0) == json.dumps(after["summary"], separators=(",", ":"))
 
 

@@ -1,10 +1,14 @@
-"""The job's summary figures, computed by the node Epilog and stored in its node database (``job_figures``).
+"""The job's summary figures for its AdminComment: measured facts only, computed by the node Epilog and stored
+in its node database (``job_figures``).
 
-EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without running the report pipeline
-itself: the figures need the report's aggregation (``report/usage.py`` ``add_usage``), waste rules and
-diagnosis (``report/findings.py``, ``report/diagnose.py``), which the controller hook's 30-second budget
-should not carry. Here they are computed as ``coloc-report`` computes them: from the controller's row of the
-job (``ctld.db``, on the shared ``state_dir``) and every node database of its node list, read-only.
+EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without reading samples itself. The
+figures are facts (what was asked, estimated, reserved, and measured: peak memory, utilization, SM
+activity/occupancy, energy, GPU hours, the OOM and the watchdog's reason), computed with ``report/facts.py``
+(``store/`` reads only) from the controller's row of the job (``ctld.db``, on the shared ``state_dir``) and
+every node database of its node list, read-only, as ``coloc-report`` computes them. No judgement runs here:
+the waste rules and the diagnosis (``report/findings.py``, ``report/diagnose.py``) run as the user who asks
+(``coloc-report jobs``/``advise``, the reader service); this root hook never imports the report pipeline
+(``summarize``, ``usage``, ``findings``, ``render``; tests/test_hook_shims.py).
 
 Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is
 skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
@@ -13,21 +17,20 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
+
+from sqlite_utils import Database
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.report.findings import add_findings, flag_waste
-from slurm_coloc.report.summarize import JobView, Report, spec_fields
-from slurm_coloc.report.usage import add_usage
+from slurm_coloc.report import facts
 from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import summaries as store_summaries
 
 MIN_LEFT_S = 2.0  # the figures are skipped when the hook's alarm fires sooner than this
-# no spaces: scontrol -o
-WASTE_CODES = {"low SM activity": "low-smact", "memory far below request": "unused-mem"}
 
 
 def _nodes(node_list: str) -> List[str]:
@@ -38,66 +41,110 @@ def _nodes(node_list: str) -> List[str]:
         return []
 
 
-def job_view(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Tuple[Optional[JobView], Report]:
-    """The job's report view from the controller row and every node database of its node list (``nodes`` when
-    the row has none yet, e.g. the node Epilog's own node before EpilogSlurmctld recorded the list).
+@dataclass(frozen=True)
+class JobFacts:
+    """What ``summary_dict`` reads of a job (the same names as ``report.summarize.JobView``, which it also
+    takes): request and estimate (MiB), measured figures (MiB, %, kWh, GPU hours), OOM and rerun, watchdog."""
 
-    Args:
-        cfg: the configuration (database paths); job_id: the Slurm job id.
-        nodes: node names read when the controller's row has no node list; None: none.
+    estimate_mib: Optional[int] = None
+    estimate_method: Optional[str] = None
+    share_mode: Optional[str] = None
+    shards: Optional[int] = None
+    requested_mib: Optional[float] = None
+    peak_mem_mib: Optional[float] = None
+    estimate_error_pct: Optional[float] = None
+    util_mean: Optional[float] = None
+    smact_mean: Optional[float] = None
+    smact_p95: Optional[float] = None
+    smocc_mean: Optional[float] = None
+    smocc_p95: Optional[float] = None
+    energy_kwh: Optional[float] = None
+    gpu_hours: Optional[float] = None
+    oom: bool = False
+    retry_job_id: Optional[int] = None
+    watchdog: Optional[str] = None
 
-    Returns:
-        ``(view or None when no database knows the job, the report holding the open databases)``.
 
-    Raises:
-        StoreError: a database that exists but cannot be read (``record`` catches it).
-    """
-    report = Report()
+def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
+          ) -> Tuple[Dict[str, Any], List[Dict[str, Any]], Dict[str, Database], List[Any], Any]:
+    """The controller's row ({} when absent), the job's node run rows, the open node databases by name, the
+    job's Epilog summaries and its OOM record (or None), from the controller database and every node database
+    of the row's node list (``nodes`` when the row has none yet)."""
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id) or {}
-    o = store_oom.load_oom_event(ctld, job_id)
-    if o is not None:
-        report.oom_by_job[job_id] = o
-    runs = []
+    oom = store_oom.load_oom_event(ctld, job_id)
+    runs: List[Dict[str, Any]] = []
+    dbs: Dict[str, Database] = {}
+    summaries: List[Any] = []
     for node in _nodes(str(row.get("node_list") or "")) or list(nodes or []):
         path = cfg.node_db_path(node)
         if not path.exists():
             continue
-        db = rq.open_for_report(path)
-        report.node_dbs[node] = db
-        report.node_paths[node] = str(path)
+        dbs[node] = db = rq.open_for_report(path)
         runs.extend(rq.load_job_run_rows(db, job_id))
-        report.summaries.setdefault(job_id, []).extend(store_summaries.load_summaries(db, job_id))
+        summaries.extend(store_summaries.load_summaries(db, job_id))
+    return row, runs, dbs, summaries, oom
+
+
+def job_facts(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[JobFacts]:
+    """The job's facts from the controller row and every node database of its node list (``nodes`` when the
+    row has none yet, e.g. the node Epilog's own node before EpilogSlurmctld recorded the list), as
+    ``report/usage.py`` ``add_usage`` computes them (both through ``report/facts.py``).
+
+    Args:
+        cfg: the configuration (database paths, ``gpu_mem_gib``); job_id: the Slurm job id.
+        nodes: node names read when the controller's row has no node list; None: none.
+
+    Returns:
+        The facts, or None when no database knows the job.
+
+    Raises:
+        StoreError: a database that exists but cannot be read (``record`` catches it).
+    """
+    row, runs, dbs, summaries, oom = _read(cfg, job_id, nodes)
     if not row and not runs:
-        return None, report
-
-    def times(key: str) -> List[float]:
-        return [float(t) for t in [r.get(key) for r in runs] + [row.get(key)]
-                if isinstance(t, (int, float)) and t]
-
-    starts, ends = times("start_ts"), times("end_ts")
-    view = JobView(
-        job_id=job_id, user=row.get("user_name"), name=row.get("job_name"),  # type: ignore[arg-type]
-        nodes=",".join(str(r["node"]) for r in runs), gpus=";".join(f"{r['node']}:{r['gpus']}" for r in runs
-                                                                    if r.get("gpus")),
-        shards=row.get("shards_req"), share_mode=row.get("share_mode"),  # type: ignore[arg-type]
-        estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),  # type: ignore[arg-type]
-        state=row.get("state"), exit_code=row.get("exit_code"), signal=row.get("signal"),  # type: ignore[arg-type]
-        start_ts=min(starts) if starts else None, end_ts=max(ends) if ends else None,
-        **spec_fields(row.get("spec_json")))  # type: ignore[arg-type]
-    return view, report
+        return None
+    times = {k: [float(t) for t in [r.get(k) for r in runs] + [row.get(k)]
+                 if isinstance(t, (int, float)) and t] for k in ("start_ts", "end_ts")}
+    start = min(times["start_ts"]) if times["start_ts"] else None
+    end = max(times["end_ts"]) if times["end_ts"] else None
+    by_node: Dict[str, List[int]] = {}
+    for r in runs:
+        idxs = [int(i) for i in str(r.get("gpus") or "").split(",") if i.strip().isdigit()]
+        if idxs:
+            by_node.setdefault(str(r["node"]), []).extend(idxs)
+    n_gpus, shards = sum(len(v) for v in by_node.values()), row.get("shards_req")
+    held = facts.gpus_held(shards, n_gpus, cfg.gpu_mem_gib)
+    fig, _ = facts.summary_figures([s for s in summaries if s.n_samples])
+    if start is not None and by_node:
+        facts.sample_figures(dbs, job_id, (start, end if end is not None else start + 1e9), by_node,
+                             any(s.n_samples for s in summaries), (held / max(1, n_gpus)) if held else 1.0,
+                             fig, [])
+    runtime = max(0.0, end - start) if start is not None and end is not None else None
+    return JobFacts(
+        estimate_mib=row.get("estimate_mib"), estimate_method=row.get("estimate_method"),
+        share_mode=row.get("share_mode"), shards=shards,
+        requested_mib=facts.requested_mib(shards, row.get("share_mode"), n_gpus, cfg.gpu_mem_gib),
+        peak_mem_mib=fig["peak"],
+        estimate_error_pct=facts.estimate_error(fig["peak"], row.get("estimate_mib"))[1],
+        util_mean=fig["util_mean"], smact_mean=fig["smact_mean"], smact_p95=fig["smact_p95"],
+        smocc_mean=fig["smocc_mean"], smocc_p95=fig["smocc_p95"],
+        energy_kwh=None if fig["energy_j"] is None else fig["energy_j"] / 3.6e6,
+        gpu_hours=None if held is None or runtime is None else held * runtime / 3600.0,
+        oom=oom is not None, retry_job_id=oom.retry_job_id if oom else None,
+        watchdog=facts.watchdog_reason(dbs, job_id, set(by_node) | {str(r["node"]) for r in runs}))
 
 
 def _int(x: Optional[float]) -> Optional[int]:
     return None if x is None else int(round(x))
 
 
-def summary_dict(view: JobView) -> Dict[str, Any]:
-    """The compact AdminComment dict of a job view (None values left out, floats rounded; keys:
-    hooks/admin_comment.py).
+def summary_dict(view: Any) -> Dict[str, Any]:
+    """The compact AdminComment dict of a job's facts (None values left out, floats rounded; keys:
+    hooks/admin_comment.py); no waste codes or findings (judgement: ``coloc-report advise``).
 
     Args:
-        view: the job's view with usage and findings (``report``): MiB, %, kWh, GPU hours.
+        view: the job's ``JobFacts`` (or a ``report.summarize.JobView`` with usage): MiB, %, kWh, GPU hours.
 
     Returns:
         The dict (``est_mib``, ``req_mib``, ``peak_mib`` in MiB; ``err_pct``, ``util``, ``smact``, ``smocc``
@@ -115,30 +162,22 @@ def summary_dict(view: JobView) -> Dict[str, Any]:
         "smact_p95": r(view.smact_p95), "smocc": r(view.smocc_mean), "smocc_p95": r(view.smocc_p95),
         "kwh": r(view.energy_kwh, 5), "gpu_h": r(view.gpu_hours, 6), "oom": view.oom or None,
         "retry": view.retry_job_id, "watchdog": view.watchdog,
-        "measured": view.peak_mem_mib is not None or view.smact_mean is not None,
-        "waste": [WASTE_CODES.get(w.split(":")[0], "other") for w in view.waste] or None,
-        "finding": view.findings[0]["name"] if view.findings else None}
+        "measured": view.peak_mem_mib is not None or view.smact_mean is not None}
     return {k: v for k, v in d.items() if v is not None}
 
 
 def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    """``{"summary": <summary_dict>, "findings": [finding names, top first]}`` of the job; None: job unknown.
-
-    The findings are all kept so that EpilogSlurmctld, which learns of an OOM after this ran, can drop
-    ``over-request`` (never judged for an OOM'd job: report/diagnose.py) and name the next one.
+    """``{"summary": <summary_dict>}`` of the job's facts (``job_facts``); None: job unknown.
 
     Args:
-        cfg: the configuration (database paths, the report's thresholds); job_id: the Slurm job id.
+        cfg: the configuration (database paths, ``gpu_mem_gib``); job_id: the Slurm job id.
         nodes: node names read when the controller's row has no node list; None: none.
 
     Raises:
         StoreError: a database that exists but cannot be read (``record`` catches it).
     """
-    view, report = job_view(cfg, job_id, nodes)
-    if view is None:
-        return None
-    full = add_findings(flag_waste(add_usage(view, report, cfg), cfg), cfg)
-    return {"summary": summary_dict(full), "findings": [f["name"] for f in full.findings]}
+    got = job_facts(cfg, job_id, nodes)
+    return None if got is None else {"summary": summary_dict(got)}
 
 
 def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:

@@ -99,8 +99,9 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     on Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
     Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is
     inferred from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last,
-    the job's summary figures for its AdminComment (hooks/figures.py ``record``: never raises, skipped when
-    the hook's budget is nearly spent).
+    the job's measured facts for its AdminComment (hooks/figures.py ``record``: never raises, skipped when
+    the hook's budget is nearly spent). The Epilog only records facts: no waste rule or diagnosis runs here
+    (those run as the user who asks: ``coloc-report advise``, the reader service).
 
     Args:
         ctx: the hook's job; cfg: the node's configuration; env: the Epilog's environment
@@ -135,7 +136,7 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     end = store_jobs.JobEnd(job_id=ctx.job, node=ctx.node, state=state, exit_code=code, signal=sig,
                             end_ts=end_ts or time.time())
     store_jobs.record_node_end(db, end)
-    from slurm_coloc.hooks import figures  # here: the controller hooks never load the report pipeline
+    from slurm_coloc.hooks import figures  # here: the controller hooks never load even report/facts.py
 
     # never raises
     out["figures"] = figures.record(cfg, db, ctx.job, ctx.node, job.nodes if job is not None else "")

@@ -2,7 +2,8 @@
 ``gpus_held``) and what it used, filled into its ``JobView`` by ``add_usage`` from the node Epilog's job
 summaries (``store/summaries.py``) and the sampler's tables (``store/samples.py``): peak memory, estimate
 error, utilization, SM activity/occupancy, energy, GPU-hours, the OOM record and the watchdog's reason. What
-was not recorded stays None and ``JobView.notes`` says so.
+was not recorded stays None and ``JobView.notes`` says so. The figures themselves come from
+``report/facts.py`` (light: the node Epilog computes the AdminComment figures with it).
 """
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
+from slurm_coloc.report import facts
 from slurm_coloc.report.summarize import CPU_FIELDS, JobView, Report
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import summaries as store_summaries
-from slurm_coloc.store import watchdog as store_watchdog
-from slurm_coloc.units import format_mib
 
-MIB_PER_GIB = 1024
+MIB_PER_GIB = facts.MIB_PER_GIB
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
-    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024.
+    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024
+    (``facts.requested_mib``).
 
     Args:
         job: the job (``shards``, ``share_mode``, ``gpu_list``).
@@ -29,16 +30,12 @@ def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
     Returns:
         MiB, or None for a job holding neither shards nor whole GPUs.
     """
-    if job.shards:
-        return float(job.shards * MIB_PER_GIB)
-    n_gpus = len(job.gpu_list)
-    if job.share_mode == "gpu" and n_gpus:
-        return float(n_gpus * cfg.gpu_mem_gib * MIB_PER_GIB)
-    return None
+    return facts.requested_mib(job.shards, job.share_mode, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
 def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
-    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs.
+    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs
+    (``facts.gpus_held``).
 
     Args:
         job: the job (``shards``, ``gpu_list``).
@@ -47,14 +44,7 @@ def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
     Returns:
         GPUs (fractional for shards, at most 1 per GPU listed), or None for a job with neither.
     """
-    if job.shards:
-        return min(1.0, job.shards / cfg.gpu_mem_gib) * max(1, len(job.gpu_list))
-    return float(len(job.gpu_list)) if job.gpu_list else None
-
-
-def _sum(xs: Sequence[Optional[float]]) -> Optional[float]:
-    vals = [x for x in xs if x is not None]
-    return sum(vals) if vals else None
+    return facts.gpus_held(job.shards, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
 def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int, Optional[float]]:
@@ -79,25 +69,15 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
 
 
 def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
-    """Why the sampler's watchdog stopped (or recorded) ``job``, in words, from its nodes' ``watchdog_events``
-    (``store/watchdog.py``): ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no
-    event.
+    """Why the sampler's watchdog stopped (or recorded) ``job``, in words (``facts.watchdog_reason``):
+    ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no event.
 
     Args:
         job: the job (its ``gpu_list`` and ``nodes`` say which node databases to read).
         report: the loaded databases (``load_report``).
     """
     nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
-    for node in sorted(nodes):
-        db = report.node_dbs.get(node)
-        events = store_watchdog.load_events(db, job.job_id) if db is not None else []
-        if events:
-            ev = events[0]
-            verb = "stopped" if ev.action == "stop" else "flagged"
-            what = (f"over its grant ({format_mib(ev.used_mib)} of {format_mib(ev.grant_mib)})"
-                    if ev.reason == "over-grant" else "a CUDA process outside its MPS server")
-            return f"{verb}: {what} on {ev.node} GPU {ev.gpu_index}"
-    return None
+    return facts.watchdog_reason(report.node_dbs, job.job_id, nodes)
 
 
 def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int, Optional[float]]] = None
@@ -135,24 +115,16 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
         notes.append("SM activity/occupancy not recorded (NVML GPM needs Hopper or newer)")
     if fig["peak"] is None and by_node:
         notes.append("peak memory not recorded")
-    return _with_figures(job, report, cfg, fig, _sum([s.gpu_s for s in summaries]), notes, diag)
-
-
-_FIGURES = ("peak", "util_mean", "smact_mean", "smact_p95", "smocc_mean", "smocc_p95", "energy_j")
+    return _with_figures(job, report, cfg, fig, facts.sum_known([s.gpu_s for s in summaries]), notes, diag)
 
 
 def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[str, Optional[float]],
                                                                          Dict[str, object]]:
-    """The job's figures from its Epilog summaries (``_FIGURES``: peak MiB, percentages, energy J; the SM
-    figures from the summary with the most samples) and that summary's diagnostics (``JobView`` fields)."""
-    fig: Dict[str, Optional[float]] = dict.fromkeys(_FIGURES)
-    fig["peak"] = max((s.peak_mem_mib for s in summaries if s.peak_mem_mib is not None), default=None)
-    fig["energy_j"] = _sum([s.energy_j for s in summaries])
-    if not summaries:
+    """The job's figures from its Epilog summaries (``facts.summary_figures``) and the diagnostics of the
+    summary with the most samples (``JobView`` fields)."""
+    fig, first = facts.summary_figures(summaries)
+    if first is None:
         return fig, {}
-    first = max(summaries, key=lambda s: s.n_samples)
-    fig.update(smact_mean=first.smact_mean, smact_p95=first.smact_p95, smocc_mean=first.smocc_mean,
-               smocc_p95=first.smocc_p95)
     diag = {"tensor_mean": first.tensor_mean, "dram_mean": first.dram_mean,
             "smact_idle_pct": first.smact_idle_pct, "active_samples": first.active_samples,
             **{k: getattr(first, k) for k in CPU_FIELDS}}
@@ -162,35 +134,13 @@ def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[
 def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str, List[int]],
                     summarized: bool,
                     fig: Dict[str, Optional[float]], notes: List[str]) -> None:
-    """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``by_node``: node -> GPU indexes): the
-    utilization always, the peak when no summary gave one, and, without any summary (``summarized``), the SM
-    figures and the job's share of the GPUs' energy. Adds a note saying which."""
+    """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``facts.sample_figures``; ``by_node``:
+    node -> GPU indexes)."""
     t1 = job.end_ts if job.end_ts is not None else job.start_ts + 1e9  # type: ignore[operator]
-    stats = []
-    for node, idxs in by_node.items():
-        db = report.node_dbs.get(node)
-        if db is not None:
-            stats.extend(rq.gpu_window_stats(db, job.start_ts, t1, idxs))
-            if fig["peak"] is None:
-                fig["peak"] = rq.job_peak_mem_mib(db, job.job_id)
-    if not stats:
-        notes.append("no samples recorded for this job")
-        return
-    w = sum(s.covered_s for s in stats) or 1.0
-    fig["util_mean"] = _sum([(s.util_mean or 0) * s.covered_s / w for s in stats if s.util_mean is not None])
-    if summarized:
-        return
-    fig["smact_mean"] = _sum([(s.smact_mean or 0) * s.covered_s / w for s in stats
-                              if s.smact_mean is not None])
-    fig["smocc_mean"] = _sum([(s.smocc_mean or 0) * s.covered_s / w for s in stats
-                              if s.smocc_mean is not None])
-    fig["smact_p95"] = max((s.smact_p95 for s in stats if s.smact_p95 is not None), default=None)
-    fig["smocc_p95"] = max((s.smocc_p95 for s in stats if s.smocc_p95 is not None), default=None)
     held = gpus_held(job, cfg)
     share = (held / max(1, len(job.gpu_list))) if held else 1.0
-    e = _sum([s.energy_j for s in stats])
-    fig["energy_j"] = None if e is None else e * share
-    notes.append("no Epilog summary: usage read from the GPU samples of its span (energy by share)")
+    facts.sample_figures(report.node_dbs, job.job_id, (job.start_ts, t1),  # type: ignore[arg-type]
+                         by_node, summarized, share, fig, notes)
 
 
 def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Optional[float]],
@@ -199,10 +149,8 @@ def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Opti
     hours held and used, the OOM/rerun fields, the watchdog's reason and the notes."""
     peak, energy_j = fig["peak"], fig["energy_j"]
     req = requested_mib(job, cfg)
-    err = err_pct = unused = None
-    if peak is not None and job.estimate_mib is not None:
-        err = float(job.estimate_mib) - peak
-        err_pct = 100.0 * err / peak if peak > 0 else None
+    err, err_pct = facts.estimate_error(peak, job.estimate_mib)
+    unused = None
     if peak is not None and req is not None:
         unused = max(0.0, req - peak)
     held = gpus_held(job, cfg)
