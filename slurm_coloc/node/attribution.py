@@ -40,11 +40,8 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
-    """Controller -> mount point of each cgroup hierarchy (``""`` for the v2 unified one, ``name=systemd`` for
-    named v1 hierarchies), from ``/proc/self/mountinfo``; {} when unreadable.
-
-    Args:
-        mountinfo: the mountinfo file to parse (tests pass a copy).
+    """Controller -> mount point per cgroup hierarchy (``""``: v2 unified, ``name=systemd``: named v1), from
+    ``mountinfo``; {} when unreadable.
     """
     out: Dict[str, str] = {}
     try:
@@ -72,11 +69,9 @@ class JobAttributor:
     """pid -> Slurm job id via /proc and the cgroup filesystem (module docstring), cached per (pid, start
     time).
 
-    Args:
-        proc_root: the proc filesystem (``/proc``).
-        job_uid: job id -> the uid Slurm runs it as (None: unknown), from the node database.
-        uid_jobs: uid -> the jobs it runs on this node (None: unknown), from the node database.
-        mounts: controller -> cgroup mount point (default: ``cgroup_mounts()``, read once).
+    ``job_uid`` (job -> its uid) and ``uid_jobs`` (uid -> its jobs on this node) come from the node database
+    and
+    return None when unknown; ``mounts`` defaults to ``cgroup_mounts()``, read once.
     """
 
     def __init__(self, proc_root: str = "/proc", job_uid: Optional[Callable[[int], Optional[int]]] = None,
@@ -108,12 +103,7 @@ class JobAttributor:
         return rest[19] if len(rest) > 19 else None
 
     def job_of(self, pid: int) -> Optional[int]:
-        """The job id of ``pid``, or None (not a Slurm job, gone, unreadable, or no evidence that counts).
-
-        Evidence in order: the process's Slurm cgroup, a ``slurmstepd`` ancestor, then its own
-        ``SLURM_JOB_ID`` where it cannot choose among jobs (module docstring); answers are cached by (pid,
-        start time).
-        """
+        """The job id of ``pid``, or None (not a Slurm job, gone, unreadable, or no evidence that counts)."""
         start = self._start_time(pid)
         if start is None:
             return None

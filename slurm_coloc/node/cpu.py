@@ -1,29 +1,22 @@
-"""CPU use of each job with a process on a GPU, for the node sampler (read through /proc and the job's
-cgroup).
+"""CPU use of each job with a process on a GPU, for the node sampler (through /proc and the job's cgroup).
 
-Per tick and job, from the job's CUDA processes (the pids NVML lists on its GPUs, attributed by
-node/attribution.py):
+Per tick and job, from the job's CUDA processes (the pids NVML lists, attributed by node/attribution.py):
 
-- ``train_cores``: CPU cores the CUDA process(es) used since the job's previous reading (utime + stime of
-  ``/proc/<pid>/stat``, all threads, over the wall time between the readings);
-- ``workers`` / ``workers_cores``: how many processes descend from the CUDA process(es) (DataLoader workers,
-  their
-  children; found through ``/proc/<pid>/task/<tid>/children`` once per ``tree_refresh_s``, and whenever the
-  CUDA pids change) and the cores they used together. A worker first seen at a reading counts its whole CPU
-  time (it started since the previous look at the tree); one that exited between two readings loses its last
-  interval. None when the kernel has no ``children`` files (CONFIG_PROC_CHILDREN);
-- ``job_cores``: cores used by everything in the job's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
-  ``cpuacct.usage``; slurmd's cgroup plugins), None without one (proctrack/linuxproc);
-- ``cpus``: the job's CPUs on this node: ``SLURM_CPUS_ON_NODE`` of the CUDA process's environment (Slurm sets
-  it
-  from the allocation; its user could change it, which only changes the advice on their own job), capped by
-  how many CPUs the process may run on (``sched_getaffinity``: the allocation where Slurm binds tasks); the
-  affinity alone where the variable is missing or unreadable (a sampler not running as root).
+- ``train_cores``: cores the CUDA process(es) used since the job's previous reading (utime + stime of
+  ``/proc/<pid>/stat``, all threads, over the wall time between readings);
+- ``workers`` / ``workers_cores``: how many processes descend from them (DataLoader workers and their
+  children, found through ``/proc/<pid>/task/<tid>/children`` every ``tree_refresh_s`` and whenever the CUDA
+  pids change) and the cores they used. A worker first seen counts its whole CPU time; one that exited between
+  readings loses its last interval. None without ``children`` files (CONFIG_PROC_CHILDREN);
+- ``job_cores``: cores used by the job's whole cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
+  ``cpuacct.usage``), None without one (proctrack/linuxproc);
+- ``cpus``: the job's CPUs here: the CUDA process's ``SLURM_CPUS_ON_NODE`` (its user could change it, which
+  only changes the advice on their own job) capped by its ``sched_getaffinity``; the affinity alone where the
+  variable is missing or unreadable (a sampler not running as root).
 
-The first reading of a job only sets its baseline (no row). Cost per tick and job: one ``stat`` read per
-process of the tree and one cgroup read; every ``tree_refresh_s`` also one ``children`` read per thread of the
-tree's processes (a PyTorch process has a few dozen threads: that walk is most of the cost, hence not every
-tick). Measured figures: docs/node.md.
+A job's first reading only sets its baseline. Cost per tick and job: one ``stat`` read per process and one
+cgroup read; every ``tree_refresh_s`` one ``children`` read per thread (a PyTorch process has a few dozen:
+most of the cost, hence not every tick). Measured figures: docs/node.md.
 """
 from __future__ import annotations
 
@@ -83,10 +76,9 @@ def _stat(proc: str, pid: int) -> Optional[Tuple[bytes, float]]:
 class CpuReader:
     """Reads the CPU use of jobs' process trees; keeps each process's and job's previous reading.
 
-    Args:
-        proc_root: the proc filesystem. cgroup_root: the cgroup filesystem (``/sys/fs/cgroup``).
-        clock: monotonic seconds (tests may pass their own).
-        tree_refresh_s: how often a job's process tree is walked again for new workers (0: every reading).
+    ``clock``: monotonic seconds; ``tree_refresh_s``: how often a tree is walked again for new workers (0:
+    every
+    reading).
     """
 
     def __init__(self, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup",
@@ -101,11 +93,8 @@ class CpuReader:
         self.children_supported: Optional[bool] = None
 
     def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
-        """One reading of the CPU use of each job's processes.
-
-        Returns:
-            A ``JobCpu`` per job seen at the previous reading too (cores = CPU seconds per wall second over
-            the interval since then).
+        """A ``JobCpu`` per job also seen at the previous reading (cores = CPU seconds per wall second since
+        then).
         """
         now = self.clock()
         cpu_now: Dict[PidKey, float] = {}

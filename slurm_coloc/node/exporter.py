@@ -1,20 +1,16 @@
 """The sampler's Prometheus endpoint: ``/metrics`` on ``exporter_bind_address:exporter_port`` (the only
 importer of prometheus_client).
 
-A custom collector turns the sampler's live state (node/livestate.py) into metric families at each scrape, so
-series exist exactly while their GPU is read and their job runs. Three name sets (config ``exporter_names``,
-docs/metrics.md lists every metric): ``coloc`` (Prometheus conventions: base units, ``_ratio``, ``_bytes``,
-``_joules_total``), ``jobstats`` (the names and labels of the GPU exporter PrincetonUniversity/jobstats
-queries: ``nvidia_gpu_*`` with ``minor_number``, plus a ``jobid`` label so that several jobs on one GPU stay
-apart) and ``dcgm`` (NVIDIA dcgm-exporter's ``DCGM_FI_*`` with ``gpu``, ``UUID``, ``device``, ``modelName``,
-``Hostname`` and ``hpc_job``). In the two compatible sets a job's series carry its own memory and its share of
-the GPU's rates (utilization, activity, power: the GPU's figure x the job's share, the Epilog's attribution
-rule).
+A custom collector turns the live state (node/livestate.py) into metric families at each scrape, so series
+exist exactly while their GPU is read and their job runs. Three name sets (``exporter_names``; docs/metrics.md
+lists every metric): ``coloc`` (Prometheus conventions), ``jobstats`` (the ``nvidia_gpu_*`` names and labels
+PrincetonUniversity/jobstats queries, plus ``jobid`` so jobs on one GPU stay apart) and ``dcgm``
+(dcgm-exporter's ``DCGM_FI_*`` with ``hpc_job``). In the two compatible sets a job's series carry its own
+memory and its share of the GPU's rates (the GPU's figure x the job's share, the Epilog's attribution rule).
 
-The endpoint never stops the sampler: a port in use is one error line (binding is retried every
-``BIND_RETRY_S``), a collector failure is one error line per kind with the scrape answering the rest, and the
-HTTP server holds at most ``metrics_server.MAX_CONNECTIONS`` connections, each for at most
-``metrics_server.CONNECTION_DEADLINE_S`` (node/metrics_server.py).
+The endpoint never stops the sampler: a port in use is one error line (bind retried every ``BIND_RETRY_S``),
+a collector failure one error line per kind, and the server holds at most ``metrics_server.MAX_CONNECTIONS``
+connections, each for at most ``metrics_server.CONNECTION_DEADLINE_S``.
 """
 from __future__ import annotations
 
@@ -73,11 +69,8 @@ def _v(g: GpuReading, attr: str, scale: float) -> Optional[float]:
 
 
 class ColocCollector:
-    """prometheus_client collector over a ``LiveState``.
-
-    Args:
-        state: the sampler's live state. names: ``coloc`` | ``jobstats`` | ``dcgm``.
-        oom_counts: returns ``(OOM deaths, reruns submitted)`` from the controller database, or None.
+    """prometheus_client collector over a ``LiveState``; ``oom_counts`` gives ``(OOM deaths, reruns)`` or
+    None.
     """
 
     def __init__(self, state: LiveState, names: str = "coloc",
@@ -277,12 +270,7 @@ class ColocCollector:
 
 
 class Exporter:
-    """The endpoint of one sampler: a registry (our collector + process metrics) and its HTTP server thread.
-
-    Args:
-        cfg: ``exporter_port``, ``exporter_bind_address``, ``exporter_names``. state: the sampler's live
-            state.
-    """
+    """One sampler's endpoint: a registry (our collector + process metrics) and its HTTP server thread."""
 
     def __init__(self, cfg: Config, state: LiveState) -> None:
         self.cfg, self.state = cfg, state
@@ -333,14 +321,9 @@ class Exporter:
 
 def start(cfg: Config, node: str, interval_s: Optional[float] = None) -> Tuple[Optional[LiveState],
                                                                               Optional[Exporter]]:
-    """The live state for ``node`` and its started endpoint; ``(None, None)`` when ``exporter_port`` is 0.
-
-    Args:
-        cfg: the config (``exporter_*``, ``node_db_path``).
-        interval_s: the sampler's period (s), for staleness; None: ``sampler_interval_s``.
-
-    Returns:
-        ``(LiveState, Exporter)``; the exporter may still be retrying its bind (``Exporter.start``).
+    """``(LiveState, Exporter)`` for ``node``, the exporter started (perhaps still retrying its bind);
+    ``(None,
+    None)`` when ``exporter_port`` is 0. ``interval_s`` (staleness) None: ``sampler_interval_s``.
     """
     if not cfg.exporter_port:
         return None, None

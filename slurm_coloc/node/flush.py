@@ -1,21 +1,18 @@
 """The Epilog's flush request to the node sampler, so that a job's summary has its last samples.
 
 The sampler writes its buffered rows once per ``sampler_batch_s``; rows read after its last write would be
-missing from the summary the Epilog writes when the job ends. So the Epilog (as root):
+missing from the summary the Epilog writes. So the Epilog (as root):
 
-1. finds the sampler's pid in the node's lock file (``<run_dir>/sampler-<node>.lock``, only while its flock is
-   held) and checks that ``/proc/<pid>`` really is our sampler: owned by our uid, its command line running
-   ``slurm_coloc.cli.sampler`` (or ``coloc-sampler``) ``run``. Anything else is never signalled;
-2. notes the wall time ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once (the signal ends
-   its
-   wait between ticks) and, after every successful write, replaces the marker
-   ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``: every frame
-   read before ``upto_ts`` is in the database);
-3. waits until the marker names that pid with ``upto_ts >= t_req``, at most ``flush_wait_s(cfg)``
-   (2 x ``sampler_interval_s``, at least 1 s, at most 3 s), then summarises whatever the database holds.
+1. finds the sampler's pid in ``<run_dir>/sampler-<node>.lock`` (only while its flock is held) and checks that
+   ``/proc/<pid>`` is our sampler: our uid, running ``slurm_coloc.cli.sampler`` (or ``coloc-sampler``)
+   ``run``. Anything else is never signalled;
+2. notes ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once and, after every write,
+   replaces ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``:
+   every frame read before ``upto_ts`` is stored);
+3. waits until the marker names that pid with ``upto_ts >= t_req``, at most ``flush_wait_s(cfg)``, then
+   summarises whatever the database holds.
 
-A sampler that is absent, not ours, or does not answer in time is reported (``status``) and logged; it never
-fails the Epilog.
+A sampler that is absent, not ours or late is reported (``status``) and logged; it never fails the Epilog.
 """
 from __future__ import annotations
 
@@ -39,24 +36,18 @@ MIN_WAIT_S = 1.0
 
 
 def marker_path(cfg: Config, node: str) -> Path:
-    """``<run_dir>/sampler-<node>.flushed``.
-    """
+    """``<run_dir>/sampler-<node>.flushed``."""
     return Path(cfg.run_dir) / f"sampler-{node}.flushed"
 
 
 def flush_wait_s(cfg: Config) -> float:
-    """How long the Epilog waits for a requested flush: 2 x ``sampler_interval_s`` within [1, 3] s.
-    """
+    """How long the Epilog waits for a requested flush: 2 x ``sampler_interval_s`` within [1, 3] s."""
     return max(MIN_WAIT_S, min(MAX_WAIT_S, 2.0 * cfg.sampler_interval_s))
 
 
 def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
-    """Atomically replace the marker (sampler side).
-
-    Called after every write of the sampler (once per ``sampler_batch_s``): ``atomic.write_atomic``, no fsync.
-
-    Args:
-        upto_ts: the newest sample time written (Unix s).
+    """Replace the marker atomically, no fsync (the sampler, after each write); ``upto_ts``: newest sample
+    (Unix s).
 
     Raises:
         OSError: the run directory cannot be written.
@@ -66,11 +57,9 @@ def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
 
 
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
-    """The marker as a dict, or None when absent, unsafe (symlink, not a regular file, not ours, writable by
-    others) or bad.
-
-    Returns:
-        ``{"pid", "upto_ts" (Unix s), "flushes"}`` as written, or None.
+    """``{"pid", "upto_ts", "flushes"}``, or None when absent, bad or unsafe (symlink, not regular, not ours,
+    writable
+    by others).
     """
     try:
         fd = os.open(str(marker_path(cfg, node)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -89,11 +78,7 @@ def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
 
 
 def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
-    """True when ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our
-    uid.
-
-    Args:
-        pid: the process id to check; a vanished or unreadable process: False.
+    """Whether ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our uid.
     """
     try:
         args = [a.decode(errors="replace")
@@ -108,19 +93,12 @@ def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
 
 def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[float] = None) -> Dict[str,
                                                                                                       Any]:
-    """Ask the sampler ``pid`` to write its buffer (SIGUSR1); wait for its marker.
+    """SIGUSR1 to sampler ``pid`` (None or <= 0: none), then wait up to ``wait_s`` (None: ``flush_wait_s``)
+    for its
+    marker.
 
-    Args:
-        pid: the sampler's pid (from ``sampler_daemon.running_pid``); None or <= 0: no sampler.
-        wait_s: how long to wait for the marker (s); None: ``flush_wait_s(cfg)``.
-
-    Returns:
-        ``{"status": ..., ...}`` with status ``ok`` (flushed; ``wait_ms``), ``no-sampler``, ``not-a-sampler``
-        (the pid is not our sampler: not signalled), ``signal-failed`` or ``timeout`` (no flush within
-        ``wait_s``).
-
-    Raises:
-        Never raises: every failure is a status (and logged).
+    Returns ``{"status": ..., ...}``: ``ok`` (with ``wait_ms``), ``no-sampler``, ``not-a-sampler`` (not
+    signalled), ``signal-failed`` or ``timeout``. Never raises: every failure is a status (and logged).
     """
     wait_s = flush_wait_s(cfg) if wait_s is None else wait_s
     if not pid or pid <= 0:

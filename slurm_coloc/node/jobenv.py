@@ -27,20 +27,18 @@ MAX_ENV_BYTES = 64 * 1024
 
 
 def env_path(cfg: Config, job_id: int) -> Path:
-    """``<run_dir>/jobs/<job_id>.env``.
-    """
+    """``<run_dir>/jobs/<job_id>.env``."""
     return Path(cfg.run_dir) / "jobs" / f"{int(job_id)}.env"
 
 
 def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
-    """Task variables of a shard job under MPS on daemon ``d``.
+    """Task variables of a shard job with ``shards`` (GiB) under MPS daemon ``d``.
 
     The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which
-    also overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB,
-    the CUDA context included (the estimator counts it in the shard request too).
-
-    Args:
-        d: the GPU's MPS daemon (pipe and log directories); shards: the job's shards (GiB) on that GPU.
+    also
+    overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB, the
+    CUDA
+    context included (the estimator counts it in the shard request too).
     """
     return [("COLOC_SHARE", "mps"), ("CUDA_MPS_PIPE_DIRECTORY", str(d.pipe_dir)),
             ("CUDA_MPS_LOG_DIRECTORY", str(d.log_dir)), ("CUDA_VISIBLE_DEVICES", "0"),
@@ -48,11 +46,8 @@ def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
 
 
 def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
-    """Atomically write the job's env file (root-owned 0644, no symlink followed).
-
-    Args:
-        cfg: ``run_dir`` (the file is ``env_path(cfg, job_id)``); job_id: the Slurm job id.
-        pairs: ``(KEY, VALUE)`` task variables, in order (``mps_env``).
+    """Atomically write ``(KEY, VALUE)`` pairs, in order, to the job's env file (root-owned 0644, no symlink
+    followed).
 
     Raises:
         ValueError: a value holds characters outside ``[A-Za-z0-9_./=:,+-]``.
@@ -94,17 +89,12 @@ def remove_env(cfg: Config, job_id: int) -> bool:
 
 
 def read_env(cfg: Config, job_id: int) -> List[Tuple[str, str]]:
-    """The job's env file as ``(KEY, VALUE)`` pairs, read safely; ``[]`` when absent or unsafe.
+    """The job's env file as ``(KEY, VALUE)`` pairs in file order; ``[]`` when absent or unsafe.
 
-    The file must be a regular file owned by root and not writable by group/others, opened without following
-    symlinks or blocking; at most ``MAX_ENV_BYTES`` are read, and only lines under ``MAX_ENV_LINE`` bytes
-    whose key matches ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) are kept.
-
-    Args:
-        cfg: ``run_dir``; job_id: the Slurm job id.
-
-    Returns:
-        The ``(KEY, VALUE)`` pairs kept, in file order. Never raises on a missing or unsafe file.
+    Trusted only as a regular file owned by root, not group/other-writable, opened without following symlinks
+    or
+    blocking; at most ``MAX_ENV_BYTES`` read, only lines under ``MAX_ENV_LINE`` bytes whose key matches
+    ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) kept.
     """
     try:
         fd = os.open(str(env_path(cfg, job_id)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -129,20 +119,13 @@ MAX_ANCESTORS = 12
 
 
 def stepd_job_id(start_pid: Optional[int] = None, proc: str = "/proc") -> Optional[int]:
-    """The job id of the slurmstepd this process runs under, or None where none is found.
+    """The job id of the slurmstepd this process runs under (``start_pid`` None: from our parent), or None.
 
-    Walks up from ``start_pid`` to the first ancestor owned by root, at most ``MAX_ANCESTORS`` steps; that
-    process must be titled ``slurmstepd: [<job id>.<step>]`` (``slurm.parse.parse_stepd_title``). The
-    TaskProlog runs as the job's user under a user-owned fork of slurmstepd, whose root-owned parent is
-    slurmstepd itself: its title is Slurm's, which no user process can change. In a heterogeneous job this is
-    the component's own id (the task environment names the leader's).
-
-    Args:
-        start_pid: the process to start from; None: this process's parent.
-        proc: the procfs mount (tests pass a copy).
-
-    Raises:
-        Never raises: an unreadable or vanished process gives None.
+    Walks up to the first root-owned ancestor, at most ``MAX_ANCESTORS`` steps, which must be titled
+    ``slurmstepd: [<job id>.<step>]``. The TaskProlog runs as the user under a user-owned fork of slurmstepd
+    whose
+    root-owned parent is slurmstepd itself: its title is Slurm's, which no user process can change. In a
+    heterogeneous job this is the component's own id (the task environment names the leader's). Never raises.
     """
     pid = os.getppid() if start_pid is None else int(start_pid)
     for _ in range(MAX_ANCESTORS):

@@ -32,13 +32,7 @@ def _uuid_of(index: int) -> Optional[str]:
 
 
 def share_mode(shards: Optional[int], cfg: Config) -> str:
-    """``shard`` when the job holds fewer shards than a GPU has, ``whole-gpu`` for all of them, else
-    ``none``.
-
-    Args:
-        shards: the job's shards on the node (1 shard = 1 GiB); None or 0: ``none``.
-        cfg: the config (``gpu_mem_gib``: shards of a whole GPU).
-    """
+    """``shard`` (fewer shards than a GPU has), ``whole-gpu`` (all of them) or ``none`` (None or 0 shards)."""
     if not shards:
         return "none"
     return "whole-gpu" if shards >= cfg.gpu_mem_gib else "shard"
@@ -51,21 +45,14 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
     """Set up a job's GPU sharing on this node; return what was done (for the hook_runs row).
 
     Shard job on one GPU: MPS daemon for that GPU (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and
-    the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice`` without MPS).
-    Whole-GPU and non-GPU jobs: no env file, no MPS. Starts the sampler for any GPU job
-    (``sampler_autostart``).
+    the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice``). Whole-GPU and
+    non-GPU jobs: no env file, no MPS. Starts the sampler for any GPU job (``sampler_autostart``). ``shards``
+    are
+    GiB on this node; ``uid`` runs the daemon in ``mps_mode: per-user``.
 
-    Args:
-        cfg: the config (``mps_*``, ``sampler_autostart``, ``gpu_mem_gib``, ``run_dir``).
-        db: the node database (node events).
-        shards: the job's shards on this node (1 shard = 1 GiB), None without.
-        spank_share: the job's ``--coloc-share`` (``timeslice`` turns MPS off), None when not given.
-        env: the hook's environment (its PATH finds the MPS control binary).
-        uid: the job's user (``SLURM_JOB_UID``): in ``mps_mode: per-user`` the daemon runs as that user.
-
-    Returns:
-        ``{"share", "sampler_pid"?, "mps"?, "mps_key"?, "env_file"?, "coloc_share"?}``. An MPS problem is a
-        value of ``mps`` (the job then runs time-sliced), never an exception.
+    Returns ``{"share", "sampler_pid"?, "mps"?, "mps_key"?, "env_file"?, "coloc_share"?}``; an MPS problem is
+    a
+    value of ``mps`` (the job then runs time-sliced), never an exception.
 
     Raises:
         ValueError, OSError: the env file cannot be written safely (``jobenv.write_env``).
@@ -100,21 +87,11 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
 
 def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int],
                    start_ts: Optional[float], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Remove the env file, release MPS (stopping an unused daemon), write the job's usage summary.
+    """Remove the env file, release MPS (stopping an unused daemon), flush the sampler, write the usage
+    summary.
 
-    Before summarising, the node's sampler is asked to write its buffered samples (node/flush.py, bounded by
-    ``flush.flush_wait_s``); the outcome is in the returned ``sampler_flush``.
-
-    Args:
-        cfg: the config (``mps_*``, ``run_dir``, ``diag_idle_smact_pct``).
-        db: the node database (node events, samples, the summary).
-        gpus: the job's NVML GPU indices on this node; none: no flush and no summary.
-        start_ts: the job's start (Unix s); None: the summary reads the last 24 h of samples.
-        env: the hook's environment (its PATH finds the MPS control binary).
-
-    Returns:
-        ``{"env_file_removed", "mps"?: [events], "sampler_flush"?, "summary"?}``; the summary part is
-        ``{"peak_mem_mib", "n_samples"}``.
+    No ``gpus``: no flush and no summary; ``start_ts`` (Unix s) None: the summary reads the last 24 h. Returns
+    ``{"env_file_removed", "mps"?: [events], "sampler_flush"?, "summary"?: {"peak_mem_mib", "n_samples"}}``.
 
     Raises:
         OSError: the env file exists but cannot be removed.

@@ -46,15 +46,13 @@ class GpuView:
 class JobGpuView:
     """One job on one GPU.
 
-    Attributes:
-        mode: ``shard`` (fewer shards than a GPU has), ``whole`` (whole GPUs, or every shard of one) or
-            ``unknown`` (a process of a job without a Prolog row on this node).
-        mem_used_bytes: NVML memory of the job's processes on the GPU (CUDA contexts included).
-        mem_granted_bytes: shards x 1 GiB split evenly over its GPUs; a whole GPU's total memory; None
-            unknown.
-        sm_util_ratio: summed NVML SM utilization of its processes (0..1), None where NVML gives none (MPS).
-        share_ratio: its share of the GPU at the latest frame (the attribution rule); energy_j: energy
-            attributed to it on this GPU since the sampler first saw it (J).
+    ``mode``: ``shard``, ``whole`` (whole GPUs, or every shard of one) or ``unknown`` (no Prolog row here).
+    ``mem_used_bytes``: NVML memory of its processes (CUDA contexts included); ``mem_granted_bytes``: shards x
+    1
+    GiB split evenly over its GPUs, a whole GPU's memory, or None. ``sm_util_ratio`` (0..1) is None where NVML
+    gives none (MPS); ``share_ratio`` follows the attribution rule; ``energy_j`` is attributed since the
+    sampler
+    first saw it.
     """
 
     job_id: int
@@ -99,10 +97,7 @@ def boot_time(proc_root: str = "/proc") -> float:
 class LiveState:
     """Latest frame, per-(job, GPU) figures and energy accumulators, shared between the sampler and scrapes.
 
-    Args:
-        cfg: config (``gpu_mem_gib``, ``run_dir``, ``sampler_interval_s``). node: this node's name.
-        job_rows: returns this node's running job rows (raises on an unreadable database; the caller logs).
-        interval_s: the sampler's period (for staleness).
+    ``job_rows`` returns this node's running job rows (raises on an unreadable database; the caller logs).
     """
 
     def __init__(self, cfg: Config, node: str, job_rows: Callable[[], List[JobRunRow]],
@@ -125,11 +120,8 @@ class LiveState:
         self._logged: Set[str] = set()
 
     def observe(self, frame: Frame, procs: Sequence[ProcSample]) -> None:
-        """Take one frame and its attributed processes (the sampler's thread, once per tick).
-
-        Args:
-            frame: the frame just read (wall time in Unix s; memory MiB, power W, energy J).
-            procs: its process readings with the job each was attributed to.
+        """Take one frame (Unix s, MiB, W, J) and its attributed processes (the sampler's thread, once per
+        tick).
         """
         by_gpu: Dict[int, List[dict]] = {}
         for p in procs:
@@ -184,15 +176,12 @@ class LiveState:
         return self._rows
 
     def view(self, now: Optional[float] = None) -> View:
-        """The latest frame joined with the running jobs (a scrape's thread). Drops accumulators of ended
+        """The latest frame joined with the running jobs (a scrape's thread); drops accumulators of ended
         jobs.
 
-        Args:
-            now: the current time (Unix s); None: ``time.time()``. A frame older than
-                ``max(5 s, STALE_AFTER_INTERVALS x interval_s)`` is stale: no readings.
-
-        Raises:
-            Never raises for the job rows: an unreadable database is logged and gives no job rows.
+        A frame older than ``max(5 s, STALE_AFTER_INTERVALS x interval_s)`` at ``now`` (None: the clock) is
+        stale:
+        no readings. An unreadable database is logged and gives no job rows.
         """
         now = time.time() if now is None else now
         rows = self._running(now)

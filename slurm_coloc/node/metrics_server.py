@@ -1,24 +1,18 @@
 """The HTTP server of the sampler's ``/metrics`` endpoint, bounded: the sampler runs as root and its watchdog
 needs threads, so no client may make it hold unbounded threads or connections (any local user can connect to
-127.0.0.1).
+127.0.0.1; ``prometheus_client.start_http_server`` serves each connection in its own thread, no timeout).
 
-``prometheus_client.start_http_server`` serves each connection in its own thread with no timeout: 500 idle TCP
-connections held 500 threads in the sampler (docs/reliability.md, fourth campaign). Here at most
-``MAX_CONNECTIONS`` are served at once, each shut down ``CONNECTION_DEADLINE_S`` after its accept whatever it
-sends (a client that drips bytes is not kept alive by them), and one whose request has not fully arrived
-within ``REQUEST_DEADLINE_S`` is shut too. A scraper sends its request as it connects, so at the cap a new
-connection takes the place of the oldest one still waiting for its request (idle); only when every open
-connection is being answered is the new one refused (one ``503`` line, no thread). Threads: at most
-``MAX_CONNECTIONS`` open plus ``MAX_CONNECTIONS`` evicted ones, which end as soon as their read sees the
-shutdown. Before (fifth campaign, F3): 16 idle connections of a local user made 14 of 20 Prometheus scrapes
-fail for 10 s at a time.
+At most ``MAX_CONNECTIONS`` are served at once, each shut down ``CONNECTION_DEADLINE_S`` after its accept
+whatever it sends (dripped bytes do not keep it alive), and one whose request has not fully arrived within
+``REQUEST_DEADLINE_S`` is shut too. A scraper sends its request as it connects, so at the cap a new connection
+replaces the oldest one still waiting for its request; only when every open connection is being answered is
+the new one refused (one ``503`` line, no thread). Threads: at most ``MAX_CONNECTIONS`` open plus as many
+evicted ones, which end as soon as their read sees the shutdown.
 
-Answers are computed one at a time and reused for ``ANSWER_TTL_S``. The cache key is what the answer depends
-on, canonicalised (``answer_key``): OpenMetrics or text, gzip or not; a GET of any path but
-``/favicon.ico`` is the metrics, the query string is dropped (``name[]`` filters are not served: the whole
-answer always) and other methods never reach the cache. Before (F4): each new query string, and each new
-``Accept`` header, was a new key, so ``/metrics?r=N`` made one collection per request. Stdlib only
-(``wsgiref``); the WSGI app is the caller's.
+Answers are computed one at a time and reused for ``ANSWER_TTL_S``, keyed by what they depend on
+(``answer_key``): OpenMetrics or text, gzip or not. A GET of any path but ``/favicon.ico`` is the metrics, the
+query string dropped (``name[]`` filters are not served), so ``/metrics?r=N`` cannot force a collection per
+request; other methods never reach the cache. Stdlib only (``wsgiref``); the WSGI app is the caller's.
 """
 from __future__ import annotations
 
@@ -130,8 +124,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that timed out or went away: no traceback (clients must not fill the sampler's log).
-        """
+        """A client that timed out or went away: no traceback (clients must not fill the sampler's log)."""
         log.debug("metrics: dropped a client %s", client_address)
 
     def service_actions(self) -> None:
@@ -149,13 +142,12 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
 
 def answer_key(environ: Dict[str, Any]) -> Optional[Tuple[bool, bool]]:
-    """What a request's answer depends on, canonicalised: ``(OpenMetrics asked, gzip accepted)``, or None for
-    a request that is not a GET of the metrics (another method, ``/favicon.ico``: answered without a
-    collection, never cached).
+    """``(OpenMetrics asked, gzip accepted)``, or None for a request that is not a GET of the metrics (never
+    cached).
 
-    OpenMetrics is asked when a media range of ``Accept`` is ``application/openmetrics-text`` (any version or
-    parameters; prometheus_client's ``choose_encoder`` reads the same); gzip when ``Accept-Encoding`` names
-    it.
+    OpenMetrics: a media range of ``Accept`` is ``application/openmetrics-text`` (any version or parameters,
+    as
+    prometheus_client's ``choose_encoder`` reads it); gzip: ``Accept-Encoding`` names it.
     """
     if environ.get("REQUEST_METHOD", "GET") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
         return None
@@ -200,15 +192,8 @@ class CachedApp:
 
 
 def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGIServer, threading.Thread]:
-    """Serve ``app`` (through ``CachedApp``) on ``addr:port`` in a daemon thread (IPv4 or IPv6 as ``addr``
-    resolves).
-
-    Args:
-        app: the WSGI app (prometheus-client's ``make_wsgi_app``).
-        addr: the bind address or host name.
-
-    Returns:
-        The server (``shutdown()`` stops it) and its thread.
+    """Serve ``app`` (through ``CachedApp``) on ``addr:port`` (IPv4 or IPv6 as it resolves) in a daemon
+    thread.
 
     Raises:
         OSError: the address cannot be bound (in use, not local) or resolved (``socket.gaierror``).

@@ -17,14 +17,11 @@ OOM_TTL_S = 60.0
 
 
 def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
-    """A reader of ``node``'s running job rows (read-only, opened per call: scrapes run on their own threads).
+    """A reader of ``node``'s running job rows since this boot (read-only, opened per call: scrapes have
+    threads).
 
-    Args:
-        node: this node's name; rows opened since this boot (``boot_time``) with no end are returned.
-
-    Returns:
-        A function of no argument giving the rows. A missing database is no job (the Prolog creates it); an
-        unreadable one makes the function raise ``StoreError``.
+    A missing database is no job (the Prolog creates it); an unreadable one makes the reader raise
+    ``StoreError``.
     """
     since = boot_time()
     path = cfg.node_db_path(node)
@@ -41,11 +38,10 @@ def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
 
 
 def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
-    """``(OOM deaths, reruns submitted)`` from ``ctld.db`` when this node can read it (shared ``state_dir``),
-    re-read at most every ``OOM_TTL_S``; None where it cannot (the families are then absent).
+    """A reader of ``(OOM deaths, reruns submitted)`` from ``ctld.db`` (shared ``state_dir``), cached
+    ``OOM_TTL_S``.
 
-    Returns:
-        A function of no argument giving the cached counts or None; it never raises.
+    It gives None where the database cannot be read (the families are then absent) and never raises.
     """
     cache: Dict[str, Any] = {"at": -1e9, "value": None}
 

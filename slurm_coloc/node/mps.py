@@ -71,23 +71,13 @@ def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> 
 def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
             env: Optional[Dict[str, str]] = None, uid: Optional[int] = None, grant_mib: Optional[int] = None,
             modes: Any = None) -> MpsOutcome:
-    """Make sure a daemon serves GPU ``gpu_index`` (for user ``uid`` in per-user mode); register ``job_id``
-    with it.
+    """Make sure a daemon serves GPU ``gpu_index`` (``uid``'s in per-user mode); register ``job_id`` with it.
 
-    Args:
-        cfg: the config (``mps_*``, ``gpu_mem_gib``, ``run_dir``).
-        uuid: the GPU's UUID, or None (``daemon_for``).
-        env: the hook's environment (its PATH finds the control binary); None: this process's.
-        grant_mib: the job's shards in MiB; goes into its member file and the daemon's ceiling
-            (node/mps_guard.py).
-        modes: tests: recorded compute modes, replacing NVML for ``mps_compute_mode``.
-
-    Returns:
-        An outcome with ``ok`` False (event ``mps-missing`` / ``mps-start-failed`` / ``mps-error``) when the
-        job must run without MPS.
-
-    Raises:
-        Never raises: every error becomes an ``mps-error`` outcome.
+    ``grant_mib`` (the job's shards) goes into its member file and the daemon's ceiling; ``modes`` replaces
+    NVML
+    for ``mps_compute_mode`` (tests). ``ok`` False (``mps-missing`` / ``mps-start-failed`` / ``mps-error``):
+    the
+    job runs without MPS. Never raises: every error becomes an ``mps-error`` outcome.
     """
     try:
         d = daemon_for(cfg, gpu_index, uuid, uid)
@@ -117,10 +107,8 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
 
 
 def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
-    """Daemons that list ``job_id`` as a member (the Epilog needs no NVML to find them).
-
-    Returns:
-        Their layouts, rebuilt from the directory names (``gpu_index`` -1 where keyed by UUID).
+    """Layouts of the daemons listing ``job_id`` as member, from directory names (``gpu_index`` -1 when by
+    UUID).
     """
     base = Path(cfg.run_dir) / "mps"
     out = []
@@ -137,20 +125,13 @@ def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
 
 def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
             modes: Any = None) -> List[MpsOutcome]:
-    """Unregister ``job_id`` from its daemons; stop a daemon left with no member unless ``mps_keep_warm``;
-    lower the ceiling to the remaining members' largest grant; restore the compute mode after the last
-    member.
+    """Unregister ``job_id`` from its daemons and follow the members left (one outcome per daemon).
 
-    Args:
-        cfg: the config (``mps_*``, ``run_dir``).
-        env: the hook's environment (its PATH finds the control binary); None: this process's.
-        modes: tests: recorded compute modes, replacing NVML.
-
-    Returns:
-        One outcome per daemon: ``mps-kept``, ``mps-kept-warm``, ``stop``'s, or ``mps-error``.
-
-    Raises:
-        Never raises for a daemon: its errors become an ``mps-error`` outcome.
+    A daemon left with no member stops unless ``mps_keep_warm``; the ceiling drops to the largest remaining
+    grant;
+    the compute mode is restored after the last member. Outcomes: ``mps-kept``, ``mps-kept-warm``, ``stop``'s
+    or
+    ``mps-error`` (a daemon's errors never raise).
     """
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin

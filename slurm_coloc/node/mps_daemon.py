@@ -47,11 +47,8 @@ EXTRA_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/l
 class MpsDaemon:
     """Where the daemon of one GPU lives.
 
-    Attributes:
-        key: GPU key (GPU UUID, or ``idx<N>`` when NVML is unavailable).
-        gpu_index: global GPU index on the node; visible: value for the daemon's CUDA_VISIBLE_DEVICES.
-        root: ``<run_dir>/mps/<key>`` (multi-user) or ``<run_dir>/mps/<key>.uid<uid>`` (per-user).
-        uid: the user the daemon runs as (per-user mode); None: root (multi-user mode).
+    ``key``: the GPU UUID, or ``idx<N>`` without NVML; ``visible``: its ``CUDA_VISIBLE_DEVICES``; ``root``:
+    ``<run_dir>/mps/<key>`` or ``<run_dir>/mps/<key>.uid<uid>`` (per-user); ``uid`` None: root (multi-user).
     """
 
     key: str
@@ -84,13 +81,9 @@ class MpsOutcome:
 
 
 def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[int] = None) -> MpsDaemon:
-    """The daemon layout for GPU ``gpu_index`` (keyed by ``uuid`` when known, else ``idx<N>``).
+    """The daemon layout for GPU ``gpu_index``: keyed by ``uuid``, or by index when None or not [A-Za-z0-9_-].
 
-    Args:
-        cfg: the config (``mps_mode``, ``run_dir``: the daemon's root is ``<run_dir>/mps/<key>[.uid<uid>]``).
-        uuid: the GPU's UUID; None, or one with characters other than alphanumerics, ``-``, ``_``: keyed by
-            index.
-        uid: the job's user, used only in ``per-user`` mode: one daemon per (GPU, uid).
+    ``uid`` is used only in ``per-user`` mode (one daemon per GPU and uid).
 
     Raises:
         ValueError: per-user mode without a valid uid.
@@ -107,11 +100,8 @@ def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[i
 
 
 def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """Absolute path of the MPS control binary, or None when it is not installed.
-
-    Args:
-        cfg: the config (``mps_control_bin``: a name looked up on PATH, or a path that must be executable).
-        env: whose PATH to search (then ``EXTRA_BIN_DIRS``); None: this process's environment.
+    """Absolute path of ``mps_control_bin`` (on ``env``'s PATH, then ``EXTRA_BIN_DIRS``), or None when not
+    installed.
     """
     name = cfg.mps_control_bin
     if "/" in name:
@@ -121,11 +111,8 @@ def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optiona
 
 
 def root_dir(path: Path, mode: int = 0o755) -> None:
-    """Create ``path`` (and its parents, 0755) with ``mode``, and check it is ours and not group- or
-    other-writable (the MPS, job-env and run directories root writes into).
-
-    Args:
-        path: the directory; mode: its permission bits when created (octal).
+    """Create ``path`` (parents 0755) with ``mode``; check it is ours and not group/other-writable (root
+    writes in).
 
     Raises:
         PermissionError: it exists but is another's, group/other-writable, or a symlink; OSError.
@@ -174,11 +161,7 @@ def _identity(uid: int) -> Dict[str, Any]:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays a zombie).
-
-    Args:
-        pid: the process id, read from ``/proc/<pid>/stat``.
-    """
+    """Whether ``pid`` exists and is not a zombie (a daemon whose parent never reaps it stays one)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -214,13 +197,11 @@ def _read_pid_file(path: Path) -> Optional[int]:
 
 
 def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
-    """Pid of the running control daemon of ``d``, else None.
+    """Pid of ``d``'s running control daemon, else None.
 
-    The pid file must name a live process of that name owned by the daemon's user (``d.uid``, else our own
-    euid): a pid file planted in a per-user pipe directory cannot make root signal someone else's process.
-
-    Args:
-        binary_name: the control binary's name or path; the process's ``argv[0]`` basename must match it.
+    The pid file must name a live process whose ``argv[0]`` basename is ``binary_name``, owned by ``d.uid``
+    (else
+    our euid): a pid file planted in a per-user pipe directory cannot make root signal another's process.
     """
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
     if pid is None:
@@ -243,20 +224,12 @@ def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
 
 
 def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """Start the daemon of ``d`` unless it runs; wait until its pid file names a live daemon.
+    """Start ``d``'s daemon unless it runs; wait (``mps_start_timeout_s``) until its pid file names a live
+    daemon.
 
-    Multi-user: as root with ``-M``, pipe/log directories root-owned 0755. Per-user: as ``d.uid`` without
-    ``-M``, pipe/log directories owned by ``d.uid``, 0700.
-
-    Args:
-        cfg: the config (``mps_start_timeout_s``: limit on the start command and on the wait, s;
-            ``mps_mode``).
-        d: the daemon layout (``daemon_for``).
-        binary: the control binary (``resolve_binary``).
-
-    Returns:
-        ``mps-running`` (already up) or ``mps-start`` (with ``start_ms``) when ok; ``mps-start-failed`` when
-        the command failed, timed out or left no live daemon.
+    Multi-user: as root with ``-M``, pipe/log root-owned 0755. Per-user: as ``d.uid`` without ``-M``, pipe/log
+    owned by ``d.uid``, 0700. Returns ``mps-running``, ``mps-start`` (with ``start_ms``) or
+    ``mps-start-failed``.
 
     Raises:
         KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
@@ -298,15 +271,12 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """``echo quit | nvidia-cuda-mps-control`` for ``d`` (as its user); SIGTERM if still alive after the
-    timeout.
+    """``echo quit | nvidia-cuda-mps-control`` as ``d``'s user; SIGTERM if alive after
+    ``mps_start_timeout_s``.
 
-    Args:
-        cfg: the config (``mps_start_timeout_s``: limit on the quit command and on the wait for the exit, s).
-
-    Returns:
-        ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok: SIGTERM sent).
-        A failed quit command is logged, not raised.
+    Returns ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok); a failed
+    quit is
+    logged, not raised.
     """
     pid = daemon_pid(d, binary)
     if not pid:
@@ -331,13 +301,8 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
-    """A function sending one command to ``d``'s control daemon (as its user) and returning the completed run.
-
-    Args:
-        cfg: the configuration (``mps_start_timeout_s``); d: the daemon; binary: ``nvidia-cuda-mps-control``.
-
-    Returns:
-        ``send(cmd) -> CompletedProcess`` (bounded by ``mps_start_timeout_s``; raises as ``subprocess.run``).
+    """``send(cmd) -> CompletedProcess`` to ``d``'s control daemon as its user, bounded by
+    ``mps_start_timeout_s``.
     """
     who = _identity(d.uid) if d.uid is not None else {}
 

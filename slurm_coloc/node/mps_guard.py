@@ -34,19 +34,13 @@ MIB_PER_GIB = 1024
 
 
 def limit_value(mib: int) -> str:
-    """The limit as MPS writes it: ``<n>G`` for whole GiB (every shard grant), else ``<n>M``.
-
-    Args:
-        mib: the limit (MiB).
-    """
+    """The limit as MPS writes it: ``<n>G`` for whole GiB (every shard grant), else ``<n>M``."""
     return f"{mib // MIB_PER_GIB}G" if mib % MIB_PER_GIB == 0 else f"{int(mib)}M"
 
 
 def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> None:
-    """``members/<job_id>`` (root-owned 0644) holding the job's grant in MiB (empty when unknown).
-
-    Args:
-        grant_mib: the job's shards in MiB; None: unknown (counted as the whole GPU by ``member_grants``).
+    """Write ``members/<job_id>`` (root-owned 0644): the grant in MiB, empty when None (counts as the whole
+    GPU).
 
     Raises:
         OSError: the file cannot be written.
@@ -56,11 +50,7 @@ def write_member(members_dir: Path, job_id: int, grant_mib: Optional[int]) -> No
 
 
 def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
-    """``{job id: grant MiB}`` of the daemon's members; an empty or unreadable file counts as the whole
-    GPU.
-
-    Args:
-        full_mib: the whole GPU's memory (MiB).
+    """``{job id: grant MiB}`` of the daemon's members; an empty or unreadable file counts as ``full_mib``.
 
     Raises:
         OSError: the directory cannot be listed.
@@ -78,11 +68,7 @@ def member_grants(members_dir: Path, full_mib: int) -> Dict[str, int]:
 
 
 def read_int(path: Path) -> Optional[int]:
-    """An integer file of ours, None when absent or not an integer.
-
-    Args:
-        path: the file (e.g. ``<root>/ceiling_mib``, MiB).
-    """
+    """An integer file of ours, None when absent or not an integer."""
     try:
         text = path.read_text().strip()
     except OSError:
@@ -91,16 +77,11 @@ def read_int(path: Path) -> Optional[int]:
 
 
 def plan_ceiling(grants: Dict[str, int], current_mib: Optional[int], joining: Optional[str]) -> Optional[int]:
-    """The ceiling to set now, or None to leave it (pure).
+    """The ceiling (MiB) to set now, or None to leave it (pure); ``joining`` None: a member leaves.
 
-    Args:
-        grants: members' grants (MiB) after the change.
-        current_mib: the ceiling set before (None: never set on this daemon).
-        joining: the job that just became a member (Prolog), None for a leaving one (Epilog).
-
-    Rules: none set yet, or the joining job is the only member -> its grant; a member joins -> raise to the
-    largest grant, never lower (a running tenant may hold up to the current ceiling); a member leaves -> the
-    largest remaining grant when that is lower; no member left -> leave it (the next Prolog sets it).
+    None set yet (``current_mib`` None), or the joining job is the only member -> its grant; a member joins ->
+    raise to the largest grant, never lower (a running tenant may hold up to the current ceiling); a member
+    leaves -> the largest remaining grant when lower; no member left -> leave it (the next Prolog sets it).
     """
     if not grants:
         return None
@@ -116,13 +97,9 @@ Control = Callable[[str], "subprocess.CompletedProcess[str]"]
 
 
 def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
-    """Send the ceiling to the control daemon: the default for new servers, then each running server's limit.
+    """Send ``limit_value(mib)`` on device 0: the default for new servers, then each running server's limit.
 
-    Args:
-        mib: the per-client ceiling (MiB), sent as ``limit_value(mib)`` on device 0 (the daemon sees one GPU).
-
-    Returns:
-        ``{"ceiling_mib", "sent": [commands], "errors": [...]}``; never raises.
+    Returns ``{"ceiling_mib", "sent": [commands], "errors": [...]}``; never raises.
     """
     value = limit_value(mib)
     out: Dict[str, Any] = {"ceiling_mib": mib, "sent": [], "errors": []}
@@ -148,17 +125,11 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
 
 
 def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[str, Any]:
-    """First shard member of the GPU: remember its compute mode and set ``EXCLUSIVE_PROCESS``.
+    """First shard member: record the compute mode in ``<root>/compute_mode.prev``, set ``EXCLUSIVE_PROCESS``.
 
-    Args:
-        root: the daemon's root directory (``compute_mode.prev`` is written there).
-        modes: a ``ComputeModes`` (tests: recorded); None: NVML.
-
-    Returns:
-        ``{"compute_mode", "compute_mode_prev"}``, ``{"compute_mode_error"}`` or {} (not configured).
-
-    Raises:
-        Never raises: failures are logged and returned.
+    ``modes`` None: NVML. Returns ``{"compute_mode", "compute_mode_prev"}``, ``{"compute_mode_error"}`` or {}
+    (not
+    configured); never raises.
     """
     if cfg.mps_compute_mode != "exclusive-process":
         return {}
@@ -176,17 +147,10 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[s
 
 
 def restore_mode(root: Path, modes: Any) -> Dict[str, Any]:
-    """Last shard member left: restore the mode (and GPU index) recorded by ``set_exclusive``.
+    """Last shard member left: restore the mode (and GPU index) ``set_exclusive`` recorded, then remove the
+    record.
 
-    Args:
-        root: the daemon's root directory (holding ``compute_mode.prev``, removed once restored).
-        modes: a ``ComputeModes`` (tests: recorded); None: NVML.
-
-    Returns:
-        ``{"compute_mode"}``, ``{"compute_mode_error"}`` or {} (nothing recorded).
-
-    Raises:
-        Never raises: failures are logged and returned.
+    Returns ``{"compute_mode"}``, ``{"compute_mode_error"}`` or {} (nothing recorded); never raises.
     """
     prev_path = root / PREV_MODE_FILE
     if not prev_path.exists():

@@ -1,18 +1,14 @@
 """The node sampler: one daemon per node reads NVML every ``sampler_interval_s`` and logs GPUs and processes.
 
-Each process is attributed to its Slurm job through ``/proc/<pid>/environ`` (``SLURM_JOB_ID``, read as root)
-or, failing that, ``/proc/<pid>/cgroup`` (``.../job_<id>/...``); MPS clients are listed by NVML like other
+Each process is attributed to its Slurm job by node/attribution.py; MPS clients are listed by NVML like other
 processes. Rows are buffered and written in one transaction per ``sampler_batch_s``; a locked or full database
 or an NVML error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows
-dropped first). With the processes' job ids, each job's CPU use is read (node/cpu.py: its CUDA processes,
-their descendants, its cgroup) into ``cpu_samples``, one row per job and tick. Old samples are downsampled and
-purged every ``RETENTION_EVERY_S``. One instance per node (node/sampler_daemon.py): an exclusive flock on
-``<run_dir>/sampler-<node>.lock`` held for the daemon's life. ``SIGUSR1`` (sent by the Epilog, node/flush.py)
-writes the buffer at once; every successful write replaces the marker ``<run_dir>/sampler-<node>.flushed``.
+dropped first). Each job's CPU use (node/cpu.py) goes into ``cpu_samples``, one row per job and tick. Old
+samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node
+(node/sampler_daemon.py); ``SIGUSR1`` (the Epilog, node/flush.py) writes the buffer at once.
 
-Between ticks the loop blocks once in ``select`` on a self-pipe (one wake-up per tick, not one per 0.1 s
-slice): setting ``stopping`` or ``flush_requested`` (the signal handlers do; so may another thread) writes a
-byte to the pipe, which ends the wait at once.
+Between ticks the loop blocks once in ``select`` on a self-pipe: setting ``stopping`` or ``flush_requested``
+(the signal handlers, or another thread) writes a byte to it, which ends the wait at once.
 """
 from __future__ import annotations
 
@@ -53,12 +49,7 @@ class Live(Protocol):
     """Where each frame is published for the metrics endpoint (``node.livestate.LiveState``)."""
 
     def observe(self, frame: Frame, procs: List[store_samples.ProcSample]) -> None:
-        """Publish one frame.
-
-        Args:
-            frame: the frame just read (GPU and process readings, wall time in Unix s).
-            procs: its process readings with the job each was attributed to.
-        """
+        """Publish one frame (wall time Unix s) and its attributed processes."""
         ...
 
     def read_failed(self) -> None: ...
@@ -67,13 +58,8 @@ class Live(Protocol):
 class Sampler:
     """The sampling loop.
 
-    Args:
-        cfg: config (interval, batch, retention). node: this node's name (selects ``nodes/<node>.db``).
-        reader: frame source. db_path: override of the node database path (tests).
-        attributor: pid -> job mapping (default ``JobAttributor()``).
-        live: receives every frame for the metrics endpoint (node/exporter.py); its failure is logged once and
-            never stops sampling.
-        cpu: reads the CPU use of the jobs on the GPUs (default ``CpuReader()``).
+    ``db_path`` overrides the node database (tests); ``live`` gets every frame for the metrics endpoint (its
+    failure is logged once and never stops sampling).
     """
 
     def __init__(self, cfg: Config, node: str, reader: Reader, db_path: Optional[Path] = None,
@@ -114,11 +100,7 @@ class Sampler:
 
     @stopping.setter
     def stopping(self, value: bool) -> None:
-        """Set or clear the stop request; setting it wakes the loop.
-
-        Args:
-            value: True: finish the current step, flush and return from ``run``; False: no stop asked.
-        """
+        """Set or clear the stop request; setting it wakes the loop."""
         self._stopping = value
         if value:
             self._wakeup()
@@ -131,10 +113,8 @@ class Sampler:
 
     @flush_requested.setter
     def flush_requested(self, value: bool) -> None:
-        """Set or clear the flush request; setting it wakes the loop.
-
-        Args:
-            value: True: write the buffer at the loop's next wake-up (then cleared); False: no flush asked.
+        """Set or clear the flush request; setting it wakes the loop (the buffer is written, then it is
+        cleared).
         """
         self._flush_requested = value
         if value:
@@ -238,7 +218,7 @@ class Sampler:
         return self._db
 
     def flush(self) -> bool:
-        """Write buffered rows in one transaction; on failure keep them for the next try. Returns success.
+        """Write buffered rows in one transaction (kept for the next try on failure); return success.
 
         After a success the marker (node/flush.py) says every frame read before this call is in the database.
         """
@@ -274,17 +254,12 @@ class Sampler:
                        "in vain", exc)
 
     def retention(self, now: Optional[float] = None) -> int:
-        """Downsample raw rows older than ``sampler_raw_retention_h`` and purge beyond
+        """Downsample raw rows older than ``sampler_raw_retention_h``, purge beyond
         ``sampler_retention_days``.
 
-        Args:
-            now: the current time (Unix s); None: ``time.time()``.
-
-        Returns:
-            Rows folded plus rows deleted; 0 when it failed.
-
-        Raises:
-            Never raises for the database: sqlite3 and ``ColocError`` failures are logged once and give 0.
+        Returns rows folded plus deleted; 0 when it failed (sqlite3 and ``ColocError`` failures are logged
+        once,
+        never raised).
         """
         now = time.time() if now is None else now
         try:
@@ -298,12 +273,9 @@ class Sampler:
             return 0
 
     def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
-        """Sample until stopped (SIGTERM/SIGINT set ``stopping``), ``duration_s`` or ``max_frames``; flush at
-        exit and close the reader.
-
-        Args:
-            duration_s: stop after this long (s, monotonic clock); None: no limit.
-            max_frames: stop after this many steps (frames read plus failed reads); None: no limit.
+        """Sample until stopped (SIGTERM/SIGINT), ``duration_s`` (monotonic) or ``max_frames`` (reads, failed
+        ones
+        included); flush at exit and close the reader.
         """
         self._loop(duration_s, max_frames)
         self.flush()
@@ -355,11 +327,9 @@ class Sampler:
 
 def make_reader(cfg: Config, replay: Optional[str] = None,
                 pid_map: Optional[Dict[int, int]] = None) -> Reader:
-    """``ReplayReader`` when a recording is given (argument or ``sampler_replay_path``), else ``NvmlReader``.
-
-    Args:
-        cfg: the config (``sampler_replay_path``).
-        pid_map: ``{recorded pid: live pid}`` for a replay, so recorded processes map to running jobs.
+    """``ReplayReader`` of a recording (argument or ``sampler_replay_path``; ``pid_map``: recorded -> live),
+    else
+    ``NvmlReader``.
 
     Raises:
         NvmlUnavailable / ColocError: no NVML, or a bad recording.

@@ -26,30 +26,20 @@ log = logging.getLogger("slurm_coloc.sampler")
 
 
 def lock_path(cfg: Config, node: str) -> Path:
-    """``<run_dir>/sampler-<node>.lock``.
-
-    Args:
-        cfg: the config (``run_dir``).
-    """
+    """``<run_dir>/sampler-<node>.lock``."""
     return Path(cfg.run_dir) / f"sampler-{node}.lock"
 
 
 def take_lock(cfg: Config, node: str) -> Optional[int]:
-    """Take the single-instance lock (fd kept open for the daemon's life), or None when another sampler holds
+    """The single-instance lock's fd (kept open for life; pid written in), or None when another sampler holds
     it.
 
-    Also ignores SIGUSR1 while its handler is the default (a flush request must not kill a starting sampler)
-    and writes this pid into the lock file.
-
-    Args:
-        cfg: the config (``run_dir``, created 0755 if missing).
-
-    Returns:
-        The locked file descriptor, or None.
+    Also ignores SIGUSR1 while its handler is the default (a flush request must not kill a starting sampler).
 
     Raises:
-        OSError: the directory or file cannot be made or opened (e.g. the path is a symlink), or ``flock``
-            fails other than by another holder.
+        OSError: the directory or file cannot be made or opened (e.g. a symlink), or ``flock`` fails other
+            than
+            by another holder.
     """
     path = lock_path(cfg, node)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -70,14 +60,7 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
 
 
 def running_pid(cfg: Config, node: str) -> Optional[int]:
-    """Pid of the sampler holding the node's lock, or None when none runs.
-
-    Args:
-        cfg: the config (``run_dir``).
-
-    Returns:
-        The pid written in the lock file; -1 when the lock is held but the file holds no pid; None when no
-        lock file can be opened or nobody holds it.
+    """Pid in the lock file of the sampler holding it; -1 when held without a pid; None when nobody holds it.
     """
     path = lock_path(cfg, node)
     try:
@@ -96,10 +79,7 @@ def running_pid(cfg: Config, node: str) -> Optional[int]:
 
 
 def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
-    """Start a detached sampler for ``node`` (new session, no inherited fds) unless one runs.
-
-    Returns:
-        The pid of the running or new sampler (None if the spawn failed, logged).
+    """Pid of the running sampler, or of one started detached (new session, no fds); None if the spawn failed.
     """
     pid = running_pid(cfg, node)
     if pid:
@@ -121,12 +101,7 @@ def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Opti
 
 
 def install_signal_handlers(sampler: Sampler) -> None:
-    """SIGTERM/SIGINT: finish the current step, flush, exit. SIGUSR1: flush now (served by the loop, not
-    here).
-
-    Args:
-        sampler: the sampler whose ``stopping`` / ``flush_requested`` the handlers set.
-    """
+    """SIGTERM/SIGINT: finish the step, flush, exit. SIGUSR1: flush now (served by the loop, not here)."""
     def _stop(signum: int, frame: Any) -> None:
         sampler.stopping = True
 

@@ -19,12 +19,7 @@ from slurm_coloc.store.summaries import JobSummary
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None if empty.
-
-    Args:
-        values: the sample values (any unit; the result has the same).
-        q: the percentile in percent, 0..100 (95 for p95).
-    """
+    """Nearest-rank percentile (``q`` in 0..100: 95 for p95) of ``values``, in their unit; None if empty."""
     xs = sorted(values)
     if not xs:
         return None
@@ -72,18 +67,12 @@ def _energy_and_gpu_s(job_id: int, gpu_rows: Sequence[Dict[str, Any]],
 def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[float], end_ts: Optional[float],
               gpu_rows: Sequence[Dict[str, Any]], proc_rows: Sequence[Dict[str, Any]],
               idle_smact_pct: float = 1.0, cpu_rows: Sequence[Dict[str, Any]] = ()) -> JobSummary:
-    """Summarize ``job_id`` from sample rows of its GPUs within [start_ts, end_ts].
+    """Summarize ``job_id`` from its GPUs' sample rows within [start_ts, end_ts] (Unix s; None: not known).
 
-    Args:
-        start_ts, end_ts: the job's span (epoch s; None: not known), copied into the summary.
-        gpu_rows / proc_rows: rows of ``gpu_samples`` / ``proc_samples`` (all jobs' processes on those GPUs).
-        idle_smact_pct: a sample with SM activity below this (%) counts as idle in ``smact_idle_pct``, which
-            is taken over the samples with a process of the job on that GPU (start-up before the CUDA context
-            and the exit are left out).
-        cpu_rows: the job's ``cpu_samples`` rows within its span (None fields: not recorded).
-
-    Returns:
-        A ``JobSummary``; metrics without samples are None.
+    ``proc_rows`` hold all jobs' processes on those GPUs. ``smact_idle_pct`` counts samples below
+    ``idle_smact_pct`` % SM activity, over the samples with a process of the job on that GPU (start-up before
+    the
+    CUDA context and the exit left out). Metrics without samples are None.
     """
     procs_at: Dict[tuple, List[Dict[str, Any]]] = defaultdict(list)
     for p in proc_rows:
@@ -114,13 +103,10 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
 
 
 def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """``JobSummary``'s CPU fields from ``cpu_samples`` rows: ``train_cpu_cores``, ``workers_cpu_cores``,
-    ``cpu_workers``, ``job_cpu_cores`` (means weighted by ``res_s``, rounded to 0.01), ``cpus`` (max) and
-    ``cpu_samples`` (rows); all None without rows.
+    """``JobSummary``'s CPU fields from one job's ``cpu_samples`` rows; all None without rows.
 
-    Args:
-        rows: ``cpu_samples`` rows of one job (cores = CPU seconds per wall second; ``res_s`` in s,
-            missing: 1).
+    Means weighted by ``res_s`` (missing: 1), rounded to 0.01: ``train_cpu_cores``, ``workers_cpu_cores``,
+    ``cpu_workers``, ``job_cpu_cores``; ``cpus`` is the max, ``cpu_samples`` the row count.
     """
     if not rows:
         return {k: None
@@ -138,18 +124,12 @@ def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def attribution_share(job_id: int, procs: List[Dict[str, Any]]) -> float:
-    """The job's fraction of the GPU at one sample instant (module rule).
+    """The job's fraction (0..1) of the GPU at one sample instant (module rule); 0 without processes or
+    weights.
 
     Under MPS, NVML gives SM utilization only for the MPS server, not its clients (measured on H100,
-    docs/benchmarks.md): a process of no job listed beside MPS clients is taken as the server and left out,
-    and SM utilization is used only when every remaining process reports it; otherwise memory decides.
-
-    Args:
-        job_id: the job; procs: the GPU's processes at that instant (``job_id``, ``mps_client``,
-            ``sm_util_pct``, ``used_mem_mib``).
-
-    Returns:
-        The fraction 0..1 (0 without processes or weights). Never raises.
+    docs/benchmarks.md): a process of no job beside MPS clients is taken as the server and left out, and SM
+    utilization is used only when every remaining process reports it; otherwise memory decides.
     """
     has_clients = any(p.get("mps_client") for p in procs)
     procs = [p for p in procs if not (has_clients and p.get("job_id") is None and not p.get("mps_client"))]

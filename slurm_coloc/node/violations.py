@@ -49,10 +49,7 @@ def find_violations(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[in
                     tolerance_mib: float) -> List[Finding]:
     """Tenants over grant + ``tolerance_mib`` on a GPU, and MPS tenants with a process outside MPS (pure).
 
-    Args:
-        lists: NVML process lists of every GPU in the frame.
-        job_of: pid -> job id (None: not a Slurm job, e.g. the MPS server).
-        tolerance_mib: memory allowed above the grant (MiB).
+    ``job_of`` gives None for a pid of no Slurm job (e.g. the MPS server).
     """
     out: List[Finding] = []
     for gl in lists:
@@ -95,14 +92,7 @@ def _per_pid(gl: ProcLists) -> Dict[int, Optional[float]]:
 
 def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], tenants: Mapping[int, Tenant],
                near_pct: float) -> bool:
-    """True when a tenant's memory on its GPU is above ``near_pct`` % of its grant (pure).
-
-    Args:
-        lists: NVML's compute and MPS process lists per GPU of one frame (memory in MiB).
-        job_of: pid -> job id (None: not a job's).
-        tenants: job id -> tenant (its GPU and grant in MiB).
-        near_pct: the threshold, in % of the grant.
-    """
+    """Whether a tenant's memory on its GPU is above ``near_pct`` % of its grant (pure; MiB)."""
     for gl in lists:
         used: Dict[int, float] = {}
         for pid, mib in _per_pid(gl).items():
@@ -115,12 +105,7 @@ def near_grant(lists: Sequence[ProcLists], job_of: Mapping[int, Optional[int]], 
 
 
 def user_message(f: Finding, tolerance_mib: float, action: str) -> str:
-    """The one line the job's stderr gets.
-
-    Args:
-        f: the confirmed finding (``over-grant`` or ``outside-mps``; memory in MiB).
-        tolerance_mib: the configured tolerance over the grant (MiB).
-    """
+    """The one line the job's stderr gets for a confirmed finding."""
     did = "stopped" if action == "stop" else "recorded"
     if f.reason == "outside-mps":
         what = (f"process(es) {', '.join(map(str, f.pids))} ran on shared GPU {f.gpu_index} outside the "

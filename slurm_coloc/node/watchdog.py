@@ -54,13 +54,11 @@ REFRESH_S = 5.0
 
 
 def is_mps_server(pid: int, control_bin: Optional[str], proc_root: str = "/proc") -> bool:
-    """True when ``pid`` runs the real ``nvidia-cuda-mps-server`` (the file beside the control binary).
+    """Whether ``pid`` runs the real ``nvidia-cuda-mps-server`` (the file beside ``control_bin``); False if
+    unknown.
 
-    Compared by path of ``/proc/<pid>/exe``, so a user process renamed to look like the server is not exempt.
-
-    Args:
-        pid: the process id; unreadable or gone: False.
-        control_bin: the resolved MPS control binary; None: False.
+    Compared by the path of ``/proc/<pid>/exe``, so a user process renamed to look like the server is not
+    exempt.
     """
     if not control_bin:
         return False
@@ -72,13 +70,9 @@ def is_mps_server(pid: int, control_bin: Optional[str], proc_root: str = "/proc"
 
 
 class Watchdog:
-    """Per-node watchdog state, fed one frame per sampler tick (``tick``). Never raises from ``tick``.
+    """Per-node watchdog state, fed one frame per sampler tick (``tick``, which never raises).
 
-    Args:
-        cfg: config (``watchdog_*``, ``run_dir``, ``slurm_bin_dir``). node: this node's name.
-        db_path: the node database (events; ``job_runs`` for the tenants' GPUs).
-        attributor: the sampler's pid -> job mapping (reused to re-check a pid before signalling it).
-        proc_root: the proc filesystem.
+    ``attributor`` is the sampler's pid -> job mapping, reused to re-check a pid before signalling it.
     """
 
     def __init__(self, cfg: Config, node: str, db_path: Path, attributor: JobAttributor,
@@ -108,12 +102,12 @@ class Watchdog:
         return self._db
 
     def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
-        """Reload tenants when the set of env files changed or every ``REFRESH_S``: env file (share, read by
-        ``jobenv.read_env``) + the open ``job_runs`` row (GPU, shards: the grant, uid). A job with several
-        GPUs is not a tenant (no MPS, no fence).
+        """job id -> ``Tenant`` (grant MiB = shards x 1024), reloaded when the env files change or every
+        ``REFRESH_S``.
 
-        Returns:
-            job id -> ``Tenant`` (grant in MiB = shards x 1024).
+        A tenant is an env file (its share) and an open ``job_runs`` row (GPU, shards, uid); a job with
+        several GPUs
+        is not one (no MPS, no fence).
 
         Raises:
             StoreError, sqlite3.Error: the node database cannot be opened or read (``tick`` catches them).
@@ -140,18 +134,14 @@ class Watchdog:
         return tenants
 
     def tick(self, frame: Frame, job_of: Mapping[int, Optional[int]], interval_s: float) -> float:
-        """Check one frame; act on confirmed findings (a finding seen in two frames in a row).
+        """Check one frame and act on confirmed findings (seen in two frames in a row); return the next period
+        (s).
 
-        Args:
-            frame: the sampler's frame (its ``lists``: NVML's process lists, memory in MiB).
-            interval_s: the sampler's period (s).
-
-        Returns:
-            The period until the next tick (s): ``interval_s`` capped by ``watchdog_interval_s``, and by
-            ``watchdog_fast_interval_s`` while a finding is pending or a tenant is near its grant.
-
-        Raises:
-            Never raises: an error is logged once and ``interval_s`` returned.
+        The period is ``interval_s`` capped by ``watchdog_interval_s``, and by ``watchdog_fast_interval_s``
+        while a
+        finding is pending or a tenant is near its grant. Never raises: an error is logged once,
+        ``interval_s``
+        returned.
         """
         if self.cfg.watchdog_action == "off":
             return interval_s
@@ -216,11 +206,9 @@ class Watchdog:
             self.threads.append(th)
 
     def kill(self, job_id: int, pids: Sequence[int]) -> Tuple[List[int], Dict[int, str]]:
-        """SIGKILL each pid that still belongs to ``job_id`` (same /proc start time) and is not the MPS
-        server.
+        """SIGKILL each pid still ``job_id``'s (same /proc start time) that is not the MPS server.
 
-        Returns:
-            (pids signalled, {pid: why not}). Never raises: a failed kill is a reason.
+        Returns (pids signalled, {pid: why not}); never raises: a failed kill is a reason.
         """
         done: List[int] = []
         skipped: Dict[int, str] = {}
@@ -265,11 +253,7 @@ class Watchdog:
         log.warning("watchdog: job %s: %s", ev.job_id, outcome)
 
     def join(self, timeout_s: float = 20.0) -> None:
-        """Wait for background stops to finish (tests, sampler exit).
-
-        Args:
-            timeout_s: the most to wait for all of them together (s).
-        """
+        """Wait up to ``timeout_s`` in all for background stops to finish (tests, sampler exit)."""
         end = time.monotonic() + timeout_s
         for th in self.threads:
             th.join(max(0.0, end - time.monotonic()))
