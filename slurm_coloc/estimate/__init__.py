@@ -13,19 +13,11 @@ __all__ = ["Estimate", "ModelSpec", "estimate_peak"]
 
 
 def estimate_peak(spec: ModelSpec, gpu_model: str = "H100", history_mib: Sequence[int] = ()) -> Estimate:
-    """Estimate the peak GPU memory one training process of ``spec`` holds on ``gpu_model``.
+    """Peak GPU memory (MiB, as NVML reports it) of one training process of ``spec`` on ``gpu_model``.
 
-    The figure is what NVML reports for the process: CUDA context + the caching allocator's
-    peak reserved memory (+ cuBLAS/cuDNN), in MiB, for the step forward, cross-entropy,
-    backward, optimizer step. See docs/estimator.md for the method and measured accuracy.
-
-    Args:
-        spec: the model, per-sample input shape, batch size, optimizer and precision.
-        gpu_model: GPU name (``H100``, ``H200``, ``NVIDIA H100 80GB HBM3``).
-        history_mib: measured NVML peaks (MiB) of earlier runs of the same spec, if any.
-
-    Returns:
-        Estimate with ``mem_mib`` (int, MiB), ``method`` and the components in ``detail``.
+    CUDA context + the caching allocator's peak reserved memory (+ cuBLAS/cuDNN) for forward, cross-entropy,
+    backward, optimizer step; ``history_mib``: measured peaks of earlier runs. Method and measured accuracy:
+    docs/estimator.md.
 
     Raises:
         EstimateError: unknown GPU, bad spec, or a model that cannot be imported, built or run.

@@ -31,25 +31,17 @@ ROUND_LARGE_B = 2 << 20
 
 
 def round_size(nbytes: int) -> int:
-    """Bytes the allocator hands out for a request of ``nbytes`` (multiple of 512, >= 512).
-
-    Args:
-        nbytes: the requested size (bytes, >= 0); ``kMinBlockSize`` rounding (module docstring).
-    """
+    """Bytes the allocator hands out for ``nbytes`` (>= 0): a multiple of 512, >= 512 (``kMinBlockSize``)."""
     if nbytes < MIN_BLOCK_B:
         return MIN_BLOCK_B
     return MIN_BLOCK_B * ((nbytes + MIN_BLOCK_B - 1) // MIN_BLOCK_B)
 
 
 def segment_size(rounded: int) -> int:
-    """Size of the new segment ``cudaMalloc``'d for a rounded request no cached block fits.
+    """Bytes of the new segment for a ``round_size`` request no cached block fits (module docstring's rules).
 
-    Args:
-        rounded: a ``round_size`` result (bytes).
-
-    Returns:
-        Bytes: 2 MiB (small pool, <= 1 MiB), 20 MiB (< 10 MiB), else ``rounded`` up to 2 MiB
-        (``CUDACachingAllocator.cpp``, module docstring).
+    2 MiB (small pool, <= 1 MiB), 20 MiB (< 10 MiB), else ``rounded`` up to 2 MiB
+    (``CUDACachingAllocator.cpp``).
     """
     if rounded <= SMALL_SIZE_B:
         return SMALL_BUFFER_B
@@ -91,11 +83,8 @@ class CachingAllocatorModel:
         return self._free_small if small else self._free_large
 
     def malloc(self, nbytes: int) -> int:
-        """Allocate ``nbytes`` (>= 0); returns a handle for :meth:`free`.
-
-        Args:
-            nbytes: the request (bytes); rounded by ``round_size``, taken from the best-fitting cached
-                block or a new segment (``segment_size``), which raises ``reserved_b``/``peak_reserved_b``.
+        """Allocate ``nbytes`` (>= 0) from the best-fitting cached block or a new segment; a handle for
+        :meth:`free`.
         """
         size = round_size(int(nbytes))
         small = size <= SMALL_SIZE_B
@@ -129,12 +118,8 @@ class CachingAllocatorModel:
         return handle
 
     def free(self, handle: int) -> None:
-        """Return the block of ``handle`` to its pool, merging free neighbours.
-
-        Reserved bytes stay (segments are never released).
-
-        Args:
-            handle: a handle ``malloc`` returned and not yet freed.
+        """Return ``handle``'s block to its pool, merging free neighbours; reserved bytes stay (segments never
+        released).
 
         Raises:
             KeyError: ``handle`` is unknown or already freed.

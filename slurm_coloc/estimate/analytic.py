@@ -16,29 +16,13 @@ from slurm_coloc.estimate.tracker import MIB
 
 
 def analytic_mib(trace: TraceResult, gpu: GpuModel) -> float:
-    """Analytical peak per-process NVML memory in MiB for a traced spec on ``gpu``.
-
-    Args:
-        trace: the traced step (``peak_reserved_b`` in bytes, from the allocator replay).
-        gpu: the GPU model (``context_mib``, ``libs_mib`` in MiB).
-
-    Returns:
-        ``context_mib + libs_mib + peak_reserved_b / 2**20`` (MiB, not rounded; module docstring).
+    """``context_mib + libs_mib + peak_reserved_b / 2**20``: peak per-process NVML memory (MiB, not rounded).
     """
     return gpu.context_mib + gpu.libs_mib + trace.peak_reserved_b / MIB
 
 
 def analytic_detail(trace: TraceResult, gpu: GpuModel) -> Dict[str, Any]:
-    """The components of :func:`analytic_mib`, rounded to 0.1 MiB, for ``Estimate.detail``.
-
-    Args:
-        trace: the traced step (bytes).
-        gpu: the GPU model (MiB).
-
-    Returns:
-        ``context_mib``, ``libs_mib``, ``params_mib``, ``peak_allocated_mib``, ``peak_reserved_mib`` and
-        ``analytic_mib`` (MiB).
-    """
+    """:func:`analytic_mib`'s parts for ``Estimate.detail``, in MiB rounded to 0.1."""
     return {
         "context_mib": gpu.context_mib,
         "libs_mib": gpu.libs_mib,

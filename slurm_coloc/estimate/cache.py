@@ -1,29 +1,24 @@
 """Per-user cache of estimates, so a repeated ``coloc-estimate``/``coloc-sbatch`` skips torch entirely.
 
-File: ``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (default ``~/.cache/slurm-coloc``); set
-``COLOC_ESTIMATE_CACHE=off`` to bypass it. The key is the sha256 of a JSON object holding:
+File: ``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (default ``~/.cache/slurm-coloc``);
+``COLOC_ESTIMATE_CACHE=off`` bypasses it. The key is the sha256 of a JSON object holding:
 
 * the spec (``ModelSpec.to_json()``) and the canonical GPU name;
-* what decides the model's code: for ``path/file.py:callable`` the sha256 of that file; for
-  ``package.module:callable`` the installed distribution's name and version (via
-  ``importlib.metadata``, e.g. ``torchvision 0.26.0``) and, when it is found on disk without being
-  imported, the sha256 of the module's own file (found by walking the package directories, so a
-  package whose ``__init__`` imports torch is never executed);
-* torch's installed version, read with ``importlib.metadata`` (never ``import torch``);
-* slurm-coloc's version, the sha256 of the estimator's own sources and of the shipped weights
-  (``calibration.json``, ``ensemble.npz``).
+* what decides the model's code: for ``path/file.py:callable`` the file's sha256; for
+  ``package.module:callable`` the installed distribution's name and version (``importlib.metadata``) and,
+  when found on disk without being imported, the module file's sha256 (found by walking the package
+  directories, so a package whose ``__init__`` imports torch is never executed);
+* torch's installed version (``importlib.metadata``, never ``import torch``);
+* slurm-coloc's version and the sha256 of the estimator's sources and shipped weights.
 
-Only trace-derived estimates are cached (history is applied on top by the caller). When the
-model's code cannot be pinned down (a module found nowhere on disk and in no distribution), no
-key is made and nothing is cached. Limits: a ``file.py`` model's sibling modules it imports are
-not hashed (only the file named in the spec).
+Only trace-derived estimates are cached (history is applied on top by the caller). A model whose code cannot
+be pinned down (in no file and no distribution) is not cached. Limit: a ``file.py`` model's sibling modules
+are not hashed. An entry holds ``mem_mib``, ``method``, ``detail``, ``gpu_model`` and ``flops_per_step``
+(None where absent).
 
-An entry holds the estimate's ``mem_mib``, ``method``, ``detail``, ``gpu_model`` and ``flops_per_step`` (an
-entry without the last, stored before FLOPs were counted, reads as None).
-
-Writes are atomic (temporary file in the same directory + ``os.replace``); a missing, unreadable
-or corrupt cache file reads as empty, and a failure to write is ignored: the cache can only ever
-save time, never fail an estimate. At most ``MAX_ENTRIES`` entries are kept (oldest dropped).
+Writes are atomic (temporary file + ``os.replace``); a missing, unreadable or corrupt file reads as empty and
+a failed write is ignored: the cache only saves time, never fails an estimate. At most ``MAX_ENTRIES``
+entries are kept (oldest dropped).
 """
 from __future__ import annotations
 
@@ -139,15 +134,10 @@ def estimator_identity() -> Dict[str, Any]:
 
 
 def cache_key(spec: ModelSpec, gpu_name: str) -> Optional[str]:
-    """Hex sha256 key of (spec, GPU, model code, torch, estimator), or None when not cacheable.
+    """Hex sha256 (64 digits) of (spec, GPU, model code, torch, estimator), or None when nothing pins the code
+    down.
 
-    Args:
-        spec: the model spec; its model file or module (and installed distribution) pins down the code.
-        gpu_name: the GPU model name the estimate is for (``H100``).
-
-    Returns:
-        64 hex digits, or None when nothing pins down the model's code (no readable file, no installed
-        distribution). Never raises for an unreadable file: it only makes the spec uncacheable.
+    Never raises for an unreadable file: it only makes the spec uncacheable.
     """
     code = _code_identity(spec)
     if code is None:
@@ -170,13 +160,7 @@ def _read(path: str) -> Dict[str, Any]:
 
 
 def lookup(key: str) -> Optional[Estimate]:
-    """The cached estimate for ``key``, or None (miss, corrupt file or malformed entry).
-
-    Args:
-        key: a ``cache_key`` result.
-
-    Returns:
-        The stored ``Estimate`` with ``detail["cached"] = True``, or None. Never raises on a bad cache file.
+    """The cached ``Estimate`` (``detail["cached"] = True``), or None: miss, corrupt file or malformed entry.
     """
     entry = _read(cache_path()).get(key)
     if not isinstance(entry, dict):
@@ -189,13 +173,8 @@ def lookup(key: str) -> Optional[Estimate]:
 
 
 def store(key: str, est: Estimate) -> None:
-    """Add ``est`` under ``key`` (atomic replace; any OSError is ignored).
-
-    Keeps the newest ``MAX_ENTRIES`` entries by ``stored_at`` (s since the epoch).
-
-    Args:
-        key: a ``cache_key`` result.
-        est: the estimate to keep (``to_json``'s object, plus ``stored_at``).
+    """Add ``est`` under ``key`` with ``stored_at`` (Unix s), keeping the newest ``MAX_ENTRIES`` (atomic
+    replace).
 
     An unwritable cache or an unserialisable detail (OSError, TypeError, ValueError) is skipped, not raised.
     """

@@ -1,14 +1,11 @@
 """One final figure from history and the calibrated analytical trace.
 
-Order:
-1. history: measured NVML peaks of earlier runs of the same user's same script -> ``max * (1 + margin) +
-   pad``,
-   which may raise the traced figure and may lower it only down to the trace's floor (``trace_floor_mib``: the
-   uncalibrated analytic figure, ``analytic.analytic_mib``, i.e. the trace's own allocations replayed through
-   the caching allocator plus CUDA context and libraries; the calibrated bound multiplies it up, never down);
-2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its
-   margins (``weights/calibration.json``) were chosen on validation families so that
-   underestimates are rare (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
+1. history: measured NVML peaks of the same user's same script -> ``max * (1 + margin) + pad``, which may
+   raise the traced figure and lower it only down to the trace's floor (``trace_floor_mib``: the
+   uncalibrated ``analytic.analytic_mib``; the calibrated bound multiplies it up, never down);
+2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its margins
+   (``weights/calibration.json``) were chosen on validation families so that underestimates are rare
+   (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -29,11 +26,12 @@ _CAL_KEYS = ("analytic_mult", "amp_mult", "analytic_add_mib", "jit_mib", "jit_mi
 
 
 def load_calibration() -> Dict[str, Any]:
-    """The shipped calibration (``weights/calibration.json``) as a dict.
+    """The shipped calibration (``weights/calibration.json``).
 
     Raises:
-        EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM``
-            or lacks one of the margins :func:`calibrated_bound` reads.
+        EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM`` or lacks one
+            of
+            the margins :func:`calibrated_bound` reads.
     """
     path = os.path.join(WEIGHTS_DIR, "calibration.json")
     try:
@@ -51,15 +49,10 @@ def load_calibration() -> Dict[str, Any]:
 
 
 def history_bound(history_mib: Sequence[int]) -> Optional[int]:
-    """``max(history) * 1.05 + 64`` MiB, or None without usable history (non-positive values dropped).
+    """``max(history) * HISTORY_MARGIN + HISTORY_PAD_MIB`` MiB rounded up; None entries and values <= 0
+    skipped.
 
-    The margin and pad are ``HISTORY_MARGIN`` and ``HISTORY_PAD_MIB``.
-
-    Args:
-        history_mib: measured per-process peaks (MiB) of earlier runs of the same job; None entries skipped.
-
-    Returns:
-        The bound in MiB, rounded up, or None.
+    None without usable history.
     """
     good = [int(h) for h in history_mib if h is not None and int(h) > 0]
     if not good:
@@ -68,19 +61,13 @@ def history_bound(history_mib: Sequence[int]) -> Optional[int]:
 
 
 def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int] = ()) -> Estimate:
-    """See :func:`slurm_coloc.estimate.estimate_peak` (this is its body).
+    """:func:`slurm_coloc.estimate.estimate_peak`'s body.
 
-    The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec,
-    model code, torch and estimator were estimated before (then torch is not imported);
-    otherwise the spec is traced and the result stored. History is applied on top: it may raise
-    the figure or lower it, never below the trace floor (``detail["trace_floor_mib"]``).
-
-    Args:
-        gpu_name: a GPU model ``gpus.gpu_model`` knows (``H100``).
-        history_mib: measured per-process peaks (MiB) of earlier runs (:func:`history_bound`).
-
-    Returns:
-        The ``Estimate`` (``mem_mib`` in MiB; method ``history`` when history applied).
+    The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec, model code,
+    torch
+    and estimator were estimated before (torch then not imported); otherwise the spec is traced and stored.
+    History (MiB peaks) is applied on top: it may raise the figure or lower it, never below the trace floor
+    (``detail["trace_floor_mib"]``); method ``history`` then.
 
     Raises:
         EstimateError: unknown GPU, a malformed spec or an untraceable model.
@@ -111,20 +98,14 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
 
 def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float,
                      precision: str = "fp32", depthwise_max_hw: int = 0) -> float:
-    """The calibrated upper bound (MiB) on NVML's per-process peak from the analytic figure.
+    """The calibrated upper bound (MiB) on NVML's per-process peak from the analytic figure (all inputs MiB).
 
-    With ``R = max(0, analytic - context - libs)`` the replayed peak reserved memory (MiB):
-    ``context + libs + analytic_add_mib + R * m`` where ``m`` is ``amp_mult`` for ``amp-fp16`` and
-    ``bf16`` jobs and ``analytic_mult`` otherwise, plus ``jit_mib`` for an ``amp-fp16`` job whose
-    largest depthwise-convolution input exceeds ``jit_min_hw`` pixels (extra cuDNN kernel memory
-    measured on H100, docs/estimator.md). The margins come from ``cal`` (:func:`load_calibration`);
+    With ``R = max(0, analytic - context - libs)`` the replayed peak reserved memory: ``context + libs +
+    analytic_add_mib + R * m`` where ``m`` is ``amp_mult`` for ``amp-fp16`` and ``bf16`` and ``analytic_mult``
+    otherwise, plus ``jit_mib`` for an ``amp-fp16`` job whose largest depthwise-convolution input (H*W)
+    exceeds
+    ``jit_min_hw`` (extra cuDNN kernel memory measured on H100, docs/estimator.md). The margins are ``cal``'s;
     the fitting of this form and of the rejected ones is ``benchmarks/estimator/margins.py``.
-
-    Args:
-        cal: calibration with the keys in ``_CAL_KEYS`` (``libs_mib`` is not read here).
-        analytic_mib, context_mib, libs_mib: the analytic figure and its two fixed parts (MiB).
-        precision: ``fp32``, ``amp-fp16`` or ``bf16``.
-        depthwise_max_hw: H*W of the largest depthwise-convolution input (0 without any).
     """
     mult = float(cal["amp_mult"] if precision in ("amp-fp16", "bf16") else cal["analytic_mult"])
     reserved = max(0.0, analytic_mib - context_mib - libs_mib)
@@ -136,11 +117,10 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
 
 
 def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[str] = ()) -> Estimate:
-    """Trace ``spec`` (with each convolution's cuDNN workspace, ``workspace.py``) and give the
-    calibrated analytic bound (:func:`bound_from_trace`; no history, no cache).
+    """Trace ``spec`` (with each convolution's cuDNN workspace) and give :func:`bound_from_trace` (no
+    history/cache).
 
-    Args:
-        workspace_exclude: table sources to leave out (evaluations of unseen models only).
+    ``workspace_exclude``: table sources to leave out (evaluations of unseen models only).
 
     Raises:
         EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
@@ -156,19 +136,14 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
 
 
 def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
-    """The calibrated analytic bound (method ``analytic``) of one traced training run.
+    """The calibrated analytic bound (method ``analytic``) of one traced run (a ``trace.TraceResult`` or
+    alike).
 
-    The analytic figure (``analytic.analytic_mib``: context + libs + replayed peak reserved) goes
-    through :func:`calibrated_bound` with the shipped calibration; ``libs_mib`` is the
-    calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN
-    workspace table's every precision gets the larger AMP multiplier.
-
-    Args:
-        trace: a ``trace.TraceResult`` (or an object with its ``peak_reserved_b``,
-            ``peak_allocated_b``, ``params``, ``depthwise_max_hw``, ``conv_workspace_max_b`` and
-            ``assumed_values``; ``flops_per_step`` is read when present).
-        gpu_name: a GPU model ``gpus.gpu_model`` knows.
-        precision: ``fp32``, ``amp-fp16`` or ``bf16``.
+    ``analytic.analytic_mib`` goes through :func:`calibrated_bound` with the shipped calibration; ``libs_mib``
+    is
+    the calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN workspace
+    table's
+    every precision gets the larger AMP multiplier.
 
     Raises:
         EstimateError: unknown GPU or unusable shipped calibration.

@@ -31,15 +31,10 @@ def _ints(v: Any) -> Tuple[int, ...]:
 class ConvCall:
     """One convolution call (shapes in elements, NC... layout as PyTorch passes them).
 
-    Attributes:
-        backward: False for ``aten.convolution``, True for ``aten.convolution_backward``.
-        dtype: ``float32``, ``float16`` or ``bfloat16`` (the input's dtype).
-        input: input shape ``(N, C_in, *spatial)``.
-        weight: weight shape ``(C_out, C_in/groups, *kernel)`` (transposed: ``(C_in, C_out/groups, ...)``).
-        stride, padding, dilation, output_padding: per spatial dim.
-        transposed: a transposed convolution.
-        groups: channel groups (``== C_in`` for depthwise).
-        mask: backward's output mask ``(grad_input, grad_weight, grad_bias)``; ``()`` forward.
+    ``dtype`` is the input's; ``input`` ``(N, C_in, *spatial)``; ``weight`` ``(C_out, C_in/groups, *kernel)``
+    (transposed: ``(C_in, C_out/groups, ...)``); stride, padding, dilation, output_padding per spatial dim;
+    ``groups == C_in`` for depthwise; ``mask`` is backward's ``(grad_input, grad_weight, grad_bias)``, ``()``
+    forward.
     """
 
     backward: bool
@@ -88,11 +83,7 @@ class ConvCall:
         return int(self.input[0]) if self.input else 1
 
     def with_batch(self, n: int) -> "ConvCall":
-        """The same call at batch size ``n``.
-
-        Args:
-            n: the new batch size (the input's first dimension).
-        """
+        """The same call at batch size ``n``."""
         return ConvCall(self.backward, self.dtype, (int(n), *self.input[1:]), self.weight, self.stride,
                         self.padding, self.dilation, self.transposed, self.output_padding, self.groups,
                         self.mask)
@@ -118,7 +109,7 @@ def parse_key(key: str) -> ConvCall:
     """The :class:`ConvCall` a key names.
 
     Raises:
-        EstimateError: the key is not of the form in the module docstring.
+        EstimateError: the key is not of the module docstring's form.
     """
     parts = key.split("|")
     try:
@@ -136,13 +127,14 @@ def parse_key(key: str) -> ConvCall:
 
 
 def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
-    """The call of a dispatched ``aten.convolution`` / ``aten.convolution_backward``.
+    """The call of a dispatched ``aten.convolution`` / ``aten.convolution_backward`` (tensors: shape, dtype
+    only).
 
-    Args:
-        args: the op's positional arguments (tensors need ``.shape`` and ``.dtype`` only):
-            forward ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-            groups)``; backward ``(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-            transposed, output_padding, groups, output_mask)``.
+    ``args`` forward: ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    groups)``;
+    backward: ``(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    output_padding,
+    groups, output_mask)``.
     """
     if backward:
         _go, x, w, _bs, stride, padding, dilation, transposed, out_pad, groups, mask = args[:11]

@@ -49,19 +49,14 @@ def _cuda_sdpa(torch: Any, sdpa: Any, args: Any, kwargs: Any) -> Any:
 
 
 def make_sdpa_mode(torch: Any) -> Any:
-    """Route ``F.scaled_dot_product_attention`` to the memory-efficient kernel's op, as CUDA does.
+    """A ``TorchFunctionMode`` (not entered) routing ``F.scaled_dot_product_attention`` to CUDA's efficient
+    kernel.
 
-    On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused
-    kernels keep only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention``
-    has meta kernels and a derivative, so the traced allocations match the GPU's.
-
-    A ``TorchFunctionMode`` sees only calls made outside other overridable Python functions: inside
-    ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
-    the modes are popped while it runs, so its SDPA call is not seen; :func:`patch_functional_sdpa`
-    covers that path.
-
-    Returns:
-        A ``TorchFunctionMode`` instance (not entered).
+    On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused kernels keep
+    only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention`` has meta kernels and
+    a
+    derivative, so the traced allocations match the GPU's. Inside ``F.multi_head_attention_forward`` the modes
+    are popped, so that SDPA call is not seen: :func:`patch_functional_sdpa` covers it.
     """
     from torch.overrides import TorchFunctionMode
 
@@ -100,14 +95,11 @@ def patch_functional_sdpa(torch: Any) -> Iterator[None]:
 
 
 def make_cuda_dropout_mode(torch: Any, on_gpu: Callable[[Any], bool]) -> Any:
-    """Run ``F.dropout``/``torch.dropout`` in training on GPU tensors as CUDA does: ``native_dropout``.
+    """A ``TorchFunctionMode`` (not entered) running training dropout as CUDA does: ``native_dropout``.
 
-    CUDA's fused kernel (``at::dropout``, ``is_fused_kernel_acceptable``: a CUDA input, 0 < p < 1)
-    saves a one-byte ``bool`` mask for the backward; on CPU and meta the same call multiplies by a
-    noise tensor of the input's dtype and saves that (4 bytes per element in fp32).
-
-    Returns:
-        A ``TorchFunctionMode`` instance (not entered).
+    CUDA's fused kernel (``at::dropout``, ``is_fused_kernel_acceptable``: a CUDA input, 0 < p < 1) saves a
+    one-byte ``bool`` mask for the backward; on CPU and meta the same call saves a noise tensor of the input's
+    dtype (4 bytes per element in fp32).
     """
     from torch.overrides import TorchFunctionMode
 
@@ -147,14 +139,13 @@ _CUDA_FP32_NAMES = {
 
 
 def make_cuda_fp32_mode(torch: Any) -> Any:
-    """Under CPU autocast, run the functions CUDA autocast runs in float32 in float32 too.
+    """A ``TorchFunctionMode`` (not entered): under CPU autocast, CUDA autocast's float32 functions run in
+    float32.
 
-    As CUDA autocast does for its fp32 list: floating fp16/bf16 arguments are cast to float32
-    and the function runs with autocast off, so its output is float32. The list is ``_CUDA_FP32_NAMES``
-    (torch.amp docs minus ``aten/src/ATen/autocast_mode.cpp``'s CPU fp32 list).
-
-    Returns:
-        A ``TorchFunctionMode`` instance (not entered).
+    As CUDA autocast does: floating fp16/bf16 arguments are cast to float32 and the function runs with
+    autocast
+    off. The list is ``_CUDA_FP32_NAMES`` (torch.amp docs minus ``aten/src/ATen/autocast_mode.cpp``'s CPU fp32
+    list).
     """
     import importlib
 

@@ -32,8 +32,7 @@ NOTE = ("data-dependent reads (.item()/bool()) answered without data: all() -> T
 class ScalarAssumptions:
     """Remembers which 0-dim tensors came from ``all``/``any`` and answers value reads of them.
 
-    Attributes:
-        counts: assumed reads by kind (``all``, ``any``, ``bool``, ``number``).
+    ``counts``: assumed reads by kind (``all``, ``any``, ``bool``, ``number``).
     """
 
     def __init__(self) -> None:
@@ -41,28 +40,20 @@ class ScalarAssumptions:
         self.counts: Dict[str, int] = {}
 
     def note_output(self, func: Any, out: Any, storage_key: int) -> None:
-        """Record that the 0-dim tensor ``out`` (storage ``storage_key``) came from ``func``.
-
-        Args:
-            func: the dispatched op (``aten.all.default``, ...); only ``ORIGIN_OPS`` are kept.
+        """Record that 0-dim ``out`` (storage ``storage_key``) came from ``func``; only ``ORIGIN_OPS`` are
+        kept.
         """
         name = func.__name__.split(".")[0]
         if name in ORIGIN_OPS:
             self.origin[storage_key] = name
 
     def forget(self, storage_key: int) -> None:
-        """The storage died: its key may be reused by an unrelated tensor.
-        """
+        """The storage died: its key may be reused by an unrelated tensor."""
         self.origin.pop(storage_key, None)
 
     def answer(self, torch: Any, t: Any) -> Any:
-        """The assumed Python value of the 0-dim tensor ``t`` (see the module docstring).
-
-        Args:
-            t: the 0-dim tensor whose value is read (``.item()``, ``bool()``); counted in ``counts``.
-
-        Returns:
-            True (from ``all``), False (``any`` or another bool), else 0.0 or 0 by dtype.
+        """The assumed value of 0-dim ``t`` (module docstring), counted: True (``all``), False (``any``,
+        bool), 0.0 or 0.
         """
         kind = self.origin.get(t.untyped_storage()._cdata, "")
         if kind == "all":
@@ -84,11 +75,7 @@ class ScalarAssumptions:
 
 
 def has_no_data(torch: Any, t: Any) -> bool:
-    """True for a tensor without values: on ``meta``, or a ``FakeTensor``.
-
-    Args:
-        t: anything (a non-tensor is False).
-    """
+    """Whether ``t`` is a tensor without values: on ``meta``, or a ``FakeTensor``."""
     if not isinstance(t, torch.Tensor):
         return False
     if t.device.type == "meta":
@@ -99,11 +86,10 @@ def has_no_data(torch: Any, t: Any) -> bool:
 
 
 def pick_output(torch: Any, out: Any) -> Any:
-    """The tensor the training step's loss is computed from, given what ``model(x)`` returned.
+    """The tensor the step's loss is computed from, given what ``model(x)`` returned; None when none is found.
 
-    A tensor as is; an object with a tensor ``.logits`` (Hugging Face ``ModelOutput``) -> its
-    ``.logits``; a ``dict`` -> its ``"logits"`` entry, else its first tensor value; a tuple or
-    list -> its first element (recursively, at most 8 levels). Returns None when no tensor is found.
+    A tensor as is; a tensor ``.logits`` (Hugging Face ``ModelOutput``); a dict's ``"logits"``, else its first
+    tensor value; a tuple or list's first element (recursively, at most 8 levels).
     """
     for _ in range(8):  # bounded: nested containers
         if isinstance(out, torch.Tensor):

@@ -55,12 +55,8 @@ def make_flop_counter() -> Any:
 
 
 def step_flops(totals: List[int], counter: Any) -> Optional[int]:
-    """FLOPs between the last two readings of ``counter.get_total_flops()`` (one training step), or None
-    when fewer than two readings or a formula failed.
-
-    Args:
-        totals: the counter's running totals (FLOP), one per step end.
-        counter: the ``make_flop_counter`` mode (None: no count).
+    """FLOPs of the last step: the difference of the last two ``totals``; None with fewer, no counter, or a
+    failure.
     """
     if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
         return None

@@ -14,18 +14,16 @@ from slurm_coloc.errors import EstimateError
 
 @dataclass(frozen=True)
 class GpuModel:
-    """One GPU model.
+    """One GPU model; memory figures in MiB.
 
-    Attributes:
-        name: canonical name (``H100``).
-        mem_mib: usable memory NVML reports as total, MiB.
-        context_mib: CUDA context of a torch process, MiB.
-        libs_mib: non-allocator memory of cuBLAS/cuDNN etc. during training, MiB.
-        source: where the figures come from.
-        arch: CUDA compute capability family (``sm90`` for Hopper); the cuDNN workspace table is
-            measured on ``workspace.TABLE_ARCH`` and only a proxy for other architectures.
-        nccl_mib: what a process's NCCL communicator (an NCCL process group and its first collective, e.g.
-            DDP's) adds outside the caching allocator, MiB; 0 where not known.
+    ``mem_mib`` is what NVML reports as total; ``context_mib`` a torch process's CUDA context; ``libs_mib``
+    the
+    non-allocator memory of cuBLAS/cuDNN during training; ``arch`` the compute capability family (``sm90``):
+    the
+    cuDNN workspace table is measured on ``workspace.TABLE_ARCH``, a proxy elsewhere. ``nccl_mib``: what a
+    process's NCCL communicator (a process group and its first collective, e.g. DDP's) adds outside the
+    caching
+    allocator; 0 where not known.
     """
 
     name: str
@@ -68,13 +66,7 @@ _ALIASES = {
 
 
 def gpu_model(name: str) -> GpuModel:
-    """Look up a GPU by name (case-insensitive; ``H100``, ``NVIDIA H100 80GB HBM3``, ``h200``).
-
-    Args:
-        name: a GPU model name as NVML, a GRES type or a user writes it (``_`` reads as a space).
-
-    Returns:
-        The ``GpuModel`` (memory, CUDA context and library overheads in MiB) from ``GPUS``.
+    """The ``GpuModel`` of a name as NVML, a GRES type or a user writes it (any case; ``_`` reads as a space).
 
     Raises:
         EstimateError: unknown GPU name.

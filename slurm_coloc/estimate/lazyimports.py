@@ -112,9 +112,8 @@ def _stand_in(name: str, attrs: Dict[str, Any], path: Any) -> _StandIn:
 
 @contextlib.contextmanager
 def deferred_imports() -> Iterator[None]:
-    """Run the block with the stand-ins (see module docstring); imports torch.
-
-    Does nothing when ``torch._dynamo`` is already imported (or stood in for).
+    """Run the block with the stand-ins (module docstring); imports torch. No-op if ``torch._dynamo`` is
+    imported.
     """
     import torch
 
@@ -144,9 +143,9 @@ def deferred_imports() -> Iterator[None]:
 def may_need_real_dynamo(exc: BaseException) -> bool:
     """Whether ``exc``, raised inside :func:`deferred_imports`, could be due to the stand-ins.
 
-    True unless it is an ``EstimateError`` (the estimator's own "this model/input fails" error)
-    with no ``_dynamo`` in its message or in any exception it was raised from (a stand-in's
-    failures, e.g. ``torch._dynamo' is not a package``, always name it).
+    True unless it is an ``EstimateError`` with no ``_dynamo`` in its message or its causes (a stand-in's
+    failures,
+    e.g. ``torch._dynamo' is not a package``, always name it).
     """
     from slurm_coloc.errors import EstimateError
 

@@ -28,11 +28,8 @@ MAX_SAMPLE_ELEMENTS = 1 << 28
 
 
 def validate_spec(spec: ModelSpec) -> None:
-    """Check a spec's plain fields before anything is imported.
-
-    Args:
-        spec: the training job (batch size 1..``MAX_BATCH_SIZE``, at most ``MAX_SAMPLE_ELEMENTS`` elements per
-            sample).
+    """Check a spec's plain fields before anything is imported (batch 1..``MAX_BATCH_SIZE``,
+    ``MAX_SAMPLE_ELEMENTS``).
 
     Raises:
         EstimateError: malformed model name, batch size, shape, dtype, optimizer or precision.
@@ -62,20 +59,14 @@ def validate_spec(spec: ModelSpec) -> None:
 
 
 def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[str]:
-    """Why another user could put code into ``directory``, or None when only ``uid`` (default: ours) and root
-    can.
+    """Why another user could put code into ``directory`` (one line), or None when only ``uid`` and root can.
 
-    Checks ``directory`` (after ``realpath``, so a symlink is judged by its target) and each parent up to and
-    including the first one owned by root: each must be owned by ``uid`` or root. ``directory`` itself must
-    not be group- or other-writable at all (anyone who can add an entry to it can add ``torch/``); a parent
-    may be, only with the sticky bit (others cannot rename or replace our entry in it, as in ``/tmp``).
-
-    Args:
-        uid: the user whose code it may hold; None for the calling process's uid.
-
-    Returns:
-        One line naming the directory and what is wrong (a directory that cannot be ``lstat``'d included),
-        or None. Never raises OSError.
+    ``uid`` None: ours. Checks ``directory`` (after ``realpath``: a symlink is judged by its target) and each
+    parent up to and including the first root-owned one: each owned by ``uid`` or root. ``directory`` must not
+    be
+    group- or other-writable (anyone who can add an entry can add ``torch/``); a parent may be, with the
+    sticky
+    bit only (as ``/tmp``). A directory that cannot be ``lstat``'d is a reason; never raises OSError.
     """
     uid = os.getuid() if uid is None else uid
     own = path = os.path.realpath(directory)
@@ -96,7 +87,7 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
 
 
 def trusted_dir(directory: str, model: str) -> None:
-    """Raise unless ``directory`` holds only code of this user (``untrusted_dir_reason``).
+    """Raise unless ``directory`` holds only this user's code (``untrusted_dir_reason``).
 
     Raises:
         EstimateError: one line naming the directory and the fix.
@@ -123,15 +114,13 @@ def _interpreter_path_only(drop: List[str]) -> Iterator[None]:
 
 
 def load_callable(spec: ModelSpec) -> Callable[..., Any]:
-    """Import the model callable named by ``spec.model``.
-
-    Args:
-        spec: the training job; ``model`` is ``package.module:callable`` (imported from the interpreter's
-            path only) or ``path/file.py:callable`` (relative to ``base_dir``, from a trusted directory only).
+    """Import ``spec.model``: ``package.module:callable`` from the interpreter's path only, or
+    ``path/file.py:callable`` (relative to ``base_dir``) from a trusted directory only.
 
     Raises:
         EstimateError: unknown module or file, an untrusted directory, import failure (any exception the
-            user's module raises), missing or non-callable attribute.
+            user's
+            module raises), missing or non-callable attribute.
     """
     target, attr = spec.model.rsplit(":", 1)
     if target.endswith(".py"):
@@ -192,11 +181,7 @@ def build_model(spec: ModelSpec, fn: Callable[..., Any]) -> Any:
 
 
 def short_error(exc: BaseException) -> str:
-    """``Type: first line of message`` (at most 200 characters), for one-line estimate errors.
-
-    Returns:
-        The line. Never raises.
-    """
+    """``Type: first line of message``, at most 200 characters, for one-line estimate errors."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return out[:200]

@@ -16,16 +16,11 @@ PRECISIONS = ("fp32", "amp-fp16", "bf16")
 class ModelSpec:
     """A training job's model as declared in ``#COLOC`` lines.
 
-    Attributes:
-        model: ``module.path:callable`` (importable) or ``path/to/file.py:callable``
-            (relative paths are resolved against ``base_dir``).
-        kwargs: keyword arguments for the callable (JSON values).
-        input_shape: shape of ONE sample, e.g. ``(3, 32, 32)``; for token models ``(seq_len,)``.
-        input_dtype: ``"float32"`` for images/features or ``"int64"`` for token ids.
-        batch_size: samples per training step (>= 1).
-        optimizer: one of ``OPTIMIZERS``.
-        precision: one of ``PRECISIONS``.
-        base_dir: directory of the job script, for relative model paths.
+    ``model``: ``module.path:callable`` or ``path/to/file.py:callable`` (relative to ``base_dir``, the job
+    script's directory); ``kwargs``: JSON values; ``input_shape``: ONE sample's, e.g. ``(3, 32, 32)``, or
+    ``(seq_len,)`` for token models; ``input_dtype``: ``"float32"`` or ``"int64"`` (token ids);
+    ``batch_size``:
+    samples per step (>= 1).
     """
 
     model: str
@@ -54,13 +49,10 @@ class ModelSpec:
 class Estimate:
     """Peak GPU memory of one training process, as NVML reports it per process.
 
-    Attributes:
-        mem_mib: CUDA context + caching allocator's peak reserved memory, MiB.
-        method: which estimator produced it: ``analytic`` (calibrated trace) or ``history``
-            (earlier measured peaks).
-        detail: method-specific figures (e.g. ``{"params_mib": .., "activations_mib": ..}``).
-        flops_per_step: FLOPs (FLOP) of one training step counted in the trace (forward, backward, optimizer
-            step; ``trace.py``), None when not counted. It does not enter ``mem_mib``.
+    ``mem_mib``: CUDA context + caching allocator's peak reserved memory (MiB). ``method``: ``analytic``
+    (calibrated trace) or ``history`` (earlier measured peaks). ``flops_per_step``: FLOP of one step counted
+    in
+    the trace (forward, backward, optimizer), None when not counted; it does not enter ``mem_mib``.
     """
 
     mem_mib: int
@@ -70,28 +62,25 @@ class Estimate:
     flops_per_step: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
-        """The estimate as a JSON object: ``mem_mib``, ``method``, ``detail``, ``gpu_model``,
-        ``flops_per_step`` (what ``from_json`` reads back; the estimate cache, the probe cache and
-        coloc-sbatch's estimate child)."""
+        """The JSON object ``from_json`` reads back (the estimate cache, the probe cache, coloc-sbatch's
+        estimate child).
+        """
         return {"mem_mib": self.mem_mib, "method": self.method, "detail": dict(self.detail),
                 "gpu_model": self.gpu_model, "flops_per_step": self.flops_per_step}
 
     @classmethod
     def from_json(cls, data: Any) -> "Estimate":
-        """An estimate read back from ``to_json``'s object (a file or another process wrote it).
+        """An estimate read back from ``to_json``'s object, written by a file or another process (not
+        trusted).
 
-        ``detail`` absent or null reads as {}; ``gpu_model`` as given; ``flops_per_step`` absent, null or not
-        a non-negative integer (entries written before FLOPs were counted) reads as None.
-
-        Args:
-            data: the decoded JSON value (``mem_mib`` in MiB, ``flops_per_step`` in FLOPs per training step).
-
-        Returns:
-            The ``Estimate``.
+        ``detail`` absent or null reads as {}; ``flops_per_step`` absent, null or not a non-negative integer
+        reads as
+        None.
 
         Raises:
             ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or
-                ``detail`` not an object.
+                ``detail`` not
+                an object.
         """
         if not isinstance(data, dict):
             raise ValueError("an estimate must be a JSON object")

@@ -45,25 +45,16 @@ ACTIVATIONS = (
 class TraceResult:
     """What one traced training run of a spec gives (bytes unless named otherwise).
 
-    Attributes:
-        peak_allocated_b: peak of live tensor bytes (rounded to 512 B blocks).
-        peak_reserved_b: peak reserved by the replayed caching allocator (incl. cuBLAS workspace).
-        params: parameter count (trainable and frozen).
-        param_b, buffer_b: bytes of parameters and buffers.
-        activations_per_sample: sum of leaf-module output elements per sample (forward hooks).
-        layer_counts: counts of module kinds (linear, conv, batchnorm, layernorm, dropout,
-            attention, embedding, leaf).
-        activation_fn: dominant activation module's class name ("" if none).
-        ops: number of dispatched ops traced.
-        depthwise_max_hw: largest input height x width seen by a depthwise ``Conv2d``
-            (``groups == in_channels > 1``), 0 without one (see ``combine.CUDNN_DW_FP16_MIB``).
-        assumed_values: value reads (``.item()``, ``bool()``) answered by assumption, by kind
-            (``datadep.py``); empty when the trace needed no values.
-        conv_calls: every convolution call of the traced steps, in order (``convcall.py``).
-        conv_workspace_max_b: the largest cuDNN workspace replayed for one call (0 without a
-            workspace model, ``workspace.py``).
-        flops_per_step: FLOPs (FLOP, not GFLOP) of one training step as ``FlopCounterMode`` counts
-            them (module docstring), None when not counted.
+    ``peak_allocated_b``: live tensor bytes (512 B blocks); ``peak_reserved_b``: the replayed caching
+    allocator's (cuBLAS workspace included); ``params`` counts trainable and frozen;
+    ``activations_per_sample``:
+    leaf-module output elements per sample; ``activation_fn``: the dominant activation's class name or "";
+    ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups == in_channels > 1``), 0
+    without;
+    ``assumed_values``: value reads answered by assumption, by kind (``datadep.py``);
+    ``conv_workspace_max_b``:
+    largest cuDNN workspace replayed for one call (0 without a workspace model); ``flops_per_step``: FLOP (not
+    GFLOP) of one step (module docstring), None when not counted.
     """
 
     peak_allocated_b: int
@@ -158,11 +149,8 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
                count_flops: bool = True) -> TraceResult:
     """Trace ``TRACE_STEPS`` training steps of ``spec`` with no real memory.
 
-    Args:
-        workspace: bytes of cuDNN workspace a convolution call takes on the target GPU
-            (``workspace.WorkspaceModel.bytes_for``); None replays no workspace.
-        count_flops: count the FLOPs of one step (``TraceResult.flops_per_step``); the memory
-            figures are the same either way.
+    ``workspace`` gives a convolution call's cuDNN workspace bytes on the target GPU (None: none replayed);
+    ``count_flops`` does not change the memory figures.
 
     Raises:
         EstimateError: the model cannot be imported, built, or run on the input shape.

@@ -45,11 +45,7 @@ class _ReplayState:
             self.alloc.free(h)
 
     def track(self, t: Any) -> None:
-        """Allocate tensor ``t``'s storage once; it is freed when the storage object dies.
-
-        Args:
-            t: a (fake) tensor; its untyped storage's ``nbytes()`` go through ``alloc.malloc``.
-        """
+        """Allocate ``t``'s untyped storage (``nbytes()``) once; it is freed when the storage object dies."""
         st = t.untyped_storage()
         key = st._cdata
         if key in self.handles:
@@ -64,13 +60,10 @@ class _ReplayState:
         self.alloc.malloc(CUBLASLT_WORKSPACE_B)
 
     def replay_conv(self, call: ConvCall, workspace: Optional[WorkspaceFn]) -> None:
-        """Record a convolution call; cuDNN takes its workspace (bytes, ``workspace``) from the caching
-        allocator after the outputs exist and gives it back when the call ends (Conv_v8.cpp): a transient
-        block.
+        """Record ``call``; with a ``workspace`` model replay its cuDNN workspace as a transient block.
 
-        Args:
-            call: the convolution's shapes and parameters (appended to ``conv_calls``).
-            workspace: the workspace model (``ConvCall`` part -> bytes), or None to record the call only.
+        cuDNN takes it from the caching allocator after the outputs exist and gives it back when the call ends
+        (Conv_v8.cpp).
         """
         self.conv_calls.append(call)
         if workspace is None:
@@ -85,14 +78,10 @@ class _ReplayState:
 def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
     """A ``TorchDispatchMode`` that replays every new tensor storage through the allocator model.
 
-    Its ``alloc`` (``CachingAllocatorModel``) holds the replayed peaks; ``handles`` maps live
-    storages to allocator blocks; ``track(t)`` allocates ``t``'s storage (an instance attribute
-    may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces from ``workspace``),
-    ``scalars`` (value reads answered by assumption) and ``ops`` record what was seen.
-
-    Args:
-        workspace: bytes of cuDNN workspace one convolution call takes
-            (``workspace.WorkspaceModel.bytes_for``); None: no workspace replayed.
+    Its ``alloc`` holds the replayed peaks; ``handles`` maps live storages to blocks; ``track(t)`` allocates
+    ``t``'s storage (an instance attribute may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN
+    workspaces, bytes per call from ``workspace``; None: none), ``scalars`` (assumed value reads) and ``ops``
+    record what was seen.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten

@@ -42,11 +42,7 @@ MAX_SCALE = 4.0  # a neighbour's figure is scaled by at most this factor (either
 
 
 def size_elems(c: ConvCall) -> int:
-    """Input plus output elements of a call (the scale a neighbour's workspace is carried by).
-
-    Args:
-        c: the convolution call (input shape ``(N, C, *spatial)``).
-    """
+    """Input plus output elements of a call (the scale a neighbour's workspace is carried by)."""
     return int(math.prod(c.input)) + int(math.prod(c.output_shape))
 
 
@@ -59,11 +55,10 @@ def kind_of(c: ConvCall) -> Tuple:
 
 
 def features(c: ConvCall) -> List[float]:
-    """Log-shape features of a call for the nearest-neighbour fallback.
+    """8 log-shape features of a call for the nearest-neighbour fallback.
 
-    Returns:
-        8 floats: log2 of batch, input and output channels; half log2 of the spatial size; twice the mean
-        kernel size; twice the largest stride; log2 groups; the largest dilation.
+    log2 of batch, input and output channels; half log2 of the spatial size; twice the mean kernel size; twice
+    the largest stride; log2 groups; the largest dilation.
     """
     spatial = c.input[2:] or (1,)
     kern = c.weight[2:] or (1,)
@@ -74,18 +69,14 @@ def features(c: ConvCall) -> List[float]:
 
 
 def kind_code(c: ConvCall) -> str:
-    """:func:`kind_of` as a short string (the table file's ``kind`` column).
-    """
+    """:func:`kind_of` as a short string (the table file's ``kind`` column)."""
     return "|".join(str(int(v)) if isinstance(v, bool) else str(v) for v in kind_of(c))
 
 
 class WorkspaceModel:
-    """Measured workspaces and the lookup of the module docstring.
+    """Measured workspaces (bytes per key) and the lookup of the module docstring.
 
-    Args:
-        keys, ws_b: the measured calls and their workspace bytes (same length).
-        feats, kinds, sizes: per call :func:`features`, :func:`kind_code`, :func:`size_elems`
-            (precomputed in the shipped table; computed from the keys when None).
+    ``feats``, ``kinds``, ``sizes`` come precomputed in the shipped table; None: computed from the keys.
 
     Raises:
         EstimateError: a malformed key (only when the features are computed here).
@@ -137,10 +128,7 @@ class WorkspaceModel:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Tuple[str, int]]) -> "WorkspaceModel":
-        """Build from ``(key, workspace bytes)`` pairs (features computed from the keys).
-
-        Args:
-            rows: ``(convcall key, workspace bytes)`` pairs.
+        """Build from ``(convcall key, workspace bytes)`` pairs (features computed from the keys).
 
         Raises:
             EstimateError: a malformed key.
@@ -162,15 +150,10 @@ class WorkspaceModel:
         return self._by_geometry
 
     def bytes_for(self, call: ConvCall) -> int:
-        """Workspace bytes ``call`` takes on the measured GPU (0 when nothing comparable is known).
+        """Workspace bytes (rounded up) ``call`` takes on the measured GPU; 0 when nothing comparable is
+        known.
 
-        Lookup order in the module docstring; results are memoised per key.
-
-        Args:
-            call: one cuDNN call (``convcall.workspace_parts``).
-
-        Returns:
-            Bytes, rounded up.
+        Lookup order in the module docstring; memoised per key.
         """
         key = call.key
         hit = self._memo.get(key)
@@ -216,14 +199,9 @@ _CACHE: Dict[FrozenSet[str], Optional[WorkspaceModel]] = {}
 
 
 def read_table(path: Optional[str] = None) -> List[Tuple[str, int, FrozenSet[str]]]:
-    """Rows ``(key, ws_b, srcs)`` of a workspace table: the shipped ``.npz`` (default) or a
-    ``key, ws_b, srcs`` CSV (``.csv`` or ``.csv.gz``; rows without ``ws_b`` skipped).
-
-    Args:
-        path: the table file; None for ``TABLE_FILE``.
-
-    Returns:
-        ``(convcall key, workspace bytes, set of source names)`` rows.
+    """``(key, workspace bytes, set of sources)`` rows of the shipped ``.npz`` (``path`` None) or a ``key,
+    ws_b,
+    srcs`` CSV (``.csv``, ``.csv.gz``; rows without ``ws_b`` skipped).
 
     Raises:
         EstimateError: the file is unreadable or lacks the columns.
@@ -251,11 +229,8 @@ NPZ_ARRAYS = ("keys", "ws_b", "srcs", "kinds", "feats", "sizes")
 
 
 def write_npz(path: str, rows: Sequence[Tuple[str, int, str]]) -> None:
-    """Write the shipped table: ``rows`` of ``(key, ws_b, srcs joined by ';')`` plus each call's
-    precomputed lookup features (so loading parses no key).
-
-    Args:
-        rows: ``(convcall key, workspace bytes, sources joined by ';')``.
+    """Write the shipped table: ``(key, ws_b, srcs joined by ';')`` rows plus each call's lookup features (so
+    loading parses no key).
 
     Raises:
         EstimateError: a malformed key.
@@ -288,9 +263,8 @@ def _read_npz(path: str, decode_srcs: bool = True) -> Dict[str, Any]:
 def load(exclude_srcs: Iterable[str] = ()) -> Optional[WorkspaceModel]:
     """The shipped table's model (cached per exclusion), or None when none is shipped.
 
-    Args:
-        exclude_srcs: leave out calls measured *only* for these sources (e.g.
-            ``{"hopper:vgg"}``), to score families the table has not seen.
+    ``exclude_srcs`` leaves out calls measured *only* for these sources (``{"hopper:vgg"}``), to score unseen
+    families.
 
     Raises:
         EstimateError: the shipped table is unreadable.
