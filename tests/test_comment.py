@@ -4,6 +4,8 @@ and N10), and placer history is per user (N10; real SQLite databases).
 """
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import logging
 import math
@@ -15,7 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.comment import NO_COMMENT, JobComment, build_comment, job_signature
+from slurm_coloc.comment import (
+    NO_COMMENT,
+    SUBMISSION_KEYS,
+    CommentSpec,
+    JobComment,
+    build_comment,
+    job_signature,
+    parse_comment,
+)
 from slurm_coloc.comment.values import BOUNDS, MAX_INPUT_ELEMENTS
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import read_history
@@ -180,3 +190,122 @@ def test_the_probes_flop_count_enters_the_comment_only_within_its_range(flops, k
     est = estimate_from_result({"status": "ok", "peak_allocated_b": 10 ** 9, "peak_reserved_b": 10 ** 9,
                                 "flops_per_step": flops})
     assert est.flops_per_step == kept and est.mem_mib > 0
+
+
+# -- the one writer (issue 47): what JobComment writes, JobComment.read gives back ---------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "slurm_coloc"
+_TAG_TEXT = ("--comment=", "coloc:{", "oom-retry-of-")
+_TAG_NAMES = {"COMMENT_TAG", "RETRY_TAG", "COMMENT_OPTION"}
+_TEXT_WRITERS = {"build_comment", "fit_comment"}
+
+
+def _spec() -> CommentSpec:
+    return CommentSpec(model="resnet50", kwargs={"num_classes": 10}, input_shape=(3, 224, 224),
+                       input_dtype="float32", batch_size=32, optimizer="adam", precision="fp32")
+
+
+def _read_back(c: JobComment) -> JobComment:
+    text = c.comment_arg()
+    assert text == "--comment=" + c.to_comment()
+    back = JobComment.read(c.to_comment(), 9)
+    assert back == c and back.user_text == c.user_text and back.annotated, (c, back)
+    return back
+
+
+def test_the_oom_rerun_writes_its_tag_and_json_and_reads_back() -> None:
+    c = JobComment.oom_rerun(41, 80, 81920)
+    assert c.to_comment() == ('oom-retry-of-41 coloc:{"mem_mib":81920,"method":"oom-retry",'
+                              '"mode":"whole-gpu","retry_of":41,"shards":80,"v":1}')
+    back = _read_back(c)
+    assert back.retry_of == 41 and back.user_text == "oom-retry-of-41" and back.to_comment() == c.to_comment()
+
+
+def test_coloc_sbatchs_comment_writes_unknown_keys_as_null_and_reads_back() -> None:
+    c = JobComment.submission(mode="shard", shards=4, mem_mib=3500, method="analytic", sha256="0f" * 32,
+                              spec=_spec(), flops_per_step=10 ** 12, argv=["--epochs", "2"],
+                              user_text="my run")
+    text = c.to_comment()
+    assert text.startswith("my run coloc:{") and '"gpus":null' in text and '"gpu_model":null' in text
+    assert json.loads(text[len("my run coloc:"):]) == {**dict.fromkeys(SUBMISSION_KEYS), **c.to_json()}
+    assert parse_comment(text) == c.comment_json() and c.to_json()["spec"]["input_shape"] == [3, 224, 224]
+    back = _read_back(c)
+    assert back.gpus is None and back.spec == _spec() and back.argv == ("--epochs", "2") and back.v == 1
+    bare = JobComment.submission(mode="whole-gpu", shards=80)
+    assert bare.argv is None and bare.user_text is None and _read_back(bare).to_comment() == (
+        'coloc:{"mode":"whole-gpu","shards":80,"v":1}')  # read back: nothing unknown is written as null
+    assert bare.to_comment() == ('coloc:{"gpu_model":null,"gpus":null,"mem_mib":null,"method":null,'
+                                 '"mode":"whole-gpu","sha256":null,"shards":80,"spec":null,"v":1}')
+
+
+def test_a_placer_submission_keeps_the_users_text_and_adds_place() -> None:
+    read = JobComment.read('mine coloc:{"mode":"shard","shards":4,"v":1}', 3)
+    placed = read.with_place()
+    assert placed.comment_arg() == '--comment=mine coloc:{"mode":"shard","place":true,"shards":4,"v":1}'
+    assert _read_back(placed).placed_shards == 4 and read.placed_shards is None
+
+
+def test_fitting_drops_keys_in_order_and_keeps_the_users_text_whole() -> None:
+    from slurm_coloc.submit.plan import comment_steps
+
+    c = JobComment.submission(mode="shard", shards=4, mem_mib=3000, method="combined", gpu_model="H100",
+                              sha256="a" * 64, spec=dataclasses.replace(_spec(), kwargs={"tag": "x" * 900}),
+                              argv=["a"] * 10, user_text="run 7")
+    arg, dropped = c.fitted_arg(comment_steps(["a"] * 10))
+    assert arg is not None and arg.startswith("--comment=run 7 coloc:{")
+    assert len(arg) - len("--comment=") <= 1024
+    assert dropped == ["the script arguments (Slurm's command line keeps them)",
+                       "the model's kwargs (they stay in the script's #COLOC lines)"]
+    back = JobComment.read(arg[len("--comment="):], 10)
+    assert back.argv is None and back.spec is not None and back.spec.kwargs == {}
+    assert back.spec.kwargs_chars == len(json.dumps({"tag": "x" * 900})) and back.mem_mib == 3000
+    alone, dropped = dataclasses.replace(c, user_text="u" * 1000).fitted_arg(comment_steps([]))
+    assert alone == "--comment=" + "u" * 1000 and dropped[-1] == "the whole coloc JSON"
+    assert dataclasses.replace(c, user_text=None).fitted_arg([], limit=10) == (None, ["the whole coloc JSON"])
+
+
+def _builds_comment_text(node: ast.AST) -> bool:
+    """Whether ``node`` assembles a string (an f-string or a ``+``) with a job comment's tag in it, or calls
+    a comment text writer."""
+    if isinstance(node, ast.Call):
+        f = node.func
+        return (f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")) in _TEXT_WRITERS
+    if isinstance(node, ast.JoinedStr):
+        parts: list = list(node.values)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        parts = [node.left, node.right]
+    else:
+        return False
+    for part in parts:
+        for sub in ast.walk(part):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) \
+                    and any(t in sub.value for t in _TAG_TEXT):
+                return True
+            if (isinstance(sub, ast.Name) and sub.id in _TAG_NAMES) \
+                    or (isinstance(sub, ast.Attribute) and sub.attr in _TAG_NAMES):
+                return True
+    return False
+
+
+def _comment_builders(source: str, name: str) -> list:
+    return [f"{name}:{n.lineno}" for n in ast.walk(ast.parse(source, name)) if _builds_comment_text(n)]
+
+
+def test_no_module_outside_comment_builds_comment_text() -> None:
+    """``JobComment`` is the one writer of a job comment: no other module puts ``--comment=``, ``coloc:{``
+    or ``oom-retry-of-`` (or the tags' names) into a string it assembles, or calls ``build_comment`` /
+    ``fit_comment``."""
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if "comment" not in path.relative_to(PACKAGE).parts
+             for hit in _comment_builders(path.read_text(), path.relative_to(PACKAGE).as_posix())]
+    assert found == [], "write the job comment through comment.JobComment: " + ", ".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    'args.append(f"--comment={RETRY_TAG}{job_id} {COMMENT_TAG}" + json.dumps(info))',
+    'args[c] = "--comment=" + build_comment({**coloc.to_json(), "place": True}, user)',
+    'args.append("--comment=" + text)',
+    'text = COMMENT_TAG + json.dumps(data)',
+    'text = f"oom-retry-of-{job_id} coloc:{data}"',
+])
+def test_the_check_finds_each_way_comment_text_was_built(source: str) -> None:
+    assert _comment_builders(source, "old.py")

@@ -71,11 +71,11 @@ def test_memory_at_the_fence_is_evidence() -> None:
 
 
 def test_retry_decision() -> None:
-    assert oom.retry_decision("shard", 4, 80, None).oom
-    assert not oom.retry_decision("shard", 4, 80, 12).oom          # a retry is never retried
-    assert not oom.retry_decision("whole-gpu", 80, 80, None).oom   # whole GPU: nothing bigger to give
-    assert not oom.retry_decision("gpu", None, 80, None).oom
-    assert not oom.retry_decision("none", None, 80, None).oom
+    assert oom.retry_decision("shard", 4, 80, None).rerun
+    assert not oom.retry_decision("shard", 4, 80, 12).rerun          # a retry is never retried
+    assert not oom.retry_decision("whole-gpu", 80, 80, None).rerun   # whole GPU: nothing bigger to give
+    assert not oom.retry_decision("gpu", None, 80, None).rerun
+    assert not oom.retry_decision("none", None, 80, None).rerun
 
 
 def test_retry_marker_in_comment() -> None:
@@ -125,6 +125,8 @@ def test_rerun_options_keep_the_job_and_take_a_whole_gpu() -> None:
     comment = next(a for a in args if a.startswith("--comment="))
     assert comment.startswith("--comment=oom-retry-of-1 coloc:") and '"mode":"whole-gpu"' in comment
     assert oom.retry_of_comment(comment[len("--comment="):]) == 1
+    assert comment == JobComment.oom_rerun(1, 80, 81920).comment_arg()  # written by the comment's one writer
+    assert JobComment.read(comment[len("--comment="):], 1).retry_of == 1
 
 
 def test_rerun_options_pass_a_forged_name_as_one_opaque_word() -> None:

@@ -20,7 +20,7 @@ from tests.oom_patterns import GRANT_SHARDS, PATTERNS, PERIOD_S, write_pattern
 UID = 2001
 
 
-def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, **cfg_kw) -> oom.OomDecision:
+def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, **cfg_kw) -> oom.RerunDecision:
     cfg = Config(state_dir=str(tmp_path / "state"), gpu_mem_gib=80, **cfg_kw)
     proc, message, _ = PATTERNS[name]
     t0 = time.time() - 30
@@ -49,7 +49,7 @@ def test_honest_patterns_get_their_rerun_and_fakes_do_not(tmp_path: Path, name: 
     """Before the fix, ``one-alloc-first-step`` was refused ("the sampler watched its GPU and saw no memory of
     this job"): the lost rerun of issue 31."""
     decision = _gate(tmp_path, name)
-    assert decision.oom == PATTERNS[name][2], (name, decision.reason)
+    assert decision.rerun == PATTERNS[name][2], (name, decision.reason)
 
 
 def test_reasons_name_the_rule(tmp_path: Path) -> None:
@@ -65,13 +65,13 @@ def test_the_budget_bounds_honest_reruns_too(tmp_path: Path, name: str) -> None:
     """Farming stays bounded: with ``oom_rerun_per_user_max`` reruns in the window, no pattern earns
     another."""
     decision = _gate(tmp_path, name, reruns_before=2, oom_rerun_per_user_max=2)
-    assert not decision.oom and "limit 2" in decision.reason
+    assert not decision.rerun and "limit 2" in decision.reason
 
 
 def test_gate_table_at_the_edges() -> None:
     """The pure rule at its boundaries (grant 2048 MiB, tolerance max(256, 10%) = 256 MiB, GPU 80 GiB)."""
     def gate(peak, tried, watched=True, stopped=False):
-        return oom.rerun_gate(2048, peak, tried, watched, stopped, 0, 3, 3600.0, 10.0, 81920).oom
+        return oom.rerun_gate(2048, peak, tried, watched, stopped, 0, 3, 3600.0, 10.0, 81920).rerun
 
     assert gate(None, 1792) and not gate(None, 1791)          # one failed allocation as large as the grant
     assert gate(1500, 292) and not gate(1500, 291)            # peak + asked reaches the grant

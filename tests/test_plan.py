@@ -36,8 +36,11 @@ def test_estimate_to_shards(tmp_path):
     assert plan.mode == "shard" and plan.shards == 4  # ceil((3000 + 256) / 1024)
     args = plan.argv(None)
     assert args[:2] == ["-t", "5"] and "--gres=shard:4" in args and args[-2:] == ["--epochs", "3"]
-    comment = parse_comment(next(a for a in args if a.startswith("--comment=")))
+    written = next(a for a in args if a.startswith("--comment="))
+    comment = parse_comment(written)
     assert comment["mem_mib"] == 3000 and comment["argv"] == ["--epochs", "3"]
+    assert comment == plan.comment and written == plan.coloc.comment_arg()  # nothing dropped: as planned
+    assert plan.coloc.mem_mib == 3000 and plan.coloc.argv == ("--epochs", "3") and comment["gpus"] is None
 
 
 def test_one_gpu_request_becomes_shards(tmp_path):

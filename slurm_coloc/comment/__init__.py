@@ -1,34 +1,49 @@
-"""The coloc part of a Slurm job comment: ``[user text ]coloc:{json}``.
+"""The coloc part of a Slurm job comment: ``[prefix ]coloc:{json}``, written and read by ``JobComment`` only.
 
-``coloc-sbatch`` writes it (``submit/plan.py``); the root-side hooks and the OOM rerun read it back
-(``hooks/``). Both sides import this package so that the tag and the size bound live in one place. Pure:
-only ``json``.
-
-The JSON object is written by ``build_comment`` with sorted keys and no spaces. Keys written by
-``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``,
-``sha256``, ``spec``, when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=``
+Writing: ``JobComment`` is the one writer of a job comment. ``coloc-sbatch`` builds ``JobComment.submission``
+(``submit/plan.py``), ``coloc-placer``'s submission adds ``place`` (``with_place``: ``placement/submit.py``),
+and the OOM rerun is ``JobComment.oom_rerun`` (``hooks/rerun.py``); each renders itself with ``to_comment``
+or ``comment_arg`` (``--comment=...``), or ``fitted_arg`` within Slurm's limit. The text is built in
+``comment/text.py``: the JSON object with sorted keys and no spaces, after the prefix (the user's own comment,
+or ``oom-retry-of-<id>``). Keys written by ``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``,
+``mem_mib``, ``method``, ``gpu_model``, ``sha256``, ``spec`` (these always, null when unknown:
+``SUBMISSION_KEYS``), when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=``
 trace counted them, ``flops_per_step`` (int, FLOP of one training step; the placer's feature,
 ``placement/intensity.py``); ``coloc-placer`` submissions add ``place`` (true), OOM reruns ``retry_of``.
 
 Reading: a user can submit any comment with plain ``sbatch``, so every reader (hooks, placer, report, history)
 goes through ``JobComment.read`` (or ``JobComment.from_fields`` for a recorded object), which checks every
 known key's type and range (``comment/values.py``: ``BOUNDS``, ``STR_CHARS``, the spec's limits) and ignores
-unknown keys. A comment with one bad known key is no annotation at all (``NO_COMMENT``, one log line): the
-job is treated as unannotated, never half-trusted. ``parse_comment`` is the raw JSON reader for the submitting
-side (the user's own text).
+unknown keys; a null key is absent. A comment with one bad known key is no annotation at all (``NO_COMMENT``,
+one log line): the job is treated as unannotated, never half-trusted. ``parse_comment`` is the raw JSON
+reader for the submitting side (the user's own text).
 
-slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fit_comment`` drops the
-bulky keys, in the order the caller gives, until user text + coloc JSON fit: every job plain sbatch accepts is
-accepted.
+slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fitted_arg`` drops the
+bulky keys, in the order the caller gives (``fit_comment``'s steps: ``without``, ``without_kwargs``), until
+prefix + coloc JSON fit: every job plain sbatch accepts is accepted.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from slurm_coloc.comment.text import (
+    COMMENT_OPTION,
+    COMMENT_TAG,
+    MAX_COMMENT_CHARS,
+    RETRY_TAG,
+    Shrink,
+    build_comment,
+    fit_comment,
+    parse_comment,
+    retry_tag_of,
+    user_text_of,
+    without,
+    without_kwargs,
+)
 from slurm_coloc.comment.values import (
     MAX_ARG_CHARS,
     MAX_ARGS,
@@ -41,78 +56,13 @@ from slurm_coloc.comment.values import (
     _text,
 )
 
-COMMENT_TAG = "coloc:"
-# slurmctld 22.05 refuses a longer --comment ("120 arguments" in docs/reliability.md)
-MAX_COMMENT_CHARS = 1024
+__all__ = ["COMMENT_OPTION", "COMMENT_TAG", "MAX_COMMENT_CHARS", "NO_COMMENT", "RETRY_TAG",
+           "SUBMISSION_KEYS", "CommentError", "CommentSpec", "JobComment", "Shrink", "build_comment",
+           "fit_comment", "job_signature", "parse_comment", "retry_tag_of", "without", "without_kwargs"]
 log = logging.getLogger("slurm_coloc.comment")
-
-Shrink = Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]
-"""``(what is dropped, in words; data -> smaller data)``: one step of ``fit_comment``."""
-
-
-def build_comment(data: Mapping[str, Any], user_comment: Optional[str] = None) -> str:
-    """The job comment carrying ``data``: ``"<user_comment> coloc:{...}"``, or ``"coloc:{...}"`` alone.
-
-    Args:
-        data: JSON-serialisable mapping (the coloc fields).
-        user_comment: the user's own ``--comment`` text, kept in front; None or empty for none.
-
-    Raises:
-        TypeError: ``data`` holds a value JSON cannot encode.
-    """
-    text = COMMENT_TAG + json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
-    return f"{user_comment} {text}" if user_comment else text
-
-
-def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The coloc JSON object in a job comment (after the last ``coloc:{``), or None. Never raises.
-
-    Hooks run this as root on user-controlled text: JSON only (no eval, no pickle), at most
-    ``MAX_JSON_CHARS`` characters, and a JSON object only (a list or a scalar gives None).
-
-    Args:
-        comment: the job's comment (Slurm's ``Comment``, user-controlled text); None counts as empty.
-
-    Returns:
-        The object as a dict, or None.
-    """
-    text = comment or ""
-    at = text.rfind(COMMENT_TAG + "{")
-    if at < 0 or len(text) - at > MAX_JSON_CHARS:
-        return None
-    try:
-        data = json.loads(text[at + len(COMMENT_TAG):])
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Sequence[Shrink],
-                limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
-    """The job comment for ``data`` within ``limit`` characters, shrinking ``data`` step by step.
-
-    Args:
-        data: the full coloc fields.
-        user_comment: the user's own comment text (kept whole: it is theirs).
-        steps: shrink steps applied in order, each to the result of the previous, until the comment fits.
-        limit: the most characters Slurm takes.
-
-    Returns:
-        (the comment, or the user's comment alone when even the smallest coloc JSON does not fit beside it
-        (None without one); the words of the steps applied, plus ``"the whole coloc JSON"`` in that case).
-    """
-    current: Dict[str, Any] = dict(data)
-    dropped: List[str] = []
-    text = build_comment(current, user_comment)
-    for what, shrink in steps:
-        if len(text) <= limit:
-            break
-        current = shrink(current)
-        dropped.append(what)
-        text = build_comment(current, user_comment)
-    if len(text) <= limit:
-        return text, dropped
-    return (user_comment or None), dropped + ["the whole coloc JSON"]
+SUBMISSION_KEYS = ("v", "mode", "shards", "gpus", "mem_mib", "method", "gpu_model", "sha256", "spec")
+"""The keys coloc-sbatch always writes, null when unset (readers take null as absent)."""
+_NOT_JSON = ("annotated", "user_text", "nulls")
 
 
 @dataclass(frozen=True)
@@ -139,6 +89,12 @@ class JobComment:
     place: bool = False
     retry_of: Optional[int] = None
     annotated: bool = False
+    user_text: Optional[str] = field(default=None, compare=False)
+    """The text in front of the coloc JSON (the user's own comment, or an OOM rerun's
+    ``oom-retry-of-<id>``); None for none. Kept by ``read``, written in front by ``to_comment``; not part of
+    the annotation (equality ignores it)."""
+    nulls: Tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """Keys written as JSON null while unset (``SUBMISSION_KEYS`` for coloc-sbatch's comment); never read."""
 
     @classmethod
     def from_fields(cls, data: Any) -> "JobComment":
@@ -196,7 +152,7 @@ class JobComment:
                 data = _loads(text[at + len(COMMENT_TAG):])
             except (ValueError, RecursionError):
                 raise CommentError("not one JSON object") from None
-            return cls.from_fields(data)
+            return replace(cls.from_fields(data), user_text=user_text_of(text))
         except CommentError as exc:
             _warn_once(job_id, text, str(exc))
             return NO_COMMENT
@@ -216,6 +172,35 @@ class JobComment:
         except (ValueError, RecursionError):  # CommentError is a ValueError
             return NO_COMMENT
 
+    @classmethod
+    def submission(cls, *, mode: str, shards: Optional[int], gpus: Optional[int] = None,
+                   mem_mib: Optional[int] = None, method: Optional[str] = None,
+                   gpu_model: Optional[str] = None, sha256: Optional[str] = None,
+                   spec: Optional[CommentSpec] = None, flops_per_step: Optional[int] = None,
+                   argv: Sequence[str] = (),
+                   user_text: Optional[str] = None) -> "JobComment":
+        """coloc-sbatch's comment (``v`` 1): the fields given, ``SUBMISSION_KEYS`` written as null while
+        unset, ``argv`` only when there are arguments, after the user's own comment ``user_text``.
+
+        Values are written as given (a value outside the protocol makes every reader ignore the comment,
+        as for any user's comment); units as the fields' (``mem_mib`` MiB, ``shards`` GiB of one GPU).
+        """
+        return cls(v=1, mode=mode, shards=shards, gpus=gpus, mem_mib=mem_mib, method=method,
+                   gpu_model=gpu_model, sha256=sha256, spec=spec, flops_per_step=flops_per_step,
+                   argv=tuple(argv) if argv else None, annotated=True, user_text=user_text or None,
+                   nulls=SUBMISSION_KEYS)
+
+    @classmethod
+    def oom_rerun(cls, job_id: int, shards: int, mem_mib: int) -> "JobComment":
+        """The comment of job ``job_id``'s OOM rerun on a whole GPU (``shards`` shards, ``mem_mib`` MiB):
+        ``oom-retry-of-<job_id> coloc:{"mode":"whole-gpu",...,"retry_of":<job_id>}``."""
+        return cls(v=1, mode="whole-gpu", shards=shards, mem_mib=mem_mib, method="oom-retry", retry_of=job_id,
+                   annotated=True, user_text=f"{RETRY_TAG}{job_id}")
+
+    def with_place(self) -> "JobComment":
+        """This comment with ``place`` true: a submission for coloc-placer to steer."""
+        return replace(self, place=True)
+
     @property
     def placed_shards(self) -> Optional[int]:
         """The shard count of a job submitted for coloc-placer (``place`` true and ``shards`` set), else
@@ -228,11 +213,36 @@ class JobComment:
         out: Dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "annotated" or value is None or (f.name == "place" and not value):
+            if f.name in _NOT_JSON or value is None or (f.name == "place" and not value):
                 continue
             out[f.name] = value.to_json() if isinstance(value, CommentSpec) else \
                 list(value) if isinstance(value, tuple) else value
         return out
+
+    def comment_json(self) -> Dict[str, Any]:
+        """The coloc JSON object as written: ``to_json`` and the unset keys of ``nulls`` as None."""
+        return {**dict.fromkeys(self.nulls), **self.to_json()}
+
+    def to_comment(self) -> str:
+        """The whole job comment: ``"<user_text> coloc:{...}"``, or ``"coloc:{...}"`` without user text.
+        ``JobComment.read`` of it gives this comment back (``user_text`` included)."""
+        return build_comment(self.comment_json(), self.user_text)
+
+    def comment_arg(self) -> str:
+        """The sbatch argument that sets the job comment: ``--comment=`` + ``to_comment()``."""
+        return COMMENT_OPTION + self.to_comment()
+
+    def fitted_arg(self, steps: Sequence[Shrink],
+                   limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
+        """``comment_arg`` within ``limit`` characters of comment (``fit_comment``: ``steps`` shrink the
+        JSON in order; ``user_text`` is kept whole).
+
+        Returns:
+            (the ``--comment=`` argument, or None when neither JSON nor user text is left; the words of what
+            was dropped).
+        """
+        text, dropped = fit_comment(self.comment_json(), self.user_text, steps, limit)
+        return (None if text is None else COMMENT_OPTION + text), dropped
 
     def signature(self) -> Optional[str]:
         """A 16-hex-digit key of what the job trains; None when nothing identifies it (``job_signature``)."""

@@ -21,26 +21,24 @@ next look); or which no sampler watched while it ran (no evidence either way).
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
-from slurm_coloc.comment import JobComment
+from slurm_coloc.comment import JobComment, retry_tag_of
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.oom_messages import find_oom_messages, tried_to_allocate_mib
-from slurm_coloc.hooks.rerun import RETRY_TAG, rerun_refusal, submit_retry
+from slurm_coloc.hooks.rerun import rerun_refusal, submit_retry
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.units import shards_to_mib
 from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
 
-_RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
 _NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
 
 MIN_TOLERANCE_MIB = 256
@@ -48,9 +46,18 @@ MIN_TOLERANCE_MIB = 256
 
 @dataclass(frozen=True)
 class OomDecision:
-    """Whether a job died of GPU OOM, and the one-line reason."""
+    """Whether a job died of GPU out-of-memory (``decide_oom``), and the one-line reason."""
 
     oom: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class RerunDecision:
+    """Whether an OOM death gets its one rerun on a whole GPU (``retry_decision``, ``rerun_refusal``,
+    ``rerun_gate``), and the one-line reason (recorded as the ``oom_events`` row's ``retry_reason``)."""
+
+    rerun: bool
     reason: str
 
 
@@ -82,7 +89,7 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
 
 def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,
                watchdog_stopped: bool, recent_reruns: int, per_user_max: int, window_s: float,
-               tolerance_pct: float, gpu_mib: int) -> OomDecision:
+               tolerance_pct: float, gpu_mib: int) -> RerunDecision:
     """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; the rule of docs/oom.md).
 
     Args:
@@ -96,39 +103,40 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
         gpu_mib: a whole GPU's memory (``gpu_mem_gib`` * 1024), what the rerun gets.
 
     Returns:
-        ``OomDecision`` (``oom`` True: rerun); the reason names the rule that decided.
+        ``RerunDecision`` (``rerun`` True: rerun); the reason names the rule that decided.
     """
     if watchdog_stopped:
-        return OomDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
+        return RerunDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
     evidence = _evidence(grant_mib, peak_mib, tried_mib, sampler_watched, tolerance_pct, gpu_mib)
-    if evidence.oom and recent_reruns >= per_user_max:  # the budget bounds what the evidence would grant
-        return OomDecision(False, f"{recent_reruns} OOM reruns for this user in the last {window_s:.0f} s "
-                                  f"(limit {per_user_max}): not rerun")
+    if evidence.rerun and recent_reruns >= per_user_max:  # the budget bounds what the evidence would grant
+        return RerunDecision(False, f"{recent_reruns} OOM reruns for this user in the last {window_s:.0f} s "
+                                    f"(limit {per_user_max}): not rerun")
     return evidence
 
 
 def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_watched: bool,
-              tolerance_pct: float, gpu_mib: int) -> OomDecision:
+              tolerance_pct: float, gpu_mib: int) -> RerunDecision:
     """The evidence part of :func:`rerun_gate` (same arguments): whether the grant was the job's limit."""
     if tried_mib > gpu_mib:
-        return OomDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU "
-                                  f"({gpu_mib} MiB): a rerun on a whole GPU cannot hold it; not rerun")
+        return RerunDecision(False, f"its failed allocation ({tried_mib} MiB) is larger than a whole GPU "
+                                    f"({gpu_mib} MiB): a rerun on a whole GPU cannot hold it; not rerun")
     tol = max(MIN_TOLERANCE_MIB, int(grant_mib * tolerance_pct / 100))
     if peak_mib is not None:
         if peak_mib + tried_mib >= grant_mib - tol:
-            return OomDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, "
-                                     f"grant {grant_mib} MiB): rerun once on a whole GPU")
-        return OomDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
-                                  f"{grant_mib} MiB grant: an OOM there is not the grant's fault; not rerun")
+            return RerunDecision(True, f"GPU memory reached its grant ({peak_mib} + {tried_mib} MiB asked, "
+                                       f"grant {grant_mib} MiB): rerun once on a whole GPU")
+        return RerunDecision(False, f"the sampler saw at most {peak_mib} MiB (+{tried_mib} MiB asked) of its "
+                                    f"{grant_mib} MiB grant: an OOM there is not the grant's fault; "
+                                    "not rerun")
     if tried_mib >= grant_mib - tol:
-        return OomDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB "
-                                 "grant before the sampler saw its memory: rerun once on a whole GPU")
+        return RerunDecision(True, f"one allocation of {tried_mib} MiB failed against its {grant_mib} MiB "
+                                   "grant before the sampler saw its memory: rerun once on a whole GPU")
     if sampler_watched:
-        return OomDecision(False, f"the sampler watched its GPU and saw no memory of this job, and no failed "
-                                  f"allocation near its {grant_mib} MiB grant ({tried_mib} MiB asked): "
-                                  "not rerun")
-    return OomDecision(True, "no sampler watched its GPU (no evidence against its grant): "
-                             "rerun once on a whole GPU")
+        return RerunDecision(False, f"the sampler watched its GPU and saw no memory of this job, and no "
+                                    f"failed allocation near its {grant_mib} MiB grant ({tried_mib} MiB "
+                                    "asked): not rerun")
+    return RerunDecision(True, "no sampler watched its GPU (no evidence against its grant): "
+                               "rerun once on a whole GPU")
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
@@ -139,14 +147,13 @@ def retry_of_comment(comment: str) -> Optional[int]:
             as empty.
 
     Returns:
-        The job id, or None. Pure, never raises.
+        The job id, or None (``comment.retry_tag_of``). Pure, never raises.
     """
-    m = _RETRY_RE.search(comment or "")
-    return int(m.group(1)) if m else None
+    return retry_tag_of(comment)
 
 
 def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
-                   retry_of: Optional[int]) -> OomDecision:
+                   retry_of: Optional[int]) -> RerunDecision:
     """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU
     holds).
 
@@ -155,15 +162,15 @@ def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
         gpu_mem_gib: the shards one GPU holds (GiB); retry_of: the job this one reruns, or None.
 
     Returns:
-        An ``OomDecision``: ``oom`` True when a rerun may be submitted, ``reason`` in words.
+        A ``RerunDecision``: ``rerun`` True when a rerun may be submitted, ``reason`` in words.
     """
     if retry_of is not None:
-        return OomDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
+        return RerunDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
     if share_mode == "shard" and shards and shards < gpu_mem_gib:
-        return OomDecision(True, f"shared GPU ({shards} of {gpu_mem_gib} GiB): rerun once on a whole GPU")
+        return RerunDecision(True, f"shared GPU ({shards} of {gpu_mem_gib} GiB): rerun once on a whole GPU")
     if share_mode in ("whole-gpu", "gpu") or (shards or 0) >= gpu_mem_gib:
-        return OomDecision(False, "asked for a whole GPU already: not rerun")
-    return OomDecision(False, f"no GPU share (mode {share_mode or 'none'}): not rerun")
+        return RerunDecision(False, "asked for a whole GPU already: not rerun")
+    return RerunDecision(False, f"no GPU share (mode {share_mode or 'none'}): not rerun")
 
 
 def _read_output(job: JobInfo, uid: int, gid: int) -> Tuple[List[Tuple[str, str]], Dict[str, Any]]:
@@ -189,7 +196,7 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 
 
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
-          peak_mib: Optional[int]) -> OomDecision:
+          peak_mib: Optional[int]) -> RerunDecision:
     """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the
     user's reruns in the window (controller database)."""
     from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
@@ -257,7 +264,7 @@ def _detect(cfg: Config, job: JobInfo, state: str, uid: int, gid: int) -> _Death
 
 
 def _oom_record(ctx: HookContext, job: JobInfo, state: str, share_mode: str, uid: int, sha: Optional[str],
-                death: _Death, recorded_retry_of: Optional[int], plan: OomDecision) -> store_oom.OomRecord:
+                death: _Death, recorded_retry_of: Optional[int], plan: RerunDecision) -> store_oom.OomRecord:
     """Step 2: the ``oom_events`` row of this death (evidence, grant, whether a rerun is being submitted)."""
     shards = job.shards
     evidence = {"state": state, "reason": job.reason, "exit": f"{job.exit_code}:{job.signal}",
@@ -267,7 +274,7 @@ def _oom_record(ctx: HookContext, job: JobInfo, state: str, share_mode: str, uid
                                script_sha256=sha, share_mode=share_mode, shards=shards,
                                fence_mib=shards_to_mib(shards) if shards else None,
                                end_ts=job.end_ts, evidence=evidence, retry_of=recorded_retry_of,
-                               retry_status="submitting" if plan.oom else "not-retried",
+                               retry_status="submitting" if plan.rerun else "not-retried",
                                retry_reason=plan.reason)
 
 
@@ -328,10 +335,10 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
     argv = JobComment.read(job.comment, job_id).argv
     sha = store_oom.script_sha256_of(db, job_id)
     plan = retry_decision(share_mode, job.shards, cfg.gpu_mem_gib, retry_of)
-    refused = rerun_refusal(job) if plan.oom else None  # a confinement the rerun cannot carry
+    refused = rerun_refusal(job) if plan.rerun else None  # a confinement the rerun cannot carry
     if refused:
-        plan = OomDecision(False, refused)
-    elif plan.oom:
+        plan = RerunDecision(False, refused)
+    elif plan.rerun:
         plan = _gate(cfg, job, db, uid, death.messages, death.peak_mib)
     oom = _oom_record(ctx, job, state, share_mode, uid, sha, death, recorded_retry_of, plan)
     if not store_oom.claim_retry(db, oom):
@@ -340,7 +347,7 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                                                 "fence_mib": oom.fence_mib})
     first = death.messages[0][0] if death.messages else death.decision.reason
     what = f"job {job_id} ran out of GPU memory ({first})"
-    if not plan.oom:
+    if not plan.rerun:
         told = _tell_user(job, uid, gid, f"{what}; {plan.reason}.")
         store_jobs.record_event(db, job_id, "oom-not-retried",
                                 {"reason": plan.reason, "user_told": told or "yes"})

@@ -18,13 +18,12 @@ licenses, other GRES, container, ...: ``slurm/confinement.py``), or is refused w
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import COMMENT_TAG
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm import jobs as slurm_jobs
@@ -32,7 +31,6 @@ from slurm_coloc.slurm.confinement import confinement_of, refusal
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.units import shards_to_mib
 
-RETRY_TAG = "oom-retry-of-"
 NEUTRAL_PREFIX = "# (coloc oom rerun) "
 # A directive of any batch system, anywhere in the script, with any leading blanks and case: Slurm's sbatch
 # reads "#SBATCH" and "#SLURM" at the start of a line (src/sbatch/opt.c _opt_batch_script) and "#PBS" unless
@@ -152,10 +150,7 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     if inp and inp != "/dev/null":
         args.append(f"--input={inp}")
     args += _shape_args(job)
-    info: Dict[str, Any] = {"v": 1, "mode": "whole-gpu", "shards": gib, "mem_mib": shards_to_mib(gib),
-                            "method": "oom-retry", "retry_of": job.job_id}
-    args.append(f"--comment={RETRY_TAG}{job.job_id} {COMMENT_TAG}" + json.dumps(info, separators=(",", ":"),
-                                                                                   sort_keys=True))
+    args.append(JobComment.oom_rerun(job.job_id, gib, shards_to_mib(gib)).comment_arg())
     return args
 
 

@@ -2,15 +2,15 @@
 
 The placer can steer only a held job without GRES (docs/design.md, "Placement mechanism"), so a shared job's
 ``--gres=shard:N`` is dropped, ``--hold`` added, and ``"place": true`` put into its coloc comment (``shards``
-is already there). Whole-GPU and multi-GPU submissions are returned unchanged: the placer leaves them to
-Slurm.
+is already there; ``JobComment.with_place``). Whole-GPU and multi-GPU submissions are returned unchanged: the
+placer leaves them to Slurm.
 """
 from __future__ import annotations
 
 import re
 from typing import List, Optional, Sequence
 
-from slurm_coloc.comment import COMMENT_TAG, JobComment, build_comment
+from slurm_coloc.comment import JobComment
 
 _SHARD = re.compile(r"^shard:(\d+)$")
 
@@ -18,8 +18,8 @@ _SHARD = re.compile(r"^shard:(\d+)$")
 def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
     """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is
     not a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no valid coloc comment of mode
-    ``shard`` follows it: ``comment.JobComment.read``; the rewritten comment holds its validated fields,
-    ``to_json``).
+    ``shard`` follows it: ``comment.JobComment.read``; the rewritten comment is that ``JobComment`` with
+    ``place``, written by it: the user's text in front, then its validated fields, ``to_json``).
 
     coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the
     user's GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are
@@ -41,11 +41,9 @@ def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
     c = next((i for i in range(g + 1, len(args)) if args[i].startswith("--comment=")), None)
     if c is None:
         return None
-    text = args[c].split("=", 1)[1]
-    coloc = JobComment.read(text)
+    coloc = JobComment.read(args[c].split("=", 1)[1])
     if coloc.mode != "shard":
         return None
-    user = text[:text.rfind(COMMENT_TAG + "{")].strip() or None
-    args[c] = "--comment=" + build_comment({**coloc.to_json(), "place": True}, user)
+    args[c] = coloc.with_place().comment_arg()
     del args[g]
     return ["--hold", *args]

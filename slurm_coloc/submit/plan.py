@@ -17,7 +17,8 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 5. No source gave a figure -> rule 1 (a whole GPU), with ``NO_INFORMATION`` (the next steps) as the reason;
    so is an estimate that did not finish within ``estimate_timeout_s`` when nothing else gave a figure.
 
-The job comment carries the coloc JSON within Slurm's 1024 characters (``comment.fit_comment``): when user
+The job comment (``comment.JobComment.submission``, which writes it) carries the coloc JSON within Slurm's
+1024 characters (``JobComment.fitted_arg``): when user
 text + JSON are longer, the script arguments go first where Slurm's own command line keeps them exactly (no
 argument empty or holding whitespace), then the model's kwargs (they stay in the script's ``#COLOC`` lines,
 which Slurm stores), then the spec, then the arguments anyway, then the GPU model and method, then
@@ -25,16 +26,16 @@ which Slurm stores), then the spec, then the arguments anyway, then the GPU mode
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import Shrink, fit_comment
-from slurm_coloc.comment.values import BOUNDS
+from slurm_coloc.comment import JobComment, Shrink, without, without_kwargs
+from slurm_coloc.comment.values import BOUNDS, CommentSpec
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, DirectiveError
+from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
@@ -59,7 +60,8 @@ class Plan:
         sbatch_args: the argv after ``sbatch`` (script path last but its args); ``SCRIPT`` placeholder
             ``script_index`` marks where the (possibly rewritten) script goes.
         rewritten_script: script text with GPU ``#SBATCH`` lines commented out, or None to submit as is.
-        comment: the JSON that travels in the job's comment (after ``coloc:``).
+        coloc: the job's coloc comment as planned (``JobComment.submission``), before it is shrunk to fit;
+            ``comment`` is its JSON object.
         reason: one line saying why this GPU request.
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
@@ -74,11 +76,17 @@ class Plan:
     sbatch_args: Tuple[str, ...]
     script_index: Optional[int]
     rewritten_script: Optional[str]
-    comment: Dict[str, Any]
+    coloc: JobComment
     reason: str
     gpu_args: Tuple[str, ...] = ()
     comment_dropped: Tuple[str, ...] = ()
     decision: Optional[Decision] = None
+
+    @property
+    def comment(self) -> Dict[str, Any]:
+        """The coloc JSON object of the job comment as planned (``JobComment.comment_json``: the keys
+        coloc-sbatch always writes are null when unknown), before it is shrunk to fit."""
+        return self.coloc.comment_json()
 
     def argv(self, script_path: Optional[str]) -> List[str]:
         """The sbatch argv with ``script_path`` at the script's place.
@@ -169,13 +177,13 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
     args.extend(gpu_args)
     if spank:
         args.extend(_spank_args(choice, override, exclusive_gpu))
-    comment = _coloc_comment(choice, cmd, script)
-    text, dropped = fit_comment(comment, _user_comment(cmd, script_opts), comment_steps(cmd.script_args))
-    if text is not None:
-        args.append("--comment=" + text)
+    coloc = _coloc_comment(choice, cmd, script, _user_comment(cmd, script_opts))
+    comment_arg, dropped = coloc.fitted_arg(comment_steps(cmd.script_args))
+    if comment_arg is not None:
+        args.append(comment_arg)
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
     index = _append_script(args, cmd, script if rewritten is not None else None, script_opts)
-    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, comment,
+    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, coloc,
                 choice.reason,
                 tuple(gpu_args), tuple(dropped), choice.decision)
 
@@ -273,33 +281,29 @@ def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> L
     return ["--gres=" + ",".join([shard, *req.other_gres])]
 
 
-def _coloc_comment(choice: _Choice, cmd: CommandLine, script: Optional[ParsedScript]) -> Dict[str, Any]:
-    """The coloc JSON of the job comment, before ``fit_comment`` shortens it (module docstring)."""
+def _coloc_comment(choice: _Choice, cmd: CommandLine, script: Optional[ParsedScript],
+                   user_text: Optional[str]) -> JobComment:
+    """The job's coloc comment, before it is shrunk to fit (module docstring), after the user's own
+    ``user_text``."""
     decision = choice.decision
-    comment: Dict[str, Any] = {"v": 1, "mode": choice.mode, "shards": choice.shards, "gpus": choice.gpus,
-                               "mem_mib": decision.mem_mib if decision else None,
-                               "method": decision.method if decision else None,
-                               "gpu_model": decision.gpu_model if decision else None,
-                               "sha256": script.sha256 if script else None,
-                               "spec": script.spec.to_json() if script and script.spec else None}
+    flops = decision.flops_per_step if decision is not None else None
     # a count outside the comment's bounds is left out (readers would drop it)
-    if decision is not None and decision.flops_per_step is not None \
-            and 0 <= decision.flops_per_step <= BOUNDS["flops_per_step"][1]:
-        comment["flops_per_step"] = int(decision.flops_per_step)  # FLOP per step, placement/intensity.py
-    if cmd.script_args:
-        comment["argv"] = list(cmd.script_args)  # exact script arguments, for an OOM rerun (hooks/oom.py)
-    return comment
+    in_bounds = flops is not None and 0 <= flops <= BOUNDS["flops_per_step"][1]
+    return JobComment.submission(
+        mode=choice.mode, shards=choice.shards, gpus=choice.gpus,
+        mem_mib=decision.mem_mib if decision else None, method=decision.method if decision else None,
+        gpu_model=decision.gpu_model if decision else None, sha256=script.sha256 if script else None,
+        spec=_comment_spec(script.spec) if script and script.spec else None,
+        flops_per_step=int(flops) if flops is not None and in_bounds else None,  # placement/intensity.py
+        argv=cmd.script_args,  # exact script arguments, for an OOM rerun (hooks/oom.py)
+        user_text=user_text)
 
 
-def _without(key: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
-    return lambda data: {k: v for k, v in data.items() if k != key}
-
-
-def _without_kwargs(data: Dict[str, Any]) -> Dict[str, Any]:
-    spec = data.get("spec")
-    if not isinstance(spec, dict) or not spec.get("kwargs"):
-        return data
-    return {**data, "spec": {**spec, "kwargs": {}, "kwargs_chars": len(json.dumps(spec["kwargs"]))}}
+def _comment_spec(spec: ModelSpec) -> CommentSpec:
+    """The comment's form of the script's model spec (every field of ``ModelSpec.to_json``)."""
+    return CommentSpec(model=spec.model, kwargs=dict(spec.kwargs), input_shape=tuple(spec.input_shape),
+                       input_dtype=spec.input_dtype, batch_size=spec.batch_size, optimizer=spec.optimizer,
+                       precision=spec.precision)
 
 
 def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
@@ -312,19 +316,19 @@ def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
         script_args: the job script's arguments.
 
     Returns:
-        ``(what is dropped, in words; function from comment dict to smaller dict)`` pairs, first tried first.
+        ``(what is dropped, in words; function from coloc JSON object to a smaller one)`` pairs
+        (``comment.without``, ``comment.without_kwargs``), first tried first.
     """
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
     steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",
-                            _without("argv"))] if exact \
+                            without("argv"))] if exact \
         else []
-    steps += [("the model's kwargs (they stay in the script's #COLOC lines)", _without_kwargs),
-              ("the model spec", _without("spec"))]
+    steps += [("the model's kwargs (they stay in the script's #COLOC lines)", without_kwargs),
+              ("the model spec", without("spec"))]
     if not exact:
-        steps.append(("the script arguments", _without("argv")))
-    steps.append(("the GPU model and method", lambda d: {k: v for k, v in d.items()
-                                                         if k not in ("gpu_model", "method")}))
-    steps.append(("the FLOP count", _without("flops_per_step")))
+        steps.append(("the script arguments", without("argv")))
+    steps.append(("the GPU model and method", without("gpu_model", "method")))
+    steps.append(("the FLOP count", without("flops_per_step")))
     return steps
 
 
