@@ -47,22 +47,14 @@ _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 class ProbeCommand:
     """The training program a batch script runs.
 
-    Attributes:
-        mode: ``file`` (a ``.py`` file) or ``module`` (``-m``).
-        target: absolute path of the file, or the module name.
-        args: the program's own arguments (``sys.argv[1:]``).
-        interpreter: the Python to run it with (an absolute path, or a bare name looked up on
-            PATH), or None for a launcher's own Python (``torchrun``'s, ``accelerate``'s).
-        workdir: the directory the command runs in (absolute).
-        env: variables the launcher or the script set for the program.
-        launcher: ``python``, ``srun``, ``torchrun`` or ``accelerate``.
-        line: the command line as written (continuations joined).
-        line_index: its index among the script's logical lines (``shellwords.logical_lines``): the lines
-            before it are the preamble ``preamble.py`` runs.
-        python_from: where ``interpreter`` came from: ``coloc`` (``#COLOC python=``), ``path`` (the
-            command names one), ``venv`` (a ``source .../activate`` line), ``bare`` (a name looked up on
-            PATH), ``launcher`` (the launcher's own: ``interpreter`` is None).
-        python_word: the interpreter word as written (``python3``), or the launcher's (``torchrun``).
+    ``mode``: ``file`` or ``module`` (``-m``); ``target``: the file's absolute path or the module name;
+    ``interpreter``: an absolute path or a bare name looked up on PATH, None for a launcher's own Python;
+    ``workdir``: absolute; ``env``: variables the launcher or script set; ``launcher``: ``python``, ``srun``,
+    ``torchrun`` or ``accelerate``; ``line``: as written, continuations joined; ``line_index``: among
+    ``shellwords.logical_lines``, the lines before it being the preamble; ``python_from``: ``coloc`` (``#COLOC
+    python=``), ``path``, ``venv`` (a ``source .../activate`` line), ``bare`` or ``launcher``;
+    ``python_word``:
+    the interpreter word as written (``python3``), or the launcher's.
     """
 
     mode: str
@@ -183,13 +175,8 @@ def _launcher_script(toks: List[str], kind: str, env: Dict[str, str]) -> Tuple[L
 
 def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = ".",
                  environ: Optional[Mapping[str, str]] = None) -> CommandSearch:
-    """Find the training command in batch script ``text``.
-
-    Args:
-        script_args: the arguments the script is submitted with (``$1``, ``$@``).
-
-    Returns:
-        CommandSearch with the command, or None and a one-line reason.
+    """The training command in batch script ``text`` (``script_args``: ``$1``, ``$@``), or None and a one-line
+    reason.
     """
     submit_dir = os.path.abspath(submit_dir)
     walk = _Walk(submit_dir, os.environ if environ is None else environ)
@@ -276,17 +263,12 @@ class _Walk:
         return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(p)))
 
     def command(self, toks: List[str], line: str) -> Optional[CommandSearch]:
-        """The search's answer when ``toks`` runs Python; None to read on.
+        """The search's answer when ``toks`` (non-empty, substituted shell words) runs Python; None to read
+        on.
 
-        ``cd`` and ``source .../activate`` update the walk's working directory and venv Python.
-
-        Args:
-            toks: the command's shell words after variable substitution (non-empty).
-            line: the script line they came from (kept, whitespace collapsed, as ``ProbeCommand.line``).
-
-        Returns:
-            A ``CommandSearch`` with the ``ProbeCommand`` (or None and the reason the launcher's options or
-            Python's arguments rule the probe out); None when the command does not start Python.
+        ``cd`` and ``source .../activate`` update the walk's working directory and venv Python. The answer
+        holds the
+        ``ProbeCommand``, or None and why the launcher's options or Python's arguments rule the probe out.
         """
         if toks[0] == "cd" and len(toks) > 1:
             self.cwd = self._path(toks[1])

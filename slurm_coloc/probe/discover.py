@@ -33,16 +33,11 @@ _VERSION_RE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 
 
 def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
-    """The interpreter a console script (``torchrun``, ``accelerate``) runs under: its ``#!`` line
-    (``#!/usr/bin/env python3`` looked up on ``path``; pip's ``#!/bin/sh`` + ``'''exec' PY`` form too).
+    """The interpreter a console script (``torchrun``, ``accelerate``) runs under, from its ``#!`` line.
 
-    Args:
-        exe: the console script's path, or None.
-        path: the ``PATH`` for an ``env`` line; None for this process's.
-
-    Returns:
-        The interpreter's path or name as the script gives it, or None (no script, unreadable, no Python
-        ``#!``). Never raises OSError.
+    ``#!/usr/bin/env python3`` is looked up on ``path`` (None: ours); pip's ``#!/bin/sh`` + ``'''exec' PY``
+    form
+    too. None: no script, unreadable, no Python ``#!``; never raises OSError.
     """
     if not exe:
         return None
@@ -75,18 +70,13 @@ def _python_beside(exe: str) -> Optional[str]:
 
 
 def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
-    """The job's interpreter as an absolute path (not resolved through links: a venv's ``bin/python``
-    stays itself), given the PATH the preamble ended with; None when it cannot be found.
+    """The job's interpreter as an absolute path (links not resolved: a venv's ``bin/python`` stays itself),
+    or None.
 
-    ``#COLOC python=`` and a path the command names are taken as written; a bare name (``python``,
-    ``python3.11``) is looked up on ``path``, then the venv a ``source .../activate`` line named; a
-    launcher's (``torchrun``, ``accelerate``) own Python is its ``#!`` line's, ``python3`` when it has none.
-
-    Args:
-        path: the ``PATH`` to search; None for this process's.
-
-    Returns:
-        An executable's absolute path, or None.
+    ``#COLOC python=`` and a path the command names are taken as written; a bare name is looked up on ``path``
+    (the preamble's; None: ours), then the venv a ``source .../activate`` line named; a launcher's own Python
+    is
+    its ``#!`` line's, ``python3`` when it has none.
     """
     if cmd.python_from in ("coloc", "path") and cmd.interpreter:
         return cmd.interpreter if os.access(cmd.interpreter, os.X_OK) else None
@@ -108,13 +98,9 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
 
 @dataclasses.dataclass
 class JobPython:
-    """:func:`discover_job`'s answer.
-
-    Attributes:
-        python: the job's interpreter (absolute path, links not resolved), or None.
-        env: the job's environment (after the preamble, else the submitting one).
-        notes: lines on a preamble that failed or hung.
-        reason: why ``python`` is None ("" otherwise).
+    """:func:`discover_job`'s answer: ``python`` (absolute, links not resolved) or None and ``reason``;
+    ``env`` after
+    the preamble (else the submitting one); ``notes`` on a preamble that failed or hung.
     """
 
     python: Optional[str]
@@ -126,18 +112,12 @@ class JobPython:
 def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
                  environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
                  run_as: Optional[RunAs] = None) -> JobPython:
-    """The job's Python and environment for ``cmd`` of batch script ``text``: :func:`run_preamble`, then
-    :func:`job_python` on the PATH it leaves (``python``, a path or a name, instead when given). Never
-    raises.
+    """The job's Python and environment for ``cmd``: :func:`run_preamble`, then :func:`job_python` on its
+    PATH.
 
-    Args:
-        script_args: the script's arguments (``$1`` ... in the preamble).
-        environ: the submitting environment; None for this process's.
-        python: the interpreter to use instead of the one the command names, or None.
-        run_as: the user the preamble runs as (``identity.py``), None for the caller.
-
-    Returns:
-        The ``JobPython``: interpreter (or None and the reason), environment, notes on the preamble.
+    ``python`` (a path or a name) overrides the command's; ``environ`` None: ours; ``run_as`` None: the
+    caller.
+    Never raises.
     """
     pre = run_preamble(text, cmd, script_args, submit_dir, environ, run_as=run_as)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
@@ -180,18 +160,12 @@ def _dir_times(paths: Sequence[str]) -> List[Optional[int]]:
 
 def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str],
                      run_as: Optional[RunAs] = None) -> Optional[List[str]]:
-    """``sys.path`` of interpreter ``python`` under ``env`` (cached in ``cache_dir/interpreters.json``);
-    None when the interpreter does not answer within ``SYSPATH_TIMEOUT_S``.
+    """``python``'s ``sys.path`` under ``env`` (empty entries dropped); None when it does not answer within
+    ``SYSPATH_TIMEOUT_S``.
 
-    A cached answer is used while the interpreter, its ``pyvenv.cfg``, the path variables and the
-    modification times of the path's directories are unchanged; at most 64 entries are kept.
-
-    Args:
-        cache_dir: the cache's directory, or None for no cache.
-        run_as: the user the interpreter runs as (``identity.py``), None for the caller.
-
-    Returns:
-        The path entries, empty ones dropped, or None. Never raises: an unwritable cache is skipped.
+    Cached in ``cache_dir/interpreters.json`` (None: no cache; at most 64 entries) while the interpreter, its
+    ``pyvenv.cfg``, the path variables and the path directories' mtimes are unchanged. Never raises: an
+    unwritable cache is skipped.
     """
     key = _syspath_key(python, env)
     path = os.path.join(cache_dir, "interpreters.json") if cache_dir else ""
@@ -228,15 +202,10 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
 
 def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None,
                   run_as: Optional[RunAs] = None) -> Optional[str]:
-    """The version of the torch ``python`` imports (``torch/version.py`` on its ``sys.path``), without
-    importing it; ``"none"`` when it has none, None when the interpreter does not answer.
+    """The torch ``python`` imports, from ``torch/version.py`` on its ``sys.path``, without importing it.
 
-    Args:
-        cache_dir: the ``interpreter_path`` cache's directory, or None.
-        run_as: the user the interpreter runs as, None for the caller.
-
-    Returns:
-        ``2.5.1+cu124`` style, ``unknown (<dir>)`` when ``version.py`` gives none, ``"none"`` or None.
+    ``2.5.1+cu124`` style, ``unknown (<dir>)`` when ``version.py`` gives none, ``"none"`` without torch, None
+    when the interpreter does not answer.
     """
     sys_path = interpreter_path(python, env, cache_dir, run_as)
     if sys_path is None:

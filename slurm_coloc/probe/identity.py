@@ -23,12 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 @dataclass(frozen=True)
 class RunAs:
-    """A user the probe's children run as.
-
-    Attributes:
-        uid: the user id; gid: the primary group id; groups: the supplementary group ids;
-        name: the user name; home: the home directory.
-    """
+    """A user the probe's children run as (uid, primary gid, supplementary groups, name, home)."""
 
     uid: int
     gid: int
@@ -86,17 +81,11 @@ def _owner(path: Optional[str]) -> Optional[int]:
 
 def probe_identity(uid_option: Optional[str], gid_option: Optional[str], files: List[Optional[str]],
                    euid: Optional[int] = None) -> Tuple[Optional[RunAs], str]:
-    """Whom the probe runs as (module docstring), or why it does not run.
+    """``(RunAs, "")`` (None: the caller's own identity), or ``(None, reason)`` when the probe must not run.
 
-    Args:
-        uid_option: sbatch's ``--uid`` value (a name or a number), or None.
-        gid_option: sbatch's ``--gid`` value, or None.
-        files: the batch script's and the program's paths (None or "" for none: ``--wrap``, ``-m``).
-        euid: the effective uid (default: this process's).
-
-    Returns:
-        ``(RunAs or None for the caller's own identity, "")``, or ``(None, reason)`` when the probe must not
-        run: root without ``--uid`` on a file another user owns, or an unknown ``--uid``/``--gid``.
+    It must not run as root without ``--uid`` on a file another user owns, or with an unknown
+    ``--uid``/``--gid``
+    (names or numbers). ``files`` None or "": none (``--wrap``, ``-m``); ``euid`` None: ours.
     """
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
@@ -145,8 +134,10 @@ def open_scratch(root: str, run_as: Optional[RunAs]) -> None:
 
 
 def read_child_file(path: str, run_as: Optional[RunAs], limit: int = 64 << 20) -> bytes:
-    """The bytes of ``path``, a file a child wrote; for a child run as ``run_as``, only a regular file that
-    user owns, never through a link (so root reads nothing the user points it at).
+    """The bytes of a file a child wrote; as ``run_as``: only a regular file that user owns, never through a
+    link.
+
+    So root reads nothing the user points it at.
 
     Raises:
         OSError: missing, a link, not a regular file or not the user's.

@@ -14,11 +14,10 @@ MIRROR_UP_LEVELS = 2  # ancestors whose other entries are linked beside the mirr
 
 
 def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
-    """Mirror directory ``src`` at ``dst``: real directories, one symbolic link per file.
+    """Mirror ``src`` at ``dst`` (real directories, a link per file); return the ``budget`` (entries) left.
 
-    Directories are made as real directories (so files the program creates in them land in the
-    scratch directory) while fewer than ``budget`` entries have been mirrored; a directory beyond
-    that, and a symbolic link to a directory, is linked as a whole. Returns the budget left.
+    Directories are real (files the program creates land in the scratch directory) while the budget lasts;
+    beyond it, and for a link to a directory, the directory is linked as a whole.
     """
     os.makedirs(dst, exist_ok=True)
     try:
@@ -62,18 +61,15 @@ def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_EN
 
 
 def mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
-    """Mirror ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its mirror's
+    """Mirror absolute ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its
     path.
 
     ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
-    where the directory standing for each ancestor holds links to that ancestor's other entries, so
-    ``../data`` and ``../../data`` (pytorch/vision's references/classification) read as in the job.
-
-    Args:
-        workdir: the job's working directory (absolute).
+    each ancestor's stand-in holding links to its other entries, so ``../data`` and ``../../data``
+    (pytorch/vision's references/classification) read as in the job.
 
     Raises:
-        OSError: ``up`` or a directory standing for an ancestor cannot be made.
+        OSError: ``up`` or an ancestor's stand-in cannot be made.
     """
     chain = [workdir]
     while len(chain) <= levels:

@@ -1,30 +1,23 @@
 """The batch script's own preamble, run as the submitting user: the environment it ends with.
 
-``command.py`` reads the script as text; what a script does to its environment before the training
-command (``export PATH=<venv>/bin:$PATH``, ``conda activate ENV``, ``module load ...``, ``source
-.../activate``, a sourced setup file) is only known by running it. :func:`run_preamble` runs the
-script's lines before the training command in ``bash`` and reads the environment it ends with;
-``discover.py`` looks the command's interpreter up on that PATH.
+What a script does to its environment before the training command (``export PATH=<venv>/bin:$PATH``,
+``conda activate ENV``, ``module load ...``, ``source .../activate``, a sourced setup file) is only known by
+running it: :func:`run_preamble` runs the lines before the command in ``bash`` and reads the environment it
+ends with; ``discover.py`` looks the interpreter up on that PATH.
 
-The preamble (:func:`preamble`): each logical line before the training command is kept only when every
-simple command on it is environment setup (``setupline.is_setup``: ``SETUP_COMMANDS``, shell keywords,
-``VAR=value``; no command substitution but path tools and environment managers' hooks, no backticks,
-``eval`` of a hook only, no redirection but to ``/dev/null``); any other line (a program, ``srun``, ``mkdir``,
-a heredoc) is replaced by ``:`` so ``if``/``fi`` blocks stay balanced. ``#SBATCH`` lines are comments.
-The training command and everything after it never run. With no line kept, nothing runs (the submitting
-environment is the job's).
+The preamble (:func:`preamble`): a logical line before the command is kept only when every simple command on
+it is environment setup (``setupline.is_setup``: ``SETUP_COMMANDS``, shell keywords, ``VAR=value``; no
+command substitution but path tools and environment managers' hooks, no backticks, ``eval`` of a hook only,
+no redirection but to ``/dev/null``); any other line is replaced by ``:`` so ``if``/``fi`` blocks stay
+balanced. The command and everything after it never run; with no line kept, nothing runs.
 
-The run: ``bash --noprofile --norc`` (``bash -l`` when the script's ``#!`` line asks for a login
-shell) as the caller (coloc-sbatch runs as the submitting user; root's for a user's ``--uid`` as that user,
-``identity.py``), in the submission directory, with
-the submitting environment (what sbatch exports to the job), ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE=1``
-set, the script's arguments as ``$1..``, stdin ``/dev/null``, stdout and stderr to a file in a scratch
-directory (removed after), at most ``PREAMBLE_TIMEOUT_S`` seconds, in a session of its own whose
-process group is killed when it ends (a setup line has no reason to daemonize; ``reaper.py``, which
-also catches ``setsid`` children, costs a Python start-up, too much for the cached answer's budget).
-An ``EXIT`` trap and a last line write the exported environment (``env -0``) into the scratch
-directory; a preamble that fails, hangs or writes no environment leaves the submitting environment
-in place, with a note saying why.
+The run: ``bash --noprofile --norc`` (``-l`` when the ``#!`` line asks for a login shell) as the caller
+(``identity.py``), in the submission directory, with the submitting environment, ``SLURM_SUBMIT_DIR`` and
+``COLOC_PROBE=1``, the script's arguments, stdin ``/dev/null``, output to a scratch file, at most
+``PREAMBLE_TIMEOUT_S``, in a session of its own whose process group is killed when it ends (``reaper.py``
+costs a Python start-up, too much for the cached answer's budget). An ``EXIT`` trap and a last line write
+``env -0`` to the scratch directory; a preamble that fails, hangs or writes no environment leaves the
+submitting environment in place, with a note saying why.
 """
 from __future__ import annotations
 
@@ -52,13 +45,9 @@ _DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
 
 @dataclasses.dataclass
 class Preamble:
-    """What running the preamble gave.
-
-    Attributes:
-        env: the exported environment it ended with, or None (nothing ran, or it wrote none).
-        ran: a preamble ran (some line was kept).
-        note: one line on a preamble that failed, hung or wrote no environment ("" otherwise).
-        wall_s: seconds it took.
+    """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none), whether
+    it
+    ``ran``, one ``note`` line on a failure ("" otherwise), ``wall_s``.
     """
 
     env: Optional[Dict[str, str]]
@@ -68,14 +57,11 @@ class Preamble:
 
 
 def preamble(text: str, line_index: int) -> Optional[str]:
-    """The runnable preamble of script ``text`` (module docstring): its setup lines before logical line
-    ``line_index`` (the training command's), others as ``:``; None when no line is kept.
+    """The runnable preamble of ``text`` (module docstring), or None when no line is kept.
 
-    Args:
-        line_index: 0-based index among ``shellwords.logical_lines(text)`` of the training command.
-
-    Returns:
-        Shell text, one line per logical line read (heredoc bodies as ``:``), or None.
+    Its setup lines before logical line ``line_index`` (0-based, ``shellwords.logical_lines``), others
+    (heredoc
+    bodies too) as ``:``, one line per logical line read.
     """
     out: List[str] = []
     kept = False
@@ -110,16 +96,12 @@ def _login_shell(text: str) -> bool:
 def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submit_dir: str,
                  environ: Optional[Mapping[str, str]] = None,
                  timeout_s: float = PREAMBLE_TIMEOUT_S, run_as: Optional[RunAs] = None) -> Preamble:
-    """Run the preamble of batch script ``text`` before ``cmd`` (module docstring); never raises.
+    """Run the preamble of ``text`` before ``cmd`` (module docstring) as ``run_as`` (None: the caller); never
+    raises.
 
-    Args:
-        script_args: the script's arguments (``$1``...).
-        run_as: the user bash runs as (root submitting for a user: ``identity.py``), None for the caller.
-
-    Returns:
-        The ``Preamble``: its exported environment (``PWD``, ``SLURM_SUBMIT_DIR`` and ``COLOC_PROBE`` as
-        submitted), or no environment and a note when it hung past ``timeout_s``, wrote none or could not
-        run; ``Preamble(None)`` when there is no preamble or no bash.
+    The ``Preamble`` holds the exported environment (``PWD``, ``SLURM_SUBMIT_DIR``, ``COLOC_PROBE`` as
+    submitted), or none and a note when it hung past ``timeout_s``, wrote none or could not run;
+    ``Preamble(None)`` with no preamble or no bash.
     """
     base = dict(os.environ if environ is None else environ)
     body = preamble(text, cmd.line_index)
@@ -160,9 +142,8 @@ def run_preamble(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
 
 def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: str, timeout_s: float,
                     run_as: Optional[RunAs] = None) -> int:
-    """Run ``argv`` in a session of its own (as ``run_as`` when given), output to ``log_path``, for at most
-    ``timeout_s`` seconds; then SIGKILL whatever is left in its session. Its exit status (``-SIGKILL`` when
-    the limit ended it).
+    """Exit status of ``argv`` run in its own session (as ``run_as``), output to ``log_path``, for at most
+    ``timeout_s``; then SIGKILL whatever is left in the session (``-SIGKILL`` when the limit ended it).
 
     Raises:
         OSError: ``argv`` could not start or the log could not be written.

@@ -49,17 +49,12 @@ _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 class ProbeResult:
     """The probe's answer for one batch script.
 
-    Attributes:
-        estimate: the figure (``Estimate``, method ``probe``), or None when the probe fell back.
-        ran: one line saying what the probe ran and saw.
-        reason: why there is no figure ("" with one).
-        command: the training command found, or None.
-        wall_s: seconds this call took.
-        cached: the answer came from the cache.
-        detail: the child's raw result (peaks in bytes, optimizers, autocast, notes, writes,
-            ``scratch_files``: what the program wrote in its scratch copy of the working directory).
-        log_text: the tail (20,000 characters) of the program's stdout/stderr when asked for
-            (``keep_log``; "" when cached or not run). The scratch directory itself is removed.
+    ``estimate`` (method ``probe``) is None when the probe fell back, ``reason`` then says why; ``ran`` is one
+    line
+    on what ran and was seen; ``detail`` is the child's raw result (peaks in bytes, optimizers, autocast,
+    notes,
+    writes, ``scratch_files``); ``log_text`` is the last 20,000 characters of the program's output when
+    ``keep_log`` ("" when cached or not run; the scratch directory itself is removed).
     """
 
     estimate: Optional[Estimate]
@@ -73,14 +68,8 @@ class ProbeResult:
 
 
 def precision_of(result: Dict[str, Any]) -> str:
-    """``amp-fp16``/``bf16``/``fp32``: the autocast dtype the program used, else its parameters' dtype.
-
-    Args:
-        result: the probe's result JSON (``autocast`` dtype names, ``param_dtypes``: dtype name -> count of
-            parameter elements).
-
-    Returns:
-        ``bf16`` when no autocast and more than half the parameter elements are 16-bit, else ``fp32``.
+    """``amp-fp16``/``bf16`` from the autocast dtype the program used; else ``bf16`` when more than half the
+    parameter elements (``param_dtypes``) are 16-bit; else ``fp32``.
     """
     ac = result.get("autocast") or []
     if "float16" in ac:
@@ -93,17 +82,12 @@ def precision_of(result: Dict[str, Any]) -> str:
 
 
 def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
-    """The calibrated figure for a probe's replayed peaks (``combine.bound_from_trace``, method ``probe``).
+    """The calibrated figure (MiB) for a probe's replayed peaks (``combine.bound_from_trace``, method
+    ``probe``).
 
-    Args:
-        result: the probe's result JSON (``peak_allocated_b``, ``peak_reserved_b``, ``conv_workspace_max_b``
-            in bytes; ``flops_per_step`` in FLOPs, dropped outside the job comment's ``BOUNDS``;
-            ``nccl_group`` true adds the GPU model's ``nccl_mib``, the communicator's memory outside the
-            allocator).
-        gpu_name: the GPU model name (``H100``).
-
-    Returns:
-        The ``Estimate`` (``mem_mib`` in MiB, ``detail`` with ``precision`` and ``chosen="probe"``).
+    ``result`` peaks are bytes; ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped;
+    ``nccl_group``
+    true adds the GPU's ``nccl_mib`` (the communicator's memory outside the allocator).
 
     Raises:
         EstimateError: unknown GPU.
@@ -136,11 +120,8 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
 
 
 def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:
-    """One line: what the probe ran and what it saw.
-
-    Args:
-        result: the probe's result JSON, or None when it gave none (then only what ran is said).
-        interpreter: the Python it ran under ("" reads as ``python3``).
+    """One line: what the probe ran (under ``interpreter``, "" = ``python3``) and what it saw (``result``
+    None: none).
     """
     prog = os.path.basename(cmd.target) if cmd.mode == "file" else f"-m {cmd.target}"
     line = f"probe ran `{prog}{' ' if cmd.args else ''}{' '.join(cmd.args)}` with {interpreter or 'python3'}"
@@ -246,8 +227,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
 
     Args:
         submit_dir: the job's working directory (default: the current directory).
-        gpu: the GPU model the figure is for (``gpus.gpu_model`` names).
-        timeout_s: the probe's time limit (seconds); mem_limit_mib: its address-space limit (MiB).
+        timeout_s: the probe's time limit (s); mem_limit_mib: its address-space limit (MiB).
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
         python: the job's interpreter (a path or a name on PATH), instead of the one its command implies.
         keep_log: return the program's output in ``log_text`` (for ``--explain``).
@@ -257,9 +237,9 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         uid_option, gid_option: sbatch's ``--uid``/``--gid`` (root submitting for a user): the probe's
             children run as that user (``identity.py``); root without them probes only its own files.
 
-    Returns:
-        ProbeResult: with ``estimate`` (method ``probe``, ``mem_mib`` in MiB), or ``estimate`` None and
-        ``reason`` for a program that cannot be probed (no command found, no Python, a failed or hung run).
+    ``estimate`` None and a ``reason`` for a program that cannot be probed (no command found, no Python, a
+    failed
+    or hung run).
 
     Raises:
         EstimateError: ``gpu`` is not a known GPU model.

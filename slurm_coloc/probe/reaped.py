@@ -63,22 +63,18 @@ def limits(mem_limit_mib: int, uid: Optional[int] = None) -> Any:
 def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
                stdout: Any, preexec_fn: Any = None, run_as: Optional[RunAs] = None,
                max_wall_s: Optional[float] = None, max_procs: int = 0, dump: bool = False) -> Dict[str, Any]:
-    """Run ``argv`` under ``reaper.py`` (our interpreter, as the caller) in a session of its own.
+    """Run ``argv`` under ``reaper.py`` (our interpreter, as ``run_as`` or the caller) in a session of its
+    own.
 
-    At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones
-    included; then the session's process group is killed too (where no subreaper could be set).
-    stdin is ``/dev/null``; stdout and stderr go to ``stdout`` (a file).
+    At ``timeout_s``, and when ``argv`` ends, the reaper SIGKILLs every descendant, ``setsid`` ones included;
+    then the session's process group is killed too (where no subreaper could be set). stdin is ``/dev/null``;
+    output goes to the file ``stdout``. ``max_procs``: live processes before the reaper ends them all (0: no
+    cap); ``dump``: ask ``argv`` for its stacks before the kill (``reaper.DUMP_SIGNAL``; ``inject/main.py``
+    handles it).
 
-    Args:
-        preexec_fn: run in the child before exec (resource limits), or None.
-        run_as: the user the reaper and ``argv`` run as (``identity.py``), None for the caller.
-        max_procs: live processes under the reaper before it ends them all (0: no cap).
-        dump: ask ``argv`` for its stacks before the kill at the limit (``reaper.DUMP_SIGNAL``; only for a
-            program that handles it: ``inject/main.py``).
-
-    Returns:
-        The reaper's status (``reaper.py``: ``returncode``, ``timed_out``, ``left_running``); an unreadable
-        status reads as timed out. Never raises for the program.
+    Returns the reaper's status (``returncode``, ``timed_out``, ``left_running``); an unreadable one reads as
+    timed
+    out. Never raises for the program.
 
     Raises:
         OSError: the reaper cannot be started (``subprocess.Popen``).

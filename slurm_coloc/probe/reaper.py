@@ -1,30 +1,23 @@
 """Run one command as a child subreaper; at its time limit, and after it ends, end every descendant.
 
-Usage (stdlib only, run by ``runner.py`` with the submitting user's own interpreter as
-``python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...``)::
+Run by ``runner.py`` with the submitting user's own interpreter (stdlib only)::
 
-    reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...
+    python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...
 
-Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (a busy login node): past
-``TIMEOUT_S`` of wall time the program goes on while its process tree still uses ``EXTEND_MIN_RATE`` of a
-core or more (it is starved, not stuck) and has used less than ``TIMEOUT_S`` CPU seconds, up to
-``--max-wall`` seconds; a program that sleeps (a hang, a barrier that never completes) ends at
-``TIMEOUT_S``. Before that end, with ``--dump``, ``DUMP_SIGNAL`` asks the program to print its stacks
-(a program that does not handle it ends by it). Processes: more
-than ``--max-procs`` live descendants (a fork bomb, 64 workers) end the tree at once
-(``too_many_processes`` in the status).
+Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (a busy login node): past it the program
+goes on while its tree still uses ``EXTEND_MIN_RATE`` of a core or more (starved, not stuck) and has used
+less than ``TIMEOUT_S`` CPU seconds, up to ``--max-wall``; a program that sleeps (a hang, a barrier that never
+completes) ends at ``TIMEOUT_S``. Before that end, with ``--dump``, ``DUMP_SIGNAL`` asks it for its stacks.
+More than ``--max-procs`` live descendants (a fork bomb, 64 workers) end the tree at once.
 
-The process marks itself a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``, man 2 prctl), so
-a descendant whose parent dies, a ``setsid`` or double-forked daemon included, is re-parented to it
-rather than to init and stays findable. It starts ``ARGV`` and waits up to ``TIMEOUT_S`` seconds (or
-until it gets ``SIGTERM``); then, and also when ``ARGV`` ended by itself, it sends ``SIGKILL`` to every
-process below it (found through ``/proc/*/stat`` parent links, repeated until none is left, reaping
-each) and writes ``STATUS_PATH`` (JSON): ``returncode`` (``ARGV``'s exit status, ``-N`` for signal N,
-None when it was killed at the limit), ``timed_out``, ``left_running`` (processes still running after
-``ARGV`` ended, all killed), ``too_many_processes``, ``extended`` (it ran past ``TIMEOUT_S`` of wall time),
-``wall_s``, ``cpu_s`` and ``subreaper`` (whether the prctl took effect; without it, orphans
-escape to init and only the caller's ``killpg`` of the session reaches them). It never writes to its
-stdout or stderr, which it shares with ``ARGV``, except one line when ``ARGV`` cannot be executed.
+The process marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, man 2 prctl), so a descendant
+whose parent dies, ``setsid`` or double-forked ones included, is re-parented to it rather than init. When
+``ARGV`` ends or the limit (or ``SIGTERM``) comes, it SIGKILLs every process below it (``/proc/*/stat``
+parent links, repeated until none is left, reaping each) and writes ``STATUS_PATH`` (JSON): ``returncode``
+(``-N`` for signal N, None when killed at the limit), ``timed_out``, ``left_running`` (still running after
+``ARGV`` ended), ``too_many_processes``, ``extended``, ``wall_s``, ``cpu_s`` and ``subreaper`` (whether the
+prctl took effect; without it orphans escape to init and only the caller's ``killpg`` reaches them). It never
+writes to the stdout/stderr it shares with ``ARGV``, except one line when ``ARGV`` cannot be executed.
 """
 from __future__ import annotations
 
@@ -56,13 +49,8 @@ def set_subreaper() -> bool:
 
 
 def descendants(root: int) -> Dict[int, bool]:
-    """``pid -> is a zombie`` for every process below ``root`` (from ``/proc/*/stat`` parent links).
-
-    Args:
-        root: the process id whose descendants are listed (itself excluded).
-
-    Returns:
-        Process id -> True for a zombie; processes that end while ``/proc`` is read are skipped.
+    """``pid -> is a zombie`` for every process below ``root`` (itself excluded); ones that end meanwhile are
+    skipped.
     """
     children: Dict[int, List[int]] = {}
     zombie: Dict[int, bool] = {}
@@ -114,10 +102,9 @@ def _dump_stacks(pid: int) -> None:
 
 
 def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
-    """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); returns how many were alive.
+    """SIGKILL every descendant until none is left (or ``SWEEP_LIMIT_S``); return how many were alive.
 
-    Args:
-        status: one-element list; ``status[0]`` gets ``main_pid``'s exit status if it is reaped here.
+    ``status[0]`` gets ``main_pid``'s exit status if it is reaped here.
     """
     me = os.getpid()
     seen = set()
@@ -186,10 +173,7 @@ def _still_progressing(me: int, cpu: List[float], now: float, timeout_s: float) 
 
 
 def main(argv: List[str]) -> int:
-    """Run ``argv`` as the module docstring says; returns 0 (the status file holds the outcome).
-
-    Args:
-        argv: ``[STATUS_PATH, TIMEOUT_S, ("--max-wall", S), ("--max-procs", N), ("--dump"), "--", ARGV...]``.
+    """Run ``argv`` (module docstring's usage, after the script name); 0 (the status file holds the outcome).
     """
     status_path = argv[0]
     timeout_s, max_wall, max_procs, dump, argv = _options(argv)

@@ -1,29 +1,21 @@
 """Run a probe: the job's Python, in a child process, with the ``inject`` package loaded.
 
-Injection: the child is ``<job python> -c BOOTSTRAP <bootdir> <request.json>``. ``bootdir`` is a
-scratch directory holding only a symbolic link ``slurm_coloc`` to this package, so the job's
-interpreter imports our probe and estimator modules (stdlib + numpy + its own torch) and nothing
-else of our environment: not our torch, not our site-packages. The bootstrap puts ``bootdir``
-first on ``sys.path`` only while it imports the probe, then removes it and the ``-c`` entry
-(``''``), so the program's own imports resolve as in the job (its script directory first).
+Injection: the child is ``<job python> -c BOOTSTRAP <bootdir> <request.json>``, ``bootdir`` a scratch
+directory holding only a link ``slurm_coloc`` to this package, so the job's interpreter imports our probe and
+estimator modules (stdlib + numpy + its own torch) and nothing else of ours. The bootstrap puts ``bootdir``
+first on ``sys.path`` only while it imports the probe, then removes it and ``''``, so the program's imports
+resolve as in the job.
 
-The child runs as the caller (the submitting user; root's for a ``--uid`` user as that user, ``identity.py``),
-in its own session, under ``reaper.py`` (a child
-subreaper: at the time limit and when the program ends, every descendant is killed, ``setsid`` and
-double-forked ones included; then the session's process group), with ``RLIMIT_AS`` as memory limit,
-stdin from ``/dev/null`` and stdout/stderr to ``probe.log`` in the scratch directory (never to our stdout).
-Its working directory is ``scratch/up/<parent's name>/<its name>``, which mirrors the job's working directory
-(``mirror.py``): real directories, one symbolic link per file, up to ``MAX_MIRROR_ENTRIES`` entries (a larger
-directory, and a link to a directory, is linked as a whole); beside it and one level up, links to each
-other entry of the working directory's parent and grandparent, so ``../data``
-and ``../../data`` read as in the job (pytorch/examples' MNIST scripts, pytorch/vision's references). The
-program reads its relative paths (data, configs) as in the job; files it creates land in the scratch
-directory, and a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
-absolute paths outside the scratch directory, and into a directory linked as a whole (``../data`` too), still
-reach the real files; the child reports every such write (``outside_writes``). Network-facing libraries are
-put offline by environment variables and proxies that refuse connections at once;
-``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR``, matplotlib's,
-inductor's and triton's caches are in the scratch directory, which is removed after the run.
+The child runs as the caller (``identity.py``), in its own session under ``reaper.py`` (every descendant
+killed at the limit and at the end), with ``RLIMIT_AS`` as memory limit, stdin ``/dev/null``, output to
+``probe.log`` in the scratch directory. Its working directory mirrors the job's (``mirror.py``: real
+directories, a link per file, up to ``MAX_MIRROR_ENTRIES``; the parent's and grandparent's other entries
+linked beside it, so ``../data`` and ``../../data`` read as in the job). Files it creates land in the scratch
+directory; a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
+absolute paths outside the scratch directory, or into a directory linked as a whole, still reach the real
+files: the child reports each (``outside_writes``). Network libraries are put offline (environment, refusing
+proxies); ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR`` and
+matplotlib's, inductor's and triton's caches are in the scratch directory, removed after the run.
 """
 from __future__ import annotations
 
@@ -84,16 +76,10 @@ _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
 class RunOutcome:
     """What one probe run gave.
 
-    Attributes:
-        result: the child's result JSON (``inject/main.py``), or None when it wrote none.
-        reason: why there is no figure ("" when ``result["status"] == "ok"``).
-        wall_s: seconds from start to the child's end.
-        timed_out: the time limit ended the child.
-        scratch: the scratch directory ("" once removed).
-        log_path: the child's stdout and stderr ("" once removed).
-        interpreter: the Python that ran it.
-        scratch_files: files the program wrote in its mirrored working directory (relative paths).
-        log_text: the last 20,000 characters of the child's stdout and stderr.
+    ``result``: the child's result JSON (``inject/main.py``), None when it wrote none; ``reason`` "" when
+    ``result["status"] == "ok"``; ``scratch`` and ``log_path`` "" once removed; ``scratch_files``: relative
+    paths
+    the program wrote in its mirrored directory; ``log_text``: the last 20,000 characters of its output.
     """
 
     result: Optional[Dict[str, Any]]
@@ -108,16 +94,10 @@ class RunOutcome:
 
 
 def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Optional[str]:
-    """The job's Python as an absolute path: the command's, else ``python3`` on PATH; None if absent.
+    """The job's Python as an absolute path: the command's, else ``python3`` on ``path_env``; None if absent.
 
-    For a torchrun or ``accelerate launch`` command without an interpreter, the Python its console script's
-    ``#!`` line names.
-
-    Args:
-        path_env: the ``PATH`` to search; None for this process's.
-
-    Returns:
-        An executable's path, or None when the named Python is not executable or not on ``PATH``.
+    For torchrun or ``accelerate launch`` without an interpreter, the Python its console script's ``#!``
+    names.
     """
     path = path_env if path_env is not None else os.environ.get("PATH")
     name = cmd.interpreter
@@ -146,9 +126,7 @@ def _shebang_python(launcher: Optional[str]) -> Optional[str]:
 def hang_site(log_text: str) -> str:
     """``file:line in func`` of the program's innermost frame in a faulthandler dump, or "".
 
-    Args:
-        log_text: the program's log (stdout and stderr); frames in the standard library, site-packages,
-            slurm-coloc or ``<...>`` are skipped.
+    Frames in the standard library, site-packages, slurm-coloc or ``<...>`` are skipped.
     """
     for m in _FRAME_RE.finditer(log_text):  # faulthandler prints the innermost frame first
         path = m.group(1)
@@ -173,18 +151,12 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
               mem_limit_mib: int = DEFAULT_MEM_LIMIT_MIB, steps: int = 2,
               scratch_root: Optional[str] = None, keep_scratch: bool = False,
               environ: Optional[Mapping[str, str]] = None, run_as: Optional[RunAs] = None) -> RunOutcome:
-    """Run ``cmd`` under the probe (module docstring) and read its result.
+    """Run ``cmd`` under the probe (module docstring) and read its result; never raises for a failing program.
 
-    Args:
-        mem_limit_mib: the child's address-space limit (MiB).
-        scratch_root: where the scratch directory is made (default: the system's temp dir).
-        keep_scratch: keep the scratch directory (default: removed; its log's tail is in ``log_text``).
-        run_as: the user the child runs as (root submitting for a user: ``identity.py``), None for the caller.
-
-    Returns:
-        RunOutcome; never raises for a failing program (the reason says what happened): no figure and a
-        reason when the job's Python or the program file is missing, the time limit (``timeout_s``) ended
-        the child before an optimizer step, or the child wrote no result.
+    ``mem_limit_mib``: the child's address-space limit; ``scratch_root`` None: the system temp dir. No figure
+    and
+    a reason when the job's Python or the program file is missing, ``timeout_s`` ended the child before an
+    optimizer step, or it wrote no result.
     """
     start = time.monotonic()
     python = resolve_interpreter(cmd, (environ if environ is not None else os.environ).get("PATH"))

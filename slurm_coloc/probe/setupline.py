@@ -107,13 +107,9 @@ def _redirection_ok(op: str, target: Optional[str]) -> bool:
 
 
 def is_setup(line: str) -> bool:
-    """Whether logical line ``line`` of a batch script is environment setup only (module docstring).
-
-    Args:
-        line: one logical line (continuations joined), not a comment.
-
-    Returns:
-        True when running it runs no program but the setup commands and writes nothing.
+    """Whether logical line ``line`` (continuations joined, not a comment) runs no program but setup commands
+    and
+    writes nothing (module docstring).
     """
     text = _replace_substitutions(line)
     if text is None:

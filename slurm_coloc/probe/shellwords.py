@@ -71,11 +71,7 @@ def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optiona
 def simple_commands(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
     """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection.
 
-    Args:
-        line: one logical line of the script; vars_: the variables set so far; args: the script's arguments.
-
-    Returns:
-        Each simple command as its words, variables substituted; [] for a line the reader cannot split.
+    Each as its words, variables substituted; [] for a line the reader cannot split.
     """
     toks = _tokens(line, vars_, args)
     if toks is None:
@@ -94,14 +90,8 @@ def simple_commands(line: str, vars_: Mapping[str, str], args: Sequence[str]) ->
 
 
 def words_to_operator(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    """The words of a line up to its first operator, pipe or redirection, variables substituted.
-
-    Args:
-        line: one logical line (or a value) of the script; vars_: the variables set so far; args: the script's
-            arguments.
-
-    Returns:
-        The words, or None for a line the reader cannot split.
+    """The words of a line (or value) up to its first operator, pipe or redirection, substituted; None if
+    unsplittable.
     """
     toks = _tokens(line, vars_, args)
     if toks is None:

@@ -43,14 +43,9 @@ def option_name(word: str) -> str:
 
 
 def config_args(args: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """The arguments that define the training configuration, and the inert ones dropped.
-
-    Args:
-        args: the program's arguments (``sys.argv[1:]``).
-
-    Returns:
-        ``(kept, dropped)``: ``kept`` in order (the cache key's part), ``dropped`` as written (for the
-        ``--explain`` line).
+    """``(kept, dropped)``: the program's arguments that define the training configuration (in order, the
+    cache
+    key's part), and the inert ones as written (for ``--explain``).
     """
     kept: List[str] = []
     dropped: List[str] = []
@@ -72,13 +67,8 @@ def config_args(args: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def differs_only_in(earlier: Sequence[str], now: Sequence[str]) -> str:
-    """One phrase on how ``now``'s inert arguments differ from ``earlier``'s (``--lr 0.1 -> --lr 0.01``).
-
-    Args:
-        earlier: the arguments of the probe run that is reused; now: this submission's.
-
-    Returns:
-        The phrase, or "" when the arguments are the same.
+    """One phrase on how ``now``'s inert arguments differ from ``earlier``'s (``--lr 0.1 -> --lr 0.01``); ""
+    if same.
     """
     if list(earlier) == list(now):
         return ""
