@@ -34,14 +34,11 @@ SKIP_AFTER = 2  # identical micro-steps run in a cycle before repeats are skippe
 class MicroSteps:
     """Skips repeated grad-enabled micro-steps of one optimizer cycle (module docstring).
 
-    ``evals`` is the probe's ``evalpass.EvalPasses`` (its skeletons and stand-in outputs; the training
-    call it remembers for the evaluation replay); ``flops_total`` returns the FLOP counter's running
-    total, or None when FLOPs are not counted.
-
-    Attributes:
-        skipped: micro-steps skipped over the whole probe.
-        extra_flops: FLOPs credited for the skipped micro-steps (added to every later FLOP reading).
-        broken: a skipped micro-step turned out irregular; nothing is skipped after it.
+    ``evals`` is the probe's ``evalpass.EvalPasses``; ``flops_total`` returns the FLOP counter's running total
+    or
+    None. ``extra_flops``: FLOPs credited for skipped micro-steps (added to every later reading); ``broken``:
+    a
+    skipped micro-step turned out irregular, nothing is skipped after it.
     """
 
     def __init__(self, torch: Any, evals: Any, flops_total: Callable[[], Optional[int]]) -> None:
@@ -72,16 +69,10 @@ class MicroSteps:
         return key + (bool(mod.training), amp)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
-        """A top-level grad-enabled module call: run it, or answer a repeated micro-step's call.
+        """A top-level grad-enabled module call: run ``orig``, or answer a repeated micro-step's call.
 
-        A call whose key matched the only call of the last ``SKIP_AFTER`` micro-steps is answered with its
-        rebuilt output (grad-requiring, ``EvalPasses.rebuild``) and its micro-step is skipped.
-
-        Args:
-            orig: the real ``Module.__call__``.
-
-        Returns:
-            The module's output, or a rebuilt one.
+        A call whose key matched the only call of the last ``SKIP_AFTER`` micro-steps gets its rebuilt output
+        (grad-requiring, ``EvalPasses.rebuild``) and its micro-step is skipped.
         """
         self.evals.note_train_call(mod, args, kwargs)
         key = self._key(mod, args, kwargs)

@@ -19,12 +19,10 @@ H100_TOTAL_B = 81559 * (1 << 20)
 
 
 def cpu_autocast_dtypes(torch: Any) -> List[str]:
-    """The dtype names CPU autocast accepts in this torch (older versions lack ``float16``).
+    """The subset of ``["bfloat16", "float16"]`` CPU autocast accepts in this torch (older ones lack
+    ``float16``).
 
     An unsupported dtype makes CPU autocast warn and disable itself; that warning is the test.
-
-    Returns:
-        A subset of ``["bfloat16", "float16"]``, in that order.
     """
     import warnings
 
@@ -45,11 +43,9 @@ def cpu_autocast_dtypes(torch: Any) -> List[str]:
 def patch_autocast(torch: Any, state: ProbeState) -> None:
     """``autocast("cuda", dtype)`` becomes CPU autocast with the same dtype (fp16 by default, as CUDA).
 
-    Where this torch's CPU autocast lacks the dtype, the probe ends with that reason
-    (``state.fail``) instead of tracing the step in float32.
-
-    Args:
-        state: the probe's state (``autocast_dtypes`` gets each dtype entered; ``fail``).
+    Where this torch's CPU autocast lacks the dtype, the probe ends with that reason (``state.fail``) rather
+    than
+    trace the step in float32; ``state.autocast_dtypes`` gets each dtype entered.
     """
     ac = torch.amp.autocast_mode.autocast
     orig_init = ac.__init__
@@ -89,8 +85,7 @@ class _Dummy:
 
 
 def noop(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for ``torch.cuda`` calls that do nothing without a GPU.
-    """
+    """Stand-in for ``torch.cuda`` calls that do nothing without a GPU."""
 
 
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,18 +95,12 @@ def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
-    """``impl`` behind ``real``'s signature: arguments are checked as ``real`` checks them.
+    """``impl`` behind ``real``'s signature: a call ``real`` refuses raises the same ``TypeError``.
 
-    The stand-in binds its arguments to ``inspect.signature(real)`` first, so a call the real
-    function accepts (``device=`` keywords, defaults) is accepted and one it refuses raises the same
-    ``TypeError``; ``functools.wraps`` gives it ``real``'s name, docstring and signature. Each call
-    makes a new function object (``torch._dynamo`` refuses one object under two names).
-
-    Args:
-        real: the real ``torch.cuda`` function (one without an inspectable signature: no check).
-
-    Returns:
-        The new function; calling it raises ``TypeError`` where ``real`` would refuse the arguments.
+    The stand-in binds its arguments to ``inspect.signature(real)`` first (none inspectable: no check);
+    ``functools.wraps`` gives it ``real``'s name, docstring and signature. Each call makes a new function
+    object
+    (``torch._dynamo`` refuses one object under two names).
     """
     import functools
     import inspect
@@ -143,16 +132,12 @@ def _h100_properties() -> types.SimpleNamespace:
 
 
 def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
-    """The ``torch.cuda`` names the fake device stands in for, with their stand-in implementations.
+    """``torch.cuda`` name -> stand-in for the fake device: an idle H100 (sm_90, ``H100_TOTAL_B``), memory in
+    bytes
+    from ``state.tracker.alloc``.
 
-    Implementations take any arguments; :func:`patch_cuda_api` puts each behind the real function's
-    signature (:func:`signed_like`). Classes (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
-
-    Args:
-        state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
-
-    Returns:
-        Name -> stand-in; memory figures in bytes, ``H100_TOTAL_B`` total, properties of an H100 (sm_90).
+    Stand-ins take any arguments (:func:`patch_cuda_api` puts each behind the real signature); classes
+    (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
     """
     alloc = state.tracker.alloc
     props = _h100_properties()
@@ -218,13 +203,10 @@ class _DeviceContext:
 def patch_cuda_api(torch: Any, state: ProbeState) -> None:
     """Make ``torch.cuda`` describe one idle H100 whose memory statistics are the replay's.
 
-    Every name of :func:`cuda_api_table` that this torch has is replaced by a stand-in with the real
-    function's signature (:func:`signed_like`); names this torch lacks are added as they are. Also
-    ``torch.Generator`` (a CUDA device gives a CPU generator), ``torch.accelerator`` (torch >= 2.6) and
-    ``torch.cuda.memory``.
-
-    Args:
-        state: the probe's state (``tracker.alloc``: the allocator replay, bytes).
+    Every name of :func:`cuda_api_table` this torch has gets a stand-in with the real signature
+    (:func:`signed_like`); names it lacks are added as they are. Also ``torch.Generator`` (a CUDA device gives
+    a
+    CPU generator), ``torch.accelerator`` (torch >= 2.6) and ``torch.cuda.memory``.
     """
     cuda = torch.cuda
     for name, value in cuda_api_table(torch, state).items():

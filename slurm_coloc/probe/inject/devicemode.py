@@ -14,16 +14,10 @@ from slurm_coloc.probe.inject.legacy import type_handler
 
 
 def make_device_mode(torch: Any, state: ProbeState) -> Any:
-    """A function mode mapping the device ``cuda`` to GPU-tagged fake CPU tensors (module docstring).
+    """A ``TorchFunctionMode`` (not entered) mapping the device ``cuda`` to GPU-tagged fake CPU tensors.
 
-    Calls naming a CUDA ``device=`` run as GPU ops (:class:`GpuOps`); the tensor methods that move,
-    report or read devices are answered by :func:`_device_handlers`.
-
-    Args:
-        state: the probe's state (``gpu``: the ``GpuOps``; ``on_gpu``; ``note``).
-
-    Returns:
-        A ``TorchFunctionMode`` instance (not entered).
+    Calls naming a CUDA ``device=`` run as GPU ops (:class:`GpuOps`); tensor methods that move, report or read
+    devices are answered by :func:`_device_handlers`.
     """
     from torch.overrides import TorchFunctionMode
 
@@ -63,11 +57,8 @@ class _Moves:
         self.cpu = torch.device("cpu")
 
     def to_gpu(self, t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
-        """``t`` as a fake GPU tensor (itself when it is one of ``dtype`` already).
-
-        Args:
-            dtype: the target dtype; None keeps ``t``'s.
-            memory_format: the target memory format; None or ``preserve_format`` keeps ``t``'s layout.
+        """``t`` as a fake GPU tensor (itself when already one of ``dtype``); None dtype or memory format keep
+        ``t``'s.
         """
         if self.state.on_gpu(t) and (dtype is None or dtype == t.dtype):
             return t
@@ -80,10 +71,12 @@ class _Moves:
         return self.state.gpu.run(self.torch.ops.aten._to_copy.default, (t,), kw)
 
     def _host_to_gpu(self, t: Any, dtype: Any, memory_format: Any) -> Any:
-        """A real host tensor's GPU copy made as a new fake GPU tensor of its shape, dtype and layout (a
-        factory: no real-to-fake conversion of the host tensor, which cost about 10 ms a batch), or None where
-        the copy must be the copy op itself (a fake tensor, a tensor autograd follows, a non-strided or
-        unusual layout)."""
+        """A real host tensor's GPU copy made as a new fake tensor of its shape, dtype and layout, or None
+        where the copy
+        must be the copy op itself (a fake tensor, one autograd follows, a non-strided or unusual layout).
+
+        A factory: no real-to-fake conversion of the host tensor, which cost about 10 ms a batch.
+        """
         torch = self.torch
         from torch._subclasses.fake_tensor import FakeTensor
 
@@ -102,11 +95,7 @@ class _Moves:
         return self.state.gpu.run(torch.empty, (tuple(t.shape),), kw)
 
     def to_host(self, t: Any, dtype: Any = None) -> Any:
-        """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values).
-
-        Args:
-            dtype: the target dtype; None keeps ``t``'s.
-        """
+        """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values)."""
         from slurm_coloc.estimate.datadep import has_no_data
 
         if not self.state.on_gpu(t) and not has_no_data(self.torch, t):
@@ -115,11 +104,7 @@ class _Moves:
         return self.torch.zeros(tuple(t.shape), dtype=dtype or t.dtype)
 
     def tensor_to(self, t: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
-        """``t.to(*args, **kwargs)`` when it names a device; None when it does not (a dtype only).
-
-        Returns:
-            The moved tensor; None for a dtype-only call or a device neither CUDA nor CPU.
-        """
+        """``t.to(*args, **kwargs)``; None for a dtype-only call or a device neither CUDA nor CPU."""
         torch = self.torch
         device = kwargs.get("device")
         dtype = kwargs.get("dtype")

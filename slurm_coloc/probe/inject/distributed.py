@@ -70,10 +70,9 @@ def _bucket_buffers(torch: Any, module: Any) -> list:
 
 
 def uses_nccl(backend: Any) -> bool:
-    """Whether ``init_process_group(backend)`` gives the job an NCCL communicator on its GPU: ``nccl`` named
-    (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ``Backend.NCCL``), or no backend (torch then picks NCCL for CUDA).
+    """Whether ``init_process_group(backend)`` gives the job an NCCL communicator on its GPU.
 
-    Args:
-        backend: the ``backend`` argument as the program passed it (str, ``Backend`` or None).
+    ``nccl`` named (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ``Backend.NCCL``), or None (torch picks NCCL for
+    CUDA).
     """
     return backend is None or "nccl" in str(backend).lower()

@@ -46,10 +46,8 @@ def _stand_in(torch: Any) -> Any:
 class EvalPasses:
     """Skips repeated no-grad forwards and replays the evaluation batch (module docstring).
 
-    Attributes:
-        skipped: no-grad module calls answered without running.
-        train_call: ``(module, skeleton of (args, kwargs))`` of the last top-level call with grad.
-        loader_batches: ``batch_size`` of every DataLoader the program made.
+    ``train_call``: ``(module, skeleton of (args, kwargs))`` of the last top-level call with grad;
+    ``loader_batches``: every DataLoader's ``batch_size``.
     """
 
     def __init__(self, torch: Any, on_gpu: Callable[[Any], bool]) -> None:
@@ -65,12 +63,11 @@ class EvalPasses:
 
     # -- skeletons: structure, shapes and dtypes, no tensors held ------------------------------
     def skeleton(self, obj: Any) -> Optional[Tuple[Any, List[Any]]]:
-        """``(pytree spec, leaves)`` with tensors as ``("t", shape, dtype, on_gpu, requires_grad)``; None if a
-        leaf is opaque.
+        """``(pytree spec, leaves)`` of any pytree, or None if a leaf is opaque.
 
-        Args:
-            obj: a module call's arguments or output (any pytree); plain leaves (None, bool, int, float,
-                str) are kept as ``("v", value)``, anything else makes it opaque.
+        Tensors become ``("t", shape, dtype, on_gpu, requires_grad)``, plain leaves (None, bool, int, float,
+        str)
+        ``("v", value)``; anything else is opaque.
         """
         from torch.utils._pytree import tree_flatten
 
@@ -87,16 +84,12 @@ class EvalPasses:
 
     def rebuild(self, skel: Tuple[Any, List[Any]], batch: Optional[Tuple[int, int]] = None,
                 grad: bool = False) -> Any:
-        """New tensors for a skeleton (GPU ones fake and replayed); ``batch=(old, new)`` resizes dim 0;
-        ``grad``: floating tensors that required grad require it again (outputs of :func:`_stand_in`, whose
-        graph leads to one small anchor tensor, not to the module).
+        """The pytree of a :meth:`skeleton` with new tensors (GPU ones empty replayed fakes, host ones zeros).
 
-        Args:
-            skel: a :meth:`skeleton` result.
-            batch: ``(old, new)`` batch size: dimension 0 equal to ``old`` becomes ``new``; None keeps shapes.
-
-        Returns:
-            The pytree with new tensors (GPU ones empty fakes, host ones zeros) and the plain values.
+        ``batch=(old, new)``: a dimension 0 equal to ``old`` becomes ``new``. ``grad``: floating tensors that
+        required
+        grad require it again (outputs of :func:`_stand_in`, whose graph leads to one small anchor, not the
+        module).
         """
         from torch.utils._pytree import tree_unflatten
 
@@ -137,17 +130,11 @@ class EvalPasses:
             self.train_call = (weakref.ref(mod), skel)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
-        """``Module.__call__`` at the top level (depth 0): skip repeats under no_grad, remember training
-        calls.
+        """``Module.__call__`` at depth 0: skip repeats under no_grad, remember training calls.
 
-        A no-grad call of the same module and shapes seen ``SKIP_AFTER`` times is answered with rebuilt
-        outputs; otherwise ``smaller.SmallerCalls`` may answer it.
-
-        Args:
-            orig: the real ``Module.__call__``.
-
-        Returns:
-            The module's output, or a rebuilt one of the same structure, shapes and dtypes.
+        A no-grad call of the same module and shapes seen ``SKIP_AFTER`` times gets rebuilt outputs of the
+        same
+        structure, shapes and dtypes; otherwise ``smaller.SmallerCalls`` may answer it.
         """
         if self.torch.is_grad_enabled():
             self.note_train_call(mod, args, kwargs)
@@ -174,10 +161,8 @@ class EvalPasses:
 
     # -- after the steps -----------------------------------------------------------------------
     def replay_eval_batches(self, note: Callable[[str], None]) -> None:
-        """One no-grad forward per DataLoader batch size above the training batch (module docstring).
-
-        Args:
-            note: adds a line to the probe's notes (a pass that fails is noted, not raised).
+        """One no-grad forward per DataLoader batch size above the training batch; a failing pass is noted,
+        not raised.
         """
         if self.train_call is None:
             return

@@ -29,16 +29,11 @@ from typing import Any, Callable, Dict, List, Optional
 class ProbeState:
     """What the probe saw and the switches its modes share.
 
-    Attributes:
-        tracker: the allocation tracker of ``estimate.tracker.make_tracker`` (its ``alloc`` is the
-            caching-allocator model).
-        gpu: the :class:`GpuOps` that runs GPU ops on fake tensors (set by ``main.py``).
-        cuda_op: whether the op being dispatched makes GPU tensors.
-        autocast_dtypes: dtype names of the CUDA autocast regions entered.
-        nccl_group: the program asked for an NCCL process group (its communicator's memory is not traced).
-        notes: things the probe changed or assumed, one short line each.
-        fail: ends the probe with a reason (set by ``main.py``), for what this torch cannot imitate.
-        typed: the ``torch.cuda.<Type>Tensor`` stand-ins (``legacy.py``), by type name.
+    ``tracker``: ``estimate.tracker.make_tracker``'s (its ``alloc`` the allocator model); ``cuda_op``: the op
+    being dispatched makes GPU tensors; ``nccl_group``: the program asked for an NCCL group (its
+    communicator's
+    memory is not traced); ``fail``: ends the probe with a reason, for what this torch cannot imitate;
+    ``typed``: ``legacy.py``'s ``torch.cuda.<Type>Tensor`` stand-ins.
     """
 
     def __init__(self, tracker: Any) -> None:
@@ -53,19 +48,13 @@ class ProbeState:
         self.typed: Dict[str, type] = {}  # torch.cuda.FloatTensor ... stand-ins (legacy.py)
 
     def note(self, text: str) -> None:
-        """Add ``text`` once.
-
-        Args:
-            text: one short line for the result's ``notes``.
-        """
+        """Add one short line to the result's ``notes``, once."""
         if text not in self.notes:
             self.notes.append(text)
 
     def on_gpu(self, t: Any) -> bool:
-        """True when the tensor ``t``'s storage is replayed as GPU memory.
-
-        Args:
-            t: any tensor; one without a storage (sparse, nested) is host memory. Never raises.
+        """Whether ``t``'s storage is replayed as GPU memory (one without a storage, sparse or nested, is host
+        memory).
         """
         try:
             return t.untyped_storage()._cdata in self.tracker.handles
@@ -74,11 +63,8 @@ class ProbeState:
 
 
 def is_cuda_device(torch: Any, d: Any) -> bool:
-    """True when ``d`` (a ``torch.device`` or a string) names a CUDA device.
-
-    Args:
-        d: a device, a device string (``cuda``, ``cuda:1``), a device index (an ``int``: CUDA device N, as
-            ``torch.cuda.current_device()`` gives it) or anything else (False).
+    """Whether ``d`` names a CUDA device: a ``torch.device``, ``cuda``/``cuda:1``, or an ``int`` (CUDA device
+    N).
     """
     if isinstance(d, int) and not isinstance(d, bool):
         return d >= 0
@@ -135,22 +121,15 @@ class GpuOps:
         self.scalar_answer = scalar_answer
 
     def set_optional(self, on: bool) -> None:
-        """Push the optional mode with the others (True) or leave it out (False).
-        """
+        """Push the optional mode with the others (True) or leave it out (False)."""
         self.use_optional = on
         self.modes = [m for m in self.all_modes if on or m is not self.optional]
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
-        """``func(*args, **kwargs)`` with the GPU modes pushed: its outputs are fake GPU tensors.
+        """``func(*args, **kwargs)`` with the GPU modes pushed (outputs fake GPU tensors); nested calls run it
+        as is.
 
-        Nested calls (already inside a GPU op) run ``func`` as is.
-
-        Args:
-            func: an op or function.
-            kwargs: its keyword arguments, or None.
-
-        Returns:
-            What ``func`` returns; its exceptions pass through (the modes are exited first).
+        Its exceptions pass through, the modes exited first.
         """
         if self.depth:
             return func(*args, **(kwargs or {}))

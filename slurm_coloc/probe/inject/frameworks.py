@@ -100,14 +100,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self.busy: set = set()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Optional[Any]:
-        """The module's own spec with its loader wrapped to apply ``PATCHES[name]`` after the module runs;
-        None (find nothing) for any other module.
+        """The module's own spec with its loader wrapped to apply ``PATCHES[name]`` after it runs; None for
+        others.
 
-        Args:
-            path: the parent package's ``__path__`` (unused: the real finders search).
-
-        Returns:
-            The wrapped ``ModuleSpec`` or None; a patch that fails is noted, never raised.
+        ``path`` is unused (the real finders search); a patch that fails is noted, never raised.
         """
         if name not in PATCHES or name in self.busy:
             return None
@@ -138,10 +134,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def install(note: Note) -> None:
-    """Patch the frameworks already imported and those imported later (module docstring).
-
-    Args:
-        note: adds a line to the probe's notes (a patch that fails is noted, not raised).
+    """Patch the frameworks imported now and later (module docstring); a failing patch is noted, not raised.
     """
     for name, patch in PATCHES.items():
         mod = sys.modules.get(name)

@@ -19,11 +19,9 @@ from slurm_coloc.probe.inject.workers import cap_threads, patch_workers
 
 
 def install(probe: Any, torch: Any) -> None:
-    """Every hook below, in the order the program meets them.
-
-    Args:
-        probe: the ``_Probe`` of ``inject/main.py`` (``state`` set); it gets ``evals``, ``smaller``,
-            ``micro``.
+    """Every hook below, in the order the program meets them; ``probe`` (``state`` set) gets ``evals``,
+    ``smaller``,
+    ``micro``.
     """
     st = probe.state
     _patch_optimizers(probe, torch)
@@ -219,14 +217,10 @@ def _patch_processes(probe: Any, torch: Any) -> None:
 def count_flops_after_first_step(probe: Any) -> None:
     """Set ``probe.flops_mode``: the FLOP counter's dispatch mode, passing ops through until a first step.
 
-    ``flops_per_step`` is the count between an optimizer's first two steps (``_Probe.step_flops``); what
-    runs before the first step (imports, evaluation loops, the first iteration) need not be counted, and
-    the counter's per-op work is a large part of the probe's time. A torch whose ``FlopCounterMode`` is
-    itself the dispatch mode (no ``_FlopCounterMode``; its ``__enter__`` clears the counts) counts nothing.
-
-    Args:
-        probe: the ``_Probe``; ``probe.flops`` (a ``FlopCounterMode`` or None) is set to None where torch
-            cannot gate the count.
+    ``flops_per_step`` is the count between an optimizer's first two steps; what runs before (imports, eval
+    loops, the first iteration) need not be counted, and the counter's per-op work is a large part of the
+    probe's time. A torch whose ``FlopCounterMode`` is itself the dispatch mode (no ``_FlopCounterMode``; its
+    ``__enter__`` clears the counts) cannot gate it: ``probe.flops`` is set to None.
     """
     counter = probe.flops
     if counter is None:
@@ -249,6 +243,5 @@ def count_flops_after_first_step(probe: Any) -> None:
 
 
 def has_params(mod: Any) -> bool:
-    """True when ``mod`` has at least one parameter.
-    """
+    """Whether ``mod`` has at least one parameter."""
     return any(True for _ in mod.parameters())

@@ -1,8 +1,7 @@
 """The pre-1.0 CUDA spellings of real code on the probe's fake GPU (job's Python).
 
-* the typed-tensor constructors ``torch.cuda.FloatTensor``, ``LongTensor``, ``ByteTensor``, ... (``TYPED``):
-  called with sizes (``FloatTensor(n, 1)``), a ``torch.Size``, data (a list, a numpy array:
-  ``Tensor(np.random.normal(0, 1, (n, d)))``) or a tensor, they make fake GPU tensors of their dtype, and
+* the typed constructors ``torch.cuda.FloatTensor``, ``LongTensor``, ... (``TYPED``): called with sizes, a
+  ``torch.Size``, data (a list, a numpy array) or a tensor, they make fake GPU tensors of their dtype, and
   ``isinstance(x, torch.cuda.FloatTensor)`` holds for a fake GPU tensor of that dtype;
 * ``Tensor.type``: ``x.type(torch.cuda.FloatTensor)``, ``x.type('torch.cuda.LongTensor')`` move to the fake
   GPU with that dtype, ``x.type('torch.FloatTensor')`` of a GPU tensor to the host, and ``x.type()`` of a GPU
@@ -10,7 +9,7 @@
 * ``torch.set_default_tensor_type(torch.cuda.FloatTensor)`` (or its name) sets the default dtype, and
   factories without a ``device=`` make GPU tensors from then on.
 
-The real ones reach the CUDA driver (``Found no NVIDIA driver``), the reason the probe gave before.
+The real ones reach the CUDA driver (``Found no NVIDIA driver``).
 """
 from __future__ import annotations
 
@@ -114,11 +113,8 @@ def _cuda_dtype(torch: Any, made: Dict[str, type], t: Any) -> Optional[Any]:
 def type_handler(torch: Any, state: ProbeState, made: Dict[str, type],
                  to_gpu: Callable[[Any, Any], Any], to_host: Callable[[Any, Any], Any]
                  ) -> Callable[[Any, Any, Dict[str, Any]], Any]:
-    """The device mode's handler of ``Tensor.type`` (module docstring).
-
-    Args:
-        torch: the program's torch; state: the probe's state; made: :func:`patch_typed_tensors`' classes.
-        to_gpu: ``(tensor, dtype) -> fake GPU tensor``; to_host: ``(tensor, dtype) -> host tensor``.
+    """The device mode's handler of ``Tensor.type`` (module docstring); ``made``: :func:`patch_typed_tensors`'
+    classes.
     """
 
     def handler(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:

@@ -71,12 +71,12 @@ class _Probe:
 
     # -- what the program writes -----------------------------------------------------------
     def audit(self, event: str, args: Any) -> None:
-        """The audit hook (``sys.addaudithook``): note each file the program opens for writing outside the
-        scratch directory; a mirrored file link opened for writing first becomes a scratch file (a copy of
-        its target unless the mode has ``w``).
+        """The audit hook (``sys.addaudithook``): note each file opened for writing outside the scratch
+        directory.
 
-        Args:
-            args: the event's arguments (path first; for ``open`` the mode and flags).
+        A mirrored file link opened for writing first becomes a scratch file (a copy of its target unless the
+        mode has
+        ``w``).
         """
         path = None
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
@@ -147,13 +147,12 @@ class _Probe:
         return None
 
     def finish(self, status: str, reason: str) -> None:
-        """Write the result JSON (``report.result``) atomically to the request's ``result`` path and end
-        the process (``os._exit(0)``); never returns. With ``ok``, evaluation batches and smaller calls are
-        replayed first.
+        """Write the result JSON (``report.result``) atomically to the request's ``result`` path, then
+        ``os._exit(0)``.
 
-        Args:
-            status: ``ok`` | ``no-step`` | ``error``.
-            reason: one line saying why ("" for ``ok``).
+        With ``ok``, evaluation batches and smaller calls are replayed first. ``status``: ``ok`` | ``no-step``
+        |
+        ``error``; ``reason`` "" for ``ok``.
         """
         st = self.state
         if status == "ok" and self.evals is not None and st is not None and not self.finishing:
@@ -178,12 +177,7 @@ class _Probe:
         os._exit(0)
 
 def main(request_path: str) -> None:
-    """Run the request (module docstring); never returns.
-
-    Args:
-        request_path: the request JSON the runner wrote (``mode``, ``target``, ``args``, ``result``,
-            ``timeout_s`` in s, ...).
-    """
+    """Run the request JSON the runner wrote (module docstring; ``timeout_s`` in s); never returns."""
     with open(request_path, encoding="utf-8") as fh:
         req = json.load(fh)
     probe = _Probe(req)

@@ -17,16 +17,11 @@ REASON_CHARS = 200  # the most of an exception's message a reason line keeps
 
 
 def result(probe: Any, status: str, reason: str) -> Dict[str, Any]:
-    """The result JSON of a probe (``_Probe`` of ``inject/main.py``) that ends with ``status``, ``reason``.
+    """The result JSON (keys: ``inject/main.py``'s module docstring; bytes, FLOP) of a probe ending with
+    ``status``.
 
-    Args:
-        probe: the ``_Probe`` (its ``state`` may be None when torch was never imported).
-        status: ``ok`` | ``no-step`` | ``error``, as ``_Probe.finish`` was given it.
-        reason: one line saying why the probe ended ("" when it ran to its steps).
-
-    Returns:
-        The result dict (keys in ``inject/main.py``'s module docstring; peaks and workspaces in bytes,
-        ``flops_per_step`` in FLOPs). Notes ``cudnn.benchmark`` on the probe's state as a side effect.
+    ``probe.state`` may be None (torch never imported). Notes ``cudnn.benchmark`` on the state as a side
+    effect.
     """
     st = probe.state
     alloc = st.tracker.alloc if st is not None else None
@@ -91,13 +86,10 @@ def user_files() -> List[str]:
 def reason_of(exc: BaseException) -> str:
     """One line naming what stopped the program, with the deepest frame of the program's own code.
 
-    Args:
-        exc: the exception the program raised (``SystemExit`` included).
-
-    Returns:
-        ``the program exited (code N) ...``, ``the program reached the real CUDA driver at file:line ...``
-        (a driver error: never the job's own cause), ``data missing at file:line: ...`` or ``the program
-        failed at file:line: Type: message`` (message as ``short_message`` gives it).
+    ``the program exited (code N) ...``, ``the program reached the real CUDA driver at file:line ...`` (never
+    the
+    job's own cause), ``data missing at file:line: ...`` or ``the program failed at file:line: Type:
+    message``.
     """
     if isinstance(exc, SystemExit):
         return f"the program exited (code {exc.code}) before its first optimizer step"
@@ -127,17 +119,13 @@ _WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def worker_reason(exc: BaseException) -> str:
-    """The worker's own error in a process launcher's wrapper exception, or "".
+    """``the program's worker process N failed at file:line: Type: message`` for a launcher's wrapper
+    exception,
+    else "".
 
-    ``torch.multiprocessing.spawn`` raises ``ProcessRaisedException`` ("-- Process N terminated with the
-    following error:" and the worker's traceback as text). The line names the worker's first exception (the
-    first traceback of its text: the cause where it chains) and its deepest frame in the program's own code.
-
-    Args:
-        exc: the exception the program raised.
-
-    Returns:
-        ``the program's worker process N failed at file:line: Type: message``, or "" for other exceptions.
+    ``torch.multiprocessing.spawn`` raises ``ProcessRaisedException`` with the worker's traceback as text; the
+    line names its first exception (the cause where it chains) and its deepest frame in the program's own
+    code.
     """
     text = str(exc)
     m = re.search(r"-- Process (\d+) terminated with the following error:\s*(Traceback.*)", text, re.S)
@@ -161,11 +149,9 @@ def worker_reason(exc: BaseException) -> str:
 
 
 def short_message(exc: BaseException) -> str:
-    """The exception's message on one line, terminal colour codes removed; a long one cut to its first
-    sentence (at most ``REASON_CHARS`` characters).
-
-    Returns:
-        The message (characters, at most ``REASON_CHARS``).
+    """The exception's message on one line, colour codes removed; a long one cut to its first sentence, at
+    most
+    ``REASON_CHARS`` characters.
     """
     msg = " ".join(_ANSI.sub("", str(exc)).split())
     if len(msg) > REASON_CHARS:

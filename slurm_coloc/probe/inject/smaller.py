@@ -39,12 +39,8 @@ BLOCK_B = 2 << 20  # the allocator's large-segment rounding (estimate/allocator.
 class SmallerCalls:
     """Dominated no-grad calls answered with learned output shapes, their memory bounded (module docstring).
 
-    ``alloc`` is the tracker's ``CachingAllocatorModel`` (``allocated_b``, ``peak_allocated_b``,
-    ``peak_reserved_b``, bytes); ``on_gpu`` tells a GPU tensor.
-
-    Attributes:
-        skipped: calls answered without running.
-        bound_b: the largest bound (bytes allocated) of a skipped call (:meth:`settle`).
+    ``alloc`` is the tracker's ``CachingAllocatorModel`` (bytes); ``bound_b``: the largest bound (bytes
+    allocated) of a skipped call.
     """
 
     def __init__(self, torch: Any, on_gpu: Callable[[Any], bool], alloc: Any) -> None:
@@ -62,13 +58,12 @@ class SmallerCalls:
     # -- training calls: what they took and how much memory their forward held ---------------
     def train_call(self, run: Callable[[], Any], mod: Any, args: Any, kwargs: Any,
                    stand_in: Callable[[], bool] = lambda: False) -> Any:
-        """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (that of
-        the module's latest call that ran: the first one's includes what is allocated once, as cuBLAS's
-        workspaces); ``stand_in()`` tells a call that was answered without running (``accum.py``).
+        """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (bytes).
 
-        Returns:
-            What ``run()`` returns (bytes allocated over the call are kept in ``transient_b``); its exceptions
-            pass through.
+        The transient is the module's latest call's (the first one's includes what is allocated once, as
+        cuBLAS's
+        workspaces); ``stand_in()`` tells a call answered without running (``accum.py``). Exceptions pass
+        through.
         """
         bound = self._bind(mod, args, kwargs)
         if bound is not None:
@@ -148,12 +143,7 @@ class SmallerCalls:
         return tuple(key), dims
 
     def observe(self, mod: Any, args: Any, kwargs: Any, out_skel: Any) -> None:
-        """Keep a traced no-grad call's input dims and output skeleton (``evalpass`` skeleton form).
-
-        At most 8 distinct input-dim lists are kept per family.
-
-        Args:
-            out_skel: the output's skeleton, or None (nothing kept).
+        """Keep a traced no-grad call's input dims and output skeleton (None: nothing); at most 8 per family.
         """
         fam = self._family(mod, args, kwargs)
         if fam is None or out_skel is None:
@@ -195,11 +185,11 @@ class SmallerCalls:
         return spec, made
 
     def try_call(self, mod: Any, args: Any, kwargs: Any, rebuild: Callable[[Any], Any]) -> Tuple[bool, Any]:
-        """``(True, output)`` for a dominated no-grad call whose output shapes are predicted, else
-        ``(False, None)``.
+        """``(True, output)`` for a dominated no-grad call with predicted output shapes, else ``(False,
+        None)``.
 
-        A call is dominated when every argument matches the module's training call with tensors no larger in
-        any dimension (same dtype, device, rank).
+        Dominated: every argument matches the training call's, tensors no larger in any dimension (same dtype,
+        device, rank).
         """
         fam = self._family(mod, args, kwargs)
         if fam is None or fam[0] not in self.observed or not self._dominated(mod, args, kwargs):
