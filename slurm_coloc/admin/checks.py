@@ -45,11 +45,7 @@ def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
 def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
     """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree.
 
-    Args:
-        cfg: ``gpu_mem_gib`` (shards per GPU).
-
-    Returns:
-        ``(checks, parsed conf)``; the conf is None when the file cannot be read.
+    Returns ``(checks, parsed conf)``, the conf None when the file cannot be read.
     """
     name = "slurm.conf"
     text, err = _read(conf_path, name)
@@ -94,19 +90,14 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config,
                     local: Optional[AbstractSet[str]] = None) -> List[Check]:
     """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
 
-    GPU files come from ``Name=gpu File=`` lines, or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
-    24.11+) from a global line or the node's own (gres.conf(5)), from slurmd's NVML autodetection: then the
-    shard lines' ``File=`` name the GPUs (one per GPU, as docs/admin.md's production gres.conf).
-
-    Args:
-        conf: the parsed slurm.conf (``check_slurm_conf``): its nodes with ``Gres=gpu`` are checked.
-        cfg: ``gpu_mem_gib`` (shards per GPU).
-        local: the nodes whose device files are on this host (admin/role.py): only theirs must exist here
-            (a controller's or login host's: none); None: every node's.
-
-    Returns:
-        One ``Check`` per GPU node (ok, or each failure with its fix); a single failure when the file cannot
-        be read.
+    GPU files come from ``Name=gpu File=`` lines or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
+    24.11+)
+    globally or on its own line (gres.conf(5)), from slurmd's NVML autodetection: then the shard lines'
+    ``File=``
+    name the GPUs (docs/admin.md's production gres.conf). Only the device files of ``local`` nodes
+    (admin/role.py;
+    None: every node) must exist here. One ``Check`` per GPU node; a single failure when the file is
+    unreadable.
     """
     name = "gres.conf"
     text, err = _read(gres_path, name)
@@ -190,11 +181,7 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
     """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by
     others.
 
-    Args:
-        conf: the parsed slurm.conf (``PlugStackConfig``); conf_dir: slurm.conf's directory.
-
-    Returns:
-        One ``Check`` per plugin line (``include`` lines skipped: not followed), or one skip/fail/pass.
+    One ``Check`` per plugin line (``include`` lines are not followed), or one skip/fail/pass.
     """
     name = "plugstack.conf"
     path = Path(conf.get("PlugStackConfig") or conf_dir / "plugstack.conf")
@@ -226,12 +213,9 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
 
 
 def check_dirs(cfg: Config) -> List[Check]:
-    """state_dir (databases), its nodes/ and run_dir: root-owned, not writable by group/others; DB files
-    too.
+    """state_dir, its nodes/ and run_dir, and the DB files: root-owned, not writable by group/others.
 
-    Returns:
-        One ``Check`` per directory (a missing one passes: the first hook creates it), one ``fail`` per unsafe
-        database.
+    A missing directory passes (the first hook creates it); one ``fail`` per unsafe database.
     """
     name = "directories"
     out: List[Check] = []
@@ -254,11 +238,7 @@ def check_dirs(cfg: Config) -> List[Check]:
 
 
 def check_slurm_binaries(cfg: Config) -> List[Check]:
-    """sbatch/scontrol/squeue in ``slurm_bin_dir`` (hooks get no PATH).
-
-    Returns:
-        One ``Check``: ``pass``, or ``fail`` naming the binaries missing or not executable.
-    """
+    """sbatch/scontrol/squeue executable in ``slurm_bin_dir`` (hooks get no PATH): one ``Check``."""
     missing = [b for b in SLURM_BINARIES if not os.access(Path(cfg.slurm_bin_dir) / b, os.X_OK)]
     if missing:
         return [fail("slurm binaries", f"{', '.join(missing)} not found in slurm_bin_dir {cfg.slurm_bin_dir}",
@@ -271,14 +251,11 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
     """Every check, in order: the host's role, slurm.conf, gres.conf, plugstack.conf, hooks (those four when
     slurm.conf reads), munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
 
-    Args:
-        no_gpu: ``--no-gpu``: the GPU, MPS and metrics checks are skipped whatever the role.
-        role: ``auto`` (from slurm.conf and the host name: admin/role.py) or ``controller``, ``compute``,
-            ``login``; on a controller or login host the GPU checks are skipped and no GPU device file of
-            gres.conf must exist here. hostname: this host's name (default: the system's).
-
-    Returns:
-        Every ``Check`` (ok, skip or fail with its fix), in that order.
+    ``no_gpu`` skips the GPU, MPS and metrics checks whatever the role; ``role`` ``auto`` comes from
+    slurm.conf and
+    the host name (admin/role.py). On a controller or login host the GPU checks are skipped and no GPU device
+    file
+    of gres.conf must exist here.
     """
     results, conf = check_slurm_conf(slurm_conf, cfg)
     try:
@@ -306,14 +283,11 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
 def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path) -> List[Check]:
     """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py).
 
-    ``scontrol --version`` is run with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
-    source 22.05's scontrol exits before printing its version (DNS SRV look-up).
-
-    Args:
-        cfg: the configuration (``slurm_bin_dir``); conf: the parsed slurm.conf, or None when unreadable.
-
-    Returns:
-        The findings as checks (``admin/versioncheck.py``), or one ``fail`` when the release cannot be told.
+    ``scontrol --version`` runs with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
+    source
+    22.05's scontrol exits before printing its version (DNS SRV look-up). One ``fail`` when the release cannot
+    be
+    told.
     """
     name = "Slurm version"
     conf_dir = slurm_conf.parent

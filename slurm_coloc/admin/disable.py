@@ -73,14 +73,11 @@ def _unchain(text: str, conf: SlurmConf) -> Tuple[str, List[Change]]:
 
 
 def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -> List[Change]:
-    """The files that change to turn slurm-coloc off (nothing written).
+    """The ``Change`` of each file that turns slurm-coloc off (``remove`` for our own; nothing written).
 
-    Args:
-        slurm_conf: the slurm.conf path (gres.conf is left alone; plugstack.conf is ``PlugStackConfig`` or
-            beside slurm.conf); hook_dir: where the shims are; spank_so: the SPANK plugin's path.
-
-    Returns:
-        The ``Change`` of each file (``remove`` for our own files); empty when nothing of ours is configured.
+    gres.conf is left alone; plugstack.conf is ``PlugStackConfig`` or beside slurm.conf. Empty when nothing of
+    ours
+    is configured.
 
     Raises:
         ColocError: slurm.conf missing or unreadable.

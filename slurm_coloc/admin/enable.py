@@ -65,11 +65,8 @@ def is_glob(value: str) -> bool:
 
 
 def glob_member(pattern: str, stem: str = "coloc") -> Path:
-    """The file named ``stem`` that ``pattern`` (a directory glob: ``/etc/slurm/prolog.d/*.sh``) matches:
+    """The file named ``stem`` that a directory glob ``pattern`` matches: ``/etc/slurm/prolog.d/*.sh`` ->
     ``/etc/slurm/prolog.d/coloc.sh``.
-
-    Args:
-        pattern: an absolute path whose last part holds the glob; stem: the name put for its ``*``.
 
     Raises:
         ColocError: a pattern whose directory part is a glob or relative, or whose name part no plain name
@@ -251,21 +248,19 @@ def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str,
 
 def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO,
          spank: bool = True, replace_hooks: bool = False, chain_hooks: bool = False) -> List[Change]:
-    """The files that change: slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or
-    beside slurm.conf) when ``spank``. Files already as needed are left out (so a second run plans nothing).
+    """The ``Change`` (path, old text or None, new text) of each file that changes; nothing is written.
 
-    Args:
-        slurm_conf: the slurm.conf path; cfg: the configuration (``run_dir``, ``gpu_mem_gib``, ...).
-        hook_dir: where the hook shims are installed; spank_so: the SPANK plugin's path.
-        chain_hooks: keep it instead: the key names ``<slurm.conf dir>/coloc-chain-<shim>``, which runs the
-            site's program, then ours (``chain_text``); wins over ``replace_hooks``.
-
-    Returns:
-        The ``Change`` of each file (path, old text or None, new text). Nothing is written.
+    slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or beside slurm.conf) when
+    ``spank``;
+    files already as needed are left out (a second run plans nothing). ``chain_hooks``: a hook key set to
+    another
+    program names ``<slurm.conf dir>/coloc-chain-<shim>`` instead, which runs the site's program, then ours
+    (``chain_text``); it wins over ``replace_hooks``.
 
     Raises:
         ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
-            GPU node whose device files cannot be known.
+            GPU
+            node whose device files cannot be known.
     """
     read = read_text
     slurm_text = read(slurm_conf)

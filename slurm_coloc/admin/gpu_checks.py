@@ -21,10 +21,8 @@ def _why(no_gpu: Union[bool, str]) -> str:
 
 def check_gpu(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
     """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
-    ``no_gpu`` (a node without GPUs, e.g. the controller): skipped.
 
-    Args:
-        no_gpu: ``--no-gpu`` (True), or why the host has no GPUs (its role): skip the checks.
+    ``no_gpu``: ``--no-gpu`` (True), or why the host has no GPUs (its role): skipped.
     """
     if no_gpu:
         return [Check("NVML", "skip", f"{_why(no_gpu)}: not a GPU node"),
@@ -63,14 +61,8 @@ def check_metrics(cfg: Config, no_gpu: Union[bool, str], node: Optional[str] = N
                   timeout_s: float = 3.0) -> List[Check]:
     """The sampler's Prometheus endpoint answers ``/metrics`` with slurm-coloc's families (docs/metrics.md).
 
-    Skipped on a node without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default:
-    the short hostname; the Prolog starts one with the first GPU job).
-
-    Args:
-        no_gpu: ``--no-gpu``: skip the check; node: the node's name (default: the short hostname).
-
-    Returns:
-        One ``Check``: ``skip``, ``fail`` (no answer, or not our families) with its fix, or ``pass``.
+    Skipped without GPUs, with ``exporter_port: 0``, or while no sampler runs on ``node`` (default: the short
+    hostname; the Prolog starts one with the first GPU job).
     """
     import socket
     import urllib.error
@@ -107,11 +99,9 @@ def check_metrics(cfg: Config, no_gpu: Union[bool, str], node: Optional[str] = N
 
 
 def shared_gpus(cfg: Config) -> Dict[str, int]:
-    """``{daemon directory name: members}`` of this node's MPS daemons that serve at least one shard job now
-    (``<run_dir>/mps/<key>[.uid<uid>]/members/*``, written by the Prolog; node/mps.py).
+    """Daemon directory name -> member count of this node's MPS daemons serving at least one shard job now.
 
-    Returns:
-        daemon directory name -> member count (empty when ``<run_dir>/mps`` cannot be read).
+    From ``<run_dir>/mps/<key>[.uid<uid>]/members/*`` (the Prolog's, node/mps.py); empty when unreadable.
     """
     out: Dict[str, int] = {}
     base = Path(cfg.run_dir) / "mps"
@@ -131,12 +121,12 @@ def shared_gpus(cfg: Config) -> Dict[str, int]:
 
 def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
                             mode_of: Dict[str, Optional[str]]) -> List[Check]:
-    """One result per shared GPU: pass when its compute mode is ``EXCLUSIVE_PROCESS`` (only the MPS server
-    opens a context), else fail (a job can allocate outside MPS; measured on the H100: 20 GiB in compute mode
-    DEFAULT).
+    """One result per shared GPU: pass when in ``EXCLUSIVE_PROCESS`` (only the MPS server opens a context),
+    else fail.
 
-    Args:
-        mode_of: GPU key (``GPU-<uuid>`` or ``idx<N>``) -> compute mode name, None when NVML could not say.
+    A job can allocate outside MPS otherwise (measured on the H100: 20 GiB in compute mode DEFAULT).
+    ``mode_of``:
+    GPU key (``GPU-<uuid>`` or ``idx<N>``) -> mode name, None when NVML could not say.
     """
     name = "MPS protection"
     if not shared:
@@ -160,15 +150,8 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
 
 
 def check_mps_protection(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
-    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (read through NVML; nothing is changed).
-
-    Args:
-        cfg: the configuration (``run_dir``: the MPS daemons' members).
-        no_gpu: ``--no-gpu``: skip the check.
-
-    Returns:
-        The checks (``evaluate_mps_protection``); a GPU NVML cannot answer for has an unknown mode. Never
-        raises for NVML.
+    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (through NVML; nothing changed; never raises for
+    NVML).
     """
     if no_gpu:
         return [Check("MPS protection", "skip", f"{_why(no_gpu)}: not a GPU node")]

@@ -19,16 +19,12 @@ HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProl
 
 
 def unsafe_path(path: Path) -> Optional[str]:
-    """Why ``path`` (or a directory above it) could be replaced by a non-root user, or None when it is safe.
+    """Why ``path`` (links resolved) or a directory above it could be replaced by a non-root user; None when
+    safe.
 
-    Safe: owned by root and not writable by group or others; a directory writable by all is accepted only
-    with the sticky bit and root ownership (``/tmp``), where others cannot replace root's entries.
-
-    Args:
-        path: the file or directory (symbolic links resolved first).
-
-    Returns:
-        The reason in words (for a path that cannot be read: its error), or None. Never raises ``OSError``.
+    Safe: owned by root and not writable by group or others; a world-writable directory only with the sticky
+    bit
+    and root ownership (``/tmp``). A path that cannot be read gives its error; never raises ``OSError``.
     """
     p = path.resolve()
     for q in [p, *p.parents]:
@@ -67,14 +63,9 @@ def _ours(p: str) -> bool:
 
 
 def check_hooks(conf: SlurmConf) -> List[Check]:
-    """Each configured hook exists, is executable, and neither it nor a directory above it is writable by
-    non-root; a glob's files each, one of them slurm-coloc's.
-
-    Args:
-        conf: the parsed slurm.conf (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ... of ``HOOK_KEYS``).
-
-    Returns:
-        One ``Check`` per hook program; empty when no hook is configured.
+    """One ``Check`` per configured hook program: it exists, is executable, and neither it nor a directory
+    above it
+    is writable by non-root; a glob's files each, one of them slurm-coloc's.
     """
     out: List[Check] = []
     for key in HOOK_KEYS:

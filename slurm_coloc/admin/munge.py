@@ -28,14 +28,9 @@ def _socket(conf: SlurmConf) -> str:
 
 
 def check_munge(conf: Optional[SlurmConf], key: Path = KEY, timeout_s: float = 5.0) -> List[Check]:
-    """``fail`` when the key is missing or a credential cannot be made and decoded through munged's socket.
-
-    Args:
-        conf: the parsed slurm.conf (``AuthType``), or None (the check is skipped).
-        timeout_s: the bound of each of ``munge`` and ``unmunge`` (s).
-
-    Returns:
-        One ``Check``: ``skip`` (not munge, or not root), ``fail`` with its fix, or ``pass``. Never raises.
+    """One ``Check``: ``skip`` (not munge, not root), ``fail`` (key missing, or munge/unmunge through munged's
+    socket
+    fails within ``timeout_s`` each) or ``pass``. Never raises.
     """
     name = "munge"
     if conf is None or conf.get("AuthType", "auth/munge") != "auth/munge":

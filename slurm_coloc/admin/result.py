@@ -21,18 +21,10 @@ class Check:
 
 
 def ok(name: str, what: str) -> Check:
-    """A passing check.
-
-    Args:
-        name: the check's name; what: what was found, in words.
-    """
+    """A passing check; ``what`` was found, in words."""
     return Check(name, "pass", what)
 
 
 def fail(name: str, what: str, fix: str) -> Check:
-    """A failing check with its fix.
-
-    Args:
-        name: the check's name; what: what is wrong, in words; fix: how to fix it (a command or a setting).
-    """
+    """A failing check: ``what`` is wrong, in words, and ``fix`` (a command or a setting)."""
     return Check(name, "fail", what, fix)

@@ -53,16 +53,7 @@ def controllers(slurm_text: str) -> FrozenSet[str]:
 
 def detect(conf: Optional[SlurmConf], slurm_text: str, role: str = "auto",
            hostname: Optional[str] = None) -> HostRole:
-    """This host's role from slurm.conf, or the one the admin named.
-
-    Args:
-        conf: the parsed slurm.conf (None when unreadable: ``login`` unless named); slurm_text: its text.
-        role: ``auto`` or one of ``ROLES`` (``coloc-admin check --role``).
-        hostname: this host's name (default: ``socket.gethostname()``, short).
-
-    Returns:
-        The ``HostRole``.
-    """
+    """This host's ``HostRole`` from slurm.conf (None: ``login``), or ``role`` when not ``auto``."""
     name = (hostname or socket.gethostname()).split(".", 1)[0]
     nodes: Set[str] = set()
     for node in (conf.nodes if conf else []):

@@ -25,11 +25,7 @@ class SlurmConf:
     includes: List[str] = field(default_factory=list)
 
     def get(self, key: str, default: str = "") -> str:
-        """A global option by name (case-insensitive).
-
-        Args:
-            key: the option's name (``SlurmctldPort``, ``ProctrackType``, ...); default: when it is not set.
-        """
+        """A global option by name (case-insensitive), ``default`` when it is not set."""
         return self.options.get(key.lower(), default)
 
 
@@ -51,13 +47,10 @@ def _lines(text: str) -> List[str]:
 
 
 def parse_slurm_conf(text: str) -> SlurmConf:
-    """Parse slurm.conf text. NodeName/PartitionName lines become dicts (keys lower-case).
+    """Parse slurm.conf text; NodeName/PartitionName lines become dicts (keys lower-case); never raises.
 
-    Args:
-        text: the file's text (``#`` comments dropped; ``Include`` lines are listed, not followed).
-
-    Returns:
-        The ``SlurmConf``. Pure, never raises (an unbalanced quote falls back to splitting at spaces).
+    ``#`` comments are dropped; ``Include`` lines are listed, not followed; an unbalanced quote falls back to
+    splitting at spaces.
     """
     conf = SlurmConf()
     for line in _lines(text):
@@ -78,22 +71,13 @@ def parse_slurm_conf(text: str) -> SlurmConf:
 
 
 def parse_gres_conf(text: str) -> List[Dict[str, str]]:
-    """gres.conf lines as dicts (keys lower-case); global lines (``AutoDetect=off``) have no ``name``.
-
-    Returns:
-        One dict per line. Pure, never raises.
-    """
+    """gres.conf lines as dicts (keys lower-case); global lines (``AutoDetect=off``) have no ``name``."""
     return [dict(_pairs(line)) for line in _lines(text)]
 
 
 def parse_gres_counts(spec: str) -> Dict[str, int]:
-    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (count 1 when omitted).
-
-    Args:
-        spec: a ``Gres=`` value (comma-separated ``name[:type][:count]``).
-
-    Returns:
-        GRES name -> summed count. Pure, never raises.
+    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (count 1 when omitted, names
+    summed).
     """
     out: Dict[str, int] = {}
     for item in (s.strip() for s in spec.split(",") if s.strip()):
@@ -104,11 +88,8 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 
 
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
-    """plugstack.conf lines: ``(required|optional, plugin path, args)``; ``include`` lines as
-    ``("include", glob, [])``.
-
-    Returns:
-        One tuple per line; a one-word line is ``("?", word, [])``. Pure, never raises.
+    """plugstack.conf lines: ``(required|optional, plugin path, args)``, ``("include", glob, [])``, or for a
+    one-word line ``("?", word, [])``.
     """
     out: List[Tuple[str, str, List[str]]] = []
     for line in _lines(text):

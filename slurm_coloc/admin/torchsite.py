@@ -33,12 +33,8 @@ class TorchSite:
 
 
 def site_packages(target: Path) -> Path:
-    """The site-packages directory of ``target``: a venv or prefix (its ``lib/pythonX.Y/site-packages`` for
-    this Python's X.Y) or a site-packages directory itself.
-
-    Args:
-        target: the directory the admin named (absolute); ``pythonX.Y`` is this interpreter's version (the
-            package venv's, which runs ``coloc-admin``).
+    """The site-packages of ``target`` (absolute): a venv or prefix (``lib/pythonX.Y/site-packages``, X.Y this
+    interpreter's) or a site-packages directory itself.
 
     Raises:
         ColocError: not absolute, not a directory, or a prefix for another Python version.
@@ -61,11 +57,7 @@ def site_packages(target: Path) -> Path:
 
 
 def check(target: Path, python: str = sys.executable, timeout_s: float = 120.0) -> TorchSite:
-    """Import torch and numpy from ``target`` in a fresh ``python`` (the package venv's) and report versions.
-
-    Args:
-        target: a venv, prefix or site-packages directory (``site_packages``).
-        python: the interpreter that will use it; timeout_s: the import's time limit (torch loads in seconds).
+    """Import torch and numpy from ``target`` in a fresh ``python`` within ``timeout_s``; report versions.
 
     Raises:
         ColocError: the directory is unusable, or torch or numpy does not import from it (the error's last

@@ -1,16 +1,13 @@
 """``coloc-admin check``'s Slurm version check: which release runs, and the settings whose meaning differs by
 release (``docs/admin.md`` "Slurm versions"; facts recorded in ``docs/slurm-versions.md``).
 
-- The release (``scontrol --version`` in ``slurm_bin_dir``): 22.05, 24.11 and 26.05 are tested; another
-  release
-  works through the 22.05 paths and is reported as untested (``warn``).
-- ``SelectTypeParameters`` with ``MULTIPLE_SHARING_GRES_PJ`` (23.11+): one job may then take shards from
-  several
-  GPUs, which breaks the one-GPU-per-job memory fence: ``fail``. 22.05 does not know the flag (slurmctld
-  refuses the config): ``fail`` too.
+- The release (``scontrol --version`` in ``slurm_bin_dir``): 22.05, 24.11 and 26.05 are tested; another works
+  through the 22.05 paths and is reported as untested (``warn``).
+- ``SelectTypeParameters`` with ``MULTIPLE_SHARING_GRES_PJ`` (23.11+): one job may take shards from several
+  GPUs, breaking the one-GPU-per-job memory fence: ``fail``. 22.05 does not know the flag (slurmctld refuses
+  the config): ``fail`` too.
 - ``cgroup/v1`` on 26.05+ (``CgroupPlugin=cgroup/v1`` in cgroup.conf, or autodetect on a cgroup v1 host):
-  slurmd
-  logs ``cgroup/v1 plugin is deprecated``; it works: ``warn``.
+  slurmd logs ``cgroup/v1 plugin is deprecated``; it works: ``warn``.
 """
 from __future__ import annotations
 
@@ -31,10 +28,9 @@ def _tested() -> str:
 
 
 def cgroup_plugin(conf_dir: Path) -> str:
-    """``CgroupPlugin`` of ``<conf_dir>/cgroup.conf`` (lower-case), ``"autodetect"`` when unset or no file.
-
-    Returns:
-        The plugin name (``cgroup/v2``, ``cgroup/v1``, ``autodetect``). Never raises.
+    """``CgroupPlugin`` of ``<conf_dir>/cgroup.conf`` (lower-case), ``"autodetect"`` when unset or no file;
+    never
+    raises.
     """
     try:
         text = (conf_dir / "cgroup.conf").read_text(errors="replace")
@@ -51,11 +47,9 @@ def evaluate(version: SlurmVersion, conf: Optional[SlurmConf], cgroup: str,
              host_cgroup_v2: bool) -> List[Finding]:
     """The version check's findings for ``version`` (pure): the release, then each per-release setting.
 
-    Args:
-        version: the release in ``slurm_bin_dir``.
-        conf: slurm.conf (None when it could not be read: the setting checks are left out).
-        cgroup: ``CgroupPlugin`` (``cgroup_plugin``).
-        host_cgroup_v2: whether this host mounts the unified cgroup v2 hierarchy.
+    ``conf`` None (unreadable): the setting checks are left out. ``host_cgroup_v2``: this host mounts the
+    unified
+    hierarchy.
     """
     out: List[Finding] = []
     if version.tested:

@@ -24,28 +24,16 @@ class ComputeModes(Protocol):
     """Reads and sets the compute mode of a GPU by NVML index; mode names are ``MODE_NAMES`` values."""
 
     def get(self, index: int) -> str:
-        """The compute mode of GPU ``index``.
-
-        Returns:
-            A ``MODE_NAMES`` value.
-        """
+        """The ``MODE_NAMES`` value of GPU ``index``."""
         ...
 
     def set(self, index: int, mode: str) -> None:
-        """Set the compute mode of GPU ``index``.
-
-        Args:
-            mode: a ``MODE_NAMES`` value.
-        """
+        """Set GPU ``index``'s compute mode to a ``MODE_NAMES`` value."""
         ...
 
 
 def mode_name(value: Optional[int]) -> Optional[str]:
-    """``MODE_NAMES[value]``; ``UNKNOWN(<n>)`` for a value NVML may add later; None for None.
-
-    Args:
-        value: an ``NVML_COMPUTEMODE_*`` number, or None.
-    """
+    """``MODE_NAMES[value]``; ``UNKNOWN(<n>)`` for a value NVML may add later; None for None."""
     if value is None:
         return None
     return MODE_NAMES.get(int(value), f"UNKNOWN({int(value)})")
@@ -63,10 +51,7 @@ class NvmlComputeModes:
         self.nv = open_nvml()
 
     def get(self, index: int) -> str:
-        """The compute mode of GPU ``index`` (``nvmlDeviceGetComputeMode``).
-
-        Returns:
-            A ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``.
+        """``nvmlDeviceGetComputeMode`` of GPU ``index``: a ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``.
 
         Raises:
             ColocError: the NVML call failed (e.g. no such GPU).
@@ -79,10 +64,7 @@ class NvmlComputeModes:
         return str(mode_name(value))
 
     def set(self, index: int, mode: str) -> None:
-        """Set the compute mode of GPU ``index`` (``nvmlDeviceSetComputeMode``; root only).
-
-        Args:
-            mode: a ``MODE_NAMES`` value, e.g. ``EXCLUSIVE_PROCESS`` or ``DEFAULT``.
+        """``nvmlDeviceSetComputeMode`` of GPU ``index`` to a ``MODE_NAMES`` value (root only).
 
         Raises:
             ColocError: an unknown mode name, or the NVML call failed (e.g. NO_PERMISSION when not root).

@@ -68,8 +68,7 @@ def gpu_uuids() -> Dict[int, str]:
 class NvmlReader:
     """Reads all GPUs of this node and their processes; survives NVML errors per call.
 
-    Args:
-        gpm: take GPM metrics where ``nvmlGpmQueryDeviceSupport`` says the device supports them.
+    ``gpm``: take GPM metrics where ``nvmlGpmQueryDeviceSupport`` says the device supports them.
     """
 
     GPM_METRICS = (("smact_pct", 2), ("smocc_pct", 3), ("tensor_pct", 5), ("dram_bw_pct", 10))

@@ -9,15 +9,11 @@ from typing import Any, Dict, List, Optional, Tuple
 class GpuReading:
     """One GPU at one instant. None = NVML lacks the metric (NULL in the database, never 0).
 
-    Attributes:
-        index: NVML device index; uuid: ``GPU-...``.
-        util_pct / mem_util_pct: coarse NVML utilization rates (0..100).
-        mem_used_mib / mem_total_mib: device memory (MiB).
-        power_w: board power (W, from mW); energy_j: total energy counter since driver load (J, from mJ).
-        temp_c: GPU temperature (C); sm_clock_mhz: current SM clock (MHz).
-        smact_pct / smocc_pct / tensor_pct / dram_bw_pct: GPM SM activity, SM occupancy, any-tensor activity
-        and
-            DRAM bandwidth utilization (0..100) over the window since the previous sample (Hopper+ only).
+    Percentages are 0..100: ``util_pct``/``mem_util_pct`` NVML's coarse rates; ``smact_pct``, ``smocc_pct``,
+    ``tensor_pct``, ``dram_bw_pct`` GPM's over the window since the previous sample (Hopper+ only). Memory
+    MiB;
+    ``power_w`` from mW; ``energy_j`` the counter since driver load, from mJ; ``temp_c`` C; ``sm_clock_mhz``
+    MHz.
     """
 
     index: int
@@ -56,18 +52,15 @@ PidMib = Tuple[int, Optional[float]]
 
 @dataclass(frozen=True)
 class ProcLists:
-    """NVML's two process lists of one GPU, as read: ``(pid, used memory MiB or None)`` pairs.
+    """NVML's two process lists of one GPU, as read: ``(pid, used memory MiB or None)`` pairs; None: the query
+    failed.
 
-    Attributes:
-        gpu_index: NVML device index.
-        compute: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context on the GPU: MPS clients, the MPS
-            server, and processes outside MPS); None when the query failed.
-        mps: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only); None when the query failed or is
-            not supported. Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
-            MPS is in ``compute`` and not in ``mps``; an MPS client is in both with its own memory; the MPS
-            server is in ``compute`` only (66 MiB).
-        derived: True when rebuilt from ``ProcReading`` rows of a recording made before the lists were
-            recorded (``compute`` = every process with a memory figure, ``mps`` = the ``mps_client`` ones).
+    ``compute``: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context: MPS clients, the MPS server,
+    processes outside MPS). ``mps``: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only; None also
+    when not supported). Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
+    MPS
+    is in ``compute`` only; an MPS client in both with its own memory; the MPS server in ``compute`` only (66
+    MiB). ``derived``: rebuilt from a recording made before the lists were recorded (``derive_lists``).
     """
 
     gpu_index: int
@@ -83,11 +76,7 @@ class ProcLists:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "ProcLists":
-        """Inverse of ``to_json``.
-
-        Args:
-            data: ``{"gpu_index", "compute": [[pid, mib], ...] | null, "mps": ...}`` (memory in MiB or null).
-        """
+        """Inverse of ``to_json``: ``{"gpu_index", "compute": [[pid, mib], ...] | null, "mps": ...}``."""
         def pairs(v: Any) -> Optional[Tuple[PidMib, ...]]:
             return None if v is None else tuple((int(x[0]), None if x[1] is None else float(x[1])) for x in v)
         return cls(gpu_index=int(data["gpu_index"]), compute=pairs(data.get("compute")),
@@ -95,12 +84,9 @@ class ProcLists:
 
 
 def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcLists]:
-    """Process lists rebuilt from per-process readings (recordings made before ``ProcLists`` existed).
+    """One ``ProcLists`` per GPU, in order, for a recording made before they existed.
 
-    Args:
-        gpus: the frame's GPU readings; one ``ProcLists`` each, in this order.
-        procs: the frame's process readings; the compute list holds those with a known memory (MiB), the MPS
-            list the MPS clients.
+    The compute list holds the processes with a known memory (MiB), the MPS list the MPS clients.
     """
     out = []
     for g in gpus:
@@ -125,13 +111,8 @@ class Frame:
     lists: List[ProcLists] = field(default_factory=list)
 
     def to_json(self, t0: float = 0.0) -> Dict[str, Any]:
-        """A JSON-able dict with ``t`` = seconds since ``t0`` (the recording format).
-
-        Args:
-            t0: the recording's start (Unix s); ``t`` is rounded to 0.1 ms.
-
-        Returns:
-            ``{"t", "gpus", "procs"}``, plus ``lists`` and ``error`` when set.
+        """``{"t", "gpus", "procs"}`` (plus ``lists``, ``error`` when set), ``t`` seconds since ``t0`` to 0.1
+        ms.
         """
         out: Dict[str, Any] = {"t": round(self.ts - t0, 4), "gpus": [asdict(g) for g in self.gpus],
                                "procs": [asdict(p) for p in self.procs]}
@@ -143,13 +124,9 @@ class Frame:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any], ts: float) -> "Frame":
-        """Inverse of ``to_json`` with the frame placed at wall time ``ts``; unknown keys are ignored.
+        """Inverse of ``to_json``, placed at wall time ``ts`` (Unix s; ``t`` not read); unknown keys ignored.
 
         A frame recorded without ``lists`` gets lists derived from its processes (``derive_lists``).
-
-        Args:
-            data: one recorded frame (``to_json``'s format).
-            ts: the wall time to give it (Unix s); its own ``t`` is not read.
         """
         gnames = {f.name for f in fields(GpuReading)}
         pnames = {f.name for f in fields(ProcReading)}

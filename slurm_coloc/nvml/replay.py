@@ -19,11 +19,7 @@ from slurm_coloc.nvml.readings import Frame, PidMib
 
 
 class ReplayReader:
-    """Serve recorded frames as if read now.
-
-    Args:
-        path: recording file (``*.jsonl``).
-        pid_map: ``{recorded pid: live pid}``; unmapped pids are served as recorded.
+    """Serve recorded frames (a ``*.jsonl`` file) as if read now; ``pid_map`` maps recorded pids to live ones.
 
     Raises:
         ColocError: missing file, no header, or no frame.
@@ -69,13 +65,13 @@ def _mapped(pairs: Optional[Tuple[PidMib, ...]], pid_map: Mapping[int, int]) -> 
 
 
 class RecordedComputeModes:
-    """``ComputeModes`` over recorded GPU states, for CI: starts from the modes a recording holds, keeps what
-    is set in memory and lists every call in ``calls`` (``("set", index, mode)``). Never touches a GPU.
+    """``ComputeModes`` over recorded GPU states, for CI: never touches a GPU; every call is listed in
+    ``calls``.
 
-    Args:
-        modes: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in
-            ``benchmarks/device/results/h100-mps-limits/mps_limits.json``).
-        fail_set: raise ``ColocError`` on ``set`` (what NVML answers without permission).
+    ``modes``: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in
+    ``benchmarks/device/results/h100-mps-limits/mps_limits.json``); ``fail_set``: ``set`` raises
+    ``ColocError``
+    (what NVML answers without permission).
     """
 
     def __init__(self, modes: Mapping[int, str], fail_set: bool = False) -> None:
@@ -84,10 +80,7 @@ class RecordedComputeModes:
         self.calls: List[tuple] = []
 
     def get(self, index: int) -> str:
-        """The recorded (or last set) compute mode of GPU ``index``.
-
-        Returns:
-            A ``MODE_NAMES`` value.
+        """The recorded (or last set) ``MODE_NAMES`` value of GPU ``index``.
 
         Raises:
             ColocError: the recording has no such GPU.
@@ -97,10 +90,7 @@ class RecordedComputeModes:
         return self.modes[index]
 
     def set(self, index: int, mode: str) -> None:
-        """Note the call in ``calls`` and keep ``mode`` for GPU ``index`` in memory.
-
-        Args:
-            mode: a ``MODE_NAMES`` value (not checked).
+        """Note the call in ``calls`` and keep ``mode`` (not checked) for GPU ``index`` in memory.
 
         Raises:
             ColocError: built with ``fail_set`` (the call is still noted; the mode is not changed).
