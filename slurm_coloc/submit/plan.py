@@ -18,11 +18,10 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
    so is an estimate that did not finish within ``estimate_timeout_s`` when nothing else gave a figure.
 
 The job comment (``comment.JobComment.submission``, which writes it) carries the coloc JSON within Slurm's
-1024 characters (``JobComment.fitted_arg``): when user
-text + JSON are longer, the script arguments go first where Slurm's own command line keeps them exactly (no
-argument empty or holding whitespace), then the model's kwargs (they stay in the script's ``#COLOC`` lines,
-which Slurm stores), then the spec, then the arguments anyway, then the GPU model and method, then
-``flops_per_step``; ``Plan.comment_dropped`` says what went.
+1024 characters (``JobComment.fitted_arg``): when user text + JSON are longer, the script arguments go first
+where Slurm's own command line keeps them exactly (no argument empty or holding whitespace), then the model's
+kwargs (they stay in the script's ``#COLOC`` lines, which Slurm stores), then the spec, then the arguments
+anyway, then the GPU model and method, then ``flops_per_step``; ``Plan.comment_dropped`` says what went.
 """
 from __future__ import annotations
 
