@@ -40,8 +40,8 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
-    """Controller -> mount point per cgroup hierarchy (``""``: v2 unified, ``name=systemd``: named v1), from
-    ``mountinfo``; {} when unreadable.
+    """Controller -> cgroup mount (``""``: v2, ``name=systemd``: named v1) from ``mountinfo``; {} if
+    unreadable.
     """
     out: Dict[str, str] = {}
     try:
@@ -70,8 +70,7 @@ class JobAttributor:
     time).
 
     ``job_uid`` (job -> its uid) and ``uid_jobs`` (uid -> its jobs on this node) come from the node database
-    and
-    return None when unknown; ``mounts`` defaults to ``cgroup_mounts()``, read once.
+    and return None when unknown; ``mounts`` defaults to ``cgroup_mounts()``, read once.
     """
 
     def __init__(self, proc_root: str = "/proc", job_uid: Optional[Callable[[int], Optional[int]]] = None,

@@ -77,8 +77,7 @@ class CpuReader:
     """Reads the CPU use of jobs' process trees; keeps each process's and job's previous reading.
 
     ``clock``: monotonic seconds; ``tree_refresh_s``: how often a tree is walked again for new workers (0:
-    every
-    reading).
+    every reading).
     """
 
     def __init__(self, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup",
@@ -93,9 +92,7 @@ class CpuReader:
         self.children_supported: Optional[bool] = None
 
     def read(self, job_pids: Mapping[int, Sequence[int]]) -> List[JobCpu]:
-        """A ``JobCpu`` per job also seen at the previous reading (cores = CPU seconds per wall second since
-        then).
-        """
+        """A ``JobCpu`` per job also seen last time (cores = CPU seconds per wall second since then)."""
         now = self.clock()
         cpu_now: Dict[PidKey, float] = {}
         out: List[JobCpu] = []

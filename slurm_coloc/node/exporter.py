@@ -69,9 +69,7 @@ def _v(g: GpuReading, attr: str, scale: float) -> Optional[float]:
 
 
 class ColocCollector:
-    """prometheus_client collector over a ``LiveState``; ``oom_counts`` gives ``(OOM deaths, reruns)`` or
-    None.
-    """
+    """prometheus_client collector over a ``LiveState``; ``oom_counts``: ``(deaths, reruns)`` or None."""
 
     def __init__(self, state: LiveState, names: str = "coloc",
                  oom_counts: Optional[Callable[[], Optional[Tuple[int, int]]]] = None) -> None:
@@ -283,8 +281,7 @@ class Exporter:
         self._retry: Optional[threading.Thread] = None
 
     def start(self) -> bool:
-        """Serve ``/metrics``; on failure log one line and retry every ``BIND_RETRY_S`` in a daemon thread.
-        """
+        """Serve ``/metrics``; on failure log one line and retry every ``BIND_RETRY_S`` in a daemon thread."""
         if self._bind():
             return True
         self._retry = threading.Thread(target=self._retry_loop, name="coloc-exporter-bind", daemon=True)
@@ -322,8 +319,7 @@ class Exporter:
 def start(cfg: Config, node: str, interval_s: Optional[float] = None) -> Tuple[Optional[LiveState],
                                                                               Optional[Exporter]]:
     """``(LiveState, Exporter)`` for ``node``, the exporter started (perhaps still retrying its bind);
-    ``(None,
-    None)`` when ``exporter_port`` is 0. ``interval_s`` (staleness) None: ``sampler_interval_s``.
+    ``(None, None)`` when ``exporter_port`` is 0. ``interval_s`` (staleness) None: ``sampler_interval_s``.
     """
     if not cfg.exporter_port:
         return None, None

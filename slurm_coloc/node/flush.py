@@ -57,10 +57,7 @@ def write_marker(cfg: Config, node: str, upto_ts: float, flushes: int) -> None:
 
 
 def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
-    """``{"pid", "upto_ts", "flushes"}``, or None when absent, bad or unsafe (symlink, not regular, not ours,
-    writable
-    by others).
-    """
+    """``{"pid", "upto_ts", "flushes"}``; None if absent, bad, a symlink, irregular, not ours or shared."""
     try:
         fd = os.open(str(marker_path(cfg, node)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -78,8 +75,7 @@ def read_marker(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
 
 
 def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
-    """Whether ``pid`` runs ``coloc-sampler run`` (or ``python -m slurm_coloc.cli.sampler run``) as our uid.
-    """
+    """Whether ``pid`` runs ``coloc-sampler run`` (or ``-m slurm_coloc.cli.sampler run``) as our uid."""
     try:
         args = [a.decode(errors="replace")
                 for a in Path(proc_root, str(pid), "cmdline").read_bytes().split(b"\0")]
@@ -94,8 +90,7 @@ def is_our_sampler(pid: int, proc_root: str = "/proc") -> bool:
 def request_flush(cfg: Config, node: str, pid: Optional[int], wait_s: Optional[float] = None) -> Dict[str,
                                                                                                       Any]:
     """SIGUSR1 to sampler ``pid`` (None or <= 0: none), then wait up to ``wait_s`` (None: ``flush_wait_s``)
-    for its
-    marker.
+    for its marker.
 
     Returns ``{"status": ..., ...}``: ``ok`` (with ``wait_ms``), ``no-sampler``, ``not-a-sampler`` (not
     signalled), ``signal-failed`` or ``timeout``. Never raises: every failure is a status (and logged).

@@ -35,10 +35,8 @@ def mps_env(d: MpsDaemon, shards: int) -> List[Tuple[str, str]]:
     """Task variables of a shard job with ``shards`` (GiB) under MPS daemon ``d``.
 
     The daemon sees only its GPU, so the client addresses it as device 0 (``CUDA_VISIBLE_DEVICES=0``, which
-    also
-    overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB, the
-    CUDA
-    context included (the estimator counts it in the shard request too).
+    also overrides Slurm's global index under task/none) and the fence is ``0=<shards>G``: 1 shard = 1 GiB,
+    the CUDA context included (the estimator counts it in the shard request too).
     """
     return [("COLOC_SHARE", "mps"), ("CUDA_MPS_PIPE_DIRECTORY", str(d.pipe_dir)),
             ("CUDA_MPS_LOG_DIRECTORY", str(d.log_dir)), ("CUDA_VISIBLE_DEVICES", "0"),
@@ -92,8 +90,7 @@ def read_env(cfg: Config, job_id: int) -> List[Tuple[str, str]]:
     """The job's env file as ``(KEY, VALUE)`` pairs in file order; ``[]`` when absent or unsafe.
 
     Trusted only as a regular file owned by root, not group/other-writable, opened without following symlinks
-    or
-    blocking; at most ``MAX_ENV_BYTES`` read, only lines under ``MAX_ENV_LINE`` bytes whose key matches
+    or blocking; at most ``MAX_ENV_BYTES`` read, only lines under ``MAX_ENV_LINE`` bytes whose key matches
     ``ENV_KEY_RE`` (``CUDA_MPS_*``, ``COLOC_*``, ``CUDA_VISIBLE_DEVICES``) kept.
     """
     try:
@@ -123,8 +120,7 @@ def stepd_job_id(start_pid: Optional[int] = None, proc: str = "/proc") -> Option
 
     Walks up to the first root-owned ancestor, at most ``MAX_ANCESTORS`` steps, which must be titled
     ``slurmstepd: [<job id>.<step>]``. The TaskProlog runs as the user under a user-owned fork of slurmstepd
-    whose
-    root-owned parent is slurmstepd itself: its title is Slurm's, which no user process can change. In a
+    whose root-owned parent is slurmstepd itself: its title is Slurm's, which no user process can change. In a
     heterogeneous job this is the component's own id (the task environment names the leader's). Never raises.
     """
     pid = os.getppid() if start_pid is None else int(start_pid)

@@ -47,12 +47,10 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
     Shard job on one GPU: MPS daemon for that GPU (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and
     the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice``). Whole-GPU and
     non-GPU jobs: no env file, no MPS. Starts the sampler for any GPU job (``sampler_autostart``). ``shards``
-    are
-    GiB on this node; ``uid`` runs the daemon in ``mps_mode: per-user``.
+    are GiB on this node; ``uid`` runs the daemon in ``mps_mode: per-user``.
 
     Returns ``{"share", "sampler_pid"?, "mps"?, "mps_key"?, "env_file"?, "coloc_share"?}``; an MPS problem is
-    a
-    value of ``mps`` (the job then runs time-sliced), never an exception.
+    a value of ``mps`` (the job then runs time-sliced), never an exception.
 
     Raises:
         ValueError, OSError: the env file cannot be written safely (``jobenv.write_env``).

@@ -48,11 +48,9 @@ class JobGpuView:
 
     ``mode``: ``shard``, ``whole`` (whole GPUs, or every shard of one) or ``unknown`` (no Prolog row here).
     ``mem_used_bytes``: NVML memory of its processes (CUDA contexts included); ``mem_granted_bytes``: shards x
-    1
-    GiB split evenly over its GPUs, a whole GPU's memory, or None. ``sm_util_ratio`` (0..1) is None where NVML
-    gives none (MPS); ``share_ratio`` follows the attribution rule; ``energy_j`` is attributed since the
-    sampler
-    first saw it.
+    1 GiB split evenly over its GPUs, a whole GPU's memory, or None. ``sm_util_ratio`` (0..1) is None where
+    NVML gives none (MPS); ``share_ratio`` follows the attribution rule; ``energy_j`` is attributed since the
+    sampler first saw it.
     """
 
     job_id: int
@@ -83,8 +81,7 @@ class View:
 
 
 def boot_time(proc_root: str = "/proc") -> float:
-    """Boot time of this host (s since epoch, ``btime`` of ``/proc/stat``); 0 when unreadable.
-    """
+    """This host's boot time (Unix s, ``btime`` of ``/proc/stat``); 0 when unreadable."""
     try:
         for line in Path(proc_root, "stat").read_text().splitlines():
             if line.startswith("btime "):
@@ -120,9 +117,7 @@ class LiveState:
         self._logged: Set[str] = set()
 
     def observe(self, frame: Frame, procs: Sequence[ProcSample]) -> None:
-        """Take one frame (Unix s, MiB, W, J) and its attributed processes (the sampler's thread, once per
-        tick).
-        """
+        """Take one frame (Unix s, MiB, W, J) and its attributed processes (sampler thread, per tick)."""
         by_gpu: Dict[int, List[dict]] = {}
         for p in procs:
             r = p.reading
@@ -180,8 +175,7 @@ class LiveState:
         jobs.
 
         A frame older than ``max(5 s, STALE_AFTER_INTERVALS x interval_s)`` at ``now`` (None: the clock) is
-        stale:
-        no readings. An unreadable database is logged and gives no job rows.
+        stale: no readings. An unreadable database is logged and gives no job rows.
         """
         now = time.time() if now is None else now
         rows = self._running(now)

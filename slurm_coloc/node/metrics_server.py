@@ -67,8 +67,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         super().__init__(*args, **kwargs)
 
     def mark_busy(self, request: Any) -> None:
-        """Called by the handler once the request arrived whole: the connection is no longer evictable.
-        """
+        """The request arrived whole: the connection is no longer evictable."""
         with self.lock:
             if request in self.open:
                 self.busy.add(request)
@@ -115,8 +114,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         super().process_request(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
-        """Forget the connection's deadline and close it.
-        """
+        """Forget the connection's deadline and close it."""
         with self.lock:
             self.open.pop(request, None)
             self.busy.discard(request)
@@ -146,8 +144,7 @@ def answer_key(environ: Dict[str, Any]) -> Optional[Tuple[bool, bool]]:
     cached).
 
     OpenMetrics: a media range of ``Accept`` is ``application/openmetrics-text`` (any version or parameters,
-    as
-    prometheus_client's ``choose_encoder`` reads it); gzip: ``Accept-Encoding`` names it.
+    as prometheus_client's ``choose_encoder`` reads it); gzip: ``Accept-Encoding`` names it.
     """
     if environ.get("REQUEST_METHOD", "GET") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
         return None

@@ -74,10 +74,8 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
     """Make sure a daemon serves GPU ``gpu_index`` (``uid``'s in per-user mode); register ``job_id`` with it.
 
     ``grant_mib`` (the job's shards) goes into its member file and the daemon's ceiling; ``modes`` replaces
-    NVML
-    for ``mps_compute_mode`` (tests). ``ok`` False (``mps-missing`` / ``mps-start-failed`` / ``mps-error``):
-    the
-    job runs without MPS. Never raises: every error becomes an ``mps-error`` outcome.
+    NVML for ``mps_compute_mode`` (tests). ``ok`` False (``mps-missing`` / ``mps-start-failed`` /
+    ``mps-error``): the job runs without MPS. Never raises: every error becomes an ``mps-error`` outcome.
     """
     try:
         d = daemon_for(cfg, gpu_index, uuid, uid)
@@ -107,9 +105,7 @@ def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
 
 
 def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
-    """Layouts of the daemons listing ``job_id`` as member, from directory names (``gpu_index`` -1 when by
-    UUID).
-    """
+    """Daemons listing ``job_id`` as member, from directory names (``gpu_index`` -1 when by UUID)."""
     base = Path(cfg.run_dir) / "mps"
     out = []
     for member in sorted(base.glob(f"*/members/{int(job_id)}")):
@@ -128,10 +124,8 @@ def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
     """Unregister ``job_id`` from its daemons and follow the members left (one outcome per daemon).
 
     A daemon left with no member stops unless ``mps_keep_warm``; the ceiling drops to the largest remaining
-    grant;
-    the compute mode is restored after the last member. Outcomes: ``mps-kept``, ``mps-kept-warm``, ``stop``'s
-    or
-    ``mps-error`` (a daemon's errors never raise).
+    grant; the compute mode is restored after the last member. Outcomes: ``mps-kept``, ``mps-kept-warm``,
+    ``stop``'s or ``mps-error`` (a daemon's errors never raise).
     """
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin

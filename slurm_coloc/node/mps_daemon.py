@@ -100,9 +100,7 @@ def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[i
 
 
 def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """Absolute path of ``mps_control_bin`` (on ``env``'s PATH, then ``EXTRA_BIN_DIRS``), or None when not
-    installed.
-    """
+    """Absolute path of ``mps_control_bin`` (``env``'s PATH, then ``EXTRA_BIN_DIRS``), or None."""
     name = cfg.mps_control_bin
     if "/" in name:
         return name if os.access(name, os.X_OK) else None
@@ -200,8 +198,8 @@ def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Op
     """Pid of ``d``'s running control daemon, else None.
 
     The pid file must name a live process whose ``argv[0]`` basename is ``binary_name``, owned by ``d.uid``
-    (else
-    our euid): a pid file planted in a per-user pipe directory cannot make root signal another's process.
+    (else our euid): a pid file planted in a per-user pipe directory cannot make root signal another's
+    process.
     """
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
     if pid is None:
@@ -275,8 +273,7 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     ``mps_start_timeout_s``.
 
     Returns ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok); a failed
-    quit is
-    logged, not raised.
+    quit is logged, not raised.
     """
     pid = daemon_pid(d, binary)
     if not pid:
@@ -301,9 +298,7 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
-    """``send(cmd) -> CompletedProcess`` to ``d``'s control daemon as its user, bounded by
-    ``mps_start_timeout_s``.
-    """
+    """``send(cmd) -> CompletedProcess`` to ``d``'s daemon as its user, within ``mps_start_timeout_s``."""
     who = _identity(d.uid) if d.uid is not None else {}
 
     def send(cmd: str) -> "subprocess.CompletedProcess[str]":

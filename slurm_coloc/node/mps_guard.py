@@ -128,8 +128,7 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Any) -> Dict[s
     """First shard member: record the compute mode in ``<root>/compute_mode.prev``, set ``EXCLUSIVE_PROCESS``.
 
     ``modes`` None: NVML. Returns ``{"compute_mode", "compute_mode_prev"}``, ``{"compute_mode_error"}`` or {}
-    (not
-    configured); never raises.
+    (not configured); never raises.
     """
     if cfg.mps_compute_mode != "exclusive-process":
         return {}

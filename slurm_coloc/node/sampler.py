@@ -113,9 +113,7 @@ class Sampler:
 
     @flush_requested.setter
     def flush_requested(self, value: bool) -> None:
-        """Set or clear the flush request; setting it wakes the loop (the buffer is written, then it is
-        cleared).
-        """
+        """Set or clear the flush request; setting it wakes the loop (which writes, then clears it)."""
         self._flush_requested = value
         if value:
             self._wakeup()
@@ -258,8 +256,7 @@ class Sampler:
         ``sampler_retention_days``.
 
         Returns rows folded plus deleted; 0 when it failed (sqlite3 and ``ColocError`` failures are logged
-        once,
-        never raised).
+        once, never raised).
         """
         now = time.time() if now is None else now
         try:
@@ -274,8 +271,7 @@ class Sampler:
 
     def run(self, duration_s: Optional[float] = None, max_frames: Optional[int] = None) -> None:
         """Sample until stopped (SIGTERM/SIGINT), ``duration_s`` (monotonic) or ``max_frames`` (reads, failed
-        ones
-        included); flush at exit and close the reader.
+        ones included); flush at exit and close the reader.
         """
         self._loop(duration_s, max_frames)
         self.flush()
@@ -328,8 +324,7 @@ class Sampler:
 def make_reader(cfg: Config, replay: Optional[str] = None,
                 pid_map: Optional[Dict[int, int]] = None) -> Reader:
     """``ReplayReader`` of a recording (argument or ``sampler_replay_path``; ``pid_map``: recorded -> live),
-    else
-    ``NvmlReader``.
+    else ``NvmlReader``.
 
     Raises:
         NvmlUnavailable / ColocError: no NVML, or a bad recording.

@@ -38,8 +38,7 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
 
     Raises:
         OSError: the directory or file cannot be made or opened (e.g. a symlink), or ``flock`` fails other
-            than
-            by another holder.
+            than by another holder.
     """
     path = lock_path(cfg, node)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -60,8 +59,7 @@ def take_lock(cfg: Config, node: str) -> Optional[int]:
 
 
 def running_pid(cfg: Config, node: str) -> Optional[int]:
-    """Pid in the lock file of the sampler holding it; -1 when held without a pid; None when nobody holds it.
-    """
+    """Pid in the lock file of the sampler holding it; -1: held without a pid; None: nobody holds it."""
     path = lock_path(cfg, node)
     try:
         fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -79,8 +77,7 @@ def running_pid(cfg: Config, node: str) -> Optional[int]:
 
 
 def ensure_running(cfg: Config, node: str, python: str = sys.executable) -> Optional[int]:
-    """Pid of the running sampler, or of one started detached (new session, no fds); None if the spawn failed.
-    """
+    """Pid of the running sampler, or of one started detached (new session, no fds); None if failed."""
     pid = running_pid(cfg, node)
     if pid:
         return pid

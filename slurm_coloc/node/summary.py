@@ -71,8 +71,7 @@ def summarize(job_id: int, node: str, gpus: Sequence[int], start_ts: Optional[fl
 
     ``proc_rows`` hold all jobs' processes on those GPUs. ``smact_idle_pct`` counts samples below
     ``idle_smact_pct`` % SM activity, over the samples with a process of the job on that GPU (start-up before
-    the
-    CUDA context and the exit left out). Metrics without samples are None.
+    the CUDA context and the exit left out). Metrics without samples are None.
     """
     procs_at: Dict[tuple, List[Dict[str, Any]]] = defaultdict(list)
     for p in proc_rows:

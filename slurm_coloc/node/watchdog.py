@@ -10,9 +10,8 @@ tenant: a job with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` r
   a GPU it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS
   client at its fence: "this process has 1.96 GiB memory in use").
 - **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that
-  is
-  not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset; measured
-  on the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
+  is not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset;
+  measured on the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
   ``nvmlDeviceGetMPSComputeRunningProcesses``). Not checked when the MPS list could not be read.
 
 A finding must hold in two consecutive frames (the second read at ``watchdog_fast_interval_s``): a process
@@ -106,8 +105,7 @@ class Watchdog:
         ``REFRESH_S``.
 
         A tenant is an env file (its share) and an open ``job_runs`` row (GPU, shards, uid); a job with
-        several GPUs
-        is not one (no MPS, no fence).
+        several GPUs is not one (no MPS, no fence).
 
         Raises:
             StoreError, sqlite3.Error: the node database cannot be opened or read (``tick`` catches them).
@@ -138,10 +136,8 @@ class Watchdog:
         (s).
 
         The period is ``interval_s`` capped by ``watchdog_interval_s``, and by ``watchdog_fast_interval_s``
-        while a
-        finding is pending or a tenant is near its grant. Never raises: an error is logged once,
-        ``interval_s``
-        returned.
+        while a finding is pending or a tenant is near its grant. Never raises: an error is logged once,
+        ``interval_s`` returned.
         """
         if self.cfg.watchdog_action == "off":
             return interval_s
