@@ -83,9 +83,7 @@ class CachingAllocatorModel:
         return self._free_small if small else self._free_large
 
     def malloc(self, nbytes: int) -> int:
-        """Allocate ``nbytes`` (>= 0) from the best-fitting cached block or a new segment; a handle for
-        :meth:`free`.
-        """
+        """A handle (for :meth:`free`) to ``nbytes`` from the best-fitting cached block or a new segment."""
         size = round_size(int(nbytes))
         small = size <= SMALL_SIZE_B
         pool = self._pool(small)

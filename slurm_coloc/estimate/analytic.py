@@ -16,8 +16,7 @@ from slurm_coloc.estimate.tracker import MIB
 
 
 def analytic_mib(trace: TraceResult, gpu: GpuModel) -> float:
-    """``context_mib + libs_mib + peak_reserved_b / 2**20``: peak per-process NVML memory (MiB, not rounded).
-    """
+    """``context_mib + libs_mib + peak_reserved_b / 2**20``: per-process NVML peak, MiB, not rounded."""
     return gpu.context_mib + gpu.libs_mib + trace.peak_reserved_b / MIB
 
 

@@ -160,8 +160,7 @@ def _read(path: str) -> Dict[str, Any]:
 
 
 def lookup(key: str) -> Optional[Estimate]:
-    """The cached ``Estimate`` (``detail["cached"] = True``), or None: miss, corrupt file or malformed entry.
-    """
+    """The cached ``Estimate`` (``detail["cached"] = True``); None: miss, corrupt file or bad entry."""
     entry = _read(cache_path()).get(key)
     if not isinstance(entry, dict):
         return None

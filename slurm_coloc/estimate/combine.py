@@ -30,8 +30,7 @@ def load_calibration() -> Dict[str, Any]:
 
     Raises:
         EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM`` or lacks one
-            of
-            the margins :func:`calibrated_bound` reads.
+            of the margins :func:`calibrated_bound` reads.
     """
     path = os.path.join(WEIGHTS_DIR, "calibration.json")
     try:
@@ -64,10 +63,9 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     """:func:`slurm_coloc.estimate.estimate_peak`'s body.
 
     The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec, model code,
-    torch
-    and estimator were estimated before (torch then not imported); otherwise the spec is traced and stored.
-    History (MiB peaks) is applied on top: it may raise the figure or lower it, never below the trace floor
-    (``detail["trace_floor_mib"]``); method ``history`` then.
+    torch and estimator were estimated before (torch then not imported); otherwise the spec is traced and
+    stored. History (MiB peaks) is applied on top: it may raise the figure or lower it, never below the trace
+    floor (``detail["trace_floor_mib"]``); method ``history`` then.
 
     Raises:
         EstimateError: unknown GPU, a malformed spec or an untraceable model.
@@ -103,9 +101,8 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
     With ``R = max(0, analytic - context - libs)`` the replayed peak reserved memory: ``context + libs +
     analytic_add_mib + R * m`` where ``m`` is ``amp_mult`` for ``amp-fp16`` and ``bf16`` and ``analytic_mult``
     otherwise, plus ``jit_mib`` for an ``amp-fp16`` job whose largest depthwise-convolution input (H*W)
-    exceeds
-    ``jit_min_hw`` (extra cuDNN kernel memory measured on H100, docs/estimator.md). The margins are ``cal``'s;
-    the fitting of this form and of the rejected ones is ``benchmarks/estimator/margins.py``.
+    exceeds ``jit_min_hw`` (extra cuDNN kernel memory measured on H100, docs/estimator.md). The margins are
+    ``cal``'s; the fitting of this form and of the rejected ones is ``benchmarks/estimator/margins.py``.
     """
     mult = float(cal["amp_mult"] if precision in ("amp-fp16", "bf16") else cal["analytic_mult"])
     reserved = max(0.0, analytic_mib - context_mib - libs_mib)
@@ -140,10 +137,8 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
     alike).
 
     ``analytic.analytic_mib`` goes through :func:`calibrated_bound` with the shipped calibration; ``libs_mib``
-    is
-    the calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN workspace
-    table's
-    every precision gets the larger AMP multiplier.
+    is the calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN workspace
+    table's every precision gets the larger AMP multiplier.
 
     Raises:
         EstimateError: unknown GPU or unusable shipped calibration.

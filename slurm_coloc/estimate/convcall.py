@@ -98,8 +98,7 @@ class ConvCall:
 
 
 def split_batch(key: str) -> Tuple[str, int]:
-    """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast).
-    """
+    """``(geometry key, batch)`` of a key by string surgery, without parsing the rest (fast)."""
     d, dtype, inp, rest = key.split("|", 3)
     n, tail = inp.split(",", 1) if "," in inp else (inp, "")
     return f"{d}|{dtype}|{tail}|{rest}", int(n)
@@ -131,10 +130,8 @@ def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
     only).
 
     ``args`` forward: ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-    groups)``;
-    backward: ``(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-    output_padding,
-    groups, output_mask)``.
+    groups)``; backward: ``(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask)``.
     """
     if backward:
         _go, x, w, _bs, stride, padding, dilation, transposed, out_pad, groups, mask = args[:11]

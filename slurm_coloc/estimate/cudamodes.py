@@ -54,9 +54,8 @@ def make_sdpa_mode(torch: Any) -> Any:
 
     On meta/CPU the math fallback materialises the B*H*T*T attention matrix; on an H100 the fused kernels keep
     only the output and a B*H*T log-sum-exp. ``_scaled_dot_product_efficient_attention`` has meta kernels and
-    a
-    derivative, so the traced allocations match the GPU's. Inside ``F.multi_head_attention_forward`` the modes
-    are popped, so that SDPA call is not seen: :func:`patch_functional_sdpa` covers it.
+    a derivative, so the traced allocations match the GPU's. Inside ``F.multi_head_attention_forward`` the
+    modes are popped, so that SDPA call is not seen: :func:`patch_functional_sdpa` covers it.
     """
     from torch.overrides import TorchFunctionMode
 
@@ -143,9 +142,8 @@ def make_cuda_fp32_mode(torch: Any) -> Any:
     float32.
 
     As CUDA autocast does: floating fp16/bf16 arguments are cast to float32 and the function runs with
-    autocast
-    off. The list is ``_CUDA_FP32_NAMES`` (torch.amp docs minus ``aten/src/ATen/autocast_mode.cpp``'s CPU fp32
-    list).
+    autocast off. The list is ``_CUDA_FP32_NAMES`` (torch.amp docs minus ``aten/src/ATen/autocast_mode.cpp``'s
+    CPU fp32 list).
     """
     import importlib
 

@@ -40,9 +40,7 @@ class ScalarAssumptions:
         self.counts: Dict[str, int] = {}
 
     def note_output(self, func: Any, out: Any, storage_key: int) -> None:
-        """Record that 0-dim ``out`` (storage ``storage_key``) came from ``func``; only ``ORIGIN_OPS`` are
-        kept.
-        """
+        """Record that 0-dim ``out`` (``storage_key``) came from ``func`` (``ORIGIN_OPS`` only)."""
         name = func.__name__.split(".")[0]
         if name in ORIGIN_OPS:
             self.origin[storage_key] = name
@@ -52,9 +50,7 @@ class ScalarAssumptions:
         self.origin.pop(storage_key, None)
 
     def answer(self, torch: Any, t: Any) -> Any:
-        """The assumed value of 0-dim ``t`` (module docstring), counted: True (``all``), False (``any``,
-        bool), 0.0 or 0.
-        """
+        """0-dim ``t``'s assumed value, counted: True (``all``), False (``any``, bool), else 0.0 or 0."""
         kind = self.origin.get(t.untyped_storage()._cdata, "")
         if kind == "all":
             value: Any = True

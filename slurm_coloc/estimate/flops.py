@@ -55,9 +55,7 @@ def make_flop_counter() -> Any:
 
 
 def step_flops(totals: List[int], counter: Any) -> Optional[int]:
-    """FLOPs of the last step: the difference of the last two ``totals``; None with fewer, no counter, or a
-    failure.
-    """
+    """The last step's FLOPs (last two ``totals``' difference); None: fewer, no counter, or failed."""
     if counter is None or getattr(counter, "coloc_failed", False) or len(totals) < 2:
         return None
     return int(totals[-1] - totals[-2])

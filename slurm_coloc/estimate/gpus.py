@@ -17,13 +17,10 @@ class GpuModel:
     """One GPU model; memory figures in MiB.
 
     ``mem_mib`` is what NVML reports as total; ``context_mib`` a torch process's CUDA context; ``libs_mib``
-    the
-    non-allocator memory of cuBLAS/cuDNN during training; ``arch`` the compute capability family (``sm90``):
-    the
-    cuDNN workspace table is measured on ``workspace.TABLE_ARCH``, a proxy elsewhere. ``nccl_mib``: what a
-    process's NCCL communicator (a process group and its first collective, e.g. DDP's) adds outside the
-    caching
-    allocator; 0 where not known.
+    the non-allocator memory of cuBLAS/cuDNN during training; ``arch`` the compute capability family
+    (``sm90``): the cuDNN workspace table is measured on ``workspace.TABLE_ARCH``, a proxy elsewhere.
+    ``nccl_mib``: what a process's NCCL communicator (a process group and its first collective, e.g. DDP's)
+    adds outside the caching allocator; 0 where not known.
     """
 
     name: str

@@ -112,9 +112,7 @@ def _stand_in(name: str, attrs: Dict[str, Any], path: Any) -> _StandIn:
 
 @contextlib.contextmanager
 def deferred_imports() -> Iterator[None]:
-    """Run the block with the stand-ins (module docstring); imports torch. No-op if ``torch._dynamo`` is
-    imported.
-    """
+    """Run the block with the stand-ins (module docstring); a no-op once ``torch._dynamo`` is in."""
     import torch
 
     mine = not (_DYNAMO in sys.modules or _UTILS in sys.modules or "_dynamo" in torch.__dict__ or _active)
@@ -144,8 +142,7 @@ def may_need_real_dynamo(exc: BaseException) -> bool:
     """Whether ``exc``, raised inside :func:`deferred_imports`, could be due to the stand-ins.
 
     True unless it is an ``EstimateError`` with no ``_dynamo`` in its message or its causes (a stand-in's
-    failures,
-    e.g. ``torch._dynamo' is not a package``, always name it).
+    failures, e.g. ``torch._dynamo' is not a package``, always name it).
     """
     from slurm_coloc.errors import EstimateError
 

@@ -63,10 +63,8 @@ def untrusted_dir_reason(directory: str, uid: Optional[int] = None) -> Optional[
 
     ``uid`` None: ours. Checks ``directory`` (after ``realpath``: a symlink is judged by its target) and each
     parent up to and including the first root-owned one: each owned by ``uid`` or root. ``directory`` must not
-    be
-    group- or other-writable (anyone who can add an entry can add ``torch/``); a parent may be, with the
-    sticky
-    bit only (as ``/tmp``). A directory that cannot be ``lstat``'d is a reason; never raises OSError.
+    be group- or other-writable (anyone who can add an entry can add ``torch/``); a parent may be, with the
+    sticky bit only (as ``/tmp``). A directory that cannot be ``lstat``'d is a reason; never raises OSError.
     """
     uid = os.getuid() if uid is None else uid
     own = path = os.path.realpath(directory)
@@ -119,8 +117,7 @@ def load_callable(spec: ModelSpec) -> Callable[..., Any]:
 
     Raises:
         EstimateError: unknown module or file, an untrusted directory, import failure (any exception the
-            user's
-            module raises), missing or non-callable attribute.
+            user's module raises), missing or non-callable attribute.
     """
     target, attr = spec.model.rsplit(":", 1)
     if target.endswith(".py"):

@@ -19,8 +19,7 @@ class ModelSpec:
     ``model``: ``module.path:callable`` or ``path/to/file.py:callable`` (relative to ``base_dir``, the job
     script's directory); ``kwargs``: JSON values; ``input_shape``: ONE sample's, e.g. ``(3, 32, 32)``, or
     ``(seq_len,)`` for token models; ``input_dtype``: ``"float32"`` or ``"int64"`` (token ids);
-    ``batch_size``:
-    samples per step (>= 1).
+    ``batch_size``: samples per step (>= 1).
     """
 
     model: str
@@ -51,8 +50,7 @@ class Estimate:
 
     ``mem_mib``: CUDA context + caching allocator's peak reserved memory (MiB). ``method``: ``analytic``
     (calibrated trace) or ``history`` (earlier measured peaks). ``flops_per_step``: FLOP of one step counted
-    in
-    the trace (forward, backward, optimizer), None when not counted; it does not enter ``mem_mib``.
+    in the trace (forward, backward, optimizer), None when not counted; it does not enter ``mem_mib``.
     """
 
     mem_mib: int
@@ -62,9 +60,7 @@ class Estimate:
     flops_per_step: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
-        """The JSON object ``from_json`` reads back (the estimate cache, the probe cache, coloc-sbatch's
-        estimate child).
-        """
+        """What ``from_json`` reads back (estimate cache, probe cache, coloc-sbatch's estimate child)."""
         return {"mem_mib": self.mem_mib, "method": self.method, "detail": dict(self.detail),
                 "gpu_model": self.gpu_model, "flops_per_step": self.flops_per_step}
 
@@ -74,13 +70,11 @@ class Estimate:
         trusted).
 
         ``detail`` absent or null reads as {}; ``flops_per_step`` absent, null or not a non-negative integer
-        reads as
-        None.
+        reads as None.
 
         Raises:
             ValueError: not an object, ``mem_mib`` not a positive integer, ``method`` not a string or
-                ``detail`` not
-                an object.
+                ``detail`` not an object.
         """
         if not isinstance(data, dict):
             raise ValueError("an estimate must be a JSON object")

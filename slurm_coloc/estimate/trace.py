@@ -47,14 +47,12 @@ class TraceResult:
 
     ``peak_allocated_b``: live tensor bytes (512 B blocks); ``peak_reserved_b``: the replayed caching
     allocator's (cuBLAS workspace included); ``params`` counts trainable and frozen;
-    ``activations_per_sample``:
-    leaf-module output elements per sample; ``activation_fn``: the dominant activation's class name or "";
-    ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups == in_channels > 1``), 0
-    without;
-    ``assumed_values``: value reads answered by assumption, by kind (``datadep.py``);
-    ``conv_workspace_max_b``:
-    largest cuDNN workspace replayed for one call (0 without a workspace model); ``flops_per_step``: FLOP (not
-    GFLOP) of one step (module docstring), None when not counted.
+    ``activations_per_sample``: leaf-module output elements per sample; ``activation_fn``: the dominant
+    activation's class name or ""; ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups
+    == in_channels > 1``), 0 without; ``assumed_values``: value reads answered by assumption, by kind
+    (``datadep.py``); ``conv_workspace_max_b``: largest cuDNN workspace replayed for one call (0 without a
+    workspace model); ``flops_per_step``: FLOP (not GFLOP) of one step (module docstring), None when not
+    counted.
     """
 
     peak_allocated_b: int

@@ -47,8 +47,7 @@ def size_elems(c: ConvCall) -> int:
 
 
 def kind_of(c: ConvCall) -> Tuple:
-    """The class a nearest-neighbour lookup stays within.
-    """
+    """The class a nearest-neighbour lookup stays within."""
     depthwise = c.groups > 1 and c.groups == (c.input[1] if len(c.input) > 1 else 0)
     grad_in = bool(c.mask[0]) if c.backward else False
     return (c.backward, c.dtype, grad_in, depthwise, c.transposed, len(c.input))
@@ -200,8 +199,7 @@ _CACHE: Dict[FrozenSet[str], Optional[WorkspaceModel]] = {}
 
 def read_table(path: Optional[str] = None) -> List[Tuple[str, int, FrozenSet[str]]]:
     """``(key, workspace bytes, set of sources)`` rows of the shipped ``.npz`` (``path`` None) or a ``key,
-    ws_b,
-    srcs`` CSV (``.csv``, ``.csv.gz``; rows without ``ws_b`` skipped).
+    ws_b, srcs`` CSV (``.csv``, ``.csv.gz``; rows without ``ws_b`` skipped).
 
     Raises:
         EstimateError: the file is unreadable or lacks the columns.
