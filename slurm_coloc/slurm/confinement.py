@@ -34,8 +34,7 @@ _TRES_ELSEWHERE = ("tres_per_job", "tres_per_task", "tres_per_socket", "cpus_per
 @dataclass(frozen=True)
 class Confinement:
     """A job's confinement as sbatch option words (values verbatim), its non-shard GRES (``("nic:1",)``), and
-    one
-    phrase per part the rerun cannot carry.
+    one phrase per part the rerun cannot carry.
     """
 
     options: Tuple[str, ...]

@@ -42,18 +42,14 @@ class JobInfo:
 
     ``job_id`` is the job's own id (an array task's differs from ``array_job_id``); ``name``, ``comment``,
     ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``:
-    inside
-    the epilogs 22.05 says ``COMPLETING``, 24.11+ give the final state with ``COMPLETING`` among
-    ``state_flags``
-    (22.05 prints no flags). ``exit_code``/``signal`` are scontrol's ``ExitCode=<code>:<signal>``; ``run_s``
-    is
-    scontrol's ``RunTime``; ``time_limit_s`` None: unlimited or the partition's. ``gres`` counts per name from
-    ``tres_per_node``; ``node_names`` is ``nodes`` expanded; the std paths are expanded as scontrol's
-    ``StdOut``.
-    ``cpus_per_task``: 22.05's JSON prints null even when given, so ``min_cpus_per_node`` keeps what it
-    implies.
-    ``mem_per_node_mib``/``mem_per_cpu_mib``: ``--mem``/``--mem-per-cpu`` (None when not given that way).
-    ``slurm_release``: ``meta``'s release (``"24.11.5"``), ``""`` when not known.
+    inside the epilogs 22.05 says ``COMPLETING``, 24.11+ give the final state with ``COMPLETING`` among
+    ``state_flags`` (22.05 prints no flags). ``exit_code``/``signal`` are scontrol's
+    ``ExitCode=<code>:<signal>``; ``run_s`` is scontrol's ``RunTime``; ``time_limit_s`` None: unlimited or the
+    partition's. ``gres`` counts per name from ``tres_per_node``; ``node_names`` is ``nodes`` expanded; the
+    std paths are expanded as scontrol's ``StdOut``. ``cpus_per_task``: 22.05's JSON prints null even when
+    given, so ``min_cpus_per_node`` keeps what it implies. ``mem_per_node_mib``/``mem_per_cpu_mib``:
+    ``--mem``/``--mem-per-cpu`` (None when not given that way). ``slurm_release``: ``meta``'s release
+    (``"24.11.5"``), ``""`` when not known.
     """
 
     job_id: int
@@ -147,11 +143,9 @@ def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], arra
     """An output path pattern as Slurm 22.05 expands it for ``scontrol show job`` (module docstring).
 
     ``%A`` array job id (the job id outside an array), ``%a`` array task id (4294967294 outside an array),
-    ``%j``
-    job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``:
-    ``"out-%j.txt"``,
-    job 7, ``/w`` -> ``/w/out-7.txt``. The result is text for display and an as-user open; nothing in it is
-    interpreted.
+    ``%j`` job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``:
+    ``"out-%j.txt"``, job 7, ``/w`` -> ``/w/out-7.txt``. The result is text for display and an as-user open;
+    nothing in it is interpreted.
     """
     text = pattern.replace("%A", str(array_job_id if array_task_id is not None and array_job_id else job_id))
     text = text.replace("%a", str(array_task_id if array_task_id is not None else NO_VAL))
@@ -209,8 +203,7 @@ def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
 
 def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, release: str = "") -> JobInfo:
     """One ``jobs[]`` entry (any schema: module docstring) -> ``JobInfo``; ``now`` (Unix s, None: the clock)
-    ends a
-    running job's ``run_s``. An unreadable ``nodes`` list gives empty ``node_names``.
+    ends a running job's ``run_s``. An unreadable ``nodes`` list gives empty ``node_names``.
 
     Raises:
         SlurmError: the entry has no integer ``job_id``.

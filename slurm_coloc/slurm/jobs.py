@@ -28,8 +28,7 @@ def sbatch(
     timeout_s: float = 60.0,
 ):
     """``sbatch <args>``, whatever its exit status: the caller prints its stderr and exits with its code
-    (coloc-sbatch
-    is a drop-in).
+    (coloc-sbatch is a drop-in).
 
     Raises:
         SlurmError: sbatch missing or timed out.
@@ -117,11 +116,10 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     """Submit ``script_path`` as ``uid``/``gid`` from root; return the new job id.
 
     ``env -i PATH=/usr/bin:/bin SLURM_CONF=<conf> sbatch --parsable --uid=<uid> --gid=<gid> <args>
-    <script_path>
-    <script_args>``: a minimal environment, so nothing of the caller's (a hook's ``SLURM_SCRIPT_CONTEXT``,
-    ``SBATCH_*``) reaches the job; ``--export=NONE`` in ``args`` makes slurmd load the user's login
-    environment
-    (docs/facts.md §6: ``--uid`` is for root only). ``slurm_conf`` None: sbatch's default.
+    <script_path> <script_args>``: a minimal environment, so nothing of the caller's (a hook's
+    ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*``) reaches the job; ``--export=NONE`` in ``args`` makes slurmd load
+    the user's login environment (docs/facts.md §6: ``--uid`` is for root only). ``slurm_conf`` None: sbatch's
+    default.
 
     Raises:
         SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
@@ -175,8 +173,7 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
     ``set_admin_comment``).
 
     slurmctld refuses ``scontrol update`` once a job has finished (22.05: ``Job has already finished``), so at
-    job
-    end slurmdbd is the only store (as jobstats does); without slurmdbd it fails.
+    job end slurmdbd is the only store (as jobstats does); without slurmdbd it fails.
 
     Raises:
         SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no slurmdbd,

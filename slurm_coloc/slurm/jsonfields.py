@@ -44,9 +44,8 @@ def job_state(value: Any) -> Tuple[str, Tuple[str, ...]]:
     """``job_state`` -> (state, flags), normalised once here (first word, upper case).
 
     22.05 prints one string, a flag such as ``COMPLETING`` in place of the base state; data_parser prints a
-    list,
-    base state first: ``["COMPLETED", "COMPLETING"]`` -> ("COMPLETED", ("COMPLETING",)); anything else ->
-    ("", ()).
+    list, base state first: ``["COMPLETED", "COMPLETING"]`` -> ("COMPLETED", ("COMPLETING",)); anything else
+    -> ("", ()).
     """
     if isinstance(value, str):
         return _word(value), ()

@@ -35,9 +35,7 @@ def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
 
 
 def decode_exit_code(status: int) -> Tuple[int, int]:
-    """Wait status (``SLURM_JOB_EXIT_CODE``, squeue ``exit_code``) -> (exit 0-255, signal 0-127): ``768`` ->
-    (3, 0).
-    """
+    """Wait status (``SLURM_JOB_EXIT_CODE``) -> (exit 0-255, signal 0-127): ``768`` -> (3, 0)."""
     return (status >> 8) & 0xFF, status & 0x7F
 
 
@@ -102,8 +100,7 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
     ``<held>/<total>`` per device of the node in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices
     holding none are left out), a whole GPU still as ``gpu:1(IDX:0)``. Typed GRES keep their type
     (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). Commas join several GRES; None entries and entries
-    in
-    neither form are skipped.
+    in neither form are skipped.
     """
     out: List[Tuple[str, str, Dict[int, int]]] = []
     for entry in entries:
@@ -124,9 +121,7 @@ def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int,
 
 
 def parse_index_list(text: Optional[str]) -> List[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; None, ``""``, ``"N/A"`` and parts that are not numbers or ranges are
-    skipped.
-    """
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``; None, ``""``, ``"N/A"`` and non-numeric parts are skipped."""
     out: List[int] = []
     for part in (text or "").split(","):
         part = part.strip()
@@ -143,8 +138,7 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
     3}``.
 
     22.05 writes ``gres:``, 24.11+ ``gres/``: both read the same. A GRES without a count counts 1; the same
-    name
-    twice is summed; parts other than GRES and None are skipped.
+    name twice is summed; parts other than GRES and None are skipped.
     """
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
@@ -158,16 +152,14 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
 def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
     """``(arguments text or None, exact)``: the script's arguments in 26.05's ``submit_line`` (sbatch's argv
-    joined
-    by single spaces), as 22.05's ``command`` gives them.
+    joined by single spaces), as 22.05's ``command`` gives them.
 
     ``command`` is the script as 26.05 records it: the path as given when it held a ``/``, else the path
-    sbatch
-    resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on 26.05.5). The script is the first word
-    after
-    word 0 naming that file (equal to ``command``, equal once joined to ``work_dir``, or its basename), not
-    directly after an option word without ``=``. ``sbatch -J s.sh ./s.sh 200`` -> ``("200", True)``. Inexact
-    where several words name the script or spaces are doubled; empty ``command`` gives ``(None, False)``.
+    sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on 26.05.5). The script is the first
+    word after word 0 naming that file (equal to ``command``, equal once joined to ``work_dir``, or its
+    basename), not directly after an option word without ``=``. ``sbatch -J s.sh ./s.sh 200`` -> ``("200",
+    True)``. Inexact where several words name the script or spaces are doubled; empty ``command`` gives
+    ``(None, False)``.
     """
     if not command:
         return None, False
@@ -191,8 +183,7 @@ def parse_stepd_title(cmdline: bytes) -> Optional[int]:
     """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6; None for any other title.
 
     slurmstepd titles itself with its component's job id (22.05, 26.05: a step of het component 1 of job 5
-    shows
-    ``[6.1]`` while the task environment says ``SLURM_JOB_ID=5``).
+    shows ``[6.1]`` while the task environment says ``SLURM_JOB_ID=5``).
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None

@@ -88,8 +88,7 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
     """``(node, gpu index, gres name, count)`` per GPU a running job holds (non-zero), from ``gres_detail``.
 
     Either version's form (``parse.gres_detail_counts``); one node: the job's ``nodes``. A whole-GPU entry
-    counts
-    as all the GPU's shards (the caller knows that count).
+    counts as all the GPU's shards (the caller knows that count).
     """
     out = []
     for name, _type, per in gres_detail_counts(job.gres_detail):
@@ -105,8 +104,8 @@ def placer_shards(job: JobInfo) -> Optional[int]:
     """The shards (GiB) of a job the placer steers, else None.
 
     A candidate is pending, held, without GRES, with a valid coloc comment with ``place`` true and ``shards``
-    in
-    ``comment.values.BOUNDS``; a comment that breaks the protocol is none (``JobComment.read``: one warning).
+    in ``comment.values.BOUNDS``; a comment that breaks the protocol is none (``JobComment.read``: one
+    warning).
     """
     if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
             and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
@@ -150,8 +149,7 @@ def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str
     """``scontrol hold N``: a user hold becomes an admin hold, so the user cannot release the job unplaced.
 
     Root or SlurmUser only; 22.05: ``JobHeldUser`` -> ``JobHeldAdmin``, the user's ``scontrol release`` is
-    then
-    refused with ``Access/permission denied``.
+    then refused with ``Access/permission denied``.
 
     Raises:
         SlurmError: the hold failed (the job stays user-held; the next round retries).
@@ -175,8 +173,7 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
 
 
 def strip_wait(comment: str) -> str:
-    """The comment without the placer's ``coloc-wait:<reason>|`` prefix.
-    """
+    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
     if comment.startswith(WAIT_TAG) and "|" in comment:
         return comment.split("|", 1)[1]
     return comment

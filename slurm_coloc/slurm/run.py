@@ -42,8 +42,7 @@ def run(
 
     Raises:
         SlurmError: the binary is missing, timed out, or (with ``check``) exited non-zero; carries argv,
-            return
-            code and stderr.
+            return code and stderr.
     """
     if not argv:
         raise SlurmError("empty Slurm command")

@@ -183,9 +183,8 @@ _MEMO: Dict[str, SbatchOptions] = {}
 def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                       use_cache: bool = True) -> SbatchOptions:
     """``<bin_dir>/sbatch``'s option table: ``--help`` + ``--usage`` parsed once per binary and slurm.conf,
-    cached
-    in memory and ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json`` (``use_cache`` False: run it
-    again).
+    cached in memory and ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json`` (``use_cache`` False: run
+    it again).
 
     Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why.
     """

@@ -65,9 +65,7 @@ class SlurmVersion:
 
 
 def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
-    """``"slurm 22.05.8"`` / ``"slurm-wlm 24.11.5"`` / ``"26.05.5"`` -> ``SlurmVersion``; None for none (or
-    None).
-    """
+    """``"slurm 22.05.8"``, ``"slurm-wlm 24.11.5"``, ``"26.05.5"`` -> ``SlurmVersion``; else None."""
     m = _RELEASE.search(text or "")
     if not m:
         return None
@@ -75,9 +73,7 @@ def parse_release(text: Optional[str]) -> Optional[SlurmVersion]:
 
 
 def version_from_meta(meta: Any) -> Optional[SlurmVersion]:
-    """The release in a ``--json`` output's ``meta`` (``Slurm.release`` 22.05, ``slurm.release`` 23.02+), or
-    None.
-    """
+    """The release in ``meta`` (``Slurm.release`` 22.05, ``slurm.release`` 23.02+), or None."""
     if not isinstance(meta, Mapping):
         return None
     for key in ("slurm", "Slurm"):
