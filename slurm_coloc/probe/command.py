@@ -175,9 +175,7 @@ def _launcher_script(toks: List[str], kind: str, env: Dict[str, str]) -> Tuple[L
 
 def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = ".",
                  environ: Optional[Mapping[str, str]] = None) -> CommandSearch:
-    """The training command in batch script ``text`` (``script_args``: ``$1``, ``$@``), or None and a one-line
-    reason.
-    """
+    """The training command in ``text`` (``script_args``: ``$1``, ``$@``), or None and a reason line."""
     submit_dir = os.path.abspath(submit_dir)
     walk = _Walk(submit_dir, os.environ if environ is None else environ)
     lines = logical_lines(text)
@@ -267,8 +265,8 @@ class _Walk:
         on.
 
         ``cd`` and ``source .../activate`` update the walk's working directory and venv Python. The answer
-        holds the
-        ``ProbeCommand``, or None and why the launcher's options or Python's arguments rule the probe out.
+        holds the ``ProbeCommand``, or None and why the launcher's options or Python's arguments rule the
+        probe out.
         """
         if toks[0] == "cd" and len(toks) > 1:
             self.cwd = self._path(toks[1])

@@ -36,8 +36,7 @@ def shebang_python(exe: Optional[str], path: Optional[str]) -> Optional[str]:
     """The interpreter a console script (``torchrun``, ``accelerate``) runs under, from its ``#!`` line.
 
     ``#!/usr/bin/env python3`` is looked up on ``path`` (None: ours); pip's ``#!/bin/sh`` + ``'''exec' PY``
-    form
-    too. None: no script, unreadable, no Python ``#!``; never raises OSError.
+    form too. None: no script, unreadable, no Python ``#!``; never raises OSError.
     """
     if not exe:
         return None
@@ -75,8 +74,7 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
 
     ``#COLOC python=`` and a path the command names are taken as written; a bare name is looked up on ``path``
     (the preamble's; None: ours), then the venv a ``source .../activate`` line named; a launcher's own Python
-    is
-    its ``#!`` line's, ``python3`` when it has none.
+    is its ``#!`` line's, ``python3`` when it has none.
     """
     if cmd.python_from in ("coloc", "path") and cmd.interpreter:
         return cmd.interpreter if os.access(cmd.interpreter, os.X_OK) else None
@@ -99,8 +97,7 @@ def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
 @dataclasses.dataclass
 class JobPython:
     """:func:`discover_job`'s answer: ``python`` (absolute, links not resolved) or None and ``reason``;
-    ``env`` after
-    the preamble (else the submitting one); ``notes`` on a preamble that failed or hung.
+    ``env`` after the preamble (else the submitting one); ``notes`` on a preamble that failed or hung.
     """
 
     python: Optional[str]
@@ -116,8 +113,7 @@ def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
     PATH.
 
     ``python`` (a path or a name) overrides the command's; ``environ`` None: ours; ``run_as`` None: the
-    caller.
-    Never raises.
+    caller. Never raises.
     """
     pre = run_preamble(text, cmd, script_args, submit_dir, environ, run_as=run_as)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)

@@ -46,8 +46,7 @@ _DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
 @dataclasses.dataclass
 class Preamble:
     """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none), whether
-    it
-    ``ran``, one ``note`` line on a failure ("" otherwise), ``wall_s``.
+    it ``ran``, one ``note`` line on a failure ("" otherwise), ``wall_s``.
     """
 
     env: Optional[Dict[str, str]]
@@ -60,8 +59,7 @@ def preamble(text: str, line_index: int) -> Optional[str]:
     """The runnable preamble of ``text`` (module docstring), or None when no line is kept.
 
     Its setup lines before logical line ``line_index`` (0-based, ``shellwords.logical_lines``), others
-    (heredoc
-    bodies too) as ``:``, one line per logical line read.
+    (heredoc bodies too) as ``:``, one line per logical line read.
     """
     out: List[str] = []
     kept = False

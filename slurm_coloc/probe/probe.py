@@ -50,10 +50,8 @@ class ProbeResult:
     """The probe's answer for one batch script.
 
     ``estimate`` (method ``probe``) is None when the probe fell back, ``reason`` then says why; ``ran`` is one
-    line
-    on what ran and was seen; ``detail`` is the child's raw result (peaks in bytes, optimizers, autocast,
-    notes,
-    writes, ``scratch_files``); ``log_text`` is the last 20,000 characters of the program's output when
+    line on what ran and was seen; ``detail`` is the child's raw result (peaks in bytes, optimizers, autocast,
+    notes, writes, ``scratch_files``); ``log_text`` is the last 20,000 characters of the program's output when
     ``keep_log`` ("" when cached or not run; the scratch directory itself is removed).
     """
 
@@ -86,8 +84,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     ``probe``).
 
     ``result`` peaks are bytes; ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped;
-    ``nccl_group``
-    true adds the GPU's ``nccl_mib`` (the communicator's memory outside the allocator).
+    ``nccl_group`` true adds the GPU's ``nccl_mib`` (the communicator's memory outside the allocator).
 
     Raises:
         EstimateError: unknown GPU.
@@ -120,9 +117,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
 
 
 def ran_line(cmd: ProbeCommand, result: Optional[Dict[str, Any]], interpreter: str) -> str:
-    """One line: what the probe ran (under ``interpreter``, "" = ``python3``) and what it saw (``result``
-    None: none).
-    """
+    """One line: what the probe ran (``interpreter`` "" = ``python3``) and saw (``result`` None: none)."""
     prog = os.path.basename(cmd.target) if cmd.mode == "file" else f"-m {cmd.target}"
     line = f"probe ran `{prog}{' ' if cmd.args else ''}{' '.join(cmd.args)}` with {interpreter or 'python3'}"
     if not result:
@@ -238,8 +233,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
             children run as that user (``identity.py``); root without them probes only its own files.
 
     ``estimate`` None and a ``reason`` for a program that cannot be probed (no command found, no Python, a
-    failed
-    or hung run).
+    failed or hung run).
 
     Raises:
         EstimateError: ``gpu`` is not a known GPU model.

@@ -73,8 +73,7 @@ def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, en
     handles it).
 
     Returns the reaper's status (``returncode``, ``timed_out``, ``left_running``); an unreadable one reads as
-    timed
-    out. Never raises for the program.
+    timed out. Never raises for the program.
 
     Raises:
         OSError: the reaper cannot be started (``subprocess.Popen``).

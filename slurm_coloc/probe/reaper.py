@@ -49,9 +49,7 @@ def set_subreaper() -> bool:
 
 
 def descendants(root: int) -> Dict[int, bool]:
-    """``pid -> is a zombie`` for every process below ``root`` (itself excluded); ones that end meanwhile are
-    skipped.
-    """
+    """``pid -> is a zombie`` for every process below ``root`` (excluded); vanishing ones skipped."""
     children: Dict[int, List[int]] = {}
     zombie: Dict[int, bool] = {}
     for name in os.listdir("/proc"):
@@ -126,8 +124,7 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
 
 
 def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of every live process below ``root`` and of the children it reaped.
-    """
+    """CPU seconds (user + system) of every live process below ``root`` and the children it reaped."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = 0
     for pid in descendants(root):
@@ -173,8 +170,7 @@ def _still_progressing(me: int, cpu: List[float], now: float, timeout_s: float) 
 
 
 def main(argv: List[str]) -> int:
-    """Run ``argv`` (module docstring's usage, after the script name); 0 (the status file holds the outcome).
-    """
+    """Run ``argv`` (the module docstring's usage); 0: the status file holds the outcome."""
     status_path = argv[0]
     timeout_s, max_wall, max_procs, dump, argv = _options(argv)
     sub = set_subreaper()

@@ -78,8 +78,7 @@ class RunOutcome:
 
     ``result``: the child's result JSON (``inject/main.py``), None when it wrote none; ``reason`` "" when
     ``result["status"] == "ok"``; ``scratch`` and ``log_path`` "" once removed; ``scratch_files``: relative
-    paths
-    the program wrote in its mirrored directory; ``log_text``: the last 20,000 characters of its output.
+    paths the program wrote in its mirrored directory; ``log_text``: the last 20,000 characters of its output.
     """
 
     result: Optional[Dict[str, Any]]
@@ -154,8 +153,7 @@ def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,
     """Run ``cmd`` under the probe (module docstring) and read its result; never raises for a failing program.
 
     ``mem_limit_mib``: the child's address-space limit; ``scratch_root`` None: the system temp dir. No figure
-    and
-    a reason when the job's Python or the program file is missing, ``timeout_s`` ended the child before an
+    and a reason when the job's Python or the program file is missing, ``timeout_s`` ended the child before an
     optimizer step, or it wrote no result.
     """
     start = time.monotonic()

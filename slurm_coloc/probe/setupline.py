@@ -14,8 +14,8 @@ A logical line is setup when every simple command on it is one of ``SETUP_COMMAN
 - output is redirected only to ``/dev/null`` or another descriptor (``2>&1``, ``>&2``, ``>&-``), input
   only from ``/dev/null``.
 
-So no program of the user's (and nothing but the tools above) runs, and nothing is written: docs/user.md
-"The job's Python".
+So no program of the user's (and nothing but the tools above) runs, and nothing is written: docs/user.md "The
+job's Python".
 """
 from __future__ import annotations
 
@@ -107,10 +107,7 @@ def _redirection_ok(op: str, target: Optional[str]) -> bool:
 
 
 def is_setup(line: str) -> bool:
-    """Whether logical line ``line`` (continuations joined, not a comment) runs no program but setup commands
-    and
-    writes nothing (module docstring).
-    """
+    """Whether logical ``line`` runs no program but setup commands and writes nothing (module docstring)."""
     text = _replace_substitutions(line)
     if text is None:
         return False

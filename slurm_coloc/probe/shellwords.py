@@ -18,8 +18,7 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(?::?-([^}]*))?\}"
 
 
 def logical_lines(text: str) -> List[str]:
-    """The script's logical lines: a line ending in ``\\`` joins the next (the backslash becomes a space).
-    """
+    """The script's logical lines: a line ending in ``\\`` joins the next (the backslash becomes a space)."""
     out: List[str] = []
     buf = ""
     for raw in text.splitlines():
@@ -90,9 +89,7 @@ def simple_commands(line: str, vars_: Mapping[str, str], args: Sequence[str]) ->
 
 
 def words_to_operator(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    """The words of a line (or value) up to its first operator, pipe or redirection, substituted; None if
-    unsplittable.
-    """
+    """A line's words up to its first operator, pipe or redirection, substituted; None if unsplittable."""
     toks = _tokens(line, vars_, args)
     if toks is None:
         return None

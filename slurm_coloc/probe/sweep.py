@@ -44,8 +44,7 @@ def option_name(word: str) -> str:
 
 def config_args(args: Sequence[str]) -> Tuple[List[str], List[str]]:
     """``(kept, dropped)``: the program's arguments that define the training configuration (in order, the
-    cache
-    key's part), and the inert ones as written (for ``--explain``).
+    cache key's part), and the inert ones as written (for ``--explain``).
     """
     kept: List[str] = []
     dropped: List[str] = []
@@ -67,9 +66,7 @@ def config_args(args: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 
 def differs_only_in(earlier: Sequence[str], now: Sequence[str]) -> str:
-    """One phrase on how ``now``'s inert arguments differ from ``earlier``'s (``--lr 0.1 -> --lr 0.01``); ""
-    if same.
-    """
+    """How ``now``'s inert arguments differ from ``earlier``'s (``--lr 0.1 -> --lr 0.01``); "" if same."""
     if list(earlier) == list(now):
         return ""
     before = " ".join(config_args(earlier)[1]) or "none"

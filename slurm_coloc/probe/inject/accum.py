@@ -35,10 +35,8 @@ class MicroSteps:
     """Skips repeated grad-enabled micro-steps of one optimizer cycle (module docstring).
 
     ``evals`` is the probe's ``evalpass.EvalPasses``; ``flops_total`` returns the FLOP counter's running total
-    or
-    None. ``extra_flops``: FLOPs credited for skipped micro-steps (added to every later reading); ``broken``:
-    a
-    skipped micro-step turned out irregular, nothing is skipped after it.
+    or None. ``extra_flops``: FLOPs credited for skipped micro-steps (added to every later reading);
+    ``broken``: a skipped micro-step turned out irregular, nothing is skipped after it.
     """
 
     def __init__(self, torch: Any, evals: Any, flops_total: Callable[[], Optional[int]]) -> None:

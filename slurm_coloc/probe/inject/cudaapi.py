@@ -44,8 +44,7 @@ def patch_autocast(torch: Any, state: ProbeState) -> None:
     """``autocast("cuda", dtype)`` becomes CPU autocast with the same dtype (fp16 by default, as CUDA).
 
     Where this torch's CPU autocast lacks the dtype, the probe ends with that reason (``state.fail``) rather
-    than
-    trace the step in float32; ``state.autocast_dtypes`` gets each dtype entered.
+    than trace the step in float32; ``state.autocast_dtypes`` gets each dtype entered.
     """
     ac = torch.amp.autocast_mode.autocast
     orig_init = ac.__init__
@@ -99,8 +98,7 @@ def signed_like(real: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
 
     The stand-in binds its arguments to ``inspect.signature(real)`` first (none inspectable: no check);
     ``functools.wraps`` gives it ``real``'s name, docstring and signature. Each call makes a new function
-    object
-    (``torch._dynamo`` refuses one object under two names).
+    object (``torch._dynamo`` refuses one object under two names).
     """
     import functools
     import inspect
@@ -133,8 +131,7 @@ def _h100_properties() -> types.SimpleNamespace:
 
 def cuda_api_table(torch: Any, state: ProbeState) -> Dict[str, Any]:
     """``torch.cuda`` name -> stand-in for the fake device: an idle H100 (sm_90, ``H100_TOTAL_B``), memory in
-    bytes
-    from ``state.tracker.alloc``.
+    bytes from ``state.tracker.alloc``.
 
     Stand-ins take any arguments (:func:`patch_cuda_api` puts each behind the real signature); classes
     (``Stream``, ``Event``, ``CUDAGraph``) are :class:`_Dummy`.
@@ -205,8 +202,7 @@ def patch_cuda_api(torch: Any, state: ProbeState) -> None:
 
     Every name of :func:`cuda_api_table` this torch has gets a stand-in with the real signature
     (:func:`signed_like`); names it lacks are added as they are. Also ``torch.Generator`` (a CUDA device gives
-    a
-    CPU generator), ``torch.accelerator`` (torch >= 2.6) and ``torch.cuda.memory``.
+    a CPU generator), ``torch.accelerator`` (torch >= 2.6) and ``torch.cuda.memory``.
     """
     cuda = torch.cuda
     for name, value in cuda_api_table(torch, state).items():

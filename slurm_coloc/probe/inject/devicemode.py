@@ -57,9 +57,7 @@ class _Moves:
         self.cpu = torch.device("cpu")
 
     def to_gpu(self, t: Any, dtype: Any = None, memory_format: Any = None) -> Any:
-        """``t`` as a fake GPU tensor (itself when already one of ``dtype``); None dtype or memory format keep
-        ``t``'s.
-        """
+        """``t`` as a fake GPU tensor (itself if one of ``dtype``); None dtype/memory format keep ``t``'s."""
         if self.state.on_gpu(t) and (dtype is None or dtype == t.dtype):
             return t
         made = self._host_to_gpu(t, dtype, memory_format)
@@ -72,8 +70,8 @@ class _Moves:
 
     def _host_to_gpu(self, t: Any, dtype: Any, memory_format: Any) -> Any:
         """A real host tensor's GPU copy made as a new fake tensor of its shape, dtype and layout, or None
-        where the copy
-        must be the copy op itself (a fake tensor, one autograd follows, a non-strided or unusual layout).
+        where the copy must be the copy op itself (a fake tensor, one autograd follows, a non-strided or
+        unusual layout).
 
         A factory: no real-to-fake conversion of the host tensor, which cost about 10 ms a batch.
         """

@@ -6,8 +6,7 @@ from typing import Any
 
 
 def patch_distributed(torch: Any, st: Any) -> None:
-    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module.
-    """
+    """One-process ``torchrun``: a gloo group of one, and DDP traced as its module."""
     try:
         import torch.distributed as dist
         import torch.nn.parallel as par

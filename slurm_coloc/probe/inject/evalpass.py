@@ -66,8 +66,7 @@ class EvalPasses:
         """``(pytree spec, leaves)`` of any pytree, or None if a leaf is opaque.
 
         Tensors become ``("t", shape, dtype, on_gpu, requires_grad)``, plain leaves (None, bool, int, float,
-        str)
-        ``("v", value)``; anything else is opaque.
+        str) ``("v", value)``; anything else is opaque.
         """
         from torch.utils._pytree import tree_flatten
 
@@ -87,9 +86,8 @@ class EvalPasses:
         """The pytree of a :meth:`skeleton` with new tensors (GPU ones empty replayed fakes, host ones zeros).
 
         ``batch=(old, new)``: a dimension 0 equal to ``old`` becomes ``new``. ``grad``: floating tensors that
-        required
-        grad require it again (outputs of :func:`_stand_in`, whose graph leads to one small anchor, not the
-        module).
+        required grad require it again (outputs of :func:`_stand_in`, whose graph leads to one small anchor,
+        not the module).
         """
         from torch.utils._pytree import tree_unflatten
 
@@ -123,8 +121,7 @@ class EvalPasses:
 
     # -- the module call wrapper ---------------------------------------------------------------
     def note_train_call(self, mod: Any, args: Any, kwargs: Any) -> None:
-        """Remember a top-level grad-enabled call (the evaluation replay's inputs).
-        """
+        """Remember a top-level grad-enabled call (the evaluation replay's inputs)."""
         skel = self.skeleton((args, kwargs))
         if skel is not None:
             self.train_call = (weakref.ref(mod), skel)
@@ -133,8 +130,7 @@ class EvalPasses:
         """``Module.__call__`` at depth 0: skip repeats under no_grad, remember training calls.
 
         A no-grad call of the same module and shapes seen ``SKIP_AFTER`` times gets rebuilt outputs of the
-        same
-        structure, shapes and dtypes; otherwise ``smaller.SmallerCalls`` may answer it.
+        same structure, shapes and dtypes; otherwise ``smaller.SmallerCalls`` may answer it.
         """
         if self.torch.is_grad_enabled():
             self.note_train_call(mod, args, kwargs)
@@ -161,9 +157,7 @@ class EvalPasses:
 
     # -- after the steps -----------------------------------------------------------------------
     def replay_eval_batches(self, note: Callable[[str], None]) -> None:
-        """One no-grad forward per DataLoader batch size above the training batch; a failing pass is noted,
-        not raised.
-        """
+        """One no-grad forward per loader batch size above training's; a failure is noted, not raised."""
         if self.train_call is None:
             return
         ref, skel = self.train_call

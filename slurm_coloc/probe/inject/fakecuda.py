@@ -31,9 +31,8 @@ class ProbeState:
 
     ``tracker``: ``estimate.tracker.make_tracker``'s (its ``alloc`` the allocator model); ``cuda_op``: the op
     being dispatched makes GPU tensors; ``nccl_group``: the program asked for an NCCL group (its
-    communicator's
-    memory is not traced); ``fail``: ends the probe with a reason, for what this torch cannot imitate;
-    ``typed``: ``legacy.py``'s ``torch.cuda.<Type>Tensor`` stand-ins.
+    communicator's memory is not traced); ``fail``: ends the probe with a reason, for what this torch cannot
+    imitate; ``typed``: ``legacy.py``'s ``torch.cuda.<Type>Tensor`` stand-ins.
     """
 
     def __init__(self, tracker: Any) -> None:
@@ -53,9 +52,7 @@ class ProbeState:
             self.notes.append(text)
 
     def on_gpu(self, t: Any) -> bool:
-        """Whether ``t``'s storage is replayed as GPU memory (one without a storage, sparse or nested, is host
-        memory).
-        """
+        """Whether ``t``'s storage replays as GPU memory (none, as sparse or nested: host memory)."""
         try:
             return t.untyped_storage()._cdata in self.tracker.handles
         except Exception:  # tensors without storage (sparse, nested) are host
@@ -63,9 +60,7 @@ class ProbeState:
 
 
 def is_cuda_device(torch: Any, d: Any) -> bool:
-    """Whether ``d`` names a CUDA device: a ``torch.device``, ``cuda``/``cuda:1``, or an ``int`` (CUDA device
-    N).
-    """
+    """Whether ``d`` (``torch.device``, ``"cuda:1"``, an ``int`` device index) names a CUDA device."""
     if isinstance(d, int) and not isinstance(d, bool):
         return d >= 0
     if isinstance(d, torch.device):
@@ -96,9 +91,9 @@ class GpuOps:
     :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker) are not entered for the whole
     program: they are pushed around one op at a time, with ``state.cuda_op`` set (:func:`tag_gpu_ops`), when
 
-    * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s
-      own ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is
-      wrapped by :meth:`install`;
+    * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s own
+      ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is wrapped
+      by :meth:`install`;
     * the device mode runs a factory with a CUDA device or a move to the GPU (:meth:`run`).
 
     Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python

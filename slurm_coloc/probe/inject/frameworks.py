@@ -134,8 +134,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def install(note: Note) -> None:
-    """Patch the frameworks imported now and later (module docstring); a failing patch is noted, not raised.
-    """
+    """Patch frameworks imported now and later (module docstring); a failing patch is noted."""
     for name, patch in PATCHES.items():
         mod = sys.modules.get(name)
         if mod is not None:

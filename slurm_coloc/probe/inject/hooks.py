@@ -19,10 +19,7 @@ from slurm_coloc.probe.inject.workers import cap_threads, patch_workers
 
 
 def install(probe: Any, torch: Any) -> None:
-    """Every hook below, in the order the program meets them; ``probe`` (``state`` set) gets ``evals``,
-    ``smaller``,
-    ``micro``.
-    """
+    """Every hook below, in the order the program meets them; sets ``probe.evals/smaller/micro``."""
     st = probe.state
     _patch_optimizers(probe, torch)
     probe.evals = evalpass.EvalPasses(torch, st.on_gpu)

@@ -55,9 +55,7 @@ def _typed_class(torch: Any, state: ProbeState, name: str, dtype: Any) -> type:
 
 
 def patch_typed_tensors(torch: Any, state: ProbeState) -> Dict[str, type]:
-    """Replace ``torch.cuda.<Type>Tensor`` (``TYPED``) and ``torch.set_default_tensor_type`` (module
-    docstring).
-    """
+    """Replace ``torch.cuda.<Type>Tensor`` and ``torch.set_default_tensor_type`` (module docstring)."""
     made: Dict[str, type] = {}
     for name, dt in TYPED.items():
         dtype = getattr(torch, dt, None)
@@ -113,9 +111,7 @@ def _cuda_dtype(torch: Any, made: Dict[str, type], t: Any) -> Optional[Any]:
 def type_handler(torch: Any, state: ProbeState, made: Dict[str, type],
                  to_gpu: Callable[[Any, Any], Any], to_host: Callable[[Any, Any], Any]
                  ) -> Callable[[Any, Any, Dict[str, Any]], Any]:
-    """The device mode's handler of ``Tensor.type`` (module docstring); ``made``: :func:`patch_typed_tensors`'
-    classes.
-    """
+    """The device mode's ``Tensor.type`` handler (module docstring); ``made``: the typed classes."""
 
     def handler(func: Any, args: Any, kwargs: Dict[str, Any]) -> Any:
         t = args[0]

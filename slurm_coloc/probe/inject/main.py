@@ -75,8 +75,7 @@ class _Probe:
         directory.
 
         A mirrored file link opened for writing first becomes a scratch file (a copy of its target unless the
-        mode has
-        ``w``).
+        mode has ``w``).
         """
         path = None
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
@@ -151,8 +150,7 @@ class _Probe:
         ``os._exit(0)``.
 
         With ``ok``, evaluation batches and smaller calls are replayed first. ``status``: ``ok`` | ``no-step``
-        |
-        ``error``; ``reason`` "" for ``ok``.
+        | ``error``; ``reason`` "" for ``ok``.
         """
         st = self.state
         if status == "ok" and self.evals is not None and st is not None and not self.finishing:

@@ -87,8 +87,7 @@ def reason_of(exc: BaseException) -> str:
     """One line naming what stopped the program, with the deepest frame of the program's own code.
 
     ``the program exited (code N) ...``, ``the program reached the real CUDA driver at file:line ...`` (never
-    the
-    job's own cause), ``data missing at file:line: ...`` or ``the program failed at file:line: Type:
+    the job's own cause), ``data missing at file:line: ...`` or ``the program failed at file:line: Type:
     message``.
     """
     if isinstance(exc, SystemExit):
@@ -120,8 +119,7 @@ _WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 def worker_reason(exc: BaseException) -> str:
     """``the program's worker process N failed at file:line: Type: message`` for a launcher's wrapper
-    exception,
-    else "".
+    exception, else "".
 
     ``torch.multiprocessing.spawn`` raises ``ProcessRaisedException`` with the worker's traceback as text; the
     line names its first exception (the cause where it chains) and its deepest frame in the program's own
@@ -149,9 +147,8 @@ def worker_reason(exc: BaseException) -> str:
 
 
 def short_message(exc: BaseException) -> str:
-    """The exception's message on one line, colour codes removed; a long one cut to its first sentence, at
-    most
-    ``REASON_CHARS`` characters.
+    """The message on one line without colour codes; a long one cut at its first sentence (<=
+    ``REASON_CHARS``).
     """
     msg = " ".join(_ANSI.sub("", str(exc)).split())
     if len(msg) > REASON_CHARS:

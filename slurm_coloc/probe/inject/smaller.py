@@ -61,9 +61,8 @@ class SmallerCalls:
         """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (bytes).
 
         The transient is the module's latest call's (the first one's includes what is allocated once, as
-        cuBLAS's
-        workspaces); ``stand_in()`` tells a call answered without running (``accum.py``). Exceptions pass
-        through.
+        cuBLAS's workspaces); ``stand_in()`` tells a call answered without running (``accum.py``). Exceptions
+        pass through.
         """
         bound = self._bind(mod, args, kwargs)
         if bound is not None:
@@ -143,8 +142,7 @@ class SmallerCalls:
         return tuple(key), dims
 
     def observe(self, mod: Any, args: Any, kwargs: Any, out_skel: Any) -> None:
-        """Keep a traced no-grad call's input dims and output skeleton (None: nothing); at most 8 per family.
-        """
+        """Keep a traced no-grad call's input dims and output skeleton (None: nothing); 8 per family."""
         fam = self._family(mod, args, kwargs)
         if fam is None or out_skel is None:
             return

@@ -28,8 +28,7 @@ _TRAINING_MARKS = ("init_process_group", ".backward(", ".step(")
 
 
 def is_training_target(fn: Any) -> bool:
-    """Whether ``fn``'s source reads like a training worker (``_TRAINING_MARKS``); False when unreadable.
-    """
+    """Whether ``fn``'s source reads like a training worker (``_TRAINING_MARKS``); False if unreadable."""
     try:
         src = inspect.getsource(fn)
     except (OSError, TypeError):
@@ -46,8 +45,7 @@ def _holds_torch(torch: Any, proc: Any) -> bool:
 
 
 def patch_workers(torch: Any, note: Callable[[str], None], fail: Callable[[str], None]) -> None:
-    """Install the in-process spawn and ``Process.start`` (module docstring).
-    """
+    """Install the in-process spawn and ``Process.start`` (module docstring)."""
     tmp = getattr(torch, "multiprocessing", None)
     if tmp is None:  # pragma: no cover - every torch has it
         return
