@@ -91,13 +91,10 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config,
     """gres.conf: every GPU file has one shard line with Count = gpu_mem_gib, and the device files exist.
 
     GPU files come from ``Name=gpu File=`` lines or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
-    24.11+)
-    globally or on its own line (gres.conf(5)), from slurmd's NVML autodetection: then the shard lines'
-    ``File=``
-    name the GPUs (docs/admin.md's production gres.conf). Only the device files of ``local`` nodes
-    (admin/role.py;
-    None: every node) must exist here. One ``Check`` per GPU node; a single failure when the file is
-    unreadable.
+    24.11+) globally or on its own line (gres.conf(5)), from slurmd's NVML autodetection: then the shard
+    lines' ``File=`` name the GPUs (docs/admin.md's production gres.conf). Only the device files of ``local``
+    nodes (admin/role.py; None: every node) must exist here. One ``Check`` per GPU node; a single failure when
+    the file is unreadable.
     """
     name = "gres.conf"
     text, err = _read(gres_path, name)
@@ -252,10 +249,8 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
     slurm.conf reads), munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
 
     ``no_gpu`` skips the GPU, MPS and metrics checks whatever the role; ``role`` ``auto`` comes from
-    slurm.conf and
-    the host name (admin/role.py). On a controller or login host the GPU checks are skipped and no GPU device
-    file
-    of gres.conf must exist here.
+    slurm.conf and the host name (admin/role.py). On a controller or login host the GPU checks are skipped and
+    no GPU device file of gres.conf must exist here.
     """
     results, conf = check_slurm_conf(slurm_conf, cfg)
     try:
@@ -284,10 +279,8 @@ def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path
     """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py).
 
     ``scontrol --version`` runs with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
-    source
-    22.05's scontrol exits before printing its version (DNS SRV look-up). One ``fail`` when the release cannot
-    be
-    told.
+    source 22.05's scontrol exits before printing its version (DNS SRV look-up). One ``fail`` when the release
+    cannot be told.
     """
     name = "Slurm version"
     conf_dir = slurm_conf.parent

@@ -20,8 +20,7 @@ from slurm_coloc.errors import ColocError
 
 
 def _drop_lines(text: str, drop: "re.Pattern[str]") -> str:
-    """``text`` without the lines ``drop`` matches, and without our ``MARK`` comment when nothing of its block
-    is left after it."""
+    """``text`` without the lines ``drop`` matches, nor our ``MARK`` comment once its block is empty."""
     lines = [ln for ln in text.splitlines() if not drop.match(ln)]
     out: List[str] = []
     for i, ln in enumerate(lines):
@@ -76,8 +75,7 @@ def plan(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -
     """The ``Change`` of each file that turns slurm-coloc off (``remove`` for our own; nothing written).
 
     gres.conf is left alone; plugstack.conf is ``PlugStackConfig`` or beside slurm.conf. Empty when nothing of
-    ours
-    is configured.
+    ours is configured.
 
     Raises:
         ColocError: slurm.conf missing or unreadable.

@@ -90,8 +90,7 @@ def glob_hook_text(hook_dir: str, key: str, pattern: str) -> str:
 
 
 def _set_global(lines: List[str], key: str, value: str, added: List[str]) -> None:
-    """Set global ``key`` (case-insensitive, on a line of its own) to ``value`` in place, else queue it in
-    ``added``."""
+    """Set global ``key`` (any case, own line) to ``value`` in place, else queue it in ``added``."""
     pat = re.compile(rf"^\s*{key}\s*=\s*(\S*)\s*(#.*)?$", re.IGNORECASE)
     for i, line in enumerate(lines):
         if pat.match(line):
@@ -251,16 +250,13 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
     """The ``Change`` (path, old text or None, new text) of each file that changes; nothing is written.
 
     slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or beside slurm.conf) when
-    ``spank``;
-    files already as needed are left out (a second run plans nothing). ``chain_hooks``: a hook key set to
-    another
-    program names ``<slurm.conf dir>/coloc-chain-<shim>`` instead, which runs the site's program, then ours
-    (``chain_text``); it wins over ``replace_hooks``.
+    ``spank``; files already as needed are left out (a second run plans nothing). ``chain_hooks``: a hook key
+    set to another program names ``<slurm.conf dir>/coloc-chain-<shim>`` instead, which runs the site's
+    program, then ours (``chain_text``); it wins over ``replace_hooks``.
 
     Raises:
         ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
-            GPU
-            node whose device files cannot be known.
+            GPU node whose device files cannot be known.
     """
     read = read_text
     slurm_text = read(slurm_conf)

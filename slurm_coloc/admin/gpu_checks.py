@@ -125,8 +125,7 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
     else fail.
 
     A job can allocate outside MPS otherwise (measured on the H100: 20 GiB in compute mode DEFAULT).
-    ``mode_of``:
-    GPU key (``GPU-<uuid>`` or ``idx<N>``) -> mode name, None when NVML could not say.
+    ``mode_of``: GPU key (``GPU-<uuid>`` or ``idx<N>``) -> mode name, None when NVML could not say.
     """
     name = "MPS protection"
     if not shared:
@@ -150,9 +149,7 @@ def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
 
 
 def check_mps_protection(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
-    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` compute mode (through NVML; nothing changed; never raises for
-    NVML).
-    """
+    """Shared GPUs not in ``EXCLUSIVE_PROCESS`` (read through NVML, nothing changed; never raises)."""
     if no_gpu:
         return [Check("MPS protection", "skip", f"{_why(no_gpu)}: not a GPU node")]
     shared = shared_gpus(cfg)

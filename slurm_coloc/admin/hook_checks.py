@@ -23,8 +23,7 @@ def unsafe_path(path: Path) -> Optional[str]:
     safe.
 
     Safe: owned by root and not writable by group or others; a world-writable directory only with the sticky
-    bit
-    and root ownership (``/tmp``). A path that cannot be read gives its error; never raises ``OSError``.
+    bit and root ownership (``/tmp``). A path that cannot be read gives its error; never raises ``OSError``.
     """
     p = path.resolve()
     for q in [p, *p.parents]:
@@ -64,8 +63,7 @@ def _ours(p: str) -> bool:
 
 def check_hooks(conf: SlurmConf) -> List[Check]:
     """One ``Check`` per configured hook program: it exists, is executable, and neither it nor a directory
-    above it
-    is writable by non-root; a glob's files each, one of them slurm-coloc's.
+    above it is writable by non-root; a glob's files each, one of them slurm-coloc's.
     """
     out: List[Check] = []
     for key in HOOK_KEYS:

@@ -28,10 +28,7 @@ def _socket(conf: SlurmConf) -> str:
 
 
 def check_munge(conf: Optional[SlurmConf], key: Path = KEY, timeout_s: float = 5.0) -> List[Check]:
-    """One ``Check``: ``skip`` (not munge, not root), ``fail`` (key missing, or munge/unmunge through munged's
-    socket
-    fails within ``timeout_s`` each) or ``pass``. Never raises.
-    """
+    """``skip`` (not munge/root), ``fail`` (no key; munge/unmunge fails in ``timeout_s``) or ``pass``."""
     name = "munge"
     if conf is None or conf.get("AuthType", "auth/munge") != "auth/munge":
         return [Check(name, "skip", "AuthType is not auth/munge")]

@@ -40,9 +40,7 @@ class HostRole:
 
 
 def controllers(slurm_text: str) -> FrozenSet[str]:
-    """Short host names of every ``SlurmctldHost=`` (and ``ControlMachine=``/``BackupController=``) line;
-    ``ctl(10.0.0.1)`` is ``ctl``.
-    """
+    """Short names of every ``SlurmctldHost=``/``ControlMachine=``/``BackupController=`` host."""
     out = set()
     for line in slurm_text.splitlines():
         m = _CTLD.match(line)

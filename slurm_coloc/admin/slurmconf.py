@@ -76,9 +76,7 @@ def parse_gres_conf(text: str) -> List[Dict[str, str]]:
 
 
 def parse_gres_counts(spec: str) -> Dict[str, int]:
-    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (count 1 when omitted, names
-    summed).
-    """
+    """``gpu:2,shard:160`` / ``gpu:h100:2`` -> ``{"gpu": 2, "shard": 160}`` (no count: 1; summed)."""
     out: Dict[str, int] = {}
     for item in (s.strip() for s in spec.split(",") if s.strip()):
         parts = item.split(":")
@@ -88,8 +86,8 @@ def parse_gres_counts(spec: str) -> Dict[str, int]:
 
 
 def parse_plugstack(text: str) -> List[Tuple[str, str, List[str]]]:
-    """plugstack.conf lines: ``(required|optional, plugin path, args)``, ``("include", glob, [])``, or for a
-    one-word line ``("?", word, [])``.
+    """plugstack.conf lines: ``(required|optional, path, args)``, ``("include", glob, [])`` or ``("?", w,
+    [])``.
     """
     out: List[Tuple[str, str, List[str]]] = []
     for line in _lines(text):

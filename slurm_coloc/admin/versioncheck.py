@@ -28,10 +28,7 @@ def _tested() -> str:
 
 
 def cgroup_plugin(conf_dir: Path) -> str:
-    """``CgroupPlugin`` of ``<conf_dir>/cgroup.conf`` (lower-case), ``"autodetect"`` when unset or no file;
-    never
-    raises.
-    """
+    """``CgroupPlugin`` of ``<conf_dir>/cgroup.conf`` (lower-case); ``"autodetect"`` when unset or no file."""
     try:
         text = (conf_dir / "cgroup.conf").read_text(errors="replace")
     except OSError:
@@ -48,8 +45,7 @@ def evaluate(version: SlurmVersion, conf: Optional[SlurmConf], cgroup: str,
     """The version check's findings for ``version`` (pure): the release, then each per-release setting.
 
     ``conf`` None (unreadable): the setting checks are left out. ``host_cgroup_v2``: this host mounts the
-    unified
-    hierarchy.
+    unified hierarchy.
     """
     out: List[Finding] = []
     if version.tested:
