@@ -11,9 +11,8 @@ class GpuReading:
 
     Percentages are 0..100: ``util_pct``/``mem_util_pct`` NVML's coarse rates; ``smact_pct``, ``smocc_pct``,
     ``tensor_pct``, ``dram_bw_pct`` GPM's over the window since the previous sample (Hopper+ only). Memory
-    MiB;
-    ``power_w`` from mW; ``energy_j`` the counter since driver load, from mJ; ``temp_c`` C; ``sm_clock_mhz``
-    MHz.
+    MiB; ``power_w`` from mW; ``energy_j`` the counter since driver load, from mJ; ``temp_c`` C;
+    ``sm_clock_mhz`` MHz.
     """
 
     index: int
@@ -58,9 +57,8 @@ class ProcLists:
     ``compute``: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context: MPS clients, the MPS server,
     processes outside MPS). ``mps``: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only; None also
     when not supported). Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
-    MPS
-    is in ``compute`` only; an MPS client in both with its own memory; the MPS server in ``compute`` only (66
-    MiB). ``derived``: rebuilt from a recording made before the lists were recorded (``derive_lists``).
+    MPS is in ``compute`` only; an MPS client in both with its own memory; the MPS server in ``compute`` only
+    (66 MiB). ``derived``: rebuilt from a recording made before the lists were recorded (``derive_lists``).
     """
 
     gpu_index: int
@@ -111,9 +109,7 @@ class Frame:
     lists: List[ProcLists] = field(default_factory=list)
 
     def to_json(self, t0: float = 0.0) -> Dict[str, Any]:
-        """``{"t", "gpus", "procs"}`` (plus ``lists``, ``error`` when set), ``t`` seconds since ``t0`` to 0.1
-        ms.
-        """
+        """``{"t", "gpus", "procs"}`` (+ ``lists``, ``error`` when set); ``t``: s since ``t0``, to 0.1 ms."""
         out: Dict[str, Any] = {"t": round(self.ts - t0, 4), "gpus": [asdict(g) for g in self.gpus],
                                "procs": [asdict(p) for p in self.procs]}
         if self.lists:

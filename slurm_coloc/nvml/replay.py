@@ -70,8 +70,7 @@ class RecordedComputeModes:
 
     ``modes``: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in
     ``benchmarks/device/results/h100-mps-limits/mps_limits.json``); ``fail_set``: ``set`` raises
-    ``ColocError``
-    (what NVML answers without permission).
+    ``ColocError`` (what NVML answers without permission).
     """
 
     def __init__(self, modes: Mapping[int, str], fail_set: bool = False) -> None:
