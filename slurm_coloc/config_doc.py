@@ -53,8 +53,7 @@ def _entry_of(name: str, entries: List[Tuple[List[str], str]]) -> int:
 
 
 def _item(name: str, value: Any) -> str:
-    """``name: value`` on one line, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for
-    "")."""
+    """``name: value``, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for "")."""
     text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
     return text[1:-1].strip()  # without the braces of the one-item mapping
 
@@ -88,8 +87,7 @@ def sample_yaml() -> str:
 
 
 def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, bool]:
-    """``(file, named)``: the file ``config.load`` reads, and whether ``path`` or ``$COLOC_CONFIG`` named it.
-    """
+    """``(file, named)``: the file ``config.load`` reads; named by ``path`` or ``$COLOC_CONFIG``."""
     explicit = path or environ.get("COLOC_CONFIG")
     return Path(explicit or config_mod.DEFAULT_CONFIG_PATH), bool(explicit)
 
@@ -99,8 +97,7 @@ def effective(path: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     """``(cfg, file, file_read, sources)``: the effective config and where each value comes from.
 
     ``file_read`` is False for a missing default file (all defaults); ``sources`` maps each key to
-    ``"default"``,
-    ``"file"`` or ``"env COLOC_<KEY>"``. ``environ`` None: ``os.environ``.
+    ``"default"``, ``"file"`` or ``"env COLOC_<KEY>"``. ``environ`` None: ``os.environ``.
 
     Raises:
         ConfigError: as ``config.load`` (unreadable or malformed file, unknown key, bad value).

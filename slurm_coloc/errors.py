@@ -10,9 +10,7 @@ from typing import Optional, Sequence
 
 
 class ColocError(Exception):
-    """Base class: a failure we expected and can explain in one line; ``hint`` is the next step for user or
-    admin.
-    """
+    """Base class: a failure we expected and can explain in one line; ``hint``: the next step."""
 
     exit_code: int = 2
 
@@ -44,8 +42,7 @@ class StoreError(ColocError):
 
 
 class SlurmError(ColocError):
-    """A Slurm command failed, timed out or printed what we cannot parse; ``returncode`` None: it did not run.
-    """
+    """A Slurm command failed, timed out or printed what we cannot parse; ``returncode`` None: not run."""
 
     def __init__(
         self,
@@ -96,9 +93,7 @@ def require(module: str) -> None:
 
 
 def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
-    """The ``MissingExtra`` (with its install hint) for an ImportError of one of ``EXTRAS``; None for other
-    modules.
-    """
+    """The ``MissingExtra`` (with install hint) for an ImportError of one of ``EXTRAS``, else None."""
     root = (getattr(exc, "name", None) or "").split(".")[0]
     if root not in EXTRAS:
         return None

@@ -35,9 +35,7 @@ def mib_to_shards(mem_mib: int) -> int:
 
 
 def shards_to_mib(shards: int) -> int:
-    """MiB that ``shards`` grant (1 shard = 1 GiB, the CUDA context included, as the MPS fence and watchdog
-    use).
-    """
+    """MiB that ``shards`` grant (1 shard = 1 GiB, CUDA context included, as fence and watchdog use)."""
     return int(shards) * MIB_PER_SHARD
 
 
@@ -49,7 +47,5 @@ def format_mib(mem_mib: float | None) -> str:
 
 
 def is_bare_number(text: str) -> bool:
-    """Whether a size has no unit (``6``): read as GiB here, where sbatch's ``--mem 6`` means 6 MB, so we
-    warn.
-    """
+    """Whether a size has no unit (``6``): GiB here, 6 MB for sbatch's ``--mem 6``, so we warn."""
     return bool(re.fullmatch(r"\s*\d+(\.\d+)?\s*", text or ""))
