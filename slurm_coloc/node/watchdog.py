@@ -1,30 +1,28 @@
 """The GPU watchdog: runs in the node sampler's tick and stops a shard job that takes more than its grant.
 
-On every frame the sampler reads (``Frame.lists``: NVML's compute and MPS process lists with per-process
-memory, the pids attributed to jobs by node/attribution.py), for every shard job running on this node (a
-tenant: a job with a ``<run_dir>/jobs/<id>.env`` file and an open ``job_runs`` row naming its GPU):
+On every frame (``Frame.lists``: NVML's compute and MPS process lists with per-process memory, pids
+attributed by node/attribution.py), for every tenant (a shard job with a ``<run_dir>/jobs/<id>.env`` file and
+an open ``job_runs`` row naming its GPU):
 
-- **over-grant**: the summed NVML memory of the job's processes on a GPU exceeds its grant there plus
-  ``watchdog_tolerance_mib``. The grant is the job's recorded shards (``job_runs.shards``, from slurmctld's
-  GRES) x 1024 MiB (``units.shards_to_mib``), which is also what its MPS fence is made of (node/jobenv.py); on
-  a GPU it holds no shard of, 0. NVML's per-process figure counts the CUDA context, as the fence does (an MPS
-  client at its fence: "this process has 1.96 GiB memory in use").
-- **outside-mps**: a job whose env file says ``COLOC_SHARE=mps`` has a process in the GPU's compute list that
-  is not in its MPS list (a context beside the MPS server: ``CUDA_MPS_PIPE_DIRECTORY`` changed or unset;
-  measured on the H100: such a process is listed by ``nvmlDeviceGetComputeRunningProcesses`` and not by
-  ``nvmlDeviceGetMPSComputeRunningProcesses``). Not checked when the MPS list could not be read.
+- **over-grant**: the job's summed NVML memory on a GPU exceeds its grant there plus
+  ``watchdog_tolerance_mib``. The grant is its recorded shards (``job_runs.shards``, from slurmctld's GRES) x
+  1024 MiB, what its MPS fence is made of; 0 on a GPU it holds no shard of. NVML's per-process figure counts
+  the CUDA context, as the fence does.
+- **outside-mps**: a ``COLOC_SHARE=mps`` job has a process in the GPU's compute list that is not in its MPS
+  list (a context beside the MPS server; measured on the H100: listed by
+  ``nvmlDeviceGetComputeRunningProcesses``, not by ``nvmlDeviceGetMPSComputeRunningProcesses``). Not checked
+  when the MPS list could not be read.
 
-A finding must hold in two consecutive frames (the second read at ``watchdog_fast_interval_s``): a process
-that exits between NVML's two list calls is in one list and not the other for one frame. Then, with
-``watchdog_action: stop``: every process of the job seen on any GPU is sent SIGKILL (each pid checked again to
-belong to the job, by /proc start time, and never the MPS server binary), the event is written to the node
-database (``watchdog_events``), and a background thread writes one line to the job's stderr file (as the job's
-user) and runs ``scancel``. ``record`` only writes the event. A job is acted on once.
+A finding must hold in two consecutive frames (a process exiting between NVML's two list calls is in one list
+only for one frame). Then, with ``watchdog_action: stop``, every process of the job seen on any GPU gets
+SIGKILL (each pid re-checked by /proc start time, never the MPS server binary), the event is written
+(``watchdog_events``), and a background thread writes one line to the job's stderr (as its user) and runs
+``scancel``. ``record`` only writes the event. A job is acted on once.
 
-Pacing: while a tenant runs on the node the sampler ticks every ``watchdog_interval_s`` (default 0.5 s), and
-every ``watchdog_fast_interval_s`` (0.1 s) while a tenant is above ``watchdog_near_pct`` of its grant or a
-finding awaits confirmation: a job is stopped at most interval + fast interval + the kill after its memory
-appears in NVML (NVML showed a 20 GiB MPS allocation 18 ms after it on the H100).
+Pacing: ``watchdog_interval_s`` (0.5 s) while a tenant runs, ``watchdog_fast_interval_s`` (0.1 s) while one
+is above ``watchdog_near_pct`` of its grant or a finding awaits confirmation: a job is stopped at most
+interval + fast interval + the kill after its memory appears in NVML (18 ms after a 20 GiB MPS allocation on
+the H100).
 """
 from __future__ import annotations
 
