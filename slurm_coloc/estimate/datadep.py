@@ -1,24 +1,17 @@
 """Data-dependent scalars in a trace without data, and picking the logits from a model's output.
 
-The estimator runs the model on ``meta`` tensors (fp32) or fake CPU tensors (AMP), which hold
-shapes but no values. Code that reads a value back to Python (``.item()``, ``bool(t)``,
-``int(t)``, ``if (t == 0).all():``) dispatches ``aten._local_scalar_dense``, which meta tensors
-refuse (``Tensor.item() cannot be called on meta tensors``). Hugging Face transformers 5.x does
-this in every causal LM built with ``use_cache=False``: ``find_packed_sequence_indices`` asks
-whether the position ids hold packed sequences.
+The trace runs on ``meta`` (fp32) or fake CPU tensors (AMP): shapes, no values. Code reading a value back
+(``.item()``, ``bool(t)``, ``if (t == 0).all():``) dispatches ``aten._local_scalar_dense``, which meta
+tensors refuse; Hugging Face transformers 5.x does it in every causal LM with ``use_cache=False``
+(``find_packed_sequence_indices``). :class:`ScalarAssumptions` answers with what a well-formed batch gives:
 
-:class:`ScalarAssumptions` answers such reads with the value a well-formed batch gives:
+* a 0-dim ``all`` result (validity checks: ``torch._check_tensor_all``, "no padding") -> ``True``;
+* a 0-dim ``any`` result (anomaly checks: NaN, ids out of range, padding present) -> ``False``;
+* any other boolean -> ``False``, any other number -> ``0`` (the zero-filled token-id input, in
+  ``[0, vocab)``).
 
-* a 0-dim result of ``all`` (validity checks: ``torch._check_tensor_all``, "no padding",
-  "sequences not packed") -> ``True``;
-* a 0-dim result of ``any`` (anomaly checks: NaN, ids out of range, padding present) -> ``False``;
-* any other boolean -> ``False``, any other number -> ``0`` (the value of the zero-filled
-  token-id input the trace feeds, which lies in ``[0, vocab)``).
-
-So the trace takes the standard training path (unpacked sequences, no padding mask, checks
-pass), which is the path the GPU takes for ordinary batches. Every assumed read is counted;
-``combine.traced_estimate`` reports the count in the estimate's detail (``assumed_values``)
-so a user can see the figure rests on assumed values.
+So the trace takes the GPU's path for ordinary batches. Every assumed read is counted and reported in the
+estimate's detail (``assumed_values``), so a user sees the figure rests on assumptions.
 """
 from __future__ import annotations
 

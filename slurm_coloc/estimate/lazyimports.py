@@ -1,35 +1,25 @@
 """Keep ``torch._dynamo`` unimported while an fp32 spec is imported and traced.
 
-Importing ``torch._dynamo`` costs about as much as importing torch itself (``torch._inductor``
-pieces, triton checks, distributed tensor ops...: ~1.5-2.5 s on the 2-core machine), and the
-meta-device trace never compiles anything. It gets imported anyway:
+Importing ``torch._dynamo`` costs about as much as torch itself (~1.5-2.5 s on the 2-core machine) and the
+meta-device trace compiles nothing, yet it gets imported: ``torchvision.ops.roi_align`` imports
+``torch._dynamo.utils.is_compile_supported`` at import time; ``torch._disable_dynamo``-wrapped functions
+(every ``TorchDispatchMode.__torch_dispatch__``, ``Optimizer.zero_grad``, the foreach kernels) import it on
+first call to wrap themselves in ``torch._dynamo.disable``; ``Optimizer.step`` calls
+``torch._dynamo.graph_break()``.
 
-* ``torchvision.ops.roi_align`` (reached from ``torchvision.models``) runs
-  ``from torch._dynamo.utils import is_compile_supported`` at import time;
-* ``torch._disable_dynamo``-wrapped functions (every ``TorchDispatchMode.__torch_dispatch__``,
-  ``Optimizer.zero_grad``, the foreach optimizer kernels) import ``torch._dynamo`` on their first
-  call, to wrap themselves in ``torch._dynamo.disable``;
-* ``Optimizer.step`` calls ``torch._dynamo.graph_break()`` around the update.
+Inside :func:`deferred_imports`, ``sys.modules`` holds two stand-ins: ``torch._dynamo.utils``, whose
+``is_compile_supported`` imports the real module when called, and ``torch._dynamo``, whose ``disable(fn)``
+returns ``fn`` to ``torch._disable_dynamo``'s lazy wrapper (the real ``disable`` to anyone else) and whose
+``graph_break()`` does nothing. Outside compilation both are exactly that (``disable`` only swaps dynamo's
+frame callback, unset when nothing compiles; ``graph_break``'s body is empty); called after the block they
+forward to the real ones. So the traced allocations are unchanged (checked by
+``benchmarks/estimator_identity.py``).
 
-Inside :func:`deferred_imports`, ``sys.modules`` (and ``torch._dynamo``) hold two stand-ins:
-
-* ``torch._dynamo.utils``: ``is_compile_supported`` imports the real module when *called*;
-* ``torch._dynamo``: ``disable(fn)`` returns ``fn`` when ``torch._disable_dynamo``'s lazy wrapper
-  asks (any other caller gets the real ``disable``), ``graph_break()`` does nothing. Outside
-  compilation both are exactly that: ``disable`` only swaps dynamo's frame-evaluation callback,
-  which is unset when nothing is being compiled, and ``graph_break``'s body is empty. Called after
-  the block (a module that bound them), both forward to the real ones.
-
-So the same ops run and the traced allocations are unchanged (checked on Hopper configs by
-``benchmarks/estimator_identity.py``). Any other attribute of a stand-in (code that really uses
-dynamo) removes the stand-ins and imports the real module, so such code behaves as without
-them. A stand-in is not a package:
-``import torch._dynamo.<submodule>`` fails inside the block, and ``trace.trace_spec`` then traces
-again without stand-ins (FakeTensorMode, used for AMP traces, needs such submodules, so AMP traces
-never use them). On exit the stand-ins are removed and every ``fn.__dynamo_disable`` cache filled
-with ``fn`` itself is deleted, so later calls go through the real ``torch._dynamo.disable``.
-:func:`may_need_real_dynamo` tells whether a failure inside the block could come from the
-stand-ins (then the plain trace decides); a model's own error does not pay for a second trace.
+Any other attribute of a stand-in removes the stand-ins and imports the real module. A stand-in is not a
+package: ``import torch._dynamo.<submodule>`` fails inside the block and ``trace.trace_spec`` traces again
+without them (FakeTensorMode, used for AMP, needs such submodules, so AMP traces never use them). On exit the
+stand-ins go and every ``fn.__dynamo_disable`` cache holding ``fn`` is deleted. :func:`may_need_real_dynamo`
+tells whether a failure could come from the stand-ins, so a model's own error does not pay for a second trace.
 """
 from __future__ import annotations
 

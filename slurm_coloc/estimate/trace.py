@@ -1,20 +1,14 @@
 """Trace training steps without memory and replay them through the allocator model.
 
-The model is built and trained on the ``meta`` device (fp32) or on fake CPU tensors under
-``FakeTensorMode`` with CPU autocast (AMP fp16 / bf16, since autocast needs a real device type).
-A ``TorchDispatchMode`` (the tracker, ``tracker.py``) sees every op; each new tensor storage is
-"allocated" in a :class:`CachingAllocatorModel` and "freed" when its storage object dies (storages keep
-one Python object for their lifetime, so a weakref finalizer marks the real free point).
+The model is built and trained on ``meta`` (fp32) or on fake CPU tensors under ``FakeTensorMode`` with CPU
+autocast (AMP fp16 / bf16: autocast needs a real device type). The tracker (``tracker.py``) replays every new
+storage through a :class:`CachingAllocatorModel`, freed when its storage object dies.
 
-The training step assumed: ``zero_grad(set_to_none=True)``; forward;
-cross-entropy on the logits; backward; optimizer step (``foreach=True``, as PyTorch picks on
-CUDA). Two steps are traced so the optimizer state exists during the second backward.
-
-FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` (``flops.py``) sits below the allocator tracker on
-the dispatch mode stack (it sees the ops the tracker passes on, on the same meta/fake tensors, and runs
-nothing itself on them); ``flops_per_step`` is what it counts in the second traced step: matrix
-multiplications, convolutions and fused attention forward and backward (torch's shape formulas).
-Element-wise ops, normalisations and the optimizer step count zero in those formulas.
+The step assumed: ``zero_grad(set_to_none=True)``; forward; cross-entropy on the logits; backward; optimizer
+step (``foreach=True``, as PyTorch picks on CUDA). Two steps are traced so the optimizer state exists during
+the second backward. ``flops_per_step`` is what ``FlopCounterMode`` (``flops.py``, below the tracker on the
+mode stack) counts in the second step: matmuls, convolutions and fused attention, forward and backward
+(torch's shape formulas; element-wise ops, normalisations and the optimizer count zero).
 """
 from __future__ import annotations
 

@@ -1,26 +1,20 @@
 """cuDNN convolution workspace per call, from a table measured on the GPU.
 
-The trace (``trace.py``) replays, at each convolution call, the transient workspace block cuDNN
-takes from PyTorch's caching allocator. Without it the replay missed up to 4 GiB on VGG-16 at
-batch 128 and 1.2-3.8x the reserved memory of small CNNs (docs/estimator.md). The block's size is
-what PyTorch's heuristically chosen cuDNN algorithm needs; it is measured on the H100 for many
-calls (``benchmarks/device/conv_workspace.py``) and shipped as ``weights/conv_workspace_h100.npz``
-(columns ``key, ws_b, srcs``; keys from ``convcall.py``; ``srcs`` says which data set's layers a
-call came from, so evaluations can leave a family's own calls out).
+At each convolution call the trace replays the transient workspace block cuDNN takes from the caching
+allocator; without it the replay missed up to 4 GiB on VGG-16 at batch 128 and 1.2-3.8x the reserved memory
+of small CNNs (docs/estimator.md). Its size, what PyTorch's chosen algorithm needs, is measured on the H100
+(``benchmarks/device/conv_workspace.py``) and shipped as ``weights/conv_workspace_h100.npz`` (``key, ws_b,
+srcs``; keys from ``convcall.py``; ``srcs`` names the data sets a call came from, so evaluations can leave a
+family out). Lookup (:meth:`WorkspaceModel.bytes_for`), in order:
 
-Lookup (:meth:`WorkspaceModel.bytes_for`), in order:
+1. the call measured: its figure;
+2. the same layer (geometry key) at other batch sizes: linear in the batch between the nearest measured;
+   above the largest ``ws(N_max) * N / N_max``; below the smallest ``ws(N_min)``;
+3. else the largest of the ``K_NEIGHBOURS`` nearest calls of the same kind (direction, dtype, grad-input,
+   depthwise, transposed, spatial rank) in log-shape space, each scaled by the ratio of tensor sizes: a
+   conservative guess.
 
-1. the call itself was measured: its figure;
-2. the same layer (geometry key) was measured at other batch sizes: linear interpolation in the
-   batch size between the nearest measured ones; above the largest, proportional growth
-   (``ws(N_max) * N / N_max``); below the smallest, ``ws(N_min)``;
-3. otherwise the ``K_NEIGHBOURS`` nearest measured calls of the same kind (direction, dtype,
-   grad-input or not, depthwise, transposed, spatial rank) in log-shape space, each scaled by
-   the ratio of the calls' tensor sizes (input + output elements), and the largest taken:
-   a conservative guess for a layer in no table.
-
-Used for every GPU: the table is measured on the H100 (cuDNN picks per architecture, so for the
-A100 it is a proxy). Pure numpy, no torch.
+cuDNN picks per architecture, so for other GPUs (A100) the H100 table is a proxy. Pure numpy, no torch.
 """
 from __future__ import annotations
 
