@@ -1,22 +1,15 @@
-"""Which sbatch options take a value, read from the installed sbatch (``sbatch --help`` and ``sbatch
---usage``).
+"""Which sbatch options take a value, read from the installed sbatch (``--help`` and ``--usage``).
 
-coloc-sbatch must tell an option's value from the job script (``--segment 2 train.sh``). Options are read at
-run time from the sbatch of ``slurm_bin_dir`` and cached per binary (``installed_options``), so a release
-newer than 22.05 is read as it is. The help text is not complete and not always exact, so the table read from
-it is completed by:
+coloc-sbatch must tell an option's value from the job script (``--segment 2 train.sh``). Options are read
+from ``slurm_bin_dir``'s sbatch and cached per binary (``installed_options``), so a newer release is read as
+it is. The help is neither complete nor exact, so the table is completed by ``BUILTIN_22_05`` (22.05.8's
+``slurm_opt.c`` options taking a value, some missing from its help: ``--hint``, ``--batch``, ...; the whole
+table when sbatch cannot run) and ``GETOPT_REQUIRED`` (shown optional or without value while ``slurm_opt.c``
+declares ``required_argument``: ``--export[=names]``, ``--wrap``, ``--container``).
 
-- ``BUILTIN_22_05``: the options of Slurm 22.05.8's ``sbatch`` (its ``slurm_opt.c`` option table) that take a
-  value, some of which its help leaves out (``--hint``, ``--batch``, ``--acctg-freq``, ``--open-mode``, ...);
-  every later release keeps them. It is also the whole table when sbatch cannot be run (no ``slurm.conf``).
-- ``GETOPT_REQUIRED``: options whose help shows the value as optional or not at all while ``slurm_opt.c``
-  declares ``required_argument`` (22.05 and 26.05 help: ``--export[=names]``, ``--wrap[=command string]``,
-  ``--container``).
-
-An option shown as ``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument), so
-a separate word after it is not its value. Options neither table knows (26.05's ``--segment``, ``--prefer``,
-``--extra`` are not in its help) are decided where the table is applied (``submit/argv.py``: the word after
-such an option is its value unless it is an existing file, the script).
+``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument). Options neither table
+knows (26.05's ``--segment``, ``--prefer``, ``--extra``) are decided in ``submit/argv.py``: the next word is
+their value unless it is an existing file, the script.
 """
 from __future__ import annotations
 
