@@ -1,24 +1,19 @@
 """``probe_script``: a batch script's GPU memory estimate from its own first training steps.
 
-Steps: find the training command (``command.py``); run the script's setup lines before it (``preamble.py``)
-and find the job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache
-when the program, its arguments, the resolved interpreter, its torch and every user file it imported are
-unchanged; else run the probe (``runner.py``) and turn its replayed peak reserved memory into the
-estimator's figure with the estimator's own calibrated bound (``estimate.combine.bound_from_trace``:
-context + libs + reserved x the fp32 or AMP multiplier, docs/estimator.md).
+Find the training command (``command.py``); run the setup lines before it (``preamble.py``) and find the
+job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache when the program,
+arguments, interpreter, torch and every user file it imported are unchanged; else run the probe
+(``runner.py``) and bound its replayed peak with the estimator's own calibrated bound
+(``estimate.combine.bound_from_trace``).
 
-Cache: ``<user cache dir>/slurm-coloc/probes.json`` (the directory of ``estimate/cache.py``'s file; off with
-``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of the program (file sha256 or module name), arguments (without
-those a sweep varies and no shape depends on: ``sweep.config_args``; a hit for other such values is reused
-and its ``ran`` line says so, even under ``refresh``), the uid it runs as, launcher environment, working
-directory, the resolved interpreter (its absolute path after discovery, its realpath's size and mtime) and
-the version of the torch it imports (``discover.torch_version``, read without importing torch), GPU, steps,
-the probe's own sources and the estimator's identity (``cache.estimator_identity``). An entry also holds the
-sha256 of every user file the program imported; it is used only while all of them are unchanged. An answer
-without a figure (any failure, the time limit included) is kept ``FAILURE_TTL_S`` only, so a loop of
-submissions does not pay the time limit each time while a fix the key does not see (data made, a network
-share mounted) counts within minutes; ``refresh`` (``--explain``) probes afresh (unless the hit is a sweep
-sibling's) and stores the fresh answer for later submissions.
+Cache: ``<user cache dir>/slurm-coloc/probes.json`` (off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of
+the program (file sha256 or module name), arguments (without the inert ones a sweep varies:
+``sweep.config_args``; a hit for other such values is reused and its ``ran`` line says so, even under
+``refresh``), uid, launcher environment, working directory, the resolved interpreter (path, realpath's size
+and mtime), its torch's version (read without importing torch), GPU, steps, the probe's sources and the
+estimator's identity. An entry also holds every imported user file's sha256 and is used only while all are
+unchanged. An answer without a figure is kept ``FAILURE_TTL_S`` only, so repeated submissions do not pay
+the time limit each time while a fix the key cannot see (data made, a share mounted) counts within minutes.
 """
 from __future__ import annotations
 

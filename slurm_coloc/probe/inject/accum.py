@@ -1,28 +1,20 @@
 """Gradient accumulation in a probe: repeated micro-steps of one optimizer cycle skipped after the first two.
 
-Runs inside the job's Python (``inject/main.py``), on the fake GPU of ``fakecuda.py``.
+A loop that accumulates gradients runs ``k`` forward+backward micro-steps per ``optimizer.step()``
+(nanoGPT's ``train_gpt2.py``: 40 of 12 x 1024 tokens). Each micro-step after the second holds the memory the
+second held: ``.grad`` already exists and a micro-step's activations are freed by its ``backward()``. So
+within one cycle (between two optimizer steps of any optimizer):
 
-A training loop that accumulates gradients runs ``k`` forward+backward micro-steps per
-``optimizer.step()`` (nanoGPT's ``train_gpt2.py``: 40 micro-batches of 12 x 1024 tokens before the
-first step). Each micro-step after the second holds the GPU memory the second held: the gradients
-already exist in ``.grad`` (the first micro-step creates them, later ones add into them), and the
-activations of a micro-step are freed by its ``backward()``. So within one cycle (the span between
-two optimizer steps of any optimizer):
+* a micro-step runs from one ``backward()`` to the next: its top-level grad-enabled module calls (module,
+  input structure, shapes, dtypes, ``training``, autocast);
+* when the two micro-steps before it were each exactly one such call with the same key, and the new one's
+  call has it too, the call returns a stand-in output (new fake GPU tensors as recorded, memory replayed) and
+  its ``backward()`` does nothing;
+* anything different runs for real; a second grad-enabled call inside a skipped micro-step stops skipping for
+  the rest of the probe (noted): the probe never guesses a micro-step it has not seen twice.
 
-* a micro-step is what runs from one ``backward()`` to the next: here, the top-level module calls
-  with grad enabled made in it (module, input structure, shapes, dtypes, ``training``, autocast);
-* when the two micro-steps before it were each exactly one such call with the same key, and the new
-  micro-step's call has that key too, the call returns a stand-in output (new fake GPU tensors of
-  the recorded structure, shapes and dtypes, ``requires_grad`` as recorded; its own memory is still
-  replayed) and the micro-step's ``backward()`` does nothing;
-* anything different (shapes of a variable-length batch, a second module call, a micro-step
-  without ``backward()``) runs for real; a second grad-enabled call inside a skipped micro-step
-  stops skipping for the rest of the probe (said in a note): the probe never guesses a micro-step
-  it has not seen twice.
-
-FLOPs: the counter sees the micro-steps that ran; each skipped one adds the FLOPs counted for the
-second micro-step of its cycle (from the end of the first ``backward()`` to the end of the second),
-so a step's count is that of all ``k`` micro-steps.
+FLOPs: each skipped micro-step adds those counted for its cycle's second micro-step, so a step's count is
+that of all ``k``.
 """
 from __future__ import annotations
 

@@ -1,23 +1,19 @@
 """One CUDA device that exists without a GPU: only GPU memory and kernels are simulated.
 
-Runs inside the job's Python (``inject/main.py``). Host tensors are real: data loading, transforms,
-numpy interop, CPU random numbers and ``.item()`` of CPU values run as in the job. GPU tensors are
-fake CPU tensors (``FakeTensor``: shapes and dtypes, no values), replayed through the estimator's
-caching-allocator model (the tracker of ``estimate/tracker.py``):
+Host tensors are real: data loading, transforms, numpy, CPU random numbers and ``.item()`` of CPU values run
+as in the job. GPU tensors are fake CPU tensors (``FakeTensor``: shapes and dtypes, no values) replayed
+through the estimator's caching-allocator model (``estimate/tracker.py``):
 
-* a tensor is "on the GPU" when its storage was made by a GPU op: a factory called with a CUDA
-  device, a move (``.cuda()``, ``.to("cuda")``, ``Module.to(device=...)``), or any op taking a fake
-  tensor (:class:`GpuOps`); such tensors report ``device == cuda:0`` and ``is_cuda``, so code that
-  builds new tensors on ``x.device`` keeps them on the GPU, as on a real one;
-* GPU ops run under dispatch modes pushed for that op only (fake tensors, the FLOP counter, the
-  tracker, the GPU tag), so host ops pay no Python dispatch; :func:`make_host_fast_mode` lets host
-  calls skip the probe's torch-function modes too;
-* values read back to the host (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros
-  (``datadep.py`` for ``all()``/``any()``);
-* the ``torch.cuda`` API and CUDA autocast are ``cudaapi.py``'s.
+* a tensor is "on the GPU" when a GPU op made its storage: a factory with a CUDA device, a move, or any op
+  taking a fake tensor (:class:`GpuOps`); it reports ``cuda:0`` and ``is_cuda``, so tensors built on
+  ``x.device`` stay on the GPU;
+* GPU ops run under dispatch modes pushed for that op only (fake tensors, FLOP counter, tracker, GPU tag), so
+  host ops pay no Python dispatch; :func:`make_host_fast_mode` lets host calls skip the torch-function modes;
+* values read back (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros (``datadep.py`` for
+  ``all()``/``any()``); the ``torch.cuda`` API and CUDA autocast are ``cudaapi.py``'s.
 
-The real autograd engine refuses fake tensors of device ``cuda`` without a driver (it looks for a
-primary context), which is why GPU tensors are fake CPU tensors underneath.
+GPU tensors are fake CPU tensors underneath because the autograd engine refuses fake ``cuda`` tensors without
+a driver (it looks for a primary context).
 """
 from __future__ import annotations
 

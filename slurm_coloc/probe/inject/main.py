@@ -5,27 +5,20 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
     {"mode": "file"|"module", "target": "train.py"|"pkg.mod", "args": [...],
      "result": "/scratch/result.json", "steps": 2, "scratch": "/scratch", "program_dir": "/home/u/proj"}
 
-The program runs as ``__main__`` (``runpy``) with ``sys.argv`` as the job would give it, with the
-GPU imitated by ``fakecuda.py`` (host tensors real, GPU tensors fake) and its GPU ops replayed by the
-estimator's tracker (``estimate/tracker.py``: allocator replay, cuBLAS workspaces, cuDNN workspace table,
-``cudamodes`` SDPA kernel choice and CUDA float32 list); evaluation passes are ``evalpass.py``'s,
-repeated gradient-accumulation micro-steps ``accum.py``'s, the hooks into the program's torch ``hooks.py``'s.
-It stops when every optimizer it created has run
-``steps`` steps (default 2: the second cycle's forward and backward hold the optimizer state, the
-steady-state peak, as the estimator's two traced steps), or any optimizer ``steps + 2`` steps; a
-program that has created no ``torch.optim`` optimizer (parameters updated by hand, as
-pytorch/examples' word language model does) is stopped after its ``steps``-th ``backward()``.
-Then the result JSON is written and the process ends with ``os._exit(0)`` (no ``atexit``, no
-``finally`` of the program: nothing the program would save at its end runs).
+The program runs as ``__main__`` (``runpy``) with the job's ``sys.argv``, the GPU imitated by ``fakecuda.py``
+and its GPU ops replayed by the estimator's tracker (``estimate/tracker.py``); evaluation passes are
+``evalpass.py``'s, gradient-accumulation micro-steps ``accum.py``'s, the hooks ``hooks.py``'s. It stops when
+every optimizer it created has run ``steps`` steps (default 2: the second cycle holds the optimizer state,
+the steady-state peak, as the estimator's two traced steps), or any one ``steps + 2``; a program with no
+``torch.optim`` optimizer is stopped after its ``steps``-th ``backward()``. Then the result JSON is written
+and the process ends with ``os._exit(0)``: nothing the program would save at its end runs.
 
 Result keys: ``status`` (``ok`` | ``no-step`` | ``error``), ``reason``, ``peak_reserved_b``,
-``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``nccl_group`` (the program
-asked for an NCCL process group: ``inject/distributed.py``), ``param_dtypes``, ``depthwise_max_hw``,
-``conv_workspace_max_b``, ``assumed_values``, ``notes``, ``flops_per_step``
-(FLOPs ``FlopCounterMode`` counted between the first two steps of the program's first optimizer, i.e. one
-training iteration, all ops of the process included; None when not counted:
-``estimate.flops.make_flop_counter``), ``outside_writes`` (paths the program opened for writing outside the
-scratch directory), ``user_files`` (source files it imported from outside the Python installation).
+``peak_allocated_b``, ``optimizers``, ``steps``, ``forwards``, ``autocast``, ``nccl_group``
+(``inject/distributed.py``), ``param_dtypes``, ``depthwise_max_hw``, ``conv_workspace_max_b``,
+``assumed_values``, ``notes``, ``flops_per_step`` (FLOP between the first optimizer's first two steps, all
+ops of the process; None when not counted), ``outside_writes`` (paths opened for writing outside the scratch
+directory), ``user_files`` (source files imported from outside the Python installation).
 """
 from __future__ import annotations
 

@@ -1,29 +1,22 @@
 """No-grad forwards no larger than the training call (generation loops), answered without tracing.
 
-Runs inside the job's Python (``inject/main.py``), on the fake GPU of ``fakecuda.py``.
+An autoregressive sampling loop (minGPT's ``generate``: 500 no-grad forwards of 13 to 128 tokens at batch 1)
+gives a new input shape almost every call, so ``evalpass.py``'s repeat skipping does not apply, and tracing
+each call took most of the probe's time. A no-grad top-level call is answered without running when
 
-An autoregressive sampling loop (minGPT's ``generate``: 500 no-grad forwards of a sequence growing
-from 13 to 128 tokens, at batch 1, between the first two optimizer steps) gives a new input shape at
-almost every call, so ``evalpass.py``'s repeat skipping does not apply, and tracing each call on fake
-tensors took most of the probe's time. A no-grad top-level call is answered without running when
+* it is *dominated* by the module's last training call: every argument bound to a ``forward`` parameter is a
+  tensor of the same dtype, device and rank no larger in any dimension, or None/left out, or the same plain
+  value;
+* and its output shapes follow from two or more traced no-grad calls of the same module and input structure:
+  each output dimension was one constant, or equal to one input dimension, in all of them, and that rule gives
+  one value for the new inputs (minGPT: logits ``(1, t, 65)`` for ``idx`` ``(1, t)``). Otherwise the call is
+  traced.
 
-* it is *dominated* by the module's last grad-enabled (training) call: every argument bound to a
-  ``forward`` parameter is a tensor of the same dtype, device and rank whose every dimension is <=
-  the training call's, or ``None``/left out (a loss target not given), or the same plain value
-  (bool, int, float, str);
-* and its output's shapes follow from two or more traced no-grad calls of the same module and input
-  structure (sizes differing): each output dimension was one constant, or equal to one input
-  dimension, in all of them, and that rule gives a single value for the new inputs (minGPT: logits
-  ``(1, t, 65)`` for ``idx`` ``(1, t)``). A dimension no such rule explains (a convolution's output
-  size) leaves the call traced.
-
-The output is made as new fake GPU tensors (their own memory replayed). The call's working memory is
-bounded, not traced: at most the training forward's transient (the peak of allocated bytes during a
-grad-enabled forward of the module above what was allocated when it started: activations kept for
-the backward included) on top of what is allocated at the call. When the probe ends
-(:meth:`SmallerCalls.settle`), a bound above the replayed peak raises the peak by the difference,
-said in a note. Assumption (in the note and docs/user.md): a no-grad forward of inputs no larger than
-the training call's needs no more memory than the training forward did.
+The output is new fake GPU tensors (their memory replayed). The call's working memory is bounded, not traced:
+at most the training forward's transient (peak allocated during a grad-enabled forward above what was
+allocated at its start) on top of what is allocated at the call; at the end (:meth:`SmallerCalls.settle`) a
+bound above the replayed peak raises it, in a note. Assumption (note, docs/user.md): a no-grad forward of
+inputs no larger than the training call's needs no more memory than the training forward did.
 """
 from __future__ import annotations
 

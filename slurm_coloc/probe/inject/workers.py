@@ -1,21 +1,16 @@
-"""Single-node multi-process training in the probe (job's Python): one process per GPU, traced as
-one.
+"""Single-node multi-process training in the probe: one process per GPU, traced as one.
 
-Reference implementations (facebookresearch/moco ``main_moco.py --multiprocessing-distributed --world-size
-1``, pytorch/examples ``imagenet/main.py``) start one worker per visible GPU with
-``torch.multiprocessing.spawn`` or ``multiprocessing.Process`` and join an NCCL or Gloo group in each. A
-spawned worker is a new interpreter without the fake GPU: it would meet the real driver ("ProcessGroupNCCL
-is only supported with GPUs").
+Reference scripts (facebookresearch/moco ``--multiprocessing-distributed --world-size 1``, pytorch/examples
+``imagenet/main.py``) start one worker per visible GPU (``torch.multiprocessing.spawn`` or
+``multiprocessing.Process``), each joining an NCCL or Gloo group. A spawned worker is a new interpreter
+without the fake GPU and would meet the real driver.
 
-* ``torch.multiprocessing.spawn``/``start_processes`` with ``nprocs`` 1 (one GPU: the job's ``device_count()``
-  is the fake GPU's 1) run the worker ``fn(0, *args)`` in the probe's own process, so its memory is the
-  per-process (per-GPU) figure and its exceptions are the program's own (the worker's, not the wrapper's
-  ``ProcessRaisedException``); ``init_process_group`` is ``distributed.py``'s one-process group. More than one
-  process ends the probe with that reason (each would need a GPU of its own);
+* ``spawn``/``start_processes`` with ``nprocs`` 1 (the fake GPU's ``device_count()``) run ``fn(0, *args)``
+  in the probe's process: its memory is the per-GPU figure and its exceptions the program's own;
+  ``init_process_group`` is ``distributed.py``'s. More processes end the probe with that reason;
 * ``multiprocessing.Process`` with a training target (its source calls ``init_process_group``,
-  ``.backward(`` or an optimizer ``.step(``) handed no tensor or module runs that target in-process at
-  ``start()`` (a second one ends the probe with the reason); DataLoader workers, other targets and Hogwild
-  workers handed the shared model (``hooks._patch_processes``: the probe falls back) start as they would.
+  ``.backward(`` or ``.step(``) handed no tensor or module runs in-process at ``start()`` (a second ends the
+  probe); DataLoader workers, other targets and Hogwild workers (``hooks._patch_processes``) start as usual.
 """
 from __future__ import annotations
 
