@@ -344,8 +344,8 @@ def test_jobs_json_table_and_admin_comment_carry_the_findings(state: Path) -> No
     cfg = config_mod.load(str(state / "coloc.yaml"), environ={})
     for job in (21, 22):  # the node Epilog's figures (hooks/figures.py), recorded by EpilogSlurmctld
         assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path("n1")), job, "n1")
-    assert json.loads(admin_comment.build(cfg, 21, wait_s=0))["finding"] == "input-bound"
-    assert "finding" not in json.loads(admin_comment.build(cfg, 22, wait_s=0))
+    for job in (21, 22):  # facts only: the finding is coloc-report's (above), computed as the user who asks
+        assert {"finding", "waste"}.isdisjoint(json.loads(admin_comment.build(cfg, job, wait_s=0)))
 
 
 def test_advise_prints_the_story_and_draws_the_timeline(state: Path, tmp_path: Path) -> None:

@@ -9,10 +9,9 @@ Format: one line of compact JSON, ``{"coloc":1, ...}``; keys (units in docs/repo
 ``method``, ``mode`` share mode, ``shards``, ``req_mib`` memory reserved, ``peak_mib`` measured peak,
 ``err_pct`` (estimate - peak) / peak, ``util`` coarse utilization %, ``smact``/``smact_p95``,
 ``smocc``/``smocc_p95`` SM activity/occupancy %, ``kwh``, ``gpu_h``, ``oom``, ``retry`` (retry job id),
-``watchdog`` (why the sampler's watchdog stopped the job, in words), ``waste`` (codes ``low-smact``,
-``unused-mem``), ``finding`` (the top finding of report/diagnose.py: ``input-bound``, ``no-tensor-cores``,
-``low-occupancy``, ``over-request``), ``measured`` (false: the node summary was not there yet or no samples).
-Absent keys were not recorded. Kept under ``MAX_CHARS``.
+``watchdog`` (why the sampler's watchdog stopped the job, in words), ``measured`` (false: the node summary was
+not there yet or no samples). Measured facts only: findings and advice are ``coloc-report``'s, computed as the
+user who asks. Absent keys were not recorded. Kept under ``MAX_CHARS``.
 
 Other tools write AdminComment too (jobstats: ``JS1:<base64 gzip JSON>``). ``merge_admin_comment`` never drops
 their text (config ``admin_comment``): ``merge`` keeps it and puts ours after it, separated by one space (our
@@ -45,7 +44,7 @@ OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note a
 WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
 KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact",
         "smact_p95",
-        "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured", "waste", "finding")
+        "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured")
 """The AdminComment keys, in the order they are written (module docstring)."""
 
 
@@ -83,8 +82,8 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
 def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
             oom: Optional[Any]) -> Dict[str, Any]:
     """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
-    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None), which also rules out
-    the ``over-request`` finding (report/diagnose.py). Without figures: what was asked and estimated, from the
+    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None). Without figures: what
+    was asked and estimated, from the
     controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out.
 
     Args:
@@ -107,8 +106,6 @@ def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
         figures = None
     if oom is not None:
         d.update(oom=True, retry=oom.retry_job_id)
-        names = [n for n in (figures or {}).get("findings") or [] if n != "over-request"]
-        d["finding"] = names[0] if names else None
     return {k: d[k] for k in KEYS if d.get(k) is not None}
 
 
@@ -123,7 +120,8 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
         wait_s: how long to wait for the node Epilog's figures (s).
 
     Returns:
-        Compact JSON text of at most about ``MAX_CHARS`` characters (the waste list dropped past it), or None.
+        Compact JSON text of at most about ``MAX_CHARS`` characters (the watchdog's words dropped past it),
+        or None.
 
     Raises:
         StoreError: a database that cannot be read (``write_admin_comment`` catches it).
@@ -140,8 +138,8 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
         time.sleep(0.25)
     d = compose(row, figures, store_oom.load_oom_event(ctld, job_id))
     text = json.dumps(d, separators=(",", ":"))
-    if len(text) > MAX_CHARS:  # long job names cannot get here; only the waste list can grow: drop it
-        d.pop("waste", None)
+    if len(text) > MAX_CHARS:  # only the watchdog's words can grow: drop them
+        d.pop("watchdog", None)
         text = json.dumps(d, separators=(",", ":"))
     return text
 

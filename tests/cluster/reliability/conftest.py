@@ -15,9 +15,9 @@ import pytest
 
 from tests.slurm_cluster import Cluster, start_cluster, stop_cluster
 
-# The fault cluster's config: short budgets so a fault shows within seconds; the per-user rerun cap out of the
-# way (the session's reruns add up in one window: a test that needs a rerun must not depend on how many earlier
-# tests made; the cap's own test sets it and counts those). Bound of one hook process
+# The fault cluster's config: short budgets so a fault shows within seconds; the per-user rerun cap out of
+# the way (the session's reruns add up in one window: a test that needs a rerun must not depend on how many
+# earlier tests made; the cap's own test sets it and counts those). Bound of one hook process
 # (hooks/runner.py bound_s): hook_timeout_s + db_busy_timeout_s + 3 s recording + 1 s = 4 + 1 + 4 = 9 s.
 BASE_CONFIG = """\
 state_dir: {dir}/coloc/state
