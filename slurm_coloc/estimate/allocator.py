@@ -1,20 +1,17 @@
 """A replay model of PyTorch's CUDA caching allocator (pure Python, no torch).
 
-Fed the sequence of tensor-storage allocations and frees of a traced training step, it
-returns what the real allocator would have *reserved* from the driver (``cudaMalloc``'d
-segments), which is what NVML counts, rather than the bytes tensors use.
+Fed a traced step's storage allocations and frees, it gives what the real allocator would have *reserved*
+(``cudaMalloc``'d segments: what NVML counts), not the bytes tensors use. Rules of
+``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x defaults, one stream, no ``max_split_size_mb``, no
+expandable segments):
 
-Rules follow ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x, default settings, one stream,
-no ``max_split_size_mb``, no expandable segments):
-
-* request sizes round up to 512 B (``kMinBlockSize``);
+* requests round up to 512 B (``kMinBlockSize``);
 * requests <= 1 MiB use the small pool, whose segments are 2 MiB (``kSmallBuffer``);
-* larger requests use the large pool: a new segment is 20 MiB (``kLargeBuffer``) when the
-  request is < 10 MiB (``kMinLargeAlloc``), else the request rounded up to 2 MiB;
-* a request takes the best-fitting (smallest sufficient) cached free block of its pool; the
-  block is split when the rest is >= 512 B (small pool) or > 1 MiB (large pool);
-* a freed block merges with free neighbours of its segment; segments are never returned
-  (no ``empty_cache``), so reserved memory only grows.
+* larger ones the large pool: a new segment is 20 MiB (``kLargeBuffer``) under 10 MiB (``kMinLargeAlloc``),
+  else the request rounded up to 2 MiB;
+* a request takes the smallest sufficient cached free block of its pool, split when the rest is >= 512 B
+  (small) or > 1 MiB (large);
+* a freed block merges with free neighbours; segments are never returned (no ``empty_cache``).
 """
 from __future__ import annotations
 

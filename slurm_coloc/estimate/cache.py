@@ -1,24 +1,15 @@
 """Per-user cache of estimates, so a repeated ``coloc-estimate``/``coloc-sbatch`` skips torch entirely.
 
-File: ``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (default ``~/.cache/slurm-coloc``);
-``COLOC_ESTIMATE_CACHE=off`` bypasses it. The key is the sha256 of a JSON object holding:
+``$XDG_CACHE_HOME/slurm-coloc/estimates.json`` (``COLOC_ESTIMATE_CACHE=off`` bypasses it). The key is the
+sha256 of: the spec and canonical GPU name; the model's code (a ``file.py`` model's sha256; a module's
+installed distribution and version and, when found on disk without importing it, its file's sha256:
+the package directories are walked, so an ``__init__`` that imports torch never runs); torch's installed
+version (``importlib.metadata``, never ``import torch``); slurm-coloc's version and the estimator's sources
+and weights. Only trace-derived estimates are cached (history applies on top); a model whose code cannot be
+pinned down is not cached. Limit: a ``file.py`` model's sibling modules are not hashed.
 
-* the spec (``ModelSpec.to_json()``) and the canonical GPU name;
-* what decides the model's code: for ``path/file.py:callable`` the file's sha256; for
-  ``package.module:callable`` the installed distribution's name and version (``importlib.metadata``) and,
-  when found on disk without being imported, the module file's sha256 (found by walking the package
-  directories, so a package whose ``__init__`` imports torch is never executed);
-* torch's installed version (``importlib.metadata``, never ``import torch``);
-* slurm-coloc's version and the sha256 of the estimator's sources and shipped weights.
-
-Only trace-derived estimates are cached (history is applied on top by the caller). A model whose code cannot
-be pinned down (in no file and no distribution) is not cached. Limit: a ``file.py`` model's sibling modules
-are not hashed. An entry holds ``mem_mib``, ``method``, ``detail``, ``gpu_model`` and ``flops_per_step``
-(None where absent).
-
-Writes are atomic (temporary file + ``os.replace``); a missing, unreadable or corrupt file reads as empty and
-a failed write is ignored: the cache only saves time, never fails an estimate. At most ``MAX_ENTRIES``
-entries are kept (oldest dropped).
+Writes are atomic; a missing, unreadable or corrupt file reads as empty and a failed write is ignored: the
+cache only saves time, never fails an estimate. At most ``MAX_ENTRIES`` (oldest dropped).
 """
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Convolution calls as the trace sees them, named by one string key (pure, no torch).
 
-A training step's convolutions reach the dispatcher as ``aten.convolution`` (forward) and
-``aten.convolution_backward`` (grad input and/or grad weight). On a GPU each of them may take a
-cuDNN *workspace* through PyTorch's caching allocator for the length of the call (the algorithm
-PyTorch's heuristics pick needs it; ``aten/src/ATen/native/cudnn/Conv_v8.cpp``). Its size depends
-on the call's shapes, dtype and the GPU, so it is measured on the GPU per call
-(``benchmarks/device/conv_workspace.py``) and looked up by this key (``workspace.py``).
-
-Key: ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``
-with ``dir`` ``f`` (forward) or ``b`` (backward), shapes as comma-joined ints, ``mask`` the
-backward's output mask as three 0/1 digits (``-`` for forward). Example (ResNet-50's stem,
-batch 32, fp32): ``f|float32|32,3,224,224|64,3,7,7|2,2|3,3|1,1|0|0,0|1|-``.
+``aten.convolution`` (forward) and ``aten.convolution_backward`` may each take a cuDNN workspace from the
+caching allocator for the call (``aten/src/ATen/native/cudnn/Conv_v8.cpp``); its size depends on shapes,
+dtype and GPU, so it is measured per call (``benchmarks/device/conv_workspace.py``) and looked up by this key
+(``workspace.py``): ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``,
+``dir`` ``f`` or ``b``, shapes comma-joined ints, ``mask`` backward's output mask as three 0/1 digits (``-``
+forward). ResNet-50's stem, batch 32, fp32: ``f|float32|32,3,224,224|64,3,7,7|2,2|3,3|1,1|0|0,0|1|-``.
 """
 from __future__ import annotations
 

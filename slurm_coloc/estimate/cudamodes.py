@@ -1,17 +1,13 @@
-"""What the GPU does differently from the CPU/meta trace, imitated in the trace.
+"""What the GPU does differently from the CPU/meta trace, imitated by ``TorchFunctionMode``s the trace enters.
 
-The trace (``trace.py``) runs on the meta device or on fake CPU tensors under CPU autocast. Two
-CUDA behaviours change how much memory a training step holds and are imitated here, as
-``TorchFunctionMode``s the trace enters:
+* :func:`make_sdpa_mode`: ``F.scaled_dot_product_attention`` takes CUDA's fused memory-efficient kernel
+  (the CPU math path materialises T x T), except where CUDA falls back to float32 math (a bias whose last
+  dimension is not contiguous);
+* :func:`make_cuda_fp32_mode`: under AMP, functions CUDA autocast runs in float32 and CPU autocast does not
+  run in float32.
 
-* :func:`make_sdpa_mode`: ``F.scaled_dot_product_attention`` takes CUDA's fused
-  memory-efficient kernel (the CPU math path would materialise T x T), except where CUDA itself
-  falls back to the float32 math backend (a bias whose last dimension is not contiguous).
-* :func:`make_cuda_fp32_mode`: under AMP, the functions CUDA autocast runs in float32 but CPU
-  autocast does not are run in float32.
-
-Measured on the H100: ``benchmarks/device/sdpa_probe.py``, ``benchmarks/device/mem_snapshot.py``
-(docs/estimator.md). Imports torch only inside the functions (the caller passes it).
+Measured on the H100 (``benchmarks/device/sdpa_probe.py``, ``mem_snapshot.py``; docs/estimator.md). Torch is
+imported only inside the functions.
 """
 from __future__ import annotations
 
