@@ -1,20 +1,16 @@
 """One Slurm job as a frozen, typed ``JobInfo``, built from ``squeue --json`` / ``scontrol show job --json``.
 
-Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted (``JobName`` is its
-second field; ``WorkDir``, ``Command``, ``Comment``, ``StdOut``, ``MailUser`` follow), so a job named
-``x TresPerNode=gres:shard:79`` or holding a newline reads as other fields. In JSON every user-editable string
-is one opaque value and cannot stand for another field. 22.05 has no ``scontrol show job --json``
-(``tests/data/slurm-22.05/scontrol_show_job_json.txt``) and its ``squeue --json`` ignores filters
+Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted, so a job named ``x
+TresPerNode=gres:shard:79`` or holding a newline reads as other fields; in JSON every user string is one
+opaque value. 22.05 has no ``scontrol show job --json`` and its ``squeue --json`` ignores filters
 (docs/facts.md §7), so the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
+22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same code
+through ``slurm/jsonfields.py``.
 
-Schemas: 22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the
-same code through ``slurm/jsonfields.py`` (number objects, ``job_state`` lists, exit-code objects).
-
-Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05 adds ``stdout_expanded``/
-``stderr_expanded``/``stdin_expanded``, used when present. Otherwise ``expand_std_path`` applies 22.05's own
-substitution (``src/api/job_info.c`` ``_fname_format``: ``%A %a %j %u`` then ``%x``; no ``%%``, no widths), so
-``stdout_path`` equals scontrol's ``StdOut`` on every version (checked against the recordings); an already
-expanded path is left as it is.
+Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05's ``std*_expanded`` are
+used when present, else ``expand_std_path`` applies 22.05's own substitution (``src/api/job_info.c``
+``_fname_format``: ``%A %a %j %u`` then ``%x``; no ``%%``, no widths), so ``stdout_path`` equals scontrol's
+``StdOut`` on every version (checked against the recordings).
 """
 from __future__ import annotations
 

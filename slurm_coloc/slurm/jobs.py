@@ -1,10 +1,8 @@
 """Job-level Slurm operations built on ``run`` and the pure parsers.
 
-Job queries differ by release (``slurm/version.py``): every release takes ``squeue --json --states=all``
-(22.05 ignores the state filter and lists every job it holds; 24.11+ list only pending/running/completing jobs
-without it); a single job is ``scontrol show job --json <id>`` on 24.11+ (Slurm filters, and inside the
-epilogs ``job_state[0]`` is the final state) and the full list filtered here on 22.05 (no ``--json`` for
-scontrol, ``squeue -j`` ignored by ``--json``).
+Queries differ by release (``slurm/version.py``): ``squeue --json --states=all`` everywhere (22.05 ignores the
+filter and lists every job; 24.11+ list only live jobs without it); one job is ``scontrol show job --json
+<id>`` on 24.11+ (inside the epilogs ``job_state[0]`` is final) and the full list filtered here on 22.05.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Values of Slurm's ``--json`` job records across schemas (pure).
+"""Values of Slurm's ``--json`` job records across schemas (pure; table: ``docs/slurm-versions.md``).
 
-Two schemas are read (recordings: ``tests/data/slurm-<version>/``; table: ``docs/slurm-versions.md``):
-
-- 22.05's ``openapi/v0.0.38``: numbers are plain JSON numbers, with Slurm's ``NO_VAL``/``INFINITE`` markers
-  (``0xFFFFFFFE``/``0xFFFFFFFF``) for "not set"/"unlimited"; ``job_state`` is one string (``"COMPLETING"``);
-  ``exit_code`` is the wait status (``768`` for ``exit 3``).
-- ``data_parser`` v0.0.40+ (23.02 on; 24.11 prints v0.0.42, 26.05 v0.0.45): numbers that may be unset or
-  unlimited are objects ``{"set": bool, "infinite": bool, "number": N}``; ``job_state`` is a list, the base
-  state then its flags (``["COMPLETED", "COMPLETING"]``); ``exit_code`` is
-  ``{"status": [...], "return_code": <number object>, "signal": {"id": <number object>, "name": "KILL"}}``.
+- 22.05's ``openapi/v0.0.38``: plain numbers with ``NO_VAL``/``INFINITE`` markers (``0xFFFFFFFE``/
+  ``0xFFFFFFFF``); ``job_state`` one string; ``exit_code`` the wait status (``768`` for ``exit 3``).
+- ``data_parser`` v0.0.40+ (23.02 on; 24.11 v0.0.42, 26.05 v0.0.45): numbers that may be unset or unlimited
+  are ``{"set", "infinite", "number"}`` objects; ``job_state`` a list, base state then flags;
+  ``exit_code`` ``{"status", "return_code": <number>, "signal": {"id": <number>, "name"}}``.
 
 Each reader takes either form, so one ``JobInfo`` builder serves every version.
 """

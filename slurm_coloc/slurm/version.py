@@ -1,13 +1,10 @@
 """Which Slurm release a bin dir holds, and what each release lets slurm-coloc do.
 
-The version is read once per bin dir and process from ``scontrol --version`` (``slurm 22.05.8``,
-``slurm-wlm 24.11.5``), or from the ``meta`` block of any ``--json`` output (``meta.Slurm.release`` on 22.05's
-openapi v0.0.38, ``meta.slurm.release`` from 23.02's data_parser on). It is never guessed from the
-environment.
-
-Features are switched on from the first release they were checked on (``docs/slurm-versions.md``, recordings
-in ``tests/data/slurm-<version>/``): 22.05.8, 24.11.5 and 26.05.5. A release between them (23.x) takes the
-22.05 paths, which work on every release (slower and with an inferred final state, never wrong).
+Read once per bin dir and process from ``scontrol --version`` (``slurm 22.05.8``, ``slurm-wlm 24.11.5``) or
+any ``--json`` output's ``meta`` (``meta.Slurm.release`` 22.05, ``meta.slurm.release`` 23.02+); never guessed
+from the environment. Features switch on from the first release they were checked on (22.05.8, 24.11.5,
+26.05.5: ``docs/slurm-versions.md``); a release between them takes the 22.05 paths, which work everywhere
+(slower, with an inferred final state, never wrong).
 """
 from __future__ import annotations
 
