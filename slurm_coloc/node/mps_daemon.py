@@ -2,22 +2,21 @@
 node Prolog/Epilog, as root, through node/mps.py).
 
 ``mps_mode: multi-user``: one daemon per GPU, run by root with ``-M``, under the root-owned
-``<run_dir>/mps/<key>/`` where ``key`` is the GPU UUID (``idx<N>`` where NVML is absent, e.g. the fake-GPU
-test cluster). ``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
+``<run_dir>/mps/<key>/``, ``key`` the GPU UUID (``idx<N>`` without NVML, e.g. the fake-GPU test cluster).
+``mps_mode: per-user``: one daemon per (GPU, job uid), run *as that user* (uid, primary gid and
 supplementary groups from the passwd/group databases, never from the job), under the root-owned
 ``<run_dir>/mps/<key>.uid<uid>/``.
 
-In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (the daemon writes ``nvidia-cuda-mps-control.pid`` there) and
-``log/`` CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one empty file per shared job using the daemon) and
-``lock`` (flock serialising concurrent Prologs/Epilogs of that daemon) stay root-owned. Multi-user: ``pipe/``
-and ``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user:
-they are owned by the uid, mode 0700, so only that user (and root) can reach the daemon; root never writes
-into them (the pid file is read without following symlinks and its pid must be a process of that uid).
+In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (holding ``nvidia-cuda-mps-control.pid``) and ``log/``
+CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one file per shared job using the daemon, node/mps_guard.py)
+and ``lock`` (flock serialising that daemon's Prologs/Epilogs) stay root-owned. Multi-user: ``pipe/`` and
+``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user: owned
+by the uid, 0700, so only that user (and root) reaches the daemon; root never writes into them (the pid file
+is read without following symlinks and its pid must be a process of that uid).
 
-The daemon is started with ``CUDA_VISIBLE_DEVICES=<uuid or index>``, so MPS clients see that GPU as device 0
-(MPS remaps devices: NVIDIA MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or
-MIG. Every failure is returned, never raised, so the job can run without MPS (time-slicing) and the node is
-not drained.
+The daemon runs with ``CUDA_VISIBLE_DEVICES=<uuid or index>``, so clients see that GPU as device 0 (NVIDIA
+MPS docs, "CUDA_VISIBLE_DEVICES"). Nothing here changes compute mode, clocks or MIG. Every failure is
+returned, never raised, so the job can run without MPS (time-slicing) and the node is not drained.
 """
 from __future__ import annotations
 

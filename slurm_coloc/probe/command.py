@@ -1,26 +1,22 @@
 """Find the training command of a batch script (pure: text in, typed command out).
 
-Recognised, on the lines that run Python (after joining ``\\`` continuations); with several, the first
-whose program file reads like training (``.backward(``, ``.step(``, ``torch.optim``, ``Trainer(``,
-``.fit(``, ``train(`` in its text), else the first (``python prepare.py`` then ``python train.py``
-probes ``train.py``; only that command runs):
+Recognised on the lines that run Python (``\\`` continuations joined); with several, the first whose program
+reads like training (``.backward(``, ``.step(``, ``torch.optim``, ``Trainer(``, ``.fit(``, ``train(``), else
+the first (``python prepare.py`` then ``python train.py`` probes ``train.py``; only that command runs):
 
 * ``python``/``python3``/``python3.X``/``/path/to/python`` ``[opts] file.py args`` or ``-m pkg args``;
 * that line behind ``srun [opts]``, ``exec``, ``time``, ``nohup``, ``env``, ``VAR=value`` prefixes;
 * ``torchrun``/``python -m torch.distributed.run|launch`` with one process (``--nproc_per_node``,
-  ``--nproc-per-node``; more than one: no command, the multi-GPU rule applies);
-* ``accelerate launch`` with one process (``--num_processes``/``--num-processes``; ``--multi_gpu``
-  or more processes: none); its ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
+  ``--nproc-per-node``; more: no command, the multi-GPU rule applies);
+* ``accelerate launch`` with one process (``--num_processes``; ``--multi_gpu`` or more: none); its
+  ``--mixed_precision`` becomes ``ACCELERATE_MIXED_PRECISION``.
 
 The interpreter as the text says it: ``#COLOC python=PATH``; else a path the command names; else the venv a
-``source DIR/bin/activate`` (or ``. DIR/bin/activate``) line activated; else the bare name (``python_word``)
-or None for a launcher's own. ``preamble.py`` then runs the lines before the command (``line_index``) and
-``discover.py`` looks the name up on the PATH they leave (``conda activate``, ``module load``,
-``export PATH=...``), falling back to the venv read here. Shell variables set before the command in plain
-``X=value`` or ``export X=value`` form, variables of the submitting environment (sbatch exports it to the job
-by default), ``${X:-default}`` (the default substituted in turn), ``$1``..``$9``, ``$@``, ``$*`` (the
-submission's script arguments) and ``$SLURM_SUBMIT_DIR`` are substituted; ``cd DIR`` lines move the working
-directory. Output redirections, pipes and anything after ``;``/``&&`` are dropped.
+``source DIR/bin/activate`` (or ``.``) line activated; else the bare name, or None for a launcher's own.
+``discover.py`` then looks the name up on the PATH the preamble leaves. Substituted: variables set before the
+command (``X=value``, ``export X=value``), the submitting environment's (sbatch exports it by default),
+``${X:-default}``, ``$1``..``$9``, ``$@``, ``$*`` and ``$SLURM_SUBMIT_DIR``; ``cd DIR`` moves the working
+directory. Redirections, pipes and anything after ``;``/``&&`` are dropped.
 """
 from __future__ import annotations
 
