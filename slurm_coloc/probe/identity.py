@@ -1,15 +1,13 @@
 """Whose identity the probe runs a script's code under: never another user's code as root.
 
-An ordinary user's ``coloc-sbatch`` runs the probe as that user (no change of identity). Root's:
+An ordinary user's ``coloc-sbatch`` probes as that user. Root's:
 
-- with ``--uid=USER`` (``sbatch --uid``: root submitting for a user), the script's setup lines, the job's
-  Python asked for its ``sys.path`` and the probed program all run as that user (its uid, its primary or
-  ``--gid`` group, its supplementary groups, ``HOME``/``USER``/``LOGNAME`` its own), in children that drop
-  root's identity before ``exec`` (``subprocess.Popen(user=, group=, extra_groups=)``: ``setgroups``,
-  ``setregid``, ``setreuid``); the scratch directories those children write are handed to the user first;
-- without ``--uid`` (the job runs as root), the probe runs as root only when the batch script and the
-  program file are root's own; a script or program another user owns is not probed (one line: the job gets
-  the figure of the other sources, else a whole GPU).
+- with ``--uid=USER``, the setup lines, the ``sys.path`` query and the program run as that user (uid, primary
+  or ``--gid`` group, supplementary groups, own ``HOME``/``USER``/``LOGNAME``), in children that drop root
+  before ``exec`` (``subprocess.Popen(user=, group=, extra_groups=)``); their scratch directories are handed
+  to the user first;
+- without ``--uid``, only when the batch script and program file are root's own; another user's are not
+  probed (one line: the job gets the other sources' figure, else a whole GPU).
 """
 from __future__ import annotations
 

@@ -1,21 +1,18 @@
 """Which lines of a batch script are environment setup (pure): the filter of ``preamble.py``.
 
-A logical line is setup when every simple command on it is one of ``SETUP_COMMANDS`` (with the sub-commands
-``SUBCOMMANDS`` allows for the environment managers), a shell keyword or a ``VAR=value`` assignment, and:
+A logical line is setup when every simple command on it is one of ``SETUP_COMMANDS`` (with the
+``SUBCOMMANDS`` allowed for environment managers), a shell keyword or ``VAR=value``, and:
 
-- a command substitution ``$(...)`` is only one of ``SAFE_SUBSTITUTIONS``: a path or name
-  tool (``dirname``, ``basename``, ``realpath``, ``readlink``, ``pwd``, ``whoami``, ``hostname``,
-  ``nproc``, ``id``) or an environment manager's shell hook (``conda shell.bash hook``,
-  ``conda info --base``, ``pyenv init -``), itself with no operator, redirection or other substitution
-  inside; ``$((...))`` arithmetic without a substitution or subscript inside;
-- no backticks, no process substitution (``<(...)``, ``>(...)``), no here-string (``<<<``);
-- ``eval``'s only argument is an environment manager's hook substitution
-  (``eval "$(conda shell.bash hook)"``);
-- output is redirected only to ``/dev/null`` or another descriptor (``2>&1``, ``>&2``, ``>&-``), input
-  only from ``/dev/null``.
+- a ``$(...)`` is one of ``SAFE_SUBSTITUTIONS``: a path or name tool (``dirname``, ``basename``,
+  ``realpath``, ``readlink``, ``pwd``, ``whoami``, ``hostname``, ``nproc``, ``id``) or a manager's shell hook
+  (``conda shell.bash hook``, ``conda info --base``, ``pyenv init -``), with no operator, redirection or other
+  substitution inside; ``$((...))`` without a substitution or subscript inside;
+- no backticks, process substitution or here-string;
+- ``eval``'s only argument is a hook substitution (``eval "$(conda shell.bash hook)"``);
+- output goes only to ``/dev/null`` or another descriptor, input only from ``/dev/null``.
 
-So no program of the user's (and nothing but the tools above) runs, and nothing is written: docs/user.md "The
-job's Python".
+So no program of the user's (nor anything but the tools above) runs, and nothing is written (docs/user.md
+"The job's Python").
 """
 from __future__ import annotations
 

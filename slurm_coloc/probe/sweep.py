@@ -1,14 +1,11 @@
 """One probe per training configuration, not per submission (pure).
 
-A sweep submits one script many times with arguments that change no tensor shape, dtype, model or batch:
-the learning rate, the seed, the number of epochs, logging intervals, output paths. :func:`config_args` drops
-those options (``INERT``) and their values from the arguments the probe cache is keyed by
-(``probe._key``), so the second submission of a sweep reuses the first one's probe; every other argument
-(positional ones, ``--batch-size``, ``--arch``, ``--amp``, unknown options) keeps the key apart.
-
-Option names are compared without leading dashes, lower case, ``-`` read as ``_`` (``--learning-rate``,
-``--learning_rate``, ``-lr``); a value is the ``=`` part or the next word when that is not an option
-(``--lr 0.1``, ``--lr=0.1``, ``--lr -0.1`` too: a number).
+A sweep submits one script with arguments that change no shape, dtype, model or batch: learning rate, seed,
+epochs, logging intervals, output paths. :func:`config_args` drops those options (``INERT``) and their
+values from the probe cache key, so a sweep's second submission reuses the first probe; every other argument
+(positional ones, ``--batch-size``, ``--arch``, ``--amp``, unknown options) keeps keys apart. Names compare
+without leading dashes, lower case, ``-`` as ``_``; a value is the ``=`` part or the next word unless that is
+an option (``--lr -0.1`` is a number).
 """
 from __future__ import annotations
 

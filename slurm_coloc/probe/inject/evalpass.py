@@ -1,19 +1,14 @@
 """Evaluation passes in a probe: repeated no-grad forwards skipped, the eval loader's batch replayed.
 
-Runs inside the job's Python (``inject/main.py``), on the fake GPU of ``fakecuda.py``.
-
-* **Repeats skipped.** A top-level module call under ``torch.no_grad()`` (an evaluation loop, as
-  nanoGPT's ``estimate_loss()``: 200 batches before the first optimizer step) whose inputs have the
-  same shapes and dtypes as two earlier no-grad calls of the same module holds the same GPU memory
-  as they did: it returns a stand-in output of the same structure, shapes and dtypes (new fake GPU
-  tensors, so the output's own memory is still replayed) without running the module.
-* **The evaluation pass after the steps.** Programs evaluate after their first epoch, long after the
-  probe stops, often with a larger batch (pytorch/examples mnist: 1,000 against 64). When the
-  probe ends, one no-grad forward of the trained module is replayed for every ``DataLoader`` the
-  program made whose ``batch_size`` exceeds the training batch: the training call's GPU inputs
-  with their batch dimension set to that batch size, the module in ``eval()`` mode, with the
-  parameters, gradients and optimizer state of the last step still held (as at the end of an
-  epoch).
+* **Repeats skipped.** A top-level no-grad module call (nanoGPT's ``estimate_loss()``: 200 batches before the
+  first step) with the same input shapes and dtypes as two earlier no-grad calls of that module holds the same
+  memory: it returns a stand-in output of the same structure (new fake GPU tensors, their memory replayed)
+  without running the module.
+* **The evaluation pass after the steps.** Programs evaluate after their first epoch, long after the probe
+  stops, often with a larger batch (pytorch/examples mnist: 1,000 against 64). At the end one no-grad forward
+  is replayed per ``DataLoader`` whose ``batch_size`` exceeds the training batch: the training call's GPU
+  inputs at that batch, the module in ``eval()``, with the last step's parameters, gradients and optimizer
+  state still held (as at an epoch's end).
 """
 from __future__ import annotations
 

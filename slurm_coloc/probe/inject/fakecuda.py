@@ -83,20 +83,17 @@ def tag_gpu_ops(state: ProbeState) -> None:
 class GpuOps:
     """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
 
-    Only GPU work is simulated. The dispatch modes (``modes``, lowest first: the fake-tensor mode of
-    :func:`make_fake_gpu_mode`, the FLOP counter, the allocator tracker) are not entered for the whole
-    program: they are pushed around one op at a time, with ``state.cuda_op`` set (:func:`tag_gpu_ops`), when
-
-    * an op has a ``FakeTensor`` argument (every fake tensor of the probe is GPU memory): ``FakeTensor``'s own
-      ``__torch_dispatch__`` (the subclass handler, which the dispatcher calls for such ops only) is wrapped
-      by :meth:`install`;
-    * the device mode runs a factory with a CUDA device or a move to the GPU (:meth:`run`).
-
-    Data loading, transforms, numpy interop and CPU RNG (ops on real CPU tensors) never enter Python
-    dispatch, so they cost what they cost in the job.
-
-    ``optional`` (the FLOP counter) is pushed only while ``use_optional`` is True: a mode that passes an op
-    on still costs a Python dispatch level per op.
+    The dispatch modes (``modes``, lowest first: :func:`make_fake_gpu_mode`'s, the FLOP counter, the tracker)
+    are
+    not entered for the whole program but pushed around one op, with ``state.cuda_op`` set
+    (:func:`tag_gpu_ops`),
+    when an op has a ``FakeTensor`` argument (every fake tensor is GPU memory: :meth:`install` wraps
+    ``FakeTensor.__torch_dispatch__``, which the dispatcher calls for such ops only), or when the device mode
+    runs
+    a factory with a CUDA device or a move to the GPU (:meth:`run`). Ops on real CPU tensors never enter
+    Python
+    dispatch, so they cost what they cost in the job. ``optional`` (the FLOP counter) is pushed only while
+    ``use_optional``: a mode that passes an op on still costs a Python dispatch level.
     """
 
     def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None,
