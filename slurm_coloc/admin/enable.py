@@ -1,21 +1,20 @@
 """``coloc-admin enable``: the slurm.conf, gres.conf and plugstack.conf changes that turn slurm-coloc on, as
-whole new file texts (pure functions on text; the CLI prints them as diffs or writes them with a backup).
+whole new file texts (pure; the CLI prints them as diffs or writes them with a backup).
 
 What changes (docs/admin.md, "What it changes on your cluster"):
-- slurm.conf: ``SelectType=select/cons_tres``, ``gpu`` and ``shard`` in ``GresTypes``, the five hooks
-  (``Prolog``, ``Epilog``, ``PrologSlurmctld``, ``EpilogSlurmctld``, ``TaskProlog``) set to the packaged
-  shims, ``PrologEpilogTimeout=120`` when unset, and ``shard:<GPUs x gpu_mem_gib>`` added to each GPU node's
-  ``Gres=``;
+
+- slurm.conf: ``SelectType=select/cons_tres``, ``gpu`` and ``shard`` in ``GresTypes``, the five hooks set to
+  the packaged shims, ``PrologEpilogTimeout=120`` when unset, ``shard:<GPUs x gpu_mem_gib>`` in each GPU
+  node's ``Gres=``;
 - gres.conf: one ``Name=shard Count=<gpu_mem_gib> File=<device>`` line per GPU of a node that has none
   (devices from its ``Name=gpu File=`` lines, else ``/dev/nvidia0..N-1`` as ``AutoDetect=nvml`` finds them);
-- plugstack.conf: ``optional <coloc_spank.so> run_dir=<run_dir>`` (optional: a plugin built for another Slurm
-  release is skipped instead of failing every job), in a file of its own, ``<dir>/coloc.conf``, where
-  plugstack.conf includes ``<dir>/*.conf`` (Debian's ``/etc/slurm/plugstack.conf.d``: plugstack.conf itself
-  belongs to another package), else in plugstack.conf.
-A hook key already set to another program is a conflict (``ColocError``): slurm-coloc does not silently
-replace a site's Prolog; ``replace_hooks`` does. A ``Prolog``/``Epilog`` set to a glob (jobstats'
-``/etc/slurm/prolog.d/*.sh``; Slurm runs every file it matches) is no conflict: our hook joins it as a small
-script in that directory (``glob_hooks``). ``admin/disable.py`` undoes it all.
+- plugstack.conf: ``optional <coloc_spank.so> run_dir=<run_dir>`` (a plugin built for another release is
+  skipped, not failing every job), in ``<dir>/coloc.conf`` where plugstack.conf includes ``<dir>/*.conf``
+  (Debian: plugstack.conf belongs to another package), else in plugstack.conf.
+
+A hook key set to another program is a conflict (``ColocError``; ``replace_hooks`` replaces it). A
+``Prolog``/``Epilog`` glob (jobstats' ``/etc/slurm/prolog.d/*.sh``) is none: our script joins its directory
+(``glob_hooks``). ``admin/disable.py`` undoes it all.
 """
 from __future__ import annotations
 
