@@ -94,8 +94,7 @@ class Sampler:
 
     @property
     def stopping(self) -> bool:
-        """Set by SIGTERM/SIGINT (or another thread): finish the step, flush, return. Setting it wakes the
-        loop."""
+        """Set by SIGTERM/SIGINT (or another thread): finish the step, flush, return."""
         return self._stopping
 
     @stopping.setter
@@ -107,8 +106,7 @@ class Sampler:
 
     @property
     def flush_requested(self) -> bool:
-        """Set by SIGUSR1 (the Epilog's flush request): the loop writes the buffer at once. Setting it wakes
-        it."""
+        """Set by SIGUSR1 (the Epilog's flush request): the loop writes the buffer at once."""
         return self._flush_requested
 
     @flush_requested.setter
