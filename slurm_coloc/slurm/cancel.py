@@ -22,11 +22,7 @@ class StderrTarget:
 
 def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
             timeout_s: float = 15.0) -> None:
-    """``scancel <job_id>`` (a job that already ended is not an error to Slurm).
-
-    Raises:
-        SlurmError: scancel missing, timed out or refused (its stderr is carried).
-    """
+    """``scancel <job_id>`` (an ended job is no error to Slurm); SlurmError: missing, timed out or refused."""
     run(["scancel", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
 
 

@@ -261,9 +261,6 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
 
 
 def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
-    """Every job in ``squeue --json`` output (22.05 ignores squeue's filters: docs/facts.md §7).
-
-    Raises:
-        SlurmError: not JSON or no ``jobs`` list.
+    """Every job of ``squeue --json`` output (22.05 ignores its filters); SlurmError: not JSON, no ``jobs``.
     """
     return parse_job_json(text_, now)[0]

@@ -25,11 +25,8 @@ def sbatch(
     env: Optional[Mapping[str, str]] = None,
     timeout_s: float = 60.0,
 ):
-    """``sbatch <args>``, whatever its exit status: the caller prints its stderr and exits with its code
-    (coloc-sbatch is a drop-in).
-
-    Raises:
-        SlurmError: sbatch missing or timed out.
+    """``sbatch <args>`` whatever its exit status (coloc-sbatch passes it on); SlurmError: missing or timed
+    out.
     """
     return run(["sbatch", *args], bin_dir=bin_dir, env=env, timeout_s=timeout_s, check=False)
 

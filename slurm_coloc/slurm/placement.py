@@ -119,11 +119,7 @@ def is_candidate(job: JobInfo) -> bool:
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
-    """Every job slurmctld knows (``slurm.jobs.squeue_all``).
-
-    Raises:
-        SlurmError: squeue failed, timed out (30 s) or printed something unparsable.
-    """
+    """Every job slurmctld knows (``jobs.squeue_all``); SlurmError: squeue failed, timed out or unparsable."""
     return squeue_all(bin_dir, env, timeout_s=30)
 
 
@@ -146,13 +142,8 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
 
 
 def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
-    """``scontrol hold N``: a user hold becomes an admin hold, so the user cannot release the job unplaced.
-
-    Root or SlurmUser only; 22.05: ``JobHeldUser`` -> ``JobHeldAdmin``, the user's ``scontrol release`` is
-    then refused with ``Access/permission denied``.
-
-    Raises:
-        SlurmError: the hold failed (the job stays user-held; the next round retries).
+    """``scontrol hold N`` (root): 22.05 ``JobHeldUser`` -> ``JobHeldAdmin``, the user cannot release it;
+    SlurmError.
     """
     run(["scontrol", "hold", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
 
@@ -180,8 +171,8 @@ def strip_wait(comment: str) -> str:
 
 
 def wait_comment(reason: str, comment: str) -> str:
-    """``coloc-wait:<reason>|<original comment>``; the coloc JSON stays last, so ``JobComment.read`` still
-    finds it. ``|`` is removed from the reason and it is cut to 200 characters.
+    """``coloc-wait:<reason>|<comment>``, the coloc JSON last (``JobComment.read``); reason without ``|``, <=
+    200.
     """
     return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 
