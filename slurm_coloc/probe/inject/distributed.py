@@ -69,9 +69,7 @@ def _bucket_buffers(torch: Any, module: Any) -> list:
 
 
 def uses_nccl(backend: Any) -> bool:
-    """Whether ``init_process_group(backend)`` gives the job an NCCL communicator on its GPU.
-
-    ``nccl`` named (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ``Backend.NCCL``), or None (torch picks NCCL for
-    CUDA).
+    """Whether ``init_process_group(backend)`` makes an NCCL communicator: ``nccl`` named, or None (CUDA's
+    default).
     """
     return backend is None or "nccl" in str(backend).lower()
