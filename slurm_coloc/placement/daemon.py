@@ -38,13 +38,8 @@ HISTORY_REFRESH_S = 30.0
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
-    """The row's activity, or None when the GPU reports no GPM metrics (no SM activity).
-
-    Args:
-        row: a GPU's live row (``smact``, ``smocc``, ``drama``: fractions of the GPU).
-
-    Returns:
-        The ``Activity`` (fractions; a missing SM occupancy or DRAM activity counts as 0), or None. Pure.
+    """The row's activity (fractions; missing SM occupancy or DRAM activity counts as 0), or None when the GPU
+    reports no GPM metrics.
     """
     if row.smact is None:
         return None
@@ -54,21 +49,12 @@ def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
 def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
                live: Mapping[str, Sequence[store_placement.LiveGpu]], steered: Mapping[int, Steered],
                now: float, window_s: float) -> List[GpuState]:
-    """Every typed GPU with its shards in use, tenants, live state and recently placed load. Pure.
+    """Every typed GPU (nodes in order, indices ascending) with its shards in use, tenants, live state and
+    recently placed load. Pure.
 
     Shards in use: running jobs' ``gres_detail`` plus steered jobs Slurm does not yet show on a GPU; a whole
-    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s`` (the
-    caller passes ``placement_recent_s``, or ``placement_window_s`` when that is 0).
-
-    Args:
-        nodes: each node's typed GPUs and their shards (index -> shard count).
-        jobs: slurmctld's job list (``gres_detail``, state).
-        live: node -> its GPUs' live rows (``read_live``).
-        steered: job id -> where this placer sent it (node, index, shards, demand, when: unix s).
-        now: unix s; window_s: how far back a steered job counts as recently placed (s).
-
-    Returns:
-        One ``GpuState`` per GPU, nodes in order, indices ascending (live state age in s, None without one).
+    ``gpu`` holding uses every shard. ``recent``: demand of steered jobs placed after ``now - window_s`` (Unix
+    s, s; the caller passes ``placement_recent_s``, or ``placement_window_s`` when that is 0).
     """
     used: Dict[Tuple[str, int], int] = {}
     tenants: Dict[Tuple[str, int], int] = {}
@@ -103,17 +89,8 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
 
 
 def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placement.LiveGpu]]:
-    """Live rows of each node's database; a node whose database is missing or unreadable has none.
-
-    Args:
-        cfg: the configuration (node database paths, ``placement_window_s``: how far back rows count, s).
-        nodes: the node names.
-
-    Returns:
-        node -> its GPUs' live rows (missing for a node without a readable database).
-
-    Raises:
-        Never raises for a bad node database (logged: memory-only placement there).
+    """Node -> its GPUs' live rows within ``placement_window_s`` (s); a node whose database is missing or
+    unreadable has none (logged: memory-only placement there).
     """
     out: Dict[str, List[store_placement.LiveGpu]] = {}
     for node in nodes:
@@ -134,21 +111,11 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
                 known: Callable[[JobInfo, str], Tuple[share.Profile, float]],
                 now: float) -> List[List[share.Tenant]]:
-    """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (the same accounting as
-    ``gpu_states``: active jobs' holdings, then steered jobs Slurm does not show yet), less jobs that are
-    ending (``COMPLETING``: their epilogs run, they hold shards but compute no more, so their room is free for
-    the model in the same round). ``known(job)``: a job's profile and predicted SM activity alone (steered
-    jobs keep what the placer knew when it sent them). Pure.
-
-    Args:
-        gpus: the GPUs (``gpu_states``); jobs: slurmctld's job list.
-        steered: job id -> where this placer sent it (``Steered``: profile, demand, when in unix s).
-        known: a job and its GPU's model name -> ``(its profile there, its predicted SM activity alone as a
-            fraction)``.
-        now: unix s (the start of a tenant whose start time is not known).
-
-    Returns:
-        ``len(gpus)`` lists of ``share.Tenant``, index for index. Raises only what ``known`` raises.
+    """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (``gpu_states``' accounting),
+    less ``COMPLETING`` jobs (epilogs run, they compute no more, so their room is free for the model in the
+    same round). ``known(job, gpu_model)``: its profile and predicted SM activity alone (fraction); steered
+    jobs keep what the placer knew when it sent them; ``now`` (Unix s) starts a tenant of unknown start.
+    Raises only what ``known`` raises.
     """
     where = {g.key: i for i, g in enumerate(gpus)}
     out: List[List[share.Tenant]] = [[] for _ in gpus]
@@ -173,17 +140,10 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
 
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
                      max_age_s: Optional[float] = None) -> Optional[List[int]]:
-    """The fallback that needs no placer: when no placer finished a round within ``max_age_s``
-    (``placer_alive``), release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit).
-    Reads only the heartbeat file while the placer is alive, so a timer may run it often.
-
-    Args:
-        cfg: the configuration (heartbeat paths, ``slurm_bin_dir``).
-        env: the environment Slurm's commands run with; None: ours.
-        max_age_s: the heartbeat's greatest age (s); None: ``placer_alive``'s default.
-
-    Returns:
-        None when the placer is alive (nothing done), else the job ids released (possibly empty).
+    """The fallback that needs no placer: when no placer finished a round within ``max_age_s`` (s;
+    ``placer_alive``), release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit).
+    Reads only the heartbeat while the placer is alive, so a timer may run it often. None when alive, else the
+    job ids released.
 
     Raises:
         ColocError: Slurm could not be asked (nothing was released).
@@ -206,23 +166,12 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
-    """One round: steer every held candidate (oldest first; for a policy with ``sharing_model``, e.g.
-    ``throughput``: least GPU work first, ``share.order_candidates``). Returns counts (placed, waiting,
-    memory_only, ...).
+    """One round: steer every held candidate (oldest first; with ``sharing_model``, least GPU work first,
+    ``share.order_candidates``). Returns counts: ``placed``, ``waiting``, ``memory_only``, ``errors``, ...
 
-    Each job is handled on its own: whatever one job's comment or Slurm answer does (an exception of any kind)
-    is one warning and one ``errors`` count, and the round goes on with the next job. A job whose comment
-    breaks the protocol is no candidate at all (``comment.JobComment``: it stays as its user held it).
-
-    Args:
-        cfg: the placer's configuration (policy, gate, ``placement_*`` windows in s, database paths).
-        state: what the placer keeps between rounds (steered jobs, history, warnings already logged).
-        env: the environment Slurm commands run with (None: the default).
-        now: the wall clock (epoch s); the current time when None.
-        cal: the intensity calibration; when None, ``placement_calibration_path`` or the packaged one.
-
-    Returns:
-        Counts of this round: ``placed``, ``waiting``, ``memory_only``, ``errors``, ...
+    Each job is handled on its own: whatever one job's comment or Slurm answer raises is one warning and one
+    ``errors`` count. A job whose comment breaks the protocol is no candidate (it stays as its user held it).
+    ``now``: epoch s (None: now); ``cal`` None: ``placement_calibration_path`` or the packaged one.
 
     Raises:
         ColocError: Slurm could not be asked (the caller logs it and tries again next round).
@@ -265,8 +214,9 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
 
 
 def _forget(state: PlacerState, jobs: Sequence[JobInfo], now: float) -> None:
-    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and notes of
-    gone jobs."""
+    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and gone jobs'
+    notes.
+    """
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
                    if k not in known
@@ -277,8 +227,7 @@ def _forget(state: PlacerState, jobs: Sequence[JobInfo], now: float) -> None:
 
 
 def _candidate_shards(jobs: Sequence[JobInfo]) -> Dict[int, int]:
-    """Job id -> shard request of every held placer candidate (``sp.placer_shards``; a job that breaks the
-    protocol is none, with a warning)."""
+    """Job id -> shard request of every held placer candidate (one breaking the protocol: none, warned)."""
     out: Dict[int, int] = {}
     for j in jobs:
         try:
@@ -292,8 +241,7 @@ def _candidate_shards(jobs: Sequence[JobInfo]) -> Dict[int, int]:
 
 
 def _admin_hold(candidates: Sequence[JobInfo], bin_dir: str, env: Optional[Mapping[str, str]]) -> int:
-    """Hold as admin every candidate its user holds (the user may not release it unplaced); returns how
-    many."""
+    """Hold as admin every candidate its user holds (the user may not release it unplaced); how many."""
     held = 0
     for job in candidates:
         if job.raw.get("state_reason") == "JobHeldUser":
@@ -306,8 +254,7 @@ def _admin_hold(candidates: Sequence[JobInfo], bin_dir: str, env: Optional[Mappi
 
 
 def _refresh_history(cfg: Config, state: PlacerState, now: float, cal: intensity.Calibration) -> None:
-    """Re-read history (``read_history``) when the last read is older than ``HISTORY_REFRESH_S``; never
-    raises."""
+    """Re-read history when the last read is older than ``HISTORY_REFRESH_S``; never raises."""
     if now - state.history_ts <= HISTORY_REFRESH_S:
         return
     timing: Dict[intensity.HistoryKey, List[Timing]] = {}
@@ -326,12 +273,8 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float, cal: intensity
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
              sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run rounds every ``placement_interval_s`` (forever, or ``rounds`` times); errors are logged, never
-    raised (except a bad calibration file, which is a configuration error).
-
-    Args:
-        cfg: the placer's configuration; rounds: how many rounds, or None for ever.
-        env: the environment Slurm commands run with; sleep: waits the given seconds (replaceable in tests).
+    """Run rounds every ``placement_interval_s`` (``rounds`` times, or forever when None); errors are logged,
+    never raised.
 
     Raises:
         ConfigError: the calibration file is bad.

@@ -18,12 +18,10 @@ from slurm_coloc.placement.share import Profile, Tenant
 class Limits:
     """The site's settings a policy applies (from the config and the calibration).
 
-    Attributes:
-        gate: the saturation thresholds (fractions); mode: ``spread`` or ``consolidate``;
-        max_age_s: a GPU's live state older than this (s) is stale.
-        max_slowdown: the bound on a job's predicted slowdown (ratio >= 1).
-        capacity: the sharing model's capacity (summed SM activity alone, fraction) of a GPU model name.
-        floor: the least SM activity (fraction) a job never measured alone counts with.
+    Attributes: gate: the saturation thresholds (fractions); max_age_s: live state older than this (s) is
+    stale. max_slowdown: the bound on a job's predicted slowdown (ratio >= 1). capacity: the sharing capacity
+    (summed SM activity alone, fraction) of a GPU model name. floor: the least SM activity (fraction) a job
+    never measured alone counts with.
     """
 
     gate: Gate
@@ -38,18 +36,13 @@ class Limits:
 class Evidence:
     """One held job and the round's GPUs, as a policy sees them.
 
-    Attributes:
-        gpus: every GPU the job may use (updated with the jobs steered earlier in the round).
-        tenants: index for index with ``gpus``, the jobs on each as the sharing model sees them (present and
-            departed; filled only for a policy with ``sharing_model``, else empty lists or none).
-        shards: the job's shard request (>= 1).
-        demand: the job's predicted activity alone (fractions).
-        counted: ``demand`` as the sharing model counts it (SM activity raised to the floor when never
-            measured alone).
-        profile: the job's profile on a GPU of a model name (``""``: any model).
-        has_data: the job has a signature or a FLOPs count (else nothing predicts its activity).
-        uid: the job's user (None: not known); now: the round's time (Unix s).
-        limits: the site's settings.
+    Attributes: gpus: every GPU the job may use (updated with the jobs steered earlier in the round). tenants:
+    index for index with ``gpus``, the jobs on each as the sharing model sees them (present and departed;
+    filled only for a policy with ``sharing_model``). shards: the job's shard request (>= 1); demand: its
+    predicted activity alone (fractions). counted: ``demand`` as the sharing model counts it (SM activity
+    raised to the floor when never measured alone). profile: the job's profile on a GPU of a model name
+    (``""``: any model). has_data: the job has a signature or a FLOPs count (else nothing predicts its
+    activity). uid: the job's user (None: not known); now: the round's time (Unix s).
     """
 
     gpus: Sequence[GpuState]
@@ -76,7 +69,7 @@ class Policy:
     sharing_model: bool = False
 
     def decide(self, ev: Evidence) -> Decision:
-        """The verdict for one job: a GPU, or a wait (``Decision.hold``) with a reason. Pure.
+        """A GPU, or a wait (``Decision.hold``) with a reason. Pure.
 
         Raises:
             ValueError: a bad shard request or setting (the round counts it as the job's error).

@@ -18,28 +18,17 @@ log = logging.getLogger("slurm_coloc.placer")
 
 
 def heartbeat_paths(cfg: Config) -> List[Path]:
-    """Where the heartbeat is written: ``<state_dir>/placer.json`` (admins, shared with the node databases)
-    and a world-readable copy ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group
-    only), which ``coloc-sbatch`` reads on the same host or where ``run_dir`` is shared with the login
-    nodes.
-
-    Args:
-        cfg: the configuration (``state_dir``, ``run_dir``).
-
-    Returns:
-        The two paths, the admins' first. Pure, never raises.
+    """``<state_dir>/placer.json`` (admins, shared with the node databases) and a world-readable copy
+    ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group only), which ``coloc-sbatch``
+    reads on the same host or where ``run_dir`` is shared with the login nodes.
     """
     return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
 
 
 def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
-    """Write the heartbeat files (``heartbeat_paths``): when the placer last finished a round, 0644.
+    """Write the heartbeat files, 0644: ``summary`` (JSON values) with ``ts`` (Unix s) and ``pid``.
 
-    A copy that cannot be written (its directory missing or read-only) is skipped with a warning.
-
-    Args:
-        cfg: the configuration (``state_dir``, ``run_dir``).
-        summary: the round's summary, written with ``ts`` (unix s) and ``pid`` (JSON values).
+    A copy that cannot be written (directory missing or read-only) is skipped with a warning.
 
     Raises:
         OSError: no copy could be written (the first copy's error).
@@ -58,8 +47,9 @@ def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
 
 
 def clear_heartbeat(cfg: Config) -> None:
-    """Remove the heartbeat files on a clean stop, so jobs submitted afterwards are not held for a placer that
-    is gone; a file that cannot be removed is logged and left (it goes stale on its own)."""
+    """Remove the heartbeat files on a clean stop, so later jobs are not held for a gone placer; one that
+    cannot be removed is logged and left (it goes stale).
+    """
     for path in heartbeat_paths(cfg):
         try:
             path.unlink(missing_ok=True)
@@ -68,15 +58,8 @@ def clear_heartbeat(cfg: Config) -> None:
 
 
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
-    """Whether a placer finished a round within ``max_age_s`` (default 5 x ``placement_interval_s`` + 30 s),
-    from the first readable heartbeat file (``heartbeat_paths``); unreadable or missing everywhere: False.
-
-    Args:
-        cfg: the configuration (heartbeat paths, ``placement_interval_s``).
-        max_age_s: the heartbeat's greatest age (s); None: the default above.
-
-    Returns:
-        True when the heartbeat is that recent (and not in the future). Never raises.
+    """Whether a placer finished a round within ``max_age_s`` (s; default 5 x ``placement_interval_s`` + 30 s)
+    and not in the future, from the first readable heartbeat file; none readable: False.
     """
     limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
     for path in heartbeat_paths(cfg):
@@ -89,14 +72,8 @@ def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
 
 
 def placer_policy(cfg: Config) -> Optional[str]:
-    """The ``placement_policy`` of the placer whose heartbeat is readable (``heartbeat_paths``), else None.
-
-    Args:
-        cfg: the configuration (heartbeat paths).
-
-    Returns:
-        The policy name (``blind``, ``aware``, ...), or None (also for a heartbeat without a text policy).
-        Never raises.
+    """The readable heartbeat's ``placement_policy`` (``blind``, ``aware``, ...); None without one or without
+    a text policy.
     """
     for path in heartbeat_paths(cfg):
         try:

@@ -53,12 +53,7 @@ class ModelRuns:
 
 
 def log_once(seen: Optional[Set[str]], key: str, msg: str, *args: Any) -> None:
-    """Log a warning once per ``key`` (every time when ``seen`` is None).
-
-    Args:
-        seen: the keys already logged (``key`` is added), or None.
-        key: what the warning is about; msg, args: the ``logging`` format and its arguments.
-    """
+    """Log a warning once per ``key`` (added to ``seen``; every time when ``seen`` is None)."""
     if seen is not None:
         if key in seen:
             return
@@ -97,20 +92,13 @@ def _entries(sigs: Mapping[Any, Any]) -> Dict[str, Tuple[Activity, Optional[Timi
 def read_history_file(path: str, timing: Optional[Dict[str, List[Timing]]] = None,
                       by_model: Optional[Dict[str, Dict[str, Tuple[Activity, Optional[Timing]]]]] = None
                       ) -> Dict[str, Activity]:
-    """Signature -> activity from a ``placement_history_path`` file (``{"signatures": {sig: {"smact": f,
-    "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}[, "gpu_models": {model: {sig: {...}}}]}``,
-    fractions 0..1, seconds; ``gpu_models``: runs on a named GPU model, as NVML names it). Entries that are
-    not such objects are skipped. A signature found only under ``gpu_models`` counts for any model too (the
-    mean of its models' activities); one in ``signatures`` keeps that entry.
+    """Signature -> ``Activity`` from a ``placement_history_path`` file.
 
-    Args:
-        path: the history file's path.
-        timing: when given, gets each signature's ``(run_s, startup_s)`` (s) appended where present (the
-            ``signatures`` entry, else every model's).
-        by_model: when given, gets model -> signature -> ``(Activity, timing or None)`` of ``gpu_models``.
-
-    Returns:
-        signature -> ``Activity`` (fractions 0..1).
+    Form: ``{"signatures": {sig: {"smact": f, "smocc": f, "drama": f[, "run_s": s, "startup_s": s]}}[,
+    "gpu_models": {model: {sig: {...}}}]}``, fractions 0..1, seconds; ``gpu_models`` keyed by NVML's model
+    name. Entries not such objects are skipped. A signature only under ``gpu_models`` counts for any model too
+    (its models' mean). ``timing`` gets each signature's ``(run_s, startup_s)`` (the ``signatures`` entry,
+    else every model's); ``by_model`` gets model -> signature -> ``(Activity, timing or None)``.
 
     Raises:
         ConfigError: the file is unreadable, not a JSON object with ``signatures``, or its ``gpu_models`` is
@@ -272,28 +260,16 @@ def read_history(cfg: Config, timing: Optional[Dict[HistoryKey, List[Timing]]] =
                  seen: Optional[Set[str]] = None,
                  by_model: Optional[ModelRuns] = None,
                  cal: Optional[intensity.Calibration] = None) -> Dict[HistoryKey, List[Activity]]:
-    """The activity alone of earlier runs (ctld.db + every node database): measured for runs that had their
-    GPU alone, learned from the co-run mixes for shared ones (``coruns.py``; only runs that ended COMPLETED),
-    keyed by the uid Slurm ran each job as (a recorded job without a uid is skipped; recorded comments are
-    validated again, ``store.placement.finished_jobs``), plus one run per signature of
-    ``placement_history_path`` when set, under uid None (the admin's file, for everyone).
+    """``(uid, signature)`` -> the activity alone (fractions 0..1) of earlier runs (ctld.db + every node
+    database), at most ``RUNS_PER_KEY`` runs per key (the last) and ``KEYS_PER_USER`` keys per uid (run last).
 
-    Args:
-        cfg: ``placement_history_path``, ``placement_history_max_age_s`` (s; older runs, and a history file
-            not modified within it, are stale and skipped), ``ctld_db_path``, ``node_db_dir``.
-        timing: when given, gets the same runs' ``(run_s, startup_s)`` (s) under the same keys.
-        now: the wall clock (epoch s); the current time when None.
-        seen: warning keys already logged (each warning is logged once per key).
-        by_model: when given, gets the same runs again under their GPU model, where it is known.
-        cal: the calibration (priors of the learned activities, each GPU model's capacity); None: priors 0.5
-            and capacity 1.0.
-
-    Returns:
-        ``(uid, signature)`` -> the runs' ``Activity`` (SMACT, SMOCC, DRAMA fractions, 0..1), at most
-        ``RUNS_PER_KEY`` runs per key (the last) and ``KEYS_PER_USER`` keys per uid (those run last).
-
-    Never raises on bad input: a corrupt or stale file, or an unreadable database, is skipped with one
-    warning.
+    Measured for runs that had their GPU alone, learned from co-run mixes for shared ones (``coruns.py``; only
+    runs that ended COMPLETED), keyed by the uid Slurm ran each job as (a job without a uid is skipped;
+    recorded comments are validated again), plus ``placement_history_path``'s runs under uid None (the admin's
+    file, for everyone). Runs older than ``placement_history_max_age_s`` (s), and a file not modified within
+    it, are stale. ``timing`` and ``by_model`` get the same runs' ``(run_s, startup_s)`` (s) and per-GPU-model
+    copies; ``cal`` None: priors 0.5 and capacity 1.0. Never raises on bad input: a corrupt or stale file or
+    an unreadable database is skipped with one warning per ``seen`` key.
     """
     now = time.time() if now is None else now
     out: Dict[HistoryKey, List[Activity]] = {}
@@ -338,23 +314,12 @@ def _capped(out: Dict[HistoryKey, List[Activity]], timing: Optional[Dict[History
 def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
             timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None,
             gpu_model: str = "", by_model: Optional[ModelRuns] = None) -> share.Profile:
-    """The measured profile of a job's signature (``share.Profile``; smact None without history) for a job
-    run by ``uid`` on a GPU of model ``gpu_model``: ``coloc`` is its ``comment.JobComment`` (a coloc JSON
-    object is validated first). Activity and timing each come from the first of
-    ``intensity.history_keys(sig, uid)`` that has runs on ``gpu_model`` (``by_model``), else from the first
-    that has runs on any model (the user's own, then the admin's file); another user's runs never count. Pure.
+    """The ``share.Profile`` of ``uid``'s job on a GPU of model ``gpu_model`` ("": any model's runs): SM
+    activity alone (fraction, None without history), mean run and start-up (s, None without timing), and
+    whether it was learned from shared runs. Pure.
 
-    Args:
-        coloc: the job's ``comment.JobComment``, or a coloc JSON object.
-        history: history key -> the activities measured alone (fractions).
-        timing: history key -> the ``(run_s, startup_s)`` of runs alone (s).
-        uid: the job's user, or None (then only the admin's file counts).
-        gpu_model: the model of the GPU the profile is for, as NVML names it ("" not known: any model's runs).
-        by_model: the same runs per GPU model (``ModelRuns``); None: any model's runs.
-
-    Returns:
-        The ``share.Profile``: SM activity alone (fraction, None without history), mean run and start-up
-        times (s, None without timing), and whether the activity was learned from shared runs.
+    Activity and timing each come from the first of ``intensity.history_keys(sig, uid)`` with runs on
+    ``gpu_model`` (``by_model``), else the first with runs on any model; another user's runs never count.
     """
     keys = intensity.history_keys(intensity.signature(coloc), uid)
     same_act: Mapping[HistoryKey, Sequence[Activity]] = {}

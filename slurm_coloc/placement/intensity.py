@@ -49,20 +49,14 @@ def _typed(coloc: Any) -> JobComment:
 
 
 def features(coloc: Any) -> Features:
-    """Features of a job's validated comment (``JobComment``; a coloc JSON object is validated first, and one
-    that breaks the protocol gives no features): ``flops_per_step``/``bytes_per_step`` when present, the
-    spec's batch, precision and model. When FLOPs are absent, batch x input elements x 3e-6 GFLOP is a crude
-    proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models range over 100x; 0 for
-    token models, whose input is one id per token). ``flops_per_step`` is what ``coloc-sbatch`` counted in the
-    estimate's trace or the script probe (``torch.utils.flop_counter``: matmuls, convolutions, attention). The
-    comment's bounds (``comment.values.BOUNDS``, ``MAX_INPUT_ELEMENTS``) keep every feature finite.
+    """Features of a job's validated comment (a coloc JSON object is validated first; one that breaks the
+    protocol gives no features); precision ``fp32`` when not given.
 
-    Args:
-        coloc: the job's ``comment.JobComment``, or a coloc JSON object.
-
-    Returns:
-        The ``Features``: GFLOP and GB per step (None when not known), batch size, precision (``fp32`` when
-        not given), model name, and whether the GFLOP are the proxy. Pure, never raises.
+    ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's trace or the script probe
+    (``torch.utils.flop_counter``: matmuls, convolutions, attention). Without it, batch x input elements x
+    3e-6 GFLOP is a crude proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models
+    range over 100x; 0 for token models). The comment's bounds (``comment.values.BOUNDS``,
+    ``MAX_INPUT_ELEMENTS``) keep every feature finite.
     """
     c = _typed(coloc)
     spec = c.spec
@@ -137,13 +131,7 @@ def _act(d: Any, where: str) -> Activity:
 
 
 def load_calibration(path: Optional[str] = None) -> Calibration:
-    """Read a calibration JSON (default: the packaged one).
-
-    Args:
-        path: the calibration file's path; None or empty: ``DEFAULT_CALIBRATION``.
-
-    Returns:
-        The ``Calibration`` (coefficients checked: see the error below).
+    """Read a calibration JSON (None or empty ``path``: ``DEFAULT_CALIBRATION``).
 
     Raises:
         ConfigError: unreadable, not JSON, or a coefficient missing or not a number.
@@ -177,14 +165,8 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
 
 
 def predict(f: Features, cal: Calibration) -> Activity:
-    """Predicted activity of the job alone from its features (no history).
-
-    Args:
-        f: the job's ``features``; cal: the calibration (the curve, ``by_model``, ``unknown``).
-
-    Returns:
-        The ``Activity`` (fractions 0..1): the model's measured one, the curve's, or ``cal.unknown`` without
-        FLOPs. Pure, never raises.
+    """The job's activity alone (fractions 0..1) without history: the model's measured one (``by_model``), the
+    curve's, or ``cal.unknown`` without FLOPs.
     """
     if f.model and f.model in cal.by_model:
         return cal.by_model[f.model]
@@ -205,16 +187,8 @@ HistoryKey = Tuple[Optional[int], str]
 
 
 def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
-    """The history keys that may steer a job of signature ``sig`` run by ``uid``, in order: the user's own
-    runs ``(uid, sig)``, then the admin's file ``(None, sig)``; () without a signature. Another user's runs
-    never count.
-
-    Args:
-        sig: the job's signature (``comment.job_signature``), or None.
-        uid: the job's user, or None (then only the admin's file).
-
-    Returns:
-        The keys, in order. Pure.
+    """The history keys that may steer ``uid``'s job of signature ``sig``, in order: ``(uid, sig)``, then the
+    admin's ``(None, sig)``; () without a signature. Another user's runs never count.
     """
     if not sig:
         return ()
@@ -222,14 +196,7 @@ def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ..
 
 
 def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
-    """Mean activity of earlier alone runs of the same signature, or None without runs.
-
-    Args:
-        runs: the activities measured alone (fractions).
-
-    Returns:
-        The component-wise mean ``Activity``, or None. Pure.
-    """
+    """Component-wise mean of earlier alone runs (fractions), or None without runs."""
     if not runs:
         return None
     n = len(runs)
@@ -239,21 +206,11 @@ def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
 
 def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
            uid: Optional[int] = None) -> Tuple[Activity, str]:
-    """The job's predicted activity alone and where it came from (``history`` or ``predicted``).
+    """The job's predicted activity alone (fractions 0..1) and its source (``history`` or ``predicted``).
 
-    History is per user: only runs of the job's own ``uid`` count, then the admin's file (uid None); another
-    user's runs never steer this job (a user could otherwise forge a signature's history for everyone).
-
-    Args:
-        coloc: the job's ``comment.JobComment`` or its coloc JSON object (validated first): signature,
-            FLOPs and bytes per step.
-        history: ``(uid, signature)`` -> runs alone (``history.read_history``).
-        cal: the intensity calibration (prediction from FLOPs when there is no history).
-        uid: the uid Slurm runs the job as.
-
-    Returns:
-        ``(activity, source)``: SM activity, SM occupancy and DRAM activity as fractions 0..1, and
-        ``history`` or ``predicted``.
+    History is per user: only runs of the job's own ``uid`` (the uid Slurm runs it as) count, then the admin's
+    file (uid None); another user's runs never steer this job (a user could otherwise forge a signature's
+    history for everyone). Without history, ``cal`` predicts from FLOPs.
     """
     c = _typed(coloc)
     for key in history_keys(c.signature(), uid):

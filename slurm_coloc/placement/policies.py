@@ -21,7 +21,7 @@ POLICIES: Dict[str, Policy] = {}
 
 def register(policy: Policy) -> Policy:
     """Add ``policy`` under its ``name`` (replacing one of that name) and make the name a valid
-    ``placement_policy``. Returns the policy.
+    ``placement_policy``; returns it.
 
     Raises:
         ValueError: the policy has no name.

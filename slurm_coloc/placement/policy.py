@@ -39,14 +39,7 @@ class Gate:
     drama: float = 0.4
 
     def saturated(self, a: Activity) -> bool:
-        """CARMA: SMACT >= smact and (SMOCC >= smocc or DRAMA >= drama).
-
-        Args:
-            a: a GPU's activity (SM activity, SM occupancy, DRAM activity: fractions 0..1).
-
-        Returns:
-            True when saturated. Pure.
-        """
+        """CARMA: SMACT >= smact and (SMOCC >= smocc or DRAMA >= drama); ``a``'s fields are fractions 0..1."""
         return a.smact >= self.smact and (a.smocc >= self.smocc or a.drama >= self.drama)
 
 
@@ -54,15 +47,11 @@ class Gate:
 class GpuState:
     """One GPU as the placer sees it.
 
-    Attributes:
-        node, index: Slurm node name and GPU index on it (gres.conf order = IDX = the sampler's
-            ``gpu_index``).
-        shards_total, shards_used: shards of this GPU and shards held by running/steered jobs (Slurm's view).
-        tenants: jobs holding shards of this GPU.
-        live: mean measured activity over the live window, or None when missing.
-        live_age_s: seconds since the last sample (None: no sample).
-        recent: summed predicted activity of tenants placed after the live window began.
-        model: the GPU's model as its sampler recorded it ("" unknown; picks the sharing capacity).
+    Attributes: node, index: Slurm node name and GPU index (gres.conf order = IDX = the sampler's
+    ``gpu_index``). shards_used: shards held by running/steered jobs (Slurm's view). live: mean measured
+    activity over the live window (None: missing); live_age_s: seconds since the last sample. recent: summed
+    predicted activity of tenants placed after the live window began. model: the GPU's model as its sampler
+    recorded it ("" unknown; picks the sharing capacity).
     """
 
     node: str
@@ -119,8 +108,7 @@ class Decision:
 
 
 def no_room(gpus: Sequence[GpuState], shards: int) -> Decision:
-    """The wait of a job of ``shards`` shards that no GPU of ``gpus`` has room for (``Hold.NO_ROOM``).
-    Pure."""
+    """The wait (``Hold.NO_ROOM``) of a job of ``shards`` shards that no GPU has room for."""
     most = max((g.shards_free for g in gpus), default=0)
     return Decision(None, None, f"no GPU has {shards} free shards (most free: {most})", hold=Hold.NO_ROOM)
 
@@ -130,14 +118,7 @@ def _fmt(a: Activity) -> str:
 
 
 def fresh(gpu: GpuState, max_age_s: float) -> bool:
-    """Whether the GPU's live state exists and is at most ``max_age_s`` old.
-
-    Args:
-        gpu: the GPU's state (``live``, ``live_age_s`` in s); max_age_s: the greatest age (s).
-
-    Returns:
-        True when fresh. Pure.
-    """
+    """Whether the GPU's live state exists and is at most ``max_age_s`` (s) old."""
     return gpu.live is not None and gpu.live_age_s is not None and 0 <= gpu.live_age_s <= max_age_s
 
 
@@ -173,27 +154,15 @@ def _option(g: GpuState, demand: Activity, gate: Gate, mode: str, max_age_s: flo
 
 def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Gate, mode: str = "spread",
                max_age_s: float = 60.0) -> Decision:
-    """Pick a GPU for a job of ``shards`` shards and predicted activity ``demand``.
+    """Pick a GPU for a job of ``shards`` shards and predicted activity alone ``demand``.
 
-    Rules, in order: (1) the job's shards must fit in the GPU's free shards; (2) a GPU with no tenant
-    qualifies; (3) a GPU with fresh live state qualifies if live + recent + demand is not saturated, and its
-    live state alone is not saturated (the guard: a GPU that stays saturated takes no new tenant); (4) a GPU
-    with stale or missing state qualifies on memory alone. Among qualifying GPUs: ``spread`` takes the least
-    loaded (lowest predicted SMACT, then fewest tenants, then most free shards, then node/index);
-    ``consolidate`` the most loaded that qualifies (highest predicted SMACT, then fewest free shards).
-    Utilization-checked and empty GPUs are preferred to memory-only ones in ``spread`` so stale nodes do not
-    attract every job.
-
-    Args:
-        gpus: every GPU the job may use.
-        shards: the job's shard request (>= 1).
-        demand: the job's predicted activity alone.
-        gate: saturation thresholds.
-        mode: ``spread`` or ``consolidate``.
-        max_age_s: live state older than this is stale.
-
-    Returns:
-        A ``Decision``; not placed (node None) with a readable ``reason`` when no GPU qualifies.
+    Rules, in order: (1) the job's shards fit the GPU's free shards; (2) a GPU with no tenant qualifies; (3) a
+    GPU with fresh live state qualifies if live + recent + demand is not saturated and live alone is not (the
+    guard: a GPU that stays saturated takes no new tenant); (4) a GPU with stale or missing state qualifies on
+    memory alone. ``spread`` takes the least loaded (lowest predicted SMACT, fewest tenants, most free shards,
+    node/index) and prefers utilization-checked and empty GPUs to memory-only ones so stale nodes do not
+    attract every job; ``consolidate`` the most loaded that qualifies (highest predicted SMACT, fewest free
+    shards). Live state older than ``max_age_s`` (s) is stale.
 
     Raises:
         ValueError: unknown mode or shards < 1.
@@ -221,28 +190,15 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
 
 
 def saturated_gpus(gpus: Sequence[GpuState], gate: Gate, max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose fresh live state is saturated (the guard's view, for logs and
-    reports).
-
-    Args:
-        gpus: the GPUs' states; gate: the saturation thresholds (fractions).
-        max_age_s: live state older than this (s) is stale and never counts as saturated.
-
-    Returns:
-        The ``(node, index)`` keys, in the order of ``gpus``. Pure.
+    """``(node, index)`` of GPUs whose live state, at most ``max_age_s`` (s) old, is saturated (the guard's
+    view, for logs and reports).
     """
     return [g.key for g in gpus if fresh(g, max_age_s) and g.live is not None and gate.saturated(g.live)]
 
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
-    """A GPU by memory alone: the one with fewest tenants among those with ``shards`` free, then most free
-    shards (spreads), node, index; not placed when none has room.
-
-    Args:
-        gpus: every GPU the job may use; shards: the job's shard request.
-
-    Returns:
-        A ``Decision`` (basis ``memory-only``), not placed with a reason when no GPU has room. Never raises.
+    """A GPU by memory alone (basis ``memory-only``): fewest tenants among those with ``shards`` free, then
+    most free shards, node, index; not placed when none has room.
     """
     fits = sorted((g for g in gpus if g.shards_free >= shards),
                   key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
@@ -253,12 +209,5 @@ def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
 
 
 def silent_gpus(gpus: Sequence[GpuState], max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose sampler gave no fresh state (missing or older than ``max_age_s``).
-
-    Args:
-        gpus: the GPUs' states; max_age_s: live state older than this (s) is stale.
-
-    Returns:
-        The ``(node, index)`` keys, in the order of ``gpus``. Never raises.
-    """
+    """``(node, index)`` of GPUs whose sampler gave no state at most ``max_age_s`` (s) old."""
     return [g.key for g in gpus if not fresh(g, max_age_s)]

@@ -38,22 +38,16 @@ reading taken later shows its work, not its start-up."""
 
 def live_corrected(tenants: Sequence[share.Tenant], live_smact: float, since_ts: float,
                    unsaturated: float) -> List[share.Tenant]:
-    """``tenants`` with the predicted activity of those never measured and settled (present, and started
-    ``SETTLE_S`` before the live window began) replaced by their share of what the GPU's live SM activity
-    leaves: ``r = live_smact`` less the measured activity of measured tenants that compute now, spread in
-    proportion to their predictions. Tenants still starting (measured or not) are not subtracted, so ``r`` can
-    only overstate the settled ones: the correction errs on the side of caution. No change when the reading is
-    saturated (``>= unsaturated``: activities no longer add) or nobody settled. The first shared minutes
-    correct a cold prediction in both directions (Gandiva and Lucid learn from what runs;
-    ``../shared/reference/placement-anchors.md``).
+    """``tenants`` (in order) with the prediction of those never measured and settled (present, started
+    ``SETTLE_S`` before the live window began at ``since_ts``, Unix s) replaced by their share of what the
+    GPU's live SM activity leaves: ``r = live_smact`` less the activity of measured tenants computing now,
+    spread in proportion to their predictions.
 
-    Args:
-        live_smact: the GPU's mean SM activity over the live window (fraction); since_ts: when that window
-            began (Unix s).
-        unsaturated: the aggregate SMACT below which activities add (``learn.UNSATURATED``).
-
-    Returns:
-        The tenants, in order, corrected ones with a new ``predicted``. Pure.
+    Tenants still starting are not subtracted, so ``r`` can only overstate the settled ones (the correction
+    errs on the side of caution). No change when the reading is saturated (``>= unsaturated``,
+    ``learn.UNSATURATED``: activities no longer add) or nobody settled. The first shared minutes correct a
+    cold prediction both ways (Gandiva and Lucid learn from what runs;
+    ``../shared/reference/placement-anchors.md``). Pure.
     """
     present = [t for t in tenants if t.end_ts is None]
     settled = [t for t in present if t.profile.smact is None and since_ts - t.start_ts >= SETTLE_S]
@@ -138,15 +132,8 @@ class Round:
                      ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
     def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[share.Profile, float]:
-        """A running job's profile on its GPU's model and predicted SM activity alone (unknown on a bad
-        comment, with a warning).
-
-        Args:
-            j: slurmctld's record of the running job (comment, uid).
-            gpu_model: the model of the GPU it holds ("" not known: any model's runs).
-
-        Returns:
-            ``(share.Profile, SM activity alone as a fraction)``. Never raises.
+        """A running job's profile on its GPU's model ("": any) and predicted SM activity alone (fraction;
+        unknown on a bad comment, with a warning).
         """
         try:
             c = JobComment.read(j.comment, j.job_id)
@@ -164,14 +151,8 @@ class Round:
         return replace(demand, smact=max(demand.smact, self.cal.smact_floor))
 
     def ordered(self, candidates: Sequence[JobInfo]) -> List[JobInfo]:
-        """``candidates`` in ``share.order_candidates`` order (least GPU work first; a job waiting over half
-        of ``placement_max_wait_s`` first); a job whose comment cannot be read counts as of unknown work.
-
-        Args:
-            candidates: the held jobs (slurmctld's records).
-
-        Returns:
-            The same jobs, reordered. Never raises for a bad comment.
+        """``candidates`` in ``share.order_candidates`` order; a job whose comment cannot be read counts as of
+        unknown work.
         """
         rows = []
         for j in candidates:
@@ -185,13 +166,8 @@ class Round:
         return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
 
     def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, share.Profile]:
-        """The decision for one held job, its predicted activity, where that came from, and its profile.
-
-        Args:
-            job: slurmctld's record of the held job; shards: its shard request.
-
-        Returns:
-            ``(Decision, Activity as fractions, source in words, share.Profile)``.
+        """The decision for one held job, its predicted activity (fractions), its source in words, and its
+        profile.
 
         Raises:
             ValueError: a bad shard request or placement mode (the policy's ``decide``); ``handle`` catches
@@ -224,14 +200,8 @@ class Round:
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
-        ``placement_max_wait_s``), or note why it waits.
-
-        Args:
-            job: slurmctld's record of the held job; shards: its shard request.
-            counts: the round's counters (``placed``, ``memory_only``, ``waiting``, ``errors``), incremented.
-
-        Raises:
-            Never raises: an error is one warning and one count (``errors``).
+        ``placement_max_wait_s``), or note why it waits. Never raises: an error is one warning and one
+        ``errors`` count in ``counts``.
         """
         cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
         try:

@@ -69,35 +69,20 @@ class Tenant:
 
 
 def slowdown(load: float, capacity: float) -> float:
-    """Predicted slowdown of each job computing on a GPU whose summed SM activity alone is ``load`` (>= 1).
-
-    Args:
-        load: the summed SM activity alone of the jobs computing (fraction of the GPU, may exceed 1).
-        capacity: the model's fitted capacity (summed SM activity alone the GPU delivers, fraction).
-
-    Returns:
-        ``max(1, load / capacity)`` (a ratio >= 1); infinity when ``capacity <= 0``. Pure, never raises.
+    """``max(1, load / capacity)``: each computing job's slowdown at summed SM activity alone ``load``
+    (fraction, may exceed 1); infinity when ``capacity <= 0``.
     """
     return max(1.0, load / capacity) if capacity > 0 else float("inf")
 
 
 def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[float]]:
-    """When each tenant is predicted to end (Unix s; None: run time not known, it never ends in the model), by
-    playing the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone,
-    and while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` every one progresses at
-    ``capacity / L``. A tenant that has left (``end_ts`` set) is load until it left and ends then, so the past
-    progress of the others is replayed with the company they had (``track_departures`` keeps those that left
-    while a present tenant ran); ``load_at_start`` keeps counting a tenant past its predicted end. Pure,
-    O(n^2).
+    """Each tenant's predicted end (Unix s; None: run time not known, never ends in the model).
 
-    Args:
-        tenants: the jobs holding the GPU, and those that left it (start time in unix s, profile:
-            ``startup_s``, ``work_s`` in s, ``smact`` fraction; ``end_ts`` in unix s for those that left).
-        capacity: the model's fitted capacity (summed SM activity alone, fraction).
-
-    Returns:
-        The predicted end (unix s) or None per tenant, index for index (``end_ts`` for one that left). Never
-        raises.
+    Plays the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone, and
+    while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` each progresses at ``capacity
+    / L``. A tenant that left (``end_ts``) is load until then and ends then, so the others' past progress is
+    replayed with the company they had (``track_departures``); ``load_at_start`` keeps counting a tenant past
+    its predicted end. O(n^2).
     """
     begin = [t.start_ts + (t.profile.startup_s or 0.0) for t in tenants]
     left = [t.profile.work_s if t.end_ts is None else None for t in tenants]
@@ -130,19 +115,10 @@ forgotten, so the replay of a very long tenant's past can again run ahead."""
 
 def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[Key, Sequence[Tenant]],
                      departed: Mapping[Key, Sequence[Tenant]], now: float) -> Dict[Key, List[Tenant]]:
-    """The tenants that left each GPU, kept for ``predicted_ends``: those of ``departed``, plus those of
-    ``previous`` (last round's tenants, by ``job_id``) missing from ``current``, with ``end_ts`` = ``now``;
-    only those that left after the earliest present tenant began computing (the others no longer shape any
-    present tenant's progress), and at most the ``DEPARTED_KEPT`` that left last. A GPU with no present
-    tenant keeps none.
+    """Per GPU with a present tenant, the tenants that left it (``end_ts`` set), for ``predicted_ends``.
 
-    Args:
-        previous, current, departed: per GPU key ``(node, index)``, last round's tenants, this round's and
-            those already known to have left.
-        now: this round's time (unix s).
-
-    Returns:
-        Per GPU key with a present tenant, the tenants that left (``end_ts`` set). Pure, never raises.
+    Those of ``departed`` plus those of ``previous`` (by ``job_id``) missing from ``current``, with ``end_ts``
+    = ``now`` (Unix s), filtered by ``kept_departures``.
     """
     out: Dict[Key, List[Tenant]] = {}
     for key, present in current.items():
@@ -158,15 +134,9 @@ def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[
 
 
 def kept_departures(present: Sequence[Tenant], departed: Sequence[Tenant]) -> List[Tenant]:
-    """Of ``departed`` (tenants with ``end_ts`` set), those that still shape a present tenant's replay: left
-    after the earliest of ``present`` began computing, at most the ``DEPARTED_KEPT`` that left last, in the
-    order they left. None when nobody is present.
-
-    Args:
-        present: the GPU's tenants now; departed: those that left it (``end_ts`` in unix s).
-
-    Returns:
-        The tenants kept, oldest departure first. Pure, never raises.
+    """Of ``departed``, those that left after the earliest of ``present`` began computing (they still shape
+    its replay), at most the ``DEPARTED_KEPT`` that left last, oldest departure first; none when nobody is
+    present.
     """
     if not present:
         return []
@@ -185,18 +155,12 @@ slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more ma
 
 
 def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> float:
-    """Summed SM activity alone (``Tenant.smact``) of the tenants still computing when a job placed ``now``
-    with ``startup_s`` of start-up begins: a tenant predicted (``predicted_ends``) to end in ``(now, now +
-    startup_s]`` with ``END_SLACK`` x its work alone to spare is left out; one past its predicted end (it
-    overran) or of unknown run time counts; one that has left (``end_ts``) is only replayed.
+    """Summed SM activity alone (fraction, may exceed 1) of the tenants still computing when a job placed
+    ``now`` (Unix s) with ``startup_s`` (s) of start-up begins.
 
-    Args:
-        tenants: the jobs holding the GPU (and those that left it); capacity: the fitted capacity (summed SM
-            activity, fraction).
-        now: when the job is placed (unix s); startup_s: its start-up before it computes (s).
-
-    Returns:
-        The summed SM activity alone (fraction of the GPU, may exceed 1). Pure, never raises.
+    A tenant predicted to end in ``(now, now + startup_s]`` with ``END_SLACK`` x its work alone to spare is
+    left out; one past its predicted end (it overran) or of unknown run time counts; one that has left
+    (``end_ts``) is only replayed.
     """
     total = 0.0
     for t, end in zip(tenants, predicted_ends(tenants, capacity)):
@@ -210,16 +174,8 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
 
 def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, now: float,
                      startup_s: float) -> float:
-    """Predicted slowdown on a GPU of ``tenants`` once a job of SM activity alone ``smact`` (measured or
-    predicted) placed ``now`` has started computing (``load_at_start`` + ``smact``).
-
-    Args:
-        tenants: the jobs holding the GPU; capacity: the fitted capacity (summed SM activity, fraction).
-        smact: the job's SM activity alone (fraction); now: when it is placed (unix s).
-        startup_s: its start-up before it computes (s).
-
-    Returns:
-        The predicted slowdown (a ratio >= 1, ``slowdown``). Pure, never raises.
+    """``slowdown(load_at_start + smact)``: the slowdown once a job of SM activity alone ``smact`` placed
+    ``now`` (Unix s) with ``startup_s`` (s) computes.
     """
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
@@ -245,10 +201,10 @@ def _judge(g: GpuState, ts: Sequence[Tenant], job: Profile, demand: Activity, ca
 
 def between_users(ts: Sequence[Tenant], job: Profile, uid: Optional[int],
                   floor: float) -> Tuple[List[Tenant], Profile]:
-    """``ts`` and ``job`` as one GPU's decision for user ``uid`` counts them: an activity learned from shared
-    runs (``Profile.learned``) is trusted for its own user only, so across users it counts at least ``floor``
-    (the candidate's, when another user's job is on the GPU; another user's tenant's, always). A user whose
-    jobs look light while learned moves only their own jobs' placement."""
+    """``ts`` and ``job`` as counted for user ``uid``: a learned activity (``Profile.learned``) is trusted for
+    its own user only, so across users it counts at least ``floor`` (the candidate's when another user's job
+    is on the GPU; another user's tenant's always); a learned light user moves only their own jobs.
+    """
     others = any(t.uid != uid and t.end_ts is None for t in ts)
 
     def floored(p: Profile) -> Profile:
@@ -264,26 +220,13 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
                        floor: float = 0.0) -> Decision:
     """Pick a GPU for a job under the slowdown bound, by the sharing model alone.
 
-    Per GPU with ``shards`` free: no tenant -> qualifies (``empty-gpu``). Otherwise the job's SM activity
-    alone (measured, else its prediction ``demand.smact``, which the caller has floored) plus
-    ``load_at_start`` of the tenants (a tenant never measured counts with its prediction) must keep
-    ``slowdown <= max_slowdown``.
-    The live sampler state plays no part: a silent sampler never lets a GPU be packed past the bound, and a
-    live reading of SMACT 1.00 never serialises small jobs that the model says still gain. Among those that
-    qualify, measured and empty GPUs before predicted ones; then the lowest predicted slowdown (spreads across
-    GPUs and nodes), fewest tenants, most free shards, node, index.
-
-    Args:
-        job: its profile, or a function of the GPU's model name (``GpuState.model``) giving it
-            (``history.profile`` from that model's runs).
-        capacity: summed SMACT alone, or a function of the GPU's model name
-            (``intensity.Calibration.capacity_for``); max_slowdown: the bound (>= 1).
-        uid, floor: the job's user and the least SM activity a learned profile counts with across users
-            (``between_users``).
-
-    Returns:
-        A ``Decision`` (``predicted``'s SMACT = the GPU's load with the job for the model); not placed with a
-        reason when no GPU qualifies.
+    Per GPU with ``shards`` free: no tenant qualifies (``empty-gpu``); otherwise the job's SM activity alone
+    (measured, else ``demand.smact``, floored by the caller) plus ``load_at_start`` must keep ``slowdown <=
+    max_slowdown``. The live sampler state plays no part: a silent sampler never lets a GPU pack past the
+    bound, and a live SMACT 1.00 never serialises small jobs the model says still gain. Order: measured and
+    empty GPUs before predicted ones, then lowest predicted slowdown, fewest tenants, most free shards, node,
+    index. ``job`` and ``capacity`` may be functions of the GPU's model name (``history.profile``,
+    ``intensity.Calibration.capacity_for``). ``predicted``'s SMACT is the GPU's load with the job.
 
     Raises:
         ValueError: shards < 1, len(tenants) != len(gpus), capacity <= 0 or max_slowdown < 1.
@@ -317,51 +260,26 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
 def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
                  capacity: Callable[[str], float], smact: float, max_slowdown: float,
                  now: float) -> List[GpuState]:
-    """The GPUs of ``gpus`` (``tenants`` index for index) that an unprofiled job counted at SM activity alone
-    ``smact`` (the calibration's ``unknown``) leaves within the bound: those without a tenant measured alone,
-    and those whose ``bounded_slowdown`` (no start-up credit) stays <= ``max_slowdown``. Memory-only placement
-    picks among these, so a job without data never pushes measured tenants past the bound.
-
-    Args:
-        gpus: the candidate GPUs; tenants: index for index, the jobs holding each.
-        capacity: the fitted capacity (summed SM activity, fraction) of a GPU model name
-            (``intensity.Calibration.capacity_for``).
-        smact: the SM activity alone counted for the job (fraction); max_slowdown: the bound (ratio >= 1).
-        now: unix s.
-
-    Returns:
-        The GPUs within the bound, in the order of ``gpus``. Never raises.
+    """The GPUs (in order) where a job counted at SM activity alone ``smact`` (the calibration's ``unknown``)
+    keeps the bound: no tenant measured alone, or ``bounded_slowdown`` (no start-up credit) <=
+    ``max_slowdown``. Memory-only placement picks among these, so a job without data never pushes measured
+    tenants past the bound.
     """
     return [g for g, ts in zip(gpus, tenants)
             if bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
 
 
 def gpu_work(job: Profile) -> Optional[float]:
-    """A job's demand on the shared GPU (SM-activity-seconds): SM activity alone x computing time alone; None
-    when either is not known. Under processor sharing a GPU delivers a fixed capacity of these per second, so
-    offering GPUs to the smallest first is Smith's shortest-processing-time rule on that resource.
-
-    Args:
-        job: the job's profile (``smact`` fraction, ``work_s`` in s).
-
-    Returns:
-        ``smact * work_s`` (SM-activity-seconds), or None. Pure, never raises.
+    """``smact * work_s`` (SM-activity-seconds), None when either is unknown. A GPU delivers a fixed capacity
+    of these per second, so smallest first is Smith's shortest-processing-time rule on it.
     """
     return job.smact * job.work_s if job.smact is not None and job.work_s is not None else None
 
 
 def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s: float) -> List[int]:
-    """The order in which a round offers held jobs a GPU: least GPU work first (``gpu_work``; SJF on the
-    shared resource, which lowers the mean completion time), within fairness.
-
-    Args:
-        jobs: ``(job_id, submit_ts, profile)`` per held job; a job whose ``gpu_work`` is not known counts as
-            the median of the known ones (neither first nor last).
-        now: Unix s; age_s: a job waiting longer than this goes first, oldest first (the daemon passes half of
-            ``placement_max_wait_s``: no job is kept back by shorter ones until its memory-only release).
-
-    Returns:
-        The job ids in order: aged jobs by submit time, then the others by GPU work, submit time, job id.
+    """Held job ids in the order a round offers them a GPU: jobs waiting over ``age_s`` first by submit time
+    (the daemon passes half of ``placement_max_wait_s``), then least ``gpu_work`` (SJF on the shared
+    resource), submit time, job id. Unknown work counts as the known median.
     """
     work = {i: gpu_work(p) for i, _, p in jobs}
     known = sorted(w for w in work.values() if w is not None)

@@ -16,22 +16,15 @@ _SHARD = re.compile(r"^shard:(\d+)$")
 
 
 def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
-    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded), or None when it is
-    not a shared shard job (its first ``--gres=`` is not ``shard:N`` alone, or no valid coloc comment of mode
-    ``shard`` follows it: ``comment.JobComment.read``; the rewritten comment is that ``JobComment`` with
-    ``place``, written by it: the user's text in front, then its validated fields, ``to_json``).
+    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded; a new list,
+    ``--hold`` first), or None when it is not a shared shard job (its first ``--gres=`` is not ``shard:N``
+    alone, or no valid coloc comment of mode ``shard`` follows it). The rewritten comment is that
+    ``JobComment`` with ``place``: the user's text in front, then its validated fields.
 
-    coloc-sbatch writes its own options as ``--gres=...`` then ``--comment=...`` before the script, and the
-    user's GPU options are removed, so the first ``--gres=`` and the first ``--comment=`` after it are
-    coloc-sbatch's; the script's own arguments after them are never touched.
-    ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}", "job.sh"]`` ->
+    coloc-sbatch writes ``--gres=...`` then ``--comment=...`` before the script and removes the user's GPU
+    options, so the first ``--gres=`` and the first ``--comment=`` after it are its own; the script's
+    arguments are never touched. ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}", "job.sh"]`` ->
     ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
-
-    Args:
-        argv: the sbatch arguments coloc-sbatch built (options, script, script arguments).
-
-    Returns:
-        The rewritten arguments (a new list, ``--hold`` first), or None. Pure, never raises.
     """
 
     args = list(argv)
