@@ -1,6 +1,5 @@
-"""SM activity of a replay's GPUs: the mean GPM SM activity (%) over a span, overall and per GPU, of the nodes
-the replay's jobs ran on, read from the sampler's node databases (``store/samples.py``) under
-``cfg.state_dir``.
+"""SM activity of a replay's GPUs: mean GPM SM activity (%) over a span, overall and per GPU, of the replay's
+nodes, from the sampler's node databases (``store/samples.py``) under ``cfg.state_dir``.
 """
 
 from __future__ import annotations
@@ -16,17 +15,8 @@ log = logging.getLogger("slurm_coloc.replay")
 
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] (epoch s) of the GPUs of the replay's nodes, from the sampler
-    databases under ``cfg.state_dir``.
-
-    Args:
-        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
-        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
-        t0: start of the span, Unix time (s).
-        t1: end of the span, Unix time (s).
-
-    Returns:
-        The mean in %, or None where no sample covers the span (an unreadable database counts as none).
+    """Mean GPM SM activity (%) over [t0, t1] (Unix s) of the GPUs of ``records``' nodes; None where no sample
+    covers the span (an unreadable database counts as none).
 
     Raises:
         SlurmError: a record's ``nodes`` is not a valid host list.
@@ -36,18 +26,8 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
 
 def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
                         t1: float) -> "tuple[Optional[float], Dict[str, Optional[float]]]":
-    """(mean GPM SM activity % over every GPU of the replay's nodes, the same per ``node:gpu_index``) over
-    [t0, t1] from the sampler databases; an idle GPU shows with its low mean.
-
-    Args:
-        cfg: ``state_dir`` (the node databases, ``Config.node_db_path``).
-        records: the replay's ``JobInfo`` records (read by attribute: ``nodes``, a Slurm host list).
-        t0: start of the span, Unix time (s).
-        t1: end of the span, Unix time (s).
-
-    Returns:
-        (mean %, {``node:gpu_index``: mean %}); None where no sample covers the span (an unreadable database
-        counts as none).
+    """(mean GPM SM activity %, {``node:gpu_index``: mean %}) over [t0, t1] (Unix s) of every GPU of
+    ``records``' nodes (an idle GPU shows with its low mean); None where no sample covers the span.
 
     Raises:
         SlurmError: a record's ``nodes`` is not a valid host list.
@@ -68,10 +48,7 @@ def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
 
 
 def parse_index_nodes(nodes: str) -> List[str]:
-    """``n[1-2]`` / ``n1,n2`` -> node names (``slurm.parse.expand_hostlist``).
-
-    Args:
-        nodes: a Slurm host list.
+    """``n[1-2]`` / ``n1,n2`` -> node names.
 
     Raises:
         SlurmError: not a valid host list (``expand_hostlist``).

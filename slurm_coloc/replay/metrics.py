@@ -3,8 +3,7 @@
 Definitions: makespan = last end - first submit (s); job completion time (JCT) of a task = end of its last run
 (an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
 of the GPM SM-activity samples of every GPU over the replay window (coloc-sampler, %); energy = growth of
-NVML's
-total-energy counter over the window, summed over GPUs (J); p95 = 95th percentile (nearest rank) over
+NVML's total-energy counter over the window, summed over GPUs (J); p95 = 95th percentile (nearest rank) over
 completed tasks; slowdown of a task = its JCT / its time alone (the trace's scaled exclusive runtime,
 ``Task.work_s``).
 """
@@ -58,24 +57,14 @@ class ReplayMetrics:
 
 
 def retry_parent(comment: str) -> Optional[int]:
-    """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None.
-
-    Args:
-        comment: the job's comment (None or empty gives None).
-    """
+    """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None."""
     m = RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 
 
 def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
-    """Per task: first submit, last end, whether a run COMPLETED, number of OOM reruns.
-
-    Args:
-        runs: the replay's runs, OOM reruns included.
-
-    Returns:
-        task index -> ``{"submit_ts", "start_ts", "end_ts"`` (Unix s, 0.0 unset; start of the first run),
-        ``"completed"`` (bool), ``"retries"`` (int)``}``.
+    """Task index -> ``{"submit_ts", "start_ts", "end_ts"`` (Unix s, 0.0 unset; start of the first run),
+    ``"completed"`` (a run COMPLETED), ``"retries"`` (OOM reruns)``}``.
     """
     out: Dict[int, Dict[str, Any]] = {}
     for r in runs:
@@ -93,27 +82,14 @@ def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:
 
 
 def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """Mean ``smact_pct`` over samples that have one (None when GPM gave none).
-
-    Args:
-        samples: GPU samples (mappings with ``smact_pct``, %, or None).
-
-    Returns:
-        The mean in %, or None.
-    """
+    """Mean ``smact_pct`` (%) over samples that have one (None when GPM gave none)."""
     vals = [float(s["smact_pct"]) for s in samples if s.get("smact_pct") is not None]
     return statistics.fmean(vals) if vals else None
 
 
 def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
-    """``{"<node>:<gpu_index>": mean smact_pct}`` over the samples (idle samples count: an idle GPU shows
-    ~0).
-
-    Args:
-        samples: GPU samples (mappings with ``node``, ``gpu_index`` and ``smact_pct``, %).
-
-    Returns:
-        ``node:gpu_index`` -> mean % (None for a GPU whose samples have no SM activity), sorted by key.
+    """``node:gpu_index`` -> mean ``smact_pct`` (%; None without SM activity), sorted; idle samples count, so
+    an idle GPU shows ~0.
     """
     by: Dict[str, List[Mapping[str, Any]]] = {}
     for s in samples:
@@ -124,14 +100,8 @@ def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Option
 def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
-    """Sum over GPUs of ``end - start`` energy counters (J); None if any GPU lacks a reading.
-
-    Args:
-        start: GPU index -> total-energy counter at the start (J), None where unread.
-        end: the same at the end; its GPUs must be ``start``'s.
-
-    Returns:
-        Joules, or None (no GPU, differing GPUs, or a missing reading).
+    """Sum over GPUs of ``end - start`` energy counters (J); None: no GPU, differing GPUs, or a missing
+    reading.
     """
     if not start or set(start) != set(end):
         return None
@@ -145,11 +115,7 @@ def energy_growth_j(
 
 
 def p95(values: Sequence[float]) -> Optional[float]:
-    """95th percentile by nearest rank (None for no values).
-
-    Args:
-        values: the sample (any unit; the result has the same).
-    """
+    """95th percentile by nearest rank, in the values' unit (None for no values)."""
     if not values:
         return None
     ordered = sorted(values)
@@ -160,20 +126,12 @@ def summarize(
     mode: str, n_tasks: int, runs: Sequence[RunRecord], smact: Optional[float], energy_j: Optional[float],
     alone_s: Optional[Mapping[int, float]] = None, smact_per_gpu: Optional[Dict[str, Optional[float]]] = None,
 ) -> ReplayMetrics:
-    """Fold the runs of one replay into ``ReplayMetrics`` (module docstring has the definitions).
+    """Fold one replay's runs into ``ReplayMetrics`` (module docstring has the definitions); a figure with
+    nothing to compute it from is None.
 
-    Args:
-        mode: the replay mode, copied into the metrics.
-        n_tasks: how many tasks the replay submitted (a task with no completed run counts as lost).
-        runs: the replay's runs, OOM reruns included (``runs_from_records``).
-        smact: mean SM activity over the window (%), or None.
-        energy_j: GPU energy over the window (J), or None.
-        alone_s: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end -
-            start of its first run) / alone); tasks without one are left out of them.
-        smact_per_gpu: ``node:gpu_index`` -> mean SM activity (%), copied into the metrics.
-
-    Returns:
-        The metrics; a figure with nothing to compute it from is None.
+    ``n_tasks``: tasks submitted (one with no completed run is lost); ``smact`` in %, ``energy_j`` in J;
+    ``alone_s``: task index -> its time alone (s), for the slowdowns (JCT / alone; run slowdown = (end - start
+    of its first run) / alone), tasks without one left out.
     """
     tasks = task_outcomes(runs)
     done = [t for t in tasks.values() if t["completed"] and t["end_ts"]]
@@ -204,15 +162,9 @@ def summarize(
 
 
 def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str, Optional[float]]:
-    """Relative change coloc vs exclusive (%, negative = lower) of makespan, mean JCT, SM activity, energy.
-
-    Args:
-        exclusive: the exclusive pass's ``ReplayMetrics.as_dict()``.
-        coloc: the collocated pass's.
-
-    Returns:
-        ``<key>_change_pct`` -> % for makespan, mean and p95 JCT, p95 and max slowdown, SM activity and
-        energy; None where either side lacks the figure or exclusive's is 0.
+    """``<key>_change_pct``: relative change coloc vs exclusive (%, negative = lower) of makespan, mean and
+    p95 JCT, p95 and max slowdown, SM activity and energy, from two ``ReplayMetrics.as_dict()``; None where
+    either side lacks the figure or exclusive's is 0.
     """
     out: Dict[str, Optional[float]] = {}
     for key in ("makespan_s", "mean_jct_s", "p95_jct_s", "p95_slowdown", "max_slowdown", "mean_smact_pct",
@@ -223,16 +175,8 @@ def compare(exclusive: Mapping[str, Any], coloc: Mapping[str, Any]) -> Dict[str,
 
 
 def runs_from_records(records: Sequence[Any], task_of_job: Mapping[int, int]) -> List[RunRecord]:
-    """Slurm ``JobInfo``s -> ``RunRecord``s of the replay's jobs and their OOM reruns (others ignored).
-
-    Args:
-        records: Slurm job records (read by attribute: ``job_id``, ``comment``, ``submit_ts``, ``start_ts``,
-            ``end_ts``, ``state``).
-        task_of_job: the replay's submitted job id -> task index.
-
-    Returns:
-        One ``RunRecord`` per job of the replay or rerun of one (naming its job in ``oom-retry-of-<id>``), in
-        record order; times in Unix s, 0 where unset.
+    """``RunRecord`` per Slurm record of a replay job (``task_of_job``: job id -> task index) or an OOM rerun
+    of one (``oom-retry-of-<id>``), in record order; others ignored. Times in Unix s, 0 where unset.
     """
     out: List[RunRecord] = []
     for r in records:

@@ -3,13 +3,12 @@
 Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
 (also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows
 the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and
-``throughput`` submit the same plan held and without
-GRES (``placement.submit.placer_argv`` on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``
-to steer. ``context_mib`` (default 1024) covers what the catalog's A100 peaks lack on our machine: the
-CUDA context of a torch process (612 MiB on the H100, CUDA 13: docs/facts.md §12) and library workspaces.
-Without it, the first H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8 died of OOM at ~1,010 MiB
-(docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``; GPU energy is read through
-``slurm_coloc.nvml``; SM activity comes from the sampler's per-node databases (``replay/activity.py``).
+``throughput`` submit the same plan held and without GRES (``placement.submit.placer_argv`` on ``coloc-sbatch
+--dry-run``'s command) for a running ``coloc-placer`` to steer. ``context_mib`` (default 1024) covers what the
+catalog's A100 peaks lack here: the CUDA context of a torch process (612 MiB on the H100, CUDA 13:
+docs/facts.md §12) and library workspaces (docs/benchmarks.md). Slurm commands go through
+``slurm_coloc.slurm``, GPU energy through ``slurm_coloc.nvml``; SM activity comes from the sampler's per-node
+databases (``replay/activity.py``).
 """
 
 from __future__ import annotations
@@ -85,15 +84,8 @@ def sbatch_argv(
 ) -> List[str]:
     """coloc-sbatch arguments (after the program name) for ``task`` in ``mode``.
 
-    Coloc mode asks ``--coloc-mem=<mem_mib + context_mib>M``; a task of unknown memory gets a whole GPU.
-
-    Args:
-        task: the trace task (``index``, ``workload``, ``steps``, ``mem_mib``: catalog peak in MiB or 0).
-        mode: one of ``modes()``.
-        job_script: the batch script the task runs.
-        output: the job's ``--output`` pattern.
-        extra: more coloc-sbatch arguments, before the script.
-        context_mib: MiB added to the catalog peak in the coloc modes (CUDA context and workspaces).
+    Coloc modes ask ``--coloc-mem=<mem_mib + context_mib>M`` (MiB; ``mem_mib`` the catalog peak, 0 unknown); a
+    task of unknown memory gets a whole GPU. ``extra`` goes before the script.
 
     Raises:
         ColocError: unknown mode or a negative ``context_mib``.
@@ -147,19 +139,11 @@ def open_energy_reader() -> Optional[object]:
 
 
 def task_script(job_script: str, task: Task, out_dir: str) -> str:
-    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755): the same text with
-    a comment line naming the task's workload and steps after the first line, so each task has its own script
-    SHA-256, hence its own job signature: coloc-placer's history of a task (its exclusive run: activity, run
-    time and start-up alone) steers that task only, as the placement benchmark's one script per job does. The
-    same task gets the same file in every pass.
+    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755; the same file in
+    every pass) with a comment line naming its workload and steps after the first line.
 
-    Args:
-        job_script: the batch script to copy.
-        task: the trace task (``workload``, ``steps``).
-        out_dir: the directory the copy is written to (must exist).
-
-    Returns:
-        The copy's path.
+    So each task has its own script SHA-256, hence its own job signature: coloc-placer's history of a task
+    (its exclusive run) steers that task only, as the placement benchmark's one script per job does.
 
     Raises:
         OSError: ``job_script`` unreadable or ``out_dir`` not writable.
@@ -179,8 +163,9 @@ def task_script(job_script: str, task: Task, out_dir: str) -> str:
 def _submit_all(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
                 extra_sbatch: Sequence[str], clock: Callable[[], float], context_mib: int,
                 env: Dict[str, str], t_start: float, gpu_of: Dict[int, str]) -> Dict[int, int]:
-    """Submit each task at its ``submit_s`` offset from ``t_start`` (run_replay's arguments); task index ->
-    job id. Raises ColocError when a submission fails, after cancelling the jobs already submitted."""
+    """Submit each task at its ``submit_s`` offset from ``t_start``; task index -> job id. Raises ColocError
+    when a submission fails, after cancelling the jobs already submitted.
+    """
     job_of_task: Dict[int, int] = {}
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
@@ -215,27 +200,14 @@ def run_replay(
     clock: Callable[[], float] = time.time,
     context_mib: int = DEFAULT_CONTEXT_MIB,
 ) -> ReplayRun:
-    """Submit ``tasks`` at ``submit_s`` offsets (each with its own copy of ``job_script``, ``task_script``),
-    wait for them (and OOM reruns) until ``deadline_s`` after the start, cancel what is left then, and
-    measure; the GPU each job held (``node:index``) is noted while it runs.
+    """Submit ``tasks`` at ``submit_s`` offsets (each with its own ``task_script``), wait for them (and OOM
+    reruns) until ``deadline_s`` (s) after the first submission, cancel what is left, and measure; each job's
+    GPU (``node:index``) is noted while it runs.
 
-    Args:
-        tasks: the scaled trace tasks (``replay.trace.build_tasks``).
-        mode: ``exclusive`` | ``coloc`` | ``blind`` | ``aware`` | a registered placement policy (``gate``,
-            ``throughput``, ...; ``modes()``, ``sbatch_argv``; ``aware`` and the policies are held for a
-            running coloc-placer, ``placer_policy``).
-        cfg: ``slurm_bin_dir``, ``state_dir`` (the sampler databases) and the placer's heartbeat.
-        job_script: the batch script each task runs (``<script> <workload> --steps N --tag T``).
-        out_dir: where the jobs' output files go.
-        deadline_s: seconds after the first submission after which what still runs is cancelled.
-        extra_sbatch: more coloc-sbatch arguments for every task.
-        poll_s: seconds between queue polls.
-        clock: the wall clock (s), replaceable in tests.
-        context_mib: added to each task's catalog peak in the coloc modes (MiB).
-
-    Returns:
-        The ``ReplayRun``: metrics (makespan, JCT, slowdown, SM activity %, energy J, OOM reruns), the runs,
-        task index -> job id, and the problems seen (placer missing or of another policy, deadline reached).
+    ``mode``: one of ``modes()``; ``aware`` and the policies are held for a running coloc-placer of that
+    policy. ``job_script`` runs as ``<script> <workload> --steps N --tag T``; ``poll_s`` (s) between queue
+    polls; ``context_mib`` (MiB) added to each catalog peak in the coloc modes. The ``ReplayRun``'s problems
+    include a placer missing or of another policy and a deadline reached.
 
     Raises:
         ColocError: a submission failed (the jobs already submitted are cancelled first).
@@ -263,11 +235,8 @@ def run_replay(
 
 
 def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
-    """Note in ``gpu_of`` the first GPU (``node:index``, from ``gres_detail``) each running job holds.
-
-    Args:
-        records: the jobs as squeue shows them; entries without ``gres_detail`` add nothing.
-        gpu_of: job id -> ``node:index``, updated in place; a job already noted keeps its first GPU.
+    """Note in ``gpu_of`` (job id -> ``node:index``) the first GPU each running job holds (``gres_detail``); a
+    job already noted keeps its first GPU.
     """
     from slurm_coloc.slurm.placement import gpu_holdings
 
@@ -295,9 +264,9 @@ def _placer_problems(mode: str, cfg: Config) -> List[str]:
 def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
           poll_s: float, clock: Callable[[], float], problems: List[str],
           gpu_of: Dict[int, str]) -> List[JobInfo]:
-    """Poll Slurm until every job of the replay (OOM reruns included) is final, or cancel what is left at the
-    deadline (a problem line); notes each job's GPU (``node:index``) in ``gpu_of``. Returns the last
-    records."""
+    """Poll Slurm until every replay job (OOM reruns included) is final, or cancel what is left at the
+    deadline (a problem line); notes each job's GPU in ``gpu_of``. Returns the last records.
+    """
     task_of_job = {j: t for t, j in job_of_task.items()}
 
     def ours() -> List[JobInfo]:
@@ -322,13 +291,7 @@ def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start
 def submit_for_placer(argv: Sequence[str], cfg: Config,
                       env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
     """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a
-    whole-GPU plan is submitted as planned). Returns sbatch's completed process (stdout: the job id with
-    ``--parsable``).
-
-    Args:
-        argv: coloc-sbatch arguments (``sbatch_argv``).
-        cfg: ``slurm_bin_dir``.
-        env: the environment coloc-sbatch and sbatch run with.
+    whole-GPU plan as planned). Returns sbatch's completed process (stdout: the job id with ``--parsable``).
 
     Raises:
         ColocError: the dry run failed or printed no sbatch command.
@@ -346,12 +309,7 @@ def submit_for_placer(argv: Sequence[str], cfg: Config,
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
-    """``scancel`` the given jobs (ignored when none).
-
-    Args:
-        cfg: ``slurm_bin_dir``.
-        job_ids: the jobs to cancel; Slurm's refusal (a job already ended) is ignored.
-        env: the environment scancel runs with.
+    """``scancel`` the jobs (none: nothing); Slurm's refusal (a job already ended) is ignored.
 
     Raises:
         SlurmError: scancel missing or timed out.

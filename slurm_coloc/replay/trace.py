@@ -1,22 +1,20 @@
 """Read a CARMA trace and its workload catalog and turn each task into a runnable, scaled training job (pure).
 
 Inputs (``shared/data/carma``, Apache-2.0): ``traces/*.csv`` (``task_index,submit_time_s,gap_from_previous_s,
-task_rad``), ``workload_catalog_from_rad.csv`` (per ``.rad`` file: script, batch sizes, measured peak
-memory in
-MB, GPUs) and ``exclusive_run_summary.csv`` (measured exclusive execution time of one epoch per script and
+task_rad``), ``workload_catalog_from_rad.csv`` (per ``.rad`` file: script, batch sizes, measured peak memory
+in MB, GPUs) and ``exclusive_run_summary.csv`` (measured exclusive execution time of one epoch per script and
 batch, A100 machine of the CARMA paper).
 
-Mapping (``FAMILIES``): each script family becomes a torchvision model on synthetic inputs of the data
-set's size
-(CIFAR-100 scripts: 3x32x32, 100 classes; ImageNet scripts: 3x224x224, Inception 3x299x299, 1000 classes);
-Xception (not in torchvision) becomes ResNeXt-50; tasks with no vision counterpart (BERT, GPT-2, XLNet, DLRM,
-U-Net, Mask R-CNN) become ResNet-50/224 at batch 32 as compute stand-ins. The memory request is always the
-catalog's measured peak (MB taken as MiB), so packing decisions follow the real trace.
+Mapping (``FAMILIES``): each script family becomes a torchvision model on synthetic inputs of the data set's
+size (CIFAR-100 scripts: 3x32x32, 100 classes; ImageNet scripts: 3x224x224, Inception 3x299x299, 1000
+classes); Xception (not in torchvision) becomes ResNeXt-50; tasks with no vision counterpart (BERT, GPT-2,
+XLNet, DLRM, U-Net, Mask R-CNN) become ResNet-50/224 at batch 32 as compute stand-ins. The memory request is
+always the catalog's measured peak (MB taken as MiB), so packing decisions follow the real trace.
 
 Scaling: submit times x ``time_scale``; a task's work is its reference exclusive time (one-epoch time x epochs
 in the .rad name, ``_20e_`` = 20) x ``work_scale`` seconds, turned into training steps with the expected
-samples/s of the stand-in model (``RATES_SAMPLES_PER_S``; the same steps run in both modes, so the
-comparison is fair even where a rate is off).
+samples/s of the stand-in model (``RATES_SAMPLES_PER_S``; the same steps run in both modes, so the comparison
+is fair even where a rate is off).
 """
 
 from __future__ import annotations
@@ -112,13 +110,7 @@ def _require(rows: List[Dict[str, str]], path: Path, cols: Tuple[str, ...]) -> N
 
 
 def load_trace(path: Path) -> List[Tuple[int, float, str]]:
-    """``(task_index, submit_time_s, task_rad)`` rows in file order.
-
-    Args:
-        path: the trace CSV (``task_index,submit_time_s,...,task_rad``).
-
-    Returns:
-        ``(task index, submit time in s from the trace's origin, .rad file name)`` per row.
+    """``(task_index, submit_time_s from the trace's origin, task_rad)`` rows in file order.
 
     Raises:
         ColocError: unreadable file, missing column or a non-numeric time.
@@ -132,13 +124,7 @@ def load_trace(path: Path) -> List[Tuple[int, float, str]]:
 
 
 def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
-    """``rad_file`` -> its catalog row.
-
-    Args:
-        path: ``workload_catalog_from_rad.csv``.
-
-    Returns:
-        .rad file name -> its row (column -> text; ``measured_peak_mem_MB`` in MB, read as MiB).
+    """``.rad`` file name -> its catalog row (column -> text; ``measured_peak_mem_MB`` in MB, read as MiB).
 
     Raises:
         ColocError: unreadable file, no rows or a missing column.
@@ -153,14 +139,8 @@ def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
 
 
 def load_runtimes(path: Path) -> Dict[Tuple[str, Optional[int]], float]:
-    """(script stem, batch or None) -> exclusive execution time of one run (s) from the run summary.
-
-    Args:
-        path: ``exclusive_run_summary.csv``.
-
-    Returns:
-        ``(script stem, batch size or None)`` -> one epoch's exclusive time (s); rows with a non-numeric
-        time are skipped.
+    """``(script stem, batch size or None)`` -> one epoch's exclusive time (s); rows with a non-numeric time
+    are skipped.
 
     Raises:
         ColocError: unreadable file, no rows or a missing column.
@@ -178,11 +158,7 @@ def load_runtimes(path: Path) -> Dict[Tuple[str, Optional[int]], float]:
 
 
 def epochs_of(rad: str) -> int:
-    """Epochs encoded in a .rad name (``resnet18_cifar100_20e_3.rad`` -> 20), else 1.
-
-    Args:
-        rad: the .rad file name.
-    """
+    """Epochs encoded in a .rad name (``resnet18_cifar100_20e_3.rad`` -> 20), else 1."""
     m = re.search(r"_(\d+)e_", rad)
     return int(m.group(1)) if m else 1
 
@@ -204,15 +180,8 @@ def map_task(
     work_scale: float,
     min_steps: int = 20,
 ) -> Task:
-    """One trace row -> Task (module docstring has the rules).
-
-    Args:
-        index: the task's index; submit_s: its offset from the first task (s, unscaled); rad: its .rad file.
-        catalog: ``load_catalog``'s mapping; runtimes: ``load_runtimes``'s (a script missing there costs
-            ``DEFAULT_REF_S``, noted in ``Task.note``).
-        time_scale: factor on the submit offset; work_scale: factor on the reference exclusive time (epoch
-            time x epochs, s) giving the task's work (s).
-        min_steps: the fewest training steps a task gets.
+    """One trace row -> Task (module docstring has the rules); ``submit_s`` in s from the first task,
+    unscaled. A script missing from ``runtimes`` costs ``DEFAULT_REF_S``, noted in ``Task.note``.
 
     Raises:
         ColocError: the .rad is not in the catalog.
@@ -265,16 +234,8 @@ def build_tasks(
     max_tasks: Optional[int] = None,
     first_task: int = 0,
 ) -> List[Task]:
-    """All tasks of ``trace`` (or ``max_tasks`` from ``first_task`` on), submit offsets rebased to the first.
-
-    Args:
-        trace: the trace CSV (``load_trace``).
-        catalog: the workload catalog CSV (``load_catalog``).
-        runtimes: the exclusive run summary CSV (``load_runtimes``).
-        time_scale: factor on submit offsets, > 0.
-        work_scale: factor on each task's reference exclusive time, > 0.
-        max_tasks: how many rows to take; None: all from ``first_task``.
-        first_task: the first row taken (0-based position in the file).
+    """All tasks of ``trace`` (or ``max_tasks`` from the 0-based row ``first_task`` on), submit offsets
+    rebased to the first; ``time_scale`` and ``work_scale`` > 0.
 
     Raises:
         ColocError: bad scales, no task selected, any loader's error (unreadable file, missing column, bad
