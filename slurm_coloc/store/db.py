@@ -1,9 +1,9 @@
 """Opening slurm-coloc databases: WAL, busy timeout, migrations, and who may read them.
 
 A database and its ``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that
-group, 0600 without one; directories we create 0750 / 0700): they hold every user's job names,
-script SHA-256s, model specs and stderr lines. Ordinary users read their own rows through coloc-report's
-reader (``report/reader.py``). A root opener tightens files left looser by an older version (docs/admin.md).
+group, 0600 without; directories we create 0750 / 0700): they hold every user's job names, script SHA-256s,
+model specs and stderr lines. Users read their own rows through coloc-report's reader (``report/reader.py``).
+A root opener tightens files left looser by an older version (docs/admin.md).
 """
 from __future__ import annotations
 
@@ -33,19 +33,10 @@ SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 
 
 def admin_gid(admin_group: Optional[str]) -> Optional[int]:
-    """The gid of ``admin_group`` (a group name or a number), None for "" or an unknown group (logged).
+    """The gid of ``admin_group`` (name or number); None: "" or an unknown group (logged): root only.
 
-    None: the ``admin_group`` of the loaded config (``config.load()``; a config that does not load: root
-    only), so that every opener of a file (hooks, sampler, report) agrees on its group.
-
-    Args:
-        admin_group: a group name, a numeric gid as text, "" (root only) or None (the loaded config's).
-
-    Returns:
-        The numeric gid, or None: the files stay readable by root only.
-
-    Raises:
-        Never raises: a config that does not load and an unknown group are logged.
+    None in: the loaded config's ``admin_group`` (a config that does not load: root only), so that every
+    opener (hooks, sampler, report) agrees on a file's group. Never raises.
     """
     if admin_group is None:
         from slurm_coloc import config as config_mod
@@ -68,15 +59,10 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
 
 
 def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
-    """Make ``path`` root(-owner) read-write and readable by group ``gid`` only (None: by the owner only).
+    """Make ``path`` owner read-write and readable by group ``gid`` only (None: owner only); missing: ignored.
 
-    As root the group is set to ``gid`` (root's group 0 without one); as another user only the mode is set.
-    A missing path is ignored.
-
-    Args:
-        path: the file or directory (not followed when a symlink: ``lstat``/``lchown``).
-        gid: the group that may read it; None: the owner only.
-        directory: use the directory modes (0750 / 0700) instead of the file modes (0640 / 0600).
+    As root the group is set to ``gid`` (0 without one); as another user only the mode. Symlinks are not
+    followed. ``directory``: modes 0750 / 0700 instead of 0640 / 0600.
 
     Raises:
         OSError: the owner or mode cannot be set.
@@ -96,19 +82,14 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
 
 
 def restrict_database(path: Path, gid: Optional[int]) -> None:
-    """``restrict`` the database file, its ``-wal``/``-shm``/``-journal`` files and, when it is ours, its
-    directory.
+    """``restrict`` the database file, its side files (missing: skipped) and, when ours, its directory.
 
-    The directory is ours when ``_ensure_dir`` made it: root-owned with mode 0700 or 0750; it then follows
-    ``admin_group`` (set or unset later). Any other directory is left as it is: it may be shared
-    (``state_dir: /var/lib``), and the files' own modes already keep other users out.
-
-    Args:
-        path: the database file; missing files (and a missing directory) are skipped.
-        gid: the group that may read them; None: root only.
+    Ours: root-owned with mode 0700 or 0750 (``_ensure_dir`` made it); it then follows ``admin_group``. Any
+    other directory is left as it is: it may be shared (``state_dir: /var/lib``), and the files' own modes
+    keep other users out.
 
     Raises:
-        OSError: an owner or mode cannot be set (``restrict``).
+        OSError: an owner or mode cannot be set.
     """
     try:
         st = os.stat(path.parent)
@@ -121,8 +102,7 @@ def restrict_database(path: Path, gid: Optional[int]) -> None:
 
 
 def _ensure_dir(path: Path, gid: Optional[int]) -> None:
-    """Create ``path``'s directory (and missing parents) root-owned, readable by root and group ``gid``
-    only."""
+    """Create ``path``'s directory (and parents) root-owned, readable by root and group ``gid`` only."""
     parent = path.parent
     if not parent.exists():
         make_dirs(parent, DIR_MODE_ROOT)
@@ -132,11 +112,9 @@ def _ensure_dir(path: Path, gid: Optional[int]) -> None:
 class ColocDatabase(Database):
     """A sqlite-utils Database whose ``atomic()`` transactions start with ``BEGIN IMMEDIATE``.
 
-    sqlite-utils begins with a plain (deferred) ``BEGIN``: a transaction that reads first (an upsert looks up
-    the row, ``table.exists()``) and then writes fails AT ONCE with "database is locked" when another process
-    committed in between (WAL snapshot upgrade: SQLite does not call the busy handler for it). Found by
-    benchmarks/load_start.py: 6 of 40 Prolog/Epilog rows failed with 20 jobs starting together. Taking the
-    write lock at BEGIN makes every writer wait its turn, up to the busy timeout. Nested blocks still use
+    sqlite-utils' deferred ``BEGIN``: a transaction that reads, then writes fails at once with "database is
+    locked" when another process committed in between (WAL snapshot upgrade: SQLite skips the busy handler).
+    Taking the write lock at BEGIN makes writers wait their turn, up to the busy timeout. Nested blocks use
     savepoints.
     """
 
@@ -167,16 +145,12 @@ def _unknown_applied(db: Database, migrations: Migrations) -> list:
 
 
 def migrate(db: Database, migrations: Migrations, label: str = "") -> None:
-    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (so concurrent first openers never race to
-    create the same table); refuse a database written by a newer slurm-coloc.
+    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (concurrent first openers never race).
 
-    Args:
-        db: an open database, outside any transaction.
-        migrations: the migration set (``schema.CTLD`` or ``schema.NODE``).
-        label: the database's name in the error message (its path).
+    ``db`` outside any transaction; ``label``: its name in errors.
 
     Raises:
-        StoreError: the database holds migrations of this set that this code does not know (a downgrade).
+        StoreError: the database holds migrations of this set unknown to this code (a downgrade).
         sqlite3.Error: locked past the busy timeout, disk full, not a database.
     """
     unknown = _unknown_applied(db, migrations)
@@ -208,12 +182,9 @@ def _wal_and_migrate(db: Database, migrations: Migrations, label: str) -> None:
 def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
     """Run ``fn``, again while it fails with 'database is locked' and ``busy_timeout_s`` has not passed.
 
-    SQLite returns SQLITE_BUSY at once, without its busy handler, where waiting could deadlock ("If SQLite
-    determines that invoking the busy handler could result in a deadlock, it will go ahead and return
-    SQLITE_BUSY", sqlite.org/c3ref/busy_handler.html): e.g. two connections switching a fresh file to WAL,
-    each holding a read lock. tests/reliability/test_upgrade.py (16 first opens of one new file at once)
-    failed so once in a full reliability run on the 2-core machine; not reproduced in 30 rounds of 32 threads,
-    so this is defensive.
+    SQLite returns SQLITE_BUSY at once, without its busy handler, where waiting could deadlock
+    (sqlite.org/c3ref/busy_handler.html): e.g. two connections switching a fresh file to WAL, each holding a
+    read lock. Defensive: seen once, not reproduced.
     """
     deadline = time.monotonic() + busy_timeout_s
     while True:
@@ -230,16 +201,10 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
             admin_group: Optional[str] = None) -> Database:
     """Open (creating if needed) a database for writing, in WAL mode, with migrations applied.
 
-    The file, its ``-wal``/``-shm`` files and its directory are made readable by root and ``admin_group``
-    only (``restrict_database``), also when an older version left them 0644. The file is created 0600 (SQLite
-    gives ``-wal``/``-shm`` the file's mode), so no other user can open it before the modes are set; the
-    process umask is never touched (process-wide: toggling it raced with other threads).
-
-    Args:
-        path: database file.
-        migrations: ``schema.CTLD`` or ``schema.NODE``.
-        busy_timeout_s: how long to wait for a lock held by another writer.
-        admin_group: group that may read the files ("" = root only; None = the loaded config's).
+    The file, its side files and its directory are made readable by root and ``admin_group`` only ("": root
+    only; None: the loaded config's), also when an older version left them 0644. The file is created 0600
+    (SQLite gives ``-wal``/``-shm`` its mode), so no one else opens it first; the umask is never touched
+    (process-wide: it raced with other threads). ``busy_timeout_s``: wait for another writer's lock.
 
     Raises:
         StoreError: the file cannot be opened, is not a database, or migrating fails.
@@ -265,40 +230,18 @@ def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: floa
 
 def open_ctld_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
                  admin_group: Optional[str] = None) -> Database:
-    """The controller-side database (jobs, events); ``admin_group`` as in ``open_db``.
-
-    Args:
-        path: database file.
-        busy_timeout_s: how long to wait for a lock held by another writer (s).
-        admin_group: group that may read the files ("" = root only; None = the loaded config's).
-
-    Raises:
-        StoreError: as ``open_db``.
-    """
+    """The controller-side database (jobs, events), as ``open_db`` (also its StoreError)."""
     return open_db(path, CTLD, busy_timeout_s, admin_group)
 
 
 def open_node_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
                  admin_group: Optional[str] = None) -> Database:
-    """A node database (job_runs, hook_runs, samples); ``admin_group`` as in ``open_db``.
-
-    Args:
-        path: database file.
-        busy_timeout_s: how long to wait for a lock held by another writer (s).
-        admin_group: group that may read the files ("" = root only; None = the loaded config's).
-
-    Raises:
-        StoreError: as ``open_db``.
-    """
+    """A node database (job_runs, hook_runs, samples), as ``open_db`` (also its StoreError)."""
     return open_db(path, NODE, busy_timeout_s, admin_group)
 
 
 def open_readonly(path: Union[str, Path], busy_timeout_s: float = 2.0) -> Database:
-    """Open an existing database read-only (coloc-report); never creates or migrates.
-
-    Args:
-        path: database file.
-        busy_timeout_s: how long to wait for a lock held by a writer (s).
+    """Open an existing database read-only (coloc-report); never creates or migrates. ``busy_timeout_s`` in s.
 
     Raises:
         StoreError: missing, unreadable or not a SQLite database.

@@ -1,4 +1,8 @@
-"""What earlier runs of a script needed: the history input of the estimator (read-only)."""
+"""What earlier runs of a script needed: the history input of the estimator (read-only).
+
+Functions taking a node list read the node databases of its nodes (Slurm host list, ``gpu[01-02]``) and
+never raise: an unreadable node database is logged and skipped.
+"""
 from __future__ import annotations
 
 import logging
@@ -19,26 +23,16 @@ MAX_HISTORY_JOBS = 20  # the most recent completed runs whose measured peaks are
 
 
 def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = None) -> List[int]:
-    """MiB values earlier runs of user ``uid``'s (default: the calling user's) script with this SHA-256
-    needed.
+    """MiB values earlier runs of user ``uid``'s (None: the caller's) script with this SHA-256 needed.
 
-    Keyed on what root recorded: ``jobs.script_sha256`` (root's hash of the batch script Slurm stored) and
-    ``jobs.uid`` / ``oom_events.uid`` (the uid Slurm gave the hook), never on the job's comment; so no user's
-    jobs feed another user's estimate, and a forged comment feeds nothing.
-
-    Two sources: the fence each OOM-killed attempt hit (``store.oom.history_peaks_mib``: the job needed more),
-    and the measured peak GPU memory of the last ``MAX_HISTORY_JOBS`` COMPLETED runs (the node Epilog's
-    per-job summary, ``job_summaries.peak_mem_mib``, read from the node databases of every node in the job's
-    node list).
-
-    Args:
-        cfg: the config (``ctld_db_path``, ``node_db_path``).
-        script_sha256: root's hash of the batch script; "" gives [].
-        uid: the submitting user; None: the calling process's uid.
+    Trust: keyed on what root recorded, ``jobs.script_sha256`` (root's hash of the batch script Slurm stored;
+    "" gives []) and ``jobs.uid`` / ``oom_events.uid`` (Slurm's), never the job's comment; so no user's jobs
+    feed another's estimate, and a forged comment feeds nothing.
 
     Returns:
-        MiB values, OOM fences (oldest first) then measured peaks (newest job first); ``[]`` when the
-        controller database does not exist yet.
+        OOM fences (``store.oom.history_peaks_mib``: the job needed more), oldest first, then the measured
+        peaks (``job_summaries.peak_mem_mib`` of the job's nodes) of the last ``MAX_HISTORY_JOBS`` COMPLETED
+        runs, newest first; [] when the controller database does not exist yet.
 
     Raises:
         StoreError: the controller database exists but cannot be read (node files are skipped quietly).
@@ -62,12 +56,7 @@ def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = Non
 
 
 def node_names(node_list: str) -> List[str]:
-    """The nodes of a Slurm host list as recorded (``gpu[01-02],n5`` -> gpu01 gpu02 n5); [] when unreadable
-    (logged).
-
-    Args:
-        node_list: a Slurm host list.
-    """
+    """The nodes of a Slurm host list (``gpu[01-02],n5`` -> gpu01 gpu02 n5); [] when unreadable (logged)."""
     try:
         return expand_hostlist(node_list)
     except SlurmError as exc:
@@ -76,16 +65,7 @@ def node_names(node_list: str) -> List[str]:
 
 
 def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
-    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id``; None if none did.
-
-    Args:
-        cfg: the config (``node_db_path``).
-        job_id: the Slurm job id.
-        node_list: the job's nodes, a Slurm host list (``gpu[01-02]``).
-
-    Raises:
-        Never raises: an unreadable node database is logged and skipped.
-    """
+    """The largest per-node summary peak (MiB) the node Epilogs recorded for ``job_id``; None if none did."""
     from slurm_coloc.store.summaries import load_summaries
 
     best: Optional[float] = None
@@ -105,16 +85,10 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
-    """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per sample instant), the
-    largest over the node databases of the nodes of ``node_list``. None when no node recorded samples for it.
+    """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per instant), max over
+    nodes.
 
-    Args:
-        cfg: the config (``node_db_path``).
-        job_id: the Slurm job id.
-        node_list: the job's nodes, a Slurm host list (``gpu[01-02]``).
-
-    Raises:
-        Never raises: an unreadable node database is logged and skipped.
+    None when no node recorded samples for it.
     """
     best: Optional[float] = None
     for node in node_names(node_list or ""):
@@ -132,17 +106,10 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
 
 
 def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
-    """Whether a sampler recorded GPU samples on any node of ``node_list`` between ``start_ts`` and
-    ``end_ts``: then a job with no process samples of its own held no GPU memory in that time.
+    """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]`` (None or 0:
+    False).
 
-    Args:
-        cfg: the config (``node_db_path``).
-        node_list: the job's nodes, a Slurm host list.
-        start_ts: the job's start (Unix s); None or 0: False.
-        end_ts: the job's end (Unix s); None or 0: False.
-
-    Raises:
-        Never raises: an unreadable node database is logged and skipped.
+    Then a job with no process samples of its own held no GPU memory in that time.
     """
     from slurm_coloc.store.oom import gpu_samples_between
 
@@ -161,17 +128,8 @@ def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_
 
 
 def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
-    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (a ``watchdog_events``
-    row for the job in a node database; False where the table does not exist).
-
-    Args:
-        cfg: the config (``node_db_path``).
-        job_id: the Slurm job id.
-        node_list: the job's nodes, a Slurm host list.
-
-    Raises:
-        Never raises: an unreadable node database is logged and treated as no event.
-    """
+    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (unreadable: no
+    event)."""
     from slurm_coloc.store.oom import has_watchdog_event
 
     for node in node_names(node_list or ""):

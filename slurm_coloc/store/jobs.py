@@ -1,5 +1,5 @@
-"""Writing and reading job rows. Every write is one transaction (``db.atomic()``-style) so a failure
-leaves no half-written row. Callers pass and receive dataclasses; table names stay in this package.
+"""Writing and reading job rows: one transaction per write (no half-written row); dataclasses in and out,
+table names stay in this package. Times are Unix s; a missing table reads as empty.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class JobStart:
 
 @dataclass(frozen=True)
 class JobEnd:
-    """A job ending (node Epilog or EpilogSlurmctld). ``state`` as Slurm names it (COMPLETED, FAILED, ...)."""
+    """A job ending (node Epilog or EpilogSlurmctld); ``state`` as Slurm names it (COMPLETED, FAILED, ...)."""
 
     job_id: int
     end_ts: float
@@ -132,11 +132,8 @@ def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
 
 
 def record_submission(db: Database, sub: JobSubmission) -> None:
-    """Insert or update the job's submission columns (idempotent: a requeued job overwrites).
-
-    Args:
-        db: the controller database.
-        sub: what coloc-sbatch / the submit hook knew of the job; stamped ``updated_ts`` now (Unix s).
+    """Insert or update the job's submission columns, stamped ``updated_ts`` now (idempotent: a requeue
+    overwrites).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -147,13 +144,8 @@ def record_submission(db: Database, sub: JobSubmission) -> None:
 
 
 def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Optional[float] = None) -> None:
-    """Record how a job ended, controller side (EpilogSlurmctld).
-
-    Args:
-        db: the controller database.
-        end: the job's end (time in Unix s, state, exit code, signal, state source).
-        node_list: the job's nodes in Slurm's notation; "" leaves the stored value.
-        start_ts: when the job started (Unix s); None or 0 leaves the stored value.
+    """Record how a job ended, controller side (EpilogSlurmctld); ``node_list`` "" and ``start_ts`` None or 0
+    leave the stored values.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -170,15 +162,7 @@ def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Op
 
 
 def inferred_job_ids(db: Database) -> List[int]:
-    """Jobs whose recorded final state is still the EpilogSlurmctld's inference (``state_source =
-    'inferred'``).
-
-    Args:
-        db: the controller database; a missing table or column: [].
-
-    Returns:
-        Their job ids.
-    """
+    """Jobs whose final state is still EpilogSlurmctld's inference (``state_source = 'inferred'``)."""
     if not db.table("jobs").exists() or "state_source" not in db.table("jobs").columns_dict:
         return []
     return [int(r[0])
@@ -188,12 +172,8 @@ def inferred_job_ids(db: Database) -> List[int]:
 def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
     """Replace an inferred final state with Slurm's own, in one transaction.
 
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id.
-        state: Slurm's final state (source ``slurm``; a changed state adds a ``state-settled`` event), or None
-            when slurmctld no longer knows the job (the inference stays, source ``inferred-kept``, and is not
-            looked up again).
+    ``state`` Slurm's (source ``slurm``; a change adds a ``state-settled`` event), or None when slurmctld no
+    longer knows the job (the inference stays, source ``inferred-kept``, not looked up again).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -211,13 +191,7 @@ def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
 
 
 def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append an event with a JSON detail.
-
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id it concerns; None for none.
-        kind: e.g. ``hook-error``, ``oom``, ``retry-submitted``.
-        detail: stored as sorted-key JSON (values JSON cannot encode are written with ``str``).
+    """Append an event (``hook-error``, ``oom``, ...); ``detail`` as sorted-key JSON (else ``str``).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -228,11 +202,7 @@ def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[st
 
 
 def record_node_start(db: Database, start: JobStart) -> None:
-    """The node Prolog's row for (job, node).
-
-    Args:
-        db: the node database.
-        start: the job's start on this node (insert or replace by job id and node).
+    """The node Prolog's row for (job, node), inserted or replaced.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -243,10 +213,6 @@ def record_node_start(db: Database, start: JobStart) -> None:
 def record_node_end(db: Database, end: JobEnd) -> None:
     """The node Epilog's end columns for (job, node).
 
-    Args:
-        db: the node database.
-        end: the job's end on this node (time in Unix s, state, exit code, signal).
-
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
     """
@@ -255,11 +221,7 @@ def record_node_end(db: Database, end: JobEnd) -> None:
 
 
 def record_hook_run(db: Database, run: HookRun) -> None:
-    """Append one hook invocation row.
-
-    Args:
-        db: the node (or controller) database.
-        run: the hook, its start (Unix s), duration (ms), success and a detail stored as sorted-key JSON.
+    """Append one hook invocation row (detail as sorted-key JSON).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -279,33 +241,17 @@ def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args:
 
 
 def load_jobs(db: Database) -> List[JobRow]:
-    """Every job row of a controller database, by job id.
-
-    Args:
-        db: the controller database; no ``jobs`` table: [].
-    """
+    """Every job row of a controller database, by job id."""
     return sorted(_rows(db, "jobs", JobRow), key=lambda r: r.job_id)
 
 
 def load_job_runs(db: Database) -> List[JobRunRow]:
-    """Every (job, node) row of a node database.
-
-    Args:
-        db: the node database; no ``job_runs`` table: [].
-    """
+    """Every (job, node) row of a node database."""
     return list(_rows(db, "job_runs", JobRunRow))
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Event rows (optionally of one job), oldest first.
-
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id; None: every event.
-
-    Returns:
-        ``events`` rows as dicts (``detail_json`` as stored text); [] where the table does not exist.
-    """
+    """Event rows (of ``job_id``; None: all), oldest first; ``detail_json`` as stored text."""
     if not db.table("events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -313,13 +259,7 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, An
 
 
 def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:
-    """(job, ``node``) rows the Prolog opened at or after ``since_ts`` and no Epilog has closed yet (running
-    jobs).
-
-    Args:
-        db: the node database; no ``job_runs`` table: [].
-        node: the node name.
-        since_ts: earliest start considered (Unix s); 0: any.
-    """
+    """Running jobs: (job, ``node``) rows the Prolog opened at or after ``since_ts`` (0: any), no Epilog
+    closed."""
     return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?",
                       [node, since_ts]))

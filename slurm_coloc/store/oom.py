@@ -1,9 +1,10 @@
 """OOM deaths and their one retry, controller side (``oom_events`` table of ``ctld.db``).
 
-Written by EpilogSlurmctld through ``slurm_coloc.hooks.oom``; read by coloc-report and by coloc-sbatch
-(through ``history_peaks_mib``, the estimator's history). One row per job that died of GPU out-of-memory. The
-primary key on the job id is the "exactly once" guard: ``claim_retry`` inserts the row before sbatch runs, so
-a second EpilogSlurmctld run for the same job (or a race) finds it and does nothing.
+Written by EpilogSlurmctld (``hooks/oom.py``); read by coloc-report and by coloc-sbatch
+(``history_peaks_mib``, the estimator's history). One row per job that died of GPU OOM. The primary key on the
+job id is the "exactly once" guard: ``claim_retry`` inserts the row before sbatch runs, so a second
+EpilogSlurmctld run for the same job (or a race) finds it and does nothing. Times are Unix s; a missing table
+reads as empty.
 """
 from __future__ import annotations
 
@@ -23,13 +24,11 @@ class OomRecord:
     """A job that died of GPU OOM, as the hook recorded it.
 
     Attributes:
-        job_id: the job that died.
-        fence_mib: the memory it was allowed (shards * 1024 MiB), i.e. the fence it hit; None without shards.
+        fence_mib: the memory it was allowed (shards * 1024 MiB), the fence it hit; None without shards.
         evidence: what decided it (``messages``, ``state``, ``exit_code``, ``stderr_path``, ...), JSON-able.
-        retry_of: the original job id when this job was itself a retry (never retried again), else None.
+        retry_of: the original job id when this job was itself a retry (never retried again).
         retry_status: ``submitting`` | ``submitted`` | ``failed`` | ``not-retried``.
-        retry_reason: one line saying why (``shared GPU: rerun on a whole GPU``, ``already a retry of
-            12``...).
+        retry_reason: one line (``shared GPU: rerun on a whole GPU``, ``already a retry of 12``...).
     """
 
     job_id: int
@@ -72,14 +71,10 @@ def _record(row: Dict[str, Any]) -> OomRecord:
 def claim_retry(db: Database, rec: OomRecord) -> bool:
     """Insert the OOM row; True if this call created it, False if the job already has one (never twice).
 
-    Args:
-        db: the controller database.
-        rec: the OOM record; ``rec.retry_status`` should be ``submitting`` when a retry will follow, else the
-            final status.
+    ``rec.retry_status``: ``submitting`` when a retry will follow, else the final status.
 
     Raises:
-        sqlite3.Error: locked past the busy timeout, disk full (a duplicate job id is the False answer, not
-            an error).
+        sqlite3.Error: locked past the busy timeout, disk full (a duplicate job id is False, not an error).
     """
     try:
         with db.atomic():
@@ -91,13 +86,8 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
 
 def record_retry_submitted(db: Database, job_id: int, retry_job_id: int,
                            submit_ts: Optional[float] = None) -> None:
-    """The retry of ``job_id`` was accepted by sbatch as ``retry_job_id``.
-
-    Args:
-        db: the controller database.
-        job_id: the job that died of OOM (its row made by ``claim_retry``).
-        retry_job_id: the rerun's Slurm job id.
-        submit_ts: when it was submitted (Unix s); None: now.
+    """sbatch accepted ``job_id``'s retry (row made by ``claim_retry``) as ``retry_job_id``; ``submit_ts``
+    None: now.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -108,12 +98,7 @@ def record_retry_submitted(db: Database, job_id: int, retry_job_id: int,
 
 
 def record_retry_failed(db: Database, job_id: int, error: str) -> None:
-    """sbatch refused (or could not run) the retry of ``job_id``.
-
-    Args:
-        db: the controller database.
-        job_id: the job that died of OOM (its row made by ``claim_retry``).
-        error: sbatch's one-line reason (stored up to 2000 characters).
+    """sbatch refused (or could not run) ``job_id``'s retry; ``error`` stored up to 2000 characters.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -124,17 +109,8 @@ def record_retry_failed(db: Database, job_id: int, error: str) -> None:
 
 def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
                          end_ts: Optional[float]) -> bool:
-    """How the retry ``retry_job_id`` ended (EpilogSlurmctld of the retry).
-
-    Args:
-        db: the controller database.
-        retry_job_id: the rerun's Slurm job id.
-        state: its final Slurm state, or None when unknown.
-        start_ts: when it started (Unix s), or None.
-        end_ts: when it ended (Unix s), or None.
-
-    Returns:
-        False if it is not a known retry (nothing written), else True.
+    """How retry ``retry_job_id`` ended (its EpilogSlurmctld); False, nothing written, if it is not a known
+    retry.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -150,12 +126,7 @@ def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], 
 
 
 def original_of(db: Database, job_id: int) -> Optional[int]:
-    """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted.
-
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id to look up among ``retry_job_id``.
-    """
+    """The job whose OOM retry ``job_id`` is, or None if ``job_id`` is not a retry we submitted."""
     if not db.table(TABLE).exists():
         return None
     row = db.execute(f"SELECT job_id FROM {TABLE} WHERE retry_job_id = ?", [int(job_id)]).fetchone()
@@ -163,12 +134,7 @@ def original_of(db: Database, job_id: int) -> Optional[int]:
 
 
 def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
-    """The OOM row of ``job_id``, or None.
-
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id (of the job that died, not of its rerun).
-    """
+    """The OOM row of ``job_id`` (the job that died, not its rerun), or None."""
     if not db.table(TABLE).exists():
         return None
     rows = list(db.table(TABLE).rows_where("job_id = ?", [int(job_id)]))
@@ -176,33 +142,20 @@ def load_oom_event(db: Database, job_id: int) -> Optional[OomRecord]:
 
 
 def load_oom_events(db: Database) -> List[OomRecord]:
-    """Every OOM row, oldest first (coloc-report).
-
-    Args:
-        db: the controller database; no OOM table: [].
-    """
+    """Every OOM row, oldest first (coloc-report)."""
     if not db.table(TABLE).exists():
         return []
     return [_record(r) for r in db.table(TABLE).rows_where(order_by="ts, job_id")]
 
 
 def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
-    """Memory (MiB) that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest
-    first.
+    """MiB that earlier runs of user ``uid``'s script with this SHA-256 were shown to need, oldest first.
 
-    Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): the job needed more than
-    that, so it is a lower bound for the estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05
-    + 64`` MiB, so the next submission asks for more than the fence). Jobs whose fence is unknown are left
-    out. Measured NVML peaks of completed runs come from the sampler's tables, not from here.
-
-    Args:
-        db: the controller database.
-        script_sha256: the hash root computed of the batch script Slurm stored (``jobs.script_sha256``,
-            PrologSlurmctld); "" gives []. Never taken from the job's comment.
-        uid: the submitting uid Slurm gave the hook.
-
-    Returns:
-        Fences in MiB, oldest first; [] where none (or no table).
+    Each value is the fence an OOM'd attempt hit (``fence_mib`` = shards * 1024 MiB): a lower bound for the
+    estimator's history (``estimate_peak(history_mib=...)``: ``max * 1.05 + 64`` MiB, so the next submission
+    asks for more than the fence). Unknown fences are left out; NVML peaks of completed runs come from the
+    sampler's tables. Trust: ``script_sha256`` is root's hash of Slurm's copy of the batch script
+    (``jobs.script_sha256``, PrologSlurmctld; "" gives []), never the job's comment; ``uid`` is Slurm's.
     """
     if not script_sha256 or not db.table(TABLE).exists():
         return []
@@ -212,14 +165,8 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
 
 
 def reruns_since(db: Database, uid: int, since_ts: float) -> int:
-    """How many OOM reruns user ``uid`` was given (``retry_status`` submitting/submitted) at or after
-    ``since_ts``.
-
-    Args:
-        db: the controller database; no OOM table: 0.
-        uid: the user's uid.
-        since_ts: start of the window (Unix s).
-    """
+    """How many OOM reruns (``retry_status`` submitting/submitted) user ``uid`` got at or after
+    ``since_ts``."""
     if not db.table(TABLE).exists():
         return 0
     row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
@@ -228,11 +175,7 @@ def reruns_since(db: Database, uid: int, since_ts: float) -> int:
 
 
 def unsettled_reruns(db: Database) -> List[int]:
-    """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL).
-
-    Args:
-        db: the controller database; no OOM table: [].
-    """
+    """Job ids of submitted reruns whose end is not recorded yet (``retry_state`` NULL)."""
     if not db.table(TABLE).exists():
         return []
     rows = db.execute(f"SELECT retry_job_id FROM {TABLE} WHERE retry_status = 'submitted' "
@@ -242,12 +185,7 @@ def unsettled_reruns(db: Database) -> List[int]:
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
     """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or
-    None.
-
-    Args:
-        db: the controller database; no ``jobs`` table: None.
-        job_id: the Slurm job id.
-    """
+    None."""
     if not db.table("jobs").exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
@@ -255,13 +193,7 @@ def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
 
 
 def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
-    """Whether a node database holds any GPU sample (``gpu_samples``) with ``t0 <= ts <= t1``.
-
-    Args:
-        node_db: a node database; no ``gpu_samples`` table: False.
-        t0: window start (Unix s).
-        t1: window end (Unix s), inclusive.
-    """
+    """Whether a node database holds any ``gpu_samples`` row with ``t0 <= ts <= t1``."""
     if not node_db.table("gpu_samples").exists():
         return False
     return node_db.execute("SELECT 1 FROM gpu_samples WHERE ts >= ? AND ts <= ? LIMIT 1",
@@ -269,13 +201,10 @@ def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
 
 
 def has_watchdog_event(node_db: Database, job_id: int) -> bool:
-    """Whether a node database records that the sampler's watchdog stopped ``job_id`` (a ``watchdog_events``
-    row with its ``job_id``).
+    """Whether a node database has a ``watchdog_events`` row for ``job_id`` (the sampler's watchdog stopped
+    it).
 
-    Args:
-        node_db: a node database. False where the table, or its ``job_id`` column, does not exist (older
-            databases).
-        job_id: the Slurm job id.
+    False where the table or its ``job_id`` column does not exist (older databases).
     """
     table = node_db.table("watchdog_events")
     if not table.exists() or "job_id" not in table.columns_dict:

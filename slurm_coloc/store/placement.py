@@ -1,8 +1,8 @@
-"""Queries coloc-placer makes: each GPU's live activity in a node database, and the measured activity of
-earlier runs (per job) that ran alone on their GPU. Read-only; databases opened with ``db.open_readonly``.
+"""Queries of coloc-placer: each GPU's live activity in a node database, and the measured activity of earlier
+runs that ran alone on their GPU. Read-only (``db.open_readonly``).
 
-Activity comes out as fractions 0..1 (the tables store percent). GPM columns NVML lacks are NULL and come out
-as None.
+Activity comes out as fractions 0..1 (the tables store percent); GPM columns NVML lacks come out as None.
+Times are Unix s; a missing table reads as empty.
 """
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ class LiveGpu:
     """Mean of one GPU's samples over the window before its last sample.
 
     Attributes:
-        gpu_index: NVML index on the node.
-        last_ts: Unix time of the newest sample (s).
         smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None:
-            NULL).
+        NULL).
         mem_used_mib: max memory used in the window (MiB).
-        n: sample rows in the window.
         name: the GPU's model as NVML names it (``gpus`` table; "" when unknown).
     """
 
@@ -43,17 +40,7 @@ def _frac(v: Any) -> Optional[float]:
 
 
 def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
-    """Each GPU's live state: means over ``[last_ts - window_s, last_ts]`` of its own newest sample
-    ``last_ts``.
-
-    Args:
-        db: a node database; no ``gpu_samples`` table: [].
-        window_s: the averaging window (s) ending at each GPU's newest sample.
-
-    Returns:
-        One ``LiveGpu`` per GPU by index: SM activity, SM occupancy and DRAM bandwidth as fractions (0..1),
-        peak used memory (MiB), the sample count and the GPU's name.
-    """
+    """Each GPU's ``LiveGpu``, by index: means over ``[last_ts - window_s, last_ts]`` of its newest sample."""
     if not db.table("gpu_samples").exists():
         return []
     rows = db.execute(
@@ -71,13 +58,10 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit`` ended jobs of ``ctld.db``: ``job_id``, ``uid`` (Slurm's, None when unknown),
-    ``coloc`` (the recorded ``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when absent
-    or invalid) and ``state`` (Slurm's final state, e.g. ``COMPLETED``; None when not recorded).
+    """The newest ``limit`` ended jobs of ``ctld.db``, newest end first.
 
-    Args:
-        ctld: the controller database; no ``jobs`` table: [].
-        limit: how many jobs at most, newest end first.
+    Keys: ``job_id``, ``uid`` (Slurm's; None: unknown), ``coloc`` (``coloc_json`` as a validated
+    ``comment.JobComment``; ``NO_COMMENT`` when absent or invalid) and ``state`` (Slurm's final; None).
     """
     if not ctld["jobs"].exists():
         return []
@@ -98,26 +82,19 @@ BUSY_SMACT_PCT = 1.0
 
 def alone_activity(node_db: Database, job_ids: Iterable[int],
                    since_ts: float = 0.0) -> Dict[int, Dict[str, Any]]:
-    """Measured activity of the given jobs' runs on this node that had their GPU to themselves, while
+    """Measured activity of the given jobs' single-GPU runs on this node that had their GPU alone, while
     computing.
 
-    A run is alone when no other ``job_runs`` row on the same ``gpus`` overlaps it in time. Its activity is
-    the mean SMACT/SMOCC/DRAMA of the GPU's samples over the run that show work (``smact_pct >=
-    BUSY_SMACT_PCT``): a job's start-up (Python imports, CUDA context, cuDNN set-up; 10-30 s on the H100
-    harness) keeps the GPU idle and would dilute the mean of a short run, while collocated jobs contend only
-    while they compute. A run without such samples gets the Epilog's ``job_summaries`` means (SMACT/SMOCC;
-    DRAMA NULL).
-
-    Args:
-        node_db: a node database; without ``job_runs``, ``job_summaries`` or ``gpu_samples``: {}.
-        job_ids: the Slurm job ids to look at (single-GPU runs only).
-        since_ts: runs that ended before this (Unix s) are left out (stale).
+    Alone: no other ``job_runs`` row on the same ``gpus`` overlaps it. Activity: mean SMACT/SMOCC/DRAMA of the
+    GPU's samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): start-up (imports, CUDA
+    context, cuDNN set-up; 10-30 s on the H100 harness) keeps the GPU idle and would dilute a short run's
+    mean, while collocated jobs contend only while they compute. Without such samples: the Epilog's
+    ``job_summaries`` means (DRAMA None). Runs ended before ``since_ts`` are left out.
 
     Returns:
-        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s, "gpu_model": name}}``
-        (activity as fractions, None when not measured); ``run_s`` = end - start of the run (s); ``startup_s``
-        = its first sample that shows work - its start (s; None without such a sample); ``gpu_model`` = the
-        run's GPU as NVML names it (``gpus`` table; None when not recorded).
+        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s, "gpu_model": name}}``:
+        fractions (None: not measured); ``startup_s`` = first working sample - start (None: none);
+        ``gpu_model`` from the ``gpus`` table (None: not recorded).
     """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
@@ -156,23 +133,11 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
 
 def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pct: float,
                       t0: Optional[float] = None, t1: Optional[float] = None) -> Dict[int, Dict[str, float]]:
-    """Per GPU: seconds its samples met the saturation gate, and seconds sampled with SM activity, in [t0,
-    t1].
+    """Per GPU ``{"saturated_s", "sampled_s"}``: seconds over the saturation gate, seconds with SM activity.
 
-    A sample row counts for its ``res_s`` (the sampling interval; a rolled-up row its bucket, judged by its
-    means). Saturated: ``smact_pct >= smact_pct`` and (``smocc_pct >= smocc_pct`` or ``dram_bw_pct >=
-    drama_pct``) (CARMA's gate, in percent). Rows without SM activity (no GPM) count in neither.
-
-    Args:
-        db: a node database.
-        smact_pct: the SM activity threshold (%).
-        smocc_pct: the SM occupancy threshold (%).
-        drama_pct: the DRAM bandwidth threshold (%).
-        t0: window start (Unix s); None: unbounded.
-        t1: window end (Unix s), inclusive; None: unbounded.
-
-    Returns:
-        ``{gpu_index: {"saturated_s": s, "sampled_s": s}}``; {} without a sample table.
+    A row counts for its ``res_s`` (a rolled-up row judged by its means). Saturated: ``smact_pct`` column
+    >= ``smact_pct`` and (``smocc_pct`` >= ``smocc_pct`` or ``dram_bw_pct`` >= ``drama_pct``) (CARMA's gate,
+    thresholds in %). Rows without SM activity (no GPM) count in neither. ``t0``/``t1`` None: unbounded.
     """
     if not db.table("gpu_samples").exists():
         return {}
@@ -195,10 +160,9 @@ class GpuCoRuns:
     """One GPU's finished single-GPU runs and its samples over their span, for ``coruns.learn``.
 
     Attributes:
-        gpu_index: NVML index on the node; name: its model as NVML names it ("" when unknown).
-        runs: ``(job_id, start_ts, end_ts, compute_ts)`` (Unix s); ``compute_ts``: the job's first process
-            sample at 90 % of its peak memory (None without process samples).
-        samples: ``(ts, smact, res_s)``: Unix s, GPM SM activity (fraction), seconds the row stands for.
+        runs: ``(job_id, start_ts, end_ts, compute_ts)``; ``compute_ts``: the job's first process sample at
+            90 % of its peak memory (None without process samples).
+        samples: ``(ts, smact, res_s)``: GPM SM activity as a fraction, seconds the row stands for.
     """
 
     gpu_index: int
@@ -208,9 +172,11 @@ class GpuCoRuns:
 
 
 def co_runs(node_db: Database, job_ids: Iterable[int], since_ts: float = 0.0) -> List[GpuCoRuns]:
-    """The given jobs' finished single-GPU runs on this node that ended after ``since_ts``, per GPU, with
-    every other finished run on that GPU over their span (their neighbours, whose activity the fit must
-    explain too) and every sample of that GPU that has SM activity over it; [] without the tables."""
+    """Per GPU, the given jobs' finished single-GPU runs here that ended after ``since_ts``.
+
+    With every other finished run on that GPU over their span (neighbours the fit must explain too) and every
+    sample of that GPU with SM activity over it.
+    """
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "gpu_samples")):
         return []

@@ -1,31 +1,25 @@
-"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed by later
-runs.
+"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed later.
 
-One entry is one file in a queue directory. Its kind is its suffix (``.json``: a record set,
-store/recordset.py; ``.env``: the environment of a run that ended before recording, hooks/pending.py); this
-module handles the files of every kind the same way and knows nothing of their content or of the database:
+One entry is one file in a queue directory; its kind is its suffix (``.json``: a record set,
+store/recordset.py; ``.env``: the environment of a run that ended before recording, hooks/pending.py). This
+module treats every kind alike and knows nothing of their content or of the database:
 
-- Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (a looser mode on our
-  own
-  directory is tightened; another owner is refused). Created 0700 with 0755 parents when a writer needs it.
-- Writing: a temp file ``.<name>.<pid>.tmp`` opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600, optionally fsynced,
-  renamed
-  to ``<name>``; at most ``MAX_ENTRIES`` files per directory and ``MAX_ENTRY_BYTES`` per entry.
+- Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (looser on our own:
+  tightened; another owner: refused). Created 0700 with 0755 parents when a writer needs it.
+- Writing: temp file ``.<name>.<pid>.tmp`` opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600, optionally fsynced,
+  renamed to ``<name>``; at most ``MAX_ENTRIES`` files per directory and ``MAX_ENTRY_BYTES`` per entry.
 - Reading: ``O_NOFOLLOW``; a regular file owned by the effective uid, not group/other-writable, at most
   ``MAX_ENTRY_BYTES``. Anything else is unusable (``EntryError``).
-- Claims: a replayer renames ``<name>`` to ``<name>.<pid>.replaying`` (atomic: a second replayer's rename
-  fails),
-  applies it, then unlinks the claim. A claim is stale, and taken again, when its pid is gone or is this
-  process, or when it is older than ``STALE_CLAIM_S`` (a reused pid, or a claim name without a pid).
-- Replay (``replay``): entries of all given directories, ordered by kind (the caller's order), then mtime,
-  then
-  name; one time budget for all of them. An entry that cannot be read, decoded or applied is renamed
-  ``<name>.bad`` with a log line and the replay goes on with the next one; only an error the caller says is
-  the store's own (``keep``: the database locked, full, corrupt) or a ``BaseException`` (the recording alarm,
+- Claims: a replayer renames ``<name>`` to ``<name>.<pid>.replaying`` (atomic), applies it, then unlinks the
+  claim. A claim is stale, and taken again, when its pid is gone or is this process, or when it is older
+  than ``STALE_CLAIM_S`` (a reused pid, or a claim name without a pid).
+- Replay: entries of all given directories, by kind (the caller's order), mtime, name; one time budget. An
+  entry that cannot be read, decoded or applied is renamed ``<name>.bad`` (logged) and the replay goes on;
+  only the store's own error (``keep``: locked, full, corrupt) or a ``BaseException`` (recording alarm,
   SIGTERM) puts the claimed entry back and stops the replay, propagating the error.
 
-Light on purpose (os, re, stat and time; logging only once an entry is set aside): ``coloc-hook`` writes
-entries from its start-up path.
+Light on purpose (os, re, stat, time; logging only once an entry is set aside): ``coloc-hook`` writes entries
+from its start-up path.
 """
 from __future__ import annotations
 
@@ -54,14 +48,8 @@ class EntryError(ValueError):
 
 
 class Entry(NamedTuple):
-    """One entry as read for replay.
-
-    Attributes:
-        path: where the file lies now (the entry itself, or a stale claim of it).
-        name: the entry's own name (``<name>`` without a claim suffix).
-        kind: its suffix (``.json``, ``.env``).
-        data: its bytes (at most ``MAX_ENTRY_BYTES``).
-        mtime: its modification time (unix s).
+    """One entry as read for replay: ``path`` where it lies now (entry or stale claim), ``name`` without a
+    claim suffix, ``kind`` its suffix, ``data`` at most ``MAX_ENTRY_BYTES``, ``mtime`` Unix s.
     """
 
     path: str
@@ -72,14 +60,7 @@ class Entry(NamedTuple):
 
 
 def safe_dir(path: str, create: bool = False) -> str:
-    """Check (and with ``create``, make) a queue directory: a real directory owned by us, mode 0700.
-
-    Args:
-        path: the directory.
-        create: create it 0700 (parents 0755) when absent.
-
-    Returns:
-        ``path``.
+    """``path``, checked (with ``create``, made 0700, parents 0755): a real directory of ours, mode 0700.
 
     Raises:
         StoreError: absent (without ``create``), a symlink or file, owned by another uid, or an OS error.
@@ -101,20 +82,12 @@ def safe_dir(path: str, create: bool = False) -> str:
 
 
 def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
-    """Write entry ``name`` atomically (temp file, optional fsync, rename), 0600, never through a symlink.
-
-    Args:
-        directory: the queue directory (created 0700 if absent).
-        name: the entry's file name (its suffix is its kind).
-        data: its content, at most ``MAX_ENTRY_BYTES``.
-        sync: fsync before the rename.
-
-    Returns:
-        The entry's path.
+    """Write entry ``name`` (suffix = kind) atomically (temp file, optional fsync, rename), 0600, never
+    through a symlink; its path. The directory is created 0700 if absent.
 
     Raises:
-        StoreError: unusable directory, ``MAX_ENTRIES`` files already there, entry too large, or an OS error
-        (disk full).
+        StoreError: unusable directory, ``MAX_ENTRIES`` files already there, ``data`` over
+            ``MAX_ENTRY_BYTES``, or an OS error (disk full).
     """
     d = safe_dir(directory, create=True)
     if len(data) > MAX_ENTRY_BYTES:
@@ -129,13 +102,7 @@ def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
 
 
 def read(path: str) -> Tuple[bytes, float]:
-    """``(data, mtime)`` of the entry at ``path``, read without following a symlink.
-
-    Args:
-        path: the entry (or claimed entry) file.
-
-    Returns:
-        Its bytes (at most ``MAX_ENTRY_BYTES``) and its modification time (Unix s).
+    """``(data, mtime)`` (at most ``MAX_ENTRY_BYTES``; Unix s) of the entry at ``path`` (no symlink).
 
     Raises:
         FileNotFoundError: it is gone (claimed by another replayer).
@@ -163,19 +130,12 @@ def read(path: str) -> Tuple[bytes, float]:
 
 
 def claim_name(base: str) -> str:
-    """The name a replayer renames entry ``base`` to: ``<base>.<pid>.replaying``.
-
-    Args:
-        base: the entry's path or name; this process's pid is appended.
-    """
+    """The name a replayer renames entry ``base`` (path or name) to: ``<base>.<pid>.replaying``, this pid."""
     return f"{base}.{os.getpid()}{CLAIM_SUFFIX}"
 
 
 def split_claim(name: str) -> Tuple[str, Optional[int]]:
-    """``(entry name, claimer pid)`` of a claim name.
-
-    Args:
-        name: ``<name>.<pid>.replaying``, or the older ``<name>.replaying`` (pid None).
+    """``(entry name, claimer pid)`` of ``<name>.<pid>.replaying`` (older ``<name>.replaying``: pid None).
 
     Raises:
         ValueError: a name that is not a claim.
@@ -197,14 +157,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def claim_is_stale(name: str, mtime: float, now: float) -> bool:
-    """Whether the claim ``name`` may be taken again: its replayer's pid is gone or is this process (a replay
-    holds its claims only while applying them, so a claim of ours seen here was left by a replay the recording
-    alarm cut short), or the claim is older than ``STALE_CLAIM_S`` seconds.
+    """Whether claim ``name`` may be taken again (not a claim name: False); times in Unix s.
 
-    Args:
-        name: the claim's path or name; not a claim name: False.
-        mtime: the claim's modification time (Unix s).
-        now: the current time (Unix s).
+    Stale: its replayer's pid is gone or is this process (a replay holds claims only while applying, so our
+    own claim here was left by a replay the recording alarm cut short), or it is older than ``STALE_CLAIM_S``.
     """
     try:
         _, pid = split_claim(os.path.basename(name))
@@ -220,14 +176,9 @@ def _kind(name: str, kinds: Sequence[str]) -> Optional[str]:
 
 
 def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[str, str, str]]:
-    """``(path, entry name, kind)`` of every entry to replay in ``directories``.
+    """``(path, entry name, kind)`` of each entry (or stale claim) of ``kinds`` in ``directories``.
 
-    Args:
-        directories: queue directories; unsafe or unreadable ones (``safe_dir``) are skipped.
-        kinds: entry name suffixes to take; entries of these kinds and stale claims of them are listed.
-
-    Returns:
-        Ordered by kind (as in ``kinds``), then mtime, then name.
+    Unsafe or unreadable directories are skipped. Ordered by kind (as in ``kinds``), then mtime, then name.
     """
     out = []
     now = time.time()
@@ -260,16 +211,9 @@ def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[s
 
 
 def set_aside(path: str, name: str, why: object) -> None:
-    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink is moved, never followed) and log
-    why.
+    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink moved, not followed); logged.
 
-    Args:
-        path: the entry's current path (possibly its claim name).
-        name: the entry's own name, without a claim suffix.
-        why: the reason, logged.
-
-    Raises:
-        Never raises: a failed rename is logged.
+    Never raises: a failed rename is logged.
     """
     import logging
 
@@ -287,22 +231,16 @@ def set_aside(path: str, name: str, why: object) -> None:
 def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Any],
            apply: Callable[[Entry, Any], None], keep: Callable[[Exception], bool], budget_s: float,
            max_entries: int = MAX_REPLAY) -> int:
-    """Apply the entries of ``directories`` (``candidates`` order) and delete them; one time budget for all.
+    """Apply the entries of ``directories`` (``candidates`` order) and delete them; how many were applied.
 
     Args:
-        directories: queue directories (absent or unsafe ones are skipped).
-        kinds: entry suffixes to replay, in replay order.
         decode: ``decode(entry)`` -> the item to apply, or None when the entry is not this replayer's (another
             database or cluster: left as it is). Raising an ``Exception`` sets the entry aside.
         apply: ``apply(entry, item)`` writes it (one transaction). Raising an ``Exception`` sets the entry
             aside, unless ``keep`` says it is the store's own.
-        keep: ``keep(exc)`` is True for an error of the store itself (locked, full, corrupt): the entry is put
+        keep: ``keep(exc)`` True for an error of the store itself (locked, full, corrupt): the entry is put
             back and the error propagates.
-        budget_s: no entry is started after this many seconds.
-        max_entries: no more entries are applied after this many.
-
-    Returns:
-        How many entries were applied.
+        budget_s: no entry is started after this many seconds; ``max_entries``: none applied after this many.
     """
     t_end = time.monotonic() + budget_s
     done = 0

@@ -44,21 +44,14 @@ def entry_name() -> str:
 
 
 def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
-    """The queue entry bytes of a record set (JSON, keys sorted; values JSON cannot hold as ``str``).
-
-    Args:
-        target: which database the ops go to.
-        ops: ``{"op", "row", "once"?}`` dicts (module docstring); stamped with the current time (Unix s).
-    """
+    """The queue entry bytes of a record set (sorted-key JSON, else ``str``), stamped now; ops as the module
+    says."""
     return json.dumps({"target": target, "ts": time.time(), "ops": list(ops)}, sort_keys=True,
                       default=str).encode()
 
 
 def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
-    """``(target, ops)`` of a queued record set.
-
-    Args:
-        data: the queue entry's bytes (``encode``'s output).
+    """``(target, ops)`` of a queued record set (``encode``'s bytes).
 
     Raises:
         ValueError: malformed JSON (or UnicodeDecodeError: not UTF-8), or no ``target`` string or ``ops``
@@ -73,13 +66,10 @@ def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def store_unusable(exc: BaseException) -> bool:
-    """Whether ``exc``, raised while applying a record set, is the database's own failure (locked, full,
-    corrupt: retry later) rather than the record set's (a value SQLite cannot hold, an unknown column: never
-    succeeds).
+    """Whether ``exc`` from ``apply_ops`` is the database's own failure (locked, full, corrupt: retry later).
 
-    Args:
-        exc: the exception ``apply_ops`` raised; MemoryError and SQLite's primary codes in ``_STORE_CODES``
-            (sqlite.org/rescode.html) are the database's.
+    Not the record set's (a value SQLite cannot hold, an unknown column: never succeeds). The database's:
+    MemoryError and SQLite's primary codes in ``_STORE_CODES`` (sqlite.org/rescode.html).
     """
     if isinstance(exc, MemoryError):
         return True
@@ -151,11 +141,7 @@ def _fill_end(db: Database, table: str, pk: Sequence[str], row: Dict[str, Any], 
 
 
 def apply_ops(db: Database, ops: Sequence[Dict[str, Any]]) -> None:
-    """Apply ``ops`` (module docstring) to ``db`` in ONE transaction: all of them or none.
-
-    Args:
-        db: the target database.
-        ops: ``{"op": one of OPS, "row": {...}, "once": [t0, t1]?}`` dicts (``once`` in Unix s).
+    """Apply ``ops`` (module docstring; ``once`` in Unix s) to ``db`` in ONE transaction: all of them or none.
 
     Raises:
         sqlite3.Error: from SQLite (``store_unusable`` tells the database's own failures from the ops').

@@ -1,7 +1,7 @@
 """Read-only aggregate queries for coloc-report over the sample tables of a node database.
 
-The sample tables are written by ``store/samples.py`` (the sampler); this module only reads them, with SQL
-that aggregates inside SQLite so a 30-day window stays fast (see ``benchmarks/report_speed.py``).
+The SQL aggregates inside SQLite so a 30-day window stays fast (``benchmarks/report_speed.py``). Times are
+Unix s; windows are inclusive.
 
 Weights: every ``gpu_samples`` row covers ``res_s`` seconds (the sampling interval for raw rows, the bucket
 for rows folded by ``samples.downsample``), so means are time-weighted: ``SUM(x * res_s) / SUM(res_s)`` over
@@ -32,15 +32,11 @@ class GpuWindowStats:
     """Aggregates of one GPU's samples over a time window (None: no non-NULL sample of that metric).
 
     Attributes:
-        gpu_index: NVML index on its node.
         covered_s: seconds covered by samples (sum of ``res_s``).
-        first_ts / last_ts: first and last sample time in the window (Unix s).
         util_mean: coarse NVML utilization (%), time-weighted mean.
         smact_mean / smact_p95, smocc_mean / smocc_p95: GPM SM activity / occupancy (%).
-        mem_used_mean_mib / mem_used_max_mib: device memory in use (MiB).
-        power_mean_w: mean board power (W).
-        energy_j: energy used in the window (J): rise of the NVML energy counter, or the power integral when
-            the counter is missing or went backwards (driver reload).
+        energy_j: rise of the NVML energy counter, or the power integral when the counter is missing or went
+            backwards (driver reload).
     """
 
     gpu_index: int
@@ -61,14 +57,10 @@ class GpuWindowStats:
 def open_for_report(path: Union[str, Path]) -> Database:
     """Open a database read-only for coloc-report, also as a user who cannot write its directory.
 
-    A WAL-mode database needs its ``-shm`` file; when the writer has closed cleanly the ``-wal``/``-shm``
-    files are gone and a non-root reader cannot create them in the root-owned directory (SQLite: "attempt to
-    write a readonly database"). Then the file is opened with ``immutable=1``: all committed data is in the
-    main file, read without locks. (Should a writer be active meanwhile, the read may fail; the caller reports
-    that file and skips it.)
-
-    Args:
-        path: the database file.
+    A WAL database needs its ``-shm`` file; after a clean close the side files are gone and a non-root reader
+    cannot create them in the root-owned directory ("attempt to write a readonly database"). Then the file is
+    opened ``immutable=1``: all committed data is in the main file, read without locks (a writer active
+    meanwhile may fail the read; the caller reports that file and skips it).
 
     Raises:
         StoreError: missing, unreadable or not a SQLite database.
@@ -88,11 +80,7 @@ def open_for_report(path: Union[str, Path]) -> Database:
 
 
 def has_samples(db: Database) -> bool:
-    """Whether the database has a GPU sample table (a node without the sampler has none).
-
-    Args:
-        db: a node database.
-    """
+    """Whether the database has a GPU sample table (a node without the sampler has none)."""
     return db[GPU_TABLE].exists()
 
 
@@ -112,14 +100,9 @@ def _where(t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int
 
 
 def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[float]:
-    """The ``q`` quantile (0..1) of a ``{percent bucket: weight}`` histogram; the bucket's value, or None if
-    empty.
+    """The ``q`` (0..1) quantile of ``{bucket %: weight s}``; None when empty or its total is not positive.
 
     Nearest-rank on cumulative weight: the smallest bucket whose cumulative weight reaches ``q`` of the total.
-
-    Args:
-        hist: ``{bucket (%, integer): weight (s of samples)}``; non-positive total: None.
-        q: the quantile as a fraction, 0..1 (0.95 for p95).
     """
     total = sum(hist.values())
     if total <= 0:
@@ -134,8 +117,7 @@ def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[floa
 
 def _scan_where(db: Database, t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int]]
                 ) -> Tuple[str, List[object]]:
-    """WHERE clause for a window scan; a window covering most of the table skips the ts index (``+ts``), since
-    a full scan is faster than an index walk over most rows."""
+    """WHERE clause for a window scan; one covering most of the table skips the ts index (``+ts``): faster."""
     where, args = _where(t0, t1, gpus)
     lo, hi = db.execute(f"SELECT MIN(ts), MAX(ts) FROM {GPU_TABLE}").fetchone()
     if lo is not None and hi is not None and hi > lo:
@@ -188,22 +170,12 @@ def _hist_query(path: str, where: str, args: List[object]) -> Dict[int,
 def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[float] = None,
                      gpus: Optional[Sequence[int]] = None,
                      path: Optional[str] = None) -> List[GpuWindowStats]:
-    """Per-GPU aggregates of ``gpu_samples`` with ``t0 <= ts <= t1`` (None: unbounded), by GPU index.
+    """Per-GPU aggregates of ``gpu_samples`` in ``[t0, t1]`` (None: unbounded), by GPU index; [] without
+    samples.
 
     Two scans inside SQLite: time-weighted sums, and a joint SM activity x SM occupancy histogram (1 %
     buckets, truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each
-    on its own read-only connection (sqlite3 releases the GIL while it steps).
-
-    Args:
-        db: a node database.
-        t0: window start (Unix s); None: unbounded.
-        t1: window end (Unix s), inclusive; None: unbounded.
-        gpus: NVML device indices to include; None: all; empty: none.
-        path: the database file, to scan on two connections at once; None: one after the other.
-
-    Returns:
-        One ``GpuWindowStats`` per GPU that has a sample in the window (means in %, MiB, W; energy in J from
-        the energy counter, else mean power x covered s); [] without a sample table.
+    on its own read-only connection (sqlite3 releases the GIL while it steps). ``gpus``: None all, empty none.
 
     Raises:
         StoreError: a scan's own read-only connection to the file cannot be opened (``open_for_report``).
@@ -246,20 +218,11 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
 
 def job_util_sums(db: Database, spans: Sequence[Tuple[int, int, float, float]], bucket_s: float = 600.0
                   ) -> Dict[int, Tuple[float, float]]:
-    """Coarse utilization of many jobs at once: ``{key: (sum util_pct x s, covered s)}``.
+    """Coarse utilization of many jobs at once: ``{key: (sum util_pct x s, covered s)}``; {} without samples.
 
-    One scan folds the samples into ``bucket_s`` buckets per GPU; whole buckets inside a span come from prefix
-    sums, the partial buckets at its two ends from exact indexed range queries, so the result is exact.
-
-    Args:
-        db: a node database.
-        spans: ``(key, gpu_index, t0, t1)`` with times in Unix s (a key may have several spans;
-            the sums add up).
-        bucket_s: the bucket width of the scan (s); a speed setting, not a resolution.
-
-    Returns:
-        ``{key: (sum of util_pct x s, covered s)}``; mean utilization (%) = first / second.
-        {} without samples.
+    ``spans``: ``(key, gpu_index, t0, t1)``; a key's spans add up. One scan folds the samples into
+    ``bucket_s`` buckets per GPU (a speed setting, not a resolution); whole buckets inside a span come from
+    prefix sums, the partial ones at its ends from exact range queries, so the result is exact.
     """
     if not spans or not has_samples(db):
         return {}
@@ -302,12 +265,7 @@ def job_util_sums(db: Database, spans: Sequence[Tuple[int, int, float, float]], 
 
 
 def job_peak_mem_mib(db: Database, job_id: int) -> Optional[float]:
-    """Peak over sample instants of the summed NVML memory of ``job_id``'s processes (MiB), or None.
-
-    Args:
-        db: a node database.
-        job_id: the Slurm job id.
-    """
+    """Peak over sample instants of the summed NVML memory of ``job_id``'s processes (MiB), or None."""
     if not db[PROC_TABLE].exists():
         return None
     row = db.execute(f"SELECT MAX(s) FROM (SELECT SUM(used_mem_mib) AS s FROM {PROC_TABLE} WHERE job_id = ? "
@@ -317,18 +275,10 @@ def job_peak_mem_mib(db: Database, job_id: int) -> Optional[float]:
 
 def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tuple[int, float, Optional[float],
                                                                                     Optional[float]]]:
-    """Time series for plots: ``(gpu_index, bucket_start_ts, max mem_used_mib, mean smact_pct)`` per bucket.
+    """Plot series: ``(gpu_index, bucket start, max mem_used_mib, mean smact_pct)`` by GPU, then time.
 
-    Bucketing happens in SQLite so a 30-day window returns at most ``(t1 - t0) / bucket_s`` rows per GPU.
-
-    Args:
-        db: a node database.
-        t0: window start (Unix s).
-        t1: window end (Unix s), inclusive.
-        bucket_s: bucket width (s; at least 1 ms).
-
-    Returns:
-        Tuples by GPU then time: bucket start in Unix s, memory in MiB, SM activity in %; [] without samples.
+    Bucketing happens in SQLite, so a 30-day window gives at most ``(t1 - t0) / bucket_s`` rows per GPU
+    (``bucket_s`` at least 1 ms).
     """
     if not has_samples(db):
         return []
@@ -339,11 +289,7 @@ def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tupl
 
 
 def gpu_totals_mib(db: Database) -> Dict[int, float]:
-    """``{gpu_index: total memory MiB}`` from the sampler's GPU table ({} when absent).
-
-    Args:
-        db: a node database.
-    """
+    """``{gpu_index: total memory MiB}`` from the sampler's GPU table ({} when absent)."""
     if not db.table("gpus").exists():
         return {}
     return {int(g): float(m) for g, m in db.execute("SELECT gpu_index, mem_total_mib FROM gpus").fetchall()
@@ -351,12 +297,7 @@ def gpu_totals_mib(db: Database) -> Dict[int, float]:
 
 
 def load_job_row(db: Database, job_id: int) -> Optional[Dict[str, object]]:
-    """The controller ``jobs`` row of ``job_id`` as a dict, or None (one indexed lookup).
-
-    Args:
-        db: the controller database.
-        job_id: the Slurm job id.
-    """
+    """The controller ``jobs`` row of ``job_id`` as a dict, or None (one indexed lookup)."""
     if not db.table("jobs").exists():
         return None
     rows = list(db.table("jobs").rows_where("job_id = ?", [int(job_id)]))
@@ -364,12 +305,7 @@ def load_job_row(db: Database, job_id: int) -> Optional[Dict[str, object]]:
 
 
 def load_job_run_rows(db: Database, job_id: int) -> List[Dict[str, object]]:
-    """The node ``job_runs`` rows of ``job_id`` (one per node in that database).
-
-    Args:
-        db: a node database.
-        job_id: the Slurm job id.
-    """
+    """The node ``job_runs`` rows of ``job_id`` (one per node in that database)."""
     if not db.table("job_runs").exists():
         return []
     return list(db.table("job_runs").rows_where("job_id = ?", [int(job_id)]))

@@ -1,9 +1,10 @@
-"""Sample tables of a node database: per-GPU and per-process NVML samples, per-job CPU use, node events (the
-per-job summaries: store/summaries.py).
+"""Sample tables of a node database: per-GPU and per-process NVML samples, per-job CPU use, node events
+(per-job summaries: store/summaries.py).
 
-Writes are batched: one transaction per ``write_frames`` call. Old raw samples are folded into coarser rows by
-``downsample`` (mean of rates, max of memory and of the energy counter) and dropped after ``purge``. Row
+Writes are batched: one transaction per ``write_frames`` call. Old raw samples are folded into coarser rows
+by ``downsample`` (mean of rates, max of memory and of the energy counter) and dropped after ``purge``. Row
 ``n`` = raw samples folded in; ``res_s`` = the row's time resolution (the sampling interval for raw rows).
+All times are Unix s; a read of a missing table gives [].
 """
 from __future__ import annotations
 
@@ -52,16 +53,7 @@ _INSERT_PROC = (f"INSERT INTO proc_samples ({', '.join(PROC_COLS)}) "
 
 
 def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``gpu_samples`` for one frame.
-
-    Args:
-        ts: the frame's time (Unix s; rounded to ms).
-        gpus: the frame's device readings (``nvml.readings.GpuReading``).
-        res_s: the rows' resolution (s): the sampling interval for raw rows.
-
-    Returns:
-        One dict per GPU, keyed by ``GPU_COLS`` (metrics rounded to 2 decimals, ``n`` = 1).
-    """
+    """``gpu_samples`` rows (``GPU_COLS``) of one frame: ``ts`` to ms, metrics to 2 decimals, ``n`` = 1."""
     t = round(ts, 3)
     return [{"ts": t, "gpu_index": g.index,
              **{m: None if v is None else round(float(v), 2) for m, v in zip(GPU_METRICS, _GPU_GET(g))},
@@ -69,16 +61,7 @@ def gpu_rows(ts: float, gpus: Iterable[GpuReading], res_s: float) -> List[Dict[s
 
 
 def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``proc_samples`` for one frame.
-
-    Args:
-        ts: the frame's time (Unix s; rounded to ms).
-        procs: the frame's process readings with the job each was attributed to (``ProcSample``).
-        res_s: the rows' resolution (s): the sampling interval for raw rows.
-
-    Returns:
-        One dict per process, keyed by ``PROC_COLS`` (metrics rounded to 2 decimals, ``n`` = 1).
-    """
+    """``proc_samples`` rows (``PROC_COLS``) of one frame: ``ts`` to ms, metrics to 2 decimals, ``n`` = 1."""
     t = round(ts, 3)
     return [{"ts": t, "gpu_index": p.reading.gpu_index, "pid": p.reading.pid, "job_id": p.job_id,
              **{m: None if v is None else round(float(v), 2) for m,
@@ -87,16 +70,9 @@ def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict
 
 
 def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any]]:
-    """Rows of ``cpu_samples`` for one reading.
+    """``cpu_samples`` rows (``CPU_COLS``, ``n`` = 1) of one reading ending at ``ts`` (rounded to ms).
 
-    Args:
-        ts: the end of the reading's interval (Unix s; rounded to ms).
-        jobs: ``node.cpu.JobCpu`` (any object with ``job_id`` and the ``CPU_METRICS`` attributes; cores = CPU
-            seconds per wall second over the interval ending at ``ts``).
-        res_s: the rows' resolution (s): the sampling interval for raw rows.
-
-    Returns:
-        One dict per job, keyed by ``CPU_COLS`` (``n`` = 1).
+    ``jobs``: ``node.cpu.JobCpu`` or alike; cores = CPU seconds per wall second over the interval.
     """
     t = round(ts, 3)
     return [{"ts": t, "job_id": j.job_id, **{m: getattr(j, m) for m in CPU_METRICS}, "n": 1, "res_s": res_s}
@@ -105,15 +81,9 @@ def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any
 
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
                gpus_static: Sequence[GpuReading] = (), cpu: Sequence[Dict[str, Any]] = ()) -> None:
-    """Insert prepared rows in ONE transaction (all or nothing), each table with one ``executemany`` of a
-    fixed statement.
+    """Insert prepared rows in ONE transaction (all or nothing), one ``executemany`` per table.
 
-    Args:
-        db: the node database.
-        gpu: ``gpu_rows`` output.
-        proc: ``proc_rows`` output.
-        gpus_static: readings whose uuid, name and total memory (MiB) are upserted into ``gpus``.
-        cpu: ``cpu_rows`` output.
+    ``gpus_static``: readings whose uuid, name and total memory (MiB) are upserted into ``gpus``.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -148,17 +118,9 @@ def _fold(db: Database, table: str, keys: Tuple[str, ...], metrics: Tuple[str, .
 
 
 def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
-    """Fold samples older than ``cutoff_ts`` with a finer resolution than ``bucket_s`` into ``bucket_s`` rows.
+    """Fold samples older than ``cutoff_ts`` finer than ``bucket_s`` into ``bucket_s`` rows; raw rows folded.
 
     Rates are averaged; memory and the energy counter keep their maximum; ``n`` sums. One transaction.
-
-    Args:
-        db: the node database.
-        cutoff_ts: rows with ``ts`` before this (Unix s) are folded.
-        bucket_s: the new resolution (s); rows already this coarse or coarser are left alone.
-
-    Returns:
-        Number of raw rows folded.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -171,14 +133,8 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
 
 
 def purge(db: Database, before_ts: float) -> int:
-    """Delete samples older than ``before_ts`` (summaries and events stay).
-
-    Args:
-        db: the node database.
-        before_ts: rows with ``ts`` before this (Unix s) are deleted from the three sample tables.
-
-    Returns:
-        Rows deleted.
+    """Delete samples older than ``before_ts`` from the 3 sample tables (summaries, events stay); rows
+    deleted.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -201,62 +157,24 @@ def _window_rows(db: Database, table: str, t0: float, t1: float,
 
 
 def load_gpu_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
-    """GPU sample rows with ``t0 <= ts <= t1`` on the given GPUs, by time.
-
-    Args:
-        db: the node database.
-        t0: window start (Unix s).
-        t1: window end (Unix s), inclusive.
-        gpu_indices: NVML device indices; none: no rows.
-
-    Returns:
-        ``gpu_samples`` rows as dicts (``GPU_COLS``); [] where the table does not exist.
-    """
+    """GPU sample rows with ``t0 <= ts <= t1`` on NVML indices ``gpu_indices`` (none: no rows), by time."""
     return _window_rows(db, "gpu_samples", t0, t1, gpu_indices)
 
 
 def load_proc_samples(db: Database, t0: float, t1: float, gpu_indices: Sequence[int]) -> List[Dict[str, Any]]:
-    """Process sample rows (every job's) with ``t0 <= ts <= t1`` on the given GPUs, by time.
-
-    Args:
-        db: the node database.
-        t0: window start (Unix s).
-        t1: window end (Unix s), inclusive.
-        gpu_indices: NVML device indices; none: no rows.
-
-    Returns:
-        ``proc_samples`` rows as dicts (``PROC_COLS``); [] where the table does not exist.
-    """
+    """Process sample rows (every job's) with ``t0 <= ts <= t1`` on ``gpu_indices``, by time."""
     return _window_rows(db, "proc_samples", t0, t1, gpu_indices)
 
 
 def load_job_proc_samples(db: Database, job_id: int) -> List[Dict[str, Any]]:
-    """All process sample rows attributed to ``job_id``, by time.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id.
-
-    Returns:
-        ``proc_samples`` rows as dicts (``PROC_COLS``); [] where the table does not exist.
-    """
+    """All process sample rows attributed to ``job_id``, by time."""
     if not db.table("proc_samples").exists():
         return []
     return list(db.query("SELECT * FROM proc_samples WHERE job_id = ? ORDER BY ts", [job_id]))
 
 
 def load_job_cpu_samples(db: Database, job_id: int, t0: float, t1: float) -> List[Dict[str, Any]]:
-    """CPU sample rows of ``job_id`` with ``t0 <= ts <= t1``, by time.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id.
-        t0: window start (Unix s).
-        t1: window end (Unix s), inclusive.
-
-    Returns:
-        ``cpu_samples`` rows as dicts (``CPU_COLS``); [] where the table does not exist.
-    """
+    """CPU sample rows of ``job_id`` with ``t0 <= ts <= t1``, by time."""
     if not db.table("cpu_samples").exists():
         return []
     return list(db.query("SELECT * FROM cpu_samples WHERE job_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
@@ -264,22 +182,14 @@ def load_job_cpu_samples(db: Database, job_id: int, t0: float, t1: float) -> Lis
 
 
 def count_samples(db: Database) -> Dict[str, int]:
-    """``{"gpu_samples": n, "proc_samples": n, "cpu_samples": n}``.
-
-    Args:
-        db: the node database; a missing table counts 0.
-    """
+    """``{"gpu_samples": n, "proc_samples": n, "cpu_samples": n}`` (a missing table counts 0)."""
     return {t: (db[t].count if db[t].exists() else 0) for t in ("gpu_samples", "proc_samples", "cpu_samples")}
 
 
 def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append a node event (``mps-start``, ``mps-start-failed``, ``mps-missing``, ``mps-stop``, ...).
+    """Append a node event (``mps-start``, ``mps-stop``, ...); ``job_id`` None: the node's own.
 
-    Args:
-        db: the node database.
-        job_id: the Slurm job id it concerns; None: the node's own event.
-        kind: the event name.
-        detail: stored as sorted-key JSON (values JSON cannot encode are written with ``str``).
+    ``detail`` is stored as sorted-key JSON (values JSON cannot encode written with ``str``).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -290,15 +200,7 @@ def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Di
 
 
 def load_node_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Node events (of one job if given), oldest first.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id; None: every event.
-
-    Returns:
-        ``node_events`` rows as dicts (``detail_json`` as stored text); [] where the table does not exist.
-    """
+    """Node events (of ``job_id``; None: all), oldest first; ``detail_json`` as stored text."""
     if not db.table("node_events").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])

@@ -1,8 +1,9 @@
 """Schema of slurm-coloc's SQLite databases, as sqlite-utils migrations (one function per change).
 
-Two migration sets: ``CTLD`` for the controller-side ``ctld.db`` (jobs, estimates, events) and ``NODE``
-for each ``nodes/<node>.db`` (hook rows, and later GPU/process samples). Append new migrations at the end
-of a set; never edit an applied one. Only ``slurm_coloc.store`` knows these table names.
+Two sets: ``CTLD`` for the controller-side ``ctld.db`` (jobs, estimates, events) and ``NODE`` for each
+``nodes/<node>.db`` (hook rows, samples). Append new migrations at the end of a set; never edit an applied
+one. Only ``slurm_coloc.store`` knows these table names. sqlite-utils calls each migration once, inside
+``db.migrate``'s ``BEGIN IMMEDIATE``.
 """
 from __future__ import annotations
 
@@ -18,11 +19,7 @@ NODE = Migrations(SCHEMA_VERSION_NODE)
 
 @CTLD()
 def m001_jobs(db: Database) -> None:
-    """One row per job seen by a controller-side hook: what was asked, what was estimated, how it ended.
-
-    Args:
-        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
-    """
+    """One row per job seen by a controller-side hook: what was asked, what was estimated, how it ended."""
     db.table("jobs").create(
         {
             "job_id": int, "cluster": str, "user_name": str, "uid": int, "job_name": str, "partition": str,
@@ -40,11 +37,7 @@ def m001_jobs(db: Database) -> None:
 
 @CTLD()
 def m002_events(db: Database) -> None:
-    """Things that happened to a job, controller side (estimate recorded, hook errors, OOM, retries).
-
-    Args:
-        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
-    """
+    """Things that happened to a job, controller side (estimate recorded, hook errors, OOM, retries)."""
     db.table("events").create(
         {"id": int, "ts": float, "job_id": int, "kind": str, "detail_json": str},
         pk="id",
@@ -54,11 +47,7 @@ def m002_events(db: Database) -> None:
 
 @NODE()
 def m001_job_runs(db: Database) -> None:
-    """One row per (job, node): GPUs and shards it held there, start and end as the node hooks saw them.
-
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
-    """
+    """One row per (job, node): GPUs and shards it held there, start and end as the node hooks saw them."""
     db.table("job_runs").create(
         {
             "job_id": int, "node": str, "user_name": str, "uid": int, "gpus": str, "shards": int,
@@ -70,11 +59,7 @@ def m001_job_runs(db: Database) -> None:
 
 @NODE()
 def m002_hook_runs(db: Database) -> None:
-    """One row per hook invocation on this node (Prolog, Epilog, TaskProlog): duration and outcome.
-
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
-    """
+    """One row per hook invocation on this node (Prolog, Epilog, TaskProlog): duration and outcome."""
     db.table("hook_runs").create(
         {"id": int, "job_id": int, "node": str, "hook": str, "ts": float, "duration_ms": float,
          "ok": int, "detail_json": str},
@@ -89,11 +74,8 @@ def m003_oom_events(db: Database) -> None:
 
     ``retry_status``: ``submitting`` (claimed, sbatch running), ``submitted``, ``failed`` (sbatch refused;
     error in ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on
-    ``job_id`` is what makes the retry happen at most once; ``retry_job_id`` is unique so a retry is
-    recognised as one.
-
-    Args:
-        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    ``job_id`` makes the retry happen at most once; ``retry_job_id`` is unique so a retry is recognised as
+    one.
     """
     db.table("oom_events").create(
         {
@@ -112,11 +94,8 @@ def m003_oom_events(db: Database) -> None:
 @NODE()
 def m003_samples(db: Database) -> None:
     """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the
-    GPUs seen, per-job summaries written by the Epilog, and node events (MPS start/stop/failure). ``n``: raw
-    samples folded into the row; ``res_s``: its time resolution in seconds.
-
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    GPUs seen, per-job Epilog summaries, and node events (MPS start/stop/failure). ``n``: raw samples folded
+    into the row; ``res_s``: its time resolution in seconds.
     """
     db.table("gpu_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
@@ -150,12 +129,11 @@ def m003_samples(db: Database) -> None:
 @NODE()
 def m004_watchdog_events(db: Database) -> None:
     """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a
-    shared GPU: what it saw (``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, the pids), what
-    it did (``action`` ``stop`` | ``record``) and how that went (``outcome_json``: signals, scancel, the
-    stderr line). Read by coloc-report / AdminComment and by the OOM rerun, which never reruns such a job.
+    shared GPU.
 
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    ``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, pids; ``action`` ``stop`` | ``record``;
+    ``outcome_json`` (signals, scancel, the stderr line). Read by coloc-report / AdminComment and by the OOM
+    rerun, which never reruns such a job.
     """
     db.table("watchdog_events").create(
         {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
@@ -166,15 +144,12 @@ def m004_watchdog_events(db: Database) -> None:
     db.table("watchdog_events").create_index(["job_id"])
 @CTLD()
 def m004_root_script_identity(db: Database) -> None:
-    """``script_sha256`` becomes the hash root computes of the batch script Slurm stored (PrologSlurmctld),
-    and ``jobs.state_source`` says whether ``state`` is Slurm's own final state (``slurm``) or the
-    EpilogSlurmctld's inference (``inferred``, settled later by ``store.jobs.settle_states``).
+    """``script_sha256`` becomes root's hash of the batch script Slurm stored (PrologSlurmctld);
+    ``jobs.state_source`` says whether ``state`` is Slurm's own (``slurm``) or EpilogSlurmctld's inference
+    (``inferred``, settled by ``store.jobs.settle_state``).
 
-    Earlier values of ``script_sha256`` came from the job's comment, which its user writes: they are cleared
-    so that no forged value keys the estimator's history (history starts again, per user, from the next runs).
-
-    Args:
-        db: the controller database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    Earlier ``script_sha256`` values came from the job's comment, which its user writes: they are cleared so
+    that no forged value keys the estimator's history (history starts again, per user, from the next runs).
     """
     db.table("jobs").add_column("state_source", str)
     db.execute("UPDATE jobs SET script_sha256 = NULL")
@@ -186,12 +161,9 @@ def m004_root_script_identity(db: Database) -> None:
 
 @NODE()
 def m005_summary_diagnosis(db: Database) -> None:
-    """Per-job figures the report's diagnosis reads (report/diagnose.py): mean tensor and DRAM activity of the
-    job's GPUs while it ran, the share of its samples with the GPU idle (``smact_idle_pct``), and how many
-    samples had a process of the job on the GPU (``active_samples``); NULL for summaries written before.
-
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    """Per-job figures of the report's diagnosis (report/diagnose.py): mean tensor and DRAM activity of the
+    job's GPUs, the share of its samples with the GPU idle (``smact_idle_pct``), and samples with a process of
+    the job on the GPU (``active_samples``); NULL in older summaries.
     """
     if db.table("job_summaries").exists():
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
@@ -201,14 +173,12 @@ def m005_summary_diagnosis(db: Database) -> None:
 
 @NODE()
 def m006_cpu_samples(db: Database) -> None:
-    """The CPU use of each job with a process on a GPU, per sampler tick (node/cpu.py): cores used by its CUDA
-    process(es) (``train_cores``, ``train_pids`` of them), by the processes descending from them (``workers``,
-    ``workers_cores``: DataLoader workers), by its whole cgroup (``job_cores``), and the job's CPUs on the
-    node (``cpus``); and the per-job means of these in ``job_summaries`` (``cpu_samples``: rows they came
-    from). NULL where not recorded (summaries written before).
+    """Each GPU job's CPU use per sampler tick (node/cpu.py), and per-job means in ``job_summaries`` (NULL in
+    older).
 
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
+    Cores of its CUDA process(es) (``train_cores``, ``train_pids``), of their descendants (``workers``,
+    ``workers_cores``: DataLoader workers), of its whole cgroup (``job_cores``), and its CPUs on the node
+    (``cpus``); ``cpu_samples``: rows the means came from.
     """
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,
@@ -228,9 +198,6 @@ def m006_cpu_samples(db: Database) -> None:
 def m007_job_figures(db: Database) -> None:
     """The job's summary figures as the node Epilog computed them (hooks/figures.py): one JSON object per
     (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself.
-
-    Args:
-        db: a node database, inside ``db.migrate``'s ``BEGIN IMMEDIATE`` (sqlite-utils calls it once).
     """
     db.table("job_figures").create({"job_id": int, "node": str, "ts": float, "figures_json": str},
                                    pk=("job_id", "node"))

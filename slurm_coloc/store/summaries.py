@@ -1,5 +1,5 @@
 """Per-job summaries of a node database: what a job used on the node (``job_summaries``, written by the
-Epilog) and the job's summary figures (``job_figures``, a JSON object; hooks/figures.py).
+Epilog) and its summary figures (``job_figures``, a JSON object; hooks/figures.py). Times are Unix s.
 """
 from __future__ import annotations
 
@@ -17,19 +17,14 @@ class JobSummary:
 
     Attributes:
         peak_mem_mib: max over sample instants of the summed NVML memory of the job's processes (MiB).
-        smact_mean/p95, smocc_mean/p95: GPM SM activity/occupancy of the job's GPUs while it ran (%).
-        energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to the job.
-        n_samples: GPU sample rows the summary used.
-        tensor_mean, dram_mean: GPM tensor-core and DRAM bandwidth activity of the job's GPUs while it ran
-            (%).
-        smact_idle_pct: share of the active samples (those with a process of the job on the GPU) whose SM
-            activity was below the idle threshold (``diag_idle_smact_pct``), in %.
-        active_samples: GPU sample rows with a process of the job on that GPU.
-        train_cpu_cores, workers_cpu_cores: mean CPU cores used by the job's CUDA process(es) and by the
-            processes descending from them (DataLoader workers) over its CPU samples (node/cpu.py);
-            cpu_workers: mean number of those processes; job_cpu_cores: mean cores of the job's whole cgroup;
-            cpus: the job's CPUs on the node (node/cpu.py); cpu_samples: CPU sample rows used (None: none
-            recorded).
+        smact_mean/p95, smocc_mean/p95, tensor_mean, dram_mean: GPM activity of the job's GPUs while it ran
+        (%).
+        energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to it.
+        smact_idle_pct: % of the active samples (a process of the job on the GPU) with SM activity below
+            ``diag_idle_smact_pct``.
+        train_cpu_cores, workers_cpu_cores: mean CPU cores of the job's CUDA process(es) and of their
+            descendants (DataLoader workers; node/cpu.py); cpu_workers: mean number of those; job_cpu_cores:
+            mean cores of its whole cgroup; cpus: its CPUs on the node; cpu_samples: rows used (None: none).
     """
 
     job_id: int
@@ -58,11 +53,7 @@ class JobSummary:
 
 
 def record_summary(db: Database, summary: JobSummary) -> None:
-    """Insert or replace the (job, node) summary.
-
-    Args:
-        db: the node database.
-        summary: the job's summary on this node; stamped with the current time (Unix s).
+    """Insert or replace the (job, node) summary, stamped now.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -72,15 +63,7 @@ def record_summary(db: Database, summary: JobSummary) -> None:
 
 
 def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummary]:
-    """Summaries of a node database (of one job if given).
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id; None: every job's.
-
-    Returns:
-        ``JobSummary`` list by job id; [] where the table does not exist.
-    """
+    """Summaries of a node database (of ``job_id``; None: all), by job id; [] without the table."""
     if not db.table("job_summaries").exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -90,13 +73,7 @@ def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummar
 
 
 def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]) -> None:
-    """Insert or replace the (job, node) summary figures (a JSON object; hooks/figures.py).
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id.
-        node: the node name.
-        figures: the figures, stored as sorted-key JSON; stamped with the current time (Unix s).
+    """Insert or replace the (job, node) summary figures (sorted-key JSON; hooks/figures.py), stamped now.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -109,16 +86,7 @@ def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]
 
 
 def load_figures(db: Database, job_id: int) -> Optional[Tuple[float, Dict[str, Any]]]:
-    """The job's latest summary figures in this node database.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id.
-
-    Returns:
-        ``(ts, figures)``: when they were recorded (Unix s) and the JSON object; None when none are recorded,
-        the table is absent, or the stored text is not a JSON object.
-    """
+    """``(ts, figures)`` of the job's latest figures here; None: none, no table, or not a JSON object."""
     if not db.table("job_figures").exists():
         return None
     for row in db.table("job_figures").rows_where("job_id = ?", [int(job_id)], order_by="ts DESC", limit=1):

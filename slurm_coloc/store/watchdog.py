@@ -1,6 +1,6 @@
 """The watchdog's rows in a node database: events (``watchdog_events``) and the running jobs it guards.
 
-Written by the node sampler's watchdog (node/watchdog.py), read by coloc-report, the AdminComment writer and
+Written by the node sampler's watchdog (node/watchdog.py); read by coloc-report, the AdminComment writer and
 the OOM rerun (``stopped_by_watchdog``: a job the watchdog stopped gets no rerun).
 """
 from __future__ import annotations
@@ -19,13 +19,12 @@ class WatchdogEvent:
     """A job found over its grant or outside MPS on a shared GPU.
 
     Attributes:
-        ts: detection wall time (s since epoch). job_id, node, gpu_index: where.
+        ts: detection wall time (Unix s).
         reason: ``over-grant`` (its processes on the GPU used more than grant + tolerance) or ``outside-mps``
             (a CUDA process of an MPS job that NVML does not list as an MPS client).
         share: the job's share mode on this node (``mps`` or ``timeslice``).
-        grant_mib: the job's grant on that GPU (MiB; 0 on a GPU it holds no shard of); used_mib: what NVML
-            showed for the job's processes there (MiB); tolerance_mib: the configured tolerance.
-        pids: the job's processes on that GPU in that frame.
+        grant_mib: its grant on that GPU (MiB; 0 on a GPU it holds no shard of); used_mib: NVML's figure for
+            its processes there (MiB); tolerance_mib: the configured tolerance.
         action: ``stop`` or ``record`` (``watchdog_action``); message: the line written to the job's stderr.
         outcome: what the stop did (``killed``, ``scancel``, ``stderr``...), filled in after the event.
     """
@@ -47,11 +46,7 @@ class WatchdogEvent:
 
 
 def record_event(db: Database, ev: WatchdogEvent) -> int:
-    """Insert ``ev``; return its row id.
-
-    Args:
-        db: the node database.
-        ev: the event (times in Unix s, memory in MiB); its ``id`` is not read.
+    """Insert ``ev`` (its ``id`` not read); its row id.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -70,12 +65,7 @@ def record_event(db: Database, ev: WatchdogEvent) -> int:
 
 
 def set_outcome(db: Database, event_id: int, outcome: Dict[str, Any]) -> None:
-    """Replace the outcome of event ``event_id``.
-
-    Args:
-        db: the node database.
-        event_id: the row id ``record_event`` returned.
-        outcome: what the stop did (``killed``, ``scancel``, ``stderr``...), stored as sorted-key JSON.
+    """Replace the outcome of event ``event_id`` (stored as sorted-key JSON).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -85,12 +75,7 @@ def set_outcome(db: Database, event_id: int, outcome: Dict[str, Any]) -> None:
 
 
 def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEvent]:
-    """Watchdog events (of one job if given), oldest first; [] on a database from before the table existed.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id; None: every event.
-    """
+    """Watchdog events (of ``job_id``; None: all), oldest first; [] on a database older than the table."""
     if not db.table(TABLE).exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
@@ -106,12 +91,7 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEven
 
 
 def stopped_by_watchdog(db: Database, job_id: int) -> bool:
-    """True when the watchdog stopped (not merely recorded) ``job_id`` on this node: no OOM rerun for it.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id.
-    """
+    """True when the watchdog stopped (not merely recorded) ``job_id`` on this node: no OOM rerun for it."""
     return any(ev.action == "stop" for ev in load_events(db, job_id))
 
 
@@ -127,12 +107,7 @@ class RunningRun:
 
 def running_runs(db: Database, node: str) -> List[RunningRun]:
     """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job
-    runs).
-
-    Args:
-        db: the node database; no ``job_runs`` table: [].
-        node: the node name.
-    """
+    runs)."""
     if not db.table("job_runs").exists():
         return []
     out = []
@@ -144,12 +119,7 @@ def running_runs(db: Database, node: str) -> List[RunningRun]:
 
 
 def job_uid(db: Database, job_id: int) -> Optional[int]:
-    """The uid the node Prolog recorded for ``job_id`` (from Slurm's environment), None when not recorded.
-
-    Args:
-        db: the node database.
-        job_id: the Slurm job id; the newest row with a uid counts.
-    """
+    """The uid the node Prolog recorded for ``job_id`` (Slurm's environment; newest row with one), or None."""
     if not db.table("job_runs").exists():
         return None
     row = db.execute("SELECT uid FROM job_runs WHERE job_id = ? AND uid IS NOT NULL ORDER BY rowid DESC "
@@ -159,16 +129,7 @@ def job_uid(db: Database, job_id: int) -> Optional[int]:
 
 
 def running_jobs_of_uid(db: Database, uid: int) -> List[int]:
-    """Job ids the node Prolog recorded for ``uid`` that have not ended on this node (open ``job_runs``
-    rows).
-
-    Args:
-        db: the node database; no ``job_runs`` table: [].
-        uid: the user's uid.
-
-    Returns:
-        Sorted job ids.
-    """
+    """Sorted ids of ``uid``'s jobs the node Prolog recorded that have not ended on this node."""
     if not db.table("job_runs").exists():
         return []
     return sorted({int(r[0])
