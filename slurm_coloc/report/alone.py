@@ -31,15 +31,8 @@ class _Job(Protocol):
 
 
 def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
-    """job id -> whether another job's span overlapped it on one of its GPUs (jobs with a start and a GPU
-    only).
-
-    Args:
-        jobs: ``JobView``-like objects (``job_id``, ``start_ts`` and ``end_ts`` in Unix s, ``end_ts`` None:
-            running, ``gpu_list``: ``(node, GPU index)`` pairs).
-
-    Returns:
-        job id -> shared, for every job with a start and a GPU.
+    """Job id -> whether another job's span (Unix s; ``end_ts`` None: running) overlapped it on one of its
+    GPUs (``gpu_list``: ``(node, GPU index)``), for every job with a start and a GPU.
     """
     by_gpu: Dict[Tuple[str, int], List[Tuple[float, float, int]]] = {}
     for j in jobs:
@@ -87,19 +80,13 @@ def learned_alone_s(jobs: Sequence[_Job], node_dbs: Mapping[str, Database], cfg:
 
 def alone_rates(jobs: Sequence[_Job],
                 learned: Optional[Mapping[int, float]] = None) -> Dict[int, Dict[str, Any]]:
-    """job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone", "alone_source"}`` (module docstring).
+    """Job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone", "alone_source"}`` (module docstring).
     Pure.
 
-    Args:
-        jobs: ``JobView``s with ``signature``, ``state``, ``runtime_s`` (s) and what ``shared_jobs`` reads;
-            every recorded job, as the history the alone runtimes come from.
-        learned: job id -> its time alone learned from its shared run (``learned_alone_s``), used where the
-            signature has no other run alone.
-
-    Returns:
-        For every job: ``shared_gpu`` (bool, None without a start or GPU), ``alone_runtime_s`` (s, None
-        without history), ``rate_vs_alone`` (ratio to 3 decimals, None unless COMPLETED with history),
-        ``alone_source`` (``alone``: other runs alone; ``learned``: its shared run; None).
+    ``jobs``: every recorded job, the history the alone runtimes come from; ``learned`` (``learned_alone_s``)
+    is used where the signature has no other run alone. ``shared_gpu`` None without a start or GPU;
+    ``alone_runtime_s`` (s) None without history; ``rate_vs_alone`` to 3 decimals, None unless COMPLETED with
+    history; ``alone_source``: ``alone`` (other runs alone), ``learned`` (its shared run) or None.
     """
     shared = shared_jobs(jobs)
     alone_by_sig: Dict[str, List[Tuple[int, float]]] = {}
@@ -123,26 +110,11 @@ def alone_rates(jobs: Sequence[_Job],
 
 
 def gate_pct(cfg: Config) -> Tuple[float, float, float]:
-    """The placement gate in percent: (SMACT, SMOCC, DRAMA).
-
-    Args:
-        cfg: ``placement_smact_gate``, ``placement_smocc_gate``, ``placement_drama_gate`` (fractions).
-
-    Returns:
-        (SMACT %, SMOCC %, DRAMA %).
-    """
+    """The placement gate (``placement_*_gate`` fractions) in percent: (SMACT, SMOCC, DRAMA)."""
     return (100.0 * cfg.placement_smact_gate, 100.0 * cfg.placement_smocc_gate,
             100.0 * cfg.placement_drama_gate)
 
 
 def saturated_share(saturated_s: Optional[float], sampled_s: Optional[float]) -> Optional[float]:
-    """Percent of sampled time saturated (None without sampled time).
-
-    Args:
-        saturated_s: seconds saturated, or None.
-        sampled_s: seconds sampled, or None.
-
-    Returns:
-        %, to one decimal, or None.
-    """
+    """Percent of sampled time saturated, to one decimal (None without sampled time)."""
     return None if not sampled_s or saturated_s is None else round(100.0 * saturated_s / sampled_s, 1)

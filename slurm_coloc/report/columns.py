@@ -30,16 +30,9 @@ VIEW_COLUMNS: Dict[str, Tuple[str, ...]] = {"jobs": JOB_COLUMNS, "users": USER_C
 
 
 def select_columns(view: str, spec: str) -> List[str]:
-    """The columns named by ``-o/--format`` (``jobid,user,shards,peak_mib``: comma-separated,
-    case-insensitive; ``jobid`` and the like may leave out the underscore, and ``peak_mib`` names
-    ``peak_mem_mib``).
-
-    Args:
-        view: a key of ``VIEW_COLUMNS`` (the caller's view name, not user text).
-        spec: the ``-o/--format`` value as typed.
-
-    Returns:
-        The columns, in the order given.
+    """The columns named by ``-o/--format`` as typed, in order (``jobid,user,shards,peak_mib``:
+    comma-separated, case-insensitive; ``jobid`` and the like may leave out the underscore, and ``peak_mib``
+    names ``peak_mem_mib``); ``view`` is the caller's view name, not user text.
 
     Raises:
         ColocError: an empty list or an unknown column (one line listing the valid ones).
@@ -62,11 +55,8 @@ def select_columns(view: str, spec: str) -> List[str]:
 
 
 def iso_time(ts: object) -> object:
-    """Unix seconds -> ISO 8601 local time with its UTC offset (``2026-11-26T07:15:02+00:00``); other values
-    as they are.
-
-    Args:
-        ts: a cell value; an int or float is taken as Unix seconds.
+    """An int or float (Unix s) -> ISO 8601 local time with its UTC offset (``2026-11-26T07:15:02+00:00``);
+    other values as they are.
     """
     if isinstance(ts, (int, float)) and not isinstance(ts, bool):
         return datetime.datetime.fromtimestamp(float(ts)).astimezone().isoformat(timespec="seconds")
@@ -74,12 +64,7 @@ def iso_time(ts: object) -> object:
 
 
 def cell(key: str, value: object) -> object:
-    """A CSV cell: times (``*_ts`` columns) in ISO 8601, lists joined by ``; ``, findings by their names.
-
-    Args:
-        key: the column name.
-        value: the row's value.
-    """
+    """A CSV cell: times (``*_ts`` columns) in ISO 8601, lists joined by ``; ``, findings by their names."""
     if key.endswith("_ts"):
         return iso_time(value)
     if isinstance(value, list):
@@ -88,10 +73,5 @@ def cell(key: str, value: object) -> object:
 
 
 def project(rows: Sequence[Dict[str, object]], cols: Sequence[str]) -> List[Dict[str, object]]:
-    """Rows reduced to ``cols`` (in that order).
-
-    Args:
-        rows: the view's rows.
-        cols: the columns to keep; a row without one gets None.
-    """
+    """Rows reduced to ``cols`` (in that order); a row without one gets None."""
     return [{c: r.get(c) for c in cols} for r in rows]

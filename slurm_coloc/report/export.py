@@ -3,8 +3,7 @@ r"""Machine output of coloc-report views: JSON and CSV (stdlib only), and ``visi
 
 Job names and comments are the user's text and may hold terminal escape sequences (ESC ``[2J``, OSC ``]0;``
 titles, OSC 8 links), other C0/C1 control characters or bidirectional overrides that reorder what is shown.
-Before (fifth campaign, F7) they reached the terminal raw through ``coloc-report advise`` and ``--csv``. JSON
-escapes them itself (``\u001b``); tables, ``advise`` and CSV write ``visible(text)``.
+JSON escapes them itself (``\u001b``); tables, ``advise`` and CSV write ``visible(text)``.
 """
 from __future__ import annotations
 
@@ -28,12 +27,9 @@ def _escape(m: "re.Match[str]") -> str:
 
 
 def visible(text: str) -> str:
-    r"""``text`` with every control and reordering character written as a visible escape (the four characters
-    ``\x1b`` for ESC, ``\u202e`` for RLO); printable text, other non-ASCII letters included, unchanged.
-    ``visible("a\x1b[2Jb") == "a\\x1b[2Jb"``. Pure, never raises.
-
-    Args:
-        text: user text (a job name, the comment's ``method``, a path, ...).
+    r"""``text`` (user text) with every control and reordering character written as a visible escape (the four
+    characters ``\x1b`` for ESC, ``\u202e`` for RLO); printable text, other non-ASCII letters included,
+    unchanged. ``visible("a\x1b[2Jb") == "a\\x1b[2Jb"``. Pure, never raises.
     """
     return _UNSAFE.sub(_escape, text)
 
@@ -41,9 +37,6 @@ def visible(text: str) -> str:
 def csv_text(value: object) -> object:
     """A CSV cell made safe: strings through ``visible``, and one starting with ``=``, ``+``, ``-`` or ``@``
     (a spreadsheet formula: ``=HYPERLINK(...)``) behind a ``'``; other values unchanged.
-
-    Args:
-        value: the cell (``columns.cell``'s result).
     """
     if not isinstance(value, str):
         return value
@@ -52,16 +45,9 @@ def csv_text(value: object) -> object:
 
 
 def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
-    """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line.
-
-    Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268 jobs took 1
-    s).
-
-    Args:
-        view: the view's name, the top-level key.
-        rows: the view's rows; values json cannot encode are written as ``str``.
-        problems: the report's problem lines.
-        file: a text stream opened for writing.
+    """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line; values json cannot encode
+    as ``str``. Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268
+    jobs took 1 s).
     """
     file.write(f"{{{json.dumps(view)}: [\n")
     file.write(",\n".join(json.dumps(r, default=str) for r in rows))
@@ -69,14 +55,9 @@ def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str
 
 
 def to_csv(rows: Sequence[Dict[str, object]], file: IO[str], columns: Sequence[str] = ()) -> None:
-    """Write rows as CSV: the header is ``columns``, written even without a row; times (``*_ts``) in ISO 8601,
-    lists joined by ``; ``; text through ``csv_text`` (control characters visible, formulas quoted).
-
-    Args:
-        rows: the view's rows; keys outside ``columns`` are left out.
-        file: a text stream opened for writing.
-        columns: the view's or the ``-o`` ones (``report/columns.py``); none given: the rows' keys, in first
-            seen order.
+    """Write rows as CSV: the header is ``columns`` (none given: the rows' keys, first seen order), written
+    even without a row, other keys left out; times (``*_ts``) in ISO 8601, lists joined by ``; ``; text
+    through ``csv_text``.
     """
     cols: List[str] = list(columns)
     for r in rows:

@@ -16,31 +16,18 @@ from slurm_coloc.units import format_mib
 
 
 def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
-    """``job`` with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first.
-
-    Args:
-        job: the job, usage figures filled in (``usage.add_usage``).
-        cfg: the diagnosis thresholds.
-        series: its samples (``series.job_series``; ``coloc-report advise``), used where the Epilog summary
-            lacks a figure; None: the summary's figures only.
+    """``job`` (usage filled in) with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first;
+    ``series`` (``coloc-report advise``) fills figures the Epilog summary lacks.
     """
     d = diagnose.diagnose(job, cfg, series)
     return replace(job, findings=[f.to_json() for f in d.findings])
 
 
 def flag_waste(job: JobView, cfg: Config) -> JobView:
-    """Add the reasons (in words) why a job wasted its GPU share; thresholds from the config.
+    """``job`` with ``waste`` set to the reasons (in words) it wasted its GPU share; ``job`` itself when none.
 
-    Rules: SM activity mean below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of the
-    requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` are not judged.
-
-    Args:
-        job: the job, usage figures filled in (``runtime_s`` s, ``smact_mean`` %, ``unused_mib`` and
-            ``requested_mib`` MiB).
-        cfg: the ``report_waste_*`` thresholds.
-
-    Returns:
-        ``job`` with ``waste`` set, or ``job`` itself when nothing is flagged.
+    Rules: SM activity mean (%) below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of
+    the requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` (s) are not judged.
     """
     if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
         return job

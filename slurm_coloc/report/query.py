@@ -66,10 +66,7 @@ def _items(data: Mapping[str, Any], key: str, kind: type) -> Tuple[Any, ...]:
 
 
 def query_from_json(data: Any) -> Query:
-    """A ``Query`` from a request body (untrusted JSON).
-
-    Args:
-        data: the decoded request, of any type.
+    """A ``Query`` from a request body (untrusted JSON, of any type).
 
     Raises:
         ColocError: not an object, an unknown view, or a field of the wrong type or size.
@@ -87,16 +84,9 @@ def query_from_json(data: Any) -> Query:
 
 def collect(cfg: Config, q: Query, viewer: views.Viewer,
             now: Optional[float] = None) -> Tuple[Report, List[JobView], List[Dict[str, object]]]:
-    """Read the databases of ``cfg`` and compute ``q.view`` as ``viewer`` may see it.
-
-    Args:
-        cfg: ``state_dir``, ``admin_group`` and the report thresholds.
-        q: the query (view, window as typed, filters, sort).
-        viewer: who asks (``views.current_viewer``).
-        now: the present (Unix s; default the clock): relative times, running jobs' ends.
-
-    Returns:
-        (the report with its problems, the selected jobs, the view's rows sorted by ``q.sort_key``).
+    """(the report with its problems, the selected jobs, ``q.view``'s rows sorted by ``q.sort_key``) as
+    ``viewer`` may see them; ``now`` (Unix s, default the clock) anchors relative times and running jobs'
+    ends.
 
     Raises:
         ColocError: a bad time spec, an end before the start, or a sort column the view does not have.
@@ -128,9 +118,10 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
 
 
 def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any]:
-    """``{"ok": true, "history_mib": [...]}``: what ``store.history.script_history_mib`` gives for the script
-    SHA-256 in the request and the asking process's ``uid`` (the kernel's, never a request field): MiB figures
-    of that user's own runs only, no job id, name or user."""
+    """``{"ok": true, "history_mib": [...]}``: ``store.history.script_history_mib`` for the request's script
+    SHA-256 and the asking process's ``uid`` (the kernel's, never a request field): MiB figures of that user's
+    own runs only, no job id, name or user.
+    """
     from slurm_coloc.store.history import script_history_mib
 
     sha = request.get("sha256")
@@ -141,14 +132,8 @@ def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any
 
 def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] = None) -> Dict[str, Any]:
     """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with
-    its findings, "series": its samples (``series.job_series``), "notes": what a rule could not judge,
-    "problems"}``.
-
-    Args:
-        cfg: ``state_dir`` and the diagnosis thresholds.
-        job_id: the job.
-        viewer: who asks (``views.current_viewer``).
-        now: the present (Unix s; default the clock): a running job's end.
+    its findings, "series": its samples, "notes": what a rule could not judge, "problems"}``; ``now`` (Unix s)
+    ends a running job.
 
     Raises:
         ColocError: the job is not recorded, or is another user's and ``viewer`` does not see all jobs.
@@ -170,22 +155,15 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
 
 
 def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
-    """The reader service's answer to ``request`` from the process of ``uid`` (from ``SO_PEERCRED``).
+    """The reader service's answer to ``request`` (untrusted JSON) from the process of ``uid``
+    (``SO_PEERCRED``).
 
     ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose
-    user cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples
-    (``advise``), only for the caller's own jobs unless the caller sees all; any other request is a report
-    ``Query``.
-
-    Args:
-        cfg: the reader's configuration.
-        request: the decoded request (untrusted JSON, of any type).
-        uid: the asking process's uid (``SO_PEERCRED``).
-
-    Returns:
-        ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs``: the selected jobs as
-        ``JobView.to_json``, for the jobs table), or ``{"ok": false, "error": <one line>, "exit_code": n}``.
-        Never raises: any error (a damaged database too) becomes an ``ok: false`` answer.
+    user cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples, only
+    for the caller's own jobs unless the caller sees all; any other request is a report ``Query``. Answer:
+    ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs`` as ``JobView.to_json``) or ``{"ok": false,
+    "error": <one line>, "exit_code": n}``. Never raises: any error (a damaged database too) becomes ``ok:
+    false``.
     """
     try:
         if isinstance(request, dict) and request.get("op") == "history":
@@ -210,9 +188,6 @@ _JOB_FIELDS = {f.name for f in fields(JobView)}
 
 def jobs_from_json(items: Sequence[Mapping[str, Any]]) -> List[JobView]:
     """``JobView``s back from ``answer``'s ``jobs`` (unknown keys such as ``runtime_s`` dropped).
-
-    Args:
-        items: the ``jobs`` list of the reader's answer.
 
     Raises:
         ColocError: an item lacks a required field.

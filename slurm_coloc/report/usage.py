@@ -20,42 +20,22 @@ MIB_PER_GIB = facts.MIB_PER_GIB
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
-    """GPU memory the allocation reserved (MiB): shards x 1024, or whole GPUs x gpu_mem_gib x 1024
-    (``facts.requested_mib``).
-
-    Args:
-        job: the job (``shards``, ``share_mode``, ``gpu_list``).
-        cfg: ``gpu_mem_gib``, the memory of one GPU (GiB; one shard is 1 GiB).
-
-    Returns:
-        MiB, or None for a job holding neither shards nor whole GPUs.
+    """GPU memory reserved (MiB): shards x 1024, or whole GPUs x ``gpu_mem_gib`` x 1024; None for a job
+    holding neither.
     """
     return facts.requested_mib(job.shards, job.share_mode, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
 def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
-    """GPUs the allocation holds: shards / gpu_mem_gib for a shard job, else the number of GPUs
-    (``facts.gpus_held``).
-
-    Args:
-        job: the job (``shards``, ``gpu_list``).
-        cfg: ``gpu_mem_gib``, the memory of one GPU (GiB; one shard is 1 GiB).
-
-    Returns:
-        GPUs (fractional for shards, at most 1 per GPU listed), or None for a job with neither.
+    """GPUs held: shards / ``gpu_mem_gib`` for a shard job (one shard is 1 GiB), else the GPUs listed; None
+    for a job with neither.
     """
     return facts.gpus_held(job.shards, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
 def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int, Optional[float]]:
-    """Coarse NVML utilization mean (%) of each job's GPUs over its span, batched per node database.
-
-    Args:
-        jobs: the jobs (their GPUs and span; a running job's span ends at ``now``, epoch s).
-        report: the loaded databases (``load_report``).
-
-    Returns:
-        job id -> mean utilization (%), None where no sample covers the job.
+    """Job id -> coarse NVML utilization mean (%) of its GPUs over its span (a running job's ends at ``now``,
+    epoch s), None where no sample covers it; batched per node database.
     """
     sums: Dict[int, List[float]] = {}
     for node, db in report.node_dbs.items():
@@ -69,12 +49,8 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
 
 
 def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
-    """Why the sampler's watchdog stopped (or recorded) ``job``, in words (``facts.watchdog_reason``):
-    ``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``; None: no event.
-
-    Args:
-        job: the job (its ``gpu_list`` and ``nodes`` say which node databases to read).
-        report: the loaded databases (``load_report``).
+    """Why the sampler's watchdog stopped (or recorded) ``job``, in words: ``'stopped: over its grant (7,778
+    of 2,048 MiB) on n1 GPU 0'``; None: no event.
     """
     nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
     return facts.watchdog_reason(report.node_dbs, job.job_id, nodes)
@@ -82,19 +58,10 @@ def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
 
 def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int, Optional[float]]] = None
               ) -> JobView:
-    """Return ``job`` with measured figures filled in from summaries and samples, plus OOM and notes.
-
-    Args:
-        job: the job as recorded (request, estimate, span, GPUs).
-        report: the loaded databases (``load_report``): summaries, node databases, OOM events, reruns.
-        cfg: ``headroom_mib``, ``gpu_mem_gib`` (the request and GPUs held).
-        util: precomputed ``util_by_job`` (job id -> mean utilization %), else the job's samples are read
-            here, one job at a time.
-
-    Returns:
-        A copy of ``job`` with peak memory (MiB), estimate error (MiB, %), unused request (MiB), utilization
-        and SM figures (%), energy (kWh), GPU-hours held and used, OOM/rerun fields, the watchdog's reason and
-        notes naming what was not recorded; a figure not recorded is None.
+    """A copy of ``job`` with measured figures from summaries and samples: peak memory (MiB), estimate error
+    (MiB, %), unused request (MiB), utilization and SM figures (%), energy (kWh), GPU-hours held and used,
+    OOM/rerun fields, the watchdog's reason, and notes naming what was not recorded (then None). ``util``:
+    precomputed ``util_by_job``, else this job's samples are read here.
     """
     notes: List[str] = []
     summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing
@@ -121,7 +88,8 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
 def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[str, Optional[float]],
                                                                          Dict[str, object]]:
     """The job's figures from its Epilog summaries (``facts.summary_figures``) and the diagnostics of the
-    summary with the most samples (``JobView`` fields)."""
+    summary with the most samples.
+    """
     fig, first = facts.summary_figures(summaries)
     if first is None:
         return fig, {}
@@ -134,8 +102,7 @@ def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[
 def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str, List[int]],
                     summarized: bool,
                     fig: Dict[str, Optional[float]], notes: List[str]) -> None:
-    """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``facts.sample_figures``; ``by_node``:
-    node -> GPU indexes)."""
+    """Fill ``fig`` from the GPU samples of the job's span on its GPUs (``by_node``: node -> GPU indexes)."""
     t1 = job.end_ts if job.end_ts is not None else job.start_ts + 1e9  # type: ignore[operator]
     held = gpus_held(job, cfg)
     share = (held / max(1, len(job.gpu_list))) if held else 1.0

@@ -50,14 +50,9 @@ class Viewer:
 
 
 def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
-    """The calling user and whether they see every job (uid 0, or a member of ``cfg.admin_group``).
-
-    Membership: the group's member list or the user's primary group.
-
-    Args:
-        cfg: ``admin_group``, the group whose members see every job (empty: root only).
-        uid: the user id; None: this process's effective uid. A uid without a passwd entry is named by its
-            number.
+    """The calling user (``uid`` None: this process's effective uid; one without a passwd entry is named by
+    its number) and whether they see every job: uid 0, or a member of ``cfg.admin_group`` (its member list or
+    the user's primary group; empty: root only).
     """
     uid = os.geteuid() if uid is None else uid
     try:
@@ -94,19 +89,10 @@ def _overlaps(job: JobView, since: Optional[float], until: Optional[float]) -> b
 
 def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_util: bool = True,
                 now: Optional[float] = None) -> List[JobView]:
-    """Jobs that overlap the window, match the filters and ``viewer`` may see, with usage figures added.
-
-    Args:
-        report: the loaded databases (``summarize.load_report``).
-        cfg: the waste and diagnosis thresholds, ``gpu_mem_gib``.
-        flt: the window (Unix s) and filters.
-        viewer: who asks; one who does not see all gets only their own jobs.
-        with_util: also the coarse utilization of every job (one batched scan; the GPU views do not need
-            it).
-        now: the present (Unix s; default the clock): where a running job's span ends.
-
-    Returns:
-        The jobs in ``report.jobs`` order, with usage, collocation figures, waste reasons and findings.
+    """Jobs (in ``report.jobs`` order) that overlap the window (Unix s), match the filters and ``viewer`` may
+    see, with usage, collocation figures, waste reasons and findings; one who does not see all gets only their
+    own jobs. ``with_util``: also every job's coarse utilization (one batched scan); ``now`` (Unix s, default
+    the clock) ends a running job's span.
     """
     picked = []
     for j in report.jobs:
@@ -130,11 +116,7 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
 
 
 def job_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
-    """The per-job view: one JSON-able dict per job (``JobView.to_json``).
-
-    Args:
-        jobs: the selected jobs (``select_jobs``).
-    """
+    """One JSON-able dict per job (``JobView.to_json``)."""
     return [j.to_json() for j in jobs]
 
 
@@ -152,13 +134,8 @@ def _wmean(pairs: Iterable[Tuple[Optional[float], Optional[float]]]) -> Optional
 
 
 def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
-    """Per user: jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour weighted), OOMs, wasteful jobs.
-
-    Args:
-        jobs: the selected jobs (``select_jobs``).
-
-    Returns:
-        One row per user, by name (``?`` for jobs without one).
+    """Per user, by name (``?`` without one): jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour
+    weighted), OOMs, wasteful jobs.
     """
     by: Dict[str, List[JobView]] = {}
     for j in jobs:
@@ -197,26 +174,14 @@ def _busy(spans: List[Tuple[float, float]]) -> float:
 
 def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer,
              now: float, cfg: Optional[Config] = None) -> List[Dict[str, object]]:
-    """Per (node, GPU): jobs, busy hours, collocation factor, utilization vs SM activity/occupancy, memory,
-    energy, and time saturated under the placement gate of ``cfg`` (default thresholds without one:
-    ``report/alone.py``).
+    """Per (node, GPU) with samples or job spans, sorted: jobs, busy hours (h), collocation factor,
+    utilization vs SM activity/occupancy (%), memory (MiB), energy (kWh), and time saturated under ``cfg``'s
+    placement gate (None: the defaults, ``report/alone.py``).
 
-    Sample figures cover the window (``flt.since``..``flt.until``) on every readable node database; job
-    figures use ``jobs`` (already filtered). For a viewer who does not see all jobs, jobs count only their
-    own, while the GPU's sample figures (like ``sinfo``) are shown as they are.
-
-    Args:
-        report: the loaded databases (``summarize.load_report``).
-        jobs: the selected jobs (``select_jobs``).
-        flt: the window (Unix s) and the node filter.
-        viewer: who asks; not read here: ``jobs`` already hold only what the viewer may see.
-        now: the present (Unix s), where a running job's span ends.
-        cfg: the placement gate's thresholds; None: the defaults.
-
-    Returns:
-        One row per (node, GPU) with samples or job spans, sorted; hours in h, percentages in %, memory in
-        MiB, energy in kWh; ``_job_s``/``_busy_s`` (s) for ``node_rows``/``cluster_row`` (``public`` drops
-        them).
+    Sample figures cover the window (``flt.since``..``flt.until``, Unix s) on every readable node database;
+    job figures use ``jobs``, already filtered to what ``viewer`` may see, while the GPU's sample figures
+    (like ``sinfo``) are shown as they are. ``_job_s``/``_busy_s`` (s) are for ``node_rows``/``cluster_row``
+    (``public`` drops them); ``now`` (Unix s) ends a running job's span.
     """
     spans = _gpu_spans(jobs, flt, now)
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
@@ -238,8 +203,8 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
 
 def _gpu_spans(jobs: Sequence[JobView], flt: Filters,
                now: float) -> Dict[Tuple[str, int], List[Tuple[float, float]]]:
-    """Per (node, GPU): the spans (epoch s) of ``jobs`` on it, cut to the window (a running job ends
-    ``now``)."""
+    """Per (node, GPU): the spans (epoch s) of ``jobs`` on it, cut to the window (a running job ends ``now``).
+    """
     spans: Dict[Tuple[str, int], List[Tuple[float, float]]] = {}
     for j in jobs:
         if j.start_ts is None:
@@ -280,10 +245,8 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
 
 
 def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
-    """Per node, from the GPU rows: GPUs, busy hours, collocation factor, means weighted by sampled hours.
-
-    Args:
-        gpus: ``gpu_rows``' rows (with their ``_``-prefixed columns).
+    """Per node, from ``gpu_rows``' rows (``_`` columns included): GPUs, busy hours, collocation factor, means
+    weighted by sampled hours.
     """
     by: Dict[str, List[Dict[str, object]]] = {}
     for g in gpus:
@@ -293,22 +256,15 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
 
 def estimated(job: JobView) -> bool:
     """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
-    (whose recorded "estimate" is the GPU's size).
-
-    Args:
-        job: the job (``share_mode``, ``retry_of``, ``estimate_method``).
+    (whose recorded 'estimate' is the GPU's size).
     """
     return job.share_mode not in ("gpu",
                                   "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
 
 
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
-    """One summary row over everything shown: GPUs, jobs, GPU-hours, kWh, collocation, OOMs, waste, estimate
-    error.
-
-    Args:
-        gpus: ``gpu_rows``' rows (with their ``_``-prefixed columns).
-        jobs: the selected jobs (``select_jobs``).
+    """One summary row over ``gpu_rows``' rows (``_`` columns included) and the jobs: GPUs, jobs, GPU-hours,
+    kWh, collocation, OOMs, waste, estimate error.
     """
     errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
@@ -336,22 +292,13 @@ def _fold(gs: Sequence[Dict[str, Any]]) -> Dict[str, object]:
 
 
 def public(rows: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
-    """Rows without the internal ``_``-prefixed columns.
-
-    Args:
-        rows: any view's rows.
-    """
+    """Rows without the internal ``_``-prefixed columns."""
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
 
 def sort_rows(rows: List[Dict[str, object]], key: Optional[str],
               descending: bool = False) -> List[Dict[str, object]]:
-    """Sort by column ``key`` (None last).
-
-    Args:
-        rows: the view's rows; sorted in place when ``key`` is given, and returned.
-        key: the column; None or ``""`` leaves the order as it is.
-        descending: largest first (rows without the value still last).
+    """Sort ``rows`` in place by column ``key`` (None last) and return them; None or ``""`` keeps the order.
 
     Raises:
         KeyError: no row has the column (the error names it).
