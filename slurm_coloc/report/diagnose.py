@@ -10,25 +10,23 @@ Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab
 activity = share of time an SM had a warp resident, SM occupancy = resident warps / maximum, averaged over SMs
 and time):
 - ``input-bound``: mean SM activity below ``diag_input_bound_smact_pct`` and at least
-  ``diag_input_bound_idle_pct``
-  of the samples with the job's process on the GPU idle (SM activity < ``diag_idle_smact_pct``): the GPU
-  waited between bursts; AND the job's CPU use (node/cpu.py) says it waited for data: its loader workers
-  saturated (at least ``diag_loader_busy_pct`` % of one core each, or the job's processes that share of its
-  CPUs), or workers present while the training process used at most ``diag_train_waiting_cores`` (waiting for
-  them: I/O), or no workers while the training process was busy (at least ``diag_train_busy_cores``) with a
-  batch above ``diag_small_batch`` and the GPU idle in at least ``diag_input_bound_self_idle_pct`` of the
-  samples (it loads the data itself; a launch-bound loop also keeps one core busy, but leaves the GPU idle
-  less often: 18-54% of the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2, against 95% for a
-  starved loader). Without CPU figures the rule does not judge (thin evidence): a launch-bound tiny batch
-  idles the GPU between steps as a starved one does.
+  ``diag_input_bound_idle_pct`` of the samples with the job's process on the GPU idle (SM activity <
+  ``diag_idle_smact_pct``): the GPU waited between bursts; AND the job's CPU use (node/cpu.py) says it waited
+  for data: its loader workers saturated (at least ``diag_loader_busy_pct`` % of one core each, or the job's
+  processes that share of its CPUs), or workers present while the training process used at most
+  ``diag_train_waiting_cores`` (waiting for them: I/O), or no workers while the training process was busy (at
+  least ``diag_train_busy_cores``) with a batch above ``diag_small_batch`` and the GPU idle in at least
+  ``diag_input_bound_self_idle_pct`` of the samples (it loads the data itself; a launch-bound loop also keeps
+  one core busy, but leaves the GPU idle less often: 18-54% of the samples on the H100 for ResNet-18/32 and
+  ResNet-50 at batch 2, against 95% for a starved loader). Without CPU figures the rule does not judge (thin
+  evidence): a launch-bound tiny batch idles the GPU between steps as a starved one does.
 - ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct`` while tensor activity stays
   below ``diag_no_tensor_max_tensor_pct`` and the spec's precision is fp32 (or unknown).
 - ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` while SM activity is at least
   ``diag_low_occupancy_min_smact_pct`` and the spec's batch is at most ``diag_small_batch``; the CPU figures,
   when recorded, are given as evidence (a launch-bound training process: about one core busy, workers idle).
 - ``over-request``: request at least ``diag_over_request_ratio`` x (peak + ``headroom_mib``) (not for OOM
-  reruns
-  or OOM deaths, whose request is the GPU or the fence).
+  reruns or OOM deaths, whose request is the GPU or the fence).
 Transfer-bound is not judged: the sampler records DRAM bandwidth, not PCIe throughput.
 """
 from __future__ import annotations
@@ -103,12 +101,7 @@ class CpuStats:
 
 
 def cpu_of(job: Any) -> Optional[CpuStats]:
-    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded.
-
-    Args:
-        job: a ``JobView`` (read by attribute: ``train_cpu_cores``, ``workers_cpu_cores``, ``cpu_workers``,
-            ``cpus``, ``cpu_samples``).
-    """
+    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded."""
     train = getattr(job, "train_cpu_cores", None)
     if train is None or not getattr(job, "cpu_samples", None):
         return None
@@ -120,20 +113,12 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
 
 
 def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float) -> JobStats:
-    """``JobStats`` from a job's samples (dicts with ``smact_pct``, ``smocc_pct``, ``tensor_pct``,
-    ``dram_bw_pct`` and ``job_mem_mib``: the job's memory at that instant, None when it had no process on the
-    GPU).
+    """``JobStats`` from a job's samples in time order (``smact_pct``, ``smocc_pct``, ``tensor_pct``,
+    ``dram_bw_pct`` in %; ``job_mem_mib``: the job's memory then, MiB, None with no process on the GPU).
 
-    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span, the
-    idle share over the samples with the job's process.
-
-    Args:
-        series: the job's samples in time order, one mapping each (percentages in %, memory in MiB).
-        idle_smact_pct: SM activity (%) below which a sample with the job's process counts as idle.
-
-    Returns:
-        Means in %, ``smact_idle_pct`` in % of the samples with the job's process (None when there is none),
-        ``active_samples`` their count.
+    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span; the
+    idle share (SM activity below ``idle_smact_pct`` %) over the samples with the job's process (None without
+    one), ``active_samples`` their count.
     """
     def col(key: str) -> List[float]:
         return [float(s[key]) for s in series if s.get(key) is not None]
@@ -148,12 +133,7 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
 
 
 def stats_of(job: Any) -> JobStats:
-    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures).
-
-    Args:
-        job: a ``JobView`` (read by attribute: ``smact_mean``, ``smocc_mean``, ``tensor_mean``, ``dram_mean``,
-            ``smact_idle_pct``, ``active_samples``).
-    """
+    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct,
                     active_samples=job.active_samples)
@@ -215,14 +195,9 @@ def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
 
 
 def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]] = None) -> Diagnosis:
-    """The findings of ``job`` (a ``JobView`` with usage figures), top one first.
-
-    Args:
-        series: the job's samples (``stats_from_series``); used where the view lacks the summary's figures.
-
-    Returns:
-        A ``Diagnosis``; no GPU-metric finding when the job ran shorter than ``diag_min_runtime_s`` or had
-        fewer than ``diag_min_samples`` active samples (then ``notes`` says so).
+    """The findings of ``job`` (a ``JobView`` with usage figures), top one first; ``series``
+    (``stats_from_series``) fills what the view lacks. No GPU-metric finding when the job ran shorter than
+    ``diag_min_runtime_s`` or had fewer than ``diag_min_samples`` active samples (``notes`` says so).
     """
     notes: List[str] = []
     found: List[Finding] = []

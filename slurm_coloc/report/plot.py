@@ -35,20 +35,7 @@ def _dt(ts: float) -> datetime.datetime:
 
 def timeline(node: str, gpu: int, series: Sequence[Tuple[float, object, object]], jobs: Sequence[JobView],
              viewer: Viewer, t0: float, t1: float, total_mib: object, path: Path) -> Path:
-    """Write ``timeline_figure`` to ``path`` (PNG).
-
-    Args:
-        node: the node name; gpu: the GPU's NVML index.
-        series: ``(Unix s, memory used MiB, SM activity %)`` samples, None where not recorded.
-        jobs: the jobs of the report; those on this GPU with a start are drawn.
-        viewer: who looks: other users' jobs are labelled ``other`` unless ``viewer.sees_all``.
-        t0: start of the time axis (Unix s); t1: its end.
-        total_mib: the GPU's memory (MiB), drawn as a dashed line; falsy: not drawn.
-        path: the PNG file to write.
-
-    Returns:
-        ``path``.
-    """
+    """Write ``timeline_figure`` to ``path`` (PNG) and return ``path``."""
     plt = _plt()
     fig = timeline_figure(node, gpu, series, jobs, viewer, t0, t1, total_mib)
     fig.savefig(path, dpi=100)
@@ -137,20 +124,13 @@ def _plot_job_lanes(ax_jobs: Any, node: str, gpu: int, jobs: Sequence[JobView], 
 def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, object]],
                     jobs: Sequence[JobView],
                     viewer: Viewer, t0: float, t1: float, total_mib: object) -> Any:
-    """One GPU: memory used (GiB) and SM activity (%) over [t0, t1], job spans as bars below, each labelled
-    (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label meets another's; a job
-    that finds no free lane gets an unlabelled bar and the panel's title counts it.
+    """One GPU (NVML index): memory used (GiB) and SM activity (%) over [t0, t1] (epoch s), job spans as bars
+    below, each labelled (job id, user) in the first of ``LANES`` lanes where neither its bar nor its label
+    meets another's; a job with no free lane gets an unlabelled bar, counted in the panel's title.
 
-    Args:
-        node, gpu: the GPU (node name, NVML index).
-        series: ``(epoch s, memory used MiB, SM activity %)`` samples, None where not recorded.
-        jobs: the jobs of the report; those on this GPU with a start are drawn.
-        viewer: who looks: other users' jobs are labelled ``other`` unless ``viewer.sees_all``.
-        t0, t1: the window (epoch s).
-        total_mib: the GPU's memory (MiB), drawn as a dashed line; falsy: not drawn.
-
-    Returns:
-        The matplotlib figure (the caller saves and closes it).
+    ``series``: ``(epoch s, memory used MiB, SM activity %)``, None where not recorded. Other users' jobs are
+    labelled ``other`` unless ``viewer.sees_all``. ``total_mib`` (MiB) is a dashed line; falsy: not drawn. The
+    caller saves and closes the figure.
     """
     plt = _plt()
     fig, (ax_mem, ax_sm, ax_jobs) = plt.subplots(3, 1, figsize=(12, 7), sharex=True,
@@ -167,14 +147,8 @@ def timeline_figure(node: str, gpu: int, series: Sequence[Tuple[float, object, o
 
 
 def scatter(jobs: Sequence[JobView], path: Path) -> Path:
-    """Estimate (x) vs measured peak (y) in GiB per job, with the y = x line; OOM deaths in red.
-
-    Args:
-        jobs: the jobs of the view; those with both an estimate and a peak (MiB) are drawn.
-        path: the PNG file to write.
-
-    Returns:
-        ``path``.
+    """Estimate (x) vs measured peak (y) in GiB per job with both, the y = x line, OOM deaths in red; PNG to
+    ``path``, returned.
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 7))
@@ -208,17 +182,8 @@ def scatter(jobs: Sequence[JobView], path: Path) -> Path:
 
 def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence[Tuple[float, float]]
                ) -> Tuple[float, float]:
-    """The time axis for window [w0, w1]: the extent of the samples and job spans inside it, padded by
-    ``FIT_PAD_FRAC`` of that extent (at least 30 s) and kept inside the window; the window itself without
-    data.
-
-    Args:
-        w0: the window's start (Unix s); w1: its end.
-        sample_ts: sample times (Unix s); those outside the window are ignored.
-        spans: job ``(start, end)`` spans (Unix s), clipped to the window.
-
-    Returns:
-        ``(t0, t1)`` in Unix s, within ``[w0, w1]``.
+    """``(t0, t1)`` (Unix s) within ``[w0, w1]``: the extent of the samples and job spans inside the window,
+    padded by ``FIT_PAD_FRAC`` of that extent (at least 30 s); the window itself without data.
     """
     pts = [t for t in sample_ts if w0 <= t <= w1]
     pts += [min(max(x, w0), w1) for s, e in spans if e >= w0 and s <= w1 for x in (s, e)]
@@ -232,19 +197,10 @@ def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence
 def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: float
                 ) -> Tuple[float, float, Dict[Tuple[str, int], List[Tuple[float, object, object]]],
                            Dict[Tuple[str, int], float]]:
-    """The timelines' time axis (``fit_window`` of the window to its samples and jobs) and their series
-    ``{(node, gpu): [(ts, mem MiB, SM activity %)]}`` and GPU totals (MiB), fetched again at the finer
-    resolution when the fitted axis is less than half the window.
-
-    Args:
-        report: the loaded databases (``summarize.load_report``).
-        jobs: the jobs of the view (filtered, with usage).
-        flt: the window (``since``/``until``, Unix s; open ends: the first job's start, or a day before
-            ``now``, and ``now``) and the nodes asked.
-        now: the present (Unix s): the end of an open window and of running jobs.
-
-    Returns:
-        ``(t0, t1, series per (node, GPU index), memory total per (node, GPU index) in MiB)``.
+    """``(t0, t1, series per (node, GPU index), memory total per (node, GPU index) in MiB)``: the timelines'
+    axis (``fit_window``) and series ``[(ts, mem MiB, SM activity %)]``, fetched again at the finer resolution
+    when the fitted axis is under half the window. Open window ends (Unix s): the first job's start, or a day
+    before ``now``, and ``now``.
     """
     w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts),
                                                      default=now - 86400)
@@ -275,17 +231,9 @@ def _series(report: Report, flt: Filters, t0: float, t1: float
 
 def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: Viewer, out_dir: str,
              now: float) -> List[Path]:
-    """Write ``timeline-<node>-gpu<i>.png`` for every GPU with samples or jobs, and ``estimate-vs-peak.png``.
-
-    Args:
-        report, jobs: the loaded databases and the jobs of the view (filtered, with usage).
-        flt: the window (``since``/``until``, epoch s) and the nodes asked.
-        viewer: who looks (``timeline_figure``: other users' jobs are unlabelled).
-        out_dir: the directory the PNG files go to (created if missing).
-        now: the present (epoch s): the end of an open window and of running jobs.
-
-    Returns:
-        The paths written.
+    """Write ``timeline-<node>-gpu<i>.png`` for every GPU with samples or jobs, and ``estimate-vs-peak.png``,
+    into ``out_dir`` (created if missing); the paths written. ``now`` (epoch s) ends an open window and
+    running jobs.
 
     Raises:
         ColocError: the output directory cannot be created or written.
@@ -306,13 +254,9 @@ def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
 
 
 def advise_timeline(job: JobView, series: Sequence[Dict[str, object]], path: Path) -> Path:
-    """One job over its span: SM activity and occupancy (%), tensor and DRAM activity (%), the job's GPU
-    memory against its grant (GiB), with its findings written above the panels (``coloc-report advise``).
-
-    Args:
-        job: the job (findings, ``requested_mib`` MiB, span in Unix s).
-        series: ``series.job_series`` rows (several GPUs of a job are drawn as one series per metric each).
-        path: the PNG file to write; returned.
+    """One job over its span: SM activity and occupancy, tensor and DRAM activity (%), the job's GPU memory
+    against its grant (GiB), its findings above the panels (``coloc-report advise``); several GPUs of a job
+    are one series per metric each. PNG to ``path``, returned.
     """
     plt = _plt()
     fig, (ax_sm, ax_tc, ax_mem) = plt.subplots(3, 1, figsize=(12, 8), sharex=True,

@@ -52,19 +52,13 @@ Handler = Callable[[Any, int], Dict[str, Any]]
 
 
 def socket_path(cfg: Config) -> Path:
-    """Where the reader listens: ``report_socket_path``, else ``<run_dir>/report.sock``.
-
-    Args:
-        cfg: ``report_socket_path`` and ``run_dir``.
-    """
+    """``report_socket_path``, else ``<run_dir>/report.sock``."""
     return Path(cfg.report_socket_path) if cfg.report_socket_path else Path(cfg.run_dir) / SOCKET_NAME
 
 
 def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a connected Unix socket (Linux ``SO_PEERCRED``).
-
-    Args:
-        sock: a connected ``AF_UNIX`` stream socket.
+    """The uid of the process at the other end of a connected ``AF_UNIX`` stream socket (Linux
+    ``SO_PEERCRED``).
 
     Raises:
         OSError: the socket has no peer credentials (not a connected Unix socket).
@@ -113,10 +107,6 @@ class ReaderServer(socketserver.UnixStreamServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Admit the connection (a thread) or refuse it at once with ``BUSY`` (no thread).
-
-        Args:
-            request: the accepted connection's socket.
-            client_address: its address (unused for Unix sockets; passed on to the handler).
 
         Never raises: a connection whose uid cannot be read, or that finds no thread, is closed and logged.
         """
@@ -171,13 +161,8 @@ class ReaderServer(socketserver.UnixStreamServer):
             self._release(uid)
 
     def answer_slot(self, uid: int) -> threading.BoundedSemaphore:
-        """The semaphore bounding ``uid``'s answers computed at once (``MAX_ANSWERS_PER_UID``).
-
-        Args:
-            uid: the peer uid (``SO_PEERCRED``).
-
-        Returns:
-            The same semaphore for the same uid while it holds connections (pruned above 4096 uids).
+        """The semaphore bounding ``uid``'s answers computed at once (``MAX_ANSWERS_PER_UID``); the same for
+        the same uid while it holds connections (pruned above 4096 uids).
         """
         with self.lock:
             if uid not in self.answering:
@@ -239,13 +224,9 @@ def _prepare(path: Path) -> None:
 
 
 def serve(path: Path, handler: Handler, ready: Optional[Callable[[], None]] = None) -> None:
-    """Listen at ``path`` (mode 0666: any local user may connect; the answer depends on their uid) until
-    SIGTERM/SIGINT, answering each connection with ``handler``; the socket is removed on exit.
-
-    Args:
-        path: the socket's path; its directory is created (0755).
-        handler: answers one request for one peer uid (``Handler``).
-        ready: called once the socket listens (tests, systemd notify); None: nothing.
+    """Listen at ``path`` (mode 0666: any local user may connect; the answer depends on their uid; directory
+    created 0755) until SIGTERM/SIGINT, answering each connection with ``handler``; the socket is removed on
+    exit. ``ready`` is called once it listens.
 
     Raises:
         ColocError: the path holds something else or another reader listens there.
@@ -277,19 +258,12 @@ def serve(path: Path, handler: Handler, ready: Optional[Callable[[], None]] = No
 
 
 def ask(path: Path, request: Dict[str, Any], timeout_s: float = 300.0) -> Dict[str, Any]:
-    """Send ``request`` to the reader at ``path`` and return its answer.
-
-    Args:
-        path: the reader's socket (``socket_path``).
-        request: the request, JSON-able.
-        timeout_s: seconds each connect, send and receive may wait.
-
-    Returns:
-        The answer object (``ok``, ``exit_code``, and the view or ``error``).
+    """The answer object (``ok``, ``exit_code``, and the view or ``error``) of the reader at ``path`` to
+    ``request``; ``timeout_s`` (s) bounds each connect, send and receive.
 
     Raises:
-        ColocError: no reader listens there, it did not answer within ``timeout_s``, the connection was
-            lost, or the answer is not one JSON object.
+        ColocError: no reader listens there, it did not answer within ``timeout_s``, the connection was lost,
+            or the answer is not one JSON object.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)

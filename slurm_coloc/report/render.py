@@ -2,9 +2,9 @@
 
 Every string printed goes through ``export.visible`` (control and reordering characters written as visible
 escapes) and reaches rich as plain text: table cells as ``rich.text.Text``, lines through ``_say`` with
-markup, highlighting and emoji codes off. A job name is the user's text: before (fifth attack campaign, F7)
-ESC sequences in it reached the admin's terminal raw, and in a table cell ``[link=...]`` became a live OSC 8
-hyperlink and ``[blink]`` markup.
+markup, highlighting and emoji codes off. A job name is the user's text: ESC sequences in it would reach the
+admin's terminal, and in a table cell ``[link=...]`` would become a live OSC 8 hyperlink and ``[blink]``
+markup.
 """
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ RICH_MAX_ROWS = 1000
 
 
 def _alone(j: JobView) -> str:
-    """``0.45x shared`` / ``1.00x alone``: runtime alone (history) over this runtime, and whether it
-    shared."""
+    """``0.45x shared`` / ``1.00x alone``: runtime alone (history) over this runtime, and whether it shared.
+    """
     if j.rate_vs_alone is None:
         return "-" if j.shared_gpu is None else ("shared" if j.shared_gpu else "alone")
     return f"{j.rate_vs_alone:.2f}x " + ("shared" if j.shared_gpu else "alone")
@@ -92,16 +92,9 @@ def _say(console: Console, text: str, style: Optional[str] = None) -> None:
 
 
 def fit_columns(widths: Sequence[int], priority: Sequence[int], width: int) -> List[int]:
-    """Indices of the columns kept so that the table fits ``width`` (rich's SIMPLE_HEAD box: 3 characters of
-    padding and rule per column): the lowest ``priority`` go first; the first column always stays.
-
-    Args:
-        widths: each column's widest cell (characters).
-        priority: per column, how long it stays (higher stays longer).
-        width: the characters available.
-
-    Returns:
-        The kept columns' indices, in order; the first column even when it alone does not fit.
+    """Indices (in order) of the columns kept so the table fits ``width`` characters (rich's SIMPLE_HEAD box:
+    3 characters of padding and rule per column): the lowest ``priority`` go first; the first column always
+    stays, even when it alone does not fit.
     """
     keep = list(range(len(widths)))
     for i in sorted(range(1, len(widths)), key=lambda k: priority[k]):
@@ -157,14 +150,8 @@ def _plain(key: str, v: object) -> str:
 
 def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[str], problems: Sequence[str],
                    file: Optional[IO[str]] = None) -> None:
-    """A table of the ``-o/--format`` columns (headed by their keys), in the order given.
-
-    Args:
-        view: the view's name, in the title.
-        rows: the view's rows.
-        cols: the columns to show (``columns.select_columns``).
-        problems: the report's reading problems, printed dimmed after the table.
-        file: the text stream to print to; None: standard output.
+    """A table of the ``-o/--format`` columns (headed by their keys), in the order given, then the problems
+    dimmed; ``file`` None: standard output.
     """
     console = _console(file)
     cells = [[_plain(c, r.get(c)) for c in cols] for r in rows]
@@ -177,13 +164,8 @@ def selected_table(view: str, rows: Sequence[Dict[str, object]], cols: Sequence[
 
 
 def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]] = None) -> None:
-    """Print the per-job table, then each job's waste reasons and notes, then the reading problems
-    (dimmed).
-
-    Args:
-        jobs: the selected jobs (usage, waste and findings filled in).
-        problems: the report's reading problems, printed dimmed last.
-        file: the text stream to print to; None: standard output.
+    """Print the per-job table, then each job's waste reasons and notes, then the reading problems (dimmed);
+    ``file`` None: standard output.
     """
     console = _console(file)
     headers = ("job id", "user", "GPU(s)", "mode", "request", "estimate", "peak", "est. error", "unused",
@@ -226,13 +208,7 @@ def jobs_table(jobs: List[JobView], problems: List[str], file: Optional[IO[str]]
 
 def advice(job: JobView, notes: Sequence[str], png: Optional[str], file: Optional[IO[str]] = None) -> None:
     """Print ``coloc-report advise``: the job in one line, every finding with evidence and suggestion, the
-    notes.
-
-    Args:
-        job: the job, findings filled in (``query.advise``).
-        notes: what a rule could not judge.
-        png: the timeline's path, printed when given; None: no line.
-        file: the text stream to print to; None: standard output.
+    notes, and ``png``'s path when given; ``file`` None: standard output.
     """
     console = _console(file)
 
@@ -295,13 +271,8 @@ TITLES = {"users": "per user", "gpus": "per GPU (sample figures over the window)
 
 def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str],
                file: Optional[IO[str]] = None) -> None:
-    """Print a ``users``/``gpus``/``nodes`` view as a table.
-
-    Args:
-        view: ``users``, ``gpus`` or ``nodes`` (a key of ``COLUMNS``).
-        rows: the view's rows.
-        problems: the report's reading problems, printed dimmed after the table.
-        file: the text stream to print to; None: standard output.
+    """Print a ``users``/``gpus``/``nodes`` view (a key of ``COLUMNS``) as a table, then the problems dimmed;
+    ``file`` None: standard output.
     """
     console = _console(file)
     _emit(console, f"slurm-coloc {TITLES[view]}", [h for h, _, _ in COLUMNS[view]],
@@ -314,12 +285,8 @@ def rows_table(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[
 
 
 def cluster_table(row: Dict[str, object], problems: Sequence[str], file: Optional[IO[str]] = None) -> None:
-    """Print the cluster summary as a two-column table.
-
-    Args:
-        row: ``views.cluster_row``'s row.
-        problems: the report's reading problems, printed dimmed after the table.
-        file: the text stream to print to; None: standard output.
+    """Print ``views.cluster_row``'s row as a two-column table, then the problems dimmed; ``file`` None:
+    standard output.
     """
     console = _console(file)
     table = Table(title="slurm-coloc cluster summary")

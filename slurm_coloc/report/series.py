@@ -15,17 +15,10 @@ SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
 
 
 def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
-    """The job's samples over its span, by time: ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct,
-    dram_bw_pct, job_mem_mib}`` (``job_mem_mib``: summed memory of the job's processes on that GPU at that
-    instant, None when it had none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets.
-
-    Args:
-        report: the loaded databases (``summarize.load_report``).
-        job: the job (``start_ts``, ``end_ts``, ``gpu_list``); one that never started has no samples.
-        now: the present (Unix s), where a running job's span ends.
-
-    Returns:
-        The rows (``ts`` in Unix s, percentages in %, memory in MiB), across GPUs sorted by ``ts``.
+    """The job's samples over its span, sorted by ``ts`` (Unix s) across GPUs: ``{ts, node, gpu, smact_pct,
+    smocc_pct, tensor_pct, dram_bw_pct}`` (%) and ``job_mem_mib`` (summed memory of its processes on that GPU,
+    MiB; None with none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets; a job that
+    never started has none; ``now`` (Unix s) ends a running job's span.
     """
     if job.start_ts is None:
         return []

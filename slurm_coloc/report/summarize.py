@@ -1,9 +1,8 @@
 """Reading the databases into report rows (pure data; no rich, no click).
 
-The controller DB (``ctld.db``) and every node DB (``nodes/*.db``) are opened read-only and merged;
-a missing, locked or corrupt file is reported in ``Report.problems`` and skipped, never fatal.
-Here each job gets its identity, request and outcome (``JobView``); its usage figures (peak memory, SM
-activity/occupancy, energy) are added by ``report/usage.py`` ``add_usage``.
+The controller DB (``ctld.db``) and every node DB (``nodes/*.db``) are opened read-only and merged; a missing,
+locked or corrupt file is reported in ``Report.problems`` and skipped, never fatal. Here each job gets its
+identity, request and outcome (``JobView``); ``report/usage.py`` ``add_usage`` adds its usage figures.
 """
 from __future__ import annotations
 
@@ -34,13 +33,13 @@ class JobView:
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes``
     what was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
     ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/alone.py``).
-    was not recorded. Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM
-    activity (%), ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
+
+    Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM activity (%),
+    ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
     ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
     (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the
-    job's CPUs on the node, ``cpu_samples`` rows behind them (node/cpu.py);
-    ``batch_size``/``precision`` from the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top
-    first.
+    job's CPUs on the node, ``cpu_samples`` rows behind them (node/cpu.py); ``batch_size``/``precision`` from
+    the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
     """
 
     job_id: int
@@ -171,18 +170,10 @@ def _node_rows(cfg: Config, report: Report) -> Dict[int, List[store_jobs.JobRunR
 
 
 def load_report(cfg: Config) -> Report:
-    """Read every database under ``cfg.state_dir`` into job views (controller rows first, then node-only
-    jobs).
-
-    Only identity, request and outcome are filled here; ``add_usage`` adds the measured figures.
-
-    Args:
-        cfg: ``state_dir`` (``ctld.db`` and ``nodes/*.db`` under it).
-
-    Returns:
-        The ``Report``: job views in job id order, the open node databases, summaries, OOM records, and
-        ``problems``. Never raises for a bad database: a missing, locked or corrupt file becomes a
-        ``problems`` line.
+    """Every database under ``cfg.state_dir`` read into job views (job id order; controller rows first, then
+    node-only jobs) with identity, request and outcome only (``add_usage`` adds the measured figures), the
+    open node databases, summaries and OOM records. Never raises for a bad database: a missing, locked or
+    corrupt file becomes a ``problems`` line.
     """
     report = Report()
     ctld_rows: Dict[int, store_jobs.JobRow] = {}
@@ -236,15 +227,9 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
 
 
 def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
-    """``{"batch_size", "precision"}`` from a job's recorded spec JSON (``ModelSpec.to_json``), validated by
+    """``{"batch_size": int or None, "precision": str or None}`` from a job's recorded spec JSON, validated by
     ``comment.values.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when
     absent or invalid.
-
-    Args:
-        spec_json: the recorded spec as JSON text, or None.
-
-    Returns:
-        ``{"batch_size": int or None, "precision": str or None}``, or ``{}``. Never raises for bad text.
     """
     from slurm_coloc.comment.values import CommentSpec
 

@@ -45,11 +45,8 @@ def _past_clock(now: float, h: int, m: int, s: int = 0) -> float:
 
 
 def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """A time as Unix seconds from one of the forms of the module docstring. None stays None.
-
-    Args:
-        text: the ``--since``/``--until`` value as typed.
-        now: the present (Unix s; default the clock), for relative forms.
+    """Unix seconds from one of the module docstring's forms (None stays None); ``now`` (Unix s, default the
+    clock) anchors relative forms.
 
     Raises:
         ColocError: none of these forms, or out of range.
@@ -118,12 +115,7 @@ def _time_of_day(t: str, now: float, text: str) -> Optional[float]:
 
 def parse_window(since: Optional[str], until: Optional[str],
                  now: Optional[float] = None) -> Tuple[Optional[float], Optional[float]]:
-    """``(since, until)`` in Unix seconds (each None when not given).
-
-    Args:
-        since: the ``--since`` value as typed, or None.
-        until: the ``--until`` value as typed, or None.
-        now: the present (Unix s; default the clock), for relative forms; both ends use the same.
+    """``(since, until)`` in Unix seconds (each None when not given); both ends use the same ``now``.
 
     Raises:
         ColocError: a bad form (``parse_when``), or an end before the start.
