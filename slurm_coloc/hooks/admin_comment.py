@@ -56,15 +56,10 @@ def _nodes(node_list: str) -> List[str]:
 
 
 def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str, Any]]:
-    """The job's summary figures the node Epilogs stored (hooks/figures.py), from every node database of
-    ``node_list``: the latest one (it saw the most nodes' summaries); None when no node stored any yet.
+    """The latest summary figures the node Epilogs stored for the job (hooks/figures.py); None when none yet.
 
-    Args:
-        cfg: the configuration (the node databases' paths); job_id: the Slurm job id.
-        node_list: the job's Slurm hostlist (``node[01-04]``); a node without a database is skipped.
-
-    Returns:
-        The stored figures dict (``summary``, ``findings``, ...), or None.
+    Read from every node database of ``node_list`` (Slurm hostlist; a node without one is skipped); the latest
+    saw the most nodes' summaries.
 
     Raises:
         StoreError: a node database that exists but cannot be read (``write_admin_comment`` catches it).
@@ -81,19 +76,12 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
 
 def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
             oom: Optional[Any]) -> Dict[str, Any]:
-    """The AdminComment dict: the node's figures (``figures["summary"]``) with what only the controller knows
-    when its Epilog runs: the OOM and its rerun (``oom``: ``store.oom`` record or None). Without figures: what
-    was asked and estimated, from the
-    controller's row ``row``, and ``measured`` false. Keys in ``KEYS`` order, None values left out.
+    """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure).
 
-    Args:
-        row: the controller's job row (``shards_req``, ``estimate_mib`` in MiB, ``estimate_method``,
-            ``share_mode``).
-        figures: the node's stored figures (``node_figures``), or None.
-        oom: the job's ``store.oom`` record (``retry_job_id``), or None.
-
-    Returns:
-        The AdminComment dict (memory figures in MiB). Pure, never raises.
+    The node's figures (``figures["summary"]``) with what only the controller knows when its Epilog runs: the
+    OOM and its rerun (``oom``: ``store.oom`` record or None). Without figures: what was asked and estimated
+    (controller ``row``: ``shards_req``, ``estimate_mib``, ``estimate_method``, ``share_mode``) and
+    ``measured`` false.
     """
     if figures is not None and isinstance(figures.get("summary"), dict):
         d: Dict[str, Any] = dict(figures["summary"])
@@ -110,18 +98,11 @@ def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
 
 
 def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
-    """The AdminComment text of ``job_id``: waits up to ``wait_s`` for the node Epilog's figures (the node
-    Epilog and EpilogSlurmctld run at the same time), then records what exists. None: job unknown.
+    """The AdminComment text of ``job_id`` (compact JSON, about ``MAX_CHARS`` at most); None: job unknown.
 
-    Reads only the controller's row and OOM record and the figures rows (no report pipeline here).
-
-    Args:
-        cfg: the configuration (database paths); job_id: the Slurm job id.
-        wait_s: how long to wait for the node Epilog's figures (s).
-
-    Returns:
-        Compact JSON text of at most about ``MAX_CHARS`` characters (the watchdog's words dropped past it),
-        or None.
+    Waits up to ``wait_s`` seconds for the node Epilog's figures (it runs alongside EpilogSlurmctld), then
+    records what exists; past ``MAX_CHARS`` the watchdog's words are dropped. Reads only the controller's row
+    and OOM record and the figures rows (no report pipeline here).
 
     Raises:
         StoreError: a database that cannot be read (``write_admin_comment`` catches it).
@@ -145,16 +126,10 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
 
 
 def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
-    """The AdminComment to write so that ``existing`` (the field now) keeps every other tool's text and holds
-    ``ours``; None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text).
+    """The AdminComment that keeps every other tool's text in ``existing`` and holds ``ours`` (pure).
 
-    Args:
-        existing: the AdminComment field now (other tools' text, perhaps our earlier text); None counts as "".
-        ours: our AdminComment text (``build``).
-        mode: the config's ``admin_comment`` (``merge``, ``if-empty``, ``off``); see the module docstring.
-
-    Returns:
-        The text to write, or None. Pure, never raises.
+    None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text); modes as in
+    the module docstring; ``existing`` None counts as "".
     """
     current = (existing or "").strip()
     at = current.find(OUR_MARK)
@@ -169,26 +144,17 @@ def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
 
 
 def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
-    """Build and store the job's AdminComment.
+    """Build and store the job's AdminComment; ``{"ok": bool, ...}`` for the hook log.
 
-    Where it goes: ``scontrol update`` first (works while slurmctld still counts the job as unfinished); when
-    slurmctld answers ``Job has already finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the
-    jobstats way, shown by ``sacct -o AdminComment``). Both name the job as ``job.slurm_ref``
-    (``<array_job_id>_<array_task_id>`` for an array task, so one task's summary never lands on its siblings).
-    The text is also recorded as an ``admin-comment`` event in the controller database, so it exists even on a
-    cluster with neither. What is there already is kept (``merge_admin_comment``, config ``admin_comment``):
-    the field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
+    ``scontrol update`` first (works while slurmctld counts the job unfinished); on ``Job has already
+    finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the jobstats way, ``sacct -o
+    AdminComment``). Both name the job as ``job.slurm_ref`` (``<array_job_id>_<array_task_id>`` for an array
+    task, so one task's summary never lands on its siblings). The text is also recorded as an
+    ``admin-comment`` event in the controller database. What is there is kept (``merge_admin_comment``): the
+    field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
+    ``hook_timeout_s``/5, at most 3-5 s, bounds each step; scontrol and sacctmgr run with ``env``.
 
-    Args:
-        job: slurmctld's record of the job (``slurm_ref``, ``admin_comment``).
-        cfg: the configuration (``admin_comment``; ``hook_timeout_s``/5, at most 3-5 s, bounds each step).
-        env: the hook's environment variables (scontrol and sacctmgr run with them).
-
-    Returns:
-        ``{"ok": bool, ...}`` for the hook log (``via``, ``chars``, the Slurm errors, or ``error``).
-
-    Raises:
-        Never raises (EpilogSlurmctld): every error is returned as ``error``.
+    Never raises (EpilogSlurmctld): every error is returned as ``error``.
     """
 
     try:

@@ -1,8 +1,8 @@
 """The hook child's answer on its pipe to the parent (hooks/runner.py): one JSON object ``{"ok", "detail",
-"result"}``, always valid and at most ``MAX_RESULT_BYTES``; a ``detail`` over ``MAX_DETAIL_BYTES`` is cut to
-its small items plus a ``"truncated"`` marker (``encode_result``), so the run's record set still fits one
-queue entry; the parent reads it back with ``decode_answer``. docs/reliability.md describes the faults this is
-tested against.
+"result"}``, always valid and at most ``MAX_RESULT_BYTES``.
+
+A ``detail`` over ``MAX_DETAIL_BYTES`` is cut to its small items plus a ``"truncated"`` marker, so the run's
+record set still fits one queue entry. docs/reliability.md describes the faults this is tested against.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ MAX_ITEM_BYTES = 1024  # a detail item kept whole when a detail is cut
 
 
 def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
-    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items of at most
-    ``MAX_ITEM_BYTES`` as JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES // 2`` characters plus
-    ``" ... [cut]"``, other large items dropped; ``"truncated": {"bytes", "limit", "cut"}`` names the items
-    cut or dropped. Only the marker is left when that is still too large."""
+    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``.
+
+    Items of at most ``MAX_ITEM_BYTES`` as JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES //
+    2`` characters plus ``" ... [cut]"``, other large items dropped; ``"truncated": {"bytes", "limit",
+    "cut"}`` names them. Only the marker is left when that is still too large.
+    """
     kept: Dict[str, Any] = {}
     cut: List[str] = []
     for key, value in detail.items():
@@ -38,16 +40,11 @@ def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
 
 
 def encode_result(payload: Dict[str, Any]) -> bytes:
-    """The child's answer ``{"ok", "detail", "result"}`` as JSON bytes, always valid and at most
-    ``MAX_RESULT_BYTES``: a ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still
-    over ``MAX_RESULT_BYTES`` (TaskProlog lines) becomes a failure naming its size, its lines dropped.
+    """The child's answer as UTF-8 JSON, at most ``MAX_RESULT_BYTES``; never raises.
 
-    Args:
-        payload: the child's answer (``ok``, ``detail``, ``result``); values JSON cannot encode are written
-            as their ``str``.
-
-    Returns:
-        UTF-8 JSON bytes, at most ``MAX_RESULT_BYTES``. Never raises.
+    A ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still too large (TaskProlog
+    lines) becomes a failure naming its size, its lines dropped. Values JSON cannot encode are written as
+    ``str``.
     """
     detail = payload.get("detail") or {}
     size = len(json.dumps(detail, default=str))
@@ -62,15 +59,8 @@ def encode_result(payload: Dict[str, Any]) -> bytes:
 
 
 def decode_answer(chunks: List[bytes]) -> tuple:
-    """The child's JSON answer as ``(ok, detail, result)``; a failure when it is missing or broken.
-
-    Args:
-        chunks: the bytes the parent read from the pipe, in order (``encode_result``'s JSON, or less).
-
-    Returns:
-        ``(ok, detail, result)``: bool, dict, the TaskProlog lines or None; a missing or broken answer gives
-        ``(False, {"error": ...}, None)``. Never raises.
-    """
+    """``(ok, detail, result)`` from the pipe's bytes; missing or broken: ``(False, {"error": ...},
+    None)``."""
     try:
         payload = json.loads(b"".join(chunks).decode())
         return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")

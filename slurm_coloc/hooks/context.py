@@ -26,11 +26,12 @@ class HookContext:
 
     Attributes:
         context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for
-        TaskProlog. uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
+            TaskProlog.
+        uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
         job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
-        gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only; empty elsewhere).
+        gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only).
         exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: docs/facts.md
-        §5).
+            §5).
     """
 
     job_id: Optional[int]
@@ -52,7 +53,7 @@ class HookContext:
 
     @property
     def job(self) -> int:
-        """``job_id`` for a hook that needs one.
+        """``job_id``, for a hook that needs one.
 
         Raises:
             ColocError: the environment named no job (``SLURM_JOB_ID`` missing or not a number).
@@ -63,15 +64,8 @@ class HookContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "HookContext":
-        """Build from a hook's environment; missing variables become None/empty.
-
-        Args:
-            env: the hook's environment variables (``SLURM_JOB_ID``, ``SLURM_JOB_UID``, ``SLURM_JOB_GPUS``,
-                ``SLURM_JOB_EXIT_CODE``, ``SLURMD_NODENAME``, ...); a non-integer id counts as missing.
-
-        Returns:
-            The ``HookContext``. Pure.
-        """
+        """Built from a hook's environment (pure); missing variables, and a non-integer id, become
+        None/empty."""
         raw_ec = _int(env.get("SLURM_JOB_EXIT_CODE"))
         code, sig = decode_exit_code(raw_ec) if raw_ec is not None else (None, None)
         return cls(

@@ -1,12 +1,12 @@
-"""PrologSlurmctld and EpilogSlurmctld: record what a job asked for, its estimate and how it ended,
-in the controller database. Run as root by slurmctld; read only Slurm's view of the job (never the
-user's files or code).
+"""PrologSlurmctld and EpilogSlurmctld: record what a job asked for, its estimate and how it ended, in the
+controller database. Run as root by slurmctld; read only Slurm's view of the job (never the user's files
+or code).
 
 What root computes itself: the script's identity (``script_sha256``, the SHA-256 of the batch script Slurm
-stored, ``scontrol write batch_script``, which keys the estimator's history with the job's uid), and the final
-state (``hooks/state.py``). Each controller hook also settles earlier records from the job list it reads
-anyway (``settle``): inferred final states and ends of OOM reruns (a rerun cancelled while pending has no
-epilog).
+stored, ``scontrol write batch_script``, which keys the estimator's history with the job's uid), and the
+final state (``hooks/state.py``). Each controller hook also settles earlier records from the job list it
+reads anyway (``settle``): inferred final states and ends of OOM reruns (a rerun cancelled while pending has
+no epilog).
 """
 from __future__ import annotations
 
@@ -39,15 +39,10 @@ MAX_SCRIPT_BYTES = 4 << 20
 
 
 def script_identity(raw: bytes) -> str:
-    """SHA-256 (hex) of a batch script as the user wrote it: ``raw`` (what Slurm stored) with coloc-sbatch's
-    rewritten GPU lines restored, so it equals ``submit.directives.ParsedScript.sha256`` of the user's
-    file.
+    """Hex SHA-256 of a batch script as the user wrote it (pure).
 
-    Args:
-        raw: the batch script's bytes as slurmctld stored it.
-
-    Returns:
-        The hex SHA-256 (64 characters). Pure, never raises.
+    ``raw`` (what Slurm stored) with coloc-sbatch's rewritten GPU lines restored, so it equals
+    ``submit.directives.ParsedScript.sha256`` of the user's file.
     """
     lines = raw.splitlines(keepends=True)
     fixed = [b"#" + ln[len(REWRITE_PREFIX):] if ln.startswith(REWRITE_PREFIX) else ln for ln in lines]
@@ -55,22 +50,11 @@ def script_identity(raw: bytes) -> str:
 
 
 def stored_script_sha256(job_id: int, cfg: Config, senv: Dict[str, str]) -> Tuple[Optional[str], str]:
-    """``script_identity`` of the batch script slurmctld holds for ``job_id``, and a note for the hook log.
+    """``(script_identity, "ok")`` of the batch script slurmctld holds for ``job_id``, or ``(None, why)``.
 
-    The script is written by ``scontrol write batch_script`` into a root-only directory under ``run_dir`` and
-    removed at once.
-
-    Args:
-        job_id: the Slurm job id.
-        cfg: the configuration (``run_dir``, ``slurm_bin_dir``; ``hook_timeout_s``/4 bounds scontrol, s).
-        senv: the environment scontrol runs with.
-
-    Returns:
-        ``(hex SHA-256, "ok")``, or ``(None, why)`` when the script cannot be had (not a batch job, scontrol
-        failing, a directory that is not private, a script over ``MAX_SCRIPT_BYTES``).
-
-    Raises:
-        Never raises ``ColocError`` or ``OSError`` (they give ``(None, why)``).
+    Written by ``scontrol write batch_script`` into a root-only directory under ``run_dir``, removed at once;
+    ``hook_timeout_s``/4 bounds scontrol. None: not a batch job, scontrol failing, a directory that is not
+    private, a script over ``MAX_SCRIPT_BYTES``; never raises ``ColocError`` or ``OSError``.
     """
     work = Path(cfg.run_dir) / "scripts"
     path = work / f"{int(job_id)}.sh"
@@ -104,18 +88,10 @@ def _pick(jobs: Sequence[JobInfo], job_id: int) -> JobInfo:
 
 
 def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
-    """Replace inferred final states by Slurm's own, and record the ends of OOM reruns, from slurmctld's job
-    list ``jobs``. A job slurmctld no longer knows keeps its inference.
+    """Replace inferred final states by Slurm's own and record OOM reruns' ends, from slurmctld's job list.
 
-    Args:
-        db: the controller database.
-        jobs: slurmctld's job list (``slurm_jobs``), the jobs it still knows.
-
-    Returns:
-        ``{"settled": [job ids whose state was replaced], "reruns": [OOM reruns whose end was recorded]}``.
-
-    Raises:
-        Never raises (errors are logged; what was done before the error is kept).
+    A job slurmctld no longer knows keeps its inference. Returns ``{"settled": [job ids], "reruns": [job
+    ids]}``. Never raises (errors are logged; what was done before the error is kept).
     """
     by_id = {j.job_id: j for j in jobs}
     out: Dict[str, List[int]] = {"settled": [], "reruns": []}
@@ -134,14 +110,9 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
 
 
 def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
-    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts.
+    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts (pure).
 
-    Args:
-        tres: GRES name -> count of the job (``{"shard": 8}``; shards are GiB of GPU memory).
-        cfg: the configuration (``gpu_mem_gib``: the shards of a whole GPU).
-
-    Returns:
-        The share mode's name. Pure, never raises.
+    ``tres``: ``{"shard": 8}``; a shard is 1 GiB, ``cfg.gpu_mem_gib`` of them a whole GPU.
     """
     if "shard" in tres:
         return "whole-gpu" if tres["shard"] >= cfg.gpu_mem_gib else "shard"
@@ -149,14 +120,9 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
 
 
 def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
-    """``(coloc_json, spec_json)`` root records of a validated comment: sorted-key JSON text of its fields and
-    of its spec; None where the comment (an unannotated job) or the spec has no field.
+    """``(coloc_json, spec_json)``: sorted-key JSON of a validated comment's fields and spec (pure).
 
-    Args:
-        coloc: the validated comment (``JobComment.read``).
-
-    Returns:
-        ``(coloc_json or None, spec_json or None)``. Pure, never raises.
+    None where the comment (an unannotated job) or the spec has no field.
     """
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,
@@ -164,18 +130,15 @@ def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
 
 
 def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job's request and estimate (``jobs`` row). Returns a detail dict for the hook log.
+    """Record the job's request and estimate (``jobs`` row); a detail dict for the hook log.
 
     GRES and submit time come from slurmctld's record (``slurm_jobs.show_job``); name, user, partition and
     comment from the hook's environment, each one opaque value.
 
-    Args:
-        ctx: the hook's job; cfg: the controller's configuration; env: PrologSlurmctld's environment.
-
     Raises:
         SlurmError: slurmctld unreachable or the job unknown.
         StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
-        exits 0.)
+            exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
@@ -217,21 +180,17 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record how the job ended (final state: ``hooks/state.py``; 22.05's epilogs see COMPLETING, so it is
-    inferred and settled by a later controller hook), settle earlier records, run the OOM
-    step (hooks/oom.py) and write the AdminComment summary (hooks/admin_comment.py).
+    """Record how the job ended, settle earlier records, run the OOM step (hooks/oom.py) and write
+    AdminComment.
 
-    Args:
-        ctx: the hook's job; cfg: the controller's configuration; env: EpilogSlurmctld's environment.
-
-    Returns:
-        A detail dict for the hook log: ``state``, ``state_source``, ``exit_code``, ``signal``, the jobs
-        settled, ``oom`` (``oom.handle_job_end``) and ``admin_comment``.
+    Final state: ``hooks/state.py``; 22.05's epilogs see COMPLETING, so it is inferred and settled by a later
+    controller hook. AdminComment: hooks/admin_comment.py. Returns the hook log's detail: ``state``,
+    ``state_source``, ``exit_code``, ``signal``, the jobs settled, ``oom`` and ``admin_comment``.
 
     Raises:
         SlurmError: slurmctld unreachable or the job unknown.
         StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
-        exits 0.)
+            exits 0.)
     """
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)

@@ -2,13 +2,12 @@
 in its node database (``job_figures``).
 
 EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without reading samples itself. The
-figures are facts (what was asked, estimated, reserved, and measured: peak memory, utilization, SM
-activity/occupancy, energy, GPU hours, the OOM and the watchdog's reason), computed with ``report/facts.py``
-(``store/`` reads only) from the controller's row of the job (``ctld.db``, on the shared ``state_dir``) and
-every node database of its node list, read-only, as ``coloc-report`` computes them. No judgement runs here:
-the waste rules and the diagnosis (``report/findings.py``, ``report/diagnose.py``) run as the user who asks
-(``coloc-report jobs``/``advise``, the reader service); this root hook never imports the report pipeline
-(``summarize``, ``usage``, ``findings``, ``render``; tests/test_hook_shims.py).
+facts (asked, estimated, reserved, measured: peak memory, utilization, SM activity/occupancy, energy, GPU
+hours, the OOM and the watchdog's reason) are computed with ``report/facts.py`` (``store/`` reads only) from
+the controller's job row (``ctld.db``, shared ``state_dir``) and every node database of its node list,
+read-only, as ``coloc-report`` computes them. No judgement runs here: the waste rules and the diagnosis run
+as the user who asks (``coloc-report jobs``/``advise``, the reader service); this root hook never imports
+the report pipeline (``summarize``, ``usage``, ``findings``, ``render``; tests/test_hook_shims.py).
 
 Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is
 skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
@@ -43,8 +42,10 @@ def _nodes(node_list: str) -> List[str]:
 
 @dataclass(frozen=True)
 class JobFacts:
-    """What ``summary_dict`` reads of a job (the same names as ``report.summarize.JobView``, which it also
-    takes): request and estimate (MiB), measured figures (MiB, %, kWh, GPU hours), OOM and rerun, watchdog."""
+    """What ``summary_dict`` reads of a job (names of ``report.summarize.JobView``, which it also takes).
+
+    Request and estimate (MiB), measured figures (MiB, %, kWh, GPU hours), OOM and rerun, watchdog.
+    """
 
     estimate_mib: Optional[int] = None
     estimate_method: Optional[str] = None
@@ -67,9 +68,10 @@ class JobFacts:
 
 def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
           ) -> Tuple[Dict[str, Any], List[Dict[str, Any]], Dict[str, Database], List[Any], Any]:
-    """The controller's row ({} when absent), the job's node run rows, the open node databases by name, the
-    job's Epilog summaries and its OOM record (or None), from the controller database and every node database
-    of the row's node list (``nodes`` when the row has none yet)."""
+    """The controller row ({} when absent), node run rows, open node databases by name, Epilog summaries, OOM.
+
+    From the controller database and every node database of the row's node list (``nodes`` when it has none).
+    """
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id) or {}
     oom = store_oom.load_oom_event(ctld, job_id)
@@ -87,16 +89,11 @@ def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
 
 
 def job_facts(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[JobFacts]:
-    """The job's facts from the controller row and every node database of its node list (``nodes`` when the
-    row has none yet, e.g. the node Epilog's own node before EpilogSlurmctld recorded the list), as
-    ``report/usage.py`` ``add_usage`` computes them (both through ``report/facts.py``).
+    """The job's facts, as ``report/usage.py`` ``add_usage`` computes them; None when no database knows the
+    job.
 
-    Args:
-        cfg: the configuration (database paths, ``gpu_mem_gib``); job_id: the Slurm job id.
-        nodes: node names read when the controller's row has no node list; None: none.
-
-    Returns:
-        The facts, or None when no database knows the job.
+    From the controller row and every node database of its node list (``nodes`` when the row has none yet,
+    e.g. the node Epilog's own node before EpilogSlurmctld recorded the list).
 
     Raises:
         StoreError: a database that exists but cannot be read (``record`` catches it).
@@ -140,15 +137,11 @@ def _int(x: Optional[float]) -> Optional[int]:
 
 
 def summary_dict(view: Any) -> Dict[str, Any]:
-    """The compact AdminComment dict of a job's facts (None values left out, floats rounded; keys:
-    hooks/admin_comment.py); no waste codes or findings (judgement: ``coloc-report advise``).
+    """The compact AdminComment dict of a job's facts (``JobFacts`` or a ``JobView`` with usage; pure).
 
-    Args:
-        view: the job's ``JobFacts`` (or a ``report.summarize.JobView`` with usage): MiB, %, kWh, GPU hours.
-
-    Returns:
-        The dict (``est_mib``, ``req_mib``, ``peak_mib`` in MiB; ``err_pct``, ``util``, ``smact``, ``smocc``
-        in %; ``kwh``, ``gpu_h``, ...). Pure.
+    None values left out, floats rounded (keys: hooks/admin_comment.py): MiB (``est_mib``, ``req_mib``,
+    ``peak_mib``), % (``err_pct``, ``util``, ``smact``, ``smocc``), ``kwh``, ``gpu_h``. No waste codes or
+    findings.
     """
     def r(x: Optional[float], nd: int = 1) -> Optional[float]:
         return None if x is None else round(float(x), nd)
@@ -167,11 +160,7 @@ def summary_dict(view: Any) -> Dict[str, Any]:
 
 
 def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    """``{"summary": <summary_dict>}`` of the job's facts (``job_facts``); None: job unknown.
-
-    Args:
-        cfg: the configuration (database paths, ``gpu_mem_gib``); job_id: the Slurm job id.
-        nodes: node names read when the controller's row has no node list; None: none.
+    """``{"summary": <summary_dict>}`` of ``job_facts``; None: job unknown.
 
     Raises:
         StoreError: a database that exists but cannot be read (``record`` catches it).
@@ -181,21 +170,13 @@ def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Opti
 
 
 def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
-    """Compute the job's figures and store them in this node's database ``db``; returns a detail for the hook
-    log.
+    """Compute the job's figures and store them in this node's ``db``; the hook log's detail.
 
-    Skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left.
+    ``node_list`` (as Slurm prints it) is read where the controller's row has none yet; "": this node alone.
+    Skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left. Detail: ``ms`` taken and ``measured``,
+    or ``skipped`` / ``error`` in words.
 
-    Args:
-        cfg: the configuration; db: this node's database; job_id: the Slurm job id; node: this node's name.
-        node_list: the job's nodes as Slurm prints them (``JobInfo.nodes``), read where the controller's row
-            has no list yet; this node alone when empty.
-
-    Returns:
-        The detail (``ms``: the time taken, ms; ``measured``), or ``skipped`` / ``error`` in words.
-
-    Raises:
-        Never raises an ``Exception`` (the hook's own alarm, a ``BaseException``, passes).
+    Never raises an ``Exception`` (the hook's own alarm, a ``BaseException``, passes).
     """
     left = signal.getitimer(signal.ITIMER_REAL)[0]
     if left and left < MIN_LEFT_S:

@@ -20,21 +20,15 @@ from slurm_coloc.store.db import open_node_db
 
 
 def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job start on this node: GPU indices (``SLURM_JOB_GPUS``), shard count, user; set up sharing.
+    """Record the job start on this node (GPU indices of ``SLURM_JOB_GPUS``, shards, user); set up sharing.
 
     The shard count (which sizes the MPS fence) is slurmctld's ``tres_per_node`` (``slurm_jobs.show_job``).
-
-    Args:
-        ctx: the hook's job (id, user, uid, gid); cfg: the node's configuration; env: the Prolog's
-            environment.
-
-    Returns:
-        A detail dict for the hook log (GPU indices, shards, sharing set up).
+    Returns the hook log's detail.
 
     Raises:
         SlurmError: slurmctld unreachable or the job unknown.
         StoreError: the node database unusable. (``hooks/runner.py`` catches every error, logs it and exits
-        0: the node is never drained.)
+            0: the node is never drained.)
     """
     job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
                                timeout_s=cfg.hook_timeout_s / 2))
@@ -56,20 +50,13 @@ GUARD_KEY = "COLOC_PLACE_GUARD"
 
 
 def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, Any]:
-    """No GPU for a job meant for coloc-placer that starts without GRES (released by hand before the placer
-    steered it); returns the detail, or ``{}`` for any other job.
+    """No GPU for a coloc-placer job that starts without GRES (released by hand before the placer steered it).
 
-    Such a job has ``"place": true`` in its coloc comment (slurmctld's record, ``job.comment``), no GRES in
-    ``tres_per_node`` and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise
-    reach every GPU of the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no
-    device) and ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output.
-
-    Args:
-        cfg: the node's configuration (``run_dir``: the env file); db: the node database (the event).
-        job: slurmctld's record of the job (``comment``, ``tres_per_node``); ctx: the Prolog's job (GPUs).
-
-    Returns:
-        The detail dict (``share``, ``place_guard``, ``env_file``), or ``{}`` when the guard does not apply.
+    Such a job has ``"place": true`` in its coloc comment (slurmctld's record), no GRES in ``tres_per_node``
+    and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise reach every GPU of
+    the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device) and
+    ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output. Returns the
+    detail (``share``, ``place_guard``, ``env_file``), or ``{}`` for any other job.
 
     Raises:
         OSError: the env file cannot be written (``jobenv.write_env``).
@@ -92,24 +79,15 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Release the job's share of its GPUs, then record its end on this node with its inferred final state
-    (hooks/state.py).
+    """Release the job's share of its GPUs, then record its end here with its final state (hooks/state.py).
 
     The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend
     on Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
     Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is
-    inferred from the Epilog's environment (``SLURM_JOB_EXIT_CODE*``), and ``detail["slurm"]`` says why. Last,
-    the job's measured facts for its AdminComment (hooks/figures.py ``record``: never raises, skipped when
-    the hook's budget is nearly spent). The Epilog only records facts: no waste rule or diagnosis runs here
-    (those run as the user who asks: ``coloc-report advise``, the reader service).
-
-    Args:
-        ctx: the hook's job; cfg: the node's configuration; env: the Epilog's environment
-            (``SLURM_JOB_EXIT_CODE*``).
-
-    Returns:
-        A detail dict for the hook log (teardown, state and its source, ``slurm`` when slurmctld did not
-        answer).
+    inferred from ``SLURM_JOB_EXIT_CODE*``, and ``detail["slurm"]`` says why. Last, the job's measured facts
+    for its AdminComment (hooks/figures.py ``record``: never raises, skipped when the budget is nearly spent).
+    No waste rule or diagnosis runs here (they run as the user who asks: ``coloc-report advise``, the reader
+    service). Returns the hook log's detail.
 
     Raises:
         StoreError: the node database unusable.
@@ -144,18 +122,13 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
-    """The lines TaskProlog prints: ``export KEY=VALUE`` for each safe pair the Prolog prepared for this
-    task's job.
+    """The ``export KEY=VALUE`` lines TaskProlog prints: each safe pair the Prolog prepared for this task's
+    job.
 
     The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a
     heterogeneous job each component's tasks get their own component's file, not the leader's that
-    ``SLURM_JOB_ID`` names. ``SLURM_JOB_ID`` is used only where no slurmstepd is found above this process.
-
-    Args:
-        ctx: the hook's job; cfg: the node's configuration (``run_dir``); env: the TaskProlog's environment.
-
-    Returns:
-        The ``export KEY=VALUE`` lines (none when the job has no env file or it is not trusted).
+    ``SLURM_JOB_ID`` names (used only where no slurmstepd is found above). None when the job has no env file
+    or it is not trusted.
     """
     from slurm_coloc.node.jobenv import read_env, stepd_job_id
 

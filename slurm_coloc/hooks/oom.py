@@ -54,8 +54,7 @@ class OomDecision:
 
 @dataclass(frozen=True)
 class RerunDecision:
-    """Whether an OOM death gets its one rerun on a whole GPU (``retry_decision``, ``rerun_refusal``,
-    ``rerun_gate``), and the one-line reason (recorded as the ``oom_events`` row's ``retry_reason``)."""
+    """Whether an OOM death gets its one rerun on a whole GPU, and why (the row's ``retry_reason``)."""
 
     rerun: bool
     reason: str
@@ -63,7 +62,7 @@ class RerunDecision:
 
 def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
                peak_mib: Optional[int] = None, fence_mib: Optional[int] = None) -> OomDecision:
-    """Decide from all the evidence whether a job died of GPU out-of-memory.
+    """Whether a job died of GPU out-of-memory, from all the evidence.
 
     Args:
         state: the final state (``hooks/state.py::infer_final_state``): only ``FAILED`` can be OOM.
@@ -71,9 +70,6 @@ def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
         messages: ``find_oom_messages`` of the output tail.
         peak_mib, fence_mib: the sampler's peak of the job's GPU memory and its fence (MiB), if known; a peak
             within 2% (at least 64 MiB) of the fence counts as evidence.
-
-    Returns:
-        ``OomDecision``.
     """
     if state != "FAILED":
         return OomDecision(False, f"state {state or 'unknown'}: never treated as OOM")
@@ -97,13 +93,9 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
         peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples of the job.
         tried_mib: the failed allocation its OOM message names (``tried_to_allocate_mib``), 0 if none.
         sampler_watched: a sampler recorded GPU samples on its nodes while it ran.
-        watchdog_stopped: the sampler's watchdog stopped it (over its grant or outside MPS).
         recent_reruns: reruns this user got in the last ``window_s`` seconds.
         per_user_max, window_s, tolerance_pct: the config's ``oom_rerun_*`` keys.
         gpu_mib: a whole GPU's memory (``gpu_mem_gib`` * 1024), what the rerun gets.
-
-    Returns:
-        ``RerunDecision`` (``rerun`` True: rerun); the reason names the rule that decided.
     """
     if watchdog_stopped:
         return RerunDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
@@ -140,29 +132,16 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The original job id in an ``oom-retry-of-<id>`` comment, or None.
-
-    Args:
-        comment: the job's comment (user-controlled text: a claim, never recorded as a link); None counts
-            as empty.
-
-    Returns:
-        The job id, or None (``comment.retry_tag_of``). Pure, never raises.
-    """
+    """The original job id of an ``oom-retry-of-<id>`` comment (user text: a claim, never recorded as a
+    link)."""
     return retry_tag_of(comment)
 
 
 def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
                    retry_of: Optional[int]) -> RerunDecision:
-    """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU
-    holds).
+    """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU holds).
 
-    Args:
-        share_mode: as ``hooks/ctld.py::share_mode_of`` names it; shards: the job's shards (GiB), or None.
-        gpu_mem_gib: the shards one GPU holds (GiB); retry_of: the job this one reruns, or None.
-
-    Returns:
-        A ``RerunDecision``: ``rerun`` True when a rerun may be submitted, ``reason`` in words.
+    ``shards`` and ``gpu_mem_gib`` in GiB (1 shard = 1 GiB); ``retry_of``: the job this one reruns, or None.
     """
     if retry_of is not None:
         return RerunDecision(False, f"already the OOM rerun of job {retry_of}: not rerun again")
@@ -197,8 +176,8 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> RerunDecision:
-    """``rerun_gate`` with the evidence read: watchdog events and sampler coverage (node databases), the
-    user's reruns in the window (controller database)."""
+    """``rerun_gate`` with its evidence read: watchdog events, sampler coverage, the user's reruns in the
+    window."""
     from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
 
     grant = shards_to_mib(job.shards or 0)
@@ -212,17 +191,11 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
-    """Record how every submitted rerun without a recorded end ended, from slurmctld's job list ``jobs``
-    (``squeue --json``): a final state is recorded as Slurm gives it (a rerun cancelled while pending never
-    gets an EpilogSlurmctld, so this look-up is what records it); a rerun no longer in the list (gone after
-    ``MinJobAge``) is recorded as ``UNKNOWN``.
+    """Record how every submitted rerun without a recorded end ended; the rerun job ids recorded.
 
-    Args:
-        db: the controller database.
-        jobs: slurmctld's job list (``squeue --json``), the jobs it still knows.
-
-    Returns:
-        The rerun job ids whose end was recorded.
+    From slurmctld's job list (``squeue --json``): a final state as Slurm gives it (a rerun cancelled while
+    pending never gets an EpilogSlurmctld, so this is what records it); a rerun no longer listed (gone after
+    ``MinJobAge``) as ``UNKNOWN``.
 
     Raises:
         sqlite3.Error: the database cannot be read or written (``hooks/ctld.py::settle`` logs it).
@@ -309,15 +282,9 @@ def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: J
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
 
-    Args:
-        ctx: the hook's environment; job: slurmctld's record of the job (``slurm_jobs.show_job``).
-        env: the hook's environment variables (the rerun's ``sbatch`` runs with them).
-        state: the final state (``hooks/state.py``); share_mode: as ``hooks/ctld.py::share_mode_of`` names it.
-        db: the controller database.
-
-    Returns:
-        A detail dict for the hook log (``oom``, ``retry_job_id``, ...). Slurm errors are recorded, not
-        raised; any other error reaches ``hooks/runner.py``, which logs it and exits 0 (never fails the node).
+    The rerun's ``sbatch`` runs with ``env``. Returns the hook log's detail (``oom``, ``retry_job_id``, ...).
+    Slurm errors are recorded, not raised; any other error reaches ``hooks/runner.py``, which logs it and
+    exits 0 (never fails the node).
     """
     job_id = job.job_id
     recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job

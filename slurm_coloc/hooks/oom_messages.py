@@ -36,15 +36,9 @@ _UNIT_MIB = {"GiB": 1024.0, "MiB": 1.0, "KiB": 1 / 1024, "B": 1 / 2**20}
 
 
 def find_oom_messages(text: str) -> List[Tuple[str, str]]:
-    """OOM messages in ``text``: ``[(pattern name, the line, trimmed to 300 chars)]``, at most 5, last first.
+    """Up to ``MAX_MESSAGES`` ``(pattern name, line trimmed to 300 chars)`` of ``text``, the last line first.
 
-    Pure; the text is only matched, never interpreted.
-
-    Args:
-        text: the job's output tail (user-written text); None or empty has none.
-
-    Returns:
-        Up to ``MAX_MESSAGES`` ``(pattern name, line)`` pairs, the last line of the text first. Never raises.
+    ``text``: the job's output tail (user-written: only matched, never interpreted); None or empty has none.
     """
     found: List[Tuple[str, str]] = []
     for line in reversed((text or "").splitlines()):
@@ -58,14 +52,8 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
 
 
 def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` (MiB, rounded up) in the OOM lines, 0 without one.
-
-    Args:
-        messages: ``find_oom_messages``'s ``(pattern name, line)`` pairs.
-
-    Returns:
-        The size in MiB (GiB, MiB, KiB and B read in binary units), or 0. Pure, never raises.
-    """
+    """The largest ``Tried to allocate X`` in the OOM lines, MiB rounded up (GiB/MiB/KiB/B binary); 0 without
+    one."""
     best = 0.0
     for _, line in messages:
         for num, unit in _TRIED_RE.findall(line):

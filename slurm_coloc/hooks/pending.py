@@ -33,15 +33,7 @@ MAX_RUN_S = 86400.0  # a run length (UP1 - UP0) outside 0..this is taken as unkn
 
 
 def pending_dir(env: Mapping[str, str]) -> str:
-    """The pending directory of this hook's environment: ``$COLOC_PENDING_DIR`` (absolute) or
-    ``DEFAULT_DIR``.
-
-    Args:
-        env: the hook's environment variables (``COLOC_PENDING_DIR``; a relative path is ignored).
-
-    Returns:
-        The directory path. Pure, never raises.
-    """
+    """``$COLOC_PENDING_DIR`` when absolute, else ``DEFAULT_DIR`` (pure)."""
     value = env.get("COLOC_PENDING_DIR", "")
     return value if value.startswith("/") else DEFAULT_DIR
 
@@ -52,13 +44,9 @@ def _token(value: str, allowed: str = "0123456789-.", default: str = "none") -> 
 
 
 def entry_name(hook: str, env: Mapping[str, str]) -> str:
-    """``<hook>-<job>-<run>.env``: ``run`` is the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns.
+    """``<hook>-<job>-<run>.env``: ``run`` the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns.
 
-    Args:
-        hook: the hook's name; env: its environment variables (``SLURM_JOB_ID``, ``COLOC_SHIM_RUN``).
-
-    Returns:
-        The file name (the job ``none`` when not a number; ``run`` kept to 64 digits, ``-`` and ``.``).
+    The job is ``none`` when not a number; ``run`` is kept to 64 digits, ``-`` and ``.``.
     """
     job = env.get("SLURM_JOB_ID", "")
     run = env.get("COLOC_SHIM_RUN", "") or f"{os.getpid()}-{time.time_ns()}"
@@ -66,28 +54,19 @@ def entry_name(hook: str, env: Mapping[str, str]) -> str:
 
 
 def keep(name: str) -> bool:
-    """Whether an environment variable goes into an entry (what the row builder may read).
-
-    Args:
-        name: the variable's name.
-
-    Returns:
-        True for a name of ``KEEP_NAMES`` or with a prefix of ``KEEP_PREFIXES``. Pure.
-    """
+    """Whether a variable goes into an entry: a name of ``KEEP_NAMES`` or with a prefix of
+    ``KEEP_PREFIXES``."""
     return name in KEEP_NAMES or name.startswith(KEEP_PREFIXES)
 
 
 def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: float) -> bytes:
-    """An entry's bytes: the kept variables of ``env`` and the run's ``COLOC_PENDING_*`` items, NUL-separated,
-    sorted, cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out.
+    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, NUL-separated,
+    sorted.
 
-    Args:
-        hook: the hook's name (``COLOC_PENDING_HOOK``); env: its environment variables (filtered by ``keep``).
-        reason: why the run could not record (``startup`` or the shim's rc: ``COLOC_PENDING_RC``).
-        up0, up1: ``/proc/uptime`` at the run's start and now (s).
-
-    Returns:
-        The entry's bytes (UTF-8, undecodable characters replaced).
+    Cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out; UTF-8, undecodable characters
+    replaced.
+    ``reason``: ``startup`` or the shim's rc; ``up0``/``up1``: ``/proc/uptime`` at the run's start and now
+        (s).
     """
     items = {k: v for k, v in env.items() if keep(k) and not k.startswith("COLOC_PENDING_")}
     items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason,
@@ -99,18 +78,11 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
 
 
 def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
-    """Write this run's entry into its pending directory (``queue.write``, no fsync: called with little time
-    left).
+    """Write this run's entry into its pending directory (``queue.write``, no fsync: little time left); its
+    path.
 
-    Args:
-        hook: the hook name (a node or slurmctld hook; others keep nothing).
-        env: the hook's environment (filtered by ``keep``).
-        reason: why the run could not record (``startup`` or the shim's rc).
-        up0: ``/proc/uptime`` when the run began (default: this process's exec time).
-
-    Returns:
-        The entry's path, or None when nothing was written (no such hook, unusable directory, queue full).
-        Never raises.
+    None: nothing written (not a node or slurmctld hook, unusable directory, queue full). ``up0`` None: this
+    process's exec time. Never raises.
     """
     try:
         if hook not in NODE_HOOKS + CTLD_HOOKS:
@@ -134,13 +106,7 @@ def _uptime() -> float:
 
 
 def decode(data: bytes) -> Dict[str, str]:
-    """The variables of an entry.
-
-    Args:
-        data: the entry's bytes (``encode``); undecodable UTF-8 is replaced.
-
-    Returns:
-        name -> value.
+    """The variables (name -> value) of an entry (``encode``); undecodable UTF-8 is replaced.
 
     Raises:
         queue.EntryError: an item that is not ``NAME=value`` with a kept name, or no known
@@ -161,16 +127,10 @@ def decode(data: bytes) -> Dict[str, str]:
 
 
 def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
-    """``(started_ts, ended_ts)`` of the run (unix s): its wall-clock end (``TS``, else the file's mtime) less
-    its length from ``/proc/uptime`` at start and end (``UP1 - UP0``; 0 when unknown or outside
-    0..``MAX_RUN_S``).
+    """``(started_ts, ended_ts)`` of the run, Unix s (pure).
 
-    Args:
-        env: the entry's variables (``decode``: ``COLOC_PENDING_TS``, ``_UP0``, ``_UP1``).
-        path_mtime: the entry file's modification time (unix s).
-
-    Returns:
-        ``(started_ts, ended_ts)`` in unix s. Pure, never raises.
+    The end is ``TS`` (else the file's mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when
+    unknown or outside 0..``MAX_RUN_S``).
     """
     try:
         ended = float(env.get("COLOC_PENDING_TS", ""))

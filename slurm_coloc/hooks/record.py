@@ -1,10 +1,9 @@
-"""What a hook run leaves behind: its rows in the database, or in the recovery queue when the database is
-unusable.
+"""What a hook run leaves behind: its rows in the database, or in the recovery queue when it is unusable.
 
 ``record_ops`` builds a run's rows from its environment alone (a record set, store/recordset.py).
 ``record_run`` writes them and then replays the recovery queue (store/queue.py) of the same database within
-the recording budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds the
-rows of a run that could not record at all from the environment it left (a pending entry, hooks/pending.py).
+the recording budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds
+the rows of a run that could not record at all from the environment it left (hooks/pending.py).
 """
 from __future__ import annotations
 
@@ -51,42 +50,19 @@ class HookTerminated(BaseException):
 
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
-    """Where a run's record set is queued when its database is unusable: ``<run_dir>/spool``, else
-    ``<state_dir>/spool``.
-
-    Args:
-        cfg: the configuration (``run_dir``, ``state_dir``).
-
-    Returns:
-        The two spool directory paths, in the order they are tried. Pure, never raises.
-    """
+    """Spool directories for an unusable database, in order: ``<run_dir>/spool``, ``<state_dir>/spool``."""
     return [str(Path(cfg.run_dir) / "spool"), str(Path(cfg.state_dir) / "spool")]
 
 
 def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
-    """Every directory of the recovery queue a run replays: the spool directories, then the pending
-    directory.
-
-    Args:
-        cfg: the configuration (``run_dir``, ``state_dir``).
-        env: the hook's environment variables (the pending directory, ``pending.pending_dir``).
-
-    Returns:
-        The directory paths, in replay order. Never raises.
-    """
+    """Every recovery-queue directory a run replays, in order: the spool directories, then the pending one."""
     return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 
 def target_of(name: str, ctx: HookContext) -> Optional[str]:
-    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog), ``ctld``, or None
-    (TaskProlog).
+    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog) or ``ctld``.
 
-    Args:
-        name: the hook's name (``prolog``, ``epilog``, ``prolog-slurmctld``, ``epilog-slurmctld``, ...).
-        ctx: the hook's environment (``node`` for the node hooks).
-
-    Returns:
-        The target string, or None for a hook that records nothing (or a node hook without a node name).
+    None: a hook that records nothing (TaskProlog), or a node hook without a node name.
     """
     if name in NODE_HOOKS and ctx.node:
         return f"node:{ctx.node}"
@@ -103,7 +79,7 @@ def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
 
 def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
                duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (a record set's ops, store/recordset.py), built from its environment
+    """The rows a hook run must leave (``{"op", "row"[, "once"]}``, store/recordset.py), from its environment
     only.
 
     A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
@@ -111,19 +87,8 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
     in the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
 
     Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent
-    or fill what is NULL, so applying the same ops twice leaves what applying them once does (a run whose rows
-    were committed and queued too, or an entry taken again after its replayer died, adds no second row).
-
-    Args:
-        name: the hook's name (``prolog``, ``epilog``, ``prolog-slurmctld``, ``epilog-slurmctld``).
-        ctx: the hook's environment (job id, node, user, GPUs, exit code, comment).
-        ok: whether the hook's own work succeeded.
-        detail: the hook's detail dict, stored as JSON (``detail_json``).
-        started_ts: when the run started (unix s).
-        duration_ms: how long it ran (ms); ``started_ts + duration_ms / 1000`` is the end time used.
-
-    Returns:
-        The ops, a list of ``{"op", "row"[, "once"]}`` dicts; empty for a hook that records nothing.
+    or fill what is NULL, so applying the same ops twice leaves what applying them once does. ``started_ts``
+    in Unix s; the end is ``started_ts + duration_ms / 1000``.
     """
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
@@ -162,16 +127,9 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
 
 
 def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
-    """Queue a run's record set (``spool_dirs`` in order, the first that takes it); log where, or log the rows
-    themselves when no directory takes them.
+    """Queue a run's record set in the first of ``spool_dirs`` that takes it; log where, or log the rows.
 
-    Args:
-        cfg: the configuration (``run_dir``, ``state_dir``: the spool directories).
-        target: the database the ops belong to (``node:<node>`` or ``ctld``, ``target_of``).
-        ops: the run's record set (``record_ops``).
-
-    Raises:
-        Never raises ``ColocError`` (a directory that refuses the entry is logged and the next is tried).
+    Never raises ``ColocError`` (a directory that refuses the entry is logged and the next is tried).
     """
     data = recordset.encode(target, ops)
     for d in spool_dirs(cfg):
@@ -187,18 +145,10 @@ def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) 
 
 def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> Tuple[str,
                                                                                        List[Dict[str, Any]]]:
-    """``(target, ops)`` of a pending entry's run (hooks/pending.py): the rows of a failed run, built by
-    ``record_ops`` from the captured environment with the captured times (unix s), marked as recovered, each
-    append op with a ``once`` window of the run's span widened by 1 s.
+    """``(target, ops)`` of a pending entry's run (hooks/pending.py), from the captured environment and times.
 
-    Args:
-        env: the captured environment (``pending.decode``), with ``COLOC_PENDING_HOOK`` and
-            ``COLOC_PENDING_RC``.
-        started_ts: when the run started (unix s).
-        ended_ts: when it ended (unix s).
-
-    Returns:
-        ``(target, ops)``: the database (``target_of``) and the record set (``record_ops``).
+    ``record_ops`` of a failed run, marked recovered; each append op's ``once`` window is the run's span (Unix
+    s) widened by 1 s. ``env`` carries ``COLOC_PENDING_HOOK`` and ``COLOC_PENDING_RC``.
 
     Raises:
         queue.EntryError: the entry names no job or database.
@@ -223,36 +173,21 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
 
 def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: str,
                  budget_s: float = REPLAY_BUDGET_S, max_entries: int = queue.MAX_REPLAY) -> int:
-    """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``): record sets (``.json``)
-    first, then pending environments (``.env``) of the same ``config_path`` (``COLOC_CONFIG``), each in one
-    transaction.
+    """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``); how many were applied.
 
-    An entry that cannot be read, decoded or written is set aside (``.bad``, logged); a failure of the
-    database itself (``recordset.store_unusable``) or the recording alarm stops the replay and propagates, the
-    entry put back.
-
-    Args:
-        target: the database ``db`` is (``node:<node>`` or ``ctld``); entries of another are left.
-        db: the open database (``store.db``) the entries are applied to.
-        directories: the queue's directories (``queue_dirs``), in order.
-        config_path: this cluster's configuration path; pending entries of another are left.
-        budget_s: the replay's time budget (s).
-        max_entries: the most entries applied in this call.
-
-    Returns:
-        How many entries were applied.
+    Record sets (``.json``) first, then pending environments (``.env``) of the same ``config_path``
+    (``COLOC_CONFIG``), each in one transaction; another database's or cluster's are left. An entry that
+    cannot be read, decoded or written is set aside (``.bad``, logged). ``budget_s`` in s.
 
     Raises:
-        The database failure (``recordset.store_unusable``) or ``HookTimeout`` that stopped the replay.
+        The database's own failure (``recordset.store_unusable``) or ``HookTimeout``: the replay stops, the
+        entry put back.
     """
     def decode(entry: queue.Entry) -> Optional[Tuple[List[Dict[str, Any]], str]]:
         """``(ops, what to log once applied)``, or None for another database's or cluster's entry.
 
-        Args:
-            entry: a queue entry (a record set ``.json`` or a pending environment ``.env``).
-
         Raises:
-            queue.EntryError, ValueError: an entry that cannot be decoded (``queue.replay`` sets it aside).
+            queue.EntryError, ValueError: an undecodable entry (``queue.replay`` sets it aside).
         """
         if entry.kind == recordset.SUFFIX:
             entry_target, ops = recordset.decode(entry.data)
@@ -268,11 +203,7 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
         return (ops, note) if entry_target == target else None
 
     def apply(entry: queue.Entry, item: Tuple[List[Dict[str, Any]], str]) -> None:
-        """Apply one decoded entry's ops to ``db`` in one transaction and log its note.
-
-        Args:
-            entry: the queue entry; item: ``decode``'s ``(ops, note)``.
-        """
+        """Apply one decoded entry's ops to ``db`` in one transaction and log its note."""
         recordset.apply_ops(db, item[0])
         if item[1]:
             log.warning("%s", item[1])
@@ -284,21 +215,13 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
 
 def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],
                state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
-    """Write this run's rows ``ops`` (``record_ops``) to ``target``'s database, then replay the recovery queue
-    (``replay_queue``) until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most.
+    """Write ``ops`` to ``target``'s database, then replay its recovery queue (``replay_queue``).
 
-    ``state["recorded"]`` turns True once the rows are committed; the caller (``runner.record_bounded``)
-    queues them otherwise, after its alarm is disarmed. The connection is closed with SIGALRM held, which also
-    rolls back a transaction the alarm left open (its write lock would block the next opener).
-
-    Args:
-        name: the hook's name (for the log).
-        target: the database to write (``node:<node>`` or ``ctld``, ``target_of``).
-        cfg: the configuration (database paths, ``db_busy_timeout_s``, spool directories).
-        ops: the run's record set (``record_ops``).
-        state: the caller's mutable state; ``state["recorded"]`` is set True once ``ops`` are committed.
-        env: the hook's environment variables (``COLOC_CONFIG``, the pending directory); None:
-            ``os.environ``.
+    The replay runs until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most.
+    ``state["recorded"]`` turns True once the rows are committed; else the caller (``runner.record_bounded``)
+    queues them after disarming its alarm. The connection is closed with SIGALRM held, which also rolls back a
+    transaction the alarm left open (its write lock would block the next opener). ``env`` None:
+    ``os.environ``.
 
     Raises:
         Never raises (errors are logged), but ``HookTerminated`` passes, and the recording alarm's

@@ -4,15 +4,15 @@ rerun").
 Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script
 Slurm stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard ->
 gpu (docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot
-give the job a whole GPU (docs/design.md says why, with what was tried).
+give the job a whole GPU (docs/design.md says why).
 
-What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ... of
-every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch
+What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ...
+of every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch
 itself runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and
-only where they agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``. Every
-option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), passed as one argv
-word, no shell. An array task is rerun alone (``--array=<its task id>``). The rerun carries the job's whole
-confinement from the record (reservation, excluded and required nodes, QOS, account, WCKey, features,
+only where they agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``.
+Every option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), one argv
+word each, no shell. An array task is rerun alone (``--array=<its task id>``). The rerun carries the job's
+whole confinement from the record (reservation, excluded and required nodes, QOS, account, WCKey, features,
 licenses, other GRES, container, ...: ``slurm/confinement.py``), or is refused with the reason
 (``rerun_refusal``). Root submits it: a site ``job_submit`` filter sees ``submit_uid`` 0 (docs/admin.md).
 """
@@ -41,19 +41,13 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
 def neutralise_directives(script: str) -> Tuple[str, int]:
-    """The script with every directive line turned into a plain comment, and how many lines were changed.
+    """``(script, lines changed)``: every directive line of the user's script made a plain comment (pure).
 
     Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of
-    any dialect (``_DIRECTIVE``) anywhere in the script, and every comment line of the header (before the
-    first line that is neither blank nor a comment, where sbatch stops reading directives), except a ``#!``
-    first line. Lines are split at ``\\n``, ``\\r\\n`` and ``\\r`` alike, so no reader's idea of a line start
-    is missed. Pure.
-
-    Args:
-        script: the batch script's text (user-written; the line breaks are kept as they are).
-
-    Returns:
-        ``(neutralised script, number of lines changed)``. Never raises.
+    any dialect (``_DIRECTIVE``) anywhere, and every comment line of the header (before the first line that is
+    neither blank nor a comment, where sbatch stops reading directives), except a ``#!`` first line. Lines are
+    split at ``\\n``, ``\\r\\n`` and ``\\r`` alike (kept as they are), so no reader's idea of a line start is
+    missed.
     """
     parts = _LINE_BREAK.split(script)  # [line, sep, line, sep, ..., line]
     header = True
@@ -73,26 +67,18 @@ def neutralise_directives(script: str) -> Tuple[str, int]:
 
 
 def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[List[str], bool]:
-    """The batch script's arguments and whether they are known exactly.
+    """``(argument words, exact)`` of the batch script (pure).
 
-    Slurm's own record comes first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's
-    ``submit_line``, both argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``,
-    already within ``comment.values.MAX_ARGS`` words of at most ``comment.values.MAX_ARG_CHARS``; None when
-    absent). It is used only where its words are the words Slurm recorded (the comment is the user's text; it
-    can restore spaces inside arguments, never add or change any); otherwise Slurm's words, exact unless an
-    argument held whitespace.
+    Slurm's record first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's ``submit_line``, both
+    argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``, within
+    ``comment.values.MAX_ARGS`` words of at most ``MAX_ARG_CHARS``; None: absent), used only where its words
+    are the words Slurm recorded (it is the user's text: it can restore spaces inside arguments, never add or
+    change any); else Slurm's words. ``exact`` False: spaces inside arguments may be lost, or the arguments
+    are unknown (empty list).
 
-    Slurm 24.11 records the script alone (its arguments are kept nowhere a hook can read:
-    docs/slurm-versions.md); there the comment's ``argv`` is the only source. The arguments follow the script
-    path, where sbatch reads no option, so they shape only what the user's own script sees.
-
-    Args:
-        job: slurmctld's record of the job, or None (then only ``argv`` can give the arguments).
-        argv: the coloc comment's argument words (``JobComment.argv``), or None when absent.
-
-    Returns:
-        ``(argument words, exact)``: ``exact`` False where spaces inside arguments may have been lost or the
-        arguments are unknown (then the list is empty). Pure, never raises.
+    Slurm 24.11 records the script alone (docs/slurm-versions.md); there the comment's ``argv`` is the only
+    source. The arguments follow the script path, where sbatch reads no option, so they shape only what the
+    user's own script sees.
     """
     recorded, exact = job.recorded_script_args() if job else ([], True)
     words = list(argv) if argv is not None else []
@@ -104,25 +90,18 @@ def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[
 
 
 def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
-    """sbatch options of the rerun of ``job``, each one argv word (no shell).
+    """sbatch options of ``job``'s rerun, one argv word each (no shell; pure), the rerun's coloc comment last.
 
-    Every value is the job's own in slurmctld's record (``JobInfo`` from ``squeue --json``): name, partition,
-    account, time limit, working directory, output paths (``--open-mode=append``), nodes, tasks, CPUs, memory,
-    and for an array task ``--array=<its task id>`` (that task alone). Fixed by root: ``--ignore-pbs``,
-    ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or the job's leaks),
-    ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``: 22.05 takes one job's shards
-    from one GPU, so no shard job fits beside it, while ``--gres=gpu:1`` would not keep shard tenants off:
-    docs/facts.md §4), followed by the job's other per-node GRES. The job's confinement (reservation,
-    ``--exclude``, ``--nodelist``, QOS, constraint, licenses, WCKey, container, ...) is carried verbatim
-    (``slurm/confinement.py``). Nothing comes from the job's comment, script or environment.
-
-    Args:
-        job: slurmctld's record of the job (``squeue --json``).
-        cfg: the configuration (``gpu_mem_gib``: the shards of a whole GPU, 1 shard = 1 GiB).
-
-    Returns:
-        The sbatch option words (``--time`` in minutes, ``--mem`` in MiB), the rerun's coloc comment last.
-        Pure.
+    Every value is the job's own in slurmctld's record (``squeue --json``): name, partition, account, time
+    limit (``--time`` in minutes), working directory, output paths (``--open-mode=append``), nodes, tasks,
+    CPUs,
+    memory (``--mem`` in MiB), and for an array task ``--array=<its task id>``. Fixed by root:
+    ``--ignore-pbs``, ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or
+    the job's leaks), ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``, 1 shard = 1
+    GiB: 22.05 takes one job's shards from one GPU, so no shard job fits beside it, while ``--gres=gpu:1``
+    would not keep shard tenants off: docs/facts.md §4), then the job's other per-node GRES. Its confinement
+    is carried verbatim (``slurm/confinement.py``). Nothing comes from the job's comment, script or
+    environment.
 
     Raises:
         ColocError: part of the job's confinement cannot be carried (``rerun_refusal`` names it).
@@ -168,23 +147,21 @@ def _shape_args(job: JobInfo) -> List[str]:
 
 
 def rerun_refusal(job: JobInfo) -> Optional[str]:
-    """Why the rerun of ``job`` is refused (one line), or None: a part of its confinement that the rerun
-    cannot carry (``slurm/confinement.py``: GRES per job/task/socket, CPUs or memory per GRES, a burst
-    buffer, a heterogeneous job's component). Pure, never raises."""
+    """Why ``job``'s rerun is refused (one line), or None (pure).
+
+    A part of its confinement the rerun cannot carry (``slurm/confinement.py``: GRES per job/task/socket, CPUs
+    or memory per GRES, a burst buffer, a heterogeneous job's component).
+    """
     return refusal(confinement_of(job.raw))
 
 
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
                  argv: Optional[Sequence[str]]) -> Tuple[int, bool]:
-    """Write the batch script to a root-only directory, neutralise its directives, submit the rerun as the
-    job's user; return (new job id, whether the script's arguments are exact).
+    """Submit the rerun as the job's user; ``(new job id, whether the script's arguments are exact)``.
 
-    Args:
-        job: slurmctld's record of the job; cfg: the configuration (``run_dir``, ``slurm_bin_dir``,
-            ``hook_timeout_s``: a fifth bounds scontrol, a quarter sbatch, s).
-        env: the hook's environment variables (only ``SLURM_CONF`` is passed on).
-        uid, gid: the job's user and group; sbatch runs as them.
-        argv: the job comment's argument words (``JobComment.argv``), or None; see ``script_args``.
+    The batch script is written to a root-only directory and its directives neutralised; sbatch runs as
+    ``uid``/``gid`` with only ``SLURM_CONF`` of ``env``. ``hook_timeout_s``: a fifth bounds scontrol, a
+    quarter sbatch. ``argv``: see ``script_args``.
 
     Raises:
         ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.

@@ -71,19 +71,12 @@ def _on_term(signum: int, frame: Any) -> None:
 
 
 def work_budget_s(cfg: config_mod.Config, env: Mapping[str, str], age_s: float) -> float:
-    """The child's time budget: ``hook_timeout_s``, capped so that the whole process (start-up ``age_s``, kill
-    grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit. When that leaves less than
-    ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would only lose it, while
-    the parent's SIGTERM is caught and logged and the child finishes on its own.
+    """The child's time budget (s), at most ``hook_timeout_s``; never raises.
 
-    Args:
-        cfg: the configuration (``hook_timeout_s``, ``db_busy_timeout_s``).
-        env: the hook's environment variables (``COLOC_SHIM_TIMEOUT_S``: the shim's limit, s; a bad value
-            counts as ``OUTER_LIMIT_S``).
-        age_s: how long the hook process has run so far (s).
-
-    Returns:
-        The budget (s), at most ``hook_timeout_s``. Never raises.
+    Capped so that the whole process (start-up ``age_s``, kill grace, recording) ends ``OUTER_MARGIN_S``
+    before the shim's limit (``COLOC_SHIM_TIMEOUT_S``; a bad value counts as ``OUTER_LIMIT_S``). When that
+    leaves less than ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would
+    only lose it, while the parent's SIGTERM is caught and logged and the child finishes on its own.
     """
     try:
         outer = float(env.get("COLOC_SHIM_TIMEOUT_S") or OUTER_LIMIT_S)
@@ -115,9 +108,11 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
 
 
 def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
-    """The config, or None after logging (and recording where possible) why it cannot be loaded. The
-    TaskProlog runs in the job's environment, so it takes no override from it
-    (``config.load_in_job_environment``)."""
+    """The config, or None after logging (and recording where possible) why it cannot be loaded.
+
+    The TaskProlog runs in the job's environment, so it takes no override from it
+    (``config.load_in_job_environment``).
+    """
     try:
         if name == "task-prolog":
             return config_mod.load_in_job_environment(env)
@@ -135,22 +130,13 @@ def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[c
 def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool, detail: Dict[str, Any],
                    started_ts: float, duration_ms: float, state: Dict[str, Any],
                    env: Mapping[str, str]) -> None:
-    """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, and never lose its
-    rows.
+    """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, never losing its rows.
 
     The rows are built before the alarm is armed and, unless ``record_run`` committed them
     (``state["recorded"]``), queued after it is disarmed, so an alarm firing anywhere loses none; rows both
     committed and queued are applied once (``once`` windows).
 
-    Args:
-        name: the hook's name; ctx: its job; cfg: the configuration (databases, spool directories).
-        ok: whether the hook's work succeeded; detail: its detail dict for the hook log.
-        started_ts: when the run started (unix s); duration_ms: how long it ran (ms).
-        state: the caller's mutable state (``state["recorded"]`` is set here).
-        env: the hook's environment variables.
-
-    Raises:
-        Never raises (the alarm's ``HookTimeout`` is caught and logged), but ``HookTerminated`` passes.
+    Never raises (the alarm's ``HookTimeout`` is caught and logged), but ``HookTerminated`` passes.
     """
     target = target_of(name, ctx)
     if target is None:
@@ -178,11 +164,8 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> None:
 
 
 def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Run hook ``name`` for the job in ``environ``; return lines to print (TaskProlog only). Never raises.
-
-    Args:
-        name: one of ``HOOKS``.
-        environ: the hook's environment (default ``os.environ``).
+    """Run hook ``name`` (one of ``HOOKS``) for the job in ``environ`` (None: ``os.environ``); TaskProlog's
+    lines to print. Never raises.
     """
     env = dict(os.environ if environ is None else environ)
     t0, started_ts = time.monotonic(), time.time()
@@ -294,11 +277,9 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
 
 
 def _read_answer(r: int, deadline: float) -> Tuple[List[bytes], bool]:
-    """Read the child's answer from pipe ``r`` (closed on return) until EOF or ``deadline`` (monotonic s).
+    """``(chunks, killed)`` from pipe ``r`` (closed on return), read until EOF or ``deadline`` (monotonic s).
 
-    Returns:
-        ``(chunks, killed)``: the bytes read, and True when the deadline passed first (the child is to be
-        killed).
+    ``killed``: the deadline passed first (the child is to be killed).
     """
     chunks: List[bytes] = []
     try:
@@ -332,17 +313,12 @@ def _reap(pid: int, killed: bool) -> None:
 
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
                 name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
-    """Run ``fn(ctx, cfg, env)`` in a forked child bounded by ``hook_timeout_s`` (soft, SIGALRM in the child)
-    and ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of the child's process group).
+    """Run ``fn(ctx, cfg, env)`` in a forked child; ``(ok, detail, result)``.
 
-    Args:
-        fn: the hook's work; ctx, cfg, env: passed to it. name: the hook's name in the log.
-        state: the caller's SIGTERM bookkeeping; ``state["child"]`` holds the child's pid while it runs.
-
-    Returns:
-        ``(ok, detail, result)``: ``detail`` the hook's dict (or ``{"error": ...}``), ``result`` its list
-        (TaskProlog lines) or None. Never raises (``HookTerminated`` passes; ``state["child"]`` then names the
-        child to kill).
+    Bounded by ``hook_timeout_s`` (soft, SIGALRM in the child) and ``hook_timeout_s + KILL_GRACE_S`` (hard:
+    SIGKILL of its process group). ``detail``: the hook's dict (or ``{"error": ...}``); ``result``: its list
+    (TaskProlog lines) or None. ``state["child"]`` holds the child's pid while it runs. Never raises
+    (``HookTerminated`` passes; ``state["child"]`` then names the child to kill).
     """
     # the child must never see our handler
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -372,12 +348,5 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
 
 
 def bound_s(cfg: config_mod.Config) -> float:
-    """The most seconds one hook process takes (module docstring): own work + kill grace + recording.
-
-    Args:
-        cfg: the configuration (``hook_timeout_s``, ``db_busy_timeout_s``).
-
-    Returns:
-        The bound (s). Pure, never raises.
-    """
+    """The most seconds one hook process takes (module docstring): own work + kill grace + recording."""
     return cfg.hook_timeout_s + KILL_GRACE_S + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 
 def process_age_s() -> float:
-    """Seconds since this process was exec'd (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if
-    unknown."""
+    """Seconds since exec (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if unknown."""
     try:
         start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])

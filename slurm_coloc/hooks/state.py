@@ -33,27 +33,15 @@ INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace
 
 
 def is_final(state: str) -> bool:
-    """Whether a state name in the hook's environment (text, any case) is a final state (``JobInfo.final`` is
-    the same test on Slurm's record, normalised where ``JobInfo`` is built).
+    """Whether a state name from the environment (any case, suffix allowed: ``CANCELLED by 1000``) is final.
 
-    Args:
-        state: a state name, possibly with a suffix (``CANCELLED by 1000``); empty is not final.
-
-    Returns:
-        True for a final state. Pure, never raises.
+    ``JobInfo.final`` is the same test on Slurm's record. Pure.
     """
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
 def state_from_env(env: Mapping[str, str]) -> Optional[str]:
-    """The final state the hook's environment gives (``FINAL_STATE_VARS``), or None (always None on 22.05).
-
-    Args:
-        env: the hook's environment variables.
-
-    Returns:
-        The upper-case state name (first word), or None. Pure, never raises.
-    """
+    """The upper-case final state (first word) the environment gives (``FINAL_STATE_VARS``); None on 22.05."""
     for name in FINAL_STATE_VARS:
         value = (env.get(name) or "").strip()
         if is_final(value):
@@ -62,16 +50,11 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
-    """The job's final state and its source (``SLURM`` or ``INFERRED``): the hook environment's, else
-    slurmctld's record if final (24.11+ inside the epilogs: module docstring), else ``infer_final_state`` of
-    the record (exit pair, run time, limit, reason; 22.05).
+    """``(state, source)``: the job's final state and ``SLURM`` or ``INFERRED`` (pure).
 
-    Args:
-        job: slurmctld's record of the job (``slurm_jobs.show_job``).
-        env: the hook's environment variables; None: none (the record alone decides).
-
-    Returns:
-        ``(state, source)``: a Slurm state name and ``SLURM`` or ``INFERRED``. Pure, never raises.
+    The hook environment's, else slurmctld's record if final (24.11+ inside the epilogs: module docstring),
+    else ``infer_final_state`` of the record (exit pair, run time, limit, reason; 22.05). ``env`` None: the
+    record alone decides.
     """
     given = state_from_env(env or {})
     if given:
@@ -84,20 +67,13 @@ def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[
 
 def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional[int],
                       run_s: Optional[int], time_limit_s: Optional[int], reason: str = "") -> str:
-    """The job's final state.
+    """The job's final state, ``COMPLETING`` resolved.
 
-    Args:
-        job_state: the job's state (usually ``COMPLETING`` inside an epilog).
-        exit_code, signal: the pair scontrol prints as ``ExitCode=<code>:<signal>``.
-        run_s, time_limit_s: run time and time limit in seconds (None if unknown/unlimited).
-        reason: the state reason (``TimeLimit`` in EpilogSlurmctld of a timed-out job).
-
-    Returns:
-        A Slurm state name; ``COMPLETING`` states are resolved: ``Reason=TimeLimit`` is ``TIMEOUT`` whatever
-        the exit; a signal (or a shell's ``128 + signal`` exit code of SIGHUP, SIGINT, SIGTERM:
-        ``shell_signal``) with the run at its time limit is ``TIMEOUT``, SIGHUP/SIGINT/SIGTERM before it
-        ``CANCELLED``, another signal or a non-zero exit ``FAILED``, else ``COMPLETED`` (also at the limit:
-        without a signal the job ended by itself).
+    ``exit_code``/``signal``: ``ExitCode=<code>:<signal>``; ``run_s``/``time_limit_s`` in s (None: unknown or
+    unlimited). ``Reason=TimeLimit`` is ``TIMEOUT`` whatever the exit; a signal (or a shell's ``128 + signal``
+    exit of SIGHUP, SIGINT, SIGTERM: ``shell_signal``) with the run at its limit is ``TIMEOUT``,
+    SIGHUP/SIGINT/SIGTERM before it ``CANCELLED``, another signal or a non-zero exit ``FAILED``, else
+    ``COMPLETED`` (also at the limit: without a signal the job ended by itself).
     """
     base = (job_state or "").split()[0].upper() if job_state else ""
     if base in _FINAL:
@@ -119,15 +95,10 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
 
 
 def shell_signal(exit_code: Optional[int]) -> Optional[int]:
-    """The signal a batch shell reports through its exit code: bash exits ``128 + N`` when its last command
-    was killed by signal N (bash(1), "EXIT STATUS"), as when a time-out or ``scancel`` reaches the shell's
-    child before the shell itself (``ExitCode=143:0`` rather than ``0:15``). Only the signals a cancel or
-    time-out sends count.
+    """The signal a batch shell reports in its exit code: 1, 2, 15 for 129, 130, 143; else None (pure).
 
-    Args:
-        exit_code: the job's exit code (``ExitCode=<code>:<signal>``'s first part), None if unknown.
-
-    Returns:
-        1 (SIGHUP), 2 (SIGINT) or 15 (SIGTERM) for exit codes 129, 130, 143; else None. Pure, never raises.
+    bash exits ``128 + N`` when its last command was killed by signal N (bash(1), "EXIT STATUS"), as when a
+    time-out or ``scancel`` reaches the shell's child first (``ExitCode=143:0`` rather than ``0:15``). Only
+    the signals a cancel or time-out sends count.
     """
     return exit_code - 128 if exit_code in (129, 130, 143) else None
