@@ -17,15 +17,9 @@ def write_atomic(path: Union[str, Path], data: bytes, mode: int = 0o644, sync: b
 
     The data goes to ``.<name>.<pid>.tmp`` in the same directory, created with ``O_EXCL | O_NOFOLLOW`` (a
     planted symlink is never followed; a stale file of a killed write is removed first), given ``mode`` with
-    ``fchmod`` (the umask does not apply), written whole, ``fsync``-ed when ``sync``, and renamed over
-    ``path`` (``rename(2)`` is atomic within one file system). Names starting with ``.`` are what readers of
-    these directories skip.
-
-    Args:
-        path: the file to replace (or create).
-        data: the file's whole content.
-        mode: the file's permission bits (octal, e.g. ``0o644``).
-        sync: ``fsync`` the data before the rename (durable across a crash, slower).
+    ``fchmod`` (the umask does not apply), written whole, ``fsync``-ed when ``sync`` (durable across a crash,
+    slower), and renamed over ``path`` (``rename(2)`` is atomic within one file system). Names starting with
+    ``.`` are what readers of these directories skip.
 
     Raises:
         OSError: the directory cannot be written (the temporary file is removed first).

@@ -173,17 +173,12 @@ def fit_activity(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sa
 
 def learn(runs: Sequence[SharedRun], samples: Mapping[GpuKey, Sequence[Sample]],
           capacity: Callable[[GpuKey], float]) -> List[LearnedRun]:
-    """Every run's profile alone, from the GPUs' samples and which runs computed when (module docstring).
+    """One ``LearnedRun`` per run with at least one sample while computing, in ``runs`` order (module
+    docstring); never raises on empty input.
 
-    Args:
-        runs: finished runs that ended normally (the caller leaves out killed, cancelled, preempted and OOM'd
-            runs: their time says nothing of their work); several GPUs and nodes at once.
-        samples: per GPU, its samples over the runs' span (any order).
-        capacity: a GPU's sharing capacity (summed SMACT alone, ``Calibration.capacity_for`` its model).
-
-    Returns:
-        One ``LearnedRun`` per run that has at least one sample while computing, in ``runs`` order. Never
-        raises on empty input.
+    ``runs``: finished runs that ended normally, several GPUs and nodes at once (the caller leaves out killed,
+    cancelled, preempted and OOM'd runs: their time says nothing of their work); ``samples``: per GPU, any
+    order; ``capacity``: a GPU model's sharing capacity (summed SMACT alone, ``Calibration.capacity_for``).
     """
     fitted = fit_activity(runs, samples)
     by_gpu: Dict[GpuKey, List[SharedRun]] = {}
