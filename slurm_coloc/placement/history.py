@@ -2,15 +2,11 @@
 the node databases (runs that had their GPU alone) and a ``placement_history_path`` file. Never fatal: a
 corrupt or stale file or an unreadable database is skipped with one warning.
 
-History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run measured in the databases is
-keyed by the uid Slurm ran it as, so it steers only that user's jobs; the admin's ``placement_history_path``
-file is keyed under uid None and counts for everyone. A job's lookups go ``(its uid, sig)`` then ``(None,
-sig)`` (``intensity.history_keys``).
-
-Runs whose GPU model is known (the node database's ``gpus`` table; the file's ``gpu_models`` section) are
-also kept per model (``ModelRuns``): a job's profile on a GPU comes from runs on that GPU's model where there
-are any, else from all its runs. A job's time alone differs between models (an H200 runs the same steps
-faster than an H100), and the sharing model predicts from it when tenants leave.
+History is per user (``intensity.HistoryKey`` = ``(uid, signature)``): a run in the databases is keyed by the
+uid Slurm ran it as and steers only that user's jobs; the admin's file is keyed under uid None and counts for
+everyone (lookup order: ``intensity.history_keys``). Runs whose GPU model is known are also kept per model
+(``ModelRuns``): a job's profile on a GPU comes from that model's runs where there are any (an H200 runs the
+same steps faster than an H100, and the sharing model predicts departures from time alone).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The registry of placement policies: ``placement_policy`` name -> policy (``evidence.Policy``).
+"""The registry of placement policies: ``placement_policy`` name -> ``evidence.Policy``.
 
-A new policy is one module (a ``Policy`` subclass: a ``name`` and a pure ``decide(Evidence) -> Decision``)
-and one ``register`` line below (or a ``register`` call of a site's or a test's own). Everything that lists
-policies reads this registry: the config's ``placement_policy`` choices (``config.sections``, which the
-registry keeps up to date: the config layer may not import this one), the placer's round
-(``rounds.Round.policy``), coloc-replay's modes (``replay.runner.modes``) and the benchmarks.
+A new policy is one module (a ``Policy`` subclass: ``name`` and a pure ``decide(Evidence) -> Decision``) and
+one ``register`` line below (or a site's or a test's own ``register`` call). Everything that lists policies
+reads this registry: the config's ``placement_policy`` choices (``config.sections``, kept up to date from
+here: the config layer may not import this one), ``rounds.Round.policy``, ``replay.runner.modes`` and the
+benchmarks.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""One coloc-placer round's decisions, job by job: what the placer keeps between rounds (``PlacerState``), and
-a ``Round`` that orders the held jobs, has the configured policy decide a GPU for each (the registry
-``policies.POLICIES``: ``gate.py``, ``throughput.py``, ...) and steers it, notes its wait, or releases it by
-memory once ``placement_max_wait_s`` has passed; and ``live_corrected``, which corrects the predicted
-activity of tenants never measured from their GPU's live reading. The loop around it (Slurm's queue, live
-state, history) is ``daemon.py``.
+"""One coloc-placer round, job by job: ``PlacerState`` (kept between rounds) and ``Round``, which orders the
+held jobs, has the configured policy (``policies.POLICIES``) decide a GPU for each and steers it, notes its
+wait, or releases it by memory once ``placement_max_wait_s`` has passed; ``live_corrected`` corrects never
+measured tenants' predictions from their GPU's live reading. The loop around it is ``daemon.py``.
 """
 from __future__ import annotations
 

@@ -69,9 +69,7 @@ class Tenant:
 
 
 def slowdown(load: float, capacity: float) -> float:
-    """``max(1, load / capacity)``: each computing job's slowdown at summed SM activity alone ``load``
-    (fraction, may exceed 1); infinity when ``capacity <= 0``.
-    """
+    """``max(1, load / capacity)`` (``load``: summed SM activity alone, fraction); inf when capacity <= 0."""
     return max(1.0, load / capacity) if capacity > 0 else float("inf")
 
 
@@ -174,9 +172,7 @@ def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startu
 
 def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, now: float,
                      startup_s: float) -> float:
-    """``slowdown(load_at_start + smact)``: the slowdown once a job of SM activity alone ``smact`` placed
-    ``now`` (Unix s) with ``startup_s`` (s) computes.
-    """
+    """``slowdown`` once a job of SM activity alone ``smact`` placed ``now`` (Unix s) starts computing."""
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
 

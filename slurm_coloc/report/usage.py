@@ -1,9 +1,8 @@
-"""Per-job usage figures of coloc-report (pure data): what a job reserved and held (``requested_mib``,
-``gpus_held``) and what it used, filled into its ``JobView`` by ``add_usage`` from the node Epilog's job
-summaries (``store/summaries.py``) and the sampler's tables (``store/samples.py``): peak memory, estimate
-error, utilization, SM activity/occupancy, energy, GPU-hours, the OOM record and the watchdog's reason. What
-was not recorded stays None and ``JobView.notes`` says so. The figures themselves come from
-``report/facts.py`` (light: the node Epilog computes the AdminComment figures with it).
+"""Per-job usage figures of coloc-report (pure data), filled into a ``JobView`` by ``add_usage`` from the node
+Epilog's job summaries (``store/summaries.py``) and the sampler's tables (``store/samples.py``): request and
+GPUs held, peak memory, estimate error, utilization, SM activity/occupancy, energy, GPU-hours, the OOM record
+and the watchdog's reason; what was not recorded stays None and ``JobView.notes`` says so. The figures come
+from ``report/facts.py``, which the node Epilog also uses for the AdminComment.
 """
 from __future__ import annotations
 
