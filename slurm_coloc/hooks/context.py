@@ -64,8 +64,7 @@ class HookContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "HookContext":
-        """Built from a hook's environment (pure); missing variables, and a non-integer id, become
-        None/empty."""
+        """Built from a hook's environment (pure); missing variables and a non-integer id: None/empty."""
         raw_ec = _int(env.get("SLURM_JOB_EXIT_CODE"))
         code, sig = decode_exit_code(raw_ec) if raw_ec is not None else (None, None)
         return cls(

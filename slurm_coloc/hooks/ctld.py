@@ -180,8 +180,7 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record how the job ended, settle earlier records, run the OOM step (hooks/oom.py) and write
-    AdminComment.
+    """Record how the job ended, settle earlier records, run the OOM step (hooks/oom.py), write AdminComment.
 
     Final state: ``hooks/state.py``; 22.05's epilogs see COMPLETING, so it is inferred and settled by a later
     controller hook. AdminComment: hooks/admin_comment.py. Returns the hook log's detail: ``state``,

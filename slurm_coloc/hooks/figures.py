@@ -89,8 +89,7 @@ def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
 
 
 def job_facts(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[JobFacts]:
-    """The job's facts, as ``report/usage.py`` ``add_usage`` computes them; None when no database knows the
-    job.
+    """The job's facts as ``report/usage.py`` ``add_usage`` computes them; None: no database knows the job.
 
     From the controller row and every node database of its node list (``nodes`` when the row has none yet,
     e.g. the node Epilog's own node before EpilogSlurmctld recorded the list).

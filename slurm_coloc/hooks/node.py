@@ -122,8 +122,7 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
-    """The ``export KEY=VALUE`` lines TaskProlog prints: each safe pair the Prolog prepared for this task's
-    job.
+    """The ``export KEY=VALUE`` lines TaskProlog prints: the safe pairs the Prolog prepared for the job.
 
     The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a
     heterogeneous job each component's tasks get their own component's file, not the leader's that

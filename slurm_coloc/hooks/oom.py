@@ -132,8 +132,7 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The original job id of an ``oom-retry-of-<id>`` comment (user text: a claim, never recorded as a
-    link)."""
+    """The job id of an ``oom-retry-of-<id>`` comment (user text: a claim, never recorded as a link)."""
     return retry_tag_of(comment)
 
 
@@ -176,8 +175,7 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> RerunDecision:
-    """``rerun_gate`` with its evidence read: watchdog events, sampler coverage, the user's reruns in the
-    window."""
+    """``rerun_gate`` with its evidence read: watchdog events, sampler coverage, the user's recent reruns."""
     from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
 
     grant = shards_to_mib(job.shards or 0)

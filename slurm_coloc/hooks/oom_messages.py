@@ -1,5 +1,5 @@
-"""The messages frameworks print when a GPU allocation fails, found in a job's output tail (pure: the user's
-text is only matched, never interpreted), and the size of the failed allocation PyTorch names. Read by
+"""The messages frameworks print when a GPU allocation fails, found in a job's output tail, and the size of
+the failed allocation PyTorch names. Pure: the user's text is only matched, never interpreted. Read by
 ``hooks/oom.py`` (detection and the rerun's evidence rule).
 """
 from __future__ import annotations
@@ -52,8 +52,7 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
 
 
 def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` in the OOM lines, MiB rounded up (GiB/MiB/KiB/B binary); 0 without
-    one."""
+    """The largest ``Tried to allocate X`` in the lines, MiB rounded up (binary units); 0 without one."""
     best = 0.0
     for _, line in messages:
         for num, unit in _TRIED_RE.findall(line):

@@ -54,19 +54,16 @@ def entry_name(hook: str, env: Mapping[str, str]) -> str:
 
 
 def keep(name: str) -> bool:
-    """Whether a variable goes into an entry: a name of ``KEEP_NAMES`` or with a prefix of
-    ``KEEP_PREFIXES``."""
+    """Whether a variable goes into an entry: in ``KEEP_NAMES`` or with a prefix of ``KEEP_PREFIXES``."""
     return name in KEEP_NAMES or name.startswith(KEEP_PREFIXES)
 
 
 def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: float) -> bytes:
-    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, NUL-separated,
-    sorted.
+    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, NUL-separated.
 
-    Cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out; UTF-8, undecodable characters
-    replaced.
-    ``reason``: ``startup`` or the shim's rc; ``up0``/``up1``: ``/proc/uptime`` at the run's start and now
-        (s).
+    Sorted, cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out; UTF-8, undecodable characters
+    replaced. ``reason``: ``startup`` or the shim's rc; ``up0``/``up1``: ``/proc/uptime`` at start and now
+    (s).
     """
     items = {k: v for k, v in env.items() if keep(k) and not k.startswith("COLOC_PENDING_")}
     items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason,
@@ -78,11 +75,10 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
 
 
 def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
-    """Write this run's entry into its pending directory (``queue.write``, no fsync: little time left); its
-    path.
+    """Write this run's entry into its pending directory (``queue.write``, no fsync: little time left).
 
-    None: nothing written (not a node or slurmctld hook, unusable directory, queue full). ``up0`` None: this
-    process's exec time. Never raises.
+    Its path, or None: nothing written (not a node or slurmctld hook, unusable directory, queue full).
+    ``up0`` None: this process's exec time. Never raises.
     """
     try:
         if hook not in NODE_HOOKS + CTLD_HOOKS:

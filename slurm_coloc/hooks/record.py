@@ -45,8 +45,7 @@ class HookTimeout(BaseException):
 
 
 class HookTerminated(BaseException):
-    """Raised by SIGTERM in the hook's main process: the shim's outer ``timeout``, or a Slurm daemon
-    stopping."""
+    """SIGTERM in the hook's main process: the shim's outer ``timeout``, or a Slurm daemon stopping."""
 
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
@@ -79,8 +78,7 @@ def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
 
 def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
                duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (``{"op", "row"[, "once"]}``, store/recordset.py), from its environment
-    only.
+    """The rows a hook run must leave (``{"op", "row"[, "once"]}``, store/recordset.py), from its environment.
 
     A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
     leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end

@@ -1,5 +1,4 @@
-"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md "The OOM
-rerun").
+"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md, OOM rerun).
 
 Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script
 Slurm stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard ->

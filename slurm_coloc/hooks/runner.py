@@ -164,8 +164,9 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> None:
 
 
 def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Run hook ``name`` (one of ``HOOKS``) for the job in ``environ`` (None: ``os.environ``); TaskProlog's
-    lines to print. Never raises.
+    """Run hook ``name`` (of ``HOOKS``) for the job in ``environ`` (None: ``os.environ``); lines to print.
+
+    Only TaskProlog prints lines. Never raises.
     """
     env = dict(os.environ if environ is None else environ)
     t0, started_ts = time.monotonic(), time.time()
@@ -188,8 +189,7 @@ def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str
 
 def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
               state: Dict[str, Any]) -> List[str]:
-    """``run_hook`` proper; ``state`` tells a SIGTERM handler what was reached (config, child pid,
-    recorded)."""
+    """``run_hook`` proper; ``state`` tells a SIGTERM handler what was reached (config, child, recorded)."""
     cfg = _load_config(name, ctx, env)
     if cfg is None:
         log.info("%s done in %.0f ms (config unusable)", name, (time.monotonic() - t0) * 1000)
@@ -240,8 +240,7 @@ def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, sta
 
 def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str], name: str,
            fd: int) -> None:
-    """In the forked child: run the hook under SIGALRM, write ``{"ok", "detail", "result"}`` JSON to ``fd``,
-    exit."""
+    """Forked child: run the hook under SIGALRM, write ``{"ok", "detail", "result"}`` to ``fd``, exit."""
     payload: Dict[str, Any]
     try:
         os.setpgid(0, 0)  # its own process group: a hard kill takes its subprocesses too

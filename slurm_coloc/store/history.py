@@ -85,8 +85,7 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
-    """The sampler's peak GPU memory of ``job_id`` (MiB, summed over its processes per instant), max over
-    nodes.
+    """The sampler's peak GPU memory of ``job_id``, MiB summed over its processes per instant, max over nodes.
 
     None when no node recorded samples for it.
     """
@@ -106,10 +105,9 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
 
 
 def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
-    """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]`` (None or 0:
-    False).
+    """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]``.
 
-    Then a job with no process samples of its own held no GPU memory in that time.
+    None or 0 times: False. Then a job with no process samples of its own held no GPU memory in that time.
     """
     from slurm_coloc.store.oom import gpu_samples_between
 
@@ -128,8 +126,7 @@ def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_
 
 
 def stopped_by_watchdog(cfg: Config, job_id: int, node_list: str) -> bool:
-    """Whether the sampler's watchdog stopped ``job_id`` on any node of ``node_list`` (unreadable: no
-    event)."""
+    """Whether the sampler's watchdog stopped ``job_id`` on a node of ``node_list`` (unreadable: no event)."""
     from slurm_coloc.store.oom import has_watchdog_event
 
     for node in node_names(node_list or ""):

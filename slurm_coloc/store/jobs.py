@@ -132,8 +132,7 @@ def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
 
 
 def record_submission(db: Database, sub: JobSubmission) -> None:
-    """Insert or update the job's submission columns, stamped ``updated_ts`` now (idempotent: a requeue
-    overwrites).
+    """Insert or update the job's submission columns, stamped now (idempotent: a requeue overwrites).
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -144,8 +143,9 @@ def record_submission(db: Database, sub: JobSubmission) -> None:
 
 
 def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Optional[float] = None) -> None:
-    """Record how a job ended, controller side (EpilogSlurmctld); ``node_list`` "" and ``start_ts`` None or 0
-    leave the stored values.
+    """Record how a job ended, controller side (EpilogSlurmctld).
+
+    ``node_list`` "" and ``start_ts`` None or 0 leave the stored values.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -259,7 +259,6 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[Dict[str, An
 
 
 def load_open_job_runs(db: Database, node: str, since_ts: float = 0.0) -> List[JobRunRow]:
-    """Running jobs: (job, ``node``) rows the Prolog opened at or after ``since_ts`` (0: any), no Epilog
-    closed."""
+    """Running jobs: (job, ``node``) rows opened at or after ``since_ts`` (0: any) that no Epilog closed."""
     return list(_rows(db, "job_runs", JobRunRow, "node = ? AND end_ts IS NULL AND start_ts >= ?",
                       [node, since_ts]))

@@ -86,8 +86,7 @@ def claim_retry(db: Database, rec: OomRecord) -> bool:
 
 def record_retry_submitted(db: Database, job_id: int, retry_job_id: int,
                            submit_ts: Optional[float] = None) -> None:
-    """sbatch accepted ``job_id``'s retry (row made by ``claim_retry``) as ``retry_job_id``; ``submit_ts``
-    None: now.
+    """sbatch accepted ``job_id``'s retry as ``retry_job_id``; ``submit_ts`` None: now.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -109,8 +108,7 @@ def record_retry_failed(db: Database, job_id: int, error: str) -> None:
 
 def record_retry_outcome(db: Database, retry_job_id: int, state: Optional[str], start_ts: Optional[float],
                          end_ts: Optional[float]) -> bool:
-    """How retry ``retry_job_id`` ended (its EpilogSlurmctld); False, nothing written, if it is not a known
-    retry.
+    """How retry ``retry_job_id`` ended (its EpilogSlurmctld); False, nothing written: not a known retry.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.
@@ -165,8 +163,7 @@ def history_peaks_mib(db: Database, script_sha256: str, uid: int) -> List[int]:
 
 
 def reruns_since(db: Database, uid: int, since_ts: float) -> int:
-    """How many OOM reruns (``retry_status`` submitting/submitted) user ``uid`` got at or after
-    ``since_ts``."""
+    """OOM reruns (``retry_status`` submitting/submitted) user ``uid`` got at or after ``since_ts``."""
     if not db.table(TABLE).exists():
         return 0
     row = db.execute(f"SELECT count(*) FROM {TABLE} WHERE uid = ? AND ts >= ? AND retry_status IN "
@@ -184,8 +181,7 @@ def unsettled_reruns(db: Database) -> List[int]:
 
 
 def script_sha256_of(db: Database, job_id: int) -> Optional[str]:
-    """The ``script_sha256`` PrologSlurmctld computed for ``job_id`` (root's hash of Slurm's copy), or
-    None."""
+    """``job_id``'s ``script_sha256`` (PrologSlurmctld: root's hash of Slurm's copy), or None."""
     if not db.table("jobs").exists():
         return None
     row = db.execute("SELECT script_sha256 FROM jobs WHERE job_id = ?", [int(job_id)]).fetchone()
@@ -201,8 +197,7 @@ def gpu_samples_between(node_db: Database, t0: float, t1: float) -> bool:
 
 
 def has_watchdog_event(node_db: Database, job_id: int) -> bool:
-    """Whether a node database has a ``watchdog_events`` row for ``job_id`` (the sampler's watchdog stopped
-    it).
+    """Whether a node database has a ``watchdog_events`` row for ``job_id`` (the watchdog stopped it).
 
     False where the table or its ``job_id`` column does not exist (older databases).
     """

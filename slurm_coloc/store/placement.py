@@ -82,8 +82,7 @@ BUSY_SMACT_PCT = 1.0
 
 def alone_activity(node_db: Database, job_ids: Iterable[int],
                    since_ts: float = 0.0) -> Dict[int, Dict[str, Any]]:
-    """Measured activity of the given jobs' single-GPU runs on this node that had their GPU alone, while
-    computing.
+    """Measured activity, while computing, of the jobs' single-GPU runs here that had their GPU alone.
 
     Alone: no other ``job_runs`` row on the same ``gpus`` overlaps it. Activity: mean SMACT/SMOCC/DRAMA of the
     GPU's samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): start-up (imports, CUDA

@@ -44,8 +44,7 @@ def entry_name() -> str:
 
 
 def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
-    """The queue entry bytes of a record set (sorted-key JSON, else ``str``), stamped now; ops as the module
-    says."""
+    """The queue entry bytes of a record set (sorted-key JSON, else ``str``), stamped now."""
     return json.dumps({"target": target, "ts": time.time(), "ops": list(ops)}, sort_keys=True,
                       default=str).encode()
 

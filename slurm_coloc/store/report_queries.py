@@ -170,8 +170,7 @@ def _hist_query(path: str, where: str, args: List[object]) -> Dict[int,
 def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[float] = None,
                      gpus: Optional[Sequence[int]] = None,
                      path: Optional[str] = None) -> List[GpuWindowStats]:
-    """Per-GPU aggregates of ``gpu_samples`` in ``[t0, t1]`` (None: unbounded), by GPU index; [] without
-    samples.
+    """Per-GPU aggregates of ``gpu_samples`` in ``[t0, t1]`` (None: unbounded), by index; [] without samples.
 
     Two scans inside SQLite: time-weighted sums, and a joint SM activity x SM occupancy histogram (1 %
     buckets, truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each

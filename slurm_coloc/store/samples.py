@@ -133,8 +133,7 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
 
 
 def purge(db: Database, before_ts: float) -> int:
-    """Delete samples older than ``before_ts`` from the 3 sample tables (summaries, events stay); rows
-    deleted.
+    """Delete samples older than ``before_ts`` (summaries and events stay); the rows deleted.
 
     Raises:
         sqlite3.Error: locked past the busy timeout, disk full.

@@ -128,8 +128,7 @@ def m003_samples(db: Database) -> None:
 
 @NODE()
 def m004_watchdog_events(db: Database) -> None:
-    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS on a
-    shared GPU.
+    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS.
 
     ``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, pids; ``action`` ``stop`` | ``record``;
     ``outcome_json`` (signals, scancel, the stderr line). Read by coloc-report / AdminComment and by the OOM
@@ -173,12 +172,11 @@ def m005_summary_diagnosis(db: Database) -> None:
 
 @NODE()
 def m006_cpu_samples(db: Database) -> None:
-    """Each GPU job's CPU use per sampler tick (node/cpu.py), and per-job means in ``job_summaries`` (NULL in
-    older).
+    """Each GPU job's CPU use per sampler tick (node/cpu.py), and per-job means in ``job_summaries``.
 
     Cores of its CUDA process(es) (``train_cores``, ``train_pids``), of their descendants (``workers``,
     ``workers_cores``: DataLoader workers), of its whole cgroup (``job_cores``), and its CPUs on the node
-    (``cpus``); ``cpu_samples``: rows the means came from.
+    (``cpus``); ``cpu_samples``: rows the means came from. NULL in older summaries.
     """
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,

@@ -106,8 +106,7 @@ class RunningRun:
 
 
 def running_runs(db: Database, node: str) -> List[RunningRun]:
-    """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start before the job
-    runs)."""
+    """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start first)."""
     if not db.table("job_runs").exists():
         return []
     out = []
