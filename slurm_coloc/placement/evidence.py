@@ -69,9 +69,5 @@ class Policy:
     sharing_model: bool = False
 
     def decide(self, ev: Evidence) -> Decision:
-        """A GPU, or a wait (``Decision.hold``) with a reason. Pure.
-
-        Raises:
-            ValueError: a bad shard request or setting (the round counts it as the job's error).
-        """
+        """Pure: a GPU, or a wait (``Decision.hold``) with a reason; ValueError: bad shards or setting."""
         raise NotImplementedError

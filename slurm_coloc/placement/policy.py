@@ -190,9 +190,7 @@ def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Ga
 
 
 def saturated_gpus(gpus: Sequence[GpuState], gate: Gate, max_age_s: float) -> List[Tuple[str, int]]:
-    """``(node, index)`` of GPUs whose live state, at most ``max_age_s`` (s) old, is saturated (the guard's
-    view, for logs and reports).
-    """
+    """``(node, index)`` of GPUs whose live state (<= ``max_age_s`` s old) is saturated: the guard's view."""
     return [g.key for g in gpus if fresh(g, max_age_s) and g.live is not None and gate.saturated(g.live)]
 
 

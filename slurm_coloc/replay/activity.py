@@ -15,11 +15,8 @@ log = logging.getLogger("slurm_coloc.replay")
 
 
 def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
-    """Mean GPM SM activity (%) over [t0, t1] (Unix s) of the GPUs of ``records``' nodes; None where no sample
-    covers the span (an unreadable database counts as none).
-
-    Raises:
-        SlurmError: a record's ``nodes`` is not a valid host list.
+    """Mean GPM SM activity (%) over [t0, t1] (Unix s) of ``records``' nodes' GPUs; None without samples;
+    SlurmError: a bad host list.
     """
     return sm_activity_per_gpu(cfg, records, t0, t1)[0]
 
@@ -48,9 +45,5 @@ def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
 
 
 def parse_index_nodes(nodes: str) -> List[str]:
-    """``n[1-2]`` / ``n1,n2`` -> node names.
-
-    Raises:
-        SlurmError: not a valid host list (``expand_hostlist``).
-    """
+    """``n[1-2]`` / ``n1,n2`` -> node names; SlurmError: not a valid host list."""
     return expand_hostlist(nodes)

@@ -309,9 +309,5 @@ def submit_for_placer(argv: Sequence[str], cfg: Config,
 
 
 def cancel(cfg: Config, job_ids: Sequence[int], env: Dict[str, str]) -> None:
-    """``scancel`` the jobs (none: nothing); Slurm's refusal (a job already ended) is ignored.
-
-    Raises:
-        SlurmError: scancel missing or timed out.
-    """
+    """``scancel`` ``job_ids`` (none: nothing; Slurm's refusal ignored); SlurmError: missing or timed out."""
     cancel_jobs(job_ids, cfg.slurm_bin_dir, env)

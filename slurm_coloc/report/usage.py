@@ -19,16 +19,12 @@ MIB_PER_GIB = facts.MIB_PER_GIB
 
 
 def requested_mib(job: JobView, cfg: Config) -> Optional[float]:
-    """GPU memory reserved (MiB): shards x 1024, or whole GPUs x ``gpu_mem_gib`` x 1024; None for a job
-    holding neither.
-    """
+    """GPU memory reserved (MiB): shards x 1024, or GPUs x ``gpu_mem_gib`` x 1024; None for neither."""
     return facts.requested_mib(job.shards, job.share_mode, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
 def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
-    """GPUs held: shards / ``gpu_mem_gib`` for a shard job (one shard is 1 GiB), else the GPUs listed; None
-    for a job with neither.
-    """
+    """GPUs held: shards / ``gpu_mem_gib`` (one shard is 1 GiB), else the GPUs listed; None for neither."""
     return facts.gpus_held(job.shards, len(job.gpu_list), cfg.gpu_mem_gib)
 
 
