@@ -16,6 +16,7 @@ HERE = Path(sys.prefix)  # this venv: torch and numpy installed (scripts/install
 XY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 
+@pytest.mark.slow
 def test_a_site_environment_with_torch_and_numpy_is_accepted() -> None:
     found = torchsite.check(HERE)
     import numpy

@@ -128,6 +128,7 @@ _spec = st.dictionaries(st.sampled_from(["model", "kwargs", "input_shape", "batc
                         max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(_keys, _json | st.integers() | _spec, max_size=10))
 def test_any_json_gives_a_bounded_annotation_or_none(data: dict) -> None:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
 import yaml
 
 from slurm_coloc import config as config_mod
@@ -57,6 +58,7 @@ def test_effective_config_names_the_file_and_each_value_s_source(tmp_path: Path)
     assert len(lines) == 1 + len(fields(config_mod.Config))
 
 
+@pytest.mark.slow
 def test_bad_or_partial_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     cases = {"truncated": "gpu_mem_gib: [80\n", "unknown": "gpu_mem: 80\n",
              "bad value": "gpu_mem_gib: lots\n",

@@ -97,6 +97,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_main_sh_says_demo_and_refuses_a_production_slurmctld(tmp_path: Path) -> None:
     if os.geteuid() != 0 or not os.path.exists("/usr/sbin/slurmctld"):
         pytest.skip("needs root and slurmctld")

@@ -60,6 +60,7 @@ def tree() -> Iterator["tuple[subprocess.Popen, List[int]]"]:
     _stop(p, kids)
 
 
+@pytest.mark.slow
 def test_reader_splits_the_idle_cuda_process_from_its_busy_worker(tree: "tuple[subprocess.Popen, List[int]]"
                                                                    ) -> None:
     parent, kids = tree
@@ -82,6 +83,7 @@ def test_reader_splits_the_idle_cuda_process_from_its_busy_worker(tree: "tuple[s
     assert r.read({}) == [] and r.read({5: [parent.pid]}) == []  # a job gone and back starts a new baseline
 
 
+@pytest.mark.slow
 def test_a_worker_started_between_walks_counts_its_whole_cpu_time() -> None:
     """The tree is walked once per ``tree_refresh_s`` (5 s here, on the reader's clock): a worker forked after
     a walk is found at the next one and its CPU time since its start is counted then, none of it lost."""
@@ -141,6 +143,7 @@ def test_cgroup_v2_usage_of_the_job_directory(tmp_path: Path) -> None:
     assert row.workers == 0 and row.cpus is None
 
 
+@pytest.mark.slow
 def test_sampler_tick_records_the_cpu_of_a_replayed_gpu_process(tree: "tuple[subprocess.Popen, List[int]]",
                                                                  tmp_path: Path) -> None:
     """NVML is the H100 recording with its job 9102's CUDA pid mapped onto the live idle parent (SLURM_JOB_ID
@@ -200,6 +203,7 @@ LOADER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_input_bound_jobs_real_loader_reads_as_a_saturated_worker_and_a_waiting_process() -> None:
     """The CPU half of ``diag_jobs.py input_bound`` (its DataLoader: one worker blurring 3x224x224 images) run
     for real here; what the sampler's reader sees is the evidence the input-bound rule needs."""

@@ -348,6 +348,7 @@ def test_jobs_json_table_and_admin_comment_carry_the_findings(state: Path) -> No
         assert {"finding", "waste"}.isdisjoint(json.loads(admin_comment.build(cfg, job, wait_s=0)))
 
 
+@pytest.mark.slow
 def test_advise_prints_the_story_and_draws_the_timeline(state: Path, tmp_path: Path) -> None:
     out = tmp_path / "png"
     proc = _report(state, "advise", "21", "--json", "--out", str(out))

@@ -18,6 +18,7 @@ def test_help_has_example(name):
     assert "Example" in text, f"{name} --help has no example:\n{text}"
 
 
+@pytest.mark.slow
 def test_cli_md_is_current():
     assert (REPO / "docs" / "cli.md").read_text() == gen_cli_docs.render(), \
         "docs/cli.md is stale: run .venv/bin/python scripts/gen_cli_docs.py"

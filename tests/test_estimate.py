@@ -51,6 +51,7 @@ def test_allocator_invariants(ops: list) -> None:
     assert m.allocated_b == 0 and m.peak_allocated_b <= m.peak_reserved_b
 
 
+@pytest.mark.slow
 def test_resnet18_estimate_is_plausible() -> None:
     spec = ModelSpec("torchvision.models:resnet18", (3, 32, 32), 64, optimizer="adam")
     est = estimate_peak(spec, "H100")
@@ -62,6 +63,7 @@ def test_resnet18_estimate_is_plausible() -> None:
     assert est.mem_mib >= d["analytic_mib"] >= 612
 
 
+@pytest.mark.slow
 def test_estimate_grows_with_batch_and_amp_saves() -> None:
     small = estimate_peak(ModelSpec("torchvision.models:resnet18", (3, 64, 64), 16, optimizer="sgd"))
     big = estimate_peak(ModelSpec("torchvision.models:resnet18", (3, 64, 64), 256, optimizer="sgd"))
@@ -105,6 +107,7 @@ def test_user_file_model(tmp_path) -> None:
     assert est.mem_mib > 612
 
 
+@pytest.mark.slow
 def test_cli_json_and_errors() -> None:
     cmd = [sys.executable, "-m", "slurm_coloc.cli.estimate"]
     ok = subprocess.run(cmd + ["--model", ZOO + ":transformer_lm", "--model-kwargs",

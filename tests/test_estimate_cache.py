@@ -28,6 +28,7 @@ def _estimate_json(script: Path, env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_hit_does_not_import_torch_and_corrupt_cache_is_ignored(tmp_path: Path) -> None:
     script = tmp_path / "job.sh"
     script.write_text(SCRIPT)
@@ -77,6 +78,7 @@ def test_estimate_json_roundtrip_and_refusals() -> None:
             Estimate.from_json(bad)
 
 
+@pytest.mark.slow
 def test_coloc_estimate_script_option(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "coloc-estimate"
     good = tmp_path / "good.sh"

@@ -7,6 +7,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 REPO = Path(__file__).resolve().parents[1]
 
 # In a fresh interpreter: trace with the stand-ins, check dynamo stayed out and everything was put back,

@@ -15,6 +15,8 @@ import pytest
 from benchmarks.estimator.zoo import builder, model_ref
 from benchmarks.estimator.zoo_paper import paper18
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

@@ -61,6 +61,7 @@ def _spec(user_dir: Path, name: str, shape: tuple, kwargs: dict | None = None, *
                      **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "amp-fp16"])
 def test_hf_gpt2_user_file_reports_assumed_values(user_dir: Path, precision: str) -> None:
     pytest.importorskip("transformers")
@@ -105,6 +106,7 @@ def test_model_errors_are_one_line(user_dir: Path, kind: str, needle: str) -> No
     assert needle in err.value.one_line() and "\n" not in err.value.one_line()
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_exit_2(user_dir: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run(CLI + ["--model", "usermodels.py:net", "--model-kwargs", '{"kind": "raise"}',

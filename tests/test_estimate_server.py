@@ -22,6 +22,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 EXE = str(Path(sys.executable).parent / "coloc-estimate")
 MODEL = """import torch.nn as nn
 

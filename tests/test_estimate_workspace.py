@@ -80,6 +80,7 @@ def test_table_file_excludes_only_calls_measured_for_the_left_out_sources(tmp_pa
         workspace.read_table(str(tmp_path / "bad.csv.gz"))
 
 
+@pytest.mark.slow
 def test_shipped_table_parses_and_covers_both_directions():
     assert os.path.isfile(workspace.TABLE_FILE)  # the package ships it (pyproject.toml package-data)
     rows = workspace.read_table()
@@ -89,6 +90,7 @@ def test_shipped_table_parses_and_covers_both_directions():
     assert all(ws >= 0 for _, ws, _ in rows)
 
 
+@pytest.mark.slow
 def test_trace_records_convolutions_and_replays_their_workspace():
     from slurm_coloc.estimate.trace import trace_spec
 

@@ -74,6 +74,7 @@ def _state(cfg: Config) -> LiveState:
     return LiveState(cfg, "e1", metrics_sources.node_job_rows(cfg, "e1"), interval_s=0.5)
 
 
+@pytest.mark.slow
 def test_job_series_carry_labels_grant_and_energy_share_then_vanish(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     _start(cfg, 9101, 2)
@@ -222,6 +223,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_scrapes_during_a_sampler_restart_answer_whole_or_are_refused(tmp_path: Path) -> None:
     """Scrape every 50 ms while the sampler daemon is stopped (SIGTERM) and started again: each scrape is a
     complete exposition or a refused (or reset) connection, never an error page or a half answer; the new

@@ -82,6 +82,7 @@ def test_mlp_flops_equal_the_analytic_count(model_file: Path, precision: str) ->
     assert trace_spec(spec, count_flops=False).flops_per_step is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,kwargs,shape,batch,precision", [
     ("models.py:mlp", {}, (64,), 32, "fp32"),
     ("models.py:concat", {}, (32,), 8, "fp32"),  # module inputs of several tensors (DenseNet-like)
@@ -107,6 +108,7 @@ def test_memory_estimate_unchanged_by_flop_counting(model_file: Path, model, kwa
     assert est.mem_mib > 0 and est.detail["trace_floor_mib"] > 0
 
 
+@pytest.mark.slow
 def test_plain_flop_counter_with_module_tracker_would_change_densenet_memory(monkeypatch) -> None:
     """Why the trace drops FlopCounterMode's ModuleTracker: with it, DenseNet's replayed peak moves."""
     import torch.utils.flop_counter as fc

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +25,7 @@ def test_help_lists_every_command() -> None:
     assert _run().stdout == out.stdout  # no command: the same help, exit 0
 
 
+@pytest.mark.slow
 def test_dispatches_to_the_command() -> None:
     out = _run("estimate", "--help")
     assert out.returncode == 0, out.stderr

@@ -52,6 +52,7 @@ def _scrape(port: int) -> bytes:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
 
 
+@pytest.mark.slow
 def test_idle_connections_hold_a_bounded_number_of_threads_and_expire(endpoint: int) -> None:
     assert b"coloc_sampler" in _scrape(endpoint)
     before = threading.active_count()
@@ -85,6 +86,7 @@ def _scrapes_answered(port: int, n: int, pause_s: float) -> int:
     return ok
 
 
+@pytest.mark.slow
 def test_idle_connections_never_starve_a_scraper() -> None:
     """Issue 46 F3, at the real cap of 16: before, 16 idle connections of a local user (re-opened as the
     server shut them) made 14 of 20 Prometheus scrapes fail with 503. Now a new connection takes the place of
@@ -129,6 +131,7 @@ def test_idle_connections_never_starve_a_scraper() -> None:
         exp.stop()
 
 
+@pytest.mark.slow
 def test_connections_dripping_their_headers_never_starve_a_scraper() -> None:
     """Fifth campaign A5 (slowloris at the cap): 16 connections that send a request line and then one
     header line every 0.1 s, re-opened when shut. Before: 8 of 20 scrapes answered. Now a request still
@@ -208,6 +211,7 @@ def test_a_connection_over_the_cap_is_refused_only_when_every_open_one_is_busy()
         httpd.shutdown()
 
 
+@pytest.mark.slow
 def test_a_client_dripping_its_request_is_cut_at_the_deadline(endpoint: int) -> None:
     s = socket.create_connection(("127.0.0.1", endpoint))
     t0 = time.monotonic()

@@ -112,6 +112,7 @@ gpu_st = st.builds(lambda n, i, used, ten, live, age: GpuState(n, i, 80, used, t
                    st.none() | act, st.none() | st.floats(0, 300))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(gpu_st, max_size=6, unique_by=lambda g: g.key), st.integers(1, 80), act,
        st.sampled_from(["spread", "consolidate"]))

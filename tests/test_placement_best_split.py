@@ -60,6 +60,7 @@ def test_a_job_with_a_factor_slows_more_while_sharing():
     assert runs == [pytest.approx(7.5 / 5.0), pytest.approx(1.0)] and end == pytest.approx(1.0 + 7.5)
 
 
+@pytest.mark.slow
 def test_on_the_piles_a_tighter_bound_costs_makespan_and_every_split_beats_blind():
     rows = split.split_rows()
     assert {(r["pile"], r["world"]) for r in rows} == {(p, w) for p in {r["pile"] for r in rows}

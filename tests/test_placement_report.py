@@ -74,6 +74,7 @@ def test_jobs_show_rate_vs_alone_from_history_and_shared_gpu(state: Path) -> Non
     assert rows[4]["rate_vs_alone"] is None  # no alone run of its program
 
 
+@pytest.mark.slow
 def test_gpus_show_time_saturated_under_the_gate(state: Path) -> None:
     rows = {(r["node"], r["gpu"]): r for r in _report(state, "gpus")}
     assert rows[("n1", 0)]["saturated_pct"] == pytest.approx(33.3, abs=0.1)

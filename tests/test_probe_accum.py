@@ -7,8 +7,12 @@ a micro-step that differs (another shape) must run.
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.test_probe_cuda_paths import job_env  # noqa: F401  (autouse: the job's PATH, a fresh cache)
 from tests.test_probe_gpu_only import MIB, probe
+
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
 
 ACCUM = """
     import sys

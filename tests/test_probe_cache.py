@@ -17,6 +17,8 @@ import torch
 from slurm_coloc.probe import probe as probe_mod
 from slurm_coloc.probe.probe import probe_script
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 TRAIN_PY = """\
 import torch
 with open("data.txt") as fh:

@@ -13,6 +13,8 @@ import pytest
 
 from slurm_coloc.probe.probe import probe_script
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 MIB = 1 << 20
 
 

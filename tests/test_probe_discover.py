@@ -214,6 +214,7 @@ def test_preamble_text_keeps_blocks_balanced():
     assert preamble("#!/bin/sh\nhostname\npython train.py\n", 2) is None
 
 
+@pytest.mark.slow
 def test_hanging_setup_line_is_bounded_and_noted(tmp_path):
     (tmp_path / "slow.sh").write_text("sleep 60\n")
     t0 = time.monotonic()

@@ -16,6 +16,8 @@ import pytest
 
 from slurm_coloc.probe.probe import probe_script
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 BIG_B = 16 << 20
 LOOP = """
 import os

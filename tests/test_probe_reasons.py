@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from slurm_coloc.probe.inject.report import REASON_CHARS, reason_of
 from tests.test_probe_cuda_paths import job_env  # noqa: F401  (autouse: the job's PATH, a fresh cache)
 from tests.test_probe_gpu_only import probe
@@ -39,6 +41,7 @@ HOGWILD = """
 """
 
 
+@pytest.mark.slow
 def test_worker_processes_on_the_gpu_fall_back_with_the_reason(tmp_path):
     r = probe(tmp_path, "hogwild", HOGWILD)
     assert r.estimate is None

@@ -13,6 +13,8 @@ import pytest
 
 from slurm_coloc.probe.probe import probe_script
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(ROOT, "benchmarks", "probe_corpus")
 SLOW_S = 120  # these tests check figures, not speed (benchmarks do): the 2-core machine is shared

@@ -14,6 +14,8 @@ import pytest
 from slurm_coloc.probe.probe import probe_script
 from slurm_coloc.probe.sweep import config_args
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 TRAIN = """\
 import argparse
 import torch

@@ -6,11 +6,14 @@ one test with a real ``torch.multiprocessing.spawn`` of a failing worker in this
 """
 from __future__ import annotations
 
+import pytest
 import torch.multiprocessing as tmp
 
 from slurm_coloc.probe.inject.report import reason_of
 from tests.test_probe_cuda_paths import job_env  # noqa: F401  (autouse: the job's PATH, a fresh cache)
 from tests.test_probe_gpu_only import probe
+
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
 
 MOCO = """
     import argparse

@@ -186,6 +186,7 @@ def test_a_normal_request_is_answered(server: reader.ReaderServer) -> None:
     assert reply == {"ok": True, "uid": os.geteuid()}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runuser: a second uid)")
 def test_one_uids_expensive_requests_do_not_take_every_answer_slot(server: reader.ReaderServer) -> None:
     """Fourth campaign: four slow reports of one user took all ``MAX_CONCURRENT`` slots and every other user's

@@ -141,6 +141,7 @@ def test_percentile_from_histogram():
     assert rq.percentile_from_histogram({0: 95.0, 100: 5.0}, 0.95) == 0.0
 
 
+@pytest.mark.slow
 def test_cli_json_csv_sort_filters(state: Path):
     out = _report(state, "--json")
     assert out.returncode == 0, out.stderr
@@ -230,6 +231,7 @@ def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
     assert admin_comment.build(cfg, 11, wait_s=0) == json.dumps(after["summary"], separators=(",", ":"))
 
 
+@pytest.mark.slow
 def test_plot_writes_readable_pngs(state: Path, tmp_path: Path):
     out = tmp_path / "plots"
     proc = _report(state, "plot", "--since", f"@{T0 - 60}", "--until", f"@{T0 + 1760}", "--out", str(out))

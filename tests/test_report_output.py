@@ -27,6 +27,7 @@ def test_column_lists_match_the_rows_each_view_writes(state: Path) -> None:  # n
             assert tuple(r) == columns.VIEW_COLUMNS[view], view
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cols", [80, 100, 120])
 def test_tables_fit_the_terminal_width(state: Path, cols: int) -> None:  # noqa: F811
     for view in ("jobs", "users", "gpus", "nodes", "cluster"):
@@ -41,6 +42,7 @@ def test_tables_fit_the_terminal_width(state: Path, cols: int) -> None:  # noqa:
     assert "left out to fit" not in wide and "vs alone" in wide
 
 
+@pytest.mark.slow
 def test_format_selects_columns_in_table_csv_and_json(state: Path) -> None:  # noqa: F811
     out = _report(state, "-o", "jobid,user,shards,peak_mib", "--csv")
     assert out.returncode == 0, out.stderr

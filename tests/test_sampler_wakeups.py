@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from slurm_coloc.config import Config
 from slurm_coloc.node import flush as flush_mod
 from slurm_coloc.node.sampler import JobAttributor, Sampler
@@ -37,6 +39,7 @@ def _voluntary_switches() -> int:
     raise AssertionError("no voluntary_ctxt_switches in /proc/thread-self/status")
 
 
+@pytest.mark.slow
 def test_one_wakeup_per_tick(tmp_path: Path) -> None:
     """At 1 Hz the loop wakes about once a second (the old 0.1 s sleep slices woke 10 times)."""
     cfg = _cfg(tmp_path, sampler_batch_s=1.0)

@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from slurm_coloc.cli.sbatch import plan_submission
 from slurm_coloc.store.db import open_ctld_db
 from slurm_coloc.store.oom import OomRecord, claim_retry
@@ -26,6 +28,7 @@ def _config_and_script(tmp_path: Path, monkeypatch) -> Path:
     return script
 
 
+@pytest.mark.slow
 def test_oom_fence_raises_next_request(tmp_path, monkeypatch):
     script = _config_and_script(tmp_path, monkeypatch)
     before, _, _ = plan_submission([str(script)])
@@ -118,6 +121,7 @@ def test_measured_peaks_of_completed_runs_feed_history(tmp_path, monkeypatch):
     assert 3000 < plan.comment["mem_mib"] < 3300  # 3000 * 1.05 + 64
 
 
+@pytest.mark.slow
 def test_gpu_model_comes_from_the_config_in_both_commands(tmp_path, monkeypatch):
     """coloc-sbatch and coloc-estimate estimate for the GPU model the config names for the job's partition."""
     from click.testing import CliRunner

@@ -99,6 +99,7 @@ def test_installed_table_is_read_once_per_binary_and_cached(tmp_path: Path, monk
     assert len(list(files[0].parent.glob("*.json"))) == 2
 
 
+@pytest.mark.slow
 def test_without_sbatch_or_config_the_builtin_table_says_why(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     t = so.installed_options(str(tmp_path), dict(os.environ))

@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_coloc.comment import parse_comment
 from tests.test_probe_cache import TRAIN_PY  # the same small trainer the cache stories probe
+
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
 
 
 def _env(tmp_path: Path) -> dict:

@@ -12,6 +12,7 @@ import shutil
 import string
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, assume, given, settings
@@ -190,6 +191,7 @@ def test_report_filters_never_traceback(report_state: Path, view: str, args) -> 
         json.loads(res.stdout)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(REPORT_ARGS)
 def test_report_plot_filters_never_traceback(report_state: Path, args) -> None:

@@ -18,6 +18,8 @@ import pytest
 from slurm_coloc.probe import reaped, runner
 from slurm_coloc.probe.probe import probe_script
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 
 def running_with(marker: str) -> list:
     out = []

@@ -27,6 +27,8 @@ from slurm_coloc.probe import reaped, runner
 from slurm_coloc.probe.probe import probe_script
 from tests.reliability.test_probe_bad_input import running_with
 
+pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
+
 USER = "colocuser"
 LIMIT_S = 30.0
 CASES = {

@@ -24,6 +24,7 @@ from slurm_coloc.store import samples as st
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_sigkill_under_write_load_integrity_ok_and_at_most_one_interval_lost(tmp_path: Path) -> None:
     r = kill_campaign(tmp_path, kills=8, seed=8, batch_s=INTERVAL_S)
     assert r["integrity_ok"] == 8, r["results"]
@@ -32,6 +33,7 @@ def test_sigkill_under_write_load_integrity_ok_and_at_most_one_interval_lost(tmp
     assert r["writer_rows"] > 100  # the write load was real
 
 
+@pytest.mark.slow
 def test_sigkill_with_default_batching_loses_at_most_one_interval(tmp_path: Path) -> None:
     ratio = Config().sampler_batch_s / Config().sampler_interval_s
     r = kill_campaign(tmp_path, kills=6, seed=6, batch_s=INTERVAL_S * ratio)

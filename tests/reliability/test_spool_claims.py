@@ -116,6 +116,7 @@ def test_a_pending_entry_claimed_by_a_dead_replayer_is_recorded(tmp_path: Path) 
 
 # an alarm that lands in a gc callback (hypothesis installs one in this process) is reported and dropped by
 # Python: that recording simply runs on unbounded, which the assertion below covers as well
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_recording_alarm_firing_anywhere_loses_no_row_and_doubles_none(tmp_path: Path) -> None:
     """Fire the recording phase's alarm at random moments of 300 real recordings: after one replay of the
