@@ -22,8 +22,7 @@ from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 
 @dataclass(frozen=True)
 class Option:
-    """One sbatch option as given: ``tokens`` are the exact argv words (1 or 2), ``name`` is the long name
-    (``gpus`` for ``-G``), ``value`` None for flags."""
+    """One sbatch option: ``tokens`` (its 1 or 2 argv words), long ``name``, ``value`` (None: a flag)."""
 
     name: str
     value: Optional[str]
@@ -45,23 +44,15 @@ class CommandLine:
     table: SbatchOptions = BUILTIN
 
     def last(self, name: str) -> Optional[str]:
-        """Value of the last occurrence of option ``name`` (sbatch's rule: the last one wins).
+        """The value of option ``name``'s last occurrence (sbatch: the last wins); None: absent or a flag.
 
-        Args:
-            name: the long option name without dashes (``partition``; ``-p`` is stored under it).
-
-        Returns:
-            Its value, or None when not given or given as a flag.
+        ``name``: the long name without dashes (``-p`` is stored as ``partition``).
         """
         vals = [o.value for o in self.options if o.name == name]
         return vals[-1] if vals else None
 
     def has(self, name: str) -> bool:
-        """Whether option ``name`` was given at all.
-
-        Args:
-            name: the long option name without dashes (``exclusive``).
-        """
+        """Whether option ``name`` (long name, no dashes) was given at all."""
         return any(o.name == name for o in self.options)
 
 
@@ -74,17 +65,9 @@ def _unknown_takes_value(words: List[str], i: int, in_directive: bool) -> bool:
 
 def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN,
                         in_directive: bool = False) -> Tuple[Option, int]:
-    """Parse the option starting at ``words[i]`` by ``table`` (an ``#SBATCH`` line's words: ``in_directive``);
-    return it and the index after it.
+    """``(Option, index after it)`` of the option at ``words[i]`` (1 or 2 words), read by ``table``.
 
-    Args:
-        words: the argv or directive words; ``words[i]`` starts with ``-``.
-        i: index of the option's first word.
-        table: which sbatch options take a value (the installed sbatch's, else Slurm 22.05's built-in one).
-        in_directive: the words come from an ``#SBATCH`` line, so an unknown option's next word is its value.
-
-    Returns:
-        ``(Option, index after it)`` (1 or 2 words consumed).
+    ``in_directive``: the words come from an ``#SBATCH`` line, so an unknown option's next word is its value.
 
     Raises:
         DirectiveError: an option that needs a value is last on the line.
@@ -114,15 +97,8 @@ def parse_option_tokens(words: List[str], i: int, table: SbatchOptions = BUILTIN
 def split_command_line(argv: List[str], table: SbatchOptions = BUILTIN) -> CommandLine:
     """Split ``[options] script [args]`` into our options, sbatch options, script and script args.
 
-    Our options: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``), ``--exclusive-gpu``, ``--explain``. With
-    ``--wrap`` there is no script. A lone ``--`` ends the options.
-
-    Args:
-        argv: the words after ``coloc-sbatch``.
-        table: which sbatch options take a value (``slurm.sbatch_options.installed_options``).
-
-    Returns:
-        The ``CommandLine`` (``coloc_mem`` as written: parsed to MiB later).
+    Ours: ``--dry-run``, ``--coloc-mem SIZE`` (or ``=SIZE``; kept as written, parsed to MiB later),
+    ``--exclusive-gpu``, ``--explain``. With ``--wrap`` there is no script; a lone ``--`` ends the options.
 
     Raises:
         DirectiveError: no script (and no ``--wrap``), or an option missing its value.

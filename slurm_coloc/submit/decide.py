@@ -45,12 +45,8 @@ class ProbeAnswer:
 
     Attributes:
         estimate: the figure (method ``probe``), or None when the probe fell back.
-        ran: one line: what the probe ran and saw.
-        reason: why there is no figure ("" with one).
-        log_tail: the last lines of the program's output (for ``--explain``).
+        ran: one line: what the probe ran and saw; reason: why there is no figure ("" with one).
         outside_writes: paths the program opened for writing outside the probe's scratch directory.
-        cached: the answer came from the per-user probe cache.
-        wall_s: seconds the probe took.
         scratch_files: files the program wrote in the probe's scratch copy of the working directory (removed).
     """
 
@@ -66,13 +62,7 @@ class ProbeAnswer:
 
 @dataclass(frozen=True)
 class Source:
-    """One source's figure, or why it has none.
-
-    Attributes:
-        name: ``override`` | ``probe`` | ``directives`` | ``history`` | ``whole-gpu``.
-        mem_mib: its figure (MiB), or None.
-        note: what the figure is (``analytic on H100``), or why there is none.
-    """
+    """One source's figure (MiB), or why none; ``note``: what the figure is (``analytic on H100``)."""
 
     name: str
     mem_mib: Optional[int]
@@ -87,13 +77,10 @@ class Decision:
         mem_mib: the figure (MiB; headroom not included), or None: a whole GPU.
         method: ``override`` | ``probe`` | the estimator's method (``analytic``) | ``history`` | None.
         gpu_model: the GPU model the figure is for (None for an override or no figure).
-        why: one line: why this source won (or why there is no figure).
-        sources: every source in order, with its figure or the reason it has none.
         warnings: one-line warnings for stderr (the directives/probe disagreement).
         timed_out: the directives' estimate did not finish within ``estimate_timeout_s``.
-        probe: the probe's answer, or None when it did not run.
-        flops_per_step: FLOPs (FLOP) of one training step: the probe's count when it has one, else the
-            directives' trace's; None when neither counted (the placer's intensity feature, ``placement/``).
+        flops_per_step: FLOPs of one training step: the probe's count, else the directives' trace's; None
+            when neither counted (the placer's intensity feature, ``placement/``).
     """
 
     mem_mib: Optional[int]
@@ -119,15 +106,9 @@ def decide(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Se
            estimate_timeout_s: float = 60.0) -> Decision:
     """Choose the figure (module rule) and say why.
 
-    Args:
-        override_mib: ``--coloc-mem``/``#COLOC mem=`` in MiB, or None.
-        spec: the ``#COLOC model=`` spec, or None.
-        gpu_names: the GPU models of the job's partitions (``gpu_request.gpu_models``), at least one.
-        estimate_fn: the directives' estimator (without history); None: no estimate.
-        probe_fn: the script probe; None: no probe (``probe_off_reason`` says why).
-        history_fn: the script's history; None: no history.
-        probe_off_reason: why ``probe_fn`` is None (``config probe: off``, ``--wrap``).
-        estimate_timeout_s: for the words of a timed-out estimate.
+    ``override_mib`` in MiB; ``gpu_names``: the job's partitions' GPU models (at least one). A None
+    ``estimate_fn``/``probe_fn``/``history_fn`` asks no such source (``probe_off_reason`` says why for the
+    probe).
 
     Raises:
         EstimateError: raised by ``estimate_fn`` (a bad ``#COLOC`` model).
@@ -166,9 +147,10 @@ def _override_decision(override_mib: int) -> Decision:
 
 def _ask_directives(spec: Optional[ModelSpec], gpu_names: Sequence[str], estimate_fn: Optional[EstimateFn],
                     estimate_timeout_s: float) -> Tuple[Source, Optional[Tuple[Estimate, str]], bool]:
-    """Source 3: the ``#COLOC model=`` estimate on each GPU model: its ``Source``, the largest estimate and
-    its GPU model (None: no figure), and whether an estimate timed out. Raises ``EstimateError`` from
-    ``estimate_fn``."""
+    """Source 3 per GPU model: its ``Source``, the largest estimate and its GPU model, whether one timed out.
+
+    Raises ``EstimateError`` from ``estimate_fn``.
+    """
     if spec is None:
         return Source("directives", None, "no #COLOC model= line"), None, False
     if estimate_fn is None:
@@ -185,8 +167,10 @@ def _ask_directives(spec: Optional[ModelSpec], gpu_names: Sequence[str], estimat
 
 def _ask_probe(gpu_names: Sequence[str], probe_fn: Optional[ProbeFn], probe_off_reason: str
                ) -> Tuple[Source, Optional[ProbeAnswer], Optional[Tuple[Estimate, str]]]:
-    """Source 2: the script probe on each GPU model: its ``Source``, the first GPU model's answer (None: not
-    run), and the largest figure with its GPU model (None unless every GPU model got one)."""
+    """Source 2 per GPU model: its ``Source``, the first model's answer (None: not run), the largest figure.
+
+    The largest figure with its GPU model is None unless every GPU model got one.
+    """
     if probe_fn is None:
         return Source("probe", None, probe_off_reason or "off"), None, None
     answers = [(probe_fn(name), name) for name in gpu_names]
@@ -203,9 +187,11 @@ def _ask_probe(gpu_names: Sequence[str], probe_fn: Optional[ProbeFn], probe_off_
 
 def _base_figure(probed: Optional[Tuple[Estimate, str]], directive: Optional[Tuple[Estimate, str]],
                  probe_src: Source) -> Tuple[Optional[Tuple[Estimate, str]], str, str, List[str]]:
-    """The figure history applies to: the probe's over the directives' (module rule). Returns it (None:
-    neither has one), its source's name, why it won, and the disagreement warning (more than
-    ``DISAGREE_FRACTION``)."""
+    """The figure history applies to: the probe's over the directives' (module rule).
+
+    Returns it (None: neither has one), its source's name, why it won, and the disagreement warning (more
+    than ``DISAGREE_FRACTION``).
+    """
     if probed is None:
         if directive is None:
             return None, "", "", []
@@ -230,8 +216,7 @@ def _base_figure(probed: Optional[Tuple[Estimate, str]], directive: Optional[Tup
 
 def _with_history(base: Optional[Tuple[Estimate, str]], base_name: str, hist: Optional[int], why: str
                   ) -> Tuple[Optional[int], Optional[str], Optional[str], str]:
-    """Source 4 applied to the base figure (module rule): ``(mem_mib, method, GPU model, why)``; mem_mib None:
-    no source gave a figure (source 5, a whole GPU)."""
+    """Source 4 on the base figure (module rule): ``(mem_mib, method, GPU model, why)``; None: a whole GPU."""
     if base is not None and hist is not None:
         est, gpu = base
         floor = int(est.detail.get("trace_floor_mib") or est.mem_mib)  # a figure without a floor: only raised
@@ -249,14 +234,10 @@ def _with_history(base: Optional[Tuple[Estimate, str]], base_name: str, hist: Op
 
 
 def explain_lines(decision: Decision) -> List[str]:
-    """``coloc-sbatch --explain``: each source's figure or why it has none, the winner and why, and the
-    probe's "what it ran", the tail of its log and its writes outside the scratch directory.
+    """``coloc-sbatch --explain`` lines (no newline): each source's figure or why none, the winner and why.
 
-    Args:
-        decision: rule 4's sources and choice (figures in MiB, ``flops_per_step`` in FLOPs, printed as GFLOP).
-
-    Returns:
-        Lines without a newline.
+    Also the probe's "what it ran", its log tail and its writes outside the scratch directory;
+    ``flops_per_step`` printed as GFLOP.
     """
     out = ["GPU memory sources, in order (docs/user.md, \"How your GPU request is translated\"):"]
     for i, src in enumerate(decision.sources, start=1):

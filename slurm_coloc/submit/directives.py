@@ -37,9 +37,8 @@ class ParsedScript:
     """A job script as coloc-sbatch sees it.
 
     Attributes:
-        path: the script file.
         sha256: hex digest of its bytes (links runs of the same script for the history estimator).
-        sbatch_lines: ``(line_no, tokens)`` of each ``#SBATCH`` line (1-based line numbers).
+        sbatch_lines: ``(line_no, tokens)`` of each ``#SBATCH`` line (1-based).
         coloc: the merged ``#COLOC`` key/values (``kwarg.*`` collected in ``spec.kwargs``).
         spec: the model to estimate, or None when no ``model=`` was given.
         mem_override_mib: ``mem=`` in MiB, or None.
@@ -60,10 +59,7 @@ class ParsedScript:
 
 
 def read_script(path: str) -> Tuple[bytes, str]:
-    """Read a job script; return (raw bytes, text).
-
-    Args:
-        path: the job script's path (at most ``MAX_SCRIPT_BYTES`` bytes, UTF-8; a BOM is dropped).
+    """``(raw bytes, text)`` of a job script (at most ``MAX_SCRIPT_BYTES``, UTF-8; a BOM is dropped).
 
     Raises:
         DirectiveError: missing, not a regular file, unreadable, too large, binary (NUL bytes) or not UTF-8.
@@ -91,14 +87,7 @@ def read_script(path: str) -> Tuple[bytes, str]:
 
 
 def header_lines(text: str) -> List[Tuple[int, str]]:
-    """The header: ``(line_no, line)`` from the top to the first non-blank, non-comment line.
-
-    Args:
-        text: the script's text.
-
-    Returns:
-        ``(1-based line number, stripped line)`` pairs.
-    """
+    """``(1-based line_no, stripped line)`` from the top to the first non-blank, non-comment line."""
     out = []
     for no, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -116,13 +105,7 @@ def _split(no: int, rest: str) -> List[str]:
 
 
 def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """Collect ``#COLOC`` pairs: returns (plain keys, kwargs). Later lines override earlier ones.
-
-    Args:
-        lines: ``header_lines``' ``(line number, stripped line)`` pairs; other lines are skipped.
-
-    Returns:
-        ``({key: value text}, {kwarg name: kwarg_value})``.
+    """``({key: value text}, {kwarg name: kwarg_value})`` of ``#COLOC`` lines; later lines override.
 
     Raises:
         DirectiveError: a malformed or empty directive, a line shlex cannot split, a token without ``=``, an
@@ -159,16 +142,11 @@ def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dic
 
 
 def kwarg_value(text: str) -> Any:
-    """A ``kwarg.NAME=`` value: JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``,
-    ``False``, ``None``; else a Python literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``;
-    ``ast.literal_eval``: literals only, nothing is run) that JSON can carry (tuples become lists); else the
-    text itself.
+    """A JSON-compatible ``kwarg.NAME=`` value; never raises: what does not parse stays text.
 
-    Args:
-        text: the value as written after ``=``.
-
-    Returns:
-        A JSON-compatible value. Never raises: what does not parse stays text.
+    JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``, ``False``, ``None``; else a Python
+    literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``; ``ast.literal_eval``: literals only,
+    nothing is run) that JSON can carry (tuples become lists); else the text itself.
     """
     try:
         return json.loads(text)
@@ -186,10 +164,9 @@ def kwarg_value(text: str) -> Any:
 
 
 def parse_input_shape(text: str) -> Tuple[int, ...]:
-    """``"3x32x32"`` or ``"3,32,32"`` -> ``(3, 32, 32)``; each dimension 1..1_000_000.
+    """``"3x32x32"`` or ``"3,32,32"`` -> ``(3, 32, 32)``: one sample, no batch; each dimension 1..1_000_000.
 
-    Args:
-        text: the ``#COLOC input=`` value: one sample's shape, no batch dimension (``×`` reads as ``x``).
+    ``×`` reads as ``x``.
 
     Raises:
         DirectiveError: not positive integers separated by ``x`` or ``,``.
@@ -209,11 +186,8 @@ def _positive_int(key: str, text: str, limit: int) -> int:
 def build_spec(plain: Dict[str, str], kwargs: Dict[str, Any], base_dir: str) -> Optional[ModelSpec]:
     """A ModelSpec from parsed pairs, or None without ``model=``.
 
-    Args:
-        plain: ``parse_coloc_pairs``' plain keys (``model``, ``input``, ``batch``, ``optimizer``,
-            ``precision``, ``input-dtype``; defaults ``adam``, ``fp32``, ``float32``).
-        kwargs: the model's keyword arguments.
-        base_dir: the script's directory (a ``path.py:callable`` model is relative to it).
+    Defaults: ``optimizer`` ``adam``, ``precision`` ``fp32``, ``input-dtype`` ``float32``. A
+    ``path.py:callable`` model is relative to ``base_dir`` (the script's directory).
 
     Raises:
         DirectiveError: model without input/batch, input/batch/kwarg without a model, bad model reference,
@@ -244,14 +218,7 @@ def build_spec(plain: Dict[str, str], kwargs: Dict[str, Any], base_dir: str) -> 
 
 
 def parse_script(path: str) -> ParsedScript:
-    """Read and parse a job script.
-
-    Args:
-        path: the job script's path.
-
-    Returns:
-        The ``ParsedScript``: ``#SBATCH`` words by line, ``#COLOC`` pairs, the spec, the ``mem=`` override
-        (MiB), the share mode, the text and its sha256.
+    """Read and parse a job script (``mem=`` override in MiB).
 
     Raises:
         DirectiveError: see ``read_script``, ``parse_coloc_pairs`` and ``build_spec``; an ``#SBATCH`` line

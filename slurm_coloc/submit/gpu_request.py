@@ -58,14 +58,7 @@ def _count(name: str, value: Optional[str]) -> Tuple[Optional[str], int]:
 
 
 def gpu_request(options: List[Option]) -> GpuRequest:
-    """Combine every GPU-related option (last occurrence of each wins).
-
-    Args:
-        options: the ``#SBATCH`` options then the command line's (``script_options``,
-            ``CommandLine.options``).
-
-    Returns:
-        The ``GpuRequest`` (GPUs per node, explicit shards, GRES type, multi-GPU, other GRES, the options).
+    """Combine every GPU-related option, ``#SBATCH`` then the command line's (last occurrence of each wins).
 
     Raises:
         DirectiveError: a malformed GPU count.
@@ -102,15 +95,9 @@ def gpu_request(options: List[Option]) -> GpuRequest:
 
 def script_options(script: Optional[ParsedScript],
                    table: SbatchOptions = BUILTIN) -> Tuple[List[Option], List[int]]:
-    """All ``#SBATCH`` options (read by sbatch's option ``table``) and the line numbers that carry a GPU
-    option; ``script`` None (``--wrap``): none.
+    """``(options in script order, 1-based numbers of lines with a GPU option)`` of the ``#SBATCH`` lines.
 
-    Args:
-        script: the parsed job script, or None.
-        table: which sbatch options take a value.
-
-    Returns:
-        ``(options in script order, 1-based line numbers of the lines holding a GPU option)``.
+    Read by sbatch's option ``table``; ``script`` None (``--wrap``): none.
 
     Raises:
         DirectiveError: an ``#SBATCH`` option the table rejects (``submit.argv.parse_option_tokens``).
@@ -134,12 +121,8 @@ def gpu_models(cfg: Config, options: Sequence[Option]) -> Tuple[str, ...]:
     """The GPU models a job with ``options`` may run on, canonical names (``H100``), distinct, in order.
 
     The partition is the last ``-p``/``--partition`` value (a comma-separated list, as sbatch takes it); each
-    partition's model is ``cfg.gpu_model_by_partition[partition]``, else ``cfg.gpu_model``, which is also the
-    model of a job that names no partition.
-
-    Args:
-        cfg: the configuration (``gpu_model``, ``gpu_model_by_partition``).
-        options: the job's sbatch options, command line and ``#SBATCH`` lines together.
+    partition's model is ``cfg.gpu_model_by_partition[partition]``, else ``cfg.gpu_model``, also the model of
+    a job that names no partition. ``options``: command line and ``#SBATCH`` lines together.
 
     Raises:
         ConfigError: a model name ``estimate/gpus.py`` does not know (the message names the config key).

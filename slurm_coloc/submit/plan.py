@@ -59,13 +59,10 @@ class Plan:
         sbatch_args: the argv after ``sbatch`` (script path last but its args); ``SCRIPT`` placeholder
             ``script_index`` marks where the (possibly rewritten) script goes.
         rewritten_script: script text with GPU ``#SBATCH`` lines commented out, or None to submit as is.
-        coloc: the job's coloc comment as planned (``JobComment.submission``), before it is shrunk to fit;
-            ``comment`` is its JSON object.
-        reason: one line saying why this GPU request.
+        coloc: the job's coloc comment as planned (``JobComment.submission``), before it is shrunk to fit.
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
-        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words; module
-            docstring).
+        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words).
         decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
     """
 
@@ -83,28 +80,18 @@ class Plan:
 
     @property
     def comment(self) -> Dict[str, Any]:
-        """The coloc JSON object of the job comment as planned (``JobComment.comment_json``: the keys
-        coloc-sbatch always writes are null when unknown), before it is shrunk to fit."""
+        """The coloc JSON object as planned (``JobComment.comment_json``: fixed keys null when unknown)."""
         return self.coloc.comment_json()
 
     def argv(self, script_path: Optional[str]) -> List[str]:
-        """The sbatch argv with ``script_path`` at the script's place.
-
-        Args:
-            script_path: the script to submit (the rewritten copy or the user's), or None to keep
-                ``sbatch_args`` as they are (``--wrap``).
-        """
+        """The sbatch argv with ``script_path`` at the script's place (None: ``sbatch_args`` as is)."""
         args = list(self.sbatch_args)
         if self.script_index is not None and script_path is not None:
             args[self.script_index] = script_path
         return args
 
     def command_line(self, script_path: Optional[str]) -> str:
-        """The shell-quoted ``sbatch ...`` line (for ``--dry-run``).
-
-        Args:
-            script_path: as for ``argv``.
-        """
+        """The shell-quoted ``sbatch ...`` line (``--dry-run``); ``script_path`` as for ``argv``."""
         return shlex.join(["sbatch", *self.argv(script_path)])
 
 
@@ -129,27 +116,16 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False,
                probe_fn: Optional[ProbeFn] = None, history_fn: Optional[HistoryFn] = None,
                probe_off_reason: str = "") -> Plan:
-    """Decide the GPU request (the module rule) and build the sbatch argv, in one pass.
+    """Decide the GPU request (the module rule) and build the sbatch argv, in one pass; nothing is run.
 
     With ``spank`` (the SPANK plugin is loaded, so sbatch knows ``--coloc-*``), the user's override and a
     whole-GPU choice are also passed as ``--coloc-mem=<MiB>M`` / ``--coloc-share=exclusive``, so the job is
     the same as one submitted with plain ``sbatch --coloc-mem=... --gres=shard:N`` (docs/spank.md).
 
-    Args:
-        cmd: the split ``coloc-sbatch`` command line.
-        script: the parsed job script; None with ``--wrap``.
-        cfg: ``gpu_mem_gib``, ``headroom_mib``, ``min_shards``, ``gpu_model``, ``gpu_model_by_partition``.
-        estimate_fn: ``(spec, GPU model) -> Estimate`` without history, called only under rule 4 without an
-            override and when the script names a model: once per GPU model of the job's partitions
-            (``gpu_models``); the largest estimate counts. None: no directives' figure.
-        spank: whether sbatch accepts the SPANK plugin's ``--coloc-*`` options.
-        probe_fn: the script probe (``submit/decide.py``), called under rule 4 without an override, once per
-            GPU model; None: no probe (``probe_off_reason`` says why, for ``--explain``).
-        history_fn: the script's history (MiB), read under rule 4 without an override; None: none.
-        probe_off_reason: why there is no ``probe_fn``.
-
-    Returns:
-        The ``Plan``; nothing is run or written.
+    ``estimate_fn`` (``(spec, GPU model) -> Estimate``, without history), ``probe_fn`` and ``history_fn``
+    (MiB) are called only under rule 4 without an override, once per GPU model of the job's partitions
+    (``gpu_models``; the largest counts), ``estimate_fn`` only when the script names a model. None: no such
+    source (``probe_off_reason`` says why for the probe, for ``--explain``).
 
     Raises:
         DirectiveError: bad ``--coloc-mem`` or GPU option values.
@@ -188,8 +164,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
 
 
 def _spank_args(choice: _Choice, override: Optional[int], exclusive_gpu: bool) -> List[str]:
-    """The SPANK plugin's options that make the job the same as one submitted with plain ``sbatch``: the
-    user's override (MiB) on a shard job, and a whole-GPU choice."""
+    """The SPANK options that make the job the same as plain ``sbatch``'s: the override (MiB), a whole GPU."""
     out = []
     if override is not None and choice.mode == "shard":
         out.append(f"--coloc-mem={override}M")
@@ -208,9 +183,11 @@ def _user_comment(cmd: CommandLine, script_opts: Sequence[Option]) -> Optional[s
 
 def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[ParsedScript],
                    script_opts: Sequence[Option]) -> Optional[int]:
-    """Append the script and its arguments to ``args``; returns the script's index in ``args`` (None with
-    ``--wrap``). A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its
-    own name as the job name unless the user gave one."""
+    """Append the script and its arguments to ``args``; the script's index in ``args`` (None with ``--wrap``).
+
+    A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its own name as
+    the job name unless the user gave one.
+    """
     if rewritten_from is not None and cmd.last("job-name") is None \
             and not any(o.name == "job-name" for o in script_opts):
         args.append("--job-name=" + Path(rewritten_from.path).name)
@@ -224,8 +201,7 @@ def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[P
 
 @dataclass(frozen=True)
 class _Choice:
-    """The GPU request chosen by the module rule: ``Plan.mode``, ``shards``, ``gpus``, ``reason`` and, under
-    rule 4, the decision it came from (``mem_mib``/``method``/``gpu_model`` of the job comment)."""
+    """The GPU request chosen by the module rule; under rule 4, with the decision it came from."""
 
     mode: str
     shards: Optional[int]
@@ -235,8 +211,7 @@ class _Choice:
 
 
 def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
-    """Rules 1-3, the user's own choice: a whole GPU (``cfg.gpu_mem_gib`` shards) when asked, else an explicit
-    shard count, else whole GPUs on an exclusive node for a multi-GPU request."""
+    """Rules 1-3: a whole GPU (``cfg.gpu_mem_gib`` shards) if asked, else explicit shards, else multi-GPU."""
     if exclusive_gpu:
         return _Choice("whole-gpu", cfg.gpu_mem_gib, "whole GPU asked (--exclusive-gpu / share=exclusive)")
     if req.shards is not None:
@@ -247,9 +222,12 @@ def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
 
 
 def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config) -> _Choice:
-    """Rules 4 and 5: the shards for the decided figure (MiB, plus ``cfg.headroom_mib`` unless it is the
-    user's override), at least ``cfg.min_shards``; a whole GPU (``cfg.gpu_mem_gib`` shards) when it does not
-    fit a shared GPU, when the estimate timed out, or when no source gave a figure."""
+    """Rules 4 and 5: the shards for the decided figure, at least ``cfg.min_shards``.
+
+    The figure (MiB) gets ``cfg.headroom_mib`` unless it is the user's override. A whole GPU
+    (``cfg.gpu_mem_gib`` shards) when it does not fit a shared GPU, the estimate timed out, or no source gave
+    a figure.
+    """
     whole = cfg.gpu_mem_gib
     mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
     if mem_mib is None:
@@ -269,8 +247,11 @@ def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config
 
 
 def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> List[str]:
-    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES), or under rule
-    3 the user's own GPU options as sbatch would read them, on a node of its own (``--exclusive``)."""
+    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES).
+
+    Under rule 3: the user's own GPU options as sbatch would read them, on a node of its own
+    (``--exclusive``).
+    """
     if choice.mode == "gpu":
         gpu_args = [token for opt in req.options for token in opt.tokens]
         if not any(o.name == "exclusive" for o in all_opts):
@@ -282,8 +263,7 @@ def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> L
 
 def _coloc_comment(choice: _Choice, cmd: CommandLine, script: Optional[ParsedScript],
                    user_text: Optional[str]) -> JobComment:
-    """The job's coloc comment, before it is shrunk to fit (module docstring), after the user's own
-    ``user_text``."""
+    """The job's coloc comment after the user's own ``user_text``, before it is shrunk to fit."""
     decision = choice.decision
     flops = decision.flops_per_step if decision is not None else None
     # a count outside the comment's bounds is left out (readers would drop it)
@@ -306,17 +286,10 @@ def _comment_spec(spec: ModelSpec) -> CommentSpec:
 
 
 def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
-    """The order in which the coloc comment is shrunk to fit Slurm's limit (module docstring).
+    """``(what is dropped in words, shrink function)`` pairs, first tried first, to fit Slurm's comment limit.
 
     Script arguments go first only if Slurm's ``command`` (arguments joined by single spaces, read back by the
     OOM rerun) gives them back exactly: none empty, none holding whitespace.
-
-    Args:
-        script_args: the job script's arguments.
-
-    Returns:
-        ``(what is dropped, in words; function from coloc JSON object to a smaller one)`` pairs
-        (``comment.without``, ``comment.without_kwargs``), first tried first.
     """
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
     steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",
