@@ -112,9 +112,9 @@ class Calibration:
     def capacity_for(self, model: str) -> float:
         """The sharing capacity of a GPU model (summed SM activity alone, fraction; 0.1..10 once loaded): the
         ``share_capacity_by_gpu`` entry whose key the model name contains (the longest such key; ``"H200"``
-        matches ``"NVIDIA H200"``), else ``share_capacity``. A GPU whose model is not known yet (its sampler
-        has not named it: "") gets the least capacity of any model, since it may be that one (the first round
-        of a fresh 2x H200 cluster ran at the H100's 1.03 instead of the H200's 0.75)."""
+        matches ``"NVIDIA H200"``), else ``share_capacity``. A GPU whose model is not known yet ("": its
+        sampler has not named it) gets the least capacity of any model, since it may be that one.
+        """
         if not model:
             return min([self.share_capacity, *self.share_capacity_by_gpu.values()])
         keys = (sorted((k for k in self.share_capacity_by_gpu if k and k in model), key=len, reverse=True))

@@ -87,12 +87,10 @@ class Hold(Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """A policy's verdict for one job: a GPU (``node``/``index``) or a wait (``hold``), with a reason the user
-    reads.
-
-    ``basis``: ``utilization`` (gate applied), ``memory-only`` (live state stale or missing), ``empty-gpu``
-    (no tenant there); ``predicted``: the GPU's predicted activity with the job (None when memory-only);
-    ``hold``: why it waits (None when placed).
+    """A policy's verdict for one job: a GPU (``node``/``index``) or a wait (``hold``: why; None when placed),
+    with a ``reason`` the user reads. ``basis``: ``utilization`` (gate applied), ``memory-only`` (live state
+    stale or missing), ``empty-gpu`` (no tenant there); ``predicted``: the GPU's predicted activity with the
+    job (None when memory-only).
     """
 
     node: Optional[str]

@@ -49,11 +49,11 @@ class Profile:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A job on a GPU as the model sees it: its profile, when it started (Unix s, Slurm start or steering),
-    its predicted SM activity alone (fraction; used where the profile has no measured one), its Slurm job id
-    (None: not known) and, for a job that has left the GPU, when it left (``end_ts``, Unix s; None: still
-    there). A job that left is replayed as load until it left (``predicted_ends``) and never counts at a new
-    job's start (``load_at_start``)."""
+    """A job on a GPU as the model sees it: ``start_ts`` (Unix s: Slurm start or steering), predicted SM
+    activity alone (fraction; used where the profile has none measured), Slurm job id (None: unknown) and
+    ``end_ts`` (Unix s) once it left the GPU (None: still there). A job that left is replayed as load until
+    then (``predicted_ends``) and never counts at a new job's start (``load_at_start``).
+    """
 
     profile: Profile
     start_ts: float
