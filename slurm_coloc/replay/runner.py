@@ -6,9 +6,9 @@ the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also 
 ``throughput`` submit the same plan held and without GRES (``placement.submit.placer_argv`` on ``coloc-sbatch
 --dry-run``'s command) for a running ``coloc-placer`` to steer. ``context_mib`` (default 1024) covers what the
 catalog's A100 peaks lack here: the CUDA context of a torch process (612 MiB on the H100, CUDA 13:
-docs/facts.md §12) and library workspaces (docs/benchmarks.md). Slurm commands go through
-``slurm_coloc.slurm``, GPU energy through ``slurm_coloc.nvml``; SM activity comes from the sampler's per-node
-databases (``replay/activity.py``).
+docs/facts.md §12) and library workspaces; without it an H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8
+died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``, GPU energy
+through ``slurm_coloc.nvml``; SM activity from the sampler's per-node databases (``replay/activity.py``).
 """
 
 from __future__ import annotations
