@@ -1,26 +1,24 @@
 """The coloc part of a Slurm job comment: ``[prefix ]coloc:{json}``, written and read by ``JobComment`` only.
 
-Writing: ``JobComment`` is the one writer of a job comment. ``coloc-sbatch`` builds ``JobComment.submission``
-(``submit/plan.py``), ``coloc-placer``'s submission adds ``place`` (``with_place``: ``placement/submit.py``),
-and the OOM rerun is ``JobComment.oom_rerun`` (``hooks/rerun.py``); each renders itself with ``to_comment``
-or ``comment_arg`` (``--comment=...``), or ``fitted_arg`` within Slurm's limit. The text is built in
-``comment/text.py``: the JSON object with sorted keys and no spaces, after the prefix (the user's own comment,
-or ``oom-retry-of-<id>``). Keys written by ``coloc-sbatch``: ``v`` (1), ``mode``, ``shards``, ``gpus``,
-``mem_mib``, ``method``, ``gpu_model``, ``sha256``, ``spec`` (these always, null when unknown:
-``SUBMISSION_KEYS``), when the script has arguments, ``argv``, and, when the probe or the ``#COLOC model=``
-trace counted them, ``flops_per_step`` (int, FLOP of one training step; the placer's feature,
-``placement/intensity.py``); ``coloc-placer`` submissions add ``place`` (true), OOM reruns ``retry_of``.
+Writing: ``JobComment`` is the one writer of a job comment: ``JobComment.submission`` (coloc-sbatch,
+``submit/plan.py``), ``with_place`` (coloc-placer, ``placement/submit.py``), ``JobComment.oom_rerun``
+(``hooks/rerun.py``); each renders itself with ``to_comment``, ``comment_arg`` (``--comment=...``) or
+``fitted_arg`` (within Slurm's limit), through ``comment/text.py``. Keys written by ``coloc-sbatch``: ``v``
+(1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``, ``sha256``, ``spec`` (always,
+null when unknown: ``SUBMISSION_KEYS``), ``argv`` when the script has arguments, and ``flops_per_step``
+(int, FLOP of one training step; the placer's feature, ``placement/intensity.py``) when the probe or the
+``#COLOC model=`` trace counted them; coloc-placer adds ``place`` (true), OOM reruns ``retry_of``.
 
-Reading: a user can submit any comment with plain ``sbatch``, so every reader (hooks, placer, report, history)
-goes through ``JobComment.read`` (or ``JobComment.from_fields`` for a recorded object), which checks every
-known key's type and range (``comment/values.py``: ``BOUNDS``, ``STR_CHARS``, the spec's limits) and ignores
-unknown keys; a null key is absent. A comment with one bad known key is no annotation at all (``NO_COMMENT``,
-one log line): the job is treated as unannotated, never half-trusted. ``parse_comment`` is the raw JSON
-reader for the submitting side (the user's own text).
+Reading: a user can submit any comment with plain ``sbatch``, so every reader (hooks, placer, report,
+history) goes through ``JobComment.read`` (or ``JobComment.from_fields`` for a recorded object), which checks
+every known key's type and range (``comment/values.py``: ``BOUNDS``, ``STR_CHARS``, the spec's limits) and
+ignores unknown keys; a null key is absent. A comment with one bad known key is no annotation at all
+(``NO_COMMENT``, one log line): the job is treated as unannotated, never half-trusted. ``parse_comment`` is
+the raw JSON reader for the submitting side (the user's own text).
 
 slurmctld refuses a job whose whole comment is longer than ``MAX_COMMENT_CHARS``, so ``fitted_arg`` drops the
-bulky keys, in the order the caller gives (``fit_comment``'s steps: ``without``, ``without_kwargs``), until
-prefix + coloc JSON fit: every job plain sbatch accepts is accepted.
+bulky keys in the caller's order (``without``, ``without_kwargs``) until prefix + coloc JSON fit: every job
+plain sbatch accepts is accepted.
 """
 from __future__ import annotations
 
@@ -98,15 +96,9 @@ class JobComment:
 
     @classmethod
     def from_fields(cls, data: Any) -> "JobComment":
-        """The typed annotation of a coloc JSON object (a parsed comment or a recorded ``coloc_json``).
+        """The typed annotation (``annotated`` True) of a coloc JSON object (parsed, or recorded).
+
         Unknown keys are ignored; a key set to null counts as absent.
-
-        Args:
-            data: the parsed JSON value (``mem_mib`` in MiB, ``shards`` in GiB of one GPU, ``flops_per_step``
-                in FLOP, ``bytes_per_step`` in bytes).
-
-        Returns:
-            The ``JobComment``, ``annotated`` True.
 
         Raises:
             CommentError: not an object, or a known key of the wrong type or out of its range (``BOUNDS``,
@@ -129,17 +121,11 @@ class JobComment:
 
     @classmethod
     def read(cls, comment: Optional[str], job_id: Optional[int] = None) -> "JobComment":
-        """The annotation in a job comment (the last ``coloc:{...}``); ``NO_COMMENT`` when there is none or it
-        breaks the protocol, the latter with one warning naming the job and the key. Never raises; bounded
-        work (``MAX_JSON_CHARS``; integers of more than 19 digits, NaN and infinities are never read as
-        numbers).
+        """The annotation in a job comment (the last ``coloc:{...}``), or ``NO_COMMENT``; never raises.
 
-        Args:
-            comment: the job's comment (Slurm's ``Comment``, user-controlled text); None counts as empty.
-            job_id: the job the comment belongs to, named in the warning (``?`` if None).
-
-        Returns:
-            The ``JobComment``, or ``NO_COMMENT``.
+        ``comment``: Slurm's ``Comment``, user-controlled text (None: empty). A comment that breaks the
+        protocol gives one warning naming the job (``?`` if None) and the key. Bounded work
+        (``MAX_JSON_CHARS``; integers of more than 19 digits, NaN and infinities are never read as numbers).
         """
         text = comment or ""
         at = text.rfind(COMMENT_TAG + "{")
@@ -159,12 +145,7 @@ class JobComment:
 
     @classmethod
     def from_json_text(cls, text: Optional[str]) -> "JobComment":
-        """A recorded ``coloc_json`` (database text) read back; ``NO_COMMENT`` when absent or invalid. Never
-        raises.
-
-        Args:
-            text: the recorded JSON text (at most ``MAX_JSON_CHARS`` characters are read), or None.
-        """
+        """A recorded ``coloc_json`` (``MAX_JSON_CHARS`` read); absent or invalid: ``NO_COMMENT``."""
         if not text or len(text) > MAX_JSON_CHARS:
             return NO_COMMENT
         try:
@@ -179,11 +160,10 @@ class JobComment:
                    spec: Optional[CommentSpec] = None, flops_per_step: Optional[int] = None,
                    argv: Sequence[str] = (),
                    user_text: Optional[str] = None) -> "JobComment":
-        """coloc-sbatch's comment (``v`` 1): the fields given, ``SUBMISSION_KEYS`` written as null while
-        unset, ``argv`` only when there are arguments, after the user's own comment ``user_text``.
+        """coloc-sbatch's comment (``v`` 1) after ``user_text``; ``SUBMISSION_KEYS`` null while unset.
 
-        Values are written as given (a value outside the protocol makes every reader ignore the comment,
-        as for any user's comment); units as the fields' (``mem_mib`` MiB, ``shards`` GiB of one GPU).
+        ``argv`` only when there are arguments. Values are written as given (one outside the protocol makes
+        every reader ignore the comment, as for any user's comment).
         """
         return cls(v=1, mode=mode, shards=shards, gpus=gpus, mem_mib=mem_mib, method=method,
                    gpu_model=gpu_model, sha256=sha256, spec=spec, flops_per_step=flops_per_step,
@@ -192,8 +172,10 @@ class JobComment:
 
     @classmethod
     def oom_rerun(cls, job_id: int, shards: int, mem_mib: int) -> "JobComment":
-        """The comment of job ``job_id``'s OOM rerun on a whole GPU (``shards`` shards, ``mem_mib`` MiB):
-        ``oom-retry-of-<job_id> coloc:{"mode":"whole-gpu",...,"retry_of":<job_id>}``."""
+        """The comment of job ``job_id``'s OOM rerun on a whole GPU (``shards`` shards, ``mem_mib`` MiB).
+
+        ``oom-retry-of-<job_id> coloc:{"mode":"whole-gpu",...,"retry_of":<job_id>}``.
+        """
         return cls(v=1, mode="whole-gpu", shards=shards, mem_mib=mem_mib, method="oom-retry", retry_of=job_id,
                    annotated=True, user_text=f"{RETRY_TAG}{job_id}")
 
@@ -203,13 +185,11 @@ class JobComment:
 
     @property
     def placed_shards(self) -> Optional[int]:
-        """The shard count of a job submitted for coloc-placer (``place`` true and ``shards`` set), else
-        None."""
+        """The shard count of a job submitted for coloc-placer (``place`` true, ``shards`` set), else None."""
         return self.shards if self.place and self.shards else None
 
     def to_json(self) -> Dict[str, Any]:
-        """The set fields as the coloc JSON object (``spec`` and ``argv`` as JSON values); {} when
-        unannotated."""
+        """The set fields as the coloc JSON object (``spec``, ``argv`` as JSON); {} when unannotated."""
         out: Dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -224,8 +204,7 @@ class JobComment:
         return {**dict.fromkeys(self.nulls), **self.to_json()}
 
     def to_comment(self) -> str:
-        """The whole job comment: ``"<user_text> coloc:{...}"``, or ``"coloc:{...}"`` without user text.
-        ``JobComment.read`` of it gives this comment back (``user_text`` included)."""
+        """``"<user_text> coloc:{...}"``, the whole comment (``JobComment.read`` gives this one back)."""
         return build_comment(self.comment_json(), self.user_text)
 
     def comment_arg(self) -> str:
@@ -234,12 +213,9 @@ class JobComment:
 
     def fitted_arg(self, steps: Sequence[Shrink],
                    limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
-        """``comment_arg`` within ``limit`` characters of comment (``fit_comment``: ``steps`` shrink the
-        JSON in order; ``user_text`` is kept whole).
+        """``(comment_arg within limit, or None: nothing left; what was dropped, in words)``.
 
-        Returns:
-            (the ``--comment=`` argument, or None when neither JSON nor user text is left; the words of what
-            was dropped).
+        ``fit_comment``: ``steps`` shrink the JSON in order; ``user_text`` is kept whole.
         """
         text, dropped = fit_comment(self.comment_json(), self.user_text, steps, limit)
         return (None if text is None else COMMENT_OPTION + text), dropped
@@ -276,20 +252,11 @@ def _warn_once(job_id: Optional[int], text: str, why: str) -> None:
 
 
 def job_signature(coloc: Any) -> Optional[str]:
-    """A 16-hex-digit key of what a job trains, from its coloc JSON object; None when nothing identifies it or
-    the object breaks the protocol (``JobComment.from_fields``).
+    """A 16-hex-digit key of what a job trains, from a ``JobComment`` or a coloc JSON mapping.
 
-    ``{"spec": {"model": "resnet50", "batch_size": 32, "precision": "amp", ...}}`` -> hash of (model, kwargs,
-    input_shape, batch_size, precision, optimizer); without a spec, ``"sha:" + sha256`` of the script.
-
-    Args:
-        coloc: a ``JobComment``, or a coloc JSON object (a mapping, e.g. ``parse_comment``'s result).
-
-    Returns:
-        The 16-hex-digit key, or None.
-
-    Raises:
-        Never raises ``CommentError`` (a broken object gives None).
+    Hash of the spec's (model, kwargs, input_shape, batch_size, precision, optimizer); without a spec,
+    ``"sha:" + sha256`` of the script. None when nothing identifies it or the object breaks the protocol;
+    never raises ``CommentError``.
     """
 
     if isinstance(coloc, JobComment):

@@ -1,10 +1,8 @@
 """The text of a job comment: ``[prefix ]coloc:{json}``, its tags, and the shrinking that keeps it within
-Slurm's limit. ``JobComment`` (``slurm_coloc.comment``) renders every comment the package writes through
-``build_comment`` and ``fit_comment``; nothing outside ``comment/`` assembles comment text. Pure: only
-``json``.
+Slurm's limit. Only ``JobComment`` (``slurm_coloc.comment``) renders comments, through ``build_comment`` and
+``fit_comment``; nothing outside ``comment/`` assembles comment text. Pure: only ``json``.
 
-The JSON object is written with sorted keys and no spaces (``separators=(",", ":")``), so a comment's bytes
-depend on its values only.
+The JSON object is written with sorted keys and no spaces, so a comment's bytes depend on its values only.
 """
 from __future__ import annotations
 
@@ -27,12 +25,7 @@ Shrink = Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]
 
 
 def build_comment(data: Mapping[str, Any], user_comment: Optional[str] = None) -> str:
-    """The job comment carrying ``data``: ``"<user_comment> coloc:{...}"``, or ``"coloc:{...}"`` alone.
-
-    Args:
-        data: JSON-serialisable mapping (the coloc fields).
-        user_comment: the text kept in front (the user's own ``--comment``, or an OOM rerun's tag); None or
-            empty for none.
+    """``"<user_comment> coloc:{...}"`` carrying ``data``; without ``user_comment``: ``"coloc:{...}"``.
 
     Raises:
         TypeError: ``data`` holds a value JSON cannot encode.
@@ -44,14 +37,8 @@ def build_comment(data: Mapping[str, Any], user_comment: Optional[str] = None) -
 def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
     """The coloc JSON object in a job comment (after the last ``coloc:{``), or None. Never raises.
 
-    Hooks run this as root on user-controlled text: JSON only (no eval, no pickle), at most
+    Trust: hooks run this as root on user-controlled text: JSON only (no eval, no pickle), at most
     ``MAX_JSON_CHARS`` characters, and a JSON object only (a list or a scalar gives None).
-
-    Args:
-        comment: the job's comment (Slurm's ``Comment``, user-controlled text); None counts as empty.
-
-    Returns:
-        The object as a dict, or None.
     """
     text = comment or ""
     at = text.rfind(COMMENT_TAG + "{")
@@ -65,38 +52,24 @@ def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def user_text_of(comment: str) -> Optional[str]:
-    """The text in front of the last ``coloc:{`` of ``comment``, stripped; None when empty or when there is
-    no coloc JSON. Pure, never raises."""
+    """The text in front of the last ``coloc:{``, stripped; None when empty or without coloc JSON. Pure."""
     at = comment.rfind(COMMENT_TAG + "{")
     return (comment[:at].strip() or None) if at >= 0 else None
 
 
 def retry_tag_of(comment: Optional[str]) -> Optional[int]:
-    """The job id in a comment's ``oom-retry-of-<id>`` word (a whole word, anywhere), or None.
-
-    Args:
-        comment: a job comment (user-controlled text: a claim only); None counts as empty.
-
-    Returns:
-        The job id, or None. Pure, never raises.
-    """
+    """The job id of an ``oom-retry-of-<id>`` word (whole, anywhere; user text: a claim only), or None."""
     m = _RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 
 
 def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Sequence[Shrink],
                 limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
-    """The job comment for ``data`` within ``limit`` characters, shrinking ``data`` step by step.
+    """``(comment, words of the steps applied)``: the comment for ``data`` within ``limit`` characters.
 
-    Args:
-        data: the full coloc fields.
-        user_comment: the user's own comment text (kept whole: it is theirs).
-        steps: shrink steps applied in order, each to the result of the previous, until the comment fits.
-        limit: the most characters Slurm takes.
-
-    Returns:
-        (the comment, or the user's comment alone when even the smallest coloc JSON does not fit beside it
-        (None without one); the words of the steps applied, plus ``"the whole coloc JSON"`` in that case).
+    ``steps`` shrink ``data`` in order, each on the previous result, until it fits; ``user_comment`` is kept
+    whole (it is the user's). When even the smallest coloc JSON does not fit beside it: the user's comment
+    alone (None without one), and ``"the whole coloc JSON"`` among the words.
     """
     current: Dict[str, Any] = dict(data)
     dropped: List[str] = []
@@ -118,8 +91,7 @@ def without(*keys: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
 
 
 def without_kwargs(data: Dict[str, Any]) -> Dict[str, Any]:
-    """A shrink step: the spec's ``kwargs`` emptied, their JSON length kept as ``kwargs_chars`` (the object
-    as it is when the spec has no kwargs)."""
+    """A shrink step: the spec's ``kwargs`` emptied, their JSON length kept as ``kwargs_chars``."""
     spec = data.get("spec")
     if not isinstance(spec, dict) or not spec.get("kwargs"):
         return data

@@ -100,8 +100,7 @@ def _plain(v: Any, depth: int = 0) -> bool:
 
 @dataclass(frozen=True)
 class CommentSpec:
-    """The model spec of a coloc comment (``estimate.spec.ModelSpec.to_json``), each field checked; None:
-    absent."""
+    """The model spec of a coloc comment (``ModelSpec.to_json``), each field checked; None: absent."""
 
     model: Optional[str] = None
     kwargs: Optional[Dict[str, Any]] = None
@@ -115,12 +114,6 @@ class CommentSpec:
     @classmethod
     def from_fields(cls, data: Any) -> "CommentSpec":
         """The typed spec of a comment's ``spec`` object (unknown keys ignored, a null key absent).
-
-        Args:
-            data: the parsed ``spec`` value (JSON types).
-
-        Returns:
-            The ``CommentSpec``.
 
         Raises:
             CommentError: not an object, or a known key out of type or range.
@@ -153,11 +146,7 @@ class CommentSpec:
 
     @classmethod
     def from_json_text(cls, text: Optional[str]) -> "Optional[CommentSpec]":
-        """A recorded spec (JSON text) read back; None when absent or invalid. Never raises.
-
-        Args:
-            text: the spec's JSON text (at most ``MAX_JSON_CHARS`` characters are read), or None.
-        """
+        """A recorded spec (``MAX_JSON_CHARS`` read); None when absent or invalid. Never raises."""
         if not text or len(text) > MAX_JSON_CHARS:
             return None
         try:
@@ -191,8 +180,7 @@ def _numbers_and_text(data: Dict[str, Any], out: Dict[str, Any]) -> None:
 
 
 def _mode_sha256_place(data: Dict[str, Any], out: Dict[str, Any]) -> None:
-    """Copy ``mode`` (one of ``MODES``), ``sha256`` (64 lower-case hex digits) and ``place`` (a boolean) of
-    ``data``, when set, into ``out``.
+    """Copy the set ``mode`` (of ``MODES``), ``sha256`` (64 lower-case hex) and ``place`` (bool) into ``out``.
 
     Raises:
         CommentError: one of them not as stated.
