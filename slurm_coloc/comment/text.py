@@ -52,13 +52,19 @@ def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def user_text_of(comment: str) -> Optional[str]:
-    """The text in front of the last ``coloc:{``, stripped; None when empty or without coloc JSON. Pure."""
+    """The text in front of the last ``coloc:{``, stripped; None when empty or without coloc JSON.
+
+    Pure, never raises.
+    """
     at = comment.rfind(COMMENT_TAG + "{")
     return (comment[:at].strip() or None) if at >= 0 else None
 
 
 def retry_tag_of(comment: Optional[str]) -> Optional[int]:
-    """The job id of an ``oom-retry-of-<id>`` word (whole, anywhere; user text: a claim only), or None."""
+    """The job id of an ``oom-retry-of-<id>`` word (whole, anywhere; user text: a claim only), or None.
+
+    Pure, never raises.
+    """
     m = _RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 

@@ -76,7 +76,7 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
 
 def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
             oom: Optional[Any]) -> Dict[str, Any]:
-    """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure).
+    """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure, never raises).
 
     The node's figures (``figures["summary"]``) with what only the controller knows when its Epilog runs: the
     OOM and its rerun (``oom``: ``store.oom`` record or None). Without figures: what was asked and estimated
@@ -126,10 +126,10 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
 
 
 def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
-    """The AdminComment that keeps every other tool's text in ``existing`` and holds ``ours`` (pure).
+    """The AdminComment that keeps every other tool's text in ``existing`` and holds ``ours``.
 
-    None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text); modes as in
-    the module docstring; ``existing`` None counts as "".
+    Pure, never raises. None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign
+    text); modes as in the module docstring; ``existing`` None counts as "".
     """
     current = (existing or "").strip()
     at = current.find(OUR_MARK)

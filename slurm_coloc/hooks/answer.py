@@ -59,7 +59,10 @@ def encode_result(payload: Dict[str, Any]) -> bytes:
 
 
 def decode_answer(chunks: List[bytes]) -> tuple:
-    """``(ok, detail, result)`` of the pipe's bytes; missing or broken: ``(False, {"error": ..}, None)``."""
+    """``(ok, detail, result)`` of the pipe's bytes; never raises.
+
+    Missing or broken: ``(False, {"error": ...}, None)``.
+    """
     try:
         payload = json.loads(b"".join(chunks).decode())
         return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")

@@ -39,7 +39,7 @@ MAX_SCRIPT_BYTES = 4 << 20
 
 
 def script_identity(raw: bytes) -> str:
-    """Hex SHA-256 of a batch script as the user wrote it (pure).
+    """Hex SHA-256 of a batch script as the user wrote it (pure, never raises).
 
     ``raw`` (what Slurm stored) with coloc-sbatch's rewritten GPU lines restored, so it equals
     ``submit.directives.ParsedScript.sha256`` of the user's file.
@@ -110,7 +110,9 @@ def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
 
 
 def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
-    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts (pure).
+    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts.
+
+    Pure, never raises.
 
     ``tres``: ``{"shard": 8}``; a shard is 1 GiB, ``cfg.gpu_mem_gib`` of them a whole GPU.
     """
@@ -120,9 +122,9 @@ def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
 
 
 def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
-    """``(coloc_json, spec_json)``: sorted-key JSON of a validated comment's fields and spec (pure).
+    """``(coloc_json, spec_json)`` root records: sorted-key JSON of a validated comment's fields, spec.
 
-    None where the comment (an unannotated job) or the spec has no field.
+    Pure, never raises. None where the comment (an unannotated job) or the spec has no field.
     """
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,

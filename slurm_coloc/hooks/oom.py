@@ -132,7 +132,10 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The job id of an ``oom-retry-of-<id>`` comment (user text: a claim, never recorded as a link)."""
+    """The job id of an ``oom-retry-of-<id>`` comment, or None (pure, never raises).
+
+    The comment is user text: a claim, never recorded as a link.
+    """
     return retry_tag_of(comment)
 
 

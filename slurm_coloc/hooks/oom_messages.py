@@ -39,6 +39,7 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
     """Up to ``MAX_MESSAGES`` ``(pattern name, line trimmed to 300 chars)`` of ``text``, the last line first.
 
     ``text``: the job's output tail (user-written: only matched, never interpreted); None or empty has none.
+    Never raises.
     """
     found: List[Tuple[str, str]] = []
     for line in reversed((text or "").splitlines()):
@@ -52,7 +53,10 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
 
 
 def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` in the lines, MiB rounded up (binary units); 0 without one."""
+    """The largest ``Tried to allocate X`` in the lines, MiB rounded up; 0 without one.
+
+    GiB, MiB, KiB and B are read in binary units. Pure, never raises.
+    """
     best = 0.0
     for _, line in messages:
         for num, unit in _TRIED_RE.findall(line):

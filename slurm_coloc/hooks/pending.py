@@ -33,7 +33,7 @@ MAX_RUN_S = 86400.0  # a run length (UP1 - UP0) outside 0..this is taken as unkn
 
 
 def pending_dir(env: Mapping[str, str]) -> str:
-    """``$COLOC_PENDING_DIR`` when absolute, else ``DEFAULT_DIR`` (pure)."""
+    """``$COLOC_PENDING_DIR`` when absolute, else ``DEFAULT_DIR`` (pure, never raises)."""
     value = env.get("COLOC_PENDING_DIR", "")
     return value if value.startswith("/") else DEFAULT_DIR
 
@@ -123,7 +123,7 @@ def decode(data: bytes) -> Dict[str, str]:
 
 
 def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
-    """``(started_ts, ended_ts)`` of the run, Unix s (pure).
+    """``(started_ts, ended_ts)`` of the run, Unix s (pure, never raises).
 
     The end is ``TS`` (else the file's mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when
     unknown or outside 0..``MAX_RUN_S``).

@@ -49,12 +49,18 @@ class HookTerminated(BaseException):
 
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
-    """Spool directories for an unusable database, in order: ``<run_dir>/spool``, ``<state_dir>/spool``."""
+    """Spool directories for an unusable database, in order: ``<run_dir>/spool``, ``<state_dir>/spool``.
+
+    Pure, never raises.
+    """
     return [str(Path(cfg.run_dir) / "spool"), str(Path(cfg.state_dir) / "spool")]
 
 
 def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
-    """Every recovery-queue directory a run replays, in order: the spool directories, then the pending one."""
+    """Every recovery-queue directory a run replays, in order: the spool directories, then the pending one.
+
+    Never raises.
+    """
     return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 

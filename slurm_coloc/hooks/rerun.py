@@ -40,7 +40,9 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
 def neutralise_directives(script: str) -> Tuple[str, int]:
-    """``(script, lines changed)``: every directive line of the user's script made a plain comment (pure).
+    """``(script, lines changed)``: every directive line of the user's script made a plain comment.
+
+    Pure, never raises.
 
     Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of
     any dialect (``_DIRECTIVE``) anywhere, and every comment line of the header (before the first line that is
@@ -66,7 +68,7 @@ def neutralise_directives(script: str) -> Tuple[str, int]:
 
 
 def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[List[str], bool]:
-    """``(argument words, exact)`` of the batch script (pure).
+    """``(argument words, exact)`` of the batch script (pure, never raises).
 
     Slurm's record first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's ``submit_line``, both
     argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``, within
@@ -146,7 +148,7 @@ def _shape_args(job: JobInfo) -> List[str]:
 
 
 def rerun_refusal(job: JobInfo) -> Optional[str]:
-    """Why ``job``'s rerun is refused (one line), or None (pure).
+    """Why ``job``'s rerun is refused (one line), or None (pure, never raises).
 
     A part of its confinement the rerun cannot carry (``slurm/confinement.py``: GRES per job/task/socket, CPUs
     or memory per GRES, a burst buffer, a heterogeneous job's component).

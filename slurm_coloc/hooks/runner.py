@@ -347,5 +347,8 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
 
 
 def bound_s(cfg: config_mod.Config) -> float:
-    """The most seconds one hook process takes (module docstring): own work + kill grace + recording."""
+    """The most seconds one hook process takes (module docstring): own work + kill grace + recording.
+
+    Pure, never raises.
+    """
     return cfg.hook_timeout_s + KILL_GRACE_S + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

@@ -35,13 +35,16 @@ INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace
 def is_final(state: str) -> bool:
     """Whether a state name from the environment (any case, suffix allowed: ``CANCELLED by 1000``) is final.
 
-    ``JobInfo.final`` is the same test on Slurm's record. Pure.
+    ``JobInfo.final`` is the same test on Slurm's record. Pure, never raises.
     """
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
 def state_from_env(env: Mapping[str, str]) -> Optional[str]:
-    """The upper-case final state (first word) the environment gives (``FINAL_STATE_VARS``); None on 22.05."""
+    """The upper-case final state (first word) the environment gives (``FINAL_STATE_VARS``); None on 22.05.
+
+    Pure, never raises.
+    """
     for name in FINAL_STATE_VARS:
         value = (env.get(name) or "").strip()
         if is_final(value):
@@ -50,7 +53,7 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
-    """``(state, source)``: the job's final state and ``SLURM`` or ``INFERRED`` (pure).
+    """``(state, source)``: the job's final state and ``SLURM`` or ``INFERRED`` (pure, never raises).
 
     The hook environment's, else slurmctld's record if final (24.11+ inside the epilogs: module docstring),
     else ``infer_final_state`` of the record (exit pair, run time, limit, reason; 22.05). ``env`` None: the
@@ -95,7 +98,9 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
 
 
 def shell_signal(exit_code: Optional[int]) -> Optional[int]:
-    """The signal a batch shell reports in its exit code: 1, 2, 15 for 129, 130, 143; else None (pure).
+    """The signal a batch shell reports in its exit code: 1, 2, 15 for 129, 130, 143; else None.
+
+    Pure, never raises.
 
     bash exits ``128 + N`` when its last command was killed by signal N (bash(1), "EXIT STATUS"), as when a
     time-out or ``scancel`` reaches the shell's child first (``ExitCode=143:0`` rather than ``0:15``). Only

@@ -105,7 +105,7 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
 
 
 def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
-    """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]``.
+    """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]`` (Unix s).
 
     None or 0 times: False. Then a job with no process samples of its own held no GPU memory in that time.
     """
