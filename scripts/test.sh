@@ -10,8 +10,15 @@
 #    from a clean cache), the versions side by side (one background pytest each, every output line prefixed
 #    with "[<version>] "). README "Slurm versions" says why this subset. COLOC_TEST_VERSIONS="" skips step 2.
 # Arguments go to every pytest run (e.g. -x). Exit status: non-zero when any run failed.
+# --fast (first argument): only the unit tests, in about 2 minutes: no install, build or lint, and no test marked
+# gpu, slurm (a real cluster or namespace hosts) or slow (pyproject.toml); the other arguments go to pytest.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ "${1-}" = --fast ]; then
+  shift
+  cd "$REPO"
+  exec "${COLOC_VENV:-$REPO/.venv}/bin/python" -m pytest -q -m "not gpu and not slurm and not slow" "$@" tests
+fi
 "$REPO/scripts/install.sh"
 make -s -C "$REPO/spank"
 VENV=${COLOC_VENV:-$REPO/.venv}
