@@ -1,4 +1,4 @@
-"""Synthetic sampler records of jobs that die of CUDA OOM under a 2 GiB grant (issue 31, "the lost rerun").
+"""Synthetic sampler records of jobs that die of CUDA OOM under a 2 GiB grant ("the lost rerun").
 
 SYNTHETIC, not recordings: each pattern is the series of per-job memory readings (MiB) the sampler's watchdog
 would store in ``proc_samples`` at its 0.5 s period while a 2-shard PyTorch job under an MPS fence of ``0=2G``

@@ -1,4 +1,4 @@
-"""``coloc-admin check`` knows the host's role (issue 46): a controller or login host has no GPUs of its own,
+"""``coloc-admin check`` knows the host's role: a controller or login host has no GPUs of its own,
 so gres.conf's device files, NVML, MPS and the metrics endpoint are checked only on a compute node, for its
 own node's lines."""
 from __future__ import annotations

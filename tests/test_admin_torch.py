@@ -1,4 +1,4 @@
-"""``coloc-admin torch DIR`` (the documented way to give the package's venv a site's PyTorch, issue 46): the
+"""``coloc-admin torch DIR`` (the documented way to give the package's venv a site's PyTorch): the
 directory is checked by importing torch and numpy from it in a fresh interpreter; one line when it cannot
 serve (torch without numpy was the production install's crash)."""
 from __future__ import annotations

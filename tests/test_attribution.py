@@ -79,7 +79,7 @@ def test_root_processes_and_root_owned_slurmstepd_ancestors_are_trusted() -> Non
             p.wait()
 
 
-# Real cgroups (issue 31, N4): processes moved into cgroup directories created on this host's cgroup
+# Real cgroups (N4): processes moved into cgroup directories created on this host's cgroup
 # filesystems, named as Slurm's cgroup plugins name them (v2 ``/system.slice/slurmstepd.scope/job_<N>``, v1
 # ``/slurm/uid_<U>/job_<N>``) or as a user's delegated systemd subtree would (``.../user@2002.service/...``).
 MOUNTS = cgroup_mounts()

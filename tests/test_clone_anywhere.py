@@ -1,4 +1,4 @@
-"""The suite passes wherever it is cloned (issue 46, part 3): a clone under /tmp, with its venv under /tmp
+"""The suite passes wherever it is cloned: a clone under /tmp, with its venv under /tmp
 too, as a fresh machine's `git clone` there and `scripts/install.sh` give. Every namespace host mounts its own
 /tmp, so a path of this machine under /tmp that a test hands to a host (the site's torch, the first failure)
 is invisible there unless it travels through a shared mount (``tests/netns_hosts.site_torch_share``).

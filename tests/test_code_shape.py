@@ -14,7 +14,7 @@ MAX_MODULE_LINES = 400
 NOT_YET: tuple = ()  # functions allowed over the limit for now: none
 # Lines of module, class and function docstrings over all lines of the package. The target is 0.20; lower this
 # as docstrings are trimmed, never raise it.
-MAX_DOCSTRING_SHARE = 0.29
+MAX_DOCSTRING_SHARE = 0.24
 
 
 def _functions():

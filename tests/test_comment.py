@@ -1,5 +1,5 @@
 """The typed job comment (``comment.JobComment``): every known key checked, unknown keys ignored, a bad
-comment is no annotation with one log line; the placer's features and predictions stay finite (issue 31, N3
+comment is no annotation with one log line; the placer's features and predictions stay finite (N3
 and N10), and placer history is per user (N10; real SQLite databases).
 """
 from __future__ import annotations
@@ -193,7 +193,7 @@ def test_the_probes_flop_count_enters_the_comment_only_within_its_range(flops, k
     assert est.flops_per_step == kept and est.mem_mib > 0
 
 
-# -- the one writer (issue 47): what JobComment writes, JobComment.read gives back ---------------------------
+# -- the one writer: what JobComment writes, JobComment.read gives back ---------------------------
 
 PACKAGE = Path(__file__).resolve().parents[1] / "slurm_coloc"
 _TAG_TEXT = ("--comment=", "coloc:{", "oom-retry-of-")

@@ -1,4 +1,4 @@
-"""Issue 46 F9: path keys (and every other text key) refuse newlines and control characters with one clear
+"""F9: path keys (and every other text key) refuse newlines and control characters with one clear
 line, and ``coloc-admin enable`` never writes such a path, nor one with white space, into plugstack.conf.
 
 Before: ``run_dir: "/run/a\\nrequired /tmp/evil.so"`` loaded, and ``enable`` wrote its second line into

@@ -1,4 +1,4 @@
-"""The AMP trace follows CUDA autocast's float32 list (issue 3): softmax/LayerNorm outputs are fp32."""
+"""The AMP trace follows CUDA autocast's float32 list: softmax/LayerNorm outputs are fp32."""
 from __future__ import annotations
 
 import torch

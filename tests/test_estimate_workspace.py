@@ -1,4 +1,4 @@
-"""cuDNN workspace replay (issue 3): convolution call keys, the measured table's lookup, the trace."""
+"""cuDNN workspace replay: convolution call keys, the measured table's lookup, the trace."""
 from __future__ import annotations
 
 import csv

@@ -1,5 +1,5 @@
 """The packaged TaskProlog shim (prolog_epilog/task_prolog.sh) runs in the job's environment, which the user
-fills with ``--export``: it never takes ``COLOC_HOOK`` from there (issue 46, F6), only from the argument a
+fills with ``--export``: it never takes ``COLOC_HOOK`` from there (F6), only from the argument a
 site's wrapper passes (``--hook=/abs/path``; Slurm passes the TaskProlog none)."""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_the_other_hooks_still_take_coloc_hook(tmp_path: Path) -> None:
     assert out.returncode == 0 and marker.exists()
 
 
-#: What a root hook never loads (issue 47): the report pipeline's judgement and rendering. The node Epilog's
+#: What a root hook never loads: the report pipeline's judgement and rendering. The node Epilog's
 #: AdminComment facts come from ``report/facts.py`` (``store/`` reads only).
 REPORT_PIPELINE = tuple(f"slurm_coloc.report.{m}" for m in ("findings", "diagnose", "summarize", "usage",
                                                               "render", "views", "query"))

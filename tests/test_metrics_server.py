@@ -88,7 +88,7 @@ def _scrapes_answered(port: int, n: int, pause_s: float) -> int:
 
 @pytest.mark.slow
 def test_idle_connections_never_starve_a_scraper() -> None:
-    """Issue 46 F3, at the real cap of 16: before, 16 idle connections of a local user (re-opened as the
+    """F3, at the real cap of 16: before, 16 idle connections of a local user (re-opened as the
     server shut them) made 14 of 20 Prometheus scrapes fail with 503. Now a new connection takes the place of
     the oldest idle one: 20 of 20 scrapes answered while the 16 are held."""
     port = _free_port()
@@ -290,7 +290,7 @@ def _get(port: int, path: str, method: str = "GET", headers: Optional[Dict[str, 
 
 
 def test_new_query_strings_paths_and_accept_headers_never_bypass_the_cache() -> None:
-    """Issue 46 F4 on the real server with prometheus_client's real app: before, ``/metrics?r=N`` made 305
+    """F4 on the real server with prometheus_client's real app: before, ``/metrics?r=N`` made 305
     collections in 305 requests (one per query string); a new ``Accept`` header or path per request did the
     same (fifth campaign). Now at most one collection per canonical key (OpenMetrics or text, gzip or not)
     per TTL."""

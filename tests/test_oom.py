@@ -86,7 +86,7 @@ def test_retry_marker_in_comment() -> None:
 
 
 def test_every_directive_of_every_dialect_is_neutralised() -> None:
-    """Issue 31 N1: before, only GPU ``#SBATCH`` lines were neutralised, so ``#PBS -p -1000`` gave root's
+    """N1: before, only GPU ``#SBATCH`` lines were neutralised, so ``#PBS -p -1000`` gave root's
     rerun Nice=-1000. Now no line of the rerun's script starts with a directive of any dialect."""
     script = ("#!/bin/bash\n#SBATCH --gres=shard:4\n#SBATCH --nice=-1000\n#SLURM --exclusive\n#PBS -p -1000\n"
               "  #pbs -l walltime=1\n#BSUB -q x\n#$ -l h_vmem=1\n#MSUB -l x\n#flux: -N1\n# an ordinary "
@@ -103,7 +103,7 @@ def test_every_directive_of_every_dialect_is_neutralised() -> None:
 
 
 def test_array_task_is_rerun_alone_and_pbs_is_ignored() -> None:
-    """Issue 31 N2: the rerun of task 0 of an array names that task alone, from Slurm's record."""
+    """N2: the rerun of task 0 of an array names that task alone, from Slurm's record."""
     job = job_info_from_json({"job_id": 41, "array_job_id": 40, "array_task_id": 0, "name": "a",
                               "tres_per_node": "gres:shard:2", "partition": "debug",
                               "current_working_directory": "/w", "standard_output": "/w/o-%A_%a"})

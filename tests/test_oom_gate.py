@@ -1,4 +1,4 @@
-"""The OOM rerun gate (issue 31, "the lost rerun") on sampler records in the real SQLite stores: honest jobs
+"""The OOM rerun gate ("the lost rerun") on sampler records in the real SQLite stores: honest jobs
 that outgrow their 2 GiB grant get their rerun whatever their allocation pattern, fake OOM lines do not, and
 the per-user budget bounds every rerun. The sampler rows are SYNTHETIC (tests/oom_patterns.py says what they
 model); the node and controller databases, the evidence queries and the gate are the product's own."""
@@ -47,7 +47,7 @@ def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, *
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_honest_patterns_get_their_rerun_and_fakes_do_not(tmp_path: Path, name: str) -> None:
     """Before the fix, ``one-alloc-first-step`` was refused ("the sampler watched its GPU and saw no memory of
-    this job"): the lost rerun of issue 31."""
+    this job"): the lost rerun."""
     decision = _gate(tmp_path, name)
     assert decision.rerun == PATTERNS[name][2], (name, decision.reason)
 

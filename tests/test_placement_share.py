@@ -83,7 +83,7 @@ def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> Non
 
 
 def test_a_job_never_measured_goes_by_its_prediction_whatever_the_sampler_says() -> None:
-    # issue 44: the gate serialised small jobs (two read SMACT 1.00, the third waited) and a silent sampler
+    # the gate serialised small jobs (two read SMACT 1.00, the third waited) and a silent sampler
     # packed 7 per GPU by memory (one ran 4.29x alone); both now go by the model with the prediction
     never = share.Profile(None)
     unknown = [[share.Tenant(never, NOW - 5, 0.5)]]

@@ -1,6 +1,6 @@
 """The probe fakes only the GPU: host tensors hold real values, evaluation work is bounded and measured.
 
-Issue 29's upstream failures, each as a small program of the same pattern: torchvision's RandomResizedCrop
+Upstream failures, each as a small program of the same pattern: torchvision's RandomResizedCrop
 reading ``torch.empty(1).uniform_(...).item()`` (pytorch/examples imagenet), numpy interop on CPU tensors
 (examples/train_digits.py via scikit-learn), an evaluation loop of many no-grad batches before the first
 optimizer step (nanoGPT's ``estimate_loss``: 2 x 200 batches), and an evaluation loader with a larger

@@ -1,4 +1,4 @@
-"""The fake GPU covers the legacy and less common CUDA spellings of real code (issue 45; docs/estimator.md
+"""The fake GPU covers the legacy and less common CUDA spellings of real code (docs/estimator.md
 "CUDA surfaces the probe covers": one test per row).
 
 Each row's snippet makes a 16 MiB tensor (``BIG_B``) through the surface under test inside a real training

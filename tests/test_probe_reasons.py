@@ -1,5 +1,5 @@
 """Programs the probe cannot follow fall back with one clear line: worker processes on the GPU, unreadable
-exception messages (issue 29's corpus: pytorch/examples mnist_hogwild, time_sequence_prediction)."""
+exception messages (the probe corpus: pytorch/examples mnist_hogwild, time_sequence_prediction)."""
 from __future__ import annotations
 
 import pickle

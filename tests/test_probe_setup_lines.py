@@ -1,4 +1,4 @@
-"""The probe runs only a batch script's setup lines (issue 46 F8): no ``$(...)`` but path tools and
+"""The probe runs only a batch script's setup lines (F8): no ``$(...)`` but path tools and
 environment managers' hooks, no backticks, ``eval`` of a hook only, no redirection but to ``/dev/null``.
 
 Each attack line is run through the real discovery (``find_command`` -> ``discover_job``: bash runs the kept

@@ -1,4 +1,4 @@
-"""Sweep reuse (issue 45): one probe per training configuration. Submissions of one script that differ only
+"""Sweep reuse: one probe per training configuration. Submissions of one script that differ only
 in arguments no shape depends on (learning rate, seed, epochs, output paths) reuse the first probe, and the
 ``ran`` line (``--explain``) says so; an argument that changes the batch or the model probes afresh. Real
 probes (real CPU torch) through ``probe_script``'s real per-user cache; the argument reader is pure.

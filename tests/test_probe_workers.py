@@ -1,4 +1,4 @@
-"""Single-node multi-process training in the probe (issue 45): ``torch.multiprocessing.spawn`` and
+"""Single-node multi-process training in the probe: ``torch.multiprocessing.spawn`` and
 ``multiprocessing.Process`` workers with an NCCL or Gloo group on one node are traced as one process (the
 per-GPU figure); more processes than the one GPU fall back with the reason; a worker's failure is named by the
 worker's own exception, never the launcher's ``ProcessRaisedException`` (real CPU torch, the real probe child;

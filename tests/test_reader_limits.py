@@ -1,4 +1,4 @@
-"""The reader service's limits on real Unix sockets (issue 31, N5: 1,000 slow connections of one user were
+"""The reader service's limits on real Unix sockets (N5: 1,000 slow connections of one user were
 held by 1,002 threads): a connection cap, a per-uid cap (``SO_PEERCRED``), refusals at once with one line, and
 whole-request / whole-answer deadlines for slow clients (report/reader.py).
 """

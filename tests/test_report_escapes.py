@@ -1,4 +1,4 @@
-"""Issue 46 F7 and the fifth campaign: user text in coloc-report output is shown, never obeyed.
+"""F7 and the fifth campaign: user text in coloc-report output is shown, never obeyed.
 
 Before: a job name holding ESC ``]0;``/``[2J``, a C1 CSI or U+202E reached the terminal raw through
 ``advise`` and ``--csv``; in a table cell rich read ``[link=...]`` as markup and wrote a live OSC 8 hyperlink;

@@ -1,4 +1,4 @@
-"""Issue 46 F2: the OOM rerun carries every confinement of the job's record or is refused with the reason.
+"""F2: the OOM rerun carries every confinement of the job's record or is refused with the reason.
 
 Pure tests on ``squeue --json`` entries of the shapes Slurm prints: the 22.05 values below were read from a
 real 22.05 cluster (a held job submitted with ``--reservation=rtres --exclude=n1 -C 'fa&fb' -L lic:1

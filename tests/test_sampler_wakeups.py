@@ -1,4 +1,4 @@
-"""Sampler steady-state cost (issue 4) without changing what it records: one wake-up per tick (a blocking wait
+"""Sampler steady-state cost without changing what it records: one wake-up per tick (a blocking wait
 that a flag or a signal ends at once), pid -> job attribution cached per (pid, start time), rows written by a
 prepared ``executemany`` exactly as sqlite-utils' ``insert_all`` wrote them. Real SQLite, real signals, a temp
 /proc tree; the NVML frames come from the H100 recording (tests/data/nvml).

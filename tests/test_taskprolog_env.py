@@ -1,4 +1,4 @@
-"""What the TaskProlog trusts (issue 31 N6, N9), without a cluster: the job id from the title of the
+"""What the TaskProlog trusts (N6, N9), without a cluster: the job id from the title of the
 root-owned slurmstepd above it (a /proc tree of real files with real owners; needs root), and the config from
 the admin's file only. The same on the real cluster: tests/cluster/reliability/test_rerun_attacks.py."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Honest jobs that outgrow their 2 GiB grant get their OOM rerun, whatever their allocation pattern, and fake
-OOM lines do not (issue 31, "the lost rerun"), on a real Slurm cluster of any version (``COLOC_SLURM``).
+OOM lines do not ("the lost rerun"), on a real Slurm cluster of any version (``COLOC_SLURM``).
 
 No GPU here: while each 2-shard job runs, the test stores what the sampler would have recorded for it
 (tests/oom_patterns.py, SYNTHETIC series, through the sampler's own ``write_rows`` into the node database);

@@ -1,4 +1,4 @@
-"""OOM recovery when sbatch refuses the rerun (issue 5): the failure is recorded, told to the user in their
+"""OOM recovery when sbatch refuses the rerun: the failure is recorded, told to the user in their
 stderr file and shown by coloc-report; never silent. Injection: after the job starts, its partition stops
 admitting the user's group (``AllowGroups=root``), so ``sbatch --uid`` of the rerun is refused by Slurm
 itself.

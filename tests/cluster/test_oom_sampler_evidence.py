@@ -1,5 +1,5 @@
 """OOM evidence from the sampler: a job that fails silently while its GPU memory sits at its fence is an OOM
-death (issue 5, "the sampler's evidence"), and one that fails well below its fence is not."""
+death ("the sampler's evidence"), and one that fails well below its fence is not."""
 from __future__ import annotations
 
 import time

@@ -119,7 +119,7 @@ def test_stale_history_is_ignored_and_a_job_at_the_bound_is_released_by_max_wait
     cl.wait_state(job, ("RUNNING",), 40)
     # stale history (40 days, the limit is 30): ignored with one line; without history the three tenants count
     # with their predicted activity (0.53 each), so the next job waits at the bound instead of going by memory
-    # (issue 44: a GPU packed by memory alone ran one job 4.29x its time alone)
+    # (a GPU packed by memory alone ran one job 4.29x its time alone)
     stale = tcfg(cl, placement_history_path=str(history_file(tmp_path / "stale.json", age_days=40)))
     state = PlacerState()
     submit(cl)
@@ -198,7 +198,7 @@ def _learned_light_history(cl: Cluster) -> List[int]:
 
 def test_a_user_whose_runs_were_learned_light_moves_only_their_own_jobs(
         cl: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 44's bad input: colocuser's signature looked light in its shared runs (learned ~0.1; a job that
+    """Bad input: colocuser's signature looked light in its shared runs (learned ~0.1; a job that
     idles while it is measured would look the same). Three such jobs hold n1/gpu0 (the other GPUs are taken).
     colocuser's next job of that signature joins them (0.4 in all); colocuser2's job, never measured, does
     not: another user's learned activity counts at least the floor (0.53) for it, 4 x 0.53 / 0.75 > 2."""

@@ -1,5 +1,5 @@
 """Attacks on coloc-placer by an ordinary user (``colocuser2``) on a real Slurm cluster with typed shards
-(issue 31, N3, and the fourth campaign in docs/reliability.md). Each test says what happened before the fix.
+(N3, and the fourth campaign in docs/reliability.md). Each test says what happened before the fix.
 """
 from __future__ import annotations
 

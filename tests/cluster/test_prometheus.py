@@ -225,7 +225,7 @@ while time.time() < until:
 
 
 def test_idle_connections_of_a_local_user_do_not_fail_prometheus_scrapes(prometheus, tmp_path: Path) -> None:
-    """Issue 46 F3 with a real Prometheus (scraping every 1 s, 900 ms timeout): colocuser holds 16 idle
+    """F3 with a real Prometheus (scraping every 1 s, 900 ms timeout): colocuser holds 16 idle
     connections to the sampler's endpoint, re-opening each one the server shuts. Before: 14 of 20 scrapes
     failed. Now every scrape of the window succeeds (``up`` is 1 in each)."""
     import dataclasses

@@ -284,7 +284,7 @@ def test_mem_without_gres_warns_but_submits(spank_cluster: SpankCluster) -> None
 
 def test_a_job_held_for_the_placer_gets_no_gres_warning_and_no_marker(spank_cluster: SpankCluster) -> None:
     """coloc-sbatch submits a job held for coloc-placer without GRES (the placer adds shard:N) and says so
-    with COLOC_SBATCH_PLACER=1 (issue 46): no warning, and the marker does not reach the job."""
+    with COLOC_SBATCH_PLACER=1: no warning, and the marker does not reach the job."""
     out_file = spank_cluster.dir / "jobs" / f"held-env-{time.monotonic_ns()}.txt"
     held = spank_cluster.run(["env", "COLOC_SBATCH_PLACER=1", "sbatch", "--parsable", "--hold",
                               "--coloc-mem=5.5G", "--wrap", f"env > {out_file}"])

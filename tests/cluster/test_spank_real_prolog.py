@@ -1,4 +1,4 @@
-"""The SPANK plugin delivers what the REAL node Prolog prepared (issue 6 with issue 4), with TaskProlog off:
+"""The SPANK plugin delivers what the REAL node Prolog prepared, with TaskProlog off:
 a shard job sees its MPS pipe directory and memory fence in the batch step and in an srun step; a whole-GPU
 job sees no MPS variables. The MPS control binary is the CI test double of tests/test_mps_lifecycle.py.
 """

@@ -144,7 +144,7 @@ def _escaped_sleep(c: Cluster, uid: int, claim: int, timeout_s: float = 20.0) ->
 
 def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stopped(
         cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 31, N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init),
+    """N4 (and N7's claim): colocuser2's process leaves its job (``setsid``, re-parented to init),
     claims colocuser's job in its environment and sits in ``.../user@2002.service/app.slice/job_<victim>`` (a
     cgroup its systemd user manager lets it create; made here by root on this host's cgroup v2 hierarchy,
     owned by 2002). The sampler replays one frame in which that process holds 21,092 MiB (the H100 figure

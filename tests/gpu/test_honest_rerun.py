@@ -1,5 +1,5 @@
 """Honest jobs that outgrow their grant get their OOM rerun, which completes, on a real GPU under real Slurm
-(issue 31, "the lost rerun"; device harness: benchmarks/device/cluster_gpu.sh).
+("the lost rerun"; device harness: benchmarks/device/cluster_gpu.sh).
 
 Four 2-shard jobs (2 GiB fence under MPS) of ``colocuser`` need about 4 GiB each, in four patterns
 (benchmarks/device/honest_oom.py): ONE 4 GiB allocation at the first step, gradual growth, a peak mid-run, a

@@ -1,5 +1,5 @@
 """Scripts the probe cannot probe: one line with the reason, no figure (a whole GPU), nothing written outside
-the probe's scratch directory, nothing left running (issue 29, "Bad input"; the probe's process tree under
+the probe's scratch directory, nothing left running ("Bad input"; the probe's process tree under
 ``probe/reaper.py``).
 
 Each case is a real probe (this venv's Python and torch, on the CPU). "Nothing left running" is checked in

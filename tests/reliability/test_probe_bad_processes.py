@@ -1,4 +1,4 @@
-"""Programs that fork without end, start 64 workers, or wait on a barrier that never completes (issue 45 "Bad
+"""Programs that fork without end, start 64 workers, or wait on a barrier that never completes ("Bad
 input"): the probe ends within its limit, leaves no process behind, and gives no figure (the job gets a whole
 GPU) with the reason in one line.
 
@@ -117,7 +117,7 @@ DUTY = ("import time\nwhile True:\n    end = time.monotonic() + {busy}\n    whil
     ("busy (a whole core)", DUTY.format(busy=10, idle=0), False),
 ])
 def test_the_limit_counts_cpu_time_on_a_busy_machine(kind, program, extended, tmp_path):
-    """The reaper's limit (issue 45, a busy login node): a program making slow progress past the wall limit
+    """The reaper's limit (a busy login node): a program making slow progress past the wall limit
     goes on, up to --max-wall, while under its CPU budget; a sleeping one ends at the wall limit; one that
     used its CPU budget ends then."""
     prog = tmp_path / "p.py"

@@ -1,4 +1,4 @@
-"""Attacks through the job comment on root's hooks, on the real cluster (issue 31, N3/N10, and the fourth
+"""Attacks through the job comment on root's hooks, on the real cluster (N3/N10, and the fourth
 campaign in docs/reliability.md). ``colocuser2`` attacks; ``colocuser`` is the victim.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Root running ``coloc-sbatch`` on a user's script never runs that user's code as root (issue 46 F1), on
+"""Root running ``coloc-sbatch`` on a user's script never runs that user's code as root (F1), on
 the real cluster: root submits for ``colocuser`` with ``--uid`` (``sbatch --uid``, the usual way an admin
 submits for a user), and without it on a script the user owns.
 

@@ -1,4 +1,4 @@
-"""Issue 46 F7 on the real cluster: escape sequences in a job's name and in its comment's ``method`` never
+"""F7 on the real cluster: escape sequences in a job's name and in its comment's ``method`` never
 reach an admin's terminal raw (``coloc-report advise``, the jobs table, ``--csv``), nor become rich markup.
 
 An ordinary user (colocuser) submits with plain sbatch: ``-J`` holding ESC ``]0;`` (terminal title), ESC

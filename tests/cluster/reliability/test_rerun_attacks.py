@@ -1,4 +1,4 @@
-"""Issue 31, third campaign: attacks by ordinary users on the OOM rerun and the TaskProlog, on the real
+"""The third campaign: attacks by ordinary users on the OOM rerun and the TaskProlog, on the real
 cluster (docs/reliability.md "Third campaign"). Each test says what it found before the fix.
 
 N1: directives root's ``sbatch --uid`` read from the user's script; N2: one array task's OOM rerun the whole

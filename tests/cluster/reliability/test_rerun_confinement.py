@@ -1,4 +1,4 @@
-"""Issue 46 F2 on the real cluster: the OOM rerun stays inside the job's confinement, or is refused.
+"""F2 on the real cluster: the OOM rerun stays inside the job's confinement, or is refused.
 
 Before: a job of reservation ``rtres`` with ``--exclude=n1`` that OOM'd was rerun on n1 with no reservation
 (the rerun passed name, partition, account, time, paths and sizes only). Now it carries the reservation, the
