@@ -127,7 +127,8 @@ def test_pairs_roundtrip(pairs):
         expected[k] = v
     for k, v in expected.items():
         if k == "kwarg.x":
-            assert str(kwargs["x"]) == v or kwargs["x"] == __import__("json").loads(v)
+            json = __import__("json")  # compared as JSON text: NaN is a float that equals nothing
+            assert str(kwargs["x"]) == v or json.dumps(kwargs["x"]) == json.dumps(json.loads(v))
         else:
             assert plain[k] == v
 
