@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import placement_share_fit as fitmod
+from slurm_coloc.coruns import UNSATURATED
 from slurm_coloc.placement import intensity, policies, share
 from slurm_coloc.placement.evidence import Evidence, Limits
 from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.rounds import live_corrected
 
 HERE = Path(__file__).resolve().parent
 PLAN = HERE / "device" / "placement_plan.json"
@@ -99,12 +101,15 @@ def energy_fit(files: Sequence[Dict[str, Any]]) -> Tuple[float, float]:
 
 def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float, bound: float,
              power: Tuple[float, float], dt: float = 0.1, order: str = "work",
-             factors: Optional[Dict[int, float]] = None) -> Dict[str, Any]:
+             factors: Optional[Dict[int, float]] = None, cold: Optional[float] = None) -> Dict[str, Any]:
     """Run one policy to the end; returns the metrics (``placement_metrics`` definitions) and where each job ran.
     ``order``: the throughput policy's order of held jobs in a round (``work``: the product's
     ``share.order_candidates``; ``fifo``: submit time, the order before it). ``factors``: job index -> how much
     more than the model that job slows when sharing (a world in which job j progresses at
-    ``min(1, capacity / (factor_j * L))``; ``placement_factor_what_if``); None: 1 for every job."""
+    ``min(1, capacity / (factor_j * L))``; ``placement_factor_what_if``); None: 1 for every job. ``cold``: a
+    fresh site, every job never measured: the placer counts each at this floor of SM activity (no prediction above
+    it), corrected by the GPU's live reading once settled (``rounds.live_corrected``); progress still follows the
+    jobs' true activity. None: every profile known (history)."""
     for j in jobs:
         j.placed = j.start = j.end = -1.0
         j.gpu, j.left = -1, j.work_s
@@ -139,7 +144,7 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
                 [(j.index, j.submit_s, share.Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
         if policy in ("exclusive", "blind") or steps % 5 == 0:
             for j in waiting:
-                g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t)
+                g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t, cold)
                 if g is None:
                     if policy == "exclusive":
                         break  # Slurm's FIFO: the oldest waits, so do the others
@@ -166,8 +171,9 @@ def p95(values: Sequence[float]) -> float:
 
 
 def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacity: float, bound: float,
-          gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float) -> Optional[int]:
-    """The GPU ``policy`` gives job ``j`` now, or None (it waits)."""
+          gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float,
+          cold: Optional[float] = None) -> Optional[int]:
+    """The GPU ``policy`` gives job ``j`` now, or None (it waits); ``cold`` as in ``simulate``."""
     holding = [[o for o in jobs if o.gpu == g and o.placed >= 0 and o.end < 0] for g in range(gpus)]
     used = [sum(o.shards for o in h) for h in holding]
     if policy == "exclusive":
@@ -182,20 +188,30 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
         act = Activity(live, live * 0.3, live * 0.3)  # the gate's second clause: SMOCC/DRAMA per SMACT as fitted
         states.append(GpuState("n1", g, gib, used[g], len(holding[g]), act, 0.0,
                                Activity(recent, recent * 0.3, recent * 0.3)))
-    demand = Activity(j.smact, j.smact * 0.3, j.smact * 0.3)
+    seen = j.smact if cold is None else cold
+    demand = Activity(seen, seen * 0.3, seen * 0.3)
     pol = policies.get(policy)
     tenants: List[List[share.Tenant]] = [[] for _ in range(gpus)]
+
+    def profile(o: Job) -> share.Profile:
+        return share.Profile(o.smact if cold is None else None, o.alone_s, o.startup_s)
+
     if pol.sharing_model:
-        tenants = [[share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start if o.start >= 0 else
-                                 o.placed + 1.0, job_id=o.index) for o in holding[g]] for g in range(gpus)]
+        tenants = [[share.Tenant(profile(o), o.start if o.start >= 0 else o.placed + 1.0, predicted=cold or 0.5,
+                                 job_id=o.index) for o in holding[g]] for g in range(gpus)]
+        if cold is not None:
+            for g in range(gpus):
+                live = states[g].live
+                if live is not None and live.smact > 0:
+                    tenants[g] = live_corrected(tenants[g], live.smact, t - 4.0, UNSATURATED)
         # those that left while a present tenant ran, as the placer keeps them (share.track_departures)
         for g in range(gpus):
             tenants[g] += share.kept_departures(tenants[g], [
-                share.Tenant(share.Profile(o.smact, o.alone_s, o.startup_s), o.start, job_id=o.index, end_ts=o.end)
+                share.Tenant(profile(o), o.start, predicted=cold or 0.5, job_id=o.index, end_ts=o.end)
                 for o in jobs if o.gpu == g and o.end >= 0])
-    prof = share.Profile(j.smact, j.alone_s, j.startup_s)
+    prof = profile(j)
     d = pol.decide(Evidence(states, tenants, j.shards, demand, demand, lambda _model: prof, True, None, t,
-                            Limits(gate, "spread", 60.0, bound, lambda _model: capacity, 0.0)))
+                            Limits(gate, "spread", 60.0, bound, lambda _model: capacity, cold or 0.0)))
     return d.index if d.placed else None
 
 
@@ -261,6 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="throughput policy: held jobs offered least GPU work first (the placer's) or by submit time")
     ap.add_argument("--h200", action="store_true", help="the H200's profiles (h200_profiles) and sharing capacity "
                     "(calibration.json, share_capacity_by_gpu); --gib 140 for its shards")
+    ap.add_argument("--cold", type=float, nargs="*", default=[],
+                    help="also run the sharing-model policies cold: every job never measured, counted at each of "
+                         "these SM activity floors (the shipped default 0.53)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     files = {p.stem: json.loads(p.read_text()) for p in fitmod.DEFAULT_FILES}
@@ -289,6 +308,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             r["label"] = pol + (f" (bound {b:g})" if bounded else "") + " (model)"
             rows.append(r)
             out["runs"].append(r)
+            for floor in (a.cold if bounded else []):
+                r = simulate(pol, load_jobs(a.scenario, prof), a.gpus, a.gib, capacity, b, power, order=a.order,
+                             cold=floor)
+                r["label"] = f"{pol} (bound {b:g}) cold, floor {floor:g} (model)"
+                rows.append(r)
+                out["runs"].append(r)
     print(table(rows, f"{a.scenario}, {a.gpus} GPU(s) of {a.gib} GiB"))
     for r in out["runs"]:
         per = {}
