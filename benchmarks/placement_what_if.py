@@ -261,9 +261,10 @@ def prestarted_place(full_startup_s: Dict[int, float]) -> Callable[..., Optional
     before its first CUDA call): its start-up left is what remains of its full start-up (``full_startup_s``, s,
     by job index) since submission, 1 s after the round (``sim.simulate``'s start delay)."""
     def place(policy: str, j: sim.Job, jobs: Sequence[sim.Job], gpus: int, gib: int, capacity: float,
-              bound: float, gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float) -> Optional[int]:
+              bound: float, gate: Gate, hist: Sequence[Sequence[Tuple[float, float]]], t: float,
+              cold: Optional[float] = None) -> Optional[int]:
         j.startup_s = max(0.0, j.submit_s + full_startup_s[j.index] - (t + 1.0))
-        return ORIGINAL_PLACE(policy, j, jobs, gpus, gib, capacity, bound, gate, hist, t)
+        return ORIGINAL_PLACE(policy, j, jobs, gpus, gib, capacity, bound, gate, hist, t, cold)
     return place
 
 
