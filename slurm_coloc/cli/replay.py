@@ -50,7 +50,7 @@ class _ModeChoice(click.Choice):
 
     @choices.setter
     def choices(self, _value: Sequence[str]) -> None:
-        pass
+        """``click.Choice.__init__`` assigns choices; the registry is their one source: dropped."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ policy named by ``placement_policy`` decides, and the round acts.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -57,7 +58,7 @@ class Evidence:
     limits: Limits
 
 
-class Policy:
+class Policy(ABC):
     """A placement policy: ``name`` (the ``placement_policy`` value) and ``decide``.
 
     ``sharing_model``: the policy judges GPUs with the sharing model (``share.py``), so the round builds each
@@ -68,6 +69,6 @@ class Policy:
     name: str = ""
     sharing_model: bool = False
 
+    @abstractmethod
     def decide(self, ev: Evidence) -> Decision:
         """Pure: a GPU, or a wait (``Decision.hold``) with a reason; ValueError: bad shards or setting."""
-        raise NotImplementedError
