@@ -193,7 +193,7 @@ def test_chain_hooks_keeps_a_sites_program_first_and_disable_puts_it_back(tmp_pa
 
 
 def test_check_reads_a_glob_prolog_file_by_file_and_wants_ours_among_them(tmp_path: Path) -> None:
-    from slurm_coloc.admin.hook_checks import check_hooks
+    from slurm_coloc.admin.host_checks import check_hooks
 
     (tmp_path / "prolog.d").mkdir()
     site = tmp_path / "prolog.d" / "jobstats.sh"

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from slurm_coloc.admin.gpu_checks import check_metrics
+from slurm_coloc.admin.host_checks import check_metrics
 from slurm_coloc.config import Config
 from slurm_coloc.node.sampler_daemon import running_pid
 

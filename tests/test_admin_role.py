@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurm_coloc.admin.role import controllers, detect
-from slurm_coloc.admin.slurmconf import parse_slurm_conf
+from slurm_coloc.admin.slurmconf import controllers, detect, parse_slurm_conf
 
 SITE = """\
 ClusterName=site

@@ -1,4 +1,4 @@
-"""coloc-admin check's Slurm version check (admin/versioncheck.py) on the recorded slurm.conf of each
+"""coloc-admin check's Slurm version check (admin/slurmconf.py) on the recorded slurm.conf of each
 release."""
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.admin.slurmconf import parse_slurm_conf
-from slurm_coloc.admin.versioncheck import cgroup_plugin, evaluate
+from slurm_coloc.admin.slurmconf import cgroup_plugin, evaluate, parse_slurm_conf
 from slurm_coloc.slurm.version import SlurmVersion
 
 DATA = Path(__file__).parent / "data"

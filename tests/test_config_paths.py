@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.admin import enable
+from slurm_coloc.admin import switch
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, ConfigError
 
@@ -59,9 +59,9 @@ def test_plugstack_is_never_written_with_such_a_run_dir(run_dir: str) -> None:
     """A Config built in code skips the loader's checks: the plugstack writer refuses on its own."""
     cfg = dataclasses.replace(Config(), run_dir=run_dir)
     with pytest.raises(ColocError) as err:
-        enable._plugstack("", cfg, "/usr/lib/slurm-coloc/coloc_spank.so")
+        switch._plugstack("", cfg, "/usr/lib/slurm-coloc/coloc_spank.so")
     assert "plugstack.conf" in err.value.one_line() and "\n" not in err.value.one_line()
-    assert enable._plugstack("", Config(), "/usr/lib/slurm-coloc/coloc_spank.so").endswith(
+    assert switch._plugstack("", Config(), "/usr/lib/slurm-coloc/coloc_spank.so").endswith(
         "optional /usr/lib/slurm-coloc/coloc_spank.so run_dir=/run/slurm-coloc\n")
 
 

@@ -127,18 +127,18 @@ def test_failed_daemon_start_restores_the_mode(cfg: Config, tmp_path: Path) -> N
 
 
 def test_admin_check_reports_a_shared_gpu_without_exclusive_process(cfg: Config) -> None:
-    from slurm_coloc.admin import gpu_checks
-    assert gpu_checks.check_mps_protection(cfg, False)[0].status == "pass"  # nothing shared yet
+    from slurm_coloc.admin import host_checks
+    assert host_checks.check_mps_protection(cfg, False)[0].status == "pass"  # nothing shared yet
     mps.acquire(cfg, 1, 0, None, grant_mib=2048)
-    assert gpu_checks.shared_gpus(cfg) == {"idx0": 1}
+    assert host_checks.shared_gpus(cfg) == {"idx0": 1}
     recorded = _recorded_modes()  # the H100 as measured: DEFAULT, where a job allocated 20 GiB outside MPS
-    (res,) = gpu_checks.evaluate_mps_protection(cfg, gpu_checks.shared_gpus(cfg), {"idx0": recorded.get(0)})
+    (res,) = host_checks.evaluate_mps_protection(cfg, host_checks.shared_gpus(cfg), {"idx0": recorded.get(0)})
     assert res.status == "fail" and "compute mode DEFAULT" in res.what and "exclusive-process" in res.fix
     recorded.set(0, "EXCLUSIVE_PROCESS")
-    (res,) = gpu_checks.evaluate_mps_protection(cfg, gpu_checks.shared_gpus(cfg), {"idx0": recorded.get(0)})
+    (res,) = host_checks.evaluate_mps_protection(cfg, host_checks.shared_gpus(cfg), {"idx0": recorded.get(0)})
     assert res.status == "pass"
-    (live,) = gpu_checks.check_mps_protection(cfg, False)  # CI: no NVML: mode unknown, not protected
+    (live,) = host_checks.check_mps_protection(cfg, False)  # CI: no NVML: mode unknown, not protected
     assert live.status == "fail" and "unknown" in live.what
-    assert gpu_checks.check_mps_protection(cfg, True)[0].status == "skip"
+    assert host_checks.check_mps_protection(cfg, True)[0].status == "skip"
     mps.release(cfg, 1)
-    assert gpu_checks.shared_gpus(cfg) == {}
+    assert host_checks.shared_gpus(cfg) == {}

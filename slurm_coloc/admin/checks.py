@@ -1,10 +1,10 @@
-"""The checks of ``coloc-admin check``: each returns ``Check`` results with the problem and its fix.
+"""The cluster config checks of ``coloc-admin check`` (slurm.conf, gres.conf, plugstack.conf, directories,
+Slurm binaries and release) and ``run_all``, which adds the host checks (``host_checks.py``) for this host's
+role (``slurmconf.detect``).
 
 A check never raises for a broken setup: it reports ``fail`` with one line saying what is wrong and one saying
-how to fix it. ``skip`` is for checks that do not apply (``--no-gpu`` on a controller or CI host, no
-plugstack.conf configured); skips do not fail the run. The GPU node's own checks (NVML, MPS, the metrics
-endpoint, MPS protection) are in ``admin/gpu_checks.py``, the hook programs' in ``admin/hook_checks.py``, the
-host's role (which checks apply) in ``admin/role.py``.
+how to fix it. ``skip`` is for checks that do not apply (``--no-gpu``, no plugstack.conf configured); skips do
+not fail the run.
 """
 from __future__ import annotations
 
@@ -12,14 +12,24 @@ import os
 from pathlib import Path
 from typing import AbstractSet, Dict, List, Optional, Tuple
 
-from slurm_coloc.admin import role as role_mod
-from slurm_coloc.admin import versioncheck
-from slurm_coloc.admin.gpu_checks import check_gpu, check_metrics, check_mps_protection
-from slurm_coloc.admin.hook_checks import HOOK_KEYS, check_hooks, unsafe_path
-from slurm_coloc.admin.munge import check_munge
-from slurm_coloc.admin.result import Check, fail, ok
+from slurm_coloc.admin.host_checks import (
+    HOOK_KEYS,
+    Check,
+    check_gpu,
+    check_hooks,
+    check_metrics,
+    check_mps_protection,
+    check_munge,
+    fail,
+    ok,
+    unsafe_path,
+)
 from slurm_coloc.admin.slurmconf import (
+    CGROUP2_MAGIC_PATH,
     SlurmConf,
+    cgroup_plugin,
+    detect,
+    evaluate,
     expand_hostlist,
     parse_gres_conf,
     parse_gres_counts,
@@ -43,10 +53,8 @@ def _read(path: Path, name: str) -> "tuple[Optional[str], Optional[Check]]":
 
 
 def check_slurm_conf(conf_path: Path, cfg: Config) -> "tuple[List[Check], Optional[SlurmConf]]":
-    """slurm.conf: GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree.
-
-    Returns ``(checks, parsed conf)``, the conf None when the file cannot be read.
-    """
+    """GresTypes, cons_tres, the hooks configured, each node's gpu and shard counts agree; the conf is None
+    when the file cannot be read."""
     name = "slurm.conf"
     text, err = _read(conf_path, name)
     if err:
@@ -93,8 +101,7 @@ def check_gres_conf(gres_path: Path, conf: SlurmConf, cfg: Config,
     GPU files come from ``Name=gpu File=`` lines or, on a node with ``AutoDetect=nvml`` (or ``nvidia``,
     24.11+) globally or on its own line (gres.conf(5)), from slurmd's NVML autodetection: then the shard
     lines' ``File=`` name the GPUs (docs/admin.md's production gres.conf). Only the device files of ``local``
-    nodes (admin/role.py; None: every node) must exist here. One ``Check`` per GPU node; a single failure when
-    the file is unreadable.
+    nodes (None: every node) must exist here. One ``Check`` per GPU node.
     """
     name = "gres.conf"
     text, err = _read(gres_path, name)
@@ -175,11 +182,8 @@ def _check_gpu_files(name: str, node: str, files: List[str], shards: Dict[str, i
 
 
 def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
-    """plugstack.conf (if configured or present): each plugin exists and is root-owned, not writable by
-    others.
-
-    One ``Check`` per plugin line (``include`` lines are not followed), or one skip/fail/pass.
-    """
+    """plugstack.conf (if configured or present): each plugin line's plugin exists, root-owned, not writable
+    by others (``include`` lines are not followed)."""
     name = "plugstack.conf"
     path = Path(conf.get("PlugStackConfig") or conf_dir / "plugstack.conf")
     if not conf.get("PlugStackConfig") and not path.exists():
@@ -210,10 +214,8 @@ def check_plugstack(conf: SlurmConf, conf_dir: Path) -> List[Check]:
 
 
 def check_dirs(cfg: Config) -> List[Check]:
-    """state_dir, its nodes/ and run_dir, and the DB files: root-owned, not writable by group/others.
-
-    A missing directory passes (the first hook creates it); one ``fail`` per unsafe database.
-    """
+    """state_dir, its nodes/ and run_dir, and the DB files: root-owned, not writable by group/others (a
+    missing directory passes: the first hook creates it)."""
     name = "directories"
     out: List[Check] = []
     for label, path in (("state_dir", Path(cfg.state_dir)), ("node databases", cfg.node_db_dir),
@@ -235,7 +237,7 @@ def check_dirs(cfg: Config) -> List[Check]:
 
 
 def check_slurm_binaries(cfg: Config) -> List[Check]:
-    """sbatch/scontrol/squeue executable in ``slurm_bin_dir`` (hooks get no PATH): one ``Check``."""
+    """sbatch/scontrol/squeue executable in ``slurm_bin_dir`` (hooks get no PATH)."""
     missing = [b for b in SLURM_BINARIES if not os.access(Path(cfg.slurm_bin_dir) / b, os.X_OK)]
     if missing:
         return [fail("slurm binaries", f"{', '.join(missing)} not found in slurm_bin_dir {cfg.slurm_bin_dir}",
@@ -249,15 +251,15 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
     slurm.conf reads), munge, directories, binaries, GPU, metrics, MPS protection, Slurm version.
 
     ``no_gpu`` skips the GPU, MPS and metrics checks whatever the role; ``role`` ``auto`` comes from
-    slurm.conf and the host name (admin/role.py). On a controller or login host the GPU checks are skipped and
-    no GPU device file of gres.conf must exist here.
+    slurm.conf and the host name. On a controller or login host the GPU checks are skipped and no GPU device
+    file of gres.conf must exist here.
     """
     results, conf = check_slurm_conf(slurm_conf, cfg)
     try:
         text = slurm_conf.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
-    host = role_mod.detect(conf, text, role, hostname)
+    host = detect(conf, text, role, hostname)
     results.insert(0, ok("role", host.describe()))
     skip_gpu: "bool | str" = no_gpu or ("" if host.gpu else f"{'/'.join(sorted(host.roles))} host")
     if conf is not None:
@@ -276,11 +278,10 @@ def run_all(cfg: Config, slurm_conf: Path, no_gpu: bool, role: str = "auto",
 
 
 def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path) -> List[Check]:
-    """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (admin/versioncheck.py).
+    """The Slurm release in ``slurm_bin_dir`` and the settings that differ by release (``evaluate``).
 
     ``scontrol --version`` runs with ``SLURM_CONF`` set to the checked slurm.conf: without a configuration
-    source 22.05's scontrol exits before printing its version (DNS SRV look-up). One ``fail`` when the release
-    cannot be told.
+    source 22.05's scontrol exits before printing its version (DNS SRV look-up).
     """
     name = "Slurm version"
     conf_dir = slurm_conf.parent
@@ -289,6 +290,5 @@ def check_slurm_version(cfg: Config, conf: Optional[SlurmConf], slurm_conf: Path
     except ColocError as exc:
         return [fail(name, f"cannot tell the Slurm release: {exc.one_line()}",
                      "install slurm-client or set slurm_bin_dir in coloc.yaml")]
-    found = versioncheck.evaluate(version, conf, versioncheck.cgroup_plugin(conf_dir),
-                                  versioncheck.CGROUP2_MAGIC_PATH.exists())
+    found = evaluate(version, conf, cgroup_plugin(conf_dir), CGROUP2_MAGIC_PATH.exists())
     return [Check(name, status, what, fix) for status, what, fix in found]

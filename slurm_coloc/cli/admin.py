@@ -15,9 +15,7 @@ import click
 
 from slurm_coloc import config as config_mod
 from slurm_coloc import config_doc
-from slurm_coloc.admin import disable as disable_mod
-from slurm_coloc.admin import enable as enable_mod
-from slurm_coloc.admin import torchsite
+from slurm_coloc.admin import switch, torchsite
 from slurm_coloc.admin.checks import run_all
 from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
@@ -140,8 +138,8 @@ def config_cmd(config_path: Optional[str], sample: bool) -> None:
               help="Keep a hook key that names another program: it then names <slurm.conf "
                    "dir>/coloc-chain-<hook>, which runs that program first (its exit status counts), "
                    "then ours.")
-@click.option("--hook-dir", default=enable_mod.HOOK_DIR, show_default=True, help="Where the hook shims are.")
-@click.option("--spank-so", default=enable_mod.SPANK_SO, show_default=True, help="The SPANK plugin.")
+@click.option("--hook-dir", default=switch.HOOK_DIR, show_default=True, help="Where the hook shims are.")
+@click.option("--spank-so", default=switch.SPANK_SO, show_default=True, help="The SPANK plugin.")
 def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool, no_spank: bool,
            replace_hooks: bool, chain_hooks: bool, hook_dir: str, spank_so: str) -> None:
     """Turn slurm-coloc on in slurm.conf, gres.conf and plugstack.conf: print the changes (--dry-run), or
@@ -167,8 +165,8 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
     try:
         cfg = config_mod.load(config_path)
         conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
-        changes = enable_mod.plan(conf, cfg, hook_dir, spank_so, spank=not no_spank,
-                                  replace_hooks=replace_hooks, chain_hooks=chain_hooks)
+        changes = switch.plan_enable(conf, cfg, hook_dir, spank_so, spank=not no_spank,
+                                     replace_hooks=replace_hooks, chain_hooks=chain_hooks)
     except ColocError as exc:
         click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
@@ -180,7 +178,7 @@ def enable(config_path: Optional[str], slurm_conf: Optional[str], dry_run: bool,
                    "slurmd")
 
 
-def _apply(changes: List[enable_mod.Change], dry_run: bool) -> bool:
+def _apply(changes: List[switch.Change], dry_run: bool) -> bool:
     """Print each change as a unified diff; with ``dry_run`` False write them (each existing file first
     copied to ``<file>.coloc-backup-<time>``, unless ``backup`` is off: a file wholly ours, in a directory
     whose glob would run or include a backup; new and rewritten files replaced atomically; ``remove``: the
@@ -222,8 +220,8 @@ def _apply(changes: List[enable_mod.Change], dry_run: bool) -> bool:
               help="slurm.conf (default $SLURM_CONF or /etc/slurm/slurm.conf).")
 @click.option("--dry-run/--write", "dry_run", default=True, show_default=True,
               help="Print the changes as diffs (default), or apply them, keeping a backup of each file.")
-@click.option("--hook-dir", default=enable_mod.HOOK_DIR, show_default=True, help="Where the hook shims are.")
-@click.option("--spank-so", default=enable_mod.SPANK_SO, show_default=True, help="The SPANK plugin.")
+@click.option("--hook-dir", default=switch.HOOK_DIR, show_default=True, help="Where the hook shims are.")
+@click.option("--spank-so", default=switch.SPANK_SO, show_default=True, help="The SPANK plugin.")
 def disable(slurm_conf: Optional[str], dry_run: bool, hook_dir: str, spank_so: str) -> None:
     """Turn slurm-coloc's hooks and SPANK plugin off: remove the hook keys that name the shims, our script
     in a glob hook directory (prolog.d/), and the plugin's plugstack line or plugstack.conf.d file. Shards
@@ -246,7 +244,7 @@ def disable(slurm_conf: Optional[str], dry_run: bool, hook_dir: str, spank_so: s
     """
     conf = Path(slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
     try:
-        changes = disable_mod.plan(conf, hook_dir, spank_so)
+        changes = switch.plan_disable(conf, hook_dir, spank_so)
     except ColocError as exc:
         click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)

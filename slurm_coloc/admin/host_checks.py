@@ -1,29 +1,161 @@
-"""The GPU node's checks of ``coloc-admin check``: NVML lists the GPUs and the MPS binaries exist, the
-sampler's metrics endpoint answers, and every GPU shared under MPS is in ``EXCLUSIVE_PROCESS`` compute mode.
+"""The host checks of ``coloc-admin check``, and its result type ``Check``: munge, the hook programs, and a
+GPU node's NVML, MPS, metrics endpoint and MPS protection (``checks.py``'s ``run_all`` runs them after the
+cluster config checks). A check never raises for a broken setup: it reports ``fail`` with the fix.
 
-Each returns ``Check`` results (admin/result.py) and is skipped with ``--no-gpu`` (a controller or CI host);
-``admin/checks.py``'s ``run_all`` runs them after the cluster config checks.
+- munge: with ``AuthType=auth/munge`` the host needs the site's key and a running munged, or
+  slurmd/slurmctld cannot authenticate (the node never registers). Key and socket are munged(8)'s defaults;
+  ``AuthInfo=socket=`` names another socket.
+- hooks: each program slurm.conf's hook keys name exists, is executable and cannot be replaced by a non-root
+  user. A ``Prolog``/``Epilog`` glob (jobstats' ``/etc/slurm/prolog.d/*.sh``) is checked file by file and must
+  hold slurm-coloc's script.
+- GPU checks are skipped with ``--no-gpu`` or on a host that is not a compute node (the reason is given).
 """
 from __future__ import annotations
 
+import glob
 import os
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Union
 
-from slurm_coloc.admin.result import Check, fail, ok
+from slurm_coloc.admin.slurmconf import SlurmConf, expand_hostlist
+from slurm_coloc.admin.switch import GLOB_KEYS, MARK, is_glob
 from slurm_coloc.config import Config
 
 
+@dataclass(frozen=True)
+class Check:
+    """One result: ``status`` pass|fail|skip|warn (works, but see ``fix``), ``what`` the finding, ``fix`` what
+    to do (empty when passing)."""
+
+    name: str
+    status: str
+    what: str
+    fix: str = ""
+
+    def to_json(self) -> Dict[str, str]:
+        return asdict(self)
+
+
+def ok(name: str, what: str) -> Check:
+    return Check(name, "pass", what)
+
+
+def fail(name: str, what: str, fix: str) -> Check:
+    return Check(name, "fail", what, fix)
+
+
+KEY = Path("/etc/munge/munge.key")
+SOCKET = "/run/munge/munge.socket.2"
+
+
+def _socket(conf: SlurmConf) -> str:
+    for item in conf.get("AuthInfo").split(","):
+        key, _, value = item.partition("=")
+        if key.strip().lower() == "socket" and value.strip():
+            return value.strip()
+    return SOCKET
+
+
+def check_munge(conf: Optional[SlurmConf], key: Path = KEY, timeout_s: float = 5.0) -> List[Check]:
+    """``skip`` (not munge/root), ``fail`` (no key; munge/unmunge fails in ``timeout_s``) or ``pass``."""
+    name = "munge"
+    if conf is None or conf.get("AuthType", "auth/munge") != "auth/munge":
+        return [Check(name, "skip", "AuthType is not auth/munge")]
+    if os.geteuid() != 0:
+        return [Check(name, "skip", f"{key} is readable by root only: run as root to check it")]
+    if not key.is_file():
+        return [fail(name,
+                     f"no munge key at {key}: munged cannot start and Slurm cannot authenticate on this host",
+                     "copy the site's key from the controller: install -o munge -g munge -m 0400 munge.key "
+                     f"{key}")]
+    sock = _socket(conf)
+    try:
+        cred = subprocess.run(["munge", "-n", "-S", sock], capture_output=True, timeout=timeout_s)
+        back = subprocess.run(["unmunge", "-S", sock], input=cred.stdout, capture_output=True,
+                              timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [fail(name, f"munge/unmunge could not run: {exc}", "apt-get install munge")]
+    if cred.returncode != 0 or back.returncode != 0:
+        why = " ".join((cred.stderr or back.stderr).decode(errors="replace").split())[:200]
+        return [fail(name, f"munged does not answer at {sock}: {why}",
+                     "systemctl start munge (journalctl -u munge)")]
+    return [ok(name, f"key {key}, munged answers at {sock}")]
+
+
+HOOK_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld", "TaskProlog")
+
+
+def unsafe_path(path: Path) -> Optional[str]:
+    """Why ``path`` (links resolved) or a directory above it could be replaced by a non-root user; None when
+    safe.
+
+    Safe: owned by root and not writable by group or others; a world-writable directory only with the sticky
+    bit and root ownership (``/tmp``). A path that cannot be read gives its error; never raises ``OSError``.
+    """
+    p = path.resolve()
+    for q in [p, *p.parents]:
+        try:
+            st = q.stat()
+        except OSError as exc:
+            return f"{q}: {exc.strerror or exc}"
+        if st.st_uid != 0:
+            return f"{q} is owned by uid {st.st_uid}, not root"
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX and q != p:
+                continue
+            return f"{q} is writable by {'others' if mode & stat.S_IWOTH else 'its group'} (mode {mode:o})"
+    return None
+
+
+def _one(key: str, p: Path) -> Check:
+    if not p.is_file():
+        return fail("hooks", f"{key}={p} does not exist", f"install the hook at {p} or fix {key}=")
+    if not os.access(p, os.X_OK):
+        return fail("hooks", f"{key}={p} is not executable", f"chmod 0755 {p}")
+    why = unsafe_path(p)
+    if why:
+        return fail("hooks", f"{key}={p} runs as root but {why}",
+                    f"chown root:root {p} and its directories; chmod go-w them")
+    return ok("hooks", f"{key}={p}")
+
+
+def _ours(p: str) -> bool:
+    try:
+        return MARK in Path(p).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def check_hooks(conf: SlurmConf) -> List[Check]:
+    """One ``Check`` per configured hook program (a glob's files each, one of them slurm-coloc's)."""
+    out: List[Check] = []
+    for key in HOOK_KEYS:
+        value = conf.get(key)
+        if not value:
+            continue
+        if key in GLOB_KEYS and is_glob(value) and "[" not in value:
+            files = sorted(glob.glob(value))
+            out += [_one(key, Path(f)) for f in files]
+            if not any(_ours(f) for f in files):
+                out.append(fail("hooks", f"{key}={value} matches no slurm-coloc hook",
+                                "coloc-admin enable --write puts one in that directory"))
+            continue
+        paths = [Path(p) for p in expand_hostlist(value)] if "[" in value else [Path(value)]
+        out += [Check("hooks", "skip", f"{key}={p}: a glob, check its files by hand") if is_glob(str(p))
+                else _one(key, p) for p in paths]
+    return out
+
+
 def _why(no_gpu: Union[bool, str]) -> str:
-    """Why the GPU checks are skipped: ``--no-gpu`` (True) or the reason given (the host's role)."""
     return no_gpu if isinstance(no_gpu, str) else "--no-gpu"
 
 
 def check_gpu(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
-    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off).
-
-    ``no_gpu``: ``--no-gpu`` (True), or why the host has no GPUs (its role): skipped.
-    """
+    """NVML answers and lists GPUs; the MPS control and server binaries exist (unless mps_mode is off)."""
     if no_gpu:
         return [Check("NVML", "skip", f"{_why(no_gpu)}: not a GPU node"),
                 Check("MPS", "skip", f"{_why(no_gpu)}: not a GPU node")]
@@ -99,10 +231,8 @@ def check_metrics(cfg: Config, no_gpu: Union[bool, str], node: Optional[str] = N
 
 
 def shared_gpus(cfg: Config) -> Dict[str, int]:
-    """Daemon directory name -> member count of this node's MPS daemons serving at least one shard job now.
-
-    From ``<run_dir>/mps/<key>[.uid<uid>]/members/*`` (the Prolog's, node/mps.py); empty when unreadable.
-    """
+    """Daemon directory name -> member count of this node's MPS daemons serving a shard job now, from
+    ``<run_dir>/mps/<key>[.uid<uid>]/members/*`` (the Prolog's); empty when unreadable."""
     out: Dict[str, int] = {}
     base = Path(cfg.run_dir) / "mps"
     try:
@@ -121,12 +251,9 @@ def shared_gpus(cfg: Config) -> Dict[str, int]:
 
 def evaluate_mps_protection(cfg: Config, shared: Dict[str, int],
                             mode_of: Dict[str, Optional[str]]) -> List[Check]:
-    """One result per shared GPU: pass when in ``EXCLUSIVE_PROCESS`` (only the MPS server opens a context),
-    else fail.
-
-    A job can allocate outside MPS otherwise (measured on the H100: 20 GiB in compute mode DEFAULT).
-    ``mode_of``: GPU key (``GPU-<uuid>`` or ``idx<N>``) -> mode name, None when NVML could not say.
-    """
+    """Per shared GPU: pass in ``EXCLUSIVE_PROCESS`` (only the MPS server opens a context), else fail: a job
+    can allocate outside MPS (measured on the H100: 20 GiB in compute mode DEFAULT). ``mode_of``: GPU key
+    (``GPU-<uuid>`` or ``idx<N>``) -> mode name, None when NVML could not say."""
     name = "MPS protection"
     if not shared:
         return [ok(name, "no GPU is shared under MPS now")]

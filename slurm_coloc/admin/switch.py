@@ -1,7 +1,8 @@
-"""``coloc-admin enable``: the slurm.conf, gres.conf and plugstack.conf changes that turn slurm-coloc on, as
-whole new file texts (pure; the CLI prints them as diffs or writes them with a backup).
+"""``coloc-admin enable`` and ``disable``: the slurm.conf, gres.conf and plugstack.conf changes that turn
+slurm-coloc on and off, as whole new file texts (pure planning; the CLI prints them as diffs or writes them
+with a backup).
 
-What changes (docs/admin.md, "What it changes on your cluster"):
+Enable (docs/admin.md, "What it changes on your cluster"):
 
 - slurm.conf: ``SelectType=select/cons_tres``, ``gpu`` and ``shard`` in ``GresTypes``, the five hooks set to
   the packaged shims, ``PrologEpilogTimeout=120`` when unset, ``shard:<GPUs x gpu_mem_gib>`` in each GPU
@@ -13,8 +14,11 @@ What changes (docs/admin.md, "What it changes on your cluster"):
   (Debian: plugstack.conf belongs to another package), else in plugstack.conf.
 
 A hook key set to another program is a conflict (``ColocError``; ``replace_hooks`` replaces it). A
-``Prolog``/``Epilog`` glob (jobstats' ``/etc/slurm/prolog.d/*.sh``) is none: our script joins its directory
-(``glob_hooks``). ``admin/disable.py`` undoes it all.
+``Prolog``/``Epilog`` glob (jobstats' ``/etc/slurm/prolog.d/*.sh``) is none: our script joins its directory.
+
+Disable removes our hook keys, chain scripts, glob-directory script and SPANK line. ``SelectType``,
+``GresTypes`` and the shards stay (jobs asking for shards still run): remove them by hand or restore the
+``enable`` backups. Run it before removing the package: a Prolog naming a deleted program drains the node.
 """
 from __future__ import annotations
 
@@ -200,11 +204,7 @@ def _plugstack(text: str, cfg: Config, spank_so: str) -> str:
 
 
 def read_text(p: Path) -> Optional[str]:
-    """A config file's text, or None when it does not exist.
-
-    Raises:
-        ColocError: unreadable or not UTF-8.
-    """
+    """A config file's text, or None when it does not exist; ``ColocError`` when unreadable or not UTF-8."""
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -213,25 +213,30 @@ def read_text(p: Path) -> Optional[str]:
         raise ColocError(f"cannot read {p}: {exc}") from None
 
 
-def _plugstack_change(plug: Path, cfg: Config, spank_so: str,
-                      read: Callable[[Path], Optional[str]]) -> Change:
+def _slurm_text(slurm_conf: Path) -> str:
+    text = read_text(slurm_conf)
+    if text is None:
+        raise ColocError(f"cannot read {slurm_conf}: no such file",
+                         hint="name it with --slurm-conf or SLURM_CONF")
+    return text
+
+
+def _plugstack_change(plug: Path, cfg: Config, spank_so: str) -> Change:
     """The plugin's line in ``<dir>/coloc.conf`` when ``plug`` (plugstack.conf) includes ``<dir>/*.conf`` and
     does not list the plugin itself (Debian: plugstack.conf belongs to another package), else in ``plug``."""
-    plug_text = read(plug)
+    plug_text = read_text(plug)
     entries = parse_plugstack(plug_text or "")
     dirs = [p for kind, p, _ in entries if kind == "include" and is_glob(p) and Path(p).parent.is_dir()]
     if dirs and not any(Path(p).name == "coloc_spank.so" for kind, p, _ in entries if kind != "include"):
         target = glob_member(dirs[0])
-        text = read(target)
+        text = read_text(target)
         return Change(target, text, _plugstack(text or "", cfg, spank_so), backup=False)
     return Change(plug, plug_text, _plugstack(plug_text or "", cfg, spank_so))
 
 
-def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str,
-            read: Callable[[Path], Optional[str]]) -> Tuple[Dict[str, str], List[Change]]:
-    """``--chain-hooks``: for each hook key set to another program (not a glob), the chain script
-    ``<slurm.conf dir>/coloc-chain-<shim>`` to name instead, and its file.
-    Returns ``({key: script}, files)``."""
+def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str) -> Tuple[Dict[str, str], List[Change]]:
+    """``--chain-hooks``: ``{key: chain script}`` for each hook key set to another program (not a glob), and
+    the scripts' files (``<slurm.conf dir>/coloc-chain-<shim>``)."""
     chained: Dict[str, str] = {}
     files: List[Change] = []
     for key, name in HOOKS.items():
@@ -240,34 +245,27 @@ def _chains(slurm_conf: Path, conf: SlurmConf, hook_dir: str,
             chained[key] = current
         elif current and current != f"{hook_dir}/{name}" and not (key in GLOB_KEYS and is_glob(current)):
             chained[key] = str(path)
-            files.append(Change(path, read(path), chain_text(hook_dir, key, current), 0o755))
+            files.append(Change(path, read_text(path), chain_text(hook_dir, key, current), 0o755))
     return chained, files
 
 
-def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO,
-         spank: bool = True, replace_hooks: bool = False, chain_hooks: bool = False) -> List[Change]:
-    """The ``Change`` (path, old text or None, new text) of each file that changes; nothing is written.
-
-    slurm.conf, gres.conf beside it, and plugstack.conf (``PlugStackConfig`` or beside slurm.conf) when
-    ``spank``; files already as needed are left out (a second run plans nothing). ``chain_hooks``: a hook key
-    set to another program names ``<slurm.conf dir>/coloc-chain-<shim>`` instead, which runs the site's
-    program, then ours (``chain_text``); it wins over ``replace_hooks``.
+def plan_enable(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO,
+                spank: bool = True, replace_hooks: bool = False, chain_hooks: bool = False) -> List[Change]:
+    """The ``Change`` of each file that changes (slurm.conf, gres.conf beside it, plugstack.conf when
+    ``spank``); nothing is written, and a second run plans nothing. ``chain_hooks`` (wins over
+    ``replace_hooks``): a hook key set to another program names its chain script (``chain_text``) instead.
 
     Raises:
         ColocError: slurm.conf unreadable, a hook key set to another program (without ``replace_hooks``), a
             GPU node whose device files cannot be known.
     """
-    read = read_text
-    slurm_text = read(slurm_conf)
-    if slurm_text is None:
-        raise ColocError(f"cannot read {slurm_conf}: no such file",
-                         hint="name it with --slurm-conf or SLURM_CONF")
-    chained, chain_changes = _chains(slurm_conf, parse_slurm_conf(slurm_text), hook_dir, read) \
+    slurm_text = _slurm_text(slurm_conf)
+    chained, chain_changes = _chains(slurm_conf, parse_slurm_conf(slurm_text), hook_dir) \
         if chain_hooks else ({}, [])
     new_slurm = _slurm_conf(slurm_text, cfg, hook_dir, replace_hooks, chained)
     changes = [Change(slurm_conf, slurm_text, new_slurm), *chain_changes]
     gres_path = slurm_conf.parent / "gres.conf"
-    gres_text = read(gres_path)
+    gres_text = read_text(gres_path)
     changes.append(Change(gres_path, gres_text, _gres_conf(gres_text or "", new_slurm, cfg)))
     conf = parse_slurm_conf(new_slurm)
     for key in GLOB_KEYS:
@@ -275,9 +273,89 @@ def plan(slurm_conf: Path, cfg: Config, hook_dir: str = HOOK_DIR, spank_so: str 
             member = glob_member(conf.get(key))
             if not member.parent.is_dir():
                 raise ColocError(f"{key}={conf.get(key)}: directory {member.parent} does not exist")
-            changes.append(Change(member, read(member), glob_hook_text(hook_dir, key, conf.get(key)), 0o755,
-                                  backup=False))
+            changes.append(Change(member, read_text(member), glob_hook_text(hook_dir, key, conf.get(key)),
+                                  0o755, backup=False))
     if spank:
         plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
-        changes.append(_plugstack_change(plug, cfg, spank_so, read))
+        changes.append(_plugstack_change(plug, cfg, spank_so))
     return [c for c in changes if c.new != (c.old or "")]
+
+
+def _drop_lines(text: str, drop: "re.Pattern[str]") -> str:
+    """``text`` without the lines ``drop`` matches, nor our ``MARK`` comment once its block is empty."""
+    lines = [ln for ln in text.splitlines() if not drop.match(ln)]
+    out: List[str] = []
+    for i, ln in enumerate(lines):
+        rest = lines[i + 1:]
+        block = rest[:next((k for k, r in enumerate(rest) if not r.strip() or r.startswith("#")), len(rest))]
+        if ln.strip() == MARK and not block:
+            continue
+        out.append(ln)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _glob_members(conf: SlurmConf, hook_dir: str) -> List[Change]:
+    """The removal of our script from each glob hook directory (``Prolog=/etc/slurm/prolog.d/*.sh``)."""
+    out: List[Change] = []
+    for key in GLOB_KEYS:
+        pattern = conf.get(key)
+        if not is_glob(pattern) or not Path(pattern).parent.is_dir():
+            continue
+        for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+            body = read_text(member) if member.is_file() else None
+            if body is not None and MARK in body and f"{hook_dir}/" in body:
+                out.append(Change(member, body, "", remove=True, backup=False))
+    return out
+
+
+def _put_back(program: str) -> Callable[["re.Match[str]"], str]:
+    return lambda m: m.group(1) + program + m.group(2)
+
+
+def _unchain(text: str, conf: SlurmConf) -> Tuple[str, List[Change]]:
+    """``enable --chain-hooks`` undone: each hook key naming our chain script names the site's program again
+    (the script's ``# chained:`` line), and the script goes. Returns the new text and the removals."""
+    removed: List[Change] = []
+    for key, name in HOOKS.items():
+        chain = Path(conf.get(key))
+        body = read_text(chain) if conf.get(key) and chain.name == f"coloc-chain-{name}" else None
+        site = re.search(r"^# chained: (.+)$", body or "", re.MULTILINE)
+        if body is None or MARK not in body or not site:
+            continue
+        line = re.compile(rf"^(\s*{key}\s*=\s*){re.escape(str(chain))}(\s*(#.*)?)$",
+                          re.IGNORECASE | re.MULTILINE)
+        program = site.group(1)
+        text = line.sub(_put_back(program), text)
+        removed.append(Change(chain, body, "", remove=True, backup=False))
+    return text, removed
+
+
+def plan_disable(slurm_conf: Path, hook_dir: str = HOOK_DIR, spank_so: str = SPANK_SO) -> List[Change]:
+    """The ``Change`` of each file that turns slurm-coloc off (``remove`` for our own; nothing written;
+    gres.conf left alone); ``ColocError`` when slurm.conf is missing or unreadable."""
+    text = _slurm_text(slurm_conf)
+    conf = parse_slurm_conf(text)
+    keys = "|".join(HOOKS)
+    ours = re.compile(rf"^\s*({keys})\s*=\s*{re.escape(hook_dir)}/[^\s/]+\s*(#.*)?$", re.IGNORECASE)
+    new, removed = _unchain(_drop_lines(text, ours), conf)
+    changes = [Change(slurm_conf, text, new), *removed]
+    changes += _glob_members(conf, hook_dir)
+    plug = Path(conf.get("PlugStackConfig") or slurm_conf.parent / "plugstack.conf")
+    plug_text = read_text(plug)
+    name = Path(spank_so).name
+    plugin_line = re.compile(rf"^\s*(required|optional)\s+\S*/{re.escape(name)}(\s.*)?$")
+    if plug_text is not None:
+        changes.append(Change(plug, plug_text, _drop_lines(plug_text, plugin_line)))
+        for kind, pattern, _ in parse_plugstack(plug_text):
+            if kind != "include" or not Path(pattern).parent.is_dir():
+                continue
+            for member in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+                body = read_text(member) if member.is_file() else None
+                if body is None or not any(plugin_line.match(ln) for ln in body.splitlines()):
+                    continue
+                left = _drop_lines(body, plugin_line)
+                changes.append(Change(member, body, "", remove=True, backup=False) if not left.strip()
+                               else Change(member, body, left, backup=False))
+    return [c for c in changes if c.remove or c.new != (c.old or "")]
