@@ -1,10 +1,6 @@
-"""``coloc-admin torch DIR``: give the package's venv a site's PyTorch (and the NumPy it needs) by a ``.pth``
-file, checked first, so the package's own bundled packages (pip, setuptools, click, ...) are never replaced.
-
-PyTorch is a site's choice and large (with its CUDA libraries several GiB), so the Debian package does not
-bundle it: the site installs it once in a Python environment of its own (``python3 -m venv /opt/coloc-torch &&
-/opt/coloc-torch/bin/pip install torch numpy``, or a shared install on NFS), and this links it. The link is a
-path appended to ``sys.path`` (``site`` module, ``.pth`` files): the venv's own site-packages come first.
+"""``coloc-admin torch DIR``: give the package's venv a site's PyTorch and NumPy (several GiB, not bundled
+in the Debian package) by a ``.pth`` file, checked first. The ``.pth`` path is appended to ``sys.path``, so
+the venv's own packages (pip, click, ...) come first and are never replaced.
 """
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ PROBE = ("import json, sys; sys.path.append(sys.argv[1]); import numpy, torch; "
 
 @dataclass
 class TorchSite:
-    """A checked site-packages directory: ``path``, and the ``torch`` and ``numpy`` versions found there."""
+    """A checked site-packages directory and the ``torch`` and ``numpy`` versions found there."""
 
     path: Path
     torch: str
@@ -33,12 +29,8 @@ class TorchSite:
 
 
 def site_packages(target: Path) -> Path:
-    """The site-packages of ``target`` (absolute): a venv or prefix (``lib/pythonX.Y/site-packages``, X.Y this
-    interpreter's) or a site-packages directory itself.
-
-    Raises:
-        ColocError: not absolute, not a directory, or a prefix for another Python version.
-    """
+    """``target``'s ``lib/pythonX.Y/site-packages`` (X.Y this interpreter's), else ``target`` itself;
+    ``ColocError`` when not absolute, not a directory, or a prefix for another Python version."""
     if not target.is_absolute():
         raise ColocError(f"{target}: give an absolute path", hint="e.g. coloc-admin torch /opt/coloc-torch")
     if not target.is_dir():
@@ -57,12 +49,8 @@ def site_packages(target: Path) -> Path:
 
 
 def check(target: Path, python: str = sys.executable, timeout_s: float = 120.0) -> TorchSite:
-    """Import torch and numpy from ``target`` in a fresh ``python`` within ``timeout_s``; report versions.
-
-    Raises:
-        ColocError: the directory is unusable, or torch or numpy does not import from it (the error's last
-            line, e.g. ``No module named 'numpy'``).
-    """
+    """Import torch and numpy from ``target`` in a fresh ``python`` within ``timeout_s``; ``ColocError``
+    (with the import error's last line) when they do not import from it."""
     site = site_packages(target)
     try:
         # -I -S: nothing but the standard library and ``site`` (not the venv's own site-packages, nor a link
@@ -80,7 +68,6 @@ def check(target: Path, python: str = sys.executable, timeout_s: float = 120.0) 
 
 
 def pth_path(prefix: Optional[str] = None) -> Path:
-    """Where the link goes: ``<prefix>/lib/pythonX.Y/site-packages/coloc-site-torch.pth`` (default prefix:
-    this interpreter's venv, ``sys.prefix``)."""
+    """``<prefix or sys.prefix>/lib/pythonX.Y/site-packages/coloc-site-torch.pth``."""
     xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     return Path(prefix or sys.prefix) / "lib" / xy / "site-packages" / PTH_NAME

@@ -1,15 +1,29 @@
-"""``coloc-estimate``: print the peak GPU memory a training job will hold."""
+"""``coloc-estimate``: print the peak GPU memory a training job will hold; and coloc-sbatch's estimate, run
+in a child process so the user's model never touches coloc-sbatch's stdout or time.
+
+``estimate_isolated`` starts ``python -c <bootstrap>`` (this interpreter, this ``sys.path``, the caller's
+working directory) in a new session, so it and whatever it forks form one process group. The child
+(``child_main``) reads its task from stdin and writes the result as JSON to a private file; its stdout and
+stderr go to a private log file (``--parsable`` prints the job id alone). After ``timeout_s`` the group is
+killed (SIGKILL) and the caller gets None; it is killed in every case once the child is done.
+"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
+import subprocess
 import sys
-from typing import Any, Dict, Optional, Sequence, Tuple
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError, EstimateError, require
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
 
 EXAMPLES = """
 \b
@@ -116,13 +130,8 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
 
 
 def serve(key: str, path: str) -> None:
-    """Entry point of the warm estimate server process (``estimate_server.ensure_started`` spawns it):
-    serves :func:`run` requests on the socket ``path`` for the server key ``key``.
-
-    Args:
-        key: the server key (hex, ``estimate_server.server_key``).
-        path: the unix socket's path (``estimate_server.socket_path``).
-    """
+    """The warm estimate server process (``estimate_server.ensure_started`` spawns it): serves :func:`run`
+    requests on the socket ``path`` for the server key ``key`` (hex)."""
     from slurm_coloc.cli import estimate_daemon
 
     estimate_daemon.serve_main(key, path, run)
@@ -142,7 +151,7 @@ def _config_gpu(script: Optional[str]) -> str:
     return gpu_models(config.load(), options)[0]
 
 
-def _write(stream: Any, data: bytes) -> None:
+def _write(stream: IO[str], data: bytes) -> None:
     """Write the server's captured bytes to ``stream`` verbatim (decoded where it has no buffer)."""
     stream.flush()
     buf = getattr(stream, "buffer", None)
@@ -174,10 +183,8 @@ def _cache_hit(params: Dict[str, Any]) -> bool:
         return True
 
 
-def _build_spec(params: Dict[str, Any]) -> Any:
+def _build_spec(params: Dict[str, Any]) -> ModelSpec:
     """The ModelSpec the options (or ``--script``) describe. Raises EstimateError on bad input."""
-    from slurm_coloc.estimate.spec import ModelSpec
-
     if params["script"]:
         return _spec_from_script(params["script"])
     model, input_shape, batch_size = params["model"], params["input_shape"], params["batch_size"]
@@ -201,26 +208,9 @@ def _build_spec(params: Dict[str, Any]) -> Any:
 def run(model: Optional[str], model_kwargs: str, input_shape: Optional[str], input_dtype: str,
         batch_size: Optional[int], optimizer: str, amp: bool, bf16: bool, gpu: Optional[str],
         script: Optional[str], history: Sequence[int], no_cache: bool, as_json: bool) -> None:
-    """The estimate itself (what ``main`` runs in-process and the warm server runs per request).
-
-    Prints the estimate (JSON with ``as_json``); on bad input prints one error line and exits 2.
-
-    Args:
-        model: ``package.module:callable`` or ``path/to/file.py:callable``, or None with ``script``.
-        model_kwargs: the model's keyword arguments as JSON text.
-        input_shape: one sample's shape without the batch dimension (``3,224,224``), or None.
-        input_dtype: the input's dtype (``float32``, or ``int64`` for token ids).
-        batch_size: samples per training step, or None.
-        optimizer: ``sgd``, ``sgd-momentum``, ``adam`` or ``adamw``.
-        amp, bf16: mixed precision (fp16 autocast) or bf16; neither: fp32.
-        gpu: the GPU model (default ``$COLOC_GPU_MODEL``, else ``H100``).
-        script: a batch script whose ``#COLOC`` lines give the model, or None.
-        history: measured peaks of earlier runs of the same spec (MiB).
-        no_cache: do not use the estimate cache; as_json: print one JSON object.
-
-    Raises:
-        SystemExit: bad input (exit 2, the ``ColocError``'s exit code), after one error line on stderr.
-    """
+    """The estimate itself (what ``main`` runs in-process and the warm server runs per request): prints it
+    (JSON with ``as_json``), or one error line and exit 2 on bad input. ``history``: earlier peaks (MiB);
+    ``gpu`` defaults to ``$COLOC_GPU_MODEL``, else ``H100``."""
     from slurm_coloc.estimate import estimate_peak
 
     params = dict(model=model, model_kwargs=model_kwargs, input_shape=input_shape, input_dtype=input_dtype,
@@ -242,7 +232,7 @@ def run(model: Optional[str], model_kwargs: str, input_shape: Optional[str], inp
         click.echo(f"{est.mem_mib} MiB ({est.method}, {est.gpu_model}): {parts}")
 
 
-def _spec_from_script(path: str) -> Any:
+def _spec_from_script(path: str) -> ModelSpec:
     """The ModelSpec of a job script's ``#COLOC`` lines. Raises EstimateError without them."""
     from slurm_coloc.submit.directives import parse_script
 
@@ -250,6 +240,96 @@ def _spec_from_script(path: str) -> Any:
     if parsed.spec is None:
         raise EstimateError(f"script {path}: no #COLOC model lines (use the options instead)")
     return parsed.spec
+
+
+LOG_TAIL_LINES = 5  # lines of the child's output shown when it died without an answer
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from slurm_coloc.cli.estimate import child_main; child_main(sys.argv[2])")
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:])
+
+
+def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int],
+                      timeout_s: float) -> Optional[Estimate]:
+    """``estimate.estimate_peak(spec, gpu_model, history_mib)`` (MiB) in a child process group; None when it
+    did not answer within ``timeout_s`` (s).
+
+    Raises:
+        EstimateError: the estimator's own error (bad spec, a model that cannot be imported or run), or a
+            child that died without an answer (the last lines of its output in the message).
+    """
+    task = {"spec": dataclasses.asdict(spec), "gpu_model": gpu_model,
+            "history_mib": [int(h) for h in history_mib]}
+    with tempfile.TemporaryDirectory(prefix="coloc-sbatch-est-") as tmp:
+        result, log_path = Path(tmp) / "result.json", Path(tmp) / "child.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(result)],
+                                    stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
+        try:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(task).encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+        finally:
+            _kill_group(proc.pid)  # the child's pgid is its pid (new session); also kills what it forked
+            proc.wait()
+        try:
+            answer: Dict[str, Any] = json.loads(result.read_text())
+        except (OSError, ValueError):
+            raise EstimateError(f"the estimate process died (exit {proc.returncode}) without an answer: "
+                                f"{_tail(log_path) or 'no output'}") from None
+    if "error" in answer:
+        raise EstimateError(str(answer["error"]))
+    try:
+        return Estimate.from_json(answer)
+    except ValueError as exc:
+        raise EstimateError(f"the estimate process answered badly: {exc}") from None
+
+
+def child_main(result_path: str) -> None:
+    """The child: read the task from stdin, estimate, write ``Estimate.to_json()`` or ``{"error": <one
+    line>}`` to ``result_path`` (whole, by rename), then ``os._exit(0)``. A malformed task on stdin ends it
+    without an answer, which the parent reports."""
+    task = json.loads(sys.stdin.read())
+    spec_fields = dict(task["spec"])
+    spec_fields["input_shape"] = tuple(spec_fields["input_shape"])
+    answer: Dict[str, Any]
+    try:
+        from slurm_coloc.estimate import estimate_peak
+
+        try:
+            est = estimate_peak(ModelSpec(**spec_fields), task["gpu_model"], history_mib=task["history_mib"])
+            answer = est.to_json()
+        except ColocError as exc:
+            answer = {"error": exc.one_line()}
+    except Exception as exc:  # the user's model may raise anything; one line back to the parent
+        answer = {"error": " ".join(f"the model failed: {type(exc).__name__}: {exc}".split())[:2000]}
+    text = json.dumps(answer, default=str)
+    tmp = result_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, result_path)  # whole or nothing: a kill mid-write leaves no half answer
+    sys.stdout.flush()
+    os._exit(0)  # skip the model's atexit handlers and non-daemon threads: the answer is written
 
 
 if __name__ == "__main__":  # pragma: no cover

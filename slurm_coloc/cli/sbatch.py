@@ -72,7 +72,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/decide.py``): the script probe
     (``probe_fn``: the script's training program in a child process of the job's Python, as the caller,
     bounded by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate
-    (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/sbatch_estimate.py``) and the
+    (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/estimate.py``) and the
     script's history. Neither child writes to our stdout.
 
     Args:
@@ -92,7 +92,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
 
     def estimate_fn(spec: ModelSpec, gpu_model: str) -> Optional[Estimate]:
         """The estimate (MiB) of ``spec`` on ``gpu_model`` within the time left, or None (warned)."""
-        from slurm_coloc.cli.sbatch_estimate import estimate_isolated
+        from slurm_coloc.cli.estimate import estimate_isolated
 
         # history is applied by the decision (submit/decide.py), to whichever figure wins
         est = estimate_isolated(spec, gpu_model, [], max(0.1, deadline - time.monotonic()))
