@@ -52,7 +52,7 @@ def _entry_of(name: str, entries: List[Tuple[List[str], str]]) -> int:
     return -1
 
 
-def _item(name: str, value: Any) -> str:
+def _item(name: str, value: object) -> str:
     """``name: value``, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for "")."""
     text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
     return text[1:-1].strip()  # without the braces of the one-item mapping

@@ -118,10 +118,9 @@ def main(model: Optional[str], model_kwargs: str, input_shape: Optional[str], in
     if use_server:
         res = server.request(params)
         if res is not None:
-            code, out, err = res
-            _write(sys.stdout, out)
-            _write(sys.stderr, err)
-            sys.exit(code)
+            _write(sys.stdout, res.stdout)
+            _write(sys.stderr, res.stderr)
+            sys.exit(res.exit_code)
     try:
         run(**params)
     finally:

@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import IO, Callable, Dict, List, Optional
 
 from slurm_coloc.cli import estimate_server
 from slurm_coloc.cli.estimate_server import (
@@ -183,7 +183,7 @@ def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[fl
     return last
 
 
-def _serve(listener: socket.socket, lock: Any, key: str, run: Callable[..., None], idle: float,
+def _serve(listener: socket.socket, lock: IO[str], key: str, run: Callable[..., None], idle: float,
            stop: List[str],
            log: Callable[[str], None]) -> None:
     """Accept requests until ``stop`` holds a reason (SIGTERM) or ``idle`` seconds pass with no child running:

@@ -22,7 +22,8 @@ import socket
 import struct
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 PROTO = 1
 CONNECT_TIMEOUT_S = 1.0
@@ -46,18 +47,9 @@ IN_SERVER = False
 # ---------------------------------------------------------------------------------------- shared parts
 
 def wanted(no_server: bool = False) -> bool:
-    """Whether this process may use (and start) a server.
-
-    False with ``no_server``, inside a request child, with ``COLOC_ESTIMATE_SERVER`` off/0/no/false,
-    inside pytest (``PYTEST_CURRENT_TEST``), in Slurm prolog/epilog context (``SLURM_SCRIPT_CONTEXT``),
-    in setuid processes, and without unix sockets or ``fork``.
-
-    Args:
-        no_server: ``--no-server``: never use a server.
-
-    Returns:
-        True when a server may be used. Never raises.
-    """
+    """Whether this process may use (and start) a server: not with ``no_server``, inside a request child,
+    with ``COLOC_ESTIMATE_SERVER`` off/0/no/false, inside pytest, in Slurm prolog/epilog context
+    (``SLURM_SCRIPT_CONTEXT``), in setuid processes, nor without unix sockets or ``fork``."""
     if no_server or IN_SERVER:
         return False
     if os.environ.get("COLOC_ESTIMATE_SERVER", "on").strip().lower() in ("0", "off", "no", "false"):
@@ -88,7 +80,7 @@ def runtime_dir() -> Optional[str]:
     return path
 
 
-def _sha_file(h: Any, path: str) -> None:
+def _sha_file(h: "hashlib._Hash", path: str) -> None:
     try:
         with open(path, "rb") as fh:
             h.update(fh.read())
@@ -97,19 +89,9 @@ def _sha_file(h: Any, path: str) -> None:
 
 
 def server_path(path: Optional[List[str]] = None) -> List[str]:
-    """``sys.path`` without the entries that name the working directory (``''``, relative paths, the cwd).
-
-    ``python -m`` and ``PYTHONPATH=.`` put the working directory on ``sys.path``; the server imports
-    nothing from it (it is spawned with this list) and each request child gets the client's full
-    ``sys.path``, so one server serves every directory.
-
-    Args:
-        path: the entries to filter; None: ``sys.path``.
-
-    Returns:
-        The kept entries, in order. Never raises (an unreadable working directory filters only the relative
-        entries).
-    """
+    """``path`` (default ``sys.path``) without the entries that name the working directory (``''``, relative
+    paths, the cwd): the server imports nothing from it, and each request child gets the client's full
+    ``sys.path``, so one server serves every directory. Never raises."""
     try:
         cwd = os.path.realpath(os.getcwd())
     except OSError:
@@ -129,11 +111,8 @@ def server_key(environ: Optional[Dict[str, str]] = None) -> str:
     ``.py`` of the package, the Python executable and version, :func:`server_path` (``sys.path``
     less the working directory), the host, uid, the files the pre-imported packages resolve to on
     the full ``sys.path`` (so a directory that shadows torch or numpy gets a server of its own) and
-    the import-time environment variables (``_ENV_PREFIXES``), so a changed package, venv or
-    environment never reaches a stale server and a changed working directory reaches the same one.
-
-    Args:
-        environ: the environment whose import-time variables count (default ``os.environ``).
+    the import-time environment variables (``_ENV_PREFIXES``) of ``environ``, so a changed package, venv
+    or environment never reaches a stale server and a changed working directory reaches the same one.
     """
     from slurm_coloc.estimate import cache
 
@@ -162,14 +141,7 @@ def server_key(environ: Optional[Dict[str, str]] = None) -> str:
 
 
 def socket_path(key: str) -> Optional[str]:
-    """``<runtime_dir>/est-<key16>.sock``, or None without a usable directory or when too long.
-
-    Args:
-        key: the server key (hex; its first 16 characters name the socket).
-
-    Returns:
-        The socket path (at most the ``sun_path`` limit in bytes), or None.
-    """
+    """``<runtime_dir>/est-<key16>.sock``, or None without a usable directory or when over ``sun_path``."""
     d = runtime_dir()
     if d is None:
         return None
@@ -178,14 +150,7 @@ def socket_path(key: str) -> Optional[str]:
 
 
 def send_frame(sock: socket.socket, obj: Dict[str, Any]) -> None:
-    """Send one frame: a 4-byte big-endian length, then ``obj`` as JSON.
-
-    Args:
-        sock: a connected unix socket; obj: a JSON object.
-
-    Raises:
-        OSError: the peer is gone.
-    """
+    """Send a 4-byte big-endian length, then ``obj`` as JSON; OSError when the peer is gone."""
     data = json.dumps(obj).encode()
     sock.sendall(struct.pack(">I", len(data)) + data)
 
@@ -201,13 +166,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_frame(sock: socket.socket) -> Dict[str, Any]:
-    """Receive one frame (``send_frame``'s form), at most ``MAX_FRAME`` bytes of JSON.
-
-    Args:
-        sock: a connected unix socket.
-
-    Returns:
-        The frame's JSON object.
+    """Receive one ``send_frame`` frame of at most ``MAX_FRAME`` bytes.
 
     Raises:
         ConnectionError: the peer closed mid-frame; ValueError: too large, or not a JSON object; OSError.
@@ -222,14 +181,7 @@ def recv_frame(sock: socket.socket) -> Dict[str, Any]:
 
 
 def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``, set by the kernel).
-
-    Args:
-        sock: a connected unix socket.
-
-    Returns:
-        The peer's uid. Raises OSError where the socket has no peer credentials.
-    """
+    """The peer's uid (``SO_PEERCRED``, set by the kernel); OSError without peer credentials."""
     _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           struct.calcsize("3i")))
     return int(uid)
@@ -237,18 +189,20 @@ def peer_uid(sock: socket.socket) -> int:
 
 # ---------------------------------------------------------------------------------------------- client
 
-def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
-    """Run the server's request function (``coloc-estimate``'s ``run(**params)``) on the warm server.
+@dataclass(frozen=True)
+class Reply:
+    """What the request function did on the server: its exit code and its stdout and stderr bytes."""
 
-    Args:
-        params: ``run``'s keyword arguments (JSON values); the request also carries this process's working
-            directory, environment, ``sys.path`` and umask.
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
 
-    Returns:
-        ``(exit code, stdout bytes, stderr bytes)``, or None ("run in-process instead") on no server, a stale
-        socket, another uid, a wrong key, a protocol error or a timeout (``COLOC_ESTIMATE_SERVER_TIMEOUT`` s,
-        default 1800). Prints nothing, never raises.
-    """
+
+def request(params: Dict[str, Any]) -> Optional[Reply]:
+    """``coloc-estimate``'s ``run(**params)`` on the warm server, with this process's working directory,
+    environment, ``sys.path`` and umask. None ("run in-process instead") on no server, a stale socket,
+    another uid, a wrong key, a protocol error or a timeout (``COLOC_ESTIMATE_SERVER_TIMEOUT`` s, default
+    1800). Prints nothing, never raises."""
     try:
         key = server_key()
         path = socket_path(key)
@@ -276,18 +230,14 @@ def request(params: Dict[str, Any]) -> Optional[Tuple[int, bytes, bytes]]:
             code = res["exit"]
             if res.get("key") != key or not isinstance(code, int) or isinstance(code, bool):
                 return None
-            return code, base64.b64decode(res["stdout"]), base64.b64decode(res["stderr"])
+            return Reply(code, base64.b64decode(res["stdout"]), base64.b64decode(res["stderr"]))
     except (OSError, ValueError, KeyError, TypeError, struct.error, ImportError):
         return None
 
 
 def ensure_started(entry_module: str) -> bool:
-    """Spawn a detached server for this process's key unless one is running or starting. True if spawned.
-
-    Args:
-        entry_module: importable module whose ``serve(key, path)`` runs ``estimate_daemon.serve_main`` with
-            its request function (``slurm_coloc.cli.estimate``).
-    """
+    """Spawn a detached server for this process's key unless one is running or starting; True if spawned.
+    ``entry_module``'s ``serve(key, path)`` runs it (``slurm_coloc.cli.estimate``)."""
     try:
         key = server_key()
         path = socket_path(key)

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import click
 
@@ -336,15 +336,8 @@ def serve(config_path: Optional[str], pidfile: Optional[str]) -> None:
                 Path(pidfile).write_text(f"{os.getpid()}\n")
             click.echo(f"coloc-report serve: listening at {path}", err=True)
 
-        def handle(request: Any, uid: int) -> dict:
-            """One reader request answered with the config read afresh (``query.answer``).
-
-            Args:
-                request: the caller's decoded request; uid: the caller's uid (from ``SO_PEERCRED``).
-
-            Returns:
-                The answer dict (``ok``; ``error`` and ``exit_code`` when the config cannot be read).
-            """
+        def handle(request: object, uid: int) -> Dict[str, Any]:
+            """``query.answer`` with the config read afresh; ``uid`` from ``SO_PEERCRED``."""
             try:
                 cfg = config_mod.load(config_path)
             except ColocError as exc:

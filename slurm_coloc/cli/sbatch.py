@@ -36,17 +36,7 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 
     Read-only from the controller database, or, where this user may not read it (root and ``admin_group``
     only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No
-    database, no service or any error means no history (never fatal).
-
-    Args:
-        cfg: the configuration (``ctld_db_path``, the reader service's socket).
-        script_sha256: the hex SHA-256 of the batch script's text (``ParsedScript.sha256``).
-
-    Returns:
-        The history figures (MiB), empty when there are none or they cannot be read.
-
-    Raises:
-        Never raises ``ColocError`` or ``OSError`` (they mean no history).
+    database, no service or any error (``ColocError``, ``OSError``) means no history: never raises.
     """
     from slurm_coloc.store.history import script_history_mib as read_history
 
@@ -73,13 +63,8 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
     (``probe_fn``: the script's training program in a child process of the job's Python, as the caller,
     bounded by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate
     (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/estimate.py``) and the
-    script's history. Neither child writes to our stdout.
-
-    Args:
-        argv: coloc-sbatch's arguments (sbatch options, ``--coloc-*`` options, the script and its arguments).
-
-    Returns:
-        ``(plan, parsed script or None with --wrap, dry_run)``.
+    script's history. Neither child writes to our stdout. Returns ``(plan, parsed script or None with
+    --wrap, dry_run)``.
 
     Raises:
         ColocError: any bad input (script, directives, options, model); ConfigError: a bad configuration.
@@ -132,16 +117,8 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
     ``--chdir`` (command line, then ``#SBATCH``), else ours; root's ``--uid``/``--gid`` name the user the
     probe runs as (``probe/identity.py``). ``--explain`` probes afresh and its answer replaces the cached one.
-
-    Args:
-        cfg: the configuration (``probe_timeout_s`` in s, ``probe_mem_limit_mib`` in MiB).
-        cmd: the split command line (options, script arguments, ``--explain``).
-        parsed: the parsed batch script, or None with ``--wrap``.
-        wrap: the ``--wrap`` command, when there is no script.
-
-    Returns:
-        The ``probe_fn(gpu_model) -> ProbeAnswer``. Neither it nor this raises: a probe that fails is an
-        answer without a figure.
+    Bounds: ``probe_timeout_s`` (s), ``probe_mem_limit_mib`` (MiB). Never raises: a failed probe is an answer
+    without a figure.
     """
     opts = script_options(parsed, cmd.table)[0] + list(cmd.options)
     last = lambda name: next((o.value for o in reversed(opts) if o.name == name and o.value), None)
@@ -150,14 +127,7 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     runs: List[Tuple[str, "ProbeResult"]] = []
 
     def probe_fn(gpu: str) -> ProbeAnswer:
-        """The probe's answer for GPU model ``gpu`` (the probe runs once; other models reuse its peaks).
-
-        Args:
-            gpu: the GPU model name (``H100``).
-
-        Returns:
-            The ``ProbeAnswer`` (estimate in MiB or None, what ran, why no figure). Never raises.
-        """
+        """The probe's answer for GPU model ``gpu`` (the probe runs once; other models reuse its peaks)."""
         from slurm_coloc.probe.probe import estimate_from_result, probe_script
 
         try:
@@ -197,15 +167,7 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
     and without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale
     or unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H``
     before the script at ``script_index``, which the placer would release) the classic untyped
-    ``--gres=shard:N`` request is kept, so a missing placer never leaves a job held.
-
-    Args:
-        sbatch_argv: the planned sbatch arguments (options, script, script arguments).
-        cfg: the configuration (``state_dir``: the placer's heartbeat).
-        script_index: the index of the script in ``sbatch_argv``; options are those before it (all if None).
-
-    Returns:
-        ``(arguments to submit, True when they are the placer's held form)``. Never raises.
+    ``--gres=shard:N`` request is kept, so a missing placer never leaves a job held. Never raises.
     """
     from slurm_coloc.placement.heartbeat import placer_alive
     from slurm_coloc.placement.submit import placer_argv
@@ -219,15 +181,8 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
 
 
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
-    """Run sbatch for ``plan`` (in the placer's form when a placer runs: ``placement_form``), echo its
-    stdout/stderr verbatim, return its exit code.
-
-    Args:
-        plan: the submission plan (``plan_submission``); its rewritten script goes to a temporary file.
-        parsed: the parsed batch script, or None with ``--wrap``.
-
-    Returns:
-        sbatch's exit code.
+    """Run sbatch for ``plan`` (its rewritten script in a temporary file; in the placer's form when a placer
+    runs: ``placement_form``), echo its stdout/stderr verbatim, return its exit code.
 
     Raises:
         ConfigError: a bad configuration; SlurmError: sbatch missing or timed out; OSError: the temporary
@@ -261,13 +216,7 @@ def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
 def report_decision(plan: Plan, parsed: Optional[ParsedScript], explain: bool) -> None:
     """On stderr (never stdout: ``--parsable``): ignored ``#COLOC`` lines, the decision's warnings, one line
     on what the probe ran, and with ``explain`` every source's figure and the probe's output and outside
-    writes.
-
-    Args:
-        plan: the submission plan (its decision's warnings, sources and probe answer).
-        parsed: the parsed batch script (its ignored late ``#COLOC`` lines), or None.
-        explain: ``--explain``: show every source's figure and the probe's output.
-    """
+    writes."""
     if parsed is not None and parsed.late_coloc_lines:
         lines = ", ".join(str(n) for n in parsed.late_coloc_lines)
         click.echo(f"coloc-sbatch: warning: #COLOC line(s) {lines} come after the script's first command and "
