@@ -1,4 +1,4 @@
-"""The sample config and the effective config (``slurm_coloc/config_doc.py``, ``coloc-admin config``)."""
+"""The sample config and the effective config (``slurm_coloc/config/__init__.py``, ``coloc-admin config``)."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from slurm_coloc import config as config_mod
-from slurm_coloc import config_doc
 from slurm_coloc.config import checks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +19,7 @@ ADMIN = [sys.executable, "-m", "slurm_coloc", "admin"]
 
 
 def test_the_sample_lists_every_key_commented_out_at_its_default_with_a_description() -> None:
-    text = config_doc.sample_yaml()
+    text = config_mod.sample_yaml()
     keys = [f.name for f in fields(config_mod.Config)]
     commented = re.findall(r"^#([a-z_]+): ", text, re.MULTILINE)
     assert commented == keys                                   # every key, once, in the dataclass's order
@@ -36,10 +35,10 @@ def test_the_sample_lists_every_key_commented_out_at_its_default_with_a_descript
 
 def test_the_shipped_sample_is_the_generated_one(tmp_path: Path) -> None:
     """deploy/coloc.yaml (the package's /etc/slurm-coloc/coloc.yaml) cannot drift from config.py."""
-    assert (REPO / "deploy" / "coloc.yaml").read_text() == config_doc.sample_yaml(), \
+    assert (REPO / "deploy" / "coloc.yaml").read_text() == config_mod.sample_yaml(), \
         "regenerate: coloc-admin config --sample > deploy/coloc.yaml"
     out = subprocess.run([*ADMIN, "config", "--sample"], capture_output=True, text=True, check=True)
-    assert out.stdout == config_doc.sample_yaml()
+    assert out.stdout == config_mod.sample_yaml()
     cfg = tmp_path / "coloc.yaml"
     cfg.write_text(out.stdout)
     assert config_mod.load(str(cfg), environ={}) == config_mod.Config()

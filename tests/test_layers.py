@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "slurm_coloc"
 LAYER = {
     "errors": 0,
     "atomic": 1, "units": 1, "config": 1, "comment": 1, "userfiles": 1, "coruns": 1,
-    "slurm": 2, "nvml": 2, "estimate": 2, "config_doc": 2, "probe": 3,
+    "slurm": 2, "nvml": 2, "estimate": 2, "probe": 3,
     "store": 3,
     "node": 4, "report": 4, "submit": 4, "placement": 4,
     "hooks": 5, "admin": 5, "replay": 5,

@@ -14,7 +14,6 @@ from typing import List, Optional
 import click
 
 from slurm_coloc import config as config_mod
-from slurm_coloc import config_doc
 from slurm_coloc.admin import switch, torchsite
 from slurm_coloc.admin.checks import run_all
 from slurm_coloc.cli import version_option
@@ -115,14 +114,14 @@ def config_cmd(config_path: Optional[str], sample: bool) -> None:
         SystemExit: exit 2 when the config cannot be used.
     """
     if sample:
-        click.echo(config_doc.sample_yaml(), nl=False)
+        click.echo(config_mod.sample_yaml(), nl=False)
         return
     try:
-        cfg, file, read, sources = config_doc.effective(config_path)
+        text = config_mod.effective_yaml(config_path)
     except ColocError as exc:
         click.echo(f"coloc-admin: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
-    click.echo(config_doc.effective_yaml(cfg, file, read, sources), nl=False)
+    click.echo(text, nl=False)
 
 
 @cli.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,19 +10,27 @@ The keys are flat (in YAML and as attributes: ``cfg.gpu_mem_gib``) and grouped i
 dataclass each (``config/sections.py``: ``SECTIONS``), which ``Config`` joins. Each key declares its valid
 values beside its default (``sections._key``: bounds, choices, not empty); ``_validate`` checks those
 declarations (``config/checks.py``) and the few rules between keys (``CROSS_RULES``).
+
+The config also describes itself: ``sample_yaml`` is the commented sample (every key at its default, with
+its meaning from its section's docstring; ``deploy/coloc.yaml``, which tests/test_config_doc.py keeps in
+step), and ``effective_yaml`` the effective config with each value's source.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
 from slurm_coloc.config.checks import _check_key, _coerce_field
+from slurm_coloc.config.checks import allowed as allowed_values
 from slurm_coloc.config.sections import (
+    SECTIONS,
     EstimateConfig,
     HookConfig,
     MetricsConfig,
@@ -254,3 +262,95 @@ def load_in_job_environment(environ: Mapping[str, str]) -> Config:
                 except ConfigError:
                     raise exc from None  # the admin's file is the one to fix
     return load(DEFAULT_CONFIG_PATH, environ={})
+
+
+HEADER = """\
+# slurm-coloc configuration: /etc/slurm-coloc/coloc.yaml
+# Generated from slurm_coloc/config/ (`coloc-admin config --sample`); every key is listed, commented out, at
+# its default. Uncomment a key to change it. Precedence: defaults < this file (or $COLOC_CONFIG) < COLOC_<KEY>
+# environment variables. Unknown keys are errors. `coloc-admin config` prints the effective values and where
+# each comes from; `coloc-admin check` checks them against slurm.conf and gres.conf.
+"""
+
+
+def _descriptions(section: type) -> List[Tuple[List[str], str]]:
+    """``[(names, text)]`` from the ``Attributes:`` of a section's docstring, in order (``diag_*`` stays a
+    pattern)."""
+    doc = section.__doc__ or ""
+    body = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
+    entries: List[Tuple[List[str], str]] = []
+    for line in body.splitlines():
+        m = re.match(r"^        ([a-z_*, ]+?):\s(.*)$", line)
+        if m:
+            entries.append(([n.strip() for n in m.group(1).split(",")], m.group(2).strip()))
+        elif entries and line.strip():
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+    return entries
+
+
+def _entry_of(name: str, entries: List[Tuple[List[str], str]]) -> int:
+    """Index of the docstring entry describing key ``name`` (-1: none)."""
+    for i, (names, _) in enumerate(entries):
+        if any(n == name or (n.endswith("*") and name.startswith(n[:-1])) for n in names):
+            return i
+    return -1
+
+
+def _item(name: str, value: object) -> str:
+    """``name: value``, the value in YAML flow style (``{}`` for an empty mapping, ``''`` for "")."""
+    text = yaml.safe_dump({name: value}, default_flow_style=True, width=1000).strip()
+    return text[1:-1].strip()  # without the braces of the one-item mapping
+
+
+def _comment(text: str) -> List[str]:
+    """``text`` as comment lines of at most 110 characters (``code`` quoted once)."""
+    return ["# " + line for line in textwrap.wrap(text.replace("``", "`"), 108, break_on_hyphens=False)]
+
+
+def sample_yaml() -> str:
+    """The sample config: for each section of ``SECTIONS`` its title, then every key it declares commented out
+    at its default, after its description (once for a group described together, e.g. ``diag_*``) and
+    followed by the values it allows."""
+    defaults = Config()
+    out = [HEADER.rstrip("\n")]
+    for section in SECTIONS:
+        title = (section.__doc__ or section.__name__).strip().splitlines()[0]
+        out.extend(["", "# " + "=" * 108, *_comment(title), "# " + "=" * 108])
+        entries = _descriptions(section)
+        last = -2
+        for f in fields(section):
+            i = _entry_of(f.name, entries)
+            if i != last or i == -1:
+                out.append("")
+                out.extend(_comment(entries[i][1] if i >= 0 else "(no description)"))
+            last = i
+            allowed = allowed_values(f)
+            out.append("#" + _item(f.name, getattr(defaults, f.name)) + (f"  # {allowed}" if allowed else ""))
+    return "\n".join(out) + "\n"
+
+
+def config_path(path: Optional[str], environ: Mapping[str, str]) -> Tuple[Path, bool]:
+    """``(file, named)``: the file ``load`` reads; named by ``path`` or ``$COLOC_CONFIG``."""
+    explicit = path or environ.get("COLOC_CONFIG")
+    return Path(explicit or DEFAULT_CONFIG_PATH), bool(explicit)
+
+
+def effective_yaml(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> str:
+    """The effective config as YAML: a header naming the file (``not present: defaults`` for a missing
+    default file), then every key with its source (the file, ``env COLOC_<KEY>`` or ``default``).
+
+    Raises:
+        ConfigError: as ``load`` (unreadable or malformed file, unknown key, bad value).
+    """
+    env = os.environ if environ is None else environ
+    cfg = load(path, env)
+    file, _ = config_path(path, env)
+    read = file.exists()
+    in_file: Dict[str, Any] = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}) if read else {}
+    note = "" if read else " (not present: defaults)"
+    lines = [f"# effective slurm-coloc configuration; file: {file}{note}"]
+    for f in fields(Config):
+        var = f"COLOC_{f.name.upper()}"
+        src = f"env {var}" if env.get(var) is not None else str(file) if f.name in in_file else "default"
+        lines.append(f"{_item(f.name, getattr(cfg, f.name))}  # {src}")
+    return "\n".join(lines) + "\n"
