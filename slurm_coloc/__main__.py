@@ -39,20 +39,9 @@ def usage() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Dispatch ``argv`` (default ``sys.argv[1:]``) to a command's entry point; returns the exit status.
-
-    The command runs with ``sys.argv = ["coloc-<command>", *args]``, as its console script would; a click
-    command also gets ``coloc-<command>`` as its program name. Commands exit through ``SystemExit``.
-
-    Args:
-        argv: the command name and its arguments (``["report", "--json"]``); None: ``sys.argv[1:]``.
-
-    Returns:
-        The exit status: 0 for help and ``--version``, 2 for an unknown command, else the command's.
-
-    Raises:
-        SystemExit: the command's own exit (click commands exit this way).
-    """
+    """Run ``argv``'s (default ``sys.argv[1:]``) command with ``sys.argv = ["coloc-<command>", *args]``, as
+    its console script would (a click command also gets that program name); returns the exit status (0 for
+    help and ``--version``, 2 for an unknown command) or exits through the command's ``SystemExit``."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())

@@ -1,8 +1,5 @@
-"""The one exception family of slurm-coloc.
-
-Library code raises these; only ``slurm_coloc.cli`` turns them into exit codes
-(2 for our own errors, Slurm's own code for ``SlurmError`` raised by sbatch).
-Every message names what failed and the offending value; ``hint`` says what to do next.
+"""The one exception family of slurm-coloc: only ``slurm_coloc.cli`` turns them into exit codes (2, or Slurm's
+own code for ``SlurmError`` raised by sbatch). Every message names what failed and the offending value.
 """
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ class ColocError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        """The message and hint joined on one line (no newlines), for stderr."""
         text = self.message if not self.hint else f"{self.message} (hint: {self.hint})"
         return " ".join(text.split())
 
@@ -74,13 +70,8 @@ EXTRAS = {"torch": ("PyTorch, which the memory estimator runs",
 
 
 def require(module: str) -> None:
-    """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``) cannot be imported; never imports
-    it.
-
-    Raises:
-        MissingExtra: not installed (or blocked: ``sys.modules[module] = None``).
-        KeyError: ``module`` is not a key of ``EXTRAS`` (and is not installed).
-    """
+    """Raise ``MissingExtra`` when optional ``module`` (a key of ``EXTRAS``; else KeyError) is not installed
+    or blocked (``sys.modules[module] = None``); never imports it."""
     import importlib.util
 
     try:

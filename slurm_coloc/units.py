@@ -12,13 +12,8 @@ _FACTOR_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1024}
 
 
 def parse_size_mib(text: str) -> int:
-    """Parse ``6G``, ``6GiB``, ``6GB``, ``6144M``, ``1.5G``, ``512MiB`` or ``1T`` into MiB, rounded up (>= 1).
-
-    Binary units throughout (G = GiB); a bare number means GiB (Slurm's shard unit).
-
-    Raises:
-        ColocError: empty, negative, zero or malformed size.
-    """
+    """``6G``, ``6GiB``, ``6GB``, ``6144M``, ``1.5G``, ``512MiB`` or ``1T`` in MiB, rounded up; binary units
+    (G = GiB); a bare number is GiB (Slurm's shard unit). ``ColocError`` for empty, zero or bad sizes."""
     match = _SIZE_RE.match(text or "")
     if not match:
         raise ColocError(f"invalid memory size {text!r}", hint="use e.g. 6G, 6GiB or 6144M")

@@ -38,8 +38,7 @@ class TailResult:
 
 
 def _open_checked(path: str, uid: int, flags: int) -> int:
-    """In the child: open ``path`` without following a final symlink; must be a regular file owned by
-    ``uid``."""
+    """In the child: open ``path`` without following a final symlink; a regular file owned by ``uid``."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
@@ -57,12 +56,8 @@ def _open_checked(path: str, uid: int, flags: int) -> int:
 
 
 def _as_user(uid: int, gid: int, work: Callable[[], bytes], timeout_s: float, limit_bytes: int) -> bytes:
-    """Run ``work`` in a child running as ``uid``/``gid``; return what it returned.
-
-    Raises:
-        PermissionError: the child could not drop privileges or ``work`` failed (message from the child).
-        TimeoutError: the child did not finish in ``timeout_s``.
-    """
+    """``work()`` in a child running as ``uid``/``gid`` (never 0). PermissionError: the child could not drop
+    privileges or ``work`` failed; TimeoutError: not done in ``timeout_s``."""
     if uid == 0 or gid == 0:
         raise PermissionError("refusing to act as root for a job file")
     rfd, wfd = os.pipe()
@@ -109,12 +104,8 @@ def _child_as_user(rfd: int, wfd: int, uid: int, gid: int, work: Callable[[], by
 
 
 def _read_reply(rfd: int, timeout_s: float, limit_bytes: int) -> bytes:
-    """Everything the child writes to ``rfd`` until it closes it.
-
-    Raises:
-        TimeoutError: not done within ``timeout_s``.
-        PermissionError: more than ``limit_bytes`` (plus the error's room) came.
-    """
+    """Everything the child writes to ``rfd`` until it closes it. TimeoutError: not done within ``timeout_s``;
+    PermissionError: more than ``limit_bytes`` (plus the error's room) came."""
     chunks, total = [], 0
     deadline = time.monotonic() + timeout_s
     while True:
@@ -136,19 +127,8 @@ def _read_reply(rfd: int, timeout_s: float, limit_bytes: int) -> bytes:
 
 def read_tail_as_user(path: str, uid: int, gid: int, max_bytes: int = MAX_TAIL_BYTES,
                       timeout_s: float = 5.0) -> TailResult:
-    """The last ``max_bytes`` of ``path`` read as ``uid``/``gid`` (module docstring: no symlinks, owner
-    check).
-
-    Args:
-        path: absolute path (the expanded ``StdErr``/``StdOut`` of ``scontrol show job -o``).
-        uid, gid: the job's user and group (never 0).
-        max_bytes: bound on what is read (from the end of the file).
-        timeout_s: bound on the whole read.
-
-    Returns:
-        A ``TailResult``; never raises (an unreadable file is an ``error`` string, e.g.
-        ``"is a symbolic link (not followed)"``). Text is decoded as UTF-8 with replacement.
-    """
+    """The last ``max_bytes`` of absolute ``path`` read as the job's ``uid``/``gid`` within ``timeout_s``,
+    decoded as UTF-8 with replacement; never raises (an unreadable file is an ``error`` string)."""
     if not path or not os.path.isabs(path) or "\0" in path:
         return TailResult(path, "", "not an absolute path")
 
@@ -176,19 +156,9 @@ def read_tail_as_user(path: str, uid: int, gid: int, max_bytes: int = MAX_TAIL_B
 
 
 def append_line_as_user(path: str, uid: int, gid: int, line: str, timeout_s: float = 5.0) -> Optional[str]:
-    """Append one line to the user's existing file ``path`` as ``uid``/``gid`` (same checks as reading).
-
-    Used to tell the user, in their own job log, what happened to the job. Never creates a file.
-
-    Args:
-        path: the user's file (absolute; a job's output path).
-        uid, gid: the user and group the write runs as (in a child process).
-        line: the text to append (whitespace collapsed, at most 2,000 characters, then a newline).
-        timeout_s: the child's time limit (s).
-
-    Returns:
-        None on success, else why it was not written (never raises).
-    """
+    """Append ``line`` (whitespace collapsed, at most 2,000 characters) to the user's existing file ``path``
+    as ``uid``/``gid``, with the same checks as reading; never creates a file. None on success, else why it
+    was not written (never raises)."""
     if not path or not os.path.isabs(path) or "\0" in path:
         return "not an absolute path"
     data = (" ".join(line.split())[:2000] + "\n").encode("utf-8", "replace")
