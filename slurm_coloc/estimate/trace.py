@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall
@@ -35,9 +35,23 @@ ACTIVATIONS = (
 )
 
 
+@dataclass(frozen=True)
+class ReplayedPeaks:
+    """What the calibrated bound (``combine.bound_from_trace``) reads of one replayed run, a trace's or the
+    probe's (bytes; ``param_b`` 0: not seen apart). Fields as :class:`TraceResult`'s."""
+
+    peak_allocated_b: int
+    peak_reserved_b: int
+    param_b: int = 0
+    depthwise_max_hw: int = 0
+    assumed_values: Mapping[str, int] = field(default_factory=dict)
+    conv_workspace_max_b: int = 0
+    flops_per_step: Optional[int] = None
+
+
 @dataclass
 class TraceResult:
-    """What one traced training run of a spec gives (bytes unless named otherwise).
+    """One traced training run of a spec (bytes unless named otherwise).
 
     ``peak_allocated_b``: live tensor bytes (512 B blocks); ``peak_reserved_b``: the replayed caching
     allocator's (cuBLAS workspace included); ``params`` counts trainable and frozen;
@@ -45,8 +59,7 @@ class TraceResult:
     activation's class name or ""; ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups
     == in_channels > 1``), 0 without; ``assumed_values``: value reads answered by assumption, by kind
     (``datadep.py``); ``conv_workspace_max_b``: largest cuDNN workspace replayed for one call (0 without a
-    workspace model); ``flops_per_step``: FLOP (not GFLOP) of one step (module docstring), None when not
-    counted.
+    workspace model); ``flops_per_step``: FLOP of one step (module docstring), None when not counted.
     """
 
     peak_allocated_b: int
@@ -63,6 +76,10 @@ class TraceResult:
     conv_calls: List[ConvCall] = field(default_factory=list)
     conv_workspace_max_b: int = 0
     flops_per_step: Optional[int] = None
+
+    def peaks(self) -> ReplayedPeaks:
+        return ReplayedPeaks(self.peak_allocated_b, self.peak_reserved_b, self.param_b, self.depthwise_max_hw,
+                             self.assumed_values, self.conv_workspace_max_b, self.flops_per_step)
 
 
 def _optimizer(torch: Any, name: str, params: Any) -> Any:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import tempfile
 import time
@@ -75,11 +74,9 @@ def precision_of(result: Dict[str, Any]) -> str:
 
 
 def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
-    """The calibrated figure (MiB) for a probe's replayed peaks (``combine.bound_from_trace``, method
-    ``probe``).
-
-    ``result`` peaks are bytes; ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped;
-    ``nccl_group`` true adds the GPU's ``nccl_mib`` (the communicator's memory outside the allocator).
+    """The calibrated figure (MiB, method ``probe``) for a probe's replayed peaks (bytes):
+    ``combine.bound_from_trace``, plus the GPU's ``nccl_mib`` when ``nccl_group`` is true (the communicator's
+    memory outside the allocator); ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped.
 
     Raises:
         EstimateError: unknown GPU.
@@ -88,24 +85,22 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     from slurm_coloc.comment.values import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
     from slurm_coloc.estimate.gpus import gpu_model
-    from slurm_coloc.estimate.trace import TraceResult
+    from slurm_coloc.estimate.trace import ReplayedPeaks
 
     precision = precision_of(result)
     flops = result.get("flops_per_step")
-    trace = TraceResult(peak_allocated_b=int(result["peak_allocated_b"]),
-                        peak_reserved_b=int(result["peak_reserved_b"]),
-                        params=sum(int(v) for v in (result.get("param_dtypes") or {}).values()),
-                        param_b=0, buffer_b=0, activations_per_sample=math.nan,
-                        depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
-                        assumed_values=dict(result.get("assumed_values") or {}),
-                        conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
-                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
-                        and 0 <= flops <= BOUNDS["flops_per_step"][1] else None)  # the job comment's range
-    est = bound_from_trace(trace, gpu_name, precision)
+    peaks = ReplayedPeaks(peak_allocated_b=int(result["peak_allocated_b"]),
+                          peak_reserved_b=int(result["peak_reserved_b"]),
+                          depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
+                          assumed_values=dict(result.get("assumed_values") or {}),
+                          conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
+                          flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
+                          and 0 <= flops <= BOUNDS["flops_per_step"][1] else None)  # the job comment's range
+    est = bound_from_trace(peaks, gpu_name, precision)
     detail = dict(est.detail, precision=precision, chosen="probe")
     detail.pop("params_mib", None)  # the probe does not see parameter bytes apart
     mem_mib = est.mem_mib
-    if result.get("nccl_group") is True:  # the NCCL communicator: outside the allocator the probe traces
+    if result.get("nccl_group") is True:
         detail["nccl_mib"] = gpu_model(gpu_name).nccl_mib
         mem_mib += detail["nccl_mib"]
     return dataclasses.replace(est, mem_mib=mem_mib, method="probe", detail=detail)

@@ -28,19 +28,27 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.comment import JobComment, Shrink, without, without_kwargs
 from slurm_coloc.comment.values import BOUNDS, CommentSpec
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, DirectiveError
-from slurm_coloc.estimate.spec import ModelSpec
+from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, EstimateVerdict, ProbeAnswer, decide
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
-from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
 from slurm_coloc.submit.gpu_request import GPU_OPTIONS, GpuRequest, gpu_models, gpu_request, script_options
 from slurm_coloc.units import mib_to_shards, parse_size_mib
+
+EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]
+"""``(spec, GPU model) -> Estimate`` of the ``#COLOC`` model without history, or None when it did not finish
+in time; may raise ``EstimateError``."""
+ProbeFn = Callable[[str], ProbeAnswer]
+"""``GPU model -> ProbeAnswer`` (never raises for a program that cannot be probed)."""
+HistoryFn = Callable[[], Sequence[int]]
+"""``() -> MiB`` that earlier runs of this script were shown to need (empty: none)."""
 
 NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "
                   "GPU, "
@@ -63,7 +71,7 @@ class Plan:
         gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
             ``--exclusive``).
         comment_dropped: what was left out of the job comment to fit Slurm's limit (in words).
-        decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
+        decision: the sources and reasons of rule 4 (``decide.EstimateVerdict``), or None under rules 1-3.
     """
 
     mode: str
@@ -76,7 +84,7 @@ class Plan:
     reason: str
     gpu_args: Tuple[str, ...] = ()
     comment_dropped: Tuple[str, ...] = ()
-    decision: Optional[Decision] = None
+    decision: Optional[EstimateVerdict] = None
 
     @property
     def comment(self) -> Dict[str, Any]:
@@ -112,6 +120,50 @@ def _override_mib(cmd: CommandLine, script: Optional[ParsedScript]) -> Optional[
         raise DirectiveError(f"--coloc-mem: {exc.message}", hint=exc.hint) from None
 
 
+def gather_evidence(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Sequence[str],
+                    estimate_fn: Optional[EstimateFn], probe_fn: Optional[ProbeFn],
+                    history_fn: Optional[HistoryFn], probe_off_reason: str = "",
+                    estimate_timeout_s: float = 60.0) -> EstimateEvidence:
+    """Ask rule 4's sources (``estimate.decision``): none with an override; else the directives, the probe
+    and history, in that order, each once per GPU model of ``gpu_names`` (the largest figure counts). A None
+    ``*_fn`` asks no such source (``probe_off_reason`` says why for the probe).
+
+    Raises:
+        EstimateError: raised by ``estimate_fn`` (a bad ``#COLOC`` model).
+    """
+    if override_mib is not None:
+        return EstimateEvidence(override_mib)
+    directives, timed_out = Candidate("no #COLOC model= line"), False
+    if spec is not None and estimate_fn is None:
+        directives = Candidate("no estimator here")
+    elif spec is not None and estimate_fn is not None:
+        est, gpu = _largest([(estimate_fn(spec, name), name) for name in gpu_names])
+        timed_out = est is None
+        directives = Candidate.of(est, gpu, f"{est.method} of {spec.model} on {gpu}") if est is not None \
+            else Candidate(f"the estimate of {spec.model} did not finish within estimate_timeout_s "
+                           f"({estimate_timeout_s:g} s)")
+    probe, answer = Candidate(probe_off_reason or "off"), None
+    if probe_fn is not None:
+        answers = [(probe_fn(name), name) for name in gpu_names]
+        answer = answers[0][0]
+        est, gpu = _largest([(a.estimate, name) for a, name in answers])
+        failed = next((a.reason or "no figure" for a, _ in answers if a.estimate is None), "")
+        precision = est.detail.get("precision") if est is not None else None
+        probe = Candidate.of(est, gpu, f"probe on {gpu}{f' ({precision})' if precision else ''}"
+                                       f"{', cached' if answer.cached else ''}") if est is not None \
+            else Candidate(failed)
+    history = tuple(history_fn()) if history_fn is not None else ()
+    return EstimateEvidence(None, probe, directives, history, timed_out, answer)
+
+
+def _largest(found: Sequence[Tuple[Optional[Estimate], str]]) -> Tuple[Optional[Estimate], str]:
+    """The largest estimate and its GPU model; None when any is None."""
+    if any(e is None for e, _ in found):
+        return None, ""
+    est, name = max(found, key=lambda pair: pair[0].mem_mib if pair[0] is not None else 0)
+    return est, (est.gpu_model if est is not None else None) or name
+
+
 def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False,
                probe_fn: Optional[ProbeFn] = None, history_fn: Optional[HistoryFn] = None,
@@ -142,9 +194,9 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
     else:
         spec = script.spec if script is not None else None
         asks = override is None and (probe_fn is not None or (spec is not None and estimate_fn is not None))
-        decision = decide(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn=estimate_fn,
-                          probe_fn=probe_fn, history_fn=history_fn, probe_off_reason=probe_off_reason,
-                          estimate_timeout_s=cfg.estimate_timeout_s)
+        evidence = gather_evidence(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn,
+                                   probe_fn, history_fn, probe_off_reason, cfg.estimate_timeout_s)
+        decision = decide(evidence)
         choice = _shards_of_decision(decision, override, cfg)
     kept = [o for o in cmd.options if o.name not in GPU_OPTIONS and o.name != "comment"]
     args = [token for opt in _moved_options(script, gpu_lines, cmd.table) + kept for token in opt.tokens]
@@ -207,7 +259,7 @@ class _Choice:
     shards: Optional[int]
     reason: str
     gpus: Optional[int] = None
-    decision: Optional[Decision] = None
+    decision: Optional[EstimateVerdict] = None
 
 
 def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
@@ -221,7 +273,7 @@ def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
     return _Choice("gpu", None, f"{why}: whole GPUs on an exclusive node", gpus=gpus)
 
 
-def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config) -> _Choice:
+def _shards_of_decision(decision: EstimateVerdict, override: Optional[int], cfg: Config) -> _Choice:
     """Rules 4 and 5: the shards for the decided figure, at least ``cfg.min_shards``.
 
     The figure (MiB) gets ``cfg.headroom_mib`` unless it is the user's override. A whole GPU
