@@ -1,8 +1,6 @@
-"""The calibrated analytical bound of a traced spec, and ``estimate_peak``'s figure: that bound, from the
-per-user cache when unchanged, with the spec's history applied by ``decision.decide`` (module rule 4).
-
-The margins (``weights/calibration.json``) were chosen on validation families so that underestimates are
-rare (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
+"""The calibrated analytical bound of a replayed run, and ``estimate_peak``'s figure (that bound of the
+traced spec, history applied by ``decision.decide``). The margins (``weights/calibration.json``) make
+underestimates rare on validation families (``benchmarks/estimator/train.py``; rates: docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -24,12 +22,8 @@ _CAL_KEYS = ("analytic_mult", "amp_mult", "analytic_add_mib", "jit_mib", "jit_mi
 
 
 def load_calibration() -> Dict[str, Any]:
-    """The shipped calibration (``weights/calibration.json``).
-
-    Raises:
-        EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM`` or lacks one
-            of the margins :func:`calibrated_bound` reads.
-    """
+    """The shipped ``weights/calibration.json``. Raises ``EstimateError``: missing, not JSON, of another form
+    than ``BOUND_FORM`` or without a margin :func:`calibrated_bound` reads."""
     path = os.path.join(WEIGHTS_DIR, "calibration.json")
     try:
         with open(path, encoding="utf-8") as fh:
@@ -46,13 +40,9 @@ def load_calibration() -> Dict[str, Any]:
 
 
 def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int] = ()) -> Estimate:
-    """:func:`slurm_coloc.estimate.estimate_peak`'s body: :func:`traced_estimate`, from the per-user cache
-    (``cache.py``; torch then not imported) when the same spec, model code, torch and estimator were estimated
-    before; history (MiB peaks) may then replace it, never below its trace floor (method ``history``).
-
-    Raises:
-        EstimateError: unknown GPU, a malformed spec or an untraceable model.
-    """
+    """``estimate_peak``'s body: :func:`traced_estimate`, from the per-user cache (``cache.py``) when
+    unchanged, with history (MiB peaks) applied by ``decision.decide``. Raises ``EstimateError``: unknown GPU,
+    a malformed spec or an untraceable model."""
     from slurm_coloc.estimate import cache
     from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, decide
     from slurm_coloc.estimate.gpus import gpu_model
@@ -97,12 +87,9 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
 
 
 def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[str] = ()) -> Estimate:
-    """:func:`bound_from_trace` of ``spec``'s trace with each convolution's cuDNN workspace (no history or
-    cache); ``workspace_exclude``: table sources to leave out (evaluations of unseen models only).
-
-    Raises:
-        EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
-    """
+    """:func:`bound_from_trace` of ``spec``'s trace with cuDNN workspaces, but for the table sources in
+    ``workspace_exclude`` (evaluations of unseen models). Raises ``EstimateError``: unknown GPU, an
+    untraceable model or an unreadable workspace table."""
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
@@ -110,20 +97,14 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     gpu_model(gpu_name)  # an unknown GPU fails before the trace
     ws_model = workspace.load(workspace_exclude)
     trace = trace_spec(spec, workspace=ws_model.bytes_for if ws_model is not None else None)
-    return bound_from_trace(trace.peaks(), gpu_name, spec.precision)
+    return bound_from_trace(trace, gpu_name, spec.precision)
 
 
 def bound_from_trace(peaks: ReplayedPeaks, gpu_name: str, precision: str) -> Estimate:
-    """The calibrated analytic bound (method ``analytic``) of one replayed run, a trace's or the probe's.
-
-    ``analytic.analytic_mib`` goes through :func:`calibrated_bound` with the shipped calibration; ``libs_mib``
-    is the calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN workspace
-    table's every precision gets the larger AMP multiplier. ``detail["trace_floor_mib"]``: the lower of the
-    uncalibrated and calibrated figures, the lowest history may bring the figure to (``decision.py``).
-
-    Raises:
-        EstimateError: unknown GPU or unusable shipped calibration.
-    """
+    """:func:`calibrated_bound` of ``analytic.analytic_mib`` (method ``analytic``), ``libs_mib`` the
+    calibration's (Hopper); off the workspace table's architecture every precision gets the AMP multiplier.
+    ``detail["trace_floor_mib"]``: the lower of both figures, history's floor (``decision.py``). Raises
+    ``EstimateError``: unknown GPU or unusable shipped calibration."""
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
     from slurm_coloc.estimate.gpus import gpu_model

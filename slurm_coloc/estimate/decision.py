@@ -1,22 +1,15 @@
-"""The GPU memory figure of a one-GPU job: ``decide``, pure, from what the sources said
-(``EstimateEvidence``, gathered by ``submit/plan.py`` and ``estimate/combine.py``) to the figure and why
-(``EstimateVerdict``). Figures in MiB, headroom not included.
+"""The GPU memory figure of a one-GPU job (MiB, headroom not included): ``decide``, pure, from what the
+sources said (``EstimateEvidence``, gathered by ``submit/plan.py`` and ``combine.combined_estimate``) to the
+figure and why (``EstimateVerdict``). Sources, in order (docs/user.md, "How your GPU request is translated"):
 
-Sources, in order (docs/user.md, "How your GPU request is translated"):
-
-1. ``override``: ``--coloc-mem``, else ``#COLOC mem=``: the fence the user asked for, exactly; nothing else
-   runs.
-2. ``probe``: the batch script's own training program run under the script probe (``probe/``).
-3. ``directives``: the estimate of the ``#COLOC model=`` spec.
-4. ``history``: measured peaks and OOM fences of earlier runs of the same script (``history_bound``:
-   ``max * 1.05 + 64``). With a figure from 2 or 3 it takes that figure's place: it may raise it, and lower
-   it only down to its trace floor (``Candidate.trace_floor_mib``: its replayed allocations plus context and
-   libraries, uncalibrated). Alone, it is the figure.
+1. ``override`` (``--coloc-mem``, else ``#COLOC mem=``): the fence the user asked for, exactly; no other runs.
+2. ``probe``: the script's own training program run under the script probe (``probe/``).
+3. ``directives``: the estimate of the ``#COLOC model=`` spec. With both, 2 wins (the directives repeat the
+   command line by hand, unchecked); more than ``DISAGREE_FRACTION`` of 2's figure apart: a warning.
+4. ``history``: ``history_bound`` of earlier runs' peaks and OOM fences. It replaces a figure of 2 or 3, never
+   below that figure's ``trace_floor_mib`` (its replayed allocations plus context and libraries,
+   uncalibrated); alone, it is the figure.
 5. ``whole-gpu``: no figure; the caller asks for a whole GPU.
-
-The probe ranks above the directives: the directives repeat the command line by hand and nothing checks
-them, while the probe runs the program as submitted. When both give a figure and they differ by more than
-``DISAGREE_FRACTION`` of the probe's, a warning says so (the probe's figure is used either way).
 """
 from __future__ import annotations
 
@@ -42,12 +35,9 @@ def history_bound(history_mib: Sequence[int]) -> Optional[int]:
 
 @dataclass(frozen=True)
 class ProbeAnswer:
-    """What the probe said for one GPU model (``cli/sbatch.py`` builds it from ``probe.ProbeResult``).
-
-    ``estimate``: the figure (method ``probe``), None when the probe fell back (``reason`` says why);
-    ``ran``: one line on what it ran and saw; ``outside_writes``: paths the program opened for writing outside
-    the probe's scratch directory; ``scratch_files``: files it wrote in its scratch copy (removed).
-    """
+    """What the probe said for one GPU model (from ``probe.ProbeResult``): the figure (method ``probe``) or
+    None and why; ``outside_writes``: paths opened for writing outside its scratch directory;
+    ``scratch_files``: files written in its scratch copy of the working directory (removed)."""
 
     estimate: Optional[Estimate]
     ran: str
@@ -61,11 +51,8 @@ class ProbeAnswer:
 
 @dataclass(frozen=True)
 class Candidate:
-    """The probe's or the directives' figure (the largest over the job's GPU models), or None and why.
-
-    ``note``: what the figure is (``analytic of m:f on H100``) or why there is none; ``trace_floor_mib``: the
-    lowest history may bring the figure to (None: history only raises it).
-    """
+    """The probe's or the directives' figure (the largest over the job's GPU models) or None; ``note``: what
+    it is or why none; ``trace_floor_mib``: the lowest history may bring it to (None: history only raises)."""
 
     note: str
     estimate: Optional[Estimate] = None
@@ -104,19 +91,10 @@ class Source:
 
 @dataclass(frozen=True)
 class EstimateVerdict:
-    """The chosen figure and the reasons.
-
-    Attributes:
-        mem_mib: the figure, or None: a whole GPU.
-        method: ``override`` | ``probe`` | the estimator's method (``analytic``) | ``history`` | None.
-        gpu_model: the GPU model the figure is for (None for an override, history alone or no figure).
-        warnings: one-line warnings for stderr (the directives/probe disagreement).
-        timed_out: no figure, and the directives' estimate did not finish within ``estimate_timeout_s``.
-        flops_per_step: FLOPs of one training step: the probe's count, else the directives' trace's (the
-            placer's intensity feature, ``placement/``).
-        history_peak_mib: the largest earlier peak; history_below_floor_mib: history's figure where the trace
-            floor overruled it.
-    """
+    """The figure (None: a whole GPU) and why. ``method``: ``override`` | ``probe`` | the estimator's
+    (``analytic``) | ``history`` | None; ``timed_out``: no figure and the directives' estimate did not finish;
+    ``flops_per_step``: the probe's count, else the directives'; ``history_below_floor_mib``: history's figure
+    where the trace floor overruled it."""
 
     mem_mib: Optional[int]
     method: Optional[str]
@@ -193,8 +171,7 @@ def _ranking(probe: Candidate, directives: Candidate) -> Tuple[str, List[str]]:
 
 def explain_lines(verdict: EstimateVerdict) -> List[str]:
     """``coloc-sbatch --explain`` lines (no newline): each source's figure or why none, the winner and why,
-    the FLOP count (GFLOP), the probe's "what it ran", its log tail and its writes outside its scratch
-    directory."""
+    the GFLOP count, and what the probe ran, printed and wrote."""
     out = ["GPU memory sources, in order (docs/user.md, \"How your GPU request is translated\"):"]
     for i, src in enumerate(verdict.sources, start=1):
         fig = f"{src.mem_mib:,} MiB" if src.mem_mib is not None else "-"
