@@ -140,8 +140,9 @@ def decide(ev: EstimateEvidence) -> EstimateVerdict:
                Source("probe", probe.estimate.mem_mib if probe.estimate else None, probe.note),
                Source("directives", directives.estimate.mem_mib if directives.estimate else None,
                       directives.note),
-               Source("history", hist, f"max {max(peaks)} MiB of {len(peaks)} earlier run(s) x 1.05 + 64"
-                      if hist is not None else "no earlier run of this script recorded"),
+               Source("history", hist, f"max {max(peaks)} MiB of {len(peaks)} earlier run(s) x "
+                      f"{1 + HISTORY_MARGIN:g} + {HISTORY_PAD_MIB}" if hist is not None
+                      else "no earlier run of this script recorded"),
                Source("whole-gpu", None, "not needed" if mem is not None else "the fallback: a whole GPU"))
     flops = next((e.flops_per_step for e in (probe.estimate, directives.estimate)
                   if e is not None and e.flops_per_step is not None), None)
