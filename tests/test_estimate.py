@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate import ModelSpec, combine, estimate_peak
 from slurm_coloc.estimate.allocator import CachingAllocatorModel, round_size, segment_size
-from slurm_coloc.estimate.combine import calibrated_bound, history_bound, load_calibration
+from slurm_coloc.estimate.combine import calibrated_bound, load_calibration
+from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, decide, history_bound
+from slurm_coloc.estimate.spec import Estimate
 
 # Parameterised test models (research code outside the package), named by file path.
 ZOO = str(Path(__file__).resolve().parents[1] / "benchmarks" / "estimator" / "zoo.py")
@@ -77,6 +79,25 @@ def test_history_first() -> None:
     spec = ModelSpec(ZOO + ":mlp", (784,), 32)
     est = estimate_peak(spec, "H100", history_mib=[1000, 1200])
     assert est.method == "history" and est.mem_mib == history_bound([1200]) == 1324
+
+
+def test_decide_history_replaces_a_figure_never_below_its_typed_trace_floor() -> None:
+    # the floor is the Candidate's typed field: the estimate's detail has none
+    probe = Candidate("probe on H100", Estimate(2000, "probe", gpu_model="H100"), "H100",
+                      trace_floor_mib=1600)
+    low = decide(EstimateEvidence(probe=probe, history_mib=(100,)))
+    assert (low.mem_mib, low.method, low.gpu_model, low.history_below_floor_mib) == (1600, "history", "H100",
+                                                                                     169)
+    assert low.why == "history lowered the probe figure (2000 MiB) to 1600 MiB (its trace floor)"
+    mid = decide(EstimateEvidence(probe=probe, history_mib=(1700, 0)))  # 1700 * 1.05 + 64: above the floor
+    assert (mid.mem_mib, mid.history_below_floor_mib, mid.history_peak_mib) == (1849, None, 1700)
+    high = decide(EstimateEvidence(probe=probe, history_mib=(3000,)))
+    assert high.mem_mib == 3214 and high.why.startswith("history raised the probe figure")
+    assert decide(EstimateEvidence(probe=probe)).mem_mib == 2000
+    unfloored = Candidate("analytic of m:f on H100", Estimate(2000, "analytic", gpu_model="H100"), "H100")
+    only_raised = decide(EstimateEvidence(directives=unfloored, history_mib=(100,)))
+    assert (only_raised.mem_mib, only_raised.method) == (2000, "history")  # no floor: history only raises
+    assert decide(EstimateEvidence(override_mib=500, probe=probe, history_mib=(3000,))).mem_mib == 500
 
 
 @pytest.mark.parametrize("spec,needle", [

@@ -14,11 +14,11 @@ from slurm_coloc.comment import parse_comment
 from slurm_coloc.config import Config
 from slurm_coloc.estimate import cache
 from slurm_coloc.estimate.combine import traced_estimate
+from slurm_coloc.estimate.decision import explain_lines
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
 from slurm_coloc.placement import intensity
 from slurm_coloc.submit.argv import split_command_line
-from slurm_coloc.submit.decide import explain_lines
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import build_plan
 

@@ -202,7 +202,7 @@ def test_claim_is_once_and_history_returns_fences(db) -> None:
 
 
 def test_history_makes_the_estimator_ask_for_more_than_the_fence() -> None:
-    from slurm_coloc.estimate.combine import history_bound
+    from slurm_coloc.estimate.decision import history_bound
 
     assert history_bound([4096]) > 4096
 

@@ -13,15 +13,15 @@ import click
 from slurm_coloc import config as config_mod
 from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
+from slurm_coloc.estimate.decision import ProbeAnswer, explain_lines
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.slurm.sbatch_options import installed_options
 from slurm_coloc.submit.argv import CommandLine, split_command_line
-from slurm_coloc.submit.decide import ProbeAnswer, ProbeFn, explain_lines
 from slurm_coloc.submit.directives import ParsedScript, parse_script
 from slurm_coloc.submit.gpu_request import script_options
-from slurm_coloc.submit.plan import NO_INFORMATION, Plan, build_plan
+from slurm_coloc.submit.plan import NO_INFORMATION, Plan, ProbeFn, build_plan
 from slurm_coloc.units import is_bare_number
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
 def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool]:
     """Split the command line, parse the script and plan; no side effect.
 
-    ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/decide.py``): the script probe
+    ``build_plan`` asks the sources of rule 4 only when it needs them (``submit/plan.py``): the script probe
     (``probe_fn``: the script's training program in a child process of the job's Python, as the caller,
     bounded by ``probe_timeout_s`` and ``probe_mem_limit_mib``), the ``#COLOC model=`` estimate
     (``estimate_fn``: a child process bounded by ``estimate_timeout_s``, ``cli/estimate.py``) and the
@@ -79,7 +79,7 @@ def plan_submission(argv: List[str]) -> Tuple[Plan, Optional[ParsedScript], bool
         """The estimate (MiB) of ``spec`` on ``gpu_model`` within the time left, or None (warned)."""
         from slurm_coloc.cli.estimate import estimate_isolated
 
-        # history is applied by the decision (submit/decide.py), to whichever figure wins
+        # history is applied by the decision (estimate/decision.py), to whichever figure wins
         est = estimate_isolated(spec, gpu_model, [], max(0.1, deadline - time.monotonic()))
         if est is None:
             click.echo(f"coloc-sbatch: warning: the estimate of {spec.model} did not finish within "

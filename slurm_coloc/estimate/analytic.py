@@ -11,16 +11,16 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from slurm_coloc.estimate.gpus import GpuModel
-from slurm_coloc.estimate.trace import TraceResult
+from slurm_coloc.estimate.trace import ReplayedPeaks
 from slurm_coloc.estimate.tracker import MIB
 
 
-def analytic_mib(trace: TraceResult, gpu: GpuModel) -> float:
+def analytic_mib(trace: ReplayedPeaks, gpu: GpuModel) -> float:
     """``context_mib + libs_mib + peak_reserved_b / 2**20``: per-process NVML peak, MiB, not rounded."""
     return gpu.context_mib + gpu.libs_mib + trace.peak_reserved_b / MIB
 
 
-def analytic_detail(trace: TraceResult, gpu: GpuModel) -> Dict[str, Any]:
+def analytic_detail(trace: ReplayedPeaks, gpu: GpuModel) -> Dict[str, Any]:
     """:func:`analytic_mib`'s parts for ``Estimate.detail``, in MiB rounded to 0.1."""
     return {
         "context_mib": gpu.context_mib,

@@ -1,11 +1,6 @@
-"""One final figure from history and the calibrated analytical trace.
-
-1. history: measured NVML peaks of the same user's same script -> ``max * (1 + margin) + pad``, which may
-   raise the traced figure and lower it only down to the trace's floor (``trace_floor_mib``: the
-   uncalibrated ``analytic.analytic_mib``; the calibrated bound multiplies it up, never down);
-2. otherwise the calibrated analytical bound (:func:`calibrated_bound`) of the traced spec. Its margins
-   (``weights/calibration.json``) were chosen on validation families so that underestimates are rare
-   (``benchmarks/estimator/train.py``; held-out rates in docs/estimator.md).
+"""The calibrated analytical bound of a replayed run, and ``estimate_peak``'s figure (that bound of the
+traced spec, history applied by ``decision.decide``). The margins (``weights/calibration.json``) make
+underestimates rare on validation families (``benchmarks/estimator/train.py``; rates: docs/estimator.md).
 """
 from __future__ import annotations
 
@@ -13,25 +8,22 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Sequence
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 
+if TYPE_CHECKING:
+    from slurm_coloc.estimate.trace import ReplayedPeaks
+
 WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
-HISTORY_MARGIN = 0.05
-HISTORY_PAD_MIB = 64
 BOUND_FORM = "per-precision-jit"
 _CAL_KEYS = ("analytic_mult", "amp_mult", "analytic_add_mib", "jit_mib", "jit_min_hw", "libs_mib")
 
 
 def load_calibration() -> Dict[str, Any]:
-    """The shipped calibration (``weights/calibration.json``).
-
-    Raises:
-        EstimateError: the file is missing, not JSON, of another bound form than ``BOUND_FORM`` or lacks one
-            of the margins :func:`calibrated_bound` reads.
-    """
+    """The shipped ``weights/calibration.json``. Raises ``EstimateError``: missing, not JSON, of another form
+    than ``BOUND_FORM`` or without a margin :func:`calibrated_bound` reads."""
     path = os.path.join(WEIGHTS_DIR, "calibration.json")
     try:
         with open(path, encoding="utf-8") as fh:
@@ -47,30 +39,12 @@ def load_calibration() -> Dict[str, Any]:
     return cal
 
 
-def history_bound(history_mib: Sequence[int]) -> Optional[int]:
-    """``max(history) * HISTORY_MARGIN + HISTORY_PAD_MIB`` MiB rounded up; None entries and values <= 0
-    skipped.
-
-    None without usable history.
-    """
-    good = [int(h) for h in history_mib if h is not None and int(h) > 0]
-    if not good:
-        return None
-    return int(math.ceil(max(good) * (1 + HISTORY_MARGIN) + HISTORY_PAD_MIB))
-
-
 def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int] = ()) -> Estimate:
-    """:func:`slurm_coloc.estimate.estimate_peak`'s body.
-
-    The trace-derived estimate comes from the per-user cache (``cache.py``) when the same spec, model code,
-    torch and estimator were estimated before (torch then not imported); otherwise the spec is traced and
-    stored. History (MiB peaks) is applied on top: it may raise the figure or lower it, never below the trace
-    floor (``detail["trace_floor_mib"]``); method ``history`` then.
-
-    Raises:
-        EstimateError: unknown GPU, a malformed spec or an untraceable model.
-    """
+    """``estimate_peak``'s body: :func:`traced_estimate`, from the per-user cache (``cache.py``) when
+    unchanged, with history (MiB peaks) applied by ``decision.decide``. Raises ``EstimateError``: unknown GPU,
+    a malformed spec or an untraceable model."""
     from slurm_coloc.estimate import cache
+    from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, decide
     from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.loader import validate_spec
 
@@ -82,16 +56,15 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
         base = traced_estimate(spec, gpu.name)
         if key:
             cache.store(key, base)
-    hist = history_bound(history_mib)
-    if hist is not None:
-        detail = dict(base.detail)
-        detail["history_mib"] = max(int(h) for h in history_mib if h and int(h) > 0)
-        floor = int(detail.get("trace_floor_mib") or base.mem_mib)  # estimates without a floor: only raise
-        if hist < floor:
-            detail["history_below_trace_floor"] = hist
-        return Estimate(mem_mib=max(hist, floor), method="history", detail=detail, gpu_model=base.gpu_model,
-                        flops_per_step=base.flops_per_step)
-    return base
+    verdict = decide(EstimateEvidence(directives=Candidate.of(base, gpu.name, ""),
+                                      history_mib=tuple(history_mib)))
+    if verdict.mem_mib is None or verdict.history_peak_mib is None:
+        return base
+    detail = dict(base.detail, history_mib=verdict.history_peak_mib)
+    if verdict.history_below_floor_mib is not None:
+        detail["history_below_trace_floor"] = verdict.history_below_floor_mib
+    return Estimate(mem_mib=verdict.mem_mib, method="history", detail=detail, gpu_model=base.gpu_model,
+                    flops_per_step=base.flops_per_step)
 
 
 def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: float, libs_mib: float,
@@ -114,14 +87,9 @@ def calibrated_bound(cal: Dict[str, Any], analytic_mib: float, context_mib: floa
 
 
 def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[str] = ()) -> Estimate:
-    """Trace ``spec`` (with each convolution's cuDNN workspace) and give :func:`bound_from_trace` (no
-    history/cache).
-
-    ``workspace_exclude``: table sources to leave out (evaluations of unseen models only).
-
-    Raises:
-        EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
-    """
+    """:func:`bound_from_trace` of ``spec``'s trace with cuDNN workspaces, but for the table sources in
+    ``workspace_exclude`` (evaluations of unseen models). Raises ``EstimateError``: unknown GPU, an
+    untraceable model or an unreadable workspace table."""
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
@@ -132,17 +100,11 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     return bound_from_trace(trace, gpu_name, spec.precision)
 
 
-def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
-    """The calibrated analytic bound (method ``analytic``) of one traced run (a ``trace.TraceResult`` or
-    alike).
-
-    ``analytic.analytic_mib`` goes through :func:`calibrated_bound` with the shipped calibration; ``libs_mib``
-    is the calibration's (measured on Hopper), and on a GPU of another architecture than the cuDNN workspace
-    table's every precision gets the larger AMP multiplier.
-
-    Raises:
-        EstimateError: unknown GPU or unusable shipped calibration.
-    """
+def bound_from_trace(peaks: ReplayedPeaks, gpu_name: str, precision: str) -> Estimate:
+    """:func:`calibrated_bound` of ``analytic.analytic_mib`` (method ``analytic``), ``libs_mib`` the
+    calibration's (Hopper); off the workspace table's architecture every precision gets the AMP multiplier.
+    ``detail["trace_floor_mib"]``: the lower of both figures, history's floor (``decision.py``). Raises
+    ``EstimateError``: unknown GPU or unusable shipped calibration."""
     from slurm_coloc.estimate import workspace
     from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
     from slurm_coloc.estimate.gpus import gpu_model
@@ -155,27 +117,26 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
         # The workspace table is a proxy on this GPU (cuDNN picks per architecture), so the fp32 trace
         # is no more faithful than the AMP one: every job gets the larger, AMP multiplier.
         cal = dict(cal, analytic_mult=max(float(cal["analytic_mult"]), float(cal["amp_mult"])))
-    detail: Dict[str, Any] = analytic_detail(trace, gpu)
-    ana = analytic_mib(trace, gpu)
+    detail: Dict[str, Any] = analytic_detail(peaks, gpu)
+    ana = analytic_mib(peaks, gpu)
     ana_bound = calibrated_bound(cal, ana, gpu.context_mib, gpu.libs_mib, precision=precision,
-                                 depthwise_max_hw=int(getattr(trace, "depthwise_max_hw", 0) or 0))
+                                 depthwise_max_hw=peaks.depthwise_max_hw)
     detail["bound_form"] = BOUND_FORM
-    detail["conv_workspace_max_mib"] = round(int(getattr(trace, "conv_workspace_max_b", 0) or 0) / 2**20, 1)
+    detail["conv_workspace_max_mib"] = round(peaks.conv_workspace_max_b / 2**20, 1)
     proxy = f"proxy ({workspace.TABLE_ARCH})"
     detail["workspace_table"] = "measured" if gpu.arch == workspace.TABLE_ARCH else proxy
     detail["analytic_bound_mib"] = round(ana_bound, 1)
-    detail["trace_floor_mib"] = int(math.ceil(min(ana, ana_bound)))  # history never lowers below this
+    detail["trace_floor_mib"] = int(math.ceil(min(ana, ana_bound)))
     mem = int(math.ceil(ana_bound))
     detail["chosen"] = "analytic"
-    assumed = dict(getattr(trace, "assumed_values", None) or {})
-    if assumed:  # the trace read values it does not have (datadep.py): say so
+    if peaks.assumed_values:  # the trace read values it does not have (datadep.py): say so
         from slurm_coloc.estimate.datadep import NOTE
 
-        detail["assumed_values"] = sum(assumed.values())
-        detail["assumed_values_by_kind"] = assumed
+        detail["assumed_values"] = sum(peaks.assumed_values.values())
+        detail["assumed_values_by_kind"] = dict(peaks.assumed_values)
         detail["notes"] = NOTE
     if mem > gpu.mem_mib:
         detail["exceeds_gpu"] = True
-    flops = getattr(trace, "flops_per_step", None)
+    flops = peaks.flops_per_step
     return Estimate(mem_mib=mem, method="analytic", detail=detail, gpu_model=gpu.name,
-                    flops_per_step=int(flops) if isinstance(flops, int) and flops >= 0 else None)
+                    flops_per_step=flops if flops is not None and flops >= 0 else None)

@@ -36,8 +36,22 @@ ACTIVATIONS = (
 
 
 @dataclass
-class TraceResult:
-    """What one traced training run of a spec gives (bytes unless named otherwise).
+class ReplayedPeaks:
+    """What the calibrated bound (``combine.bound_from_trace``) reads of one replayed run, a trace's or the
+    probe's (bytes; ``param_b`` 0: not seen apart, the probe's)."""
+
+    peak_allocated_b: int
+    peak_reserved_b: int
+    param_b: int = 0
+    depthwise_max_hw: int = 0
+    assumed_values: Dict[str, int] = field(default_factory=dict)
+    conv_workspace_max_b: int = 0
+    flops_per_step: Optional[int] = None
+
+
+@dataclass(kw_only=True)
+class TraceResult(ReplayedPeaks):
+    """One traced training run of a spec (bytes unless named otherwise).
 
     ``peak_allocated_b``: live tensor bytes (512 B blocks); ``peak_reserved_b``: the replayed caching
     allocator's (cuBLAS workspace included); ``params`` counts trainable and frozen;
@@ -45,24 +59,16 @@ class TraceResult:
     activation's class name or ""; ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups
     == in_channels > 1``), 0 without; ``assumed_values``: value reads answered by assumption, by kind
     (``datadep.py``); ``conv_workspace_max_b``: largest cuDNN workspace replayed for one call (0 without a
-    workspace model); ``flops_per_step``: FLOP (not GFLOP) of one step (module docstring), None when not
-    counted.
+    workspace model); ``flops_per_step``: FLOP of one step (module docstring), None when not counted.
     """
 
-    peak_allocated_b: int
-    peak_reserved_b: int
     params: int
-    param_b: int
     buffer_b: int
     activations_per_sample: float
     layer_counts: Dict[str, int] = field(default_factory=dict)
     activation_fn: str = ""
     ops: int = 0
-    depthwise_max_hw: int = 0
-    assumed_values: Dict[str, int] = field(default_factory=dict)
     conv_calls: List[ConvCall] = field(default_factory=list)
-    conv_workspace_max_b: int = 0
-    flops_per_step: Optional[int] = None
 
 
 def _optimizer(torch: Any, name: str, params: Any) -> Any:
@@ -159,7 +165,6 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
             if not may_need_real_dynamo(exc):  # the plain trace below decides
                 raise
     return _trace(spec, workspace, count_flops)
-
 
 
 def _activation_hooks(torch: Any, model: Any, acts: List[float], dw_hw: List[int]) -> List[Any]:
@@ -273,18 +278,9 @@ def _trace(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None, count_flops
         for h in hooks:
             h.remove()
     return TraceResult(
-        peak_allocated_b=tracker.alloc.peak_allocated_b,
-        peak_reserved_b=tracker.alloc.peak_reserved_b,
-        params=int(params),
-        param_b=int(param_b),
-        buffer_b=int(buffer_b),
+        peak_allocated_b=tracker.alloc.peak_allocated_b, peak_reserved_b=tracker.alloc.peak_reserved_b,
+        params=int(params), param_b=int(param_b), buffer_b=int(buffer_b),
         activations_per_sample=float(acts[-1]) / spec.batch_size if acts else math.nan,
-        layer_counts=counts,
-        activation_fn=act_fn,
-        ops=tracker.ops,
-        depthwise_max_hw=dw_hw[0],
-        assumed_values=dict(tracker.scalars.counts),
-        conv_calls=list(tracker.conv_calls),
-        conv_workspace_max_b=int(tracker.ws_max_b),
-        flops_per_step=step_flops(flop_totals, flops),
-    )
+        layer_counts=counts, activation_fn=act_fn, ops=tracker.ops, depthwise_max_hw=dw_hw[0],
+        assumed_values=dict(tracker.scalars.counts), conv_calls=list(tracker.conv_calls),
+        conv_workspace_max_b=int(tracker.ws_max_b), flops_per_step=step_flops(flop_totals, flops))

@@ -1,10 +1,8 @@
 """``probe_script``: a batch script's GPU memory estimate from its own first training steps.
 
-Find the training command (``command.py``); run the setup lines before it (``preamble.py``) and find the
-job's Python on the PATH they leave (``discover.py``); answer from the per-user probe cache when the program,
-arguments, interpreter, torch and every user file it imported are unchanged; else run the probe
-(``runner.py``) and bound its replayed peak with the estimator's own calibrated bound
-(``estimate.combine.bound_from_trace``).
+Find the training command (``command.py``) and the job's Python on the PATH its setup lines leave
+(``discover.py``); answer from the per-user probe cache, else run the probe (``runner.py``) and bound its
+replayed peak with the estimator's calibrated bound (``estimate.combine.bound_from_trace``).
 
 Cache: ``<user cache dir>/slurm-coloc/probes.json`` (off with ``COLOC_ESTIMATE_CACHE=off``). Key: sha256 of
 the program (file sha256 or module name), arguments (without the inert ones a sweep varies:
@@ -20,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import tempfile
 import time
@@ -42,13 +39,9 @@ _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 @dataclass
 class ProbeResult:
-    """The probe's answer for one batch script.
-
-    ``estimate`` (method ``probe``) is None when the probe fell back, ``reason`` then says why; ``ran`` is one
-    line on what ran and was seen; ``detail`` is the child's raw result (peaks in bytes, optimizers, autocast,
-    notes, writes, ``scratch_files``); ``log_text`` is the last 20,000 characters of the program's output when
-    ``keep_log`` ("" when cached or not run; the scratch directory itself is removed).
-    """
+    """The probe's answer for one batch script: ``estimate`` (method ``probe``) or None and ``reason``;
+    ``ran``: one line on what ran and was seen; ``detail``: the child's raw result (peaks in bytes);
+    ``log_text``: the program's last 20,000 characters of output with ``keep_log`` ("" when cached)."""
 
     estimate: Optional[Estimate]
     ran: str
@@ -62,8 +55,7 @@ class ProbeResult:
 
 def precision_of(result: Dict[str, Any]) -> str:
     """``amp-fp16``/``bf16`` from the autocast dtype the program used; else ``bf16`` when more than half the
-    parameter elements (``param_dtypes``) are 16-bit; else ``fp32``.
-    """
+    parameter elements (``param_dtypes``) are 16-bit; else ``fp32``."""
     ac = result.get("autocast") or []
     if "float16" in ac:
         return "amp-fp16"
@@ -75,11 +67,9 @@ def precision_of(result: Dict[str, Any]) -> str:
 
 
 def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Estimate:
-    """The calibrated figure (MiB) for a probe's replayed peaks (``combine.bound_from_trace``, method
-    ``probe``).
-
-    ``result`` peaks are bytes; ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped;
-    ``nccl_group`` true adds the GPU's ``nccl_mib`` (the communicator's memory outside the allocator).
+    """The calibrated figure (MiB, method ``probe``) for a probe's replayed peaks (bytes):
+    ``combine.bound_from_trace``, plus the GPU's ``nccl_mib`` when ``nccl_group`` is true (the communicator's
+    memory outside the allocator); ``flops_per_step`` outside the job comment's ``BOUNDS`` is dropped.
 
     Raises:
         EstimateError: unknown GPU.
@@ -88,24 +78,22 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     from slurm_coloc.comment.values import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
     from slurm_coloc.estimate.gpus import gpu_model
-    from slurm_coloc.estimate.trace import TraceResult
+    from slurm_coloc.estimate.trace import ReplayedPeaks
 
     precision = precision_of(result)
     flops = result.get("flops_per_step")
-    trace = TraceResult(peak_allocated_b=int(result["peak_allocated_b"]),
-                        peak_reserved_b=int(result["peak_reserved_b"]),
-                        params=sum(int(v) for v in (result.get("param_dtypes") or {}).values()),
-                        param_b=0, buffer_b=0, activations_per_sample=math.nan,
-                        depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
-                        assumed_values=dict(result.get("assumed_values") or {}),
-                        conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
-                        flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
-                        and 0 <= flops <= BOUNDS["flops_per_step"][1] else None)  # the job comment's range
-    est = bound_from_trace(trace, gpu_name, precision)
+    peaks = ReplayedPeaks(peak_allocated_b=int(result["peak_allocated_b"]),
+                          peak_reserved_b=int(result["peak_reserved_b"]),
+                          depthwise_max_hw=int(result.get("depthwise_max_hw", 0)),
+                          assumed_values=dict(result.get("assumed_values") or {}),
+                          conv_workspace_max_b=int(result.get("conv_workspace_max_b", 0)),
+                          flops_per_step=flops if isinstance(flops, int) and not isinstance(flops, bool)
+                          and 0 <= flops <= BOUNDS["flops_per_step"][1] else None)  # the job comment's range
+    est = bound_from_trace(peaks, gpu_name, precision)
     detail = dict(est.detail, precision=precision, chosen="probe")
     detail.pop("params_mib", None)  # the probe does not see parameter bytes apart
     mem_mib = est.mem_mib
-    if result.get("nccl_group") is True:  # the NCCL communicator: outside the allocator the probe traces
+    if result.get("nccl_group") is True:
         detail["nccl_mib"] = gpu_model(gpu_name).nccl_mib
         mem_mib += detail["nccl_mib"]
     return dataclasses.replace(est, mem_mib=mem_mib, method="probe", detail=detail)
@@ -216,7 +204,6 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
     """Estimate the GPU memory of the training program a batch script runs, by probing it.
 
     Args:
-        submit_dir: the job's working directory (default: the current directory).
         timeout_s: the probe's time limit (s); mem_limit_mib: its address-space limit (MiB).
         use_cache: read and write the per-user probe cache (also off with ``COLOC_ESTIMATE_CACHE=off``).
         python: the job's interpreter (a path or a name on PATH), instead of the one its command implies.
@@ -226,9 +213,6 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
         uid_option, gid_option: sbatch's ``--uid``/``--gid`` (root submitting for a user): the probe's
             children run as that user (``identity.py``); root without them probes only its own files.
-
-    ``estimate`` None and a ``reason`` for a program that cannot be probed (no command found, no Python, a
-    failed or hung run).
 
     Raises:
         EstimateError: ``gpu`` is not a known GPU model.
@@ -264,7 +248,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
 
 
 def _probe_job(cmd: ProbeCommand, job_env: Dict[str, str], notes: List[str], run_as: Optional[RunAs],
-               gpu: str, limits: Dict[str, Any], use_cache: bool, refresh: bool, keep_log: bool,
+               gpu: str, limits: Dict[str, float], use_cache: bool, refresh: bool, keep_log: bool,
                t0: float) -> ProbeResult:
     """``probe_script``'s answer for the found command ``cmd`` (its Python resolved) in ``job_env``: from the
     cache (a sweep sibling's too; not for ``refresh`` of the same arguments), else a probe run as ``run_as``
@@ -299,9 +283,8 @@ def _from_cache(entry: Dict[str, Any], cmd: ProbeCommand, wall_s: float) -> Prob
 
 def _from_run(out: RunOutcome, cmd: ProbeCommand, gpu: str, notes: List[str], torch_v: Optional[str],
               keep_log: bool, t0: float) -> ProbeResult:
-    """The answer of probe run ``out`` of ``cmd`` for GPU model ``gpu``: the figure when the run reported one,
-    the discovery ``notes`` before the run's own, and the program's output when ``keep_log``; ``t0`` is
-    the call's start (``time.monotonic()``, seconds)."""
+    """The answer of probe run ``out`` of ``cmd`` for GPU model ``gpu``, the discovery ``notes`` before the
+    run's own; ``t0``: the call's ``time.monotonic()``."""
     result = out.result or {}
     estimate = estimate_from_result(result, gpu) if not out.reason and result else None
     ran = ran_line(cmd, out.result, out.interpreter)

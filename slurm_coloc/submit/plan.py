@@ -10,60 +10,47 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
    ``--gpus-per-socket``): the user's GPU options are passed on as given (the last of each option, the
    command line over ``#SBATCH`` lines) with ``--exclusive`` (the whole node), because shards cannot span
    GPUs and ``gpu:N`` does not keep shard tenants off.
-4. Otherwise (one GPU or none asked): one decision over ordered sources (``submit/decide.py``): the override
-   (``--coloc-mem``/``#COLOC mem=``, exact), the script probe, the ``#COLOC model=`` estimate, history; a
-   figure other than the override gets ``headroom_mib``; rounded up to GiB shards; at or above a whole GPU
-   -> rule 1. Figures are for the GPU model of the job's partition (``gpu_request.gpu_models``).
-5. No source gave a figure -> rule 1 (a whole GPU), with ``NO_INFORMATION`` (the next steps) as the reason;
-   so is an estimate that did not finish within ``estimate_timeout_s`` when nothing else gave a figure.
-
-The job comment (``comment.JobComment.submission``, which writes it) carries the coloc JSON within Slurm's
-1024 characters (``JobComment.fitted_arg``): when user text + JSON are longer, the script arguments go first
-where Slurm's own command line keeps them exactly (no argument empty or holding whitespace), then the model's
-kwargs (they stay in the script's ``#COLOC`` lines, which Slurm stores), then the spec, then the arguments
-anyway, then the GPU model and method, then ``flops_per_step``; ``Plan.comment_dropped`` says what went.
+4. Otherwise (one GPU or none asked): the sources' figures, asked here, for the GPU models of the job's
+   partitions (``gpu_request.gpu_models``), and one decision over them (``estimate/decision.py``); a figure
+   other than the override gets ``headroom_mib``; rounded up to GiB shards; at or above a whole GPU -> rule 1.
+5. No source gave a figure -> rule 1, with ``NO_INFORMATION`` (the next steps) as the reason, or the
+   timeout when the ``#COLOC model=`` estimate did not finish within ``estimate_timeout_s``.
 """
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.comment import JobComment, Shrink, without, without_kwargs
 from slurm_coloc.comment.values import BOUNDS, CommentSpec
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, DirectiveError
-from slurm_coloc.estimate.spec import ModelSpec
+from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, EstimateVerdict, ProbeAnswer, decide
+from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
 from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
-from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
 from slurm_coloc.submit.gpu_request import GPU_OPTIONS, GpuRequest, gpu_models, gpu_request, script_options
 from slurm_coloc.units import mib_to_shards, parse_size_mib
 
+EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]  # without history; None: not in time
+ProbeFn = Callable[[str], ProbeAnswer]  # GPU model -> answer; never raises for an unprobeable program
+HistoryFn = Callable[[], Sequence[int]]  # MiB earlier runs of this script were shown to need
+
 NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "
-                  "GPU, "
-                  "give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch --explain "
-                  "--dry-run "
-                  "SCRIPT' shows why each source has none; docs/user.md, \"The script probe\"")
+                  "GPU, give your job's peak with '#COLOC mem=6G' (or --coloc-mem 6G); 'coloc-sbatch "
+                  "--explain --dry-run SCRIPT' shows why each source has none; docs/user.md, \"The script "
+                  "probe\"")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What coloc-sbatch will submit.
-
-    Attributes:
-        mode: ``shard`` | ``whole-gpu`` | ``gpu`` (see module rule).
-        shards: shards requested (``shard``/``whole-gpu``); gpus: GPUs per node (``gpu``).
-        sbatch_args: the argv after ``sbatch`` (script path last but its args); ``SCRIPT`` placeholder
-            ``script_index`` marks where the (possibly rewritten) script goes.
-        rewritten_script: script text with GPU ``#SBATCH`` lines commented out, or None to submit as is.
-        coloc: the job's coloc comment as planned (``JobComment.submission``), before it is shrunk to fit.
-        gpu_args: the GPU part of ``sbatch_args`` (``--gres=shard:4``, or the user's GPU options and
-            ``--exclusive``).
-        comment_dropped: what was left out of the job comment to fit Slurm's limit (in words).
-        decision: the sources and reasons of rule 4 (``decide.Decision``), or None under rules 1-3.
+    """What coloc-sbatch will submit: ``mode`` (module rule) ``shard`` | ``whole-gpu`` | ``gpu``;
+    ``sbatch_args``: the argv after ``sbatch``, the script at ``script_index``; ``rewritten_script``: the
+    script with its GPU ``#SBATCH`` lines commented out (None: as is); ``coloc``: the job comment before it is
+    shrunk to fit; ``comment_dropped``: what was left out; ``decision``: rule 4's (None under rules 1-3).
     """
 
     mode: str
@@ -76,7 +63,7 @@ class Plan:
     reason: str
     gpu_args: Tuple[str, ...] = ()
     comment_dropped: Tuple[str, ...] = ()
-    decision: Optional[Decision] = None
+    decision: Optional[EstimateVerdict] = None
 
     @property
     def comment(self) -> Dict[str, Any]:
@@ -112,20 +99,55 @@ def _override_mib(cmd: CommandLine, script: Optional[ParsedScript]) -> Optional[
         raise DirectiveError(f"--coloc-mem: {exc.message}", hint=exc.hint) from None
 
 
+def _evidence(override_mib: Optional[int], spec: Optional[ModelSpec], gpu_names: Sequence[str],
+              estimate_fn: Optional[EstimateFn], probe_fn: Optional[ProbeFn], history_fn: Optional[HistoryFn],
+              probe_off_reason: str, estimate_timeout_s: float) -> EstimateEvidence:
+    """Rule 4's sources: none with an override; else the directives, the probe and history, in that order,
+    each once per GPU model (the largest figure counts); a None ``*_fn`` is not asked. Raises
+    ``EstimateError`` from ``estimate_fn``."""
+    if override_mib is not None:
+        return EstimateEvidence(override_mib)
+    directives, timed_out = Candidate("no #COLOC model= line"), False
+    if spec is not None and estimate_fn is None:
+        directives = Candidate("no estimator here")
+    elif spec is not None and estimate_fn is not None:
+        est, gpu = _largest([(estimate_fn(spec, name), name) for name in gpu_names])
+        timed_out = est is None
+        directives = Candidate.of(est, gpu, f"{est.method} of {spec.model} on {gpu}") if est is not None \
+            else Candidate(f"the estimate of {spec.model} did not finish within estimate_timeout_s "
+                           f"({estimate_timeout_s:g} s)")
+    probe, answer = Candidate(probe_off_reason or "off"), None
+    if probe_fn is not None:
+        answers = [(probe_fn(name), name) for name in gpu_names]
+        answer = answers[0][0]
+        est, gpu = _largest([(a.estimate, name) for a, name in answers])
+        if est is None:
+            probe = Candidate(next(a.reason for a, _ in answers if a.estimate is None) or "no figure")
+        else:
+            precision = est.detail.get("precision")
+            probe = Candidate.of(est, gpu, f"probe on {gpu}{f' ({precision})' if precision else ''}"
+                                           f"{', cached' if answer.cached else ''}")
+    history = tuple(history_fn()) if history_fn is not None else ()
+    return EstimateEvidence(None, probe, directives, history, timed_out, answer)
+
+
+def _largest(found: Sequence[Tuple[Optional[Estimate], str]]) -> Tuple[Optional[Estimate], str]:
+    """The largest estimate and its GPU model (the estimate's, else the one asked); None if any is None."""
+    if any(e is None for e, _ in found):
+        return None, ""
+    est, name = max(found, key=lambda pair: pair[0].mem_mib if pair[0] is not None else 0)
+    return est, (est.gpu_model if est is not None else None) or name
+
+
 def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
                estimate_fn: Optional[EstimateFn] = None, *, spank: bool = False,
                probe_fn: Optional[ProbeFn] = None, history_fn: Optional[HistoryFn] = None,
                probe_off_reason: str = "") -> Plan:
-    """Decide the GPU request (the module rule) and build the sbatch argv, in one pass; nothing is run.
+    """Decide the GPU request (the module rule) and build the sbatch argv; nothing is run but the sources'
+    functions (rule 4; None: no such source, ``probe_off_reason`` says why for the probe).
 
-    With ``spank`` (the SPANK plugin is loaded, so sbatch knows ``--coloc-*``), the user's override and a
-    whole-GPU choice are also passed as ``--coloc-mem=<MiB>M`` / ``--coloc-share=exclusive``, so the job is
-    the same as one submitted with plain ``sbatch --coloc-mem=... --gres=shard:N`` (docs/spank.md).
-
-    ``estimate_fn`` (``(spec, GPU model) -> Estimate``, without history), ``probe_fn`` and ``history_fn``
-    (MiB) are called only under rule 4 without an override, once per GPU model of the job's partitions
-    (``gpu_models``; the largest counts), ``estimate_fn`` only when the script names a model. None: no such
-    source (``probe_off_reason`` says why for the probe, for ``--explain``).
+    With ``spank`` (sbatch knows ``--coloc-*``), the override and a whole-GPU choice are also passed as
+    ``--coloc-mem=<MiB>M`` / ``--coloc-share=exclusive``, as plain ``sbatch`` would get them (docs/spank.md).
 
     Raises:
         DirectiveError: bad ``--coloc-mem`` or GPU option values.
@@ -142,9 +164,8 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
     else:
         spec = script.spec if script is not None else None
         asks = override is None and (probe_fn is not None or (spec is not None and estimate_fn is not None))
-        decision = decide(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn=estimate_fn,
-                          probe_fn=probe_fn, history_fn=history_fn, probe_off_reason=probe_off_reason,
-                          estimate_timeout_s=cfg.estimate_timeout_s)
+        decision = decide(_evidence(override, spec, gpu_models(cfg, all_opts) if asks else (), estimate_fn,
+                                    probe_fn, history_fn, probe_off_reason, cfg.estimate_timeout_s))
         choice = _shards_of_decision(decision, override, cfg)
     kept = [o for o in cmd.options if o.name not in GPU_OPTIONS and o.name != "comment"]
     args = [token for opt in _moved_options(script, gpu_lines, cmd.table) + kept for token in opt.tokens]
@@ -158,8 +179,7 @@ def build_plan(cmd: CommandLine, script: Optional[ParsedScript], cfg: Config,
         args.append(comment_arg)
     rewritten = _rewrite(script, gpu_lines) if script is not None and gpu_lines else None
     index = _append_script(args, cmd, script if rewritten is not None else None, script_opts)
-    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, coloc,
-                choice.reason,
+    return Plan(choice.mode, choice.shards, choice.gpus, tuple(args), index, rewritten, coloc, choice.reason,
                 tuple(gpu_args), tuple(dropped), choice.decision)
 
 
@@ -183,11 +203,8 @@ def _user_comment(cmd: CommandLine, script_opts: Sequence[Option]) -> Optional[s
 
 def _append_script(args: List[str], cmd: CommandLine, rewritten_from: Optional[ParsedScript],
                    script_opts: Sequence[Option]) -> Optional[int]:
-    """Append the script and its arguments to ``args``; the script's index in ``args`` (None with ``--wrap``).
-
-    A rewritten script (``rewritten_from``) is submitted from a temporary file, so it keeps its own name as
-    the job name unless the user gave one.
-    """
+    """Append the script and its arguments to ``args``; the script's index (None with ``--wrap``). A
+    rewritten script (a temporary file) keeps its own name as the job name unless the user gave one."""
     if rewritten_from is not None and cmd.last("job-name") is None \
             and not any(o.name == "job-name" for o in script_opts):
         args.append("--job-name=" + Path(rewritten_from.path).name)
@@ -207,7 +224,7 @@ class _Choice:
     shards: Optional[int]
     reason: str
     gpus: Optional[int] = None
-    decision: Optional[Decision] = None
+    decision: Optional[EstimateVerdict] = None
 
 
 def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
@@ -221,13 +238,9 @@ def _user_choice(exclusive_gpu: bool, req: GpuRequest, cfg: Config) -> _Choice:
     return _Choice("gpu", None, f"{why}: whole GPUs on an exclusive node", gpus=gpus)
 
 
-def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config) -> _Choice:
-    """Rules 4 and 5: the shards for the decided figure, at least ``cfg.min_shards``.
-
-    The figure (MiB) gets ``cfg.headroom_mib`` unless it is the user's override. A whole GPU
-    (``cfg.gpu_mem_gib`` shards) when it does not fit a shared GPU, the estimate timed out, or no source gave
-    a figure.
-    """
+def _shards_of_decision(decision: EstimateVerdict, override: Optional[int], cfg: Config) -> _Choice:
+    """Rules 4 and 5: the shards for the decided figure (MiB, + ``headroom_mib`` unless the override), at
+    least ``min_shards``; a whole GPU when it does not fit a shared one or there is no figure."""
     whole = cfg.gpu_mem_gib
     mem_mib, method, model_name = decision.mem_mib, decision.method, decision.gpu_model
     if mem_mib is None:
@@ -247,11 +260,8 @@ def _shards_of_decision(decision: Decision, override: Optional[int], cfg: Config
 
 
 def _gpu_args(choice: _Choice, req: GpuRequest, all_opts: Sequence[Option]) -> List[str]:
-    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES).
-
-    Under rule 3: the user's own GPU options as sbatch would read them, on a node of its own
-    (``--exclusive``).
-    """
+    """The GPU part of the sbatch argv: ``--gres=shard[:type]:N`` (with the user's other GRES); under rule 3
+    the user's own GPU options with ``--exclusive``."""
     if choice.mode == "gpu":
         gpu_args = [token for opt in req.options for token in opt.tokens]
         if not any(o.name == "exclusive" for o in all_opts):
@@ -286,15 +296,12 @@ def _comment_spec(spec: ModelSpec) -> CommentSpec:
 
 
 def comment_steps(script_args: Sequence[str]) -> List[Shrink]:
-    """``(what is dropped in words, shrink function)`` pairs, first tried first, to fit Slurm's comment limit.
-
-    Script arguments go first only if Slurm's ``command`` (arguments joined by single spaces, read back by the
-    OOM rerun) gives them back exactly: none empty, none holding whitespace.
-    """
+    """``(what is dropped in words, shrink function)`` pairs, first tried first, to fit Slurm's comment limit;
+    script arguments first only if Slurm's ``command`` (joined by single spaces, read back by the OOM rerun)
+    gives them back exactly: none empty, none holding whitespace."""
     exact = all(a and not any(c.isspace() for c in a) for a in script_args)
-    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)",
-                            without("argv"))] if exact \
-        else []
+    steps: List[Shrink] = [("the script arguments (Slurm's command line keeps them)", without("argv"))] \
+        if exact else []
     steps += [("the model's kwargs (they stay in the script's #COLOC lines)", without_kwargs),
               ("the model spec", without("spec"))]
     if not exact:
