@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from slurm_coloc.admin.slurmconf import SlurmConf
-from slurm_coloc.slurm.version import CGROUP_V1_DEPRECATED, MULTIPLE_SHARING_GRES, TESTED, SlurmVersion
+from slurm_coloc.slurm.run import CGROUP_V1_DEPRECATED, MULTIPLE_SHARING_GRES, TESTED, SlurmVersion
 
 #: One finding: (status pass|fail|warn, what, fix).
 Finding = Tuple[str, str, str]

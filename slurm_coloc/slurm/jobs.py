@@ -1,6 +1,7 @@
-"""Job-level Slurm operations built on ``run`` and the pure parsers.
+"""Job-level Slurm operations built on ``run`` and the pure parsers: submit, look up, AdminComment, and
+stopping jobs (``scancel`` from the node sampler's watchdog, where its stderr goes, coloc-replay's clean-up).
 
-Queries differ by release (``slurm/version.py``): ``squeue --json --states=all`` everywhere (22.05 ignores the
+Queries differ by release (``slurm/run.py``): ``squeue --json --states=all`` everywhere (22.05 ignores the
 filter and lists every job; 24.11+ list only live jobs without it); one job is ``scontrol show job --json
 <id>`` on 24.11+ (inside the epilogs ``job_state[0]`` is final) and the full list filtered here on 22.05.
 """
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Union
 
 from slurm_coloc.errors import SlurmError
 from slurm_coloc.slurm.jobinfo import JobInfo, parse_job_json
 from slurm_coloc.slurm.parse import parse_sbatch_parsable
-from slurm_coloc.slurm.run import run
-from slurm_coloc.slurm.version import remember, slurm_version
+from slurm_coloc.slurm.run import remember, run, slurm_version
 
 _JOB_REF = re.compile(r"\d+(?:_\d+)?")
 
@@ -34,9 +35,7 @@ def sbatch(
 def squeue_all(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
                timeout_s: float = 30.0) -> List[JobInfo]:
     """``squeue --json --states=all`` (22.05: every job slurmctld holds); caches ``meta``'s release.
-
-    Raises:
-        SlurmError: squeue failed or printed something unparsable.
+    SlurmError: squeue failed or printed something unparsable.
     """
     proc = run(["squeue", "--json", "--states=all"], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
     jobs, version = parse_job_json(proc.stdout)
@@ -54,9 +53,7 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
 
     ``scontrol show job --json <job_id>`` on 24.11+; older: ``squeue --json --states=all`` and pick the job
     (module docstring).
-
-    Raises:
-        SlurmError: Slurm failed, timed out or printed something unparsable.
+    SlurmError: Slurm failed, timed out or printed something unparsable.
     """
     job_id = int(job_id)
     deadline = time.monotonic() + timeout_s  # one budget for the version look-up (cached) and the query
@@ -83,9 +80,7 @@ def job_info(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, 
 def show_job(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
              timeout_s: float = 30.0) -> JobInfo:
     """Like ``job_info`` for a job that must exist.
-
-    Raises:
-        SlurmError: as ``job_info``, or slurmctld does not know ``job_id``.
+    SlurmError: as ``job_info``, or slurmctld does not know ``job_id``.
     """
     info = job_info(job_id, bin_dir, env, timeout_s)
     if info is None:
@@ -97,9 +92,7 @@ def write_batch_script(job_id: int, path: str, bin_dir: str = "/usr/bin",
                        env: Optional[Mapping[str, str]] = None, timeout_s: float = 15.0) -> None:
     """``scontrol write batch_script <job_id> <path>`` (a relative ``path`` is scontrol's working
     directory's).
-
-    Raises:
-        SlurmError: scontrol failed (unknown job, no script kept) or timed out.
+    SlurmError: scontrol failed (unknown job, no script kept) or timed out.
     """
     run(["scontrol", "write", "batch_script", str(int(job_id)), path], bin_dir=bin_dir, env=env,
         timeout_s=timeout_s)
@@ -115,9 +108,7 @@ def sbatch_as_user(script_path: str, uid: int, gid: int, args: Sequence[str], sc
     ``SLURM_SCRIPT_CONTEXT``, ``SBATCH_*``) reaches the job; ``--export=NONE`` in ``args`` makes slurmd load
     the user's login environment (docs/facts.md §6: ``--uid`` is for root only). ``slurm_conf`` None: sbatch's
     default.
-
-    Raises:
-        SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
+    SlurmError: sbatch refused the job (its stderr is carried), timed out, or printed no job id.
     """
     env = {"PATH": "/usr/bin:/bin"}
     if slurm_conf:
@@ -151,10 +142,8 @@ def set_admin_comment(job: Union[int, str], text: str, bin_dir: str = "/usr/bin"
 
     ``job``: an id or ``<array_job_id>_<array_task_id>`` (``JobInfo.slurm_ref``; a bare array id names every
     task).
-
-    Raises:
-        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or scontrol refused (not root,
-            unknown job) or timed out.
+    SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or scontrol refused (not root,
+    unknown job) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
@@ -169,10 +158,8 @@ def set_admin_comment_accounting(job: Union[int, str], text: str, bin_dir: str =
 
     slurmctld refuses ``scontrol update`` once a job has finished (22.05: ``Job has already finished``), so at
     job end slurmdbd is the only store (as jobstats does); without slurmdbd it fails.
-
-    Raises:
-        SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no slurmdbd,
-            not an admin) or timed out.
+    SlurmError: ``text`` holds a newline, ``job`` is not a job reference, or sacctmgr failed (no slurmdbd,
+    not an admin) or timed out.
     """
     if "\n" in text:
         raise SlurmError("AdminComment must be one line")
@@ -184,11 +171,55 @@ def admin_comment_accounting(job: Union[int, str], bin_dir: str = "/usr/bin",
                              env: Optional[Mapping[str, str]] = None, timeout_s: float = 10.0) -> str:
     """``sacct -n -P -X -o AdminComment -j <job>``'s first line (``job`` as ``set_admin_comment``); ``""`` for
     none.
-
-    Raises:
-        SlurmError: ``job`` is not a job reference, or sacct failed (no slurmdbd) or timed out.
+    SlurmError: ``job`` is not a job reference, or sacct failed (no slurmdbd) or timed out.
     """
     proc = run(["sacct", "-n", "-P", "-X", "-o", "AdminComment", "-j", _job_ref(job)], bin_dir=bin_dir,
                env=env,
                timeout_s=timeout_s)
     return proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+
+
+@dataclass(frozen=True)
+class StderrTarget:
+    """A job's expanded stderr path (``StdErr``; ``StdOut`` when Slurm shows none) and its user's uid/gid."""
+
+    path: str
+    uid: int
+    gid: int
+
+
+def scancel(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
+            timeout_s: float = 15.0) -> None:
+    """``scancel <job_id>`` (an ended job is no error to Slurm); SlurmError: missing, timed out or refused."""
+    run(["scancel", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=timeout_s)
+
+
+def cancel_jobs(job_ids: Sequence[int], bin_dir: str = "/usr/bin",
+                env: Optional[Mapping[str, str]] = None) -> None:
+    """One ``scancel <id>...`` for all ``job_ids``, best effort (coloc-replay's clean-up): refusal is ignored.
+    SlurmError: scancel missing or timed out.
+    """
+    if job_ids:
+        run(["scancel", *[str(int(j)) for j in job_ids]], bin_dir=bin_dir, env=env, check=False)
+
+
+def parse_stderr_target(job: JobInfo) -> StderrTarget:
+    """A job's stderr path (stdout's when Slurm shows none) and uid/gid, from ``squeue --json``, never user
+    text.
+    SlurmError: no path or no uid/gid in the record.
+    """
+    path = job.stderr_path or job.stdout_path
+    if not path or job.uid is None or job.gid is None:
+        raise SlurmError(f"Slurm shows no stderr path or uid/gid for job {job.job_id}")
+    return StderrTarget(path, int(job.uid), int(job.gid))
+
+
+def stderr_target(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None,
+                  timeout_s: float = 15.0) -> StderrTarget:
+    """Where ``job_id`` writes its stderr, and as whom (``jobs.job_info``).
+    SlurmError: unknown job, squeue failure, or fields missing.
+    """
+    job = job_info(job_id, bin_dir, env, timeout_s)
+    if job is None:
+        raise SlurmError(f"Slurm no longer knows job {job_id}")
+    return parse_stderr_target(job)

@@ -1,14 +1,19 @@
-"""Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles.
+"""Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles, and the
+values of ``--json`` job records in either schema (job records themselves: ``slurm/jobinfo.py``).
 
-Every piece of Slurm text slurm-coloc reads is parsed here (job records themselves: ``slurm/jobinfo.py``).
 Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 in ``tests/data/slurm-<version>/``; where the
-text differs between them (``gres_detail``, ``TresPerNode``) both forms are read.
+text differs between them (``gres_detail``, ``TresPerNode``) both forms are read. JSON schemas
+(``docs/slurm-versions.md``): 22.05's ``openapi/v0.0.38`` has plain numbers with ``NO_VAL``/``INFINITE``
+markers (``0xFFFFFFFE``/``0xFFFFFFFF``), ``job_state`` one string, ``exit_code`` the wait status; data_parser
+v0.0.40+ (23.02 on; 24.11 v0.0.42, 26.05 v0.0.45) has ``{"set", "infinite", "number"}`` objects for numbers
+that may be unset or unlimited, ``job_state`` a list (base state, then flags), ``exit_code`` ``{"status",
+"return_code": <number>, "signal": {"id": <number>, "name"}}``. Each JSON reader takes either form.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import SlurmError
 
@@ -23,10 +28,7 @@ MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names m
 
 def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
     """``(job id, cluster or None)`` from the last line of ``sbatch --parsable``: ``<jobid>[;<cluster>]``.
-
-    Raises:
-        SlurmError: the output is not a job id.
-    """
+    SlurmError: not a job id."""
     line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     head, _, cluster = line.partition(";")
     if not head.isdigit():
@@ -44,10 +46,7 @@ def expand_hostlist(text: Optional[str]) -> List[str]:
 
     Zero padding is kept, several bracket groups multiply (``r[1-2]n[1-2]``), and paths expand too (gres.conf
     ``File=/dev/nvidia[0-1]``). Order and duplicates are kept as written.
-
-    Raises:
-        SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
-            names.
+    SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names.
     """
     items, depth, cur = [], 0, ""
     for ch in text or "":
@@ -187,3 +186,69 @@ def parse_stepd_title(cmdline: bytes) -> Optional[int]:
     """
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None
+
+
+BIG = 0xFFFFFFF0  # 32-bit values at or above this are Slurm's NO_VAL/INFINITE markers (v0.0.38)
+
+
+def number(value: object) -> Optional[float]:
+    """A number field in either schema; None when absent, unset, infinite, one of 22.05's markers
+    (``4294967295``) or not a number (``True``, ``"5"``)."""
+    if isinstance(value, Mapping):
+        if not value.get("set") or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if 0 <= value < BIG else None
+
+
+def integer(j: Mapping[str, object], key: str) -> Optional[int]:
+    """``number`` of ``j[key]`` as an int."""
+    v = number(j.get(key))
+    return None if v is None else int(v)
+
+
+def job_state(value: object) -> Tuple[str, Tuple[str, ...]]:
+    """``job_state`` -> (state, flags), normalised once here (first word, upper case); ("", ()) if unreadable.
+
+    22.05 prints one string, a flag such as ``COMPLETING`` in place of the base state; data_parser prints a
+    list, base state first: ``["COMPLETED", "COMPLETING"]`` -> ("COMPLETED", ("COMPLETING",)).
+    """
+    if isinstance(value, str):
+        return _word(value), ()
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return _word(value[0]), tuple(_word(x) for x in value[1:])
+    return "", ()
+
+
+def _word(text: str) -> str:
+    words = text.split()
+    return words[0].upper() if words else ""
+
+
+def exit_pair(value: object) -> Tuple[Optional[int], Optional[int]]:
+    """``exit_code`` / ``derived_exit_code`` -> scontrol's ``ExitCode=<code>:<signal>``; (None, None) when
+    unreadable. 22.05: the wait status (``768`` -> (3, 0)); data_parser: ``return_code``, ``signal.id`` (0
+    when unset)."""
+    if isinstance(value, bool):
+        return None, None
+    if isinstance(value, int):
+        if not 0 <= value < BIG:
+            return None, None
+        return (value >> 8) & 0xFF, value & 0x7F
+    if isinstance(value, Mapping):
+        rc = value.get("return_code")
+        sig = value.get("signal")
+        sig_id = sig.get("id") if isinstance(sig, Mapping) else None
+        if rc is None and sig_id is None:
+            return None, None
+        code, signo = number(rc), number(sig_id)
+        return int(code or 0), int(signo or 0)
+    return None, None
+
+
+def text(j: Mapping[str, object], key: str) -> str:
+    """A string field; ``""`` when absent or null (user text stays one opaque value)."""
+    v = j.get(key)
+    return "" if v is None else str(v)

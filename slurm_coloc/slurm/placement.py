@@ -71,9 +71,7 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
 
 def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
     """``scontrol show node -o``'s nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL).
-
-    Raises:
-        SlurmError: scontrol missing, failing or timed out (15 s).
+    SlurmError: scontrol missing, failing or timed out (15 s).
     """
     out = []
     for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env,
@@ -129,9 +127,7 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
     note.
 
     ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release N``.
-
-    Raises:
-        SlurmError: an update or the release failed (the job stays held; the next round retries).
+    SlurmError: an update or the release failed (the job stays held; the next round retries).
     """
     argv = ["scontrol", "update", f"jobid={int(job_id)}", f"NodeList={node}",
             f"Gres=shard:g{int(index)}:{int(shards)}"]
@@ -152,9 +148,7 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
                         env: Optional[Mapping[str, str]] = None) -> None:
     """Give held ``job_id`` an untyped ``shard:<n>`` request (packed by memory alone), clear a wait note,
     release it.
-
-    Raises:
-        SlurmError: an update or the release failed.
+    SlurmError: an update or the release failed.
     """
     argv = ["scontrol", "update", f"jobid={int(job_id)}", f"Gres=shard:{int(shards)}"]
     if comment.startswith(WAIT_TAG):
@@ -181,9 +175,7 @@ def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
               env: Optional[Mapping[str, str]] = None) -> None:
     """Comment ``coloc-wait:<reason>|...`` on a held job (``squeue -o '%i %r %k'``); no-op if unchanged or
     lossy.
-
-    Raises:
-        SlurmError: the update failed.
+    SlurmError: the update failed.
     """
     text = wait_comment(reason, comment)
     if text != comment and COMMENT_TAG in text:

@@ -92,9 +92,7 @@ class SbatchOptions:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "SbatchOptions":
         """The table ``to_json`` wrote (the on-disk cache), read back.
-
-        Raises:
-            ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping.
+        ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping.
         """
         def fs(key: str) -> FrozenSet[str]:
             v = d.get(key)
