@@ -1,5 +1,5 @@
 """Why a job's GPU share sat idle, and what to change: named findings from the sampler's fine-grained metrics
-(pure).
+(pure; ``add_findings`` puts them on a ``JobView``), and the reasons it wasted its share (``flag_waste``).
 
 Inputs are a job's report view (``JobView``: SM activity/occupancy, tensor and DRAM activity, the idle share
 of its samples, peak memory vs request, batch and precision of its recorded spec) and, for ``coloc-report
@@ -32,10 +32,11 @@ Transfer-bound is not judged: the sampler records DRAM bandwidth, not PCIe throu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.config import Config
+from slurm_coloc.report.summarize import JobView
 from slurm_coloc.units import format_mib
 
 NOT_JUDGED = "transfer-bound not judged (the sampler records DRAM bandwidth, not PCIe throughput)"
@@ -100,12 +101,12 @@ class CpuStats:
         return f"training process {self.train:.1f} cores, {w}" + (f" ({self.cpus} CPUs)" if self.cpus else "")
 
 
-def cpu_of(job: Any) -> Optional[CpuStats]:
-    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded."""
-    train = getattr(job, "train_cpu_cores", None)
-    if train is None or not getattr(job, "cpu_samples", None):
+def cpu_of(job: JobView) -> Optional[CpuStats]:
+    """None when the job's CPU use was not recorded."""
+    if job.train_cpu_cores is None or not job.cpu_samples:
         return None
-    return CpuStats(float(train), job.workers_cpu_cores, job.cpu_workers, job.cpus, int(job.cpu_samples))
+    return CpuStats(float(job.train_cpu_cores), job.workers_cpu_cores, job.cpu_workers, job.cpus,
+                    int(job.cpu_samples))
 
 
 def _mean(xs: Sequence[float]) -> Optional[float]:
@@ -132,8 +133,8 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
                     active_samples=sum(1 for s in series if s.get("job_mem_mib")))
 
 
-def stats_of(job: Any) -> JobStats:
-    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
+def stats_of(job: JobView) -> JobStats:
+    """``JobStats`` from the Epilog summary's figures."""
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct,
                     active_samples=job.active_samples)
@@ -154,7 +155,7 @@ def _input_advice(cpu: CpuStats, cfg: Config) -> str:
             "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)")
 
 
-def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config, idle_pct: float) -> Optional[str]:
+def _waiting_for_input(job: JobView, cpu: Optional[CpuStats], cfg: Config, idle_pct: float) -> Optional[str]:
     """Why the CPU figures say the GPU waited for data (words), or None when they do not (module rules).
 
     ``idle_pct``: the share of the job's samples with the GPU idle (%); without loader workers a busy training
@@ -179,7 +180,7 @@ def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config, idle_pct:
     return None
 
 
-def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
+def _over_request(job: JobView, cfg: Config) -> Optional[Finding]:
     req, peak = job.requested_mib, job.peak_mem_mib
     if req is None or peak is None or peak <= 0 or job.retry_of or job.oom:
         return None
@@ -194,7 +195,7 @@ def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
         f"and let coloc-sbatch estimate it: the rest of the GPU can then run other jobs")
 
 
-def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]] = None) -> Diagnosis:
+def diagnose(job: JobView, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]] = None) -> Diagnosis:
     """The findings of ``job`` (a ``JobView`` with usage figures), top one first; ``series``
     (``stats_from_series``) fills what the view lacks. No GPU-metric finding when the job ran shorter than
     ``diag_min_runtime_s`` or had fewer than ``diag_min_samples`` active samples (``notes`` says so).
@@ -223,7 +224,7 @@ def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]
     return Diagnosis(found, notes)
 
 
-def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List[Finding]:
+def _gpu_findings(job: JobView, st: JobStats, cfg: Config, notes: List[str]) -> List[Finding]:
     out: List[Finding] = []
     sm = float(st.smact_mean or 0.0)
     cpu = cpu_of(job)
@@ -273,3 +274,31 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
     elif st.smocc_mean is not None:
         notes.append("batch size not judged: the job has no recorded spec (#COLOC batch=)")
     return out
+
+
+def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
+    """``job`` (usage filled in) with its diagnosis (report/diagnose.py) as ``findings`` dicts, top first;
+    ``series`` (``coloc-report advise``) fills figures the Epilog summary lacks.
+    """
+    d = diagnose(job, cfg, series)
+    return replace(job, findings=[f.to_json() for f in d.findings])
+
+
+def flag_waste(job: JobView, cfg: Config) -> JobView:
+    """``job`` with ``waste`` set to the reasons (in words) it wasted its GPU share; ``job`` itself when none.
+
+    Rules: SM activity mean (%) below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of
+    the requested memory never used. Jobs shorter than ``report_waste_min_runtime_s`` (s) are not judged.
+    """
+    if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
+        return job
+    reasons: List[str] = []
+    if job.smact_mean is not None and job.smact_mean < cfg.report_waste_smact_pct:
+        reasons.append(f"low SM activity: {job.smact_mean:.1f}% mean (< {cfg.report_waste_smact_pct:g}%), "
+                       f"the GPU mostly waited")
+    if job.unused_mib is not None and job.requested_mib:
+        unused_pct = 100.0 * job.unused_mib / job.requested_mib
+        if unused_pct > cfg.report_waste_unused_pct:
+            reasons.append(f"memory far below request: peak {format_mib(job.peak_mem_mib)} of "
+                           f"{format_mib(job.requested_mib)} requested ({unused_pct:.0f}% unused)")
+    return replace(job, waste=reasons) if reasons else job

@@ -32,7 +32,7 @@ class JobView:
     ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes``
     what was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
-    ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/alone.py``).
+    ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/usage.py``).
 
     Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM activity (%),
     ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;

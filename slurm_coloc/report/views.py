@@ -1,5 +1,5 @@
 """coloc-report's views (pure): filters, who may see what, and the user/GPU/node/cluster tables (a job's waste
-flags and findings: ``report/findings.py``; its sample series: ``report/series.py``).
+flags and findings: ``report/diagnose.py``; its sample series: ``report/usage.py``).
 
 Every view is a list of flat dicts (column -> value) so the same rows go to rich tables, JSON and CSV.
 
@@ -7,8 +7,8 @@ Definitions (docs/report.md):
 - GPU-hours: GPUs held x runtime; a shard job holds ``shards / gpu_mem_gib`` of its GPU.
 - Busy time of a GPU: the union of the spans of the jobs that held it (clipped to the window).
 - Collocation factor: job-seconds on a GPU / its busy seconds = average number of jobs on a busy GPU.
-- Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/alone.py``; a job's
-  rate vs alone: its runtime alone from history over this runtime (``report/alone.py``).
+- Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/usage.py``; a job's
+  rate vs alone: its runtime alone from history over this runtime (``report/usage.py``).
 - Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy
   counter.
 """
@@ -22,10 +22,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.report import alone
-from slurm_coloc.report.findings import add_findings, flag_waste
+from slurm_coloc.report.diagnose import add_findings, flag_waste
 from slurm_coloc.report.summarize import JobView, Report
-from slurm_coloc.report.usage import add_usage, util_by_job
+from slurm_coloc.report.usage import (
+    add_usage,
+    alone_rates,
+    gate_pct,
+    learned_alone_s,
+    saturated_share,
+    util_by_job,
+)
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
 
@@ -108,8 +114,8 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
             continue
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
-    learned = alone.learned_alone_s(picked, report.node_dbs, cfg)
-    rates = alone.alone_rates(report.jobs, learned)  # history: every recorded job, not only the ones shown
+    learned = learned_alone_s(picked, report.node_dbs, cfg)
+    rates = alone_rates(report.jobs, learned)  # history: every recorded job, not only the ones shown
     return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg),
                          cfg)
             for j in picked]
@@ -176,7 +182,7 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
              now: float, cfg: Optional[Config] = None) -> List[Dict[str, object]]:
     """Per (node, GPU) with samples or job spans, sorted: jobs, busy hours (h), collocation factor,
     utilization vs SM activity/occupancy (%), memory (MiB), energy (kWh), and time saturated under ``cfg``'s
-    placement gate (None: the defaults, ``report/alone.py``).
+    placement gate (None: the defaults, ``report/usage.py``).
 
     Sample figures cover the window (``flt.since``..``flt.until``, Unix s) on every readable node database;
     job figures use ``jobs``, already filtered to what ``viewer`` may see, while the GPU's sample figures
@@ -187,7 +193,7 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
     sat: Dict[Tuple[str, int], Dict[str, float]] = {}
-    gate = alone.gate_pct(cfg or Config())
+    gate = gate_pct(cfg or Config())
     for node, db in sorted(report.node_dbs.items()):
         if flt.nodes and node not in flt.nodes:
             continue
@@ -236,7 +242,7 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
         "mem_used_mean_mib": _r(gst.mem_used_mean_mib, 0) if gst else None,
         "mem_used_max_mib": _r(gst.mem_used_max_mib, 0) if gst else None,
         "saturated_hours": _r(sat["saturated_s"] / 3600) if sat is not None else None,
-        "saturated_pct": (alone.saturated_share(sat["saturated_s"], sat["sampled_s"]) if sat is not None
+        "saturated_pct": (saturated_share(sat["saturated_s"], sat["sampled_s"]) if sat is not None
                           else None),
         "mem_total_mib": total_mib,
         "energy_kwh": _r(gst.energy_j / 3.6e6, 4) if gst and gst.energy_j is not None else None,
