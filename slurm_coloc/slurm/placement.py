@@ -14,13 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from slurm_coloc.comment import COMMENT_TAG, JobComment
+from slurm_coloc.comment import COMMENT_TAG, WAIT_TAG, JobComment, strip_wait, wait_comment
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import gres_detail_counts
 from slurm_coloc.slurm.run import run
 
-WAIT_TAG = "coloc-wait:"
 _TYPED = re.compile(r"^(?P<name>gpu|shard):g(?P<idx>\d+):(?P<count>\d+)")
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")
 
@@ -155,20 +154,6 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
         argv.append("Comment=" + strip_wait(comment))
     run(argv, bin_dir=bin_dir, env=env, timeout_s=15)
     run(["scontrol", "release", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
-
-
-def strip_wait(comment: str) -> str:
-    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
-    if comment.startswith(WAIT_TAG) and "|" in comment:
-        return comment.split("|", 1)[1]
-    return comment
-
-
-def wait_comment(reason: str, comment: str) -> str:
-    """``coloc-wait:<reason>|<comment>``, the coloc JSON last (``JobComment.read``); reason without ``|``, <=
-    200.
-    """
-    return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
 
 
 def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
