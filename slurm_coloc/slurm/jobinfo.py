@@ -1,23 +1,19 @@
 """One Slurm job as a frozen, typed ``JobInfo`` built from ``squeue --json`` / ``scontrol show job --json``,
 and what in that record confines the job (``Confinement``), as sbatch options for its OOM rerun.
 
-Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted, so a job named ``x
-TresPerNode=gres:shard:79`` or holding a newline reads as other fields; in JSON every user string is one
-opaque value. 22.05 has no ``scontrol show job --json`` and its ``squeue --json`` ignores filters
-(docs/facts.md §7), so the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
-22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same code
-(``slurm/parse.py``).
-
-Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05's ``std*_expanded`` are
-used when present, else ``expand_std_path`` applies 22.05's own substitution (``src/api/job_info.c``
-``_fname_format``: ``%A %a %j %u`` then ``%x``; no ``%%``, no widths), so ``stdout_path`` equals scontrol's
-``StdOut`` on every version (checked against the recordings).
+Why JSON: ``scontrol show job -o`` prints user text unquoted, so a job named ``x TresPerNode=gres:shard:79``
+or holding a newline reads as other fields; in JSON every user string is one opaque value. 22.05's
+``squeue --json`` ignores filters (docs/facts.md §7), so the caller picks its job from the full list. Both
+schemas are read through ``slurm/parse.py``. Output paths: 22.05 and 26.05 give them unexpanded (``%j``),
+24.11 expanded; 26.05's ``std*_expanded`` are used when present, else ``expand_std_path`` applies 22.05's
+own substitution (``src/api/job_info.c`` ``_fname_format``), so ``stdout_path`` equals scontrol's ``StdOut``
+on every version (checked against the recordings).
 
 Confinement: every part of the request that limits where, under which rules and with what else the job may
 run (reservation, nodes, QOS, account, WCKey, features, licenses, non-shard GRES, container, SELinux context,
-MCS label, network, ``--contiguous``/``--exclusive``). The OOM rerun (``hooks/rerun.py``) is a new job root
-submits, so it carries each of these or is not submitted; ``uncarried`` names what cannot be carried
-faithfully (GRES per job/task/socket, CPUs or memory per GRES, a burst buffer, other het-job components).
+MCS label, network, ``--contiguous``/``--exclusive``). The OOM rerun (``hooks/rerun.py``) carries each of
+these or is not submitted; ``uncarried`` names what cannot be carried (GRES per job/task/socket, CPUs or
+memory per GRES, a burst buffer, other het-job components).
 """
 from __future__ import annotations
 
@@ -45,18 +41,14 @@ NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id out
 @dataclass(frozen=True)
 class JobInfo:
     """A job as slurmctld knows it. Times are Unix seconds, durations seconds; None = not set/unknown.
-
     ``job_id`` is the job's own id (an array task's differs from ``array_job_id``); ``name``, ``comment``,
-    ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``:
-    inside the epilogs 22.05 says ``COMPLETING``, 24.11+ give the final state with ``COMPLETING`` among
-    ``state_flags`` (22.05 prints no flags). ``exit_code``/``signal`` are scontrol's
-    ``ExitCode=<code>:<signal>``; ``run_s`` is scontrol's ``RunTime``; ``time_limit_s`` None: unlimited or the
-    partition's. ``gres`` counts per name from ``tres_per_node``; ``node_names`` is ``nodes`` expanded; the
-    std paths are expanded as scontrol's ``StdOut``. ``cpus_per_task``: 22.05's JSON prints null even when
-    given, so ``min_cpus_per_node`` keeps what it implies. ``mem_per_node_mib``/``mem_per_cpu_mib``:
-    ``--mem``/``--mem-per-cpu`` (None when not given that way). ``slurm_release``: ``meta``'s release
-    (``"24.11.5"``), ``""`` when not known.
-    """
+    ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``: in
+    the epilogs 22.05 says ``COMPLETING``, 24.11+ the final state with ``COMPLETING`` in ``state_flags``.
+    ``exit_code``/``signal``: scontrol's ``ExitCode``; ``run_s``: its ``RunTime``; ``time_limit_s`` None:
+    unlimited or the partition's. ``gres``: counts per name from ``tres_per_node``. ``cpus_per_task``: 22.05
+    prints null even when given (``min_cpus_per_node`` keeps what it implies). ``mem_per_node_mib``/
+    ``mem_per_cpu_mib``: ``--mem``/``--mem-per-cpu``. ``slurm_release``: ``meta``'s (``"24.11.5"``), or
+    ``""``."""
 
     job_id: int
     array_job_id: Optional[int]
@@ -116,14 +108,10 @@ class JobInfo:
         return self.state == "COMPLETING" or "COMPLETING" in self.state_flags
 
     def recorded_script_args(self) -> Tuple[Optional[List[str]], bool]:
-        """The batch script's arguments as Slurm recorded them, and whether the words are exact.
-
-        22.05 (and 23.x): ``command`` is the script and its arguments joined by single spaces: its words after
-        the first. 26.05: ``submit_line`` (``parse.script_args_in_submit_line``). 24.11 keeps only the script
-        in ``command`` and has no ``submit_line``: ``(None, False)`` (not known; docs/slurm-versions.md). A
-        job without a script command (``--wrap``) has none: ``([], True)``. Inexact where an argument's own
-        whitespace cannot be told from the separators (doubled spaces show it).
-        """
+        """The batch script's arguments as Slurm recorded them, and whether the words are exact. 22.05/23.x:
+        ``command``'s words after the first; 26.05: ``submit_line``; 24.11 keeps only the script: ``(None,
+        False)`` (docs/slurm-versions.md); ``--wrap``: ``([], True)``. Inexact where an argument holds
+        whitespace."""
         words = self.command.split()
         if not words:
             return [], True
@@ -138,7 +126,7 @@ class JobInfo:
     @property
     def slurm_ref(self) -> str:
         """How Slurm commands name this one job: ``<array_job_id>_<array_task_id>`` for an array task (a bare
-        ``scontrol update jobid=<array_job_id>`` addresses every task of the array), else ``<job_id>``."""
+        array id addresses every task), else ``<job_id>``."""
         if self.array_job_id and self.array_task_id is not None:
             return f"{self.array_job_id}_{self.array_task_id}"
         return str(self.job_id)
@@ -146,10 +134,9 @@ class JobInfo:
 
 def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
                     user_name: str, job_name: str, work_dir: str) -> str:
-    """An output path pattern as Slurm 22.05 expands it for ``scontrol show job`` (module docstring):
-    ``%A`` array job id (the job id outside an array), ``%a`` array task id (4294967294 outside an array),
-    ``%j`` job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``. Text
-    for display and an as-user open; nothing in it is interpreted."""
+    """An output path pattern as Slurm 22.05 expands it (module docstring): ``%A`` array job id (else the job
+    id), ``%a`` array task id (4294967294 outside an array), ``%j``, ``%u``, then ``%x``; relative: joined to
+    ``work_dir``. Text for display and an as-user open; nothing in it is interpreted."""
     text = pattern.replace("%A", str(array_job_id if array_task_id is not None and array_job_id else job_id))
     text = text.replace("%a", str(array_task_id if array_task_id is not None else NO_VAL))
     text = text.replace("%j", str(job_id)).replace("%u", user_name).replace("%x", job_name)
@@ -298,8 +285,7 @@ def _value(j: Mapping[str, object], key: str) -> str:
 
 
 def _gres_entries(tres: str) -> List[Tuple[str, str]]:
-    """``"gres:shard:2,gres/nic:1"`` -> ``[("shard", "shard:2"), ("nic", "nic:1")]`` (name, ``--gres`` word);
-    entries other than GRES (``cpu:2``) are skipped."""
+    """``"gres:shard:2,gres/nic:1"`` -> ``[("shard", "shard:2"), ("nic", "nic:1")]``; others skipped."""
     out = []
     for part in tres.split(","):
         part = part.strip().replace("gres/", "gres:", 1)
@@ -310,10 +296,10 @@ def _gres_entries(tres: str) -> List[Tuple[str, str]]:
 
 
 def _exclusive(j: Mapping[str, object]) -> bool:
-    """Whether the record says the job asked for its nodes exclusively: 22.05 ``shared: "none"`` (read from a
-    real ``--exclusive`` job), a data_parser ``shared``/``exclusive`` list holding ``none``/``true``/``user``/
-    ``mcs``. 26.05 prints ``shared: []`` for an ``--exclusive`` job too (scontrol's text says
-    ``Exclusive=NODE``): there the record does not tell, and the rerun is not exclusive."""
+    """Whether the record says the job asked for its nodes exclusively: 22.05 ``shared: "none"``, a
+    data_parser ``shared``/``exclusive`` list holding ``none``/``true``/``user``/``mcs``. 26.05 prints
+    ``shared: []`` for an ``--exclusive`` job too: there the record does not tell, and the rerun is not
+    exclusive."""
     shared, excl = j.get("shared"), j.get("exclusive")
     words = [shared] if isinstance(shared, str) else list(shared) if isinstance(shared, list) else []
     words += [excl] if isinstance(excl, str) else list(excl) if isinstance(excl, list) else []
@@ -321,8 +307,7 @@ def _exclusive(j: Mapping[str, object]) -> bool:
 
 
 def confinement_of(j: Mapping[str, object], rerun_gres: Sequence[str] = ("shard",)) -> Confinement:
-    """The confinement of one ``jobs[]`` entry (22.05 or 26.05 schema), as the rerun carries it.
-    ``rerun_gres``: the GRES names the rerun replaces by its own request (the shards of a whole GPU)."""
+    """The confinement of one ``jobs[]`` entry; ``rerun_gres``: GRES the rerun replaces by its own request."""
     options = [f"{opt}={v}" for key, opt in TEXT_OPTIONS for v in [_value(j, key)] if v]
     if j.get("contiguous") is True:
         options.append("--contiguous")

@@ -1,13 +1,12 @@
 """Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles, and the
-values of ``--json`` job records in either schema (job records themselves: ``slurm/jobinfo.py``).
+values of ``--json`` job records in either schema (the records themselves: ``slurm/jobinfo.py``).
 
-Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 in ``tests/data/slurm-<version>/``; where the
-text differs between them (``gres_detail``, ``TresPerNode``) both forms are read. JSON schemas
-(``docs/slurm-versions.md``): 22.05's ``openapi/v0.0.38`` has plain numbers with ``NO_VAL``/``INFINITE``
-markers (``0xFFFFFFFE``/``0xFFFFFFFF``), ``job_state`` one string, ``exit_code`` the wait status; data_parser
-v0.0.40+ (23.02 on; 24.11 v0.0.42, 26.05 v0.0.45) has ``{"set", "infinite", "number"}`` objects for numbers
-that may be unset or unlimited, ``job_state`` a list (base state, then flags), ``exit_code`` ``{"status",
-"return_code": <number>, "signal": {"id": <number>, "name"}}``. Each JSON reader takes either form.
+Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 (``tests/data/slurm-<version>/``); where the
+text differs (``gres_detail``, ``TresPerNode``) both forms are read. JSON (``docs/slurm-versions.md``):
+22.05's ``openapi/v0.0.38`` has plain numbers with ``NO_VAL``/``INFINITE`` markers, ``job_state`` one string,
+``exit_code`` the wait status; data_parser v0.0.40+ (24.11 v0.0.42, 26.05 v0.0.45) has ``{"set", "infinite",
+"number"}`` objects, ``job_state`` a list (base state, then flags), ``exit_code`` ``{"return_code", "signal":
+{"id"}}`` numbers. Each JSON reader takes either form.
 """
 from __future__ import annotations
 
@@ -42,12 +41,9 @@ def decode_exit_code(status: int) -> Tuple[int, int]:
 
 
 def expand_hostlist(text: Optional[str]) -> List[str]:
-    """``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c; None or ``""`` -> ``[]``.
-
-    Zero padding is kept, several bracket groups multiply (``r[1-2]n[1-2]``), and paths expand too (gres.conf
-    ``File=/dev/nvidia[0-1]``). Order and duplicates are kept as written.
-    SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names.
-    """
+    """``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c; None or ``""`` -> ``[]``. Zero
+    padding kept, bracket groups multiply, paths expand too (``/dev/nvidia[0-1]``), order and duplicates kept.
+    SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names."""
     items, depth, cur = [], 0, ""
     for ch in text or "":
         if ch == "," and depth == 0:
@@ -92,15 +88,11 @@ def _expand_item(item: str, out: List[str], whole: str) -> None:
 
 def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int, int]]]:
     """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``[(name, type or "", {device:
-    count})]``.
-
-    22.05 names the device indices, the count being the entry's (``shard:5(IDX:0)`` -> ``("shard", "", {0:
-    5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints it); 24.11+ print a shard as
-    ``<held>/<total>`` per device of the node in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices
-    holding none are left out), a whole GPU still as ``gpu:1(IDX:0)``. Typed GRES keep their type
-    (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). Commas join several GRES; None entries and entries
-    in neither form are skipped.
-    """
+    count})]``.  22.05 names the device indices, each with the entry's count (``shard:5(IDX:0)`` ->
+    ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``); 24.11+ print a shard as
+    ``<held>/<total>`` per device in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``, devices holding none
+    left out), a whole GPU as ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` ->
+    ``("shard", "g0", {0: 4})``); entries in neither form are skipped."""
     out: List[Tuple[str, str, Dict[int, int]]] = []
     for entry in entries:
         for part in re.split(r",(?=[a-z])", entry or ""):
@@ -133,12 +125,8 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 
 
 def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
-    """``"gres:shard:5"`` -> ``{"shard": 5}``; ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"gpu": 2, "shard":
-    3}``.
-
-    22.05 writes ``gres:``, 24.11+ ``gres/``: both read the same. A GRES without a count counts 1; the same
-    name twice is summed; parts other than GRES and None are skipped.
-    """
+    """``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"gpu": 2, "shard": 3}`` (22.05 ``gres:``, 24.11+ ``gres/``). A
+    GRES without a count counts 1, the same name twice is summed, other parts are skipped."""
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
         bits = part.strip().replace("gres/", "gres:").split(":")
@@ -151,15 +139,11 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
 def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
     """``(arguments text or None, exact)``: the script's arguments in 26.05's ``submit_line`` (sbatch's argv
-    joined by single spaces), as 22.05's ``command`` gives them.
-
-    ``command`` is the script as 26.05 records it: the path as given when it held a ``/``, else the path
-    sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on 26.05.5). The script is the first
-    word after word 0 naming that file (equal to ``command``, equal once joined to ``work_dir``, or its
-    basename), not directly after an option word without ``=``. ``sbatch -J s.sh ./s.sh 200`` -> ``("200",
-    True)``. Inexact where several words name the script or spaces are doubled; empty ``command`` gives
-    ``(None, False)``.
-    """
+    joined by single spaces), as 22.05's ``command`` gives them.  ``command`` is the script as 26.05 records
+    it: the path as given when it held a ``/``, else the path sbatch resolved (checked on 26.05.5). The script
+    is the first word after word 0 naming that file (equal to ``command``, to it joined to ``work_dir``, or
+    its basename), not directly after an option word without ``=``: ``sbatch -J s.sh ./s.sh 200`` -> ``("200",
+    True)``. Inexact where several words name the script or spaces are doubled."""
     if not command:
         return None, False
     words = submit_line.split(" ")
@@ -179,11 +163,8 @@ _STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[A-Za-z0-9_]+\]")
 
 
 def parse_stepd_title(cmdline: bytes) -> Optional[int]:
-    """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6; None for any other title.
-
-    slurmstepd titles itself with its component's job id (22.05, 26.05: a step of het component 1 of job 5
-    shows ``[6.1]`` while the task environment says ``SLURM_JOB_ID=5``).
-    """
+    """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6, else None: slurmstepd titles itself with its
+    component's job id (a step of het component 1 of job 5 shows ``[6.1]``, its tasks ``SLURM_JOB_ID=5``)."""
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None
 
@@ -192,8 +173,7 @@ BIG = 0xFFFFFFF0  # 32-bit values at or above this are Slurm's NO_VAL/INFINITE m
 
 
 def number(value: object) -> Optional[float]:
-    """A number field in either schema; None when absent, unset, infinite, one of 22.05's markers
-    (``4294967295``) or not a number (``True``, ``"5"``)."""
+    """A number field in either schema; None when absent, unset, infinite, a 22.05 marker or not a number."""
     if isinstance(value, Mapping):
         if not value.get("set") or value.get("infinite"):
             return None
@@ -210,11 +190,9 @@ def integer(j: Mapping[str, object], key: str) -> Optional[int]:
 
 
 def job_state(value: object) -> Tuple[str, Tuple[str, ...]]:
-    """``job_state`` -> (state, flags), normalised once here (first word, upper case); ("", ()) if unreadable.
-
-    22.05 prints one string, a flag such as ``COMPLETING`` in place of the base state; data_parser prints a
-    list, base state first: ``["COMPLETED", "COMPLETING"]`` -> ("COMPLETED", ("COMPLETING",)).
-    """
+    """``job_state`` -> (state, flags), normalised here (first word, upper case); ("", ()) if unreadable.
+    22.05: one string, a flag such as ``COMPLETING`` in place of the base state; data_parser: a list, base
+    state first."""
     if isinstance(value, str):
         return _word(value), ()
     if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
@@ -228,9 +206,8 @@ def _word(text: str) -> str:
 
 
 def exit_pair(value: object) -> Tuple[Optional[int], Optional[int]]:
-    """``exit_code`` / ``derived_exit_code`` -> scontrol's ``ExitCode=<code>:<signal>``; (None, None) when
-    unreadable. 22.05: the wait status (``768`` -> (3, 0)); data_parser: ``return_code``, ``signal.id`` (0
-    when unset)."""
+    """``exit_code`` / ``derived_exit_code`` -> scontrol's ``ExitCode=<code>:<signal>``, (None, None) when
+    unreadable; 22.05: the wait status (``768`` -> (3, 0))."""
     if isinstance(value, bool):
         return None, None
     if isinstance(value, int):
