@@ -1,11 +1,8 @@
-r"""Machine output of coloc-report views: each view's columns (the JSON/CSV keys), ``-o/--format`` selection,
-JSON and CSV (stdlib only), and ``visible``: the one way user text (job names, the comment's ``method``, user
-names, paths) reaches an admin's terminal or spreadsheet.
-
-The column lists are the keys the row builders of ``report/views.py`` write (tests/test_report_output.py
-checks that they agree), so an empty answer still has its CSV header and ``-o`` is checked before any read.
-Job names and comments are the user's text and may hold terminal escape sequences (ESC ``[2J``, OSC ``]0;``
-titles, OSC 8 links), other C0/C1 control characters or bidirectional overrides that reorder what is shown.
+r"""Machine output of coloc-report views: each view's columns (the JSON/CSV keys; tests/test_report_output.py
+checks they are what ``report/views.py`` writes, so ``-o`` is checked before any read), JSON and CSV (stdlib
+only), and ``visible``: the one way user text (job names, the comment's ``method``, user names, paths)
+reaches an admin's terminal or spreadsheet. User text may hold terminal escape sequences (ESC ``[2J``, OSC
+``]0;`` titles, OSC 8 links), other C0/C1 controls or bidirectional overrides that reorder what is shown.
 JSON escapes them itself (``\u001b``); tables, ``advise`` and CSV write ``visible(text)``.
 """
 from __future__ import annotations
@@ -38,13 +35,9 @@ VIEW_COLUMNS: Dict[str, Tuple[str, ...]] = {"jobs": JOB_COLUMNS, "users": USER_C
 
 
 def select_columns(view: str, spec: str) -> List[str]:
-    """The columns named by ``-o/--format`` as typed, in order (``jobid,user,shards,peak_mib``:
-    comma-separated, case-insensitive; ``jobid`` and the like may leave out the underscore, and ``peak_mib``
-    names ``peak_mem_mib``); ``view`` is the caller's view name, not user text.
-
-    Raises:
-        ColocError: an empty list or an unknown column (one line listing the valid ones).
-    """
+    """The columns named by ``-o/--format`` (comma-separated, case-insensitive; ``jobid`` may leave out the
+    underscore, ``peak_mib`` names ``peak_mem_mib``), in order; ``view`` is the caller's, not user text.
+    ColocError: an empty list or an unknown column (one line listing the valid ones)."""
     valid = VIEW_COLUMNS[view]
     squashed = {c.replace("_", ""): c for c in valid}
     aliases = {"peak_mib": "peak_mem_mib", "est_mib": "estimate_mib", "req_mib": "requested_mib",
@@ -63,9 +56,7 @@ def select_columns(view: str, spec: str) -> List[str]:
 
 
 def iso_time(ts: object) -> object:
-    """An int or float (Unix s) -> ISO 8601 local time with its UTC offset (``2026-11-26T07:15:02+00:00``);
-    other values as they are.
-    """
+    """Unix s (int or float) -> ISO 8601 local time with UTC offset; other values as they are."""
     if isinstance(ts, (int, float)) and not isinstance(ts, bool):
         return datetime.datetime.fromtimestamp(float(ts)).astimezone().isoformat(timespec="seconds")
     return ts
@@ -100,15 +91,13 @@ def _escape(m: "re.Match[str]") -> str:
 def visible(text: str) -> str:
     r"""``text`` (user text) with every control and reordering character written as a visible escape (the four
     characters ``\x1b`` for ESC, ``\u202e`` for RLO); printable text, other non-ASCII letters included,
-    unchanged. ``visible("a\x1b[2Jb") == "a\\x1b[2Jb"``. Pure, never raises.
-    """
+    unchanged. ``visible("a\x1b[2Jb") == "a\\x1b[2Jb"``. Pure, never raises."""
     return _UNSAFE.sub(_escape, text)
 
 
 def csv_text(value: object) -> object:
-    """A CSV cell made safe: strings through ``visible``, and one starting with ``=``, ``+``, ``-`` or ``@``
-    (a spreadsheet formula: ``=HYPERLINK(...)``) behind a ``'``; other values unchanged.
-    """
+    """A CSV cell made safe: strings through ``visible``, one starting with ``=``, ``+``, ``-`` or ``@`` (a
+    spreadsheet formula) behind a ``'``."""
     if not isinstance(value, str):
         return value
     text = visible(value)
@@ -116,20 +105,16 @@ def csv_text(value: object) -> object:
 
 
 def to_json(view: str, rows: Sequence[Dict[str, object]], problems: Sequence[str], file: IO[str]) -> None:
-    """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line; values json cannot encode
-    as ``str``. Each row goes through json's C encoder (``indent`` would switch to the pure-Python one: 4268
-    jobs took 1 s).
-    """
+    """Write ``{"<view>": rows, "problems": [...]}`` to ``file``, one row per line, unencodable values as
+    ``str``; json's C encoder per row (``indent`` would switch to the pure-Python one: 4268 jobs took 1 s)."""
     file.write(f"{{{json.dumps(view)}: [\n")
     file.write(",\n".join(json.dumps(r, default=str) for r in rows))
     file.write(f"\n], \"problems\": {json.dumps(list(problems))}}}\n")
 
 
 def to_csv(rows: Sequence[Dict[str, object]], file: IO[str], columns: Sequence[str] = ()) -> None:
-    """Write rows as CSV: the header is ``columns`` (none given: the rows' keys, first seen order), written
-    even without a row, other keys left out; times (``*_ts``) in ISO 8601, lists joined by ``; ``; text
-    through ``csv_text``.
-    """
+    """Write rows as CSV under the header ``columns`` (none: the rows' keys, first seen order; written even
+    without a row), other keys left out; each cell through ``cell`` and ``csv_text``."""
     cols: List[str] = list(columns)
     for r in rows:
         cols.extend(k for k in r if k not in cols and not columns)

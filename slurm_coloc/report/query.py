@@ -55,12 +55,8 @@ def _past_clock(now: float, h: int, m: int, s: int = 0) -> float:
 
 
 def parse_when(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """Unix seconds from one of the module docstring's forms (None stays None); ``now`` (Unix s, default the
-    clock) anchors relative forms.
-
-    Raises:
-        ColocError: none of these forms, or out of range.
-    """
+    """Unix seconds from one of the module docstring's forms (None stays None), relative to ``now`` (Unix s,
+    default the clock); ColocError: none of these forms, or out of range."""
     if text is None:
         return None
     now = time.time() if now is None else now
@@ -102,13 +98,8 @@ def _offset(t: str, now: float) -> Optional[float]:
 
 
 def _time_of_day(t: str, now: float, text: str) -> Optional[float]:
-    """A day word (``today``, ``tomorrow``: local midnight), an hour word (``noon``) or ``HH:MM[:SS]`` (the
-    last such time not to come, sacct's ``past`` rule) as Unix seconds; None for another form. ``text``: as
-    given, for the error.
-
-    Raises:
-        ColocError: ``HH:MM[:SS]`` that is no time of day (``25:00``).
-    """
+    """A day word (local midnight), an hour word (``noon``) or ``HH:MM[:SS]`` (sacct's ``past`` rule) as Unix
+    seconds; None for another form. ColocError: ``HH:MM[:SS]`` that is no time of day (``25:00``)."""
     low = t.lower()
     if low in _DAY_WORDS:
         return _local_midnight(now, _DAY_WORDS[low])
@@ -125,11 +116,8 @@ def _time_of_day(t: str, now: float, text: str) -> Optional[float]:
 
 def parse_window(since: Optional[str], until: Optional[str],
                  now: Optional[float] = None) -> Tuple[Optional[float], Optional[float]]:
-    """``(since, until)`` in Unix seconds (each None when not given); both ends use the same ``now``.
-
-    Raises:
-        ColocError: a bad form (``parse_when``), or an end before the start.
-    """
+    """``(since, until)`` in Unix seconds (None when not given), both ends on one ``now``; ColocError: a bad
+    form, or an end before the start."""
     t0, t1 = parse_when(since, now), parse_when(until, now)
     if t0 is not None and t1 is not None and t1 < t0:
         raise ColocError(f"--until {until!r} ({_iso(t1)}) is before --since {since!r} ({_iso(t0)})",
@@ -161,13 +149,12 @@ class Query:
     desc: bool = False
 
     def to_json(self) -> Dict[str, Any]:
-        """The request body the reader service takes (``from_json`` reads it back)."""
         return {"view": self.view, "since": self.since, "until": self.until, "users": list(self.users),
                 "nodes": list(self.nodes), "job_ids": list(self.job_ids), "sort_key": self.sort_key,
                 "desc": self.desc}
 
 
-def _text(data: Mapping[str, Any], key: str) -> Optional[str]:
+def _text(data: Mapping[str, object], key: str) -> Optional[str]:
     value = data.get(key)
     if value is None:
         return None
@@ -176,7 +163,7 @@ def _text(data: Mapping[str, Any], key: str) -> Optional[str]:
     return value
 
 
-def _items(data: Mapping[str, Any], key: str, kind: type) -> Tuple[Any, ...]:
+def _items(data: Mapping[str, object], key: str, kind: type) -> Tuple[Any, ...]:
     value = data.get(key) or []
     if not isinstance(value, list) or len(value) > MAX_LIST_ITEMS:
         raise ColocError(f"bad request: {key} must be a list of at most {MAX_LIST_ITEMS} items")
@@ -187,12 +174,9 @@ def _items(data: Mapping[str, Any], key: str, kind: type) -> Tuple[Any, ...]:
     return tuple(value)
 
 
-def query_from_json(data: Any) -> Query:
-    """A ``Query`` from a request body (untrusted JSON, of any type).
-
-    Raises:
-        ColocError: not an object, an unknown view, or a field of the wrong type or size.
-    """
+def query_from_json(data: object) -> Query:
+    """A ``Query`` from an untrusted request body; ColocError: not an object, an unknown view, or a field of
+    the wrong type or size."""
     if not isinstance(data, dict):
         raise ColocError("bad request: expected a JSON object")
     view = data.get("view", "jobs")
@@ -207,12 +191,7 @@ def query_from_json(data: Any) -> Query:
 def collect(cfg: Config, q: Query, viewer: views.Viewer,
             now: Optional[float] = None) -> Tuple[Report, List[JobView], List[Dict[str, object]]]:
     """(the report with its problems, the selected jobs, ``q.view``'s rows sorted by ``q.sort_key``) as
-    ``viewer`` may see them; ``now`` (Unix s, default the clock) anchors relative times and running jobs'
-    ends.
-
-    Raises:
-        ColocError: a bad time spec, an end before the start, or a sort column the view does not have.
-    """
+    ``viewer`` may see them, relative to ``now`` (Unix s). ColocError: a bad time spec or sort column."""
     now = time.time() if now is None else now
     since, until = parse_window(q.since, q.until, now)
     flt = views.Filters(since=since, until=until, users=q.users or None,
@@ -239,11 +218,9 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
     return report, jobs, rows
 
 
-def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any]:
-    """``{"ok": true, "history_mib": [...]}``: ``store.history.script_history_mib`` for the request's script
-    SHA-256 and the asking process's ``uid`` (the kernel's, never a request field): MiB figures of that user's
-    own runs only, no job id, name or user.
-    """
+def _history(cfg: Config, request: Mapping[str, object], uid: int) -> Dict[str, Any]:
+    """``{"ok": true, "history_mib": [...]}`` for the request's script SHA-256 and the asking process's
+    ``uid`` (the kernel's, never a request field): MiB figures of that user's own runs only."""
     from slurm_coloc.store.history import script_history_mib
 
     sha = request.get("sha256")
@@ -253,13 +230,9 @@ def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any
 
 
 def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] = None) -> Dict[str, Any]:
-    """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job": JobView JSON with
-    its findings, "series": its samples, "notes": what a rule could not judge, "problems"}``; ``now`` (Unix s)
-    ends a running job.
-
-    Raises:
-        ColocError: the job is not recorded, or is another user's and ``viewer`` does not see all jobs.
-    """
+    """``coloc-report advise``'s data for one job ``viewer`` may see: ``{"ok": true, "job" (with findings),
+    "series", "notes" (what a rule could not judge), "problems"}``. ColocError: not recorded, or not the
+    viewer's."""
     now = time.time() if now is None else now
     report = load_report(cfg)
     job = next((j for j in report.jobs if j.job_id == job_id), None)
@@ -274,17 +247,12 @@ def advise(cfg: Config, job_id: int, viewer: views.Viewer, now: Optional[float] 
     return {"ok": True, "job": job.to_json(), "series": series, "notes": notes, "problems": report.problems}
 
 
-def answer(cfg: Config, request: Any, uid: int) -> Dict[str, Any]:
+def answer(cfg: Config, request: object, uid: int) -> Dict[str, Any]:
     """The reader service's answer to ``request`` (untrusted JSON) from the process of ``uid``
-    (``SO_PEERCRED``).
-
-    ``{"op": "history", "sha256": ...}`` asks for the estimator's history of a script (coloc-sbatch, whose
-    user cannot read the databases); ``{"op": "advise", "job_id": N}`` one job's findings and samples, only
-    for the caller's own jobs unless the caller sees all; any other request is a report ``Query``. Answer:
-    ``{"ok": true, "view", "rows", "problems", "jobs"}`` (``jobs`` as ``JobView.to_json``) or ``{"ok": false,
-    "error": <one line>, "exit_code": n}``. Never raises: any error (a damaged database too) becomes ``ok:
-    false``.
-    """
+    (``SO_PEERCRED``).  ``{"op": "history", "sha256": ...}``: the estimator's history of a script; ``{"op":
+    "advise", "job_id": N}``: one job's findings and samples, the caller's own jobs only unless it sees all;
+    else a report ``Query``. Answer: ``{"ok": true, "view", "rows", "problems", "jobs"}`` or ``{"ok": false,
+    "error": <one line>, "exit_code": n}``; never raises (a damaged database too becomes ``ok: false``)."""
     try:
         if isinstance(request, dict) and request.get("op") == "history":
             return _history(cfg, request, uid)
@@ -307,11 +275,7 @@ _JOB_FIELDS = {f.name for f in fields(JobView)}
 
 
 def jobs_from_json(items: Sequence[Mapping[str, Any]]) -> List[JobView]:
-    """``JobView``s back from ``answer``'s ``jobs`` (unknown keys such as ``runtime_s`` dropped).
-
-    Raises:
-        ColocError: an item lacks a required field.
-    """
+    """``JobView``s back from ``answer``'s ``jobs`` (unknown keys dropped); ColocError: a field missing."""
     try:
         return [JobView(**{k: v for k, v in item.items() if k in _JOB_FIELDS}) for item in items]
     except TypeError as exc:

@@ -50,8 +50,7 @@ def gpus_held(job: JobView, cfg: Config) -> Optional[float]:
 
 def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int, Optional[float]]:
     """Job id -> coarse NVML utilization mean (%) of its GPUs over its span (a running job's ends at ``now``,
-    epoch s), None where no sample covers it; batched per node database.
-    """
+    epoch s), None where no sample covers it; batched per node database."""
     sums: Dict[int, List[float]] = {}
     for node, db in report.node_dbs.items():
         spans = [(j.job_id, g, j.start_ts, j.end_ts if j.end_ts is not None else now) for j in jobs
@@ -65,8 +64,7 @@ def util_by_job(jobs: Sequence[JobView], report: Report, now: float) -> Dict[int
 
 def watchdog_reason(job: JobView, report: Report) -> Optional[str]:
     """Why the sampler's watchdog stopped (or recorded) ``job``, in words: ``'stopped: over its grant (7,778
-    of 2,048 MiB) on n1 GPU 0'``; None: no event.
-    """
+    of 2,048 MiB) on n1 GPU 0'``; None: no event."""
     nodes = {n for n, _ in job.gpu_list} | {n for n in job.nodes.split(",") if n}
     return facts.watchdog_reason(report.node_dbs, job.job_id, nodes)
 
@@ -76,8 +74,7 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
     """A copy of ``job`` with measured figures from summaries and samples: peak memory (MiB), estimate error
     (MiB, %), unused request (MiB), utilization and SM figures (%), energy (kWh), GPU-hours held and used,
     OOM/rerun fields, the watchdog's reason, and notes naming what was not recorded (then None). ``util``:
-    precomputed ``util_by_job``, else this job's samples are read here.
-    """
+    precomputed ``util_by_job``, else this job's samples are read here."""
     notes: List[str] = []
     summaries = [s for s in report.summaries.get(job.job_id, []) if s.n_samples]  # 0: the sampler saw nothing
     fig, diag = _summary_figures(summaries)
@@ -103,8 +100,7 @@ def add_usage(job: JobView, report: Report, cfg: Config, util: Optional[Dict[int
 def _summary_figures(summaries: List[store_summaries.JobSummary]) -> Tuple[Dict[str, Optional[float]],
                                                                          Dict[str, object]]:
     """The job's figures from its Epilog summaries (``facts.summary_figures``) and the diagnostics of the
-    summary with the most samples.
-    """
+    summary with the most samples."""
     fig, first = facts.summary_figures(summaries)
     if first is None:
         return fig, {}
@@ -127,8 +123,8 @@ def _sample_figures(job: JobView, report: Report, cfg: Config, by_node: Dict[str
 
 def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Optional[float]],
                   used_s: Optional[float], notes: List[str], diag: Dict[str, object]) -> JobView:
-    """``job`` with the figures, the estimate's error against the peak (MiB, %), the unused grant (MiB), GPU
-    hours held and used, the OOM/rerun fields, the watchdog's reason and the notes."""
+    """``job`` with the figures, estimate error, unused grant, GPU-hours, OOM/rerun fields, watchdog reason,
+    notes."""
     peak, energy_j = fig["peak"], fig["energy_j"]
     req = requested_mib(job, cfg)
     err, err_pct = facts.estimate_error(peak, job.estimate_mib)
@@ -160,11 +156,9 @@ SERIES_KEYS = ("smact_pct", "smocc_pct", "tensor_pct", "dram_bw_pct")
 
 
 def job_series(report: Report, job: JobView, now: float) -> List[Dict[str, object]]:
-    """The job's samples over its span, sorted by ``ts`` (Unix s) across GPUs: ``{ts, node, gpu, smact_pct,
-    smocc_pct, tensor_pct, dram_bw_pct}`` (%) and ``job_mem_mib`` (summed memory of its processes on that GPU,
-    MiB; None with none). Above ``MAX_SERIES_POINTS`` per GPU, folded into equal time buckets; a job that
-    never started has none; ``now`` (Unix s) ends a running job's span.
-    """
+    """The job's samples over its span (``now``, Unix s, ends a running one), sorted by ``ts`` across GPUs:
+    ``{ts, node, gpu, smact_pct, smocc_pct, tensor_pct, dram_bw_pct}`` (%) and ``job_mem_mib`` (its processes'
+    memory on that GPU, MiB; None with none); above ``MAX_SERIES_POINTS`` per GPU folded into time buckets."""
     if job.start_ts is None:
         return []
     t1 = job.end_ts if job.end_ts is not None else now
@@ -214,8 +208,7 @@ class _Job(Protocol):
 
 def shared_jobs(jobs: Sequence[_Job]) -> Dict[int, bool]:
     """Job id -> whether another job's span (Unix s; ``end_ts`` None: running) overlapped it on one of its
-    GPUs (``gpu_list``: ``(node, GPU index)``), for every job with a start and a GPU.
-    """
+    GPUs (``gpu_list``: ``(node, GPU index)``), for every job with a start and a GPU."""
     by_gpu: Dict[Tuple[str, int], List[Tuple[float, float, int]]] = {}
     for j in jobs:
         start = getattr(j, "start_ts", None)
@@ -263,13 +256,11 @@ def learned_alone_s(jobs: Sequence[_Job], node_dbs: Mapping[str, Database], cfg:
 def alone_rates(jobs: Sequence[_Job],
                 learned: Optional[Mapping[int, float]] = None) -> Dict[int, Dict[str, Any]]:
     """Job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone", "alone_source"}`` (module docstring).
-    Pure.
 
-    ``jobs``: every recorded job, the history the alone runtimes come from; ``learned`` (``learned_alone_s``)
-    is used where the signature has no other run alone. ``shared_gpu`` None without a start or GPU;
-    ``alone_runtime_s`` (s) None without history; ``rate_vs_alone`` to 3 decimals, None unless COMPLETED with
-    history; ``alone_source``: ``alone`` (other runs alone), ``learned`` (its shared run) or None.
-    """
+    ``jobs``: every recorded job, the history the alone runtimes come from; ``learned`` is used where the
+    signature has no other run alone. ``shared_gpu`` None without a start or GPU; ``alone_runtime_s`` (s) None
+    without history; ``rate_vs_alone`` to 3 decimals, None unless COMPLETED with history; ``alone_source``:
+    ``alone``, ``learned`` or None."""
     shared = shared_jobs(jobs)
     alone_by_sig: Dict[str, List[Tuple[int, float]]] = {}
     for j in jobs:

@@ -58,8 +58,7 @@ class Viewer:
 def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
     """The calling user (``uid`` None: this process's effective uid; one without a passwd entry is named by
     its number) and whether they see every job: uid 0, or a member of ``cfg.admin_group`` (its member list or
-    the user's primary group; empty: root only).
-    """
+    the user's primary group; empty: root only)."""
     uid = os.geteuid() if uid is None else uid
     try:
         pw = pwd.getpwuid(uid)
@@ -98,8 +97,7 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
     """Jobs (in ``report.jobs`` order) that overlap the window (Unix s), match the filters and ``viewer`` may
     see, with usage, collocation figures, waste reasons and findings; one who does not see all gets only their
     own jobs. ``with_util``: also every job's coarse utilization (one batched scan); ``now`` (Unix s, default
-    the clock) ends a running job's span.
-    """
+    the clock) ends a running job's span."""
     picked = []
     for j in report.jobs:
         if not viewer.sees_all and j.user != viewer.name:
@@ -141,8 +139,7 @@ def _wmean(pairs: Iterable[Tuple[Optional[float], Optional[float]]]) -> Optional
 
 def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
     """Per user, by name (``?`` without one): jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour
-    weighted), OOMs, wasteful jobs.
-    """
+    weighted), OOMs, wasteful jobs."""
     by: Dict[str, List[JobView]] = {}
     for j in jobs:
         by.setdefault(j.user or "?", []).append(j)
@@ -187,8 +184,7 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
     Sample figures cover the window (``flt.since``..``flt.until``, Unix s) on every readable node database;
     job figures use ``jobs``, already filtered to what ``viewer`` may see, while the GPU's sample figures
     (like ``sinfo``) are shown as they are. ``_job_s``/``_busy_s`` (s) are for ``node_rows``/``cluster_row``
-    (``public`` drops them); ``now`` (Unix s) ends a running job's span.
-    """
+    (``public`` drops them); ``now`` (Unix s) ends a running job's span."""
     spans = _gpu_spans(jobs, flt, now)
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
@@ -252,8 +248,7 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
 
 def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
     """Per node, from ``gpu_rows``' rows (``_`` columns included): GPUs, busy hours, collocation factor, means
-    weighted by sampled hours.
-    """
+    weighted by sampled hours."""
     by: Dict[str, List[Dict[str, object]]] = {}
     for g in gpus:
         by.setdefault(str(g["node"]), []).append(g)
@@ -262,16 +257,14 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
 
 def estimated(job: JobView) -> bool:
     """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
-    (whose recorded 'estimate' is the GPU's size).
-    """
+    (whose recorded 'estimate' is the GPU's size)."""
     return job.share_mode not in ("gpu",
                                   "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
 
 
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
     """One summary row over ``gpu_rows``' rows (``_`` columns included) and the jobs: GPUs, jobs, GPU-hours,
-    kWh, collocation, OOMs, waste, estimate error.
-    """
+    kWh, collocation, OOMs, waste, estimate error."""
     errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
     row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
@@ -307,8 +300,7 @@ def sort_rows(rows: List[Dict[str, object]], key: Optional[str],
     """Sort ``rows`` in place by column ``key`` (None last) and return them; None or ``""`` keeps the order.
 
     Raises:
-        KeyError: no row has the column (the error names it).
-    """
+        KeyError: no row has the column (the error names it)."""
     if not key:
         return rows
     if rows and not any(key in r for r in rows):

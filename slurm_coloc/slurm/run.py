@@ -29,8 +29,7 @@ def slurm_env(extra: Optional[Mapping[str, str]] = None, base: Optional[Mapping[
     """A new environment for a Slurm command: ``base`` (None: os.environ; ``PATH`` /usr/bin:/bin) plus
     ``extra``.
 
-    PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (docs/facts.md §1); callers pass it in ``extra``.
-    """
+    PrologSlurmctld/EpilogSlurmctld get no SLURM_CONF (docs/facts.md §1); callers pass it in ``extra``."""
     env = dict(os.environ if base is None else base)
     env.setdefault("PATH", "/usr/bin:/bin")
     if extra:
