@@ -97,8 +97,8 @@ def _collect(q: query.Query, config_path: Optional[str]):
     cfg = config_mod.load(config_path)
     viewer = views.current_viewer(cfg)
     if _direct_read_allowed(cfg, viewer):
-        report, jobs, rows = query.collect(cfg, q, viewer)
-        return report.problems, jobs, rows
+        got = query.collect(cfg, q, viewer)
+        return got.report.problems, got.jobs, got.rows
     reply = reader.ask(reader.socket_path(cfg), q.to_json())
     if not reply.get("ok"):
         err = ColocError(str(reply.get("error") or "the reader refused the request"))

@@ -188,10 +188,18 @@ def query_from_json(data: object) -> Query:
                  desc=bool(data.get("desc", False)))
 
 
-def collect(cfg: Config, q: Query, viewer: views.Viewer,
-            now: Optional[float] = None) -> Tuple[Report, List[JobView], List[Dict[str, object]]]:
-    """(the report with its problems, the selected jobs, ``q.view``'s rows sorted by ``q.sort_key``) as
-    ``viewer`` may see them, relative to ``now`` (Unix s). ColocError: a bad time spec or sort column."""
+@dataclass(frozen=True)
+class Collected:
+    """A question's answer as ``viewer`` may see it: the report (with its problems), the selected jobs, and
+    the view's rows sorted by the query's sort key."""
+
+    report: Report
+    jobs: List[JobView]
+    rows: List[Dict[str, object]]
+
+
+def collect(cfg: Config, q: Query, viewer: views.Viewer, now: Optional[float] = None) -> Collected:
+    """``q``'s answer relative to ``now`` (Unix s); ColocError: a bad time spec or sort column."""
     now = time.time() if now is None else now
     since, until = parse_window(q.since, q.until, now)
     flt = views.Filters(since=since, until=until, users=q.users or None,
@@ -215,7 +223,7 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
         cols = ", ".join(rows[0].keys()) if rows else ""
         raise ColocError(f"--sort: no column {q.sort_key!r} in the {q.view} view",
                          hint=f"columns: {cols}") from None
-    return report, jobs, rows
+    return Collected(report, jobs, rows)
 
 
 def _history(cfg: Config, request: Mapping[str, object], uid: int) -> Dict[str, Any]:
@@ -262,13 +270,13 @@ def answer(cfg: Config, request: object, uid: int) -> Dict[str, Any]:
                 raise ColocError("bad request: job_id must be a non-negative integer")
             return advise(cfg, job_id, views.current_viewer(cfg, uid=uid))
         q = query_from_json(request)
-        report, jobs, rows = collect(cfg, q, views.current_viewer(cfg, uid=uid))
+        got = collect(cfg, q, views.current_viewer(cfg, uid=uid))
     except ColocError as exc:
         return {"ok": False, "error": exc.one_line(), "exit_code": exc.exit_code}
     except Exception as exc:  # sqlite errors of a damaged file: one line back, the service goes on
         return {"ok": False, "error": " ".join(f"{type(exc).__name__}: {exc}".split()), "exit_code": 1}
-    return {"ok": True, "view": q.view, "rows": rows, "problems": report.problems,
-            "jobs": [j.to_json() for j in jobs] if q.view == "jobs" else []}
+    return {"ok": True, "view": q.view, "rows": got.rows, "problems": got.report.problems,
+            "jobs": [j.to_json() for j in got.jobs] if q.view == "jobs" else []}
 
 
 _JOB_FIELDS = {f.name for f in fields(JobView)}

@@ -282,12 +282,6 @@ def alone_rates(jobs: Sequence[_Job],
     return out
 
 
-def gate_pct(cfg: Config) -> Tuple[float, float, float]:
-    """The placement gate (``placement_*_gate`` fractions) in percent: (SMACT, SMOCC, DRAMA)."""
-    return (100.0 * cfg.placement_smact_gate, 100.0 * cfg.placement_smocc_gate,
-            100.0 * cfg.placement_drama_gate)
-
-
 def saturated_share(saturated_s: Optional[float], sampled_s: Optional[float]) -> Optional[float]:
     """Percent of sampled time saturated, to one decimal (None without sampled time)."""
     return None if not sampled_s or saturated_s is None else round(100.0 * saturated_s / sampled_s, 1)

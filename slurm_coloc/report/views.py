@@ -27,7 +27,6 @@ from slurm_coloc.report.summarize import JobView, Report
 from slurm_coloc.report.usage import (
     add_usage,
     alone_rates,
-    gate_pct,
     learned_alone_s,
     saturated_share,
     util_by_job,
@@ -189,7 +188,8 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
     sat: Dict[Tuple[str, int], Dict[str, float]] = {}
-    gate = gate_pct(cfg or Config())
+    c = cfg or Config()  # the placement gate in percent
+    gate = (100.0 * c.placement_smact_gate, 100.0 * c.placement_smocc_gate, 100.0 * c.placement_drama_gate)
     for node, db in sorted(report.node_dbs.items()):
         if flt.nodes and node not in flt.nodes:
             continue
