@@ -251,8 +251,6 @@ def learned_alone_s(jobs: Sequence[_Job], node_dbs: Mapping[str, Database], cfg:
     return out
 
 
-
-
 def alone_rates(jobs: Sequence[_Job],
                 learned: Optional[Mapping[int, float]] = None) -> Dict[int, Dict[str, Any]]:
     """Job id -> ``{"shared_gpu", "alone_runtime_s", "rate_vs_alone", "alone_source"}`` (module docstring).
