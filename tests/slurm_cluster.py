@@ -22,8 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from slurm_coloc.slurm.jsonfields import job_state, number
-from slurm_coloc.slurm.parse import FINAL_STATES
+from slurm_coloc.slurm.parse import FINAL_STATES, job_state, number
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"

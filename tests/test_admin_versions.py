@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.admin.slurmconf import cgroup_plugin, evaluate, parse_slurm_conf
-from slurm_coloc.slurm.version import SlurmVersion
+from slurm_coloc.slurm.run import SlurmVersion
 
 DATA = Path(__file__).parent / "data"
 V = {"22.05": SlurmVersion(22, 5, 8), "24.11": SlurmVersion(24, 11, 5), "26.05": SlurmVersion(26, 5, 5)}

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_coloc.comment import strip_wait, wait_comment
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import Steered, gpu_states
@@ -247,9 +248,9 @@ def test_history_file_adds_one_run_per_signature_and_bad_files_are_config_errors
 
 def test_wait_comment_keeps_the_coloc_json_last() -> None:
     c = 'my run coloc:{"place":true,"shards":4}'
-    w = sp.wait_comment("every GPU | saturated", c)
-    assert w.startswith("coloc-wait:every GPU / saturated|") and sp.strip_wait(w) == c
-    assert sp.wait_comment("other", w) == "coloc-wait:other|" + c
+    w = wait_comment("every GPU | saturated", c)
+    assert w.startswith("coloc-wait:every GPU / saturated|") and strip_wait(w) == c
+    assert wait_comment("other", w) == "coloc-wait:other|" + c
 
 
 def test_store_queries_live_state_and_alone_runs(tmp_path: Path) -> None:

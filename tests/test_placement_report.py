@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.nvml.readings import GpuReading
-from slurm_coloc.report.alone import alone_rates, shared_jobs
+from slurm_coloc.report.usage import alone_rates, shared_jobs
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import samples
 from slurm_coloc.store.db import open_ctld_db, open_node_db

@@ -15,8 +15,8 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.hooks import admin_comment, figures
 from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.report import views
+from slurm_coloc.report.query import parse_when
 from slurm_coloc.report.summarize import load_report
-from slurm_coloc.report.timespec import parse_when
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq

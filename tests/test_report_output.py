@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.report import columns, query, views
-from slurm_coloc.report.timespec import parse_when, parse_window
+from slurm_coloc.report import export, query, views
+from slurm_coloc.report.query import parse_when, parse_window
 from tests.test_report import T0, _cfg, _report, state  # noqa: F401 - the fixture
 
 NOW = datetime.datetime(2026, 11, 26, 7, 30, 0).timestamp()  # local time, as Slurm's forms are
@@ -21,10 +21,10 @@ NOW = datetime.datetime(2026, 11, 26, 7, 30, 0).timestamp()  # local time, as Sl
 def test_column_lists_match_the_rows_each_view_writes(state: Path) -> None:  # noqa: F811
     cfg = _cfg(state)
     for view in query.VIEWS:
-        _, _, rows = query.collect(cfg, query.Query(view=view), views.Viewer("root", True))
+        rows = query.collect(cfg, query.Query(view=view), views.Viewer("root", True)).rows
         assert rows, view
         for r in rows:
-            assert tuple(r) == columns.VIEW_COLUMNS[view], view
+            assert tuple(r) == export.VIEW_COLUMNS[view], view
 
 
 @pytest.mark.slow
@@ -61,10 +61,10 @@ def test_format_selects_columns_in_table_csv_and_json(state: Path) -> None:  # n
 
 def test_csv_has_a_header_when_empty_and_iso_times(state: Path) -> None:  # noqa: F811
     empty = _report(state, "--csv", "--user", "nobody")
-    assert empty.returncode == 0 and empty.stdout.splitlines() == [",".join(columns.JOB_COLUMNS)]
+    assert empty.returncode == 0 and empty.stdout.splitlines() == [",".join(export.JOB_COLUMNS)]
     for view in ("users", "gpus", "nodes"):
         out = _report(state, view, "--csv", "--since", f"@{T0 + 99999}")
-        assert out.stdout.splitlines()[0] == ",".join(columns.VIEW_COLUMNS[view]), view
+        assert out.stdout.splitlines()[0] == ",".join(export.VIEW_COLUMNS[view]), view
     row = next(csv.DictReader(io.StringIO(_report(state, "--csv").stdout)))
     start = datetime.datetime.fromisoformat(row["start_ts"])
     assert start.tzinfo is not None and start.timestamp() == T0

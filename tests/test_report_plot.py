@@ -61,7 +61,8 @@ def test_time_axis_fits_a_short_run_in_a_long_window(state: Path) -> None:
     report = load_report(cfg)
     flt = views.Filters(since=T0 + 900 - 30 * DAY, until=T0 + DAY)
     jobs = views.select_jobs(report, cfg, flt, ROOT, now=T0 + DAY)
-    t0, t1, per_gpu, totals = plot.plot_window(report, jobs, flt, now=T0 + DAY)
+    w = plot.plot_window(report, jobs, flt, now=T0 + DAY)
+    t0, t1, per_gpu, totals = w.t0, w.t1, w.per_gpu, w.totals
     assert T0 - 60 <= t0 <= T0 and T0 + 899 <= t1 <= T0 + 960  # the 15 minutes, padded, not 31 days
     assert len(per_gpu[("n1",
                         0)]) >= 450  # fetched again at <= 2-s resolution (the first fetch: 30-min buckets)

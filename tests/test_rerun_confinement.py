@@ -16,8 +16,7 @@ import pytest
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import rerun
-from slurm_coloc.slurm.confinement import confinement_of, refusal
-from slurm_coloc.slurm.jobinfo import job_info_from_json
+from slurm_coloc.slurm.jobinfo import confinement_of, job_info_from_json, refusal
 
 CONFINED_2205: Dict[str, Any] = {
     "job_id": 1, "name": "wrap", "partition": "debug", "current_working_directory": "/w",

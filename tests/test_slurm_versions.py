@@ -11,10 +11,9 @@ import pytest
 
 from slurm_coloc.hooks.state import INFERRED, SLURM, final_state
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_job_json, parse_squeue_json
-from slurm_coloc.slurm.jsonfields import exit_pair, job_state, number
-from slurm_coloc.slurm.parse import gres_detail_counts, parse_tres_per_node
+from slurm_coloc.slurm.parse import exit_pair, gres_detail_counts, job_state, number, parse_tres_per_node
 from slurm_coloc.slurm.placement import gpu_holdings
-from slurm_coloc.slurm.version import SlurmVersion, parse_release, version_from_meta
+from slurm_coloc.slurm.run import SlurmVersion, parse_release, version_from_meta
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = ["22.05", "24.11", "26.05"]

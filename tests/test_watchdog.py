@@ -275,8 +275,8 @@ def test_stderr_target_from_recorded_squeue_json() -> None:
     import dataclasses
 
     from slurm_coloc.errors import SlurmError
-    from slurm_coloc.slurm.cancel import parse_stderr_target
     from slurm_coloc.slurm.jobinfo import parse_squeue_json
+    from slurm_coloc.slurm.jobs import parse_stderr_target
     jobs = parse_squeue_json((REPO / "tests" / "data" / "slurm-22.05" / "squeue_json_running.json")
                              .read_text())
     job = next(j for j in jobs if j.stderr_path)

@@ -38,8 +38,7 @@ from slurm_coloc.admin.slurmconf import (
 )
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.slurm.run import slurm_env
-from slurm_coloc.slurm.version import slurm_version
+from slurm_coloc.slurm.run import slurm_env, slurm_version
 
 SLURM_BINARIES = ("sbatch", "scontrol", "squeue")
 

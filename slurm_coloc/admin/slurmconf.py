@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurm_coloc.slurm.parse import expand_hostlist as expand_hostlist
-from slurm_coloc.slurm.version import CGROUP_V1_DEPRECATED, MULTIPLE_SHARING_GRES, TESTED, SlurmVersion
+from slurm_coloc.slurm.run import CGROUP_V1_DEPRECATED, MULTIPLE_SHARING_GRES, TESTED, SlurmVersion
 
 
 @dataclass

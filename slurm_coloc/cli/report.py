@@ -13,9 +13,9 @@ import click
 from slurm_coloc import config as config_mod
 from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError, require
-from slurm_coloc.report import columns, export, query, reader, views
+from slurm_coloc.report import export, query, reader, views
+from slurm_coloc.report.query import parse_window
 from slurm_coloc.report.summarize import load_report
-from slurm_coloc.report.timespec import parse_window
 
 VIEWS = query.VIEWS
 
@@ -97,8 +97,8 @@ def _collect(q: query.Query, config_path: Optional[str]):
     cfg = config_mod.load(config_path)
     viewer = views.current_viewer(cfg)
     if _direct_read_allowed(cfg, viewer):
-        report, jobs, rows = query.collect(cfg, q, viewer)
-        return report.problems, jobs, rows
+        got = query.collect(cfg, q, viewer)
+        return got.report.problems, got.jobs, got.rows
     reply = reader.ask(reader.socket_path(cfg), q.to_json())
     if not reply.get("ok"):
         err = ColocError(str(reply.get("error") or "the reader refused the request"))
@@ -115,7 +115,7 @@ def _make_view(view: str) -> click.Command:
         if as_json and as_csv:
             _fail(ColocError("--json and --csv exclude each other"))
         try:
-            cols = columns.select_columns(view, fmt) if fmt is not None else None
+            cols = export.select_columns(view, fmt) if fmt is not None else None
             q = query.Query(view=view, since=kw["since"], until=kw["until"], users=kw["users"],
                             nodes=kw["nodes"],
                             job_ids=kw["job_ids"], sort_key=sort_key, desc=desc)
@@ -124,9 +124,9 @@ def _make_view(view: str) -> click.Command:
             _fail(exc)
             return
         if as_json:
-            export.to_json(view, columns.project(rows, cols) if cols else rows, problems, sys.stdout)
+            export.to_json(view, export.project(rows, cols) if cols else rows, problems, sys.stdout)
         elif as_csv:
-            export.to_csv(rows, sys.stdout, cols or columns.VIEW_COLUMNS[view])
+            export.to_csv(rows, sys.stdout, cols or export.VIEW_COLUMNS[view])
         else:
             from slurm_coloc.report import render
 

@@ -1,9 +1,6 @@
 """The text of a job comment: ``[prefix ]coloc:{json}``, its tags, and the shrinking that keeps it within
-Slurm's limit. Only ``JobComment`` (``slurm_coloc.comment``) renders comments, through ``build_comment`` and
-``fit_comment``; nothing outside ``comment/`` assembles comment text. Pure: only ``json``.
-
-The JSON object is written with sorted keys and no spaces, so a comment's bytes depend on its values only.
-"""
+Slurm's limit. Only ``JobComment`` renders comments, through ``build_comment`` and ``fit_comment``. Pure; the
+JSON has sorted keys and no spaces, so a comment's bytes depend on its values only."""
 from __future__ import annotations
 
 import json
@@ -16,6 +13,8 @@ COMMENT_TAG = "coloc:"
 RETRY_TAG = "oom-retry-of-"
 """The prefix of an OOM rerun's comment: ``oom-retry-of-<original job id> coloc:{...}``."""
 _RETRY_RE = re.compile(r"(?:^|\s)" + RETRY_TAG + r"(\d+)(?:\s|$)")
+#: The placer's note in front of a held job's comment: ``coloc-wait:<reason>|<comment>``.
+WAIT_TAG = "coloc-wait:"
 COMMENT_OPTION = "--comment="
 # slurmctld 22.05 refuses a longer --comment ("120 arguments" in docs/reliability.md)
 MAX_COMMENT_CHARS = 1024
@@ -24,22 +23,16 @@ Shrink = Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]
 """``(what is dropped, in words; coloc JSON object -> smaller object)``: one step of ``fit_comment``."""
 
 
-def build_comment(data: Mapping[str, Any], user_comment: Optional[str] = None) -> str:
-    """``"<user_comment> coloc:{...}"`` carrying ``data``; without ``user_comment``: ``"coloc:{...}"``.
-
-    Raises:
-        TypeError: ``data`` holds a value JSON cannot encode.
-    """
+def build_comment(data: Mapping[str, object], user_comment: Optional[str] = None) -> str:
+    """``"<user_comment> coloc:{...}"`` (no user comment: ``"coloc:{...}"``); TypeError: ``data`` holds a
+    value JSON cannot encode."""
     text = COMMENT_TAG + json.dumps(dict(data), separators=(",", ":"), sort_keys=True)
     return f"{user_comment} {text}" if user_comment else text
 
 
 def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The coloc JSON object in a job comment (after the last ``coloc:{``), or None. Never raises.
-
-    Trust: hooks run this as root on user-controlled text: JSON only (no eval, no pickle), at most
-    ``MAX_JSON_CHARS`` characters, and a JSON object only (a list or a scalar gives None).
-    """
+    """The coloc JSON object in a job comment (after the last ``coloc:{``), or None; never raises. Trust: root
+    hooks run this on user text: JSON only, at most ``MAX_JSON_CHARS`` characters, an object only."""
     text = comment or ""
     at = text.rfind(COMMENT_TAG + "{")
     if at < 0 or len(text) - at > MAX_JSON_CHARS:
@@ -52,31 +45,23 @@ def parse_comment(comment: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def user_text_of(comment: str) -> Optional[str]:
-    """The text in front of the last ``coloc:{``, stripped; None when empty or without coloc JSON.
-
-    Pure, never raises.
-    """
+    """The text in front of the last ``coloc:{``, stripped; None when empty or without coloc JSON."""
     at = comment.rfind(COMMENT_TAG + "{")
     return (comment[:at].strip() or None) if at >= 0 else None
 
 
 def retry_tag_of(comment: Optional[str]) -> Optional[int]:
-    """The job id of an ``oom-retry-of-<id>`` word (whole, anywhere; user text: a claim only), or None.
-
-    Pure, never raises.
-    """
+    """The job id of an ``oom-retry-of-<id>`` word (whole, anywhere; user text: a claim only), or None."""
     m = _RETRY_RE.search(comment or "")
     return int(m.group(1)) if m else None
 
 
-def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Sequence[Shrink],
+def fit_comment(data: Mapping[str, object], user_comment: Optional[str], steps: Sequence[Shrink],
                 limit: int = MAX_COMMENT_CHARS) -> Tuple[Optional[str], List[str]]:
     """``(comment, words of the steps applied)``: the comment for ``data`` within ``limit`` characters.
-
     ``steps`` shrink ``data`` in order, each on the previous result, until it fits; ``user_comment`` is kept
     whole (it is the user's). When even the smallest coloc JSON does not fit beside it: the user's comment
-    alone (None without one), and ``"the whole coloc JSON"`` among the words.
-    """
+    alone (None without one), and ``"the whole coloc JSON"`` among the words."""
     current: Dict[str, Any] = dict(data)
     dropped: List[str] = []
     text = build_comment(current, user_comment)
@@ -92,7 +77,7 @@ def fit_comment(data: Mapping[str, Any], user_comment: Optional[str], steps: Seq
 
 
 def without(*keys: str) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
-    """A shrink step (``Shrink``'s function) that leaves ``keys`` out of the coloc JSON object."""
+    """A shrink step that leaves ``keys`` out of the coloc JSON object."""
     return lambda data: {k: v for k, v in data.items() if k not in keys}
 
 
@@ -102,3 +87,15 @@ def without_kwargs(data: Dict[str, Any]) -> Dict[str, Any]:
     if not isinstance(spec, dict) or not spec.get("kwargs"):
         return data
     return {**data, "spec": {**spec, "kwargs": {}, "kwargs_chars": len(json.dumps(spec["kwargs"]))}}
+
+
+def strip_wait(comment: str) -> str:
+    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
+    if comment.startswith(WAIT_TAG) and "|" in comment:
+        return comment.split("|", 1)[1]
+    return comment
+
+
+def wait_comment(reason: str, comment: str) -> str:
+    """``coloc-wait:<reason>|<comment>``, the coloc JSON kept last; ``reason`` without ``|``, <= 200 chars."""
+    return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 MAX_JSON_CHARS = 16384  # parse_comment ignores a coloc JSON longer than this (bounded work in root hooks)
 MODES = ("shard", "whole-gpu", "gpu", "none")
@@ -68,26 +68,22 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_const)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _bounded_int(key: str, v: Any, allow_float: bool = False) -> int:
+def _bounded_int(key: str, v: object, allow_float: bool = False) -> int:
     lo, hi = BOUNDS[key]
     if allow_float and isinstance(v, float) and math.isfinite(v) and v == int(v):
         v = int(v)
-    if not _is_int(v) or not lo <= v <= hi:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise CommentError(f"{key} must be an integer in {lo}..{hi}")
     return int(v)
 
 
-def _text(key: str, v: Any, limit: int) -> str:
+def _text(key: str, v: object, limit: int) -> str:
     if not isinstance(v, str) or len(v) > limit or "\x00" in v:
         raise CommentError(f"{key} must be a string of at most {limit} characters")
     return v
 
 
-def _plain(v: Any, depth: int = 0) -> bool:
+def _plain(v: object, depth: int = 0) -> bool:
     """Whether ``v`` is plain JSON within ``MAX_KWARGS_DEPTH`` (no invalid number anywhere)."""
     if depth > MAX_KWARGS_DEPTH:
         return False
@@ -112,12 +108,9 @@ class CommentSpec:
     kwargs_chars: Optional[int] = None
 
     @classmethod
-    def from_fields(cls, data: Any) -> "CommentSpec":
+    def from_fields(cls, data: object) -> "CommentSpec":
         """The typed spec of a comment's ``spec`` object (unknown keys ignored, a null key absent).
-
-        Raises:
-            CommentError: not an object, or a known key out of type or range.
-        """
+        CommentError: not an object, or a known key out of type or range."""
         if not isinstance(data, dict):
             raise CommentError("spec must be an object")
         out: Dict[str, Any] = {}
@@ -162,12 +155,9 @@ class CommentSpec:
         return out
 
 
-def _numbers_and_text(data: Dict[str, Any], out: Dict[str, Any]) -> None:
-    """Copy the integer (``BOUNDS``) and text (``STR_CHARS``) keys of ``data`` that are set into ``out``.
-
-    Raises:
-        CommentError: one of them of the wrong type or out of its range.
-    """
+def _numbers_and_text(data: Mapping[str, object], out: Dict[str, Any]) -> None:
+    """Copy the integer (``BOUNDS``) and text (``STR_CHARS``) keys of ``data`` that are set into ``out``;
+    CommentError: one of them of the wrong type or out of its range."""
     for key in ("v", "shards", "gpus", "mem_mib", "retry_of"):
         if data.get(key) is not None:
             out[key] = _bounded_int(key, data[key])
@@ -179,12 +169,9 @@ def _numbers_and_text(data: Dict[str, Any], out: Dict[str, Any]) -> None:
             out[key] = _text(key, data[key], STR_CHARS[key])
 
 
-def _mode_sha256_place(data: Dict[str, Any], out: Dict[str, Any]) -> None:
-    """Copy the set ``mode`` (of ``MODES``), ``sha256`` (64 lower-case hex) and ``place`` (bool) into ``out``.
-
-    Raises:
-        CommentError: one of them not as stated.
-    """
+def _mode_sha256_place(data: Mapping[str, object], out: Dict[str, Any]) -> None:
+    """Copy the set ``mode`` (of ``MODES``), ``sha256`` (64 lower-case hex) and ``place`` (bool) into ``out``;
+    CommentError: one of them not as stated."""
     if data.get("mode") is not None:
         if data["mode"] not in MODES:
             raise CommentError(f"mode must be one of {', '.join(MODES)}")

@@ -12,7 +12,7 @@ only where they agree with what Slurm recorded: ``script_args``). sbatch is also
 Every option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), one argv
 word each, no shell. An array task is rerun alone (``--array=<its task id>``). The rerun carries the job's
 whole confinement from the record (reservation, excluded and required nodes, QOS, account, WCKey, features,
-licenses, other GRES, container, ...: ``slurm/confinement.py``), or is refused with the reason
+licenses, other GRES, container, ...: ``slurm/jobinfo.py``), or is refused with the reason
 (``rerun_refusal``). Root submits it: a site ``job_submit`` filter sees ``submit_uid`` 0 (docs/admin.md).
 """
 from __future__ import annotations
@@ -26,8 +26,7 @@ from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.slurm import jobs as slurm_jobs
-from slurm_coloc.slurm.confinement import confinement_of, refusal
-from slurm_coloc.slurm.jobinfo import JobInfo
+from slurm_coloc.slurm.jobinfo import JobInfo, confinement_of, refusal
 from slurm_coloc.units import shards_to_mib
 
 NEUTRAL_PREFIX = "# (coloc oom rerun) "
@@ -101,7 +100,7 @@ def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
     the job's leaks), ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``, 1 shard = 1
     GiB: 22.05 takes one job's shards from one GPU, so no shard job fits beside it, while ``--gres=gpu:1``
     would not keep shard tenants off: docs/facts.md §4), then the job's other per-node GRES. Its confinement
-    is carried verbatim (``slurm/confinement.py``). Nothing comes from the job's comment, script or
+    is carried verbatim (``slurm/jobinfo.py``). Nothing comes from the job's comment, script or
     environment.
 
     Raises:
@@ -150,7 +149,7 @@ def _shape_args(job: JobInfo) -> List[str]:
 def rerun_refusal(job: JobInfo) -> Optional[str]:
     """Why ``job``'s rerun is refused (one line), or None (pure, never raises).
 
-    A part of its confinement the rerun cannot carry (``slurm/confinement.py``: GRES per job/task/socket, CPUs
+    A part of its confinement the rerun cannot carry (``slurm/jobinfo.py``: GRES per job/task/socket, CPUs
     or memory per GRES, a burst buffer, a heterogeneous job's component).
     """
     return refusal(confinement_of(job.raw))

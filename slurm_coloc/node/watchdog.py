@@ -222,19 +222,19 @@ class Watchdog:
     def _finish(self, ev: store_wd.WatchdogEvent, tenant: Optional[Tenant]) -> None:
         """Background: the stderr line (as the job's user) and scancel, then the outcome row (own
         connection)."""
-        from slurm_coloc.slurm import cancel
+        from slurm_coloc.slurm import jobs
         from slurm_coloc.userfiles import append_line_as_user
         outcome = dict(ev.outcome)
         env = {"PATH": "/usr/bin:/bin", **({"SLURM_CONF": os.environ["SLURM_CONF"]}
                                            if os.environ.get("SLURM_CONF") else {})}
         try:
-            target = cancel.stderr_target(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=10.0)
+            target = jobs.stderr_target(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=10.0)
             outcome["stderr"] = (append_line_as_user(target.path, target.uid, target.gid, ev.message)
                                  or "written")
         except Exception as exc:
             outcome["stderr"] = f"not written: {exc}"
         try:
-            cancel.scancel(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=15.0)
+            jobs.scancel(ev.job_id, self.cfg.slurm_bin_dir, env, timeout_s=15.0)
             outcome["scancel"] = "ok"
         except Exception as exc:
             outcome["scancel"] = f"failed: {exc}"

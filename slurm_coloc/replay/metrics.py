@@ -10,12 +10,11 @@ completed tasks; slowdown of a task = its JCT / its time alone (the trace's scal
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-RETRY_RE = re.compile(r"oom-retry-of-(\d+)")
+from slurm_coloc.comment import retry_tag_of
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,7 @@ class ReplayMetrics:
 
 def retry_parent(comment: str) -> Optional[int]:
     """The original job id an OOM rerun's comment names (``oom-retry-of-<id>``), else None."""
-    m = RETRY_RE.search(comment or "")
-    return int(m.group(1)) if m else None
+    return retry_tag_of(comment)
 
 
 def task_outcomes(runs: Sequence[RunRecord]) -> Dict[int, Dict[str, Any]]:

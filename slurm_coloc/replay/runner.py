@@ -37,8 +37,7 @@ from slurm_coloc.replay.metrics import (
 )
 from slurm_coloc.replay.trace import Task
 from slurm_coloc.slurm import jobs as slurm_jobs
-from slurm_coloc.slurm.cancel import cancel_jobs
-from slurm_coloc.slurm.jobs import JobInfo, squeue_all
+from slurm_coloc.slurm.jobs import JobInfo, cancel_jobs, squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES
 
 log = logging.getLogger("slurm_coloc.replay")

@@ -1,41 +1,37 @@
 """Why a job's GPU share sat idle, and what to change: named findings from the sampler's fine-grained metrics
-(pure).
+(pure; ``add_findings`` puts them on a ``JobView``), and the reasons it wasted its share (``flag_waste``).
 
-Inputs are a job's report view (``JobView``: SM activity/occupancy, tensor and DRAM activity, the idle share
-of its samples, peak memory vs request, batch and precision of its recorded spec) and, for ``coloc-report
-advise``, its per-sample series. Thresholds are the config's ``diag_*`` keys. Each finding has a name (also
-its AdminComment code), its evidence in numbers and one concrete suggestion; the first is the top one.
-
-Rules (docs/report.md, "Findings"; metric meanings from Yousefzadeh-Asl-Miandoab et al., EuroMLSys'23: SM
-activity = share of time an SM had a warp resident, SM occupancy = resident warps / maximum, averaged over SMs
-and time):
+Inputs: a job's ``JobView`` (SM activity/occupancy, tensor and DRAM activity, the idle share of its samples,
+peak memory vs request, batch and precision of its spec) and, for ``coloc-report advise``, its sample series.
+Thresholds are the config's ``diag_*`` keys. Each finding has a name (also its AdminComment code), evidence in
+numbers and one suggestion; the first is the top one. Rules (docs/report.md, "Findings"; metrics as in
+Yousefzadeh-Asl-Miandoab et al., EuroMLSys'23: SM activity = share of time an SM had a warp resident, SM
+occupancy = resident warps / maximum, averaged over SMs and time):
 - ``input-bound``: mean SM activity below ``diag_input_bound_smact_pct`` and at least
   ``diag_input_bound_idle_pct`` of the samples with the job's process on the GPU idle (SM activity <
-  ``diag_idle_smact_pct``): the GPU waited between bursts; AND the job's CPU use (node/cpu.py) says it waited
-  for data: its loader workers saturated (at least ``diag_loader_busy_pct`` % of one core each, or the job's
-  processes that share of its CPUs), or workers present while the training process used at most
-  ``diag_train_waiting_cores`` (waiting for them: I/O), or no workers while the training process was busy (at
-  least ``diag_train_busy_cores``) with a batch above ``diag_small_batch`` and the GPU idle in at least
-  ``diag_input_bound_self_idle_pct`` of the samples (it loads the data itself; a launch-bound loop also keeps
-  one core busy, but leaves the GPU idle less often: 18-54% of the samples on the H100 for ResNet-18/32 and
-  ResNet-50 at batch 2, against 95% for a starved loader). Without CPU figures the rule does not judge (thin
-  evidence): a launch-bound tiny batch idles the GPU between steps as a starved one does.
-- ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct`` while tensor activity stays
-  below ``diag_no_tensor_max_tensor_pct`` and the spec's precision is fp32 (or unknown).
-- ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` while SM activity is at least
-  ``diag_low_occupancy_min_smact_pct`` and the spec's batch is at most ``diag_small_batch``; the CPU figures,
-  when recorded, are given as evidence (a launch-bound training process: about one core busy, workers idle).
+  ``diag_idle_smact_pct``), AND the job's CPU use (node/cpu.py) says it waited for data: loader workers
+  saturated (``diag_loader_busy_pct`` % of one core each, or the job's processes that share of its CPUs), or
+  workers present while the training process used at most ``diag_train_waiting_cores`` (I/O), or no workers
+  while the training process was busy (``diag_train_busy_cores``) with a batch above ``diag_small_batch`` and
+  the GPU idle in ``diag_input_bound_self_idle_pct`` of the samples (a launch-bound loop also keeps one core
+  busy but idles the GPU less: 18-54% of the samples on the H100 for ResNet-18/32 and ResNet-50 at batch 2,
+  against 95% for a starved loader). Without CPU figures the rule does not judge.
+- ``no-tensor-cores``: mean SM activity at least ``diag_no_tensor_min_smact_pct``, tensor activity below
+  ``diag_no_tensor_max_tensor_pct``, and the spec's precision fp32 (or unknown).
+- ``low-occupancy``: mean SM occupancy below ``diag_low_occupancy_smocc_pct`` with SM activity at least
+  ``diag_low_occupancy_min_smact_pct`` and a batch of at most ``diag_small_batch``; CPU figures as evidence.
 - ``over-request``: request at least ``diag_over_request_ratio`` x (peak + ``headroom_mib``) (not for OOM
-  reruns or OOM deaths, whose request is the GPU or the fence).
+  reruns or deaths, whose request is the GPU or the fence).
 Transfer-bound is not judged: the sampler records DRAM bandwidth, not PCIe throughput.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.config import Config
+from slurm_coloc.report.summarize import JobView
 from slurm_coloc.units import format_mib
 
 NOT_JUDGED = "transfer-bound not judged (the sampler records DRAM bandwidth, not PCIe throughput)"
@@ -56,8 +52,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """Findings, top one first, and ``notes``: why a rule could not judge the job (thin or missing
-    evidence)."""
+    """Findings, top one first, and ``notes``: why a rule could not judge the job (thin evidence)."""
 
     findings: List[Finding] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -65,11 +60,8 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class JobStats:
-    """The figures the rules read (% unless named; None = not recorded).
-
-    ``active_samples``: samples with a process of the job on its GPU; ``smact_idle_pct``: share of those with
-    SM activity below the idle threshold.
-    """
+    """The figures the rules read (% unless named; None: not recorded); ``active_samples``: samples with the
+    job's process on its GPU, ``smact_idle_pct``: share of those with SM activity below the idle threshold."""
 
     smact_mean: Optional[float] = None
     smocc_mean: Optional[float] = None
@@ -81,9 +73,8 @@ class JobStats:
 
 @dataclass(frozen=True)
 class CpuStats:
-    """The job's CPU use (node/cpu.py), in cores: ``train`` its CUDA process(es), ``workers`` the processes
-    descending from them (``n_workers`` on average; None: not readable), ``cpus`` the job's CPUs on the node
-    (None: unknown), ``samples`` rows behind the means."""
+    """The job's CPU use (node/cpu.py) in cores: ``train`` its CUDA process(es), ``workers`` their
+    descendants (``n_workers`` on average), ``cpus`` the job's CPUs, ``samples`` rows behind the means."""
 
     train: float
     workers: Optional[float]
@@ -100,12 +91,12 @@ class CpuStats:
         return f"training process {self.train:.1f} cores, {w}" + (f" ({self.cpus} CPUs)" if self.cpus else "")
 
 
-def cpu_of(job: Any) -> Optional[CpuStats]:
-    """``CpuStats`` from a ``JobView``'s CPU fields; None when the job's CPU use was not recorded."""
-    train = getattr(job, "train_cpu_cores", None)
-    if train is None or not getattr(job, "cpu_samples", None):
+def cpu_of(job: JobView) -> Optional[CpuStats]:
+    """None when the job's CPU use was not recorded."""
+    if job.train_cpu_cores is None or not job.cpu_samples:
         return None
-    return CpuStats(float(train), job.workers_cpu_cores, job.cpu_workers, job.cpus, int(job.cpu_samples))
+    return CpuStats(float(job.train_cpu_cores), job.workers_cpu_cores, job.cpu_workers, job.cpus,
+                    int(job.cpu_samples))
 
 
 def _mean(xs: Sequence[float]) -> Optional[float]:
@@ -113,13 +104,9 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
 
 
 def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float) -> JobStats:
-    """``JobStats`` from a job's samples in time order (``smact_pct``, ``smocc_pct``, ``tensor_pct``,
-    ``dram_bw_pct`` in %; ``job_mem_mib``: the job's memory then, MiB, None with no process on the GPU).
-
-    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span; the
-    idle share (SM activity below ``idle_smact_pct`` %) over the samples with the job's process (None without
-    one), ``active_samples`` their count.
-    """
+    """``JobStats`` from a job's samples in time order (% rates; ``job_mem_mib`` None without its process),
+    as the Epilog's summary defines them (node/summary.py): means over the span, the idle share (SM activity
+    below ``idle_smact_pct`` %) and ``active_samples`` over the samples with the job's process."""
     def col(key: str) -> List[float]:
         return [float(s[key]) for s in series if s.get(key) is not None]
 
@@ -132,16 +119,15 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
                     active_samples=sum(1 for s in series if s.get("job_mem_mib")))
 
 
-def stats_of(job: Any) -> JobStats:
-    """``JobStats`` from a ``JobView``'s fields (the Epilog summary's figures)."""
+def stats_of(job: JobView) -> JobStats:
+    """``JobStats`` from the Epilog summary's figures."""
     return JobStats(smact_mean=job.smact_mean, smocc_mean=job.smocc_mean, tensor_mean=job.tensor_mean,
                     dram_mean=job.dram_mean, smact_idle_pct=job.smact_idle_pct,
                     active_samples=job.active_samples)
 
 
 def _input_advice(cpu: CpuStats, cfg: Config) -> str:
-    """The input-bound suggestion: a worker count where the job's CPUs are known and leave room for more; more
-    CPUs where its processes already keep them busy."""
+    """The input-bound suggestion: more workers where the job's CPUs leave room, else more CPUs."""
     workers = round(cpu.n_workers or 0.0)
     more = ("<CPUs of the job - 1>" if not cpu.cpus or cpu.cpus - 1 <= workers else
             f"{cpu.cpus - 1} (the job has {cpu.cpus} CPUs)")
@@ -154,12 +140,9 @@ def _input_advice(cpu: CpuStats, cfg: Config) -> str:
             "with `#SBATCH --cpus-per-task` to match, or pre-process the data once (decode/augment offline)")
 
 
-def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config, idle_pct: float) -> Optional[str]:
-    """Why the CPU figures say the GPU waited for data (words), or None when they do not (module rules).
-
-    ``idle_pct``: the share of the job's samples with the GPU idle (%); without loader workers a busy training
-    process is as likely launching kernels, so that branch needs ``diag_input_bound_self_idle_pct``.
-    """
+def _waiting_for_input(job: JobView, cpu: Optional[CpuStats], cfg: Config, idle_pct: float) -> Optional[str]:
+    """Why the CPU figures say the GPU waited for data (words), or None (module rules); ``idle_pct``: samples
+    with the GPU idle (%), needed at ``diag_input_bound_self_idle_pct`` without workers (kernel launches)."""
     if cpu is None:
         return None
     busy = cfg.diag_loader_busy_pct / 100.0
@@ -179,7 +162,7 @@ def _waiting_for_input(job: Any, cpu: Optional[CpuStats], cfg: Config, idle_pct:
     return None
 
 
-def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
+def _over_request(job: JobView, cfg: Config) -> Optional[Finding]:
     req, peak = job.requested_mib, job.peak_mem_mib
     if req is None or peak is None or peak <= 0 or job.retry_of or job.oom:
         return None
@@ -194,11 +177,9 @@ def _over_request(job: Any, cfg: Config) -> Optional[Finding]:
         f"and let coloc-sbatch estimate it: the rest of the GPU can then run other jobs")
 
 
-def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]] = None) -> Diagnosis:
-    """The findings of ``job`` (a ``JobView`` with usage figures), top one first; ``series``
-    (``stats_from_series``) fills what the view lacks. No GPU-metric finding when the job ran shorter than
-    ``diag_min_runtime_s`` or had fewer than ``diag_min_samples`` active samples (``notes`` says so).
-    """
+def diagnose(job: JobView, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]] = None) -> Diagnosis:
+    """The findings of ``job`` (usage filled in), top first; ``series`` fills what it lacks. No GPU-metric
+    finding below ``diag_min_runtime_s`` or ``diag_min_samples`` active samples (``notes`` says so)."""
     notes: List[str] = []
     found: List[Finding] = []
     st = stats_of(job)
@@ -223,7 +204,7 @@ def diagnose(job: Any, cfg: Config, series: Optional[Sequence[Mapping[str, Any]]
     return Diagnosis(found, notes)
 
 
-def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List[Finding]:
+def _gpu_findings(job: JobView, st: JobStats, cfg: Config, notes: List[str]) -> List[Finding]:
     out: List[Finding] = []
     sm = float(st.smact_mean or 0.0)
     cpu = cpu_of(job)
@@ -273,3 +254,27 @@ def _gpu_findings(job: Any, st: JobStats, cfg: Config, notes: List[str]) -> List
     elif st.smocc_mean is not None:
         notes.append("batch size not judged: the job has no recorded spec (#COLOC batch=)")
     return out
+
+
+def add_findings(job: JobView, cfg: Config, series: Optional[Sequence[Dict[str, object]]] = None) -> JobView:
+    """``job`` with its diagnosis as ``findings`` dicts, top first; ``series`` as for ``diagnose``."""
+    d = diagnose(job, cfg, series)
+    return replace(job, findings=[f.to_json() for f in d.findings])
+
+
+def flag_waste(job: JobView, cfg: Config) -> JobView:
+    """``job`` with ``waste`` set to the reasons (in words) it wasted its GPU share; ``job`` itself when none.
+    Rules: SM activity mean (%) below ``report_waste_smact_pct``; more than ``report_waste_unused_pct`` % of
+    the requested memory never used; jobs shorter than ``report_waste_min_runtime_s`` (s) are not judged."""
+    if job.runtime_s is None or job.runtime_s < cfg.report_waste_min_runtime_s:
+        return job
+    reasons: List[str] = []
+    if job.smact_mean is not None and job.smact_mean < cfg.report_waste_smact_pct:
+        reasons.append(f"low SM activity: {job.smact_mean:.1f}% mean (< {cfg.report_waste_smact_pct:g}%), "
+                       f"the GPU mostly waited")
+    if job.unused_mib is not None and job.requested_mib:
+        unused_pct = 100.0 * job.unused_mib / job.requested_mib
+        if unused_pct > cfg.report_waste_unused_pct:
+            reasons.append(f"memory far below request: peak {format_mib(job.peak_mem_mib)} of "
+                           f"{format_mib(job.requested_mib)} requested ({unused_pct:.0f}% unused)")
+    return replace(job, waste=reasons) if reasons else job

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -194,14 +195,24 @@ def fit_window(w0: float, w1: float, sample_ts: Sequence[float], spans: Sequence
     return max(w0, lo - pad), min(w1, hi + pad)
 
 
-def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: float
-                ) -> Tuple[float, float, Dict[Tuple[str, int], List[Tuple[float, object, object]]],
-                           Dict[Tuple[str, int], float]]:
-    """``(t0, t1, series per (node, GPU index), memory total per (node, GPU index) in MiB)``: the timelines'
-    axis (``fit_window``) and series ``[(ts, mem MiB, SM activity %)]``, fetched again at the finer resolution
-    when the fitted axis is under half the window. Open window ends (Unix s): the first job's start, or a day
-    before ``now``, and ``now``.
-    """
+_Series = Dict[Tuple[str, int], List[Tuple[float, object, object]]]
+
+
+@dataclass(frozen=True)
+class PlotWindow:
+    """The timelines' axis ``t0``..``t1`` (Unix s), and per (node, GPU index) the series ``[(ts, mem MiB, SM
+    activity %)]`` and the memory total (MiB)."""
+
+    t0: float
+    t1: float
+    per_gpu: _Series
+    totals: Dict[Tuple[str, int], float]
+
+
+def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: float) -> PlotWindow:
+    """The axis (``fit_window``) and series, fetched again at the finer resolution when the fitted axis is
+    under half the window. Open window ends (Unix s): the first job's start, or a day before ``now``, and
+    ``now``."""
     w0 = flt.since if flt.since is not None else min((j.start_ts for j in jobs if j.start_ts),
                                                      default=now - 86400)
     w1 = flt.until if flt.until is not None else now
@@ -211,14 +222,13 @@ def plot_window(report: Report, jobs: Sequence[JobView], flt: Filters, now: floa
     if (t1 - t0) < 0.5 * (w1 - w0):  # coarse buckets start early: fit again on the finer series
         per_gpu, totals = _series(report, flt, t0, t1)
         t0, t1 = fit_window(t0, t1, [t for pts in per_gpu.values() for t in (pts[0][0], pts[-1][0])], spans)
-    return t0, t1, per_gpu, totals
+    return PlotWindow(t0, t1, per_gpu, totals)
 
 
-def _series(report: Report, flt: Filters, t0: float, t1: float
-            ) -> Tuple[Dict[Tuple[str, int], List[Tuple[float, object, object]]],
-                       Dict[Tuple[str, int], float]]:
+def _series(report: Report, flt: Filters, t0: float,
+            t1: float) -> Tuple[_Series, Dict[Tuple[str, int], float]]:
     bucket_s = max((t1 - t0) / MAX_POINTS, 1.0)
-    per_gpu: Dict[Tuple[str, int], List[Tuple[float, object, object]]] = {}
+    per_gpu: _Series = {}
     totals: Dict[Tuple[str, int], float] = {}
     for node, db in sorted(report.node_dbs.items()):
         if flt.nodes and node not in flt.nodes:
@@ -245,9 +255,9 @@ def draw_all(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
             raise OSError("not writable")
     except OSError as exc:
         raise ColocError(f"cannot write plots to {out_dir!r}: {exc}") from None
-    t0, t1, per_gpu, totals = plot_window(report, jobs, flt, now)
-    keys = set(per_gpu) | {k for j in jobs for k in j.gpu_list if not flt.nodes or k[0] in flt.nodes}
-    files = [timeline(n, g, per_gpu.get((n, g), []), jobs, viewer, t0, t1, totals.get((n, g)),
+    w = plot_window(report, jobs, flt, now)
+    keys = set(w.per_gpu) | {k for j in jobs for k in j.gpu_list if not flt.nodes or k[0] in flt.nodes}
+    files = [timeline(n, g, w.per_gpu.get((n, g), []), jobs, viewer, w.t0, w.t1, w.totals.get((n, g)),
                       out / f"timeline-{n}-gpu{g}.png") for n, g in sorted(keys)]
     files.append(scatter(jobs, out / "estimate-vs-peak.png"))
     return files

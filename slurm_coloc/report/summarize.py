@@ -32,15 +32,14 @@ class JobView:
     ``gpu_hours`` GPUs held x runtime (a shard job holds shards/gpu_mem_gib of a GPU); ``gpu_hours_used`` the
     sampler's attributed GPU time; ``oom``/``retry_*`` the OOM record; ``waste`` reasons in words; ``notes``
     what was not recorded; ``signature`` what it trains (``placement.intensity.signature``); ``shared_gpu``,
-    ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/alone.py``).
+    ``alone_runtime_s``, ``rate_vs_alone``, ``alone_source``: collocation figures (``report/usage.py``).
 
     Diagnosis inputs (report/diagnose.py): ``tensor_mean``/``dram_mean`` GPM tensor and DRAM activity (%),
     ``smact_idle_pct`` share of the job's active samples with the GPU idle, ``active_samples``;
     ``train_cpu_cores``/``workers_cpu_cores`` mean CPU cores of its CUDA process(es) and of their descendants
     (DataLoader workers), ``cpu_workers`` how many of those, ``job_cpu_cores`` its cgroup's, ``cpus`` the
     job's CPUs on the node, ``cpu_samples`` rows behind them (node/cpu.py); ``batch_size``/``precision`` from
-    the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first.
-    """
+    the recorded spec; ``findings`` ``[{name, evidence, suggestion}]``, top first."""
 
     job_id: int
     user: Optional[str]
@@ -130,8 +129,7 @@ class Report:
     """Merged jobs plus the problems met while reading (one line each).
 
     ``node_dbs``: the node databases that could be read, by node name (open, read-only) for the GPU views.
-    ``oom_by_job``: OOM rows by job id; ``retry_of``: retry job id -> original job id.
-    """
+    ``oom_by_job``: OOM rows by job id; ``retry_of``: retry job id -> original job id."""
 
     jobs: List[JobView] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
@@ -173,8 +171,7 @@ def load_report(cfg: Config) -> Report:
     """Every database under ``cfg.state_dir`` read into job views (job id order; controller rows first, then
     node-only jobs) with identity, request and outcome only (``add_usage`` adds the measured figures), the
     open node databases, summaries and OOM records. Never raises for a bad database: a missing, locked or
-    corrupt file becomes a ``problems`` line.
-    """
+    corrupt file becomes a ``problems`` line."""
     report = Report()
     ctld_rows: Dict[int, store_jobs.JobRow] = {}
     path: Path = cfg.ctld_db_path
@@ -229,8 +226,7 @@ def _signature(coloc_json: Optional[str]) -> Optional[str]:
 def spec_fields(spec_json: Optional[str]) -> Dict[str, Any]:
     """``{"batch_size": int or None, "precision": str or None}`` from a job's recorded spec JSON, validated by
     ``comment.values.CommentSpec`` (the spec came with the job's comment, which its user writes); {} when
-    absent or invalid.
-    """
+    absent or invalid."""
     from slurm_coloc.comment.values import CommentSpec
 
     spec = CommentSpec.from_json_text(spec_json)

@@ -1,5 +1,5 @@
 """coloc-report's views (pure): filters, who may see what, and the user/GPU/node/cluster tables (a job's waste
-flags and findings: ``report/findings.py``; its sample series: ``report/series.py``).
+flags and findings: ``report/diagnose.py``; its sample series: ``report/usage.py``).
 
 Every view is a list of flat dicts (column -> value) so the same rows go to rich tables, JSON and CSV.
 
@@ -7,8 +7,8 @@ Definitions (docs/report.md):
 - GPU-hours: GPUs held x runtime; a shard job holds ``shards / gpu_mem_gib`` of its GPU.
 - Busy time of a GPU: the union of the spans of the jobs that held it (clipped to the window).
 - Collocation factor: job-seconds on a GPU / its busy seconds = average number of jobs on a busy GPU.
-- Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/alone.py``; a job's
-  rate vs alone: its runtime alone from history over this runtime (``report/alone.py``).
+- Saturated time of a GPU: sampled time meeting the placement gate (CARMA), per ``report/usage.py``; a job's
+  rate vs alone: its runtime alone from history over this runtime (``report/usage.py``).
 - Energy: kWh = J / 3.6e6; per job from the Epilog summary (attributed share), per GPU from the energy
   counter.
 """
@@ -22,10 +22,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.report import alone
-from slurm_coloc.report.findings import add_findings, flag_waste
+from slurm_coloc.report.diagnose import add_findings, flag_waste
 from slurm_coloc.report.summarize import JobView, Report
-from slurm_coloc.report.usage import add_usage, util_by_job
+from slurm_coloc.report.usage import (
+    add_usage,
+    alone_rates,
+    learned_alone_s,
+    saturated_share,
+    util_by_job,
+)
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store import report_queries as rq
 
@@ -52,8 +57,7 @@ class Viewer:
 def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
     """The calling user (``uid`` None: this process's effective uid; one without a passwd entry is named by
     its number) and whether they see every job: uid 0, or a member of ``cfg.admin_group`` (its member list or
-    the user's primary group; empty: root only).
-    """
+    the user's primary group; empty: root only)."""
     uid = os.geteuid() if uid is None else uid
     try:
         pw = pwd.getpwuid(uid)
@@ -92,8 +96,7 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
     """Jobs (in ``report.jobs`` order) that overlap the window (Unix s), match the filters and ``viewer`` may
     see, with usage, collocation figures, waste reasons and findings; one who does not see all gets only their
     own jobs. ``with_util``: also every job's coarse utilization (one batched scan); ``now`` (Unix s, default
-    the clock) ends a running job's span.
-    """
+    the clock) ends a running job's span."""
     picked = []
     for j in report.jobs:
         if not viewer.sees_all and j.user != viewer.name:
@@ -108,8 +111,8 @@ def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_
             continue
         picked.append(j)
     util = util_by_job(picked, report, time.time() if now is None else now) if with_util else {}
-    learned = alone.learned_alone_s(picked, report.node_dbs, cfg)
-    rates = alone.alone_rates(report.jobs, learned)  # history: every recorded job, not only the ones shown
+    learned = learned_alone_s(picked, report.node_dbs, cfg)
+    rates = alone_rates(report.jobs, learned)  # history: every recorded job, not only the ones shown
     return [add_findings(flag_waste(replace(add_usage(j, report, cfg, util), **rates.get(j.job_id, {})), cfg),
                          cfg)
             for j in picked]
@@ -135,8 +138,7 @@ def _wmean(pairs: Iterable[Tuple[Optional[float], Optional[float]]]) -> Optional
 
 def user_rows(jobs: Sequence[JobView]) -> List[Dict[str, object]]:
     """Per user, by name (``?`` without one): jobs, GPU-hours, energy kWh, mean SM activity (GPU-hour
-    weighted), OOMs, wasteful jobs.
-    """
+    weighted), OOMs, wasteful jobs."""
     by: Dict[str, List[JobView]] = {}
     for j in jobs:
         by.setdefault(j.user or "?", []).append(j)
@@ -176,18 +178,18 @@ def gpu_rows(report: Report, jobs: Sequence[JobView], flt: Filters, viewer: View
              now: float, cfg: Optional[Config] = None) -> List[Dict[str, object]]:
     """Per (node, GPU) with samples or job spans, sorted: jobs, busy hours (h), collocation factor,
     utilization vs SM activity/occupancy (%), memory (MiB), energy (kWh), and time saturated under ``cfg``'s
-    placement gate (None: the defaults, ``report/alone.py``).
+    placement gate (None: the defaults, ``report/usage.py``).
 
     Sample figures cover the window (``flt.since``..``flt.until``, Unix s) on every readable node database;
     job figures use ``jobs``, already filtered to what ``viewer`` may see, while the GPU's sample figures
     (like ``sinfo``) are shown as they are. ``_job_s``/``_busy_s`` (s) are for ``node_rows``/``cluster_row``
-    (``public`` drops them); ``now`` (Unix s) ends a running job's span.
-    """
+    (``public`` drops them); ``now`` (Unix s) ends a running job's span."""
     spans = _gpu_spans(jobs, flt, now)
     stats: Dict[Tuple[str, int], rq.GpuWindowStats] = {}
     totals: Dict[Tuple[str, int], float] = {}
     sat: Dict[Tuple[str, int], Dict[str, float]] = {}
-    gate = alone.gate_pct(cfg or Config())
+    c = cfg or Config()  # the placement gate in percent
+    gate = (100.0 * c.placement_smact_gate, 100.0 * c.placement_smocc_gate, 100.0 * c.placement_drama_gate)
     for node, db in sorted(report.node_dbs.items()):
         if flt.nodes and node not in flt.nodes:
             continue
@@ -236,7 +238,7 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
         "mem_used_mean_mib": _r(gst.mem_used_mean_mib, 0) if gst else None,
         "mem_used_max_mib": _r(gst.mem_used_max_mib, 0) if gst else None,
         "saturated_hours": _r(sat["saturated_s"] / 3600) if sat is not None else None,
-        "saturated_pct": (alone.saturated_share(sat["saturated_s"], sat["sampled_s"]) if sat is not None
+        "saturated_pct": (saturated_share(sat["saturated_s"], sat["sampled_s"]) if sat is not None
                           else None),
         "mem_total_mib": total_mib,
         "energy_kwh": _r(gst.energy_j / 3.6e6, 4) if gst and gst.energy_j is not None else None,
@@ -246,8 +248,7 @@ def _gpu_row(key: Tuple[str, int], gst: Optional[rq.GpuWindowStats], sp: List[Tu
 
 def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
     """Per node, from ``gpu_rows``' rows (``_`` columns included): GPUs, busy hours, collocation factor, means
-    weighted by sampled hours.
-    """
+    weighted by sampled hours."""
     by: Dict[str, List[Dict[str, object]]] = {}
     for g in gpus:
         by.setdefault(str(g["node"]), []).append(g)
@@ -256,16 +257,14 @@ def node_rows(gpus: Sequence[Dict[str, object]]) -> List[Dict[str, object]]:
 
 def estimated(job: JobView) -> bool:
     """Whether ``job``'s request came from an estimate worth scoring: not a whole-GPU job and not an OOM rerun
-    (whose recorded 'estimate' is the GPU's size).
-    """
+    (whose recorded 'estimate' is the GPU's size)."""
     return job.share_mode not in ("gpu",
                                   "whole-gpu") and not job.retry_of and job.estimate_method != "oom-retry"
 
 
 def cluster_row(gpus: Sequence[Dict[str, object]], jobs: Sequence[JobView]) -> Dict[str, object]:
     """One summary row over ``gpu_rows``' rows (``_`` columns included) and the jobs: GPUs, jobs, GPU-hours,
-    kWh, collocation, OOMs, waste, estimate error.
-    """
+    kWh, collocation, OOMs, waste, estimate error."""
     errs = [abs(j.estimate_error_pct) for j in jobs if j.estimate_error_pct is not None and estimated(j)]
     row = dict(_fold(gpus))
     row.update({"jobs": len(jobs), "users": len({j.user for j in jobs}),
@@ -301,8 +300,7 @@ def sort_rows(rows: List[Dict[str, object]], key: Optional[str],
     """Sort ``rows`` in place by column ``key`` (None last) and return them; None or ``""`` keeps the order.
 
     Raises:
-        KeyError: no row has the column (the error names it).
-    """
+        KeyError: no row has the column (the error names it)."""
     if not key:
         return rows
     if rows and not any(key in r for r in rows):

@@ -1,33 +1,39 @@
-"""One Slurm job as a frozen, typed ``JobInfo``, built from ``squeue --json`` / ``scontrol show job --json``.
+"""One Slurm job as a frozen, typed ``JobInfo`` built from ``squeue --json`` / ``scontrol show job --json``,
+and what in that record confines the job (``Confinement``), as sbatch options for its OOM rerun.
 
-Why JSON: ``scontrol show job -o`` prints ``Key=value`` pairs with user text unquoted, so a job named ``x
-TresPerNode=gres:shard:79`` or holding a newline reads as other fields; in JSON every user string is one
-opaque value. 22.05 has no ``scontrol show job --json`` and its ``squeue --json`` ignores filters
-(docs/facts.md §7), so the caller picks its job from the full list; 24.11+ filter (``slurm/jobs.py``).
-22.05's openapi v0.0.38 and the data_parser of 24.11 (v0.0.42) and 26.05 (v0.0.45) are read by the same code
-through ``slurm/jsonfields.py``.
+Why JSON: ``scontrol show job -o`` prints user text unquoted, so a job named ``x TresPerNode=gres:shard:79``
+or holding a newline reads as other fields; in JSON every user string is one opaque value. 22.05's
+``squeue --json`` ignores filters (docs/facts.md §7), so the caller picks its job from the full list. Both
+schemas are read through ``slurm/parse.py``. Output paths: 22.05 and 26.05 give them unexpanded (``%j``),
+24.11 expanded; 26.05's ``std*_expanded`` are used when present, else ``expand_std_path`` applies 22.05's
+own substitution (``src/api/job_info.c`` ``_fname_format``), so ``stdout_path`` equals scontrol's ``StdOut``
+on every version (checked against the recordings).
 
-Output paths: 22.05 and 26.05 give them unexpanded (``%j``), 24.11 expanded; 26.05's ``std*_expanded`` are
-used when present, else ``expand_std_path`` applies 22.05's own substitution (``src/api/job_info.c``
-``_fname_format``: ``%A %a %j %u`` then ``%x``; no ``%%``, no widths), so ``stdout_path`` equals scontrol's
-``StdOut`` on every version (checked against the recordings).
+Confinement: every part of the request that limits where, under which rules and with what else the job may
+run (reservation, nodes, QOS, account, WCKey, features, licenses, non-shard GRES, container, SELinux context,
+MCS label, network, ``--contiguous``/``--exclusive``). The OOM rerun (``hooks/rerun.py``) carries each of
+these or is not submitted; ``uncarried`` names what cannot be carried (GRES per job/task/socket, CPUs or
+memory per GRES, a burst buffer, other het-job components).
 """
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.slurm.jsonfields import exit_pair, integer, job_state, text
 from slurm_coloc.slurm.parse import (
     FINAL_STATES,
+    exit_pair,
     expand_hostlist,
+    integer,
+    job_state,
     parse_tres_per_node,
     script_args_in_submit_line,
+    text,
 )
-from slurm_coloc.slurm.version import SlurmVersion, version_from_meta
+from slurm_coloc.slurm.run import SlurmVersion, version_from_meta
 
 NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id outside an array prints as this)
 
@@ -35,18 +41,14 @@ NO_VAL = 0xFFFFFFFE  # Slurm's "not set" for 32-bit fields (an array task id out
 @dataclass(frozen=True)
 class JobInfo:
     """A job as slurmctld knows it. Times are Unix seconds, durations seconds; None = not set/unknown.
-
     ``job_id`` is the job's own id (an array task's differs from ``array_job_id``); ``name``, ``comment``,
-    ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``:
-    inside the epilogs 22.05 says ``COMPLETING``, 24.11+ give the final state with ``COMPLETING`` among
-    ``state_flags`` (22.05 prints no flags). ``exit_code``/``signal`` are scontrol's
-    ``ExitCode=<code>:<signal>``; ``run_s`` is scontrol's ``RunTime``; ``time_limit_s`` None: unlimited or the
-    partition's. ``gres`` counts per name from ``tres_per_node``; ``node_names`` is ``nodes`` expanded; the
-    std paths are expanded as scontrol's ``StdOut``. ``cpus_per_task``: 22.05's JSON prints null even when
-    given, so ``min_cpus_per_node`` keeps what it implies. ``mem_per_node_mib``/``mem_per_cpu_mib``:
-    ``--mem``/``--mem-per-cpu`` (None when not given that way). ``slurm_release``: ``meta``'s release
-    (``"24.11.5"``), ``""`` when not known.
-    """
+    ``work_dir``, ``command``, ``account`` are user text, kept opaque. ``state`` is the base ``job_state``: in
+    the epilogs 22.05 says ``COMPLETING``, 24.11+ the final state with ``COMPLETING`` in ``state_flags``.
+    ``exit_code``/``signal``: scontrol's ``ExitCode``; ``run_s``: its ``RunTime``; ``time_limit_s`` None:
+    unlimited or the partition's. ``gres``: counts per name from ``tres_per_node``. ``cpus_per_task``: 22.05
+    prints null even when given (``min_cpus_per_node`` keeps what it implies). ``mem_per_node_mib``/
+    ``mem_per_cpu_mib``: ``--mem``/``--mem-per-cpu``. ``slurm_release``: ``meta``'s (``"24.11.5"``), or
+    ``""``."""
 
     job_id: int
     array_job_id: Optional[int]
@@ -106,14 +108,10 @@ class JobInfo:
         return self.state == "COMPLETING" or "COMPLETING" in self.state_flags
 
     def recorded_script_args(self) -> Tuple[Optional[List[str]], bool]:
-        """The batch script's arguments as Slurm recorded them, and whether the words are exact.
-
-        22.05 (and 23.x): ``command`` is the script and its arguments joined by single spaces: its words after
-        the first. 26.05: ``submit_line`` (``parse.script_args_in_submit_line``). 24.11 keeps only the script
-        in ``command`` and has no ``submit_line``: ``(None, False)`` (not known; docs/slurm-versions.md). A
-        job without a script command (``--wrap``) has none: ``([], True)``. Inexact where an argument's own
-        whitespace cannot be told from the separators (doubled spaces show it).
-        """
+        """The batch script's arguments as Slurm recorded them, and whether the words are exact. 22.05/23.x:
+        ``command``'s words after the first; 26.05: ``submit_line``; 24.11 keeps only the script: ``(None,
+        False)`` (docs/slurm-versions.md); ``--wrap``: ``([], True)``. Inexact where an argument holds
+        whitespace."""
         words = self.command.split()
         if not words:
             return [], True
@@ -128,7 +126,7 @@ class JobInfo:
     @property
     def slurm_ref(self) -> str:
         """How Slurm commands name this one job: ``<array_job_id>_<array_task_id>`` for an array task (a bare
-        ``scontrol update jobid=<array_job_id>`` addresses every task of the array), else ``<job_id>``."""
+        array id addresses every task), else ``<job_id>``."""
         if self.array_job_id and self.array_task_id is not None:
             return f"{self.array_job_id}_{self.array_task_id}"
         return str(self.job_id)
@@ -136,21 +134,18 @@ class JobInfo:
 
 def expand_std_path(pattern: str, job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
                     user_name: str, job_name: str, work_dir: str) -> str:
-    """An output path pattern as Slurm 22.05 expands it for ``scontrol show job`` (module docstring).
-
-    ``%A`` array job id (the job id outside an array), ``%a`` array task id (4294967294 outside an array),
-    ``%j`` job id, ``%u`` user name, then ``%x`` job name; a relative result is joined to ``work_dir``:
-    ``"out-%j.txt"``, job 7, ``/w`` -> ``/w/out-7.txt``. The result is text for display and an as-user open;
-    nothing in it is interpreted.
-    """
+    """An output path pattern as Slurm 22.05 expands it (module docstring): ``%A`` array job id (else the job
+    id), ``%a`` array task id (4294967294 outside an array), ``%j``, ``%u``, then ``%x``; relative: joined to
+    ``work_dir``. Text for display and an as-user open; nothing in it is interpreted."""
     text = pattern.replace("%A", str(array_job_id if array_task_id is not None and array_job_id else job_id))
     text = text.replace("%a", str(array_task_id if array_task_id is not None else NO_VAL))
     text = text.replace("%j", str(job_id)).replace("%u", user_name).replace("%x", job_name)
     return text if text.startswith("/") else f"{work_dir}/{text}"
 
 
-def _std_paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
-               user_name: str, name: str, work_dir: str) -> Tuple[str, str, str]:
+def _std_paths(j: Mapping[str, object], job_id: int, array_job_id: Optional[int],
+               array_task_id: Optional[int], user_name: str, name: str,
+               work_dir: str) -> Tuple[str, str, str]:
     """(stdout, stderr, stdin) as 22.05's ``slurm_get_job_stdout/stderr/stdin`` give them."""
     def fmt(p: str) -> str:
         return expand_std_path(p, job_id, array_job_id, array_task_id, user_name, name, work_dir)
@@ -168,7 +163,7 @@ def _std_paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], a
     return stdout, fmt(err_p) if err_p else stdout, fmt(in_p) if in_p else "/dev/null"
 
 
-def _paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
+def _paths(j: Mapping[str, object], job_id: int, array_job_id: Optional[int], array_task_id: Optional[int],
            user_name: str, name: str, work_dir: str) -> Tuple[str, str, str]:
     """(stdout, stderr, stdin): 26.05's ``*_expanded`` fields when all present, else ``_std_paths``."""
     given = tuple(j.get(k) for k in ("stdout_expanded", "stderr_expanded", "stdin_expanded"))
@@ -177,12 +172,12 @@ def _paths(j: Mapping[str, Any], job_id: int, array_job_id: Optional[int], array
     return _std_paths(j, job_id, array_job_id, array_task_id, user_name, name, work_dir)
 
 
-def _ts(j: Mapping[str, Any], key: str) -> Optional[float]:
+def _ts(j: Mapping[str, object], key: str) -> Optional[float]:
     v = integer(j, key)
     return float(v) if v else None
 
 
-def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
+def _run_s(j: Mapping[str, object], state: str, now: float) -> Optional[int]:
     """scontrol's ``RunTime`` (22.05 ``slurm_sprint_job_info``): 0 while pending, ``pre_sus_time`` while
     suspended, else end (now while running) minus start, counting suspensions."""
     start, end = integer(j, "start_time") or 0, integer(j, "end_time") or 0
@@ -199,11 +194,8 @@ def _run_s(j: Mapping[str, Any], state: str, now: float) -> Optional[int]:
 
 def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, release: str = "") -> JobInfo:
     """One ``jobs[]`` entry (any schema: module docstring) -> ``JobInfo``; ``now`` (Unix s, None: the clock)
-    ends a running job's ``run_s``. An unreadable ``nodes`` list gives empty ``node_names``.
-
-    Raises:
-        SlurmError: the entry has no integer ``job_id``.
-    """
+    ends a running job's ``run_s``. An unreadable ``nodes`` list gives empty ``node_names``. SlurmError: no
+    integer ``job_id``."""
     job_id = integer(j, "job_id")
     if job_id is None:
         raise SlurmError(f"squeue --json entry without a job_id: {str(dict(j))[:120]}")
@@ -241,11 +233,7 @@ def job_info_from_json(j: Mapping[str, Any], now: Optional[float] = None, releas
 
 def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInfo], Optional[SlurmVersion]]:
     """``(jobs in output order, meta's release or None)`` of ``squeue --json`` / ``scontrol show job --json``
-    output; entries without an integer ``job_id`` are skipped.
-
-    Raises:
-        SlurmError: not JSON or no ``jobs`` list.
-    """
+    output; entries without an integer ``job_id`` are skipped. SlurmError: not JSON or no ``jobs`` list."""
     try:
         data = json.loads(text_)
     except json.JSONDecodeError as exc:
@@ -261,6 +249,83 @@ def parse_job_json(text_: str, now: Optional[float] = None) -> Tuple[List[JobInf
 
 
 def parse_squeue_json(text_: str, now: Optional[float] = None) -> List[JobInfo]:
-    """Every job of ``squeue --json`` output (22.05 ignores its filters); SlurmError: not JSON, no ``jobs``.
-    """
+    """Every job of ``squeue --json`` output (22.05 ignores its filters); SlurmError as ``parse_job_json``."""
     return parse_job_json(text_, now)[0]
+
+
+#: (JSON field, sbatch option): text fields carried verbatim as ``<option>=<value>``, one argv word each.
+TEXT_OPTIONS: Tuple[Tuple[str, str], ...] = (
+    ("resv_name", "--reservation"), ("excluded_nodes", "--exclude"), ("required_nodes", "--nodelist"),
+    ("qos", "--qos"), ("features", "--constraint"), ("prefer", "--prefer"), ("batch_features", "--batch"),
+    ("cluster_features", "--cluster-constraint"), ("licenses", "--licenses"), ("wckey", "--wckey"),
+    ("mcs_label", "--mcs-label"), ("container", "--container"), ("selinux_context", "--context"),
+    ("network", "--network"),
+)
+#: GRES per job/task/socket and CPUs/memory per GRES: the rerun asks for its GPU per node, beside which
+#: these cannot be rebuilt faithfully (``cpu:N`` in ``tres_per_task`` is ``--cpus-per-task``, carried).
+_TRES_ELSEWHERE = ("tres_per_job", "tres_per_task", "tres_per_socket", "cpus_per_tres", "memory_per_tres")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """A job's confinement as sbatch option words (values verbatim), its non-shard GRES (``("nic:1",)``), and
+    one phrase per part the rerun cannot carry."""
+
+    options: Tuple[str, ...]
+    other_gres: Tuple[str, ...]
+    uncarried: Tuple[str, ...]
+
+
+def _value(j: Mapping[str, object], key: str) -> str:
+    """A text field with Slurm's "not set" spellings (``(null)``, WCKey's ``*`` default marker) removed."""
+    v = text(j, key).strip()
+    if key == "wckey" and v.startswith("*"):
+        return ""  # "*name": the user's default WCKey, applied again by slurmctld
+    return "" if v in ("(null)", "None") else v
+
+
+def _gres_entries(tres: str) -> List[Tuple[str, str]]:
+    """``"gres:shard:2,gres/nic:1"`` -> ``[("shard", "shard:2"), ("nic", "nic:1")]``; others skipped."""
+    out = []
+    for part in tres.split(","):
+        part = part.strip().replace("gres/", "gres:", 1)
+        if part.startswith("gres:") and len(part) > 5:
+            word = part[5:]
+            out.append((word.split(":", 1)[0], word))
+    return out
+
+
+def _exclusive(j: Mapping[str, object]) -> bool:
+    """Whether the record says the job asked for its nodes exclusively: 22.05 ``shared: "none"``, a
+    data_parser ``shared``/``exclusive`` list holding ``none``/``true``/``user``/``mcs``. 26.05 prints
+    ``shared: []`` for an ``--exclusive`` job too: there the record does not tell, and the rerun is not
+    exclusive."""
+    shared, excl = j.get("shared"), j.get("exclusive")
+    words = [shared] if isinstance(shared, str) else list(shared) if isinstance(shared, list) else []
+    words += [excl] if isinstance(excl, str) else list(excl) if isinstance(excl, list) else []
+    return any(str(w).lower() in ("none", "exclusive", "true", "user", "mcs") for w in words)
+
+
+def confinement_of(j: Mapping[str, object], rerun_gres: Sequence[str] = ("shard",)) -> Confinement:
+    """The confinement of one ``jobs[]`` entry; ``rerun_gres``: GRES the rerun replaces by its own request."""
+    options = [f"{opt}={v}" for key, opt in TEXT_OPTIONS for v in [_value(j, key)] if v]
+    if j.get("contiguous") is True:
+        options.append("--contiguous")
+    if _exclusive(j):
+        options.append("--exclusive")
+    entries = _gres_entries(text(j, "tres_per_node"))
+    other = tuple(word for name, word in entries if name not in rerun_gres)
+    uncarried = [f"{key} {word}" for key in _TRES_ELSEWHERE[:3] for _, word in _gres_entries(text(j, key))]
+    uncarried += [f"{key} {v}" for key in _TRES_ELSEWHERE[3:] for v in [_value(j, key)] if v]
+    if _value(j, "burst_buffer"):
+        uncarried.append("a burst buffer")
+    if integer(j, "het_job_id"):
+        uncarried.append("the other components of a heterogeneous job")
+    return Confinement(tuple(options), other, tuple(uncarried))
+
+
+def refusal(c: Confinement) -> Optional[str]:
+    """The reason a rerun is refused for ``c`` (one line), or None when everything can be carried."""
+    if not c.uncarried:
+        return None
+    return "the rerun could not carry what the job asked for (" + "; ".join(c.uncarried) + "): not rerun"

@@ -1,14 +1,18 @@
-"""Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles.
+"""Pure parsers of Slurm text: exit codes, host lists, GRES strings, sbatch output, slurmstepd titles, and the
+values of ``--json`` job records in either schema (the records themselves: ``slurm/jobinfo.py``).
 
-Every piece of Slurm text slurm-coloc reads is parsed here (job records themselves: ``slurm/jobinfo.py``).
-Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 in ``tests/data/slurm-<version>/``; where the
-text differs between them (``gres_detail``, ``TresPerNode``) both forms are read.
+Tested on verbatim recordings of 22.05.8, 24.11.5 and 26.05.5 (``tests/data/slurm-<version>/``); where the
+text differs (``gres_detail``, ``TresPerNode``) both forms are read. JSON (``docs/slurm-versions.md``):
+22.05's ``openapi/v0.0.38`` has plain numbers with ``NO_VAL``/``INFINITE`` markers, ``job_state`` one string,
+``exit_code`` the wait status; data_parser v0.0.40+ (24.11 v0.0.42, 26.05 v0.0.45) has ``{"set", "infinite",
+"number"}`` objects, ``job_state`` a list (base state, then flags), ``exit_code`` ``{"return_code", "signal":
+{"id"}}`` numbers. Each JSON reader takes either form.
 """
 from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.errors import SlurmError
 
@@ -23,10 +27,7 @@ MAX_HOSTS = 65536  # bound on one expansion: a hostlist from Slurm never names m
 
 def parse_sbatch_parsable(stdout: str) -> Tuple[int, Optional[str]]:
     """``(job id, cluster or None)`` from the last line of ``sbatch --parsable``: ``<jobid>[;<cluster>]``.
-
-    Raises:
-        SlurmError: the output is not a job id.
-    """
+    SlurmError: not a job id."""
     line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     head, _, cluster = line.partition(";")
     if not head.isdigit():
@@ -40,15 +41,9 @@ def decode_exit_code(status: int) -> Tuple[int, int]:
 
 
 def expand_hostlist(text: Optional[str]) -> List[str]:
-    """``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c; None or ``""`` -> ``[]``.
-
-    Zero padding is kept, several bracket groups multiply (``r[1-2]n[1-2]``), and paths expand too (gres.conf
-    ``File=/dev/nvidia[0-1]``). Order and duplicates are kept as written.
-
-    Raises:
-        SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS``
-            names.
-    """
+    """``gpu[01-02,05]`` -> gpu01 gpu02 gpu05; ``a[1-2]b,c`` -> a1b a2b c; None or ``""`` -> ``[]``. Zero
+    padding kept, bracket groups multiply, paths expand too (``/dev/nvidia[0-1]``), order and duplicates kept.
+    SlurmError: unbalanced brackets, a bad range (``n[3-1]``, ``n[a-b]``) or more than ``MAX_HOSTS`` names."""
     items, depth, cur = [], 0, ""
     for ch in text or "":
         if ch == "," and depth == 0:
@@ -93,15 +88,11 @@ def _expand_item(item: str, out: List[str], whole: str) -> None:
 
 def gres_detail_counts(entries: Sequence[str]) -> List[Tuple[str, str, Dict[int, int]]]:
     """``gres_detail`` (JSON) / ``GRES=`` (``scontrol show job -od``) -> ``[(name, type or "", {device:
-    count})]``.
-
-    22.05 names the device indices, the count being the entry's (``shard:5(IDX:0)`` -> ``("shard", "", {0:
-    5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``, as Slurm prints it); 24.11+ print a shard as
-    ``<held>/<total>`` per device of the node in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``: devices
-    holding none are left out), a whole GPU still as ``gpu:1(IDX:0)``. Typed GRES keep their type
-    (``shard:g0:4(IDX:0)`` -> ``("shard", "g0", {0: 4})``). Commas join several GRES; None entries and entries
-    in neither form are skipped.
-    """
+    count})]``.  22.05 names the device indices, each with the entry's count (``shard:5(IDX:0)`` ->
+    ``("shard", "", {0: 5})``; ``gpu:2(IDX:0-1)`` -> ``{0: 2, 1: 2}``); 24.11+ print a shard as
+    ``<held>/<total>`` per device in index order (``shard:5(5/80,0/80)`` -> ``{0: 5}``, devices holding none
+    left out), a whole GPU as ``gpu:1(IDX:0)``. Typed GRES keep their type (``shard:g0:4(IDX:0)`` ->
+    ``("shard", "g0", {0: 4})``); entries in neither form are skipped."""
     out: List[Tuple[str, str, Dict[int, int]]] = []
     for entry in entries:
         for part in re.split(r",(?=[a-z])", entry or ""):
@@ -134,12 +125,8 @@ def parse_index_list(text: Optional[str]) -> List[int]:
 
 
 def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
-    """``"gres:shard:5"`` -> ``{"shard": 5}``; ``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"gpu": 2, "shard":
-    3}``.
-
-    22.05 writes ``gres:``, 24.11+ ``gres/``: both read the same. A GRES without a count counts 1; the same
-    name twice is summed; parts other than GRES and None are skipped.
-    """
+    """``"gres:gpu:a100:2,gres:shard:3"`` -> ``{"gpu": 2, "shard": 3}`` (22.05 ``gres:``, 24.11+ ``gres/``). A
+    GRES without a count counts 1, the same name twice is summed, other parts are skipped."""
     out: Dict[str, int] = {}
     for part in (text or "").split(","):
         bits = part.strip().replace("gres/", "gres:").split(":")
@@ -152,15 +139,11 @@ def parse_tres_per_node(text: Optional[str]) -> Dict[str, int]:
 
 def script_args_in_submit_line(submit_line: str, command: str, work_dir: str) -> Tuple[Optional[str], bool]:
     """``(arguments text or None, exact)``: the script's arguments in 26.05's ``submit_line`` (sbatch's argv
-    joined by single spaces), as 22.05's ``command`` gives them.
-
-    ``command`` is the script as 26.05 records it: the path as given when it held a ``/``, else the path
-    sbatch resolved (``/w/s.sh`` for ``s.sh`` in ``work_dir``: checked on 26.05.5). The script is the first
-    word after word 0 naming that file (equal to ``command``, equal once joined to ``work_dir``, or its
-    basename), not directly after an option word without ``=``. ``sbatch -J s.sh ./s.sh 200`` -> ``("200",
-    True)``. Inexact where several words name the script or spaces are doubled; empty ``command`` gives
-    ``(None, False)``.
-    """
+    joined by single spaces), as 22.05's ``command`` gives them.  ``command`` is the script as 26.05 records
+    it: the path as given when it held a ``/``, else the path sbatch resolved (checked on 26.05.5). The script
+    is the first word after word 0 naming that file (equal to ``command``, to it joined to ``work_dir``, or
+    its basename), not directly after an option word without ``=``: ``sbatch -J s.sh ./s.sh 200`` -> ``("200",
+    True)``. Inexact where several words name the script or spaces are doubled."""
     if not command:
         return None, False
     words = submit_line.split(" ")
@@ -180,10 +163,69 @@ _STEPD_TITLE = re.compile(rb"^slurmstepd: \[(\d+)\.[A-Za-z0-9_]+\]")
 
 
 def parse_stepd_title(cmdline: bytes) -> Optional[int]:
-    """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6; None for any other title.
-
-    slurmstepd titles itself with its component's job id (22.05, 26.05: a step of het component 1 of job 5
-    shows ``[6.1]`` while the task environment says ``SLURM_JOB_ID=5``).
-    """
+    """``slurmstepd: [6.1]`` (``/proc/<pid>/cmdline``) -> 6, else None: slurmstepd titles itself with its
+    component's job id (a step of het component 1 of job 5 shows ``[6.1]``, its tasks ``SLURM_JOB_ID=5``)."""
     m = _STEPD_TITLE.match(cmdline)
     return int(m.group(1)) if m else None
+
+
+BIG = 0xFFFFFFF0  # 32-bit values at or above this are Slurm's NO_VAL/INFINITE markers (v0.0.38)
+
+
+def number(value: object) -> Optional[float]:
+    """A number field in either schema; None when absent, unset, infinite, a 22.05 marker or not a number."""
+    if isinstance(value, Mapping):
+        if not value.get("set") or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if 0 <= value < BIG else None
+
+
+def integer(j: Mapping[str, object], key: str) -> Optional[int]:
+    """``number`` of ``j[key]`` as an int."""
+    v = number(j.get(key))
+    return None if v is None else int(v)
+
+
+def job_state(value: object) -> Tuple[str, Tuple[str, ...]]:
+    """``job_state`` -> (state, flags), normalised here (first word, upper case); ("", ()) if unreadable.
+    22.05: one string, a flag such as ``COMPLETING`` in place of the base state; data_parser: a list, base
+    state first."""
+    if isinstance(value, str):
+        return _word(value), ()
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return _word(value[0]), tuple(_word(x) for x in value[1:])
+    return "", ()
+
+
+def _word(text: str) -> str:
+    words = text.split()
+    return words[0].upper() if words else ""
+
+
+def exit_pair(value: object) -> Tuple[Optional[int], Optional[int]]:
+    """``exit_code`` / ``derived_exit_code`` -> scontrol's ``ExitCode=<code>:<signal>``, (None, None) when
+    unreadable; 22.05: the wait status (``768`` -> (3, 0))."""
+    if isinstance(value, bool):
+        return None, None
+    if isinstance(value, int):
+        if not 0 <= value < BIG:
+            return None, None
+        return (value >> 8) & 0xFF, value & 0x7F
+    if isinstance(value, Mapping):
+        rc = value.get("return_code")
+        sig = value.get("signal")
+        sig_id = sig.get("id") if isinstance(sig, Mapping) else None
+        if rc is None and sig_id is None:
+            return None, None
+        code, signo = number(rc), number(sig_id)
+        return int(code or 0), int(signo or 0)
+    return None, None
+
+
+def text(j: Mapping[str, object], key: str) -> str:
+    """A string field; ``""`` when absent or null (user text stays one opaque value)."""
+    v = j.get(key)
+    return "" if v is None else str(v)

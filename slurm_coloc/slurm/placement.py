@@ -1,12 +1,8 @@
-"""Slurm side of coloc-placer: the GPUs of typed-shard nodes, who holds their shards, the held jobs waiting
-for placement, and the updates that steer one to a GPU (measured on 22.05.8:
-benchmarks/placement_mechanism.py).
-
-Typed shards: gres.conf gives GPU ``i`` of a node the type ``g<i>`` (``Name=shard Type=g0 Count=80
-File=...0``). A held job submitted without GRES takes ``scontrol update jobid=N NodeList=<node>
-Gres=shard:g<i>:<n>`` and then runs on exactly that GPU after ``scontrol release``. A job that already has a
-shard GRES cannot be moved: an untyped -> typed update is refused and a typed -> other type update ADDS the
-new type (the job then holds shards of both GPUs), so the placer only takes jobs without GRES.
+"""Slurm side of coloc-placer: typed-shard nodes' GPUs, who holds their shards, the held jobs waiting, and the
+updates that steer one to a GPU (measured on 22.05.8: benchmarks/placement_mechanism.py). gres.conf types GPU
+``i`` ``g<i>``; a held job without GRES takes ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n>``
+and runs on exactly that GPU after ``scontrol release``. A job that has a shard GRES cannot be moved (untyped
+-> typed is refused, typed -> other type ADDS the type), so the placer only takes jobs without GRES.
 """
 from __future__ import annotations
 
@@ -14,13 +10,12 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from slurm_coloc.comment import COMMENT_TAG, JobComment
+from slurm_coloc.comment import COMMENT_TAG, WAIT_TAG, JobComment, strip_wait, wait_comment
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import gres_detail_counts
 from slurm_coloc.slurm.run import run
 
-WAIT_TAG = "coloc-wait:"
 _TYPED = re.compile(r"^(?P<name>gpu|shard):g(?P<idx>\d+):(?P<count>\d+)")
 HELD_REASONS = ("JobHeldUser", "JobHeldAdmin")
 
@@ -38,12 +33,8 @@ _NODE_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/]*)=")
 
 
 def parse_node_kv(line: str) -> Dict[str, str]:
-    """One ``scontrol show node -o`` line -> ``{key: value}``; the first occurrence of a key wins.
-
-    Node lines hold only admin-set text (no user field), so splitting at `` Key=`` is safe here; job records
-    are read from JSON instead (``slurm.jobinfo``). ``"NodeName=n1 Gres=shard:g0:80 State=IDLE"`` ->
-    ``{"NodeName": "n1", "Gres": "shard:g0:80", "State": "IDLE"}``.
-    """
+    """One ``scontrol show node -o`` line -> ``{key: value}``; the first occurrence of a key wins. Node lines
+    hold only admin-set text, so splitting at `` Key=`` is safe; job records are read from JSON."""
     out: Dict[str, str] = {}
     marks = list(_NODE_KEY.finditer(line.strip()))
     text = line.strip()
@@ -54,10 +45,7 @@ def parse_node_kv(line: str) -> Dict[str, str]:
 
 
 def parse_node_gres(line: str) -> Optional[NodeGpus]:
-    """One ``scontrol show node -o`` line -> its typed GPUs, or None when the node's GRES are not typed g<i>.
-
-    ``Gres=gpu:g0:1,gpu:g1:1,shard:g0:80,shard:g1:80`` -> ``{0: 80, 1: 80}``.
-    """
+    """A ``scontrol show node -o`` line's typed GPUs (``Gres=shard:g0:80,...`` -> ``{0: 80}``) or None."""
     kv = parse_node_kv(line)
     shards: Dict[int, int] = {}
     for part in (kv.get("Gres") or "").split(","):
@@ -70,11 +58,7 @@ def parse_node_gres(line: str) -> Optional[NodeGpus]:
 
 
 def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[NodeGpus]:
-    """``scontrol show node -o``'s nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL).
-
-    Raises:
-        SlurmError: scontrol missing, failing or timed out (15 s).
-    """
+    """Nodes with typed shards that take jobs (not DOWN/DRAIN/FAIL); SlurmError: scontrol failed."""
     out = []
     for line in run(["scontrol", "show", "node", "-o"], bin_dir=bin_dir, env=env,
                     timeout_s=15).stdout.splitlines():
@@ -85,11 +69,8 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
 
 
 def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
-    """``(node, gpu index, gres name, count)`` per GPU a running job holds (non-zero), from ``gres_detail``.
-
-    Either version's form (``parse.gres_detail_counts``); one node: the job's ``nodes``. A whole-GPU entry
-    counts as all the GPU's shards (the caller knows that count).
-    """
+    """``(node, gpu index, gres name, count)`` per GPU a running job holds, from ``gres_detail`` (a whole-GPU
+    entry counts as all the GPU's shards)."""
     out = []
     for name, _type, per in gres_detail_counts(job.gres_detail):
         if name not in ("gpu", "shard"):
@@ -101,12 +82,8 @@ def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
 
 
 def placer_shards(job: JobInfo) -> Optional[int]:
-    """The shards (GiB) of a job the placer steers, else None.
-
-    A candidate is pending, held, without GRES, with a valid coloc comment with ``place`` true and ``shards``
-    in ``comment.values.BOUNDS``; a comment that breaks the protocol is none (``JobComment.read``: one
-    warning).
-    """
+    """The shards (GiB) of a job the placer steers: pending, held, without GRES, with a valid coloc comment
+    with ``place`` true and ``shards`` set; else None (a comment that breaks the protocol: one warning)."""
     if not (job.state == "PENDING" and job.raw.get("state_reason") in HELD_REASONS
             and not (job.tres_per_node or "").replace("gres:", "").replace("gres/", "").strip()):
         return None
@@ -114,25 +91,18 @@ def placer_shards(job: JobInfo) -> Optional[int]:
 
 
 def is_candidate(job: JobInfo) -> bool:
-    """A job the placer steers (``placer_shards`` is not None)."""
     return placer_shards(job) is not None
 
 
 def queue(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> List[JobInfo]:
-    """Every job slurmctld knows (``jobs.squeue_all``); SlurmError: squeue failed, timed out or unparsable."""
+    """Every job slurmctld knows; SlurmError: squeue failed, timed out or unparsable."""
     return squeue_all(bin_dir, env, timeout_s=30)
 
 
 def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
           env: Optional[Mapping[str, str]] = None) -> None:
-    """Give held ``job_id`` ``shards`` (GiB) of GPU ``index`` on ``node``, release it, clear a ``coloc-wait:``
-    note.
-
-    ``scontrol update jobid=N NodeList=<node> Gres=shard:g<i>:<n> [Comment=...]; scontrol release N``.
-
-    Raises:
-        SlurmError: an update or the release failed (the job stays held; the next round retries).
-    """
+    """Give held ``job_id`` ``shards`` (GiB) of GPU ``index`` on ``node``, clear a ``coloc-wait:`` note,
+    release it. SlurmError: an update or the release failed (the job stays held; the next round retries)."""
     argv = ["scontrol", "update", f"jobid={int(job_id)}", f"NodeList={node}",
             f"Gres=shard:g{int(index)}:{int(shards)}"]
     if comment.startswith(WAIT_TAG):
@@ -142,20 +112,14 @@ def steer(job_id: int, node: str, index: int, shards: int, comment: str, bin_dir
 
 
 def admin_hold(job_id: int, bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = None) -> None:
-    """``scontrol hold N`` (root): 22.05 ``JobHeldUser`` -> ``JobHeldAdmin``, the user cannot release it;
-    SlurmError.
-    """
+    """``scontrol hold N`` (root): ``JobHeldUser`` -> ``JobHeldAdmin``, not user-releasable; SlurmError."""
     run(["scontrol", "hold", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
 
 
 def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "/usr/bin",
                         env: Optional[Mapping[str, str]] = None) -> None:
     """Give held ``job_id`` an untyped ``shard:<n>`` request (packed by memory alone), clear a wait note,
-    release it.
-
-    Raises:
-        SlurmError: an update or the release failed.
-    """
+    release it; SlurmError: an update or the release failed."""
     argv = ["scontrol", "update", f"jobid={int(job_id)}", f"Gres=shard:{int(shards)}"]
     if comment.startswith(WAIT_TAG):
         argv.append("Comment=" + strip_wait(comment))
@@ -163,28 +127,10 @@ def release_memory_only(job_id: int, shards: int, comment: str, bin_dir: str = "
     run(["scontrol", "release", str(int(job_id))], bin_dir=bin_dir, env=env, timeout_s=15)
 
 
-def strip_wait(comment: str) -> str:
-    """The comment without the placer's ``coloc-wait:<reason>|`` prefix."""
-    if comment.startswith(WAIT_TAG) and "|" in comment:
-        return comment.split("|", 1)[1]
-    return comment
-
-
-def wait_comment(reason: str, comment: str) -> str:
-    """``coloc-wait:<reason>|<comment>``, the coloc JSON last (``JobComment.read``); reason without ``|``, <=
-    200.
-    """
-    return f"{WAIT_TAG}{reason.replace('|', '/')[:200]}|{strip_wait(comment)}"
-
-
 def note_wait(job_id: int, reason: str, comment: str, bin_dir: str = "/usr/bin",
               env: Optional[Mapping[str, str]] = None) -> None:
-    """Comment ``coloc-wait:<reason>|...`` on a held job (``squeue -o '%i %r %k'``); no-op if unchanged or
-    lossy.
-
-    Raises:
-        SlurmError: the update failed.
-    """
+    """Comment ``coloc-wait:<reason>|...`` on a held job (``squeue -o '%i %r %k'`` shows it); no-op if
+    unchanged or lossy. SlurmError: the update failed."""
     text = wait_comment(reason, comment)
     if text != comment and COMMENT_TAG in text:
         run(["scontrol", "update", f"jobid={int(job_id)}", f"Comment={text}"], bin_dir=bin_dir, env=env,

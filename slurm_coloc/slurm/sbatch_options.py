@@ -92,10 +92,7 @@ class SbatchOptions:
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> "SbatchOptions":
         """The table ``to_json`` wrote (the on-disk cache), read back.
-
-        Raises:
-            ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping.
-        """
+        ValueError: a table field is not a list of strings or ``short_to_long`` is not a mapping."""
         def fs(key: str) -> FrozenSet[str]:
             v = d.get(key)
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
@@ -117,8 +114,7 @@ def parse_sbatch_help(text: str, source: str = "sbatch --help") -> SbatchOptions
     completed with ``BUILTIN_22_05`` and ``GETOPT_REQUIRED`` (module docstring).
 
     A long option takes a value when it is printed ``--opt=v`` or ``--opt v``; ``--opt[=v]`` takes one only
-    joined by ``=``. Raises nothing: text without options gives the built-in table.
-    """
+    joined by ``=``. Raises nothing: text without options gives the built-in table."""
     value: Set[str] = set(BUILTIN_22_05)
     optional: Set[str] = set()
     flag: Set[str] = set()
@@ -179,8 +175,7 @@ def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]
     cached in memory and ``$XDG_CACHE_HOME/slurm-coloc/sbatch-options/<key>.json`` (``use_cache`` False: run
     it again).
 
-    Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why.
-    """
+    Never raises: when sbatch cannot be run or prints no option, ``BUILTIN`` with ``source`` saying why."""
     full_env = dict(os.environ if env is None else env)
     exe = str(Path(bin_dir) / "sbatch")
     try:

@@ -3,7 +3,7 @@
 Before: a job of reservation ``rtres`` with ``--exclude=n1`` that OOM'd was rerun on n1 with no reservation
 (the rerun passed name, partition, account, time, paths and sizes only). Now it carries the reservation, the
 excluded nodes, the constraint, the licenses and ``--exclusive`` from slurmctld's record
-(``slurm/confinement.py``), and a job whose confinement cannot be carried (a heterogeneous job's component)
+(``slurm/jobinfo.py``), and a job whose confinement cannot be carried (a heterogeneous job's component)
 is not rerun, with the reason recorded and told to the user. Ordinary users; 22.05 and 26.05
 (``COLOC_SLURM``).
 """
