@@ -8,7 +8,7 @@ supplementary groups from the passwd/group databases, never from the job), under
 ``<run_dir>/mps/<key>.uid<uid>/``.
 
 In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (holding ``nvidia-cuda-mps-control.pid``) and ``log/``
-CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one file per shared job using the daemon, node/mps_guard.py)
+CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one file per shared job using the daemon, node/mps.py)
 and ``lock`` (flock serialising that daemon's Prologs/Epilogs) stay root-owned. Multi-user: ``pipe/`` and
 ``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user: owned
 by the uid, 0700, so only that user (and root) reaches the daemon; root never writes into them (the pid file
@@ -30,13 +30,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from slurm_coloc.atomic import make_dirs
 from slurm_coloc.config import Config
-from slurm_coloc.node import mps_guard
 
 log = logging.getLogger("slurm_coloc.node.mps")
+Control = Callable[[str], "subprocess.CompletedProcess[str]"]  # one control command -> its answer
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 EXTRA_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/bin")
@@ -296,7 +296,7 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     return MpsOutcome(False, "mps-stop-forced", d, {"pid": pid, "error": "daemon ignored quit; sent SIGTERM"})
 
 
-def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
+def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> Control:
     """``send(cmd) -> CompletedProcess`` to ``d``'s daemon as its user, within ``mps_start_timeout_s``."""
     who = _identity(d.uid) if d.uid is not None else {}
 
