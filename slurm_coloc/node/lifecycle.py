@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 from sqlite_utils import Database
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import flush, jobenv, mps, sampler_daemon
+from slurm_coloc.node import jobenv, mps, sampler_daemon
 from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as store_samples
 from slurm_coloc.store import summaries as store_summaries
@@ -100,7 +100,7 @@ def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
         store_samples.record_node_event(db, job_id, res.event, res.detail)
         out.setdefault("mps", []).append(res.event)
     if gpus:
-        out["sampler_flush"] = flush.request_flush(cfg, node, sampler_daemon.running_pid(cfg, node))
+        out["sampler_flush"] = sampler_daemon.request_flush(cfg, node, sampler_daemon.running_pid(cfg, node))
         end = time.time()
         t0 = start_ts if start_ts else end - 86400
         summary = summarize(job_id, node, list(gpus), start_ts, end,
