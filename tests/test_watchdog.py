@@ -20,7 +20,7 @@ from typing import Dict, Optional
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv
+from slurm_coloc.node import lifecycle
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.node.watchdog import (
@@ -161,7 +161,7 @@ def _cfg(tmp_path: Path, **kw: object) -> Config:
 def _tenant(cfg: Config, node: str, job: int, gpu: int, shards: int, share: str = "mps") -> None:
     fence = [("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={shards}G")] if share == "mps" else []
     pairs = [("COLOC_SHARE", share)] + fence
-    jobenv.write_env(cfg, job, pairs)
+    lifecycle.write_env(cfg, job, pairs)
     db = open_node_db(cfg.node_db_path(node))
     store_jobs.record_node_start(db, store_jobs.JobStart(job, node, "colocuser", 2001, str(gpu), shards,
                                                          f"gres:shard:{shards}", time.time()))
@@ -232,17 +232,17 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
 
 def test_the_grant_is_the_recorded_shards_and_the_env_file_is_read_checked(tmp_path: Path) -> None:
     """The grant comes from ``job_runs.shards`` (never from the fence text, here edited to 700 MiB); an env
-    file another user could write is not trusted for its ``COLOC_SHARE`` (``jobenv.read_env``)."""
+    file another user could write is not trusted for its ``COLOC_SHARE`` (``lifecycle.read_env``)."""
     cfg = _cfg(tmp_path)
     _tenant(cfg, "n1", 91, 0, 3)
-    jobenv.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
+    lifecycle.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
     _tenant(cfg, "n1", 92, 0, 5)
-    jobenv.env_path(cfg, 92).chmod(0o666)
+    lifecycle.env_path(cfg, 92).chmod(0o666)
     wd = Watchdog(cfg, "n1", cfg.node_db_path("n1"), JobAttributor())
     tenants = wd.refresh_tenants(force=True)
     assert tenants[91] == Tenant(91, 0, 3072.0, "mps", 2001)
     assert tenants[92] == Tenant(92, 0, 5120.0, "timeslice", 2001)
-    assert jobenv.read_env(cfg, 92) == [] and dict(jobenv.read_env(cfg, 91))["COLOC_SHARE"] == "mps"
+    assert lifecycle.read_env(cfg, 92) == [] and dict(lifecycle.read_env(cfg, 91))["COLOC_SHARE"] == "mps"
 
 
 def test_a_pid_that_no_longer_belongs_to_the_job_is_not_signalled(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import AbstractSet, Any, Dict, FrozenSet, List, Mapping, Optional, S
 from sqlite_utils import Database
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv
+from slurm_coloc.node import lifecycle
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import watchdog as store_wd
@@ -259,7 +259,7 @@ class Watchdog:
         Raises:
             StoreError, sqlite3.Error: the node database cannot be opened or read (``tick`` catches them).
         """
-        names = jobenv.env_job_ids(self.cfg)
+        names = lifecycle.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
             return self.tenants
@@ -273,7 +273,7 @@ class Watchdog:
             run = runs.get(job)
             if run is None or len(run.gpus) != 1 or not run.shards:
                 continue
-            share = dict(jobenv.read_env(self.cfg, job)).get("COLOC_SHARE")
+            share = dict(lifecycle.read_env(self.cfg, job)).get("COLOC_SHARE")
             tenants[job] = Tenant(job, run.gpus[0], float(shards_to_mib(run.shards)),
                                   "mps" if share == "mps" else "timeslice", run.uid)
         self.tenants = tenants
