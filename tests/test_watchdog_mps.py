@@ -18,8 +18,8 @@ import pytest
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import mps
-from slurm_coloc.nvml.control import mode_name
-from slurm_coloc.nvml.replay import RecordedComputeModes
+from slurm_coloc.nvml.reader import mode_name
+from slurm_coloc.nvml.readings import RecordedComputeModes
 from tests.cluster.test_mps_lifecycle import FAKE_MPS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -50,7 +50,7 @@ from slurm_coloc.node.mps_daemon import (
 )
 
 if TYPE_CHECKING:
-    from slurm_coloc.nvml.control import ComputeModes
+    from slurm_coloc.nvml.reader import ComputeModes
 
 log = logging.getLogger("slurm_coloc.node.mps")
 
@@ -181,7 +181,7 @@ def restore_mode(root: Path, modes: Optional[ComputeModes]) -> Dict[str, Any]:
 
 
 def _nvml_modes() -> ComputeModes:
-    from slurm_coloc.nvml.control import NvmlComputeModes
+    from slurm_coloc.nvml.reader import NvmlComputeModes
     return NvmlComputeModes()
 
 

@@ -9,8 +9,7 @@ GPU that fell off the bus) is NULL downstream, never 0, and is logged once per (
 from __future__ import annotations
 
 from slurm_coloc.nvml.reader import NvmlReader, NvmlUnavailable, gpu_uuids, open_nvml
-from slurm_coloc.nvml.readings import Frame, GpuReading, ProcReading
-from slurm_coloc.nvml.replay import ReplayReader
+from slurm_coloc.nvml.readings import Frame, GpuReading, ProcReading, ReplayReader
 
 __all__ = ["Frame", "GpuReading", "ProcReading", "NvmlReader", "NvmlUnavailable", "ReplayReader", "gpu_uuids",
            "open_nvml"]
