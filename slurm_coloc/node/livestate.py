@@ -2,8 +2,9 @@
 
 The sampler calls ``LiveState.observe`` once per frame (its own thread): that keeps the latest GPU readings,
 the per-(job, GPU) memory, SM utilization and share of the GPU, and adds to each (job, GPU) pair its share of
-the energy the GPU used since the previous frame. The share is the Epilog's attribution rule (node/summary.py,
-docs/node.md): SM utilization when every process on the GPU reports it, else memory, the MPS server left out.
+the energy the GPU used since the previous frame. The share is the Epilog's attribution rule
+(node/lifecycle.py, docs/node.md): SM utilization when every process reports it, else memory, the MPS server
+left out.
 
 A scrape (another thread) calls ``LiveState.view``: the latest frame joined with the running jobs of this node
 (the Prolog's ``job_runs`` rows that no Epilog closed, opened since this boot) into ``View`` rows. A job's
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.node.summary import attribution_share
+from slurm_coloc.node.lifecycle import attribution_share
 from slurm_coloc.nvml.readings import Frame, GpuReading
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
@@ -272,7 +273,7 @@ class LiveState:
 
 def _energy_delta(prev: Optional[Tuple[float, Optional[float], Optional[float]]],
                   cur: Tuple[float, Optional[float], Optional[float]]) -> Optional[float]:
-    """Energy (J) between two frames: counter difference, else mean power x dt (node/summary.py's rule)."""
+    """Energy (J) between two frames: counter difference, else mean power x dt (node/lifecycle.py's rule)."""
     if prev is None or cur[0] <= prev[0]:
         return None
     if cur[1] is not None and prev[1] is not None and cur[1] >= prev[1]:

@@ -116,7 +116,7 @@ def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float
     """``JobStats`` from a job's samples in time order (``smact_pct``, ``smocc_pct``, ``tensor_pct``,
     ``dram_bw_pct`` in %; ``job_mem_mib``: the job's memory then, MiB, None with no process on the GPU).
 
-    Same definitions as the node Epilog's summary (node/summary.py): means over every sample of the span; the
+    Same definitions as the Epilog's summary (node/lifecycle.py): means over every sample of the span; the
     idle share (SM activity below ``idle_smact_pct`` %) over the samples with the job's process (None without
     one), ``active_samples`` their count.
     """

@@ -22,8 +22,8 @@ import pytest
 from slurm_coloc.config import Config
 from slurm_coloc.node import lifecycle, mps, mps_daemon
 from slurm_coloc.node.attribution import JobAttributor
+from slurm_coloc.node.lifecycle import summarize
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db
 
