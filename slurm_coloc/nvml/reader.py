@@ -5,6 +5,8 @@ GetPowerUsage (mW), GetTotalEnergyConsumption (mJ), GetTemperature, GetClockInfo
 GetComputeRunningProcesses, GetMPSComputeRunningProcesses, GetProcessUtilization, and the GPM API
 (nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, nvmlGpmSampleGet, nvmlGpmMetricsGet): GPM metrics are computed
 between two samples, which must be at least 100 ms apart, so the first read of a device has GPM columns None.
+Every query answers a value or None: a metric NVML lacks (NotSupported, no permission, a GPU that fell off the
+bus) is NULL downstream, never 0, and is logged once per (GPU, metric).
 
 The compute mode (root only for ``set``) is the MPS protection of a shared GPU: NVIDIA's MPS documentation
 runs it in ``EXCLUSIVE_PROCESS`` so that only the MPS server opens a context; a job that leaves its MPS pipe
@@ -40,11 +42,7 @@ _pynvml: Any = None
 
 
 def open_nvml() -> Any:
-    """Import pynvml and call nvmlInit once per process; return the module.
-
-    Raises:
-        NvmlUnavailable: nvidia-ml-py missing or libnvidia-ml cannot be initialised.
-    """
+    """pynvml, imported and initialised once per process. Raises NvmlUnavailable: no nvidia-ml-py/driver."""
     global _pynvml
     if _pynvml is not None:
         return _pynvml
@@ -63,11 +61,7 @@ def open_nvml() -> Any:
 
 
 def gpu_uuids() -> Dict[int, str]:
-    """``{nvml index: "GPU-..."}`` of this node's GPUs.
-
-    Raises:
-        NvmlUnavailable: no NVML.
-    """
+    """``{nvml index: "GPU-..."}`` of this node's GPUs. Raises NvmlUnavailable."""
     nv = open_nvml()
     out = {}
     for i in range(nv.nvmlDeviceGetCount()):
@@ -77,10 +71,8 @@ def gpu_uuids() -> Dict[int, str]:
 
 
 class NvmlReader:
-    """Reads all GPUs of this node and their processes; survives NVML errors per call.
-
-    ``gpm``: take GPM metrics where ``nvmlGpmQueryDeviceSupport`` says the device supports them.
-    """
+    """Reads all GPUs of this node and their processes; survives NVML errors per call. ``gpm``: GPM metrics
+    where ``nvmlGpmQueryDeviceSupport`` allows."""
 
     GPM_METRICS = (("smact_pct", 2), ("smocc_pct", 3), ("tensor_pct", 5), ("dram_bw_pct", 10))
 
@@ -272,22 +264,14 @@ def mode_name(value: Optional[int]) -> Optional[str]:
 
 
 class NvmlComputeModes:
-    """``ComputeModes`` of this node's GPUs through NVML.
-
-    Raises (from each method):
-        NvmlUnavailable: no NVML. ColocError: the NVML call failed (e.g. NO_PERMISSION when not root), or an
-            unknown mode name.
-    """
+    """``ComputeModes`` of this node's GPUs through NVML. Raises NvmlUnavailable; ColocError (each method):
+    the NVML call failed (e.g. NO_PERMISSION when not root, no such GPU) or an unknown mode name."""
 
     def __init__(self) -> None:
         self.nv = open_nvml()
 
     def get(self, index: int) -> str:
-        """``nvmlDeviceGetComputeMode`` of GPU ``index``: a ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``.
-
-        Raises:
-            ColocError: the NVML call failed (e.g. no such GPU).
-        """
+        """A ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``."""
         nv = self.nv
         try:
             value = nv.nvmlDeviceGetComputeMode(nv.nvmlDeviceGetHandleByIndex(int(index)))
@@ -296,11 +280,7 @@ class NvmlComputeModes:
         return str(mode_name(value))
 
     def set(self, index: int, mode: str) -> None:
-        """``nvmlDeviceSetComputeMode`` of GPU ``index`` to a ``MODE_NAMES`` value (root only).
-
-        Raises:
-            ColocError: an unknown mode name, or the NVML call failed (e.g. NO_PERMISSION when not root).
-        """
+        """Root only."""
         if mode not in MODE_VALUES:
             raise ColocError(f"unknown compute mode {mode!r}", hint=f"one of {', '.join(MODE_VALUES)}")
         nv = self.nv

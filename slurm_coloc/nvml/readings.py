@@ -1,11 +1,9 @@
-"""What one sampling step reads (dataclasses shared by the live NVML reader and the replay), and the replay of
-an NVML recording (JSON lines) for machines without a GPU: CI and demos, never production.
+"""What one sampling step reads (shared by the live NVML reader and the replay), and the replay of an NVML
+recording for machines without a GPU (CI and demos, never production).
 
-Recording format (written by ``coloc-sampler record``): first line a header ``{"recording": "<what/where>",
-...}``, then one frame per line ``{"t": s since start, "gpus": [GpuReading...], "procs": [ProcReading...]}``
-(a frame may carry ``"error"``: the live read failed there). Replay serves the frames in order, at the current
-wall time, and starts over at the end. ``pid_map`` replaces recorded pids by live ones so attribution through
-/proc can be exercised on a real Slurm job.
+A recording (``coloc-sampler record``) is JSON lines: a header ``{"recording": "<what/where>", ...}``, then
+one frame per line ``{"t": s since start, "gpus": [...], "procs": [...]}`` (``"error"``: the read failed).
+Replay serves the frames in order at the current wall time, starting over at the end.
 """
 from __future__ import annotations
 
@@ -20,13 +18,9 @@ from slurm_coloc.errors import ColocError
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One GPU at one instant. None = NVML lacks the metric (NULL in the database, never 0).
-
-    Percentages are 0..100: ``util_pct``/``mem_util_pct`` NVML's coarse rates; ``smact_pct``, ``smocc_pct``,
-    ``tensor_pct``, ``dram_bw_pct`` GPM's over the window since the previous sample (Hopper+ only). Memory
-    MiB; ``power_w`` from mW; ``energy_j`` the counter since driver load, from mJ; ``temp_c`` C;
-    ``sm_clock_mhz`` MHz.
-    """
+    """One GPU at one instant; None: NVML lacks the metric (NULL, never 0). Percentages 0..100 (``smact_pct``,
+    ``smocc_pct``, ``tensor_pct``, ``dram_bw_pct``: GPM's since the previous sample, Hopper+); memory MiB;
+    ``energy_j``: the counter since driver load."""
 
     index: int
     uuid: Optional[str] = None
@@ -47,9 +41,8 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class ProcReading:
-    """One process using a GPU. ``used_mem_mib`` is NVML's per-process figure (CUDA context included);
-    ``sm_util_pct``/``mem_util_pct`` come from nvmlDeviceGetProcessUtilization (None when it has no sample);
-    ``mps_client``: listed by nvmlDeviceGetMPSComputeRunningProcesses."""
+    """One process using a GPU: ``used_mem_mib`` NVML's per-process figure (CUDA context included);
+    utilization None when nvmlDeviceGetProcessUtilization has no sample."""
 
     gpu_index: int
     pid: int
@@ -64,15 +57,9 @@ PidMib = Tuple[int, Optional[float]]
 
 @dataclass(frozen=True)
 class ProcLists:
-    """NVML's two process lists of one GPU, as read: ``(pid, used memory MiB or None)`` pairs; None: the query
-    failed.
-
-    ``compute``: ``nvmlDeviceGetComputeRunningProcesses`` (every CUDA context: MPS clients, the MPS server,
-    processes outside MPS). ``mps``: ``nvmlDeviceGetMPSComputeRunningProcesses`` (MPS clients only; None also
-    when not supported). Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
-    MPS is in ``compute`` only; an MPS client in both with its own memory; the MPS server in ``compute`` only
-    (66 MiB). ``derived``: rebuilt from a recording made before the lists were recorded (``derive_lists``).
-    """
+    """NVML's two process lists of one GPU: ``(pid, MiB or None)`` pairs; None: the query failed (``mps``:
+    also not supported). Measured on the H100 (benchmarks/device/results/h100-mps-limits): a client outside
+    MPS is in ``compute`` only, an MPS client in both, the MPS server in ``compute`` only (66 MiB)."""
 
     gpu_index: int
     compute: Optional[Tuple[PidMib, ...]] = None
@@ -95,10 +82,8 @@ class ProcLists:
 
 
 def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcLists]:
-    """One ``ProcLists`` per GPU, in order, for a recording made before they existed.
-
-    The compute list holds the processes with a known memory (MiB), the MPS list the MPS clients.
-    """
+    """One ``ProcLists`` per GPU for a recording made before they existed: compute = the processes with a
+    known memory, MPS = the MPS clients."""
     out = []
     for g in gpus:
         mine = [p for p in procs if p.gpu_index == g.index]
@@ -110,10 +95,7 @@ def derive_lists(gpus: List[GpuReading], procs: List[ProcReading]) -> List[ProcL
 
 @dataclass
 class Frame:
-    """One sampling step: wall time ``ts`` (s since epoch), GPUs, processes; ``error`` when the read failed.
-
-    ``lists``: NVML's compute and MPS process lists per GPU (the watchdog's input); empty when not read.
-    """
+    """One sampling step at wall time ``ts`` (Unix s); ``lists``: the watchdog's input (empty: not read)."""
 
     ts: float
     gpus: List[GpuReading] = field(default_factory=list)
@@ -133,10 +115,7 @@ class Frame:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any], ts: float) -> "Frame":
-        """Inverse of ``to_json``, placed at wall time ``ts`` (Unix s; ``t`` not read); unknown keys ignored.
-
-        A frame recorded without ``lists`` gets lists derived from its processes (``derive_lists``).
-        """
+        """Inverse of ``to_json`` at wall time ``ts``; unknown keys ignored, lists derived if absent."""
         gnames = {f.name for f in fields(GpuReading)}
         pnames = {f.name for f in fields(ProcReading)}
         gpus = [GpuReading(**{k: v for k, v in g.items() if k in gnames}) for g in data.get("gpus", [])]
@@ -147,11 +126,8 @@ class Frame:
 
 
 class ReplayReader:
-    """Serve recorded frames (a ``*.jsonl`` file) as if read now; ``pid_map`` maps recorded pids to live ones.
-
-    Raises:
-        ColocError: missing file, no header, or no frame.
-    """
+    """Serve recorded frames (a ``*.jsonl`` file) as if read now; ``pid_map`` maps recorded pids to live ones
+    (attribution through /proc on a real Slurm job). Raises ColocError: no file, header or frame."""
 
     def __init__(self, path: str, pid_map: Optional[Mapping[int, int]] = None) -> None:
         p = Path(path)
@@ -185,7 +161,7 @@ class ReplayReader:
         return frame
 
     def close(self) -> None:
-        """Nothing to release."""
+        pass
 
 
 def _mapped(pairs: Optional[Tuple[PidMib, ...]], pid_map: Mapping[int, int]) -> Optional[Tuple[PidMib, ...]]:
@@ -193,11 +169,9 @@ def _mapped(pairs: Optional[Tuple[PidMib, ...]], pid_map: Mapping[int, int]) -> 
 
 
 class RecordedComputeModes:
-    """``ComputeModes`` over recorded GPU states, for CI (never a GPU); every call is noted in ``calls``.
-    ``modes``: ``{NVML index: mode name}`` as recorded (e.g. the H100's ``compute_mode`` 0 = ``DEFAULT`` in
-    ``benchmarks/device/results/h100-mps-limits/mps_limits.json``); ``fail_set``: ``set`` raises
-    ``ColocError`` (what NVML answers without permission).
-    """
+    """``ComputeModes`` over recorded GPU states (e.g. the H100's ``DEFAULT`` in
+    benchmarks/device/results/h100-mps-limits), for CI; calls noted in ``calls``; ``fail_set``: ``set`` raises
+    ``ColocError`` as NVML without permission."""
 
     def __init__(self, modes: Mapping[int, str], fail_set: bool = False) -> None:
         self.modes = dict(modes)
@@ -205,21 +179,13 @@ class RecordedComputeModes:
         self.calls: List[tuple] = []
 
     def get(self, index: int) -> str:
-        """The recorded (or last set) ``MODE_NAMES`` value of GPU ``index``.
-
-        Raises:
-            ColocError: the recording has no such GPU.
-        """
+        """Raises ColocError: the recording has no such GPU."""
         if index not in self.modes:
             raise ColocError(f"GPU {index}: not in the recording")
         return self.modes[index]
 
     def set(self, index: int, mode: str) -> None:
-        """Note the call in ``calls`` and keep ``mode`` (not checked) for GPU ``index`` in memory.
-
-        Raises:
-            ColocError: built with ``fail_set`` (the call is still noted; the mode is not changed).
-        """
+        """Keep ``mode`` (not checked) in memory. Raises ColocError with ``fail_set`` (mode unchanged)."""
         self.calls.append(("set", index, mode))
         if self.fail_set:
             raise ColocError(f"GPU {index}: cannot set compute mode {mode}: Insufficient Permissions")
