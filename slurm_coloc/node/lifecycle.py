@@ -77,8 +77,7 @@ def write_env(cfg: Config, job_id: int, pairs: List[Tuple[str, str]]) -> Path:
 
 
 def env_job_ids(cfg: Config) -> FrozenSet[int]:
-    """The job ids that have an env file now (``<job_id>.env``; not temporary ``.``-files); empty when the
-    jobs directory is absent or unreadable."""
+    """The job ids with an env file (not temporary ``.``-files); empty when the directory is unreadable."""
     try:
         names = os.listdir(Path(cfg.run_dir) / "jobs")
     except OSError:
@@ -158,10 +157,8 @@ def _mean(xs: List[float]) -> Optional[float]:
 
 def _energy_and_gpu_s(job_id: int, gpu_rows: Sequence[Dict[str, Any]],
                       procs_at: Dict[tuple, List[Dict[str, Any]]]) -> Tuple[Optional[float], float]:
-    """The job's share of each GPU's energy (J; None when no interval had an energy or power reading) and of
-    its time (GPU-seconds), interval by interval between consecutive samples of a GPU, by the job's share of
-    the processes there (``procs_at``: (GPU index, ts) -> process rows). Energy is the counter's growth, else
-    the mean power x the interval; a counter that went back (driver reload) uses the power."""
+    """The job's energy (J; None without any energy or power reading) and GPU-seconds (module rule);
+    ``procs_at``: (GPU index, ts) -> process rows. A counter that went back (driver reload) uses the power."""
     energy = gpu_s = 0.0
     have_energy = False
     by_gpu: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
@@ -281,14 +278,10 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
                    shards: Optional[int],
                    spank_share: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                    uid: Optional[int] = None) -> Dict[str, Any]:
-    """Set up a job's GPU sharing on this node; return what was done (for the hook_runs row).
-
-    Shard job on one GPU: MPS daemon for that GPU (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and
-    the env file (``COLOC_SHARE=mps`` + MPS variables + fence, or ``COLOC_SHARE=timeslice``); others none.
-    Starts the sampler for any GPU job (``sampler_autostart``). ``shards``: GiB; ``uid``: ``mps_mode:
-    per-user``. Returns ``{"share", "sampler_pid"?, "mps"?, "mps_key"?, "env_file"?, "coloc_share"?}``; an MPS
-    problem is a value of ``mps`` (the job runs time-sliced). Raises ValueError, OSError (``write_env``),
-    sqlite3.Error (a node event).
+    """Set up a job's GPU sharing here; return what was done (the hook_runs detail). Shard job on one GPU:
+    MPS daemon (unless ``mps_mode`` off or ``--coloc-share=timeslice``) and the env file; any GPU job: the
+    sampler (``sampler_autostart``). ``shards``: GiB; ``uid``: ``mps_mode: per-user``. An MPS problem is a
+    value of ``mps`` (the job runs time-sliced). Raises ValueError, OSError (``write_env``), sqlite3.Error.
     """
     out: Dict[str, Any] = {"share": share_mode(shards, cfg)}
     if gpus and cfg.sampler_autostart:
@@ -319,12 +312,9 @@ def prolog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequ
 
 def epilog_sharing(cfg: Config, db: Database, job_id: int, node: str, gpus: Sequence[int],
                    start_ts: Optional[float], env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Remove the env file, release MPS (stopping an unused daemon), flush the sampler, write the summary.
-
-    No ``gpus``: no flush and no summary; ``start_ts`` (Unix s) None: the summary reads the last 24 h. Returns
-    ``{"env_file_removed", "mps"?: [events], "sampler_flush"?, "summary"?: {"peak_mem_mib", "n_samples"}}``.
-    Raises OSError (the env file cannot be removed), sqlite3.Error (an event or the summary not recorded).
-    """
+    """Remove the env file, release MPS (stopping an unused daemon), flush the sampler, write the summary
+    (no ``gpus``: neither; ``start_ts`` (Unix s) None: the last 24 h); the detail. Raises OSError,
+    sqlite3.Error."""
     out: Dict[str, Any] = {"env_file_removed": remove_env(cfg, job_id)}
     for res in mps.release(cfg, job_id, env):
         store_samples.record_node_event(db, job_id, res.event, res.detail)

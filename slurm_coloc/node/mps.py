@@ -96,12 +96,9 @@ def read_int(path: Path) -> Optional[int]:
 
 
 def plan_ceiling(grants: Dict[str, int], current_mib: Optional[int], joining: Optional[str]) -> Optional[int]:
-    """The ceiling (MiB) to set now, or None to leave it (pure); ``joining`` None: a member leaves.
-
-    None set yet (``current_mib`` None), or the joining job is the only member -> its grant; a member joins ->
-    raise to the largest grant, never lower (a running tenant may hold up to the current ceiling); a member
-    leaves -> the largest remaining grant when lower; no member left -> leave it (the next Prolog sets it).
-    """
+    """The ceiling (MiB) to set now, or None to leave it; ``joining`` None: a member leaves. A join raises it
+    to the largest grant, never lowers it (a running tenant may hold up to it); a leave lowers it to the
+    largest remaining grant; no member left: left for the next Prolog."""
     if not grants:
         return None
     top = max(grants.values())
@@ -139,11 +136,8 @@ def apply_ceiling(control: Control, mib: int) -> Dict[str, Any]:
 
 
 def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Optional[ComputeModes]) -> Dict[str, Any]:
-    """First shard member: record the compute mode in ``<root>/compute_mode.prev``, set ``EXCLUSIVE_PROCESS``.
-
-    ``modes`` None: NVML. Returns ``{"compute_mode", "compute_mode_prev"}``, ``{"compute_mode_error"}`` or {}
-    (not configured); never raises.
-    """
+    """First shard member: record the compute mode in ``<root>/compute_mode.prev``, set ``EXCLUSIVE_PROCESS``
+    (``modes`` None: NVML); the detail, {} when not configured. Never raises."""
     if cfg.mps_compute_mode != "exclusive-process":
         return {}
     try:
@@ -160,10 +154,8 @@ def set_exclusive(cfg: Config, root: Path, gpu_index: int, modes: Optional[Compu
 
 
 def restore_mode(root: Path, modes: Optional[ComputeModes]) -> Dict[str, Any]:
-    """Last shard member left: restore the mode (and GPU index) ``set_exclusive`` recorded, remove the record.
-
-    Returns ``{"compute_mode"}``, ``{"compute_mode_error"}`` or {} (nothing recorded); never raises.
-    """
+    """Last shard member left: restore the mode (and GPU index) ``set_exclusive`` recorded, remove the record;
+    the detail, {} when nothing was recorded. Never raises."""
     prev_path = root / PREV_MODE_FILE
     if not prev_path.exists():
         return {}
@@ -225,12 +217,8 @@ def _ceiling(cfg: Config, d: MpsDaemon, binary: str, joining: Optional[str]) -> 
 def acquire(cfg: Config, job_id: int, gpu_index: int, uuid: Optional[str],
             env: Optional[Dict[str, str]] = None, uid: Optional[int] = None, grant_mib: Optional[int] = None,
             modes: Optional[ComputeModes] = None) -> MpsOutcome:
-    """Make sure a daemon serves GPU ``gpu_index`` (``uid``'s in per-user mode); register ``job_id`` with it.
-
-    ``grant_mib`` (the job's shards) goes into its member file and the daemon's ceiling; ``modes`` replaces
-    NVML for ``mps_compute_mode`` (tests). ``ok`` False (``mps-missing`` / ``mps-start-failed`` /
-    ``mps-error``): the job runs without MPS. Never raises: every error becomes an ``mps-error`` outcome.
-    """
+    """Make sure a daemon serves GPU ``gpu_index`` (``uid``'s in per-user mode); register ``job_id`` with its
+    ``grant_mib`` (member file, ceiling). ``ok`` False: the job runs without MPS. Never raises."""
     try:
         d = daemon_for(cfg, gpu_index, uuid, uid)
     except ValueError as exc:
@@ -275,12 +263,8 @@ def job_daemons(cfg: Config, job_id: int) -> List[MpsDaemon]:
 
 def release(cfg: Config, job_id: int, env: Optional[Dict[str, str]] = None,
             modes: Optional[ComputeModes] = None) -> List[MpsOutcome]:
-    """Unregister ``job_id`` from its daemons and follow the members left (one outcome per daemon).
-
-    A daemon left with no member stops unless ``mps_keep_warm``; the ceiling drops to the largest remaining
-    grant; the compute mode is restored after the last member. Outcomes: ``mps-kept``, ``mps-kept-warm``,
-    ``stop``'s or ``mps-error`` (a daemon's errors never raise).
-    """
+    """Unregister ``job_id`` from its daemons (one outcome each): a daemon left with no member stops unless
+    ``mps_keep_warm`` and gets its compute mode back; else the ceiling follows the members. Never raises."""
     outcomes = []
     binary = resolve_binary(cfg, env) or cfg.mps_control_bin
     for d in job_daemons(cfg, job_id):

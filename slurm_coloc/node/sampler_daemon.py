@@ -5,19 +5,12 @@ One instance per node: an exclusive flock on ``<run_dir>/sampler-<node>.lock`` h
 lock file holding its pid. ``SIGTERM``/``SIGINT`` stop the sampling loop and ``SIGUSR1`` asks it to write its
 buffer at once (node/sampler.py).
 
-The flush: the sampler writes its buffered rows once per ``sampler_batch_s``; rows read after its last write
-would be missing from the summary the Epilog writes. So the Epilog (as root):
-
-1. finds the sampler's pid in the lock file (only while its flock is held) and checks that ``/proc/<pid>`` is
-   our sampler: our uid, running ``slurm_coloc.cli.sampler`` (or ``coloc-sampler``) ``run``. Anything else is
-   never signalled;
-2. notes ``t_req`` and sends ``SIGUSR1``; the sampler writes its buffer at once and, after every write,
-   replaces ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts", "flushes"}``:
-   every frame read before ``upto_ts`` is stored);
-3. waits until the marker names that pid with ``upto_ts >= t_req``, at most ``flush_wait_s(cfg)``, then
-   summarises whatever the database holds.
-
-A sampler that is absent, not ours or late is reported (``status``) and logged; it never fails the Epilog.
+The flush (the sampler writes its rows once per ``sampler_batch_s``; the summary needs the last ones):
+the Epilog (root) takes the pid from the held lock, checks ``/proc/<pid>`` is our sampler (our uid, running
+``coloc-sampler run``; anything else is never signalled), notes ``t_req`` and sends ``SIGUSR1``. After every
+write the sampler replaces ``<run_dir>/sampler-<node>.flushed`` (root-owned 0644 JSON ``{"pid", "upto_ts",
+"flushes"}``: every frame read before ``upto_ts`` is stored); the Epilog waits for ``upto_ts >= t_req`` at
+most ``flush_wait_s``. A sampler absent, not ours or late is a ``status``, never an Epilog failure.
 """
 from __future__ import annotations
 
@@ -52,12 +45,8 @@ def lock_path(cfg: Config, node: str) -> Path:
 
 def take_lock(cfg: Config, node: str) -> Optional[int]:
     """The single-instance lock's fd (kept open for life; pid written in), or None when another sampler holds
-    it. Also ignores SIGUSR1 while its handler is the default (a flush request must not kill a starting one).
-
-    Raises:
-        OSError: the directory or file cannot be made or opened (e.g. a symlink), or ``flock`` fails other
-            than by another holder.
-    """
+    it. Ignores SIGUSR1 while it is the default (a flush request must not kill a starting sampler). Raises
+    OSError: the file cannot be made or opened (e.g. a symlink), or ``flock`` fails otherwise."""
     path = lock_path(cfg, node)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
