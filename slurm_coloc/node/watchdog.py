@@ -173,8 +173,7 @@ class WatchdogEvidence:
 
 @dataclass(frozen=True)
 class WatchdogAct:
-    """A confirmed finding to act on: the line for the job's stderr and, under ``stop``, the job's pids seen
-    on any GPU (to SIGKILL)."""
+    """A confirmed finding, its stderr line and, under ``stop``, the job's pids on any GPU (to SIGKILL)."""
 
     finding: Finding
     message: str
@@ -189,9 +188,8 @@ class WatchdogVerdict:
 
 
 def verdict(ev: WatchdogEvidence) -> WatchdogVerdict:
-    """What to do about one frame (module rules): at most one act per job, the findings left to confirm, and
-    the next period (``interval_s`` capped by ``watchdog_interval_s``, by ``fast_interval_s`` while a finding
-    is pending or a tenant is near its grant; ``interval_s`` itself without tenants)."""
+    """What to do about one frame (module rules): at most one act per job, the findings left to confirm and
+    the next period (module pacing; ``interval_s`` itself without tenants)."""
     if not ev.tenants:
         return WatchdogVerdict((), frozenset(), ev.interval_s)
     live = {j: t for j, t in ev.tenants.items() if j not in ev.acted}
@@ -254,11 +252,8 @@ class Watchdog:
 
     def refresh_tenants(self, force: bool = False) -> Dict[int, Tenant]:
         """job id -> ``Tenant``: an env file (its share) and an open ``job_runs`` row (one GPU, shards x 1024
-        MiB, uid), reloaded when the env files change or every ``REFRESH_S``.
-
-        Raises:
-            StoreError, sqlite3.Error: the node database cannot be opened or read (``tick`` catches them).
-        """
+        MiB, uid), reloaded when the env files change or every ``REFRESH_S``. Raises StoreError, sqlite3.Error
+        (``tick`` catches them)."""
         names = lifecycle.env_job_ids(self.cfg)
         now = time.monotonic()
         if not force and names == self._env_names and now - self._refreshed < REFRESH_S:
