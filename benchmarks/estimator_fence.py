@@ -2,7 +2,7 @@
 """What the MPS fence sees: the shipped estimate vs the fence coloc-sbatch actually requests (issue 3/4).
 
 coloc-sbatch asks for ``max(min_shards, mib_to_shards(estimate + headroom_mib))`` GiB shards and the Prolog
-fences the job at that many GiB (``submit/plan.py``, ``node/jobenv.py``). This prints, per data set, how many
+fences the job at that many GiB (``submit/plan.py``, ``node/lifecycle.py``). This prints, per data set, how many
 measured H100 peaks exceed the estimate and how many exceed the fence, and the median over-reservation of both:
 
     .venv/bin/python -m benchmarks.estimator_fence

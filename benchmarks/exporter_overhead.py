@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import exporter, metrics_sources
+from slurm_coloc.node import exporter, livestate
 from slurm_coloc.node.livestate import LiveState
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame
@@ -110,7 +110,7 @@ def big_state(d: Path, n_gpus: int = 8, jobs_per_gpu: int = 4) -> Tuple[LiveStat
                                                                  start_ts=now))
     reader = ReplayReader(str(REC))
     frames = [f for f in (reader.read() for _ in range(len(reader.frames))) if len(f.procs) >= 3]
-    state = LiveState(cfg, "b8", metrics_sources.node_job_rows(cfg, "b8"), interval_s=1.0)
+    state = LiveState(cfg, "b8", livestate.node_job_rows(cfg, "b8"), interval_s=1.0)
     big: List[Frame] = []
     for f in frames:
         gpus = [dataclasses.replace(f.gpus[0], index=g, uuid=f"GPU-bench-{g}") for g in range(n_gpus)]
@@ -139,7 +139,7 @@ def in_process(d: Path, every_s: float) -> Dict[str, float]:
             n += 1
     observe_ms = (time.thread_time() - t) * 1000 / n
     reg = exporter.CollectorRegistry(auto_describe=False)
-    reg.register(exporter.ColocCollector(state, "coloc", metrics_sources.ctld_oom_counts(aux["cfg"])))
+    reg.register(exporter.ColocCollector(state, "coloc", livestate.ctld_oom_counts(aux["cfg"])))
     from prometheus_client import generate_latest
     out = generate_latest(reg)
     t = time.thread_time()

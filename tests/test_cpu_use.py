@@ -19,8 +19,8 @@ import pytest
 from slurm_coloc.config import Config
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.cpu import CpuReader
+from slurm_coloc.node.lifecycle import cpu_means, summarize
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.summary import cpu_means, summarize
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.store import samples, summaries
 from slurm_coloc.store.db import open_node_db

@@ -15,7 +15,7 @@ from typing import Set
 import yaml
 from prometheus_client import generate_latest
 
-from slurm_coloc.node import exporter, metrics_sources
+from slurm_coloc.node import exporter, livestate
 from slurm_coloc.node.livestate import LiveState
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
@@ -33,13 +33,13 @@ def _exposed(tmp_path: Path) -> Set[str]:
     _start(cfg, 9102, 4)
     store_oom.claim_retry(open_ctld_db(cfg.ctld_db_path), store_oom.OomRecord(
         job_id=9101, ts=time.time(), retry_status="submitted"))
-    state = LiveState(cfg, "e1", metrics_sources.node_job_rows(cfg, "e1"), interval_s=0.5)
+    state = LiveState(cfg, "e1", livestate.node_job_rows(cfg, "e1"), interval_s=0.5)
     frames = _feed(state, 4)
     # SM utilization per job exists only where NVML gives it per process (not MPS clients): the recorded
     # process that reports it stands in for a job running without MPS.
     state.observe(frames[-1], [ProcSample(p, 9103 if p.pid == 2374 else None) for p in frames[-1].procs])
     reg = exporter.CollectorRegistry(auto_describe=False)
-    reg.register(exporter.ColocCollector(state, "coloc", metrics_sources.ctld_oom_counts(cfg)))
+    reg.register(exporter.ColocCollector(state, "coloc", livestate.ctld_oom_counts(cfg)))
     text = generate_latest(reg).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line
             and not line.startswith("#")}

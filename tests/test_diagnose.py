@@ -15,7 +15,7 @@ import pytest
 from slurm_coloc import config as config_mod
 from slurm_coloc.hooks import admin_comment, figures
 from slurm_coloc.node.cpu import JobCpu
-from slurm_coloc.node.summary import summarize
+from slurm_coloc.node.lifecycle import summarize
 from slurm_coloc.nvml.readings import GpuReading, ProcReading
 from slurm_coloc.report import diagnose, query
 from slurm_coloc.report.summarize import JobView

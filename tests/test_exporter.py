@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import exporter, metrics_sources
+from slurm_coloc.node import exporter, livestate
 from slurm_coloc.node.livestate import GIB, LiveState
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.nvml import ReplayReader
@@ -71,7 +71,7 @@ def _scrape(state: LiveState, names: str = "coloc", collector=None) -> Dict[str,
 
 
 def _state(cfg: Config) -> LiveState:
-    return LiveState(cfg, "e1", metrics_sources.node_job_rows(cfg, "e1"), interval_s=0.5)
+    return LiveState(cfg, "e1", livestate.node_job_rows(cfg, "e1"), interval_s=0.5)
 
 
 @pytest.mark.slow

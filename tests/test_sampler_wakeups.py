@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import flush as flush_mod
-from slurm_coloc.node.sampler import JobAttributor, Sampler
-from slurm_coloc.node.sampler_daemon import install_signal_handlers
+from slurm_coloc.node import sampler_daemon
+from slurm_coloc.node.sampler import JobAttributor, Sampler, install_signal_handlers
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db
@@ -68,7 +67,7 @@ def test_signals_served_within_a_fifth_of_a_second(tmp_path: Path) -> None:
         sent["usr1"] = time.time()
         os.kill(os.getpid(), signal.SIGUSR1)
         for _ in range(50):
-            m = flush_mod.read_marker(cfg, "w2")
+            m = sampler_daemon.read_marker(cfg, "w2")
             if m and m["upto_ts"] >= sent["usr1"]:
                 sent["flushed_after"] = time.time() - sent["usr1"]
                 break
@@ -105,7 +104,7 @@ def test_flag_set_by_another_thread_wakes_the_loop(tmp_path: Path) -> None:
     t_req = time.time()
     s.flush_requested = True
     for _ in range(40):
-        m = flush_mod.read_marker(cfg, "w3")
+        m = sampler_daemon.read_marker(cfg, "w3")
         if m and m["upto_ts"] >= t_req:
             break
         time.sleep(0.01)

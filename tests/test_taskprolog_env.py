@@ -10,7 +10,7 @@ import pytest
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.node.jobenv import stepd_job_id
+from slurm_coloc.node.lifecycle import stepd_job_id
 from slurm_coloc.slurm.parse import parse_stepd_title
 
 USER_UID = 2001

@@ -20,11 +20,18 @@ from typing import Dict, Optional
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv
+from slurm_coloc.node import lifecycle
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.violations import Tenant, find_violations, near_grant, user_message
-from slurm_coloc.node.watchdog import Watchdog
+from slurm_coloc.node.watchdog import (
+    Tenant,
+    Watchdog,
+    WatchdogEvidence,
+    find_violations,
+    near_grant,
+    user_message,
+    verdict,
+)
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import jobs as store_jobs
@@ -54,6 +61,32 @@ def test_hostile_run_rule_finds_both_offenders_not_the_neighbour() -> None:
     assert set(found) == {(2, "over-grant"), (2, "outside-mps"), (3, "over-grant")}
     assert found[(3, "over-grant")].used_mib == 21092 and found[(2, "outside-mps")].pids == (1110,)
     assert "21,092 MiB" in user_message(found[(3, "over-grant")], 512, "stop")
+
+
+def test_the_verdict_confirms_in_the_second_frame_exempts_the_mps_server_and_paces() -> None:
+    """The pure verdict on the hostile H100 lists: no act in the first frame (fast pace), one act per job in
+    the second with its kill pids and stderr line; a finding made of MPS server pids is no finding."""
+    lists = _hostile_lists()
+    job_of = {1080: 1, 1110: 2, 1132: 3, 1101: None}
+    tenants = {1: Tenant(1, 0, 10240, "mps"), 2: Tenant(2, 0, 2048, "mps"), 3: Tenant(3, 0, 2048, "mps")}
+    ev = WatchdogEvidence([lists], job_of, tenants, frozenset(), frozenset(), frozenset(), "stop", 512, 90,
+                          1.0, 0.5, 0.1)
+    first = verdict(ev)
+    assert first.acts == () and first.next_interval_s == 0.1
+    assert first.pending == {(2, 0, "over-grant"), (2, 0, "outside-mps"), (3, 0, "over-grant")}
+    second = verdict(dataclasses.replace(ev, pending=first.pending, acted={3}))
+    (act,) = second.acts  # job 2 once (its first finding), job 3 already acted on
+    assert (act.finding.key, act.kill_pids) == ((2, 0, "over-grant"), (1110,)) and second.pending == set()
+    assert act.message == user_message(act.finding, 512, "stop") and act.message.startswith(
+        "slurm-coloc: job 2 stopped by the GPU watchdog: its processes used 21,092 MiB of shared GPU 0")
+    recorded = verdict(dataclasses.replace(ev, pending=first.pending, action="record"))
+    assert [a.kill_pids for a in recorded.acts] == [(), ()] and "job 2 recorded" in recorded.acts[0].message
+    exempt = verdict(dataclasses.replace(ev, job_of={**job_of, 1101: 3}, tenants={3: tenants[3]},
+                                         mps_server_pids={1101}))
+    assert exempt.pending == {(3, 0, "over-grant")}  # 1132 is not only a server pid: still a finding
+    assert verdict(dataclasses.replace(ev, job_of={1101: 3}, tenants={3: tenants[3]},
+                                       mps_server_pids={1101})).pending == set()
+    assert verdict(dataclasses.replace(ev, tenants={})).next_interval_s == 1.0
 
 
 def test_outside_mps_needs_the_mps_list_and_applies_to_mps_jobs_only() -> None:
@@ -128,7 +161,7 @@ def _cfg(tmp_path: Path, **kw: object) -> Config:
 def _tenant(cfg: Config, node: str, job: int, gpu: int, shards: int, share: str = "mps") -> None:
     fence = [("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={shards}G")] if share == "mps" else []
     pairs = [("COLOC_SHARE", share)] + fence
-    jobenv.write_env(cfg, job, pairs)
+    lifecycle.write_env(cfg, job, pairs)
     db = open_node_db(cfg.node_db_path(node))
     store_jobs.record_node_start(db, store_jobs.JobStart(job, node, "colocuser", 2001, str(gpu), shards,
                                                          f"gres:shard:{shards}", time.time()))
@@ -199,17 +232,17 @@ def _report_and_admin_comment_name_the_stop(cfg: Config) -> None:
 
 def test_the_grant_is_the_recorded_shards_and_the_env_file_is_read_checked(tmp_path: Path) -> None:
     """The grant comes from ``job_runs.shards`` (never from the fence text, here edited to 700 MiB); an env
-    file another user could write is not trusted for its ``COLOC_SHARE`` (``jobenv.read_env``)."""
+    file another user could write is not trusted for its ``COLOC_SHARE`` (``lifecycle.read_env``)."""
     cfg = _cfg(tmp_path)
     _tenant(cfg, "n1", 91, 0, 3)
-    jobenv.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
+    lifecycle.write_env(cfg, 91, [("COLOC_SHARE", "mps"), ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=700M")])
     _tenant(cfg, "n1", 92, 0, 5)
-    jobenv.env_path(cfg, 92).chmod(0o666)
+    lifecycle.env_path(cfg, 92).chmod(0o666)
     wd = Watchdog(cfg, "n1", cfg.node_db_path("n1"), JobAttributor())
     tenants = wd.refresh_tenants(force=True)
     assert tenants[91] == Tenant(91, 0, 3072.0, "mps", 2001)
     assert tenants[92] == Tenant(92, 0, 5120.0, "timeslice", 2001)
-    assert jobenv.read_env(cfg, 92) == [] and dict(jobenv.read_env(cfg, 91))["COLOC_SHARE"] == "mps"
+    assert lifecycle.read_env(cfg, 92) == [] and dict(lifecycle.read_env(cfg, 91))["COLOC_SHARE"] == "mps"
 
 
 def test_a_pid_that_no_longer_belongs_to_the_job_is_not_signalled(tmp_path: Path) -> None:

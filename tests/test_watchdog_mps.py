@@ -1,4 +1,4 @@
-"""What MPS enforces, as the Prolog/Epilog apply it (node/mps.py + node/mps_guard.py), in-process as root.
+"""What MPS enforces, as the Prolog/Epilog apply it (node/mps.py + node/mps.py), in-process as root.
 
 CI has no NVIDIA driver: ``nvidia-cuda-mps-control`` is the TEST DOUBLE of tests/test_mps_lifecycle.py (it
 logs every command it is sent; ``get_server_list`` answers the pids a test writes to ``pipe/fake_servers``).
@@ -17,9 +17,9 @@ from typing import List
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import mps, mps_guard
-from slurm_coloc.nvml.control import mode_name
-from slurm_coloc.nvml.replay import RecordedComputeModes
+from slurm_coloc.node import mps
+from slurm_coloc.nvml.reader import mode_name
+from slurm_coloc.nvml.readings import RecordedComputeModes
 from tests.cluster.test_mps_lifecycle import FAKE_MPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,14 +48,14 @@ def _recorded_modes(**kw: bool) -> RecordedComputeModes:
 
 
 def test_plan_ceiling_never_below_a_running_tenant() -> None:
-    plan = mps_guard.plan_ceiling
+    plan = mps.plan_ceiling
     assert plan({"1": 2048}, None, "1") == 2048                    # first tenant
     assert plan({"1": 2048, "2": 8192}, 2048, "2") == 8192         # larger grant arrives: raise
     assert plan({"1": 2048, "2": 8192, "3": 4096}, 8192, "3") is None  # smaller one: keep
     assert plan({"1": 2048, "3": 4096}, 8192, None) == 4096        # largest leaves: lower to the largest left
     assert plan({"1": 2048}, 8192, "1") == 2048                    # alone again on a warm daemon
     assert plan({}, 2048, None) is None
-    assert mps_guard.limit_value(2048) == "2G" and mps_guard.limit_value(1500) == "1500M"
+    assert mps.limit_value(2048) == "2G" and mps.limit_value(1500) == "1500M"
 
 
 def test_ceiling_commands_through_acquire_and_release(cfg: Config) -> None:

@@ -5,7 +5,7 @@
 unfenced H100 peak comes closest to (or above) the fence coloc-sbatch would request for them. This script starts
 one multi-user MPS control daemon on GPU 0 (own pipe/log directory), then runs each config in a fresh forked
 child with ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<fence>M`` -- what the Prolog
-gives a shard job (``slurm_coloc/node/jobenv.py``) -- training the generator's step (forward, cross-entropy,
+gives a shard job (``slurm_coloc/node/lifecycle.py``) -- training the generator's step (forward, cross-entropy,
 backward, optimizer step; 3 steps) and records ok / OOM and torch's peak reserved. Stops the daemon at the end::
 
     /opt/torch/.venv/bin/python3 -m benchmarks.device.fence_check cfgs.json --out $OUT/fence.csv

@@ -283,8 +283,8 @@ def check_mps_protection(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
     mode_of: Dict[str, Optional[str]] = {}
     if shared:
         try:
-            from slurm_coloc.nvml import control, reader
-            modes = control.NvmlComputeModes()
+            from slurm_coloc.nvml import reader
+            modes = reader.NvmlComputeModes()
             for index, uuid in reader.gpu_uuids().items():
                 try:
                     mode: Optional[str] = modes.get(index)

@@ -119,7 +119,7 @@ def run(node: str, interval_s: Optional[float], duration_s: Optional[float], rep
         log.error("metrics: endpoint not started (%s: %s); sampling goes on", type(exc).__name__, exc)
         live, endpoint = None, None
     s = sm.Sampler(cfg, node, reader, interval_s=interval_s, live=live)
-    sampler_daemon.install_signal_handlers(s)
+    sm.install_signal_handlers(s)
     log.info("sampling node %s every %.2f s into %s", node, s.interval_s, s.db_path)
     try:
         s.run(duration_s=duration_s)

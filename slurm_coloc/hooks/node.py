@@ -59,19 +59,18 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
     detail (``share``, ``place_guard``, ``env_file``), or ``{}`` for any other job.
 
     Raises:
-        OSError: the env file cannot be written (``jobenv.write_env``).
+        OSError: the env file cannot be written (``lifecycle.write_env``).
         sqlite3.Error: the ``place-guard`` node event cannot be recorded.
         (The Prolog's ``hooks/runner.py`` catches every error, logs it and exits 0.)
     """
 
     from slurm_coloc.comment import JobComment
-    from slurm_coloc.node import jobenv
     from slurm_coloc.store import samples as store_samples
 
     if not JobComment.read(job.comment, ctx.job).place or ctx.gpus \
             or (job.tres_per_node or "").replace("gres:", "").strip():
         return {}
-    path = jobenv.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])
+    path = lifecycle.write_env(cfg, ctx.job, [("CUDA_VISIBLE_DEVICES", ""), (GUARD_KEY, "1")])
     store_samples.record_node_event(db, ctx.job, "place-guard", {"why": "held for coloc-placer, started "
                                                                         "without GRES"})
     return ({"share": "none", "place_guard": "no GPU: started without the placer's GRES",
@@ -124,19 +123,17 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
     """The ``export KEY=VALUE`` lines TaskProlog prints: the safe pairs the Prolog prepared for the job.
 
-    The job is the one of the slurmstepd the TaskProlog runs under (``jobenv.stepd_job_id``): in a
+    The job is the one of the slurmstepd the TaskProlog runs under (``lifecycle.stepd_job_id``): in a
     heterogeneous job each component's tasks get their own component's file, not the leader's that
     ``SLURM_JOB_ID`` names (used only where no slurmstepd is found above). None when the job has no env file
     or it is not trusted.
     """
-    from slurm_coloc.node.jobenv import read_env, stepd_job_id
-
-    job_id = stepd_job_id() or ctx.job_id
+    job_id = lifecycle.stepd_job_id() or ctx.job_id
     if job_id is None:
         return []
     # Slurm reads TaskProlog lines ``export NAME=value`` literally (no shell quoting); ``print`` goes to the
     # task's standard output.
-    pairs = read_env(cfg, job_id)
+    pairs = lifecycle.read_env(cfg, job_id)
     lines = [f"export {k}={v}" for k, v in pairs]
     if (GUARD_KEY, "1") in pairs:
         lines.append(f"print coloc: job {job_id} was submitted for coloc-placer but started without its GPU "

@@ -7,13 +7,12 @@ created counts, most trusted first:
    tree, as Slurm's cgroup plugins name it: cgroup v2 ``/system.slice/slurmstepd.scope/job_<N>/...`` (or
    ``/system.slice/<node>_slurmstepd.scope/...`` with several slurmd per host; ``src/plugins/cgroup/v2``),
    cgroup v1 ``/slurm/uid_<U>/job_<N>/...`` (or ``/slurm_<node>/...``; ``src/plugins/cgroup/v1``). The path
-   alone is not enough (a user with a delegated systemd subtree can create
-   ``.../user@<uid>.service/app.slice/job_29``; a v1 ``uid_<U>`` directory is the user's own, where they can
-   create ``job_<any>``): the ``job_<N>`` directory on the cgroup filesystem must be owned by root or by job
-   N's uid, v1's ``uid_<U>`` must be job N's uid, and, when job N's uid is not known, only a root-owned
+   alone is not enough (a user's delegated systemd subtree can hold ``.../app.slice/job_29``; a v1
+   ``uid_<U>`` directory is the user's own): the ``job_<N>`` directory on the cgroup filesystem must be owned
+   by root or job N's uid, v1's ``uid_<U>`` must be job N's uid, and, job N's uid unknown, only a root-owned
    directory counts. v2's line (``0::``) is read first, then v1 hierarchies in ``/proc/<pid>/cgroup`` order.
-   Heterogeneous jobs: each component has its own job id, its own ``job_<N>`` cgroup and its own ``slurmstepd:
-   [<N>.<step>]``, so a component's processes count against that component, as its node Prolog recorded it.
+   Heterogeneous jobs: each component has its own job id, cgroup and ``slurmstepd: [<N>.<step>]``, so its
+   processes count against that component, as its node Prolog recorded it.
 2. **A root-owned ``slurmstepd: [<N>.<step>]`` ancestor** (proctrack without cgroups; a het step's component
    suffix ``+<k>`` is accepted after the step).
 3. **No Slurm evidence** (a process that left its job: ``setsid`` and re-parented to init, without cgroups): a
@@ -22,8 +21,8 @@ created counts, most trusted first:
    this node (``uid_jobs``) and the claim names that job; a user with several jobs here cannot bill one with
    another's processes, and another user's job is never reachable (its uid differs).
 
-The answer is cached per (pid, start time): each tick costs one read of ``/proc/<pid>/stat`` per GPU process
-(the guard against a reused pid); the sources are read once per process start.
+Cached per (pid, start time): a tick reads ``/proc/<pid>/stat`` per GPU process (the guard against a reused
+pid); the sources are read once per process start.
 """
 from __future__ import annotations
 
@@ -40,9 +39,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
-    """Controller -> cgroup mount (``""``: v2, ``name=systemd``: named v1) from ``mountinfo``; {} if
-    unreadable.
-    """
+    """Controller -> cgroup mount (``""``: v2, ``name=systemd``: named v1) from ``mountinfo``; {} if none."""
     out: Dict[str, str] = {}
     try:
         lines = Path(mountinfo).read_text().splitlines()
@@ -66,12 +63,8 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
 
 
 class JobAttributor:
-    """pid -> Slurm job id via /proc and the cgroup filesystem (module docstring), cached per (pid, start
-    time).
-
-    ``job_uid`` (job -> its uid) and ``uid_jobs`` (uid -> its jobs on this node) come from the node database
-    and return None when unknown; ``mounts`` defaults to ``cgroup_mounts()``, read once.
-    """
+    """pid -> Slurm job id (module rules), cached per (pid, start time). ``job_uid`` and ``uid_jobs`` (this
+    node's jobs of a uid) come from the node database, None when unknown."""
 
     def __init__(self, proc_root: str = "/proc", job_uid: Optional[Callable[[int], Optional[int]]] = None,
                  uid_jobs: Optional[Callable[[int], Optional[Sequence[int]]]] = None,
@@ -135,8 +128,7 @@ class JobAttributor:
         return self.job_uid(job) if self.job_uid is not None else None
 
     def _slurm_cgroup_job(self, controllers: str, path: str) -> Optional[int]:
-        """The job of one ``/proc/<pid>/cgroup`` line when it is Slurm's cgroup of that job (module
-        docstring)."""
+        """The job of one ``/proc/<pid>/cgroup`` line when it is Slurm's cgroup of that job (rule 1)."""
         m = _V2_JOB.match(path) if controllers == "" else _V1_JOB.match(path)
         if not m:
             return None
@@ -186,8 +178,7 @@ class JobAttributor:
         return uid, ppid
 
     def _from_stepd_ancestor(self, pid: int) -> Optional[int]:
-        """The job of the nearest root-owned ``slurmstepd: [<id>.<step>]`` ancestor (at most
-        ``MAX_ANCESTORS``)."""
+        """The job of the nearest root-owned ``slurmstepd: [<id>.<step>]`` ancestor (rule 2)."""
         _, cur = self._status(pid)
         for _ in range(MAX_ANCESTORS):
             if not cur or cur <= 1:
@@ -205,8 +196,7 @@ class JobAttributor:
         return None
 
     def _claimed(self, pid: int) -> Optional[int]:
-        """The process's own ``SLURM_JOB_ID`` where it cannot choose among jobs: a root process's claim; for
-        another uid, only when that uid runs exactly this one job on the node (module docstring, rule 3)."""
+        """The process's own ``SLURM_JOB_ID`` where it cannot choose among jobs (rule 3)."""
         job = self._from_environ(pid)
         if job is None:
             return None

@@ -23,8 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from slurm_coloc.config import Config
 from slurm_coloc.node import metrics_server
-from slurm_coloc.node.livestate import MIB, JobGpuView, LiveState, View
-from slurm_coloc.node.metrics_sources import ctld_oom_counts, node_job_rows
+from slurm_coloc.node.livestate import MIB, JobGpuView, LiveState, View, ctld_oom_counts, node_job_rows
 from slurm_coloc.nvml.readings import GpuReading
 
 log = logging.getLogger("slurm_coloc.sampler")

@@ -1,14 +1,16 @@
-"""The sampler's live state for the metrics endpoint (pure Python; no prometheus_client here).
+"""The sampler's live state for the metrics endpoint and the databases it reads (no prometheus_client here).
 
 The sampler calls ``LiveState.observe`` once per frame (its own thread): that keeps the latest GPU readings,
 the per-(job, GPU) memory, SM utilization and share of the GPU, and adds to each (job, GPU) pair its share of
-the energy the GPU used since the previous frame. The share is the Epilog's attribution rule (node/summary.py,
-docs/node.md): SM utilization when every process on the GPU reports it, else memory, the MPS server left out.
+the energy the GPU used since the previous frame. The share is the Epilog's attribution rule
+(node/lifecycle.py, docs/node.md): SM utilization when every process reports it, else memory, the MPS server
+left out.
 
 A scrape (another thread) calls ``LiveState.view``: the latest frame joined with the running jobs of this node
 (the Prolog's ``job_runs`` rows that no Epilog closed, opened since this boot) into ``View`` rows. A job's
 rows exist while it runs (open row) or while a process of it is on a GPU; when it ends they are gone and its
-energy accumulators are dropped, so label cardinality follows the running jobs.
+energy accumulators are dropped, so label cardinality follows the running jobs. The job rows and the
+controller's OOM counts are read with each database opened read-only per call (scrapes have threads).
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from slurm_coloc.config import Config
-from slurm_coloc.node.summary import attribution_share
+from slurm_coloc.node.lifecycle import attribution_share
 from slurm_coloc.nvml.readings import Frame, GpuReading
+from slurm_coloc.store import jobs as store_jobs
+from slurm_coloc.store import oom as store_oom
+from slurm_coloc.store.db import open_readonly
 from slurm_coloc.store.jobs import JobRunRow
 from slurm_coloc.store.samples import ProcSample
 
@@ -30,6 +35,7 @@ log = logging.getLogger("slurm_coloc.sampler")
 MIB = 1 << 20
 GIB = 1 << 30
 JOB_ROWS_TTL_S = 2.0  # a scrape re-reads the running jobs at most this often
+OOM_TTL_S = 60.0
 STALE_AFTER_INTERVALS = 5  # GPU series vanish when the last frame is older than this many intervals (min 5 s)
 
 
@@ -89,6 +95,45 @@ def boot_time(proc_root: str = "/proc") -> float:
     except (OSError, ValueError, IndexError):
         pass
     return 0.0
+
+
+def node_job_rows(cfg: Config, node: str) -> Callable[[], List[JobRunRow]]:
+    """A reader of ``node``'s running job rows since this boot. A missing database is no job (the Prolog
+    creates it); an unreadable one makes the reader raise ``StoreError``."""
+    since = boot_time()
+    path = cfg.node_db_path(node)
+
+    def rows() -> List[JobRunRow]:
+        if not path.exists():
+            return []
+        db = open_readonly(path, busy_timeout_s=1.0)
+        try:
+            return store_jobs.load_open_job_runs(db, node, since)
+        finally:
+            db.conn.close()
+    return rows
+
+
+def ctld_oom_counts(cfg: Config) -> Callable[[], Optional[Tuple[int, int]]]:
+    """A reader of ``(OOM deaths, reruns submitted)`` from ``ctld.db`` (shared ``state_dir``), cached
+    ``OOM_TTL_S``; None where the database cannot be read (the families are then absent). Never raises."""
+    cache: Dict[str, Any] = {"at": -1e9, "value": None}
+
+    def counts() -> Optional[Tuple[int, int]]:
+        now = time.monotonic()
+        if now - cache["at"] >= OOM_TTL_S:
+            cache["at"] = now
+            try:
+                db = open_readonly(cfg.ctld_db_path, busy_timeout_s=1.0)
+                try:
+                    recs = store_oom.load_oom_events(db)
+                finally:
+                    db.conn.close()
+                cache["value"] = (len(recs), sum(r.retry_status == "submitted" for r in recs))
+            except Exception:  # no controller database here: no OOM families
+                cache["value"] = None
+        return cache["value"]
+    return counts
 
 
 class LiveState:
@@ -228,7 +273,7 @@ class LiveState:
 
 def _energy_delta(prev: Optional[Tuple[float, Optional[float], Optional[float]]],
                   cur: Tuple[float, Optional[float], Optional[float]]) -> Optional[float]:
-    """Energy (J) between two frames: counter difference, else mean power x dt (node/summary.py's rule)."""
+    """Energy (J) between two frames: counter difference, else mean power x dt (node/lifecycle.py's rule)."""
     if prev is None or cur[0] <= prev[0]:
         return None
     if cur[1] is not None and prev[1] is not None and cur[1] >= prev[1]:

@@ -21,8 +21,12 @@ import socket
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+if TYPE_CHECKING:
+    from _typeshed import OptExcInfo
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger("slurm_coloc.sampler")
 
@@ -90,8 +94,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Admit the connection to a handler thread (at the cap, in place of the oldest idle one), or answer
-        503 and close it when every open connection is busy (logged at most once a minute).
-        """
+        503 and close it when every open connection is busy (logged at most once a minute)."""
         with self.lock:
             admit = len(self.open) < MAX_CONNECTIONS or self._evict_idle()
             if admit:
@@ -139,13 +142,9 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
                 pass
 
 
-def answer_key(environ: Dict[str, Any]) -> Optional[Tuple[bool, bool]]:
-    """``(OpenMetrics asked, gzip accepted)``, or None for a request that is not a GET of the metrics (never
-    cached).
-
-    OpenMetrics: a media range of ``Accept`` is ``application/openmetrics-text`` (any version or parameters,
-    as prometheus_client's ``choose_encoder`` reads it); gzip: ``Accept-Encoding`` names it.
-    """
+def answer_key(environ: WSGIEnvironment) -> Optional[Tuple[bool, bool]]:
+    """``(OpenMetrics asked, gzip accepted)`` (``Accept`` read as prometheus_client's ``choose_encoder``
+    does), or None for a request that is not a GET of the metrics (never cached)."""
     if environ.get("REQUEST_METHOD", "GET") != "GET" or environ.get("PATH_INFO") == "/favicon.ico":
         return None
     accept = str(environ.get("HTTP_ACCEPT") or "")
@@ -158,12 +157,12 @@ class CachedApp:
     """A WSGI app computed one request at a time, its answers reused for ``ANSWER_TTL_S`` per
     ``answer_key`` (at most 4 keys; module docstring)."""
 
-    def __init__(self, app: Callable[..., Any]) -> None:
+    def __init__(self, app: WSGIApplication) -> None:
         self.app = app
         self.lock = threading.Lock()
         self.cache: Dict[Tuple[bool, bool], Tuple[float, str, List[Tuple[str, str]], bytes]] = {}
 
-    def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> List[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> List[bytes]:
         key = answer_key(environ)
         if key is None:
             return list(self.app(environ, start_response))  # answered without a collection
@@ -173,8 +172,8 @@ class CachedApp:
             if hit is None or now - hit[0] > ANSWER_TTL_S:
                 got: Dict[str, Any] = {}
 
-                def keep(status: str, headers: List[Tuple[str, str]], exc_info: Any = None) -> Callable[...,
-                                                                                                        Any]:
+                def keep(status: str, headers: List[Tuple[str, str]],
+                         exc_info: Optional[OptExcInfo] = None) -> Callable[[bytes], object]:
                     got["status"], got["headers"] = status, list(headers)
                     return lambda data: None
 
@@ -188,13 +187,9 @@ class CachedApp:
         return [hit[3]]
 
 
-def serve(app: Callable[..., Any], addr: str, port: int) -> Tuple[BoundedWSGIServer, threading.Thread]:
-    """Serve ``app`` (through ``CachedApp``) on ``addr:port`` (IPv4 or IPv6 as it resolves) in a daemon
-    thread.
-
-    Raises:
-        OSError: the address cannot be bound (in use, not local) or resolved (``socket.gaierror``).
-    """
+def serve(app: WSGIApplication, addr: str, port: int) -> Tuple[BoundedWSGIServer, threading.Thread]:
+    """Serve ``app`` (through ``CachedApp``) on ``addr:port`` (IPv4 or IPv6) in a daemon thread. Raises
+    OSError: the address cannot be bound or resolved (``socket.gaierror``)."""
     family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
                                                    flags=socket.AI_PASSIVE)[0]
 

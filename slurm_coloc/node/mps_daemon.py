@@ -1,5 +1,4 @@
-"""CUDA MPS control daemons for shared GPUs: each one's layout, and starting, stopping and finding it (for the
-node Prolog/Epilog, as root, through node/mps.py).
+"""CUDA MPS control daemons for shared GPUs: layout, start, stop, pid checks (root, through node/mps.py).
 
 ``mps_mode: multi-user``: one daemon per GPU, run by root with ``-M``, under the root-owned
 ``<run_dir>/mps/<key>/``, ``key`` the GPU UUID (``idx<N>`` without NVML, e.g. the fake-GPU test cluster).
@@ -8,7 +7,7 @@ supplementary groups from the passwd/group databases, never from the job), under
 ``<run_dir>/mps/<key>.uid<uid>/``.
 
 In both, ``pipe/`` is CUDA_MPS_PIPE_DIRECTORY (holding ``nvidia-cuda-mps-control.pid``) and ``log/``
-CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one file per shared job using the daemon, node/mps_guard.py)
+CUDA_MPS_LOG_DIRECTORY; ``members/<job_id>`` (one file per shared job using the daemon, node/mps.py)
 and ``lock`` (flock serialising that daemon's Prologs/Epilogs) stay root-owned. Multi-user: ``pipe/`` and
 ``log/`` are root-owned 0755 (every user's clients must reach the one daemon: docs/admin.md). Per-user: owned
 by the uid, 0700, so only that user (and root) reaches the daemon; root never writes into them (the pid file
@@ -30,13 +29,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from slurm_coloc.atomic import make_dirs
 from slurm_coloc.config import Config
-from slurm_coloc.node import mps_guard
 
 log = logging.getLogger("slurm_coloc.node.mps")
+Control = Callable[[str], "subprocess.CompletedProcess[str]"]  # one control command -> its answer
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 EXTRA_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/bin")
@@ -44,11 +43,8 @@ EXTRA_BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/l
 
 @dataclass(frozen=True)
 class MpsDaemon:
-    """Where the daemon of one GPU lives.
-
-    ``key``: the GPU UUID, or ``idx<N>`` without NVML; ``visible``: its ``CUDA_VISIBLE_DEVICES``; ``root``:
-    ``<run_dir>/mps/<key>`` or ``<run_dir>/mps/<key>.uid<uid>`` (per-user); ``uid`` None: root (multi-user).
-    """
+    """Where the daemon of one GPU lives (module layout); ``visible``: its ``CUDA_VISIBLE_DEVICES``; ``uid``
+    None: root (multi-user)."""
 
     key: str
     gpu_index: int
@@ -80,13 +76,8 @@ class MpsOutcome:
 
 
 def daemon_for(cfg: Config, gpu_index: int, uuid: Optional[str], uid: Optional[int] = None) -> MpsDaemon:
-    """The daemon layout for GPU ``gpu_index``: keyed by ``uuid``, or by index when None or not [A-Za-z0-9_-].
-
-    ``uid`` is used only in ``per-user`` mode (one daemon per GPU and uid).
-
-    Raises:
-        ValueError: per-user mode without a valid uid.
-    """
+    """The daemon layout for GPU ``gpu_index``: keyed by ``uuid``, or by index when None or not [A-Za-z0-9_-];
+    ``uid`` only in ``per-user`` mode. Raises ValueError: per-user mode without a valid uid."""
     key = uuid if uuid and all(c.isalnum() or c in "-_" for c in uuid) else f"idx{int(gpu_index)}"
     owner: Optional[int] = None
     if cfg.mps_mode == "per-user":
@@ -108,12 +99,8 @@ def resolve_binary(cfg: Config, env: Optional[Dict[str, str]] = None) -> Optiona
 
 
 def root_dir(path: Path, mode: int = 0o755) -> None:
-    """Create ``path`` (parents 0755) with ``mode``; check it is ours and not group/other-writable (root
-    writes in).
-
-    Raises:
-        PermissionError: it exists but is another's, group/other-writable, or a symlink; OSError.
-    """
+    """Create ``path`` (parents 0755) with ``mode``; check it is ours and not group/other-writable. Raises
+    PermissionError (another's, group/other-writable, or a symlink), OSError."""
     make_dirs(path, mode)
     st = path.lstat()
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or path.is_symlink():
@@ -121,12 +108,8 @@ def root_dir(path: Path, mode: int = 0o755) -> None:
 
 
 def _user_dir(path: Path, uid: int, gid: int) -> None:
-    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, mode
-    0700.
-
-    Raises:
-        PermissionError: ``path`` is a symlink or not a directory, or owned by another non-root user.
-    """
+    """Make ``path`` (in a root-owned, not user-writable parent) a real directory owned by ``uid:gid``, 0700.
+    Raises PermissionError: a symlink, not a directory, or owned by another non-root user."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -144,11 +127,7 @@ def _user_dir(path: Path, uid: int, gid: int) -> None:
 
 def _identity(uid: int) -> Dict[str, Any]:
     """``subprocess`` keyword arguments running a command as ``uid`` (passwd/group databases, not the job's
-    env).
-
-    Raises:
-        KeyError: ``uid`` has no passwd entry.
-    """
+    env). Raises KeyError: no passwd entry."""
     pw = pwd.getpwuid(uid)
     try:
         groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
@@ -194,12 +173,8 @@ def _read_pid_file(path: Path) -> Optional[int]:
 
 
 def daemon_pid(d: MpsDaemon, binary_name: str = "nvidia-cuda-mps-control") -> Optional[int]:
-    """Pid of ``d``'s running control daemon, else None.
-
-    The pid file must name a live process whose ``argv[0]`` basename is ``binary_name``, owned by ``d.uid``
-    (else our euid): a pid file planted in a per-user pipe directory cannot make root signal another's
-    process.
-    """
+    """Pid of ``d``'s running control daemon, else None: the pid file must name a live ``binary_name``
+    process of ``d.uid`` (else our euid), so a planted pid file cannot make root signal another's process."""
     pid = _read_pid_file(d.pipe_dir / PID_FILE)
     if pid is None:
         return None
@@ -221,17 +196,9 @@ def _daemon_env(d: MpsDaemon) -> Dict[str, str]:
 
 
 def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """Start ``d``'s daemon unless it runs; wait (``mps_start_timeout_s``) until its pid file names a live
-    daemon.
-
-    Multi-user: as root with ``-M``, pipe/log root-owned 0755. Per-user: as ``d.uid`` without ``-M``, pipe/log
-    owned by ``d.uid``, 0700. Returns ``mps-running``, ``mps-start`` (with ``start_ms``) or
-    ``mps-start-failed``.
-
-    Raises:
-        KeyError: per-user mode and ``d.uid`` has no passwd entry (``acquire`` turns it into ``mps-error``).
-        PermissionError: a pipe/log directory is a symlink, not a directory, or not owned as it must be.
-    """
+    """Start ``d``'s daemon unless it runs (multi-user: root, ``-M``; per-user: ``d.uid``); wait
+    (``mps_start_timeout_s``) for its pid file. ``mps-running``, ``mps-start`` (``start_ms``) or
+    ``mps-start-failed``. Raises KeyError (no passwd entry), PermissionError (a pipe/log directory unsafe)."""
     pid = daemon_pid(d, binary)
     if pid:
         return MpsOutcome(True, "mps-running", d, {"pid": pid})
@@ -268,12 +235,8 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
 
 
 def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
-    """``echo quit | nvidia-cuda-mps-control`` as ``d``'s user; SIGTERM if alive after
-    ``mps_start_timeout_s``.
-
-    Returns ``mps-not-running``, ``mps-stop`` (with ``stop_ms``) or ``mps-stop-forced`` (not ok); a failed
-    quit is logged, not raised.
-    """
+    """``echo quit | nvidia-cuda-mps-control`` as ``d``'s user, SIGTERM if alive after
+    ``mps_start_timeout_s``: ``mps-not-running``, ``mps-stop`` (``stop_ms``) or ``mps-stop-forced``."""
     pid = daemon_pid(d, binary)
     if not pid:
         return MpsOutcome(True, "mps-not-running", d)
@@ -296,7 +259,7 @@ def stop(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
     return MpsOutcome(False, "mps-stop-forced", d, {"pid": pid, "error": "daemon ignored quit; sent SIGTERM"})
 
 
-def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> "mps_guard.Control":
+def control_sender(cfg: Config, d: MpsDaemon, binary: str) -> Control:
     """``send(cmd) -> CompletedProcess`` to ``d``'s daemon as its user, within ``mps_start_timeout_s``."""
     who = _identity(d.uid) if d.uid is not None else {}
 

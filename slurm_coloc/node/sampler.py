@@ -5,7 +5,7 @@ processes. Rows are buffered and written in one transaction per ``sampler_batch_
 or an NVML error is logged once per kind and the sampler carries on (the buffer is bounded: oldest rows
 dropped first). Each job's CPU use (node/cpu.py) goes into ``cpu_samples``, one row per job and tick. Old
 samples are downsampled and purged every ``RETENTION_EVERY_S``. One instance per node
-(node/sampler_daemon.py); ``SIGUSR1`` (the Epilog, node/flush.py) writes the buffer at once.
+(node/sampler_daemon.py); ``SIGUSR1`` (the Epilog's flush request, same module) writes the buffer at once.
 
 Between ticks the loop blocks once in ``select`` on a self-pipe: setting ``stopping`` or ``flush_requested``
 (the signal handlers, or another thread) writes a byte to it, which ends the wait at once.
@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import sqlite3
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.node import flush as flush_mod
+from slurm_coloc.node import sampler_daemon
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.cpu import CpuReader
 from slurm_coloc.node.watchdog import Watchdog
@@ -214,10 +216,8 @@ class Sampler:
         return self._db
 
     def flush(self) -> bool:
-        """Write buffered rows in one transaction (kept for the next try on failure); return success.
-
-        After a success the marker (node/flush.py) says every frame read before this call is in the database.
-        """
+        """Write buffered rows in one transaction (kept for the next try on failure); return success. After a
+        success the flush marker says every frame read before this call is in the database."""
         upto_ts = time.time()
         if not (self.gpu_buf or self.proc_buf or self.cpu_buf or self._static_dirty):
             self._mark(upto_ts)
@@ -243,7 +243,7 @@ class Sampler:
 
     def _mark(self, upto_ts: float) -> None:
         try:
-            flush_mod.write_marker(self.cfg, self.node, upto_ts, self.flushes)
+            sampler_daemon.write_marker(self.cfg, self.node, upto_ts, self.flushes)
         except OSError as exc:
             self._once(f"marker:{type(exc).__name__}",
                        "cannot write the flush marker (%s); Epilogs wait for it "
@@ -334,3 +334,14 @@ def make_reader(cfg: Config, replay: Optional[str] = None,
         return ReplayReader(path, pid_map)
     return NvmlReader()
 
+
+def install_signal_handlers(sampler: Sampler) -> None:
+    """SIGTERM/SIGINT: finish the step, flush, exit. SIGUSR1: flush now (served by the loop, not here)."""
+    def _stop(signum: int, frame: Optional[FrameType]) -> None:
+        sampler.stopping = True
+
+    def _flush(signum: int, frame: Optional[FrameType]) -> None:
+        sampler.flush_requested = True
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGUSR1, _flush)

@@ -1,16 +1,25 @@
-"""Live NVML readings (the only module that imports pynvml).
+"""Live NVML readings and the GPU compute mode (the only module that imports pynvml).
 
 NVML calls used (NVML API reference, nvidia-ml-py bindings): nvmlDeviceGetUtilizationRates, GetMemoryInfo,
 GetPowerUsage (mW), GetTotalEnergyConsumption (mJ), GetTemperature, GetClockInfo(SM),
 GetComputeRunningProcesses, GetMPSComputeRunningProcesses, GetProcessUtilization, and the GPM API
 (nvmlGpmQueryDeviceSupport, nvmlGpmSampleAlloc, nvmlGpmSampleGet, nvmlGpmMetricsGet): GPM metrics are computed
 between two samples, which must be at least 100 ms apart, so the first read of a device has GPM columns None.
+Every query answers a value or None: a metric NVML lacks (NotSupported, no permission, a GPU that fell off the
+bus) is NULL downstream, never 0, and is logged once per (GPU, metric).
+
+The compute mode (root only for ``set``) is the MPS protection of a shared GPU: NVIDIA's MPS documentation
+runs it in ``EXCLUSIVE_PROCESS`` so that only the MPS server opens a context; a job that leaves its MPS pipe
+directory then fails to create a context instead of allocating beside the server. NVML calls:
+``nvmlDeviceGetComputeMode`` / ``nvmlDeviceSetComputeMode`` (``MODE_NAMES``: NVML's ``NVML_COMPUTEMODE_*``
+values). The setting does not survive a driver reload or reboot. Nothing in slurm-coloc calls ``set`` unless
+the admin chose ``mps_compute_mode: exclusive-process``.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 from slurm_coloc.errors import ColocError
 from slurm_coloc.nvml.readings import Frame, GpuReading, ProcLists, ProcReading
@@ -19,6 +28,10 @@ log = logging.getLogger("slurm_coloc.nvml")
 
 GPM_MIN_WINDOW_S = 0.1
 MIB = 1024 * 1024
+MODE_NAMES: Dict[int, str] = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+MODE_VALUES: Dict[str, int] = {v: k for k, v in MODE_NAMES.items()}
+EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
+DEFAULT = "DEFAULT"
 
 
 class NvmlUnavailable(ColocError):
@@ -29,11 +42,7 @@ _pynvml: Any = None
 
 
 def open_nvml() -> Any:
-    """Import pynvml and call nvmlInit once per process; return the module.
-
-    Raises:
-        NvmlUnavailable: nvidia-ml-py missing or libnvidia-ml cannot be initialised.
-    """
+    """pynvml, imported and initialised once per process. Raises NvmlUnavailable: no nvidia-ml-py/driver."""
     global _pynvml
     if _pynvml is not None:
         return _pynvml
@@ -52,11 +61,7 @@ def open_nvml() -> Any:
 
 
 def gpu_uuids() -> Dict[int, str]:
-    """``{nvml index: "GPU-..."}`` of this node's GPUs.
-
-    Raises:
-        NvmlUnavailable: no NVML.
-    """
+    """``{nvml index: "GPU-..."}`` of this node's GPUs. Raises NvmlUnavailable."""
     nv = open_nvml()
     out = {}
     for i in range(nv.nvmlDeviceGetCount()):
@@ -66,10 +71,8 @@ def gpu_uuids() -> Dict[int, str]:
 
 
 class NvmlReader:
-    """Reads all GPUs of this node and their processes; survives NVML errors per call.
-
-    ``gpm``: take GPM metrics where ``nvmlGpmQueryDeviceSupport`` says the device supports them.
-    """
+    """Reads all GPUs of this node and their processes; survives NVML errors per call. ``gpm``: GPM metrics
+    where ``nvmlGpmQueryDeviceSupport`` allows."""
 
     GPM_METRICS = (("smact_pct", 2), ("smocc_pct", 3), ("tensor_pct", 5), ("dram_bw_pct", 10))
 
@@ -223,19 +226,66 @@ class NvmlReader:
         self._gpm.clear()
 
 
-def _s(v: Any) -> Optional[str]:
+def _s(v: object) -> Optional[str]:
     if v is None:
         return None
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _f(v: Any) -> Optional[float]:
+def _f(v: Optional[float]) -> Optional[float]:
     return None if v is None else float(v)
 
 
-def _div(v: Any, d: float) -> Optional[float]:
+def _div(v: Optional[float], d: float) -> Optional[float]:
     return None if v is None else round(float(v) / d, 3)
 
 
 def _mean(xs: Optional[List[float]]) -> Optional[float]:
     return None if not xs else sum(xs) / len(xs)
+
+
+class ComputeModes(Protocol):
+    """Reads and sets the compute mode of a GPU by NVML index; mode names are ``MODE_NAMES`` values."""
+
+    def get(self, index: int) -> str:
+        """The ``MODE_NAMES`` value of GPU ``index``."""
+        ...
+
+    def set(self, index: int, mode: str) -> None:
+        """Set GPU ``index``'s compute mode to a ``MODE_NAMES`` value."""
+        ...
+
+
+def mode_name(value: Optional[int]) -> Optional[str]:
+    """``MODE_NAMES[value]``; ``UNKNOWN(<n>)`` for a value NVML may add later; None for None."""
+    if value is None:
+        return None
+    return MODE_NAMES.get(int(value), f"UNKNOWN({int(value)})")
+
+
+class NvmlComputeModes:
+    """``ComputeModes`` of this node's GPUs through NVML. Raises NvmlUnavailable; ColocError (each method):
+    the NVML call failed (e.g. NO_PERMISSION when not root, no such GPU) or an unknown mode name."""
+
+    def __init__(self) -> None:
+        self.nv = open_nvml()
+
+    def get(self, index: int) -> str:
+        """A ``MODE_NAMES`` value, or ``UNKNOWN(<n>)``."""
+        nv = self.nv
+        try:
+            value = nv.nvmlDeviceGetComputeMode(nv.nvmlDeviceGetHandleByIndex(int(index)))
+        except nv.NVMLError as exc:
+            raise ColocError(f"GPU {index}: cannot read the compute mode: {exc}") from None
+        return str(mode_name(value))
+
+    def set(self, index: int, mode: str) -> None:
+        """Root only."""
+        if mode not in MODE_VALUES:
+            raise ColocError(f"unknown compute mode {mode!r}", hint=f"one of {', '.join(MODE_VALUES)}")
+        nv = self.nv
+        try:
+            nv.nvmlDeviceSetComputeMode(nv.nvmlDeviceGetHandleByIndex(int(index)), MODE_VALUES[mode])
+        except nv.NVMLError as exc:
+            raise ColocError(f"GPU {index}: cannot set compute mode {mode}: {exc}",
+                             hint="needs root; not possible inside some containers or VMs") from None

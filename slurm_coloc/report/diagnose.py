@@ -105,7 +105,7 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
 
 def stats_from_series(series: Sequence[Mapping[str, Any]], idle_smact_pct: float) -> JobStats:
     """``JobStats`` from a job's samples in time order (% rates; ``job_mem_mib`` None without its process),
-    as the Epilog's summary defines them (node/summary.py): means over the span, the idle share (SM activity
+    as the Epilog's summary defines them (node/lifecycle.py): means over the span, the idle share (SM activity
     below ``idle_smact_pct`` %) and ``active_samples`` over the samples with the job's process."""
     def col(key: str) -> List[float]:
         return [float(s[key]) for s in series if s.get(key) is not None]

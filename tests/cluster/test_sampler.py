@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.config import Config
+from slurm_coloc.node.lifecycle import percentile, summarize
 from slurm_coloc.node.sampler import JobAttributor, Sampler
 from slurm_coloc.node.sampler_daemon import running_pid
-from slurm_coloc.node.summary import percentile, summarize
 from slurm_coloc.nvml import GpuReading, ReplayReader
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db

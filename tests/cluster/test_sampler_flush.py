@@ -1,5 +1,5 @@
-"""The Epilog's flush request (node/flush.py): samples still in the sampler's write buffer reach the job
-summary.
+"""The Epilog's flush request (node/sampler_daemon.py): samples still in the sampler's write buffer reach
+the job summary.
 
 CI has no GPU: the sampler replays the NVML recording made on the real H100 (tests/data/nvml, labelled there).
 ``sampler_batch_s: 30`` keeps every sample of a short job in the buffer, so without the flush the Epilog's
@@ -21,7 +21,7 @@ from typing import Iterator
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import flush
+from slurm_coloc.node import sampler_daemon
 from slurm_coloc.node.sampler_daemon import running_pid
 from slurm_coloc.store import samples as st
 from slurm_coloc.store import summaries as store_summaries
@@ -80,19 +80,19 @@ def test_flush_request_writes_the_buffer_at_once(sampler: Config) -> None:
     time.sleep(1.5)
     assert _gpu_samples(sampler, "f1") == 0  # batch 30 s: everything read so far is still buffered
     t_req = time.time()
-    res = flush.request_flush(sampler, "f1", running_pid(sampler, "f1"))
+    res = sampler_daemon.request_flush(sampler, "f1", running_pid(sampler, "f1"))
     assert res["status"] == "ok" and res["wait_ms"] < 1000, res
     conn = sqlite3.connect(str(sampler.node_db_path("f1")))
     n, last = conn.execute("SELECT count(*), max(ts) FROM gpu_samples").fetchone()
     assert n >= 8 and last >= t_req - 0.5, (n, last, t_req)
-    marker = flush.read_marker(sampler, "f1")
+    marker = sampler_daemon.read_marker(sampler, "f1")
     assert marker and marker["pid"] == running_pid(sampler, "f1") and marker["upto_ts"] >= t_req
 
 
 def test_no_sampler_and_a_foreign_lock_holder_are_never_signalled(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     t0 = time.monotonic()
-    assert flush.request_flush(cfg, "f2", running_pid(cfg, "f2")) == {"status": "no-sampler"}
+    assert sampler_daemon.request_flush(cfg, "f2", running_pid(cfg, "f2")) == {"status": "no-sampler"}
     assert time.monotonic() - t0 < 0.5
     lock = Path(cfg.run_dir) / "sampler-f2.lock"
     lock.parent.mkdir(parents=True)
@@ -104,7 +104,7 @@ def test_no_sampler_and_a_foreign_lock_holder_are_never_signalled(tmp_path: Path
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         assert running_pid(cfg, "f2") == holder.pid
-        res = flush.request_flush(cfg, "f2", holder.pid)
+        res = sampler_daemon.request_flush(cfg, "f2", holder.pid)
         assert res == {"status": "not-a-sampler", "pid": holder.pid}
         time.sleep(0.3)
         assert holder.poll() is None  # SIGUSR1 would have killed it (default action)

@@ -20,10 +20,10 @@ from typing import Dict
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.node import jobenv, mps, mps_daemon
+from slurm_coloc.node import lifecycle, mps, mps_daemon
 from slurm_coloc.node.attribution import JobAttributor
+from slurm_coloc.node.lifecycle import summarize
 from slurm_coloc.node.sampler import Sampler
-from slurm_coloc.node.summary import summarize
 from slurm_coloc.store import samples as st
 from slurm_coloc.store.db import open_node_db
 
@@ -120,8 +120,8 @@ def test_fence_two_users_and_sampler_attribution(gpu_cfg: Config) -> None:
     ra = mps.acquire(gpu_cfg, ja, 0, uuid)
     rb = mps.acquire(gpu_cfg, jb, 0, uuid)
     assert ra.ok and rb.ok, (ra.detail, rb.detail)
-    env_a = jobenv.mps_env(ra.daemon, 2)   # 2 shards: 2 GiB fence
-    env_b = jobenv.mps_env(rb.daemon, 4)   # 4 shards: 4 GiB fence
+    env_a = lifecycle.mps_env(ra.daemon, 2)   # 2 shards: 2 GiB fence
+    env_b = lifecycle.mps_env(rb.daemon, 4)   # 4 shards: 4 GiB fence
     db_path = Path(gpu_cfg.state_dir) / "nodes" / "gpu1.db"
     rec = _Recording(NvmlReader())
     # the clients run outside Slurm (no cgroup, no slurmstepd, no Prolog row): their SLURM_JOB_ID claims count
@@ -203,8 +203,8 @@ def test_per_user_daemon_runs_as_the_user_behind_a_0700_pipe_dir(gpu_cfg: Config
         st_ = os.stat(sub)
         assert st_.st_uid == uid and st_.st_mode & 0o777 == 0o700, (sub, oct(st_.st_mode))
     assert os.stat(d.root).st_uid == 0
-    client = _client(cfg, jobenv.mps_env(d, 4), 9201, user=OTHER_USER, tag="per-user", seconds=5, alloc_gib=1,
-                     alloc_after_s=1)
+    client = _client(cfg, lifecycle.mps_env(d, 4), 9201, user=OTHER_USER, tag="per-user", seconds=5,
+                     alloc_gib=1, alloc_after_s=1)
     out = _result(client)
     rel = mps.release(cfg, 9201)
     control = (d.log_dir / "control.log").read_text()
