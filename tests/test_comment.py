@@ -29,7 +29,7 @@ from slurm_coloc.comment import (
 from slurm_coloc.comment.values import BOUNDS, MAX_INPUT_ELEMENTS
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import read_history
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 
 SPEC = {"model": "resnet50", "kwargs": {"num_classes": 10}, "input_shape": [3, 224, 224], "batch_size": 32,

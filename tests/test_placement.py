@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import Steered, gpu_states
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.placement.gate import choose_gpu
+from slurm_coloc.placement.policies import Activity, Gate, GpuState
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
 from slurm_coloc.store import placement as store_placement

@@ -13,10 +13,10 @@ import pytest
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import gpu_tenants
 from slurm_coloc.placement.history import ModelRuns, profile, read_history, read_history_file
-from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant
 from slurm_coloc.placement.rounds import PlacerState, Round
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
 from slurm_coloc.store.db import open_ctld_db, open_node_db
@@ -68,7 +68,7 @@ def test_node_database_runs_are_kept_per_gpu_model_and_the_profile_follows_the_g
     assert anywhere.run_s == pytest.approx(38.0)  # no model named: the mean of all three runs
     # a model without runs of this job: all its runs, as before; another user: none of them
     assert profile(COLOC, hist, timing, 2001, "NVIDIA A100-SXM4-80GB", by_model) == anywhere
-    assert profile(COLOC, hist, timing, 2002, H200, by_model) == share.Profile(None)
+    assert profile(COLOC, hist, timing, 2002, H200, by_model) == Profile(None)
 
 
 def test_history_file_gpu_models_section(tmp_path: Path) -> None:
@@ -115,15 +115,15 @@ def test_the_round_judges_each_gpu_with_the_job_s_runs_on_its_model() -> None:
     comment = "coloc:" + json.dumps({"mode": "shard", "shards": 4, "v": 1, "place": True, **COLOC})
     job = parse_squeue_json(json.dumps({"jobs": [{"job_id": 9, "job_state": "PENDING", "user_id": 2001,
                                                   "submit_time": NOW - 5, "comment": comment}]}))[0]
-    tenant = share.Tenant(share.Profile(0.5, 60.0, 5.0), NOW - 10, 0.5, 1)
+    tenant = Tenant(Profile(0.5, 60.0, 5.0), NOW - 10, 0.5, 1)
     rnd = Round(cfg, state, cal, Gate(), [_gpu(0, H200), _gpu(1, H100)], [[tenant], [tenant]], True, NOW)
     d, _demand, _source, prof = rnd.decide(job, 4)
     assert d.placed and d.index == 1, d.reason  # the H100
-    assert prof == share.Profile(0.9, 40.0, 10.0)
+    assert prof == Profile(0.9, 40.0, 10.0)
     state.by_model.activity[H200][(None, SIG)] = [Activity(0.2)]
     d, _demand, _source, prof = rnd.decide(job, 4)
     # lighter on the H200: (0.5 + 0.2) / 0.75 < 1, the lower predicted slowdown
-    assert d.placed and d.index == 0 and prof == share.Profile(0.2, 25.0, 8.0)
+    assert d.placed and d.index == 0 and prof == Profile(0.2, 25.0, 8.0)
     # a tenant's profile is asked for with the model of the GPU it holds
     running = parse_squeue_json(json.dumps({"jobs": [{
         "job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "user_id": 2001,
@@ -132,7 +132,7 @@ def test_the_round_judges_each_gpu_with_the_job_s_runs_on_its_model() -> None:
 
     def known(_job: object, model: str) -> tuple:
         asked.append(model)
-        return share.Profile(None), 0.5
+        return Profile(None), 0.5
 
     gpu_tenants([_gpu(0, H200, 0)], running, {}, known, NOW)
     assert asked == [H200]

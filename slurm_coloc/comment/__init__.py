@@ -1,7 +1,7 @@
 """The coloc part of a Slurm job comment: ``[prefix ]coloc:{json}``, written and read by ``JobComment`` only.
 
 Writing: ``JobComment`` is the one writer of a job comment: ``JobComment.submission`` (coloc-sbatch,
-``submit/plan.py``), ``with_place`` (coloc-placer, ``placement/submit.py``), ``JobComment.oom_rerun``
+``submit/plan.py``), ``with_place`` (coloc-placer, ``placement/heartbeat.py``), ``JobComment.oom_rerun``
 (``hooks/rerun.py``); each renders itself with ``to_comment``, ``comment_arg`` (``--comment=...``) or
 ``fitted_arg`` (within Slurm's limit), through ``comment/text.py``. Keys written by ``coloc-sbatch``: ``v``
 (1), ``mode``, ``shards``, ``gpus``, ``mem_mib``, ``method``, ``gpu_model``, ``sha256``, ``spec`` (always,

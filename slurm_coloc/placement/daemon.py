@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from slurm_coloc import coruns as learn
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, rounds, share
+from slurm_coloc.placement.gate import fresh
 from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
 from slurm_coloc.placement.history import (  # noqa: F401
     ModelRuns,
@@ -25,7 +26,7 @@ from slurm_coloc.placement.history import (  # noqa: F401
     read_history,
     read_history_file,
 )
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, fresh
+from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant
 from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -109,16 +110,16 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 
 
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
-                known: Callable[[JobInfo, str], Tuple[share.Profile, float]],
-                now: float) -> List[List[share.Tenant]]:
-    """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (``gpu_states``' accounting),
+                known: Callable[[JobInfo, str], Tuple[Profile, float]],
+                now: float) -> List[List[Tenant]]:
+    """Per GPU of ``gpus`` (same order), the jobs holding it as ``Tenant`` (``gpu_states``' accounting),
     less ``COMPLETING`` jobs (epilogs run, they compute no more, so their room is free for the model in the
     same round). ``known(job, gpu_model)``: its profile and predicted SM activity alone (fraction); steered
     jobs keep what the placer knew when it sent them; ``now`` (Unix s) starts a tenant of unknown start.
     Raises only what ``known`` raises.
     """
     where = {g.key: i for i, g in enumerate(gpus)}
-    out: List[List[share.Tenant]] = [[] for _ in gpus]
+    out: List[List[Tenant]] = [[] for _ in gpus]
     shown = set()
     for job in jobs:
         if job.state not in ACTIVE_STATES and not job.completing:
@@ -129,12 +130,12 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
                 s = steered.get(job.job_id)
                 prof, pred = ((s.profile, s.demand.smact) if s is not None
                               else known(job, gpus[where[(node, idx)]].model))
-                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred,
-                                                            job.job_id, uid=job.uid))
+                out[where[(node, idx)]].append(Tenant(prof, job.start_ts or (s.ts if s else now), pred,
+                                                      job.job_id, uid=job.uid))
     for job_id, s in steered.items():
         if job_id not in shown and (s.node, s.index) in where:
-            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact, job_id,
-                                                              uid=s.uid))
+            out[where[(s.node, s.index)]].append(Tenant(s.profile, s.ts, s.demand.smact, job_id,
+                                                        uid=s.uid))
     return out
 
 

@@ -1,20 +1,28 @@
-"""coloc-placer's heartbeat: the file a running placer rewrites after each round, and what its readers ask
-of it (``coloc-sbatch``: is a placer alive, so submit held for it; ``coloc-replay``: which policy runs; the
-fallback release: none alive). Light on purpose: ``coloc-sbatch`` imports this, not the placer's loop.
+"""What submitters need of coloc-placer: its heartbeat file, rewritten after each round (``coloc-sbatch``: is
+a placer alive, so submit held for it; ``coloc-replay``: which policy runs; the fallback release: none alive),
+and the held, GRES-less form of a shared job's sbatch argv (``placer_argv``). Pure but for the heartbeat
+files. Light on purpose: ``coloc-sbatch`` imports this, not the placer's loop.
+
+The placer can steer only a held job without GRES (docs/design.md, "Placement mechanism"), so a shared job's
+``--gres=shard:N`` is dropped, ``--hold`` added and ``"place": true`` put into its coloc comment
+(``JobComment.with_place``); whole-GPU and multi-GPU submissions are left to Slurm.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence
 
 from slurm_coloc.atomic import write_atomic
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 
 log = logging.getLogger("slurm_coloc.placer")
+_SHARD = re.compile(r"^shard:(\d+)$")
 
 
 def heartbeat_paths(cfg: Config) -> List[Path]:
@@ -26,13 +34,8 @@ def heartbeat_paths(cfg: Config) -> List[Path]:
 
 
 def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
-    """Write the heartbeat files, 0644: ``summary`` (JSON values) with ``ts`` (Unix s) and ``pid``.
-
-    A copy that cannot be written (directory missing or read-only) is skipped with a warning.
-
-    Raises:
-        OSError: no copy could be written (the first copy's error).
-    """
+    """Write the heartbeat files, 0644: ``summary`` (JSON values) with ``ts`` (Unix s) and ``pid``; a copy
+    that cannot be written is skipped with a warning. OSError: none could be (the first copy's error)."""
     text = json.dumps({"ts": time.time(), "pid": os.getpid(), **summary}, sort_keys=True)
     errors = []
     for path in heartbeat_paths(cfg):
@@ -72,9 +75,7 @@ def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
 
 
 def placer_policy(cfg: Config) -> Optional[str]:
-    """The readable heartbeat's ``placement_policy`` (``blind``, ``aware``, ...); None without one or without
-    a text policy.
-    """
+    """The readable heartbeat's ``placement_policy``; None without one or without a text policy."""
     for path in heartbeat_paths(cfg):
         try:
             policy = json.loads(path.read_text()).get("policy")
@@ -82,3 +83,26 @@ def placer_policy(cfg: Config) -> Optional[str]:
             continue
         return policy if isinstance(policy, str) else None
     return None
+
+
+def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
+    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded; a new list,
+    ``--hold`` first), or None when it is not a shared shard job (its first ``--gres=`` is not ``shard:N``
+    alone, or no valid coloc comment of mode ``shard`` follows it). coloc-sbatch writes ``--gres=`` then
+    ``--comment=`` before the script and removes the user's GPU options, so those two are its own; the
+    script's arguments are never touched. ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}",
+    "job.sh"]`` -> ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
+    """
+    args = list(argv)
+    g = next((i for i, a in enumerate(args) if a.startswith("--gres=")), None)
+    if g is None or not _SHARD.match(args[g].split("=", 1)[1]):
+        return None
+    c = next((i for i in range(g + 1, len(args)) if args[i].startswith("--comment=")), None)
+    if c is None:
+        return None
+    coloc = JobComment.read(args[c].split("=", 1)[1])
+    if coloc.mode != "shard":
+        return None
+    args[c] = coloc.with_place().comment_arg()
+    del args[g]
+    return ["--hold", *args]

@@ -20,7 +20,7 @@ from slurm_coloc.comment import NO_COMMENT, JobComment
 from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
 from slurm_coloc.comment.values import CommentError
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 

@@ -12,15 +12,18 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, policies, share
-from slurm_coloc.placement.evidence import Evidence, Limits, Policy
+from slurm_coloc.placement.gate import saturated_gpus, silent_gpus
 from slurm_coloc.placement.history import ModelRuns, Timing, log_once, profile
-from slurm_coloc.placement.policy import (
+from slurm_coloc.placement.policies import (
     Activity,
     Decision,
+    Evidence,
     Gate,
     GpuState,
-    saturated_gpus,
-    silent_gpus,
+    Limits,
+    Policy,
+    Profile,
+    Tenant,
 )
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -34,8 +37,8 @@ took 11-26 s on the 2x H200 fresh pile (Python start, set-up, warm-up; ``h200x2-
 reading taken later shows its work, not its start-up."""
 
 
-def live_corrected(tenants: Sequence[share.Tenant], live_smact: float, since_ts: float,
-                   unsaturated: float) -> List[share.Tenant]:
+def live_corrected(tenants: Sequence[Tenant], live_smact: float, since_ts: float,
+                   unsaturated: float) -> List[Tenant]:
     """``tenants`` (in order) with the prediction of those never measured and settled (present, started
     ``SETTLE_S`` before the live window began at ``since_ts``, Unix s) replaced by their share of what the
     GPU's live SM activity leaves: ``r = live_smact`` less the activity of measured tenants computing now,
@@ -68,7 +71,7 @@ class Steered:
     shards: int
     demand: Activity
     ts: float
-    profile: share.Profile = field(default_factory=lambda: share.Profile(None))
+    profile: Profile = field(default_factory=lambda: Profile(None))
     uid: Optional[int] = None
 
 
@@ -80,8 +83,8 @@ class PlacerState:
     users, and the bad-input lines already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
-    present: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
-    departed: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
+    present: Dict[Tuple[str, int], List[Tenant]] = field(default_factory=dict)
+    departed: Dict[Tuple[str, int], List[Tenant]] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
     timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
     by_model: ModelRuns = field(default_factory=ModelRuns)
@@ -100,7 +103,7 @@ class Round:
     cal: intensity.Calibration
     gate: Gate
     gpus: List[GpuState]
-    tenants: List[List[share.Tenant]]
+    tenants: List[List[Tenant]]
     has_gpus: bool
     now: float
     env: Optional[Mapping[str, str]] = None
@@ -129,7 +132,7 @@ class Round:
                      "predicted activity, under the bound", max_age,
                      ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
-    def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[share.Profile, float]:
+    def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[Profile, float]:
         """A running job's profile on its GPU's model ("": any) and predicted SM activity alone (fraction;
         unknown on a bad comment, with a warning).
         """
@@ -139,9 +142,9 @@ class Round:
             return prof, self.counted(intensity.demand(c, self.state.history, self.cal, j.uid)[0], prof).smact
         except Exception as exc:  # one running job's data never stops a round
             log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
-            return share.Profile(None), self.cal.smact_floor
+            return Profile(None), self.cal.smact_floor
 
-    def counted(self, demand: Activity, prof: share.Profile) -> Activity:
+    def counted(self, demand: Activity, prof: Profile) -> Activity:
         """The activity the sharing model counts for a job: its demand as is when measured alone (``prof``),
         else the prediction raised to ``Calibration.smact_floor``."""
         if prof.smact is not None:
@@ -158,12 +161,12 @@ class Round:
                 prof = (profile(JobComment.read(j.comment, j.job_id), self.state.history, self.state.timing,
                                 j.uid))
             except Exception:  # its own decision reports the comment; here it is only unknown
-                prof = share.Profile(None)
+                prof = Profile(None)
             rows.append((j.job_id, j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, prof))
         by_id = {j.job_id: j for j in candidates}
         return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
 
-    def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, share.Profile]:
+    def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, Profile]:
         """The decision for one held job, its predicted activity (fractions), its source in words, and its
         profile.
 
@@ -174,9 +177,9 @@ class Round:
         """
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
-        profiles: Dict[str, share.Profile] = {}
+        profiles: Dict[str, Profile] = {}
 
-        def on(model: str) -> share.Profile:  # the job's profile on a GPU of this model
+        def on(model: str) -> Profile:  # the job's profile on a GPU of this model
             if model not in profiles:
                 profiles[model] = profile(coloc, self.state.history, self.state.timing, job.uid, model,
                                           self.state.by_model)
@@ -231,7 +234,7 @@ class Round:
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
 
-    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile, job_id: int,
+    def _add(self, d: Decision, shards: int, demand: Activity, prof: Profile, job_id: int,
              uid: Optional[int]) -> None:
         """Count a steered job on its GPU for the rest of the round."""
         key = (d.node, d.index)
@@ -240,5 +243,5 @@ class Round:
                 self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
                                        recent=g.recent + demand)
                 if self.policy.sharing_model:
-                    self.tenants[i].append(share.Tenant(prof, self.now, self.counted(demand, prof).smact,
-                                                        job_id, uid=uid))
+                    self.tenants[i].append(Tenant(prof, self.now, self.counted(demand, prof).smact,
+                                                  job_id, uid=uid))

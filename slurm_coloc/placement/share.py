@@ -20,52 +20,23 @@ lighter than the jobs measured so far), and learned from its shared runs once it
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_coloc.placement.policy import Activity, Decision, GpuState, Hold, no_room
+from slurm_coloc.placement.policies import (
+    Activity,
+    Decision,
+    Evidence,
+    GpuState,
+    Hold,
+    Policy,
+    Profile,
+    Tenant,
+    memory_only,
+    no_room,
+)
 
 Key = Tuple[str, int]  # a GPU: (node, index)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A job signature's measured behaviour alone: ``smact`` (fraction; None: never measured), whole run and
-    start-up (s, from Slurm start to the first busy sample; None: not known); ``learned``: the activity was
-    learned from shared runs (``coruns.py``), not measured alone, so it is trusted for its own user only."""
-
-    smact: Optional[float]
-    run_s: Optional[float] = None
-    startup_s: Optional[float] = None
-    learned: bool = False
-
-    @property
-    def work_s(self) -> Optional[float]:
-        """Computing time alone (s): run minus start-up (None without a run time)."""
-        if self.run_s is None:
-            return None
-        return max(0.0, self.run_s - (self.startup_s or 0.0))
-
-
-@dataclass(frozen=True)
-class Tenant:
-    """A job on a GPU as the model sees it: ``start_ts`` (Unix s: Slurm start or steering), predicted SM
-    activity alone (fraction; used where the profile has none measured), Slurm job id (None: unknown) and
-    ``end_ts`` (Unix s) once it left the GPU (None: still there). A job that left is replayed as load until
-    then (``predicted_ends``) and never counts at a new job's start (``load_at_start``).
-    """
-
-    profile: Profile
-    start_ts: float
-    predicted: float = 0.5
-    job_id: Optional[int] = None
-    end_ts: Optional[float] = None
-    uid: Optional[int] = None
-
-    @property
-    def smact(self) -> float:
-        """Measured SM activity alone, else the predicted one."""
-        return self.profile.smact if self.profile.smact is not None else self.predicted
 
 
 def slowdown(load: float, capacity: float) -> float:
@@ -284,3 +255,28 @@ def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age
     rest = (sorted((w if (w := work[i]) is not None else median, ts, i) for i, ts, _ in jobs
                    if now - ts <= age_s))
     return [i for _, i in aged] + [i for _, _, i in rest]
+
+
+class ThroughputPolicy(Policy):
+    """The slowdown bound; a job with no signature and no FLOPs goes by memory among the GPUs that a job of
+    unknown activity leaves within the bound."""
+
+    name = "throughput"
+    sharing_model = True
+
+    def decide(self, ev: Evidence) -> Decision:
+        lim = ev.limits
+        if not ev.has_data:
+            room = within_bound(ev.gpus, ev.tenants, lim.capacity, lim.floor, lim.max_slowdown, ev.now)
+            d = memory_only(room, ev.shards)
+            # room, but not within the bound
+            if not d.placed and any(g.shards_free >= ev.shards for g in ev.gpus):
+                return Decision(None, None, f"every GPU with {ev.shards} free shards is at its bound for a "
+                                            f"job of unknown activity (SMACT {lim.floor:.2f})",
+                                hold=Hold.UNKNOWN_AT_BOUND)
+            return d
+        return choose_gpu_bounded(ev.gpus, ev.tenants, ev.shards, ev.profile, ev.counted, lim.capacity,
+                                  lim.max_slowdown, ev.now, ev.uid, lim.floor)
+
+
+THROUGHPUT = ThroughputPolicy()

@@ -3,12 +3,13 @@
 Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
 (also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows
 the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and
-``throughput`` submit the same plan held and without GRES (``placement.submit.placer_argv`` on ``coloc-sbatch
---dry-run``'s command) for a running ``coloc-placer`` to steer. ``context_mib`` (default 1024) covers what the
-catalog's A100 peaks lack here: the CUDA context of a torch process (612 MiB on the H100, CUDA 13:
-docs/facts.md §12) and library workspaces; without it an H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8
-died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``, GPU energy
-through ``slurm_coloc.nvml``; SM activity from the sampler's per-node databases (``replay/activity.py``).
+``throughput`` submit the same plan held and without GRES (``placement.heartbeat.placer_argv`` on
+``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer`` to steer. ``context_mib`` (default 1024)
+covers what the catalog's A100 peaks lack here: the CUDA context of a torch process (612 MiB on the H100, CUDA
+13: docs/facts.md §12) and library workspaces; without it an H100 replay fenced sub-GiB tasks at 1 GiB and 4
+of 8 died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``, GPU
+energy through ``slurm_coloc.nvml``; SM activity from the sampler's per-node databases
+(``metrics.sm_activity_per_gpu``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.placement import policies
-from slurm_coloc.replay.activity import sm_activity_per_gpu
 from slurm_coloc.replay.metrics import (
     ReplayMetrics,
     RunRecord,
     energy_growth_j,
     runs_from_records,
+    sm_activity_per_gpu,
     summarize,
 )
 from slurm_coloc.replay.trace import Task
@@ -297,7 +298,7 @@ def submit_for_placer(argv: Sequence[str], cfg: Config,
         ColocError: the dry run failed or printed no sbatch command.
         SlurmError: sbatch missing or timed out (its own refusal comes back as the process).
     """
-    from slurm_coloc.placement.submit import placer_argv
+    from slurm_coloc.placement.heartbeat import placer_argv
 
     dry = subprocess.run([coloc_sbatch_path(), "--dry-run", *argv], capture_output=True, text=True, env=env,
                          timeout=120)
