@@ -91,16 +91,16 @@ def end_judge(last: bool) -> Callable[..., Any]:
     """``share._judge`` ranking a qualifying GPU first by a predicted end (``share.predicted_ends`` with the
     job placed now): the job's own (earliest end) or, with ``last``, the GPU's last one (earliest drain:
     Graham's list scheduling on each GPU's predicted finish); module docstring."""
-    def judge(g: Any, ts: Sequence[Tenant], shards: int, job: Profile, demand: Activity,
-              gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
-        key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
-        if key is None or basis not in ("slowdown-model", "empty-gpu"):
-            return key, basis, pred, why
+    def judge(g: Any, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float, bound: float,
+              now: float) -> share.Judged:
+        j = ORIGINAL_JUDGE(g, ts, job, demand, capacity, bound, now)
+        if j.key is None or j.basis not in ("slowdown-model", "empty-gpu"):
+            return j
         smact = job.smact if job.smact is not None else demand.smact
         ends = share.predicted_ends(list(ts) + [Tenant(job, now, smact)], capacity)
         picked = ends if last else ends[-1:]
         end = math.inf if any(e is None for e in picked) else max(e for e in picked if e is not None)
-        return (key[0], end) + tuple(key[1:]), basis, pred, why
+        return dataclasses.replace(j, key=(j.key[0], end) + tuple(j.key[1:]))
     return judge
 
 
@@ -120,10 +120,10 @@ def order_longest(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s:
 
 def whole_run_judge(margin: float) -> Callable[..., Any]:
     """``share._judge`` with the whole-run bound (module docstring) for jobs measured alone."""
-    def judge(g: Any, ts: Sequence[Tenant], shards: int, job: Profile, demand: Activity, gate: Any,
-              capacity: float, bound: float, now: float, max_age_s: float) -> Any:
+    def judge(g: Any, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float, bound: float,
+              now: float) -> share.Judged:
         if job.smact is None or job.work_s is None or (g.tenants == 0 and g.shards_used == 0):
-            return ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
+            return ORIGINAL_JUDGE(g, ts, job, demand, capacity, bound, now)
         allt = list(ts) + [Tenant(job, now)]
         worst = 1.0
         for t, end in zip(allt, share.predicted_ends(allt, capacity)):
@@ -133,10 +133,10 @@ def whole_run_judge(margin: float) -> Callable[..., Any]:
             else:
                 worst = max(worst, (end - t.start_ts) / alone)
         if worst > bound * margin:
-            return None, "", None, f"{g.node}/gpu{g.index} run slowdown {worst:.2f}"
+            return share.Judged(None, "", None, f"{g.node}/gpu{g.index} run slowdown {worst:.2f}")
         load = share.load_at_start(ts, capacity, now, job.startup_s or 0.0) + job.smact
-        return ((0, worst, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
-                Activity(min(load, 9.99)), f"slowdown {worst:.2f}")
+        return share.Judged((0, worst, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
+                            Activity(min(load, 9.99)), f"slowdown {worst:.2f}")
     return judge
 
 

@@ -14,10 +14,13 @@ import pytest
 
 from slurm_coloc import config as config_mod
 from slurm_coloc import coruns as learn
+from slurm_coloc.comment import JobComment
 from slurm_coloc.placement import history, intensity
 from slurm_coloc.placement.history import ModelRuns, profile, read_history
 from slurm_coloc.placement.policies import Profile, Tenant
 from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 TRUE = {"a": 0.30, "b": 0.55, "c": 0.20, "d": 0.80}  # SM activity alone of four signatures
 
@@ -122,7 +125,7 @@ def test_history_learns_from_shared_runs_in_real_databases(tmp_path: Path) -> No
         key = (2001, intensity.signature({"sha256": sig * 64}))
         assert key in hist, sig
         assert all(7.0 <= start_s <= 9.0 < run_s for run_s, start_s in timing[key])  # 8 s start-up
-        prof = profile({"sha256": sig * 64}, hist, timing, 2001, "NVIDIA H200", by_model)
+        prof = profile(jc({"sha256": sig * 64}), hist, timing, 2001, "NVIDIA H200", by_model)
         assert prof.smact == hist[key][0].smact and prof.startup_s is not None  # kept under its GPU model
         got = hist[key][0].smact
         if got == pytest.approx(cal.smact_floor):
@@ -131,7 +134,7 @@ def test_history_learns_from_shared_runs_in_real_databases(tmp_path: Path) -> No
         assert got == pytest.approx(truth, abs=0.1), (sig, got)
     assert identified >= 1
     # another user's learned runs never steer this user's job
-    other = profile({"sha256": "a" * 64}, hist, timing, 2002, "", by_model)
+    other = profile(jc({"sha256": "a" * 64}), hist, timing, 2002, "", by_model)
     assert other.smact is None
 
 
@@ -250,9 +253,9 @@ def test_the_placer_knows_which_profiles_were_learned(tmp_path: Path) -> None:
     timing: dict = {}
     by_model = ModelRuns()
     hist = read_history(cfg, timing, None, None, by_model, intensity.load_calibration())
-    prof = profile({"sha256": "d" * 64}, hist, timing, 2001, "NVIDIA H200", by_model)
+    prof = profile(jc({"sha256": "d" * 64}), hist, timing, 2001, "NVIDIA H200", by_model)
     assert prof.smact is not None and prof.learned
-    assert not profile({"sha256": "d" * 64}, {(2001, intensity.signature({"sha256": "d" * 64})): [
+    assert not profile(jc({"sha256": "d" * 64}), {(2001, intensity.signature({"sha256": "d" * 64})): [
         intensity.Activity(0.5)]}, {}, 2001).learned  # a history without by_model marks is measured alone
 
 

@@ -107,7 +107,7 @@ def test_the_placer_s_round_decides_and_steers_with_the_configured_policy(
     cfg = config_mod.Config(placement_policy="most-free")
     rnd = Round(cfg, PlacerState(), intensity.load_calibration(), Gate(), _gpus(), [], True, NOW)
     assert rnd.policy is most_free
-    d, _demand, _source, _prof = rnd.decide(_held_job(), 4)
+    d = rnd.decide(_held_job(), 4).decision
     assert (d.node, d.index, d.basis) == ("n1", 1, "most-free")
     steered: List[tuple] = []
     monkeypatch.setattr(rounds.sp, "steer",
@@ -116,11 +116,11 @@ def test_the_placer_s_round_decides_and_steers_with_the_configured_policy(
     rnd.handle(_held_job(), 4, counts)
     assert counts["placed"] == 1 and steered == [(9, "n1", 1)]
     # the steered job counts on its GPU for the rest of the round: next, GPU 2 has the most free shards
-    assert rnd.decide(_held_job(), 4)[0].index == 2
+    assert rnd.decide(_held_job(), 4).decision.index == 2
     # the gate on the same GPUs spreads by load instead: GPU 2 (SMACT 0.1 live), not GPU 1 (0.9)
     gate_rnd = Round(config_mod.Config(placement_policy="gate"), PlacerState(), intensity.load_calibration(),
                      Gate(), _gpus(), [], True, NOW)
-    assert gate_rnd.decide(_held_job(), 4)[0].index == 2
+    assert gate_rnd.decide(_held_job(), 4).decision.index == 2
 
 
 def test_a_wait_says_why_in_a_typed_field() -> None:

@@ -12,11 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.comment import JobComment
 from slurm_coloc.placement import share
 from slurm_coloc.placement.daemon import Steered, gpu_tenants, profile, read_history
 from slurm_coloc.placement.gate import choose_gpu, silent_gpus
 from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant, memory_only
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 CAP = 1.03  # the packaged calibration's share_capacity
 NOW = 1000.0
@@ -157,14 +160,14 @@ def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(
     from slurm_coloc.placement.intensity import signature
     sig = signature(coloc)
     admin = {(None, sig): hist[(None, "aa")]}, {(None, sig): timing[(None, "aa")]}
-    assert profile(coloc, *admin) == Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
-    assert profile(coloc, *admin, uid=2001) == Profile(0.6, 30.0, 12.0)
+    assert profile(jc(coloc), *admin) == Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
+    assert profile(jc(coloc), *admin, uid=2001) == Profile(0.6, 30.0, 12.0)
     per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]},
                 {**admin[1], (2002, sig): [(90.0, 5.0)]})
-    assert profile(coloc, *per_user, uid=2002) == Profile(0.95, 90.0,
+    assert profile(jc(coloc), *per_user, uid=2002) == Profile(0.95, 90.0,
                                                           5.0)  # a user's own runs come first
-    assert profile(coloc, *per_user, uid=2001) == Profile(0.6, 30.0, 12.0)  # never another user's
-    assert profile({}, hist, timing) == Profile(None)
+    assert profile(jc(coloc), *per_user, uid=2001) == Profile(0.6, 30.0, 12.0)  # never another user's
+    assert profile(jc({}), hist, timing) == Profile(None)
     seen: set = set()
     path.write_text("{not json")
     for _ in range(3):
@@ -400,10 +403,11 @@ def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound()
     # 9 SMACT-s, then 45 and the unknown (median: 45) by age
     assert [j.job_id for j in rnd.ordered(jobs)] == [2, 1, 3]
     # no signature, no FLOPs: memory, but not past the bound
-    d, _demand, source, _prof = rnd.decide(jobs[2], 4)
+    c = rnd.decide(jobs[2], 4)
+    d, source = c.decision, c.source
     assert source == "no signature or FLOPs" and not d.placed and "at its bound" in d.reason
     rnd.tenants = [[tenant(0.9, start=NOW)]]
-    d, *_ = rnd.decide(jobs[2], 4)
+    d = rnd.decide(jobs[2], 4).decision
     assert d.placed and d.basis == "memory-only"  # 1.43 / 1.03 = 1.39
 
 

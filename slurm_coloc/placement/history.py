@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc import coruns as learn
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity
@@ -307,7 +308,7 @@ def _capped(out: Dict[HistoryKey, List[Activity]], timing: Optional[Dict[History
     return out
 
 
-def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
+def profile(coloc: JobComment, history: Mapping[HistoryKey, Sequence[Activity]],
             timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None,
             gpu_model: str = "", by_model: Optional[ModelRuns] = None) -> Profile:
     """The ``Profile`` of ``uid``'s job on a GPU of model ``gpu_model`` ("": any model's runs): SM

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import NO_COMMENT, JobComment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
-from slurm_coloc.comment.values import CommentError
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement.policies import Activity
 
@@ -38,19 +37,8 @@ class Features:
     from_proxy: bool = False
 
 
-def _typed(coloc: Any) -> JobComment:
-    """A ``JobComment`` as is; a coloc JSON object validated (``NO_COMMENT`` when it breaks the protocol)."""
-    if isinstance(coloc, JobComment):
-        return coloc
-    try:
-        return JobComment.from_fields(dict(coloc)) if isinstance(coloc, Mapping) else NO_COMMENT
-    except CommentError:
-        return NO_COMMENT
-
-
-def features(coloc: Any) -> Features:
-    """Features of a job's validated comment (a coloc JSON object is validated first; one that breaks the
-    protocol gives no features); precision ``fp32`` when not given.
+def features(c: JobComment) -> Features:
+    """Features of a job's validated comment; precision ``fp32`` when not given.
 
     ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's trace or the script probe
     (``torch.utils.flop_counter``: matmuls, convolutions, attention). Without it, batch x input elements x
@@ -58,7 +46,6 @@ def features(coloc: Any) -> Features:
     range over 100x; 0 for token models). The comment's bounds (``comment.values.BOUNDS``,
     ``MAX_INPUT_ELEMENTS``) keep every feature finite.
     """
-    c = _typed(coloc)
     spec = c.spec
     batch = spec.batch_size if spec else None
     gflop = c.flops_per_step / 1e9 if c.flops_per_step is not None else None
@@ -204,7 +191,7 @@ def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
                      sum(r.drama for r in runs) / n))
 
 
-def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
+def demand(c: JobComment, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
            uid: Optional[int] = None) -> Tuple[Activity, str]:
     """The job's predicted activity alone (fractions 0..1) and its source (``history`` or ``predicted``).
 
@@ -212,7 +199,6 @@ def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Ca
     file (uid None); another user's runs never steer this job (a user could otherwise forge a signature's
     history for everyone). Without history, ``cal`` predicts from FLOPs.
     """
-    c = _typed(coloc)
     for key in history_keys(c.signature(), uid):
         h = from_history(history.get(key, ()))
         if h is not None:

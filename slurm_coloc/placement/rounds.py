@@ -93,6 +93,17 @@ class PlacerState:
     logged: Set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """``Round.decide``'s answer: the policy's ``decision``, the job's predicted ``demand`` (fractions), its
+    ``source`` in words, and its ``profile`` (on the chosen GPU's model when placed by the sharing model)."""
+
+    decision: Decision
+    demand: Activity
+    source: str
+    profile: Profile
+
+
 @dataclass
 class Round:
     """One round's view: the GPUs (updated as jobs are steered), their tenants for the sharing model (a
@@ -166,15 +177,9 @@ class Round:
         by_id = {j.job_id: j for j in candidates}
         return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
 
-    def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, Profile]:
-        """The decision for one held job, its predicted activity (fractions), its source in words, and its
-        profile.
-
-        Raises:
-            ValueError: a bad shard request or placement mode (the policy's ``decide``); ``handle`` catches
-                it.
-            ConfigError: ``placement_policy`` names no registered policy; ``handle`` catches it.
-        """
+    def decide(self, job: JobInfo, shards: int) -> Choice:
+        """ValueError: a bad shard request or placement mode (the policy's); ConfigError: ``placement_policy``
+        names no registered policy (``handle`` catches both)."""
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
         profiles: Dict[str, Profile] = {}
@@ -191,13 +196,13 @@ class Round:
         d = policy.decide(Evidence(self.gpus, self.tenants, shards, demand, self.counted(demand, prof), on,
                                    has_data, job.uid, self.now, self.limits()))
         if not policy.sharing_model:
-            return d, demand, source, prof
+            return Choice(d, demand, source, prof)
         if not has_data:
             log_once(self.state.logged, f"nodata:{job.job_id}",
                      "job %d has no signature and no FLOPs: placed by memory", job.job_id)
-            return d, demand, "no signature or FLOPs", prof
+            return Choice(d, demand, "no signature or FLOPs", prof)
         chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
-        return d, demand, source, on(chosen.model) if chosen is not None else prof
+        return Choice(d, demand, source, on(chosen.model) if chosen is not None else prof)
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
@@ -206,7 +211,8 @@ class Round:
         """
         cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
         try:
-            decision, demand, source, prof = self.decide(job, shards)
+            choice = self.decide(job, shards)
+            decision, demand, prof = choice.decision, choice.demand, choice.profile
             waited = self.now - job.submit_ts if job.submit_ts else 0.0
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
@@ -216,8 +222,8 @@ class Round:
                                                          self.now, prof, job.uid)
                 self._add(decision, shards, demand, prof, job.job_id, job.uid)
                 counts["placed"] += 1
-                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
-                         decision.reason)
+                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, choice.source,
+                         demand.smact, decision.reason)
             elif not self.has_gpus or waited > cfg.placement_max_wait_s:
                 sp.release_memory_only(job.job_id, shards, job.comment, bin_dir, env)
                 counts["memory_only"] += 1

@@ -20,7 +20,7 @@ lighter than the jobs measured so far), and learned from its shared runs once it
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurm_coloc.placement.policies import (
@@ -147,23 +147,32 @@ def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, n
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One GPU as ``choose_gpu_bounded`` judges it: ``key`` ranks it (None: it does not qualify),
+    ``predicted`` is its load with the job, ``why`` a detail or the reason it does not qualify."""
+
+    key: Optional[Tuple]
+    basis: str
+    predicted: Optional[Activity]
+    why: str
+
+
 def _judge(g: GpuState, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float,
-           max_slowdown: float, now: float) -> Tuple[Optional[Tuple], str, Optional[Activity], str]:
-    """One GPU for ``choose_gpu_bounded``: (sort key or None when it does not qualify, basis, predicted
-    load, detail or the reason it does not qualify)."""
+           max_slowdown: float, now: float) -> Judged:
     measured = job.smact is not None
     smact = job.smact if job.smact is not None else demand.smact
     load = load_at_start(ts, capacity, now, job.startup_s or 0.0) + smact
     pred = slowdown(load, capacity)
     if g.tenants == 0 and g.shards_used == 0:
-        return (0, pred, 0, -g.shards_free, g.node,
-                g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
+        return Judged((0, pred, 0, -g.shards_free, g.node, g.index), "empty-gpu", Activity(smact),
+                      f"slowdown {pred:.2f}")
     if pred > max_slowdown:  # measured or predicted, live sampler or silent: never past the bound
         why = "" if measured else " (predicted activity)"
-        return None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}"
+        return Judged(None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}")
     basis = "slowdown-model" if measured else "slowdown-predicted"
-    return ((0 if measured else 1, pred, g.tenants, -g.shards_free, g.node, g.index), basis,
-            Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
+    return Judged((0 if measured else 1, pred, g.tenants, -g.shards_free, g.node, g.index), basis,
+                  Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
 
 
 def between_users(ts: Sequence[Tenant], job: Profile, uid: Optional[int],
@@ -202,26 +211,27 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
     if shards < 1 or len(tenants) != len(gpus) or max_slowdown < 1 or any(cap_of(g.model) <= 0 for g in gpus):
         raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, "
                          "bound >= 1")
-    options: List[Tuple[Tuple, GpuState, str, Optional[Activity], str]] = []
+    options: List[Tuple[Judged, GpuState]] = []
     blocked: List[str] = []
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
         ts_u, prof = between_users(ts, job(g.model) if callable(job) else job, uid, floor)
-        key, basis, predicted, why = _judge(g, ts_u, prof, demand, cap_of(g.model), max_slowdown, now)
-        if key is None:
-            blocked.append(why)
+        judged = _judge(g, ts_u, prof, demand, cap_of(g.model), max_slowdown, now)
+        if judged.key is None:
+            blocked.append(judged.why)
         else:
-            options.append((key, g, basis, predicted, why))
+            options.append((judged, g))
     if not options:
         if not any(g.shards_free >= shards for g in gpus):
             return no_room(gpus, shards)
         return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]),
                         hold=Hold.AT_BOUND)
-    options.sort(key=lambda o: o[0])
-    _, best, basis, predicted, why = options[0]
-    detail = f", {why}" if why and why != basis else ""
-    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}{detail})", basis, predicted)
+    options.sort(key=lambda o: o[0].key or ())
+    j, best = options[0]
+    detail = f", {j.why}" if j.why and j.why != j.basis else ""
+    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({j.basis}{detail})", j.basis,
+                    j.predicted)
 
 
 def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
