@@ -1,11 +1,9 @@
-"""The ``gate`` placement policy (pure): memory first, then CARMA's saturation gate, then spread or
-consolidate. A GPU is saturated when SMACT >= ``smact`` and (SMOCC >= ``smocc`` or DRAMA >= ``drama``)
-(``Gate``, defaults 0.8 / 0.45 / 0.4 in ``Config``). Activity of jobs sharing a GPU through MPS is taken as
-additive (each fraction capped at 1.0): a GPU's prediction with a candidate is its measured live activity plus
-the predicted activity of tenants placed too recently to show in the samples plus the candidate's. A GPU with
-no tenant takes any job whose memory fits; one whose live state is missing or stale is judged by memory alone,
-so stale monitoring never blocks the cluster.
-"""
+"""The ``gate`` placement policy (pure): memory first, then CARMA's saturation gate (``Gate``: SMACT >=
+``smact`` and (SMOCC >= ``smocc`` or DRAMA >= ``drama``), defaults 0.8 / 0.45 / 0.4 in ``Config``), then
+spread or consolidate. Activity of jobs sharing a GPU through MPS is taken as additive (each fraction capped
+at 1.0): measured live activity plus the predicted activity of tenants placed too recently to show in the
+samples plus the candidate's. A GPU whose live state is missing or stale is judged by memory alone, so stale
+monitoring never blocks the cluster."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -30,8 +28,7 @@ _Option = Tuple[Tuple, GpuState, str, Optional[Activity]]
 
 def _option(g: GpuState, demand: Activity, gate: Gate, mode: str, max_age_s: float,
             blocked: List[str]) -> Optional[_Option]:
-    """Rules (2)-(4) of :func:`choose_gpu` for one GPU with room: its ranking, or None (the reason appended to
-    ``blocked``) when it would be saturated."""
+    """Rules (2)-(4) of ``choose_gpu`` for one GPU with room: its ranking, or None (why in ``blocked``)."""
     if g.tenants == 0 and g.shards_used == 0:
         pred = (g.live or Activity()) + demand if fresh(g, max_age_s) else demand
         basis = "empty-gpu"
@@ -56,19 +53,13 @@ def _option(g: GpuState, demand: Activity, gate: Gate, mode: str, max_age_s: flo
 
 def choose_gpu(gpus: Sequence[GpuState], shards: int, demand: Activity, gate: Gate, mode: str = "spread",
                max_age_s: float = 60.0) -> Decision:
-    """Pick a GPU for a job of ``shards`` shards and predicted activity alone ``demand``.
-
-    Rules, in order: (1) the job's shards fit the GPU's free shards; (2) a GPU with no tenant qualifies; (3) a
-    GPU with fresh live state qualifies if live + recent + demand is not saturated and live alone is not (the
-    guard: a GPU that stays saturated takes no new tenant); (4) a GPU with stale or missing state qualifies on
-    memory alone. ``spread`` takes the least loaded (lowest predicted SMACT, fewest tenants, most free shards,
-    node/index) and prefers utilization-checked and empty GPUs to memory-only ones so stale nodes do not
-    attract every job; ``consolidate`` the most loaded that qualifies (highest predicted SMACT, fewest free
-    shards). Live state older than ``max_age_s`` (s) is stale.
-
-    Raises:
-        ValueError: unknown mode or shards < 1.
-    """
+    """A GPU for a job of ``shards`` shards and predicted activity alone ``demand``. Rules: (1) the shards
+    fit; (2) a GPU with no tenant qualifies; (3) one with fresh live state if live + recent + demand is not
+    saturated and live alone is not (the guard); (4) one with stale or missing state (older than
+    ``max_age_s``, s) on memory alone. ``spread``: least loaded (lowest predicted SMACT, fewest tenants, most
+    free shards, node/index), utilization-checked and empty GPUs before memory-only ones so stale nodes do not
+    attract every job; ``consolidate``: most loaded (highest SMACT, fewest free shards). ValueError: unknown
+    mode or shards < 1."""
     if mode not in MODES:
         raise ValueError(f"unknown placement mode {mode!r} (one of {', '.join(MODES)})")
     if shards < 1:

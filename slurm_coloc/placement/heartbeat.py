@@ -1,12 +1,7 @@
-"""What submitters need of coloc-placer: its heartbeat file, rewritten after each round (``coloc-sbatch``: is
-a placer alive, so submit held for it; ``coloc-replay``: which policy runs; the fallback release: none alive),
-and the held, GRES-less form of a shared job's sbatch argv (``placer_argv``). Pure but for the heartbeat
-files. Light on purpose: ``coloc-sbatch`` imports this, not the placer's loop.
-
-The placer can steer only a held job without GRES (docs/design.md, "Placement mechanism"), so a shared job's
-``--gres=shard:N`` is dropped, ``--hold`` added and ``"place": true`` put into its coloc comment
-(``JobComment.with_place``); whole-GPU and multi-GPU submissions are left to Slurm.
-"""
+"""What submitters need of coloc-placer (light: ``coloc-sbatch`` imports this, not the placer's loop): its
+heartbeat file, rewritten after each round (is a placer alive, so submit held for it; which policy runs), and
+``placer_argv``: the placer steers only a held job without GRES (docs/design.md), so a shared job's
+``--gres=shard:N`` is dropped, ``--hold`` added and ``"place": true`` put into its coloc comment."""
 from __future__ import annotations
 
 import json
@@ -26,9 +21,8 @@ _SHARD = re.compile(r"^shard:(\d+)$")
 
 
 def heartbeat_paths(cfg: Config) -> List[Path]:
-    """``<state_dir>/placer.json`` (admins, shared with the node databases) and a world-readable copy
-    ``<run_dir>/placer.json`` for job users (``state_dir`` is root/admin-group only), which ``coloc-sbatch``
-    reads on the same host or where ``run_dir`` is shared with the login nodes.
+    """``<state_dir>/placer.json`` (admins; ``state_dir`` is root/admin-group only) and a world-readable copy
+    ``<run_dir>/placer.json``, which ``coloc-sbatch`` reads where ``run_dir`` is shared with the login nodes.
     """
     return [Path(cfg.state_dir) / "placer.json", Path(cfg.run_dir) / "placer.json"]
 
@@ -50,8 +44,7 @@ def write_heartbeat(cfg: Config, summary: Mapping[str, object]) -> None:
 
 
 def clear_heartbeat(cfg: Config) -> None:
-    """Remove the heartbeat files on a clean stop, so later jobs are not held for a gone placer; one that
-    cannot be removed is logged and left (it goes stale).
+    """Remove the heartbeat files on a clean stop (later jobs are not held for a gone placer); logs failures.
     """
     for path in heartbeat_paths(cfg):
         try:
@@ -61,9 +54,8 @@ def clear_heartbeat(cfg: Config) -> None:
 
 
 def placer_alive(cfg: Config, max_age_s: Optional[float] = None) -> bool:
-    """Whether a placer finished a round within ``max_age_s`` (s; default 5 x ``placement_interval_s`` + 30 s)
-    and not in the future, from the first readable heartbeat file; none readable: False.
-    """
+    """Whether the first readable heartbeat is at most ``max_age_s`` old (s; default 5 x
+    ``placement_interval_s`` + 30 s) and not in the future."""
     limit = max_age_s if max_age_s is not None else 5 * cfg.placement_interval_s + 30
     for path in heartbeat_paths(cfg):
         try:
@@ -86,13 +78,9 @@ def placer_policy(cfg: Config) -> Optional[str]:
 
 
 def placer_argv(argv: Sequence[str]) -> Optional[List[str]]:
-    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded; a new list,
-    ``--hold`` first), or None when it is not a shared shard job (its first ``--gres=`` is not ``shard:N``
-    alone, or no valid coloc comment of mode ``shard`` follows it). coloc-sbatch writes ``--gres=`` then
-    ``--comment=`` before the script and removes the user's GPU options, so those two are its own; the
-    script's arguments are never touched. ``["-t", "30", "--gres=shard:4", "--comment=coloc:{...}",
-    "job.sh"]`` -> ``["--hold", "-t", "30", "--comment=coloc:{..."place":true...}", "job.sh"]``.
-    """
+    """The held, GRES-less form of coloc-sbatch's sbatch ``argv`` (program name excluded; ``--hold`` first),
+    or None when its first ``--gres=`` is not ``shard:N`` alone or no coloc comment of mode ``shard`` follows
+    it; both are coloc-sbatch's own, written before the script, whose arguments are never touched."""
     args = list(argv)
     g = next((i for i, a in enumerate(args) if a.startswith("--gres=")), None)
     if g is None or not _SHARD.match(args[g].split("=", 1)[1]):

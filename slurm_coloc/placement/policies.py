@@ -1,13 +1,9 @@
-"""The placement-policy seam: what a policy decides from (``Evidence``, ``Limits``), what it says
-(``Decision``, ``Hold``), what a policy is (``Policy``) and the registry (``POLICIES``). Pure.
-
-A policy is one object with a ``name`` and a pure ``decide(Evidence) -> Decision``. A new policy is one module
-and one ``register`` line in ``placement/__init__.py``, which registers the built-ins (``gate.GATE``,
-``share.THROUGHPUT``) so that importing any placement module knows them; a site or a test may ``register``
-its own. Every list of policies reads the registry: the config's ``placement_policy`` choices
-(``config.sections.PLACEMENT_POLICIES``, kept in step here: the config layer may not import this one),
-``rounds.Round.policy``, ``replay.runner.modes`` and the benchmarks. Activities are fractions 0..1.
-"""
+"""The placement-policy seam (pure): what a policy decides from (``Evidence``, ``Limits``) and says
+(``Decision``, ``Hold``), what a policy is (``Policy``), and the registry (``POLICIES``). A new policy is one
+module and one ``register`` line in ``placement/__init__.py``, which registers the built-ins (``gate.GATE``,
+``share.THROUGHPUT``); a site or a test may ``register`` its own. Every list of policies reads the registry
+(the config's ``placement_policy`` choices, ``config.sections.PLACEMENT_POLICIES``, are kept in step here: the
+config layer may not import this one). Activities are fractions 0..1."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -47,11 +43,10 @@ class Gate:
 
 @dataclass(frozen=True)
 class GpuState:
-    """One GPU as the placer sees it: ``node``, ``index`` (gres.conf order = the sampler's ``gpu_index``);
+    """One GPU as the placer sees it: ``index`` in gres.conf order (= the sampler's ``gpu_index``);
     ``shards_used`` by running/steered jobs (Slurm's view); ``live``: mean measured activity over the live
     window (None: missing), ``live_age_s`` (s) since its last sample; ``recent``: summed predicted activity of
-    tenants placed after the live window began; ``model`` as its sampler recorded it ("": unknown).
-    """
+    tenants placed after the live window began; ``model`` as its sampler recorded it ("": unknown)."""
 
     node: str
     index: int
@@ -73,9 +68,7 @@ class GpuState:
 
 
 class Hold(Enum):
-    """Why a job waits, for code (``Decision.reason`` is for people): no GPU has its free shards; every GPU
-    with room is saturated (the gate), at the slowdown bound (the sharing model), or at the bound for a job of
-    unknown activity placed by memory."""
+    """Why a job waits, for code (``Decision.reason`` is for people)."""
 
     NO_ROOM = "no-room"
     SATURATED = "saturated"
@@ -85,10 +78,9 @@ class Hold(Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """A GPU (``node``/``index``) or a wait (``hold``; None when placed), with a ``reason`` the user reads.
-    ``basis``: ``utilization`` (gate applied), ``memory-only``, ``empty-gpu``, ...; ``predicted``: the GPU's
-    predicted activity with the job (None when memory-only).
-    """
+    """A GPU (``node``/``index``) or a wait (``hold``), with a ``reason`` the user reads; ``basis``:
+    ``utilization``, ``memory-only``, ``empty-gpu``, ...; ``predicted``: the GPU's activity with the job
+    (None: memory-only)."""
 
     node: Optional[str]
     index: Optional[int]
@@ -109,8 +101,7 @@ def no_room(gpus: Sequence[GpuState], shards: int) -> Decision:
 
 
 def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
-    """A GPU by memory alone: fewest tenants among those with ``shards`` free, then most free shards, node,
-    index; not placed when none has room."""
+    """By memory alone: fewest tenants among GPUs with ``shards`` free, most free shards, node, index."""
     fits = sorted((g for g in gpus if g.shards_free >= shards),
                   key=lambda g: (g.tenants, -g.shards_free, g.node, g.index))
     if not fits:
@@ -121,9 +112,9 @@ def memory_only(gpus: Sequence[GpuState], shards: int) -> Decision:
 
 @dataclass(frozen=True)
 class Profile:
-    """A job signature's measured behaviour alone: ``smact`` (None: never measured), whole run and start-up
-    (s, Slurm start to the first busy sample; None: not known); ``learned``: learned from shared runs
-    (``coruns.py``), not measured alone, so trusted for its own user only."""
+    """A job signature's behaviour alone: ``smact`` (None: never measured), run and start-up (s, Slurm start
+    to first busy sample; None: unknown); ``learned`` from shared runs (``coruns.py``): trusted for its own
+    user only."""
 
     smact: Optional[float]
     run_s: Optional[float] = None
@@ -140,10 +131,9 @@ class Profile:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A job on a GPU as the sharing model sees it: ``start_ts`` (Slurm start or steering), predicted SM
-    activity alone (used where the profile has none measured), ``end_ts`` once it left the GPU (None: still
-    there; a job that left is replayed as load until then, never counted at a new job's start). Times Unix s.
-    """
+    """A job on a GPU for the sharing model: ``predicted`` SM activity alone (where none measured), ``end_ts``
+    once it left (None: still there; replayed as load until then, never counted at a new job's start). Times
+    Unix s."""
 
     profile: Profile
     start_ts: float
@@ -160,9 +150,8 @@ class Tenant:
 
 @dataclass(frozen=True)
 class Limits:
-    """The site's settings (config, calibration): ``max_age_s``: live state older than this (s) is stale;
-    ``max_slowdown``: the bound on a job's predicted slowdown (>= 1); ``capacity``: the sharing capacity of a
-    GPU model name; ``floor``: the least SM activity a job never measured alone counts with."""
+    """The site's settings: ``max_age_s`` (s) before live state is stale; ``max_slowdown`` >= 1; ``capacity``
+    of a GPU model name; ``floor``: the least SM activity a job never measured alone counts with."""
 
     gate: Gate
     mode: str = "spread"
@@ -174,14 +163,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One held job and the round's GPUs (updated with the jobs steered earlier in the round).
-
-    ``tenants``: index for index with ``gpus``, the jobs on each, present and departed (filled only for a
-    ``sharing_model`` policy); ``shards`` >= 1; ``demand``: predicted activity alone; ``counted``: ``demand``
-    as the sharing model counts it (raised to the floor when never measured alone); ``profile``: the job's on
-    a GPU model name ("": any); ``has_data``: a signature or a FLOPs count predicts its activity; ``uid``:
-    None when not known; ``now``: Unix s.
-    """
+    """One held job and the round's GPUs (with the jobs steered earlier in the round). ``tenants``: per GPU,
+    the jobs present and departed (only for a ``sharing_model`` policy); ``demand``: predicted activity alone,
+    ``counted`` as the sharing model counts it (floored when never measured alone); ``profile`` on a GPU model
+    name ("": any); ``has_data``: a signature or FLOPs predicts its activity; ``uid`` None: unknown; ``now``:
+    Unix s."""
 
     gpus: Sequence[GpuState]
     tenants: Sequence[Sequence[Tenant]]
@@ -196,9 +182,8 @@ class Evidence:
 
 
 class Policy(ABC):
-    """``name``: the ``placement_policy`` value. ``sharing_model``: the policy judges by the sharing model, so
-    the round fills ``Evidence.tenants``, counts a steered job with ``Evidence.counted`` and offers held jobs
-    GPUs least GPU work first (``share.order_candidates``); otherwise oldest first."""
+    """``name``: the ``placement_policy`` value. ``sharing_model``: the round fills ``Evidence.tenants``,
+    counts a steered job with ``Evidence.counted`` and offers GPUs least GPU work first, not oldest first."""
 
     name: str = ""
     sharing_model: bool = False
@@ -212,8 +197,7 @@ POLICIES: Dict[str, Policy] = {}
 
 
 def register(policy: Policy) -> Policy:
-    """Add ``policy`` under its ``name`` (replacing one of that name), a valid ``placement_policy`` from now;
-    ValueError: no name."""
+    """Add ``policy`` under its ``name`` (replacing one) as a ``placement_policy``; ValueError: no name."""
     if not policy.name:
         raise ValueError(f"placement policy {policy!r} has no name")
     POLICIES[policy.name] = policy
@@ -244,5 +228,4 @@ def get(name: str) -> Policy:
 
 
 def sharing_policies() -> List[str]:
-    """The names of the policies with ``sharing_model``."""
     return [n for n, p in POLICIES.items() if p.sharing_model]

@@ -26,8 +26,7 @@ RETRY_RE = re.compile(r"oom-retry-of-(\d+)")
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``,
-    ``retry_of``."""
+    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``."""
 
     job_id: int
     task: int
@@ -94,9 +93,7 @@ def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
 
 
 def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
-    """``node:gpu_index`` -> mean ``smact_pct`` (%; None without SM activity), sorted; idle samples count, so
-    an idle GPU shows ~0.
-    """
+    """``node:gpu_index`` -> mean ``smact_pct`` (%; None without SM activity), sorted; idle GPUs show ~0."""
     by: Dict[str, List[Mapping[str, Any]]] = {}
     for s in samples:
         by.setdefault(f"{s.get('node', '')}:{s.get('gpu_index')}", []).append(s)
@@ -110,9 +107,8 @@ def parse_index_nodes(nodes: str) -> List[str]:
 
 def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
                         t1: float) -> Tuple[Optional[float], Dict[str, Optional[float]]]:
-    """(mean GPM SM activity %, ``mean_smact_per_gpu``) over [t0, t1] (Unix s) of every GPU of ``records``'
-    nodes; None where no sample covers the span. SlurmError: a record's ``nodes`` is not a valid host list.
-    """
+    """(mean GPM SM activity %, ``mean_smact_per_gpu``) over [t0, t1] (Unix s) of ``records``' nodes' GPUs;
+    None without samples. SlurmError: a bad host list."""
     from slurm_coloc.store.db import open_readonly
     from slurm_coloc.store.samples import load_gpu_samples
 
@@ -135,8 +131,7 @@ def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) ->
 def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
-    """Sum over GPUs of ``end - start`` energy counters (J); None: no GPU, differing GPUs, or a missing
-    reading.
+    """Sum over GPUs of ``end - start`` energy counters (J); None: no GPU, differing GPUs, a missing reading.
     """
     if not start or set(start) != set(end):
         return None
