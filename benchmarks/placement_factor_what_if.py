@@ -23,6 +23,7 @@ from benchmarks import placement_signature_fit as sigfit
 from benchmarks import placement_sim as sim
 from benchmarks import placement_what_if as what_if
 from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement.policies import Profile, Tenant
 
 ORIGINAL_JUDGE = share._judge
 # (name shown, its entry in placement_signature_fit.PILES, its jobs all submitted at once)
@@ -49,10 +50,10 @@ def pile_factors(jobs: Sequence[sim.Job], exclusive_name: str) -> Dict[int, floa
     return {j.index: ratios[j.workload][0] if j.workload in ratios else 1.0 for j in jobs}
 
 
-def factor_judge(factor_of: Dict[share.Profile, float]) -> Callable[..., Any]:
+def factor_judge(factor_of: Dict[Profile, float]) -> Callable[..., Any]:
     """``share._judge`` with the capacity divided by the largest factor of the candidate and the tenants still
     on the GPU (``factor_of``: profile -> factor; 1.0 for a profile not in it)."""
-    def judge(g: Any, ts: Sequence[share.Tenant], job: share.Profile, demand: Any, capacity: float,
+    def judge(g: Any, ts: Sequence[Tenant], job: Profile, demand: Any, capacity: float,
               max_slowdown: float, now: float) -> Any:
         f = max([factor_of.get(job, 1.0)] + [factor_of.get(t.profile, 1.0) for t in ts if t.end_ts is None])
         return ORIGINAL_JUDGE(g, ts, job, demand, capacity / f, max_slowdown, now)
@@ -102,7 +103,7 @@ def factor_rows() -> List[Dict[str, Any]]:
     rows = []
     for w in pile_worlds():
         jobs = w.make()
-        share._judge = factor_judge({share.Profile(j.smact, j.alone_s, j.startup_s): w.factors[j.index]
+        share._judge = factor_judge({Profile(j.smact, j.alone_s, j.startup_s): w.factors[j.index]
                                      for j in jobs})
         try:
             aware = sim.simulate("throughput", jobs, 2, 80, cap, 2.0, (0.0, 0.0), factors=w.given)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurm_coloc.placement import intensity
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity
 
 
 def proxy_gflop(row: Dict[str, Any]) -> Optional[float]:

@@ -13,7 +13,7 @@ SM activity`` integrated over the makespan, the two watts fitted (least squares)
 and mean SM activity. Memory: shards = ceil(request / 1 GiB) of ``--gib`` per GPU; every policy respects it, so
 no OOM can arise in the model (OOMs are a measured figure only). Placer: a round every 0.5 s, Slurm starts a
 steered job 1 s later; the gate policy uses the bench's settings (window 4 s, recent 12 s), the throughput policy
-the packaged calibration and ``--bound``; both call the product's decision functions (``policy.choose_gpu``,
+the packaged calibration and ``--bound``; both call the product's decision functions (``gate.choose_gpu``,
 ``share.choose_gpu_bounded``).
 
 The throughput policy offers held jobs GPUs in ``share.order_candidates`` order (``--order fifo``: submit order).
@@ -35,8 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from benchmarks import placement_share_fit as fitmod
 from slurm_coloc.coruns import UNSATURATED
 from slurm_coloc.placement import intensity, policies, share
-from slurm_coloc.placement.evidence import Evidence, Limits
-from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.policies import Activity, Evidence, Gate, GpuState, Limits, Profile, Tenant
 from slurm_coloc.placement.rounds import live_corrected
 
 HERE = Path(__file__).resolve().parent
@@ -141,7 +140,7 @@ def simulate(policy: str, jobs: List[Job], gpus: int, gib: int, capacity: float,
         if policy not in SLURM_POLICIES and policies.get(policy).sharing_model and order == "work":
             byid = {j.index: j for j in waiting}
             waiting = [byid[i] for i in share.order_candidates(
-                [(j.index, j.submit_s, share.Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
+                [(j.index, j.submit_s, Profile(j.smact, j.alone_s, j.startup_s)) for j in waiting], t, 1800.0)]
         if policy in ("exclusive", "blind") or steps % 5 == 0:
             for j in waiting:
                 g = place(policy, j, jobs, gpus, gib, capacity, bound, gate, smact_hist, t, cold)
@@ -191,14 +190,14 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
     seen = j.smact if cold is None else cold
     demand = Activity(seen, seen * 0.3, seen * 0.3)
     pol = policies.get(policy)
-    tenants: List[List[share.Tenant]] = [[] for _ in range(gpus)]
+    tenants: List[List[Tenant]] = [[] for _ in range(gpus)]
 
-    def profile(o: Job) -> share.Profile:
-        return share.Profile(o.smact if cold is None else None, o.alone_s, o.startup_s)
+    def profile(o: Job) -> Profile:
+        return Profile(o.smact if cold is None else None, o.alone_s, o.startup_s)
 
     if pol.sharing_model:
-        tenants = [[share.Tenant(profile(o), o.start if o.start >= 0 else o.placed + 1.0, predicted=cold or 0.5,
-                                 job_id=o.index) for o in holding[g]] for g in range(gpus)]
+        tenants = [[Tenant(profile(o), o.start if o.start >= 0 else o.placed + 1.0, predicted=cold or 0.5,
+                           job_id=o.index) for o in holding[g]] for g in range(gpus)]
         if cold is not None:
             for g in range(gpus):
                 live = states[g].live
@@ -207,7 +206,7 @@ def place(policy: str, j: Job, jobs: Sequence[Job], gpus: int, gib: int, capacit
         # those that left while a present tenant ran, as the placer keeps them (share.track_departures)
         for g in range(gpus):
             tenants[g] += share.kept_departures(tenants[g], [
-                share.Tenant(profile(o), o.start, predicted=cold or 0.5, job_id=o.index, end_ts=o.end)
+                Tenant(profile(o), o.start, predicted=cold or 0.5, job_id=o.index, end_ts=o.end)
                 for o in jobs if o.gpu == g and o.end >= 0])
     prof = profile(j)
     d = pol.decide(Evidence(states, tenants, j.shards, demand, demand, lambda _model: prof, True, None, t,

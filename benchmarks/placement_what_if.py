@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from benchmarks import placement_share_fit as fitmod
 from benchmarks import placement_sim as sim
 from slurm_coloc.placement import intensity, share
-from slurm_coloc.placement.policy import Activity, Gate
+from slurm_coloc.placement.policies import Activity, Gate, Profile, Tenant
 
 R = fitmod.HERE / "device" / "results"
 PILE = [R / "h100-placement-passes" / f"{n}.json" for n in ("pile-exclusive-part1", "pile-exclusive-part2",
@@ -91,20 +91,20 @@ def end_judge(last: bool) -> Callable[..., Any]:
     """``share._judge`` ranking a qualifying GPU first by a predicted end (``share.predicted_ends`` with the
     job placed now): the job's own (earliest end) or, with ``last``, the GPU's last one (earliest drain:
     Graham's list scheduling on each GPU's predicted finish); module docstring."""
-    def judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity,
-              gate: Any, capacity: float, bound: float, now: float, max_age_s: float) -> Any:
-        key, basis, pred, why = ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
-        if key is None or basis not in ("slowdown-model", "empty-gpu"):
-            return key, basis, pred, why
+    def judge(g: Any, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float, bound: float,
+              now: float) -> share.Judged:
+        j = ORIGINAL_JUDGE(g, ts, job, demand, capacity, bound, now)
+        if j.key is None or j.basis not in ("slowdown-model", "empty-gpu"):
+            return j
         smact = job.smact if job.smact is not None else demand.smact
-        ends = share.predicted_ends(list(ts) + [share.Tenant(job, now, smact)], capacity)
+        ends = share.predicted_ends(list(ts) + [Tenant(job, now, smact)], capacity)
         picked = ends if last else ends[-1:]
         end = math.inf if any(e is None for e in picked) else max(e for e in picked if e is not None)
-        return (key[0], end) + tuple(key[1:]), basis, pred, why
+        return dataclasses.replace(j, key=(j.key[0], end) + tuple(j.key[1:]))
     return judge
 
 
-def order_tail(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
+def order_tail(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s: float) -> List[int]:
     """``tail``: the jobs that would end last if held back go first (module docstring)."""
     base = ORIGINAL_ORDER(jobs, now, age_s)
     prof = {i: p for i, _, p in jobs}
@@ -113,18 +113,18 @@ def order_tail(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age
     return first + [i for i in base if i not in first]
 
 
-def order_longest(jobs: Sequence[Tuple[int, float, share.Profile]], now: float, age_s: float) -> List[int]:
+def order_longest(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s: float) -> List[int]:
     """``longest``: most GPU work first."""
     return [i for _, i in sorted((-(share.gpu_work(p) or 0.0), i) for i, _, p in jobs)]
 
 
 def whole_run_judge(margin: float) -> Callable[..., Any]:
     """``share._judge`` with the whole-run bound (module docstring) for jobs measured alone."""
-    def judge(g: Any, ts: Sequence[share.Tenant], shards: int, job: share.Profile, demand: Activity, gate: Any,
-              capacity: float, bound: float, now: float, max_age_s: float) -> Any:
+    def judge(g: Any, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float, bound: float,
+              now: float) -> share.Judged:
         if job.smact is None or job.work_s is None or (g.tenants == 0 and g.shards_used == 0):
-            return ORIGINAL_JUDGE(g, ts, shards, job, demand, gate, capacity, bound, now, max_age_s)
-        allt = list(ts) + [share.Tenant(job, now)]
+            return ORIGINAL_JUDGE(g, ts, job, demand, capacity, bound, now)
+        allt = list(ts) + [Tenant(job, now)]
         worst = 1.0
         for t, end in zip(allt, share.predicted_ends(allt, capacity)):
             alone = (t.profile.startup_s or 0.0) + (t.profile.work_s or 0.0)
@@ -133,10 +133,10 @@ def whole_run_judge(margin: float) -> Callable[..., Any]:
             else:
                 worst = max(worst, (end - t.start_ts) / alone)
         if worst > bound * margin:
-            return None, "", None, f"{g.node}/gpu{g.index} run slowdown {worst:.2f}"
+            return share.Judged(None, "", None, f"{g.node}/gpu{g.index} run slowdown {worst:.2f}")
         load = share.load_at_start(ts, capacity, now, job.startup_s or 0.0) + job.smact
-        return ((0, worst, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
-                Activity(min(load, 9.99)), f"slowdown {worst:.2f}")
+        return share.Judged((0, worst, g.tenants, -g.shards_free, g.node, g.index), "slowdown-model",
+                            Activity(min(load, 9.99)), f"slowdown {worst:.2f}")
     return judge
 
 

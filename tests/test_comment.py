@@ -29,8 +29,10 @@ from slurm_coloc.comment import (
 from slurm_coloc.comment.values import BOUNDS, MAX_INPUT_ELEMENTS
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import read_history
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity
 from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 SPEC = {"model": "resnet50", "kwargs": {"num_classes": 10}, "input_shape": [3, 224, 224], "batch_size": 32,
         "precision": "fp32", "optimizer": "adam", "input_dtype": "float32"}
@@ -110,7 +112,7 @@ def test_the_largest_valid_comment_predicts_finite_activity() -> None:
     for data in ({"spec": {"batch_size": BOUNDS["batch_size"][1], "input_shape": dims}},
                  {"flops_per_step": BOUNDS["flops_per_step"][1]}, {"flops_per_step": 0},
                  {"bytes_per_step": 1e18, "spec": {"batch_size": 1, "input_shape": [1]}}):
-        a = intensity.predict(intensity.features(JobComment.from_fields(data)), cal)
+        a = intensity.predict(intensity.features(jc(data)), cal)
         assert all(math.isfinite(v) and 0 <= v <= 1 for v in (a.smact, a.smocc, a.drama)), (data, a)
 
 
@@ -174,9 +176,9 @@ def test_placer_history_is_per_user(tmp_path: Path) -> None:
     sig = job_signature({"spec": SPEC})
     assert set(history) == {(2002, sig)}  # the job without a recorded uid steers nobody
     cal = intensity.load_calibration()
-    own = intensity.predict(intensity.features({"spec": SPEC}), cal)
-    assert intensity.demand({"spec": SPEC}, history, cal, uid=2001) == (own, "predicted")
-    theirs, source = intensity.demand({"spec": SPEC}, history, cal, uid=2002)
+    own = intensity.predict(intensity.features(jc({"spec": SPEC})), cal)
+    assert intensity.demand(jc({"spec": SPEC}), history, cal, uid=2001) == (own, "predicted")
+    theirs, source = intensity.demand(jc({"spec": SPEC}), history, cal, uid=2002)
     assert source == "history" and theirs.smact == pytest.approx(0.99) and theirs != own
     assert Activity(0.99, 0.9, 0.9) == theirs
 

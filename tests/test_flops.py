@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.comment import parse_comment
+from slurm_coloc.comment import JobComment, parse_comment
 from slurm_coloc.config import Config
 from slurm_coloc.estimate import cache
 from slurm_coloc.estimate.combine import traced_estimate
@@ -21,6 +21,8 @@ from slurm_coloc.placement import intensity
 from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import build_plan
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 MLP_FILE = '''
 import torch
@@ -150,9 +152,9 @@ def test_comment_carries_flops_and_the_placer_reads_them(tmp_path: Path, model_f
     text = next(a for a in plan.argv(None) if a.startswith("--comment="))
     coloc = parse_comment(text)
     assert coloc is not None and coloc["flops_per_step"] == flops and isinstance(coloc["flops_per_step"], int)
-    f = intensity.features(coloc)
+    f = intensity.features(jc(coloc))
     assert f.gflop_per_step == pytest.approx(flops / 1e9) and not f.from_proxy
-    without = intensity.features({k: v for k, v in coloc.items() if k != "flops_per_step"})
+    without = intensity.features(jc({k: v for k, v in coloc.items() if k != "flops_per_step"}))
     assert without.from_proxy and without.gflop_per_step == pytest.approx(32 * 64 * 3e-6)
     assert any("GFLOP per training step" in line for line in explain_lines(plan.decision))
 
@@ -163,6 +165,7 @@ def test_predictor_uses_flops_over_the_proxy() -> None:
     prediction is high."""
     cal = intensity.load_calibration()
     spec = {"model": "bert", "input_shape": [256], "batch_size": 16, "precision": "fp32"}
-    proxy = intensity.predict(intensity.features({"spec": spec}), cal)
-    counted = intensity.predict(intensity.features({"spec": spec, "flops_per_step": 2_222_702_346_240}), cal)
+    proxy = intensity.predict(intensity.features(jc({"spec": spec})), cal)
+    counted = intensity.predict(intensity.features(jc({"spec": spec, "flops_per_step": 2_222_702_346_240})),
+                                cal)
     assert proxy.smact < 0.2 < 0.7 < counted.smact

@@ -10,15 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_coloc.comment import strip_wait, wait_comment
+from slurm_coloc.comment import JobComment, strip_wait, wait_comment
 from slurm_coloc.errors import ConfigError
 from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import Steered, gpu_states
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu
+from slurm_coloc.placement.gate import choose_gpu
+from slurm_coloc.placement.policies import Activity, Gate, GpuState
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_ctld_db, open_node_db, open_readonly
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 GATE = Gate()
 LIGHT = Activity(0.1, 0.02, 0.05)
@@ -147,20 +150,21 @@ def test_signature_survives_script_edits_and_separates_batches() -> None:
 
 def test_predictor_orders_jobs_by_work_and_history_wins() -> None:
     cal = intensity.load_calibration()
-    small = intensity.predict(intensity.features({"spec": {**SPEC, "input_shape": [1, 28, 28]}}), cal)
-    big = intensity.predict(intensity.features({"spec": SPEC}), cal)
+    small = intensity.predict(intensity.features(jc({"spec": {**SPEC, "input_shape": [1, 28, 28]}})), cal)
+    big = intensity.predict(intensity.features(jc({"spec": SPEC})), cal)
     # h100-placement-passes exclusive passes alone: small CNN 5-6 %, ResNet-50/224 batch 32 51-62 %; the
     # packaged calibration is fitted on counted FLOPs and takes a job without them from the proxy x
     # proxy_to_flops
     assert small.smact < 0.1 < 0.4 < big.smact < 0.75
-    assert intensity.predict(intensity.features({"flops_per_step": 1e15}), cal).smact > 0.9
+    assert intensity.predict(intensity.features(jc({"flops_per_step": 1e15})), cal).smact > 0.9
     sig = intensity.signature({"spec": SPEC})
     measured = Activity(0.6, 0.3, 0.2)
-    got, source = intensity.demand({"spec": SPEC}, {(2001, sig): [measured, measured]}, cal, uid=2001)
+    job = jc({"spec": SPEC})
+    got, source = intensity.demand(job, {(2001, sig): [measured, measured]}, cal, uid=2001)
     assert (got, source) == (measured, "history")
-    assert intensity.demand({"spec": SPEC}, {(2001, sig): [measured]}, cal, uid=2002) == (big, "predicted")
-    assert intensity.demand({"spec": SPEC}, {(None, sig): [measured]}, cal, uid=2002) == (measured, "history")
-    assert intensity.demand({}, {}, cal) == (cal.unknown, "predicted")
+    assert intensity.demand(job, {(2001, sig): [measured]}, cal, uid=2002) == (big, "predicted")
+    assert intensity.demand(job, {(None, sig): [measured]}, cal, uid=2002) == (measured, "history")
+    assert intensity.demand(jc({}), {}, cal) == (cal.unknown, "predicted")
 
 
 def test_bad_calibration_is_one_config_error(tmp_path: Path) -> None:
@@ -235,7 +239,7 @@ def test_history_file_adds_one_run_per_signature_and_bad_files_are_config_errors
     coloc = {"sha256": "f" * 64}
     sig = intensity.signature(coloc)
     path.write_text(json.dumps({"signatures": {sig: {"smact": 0.7, "smocc": 0.4, "drama": 0.3}}}))
-    assert intensity.demand(coloc, read_history(cfg), intensity.load_calibration()) == \
+    assert intensity.demand(jc(coloc), read_history(cfg), intensity.load_calibration()) == \
         (Activity(0.7, 0.4, 0.3), "history")
     for text in ("not json", "[]", '{"signatures": []}'):
         path.write_text(text)

@@ -12,14 +12,17 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.comment import JobComment
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity
 from slurm_coloc.placement.daemon import gpu_tenants
 from slurm_coloc.placement.history import ModelRuns, profile, read_history, read_history_file
-from slurm_coloc.placement.policy import Activity, Gate, GpuState
+from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant
 from slurm_coloc.placement.rounds import PlacerState, Round
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
 from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 NOW = 1000.0
@@ -60,15 +63,15 @@ def test_node_database_runs_are_kept_per_gpu_model_and_the_profile_follows_the_g
     key = (2001, SIG)
     assert len(hist[key]) == 3 and len(timing[key]) == 3  # every run, whatever its GPU
     assert set(by_model.timing) == {H100, H200} and len(by_model.timing[H100][key]) == 2
-    on_h200 = profile(COLOC, hist, timing, 2001, H200, by_model)
-    on_h100 = profile(COLOC, hist, timing, 2001, H100, by_model)
-    anywhere = profile(COLOC, hist, timing, 2001)
+    on_h200 = profile(jc(COLOC), hist, timing, 2001, H200, by_model)
+    on_h100 = profile(jc(COLOC), hist, timing, 2001, H100, by_model)
+    anywhere = profile(jc(COLOC), hist, timing, 2001)
     assert on_h200.run_s == pytest.approx(30.0) and on_h200.smact == pytest.approx(0.4)
     assert on_h100.run_s == pytest.approx(42.0) and on_h100.smact == pytest.approx(0.5)
     assert anywhere.run_s == pytest.approx(38.0)  # no model named: the mean of all three runs
     # a model without runs of this job: all its runs, as before; another user: none of them
-    assert profile(COLOC, hist, timing, 2001, "NVIDIA A100-SXM4-80GB", by_model) == anywhere
-    assert profile(COLOC, hist, timing, 2002, H200, by_model) == share.Profile(None)
+    assert profile(jc(COLOC), hist, timing, 2001, "NVIDIA A100-SXM4-80GB", by_model) == anywhere
+    assert profile(jc(COLOC), hist, timing, 2002, H200, by_model) == Profile(None)
 
 
 def test_history_file_gpu_models_section(tmp_path: Path) -> None:
@@ -115,15 +118,17 @@ def test_the_round_judges_each_gpu_with_the_job_s_runs_on_its_model() -> None:
     comment = "coloc:" + json.dumps({"mode": "shard", "shards": 4, "v": 1, "place": True, **COLOC})
     job = parse_squeue_json(json.dumps({"jobs": [{"job_id": 9, "job_state": "PENDING", "user_id": 2001,
                                                   "submit_time": NOW - 5, "comment": comment}]}))[0]
-    tenant = share.Tenant(share.Profile(0.5, 60.0, 5.0), NOW - 10, 0.5, 1)
+    tenant = Tenant(Profile(0.5, 60.0, 5.0), NOW - 10, 0.5, 1)
     rnd = Round(cfg, state, cal, Gate(), [_gpu(0, H200), _gpu(1, H100)], [[tenant], [tenant]], True, NOW)
-    d, _demand, _source, prof = rnd.decide(job, 4)
+    c = rnd.decide(job, 4)
+    d, prof = c.decision, c.profile
     assert d.placed and d.index == 1, d.reason  # the H100
-    assert prof == share.Profile(0.9, 40.0, 10.0)
+    assert prof == Profile(0.9, 40.0, 10.0)
     state.by_model.activity[H200][(None, SIG)] = [Activity(0.2)]
-    d, _demand, _source, prof = rnd.decide(job, 4)
+    c = rnd.decide(job, 4)
+    d, prof = c.decision, c.profile
     # lighter on the H200: (0.5 + 0.2) / 0.75 < 1, the lower predicted slowdown
-    assert d.placed and d.index == 0 and prof == share.Profile(0.2, 25.0, 8.0)
+    assert d.placed and d.index == 0 and prof == Profile(0.2, 25.0, 8.0)
     # a tenant's profile is asked for with the model of the GPU it holds
     running = parse_squeue_json(json.dumps({"jobs": [{
         "job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "user_id": 2001,
@@ -132,7 +137,7 @@ def test_the_round_judges_each_gpu_with_the_job_s_runs_on_its_model() -> None:
 
     def known(_job: object, model: str) -> tuple:
         asked.append(model)
-        return share.Profile(None), 0.5
+        return Profile(None), 0.5
 
     gpu_tenants([_gpu(0, H200, 0)], running, {}, known, NOW)
     assert asked == [H200]

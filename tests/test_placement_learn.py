@@ -14,9 +14,13 @@ import pytest
 
 from slurm_coloc import config as config_mod
 from slurm_coloc import coruns as learn
+from slurm_coloc.comment import JobComment
 from slurm_coloc.placement import history, intensity
 from slurm_coloc.placement.history import ModelRuns, profile, read_history
+from slurm_coloc.placement.policies import Profile, Tenant
 from slurm_coloc.store.db import open_ctld_db, open_node_db
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 TRUE = {"a": 0.30, "b": 0.55, "c": 0.20, "d": 0.80}  # SM activity alone of four signatures
 
@@ -121,7 +125,7 @@ def test_history_learns_from_shared_runs_in_real_databases(tmp_path: Path) -> No
         key = (2001, intensity.signature({"sha256": sig * 64}))
         assert key in hist, sig
         assert all(7.0 <= start_s <= 9.0 < run_s for run_s, start_s in timing[key])  # 8 s start-up
-        prof = profile({"sha256": sig * 64}, hist, timing, 2001, "NVIDIA H200", by_model)
+        prof = profile(jc({"sha256": sig * 64}), hist, timing, 2001, "NVIDIA H200", by_model)
         assert prof.smact == hist[key][0].smact and prof.startup_s is not None  # kept under its GPU model
         got = hist[key][0].smact
         if got == pytest.approx(cal.smact_floor):
@@ -130,7 +134,7 @@ def test_history_learns_from_shared_runs_in_real_databases(tmp_path: Path) -> No
         assert got == pytest.approx(truth, abs=0.1), (sig, got)
     assert identified >= 1
     # another user's learned runs never steer this user's job
-    other = profile({"sha256": "a" * 64}, hist, timing, 2002, "", by_model)
+    other = profile(jc({"sha256": "a" * 64}), hist, timing, 2002, "", by_model)
     assert other.smact is None
 
 
@@ -163,11 +167,11 @@ def test_history_is_capped_per_signature_and_per_user(tmp_path: Path,
 
 def test_the_live_reading_corrects_settled_tenants_never_measured() -> None:
     from slurm_coloc.placement import rounds, share
-    from slurm_coloc.placement.policy import Activity, GpuState
+    from slurm_coloc.placement.policies import Activity, GpuState
 
     now = 10_000.0
-    never = share.Profile(None)
-    a, b = share.Tenant(never, now - 60, 0.53, 1), share.Tenant(never, now - 60, 0.53, 2)
+    never = Profile(None)
+    a, b = Tenant(never, now - 60, 0.53, 1), Tenant(never, now - 60, 0.53, 2)
     since = now - 4.0  # a 4-s live window
     fixed = rounds.live_corrected([a, b], 0.4, since, learn.UNSATURATED)
     assert [t.predicted for t in fixed] == [pytest.approx(0.2), pytest.approx(0.2)]
@@ -177,16 +181,16 @@ def test_the_live_reading_corrects_settled_tenants_never_measured() -> None:
     # saturated: activities no longer add, nothing is learned
     assert rounds.live_corrected([a, b], 0.95, since, learn.UNSATURATED) == [a, b]
     # a tenant still starting keeps its prediction and is not subtracted (the settled ones get the rest)
-    young = share.Tenant(never, now - 5, 0.53, 3)
-    measured = share.Tenant(share.Profile(0.3, 40.0, 10.0), now - 60, 0.3, 4)
+    young = Tenant(never, now - 5, 0.53, 3)
+    measured = Tenant(Profile(0.3, 40.0, 10.0), now - 60, 0.3, 4)
     out = rounds.live_corrected([a, young, measured], 0.5, since, learn.UNSATURATED)
     assert out[1] == young and out[2] == measured and out[0].predicted == pytest.approx(0.2)
-    gone = share.Tenant(never, now - 90, 0.53, 5, end_ts=now - 20)
+    gone = Tenant(never, now - 90, 0.53, 5, end_ts=now - 20)
     assert rounds.live_corrected([gone], 0.1, since, learn.UNSATURATED) == [gone]  # only present ones
     # what it changes: two settled jobs reading 0.4 leave room for two more predicted at 0.53 under bound 2 on
     # an H200 (capacity 0.75: 1.46 <= 1.5), where their predictions alone (2 x 0.53 + 0.53) held the second
     g = GpuState("n1", 0, 140, 10, 2, Activity(0.4), 1.0)
-    job = share.Profile(None)
+    job = Profile(None)
     assert not share.choose_gpu_bounded([g], [[a, b, young]], 4, job, Activity(0.53), 0.75, 2.0, now).placed
     d = share.choose_gpu_bounded([g], [[*fixed, young]], 4, job, Activity(0.53), 0.75, 2.0, now)
     assert d.placed and d.basis == "slowdown-predicted"
@@ -218,26 +222,26 @@ def test_a_learned_profile_moves_only_its_own_users_placement() -> None:
     """A user whose signature looked light while it was learned (0.1, as a job that idles while measured
     would) is trusted for their own jobs only: beside another user's job it counts at least the floor."""
     from slurm_coloc.placement import share
-    from slurm_coloc.placement.policy import Activity, GpuState
+    from slurm_coloc.placement.policies import Activity, GpuState
 
     now, floor, cap = 10_000.0, 0.53, 0.75
-    light = share.Profile(0.1, 60.0, 10.0, learned=True)
-    measured = share.Profile(0.6, 60.0, 10.0)  # measured alone: trusted for everyone
+    light = Profile(0.1, 60.0, 10.0, learned=True)
+    measured = Profile(0.6, 60.0, 10.0)  # measured alone: trusted for everyone
     g = GpuState("n1", 0, 140, 12, 3, Activity(0.5), 1.0)
-    mine = [share.Tenant(measured, now - 40, 0.6, 1, uid=2001),
-            share.Tenant(light, now - 40, 0.1, 2, uid=2001), share.Tenant(light, now - 40, 0.1, 3, uid=2001)]
-    job = share.Profile(0.1, 60.0, 10.0, learned=True)
+    mine = [Tenant(measured, now - 40, 0.6, 1, uid=2001),
+            Tenant(light, now - 40, 0.1, 2, uid=2001), Tenant(light, now - 40, 0.1, 3, uid=2001)]
+    job = Profile(0.1, 60.0, 10.0, learned=True)
     # the same user: 0.6 + 0.1 + 0.1 + 0.1 = 0.9 -> 1.2x, placed
     d = share.choose_gpu_bounded([g], [mine], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
     assert d.placed and "slowdown 1.20" in d.reason
     # another user's tenants that are learned count at least 0.53 for user 2002's job: 0.6 + 2 x 0.53 + 0.1
     # = 1.76 -> 2.35 > 2, held
-    other = share.Profile(0.1, 60.0, 10.0)  # user 2002's own job, measured alone
+    other = Profile(0.1, 60.0, 10.0)  # user 2002's own job, measured alone
     d = share.choose_gpu_bounded([g], [mine], 4, other, Activity(0.1), cap, 2.0, now, 2002, floor)
     assert not d.placed and "2.35 > 2" in d.reason
     # and user 2001's light job beside user 2002's measured tenant counts at least the floor itself
-    theirs = [share.Tenant(measured, now - 40, 0.6, 4, uid=2002), share.Tenant(measured, now - 40, 0.6, 5,
-                                                                               uid=2002)]
+    theirs = [Tenant(measured, now - 40, 0.6, 4, uid=2002), Tenant(measured, now - 40, 0.6, 5,
+                                                                   uid=2002)]
     d = share.choose_gpu_bounded([g], [theirs], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
     assert not d.placed and "2.31 > 2" in d.reason  # 0.6 + 0.6 + its floored 0.53
     d = share.choose_gpu_bounded([g], [theirs[:1]], 4, job, Activity(0.1), cap, 2.0, now, 2001, floor)
@@ -249,9 +253,9 @@ def test_the_placer_knows_which_profiles_were_learned(tmp_path: Path) -> None:
     timing: dict = {}
     by_model = ModelRuns()
     hist = read_history(cfg, timing, None, None, by_model, intensity.load_calibration())
-    prof = profile({"sha256": "d" * 64}, hist, timing, 2001, "NVIDIA H200", by_model)
+    prof = profile(jc({"sha256": "d" * 64}), hist, timing, 2001, "NVIDIA H200", by_model)
     assert prof.smact is not None and prof.learned
-    assert not profile({"sha256": "d" * 64}, {(2001, intensity.signature({"sha256": "d" * 64})): [
+    assert not profile(jc({"sha256": "d" * 64}), {(2001, intensity.signature({"sha256": "d" * 64})): [
         intensity.Activity(0.5)]}, {}, 2001).learned  # a history without by_model marks is measured alone
 
 

@@ -15,9 +15,20 @@ from click.testing import CliRunner
 from slurm_coloc import config as config_mod
 from slurm_coloc.config import sections
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, policies, share
-from slurm_coloc.placement.evidence import Evidence, Limits, Policy
-from slurm_coloc.placement.policy import Activity, Decision, Gate, GpuState, Hold, no_room
+from slurm_coloc.placement import intensity, policies
+from slurm_coloc.placement.policies import (
+    Activity,
+    Decision,
+    Evidence,
+    Gate,
+    GpuState,
+    Hold,
+    Limits,
+    Policy,
+    Profile,
+    Tenant,
+    no_room,
+)
 from slurm_coloc.placement.rounds import PlacerState, Round
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
 
@@ -96,7 +107,7 @@ def test_the_placer_s_round_decides_and_steers_with_the_configured_policy(
     cfg = config_mod.Config(placement_policy="most-free")
     rnd = Round(cfg, PlacerState(), intensity.load_calibration(), Gate(), _gpus(), [], True, NOW)
     assert rnd.policy is most_free
-    d, _demand, _source, _prof = rnd.decide(_held_job(), 4)
+    d = rnd.decide(_held_job(), 4).decision
     assert (d.node, d.index, d.basis) == ("n1", 1, "most-free")
     steered: List[tuple] = []
     monkeypatch.setattr(rounds.sp, "steer",
@@ -105,24 +116,24 @@ def test_the_placer_s_round_decides_and_steers_with_the_configured_policy(
     rnd.handle(_held_job(), 4, counts)
     assert counts["placed"] == 1 and steered == [(9, "n1", 1)]
     # the steered job counts on its GPU for the rest of the round: next, GPU 2 has the most free shards
-    assert rnd.decide(_held_job(), 4)[0].index == 2
+    assert rnd.decide(_held_job(), 4).decision.index == 2
     # the gate on the same GPUs spreads by load instead: GPU 2 (SMACT 0.1 live), not GPU 1 (0.9)
     gate_rnd = Round(config_mod.Config(placement_policy="gate"), PlacerState(), intensity.load_calibration(),
                      Gate(), _gpus(), [], True, NOW)
-    assert gate_rnd.decide(_held_job(), 4)[0].index == 2
+    assert gate_rnd.decide(_held_job(), 4).decision.index == 2
 
 
 def test_a_wait_says_why_in_a_typed_field() -> None:
     full = [GpuState("n1", 0, 80, 78, 3, Activity(0.9, 0.9, 0.9), 1.0)]
     gate = Gate()
-    ev = Evidence(full, [[]], 4, Activity(0.5), Activity(0.5), lambda _m: share.Profile(0.5, 60.0, 5.0), True,
+    ev = Evidence(full, [[]], 4, Activity(0.5), Activity(0.5), lambda _m: Profile(0.5, 60.0, 5.0), True,
                   None, NOW, Limits(gate, max_slowdown=1.5, capacity=lambda _m: 1.0))
     for name in ("gate", "throughput"):
         d = policies.get(name).decide(ev)
         assert not d.placed and d.hold is Hold.NO_ROOM and d.reason.startswith("no GPU has 4 free shards")
     room = [GpuState("n1", 0, 80, 8, 1, Activity(0.9, 0.9, 0.9), 1.0)]
-    tenant = share.Tenant(share.Profile(0.9, 600.0, 5.0), NOW - 100, 0.9, 1)
-    ev = Evidence(room, [[tenant]], 4, Activity(0.9, 0.5, 0.5), Activity(0.9), lambda _m: share.Profile(0.9),
+    tenant = Tenant(Profile(0.9, 600.0, 5.0), NOW - 100, 0.9, 1)
+    ev = Evidence(room, [[tenant]], 4, Activity(0.9, 0.5, 0.5), Activity(0.9), lambda _m: Profile(0.9),
                   True, None, NOW, Limits(gate, max_slowdown=1.5, capacity=lambda _m: 1.0, floor=0.7))
     assert policies.get("gate").decide(ev).hold is Hold.SATURATED
     assert policies.get("throughput").decide(ev).hold is Hold.AT_BOUND

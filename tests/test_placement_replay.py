@@ -1,4 +1,5 @@
-"""coloc-replay's policy switch: p95 and slowdown metrics, the aware submission form (placement/submit.py)."""
+"""coloc-replay's policy switch: p95 and slowdown metrics, the aware submission
+form (placement/heartbeat.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import pytest
 
 from slurm_coloc.comment import parse_comment
 from slurm_coloc.errors import ColocError
-from slurm_coloc.placement.submit import placer_argv
+from slurm_coloc.placement.heartbeat import placer_argv
 from slurm_coloc.replay import metrics as M
 from slurm_coloc.replay.runner import sbatch_argv
 from slurm_coloc.replay.trace import Task

@@ -12,10 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_coloc import config as config_mod
+from slurm_coloc.comment import JobComment
 from slurm_coloc.placement import share
 from slurm_coloc.placement.daemon import Steered, gpu_tenants, profile, read_history
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, choose_gpu, memory_only, silent_gpus
+from slurm_coloc.placement.gate import choose_gpu, silent_gpus
+from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant, memory_only
 from slurm_coloc.slurm.jobinfo import parse_squeue_json
+
+jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 
 CAP = 1.03  # the packaged calibration's share_capacity
 NOW = 1000.0
@@ -27,14 +31,14 @@ def gpu(index: int, used: int = 0, tenants: int = 0, live: float = 0.0, age: flo
 
 
 def tenant(smact: float, start: float = NOW - 5, run_s: float = 30.0,
-           startup_s: float = 15.0) -> share.Tenant:
-    return share.Tenant(share.Profile(smact, run_s, startup_s), start)
+           startup_s: float = 15.0) -> Tenant:
+    return Tenant(Profile(smact, run_s, startup_s), start)
 
 
-JOB = share.Profile(0.6, 30.0, 15.0)
+JOB = Profile(0.6, 30.0, 15.0)
 
 
-def choose(gpus: List[GpuState], tenants: List[List[share.Tenant]], job: share.Profile = JOB,
+def choose(gpus: List[GpuState], tenants: List[List[Tenant]], job: Profile = JOB,
            bound: float = 2.0,
            shards: int = 4) -> object:
     return share.choose_gpu_bounded(gpus, tenants, shards, job, Activity(job.smact or 0.5), CAP,
@@ -49,9 +53,9 @@ def test_slowdown_model_and_tenants_that_end_during_the_start_up() -> None:
     assert share.load_at_start([ending, tenant(0.5)], CAP, NOW, 5.0) == pytest.approx(0.9)  # still there
     overrun = tenant(0.4, start=NOW - 100)  # past its predicted end: still holding, still counted
     assert share.load_at_start([overrun], CAP, NOW, 15.0) == pytest.approx(0.4)
-    unknown_time = share.Tenant(share.Profile(0.3), NOW - 100)
+    unknown_time = Tenant(Profile(0.3), NOW - 100)
     assert share.load_at_start([unknown_time], CAP, NOW, 15.0) == pytest.approx(0.3)
-    never_measured = share.Tenant(share.Profile(None), NOW, predicted=0.35)  # counts with its prediction
+    never_measured = Tenant(Profile(None), NOW, predicted=0.35)  # counts with its prediction
     assert share.load_at_start([never_measured, unknown_time], CAP, NOW, 15.0) == pytest.approx(0.65)
 
 
@@ -74,7 +78,7 @@ def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> Non
     assert d.index == 1  # type: ignore[attr-defined]
     d = choose([gpu(0, used=4, tenants=1), gpu(1)], [[tenant(0.1)], []])
     assert d.index == 1 and d.basis == "empty-gpu"  # type: ignore[attr-defined]
-    heavy = share.Profile(0.99, 30.0, 15.0)
+    heavy = Profile(0.99, 30.0, 15.0)
     d = share.choose_gpu_bounded([gpu(0, used=8, tenants=2)], [[tenant(0.9), tenant(0.9)]], 4, heavy,
                                  Activity(0.99), CAP, 2.0, NOW)
     assert not d.placed
@@ -85,17 +89,17 @@ def test_spreads_to_the_least_loaded_gpu_and_an_empty_gpu_takes_any_job() -> Non
 def test_a_job_never_measured_goes_by_its_prediction_whatever_the_sampler_says() -> None:
     # the gate serialised small jobs (two read SMACT 1.00, the third waited) and a silent sampler
     # packed 7 per GPU by memory (one ran 4.29x alone); both now go by the model with the prediction
-    never = share.Profile(None)
-    unknown = [[share.Tenant(never, NOW - 5, 0.5)]]
+    never = Profile(None)
+    unknown = [[Tenant(never, NOW - 5, 0.5)]]
     for live, age in ((0.95, 1.0), (0.2, 1.0), (0.95, 600.0)):  # saturated, light, silent: one answer
         d = choose([gpu(0, used=4, tenants=1, live=live, age=age)], unknown, job=never)
         assert d.placed and d.basis == "slowdown-predicted"
-    two = [[share.Tenant(never, NOW - 5, 0.5), share.Tenant(never, NOW - 5, 0.5),
-            share.Tenant(never, NOW - 5, 0.5)]]
+    two = [[Tenant(never, NOW - 5, 0.5), Tenant(never, NOW - 5, 0.5),
+            Tenant(never, NOW - 5, 0.5)]]
     for live, age in ((0.2, 1.0), (0.95, 600.0)):  # 2.0 / 1.03 = 1.94 > ... with the job's 0.5: 1.94
         d = choose([gpu(0, used=12, tenants=3, live=live, age=age)], two, job=never)
         assert d.placed and "slowdown 1.94" in d.reason  # type: ignore[attr-defined]
-        four = [two[0] + [share.Tenant(never, NOW - 5, 0.5)]]
+        four = [two[0] + [Tenant(never, NOW - 5, 0.5)]]
         d = choose([gpu(0, used=16, tenants=4, live=live, age=age)], four, job=never)
         assert not d.placed and "2.43 > 2 (predicted activity)" in d.reason  # type: ignore[attr-defined]
     assert silent_gpus([gpu(0, live=0.9, age=600.0), gpu(1, live=0.2)], 60.0) == [("n1", 0)]
@@ -107,13 +111,13 @@ def test_a_job_never_measured_goes_by_its_prediction_whatever_the_sampler_says()
 def test_tenants_never_measured_count_with_their_prediction_whatever_the_sampler_says() -> None:
     # the 2x H200 run of 2026-11-26: two never-measured tenants and a silent sampler sent every measured job
     # to memory-only packing (7 on one GPU, one ran 4.8x its time alone); now they count with their prediction
-    tenants = [[share.Tenant(share.Profile(None), NOW - 5, 0.53),
-                share.Tenant(share.Profile(None), NOW - 5, 0.53),
+    tenants = [[Tenant(Profile(None), NOW - 5, 0.53),
+                Tenant(Profile(None), NOW - 5, 0.53),
                 tenant(0.72)]]
     for g in (gpu(0, used=12, tenants=3, live=0.95, age=600.0), gpu(0, used=12, tenants=3, live=0.3)):
-        d = choose([g], tenants, job=share.Profile(0.81, 24.0, 9.0))  # 2.59 / 1.03 = 2.51 > 2
+        d = choose([g], tenants, job=Profile(0.81, 24.0, 9.0))  # 2.59 / 1.03 = 2.51 > 2
         assert not d.placed and "slowdown 2.51 > 2" in d.reason  # type: ignore[attr-defined]
-        d = choose([g], tenants[:1] and [tenants[0][:2]], job=share.Profile(0.81, 24.0, 9.0))  # 1.87 -> 1.82
+        d = choose([g], tenants[:1] and [tenants[0][:2]], job=Profile(0.81, 24.0, 9.0))  # 1.87 -> 1.82
         assert d.placed and d.basis == "slowdown-model"  # type: ignore[attr-defined]
 
 
@@ -130,7 +134,7 @@ def test_model_placements_respect_memory_and_the_bound(loads: List[List[float]],
                                                        shards: int) -> None:
     gpus = [gpu(i, used=len(ls) * 10, tenants=len(ls)) for i, ls in enumerate(loads)]
     tenants = [[tenant(x, start=NOW) for x in ls] for ls in loads]
-    d = share.choose_gpu_bounded(gpus, tenants, shards, share.Profile(smact, 30.0, 15.0), Activity(smact),
+    d = share.choose_gpu_bounded(gpus, tenants, shards, Profile(smact, 30.0, 15.0), Activity(smact),
                                  CAP, bound, NOW)
     if d.placed:
         g = next(g for g in gpus if g.index == d.index)
@@ -156,14 +160,14 @@ def test_history_gives_run_and_start_up_times_and_bad_files_never_raise(
     from slurm_coloc.placement.intensity import signature
     sig = signature(coloc)
     admin = {(None, sig): hist[(None, "aa")]}, {(None, sig): timing[(None, "aa")]}
-    assert profile(coloc, *admin) == share.Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
-    assert profile(coloc, *admin, uid=2001) == share.Profile(0.6, 30.0, 12.0)
+    assert profile(jc(coloc), *admin) == Profile(0.6, 30.0, 12.0)  # the admin's file counts for everyone
+    assert profile(jc(coloc), *admin, uid=2001) == Profile(0.6, 30.0, 12.0)
     per_user = ({**admin[0], (2002, sig): [Activity(0.95, 0.9, 0.9)]},
                 {**admin[1], (2002, sig): [(90.0, 5.0)]})
-    assert profile(coloc, *per_user, uid=2002) == share.Profile(0.95, 90.0,
-                                                                5.0)  # a user's own runs come first
-    assert profile(coloc, *per_user, uid=2001) == share.Profile(0.6, 30.0, 12.0)  # never another user's
-    assert profile({}, hist, timing) == share.Profile(None)
+    assert profile(jc(coloc), *per_user, uid=2002) == Profile(0.95, 90.0,
+                                                          5.0)  # a user's own runs come first
+    assert profile(jc(coloc), *per_user, uid=2001) == Profile(0.6, 30.0, 12.0)  # never another user's
+    assert profile(jc({}), hist, timing) == Profile(None)
     seen: set = set()
     path.write_text("{not json")
     for _ in range(3):
@@ -186,11 +190,11 @@ def test_gpu_tenants_follow_slurm_holdings_and_steered_jobs() -> None:
         {"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "start_time": 990,
          "gres_detail": ["shard:g1:4(IDX:1)"]},
         {"job_id": 6, "job_state": "COMPLETED", "nodes": "n1", "gres_detail": ["shard:g0:4(IDX:0)"]}]}))
-    steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, share.Profile(0.5, 30.0, 10.0))}
-    out = gpu_tenants(gpus, jobs, steered, lambda j, _model: (share.Profile(None), 0.7), NOW)
-    assert out[0] == [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2,
-                                   0.5, 8)]  # steered, not shown by Slurm yet
-    assert out[1] == [share.Tenant(share.Profile(None), 990.0, 0.7, 7)]  # running: its data, Slurm's start
+    steered = {8: Steered("n1", 0, 4, Activity(0.5), NOW - 2, Profile(0.5, 30.0, 10.0))}
+    out = gpu_tenants(gpus, jobs, steered, lambda j, _model: (Profile(None), 0.7), NOW)
+    assert out[0] == [Tenant(Profile(0.5, 30.0, 10.0), NOW - 2,
+                             0.5, 8)]  # steered, not shown by Slurm yet
+    assert out[1] == [Tenant(Profile(None), 990.0, 0.7, 7)]  # running: its data, Slurm's start
 
 
 @pytest.mark.parametrize("text,needle", [("placement_max_slowdown: 0.5\n", "placement_max_slowdown"),
@@ -270,7 +274,7 @@ def test_predicted_ends_play_the_sharing_model_forward() -> None:
     ends = share.predicted_ends([tenant(0.6, start=NOW - 15), tenant(0.6, start=NOW - 5)], CAP)
     assert ends[0] == pytest.approx(NOW + 10 + 5 * 1.2 / CAP)  # 10 s alone, 5 s of work left at 1.03 / 1.2
     assert ends[1] is not None and ends[1] > ends[0]
-    assert share.predicted_ends([share.Tenant(share.Profile(0.5), NOW)], CAP) == [None]  # run time unknown
+    assert share.predicted_ends([Tenant(Profile(0.5), NOW)], CAP) == [None]  # run time unknown
     assert share.predicted_ends([], CAP) == []
 
 
@@ -278,8 +282,8 @@ def test_a_tenant_that_left_is_replayed_as_the_load_it_was() -> None:
     # A and B computed together from NOW - 20 (L 1.2 > 1.03); A left at NOW - 5. Forgetting A, B would have
     # run alone from NOW - 20 and end now; replayed, it progressed at 1.03 / 1.2 for 15 s, had
     # 20 - 15 x 1.03 / 1.2 = 7.125 s of its work alone left when A left, and ends 7.125 s after that.
-    a = share.Tenant(share.Profile(0.6, 30.0, 10.0), NOW - 30, job_id=1, end_ts=NOW - 5)
-    b = share.Tenant(share.Profile(0.6, 30.0, 10.0), NOW - 30, job_id=2)
+    a = Tenant(Profile(0.6, 30.0, 10.0), NOW - 30, job_id=1, end_ts=NOW - 5)
+    b = Tenant(Profile(0.6, 30.0, 10.0), NOW - 30, job_id=2)
     assert share.predicted_ends([b], CAP) == [pytest.approx(NOW + 0.0)]
     assert share.predicted_ends([a, b], CAP) == [NOW - 5, pytest.approx(NOW - 5 + 20 - 15 * CAP / 1.2)]
     # a tenant that left never counts at a new job's start, and a GPU of only such tenants takes anyone
@@ -289,23 +293,23 @@ def test_a_tenant_that_left_is_replayed_as_the_load_it_was() -> None:
 
 def test_track_departures_keeps_only_those_that_shaped_a_present_tenant() -> None:
     key = ("n1", 0)
-    early = share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 60, job_id=1)
-    mate = share.Tenant(share.Profile(0.5, 60.0, 10.0), NOW - 40, job_id=2)
-    late = share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 2, job_id=3)
+    early = Tenant(Profile(0.5, 30.0, 10.0), NOW - 60, job_id=1)
+    mate = Tenant(Profile(0.5, 60.0, 10.0), NOW - 40, job_id=2)
+    late = Tenant(Profile(0.5, 30.0, 10.0), NOW - 2, job_id=3)
     gone = share.track_departures({key: [early, mate]}, {key: [mate]}, {}, NOW)
     # left now, while the mate computes
-    assert gone == {key: [share.Tenant(early.profile, early.start_ts, 0.5, 1, NOW)]}
+    assert gone == {key: [Tenant(early.profile, early.start_ts, 0.5, 1, NOW)]}
     # once the mate leaves too, only a tenant that began computing before they left keeps them
     kept = share.track_departures({key: [mate]}, {key: [late]}, gone, NOW + 1)
     assert kept == {}  # late computes from NOW + 8: neither shaped it
     assert share.track_departures({key: [mate]}, {key: []}, gone, NOW + 1) == {}  # an empty GPU keeps none
     # a long tenant beside many short ones keeps only the last DEPARTED_KEPT of them
-    long = share.Tenant(share.Profile(0.5, 10_000.0, 10.0), NOW - 5_000, job_id=0)
-    shorts = [share.Tenant(share.Profile(0.5, 30.0, 10.0), NOW - 4_000 + 50 * k, job_id=100 + k,
-                           end_ts=NOW - 3_900 + 50 * k) for k in range(share.DEPARTED_KEPT + 8)]
+    long = Tenant(Profile(0.5, 10_000.0, 10.0), NOW - 5_000, job_id=0)
+    shorts = [Tenant(Profile(0.5, 30.0, 10.0), NOW - 4_000 + 50 * k, job_id=100 + k,
+                     end_ts=NOW - 3_900 + 50 * k) for k in range(share.DEPARTED_KEPT + 8)]
     kept = share.track_departures({key: [long]}, {key: [long]}, {key: shorts}, NOW)[key]
     assert len(kept) == share.DEPARTED_KEPT and kept[-1] == shorts[-1] and shorts[7] not in kept
-    unknown = share.Tenant(share.Profile(0.5), NOW - 60)  # no job id: never taken for gone
+    unknown = Tenant(Profile(0.5), NOW - 60)  # no job id: never taken for gone
     assert share.track_departures({key: [unknown, mate]}, {key: [mate]}, {}, NOW) == {}
 
 
@@ -316,10 +320,10 @@ def test_a_tenant_that_leaves_before_the_next_one_computes_frees_its_room_at_onc
     a = tenant(0.9, start=NOW - 20, run_s=25.0, startup_s=5.0)
     b = tenant(0.9, start=NOW - 1, run_s=35.0, startup_s=15.0)
     assert share.predicted_ends([a, b], CAP)[0] == pytest.approx(NOW + 5)
-    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 10.0))
+    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=Profile(0.9, 30.0, 10.0))
     assert d.placed and "slowdown 1.75" in d.reason  # type: ignore[attr-defined]
     # computes while A does
-    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=share.Profile(0.9, 30.0, 4.0))
+    d = choose([gpu(0, used=8, tenants=2)], [[a, b]], job=Profile(0.9, 30.0, 4.0))
     assert not d.placed and "2.62 > 2" in d.reason  # type: ignore[attr-defined]
 
 
@@ -328,7 +332,7 @@ def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured()
     # without history is held to the bound by its predicted activity, and so are tenants never measured
     silent = gpu(0, used=8, tenants=2, live=0.2, age=600.0)
     measured = [[tenant(0.9, start=NOW), tenant(0.9, start=NOW)]]
-    never = share.Profile(None)
+    never = Profile(None)
     d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.5), CAP, 2.0, NOW)
     assert not d.placed and "slowdown 2.23 > 2 (predicted activity)" in d.reason
     d = share.choose_gpu_bounded([silent], measured, 4, never, Activity(0.1), CAP, 2.0, NOW)
@@ -337,7 +341,7 @@ def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured()
     d = share.choose_gpu_bounded([fresh_light], measured, 4, never, Activity(0.5), CAP, 2.0, NOW)
     assert not d.placed  # a light live reading does not override the model either
     # where nobody was measured, the predictions hold a job too (7 per GPU broke the bound)
-    unmeasured = [[share.Tenant(never, NOW, 0.9), share.Tenant(never, NOW, 0.9)]]
+    unmeasured = [[Tenant(never, NOW, 0.9), Tenant(never, NOW, 0.9)]]
     d = share.choose_gpu_bounded([silent], unmeasured, 4, never, Activity(0.5), CAP, 2.0, NOW)
     assert not d.placed and "2.23 > 2" in d.reason
     # a job with no data at all (no signature, no FLOPs) goes by memory only among GPUs within the bound
@@ -347,10 +351,10 @@ def test_a_silent_sampler_never_packs_past_the_bound_with_a_job_never_measured()
 
 
 def test_order_candidates_least_gpu_work_first_within_fairness() -> None:
-    light = share.Profile(0.3, 40.0, 10.0)   # 0.3 x 30 = 9 SMACT-s
-    heavy = share.Profile(0.9, 40.0, 10.0)   # 27
-    short = share.Profile(0.9, 15.0, 10.0)   # 4.5
-    never = share.Profile(None)              # unknown: the median of the known ones (9)
+    light = Profile(0.3, 40.0, 10.0)   # 0.3 x 30 = 9 SMACT-s
+    heavy = Profile(0.9, 40.0, 10.0)   # 27
+    short = Profile(0.9, 15.0, 10.0)   # 4.5
+    never = Profile(None)              # unknown: the median of the known ones (9)
     jobs = [(1, NOW - 10, heavy), (2, NOW - 9, light), (3, NOW - 8, short), (4, NOW - 7, never)]
     assert share.order_candidates(jobs, NOW, 300.0) == [3, 2, 4, 1]
     assert share.gpu_work(light) == pytest.approx(9.0) and share.gpu_work(never) is None
@@ -371,7 +375,7 @@ def test_an_ending_job_leaves_the_model_at_once_but_keeps_its_shards() -> None:
         {"job_id": 9, "job_state": "RUNNING", "nodes": "n1", "start_time": 990, "gres_detail": [held]}]}))
     states = gpu_states([sp.NodeGpus("n1", "MIXED", {0: 80})], jobs, {}, {}, NOW, 30.0)
     assert states[0].shards_used == 8 and states[0].tenants == 2
-    out = gpu_tenants(states, jobs, {}, lambda j, _model: (share.Profile(0.5, 30.0, 10.0), 0.5), NOW)
+    out = gpu_tenants(states, jobs, {}, lambda j, _model: (Profile(0.5, 30.0, 10.0), 0.5), NOW)
     assert len(out[0]) == 1  # the COMPLETING one computes no more
 
 
@@ -399,10 +403,11 @@ def test_the_round_orders_by_history_and_holds_a_job_without_data_at_the_bound()
     # 9 SMACT-s, then 45 and the unknown (median: 45) by age
     assert [j.job_id for j in rnd.ordered(jobs)] == [2, 1, 3]
     # no signature, no FLOPs: memory, but not past the bound
-    d, _demand, source, _prof = rnd.decide(jobs[2], 4)
+    c = rnd.decide(jobs[2], 4)
+    d, source = c.decision, c.source
     assert source == "no signature or FLOPs" and not d.placed and "at its bound" in d.reason
     rnd.tenants = [[tenant(0.9, start=NOW)]]
-    d, *_ = rnd.decide(jobs[2], 4)
+    d = rnd.decide(jobs[2], 4).decision
     assert d.placed and d.basis == "memory-only"  # 1.43 / 1.03 = 1.39
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from slurm_coloc.errors import ColocError
 from slurm_coloc.replay import metrics as M
-from slurm_coloc.replay.activity import parse_index_nodes
+from slurm_coloc.replay.metrics import parse_index_nodes
 from slurm_coloc.replay.runner import sbatch_argv
 from slurm_coloc.replay.trace import RATES_SAMPLES_PER_S, build_tasks, epochs_of, load_trace
 

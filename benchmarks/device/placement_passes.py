@@ -58,8 +58,7 @@ from benchmarks.device.placement_split import stand_in, steer_split
 from slurm_coloc import config as config_mod
 from slurm_coloc.placement import policies
 from slurm_coloc.placement.heartbeat import heartbeat_paths, placer_alive
-from slurm_coloc.replay.activity import sm_activity
-from slurm_coloc.replay.metrics import runs_from_records
+from slurm_coloc.replay.metrics import runs_from_records, sm_activity
 from slurm_coloc.replay.runner import _energy, open_energy_reader
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES

@@ -164,13 +164,12 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
 
     When a coloc-placer finished a round recently (``placement.heartbeat.placer_alive``: its heartbeat
     ``<state_dir>/placer.json`` is fresh) and the plan is a shard job of one GPU, the job is submitted held
-    and without GRES for the placer to steer (``placement.submit.placer_argv``); otherwise (no placer, a stale
+    and without GRES for the placer to steer (``heartbeat.placer_argv``); otherwise (no placer, a stale
     or unreadable heartbeat, whole-GPU or multi-GPU plans, and jobs the user holds with ``--hold``/``-H``
     before the script at ``script_index``, which the placer would release) the classic untyped
     ``--gres=shard:N`` request is kept, so a missing placer never leaves a job held. Never raises.
     """
-    from slurm_coloc.placement.heartbeat import placer_alive
-    from slurm_coloc.placement.submit import placer_argv
+    from slurm_coloc.placement.heartbeat import placer_alive, placer_argv
 
     held = placer_argv(sbatch_argv)
     options = sbatch_argv[:script_index] if script_index is not None else sbatch_argv

@@ -1,12 +1,8 @@
 """coloc-placer's loop: each round reads Slurm's queue and the node samplers' live state, then steers every
-held shard job to a GPU (or notes why it waits). Bounded, never fatal: a round that fails is logged and the
-next one starts after ``placement_interval_s``; a job held longer than ``placement_max_wait_s`` is released by
-memory alone.
-
-Live state reaches the placer through the node databases (``<state_dir>/nodes/<node>.db``, opened read-only,
-the same files coloc-report reads); Slurm's view of who holds which GPU comes from ``squeue --json``
-``gres_detail``.
-"""
+held shard job to a GPU (or notes why it waits). Bounded, never fatal: a failed round is logged and the next
+starts after ``placement_interval_s``; a job held over ``placement_max_wait_s`` is released by memory alone.
+Live state comes from the node databases (``<state_dir>/nodes/<node>.db``, read-only, as coloc-report reads
+them); who holds which GPU from ``squeue --json`` ``gres_detail``."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +12,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from slurm_coloc import coruns as learn
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, rounds, share
+from slurm_coloc.placement.gate import fresh
 from slurm_coloc.placement.heartbeat import placer_alive, write_heartbeat
 from slurm_coloc.placement.history import (  # noqa: F401
     ModelRuns,
@@ -25,7 +22,7 @@ from slurm_coloc.placement.history import (  # noqa: F401
     read_history,
     read_history_file,
 )
-from slurm_coloc.placement.policy import Activity, Gate, GpuState, fresh
+from slurm_coloc.placement.policies import Activity, Gate, GpuState, Profile, Tenant
 from slurm_coloc.placement.rounds import PlacerState, Steered  # re-exported
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -38,9 +35,7 @@ HISTORY_REFRESH_S = 30.0
 
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
-    """The row's activity (fractions; missing SM occupancy or DRAM activity counts as 0), or None when the GPU
-    reports no GPM metrics.
-    """
+    """The row's activity (fractions; missing SMOCC or DRAMA counts as 0), None without GPM metrics."""
     if row.smact is None:
         return None
     return Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
@@ -89,9 +84,8 @@ def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],
 
 
 def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placement.LiveGpu]]:
-    """Node -> its GPUs' live rows within ``placement_window_s`` (s); a node whose database is missing or
-    unreadable has none (logged: memory-only placement there).
-    """
+    """Node -> its GPUs' live rows within ``placement_window_s`` (s); none for an unreadable database
+    (logged)."""
     out: Dict[str, List[store_placement.LiveGpu]] = {}
     for node in nodes:
         path = cfg.node_db_path(node)
@@ -109,16 +103,16 @@ def read_live(cfg: Config, nodes: Sequence[str]) -> Dict[str, List[store_placeme
 
 
 def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapping[int, Steered],
-                known: Callable[[JobInfo, str], Tuple[share.Profile, float]],
-                now: float) -> List[List[share.Tenant]]:
-    """Per GPU of ``gpus`` (same order), the jobs holding it as ``share.Tenant`` (``gpu_states``' accounting),
+                known: Callable[[JobInfo, str], Tuple[Profile, float]],
+                now: float) -> List[List[Tenant]]:
+    """Per GPU of ``gpus`` (same order), the jobs holding it as ``Tenant`` (``gpu_states``' accounting),
     less ``COMPLETING`` jobs (epilogs run, they compute no more, so their room is free for the model in the
     same round). ``known(job, gpu_model)``: its profile and predicted SM activity alone (fraction); steered
     jobs keep what the placer knew when it sent them; ``now`` (Unix s) starts a tenant of unknown start.
     Raises only what ``known`` raises.
     """
     where = {g.key: i for i, g in enumerate(gpus)}
-    out: List[List[share.Tenant]] = [[] for _ in gpus]
+    out: List[List[Tenant]] = [[] for _ in gpus]
     shown = set()
     for job in jobs:
         if job.state not in ACTIVE_STATES and not job.completing:
@@ -129,25 +123,21 @@ def gpu_tenants(gpus: Sequence[GpuState], jobs: Sequence[JobInfo], steered: Mapp
                 s = steered.get(job.job_id)
                 prof, pred = ((s.profile, s.demand.smact) if s is not None
                               else known(job, gpus[where[(node, idx)]].model))
-                out[where[(node, idx)]].append(share.Tenant(prof, job.start_ts or (s.ts if s else now), pred,
-                                                            job.job_id, uid=job.uid))
+                out[where[(node, idx)]].append(Tenant(prof, job.start_ts or (s.ts if s else now), pred,
+                                                      job.job_id, uid=job.uid))
     for job_id, s in steered.items():
         if job_id not in shown and (s.node, s.index) in where:
-            out[where[(s.node, s.index)]].append(share.Tenant(s.profile, s.ts, s.demand.smact, job_id,
-                                                              uid=s.uid))
+            out[where[(s.node, s.index)]].append(Tenant(s.profile, s.ts, s.demand.smact, job_id,
+                                                        uid=s.uid))
     return out
 
 
 def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
                      max_age_s: Optional[float] = None) -> Optional[List[int]]:
-    """The fallback that needs no placer: when no placer finished a round within ``max_age_s`` (s;
-    ``placer_alive``), release every held placer job by memory only (``Gres=shard:N``, Slurm's first fit).
-    Reads only the heartbeat while the placer is alive, so a timer may run it often. None when alive, else the
-    job ids released.
-
-    Raises:
-        ColocError: Slurm could not be asked (nothing was released).
-    """
+    """The fallback that needs no placer: when none finished a round within ``max_age_s`` (s;
+    ``placer_alive``), release every held placer job by memory only (``Gres=shard:N``); reads only the
+    heartbeat while one is alive. None when alive, else the job ids released. ColocError: Slurm could not be
+    asked (nothing released)."""
     if placer_alive(cfg, max_age_s):
         return None
     released = []
@@ -166,16 +156,11 @@ def release_if_stale(cfg: Config, env: Optional[Mapping[str, str]] = None,
 
 def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]] = None,
                 now: Optional[float] = None, cal: Optional[intensity.Calibration] = None) -> Dict[str, int]:
-    """One round: steer every held candidate (oldest first; with ``sharing_model``, least GPU work first,
-    ``share.order_candidates``). Returns counts: ``placed``, ``waiting``, ``memory_only``, ``errors``, ...
-
-    Each job is handled on its own: whatever one job's comment or Slurm answer raises is one warning and one
-    ``errors`` count. A job whose comment breaks the protocol is no candidate (it stays as its user held it).
-    ``now``: epoch s (None: now); ``cal`` None: ``placement_calibration_path`` or the packaged one.
-
-    Raises:
-        ColocError: Slurm could not be asked (the caller logs it and tries again next round).
-    """
+    """One round: steer every held candidate (oldest first; with ``sharing_model``,
+    ``share.order_candidates``); returns counts (``placed``, ``waiting``, ``memory_only``, ``errors``, ...).
+    One job's error is one warning and one ``errors`` count; a job whose comment breaks the protocol is no
+    candidate. ``now``: Unix s (None: now); ``cal`` None: ``placement_calibration_path`` or the packaged one.
+    ColocError: Slurm could not be asked (the caller retries next round)."""
     now = time.time() if now is None else now
     cal = cal or intensity.load_calibration(cfg.placement_calibration_path or None)
     jobs = sp.queue(cfg.slurm_bin_dir, env)
@@ -214,9 +199,8 @@ def place_round(cfg: Config, state: PlacerState, env: Optional[Mapping[str, str]
 
 
 def _forget(state: PlacerState, jobs: Sequence[JobInfo], now: float) -> None:
-    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago), and gone jobs'
-    notes.
-    """
+    """Drop steered jobs Slurm no longer shows pending or active (or steered over 600 s ago) and gone jobs'
+    notes."""
     known = {j.job_id: j for j in jobs}
     for job_id in [k for k, s in state.steered.items()
                    if k not in known
@@ -273,12 +257,8 @@ def _refresh_history(cfg: Config, state: PlacerState, now: float, cal: intensity
 
 def run_loop(cfg: Config, rounds: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
              sleep: Callable[[float], None] = time.sleep) -> None:
-    """Run rounds every ``placement_interval_s`` (``rounds`` times, or forever when None); errors are logged,
-    never raised.
-
-    Raises:
-        ConfigError: the calibration file is bad.
-    """
+    """Rounds every ``placement_interval_s`` (``rounds`` times; None: forever); round errors are logged.
+    ConfigError: a bad calibration file."""
     cal = intensity.load_calibration(cfg.placement_calibration_path or None)
     state = PlacerState()
     done = 0

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from slurm_coloc import coruns as learn
+from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement import intensity, share
+from slurm_coloc.placement import intensity
 from slurm_coloc.placement.intensity import HistoryKey
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity, Profile
 from slurm_coloc.store import placement as store_placement
 from slurm_coloc.store.db import open_readonly
 
@@ -307,10 +308,10 @@ def _capped(out: Dict[HistoryKey, List[Activity]], timing: Optional[Dict[History
     return out
 
 
-def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
+def profile(coloc: JobComment, history: Mapping[HistoryKey, Sequence[Activity]],
             timing: Mapping[HistoryKey, Sequence[Timing]], uid: Optional[int] = None,
-            gpu_model: str = "", by_model: Optional[ModelRuns] = None) -> share.Profile:
-    """The ``share.Profile`` of ``uid``'s job on a GPU of model ``gpu_model`` ("": any model's runs): SM
+            gpu_model: str = "", by_model: Optional[ModelRuns] = None) -> Profile:
+    """The ``Profile`` of ``uid``'s job on a GPU of model ``gpu_model`` ("": any model's runs): SM
     activity alone (fraction, None without history), mean run and start-up (s, None without timing), and
     whether it was learned from shared runs. Pure.
 
@@ -329,6 +330,6 @@ def profile(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]],
         (t for t in (h.get(k, ()) for h in (same_timing, timing) for k in keys) if t), ())
     run = [r for r, _ in timed if r is not None]
     start = [s for _, s in timed if s is not None]
-    return share.Profile(act.smact if act else None, sum(run) / len(run) if run else None,
-                         sum(start) / len(start) if start else None,
-                         learned=by_model is not None and key in by_model.learned)
+    return Profile(act.smact if act else None, sum(run) / len(run) if run else None,
+                   sum(start) / len(start) if start else None,
+                   learned=by_model is not None and key in by_model.learned)

@@ -1,13 +1,8 @@
-"""A job's compute intensity before it starts: its signature, its history, and a predictor for unseen
-programs.
-
-Pure. The signature keys history so that it survives small edits of the script: it is built from what the job
-trains (model name and kwargs, input shape, batch size, precision, optimizer, from the ``spec`` that
-``coloc-sbatch`` puts in the job comment), not from the script's SHA-256, which is the fallback only when the
-comment has no spec. The predictor maps estimate-trace features (FLOPs and bytes moved per step when the
-comment carries them; otherwise batch x input elements as a proxy) to SM activity with a saturating curve
-whose coefficients live in a JSON calibration file (``calibration.json`` beside this module).
-"""
+"""A job's compute intensity before it starts (pure): its signature, its history, and a predictor for unseen
+programs. The signature keys history from what the job trains (the comment's ``spec``: model and kwargs, input
+shape, batch, precision, optimizer), so it survives small edits of the script; the script's SHA-256 only
+without a spec. The predictor maps FLOPs per step (else batch x input elements) to SM activity with a
+saturating curve fitted in ``calibration.json`` beside this module."""
 from __future__ import annotations
 
 import json
@@ -16,19 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.comment import NO_COMMENT, JobComment
+from slurm_coloc.comment import JobComment
 from slurm_coloc.comment import job_signature as signature  # noqa: F401 - re-exported for placement callers
-from slurm_coloc.comment.values import CommentError
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.placement.policy import Activity
+from slurm_coloc.placement.policies import Activity
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
 @dataclass(frozen=True)
 class Features:
-    """Estimate-trace features of one training step. ``gflop_per_step`` None: not known (see ``features``);
-    ``from_proxy``: it is the batch x input-elements proxy, not counted FLOPs."""
+    """One training step's features (``gflop_per_step`` None: unknown; ``from_proxy``: not counted FLOPs)."""
 
     gflop_per_step: Optional[float]
     gbyte_per_step: Optional[float]
@@ -38,27 +31,11 @@ class Features:
     from_proxy: bool = False
 
 
-def _typed(coloc: Any) -> JobComment:
-    """A ``JobComment`` as is; a coloc JSON object validated (``NO_COMMENT`` when it breaks the protocol)."""
-    if isinstance(coloc, JobComment):
-        return coloc
-    try:
-        return JobComment.from_fields(dict(coloc)) if isinstance(coloc, Mapping) else NO_COMMENT
-    except CommentError:
-        return NO_COMMENT
-
-
-def features(coloc: Any) -> Features:
-    """Features of a job's validated comment (a coloc JSON object is validated first; one that breaks the
-    protocol gives no features); precision ``fp32`` when not given.
-
-    ``flops_per_step`` is what ``coloc-sbatch`` counted in the estimate's trace or the script probe
-    (``torch.utils.flop_counter``: matmuls, convolutions, attention). Without it, batch x input elements x
-    3e-6 GFLOP is a crude proxy (1,000 FLOP per input element forward, x3 for forward + backward; real models
-    range over 100x; 0 for token models). The comment's bounds (``comment.values.BOUNDS``,
-    ``MAX_INPUT_ELEMENTS``) keep every feature finite.
-    """
-    c = _typed(coloc)
+def features(c: JobComment) -> Features:
+    """Features of a job's comment; precision ``fp32`` when not given. ``flops_per_step``: what
+    ``coloc-sbatch`` counted (``torch.utils.flop_counter``); without it, batch x input elements x 3e-6 GFLOP
+    is a crude proxy (1,000 FLOP per input element forward, x3 with backward; real models range over 100x; 0
+    for token models). The comment's bounds keep every feature finite."""
     spec = c.spec
     batch = spec.batch_size if spec else None
     gflop = c.flops_per_step / 1e9 if c.flops_per_step is not None else None
@@ -75,15 +52,11 @@ def features(coloc: Any) -> Features:
 class Calibration:
     """Predictor coefficients (fractions). SMACT = smact_min + (smact_max - smact_min) * x / (x +
     x_half_gflop), x = GFLOP per step x precision factor; SMOCC = SMACT x smocc_per_smact; DRAMA = SMACT x
-    drama_per_smact; ``by_model``: model name -> measured {smact, smocc, drama} alone, used before the curve.
-    ``feature``: the x the curve was fitted on (``flops``: counted FLOPs; ``proxy``: the batch x
-    input-elements proxy); with ``flops``, a job whose comment has no FLOPs gets proxy x ``proxy_to_flops``
-    (the median ratio of measured FLOPs to the proxy over the fitted workloads,
-    ``benchmarks/placement_fit.py``). ``share_capacity``: the ``throughput`` policy's sharing capacity (summed
-    SM activity alone at which co-running jobs start to slow each other, ``placement/share.py``), fitted on
-    measured co-runs by ``benchmarks/placement_share_fit.py`` (``share_source`` says over which files);
-    ``share_capacity_by_gpu``: the same per GPU model (a key contained in the model name NVML reports, e.g.
-    ``H200``), fitted on that model's runs (``capacity_for``)."""
+    drama_per_smact; ``by_model``: model name -> measured activity alone, used before the curve. ``feature``:
+    the curve's x (``flops`` or the ``proxy``); with ``flops``, a job without FLOPs gets proxy x
+    ``proxy_to_flops`` (median measured ratio, ``benchmarks/placement_fit.py``). ``share_capacity``: the
+    sharing model's capacity (``share.py``), fitted by ``benchmarks/placement_share_fit.py`` over
+    ``share_source``; ``share_capacity_by_gpu``: per GPU model key (``H200``), ``capacity_for``."""
 
     smact_min: float
     smact_max: float
@@ -103,18 +76,14 @@ class Calibration:
 
     @property
     def smact_floor(self) -> float:
-        """The least SM activity alone a job never measured counts with in the sharing model (fraction):
-        ``unmeasured_smact_floor``, else ``unknown.smact`` (the mean of the jobs the curve was fitted on). The
-        curve's error is large (``benchmarks/placement_fit.py``) and an under-predicted job is the one that
-        breaks the bound, so a prediction only ever raises a new job above the jobs measured so far."""
+        """The least SM activity alone of a never measured job: ``unmeasured_smact_floor``, else
+        ``unknown.smact`` (an under-predicted job breaks the bound, so a prediction only raises one)."""
         return self.unmeasured_smact_floor if self.unmeasured_smact_floor is not None else self.unknown.smact
 
     def capacity_for(self, model: str) -> float:
-        """The sharing capacity of a GPU model (summed SM activity alone, fraction; 0.1..10 once loaded): the
-        ``share_capacity_by_gpu`` entry whose key the model name contains (the longest such key; ``"H200"``
-        matches ``"NVIDIA H200"``), else ``share_capacity``. A GPU whose model is not known yet ("": its
-        sampler has not named it) gets the least capacity of any model, since it may be that one.
-        """
+        """The sharing capacity of a GPU model (0.1..10): the longest ``share_capacity_by_gpu`` key the name
+        contains, else ``share_capacity``; a model not known yet ("") gets the least of any, as it may be that
+        one."""
         if not model:
             return min([self.share_capacity, *self.share_capacity_by_gpu.values()])
         keys = (sorted((k for k in self.share_capacity_by_gpu if k and k in model), key=len, reverse=True))
@@ -131,10 +100,7 @@ def _act(d: Any, where: str) -> Activity:
 
 
 def load_calibration(path: Optional[str] = None) -> Calibration:
-    """Read a calibration JSON (None or empty ``path``: ``DEFAULT_CALIBRATION``).
-
-    Raises:
-        ConfigError: unreadable, not JSON, or a coefficient missing or not a number.
+    """None or empty ``path``: ``DEFAULT_CALIBRATION``. ConfigError: unreadable, not JSON, a bad coefficient.
     """
     p = Path(path) if path else DEFAULT_CALIBRATION
     try:
@@ -165,9 +131,8 @@ def load_calibration(path: Optional[str] = None) -> Calibration:
 
 
 def predict(f: Features, cal: Calibration) -> Activity:
-    """The job's activity alone (fractions 0..1) without history: the model's measured one (``by_model``), the
-    curve's, or ``cal.unknown`` without FLOPs.
-    """
+    """Activity alone without history: ``by_model``'s measured one, the curve's, or ``cal.unknown`` without
+    FLOPs."""
     if f.model and f.model in cal.by_model:
         return cal.by_model[f.model]
     if f.gflop_per_step is None:
@@ -187,9 +152,8 @@ HistoryKey = Tuple[Optional[int], str]
 
 
 def history_keys(sig: Optional[str], uid: Optional[int]) -> Tuple[HistoryKey, ...]:
-    """The history keys that may steer ``uid``'s job of signature ``sig``, in order: ``(uid, sig)``, then the
-    admin's ``(None, sig)``; () without a signature. Another user's runs never count.
-    """
+    """The keys that may steer ``uid``'s job: ``(uid, sig)``, then the admin's ``(None, sig)``; () without
+    ``sig``."""
     if not sig:
         return ()
     return ((uid, sig), (None, sig)) if uid is not None else ((None, sig),)
@@ -204,15 +168,11 @@ def from_history(runs: Sequence[Activity]) -> Optional[Activity]:
                      sum(r.drama for r in runs) / n))
 
 
-def demand(coloc: Any, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
+def demand(c: JobComment, history: Mapping[HistoryKey, Sequence[Activity]], cal: Calibration,
            uid: Optional[int] = None) -> Tuple[Activity, str]:
-    """The job's predicted activity alone (fractions 0..1) and its source (``history`` or ``predicted``).
-
-    History is per user: only runs of the job's own ``uid`` (the uid Slurm runs it as) count, then the admin's
-    file (uid None); another user's runs never steer this job (a user could otherwise forge a signature's
-    history for everyone). Without history, ``cal`` predicts from FLOPs.
-    """
-    c = _typed(coloc)
+    """The job's predicted activity alone and its source (``history`` or ``predicted``). Only runs of its own
+    ``uid`` (the uid Slurm runs it as) count, then the admin's file (uid None): a user could otherwise forge a
+    signature's history for everyone."""
     for key in history_keys(c.signature(), uid):
         h = from_history(history.get(key, ()))
         if h is not None:

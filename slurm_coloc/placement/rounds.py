@@ -12,15 +12,18 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.placement import intensity, policies, share
-from slurm_coloc.placement.evidence import Evidence, Limits, Policy
+from slurm_coloc.placement.gate import saturated_gpus, silent_gpus
 from slurm_coloc.placement.history import ModelRuns, Timing, log_once, profile
-from slurm_coloc.placement.policy import (
+from slurm_coloc.placement.policies import (
     Activity,
     Decision,
+    Evidence,
     Gate,
     GpuState,
-    saturated_gpus,
-    silent_gpus,
+    Limits,
+    Policy,
+    Profile,
+    Tenant,
 )
 from slurm_coloc.slurm import placement as sp
 from slurm_coloc.slurm.jobinfo import JobInfo
@@ -34,8 +37,8 @@ took 11-26 s on the 2x H200 fresh pile (Python start, set-up, warm-up; ``h200x2-
 reading taken later shows its work, not its start-up."""
 
 
-def live_corrected(tenants: Sequence[share.Tenant], live_smact: float, since_ts: float,
-                   unsaturated: float) -> List[share.Tenant]:
+def live_corrected(tenants: Sequence[Tenant], live_smact: float, since_ts: float,
+                   unsaturated: float) -> List[Tenant]:
     """``tenants`` (in order) with the prediction of those never measured and settled (present, started
     ``SETTLE_S`` before the live window began at ``since_ts``, Unix s) replaced by their share of what the
     GPU's live SM activity leaves: ``r = live_smact`` less the activity of measured tenants computing now,
@@ -68,7 +71,7 @@ class Steered:
     shards: int
     demand: Activity
     ts: float
-    profile: share.Profile = field(default_factory=lambda: share.Profile(None))
+    profile: Profile = field(default_factory=lambda: Profile(None))
     uid: Optional[int] = None
 
 
@@ -80,14 +83,25 @@ class PlacerState:
     users, and the bad-input lines already logged (each is logged once)."""
 
     steered: Dict[int, Steered] = field(default_factory=dict)
-    present: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
-    departed: Dict[Tuple[str, int], List[share.Tenant]] = field(default_factory=dict)
+    present: Dict[Tuple[str, int], List[Tenant]] = field(default_factory=dict)
+    departed: Dict[Tuple[str, int], List[Tenant]] = field(default_factory=dict)
     history: Dict[intensity.HistoryKey, List[Activity]] = field(default_factory=dict)
     timing: Dict[intensity.HistoryKey, List[Timing]] = field(default_factory=dict)
     by_model: ModelRuns = field(default_factory=ModelRuns)
     history_ts: float = 0.0
     notes: Dict[int, str] = field(default_factory=dict)
     logged: Set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``Round.decide``'s answer: the policy's ``decision``, the job's predicted ``demand`` (fractions), its
+    ``source`` in words, and its ``profile`` (on the chosen GPU's model when placed by the sharing model)."""
+
+    decision: Decision
+    demand: Activity
+    source: str
+    profile: Profile
 
 
 @dataclass
@@ -100,7 +114,7 @@ class Round:
     cal: intensity.Calibration
     gate: Gate
     gpus: List[GpuState]
-    tenants: List[List[share.Tenant]]
+    tenants: List[List[Tenant]]
     has_gpus: bool
     now: float
     env: Optional[Mapping[str, str]] = None
@@ -129,7 +143,7 @@ class Round:
                      "predicted activity, under the bound", max_age,
                      ", ".join(f"{n}/gpu{i}" for n, i in silent))
 
-    def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[share.Profile, float]:
+    def tenant_data(self, j: JobInfo, gpu_model: str = "") -> Tuple[Profile, float]:
         """A running job's profile on its GPU's model ("": any) and predicted SM activity alone (fraction;
         unknown on a bad comment, with a warning).
         """
@@ -139,9 +153,9 @@ class Round:
             return prof, self.counted(intensity.demand(c, self.state.history, self.cal, j.uid)[0], prof).smact
         except Exception as exc:  # one running job's data never stops a round
             log.warning("job %d: no profile (%s): counted as unknown", j.job_id, exc)
-            return share.Profile(None), self.cal.smact_floor
+            return Profile(None), self.cal.smact_floor
 
-    def counted(self, demand: Activity, prof: share.Profile) -> Activity:
+    def counted(self, demand: Activity, prof: Profile) -> Activity:
         """The activity the sharing model counts for a job: its demand as is when measured alone (``prof``),
         else the prediction raised to ``Calibration.smact_floor``."""
         if prof.smact is not None:
@@ -158,25 +172,19 @@ class Round:
                 prof = (profile(JobComment.read(j.comment, j.job_id), self.state.history, self.state.timing,
                                 j.uid))
             except Exception:  # its own decision reports the comment; here it is only unknown
-                prof = share.Profile(None)
+                prof = Profile(None)
             rows.append((j.job_id, j.submit_ts if isinstance(j.submit_ts, (int, float)) else 0.0, prof))
         by_id = {j.job_id: j for j in candidates}
         return [by_id[i] for i in share.order_candidates(rows, self.now, self.cfg.placement_max_wait_s / 2)]
 
-    def decide(self, job: JobInfo, shards: int) -> Tuple[Decision, Activity, str, share.Profile]:
-        """The decision for one held job, its predicted activity (fractions), its source in words, and its
-        profile.
-
-        Raises:
-            ValueError: a bad shard request or placement mode (the policy's ``decide``); ``handle`` catches
-                it.
-            ConfigError: ``placement_policy`` names no registered policy; ``handle`` catches it.
-        """
+    def decide(self, job: JobInfo, shards: int) -> Choice:
+        """ValueError: a bad shard request or placement mode (the policy's); ConfigError: ``placement_policy``
+        names no registered policy (``handle`` catches both)."""
         coloc = JobComment.read(job.comment, job.job_id)
         demand, source = intensity.demand(coloc, self.state.history, self.cal, job.uid)
-        profiles: Dict[str, share.Profile] = {}
+        profiles: Dict[str, Profile] = {}
 
-        def on(model: str) -> share.Profile:  # the job's profile on a GPU of this model
+        def on(model: str) -> Profile:  # the job's profile on a GPU of this model
             if model not in profiles:
                 profiles[model] = profile(coloc, self.state.history, self.state.timing, job.uid, model,
                                           self.state.by_model)
@@ -188,13 +196,13 @@ class Round:
         d = policy.decide(Evidence(self.gpus, self.tenants, shards, demand, self.counted(demand, prof), on,
                                    has_data, job.uid, self.now, self.limits()))
         if not policy.sharing_model:
-            return d, demand, source, prof
+            return Choice(d, demand, source, prof)
         if not has_data:
             log_once(self.state.logged, f"nodata:{job.job_id}",
                      "job %d has no signature and no FLOPs: placed by memory", job.job_id)
-            return d, demand, "no signature or FLOPs", prof
+            return Choice(d, demand, "no signature or FLOPs", prof)
         chosen = next((g for g in self.gpus if d.placed and (g.node, g.index) == (d.node, d.index)), None)
-        return d, demand, source, on(chosen.model) if chosen is not None else prof
+        return Choice(d, demand, source, on(chosen.model) if chosen is not None else prof)
 
     def handle(self, job: JobInfo, shards: int, counts: Dict[str, int]) -> None:
         """Decide for one held job and act: steer it, release it by memory (no typed GPU, or waited past
@@ -203,7 +211,8 @@ class Round:
         """
         cfg, bin_dir, env = self.cfg, self.cfg.slurm_bin_dir, self.env
         try:
-            decision, demand, source, prof = self.decide(job, shards)
+            choice = self.decide(job, shards)
+            decision, demand, prof = choice.decision, choice.demand, choice.profile
             waited = self.now - job.submit_ts if job.submit_ts else 0.0
             if decision.placed:
                 assert decision.node is not None and decision.index is not None
@@ -213,8 +222,8 @@ class Round:
                                                          self.now, prof, job.uid)
                 self._add(decision, shards, demand, prof, job.job_id, job.uid)
                 counts["placed"] += 1
-                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, source, demand.smact,
-                         decision.reason)
+                log.info("job %d (%d shards, %s SMACT %.2f) -> %s", job.job_id, shards, choice.source,
+                         demand.smact, decision.reason)
             elif not self.has_gpus or waited > cfg.placement_max_wait_s:
                 sp.release_memory_only(job.job_id, shards, job.comment, bin_dir, env)
                 counts["memory_only"] += 1
@@ -231,7 +240,7 @@ class Round:
             counts["errors"] += 1
             log.warning("job %d: %s", job.job_id, exc)
 
-    def _add(self, d: Decision, shards: int, demand: Activity, prof: share.Profile, job_id: int,
+    def _add(self, d: Decision, shards: int, demand: Activity, prof: Profile, job_id: int,
              uid: Optional[int]) -> None:
         """Count a steered job on its GPU for the rest of the round."""
         key = (d.node, d.index)
@@ -240,5 +249,5 @@ class Round:
                 self.gpus[i] = replace(g, shards_used=g.shards_used + shards, tenants=g.tenants + 1,
                                        recent=g.recent + demand)
                 if self.policy.sharing_model:
-                    self.tenants[i].append(share.Tenant(prof, self.now, self.counted(demand, prof).smact,
-                                                        job_id, uid=uid))
+                    self.tenants[i].append(Tenant(prof, self.now, self.counted(demand, prof).smact,
+                                                  job_id, uid=uid))

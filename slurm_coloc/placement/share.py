@@ -1,71 +1,35 @@
-"""The ``throughput`` placement policy: pack GPUs as far as a per-job slowdown bound allows. Pure.
+"""The ``throughput`` placement policy (pure): pack GPUs as far as a per-job slowdown bound allows.
 
-Model (processor sharing, fitted on measured co-runs): while jobs compute together on one GPU under MPS, each
-progresses at ``min(1, capacity / L)`` of its speed alone, where ``L`` is the sum of their SM activities
-*alone* (fractions, GPM SMACT measured by the sampler while each ran alone) and ``capacity`` is fitted on
-measured piles (``benchmarks/placement_share_fit.py`` over
-``benchmarks/device/results/h100-placement-passes/``; the fitted value and its error are in
-``calibration.json`` and docs/benchmarks.md). So the slowdown of every job computing on the GPU is ``max(1, L
-/ capacity)``; a job's start-up (Slurm to its first step: imports, CUDA and model set-up) leaves the GPU to
-the others. The model does not call a GPU full at SMACT 0.8 or 1.0: a GPU takes jobs until the predicted
-slowdown reaches the bound, so a site trades latency (bound 1.2) for throughput (bound 3).
-
-A job that starts now begins computing after its start-up, so a tenant predicted to end before then does not
-count against it: its room is used in the same round in which it is freed, not after it has ended (no idle
-gap). A tenant never measured alone counts with its predicted activity (``Tenant.predicted``: the calibrated
-predictor of ``intensity.py``), so one such tenant neither blocks a GPU nor hands it to memory-only packing. A
-candidate never measured alone is judged the same way with its predicted activity, floored by the caller at
-the calibration's ``unmeasured_smact_floor`` (the predictor's error is large, so a new job never counts
-lighter than the jobs measured so far), and learned from its shared runs once it has run (``coruns.py``).
+Model (processor sharing): jobs computing together on one GPU under MPS each progress at ``min(1, capacity /
+L)`` of their speed alone, L = the sum of their SM activities alone (fractions, GPM SMACT sampled while each
+ran alone); ``capacity`` is fitted on measured piles (``benchmarks/placement_share_fit.py`` over
+``benchmarks/device/results/h100-placement-passes/``; value and error in ``calibration.json`` and
+docs/benchmarks.md). Every job computing there slows by ``max(1, L / capacity)``, and a GPU takes jobs until
+that reaches the bound (latency at bound 1.2, throughput at 3). A job's start-up (Slurm to its first step)
+leaves the GPU to the others, so a tenant predicted to end before a new job computes does not count against
+it. A tenant or candidate never measured alone counts with its predicted activity (``intensity.py``), the
+candidate's floored at the calibration's ``unmeasured_smact_floor`` (the predictor's error is large), until
+its shared runs teach it (``coruns.py``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from slurm_coloc.placement.policy import Activity, Decision, GpuState, Hold, no_room
+from slurm_coloc.placement.policies import (
+    Activity,
+    Decision,
+    Evidence,
+    GpuState,
+    Hold,
+    Policy,
+    Profile,
+    Tenant,
+    memory_only,
+    no_room,
+)
 
 Key = Tuple[str, int]  # a GPU: (node, index)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A job signature's measured behaviour alone: ``smact`` (fraction; None: never measured), whole run and
-    start-up (s, from Slurm start to the first busy sample; None: not known); ``learned``: the activity was
-    learned from shared runs (``coruns.py``), not measured alone, so it is trusted for its own user only."""
-
-    smact: Optional[float]
-    run_s: Optional[float] = None
-    startup_s: Optional[float] = None
-    learned: bool = False
-
-    @property
-    def work_s(self) -> Optional[float]:
-        """Computing time alone (s): run minus start-up (None without a run time)."""
-        if self.run_s is None:
-            return None
-        return max(0.0, self.run_s - (self.startup_s or 0.0))
-
-
-@dataclass(frozen=True)
-class Tenant:
-    """A job on a GPU as the model sees it: ``start_ts`` (Unix s: Slurm start or steering), predicted SM
-    activity alone (fraction; used where the profile has none measured), Slurm job id (None: unknown) and
-    ``end_ts`` (Unix s) once it left the GPU (None: still there). A job that left is replayed as load until
-    then (``predicted_ends``) and never counts at a new job's start (``load_at_start``).
-    """
-
-    profile: Profile
-    start_ts: float
-    predicted: float = 0.5
-    job_id: Optional[int] = None
-    end_ts: Optional[float] = None
-    uid: Optional[int] = None
-
-    @property
-    def smact(self) -> float:
-        """Measured SM activity alone, else the predicted one."""
-        return self.profile.smact if self.profile.smact is not None else self.predicted
 
 
 def slowdown(load: float, capacity: float) -> float:
@@ -74,14 +38,10 @@ def slowdown(load: float, capacity: float) -> float:
 
 
 def predicted_ends(tenants: Sequence[Tenant], capacity: float) -> List[Optional[float]]:
-    """Each tenant's predicted end (Unix s; None: run time not known, never ends in the model).
-
-    Plays the sharing model forward: tenant k computes from ``start_ts + startup_s`` for ``work_s`` alone, and
-    while L = the summed ``smact`` of the tenants computing exceeds ``capacity`` each progresses at ``capacity
-    / L``. A tenant that left (``end_ts``) is load until then and ends then, so the others' past progress is
-    replayed with the company they had (``track_departures``); ``load_at_start`` keeps counting a tenant past
-    its predicted end. O(n^2).
-    """
+    """Each tenant's predicted end (Unix s; None: run time not known), the model played forward: tenant k
+    computes from ``start_ts + startup_s`` for ``work_s`` alone, at ``capacity / L`` while the summed
+    ``smact`` L of those computing exceeds ``capacity``; one that left (``end_ts``) is load until then.
+    O(n^2)."""
     begin = [t.start_ts + (t.profile.startup_s or 0.0) for t in tenants]
     left = [t.profile.work_s if t.end_ts is None else None for t in tenants]
     ends: List[Optional[float]] = [t.end_ts for t in tenants]
@@ -113,11 +73,8 @@ forgotten, so the replay of a very long tenant's past can again run ahead."""
 
 def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[Key, Sequence[Tenant]],
                      departed: Mapping[Key, Sequence[Tenant]], now: float) -> Dict[Key, List[Tenant]]:
-    """Per GPU with a present tenant, the tenants that left it (``end_ts`` set), for ``predicted_ends``.
-
-    Those of ``departed`` plus those of ``previous`` (by ``job_id``) missing from ``current``, with ``end_ts``
-    = ``now`` (Unix s), filtered by ``kept_departures``.
-    """
+    """Per GPU with a present tenant, the tenants that left it: ``departed``'s plus ``previous``' (by
+    ``job_id``) missing from ``current`` (``end_ts`` = ``now``, Unix s), as ``kept_departures`` keeps them."""
     out: Dict[Key, List[Tenant]] = {}
     for key, present in current.items():
         if not present:
@@ -132,10 +89,8 @@ def track_departures(previous: Mapping[Key, Sequence[Tenant]], current: Mapping[
 
 
 def kept_departures(present: Sequence[Tenant], departed: Sequence[Tenant]) -> List[Tenant]:
-    """Of ``departed``, those that left after the earliest of ``present`` began computing (they still shape
-    its replay), at most the ``DEPARTED_KEPT`` that left last, oldest departure first; none when nobody is
-    present.
-    """
+    """Of ``departed``, those that left after the earliest of ``present`` began computing (they shape its
+    replay), the last ``DEPARTED_KEPT``, oldest departure first."""
     if not present:
         return []
     since = min(t.start_ts + (t.profile.startup_s or 0.0) for t in present)
@@ -153,13 +108,9 @@ slowdown peaked at 2.2-2.9 without it and at 1.9-2.0 with 0.1, for 2-8 % more ma
 
 
 def load_at_start(tenants: Sequence[Tenant], capacity: float, now: float, startup_s: float) -> float:
-    """Summed SM activity alone (fraction, may exceed 1) of the tenants still computing when a job placed
-    ``now`` (Unix s) with ``startup_s`` (s) of start-up begins.
-
-    A tenant predicted to end in ``(now, now + startup_s]`` with ``END_SLACK`` x its work alone to spare is
-    left out; one past its predicted end (it overran) or of unknown run time counts; one that has left
-    (``end_ts``) is only replayed.
-    """
+    """Summed SM activity alone (may exceed 1) of the tenants still computing when a job placed ``now`` (Unix
+    s) begins after ``startup_s`` (s): one predicted to end before then with ``END_SLACK`` x its work alone to
+    spare, or that has left, is not counted; one that overran or of unknown run time is."""
     total = 0.0
     for t, end in zip(tenants, predicted_ends(tenants, capacity)):
         if t.end_ts is not None:
@@ -176,31 +127,38 @@ def bounded_slowdown(tenants: Sequence[Tenant], capacity: float, smact: float, n
     return slowdown(load_at_start(tenants, capacity, now, startup_s) + smact, capacity)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One GPU as ``choose_gpu_bounded`` judges it (``key`` None: not qualified; ``why``: why not)."""
+
+    key: Optional[Tuple]
+    basis: str
+    predicted: Optional[Activity]
+    why: str
+
+
 def _judge(g: GpuState, ts: Sequence[Tenant], job: Profile, demand: Activity, capacity: float,
-           max_slowdown: float, now: float) -> Tuple[Optional[Tuple], str, Optional[Activity], str]:
-    """One GPU for ``choose_gpu_bounded``: (sort key or None when it does not qualify, basis, predicted
-    load, detail or the reason it does not qualify)."""
+           max_slowdown: float, now: float) -> Judged:
     measured = job.smact is not None
     smact = job.smact if job.smact is not None else demand.smact
     load = load_at_start(ts, capacity, now, job.startup_s or 0.0) + smact
     pred = slowdown(load, capacity)
     if g.tenants == 0 and g.shards_used == 0:
-        return (0, pred, 0, -g.shards_free, g.node,
-                g.index), "empty-gpu", Activity(smact), f"slowdown {pred:.2f}"
+        return Judged((0, pred, 0, -g.shards_free, g.node, g.index), "empty-gpu", Activity(smact),
+                      f"slowdown {pred:.2f}")
     if pred > max_slowdown:  # measured or predicted, live sampler or silent: never past the bound
         why = "" if measured else " (predicted activity)"
-        return None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}"
+        return Judged(None, "", None, f"{g.node}/gpu{g.index} slowdown {pred:.2f} > {max_slowdown:g}{why}")
     basis = "slowdown-model" if measured else "slowdown-predicted"
-    return ((0 if measured else 1, pred, g.tenants, -g.shards_free, g.node, g.index), basis,
-            Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
+    return Judged((0 if measured else 1, pred, g.tenants, -g.shards_free, g.node, g.index), basis,
+                  Activity(min(load, 9.99)), f"slowdown {pred:.2f}")
 
 
 def between_users(ts: Sequence[Tenant], job: Profile, uid: Optional[int],
                   floor: float) -> Tuple[List[Tenant], Profile]:
     """``ts`` and ``job`` as counted for user ``uid``: a learned activity (``Profile.learned``) is trusted for
-    its own user only, so across users it counts at least ``floor`` (the candidate's when another user's job
-    is on the GPU; another user's tenant's always); a learned light user moves only their own jobs.
-    """
+    its own user only, so across users it counts at least ``floor`` (the candidate's beside another user's
+    job; another user's tenant's always)."""
     others = any(t.uid != uid and t.end_ts is None for t in ts)
 
     def floored(p: Profile) -> Profile:
@@ -214,69 +172,59 @@ def choose_gpu_bounded(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tena
                        demand: Activity, capacity: Union[float, Callable[[str], float]],
                        max_slowdown: float, now: float, uid: Optional[int] = None,
                        floor: float = 0.0) -> Decision:
-    """Pick a GPU for a job under the slowdown bound, by the sharing model alone.
-
-    Per GPU with ``shards`` free: no tenant qualifies (``empty-gpu``); otherwise the job's SM activity alone
-    (measured, else ``demand.smact``, floored by the caller) plus ``load_at_start`` must keep ``slowdown <=
-    max_slowdown``. The live sampler state plays no part: a silent sampler never lets a GPU pack past the
-    bound, and a live SMACT 1.00 never serialises small jobs the model says still gain. Order: measured and
-    empty GPUs before predicted ones, then lowest predicted slowdown, fewest tenants, most free shards, node,
-    index. ``job`` and ``capacity`` may be functions of the GPU's model name (``history.profile``,
-    ``intensity.Calibration.capacity_for``). ``predicted``'s SMACT is the GPU's load with the job.
-
-    Raises:
-        ValueError: shards < 1, len(tenants) != len(gpus), capacity <= 0 or max_slowdown < 1.
-    """
+    """A GPU for a job under the slowdown bound, by the sharing model alone: among GPUs with ``shards`` free,
+    an empty one qualifies, another if the job's SM activity alone (measured, else ``demand.smact``, floored
+    by the caller) plus ``load_at_start`` keeps ``slowdown <= max_slowdown``. Live sampler state plays no part
+    (a silent sampler never packs past the bound; a live SMACT 1.00 never serialises jobs the model says still
+    gain). Order: measured and empty GPUs first, then lowest predicted slowdown, fewest tenants, most free
+    shards, node, index. ``job`` and ``capacity`` may be functions of the GPU's model name. ValueError: shards
+    < 1, len(tenants) != len(gpus), capacity <= 0 or max_slowdown < 1."""
     cap_of = capacity if callable(capacity) else (lambda _model, c=float(capacity): c)
     if shards < 1 or len(tenants) != len(gpus) or max_slowdown < 1 or any(cap_of(g.model) <= 0 for g in gpus):
         raise ValueError("choose_gpu_bounded: need shards >= 1, one tenant list per GPU, capacity > 0, "
                          "bound >= 1")
-    options: List[Tuple[Tuple, GpuState, str, Optional[Activity], str]] = []
+    options: List[Tuple[Judged, GpuState]] = []
     blocked: List[str] = []
     for g, ts in zip(gpus, tenants):
         if g.shards_free < shards:
             continue
         ts_u, prof = between_users(ts, job(g.model) if callable(job) else job, uid, floor)
-        key, basis, predicted, why = _judge(g, ts_u, prof, demand, cap_of(g.model), max_slowdown, now)
-        if key is None:
-            blocked.append(why)
+        judged = _judge(g, ts_u, prof, demand, cap_of(g.model), max_slowdown, now)
+        if judged.key is None:
+            blocked.append(judged.why)
         else:
-            options.append((key, g, basis, predicted, why))
+            options.append((judged, g))
     if not options:
         if not any(g.shards_free >= shards for g in gpus):
             return no_room(gpus, shards)
         return Decision(None, None, "every GPU with room is at its bound: " + "; ".join(blocked[:4]),
                         hold=Hold.AT_BOUND)
-    options.sort(key=lambda o: o[0])
-    _, best, basis, predicted, why = options[0]
-    detail = f", {why}" if why and why != basis else ""
-    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({basis}{detail})", basis, predicted)
+    options.sort(key=lambda o: o[0].key or ())
+    j, best = options[0]
+    detail = f", {j.why}" if j.why and j.why != j.basis else ""
+    return Decision(best.node, best.index, f"{best.node}/gpu{best.index} ({j.basis}{detail})", j.basis,
+                    j.predicted)
 
 
 def within_bound(gpus: Sequence[GpuState], tenants: Sequence[Sequence[Tenant]],
                  capacity: Callable[[str], float], smact: float, max_slowdown: float,
                  now: float) -> List[GpuState]:
-    """The GPUs (in order) where a job counted at SM activity alone ``smact`` (the calibration's ``unknown``)
-    keeps the bound: no tenant measured alone, or ``bounded_slowdown`` (no start-up credit) <=
-    ``max_slowdown``. Memory-only placement picks among these, so a job without data never pushes measured
-    tenants past the bound.
-    """
+    """The GPUs (in order) where a job counted at SM activity alone ``smact`` keeps the bound
+    (``bounded_slowdown`` without start-up credit), among which memory-only placement picks, so a job without
+    data never pushes measured tenants past it."""
     return [g for g, ts in zip(gpus, tenants)
             if bounded_slowdown(ts, capacity(g.model), smact, now, 0.0) <= max_slowdown]
 
 
 def gpu_work(job: Profile) -> Optional[float]:
-    """``smact * work_s`` (SM-activity-seconds), None when either is unknown. A GPU delivers a fixed capacity
-    of these per second, so smallest first is Smith's shortest-processing-time rule on it.
-    """
+    """``smact * work_s`` (SM-activity-seconds; None when unknown): smallest first is Smith's
+    shortest-processing-time rule on a GPU of fixed capacity."""
     return job.smact * job.work_s if job.smact is not None and job.work_s is not None else None
 
 
 def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age_s: float) -> List[int]:
-    """Held job ids in the order a round offers them a GPU: jobs waiting over ``age_s`` first by submit time
-    (the daemon passes half of ``placement_max_wait_s``), then least ``gpu_work`` (SJF on the shared
-    resource), submit time, job id. Unknown work counts as the known median.
-    """
+    """Held job ids in the order a round offers them a GPU: those waiting over ``age_s`` (s) first by submit
+    time, then least ``gpu_work`` (SJF; unknown work counts as the known median), submit time, job id."""
     work = {i: gpu_work(p) for i, _, p in jobs}
     known = sorted(w for w in work.values() if w is not None)
     median = known[len(known) // 2] if known else 0.0
@@ -284,3 +232,28 @@ def order_candidates(jobs: Sequence[Tuple[int, float, Profile]], now: float, age
     rest = (sorted((w if (w := work[i]) is not None else median, ts, i) for i, ts, _ in jobs
                    if now - ts <= age_s))
     return [i for _, i in aged] + [i for _, _, i in rest]
+
+
+class ThroughputPolicy(Policy):
+    """The slowdown bound; a job without signature and FLOPs goes by memory among the GPUs a job of unknown
+    activity leaves within it."""
+
+    name = "throughput"
+    sharing_model = True
+
+    def decide(self, ev: Evidence) -> Decision:
+        lim = ev.limits
+        if not ev.has_data:
+            room = within_bound(ev.gpus, ev.tenants, lim.capacity, lim.floor, lim.max_slowdown, ev.now)
+            d = memory_only(room, ev.shards)
+            # room, but not within the bound
+            if not d.placed and any(g.shards_free >= ev.shards for g in ev.gpus):
+                return Decision(None, None, f"every GPU with {ev.shards} free shards is at its bound for a "
+                                            f"job of unknown activity (SMACT {lim.floor:.2f})",
+                                hold=Hold.UNKNOWN_AT_BOUND)
+            return d
+        return choose_gpu_bounded(ev.gpus, ev.tenants, ev.shards, ev.profile, ev.counted, lim.capacity,
+                                  lim.max_slowdown, ev.now, ev.uid, lim.floor)
+
+
+THROUGHPUT = ThroughputPolicy()

@@ -1,4 +1,5 @@
-"""Replay outcome from Slurm's job records and the sampler's GPU samples (pure).
+"""Replay outcome from Slurm's job records and the sampler's GPU samples; pure but for ``sm_activity*``,
+which read the samples of the replay's nodes from the node databases under ``cfg.state_dir``.
 
 Definitions: makespan = last end - first submit (s); job completion time (JCT) of a task = end of its last run
 (an OOM rerun included) - its submit time; a task is lost when no run of it COMPLETED; mean SM activity = mean
@@ -10,17 +11,22 @@ completed tasks; slowdown of a task = its JCT / its time alone (the trace's scal
 
 from __future__ import annotations
 
+import logging
+import re
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurm_coloc.comment import retry_tag_of
+from slurm_coloc.config import Config
+from slurm_coloc.slurm.parse import expand_hostlist
+
+log = logging.getLogger("slurm_coloc.replay")
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``,
-    ``retry_of``."""
+    """One Slurm job of the replay: ``task`` index, times in Unix s (0 = unset), final ``state``."""
 
     job_id: int
     task: int
@@ -86,20 +92,45 @@ def mean_smact(samples: Sequence[Mapping[str, Any]]) -> Optional[float]:
 
 
 def mean_smact_per_gpu(samples: Sequence[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
-    """``node:gpu_index`` -> mean ``smact_pct`` (%; None without SM activity), sorted; idle samples count, so
-    an idle GPU shows ~0.
-    """
+    """``node:gpu_index`` -> mean ``smact_pct`` (%; None without SM activity), sorted; idle GPUs show ~0."""
     by: Dict[str, List[Mapping[str, Any]]] = {}
     for s in samples:
         by.setdefault(f"{s.get('node', '')}:{s.get('gpu_index')}", []).append(s)
     return {k: mean_smact(v) for k, v in sorted(by.items())}
 
 
+def parse_index_nodes(nodes: str) -> List[str]:
+    """``n[1-2]`` / ``n1,n2`` -> node names; SlurmError: not a valid host list."""
+    return expand_hostlist(nodes)
+
+
+def sm_activity_per_gpu(cfg: Config, records: Sequence[object], t0: float,
+                        t1: float) -> Tuple[Optional[float], Dict[str, Optional[float]]]:
+    """(mean GPM SM activity %, ``mean_smact_per_gpu``) over [t0, t1] (Unix s) of ``records``' nodes' GPUs;
+    None without samples. SlurmError: a bad host list."""
+    from slurm_coloc.store.db import open_readonly
+    from slurm_coloc.store.samples import load_gpu_samples
+
+    nodes = sorted({n for r in records for n in parse_index_nodes(getattr(r, "nodes", ""))})
+    samples: List[dict] = []
+    for node in nodes:
+        try:
+            db = open_readonly(cfg.node_db_path(node))
+            samples += [{**row, "node": node} for row in load_gpu_samples(db, t0, t1, list(range(64)))]
+        except Exception as exc:  # unreadable db: metric NULL
+            log.info("no samples for %s: %s", node, exc)
+    return mean_smact(samples), mean_smact_per_gpu(samples)
+
+
+def sm_activity(cfg: Config, records: Sequence[object], t0: float, t1: float) -> Optional[float]:
+    """The mean of ``sm_activity_per_gpu``."""
+    return sm_activity_per_gpu(cfg, records, t0, t1)[0]
+
+
 def energy_growth_j(
     start: Mapping[int, Optional[float]], end: Mapping[int, Optional[float]]
 ) -> Optional[float]:
-    """Sum over GPUs of ``end - start`` energy counters (J); None: no GPU, differing GPUs, or a missing
-    reading.
+    """Sum over GPUs of ``end - start`` energy counters (J); None: no GPU, differing GPUs, a missing reading.
     """
     if not start or set(start) != set(end):
         return None

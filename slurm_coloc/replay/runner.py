@@ -1,14 +1,12 @@
 """Submit a replay's tasks through coloc-sbatch at their scaled times and wait for them (and OOM reruns).
 
-Policies: ``exclusive`` submits every task with ``--exclusive-gpu`` (one job per GPU at a time); ``blind``
-(also called ``coloc``) with ``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS, as a user who knows
-the peak from an earlier run would; Slurm packs by memory only); ``gate`` (also called ``aware``) and
-``throughput`` submit the same plan held and without GRES (``placement.submit.placer_argv`` on ``coloc-sbatch
---dry-run``'s command) for a running ``coloc-placer`` to steer. ``context_mib`` (default 1024) covers what the
-catalog's A100 peaks lack here: the CUDA context of a torch process (612 MiB on the H100, CUDA 13:
-docs/facts.md §12) and library workspaces; without it an H100 replay fenced sub-GiB tasks at 1 GiB and 4 of 8
-died of OOM at ~1,010 MiB (docs/benchmarks.md). Slurm commands go through ``slurm_coloc.slurm``, GPU energy
-through ``slurm_coloc.nvml``; SM activity from the sampler's per-node databases (``replay/activity.py``).
+Modes: ``exclusive`` submits every task with ``--exclusive-gpu``; ``blind`` (alias ``coloc``) with
+``--coloc-mem <catalog peak + context_mib>M`` (shards + MPS; Slurm packs by memory only); ``gate`` (alias
+``aware``) and ``throughput`` submit the same plan held and without GRES (``placement.heartbeat.placer_argv``
+on ``coloc-sbatch --dry-run``'s command) for a running ``coloc-placer``. ``context_mib`` (default 1024) covers
+what the catalog's A100 peaks lack: a torch process's CUDA context (612 MiB on the H100, CUDA 13:
+docs/facts.md §12) and library workspaces (without it, 4 of 8 sub-GiB tasks of an H100 replay died of OOM,
+docs/benchmarks.md). SM activity: ``metrics.sm_activity_per_gpu``.
 """
 
 from __future__ import annotations
@@ -27,12 +25,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.placement import policies
-from slurm_coloc.replay.activity import sm_activity_per_gpu
 from slurm_coloc.replay.metrics import (
     ReplayMetrics,
     RunRecord,
     energy_growth_j,
     runs_from_records,
+    sm_activity_per_gpu,
     summarize,
 )
 from slurm_coloc.replay.trace import Task
@@ -81,14 +79,9 @@ def sbatch_argv(
     extra: Sequence[str] = (),
     context_mib: int = DEFAULT_CONTEXT_MIB,
 ) -> List[str]:
-    """coloc-sbatch arguments (after the program name) for ``task`` in ``mode``.
-
-    Coloc modes ask ``--coloc-mem=<mem_mib + context_mib>M`` (MiB; ``mem_mib`` the catalog peak, 0 unknown); a
-    task of unknown memory gets a whole GPU. ``extra`` goes before the script.
-
-    Raises:
-        ColocError: unknown mode or a negative ``context_mib``.
-    """
+    """coloc-sbatch arguments (after the program name) for ``task`` in ``mode``: coloc modes ask
+    ``--coloc-mem=<mem_mib + context_mib>M`` (MiB), a task of unknown memory (0) a whole GPU; ``extra`` before
+    the script. ColocError: unknown mode or negative ``context_mib``."""
     if mode not in modes():
         raise ColocError(f"unknown replay mode {mode!r} (use {' or '.join(modes())})")
     if context_mib < 0:
@@ -138,15 +131,10 @@ def open_energy_reader() -> Optional[object]:
 
 
 def task_script(job_script: str, task: Task, out_dir: str) -> str:
-    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755; the same file in
-    every pass) with a comment line naming its workload and steps after the first line.
-
-    So each task has its own script SHA-256, hence its own job signature: coloc-placer's history of a task
-    (its exclusive run) steers that task only, as the placement benchmark's one script per job does.
-
-    Raises:
-        OSError: ``job_script`` unreadable or ``out_dir`` not writable.
-    """
+    """A copy of ``job_script`` for one task (``<out_dir>/replay-task-<digest>.sh``, 0755, the same in every
+    pass) with a comment line naming its workload and steps, so each task has its own SHA-256 and job
+    signature: coloc-placer's history of a task steers that task only. OSError: unreadable script or
+    unwritable ``out_dir``."""
     text = Path(job_script).read_text()
     head, _, rest = text.partition("\n")
     body = f"{head}\n# coloc-replay task: {task.workload} --steps {task.steps}\n{rest}"
@@ -162,9 +150,8 @@ def task_script(job_script: str, task: Task, out_dir: str) -> str:
 def _submit_all(tasks: Sequence[Task], mode: str, cfg: Config, job_script: str, out_dir: str,
                 extra_sbatch: Sequence[str], clock: Callable[[], float], context_mib: int,
                 env: Dict[str, str], t_start: float, gpu_of: Dict[int, str]) -> Dict[int, int]:
-    """Submit each task at its ``submit_s`` offset from ``t_start``; task index -> job id. Raises ColocError
-    when a submission fails, after cancelling the jobs already submitted.
-    """
+    """Submit each task at its ``submit_s`` offset from ``t_start``; task index -> job id. ColocError: a
+    submission failed (those already submitted are cancelled)."""
     job_of_task: Dict[int, int] = {}
     for task in sorted(tasks, key=lambda t: t.submit_s):
         delay = t_start + task.submit_s - clock()
@@ -199,18 +186,12 @@ def run_replay(
     clock: Callable[[], float] = time.time,
     context_mib: int = DEFAULT_CONTEXT_MIB,
 ) -> ReplayRun:
-    """Submit ``tasks`` at ``submit_s`` offsets (each with its own ``task_script``), wait for them (and OOM
-    reruns) until ``deadline_s`` (s) after the first submission, cancel what is left, and measure; each job's
-    GPU (``node:index``) is noted while it runs.
-
-    ``mode``: one of ``modes()``; ``aware`` and the policies are held for a running coloc-placer of that
-    policy. ``job_script`` runs as ``<script> <workload> --steps N --tag T``; ``poll_s`` (s) between queue
-    polls; ``context_mib`` (MiB) added to each catalog peak in the coloc modes. The ``ReplayRun``'s problems
-    include a placer missing or of another policy and a deadline reached.
-
-    Raises:
-        ColocError: a submission failed (the jobs already submitted are cancelled first).
-    """
+    """Submit ``tasks`` at ``submit_s`` offsets (each with its own ``task_script``), wait for them and OOM
+    reruns until ``deadline_s`` (s) after the first, cancel what is left, and measure, noting each job's GPU.
+    ``mode``: one of ``modes()``; ``job_script`` runs as ``<script> <workload> --steps N --tag T``; ``poll_s``
+    (s); ``context_mib`` (MiB) added to each catalog peak. Problems include a placer missing or of another
+    policy and a deadline reached. ColocError: a submission failed (those already submitted are cancelled
+    first)."""
     env = dict(os.environ)
     reader = open_energy_reader()
     e0 = _energy(reader)
@@ -234,8 +215,7 @@ def run_replay(
 
 
 def note_gpus(records: Sequence[JobInfo], gpu_of: Dict[int, str]) -> None:
-    """Note in ``gpu_of`` (job id -> ``node:index``) the first GPU each running job holds (``gres_detail``); a
-    job already noted keeps its first GPU.
+    """Note in ``gpu_of`` (job id -> ``node:index``) the first GPU each running job holds (``gres_detail``).
     """
     from slurm_coloc.slurm.placement import gpu_holdings
 
@@ -263,9 +243,8 @@ def _placer_problems(mode: str, cfg: Config) -> List[str]:
 def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start: float, deadline_s: float,
           poll_s: float, clock: Callable[[], float], problems: List[str],
           gpu_of: Dict[int, str]) -> List[JobInfo]:
-    """Poll Slurm until every replay job (OOM reruns included) is final, or cancel what is left at the
-    deadline (a problem line); notes each job's GPU in ``gpu_of``. Returns the last records.
-    """
+    """Poll until every replay job (OOM reruns included) is final, or cancel the rest at the deadline (a
+    problem line), noting GPUs in ``gpu_of``; the last records."""
     task_of_job = {j: t for t, j in job_of_task.items()}
 
     def ours() -> List[JobInfo]:
@@ -290,13 +269,9 @@ def _wait(cfg: Config, job_of_task: Dict[int, int], env: Dict[str, str], t_start
 def submit_for_placer(argv: Sequence[str], cfg: Config,
                       env: Dict[str, str]) -> "subprocess.CompletedProcess[str]":
     """Plan with ``coloc-sbatch --dry-run``, then submit the plan held without GRES for coloc-placer (a
-    whole-GPU plan as planned). Returns sbatch's completed process (stdout: the job id with ``--parsable``).
-
-    Raises:
-        ColocError: the dry run failed or printed no sbatch command.
-        SlurmError: sbatch missing or timed out (its own refusal comes back as the process).
-    """
-    from slurm_coloc.placement.submit import placer_argv
+    whole-GPU plan as planned); sbatch's completed process. ColocError: the dry run failed or printed no
+    sbatch command; SlurmError: sbatch missing or timed out."""
+    from slurm_coloc.placement.heartbeat import placer_argv
 
     dry = subprocess.run([coloc_sbatch_path(), "--dry-run", *argv], capture_output=True, text=True, env=env,
                          timeout=120)

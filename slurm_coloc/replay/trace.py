@@ -68,17 +68,12 @@ RATES_SAMPLES_PER_S: Dict[Tuple[str, str], float] = {
 
 @dataclass(frozen=True)
 class Task:
-    """One trace task as a runnable job.
-
-    Attributes:
-        index: task_index in the trace; rad: its .rad file; submit_s: scaled submit offset (s).
-        workload: the ``workloads.py`` argument (``small_cnn`` or ``tv:<model>:<CxHxW>:<batch>:<classes>``).
-        batch: samples per step; steps: training steps of the scaled work.
-        mem_mib: memory request (catalog measured peak; None: unknown -> whole GPU).
-        ref_s: reference exclusive runtime (s, unscaled); work_s: ref_s x work_scale.
-        num_gpus: GPUs in the catalog (the replay runs every task on one GPU).
-        note: how the task was mapped when not one to one.
-    """
+    """One trace task as a runnable job: ``index`` in the trace, its ``.rad``, ``submit_s`` (scaled, s);
+    ``workload``: the ``workloads.py`` argument (``small_cnn`` or ``tv:<model>:<CxHxW>:<batch>:<classes>``);
+    ``batch`` samples per step, ``steps`` of the scaled work; ``mem_mib``: the catalog's measured peak (None:
+    unknown -> whole GPU); ``ref_s``: reference exclusive runtime (s, unscaled), ``work_s`` = ref_s x
+    work_scale; ``num_gpus`` in the catalog (the replay uses one); ``note``: how it was mapped when not one to
+    one."""
 
     index: int
     rad: str
@@ -110,11 +105,8 @@ def _require(rows: List[Dict[str, str]], path: Path, cols: Tuple[str, ...]) -> N
 
 
 def load_trace(path: Path) -> List[Tuple[int, float, str]]:
-    """``(task_index, submit_time_s from the trace's origin, task_rad)`` rows in file order.
-
-    Raises:
-        ColocError: unreadable file, missing column or a non-numeric time.
-    """
+    """``(task_index, submit_time_s from the trace's origin, task_rad)`` rows in file order. ColocError:
+    unreadable file, missing column, non-numeric time."""
     rows = _read_csv(path)
     _require(rows, path, ("task_index", "submit_time_s", "task_rad"))
     try:
@@ -124,11 +116,8 @@ def load_trace(path: Path) -> List[Tuple[int, float, str]]:
 
 
 def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
-    """``.rad`` file name -> its catalog row (column -> text; ``measured_peak_mem_MB`` in MB, read as MiB).
-
-    Raises:
-        ColocError: unreadable file, no rows or a missing column.
-    """
+    """``.rad`` file name -> its catalog row (``measured_peak_mem_MB`` in MB, read as MiB). ColocError:
+    unreadable file, no rows, missing column."""
     rows = _read_csv(path)
     _require(
         rows,
@@ -139,12 +128,8 @@ def load_catalog(path: Path) -> Dict[str, Dict[str, str]]:
 
 
 def load_runtimes(path: Path) -> Dict[Tuple[str, Optional[int]], float]:
-    """``(script stem, batch size or None)`` -> one epoch's exclusive time (s); rows with a non-numeric time
-    are skipped.
-
-    Raises:
-        ColocError: unreadable file, no rows or a missing column.
-    """
+    """``(script stem, batch size or None)`` -> one epoch's exclusive time (s), rows without a numeric time
+    skipped. ColocError: unreadable file, no rows, missing column."""
     rows = _read_csv(path)
     _require(rows, path, ("Script", "Run folder", "Execution time(s)"))
     out: Dict[Tuple[str, Optional[int]], float] = {}
@@ -180,12 +165,9 @@ def map_task(
     work_scale: float,
     min_steps: int = 20,
 ) -> Task:
-    """One trace row -> Task (module docstring has the rules); ``submit_s`` in s from the first task,
-    unscaled. A script missing from ``runtimes`` costs ``DEFAULT_REF_S``, noted in ``Task.note``.
-
-    Raises:
-        ColocError: the .rad is not in the catalog.
-    """
+    """One trace row -> Task (rules: module docstring); ``submit_s`` unscaled from the first task; a script
+    missing from ``runtimes`` costs ``DEFAULT_REF_S`` (``Task.note``). ColocError: the .rad is not in the
+    catalog."""
     row = catalog.get(rad)
     if row is None:
         raise ColocError(f"task {index}: {rad!r} is not in the workload catalog")
@@ -234,13 +216,9 @@ def build_tasks(
     max_tasks: Optional[int] = None,
     first_task: int = 0,
 ) -> List[Task]:
-    """All tasks of ``trace`` (or ``max_tasks`` from the 0-based row ``first_task`` on), submit offsets
-    rebased to the first; ``time_scale`` and ``work_scale`` > 0.
-
-    Raises:
-        ColocError: bad scales, no task selected, any loader's error (unreadable file, missing column, bad
-            number) or any of ``map_task``'s errors.
-    """
+    """All tasks of ``trace`` (or ``max_tasks`` from the 0-based row ``first_task``), submit offsets rebased
+    to the first; ``time_scale``, ``work_scale`` > 0. ColocError: bad scales, no task, a loader's error or
+    ``map_task``'s."""
     if not (time_scale > 0 and work_scale > 0):
         raise ColocError(f"time and work scales must be > 0 (got {time_scale}, {work_scale})")
     rows = load_trace(trace)[first_task:]
