@@ -9,7 +9,7 @@ from typing import Dict
 
 import pytest
 
-from slurm_coloc.hooks.state import INFERRED, SLURM, final_state
+from slurm_coloc.hooks.context import INFERRED, SLURM, final_state
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_job_json, parse_squeue_json
 from slurm_coloc.slurm.jsonfields import exit_pair, job_state, number
 from slurm_coloc.slurm.parse import gres_detail_counts, parse_tres_per_node

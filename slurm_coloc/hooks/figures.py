@@ -1,7 +1,7 @@
 """The job's summary figures for its AdminComment: measured facts only, computed by the node Epilog and stored
 in its node database (``job_figures``).
 
-EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without reading samples itself. The
+EpilogSlurmctld writes them into AdminComment (hooks/ctld.py) without reading samples itself. The
 facts (asked, estimated, reserved, measured: peak memory, utilization, SM activity/occupancy, energy, GPU
 hours, the OOM and the watchdog's reason) are computed with ``report/facts.py`` (``store/`` reads only) from
 the controller's job row (``ctld.db``, shared ``state_dir``) and every node database of its node list,
@@ -138,7 +138,7 @@ def _int(x: Optional[float]) -> Optional[int]:
 def summary_dict(view: Any) -> Dict[str, Any]:
     """The compact AdminComment dict of a job's facts (``JobFacts`` or a ``JobView`` with usage; pure).
 
-    None values left out, floats rounded (keys: hooks/admin_comment.py): MiB (``est_mib``, ``req_mib``,
+    None values left out, floats rounded (keys: hooks/ctld.py): MiB (``est_mib``, ``req_mib``,
     ``peak_mib``), % (``err_pct``, ``util``, ``smact``, ``smocc``), ``kwh``, ``gpu_h``. No waste codes or
     findings.
     """

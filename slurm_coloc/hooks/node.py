@@ -10,8 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import final_state, infer_final_state
+from slurm_coloc.hooks.context import HookContext, final_state, infer_final_state
 from slurm_coloc.node import lifecycle
 from slurm_coloc.slurm import jobs as slurm_jobs
 from slurm_coloc.slurm.run import slurm_env
@@ -79,7 +78,7 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Release the job's share of its GPUs, then record its end here with its final state (hooks/state.py).
+    """Release the job's share of its GPUs, then record its end here with its final state (hooks/context.py).
 
     The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend
     on Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed

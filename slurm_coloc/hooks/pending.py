@@ -1,24 +1,22 @@
-"""Pending hook environments: the ``.env`` entries of the recovery queue (store/queue.py).
+"""A hook run's start-up age and its pending environment: the ``.env`` entries of the recovery queue
+(store/queue.py).
 
 A hook run that ends before it can record (SIGTERMed during start-up, SIGKILLed, crashed) leaves its
 environment, from which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry
-``<dir>/<hook>-<job>-<run>.env`` holds ``NAME=value`` items separated by NUL (the format of ``env -0``): the
-job's ``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's own
+``<dir>/<hook>-<job>-<run>.env`` holds NUL-separated ``NAME=value`` items (``env -0``): the job's
+``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's
 ``COLOC_PENDING_*`` items (``HOOK``; ``RC``: ``startup`` or the shim's rc; ``TS``: wall-clock end;
-``UP0``/``UP1``: ``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``: its
-pid and uptime), so the shim (prolog_epilog/coloc-hook.sh, when the hook exits non-zero) and ``coloc-hook``
-itself (cli/hook.py, when SIGTERMed during start-up) name one run's entry alike. Values are data, never
-evaluated.
+``UP0``/``UP1``: ``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``), so
+the shim (prolog_epilog/coloc-hook.sh) and ``coloc-hook`` (cli/hook.py) name one run's entry alike. Values are
+data, never evaluated. Directory: ``$COLOC_PENDING_DIR``, default ``DEFAULT_DIR``.
 
-Directory: ``$COLOC_PENDING_DIR``, default ``DEFAULT_DIR`` (the shim cannot read the YAML config). Entries of
-several clusters may share it: each names its ``COLOC_CONFIG``.
-
-Light on purpose (os, time and store/queue.py only): ``coloc-hook`` writes entries from its start-up path.
+Light on purpose (os, time and store/queue.py only): ``coloc-hook`` uses it from its start-up path.
 """
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
 from slurm_coloc.store import queue
@@ -85,7 +83,6 @@ def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[fl
             return None
         up1 = _uptime()
         if up0 is None:
-            from slurm_coloc.hooks.startup import process_age_s
             up0 = up1 - process_age_s()
         return (queue.write(pending_dir(env), entry_name(hook, env), encode(hook, env, reason, up0, up1),
                             sync=False))
@@ -141,3 +138,13 @@ def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
     if not 0.0 <= length < MAX_RUN_S:
         length = 0.0
     return ended - length, ended
+
+
+def process_age_s() -> float:
+    """Seconds since exec (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if unknown."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -21,8 +21,7 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.comment import JobComment
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
-from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import infer_final_state
+from slurm_coloc.hooks.context import HookContext, infer_final_state
 from slurm_coloc.store import queue, recordset
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 

@@ -14,7 +14,7 @@ does not write) and logs the run's one ``<hook> done in N ms (TERMINATED ...)`` 
 finish under its own alarm.
 
 The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, encoded within size limits
-and decoded by hooks/answer.py (``encode_result``, ``decode_answer``). docs/reliability.md describes the
+and decoded by hooks/context.py (``encode_result``, ``decode_answer``). docs/reliability.md describes the
 faults this is tested against.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
-from slurm_coloc.hooks.answer import decode_answer, encode_result
-from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.context import HookContext, decode_answer, encode_result
+from slurm_coloc.hooks.pending import process_age_s
 from slurm_coloc.hooks.record import (
     RECORD_BUDGET_S,
     RECORD_BUSY_S,
@@ -44,7 +44,6 @@ from slurm_coloc.hooks.record import (
     record_run,
     target_of,
 )
-from slurm_coloc.hooks.startup import process_age_s
 
 log = logging.getLogger("slurm_coloc.hooks")
 
