@@ -13,7 +13,7 @@ from slurm_coloc.hooks import figures
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from slurm_coloc.store.history import measured_peak_mib, script_history_mib
+from slurm_coloc.store.summaries import measured_peak_mib, script_history_mib
 
 T0 = 1_700_000_000.0
 SHA = "5" * 64

@@ -14,7 +14,7 @@ from slurm_coloc.hooks import oom
 from slurm_coloc.slurm.jobinfo import job_info_from_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
-from slurm_coloc.store.history import job_peak_mem_mib
+from slurm_coloc.store.summaries import job_peak_mem_mib
 from tests.oom_patterns import GRANT_SHARDS, PATTERNS, PERIOD_S, write_pattern
 
 UID = 2001

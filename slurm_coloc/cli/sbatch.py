@@ -48,7 +48,7 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     Raises:
         Never raises ``ColocError`` or ``OSError`` (they mean no history).
     """
-    from slurm_coloc.store.history import script_history_mib as read_history
+    from slurm_coloc.store.summaries import script_history_mib as read_history
 
     try:
         if os.access(cfg.ctld_db_path, os.R_OK):

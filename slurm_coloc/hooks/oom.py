@@ -232,7 +232,7 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> RerunDecision:
     """``rerun_gate`` with its evidence read: watchdog events, sampler coverage, the user's recent reruns."""
-    from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
+    from slurm_coloc.store.summaries import sampler_watched, stopped_by_watchdog
 
     grant = shards_to_mib(job.shards or 0)
     return rerun_gate(
@@ -282,7 +282,7 @@ def _detect(cfg: Config, job: JobInfo, state: str, uid: int, gid: int) -> _Death
     messages, read = _read_output(job, uid, gid)
     peak_mib = None
     if job.shards:  # the sampler's evidence: the job's memory at its fence
-        from slurm_coloc.store.history import job_peak_mem_mib
+        from slurm_coloc.store.summaries import job_peak_mem_mib
 
         peak_mib = job_peak_mem_mib(cfg, job.job_id, job.nodes)
     decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,

@@ -118,11 +118,11 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer,
 
 
 def _history(cfg: Config, request: Mapping[str, Any], uid: int) -> Dict[str, Any]:
-    """``{"ok": true, "history_mib": [...]}``: ``store.history.script_history_mib`` for the request's script
+    """``{"ok": true, "history_mib": [...]}``: ``store.summaries.script_history_mib`` for the request's script
     SHA-256 and the asking process's ``uid`` (the kernel's, never a request field): MiB figures of that user's
     own runs only, no job id, name or user.
     """
-    from slurm_coloc.store.history import script_history_mib
+    from slurm_coloc.store.summaries import script_history_mib
 
     sha = request.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
