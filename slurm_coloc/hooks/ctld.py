@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from sqlite_utils import Database
+
 from slurm_coloc.comment import JobComment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, SlurmError
@@ -78,7 +80,7 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
 
 
 def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
-            oom: Optional[Any]) -> Dict[str, Any]:
+            oom: Optional[store_oom.OomRecord]) -> Dict[str, Any]:
     """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure, never raises).
 
     The node's figures (``figures["summary"]``) with what only the controller knows when its Epilog runs: the
@@ -253,7 +255,7 @@ def _pick(jobs: Sequence[JobInfo], job_id: int) -> JobInfo:
     raise SlurmError(f"slurmctld does not know job {int(job_id)}")
 
 
-def settle(db: Any, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
+def settle(db: Database, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
     """Replace inferred final states by Slurm's own and record OOM reruns' ends, from slurmctld's job list.
 
     A job slurmctld no longer knows keeps its inference. Returns ``{"settled": [job ids], "reruns": [job

@@ -168,7 +168,7 @@ def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Opti
     return None if got is None else {"summary": summary_dict(got)}
 
 
-def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
+def record(cfg: Config, db: Database, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
     """Compute the job's figures and store them in this node's ``db``; the hook log's detail.
 
     ``node_list`` (as Slurm prints it) is read where the controller's row has none yet; "": this node alone.

@@ -8,11 +8,14 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
+from sqlite_utils import Database
+
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext, final_state, infer_final_state
 from slurm_coloc.node import lifecycle
 from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_node_db
@@ -48,7 +51,7 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 GUARD_KEY = "COLOC_PLACE_GUARD"
 
 
-def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, Any]:
+def place_guard(cfg: Config, db: Database, job: JobInfo, ctx: HookContext) -> Dict[str, Any]:
     """No GPU for a coloc-placer job that starts without GRES (released by hand before the placer steered it).
 
     Such a job has ``"place": true`` in its coloc comment (slurmctld's record), no GRES in ``tres_per_node``

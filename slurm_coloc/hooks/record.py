@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from sqlite_utils import Database
+
 from slurm_coloc import config as config_mod
 from slurm_coloc.comment import JobComment
 from slurm_coloc.errors import ColocError
@@ -174,7 +176,7 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
     return target, ops
 
 
-def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: str,
+def replay_queue(target: str, db: Database, directories: Sequence[str], config_path: str,
                  budget_s: float = REPLAY_BUDGET_S, max_entries: int = queue.MAX_REPLAY) -> int:
     """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``); how many were applied.
 

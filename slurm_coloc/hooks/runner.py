@@ -27,6 +27,7 @@ import select
 import signal
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc import config as config_mod
@@ -61,11 +62,11 @@ OUTER_MARGIN_S = 1.0  # kept free under the shim's limit (logging, exit)
 MIN_WORK_S = 5.0  # below this the shim's limit cannot be kept anyway: the child keeps its full hook_timeout_s
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
+def _on_alarm(signum: int, frame: Optional[FrameType]) -> None:
     raise HookTimeout()
 
 
-def _on_term(signum: int, frame: Any) -> None:
+def _on_term(signum: int, frame: Optional[FrameType]) -> None:
     raise HookTerminated(signum)
 
 
@@ -147,7 +148,7 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
         enqueue_ops(cfg, target, ops)
 
 
-def _bounded(fn: Callable[[], Any], seconds: float) -> None:
+def _bounded(fn: Callable[[], object], seconds: float) -> None:
     old = signal.signal(signal.SIGALRM, _on_alarm)
     try:
         signal.setitimer(signal.ITIMER_REAL, seconds)

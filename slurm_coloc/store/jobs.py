@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar, Union
 
 from sqlite_utils import Database
 
@@ -126,7 +126,7 @@ class JobRunRow:
     signal: Optional[int] = None
 
 
-def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
+def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Union[str, Tuple[str, str]]) -> None:
     with db.atomic():  # one transaction
         db.table(table).upsert(row, pk=pk)
 
@@ -232,7 +232,11 @@ def record_hook_run(db: Database, run: HookRun) -> None:
                                 "detail_json": json.dumps(run.detail, sort_keys=True, default=str)})
 
 
-def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args: Any = None) -> Iterator[Any]:
+_Row = TypeVar("_Row", JobRow, JobRunRow)
+
+
+def _rows(db: Database, table: str, cls: Type[_Row], where: Optional[str] = None,
+          args: Optional[List[object]] = None) -> Iterator[_Row]:
     if not db.table(table).exists():
         return iter(())
     names = {f.name for f in fields(cls)}

@@ -35,7 +35,7 @@ class LiveGpu:
     name: str = ""
 
 
-def _frac(v: Any) -> Optional[float]:
+def _frac(v: Optional[float]) -> Optional[float]:
     return None if v is None else max(0.0, min(1.0, float(v) / 100.0))
 
 

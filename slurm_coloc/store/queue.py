@@ -27,7 +27,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from slurm_coloc.atomic import make_dirs, write_atomic
 from slurm_coloc.errors import StoreError
@@ -41,6 +41,7 @@ CLAIM_SUFFIX = ".replaying"
 BAD_SUFFIX = ".bad"
 
 _CLAIM_RE = re.compile(r"^(?P<base>[^/]+?)(?:\.(?P<pid>[0-9]{1,10}))?\.replaying$")
+_Item = TypeVar("_Item")  # what a replayer decodes an entry to
 
 
 class EntryError(ValueError):
@@ -228,8 +229,8 @@ def set_aside(path: str, name: str, why: object) -> None:
         log.error("queue entry %s is unusable (%s) and cannot be set aside: %s", path, why, exc)
 
 
-def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Any],
-           apply: Callable[[Entry, Any], None], keep: Callable[[Exception], bool], budget_s: float,
+def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Optional[_Item]],
+           apply: Callable[[Entry, _Item], None], keep: Callable[[Exception], bool], budget_s: float,
            max_entries: int = MAX_REPLAY) -> int:
     """Apply the entries of ``directories`` (``candidates`` order) and delete them; how many were applied.
 

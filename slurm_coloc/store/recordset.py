@@ -80,7 +80,7 @@ def store_unusable(exc: BaseException) -> bool:
     return type(exc) in (sqlite3.OperationalError, sqlite3.DatabaseError)
 
 
-def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
+def _already(db: Database, op: str, row: Dict[str, Any], once: object) -> bool:
     """Whether an append op with a ``once`` window finds its row already there (module docstring).
 
     Raises:
@@ -98,7 +98,7 @@ def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
     return False
 
 
-def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> None:
+def _apply_op(db: Database, op: str, row: Dict[str, Any], once: object = None) -> None:
     if once is not None and _already(db, op, row, once):
         return
     if op == "hook_run":
