@@ -1,20 +1,11 @@
 """What a hook knows about its job and how the job ended, and the hook child's answer to its parent.
 
-``HookContext``: the hook's environment (docs/facts.md §5) as one dataclass; pure. Values users choose (job
-name, comment) are opaque text: never executed, imported or parsed for fields.
-
-Final state (``final_state``), best first: one a Slurm gives the epilog in ``FINAL_STATE_VARS`` (none of
-22.05, 24.11, 26.05: ``tests/data/slurm-<v>/hook_env/``); slurmctld's record if final (24.11+:
-``job_state[0]`` with ``COMPLETING`` as a flag, ``tests/data/slurm-24.11/epilog_states.txt``); else (22.05:
-every epilog sees ``COMPLETING`` and exit 0 for timeouts and cancels,
-tests/data/slurm-22.05/epilog_states.txt) an inference from exit pair, run time and reason, recorded as
-``inferred`` and settled later (``hooks/ctld.py`` ``settle``). A cancelled job that traps SIGTERM cannot be
-told from one that ended by itself.
-
-The answer (hooks/runner.py's pipe): one JSON object ``{"ok", "detail", "result"}``, always valid and at most
-``MAX_RESULT_BYTES``; a ``detail`` over ``MAX_DETAIL_BYTES`` is cut so the run's record set fits one queue
-entry (docs/reliability.md).
-"""
+``HookContext``: the hook's environment (docs/facts.md §5); pure; user-chosen values (job name, comment) are
+opaque text, never executed or parsed. Final state (``final_state``), best first: one a Slurm gives in
+``FINAL_STATE_VARS`` (none so far: ``tests/data/slurm-<v>/hook_env/``); slurmctld's record if final (24.11+);
+else (22.05: epilogs see ``COMPLETING``, exit 0 for timeouts and cancels: tests/data/slurm-22.05/
+epilog_states.txt) inferred from exit pair, run time and reason, settled later (``hooks/ctld.py`` ``settle``).
+The answer on hooks/runner.py's pipe: JSON ``{"ok", "detail", "result"}``, at most ``MAX_RESULT_BYTES``."""
 from __future__ import annotations
 
 import json
@@ -35,17 +26,10 @@ def _int(value: Optional[str]) -> Optional[int]:
 
 @dataclass(frozen=True)
 class HookContext:
-    """The job as a Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog sees it.
-
-    Attributes:
-        context: ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd``, ``epilog_slurmctld``, ...); empty for
-            TaskProlog.
-        uid / gid: ``SLURM_JOB_UID`` / ``SLURM_JOB_GID`` (every root hook has both).
-        job_name: ``SLURM_JOB_NAME`` (the slurmctld hooks only; empty in the node Prolog/Epilog).
-        gpus: global GPU indices from ``SLURM_JOB_GPUS`` (node hooks only).
-        exit_code / signal: decoded ``SLURM_JOB_EXIT_CODE`` (epilogs only; a timeout shows 0/0: docs/facts.md
-            §5).
-    """
+    """The job as a Prolog/Epilog/PrologSlurmctld/EpilogSlurmctld/TaskProlog sees it. ``context``:
+    ``SLURM_SCRIPT_CONTEXT`` (empty for TaskProlog); ``job_name``: slurmctld hooks only; ``gpus``: global
+    indices of ``SLURM_JOB_GPUS`` (node hooks only); ``exit_code``/``signal``: decoded ``SLURM_JOB_EXIT_CODE``
+    (epilogs only; a timeout shows 0/0: docs/facts.md §5)."""
 
     job_id: Optional[int]
     context: str
@@ -66,11 +50,8 @@ class HookContext:
 
     @property
     def job(self) -> int:
-        """``job_id``, for a hook that needs one.
-
-        Raises:
-            ColocError: the environment named no job (``SLURM_JOB_ID`` missing or not a number).
-        """
+        """``job_id``, for a hook that needs one. Raises ColocError (the environment named no job
+        (``SLURM_JOB_ID`` missing or not a number))."""
         if self.job_id is None:
             raise ColocError("no SLURM_JOB_ID in the hook's environment")
         return self.job_id
@@ -110,18 +91,12 @@ INFERRED = "inferred"  # inferred inside the epilog; a later look-up may replace
 
 
 def is_final(state: str) -> bool:
-    """Whether a state name from the environment (any case, suffix allowed: ``CANCELLED by 1000``) is final.
-
-    ``JobInfo.final`` is the same test on Slurm's record. Pure, never raises.
-    """
+    """Whether a state name (any case, suffix allowed: ``CANCELLED by 1000``) is final; pure."""
     return bool(state) and state.split()[0].upper() in _FINAL
 
 
 def state_from_env(env: Mapping[str, str]) -> Optional[str]:
-    """The upper-case final state (first word) the environment gives (``FINAL_STATE_VARS``); None on 22.05.
-
-    Pure, never raises.
-    """
+    """The upper-case final state the environment gives (``FINAL_STATE_VARS``); None on 22.05. Pure."""
     for name in FINAL_STATE_VARS:
         value = (env.get(name) or "").strip()
         if is_final(value):
@@ -130,12 +105,9 @@ def state_from_env(env: Mapping[str, str]) -> Optional[str]:
 
 
 def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
-    """``(state, source)``: the job's final state and ``SLURM`` or ``INFERRED`` (pure, never raises).
-
-    The hook environment's, else slurmctld's record if final (24.11+ inside the epilogs: module docstring),
-    else ``infer_final_state`` of the record (exit pair, run time, limit, reason; 22.05). ``env`` None: the
-    record alone decides.
-    """
+    """``(state, source)``: the final state and ``SLURM`` or ``INFERRED`` (pure, never raises): the
+    environment's, else the record's if final, else ``infer_final_state`` of the record (22.05). ``env`` None:
+    the record alone."""
     given = state_from_env(env or {})
     if given:
         return given, SLURM
@@ -147,14 +119,12 @@ def final_state(job: JobInfo, env: Optional[Mapping[str, str]] = None) -> Tuple[
 
 def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional[int],
                       run_s: Optional[int], time_limit_s: Optional[int], reason: str = "") -> str:
-    """The job's final state, ``COMPLETING`` resolved.
-
-    ``exit_code``/``signal``: ``ExitCode=<code>:<signal>``; ``run_s``/``time_limit_s`` in s (None: unknown or
-    unlimited). ``Reason=TimeLimit`` is ``TIMEOUT`` whatever the exit; a signal (or a shell's ``128 + signal``
-    exit of SIGHUP, SIGINT, SIGTERM: ``shell_signal``) with the run at its limit is ``TIMEOUT``,
-    SIGHUP/SIGINT/SIGTERM before it ``CANCELLED``, another signal or a non-zero exit ``FAILED``, else
-    ``COMPLETED`` (also at the limit: without a signal the job ended by itself).
-    """
+    """The job's final state, ``COMPLETING`` resolved. ``exit_code``/``signal``: ``ExitCode=<code>:<signal>``;
+    ``run_s``/``time_limit_s`` in s (None: unknown or unlimited). ``Reason=TimeLimit`` is ``TIMEOUT`` whatever
+    the exit; a signal (or a shell's ``128 + signal`` exit of SIGHUP, SIGINT, SIGTERM: ``shell_signal``) with
+    the run at its limit is ``TIMEOUT``, SIGHUP/SIGINT/SIGTERM before it ``CANCELLED``, another signal or a
+    non-zero exit ``FAILED``, else ``COMPLETED`` (also at the limit: without a signal the job ended by
+    itself)."""
     base = (job_state or "").split()[0].upper() if job_state else ""
     if base in _FINAL:
         return base
@@ -175,14 +145,9 @@ def infer_final_state(job_state: str, exit_code: Optional[int], signal: Optional
 
 
 def shell_signal(exit_code: Optional[int]) -> Optional[int]:
-    """The signal a batch shell reports in its exit code: 1, 2, 15 for 129, 130, 143; else None.
-
-    Pure, never raises.
-
-    bash exits ``128 + N`` when its last command was killed by signal N (bash(1), "EXIT STATUS"), as when a
-    time-out or ``scancel`` reaches the shell's child first (``ExitCode=143:0`` rather than ``0:15``). Only
-    the signals a cancel or time-out sends count.
-    """
+    """The signal of a batch shell's exit code: 1, 2, 15 for 129, 130, 143 (bash exits ``128 + N`` when its
+    last command was killed by signal N, bash(1) "EXIT STATUS"; only what a cancel or time-out sends); else
+    None."""
     return exit_code - 128 if exit_code in (129, 130, 143) else None
 
 
@@ -194,12 +159,9 @@ MAX_ITEM_BYTES = 1024  # a detail item kept whole when a detail is cut
 
 
 def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
-    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``.
-
-    Items of at most ``MAX_ITEM_BYTES`` as JSON kept, longer strings cut to their first ``MAX_ITEM_BYTES //
-    2`` characters plus ``" ... [cut]"``, other large items dropped; ``"truncated": {"bytes", "limit",
-    "cut"}`` names them. Only the marker is left when that is still too large.
-    """
+    """``detail`` (``size`` bytes as JSON) cut to fit ``MAX_DETAIL_BYTES``: items up to ``MAX_ITEM_BYTES``
+    kept, longer strings cut to half that plus ``" ... [cut]"``, others dropped, named in ``"truncated"``;
+    only the marker when still too large."""
     kept: Dict[str, Any] = {}
     cut: List[str] = []
     for key, value in detail.items():
@@ -217,12 +179,9 @@ def _cut_detail(detail: Dict[str, Any], size: int) -> Dict[str, Any]:
 
 
 def encode_result(payload: Dict[str, Any]) -> bytes:
-    """The child's answer as UTF-8 JSON, at most ``MAX_RESULT_BYTES``; never raises.
-
-    A ``detail`` over ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still too large (TaskProlog
-    lines) becomes a failure naming its size, its lines dropped. Values JSON cannot encode are written as
-    ``str``.
-    """
+    """The child's answer as UTF-8 JSON, at most ``MAX_RESULT_BYTES``; never raises. A ``detail`` over
+    ``MAX_DETAIL_BYTES`` is cut (``_cut_detail``); an answer still too large (TaskProlog lines) becomes a
+    failure naming its size, its lines dropped. Values JSON cannot encode are written as ``str``."""
     detail = payload.get("detail") or {}
     size = len(json.dumps(detail, default=str))
     if size > MAX_DETAIL_BYTES:
@@ -236,10 +195,7 @@ def encode_result(payload: Dict[str, Any]) -> bytes:
 
 
 def decode_answer(chunks: List[bytes]) -> tuple:
-    """``(ok, detail, result)`` of the pipe's bytes; never raises.
-
-    Missing or broken: ``(False, {"error": ...}, None)``.
-    """
+    """``(ok, detail, result)`` of the pipe's bytes; missing or broken: ``(False, {"error": ...}, None)``."""
     try:
         payload = json.loads(b"".join(chunks).decode())
         return bool(payload["ok"]), dict(payload.get("detail") or {}), payload.get("result")

@@ -1,21 +1,17 @@
 """PrologSlurmctld and EpilogSlurmctld: record what a job asked for, its estimate and how it ended in the
-controller database, and write the job's AdminComment. Run as root by slurmctld; read only Slurm's view of
-the job (never the user's files or code).
-
-Root computes the script's identity (``script_sha256`` of the batch script Slurm stored, ``scontrol write
-batch_script``; with the job's uid it keys the estimator's history) and the final state (hooks/context.py).
-Each controller hook also settles earlier records from the job list it reads anyway (``settle``): inferred
-final states and ends of OOM reruns (a rerun cancelled while pending has no epilog).
-
-AdminComment (the jobstats convention): the figures the node Epilog stored (hooks/figures.py, ``job_figures``)
-completed with the OOM record (else what was asked and estimated, ``measured`` false), as one line of compact
-JSON ``{"coloc":1, ...}`` under ``MAX_CHARS``; keys and units in docs/report.md. Measured facts only: findings
-are ``coloc-report``'s, computed as the user who asks. ``merge_admin_comment`` never drops other tools' text
-(config ``admin_comment``): ``merge`` puts ours after theirs (ours: from ``{"coloc":`` on, replaced each
-write); a ``JS1:`` field is left as it is (jobstats decodes the whole field); ``if-empty`` writes only into an
-empty field or one holding only ours; ``off`` never writes. Two writers at once can still lose one update (no
-lock in Slurm).
-"""
+controller database, and write the job's AdminComment. Run as root by slurmctld; read only Slurm's view of the
+job (never the user's files or code). Root computes the script's identity (``script_sha256`` of the batch
+script Slurm stored, ``scontrol write batch_script``; with the job's uid it keys the estimator's history) and
+the final state (hooks/context.py). Each controller hook also settles earlier records from the job list it
+reads anyway (``settle``): inferred final states and ends of OOM reruns (a rerun cancelled while pending has
+no epilog). AdminComment (the jobstats convention): the figures the node Epilog stored (hooks/figures.py,
+``job_figures``) completed with the OOM record (else what was asked and estimated, ``measured`` false), as one
+line of compact JSON ``{"coloc":1, ...}`` under ``MAX_CHARS``; keys and units in docs/report.md. Measured
+facts only: findings are ``coloc-report``'s, computed as the user who asks. ``merge_admin_comment`` never
+drops other tools' text (config ``admin_comment``): ``merge`` puts ours after theirs (ours: from ``{"coloc":``
+on, replaced each write); a ``JS1:`` field is left as it is (jobstats decodes the whole field); ``if-empty``
+writes only into an empty field or one holding only ours; ``off`` never writes. Two writers at once can still
+lose one update (no lock in Slurm)."""
 from __future__ import annotations
 
 import hashlib
@@ -62,13 +58,9 @@ def _nodes(node_list: str) -> List[str]:
 
 def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str, Any]]:
     """The latest summary figures the node Epilogs stored for the job (hooks/figures.py); None when none yet.
-
     Read from every node database of ``node_list`` (Slurm hostlist; a node without one is skipped); the latest
-    saw the most nodes' summaries.
-
-    Raises:
-        StoreError: a node database that exists but cannot be read (``write_admin_comment`` catches it).
-    """
+    saw the most nodes' summaries. Raises StoreError (a node database that exists but cannot be read
+    (``write_admin_comment`` catches it))."""
     found: List[Tuple[float, Dict[str, Any]]] = []
     for node in _nodes(node_list):
         path = cfg.node_db_path(node)
@@ -81,13 +73,10 @@ def node_figures(cfg: Config, job_id: int, node_list: str) -> Optional[Dict[str,
 
 def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
             oom: Optional[store_oom.OomRecord]) -> Dict[str, Any]:
-    """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure, never raises).
-
-    The node's figures (``figures["summary"]``) with what only the controller knows when its Epilog runs: the
-    OOM and its rerun (``oom``: ``store.oom`` record or None). Without figures: what was asked and estimated
-    (controller ``row``: ``shards_req``, ``estimate_mib``, ``estimate_method``, ``share_mode``) and
-    ``measured`` false.
-    """
+    """The AdminComment dict (MiB), in ``KEYS`` order, None values left out (pure, never raises). The node's
+    figures (``figures["summary"]``) with what only the controller knows when its Epilog runs: the OOM and its
+    rerun (``oom``: ``store.oom`` record or None). Without figures: what was asked and estimated (controller
+    ``row``: ``shards_req``, ``estimate_mib``, ``estimate_method``, ``share_mode``) and ``measured`` false."""
     if figures is not None and isinstance(figures.get("summary"), dict):
         d: Dict[str, Any] = dict(figures["summary"])
     else:
@@ -104,14 +93,8 @@ def compose(row: Mapping[str, Any], figures: Optional[Mapping[str, Any]],
 
 def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
     """The AdminComment text of ``job_id`` (compact JSON, about ``MAX_CHARS`` at most); None: job unknown.
-
-    Waits up to ``wait_s`` seconds for the node Epilog's figures (it runs alongside EpilogSlurmctld), then
-    records what exists; past ``MAX_CHARS`` the watchdog's words are dropped. Reads only the controller's row
-    and OOM record and the figures rows (no report pipeline here).
-
-    Raises:
-        StoreError: a database that cannot be read (``write_admin_comment`` catches it).
-    """
+    Waits up to ``wait_s`` s for the node Epilog's figures, then records what exists; past ``MAX_CHARS`` the
+    watchdog's words are dropped. Raises StoreError (``write_admin_comment`` catches it)."""
     ctld = rq.open_for_report(cfg.ctld_db_path)
     row = rq.load_job_row(ctld, job_id)
     if not row:
@@ -131,11 +114,9 @@ def build(cfg: Config, job_id: int, wait_s: float = 3.0) -> Optional[str]:
 
 
 def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
-    """The AdminComment that keeps every other tool's text in ``existing`` and holds ``ours``.
-
-    Pure, never raises. None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign
-    text); modes as in the module docstring; ``existing`` None counts as "".
-    """
+    """The AdminComment that keeps every other tool's text in ``existing`` and holds ``ours``. Pure, never
+    raises. None: write nothing (``mode`` ``off``, a ``JS1:`` field, or ``if-empty`` with foreign text); modes
+    as in the module docstring; ``existing`` None counts as ""."""
     current = (existing or "").strip()
     at = current.find(OUR_MARK)
     foreign = (current[:at] if at >= 0 else current).rstrip()
@@ -149,18 +130,15 @@ def merge_admin_comment(existing: str, ours: str, mode: str) -> Optional[str]:
 
 
 def write_admin_comment(job: JobInfo, cfg: Config, env: Mapping[str, str]) -> Dict[str, Any]:
-    """Build and store the job's AdminComment; ``{"ok": bool, ...}`` for the hook log.
-
-    ``scontrol update`` first (works while slurmctld counts the job unfinished); on ``Job has already
-    finished`` (22.05 in EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the jobstats way, ``sacct -o
-    AdminComment``). Both name the job as ``job.slurm_ref`` (``<array_job_id>_<array_task_id>`` for an array
-    task, so one task's summary never lands on its siblings). The text is also recorded as an
-    ``admin-comment`` event in the controller database. What is there is kept (``merge_admin_comment``): the
-    field is read from slurmctld (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd.
-    ``hook_timeout_s``/5, at most 3-5 s, bounds each step; scontrol and sacctmgr run with ``env``.
-
-    Never raises (EpilogSlurmctld): every error is returned as ``error``.
-    """
+    """Build and store the job's AdminComment; ``{"ok": bool, ...}`` for the hook log. ``scontrol update``
+    first (works while slurmctld counts the job unfinished); on ``Job has already finished`` (22.05 in
+    EpilogSlurmctld), ``sacctmgr`` into slurmdbd (the jobstats way, ``sacct -o AdminComment``). Both name the
+    job as ``job.slurm_ref`` (``<array_job_id>_<array_task_id>`` for an array task, so one task's summary
+    never lands on its siblings). The text is also recorded as an ``admin-comment`` event in the controller
+    database. What is there is kept (``merge_admin_comment``): the field is read from slurmctld
+    (``job.admin_comment``) and, before ``sacctmgr``, from slurmdbd. ``hook_timeout_s``/5, at most 3-5 s,
+    bounds each step; scontrol and sacctmgr run with ``env``. Never raises (EpilogSlurmctld): every error is
+    returned as ``error``."""
 
     try:
         text = build(cfg, job.job_id, wait_s=min(3.0, cfg.hook_timeout_s / 5))
@@ -207,11 +185,9 @@ MAX_SCRIPT_BYTES = 4 << 20
 
 
 def script_identity(raw: bytes) -> str:
-    """Hex SHA-256 of a batch script as the user wrote it (pure, never raises).
-
-    ``raw`` (what Slurm stored) with coloc-sbatch's rewritten GPU lines restored, so it equals
-    ``submit.directives.ParsedScript.sha256`` of the user's file.
-    """
+    """Hex SHA-256 of a batch script as the user wrote it (pure, never raises). ``raw`` (what Slurm stored)
+    with coloc-sbatch's rewritten GPU lines restored, so it equals ``submit.directives.ParsedScript.sha256``
+    of the user's file."""
     lines = raw.splitlines(keepends=True)
     fixed = [b"#" + ln[len(REWRITE_PREFIX):] if ln.startswith(REWRITE_PREFIX) else ln for ln in lines]
     return hashlib.sha256(b"".join(fixed)).hexdigest()
@@ -219,11 +195,9 @@ def script_identity(raw: bytes) -> str:
 
 def stored_script_sha256(job_id: int, cfg: Config, senv: Dict[str, str]) -> Tuple[Optional[str], str]:
     """``(script_identity, "ok")`` of the batch script slurmctld holds for ``job_id``, or ``(None, why)``.
-
     Written by ``scontrol write batch_script`` into a root-only directory under ``run_dir``, removed at once;
     ``hook_timeout_s``/4 bounds scontrol. None: not a batch job, scontrol failing, a directory that is not
-    private, a script over ``MAX_SCRIPT_BYTES``; never raises ``ColocError`` or ``OSError``.
-    """
+    private, a script over ``MAX_SCRIPT_BYTES``; never raises ``ColocError`` or ``OSError``."""
     work = Path(cfg.run_dir) / "scripts"
     path = work / f"{int(job_id)}.sh"
     try:
@@ -256,11 +230,9 @@ def _pick(jobs: Sequence[JobInfo], job_id: int) -> JobInfo:
 
 
 def settle(db: Database, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
-    """Replace inferred final states by Slurm's own and record OOM reruns' ends, from slurmctld's job list.
-
-    A job slurmctld no longer knows keeps its inference. Returns ``{"settled": [job ids], "reruns": [job
-    ids]}``. Never raises (errors are logged; what was done before the error is kept).
-    """
+    """Replace inferred final states by Slurm's own and record OOM reruns' ends, from slurmctld's job list. A
+    job slurmctld no longer knows keeps its inference. Returns ``{"settled": [job ids], "reruns": [job
+    ids]}``. Never raises (errors are logged; what was done before the error is kept)."""
     by_id = {j.job_id: j for j in jobs}
     out: Dict[str, List[int]] = {"settled": [], "reruns": []}
     try:
@@ -278,38 +250,25 @@ def settle(db: Database, jobs: Sequence[JobInfo]) -> Dict[str, List[int]]:
 
 
 def share_mode_of(tres: Dict[str, int], cfg: Config) -> str:
-    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts.
-
-    Pure, never raises.
-
-    ``tres``: ``{"shard": 8}``; a shard is 1 GiB, ``cfg.gpu_mem_gib`` of them a whole GPU.
-    """
+    """``shard`` / ``whole-gpu`` (all shards of one GPU) / ``gpu`` / ``none`` from a job's GRES counts. Pure,
+    never raises. ``tres``: ``{"shard": 8}``; a shard is 1 GiB, ``cfg.gpu_mem_gib`` of them a whole GPU."""
     if "shard" in tres:
         return "whole-gpu" if tres["shard"] >= cfg.gpu_mem_gib else "shard"
     return "gpu" if "gpu" in tres else "none"
 
 
 def coloc_record(coloc: JobComment) -> Tuple[Optional[str], Optional[str]]:
-    """``(coloc_json, spec_json)`` root records: sorted-key JSON of a validated comment's fields, spec.
-
-    Pure, never raises. None where the comment (an unannotated job) or the spec has no field.
-    """
+    """``(coloc_json, spec_json)`` root records: sorted-key JSON of a validated comment's fields, spec. Pure,
+    never raises. None where the comment (an unannotated job) or the spec has no field."""
     data, spec = coloc.to_json(), coloc.spec.to_json() if coloc.spec is not None else None
     return (json.dumps(data, sort_keys=True) if data else None,
             json.dumps(spec, sort_keys=True) if spec else None)
 
 
 def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job's request and estimate (``jobs`` row); a detail dict for the hook log.
-
-    GRES and submit time come from slurmctld's record (``slurm_jobs.show_job``); name, user, partition and
-    comment from the hook's environment, each one opaque value.
-
-    Raises:
-        SlurmError: slurmctld unreachable or the job unknown.
-        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
-            exits 0.)
-    """
+    """Record the job's request and estimate (``jobs`` row); the hook log's detail. GRES and submit time from
+    slurmctld's record, name, user, partition and comment from the environment (opaque values). Raises
+    SlurmError, StoreError (hooks/runner.py logs every error and exits 0)."""
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
     job = _pick(jobs, ctx.job)
@@ -350,16 +309,8 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
 
 
 def epilog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record how the job ended, settle earlier records, run the OOM step (hooks/oom.py), write AdminComment.
-
-    Returns the hook log's detail: ``state``,
-    ``state_source``, ``exit_code``, ``signal``, the jobs settled, ``oom`` and ``admin_comment``.
-
-    Raises:
-        SlurmError: slurmctld unreachable or the job unknown.
-        StoreError: the controller database unusable. (``hooks/runner.py`` catches every error, logs it and
-            exits 0.)
-    """
+    """Record how the job ended, settle earlier records, run the OOM step (hooks/oom.py), write AdminComment;
+    the hook log's detail. Raises SlurmError, StoreError (hooks/runner.py logs every error and exits 0)."""
     senv = slurm_env(base=env)
     jobs = slurm_jobs.squeue_all(cfg.slurm_bin_dir, senv, timeout_s=cfg.hook_timeout_s / 3)
     job = _pick(jobs, ctx.job)

@@ -1,20 +1,15 @@
 """Recognising a GPU out-of-memory death in EpilogSlurmctld, and rerunning the job once on a whole GPU.
-
 Detection (pure, ``decide_oom``): only a FAILED job (``hooks/context.py`` final state) can be an OOM death:
 when the bounded tail of its expanded stderr (else stdout) carries one of ``OOM_PATTERNS`` (the user's text,
-only matched), or when the sampler saw its memory at its fence.
-
-Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's
-record of the job only (``hooks/rerun.py``). It carries ``oom-retry-of-<id>`` in its comment and an
-``oom_events`` row; it is never retried itself.
-
-Who gets a rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line alone never earns a
-whole GPU where the sampler's records speak against it. A shard job not stopped by the watchdog, within
+only matched), or when the sampler saw its memory at its fence. Recovery (``handle_job_end``): the rerun is a
+NEW job on all shards of one GPU, built by root from Slurm's record of the job only (``hooks/rerun.py``). It
+carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself. Who gets a
+rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line alone never earns a whole GPU
+where the sampler's records speak against it. A shard job not stopped by the watchdog, within
 ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``, whose failed allocation fits a whole
 GPU, and: whose memory the sampler saw reach its grant (peak plus the failed allocation, within
 ``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its message names one failed
-allocation as large as its grant; or which no sampler watched while it ran.
-"""
+allocation as large as its grant; or which no sampler watched while it ran."""
 from __future__ import annotations
 
 import re
@@ -65,10 +60,8 @@ _UNIT_MIB = {"GiB": 1024.0, "MiB": 1.0, "KiB": 1 / 1024, "B": 1 / 2**20}
 
 def find_oom_messages(text: str) -> List[Tuple[str, str]]:
     """Up to ``MAX_MESSAGES`` ``(pattern name, line trimmed to 300 chars)`` of ``text``, the last line first.
-
     ``text``: the job's output tail (user-written: only matched, never interpreted); None or empty has none.
-    Never raises.
-    """
+    Never raises."""
     found: List[Tuple[str, str]] = []
     for line in reversed((text or "").splitlines()):
         for name, rx in OOM_PATTERNS:
@@ -81,10 +74,8 @@ def find_oom_messages(text: str) -> List[Tuple[str, str]]:
 
 
 def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
-    """The largest ``Tried to allocate X`` in the lines, MiB rounded up; 0 without one.
-
-    GiB, MiB, KiB and B are read in binary units. Pure, never raises.
-    """
+    """The largest ``Tried to allocate X`` in the lines, MiB rounded up; 0 without one. GiB, MiB, KiB and B
+    are read in binary units. Pure, never raises."""
     best = 0.0
     for _, line in messages:
         for num, unit in _TRIED_RE.findall(line):
@@ -115,15 +106,11 @@ class RerunDecision:
 
 def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
                peak_mib: Optional[int] = None, fence_mib: Optional[int] = None) -> OomDecision:
-    """Whether a job died of GPU out-of-memory, from all the evidence.
-
-    Args:
-        state: the final state (``hooks/context.py::infer_final_state``): only ``FAILED`` can be OOM.
-        reason: the job's state reason (``NodeDown``, ``launch_failed_requeued_held``... are never OOM).
-        messages: ``find_oom_messages`` of the output tail.
-        peak_mib, fence_mib: the sampler's peak of the job's GPU memory and its fence (MiB), if known; a peak
-            within 2% (at least 64 MiB) of the fence counts as evidence.
-    """
+    """Whether a job died of GPU out-of-memory, from all the evidence. ``state``: the final state
+    (``hooks/context.py::infer_final_state``): only ``FAILED`` can be OOM; ``reason``: the job's state reason
+    (``NodeDown``, ``launch_failed_requeued_held``... are never OOM); ``messages``: ``find_oom_messages`` of
+    the output tail; ``peak_mib, fence_mib``: the sampler's peak of the job's GPU memory and its fence (MiB),
+    if known; a peak within 2% (at least 64 MiB) of the fence counts as evidence."""
     if state != "FAILED":
         return OomDecision(False, f"state {state or 'unknown'}: never treated as OOM")
     if any(reason.startswith(r) for r in _NOT_OOM_REASONS):
@@ -140,16 +127,12 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
                watchdog_stopped: bool, recent_reruns: int, per_user_max: int, window_s: float,
                tolerance_pct: float, gpu_mib: int) -> RerunDecision:
     """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; the rule of docs/oom.md).
-
-    Args:
-        grant_mib: the job's grant (shards * 1024 MiB).
-        peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples of the job.
-        tried_mib: the failed allocation its OOM message names (``tried_to_allocate_mib``), 0 if none.
-        sampler_watched: a sampler recorded GPU samples on its nodes while it ran.
-        recent_reruns: reruns this user got in the last ``window_s`` seconds.
-        per_user_max, window_s, tolerance_pct: the config's ``oom_rerun_*`` keys.
-        gpu_mib: a whole GPU's memory (``gpu_mem_gib`` * 1024), what the rerun gets.
-    """
+    ``grant_mib``: the job's grant (shards * 1024 MiB); ``peak_mib``: the sampler's peak of the job's GPU
+    memory (MiB), None without process samples of the job; ``tried_mib``: the failed allocation its OOM
+    message names (``tried_to_allocate_mib``), 0 if none; ``sampler_watched``: a sampler recorded GPU samples
+    on its nodes while it ran; ``recent_reruns``: reruns this user got in the last ``window_s`` seconds;
+    ``per_user_max, window_s, tolerance_pct``: the config's ``oom_rerun_*`` keys; ``gpu_mib``: a whole GPU's
+    memory (``gpu_mem_gib`` * 1024), what the rerun gets."""
     if watchdog_stopped:
         return RerunDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
     evidence = _evidence(grant_mib, peak_mib, tried_mib, sampler_watched, tolerance_pct, gpu_mib)
@@ -185,17 +168,14 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The job id of an ``oom-retry-of-<id>`` comment, or None (pure, never raises).
-
-    The comment is user text: a claim, never recorded as a link.
-    """
+    """The job id of an ``oom-retry-of-<id>`` comment, or None (pure, never raises). The comment is user text:
+    a claim, never recorded as a link."""
     return retry_tag_of(comment)
 
 
 def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
                    retry_of: Optional[int]) -> RerunDecision:
     """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU holds).
-
     ``shards`` and ``gpu_mem_gib`` in GiB (1 shard = 1 GiB); ``retry_of``: the job this one reruns, or None.
     """
     if retry_of is not None:
@@ -245,15 +225,11 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
-    """Record how every submitted rerun without a recorded end ended; the rerun job ids recorded.
-
-    From slurmctld's job list (``squeue --json``): a final state as Slurm gives it (a rerun cancelled while
-    pending never gets an EpilogSlurmctld, so this is what records it); a rerun no longer listed (gone after
-    ``MinJobAge``) as ``UNKNOWN``.
-
-    Raises:
-        sqlite3.Error: the database cannot be read or written (``hooks/ctld.py::settle`` logs it).
-    """
+    """Record how every submitted rerun without a recorded end ended; the rerun job ids recorded. From
+    slurmctld's job list (``squeue --json``): a final state as Slurm gives it (a rerun cancelled while pending
+    never gets an EpilogSlurmctld, so this is what records it); a rerun no longer listed (gone after
+    ``MinJobAge``) as ``UNKNOWN``. Raises sqlite3.Error (the database cannot be read or written
+    (``hooks/ctld.py::settle`` logs it))."""
     by_id = {j.job_id: j for j in jobs}
     done: List[int] = []
     for rerun_id in store_oom.unsettled_reruns(db):
@@ -335,11 +311,9 @@ def _submit_rerun(cfg: Config, env: Mapping[str, str], job: JobInfo, db: Databas
 def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
-
     The rerun's ``sbatch`` runs with ``env``. Returns the hook log's detail (``oom``, ``retry_job_id``, ...).
     Slurm errors are recorded, not raised; any other error reaches ``hooks/runner.py``, which logs it and
-    exits 0 (never fails the node).
-    """
+    exits 0 (never fails the node)."""
     job_id = job.job_id
     recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
     if recorded_retry_of is not None:

@@ -1,17 +1,12 @@
 """A hook run's start-up age and its pending environment: the ``.env`` entries of the recovery queue
-(store/queue.py).
-
-A hook run that ends before it can record (SIGTERMed during start-up, SIGKILLed, crashed) leaves its
-environment, from which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry
-``<dir>/<hook>-<job>-<run>.env`` holds NUL-separated ``NAME=value`` items (``env -0``): the job's
-``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's
-``COLOC_PENDING_*`` items (``HOOK``; ``RC``: ``startup`` or the shim's rc; ``TS``: wall-clock end;
-``UP0``/``UP1``: ``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``), so
-the shim (prolog_epilog/coloc-hook.sh) and ``coloc-hook`` (cli/hook.py) name one run's entry alike. Values are
-data, never evaluated. Directory: ``$COLOC_PENDING_DIR``, default ``DEFAULT_DIR``.
-
-Light on purpose (os, time and store/queue.py only): ``coloc-hook`` uses it from its start-up path.
-"""
+(store/queue.py), left by a run that ends before it can record (SIGTERMed in start-up, killed, crashed), from
+which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry ``<dir>/<hook>-<job>-<run>.env``:
+NUL-separated ``NAME=value`` items (``env -0``) of the job's ``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*``
+variables, ``USER``, ``COLOC_CONFIG`` and ``COLOC_PENDING_*`` (``HOOK``; ``RC``: ``startup`` or the shim's rc;
+``TS``: end; ``UP0``/``UP1``: ``/proc/uptime``). ``<run>``: the shim's ``COLOC_SHIM_RUN``, so the shim and
+``coloc-hook`` name one run's entry alike. Values are data, never evaluated. Directory:
+``$COLOC_PENDING_DIR``, else ``DEFAULT_DIR``. Light on purpose (os, time, store/queue.py): ``coloc-hook``'s
+start-up path uses it."""
 from __future__ import annotations
 
 import os
@@ -42,10 +37,8 @@ def _token(value: str, allowed: str = "0123456789-.", default: str = "none") -> 
 
 
 def entry_name(hook: str, env: Mapping[str, str]) -> str:
-    """``<hook>-<job>-<run>.env``: ``run`` the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns.
-
-    The job is ``none`` when not a number; ``run`` is kept to 64 digits, ``-`` and ``.``.
-    """
+    """``<hook>-<job>-<run>.env``: ``run`` the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns. The
+    job is ``none`` when not a number; ``run`` is kept to 64 digits, ``-`` and ``.``."""
     job = env.get("SLURM_JOB_ID", "")
     run = env.get("COLOC_SHIM_RUN", "") or f"{os.getpid()}-{time.time_ns()}"
     return f"{hook}-{job if job.isdigit() else 'none'}-{_token(run)}{SUFFIX}"
@@ -57,12 +50,9 @@ def keep(name: str) -> bool:
 
 
 def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: float) -> bytes:
-    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, NUL-separated.
-
-    Sorted, cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out; UTF-8, undecodable characters
-    replaced. ``reason``: ``startup`` or the shim's rc; ``up0``/``up1``: ``/proc/uptime`` at start and now
-    (s).
-    """
+    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, sorted,
+    NUL-separated, cut at ``queue.MAX_ENTRY_BYTES`` (items holding a NUL left out). ``up0``/``up1``:
+    ``/proc/uptime`` (s)."""
     items = {k: v for k, v in env.items() if keep(k) and not k.startswith("COLOC_PENDING_")}
     items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason,
                   "COLOC_PENDING_TS": f"{time.time():.6f}",
@@ -73,11 +63,8 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
 
 
 def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
-    """Write this run's entry into its pending directory (``queue.write``, no fsync: little time left).
-
-    Its path, or None: nothing written (not a node or slurmctld hook, unusable directory, queue full).
-    ``up0`` None: this process's exec time. Never raises.
-    """
+    """Write this run's entry (``queue.write``, no fsync: little time left); its path, or None (not a node or
+    slurmctld hook, unusable directory, queue full). ``up0`` None: this process's exec time. Never raises."""
     try:
         if hook not in NODE_HOOKS + CTLD_HOOKS:
             return None
@@ -99,12 +86,8 @@ def _uptime() -> float:
 
 
 def decode(data: bytes) -> Dict[str, str]:
-    """The variables (name -> value) of an entry (``encode``); undecodable UTF-8 is replaced.
-
-    Raises:
-        queue.EntryError: an item that is not ``NAME=value`` with a kept name, or no known
-            ``COLOC_PENDING_HOOK``.
-    """
+    """The variables of an entry (``encode``). Raises queue.EntryError (an item not ``NAME=value`` with a kept
+    name, or no known ``COLOC_PENDING_HOOK``)."""
     env: Dict[str, str] = {}
     for item in data.split(b"\0"):
         if not item:
@@ -120,11 +103,8 @@ def decode(data: bytes) -> Dict[str, str]:
 
 
 def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
-    """``(started_ts, ended_ts)`` of the run, Unix s (pure, never raises).
-
-    The end is ``TS`` (else the file's mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when
-    unknown or outside 0..``MAX_RUN_S``).
-    """
+    """``(started_ts, ended_ts)`` of the run, Unix s (pure, never raises). The end is ``TS`` (else the file's
+    mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when unknown or outside 0..``MAX_RUN_S``)."""
     try:
         ended = float(env.get("COLOC_PENDING_TS", ""))
     except ValueError:

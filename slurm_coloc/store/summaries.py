@@ -1,9 +1,7 @@
 """Per-job summaries of a node database (``job_summaries``, written by the Epilog; ``job_figures``, a JSON
 object, hooks/figures.py), and what earlier runs of a script needed: the estimator's history (read-only).
-
 History functions taking a node list read the node databases of its nodes (Slurm host list, ``gpu[01-02]``)
-and never raise: an unreadable node database is logged and skipped. Times are Unix s.
-"""
+and never raise: an unreadable node database is logged and skipped. Times are Unix s."""
 from __future__ import annotations
 
 import json
@@ -29,18 +27,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class JobSummary:
     """What a job used on one node, written by the Epilog (docs/node.md gives the attribution rule).
-
-    Attributes:
-        peak_mem_mib: max over sample instants of the summed NVML memory of the job's processes (MiB).
-        smact_mean/p95, smocc_mean/p95, tensor_mean, dram_mean: GPM activity of the job's GPUs while it ran
-        (%).
-        energy_j: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to it.
-        smact_idle_pct: % of the active samples (a process of the job on the GPU) with SM activity below
-            ``diag_idle_smact_pct``.
-        train_cpu_cores, workers_cpu_cores: mean CPU cores of the job's CUDA process(es) and of their
-            descendants (DataLoader workers; node/cpu.py); cpu_workers: mean number of those; job_cpu_cores:
-            mean cores of its whole cgroup; cpus: its CPUs on the node; cpu_samples: rows used (None: none).
-    """
+    ``peak_mem_mib``: max over sample instants of the summed NVML memory of the job's processes (MiB);
+    smact_mean/p95, smocc_mean/p95, tensor_mean, dram_mean: GPM activity of the job's GPUs while it ran (%);
+    ``energy_j``: GPU energy attributed to the job (J); gpu_s: GPU-seconds attributed to it;
+    ``smact_idle_pct``: % of the active samples (a process of the job on the GPU) with SM activity below
+    ``diag_idle_smact_pct``; train_cpu_cores, workers_cpu_cores: mean CPU cores of the job's CUDA process(es)
+    and of their descendants (DataLoader workers; node/cpu.py); cpu_workers: mean number of those;
+    job_cpu_cores: mean cores of its whole cgroup; cpus: its CPUs on the node; cpu_samples: rows used (None:
+    none)."""
 
     job_id: int
     node: str
@@ -68,11 +62,8 @@ class JobSummary:
 
 
 def record_summary(db: Database, summary: JobSummary) -> None:
-    """Insert or replace the (job, node) summary, stamped now.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Insert or replace the (job, node) summary, stamped now. Raises sqlite3.Error (locked past the busy
+    timeout, disk full)."""
     with db.atomic():
         db.table("job_summaries").upsert({**asdict(summary), "ts": time.time()}, pk=("job_id", "node"))
 
@@ -89,11 +80,8 @@ def load_summaries(db: Database, job_id: Optional[int] = None) -> List[JobSummar
 
 def record_figures(db: Database, job_id: int, node: str, figures: Dict[str, Any]) -> None:
     """Insert or replace the (job, node) summary figures (sorted-key JSON; hooks/figures.py), stamped now.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-        TypeError: ``figures`` holds a value JSON cannot encode.
-    """
+    Raises sqlite3.Error (locked past the busy timeout, disk full), TypeError (``figures`` holds a value JSON
+    cannot encode)."""
     with db.atomic():
         db.table("job_figures").upsert({"job_id": int(job_id), "node": node, "ts": time.time(),
                                         "figures_json": json.dumps(figures, sort_keys=True)},
@@ -117,20 +105,14 @@ MAX_HISTORY_JOBS = 20  # the most recent completed runs whose measured peaks are
 
 
 def script_history_mib(cfg: Config, script_sha256: str, uid: Optional[int] = None) -> List[int]:
-    """MiB values earlier runs of user ``uid``'s (None: the caller's) script with this SHA-256 needed.
-
-    Trust: keyed on what root recorded, ``jobs.script_sha256`` (root's hash of the batch script Slurm stored;
-    "" gives []) and ``jobs.uid`` / ``oom_events.uid`` (Slurm's), never the job's comment; so no user's jobs
-    feed another's estimate, and a forged comment feeds nothing.
-
-    Returns:
-        OOM fences (``store.oom.history_peaks_mib``: the job needed more), oldest first, then the measured
-        peaks (``job_summaries.peak_mem_mib`` of the job's nodes) of the last ``MAX_HISTORY_JOBS`` COMPLETED
-        runs, newest first; [] when the controller database does not exist yet.
-
-    Raises:
-        StoreError: the controller database exists but cannot be read (node files are skipped quietly).
-    """
+    """MiB values earlier runs of user ``uid``'s (None: the caller's) script with this SHA-256 needed. Trust:
+    keyed on what root recorded, ``jobs.script_sha256`` (root's hash of the batch script Slurm stored; ""
+    gives []) and ``jobs.uid`` / ``oom_events.uid`` (Slurm's), never the job's comment; so no user's jobs feed
+    another's estimate, and a forged comment feeds nothing. Returns: OOM fences
+    (``store.oom.history_peaks_mib``: the job needed more), oldest first, then the measured peaks
+    (``job_summaries.peak_mem_mib`` of the job's nodes) of the last ``MAX_HISTORY_JOBS`` COMPLETED runs,
+    newest first; [] when the controller database does not exist yet. Raises StoreError (the controller
+    database exists but cannot be read (node files are skipped quietly))."""
     uid = os.getuid() if uid is None else int(uid)
     if not script_sha256 or not cfg.ctld_db_path.exists():
         return []
@@ -183,9 +165,7 @@ def measured_peak_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]
 
 def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
     """The sampler's peak GPU memory of ``job_id``, MiB summed over its processes per instant, max over nodes.
-
-    None when no node recorded samples for it.
-    """
+    None when no node recorded samples for it."""
     best: Optional[float] = None
     for path in _node_db_paths(cfg, node_list):
         try:
@@ -200,9 +180,7 @@ def job_peak_mem_mib(cfg: Config, job_id: int, node_list: str) -> Optional[int]:
 
 def sampler_watched(cfg: Config, node_list: str, start_ts: Optional[float], end_ts: Optional[float]) -> bool:
     """Whether a sampler recorded GPU samples on a node of ``node_list`` in ``[start_ts, end_ts]`` (Unix s).
-
-    None or 0 times: False. Then a job with no process samples of its own held no GPU memory in that time.
-    """
+    None or 0 times: False. Then a job with no process samples of its own held no GPU memory in that time."""
     if not start_ts or not end_ts:
         return False
     for path in _node_db_paths(cfg, node_list):
