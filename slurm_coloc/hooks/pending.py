@@ -62,6 +62,16 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
     return data[:queue.MAX_ENTRY_BYTES]
 
 
+def process_age_s() -> float:
+    """Seconds since exec (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if unknown."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
     """Write this run's entry (``queue.write``, no fsync: little time left); its path, or None (not a node or
     slurmctld hook, unusable directory, queue full). ``up0`` None: this process's exec time. Never raises."""
@@ -118,13 +128,3 @@ def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
     if not 0.0 <= length < MAX_RUN_S:
         length = 0.0
     return ended - length, ended
-
-
-def process_age_s() -> float:
-    """Seconds since exec (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if unknown."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
