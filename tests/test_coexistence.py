@@ -11,7 +11,7 @@ from slurm_coloc.admin.checks import check_gres_conf
 from slurm_coloc.admin.slurmconf import parse_slurm_conf
 from slurm_coloc.config import Config, load
 from slurm_coloc.errors import ConfigError
-from slurm_coloc.hooks.admin_comment import merge_admin_comment
+from slurm_coloc.hooks.ctld import merge_admin_comment
 
 OURS = '{"coloc":1,"shards":2}'
 START = '{"coloc":{"mode":"shard","shards":2}}'

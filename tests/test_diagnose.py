@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment, figures
+from slurm_coloc.hooks import ctld as ctld_hooks
+from slurm_coloc.hooks import figures
 from slurm_coloc.node.cpu import JobCpu
 from slurm_coloc.node.lifecycle import summarize
 from slurm_coloc.nvml.readings import GpuReading, ProcReading
@@ -345,7 +346,7 @@ def test_jobs_json_table_and_admin_comment_carry_the_findings(state: Path) -> No
     for job in (21, 22):  # the node Epilog's figures (hooks/figures.py), recorded by EpilogSlurmctld
         assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path("n1")), job, "n1")
     for job in (21, 22):  # facts only: the finding is coloc-report's (above), computed as the user who asks
-        assert {"finding", "waste"}.isdisjoint(json.loads(admin_comment.build(cfg, job, wait_s=0)))
+        assert {"finding", "waste"}.isdisjoint(json.loads(ctld_hooks.build(cfg, job, wait_s=0)))
 
 
 @pytest.mark.slow

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment, figures
+from slurm_coloc.hooks import ctld as ctld_hooks
+from slurm_coloc.hooks import figures
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import summaries
 from slurm_coloc.store.db import open_ctld_db, open_node_db
-from slurm_coloc.store.history import measured_peak_mib, script_history_mib
+from slurm_coloc.store.summaries import measured_peak_mib, script_history_mib
 
 T0 = 1_700_000_000.0
 SHA = "5" * 64
@@ -50,5 +51,5 @@ def test_admin_comment_summarises_every_node_of_a_bracketed_node_list(cfg) -> No
     # each node Epilog stores the figures (hooks/figures.py); the latest counts
     for node in ("gpu01", "gpu02"):
         assert "error" not in figures.record(cfg, open_node_db(cfg.node_db_path(node)), 21, node)
-    d = json.loads(admin_comment.build(cfg, 21, wait_s=0))
+    d = json.loads(ctld_hooks.build(cfg, 21, wait_s=0))
     assert d["peak_mib"] == 3000 and d["measured"] is True

@@ -17,7 +17,7 @@ import pytest
 from slurm_coloc.comment import JobComment
 from slurm_coloc.comment.values import MAX_ARG_CHARS
 from slurm_coloc.config import Config
-from slurm_coloc.hooks import oom, oom_messages, rerun
+from slurm_coloc.hooks import oom, rerun
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_squeue_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
@@ -30,7 +30,7 @@ POSITIVE = sorted(p for p in DATA.glob("*.txt") if p.name != "negatives.txt")
 
 @pytest.mark.parametrize("path", POSITIVE, ids=[p.stem for p in POSITIVE])
 def test_every_recorded_oom_message_is_recognised(path: Path) -> None:
-    found = oom_messages.find_oom_messages(path.read_text())
+    found = oom.find_oom_messages(path.read_text())
     assert found, f"no OOM pattern matched {path.name}"
 
 
@@ -39,14 +39,14 @@ NEGATIVES = [line for line in (DATA / "negatives.txt").read_text().splitlines() 
 
 @pytest.mark.parametrize("line", NEGATIVES)
 def test_other_failures_are_not_oom_messages(line: str) -> None:
-    assert oom_messages.find_oom_messages(line) == []
+    assert oom.find_oom_messages(line) == []
 
 
 def test_messages_come_last_first_and_bounded() -> None:
     text = "\n".join(["CUDA out of memory. Tried to allocate 1 GiB"] * 20 + ["RuntimeError: cuDNN error: "
                                                                              "CUDNN_STATUS_ALLOC_FAILED"])
-    found = oom_messages.find_oom_messages(text)
-    assert len(found) == oom_messages.MAX_MESSAGES
+    found = oom.find_oom_messages(text)
+    assert len(found) == oom.MAX_MESSAGES
     assert found[0][0] == "CUDNN_STATUS_ALLOC_FAILED"
 
 
@@ -245,7 +245,7 @@ def test_tail_is_bounded_and_read(user_dir: Path) -> None:
     _user_file(f, "x" * 200_000 + "\ntorch.OutOfMemoryError: CUDA out of memory.\n")
     tail = read_tail_as_user(str(f), *_ids(), max_bytes=1000)
     assert tail.error is None and len(tail.text) == 1000 and tail.size_bytes == f.stat().st_size
-    assert oom_messages.find_oom_messages(tail.text)
+    assert oom.find_oom_messages(tail.text)
 
 
 def test_symlink_as_last_component_is_not_followed(user_dir: Path, tmp_path: Path) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.config import Config
-from slurm_coloc.hooks import oom, oom_messages
+from slurm_coloc.hooks import oom
 from slurm_coloc.slurm.jobinfo import job_info_from_json
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_ctld_db
-from slurm_coloc.store.history import job_peak_mem_mib
+from slurm_coloc.store.summaries import job_peak_mem_mib
 from tests.oom_patterns import GRANT_SHARDS, PATTERNS, PERIOD_S, write_pattern
 
 UID = 2001
@@ -37,7 +37,7 @@ def _gate(tmp_path: Path, name: str, job_id: int = 77, reruns_before: int = 0, *
             shards=2,
             fence_mib=2048, end_ts=None, evidence={}, retry_of=None, retry_status="submitted",
             retry_reason="test"))
-    messages = oom_messages.find_oom_messages(message)
+    messages = oom.find_oom_messages(message)
     assert messages, message
     peak = job_peak_mem_mib(cfg, job_id, "n1")
     assert (peak is None) == (not proc)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment, figures
+from slurm_coloc.hooks import ctld as ctld_hooks
+from slurm_coloc.hooks import figures
 from slurm_coloc.nvml.readings import GpuReading
 from slurm_coloc.report import views
 from slurm_coloc.report.query import parse_when
@@ -189,17 +190,17 @@ def _node_epilog_figures(cfg, job_id: int, node: str = "n1") -> None:
 
 def test_admin_comment_summary(state: Path):
     cfg = _cfg(state)
-    assert json.loads(admin_comment.build(cfg, 11, wait_s=0)) == {  # no node stored figures: what was asked
+    assert json.loads(ctld_hooks.build(cfg, 11, wait_s=0)) == {  # no node stored figures: what was asked
         "coloc": 1, "est_mib": 6000, "method": "analytic", "mode": "shard", "shards": 8, "req_mib": 8192,
         "measured": False}
     for job in (11, 12, 13, 14):
         _node_epilog_figures(cfg, job)
-    text = admin_comment.build(cfg, 11, wait_s=0)
+    text = ctld_hooks.build(cfg, 11, wait_s=0)
     d = json.loads(text)
     assert d["coloc"] == 1 and d["peak_mib"] == 2048 and d["est_mib"] == 6000 and d["smact"] == 5.0
     assert " " not in text and "waste" not in d and "finding" not in d  # facts only: judgement is advise's
-    assert json.loads(admin_comment.build(cfg, 12, wait_s=0))["retry"] == 13
-    assert admin_comment.build(cfg, 999, wait_s=0) is None
+    assert json.loads(ctld_hooks.build(cfg, 12, wait_s=0))["retry"] == 13
+    assert ctld_hooks.build(cfg, 999, wait_s=0) is None
 
 
 def _pipeline_summary(cfg, job_id: int):
@@ -220,7 +221,7 @@ def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
         _node_epilog_figures(cfg, job)
         light = figures.compute(cfg, job)
         assert light is not None and light["summary"] == _pipeline_summary(cfg, job)
-        assert admin_comment.build(cfg, job, wait_s=0) == json.dumps(light["summary"], separators=(",", ":"))
+        assert ctld_hooks.build(cfg, job, wait_s=0) == json.dumps(light["summary"], separators=(",", ":"))
     ctld = open_ctld_db(state / "state" / "ctld.db")
     store_oom.claim_retry(ctld,
                           store_oom.OomRecord(job_id=11, ts=T0 + 700, user_name="alice", share_mode="shard",
@@ -228,7 +229,7 @@ def test_the_controller_records_what_the_report_pipeline_gives(state: Path):
     after = figures.compute(cfg, 11)  # the facts now, knowing the OOM
     assert after is not None and after["summary"]["oom"] is True and after["summary"]["retry"] == 15
     assert after["summary"] == _pipeline_summary(cfg, 11)
-    assert admin_comment.build(cfg, 11, wait_s=0) == json.dumps(after["summary"], separators=(",", ":"))
+    assert ctld_hooks.build(cfg, 11, wait_s=0) == json.dumps(after["summary"], separators=(",", ":"))
 
 
 @pytest.mark.slow

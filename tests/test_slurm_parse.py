@@ -7,7 +7,7 @@ from typing import Dict
 import pytest
 
 from slurm_coloc.errors import SlurmError
-from slurm_coloc.hooks.state import final_state, infer_final_state
+from slurm_coloc.hooks.context import final_state, infer_final_state
 from slurm_coloc.slurm.jobinfo import JobInfo, expand_std_path, job_info_from_json, parse_squeue_json
 from slurm_coloc.slurm.parse import (
     decode_exit_code,

@@ -9,7 +9,7 @@ from typing import Dict
 
 import pytest
 
-from slurm_coloc.hooks.state import INFERRED, SLURM, final_state
+from slurm_coloc.hooks.context import INFERRED, SLURM, final_state
 from slurm_coloc.slurm.jobinfo import job_info_from_json, parse_job_json, parse_squeue_json
 from slurm_coloc.slurm.parse import exit_pair, gres_detail_counts, job_state, number, parse_tres_per_node
 from slurm_coloc.slurm.placement import gpu_holdings

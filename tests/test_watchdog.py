@@ -35,7 +35,7 @@ from slurm_coloc.node.watchdog import (
 from slurm_coloc.nvml import ReplayReader
 from slurm_coloc.nvml.readings import Frame, ProcLists
 from slurm_coloc.store import jobs as store_jobs
-from slurm_coloc.store import watchdog as store_wd
+from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_node_db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,17 +192,17 @@ def test_stop_needs_two_frames_kills_only_the_offender_and_records(tmp_path: Pat
         wd.tick(frame, job_of, 1.0)
         assert bad.wait(5) == -9 and good.poll() is None and server.poll() is None
         wd.join()
-        (ev,) = store_wd.load_events(open_node_db(cfg.node_db_path("n1")), 71)
+        (ev,) = store_oom.load_events(open_node_db(cfg.node_db_path("n1")), 71)
         assert (ev.reason, ev.share, ev.grant_mib, ev.used_mib, ev.action) == ("over-grant", "mps", 2048,
                                                                                21092, "stop")
         # no Slurm here
         assert ev.outcome["killed"] == [bad.pid] and ev.outcome["scancel"].startswith("failed")
         assert "not rerun" in ev.message
-        assert store_wd.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 71)
-        assert not store_wd.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 72)
+        assert store_oom.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 71)
+        assert not store_oom.stopped_by_watchdog(open_node_db(cfg.node_db_path("n1")), 72)
         frame.ts = time.time()
         wd.tick(frame, job_of, 1.0)  # acted once: no second event
-        assert len(store_wd.load_events(open_node_db(cfg.node_db_path("n1")))) == 1
+        assert len(store_oom.load_events(open_node_db(cfg.node_db_path("n1")))) == 1
         _report_and_admin_comment_name_the_stop(cfg)
     finally:
         for p in (bad, good, server):
@@ -268,7 +268,7 @@ def test_record_mode_and_off_never_signal(tmp_path: Path) -> None:
             for _ in range(3):
                 wd.tick(_frame({p.pid: 5000.0}, {p.pid: 5000.0}), {p.pid: 91}, 1.0)
             assert p.poll() is None
-            evs = store_wd.load_events(open_node_db(cfg.node_db_path("n1")), 91)
+            evs = store_oom.load_events(open_node_db(cfg.node_db_path("n1")), 91)
             assert [e.action for e in evs] == (["record"] if action == "record" else [])
         finally:
             p.kill()

@@ -11,7 +11,7 @@ with ``COLOC_BENCH_FAKE_GPUS=1``, to check the Slurm parts on CPU). For each scr
    it is not an estimated script;
 3. a job whose output shows its first evaluation pass after training (``eval_markers`` of manifest.yaml) is
    cancelled ``--grace-s`` later; the others end at the limit (TIMEOUT) or by themselves;
-4. per job: final state, grant (shards x 1 GiB), the sampler's NVML peak (``store.history.job_peak_mem_mib``, summed
+4. per job: final state, grant (shards x 1 GiB), the sampler's NVML peak (``store.summaries.job_peak_mem_mib``, summed
    over the job's processes per sample), whether it died of CUDA OOM (state OUT_OF_MEMORY, an OOM line in its
    output, or an Epilog retry ``oom-retry-of-<id>``), the retry's state, the output's last lines when not OK.
 5. ``--unfenced NAME``: that script once more with ``--exclusive-gpu`` (a whole GPU, no fence) for its NVML peak,
@@ -42,7 +42,7 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.comment import parse_comment
 from slurm_coloc.slurm.jobs import squeue_all
 from slurm_coloc.slurm.parse import FINAL_STATES
-from slurm_coloc.store.history import job_peak_mem_mib
+from slurm_coloc.store.summaries import job_peak_mem_mib
 
 ROOT = Path(os.environ.get("COLOC_BENCH_ROOT", "/opt/coloc"))
 JOBS = ROOT / "jobs"

@@ -37,7 +37,7 @@ def _log_start_up_terminated(hook: str) -> None:
         pass
     try:
         from slurm_coloc import config as config_mod
-        from slurm_coloc.hooks.startup import process_age_s
+        from slurm_coloc.hooks.pending import process_age_s
         cfg = config_mod.load_fallback(environ=os.environ)
         job = os.environ.get("SLURM_JOB_ID", "")
         now = time.time()

@@ -38,7 +38,7 @@ def script_history_mib(cfg: config_mod.Config, script_sha256: str) -> List[int]:
     only), asked of the reader service (``coloc-report serve``, at most ``HISTORY_ASK_TIMEOUT_S``). No
     database, no service or any error (``ColocError``, ``OSError``) means no history: never raises.
     """
-    from slurm_coloc.store.history import script_history_mib as read_history
+    from slurm_coloc.store.summaries import script_history_mib as read_history
 
     try:
         if os.access(cfg.ctld_db_path, os.R_OK):

@@ -117,7 +117,7 @@ class HookConfig:
         oom_rerun_tolerance_pct: how close to its grant (% of the grant, at least 256 MiB) the sampler must
             have seen a shard job's GPU memory (plus the allocation its OOM message says failed) for an OOM
             rerun.
-        admin_comment: how the job summary goes into the job's AdminComment (hooks/admin_comment.py):
+        admin_comment: how the job summary goes into the job's AdminComment (hooks/ctld.py):
             ``merge`` (another tool's text is kept and ours follows it; a jobstats ``JS1:`` summary, which
             jobstats decodes as the whole field, is left alone), ``if-empty`` (only into an empty field or one
             holding only ours), ``off`` (never; the summary stays in ctld.db and coloc-report).

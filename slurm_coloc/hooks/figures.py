@@ -1,17 +1,10 @@
 """The job's summary figures for its AdminComment: measured facts only, computed by the node Epilog and stored
-in its node database (``job_figures``).
-
-EpilogSlurmctld writes them into AdminComment (hooks/admin_comment.py) without reading samples itself. The
-facts (asked, estimated, reserved, measured: peak memory, utilization, SM activity/occupancy, energy, GPU
-hours, the OOM and the watchdog's reason) are computed with ``report/facts.py`` (``store/`` reads only) from
-the controller's job row (``ctld.db``, shared ``state_dir``) and every node database of its node list,
-read-only, as ``coloc-report`` computes them. No judgement runs here: the waste rules and the diagnosis run
-as the user who asks (``coloc-report jobs``/``advise``, the reader service); this root hook never imports
-the report pipeline (``summarize``, ``usage``, ``findings``, ``render``; tests/test_hook_shims.py).
-
-Contract (the node Epilog): ``record`` never raises an ``Exception`` (our bug never fails the node); it is
-skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left; its work is one job's rows.
-"""
+in its node database (``job_figures``); EpilogSlurmctld writes them into AdminComment (hooks/ctld.py) without
+reading samples. Computed with ``report/facts.py`` (``store/`` reads only) from the controller's job row and
+every node database of its node list, read-only, as ``coloc-report`` computes them. No judgement runs here:
+waste rules and diagnosis run as the user who asks; this root hook never imports the report pipeline
+(tests/test_hook_shims.py). Contract (the node Epilog): ``record`` never raises an ``Exception``, is skipped
+when less than ``MIN_LEFT_S`` of the hook's alarm is left, and reads one job's rows."""
 from __future__ import annotations
 
 import signal
@@ -43,9 +36,7 @@ def _nodes(node_list: str) -> List[str]:
 @dataclass(frozen=True)
 class JobFacts:
     """What ``summary_dict`` reads of a job (names of ``report.summarize.JobView``, which it also takes).
-
-    Request and estimate (MiB), measured figures (MiB, %, kWh, GPU hours), OOM and rerun, watchdog.
-    """
+    Request and estimate (MiB), measured figures (MiB, %, kWh, GPU hours), OOM and rerun, watchdog."""
 
     estimate_mib: Optional[int] = None
     estimate_method: Optional[str] = None
@@ -69,7 +60,6 @@ class JobFacts:
 def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
           ) -> Tuple[Dict[str, Any], List[Dict[str, Any]], Dict[str, Database], List[Any], Any]:
     """The controller row ({} when absent), node run rows, open node databases by name, Epilog summaries, OOM.
-
     From the controller database and every node database of the row's node list (``nodes`` when it has none).
     """
     ctld = rq.open_for_report(cfg.ctld_db_path)
@@ -90,13 +80,9 @@ def _read(cfg: Config, job_id: int, nodes: Optional[List[str]]
 
 def job_facts(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[JobFacts]:
     """The job's facts as ``report/usage.py`` ``add_usage`` computes them; None: no database knows the job.
-
     From the controller row and every node database of its node list (``nodes`` when the row has none yet,
-    e.g. the node Epilog's own node before EpilogSlurmctld recorded the list).
-
-    Raises:
-        StoreError: a database that exists but cannot be read (``record`` catches it).
-    """
+    e.g. the node Epilog's own node before EpilogSlurmctld recorded the list). Raises StoreError (a database
+    that exists but cannot be read (``record`` catches it))."""
     row, runs, dbs, summaries, oom = _read(cfg, job_id, nodes)
     if not row and not runs:
         return None
@@ -136,12 +122,9 @@ def _int(x: Optional[float]) -> Optional[int]:
 
 
 def summary_dict(view: Any) -> Dict[str, Any]:
-    """The compact AdminComment dict of a job's facts (``JobFacts`` or a ``JobView`` with usage; pure).
-
-    None values left out, floats rounded (keys: hooks/admin_comment.py): MiB (``est_mib``, ``req_mib``,
-    ``peak_mib``), % (``err_pct``, ``util``, ``smact``, ``smocc``), ``kwh``, ``gpu_h``. No waste codes or
-    findings.
-    """
+    """The compact AdminComment dict of a job's facts (``JobFacts`` or a ``JobView`` with usage; pure). None
+    values left out, floats rounded (keys: hooks/ctld.py): MiB (``est_mib``, ``req_mib``, ``peak_mib``), %
+    (``err_pct``, ``util``, ``smact``, ``smocc``), ``kwh``, ``gpu_h``. No waste codes or findings."""
     def r(x: Optional[float], nd: int = 1) -> Optional[float]:
         return None if x is None else round(float(x), nd)
 
@@ -159,24 +142,18 @@ def summary_dict(view: Any) -> Dict[str, Any]:
 
 
 def compute(cfg: Config, job_id: int, nodes: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    """``{"summary": <summary_dict>}`` of ``job_facts``; None: job unknown.
-
-    Raises:
-        StoreError: a database that exists but cannot be read (``record`` catches it).
-    """
+    """``{"summary": <summary_dict>}`` of ``job_facts``; None: job unknown. Raises StoreError (a database that
+    exists but cannot be read (``record`` catches it))."""
     got = job_facts(cfg, job_id, nodes)
     return None if got is None else {"summary": summary_dict(got)}
 
 
-def record(cfg: Config, db: Any, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
-    """Compute the job's figures and store them in this node's ``db``; the hook log's detail.
-
-    ``node_list`` (as Slurm prints it) is read where the controller's row has none yet; "": this node alone.
-    Skipped when less than ``MIN_LEFT_S`` of the hook's alarm is left. Detail: ``ms`` taken and ``measured``,
-    or ``skipped`` / ``error`` in words.
-
-    Never raises an ``Exception`` (the hook's own alarm, a ``BaseException``, passes).
-    """
+def record(cfg: Config, db: Database, job_id: int, node: str, node_list: str = "") -> Dict[str, Any]:
+    """Compute the job's figures and store them in this node's ``db``; the hook log's detail. ``node_list``
+    (as Slurm prints it) is read where the controller's row has none yet; "": this node alone. Skipped when
+    less than ``MIN_LEFT_S`` of the hook's alarm is left. Detail: ``ms`` taken and ``measured``, or
+    ``skipped`` / ``error`` in words. Never raises an ``Exception`` (the hook's own alarm, a
+    ``BaseException``, passes)."""
     left = signal.getitimer(signal.ITIMER_REAL)[0]
     if left and left < MIN_LEFT_S:
         return {"skipped": f"{left:.1f} s of the hook's budget left"}

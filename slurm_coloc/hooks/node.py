@@ -1,35 +1,28 @@
-"""Node Prolog, Epilog and TaskProlog: record the job on this node (GPUs, shards, start/end).
-
-Prolog and Epilog run as root by slurmd; TaskProlog runs as the job's user and only prints the
-``export`` lines the Prolog prepared (it writes nothing).
-"""
+"""Node Prolog, Epilog and TaskProlog: record the job on this node (GPUs, shards, start/end). Prolog and
+Epilog run as root by slurmd; TaskProlog runs as the job's user and only prints the ``export`` lines the
+Prolog prepared (it writes nothing)."""
 from __future__ import annotations
 
 import time
 from typing import Any, Dict, List, Optional
 
+from sqlite_utils import Database
+
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
-from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import final_state, infer_final_state
+from slurm_coloc.hooks.context import HookContext, final_state, infer_final_state
 from slurm_coloc.node import lifecycle
 from slurm_coloc.slurm import jobs as slurm_jobs
+from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store.db import open_node_db
 
 
 def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Record the job start on this node (GPU indices of ``SLURM_JOB_GPUS``, shards, user); set up sharing.
-
-    The shard count (which sizes the MPS fence) is slurmctld's ``tres_per_node`` (``slurm_jobs.show_job``).
-    Returns the hook log's detail.
-
-    Raises:
-        SlurmError: slurmctld unreachable or the job unknown.
-        StoreError: the node database unusable. (``hooks/runner.py`` catches every error, logs it and exits
-            0: the node is never drained.)
-    """
+    """Record the job start on this node (GPUs of ``SLURM_JOB_GPUS``, shards of slurmctld's ``tres_per_node``,
+    user); set up sharing; the hook log's detail. Raises SlurmError, StoreError (hooks/runner.py logs every
+    error and exits 0: the node is never drained)."""
     job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
                                timeout_s=cfg.hook_timeout_s / 2))
     start = store_jobs.JobStart(
@@ -49,20 +42,12 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 GUARD_KEY = "COLOC_PLACE_GUARD"
 
 
-def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, Any]:
-    """No GPU for a coloc-placer job that starts without GRES (released by hand before the placer steered it).
-
-    Such a job has ``"place": true`` in its coloc comment (slurmctld's record), no GRES in ``tres_per_node``
-    and no GPU in ``SLURM_JOB_GPUS``. Where ``ConstrainDevices`` is off it could otherwise reach every GPU of
-    the node, unfenced; its env file sets ``CUDA_VISIBLE_DEVICES`` empty (CUDA then sees no device) and
-    ``COLOC_PLACE_GUARD=1``, for which the TaskProlog prints one line into the job's output. Returns the
-    detail (``share``, ``place_guard``, ``env_file``), or ``{}`` for any other job.
-
-    Raises:
-        OSError: the env file cannot be written (``lifecycle.write_env``).
-        sqlite3.Error: the ``place-guard`` node event cannot be recorded.
-        (The Prolog's ``hooks/runner.py`` catches every error, logs it and exits 0.)
-    """
+def place_guard(cfg: Config, db: Database, job: JobInfo, ctx: HookContext) -> Dict[str, Any]:
+    """No GPU for a coloc-placer job (``"place": true`` in its comment) started without GRES: where
+    ``ConstrainDevices`` is off it could reach every GPU unfenced, so its env file sets
+    ``CUDA_VISIBLE_DEVICES`` empty and ``COLOC_PLACE_GUARD=1`` (the TaskProlog says so in the job's output).
+    The detail, or ``{}`` for any other job. Raises OSError (env file), sqlite3.Error (the ``place-guard``
+    node event)."""
 
     from slurm_coloc.comment import JobComment
     from slurm_coloc.store import samples as store_samples
@@ -78,19 +63,11 @@ def place_guard(cfg: Config, db: Any, job: Any, ctx: HookContext) -> Dict[str, A
 
 
 def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]:
-    """Release the job's share of its GPUs, then record its end here with its final state (hooks/state.py).
-
-    The local teardown (env file, MPS release, sampler flush, usage summary) comes first and does not depend
-    on Slurm answering: under load the job query can time out (docs/reliability.md "Load"), and a failed
-    Epilog must not leave an MPS daemon or an env file behind. Without slurmctld's answer the state is
-    inferred from ``SLURM_JOB_EXIT_CODE*``, and ``detail["slurm"]`` says why. Last, the job's measured facts
-    for its AdminComment (hooks/figures.py ``record``: never raises, skipped when the budget is nearly spent).
-    No waste rule or diagnosis runs here (they run as the user who asks: ``coloc-report advise``, the reader
-    service). Returns the hook log's detail.
-
-    Raises:
-        StoreError: the node database unusable.
-        HookTimeout: the runner's alarm. (``hooks/runner.py`` catches every error, logs it and exits 0.)
+    """Release the job's share of its GPUs, then record its end with its final state (hooks/context.py). The
+    local teardown (env file, MPS, sampler flush, usage summary) comes first and needs no Slurm answer (the
+    query can time out under load, docs/reliability.md "Load"); without it the state is inferred and
+    ``detail["slurm"]`` says why. Last, the AdminComment figures (hooks/figures.py ``record``, never raises);
+    no diagnosis runs as root. Raises StoreError, HookTimeout (hooks/runner.py logs every error and exits 0).
     """
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     run = (next((r for r in store_jobs.load_job_runs(db) if r.job_id == ctx.job_id and r.node == ctx.node),
@@ -122,12 +99,10 @@ def epilog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
 
 def task_prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> List[str]:
     """The ``export KEY=VALUE`` lines TaskProlog prints: the safe pairs the Prolog prepared for the job.
-
     The job is the one of the slurmstepd the TaskProlog runs under (``lifecycle.stepd_job_id``): in a
     heterogeneous job each component's tasks get their own component's file, not the leader's that
     ``SLURM_JOB_ID`` names (used only where no slurmstepd is found above). None when the job has no env file
-    or it is not trusted.
-    """
+    or it is not trusted."""
     job_id = lifecycle.stepd_job_id() or ctx.job_id
     if job_id is None:
         return []

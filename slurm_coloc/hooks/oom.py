@@ -1,26 +1,18 @@
 """Recognising a GPU out-of-memory death in EpilogSlurmctld, and rerunning the job once on a whole GPU.
-
-Detection (pure, ``decide_oom``): only a job whose final state is FAILED can be an OOM death; CANCELLED,
-TIMEOUT, NODE_FAIL, PREEMPTED, host OUT_OF_MEMORY and COMPLETED never are (epilogs see COMPLETING: the state
-comes from ``hooks/state.py``). A FAILED job is an OOM death when the bounded tail of its expanded stderr
-(else stdout) carries one of the messages in ``OOM_PATTERNS`` (``hooks/oom_messages.py``), or when the sampler
-saw its memory at its fence.
-
-Recovery (``handle_job_end``): the rerun is a NEW job on all shards of one GPU, built by root from Slurm's
-record of the job only (``hooks/rerun.py``: directives of every dialect neutralised, ``--ignore-pbs``,
-``--export=NONE``, an array task alone). It carries ``oom-retry-of-<id>`` in its comment and an ``oom_events``
-row; it is never retried itself.
-
-Who gets a rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line is the user's text, so
-it alone never earns a whole GPU where the sampler's records speak against it. A shard job not stopped by the
-sampler's watchdog, within ``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``, whose failed
-allocation fits a whole GPU, and: whose memory the sampler saw reach its grant (its peak plus the allocation
-its message says failed, within ``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its
-message names one failed allocation as large as its grant (it died on that allocation before the sampler's
-next look); or which no sampler watched while it ran (no evidence either way).
-"""
+Detection (pure, ``decide_oom``): only a FAILED job (``hooks/context.py`` final state) can be an OOM death:
+when the bounded tail of its expanded stderr (else stdout) carries one of ``OOM_PATTERNS`` (the user's text,
+only matched), or when the sampler saw its memory at its fence. Recovery (``handle_job_end``): the rerun is a
+NEW job on all shards of one GPU, built by root from Slurm's record of the job only (``hooks/rerun.py``). It
+carries ``oom-retry-of-<id>`` in its comment and an ``oom_events`` row; it is never retried itself. Who gets a
+rerun (``rerun_gate``, the evidence rule of docs/oom.md): a printed OOM line alone never earns a whole GPU
+where the sampler's records speak against it. A shard job not stopped by the watchdog, within
+``oom_rerun_per_user_max`` reruns per user per ``oom_rerun_window_s``, whose failed allocation fits a whole
+GPU, and: whose memory the sampler saw reach its grant (peak plus the failed allocation, within
+``oom_rerun_tolerance_pct``); or of which the sampler saw no memory while its message names one failed
+allocation as large as its grant; or which no sampler watched while it ran."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -31,13 +23,65 @@ from slurm_coloc.comment import JobComment, retry_tag_of
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.oom_messages import find_oom_messages, tried_to_allocate_mib
 from slurm_coloc.hooks.rerun import rerun_refusal, submit_retry
 from slurm_coloc.slurm.jobinfo import JobInfo
 from slurm_coloc.store import jobs as store_jobs
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.units import shards_to_mib
 from slurm_coloc.userfiles import append_line_as_user, read_tail_as_user
+
+# (name, regex): the messages frameworks print when a GPU allocation fails. Sources (see
+# tests/data/oom/README.md):
+OOM_PATTERNS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = tuple((n, re.compile(p)) for n, p in (
+    # c10/cuda/CUDACachingAllocator.cpp; Python class torch.OutOfMemoryError (torch.cuda.OutOfMemoryError <=
+    # 2.4)
+    ("torch.OutOfMemoryError", r"\btorch\.(?:cuda\.)?OutOfMemoryError\b"),
+    ("CUDA out of memory", r"\bCUDA out of memory\b"),
+    # cudaGetErrorString(cudaErrorMemoryAllocation) through C10_CUDA_CHECK / TF / NCCL / CuPy
+    ("CUDA error: out of memory", r"\bCUDA error: out of memory\b"),
+    ("cudaErrorMemoryAllocation", r"\bcudaErrorMemoryAllocation\b"),
+    ("CUDA_ERROR_OUT_OF_MEMORY", r"\bCUDA_ERROR_OUT_OF_MEMORY\b"),
+    ("CUBLAS_STATUS_ALLOC_FAILED", r"\bCUBLAS_STATUS_ALLOC_FAILED\b"),
+    ("CUDNN_STATUS_ALLOC_FAILED", r"\bCUDNN_STATUS_ALLOC_FAILED\b"),
+    ("CUSOLVER_STATUS_ALLOC_FAILED", r"\bCUSOLVER_STATUS_ALLOC_FAILED\b"),
+    ("CUFFT_ALLOC_FAILED", r"\bCUFFT_ALLOC_FAILED\b"),
+    # NCCL (src/include/checks.h): "NCCL WARN Cuda failure 'out of memory'" / "Cuda failure 2 'out of memory'"
+    ("NCCL Cuda failure 'out of memory'", r"\bCuda failure (?:\d+ )?'out of memory'"),
+    # XLA/JAX and TensorFlow (BFC allocator): RESOURCE_EXHAUSTED only counts with a memory phrase
+    ("RESOURCE_EXHAUSTED: Out of memory", r"\bRESOURCE_EXHAUSTED\b.{0,80}\b(?:[Oo]ut of memory|OOM|hbm)\b"),
+    ("TF OOM when allocating tensor", r"\bOOM when allocating tensor\b"),
+    ("ResourceExhaustedError", r"\bResourceExhaustedError\b.{0,40}\bOOM\b"),
+))
+MAX_MESSAGES = 5
+# PyTorch's CUDACachingAllocator message: "Tried to allocate 2.00 GiB" (c10/cuda/CUDACachingAllocator.cpp)
+_TRIED_RE = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(GiB|MiB|KiB|B)\b")
+_UNIT_MIB = {"GiB": 1024.0, "MiB": 1.0, "KiB": 1 / 1024, "B": 1 / 2**20}
+
+
+def find_oom_messages(text: str) -> List[Tuple[str, str]]:
+    """Up to ``MAX_MESSAGES`` ``(pattern name, line trimmed to 300 chars)`` of ``text``, the last line first.
+    ``text``: the job's output tail (user-written: only matched, never interpreted); None or empty has none.
+    Never raises."""
+    found: List[Tuple[str, str]] = []
+    for line in reversed((text or "").splitlines()):
+        for name, rx in OOM_PATTERNS:
+            if rx.search(line):
+                found.append((name, line.strip()[:300]))
+                break
+        if len(found) >= MAX_MESSAGES:
+            break
+    return found
+
+
+def tried_to_allocate_mib(messages: Sequence[Tuple[str, str]]) -> int:
+    """The largest ``Tried to allocate X`` in the lines, MiB rounded up; 0 without one. GiB, MiB, KiB and B
+    are read in binary units. Pure, never raises."""
+    best = 0.0
+    for _, line in messages:
+        for num, unit in _TRIED_RE.findall(line):
+            best = max(best, float(num) * _UNIT_MIB[unit])
+    return int(-(-best // 1))
+
 
 _NOT_OOM_REASONS = ("NodeDown", "NodeFail", "launch_failed", "Prolog", "PartitionDown", "BurstBuffer")
 
@@ -62,15 +106,11 @@ class RerunDecision:
 
 def decide_oom(state: str, reason: str, messages: Sequence[Tuple[str, str]],
                peak_mib: Optional[int] = None, fence_mib: Optional[int] = None) -> OomDecision:
-    """Whether a job died of GPU out-of-memory, from all the evidence.
-
-    Args:
-        state: the final state (``hooks/state.py::infer_final_state``): only ``FAILED`` can be OOM.
-        reason: the job's state reason (``NodeDown``, ``launch_failed_requeued_held``... are never OOM).
-        messages: ``find_oom_messages`` of the output tail.
-        peak_mib, fence_mib: the sampler's peak of the job's GPU memory and its fence (MiB), if known; a peak
-            within 2% (at least 64 MiB) of the fence counts as evidence.
-    """
+    """Whether a job died of GPU out-of-memory, from all the evidence. ``state``: the final state
+    (``hooks/context.py::infer_final_state``): only ``FAILED`` can be OOM; ``reason``: the job's state reason
+    (``NodeDown``, ``launch_failed_requeued_held``... are never OOM); ``messages``: ``find_oom_messages`` of
+    the output tail; ``peak_mib, fence_mib``: the sampler's peak of the job's GPU memory and its fence (MiB),
+    if known; a peak within 2% (at least 64 MiB) of the fence counts as evidence."""
     if state != "FAILED":
         return OomDecision(False, f"state {state or 'unknown'}: never treated as OOM")
     if any(reason.startswith(r) for r in _NOT_OOM_REASONS):
@@ -87,16 +127,12 @@ def rerun_gate(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_
                watchdog_stopped: bool, recent_reruns: int, per_user_max: int, window_s: float,
                tolerance_pct: float, gpu_mib: int) -> RerunDecision:
     """Whether an OOM death of a shard job earns its rerun on a whole GPU (pure; the rule of docs/oom.md).
-
-    Args:
-        grant_mib: the job's grant (shards * 1024 MiB).
-        peak_mib: the sampler's peak of the job's GPU memory (MiB), None without process samples of the job.
-        tried_mib: the failed allocation its OOM message names (``tried_to_allocate_mib``), 0 if none.
-        sampler_watched: a sampler recorded GPU samples on its nodes while it ran.
-        recent_reruns: reruns this user got in the last ``window_s`` seconds.
-        per_user_max, window_s, tolerance_pct: the config's ``oom_rerun_*`` keys.
-        gpu_mib: a whole GPU's memory (``gpu_mem_gib`` * 1024), what the rerun gets.
-    """
+    ``grant_mib``: the job's grant (shards * 1024 MiB); ``peak_mib``: the sampler's peak of the job's GPU
+    memory (MiB), None without process samples of the job; ``tried_mib``: the failed allocation its OOM
+    message names (``tried_to_allocate_mib``), 0 if none; ``sampler_watched``: a sampler recorded GPU samples
+    on its nodes while it ran; ``recent_reruns``: reruns this user got in the last ``window_s`` seconds;
+    ``per_user_max, window_s, tolerance_pct``: the config's ``oom_rerun_*`` keys; ``gpu_mib``: a whole GPU's
+    memory (``gpu_mem_gib`` * 1024), what the rerun gets."""
     if watchdog_stopped:
         return RerunDecision(False, "stopped by the watchdog for leaving its grant: not rerun")
     evidence = _evidence(grant_mib, peak_mib, tried_mib, sampler_watched, tolerance_pct, gpu_mib)
@@ -132,17 +168,14 @@ def _evidence(grant_mib: int, peak_mib: Optional[int], tried_mib: int, sampler_w
 
 
 def retry_of_comment(comment: str) -> Optional[int]:
-    """The job id of an ``oom-retry-of-<id>`` comment, or None (pure, never raises).
-
-    The comment is user text: a claim, never recorded as a link.
-    """
+    """The job id of an ``oom-retry-of-<id>`` comment, or None (pure, never raises). The comment is user text:
+    a claim, never recorded as a link."""
     return retry_tag_of(comment)
 
 
 def retry_decision(share_mode: str, shards: Optional[int], gpu_mem_gib: int,
                    retry_of: Optional[int]) -> RerunDecision:
     """Whether an OOM'd job gets its one rerun: only a job that shared a GPU (fewer shards than a GPU holds).
-
     ``shards`` and ``gpu_mem_gib`` in GiB (1 shard = 1 GiB); ``retry_of``: the job this one reruns, or None.
     """
     if retry_of is not None:
@@ -179,7 +212,7 @@ def _tell_user(job: JobInfo, uid: int, gid: int, line: str) -> Optional[str]:
 def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[Tuple[str, str]],
           peak_mib: Optional[int]) -> RerunDecision:
     """``rerun_gate`` with its evidence read: watchdog events, sampler coverage, the user's recent reruns."""
-    from slurm_coloc.store.history import sampler_watched, stopped_by_watchdog
+    from slurm_coloc.store.summaries import sampler_watched, stopped_by_watchdog
 
     grant = shards_to_mib(job.shards or 0)
     return rerun_gate(
@@ -192,15 +225,11 @@ def _gate(cfg: Config, job: JobInfo, db: Database, uid: int, messages: Sequence[
 
 
 def record_rerun_ends(db: Database, jobs: Sequence[JobInfo]) -> List[int]:
-    """Record how every submitted rerun without a recorded end ended; the rerun job ids recorded.
-
-    From slurmctld's job list (``squeue --json``): a final state as Slurm gives it (a rerun cancelled while
-    pending never gets an EpilogSlurmctld, so this is what records it); a rerun no longer listed (gone after
-    ``MinJobAge``) as ``UNKNOWN``.
-
-    Raises:
-        sqlite3.Error: the database cannot be read or written (``hooks/ctld.py::settle`` logs it).
-    """
+    """Record how every submitted rerun without a recorded end ended; the rerun job ids recorded. From
+    slurmctld's job list (``squeue --json``): a final state as Slurm gives it (a rerun cancelled while pending
+    never gets an EpilogSlurmctld, so this is what records it); a rerun no longer listed (gone after
+    ``MinJobAge``) as ``UNKNOWN``. Raises sqlite3.Error (the database cannot be read or written
+    (``hooks/ctld.py::settle`` logs it))."""
     by_id = {j.job_id: j for j in jobs}
     done: List[int] = []
     for rerun_id in store_oom.unsettled_reruns(db):
@@ -229,7 +258,7 @@ def _detect(cfg: Config, job: JobInfo, state: str, uid: int, gid: int) -> _Death
     messages, read = _read_output(job, uid, gid)
     peak_mib = None
     if job.shards:  # the sampler's evidence: the job's memory at its fence
-        from slurm_coloc.store.history import job_peak_mem_mib
+        from slurm_coloc.store.summaries import job_peak_mem_mib
 
         peak_mib = job_peak_mem_mib(cfg, job.job_id, job.nodes)
     decision = decide_oom(state, job.reason, messages, peak_mib=peak_mib,
@@ -282,11 +311,9 @@ def _submit_rerun(cfg: Config, env: Mapping[str, str], job: JobInfo, db: Databas
 def handle_job_end(ctx: HookContext, cfg: Config, env: Mapping[str, str], job: JobInfo, state: str,
                    share_mode: str, db: Database) -> Dict[str, Any]:
     """EpilogSlurmctld's OOM step: record a retry's outcome, detect an OOM death, rerun once, tell the user.
-
     The rerun's ``sbatch`` runs with ``env``. Returns the hook log's detail (``oom``, ``retry_job_id``, ...).
     Slurm errors are recorded, not raised; any other error reaches ``hooks/runner.py``, which logs it and
-    exits 0 (never fails the node).
-    """
+    exits 0 (never fails the node)."""
     job_id = job.job_id
     recorded_retry_of = store_oom.original_of(db, job_id)  # only root's own record links a rerun to a job
     if recorded_retry_of is not None:

@@ -1,24 +1,17 @@
-"""Pending hook environments: the ``.env`` entries of the recovery queue (store/queue.py).
-
-A hook run that ends before it can record (SIGTERMed during start-up, SIGKILLed, crashed) leaves its
-environment, from which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry
-``<dir>/<hook>-<job>-<run>.env`` holds ``NAME=value`` items separated by NUL (the format of ``env -0``): the
-job's ``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*`` variables, ``USER``, ``COLOC_CONFIG`` and the run's own
-``COLOC_PENDING_*`` items (``HOOK``; ``RC``: ``startup`` or the shim's rc; ``TS``: wall-clock end;
-``UP0``/``UP1``: ``/proc/uptime`` at start and end). ``<run>`` is the shim's run id (``COLOC_SHIM_RUN``: its
-pid and uptime), so the shim (prolog_epilog/coloc-hook.sh, when the hook exits non-zero) and ``coloc-hook``
-itself (cli/hook.py, when SIGTERMed during start-up) name one run's entry alike. Values are data, never
-evaluated.
-
-Directory: ``$COLOC_PENDING_DIR``, default ``DEFAULT_DIR`` (the shim cannot read the YAML config). Entries of
-several clusters may share it: each names its ``COLOC_CONFIG``.
-
-Light on purpose (os, time and store/queue.py only): ``coloc-hook`` writes entries from its start-up path.
-"""
+"""A hook run's start-up age and its pending environment: the ``.env`` entries of the recovery queue
+(store/queue.py), left by a run that ends before it can record (SIGTERMed in start-up, killed, crashed), from
+which a later run builds its rows (hooks/record.py ``recovered_ops``). Entry ``<dir>/<hook>-<job>-<run>.env``:
+NUL-separated ``NAME=value`` items (``env -0``) of the job's ``SLURM_*``/``SLURMD_*``/``SPANK_COLOC_*``
+variables, ``USER``, ``COLOC_CONFIG`` and ``COLOC_PENDING_*`` (``HOOK``; ``RC``: ``startup`` or the shim's rc;
+``TS``: end; ``UP0``/``UP1``: ``/proc/uptime``). ``<run>``: the shim's ``COLOC_SHIM_RUN``, so the shim and
+``coloc-hook`` name one run's entry alike. Values are data, never evaluated. Directory:
+``$COLOC_PENDING_DIR``, else ``DEFAULT_DIR``. Light on purpose (os, time, store/queue.py): ``coloc-hook``'s
+start-up path uses it."""
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
 from slurm_coloc.store import queue
@@ -44,10 +37,8 @@ def _token(value: str, allowed: str = "0123456789-.", default: str = "none") -> 
 
 
 def entry_name(hook: str, env: Mapping[str, str]) -> str:
-    """``<hook>-<job>-<run>.env``: ``run`` the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns.
-
-    The job is ``none`` when not a number; ``run`` is kept to 64 digits, ``-`` and ``.``.
-    """
+    """``<hook>-<job>-<run>.env``: ``run`` the shim's ``COLOC_SHIM_RUN`` (pid and uptime), else pid-ns. The
+    job is ``none`` when not a number; ``run`` is kept to 64 digits, ``-`` and ``.``."""
     job = env.get("SLURM_JOB_ID", "")
     run = env.get("COLOC_SHIM_RUN", "") or f"{os.getpid()}-{time.time_ns()}"
     return f"{hook}-{job if job.isdigit() else 'none'}-{_token(run)}{SUFFIX}"
@@ -59,12 +50,9 @@ def keep(name: str) -> bool:
 
 
 def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: float) -> bytes:
-    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, NUL-separated.
-
-    Sorted, cut at ``queue.MAX_ENTRY_BYTES``; items holding a NUL are left out; UTF-8, undecodable characters
-    replaced. ``reason``: ``startup`` or the shim's rc; ``up0``/``up1``: ``/proc/uptime`` at start and now
-    (s).
-    """
+    """An entry's bytes: ``env``'s kept variables and the run's ``COLOC_PENDING_*`` items, sorted,
+    NUL-separated, cut at ``queue.MAX_ENTRY_BYTES`` (items holding a NUL left out). ``up0``/``up1``:
+    ``/proc/uptime`` (s)."""
     items = {k: v for k, v in env.items() if keep(k) and not k.startswith("COLOC_PENDING_")}
     items.update({"COLOC_PENDING_HOOK": hook, "COLOC_PENDING_RC": reason,
                   "COLOC_PENDING_TS": f"{time.time():.6f}",
@@ -74,18 +62,24 @@ def encode(hook: str, env: Mapping[str, str], reason: str, up0: float, up1: floa
     return data[:queue.MAX_ENTRY_BYTES]
 
 
-def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
-    """Write this run's entry into its pending directory (``queue.write``, no fsync: little time left).
+def process_age_s() -> float:
+    """Seconds since exec (``/proc/self/stat`` start time vs ``/proc/uptime``); 0 if unknown."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
-    Its path, or None: nothing written (not a node or slurmctld hook, unusable directory, queue full).
-    ``up0`` None: this process's exec time. Never raises.
-    """
+
+def write_entry(hook: str, env: Mapping[str, str], reason: str, up0: Optional[float] = None) -> Optional[str]:
+    """Write this run's entry (``queue.write``, no fsync: little time left); its path, or None (not a node or
+    slurmctld hook, unusable directory, queue full). ``up0`` None: this process's exec time. Never raises."""
     try:
         if hook not in NODE_HOOKS + CTLD_HOOKS:
             return None
         up1 = _uptime()
         if up0 is None:
-            from slurm_coloc.hooks.startup import process_age_s
             up0 = up1 - process_age_s()
         return (queue.write(pending_dir(env), entry_name(hook, env), encode(hook, env, reason, up0, up1),
                             sync=False))
@@ -102,12 +96,8 @@ def _uptime() -> float:
 
 
 def decode(data: bytes) -> Dict[str, str]:
-    """The variables (name -> value) of an entry (``encode``); undecodable UTF-8 is replaced.
-
-    Raises:
-        queue.EntryError: an item that is not ``NAME=value`` with a kept name, or no known
-            ``COLOC_PENDING_HOOK``.
-    """
+    """The variables of an entry (``encode``). Raises queue.EntryError (an item not ``NAME=value`` with a kept
+    name, or no known ``COLOC_PENDING_HOOK``)."""
     env: Dict[str, str] = {}
     for item in data.split(b"\0"):
         if not item:
@@ -123,11 +113,8 @@ def decode(data: bytes) -> Dict[str, str]:
 
 
 def times_of(env: Mapping[str, str], path_mtime: float) -> Tuple[float, float]:
-    """``(started_ts, ended_ts)`` of the run, Unix s (pure, never raises).
-
-    The end is ``TS`` (else the file's mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when
-    unknown or outside 0..``MAX_RUN_S``).
-    """
+    """``(started_ts, ended_ts)`` of the run, Unix s (pure, never raises). The end is ``TS`` (else the file's
+    mtime); the length is ``UP1 - UP0`` from ``/proc/uptime`` (0 when unknown or outside 0..``MAX_RUN_S``)."""
     try:
         ended = float(env.get("COLOC_PENDING_TS", ""))
     except ValueError:

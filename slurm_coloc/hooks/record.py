@@ -1,10 +1,8 @@
 """What a hook run leaves behind: its rows in the database, or in the recovery queue when it is unusable.
-
 ``record_ops`` builds a run's rows from its environment alone (a record set, store/recordset.py).
 ``record_run`` writes them and then replays the recovery queue (store/queue.py) of the same database within
-the recording budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds
-the rows of a run that could not record at all from the environment it left (hooks/pending.py).
-"""
+the recording budget; ``enqueue_ops`` queues them when they could not be written. ``recovered_ops`` builds the
+rows of a run that could not record at all from the environment it left (hooks/pending.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from sqlite_utils import Database
+
 from slurm_coloc import config as config_mod
 from slurm_coloc.comment import JobComment
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, pending
-from slurm_coloc.hooks.context import HookContext
-from slurm_coloc.hooks.state import infer_final_state
+from slurm_coloc.hooks.context import HookContext, infer_final_state
 from slurm_coloc.store import queue, recordset
 from slurm_coloc.store.db import open_ctld_db, open_node_db
 
@@ -37,11 +36,8 @@ REPLAY_MARGIN_S = 0.25  # the replay starts no entry later than this before the 
 
 
 class HookTimeout(BaseException):
-    """Raised by SIGALRM when a hook's own work exceeds ``hook_timeout_s``.
-
-    A BaseException (like KeyboardInterrupt) so that the broad ``except Exception`` of code that must not fail
-    the job (MPS start, OOM handling) does not swallow the timeout and carry on past the budget.
-    """
+    """SIGALRM: a hook's own work exceeded ``hook_timeout_s``. A BaseException, so the ``except Exception`` of
+    code that must not fail the job (MPS start, OOM handling) does not swallow it."""
 
 
 class HookTerminated(BaseException):
@@ -49,26 +45,20 @@ class HookTerminated(BaseException):
 
 
 def spool_dirs(cfg: config_mod.Config) -> List[str]:
-    """Spool directories for an unusable database, in order: ``<run_dir>/spool``, ``<state_dir>/spool``.
-
-    Pure, never raises.
-    """
+    """Spool directories for an unusable database, in order: ``<run_dir>/spool``, ``<state_dir>/spool``. Pure,
+    never raises."""
     return [str(Path(cfg.run_dir) / "spool"), str(Path(cfg.state_dir) / "spool")]
 
 
 def queue_dirs(cfg: config_mod.Config, env: Mapping[str, str]) -> List[str]:
     """Every recovery-queue directory a run replays, in order: the spool directories, then the pending one.
-
-    Never raises.
-    """
+    Never raises."""
     return spool_dirs(cfg) + [pending.pending_dir(env)]
 
 
 def target_of(name: str, ctx: HookContext) -> Optional[str]:
-    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog) or ``ctld``.
-
-    None: a hook that records nothing (TaskProlog), or a node hook without a node name.
-    """
+    """The database hook ``name`` records into: ``node:<node>`` (Prolog/Epilog) or ``ctld``. None: a hook that
+    records nothing (TaskProlog), or a node hook without a node name."""
     if name in NODE_HOOKS and ctx.node:
         return f"node:{ctx.node}"
     if name in CTLD_HOOKS:
@@ -84,16 +74,12 @@ def _open_target(target: str, cfg: config_mod.Config, busy_s: float) -> Any:
 
 def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], started_ts: float,
                duration_ms: float) -> List[Dict[str, Any]]:
-    """The rows a hook run must leave (``{"op", "row"[, "once"]}``, store/recordset.py), from its environment.
-
-    A successful node hook leaves its ``hook_runs`` row (its own work recorded the rest). A failed hook also
-    leaves the minimal job row it may not have written: start/end on the node (Prolog/Epilog), submission/end
-    in the controller DB (PrologSlurmctld/EpilogSlurmctld, as a ``hook-error`` event too). Pure.
-
-    Appended rows carry a ``once`` window of their own timestamp, and the other ops only insert what is absent
-    or fill what is NULL, so applying the same ops twice leaves what applying them once does. ``started_ts``
-    in Unix s; the end is ``started_ts + duration_ms / 1000``.
-    """
+    """The rows a hook run must leave (``{"op", "row"[, "once"]}``, store/recordset.py), from its environment
+    (pure). A successful node hook leaves its ``hook_runs`` row; a failed hook also the minimal job row it may
+    not have written (node start/end; controller submission/end and a ``hook-error`` event). Appended rows
+    carry a ``once`` window of their timestamp and the other ops only fill what is absent or NULL, so applying
+    them twice leaves what once does. ``started_ts`` in Unix s; the end is ``started_ts + duration_ms /
+    1000``."""
     now = started_ts + duration_ms / 1000
     ops: List[Dict[str, Any]] = []
     detail_json = json.dumps(detail, sort_keys=True, default=str)
@@ -132,9 +118,7 @@ def record_ops(name: str, ctx: HookContext, ok: bool, detail: Dict[str, Any], st
 
 def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) -> None:
     """Queue a run's record set in the first of ``spool_dirs`` that takes it; log where, or log the rows.
-
-    Never raises ``ColocError`` (a directory that refuses the entry is logged and the next is tried).
-    """
+    Never raises ``ColocError`` (a directory that refuses the entry is logged and the next is tried)."""
     data = recordset.encode(target, ops)
     for d in spool_dirs(cfg):
         try:
@@ -149,15 +133,9 @@ def enqueue_ops(cfg: config_mod.Config, target: str, ops: List[Dict[str, Any]]) 
 
 def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) -> Tuple[str,
                                                                                        List[Dict[str, Any]]]:
-    """``(target, ops)`` of a pending entry's run (hooks/pending.py), from the captured environment and times.
-
-    ``record_ops`` of a failed run, marked recovered; each append op's ``once`` window is the run's span (Unix
-    s) widened by 1 s. ``env`` carries ``COLOC_PENDING_HOOK`` and ``COLOC_PENDING_RC``.
-
-    Raises:
-        queue.EntryError: the entry names no job or database.
-        KeyError: the entry has no ``COLOC_PENDING_HOOK``.
-    """
+    """``(target, ops)`` of a pending entry's run (hooks/pending.py): ``record_ops`` of a failed run, marked
+    recovered, each ``once`` window the run's span (Unix s) widened by 1 s. Raises queue.EntryError (no job or
+    database named), KeyError (no ``COLOC_PENDING_HOOK``)."""
     name = env["COLOC_PENDING_HOOK"]
     ctx = HookContext.from_env(env)
     target = target_of(name, ctx)
@@ -175,24 +153,16 @@ def recovered_ops(env: Mapping[str, str], started_ts: float, ended_ts: float) ->
     return target, ops
 
 
-def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: str,
+def replay_queue(target: str, db: Database, directories: Sequence[str], config_path: str,
                  budget_s: float = REPLAY_BUDGET_S, max_entries: int = queue.MAX_REPLAY) -> int:
     """Apply the recovery queue's entries of ``target`` to ``db`` (``queue.replay``); how many were applied.
-
-    Record sets (``.json``) first, then pending environments (``.env``) of the same ``config_path``
-    (``COLOC_CONFIG``), each in one transaction; another database's or cluster's are left. An entry that
-    cannot be read, decoded or written is set aside (``.bad``, logged). ``budget_s`` in s.
-
-    Raises:
-        The database's own failure (``recordset.store_unusable``) or ``HookTimeout``: the replay stops, the
-        entry put back.
-    """
+    Record sets (``.json``) first, then pending environments (``.env``) of the same ``config_path``, each in
+    one transaction; another database's or cluster's are left; an unusable entry is set aside (``.bad``,
+    logged). ``budget_s`` in s. The database's own failure (``recordset.store_unusable``) or ``HookTimeout``
+    stops the replay, the entry put back, and propagates."""
     def decode(entry: queue.Entry) -> Optional[Tuple[List[Dict[str, Any]], str]]:
-        """``(ops, what to log once applied)``, or None for another database's or cluster's entry.
-
-        Raises:
-            queue.EntryError, ValueError: an undecodable entry (``queue.replay`` sets it aside).
-        """
+        """``(ops, what to log once applied)``, or None for another database's or cluster's entry. Raises
+        queue.EntryError, ValueError (an undecodable entry (``queue.replay`` sets it aside))."""
         if entry.kind == recordset.SUFFIX:
             entry_target, ops = recordset.decode(entry.data)
             return (ops, "") if entry_target == target else None
@@ -219,18 +189,11 @@ def replay_queue(target: str, db: Any, directories: Sequence[str], config_path: 
 
 def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],
                state: Dict[str, Any], env: Optional[Mapping[str, str]] = None) -> None:
-    """Write ``ops`` to ``target``'s database, then replay its recovery queue (``replay_queue``).
-
-    The replay runs until ``REPLAY_MARGIN_S`` before the recording alarm, ``REPLAY_BUDGET_S`` at most.
-    ``state["recorded"]`` turns True once the rows are committed; else the caller (``runner.record_bounded``)
-    queues them after disarming its alarm. The connection is closed with SIGALRM held, which also rolls back a
-    transaction the alarm left open (its write lock would block the next opener). ``env`` None:
-    ``os.environ``.
-
-    Raises:
-        Never raises (errors are logged), but ``HookTerminated`` passes, and the recording alarm's
-        ``HookTimeout`` may.
-    """
+    """Write ``ops`` to ``target``'s database, then replay its recovery queue until ``REPLAY_MARGIN_S`` before
+    the recording alarm (``REPLAY_BUDGET_S`` at most). ``state["recorded"]`` turns True once the rows are
+    committed; else the caller (``runner.record_bounded``) queues them. The connection is closed with SIGALRM
+    held, rolling back a transaction the alarm left open (its write lock would block the next opener). Errors
+    are logged; only ``HookTerminated`` and the alarm's ``HookTimeout`` pass."""
 
     t0 = time.monotonic()
     busy_s = min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

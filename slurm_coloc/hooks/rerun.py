@@ -1,20 +1,11 @@
-"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md, OOM rerun).
-
-Mechanism: a NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script
-Slurm stored (``scontrol write batch_script``). Slurm 22.05 keeps a requeued job's GRES and refuses shard ->
-gpu (docs/facts.md §6), and a requeue truncates the output that holds the OOM message, so requeueing cannot
-give the job a whole GPU (docs/design.md says why).
-
-What root never interprets: the script's directive lines (``#SBATCH``, ``#SLURM``, ``#PBS``, ``#BSUB``, ...
-of every scheduler dialect; ``neutralise_directives``), the job's environment (``--export=NONE``, and sbatch
-itself runs with ``PATH`` and ``SLURM_CONF`` only) and the job's comment (only the script's arguments, and
-only where they agree with what Slurm recorded: ``script_args``). sbatch is also told ``--ignore-pbs``.
-Every option of the rerun is the job's own value in slurmctld's record (``retry_sbatch_args``), one argv
-word each, no shell. An array task is rerun alone (``--array=<its task id>``). The rerun carries the job's
-whole confinement from the record (reservation, excluded and required nodes, QOS, account, WCKey, features,
-licenses, other GRES, container, ...: ``slurm/jobinfo.py``), or is refused with the reason
-(``rerun_refusal``). Root submits it: a site ``job_submit`` filter sees ``submit_uid`` 0 (docs/admin.md).
-"""
+"""The OOM rerun of one job, built by root from Slurm's record of the job only (docs/design.md, OOM rerun): a
+NEW job, submitted by root with ``sbatch --uid --gid``, of a sanitised copy of the batch script Slurm stored
+(``scontrol write batch_script``); a requeue cannot give the job a whole GPU (22.05 keeps the GRES,
+docs/facts.md §6). Root never interprets the script's directive lines of any dialect
+(``neutralise_directives``, plus ``--ignore-pbs``), the job's environment (``--export=NONE``) or its comment
+(beyond ``script_args``). Every option is the job's own value in slurmctld's record, one argv word each, no
+shell; the job's confinement is carried whole (``slurm/jobinfo.py``) or the rerun is refused
+(``rerun_refusal``). A site ``job_submit`` filter sees ``submit_uid`` 0 (docs/admin.md)."""
 from __future__ import annotations
 
 import os
@@ -39,16 +30,9 @@ _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
 def neutralise_directives(script: str) -> Tuple[str, int]:
-    """``(script, lines changed)``: every directive line of the user's script made a plain comment.
-
-    Pure, never raises.
-
-    Neutralised (``NEUTRAL_PREFIX`` put in front, the line kept after it): every line matching a directive of
-    any dialect (``_DIRECTIVE``) anywhere, and every comment line of the header (before the first line that is
-    neither blank nor a comment, where sbatch stops reading directives), except a ``#!`` first line. Lines are
-    split at ``\\n``, ``\\r\\n`` and ``\\r`` alike (kept as they are), so no reader's idea of a line start is
-    missed.
-    """
+    """``(script, lines changed)`` (pure): ``NEUTRAL_PREFIX`` before every ``_DIRECTIVE`` line and every
+    comment line of the header, except a ``#!`` first line; lines split at ``\\n``, ``\\r\\n`` and ``\\r``
+    alike."""
     parts = _LINE_BREAK.split(script)  # [line, sep, line, sep, ..., line]
     header = True
     changed = 0
@@ -67,19 +51,10 @@ def neutralise_directives(script: str) -> Tuple[str, int]:
 
 
 def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[List[str], bool]:
-    """``(argument words, exact)`` of the batch script (pure, never raises).
-
-    Slurm's record first (``JobInfo.recorded_script_args``: 22.05's ``command``, 26.05's ``submit_line``, both
-    argv joined by single spaces). ``argv`` is the coloc comment's (``JobComment.argv``, within
-    ``comment.values.MAX_ARGS`` words of at most ``MAX_ARG_CHARS``; None: absent), used only where its words
-    are the words Slurm recorded (it is the user's text: it can restore spaces inside arguments, never add or
-    change any); else Slurm's words. ``exact`` False: spaces inside arguments may be lost, or the arguments
-    are unknown (empty list).
-
-    Slurm 24.11 records the script alone (docs/slurm-versions.md); there the comment's ``argv`` is the only
-    source. The arguments follow the script path, where sbatch reads no option, so they shape only what the
-    user's own script sees.
-    """
+    """``(argument words, exact)`` of the batch script (pure, never raises). Slurm's record
+    (``JobInfo.recorded_script_args``) first; ``argv`` (the coloc comment's, the user's text; None: absent)
+    only restores spaces inside those words, never adds or changes one (24.11 records none: then ``argv`` is
+    the only source). ``exact`` False: spaces may be lost, or the arguments are unknown ([])."""
     recorded, exact = job.recorded_script_args() if job else ([], True)
     words = list(argv) if argv is not None else []
     if recorded is None:
@@ -90,22 +65,11 @@ def script_args(job: Optional[JobInfo], argv: Optional[Sequence[str]]) -> Tuple[
 
 
 def retry_sbatch_args(job: JobInfo, cfg: Config) -> List[str]:
-    """sbatch options of ``job``'s rerun, one argv word each (no shell; pure), the rerun's coloc comment last.
-
-    Every value is the job's own in slurmctld's record (``squeue --json``): name, partition, account, time
-    limit (``--time`` in minutes), working directory, output paths (``--open-mode=append``), nodes, tasks,
-    CPUs,
-    memory (``--mem`` in MiB), and for an array task ``--array=<its task id>``. Fixed by root:
-    ``--ignore-pbs``, ``--export=NONE`` (slurmd loads the user's login environment; nothing of the hook's or
-    the job's leaks), ``--no-requeue`` and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``, 1 shard = 1
-    GiB: 22.05 takes one job's shards from one GPU, so no shard job fits beside it, while ``--gres=gpu:1``
-    would not keep shard tenants off: docs/facts.md §4), then the job's other per-node GRES. Its confinement
-    is carried verbatim (``slurm/jobinfo.py``). Nothing comes from the job's comment, script or
-    environment.
-
-    Raises:
-        ColocError: part of the job's confinement cannot be carried (``rerun_refusal`` names it).
-    """
+    """sbatch options of ``job``'s rerun, one argv word each (pure), its coloc comment last: the job's own
+    values in slurmctld's record (``--time`` in minutes, ``--mem`` in MiB, an array task's ``--array=<id>``),
+    its other GRES and confinement verbatim, and root's ``--ignore-pbs``, ``--export=NONE``, ``--no-requeue``
+    and all shards of one GPU (``--gres=shard:<gpu_mem_gib>``, 1 shard = 1 GiB: docs/facts.md §4). Raises
+    ColocError (``rerun_refusal``)."""
     why = rerun_refusal(job)
     if why:
         raise ColocError(why)
@@ -147,25 +111,16 @@ def _shape_args(job: JobInfo) -> List[str]:
 
 
 def rerun_refusal(job: JobInfo) -> Optional[str]:
-    """Why ``job``'s rerun is refused (one line), or None (pure, never raises).
-
-    A part of its confinement the rerun cannot carry (``slurm/jobinfo.py``: GRES per job/task/socket, CPUs
-    or memory per GRES, a burst buffer, a heterogeneous job's component).
-    """
+    """Why ``job``'s rerun is refused (confinement ``slurm/jobinfo.py`` cannot carry), or None; pure."""
     return refusal(confinement_of(job.raw))
 
 
 def submit_retry(job: JobInfo, cfg: Config, env: Mapping[str, str], uid: int, gid: int,
                  argv: Optional[Sequence[str]]) -> Tuple[int, bool]:
-    """Submit the rerun as the job's user; ``(new job id, whether the script's arguments are exact)``.
-
-    The batch script is written to a root-only directory and its directives neutralised; sbatch runs as
-    ``uid``/``gid`` with only ``SLURM_CONF`` of ``env``. ``hook_timeout_s``: a fifth bounds scontrol, a
-    quarter sbatch. ``argv``: see ``script_args``.
-
-    Raises:
-        ColocError: scontrol or sbatch failed (SlurmError), or the script could not be handled.
-    """
+    """Submit the rerun as the job's user; ``(new job id, arguments exact)``. The script goes to a root-only
+    directory, directives neutralised; sbatch runs as ``uid``/``gid`` with only ``SLURM_CONF`` of ``env``; a
+    fifth of ``hook_timeout_s`` bounds scontrol, a quarter sbatch. Raises ColocError (scontrol or sbatch
+    failed, or the script could not be handled)."""
     work = Path(cfg.run_dir) / "oom"
     work.mkdir(parents=True, mode=0o700, exist_ok=True)
     if work.is_symlink() or (work.stat().st_uid != os.geteuid()) or work.stat().st_mode & 0o077:

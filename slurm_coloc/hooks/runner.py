@@ -1,22 +1,16 @@
-"""Running a hook safely: bounded time, every error caught and logged, a record per run, exit 0.
-
-Time bound of one hook process (``bound_s``): the hook's own work runs in a forked child, in its own process
-group, under SIGALRM at ``hook_timeout_s`` (``HookTimeout`` ends Python-level waits and the subprocesses they
-wait on); a child that has not ended ``KILL_GRACE_S`` later (stuck in C code the alarm cannot interrupt) is
-SIGKILLed with its process group. The parent, which never touches NVML, MPS or Slurm, then records the run
-(hooks/record.py) within ``RECORD_BUDGET_S``, busy waits capped at ``RECORD_BUSY_S``. Defaults: 20 + 1 + 3 + 1
-= 25 s.
-
-The shim's ``timeout`` (prolog_epilog/coloc-hook.sh, ``COLOC_SHIM_TIMEOUT_S``, default ``OUTER_LIMIT_S``)
-counts from exec, so the child's budget is also capped by what start-up left of it (``work_budget_s``). A
-SIGTERM to the parent (``HookTerminated``) queues the rows a failed run leaves (they only fill what the child
-does not write) and logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to
-finish under its own alarm.
-
-The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, encoded within size limits
-and decoded by hooks/answer.py (``encode_result``, ``decode_answer``). docs/reliability.md describes the
-faults this is tested against.
-"""
+"""Running a hook safely: bounded time, every error caught and logged, a record per run, exit 0. Time bound of
+one hook process (``bound_s``): the hook's own work runs in a forked child, in its own process group, under
+SIGALRM at ``hook_timeout_s`` (``HookTimeout`` ends Python-level waits and the subprocesses they wait on); a
+child that has not ended ``KILL_GRACE_S`` later (stuck in C code the alarm cannot interrupt) is SIGKILLed with
+its process group. The parent, which never touches NVML, MPS or Slurm, then records the run (hooks/record.py)
+within ``RECORD_BUDGET_S``, busy waits capped at ``RECORD_BUSY_S``. Defaults: 20 + 1 + 3 + 1 = 25 s. The
+shim's ``timeout`` (prolog_epilog/coloc-hook.sh, ``COLOC_SHIM_TIMEOUT_S``, default ``OUTER_LIMIT_S``) counts
+from exec, so the child's budget is also capped by what start-up left of it (``work_budget_s``). A SIGTERM to
+the parent (``HookTerminated``) queues the rows a failed run leaves (they only fill what the child does not
+write) and logs the run's one ``<hook> done in N ms (TERMINATED ...)`` line; the child is left to finish under
+its own alarm. The child answers with one JSON object ``{"ok", "detail", "result"}`` on a pipe, encoded within
+size limits and decoded by hooks/context.py (``encode_result``, ``decode_answer``). docs/reliability.md
+describes the faults this is tested against."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,13 +21,14 @@ import select
 import signal
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from slurm_coloc import config as config_mod
 from slurm_coloc.errors import ColocError
 from slurm_coloc.hooks import ctld, node
-from slurm_coloc.hooks.answer import decode_answer, encode_result
-from slurm_coloc.hooks.context import HookContext
+from slurm_coloc.hooks.context import HookContext, decode_answer, encode_result
+from slurm_coloc.hooks.pending import process_age_s
 from slurm_coloc.hooks.record import (
     RECORD_BUDGET_S,
     RECORD_BUSY_S,
@@ -44,7 +39,6 @@ from slurm_coloc.hooks.record import (
     record_run,
     target_of,
 )
-from slurm_coloc.hooks.startup import process_age_s
 
 log = logging.getLogger("slurm_coloc.hooks")
 
@@ -62,22 +56,20 @@ OUTER_MARGIN_S = 1.0  # kept free under the shim's limit (logging, exit)
 MIN_WORK_S = 5.0  # below this the shim's limit cannot be kept anyway: the child keeps its full hook_timeout_s
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
+def _on_alarm(signum: int, frame: Optional[FrameType]) -> None:
     raise HookTimeout()
 
 
-def _on_term(signum: int, frame: Any) -> None:
+def _on_term(signum: int, frame: Optional[FrameType]) -> None:
     raise HookTerminated(signum)
 
 
 def work_budget_s(cfg: config_mod.Config, env: Mapping[str, str], age_s: float) -> float:
-    """The child's time budget (s), at most ``hook_timeout_s``; never raises.
-
-    Capped so that the whole process (start-up ``age_s``, kill grace, recording) ends ``OUTER_MARGIN_S``
-    before the shim's limit (``COLOC_SHIM_TIMEOUT_S``; a bad value counts as ``OUTER_LIMIT_S``). When that
-    leaves less than ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would
-    only lose it, while the parent's SIGTERM is caught and logged and the child finishes on its own.
-    """
+    """The child's time budget (s), at most ``hook_timeout_s``; never raises. Capped so that the whole process
+    (start-up ``age_s``, kill grace, recording) ends ``OUTER_MARGIN_S`` before the shim's limit
+    (``COLOC_SHIM_TIMEOUT_S``; a bad value counts as ``OUTER_LIMIT_S``). When that leaves less than
+    ``MIN_WORK_S`` (an overloaded host), the cap is dropped: cutting the work short would only lose it, while
+    the parent's SIGTERM is caught and logged and the child finishes on its own."""
     try:
         outer = float(env.get("COLOC_SHIM_TIMEOUT_S") or OUTER_LIMIT_S)
     except ValueError:
@@ -108,11 +100,9 @@ def _setup_logging(cfg: config_mod.Config, job_id: Optional[int], create_dir: bo
 
 
 def _load_config(name: str, ctx: HookContext, env: Dict[str, str]) -> Optional[config_mod.Config]:
-    """The config, or None after logging (and recording where possible) why it cannot be loaded.
-
-    The TaskProlog runs in the job's environment, so it takes no override from it
-    (``config.load_in_job_environment``).
-    """
+    """The config, or None after logging (and recording where possible) why it cannot be loaded. The
+    TaskProlog runs in the job's environment, so it takes no override from it
+    (``config.load_in_job_environment``)."""
     try:
         if name == "task-prolog":
             return config_mod.load_in_job_environment(env)
@@ -131,13 +121,10 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
                    started_ts: float, duration_ms: float, state: Dict[str, Any],
                    env: Mapping[str, str]) -> None:
     """Record this run (``record_run``) within ``RECORD_BUDGET_S`` wall-clock seconds, never losing its rows.
-
     The rows are built before the alarm is armed and, unless ``record_run`` committed them
     (``state["recorded"]``), queued after it is disarmed, so an alarm firing anywhere loses none; rows both
-    committed and queued are applied once (``once`` windows).
-
-    Never raises (the alarm's ``HookTimeout`` is caught and logged), but ``HookTerminated`` passes.
-    """
+    committed and queued are applied once (``once`` windows). Never raises (the alarm's ``HookTimeout`` is
+    caught and logged), but ``HookTerminated`` passes."""
     target = target_of(name, ctx)
     if target is None:
         return
@@ -148,7 +135,7 @@ def record_bounded(name: str, ctx: HookContext, cfg: config_mod.Config, ok: bool
         enqueue_ops(cfg, target, ops)
 
 
-def _bounded(fn: Callable[[], Any], seconds: float) -> None:
+def _bounded(fn: Callable[[], object], seconds: float) -> None:
     old = signal.signal(signal.SIGALRM, _on_alarm)
     try:
         signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -165,9 +152,7 @@ def _bounded(fn: Callable[[], Any], seconds: float) -> None:
 
 def run_hook(name: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """Run hook ``name`` (of ``HOOKS``) for the job in ``environ`` (None: ``os.environ``); lines to print.
-
-    Only TaskProlog prints lines. Never raises.
-    """
+    Only TaskProlog prints lines. Never raises."""
     env = dict(os.environ if environ is None else environ)
     t0, started_ts = time.monotonic(), time.time()
     age_ms = process_age_s() * 1000
@@ -215,11 +200,9 @@ def _run_hook(name: str, env: Dict[str, str], ctx: HookContext, t0: float, start
 
 def _terminated(name: str, env: Dict[str, str], ctx: HookContext, t0: float, started_ts: float, age_ms: float,
                 state: Dict[str, Any]) -> None:
-    """SIGTERM reached the hook process: queue what a failed run leaves, log the one done line.
-
-    Called with about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process
-    group, untouched by the shim's signals) finishes its work under its own alarm. Never raises.
-    """
+    """SIGTERM reached the hook process: queue what a failed run leaves, log the one done line. Called with
+    about 2 s left (the shim's ``timeout -k 2``); does no database wait. The child (own process group,
+    untouched by the shim's signals) finishes its work under its own alarm. Never raises."""
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
         child = state.get("child")
@@ -277,9 +260,7 @@ def _child(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, 
 
 def _read_answer(r: int, deadline: float) -> Tuple[List[bytes], bool]:
     """``(chunks, killed)`` from pipe ``r`` (closed on return), read until EOF or ``deadline`` (monotonic s).
-
-    ``killed``: the deadline passed first (the child is to be killed).
-    """
+    ``killed``: the deadline passed first (the child is to be killed)."""
     chunks: List[bytes] = []
     try:
         while True:
@@ -312,13 +293,11 @@ def _reap(pid: int, killed: bool) -> None:
 
 def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[str, str],
                 name: str = "hook", state: Optional[Dict[str, Any]] = None) -> tuple:
-    """Run ``fn(ctx, cfg, env)`` in a forked child; ``(ok, detail, result)``.
-
-    Bounded by ``hook_timeout_s`` (soft, SIGALRM in the child) and ``hook_timeout_s + KILL_GRACE_S`` (hard:
-    SIGKILL of its process group). ``detail``: the hook's dict (or ``{"error": ...}``); ``result``: its list
-    (TaskProlog lines) or None. ``state["child"]`` holds the child's pid while it runs. Never raises
-    (``HookTerminated`` passes; ``state["child"]`` then names the child to kill).
-    """
+    """Run ``fn(ctx, cfg, env)`` in a forked child; ``(ok, detail, result)``. Bounded by ``hook_timeout_s``
+    (soft, SIGALRM in the child) and ``hook_timeout_s + KILL_GRACE_S`` (hard: SIGKILL of its process group).
+    ``detail``: the hook's dict (or ``{"error": ...}``); ``result``: its list (TaskProlog lines) or None.
+    ``state["child"]`` holds the child's pid while it runs. Never raises (``HookTerminated`` passes;
+    ``state["child"]`` then names the child to kill)."""
     # the child must never see our handler
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
@@ -347,8 +326,6 @@ def run_bounded(fn: HookFn, ctx: HookContext, cfg: config_mod.Config, env: Dict[
 
 
 def bound_s(cfg: config_mod.Config) -> float:
-    """The most seconds one hook process takes (module docstring): own work + kill grace + recording.
-
-    Pure, never raises.
-    """
+    """The most seconds one hook process takes (module docstring): own work + kill grace + recording. Pure,
+    never raises."""
     return cfg.hook_timeout_s + KILL_GRACE_S + RECORD_BUDGET_S + min(cfg.db_busy_timeout_s, RECORD_BUSY_S)

@@ -29,8 +29,8 @@ from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.node.cpu import CpuReader
 from slurm_coloc.node.watchdog import Watchdog
 from slurm_coloc.nvml.readings import Frame, GpuReading
+from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import samples as store_samples
-from slurm_coloc.store import watchdog as store_watchdog
 from slurm_coloc.store.db import open_node_db
 
 log = logging.getLogger("slurm_coloc.sampler")
@@ -199,14 +199,14 @@ class Sampler:
         """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed
         job)."""
         try:
-            return store_watchdog.job_uid(self._open(), job_id)
+            return store_oom.job_uid(self._open(), job_id)
         except (sqlite3.Error, ColocError):
             return None
 
     def _uid_jobs(self, uid: int) -> Optional[List[int]]:
         """Jobs of ``uid`` running on this node as the node Prolog recorded them (None: unreadable)."""
         try:
-            return store_watchdog.running_jobs_of_uid(self._open(), uid)
+            return store_oom.running_jobs_of_uid(self._open(), uid)
         except (sqlite3.Error, ColocError):
             return None
 

@@ -44,7 +44,7 @@ from slurm_coloc.config import Config
 from slurm_coloc.node import lifecycle
 from slurm_coloc.node.attribution import JobAttributor
 from slurm_coloc.nvml.readings import Frame, ProcLists
-from slurm_coloc.store import watchdog as store_wd
+from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_node_db
 from slurm_coloc.units import shards_to_mib
 
@@ -234,7 +234,7 @@ class Watchdog:
         self._refreshed = 0.0
         self._pending: FrozenSet[FindingKey] = frozenset()
         self.acted: Dict[int, float] = {}
-        self.events: List[store_wd.WatchdogEvent] = []
+        self.events: List[store_oom.WatchdogEvent] = []
         self.threads: List[threading.Thread] = []
         self._logged: Set[str] = set()
         from slurm_coloc.node.mps_daemon import resolve_binary
@@ -262,7 +262,7 @@ class Watchdog:
         if not names:
             self.tenants = {}
             return self.tenants
-        runs = {r.job_id: r for r in store_wd.running_runs(self._open(), self.node)}
+        runs = {r.job_id: r for r in store_oom.running_runs(self._open(), self.node)}
         tenants: Dict[int, Tenant] = {}
         for job in names:
             run = runs.get(job)
@@ -316,12 +316,12 @@ class Watchdog:
             outcome["killed"], outcome["not_killed"] = self.kill(f.job_id, act.kill_pids)
             outcome["kill_ts"] = time.time()
         log.warning("%s", act.message)
-        ev = store_wd.WatchdogEvent(ts=detect_ts, job_id=f.job_id, node=self.node, gpu_index=f.gpu_index,
+        ev = store_oom.WatchdogEvent(ts=detect_ts, job_id=f.job_id, node=self.node, gpu_index=f.gpu_index,
                                     reason=f.reason, share=f.share, grant_mib=f.grant_mib,
                                     used_mib=f.used_mib, tolerance_mib=float(self.cfg.watchdog_tolerance_mib),
                                     pids=f.pids, action=action, message=act.message, outcome=outcome)
         try:
-            ev = dataclasses.replace(ev, id=store_wd.record_event(self._open(), ev))
+            ev = dataclasses.replace(ev, id=store_oom.record_event(self._open(), ev))
         except Exception as exc:  # a locked database must not undo the stop
             self._once(f"record:{exc}", "cannot record a watchdog event in %s: %s", self.db_path, exc)
         self.events.append(ev)
@@ -348,7 +348,7 @@ class Watchdog:
                     skipped[pid] = os.strerror(exc.errno or 0)
         return done, skipped
 
-    def _finish(self, ev: store_wd.WatchdogEvent, tenant: Optional[Tenant]) -> None:
+    def _finish(self, ev: store_oom.WatchdogEvent, tenant: Optional[Tenant]) -> None:
         """Background: the stderr line (as the job's user), scancel, the outcome row (own connection)."""
         from slurm_coloc.slurm import jobs
         from slurm_coloc.userfiles import append_line_as_user
@@ -369,7 +369,7 @@ class Watchdog:
         outcome["done_ts"] = time.time()
         if ev.id is not None:
             try:
-                store_wd.set_outcome(open_node_db(self.db_path, self.cfg.db_busy_timeout_s), ev.id, outcome)
+                store_oom.set_outcome(open_node_db(self.db_path, self.cfg.db_busy_timeout_s), ev.id, outcome)
             except Exception as exc:
                 log.warning("cannot record the watchdog outcome of job %s: %s", ev.job_id, exc)
         log.warning("watchdog: job %s: %s", ev.job_id, outcome)

@@ -12,7 +12,6 @@ completed tasks; slowdown of a task = its JCT / its time alone (the trace's scal
 from __future__ import annotations
 
 import logging
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple

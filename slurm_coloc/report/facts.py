@@ -1,6 +1,6 @@
 """A job's measured facts from the node databases (no judgement): what it reserved and held, its peak memory,
 utilization, SM activity/occupancy, energy and the watchdog's reason, from the node Epilog's job summaries
-(``store/summaries.py``) and the sampler's tables (``store/samples.py``, ``store/watchdog.py``).
+(``store/summaries.py``) and the sampler's tables (``store/samples.py``, ``store/oom.py``).
 
 Light on purpose: it imports only ``store/`` and ``units``, so the node Epilog (root, bounded time) can
 compute the AdminComment figures (hooks/figures.py) without loading the report pipeline (``summarize``,
@@ -13,9 +13,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from sqlite_utils import Database
 
+from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import summaries as store_summaries
-from slurm_coloc.store import watchdog as store_watchdog
 from slurm_coloc.units import format_mib
 
 MIB_PER_GIB = 1024
@@ -47,7 +47,7 @@ def watchdog_reason(node_dbs: Mapping[str, Database], job_id: int, nodes: Iterab
     ``nodes`` (``"stopped: over its grant (7,778 of 2,048 MiB) on n1 GPU 0"``); None: no event."""
     for node in sorted(set(nodes)):
         db = node_dbs.get(node)
-        events = store_watchdog.load_events(db, job_id) if db is not None else []
+        events = store_oom.load_events(db, job_id) if db is not None else []
         if events:
             ev = events[0]
             verb = "stopped" if ev.action == "stop" else "flagged"

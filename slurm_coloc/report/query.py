@@ -229,7 +229,7 @@ def collect(cfg: Config, q: Query, viewer: views.Viewer, now: Optional[float] = 
 def _history(cfg: Config, request: Mapping[str, object], uid: int) -> Dict[str, Any]:
     """``{"ok": true, "history_mib": [...]}`` for the request's script SHA-256 and the asking process's
     ``uid`` (the kernel's, never a request field): MiB figures of that user's own runs only."""
-    from slurm_coloc.store.history import script_history_mib
+    from slurm_coloc.store.summaries import script_history_mib
 
     sha = request.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):

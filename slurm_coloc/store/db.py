@@ -1,10 +1,8 @@
-"""Opening slurm-coloc databases: WAL, busy timeout, migrations, and who may read them.
-
-A database and its ``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that
-group, 0600 without; directories we create 0750 / 0700): they hold every user's job names, script SHA-256s,
-model specs and stderr lines. Users read their own rows through coloc-report's reader (``report/reader.py``).
-A root opener tightens files left looser by an older version (docs/admin.md).
-"""
+"""Opening slurm-coloc databases: WAL, busy timeout, migrations, and who may read them. A database and its
+``-wal``/``-shm`` files are readable by root and the admin group only (0640 with that group, 0600 without;
+directories we create 0750 / 0700): they hold every user's job names, script SHA-256s, model specs and stderr
+lines. Users read their own rows through coloc-report's reader (``report/reader.py``). A root opener tightens
+files left looser by an older version (docs/admin.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -33,11 +31,9 @@ SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 
 
 def admin_gid(admin_group: Optional[str]) -> Optional[int]:
-    """The gid of ``admin_group`` (name or number); None: "" or an unknown group (logged): root only.
-
-    None in: the loaded config's ``admin_group`` (a config that does not load: root only), so that every
-    opener (hooks, sampler, report) agrees on a file's group. Never raises.
-    """
+    """The gid of ``admin_group`` (name or number); None: "" or an unknown group (logged): root only. None in:
+    the loaded config's ``admin_group`` (a config that does not load: root only), so that every opener (hooks,
+    sampler, report) agrees on a file's group. Never raises."""
     if admin_group is None:
         from slurm_coloc import config as config_mod
 
@@ -60,13 +56,9 @@ def admin_gid(admin_group: Optional[str]) -> Optional[int]:
 
 def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
     """Make ``path`` owner read-write and readable by group ``gid`` only (None: owner only); missing: ignored.
-
     As root the group is set to ``gid`` (0 without one); as another user only the mode. Symlinks are not
-    followed. ``directory``: modes 0750 / 0700 instead of 0640 / 0600.
-
-    Raises:
-        OSError: the owner or mode cannot be set.
-    """
+    followed. ``directory``: modes 0750 / 0700 instead of 0640 / 0600. Raises OSError (the owner or mode
+    cannot be set)."""
     if directory:
         mode = DIR_MODE_GROUP if gid is not None else DIR_MODE_ROOT
     else:
@@ -82,15 +74,10 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
 
 
 def restrict_database(path: Path, gid: Optional[int]) -> None:
-    """``restrict`` the database file, its side files (missing: skipped) and, when ours, its directory.
-
-    Ours: root-owned with mode 0700 or 0750 (``_ensure_dir`` made it); it then follows ``admin_group``. Any
-    other directory is left as it is: it may be shared (``state_dir: /var/lib``), and the files' own modes
-    keep other users out.
-
-    Raises:
-        OSError: an owner or mode cannot be set.
-    """
+    """``restrict`` the database file, its side files (missing: skipped) and, when ours, its directory. Ours:
+    root-owned with mode 0700 or 0750 (``_ensure_dir`` made it); it then follows ``admin_group``. Any other
+    directory is left as it is: it may be shared (``state_dir: /var/lib``), and the files' own modes keep
+    other users out. Raises OSError (an owner or mode cannot be set)."""
     try:
         st = os.stat(path.parent)
         if st.st_uid == 0 and stat.S_IMODE(st.st_mode) in (DIR_MODE_ROOT, DIR_MODE_GROUP):
@@ -110,12 +97,10 @@ def _ensure_dir(path: Path, gid: Optional[int]) -> None:
 
 
 class ColocDatabase(Database):
-    """A sqlite-utils Database whose ``atomic()`` transactions start with ``BEGIN IMMEDIATE``.
-
-    sqlite-utils' deferred ``BEGIN``: a transaction that reads, then writes fails at once with "database is
-    locked" when another process committed in between (WAL snapshot upgrade: SQLite skips the busy handler).
-    Taking the write lock at BEGIN makes writers wait their turn, up to the busy timeout. Nested blocks use
-    savepoints.
+    """A sqlite-utils Database whose ``atomic()`` transactions start with ``BEGIN IMMEDIATE``. sqlite-utils'
+    deferred ``BEGIN``: a transaction that reads, then writes fails at once with "database is locked" when
+    another process committed in between (WAL snapshot upgrade: SQLite skips the busy handler). Taking the
+    write lock at BEGIN makes writers wait their turn, up to the busy timeout. Nested blocks use savepoints.
     """
 
     @contextlib.contextmanager
@@ -145,14 +130,10 @@ def _unknown_applied(db: Database, migrations: Migrations) -> list:
 
 
 def migrate(db: Database, migrations: Migrations, label: str = "") -> None:
-    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (concurrent first openers never race).
-
-    ``db`` outside any transaction; ``label``: its name in errors.
-
-    Raises:
-        StoreError: the database holds migrations of this set unknown to this code (a downgrade).
-        sqlite3.Error: locked past the busy timeout, disk full, not a database.
-    """
+    """Apply pending migrations under one ``BEGIN IMMEDIATE`` (concurrent first openers never race). ``db``
+    outside any transaction; ``label``: its name in errors. Raises StoreError (the database holds migrations
+    of this set unknown to this code (a downgrade)), sqlite3.Error (locked past the busy timeout, disk full,
+    not a database)."""
     unknown = _unknown_applied(db, migrations)
     if not unknown and not migrations.pending(db):
         return
@@ -181,11 +162,9 @@ def _wal_and_migrate(db: Database, migrations: Migrations, label: str) -> None:
 
 def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
     """Run ``fn``, again while it fails with 'database is locked' and ``busy_timeout_s`` has not passed.
-
     SQLite returns SQLITE_BUSY at once, without its busy handler, where waiting could deadlock
     (sqlite.org/c3ref/busy_handler.html): e.g. two connections switching a fresh file to WAL, each holding a
-    read lock. Defensive: seen once, not reproduced.
-    """
+    read lock. Defensive: seen once, not reproduced."""
     deadline = time.monotonic() + busy_timeout_s
     while True:
         try:
@@ -199,16 +178,12 @@ def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
 
 def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: float = 5.0,
             admin_group: Optional[str] = None) -> Database:
-    """Open (creating if needed) a database for writing, in WAL mode, with migrations applied.
-
-    The file, its side files and its directory are made readable by root and ``admin_group`` only ("": root
-    only; None: the loaded config's), also when an older version left them 0644. The file is created 0600
-    (SQLite gives ``-wal``/``-shm`` its mode), so no one else opens it first; the umask is never touched
-    (process-wide: it raced with other threads). ``busy_timeout_s``: wait for another writer's lock.
-
-    Raises:
-        StoreError: the file cannot be opened, is not a database, or migrating fails.
-    """
+    """Open (creating if needed) a database for writing, in WAL mode, with migrations applied. The file, its
+    side files and its directory are made readable by root and ``admin_group`` only ("": root only; None: the
+    loaded config's), also when an older version left them 0644. The file is created 0600 (SQLite gives
+    ``-wal``/``-shm`` its mode), so no one else opens it first; the umask is never touched (process-wide: it
+    raced with other threads). ``busy_timeout_s``: wait for another writer's lock. Raises StoreError (the file
+    cannot be opened, is not a database, or migrating fails)."""
     p = Path(path)
     gid = admin_gid(admin_group)
     try:
@@ -242,10 +217,7 @@ def open_node_db(path: Union[str, Path], busy_timeout_s: float = 5.0,
 
 def open_readonly(path: Union[str, Path], busy_timeout_s: float = 2.0) -> Database:
     """Open an existing database read-only (coloc-report); never creates or migrates. ``busy_timeout_s`` in s.
-
-    Raises:
-        StoreError: missing, unreadable or not a SQLite database.
-    """
+    Raises StoreError (missing, unreadable or not a SQLite database)."""
     p = Path(path)
     if not p.is_file():
         raise StoreError(f"database {str(p)!r} does not exist")

@@ -1,23 +1,20 @@
 """Writing and reading job rows: one transaction per write (no half-written row); dataclasses in and out,
-table names stay in this package. Times are Unix s; a missing table reads as empty.
-"""
+table names stay in this package. Times are Unix s; a missing table reads as empty."""
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar, Union
 
 from sqlite_utils import Database
 
 
 @dataclass(frozen=True)
 class JobSubmission:
-    """What a job asked for and what slurm-coloc estimated, recorded by PrologSlurmctld.
-
-    ``share_mode``: ``shard`` (shared GPU), ``whole-gpu`` (all shards of one GPU), ``gpu`` (whole GPUs by
-    ``--gres=gpu:N``), ``none`` (no GPU). ``estimate_mib`` is None when there was no estimate.
-    """
+    """What a job asked for and what slurm-coloc estimated, recorded by PrologSlurmctld. ``share_mode``:
+    ``shard`` (shared GPU), ``whole-gpu`` (all shards of one GPU), ``gpu`` (whole GPUs by ``--gres=gpu:N``),
+    ``none`` (no GPU). ``estimate_mib`` is None when there was no estimate."""
 
     job_id: int
     user_name: str = ""
@@ -126,30 +123,22 @@ class JobRunRow:
     signal: Optional[int] = None
 
 
-def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Any) -> None:
+def _upsert(db: Database, table: str, row: Dict[str, Any], pk: Union[str, Tuple[str, str]]) -> None:
     with db.atomic():  # one transaction
         db.table(table).upsert(row, pk=pk)
 
 
 def record_submission(db: Database, sub: JobSubmission) -> None:
-    """Insert or update the job's submission columns, stamped now (idempotent: a requeue overwrites).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Insert or update the job's submission columns, stamped now (idempotent: a requeue overwrites). Raises
+    sqlite3.Error (locked past the busy timeout, disk full)."""
     row = {k: v for k, v in asdict(sub).items()}
     row["updated_ts"] = time.time()
     _upsert(db, "jobs", row, "job_id")
 
 
 def record_ctld_end(db: Database, end: JobEnd, node_list: str = "", start_ts: Optional[float] = None) -> None:
-    """Record how a job ended, controller side (EpilogSlurmctld).
-
-    ``node_list`` "" and ``start_ts`` None or 0 leave the stored values.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Record how a job ended, controller side (EpilogSlurmctld). ``node_list`` "" and ``start_ts`` None or 0
+    leave the stored values. Raises sqlite3.Error (locked past the busy timeout, disk full)."""
     row: Dict[str, Any] = {"job_id": end.job_id, "end_ts": end.end_ts, "state": end.state,
                            "exit_code": end.exit_code, "signal": end.signal, "updated_ts": time.time()}
     if node_list:
@@ -170,14 +159,10 @@ def inferred_job_ids(db: Database) -> List[int]:
 
 
 def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
-    """Replace an inferred final state with Slurm's own, in one transaction.
-
-    ``state`` Slurm's (source ``slurm``; a change adds a ``state-settled`` event), or None when slurmctld no
-    longer knows the job (the inference stays, source ``inferred-kept``, not looked up again).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Replace an inferred final state with Slurm's own, in one transaction. ``state`` Slurm's (source
+    ``slurm``; a change adds a ``state-settled`` event), or None when slurmctld no longer knows the job (the
+    inference stays, source ``inferred-kept``, not looked up again). Raises sqlite3.Error (locked past the
+    busy timeout, disk full)."""
     with db.atomic():
         if state is None:
             db.execute("UPDATE jobs SET state_source = 'inferred-kept' WHERE job_id = ?", [int(job_id)])
@@ -191,48 +176,40 @@ def settle_state(db: Database, job_id: int, state: Optional[str]) -> None:
 
 
 def record_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append an event (``hook-error``, ``oom``, ...); ``detail`` as sorted-key JSON (else ``str``).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Append an event (``hook-error``, ``oom``, ...); ``detail`` as sorted-key JSON (else ``str``). Raises
+    sqlite3.Error (locked past the busy timeout, disk full)."""
     with db.atomic():
         db.table("events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                              "detail_json": json.dumps(detail, sort_keys=True, default=str)})
 
 
 def record_node_start(db: Database, start: JobStart) -> None:
-    """The node Prolog's row for (job, node), inserted or replaced.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """The node Prolog's row for (job, node), inserted or replaced. Raises sqlite3.Error (locked past the busy
+    timeout, disk full)."""
     _upsert(db, "job_runs", asdict(start), ("job_id", "node"))
 
 
 def record_node_end(db: Database, end: JobEnd) -> None:
-    """The node Epilog's end columns for (job, node).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """The node Epilog's end columns for (job, node). Raises sqlite3.Error (locked past the busy timeout, disk
+    full)."""
     _upsert(db, "job_runs", {"job_id": end.job_id, "node": end.node, "end_ts": end.end_ts, "state": end.state,
                              "exit_code": end.exit_code, "signal": end.signal}, ("job_id", "node"))
 
 
 def record_hook_run(db: Database, run: HookRun) -> None:
-    """Append one hook invocation row (detail as sorted-key JSON).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Append one hook invocation row (detail as sorted-key JSON). Raises sqlite3.Error (locked past the busy
+    timeout, disk full)."""
     with db.atomic():
         db.table("hook_runs").insert({"job_id": run.job_id, "node": run.node, "hook": run.hook, "ts": run.ts,
                                 "duration_ms": run.duration_ms, "ok": int(run.ok),
                                 "detail_json": json.dumps(run.detail, sort_keys=True, default=str)})
 
 
-def _rows(db: Database, table: str, cls: Any, where: Optional[str] = None, args: Any = None) -> Iterator[Any]:
+_Row = TypeVar("_Row", JobRow, JobRunRow)
+
+
+def _rows(db: Database, table: str, cls: Type[_Row], where: Optional[str] = None,
+          args: Optional[List[object]] = None) -> Iterator[_Row]:
     if not db.table(table).exists():
         return iter(())
     names = {f.name for f in fields(cls)}

@@ -1,9 +1,7 @@
 """Queries of coloc-placer: each GPU's live activity in a node database, and the measured activity of earlier
-runs that ran alone on their GPU. Read-only (``db.open_readonly``).
-
-Activity comes out as fractions 0..1 (the tables store percent); GPM columns NVML lacks come out as None.
-Times are Unix s; a missing table reads as empty.
-"""
+runs that ran alone on their GPU. Read-only (``db.open_readonly``). Activity comes out as fractions 0..1 (the
+tables store percent); GPM columns NVML lacks come out as None. Times are Unix s; a missing table reads as
+empty."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,14 +14,9 @@ from slurm_coloc.comment import JobComment
 
 @dataclass(frozen=True)
 class LiveGpu:
-    """Mean of one GPU's samples over the window before its last sample.
-
-    Attributes:
-        smact, smocc, drama: mean SM activity, SM occupancy, DRAM bandwidth utilisation (fractions; None:
-        NULL).
-        mem_used_mib: max memory used in the window (MiB).
-        name: the GPU's model as NVML names it (``gpus`` table; "" when unknown).
-    """
+    """Mean of one GPU's samples over the window before its last sample. ``smact, smocc, drama``: mean SM
+    activity, SM occupancy, DRAM bandwidth utilisation (fractions; None: NULL); ``mem_used_mib``: max memory
+    used in the window (MiB); ``name``: the GPU's model as NVML names it (``gpus`` table; "" when unknown)."""
 
     gpu_index: int
     last_ts: float
@@ -35,7 +28,7 @@ class LiveGpu:
     name: str = ""
 
 
-def _frac(v: Any) -> Optional[float]:
+def _frac(v: Optional[float]) -> Optional[float]:
     return None if v is None else max(0.0, min(1.0, float(v) / 100.0))
 
 
@@ -58,11 +51,9 @@ def live_gpus(db: Database, window_s: float) -> List[LiveGpu]:
 
 
 def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
-    """The newest ``limit`` ended jobs of ``ctld.db``, newest end first.
-
-    Keys: ``job_id``, ``uid`` (Slurm's; None: unknown), ``coloc`` (``coloc_json`` as a validated
-    ``comment.JobComment``; ``NO_COMMENT`` when absent or invalid) and ``state`` (Slurm's final; None).
-    """
+    """The newest ``limit`` ended jobs of ``ctld.db``, newest end first. Keys: ``job_id``, ``uid`` (Slurm's;
+    None: unknown), ``coloc`` (``coloc_json`` as a validated ``comment.JobComment``; ``NO_COMMENT`` when
+    absent or invalid) and ``state`` (Slurm's final; None)."""
     if not ctld["jobs"].exists():
         return []
     out = []
@@ -82,19 +73,15 @@ BUSY_SMACT_PCT = 1.0
 
 def alone_activity(node_db: Database, job_ids: Iterable[int],
                    since_ts: float = 0.0) -> Dict[int, Dict[str, Any]]:
-    """Measured activity, while computing, of the jobs' single-GPU runs here that had their GPU alone.
-
-    Alone: no other ``job_runs`` row on the same ``gpus`` overlaps it. Activity: mean SMACT/SMOCC/DRAMA of the
-    GPU's samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): start-up (imports, CUDA
-    context, cuDNN set-up; 10-30 s on the H100 harness) keeps the GPU idle and would dilute a short run's
-    mean, while collocated jobs contend only while they compute. Without such samples: the Epilog's
-    ``job_summaries`` means (DRAMA None). Runs ended before ``since_ts`` are left out.
-
-    Returns:
-        ``{job_id: {"smact": f, "smocc": f, "drama": f, "run_s": s, "startup_s": s, "gpu_model": name}}``:
-        fractions (None: not measured); ``startup_s`` = first working sample - start (None: none);
-        ``gpu_model`` from the ``gpus`` table (None: not recorded).
-    """
+    """Measured activity, while computing, of the jobs' single-GPU runs here that had their GPU alone. Alone:
+    no other ``job_runs`` row on the same ``gpus`` overlaps it. Activity: mean SMACT/SMOCC/DRAMA of the GPU's
+    samples over the run that show work (``smact_pct >= BUSY_SMACT_PCT``): start-up (imports, CUDA context,
+    cuDNN set-up; 10-30 s on the H100 harness) keeps the GPU idle and would dilute a short run's mean, while
+    collocated jobs contend only while they compute. Without such samples: the Epilog's ``job_summaries``
+    means (DRAMA None). Runs ended before ``since_ts`` are left out. Returns: ``{job_id: {"smact": f, "smocc":
+    f, "drama": f, "run_s": s, "startup_s": s, "gpu_model": name}}``: fractions (None: not measured);
+    ``startup_s`` = first working sample - start (None: none); ``gpu_model`` from the ``gpus`` table (None:
+    not recorded)."""
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "job_summaries", "gpu_samples")):
         return {}
@@ -132,12 +119,10 @@ def alone_activity(node_db: Database, job_ids: Iterable[int],
 
 def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pct: float,
                       t0: Optional[float] = None, t1: Optional[float] = None) -> Dict[int, Dict[str, float]]:
-    """Per GPU ``{"saturated_s", "sampled_s"}``: seconds over the saturation gate, seconds with SM activity.
-
-    A row counts for its ``res_s`` (a rolled-up row judged by its means). Saturated: ``smact_pct`` column
-    >= ``smact_pct`` and (``smocc_pct`` >= ``smocc_pct`` or ``dram_bw_pct`` >= ``drama_pct``) (CARMA's gate,
-    thresholds in %). Rows without SM activity (no GPM) count in neither. ``t0``/``t1`` None: unbounded.
-    """
+    """Per GPU ``{"saturated_s", "sampled_s"}``: seconds over the saturation gate, seconds with SM activity. A
+    row counts for its ``res_s`` (a rolled-up row judged by its means). Saturated: ``smact_pct`` column >=
+    ``smact_pct`` and (``smocc_pct`` >= ``smocc_pct`` or ``dram_bw_pct`` >= ``drama_pct``) (CARMA's gate,
+    thresholds in %). Rows without SM activity (no GPM) count in neither. ``t0``/``t1`` None: unbounded."""
     if not db.table("gpu_samples").exists():
         return {}
     where, args = ["smact_pct IS NOT NULL"], [float(smact_pct), float(smocc_pct), float(drama_pct)]
@@ -156,13 +141,10 @@ def saturated_seconds(db: Database, smact_pct: float, smocc_pct: float, drama_pc
 
 @dataclass(frozen=True)
 class GpuCoRuns:
-    """One GPU's finished single-GPU runs and its samples over their span, for ``coruns.learn``.
-
-    Attributes:
-        runs: ``(job_id, start_ts, end_ts, compute_ts)``; ``compute_ts``: the job's first process sample at
-            90 % of its peak memory (None without process samples).
-        samples: ``(ts, smact, res_s)``: GPM SM activity as a fraction, seconds the row stands for.
-    """
+    """One GPU's finished single-GPU runs and its samples over their span, for ``coruns.learn``. ``runs``:
+    ``(job_id, start_ts, end_ts, compute_ts)``; ``compute_ts``: the job's first process sample at 90 % of its
+    peak memory (None without process samples); ``samples``: ``(ts, smact, res_s)``: GPM SM activity as a
+    fraction, seconds the row stands for."""
 
     gpu_index: int
     name: str
@@ -171,11 +153,9 @@ class GpuCoRuns:
 
 
 def co_runs(node_db: Database, job_ids: Iterable[int], since_ts: float = 0.0) -> List[GpuCoRuns]:
-    """Per GPU, the given jobs' finished single-GPU runs here that ended after ``since_ts``.
-
-    With every other finished run on that GPU over their span (neighbours the fit must explain too) and every
-    sample of that GPU with SM activity over it.
-    """
+    """Per GPU, the given jobs' finished single-GPU runs here that ended after ``since_ts``. With every other
+    finished run on that GPU over their span (neighbours the fit must explain too) and every sample of that
+    GPU with SM activity over it."""
     ids = sorted({int(j) for j in job_ids})
     if not ids or not all(node_db[t].exists() for t in ("job_runs", "gpu_samples")):
         return []

@@ -1,8 +1,7 @@
-"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed later.
-
-One entry is one file in a queue directory; its kind is its suffix (``.json``: a record set,
-store/recordset.py; ``.env``: the environment of a run that ended before recording, hooks/pending.py). This
-module treats every kind alike and knows nothing of their content or of the database:
+"""The recovery queue: root-only entry files that hook runs leave when they cannot record, replayed later. One
+entry is one file in a queue directory; its kind is its suffix (``.json``: a record set, store/recordset.py;
+``.env``: the environment of a run that ended before recording, hooks/pending.py). This module treats every
+kind alike and knows nothing of their content or of the database:
 
 - Directory: a real directory (never a symlink) owned by the effective uid, mode 0700 (looser on our own:
   tightened; another owner: refused). Created 0700 with 0755 parents when a writer needs it.
@@ -19,15 +18,14 @@ module treats every kind alike and knows nothing of their content or of the data
   SIGTERM) puts the claimed entry back and stops the replay, propagating the error.
 
 Light on purpose (os, re, stat, time; logging only once an entry is set aside): ``coloc-hook`` writes entries
-from its start-up path.
-"""
+from its start-up path."""
 from __future__ import annotations
 
 import os
 import re
 import stat
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from slurm_coloc.atomic import make_dirs, write_atomic
 from slurm_coloc.errors import StoreError
@@ -41,6 +39,7 @@ CLAIM_SUFFIX = ".replaying"
 BAD_SUFFIX = ".bad"
 
 _CLAIM_RE = re.compile(r"^(?P<base>[^/]+?)(?:\.(?P<pid>[0-9]{1,10}))?\.replaying$")
+_Item = TypeVar("_Item")  # what a replayer decodes an entry to
 
 
 class EntryError(ValueError):
@@ -49,8 +48,7 @@ class EntryError(ValueError):
 
 class Entry(NamedTuple):
     """One entry as read for replay: ``path`` where it lies now (entry or stale claim), ``name`` without a
-    claim suffix, ``kind`` its suffix, ``data`` at most ``MAX_ENTRY_BYTES``, ``mtime`` Unix s.
-    """
+    claim suffix, ``kind`` its suffix, ``data`` at most ``MAX_ENTRY_BYTES``, ``mtime`` Unix s."""
 
     path: str
     name: str
@@ -61,9 +59,7 @@ class Entry(NamedTuple):
 
 def safe_dir(path: str, create: bool = False) -> str:
     """``path``, checked (with ``create``, made 0700, parents 0755): a real directory of ours, mode 0700.
-
-    Raises:
-        StoreError: absent (without ``create``), a symlink or file, owned by another uid, or an OS error.
+    Raises StoreError (absent (without ``create``), a symlink or file, owned by another uid, or an OS error).
     """
     try:
         if create and not os.path.lexists(path):
@@ -82,13 +78,9 @@ def safe_dir(path: str, create: bool = False) -> str:
 
 
 def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
-    """Write entry ``name`` (suffix = kind) atomically (temp file, optional fsync, rename), 0600, never
-    through a symlink; its path. The directory is created 0700 if absent.
-
-    Raises:
-        StoreError: unusable directory, ``MAX_ENTRIES`` files already there, ``data`` over
-            ``MAX_ENTRY_BYTES``, or an OS error (disk full).
-    """
+    """Write entry ``name`` atomically (temp file, optional fsync, rename), 0600, never through a symlink; its
+    path (directory created 0700 if absent). Raises StoreError (unusable directory, ``MAX_ENTRIES`` there,
+    ``data`` over ``MAX_ENTRY_BYTES``, an OS error)."""
     d = safe_dir(directory, create=True)
     if len(data) > MAX_ENTRY_BYTES:
         raise StoreError(f"queue entry of {len(data)} bytes is over {MAX_ENTRY_BYTES}")
@@ -102,12 +94,9 @@ def write(directory: str, name: str, data: bytes, sync: bool = True) -> str:
 
 
 def read(path: str) -> Tuple[bytes, float]:
-    """``(data, mtime)`` (at most ``MAX_ENTRY_BYTES``; Unix s) of the entry at ``path`` (no symlink).
-
-    Raises:
-        FileNotFoundError: it is gone (claimed by another replayer).
-        EntryError: not a regular file, not ours alone (owner, group/other write), too large, or unreadable.
-    """
+    """``(data, mtime)`` (at most ``MAX_ENTRY_BYTES``; Unix s) of the entry at ``path`` (no symlink). Raises
+    FileNotFoundError (claimed by another replayer), EntryError (not a regular file of ours alone, too large,
+    unreadable)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -136,10 +125,7 @@ def claim_name(base: str) -> str:
 
 def split_claim(name: str) -> Tuple[str, Optional[int]]:
     """``(entry name, claimer pid)`` of ``<name>.<pid>.replaying`` (older ``<name>.replaying``: pid None).
-
-    Raises:
-        ValueError: a name that is not a claim.
-    """
+    Raises ValueError (a name that is not a claim)."""
     m = _CLAIM_RE.match(name)
     if m is None:
         raise ValueError(f"not a claim name: {name!r:.100}")
@@ -157,11 +143,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def claim_is_stale(name: str, mtime: float, now: float) -> bool:
-    """Whether claim ``name`` may be taken again (not a claim name: False); times in Unix s.
-
-    Stale: its replayer's pid is gone or is this process (a replay holds claims only while applying, so our
-    own claim here was left by a replay the recording alarm cut short), or it is older than ``STALE_CLAIM_S``.
-    """
+    """Whether claim ``name`` may be taken again (not a claim: False); Unix s. Stale: its pid is gone or is
+    ours (a replay holds claims only while applying), or it is older than ``STALE_CLAIM_S``."""
     try:
         _, pid = split_claim(os.path.basename(name))
     except ValueError:
@@ -176,10 +159,8 @@ def _kind(name: str, kinds: Sequence[str]) -> Optional[str]:
 
 
 def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[str, str, str]]:
-    """``(path, entry name, kind)`` of each entry (or stale claim) of ``kinds`` in ``directories``.
-
-    Unsafe or unreadable directories are skipped. Ordered by kind (as in ``kinds``), then mtime, then name.
-    """
+    """``(path, entry name, kind)`` of each entry (or stale claim) of ``kinds`` in ``directories``. Unsafe or
+    unreadable directories are skipped. Ordered by kind (as in ``kinds``), then mtime, then name."""
     out = []
     now = time.time()
     for d in directories:
@@ -211,10 +192,8 @@ def candidates(directories: Sequence[str], kinds: Sequence[str]) -> List[Tuple[s
 
 
 def set_aside(path: str, name: str, why: object) -> None:
-    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink moved, not followed); logged.
-
-    Never raises: a failed rename is logged.
-    """
+    """Rename the entry at ``path`` to ``<name>.bad`` beside it (a symlink moved, not followed); logged. Never
+    raises: a failed rename is logged."""
     import logging
 
     log = logging.getLogger("slurm_coloc.store.queue")
@@ -228,20 +207,14 @@ def set_aside(path: str, name: str, why: object) -> None:
         log.error("queue entry %s is unusable (%s) and cannot be set aside: %s", path, why, exc)
 
 
-def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Any],
-           apply: Callable[[Entry, Any], None], keep: Callable[[Exception], bool], budget_s: float,
+def replay(directories: Sequence[str], kinds: Sequence[str], decode: Callable[[Entry], Optional[_Item]],
+           apply: Callable[[Entry, _Item], None], keep: Callable[[Exception], bool], budget_s: float,
            max_entries: int = MAX_REPLAY) -> int:
     """Apply the entries of ``directories`` (``candidates`` order) and delete them; how many were applied.
-
-    Args:
-        decode: ``decode(entry)`` -> the item to apply, or None when the entry is not this replayer's (another
-            database or cluster: left as it is). Raising an ``Exception`` sets the entry aside.
-        apply: ``apply(entry, item)`` writes it (one transaction). Raising an ``Exception`` sets the entry
-            aside, unless ``keep`` says it is the store's own.
-        keep: ``keep(exc)`` True for an error of the store itself (locked, full, corrupt): the entry is put
-            back and the error propagates.
-        budget_s: no entry is started after this many seconds; ``max_entries``: none applied after this many.
-    """
+    ``decode(entry)``: the item, or None for another replayer's entry (left); ``apply(entry, item)`` writes it
+    in one transaction. An ``Exception`` of either sets the entry aside, unless ``keep(exc)`` says it is the
+    store's own (locked, full, corrupt): then the entry is put back and the error propagates. No entry is
+    started after ``budget_s`` seconds or ``max_entries`` entries."""
     t_end = time.monotonic() + budget_s
     done = 0
     for path, name, kind in candidates(directories, kinds):

@@ -1,22 +1,11 @@
-"""Record sets: the rows a hook run leaves, as idempotent ops, applied to a database in one transaction.
-
-A record set is ``{"target": "ctld" | "node:<name>", "ts": <unix s>, "ops": [{"op": <kind>, "row": {...}},
-...]}``; queued, it is one ``.json`` entry of the recovery queue (store/queue.py), ``<time_ns>-<pid>.json``.
-
-Op kinds and how they are applied (never overwriting what a successful hook wrote):
-
-- ``hook_run``: append a ``hook_runs`` row (node DB).
-- ``node_event``: append a ``node_events`` row (node DB).
-- ``event``: append an ``events`` row (ctld DB).
-- ``job_start``: insert the ``job_runs`` row if absent (node DB).
-- ``job_end``: set a ``job_runs`` row's end columns where ``end_ts`` is NULL; insert it if absent (node DB).
-- ``submission``: insert the ``jobs`` row if absent, else fill its NULL columns (ctld DB).
-- ``ctld_end``: set a ``jobs`` row's end columns where ``end_ts`` is NULL; insert it if absent (ctld DB).
-
-An append op may carry ``"once": [t0, t1]``: a ``hook_run`` is then skipped when a row of the same job, node
-and hook has ``ts`` in that window, an ``event`` when one of the same job, kind and ``hook`` has. With the
-other ops inserting only what is absent or filling only NULLs, applying a record set twice leaves what
-applying it once does.
+"""Record sets: the rows a hook run leaves, as idempotent ops, applied in one transaction. A record set is
+``{"target": "ctld" | "node:<name>", "ts": <unix s>, "ops": [{"op", "row"[, "once"]}, ...]}``; queued, one
+``.json`` entry of the recovery queue (store/queue.py). Ops, never overwriting what a successful hook wrote:
+``hook_run``, ``node_event`` (node DB) and ``event`` (ctld DB) append a row; ``job_start`` inserts the
+``job_runs`` row if absent; ``job_end``/``ctld_end`` set a ``job_runs``/``jobs`` row's end columns where
+``end_ts`` is NULL, else insert it; ``submission`` inserts the ``jobs`` row if absent, else fills its NULLs.
+``"once": [t0, t1]`` skips a ``hook_run`` when one of the same job, node and hook has ``ts`` in it, an
+``event`` when one of the same job, kind and ``hook`` has: applying a record set twice leaves what once does.
 """
 from __future__ import annotations
 
@@ -50,12 +39,8 @@ def encode(target: str, ops: Sequence[Dict[str, Any]]) -> bytes:
 
 
 def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
-    """``(target, ops)`` of a queued record set (``encode``'s bytes).
-
-    Raises:
-        ValueError: malformed JSON (or UnicodeDecodeError: not UTF-8), or no ``target`` string or ``ops``
-            list.
-    """
+    """``(target, ops)`` of a queued record set. Raises ValueError (malformed JSON, not UTF-8, no ``target``
+    string or ``ops`` list)."""
     entry = json.loads(data.decode())
     if not isinstance(entry, dict) or not isinstance(entry.get("target"), str):
         raise ValueError("not a record set (no target)")
@@ -65,11 +50,8 @@ def decode(data: bytes) -> Tuple[str, List[Dict[str, Any]]]:
 
 
 def store_unusable(exc: BaseException) -> bool:
-    """Whether ``exc`` from ``apply_ops`` is the database's own failure (locked, full, corrupt: retry later).
-
-    Not the record set's (a value SQLite cannot hold, an unknown column: never succeeds). The database's:
-    MemoryError and SQLite's primary codes in ``_STORE_CODES`` (sqlite.org/rescode.html).
-    """
+    """Whether ``exc`` from ``apply_ops`` is the database's own failure (retry later), not the record set's
+    (never succeeds): MemoryError and SQLite's primary codes in ``_STORE_CODES`` (sqlite.org/rescode.html)."""
     if isinstance(exc, MemoryError):
         return True
     if not isinstance(exc, sqlite3.Error):
@@ -80,12 +62,9 @@ def store_unusable(exc: BaseException) -> bool:
     return type(exc) in (sqlite3.OperationalError, sqlite3.DatabaseError)
 
 
-def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
-    """Whether an append op with a ``once`` window finds its row already there (module docstring).
-
-    Raises:
-        ValueError: a malformed window.
-    """
+def _already(db: Database, op: str, row: Dict[str, Any], once: object) -> bool:
+    """Whether an append op with a ``once`` window finds its row already there (module docstring). Raises
+    ValueError (a malformed window)."""
     if not (isinstance(once, list) and len(once) == 2 and all(isinstance(t, (int, float)) for t in once)):
         raise ValueError(f"malformed once window {once!r:.100}")
     if op == "hook_run" and db.table("hook_runs").exists():
@@ -98,7 +77,7 @@ def _already(db: Database, op: str, row: Dict[str, Any], once: Any) -> bool:
     return False
 
 
-def _apply_op(db: Database, op: str, row: Dict[str, Any], once: Any = None) -> None:
+def _apply_op(db: Database, op: str, row: Dict[str, Any], once: object = None) -> None:
     if once is not None and _already(db, op, row, once):
         return
     if op == "hook_run":
@@ -141,11 +120,8 @@ def _fill_end(db: Database, table: str, pk: Sequence[str], row: Dict[str, Any], 
 
 def apply_ops(db: Database, ops: Sequence[Dict[str, Any]]) -> None:
     """Apply ``ops`` (module docstring; ``once`` in Unix s) to ``db`` in ONE transaction: all of them or none.
-
-    Raises:
-        sqlite3.Error: from SQLite (``store_unusable`` tells the database's own failures from the ops').
-        ValueError, KeyError, TypeError, OverflowError: a malformed op, or a value SQLite cannot hold.
-    """
+    Raises sqlite3.Error (from SQLite (``store_unusable`` tells the database's own failures from the ops')),
+    ValueError, KeyError, TypeError, OverflowError (a malformed op, or a value SQLite cannot hold)."""
     with db.atomic():
         for item in ops:
             if not isinstance(item, dict) or item.get("op") not in OPS or not isinstance(item.get("row"),

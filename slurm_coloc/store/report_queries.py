@@ -1,13 +1,9 @@
-"""Read-only aggregate queries for coloc-report over the sample tables of a node database.
-
-The SQL aggregates inside SQLite so a 30-day window stays fast (``benchmarks/report_speed.py``). Times are
-Unix s; windows are inclusive.
-
-Weights: every ``gpu_samples`` row covers ``res_s`` seconds (the sampling interval for raw rows, the bucket
-for rows folded by ``samples.downsample``), so means are time-weighted: ``SUM(x * res_s) / SUM(res_s)`` over
-rows where ``x`` is not NULL. Percentiles come from a 1-%-wide histogram of the same weights (truncated to
-whole percent).
-"""
+"""Read-only aggregate queries for coloc-report over the sample tables of a node database. The SQL aggregates
+inside SQLite so a 30-day window stays fast (``benchmarks/report_speed.py``). Times are Unix s; windows are
+inclusive. Weights: every ``gpu_samples`` row covers ``res_s`` seconds (the sampling interval for raw rows,
+the bucket for rows folded by ``samples.downsample``), so means are time-weighted: ``SUM(x * res_s) /
+SUM(res_s)`` over rows where ``x`` is not NULL. Percentiles come from a 1-%-wide histogram of the same weights
+(truncated to whole percent)."""
 from __future__ import annotations
 
 import bisect
@@ -30,14 +26,10 @@ PROC_TABLE = "proc_samples"
 @dataclass(frozen=True)
 class GpuWindowStats:
     """Aggregates of one GPU's samples over a time window (None: no non-NULL sample of that metric).
-
-    Attributes:
-        covered_s: seconds covered by samples (sum of ``res_s``).
-        util_mean: coarse NVML utilization (%), time-weighted mean.
-        smact_mean / smact_p95, smocc_mean / smocc_p95: GPM SM activity / occupancy (%).
-        energy_j: rise of the NVML energy counter, or the power integral when the counter is missing or went
-            backwards (driver reload).
-    """
+    ``covered_s``: seconds covered by samples (sum of ``res_s``); ``util_mean``: coarse NVML utilization (%),
+    time-weighted mean; smact_mean / smact_p95, smocc_mean / smocc_p95: GPM SM activity / occupancy (%);
+    ``energy_j``: rise of the NVML energy counter, or the power integral when the counter is missing or went
+    backwards (driver reload)."""
 
     gpu_index: int
     covered_s: float
@@ -55,16 +47,12 @@ class GpuWindowStats:
 
 
 def open_for_report(path: Union[str, Path]) -> Database:
-    """Open a database read-only for coloc-report, also as a user who cannot write its directory.
-
-    A WAL database needs its ``-shm`` file; after a clean close the side files are gone and a non-root reader
-    cannot create them in the root-owned directory ("attempt to write a readonly database"). Then the file is
-    opened ``immutable=1``: all committed data is in the main file, read without locks (a writer active
-    meanwhile may fail the read; the caller reports that file and skips it).
-
-    Raises:
-        StoreError: missing, unreadable or not a SQLite database.
-    """
+    """Open a database read-only for coloc-report, also as a user who cannot write its directory. A WAL
+    database needs its ``-shm`` file; after a clean close the side files are gone and a non-root reader cannot
+    create them in the root-owned directory ("attempt to write a readonly database"). Then the file is opened
+    ``immutable=1``: all committed data is in the main file, read without locks (a writer active meanwhile may
+    fail the read; the caller reports that file and skips it). Raises StoreError (missing, unreadable or not a
+    SQLite database)."""
     try:
         return open_readonly(path)
     except StoreError as exc:
@@ -101,7 +89,6 @@ def _where(t0: Optional[float], t1: Optional[float], gpus: Optional[Sequence[int
 
 def percentile_from_histogram(hist: Dict[int, float], q: float) -> Optional[float]:
     """The ``q`` (0..1) quantile of ``{bucket %: weight s}``; None when empty or its total is not positive.
-
     Nearest-rank on cumulative weight: the smallest bucket whose cumulative weight reaches ``q`` of the total.
     """
     total = sum(hist.values())
@@ -171,13 +158,10 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
                      gpus: Optional[Sequence[int]] = None,
                      path: Optional[str] = None) -> List[GpuWindowStats]:
     """Per-GPU aggregates of ``gpu_samples`` in ``[t0, t1]`` (None: unbounded), by index; [] without samples.
-
     Two scans inside SQLite: time-weighted sums, and a joint SM activity x SM occupancy histogram (1 %
     buckets, truncated) for the p95s. With ``path`` (the database file) the two run in parallel threads, each
     on its own read-only connection (sqlite3 releases the GIL while it steps). ``gpus``: None all, empty none.
-
-    Raises:
-        StoreError: a scan's own read-only connection to the file cannot be opened (``open_for_report``).
+    Raises StoreError (a scan's own read-only connection to the file cannot be opened (``open_for_report``)).
     """
     if not has_samples(db):
         return []
@@ -218,11 +202,9 @@ def gpu_window_stats(db: Database, t0: Optional[float] = None, t1: Optional[floa
 def job_util_sums(db: Database, spans: Sequence[Tuple[int, int, float, float]], bucket_s: float = 600.0
                   ) -> Dict[int, Tuple[float, float]]:
     """Coarse utilization of many jobs at once: ``{key: (sum util_pct x s, covered s)}``; {} without samples.
-
     ``spans``: ``(key, gpu_index, t0, t1)``; a key's spans add up. One scan folds the samples into
     ``bucket_s`` buckets per GPU (a speed setting, not a resolution); whole buckets inside a span come from
-    prefix sums, the partial ones at its ends from exact range queries, so the result is exact.
-    """
+    prefix sums, the partial ones at its ends from exact range queries, so the result is exact."""
     if not spans or not has_samples(db):
         return {}
     lo = min(s[2] for s in spans)
@@ -275,10 +257,8 @@ def job_peak_mem_mib(db: Database, job_id: int) -> Optional[float]:
 def gpu_series(db: Database, t0: float, t1: float, bucket_s: float) -> List[Tuple[int, float, Optional[float],
                                                                                     Optional[float]]]:
     """Plot series: ``(gpu_index, bucket start, max mem_used_mib, mean smact_pct)`` by GPU, then time.
-
     Bucketing happens in SQLite, so a 30-day window gives at most ``(t1 - t0) / bucket_s`` rows per GPU
-    (``bucket_s`` at least 1 ms).
-    """
+    (``bucket_s`` at least 1 ms)."""
     if not has_samples(db):
         return []
     b = max(float(bucket_s), 1e-3)

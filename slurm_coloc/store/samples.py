@@ -1,11 +1,8 @@
 """Sample tables of a node database: per-GPU and per-process NVML samples, per-job CPU use, node events
-(per-job summaries: store/summaries.py).
-
-Writes are batched: one transaction per ``write_frames`` call. Old raw samples are folded into coarser rows
-by ``downsample`` (mean of rates, max of memory and of the energy counter) and dropped after ``purge``. Row
-``n`` = raw samples folded in; ``res_s`` = the row's time resolution (the sampling interval for raw rows).
-All times are Unix s; a read of a missing table gives [].
-"""
+(per-job summaries: store/summaries.py). Writes are batched: one transaction per ``write_frames`` call. Old
+raw samples are folded into coarser rows by ``downsample`` (mean of rates, max of memory and of the energy
+counter) and dropped after ``purge``. Row ``n`` = raw samples folded in; ``res_s`` = the row's time resolution
+(the sampling interval for raw rows). All times are Unix s; a read of a missing table gives []."""
 from __future__ import annotations
 
 import json
@@ -71,9 +68,7 @@ def proc_rows(ts: float, procs: Iterable[ProcSample], res_s: float) -> List[Dict
 
 def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any]]:
     """``cpu_samples`` rows (``CPU_COLS``, ``n`` = 1) of one reading ending at ``ts`` (rounded to ms).
-
-    ``jobs``: ``node.cpu.JobCpu`` or alike; cores = CPU seconds per wall second over the interval.
-    """
+    ``jobs``: ``node.cpu.JobCpu`` or alike; cores = CPU seconds per wall second over the interval."""
     t = round(ts, 3)
     return [{"ts": t, "job_id": j.job_id, **{m: getattr(j, m) for m in CPU_METRICS}, "n": 1, "res_s": res_s}
             for j in jobs]
@@ -82,12 +77,8 @@ def cpu_rows(ts: float, jobs: Iterable[Any], res_s: float) -> List[Dict[str, Any
 def write_rows(db: Database, gpu: Sequence[Dict[str, Any]], proc: Sequence[Dict[str, Any]],
                gpus_static: Sequence[GpuReading] = (), cpu: Sequence[Dict[str, Any]] = ()) -> None:
     """Insert prepared rows in ONE transaction (all or nothing), one ``executemany`` per table.
-
-    ``gpus_static``: readings whose uuid, name and total memory (MiB) are upserted into ``gpus``.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    ``gpus_static``: readings whose uuid, name and total memory (MiB) are upserted into ``gpus``. Raises
+    sqlite3.Error (locked past the busy timeout, disk full)."""
     with db.atomic():
         if gpu:
             db.conn.executemany(_INSERT_GPU, gpu)
@@ -119,12 +110,8 @@ def _fold(db: Database, table: str, keys: Tuple[str, ...], metrics: Tuple[str, .
 
 def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
     """Fold samples older than ``cutoff_ts`` finer than ``bucket_s`` into ``bucket_s`` rows; raw rows folded.
-
-    Rates are averaged; memory and the energy counter keep their maximum; ``n`` sums. One transaction.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    Rates are averaged; memory and the energy counter keep their maximum; ``n`` sums. One transaction. Raises
+    sqlite3.Error (locked past the busy timeout, disk full)."""
     with db.atomic():
         a = _fold(db, "gpu_samples", ("gpu_index",), GPU_METRICS, cutoff_ts, bucket_s)
         b = _fold(db, "proc_samples", ("gpu_index", "pid", "job_id"), PROC_METRICS, cutoff_ts, bucket_s)
@@ -133,11 +120,8 @@ def downsample(db: Database, cutoff_ts: float, bucket_s: float) -> int:
 
 
 def purge(db: Database, before_ts: float) -> int:
-    """Delete samples older than ``before_ts`` (summaries and events stay); the rows deleted.
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Delete samples older than ``before_ts`` (summaries and events stay); the rows deleted. Raises
+    sqlite3.Error (locked past the busy timeout, disk full)."""
     with db.atomic():
         n = db.execute("DELETE FROM gpu_samples WHERE ts < ?", [before_ts]).rowcount
         n += db.execute("DELETE FROM proc_samples WHERE ts < ?", [before_ts]).rowcount
@@ -186,13 +170,9 @@ def count_samples(db: Database) -> Dict[str, int]:
 
 
 def record_node_event(db: Database, job_id: Optional[int], kind: str, detail: Dict[str, Any]) -> None:
-    """Append a node event (``mps-start``, ``mps-stop``, ...); ``job_id`` None: the node's own.
-
-    ``detail`` is stored as sorted-key JSON (values JSON cannot encode written with ``str``).
-
-    Raises:
-        sqlite3.Error: locked past the busy timeout, disk full.
-    """
+    """Append a node event (``mps-start``, ``mps-stop``, ...); ``job_id`` None: the node's own. ``detail`` is
+    stored as sorted-key JSON (values JSON cannot encode written with ``str``). Raises sqlite3.Error (locked
+    past the busy timeout, disk full)."""
     with db.atomic():
         db.table("node_events").insert({"ts": time.time(), "job_id": job_id, "kind": kind,
                                   "detail_json": json.dumps(detail, sort_keys=True, default=str)})

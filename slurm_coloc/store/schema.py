@@ -1,10 +1,8 @@
-"""Schema of slurm-coloc's SQLite databases, as sqlite-utils migrations (one function per change).
-
-Two sets: ``CTLD`` for the controller-side ``ctld.db`` (jobs, estimates, events) and ``NODE`` for each
+"""Schema of slurm-coloc's SQLite databases, as sqlite-utils migrations (one function per change). Two sets:
+``CTLD`` for the controller-side ``ctld.db`` (jobs, estimates, events) and ``NODE`` for each
 ``nodes/<node>.db`` (hook rows, samples). Append new migrations at the end of a set; never edit an applied
 one. Only ``slurm_coloc.store`` knows these table names. sqlite-utils calls each migration once, inside
-``db.migrate``'s ``BEGIN IMMEDIATE``.
-"""
+``db.migrate``'s ``BEGIN IMMEDIATE``."""
 from __future__ import annotations
 
 from sqlite_utils import Database
@@ -70,13 +68,10 @@ def m002_hook_runs(db: Database) -> None:
 
 @CTLD()
 def m003_oom_events(db: Database) -> None:
-    """One row per job that died of GPU OOM (hooks/oom.py): evidence, the fence it hit, and its one retry.
-
-    ``retry_status``: ``submitting`` (claimed, sbatch running), ``submitted``, ``failed`` (sbatch refused;
-    error in ``retry_error``), ``not-retried`` (whole GPU, already a retry, no GPU). The primary key on
-    ``job_id`` makes the retry happen at most once; ``retry_job_id`` is unique so a retry is recognised as
-    one.
-    """
+    """One row per job that died of GPU OOM (hooks/oom.py): evidence, its fence, its one retry.
+    ``retry_status``: ``submitting`` (sbatch running), ``submitted``, ``failed`` (``retry_error``),
+    ``not-retried``. The primary key on ``job_id`` allows one retry; a unique ``retry_job_id`` marks a retry
+    as one."""
     db.table("oom_events").create(
         {
             "job_id": int, "ts": float, "user_name": str, "uid": int, "script_sha256": str, "share_mode": str,
@@ -95,8 +90,7 @@ def m003_oom_events(db: Database) -> None:
 def m003_samples(db: Database) -> None:
     """NVML samples of this node (store/samples.py): per GPU and per process (attributed to a job id), the
     GPUs seen, per-job Epilog summaries, and node events (MPS start/stop/failure). ``n``: raw samples folded
-    into the row; ``res_s``: its time resolution in seconds.
-    """
+    into the row; ``res_s``: its time resolution in seconds."""
     db.table("gpu_samples").create(
         {"id": int, "ts": float, "gpu_index": int, "util_pct": float, "mem_util_pct": float,
          "mem_used_mib": float, "power_w": float, "energy_j": float, "temp_c": float, "sm_clock_mhz": float,
@@ -128,12 +122,9 @@ def m003_samples(db: Database) -> None:
 
 @NODE()
 def m004_watchdog_events(db: Database) -> None:
-    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS.
-
-    ``reason`` ``over-grant`` | ``outside-mps``, grant and used MiB, pids; ``action`` ``stop`` | ``record``;
-    ``outcome_json`` (signals, scancel, the stderr line). Read by coloc-report / AdminComment and by the OOM
-    rerun, which never reruns such a job.
-    """
+    """One row per job the sampler's watchdog (node/watchdog.py) found over its grant or outside MPS
+    (``reason``; grant and used MiB, pids; ``action`` ``stop`` | ``record``; ``outcome_json``). A stopped job
+    gets no OOM rerun."""
     db.table("watchdog_events").create(
         {"id": int, "ts": float, "job_id": int, "node": str, "gpu_index": int, "reason": str, "share": str,
          "grant_mib": float, "used_mib": float, "tolerance_mib": float, "pids_json": str, "action": str,
@@ -145,11 +136,9 @@ def m004_watchdog_events(db: Database) -> None:
 def m004_root_script_identity(db: Database) -> None:
     """``script_sha256`` becomes root's hash of the batch script Slurm stored (PrologSlurmctld);
     ``jobs.state_source`` says whether ``state`` is Slurm's own (``slurm``) or EpilogSlurmctld's inference
-    (``inferred``, settled by ``store.jobs.settle_state``).
-
-    Earlier ``script_sha256`` values came from the job's comment, which its user writes: they are cleared so
-    that no forged value keys the estimator's history (history starts again, per user, from the next runs).
-    """
+    (``inferred``, settled by ``store.jobs.settle_state``). Earlier ``script_sha256`` values came from the
+    job's comment, which its user writes: they are cleared so that no forged value keys the estimator's
+    history (history starts again, per user, from the next runs)."""
     db.table("jobs").add_column("state_source", str)
     db.execute("UPDATE jobs SET script_sha256 = NULL")
     if db.table("oom_events").exists():
@@ -162,8 +151,7 @@ def m004_root_script_identity(db: Database) -> None:
 def m005_summary_diagnosis(db: Database) -> None:
     """Per-job figures of the report's diagnosis (report/diagnose.py): mean tensor and DRAM activity of the
     job's GPUs, the share of its samples with the GPU idle (``smact_idle_pct``), and samples with a process of
-    the job on the GPU (``active_samples``); NULL in older summaries.
-    """
+    the job on the GPU (``active_samples``); NULL in older summaries."""
     if db.table("job_summaries").exists():
         for col in ("tensor_mean", "dram_mean", "smact_idle_pct"):
             db.table("job_summaries").add_column(col, float)
@@ -172,12 +160,10 @@ def m005_summary_diagnosis(db: Database) -> None:
 
 @NODE()
 def m006_cpu_samples(db: Database) -> None:
-    """Each GPU job's CPU use per sampler tick (node/cpu.py), and per-job means in ``job_summaries``.
-
-    Cores of its CUDA process(es) (``train_cores``, ``train_pids``), of their descendants (``workers``,
+    """Each GPU job's CPU use per sampler tick (node/cpu.py), and per-job means in ``job_summaries``. Cores of
+    its CUDA process(es) (``train_cores``, ``train_pids``), of their descendants (``workers``,
     ``workers_cores``: DataLoader workers), of its whole cgroup (``job_cores``), and its CPUs on the node
-    (``cpus``); ``cpu_samples``: rows the means came from. NULL in older summaries.
-    """
+    (``cpus``); ``cpu_samples``: rows the means came from. NULL in older summaries."""
     db.table("cpu_samples").create(
         {"id": int, "ts": float, "job_id": int, "train_pids": int, "train_cores": float, "workers": float,
          "workers_cores": float, "job_cores": float, "cpus": int, "n": int, "res_s": float},
@@ -195,7 +181,6 @@ def m006_cpu_samples(db: Database) -> None:
 @NODE()
 def m007_job_figures(db: Database) -> None:
     """The job's summary figures as the node Epilog computed them (hooks/figures.py): one JSON object per
-    (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself.
-    """
+    (job, node), which EpilogSlurmctld records in AdminComment without running the report pipeline itself."""
     db.table("job_figures").create({"job_id": int, "node": str, "ts": float, "figures_json": str},
                                    pk=("job_id", "node"))

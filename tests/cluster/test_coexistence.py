@@ -48,7 +48,7 @@ def _show(cluster: Cluster, job: int) -> Dict[str, str]:
 
 
 def _wait_end_hook(cluster: Cluster, job: int, timeout: float = 60) -> dict:
-    """The ``admin-comment`` event EpilogSlurmctld records last (hooks/admin_comment.py)."""
+    """The ``admin-comment`` event EpilogSlurmctld records last (hooks/ctld.py)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cluster.ctld_db.exists():

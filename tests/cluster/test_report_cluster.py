@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.hooks import admin_comment
+from slurm_coloc.hooks import ctld as ctld_hooks
 from slurm_coloc.slurm import jobs as slurm_jobs
 from tests.slurm_cluster import Cluster
 
@@ -69,7 +69,7 @@ def test_admin_comment_and_visibility(slurm_cluster: Cluster):
     # while the job runs, the writer's scontrol call lands in the job record (what scontrol show job prints)
     slurm_cluster.wait_state(mine, ["RUNNING"], timeout=60)
     cfg = config_mod.load(str(slurm_cluster.coloc_config), environ={})
-    running = admin_comment.build(cfg, mine, wait_s=0)
+    running = ctld_hooks.build(cfg, mine, wait_s=0)
     slurm_jobs.set_admin_comment(mine, running, slurm_cluster.bin_dir, env=slurm_cluster.env)
     assert _admin_comment(slurm_cluster, mine) == json.loads(running)
     for j in (mine, theirs):

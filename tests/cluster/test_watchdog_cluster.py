@@ -20,7 +20,7 @@ import pytest
 from slurm_coloc.config import load
 from slurm_coloc.node.sampler import Sampler
 from slurm_coloc.nvml import ReplayReader
-from slurm_coloc.store import watchdog as store_wd
+from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store.db import open_readonly
 from tests.cluster.test_mps_lifecycle import FAKE_MPS, configure, job_env, submit
 from tests.slurm_cluster import Cluster, host_lock, start_cluster, stop_cluster
@@ -113,7 +113,7 @@ def test_offenders_stopped_neighbour_untouched(cluster: Cluster, tmp_path: Path,
     assert cluster.job(neighbour)["job_state"] == "RUNNING"  # and its sleep was never signalled
     assert os.path.exists(f"/proc/{pid_map[1080]}")
 
-    evs = {e.job_id: e for e in store_wd.load_events(open_readonly(cluster.node_db("n1")))}
+    evs = {e.job_id: e for e in store_oom.load_events(open_readonly(cluster.node_db("n1")))}
     assert set(evs) == {raised, escaped}
     assert (evs[raised].reason, evs[raised].grant_mib, evs[raised].used_mib) == ("over-grant", 2048, 21092)
     assert evs[escaped].reason in ("over-grant", "outside-mps") and evs[escaped].pids == (pid_map[1110],)
@@ -192,7 +192,7 @@ def test_a_process_in_a_user_made_job_cgroup_cannot_get_another_users_job_stoppe
             s.watchdog.join()
             time.sleep(1)
             assert cluster.job(victim)["job_state"] == "RUNNING" and os.path.exists(f"/proc/{victim_sleep}")
-            events = store_wd.load_events(open_readonly(cluster.node_db("n1")))
+            events = store_oom.load_events(open_readonly(cluster.node_db("n1")))
             assert victim not in {e.job_id for e in events}
         finally:
             os.kill(pid, 9)

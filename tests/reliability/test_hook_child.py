@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from slurm_coloc.config import Config
-from slurm_coloc.hooks import answer, runner
+from slurm_coloc.hooks import context, runner
 from slurm_coloc.hooks.context import HookContext
 from slurm_coloc.hooks.record import record_ops
 from slurm_coloc.store import queue, recordset
@@ -32,7 +32,7 @@ def test_a_detail_over_1_mib_arrives_cut_with_a_marker() -> None:
     assert detail["summary"].startswith("xxx") and detail["summary"].endswith(" ... [cut]")
     assert "samples" not in detail
     assert detail["truncated"]["cut"] == ["summary", "samples"] and detail["truncated"]["bytes"] > 2 << 20
-    assert len(json.dumps(detail)) <= answer.MAX_DETAIL_BYTES
+    assert len(json.dumps(detail)) <= context.MAX_DETAIL_BYTES
     # the run's rows, failed or not, still fit one queue entry
     data = recordset.encode("node:n1", record_ops("epilog", CTX, False, detail, 1795000000.0, 10.0))
     assert len(data) <= queue.MAX_ENTRY_BYTES
@@ -41,7 +41,7 @@ def test_a_detail_over_1_mib_arrives_cut_with_a_marker() -> None:
 def test_a_detail_of_many_small_items_keeps_only_the_marker() -> None:
     ok, detail, _ = _run({f"k{i}": "y" * 500 for i in range(4000)})
     assert ok is True and detail == {"truncated": {"bytes": detail["truncated"]["bytes"],
-                                                   "limit": answer.MAX_DETAIL_BYTES, "cut": "all"}}, detail
+                                                   "limit": context.MAX_DETAIL_BYTES, "cut": "all"}}, detail
 
 
 def test_task_prolog_lines_over_the_limit_fail_the_run_with_their_size() -> None:

@@ -223,12 +223,12 @@ def test_cancelled_pending_rerun_is_recorded_and_rerun_takes_only_slurms_options
 def _watchdog_row(fc: FaultCluster, job: int) -> None:
     """What the sampler's watchdog records when it stops a job (a ``watchdog_events`` row in the node
     database, written through the watchdog's own store function)."""
-    from slurm_coloc.store import watchdog as store_wd
+    from slurm_coloc.store import oom as store_oom
     from slurm_coloc.store.db import open_node_db
 
     db = open_node_db(fc.c.node_db("n1"))
     try:
-        store_wd.record_event(db, store_wd.WatchdogEvent(
+        store_oom.record_event(db, store_oom.WatchdogEvent(
             ts=time.time(), job_id=job, node="n1", gpu_index=0, reason="over-grant", share="mps",
             grant_mib=2048.0,
             used_mib=8192.0, tolerance_mib=512.0, pids=(), action="stop",
