@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.probe.command import ProbeCommand
-from slurm_coloc.probe.identity import RunAs, popen_kwargs
 from slurm_coloc.probe.preamble import run_preamble
 from slurm_coloc.probe.runner import resolve_interpreter
+from slurm_coloc.probe.sandbox import RunAs, popen_kwargs
 
 SYSPATH_TIMEOUT_S = 10.0
 _PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "HOME")

@@ -30,9 +30,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
-from slurm_coloc.probe.identity import RunAs, probe_identity
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
-from slurm_coloc.probe.sweep import config_args, differs_only_in
+from slurm_coloc.probe.sandbox import RunAs, probe_identity
+from slurm_coloc.probe.words import config_args, differs_only_in
 
 FORMAT = 1
 MAX_ENTRIES = 256
