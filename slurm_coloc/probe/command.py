@@ -49,8 +49,7 @@ class ProbeCommand:
     ``torchrun`` or ``accelerate``; ``line``: as written, continuations joined; ``line_index``: among
     ``words.logical_lines``, the lines before it being the preamble; ``python_from``: ``coloc`` (``#COLOC
     python=``), ``path``, ``venv`` (a ``source .../activate`` line), ``bare`` or ``launcher``;
-    ``python_word``:
-    the interpreter word as written (``python3``), or the launcher's.
+    ``python_word``: the interpreter word as written (``python3``), or the launcher's.
     """
 
     mode: str
@@ -195,8 +194,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
 
 
 def _coloc_python(lines: Sequence[str], submit_dir: str) -> Optional[str]:
-    """The interpreter a ``#COLOC python=PATH`` line names (the last one; relative to ``submit_dir``), or
-    None."""
+    """The interpreter the last ``#COLOC python=PATH`` line names (relative to ``submit_dir``), or None."""
     python: Optional[str] = None
     for line in lines:
         if line.strip().startswith("#COLOC"):

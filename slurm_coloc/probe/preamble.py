@@ -183,9 +183,8 @@ def _command_ok(cmd: str, args: List[str]) -> bool:
 
 @dataclasses.dataclass
 class Preamble:
-    """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none), whether
-    it ``ran``, one ``note`` line on a failure ("" otherwise), ``wall_s``.
-    """
+    """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none); ``note``:
+    one line on a failure."""
 
     env: Optional[Dict[str, str]]
     ran: bool = False
@@ -280,9 +279,7 @@ def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: st
                     run_as: Optional[RunAs] = None) -> int:
     """Exit status of ``argv`` run in its own session (as ``run_as``), output to ``log_path``, for at most
     ``timeout_s``; then SIGKILL whatever is left in the session (``-SIGKILL`` when the limit ended it).
-
-    Raises:
-        OSError: ``argv`` could not start or the log could not be written.
+    OSError: ``argv`` could not start or the log could not be written.
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -299,11 +296,7 @@ def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: st
 
 
 def _last_line(log_path: str) -> str:
-    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters.
-
-    Raises:
-        OSError: the log cannot be read.
-    """
+    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters; OSError."""
     with open(log_path, "rb") as fh:
         last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
     return " ".join(last.split())[:200]

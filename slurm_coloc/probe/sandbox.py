@@ -1,14 +1,11 @@
 """Who the probe's children run as, and the directories they see (scratch, the mirrored working directory).
 
-Never another user's code as root. An ordinary user's ``coloc-sbatch`` probes as that user. Root's, with
-``--uid=USER``, runs the setup lines, the ``sys.path`` query and the program as that user (uid, primary or
-``--gid`` group, supplementary groups, own ``HOME``/``USER``/``LOGNAME``) in children that drop root before
-``exec`` (``subprocess.Popen(user=, group=, extra_groups=)``), their scratch directories handed to the user
-first; without ``--uid`` only a batch script and program file root owns are probed (else one line: the job
-gets the other sources' figure, else a whole GPU).
-
-The mirror of the job's working directory (``runner.py`` runs the program there): real directories, one
-symbolic link per file, so relative paths read as in the job and created files land in the scratch directory.
+Never another user's code as root. A user's ``coloc-sbatch`` probes as that user; root's, with ``--uid=USER``,
+runs the setup lines, the ``sys.path`` query and the program as that user (uid, primary or ``--gid`` group,
+supplementary groups, own ``HOME``/``USER``/``LOGNAME``) in children that drop root before ``exec``, their
+scratch directories handed to the user first; without ``--uid`` only root's own files are probed.
+The mirror: real directories, one symbolic link per file, so relative paths read as in the job and created
+files land in the scratch directory.
 """
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ MIRROR_UP_LEVELS = 2  # ancestors whose other entries are linked beside the mirr
 
 @dataclass(frozen=True)
 class RunAs:
-    """A user the probe's children run as (uid, primary gid, supplementary groups, name, home)."""
+    """A user the probe's children run as."""
 
     uid: int
     gid: int
@@ -35,19 +32,14 @@ class RunAs:
     home: str
 
     def popen_kwargs(self) -> Dict[str, Any]:
-        """``subprocess.Popen``/``run`` keywords that start the child as this user (root only)."""
+        """``subprocess.Popen`` keywords that start the child as this user (root only)."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
     def environ(self, env: Mapping[str, str]) -> Dict[str, str]:
-        """``env`` with ``HOME``, ``USER`` and ``LOGNAME`` this user's."""
         return dict(env, HOME=self.home, USER=self.name, LOGNAME=self.name)
 
     def give(self, path: str) -> None:
-        """Hand ``path`` and everything below it (links themselves, never followed) to this user.
-
-        Raises:
-            OSError: a chown failed.
-        """
+        """Hand ``path`` and everything below it (links themselves, never followed) to this user; OSError."""
         os.lchown(path, self.uid, self.gid)
         for root, dirs, files in os.walk(path):
             for name in dirs + files:
@@ -55,7 +47,7 @@ class RunAs:
 
 
 def popen_kwargs(run_as: Optional[RunAs]) -> Dict[str, Any]:
-    """``run_as.popen_kwargs()``, or no keywords (the caller's own identity) for None."""
+    """``run_as.popen_kwargs()``; none (the caller's identity) for None."""
     return run_as.popen_kwargs() if run_as is not None else {}
 
 
@@ -84,11 +76,10 @@ def _owner(path: Optional[str]) -> Optional[int]:
 
 def probe_identity(uid_option: Optional[str], gid_option: Optional[str], files: List[Optional[str]],
                    euid: Optional[int] = None) -> Tuple[Optional[RunAs], str]:
-    """``(RunAs, "")`` (None: the caller's own identity), or ``(None, reason)`` when the probe must not run.
+    """``(RunAs, "")`` (None: the caller's own identity), or ``(None, reason)`` when the probe must not run:
+    as root without ``--uid`` on a file another user owns, or with an unknown ``--uid``/``--gid``.
 
-    It must not run as root without ``--uid`` on a file another user owns, or with an unknown
-    ``--uid``/``--gid``
-    (names or numbers). ``files`` None or "": none (``--wrap``, ``-m``); ``euid`` None: ours.
+    ``files`` None or "": none (``--wrap``, ``-m``); ``euid`` None: ours.
     """
     euid = os.geteuid() if euid is None else euid
     if euid != 0:
@@ -115,11 +106,7 @@ def probe_identity(uid_option: Optional[str], gid_option: Optional[str], files: 
 
 
 def private_dir(path: str, run_as: Optional[RunAs]) -> str:
-    """Make directory ``path`` for a child to write in: handed to ``run_as`` (mode 0700), or as it is.
-
-    Raises:
-        OSError: it cannot be made or handed over.
-    """
+    """Make directory ``path`` (mode 0700) for a child to write in, handed to ``run_as``; OSError."""
     os.makedirs(path, mode=0o700)
     if run_as is not None:
         os.chown(path, run_as.uid, run_as.gid)
@@ -127,23 +114,14 @@ def private_dir(path: str, run_as: Optional[RunAs]) -> str:
 
 
 def open_scratch(root: str, run_as: Optional[RunAs]) -> None:
-    """Let ``run_as`` traverse (not list or write) root's scratch directory ``root``; nothing for None.
-
-    Raises:
-        OSError: the mode cannot be set.
-    """
+    """Let ``run_as`` traverse (not list or write) root's scratch directory ``root``; OSError."""
     if run_as is not None:
         os.chmod(root, 0o711)
 
 
 def read_child_file(path: str, run_as: Optional[RunAs], limit: int = 64 << 20) -> bytes:
-    """The bytes of a file a child wrote; as ``run_as``: only a regular file that user owns, never through a
-    link.
-
-    So root reads nothing the user points it at.
-
-    Raises:
-        OSError: missing, a link, not a regular file or not the user's.
+    """The bytes of a file a child wrote; as ``run_as`` only a regular file that user owns, never through a
+    link (root reads nothing the user points it at). OSError: missing, a link, not regular or not the user's.
     """
     if run_as is None:
         with open(path, "rb") as fh:
@@ -162,7 +140,7 @@ def read_child_file(path: str, run_as: Optional[RunAs], limit: int = 64 << 20) -
 
 
 def _mirror(src: str, dst: str, budget: int = MAX_MIRROR_ENTRIES) -> int:
-    """Mirror ``src`` at ``dst`` (real directories, a link per file); return the ``budget`` (entries) left.
+    """Mirror ``src`` at ``dst``; return the ``budget`` (entries) left.
 
     Directories are real (files the program creates land in the scratch directory) while the budget lasts;
     beyond it, and for a link to a directory, the directory is linked as a whole.
@@ -209,15 +187,11 @@ def _link_siblings(parent: str, dst: str, skip: str, budget: int = MAX_MIRROR_EN
 
 
 def mirror_with_ancestors(workdir: str, up: str, levels: int = MIRROR_UP_LEVELS) -> str:
-    """Mirror absolute ``workdir`` under ``up`` with the entries of up to ``levels`` ancestors beside it; its
-    path.
+    """Mirror ``workdir`` (absolute) under ``up``, entries of up to ``levels`` ancestors beside it; its path.
 
     ``up`` stands for the ``levels``-th ancestor (fewer below ``/``): ``up/<a1>/<workdir name>`` for 2 levels,
     each ancestor's stand-in holding links to its other entries, so ``../data`` and ``../../data``
-    (pytorch/vision's references/classification) read as in the job.
-
-    Raises:
-        OSError: ``up`` or an ancestor's stand-in cannot be made.
+    (pytorch/vision's references/classification) read as in the job. OSError: a directory cannot be made.
     """
     chain = [workdir]
     while len(chain) <= levels:

@@ -58,10 +58,8 @@ def _subst(s: str, vars_: Mapping[str, str], args: Sequence[str]) -> str:
 
 
 def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optional[List[str]]:
-    """Shell words and operators of ``line`` after variable substitution; None when its quoting is broken.
-
-    ``"$@"`` keeps each argument a word: it is substituted before splitting.
-    """
+    """Shell words and operators of ``line`` after substitution (``"$@"`` first: each argument one word);
+    None when its quoting is broken."""
     quoted_all = " ".join(shlex.quote(a) for a in args)
     line = line.replace('"$@"', quoted_all).replace('"${@}"', quoted_all)
     try:
@@ -74,10 +72,8 @@ def _tokens(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> Optiona
 
 
 def simple_commands(line: str, vars_: Mapping[str, str], args: Sequence[str]) -> List[List[str]]:
-    """The simple commands of a line (split at ``&&``, ``||``, ``;``), each cut at a pipe or redirection.
-
-    Each as its words, variables substituted; [] for a line the reader cannot split.
-    """
+    """The simple commands of a line (split at ``&&``, ``||``, ``;``) as words, each cut at a pipe or
+    redirection; [] for a line the reader cannot split."""
     toks = _tokens(line, vars_, args)
     if toks is None:
         return []
@@ -135,9 +131,8 @@ def option_name(word: str) -> str:
 
 
 def config_args(args: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """``(kept, dropped)``: the program's arguments that define the training configuration (in order, the
-    cache key's part), and the inert ones as written (for ``--explain``).
-    """
+    """``(kept, dropped)``: the arguments that define the training configuration (the cache key's part), and
+    the inert ones as written (for ``--explain``)."""
     kept: List[str] = []
     dropped: List[str] = []
     i = 0
