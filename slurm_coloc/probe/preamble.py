@@ -180,7 +180,6 @@ def _command_ok(cmd: str, args: List[str]) -> bool:
     return True
 
 
-
 @dataclasses.dataclass
 class Preamble:
     """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none); ``note``:

@@ -18,8 +18,10 @@ import inspect
 import multiprocessing.process as mpp
 from typing import Any, Callable, List
 
+from slurm_coloc.probe.inject.fakecuda import ProbeState
 
-def patch_distributed(torch: Any, st: Any) -> None:
+
+def patch_distributed(torch: Any, st: ProbeState) -> None:
     try:
         import torch.distributed as dist
         import torch.nn.parallel as par

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 from slurm_coloc.probe.inject import repeats, smaller
 from slurm_coloc.probe.inject.distributed import cap_threads, patch_distributed, patch_workers
+from slurm_coloc.probe.inject.fakecuda import ProbeState
 
 Note = Callable[[str], None]
 
@@ -152,9 +153,8 @@ def patch_frameworks(note: Note) -> None:
     sys.meta_path.insert(0, _AfterImport(note))
 
 
-
 def install(probe: Any, torch: Any) -> None:
-    """Every hook below, in the order the program meets them; sets ``probe.evals/smaller/micro``."""
+    """Every hook here, in the order the program meets them; sets ``probe.evals/smaller/micro``."""
     st = probe.state
     _patch_optimizers(probe, torch)
     probe.evals = repeats.EvalPasses(torch, st.on_gpu)
@@ -271,7 +271,7 @@ def _patch_module_calls(probe: Any, torch: Any) -> None:
     torch.nn.Module.__call__ = module_call
 
 
-def _patch_compile_and_save(torch: Any, st: Any) -> None:
+def _patch_compile_and_save(torch: Any, st: ProbeState) -> None:
     """``torch.compile`` traced eagerly; ``torch.save`` writes nothing."""
     def compile_eager(model: Any = None, *a: Any, **k: Any) -> Any:
         st.note("torch.compile: traced eagerly (compiled steps held 0.82-1.07x the eager peak reserved "
