@@ -1,7 +1,7 @@
 """Gradient accumulation in the probe: repeated micro-steps of one optimizer cycle are skipped, safely.
 
 nanoGPT's ``train_gpt2.py`` runs 40 forward+backward micro-steps per ``optimizer.step()``; the probe traces
-the first two of each cycle and answers the rest (``probe/inject/accum.py``). The figure must equal the
+the first two of each cycle and answers the rest (``probe/inject/repeats.py``). The figure must equal the
 k=2 figure (later micro-steps hold the 2nd one's memory), FLOPs per step must count all k micro-steps, and
 a micro-step that differs (another shape) must run.
 """

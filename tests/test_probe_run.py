@@ -67,7 +67,7 @@ def test_gradient_accumulation_bf16(tmp_path):
                    "--block_size=64 --batch_size=4 --gradient_accumulation_steps=3\n")
     r = probe_script(str(job), submit_dir=str(tmp_path), timeout_s=SLOW_S)
     assert r.estimate is not None, r.reason
-    # 3 micro-steps per step: the 3rd of each cycle repeats the 2nd and is skipped (probe/inject/accum.py)
+    # 3 micro-steps per step: the 3rd of each cycle repeats the 2nd and is skipped (probe/inject/repeats.py)
     assert r.detail["forwards"] == 4 and r.detail["autocast"] == ["bfloat16"]
     assert "gradient accumulation: 2 repeated micro-step(s)" in " ".join(r.detail["notes"])
     assert r.estimate.detail["precision"] == "bf16"

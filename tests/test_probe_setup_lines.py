@@ -14,8 +14,7 @@ import pytest
 
 from slurm_coloc.probe.command import find_command
 from slurm_coloc.probe.discover import discover_job
-from slurm_coloc.probe.preamble import preamble
-from slurm_coloc.probe.setupline import is_setup
+from slurm_coloc.probe.preamble import is_setup, preamble
 
 TRAIN = "import torch\nloss.backward()\n"
 # a sourced conda.sh: ``conda run`` would run its arguments, ``conda shell.bash hook`` prints shell code

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.probe.probe import probe_script
-from slurm_coloc.probe.sweep import config_args
+from slurm_coloc.probe.words import config_args
 
 pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
 

@@ -116,7 +116,7 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     answers other GPU models from the same replayed peaks. The script is ``parsed``, or with ``--wrap`` the
     script sbatch makes of its command (``#!/bin/sh`` + the command). The job's working directory is
     ``--chdir`` (command line, then ``#SBATCH``), else ours; root's ``--uid``/``--gid`` name the user the
-    probe runs as (``probe/identity.py``). ``--explain`` probes afresh and its answer replaces the cached one.
+    probe runs as (``probe/sandbox.py``). ``--explain`` probes afresh and its answer replaces the cached one.
     Bounds: ``probe_timeout_s`` (s), ``probe_mem_limit_mib`` (MiB). Never raises: a failed probe is an answer
     without a figure.
     """

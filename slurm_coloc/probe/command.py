@@ -26,7 +26,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurm_coloc.probe.shellwords import logical_lines, simple_commands, words_to_operator
+from slurm_coloc.probe.words import logical_lines, simple_commands, words_to_operator
 
 _PY_RE = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 _PREFIXES = {"exec", "time", "nohup", "command", "builtin"}
@@ -47,10 +47,9 @@ class ProbeCommand:
     ``interpreter``: an absolute path or a bare name looked up on PATH, None for a launcher's own Python;
     ``workdir``: absolute; ``env``: variables the launcher or script set; ``launcher``: ``python``, ``srun``,
     ``torchrun`` or ``accelerate``; ``line``: as written, continuations joined; ``line_index``: among
-    ``shellwords.logical_lines``, the lines before it being the preamble; ``python_from``: ``coloc`` (``#COLOC
+    ``words.logical_lines``, the lines before it being the preamble; ``python_from``: ``coloc`` (``#COLOC
     python=``), ``path``, ``venv`` (a ``source .../activate`` line), ``bare`` or ``launcher``;
-    ``python_word``:
-    the interpreter word as written (``python3``), or the launcher's.
+    ``python_word``: the interpreter word as written (``python3``), or the launcher's.
     """
 
     mode: str
@@ -195,8 +194,7 @@ def find_command(text: str, script_args: Sequence[str] = (), submit_dir: str = "
 
 
 def _coloc_python(lines: Sequence[str], submit_dir: str) -> Optional[str]:
-    """The interpreter a ``#COLOC python=PATH`` line names (the last one; relative to ``submit_dir``), or
-    None."""
+    """The interpreter the last ``#COLOC python=PATH`` line names (relative to ``submit_dir``), or None."""
     python: Optional[str] = None
     for line in lines:
         if line.strip().startswith("#COLOC"):

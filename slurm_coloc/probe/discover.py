@@ -5,9 +5,8 @@ submitting user) and :func:`job_python` looks the command's interpreter up on th
 
 The torch the interpreter imports (:func:`torch_version`) is read from ``torch/version.py`` on its
 ``sys.path``, without importing torch: the ``sys.path`` is asked of the interpreter once and kept in
-``interpreters.json`` beside the probe cache, valid while the interpreter file, its ``pyvenv.cfg``, the
-path variables and the modification time of every ``sys.path`` directory are unchanged (``pip
-install`` into a site-packages directory changes its time).
+``interpreters.json`` beside the probe cache, valid while the interpreter file, its ``pyvenv.cfg``, the path
+variables and every ``sys.path`` directory's mtime are unchanged (``pip install`` changes site-packages').
 """
 from __future__ import annotations
 
@@ -23,9 +22,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.atomic import write_atomic
 from slurm_coloc.probe.command import ProbeCommand
-from slurm_coloc.probe.identity import RunAs, popen_kwargs
 from slurm_coloc.probe.preamble import run_preamble
 from slurm_coloc.probe.runner import resolve_interpreter
+from slurm_coloc.probe.sandbox import RunAs, popen_kwargs
 
 SYSPATH_TIMEOUT_S = 10.0
 _PATH_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "HOME")
@@ -69,8 +68,7 @@ def _python_beside(exe: str) -> Optional[str]:
 
 
 def job_python(cmd: ProbeCommand, path: Optional[str]) -> Optional[str]:
-    """The job's interpreter as an absolute path (links not resolved: a venv's ``bin/python`` stays itself),
-    or None.
+    """The job's interpreter as an absolute path (links not resolved: a venv's ``bin/python`` stays), or None.
 
     ``#COLOC python=`` and a path the command names are taken as written; a bare name is looked up on ``path``
     (the preamble's; None: ours), then the venv a ``source .../activate`` line named; a launcher's own Python
@@ -110,10 +108,7 @@ def discover_job(text: str, cmd: ProbeCommand, script_args: Sequence[str], submi
                  environ: Optional[Mapping[str, str]] = None, python: Optional[str] = None,
                  run_as: Optional[RunAs] = None) -> JobPython:
     """The job's Python and environment for ``cmd``: :func:`run_preamble`, then :func:`job_python` on its
-    PATH.
-
-    ``python`` (a path or a name) overrides the command's; ``environ`` None: ours; ``run_as`` None: the
-    caller. Never raises.
+    PATH. ``python`` (a path or a name) overrides the command's. Never raises.
     """
     pre = run_preamble(text, cmd, script_args, submit_dir, environ, run_as=run_as)
     env = dict(pre.env if pre.env is not None else os.environ if environ is None else environ)
@@ -157,11 +152,8 @@ def _dir_times(paths: Sequence[str]) -> List[Optional[int]]:
 def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[str],
                      run_as: Optional[RunAs] = None) -> Optional[List[str]]:
     """``python``'s ``sys.path`` under ``env`` (empty entries dropped); None when it does not answer within
-    ``SYSPATH_TIMEOUT_S``.
-
-    Cached in ``cache_dir/interpreters.json`` (None: no cache; at most 64 entries) while the interpreter, its
-    ``pyvenv.cfg``, the path variables and the path directories' mtimes are unchanged. Never raises: an
-    unwritable cache is skipped.
+    ``SYSPATH_TIMEOUT_S``. Cached in ``cache_dir/interpreters.json`` (None: no cache; at most 64 entries;
+    module docstring). Never raises: an unwritable cache is skipped.
     """
     key = _syspath_key(python, env)
     path = os.path.join(cache_dir, "interpreters.json") if cache_dir else ""
@@ -198,10 +190,8 @@ def interpreter_path(python: str, env: Mapping[str, str], cache_dir: Optional[st
 
 def torch_version(python: str, env: Mapping[str, str], cache_dir: Optional[str] = None,
                   run_as: Optional[RunAs] = None) -> Optional[str]:
-    """The torch ``python`` imports, from ``torch/version.py`` on its ``sys.path``, without importing it.
-
-    ``2.5.1+cu124`` style, ``unknown (<dir>)`` when ``version.py`` gives none, ``"none"`` without torch, None
-    when the interpreter does not answer.
+    """The torch ``python`` imports (``2.5.1+cu124``), read from ``torch/version.py`` without importing it;
+    ``unknown (<dir>)`` when it gives none, ``"none"`` without torch, None if the interpreter does not answer.
     """
     sys_path = interpreter_path(python, env, cache_dir, run_as)
     if sys_path is None:

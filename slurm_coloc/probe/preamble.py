@@ -1,23 +1,25 @@
 """The batch script's own preamble, run as the submitting user: the environment it ends with.
 
 What a script does to its environment before the training command (``export PATH=<venv>/bin:$PATH``,
-``conda activate ENV``, ``module load ...``, ``source .../activate``, a sourced setup file) is only known by
-running it: :func:`run_preamble` runs the lines before the command in ``bash`` and reads the environment it
-ends with; ``discover.py`` looks the interpreter up on that PATH.
+``conda activate ENV``, ``module load ...``, a sourced setup file) is only known by running it:
+:func:`run_preamble` runs the lines before the command in ``bash`` and reads the environment it ends with;
+``discover.py`` looks the interpreter up on that PATH.
 
-The preamble (:func:`preamble`): a logical line before the command is kept only when every simple command on
-it is environment setup (``setupline.is_setup``: ``SETUP_COMMANDS``, shell keywords, ``VAR=value``; no
-command substitution but path tools and environment managers' hooks, no backticks, ``eval`` of a hook only,
-no redirection but to ``/dev/null``); any other line is replaced by ``:`` so ``if``/``fi`` blocks stay
-balanced. The command and everything after it never run; with no line kept, nothing runs.
+The preamble (:func:`preamble`) keeps a logical line before the command only when :func:`is_setup`: every
+simple command on it is one of ``SETUP_COMMANDS`` (environment managers: their ``SUBCOMMANDS`` only), a shell
+keyword or ``VAR=value``; a ``$(...)`` only of ``SAFE_SUBSTITUTIONS`` (path and name tools, a manager's
+shell hook) with no operator, redirection or other substitution inside, ``$((...))`` without one; no
+backticks, process substitution or here-string; ``eval`` of a hook only; output only to ``/dev/null`` or a
+descriptor, input only from ``/dev/null``. So no program of the user's runs and nothing is written
+(docs/user.md "The job's Python"). Other lines become ``:`` (``if``/``fi`` stay balanced); the command and
+what follows never run; with no line kept, nothing runs.
 
 The run: ``bash --noprofile --norc`` (``-l`` when the ``#!`` line asks for a login shell) as the caller
-(``identity.py``), in the submission directory, with the submitting environment, ``SLURM_SUBMIT_DIR`` and
-``COLOC_PROBE=1``, the script's arguments, stdin ``/dev/null``, output to a scratch file, at most
-``PREAMBLE_TIMEOUT_S``, in a session of its own whose process group is killed when it ends (``reaper.py``
-costs a Python start-up, too much for the cached answer's budget). An ``EXIT`` trap and a last line write
-``env -0`` to the scratch directory; a preamble that fails, hangs or writes no environment leaves the
-submitting environment in place, with a note saying why.
+(``sandbox.py``), in the submission directory, with the submitting environment, ``SLURM_SUBMIT_DIR`` and
+``COLOC_PROBE=1``, stdin ``/dev/null``, at most ``PREAMBLE_TIMEOUT_S``, in a session of its own whose process
+group is killed when it ends (``reaper.py`` costs a Python start-up, too much for the cached answer's
+budget). An ``EXIT`` trap writes ``env -0`` to the scratch directory; a preamble that fails, hangs or writes
+no environment leaves the submitting environment in place, with a note saying why.
 """
 from __future__ import annotations
 
@@ -34,20 +36,154 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from slurm_coloc.probe.command import ProbeCommand
-from slurm_coloc.probe.identity import RunAs, open_scratch, popen_kwargs, private_dir, read_child_file
-from slurm_coloc.probe.setupline import is_setup
-from slurm_coloc.probe.shellwords import logical_lines
+from slurm_coloc.probe.sandbox import RunAs, open_scratch, popen_kwargs, private_dir, read_child_file
+from slurm_coloc.probe.words import logical_lines
 
 PREAMBLE_TIMEOUT_S = 5.0
 _HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
 _DROPPED_ENV = ("_", "SHLVL", "OLDPWD")
+SETUP_COMMANDS = frozenset({
+    "export", "unset", "set", "source", ".", "cd", "pushd", "popd", "shopt", "umask", "alias", "unalias",
+    "declare", "typeset", "readonly", "local", "eval", "hash", ":", "true", "false", "test", "[", "[[",
+    "echo", "printf", "conda", "mamba", "micromamba", "module", "ml", "spack", "pyenv", "activate",
+    "deactivate", "enable_lmod", "setpkgs", "use",
+})
+# the environment managers' sub-commands that only change the environment (``conda run``, ``pyenv exec``,
+# ``spack python`` would run a program; ``conda install``/``pyenv local`` would write)
+SUBCOMMANDS = {
+    "conda": frozenset({"activate", "deactivate", "info", "shell.bash", "shell.posix", "--version", "-V"}),
+    "pyenv": frozenset({"activate", "deactivate", "shell", "version", "versions", "which", "root", "prefix"}),
+    "spack": frozenset({"load", "unload", "env", "find", "location"}),
+}
+SUBCOMMANDS["mamba"] = SUBCOMMANDS["micromamba"] = SUBCOMMANDS["conda"] | frozenset({"shell"})
+_HOOK_TOOLS = frozenset({"conda", "mamba", "micromamba", "pyenv"})
+SAFE_SUBSTITUTIONS = frozenset({"dirname", "basename", "realpath", "readlink", "pwd", "whoami", "hostname",
+                                "nproc", "id"}) | _HOOK_TOOLS
+_HOOK_WORDS = frozenset({"shell.bash", "shell.posix", "shell", "hook", "info", "--base", "--shell", "bash",
+                         "init", "-", "--path", "virtualenv-init", "-s", "--root-prefix", "root"})
+_HOOK_OUTPUT = frozenset({"hook", "init", "virtualenv-init", "shell.bash", "shell.posix"})
+_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
+                       "esac", "{", "}", "!", "function", "in", "]]", "time"})
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", ";;", "|&"})
+_INNER_SUB = re.compile(r"\$\(([^()`$]*(?:\$\{?[A-Za-z_0-9@*#]+\}?[^()`$]*)*)\)")
+_ARITH = re.compile(r"\$\(\(([A-Za-z0-9_+\-*/%<>=!&|^~?:, ]*)\)\)")
+HOOK = "__coloc_setup_hook__"
+SAFE = "__coloc_setup_value__"
+
+
+def _substitution(inner: str) -> Optional[str]:
+    """What a ``$(inner)`` stands for: ``HOOK`` (an environment manager's shell hook), ``SAFE`` (a path or
+    name tool), or None (anything else: it would run a program)."""
+    if re.search(r"[;&|<>`\\\n]", inner):
+        return None
+    try:
+        words = shlex.split(inner)
+    except ValueError:
+        return None
+    if not words or os.path.basename(words[0]) not in SAFE_SUBSTITUTIONS or os.sep in words[0]:
+        return None
+    if words[0] in _HOOK_TOOLS:
+        if len(words) < 2 or not all(w in _HOOK_WORDS for w in words[1:]):
+            return None
+        return HOOK if _HOOK_OUTPUT & set(words[1:]) else SAFE  # shell code to eval, or a path
+    return SAFE
+
+
+def _replace_substitutions(line: str) -> Optional[str]:
+    """``line`` with every allowed ``$(...)`` (innermost first) and ``$((...))`` replaced by a marker word;
+    None when one is not allowed or a backtick or process substitution is left."""
+    prev = None
+    while prev != line:
+        prev = line
+        line = _ARITH.sub(SAFE, line)
+        bad = False
+
+        def rep(m: "re.Match[str]") -> str:
+            nonlocal bad
+            kind = _substitution(m.group(1))
+            if kind is None:
+                bad = True
+                return m.group(0)
+            return kind
+
+        line = _INNER_SUB.sub(rep, line)
+        if bad:
+            return None
+    if "$(" in line or "`" in line or "<(" in line or ">(" in line or "<<<" in line:
+        return None
+    return line
+
+
+def _redirection_ok(op: str, target: Optional[str]) -> bool:
+    """Whether redirection ``op`` to ``target`` (the next word) writes and reads nothing."""
+    if op in (">&", "<&"):
+        return target is not None and (target.isdigit() or target in ("-", "/dev/null"))
+    if op in (">", ">>", "&>", "&>>", ">|", "<"):
+        return target == "/dev/null"
+    return False
+
+
+def is_setup(line: str) -> bool:
+    """Whether logical ``line`` runs no program but setup commands and writes nothing (module docstring)."""
+    text = _replace_substitutions(line)
+    if text is None:
+        return False
+    try:
+        lex = shlex.shlex(text, posix=True, punctuation_chars="|&;<>")
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        toks: List[str] = list(lex)
+    except ValueError:
+        return False
+    head, cmd, i = True, "", 0
+    args: List[str] = []
+    while i < len(toks):
+        t = toks[i]
+        if t in _SEPARATORS:
+            if not _command_ok(cmd, args):
+                return False
+            head, cmd, args = True, "", []
+        elif set(t) <= set("<>&|;"):
+            if not _redirection_ok(t, toks[i + 1] if i + 1 < len(toks) else None):
+                return False
+            i += 1
+        elif head:
+            if t in _KEYWORDS or _ASSIGN.match(t):
+                if HOOK in t:
+                    return False
+            elif os.path.basename(t) in SETUP_COMMANDS and not t.startswith("$"):
+                head, cmd = False, os.path.basename(t)
+            else:
+                return False
+        else:
+            args.append(t)
+        i += 1
+    return _command_ok(cmd, args)
+
+
+def _command_ok(cmd: str, args: List[str]) -> bool:
+    """Whether setup command ``cmd`` with ``args`` stays setup: ``eval`` of a hook only; the environment
+    managers' ``SUBCOMMANDS`` only; a hook's output nowhere but ``eval``."""
+    if cmd == "eval":
+        return bool(args) and all(a == HOOK for a in args)
+    if any(HOOK in a for a in args):
+        return False
+    allowed = SUBCOMMANDS.get(cmd)
+    if allowed is not None:
+        sub = next((a for a in args if not a.startswith("-") or a in allowed), None)
+        if sub is not None and sub not in allowed:
+            return False
+        if cmd == "spack" and sub == "env":
+            rest = args[args.index("env") + 1:]
+            return bool(rest) and rest[0] in ("activate", "deactivate", "status", "st")
+    return True
 
 
 @dataclasses.dataclass
 class Preamble:
-    """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none), whether
-    it ``ran``, one ``note`` line on a failure ("" otherwise), ``wall_s``.
-    """
+    """What running the preamble gave: its exported ``env`` or None (nothing ran, or it wrote none); ``note``:
+    one line on a failure."""
 
     env: Optional[Dict[str, str]]
     ran: bool = False
@@ -58,7 +194,7 @@ class Preamble:
 def preamble(text: str, line_index: int) -> Optional[str]:
     """The runnable preamble of ``text`` (module docstring), or None when no line is kept.
 
-    Its setup lines before logical line ``line_index`` (0-based, ``shellwords.logical_lines``), others
+    Its setup lines before logical line ``line_index`` (0-based, ``words.logical_lines``), others
     (heredoc bodies too) as ``:``, one line per logical line read.
     """
     out: List[str] = []
@@ -142,9 +278,7 @@ def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: st
                     run_as: Optional[RunAs] = None) -> int:
     """Exit status of ``argv`` run in its own session (as ``run_as``), output to ``log_path``, for at most
     ``timeout_s``; then SIGKILL whatever is left in the session (``-SIGKILL`` when the limit ended it).
-
-    Raises:
-        OSError: ``argv`` could not start or the log could not be written.
+    OSError: ``argv`` could not start or the log could not be written.
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -161,11 +295,7 @@ def _run_in_session(argv: List[str], cwd: str, env: Dict[str, str], log_path: st
 
 
 def _last_line(log_path: str) -> str:
-    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters.
-
-    Raises:
-        OSError: the log cannot be read.
-    """
+    """The last line of the log's last 2,000 bytes, whitespace collapsed, at most 200 characters; OSError."""
     with open(log_path, "rb") as fh:
         last = (fh.read()[-2000:].decode("utf-8", "replace").strip().splitlines() or [""])[-1]
     return " ".join(last.split())[:200]

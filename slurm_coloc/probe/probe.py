@@ -27,9 +27,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from slurm_coloc.estimate.spec import Estimate
 from slurm_coloc.probe.command import ProbeCommand, find_command
 from slurm_coloc.probe.discover import discover_job, torch_version
-from slurm_coloc.probe.identity import RunAs, probe_identity
 from slurm_coloc.probe.runner import DEFAULT_MEM_LIMIT_MIB, DEFAULT_TIMEOUT_S, RunOutcome, run_probe
-from slurm_coloc.probe.sweep import config_args, differs_only_in
+from slurm_coloc.probe.sandbox import RunAs, probe_identity
+from slurm_coloc.probe.words import config_args, differs_only_in
 
 FORMAT = 1
 MAX_ENTRIES = 256
@@ -212,7 +212,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         text: the script's text (``--wrap``'s command); ``script_path`` is then not read.
         environ: the submitting environment (default ``os.environ``): the preamble's and the probe's.
         uid_option, gid_option: sbatch's ``--uid``/``--gid`` (root submitting for a user): the probe's
-            children run as that user (``identity.py``); root without them probes only its own files.
+            children run as that user (``sandbox.py``); root without them probes only its own files.
 
     Raises:
         EstimateError: ``gpu`` is not a known GPU model.

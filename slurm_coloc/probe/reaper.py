@@ -1,34 +1,39 @@
-"""Run one command as a child subreaper; at its time limit, and after it ends, end every descendant.
+"""The probe's process tree: a child subreaper that ends every descendant, and :func:`run_reaped`, its caller.
 
-Run by ``runner.py`` with the submitting user's own interpreter (stdlib only)::
+Run as a script with our interpreter (stdlib only: no ``slurm_coloc`` import at module level)::
 
     python -I -S reaper.py STATUS_PATH TIMEOUT_S [--max-wall S] [--max-procs N] [--dump] -- ARGV...
 
-Time: ``TIMEOUT_S`` is a budget of CPU time as much as of wall time (a busy login node): past it the program
-goes on while its tree still uses ``EXTEND_MIN_RATE`` of a core or more (starved, not stuck) and has used
-less than ``TIMEOUT_S`` CPU seconds, up to ``--max-wall``; a program that sleeps (a hang, a barrier that never
-completes) ends at ``TIMEOUT_S``. Before that end, with ``--dump``, ``DUMP_SIGNAL`` asks it for its stacks.
-More than ``--max-procs`` live descendants (a fork bomb, 64 workers) end the tree at once.
+``TIMEOUT_S`` is a budget of CPU time as much as of wall time (a busy login node): past it the program goes
+on while its tree uses ``EXTEND_MIN_RATE`` of a core or more and has used less than ``TIMEOUT_S`` CPU
+seconds, up to ``--max-wall``; a sleeping program (a hang, a barrier) ends at ``TIMEOUT_S``, with
+``--dump`` after ``DUMP_SIGNAL`` asked it for its stacks. More than ``--max-procs`` live descendants end the
+tree at once. As a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, man 2 prctl) it inherits orphans,
+``setsid`` and double-forked ones included; when ``ARGV`` ends or the limit (or ``SIGTERM``) comes it
+SIGKILLs every process below it (``/proc/*/stat`` parent links, until none is left) and writes
+``STATUS_PATH`` (JSON): ``returncode`` (``-N`` for signal N, None when killed at the limit), ``timed_out``,
+``left_running``, ``too_many_processes``, ``extended``, ``wall_s``, ``cpu_s``, ``subreaper``. It writes to
+the output it shares with ``ARGV`` only when ``ARGV`` cannot be executed.
 
-The process marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, man 2 prctl), so a descendant
-whose parent dies, ``setsid`` or double-forked ones included, is re-parented to it rather than init. When
-``ARGV`` ends or the limit (or ``SIGTERM``) comes, it SIGKILLs every process below it (``/proc/*/stat``
-parent links, repeated until none is left, reaping each) and writes ``STATUS_PATH`` (JSON): ``returncode``
-(``-N`` for signal N, None when killed at the limit), ``timed_out``, ``left_running`` (still running after
-``ARGV`` ended), ``too_many_processes``, ``extended``, ``wall_s``, ``cpu_s`` and ``subreaper`` (whether the
-prctl took effect; without it orphans escape to init and only the caller's ``killpg`` reaches them). It never
-writes to the stdout/stderr it shares with ``ARGV``, except one line when ``ARGV`` cannot be executed.
+:func:`run_reaped` (``runner.py``) starts it in a session of its own with the child's :func:`limits`
+(address space, no core files, ``RLIMIT_NPROC``), as the caller or the user root submits for
+(``sandbox.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import resource
 import signal
+import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from slurm_coloc.probe.sandbox import RunAs
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 POLL_S = 0.02
@@ -37,6 +42,9 @@ EXTEND_MIN_RATE = 0.05  # a tree using less of a core than this past the wall li
 DUMP_SIGNAL = signal.SIGRTMIN + 5  # the program's faulthandler dumps its stacks (inject/main.py)
 DUMP_WAIT_S = 1.0
 SWEEP_LIMIT_S = 5.0  # how long the final sweep keeps killing (a fork loop) before it gives up
+REAPER_GRACE_S = 10.0  # the reaper's own sweep, past the limit, before the caller kills its session
+NPROC_HEADROOM = 256  # RLIMIT_NPROC: the user's tasks now plus this many (a fork bomb's hard stop; torch's
+# thread pools count: the reaper's process cap, MAX_PROBE_PROCESSES, is what a program normally meets)
 
 
 def set_subreaper() -> bool:
@@ -218,6 +226,92 @@ def main(argv: List[str]) -> int:
     with open(status_path, "w", encoding="utf-8") as fh:
         json.dump(out, fh)
     return 0
+
+
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads too, which ``RLIMIT_NPROC`` counts: man 2 setrlimit) of real uid ``uid`` run
+    now (``/proc/*/status``: ``Uid`` and ``Threads``)."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                n += int(fields.get(b"Threads", b"1").strip() or 1)
+        except (OSError, ValueError, IndexError, KeyError):
+            continue
+    return n
+
+
+def limits(mem_limit_mib: int, uid: Optional[int] = None) -> Callable[[], None]:
+    """The child's limits (a ``preexec_fn``): ``RLIMIT_AS``, no core files, and ``RLIMIT_NPROC`` of the uid's
+    tasks now plus ``NPROC_HEADROOM``, never above the limit already in force (not enforced for root)."""
+    uid = os.getuid() if uid is None else uid
+    nproc = _tasks_of(uid) + NPROC_HEADROOM
+    for cur in resource.getrlimit(resource.RLIMIT_NPROC):
+        if cur != resource.RLIM_INFINITY:
+            nproc = min(nproc, cur)
+
+    def apply() -> None:
+        b = int(mem_limit_mib) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (b, b))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return apply
+
+
+def run_reaped(argv: List[str], status_path: str, timeout_s: float, cwd: str, env: Dict[str, str],
+               stdout: IO[bytes], preexec_fn: Optional[Callable[[], None]] = None,
+               run_as: Optional[RunAs] = None, max_wall_s: Optional[float] = None, max_procs: int = 0,
+               dump: bool = False) -> Dict[str, Any]:
+    """Run ``argv`` under this script (as ``run_as`` or the caller) in a session of its own; its status.
+
+    stdin is ``/dev/null``, output goes to ``stdout``; after the reaper the session's process group is killed
+    too (where no subreaper could be set). ``max_procs``: the ``--max-procs`` cap (0: none). An unreadable
+    status reads as timed out; never raises for the program.
+
+    Raises:
+        OSError: the reaper cannot be started (``subprocess.Popen``).
+        KeyboardInterrupt: our own interrupt, after the reaper is stopped.
+    """
+    from slurm_coloc.probe.sandbox import read_child_file  # not at module level: the script is stdlib only
+
+    max_wall_s = max(timeout_s, max_wall_s or timeout_s)
+    opts = ["--max-wall", f"{max_wall_s:g}", "--max-procs", str(int(max_procs))]
+    opts += ["--dump"] if dump else []
+    proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), status_path,
+                             f"{timeout_s:g}", *opts, "--", *argv],
+                            cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout,
+                            start_new_session=True, preexec_fn=preexec_fn,
+                            **(run_as.popen_kwargs() if run_as is not None else {}))
+    try:
+        proc.wait(timeout=max_wall_s + REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    except BaseException:  # our own interrupt (Ctrl-C): the reaper sweeps at SIGTERM
+        _stop(proc)
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        status = json.loads(read_child_file(status_path, run_as).decode("utf-8"))
+    except (OSError, ValueError):
+        status = {"returncode": proc.returncode, "timed_out": True, "left_running": 0}
+    return status if isinstance(status, dict) else {"timed_out": True}
+
+
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=REAPER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

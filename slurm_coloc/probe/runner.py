@@ -6,15 +6,13 @@ estimator modules (stdlib + numpy + its own torch) and nothing else of ours. The
 first on ``sys.path`` only while it imports the probe, then removes it and ``''``, so the program's imports
 resolve as in the job.
 
-The child runs as the caller (``identity.py``), in its own session under ``reaper.py`` (every descendant
-killed at the limit and at the end), with ``RLIMIT_AS`` as memory limit, stdin ``/dev/null``, output to
-``probe.log`` in the scratch directory. Its working directory mirrors the job's (``mirror.py``: real
-directories, a link per file, up to ``MAX_MIRROR_ENTRIES``; the parent's and grandparent's other entries
-linked beside it, so ``../data`` and ``../../data`` read as in the job). Files it creates land in the scratch
-directory; a file link it opens for writing is replaced by a copy first (``inject/main.py``). Writes to
-absolute paths outside the scratch directory, or into a directory linked as a whole, still reach the real
-files: the child reports each (``outside_writes``). Network libraries are put offline (environment, refusing
-proxies); ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR`` and
+The child runs as the caller, in its own session under ``reaper.py`` (every descendant killed at the limit
+and at the end), with ``RLIMIT_AS`` as memory limit, stdin ``/dev/null``, output to ``probe.log`` in the
+scratch directory, in a mirror of the job's working directory (``sandbox.py``). Files it creates land in
+the scratch directory; a file link it opens for writing is replaced by a copy first (``inject/main.py``).
+Writes to absolute paths outside the scratch directory, or into a directory linked as a whole, still reach
+the real files: the child reports each (``outside_writes``). Network libraries are put offline (environment,
+refusing proxies); ``PYTHONDONTWRITEBYTECODE`` keeps ``__pycache__`` out of the user's tree; ``TMPDIR`` and
 matplotlib's, inductor's and triton's caches are in the scratch directory, removed after the run.
 """
 from __future__ import annotations
@@ -29,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from slurm_coloc.probe.command import ProbeCommand
-from slurm_coloc.probe.identity import RunAs, open_scratch, private_dir, read_child_file
-from slurm_coloc.probe.mirror import mirror_with_ancestors
-from slurm_coloc.probe.reaped import limits, run_reaped
+from slurm_coloc.probe.reaper import limits, run_reaped
+from slurm_coloc.probe.sandbox import RunAs, mirror_with_ancestors, open_scratch, private_dir, read_child_file
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOTSTRAP = (
@@ -109,7 +106,6 @@ def resolve_interpreter(cmd: ProbeCommand, path_env: Optional[str] = None) -> Op
 
 
 def _shebang_python(launcher: Optional[str]) -> Optional[str]:
-    """The interpreter a console script (``torchrun``) names in its ``#!`` line."""
     if not launcher:
         return None
     try:

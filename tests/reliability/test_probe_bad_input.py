@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.probe import reaped, runner
+from slurm_coloc.probe import reaper, runner
 from slurm_coloc.probe.probe import probe_script
 
 pytestmark = pytest.mark.slow  # real probe/torch/subprocess work: left out of the fast command
@@ -94,7 +94,7 @@ def test_bad_input_one_line_no_figure_nothing_written_nothing_left(case, tmp_pat
     wall = time.monotonic() - t0
     assert r.estimate is None
     assert expect in r.reason and "\n" not in r.reason, r.reason
-    assert wall < limit + reaped.REAPER_GRACE_S
+    assert wall < limit + reaper.REAPER_GRACE_S
     if MARK in (program or ""):
         assert "daemon started" in r.log_text  # the process to be ended was started
     if case == "forks_a_daemon":
@@ -112,10 +112,10 @@ def test_reaper_ends_a_setsid_grandchild_at_the_limit(tmp_path):
                     f"subprocess.Popen(['setsid', 'sleep', '{secs}'])\ntime.sleep(1000)\n")
     with open(tmp_path / "log", "wb") as log:
         t0 = time.monotonic()
-        status = reaped.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 2.0,
+        status = reaper.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 2.0,
                                    cwd=str(tmp_path), env=dict(os.environ), stdout=log)
     assert status["timed_out"] and status["subreaper"] and status["killed"] == 2
-    assert time.monotonic() - t0 < 2.0 + reaped.REAPER_GRACE_S
+    assert time.monotonic() - t0 < 2.0 + reaper.REAPER_GRACE_S
     assert running_with(secs) == []
 
 
@@ -127,7 +127,7 @@ def test_reaper_ends_what_a_normal_end_left_running(tmp_path):
                     "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                     f"        os.execvp('sleep', ['sleep', '{secs}'])\n    os._exit(0)\n")
     with open(tmp_path / "log", "wb") as log:
-        status = reaped.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 30.0,
+        status = reaper.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 30.0,
                                    cwd=str(tmp_path), env=dict(os.environ), stdout=log)
     assert status["returncode"] == 0 and not status["timed_out"] and status["left_running"] == 2
     assert running_with(secs) == []

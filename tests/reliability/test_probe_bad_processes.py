@@ -3,7 +3,7 @@ input"): the probe ends within its limit, leaves no process behind, and gives no
 GPU) with the reason in one line.
 
 Real probes (this venv's Python and torch on the CPU). Run as root (as the suite is), the probe runs the
-program as ``colocuser`` (``--uid``, ``probe/identity.py``), so the fork bomb meets the probe's
+program as ``colocuser`` (``--uid``, ``probe/sandbox.py``), so the fork bomb meets the probe's
 ``RLIMIT_NPROC`` (root is exempt from it) as well as the reaper's process cap; as another user it runs as that
 user. "Nothing left running" is checked in ``/proc``: every process of a case has the case's own scratch
 directory in its command line (the bootstrap's argument), or the case's marker.
@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Tuple
 
 import pytest
 
-from slurm_coloc.probe import reaped, runner
+from slurm_coloc.probe import reaper, runner
 from slurm_coloc.probe.probe import probe_script
 from tests.reliability.test_probe_bad_input import running_with
 
@@ -99,7 +99,7 @@ def test_process_abuse_ends_within_the_limit_leaving_nothing(case, case_dir, mon
     assert r.estimate is None
     assert r.reason.startswith(expect) and "\n" not in r.reason, (r.reason, r.log_text[-1500:])
     # the limit (the probe's start-up included), plus the reaper's grace; a fork bomb ends in seconds
-    assert wall < LIMIT_S + reaped.REAPER_GRACE_S, wall
+    assert wall < LIMIT_S + reaper.REAPER_GRACE_S, wall
     if case != "barrier_never_completes":
         assert wall < LIMIT_S, wall
     time.sleep(0.3)
@@ -124,18 +124,18 @@ def test_the_limit_counts_cpu_time_on_a_busy_machine(kind, program, extended, tm
     prog.write_text(program)
     with open(tmp_path / "log", "wb") as log:
         t0 = time.monotonic()
-        status = reaped.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 2.0,
+        status = reaper.run_reaped([sys.executable, "-S", str(prog)], str(tmp_path / "s.json"), 2.0,
                                    cwd=str(tmp_path), env=dict(os.environ), stdout=log, max_wall_s=5.0)
         wall = time.monotonic() - t0
     assert status["timed_out"], status
     if extended:  # went on to --max-wall, under its CPU budget
         assert status["extended"] and status["cpu_s"] < 2.0, status
-        assert 4.5 < wall < 5.0 + reaped.REAPER_GRACE_S, wall
+        assert 4.5 < wall < 5.0 + reaper.REAPER_GRACE_S, wall
     elif "stuck" in kind:  # the limit, the dump's wait, the sweep
         assert not status["extended"] and wall < 2.0 + 2.5, (wall, status)
     else:  # busy: its CPU budget used (alone), or starved by other work on this machine up to --max-wall
         assert status["cpu_s"] >= 1.9 or (status["extended"] and wall >= 4.5), (wall, status)
-        assert wall < 5.0 + reaped.REAPER_GRACE_S
+        assert wall < 5.0 + reaper.REAPER_GRACE_S
 
 
 def test_a_user_with_many_threads_still_gets_a_figure(case_dir, monkeypatch):

@@ -1,19 +1,10 @@
 """One CUDA device that exists without a GPU: only GPU memory and kernels are simulated.
 
-Host tensors are real: data loading, transforms, numpy, CPU random numbers and ``.item()`` of CPU values run
-as in the job. GPU tensors are fake CPU tensors (``FakeTensor``: shapes and dtypes, no values) replayed
-through the estimator's caching-allocator model (``estimate/tracker.py``):
-
-* a tensor is "on the GPU" when a GPU op made its storage: a factory with a CUDA device, a move, or any op
-  taking a fake tensor (:class:`GpuOps`); it reports ``cuda:0`` and ``is_cuda``, so tensors built on
-  ``x.device`` stay on the GPU;
-* GPU ops run under dispatch modes pushed for that op only (fake tensors, FLOP counter, tracker, GPU tag), so
-  host ops pay no Python dispatch; :func:`make_host_fast_mode` lets host calls skip the torch-function modes;
-* values read back (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros (``datadep.py`` for
-  ``all()``/``any()``); the ``torch.cuda`` API and CUDA autocast are ``cudaapi.py``'s.
-
-GPU tensors are fake CPU tensors underneath because the autograd engine refuses fake ``cuda`` tensors without
-a driver (it looks for a primary context).
+Host tensors are real (data loading, numpy, CPU random numbers run as in the job). GPU tensors are fake CPU
+tensors (``FakeTensor``: the autograd engine refuses fake ``cuda`` ones without a driver) replayed through the
+estimator's allocator model (``estimate/tracker.py``); a tensor is "on the GPU" when a GPU op made its
+storage (:class:`GpuOps`), and GPU ops run under dispatch modes pushed for that op only. Values read back
+are zeros (``datadep.py`` for ``all()``/``any()``); ``torch.cuda`` and CUDA autocast are ``cudaapi.py``'s.
 """
 from __future__ import annotations
 
@@ -23,13 +14,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 
 class ProbeState:
-    """What the probe saw and the switches its modes share.
-
-    ``tracker``: ``estimate.tracker.make_tracker``'s (its ``alloc`` the allocator model); ``cuda_op``: the op
-    being dispatched makes GPU tensors; ``nccl_group``: the program asked for an NCCL group (its
-    communicator's memory is not traced); ``fail``: ends the probe with a reason, for what this torch cannot
-    imitate; ``typed``: ``legacy.py``'s ``torch.cuda.<Type>Tensor`` stand-ins.
-    """
+    """What the probe saw and the switches its modes share (``cuda_op``: the op being dispatched makes GPU
+    tensors; ``nccl_group``: the program asked for an NCCL group; ``fail``: ends the probe with a reason)."""
 
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
@@ -40,7 +26,7 @@ class ProbeState:
         self.nccl_group = False
         self.notes: List[str] = []
         self.fail: Optional[Callable[[str], None]] = None
-        self.typed: Dict[str, type] = {}  # torch.cuda.FloatTensor ... stand-ins (legacy.py)
+        self.typed: Dict[str, type] = {}  # torch.cuda.FloatTensor ... stand-ins (devicemode.py)
 
     def note(self, text: str) -> None:
         """Add one short line to the result's ``notes``, once."""
@@ -67,10 +53,7 @@ def is_cuda_device(torch: Any, d: Any) -> bool:
 
 
 def tag_gpu_ops(state: ProbeState) -> None:
-    """Let the tracker replay only the storages of GPU ops: those made while :class:`GpuOps` runs an op
-    (``state.cuda_op``; ``state.dispatch_depth`` counts the nesting, and ``FakeTensor.device`` reports
-    the real fake device inside).
-    """
+    """Let the tracker replay only the storages made while :class:`GpuOps` runs an op (``state.cuda_op``)."""
     orig_track = state.tracker.track
 
     def track(t: Any) -> None:
@@ -84,16 +67,9 @@ class GpuOps:
     """Runs GPU ops under the GPU dispatch modes; every other op runs on the CPU with no Python mode.
 
     The dispatch modes (``modes``, lowest first: :func:`make_fake_gpu_mode`'s, the FLOP counter, the tracker)
-    are
-    not entered for the whole program but pushed around one op, with ``state.cuda_op`` set
-    (:func:`tag_gpu_ops`),
-    when an op has a ``FakeTensor`` argument (every fake tensor is GPU memory: :meth:`install` wraps
-    ``FakeTensor.__torch_dispatch__``, which the dispatcher calls for such ops only), or when the device mode
-    runs
-    a factory with a CUDA device or a move to the GPU (:meth:`run`). Ops on real CPU tensors never enter
-    Python
-    dispatch, so they cost what they cost in the job. ``optional`` (the FLOP counter) is pushed only while
-    ``use_optional``: a mode that passes an op on still costs a Python dispatch level.
+    are pushed around one op, with ``state.cuda_op`` set, when it has a ``FakeTensor`` argument
+    (:meth:`install` wraps ``FakeTensor.__torch_dispatch__``) or the device mode runs a CUDA factory or move
+    (:meth:`run`). ``optional`` (the FLOP counter) is pushed only while ``use_optional``.
     """
 
     def __init__(self, torch: Any, modes: List[Any], scalar_answer: Optional[Callable[[Any], Any]] = None,
@@ -115,10 +91,7 @@ class GpuOps:
 
     def run(self, func: Any, args: Any = (), kwargs: Any = None) -> Any:
         """``func(*args, **kwargs)`` with the GPU modes pushed (outputs fake GPU tensors); nested calls run it
-        as is.
-
-        Its exceptions pass through, the modes exited first.
-        """
+        as is. Exceptions pass through, the modes exited first."""
         if self.depth:
             return func(*args, **(kwargs or {}))
         st = self.state
@@ -166,12 +139,8 @@ class GpuOps:
 
 
 def make_fake_gpu_mode(torch: Any, fake_mode: Any) -> Any:
-    """The lowest dispatch mode: runs each op it gets (only GPU ops reach it) in ``fake_mode``.
-
-    ``fake_mode`` is a ``FakeTensorMode(allow_non_fake_inputs=True)`` that is never entered: real
-    CPU inputs of a GPU op (a batch moved to the GPU, a CPU scalar tensor) become fake tensors of
-    the same shape, dtype and values' absence, so only GPU memory and kernels are simulated.
-    """
+    """The lowest dispatch mode: runs each (GPU) op in ``fake_mode``, a never-entered
+    ``FakeTensorMode(allow_non_fake_inputs=True)``: real CPU inputs of a GPU op become fake tensors."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _FakeGpu(TorchDispatchMode):
@@ -192,12 +161,9 @@ def _zeros_list(shape: Any, floating: bool) -> Any:
 def make_host_fast_mode(torch: Any) -> Any:
     """The highest of the probe's function modes: host calls skip the modes below it.
 
-    A call is a host call when no argument is a ``FakeTensor`` (GPU memory in the probe), no
-    ``device=`` keyword names CUDA, and the function is none of those the device mode changes for
-    host tensors too (moves, ``.type`` to a type name, pinning, ``.numpy``, copies). It runs with
-    torch-function handling off, so data loading and CPU preprocessing cost what they cost in the job,
-    not a pass through four Python modes per op; no dispatch mode sees it either (the GPU modes are
-    pushed for GPU ops only, :class:`GpuOps`).
+    A host call has no ``FakeTensor`` argument, no CUDA ``device=``, and is none of the functions the device
+    mode changes for host tensors too (moves, ``.type``, pinning, ``.numpy``, copies); it runs with
+    torch-function handling off, so host work costs what it costs in the job.
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
@@ -236,16 +202,11 @@ def make_host_fast_mode(torch: Any) -> Any:
 
 
 def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
-    """Adapt ``FakeTensor`` to a program that believes it runs on a GPU.
+    """Adapt ``FakeTensor`` to a program that believes it runs on a GPU (and :func:`patch_fake_swap`).
 
-    * ``FakeTensor.device`` (a property of its own, not seen by function modes) reports ``cuda:0``
-      for GPU-tagged tensors outside dispatch, so ``torch.zeros(..., device=x.device)`` in the
-      program's code is a GPU tensor as on the GPU; inside dispatch (FakeTensorMode's own
-      device propagation) it reports the real fake device;
-    * ``FakeTensor.tolist`` returns zeros at once (a sampler's ``randperm(n).tolist()`` would
-      otherwise read n values one by one), as ``datadep`` assumes for value reads.
-
-    Also :func:`patch_fake_swap`.
+    ``FakeTensor.device`` (not seen by function modes) reports ``cuda:0`` for GPU-tagged tensors outside
+    dispatch, the real fake device inside; ``FakeTensor.tolist`` returns zeros at once (a sampler's
+    ``randperm(n).tolist()`` would read n values one by one).
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -278,12 +239,8 @@ def patch_fake_tensor(torch: Any, state: ProbeState) -> None:
 
 
 def patch_fake_swap(torch: Any) -> None:
-    """Let ``Module.to``/``.cuda()`` swap fake parameters.
-
-    ``Module._apply`` swaps a FakeTensor parameter with its moved copy (``torch.utils.swap_tensors``),
-    which refuses tensors with weak references; FakeTensorMode's own memo holds one for every
-    fake tensor. The memo only maps real tensors to their fakes, so the probe lets the swap
-    ignore weak references to fake tensors.
+    """Let ``Module.to``/``.cuda()`` swap fake parameters: ``torch.utils.swap_tensors`` refuses tensors with
+    weak references, and FakeTensorMode's memo (real tensors to fakes only) holds one for every fake tensor.
     """
     import torch.utils as tu
     from torch._subclasses.fake_tensor import FakeTensor

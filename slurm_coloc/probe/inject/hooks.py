@@ -1,31 +1,166 @@
-"""The probe's hooks into the program's torch (job's Python): steps, backward, module calls, loaders.
+"""The probe's hooks into the program's torch and training frameworks (job's Python).
 
-Installed by ``inject/main.py`` once ``torch`` is imported, before the program runs. ``probe`` is its
-``_Probe``: ``state`` (``fakecuda.ProbeState``), ``opt_steps``/``opt_names``/``param_dtypes`` (what the
-optimizers did), ``forwards``/``backwards``/``depth`` (top-level module calls), ``evals``
-(``evalpass.EvalPasses``), ``micro`` (``accum.MicroSteps``), ``smaller`` (``smaller.SmallerCalls``),
-``flops``/``flops_mode`` (the FLOP counter),
-``on_step`` and ``finish``.
+Installed by ``inject/main.py`` once ``torch`` is imported, before the program runs: optimizer steps,
+backward, top-level module calls, DataLoaders, worker processes. ``probe`` is its ``_Probe``: ``state``
+(``fakecuda.ProbeState``), ``opt_steps``/``opt_names``/``param_dtypes`` (what the optimizers did),
+``forwards``/``backwards``/``depth`` (top-level module calls), ``evals``/``micro``
+(``repeats.EvalPasses``/``MicroSteps``), ``smaller`` (``smaller.SmallerCalls``), ``flops``/``flops_mode``
+(the FLOP counter), ``on_step`` and ``finish``.
+
+Frameworks are kept from saving checkpoints and logs by a post-import hook (:class:`_AfterImport`, first on
+``sys.meta_path``) that patches a framework's module right after the program imports it (stdlib only; a
+framework never imported costs nothing), each patch guarded (another version is left as it is, noted):
+
+* PyTorch Lightning ``Trainer(...)``: ``logger=False``, ``enable_checkpointing=False``,
+  ``enable_progress_bar=False``, no checkpoint or ``...Monitor`` callback (they need a logger);
+* Hugging Face ``TrainingArguments``: ``save_strategy="no"``, ``report_to="none"``, ``push_to_hub=False``;
+  ``Trainer.save_model``/``save_state``/``_save_checkpoint`` do nothing;
+* ``accelerate.Accelerator``: ``save_state``, ``save``, ``save_model`` and ``init_trackers`` do nothing.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import os
-from typing import Any
+import sys
+from typing import Any, Callable, Dict, Optional
 
-from slurm_coloc.probe.inject import accum, evalpass, frameworks, smaller
-from slurm_coloc.probe.inject.distributed import patch_distributed
-from slurm_coloc.probe.inject.workers import cap_threads, patch_workers
+from slurm_coloc.probe.inject import repeats, smaller
+from slurm_coloc.probe.inject.distributed import cap_threads, patch_distributed, patch_workers
+from slurm_coloc.probe.inject.fakecuda import ProbeState
+
+Note = Callable[[str], None]
+
+
+def _saves(callback: Any) -> bool:
+    """Checkpoint callbacks (which save) and monitors (which need a logger) are left out."""
+    name = type(callback).__name__
+    return "Checkpoint" in name or name.endswith("Monitor")
+
+
+def _lightning_trainer(mod: Any, note: Note) -> None:
+    trainer = getattr(mod, "Trainer", None)
+    if trainer is None:
+        return
+    orig = trainer.__init__
+
+    def __init__(self: Any, *a: Any, **k: Any) -> None:
+        cbs = k.get("callbacks")
+        if cbs is not None:
+            one = not isinstance(cbs, (list, tuple))
+            k["callbacks"] = [c for c in ([cbs] if one else cbs) if not _saves(c)]
+        k.update(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+        note("Lightning Trainer: loggers, checkpointing and progress bar off")
+        orig(self, *a, **k)
+
+    trainer.__init__ = __init__
+
+
+def _hf_training_args(mod: Any, note: Note) -> None:
+    args_cls = getattr(mod, "TrainingArguments", None)
+    post = getattr(args_cls, "__post_init__", None)
+    if args_cls is None or post is None:
+        return
+
+    def __post_init__(self: Any) -> None:
+        for name, value in (("save_strategy", "no"), ("report_to", "none"), ("push_to_hub", False),
+                            ("load_best_model_at_end", False)):
+            if hasattr(self, name):
+                setattr(self, name, value)
+        note("Hugging Face TrainingArguments: save_strategy=no, report_to=none")
+        post(self)
+
+    args_cls.__post_init__ = __post_init__
+
+
+def _hf_trainer(mod: Any, note: Note) -> None:
+    trainer = getattr(mod, "Trainer", None)
+    for name in ("save_model", "save_state", "_save_checkpoint", "push_to_hub", "create_model_card"):
+        if trainer is not None and hasattr(trainer, name):
+            setattr(trainer, name, _skip(f"Hugging Face Trainer.{name}", note))
+
+
+def _accelerate(mod: Any, note: Note) -> None:
+    acc = getattr(mod, "Accelerator", None)
+    for name in ("save_state", "save", "save_model", "init_trackers"):
+        if acc is not None and hasattr(acc, name):
+            setattr(acc, name, _skip(f"accelerate Accelerator.{name}", note))
+
+
+def _skip(what: str, note: Note) -> Callable[..., None]:
+    def skipped(*a: Any, **k: Any) -> None:
+        note(f"{what} skipped")
+
+    return skipped
+
+
+PATCHES: Dict[str, Callable[[Any, Note], None]] = {
+    "lightning.pytorch.trainer.trainer": _lightning_trainer,
+    "pytorch_lightning.trainer.trainer": _lightning_trainer,
+    "transformers.training_args": _hf_training_args,
+    "transformers.trainer": _hf_trainer,
+    "accelerate.accelerator": _accelerate,
+}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the real loader of a module in ``PATCHES`` to patch it once executed."""
+
+    def __init__(self, note: Note) -> None:
+        self.note = note
+        self.busy: set = set()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Optional[Any]:
+        """The module's own spec, its loader wrapped to apply ``PATCHES[name]`` after it runs (a failing patch
+        noted); None for others."""
+        if name not in PATCHES or name in self.busy:
+            return None
+        self.busy.add(name)
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy.discard(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader, patch, note = spec.loader, PATCHES[name], self.note
+
+        class _Patched(importlib.abc.Loader):
+            def create_module(self, s: Any) -> Any:
+                return loader.create_module(s)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                try:
+                    patch(module, note)
+                except Exception as exc:  # another version of the framework
+                    note(f"{name}: not patched ({type(exc).__name__}: {exc})")
+
+        spec.loader = _Patched()
+        return spec
+
+
+def patch_frameworks(note: Note) -> None:
+    """Patch frameworks imported now and later (module docstring); a failing patch is noted."""
+    for name, patch in PATCHES.items():
+        mod = sys.modules.get(name)
+        if mod is not None:
+            try:
+                patch(mod, note)
+            except Exception as exc:  # another version of the framework
+                note(f"{name}: not patched ({type(exc).__name__}: {exc})")
+    sys.meta_path.insert(0, _AfterImport(note))
 
 
 def install(probe: Any, torch: Any) -> None:
-    """Every hook below, in the order the program meets them; sets ``probe.evals/smaller/micro``."""
+    """Every hook here, in the order the program meets them; sets ``probe.evals/smaller/micro``."""
     st = probe.state
     _patch_optimizers(probe, torch)
-    probe.evals = evalpass.EvalPasses(torch, st.on_gpu)
+    probe.evals = repeats.EvalPasses(torch, st.on_gpu)
     probe.evals.smaller = probe.smaller = smaller.SmallerCalls(torch, st.on_gpu, st.tracker.alloc)
     counter = probe.flops
-    probe.micro = accum.MicroSteps(
+    probe.micro = repeats.MicroSteps(
         torch, probe.evals, lambda: int(counter.get_total_flops()) if probe.flops is not None else None)
     _patch_backward(probe, torch)
     _patch_format(torch)
@@ -36,7 +171,7 @@ def install(probe: Any, torch: Any) -> None:
     patch_distributed(torch, st)
     patch_workers(torch, st.note, st.fail)
     cap_threads(torch, st.note)
-    frameworks.install(st.note)
+    patch_frameworks(st.note)
 
 
 def _patch_optimizers(probe: Any, torch: Any) -> None:
@@ -69,7 +204,7 @@ def _patch_optimizers(probe: Any, torch: Any) -> None:
 
 def _patch_backward(probe: Any, torch: Any) -> None:
     """``torch.autograd.backward`` counted (a program without optimizer stops after ``steps`` of them);
-    a skipped micro-step's backward does nothing (``accum.py``)."""
+    a skipped micro-step's backward does nothing (``repeats.MicroSteps``)."""
     st = probe.state
     orig_backward = torch.autograd.backward
     micro = probe.micro
@@ -110,7 +245,7 @@ def _patch_format(torch: Any) -> None:
 
 
 def _patch_module_calls(probe: Any, torch: Any) -> None:
-    """Top-level calls of modules with parameters counted; repeats skipped (``evalpass``, ``accum``)."""
+    """Top-level calls of modules with parameters counted; repeats skipped (``repeats.py``)."""
     def pre(mod: Any, inp: Any) -> None:
         if probe.depth == 0 and has_params(mod):
             probe.forwards += 1
@@ -136,7 +271,7 @@ def _patch_module_calls(probe: Any, torch: Any) -> None:
     torch.nn.Module.__call__ = module_call
 
 
-def _patch_compile_and_save(torch: Any, st: Any) -> None:
+def _patch_compile_and_save(torch: Any, st: ProbeState) -> None:
     """``torch.compile`` traced eagerly; ``torch.save`` writes nothing."""
     def compile_eager(model: Any = None, *a: Any, **k: Any) -> Any:
         st.note("torch.compile: traced eagerly (compiled steps held 0.82-1.07x the eager peak reserved "
@@ -177,10 +312,8 @@ def _patch_dataloader(probe: Any, torch: Any) -> None:
 def _patch_processes(probe: Any, torch: Any) -> None:
     """A child process handed GPU tensors or a module on the GPU ends the probe with that reason.
 
-    ``torch.multiprocessing`` trainers (pytorch/examples mnist_hogwild: ``mp.Process(target=train,
-    args=(rank, args, model, ...))`` per worker, each with its own CUDA context, activations and
-    optimizer state on the one GPU) need the memory of every process; the probe follows one process.
-    A child given no GPU data (a CPU helper) starts as usual.
+    Hogwild trainers (pytorch/examples mnist_hogwild: ``mp.Process(target=train, args=(rank, args, model))``
+    per worker, each with its own CUDA context) need every process's memory; the probe follows one process.
     """
     import multiprocessing.process as mpp
 

@@ -6,8 +6,8 @@ Entry: :func:`main` with the path of a JSON request written by ``runner.py``::
      "result": "/scratch/result.json", "steps": 2, "scratch": "/scratch", "program_dir": "/home/u/proj"}
 
 The program runs as ``__main__`` (``runpy``) with the job's ``sys.argv``, the GPU imitated by ``fakecuda.py``
-and its GPU ops replayed by the estimator's tracker (``estimate/tracker.py``); evaluation passes are
-``evalpass.py``'s, gradient-accumulation micro-steps ``accum.py``'s, the hooks ``hooks.py``'s. It stops when
+and its GPU ops replayed by the estimator's tracker (``estimate/tracker.py``); evaluation passes and
+gradient-accumulation micro-steps are ``repeats.py``'s, the hooks ``hooks.py``'s. It stops when
 every optimizer it created has run ``steps`` steps (default 2: the second cycle holds the optimizer state,
 the steady-state peak, as the estimator's two traced steps), or any one ``steps + 2``; a program with no
 ``torch.optim`` optimizer is stopped after its ``steps``-th ``backward()``. Then the result JSON is written
@@ -31,7 +31,7 @@ import sys
 import traceback
 from typing import Any, Dict, List, Tuple
 
-from slurm_coloc.probe.inject import cudaapi, devicemode, fakecuda, hooks, legacy, report
+from slurm_coloc.probe.inject import cudaapi, devicemode, fakecuda, hooks, report
 
 # FakeTensorMode(allow_non_fake_inputs=...), register_optimizer_step_post_hook, torch.amp.autocast_mode
 MIN_TORCH = (2, 1)
@@ -55,8 +55,8 @@ class _Probe:
         self.state: Any = None
         self.flops: Any = None  # estimate.flops.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
-        self.evals: Any = None  # evalpass.EvalPasses, once torch is imported
-        self.micro: Any = None  # accum.MicroSteps, once torch is imported
+        self.evals: Any = None  # repeats.EvalPasses, once torch is imported
+        self.micro: Any = None  # repeats.MicroSteps, once torch is imported
         self.smaller: Any = None  # smaller.SmallerCalls, once torch is imported
         self.flops_mode: Any = None  # the FLOP counter's dispatch mode (hooks.count_flops_after_first_step)
         self.finishing = False
@@ -240,7 +240,7 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
         step = "torch.cuda imitation"
         cudaapi.patch_cuda_api(torch, st)
         step = "typed tensor constructors"
-        st.typed = legacy.patch_typed_tensors(torch, st)
+        st.typed = devicemode.patch_typed_tensors(torch, st)
         step = "autocast imitation"
         cudaapi.patch_autocast(torch, st)
         step = "FakeTensor adaptation"

@@ -1,22 +1,19 @@
 """No-grad forwards no larger than the training call (generation loops), answered without tracing.
 
 An autoregressive sampling loop (minGPT's ``generate``: 500 no-grad forwards of 13 to 128 tokens at batch 1)
-gives a new input shape almost every call, so ``evalpass.py``'s repeat skipping does not apply, and tracing
-each call took most of the probe's time. A no-grad top-level call is answered without running when
+gives a new input shape almost every call, so ``repeats.py``'s skipping does not apply, and tracing each call
+took most of the probe's time. A no-grad top-level call is answered without running when it is *dominated*
+by the module's last training call (every argument bound to a ``forward`` parameter a tensor of the same
+dtype, device and rank no larger in any dimension, None/left out, or the same plain value) and its output
+shapes follow from two or more traced no-grad calls of the same module and input structure (each output
+dimension one constant, or one input dimension, in all of them; minGPT: logits ``(1, t, 65)`` for ``idx``
+``(1, t)``). Otherwise the call is traced.
 
-* it is *dominated* by the module's last training call: every argument bound to a ``forward`` parameter is a
-  tensor of the same dtype, device and rank no larger in any dimension, or None/left out, or the same plain
-  value;
-* and its output shapes follow from two or more traced no-grad calls of the same module and input structure:
-  each output dimension was one constant, or equal to one input dimension, in all of them, and that rule gives
-  one value for the new inputs (minGPT: logits ``(1, t, 65)`` for ``idx`` ``(1, t)``). Otherwise the call is
-  traced.
-
-The output is new fake GPU tensors (their memory replayed). The call's working memory is bounded, not traced:
-at most the training forward's transient (peak allocated during a grad-enabled forward above what was
-allocated at its start) on top of what is allocated at the call; at the end (:meth:`SmallerCalls.settle`) a
-bound above the replayed peak raises it, in a note. Assumption (note, docs/user.md): a no-grad forward of
-inputs no larger than the training call's needs no more memory than the training forward did.
+The output is new fake GPU tensors (memory replayed). The call's working memory is bounded, not traced: at
+most the training forward's transient (peak allocated during a grad-enabled forward above what was allocated
+at its start) on top of what is allocated at the call; :meth:`SmallerCalls.settle` raises the replayed peak
+to a higher bound, in a note. Assumption (docs/user.md): a no-grad forward of inputs no larger than the
+training call's needs no more memory than the training forward did.
 """
 from __future__ import annotations
 
@@ -51,12 +48,8 @@ class SmallerCalls:
     # -- training calls: what they took and how much memory their forward held ---------------
     def train_call(self, run: Callable[[], Any], mod: Any, args: Any, kwargs: Any,
                    stand_in: Callable[[], bool] = lambda: False) -> Any:
-        """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (bytes).
-
-        The transient is the module's latest call's (the first one's includes what is allocated once, as
-        cuBLAS's workspaces); ``stand_in()`` tells a call answered without running (``accum.py``). Exceptions
-        pass through.
-        """
+        """Run a top-level grad-enabled call (``run()``), recording its bound arguments and transient (bytes,
+        the latest call's); ``stand_in()`` tells a call answered without running (``repeats.MicroSteps``)."""
         bound = self._bind(mod, args, kwargs)
         if bound is not None:
             self.train[id(mod)] = (weakref.ref(mod), {k: self._describe(v) for k, v in bound.items()})
@@ -176,12 +169,7 @@ class SmallerCalls:
         return spec, made
 
     def try_call(self, mod: Any, args: Any, kwargs: Any, rebuild: Callable[[Any], Any]) -> Tuple[bool, Any]:
-        """``(True, output)`` for a dominated no-grad call with predicted output shapes, else ``(False,
-        None)``.
-
-        Dominated: every argument matches the training call's, tensors no larger in any dimension (same dtype,
-        device, rank).
-        """
+        """``(True, output)`` for a dominated call of predicted output shapes, else ``(False, None)``."""
         fam = self._family(mod, args, kwargs)
         if fam is None or fam[0] not in self.observed or not self._dominated(mod, args, kwargs):
             return False, None
@@ -194,11 +182,8 @@ class SmallerCalls:
 
     # -- at the end ------------------------------------------------------------------------------
     def settle(self, note: Callable[[str], None]) -> None:
-        """Raise the replayed peaks to the skipped calls' bound where it is higher; one note.
-
-        The bound is, per module, the bytes allocated at its skipped calls plus its training forward's
-        transient; the reserved peak rises by the excess rounded up to ``BLOCK_B``.
-        """
+        """Raise the replayed peaks to the skipped calls' bound where higher (per module: bytes allocated at
+        its skipped calls plus its training transient; reserved: the excess rounded up to ``BLOCK_B``)."""
         if not self.skipped:
             return
         a = self.alloc

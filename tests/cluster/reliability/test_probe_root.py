@@ -3,7 +3,7 @@ the real cluster: root submits for ``colocuser`` with ``--uid`` (``sbatch --uid`
 submits for a user), and without it on a script the user owns.
 
 Before the fix the script's setup lines and its ``train.py`` ran as uid 0 inside the probe (the marker file
-held ``0``); now they run as the user (``probe/identity.py``), or not at all without ``--uid``.
+held ``0``); now they run as the user (``probe/sandbox.py``), or not at all without ``--uid``.
 """
 from __future__ import annotations
 

@@ -1,23 +1,25 @@
-"""Evaluation passes in a probe: repeated no-grad forwards skipped, the eval loader's batch replayed.
+"""Repeated work in a probe answered without running it: evaluation passes and gradient-accumulation steps.
 
-* **Repeats skipped.** A top-level no-grad module call (nanoGPT's ``estimate_loss()``: 200 batches before the
-  first step) with the same input shapes and dtypes as two earlier no-grad calls of that module holds the same
-  memory: it returns a stand-in output of the same structure (new fake GPU tensors, their memory replayed)
-  without running the module.
-* **The evaluation pass after the steps.** Programs evaluate after their first epoch, long after the probe
-  stops, often with a larger batch (pytorch/examples mnist: 1,000 against 64). At the end one no-grad forward
-  is replayed per ``DataLoader`` whose ``batch_size`` exceeds the training batch: the training call's GPU
-  inputs at that batch, the module in ``eval()``, with the last step's parameters, gradients and optimizer
-  state still held (as at an epoch's end).
+* **No-grad repeats.** A top-level no-grad module call (nanoGPT's ``estimate_loss()``: 200 batches before the
+  first step) with the input shapes and dtypes of ``SKIP_AFTER`` earlier no-grad calls of that module holds
+  the same memory: it returns a stand-in output (new fake GPU tensors, memory replayed) without running.
+* **The evaluation pass after the steps** (pytorch/examples mnist: batch 1,000 against 64): at the end one
+  no-grad forward per ``DataLoader`` whose ``batch_size`` exceeds the training batch, the training call's GPU
+  inputs at that batch, the module in ``eval()``, with the last step's state held.
+* **Gradient accumulation** (nanoGPT's ``train_gpt2.py``: 40 micro-steps per step): each micro-step after the
+  second holds the memory the second held. Within one optimizer cycle a micro-step runs from one
+  ``backward()`` to the next; when the ``SKIP_AFTER`` before it were each one top-level grad-enabled call
+  with the same key (module, input structure, shapes, dtypes, ``training``, autocast) and the new one's call
+  has it too, the call returns a stand-in output and its ``backward()`` does nothing. A second call inside a
+  skipped micro-step stops skipping for good (noted): the probe never guesses a micro-step it has not seen
+  twice. Each skipped micro-step adds the FLOPs of its cycle's second.
 """
 from __future__ import annotations
 
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-SKIP_AFTER = 2  # identical no-grad calls traced before repeats are skipped
-
-
+SKIP_AFTER = 2  # identical no-grad calls, or one-call micro-steps of a cycle, run before repeats are skipped
 _STAND_IN: List[Any] = []
 
 
@@ -41,8 +43,7 @@ def _stand_in(torch: Any) -> Any:
 class EvalPasses:
     """Skips repeated no-grad forwards and replays the evaluation batch (module docstring).
 
-    ``train_call``: ``(module, skeleton of (args, kwargs))`` of the last top-level call with grad;
-    ``loader_batches``: every DataLoader's ``batch_size``.
+    ``train_call``: ``(module, skeleton of (args, kwargs))`` of the last top-level call with grad.
     """
 
     def __init__(self, torch: Any, on_gpu: Callable[[Any], bool]) -> None:
@@ -122,11 +123,8 @@ class EvalPasses:
             self.train_call = (weakref.ref(mod), skel)
 
     def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
-        """``Module.__call__`` at depth 0: skip repeats under no_grad, remember training calls.
-
-        A no-grad call of the same module and shapes seen ``SKIP_AFTER`` times gets rebuilt outputs of the
-        same structure, shapes and dtypes; otherwise ``smaller.SmallerCalls`` may answer it.
-        """
+        """``Module.__call__`` at depth 0: skip no-grad repeats (else ``smaller.SmallerCalls`` may answer),
+        remember training calls."""
         if self.torch.is_grad_enabled():
             self.note_train_call(mod, args, kwargs)
             return orig(mod, *args, **kwargs)
@@ -183,3 +181,103 @@ class EvalPasses:
             return ""
         return (f"{self.skipped} repeated no-grad forward(s) of the same shapes skipped (evaluation loop; "
                 f"their GPU memory is that of the first {SKIP_AFTER})")
+
+
+class MicroSteps:
+    """Skips repeated grad-enabled micro-steps of one optimizer cycle (module docstring).
+
+    ``flops_total()``: the FLOP counter's running total or None. ``extra_flops``: FLOPs credited for skipped
+    micro-steps; ``broken``: a skipped micro-step turned out irregular, nothing is skipped after it.
+    """
+
+    def __init__(self, torch: Any, evals: EvalPasses, flops_total: Callable[[], Optional[int]]) -> None:
+        self.torch = torch
+        self.evals = evals
+        self.flops_total = flops_total
+        self.cycle: List[Tuple[Any, ...]] = []  # the finished micro-steps of this cycle: their call keys
+        self.current: List[Any] = []  # call keys of the micro-step in progress
+        self.outputs: Dict[Any, Any] = {}
+        self.skipping = False
+        self.skipped = 0
+        self.skipped_cycle = 0
+        # FLOP total at the end of each backward() of this cycle
+        self.backward_flops: List[Optional[int]] = []
+        self.extra_flops = 0
+        self.broken = False
+        self.max_k = 0
+
+    def _key(self, mod: Any, args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:
+        key = self.evals._key(mod, args, kwargs)
+        if key is None:
+            return None
+        torch = self.torch
+        try:
+            amp = (torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu")))
+        except (AttributeError, TypeError, RuntimeError):
+            amp = (torch.is_autocast_enabled(), "")
+        return key + (bool(mod.training), amp)
+
+    def call(self, orig: Callable[..., Any], mod: Any, args: Any, kwargs: Any) -> Any:
+        """A top-level grad-enabled module call: run ``orig``, or answer a repeated micro-step's call with a
+        grad-requiring rebuilt output (its micro-step then skipped)."""
+        self.evals.note_train_call(mod, args, kwargs)
+        key = self._key(mod, args, kwargs)
+        if self.skipping:
+            # a second call in a micro-step that looked like the two before it: it is not one of them
+            self.broken = True
+            self.skipping = False
+            self.current.append(None)
+            return orig(mod, *args, **kwargs)
+        if self.current or key is None or self.broken:
+            self.current.append(key)
+            return orig(mod, *args, **kwargs)
+        self.current.append(key)
+        last = self.cycle[-SKIP_AFTER:]
+        if len(last) == SKIP_AFTER and all(m == (key,) for m in last) and key in self.outputs:
+            self.skipping = True
+            self.skipped += 1
+            self.skipped_cycle += 1
+            return self.evals.rebuild(self.outputs[key], grad=True)
+        out = orig(mod, *args, **kwargs)
+        skel = self.evals.skeleton(out)
+        if skel is not None:
+            self.outputs[key] = skel
+        else:
+            self.outputs.pop(key, None)
+        return out
+
+    def before_backward(self) -> bool:
+        """True when this ``backward()`` belongs to a skipped micro-step (then it does nothing)."""
+        return self.skipping
+
+    def after_backward(self) -> None:
+        self.cycle.append(tuple(self.current))
+        self.current = []
+        if not self.skipping:
+            self.backward_flops.append(self.flops_total())
+        self.skipping = False
+
+    def on_step(self) -> None:
+        """An optimizer step ends the cycle: credit the skipped micro-steps' FLOPs, start a new cycle."""
+        if self.skipped_cycle:
+            ff = self.backward_flops
+            if len(ff) >= 2 and ff[0] is not None and ff[1] is not None:
+                self.extra_flops += self.skipped_cycle * max(0, int(ff[1]) - int(ff[0]))
+        if self.skipping:  # a step with no backward() after the skipped call: irregular
+            self.broken = True
+        self.max_k = max(self.max_k, len(self.cycle))
+        self.cycle, self.current, self.backward_flops = [], [], []
+        self.skipped_cycle = 0
+        self.skipping = False
+
+    def summary_note(self) -> str:
+        """One line on skipped micro-steps ("" when none)."""
+        out = ""
+        if self.skipped:
+            out = (f"gradient accumulation: {self.skipped} repeated micro-step(s) of the same shapes skipped "
+                   f"(up to {self.max_k} per optimizer step; each holds the memory of the cycle's 2nd; "
+                   "FLOPs scaled)")
+        if self.broken:
+            out += ("; " if out else "") + ("gradient accumulation: an irregular micro-step seen, "
+                                            "skipping stopped")
+        return out
