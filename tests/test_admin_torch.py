@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_coloc.admin import torchsite
+from slurm_coloc.admin import host_checks
 from slurm_coloc.errors import ColocError
 
 HERE = Path(sys.prefix)  # this venv: torch and numpy installed (scripts/install.sh)
@@ -18,7 +18,7 @@ XY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 @pytest.mark.slow
 def test_a_site_environment_with_torch_and_numpy_is_accepted() -> None:
-    found = torchsite.check(HERE)
+    found = host_checks.check_torch_site(HERE)
     import numpy
     import torch
 
@@ -34,16 +34,16 @@ def test_torch_without_numpy_is_one_line(tmp_path: Path) -> None:
 
     (site / "torch").symlink_to(Path(torch.__file__).parent)  # torch alone: what `pip install torch` gave
     with pytest.raises(ColocError) as err:
-        torchsite.check(bare, python=str(bare / "bin" / "python3"))
+        host_checks.check_torch_site(bare, python=str(bare / "bin" / "python3"))
     assert "No module named 'numpy'" in err.value.one_line() and "\n" not in err.value.one_line()
 
 
 def test_bad_directories_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(ColocError, match="absolute path"):
-        torchsite.check(Path("relative/dir"))
+        host_checks.check_torch_site(Path("relative/dir"))
     with pytest.raises(ColocError, match="no such directory"):
-        torchsite.check(tmp_path / "missing")
+        host_checks.check_torch_site(tmp_path / "missing")
     other = tmp_path / "py39" / "lib" / "python3.9" / "site-packages"
     other.mkdir(parents=True)
     with pytest.raises(ColocError, match=f"for python3.9, slurm-coloc runs {XY}"):
-        torchsite.check(tmp_path / "py39")
+        host_checks.check_torch_site(tmp_path / "py39")

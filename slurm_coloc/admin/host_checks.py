@@ -9,13 +9,18 @@ cluster config checks). A check never raises for a broken setup: it reports ``fa
   user. A ``Prolog``/``Epilog`` glob (jobstats' ``/etc/slurm/prolog.d/*.sh``) is checked file by file and must
   hold slurm-coloc's script.
 - GPU checks are skipped with ``--no-gpu`` or on a host that is not a compute node (the reason is given).
+- ``coloc-admin torch DIR`` (``check_torch_site``, ``pth_path``): the venv gets a site's PyTorch and NumPy
+  (several GiB, not in the Debian package) by a ``.pth`` file, checked first; its path is appended to
+  ``sys.path``, so the venv's own packages come first and are never replaced.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import stat
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Union
@@ -23,6 +28,7 @@ from typing import Dict, List, Optional, Union
 from slurm_coloc.admin.slurmconf import SlurmConf, expand_hostlist
 from slurm_coloc.admin.switch import GLOB_KEYS, MARK, is_glob
 from slurm_coloc.config import Config
+from slurm_coloc.errors import ColocError
 
 
 @dataclass(frozen=True)
@@ -294,3 +300,63 @@ def check_mps_protection(cfg: Config, no_gpu: Union[bool, str]) -> List[Check]:
         except Exception:  # no NVML: every mode unknown
             pass
     return evaluate_mps_protection(cfg, shared, mode_of)
+
+
+PTH_NAME = "coloc-site-torch.pth"
+PROBE = ("import json, sys; sys.path.append(sys.argv[1]); import numpy, torch; "
+         "print(json.dumps({'torch': torch.__version__, 'numpy': numpy.__version__, "
+         "'where': torch.__file__}))")
+
+
+@dataclass
+class TorchSite:
+    """A checked site-packages directory and the ``torch`` and ``numpy`` versions found there."""
+
+    path: Path
+    torch: str
+    numpy: str
+
+
+def site_packages(target: Path) -> Path:
+    """``target``'s ``lib/pythonX.Y/site-packages`` (X.Y this interpreter's), else ``target`` itself;
+    ``ColocError`` when not absolute, not a directory, or a prefix for another Python version."""
+    if not target.is_absolute():
+        raise ColocError(f"{target}: give an absolute path", hint="e.g. coloc-admin torch /opt/coloc-torch")
+    if not target.is_dir():
+        raise ColocError(f"{target}: no such directory",
+                         hint="python3 -m venv /opt/coloc-torch && "
+                              "/opt/coloc-torch/bin/pip install torch numpy")
+    xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    inner = target / "lib" / xy / "site-packages"
+    if inner.is_dir():
+        return inner
+    others = sorted(p.parent.name for p in target.glob("lib/python3*/site-packages"))
+    if others:
+        raise ColocError(f"{target} is a Python environment for {', '.join(others)}, slurm-coloc runs {xy}",
+                         hint=f"create it with /usr/bin/{xy} -m venv")
+    return target
+
+
+def check_torch_site(target: Path, python: str = sys.executable, timeout_s: float = 120.0) -> TorchSite:
+    """Import torch and numpy from ``target`` in a fresh ``python`` within ``timeout_s``; ``ColocError``
+    (with the import error's last line) when they do not import from it."""
+    site = site_packages(target)
+    try:
+        # -I -S: nothing but the standard library and ``site`` (not the venv's own site-packages, nor a link
+        # made earlier): torch and numpy must come from there
+        proc = subprocess.run([python, "-I", "-S", "-c", PROBE, str(site)], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ColocError(f"importing torch from {site} took over {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode])[-1]
+        raise ColocError(f"torch and numpy do not import from {site}: {last}",
+                         hint=f"install them there: {target}/bin/pip install torch numpy")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return TorchSite(site, found["torch"], found["numpy"])
+
+
+def pth_path(prefix: Optional[str] = None) -> Path:
+    """``<prefix or sys.prefix>/lib/pythonX.Y/site-packages/coloc-site-torch.pth``."""
+    xy = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    return Path(prefix or sys.prefix) / "lib" / xy / "site-packages" / PTH_NAME

@@ -14,7 +14,7 @@ from typing import List, Optional
 import click
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.admin import switch, torchsite
+from slurm_coloc.admin import host_checks, switch
 from slurm_coloc.admin.checks import run_all
 from slurm_coloc.cli import version_option
 from slurm_coloc.errors import ColocError
@@ -277,7 +277,7 @@ def torch_cmd(target: Optional[str], remove: bool) -> None:
     Raises:
         SystemExit: exit 2 on an unusable TARGET or a .pth that cannot be written.
     """
-    pth = torchsite.pth_path()
+    pth = host_checks.pth_path()
     try:
         if remove:
             pth.unlink(missing_ok=True)
@@ -286,7 +286,7 @@ def torch_cmd(target: Optional[str], remove: bool) -> None:
         if not target:
             raise ColocError("give the directory of a Python environment with torch and numpy",
                              hint="e.g. coloc-admin torch /opt/coloc-torch")
-        found = torchsite.check(Path(target))
+        found = host_checks.check_torch_site(Path(target))
         tmp = pth.with_name(f".{pth.name}.new")
         tmp.write_text(f"{found.path}\n", encoding="utf-8")
         tmp.chmod(0o644)
