@@ -17,10 +17,10 @@ from slurm_coloc.estimate.combine import traced_estimate
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
 from slurm_coloc.placement import intensity
-from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.decide import explain_lines
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import build_plan
+from slurm_coloc.submit.request import split_command_line
 
 MLP_FILE = '''
 import torch

@@ -71,8 +71,8 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
         EstimateError: unknown GPU, a malformed spec or an untraceable model.
     """
     from slurm_coloc.estimate import cache
-    from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.loader import validate_spec
+    from slurm_coloc.estimate.spec import gpu_model
 
     gpu = gpu_model(gpu_name)
     validate_spec(spec)
@@ -123,7 +123,7 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
         EstimateError: unknown GPU, an untraceable model or an unreadable workspace table.
     """
     from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
 
     gpu_model(gpu_name)  # an unknown GPU fails before the trace
@@ -144,8 +144,7 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
         EstimateError: unknown GPU or unusable shipped calibration.
     """
     from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import analytic_detail, analytic_mib, gpu_model
 
     gpu = gpu_model(gpu_name)
     cal = load_calibration()
@@ -169,7 +168,7 @@ def bound_from_trace(trace: Any, gpu_name: str, precision: str) -> Estimate:
     detail["chosen"] = "analytic"
     assumed = dict(getattr(trace, "assumed_values", None) or {})
     if assumed:  # the trace read values it does not have (datadep.py): say so
-        from slurm_coloc.estimate.datadep import NOTE
+        from slurm_coloc.estimate.gpulike import NOTE
 
         detail["assumed_values"] = sum(assumed.values())
         detail["assumed_values_by_kind"] = assumed

@@ -19,13 +19,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall
-from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
-from slurm_coloc.estimate.datadep import pick_output
-from slurm_coloc.estimate.flops import make_flop_counter, step_flops
-from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
-from slurm_coloc.estimate.loader import build_model, load_callable, short_error, validate_spec
+from slurm_coloc.estimate.gpulike import make_cuda_fp32_mode, make_sdpa_mode, pick_output
+from slurm_coloc.estimate.loader import (
+    build_model,
+    deferred_imports,
+    load_callable,
+    may_need_real_dynamo,
+    short_error,
+    validate_spec,
+)
 from slurm_coloc.estimate.spec import ModelSpec
-from slurm_coloc.estimate.tracker import WorkspaceFn, make_tracker
+from slurm_coloc.estimate.tracker import WorkspaceFn, make_flop_counter, make_tracker, step_flops
 
 TRACE_STEPS = 2
 

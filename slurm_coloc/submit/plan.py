@@ -36,10 +36,18 @@ from slurm_coloc.config import Config
 from slurm_coloc.errors import ColocError, DirectiveError
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
-from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.decide import Decision, EstimateFn, HistoryFn, ProbeFn, decide
 from slurm_coloc.submit.directives import ParsedScript
-from slurm_coloc.submit.gpu_request import GPU_OPTIONS, GpuRequest, gpu_models, gpu_request, script_options
+from slurm_coloc.submit.request import (
+    GPU_OPTIONS,
+    CommandLine,
+    GpuRequest,
+    Option,
+    gpu_models,
+    gpu_request,
+    parse_option_tokens,
+    script_options,
+)
 from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 NO_INFORMATION = ("no memory figure (no probe figure, no #COLOC model=, no history): a whole GPU. To share a "

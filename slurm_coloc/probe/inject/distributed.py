@@ -21,7 +21,7 @@ def patch_distributed(torch: Any, st: Any) -> None:
         if uses_nccl(a[0] if a else k.get("backend")):
             st.nccl_group = True
             st.note("torch.distributed: the job's NCCL group holds GPU memory outside the allocator: added "
-                    "(gpus.py nccl_mib)")
+                    "(spec.py nccl_mib)")
         if dist.is_initialized():
             return
         orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)

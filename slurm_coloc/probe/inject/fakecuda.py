@@ -9,7 +9,7 @@ through the estimator's caching-allocator model (``estimate/tracker.py``):
   ``x.device`` stay on the GPU;
 * GPU ops run under dispatch modes pushed for that op only (fake tensors, FLOP counter, tracker, GPU tag), so
   host ops pay no Python dispatch; :func:`make_host_fast_mode` lets host calls skip the torch-function modes;
-* values read back (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros (``datadep.py`` for
+* values read back (``.cpu()``, ``.numpy()``, ``.tolist()``, ``.item()``) are zeros (``gpulike.py`` for
   ``all()``/``any()``); the ``torch.cuda`` API and CUDA autocast are ``cudaapi.py``'s.
 
 GPU tensors are fake CPU tensors underneath because the autograd engine refuses fake ``cuda`` tensors without
