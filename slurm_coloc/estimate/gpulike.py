@@ -101,7 +101,7 @@ def pick_output(torch: ModuleType, out: object) -> Any:
     return None
 
 
-def _cuda_sdpa(torch: ModuleType, sdpa: Callable[..., Any], args: Sequence[Any],
+def _cuda_sdpa(torch: ModuleType, sdpa: Callable[..., "torch_t.Tensor"], args: Sequence[Any],
                kwargs: Dict[str, Any]) -> Any:
     """``F.scaled_dot_product_attention(*args, **kwargs)`` with the kernel CUDA would choose (see below)."""
     q, k, v = args[:3]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import weakref
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from slurm_coloc.estimate.convcall import ConvCall, from_aten, workspace_parts
@@ -206,7 +207,7 @@ class _ReplayState:
                 self.alloc.free(self.alloc.malloc(ws))
 
 
-def make_tracker(torch: Any, workspace: Optional[WorkspaceFn] = None) -> Any:
+def make_tracker(torch: ModuleType, workspace: Optional[WorkspaceFn] = None) -> Any:
     """A ``TorchDispatchMode`` replaying every new tensor storage through the allocator model: ``alloc`` holds
     the replayed peaks, ``handles`` live storages' blocks; ``track(t)`` allocates ``t``'s storage (an instance
     attribute may replace it to filter); ``conv_calls``, ``ws_max_b`` (cuDNN workspaces, bytes per call from
