@@ -6,7 +6,7 @@ repository's ``weights/`` and ``calibration.json``; the learned ensemble never s
 * ``PAPER_A100``: the paper's measured peaks (A100 40GB, column 'Actual GPU memory', MiB;
   GPUMemNet, Yousefzadeh-Asl-Miandoab et al., ITU Copenhagen, CC BY 4.0,
   ``shared/data/gpumemnet/paper_results_actual_vs_estimators.csv``) against our estimates with
-  ``--gpu A100`` semantics (``gpus.py``: A100 context derived from GPUMemNet's MLP data). The
+  ``--gpu A100`` semantics (``spec.py``: A100 context derived from GPUMemNet's MLP data). The
   paper's runs used the CARMA workload scripts (``zoo_paper.py`` lists the settings: sequences
   padded to 512, XLNet dynamically padded, GPT-2 large over 2 GPUs with DataParallel, device-wide
   ``memory.used``), so differences are not all estimator error.

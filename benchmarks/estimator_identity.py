@@ -61,7 +61,7 @@ def main() -> int:
     from slurm_coloc.estimate.trace import trace_spec
 
     bad, out = 0, {}
-    # fp32 rows first: their traces keep torch._dynamo unimported (lazyimports.py) only until an
+    # fp32 rows first: their traces keep torch._dynamo unimported (loader.py) only until an
     # AMP trace (FakeTensorMode) has imported it for real, so this order checks the fast path
     for r, t in sorted(select(args.n), key=lambda rt: rt[0]["precision"] != "fp32"):
         spec = spec_of(r)

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate import ModelSpec, combine, estimate_peak
-from slurm_coloc.estimate.allocator import CachingAllocatorModel, round_size, segment_size
 from slurm_coloc.estimate.combine import calibrated_bound, load_calibration
 from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, decide, history_bound
 from slurm_coloc.estimate.spec import Estimate
+from slurm_coloc.estimate.tracker import CachingAllocatorModel, round_size, segment_size
 
 # Parameterised test models (research code outside the package), named by file path.
 ZOO = str(Path(__file__).resolve().parents[1] / "benchmarks" / "estimator" / "zoo.py")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode
+from slurm_coloc.estimate.gpulike import make_cuda_fp32_mode
 from slurm_coloc.estimate.spec import ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
 

@@ -1,4 +1,4 @@
-"""fp32 traces run without importing torch._dynamo (lazyimports.py) and give the same trace as with it."""
+"""fp32 traces run without importing torch._dynamo (loader.py) and give the same trace as with it."""
 from __future__ import annotations
 
 import json
@@ -49,7 +49,7 @@ def test_fp32_trace_without_dynamo_is_identical() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["resnet18_dynamo_after_fast"] is False and out["lm_dynamo_after_fast"] is False
-    assert out["roi_align_stand_in_bound"] == "slurm_coloc.estimate.lazyimports"
+    assert out["roi_align_stand_in_bound"] == "slurm_coloc.estimate.loader"
     assert out["real_dynamo"] is True
     assert out["resnet18_fast"] == out["resnet18_plain"]
     assert out["lm_fast"] == out["lm_plain"]
@@ -77,7 +77,7 @@ def test_model_needing_dynamo_submodule_still_traces(tmp_path: Path) -> None:
 def test_may_need_real_dynamo() -> None:
     """Only the estimator's own error, with no ``_dynamo`` anywhere in its chain, skips the retry."""
     from slurm_coloc.errors import EstimateError
-    from slurm_coloc.estimate.lazyimports import may_need_real_dynamo
+    from slurm_coloc.estimate.loader import may_need_real_dynamo
 
     assert may_need_real_dynamo(RuntimeError("anything unexpected")) is True
     assert may_need_real_dynamo(EstimateError("model m: forward on input (5,) failed: shape")) is False
@@ -93,7 +93,7 @@ CODE_LEAKS = textwrap.dedent("""
     import json, sys
     import torch
     from slurm_coloc.errors import EstimateError
-    from slurm_coloc.estimate.lazyimports import deferred_imports
+    from slurm_coloc.estimate.loader import deferred_imports
     from slurm_coloc.estimate.spec import ModelSpec
     from slurm_coloc.estimate.trace import trace_spec
     out = {}

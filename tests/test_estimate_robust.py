@@ -85,7 +85,7 @@ def test_model_output_logits_and_no_assumptions_for_plain_models(user_dir: Path)
     import torch
     from transformers.modeling_outputs import SequenceClassifierOutput
 
-    from slurm_coloc.estimate.datadep import pick_output
+    from slurm_coloc.estimate.gpulike import pick_output
 
     t = torch.empty(2, 3, device="meta")
     assert pick_output(torch, SequenceClassifierOutput(logits=t)) is t

@@ -112,7 +112,7 @@ def test_trace_records_convolutions_and_replays_their_workspace():
 
 def test_gpu_without_measured_table_gets_the_larger_multiplier():
     from slurm_coloc.estimate.combine import load_calibration, traced_estimate
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
 
     cal = load_calibration()
     assert cal["form"] == "per-precision-jit"  # the shipped form (benchmarks/estimator/train.py)

@@ -18,9 +18,9 @@ from slurm_coloc.estimate.decision import explain_lines
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.estimate.trace import trace_spec
 from slurm_coloc.placement import intensity
-from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import build_plan
+from slurm_coloc.submit.request import split_command_line
 
 jc = JobComment.from_fields  # a coloc JSON object as the placer reads it
 

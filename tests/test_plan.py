@@ -7,9 +7,9 @@ from slurm_coloc.comment import build_comment, parse_comment
 from slurm_coloc.config import Config
 from slurm_coloc.errors import ConfigError, DirectiveError
 from slurm_coloc.estimate.spec import Estimate
-from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import build_plan
+from slurm_coloc.submit.request import split_command_line
 
 CFG = Config(gpu_mem_gib=80, headroom_mib=256)
 MODEL = "#COLOC model=m:f input=3 batch=2\n"

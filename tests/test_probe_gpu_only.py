@@ -278,7 +278,7 @@ def test_an_nccl_group_adds_its_communicators_memory(tmp_path):
     """An NCCL group's communicator holds GPU memory outside the caching allocator (564 MiB on the H100s,
     ``benchmarks/device/nccl_overhead.py``): the same DDP program estimates that much more with ``nccl`` (or
     no backend: torch picks NCCL for CUDA) than with ``gloo``, and says why."""
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
 
     gloo = probe(tmp_path, "gloo", DDP_UNDER_SLURM.replace('"nccl"', '"gloo"'))
     nccl = probe(tmp_path, "nccl", DDP_UNDER_SLURM)

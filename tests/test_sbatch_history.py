@@ -136,7 +136,7 @@ def test_gpu_model_comes_from_the_config_in_both_commands(tmp_path, monkeypatch)
     h100, _, _ = plan_submission([str(script)])
     a100, _, _ = plan_submission(["-p", "old", str(script)])
     assert (h100.comment["gpu_model"], a100.comment["gpu_model"]) == ("H100", "A100")
-    # the A100's larger CUDA context (estimate/gpus.py)
+    # the A100's larger CUDA context (estimate/spec.py)
     assert a100.comment["mem_mib"] > h100.comment["mem_mib"]
     assert "on A100" in a100.reason and "on H100" in h100.reason
     with_partition = tmp_path / "p.sh"

@@ -1,5 +1,6 @@
 """sbatch's options read from the installed sbatch (``slurm/sbatch_options.py``) and the command-line split
-that uses them (``submit/argv.py``): newer options with a space-separated value never take the script's place.
+that uses them (``submit/request.py``): newer options with a space-separated value never take the script's
+place.
 
 Inputs: ``sbatch --help`` + ``--usage`` as Slurm 22.05.8 and 26.05.5 print them (tests/data/slurm-*/), and the
 real sbatch binaries of this machine (22.05 from apt; 26.05 when ``scripts/slurm_versions.sh`` fetched it).
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_coloc.slurm import sbatch_options as so
-from slurm_coloc.submit.argv import split_command_line
+from slurm_coloc.submit.request import split_command_line
 
 DATA = Path(__file__).resolve().parent / "data"
 T22 = so.parse_sbatch_help((DATA / "slurm-22.05" / "sbatch_help_usage.txt").read_text())
@@ -61,7 +62,7 @@ def test_an_unknown_option_before_an_existing_file_is_a_flag(tmp_path: Path, mon
 
 def test_directive_lines_take_the_word_after_an_unknown_option(tmp_path: Path) -> None:
     from slurm_coloc.submit.directives import parse_script
-    from slurm_coloc.submit.gpu_request import script_options
+    from slurm_coloc.submit.request import script_options
 
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/sh\n#SBATCH --segment 2 --prefer a100\n#SBATCH --tres-per-task cpu=2 -t "

@@ -1,6 +1,6 @@
 """Candidate forms of the calibrated upper bound and how their margins are chosen (pure Python).
 
-The analytic figure (``analytic.py``) is ``context + libs + R`` with ``R`` the replayed peak
+The analytic figure (``spec.py``) is ``context + libs + R`` with ``R`` the replayed peak
 reserved memory of the caching allocator. Measured on H100 (``data/hopper``), its error has
 two sources: ``R`` itself (cuDNN workspaces and fragmentation the trace cannot see; roughly
 proportional to ``R``, 0.9x-1.6x) and the non-allocator memory (NVML minus torch reserved:

@@ -93,7 +93,7 @@ def _logits_module(inner: Any) -> Any:
 
     On the meta device transformers' causal-mask code asks whether the position ids hold packed
     sequences (a data-dependent ``.all()``); the estimator's trace answers such reads itself
-    (``datadep.py``: ``all()`` -> True, "not packed"), which is what the GPU computes for the
+    (``gpulike.py``: ``all()`` -> True, "not packed"), which is what the GPU computes for the
     ``arange`` position ids the model builds (no mask, ``is_causal=True``).
     """
     import torch

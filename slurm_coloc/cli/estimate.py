@@ -141,7 +141,7 @@ def _config_gpu(script: Optional[str]) -> str:
     line, else ``gpu_model``. Raises ConfigError (bad config, unknown model name)."""
     from slurm_coloc import config
     from slurm_coloc.submit.directives import parse_script
-    from slurm_coloc.submit.gpu_request import gpu_models, script_options
+    from slurm_coloc.submit.request import gpu_models, script_options
 
     try:
         options = script_options(parse_script(script))[0] if script else []
@@ -170,8 +170,8 @@ def _cache_hit(params: Dict[str, Any]) -> bool:
     if params["no_cache"] or not cache.enabled():
         return False
     try:
-        from slurm_coloc.estimate.gpus import gpu_model
         from slurm_coloc.estimate.loader import validate_spec
+        from slurm_coloc.estimate.spec import gpu_model
 
         spec = _build_spec(params)
         gpu = gpu_model(params["gpu"] or os.environ.get("COLOC_GPU_MODEL") or "H100")

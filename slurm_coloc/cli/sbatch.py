@@ -18,10 +18,9 @@ from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.jobs import sbatch, spank_options_available
 from slurm_coloc.slurm.run import slurm_env
 from slurm_coloc.slurm.sbatch_options import installed_options
-from slurm_coloc.submit.argv import CommandLine, split_command_line
 from slurm_coloc.submit.directives import ParsedScript, parse_script
-from slurm_coloc.submit.gpu_request import script_options
 from slurm_coloc.submit.plan import NO_INFORMATION, Plan, ProbeFn, build_plan
+from slurm_coloc.submit.request import CommandLine, script_options, split_command_line
 from slurm_coloc.units import is_bare_number
 
 if TYPE_CHECKING:

@@ -83,7 +83,7 @@ class EstimateConfig:
     """Estimate: the GPU models figures are made for, the ``#COLOC model=`` estimate and the script probe.
 
     Attributes:
-        gpu_model: the GPU model estimates are made for (a name ``estimate/gpus.py`` knows: ``H100``,
+        gpu_model: the GPU model estimates are made for (a name ``estimate/spec.py`` knows: ``H100``,
             ``H200``, ``A100``), for jobs whose partition ``gpu_model_by_partition`` does not name.
         gpu_model_by_partition: partition name -> GPU model of its nodes. In YAML a mapping
             (``{a100: A100}``); in ``COLOC_GPU_MODEL_BY_PARTITION`` (or a YAML string)

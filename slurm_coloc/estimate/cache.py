@@ -28,8 +28,7 @@ from slurm_coloc.estimate.spec import Estimate, ModelSpec
 MAX_ENTRIES = 512
 FORMAT = 1
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = ("__init__.py", "allocator.py", "analytic.py", "combine.py", "convcall.py", "cudamodes.py",
-            "datadep.py", "flops.py", "gpus.py", "lazyimports.py", "loader.py", "spec.py", "trace.py",
+_SOURCES = ("__init__.py", "combine.py", "convcall.py", "gpulike.py", "loader.py", "spec.py", "trace.py",
             "tracker.py", "workspace.py")
 _WEIGHTS = ("calibration.json", "conv_workspace_h100.npz")
 

@@ -45,8 +45,8 @@ def combined_estimate(spec: ModelSpec, gpu_name: str, history_mib: Sequence[int]
     a malformed spec or an untraceable model."""
     from slurm_coloc.estimate import cache
     from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, decide
-    from slurm_coloc.estimate.gpus import gpu_model
     from slurm_coloc.estimate.loader import validate_spec
+    from slurm_coloc.estimate.spec import gpu_model
 
     gpu = gpu_model(gpu_name)
     validate_spec(spec)
@@ -91,7 +91,7 @@ def traced_estimate(spec: ModelSpec, gpu_name: str, workspace_exclude: Sequence[
     ``workspace_exclude`` (evaluations of unseen models). Raises ``EstimateError``: unknown GPU, an
     untraceable model or an unreadable workspace table."""
     from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
     from slurm_coloc.estimate.trace import trace_spec
 
     gpu_model(gpu_name)  # an unknown GPU fails before the trace
@@ -106,8 +106,7 @@ def bound_from_trace(peaks: ReplayedPeaks, gpu_name: str, precision: str) -> Est
     ``detail["trace_floor_mib"]``: the lower of both figures, history's floor (``decision.py``). Raises
     ``EstimateError``: unknown GPU or unusable shipped calibration."""
     from slurm_coloc.estimate import workspace
-    from slurm_coloc.estimate.analytic import analytic_detail, analytic_mib
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import analytic_detail, analytic_mib, gpu_model
 
     gpu = gpu_model(gpu_name)
     cal = load_calibration()
@@ -129,8 +128,8 @@ def bound_from_trace(peaks: ReplayedPeaks, gpu_name: str, precision: str) -> Est
     detail["trace_floor_mib"] = int(math.ceil(min(ana, ana_bound)))
     mem = int(math.ceil(ana_bound))
     detail["chosen"] = "analytic"
-    if peaks.assumed_values:  # the trace read values it does not have (datadep.py): say so
-        from slurm_coloc.estimate.datadep import NOTE
+    if peaks.assumed_values:  # the trace read values it does not have (gpulike.py): say so
+        from slurm_coloc.estimate.gpulike import NOTE
 
         detail["assumed_values"] = sum(peaks.assumed_values.values())
         detail["assumed_values_by_kind"] = dict(peaks.assumed_values)

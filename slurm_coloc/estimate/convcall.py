@@ -1,36 +1,31 @@
-"""Convolution calls as the trace sees them, named by one string key (pure, no torch).
-
-``aten.convolution`` (forward) and ``aten.convolution_backward`` may each take a cuDNN workspace from the
-caching allocator for the call (``aten/src/ATen/native/cudnn/Conv_v8.cpp``); its size depends on shapes,
-dtype and GPU, so it is measured per call (``benchmarks/device/conv_workspace.py``) and looked up by this key
-(``workspace.py``): ``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``,
-``dir`` ``f`` or ``b``, shapes comma-joined ints, ``mask`` backward's output mask as three 0/1 digits (``-``
-forward). ResNet-50's stem, batch 32, fp32: ``f|float32|32,3,224,224|64,3,7,7|2,2|3,3|1,1|0|0,0|1|-``.
-"""
+"""Convolution calls as the trace sees them, named by one string key (pure, no torch). ``aten.convolution``
+and ``aten.convolution_backward`` may each take a cuDNN workspace from the caching allocator
+(``aten/src/ATen/native/cudnn/Conv_v8.cpp``), measured per call (``benchmarks/device/conv_workspace.py``) and
+looked up by this key (``workspace.py``):
+``dir|dtype|input|weight|stride|padding|dilation|transposed|output_padding|groups|mask``, ``dir`` ``f`` or
+``b``, shapes comma-joined ints, ``mask`` backward's output mask as three 0/1 digits (``-`` forward);
+ResNet-50's stem, batch 32, fp32: ``f|float32|32,3,224,224|64,3,7,7|2,2|3,3|1,1|0|0,0|1|-``."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Iterable, Sequence, SupportsInt, Tuple
 
 from slurm_coloc.errors import EstimateError
 
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _ints(v: Any) -> Tuple[int, ...]:
+def _ints(v: Iterable[SupportsInt]) -> Tuple[int, ...]:
     return tuple(int(x) for x in v)
 
 
 @dataclass(frozen=True)
 class ConvCall:
-    """One convolution call (shapes in elements, NC... layout as PyTorch passes them).
-
-    ``dtype`` is the input's; ``input`` ``(N, C_in, *spatial)``; ``weight`` ``(C_out, C_in/groups, *kernel)``
-    (transposed: ``(C_in, C_out/groups, ...)``); stride, padding, dilation, output_padding per spatial dim;
-    ``groups == C_in`` for depthwise; ``mask`` is backward's ``(grad_input, grad_weight, grad_bias)``, ``()``
-    forward.
-    """
+    """One convolution call (shapes in elements, NC... layout as PyTorch passes them): ``dtype`` the input's;
+    ``input`` ``(N, C_in, *spatial)``; ``weight`` ``(C_out, C_in/groups, *kernel)`` (transposed: ``(C_in,
+    C_out/groups, ...)``); stride, padding, dilation, output_padding per spatial dim; ``groups == C_in`` for
+    depthwise; ``mask`` backward's ``(grad_input, grad_weight, grad_bias)``, ``()`` forward."""
 
     backward: bool
     dtype: str
@@ -46,7 +41,6 @@ class ConvCall:
 
     @property
     def key(self) -> str:
-        """The call's table key (module docstring)."""
         j = lambda t: ",".join(str(int(x)) for x in t)
         mask = "".join("1" if m else "0" for m in self.mask) if self.backward else "-"
         return "|".join(["b" if self.backward else "f", self.dtype, j(self.input), j(self.weight),
@@ -74,11 +68,9 @@ class ConvCall:
 
     @property
     def batch(self) -> int:
-        """N, the batch dimension of the input."""
         return int(self.input[0]) if self.input else 1
 
     def with_batch(self, n: int) -> "ConvCall":
-        """The same call at batch size ``n``."""
         return ConvCall(self.backward, self.dtype, (int(n), *self.input[1:]), self.weight, self.stride,
                         self.padding, self.dilation, self.transposed, self.output_padding, self.groups,
                         self.mask)
@@ -100,11 +92,7 @@ def split_batch(key: str) -> Tuple[str, int]:
 
 
 def parse_key(key: str) -> ConvCall:
-    """The :class:`ConvCall` a key names.
-
-    Raises:
-        EstimateError: the key is not of the module docstring's form.
-    """
+    """The :class:`ConvCall` a key names; EstimateError when it is not of the module docstring's form."""
     parts = key.split("|")
     try:
         if len(parts) != 11 or parts[0] not in ("f", "b") or parts[1] not in DTYPES:
@@ -121,13 +109,10 @@ def parse_key(key: str) -> ConvCall:
 
 
 def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
-    """The call of a dispatched ``aten.convolution`` / ``aten.convolution_backward`` (tensors: shape, dtype
-    only).
-
-    ``args`` forward: ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-    groups)``; backward: ``(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-    output_padding, groups, output_mask)``.
-    """
+    """The call of a dispatched ``aten.convolution`` (``args``: input, weight, bias, stride, padding,
+    dilation, transposed, output_padding, groups) or ``aten.convolution_backward`` (grad_output, input,
+    weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask); tensors:
+    shape, dtype only."""
     if backward:
         _go, x, w, _bs, stride, padding, dilation, transposed, out_pad, groups, mask = args[:11]
         mask_t: Tuple[bool, ...] = tuple(bool(m) for m in mask)
@@ -140,15 +125,10 @@ def from_aten(backward: bool, args: Sequence[Any]) -> ConvCall:
 
 
 def workspace_parts(call: ConvCall) -> Tuple[ConvCall, ...]:
-    """The cuDNN calls, in order, that take a workspace each for ``call``.
-
-    A backward computing both gradients runs cuDNN twice, grad input then grad weight, each with
-    its own transient workspace (``aten/src/ATen/native/cudnn/ConvShared.cpp``,
-    ``cudnn_convolution_backward``): two blocks of nearly equal size that the caching allocator may
-    not fit into one segment (seen on the H100: VGG-16 at batch 128 reserved two 3.1 GiB segments
-    there, ``benchmarks/device/mem_snapshot.py``). So such a call is split into its ``(1, 0, 0)``
-    and ``(0, 1, 0)`` masks; any other call is itself.
-    """
+    """The cuDNN calls, in order, taking a workspace each for ``call``: a backward computing both gradients
+    runs cuDNN twice, grad input then grad weight (``cudnn/ConvShared.cpp``), each with its own workspace, two
+    blocks the allocator may not fit into one segment (VGG-16 at batch 128 on the H100: two 3.1 GiB segments,
+    ``benchmarks/device/mem_snapshot.py``): split into masks ``(1, 0, 0)`` and ``(0, 1, 0)``."""
     if call.backward and len(call.mask) == 3 and call.mask[0] and call.mask[1]:
         return (dataclasses.replace(call, mask=(True, False, False)),
                 dataclasses.replace(call, mask=(False, True, False)))

@@ -6,7 +6,7 @@ storage through a :class:`CachingAllocatorModel`, freed when its storage object 
 
 The step assumed: ``zero_grad(set_to_none=True)``; forward; cross-entropy on the logits; backward; optimizer
 step (``foreach=True``, as PyTorch picks on CUDA). Two steps are traced so the optimizer state exists during
-the second backward. ``flops_per_step`` is what ``FlopCounterMode`` (``flops.py``, below the tracker on the
+the second backward. ``flops_per_step`` is what ``FlopCounterMode`` (``tracker.py``, below the tracker on the
 mode stack) counts in the second step: matmuls, convolutions and fused attention, forward and backward
 (torch's shape formulas; element-wise ops, normalisations and the optimizer count zero).
 """
@@ -19,13 +19,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall
-from slurm_coloc.estimate.cudamodes import make_cuda_fp32_mode, make_sdpa_mode
-from slurm_coloc.estimate.datadep import pick_output
-from slurm_coloc.estimate.flops import make_flop_counter, step_flops
-from slurm_coloc.estimate.lazyimports import deferred_imports, may_need_real_dynamo
-from slurm_coloc.estimate.loader import build_model, load_callable, short_error, validate_spec
+from slurm_coloc.estimate.gpulike import make_cuda_fp32_mode, make_sdpa_mode, pick_output
+from slurm_coloc.estimate.loader import (
+    build_model,
+    deferred_imports,
+    load_callable,
+    may_need_real_dynamo,
+    short_error,
+    validate_spec,
+)
 from slurm_coloc.estimate.spec import ModelSpec
-from slurm_coloc.estimate.tracker import WorkspaceFn, make_tracker
+from slurm_coloc.estimate.tracker import WorkspaceFn, make_flop_counter, make_tracker, step_flops
 
 TRACE_STEPS = 2
 
@@ -58,7 +62,7 @@ class TraceResult(ReplayedPeaks):
     ``activations_per_sample``: leaf-module output elements per sample; ``activation_fn``: the dominant
     activation's class name or ""; ``depthwise_max_hw``: largest H x W into a depthwise ``Conv2d`` (``groups
     == in_channels > 1``), 0 without; ``assumed_values``: value reads answered by assumption, by kind
-    (``datadep.py``); ``conv_workspace_max_b``: largest cuDNN workspace replayed for one call (0 without a
+    (``gpulike.py``); ``conv_workspace_max_b``: largest cuDNN workspace replayed for one call (0 without a
     workspace model); ``flops_per_step``: FLOP of one step (module docstring), None when not counted.
     """
 
@@ -156,7 +160,7 @@ def trace_spec(spec: ModelSpec, workspace: Optional[WorkspaceFn] = None,
     validate_spec(spec)
     if spec.precision == "fp32":
         # The meta-device trace never needs torch._dynamo, which costs ~2 s to import
-        # (lazyimports.py); if the model's code needs the real one in a way the stand-ins cannot
+        # (loader.py); if the model's code needs the real one in a way the stand-ins cannot
         # serve, trace again without them (the same trace, only slower).
         try:
             with deferred_imports():

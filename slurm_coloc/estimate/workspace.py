@@ -24,10 +24,14 @@ import gzip
 import io
 import math
 import os
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 from slurm_coloc.errors import EstimateError
 from slurm_coloc.estimate.convcall import ConvCall, parse_key, split_batch
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
 
 TABLE_FILE = os.path.join(os.path.dirname(__file__), "weights", "conv_workspace_h100.npz")
 TABLE_ARCH = "sm90"  # the table was measured on an H100 (Hopper); H200 shares its cuDNN heuristics
@@ -48,11 +52,9 @@ def kind_of(c: ConvCall) -> Tuple:
 
 
 def features(c: ConvCall) -> List[float]:
-    """8 log-shape features of a call for the nearest-neighbour fallback.
-
-    log2 of batch, input and output channels; half log2 of the spatial size; twice the mean kernel size; twice
-    the largest stride; log2 groups; the largest dilation.
-    """
+    """8 log-shape features of a call for the nearest-neighbour fallback: log2 of batch, input and output
+    channels; half log2 of the spatial size; twice the mean kernel size; twice the largest stride; log2
+    groups; the largest dilation."""
     spatial = c.input[2:] or (1,)
     kern = c.weight[2:] or (1,)
     cout = c.weight[1] * c.groups if c.transposed else c.weight[0]
@@ -67,16 +69,13 @@ def kind_code(c: ConvCall) -> str:
 
 
 class WorkspaceModel:
-    """Measured workspaces (bytes per key) and the lookup of the module docstring.
+    """Measured workspaces (bytes per key) and the lookup of the module docstring. ``feats``, ``kinds``,
+    ``sizes`` come precomputed in the shipped table; None: computed from the keys (EstimateError: a bad
+    key)."""
 
-    ``feats``, ``kinds``, ``sizes`` come precomputed in the shipped table; None: computed from the keys.
-
-    Raises:
-        EstimateError: a malformed key (only when the features are computed here).
-    """
-
-    def __init__(self, keys: Sequence[Any], ws_b: Sequence[int], feats: Any = None, kinds: Any = None,
-                 sizes: Any = None) -> None:
+    def __init__(self, keys: "Union[Sequence[Union[str, bytes]], np.ndarray]", ws_b: "ArrayLike",
+                 feats: "Optional[ArrayLike]" = None, kinds: "Optional[ArrayLike]" = None,
+                 sizes: "Optional[ArrayLike]" = None) -> None:
         import numpy as np
 
         keys_s = np.asarray([k.encode() if isinstance(k, str) else bytes(k) for k in keys], dtype="S") \
@@ -121,11 +120,7 @@ class WorkspaceModel:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Tuple[str, int]]) -> "WorkspaceModel":
-        """Build from ``(convcall key, workspace bytes)`` pairs (features computed from the keys).
-
-        Raises:
-            EstimateError: a malformed key.
-        """
+        """Build from ``(key, workspace bytes)`` pairs (features computed; EstimateError: a malformed key)."""
         pairs = list(rows)
         return cls([k for k, _ in pairs], [w for _, w in pairs])
 
@@ -143,11 +138,8 @@ class WorkspaceModel:
         return self._by_geometry
 
     def bytes_for(self, call: ConvCall) -> int:
-        """Workspace bytes (rounded up) ``call`` takes on the measured GPU; 0 when nothing comparable is
-        known.
-
-        Lookup order in the module docstring; memoised per key.
-        """
+        """Workspace bytes (rounded up) ``call`` takes on the measured GPU (module docstring's lookup,
+        memoised per key); 0 when nothing comparable is known."""
         key = call.key
         hit = self._memo.get(key)
         if hit is None:
@@ -222,11 +214,7 @@ NPZ_ARRAYS = ("keys", "ws_b", "srcs", "kinds", "feats", "sizes")
 
 def write_npz(path: str, rows: Sequence[Tuple[str, int, str]]) -> None:
     """Write the shipped table: ``(key, ws_b, srcs joined by ';')`` rows plus each call's lookup features (so
-    loading parses no key).
-
-    Raises:
-        EstimateError: a malformed key.
-    """
+    loading parses no key). EstimateError: a malformed key."""
     import numpy as np
 
     calls = [parse_key(k) for k, _, _ in rows]
@@ -253,14 +241,11 @@ def _read_npz(path: str, decode_srcs: bool = True) -> Dict[str, Any]:
 
 
 def load(exclude_srcs: Iterable[str] = ()) -> Optional[WorkspaceModel]:
-    """The shipped table's model (cached per exclusion), or None when none is shipped.
-
-    ``exclude_srcs`` leaves out calls measured *only* for these sources (``{"hopper:vgg"}``), to score unseen
-    families.
+    """The shipped table's model (cached per exclusion), or None when none is shipped; ``exclude_srcs`` leaves
+    out calls measured *only* for these sources (``{"hopper:vgg"}``), to score unseen families.
 
     Raises:
-        EstimateError: the shipped table is unreadable.
-    """
+        EstimateError: the shipped table is unreadable."""
     ex = frozenset(exclude_srcs)
     if ex not in _CACHE:
         if not os.path.isfile(TABLE_FILE):

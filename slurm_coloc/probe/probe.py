@@ -77,7 +77,7 @@ def estimate_from_result(result: Dict[str, Any], gpu_name: str = "H100") -> Esti
     """
     from slurm_coloc.comment.values import BOUNDS
     from slurm_coloc.estimate.combine import bound_from_trace
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
     from slurm_coloc.estimate.trace import ReplayedPeaks
 
     precision = precision_of(result)
@@ -219,7 +219,7 @@ def probe_script(script_path: str, script_args: Sequence[str] = (), submit_dir: 
         OSError: the script cannot be read.
     """
     from slurm_coloc.estimate import cache
-    from slurm_coloc.estimate.gpus import gpu_model
+    from slurm_coloc.estimate.spec import gpu_model
 
     t0 = time.monotonic()
     gpu = gpu_model(gpu).name

@@ -8,8 +8,8 @@ table when sbatch cannot run) and ``GETOPT_REQUIRED`` (shown optional or without
 declares ``required_argument``: ``--export[=names]``, ``--wrap``, ``--container``).
 
 ``--opt[=value]`` takes its value only as ``--opt=value`` (getopt's optional argument). Options neither table
-knows (26.05's ``--segment``, ``--prefer``, ``--extra``) are decided in ``submit/argv.py``: the next word is
-their value unless it is an existing file, the script.
+knows (26.05's ``--segment``, ``--prefer``, ``--extra``) are decided in ``submit/request.py``: the next word
+is their value unless it is an existing file, the script.
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """Reading a job script: its ``#SBATCH`` options and ``#COLOC`` directives (pure, no Slurm, no torch).
-
-``#COLOC`` syntax (docs/user.md): one or more ``key=value`` pairs per line, shell-quoted where needed::
+``#COLOC`` lines (docs/user.md) hold ``key=value`` pairs, shell-quoted where needed::
 
     #COLOC model=torchvision.models:resnet18 kwarg.num_classes=10
     #COLOC input=3x32x32 batch=128 optimizer=sgd-momentum precision=amp-fp16
     #COLOC mem=6G            # override the estimate
     #COLOC share=exclusive   # ask for a whole GPU
 
-Like ``#SBATCH``, directives are read only in the script's header: from the top to the first line that is
-neither blank nor a comment (sbatch's own rule); ``ParsedScript.late_coloc_lines`` lists the ``#COLOC`` lines
-after it (ignored; coloc-sbatch warns).
+As ``#SBATCH``, they are read only in the header (sbatch's rule: up to the first line neither blank nor a
+comment); ``ParsedScript.late_coloc_lines`` lists later ones (ignored; coloc-sbatch warns).
 """
 from __future__ import annotations
 
@@ -34,18 +32,11 @@ PY_CONSTANTS = {"True": True, "False": False, "None": None}
 
 @dataclass(frozen=True)
 class ParsedScript:
-    """A job script as coloc-sbatch sees it.
-
-    Attributes:
-        sha256: hex digest of its bytes (links runs of the same script for the history estimator).
-        sbatch_lines: ``(line_no, tokens)`` of each ``#SBATCH`` line (1-based).
-        coloc: the merged ``#COLOC`` key/values (``kwarg.*`` collected in ``spec.kwargs``).
-        spec: the model to estimate, or None when no ``model=`` was given.
-        mem_override_mib: ``mem=`` in MiB, or None.
-        share: ``shard`` (default) or ``exclusive``.
-        text: the script text (decoded, BOM removed).
-        late_coloc_lines: line numbers of ``#COLOC`` lines after the header (ignored).
-    """
+    """A job script as coloc-sbatch sees it: ``sha256`` of its bytes (links runs of the same script for the
+    history estimator); ``sbatch_lines`` ``(1-based line_no, tokens)`` of each ``#SBATCH`` line; ``coloc`` the
+    merged ``#COLOC`` key/values (``kwarg.*`` in ``spec.kwargs``); ``spec`` None without ``model=``;
+    ``mem_override_mib`` ``mem=`` in MiB; ``share`` ``shard`` (default) or ``exclusive``; ``text`` decoded,
+    BOM removed; ``late_coloc_lines`` ``#COLOC`` lines after the header (ignored)."""
 
     path: Path
     sha256: str
@@ -106,11 +97,8 @@ def _split(no: int, rest: str) -> List[str]:
 
 def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dict[str, Any]]:
     """``({key: value text}, {kwarg name: kwarg_value})`` of ``#COLOC`` lines; later lines override.
-
-    Raises:
-        DirectiveError: a malformed or empty directive, a line shlex cannot split, a token without ``=``, an
-            unknown key, an empty value, a bad kwarg name.
-    """
+    DirectiveError: a malformed or empty directive, a line shlex cannot split, a token without ``=``, an
+    unknown key, an empty value, a bad kwarg name."""
     plain: Dict[str, str] = {}
     kwargs: Dict[str, Any] = {}
     for no, line in lines:
@@ -142,12 +130,10 @@ def parse_coloc_pairs(lines: List[Tuple[int, str]]) -> Tuple[Dict[str, str], Dic
 
 
 def kwarg_value(text: str) -> Any:
-    """A JSON-compatible ``kwarg.NAME=`` value; never raises: what does not parse stays text.
-
-    JSON (``10``, ``true``, ``[1,2]``, ``null``); else Python's ``True``, ``False``, ``None``; else a Python
-    literal in brackets or quotes (``(3, 3)``, ``['a']``, ``'x'``; ``ast.literal_eval``: literals only,
-    nothing is run) that JSON can carry (tuples become lists); else the text itself.
-    """
+    """A JSON-compatible ``kwarg.NAME=`` value, never raising: JSON (``10``, ``true``, ``[1,2]``, ``null``);
+    else Python's ``True``, ``False``, ``None``; else a Python literal in brackets or quotes (``(3, 3)``,
+    ``['a']``, ``'x'``; ``ast.literal_eval``: nothing is run) that JSON can carry (tuples become lists); else
+    the text itself."""
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError):
@@ -164,13 +150,8 @@ def kwarg_value(text: str) -> Any:
 
 
 def parse_input_shape(text: str) -> Tuple[int, ...]:
-    """``"3x32x32"`` or ``"3,32,32"`` -> ``(3, 32, 32)``: one sample, no batch; each dimension 1..1_000_000.
-
-    ``×`` reads as ``x``.
-
-    Raises:
-        DirectiveError: not positive integers separated by ``x`` or ``,``.
-    """
+    """``"3x32x32"``, ``"3,32,32"`` or ``"3×32×32"`` -> ``(3, 32, 32)``: one sample, no batch; each dimension
+    1..1_000_000. DirectiveError: not positive integers separated by ``x`` or ``,``."""
     parts = text.lower().replace("×", "x").replace(",", "x").split("x")
     if not all(p.isdigit() and 0 < int(p) <= 1_000_000 for p in parts):
         raise DirectiveError(f"#COLOC input={text!r}: expected sizes like 3x32x32 or 3,32,32")
@@ -183,16 +164,11 @@ def _positive_int(key: str, text: str, limit: int) -> int:
     return int(text)
 
 
-def build_spec(plain: Dict[str, str], kwargs: Dict[str, Any], base_dir: str) -> Optional[ModelSpec]:
-    """A ModelSpec from parsed pairs, or None without ``model=``.
-
-    Defaults: ``optimizer`` ``adam``, ``precision`` ``fp32``, ``input-dtype`` ``float32``. A
-    ``path.py:callable`` model is relative to ``base_dir`` (the script's directory).
-
-    Raises:
-        DirectiveError: model without input/batch, input/batch/kwarg without a model, bad model reference,
-            bad optimizer/precision/dtype, batch outside 1..1_000_000.
-    """
+def build_spec(plain: Dict[str, str], kwargs: Dict[str, object], base_dir: str) -> Optional[ModelSpec]:
+    """A ModelSpec from parsed pairs, or None without ``model=``. Defaults: ``optimizer`` ``adam``,
+    ``precision`` ``fp32``, ``input-dtype`` ``float32``; a ``path.py:callable`` model is relative to
+    ``base_dir`` (the script's directory). DirectiveError: model without input/batch, input/batch/kwarg
+    without a model, bad model reference, bad optimizer/precision/dtype, batch outside 1..1_000_000."""
     model = plain.get("model")
     if model is None:
         if kwargs or any(k in plain for k in ("input", "batch")):
@@ -222,8 +198,7 @@ def parse_script(path: str) -> ParsedScript:
 
     Raises:
         DirectiveError: see ``read_script``, ``parse_coloc_pairs`` and ``build_spec``; an ``#SBATCH`` line
-            shlex cannot split; a bad ``mem=``/``share=``.
-    """
+            shlex cannot split; a bad ``mem=``/``share=``."""
     raw, text = read_script(path)
     header = header_lines(text)
     late = tuple(no for no, line in enumerate(text.splitlines(), start=1)

@@ -30,9 +30,17 @@ from slurm_coloc.errors import ColocError, DirectiveError
 from slurm_coloc.estimate.decision import Candidate, EstimateEvidence, EstimateVerdict, ProbeAnswer, decide
 from slurm_coloc.estimate.spec import Estimate, ModelSpec
 from slurm_coloc.slurm.sbatch_options import BUILTIN, SbatchOptions
-from slurm_coloc.submit.argv import CommandLine, Option, parse_option_tokens
 from slurm_coloc.submit.directives import ParsedScript
-from slurm_coloc.submit.gpu_request import GPU_OPTIONS, GpuRequest, gpu_models, gpu_request, script_options
+from slurm_coloc.submit.request import (
+    GPU_OPTIONS,
+    CommandLine,
+    GpuRequest,
+    Option,
+    gpu_models,
+    gpu_request,
+    parse_option_tokens,
+    script_options,
+)
 from slurm_coloc.units import mib_to_shards, parse_size_mib
 
 EstimateFn = Callable[[ModelSpec, str], Optional[Estimate]]  # without history; None: not in time

@@ -20,9 +20,9 @@ from slurm_coloc.comment import parse_comment
 from slurm_coloc.config import Config
 from slurm_coloc.estimate.decision import DISAGREE_FRACTION, ProbeAnswer, explain_lines
 from slurm_coloc.estimate.spec import Estimate
-from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_script
 from slurm_coloc.submit.plan import NO_INFORMATION, build_plan
+from slurm_coloc.submit.request import split_command_line
 
 pytestmark = pytest.mark.slurm  # starts a real Slurm cluster
 

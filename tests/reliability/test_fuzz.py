@@ -22,9 +22,9 @@ from slurm_coloc import config as config_mod
 from slurm_coloc.cli import report as report_cli
 from slurm_coloc.errors import ColocError
 from slurm_coloc.report.query import parse_when
-from slurm_coloc.submit.argv import split_command_line
 from slurm_coloc.submit.directives import parse_coloc_pairs, parse_script
 from slurm_coloc.submit.plan import build_plan
+from slurm_coloc.submit.request import split_command_line
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])

@@ -221,7 +221,7 @@ class _Moves:
 
     def to_host(self, t: Any, dtype: Any = None) -> Any:
         """``t`` on the host: a GPU tensor reads as real CPU zeros of its shape (the probe has no values)."""
-        from slurm_coloc.estimate.datadep import has_no_data
+        from slurm_coloc.estimate.gpulike import has_no_data
 
         if not self.state.on_gpu(t) and not has_no_data(self.torch, t):
             return t if dtype is None or dtype == t.dtype else t.to(dtype)
@@ -252,7 +252,7 @@ class _Moves:
 def _device_handlers(torch: Any, state: ProbeState) -> Dict[Any, Callable[[Any, Any, Dict[str, Any]], Any]]:
     """``{tensor function: handler(func, args, kwargs)}`` for the device mode: devices reported, moves,
     pinning, value reads of fake tensors (zeros) and deep copies of fake tensors."""
-    from slurm_coloc.estimate.datadep import has_no_data
+    from slurm_coloc.estimate.gpulike import has_no_data
 
     T = torch.Tensor
     on_gpu = state.on_gpu

@@ -1,7 +1,7 @@
 """Multi-GPU training run as one process in the probe (job's Python): one GPU per process, traced as one.
 
 * ``torch.distributed``: ``init_process_group`` makes a gloo group of one (an NCCL one is noted: its
-  communicator's memory is added, ``gpus.py`` ``nccl_mib``); DDP is traced as its module plus its gradient
+  communicator's memory is added, ``spec.py`` ``nccl_mib``); DDP is traced as its module plus its gradient
   buckets.
 * Spawned workers (facebookresearch/moco, pytorch/examples ``imagenet/main.py``: one per visible GPU) would
   be new interpreters without the fake GPU. ``spawn``/``start_processes`` with ``nprocs`` 1 (the fake GPU's
@@ -36,7 +36,7 @@ def patch_distributed(torch: Any, st: ProbeState) -> None:
         if uses_nccl(a[0] if a else k.get("backend")):
             st.nccl_group = True
             st.note("torch.distributed: the job's NCCL group holds GPU memory outside the allocator: added "
-                    "(gpus.py nccl_mib)")
+                    "(spec.py nccl_mib)")
         if dist.is_initialized():
             return
         orig(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -4,7 +4,7 @@ Host tensors are real (data loading, numpy, CPU random numbers run as in the job
 tensors (``FakeTensor``: the autograd engine refuses fake ``cuda`` ones without a driver) replayed through the
 estimator's allocator model (``estimate/tracker.py``); a tensor is "on the GPU" when a GPU op made its
 storage (:class:`GpuOps`), and GPU ops run under dispatch modes pushed for that op only. Values read back
-are zeros (``datadep.py`` for ``all()``/``any()``); ``torch.cuda`` and CUDA autocast are ``cudaapi.py``'s.
+are zeros (``gpulike.py`` for ``all()``/``any()``); ``torch.cuda`` and CUDA autocast are ``cudaapi.py``'s.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class _Probe:
         self.outside_writes: List[str] = []
         self.param_dtypes: Dict[str, int] = {}
         self.state: Any = None
-        self.flops: Any = None  # estimate.flops.make_flop_counter(), below the tracker
+        self.flops: Any = None  # estimate.tracker.make_flop_counter(), below the tracker
         self.flop_totals: Dict[int, List[int]] = {}
         self.evals: Any = None  # repeats.EvalPasses, once torch is imported
         self.micro: Any = None  # repeats.MicroSteps, once torch is imported
@@ -130,7 +130,7 @@ class _Probe:
 
     def step_flops(self) -> Any:
         """FLOPs between the first two steps of the first optimizer that stepped twice, or None."""
-        from slurm_coloc.estimate.flops import step_flops
+        from slurm_coloc.estimate.tracker import step_flops
 
         for key in self.opt_steps:
             totals = self.flop_totals.get(key, [])
@@ -222,8 +222,7 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         step = "the estimator's tracing modules"
         from slurm_coloc.estimate import workspace
-        from slurm_coloc.estimate.flops import make_flop_counter
-        from slurm_coloc.estimate.tracker import make_tracker
+        from slurm_coloc.estimate.tracker import make_flop_counter, make_tracker
 
         try:
             ws = workspace.load()
@@ -256,7 +255,7 @@ def _start(probe: _Probe) -> Tuple[Any, Any]:
 
 def _run(probe: _Probe, torch: Any, fake_mode: Any) -> None:
     """The program as ``__main__`` under the probe's modes."""
-    from slurm_coloc.estimate.cudamodes import (
+    from slurm_coloc.estimate.gpulike import (
         make_cuda_dropout_mode,
         make_cuda_fp32_mode,
         make_sdpa_mode,

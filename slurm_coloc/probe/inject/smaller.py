@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _ABSENT = object()
 _PLAIN = (bool, int, float, str)
-BLOCK_B = 2 << 20  # the allocator's large-segment rounding (estimate/allocator.py)
+BLOCK_B = 2 << 20  # the allocator's large-segment rounding (estimate/tracker.py)
 
 
 class SmallerCalls:
