@@ -12,9 +12,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "slurm_coloc"
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 NOT_YET: tuple = ()  # functions allowed over the limit for now: none
-# Lines of module, class and function docstrings over all lines of the package. The target is 0.20; lower this
+# Lines of module, class and function docstrings over all lines of the package (target 0.20, reached); lower this
 # as docstrings are trimmed, never raise it.
-MAX_DOCSTRING_SHARE = 0.24
+MAX_DOCSTRING_SHARE = 0.18
 
 
 def _functions():
@@ -97,3 +97,12 @@ def test_no_docstring_names_an_issue_or_run() -> None:
                 if history.search(doc):
                     found.append(f"{rel}:{getattr(sub, 'name', '<module>')}")
     assert found == []
+
+
+# Modules of the package (every .py file, __init__ included): fewer, fuller ones; lower this as modules merge.
+MAX_MODULES = 130
+
+
+def test_the_package_has_no_more_modules_than_its_ceiling() -> None:
+    n = len(list(PACKAGE.rglob("*.py")))
+    assert n <= MAX_MODULES, f"{n} modules (ceiling {MAX_MODULES}): merge the ones split only for size"
