@@ -81,12 +81,3 @@ def require(module: str) -> None:
     if not found:
         what, hint = EXTRAS[module]
         raise MissingExtra(f"{module} is not installed: {what}", hint=hint)
-
-
-def missing_extra(exc: ImportError) -> Optional[MissingExtra]:
-    """The ``MissingExtra`` (with install hint) for an ImportError of one of ``EXTRAS``, else None."""
-    root = (getattr(exc, "name", None) or "").split(".")[0]
-    if root not in EXTRAS:
-        return None
-    what, hint = EXTRAS[root]
-    return MissingExtra(f"{root} is not installed: {what}", hint=hint)

@@ -9,6 +9,7 @@ killed (SIGKILL) and the caller gets None; it is killed in every case once the c
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -247,10 +248,8 @@ _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tail(path: Path) -> str:
@@ -279,11 +278,9 @@ def estimate_isolated(spec: ModelSpec, gpu_model: str, history_mib: Sequence[int
                                     stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
         try:
             assert proc.stdin is not None
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 proc.stdin.write(json.dumps(task).encode())
                 proc.stdin.close()
-            except BrokenPipeError:
-                pass
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

@@ -10,6 +10,7 @@ code, stdout and stderr. The server exits after ``COLOC_ESTIMATE_SERVER_IDLE`` s
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -40,18 +41,14 @@ class _Log:
     """One line per event in ``est-<key16>.log`` (truncated at start when over 1 MB)."""
 
     def __init__(self, path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             if os.path.getsize(path) > (1 << 20):
                 os.truncate(path, 0)
-        except OSError:
-            pass
         self._fh = open(path, "a", buffering=1, encoding="utf-8")
 
     def __call__(self, msg: str) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self._fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid={os.getpid()} {msg}\n")
-        except (OSError, ValueError):
-            pass
 
 
 def _prewarm() -> None:
@@ -116,10 +113,8 @@ def _child(conn: socket.socket, key: str, run: Callable[..., None]) -> int:
         traceback.print_exc()
         code = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     out, err = os.pread(out_fd, os.fstat(out_fd).st_size, 0), os.pread(err_fd, os.fstat(err_fd).st_size, 0)
     conn.settimeout(RESULT_TIMEOUT_S)
     send_frame(conn, {"key": key, "exit": code, "stdout": base64.b64encode(out).decode(),
@@ -151,18 +146,14 @@ def _replace_older(run_dir: str, log: Callable[[str], None]) -> None:
     except (OSError, ValueError, IndexError):
         old = 0
     if old and old != os.getpid() and _is_server(old):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(old, signal.SIGTERM)
             log(f"replaced older server pid={old}")
-        except OSError:
-            pass
     tmp = f"{owner}.{os.getpid()}.tmp"
-    try:
+    with contextlib.suppress(OSError):
         with open(tmp, "w", encoding="ascii") as fh:
             fh.write(f"{os.getpid()}\n")
         os.replace(tmp, owner)
-    except OSError:
-        pass
 
 
 def _reap(children: Dict[int, float], log: Callable[[str], None]) -> Optional[float]:

@@ -96,12 +96,8 @@ def server_path(path: Optional[List[str]] = None) -> List[str]:
         cwd = os.path.realpath(os.getcwd())
     except OSError:
         cwd = ""
-    out = []
-    for p in sys.path if path is None else path:
-        if not p or not os.path.isabs(p) or os.path.realpath(p) == cwd:
-            continue
-        out.append(p)
-    return out
+    return [p for p in (sys.path if path is None else path)
+            if p and os.path.isabs(p) and os.path.realpath(p) != cwd]
 
 
 def server_key(environ: Optional[Dict[str, str]] = None) -> str:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
-import logging.handlers
-import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import click
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.cli import version_option
+from slurm_coloc.cli import setup_logging, version_option
 from slurm_coloc.errors import ColocError
 
 
@@ -27,20 +23,6 @@ def _cfg() -> config_mod.Config:
     except ColocError as exc:
         click.echo(f"coloc-placer: error: {exc.one_line()}", err=True)
         sys.exit(2)
-
-
-def _logging(cfg: config_mod.Config, to_file: bool) -> None:
-    handler: logging.Handler = logging.StreamHandler()
-    if to_file:
-        try:
-            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / "placer.log")
-        except OSError:
-            pass
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-placer[%(process)d] %(message)s"))
-    root = logging.getLogger("slurm_coloc")
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, os.environ.get("COLOC_LOG_LEVEL", "INFO").upper(), logging.INFO))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,7 +61,7 @@ def run_cmd(rounds: Optional[int], log_file: bool) -> None:
     from slurm_coloc.placement.heartbeat import clear_heartbeat
 
     cfg = _cfg()
-    _logging(cfg, log_file)
+    setup_logging(cfg.log_dir, "coloc-placer", "placer.log" if log_file else None)
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -146,7 +128,7 @@ def fallback_cmd(max_age_s: Optional[float]) -> None:
     from slurm_coloc.placement.daemon import release_if_stale
 
     cfg = _cfg()
-    _logging(cfg, False)
+    setup_logging(cfg.log_dir, "coloc-placer", None)
     try:
         released = release_if_stale(cfg, max_age_s=max_age_s)
     except ColocError as exc:

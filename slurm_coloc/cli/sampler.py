@@ -3,18 +3,15 @@ from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
-import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Dict, Optional
 
 import click
 
 from slurm_coloc import config as config_mod
-from slurm_coloc.cli import version_option
+from slurm_coloc.cli import setup_logging, version_option
 from slurm_coloc.errors import ColocError
 
 
@@ -29,18 +26,7 @@ def _cfg() -> config_mod.Config:
 
 
 def _logging(cfg: config_mod.Config, node: str, to_file: bool) -> None:
-    handler: logging.Handler = logging.StreamHandler()
-    if to_file:
-        try:
-            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.WatchedFileHandler(Path(cfg.log_dir) / f"sampler-{node}.log")
-        except OSError:
-            pass
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s coloc-sampler[%(process)d] "
-                                           "%(message)s"))
-    root = logging.getLogger("slurm_coloc")
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, os.environ.get("COLOC_LOG_LEVEL", "INFO").upper(), logging.INFO))
+    setup_logging(cfg.log_dir, "coloc-sampler", f"sampler-{node}.log" if to_file else None)
 
 
 def _pid_map(text: str) -> Dict[int, int]:

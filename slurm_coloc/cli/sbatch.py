@@ -155,8 +155,6 @@ def script_probe_fn(cfg: config_mod.Config, cmd: CommandLine, parsed: Optional[P
     return probe_fn
 
 
-# --- placement form (coloc-placer): the one place coloc-sbatch decides between held-for-placer and classic
-# ---
 def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
                    script_index: Optional[int] = None) -> Tuple[List[str], bool]:
     """The sbatch arguments to submit and whether they are the placer's form.
@@ -175,7 +173,6 @@ def placement_form(sbatch_argv: List[str], cfg: config_mod.Config,
     if held is None or any(a in ("--hold", "-H") for a in options) or not placer_alive(cfg):
         return list(sbatch_argv), False
     return held, True
-# --- end of placement form ---
 
 
 def submit(plan: Plan, parsed: Optional[ParsedScript]) -> int:
