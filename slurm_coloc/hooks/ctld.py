@@ -44,12 +44,12 @@ MAX_CHARS = 1000
 OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note and the end summary)
 WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
 KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact",
-        "smact_p95",
-        "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured")
+        "smact_p95", "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured")
 """The AdminComment keys, in the order they are written (module docstring)."""
 
 
 def _nodes(node_list: str) -> List[str]:
+    """The node names of a recorded Slurm host list (``gpu[01-02]`` -> gpu01 gpu02); [] when unreadable."""
     try:
         return expand_hostlist(node_list)
     except SlurmError:
