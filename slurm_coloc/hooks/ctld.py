@@ -44,12 +44,12 @@ MAX_CHARS = 1000
 OUR_MARK = '{"coloc":'  # our part of AdminComment starts here (the start note and the end summary)
 WHOLE_FIELD_PREFIXES = ("JS1:",)  # formats their readers decode as the whole field: never appended to
 KEYS = ("coloc", "est_mib", "method", "mode", "shards", "req_mib", "peak_mib", "err_pct", "util", "smact",
-        "smact_p95",
-        "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured")
+        "smact_p95", "smocc", "smocc_p95", "kwh", "gpu_h", "oom", "retry", "watchdog", "measured")
 """The AdminComment keys, in the order they are written (module docstring)."""
 
 
 def _nodes(node_list: str) -> List[str]:
+    """The node names of a recorded Slurm host list (``gpu[01-02]`` -> gpu01 gpu02); [] when unreadable."""
     try:
         return expand_hostlist(node_list)
     except SlurmError:
@@ -277,12 +277,10 @@ def prolog_slurmctld(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict
     coloc_json, spec_json = coloc_record(coloc)
     sub = store_jobs.JobSubmission(
         job_id=ctx.job, user_name=ctx.user_name, uid=job.uid if job.uid is not None else ctx.uid,
-        job_name=ctx.job_name,
-        partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
+        job_name=ctx.job_name, partition=ctx.partition, cluster=env.get("SLURM_CLUSTER_NAME", ""),
         submit_ts=job.submit_ts, gres_req=job.tres_per_node,
         shards_req=job.gres.get("shard"), gpus_req=job.gres.get("gpu"),
-        share_mode=share_mode_of(job.gres, cfg),
-        estimate_mib=coloc.mem_mib, estimate_method=coloc.method,
+        share_mode=share_mode_of(job.gres, cfg), estimate_mib=coloc.mem_mib, estimate_method=coloc.method,
         script_sha256=sha, spec_json=spec_json, coloc_json=coloc_json,
     )
     db = open_ctld_db(cfg.ctld_db_path, cfg.db_busy_timeout_s)

@@ -15,22 +15,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from sqlite_utils import Database
 
 from slurm_coloc.config import Config
-from slurm_coloc.errors import SlurmError
+from slurm_coloc.hooks.ctld import _nodes
 from slurm_coloc.report import facts
-from slurm_coloc.slurm.parse import expand_hostlist
 from slurm_coloc.store import oom as store_oom
 from slurm_coloc.store import report_queries as rq
 from slurm_coloc.store import summaries as store_summaries
 
 MIN_LEFT_S = 2.0  # the figures are skipped when the hook's alarm fires sooner than this
-
-
-def _nodes(node_list: str) -> List[str]:
-    """The node names of a recorded Slurm host list (``gpu[01-02]`` -> gpu01 gpu02); [] when unreadable."""
-    try:
-        return expand_hostlist(node_list)
-    except SlurmError:
-        return []
 
 
 @dataclass(frozen=True)

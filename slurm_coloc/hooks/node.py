@@ -25,10 +25,9 @@ def prolog(ctx: HookContext, cfg: Config, env: Dict[str, str]) -> Dict[str, Any]
     error and exits 0: the node is never drained)."""
     job = (slurm_jobs.show_job(ctx.job, cfg.slurm_bin_dir, slurm_env(base=env),
                                timeout_s=cfg.hook_timeout_s / 2))
-    start = store_jobs.JobStart(
-        job_id=ctx.job, node=ctx.node, user_name=job.user_name or ctx.user_name,
-        uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=job.shards,
-        gres=job.tres_per_node, start_ts=job.start_ts or time.time())
+    start = store_jobs.JobStart(job_id=ctx.job, node=ctx.node, user_name=job.user_name or ctx.user_name,
+                               uid=ctx.uid, gpus=",".join(str(g) for g in ctx.gpus), shards=job.shards,
+                               gres=job.tres_per_node, start_ts=job.start_ts or time.time())
     db = open_node_db(cfg.node_db_path(ctx.node), cfg.db_busy_timeout_s)
     store_jobs.record_node_start(db, start)
     guard = place_guard(cfg, db, job, ctx)

@@ -183,8 +183,7 @@ def replay_queue(target: str, db: Database, directories: Sequence[str], config_p
             log.warning("%s", item[1])
 
     return queue.replay(directories, (recordset.SUFFIX, pending.SUFFIX), decode, apply,
-                        recordset.store_unusable,
-                        budget_s, max_entries)
+                        recordset.store_unusable, budget_s, max_entries)
 
 
 def record_run(name: str, target: str, cfg: config_mod.Config, ops: List[Dict[str, Any]],

@@ -29,13 +29,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 _V2_JOB = re.compile(r"^(?P<base>/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_(?P<job>\d+))(?:/|$)")
 _V1_JOB = re.compile(r"^(?P<base>/slurm(?:_[^/]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+))(?:/|$)")
 _STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.[^\]\s]*\]")
 MAX_ANCESTORS = 64
-CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
@@ -56,8 +55,7 @@ def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> Dict[str, str]:
         elif rparts[0] == "cgroup":
             for opt in rparts[2].split(","):
                 if opt not in ("rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec",
-                               "clone_children",
-                               "xattr") and not opt.startswith("release_agent="):
+                               "clone_children", "xattr") and not opt.startswith("release_agent="):
                     out.setdefault(opt, point)
     return out
 
@@ -151,17 +149,9 @@ class JobAttributor:
             text = (self.proc / str(pid) / "cgroup").read_text()
         except OSError:
             return None
-        lines: List[Tuple[str, str]] = []
-        for line in text.splitlines():
-            parts = line.split(":", 2)
-            if len(parts) == 3:
-                lines.append((parts[1], parts[2]))
+        lines = [(p[1], p[2]) for p in (line.split(":", 2) for line in text.splitlines()) if len(p) == 3]
         lines.sort(key=lambda cp: cp[0] != "")  # v2 first, then v1 in file order (stable sort)
-        for controllers, path in lines:
-            job = self._slurm_cgroup_job(controllers, path)
-            if job is not None:
-                return job
-        return None
+        return next((j for j in (self._slurm_cgroup_job(c, p) for c, p in lines) if j is not None), None)
 
     def _status(self, pid: int) -> Tuple[Optional[int], Optional[int]]:
         """(real uid, parent pid) from ``/proc/<pid>/status``; (None, None) when unreadable."""

@@ -99,9 +99,8 @@ class ColocCollector:
     def _health(self, view: Optional[View]) -> List[Metric]:
         out: List[Metric] = []
         node = self.state.node
-        c = CounterMetricFamily("coloc_exporter_collect_errors",
-                                "Scrapes that failed to read the sampler's state.",
-                                labels=["node"])
+        c = CounterMetricFamily("coloc_exporter_collect_errors", "Scrapes that failed to read the sampler's "
+                                "state.", labels=["node"])
         c.add_metric([node], self.collect_errors)
         out.append(c)
         if view is None:
@@ -110,9 +109,8 @@ class ColocCollector:
         f.add_metric([node], view.frames)
         e = CounterMetricFamily("coloc_sampler_read_errors", "NVML reads that failed.", labels=["node"])
         e.add_metric([node], view.read_errors)
-        ok = GaugeMetricFamily("coloc_exporter_job_rows_ok",
-                               "1 when the node database's running jobs could be "
-                               "read at the last try, else 0 (job series then lack user and grant).",
+        ok = GaugeMetricFamily("coloc_exporter_job_rows_ok", "1 when the node database's running jobs "
+                               "could be read at the last try, else 0 (job series then lack user and grant).",
                                labels=["node"])
         ok.add_metric([node], 1.0 if view.job_rows_ok else 0.0)
         st = GaugeMetricFamily("coloc_sampler_start_time_seconds", "When the sampler started (Unix time).",
@@ -157,19 +155,15 @@ class ColocCollector:
             ten.add_metric(lab, float(g.tenants))
         fams += [energy, mps, ten]
         jl = ["node", "gpu", "jobid", "user", "mode"]
-        used = GaugeMetricFamily("coloc_job_gpu_memory_used_bytes",
-                                 "NVML memory of the job's processes on the "
-                                 "GPU (bytes, CUDA contexts included).", labels=jl)
-        granted = GaugeMetricFamily("coloc_job_gpu_memory_granted_bytes",
-                                    "GPU memory the job was granted on the "
-                                    "GPU: shards x 1 GiB (the estimate rounded up), or the whole GPU.",
+        used = GaugeMetricFamily("coloc_job_gpu_memory_used_bytes", "NVML memory of the job's processes on "
+                                 "the GPU (bytes, CUDA contexts included).", labels=jl)
+        granted = GaugeMetricFamily("coloc_job_gpu_memory_granted_bytes", "GPU memory the job was granted "
+                                    "on the GPU: shards x 1 GiB (the estimate rounded up), or the whole GPU.",
                                     labels=jl)
-        sm = GaugeMetricFamily("coloc_job_gpu_sm_utilization_ratio",
-                               "NVML SM utilization of the job's processes, "
-                               "0..1 (absent under MPS: NVML gives none per client).", labels=jl)
-        share = GaugeMetricFamily("coloc_job_gpu_share_ratio",
-                                  "The job's share of the GPU at the latest frame "
-                                  "(SM utilization, else memory; the energy attribution rule), 0..1.",
+        sm = GaugeMetricFamily("coloc_job_gpu_sm_utilization_ratio", "NVML SM utilization of the job's "
+                               "processes, 0..1 (absent under MPS: NVML gives none per client).", labels=jl)
+        share = GaugeMetricFamily("coloc_job_gpu_share_ratio", "The job's share of the GPU at the latest "
+                                  "frame (SM utilization, else memory; the energy attribution rule), 0..1.",
                                   labels=jl)
         je = CounterMetricFamily("coloc_job_gpu_energy_joules", "GPU energy attributed to the job since the "
                                  "sampler first saw it (J; the Epilog's attribution rule).", labels=jl)

@@ -224,9 +224,8 @@ def cpu_means(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """``JobSummary``'s CPU fields from one job's ``cpu_samples`` rows (all None without rows): means weighted
     by ``res_s`` (missing: 1), rounded to 0.01; ``cpus`` the max, ``cpu_samples`` the row count."""
     if not rows:
-        return {k: None
-                for k in ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores", "cpus",
-                                  "cpu_samples")}
+        return {k: None for k in ("train_cpu_cores", "workers_cpu_cores", "cpu_workers", "job_cpu_cores",
+                                  "cpus", "cpu_samples")}
 
     def wmean(key: str) -> Optional[float]:
         pairs = [(float(r[key]), float(r.get("res_s") or 1.0)) for r in rows if r.get(key) is not None]

@@ -210,9 +210,8 @@ class LiveState:
                 if "rows" not in self._logged:
                     self._logged.add("rows")
                     log.error("metrics: cannot read the running jobs of %s (%s: %s); job series carry no "
-                              "user or "
-                              "grant until it is readable; sampling goes on", self.node, type(exc).__name__,
-                              exc)
+                              "user or grant until it is readable; sampling goes on", self.node,
+                              type(exc).__name__, exc)
         return self._rows
 
     def view(self, now: Optional[float] = None) -> View:

@@ -222,14 +222,13 @@ def start(cfg: Config, d: MpsDaemon, binary: str) -> MpsOutcome:
                           {"error": f"{type(exc).__name__}: {exc}", "argv": argv})
     if res.returncode != 0:
         return MpsOutcome(False, "mps-start-failed", d,
-                          {"rc": res.returncode, "stderr": res.stderr.strip()[-500:],
-                                                         "argv": argv})
+                          {"rc": res.returncode, "stderr": res.stderr.strip()[-500:], "argv": argv})
     while time.monotonic() - t0 < cfg.mps_start_timeout_s:
         pid = daemon_pid(d, binary)
         if pid:
             return MpsOutcome(True, "mps-start", d,
                               {"pid": pid, "argv": argv, "mode": cfg.mps_mode, "uid": d.uid,
-                                                     "start_ms": round((time.monotonic() - t0) * 1000, 1)})
+                               "start_ms": round((time.monotonic() - t0) * 1000, 1)})
         time.sleep(0.02)
     return MpsOutcome(False, "mps-start-failed", d, {"error": "no daemon pid file after start", "argv": argv})
 

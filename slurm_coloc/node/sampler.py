@@ -170,9 +170,8 @@ class Sampler:
             try:
                 self.live.observe(frame, procs)
             except Exception as exc:  # the metrics endpoint never stops sampling
-                self._once(f"live:{type(exc).__name__}",
-                           "metrics: cannot publish the frame (%s: %s); sampling "
-                           "goes on", type(exc).__name__, exc)
+                self._once(f"live:{type(exc).__name__}", "metrics: cannot publish the frame (%s: %s); "
+                           "sampling goes on", type(exc).__name__, exc)
         over = len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf) - MAX_BUFFER_ROWS
         if over > 0:
             self.dropped += over
@@ -191,9 +190,8 @@ class Sampler:
         try:
             self.cpu_buf.extend(store_samples.cpu_rows(ts, self.cpu.read(job_pids), self.tick_s))
         except Exception as exc:  # CPU figures are extra: never stop the GPU sampling
-            self._once(f"cpu:{type(exc).__name__}",
-                       "cannot read the jobs' CPU use (%s: %s); sampling goes on",
-                       type(exc).__name__, exc)
+            self._once(f"cpu:{type(exc).__name__}", "cannot read the jobs' CPU use (%s: %s); "
+                       "sampling goes on", type(exc).__name__, exc)
 
     def _job_uid(self, job_id: int) -> Optional[int]:
         """The uid of ``job_id`` as the node Prolog recorded it (node attribution's check of a claimed
@@ -228,8 +226,7 @@ class Sampler:
                                      list(self.static.values()) if self._static_dirty else [], self.cpu_buf)
         except (sqlite3.Error, ColocError, OSError) as exc:
             self._once(f"flush:{exc}", "cannot write samples to %s (%s); kept %d rows in memory",
-                       self.db_path, exc,
-                       len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf))
+                       self.db_path, exc, len(self.gpu_buf) + len(self.proc_buf) + len(self.cpu_buf))
             if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
                 self._db = None  # reopen next time (e.g. the file was replaced)
             return False
@@ -245,9 +242,8 @@ class Sampler:
         try:
             sampler_daemon.write_marker(self.cfg, self.node, upto_ts, self.flushes)
         except OSError as exc:
-            self._once(f"marker:{type(exc).__name__}",
-                       "cannot write the flush marker (%s); Epilogs wait for it "
-                       "in vain", exc)
+            self._once(f"marker:{type(exc).__name__}", "cannot write the flush marker (%s); Epilogs "
+                       "wait for it in vain", exc)
 
     def retention(self, now: Optional[float] = None) -> int:
         """Downsample raw rows older than ``sampler_raw_retention_h``, purge beyond

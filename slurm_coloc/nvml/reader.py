@@ -168,19 +168,15 @@ class NvmlReader:
         mps = self._q(index, "mps_processes", nv.nvmlDeviceGetMPSComputeRunningProcesses, h)
 
         def pairs(procs: Any) -> Optional[Tuple[Tuple[int, Optional[float]], ...]]:
-            if procs is None:
-                return None
-            return tuple((int(p.pid),
-                          _div(p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None, MIB))
-                         for p in procs)
+            return None if procs is None else tuple(
+                (int(p.pid), _div(p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None, MIB))
+                for p in procs)
         return ProcLists(index, pairs(compute), pairs(mps))
 
     def _procs(self, index: int, lists: ProcLists) -> List[ProcReading]:
         nv, h = self.nv, self._handles[index]
-        mem: Dict[int, Optional[float]] = {}
+        mem: Dict[int, Optional[float]] = dict(lists.compute or ())
         mps: Set[int] = set()
-        for pid, mib in lists.compute or ():
-            mem[pid] = mib
         for pid, mib in lists.mps or ():
             mps.add(pid)
             if mem.get(pid) is None:
