@@ -221,9 +221,7 @@ def build_tasks(
     ``map_task``'s."""
     if not (time_scale > 0 and work_scale > 0):
         raise ColocError(f"time and work scales must be > 0 (got {time_scale}, {work_scale})")
-    rows = load_trace(trace)[first_task:]
-    if max_tasks is not None:
-        rows = rows[:max_tasks]
+    rows = load_trace(trace)[first_task:][:max_tasks]
     if not rows:
         raise ColocError(f"{str(trace)!r}: no task selected")
     cat, rt = load_catalog(catalog), load_runtimes(runtimes)

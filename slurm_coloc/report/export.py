@@ -22,9 +22,8 @@ USER_COLUMNS = ("user", "jobs", "gpu_hours", "energy_kwh", "smact_mean", "smocc_
                 "unused_gib_hours", "estimate_abs_error_pct_mean", "ooms", "wasteful_jobs",
                 "jobs_without_samples")
 GPU_COLUMNS = ("node", "gpu", "jobs", "busy_hours", "collocation_factor", "util_mean", "smact_mean",
-               "smact_p95",
-               "smocc_mean", "smocc_p95", "mem_used_mean_mib", "mem_used_max_mib", "saturated_hours",
-               "saturated_pct", "mem_total_mib", "energy_kwh", "sampled_hours")
+               "smact_p95", "smocc_mean", "smocc_p95", "mem_used_mean_mib", "mem_used_max_mib",
+               "saturated_hours", "saturated_pct", "mem_total_mib", "energy_kwh", "sampled_hours")
 _FOLD = ("gpus", "busy_gpu_hours", "collocation_factor", "util_mean", "smact_mean", "smocc_mean",
          "energy_kwh")
 NODE_COLUMNS = ("node",) + _FOLD

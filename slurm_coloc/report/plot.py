@@ -113,8 +113,7 @@ def _plot_job_lanes(ax_jobs: Any, node: str, gpu: int, jobs: Sequence[JobView], 
                           fontsize=8)
     elif hidden:
         ax_jobs.set_title(f"{hidden} of {len(mine)} job labels left out where bars overlap (narrow the "
-                          "window)",
-                          fontsize=8)
+                          "window)", fontsize=8)
     ax_jobs.set_yticks([])
     ax_jobs.set_ylabel("jobs")
     if not mine:

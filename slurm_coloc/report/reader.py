@@ -18,6 +18,7 @@ once, at most ``MAX_ANSWERS_PER_UID`` of them for one uid.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -123,19 +124,16 @@ class ReaderServer(socketserver.UnixStreamServer):
             else:
                 self.refused += 1
         if not admit:
-            try:
+            with contextlib.suppress(OSError):
                 request.setblocking(False)
                 # one short line: fits the socket buffer, never blocks the accepting thread
                 request.send(BUSY)
-            except OSError:
-                pass
             self.shutdown_request(request)
             now = time.monotonic()
             if now - self._last_refusal_log > 10:
                 self._last_refusal_log = now
                 log.warning("refused a connection of uid %d: %d held (at most %d, %d per uid); %d refused so "
-                            "far",
-                            uid, self.active, MAX_CONNECTIONS, MAX_PER_UID, self.refused)
+                            "far", uid, self.active, MAX_CONNECTIONS, MAX_PER_UID, self.refused)
             return
         try:
             threading.Thread(target=self._serve_one, args=(request, client_address, uid), daemon=True).start()
@@ -196,11 +194,9 @@ class _Request(socketserver.BaseRequestHandler):
             log.warning("dropped a client: %s", exc)
         except Exception:  # one bad answer must not stop the service
             log.exception("error while answering a client")
-            try:
+            with contextlib.suppress(OSError):
                 sock.sendall(b'{"ok": false, "error": "internal error in the reader (see its log)", '
                              b'"exit_code": 1}\n')
-            except OSError:
-                pass
 
 
 def _prepare(path: Path) -> None:
@@ -251,10 +247,8 @@ def serve(path: Path, handler: Handler, ready: Optional[Callable[[], None]] = No
         server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def ask(path: Path, request: Dict[str, Any], timeout_s: float = 300.0) -> Dict[str, Any]:

@@ -128,15 +128,12 @@ def _with_figures(job: JobView, report: Report, cfg: Config, fig: Dict[str, Opti
     peak, energy_j = fig["peak"], fig["energy_j"]
     req = requested_mib(job, cfg)
     err, err_pct = facts.estimate_error(peak, job.estimate_mib)
-    unused = None
-    if peak is not None and req is not None:
-        unused = max(0.0, req - peak)
+    unused = None if peak is None or req is None else max(0.0, req - peak)
     held = gpus_held(job, cfg)
     gpu_hours = None if held is None or job.runtime_s is None else held * job.runtime_s / 3600.0
     o = report.oom_by_job.get(job.job_id)
-    retry_outcome = None
-    if o is not None:
-        retry_outcome = o.retry_state or (f"retry {o.retry_status}" if o.retry_status else None)
+    retry_outcome = None if o is None else (
+        o.retry_state or (f"retry {o.retry_status}" if o.retry_status else None))
     return replace(
         job, requested_mib=req, peak_mem_mib=peak, estimate_error_mib=err, estimate_error_pct=err_pct,
         unused_mib=unused, util_mean=fig["util_mean"], smact_mean=fig["smact_mean"],

@@ -14,6 +14,7 @@ Definitions (docs/report.md):
 """
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -67,12 +68,10 @@ def current_viewer(cfg: Config, uid: Optional[int] = None) -> Viewer:
     if uid == 0:
         return Viewer(name, True)
     if cfg.admin_group:
-        try:
+        with contextlib.suppress(KeyError):
             g = grp.getgrnam(cfg.admin_group)
             if name in g.gr_mem or g.gr_gid == gid:
                 return Viewer(name, True)
-        except KeyError:
-            pass
     return Viewer(name, False)
 
 
@@ -86,9 +85,7 @@ def _overlaps(job: JobView, since: Optional[float], until: Optional[float]) -> b
         return False
     if until is not None and start is not None and start > until:
         return False
-    if until is not None and start is None:
-        return False
-    return True
+    return until is None or start is not None
 
 
 def select_jobs(report: Report, cfg: Config, flt: Filters, viewer: Viewer, with_util: bool = True,

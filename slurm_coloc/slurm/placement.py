@@ -71,14 +71,8 @@ def typed_nodes(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]] = No
 def gpu_holdings(job: JobInfo) -> List[Tuple[str, int, str, int]]:
     """``(node, gpu index, gres name, count)`` per GPU a running job holds, from ``gres_detail`` (a whole-GPU
     entry counts as all the GPU's shards)."""
-    out = []
-    for name, _type, per in gres_detail_counts(job.gres_detail):
-        if name not in ("gpu", "shard"):
-            continue
-        for i, count in sorted(per.items()):
-            if count:
-                out.append((job.nodes, i, name, count))
-    return out
+    return [(job.nodes, i, name, count) for name, _type, per in gres_detail_counts(job.gres_detail)
+            if name in ("gpu", "shard") for i, count in sorted(per.items()) if count]
 
 
 def placer_shards(job: JobInfo) -> Optional[int]:

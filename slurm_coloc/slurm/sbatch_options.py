@@ -13,6 +13,7 @@ is their value unless it is an existing file, the script.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -186,14 +187,12 @@ def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]
         return _MEMO[key]
     path = _cache_dir() / f"{key}.json"
     if use_cache:
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
             data = json.loads(path.read_text())
             if data.get("version") == CACHE_VERSION:
                 table = SbatchOptions.from_json(data["table"])
                 _MEMO[key] = table
                 return table
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
     texts = []
     for flag in ("--help", "--usage"):
         try:
@@ -207,11 +206,9 @@ def installed_options(bin_dir: str = "/usr/bin", env: Optional[Mapping[str, str]
                                                    "(no slurm.conf?)")
     table = parse_sbatch_help("\n".join(texts), source=real)
     _MEMO[key] = table
-    try:
+    with contextlib.suppress(OSError):  # a cache we cannot write only costs the next run one sbatch --help
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"version": CACHE_VERSION, "table": table.to_json()}))
         os.replace(tmp, path)
-    except OSError:
-        pass  # a cache we cannot write only costs the next run one sbatch --help
     return table

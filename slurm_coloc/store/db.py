@@ -59,10 +59,8 @@ def restrict(path: Path, gid: Optional[int], directory: bool = False) -> None:
     As root the group is set to ``gid`` (0 without one); as another user only the mode. Symlinks are not
     followed. ``directory``: modes 0750 / 0700 instead of 0640 / 0600. Raises OSError (the owner or mode
     cannot be set)."""
-    if directory:
-        mode = DIR_MODE_GROUP if gid is not None else DIR_MODE_ROOT
-    else:
-        mode = FILE_MODE_GROUP if gid is not None else FILE_MODE_ROOT
+    group, owner = (DIR_MODE_GROUP, DIR_MODE_ROOT) if directory else (FILE_MODE_GROUP, FILE_MODE_ROOT)
+    mode = group if gid is not None else owner
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -78,12 +76,10 @@ def restrict_database(path: Path, gid: Optional[int]) -> None:
     root-owned with mode 0700 or 0750 (``_ensure_dir`` made it); it then follows ``admin_group``. Any other
     directory is left as it is: it may be shared (``state_dir: /var/lib``), and the files' own modes keep
     other users out. Raises OSError (an owner or mode cannot be set)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         st = os.stat(path.parent)
         if st.st_uid == 0 and stat.S_IMODE(st.st_mode) in (DIR_MODE_ROOT, DIR_MODE_GROUP):
             restrict(path.parent, gid, directory=True)
-    except FileNotFoundError:
-        pass
     for p in (path, *(Path(f"{path}{suffix}") for suffix in SIDE_SUFFIXES)):
         restrict(p, gid)
 

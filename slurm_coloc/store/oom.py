@@ -244,15 +244,12 @@ def load_events(db: Database, job_id: Optional[int] = None) -> List[WatchdogEven
     if not db.table(WATCHDOG_TABLE).exists():
         return []
     where, args = ("job_id = ?", [job_id]) if job_id is not None else (None, [])
-    out = []
-    for r in db.table(WATCHDOG_TABLE).rows_where(where, args, order_by="id"):
-        out.append(WatchdogEvent(
-            ts=r["ts"], job_id=r["job_id"], node=r["node"], gpu_index=r["gpu_index"], reason=r["reason"],
-            share=r["share"], grant_mib=r["grant_mib"], used_mib=r["used_mib"],
-            tolerance_mib=r["tolerance_mib"],
-            pids=tuple(json.loads(r["pids_json"] or "[]")), action=r["action"], message=r["message"] or "",
-            outcome=json.loads(r["outcome_json"] or "{}"), id=r["id"]))
-    return out
+    return [WatchdogEvent(
+        ts=r["ts"], job_id=r["job_id"], node=r["node"], gpu_index=r["gpu_index"], reason=r["reason"],
+        share=r["share"], grant_mib=r["grant_mib"], used_mib=r["used_mib"], tolerance_mib=r["tolerance_mib"],
+        pids=tuple(json.loads(r["pids_json"] or "[]")), action=r["action"], message=r["message"] or "",
+        outcome=json.loads(r["outcome_json"] or "{}"), id=r["id"])
+        for r in db.table(WATCHDOG_TABLE).rows_where(where, args, order_by="id")]
 
 
 def stopped_by_watchdog(db: Database, job_id: int) -> bool:
@@ -274,12 +271,10 @@ def running_runs(db: Database, node: str) -> List[RunningRun]:
     """Jobs of ``node`` with a start and no end in ``job_runs`` (the Prolog writes the start first)."""
     if not db.table("job_runs").exists():
         return []
-    out = []
-    for r in db.execute("SELECT job_id, gpus, shards, uid FROM job_runs WHERE node = ? AND end_ts IS NULL",
-                        [node]).fetchall():
-        gpus = tuple(int(x) for x in str(r[1] or "").split(",") if x.strip().isdigit())
-        out.append(RunningRun(int(r[0]), gpus, r[2], r[3]))
-    return out
+    rows = db.execute("SELECT job_id, gpus, shards, uid FROM job_runs WHERE node = ? AND end_ts IS NULL",
+                      [node]).fetchall()
+    return [RunningRun(int(r[0]), tuple(int(x) for x in str(r[1] or "").split(",") if x.strip().isdigit()),
+                       r[2], r[3]) for r in rows]
 
 
 def job_uid(db: Database, job_id: int) -> Optional[int]:

@@ -56,15 +56,11 @@ def finished_jobs(ctld: Database, limit: int = 5000) -> List[Dict[str, Any]]:
     absent or invalid) and ``state`` (Slurm's final; None)."""
     if not ctld["jobs"].exists():
         return []
-    out = []
-    for job_id, uid, text, state in ctld.execute(
-            "SELECT job_id, uid, coloc_json, state FROM jobs WHERE end_ts IS NOT NULL ORDER BY end_ts DESC "
-            "LIMIT ?",
-            [int(limit)]).fetchall():
-        out.append({"job_id": int(job_id), "uid": int(uid) if isinstance(uid, int) else None,
-                    "coloc": JobComment.from_json_text(text if isinstance(text, str) else None),
-                    "state": state if isinstance(state, str) else None})
-    return out
+    rows = ctld.execute("SELECT job_id, uid, coloc_json, state FROM jobs WHERE end_ts IS NOT NULL "
+                        "ORDER BY end_ts DESC LIMIT ?", [int(limit)]).fetchall()
+    return [{"job_id": int(job_id), "uid": int(uid) if isinstance(uid, int) else None,
+             "coloc": JobComment.from_json_text(text if isinstance(text, str) else None),
+             "state": state if isinstance(state, str) else None} for job_id, uid, text, state in rows]
 
 
 # a sample with less SM activity is start-up or tear-down (imports, CUDA set-up), not work
