@@ -144,9 +144,7 @@ def make_sdpa_mode(torch: ModuleType) -> Any:
     class _Sdpa(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
-            if func is sdpa:
-                return _cuda_sdpa(torch, sdpa, args, kwargs)
-            return func(*args, **kwargs)
+            return _cuda_sdpa(torch, sdpa, args, kwargs) if func is sdpa else func(*args, **kwargs)
 
     return _Sdpa()
 

@@ -199,12 +199,8 @@ def read_table(path: Optional[str] = None) -> List[Tuple[str, int, FrozenSet[str
         with open(path, "rb") as fh:
             raw = fh.read()
         text = gzip.decompress(raw).decode() if path.endswith(".gz") else raw.decode()
-        rows = []
-        for r in csv.DictReader(io.StringIO(text)):
-            if r.get("ws_b", "") == "":
-                continue
-            rows.append((r["key"], int(r["ws_b"]), frozenset(s for s in r.get("srcs", "").split(";") if s)))
-        return rows
+        return [(r["key"], int(r["ws_b"]), frozenset(s for s in r.get("srcs", "").split(";") if s))
+                for r in csv.DictReader(io.StringIO(text)) if r.get("ws_b", "") != ""]
     except (OSError, KeyError, ValueError, EOFError, gzip.BadGzipFile) as exc:
         raise EstimateError(f"convolution workspace table {path}: unusable ({exc})") from exc
 

@@ -36,9 +36,7 @@ HISTORY_REFRESH_S = 30.0
 
 def live_activity(row: store_placement.LiveGpu) -> Optional[Activity]:
     """The row's activity (fractions; missing SMOCC or DRAMA counts as 0), None without GPM metrics."""
-    if row.smact is None:
-        return None
-    return Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
+    return None if row.smact is None else Activity(row.smact, row.smocc or 0.0, row.drama or 0.0)
 
 
 def gpu_states(nodes: Sequence[sp.NodeGpus], jobs: Sequence[JobInfo],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from slurm_coloc.config import sections
 from slurm_coloc.errors import ConfigError
@@ -124,9 +124,7 @@ class Profile:
     @property
     def work_s(self) -> Optional[float]:
         """Computing time alone (s): run minus start-up (None without a run time)."""
-        if self.run_s is None:
-            return None
-        return max(0.0, self.run_s - (self.startup_s or 0.0))
+        return None if self.run_s is None else max(0.0, self.run_s - (self.startup_s or 0.0))
 
 
 @dataclass(frozen=True)
@@ -225,7 +223,3 @@ def get(name: str) -> Policy:
     except KeyError:
         raise ConfigError(f"config key 'placement_policy': {name!r} is not one of "
                           f"{', '.join(POLICIES)}") from None
-
-
-def sharing_policies() -> List[str]:
-    return [n for n, p in POLICIES.items() if p.sharing_model]

@@ -74,7 +74,6 @@ class CommandSearch:
     notes: Tuple[str, ...] = field(default_factory=tuple)
 
 
-
 def _strip_prefixes(toks: List[str], env: Dict[str, str]) -> Tuple[List[str], bool]:
     """Drop ``srun [opts]``, ``exec``, ``env``, ``VAR=value``; return the rest and whether srun was seen."""
     srun = False

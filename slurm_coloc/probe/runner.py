@@ -133,13 +133,8 @@ def hang_site(log_text: str) -> str:
 
 def _files_under(root: str) -> List[str]:
     """Real files (not the mirror's links) under ``root``, relative to it: what the program wrote."""
-    out = []
-    for dirpath, _dirs, filenames in os.walk(root):
-        for f in filenames:
-            path = os.path.join(dirpath, f)
-            if not os.path.islink(path):
-                out.append(os.path.relpath(path, root))
-    return sorted(out)
+    paths = (os.path.join(dirpath, f) for dirpath, _dirs, filenames in os.walk(root) for f in filenames)
+    return sorted(os.path.relpath(path, root) for path in paths if not os.path.islink(path))
 
 
 def run_probe(cmd: ProbeCommand, timeout_s: float = DEFAULT_TIMEOUT_S,

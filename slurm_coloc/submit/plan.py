@@ -18,7 +18,6 @@ The GPU rule (docs/user.md, "How your GPU request is translated"), on a shard cl
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -84,10 +83,6 @@ class Plan:
         if self.script_index is not None and script_path is not None:
             args[self.script_index] = script_path
         return args
-
-    def command_line(self, script_path: Optional[str]) -> str:
-        """The shell-quoted ``sbatch ...`` line (``--dry-run``); ``script_path`` as for ``argv``."""
-        return shlex.join(["sbatch", *self.argv(script_path)])
 
 
 def _rewrite(script: ParsedScript, lines: List[int]) -> str:
