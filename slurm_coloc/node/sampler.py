@@ -12,6 +12,7 @@ Between ticks the loop blocks once in ``select`` on a self-pipe: setting ``stopp
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -123,19 +124,15 @@ class Sampler:
         anyway)."""
         wake = self._wake
         if wake is not None:
-            try:
+            with contextlib.suppress(OSError):  # EAGAIN: already full of wake-ups
                 os.write(wake[1], b"!")
-            except OSError:  # EAGAIN: already full of wake-ups
-                pass
 
     def __del__(self) -> None:
         wake, self._wake = getattr(self, "_wake", None), None
         if wake is not None:  # nobody can set a flag any more: the fds cannot be written after this close
             for fd in wake:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
 
     def _once(self, kind: str, msg: str, *args: Any) -> None:
         if kind not in self._logged:
@@ -309,10 +306,8 @@ class Sampler:
                 time.sleep(left)
                 continue
             if select.select([wake[0]], [], [], left)[0]:
-                try:
+                with contextlib.suppress(OSError):
                     os.read(wake[0], 512)  # drain: the flags say what was asked
-                except OSError:
-                    pass
 
 
 def make_reader(cfg: Config, replay: Optional[str] = None,

@@ -122,10 +122,8 @@ def kill_all(main_pid: int, status: List[Optional[int]]) -> int:
             break
         for pid in live:
             seen.add(pid)
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         _reap(main_pid, status)
         time.sleep(0.005 if live else POLL_S)
     return len(seen)

@@ -12,6 +12,7 @@ import os
 import random
 import sqlite3
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Union
@@ -172,19 +173,35 @@ def _retry_locked(fn: Callable[[], None], busy_timeout_s: float) -> None:
             time.sleep(0.01 + 0.04 * random.random())
 
 
+def _create_private(p: Path) -> None:
+    """Create ``p`` empty and 0600 when missing, without ever opening (and closing) the file itself: closing
+    any descriptor of a file drops every POSIX lock this process holds on it (fcntl(2)), SQLite's included,
+    and another process may then take the database for unused and delete its ``-wal``/``-shm``. A temporary
+    file is made and hard-linked into place (no overwrite; a concurrent creator wins). Raises OSError."""
+    if os.path.lexists(p):
+        return
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.new")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, p)
+    finally:
+        os.unlink(tmp)
+
+
 def open_db(path: Union[str, Path], migrations: Migrations, busy_timeout_s: float = 5.0,
             admin_group: Optional[str] = None) -> Database:
     """Open (creating if needed) a database for writing, in WAL mode, with migrations applied. The file, its
     side files and its directory are made readable by root and ``admin_group`` only ("": root only; None: the
     loaded config's), also when an older version left them 0644. The file is created 0600 (SQLite gives
-    ``-wal``/``-shm`` its mode), so no one else opens it first; the umask is never touched (process-wide: it
-    raced with other threads). ``busy_timeout_s``: wait for another writer's lock. Raises StoreError (the file
+    ``-wal``/``-shm`` its mode; ``_create_private``), so no one else opens it first; the umask is never
+    touched (process-wide). ``busy_timeout_s``: wait for another writer's lock. Raises StoreError (the file
     cannot be opened, is not a database, or migrating fails)."""
     p = Path(path)
     gid = admin_gid(admin_group)
     try:
         _ensure_dir(p, gid)
-        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        _create_private(p)
         restrict_database(p, gid)  # an existing file first: tightened before we add -wal/-shm beside it
         conn = sqlite3.connect(str(p), timeout=busy_timeout_s, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")

@@ -9,6 +9,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Dict, List
@@ -140,6 +141,26 @@ def test_concurrent_first_opens_do_not_race(tmp_path: Path) -> None:
     conn = sqlite3.connect(str(path))
     names = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")]
     assert len(names) == len(set(names)) >= 3
+
+
+def test_a_second_open_in_the_same_process_keeps_the_first_connections_locks(tmp_path: Path) -> None:
+    """The sampler holds its connection while its watchdog opens the same node database in another thread;
+    then a hook process opens and closes it. Closing a descriptor of the file would drop the sampler's POSIX
+    locks, and the hook, taking itself for the last user, would delete ``-wal``/``-shm`` under the sampler
+    (seen on the H200: watchdog events lost, "disk I/O error"). The sampler's rows must stay readable."""
+    path = tmp_path / "nodes" / "n1.db"
+    sampler = open_node_db(path)
+    sampler.conn.execute("CREATE TABLE t(x)")
+    sampler.conn.execute("INSERT INTO t VALUES (1)")
+    watchdog = open_node_db(path)
+    hook = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('SELECT count(*) FROM t').fetchone(); c.close()")
+    subprocess.run([sys.executable, "-c", hook, str(path)], check=True, timeout=30)
+    assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+    sampler.conn.execute("INSERT INTO t VALUES (2)")
+    watchdog.conn.execute("INSERT INTO t VALUES (3)")
+    assert sqlite3.connect(str(path)).execute("SELECT count(*) FROM t").fetchone() == (3,)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["n1.db", "n1.db-shm", "n1.db-wal"]
 
 
 def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) -> None:
