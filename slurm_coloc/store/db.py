@@ -178,6 +178,8 @@ def _create_private(p: Path) -> None:
     any descriptor of a file drops every POSIX lock this process holds on it (fcntl(2)), SQLite's included,
     and another process may then take the database for unused and delete its ``-wal``/``-shm``. A temporary
     file is made and hard-linked into place (no overwrite; a concurrent creator wins). Raises OSError."""
+    if os.path.islink(p):  # as open(2) with O_NOFOLLOW: a database is never reached through a link
+        raise OSError(f"{p} is a symbolic link")
     if os.path.lexists(p):
         return
     tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.new")

@@ -163,6 +163,19 @@ def test_a_second_open_in_the_same_process_keeps_the_first_connections_locks(tmp
     assert sorted(p.name for p in path.parent.iterdir()) == ["n1.db", "n1.db-shm", "n1.db-wal"]
 
 
+def test_a_database_path_that_is_a_symbolic_link_is_refused(tmp_path: Path) -> None:
+    """Root never opens a database through a link planted at its path: one StoreError line, the target
+    untouched, no side file made beside it."""
+    target = tmp_path / "elsewhere"
+    target.write_text("not yours")
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "n1.db").symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link"):
+        open_node_db(tmp_path / "nodes" / "n1.db")
+    assert target.read_text() == "not yours"
+    assert sorted(p.name for p in (tmp_path / "nodes").iterdir()) == ["n1.db"]
+
+
 def test_queue_entries_of_the_old_format_replay_after_upgrade(tmp_path: Path) -> None:
     """Spool record sets (``<run_dir>/spool/*.json``) and pending environments (``*.env``, from coloc-hook and
     from the shim) as the code before the merged queue wrote them are replayed by a new hook run's recording
